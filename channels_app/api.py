@@ -1,0 +1,298 @@
+"""The Web Channel API: thin views over the hub's services.
+
+The chat completion view is an async Django view rather than a DRF APIView:
+it waits for a turn that runs in a Celery worker, and a sync view would hold
+Django's single sync thread for the whole turn. It authenticates, validates
+(with a DRF serializer) and renders errors exactly as the DRF views do.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import close_old_connections
+from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views import View
+from rest_framework import serializers
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from channels_app import notify, services
+from channels_app.auth import IsOperator, authenticate_headers
+from channels_app.errors import ApplicationError, error_response, from_drf
+from channels_app.events import turn_topic
+from channels_app.models import Event, Receipt, Turn
+from channels_app.sse import DONE, PING, TERMINAL, ChunkRenderer
+from plugins_app.profiles import models_list
+
+INPUT_MODES = ("voice", "live")
+ALLOWED_TOOLS_EMPTY = ('ugent_allowed_tools: [] is refused: leave the field out for no restriction, '
+                       'or send ugent_denied_tools: ["*"] to run the turn with no tools.')
+
+
+class ChatInputSerializer(serializers.Serializer):
+    model = serializers.CharField(required=False, allow_blank=True, allow_null=True)
+    messages = serializers.ListField(child=serializers.DictField(), allow_empty=False)
+    stream = serializers.BooleanField(required=False, default=False)
+    conversation_id = serializers.CharField(required=False, max_length=255)
+    client_message_id = serializers.CharField(required=False, max_length=255)
+    client_id = serializers.CharField(required=False, max_length=200, default="")
+    turn_id = serializers.RegexField(r"^[A-Za-z0-9._:-]{1,100}$", required=False)
+    user = serializers.CharField(required=False, max_length=255)
+    federation_issuer = serializers.CharField(required=False, max_length=200)
+    federation_subject = serializers.CharField(required=False, max_length=255)
+    include_thinking = serializers.BooleanField(required=False, default=False)
+    echo_user_message = serializers.BooleanField(required=False, default=False)
+    ugent_allowed_tools = serializers.ListField(child=serializers.CharField(), required=False)
+    ugent_denied_tools = serializers.ListField(child=serializers.CharField(), required=False)
+    ugent_include_tool_events = serializers.BooleanField(required=False, default=False)
+    ugent_citation_ids = serializers.ListField(child=serializers.CharField(), required=False, default=list)
+    ugent_disable_memory_recall = serializers.BooleanField(required=False, default=False)
+    ugent_disable_code_context = serializers.BooleanField(required=False, default=False)
+    ugent_disable_memory_write = serializers.BooleanField(required=False, default=False)
+    ugent_input_mode = serializers.CharField(required=False, allow_null=True)
+    ugent_interaction_reply = serializers.DictField(required=False)
+
+    def validate_ugent_allowed_tools(self, value):
+        if value == []:
+            raise serializers.ValidationError(ALLOWED_TOOLS_EMPTY)
+        return value
+
+    def validate_ugent_input_mode(self, value):
+        if value is not None and value not in INPUT_MODES:
+            raise serializers.ValidationError(
+                f"'{value}' is not an input mode: send \"voice\" or \"live\", or leave it out.")
+        return value
+
+    def validate_ugent_interaction_reply(self, value):
+        raise serializers.ValidationError("Questions are not supported by this daemon yet.")
+
+    def validate_messages(self, value):
+        text = last_user_text(value)
+        if text is None:
+            raise serializers.ValidationError("messages holds no user entry.")
+        return value
+
+
+def last_user_text(messages: list) -> str | None:
+    """Only the last user entry is read: the conversation is kept server-side."""
+    for msg in reversed(messages):
+        if msg.get("role") != "user":
+            continue
+        content = msg.get("content")
+        if isinstance(content, str):
+            return content
+        if isinstance(content, list):
+            return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+        return None
+    return None
+
+
+def _submit(headers, data: dict):
+    close_old_connections()
+    principal = authenticate_headers(headers)
+    actor = services.actor_resolve(caller=principal.caller, user=data.get("user"),
+                                   federation_issuer=data.get("federation_issuer"),
+                                   federation_subject=data.get("federation_subject"))
+    inbound = services.InboundMessage(
+        actor=actor, caller=principal.caller, text=last_user_text(data["messages"]), channel="web",
+        client_id=data.get("client_id") or "", conversation_id=data.get("conversation_id"),
+        client_message_id=data.get("client_message_id"), turn_id=data.get("turn_id"),
+        model=data.get("model"), input_mode=data.get("ugent_input_mode"),
+        allowed_tools=data.get("ugent_allowed_tools"), denied_tools=data.get("ugent_denied_tools"),
+        disable_memory_recall=data["ugent_disable_memory_recall"],
+        disable_code_context=data["ugent_disable_code_context"],
+        disable_memory_write=data["ugent_disable_memory_write"],
+        include_thinking=data["include_thinking"], citation_ids=data.get("ugent_citation_ids") or [])
+    return services.message_submit(inbound=inbound)
+
+
+def _events_after(turn_pk: int, cursor: int) -> list[tuple[int, str, dict]]:
+    close_old_connections()
+    return list(Event.objects.filter(turn_id=turn_pk, id__gt=cursor).order_by("id")
+                .values_list("id", "type", "data"))
+
+
+async def turn_events(turn_pk: int):
+    """Yield a turn's events in cursor order until its terminal event; None on idle keep-alive ticks."""
+    waiter = await notify.subscribe(turn_topic(turn_pk))
+    read = sync_to_async(_events_after, thread_sensitive=False)
+    cursor, idle_since = 0, time.monotonic()
+    try:
+        while True:
+            rows = await read(turn_pk, cursor)
+            for row in rows:
+                cursor = row[0]
+                yield row
+                if row[1] in TERMINAL:
+                    return
+            if rows:
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since >= settings.UGENT_SSE_KEEPALIVE:
+                idle_since = time.monotonic()
+                yield None
+            await waiter.wait()
+    finally:
+        waiter.close()
+
+
+def _sse_response(body, turn_id: str | None) -> StreamingHttpResponse:
+    resp = StreamingHttpResponse(body, content_type="text/event-stream; charset=utf-8")
+    resp["Cache-Control"] = "no-cache"
+    resp["X-Accel-Buffering"] = "no"
+    if turn_id:
+        resp["x-ugent-turn-id"] = turn_id
+    return resp
+
+
+def _refusal_stream(exc: ApplicationError, model: str):
+    """A refusal after the request was read, inside a stream: the receipt first where there is one."""
+    turn_id = exc.extra.get("turn_id") if isinstance(exc.extra, dict) else None
+    renderer = ChunkRenderer(turn_id=turn_id or "refused", model=model or "ugent-default",
+                             created=int(time.time()))
+
+    async def body():
+        receipt = exc.extra.get("receipt") if isinstance(exc.extra, dict) else None
+        if receipt:
+            yield renderer.named("ugent.receipt", "ugent_receipt", receipt)
+        extra = {k: v for k, v in exc.extra.items() if k != "receipt"}
+        yield renderer.error(exc.message, code=exc.code, type_=exc.body()["error"]["type"], param=exc.param,
+                             extra=extra)
+        yield DONE
+
+    resp = _sse_response(body(), turn_id)
+    for k, v in exc.headers.items():
+        resp[k] = v
+    return resp
+
+
+class ChatCompletionApi(View):
+    """POST /v1/chat/completions: OpenAI-compatible chat, stream and non-stream, with UGENT's extensions."""
+
+    async def post(self, request):
+        try:
+            try:
+                payload = json.loads(request.body or b"{}")
+            except (ValueError, UnicodeDecodeError):
+                raise ApplicationError("The request body is not valid JSON.", status=400, code="invalid_json")
+            if not isinstance(payload, dict):
+                raise ApplicationError("The request body must be a JSON object.", status=400,
+                                       code="invalid_request")
+            await sync_to_async(authenticate_headers, thread_sensitive=False)(request.headers)
+            ser = ChatInputSerializer(data=payload)
+            if not ser.is_valid():
+                raise from_drf(serializers.ValidationError(ser.errors))
+            data = ser.validated_data
+        except ApplicationError as exc:
+            return error_response(exc)
+        stream = data["stream"]
+        try:
+            result = await sync_to_async(_submit, thread_sensitive=False)(request.headers, data)
+        except ApplicationError as exc:
+            if stream and exc.status in (403, 409):
+                return _refusal_stream(exc, data.get("model") or "")
+            return error_response(exc)
+        turn = result.turn
+        renderer = ChunkRenderer(turn_id=turn.turn_id, model=turn.model or (data.get("model") or ""),
+                                 created=int(time.time()),
+                                 include_tool_events=data["ugent_include_tool_events"])
+        if stream:
+            return _sse_response(self._stream(turn.pk, renderer), turn.turn_id)
+        return await self._complete(turn, renderer, data)
+
+    async def _stream(self, turn_pk: int, renderer: ChunkRenderer):
+        async for row in turn_events(turn_pk):
+            if row is None:
+                yield PING
+                continue
+            out = renderer.render(row[1], row[2])
+            if out:
+                yield out
+
+    async def _complete(self, turn: Turn, renderer: ChunkRenderer, data: dict):
+        answer, thinking, citations, user_message, final = [], [], [], None, None
+        async for row in turn_events(turn.pk):
+            if row is None:
+                continue
+            _cursor, etype, edata = row
+            if etype == "turn.delta":
+                seg = edata.get("segment")
+                if seg == "answer":
+                    answer.append(edata.get("text", ""))
+                elif seg == "answer_reset":
+                    answer.clear()
+                elif seg == "thinking":
+                    thinking.append(edata.get("text", ""))
+            elif etype == "ugent.user_message":
+                user_message = edata
+            elif etype == "ugent.citations":
+                citations = edata.get("citations", [])
+            elif etype in TERMINAL:
+                final = (etype, edata)
+        etype, edata = final
+        if etype == "turn.failed":
+            exc = ApplicationError(edata.get("reason", "The turn failed."), status=502,
+                                   code=edata.get("code") or "turn_failed", extra={"turn_id": turn.turn_id})
+            resp = error_response(exc)
+            resp["x-ugent-turn-id"] = turn.turn_id
+            return resp
+        message = {"role": "assistant", "content": "".join(answer), "refusal": None}
+        if data["include_thinking"] and thinking:
+            message["reasoning_content"] = "".join(thinking)
+        body = {"id": renderer.id, "object": "chat.completion", "created": renderer.created,
+                "model": renderer.model,
+                "choices": [{"index": 0, "message": message, "finish_reason": "stop", "logprobs": None}],
+                "ugent_turn_id": turn.turn_id, "ugent_citations": citations}
+        if etype == "turn.cancelled":
+            body["ugent_stopped"] = True
+        if data["echo_user_message"] and user_message:
+            body["ugent_user_message"] = user_message
+        resp = JsonResponse(body)
+        resp["x-ugent-turn-id"] = turn.turn_id
+        return resp
+
+
+class ModelsListApi(APIView):
+    """GET /v1/models: the models a caller may name."""
+
+    def get(self, request):
+        return Response({"object": "list", "data": models_list()})
+
+
+class HealthApi(APIView):
+    """GET /v1/health: worker health. Needs no key and says nothing about anyone's data."""
+
+    authentication_classes = []
+    permission_classes = []
+
+    def get(self, request):
+        from django.db import connection
+        with connection.cursor() as cur:
+            cur.execute("SELECT 1")
+        return Response({"status": "ok", "mode": settings.UGENT_MODE})
+
+
+class ReceiptGetApi(APIView):
+    """GET /v1/ugent/receipt: where one message stands, for its sender and the operator."""
+
+    class InputSerializer(serializers.Serializer):
+        conversation_id = serializers.CharField(max_length=255)
+        client_message_id = serializers.CharField(max_length=255)
+        client_id = serializers.CharField(required=False, default="", allow_blank=True)
+        user = serializers.CharField(required=False)
+        federation_issuer = serializers.CharField(required=False)
+        federation_subject = serializers.CharField(required=False)
+
+    def get(self, request):
+        ser = self.InputSerializer(data=request.query_params)
+        ser.is_valid(raise_exception=True)
+        d = ser.validated_data
+        caller = request.user.caller
+        actor = services.actor_resolve(caller=caller, user=d.get("user"),
+                                       federation_issuer=d.get("federation_issuer"),
+                                       federation_subject=d.get("federation_subject"))
+        return Response(services.receipt_get(caller=caller, actor=actor, conversation_id=d["conversation_id"],
+                                             client_message_id=d["client_message_id"],
+                                             client_id=d.get("client_id", "")))

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class ChannelsAppConfig(AppConfig):
+    name = "channels_app"
+    default_auto_field = "django.db.models.BigAutoField"

@@ -1,0 +1,74 @@
+"""One error type and its rendering as the OpenAI-style error object."""
+from __future__ import annotations
+
+from django.http import JsonResponse
+from rest_framework import exceptions as drf_exceptions
+from rest_framework.response import Response
+
+TYPE_BY_STATUS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                  404: "not_found_error", 409: "conflict_error", 429: "rate_limit_error"}
+
+
+class ApplicationError(Exception):
+    """A refusal or failure the client sees, with its HTTP status and code."""
+
+    def __init__(self, message: str, *, status: int = 400, code: str | None = None,
+                 param: str | None = None, extra: dict | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.code = code
+        self.param = param
+        self.extra = extra or {}
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        err = {"message": self.message, "type": TYPE_BY_STATUS.get(self.status, "api_error"),
+               "param": self.param, "code": self.code}
+        err.update(self.extra)
+        return {"error": err}
+
+
+def error_response(exc: ApplicationError) -> JsonResponse:
+    resp = JsonResponse(exc.body(), status=exc.status)
+    for k, v in exc.headers.items():
+        resp[k] = v
+    return resp
+
+
+def from_drf(exc: Exception) -> ApplicationError | None:
+    if isinstance(exc, ApplicationError):
+        return exc
+    if isinstance(exc, drf_exceptions.ValidationError):
+        param, message = _first_validation_message(exc.detail)
+        return ApplicationError(message, status=400, code="invalid_request", param=param)
+    if isinstance(exc, (drf_exceptions.NotAuthenticated, drf_exceptions.AuthenticationFailed)):
+        return ApplicationError(str(exc.detail), status=401, code="invalid_api_key")
+    if isinstance(exc, drf_exceptions.APIException):
+        return ApplicationError(str(exc.detail), status=exc.status_code, code=exc.default_code)
+    return None
+
+
+def _first_validation_message(detail, prefix: str | None = None):
+    if isinstance(detail, dict):
+        for key, value in detail.items():
+            name = key if key != "non_field_errors" else prefix
+            if prefix and key != "non_field_errors":
+                name = f"{prefix}.{key}"
+            return _first_validation_message(value, name)
+    if isinstance(detail, list) and detail:
+        return _first_validation_message(detail[0], prefix)
+    msg = str(detail)
+    return prefix, (f"{prefix}: {msg}" if prefix else msg)
+
+
+def exception_handler(exc, context):
+    app_exc = from_drf(exc)
+    if app_exc is None:
+        return None
+    resp = Response(app_exc.body(), status=app_exc.status)
+    for k, v in app_exc.headers.items():
+        resp[k] = v
+    if app_exc.status == 401:
+        resp["WWW-Authenticate"] = "Bearer"
+    return resp

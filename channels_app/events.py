@@ -1,0 +1,49 @@
+"""Appending to the durable event log.
+
+The cursor is the row id. Ids must be visible in commit order so that
+"everything after cursor N" never skips an event that commits late: on
+PostgreSQL each append takes a transaction-scoped advisory lock, so appends
+commit one after another; SQLite already serialises writers.
+"""
+from __future__ import annotations
+
+from django.db import connection, transaction
+
+from channels_app import notify
+from channels_app.models import Event
+
+EVENT_LOG_LOCK = 0x55474E54  # "UGNT"
+
+
+def conversation_topic(conversation_id: int) -> str:
+    return f"conv:{conversation_id}"
+
+
+def turn_topic(turn_pk: int) -> str:
+    return f"turn:{turn_pk}"
+
+
+def _lock_log() -> None:
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", [EVENT_LOG_LOCK])
+
+
+def event_append(*, conversation_id: int, type: str, data: dict, turn_pk: int | None = None,
+                 audience: list[str] | None = None) -> Event:
+    """Append one event; readers are woken when the transaction commits."""
+    return events_append(conversation_id=conversation_id, turn_pk=turn_pk,
+                         items=[(type, data, audience or [])])[0]
+
+
+def events_append(*, conversation_id: int, turn_pk: int | None,
+                  items: list[tuple[str, dict, list[str]]]) -> list[Event]:
+    with transaction.atomic():
+        _lock_log()
+        rows = [Event.objects.create(conversation_id=conversation_id, turn_id=turn_pk, type=t,
+                                     data=d, audience=a) for t, d, a in items]
+        topics = [conversation_topic(conversation_id)]
+        if turn_pk is not None:
+            topics.append(turn_topic(turn_pk))
+        transaction.on_commit(lambda: notify.publish(*topics))
+    return rows

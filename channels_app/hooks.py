@@ -1,0 +1,70 @@
+"""The hook point before the agent turn (BeforeAgentTurn).
+
+Routing registers at priority 50 and the rule engine at 100; lower runs first.
+A hook may change the context (text, tags, tool narrowing, injected context) or
+stop the message with an answer, in which case no agent turn runs.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+ROUTING_PRIORITY = 50
+RULE_ENGINE_PRIORITY = 100
+
+
+@dataclass
+class HookContext:
+    text: str
+    channel: str
+    source_type: str
+    user_id: str
+    conversation_id: str
+    input_mode: Optional[str]
+    actor_key: str
+    conversation: object = None  # the Conversation row
+    actor: object = None  # the Actor row
+    receipt: object = None  # the Receipt row, already created
+    is_first_message: bool = False
+    tags: list = field(default_factory=list)
+    injected_context: list = field(default_factory=list)
+    allowed_tools: Optional[list] = None  # None: no narrowing
+    limits: dict = field(default_factory=dict)  # the turn's opt-outs, for work a hook starts
+    request_info: dict = field(default_factory=dict)
+
+
+@dataclass
+class HookStop:
+    """Stop the message here and answer the sender with `answer`."""
+
+    answer: str
+    state: str = "completed"  # a receipt state: completed or refused
+    reason: str = ""
+    decided_by: str = ""
+
+
+Hook = Callable[[HookContext], Optional[HookStop]]
+_hooks: list[tuple[int, int, str, Hook]] = []
+
+
+def register(name: str, priority: int, hook: Hook) -> None:
+    """Register (or replace) a named hook."""
+    unregister(name)
+    bisect.insort(_hooks, (priority, len(_hooks), name, hook), key=lambda h: (h[0], h[1]))
+
+
+def unregister(name: str) -> None:
+    _hooks[:] = [h for h in _hooks if h[2] != name]
+
+
+def run_before_agent_turn(ctx: HookContext) -> Optional[HookStop]:
+    for _priority, _order, _name, hook in list(_hooks):
+        stop = hook(ctx)
+        if stop is not None:
+            return stop
+    return None
+
+
+def registered() -> list[tuple[int, str]]:
+    return [(p, n) for p, _o, n, _h in _hooks]

@@ -1,0 +1,93 @@
+"""Embedded mode in one process: daphne, a Celery worker on the in-process broker, and beat.
+
+    python manage.py rundaemon [--bind 127.0.0.1] [--port 8787] [--no-migrate]
+
+SIGTERM/SIGINT stop daphne's reactor; the worker and beat then drain and stop.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+
+log = logging.getLogger("ugent.daemon")
+
+
+class Command(BaseCommand):
+    help = "Run UGENT in one process: the web API, the turn worker and the scheduler."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--bind", default=settings.UGENT_WEB_BIND)
+        parser.add_argument("--port", type=int, default=settings.UGENT_WEB_PORT)
+        parser.add_argument("--no-migrate", action="store_true", help="Do not apply migrations first.")
+        parser.add_argument("--concurrency", type=int, default=8, help="Turns that run at once.")
+        parser.add_argument("--no-beat", action="store_true")
+
+    def handle(self, *args, **opts):
+        if not opts["no_migrate"]:
+            call_command("migrate", interactive=False, verbosity=0)
+        from channels_app.runner import turns_recover_interrupted, turns_requeue_accepted
+        from plugins_app.profiles import profiles_ensure_defaults
+        profiles_ensure_defaults()
+        self.ensure_operator_key()
+        interrupted = turns_recover_interrupted()
+        if interrupted:
+            log.warning("marked %d turn(s) interrupted: the process running them stopped", interrupted)
+
+        worker = self.start_worker(opts["concurrency"])
+        beat = None if opts["no_beat"] or settings.REDIS_URL else self.start_beat()
+        requeued = turns_requeue_accepted()
+        if requeued:
+            log.info("re-queued %d accepted turn(s)", requeued)
+        self.stdout.write(f"UGENT daemon ({settings.UGENT_MODE} mode) on http://{opts['bind']}:{opts['port']}/v1")
+        self.stdout.flush()
+        try:
+            self.run_daphne(opts["bind"], opts["port"])
+        finally:
+            self.stdout.write("UGENT daemon stopping")
+            if beat is not None:
+                beat.stop()
+            worker.stop(in_sighandler=False)
+            self.stdout.write("UGENT daemon stopped")
+
+    def ensure_operator_key(self):
+        """A fresh install gets an operator key of its own, kept in var/ (mode 0600)."""
+        if settings.UGENT_WEB_API_KEY:
+            return
+        import os
+        import secrets
+        key = "ugk_" + secrets.token_urlsafe(32)
+        path = settings.UGENT_WEB_API_KEY_FILE
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(key + "\n")
+        settings.UGENT_WEB_API_KEY = key
+        self.stdout.write(f"Generated an operator API key (kept in {path}):\n  {key}")
+
+    def start_worker(self, concurrency: int):
+        from ugent_site.celery import app
+        worker = app.WorkController(pool_cls="threads", concurrency=concurrency, loglevel="WARNING",
+                                    without_heartbeat=True, without_mingle=True, without_gossip=True,
+                                    hostname=f"embedded@{settings.UGENT_WEB_BIND}")
+        thread = threading.Thread(target=worker.start, name="celery-worker", daemon=True)
+        thread.start()
+        return worker
+
+    def start_beat(self):
+        from celery.beat import EmbeddedService
+
+        from ugent_site.celery import app
+        beat = EmbeddedService(app, thread=True, scheduler_cls=settings.CELERY_BEAT_SCHEDULER)
+        beat.start()
+        return beat
+
+    def run_daphne(self, bind: str, port: int):
+        from daphne.endpoints import build_endpoint_description_strings
+        from daphne.server import Server
+
+        from ugent_site.asgi import application
+        Server(application=application, endpoints=build_endpoint_description_strings(host=bind, port=port),
+               signal_handlers=True, verbosity=0, http_timeout=None, websocket_handshake_timeout=10).run()

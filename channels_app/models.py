@@ -1,0 +1,227 @@
+"""The conversation hub's data: callers, keys, actors, conversations, turns, receipts, events."""
+import hashlib
+import secrets
+
+from django.db import models
+from django.db.models import Q
+
+
+class TimeStamped(models.Model):
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        abstract = True
+
+
+class Role(models.TextChoices):
+    OPERATOR = "operator", "operator"
+    APPLICATION = "application", "application"
+
+
+class Caller(TimeStamped):
+    """A front end or integrating application that holds API keys."""
+
+    name = models.SlugField(max_length=100, unique=True)
+    role = models.CharField(max_length=20, choices=Role.choices, default=Role.APPLICATION)
+    issuers = models.JSONField(default=list, blank=True,
+                               help_text="Federation issuers an application may name users of.")
+    default_model = models.CharField(max_length=200, blank=True, default="")
+    from_config = models.BooleanField(default=False, help_text="Defined in ugent.toml / the environment.")
+
+    def __str__(self):
+        return f"{self.name} ({self.role})"
+
+    @property
+    def anonymous_actor_key(self) -> str:
+        return f"web-user@{self.name}"
+
+
+def hash_key(raw: str) -> str:
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+class ApiKey(TimeStamped):
+    """A key of a caller; only its hash is stored."""
+
+    caller = models.ForeignKey(Caller, on_delete=models.CASCADE, related_name="keys")
+    label = models.CharField(max_length=100, blank=True, default="")
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    prefix = models.CharField(max_length=12, editable=False, default="")
+    active = models.BooleanField(default=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self):
+        return f"{self.caller.name}:{self.prefix}…"
+
+    @staticmethod
+    def generate() -> str:
+        return "ugk_" + secrets.token_urlsafe(32)
+
+    def set_key(self, raw: str) -> None:
+        self.key_hash = hash_key(raw)
+        self.prefix = raw[:8]
+
+
+class Actor(TimeStamped):
+    """An end user: `{channel}:{user_id}`, `web-user@<caller>`, or a federated subject."""
+
+    key = models.CharField(max_length=300, unique=True)
+    channel = models.CharField(max_length=50, default="web")
+    user_id = models.CharField(max_length=255, blank=True, default="")
+    caller = models.ForeignKey(Caller, null=True, blank=True, on_delete=models.SET_NULL,
+                               related_name="actors")
+    federation_issuer = models.CharField(max_length=200, blank=True, default="")
+    federation_subject = models.CharField(max_length=255, blank=True, default="")
+    display_name = models.CharField(max_length=200, blank=True, default="")
+    model_choice = models.CharField(max_length=200, blank=True, default="",
+                                    help_text="The user's stored /model choice.")
+
+    def __str__(self):
+        return self.key
+
+
+class Conversation(TimeStamped):
+    """A conversation; it belongs to whoever first sent a message in it."""
+
+    channel = models.CharField(max_length=50, default="web")
+    client_id = models.CharField(max_length=200, blank=True, default="",
+                                 help_text="Namespaces conversation ids for clients sharing a channel.")
+    external_id = models.CharField(max_length=255)
+    owner = models.ForeignKey(Actor, on_delete=models.PROTECT, related_name="conversations")
+    caller = models.ForeignKey(Caller, null=True, blank=True, on_delete=models.SET_NULL,
+                               related_name="conversations")
+    model_choice = models.CharField(max_length=200, blank=True, default="",
+                                    help_text="The stored /model choice for this conversation.")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["channel", "client_id", "external_id"],
+                                    name="uniq_conversation_identity"),
+        ]
+
+    def __str__(self):
+        ns = f"{self.client_id}/" if self.client_id else ""
+        return f"{self.channel}:{ns}{self.external_id}"
+
+
+class ReceiptState(models.TextChoices):
+    ACCEPTED = "accepted"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    REFUSED = "refused"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    ABANDONED = "abandoned"
+
+
+FINAL_STATES = {ReceiptState.COMPLETED, ReceiptState.CANCELLED, ReceiptState.REFUSED,
+                ReceiptState.FAILED, ReceiptState.INTERRUPTED, ReceiptState.ABANDONED}
+
+
+class Receipt(TimeStamped):
+    """Where one message stands; the unique constraint makes a repeat run nothing."""
+
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="receipts")
+    client_message_id = models.CharField(max_length=255)
+    content_hash = models.CharField(max_length=64)
+    actor = models.ForeignKey(Actor, on_delete=models.PROTECT, related_name="receipts")
+    state = models.CharField(max_length=20, choices=ReceiptState.choices, default=ReceiptState.ACCEPTED)
+    answer = models.TextField(blank=True, default="")
+    citations = models.JSONField(default=list, blank=True)
+    files = models.JSONField(default=list, blank=True)
+    reason = models.TextField(blank=True, default="", help_text="Why it was refused or failed.")
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["conversation", "client_message_id"],
+                                    name="uniq_receipt_client_message_id"),
+        ]
+
+    def __str__(self):
+        return f"{self.client_message_id} ({self.state})"
+
+
+class TurnState(models.TextChoices):
+    ACCEPTED = "accepted"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    REFUSED = "refused"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+
+
+class Turn(TimeStamped):
+    """One run of the agent for one message."""
+
+    turn_id = models.CharField(max_length=100, unique=True)
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="turns")
+    actor = models.ForeignKey(Actor, on_delete=models.PROTECT, related_name="turns")
+    receipt = models.OneToOneField(Receipt, on_delete=models.CASCADE, related_name="turn")
+    state = models.CharField(max_length=20, choices=TurnState.choices, default=TurnState.ACCEPTED)
+    model = models.CharField(max_length=200, blank=True, default="")
+    profile = models.ForeignKey("plugins_app.AgentProfile", null=True, blank=True,
+                                on_delete=models.SET_NULL, related_name="turns")
+    allowed_tools = models.JSONField(null=True, blank=True)
+    denied_tools = models.JSONField(null=True, blank=True)
+    disable_memory_recall = models.BooleanField(default=False)
+    disable_code_context = models.BooleanField(default=False)
+    disable_memory_write = models.BooleanField(default=False)
+    input_mode = models.CharField(max_length=10, blank=True, default="")
+    include_thinking = models.BooleanField(default=False)
+    citation_ids = models.JSONField(default=list, blank=True)
+    context = models.JSONField(default=dict, blank=True,
+                               help_text="What the hooks before the turn added (routing tags, context).")
+    cancel_requested = models.BooleanField(default=False)
+    error = models.TextField(blank=True, default="")
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self):
+        return f"{self.turn_id} ({self.state})"
+
+
+class Message(TimeStamped):
+    """A message as the conversation keeps it."""
+
+    class Role(models.TextChoices):
+        USER = "user"
+        ASSISTANT = "assistant"
+        SYSTEM = "system"
+
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="messages")
+    role = models.CharField(max_length=20, choices=Role.choices)
+    content = models.TextField(blank=True, default="")
+    actor = models.ForeignKey(Actor, null=True, blank=True, on_delete=models.SET_NULL)
+    turn = models.ForeignKey(Turn, null=True, blank=True, on_delete=models.SET_NULL, related_name="messages")
+    hidden = models.BooleanField(default=False, help_text="Hidden by compaction.")
+
+    class Meta:
+        # conversation history in order: the turn runner reads it every turn
+        indexes = [models.Index(fields=["conversation", "id"], name="message_conv_id")]
+
+
+class Event(models.Model):
+    """The durable event log; its id is the stream cursor."""
+
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="events")
+    turn = models.ForeignKey(Turn, null=True, blank=True, on_delete=models.CASCADE, related_name="events")
+    type = models.CharField(max_length=60)
+    # Actor keys that may see it; empty means everyone who may see the conversation.
+    audience = models.JSONField(default=list, blank=True)
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        # the chat stream reads a turn's events after a cursor
+        indexes = [models.Index(fields=["turn", "id"], name="event_turn_id"),
+                   # the activity stream reads a conversation's events after a cursor
+                   models.Index(fields=["conversation", "id"], name="event_conv_id")]
+        constraints = [models.CheckConstraint(condition=~Q(type=""), name="event_type_not_empty")]
+
+    def __str__(self):
+        return f"#{self.id} {self.type}"

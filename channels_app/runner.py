@@ -1,0 +1,219 @@
+"""The turn runner: composes the agent from its profile's engine, streams the answer as events.
+
+Runs inside the `run_turn` Celery task in both run modes. Deltas are coalesced
+into events a few milliseconds apart, so a fast engine does not turn every
+token into a database write; the first delta is written at once.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from django.db import transaction
+from django.utils import timezone
+
+from channels_app.events import events_append
+from channels_app.models import Message, Receipt, ReceiptState, Turn, TurnState
+from plugins_app.engines.base import (ANSWER, ANSWER_RESET, CITATIONS, ERROR, THINKING, TOOL, EngineError,
+                                      stream_items)
+
+log = logging.getLogger("ugent.turns")
+COALESCE_SECONDS = 0.015
+STOP_CHECK_SECONDS = 0.1
+INTERRUPTED_ANSWER_NOTE = "[interrupted]"
+
+
+class DeltaWriter:
+    """Buffers answer/thinking text and writes it as turn.delta events."""
+
+    def __init__(self, turn: Turn):
+        self.turn = turn
+        self.segment = None
+        self.buffer: list[str] = []
+        self.last_flush = 0.0
+
+    def add(self, segment: str, text: str) -> None:
+        if self.segment not in (None, segment):
+            self.flush()
+        self.segment = segment
+        self.buffer.append(text)
+        if time.monotonic() - self.last_flush >= COALESCE_SECONDS:
+            self.flush()
+
+    def pending(self) -> list[tuple[str, dict, list]]:
+        if not self.buffer:
+            return []
+        item = ("turn.delta", {"turn_id": self.turn.turn_id, "segment": self.segment,
+                               "text": "".join(self.buffer)}, [])
+        self.buffer, self.segment = [], None
+        return [item]
+
+    def flush(self, extra: list | None = None) -> None:
+        items = self.pending() + (extra or [])
+        if items:
+            events_append(conversation_id=self.turn.conversation_id, turn_pk=self.turn.pk, items=items)
+        self.last_flush = time.monotonic()
+
+
+def build_messages(turn: Turn):
+    from ovos_plugin_manager.templates.agents import AgentMessage, MessageRole
+    profile = turn.profile
+    limit = profile.history_turns if profile else 20
+    current = (Message.objects.filter(turn=turn, role=Message.Role.USER).order_by("id").first())
+    past = list(Message.objects.filter(conversation_id=turn.conversation_id, hidden=False,
+                                       id__lt=current.id if current else 0,
+                                       role__in=[Message.Role.USER, Message.Role.ASSISTANT])
+                .order_by("-id")[:limit])
+    past.reverse()
+    messages = [AgentMessage(role=MessageRole(m.role), content=m.content) for m in past]
+    for block in (turn.context or {}).get("injected_context", []):
+        messages.append(AgentMessage(role=MessageRole.SYSTEM, content=block))
+    text = (turn.context or {}).get("text") or (current.content if current else "")
+    messages.append(AgentMessage(role=MessageRole.USER, content=text))
+    return messages
+
+
+def turn_run(turn_pk: int) -> None:
+    """Run one accepted turn to its end. A redelivered task finds the turn moved on and does nothing."""
+    now = timezone.now()
+    if Turn.objects.filter(pk=turn_pk, state=TurnState.ACCEPTED).update(state=TurnState.RUNNING,
+                                                                        started_at=now) != 1:
+        return
+    turn = Turn.objects.select_related("conversation", "actor", "receipt", "profile").get(pk=turn_pk)
+    Receipt.objects.filter(pk=turn.receipt_id).update(state=ReceiptState.RUNNING, started_at=now)
+    writer = DeltaWriter(turn)
+    answer: list[str] = []
+    thinking: list[str] = []
+    citations: list[str] = []
+    last_check = [time.monotonic()]
+    cancelled = [False]
+
+    def should_stop() -> bool:
+        if cancelled[0]:
+            return True
+        if time.monotonic() - last_check[0] >= STOP_CHECK_SECONDS:
+            last_check[0] = time.monotonic()
+            cancelled[0] = Turn.objects.filter(pk=turn.pk, cancel_requested=True).exists()
+        return cancelled[0]
+
+    try:
+        if turn.profile is None:
+            raise EngineError("The turn has no agent profile.", code="no_profile")
+        from plugins_app.engines.registry import engine_for_profile
+        try:
+            engine = engine_for_profile(turn.profile)
+        except LookupError as exc:
+            raise EngineError(str(exc), code="engine_not_installed")
+        messages = build_messages(turn)
+        for item in stream_items(engine, messages, session_id=turn.conversation.external_id,
+                                 tools=None, should_stop=should_stop):
+            if item.kind == ANSWER:
+                answer.append(item.text)
+                writer.add(ANSWER, item.text)
+            elif item.kind == THINKING:
+                thinking.append(item.text)
+                if turn.include_thinking:
+                    writer.add(THINKING, item.text)
+            elif item.kind == ANSWER_RESET:
+                answer.clear()
+                writer.flush([("turn.delta", {"turn_id": turn.turn_id, "segment": ANSWER_RESET, "text": ""}, [])])
+            elif item.kind == TOOL:
+                writer.flush([("turn.delta", {"turn_id": turn.turn_id, "segment": TOOL, "text": item.text,
+                                              "tool": item.data or {}}, [])])
+            elif item.kind == CITATIONS:
+                citations.extend(i for i in (item.data or {}).get("ids", []) if i not in citations)
+            elif item.kind == ERROR:
+                raise EngineError(item.text or "The engine reported an error.")
+            if should_stop():
+                break
+    except EngineError as exc:
+        turn_fail(turn=turn, writer=writer, answer="".join(answer), reason=exc.message, code=exc.code)
+        return
+    except Exception as exc:  # a plugin bug fails its turn, never the worker
+        log.exception("turn failed (turn=%s)", turn.turn_id)
+        turn_fail(turn=turn, writer=writer, answer="".join(answer),
+                  reason=f"The agent failed: {type(exc).__name__}: {exc}", code="engine_crashed")
+        return
+    if cancelled[0]:
+        turn_cancel_finish(turn=turn, writer=writer, answer="".join(answer))
+        return
+    turn_complete(turn=turn, writer=writer, answer="".join(answer), citations=citations)
+
+
+def _requested_citations(turn: Turn, answer: str) -> list[str]:
+    return [cid for cid in (turn.citation_ids or []) if cid and cid in answer]
+
+
+def turn_complete(*, turn: Turn, writer: DeltaWriter, answer: str, citations: list[str]) -> None:
+    citations = citations + [c for c in _requested_citations(turn, answer) if c not in citations]
+    now = timezone.now()
+    with transaction.atomic():
+        Message.objects.create(conversation_id=turn.conversation_id, role=Message.Role.ASSISTANT,
+                               content=answer, turn=turn)
+        Receipt.objects.filter(pk=turn.receipt_id).update(state=ReceiptState.COMPLETED, answer=answer,
+                                                          citations=citations, finished_at=now)
+        Turn.objects.filter(pk=turn.pk).update(state=TurnState.COMPLETED, finished_at=now)
+        extra = []
+        if citations:
+            extra.append(("ugent.citations", {"turn_id": turn.turn_id, "citations": citations}, []))
+        extra.append(("turn.completed", {"turn_id": turn.turn_id, "state": "completed", "answer": answer,
+                                         "citations": citations}, [turn.actor.key]))
+        writer.flush(extra)
+
+
+def turn_fail(*, turn: Turn, writer: DeltaWriter, answer: str, reason: str, code: str) -> None:
+    now = timezone.now()
+    with transaction.atomic():
+        if answer:
+            Message.objects.create(conversation_id=turn.conversation_id, role=Message.Role.ASSISTANT,
+                                   content=answer, turn=turn)
+        Receipt.objects.filter(pk=turn.receipt_id).update(state=ReceiptState.FAILED, answer=answer,
+                                                          reason=reason, finished_at=now)
+        Turn.objects.filter(pk=turn.pk).update(state=TurnState.FAILED, error=reason, finished_at=now)
+        writer.flush([("turn.failed", {"turn_id": turn.turn_id, "state": "failed", "reason": reason,
+                                       "code": code, "answer": answer}, [turn.actor.key])])
+
+
+def turn_cancel_finish(*, turn: Turn, writer: DeltaWriter, answer: str) -> None:
+    """A stopped turn keeps what it already answered, marked as cut short."""
+    now = timezone.now()
+    with transaction.atomic():
+        if answer:
+            Message.objects.create(conversation_id=turn.conversation_id, role=Message.Role.ASSISTANT,
+                                   content=answer, turn=turn)
+        Receipt.objects.filter(pk=turn.receipt_id).update(state=ReceiptState.CANCELLED, answer=answer,
+                                                          reason="stopped", finished_at=now)
+        Turn.objects.filter(pk=turn.pk).update(state=TurnState.CANCELLED, finished_at=now)
+        writer.flush([("turn.cancelled", {"turn_id": turn.turn_id, "state": "cancelled", "answer": answer,
+                                          "partial": True}, [turn.actor.key])])
+
+
+def turns_recover_interrupted() -> int:
+    """At start-up: turns a crashed process left running become interrupted, with an event."""
+    count = 0
+    for turn in Turn.objects.filter(state__in=[TurnState.RUNNING, TurnState.ACCEPTED]).select_related("actor"):
+        now = timezone.now()
+        state = TurnState.INTERRUPTED if turn.state == TurnState.RUNNING else None
+        if state is None:
+            continue
+        with transaction.atomic():
+            if Turn.objects.filter(pk=turn.pk, state=TurnState.RUNNING).update(
+                    state=TurnState.INTERRUPTED, finished_at=now, error="the process running it stopped") != 1:
+                continue
+            Receipt.objects.filter(pk=turn.receipt_id).update(state=ReceiptState.INTERRUPTED, finished_at=now,
+                                                              reason="the process running it stopped")
+            events_append(conversation_id=turn.conversation_id, turn_pk=turn.pk, items=[
+                ("turn.failed", {"turn_id": turn.turn_id, "state": "interrupted",
+                                 "reason": "the process running it stopped", "code": "interrupted"},
+                 [turn.actor.key])])
+        count += 1
+    return count
+
+
+def turns_requeue_accepted() -> int:
+    """At start-up: accepted turns whose task was lost with an in-process broker run now."""
+    from channels_app.tasks import run_turn
+    pks = list(Turn.objects.filter(state=TurnState.ACCEPTED).values_list("pk", flat=True))
+    for pk in pks:
+        run_turn.delay(pk)
+    return len(pks)

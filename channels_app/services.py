@@ -1,0 +1,305 @@
+"""The one path of a message, and the writes around it.
+
+Every message, from the web API or a channel worker, goes through
+`message_submit`: who and where, once only, the hooks before the agent, the
+turn, and back out through the event log.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import Optional
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from channels_app import hooks
+from channels_app.errors import ApplicationError
+from channels_app.events import event_append, events_append
+from channels_app.models import (FINAL_STATES, Actor, Caller, Conversation, Message, Receipt,
+                                 ReceiptState, Role, Turn, TurnState)
+
+log = logging.getLogger("ugent.hub")
+
+NO_RETRY = {"x-should-retry": "false"}
+NOT_YOURS = "This conversation belongs to another user."
+APPLICATION_NAMES_FEDERATED_ONLY = ("An application key may name only federated users of the issuers "
+                                    "it lists (federation_issuer with federation_subject).")
+
+
+# --- who ---------------------------------------------------------------------
+
+def actor_resolve(*, caller: Caller, user: str | None = None, federation_issuer: str | None = None,
+                  federation_subject: str | None = None) -> Actor:
+    """The end user a request speaks for, by the role rules of "Keys and callers"."""
+    if bool(federation_issuer) != bool(federation_subject):
+        raise ApplicationError("federation_issuer and federation_subject go together.",
+                               status=400, code="invalid_request",
+                               param="federation_issuer" if not federation_issuer else "federation_subject")
+    if caller.role == Role.APPLICATION:
+        if user:
+            raise ApplicationError(APPLICATION_NAMES_FEDERATED_ONLY, status=403, code="actor_not_allowed",
+                                   param="user")
+        if federation_issuer and federation_issuer not in (caller.issuers or []):
+            raise ApplicationError(APPLICATION_NAMES_FEDERATED_ONLY, status=403, code="actor_not_allowed",
+                                   param="federation_issuer")
+    if federation_issuer:
+        key = f"fed:{federation_issuer}:{federation_subject}"
+        defaults = {"channel": "web", "user_id": federation_subject, "caller": caller,
+                    "federation_issuer": federation_issuer, "federation_subject": federation_subject}
+    elif user:
+        key = f"web:{user}"
+        defaults = {"channel": "web", "user_id": user, "caller": caller}
+    elif caller.role == Role.OPERATOR:
+        key = f"operator@{caller.name}"
+        defaults = {"channel": "web", "user_id": key, "caller": caller}
+    else:
+        key = caller.anonymous_actor_key
+        defaults = {"channel": "web", "user_id": key, "caller": caller}
+    return _get_or_create(Actor, key=key, defaults=defaults)
+
+
+def channel_actor_resolve(*, channel: str, user_id: str, display_name: str = "") -> Actor:
+    """The actor of a plugin channel's sender: `{channel}:{user_id}`."""
+    return _get_or_create(Actor, key=f"{channel}:{user_id}",
+                          defaults={"channel": channel, "user_id": user_id, "display_name": display_name})
+
+
+def _get_or_create(model, defaults, **lookup):
+    try:
+        return model.objects.get(**lookup)
+    except model.DoesNotExist:
+        pass
+    try:
+        with transaction.atomic():
+            return model.objects.create(**lookup, **defaults)
+    except IntegrityError:  # created concurrently
+        return model.objects.get(**lookup)
+
+
+# --- where -------------------------------------------------------------------
+
+def conversation_resolve(*, channel: str, client_id: str, external_id: str | None, actor: Actor,
+                         caller: Caller | None) -> tuple[Conversation, bool]:
+    """The conversation by its id, created for `actor` on its first message; refused if not theirs."""
+    external_id = external_id or f"conv-{uuid.uuid4().hex}"
+    lookup = {"channel": channel, "client_id": client_id or "", "external_id": external_id}
+    conv = Conversation.objects.filter(**lookup).select_related("owner").first()
+    created = False
+    if conv is None:
+        try:
+            with transaction.atomic():
+                conv = Conversation.objects.create(**lookup, owner=actor, caller=caller)
+                created = True
+        except IntegrityError:
+            conv = Conversation.objects.select_related("owner").get(**lookup)
+    if conv.owner_id != actor.id:
+        raise ApplicationError(NOT_YOURS, status=403, code="conversation_not_owned", param="conversation_id")
+    return conv, created
+
+
+def conversation_visible_to(conv: Conversation, *, actor: Actor, caller: Caller) -> bool:
+    if caller.role == Role.OPERATOR:
+        return True
+    return conv.owner_id == actor.id
+
+
+# --- the message -------------------------------------------------------------
+
+@dataclass
+class InboundMessage:
+    """A message on the one path, normalised from the web API or a channel worker."""
+
+    actor: Actor
+    text: str
+    channel: str = "web"
+    caller: Optional[Caller] = None
+    client_id: str = ""
+    conversation_id: Optional[str] = None
+    client_message_id: Optional[str] = None
+    turn_id: Optional[str] = None
+    model: Optional[str] = None
+    source_type: str = "user"
+    input_mode: Optional[str] = None
+    allowed_tools: Optional[list] = None
+    denied_tools: Optional[list] = None
+    disable_memory_recall: bool = False
+    disable_code_context: bool = False
+    disable_memory_write: bool = False
+    include_thinking: bool = False
+    citation_ids: list = field(default_factory=list)
+    attachments: list = field(default_factory=list)
+    extra: dict = field(default_factory=dict)
+
+    def content_hash(self) -> str:
+        payload = json.dumps({"text": self.text, "attachments": self.attachments,
+                              "input_mode": self.input_mode}, sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()
+
+
+@dataclass
+class SubmitResult:
+    receipt: Receipt
+    turn: Turn
+    conversation: Conversation
+    stopped: Optional[hooks.HookStop] = None
+
+
+class DuplicateMessage(ApplicationError):
+    """A repeat of a client_message_id: refused under the first copy's turn."""
+
+    def __init__(self, message: str, *, code: str, receipt: Receipt, turn: Turn | None):
+        extra = {"receipt": receipt_summary(receipt, turn)}
+        if turn is not None:
+            extra["turn_id"] = turn.turn_id
+        headers = dict(NO_RETRY)
+        if turn is not None:
+            headers["x-ugent-turn-id"] = turn.turn_id
+        super().__init__(message, status=409, code=code, param="client_message_id", extra=extra,
+                         headers=headers)
+        self.receipt = receipt
+        self.turn = turn
+
+
+def receipt_summary(receipt: Receipt, turn: Turn | None = None) -> dict:
+    turn = turn if turn is not None else getattr(receipt, "turn", None)
+    out = {"conversation_id": receipt.conversation.external_id,
+           "client_message_id": receipt.client_message_id,
+           "state": receipt.state,
+           "turn_id": turn.turn_id if turn else None,
+           "created_at": receipt.created_at.isoformat() if receipt.created_at else None,
+           "started_at": receipt.started_at.isoformat() if receipt.started_at else None,
+           "finished_at": receipt.finished_at.isoformat() if receipt.finished_at else None}
+    if receipt.state == ReceiptState.COMPLETED:
+        out.update({"answer": receipt.answer, "citations": receipt.citations, "files": receipt.files})
+    elif receipt.state in (ReceiptState.REFUSED, ReceiptState.FAILED, ReceiptState.INTERRUPTED,
+                           ReceiptState.CANCELLED, ReceiptState.ABANDONED):
+        out["reason"] = receipt.reason
+        if receipt.answer:
+            out["answer"] = receipt.answer
+    return out
+
+
+def _duplicate(conversation: Conversation, inbound: InboundMessage) -> DuplicateMessage:
+    first = (Receipt.objects.select_related("conversation").filter(
+        conversation=conversation, client_message_id=inbound.client_message_id).first())
+    if first is None:  # the conflict was the turn_id, not the message
+        raise ApplicationError("This turn_id is already in use: send the turn a new one.", status=409,
+                               code="turn_id_in_use", param="turn_id", headers=NO_RETRY)
+    turn = Turn.objects.filter(receipt=first).first()
+    if first.content_hash != inbound.content_hash():
+        return DuplicateMessage("This client_message_id was already used for a different message: "
+                                "send it as a new message.", code="DuplicateContentMismatch",
+                                receipt=first, turn=turn)
+    if first.state in (ReceiptState.FAILED, ReceiptState.INTERRUPTED) and first.started_at:
+        return DuplicateMessage(f"The first copy of this message {first.state} after it started and may "
+                                "already have acted: send it as a new message.",
+                                code="DuplicateAfterFailure", receipt=first, turn=turn)
+    if first.state in FINAL_STATES:
+        return DuplicateMessage("This message was already processed.", code="DuplicateProcessed",
+                                receipt=first, turn=turn)
+    return DuplicateMessage("This message is already being processed.", code="DuplicateInFlight",
+                            receipt=first, turn=turn)
+
+
+def message_submit(*, inbound: InboundMessage, profile=None) -> SubmitResult:
+    """Accept one message: receipt once only, hooks before the agent, then the turn (a Celery task).
+
+    Raises ApplicationError (403 not theirs, 409 duplicate, 400 bad model) having changed nothing
+    the client did not already own.
+    """
+    conversation, created = conversation_resolve(
+        channel=inbound.channel, client_id=inbound.client_id, external_id=inbound.conversation_id,
+        actor=inbound.actor, caller=inbound.caller)
+    if inbound.client_message_id:
+        existing = Receipt.objects.filter(conversation=conversation,
+                                          client_message_id=inbound.client_message_id).exists()
+        if existing:
+            raise _duplicate(conversation, inbound)
+    if profile is None:
+        from plugins_app.profiles import profile_resolve
+        profile = profile_resolve(requested=inbound.model, conversation=conversation,
+                                  caller=inbound.caller)
+    if inbound.turn_id and Turn.objects.filter(turn_id=inbound.turn_id).exists():
+        raise ApplicationError("This turn_id is already in use: send the turn a new one.", status=409,
+                               code="turn_id_in_use", param="turn_id", headers=NO_RETRY)
+    try:
+        with transaction.atomic():
+            return _submit_locked(inbound, conversation, created, profile)
+    except IntegrityError:
+        raise _duplicate(conversation, inbound)
+
+
+def _submit_locked(inbound: InboundMessage, conversation: Conversation, created: bool, profile) -> SubmitResult:
+    receipt = Receipt.objects.create(
+        conversation=conversation, actor=inbound.actor,
+        client_message_id=inbound.client_message_id or f"msg-{uuid.uuid4().hex}",
+        content_hash=inbound.content_hash())
+    ctx = hooks.HookContext(
+        text=inbound.text, channel=inbound.channel, source_type=inbound.source_type,
+        user_id=inbound.actor.user_id, conversation_id=conversation.external_id,
+        input_mode=inbound.input_mode, actor_key=inbound.actor.key, conversation=conversation,
+        actor=inbound.actor, receipt=receipt, is_first_message=created,
+        allowed_tools=inbound.allowed_tools,
+        limits={"disable_memory_recall": inbound.disable_memory_recall,
+                "disable_code_context": inbound.disable_code_context,
+                "disable_memory_write": inbound.disable_memory_write,
+                "allowed_tools": inbound.allowed_tools, "denied_tools": inbound.denied_tools})
+    stop = hooks.run_before_agent_turn(ctx)
+    turn = Turn.objects.create(
+        turn_id=inbound.turn_id or f"turn-{uuid.uuid4().hex}", conversation=conversation,
+        actor=inbound.actor, receipt=receipt, model=profile.name if profile else "",
+        profile=profile, allowed_tools=ctx.allowed_tools, denied_tools=inbound.denied_tools,
+        disable_memory_recall=inbound.disable_memory_recall,
+        disable_code_context=inbound.disable_code_context,
+        disable_memory_write=inbound.disable_memory_write, input_mode=inbound.input_mode or "",
+        include_thinking=inbound.include_thinking, citation_ids=inbound.citation_ids,
+        context={"tags": ctx.tags, "injected_context": ctx.injected_context, "text": ctx.text})
+    Message.objects.create(conversation=conversation, role=Message.Role.USER, content=inbound.text,
+                           actor=inbound.actor, turn=turn)
+    user_event = {"turn_id": turn.turn_id, "client_message_id": receipt.client_message_id,
+                  "content": inbound.text, "role": "user", "actor": inbound.actor.key}
+    if inbound.input_mode:
+        user_event["input_mode"] = inbound.input_mode
+    event_append(conversation_id=conversation.id, turn_pk=turn.pk, type="ugent.user_message",
+                 data=user_event)
+    if stop is not None:
+        turn_finish_without_agent(turn=turn, stop=stop)
+    else:
+        from channels_app.tasks import run_turn
+        transaction.on_commit(lambda: run_turn.delay(turn.pk))
+    return SubmitResult(receipt=receipt, turn=turn, conversation=conversation, stopped=stop)
+
+
+def turn_finish_without_agent(*, turn: Turn, stop: hooks.HookStop) -> None:
+    """A hook stopped the message: answer the sender, record it like any other turn."""
+    now = timezone.now()
+    state = stop.state if stop.state in (ReceiptState.COMPLETED, ReceiptState.REFUSED) else ReceiptState.COMPLETED
+    Receipt.objects.filter(pk=turn.receipt_id).update(state=state, answer=stop.answer, reason=stop.reason,
+                                                      started_at=now, finished_at=now)
+    Turn.objects.filter(pk=turn.pk).update(state=state, started_at=now, finished_at=now)
+    Message.objects.create(conversation_id=turn.conversation_id, role=Message.Role.ASSISTANT,
+                           content=stop.answer, turn=turn)
+    turn.state = state
+    events_append(conversation_id=turn.conversation_id, turn_pk=turn.pk, items=[
+        ("turn.delta", {"turn_id": turn.turn_id, "segment": "answer", "text": stop.answer}, []),
+        ("turn.completed", {"turn_id": turn.turn_id, "state": state, "answer": stop.answer,
+                            "decided_by": stop.decided_by, "citations": []}, [turn.actor.key]),
+    ])
+
+
+# --- reads -------------------------------------------------------------------
+
+def receipt_get(*, caller: Caller, actor: Actor, conversation_id: str, client_message_id: str,
+                client_id: str = "", channel: str = "web") -> dict:
+    """A receipt for its sender or the operator; 404 to anyone else, as for a missing one."""
+    receipt = (Receipt.objects.select_related("conversation", "actor")
+               .filter(conversation__channel=channel, conversation__client_id=client_id or "",
+                       conversation__external_id=conversation_id, client_message_id=client_message_id)
+               .first())
+    if receipt is None or not (caller.role == Role.OPERATOR or receipt.actor_id == actor.id):
+        raise ApplicationError("No such message.", status=404, code="receipt_not_found")
+    return receipt_summary(receipt)

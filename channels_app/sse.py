@@ -1,0 +1,91 @@
+"""Rendering turn events as the OpenAI-compatible chat stream ("What the chat stream sends").
+
+Named events carry chunk-shaped data (one empty delta plus their own payload
+field), because the official openai client JSON-parses every event's data
+whatever its name; keep-alives are comment lines.
+"""
+from __future__ import annotations
+
+import json
+
+DONE = b"data: [DONE]\n\n"
+PING = b": ping\n\n"
+TERMINAL = {"turn.completed", "turn.failed", "turn.cancelled"}
+
+
+def _dumps(obj) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+class ChunkRenderer:
+    """Turns Event rows of one turn into SSE bytes."""
+
+    def __init__(self, *, turn_id: str, model: str, created: int, include_tool_events: bool = False):
+        self.id = f"chatcmpl-{turn_id}"
+        self.turn_id = turn_id
+        self.model = model
+        self.created = created
+        self.include_tool_events = include_tool_events
+        self.role_sent = False
+        self.finished = False
+
+    def chunk(self, delta: dict, finish_reason=None, **extra) -> dict:
+        body = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                "model": self.model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]}
+        body.update(extra)
+        return body
+
+    def data(self, obj) -> bytes:
+        return f"data: {_dumps(obj)}\n\n".encode()
+
+    def named(self, name: str, field: str, payload, cursor: int | None = None) -> bytes:
+        head = f"id: {cursor}\n" if cursor is not None else ""
+        return f"{head}event: {name}\ndata: {_dumps(self.chunk({}, **{field: payload}))}\n\n".encode()
+
+    def _delta(self, delta: dict) -> dict:
+        if not self.role_sent:
+            delta = {"role": "assistant", **delta}
+            self.role_sent = True
+        return delta
+
+    def finish(self, reason: str = "stop", **extra) -> bytes:
+        if self.finished:
+            return b""
+        self.finished = True
+        return self.data(self.chunk({}, finish_reason=reason, **extra))
+
+    def error(self, message: str, *, code: str | None, type_: str = "api_error", param=None,
+              extra: dict | None = None) -> bytes:
+        err = {"message": message, "type": type_, "param": param, "code": code}
+        err.update(extra or {})
+        return self.data({"error": err, "ugent_segment": "error"})
+
+    def render(self, event_type: str, data: dict) -> bytes:
+        """The bytes for one event; b"" for an event the chat stream does not show."""
+        if event_type == "ugent.user_message":
+            return self.named("ugent.user_message", "ugent_user_message", data)
+        if event_type == "turn.delta":
+            segment = data.get("segment")
+            if segment == "answer":
+                return self.data(self.chunk(self._delta({"content": data.get("text", ""),
+                                                         "ugent_segment": "answer"})))
+            if segment == "thinking":
+                return self.data(self.chunk(self._delta({"content": None,
+                                                         "reasoning_content": data.get("text", ""),
+                                                         "ugent_segment": "thinking"})))
+            if segment == "answer_reset":
+                return self.data(self.chunk(self._delta({"content": "", "ugent_segment": "answer_reset"})))
+            if segment == "tool" and self.include_tool_events:
+                return self.data(self.chunk(self._delta({"content": None, "ugent_segment": "tool",
+                                                         "ugent_tool": data.get("tool", {})})))
+            return b""
+        if event_type == "ugent.citations":
+            return self.finish() + self.named("ugent.citations", "ugent_citations", data.get("citations", []))
+        if event_type == "turn.completed":
+            return self.finish() + DONE
+        if event_type == "turn.cancelled":
+            return self.finish(ugent_stopped=True) + DONE
+        if event_type == "turn.failed":
+            return self.error(data.get("reason", "The turn failed."), code=data.get("code")) + DONE
+        return b""

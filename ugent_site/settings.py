@@ -1,0 +1,149 @@
+"""Settings, all from the environment (django-environ) with working defaults.
+
+REDIS_URL unset means embedded mode: SQLite under var/, Celery on an
+in-process broker, an in-memory channel layer. REDIS_URL set means servers mode.
+"""
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+env = environ.Env()
+environ.Env.read_env(BASE_DIR / ".env") if (BASE_DIR / ".env").exists() else None
+
+VAR_DIR = Path(env("UGENT_VAR_DIR", default=str(BASE_DIR / "var")))
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+SECRET_KEY = env("DJANGO_SECRET_KEY", default="ugent-dev-insecure-change-me")
+DEBUG = env.bool("DJANGO_DEBUG", default=False)
+ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["*"])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "channels",
+    "django_celery_beat",
+    "channels_app",
+    "rules_app",
+    "cron_app",
+    "plugins_app",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "ugent_site.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+ASGI_APPLICATION = "ugent_site.asgi.application"
+WSGI_APPLICATION = None
+
+DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'ugent.sqlite3'}")}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # WAL lets the stream readers run beside the turn writer; IMMEDIATE takes the
+    # write lock up front so two writers queue instead of failing mid-transaction.
+    DATABASES["default"].setdefault("OPTIONS", {}).update({
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 30,
+    })
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test_ugent.sqlite3")}
+else:
+    DATABASES["default"].setdefault("CONN_MAX_AGE", 0)
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+
+# --- run mode -------------------------------------------------------------
+REDIS_URL = env("REDIS_URL", default="")
+UGENT_MODE = "servers" if REDIS_URL else "embedded"
+
+if REDIS_URL:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
+                                  "CONFIG": {"hosts": [REDIS_URL]}}}
+    CELERY_BROKER_URL = REDIS_URL
+    CELERY_BROKER_TRANSPORT_OPTIONS = {}
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    CELERY_BROKER_URL = "memory://"
+    # The default polling interval of the memory transport is far too slow for turns.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"polling_interval": 0.005}
+CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SOFT_TIME_LIMIT = env.int("UGENT_TURN_SOFT_TIME_LIMIT", default=600)
+CELERY_TASK_TIME_LIMIT = env.int("UGENT_TURN_TIME_LIMIT", default=660)
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_TIMEZONE = "UTC"
+
+# --- the Web Channel API --------------------------------------------------
+UGENT_WEB_BIND = env("UGENT_WEB_BIND", default="127.0.0.1")
+UGENT_WEB_PORT = env.int("UGENT_WEB_PORT", default=8787)
+# The operator key: UGENT_WEB_API_KEY, else the file UGENT_WEB_API_KEY_FILE names, else the key
+# `rundaemon` generated on first start (var/web_api_key).
+UGENT_WEB_API_KEY_FILE = Path(env("UGENT_WEB_API_KEY_FILE", default=str(VAR_DIR / "web_api_key")))
+UGENT_WEB_API_KEY = env("UGENT_WEB_API_KEY", default="") or (
+    UGENT_WEB_API_KEY_FILE.read_text().strip() if UGENT_WEB_API_KEY_FILE.exists() else "")
+UGENT_CONFIG = env("UGENT_CONFIG", default="")
+UGENT_WORKSPACE = env("UGENT_WORKSPACE", default=str(BASE_DIR / "workspace"))
+UGENT_DEFAULT_MODEL = env("UGENT_DEFAULT_MODEL", default="")
+UGENT_LLM_BASE_URL = env("UGENT_LLM_BASE_URL", default="")
+UGENT_LLM_API_KEY = env("UGENT_LLM_API_KEY", default="")
+UGENT_LLM_MODEL = env("UGENT_LLM_MODEL", default="")
+# Seconds between SSE keep-alive comment lines.
+UGENT_SSE_KEEPALIVE = env.float("UGENT_SSE_KEEPALIVE", default=15.0)
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["channels_app.auth.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["channels_app.auth.HasCaller"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser",
+                               "rest_framework.parsers.MultiPartParser"],
+    "EXCEPTION_HANDLER": "channels_app.errors.exception_handler",
+    "UNAUTHENTICATED_USER": None,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+SPECTACULAR_SETTINGS = {"TITLE": "UGENT Web Channel API", "VERSION": "0.1.0"}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env("UGENT_LOG_LEVEL", default="INFO")},
+    "loggers": {"daphne": {"level": "WARNING"}, "celery": {"level": "WARNING"},
+                "django.channels.server": {"level": "WARNING"}},
+}

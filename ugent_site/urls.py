@@ -1,0 +1,13 @@
+from django.contrib import admin
+from django.urls import path
+from django.views.decorators.csrf import csrf_exempt
+
+from channels_app import api
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("v1/chat/completions", csrf_exempt(api.ChatCompletionApi.as_view()), name="chat-completions"),
+    path("v1/models", api.ModelsListApi.as_view(), name="models"),
+    path("v1/health", api.HealthApi.as_view(), name="health"),
+    path("v1/ugent/receipt", api.ReceiptGetApi.as_view(), name="receipt"),
+]
