@@ -208,28 +208,33 @@ def _duplicate(conversation: Conversation, inbound: InboundMessage) -> Duplicate
 def message_submit(*, inbound: InboundMessage, profile=None) -> SubmitResult:
     """Accept one message: receipt once only, hooks before the agent, then the turn (a Celery task).
 
-    Raises ApplicationError (403 not theirs, 409 duplicate, 400 bad model) having changed nothing
-    the client did not already own.
+    Raises ApplicationError (403 not theirs, 409 duplicate, 400 bad model) having changed nothing:
+    the conversation a first message creates is created in the same transaction as its receipt.
     """
-    conversation, created = conversation_resolve(
-        channel=inbound.channel, client_id=inbound.client_id, external_id=inbound.conversation_id,
-        actor=inbound.actor, caller=inbound.caller)
-    if inbound.client_message_id:
-        existing = Receipt.objects.filter(conversation=conversation,
-                                          client_message_id=inbound.client_message_id).exists()
-        if existing:
-            raise _duplicate(conversation, inbound)
-    if profile is None:
-        from plugins_app.profiles import profile_resolve
-        profile = profile_resolve(requested=inbound.model, conversation=conversation,
-                                  caller=inbound.caller)
-    if inbound.turn_id and Turn.objects.filter(turn_id=inbound.turn_id).exists():
-        raise ApplicationError("This turn_id is already in use: send the turn a new one.", status=409,
-                               code="turn_id_in_use", param="turn_id", headers=NO_RETRY)
     try:
         with transaction.atomic():
+            conversation, created = conversation_resolve(
+                channel=inbound.channel, client_id=inbound.client_id, external_id=inbound.conversation_id,
+                actor=inbound.actor, caller=inbound.caller)
+            if inbound.client_message_id and Receipt.objects.filter(
+                    conversation=conversation, client_message_id=inbound.client_message_id).exists():
+                raise _duplicate(conversation, inbound)
+            if profile is None:
+                from plugins_app.profiles import profile_resolve
+                profile = profile_resolve(requested=inbound.model, conversation=conversation,
+                                          caller=inbound.caller)
+            if inbound.turn_id and Turn.objects.filter(turn_id=inbound.turn_id).exists():
+                raise ApplicationError("This turn_id is already in use: send the turn a new one.", status=409,
+                                       code="turn_id_in_use", param="turn_id", headers=NO_RETRY)
             return _submit_locked(inbound, conversation, created, profile)
     except IntegrityError:
+        # a concurrent copy committed first: it owns the conversation row now
+        conversation = Conversation.objects.filter(
+            channel=inbound.channel, client_id=inbound.client_id or "",
+            external_id=inbound.conversation_id or "").first()
+        if conversation is None:  # only the turn_id can have collided
+            raise ApplicationError("This turn_id is already in use: send the turn a new one.", status=409,
+                                   code="turn_id_in_use", param="turn_id", headers=NO_RETRY)
         raise _duplicate(conversation, inbound)
 
 

@@ -1,0 +1,93 @@
+"""GET /v1/models, /v1/health and /v1/ugent/receipt, with the permission matrix."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.test import Client
+
+from tests.support.schema import validate
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def get(path, key=None, **params):
+    headers = {"HTTP_X_API_KEY": key} if key else {}
+    return Client().get(path, params, **headers)
+
+
+def send(who, text, **extra):
+    body = {"messages": [{"role": "user", "content": text}]}
+    body.update({k: v for k, v in who.items() if k != "key"})
+    body.update(extra)
+    return Client().post("/v1/chat/completions", data=json.dumps(body), content_type="application/json",
+                         HTTP_X_API_KEY=who["key"])
+
+
+def test_models_lists_profiles_and_qualified_names_for_copies(tcast):
+    from plugins_app.models import AgentProfile
+    AgentProfile.objects.create(name="llama3", provider="openai-compatible", instance="gpu-a")
+    AgentProfile.objects.create(name="llama3", provider="openai-compatible", instance="gpu-b")
+    AgentProfile.objects.create(name="hidden", provider="scripted", allowed=False)
+    resp = get("/v1/models", tcast.keys["app"])
+    assert resp.status_code == 200
+    validate(resp.json(), "ListModelsResponse")
+    ids = [m["id"] for m in resp.json()["data"]]
+    assert "scripted" in ids and ids.count("llama3") == 1
+    assert "openai-compatible:gpu-a@llama3" in ids and "openai-compatible:gpu-b@llama3" in ids
+    assert "hidden" not in ids
+
+
+def test_a_qualified_name_picks_one_copy(tcast):
+    from plugins_app.models import AgentProfile
+    AgentProfile.objects.create(name="twin", provider="scripted", instance="a", config={"prefix": "A"})
+    AgentProfile.objects.create(name="twin", provider="scripted", instance="b", config={"prefix": "B"})
+    resp = send(tcast.alice, "x", model="scripted:b@twin")
+    assert resp.json()["choices"][0]["message"]["content"].startswith("B:")
+
+
+@pytest.mark.parametrize("path", ["/v1/models", "/v1/ugent/receipt"])
+def test_endpoints_need_a_key(tcast, path):
+    assert get(path).status_code == 401
+    assert get(path, "wrong").status_code == 401
+
+
+def test_health_needs_no_key_and_reveals_nothing(tcast):
+    resp = get("/v1/health")
+    assert resp.status_code == 200
+    assert set(resp.json()) == {"status", "mode"}
+
+
+def test_receipt_for_its_sender_and_the_operator_only(tcast):
+    r = send(tcast.carol, "hello", conversation_id="c1", client_message_id="m1")
+    turn_id = r["x-ugent-turn-id"]
+    own = get("/v1/ugent/receipt", tcast.keys["app"], conversation_id="c1", client_message_id="m1",
+              federation_issuer="example-crm", federation_subject="carol")
+    assert own.status_code == 200
+    body = own.json()
+    assert body["state"] == "completed" and body["turn_id"] == turn_id and body["answer"].startswith("echo:")
+    # the operator sees it
+    assert get("/v1/ugent/receipt", tcast.keys["operator"], conversation_id="c1",
+               client_message_id="m1").status_code == 200
+    # another user of the same application, the application's anonymous user, an outsider: 404 like a missing one
+    other = get("/v1/ugent/receipt", tcast.keys["app"], conversation_id="c1", client_message_id="m1",
+                federation_issuer="example-crm", federation_subject="dave")
+    anon = get("/v1/ugent/receipt", tcast.keys["app"], conversation_id="c1", client_message_id="m1")
+    outsider = get("/v1/ugent/receipt", tcast.keys["outsider"], conversation_id="c1", client_message_id="m1")
+    missing = get("/v1/ugent/receipt", tcast.keys["app"], conversation_id="c1", client_message_id="nope",
+                  federation_issuer="example-crm", federation_subject="carol")
+    for resp in (other, anon, outsider, missing):
+        assert resp.status_code == 404
+        assert resp.json() == missing.json()
+
+
+def test_receipt_says_failed_with_the_reason(tcast):
+    send(tcast.alice, "script:fail=no upstream", conversation_id="c1", client_message_id="m1")
+    body = get("/v1/ugent/receipt", tcast.keys["operator"], conversation_id="c1", client_message_id="m1",
+               user="alice").json()
+    assert body["state"] == "failed" and body["reason"] == "no upstream"
+
+
+def test_receipt_needs_its_parameters(tcast):
+    resp = get("/v1/ugent/receipt", tcast.keys["operator"], conversation_id="c1")
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "client_message_id"

@@ -1,0 +1,76 @@
+"""A scripted chat engine for tests: the user's message says what it streams, on cue.
+
+A message starting with "script:" is a list of steps separated by "|":
+  answer=TEXT     stream TEXT as answer tokens (split on spaces)
+  thinking=TEXT   stream TEXT as thinking
+  reset           withdraw the answer so far (answer_reset)
+  tool=NAME       report a tool call
+  cite=A,B        report citations
+  sleep=SECONDS   pause (between steps; checks should_stop while sleeping)
+  slow=SECONDS    pause between every later token
+  fail=TEXT       fail the turn with TEXT (EngineError)
+  crash=TEXT      raise a plain exception (a plugin bug)
+Any other message is answered "echo: <message>" with the history length.
+"""
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+from ovos_plugin_manager.templates.agents import AgentMessage, ChatEngine, MessageRole
+
+from plugins_app.engines.base import (ANSWER, ANSWER_RESET, CITATIONS, THINKING, TOOL, EngineError,
+                                      StreamItem, never_stop)
+
+CALLS: list[dict] = []  # what the engine was asked, for in-process tests
+
+
+class ScriptedEngine(ChatEngine):
+    supports_tools = True
+
+    def continue_chat(self, messages, session_id="default", lang=None, units=None, tools=None):
+        text = "".join(i.text for i in self.stream_events(messages, session_id=session_id) if i.kind == ANSWER)
+        return AgentMessage(role=MessageRole.ASSISTANT, content=text)
+
+    def stream_events(self, messages, *, session_id="default", lang=None, tools=None,
+                      should_stop=never_stop) -> Iterator[StreamItem]:
+        last = messages[-1].content if messages else ""
+        CALLS.append({"session_id": session_id, "messages": [(m.role.value, m.content) for m in messages],
+                      "config": dict(self.config)})
+        if not last.startswith("script:"):
+            prefix = self.config.get("prefix", "echo")
+            words = f"{prefix}: {last} (history={len(messages) - 1})".split(" ")
+            for i, w in enumerate(words):
+                yield StreamItem(ANSWER, w if i == 0 else " " + w)
+            return
+        delay = 0.0
+        for step in last[len("script:"):].split("|"):
+            name, _, arg = step.partition("=")
+            name = name.strip()
+            if name in ("answer", "thinking"):
+                for i, w in enumerate(arg.split(" ")):
+                    if should_stop():
+                        return
+                    if delay:
+                        _sleep(delay, should_stop)
+                    yield StreamItem(ANSWER if name == "answer" else THINKING, w if i == 0 else " " + w)
+            elif name == "reset":
+                yield StreamItem(ANSWER_RESET)
+            elif name == "tool":
+                yield StreamItem(TOOL, arg, {"id": "call-1", "name": arg, "arguments": "{}"})
+            elif name == "cite":
+                yield StreamItem(CITATIONS, data={"ids": arg.split(",")})
+            elif name == "sleep":
+                _sleep(float(arg), should_stop)
+            elif name == "slow":
+                delay = float(arg)
+            elif name == "fail":
+                raise EngineError(arg, code="scripted_failure")
+            elif name == "crash":
+                raise RuntimeError(arg)
+
+
+def _sleep(seconds: float, should_stop) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and not should_stop():
+        time.sleep(min(0.01, max(0.0, end - time.monotonic())))
