@@ -14,7 +14,7 @@ OUTSIDER_KEY = "ugk_test_outsider"
 
 
 @pytest.fixture(autouse=True)
-def _eager_celery(settings):
+def _eager_celery():
     from ugent_site.celery import app
     app.conf.task_always_eager = True
     yield

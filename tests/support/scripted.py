@@ -14,6 +14,8 @@ Any other message is answered "echo: <message>" with the history length.
 """
 from __future__ import annotations
 
+import json
+import os
 import time
 from typing import Iterator
 
@@ -35,8 +37,12 @@ class ScriptedEngine(ChatEngine):
     def stream_events(self, messages, *, session_id="default", lang=None, tools=None,
                       should_stop=never_stop) -> Iterator[StreamItem]:
         last = messages[-1].content if messages else ""
-        CALLS.append({"session_id": session_id, "messages": [(m.role.value, m.content) for m in messages],
-                      "config": dict(self.config)})
+        call = {"session_id": session_id, "messages": [(m.role.value, m.content) for m in messages],
+                "config": dict(self.config)}
+        CALLS.append(call)
+        if os.environ.get("UGENT_SCRIPTED_LOG"):  # a live daemon's calls, for tests in another process
+            with open(os.environ["UGENT_SCRIPTED_LOG"], "a") as fh:
+                fh.write(json.dumps({"session_id": session_id, "last": last}) + "\n")
         if not last.startswith("script:"):
             prefix = self.config.get("prefix", "echo")
             words = f"{prefix}: {last} (history={len(messages) - 1})".split(" ")

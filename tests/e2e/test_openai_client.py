@@ -1,0 +1,118 @@
+"""The real daemon on a free port, driven by the official openai client and raw HTTP."""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import uuid
+
+import httpx
+import openai
+import pytest
+
+from tests.support.http import answer_text, parse_sse
+from tests.support.schema import validate
+
+
+@pytest.fixture
+def client(daemon):
+    return openai.OpenAI(base_url=daemon.base + "/v1", api_key=daemon.key, max_retries=2)
+
+
+def test_openai_client_non_stream(client):
+    resp = client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "hello"}])
+    assert resp.choices[0].message.content == "echo: hello (history=0)"
+    validate(resp.model_dump(exclude_unset=True), "CreateChatCompletionResponse")
+
+
+def test_openai_client_stream_naive_loop_is_unharmed(client):
+    stream = client.chat.completions.create(
+        model="scripted", stream=True, messages=[{"role": "user", "content": "script:answer=streamed words here"}],
+        extra_body={"include_thinking": True, "echo_user_message": True})
+    text = ""
+    for chunk in stream:
+        text += chunk.choices[0].delta.content or ""
+    assert text == "streamed words here"
+
+
+def test_openai_client_streams_the_offline_notes_engine(client):
+    stream = client.chat.completions.create(
+        model="ugent-notes", stream=True,
+        messages=[{"role": "user", "content": "How do I point UGENT at my Ollama server?"}])
+    text = "".join(c.choices[0].delta.content or "" for c in stream)
+    assert "UGENT_LLM_BASE_URL" in text or "configure-model" in text
+
+
+def test_a_failure_mid_stream_raises_api_error_in_the_client(client):
+    stream = client.chat.completions.create(
+        model="scripted", stream=True, messages=[{"role": "user", "content": "script:answer=so far|fail=it broke"}])
+    got = ""
+    with pytest.raises(openai.APIError) as info:
+        for chunk in stream:
+            got += chunk.choices[0].delta.content or ""
+    assert got == "so far"
+    assert "it broke" in str(info.value)
+
+
+def test_a_duplicate_is_a_conflict_the_client_does_not_retry(client, daemon):
+    marker = f"dup-{uuid.uuid4().hex}"
+    body = {"conversation_id": marker, "client_message_id": "m1"}
+    client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": marker}],
+                                   extra_body=body)
+    with pytest.raises(openai.ConflictError) as info:
+        client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": marker}],
+                                       extra_body=body)
+    assert info.value.response.headers["x-should-retry"] == "false"
+    assert info.value.body["code"] == "DuplicateProcessed"
+    assert daemon.scripted_calls().count(marker) == 1
+
+
+def test_raw_stream_has_named_events_header_and_done(daemon):
+    with httpx.stream("POST", daemon.base + "/v1/chat/completions", headers={"x-api-key": daemon.key},
+                      json={"messages": [{"role": "user", "content": "script:answer=a b|cite=doc-1"}],
+                            "stream": True, "model": "scripted"}, timeout=30) as resp:
+        assert resp.status_code == 200
+        turn_id = resp.headers["x-ugent-turn-id"]
+        raw = b"".join(resp.iter_bytes())
+    frames = parse_sse(raw)
+    assert frames[0]["event"] == "ugent.user_message"
+    assert frames[0]["data"]["ugent_user_message"]["turn_id"] == turn_id
+    cites = [f for f in frames if f["event"] == "ugent.citations"]
+    assert cites and cites[0]["data"]["ugent_citations"] == ["doc-1"]
+    assert answer_text(frames) == "a b"
+    assert frames[-1]["data"] == "[DONE]"
+    for f in frames[:-1]:
+        validate(f["data"], "CreateChatCompletionStreamResponse")
+
+
+def test_twenty_concurrent_copies_of_one_message_run_one_turn(daemon):
+    marker = f"race-{uuid.uuid4().hex}"
+    body = {"messages": [{"role": "user", "content": f"script:slow=0.01|answer={marker} x y z"}],
+            "conversation_id": marker, "client_message_id": "same", "model": "scripted"}
+
+    def send(_):
+        r = httpx.post(daemon.base + "/v1/chat/completions", headers={"x-api-key": daemon.key}, json=body,
+                       timeout=60)
+        return r.status_code, r.headers.get("x-ugent-turn-id"), r.json()
+
+    with concurrent.futures.ThreadPoolExecutor(20) as pool:
+        results = list(pool.map(send, range(20)))
+    statuses = sorted(s for s, _, _ in results)
+    assert statuses.count(200) == 1 and statuses.count(409) == 19, statuses
+    turn_ids = {t for _, t, _ in results}
+    assert len(turn_ids) == 1
+    codes = {b["error"]["code"] for s, _, b in results if s == 409}
+    assert codes <= {"DuplicateInFlight", "DuplicateProcessed"}
+    assert sum(1 for c in daemon.scripted_calls() if marker in c) == 1
+
+
+def test_the_daemon_stops_cleanly_on_sigterm(tmp_path):
+    from tests.support.daemon import Daemon
+    d = Daemon(tmp_path).start()
+    try:
+        r = httpx.post(d.base + "/v1/chat/completions", headers={"x-api-key": d.key},
+                       json={"messages": [{"role": "user", "content": "hi"}], "model": "scripted"}, timeout=30)
+        assert r.status_code == 200
+        codes = d.stop()
+        assert all(c in (0, -15) for c in codes), codes
+    finally:
+        d.close()

@@ -1,0 +1,141 @@
+"""Starting the real daemon for end-to-end tests, in either run mode.
+
+Embedded: `manage.py rundaemon` (one process). Servers (REDIS_URL set): daphne
+and a Celery worker as separate processes over Redis and PostgreSQL.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+PY = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Daemon:
+    def __init__(self, tmp: Path, *, servers: bool | None = None, extra_env: dict | None = None):
+        self.tmp = tmp
+        self.servers = bool(os.environ.get("REDIS_URL")) if servers is None else servers
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.key = "ugk_e2e_" + uuid.uuid4().hex
+        self.log = tmp / "scripted.log"
+        self.procs: list[subprocess.Popen] = []
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "PYTEST"))}
+        self.env.update({
+            "DJANGO_SETTINGS_MODULE": "ugent_site.settings",
+            "UGENT_VAR_DIR": str(tmp / "var"),
+            "UGENT_WEB_API_KEY": self.key,
+            "UGENT_WORKSPACE": str(tmp / "workspace"),
+            "UGENT_EXTRA_ENGINES": "scripted=tests.support.scripted:ScriptedEngine",
+            "UGENT_SCRIPTED_LOG": str(self.log),
+            "PYTHONPATH": str(ROOT),
+            "UGENT_SSE_KEEPALIVE": "1",
+        })
+        self.dbname = None
+        if self.servers:
+            self.dbname = "ugent_e2e_" + uuid.uuid4().hex[:10]
+            base_db = os.environ.get("UGENT_TEST_PG", "postgres://root@127.0.0.1:5432/postgres")
+            self.pg_admin = base_db
+            self.env["DATABASE_URL"] = base_db.rsplit("/", 1)[0] + "/" + self.dbname
+            self.env["REDIS_URL"] = os.environ["REDIS_URL"]
+        else:
+            self.env.pop("REDIS_URL", None)
+            self.env.pop("DATABASE_URL", None)
+        self.env.update(extra_env or {})
+
+    def manage(self, *args, check=True):
+        return subprocess.run([PY, "manage.py", *args], cwd=ROOT, env=self.env, check=check,
+                              capture_output=True, text=True, timeout=120)
+
+    def _pg(self, sql: str):
+        import psycopg
+        with psycopg.connect(self.pg_admin, autocommit=True) as conn:
+            conn.execute(sql)
+
+    def start(self, profiles: str = "scripted"):
+        (self.tmp / "workspace").mkdir(parents=True, exist_ok=True)
+        if self.servers:
+            self._pg(f'CREATE DATABASE "{self.dbname}"')
+        self.manage("migrate", "--noinput")
+        self.manage("shell", "-c", (
+            "from plugins_app.models import AgentProfile as P;"
+            "P.objects.get_or_create(name='scripted', provider='scripted', defaults={'is_default': True});"
+            f"P.objects.get_or_create(name='ugent-notes', provider='ugent-notes', "
+            f"defaults={{'config': {{'path': '{ROOT / 'workspace' / 'notes'}'}}}})"))
+        self.spawn()
+        return self
+
+    def spawn(self):
+        out = open(self.tmp / "daemon.log", "ab")
+        if self.servers:
+            self.procs.append(subprocess.Popen(
+                [PY, "-m", "celery", "-A", "ugent_site", "worker", "-P", "threads", "-c", "8", "-l", "WARNING",
+                 "--without-heartbeat", "--without-mingle", "--without-gossip", "-n", f"w{self.port}@%h"],
+                cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+            self.procs.append(subprocess.Popen(
+                [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "ugent_site.asgi:application"],
+                cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+        else:
+            self.procs.append(subprocess.Popen(
+                [PY, "manage.py", "rundaemon", "--port", str(self.port), "--no-migrate"],
+                cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+        self.wait_ready()
+
+    def wait_ready(self, timeout: float = 60):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for p in self.procs:
+                if p.poll() is not None:
+                    raise RuntimeError(f"daemon exited: {(self.tmp / 'daemon.log').read_text()[-3000:]}")
+            try:
+                if httpx.get(self.base + "/v1/health", timeout=1).status_code == 200:
+                    if self.servers:
+                        time.sleep(1.0)  # the worker connects to the broker beside daphne
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError("daemon did not come up: " + (self.tmp / "daemon.log").read_text()[-3000:])
+
+    def stop(self, sig=signal.SIGTERM, timeout: float = 20) -> list[int]:
+        codes = []
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, sig)
+        for p in self.procs:
+            try:
+                codes.append(p.wait(timeout))
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                codes.append(p.wait())
+        self.procs = []
+        return codes
+
+    def close(self):
+        self.stop()
+        if self.servers and self.dbname:
+            try:
+                self._pg(f'DROP DATABASE IF EXISTS "{self.dbname}" WITH (FORCE)')
+            except Exception:
+                pass
+
+    def scripted_calls(self) -> list[str]:
+        if not self.log.exists():
+            return []
+        import json
+        return [json.loads(line)["last"] for line in self.log.read_text().splitlines() if line.strip()]
