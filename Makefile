@@ -1,0 +1,35 @@
+# UGENT for Django. `make run` and `make test` work on a fresh machine.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PG_URL ?= postgres://root@127.0.0.1:5432/ugent
+TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
+
+.PHONY: setup run test test-embedded test-servers services bench
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.txt pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -r requirements.txt
+	$(VENV)/bin/pip install -q --no-deps -e .
+	touch $@
+
+# Embedded mode: one process, SQLite under var/, no server to install.
+run: setup
+	$(PY) manage.py rundaemon
+
+# Every test, in embedded mode and again in servers mode (Redis + PostgreSQL).
+test: setup services test-embedded test-servers
+
+test-embedded: setup
+	env -u REDIS_URL -u DATABASE_URL $(PY) -m pytest -q
+
+test-servers: setup services
+	REDIS_URL=$(TEST_REDIS_URL) DATABASE_URL=$(PG_URL) $(PY) -m pytest -q
+
+services:
+	@bash scripts/ensure-services.sh
+
+bench: setup
+	$(PY) bench/chat_latency.py

@@ -1,0 +1,573 @@
+"""``ChannelWorker``: the lifecycle of a channel plugin worker, so a channel writes only its own parts.
+
+A channel subclasses ``ChannelWorker`` and implements:
+
+* ``connect()``: open the channel API (websocket, HTTP client, webhook server);
+* ``listen(submit)``: receive channel messages until ``self.stopping`` is set and
+  pass each, normalised as an ``InboundMessage``, to ``submit``;
+* ``deliver(delivery)``: send one ``OutboundDelivery`` to the channel; return the
+  channel's message id (or None), or raise ``DeliveryFailed(reason, permanent=...)``;
+* optionally ``fetch_media``/``put_media`` (attachments), ``already_delivered``
+  (to close the one crash window the outbox cannot) and ``disconnect``.
+
+``run()`` does the rest: it connects to the bridge socket named in
+``UGENT_BRIDGE_SOCKET``, says hello with ``UGENT_PLUGIN_ID`` and
+``UGENT_PLUGIN_TOKEN``, replays the outbox, heartbeats every ``heartbeat_secs``
+(from the hello result), runs ``listen`` in a thread, long-polls outbound
+deliveries and acks each one, reconnects when the socket drops, and on
+SIGTERM/SIGINT stops polling, finishes the deliveries in hand, flushes what it
+owes the host and exits 0. Every message passes through the outbox
+(``outbox.py``), so a crash at any point neither loses nor doubles one.
+"""
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .client import CallCancelled, CallTimeout, ConnectionLost, RpcClient, connect_with_retry
+from .jsonrpc import INVALID_PARAMS, UNKNOWN_DELIVERY, RPCError
+from .messages import Attachment, InboundMessage, Media, MessageValidationError, OutboundDelivery
+from .outbox import ACK, ACKED, FAILED, PENDING, REJECTED, RESUME, SENT, Outbox, PendingAck
+
+SOCKET_ENV = "UGENT_BRIDGE_SOCKET"
+PLUGIN_ID_ENV = "UGENT_PLUGIN_ID"
+TOKEN_ENV = "UGENT_PLUGIN_TOKEN"
+
+EXIT_OK = 0
+EXIT_FAILURE = 1        # the bridge stayed unreachable, or the channel failed: the supervisor restarts it
+EXIT_REFUSED = 2        # hello was refused (bad token, bad params): restarting alone will not help
+
+
+class DeliveryFailed(Exception):
+    """Raised by ``deliver()``: the channel did not take the message.
+
+    ``permanent=True`` when trying again cannot help (the chat is gone, the
+    message is refused); the host then dead-letters the delivery at once.
+    Otherwise the host retries it up to the plugin's ``max_retries``.
+    """
+
+    def __init__(self, reason: str = "delivery failed", *, permanent: bool = False):
+        super().__init__(reason)
+        self.reason = reason
+        self.permanent = permanent
+
+
+@dataclass
+class SubmitResult:
+    """What became of a submitted inbound message.
+
+    ``queued`` means it is safe in the outbox but the host has not answered yet;
+    it will be submitted again once the bridge is reachable. Either way the
+    channel may now acknowledge the message on its side.
+    """
+
+    accepted: bool
+    duplicate: bool = False
+    queued: bool = False
+    reason: str | None = None
+
+
+class ChannelWorker:
+    """Base class of a channel plugin worker (see the module docstring for what to implement)."""
+
+    kind: str = "channel-custom"
+    version: str = "0.1.0"
+    capabilities: tuple[str, ...] = ()
+
+    def __init__(self, *, socket_path: str | None = None, plugin_id: str | None = None,
+                 token: str | None = None, state_dir: str | None = None, outbox_path: str | None = None,
+                 poll_timeout_secs: float = 25.0, call_timeout_secs: float = 10.0,
+                 drain_timeout_secs: float = 10.0, reconnect_timeout_secs: float = 60.0,
+                 install_signal_handlers: bool = True):
+        self.socket_path = socket_path or os.environ.get(SOCKET_ENV) or ""
+        self.plugin_id = plugin_id or os.environ.get(PLUGIN_ID_ENV) or ""
+        self.token = token if token is not None else os.environ.get(TOKEN_ENV, "")
+        missing = [name for name, value in ((SOCKET_ENV, self.socket_path), (PLUGIN_ID_ENV, self.plugin_id),
+                                            (TOKEN_ENV, self.token)) if not value]
+        if missing:
+            raise ValueError(f"worker is missing {', '.join(missing)} (set by the supervisor)")
+        self.state_dir = state_dir
+        self.outbox_path = outbox_path
+        self.poll_timeout_secs = poll_timeout_secs
+        self.call_timeout_secs = call_timeout_secs
+        self.drain_timeout_secs = drain_timeout_secs
+        self.reconnect_timeout_secs = reconnect_timeout_secs
+        self.install_signal_handlers = install_signal_handlers
+        self.log = logging.getLogger(f"ugent.worker.{self.plugin_id}")
+        self.stopping = threading.Event()
+        self.session: dict | None = None          # the hello result of the current session
+        self.outbox: Outbox | None = None
+        self._client: RpcClient | None = None
+        self._drain_deadline: float | None = None
+        self._inbound_lock = threading.Lock()      # one submit at a time keeps the channel's order
+        self._replay_lock = threading.Lock()
+        self._acks_lock = threading.Lock()
+        self._acks_under_way: set[str] = set()
+        self._listener: threading.Thread | None = None
+        self._heartbeat: threading.Thread | None = None
+        self._failed = False
+        self._stopped = False
+
+    # ---------------------------------------------------------------- the channel's part
+
+    def connect(self) -> None:
+        """Open the channel API. Raising here ends the worker with exit code 1."""
+
+    def listen(self, submit: Callable[[InboundMessage | dict], SubmitResult]) -> None:
+        """Receive channel messages and ``submit`` each until ``self.stopping`` is set.
+
+        Runs in its own thread. Acknowledge a message to the channel only after
+        ``submit`` returns: by then it is in the outbox. The default receives
+        nothing (an outbound-only channel).
+        """
+        self.stopping.wait()
+
+    def deliver(self, delivery: OutboundDelivery) -> str | None:
+        """Send one delivery to the channel; return its channel message id, or raise ``DeliveryFailed``.
+
+        Any other exception counts as a retryable failure.
+        """
+        raise NotImplementedError("a channel worker implements deliver()")
+
+    def already_delivered(self, delivery: OutboundDelivery) -> bool:
+        """Whether a delivery interrupted by a crash inside ``deliver()`` reached the channel.
+
+        Only asked in that one case. A channel that can look (search the chat
+        for the delivery id it put in the message metadata, use an idempotency
+        key of the channel's API) returns True to avoid a second send; the
+        default False sends again (at least once).
+        """
+        return False
+
+    def fetch_media(self, attachment: Attachment) -> bytes | None:
+        """Download an inbound attachment that has a channel ``url`` but no ``media_id``.
+
+        The bytes are stored on the host with media.put before the message is
+        submitted, so the host never needs the channel's credentials. Return
+        None to pass the url through as it is.
+        """
+        return None
+
+    def put_media(self, media: Media, attachment: Attachment, delivery: OutboundDelivery) -> str | None:
+        """Upload one outbound attachment to the channel; return the channel's reference for it.
+
+        Called for each attachment before ``deliver()`` when a subclass defines
+        it; the reference is set as ``attachment.channel_ref``.
+        """
+        return None
+
+    def disconnect(self) -> None:
+        """Close the channel API; called once while shutting down."""
+
+    def stats(self) -> dict:
+        """What the heartbeat reports to the host."""
+        return {"outbox": self.outbox.counts() if self.outbox else {}}
+
+    # ---------------------------------------------------------------- helpers for the channel
+
+    def submit(self, message: InboundMessage | dict) -> SubmitResult:
+        """Record an inbound message in the outbox and submit it to the host.
+
+        Raises ``MessageValidationError`` for a message that breaks the protocol
+        (nothing is recorded). A message the host already acknowledged is not
+        sent again: the channel redelivering it gets ``duplicate=True``.
+        """
+        msg = InboundMessage.from_dict(message) if isinstance(message, dict) else message.validate()
+        row = self._outbox().inbound_record(msg)
+        if row.state != PENDING:
+            return self._result_from_row(row.state, row.result, duplicate=True)
+        return self._send_inbound(row.key)  # type: ignore[return-value]  # waits, so never None
+
+    def media_get(self, media_id: str) -> Media:
+        """Fetch an attachment's bytes from the host (media.get)."""
+        result = self._call("media.get", {"media_id": media_id})
+        return Media(base64.b64decode(result["data_base64"]), result["content_type"], result.get("filename"))
+
+    def media_put(self, data: bytes, content_type: str, filename: str | None = None) -> str:
+        """Store bytes on the host (media.put); returns the media id to put in an attachment."""
+        params: dict[str, Any] = {"content_type": content_type, "data_base64": base64.b64encode(data).decode()}
+        if filename:
+            params["filename"] = filename
+        return self._call("media.put", params)["media_id"]
+
+    def stop(self) -> None:
+        """Ask the worker to stop: no new polls, finish what is in hand, flush, exit."""
+        if self._drain_deadline is None:
+            self._drain_deadline = time.monotonic() + self.drain_timeout_secs
+        self.stopping.set()
+
+    # ---------------------------------------------------------------- steps (each callable alone)
+
+    def open_session(self, *, replay: bool = True) -> dict:
+        """Connect to the bridge, say hello, replay the outbox (unless told not to); returns the hello result."""
+        client = connect_with_retry(self.socket_path, timeout=self.reconnect_timeout_secs, stop=self.stopping)
+        try:
+            result = client.call("hello", {
+                "plugin_id": self.plugin_id, "token": self.token, "kind": self.kind, "version": self.version,
+                "capabilities": list(self.capabilities), "protocol_version": 1, "pid": os.getpid(),
+            }, timeout=self.call_timeout_secs)
+        except BaseException:
+            client.close()
+            raise
+        old, self._client = self._client, client
+        if old is not None:
+            old.close()
+        self.session = result
+        self.log.info("session %s open (heartbeat %ss, max_in_flight %s)", result.get("session_id"),
+                      result.get("heartbeat_secs"), result.get("max_in_flight"))
+        if replay:
+            self.replay()
+        return result
+
+    def replay(self) -> None:
+        """Send what the outbox says is still owed: acks first, then pending inbound submits."""
+        with self._replay_lock:
+            self._replay()
+
+    def _replay(self, *, background: bool = False) -> None:
+        outbox = self._outbox()
+        for ack in outbox.outbound_pending_acks():
+            self._send_ack(ack, owed_only=True)
+        for row in outbox.inbound_pending():
+            result = self._send_inbound(row.key, wait=not background)
+            if result is None:
+                break  # a submit is under way in another thread: leave the rest to it
+            if result.queued:
+                break  # the host is not answering; the rest waits for the next replay
+
+    def heartbeat_once(self) -> None:
+        """One heartbeat; also retries what the outbox still owes (after a transient host error)."""
+        client = self._client
+        if client is None or client.closed:
+            return
+        try:
+            client.call("heartbeat", {"stats": self.stats()}, timeout=self.call_timeout_secs)
+        except (RPCError, ConnectionLost, CallTimeout, OSError) as exc:
+            self.log.warning("heartbeat failed: %s", exc)
+            return
+        counts = self._outbox().counts()
+        if counts.get("inbound.pending") or counts.get("outbound.sent") or counts.get("outbound.failed"):
+            if self._replay_lock.acquire(blocking=False):
+                try:
+                    self._replay(background=True)
+                except (ConnectionLost, OSError):
+                    pass
+                finally:
+                    self._replay_lock.release()
+
+    def poll_once(self) -> int:
+        """One outbound.poll long-poll and the handling of every delivery it returns; returns how many."""
+        client = self._require_client()
+        batch = int((self.session or {}).get("max_in_flight") or 1)
+        try:
+            result = client.call("outbound.poll", {"max_items": batch, "timeout_secs": self.poll_timeout_secs},
+                                 timeout=self.poll_timeout_secs + self.call_timeout_secs, cancel=self.stopping)
+        except CallCancelled:
+            return 0  # stopping; what the host handed out meanwhile is requeued on the next hello
+        except CallTimeout:
+            self.log.warning("outbound.poll got no answer")
+            return 0
+        except RPCError as exc:
+            self.log.warning("outbound.poll failed: %s", exc)
+            self.stopping.wait(1.0)
+            return 0
+        handled = 0
+        for raw in result.get("deliveries", []):
+            if self.stopping.is_set() and self._drain_deadline is not None and time.monotonic() > self._drain_deadline:
+                break  # out of drain time: the host requeues the rest for the next worker
+            try:
+                delivery = OutboundDelivery.from_dict(raw)
+            except MessageValidationError as exc:
+                self._reject_malformed(raw, exc)
+                continue
+            self.process_delivery(delivery)
+            handled += 1
+        return handled
+
+    def process_delivery(self, delivery: OutboundDelivery) -> None:
+        """Deliver once (per the outbox) and ack: the core of the outbound side."""
+        outbox = self._outbox()
+        decision = outbox.outbound_begin(delivery)
+        if decision.action == ACK:
+            self.log.info("delivery %s was already handled; acking it again without sending",
+                          delivery.delivery_id)
+            self._send_ack(decision.ack)
+            return
+        if decision.action == RESUME:
+            try:
+                reached = self.already_delivered(delivery)
+            except Exception:  # noqa: BLE001 - an unsure answer means send again
+                self.log.exception("already_delivered failed for %s", delivery.delivery_id)
+                reached = False
+            if reached:
+                self._send_ack(outbox.outbound_sent(delivery.delivery_id))
+                return
+        try:
+            self._put_outbound_media(delivery)
+            channel_message_id = self.deliver(delivery)
+        except DeliveryFailed as exc:
+            ack = outbox.outbound_failed(delivery.delivery_id, retryable=not exc.permanent, reason=exc.reason)
+        except Exception as exc:  # noqa: BLE001 - any other failure is worth a retry
+            self.log.exception("deliver failed for %s", delivery.delivery_id)
+            ack = outbox.outbound_failed(delivery.delivery_id, retryable=True,
+                                         reason=f"{type(exc).__name__}: {exc}")
+        else:
+            ack = outbox.outbound_sent(delivery.delivery_id,
+                                       channel_message_id if isinstance(channel_message_id, str) else None)
+        self._send_ack(ack)
+
+    # ---------------------------------------------------------------- the loop
+
+    def run(self) -> int:
+        """Run until stopped; returns the process exit code (0 after a graceful stop)."""
+        if self.install_signal_handlers and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda *_: self.stop())
+        self._outbox()
+        code = EXIT_OK
+        try:
+            self.connect()
+        except Exception:  # noqa: BLE001
+            self.log.exception("connect() failed")
+            self._close_outbox()
+            return EXIT_FAILURE
+        unreachable_since: float | None = None
+        try:
+            while not self.stopping.is_set():
+                try:
+                    self.open_session()
+                except RPCError as exc:
+                    self.log.error("hello refused: %s", exc)
+                    code = EXIT_REFUSED
+                    break
+                except (ConnectionLost, CallTimeout, OSError) as exc:
+                    self._drop_client()
+                    now = time.monotonic()
+                    unreachable_since = unreachable_since or now
+                    if self.stopping.is_set():
+                        break
+                    if now - unreachable_since >= self.reconnect_timeout_secs:
+                        self.log.error("bridge unreachable for %.0f s: %s", now - unreachable_since, exc)
+                        code = EXIT_FAILURE
+                        break
+                    self.stopping.wait(0.2)
+                    continue
+                unreachable_since = None
+                self._start_threads()
+                try:
+                    while not self.stopping.is_set():
+                        self.poll_once()
+                except (ConnectionLost, OSError) as exc:
+                    self.log.warning("bridge connection lost (%s); reconnecting", exc)
+                    self._drop_client()
+            if self._failed:
+                code = EXIT_FAILURE
+        finally:
+            self._shutdown()
+        return code
+
+    @classmethod
+    def main(cls, **kwargs: Any) -> None:
+        """Entry point for a worker executable: log to stderr, run, exit with run()'s code."""
+        logging.basicConfig(level=os.environ.get("UGENT_LOG_LEVEL", "INFO"),
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        sys.exit(cls(**kwargs).run())
+
+    # ---------------------------------------------------------------- internals
+
+    def _outbox(self) -> Outbox:
+        if self._stopped:
+            raise ConnectionLost("worker stopped")
+        if self.outbox is None:
+            self.outbox = Outbox(self.outbox_path, plugin_id=self.plugin_id, state_dir=self.state_dir)
+        return self.outbox
+
+    def _require_client(self) -> RpcClient:
+        client = self._client
+        if client is None or client.closed:
+            raise ConnectionLost("not connected to the bridge")
+        return client
+
+    def _call(self, method: str, params: dict) -> Any:
+        return self._require_client().call(method, params, timeout=self.call_timeout_secs)
+
+    def _drop_client(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    def _start_threads(self) -> None:
+        if self._heartbeat is None:
+            self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
+            self._heartbeat.start()
+        if self._listener is None:
+            self._listener = threading.Thread(target=self._listen_main, name="listener", daemon=True)
+            self._listener.start()
+
+    def _heartbeat_loop(self) -> None:
+        while True:
+            interval = float((self.session or {}).get("heartbeat_secs") or 30)
+            if self.stopping.wait(max(interval, 0.01)):
+                return
+            try:
+                self.heartbeat_once()
+            except Exception:  # noqa: BLE001 - the heartbeat thread must outlive one bad beat
+                self.log.exception("heartbeat step failed")
+
+    def _listen_main(self) -> None:
+        try:
+            self.listen(self.submit)
+        except Exception:  # noqa: BLE001
+            self.log.exception("listen() failed")
+            self._failed = True
+        if not self.stopping.is_set():
+            # A listener that returns on its own leaves the channel deaf: stop and let the supervisor restart.
+            self.log.error("listen() returned before stop; stopping the worker")
+            self._failed = True
+            self.stop()
+
+    def _result_from_row(self, state: str, result: dict | None, *, duplicate: bool) -> SubmitResult:
+        result = result or {}
+        if state == REJECTED:
+            return SubmitResult(False, duplicate=duplicate, reason=result.get("reason"))
+        return SubmitResult(bool(result.get("accepted", True)), duplicate=duplicate or bool(result.get("duplicate")),
+                            reason=result.get("reason"))
+
+    def _send_inbound(self, key: str, *, wait: bool = True) -> SubmitResult | None:
+        """Submit one pending row; with ``wait=False`` return None at once if another submit is under way."""
+        if not self._inbound_lock.acquire(blocking=wait):
+            return None
+        try:
+            return self._send_inbound_locked(key)
+        finally:
+            self._inbound_lock.release()
+
+    def _send_inbound_locked(self, key: str) -> SubmitResult:
+        outbox = self._outbox()
+        row = outbox.inbound_get(key)
+        if row is None or row.state != PENDING:
+            return self._result_from_row(row.state if row else ACKED, row.result if row else None,
+                                         duplicate=False)
+        client = self._client
+        if client is None or client.closed:
+            return SubmitResult(False, queued=True)
+        try:
+            message = self._store_inbound_media(key, row.message)
+            outbox.inbound_attempted(key)
+            result = client.call("inbound.submit", {"message": message}, timeout=self.call_timeout_secs)
+        except RPCError as exc:
+            if exc.code == INVALID_PARAMS:
+                # The host will refuse this message however often it is sent.
+                self.log.error("inbound message %s refused: %s", key, exc.message)
+                outbox.inbound_rejected(key, exc.message)
+                return SubmitResult(False, reason=exc.message)
+            self.log.warning("inbound.submit failed, will retry: %s", exc)
+            return SubmitResult(False, queued=True, reason=exc.message)
+        except (ConnectionLost, CallTimeout, OSError):
+            return SubmitResult(False, queued=True)
+        outbox.inbound_acked(key, result)
+        return SubmitResult(bool(result.get("accepted")), duplicate=bool(result.get("duplicate")),
+                            reason=result.get("reason"))
+
+    def _store_inbound_media(self, key: str, message: dict) -> dict:
+        if type(self).fetch_media is ChannelWorker.fetch_media:
+            return message
+        changed = False
+        for att in message.get("attachments", []):
+            if att.get("media_id") or not att.get("url"):
+                continue
+            try:
+                data = self.fetch_media(Attachment.from_dict(att))
+            except Exception:  # noqa: BLE001 - the url still reaches the host
+                self.log.exception("fetch_media failed for %s", att.get("url"))
+                continue
+            if data is None:
+                continue
+            att["media_id"] = self.media_put(data, att["content_type"], att.get("filename"))
+            att["size"] = len(data)
+            changed = True
+        if changed:
+            self._outbox().inbound_update_message(key, message)  # a replay reuses the stored media
+        return message
+
+    def _put_outbound_media(self, delivery: OutboundDelivery) -> None:
+        if type(self).put_media is ChannelWorker.put_media:
+            return
+        for att in delivery.attachments:
+            if att.media_id and not att.channel_ref:
+                try:
+                    media = self.media_get(att.media_id)
+                except RPCError as exc:
+                    raise DeliveryFailed(f"media {att.media_id}: {exc.message}", permanent=True) from exc
+                att.channel_ref = self.put_media(media, att, delivery)
+
+    def _send_ack(self, ack: PendingAck, *, owed_only: bool = False) -> None:
+        with self._acks_lock:
+            if ack.delivery_id in self._acks_under_way:
+                return  # another thread is sending this very ack; a second copy would only be a duplicate
+            self._acks_under_way.add(ack.delivery_id)
+        try:
+            if owed_only and self._outbox().outbound_state(ack.delivery_id) not in (SENT, FAILED):
+                return  # settled since the replay listed it
+            self._send_ack_once(ack)
+        finally:
+            with self._acks_lock:
+                self._acks_under_way.discard(ack.delivery_id)
+
+    def _send_ack_once(self, ack: PendingAck) -> None:
+        outbox = self._outbox()
+        try:
+            self._call("outbound.ack", ack.params())
+        except RPCError as exc:
+            if exc.code in (UNKNOWN_DELIVERY, INVALID_PARAMS):
+                # Nothing the host will ever accept: settle it here rather than retry forever.
+                self.log.error("ack for %s refused: %s", ack.delivery_id, exc)
+                outbox.outbound_acked(ack.delivery_id)
+            else:
+                self.log.warning("ack for %s failed, will retry: %s", ack.delivery_id, exc)
+            return
+        except CallTimeout:
+            self.log.warning("ack for %s got no answer, will retry", ack.delivery_id)
+            return
+        outbox.outbound_acked(ack.delivery_id)
+
+    def _reject_malformed(self, raw: Any, exc: MessageValidationError) -> None:
+        delivery_id = raw.get("delivery_id") if isinstance(raw, dict) else None
+        self.log.error("malformed delivery %r: %s", delivery_id, exc)
+        if isinstance(delivery_id, str) and delivery_id:
+            self._send_ack(PendingAck(delivery_id, "failed", retryable=False, reason=f"malformed delivery: {exc}"))
+
+    def _shutdown(self) -> None:
+        if self._drain_deadline is None:
+            self._drain_deadline = time.monotonic() + self.drain_timeout_secs
+        self.stopping.set()
+        if self._listener is not None:
+            self._listener.join(max(0.0, self._drain_deadline - time.monotonic()))
+        client = self._client
+        if client is not None and not client.closed:
+            try:
+                self.replay()  # flush what the host is still owed before leaving
+            except (ConnectionLost, OSError):
+                pass
+        if self._heartbeat is not None:
+            self._heartbeat.join(1.0)
+        self._drop_client()
+        try:
+            self.disconnect()
+        except Exception:  # noqa: BLE001
+            self.log.exception("disconnect() failed")
+        self._close_outbox()
+        self.log.info("worker stopped")
+
+    def _close_outbox(self) -> None:
+        self._stopped = True
+        if self.outbox is not None:
+            self.outbox.close()
+            self.outbox = None

@@ -1,0 +1,511 @@
+"""The worker SDK against MockBridge: lifecycle, delivery semantics, and crash recovery by the outbox.
+
+Crash tests run the worker in a subprocess (``worker_main`` below) and kill it
+with SIGKILL at an exact point, held there by the mock host not answering.
+Sends to the "channel" are lines in a file, so a second send would show.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from plugins_app.sdk import (
+    Attachment,
+    ChannelWorker,
+    DeliveryFailed,
+    InboundMessage,
+    Media,
+    MessageValidationError,
+    OutboundDelivery,
+    Outbox,
+    RpcClient,
+)
+from plugins_app.bridge.server import HostUnavailable
+from plugins_app.sdk.mock import AFTER, DROP, MockBridge
+from plugins_app.sdk.outbox import ACK, ACKED, DELIVER, PENDING, RESUME, SENT
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def message(message_id: str = "m-1", **over) -> InboundMessage:
+    fields = dict(channel="test", conversation_id="chat-1", message_id=message_id, sender_id="u-1",
+                  source_type="user", sender_name="Ada", text=f"text of {message_id}")
+    fields.update(over)
+    return InboundMessage(**fields)
+
+
+def read_lines(path: Path) -> list[str]:
+    return path.read_text().split() if path.exists() else []
+
+
+class FileChannelWorker(ChannelWorker):
+    """A channel whose 'API' is a file: each send appends the delivery id as a line.
+
+    ``deliver`` fails on purpose for texts starting ``fail-retry`` (retryable),
+    ``fail-once`` (retryable on attempt 1 only) and ``fail-perm`` (permanent).
+    """
+
+    kind = "channel-test"
+    version = "9.9.9"
+    capabilities = ("media",)
+
+    def __init__(self, *, sends: Path, inbox: list | None = None, deliver_delay: float = 0.0,
+                 hang_in_deliver: bool = False, check_sends: bool = False, begin_marker: Path | None = None,
+                 **kwargs):
+        super().__init__(**kwargs)
+        self.sends = Path(sends)
+        self.inbox = list(inbox or [])
+        self.deliver_delay = deliver_delay
+        self.hang_in_deliver = hang_in_deliver
+        self.check_sends = check_sends
+        self.begin_marker = begin_marker
+        self.submit_results: list = []
+        self.delivered: list[OutboundDelivery] = []
+
+    def listen(self, submit):
+        for item in self.inbox:
+            self.submit_results.append(submit(item))
+        self.stopping.wait()
+
+    def deliver(self, delivery):
+        if self.begin_marker is not None:
+            self.begin_marker.write_text(delivery.delivery_id)
+        if self.deliver_delay:
+            time.sleep(self.deliver_delay)
+        if delivery.text.startswith("fail-perm"):
+            raise DeliveryFailed("chat is gone", permanent=True)
+        if delivery.text.startswith("fail-retry") or (delivery.text.startswith("fail-once") and delivery.attempt == 1):
+            raise DeliveryFailed("rate limited")
+        with self.sends.open("a") as f:
+            f.write(delivery.delivery_id + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self.delivered.append(delivery)
+        if self.hang_in_deliver:
+            time.sleep(3600)  # the test kills the process here, inside deliver()
+        return f"ch-{delivery.delivery_id}"
+
+    def already_delivered(self, delivery):
+        return self.check_sends and delivery.delivery_id in read_lines(self.sends)
+
+
+def worker_main() -> None:
+    """Entry point of the subprocess worker; its settings come from UGENT_TEST_* variables."""
+    inbox_file = os.environ.get("UGENT_TEST_INBOX")
+    inbox = [InboundMessage.from_dict(m) for m in json.loads(Path(inbox_file).read_text())] if inbox_file else []
+    FileChannelWorker.main(
+        sends=Path(os.environ["UGENT_TEST_SENDS"]), inbox=inbox,
+        deliver_delay=float(os.environ.get("UGENT_TEST_DELAY", "0")),
+        hang_in_deliver=os.environ.get("UGENT_TEST_HANG") == "1",
+        check_sends=os.environ.get("UGENT_TEST_CHECK_SENDS") == "1",
+        begin_marker=Path(os.environ["UGENT_TEST_BEGIN"]) if os.environ.get("UGENT_TEST_BEGIN") else None,
+    )
+
+
+# -- fixtures and helpers -------------------------------------------------------------------
+
+
+@pytest.fixture
+def bridge():
+    with MockBridge("test-plugin", heartbeat_secs=0.05, max_in_flight=8, max_retries=2) as b:
+        yield b
+
+
+class Running:
+    """A worker running in a thread (signals are the main thread's, so none are installed)."""
+
+    def __init__(self, worker: ChannelWorker):
+        self.worker = worker
+        self.code: int | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        self.code = self.worker.run()
+
+    def stop(self, timeout: float = 5.0) -> int | None:
+        self.worker.stop()
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "worker did not stop"
+        return self.code
+
+
+@pytest.fixture
+def start_worker(bridge, tmp_path):
+    running: list[Running] = []
+
+    def start(**kwargs) -> FileChannelWorker:
+        kwargs.setdefault("sends", tmp_path / "sends.txt")
+        kwargs.setdefault("state_dir", str(tmp_path / "state"))
+        worker = FileChannelWorker(**bridge.worker_kwargs(**kwargs))
+        running.append(Running(worker))
+        return worker
+
+    start.running = running
+    yield start
+    for r in running:
+        if r.thread.is_alive():
+            r.stop()
+
+
+def spawn(bridge: MockBridge, tmp_path: Path, name: str, **env: str) -> subprocess.Popen:
+    full = dict(os.environ)
+    full.update(bridge.env(UGENT_WORKER_STATE_DIR=str(tmp_path / "state"),
+                           UGENT_TEST_SENDS=str(tmp_path / "sends.txt"), UGENT_LOG_LEVEL="INFO"))
+    full.update(env)
+    log = (tmp_path / f"{name}.log").open("w")
+    return subprocess.Popen([sys.executable, "-c", "from tests.plugins_app.test_sdk import worker_main; worker_main()"],
+                            cwd=REPO_ROOT, env=full, stdout=log, stderr=subprocess.STDOUT)
+
+
+def kill9(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(5)
+
+
+def terminate(proc: subprocess.Popen) -> int:
+    proc.send_signal(signal.SIGTERM)
+    return proc.wait(10)
+
+
+def write_inbox(tmp_path: Path, *messages: InboundMessage) -> str:
+    path = tmp_path / "inbox.json"
+    path.write_text(json.dumps([m.to_dict() for m in messages]))
+    return str(path)
+
+
+# -- lifecycle ---------------------------------------------------------------------------
+
+
+def test_the_worker_says_hello_and_heartbeats(bridge, start_worker):
+    start_worker()
+    bridge.wait_for(lambda: bridge.heartbeats >= 3)
+    hello = bridge.hellos[0]
+    assert (hello["kind"], hello["version"], hello["capabilities"]) == ("channel-test", "9.9.9", ["media"])
+    assert hello["pid"] == os.getpid() == hello["peer_pid"]
+
+
+def test_a_worker_with_a_wrong_token_exits_refused(bridge, tmp_path):
+    worker = FileChannelWorker(sends=tmp_path / "s", state_dir=str(tmp_path), **dict(
+        bridge.worker_kwargs(), token="not-the-token"))
+    assert worker.run() == 2
+    assert bridge.hellos == []
+
+
+def test_a_worker_needs_its_environment():
+    with pytest.raises(ValueError, match="UGENT_BRIDGE_SOCKET"):
+        FileChannelWorker(sends=Path("x"), socket_path="", plugin_id="p", token="t")
+
+
+def test_an_inbound_message_is_submitted_once_and_a_channel_redelivery_is_a_duplicate(bridge, start_worker):
+    m = message("m-1", attachments=[Attachment(kind="image", content_type="image/png", url="https://cdn/x.png")],
+                source_type="group")
+    worker = start_worker(inbox=[m, m, message("m-2")])
+    bridge.wait_for(lambda: len(worker.submit_results) == 3)
+    first, repeat, second = worker.submit_results
+    assert (first.accepted, first.duplicate, first.queued) == (True, False, False)
+    assert (repeat.accepted, repeat.duplicate) == (True, True)
+    assert second.accepted
+    assert [s.message_id for s in bridge.submits] == ["m-1", "m-2"]
+    assert len(bridge.submit_log) == 2  # the repeat was answered from the outbox, not sent
+    got = bridge.submits[0]
+    assert (got.source_type, got.sender_name, got.attachments[0].url) == ("group", "Ada", "https://cdn/x.png")
+
+
+def test_a_submit_the_host_cannot_take_now_stays_queued_and_is_retried(bridge, start_worker):
+    real_submit = bridge.hub.submit_inbound
+    refusals = []
+
+    async def unavailable_once(plugin_id, msg):
+        if not refusals:
+            refusals.append(msg.message_id)
+            raise HostUnavailable("database is restarting")
+        return await real_submit(plugin_id, msg)
+
+    bridge.hub.submit_inbound = unavailable_once
+    worker = start_worker(inbox=[message("m-1")])
+    bridge.wait_for(lambda: worker.submit_results)
+    assert worker.submit_results[0].queued and not worker.submit_results[0].accepted
+    bridge.wait_for(lambda: bridge.submits)  # a heartbeat later, the outbox retried it
+    assert refusals == ["m-1"] and [m.message_id for m in bridge.submits] == ["m-1"]
+    bridge.wait_for(lambda: worker.outbox.inbound_get(message("m-1").key).state == ACKED)
+
+
+def test_an_invalid_message_is_refused_before_anything_is_recorded(bridge, start_worker, tmp_path):
+    worker = start_worker()
+    bridge.wait_for(lambda: bridge.hellos)
+    with pytest.raises(MessageValidationError) as err:
+        worker.submit({"channel": "test", "conversation_id": "c", "message_id": "m", "text": "hi",
+                       "timestamp": "2024-05-01T12:00:00Z"})
+    assert err.value.field == "sender_id"
+    assert worker.outbox.counts() == {}
+
+
+def test_a_delivery_is_sent_and_acked_delivered(bridge, start_worker, tmp_path):
+    worker = start_worker()
+    delivery_id = bridge.queue_delivery("chat-1", "hello there", reply_to_message_id="m-1")
+    bridge.wait_for(lambda: bridge.delivery(delivery_id)["state"] == "delivered")
+    assert read_lines(tmp_path / "sends.txt") == [delivery_id]
+    assert bridge.acks == [{"delivery_id": delivery_id, "status": "delivered", "retryable": False, "reason": None,
+                            "channel_message_id": f"ch-{delivery_id}"}]
+    assert worker.delivered[0].reply_to_message_id == "m-1"
+    bridge.wait_for(lambda: worker.outbox.outbound_state(delivery_id) == ACKED)
+
+
+def test_a_retryable_failure_is_retried_with_the_next_attempt(bridge, start_worker, tmp_path):
+    start_worker()
+    delivery_id = bridge.queue_delivery("chat-1", "fail-once")
+    bridge.wait_for(lambda: bridge.delivery(delivery_id)["state"] == "delivered")
+    assert [(a["status"], a["retryable"]) for a in bridge.acks] == [("failed", True), ("delivered", False)]
+    assert bridge.delivery(delivery_id)["attempt"] == 2
+    assert read_lines(tmp_path / "sends.txt") == [delivery_id]
+
+
+def test_a_permanent_failure_is_dead_lettered_at_once_with_its_reason(bridge, start_worker):
+    start_worker()
+    delivery_id = bridge.queue_delivery("chat-1", "fail-perm")
+    bridge.wait_for(lambda: bridge.dead_letters())
+    dead = bridge.delivery(delivery_id)
+    assert (dead["state"], dead["permanent"], dead["reason"], dead["handed_out"]) == \
+        ("dead_letter", True, "chat is gone", 1)
+
+
+def test_max_retries_then_dead_letter_with_the_reason(bridge, start_worker):
+    start_worker()  # the bridge allows max_retries=2: three attempts in all
+    delivery_id = bridge.queue_delivery("chat-1", "fail-retry")
+    bridge.wait_for(lambda: bridge.dead_letters())
+    dead = bridge.delivery(delivery_id)
+    assert dead["handed_out"] == 3 and dead["failures"] == ["rate limited"] * 3
+    assert dead["reason"] == "max_retries (2) exceeded: rate limited" and not dead["permanent"]
+    assert [a["status"] for a in bridge.acks] == ["failed"] * 3
+
+
+def test_max_in_flight_is_never_exceeded_by_the_host(tmp_path):
+    with MockBridge("p", max_in_flight=3) as bridge:
+        ids = [bridge.queue_delivery("chat", f"n{i}") for i in range(7)]
+        with RpcClient(bridge.socket_path) as client:
+            client.call("hello", {"plugin_id": "p", "token": bridge.token, "kind": "k", "version": "1"})
+            first = client.call("outbound.poll", {"max_items": 100, "timeout_secs": 0})["deliveries"]
+            assert [d["delivery_id"] for d in first] == ids[:3]
+            # Full: a long-poll waits, and wakes as soon as one ack frees a slot.
+            result: dict = {}
+            poller = threading.Thread(target=lambda: result.update(
+                client.call("outbound.poll", {"max_items": 100, "timeout_secs": 30}, timeout=40)))
+            poller.start()
+            time.sleep(0.05)
+            assert poller.is_alive()  # holding three, it gets nothing and waits
+            client.call("outbound.ack", {"delivery_id": ids[0], "status": "delivered"})
+            poller.join(10)  # long before its 30 s: the ack wakes it
+            assert not poller.is_alive()
+            assert [d["delivery_id"] for d in result["deliveries"]] == [ids[3]]
+            assert client.call("outbound.poll", {"timeout_secs": 0.05})["deliveries"] == []
+            assert bridge.hub.in_flight_count() == 3 and bridge.hub.max_in_flight_seen == 3
+
+
+def test_a_worker_never_holds_more_than_max_in_flight(tmp_path):
+    with MockBridge("p", max_in_flight=2) as bridge:
+        worker = FileChannelWorker(sends=tmp_path / "sends.txt", state_dir=str(tmp_path), deliver_delay=0.01,
+                                   **bridge.worker_kwargs())
+        running = Running(worker)
+        ids = [bridge.queue_delivery("chat", f"n{i}") for i in range(8)]
+        bridge.wait_for(lambda: all(bridge.delivery(i)["state"] == "delivered" for i in ids))
+        assert running.stop() == 0
+        assert bridge.hub.max_in_flight_seen == 2
+        assert sorted(read_lines(tmp_path / "sends.txt")) == sorted(ids)
+
+
+def test_a_delivery_handed_to_a_worker_that_died_is_delivered_by_the_next(bridge, start_worker, tmp_path):
+    delivery_id = bridge.queue_delivery("chat-1", "hello")
+    with RpcClient(bridge.socket_path) as dead:
+        dead.call("hello", {"plugin_id": bridge.plugin_id, "token": bridge.token, "kind": "k", "version": "1"})
+        assert dead.call("outbound.poll", {"timeout_secs": 0})["deliveries"][0]["delivery_id"] == delivery_id
+    start_worker()
+    bridge.wait_for(lambda: bridge.delivery(delivery_id)["state"] == "delivered")
+    assert read_lines(tmp_path / "sends.txt") == [delivery_id]
+
+
+def test_the_worker_reconnects_when_the_host_restarts(bridge, start_worker, tmp_path):
+    start_worker()
+    bridge.wait_for(lambda: bridge.hellos)
+    bridge.restart()
+    delivery_id = bridge.queue_delivery("chat-1", "after restart")
+    bridge.wait_for(lambda: bridge.delivery(delivery_id)["state"] == "delivered")
+    assert len(bridge.hellos) == 2
+    assert read_lines(tmp_path / "sends.txt") == [delivery_id]
+
+
+class MediaWorker(FileChannelWorker):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.uploaded: list[tuple[Media, str]] = []
+
+    def fetch_media(self, attachment):
+        return b"bytes of " + attachment.url.encode()
+
+    def put_media(self, media, attachment, delivery):
+        self.uploaded.append((media, attachment.media_id))
+        return f"channel-file-{len(self.uploaded)}"
+
+
+def test_media_goes_through_the_host_both_ways(bridge, tmp_path):
+    inbound = message("m-media", text="", attachments=[
+        Attachment(kind="audio", content_type="audio/ogg", url="https://cdn/voice.ogg", filename="voice.ogg")])
+    worker = MediaWorker(sends=tmp_path / "sends.txt", state_dir=str(tmp_path), inbox=[inbound],
+                         **bridge.worker_kwargs())
+    running = Running(worker)
+    bridge.wait_for(lambda: bridge.submits)
+    att = bridge.submits[0].attachments[0]
+    stored = bridge.media(att.media_id)
+    assert (stored.data, stored.content_type, att.size) == (b"bytes of https://cdn/voice.ogg", "audio/ogg", 30)
+
+    media_id = bridge.store_media(b"%PDF-1.7", "application/pdf", "report.pdf")
+    delivery_id = bridge.queue_delivery("chat-1", "your report", attachments=[
+        Attachment(kind="document", content_type="application/pdf", media_id=media_id, filename="report.pdf")])
+    bridge.wait_for(lambda: bridge.delivery(delivery_id)["state"] == "delivered")
+    media, uploaded_id = worker.uploaded[0]
+    assert (media.data, media.filename, uploaded_id) == (b"%PDF-1.7", "report.pdf", media_id)
+    assert worker.delivered[0].attachments[0].channel_ref == "channel-file-1"
+    assert running.stop() == 0
+
+
+# -- the outbox --------------------------------------------------------------------------
+
+
+def _delivery(delivery_id="d-1", attempt=1) -> OutboundDelivery:
+    return OutboundDelivery(delivery_id=delivery_id, conversation_id="chat-1", text="hi", attempt=attempt)
+
+
+def test_the_outbox_decides_what_a_handed_out_delivery_needs(tmp_path):
+    with Outbox(tmp_path / "o.sqlite3") as box:
+        assert box.outbound_begin(_delivery("new")).action == DELIVER
+        assert box.outbound_begin(_delivery("new")).action == RESUME      # crashed inside deliver()
+        box.outbound_sent("new", "ch-1")
+        decision = box.outbound_begin(_delivery("new", attempt=2))
+        assert decision.action == ACK and decision.ack.status == "delivered"  # never sent twice
+        box.outbound_acked("new")
+        assert box.outbound_begin(_delivery("new", attempt=3)).action == ACK
+
+        box.outbound_begin(_delivery("flaky"))
+        box.outbound_failed("flaky", retryable=True, reason="rate limited")
+        decision = box.outbound_begin(_delivery("flaky"))
+        assert (decision.action, decision.ack.retryable, decision.ack.reason) == (ACK, True, "rate limited")
+        box.outbound_acked("flaky")
+        assert box.outbound_begin(_delivery("flaky", attempt=2)).action == DELIVER  # the host's retry
+        assert [a.delivery_id for a in box.outbound_pending_acks()] == []
+
+        assert box.inbound_record(message("m-1")).state == PENDING
+        box.inbound_acked(message("m-1").key, {"accepted": True, "duplicate": False})
+        assert box.inbound_record(message("m-1")).state == ACKED
+        assert box.inbound_pending() == []
+
+
+def test_a_redelivery_of_a_sent_delivery_is_acked_without_a_second_send(bridge, tmp_path):
+    sends = tmp_path / "sends.txt"
+    delivery_id = bridge.queue_delivery("chat-1", "hello")
+    # The state a worker killed between deliver and ack leaves behind.
+    with Outbox(plugin_id=bridge.plugin_id, state_dir=tmp_path) as box:
+        box.outbound_begin(OutboundDelivery(delivery_id=delivery_id, conversation_id="chat-1", text="hello"))
+        sends.write_text(delivery_id + "\n")
+        box.outbound_sent(delivery_id, f"ch-{delivery_id}")
+    worker = FileChannelWorker(sends=sends, state_dir=str(tmp_path), **bridge.worker_kwargs())
+    worker.open_session(replay=False)  # the host hands it out again before any replay
+    try:
+        assert worker.poll_once() == 1
+    finally:
+        worker._drop_client()
+        worker.outbox.close()
+    assert worker.delivered == []
+    assert read_lines(sends) == [delivery_id]
+    assert bridge.delivery(delivery_id)["state"] == "delivered"
+    assert bridge.acks[0]["channel_message_id"] == f"ch-{delivery_id}"
+
+
+# -- processes: SIGTERM and kill -9 -------------------------------------------------------------
+
+
+def test_sigterm_finishes_the_delivery_in_hand_and_exits_0(bridge, tmp_path):
+    begin = tmp_path / "begin"
+    proc = spawn(bridge, tmp_path, "worker", UGENT_TEST_DELAY="0.3", UGENT_TEST_BEGIN=str(begin))
+    try:
+        first = bridge.queue_delivery("chat-1", "in hand")
+        bridge.wait_for(begin.exists)
+        proc.send_signal(signal.SIGTERM)
+        later = bridge.queue_delivery("chat-1", "after the signal")
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            kill9(proc)
+    assert bridge.delivery(first)["state"] == "delivered"
+    assert read_lines(tmp_path / "sends.txt") == [first]
+    assert bridge.delivery(later)["state"] == "pending"  # not taken, so not lost: the next worker gets it
+    assert "worker stopped" in (tmp_path / "worker.log").read_text()
+
+
+@pytest.mark.parametrize("mode", [DROP, AFTER], ids=["ack-lost-on-the-way", "answer-lost-on-the-way-back"])
+def test_a_kill_between_deliver_and_ack_neither_loses_nor_repeats_the_send(bridge, tmp_path, mode):
+    bridge.hold("outbound.ack", mode)
+    first = spawn(bridge, tmp_path, "first")
+    try:
+        delivery_id = bridge.queue_delivery("chat-1", "hello")
+        bridge.wait_for(lambda: bridge.held)  # sent to the channel, the ack unanswered
+    finally:
+        kill9(first)
+    with Outbox(plugin_id=bridge.plugin_id, state_dir=tmp_path / "state") as box:
+        assert box.outbound_state(delivery_id) == SENT
+    bridge.release("outbound.ack")
+    second = spawn(bridge, tmp_path, "second")
+    try:
+        bridge.wait_for(lambda: bridge.delivery(delivery_id)["state"] == "delivered")
+        bridge.wait_for(lambda: len(bridge.acks) == (1 if mode == DROP else 2))
+    finally:
+        assert terminate(second) == 0
+    assert read_lines(tmp_path / "sends.txt") == [delivery_id]
+    assert bridge.delivery(delivery_id)["handed_out"] <= 2
+    with Outbox(plugin_id=bridge.plugin_id, state_dir=tmp_path / "state") as box:
+        assert box.outbound_state(delivery_id) == ACKED
+
+
+@pytest.mark.parametrize("mode", [DROP, AFTER], ids=["submit-lost-on-the-way", "answer-lost-on-the-way-back"])
+def test_a_kill_before_the_host_answers_a_submit_neither_loses_nor_doubles_the_message(bridge, tmp_path, mode):
+    bridge.hold("inbound.submit", mode)
+    first = spawn(bridge, tmp_path, "first", UGENT_TEST_INBOX=write_inbox(tmp_path, message("m-1")))
+    try:
+        bridge.wait_for(lambda: bridge.held)
+    finally:
+        kill9(first)
+    bridge.release("inbound.submit")
+    # The channel does not send m-1 again: only the outbox can bring it back.
+    second = spawn(bridge, tmp_path, "second")
+    try:
+        bridge.wait_for(lambda: len(bridge.submit_log) == (1 if mode == DROP else 2))
+    finally:
+        assert terminate(second) == 0
+    assert [m.message_id for m in bridge.submits] == ["m-1"]
+    with Outbox(plugin_id=bridge.plugin_id, state_dir=tmp_path / "state") as box:
+        assert box.inbound_get(message("m-1").key).state == ACKED
+
+
+@pytest.mark.parametrize("check", [True, False], ids=["channel-can-check", "channel-cannot-check"])
+def test_a_kill_inside_deliver_resends_only_when_the_channel_cannot_tell(bridge, tmp_path, check):
+    flag = "1" if check else "0"
+    first = spawn(bridge, tmp_path, "first", UGENT_TEST_HANG="1", UGENT_TEST_CHECK_SENDS=flag)
+    try:
+        delivery_id = bridge.queue_delivery("chat-1", "hello")
+        bridge.wait_for(lambda: read_lines(tmp_path / "sends.txt"))
+    finally:
+        kill9(first)
+    second = spawn(bridge, tmp_path, "second", UGENT_TEST_CHECK_SENDS=flag)
+    try:
+        bridge.wait_for(lambda: bridge.delivery(delivery_id)["state"] == "delivered")
+    finally:
+        assert terminate(second) == 0
+    # Never lost; sent twice only when nothing could tell it had already gone out.
+    assert read_lines(tmp_path / "sends.txt") == [delivery_id] * (1 if check else 2)
