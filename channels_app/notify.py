@@ -21,7 +21,7 @@ POLL_INTERVAL = 0.5
 _lock = threading.Lock()
 _waiters: dict[str, set] = defaultdict(set)
 _redis = None
-_listeners: dict[int, asyncio.Task] = {}
+_listener_thread: threading.Thread | None = None
 
 
 class Waiter:
@@ -87,26 +87,29 @@ def publish(*topics: str) -> None:
 
 
 def _ensure_redis_listener() -> None:
-    loop = asyncio.get_running_loop()
-    task = _listeners.get(id(loop))
-    if task is None or task.done():
-        _listeners[id(loop)] = loop.create_task(_redis_listener())
+    """One listener thread per process: loop-agnostic, so short-lived event loops never own it."""
+    global _listener_thread
+    with _lock:
+        if _listener_thread is not None and _listener_thread.is_alive():
+            return
+        _listener_thread = threading.Thread(target=_redis_listen_forever, name="ugent-notify", daemon=True)
+        _listener_thread.start()
 
 
-async def _redis_listener() -> None:
-    import redis.asyncio as aioredis
+def _redis_listen_forever() -> None:
+    import time
+
+    import redis
     while True:
         try:
-            client = aioredis.Redis.from_url(settings.REDIS_URL)
-            pubsub = client.pubsub()
-            await pubsub.psubscribe(CHANNEL_PREFIX + "*")
-            async for msg in pubsub.listen():
+            client = redis.Redis.from_url(settings.REDIS_URL)
+            pubsub = client.pubsub(ignore_subscribe_messages=True)
+            pubsub.psubscribe(CHANNEL_PREFIX + "*")
+            for msg in pubsub.listen():
                 if msg.get("type") != "pmessage":
                     continue
                 channel = msg["channel"].decode() if isinstance(msg["channel"], bytes) else msg["channel"]
                 _wake_local(channel[len(CHANNEL_PREFIX):])
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:
             log.warning("notify listener reconnecting (error=%s)", exc)
-            await asyncio.sleep(0.5)
+            time.sleep(0.5)

@@ -54,3 +54,17 @@ def cast(db):
 @pytest.fixture
 def tcast(transactional_db):
     return Cast()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _close_thread_connections(django_db_setup, django_db_blocker):
+    """Async views read the database from executor threads; their PostgreSQL sessions would keep the
+    test database from being dropped, so end them before pytest-django tears it down."""
+    yield
+    from django.db import connection
+    if connection.vendor != "postgresql":
+        return
+    with django_db_blocker.unblock():
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND pid <> pg_backend_pid()")
