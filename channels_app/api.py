@@ -296,3 +296,13 @@ class ReceiptGetApi(APIView):
         return Response(services.receipt_get(caller=caller, actor=actor, conversation_id=d["conversation_id"],
                                              client_message_id=d["client_message_id"],
                                              client_id=d.get("client_id", "")))
+
+
+class StatusApi(APIView):
+    """GET /v1/ugent/status: host status, operator keys only."""
+
+    permission_classes = [IsOperator]
+
+    def get(self, request):
+        from channels_app.status import status_report
+        return Response(status_report())

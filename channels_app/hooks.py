@@ -68,3 +68,24 @@ def run_before_agent_turn(ctx: HookContext) -> Optional[HookStop]:
 
 def registered() -> list[tuple[int, str]]:
     return [(p, n) for p, _o, n, _h in _hooks]
+
+
+# --- after the turn ------------------------------------------------------------------------
+# Called inside the transaction that records a turn's end (completed, failed, cancelled, or
+# stopped by a hook), so work such as a channel's outbound delivery row commits with it.
+AfterTurn = Callable[..., None]
+_after: dict[str, AfterTurn] = {}
+
+
+def register_after_turn(name: str, fn: AfterTurn) -> None:
+    """fn(turn=Turn, state=str, answer=str) runs in the turn's final transaction."""
+    _after[name] = fn
+
+
+def unregister_after_turn(name: str) -> None:
+    _after.pop(name, None)
+
+
+def run_after_turn(*, turn, state: str, answer: str) -> None:
+    for fn in list(_after.values()):
+        fn(turn=turn, state=state, answer=answer)

@@ -12,6 +12,7 @@ import time
 from django.db import transaction
 from django.utils import timezone
 
+from channels_app import hooks
 from channels_app.events import events_append
 from channels_app.models import Message, Receipt, ReceiptState, Turn, TurnState
 from plugins_app.engines.base import (ANSWER, ANSWER_RESET, CITATIONS, ERROR, THINKING, TOOL, EngineError,
@@ -156,6 +157,7 @@ def turn_complete(*, turn: Turn, writer: DeltaWriter, answer: str, citations: li
         extra = []
         if citations:
             extra.append(("ugent.citations", {"turn_id": turn.turn_id, "citations": citations}, []))
+        hooks.run_after_turn(turn=turn, state="completed", answer=answer)
         extra.append(("turn.completed", {"turn_id": turn.turn_id, "state": "completed", "answer": answer,
                                          "citations": citations}, [turn.actor.key]))
         writer.flush(extra)
@@ -170,6 +172,7 @@ def turn_fail(*, turn: Turn, writer: DeltaWriter, answer: str, reason: str, code
         Receipt.objects.filter(pk=turn.receipt_id).update(state=ReceiptState.FAILED, answer=answer,
                                                           reason=reason, finished_at=now)
         Turn.objects.filter(pk=turn.pk).update(state=TurnState.FAILED, error=reason, finished_at=now)
+        hooks.run_after_turn(turn=turn, state="failed", answer=answer)
         writer.flush([("turn.failed", {"turn_id": turn.turn_id, "state": "failed", "reason": reason,
                                        "code": code, "answer": answer}, [turn.actor.key])])
 
@@ -184,6 +187,7 @@ def turn_cancel_finish(*, turn: Turn, writer: DeltaWriter, answer: str) -> None:
         Receipt.objects.filter(pk=turn.receipt_id).update(state=ReceiptState.CANCELLED, answer=answer,
                                                           reason="stopped", finished_at=now)
         Turn.objects.filter(pk=turn.pk).update(state=TurnState.CANCELLED, finished_at=now)
+        hooks.run_after_turn(turn=turn, state="cancelled", answer=answer)
         writer.flush([("turn.cancelled", {"turn_id": turn.turn_id, "state": "cancelled", "answer": answer,
                                           "partial": True}, [turn.actor.key])])
 

@@ -289,6 +289,7 @@ def turn_finish_without_agent(*, turn: Turn, stop: hooks.HookStop) -> None:
     Message.objects.create(conversation_id=turn.conversation_id, role=Message.Role.ASSISTANT,
                            content=stop.answer, turn=turn)
     turn.state = state
+    hooks.run_after_turn(turn=turn, state=state, answer=stop.answer)
     events_append(conversation_id=turn.conversation_id, turn_pk=turn.pk, items=[
         ("turn.delta", {"turn_id": turn.turn_id, "segment": "answer", "text": stop.answer}, []),
         ("turn.completed", {"turn_id": turn.turn_id, "state": state, "answer": stop.answer,

@@ -1,5 +1,7 @@
+from importlib.util import find_spec
+
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 from django.views.decorators.csrf import csrf_exempt
 
 from channels_app import api
@@ -10,4 +12,10 @@ urlpatterns = [
     path("v1/models", api.ModelsListApi.as_view(), name="models"),
     path("v1/health", api.HealthApi.as_view(), name="health"),
     path("v1/ugent/receipt", api.ReceiptGetApi.as_view(), name="receipt"),
+    path("v1/ugent/status", api.StatusApi.as_view(), name="status"),
 ]
+
+# Each room adds its own endpoints in its own urls module.
+for module in ("channels_app.urls_streams", "rules_app.urls", "plugins_app.urls", "cron_app.urls"):
+    if find_spec(module) is not None:
+        urlpatterns.append(path("", include(module)))

@@ -91,3 +91,13 @@ def test_receipt_says_failed_with_the_reason(tcast):
 def test_receipt_needs_its_parameters(tcast):
     resp = get("/v1/ugent/receipt", tcast.keys["operator"], conversation_id="c1")
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "client_message_id"
+
+
+def test_status_answers_operator_keys_only(tcast):
+    assert get("/v1/ugent/status").status_code == 401
+    assert get("/v1/ugent/status", tcast.keys["app"]).status_code == 403
+    assert get("/v1/ugent/status", tcast.keys["outsider"]).status_code == 403
+    resp = get("/v1/ugent/status", tcast.keys["operator"])
+    assert resp.status_code == 200
+    voice = resp.json()["status"]["media"]["voice"]
+    assert voice["input"]["available"] is False and voice["input"]["reason"] == "no_engine"

@@ -45,6 +45,7 @@ class Daemon:
             "UGENT_SCRIPTED_LOG": str(self.log),
             "PYTHONPATH": str(ROOT),
             "UGENT_SSE_KEEPALIVE": "1",
+            "UGENT_CELERY_QUEUE": "ugent-e2e-" + uuid.uuid4().hex[:8],
         })
         self.dbname = None
         if self.servers:

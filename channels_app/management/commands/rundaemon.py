@@ -39,6 +39,7 @@ class Command(BaseCommand):
 
         worker = self.start_worker(opts["concurrency"])
         beat = None if opts["no_beat"] or settings.REDIS_URL else self.start_beat()
+        background = self.start_background_services()
         requeued = turns_requeue_accepted()
         if requeued:
             log.info("re-queued %d accepted turn(s)", requeued)
@@ -48,6 +49,11 @@ class Command(BaseCommand):
             self.run_daphne(opts["bind"], opts["port"])
         finally:
             self.stdout.write("UGENT daemon stopping")
+            for service in reversed(background):
+                try:
+                    service.stop()
+                except Exception:
+                    log.exception("background service failed to stop (service=%r)", service)
             if beat is not None:
                 beat.stop()
             worker.stop(in_sighandler=False)
@@ -66,6 +72,20 @@ class Command(BaseCommand):
             fh.write(key + "\n")
         settings.UGENT_WEB_API_KEY = key
         self.stdout.write(f"Generated an operator API key (kept in {path}):\n  {key}")
+
+    def start_background_services(self) -> list:
+        """Each app may offer long-running services (rule watcher, plugin supervisor): an AppConfig
+        method `background_services(mode)` returning objects with start() and stop()."""
+        from django.apps import apps
+        started = []
+        for app_config in apps.get_app_configs():
+            factory = getattr(app_config, "background_services", None)
+            if not callable(factory):
+                continue
+            for service in factory("embedded"):
+                service.start()
+                started.append(service)
+        return started
 
     def start_worker(self, concurrency: int):
         from ugent_site.celery import app
