@@ -90,9 +90,8 @@ def last_user_text(messages: list) -> str | None:
     return None
 
 
-def _submit(headers, data: dict):
+def _submit(principal, data: dict):
     close_old_connections()
-    principal = authenticate_headers(headers)
     actor = services.actor_resolve(caller=principal.caller, user=data.get("user"),
                                    federation_issuer=data.get("federation_issuer"),
                                    federation_subject=data.get("federation_subject"))
@@ -180,7 +179,7 @@ class ChatCompletionApi(View):
             if not isinstance(payload, dict):
                 raise ApplicationError("The request body must be a JSON object.", status=400,
                                        code="invalid_request")
-            await sync_to_async(authenticate_headers, thread_sensitive=False)(request.headers)
+            principal = await sync_to_async(authenticate_headers, thread_sensitive=False)(request.headers)
             ser = ChatInputSerializer(data=payload)
             if not ser.is_valid():
                 raise from_drf(serializers.ValidationError(ser.errors))
@@ -189,7 +188,7 @@ class ChatCompletionApi(View):
             return error_response(exc)
         stream = data["stream"]
         try:
-            result = await sync_to_async(_submit, thread_sensitive=False)(request.headers, data)
+            result = await sync_to_async(_submit, thread_sensitive=False)(principal, data)
         except ApplicationError as exc:
             if stream and exc.status in (403, 409):
                 return _refusal_stream(exc, data.get("model") or "")

@@ -10,9 +10,16 @@ from plugins_app.models import AgentProfile
 DEFAULT_ALIAS = "ugent-default"
 
 
+_defaults_seen = False
+
+
 def profiles_ensure_defaults() -> None:
     """A fresh install answers out of the box: the offline notes engine, or the upstream the env names."""
+    global _defaults_seen
+    if _defaults_seen:
+        return
     if AgentProfile.objects.exists():
+        _defaults_seen = not settings.DATABASES["default"].get("TEST", {}).get("MIRROR") and _cacheable()
         return
     try:
         with transaction.atomic():
@@ -25,6 +32,12 @@ def profiles_ensure_defaults() -> None:
                                             config={})
     except IntegrityError:  # another process made them
         pass
+
+
+def _cacheable() -> bool:
+    # Tests empty the table between cases; a process serving requests never does.
+    import sys
+    return "pytest" not in sys.modules
 
 
 def _by_name(name: str) -> AgentProfile | None:

@@ -98,7 +98,7 @@ else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     CELERY_BROKER_URL = "memory://"
     # The default polling interval of the memory transport is far too slow for turns.
-    CELERY_BROKER_TRANSPORT_OPTIONS = {"polling_interval": 0.005}
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"polling_interval": 0.002}
 # One queue per deployment: two daemons sharing a Redis must not run each other's turns.
 CELERY_TASK_DEFAULT_QUEUE = env("UGENT_CELERY_QUEUE", default="ugent")
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
