@@ -12,7 +12,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -r requirements.txt
-	$(VENV)/bin/pip install -q --no-deps -e .
+	$(VENV)/bin/pip install -q --no-deps -e . --config-settings editable_mode=compat
 	touch $@
 
 # Embedded mode: one process, SQLite under var/, no server to install.
