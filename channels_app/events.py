@@ -38,7 +38,8 @@ def event_append(*, conversation_id: int, type: str, data: dict, turn_pk: int | 
 
 def events_append(*, conversation_id: int, turn_pk: int | None,
                   items: list[tuple[str, dict, list[str]]]) -> list[Event]:
-    with transaction.atomic():
+    # No savepoint of its own: an append inside a caller's transaction commits or fails with it.
+    with transaction.atomic(savepoint=False):
         _lock_log()
         rows = [Event.objects.create(conversation_id=conversation_id, turn_id=turn_pk, type=t,
                                      data=d, audience=a) for t, d, a in items]
