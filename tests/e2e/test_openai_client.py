@@ -116,3 +116,17 @@ def test_the_daemon_stops_cleanly_on_sigterm(tmp_path):
         assert all(c in (0, -15) for c in codes), codes
     finally:
         d.close()
+
+
+def test_keep_alives_are_comment_lines_the_client_ignores(daemon, client):
+    """The daemon runs with UGENT_SSE_KEEPALIVE=1: a slow turn gets `: ping` lines, never data-less events."""
+    with httpx.stream("POST", daemon.base + "/v1/chat/completions", headers={"x-api-key": daemon.key},
+                      json={"messages": [{"role": "user", "content": "script:sleep=2.5|answer=late"}],
+                            "stream": True, "model": "scripted"}, timeout=30) as resp:
+        raw = b"".join(resp.iter_bytes())
+    frames = parse_sse(raw)
+    assert any(f["comment"] == "ping" for f in frames)
+    assert all(f["data"] is not None or f["comment"] for f in frames)
+    stream = client.chat.completions.create(
+        model="scripted", stream=True, messages=[{"role": "user", "content": "script:sleep=2.5|answer=still fine"}])
+    assert "".join(c.choices[0].delta.content or "" for c in stream) == "still fine"
