@@ -1,0 +1,178 @@
+"""The Django hub: inbound onto the one message path, the outbound queue and its limits."""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from channels_app.models import Receipt, Turn
+from plugins_app import services
+from plugins_app.bridge.server import UnknownDelivery
+from plugins_app.hub import DjangoHub
+from plugins_app.models import DeliveryState, OutboundDelivery
+from plugins_app.sdk.messages import InboundMessage
+from tests.plugins_app.conftest import make_plugin
+from tests.support import scripted
+
+
+def msg(message_id="m-1", text="hello", sender_id="42", conversation_id="chat-1"):
+    return InboundMessage(channel="echo", conversation_id=conversation_id, message_id=message_id,
+                          sender_id=sender_id, text=text, source_type="user")
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_an_inbound_message_runs_a_turn_whose_answer_is_queued_for_the_plugin(tcast):
+    plugin = make_plugin()
+    result = run(DjangoHub().submit_inbound("echo-main", msg(text="script:answer=hi there")))
+    assert result["accepted"] and not result["duplicate"]
+    turn = Turn.objects.select_related("conversation", "actor").get(turn_id=result["turn_id"])
+    assert turn.actor.key == "echo:42"
+    assert (turn.conversation.channel, turn.conversation.client_id, turn.conversation.external_id) == \
+        ("echo", "echo-main", "chat-1")
+    assert turn.receipt.client_message_id == "m-1"
+    delivery = OutboundDelivery.objects.get(plugin=plugin)
+    assert (delivery.text, delivery.state, delivery.turn_id) == ("hi there", "pending", turn.pk)
+    assert delivery.payload["reply_to_message_id"] == "m-1"
+
+
+def test_a_repeated_channel_message_id_runs_nothing(tcast):
+    make_plugin()
+    hub = DjangoHub()
+    calls = len(scripted.CALLS)
+    first = run(hub.submit_inbound("echo-main", msg(text="script:answer=once")))
+    again = run(hub.submit_inbound("echo-main", msg(text="script:answer=once")))
+    assert first["duplicate"] is False and again["duplicate"] is True
+    assert again["turn_id"] == first["turn_id"]
+    assert Receipt.objects.count() == Turn.objects.count() == 1
+    assert len(scripted.CALLS) == calls + 1
+    assert OutboundDelivery.objects.count() == 1
+
+
+def test_a_sender_outside_allowed_senders_is_refused_before_anything_runs_and_logged(tcast, caplog):
+    make_plugin(allowed_senders=["echo:42"])
+    hub = DjangoHub()
+    with caplog.at_level(logging.WARNING, logger="ugent.plugins"):
+        refused = run(hub.submit_inbound("echo-main", msg("m-9", sender_id="999")))
+    assert refused == {"accepted": False, "duplicate": False, "reason": "sender not allowed"}
+    assert Receipt.objects.count() == 0 and Turn.objects.count() == 0
+    assert any("echo:999" in r.getMessage() and "allowed_senders" in r.getMessage() for r in caplog.records)
+    allowed = run(hub.submit_inbound("echo-main", msg("m-1", sender_id="42")))
+    assert allowed["accepted"] is True and Receipt.objects.count() == 1
+
+
+def test_a_web_turn_queues_no_delivery(tcast):
+    make_plugin()
+    from channels_app.services import InboundMessage as Hubmsg, actor_resolve, message_submit
+    actor = actor_resolve(caller=tcast.operator, user="alice")
+    message_submit(inbound=Hubmsg(actor=actor, text="hi", caller=tcast.operator, conversation_id="echo-main"))
+    assert OutboundDelivery.objects.count() == 0
+
+
+def _queue(plugin, n, text="out"):
+    from channels_app.services import channel_actor_resolve, conversation_resolve
+    actor = channel_actor_resolve(channel="echo", user_id="42")
+    conv, _ = conversation_resolve(channel="echo", client_id=plugin.plugin_id, external_id="chat-1",
+                                   actor=actor, caller=None)
+    return [services.delivery_enqueue(plugin=plugin, conversation=conv, text=f"{text}-{i}").delivery_id
+            for i in range(n)]
+
+
+def test_max_in_flight_is_never_exceeded_by_concurrent_polls(tcast):
+    plugin = make_plugin(max_in_flight=2)
+    ids = _queue(plugin, 5)
+    hub = DjangoHub()
+
+    async def polls():
+        return await asyncio.gather(*(hub.poll_outbound("echo-main", 5, 0.3) for _ in range(4)))
+
+    batches = run(polls())
+    taken = [d.delivery_id for batch in batches for d in batch]
+    assert len(taken) == 2 and len(set(taken)) == 2
+    assert OutboundDelivery.objects.filter(state=DeliveryState.IN_FLIGHT).count() == 2
+    run(hub.ack_outbound("echo-main", taken[0], "delivered", False, None, "ch-1"))
+    more = run(hub.poll_outbound("echo-main", 5, 0.3))
+    assert [d.delivery_id for d in more] == [ids[2]]  # one slot freed, the next in order
+    assert run(hub.poll_outbound("echo-main", 5, 0.1)) == []
+
+
+def test_a_long_poll_wakes_when_a_delivery_is_queued(tcast):
+    plugin = make_plugin()
+    hub = DjangoHub()
+
+    async def scenario():
+        poll = asyncio.ensure_future(hub.poll_outbound("echo-main", 5, 5.0))
+        await asyncio.sleep(0.2)
+        assert not poll.done()
+        await asyncio.to_thread(_queue, plugin, 1)
+        return await asyncio.wait_for(poll, 2.0)
+
+    assert [d.text for d in run(scenario())] == ["out-0"]
+
+
+def test_max_retries_then_dead_letter_with_the_reason(tcast):
+    make_plugin(max_retries=2)
+    plugin = make_plugin("other", max_retries=2)
+    [delivery_id] = _queue(plugin, 1)
+    hub = DjangoHub()
+    states = []
+    for attempt in (1, 2, 3):
+        [d] = run(hub.poll_outbound("other", 5, 1.0))
+        assert d.attempt == attempt
+        states.append(run(hub.ack_outbound("other", delivery_id, "failed", True, "rate limited"))["state"])
+    assert states == ["pending", "pending", "dead_letter"]
+    row = OutboundDelivery.objects.get(delivery_id=delivery_id)
+    assert row.state == "dead_letter" and row.last_error == "max_retries (2) exceeded: rate limited"
+    assert run(hub.poll_outbound("other", 5, 0.1)) == []
+    assert run(hub.ack_outbound("other", delivery_id, "delivered", False, None))["duplicate"] is True
+
+
+def test_a_permanent_failure_is_dead_lettered_at_once(tcast):
+    plugin = make_plugin()
+    [delivery_id] = _queue(plugin, 1)
+    hub = DjangoHub()
+    run(hub.poll_outbound("echo-main", 5, 1.0))
+    out = run(hub.ack_outbound("echo-main", delivery_id, "failed", False, "chat is gone"))
+    assert out["state"] == "dead_letter"
+    assert OutboundDelivery.objects.get().last_error == "permanent failure: chat is gone"
+
+
+def test_an_ack_for_another_plugins_delivery_is_unknown(tcast):
+    make_plugin()
+    other = make_plugin("other")
+    [delivery_id] = _queue(other, 1)
+    with pytest.raises(UnknownDelivery):
+        run(DjangoHub().ack_outbound("echo-main", delivery_id, "delivered", False, None))
+    assert OutboundDelivery.objects.get().state == "pending"
+
+
+def test_a_new_hello_returns_what_was_in_flight_and_a_cancelled_poll_takes_nothing(tcast):
+    plugin = make_plugin()
+    _queue(plugin, 2)
+    hub = DjangoHub()
+    assert len(run(hub.poll_outbound("echo-main", 5, 1.0))) == 2
+    limits = run(hub.hello_ok("echo-main", {"kind": "channel-echo"}))
+    assert limits == {"heartbeat_secs": 0.2, "max_in_flight": 8, "max_retries": 2}
+    assert OutboundDelivery.objects.filter(state="pending").count() == 2
+
+    async def cancelled():
+        poll = asyncio.ensure_future(hub.poll_outbound("echo-main", 5, 5.0))
+        await asyncio.sleep(0)  # the take is under way in its thread
+        poll.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await poll
+
+    run(cancelled())
+    assert OutboundDelivery.objects.filter(state="pending").count() == 2
+
+
+def test_media_put_then_get_through_the_hub(tcast):
+    make_plugin()
+    from plugins_app.sdk.messages import Media
+    hub = DjangoHub()
+    media_id = run(hub.media_put("echo-main", Media(b"\x89PNG", "image/png", "a.png")))
+    got = run(hub.media_get("echo-main", media_id))
+    assert (got.data, got.content_type, got.filename) == (b"\x89PNG", "image/png", "a.png")

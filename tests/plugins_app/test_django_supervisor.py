@@ -1,0 +1,147 @@
+"""The supervisor wired to Plugin rows, with the echo worker as a real process."""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from plugins_app.models import OutboundDelivery, Plugin
+from plugins_app.supervisor.process import pid_alive, pid_file_path
+from tests.plugins_app.conftest import PY, database_url, make_plugin, wait_until
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc and prctl")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_end_to_end_inbound_turn_delivery_ack(tcast, echo, start_runtime):
+    plugin = make_plugin()
+    rt = start_runtime()
+    echo.say("m-1", "script:answer=hello from the agent")
+    assert wait_until(lambda: OutboundDelivery.objects.filter(state="delivered").exists(), 15), rt.log("echo-main")
+    delivery = OutboundDelivery.objects.select_related("turn__receipt").get()
+    assert delivery.turn.receipt.client_message_id == "m-1"
+    assert delivery.channel_message_id == f"echo-{delivery.delivery_id}"
+    assert [(s["delivery_id"], s["conversation_id"], s["text"]) for s in echo.sends()] == \
+        [(delivery.delivery_id, "chat-1", "hello from the agent")]
+    plugin.refresh_from_db()
+    assert plugin.state == "running" and plugin.pid == rt.worker_pid("echo-main")
+    assert wait_until(lambda: Plugin.objects.get().last_heartbeat is not None, 5)
+    # the socket is private
+    assert os.stat(rt.runtime.socket_path("echo-main")).st_mode & 0o777 == 0o600
+    rt.stop()
+    assert Plugin.objects.get().state == "stopped"
+
+
+def test_a_worker_killed_in_the_middle_of_a_delivery_delivers_it_exactly_once_after_the_restart(
+        tcast, echo, start_runtime, monkeypatch):
+    monkeypatch.setenv("ECHO_DELIVER_DELAY", "30")  # lingers after the send, before the ack
+    make_plugin(env_refs=["ECHO_INBOX", "ECHO_SENT", "ECHO_DELIVER_DELAY"])
+    rt = start_runtime()
+    echo.say("m-1", "script:answer=only once")
+    assert wait_until(lambda: echo.sends(), 15), rt.log("echo-main")
+    first = rt.worker_pid("echo-main")
+    row = OutboundDelivery.objects.get()
+    assert row.state == "in_flight"
+    os.kill(first, signal.SIGKILL)
+    assert wait_until(lambda: OutboundDelivery.objects.get().state == "delivered", 15), rt.log("echo-main")
+    assert rt.worker_pid("echo-main") not in (None, first)
+    assert [s["delivery_id"] for s in echo.sends()] == [row.delivery_id]
+
+
+def test_a_worker_that_exits_at_once_trips_the_breaker_and_stays_down(tcast, start_runtime, admin_client):
+    make_plugin("crasher", command=PY, args=["-c", "raise SystemExit(3)"], env_refs=[])
+    rt = start_runtime()
+    assert wait_until(lambda: not Plugin.objects.get().enabled, 15)
+    plugin = Plugin.objects.get()
+    assert plugin.state == "disabled"
+    assert plugin.disabled_reason.startswith("circuit breaker: 3 consecutive cooldown rounds")
+    wait_until(lambda: False, 0.5)
+    assert rt.runtime.supervisor.status().get("crasher") is None  # out of the desired set: nothing restarts it
+    plugin.refresh_from_db()
+    assert (plugin.enabled, plugin.state, plugin.pid) == (False, "disabled", None)
+    assert not pid_file_path(rt.root / "pids", "crasher").exists()
+    page = admin_client.get("/admin/plugins_app/plugin/").content.decode()
+    assert "circuit breaker: 3 consecutive cooldown rounds" in page
+    # the admin's action enables it again, with a clean breaker
+    admin_client.post("/admin/plugins_app/plugin/", {"action": "enable_again",
+                                                     "_selected_action": [plugin.pk]})
+    plugin.refresh_from_db()
+    assert plugin.enabled and plugin.disabled_reason == ""
+    assert wait_until(lambda: rt.runtime.supervisor.status().get("crasher") is not None, 5)
+
+
+def test_a_worker_that_stops_heartbeating_is_restarted(tcast, echo, start_runtime, monkeypatch, caplog):
+    monkeypatch.setenv("ECHO_MUTE_HEARTBEAT", "1")
+    make_plugin(env_refs=["ECHO_INBOX", "ECHO_SENT", "ECHO_MUTE_HEARTBEAT"], heartbeat_secs=0.1)
+    rt = start_runtime(limits={"startup_grace_secs": 0.3})
+    first = wait_until(lambda: rt.worker_pid("echo-main"), 10)
+    assert wait_until(lambda: rt.worker_pid("echo-main") not in (None, first), 10), rt.log("echo-main")
+    assert not pid_alive(first)
+    assert any(f"pid {first} missed its heartbeats" in r.getMessage() for r in caplog.records)
+
+
+def test_a_heartbeating_worker_is_left_running(tcast, echo, start_runtime):
+    make_plugin(heartbeat_secs=0.1)
+    rt = start_runtime(limits={"startup_grace_secs": 0.3})
+    first = wait_until(lambda: rt.worker_pid("echo-main"), 10)
+    wait_until(lambda: False, 1.5)
+    assert rt.worker_pid("echo-main") == first
+
+
+def test_an_admin_edit_takes_effect_without_a_restart(tcast, echo, start_runtime):
+    plugin = make_plugin()
+    rt = start_runtime()
+    first = wait_until(lambda: rt.worker_pid("echo-main"), 10)
+    Plugin.objects.filter(pk=plugin.pk).update(args=["-m", "plugins_app.workers.echo", "--edited"])
+    assert wait_until(lambda: rt.worker_pid("echo-main") not in (None, first), 10)
+    Plugin.objects.filter(pk=plugin.pk).update(enabled=False)
+    assert wait_until(lambda: rt.worker_pid("echo-main") is None, 10)
+    assert wait_until(lambda: Plugin.objects.get().state == "stopped", 5)
+
+
+# --- a supervisor in its own process (manage.py runsupervisor) ------------------------------
+
+def start_supervisor_process(root: Path) -> subprocess.Popen:
+    env = dict(os.environ)
+    env.update(DATABASE_URL=database_url(), UGENT_PLUGIN_RUN_DIR=str(root / "run"),
+               UGENT_PLUGIN_PID_DIR=str(root / "pids"), UGENT_PLUGIN_LOG_DIR=str(root / "logs"),
+               UGENT_PLUGIN_STATE_DIR=str(root / "state"), UGENT_PLUGIN_REAP_GRACE_SECS="1")
+    log = (root / "supervisor.log").open("w")
+    return subprocess.Popen([PY, "manage.py", "runsupervisor", "--interval", "0.05", "--skip-checks"], cwd=REPO, env=env,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+CLEARS_PDEATHSIG = ("import ctypes; ctypes.CDLL(None).prctl(1, 0, 0, 0, 0); "
+                    "from plugins_app.workers.echo import main; main()")
+
+
+def test_kill_9_on_the_supervisor_kills_its_workers_and_a_new_one_reaps_what_was_left(
+        tcast, echo, short_dir, start_runtime):
+    make_plugin()
+    make_plugin("survivor", args=["-c", CLEARS_PDEATHSIG])  # one that outlives a killed supervisor
+    sup = start_supervisor_process(short_dir)
+    try:
+        def pids():
+            files = [pid_file_path(short_dir / "pids", p) for p in ("echo-main", "survivor")]
+            if all(f.exists() for f in files):
+                return [json.loads(f.read_text())["pid"] for f in files]
+        worker, survivor = wait_until(pids, 20) or pytest.fail((short_dir / "supervisor.log").read_text())
+        os.kill(sup.pid, signal.SIGKILL)
+        sup.wait(5)
+    finally:
+        if sup.poll() is None:
+            os.killpg(sup.pid, signal.SIGKILL)
+            sup.wait()
+    assert wait_until(lambda: not pid_alive(worker), 5)  # parent-death signal
+    assert pid_alive(survivor)
+    rt = start_runtime()  # a new supervisor on the same pid directory
+    assert wait_until(lambda: not pid_alive(survivor), 10)
+    assert wait_until(lambda: rt.runtime.supervisor.reaped, 10)  # set once reap_stale returns
+    assert [r.plugin_id for r in rt.runtime.supervisor.reaped] == ["survivor"]
+    assert wait_until(lambda: rt.worker_pid("survivor") not in (None, survivor), 10)
