@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('channels_app', '0002_streams'),
+        ('channels_app', '0001_initial'),
         ('plugins_app', '0001_initial'),
     ]
 
