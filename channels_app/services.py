@@ -96,7 +96,9 @@ def conversation_resolve(*, channel: str, client_id: str, external_id: str | Non
                 created = True
         except IntegrityError:
             conv = Conversation.objects.select_related("owner").get(**lookup)
-    if conv.owner_id != actor.id:
+    # A plugin channel's conversation is the chat itself (a group has many senders; the plugin's
+    # allowed_senders decides who may write); on the web channel it belongs to its first sender.
+    if conv.owner_id != actor.id and channel == "web":
         raise ApplicationError(NOT_YOURS, status=403, code="conversation_not_owned", param="conversation_id")
     return conv, created
 
