@@ -1,6 +1,60 @@
+import logging
+
 from django.apps import AppConfig
+
+log = logging.getLogger("ugent.cron")
+
+
+class CronStartup:
+    """At an embedded daemon's start: recover runs a stopped process left, then run missed slots once."""
+
+    def start(self):
+        from cron_app.services import cron_catch_up, cron_running, cron_runs_recover
+        try:
+            recovered = cron_runs_recover()
+            if recovered["interrupted"] or recovered["requeued"]:
+                log.warning("cron runs recovered (interrupted=%d, requeued=%d)", recovered["interrupted"],
+                            recovered["requeued"])
+            if cron_running():
+                cron_catch_up()
+        except Exception:  # cron must not keep the daemon from starting
+            log.exception("cron start-up failed")
+
+    def stop(self):
+        pass
+
+
+def _on_beat_init(sender=None, **kwargs):
+    """A beat process starting (servers mode) runs the missed slots once, like the embedded daemon."""
+    from django.db import close_old_connections
+
+    from cron_app.services import cron_catch_up, cron_running
+    try:
+        if cron_running():
+            cron_catch_up()
+    except Exception:
+        log.exception("cron catch-up at beat start failed")
+    finally:
+        close_old_connections()
 
 
 class CronAppConfig(AppConfig):
     name = "cron_app"
     default_auto_field = "django.db.models.BigAutoField"
+    verbose_name = "Cron jobs and workflows"
+
+    def ready(self):
+        from celery.signals import beat_init
+
+        from channels_app import status
+        beat_init.connect(_on_beat_init, dispatch_uid="cron_app.catch_up")
+        status.register("cron", _status_section)
+
+    def background_services(self, mode):
+        return [CronStartup()]
+
+
+def _status_section() -> dict:
+    from cron_app.selectors import cron_active_runs_count, cron_jobs_overview
+    from cron_app.services import cron_running
+    return {"running": cron_running(), "active_runs": cron_active_runs_count(), "jobs": cron_jobs_overview()}
