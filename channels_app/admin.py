@@ -2,7 +2,7 @@
 from django import forms
 from django.contrib import admin, messages
 
-from channels_app.models import (ApiKey, Actor, Caller, Conversation, Event, Message, Receipt, Turn)
+from channels_app.models import (ApiKey, Actor, Caller, Conversation, Event, Message, Receipt, Steering, Turn)
 
 
 class ApiKeyInline(admin.TabularInline):
@@ -119,3 +119,12 @@ class EventAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None):
         return False
+
+
+@admin.register(Steering)
+class SteeringAdmin(admin.ModelAdmin):
+    list_display = ("id", "turn", "state", "created_at")
+    list_filter = ("state",)
+    list_select_related = ("turn",)
+    search_fields = ("turn__turn_id",)
+    raw_id_fields = ("turn",)

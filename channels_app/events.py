@@ -15,6 +15,10 @@ from channels_app.models import Event
 EVENT_LOG_LOCK = 0x55474E54  # "UGNT"
 
 
+# Every commit wakes the all-conversations stream too.
+LOG_TOPIC = "log"
+
+
 def conversation_topic(conversation_id: int) -> str:
     return f"conv:{conversation_id}"
 
@@ -43,7 +47,7 @@ def events_append(*, conversation_id: int, turn_pk: int | None,
         _lock_log()
         rows = [Event.objects.create(conversation_id=conversation_id, turn_id=turn_pk, type=t,
                                      data=d, audience=a) for t, d, a in items]
-        topics = [conversation_topic(conversation_id)]
+        topics = [LOG_TOPIC, conversation_topic(conversation_id)]
         if turn_pk is not None:
             topics.append(turn_topic(turn_pk))
         transaction.on_commit(lambda: notify.publish(*topics))

@@ -177,6 +177,8 @@ class Turn(TimeStamped):
     context = models.JSONField(default=dict, blank=True,
                                help_text="What the hooks before the turn added (routing tags, context).")
     cancel_requested = models.BooleanField(default=False)
+    stop_requested_by = models.CharField(max_length=300, blank=True, default="",
+                                         help_text="The actor key (or turn_id holder) that asked it to stop.")
     error = models.TextField(blank=True, default="")
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -225,3 +227,39 @@ class Event(models.Model):
 
     def __str__(self):
         return f"#{self.id} {self.type}"
+
+
+class SteeringState(models.TextChoices):
+    PENDING = "pending"
+    APPLIED = "applied"
+    DROPPED = "dropped"
+
+
+class Steering(TimeStamped):
+    """A message steered into a running turn; the runner hands it to the engine before its next step."""
+
+    turn = models.ForeignKey(Turn, on_delete=models.CASCADE, related_name="steerings")
+    actor = models.ForeignKey(Actor, on_delete=models.PROTECT, related_name="steerings")
+    text = models.TextField()
+    state = models.CharField(max_length=10, choices=SteeringState.choices, default=SteeringState.PENDING)
+    applied_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        # the runner asks "is anything pending for this turn?" between engine steps
+        indexes = [models.Index(fields=["turn", "state"], name="steering_turn_state")]
+
+    def __str__(self):
+        return f"steering of {self.turn_id} ({self.state})"
+
+
+class EventLogMark(models.Model):
+    """Where retention has pruned the event log to: cursors at or below it may have lost events."""
+
+    name = models.CharField(max_length=50, unique=True)
+    value = models.BigIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    PRUNED_THROUGH = "pruned_through"
+
+    def __str__(self):
+        return f"{self.name}={self.value}"

@@ -10,11 +10,12 @@ import logging
 import time
 
 from django.db import transaction
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from channels_app import hooks
 from channels_app.events import events_append
-from channels_app.models import Message, Receipt, ReceiptState, Turn, TurnState
+from channels_app.models import Message, Receipt, ReceiptState, Steering, SteeringState, Turn, TurnState
 from plugins_app.engines.base import (ANSWER, ANSWER_RESET, CITATIONS, ERROR, THINKING, TOOL, EngineError,
                                       stream_items)
 
@@ -57,25 +58,30 @@ class DeltaWriter:
 
 
 def build_messages(turn: Turn):
+    """The engine's view: the conversation's recent history, injected context, then this turn's text."""
     from ovos_plugin_manager.templates.agents import AgentMessage, MessageRole
     profile = turn.profile
     limit = profile.history_turns if profile else 20
-    current = (Message.objects.filter(turn=turn, role=Message.Role.USER).order_by("id").first())
     past = list(Message.objects.filter(conversation_id=turn.conversation_id, hidden=False,
-                                       id__lt=current.id if current else 0,
                                        role__in=[Message.Role.USER, Message.Role.ASSISTANT])
-                .order_by("-id")[:limit])
+                .exclude(turn_id=turn.pk).filter(turn_id__lt=turn.pk)
+                .order_by("-id").values_list("role", "content")[:limit])
     past.reverse()
-    messages = [AgentMessage(role=MessageRole(m.role), content=m.content) for m in past]
+    messages = [AgentMessage(role=MessageRole(role), content=content) for role, content in past]
     for block in (turn.context or {}).get("injected_context", []):
         messages.append(AgentMessage(role=MessageRole.SYSTEM, content=block))
-    text = (turn.context or {}).get("text") or (current.content if current else "")
-    messages.append(AgentMessage(role=MessageRole.USER, content=text))
+    messages.append(AgentMessage(role=MessageRole.USER, content=(turn.context or {}).get("text", "")))
     return messages
 
 
 def turn_run(turn_pk: int) -> None:
-    """Run one accepted turn to its end. A redelivered task finds the turn moved on and does nothing."""
+    """Run one accepted turn to its end. A redelivered task finds the turn moved on and does nothing.
+
+    Between engine steps the runner looks (every STOP_CHECK_SECONDS) for a stop and for steering:
+    a stop ends the turn keeping what it answered; steering cuts the engine's step short and runs
+    it again with the answer so far and the steered message(s) appended as the newest user turn.
+    """
+    from ovos_plugin_manager.templates.agents import AgentMessage, MessageRole
     now = timezone.now()
     if Turn.objects.filter(pk=turn_pk, state=TurnState.ACCEPTED).update(state=TurnState.RUNNING,
                                                                         started_at=now) != 1:
@@ -84,18 +90,24 @@ def turn_run(turn_pk: int) -> None:
     Receipt.objects.filter(pk=turn.receipt_id).update(state=ReceiptState.RUNNING, started_at=now)
     writer = DeltaWriter(turn)
     answer: list[str] = []
+    segment: list[str] = []  # the answer since the last steering, handed back to the engine with it
     thinking: list[str] = []
     citations: list[str] = []
-    last_check = [time.monotonic()]
+    last_check = [0.0]
     cancelled = [False]
+    steered = [False]
 
     def should_stop() -> bool:
-        if cancelled[0]:
+        if cancelled[0] or steered[0]:
             return True
         if time.monotonic() - last_check[0] >= STOP_CHECK_SECONDS:
             last_check[0] = time.monotonic()
-            cancelled[0] = Turn.objects.filter(pk=turn.pk, cancel_requested=True).exists()
-        return cancelled[0]
+            row = (Turn.objects.filter(pk=turn.pk)
+                   .annotate(steering=Exists(Steering.objects.filter(turn=OuterRef("pk"),
+                                                                     state=SteeringState.PENDING)))
+                   .values_list("cancel_requested", "steering").first())
+            cancelled[0], steered[0] = bool(row and row[0]), bool(row and row[1])
+        return cancelled[0] or steered[0]
 
     try:
         if turn.profile is None:
@@ -106,27 +118,48 @@ def turn_run(turn_pk: int) -> None:
         except LookupError as exc:
             raise EngineError(str(exc), code="engine_not_installed")
         messages = build_messages(turn)
-        for item in stream_items(engine, messages, session_id=turn.conversation.external_id,
-                                 tools=None, should_stop=should_stop):
-            if item.kind == ANSWER:
-                answer.append(item.text)
-                writer.add(ANSWER, item.text)
-            elif item.kind == THINKING:
-                thinking.append(item.text)
-                if turn.include_thinking:
-                    writer.add(THINKING, item.text)
-            elif item.kind == ANSWER_RESET:
-                answer.clear()
-                writer.flush([("turn.delta", {"turn_id": turn.turn_id, "segment": ANSWER_RESET, "text": ""}, [])])
-            elif item.kind == TOOL:
-                writer.flush([("turn.delta", {"turn_id": turn.turn_id, "segment": TOOL, "text": item.text,
-                                              "tool": item.data or {}}, [])])
-            elif item.kind == CITATIONS:
-                citations.extend(i for i in (item.data or {}).get("ids", []) if i not in citations)
-            elif item.kind == ERROR:
-                raise EngineError(item.text or "The engine reported an error.")
-            if should_stop():
+        while True:
+            steered[0] = False
+            if should_stop() and cancelled[0]:
                 break
+            taken = steerings_take(turn=turn, writer=writer)
+            if taken:
+                if "".join(segment):
+                    messages.append(AgentMessage(role=MessageRole.ASSISTANT, content="".join(segment)))
+                messages.extend(AgentMessage(role=MessageRole.USER, content=s.text) for s in taken)
+                segment.clear()
+            steered[0] = False
+            for item in stream_items(engine, list(messages), session_id=turn.conversation.external_id,
+                                     tools=None, should_stop=should_stop):
+                if item.kind == ANSWER:
+                    answer.append(item.text)
+                    segment.append(item.text)
+                    writer.add(ANSWER, item.text)
+                elif item.kind == THINKING:
+                    thinking.append(item.text)
+                    if turn.include_thinking:
+                        writer.add(THINKING, item.text)
+                elif item.kind == ANSWER_RESET:
+                    answer.clear()
+                    segment.clear()
+                    writer.flush([("turn.delta", {"turn_id": turn.turn_id, "segment": ANSWER_RESET, "text": ""},
+                                   [])])
+                elif item.kind == TOOL:
+                    writer.flush([("turn.delta", {"turn_id": turn.turn_id, "segment": TOOL, "text": item.text,
+                                                  "tool": item.data or {}}, [])])
+                elif item.kind == CITATIONS:
+                    citations.extend(i for i in (item.data or {}).get("ids", []) if i not in citations)
+                elif item.kind == ERROR:
+                    raise EngineError(item.text or "The engine reported an error.")
+                if should_stop():
+                    break
+            if cancelled[0]:
+                break
+            if steered[0]:
+                continue
+            if turn_complete(turn=turn, writer=writer, answer="".join(answer), citations=citations):
+                return
+            # steering committed between the engine's last step and completion: run it
     except EngineError as exc:
         turn_fail(turn=turn, writer=writer, answer="".join(answer), reason=exc.message, code=exc.code)
         return
@@ -135,20 +168,49 @@ def turn_run(turn_pk: int) -> None:
         turn_fail(turn=turn, writer=writer, answer="".join(answer),
                   reason=f"The agent failed: {type(exc).__name__}: {exc}", code="engine_crashed")
         return
-    if cancelled[0]:
-        turn_cancel_finish(turn=turn, writer=writer, answer="".join(answer))
-        return
-    turn_complete(turn=turn, writer=writer, answer="".join(answer), citations=citations)
+    turn_cancel_finish(turn=turn, writer=writer, answer="".join(answer))
+
+
+def steerings_take(*, turn: Turn, writer: DeltaWriter) -> list[Steering]:
+    """Apply the turn's pending steering: each becomes a user message of the turn and a turn.steered event."""
+    with transaction.atomic():
+        rows = list(Steering.objects.select_for_update().filter(turn_id=turn.pk, state=SteeringState.PENDING)
+                    .select_related("actor").order_by("id"))
+        if not rows:
+            return []
+        now = timezone.now()
+        Steering.objects.filter(pk__in=[r.pk for r in rows]).update(state=SteeringState.APPLIED, applied_at=now)
+        for r in rows:
+            Message.objects.create(conversation_id=turn.conversation_id, role=Message.Role.USER, content=r.text,
+                                   actor=r.actor, turn=turn)
+        writer.flush([("turn.steered", {"turn_id": turn.turn_id, "steering_id": r.pk, "message": r.text,
+                                        "actor": r.actor.key}, []) for r in rows])
+    return rows
+
+
+def _steerings_drop(turn: Turn) -> list:
+    """A turn that ends otherwise than completed drops its pending steering, and says so."""
+    ids = list(Steering.objects.filter(turn_id=turn.pk, state=SteeringState.PENDING).values_list("pk", flat=True))
+    if not ids:
+        return []
+    Steering.objects.filter(pk__in=ids).update(state=SteeringState.DROPPED)
+    return [("turn.steering_dropped", {"turn_id": turn.turn_id, "steering_ids": ids}, [])]
 
 
 def _requested_citations(turn: Turn, answer: str) -> list[str]:
     return [cid for cid in (turn.citation_ids or []) if cid and cid in answer]
 
 
-def turn_complete(*, turn: Turn, writer: DeltaWriter, answer: str, citations: list[str]) -> None:
+def turn_complete(*, turn: Turn, writer: DeltaWriter, answer: str, citations: list[str]) -> bool:
+    """Complete the turn; False (and nothing written) when steering waits, which the runner then runs.
+
+    The turn's row lock orders this against streams.turn_steer: a steering is applied or refused."""
     citations = citations + [c for c in _requested_citations(turn, answer) if c not in citations]
     now = timezone.now()
     with transaction.atomic():
+        Turn.objects.select_for_update().filter(pk=turn.pk).first()
+        if Steering.objects.filter(turn_id=turn.pk, state=SteeringState.PENDING).exists():
+            return False
         Message.objects.create(conversation_id=turn.conversation_id, role=Message.Role.ASSISTANT,
                                content=answer, turn=turn)
         Receipt.objects.filter(pk=turn.receipt_id).update(state=ReceiptState.COMPLETED, answer=answer,
@@ -161,6 +223,7 @@ def turn_complete(*, turn: Turn, writer: DeltaWriter, answer: str, citations: li
         extra.append(("turn.completed", {"turn_id": turn.turn_id, "state": "completed", "answer": answer,
                                          "citations": citations}, [turn.actor.key]))
         writer.flush(extra)
+    return True
 
 
 def turn_fail(*, turn: Turn, writer: DeltaWriter, answer: str, reason: str, code: str) -> None:
@@ -173,8 +236,9 @@ def turn_fail(*, turn: Turn, writer: DeltaWriter, answer: str, reason: str, code
                                                           reason=reason, finished_at=now)
         Turn.objects.filter(pk=turn.pk).update(state=TurnState.FAILED, error=reason, finished_at=now)
         hooks.run_after_turn(turn=turn, state="failed", answer=answer)
-        writer.flush([("turn.failed", {"turn_id": turn.turn_id, "state": "failed", "reason": reason,
-                                       "code": code, "answer": answer}, [turn.actor.key])])
+        writer.flush(_steerings_drop(turn) + [
+            ("turn.failed", {"turn_id": turn.turn_id, "state": "failed", "reason": reason, "code": code,
+                             "answer": answer}, [turn.actor.key])])
 
 
 def turn_cancel_finish(*, turn: Turn, writer: DeltaWriter, answer: str) -> None:
@@ -188,8 +252,9 @@ def turn_cancel_finish(*, turn: Turn, writer: DeltaWriter, answer: str) -> None:
                                                           reason="stopped", finished_at=now)
         Turn.objects.filter(pk=turn.pk).update(state=TurnState.CANCELLED, finished_at=now)
         hooks.run_after_turn(turn=turn, state="cancelled", answer=answer)
-        writer.flush([("turn.cancelled", {"turn_id": turn.turn_id, "state": "cancelled", "answer": answer,
-                                          "partial": True}, [turn.actor.key])])
+        writer.flush(_steerings_drop(turn) + [
+            ("turn.cancelled", {"turn_id": turn.turn_id, "state": "cancelled", "answer": answer, "partial": True},
+             [turn.actor.key])])
 
 
 def turns_recover_interrupted() -> int:

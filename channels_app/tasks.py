@@ -1,5 +1,6 @@
 """Celery tasks of the hub: they take ids, fetch rows, call a service."""
 from celery import shared_task
+from celery.signals import beat_init
 from celery.exceptions import SoftTimeLimitExceeded
 from django.db import close_old_connections
 
@@ -15,5 +16,26 @@ def run_turn(turn_pk: int) -> None:
         turn = Turn.objects.select_related("actor").get(pk=turn_pk)
         runner.turn_fail(turn=turn, writer=runner.DeltaWriter(turn), answer="",
                          reason="The turn ran out of time.", code="time_limit")
+    finally:
+        close_old_connections()
+
+
+@shared_task(ignore_result=True, soft_time_limit=600, time_limit=660)
+def prune_events() -> int:
+    """The retention job (beat): delete events older than UGENT_EVENT_RETENTION_SECS."""
+    from channels_app import streams
+    close_old_connections()
+    try:
+        return streams.events_prune()
+    finally:
+        close_old_connections()
+
+
+@beat_init.connect
+def _retention_schedule(sender=None, **kwargs) -> None:
+    """Every beat process (embedded or `celery beat`) makes sure the retention job is scheduled."""
+    from channels_app import streams
+    try:
+        streams.retention_schedule_ensure()
     finally:
         close_old_connections()

@@ -33,6 +33,8 @@ class Command(BaseCommand):
         from plugins_app.profiles import profiles_ensure_defaults
         profiles_ensure_defaults()
         self.ensure_operator_key()
+        from channels_app.streams import retention_schedule_ensure
+        retention_schedule_ensure()
         interrupted = turns_recover_interrupted()
         if interrupted:
             log.warning("marked %d turn(s) interrupted: the process running them stopped", interrupted)

@@ -1,0 +1,230 @@
+"""The stream endpoints: /v1/ugent/events and /activity (SSE), stop, steering, snapshots and history.
+
+The two SSE views are async Django views, as the chat completion view is: a
+stream may stay open for hours and must not hold Django's sync thread. They
+authenticate and render errors exactly as the DRF views do. Every stream read
+goes to the database after a wake-up (channels_app.notify), never to memory.
+"""
+from __future__ import annotations
+
+import time
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import close_old_connections
+from django.http import StreamingHttpResponse
+from django.views import View
+from rest_framework import serializers
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from channels_app import events, notify, streams
+from channels_app.auth import authenticate_headers
+from channels_app.errors import ApplicationError, error_response, from_drf
+from channels_app.sse import PING
+
+
+class IdentityFields(serializers.Serializer):
+    """Whom a request speaks for (Keys and callers)."""
+
+    user = serializers.CharField(required=False, max_length=255)
+    federation_issuer = serializers.CharField(required=False, max_length=200)
+    federation_subject = serializers.CharField(required=False, max_length=255)
+
+
+class ConversationFields(IdentityFields):
+    conversation_id = serializers.CharField(max_length=255)
+    client_id = serializers.CharField(required=False, default="", allow_blank=True, max_length=200)
+    channel = serializers.CharField(required=False, default="web", max_length=50)
+
+
+def _viewer(caller, d: dict) -> streams.Viewer:
+    return streams.viewer_resolve(caller=caller, user=d.get("user"), federation_issuer=d.get("federation_issuer"),
+                                  federation_subject=d.get("federation_subject"))
+
+
+def _conversation(viewer, d: dict):
+    return streams.conversation_for_viewer(viewer=viewer, conversation_id=d["conversation_id"],
+                                           client_id=d.get("client_id", ""), channel=d.get("channel", "web"))
+
+
+# --- SSE ---------------------------------------------------------------------
+
+class EventsParams(IdentityFields):
+    conversation_id = serializers.CharField(required=False, max_length=255)
+    client_id = serializers.CharField(required=False, default="", allow_blank=True, max_length=200)
+    channel = serializers.CharField(required=False, default="web", max_length=50)
+    cursor = serializers.CharField(required=False, allow_blank=True, max_length=100)
+
+
+class ActivityParams(EventsParams):
+    conversation_id = serializers.CharField(max_length=255)
+
+
+class _StreamView(View):
+    """GET an SSE stream of the event log; Last-Event-ID (or ?cursor=) resumes strictly after it."""
+
+    params_serializer = EventsParams
+    activity = False
+
+    async def get(self, request):
+        try:
+            sub = await sync_to_async(self._open, thread_sensitive=False)(request)
+        except ApplicationError as exc:
+            return error_response(exc)
+        if sub.conversation is not None:
+            topic = events.conversation_topic(sub.conversation.pk)
+        else:  # every conversation: the log-wide wake-up where events.py publishes one, else polling
+            topic = getattr(events, "LOG_TOPIC", None)
+        resp = StreamingHttpResponse(sse_body(sub, topic), content_type="text/event-stream; charset=utf-8")
+        resp["Cache-Control"] = "no-cache"
+        resp["X-Accel-Buffering"] = "no"
+        return resp
+
+    def _open(self, request) -> streams.Subscription:
+        close_old_connections()
+        principal = authenticate_headers(request.headers)
+        ser = self.params_serializer(data=request.GET)
+        if not ser.is_valid():
+            raise from_drf(serializers.ValidationError(ser.errors))
+        d = ser.validated_data
+        viewer = _viewer(principal.caller, d)
+        conversation = _conversation(viewer, d) if d.get("conversation_id") else None
+        # EventSource reconnects to the same URL with Last-Event-ID: the header is the newer position.
+        raw = request.headers.get("Last-Event-ID")
+        if raw is None or raw == "":
+            raw = d.get("cursor")
+        return streams.subscription_open(viewer=viewer, raw_cursor=raw, conversation=conversation,
+                                         activity=self.activity)
+
+
+def _read(sub: streams.Subscription):
+    streams.db_ready()
+    return streams.subscription_read(sub)
+
+
+async def sse_body(sub: streams.Subscription, topic: str | None):
+    """Frames after the cursor, in order, each once: subscribe first, then always read from the database."""
+    waiter = await notify.subscribe(topic or "ugent:poll")
+    read = sync_to_async(_read, thread_sensitive=False)
+    keepalive = float(settings.UGENT_SSE_KEEPALIVE)
+    idle_since = time.monotonic()
+    try:
+        yield f"retry: {streams.SSE_RETRY_MS}\n\n".encode()
+        while True:
+            frames, more = await read(sub)
+            for frame in frames:
+                yield frame
+            if more:
+                continue
+            if frames:
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since >= keepalive:
+                idle_since = time.monotonic()
+                yield PING
+            await waiter.wait(min(keepalive, notify.POLL_INTERVAL))
+    finally:
+        waiter.close()
+
+
+class EventsStreamApi(_StreamView):
+    """GET /v1/ugent/events: everything the request's user may see (optionally one conversation)."""
+
+
+class ActivityStreamApi(_StreamView):
+    """GET /v1/ugent/activity?conversation_id=: one conversation's tools, questions, compaction, steering."""
+
+    params_serializer = ActivityParams
+    activity = True
+
+
+# --- stop and steering -------------------------------------------------------
+
+class StopApi(APIView):
+    """POST /v1/ugent/stop: stop a conversation's running turn (its user, the operator, or its exact turn_id)."""
+
+    class InputSerializer(ConversationFields):
+        turn_id = serializers.CharField(required=False, max_length=100)
+
+    def post(self, request):
+        ser = self.InputSerializer(data=request.data)
+        ser.is_valid(raise_exception=True)
+        d = ser.validated_data
+        viewer = _viewer(request.user.caller, d)
+        turn = streams.turn_for_action(viewer=viewer, conversation_id=d["conversation_id"],
+                                       client_id=d.get("client_id", ""), channel=d.get("channel", "web"),
+                                       turn_id=d.get("turn_id"))
+        return Response(streams.turn_stop(viewer=viewer, turn=turn), status=202)
+
+
+class SteeringApi(APIView):
+    """POST /v1/ugent/steering: a message for a running turn, handed to the engine before its next step."""
+
+    class InputSerializer(ConversationFields):
+        turn_id = serializers.CharField(required=False, max_length=100)
+        message = serializers.CharField(max_length=32000, trim_whitespace=False)
+
+        def validate_message(self, value):
+            if not value.strip():
+                raise serializers.ValidationError("message is empty: send the words that steer the turn.")
+            return value
+
+    def post(self, request):
+        ser = self.InputSerializer(data=request.data)
+        ser.is_valid(raise_exception=True)
+        d = ser.validated_data
+        viewer = _viewer(request.user.caller, d)
+        turn = streams.turn_for_action(viewer=viewer, conversation_id=d["conversation_id"],
+                                       client_id=d.get("client_id", ""), channel=d.get("channel", "web"),
+                                       turn_id=d.get("turn_id"))
+        steering = streams.turn_steer(viewer=viewer, turn=turn, message=d["message"])
+        return Response({"object": "ugent.steering", "id": steering.id,
+                         "conversation_id": turn.conversation.external_id, "turn_id": turn.turn_id,
+                         "state": steering.state}, status=202)
+
+
+# --- snapshots and history ---------------------------------------------------
+
+class ConversationSnapshotApi(APIView):
+    """GET /v1/ugent/conversation/snapshot: where a conversation's turns stand, for a recovering client."""
+
+    def get(self, request):
+        ser = ConversationFields(data=request.query_params)
+        ser.is_valid(raise_exception=True)
+        viewer = _viewer(request.user.caller, ser.validated_data)
+        conv = _conversation(viewer, ser.validated_data)
+        return Response(streams.conversation_snapshot(viewer=viewer, conversation=conv))
+
+
+class SessionSnapshotApi(APIView):
+    """GET /v1/ugent/snapshot: the tail of one session's messages, for its owner."""
+
+    class InputSerializer(ConversationFields):
+        limit = serializers.IntegerField(required=False, default=streams.PAGE_DEFAULT, min_value=1,
+                                         max_value=streams.PAGE_MAX)
+
+    def get(self, request):
+        ser = self.InputSerializer(data=request.query_params)
+        ser.is_valid(raise_exception=True)
+        d = ser.validated_data
+        viewer = _viewer(request.user.caller, d)
+        conv = _conversation(viewer, d)
+        return Response(streams.session_tail(viewer=viewer, conversation=conv, limit=d["limit"]))
+
+
+class SessionHistoryApi(APIView):
+    """GET /v1/ugent/history: a session's messages that compaction hid, paged backwards with `before`."""
+
+    class InputSerializer(ConversationFields):
+        limit = serializers.IntegerField(required=False, default=streams.PAGE_DEFAULT, min_value=1,
+                                         max_value=streams.PAGE_MAX)
+        before = serializers.IntegerField(required=False, min_value=1)
+
+    def get(self, request):
+        ser = self.InputSerializer(data=request.query_params)
+        ser.is_valid(raise_exception=True)
+        d = ser.validated_data
+        viewer = _viewer(request.user.caller, d)
+        conv = _conversation(viewer, d)
+        return Response(streams.session_history(viewer=viewer, conversation=conv, before=d.get("before"),
+                                                limit=d["limit"]))

@@ -1,0 +1,373 @@
+"""The durable event log read back: who sees what, events after a cursor, gaps, snapshots, stop and steering.
+
+The event log (channels_app.events) is the record; every stream here is a
+query "visible events with id > cursor", run again after each wake-up, so a
+stream served from history and one served live are the same code and cannot
+disagree at the seam. A cursor the log no longer holds is answered with one
+`ugent.gap` event carrying the conversation's snapshot, and the stream goes
+on from the cursor that snapshot was read at.
+
+Who sees what ("Keys and callers"): every request speaks for one actor
+(channels_app.services.actor_resolve). An operator key that names nobody is
+the operator and sees everything; anyone else sees the conversations their
+actor owns, and of those only events addressed to everyone (audience []) or
+to their own actor key.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from django.db import connection, transaction
+from django.db.models import Max, Q
+from django.utils import timezone
+
+from channels_app.errors import ApplicationError
+from channels_app.events import event_append
+from channels_app.models import (Actor, Caller, Conversation, Event, EventLogMark, Message, Receipt, Role,
+                                 Steering, Turn, TurnState)
+from ugent_site.settings import env
+
+# How old an event may get before the retention job prunes it (seconds).
+EVENT_RETENTION_SECS = env.int("UGENT_EVENT_RETENTION_SECS", default=7 * 86400)
+# How often the retention job runs (seconds).
+EVENT_PRUNE_EVERY_SECS = env.int("UGENT_EVENT_PRUNE_EVERY_SECS", default=3600)
+# Milliseconds an EventSource waits before it reconnects (the SSE `retry:` field).
+SSE_RETRY_MS = env.int("UGENT_SSE_RETRY_MS", default=1000)
+
+READ_BATCH = 500
+SNAPSHOT_RECEIPTS = 50
+PAGE_DEFAULT, PAGE_MAX = 50, 200
+PRUNE_CHUNK = 5000
+RETENTION_TASK_NAME = "ugent: prune the event log"
+
+GAP_PRUNED, GAP_OTHER_STORE, GAP_UNKNOWN = "pruned", "other_store", "unknown"
+NO_CONVERSATION = "No such conversation."
+NO_TURN = "No such turn in this conversation."
+NO_RUNNING_TURN = "No turn is running in this conversation."
+LIVE = (TurnState.ACCEPTED, TurnState.RUNNING)
+
+# The activity feed: tools, questions, compaction, and what was done to a running turn.
+ACTIVITY_TYPES = ("turn.steered", "turn.stop_requested", "turn.steering_dropped")
+ACTIVITY_PREFIXES = ("interaction.", "compaction.", "tool.", "ugent.tool", "activity.")
+
+
+# --- who ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Viewer:
+    """The caller and the actor a stream or read speaks for."""
+
+    caller: Caller
+    actor: Actor
+
+    @property
+    def is_operator(self) -> bool:
+        """The operator itself: an operator key that names nobody."""
+        return self.caller.role == Role.OPERATOR and self.actor.key == f"operator@{self.caller.name}"
+
+    def sees_conversation(self, conversation: Conversation) -> bool:
+        return self.is_operator or conversation.owner_id == self.actor.id
+
+    def sees_event(self, *, owner_id: int, audience: list) -> bool:
+        if self.is_operator:
+            return True
+        return owner_id == self.actor.id and (not audience or self.actor.key in audience)
+
+
+def viewer_resolve(*, caller: Caller, user: str | None = None, federation_issuer: str | None = None,
+                   federation_subject: str | None = None) -> Viewer:
+    from channels_app.services import actor_resolve
+    actor = actor_resolve(caller=caller, user=user, federation_issuer=federation_issuer,
+                          federation_subject=federation_subject)
+    return Viewer(caller=caller, actor=actor)
+
+
+def conversation_lookup(*, conversation_id: str, client_id: str = "", channel: str = "web") -> Conversation | None:
+    return (Conversation.objects.select_related("owner")
+            .filter(channel=channel, client_id=client_id or "", external_id=conversation_id).first())
+
+
+def conversation_for_viewer(*, viewer: Viewer, conversation_id: str, client_id: str = "",
+                            channel: str = "web") -> Conversation:
+    """The conversation if the viewer may read it; 404 otherwise, as for a missing one."""
+    conv = conversation_lookup(conversation_id=conversation_id, client_id=client_id, channel=channel)
+    if conv is None or not viewer.sees_conversation(conv):
+        raise ApplicationError(NO_CONVERSATION, status=404, code="conversation_not_found",
+                               param="conversation_id")
+    return conv
+
+
+# --- the log -----------------------------------------------------------------
+
+def log_head() -> int:
+    """The newest cursor in the log (0 for an empty log)."""
+    return Event.objects.aggregate(m=Max("id"))["m"] or 0
+
+
+def log_pruned_through() -> int:
+    """Retention deleted every event with an id at or below this."""
+    return EventLogMark.objects.filter(name=EventLogMark.PRUNED_THROUGH).values_list("value", flat=True).first() or 0
+
+
+def cursor_parse(raw) -> int | None:
+    """A cursor as sent (Last-Event-ID or ?cursor=); None when it is no cursor at all."""
+    if raw is None:
+        return None
+    text = str(raw).strip()
+    if not text.isdigit() or len(text) > 19:
+        return None
+    return int(text)
+
+
+def activity_q() -> Q:
+    q = Q(type__in=ACTIVITY_TYPES) | Q(type="turn.delta", data__segment="tool")
+    for prefix in ACTIVITY_PREFIXES:
+        q |= Q(type__startswith=prefix)
+    return q
+
+
+def _iso(dt) -> str | None:
+    return dt.isoformat().replace("+00:00", "Z") if dt else None
+
+
+def event_payload(row: dict) -> dict:
+    """What a stream sends for one event: its cursor, type, where it belongs, its time and data."""
+    return {"id": row["id"], "type": row["type"], "conversation_id": row["conversation__external_id"],
+            "client_id": row["conversation__client_id"], "channel": row["conversation__channel"],
+            "turn_id": row["turn__turn_id"], "ts": _iso(row["created_at"]), "data": row["data"]}
+
+
+def sse_frame(cursor: int, event_type: str, payload: dict) -> bytes:
+    body = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), default=str)
+    return f"id: {cursor}\nevent: {event_type}\ndata: {body}\n\n".encode()
+
+
+@dataclass
+class Subscription:
+    """One open stream: whose, over what, and how far it has read."""
+
+    viewer: Viewer
+    cursor: int
+    conversation: Conversation | None = None
+    activity: bool = False
+    pending_gap: str | None = None
+    scanned: int = field(default=0)
+
+
+def subscription_open(*, viewer: Viewer, raw_cursor, conversation: Conversation | None = None,
+                      activity: bool = False) -> Subscription:
+    """Where a new stream starts: after its cursor, or at the log's head when it sent none.
+
+    A cursor that is no number is `unknown`, one beyond the log's head came from `other_store`;
+    both start at the head behind one ugent.gap. A pruned one is found by the first read.
+    """
+    head = log_head()
+    sub = Subscription(viewer=viewer, cursor=head, conversation=conversation, activity=activity)
+    if raw_cursor is None or str(raw_cursor).strip() == "":
+        return sub
+    cursor = cursor_parse(raw_cursor)
+    if cursor is None:
+        sub.pending_gap = GAP_UNKNOWN
+    elif cursor > head:
+        sub.pending_gap = GAP_OTHER_STORE
+    else:
+        sub.cursor = cursor
+    return sub
+
+
+def gap_frame(sub: Subscription, reason: str) -> bytes:
+    """One ugent.gap: the snapshot to take up in place of what is gone; the stream resumes after its cursor."""
+    snapshot = None
+    if sub.conversation is not None:
+        snapshot = conversation_snapshot(viewer=sub.viewer, conversation=sub.conversation)
+        resume = snapshot["cursor"]
+    else:
+        resume = log_head()
+    payload = {"id": resume, "type": "ugent.gap", "reason": reason,
+               "conversation_id": sub.conversation.external_id if sub.conversation else None,
+               "cursor": resume, "ts": _iso(timezone.now()), "snapshot": snapshot}
+    sub.cursor = resume
+    return sse_frame(resume, "ugent.gap", payload)
+
+
+def subscription_read(sub: Subscription, *, limit: int = READ_BATCH) -> tuple[list[bytes], bool]:
+    """The frames after the subscription's cursor that its viewer may see; True when more wait."""
+    frames: list[bytes] = []
+    if sub.pending_gap:
+        reason, sub.pending_gap = sub.pending_gap, None
+        frames.append(gap_frame(sub, reason))
+    qs = Event.objects.filter(id__gt=sub.cursor)
+    if sub.conversation is not None:
+        qs = qs.filter(conversation_id=sub.conversation.pk)
+    elif not sub.viewer.is_operator:
+        qs = qs.filter(conversation__owner_id=sub.viewer.actor.id)
+    if sub.activity:
+        qs = qs.filter(activity_q())
+    rows = list(qs.order_by("id").values(
+        "id", "type", "audience", "data", "created_at", "conversation__external_id", "conversation__client_id",
+        "conversation__channel", "conversation__owner_id", "turn__turn_id")[:limit])
+    # Read after the events: a prune that deleted any of them committed before this read sees it.
+    if log_pruned_through() > sub.cursor:
+        frames.append(gap_frame(sub, GAP_PRUNED))
+        return frames, True
+    for row in rows:
+        if sub.viewer.sees_event(owner_id=row["conversation__owner_id"], audience=row["audience"] or []):
+            frames.append(sse_frame(row["id"], row["type"], event_payload(row)))
+    if rows:
+        sub.cursor = rows[-1]["id"]
+    return frames, len(rows) >= limit
+
+
+def db_ready() -> None:
+    """Drop a broken connection of this (executor) thread; keep a working one between reads."""
+    if connection.connection is not None and connection.errors_occurred and not connection.is_usable():
+        connection.close()
+
+
+# --- snapshots and history ---------------------------------------------------
+
+def message_payload(m: Message) -> dict:
+    return {"id": m.id, "role": m.role, "content": m.content, "turn_id": m.turn.turn_id if m.turn_id else None,
+            "actor": m.actor.key if m.actor_id else None, "created_at": _iso(m.created_at)}
+
+
+def conversation_snapshot(*, viewer: Viewer, conversation: Conversation) -> dict:
+    """Where a conversation stands for this viewer; `cursor` is read first, so nothing after it is missed."""
+    from channels_app.services import receipt_summary
+    cursor = log_head()
+    as_of = timezone.now()
+    qs = Receipt.objects.filter(conversation=conversation).select_related("conversation", "turn")
+    if not viewer.is_operator:
+        qs = qs.filter(actor_id=viewer.actor.id)
+    receipts = list(qs.order_by("-id")[:SNAPSHOT_RECEIPTS])
+    receipts.reverse()
+    return {"object": "ugent.conversation.snapshot", "conversation_id": conversation.external_id,
+            "client_id": conversation.client_id, "channel": conversation.channel,
+            "as_of": _iso(as_of), "cursor": cursor,
+            "receipts": [receipt_summary(r) for r in receipts],
+            "question": None,  # questions are not supported by this daemon yet
+            "verifications": []}
+
+
+def session_tail(*, viewer: Viewer, conversation: Conversation, limit: int = PAGE_DEFAULT) -> dict:
+    """The newest messages compaction left visible, oldest first."""
+    cursor = log_head()
+    qs = (Message.objects.filter(conversation=conversation, hidden=False)
+          .select_related("turn", "actor").order_by("-id"))
+    rows = list(qs[:limit])
+    rows.reverse()
+    return {"object": "ugent.snapshot", "conversation_id": conversation.external_id,
+            "client_id": conversation.client_id, "as_of": _iso(timezone.now()), "cursor": cursor,
+            "messages": [message_payload(m) for m in rows],
+            "has_older": qs.filter(id__lt=rows[0].id).exists() if rows else False,
+            "hidden_count": Message.objects.filter(conversation=conversation, hidden=True).count()}
+
+
+def session_history(*, viewer: Viewer, conversation: Conversation, before: int | None = None,
+                    limit: int = PAGE_DEFAULT) -> dict:
+    """Messages compaction hid, newest page first, each page oldest first; page on with `next_before`."""
+    qs = (Message.objects.filter(conversation=conversation, hidden=True)
+          .select_related("turn", "actor").order_by("-id"))
+    if before is not None:
+        qs = qs.filter(id__lt=before)
+    rows = list(qs[:limit + 1])
+    more = len(rows) > limit
+    rows = rows[:limit]
+    rows.reverse()
+    return {"object": "list", "conversation_id": conversation.external_id,
+            "data": [message_payload(m) for m in rows], "has_more": more,
+            "next_before": rows[0].id if more and rows else None}
+
+
+# --- stop and steering -------------------------------------------------------
+
+def turn_for_action(*, viewer: Viewer, conversation_id: str, client_id: str = "", channel: str = "web",
+                    turn_id: str | None = None) -> Turn:
+    """The turn a stop or steering names: by its exact turn_id (which is enough), or the conversation's
+    live turn for the turn's own user and the operator. Anything else is a 404 that reveals nothing."""
+    conv = conversation_lookup(conversation_id=conversation_id, client_id=client_id, channel=channel)
+    if turn_id:
+        turn = (Turn.objects.select_related("actor", "conversation").filter(turn_id=turn_id, conversation=conv)
+                .first() if conv else None)
+        if turn is None:
+            raise ApplicationError(NO_TURN, status=404, code="turn_not_found", param="turn_id")
+        return turn
+    if conv is None or not viewer.sees_conversation(conv):
+        raise ApplicationError(NO_CONVERSATION, status=404, code="conversation_not_found", param="conversation_id")
+    turn = (Turn.objects.select_related("actor", "conversation").filter(conversation=conv, state__in=LIVE)
+            .order_by("-id").first())
+    if turn is None or not (viewer.is_operator or turn.actor_id == viewer.actor.id):
+        raise ApplicationError(NO_RUNNING_TURN, status=409, code="no_running_turn", param="conversation_id")
+    return turn
+
+
+def _finished(turn: Turn, what: str) -> ApplicationError:
+    return ApplicationError(f"This turn already finished ({turn.state}): {what}", status=409,
+                            code="turn_finished", param="turn_id", extra={"turn_id": turn.turn_id,
+                                                                           "state": turn.state})
+
+
+def turn_stop(*, viewer: Viewer, turn: Turn) -> dict:
+    """Ask a live turn to stop; the runner stops it within one engine step and keeps what it answered."""
+    by = viewer.actor.key
+    with transaction.atomic():
+        locked = Turn.objects.select_for_update().get(pk=turn.pk)
+        if locked.state not in LIVE:
+            raise _finished(locked, "there is nothing to stop.")
+        first = not locked.cancel_requested
+        if first:
+            Turn.objects.filter(pk=turn.pk, state__in=LIVE).update(cancel_requested=True, stop_requested_by=by)
+            event_append(conversation_id=turn.conversation_id, turn_pk=turn.pk, type="turn.stop_requested",
+                         data={"turn_id": turn.turn_id, "by": by})
+    return {"object": "ugent.stop", "conversation_id": turn.conversation.external_id, "turn_id": turn.turn_id,
+            "state": "stopping", "already_requested": not first}
+
+
+def turn_steer(*, viewer: Viewer, turn: Turn, message: str) -> Steering:
+    """Queue a message for a live turn; the runner hands it to the engine before its next step.
+
+    Taken under the turn's row lock, as the runner's completion is, so a steering is either
+    applied or refused here, never silently lost to a turn that finished meanwhile."""
+    with transaction.atomic():
+        locked = Turn.objects.select_for_update().get(pk=turn.pk)
+        if locked.state not in LIVE:
+            raise _finished(locked, "steering reaches only a running turn. Send the message as a new turn.")
+        if locked.cancel_requested:
+            raise ApplicationError("This turn is stopping: send the message as a new turn.", status=409,
+                                   code="turn_stopping", param="turn_id", extra={"turn_id": turn.turn_id})
+        return Steering.objects.create(turn=locked, actor=viewer.actor, text=message)
+
+
+# --- retention ---------------------------------------------------------------
+
+def events_prune(*, older_than_seconds: int | None = None) -> int:
+    """Delete events older than the retention age; cursors at or below the boundary then get ugent.gap."""
+    age = EVENT_RETENTION_SECS if older_than_seconds is None else older_than_seconds
+    cutoff = timezone.now() - timezone.timedelta(seconds=age)
+    boundary = Event.objects.filter(created_at__lt=cutoff).aggregate(m=Max("id"))["m"]
+    if not boundary:
+        return 0
+    # The mark commits before any delete: a reader may see a gap early, never miss one.
+    with transaction.atomic():
+        mark, _ = EventLogMark.objects.select_for_update().get_or_create(name=EventLogMark.PRUNED_THROUGH)
+        if boundary > mark.value:
+            mark.value = boundary
+            mark.save(update_fields=["value", "updated_at"])
+    deleted = 0
+    while True:
+        ids = list(Event.objects.filter(id__lte=boundary).order_by("id").values_list("id", flat=True)[:PRUNE_CHUNK])
+        if not ids:
+            return deleted
+        deleted += Event.objects.filter(id__in=ids).delete()[0]
+
+
+def retention_schedule_ensure(*, every_seconds: int | None = None) -> None:
+    """Create or update the beat entry that runs the retention job (django-celery-beat)."""
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+    every = every_seconds or EVENT_PRUNE_EVERY_SECS
+    schedule, _ = IntervalSchedule.objects.get_or_create(every=every, period=IntervalSchedule.SECONDS)
+    PeriodicTask.objects.update_or_create(
+        name=RETENTION_TASK_NAME,
+        defaults={"task": "channels_app.tasks.prune_events", "interval": schedule, "enabled": True,
+                  "description": "Deletes events older than UGENT_EVENT_RETENTION_SECS."})

@@ -1,0 +1,15 @@
+"""The stream endpoints of the Web Channel API (included by ugent_site/urls.py)."""
+from django.urls import path
+from django.views.decorators.csrf import csrf_exempt
+
+from channels_app import api_streams as api
+
+urlpatterns = [
+    path("v1/ugent/events", csrf_exempt(api.EventsStreamApi.as_view()), name="events"),
+    path("v1/ugent/activity", csrf_exempt(api.ActivityStreamApi.as_view()), name="activity"),
+    path("v1/ugent/stop", api.StopApi.as_view(), name="stop"),
+    path("v1/ugent/steering", api.SteeringApi.as_view(), name="steering"),
+    path("v1/ugent/conversation/snapshot", api.ConversationSnapshotApi.as_view(), name="conversation-snapshot"),
+    path("v1/ugent/snapshot", api.SessionSnapshotApi.as_view(), name="session-snapshot"),
+    path("v1/ugent/history", api.SessionHistoryApi.as_view(), name="session-history"),
+]
