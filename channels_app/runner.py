@@ -68,6 +68,12 @@ def build_messages(turn: Turn):
                 .order_by("-id").values_list("role", "content")[:limit])
     past.reverse()
     messages = [AgentMessage(role=MessageRole(role), content=content) for role, content in past]
+    # The summary a compaction left stands for the history it hid.
+    summary = (Message.objects.filter(conversation_id=turn.conversation_id, hidden=False,
+                                      role=Message.Role.SYSTEM)
+               .order_by("-id").values_list("content", flat=True).first())
+    if summary:
+        messages.insert(0, AgentMessage(role=MessageRole.SYSTEM, content=summary))
     for block in (turn.context or {}).get("injected_context", []):
         messages.append(AgentMessage(role=MessageRole.SYSTEM, content=block))
     messages.append(AgentMessage(role=MessageRole.USER, content=(turn.context or {}).get("text", "")))

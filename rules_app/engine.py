@@ -693,6 +693,16 @@ def _parse_decision(raw: Any, where: str) -> tuple[Decision, Optional[str]]:
     return RunNativeAction(action), problem
 
 
+def parse_decision(raw: Any, where: str = "decision") -> tuple[Decision, Optional[str]]:
+    """Compile one decision as rules.toml writes it (a string or a ``{Kind: params}`` table).
+
+    Returns (decision, problem): ``problem`` is a load-time drop reason (an
+    unknown native action, an action given params) or None. Raises
+    :class:`RuleSetError` for a decision of no known shape.
+    """
+    return _parse_decision(raw, where)
+
+
 def parse_rules(
     text: str,
     *,

@@ -1,0 +1,48 @@
+"""rules_app's settings: read from the environment here, overridable in Django settings (tests)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from django.conf import settings
+
+from ugent_site.settings import env
+
+#: Watch the rules file with a thread in every process that uses the rule engine.
+RULES_WATCH = env.bool("UGENT_RULES_WATCH", default=True)
+#: Seconds between looks at the discovery locations (and the trust check); the spec promises five.
+RULES_POLL_INTERVAL = env.float("UGENT_RULES_POLL_INTERVAL", default=2.0)
+#: Seconds a process trusts its routing table before it looks at routing.toml again.
+ROUTING_RECHECK_SECONDS = env.float("UGENT_ROUTING_RECHECK_SECONDS", default=2.0)
+#: Exchanges (a user message and what followed it) compact_conversation keeps as they are.
+COMPACT_KEEP_EXCHANGES = env.int("UGENT_COMPACT_KEEP_EXCHANGES", default=3)
+#: The home directory whose ~/.ugent/ is the last discovery location ("" = the user's home).
+HOME = env("UGENT_HOME", default="")
+
+
+def _setting(name: str, default):
+    return getattr(settings, name, default)
+
+
+def workspace() -> Path:
+    return Path(settings.UGENT_WORKSPACE)
+
+
+def home() -> Path:
+    value = _setting("UGENT_HOME", HOME)
+    return Path(value) if value else Path.home()
+
+
+def rules_watch() -> bool:
+    return bool(_setting("UGENT_RULES_WATCH", RULES_WATCH))
+
+
+def rules_poll_interval() -> float:
+    return float(_setting("UGENT_RULES_POLL_INTERVAL", RULES_POLL_INTERVAL))
+
+
+def routing_recheck_seconds() -> float:
+    return float(_setting("UGENT_ROUTING_RECHECK_SECONDS", ROUTING_RECHECK_SECONDS))
+
+
+def compact_keep_exchanges() -> int:
+    return int(_setting("UGENT_COMPACT_KEEP_EXCHANGES", COMPACT_KEEP_EXCHANGES))

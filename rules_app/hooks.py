@@ -1,0 +1,128 @@
+"""The two BeforeAgentTurn hooks: routing (priority 50) and the rule engine (priority 100).
+
+Both run in channels_app's one message path for every channel, web and plugin
+alike, inside the transaction that records the receipt; a HookStop they return
+is answered and recorded like any other turn (receipt, messages, events).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+from django.db import transaction
+
+from channels_app.hooks import HookContext, HookStop
+from rules_app import conf, engine
+from rules_app.runtime import runtime
+
+log = logging.getLogger("ugent.rules")
+
+#: The ``decided_by`` of a refusal under ``on_error = "closed"``.
+CLOSED_DECIDED_BY = "rule engine (on_error = closed)"
+#: Channels whose messages are the daemon's own, not a sender's: a cron job's task prompts. Neither
+#: routing nor rules apply to them (a channel allowlist must not silence every cron job).
+INTERNAL_CHANNELS = frozenset({"cron"})
+#: Said when cron_app's workflow_start raised: the seed's "could not start: <reason>".
+WORKFLOW_START_ERROR_REASON = "it failed to start; the log says why"
+
+
+def message_from(ctx: HookContext) -> engine.Message:
+    """The facts a rule can match; an empty field is a field the message does not carry."""
+    return engine.Message(text=ctx.text, channel=ctx.channel or None, source_type=ctx.source_type or None,
+                          user_id=ctx.user_id or None, conversation_id=ctx.conversation_id or None,
+                          input_mode=ctx.input_mode or None)
+
+
+# --- routing -------------------------------------------------------------------------------
+
+def routing_hook(ctx: HookContext) -> Optional[HookStop]:
+    """Rewrite, tag, narrow tools, inject context, or reject (routing.toml)."""
+    if ctx.channel in INTERNAL_CHANNELS:
+        return None
+    table = runtime.routing_table()
+    if not len(table):
+        return None
+    outcome = table.route(message_from(ctx))
+    if outcome.rejected:
+        route = outcome.matched[-1]
+        return HookStop(outcome.rejection, state="refused", reason=f"rejected by route '{route}'",
+                        decided_by=route)
+    if outcome.text is not None:
+        ctx.text = outcome.text
+    for tag in outcome.tags:
+        if tag not in ctx.tags:
+            ctx.tags.append(tag)
+    if outcome.allowed_tools is not None:
+        # narrow only: what the request allowed (None = every tool) intersected with the routes' set
+        narrowed = (sorted(outcome.allowed_tools) if ctx.allowed_tools is None
+                    else outcome.narrow_tools(ctx.allowed_tools))
+        ctx.allowed_tools = narrowed
+        ctx.limits["allowed_tools"] = narrowed
+    ctx.injected_context.extend(outcome.context)
+    if outcome.matched:
+        ctx.request_info.setdefault("routes", []).extend(outcome.matched)
+    return None
+
+
+# --- the rule engine -----------------------------------------------------------------------
+
+def rule_engine_hook(ctx: HookContext) -> Optional[HookStop]:
+    """Evaluate the rules in force and apply the first matching rule's decision."""
+    if ctx.channel in INTERNAL_CHANNELS:
+        return None
+    ruleset = runtime.ruleset()
+    if not ruleset.rules and not ruleset.is_closed:
+        return None
+    match = ruleset.evaluate(message_from(ctx))
+    if match.refused:
+        return HookStop(engine.CLOSED_ANSWER, state="refused", reason=f"rule set failed to load: "
+                        f"{ruleset.closed_error}", decided_by=CLOSED_DECIDED_BY)
+    if match.rule is None:
+        return None
+    name, decision = match.rule.name, match.decision
+    ctx.request_info["rule"] = name
+    if isinstance(decision, engine.PassToDefaultAgent):
+        return None
+    if isinstance(decision, engine.Ignore):
+        return HookStop(engine.IGNORED_ANSWER, state="refused", reason=f"ignored by rule '{name}'",
+                        decided_by=name)
+    if isinstance(decision, engine.StartWorkflow):
+        return HookStop(workflow_answer(ctx, decision), state="completed",
+                        reason=f"rule '{name}' started workflow '{decision.workflow}'", decided_by=name)
+    if isinstance(decision, engine.RunNativeAction):
+        return HookStop(native_action_answer(ctx, decision.action), state="completed",
+                        reason=f"rule '{name}' ran {decision.action}", decided_by=name)
+    return None  # pragma: no cover - the engine knows no other decision
+
+
+def workflow_answer(ctx: HookContext, decision: engine.StartWorkflow) -> str:
+    """Start the rule-triggered cron job through cron_app and return the sender's answer."""
+    from rules_app import cronlink
+    workflow = decision.workflow
+    start = cronlink.cron_function("workflow_start")
+    if start is None:
+        return engine.WORKFLOW_CRON_NOT_RUNNING.format(workflow=workflow)
+    try:
+        with transaction.atomic():  # a failing cron call must not spoil the receipt's transaction
+            # cron checks the job again as the rule fires (a job that opted out since is refused)
+            return start(workflow=workflow, inject_context=decision.inject_context, ctx=ctx)
+    except Exception:
+        log.exception("workflow start failed (workflow=%s)", workflow)
+        return engine.WORKFLOW_COULD_NOT_START.format(workflow=workflow, reason=WORKFLOW_START_ERROR_REASON)
+
+
+def native_action_answer(ctx: HookContext, action: str) -> str:
+    """Run compact_conversation or extract_memory on the sender's conversation; return the answer."""
+    from rules_app import services
+    if action == "compact_conversation":
+        return services.conversation_compact(conversation=ctx.conversation,
+                                             keep_exchanges=conf.compact_keep_exchanges(),
+                                             first_message=ctx.is_first_message)
+    if action == "extract_memory":
+        try:
+            with transaction.atomic():
+                return services.memory_extract(ctx=ctx)
+        except Exception:
+            log.exception("extract_memory failed")
+            return engine.MEMORY_SAVE_FAILED
+    raise ValueError(f"unknown native action {action!r}")  # the engine drops these as they load

@@ -1,0 +1,361 @@
+"""One rule engine per process: the rules file's holder, the admin rules, and routing.
+
+Each process that handles messages (daphne, a Celery worker, rundaemon)
+builds its holder lazily on first use from discovery (``UGENT_WORKSPACE``,
+``ugent.toml``'s ``[rules]``, trust from the WorkspaceTrust table) and watches
+the file with the watcher thread, so every process sees an edit. Each load is
+recorded in the file's RuleSet row (status, count, dropped rules, last error).
+Admin-owned rules are compiled per process and recompiled when a rule set's
+version changes: one small query per message, no restart, no notification.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import tomllib
+from pathlib import Path
+from typing import Optional
+
+from django.db import DatabaseError, close_old_connections, connection, transaction
+
+from rules_app import conf
+from rules_app.discovery import (Discovery, discover_routing_file, discover_rules_file,
+                                 is_inside, rules_on_error)
+from rules_app.engine import LoadResult, RuleSet, RuleSetError, StartWorkflow, parse_rules
+from rules_app.routing import (LOG_ROUTING_FAILED, LOG_ROUTING_LOADED, RoutingError, RoutingTable,
+                               load_routing_file)
+from rules_app.watcher import RuleEngineHolder, _signature
+
+log = logging.getLogger("ugent.rules")
+routing_log = logging.getLogger("ugent.routing")
+
+#: Admin rules sort after the file's rules of the same priority.
+ADMIN_INDEX_OFFSET = 1_000_000
+
+
+def _is_trusted(workspace: Path) -> bool:
+    from rules_app.selectors import workspace_is_trusted
+    return workspace_is_trusted(workspace)
+
+
+class DjangoRuleEngineHolder(RuleEngineHolder):
+    """The watcher's holder, recording every load in the database and re-checking workspace trust."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.workspace: Optional[Path] = None
+        self.status = "missing"
+        self.last_found: Optional[Discovery] = None
+        self.last_result: Optional[LoadResult] = None
+        self.last_raw: Optional[list] = None
+        self.record_failures = 0
+        self.pending_record = False
+        real = self._discover
+
+        def discover_and_keep() -> Discovery:
+            found = real()
+            self.last_found = found
+            return found
+
+        self._discover = discover_and_keep
+
+    @classmethod
+    def from_settings(cls) -> "DjangoRuleEngineHolder":
+        from rules_app.cronlink import workflow_check
+        from ugent_site.config import load_config
+        workspace, home, config = conf.workspace(), conf.home(), load_config()
+        on_error, warning = rules_on_error(config)
+        if warning:
+            log.warning(warning)
+        holder = cls(lambda: discover_rules_file(workspace, config, home=home, is_trusted=_is_trusted),
+                     workflow_check=workflow_check, on_error=on_error,
+                     poll_interval=conf.rules_poll_interval())
+        holder.workspace = workspace
+        return holder
+
+    # -- loading, with what the base class does not keep ---------------------------------
+
+    def _load(self, path: Path) -> RuleSet:
+        self._db_step()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise RuleSetError(f"{path}: cannot read rules file: {exc}") from exc
+        result = parse_rules(text, source=path, workflow_check=self._workflow_check)
+        self.last_result = result
+        self.last_raw = tomllib.loads(text).get("rules", [])
+        return result.ruleset
+
+    def start(self) -> RuleSet:
+        ruleset = super().start()
+        if self.path is None:
+            self._set_no_file_status()
+        self.record()
+        return ruleset
+
+    def _set_no_file_status(self) -> None:
+        found = self.last_found
+        self.status = "skipped" if found is not None and found.skipped_untrusted else "missing"
+        self.last_result, self.last_raw = None, []
+
+    def _first_load(self, path: Path) -> None:
+        super()._first_load(path)
+        if self.last_error is None:
+            self.status = "loaded"
+        else:
+            self.status = "closed" if self.ruleset.is_closed else "failed"
+            self.last_result, self.last_raw = None, []
+
+    def reload_once(self) -> bool:
+        self._db_step()
+        before = self.status
+        ok = super().reload_once()
+        if self.path is None:
+            return ok
+        if ok:
+            self.status = "loaded"
+        elif self.last_error is not None:
+            self.status = before if before in ("failed", "closed") else "retained"
+        self.record(keep_rules=not ok)
+        return ok
+
+    def check_discovery_once(self) -> bool:
+        self._db_step()
+        before = (self.status, self.last_found.warnings if self.last_found else ())
+        picked = super().check_discovery_once()
+        if picked:
+            self.record()
+        elif self.path is None and self.last_found is not None:
+            self._set_no_file_status()
+            if (self.status, self.last_found.warnings) != before:
+                self.record()
+        return picked
+
+    def check_changed_once(self) -> bool:
+        """Also drop a workspace file whose workspace is no longer trusted (revoked)."""
+        self._db_step()
+        path = self.path
+        if path is not None and self.workspace is not None and is_inside(path, self.workspace):
+            try:
+                trusted = _is_trusted(self.workspace)
+            except DatabaseError:
+                log.exception("workspace trust check failed; keeping the rules in force")
+                trusted = True
+            if not trusted:
+                self.start()
+                return True
+        self.record_if_pending()
+        return super().check_changed_once()
+
+    def _run(self) -> None:
+        try:
+            super()._run()
+        finally:
+            connection.close()
+
+    def _db_step(self) -> None:
+        if threading.current_thread() is self._thread:
+            close_old_connections()
+
+    # -- the database record -------------------------------------------------------------
+
+    def load_record(self, *, keep_rules: bool = False):
+        from rules_app.services import LoadRecord
+        found = self.last_found
+        dropped = [{"rule": d.name, "reason": d.reason} for d in (self.last_result.dropped if self.last_result else [])]
+        path = self.path or (found.skipped_untrusted[0] if found and found.skipped_untrusted else None) \
+            or (found.configured_path if found else None)
+        return LoadRecord(status=self.status, path=str(path or ""),
+                          rule_count=0 if self.ruleset.is_closed else len(self.ruleset), dropped=dropped,
+                          last_error=self.last_error or "", warnings=list(found.warnings if found else ()),
+                          on_error=self.on_error, raw_rules=None if keep_rules else (self.last_raw or []))
+
+    def record(self, *, keep_rules: bool = False) -> None:
+        """Write this load to the file's RuleSet row; never breaks the message path or the watcher."""
+        from rules_app.services import rule_set_record_load
+        try:
+            with transaction.atomic():
+                rule_set_record_load(record=self.load_record(keep_rules=keep_rules))
+        except Exception:  # the record is for the operator; the rules stay in force without it
+            self.record_failures += 1
+            self.pending_record = True
+            log.exception("could not record the rule set's load status; trying again shortly")
+        else:
+            self.pending_record = False
+
+    def record_if_pending(self) -> None:
+        if self.pending_record:
+            self.record(keep_rules=self.status == "retained")
+
+
+class RoutingHolder:
+    """routing.toml for this process: re-discovered at most every few seconds, reloaded when it changes."""
+
+    def __init__(self, discover, *, recheck: float):
+        self._discover = discover
+        self.recheck = recheck
+        self._lock = threading.Lock()
+        self._checked = float("-inf")
+        self._sig = None
+        self._warned: tuple = ()
+        self.table = RoutingTable()
+        self.path: Optional[Path] = None
+        self.last_error: Optional[str] = None
+
+    def current(self) -> RoutingTable:
+        with self._lock:
+            if time.monotonic() - self._checked >= self.recheck:
+                self._checked = time.monotonic()
+                self._refresh()
+            return self.table
+
+    def _refresh(self) -> None:
+        found = self._discover()
+        if found.warnings != self._warned:
+            for w in found.warnings:
+                if w not in self._warned:
+                    routing_log.warning(w)
+            self._warned = found.warnings
+        sig = (found.path, _signature(found.path) if found.path else None)
+        if sig == self._sig:
+            return
+        self._sig, self.path = sig, found.path
+        if found.path is None:
+            self.table, self.last_error = RoutingTable(), None
+            return
+        try:
+            self.table = load_routing_file(found.path)
+        except RoutingError as exc:
+            routing_log.error("%s (error=%s)", LOG_ROUTING_FAILED, exc)
+            self.table, self.last_error = RoutingTable(), str(exc)
+        else:
+            routing_log.info(LOG_ROUTING_LOADED, len(self.table))
+            self.last_error = None
+
+
+class Runtime:
+    """This process's rule engine: the file holder, the compiled admin rules, routing."""
+
+    def __init__(self):
+        self._lock = threading.RLock()
+        self.watch: Optional[bool] = None  # None: UGENT_RULES_WATCH; commands set False
+        self.holder: Optional[DjangoRuleEngineHolder] = None
+        self.routing: Optional[RoutingHolder] = None
+        self._admin_key = None
+        self._admin_rules: tuple = ()
+        self._combined_key = None
+        self._combined = RuleSet.empty()
+
+    def ensure(self) -> DjangoRuleEngineHolder:
+        with self._lock:
+            if self.holder is None:
+                holder = DjangoRuleEngineHolder.from_settings()
+                holder.start()
+                if conf.rules_watch() if self.watch is None else self.watch:
+                    holder.start_watching()
+                self.holder = holder
+            return self.holder
+
+    def routing_table(self) -> RoutingTable:
+        with self._lock:
+            if self.routing is None:
+                from ugent_site.config import load_config
+                workspace, home, config = conf.workspace(), conf.home(), load_config()
+                self.routing = RoutingHolder(
+                    lambda: discover_routing_file(workspace, config, home=home, is_trusted=_is_trusted),
+                    recheck=conf.routing_recheck_seconds())
+            routing = self.routing
+        return routing.current()
+
+    def _admin_ruleset_rules(self, versions) -> tuple:
+        from rules_app.cronlink import workflow_check
+        from rules_app.selectors import admin_rules
+        key = tuple(v for v in versions if v[1] == "admin")
+        if key == self._admin_key:
+            return self._admin_rules
+        compiled = []
+        for i, rule in enumerate(admin_rules()):
+            try:
+                engine_rule, problem = rule.compile(ADMIN_INDEX_OFFSET + i)
+            except RuleSetError as exc:  # saved past validation (raw SQL, an old row): drop, don't refuse all
+                problem = str(exc)
+            else:
+                if problem is None and isinstance(engine_rule.decision, StartWorkflow):
+                    problem = workflow_check(engine_rule.decision.workflow)
+            if problem:
+                log.error("rule dropped (rule=%s, reason=%s)", rule.name, problem)
+                continue
+            compiled.append(engine_rule)
+        self._admin_key, self._admin_rules = key, tuple(compiled)
+        return self._admin_rules
+
+    def ruleset(self) -> RuleSet:
+        """The rules in force in this process now: the file's, then the admin's."""
+        from rules_app.selectors import rule_set_versions
+        holder = self.ensure()
+        versions = rule_set_versions()
+        if not any(v[1] == "file" for v in versions):
+            holder.record()  # the row went away (a test flush, a manual delete): say it again
+        else:
+            holder.record_if_pending()
+        file_rules = holder.ruleset
+        with self._lock:
+            admin = self._admin_ruleset_rules(versions)
+            key = (id(file_rules), self._admin_key)
+            if key != self._combined_key:
+                if file_rules.is_closed:
+                    self._combined = file_rules
+                else:
+                    self._combined = RuleSet((*file_rules.rules, *admin), source=file_rules.source)
+                self._combined_key = key
+            return self._combined
+
+    def reset(self) -> None:
+        """Stop the watcher and forget everything (tests, and a settings change)."""
+        with self._lock:
+            holder, self.holder = self.holder, None
+            self.routing = None
+            self.watch = None
+            self._admin_key, self._admin_rules = None, ()
+            self._combined_key, self._combined = None, RuleSet.empty()
+        if holder is not None:
+            holder.stop()
+        from ugent_site.config import reset_caches
+        reset_caches()
+
+
+runtime = Runtime()
+
+
+def status_section() -> dict:
+    """The "rules" section of GET /v1/ugent/status: are rules in force, how many, the last load error."""
+    from rules_app.models import RuleSource
+    from rules_app.models import RuleSet as RuleSetRow
+    ruleset = runtime.ruleset()
+    holder = runtime.ensure()
+    rows = list(RuleSetRow.objects.order_by("id"))
+    file_row = next((r for r in rows if r.source == RuleSource.FILE), None)
+    admin_rows = [r for r in rows if r.source == RuleSource.ADMIN]
+    table = runtime.routing_table()
+    routing = runtime.routing
+    return {
+        "in_force": bool(len(ruleset)) or ruleset.is_closed,
+        "rules": len(ruleset),
+        "refusing_all": ruleset.is_closed,
+        "on_error": holder.on_error,
+        "watching": holder.watching,
+        "file": None if file_row is None else {
+            "path": file_row.path or None,
+            "status": file_row.status,
+            "rules": file_row.rule_count,
+            "dropped": file_row.dropped,
+            "last_error": file_row.last_error or None,
+            "warnings": file_row.warnings,
+            "loaded_at": file_row.loaded_at.isoformat() if file_row.loaded_at else None,
+        },
+        "admin": {"rule_sets": len(admin_rows), "rules": sum(r.rule_count for r in admin_rows),
+                  "dropped": [d for r in admin_rows for d in r.dropped]},
+        "routing": {"path": str(routing.path) if routing and routing.path else None, "routes": len(table),
+                    "last_error": routing.last_error if routing else None},
+    }

@@ -1,0 +1,44 @@
+"""Reads of rule sets, rules and workspace trust."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from rules_app.models import Rule, RuleSet, RuleSource, WorkspaceTrust
+
+
+def workspace_key(path) -> str:
+    """How a workspace is recorded: its resolved absolute path."""
+    return str(Path(path).expanduser().resolve())
+
+
+def workspace_is_trusted(path) -> bool:
+    """True when the operator approved this workspace and has not revoked it."""
+    return WorkspaceTrust.objects.filter(path=workspace_key(path), revoked_at__isnull=True).exists()
+
+
+def workspace_trust_get(path) -> Optional[WorkspaceTrust]:
+    return WorkspaceTrust.objects.filter(path=workspace_key(path)).first()
+
+
+def rule_set_versions() -> tuple[tuple[int, str, int], ...]:
+    """(id, source, version) of every rule set: the one cheap query each message makes."""
+    return tuple(RuleSet.objects.order_by("id").values_list("id", "source", "version"))
+
+
+def admin_rules() -> list[Rule]:
+    """Every admin-owned rule, in set order then file order."""
+    return list(Rule.objects.filter(ruleset__source=RuleSource.ADMIN)
+                .order_by("ruleset_id", "position", "id"))
+
+
+def file_rule_set() -> Optional[RuleSet]:
+    return RuleSet.objects.filter(source=RuleSource.FILE).first()
+
+
+def rule_set_by_name(name: str) -> Optional[RuleSet]:
+    return RuleSet.objects.filter(name=name).first()
+
+
+def rule_set_rules(ruleset: RuleSet) -> list[Rule]:
+    return list(ruleset.rules.order_by("position", "id"))

@@ -1,0 +1,353 @@
+"""Writes of the rules room: load records, admin rules, import/export, workspace trust,
+and the two native actions a rule can run on a conversation."""
+from __future__ import annotations
+
+import json
+import logging
+import re
+import tomllib
+from dataclasses import dataclass, field
+from datetime import date, datetime, time
+from typing import Any, Optional
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from rules_app import engine
+from rules_app.models import DecisionKind, LoadStatus, Rule, RuleSet, RuleSource, WorkspaceTrust
+from rules_app.selectors import workspace_key
+
+log = logging.getLogger("ugent.rules")
+
+FILE_SET_NAME = "rules.toml"
+ADMIN_SET_NAME = "admin"
+
+
+class RulesError(Exception):
+    """A rules operation refused, with a message for the operator."""
+
+
+def json_safe(value: Any) -> Any:
+    """TOML values as JSON: dates and times become ISO strings."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_safe(v) for v in value]
+    if isinstance(value, (datetime, date, time)):
+        return value.isoformat()
+    return value
+
+
+def _decision_fields(raw: Any) -> tuple[str, dict]:
+    """(kind, params) of a parsed rules.toml decision (already validated by the engine)."""
+    if isinstance(raw, str):
+        return raw, {}
+    kind = next(k for k in engine.DECISION_KINDS if k in raw)
+    body = raw[kind] if isinstance(raw[kind], dict) else {}
+    keep = ("workflow", "inject_context") if kind == DecisionKind.START_WORKFLOW else ("action", "params")
+    return kind, {k: json_safe(body[k]) for k in keep if k in body}
+
+
+# --- the file's rule set -------------------------------------------------------------------
+
+@dataclass
+class LoadRecord:
+    """What one process saw when it (re)loaded the rules file."""
+
+    status: str
+    path: str = ""
+    rule_count: int = 0
+    dropped: list = field(default_factory=list)  # [{"rule", "reason"}]
+    last_error: str = ""
+    warnings: list = field(default_factory=list)
+    on_error: str = "open"
+    raw_rules: Optional[list] = None  # the file's [[rules]] tables; None keeps the mirrored rules
+
+    def digest(self) -> str:
+        import hashlib
+        payload = json.dumps([self.status, self.path, self.rule_count, self.dropped, self.last_error,
+                              self.warnings, self.on_error, json_safe(self.raw_rules)],
+                             sort_keys=True, default=str)
+        return hashlib.sha256(payload.encode()).hexdigest()
+
+
+@transaction.atomic
+def rule_set_record_load(*, record: LoadRecord) -> bool:
+    """Record a load of the rules file in the file's RuleSet row and mirror its rules.
+
+    Every process records its own loads; a load identical to the one recorded
+    (same digest) writes nothing, so N processes seeing one edit write once.
+    Returns True when the row changed.
+    """
+    digest = record.digest()
+    rs = RuleSet.objects.select_for_update().filter(source=RuleSource.FILE).first()
+    if rs is not None and rs.digest == digest:
+        return False
+    if rs is None:
+        rs = RuleSet(source=RuleSource.FILE, name=FILE_SET_NAME)
+        if RuleSet.objects.filter(name=FILE_SET_NAME).exists():  # an admin set took the name
+            rs.name = f"{FILE_SET_NAME} (file)"
+    rs.path = record.path
+    rs.status = record.status
+    rs.rule_count = record.rule_count
+    rs.dropped = record.dropped
+    rs.last_error = record.last_error
+    rs.warnings = record.warnings
+    rs.on_error = record.on_error
+    rs.loaded_at = timezone.now()
+    rs.digest = digest
+    rs.save()
+    if record.raw_rules is not None:
+        rs.rules.all().delete()
+        reasons = {d["rule"]: d["reason"] for d in record.dropped}
+        rows = []
+        for i, raw in enumerate(record.raw_rules):
+            kind, params = _decision_fields(raw["decision"])
+            rows.append(Rule(ruleset=rs, name=raw["name"], priority=raw.get("priority", 0),
+                             condition=json_safe(raw["match"]), decision=kind, params=params, position=i,
+                             dropped_reason=reasons.get(raw["name"], "")))
+        Rule.objects.bulk_create(rows)
+    return True
+
+
+# --- admin-owned rules ---------------------------------------------------------------------
+
+def rule_set_admin_ensure(*, name: str = ADMIN_SET_NAME) -> RuleSet:
+    """The admin-owned rule set called ``name``, created empty if missing."""
+    rs, _ = RuleSet.objects.get_or_create(name=name, defaults={"source": RuleSource.ADMIN,
+                                                              "status": LoadStatus.LOADED})
+    if rs.source != RuleSource.ADMIN:
+        raise RulesError(f"rule set '{name}' comes from the rules file and is read-only")
+    return rs
+
+
+def rule_set_touch(*, ruleset_id: int) -> None:
+    """An admin set changed: recount it and bump its version so every process recompiles."""
+    from rules_app.cronlink import workflow_check
+    kept, dropped = 0, []
+    for i, rule in enumerate(Rule.objects.filter(ruleset_id=ruleset_id).order_by("position", "id")):
+        try:
+            compiled, problem = rule.compile(i)
+        except engine.RuleSetError as exc:
+            problem = str(exc)
+        else:
+            if problem is None and isinstance(compiled.decision, engine.StartWorkflow):
+                problem = workflow_check(compiled.decision.workflow)
+        if problem:
+            dropped.append({"rule": rule.name, "reason": problem})
+        else:
+            kept += 1
+    now = timezone.now()
+    RuleSet.objects.filter(pk=ruleset_id).update(version=F("version") + 1, rule_count=kept, dropped=dropped,
+                                                 status=LoadStatus.LOADED, last_error="", loaded_at=now,
+                                                 updated_at=now)
+
+
+@transaction.atomic
+def rule_save(*, rule: Rule) -> Rule:
+    """Validate (condition compiled by the engine) and save an admin-owned rule; in force on commit."""
+    ruleset = RuleSet.objects.select_for_update().get(pk=rule.ruleset_id)
+    if ruleset.source != RuleSource.ADMIN:
+        raise ValidationError({"ruleset": "Rules of the rules file are edited in the file, not here."})
+    rule.full_clean()
+    rule.save()
+    rule_set_touch(ruleset_id=ruleset.pk)
+    return rule
+
+
+@transaction.atomic
+def rule_delete(*, rule: Rule) -> None:
+    """Delete an admin-owned rule; the file's rules are deleted by editing the file."""
+    ruleset = RuleSet.objects.select_for_update().get(pk=rule.ruleset_id)
+    if ruleset.source != RuleSource.ADMIN:
+        raise ValidationError("Rules of the rules file are edited in the file, not here.")
+    rule.delete()
+    rule_set_touch(ruleset_id=ruleset.pk)
+
+
+@dataclass
+class ImportResult:
+    ruleset: RuleSet
+    imported: int
+    skipped: list  # [{"rule", "reason"}]: rules the engine would drop (an unknown action, params)
+
+
+@transaction.atomic
+def rules_import(*, text: str, source: str = "<rules>", set_name: str = ADMIN_SET_NAME) -> ImportResult:
+    """Replace the admin-owned set ``set_name`` with the rules of a rules.toml document.
+
+    A document the engine would refuse as a whole raises :class:`RulesError`
+    and changes nothing. A rule the engine would drop as it loads (unknown
+    native action, an action given params) is skipped and reported.
+    """
+    try:
+        engine.parse_rules(text, source=source, check=False, log=False)
+    except engine.RuleSetError as exc:
+        raise RulesError(str(exc)) from None
+    raw_rules = tomllib.loads(text).get("rules", [])
+    rs = rule_set_admin_ensure(name=set_name)
+    rs.rules.all().delete()
+    skipped, imported = [], 0
+    for i, raw in enumerate(raw_rules):
+        kind, params = _decision_fields(raw["decision"])
+        rule = Rule(ruleset=rs, name=raw["name"], priority=raw.get("priority", 0),
+                    condition=json_safe(raw["match"]), decision=kind, params=params, position=i)
+        try:
+            rule.full_clean()
+        except ValidationError as exc:
+            skipped.append({"rule": rule.name, "reason": "; ".join(exc.messages)})
+            continue
+        rule.save()
+        imported += 1
+    rule_set_touch(ruleset_id=rs.pk)
+    rs.refresh_from_db()
+    return ImportResult(rs, imported, skipped)
+
+
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007F")
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        items = ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items())
+        return "{ " + items + " }" if items else "{}"
+    if value is None:
+        raise RulesError("a null value cannot be written as TOML")
+    return _toml_value(str(value))
+
+
+def _toml_key(key: str) -> str:
+    return key if _BARE_KEY.match(key) else _toml_value(key)
+
+
+def rules_export(*, ruleset: RuleSet) -> str:
+    """The rules of ``ruleset`` as a rules.toml document (inline tables; parses back to the same rules)."""
+    lines = [f"# rule set '{ruleset.name}' ({ruleset.get_source_display()}), exported by UGENT", ""]
+    for rule in ruleset.rules.order_by("position", "id"):
+        if rule.dropped_reason:
+            lines.append(f"# dropped as it loaded: {rule.dropped_reason}")
+        lines += ["[[rules]]", f"name = {_toml_value(rule.name)}", f"priority = {rule.priority}",
+                  f"decision = {_toml_value(rule.raw_decision())}",
+                  f"match = {_toml_value(rule.condition)}", ""]
+    return "\n".join(lines)
+
+
+# --- workspace trust -----------------------------------------------------------------------
+
+def workspace_trust_approve(*, path, approved_by: str = "") -> WorkspaceTrust:
+    """Trust ``path``: a rules.toml/routing.toml inside it may load (picked up within seconds)."""
+    trust, _ = WorkspaceTrust.objects.update_or_create(
+        path=workspace_key(path), defaults={"approved_by": approved_by, "revoked_at": None})
+    return trust
+
+
+def workspace_trust_revoke(*, path) -> bool:
+    """Withdraw trust; running processes drop the workspace's rules file at their next look."""
+    return WorkspaceTrust.objects.filter(path=workspace_key(path), revoked_at__isnull=True).update(
+        revoked_at=timezone.now(), updated_at=timezone.now()) == 1
+
+
+# --- native actions ------------------------------------------------------------------------
+
+SUMMARY_HEADER = "Summary of the earlier conversation ({count} messages compacted):"
+SUMMARY_MAX_LINES = 30
+SUMMARY_LINE_CHARS = 160
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s")
+
+
+def compact_report(hidden: int, kept: int) -> str:
+    """What compact_conversation (and /compress) reports."""
+    msgs = "message" if hidden == 1 else "messages"
+    ex = "exchange" if kept == 1 else "exchanges"
+    return f"Compacted the conversation: {hidden} earlier {msgs} summarised; the last {kept} {ex} kept as they are."
+
+
+def _first_sentence(text: str) -> str:
+    text = " ".join(text.split())
+    first = _SENTENCE_END.split(text, 1)[0]
+    return first if len(first) <= SUMMARY_LINE_CHARS else first[: SUMMARY_LINE_CHARS - 1] + "…"
+
+
+def extractive_summary(messages) -> str:
+    """One line per message: its role and its first sentence; earlier summaries carried over."""
+    lines = []
+    for m in messages:
+        if m.role == "system":
+            lines.extend(line for line in m.content.splitlines()[1:] if line.strip())
+        elif m.content.strip():
+            lines.append(f"- {m.role}: {_first_sentence(m.content)}")
+    if len(lines) > SUMMARY_MAX_LINES:
+        omitted = len(lines) - SUMMARY_MAX_LINES
+        lines = [f"- ({omitted} earlier lines omitted)"] + lines[-SUMMARY_MAX_LINES:]
+    return "\n".join([SUMMARY_HEADER.format(count=len(messages)), *lines])
+
+
+@transaction.atomic
+def conversation_compact(*, conversation, keep_exchanges: int, first_message: bool = False) -> str:
+    """Compact a conversation now, as /compress does, and return what /compress reports.
+
+    Messages older than the last ``keep_exchanges`` exchanges (and earlier
+    summaries) are hidden; one system message holds an extractive summary of
+    them. Nothing older than that, or a conversation's first message:
+    "There is nothing to compact yet."
+    """
+    from channels_app.models import Message
+    if first_message:
+        return engine.COMPACT_NOTHING_YET
+    visible = list(Message.objects.select_for_update().filter(conversation=conversation, hidden=False)
+                   .order_by("id"))
+    user_ids = [m.id for m in visible if m.role == Message.Role.USER]
+    keep = max(0, keep_exchanges)
+    if keep and len(user_ids) <= keep:
+        return engine.COMPACT_NOTHING_YET
+    older = [m for m in visible if m.id < user_ids[-keep]] if keep else visible
+    if not any(m.role != Message.Role.SYSTEM for m in older):
+        return engine.COMPACT_NOTHING_YET
+    Message.objects.filter(id__in=[m.id for m in older]).update(hidden=True, updated_at=timezone.now())
+    hidden_count = sum(1 for m in older if m.role != Message.Role.SYSTEM)
+    Message.objects.create(conversation=conversation, role=Message.Role.SYSTEM,
+                           content=extractive_summary([m for m in older]))
+    kept = min(keep, len(user_ids))
+    return compact_report(hidden_count, kept)
+
+
+VOICE_MODES = ("voice", "live")
+MEMORY_BACKENDS = ("sqlite_fts", "lance_embedded")
+
+
+def sender_identified(actor) -> bool:
+    """False for an application's anonymous web user and for a sender with no id."""
+    if actor is None or not getattr(actor, "user_id", ""):
+        return False
+    return not actor.key.startswith("web-user@")
+
+
+def memory_extract(*, ctx) -> str:
+    """extract_memory: save durable facts into the sender's memory, or say why not (the spec's order)."""
+    from channels_app.models import Turn
+    from ugent_site.config import load_config
+    config = load_config()
+    voice_keeps_out = (config.get("voice") or {}).get("memory_write", True) is False
+    if (ctx.limits.get("disable_memory_write") or ctx.input_mode in VOICE_MODES
+            or (voice_keeps_out and ctx.conversation is not None and Turn.objects.filter(
+                conversation=ctx.conversation, input_mode__in=VOICE_MODES).exists())):
+        return engine.MEMORY_WRITES_OFF
+    if not sender_identified(ctx.actor):
+        return engine.MEMORY_SENDER_UNKNOWN
+    backend = (config.get("memory") or {}).get("backend", "default")
+    if backend not in MEMORY_BACKENDS:
+        return engine.MEMORY_BACKEND_NEEDED
+    # No durable memory backend is built into this daemon yet: say so in the log, as the answer promises.
+    log.error("extract_memory failed (backend=%s, error=memory backend %s is not available in this build)",
+              backend, backend)
+    return engine.MEMORY_SAVE_FAILED

@@ -1,0 +1,139 @@
+"""A workspace and a home of the test's own, with this process's rule engine reset around each test."""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+from django.test import Client
+
+from rules_app.runtime import runtime
+
+
+class Site:
+    """Where the rules live for one test: write files, approve the workspace, send messages."""
+
+    def __init__(self, tmp_path: Path, settings):
+        self.ws = tmp_path / "ws"
+        self.home = tmp_path / "home"
+        self.ws.mkdir()
+        self.home.mkdir()
+        self.settings = settings
+        settings.UGENT_WORKSPACE = str(self.ws)
+        settings.UGENT_HOME = str(self.home)
+        settings.UGENT_CONFIG = ""
+        settings.UGENT_RULES_POLL_INTERVAL = 0.2
+        settings.UGENT_ROUTING_RECHECK_SECONDS = 0.0
+
+    def write(self, text: str, name: str = "rules.toml", where: Path | None = None) -> Path:
+        path = (where or self.ws) / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)  # atomic, as an editor saves
+        return path
+
+    def config(self, text: str) -> Path:
+        return self.write(text, "ugent.toml")
+
+    def approve(self) -> None:
+        from rules_app.services import workspace_trust_approve
+        workspace_trust_approve(path=self.ws)
+
+    def rules(self, text: str, *, trusted: bool = True) -> Path:
+        """Write <workspace>/rules.toml (trusted by default) and restart the rule engine on it."""
+        if trusted:
+            self.approve()
+        path = self.write(text)
+        runtime.reset()
+        return path
+
+    def reset(self) -> None:
+        runtime.reset()
+
+
+@pytest.fixture
+def site(tmp_path, settings, transactional_db):
+    runtime.reset()
+    s = Site(tmp_path, settings)
+    yield s
+    runtime.reset()  # stops the watcher thread before the test database goes away
+
+
+@pytest.fixture
+def no_cron(monkeypatch):
+    """cron_app offers no services: StartWorkflow answers that cron is not running."""
+    monkeypatch.setitem(sys.modules, "cron_app.services", None)
+
+
+class FakeCron(types.ModuleType):
+    """cron_app.services as the rule engine calls it: rule-triggered jobs by name, calls recorded."""
+
+    def __init__(self):
+        super().__init__("cron_app.services")
+        self.jobs: dict[str, str | None] = {}  # name -> None (startable) or the reason it is not
+        self.calls: list[dict] = []
+        self.answer = "Started workflow '{workflow}'. Its result goes to the workflow's destinations."
+
+    def rule_trigger_reason(self, workflow: str):
+        if workflow not in self.jobs:
+            return "no such job"
+        return self.jobs[workflow]
+
+    def workflow_start(self, *, workflow: str, inject_context: bool, ctx):
+        reason = self.rule_trigger_reason(workflow)
+        if reason is not None:
+            return f"Workflow '{workflow}' could not start: {reason}."
+        self.calls.append({"workflow": workflow, "inject_context": inject_context, "text": ctx.text,
+                           "actor": ctx.actor_key, "limits": dict(ctx.limits)})
+        return self.answer.format(workflow=workflow)
+
+
+@pytest.fixture
+def fake_cron(monkeypatch):
+    cron = FakeCron()
+    monkeypatch.setitem(sys.modules, "cron_app.services", cron)
+    return cron
+
+
+def chat(who: dict, text: str, **extra):
+    body = {"messages": [{"role": "user", "content": text}]}
+    body.update({k: v for k, v in who.items() if k != "key"})
+    body.update(extra)
+    return Client().post("/v1/chat/completions", data=json.dumps(body), content_type="application/json",
+                         HTTP_X_API_KEY=who["key"])
+
+
+def answer(resp) -> str:
+    assert resp.status_code == 200, resp.content
+    return resp.json()["choices"][0]["message"]["content"]
+
+
+def submit(text: str, *, channel: str = "slack", user_id: str = "U1", conversation_id: str = "C1",
+           source_type: str = "user", **kw):
+    """A plugin channel's message, through the one message path a channel worker uses."""
+    from channels_app import services
+    actor = services.channel_actor_resolve(channel=channel, user_id=user_id)
+    return services.message_submit(inbound=services.InboundMessage(
+        actor=actor, text=text, channel=channel, conversation_id=conversation_id,
+        source_type=source_type, **kw))
+
+
+def wait_for(predicate, timeout: float = 6.0, step: float = 0.05):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(step)
+    return predicate()
+
+
+@pytest.fixture
+def rules_log(caplog):
+    caplog.set_level(logging.INFO, logger="ugent.rules")
+    caplog.set_level(logging.INFO, logger="ugent.routing")
+    return caplog
