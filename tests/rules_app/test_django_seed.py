@@ -313,8 +313,11 @@ def test_compact_hides_older_messages_keeps_the_last_exchanges_and_stores_a_summ
     assert "- user: question 0." in summary.content
     visible_users = list(Message.objects.filter(hidden=False, role="user").values_list("content", flat=True))
     assert visible_users == ["question 3. with more words", "question 4. with more words", "COMPACT PLEASE"]
-    # the next message's history no longer holds the hidden ones
-    assert answer(chat(tcast.alice, "after", conversation_id="k1")) == echo("after", history=6)
+    # the next message's history no longer holds the hidden ones: the summary stands in for them
+    # (1 summary + the 6 visible messages)
+    assert answer(chat(tcast.alice, "after", conversation_id="k1")) == echo("after", history=7)
+    from tests.support.scripted import CALLS
+    assert CALLS[-1]["messages"][0] == ("system", summary.content)
 
 
 def test_compact_with_too_little_history_has_nothing_to_compact(site, tcast):
