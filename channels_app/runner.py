@@ -207,6 +207,11 @@ def _requested_citations(turn: Turn, answer: str) -> list[str]:
     return [cid for cid in (turn.citation_ids or []) if cid and cid in answer]
 
 
+def _end(turn: Turn, state: str, **fields) -> bool:
+    """Move a running turn to its end state; False when it has already ended (only one end wins)."""
+    return Turn.objects.filter(pk=turn.pk, state=TurnState.RUNNING).update(state=state, **fields) == 1
+
+
 def turn_complete(*, turn: Turn, writer: DeltaWriter, answer: str, citations: list[str]) -> bool:
     """Complete the turn; False (and nothing written) when steering waits, which the runner then runs.
 
@@ -217,11 +222,12 @@ def turn_complete(*, turn: Turn, writer: DeltaWriter, answer: str, citations: li
         Turn.objects.select_for_update().filter(pk=turn.pk).first()
         if Steering.objects.filter(turn_id=turn.pk, state=SteeringState.PENDING).exists():
             return False
+        if not _end(turn, TurnState.COMPLETED, finished_at=now):
+            return True  # already ended elsewhere (swept as interrupted): write nothing over it
         Message.objects.create(conversation_id=turn.conversation_id, role=Message.Role.ASSISTANT,
                                content=answer, turn=turn)
         Receipt.objects.filter(pk=turn.receipt_id).update(state=ReceiptState.COMPLETED, answer=answer,
                                                           citations=citations, finished_at=now)
-        Turn.objects.filter(pk=turn.pk).update(state=TurnState.COMPLETED, finished_at=now)
         extra = []
         if citations:
             extra.append(("ugent.citations", {"turn_id": turn.turn_id, "citations": citations}, []))
@@ -235,12 +241,13 @@ def turn_complete(*, turn: Turn, writer: DeltaWriter, answer: str, citations: li
 def turn_fail(*, turn: Turn, writer: DeltaWriter, answer: str, reason: str, code: str) -> None:
     now = timezone.now()
     with transaction.atomic():
+        if not _end(turn, TurnState.FAILED, error=reason, finished_at=now):
+            return
         if answer:
             Message.objects.create(conversation_id=turn.conversation_id, role=Message.Role.ASSISTANT,
                                    content=answer, turn=turn)
         Receipt.objects.filter(pk=turn.receipt_id).update(state=ReceiptState.FAILED, answer=answer,
                                                           reason=reason, finished_at=now)
-        Turn.objects.filter(pk=turn.pk).update(state=TurnState.FAILED, error=reason, finished_at=now)
         hooks.run_after_turn(turn=turn, state="failed", answer=answer)
         writer.flush(_steerings_drop(turn) + [
             ("turn.failed", {"turn_id": turn.turn_id, "state": "failed", "reason": reason, "code": code,
@@ -251,38 +258,52 @@ def turn_cancel_finish(*, turn: Turn, writer: DeltaWriter, answer: str) -> None:
     """A stopped turn keeps what it already answered, marked as cut short."""
     now = timezone.now()
     with transaction.atomic():
+        if not _end(turn, TurnState.CANCELLED, finished_at=now):
+            return
         if answer:
             Message.objects.create(conversation_id=turn.conversation_id, role=Message.Role.ASSISTANT,
                                    content=answer, turn=turn)
         Receipt.objects.filter(pk=turn.receipt_id).update(state=ReceiptState.CANCELLED, answer=answer,
                                                           reason="stopped", finished_at=now)
-        Turn.objects.filter(pk=turn.pk).update(state=TurnState.CANCELLED, finished_at=now)
         hooks.run_after_turn(turn=turn, state="cancelled", answer=answer)
         writer.flush(_steerings_drop(turn) + [
             ("turn.cancelled", {"turn_id": turn.turn_id, "state": "cancelled", "answer": answer, "partial": True},
              [turn.actor.key])])
 
 
-def turns_recover_interrupted() -> int:
-    """At start-up: turns a crashed process left running become interrupted, with an event."""
+def turns_recover_interrupted(*, started_before=None) -> int:
+    """Turns a crashed process left running become interrupted (receipt too), with an event.
+
+    At start-up of the embedded daemon every running turn is such a turn; in servers mode the
+    beat sweep passes `started_before`, past which no live worker can still hold a turn.
+    """
+    reason = "the process running it stopped"
+    qs = Turn.objects.filter(state=TurnState.RUNNING).select_related("actor")
+    if started_before is not None:
+        qs = qs.filter(started_at__lt=started_before)
     count = 0
-    for turn in Turn.objects.filter(state__in=[TurnState.RUNNING, TurnState.ACCEPTED]).select_related("actor"):
+    for turn in qs:
         now = timezone.now()
-        state = TurnState.INTERRUPTED if turn.state == TurnState.RUNNING else None
-        if state is None:
-            continue
         with transaction.atomic():
-            if Turn.objects.filter(pk=turn.pk, state=TurnState.RUNNING).update(
-                    state=TurnState.INTERRUPTED, finished_at=now, error="the process running it stopped") != 1:
+            if not _end(turn, TurnState.INTERRUPTED, finished_at=now, error=reason):
                 continue
             Receipt.objects.filter(pk=turn.receipt_id).update(state=ReceiptState.INTERRUPTED, finished_at=now,
-                                                              reason="the process running it stopped")
+                                                              reason=reason)
+            hooks.run_after_turn(turn=turn, state="interrupted", answer="")
             events_append(conversation_id=turn.conversation_id, turn_pk=turn.pk, items=[
-                ("turn.failed", {"turn_id": turn.turn_id, "state": "interrupted",
-                                 "reason": "the process running it stopped", "code": "interrupted"},
-                 [turn.actor.key])])
+                ("turn.failed", {"turn_id": turn.turn_id, "state": "interrupted", "reason": reason,
+                                 "code": "interrupted"}, [turn.actor.key])])
         count += 1
     return count
+
+
+def turns_sweep_stale() -> int:
+    """Beat: a turn running longer than its hard time limit (plus a grace) has lost its worker."""
+    from datetime import timedelta
+
+    from django.conf import settings
+    cutoff = timezone.now() - timedelta(seconds=settings.CELERY_TASK_TIME_LIMIT + 60)
+    return turns_recover_interrupted(started_before=cutoff)
 
 
 def turns_requeue_accepted() -> int:

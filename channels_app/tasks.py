@@ -31,6 +31,17 @@ def prune_events() -> int:
         close_old_connections()
 
 
+@shared_task(ignore_result=True, soft_time_limit=120, time_limit=180)
+def sweep_stale_turns() -> int:
+    """Beat: turns whose worker died (servers mode) end as interrupted instead of running forever."""
+    from channels_app import runner
+    close_old_connections()
+    try:
+        return runner.turns_sweep_stale()
+    finally:
+        close_old_connections()
+
+
 @beat_init.connect
 def _retention_schedule(sender=None, **kwargs) -> None:
     """Every beat process (embedded or `celery beat`) makes sure the retention job is scheduled."""
