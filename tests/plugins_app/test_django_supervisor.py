@@ -117,14 +117,18 @@ def start_supervisor_process(root: Path) -> subprocess.Popen:
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-CLEARS_PDEATHSIG = ("import ctypes; ctypes.CDLL(None).prctl(1, 0, 0, 0, 0); "
-                    "from plugins_app.workers.echo import main; main()")
+# A worker left behind by a crashed supervisor: it clears its parent-death signal and does not
+# depend on the bridge (a real worker would exit once the bridge stays unreachable, which makes
+# "still alive after the kill" a race on a loaded machine).
+CLEARS_PDEATHSIG = ("import ctypes, pathlib, time; ctypes.CDLL(None).prctl(1, 0, 0, 0, 0); "
+                    "pathlib.Path({marker!r}).touch(); time.sleep(120)")
 
 
 def test_kill_9_on_the_supervisor_kills_its_workers_and_a_new_one_reaps_what_was_left(
         tcast, echo, short_dir, start_runtime):
     make_plugin()
-    make_plugin("survivor", args=["-c", CLEARS_PDEATHSIG])  # one that outlives a killed supervisor
+    marker = short_dir / "survivor-ready"
+    make_plugin("survivor", args=["-c", CLEARS_PDEATHSIG.format(marker=str(marker))])  # outlives a killed supervisor
     sup = start_supervisor_process(short_dir)
     try:
         def pids():
@@ -132,6 +136,7 @@ def test_kill_9_on_the_supervisor_kills_its_workers_and_a_new_one_reaps_what_was
             if all(f.exists() for f in files):
                 return [json.loads(f.read_text())["pid"] for f in files]
         worker, survivor = wait_until(pids, 20) or pytest.fail((short_dir / "supervisor.log").read_text())
+        assert wait_until(marker.exists, 20)  # its parent-death signal is cleared
         os.kill(sup.pid, signal.SIGKILL)
         sup.wait(5)
     finally:
