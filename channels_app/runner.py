@@ -92,16 +92,22 @@ def turn_run(turn_pk: int) -> None:
     if Turn.objects.filter(pk=turn_pk, state=TurnState.ACCEPTED).update(state=TurnState.RUNNING,
                                                                         started_at=now) != 1:
         return
-    turn = Turn.objects.select_related("conversation", "actor", "receipt", "profile").get(pk=turn_pk)
+    turn = (Turn.objects.select_related("conversation", "actor", "receipt", "profile")
+            .annotate(pending_steering=Exists(Steering.objects.filter(turn=OuterRef("pk"),
+                                                                      state=SteeringState.PENDING)))
+            .get(pk=turn_pk))
     Receipt.objects.filter(pk=turn.receipt_id).update(state=ReceiptState.RUNNING, started_at=now)
     writer = DeltaWriter(turn)
     answer: list[str] = []
     segment: list[str] = []  # the answer since the last steering, handed back to the engine with it
     thinking: list[str] = []
     citations: list[str] = []
-    last_check = [0.0]
-    cancelled = [False]
+    # What the claim read stands for the first check: a stop or steering sent before the turn
+    # started is seen at once, and the next look at the database is one interval away.
+    last_check = [time.monotonic()]
+    cancelled = [turn.cancel_requested]
     steered = [False]
+    steering_waits = turn.pending_steering
 
     def should_stop() -> bool:
         if cancelled[0] or steered[0]:
@@ -128,7 +134,8 @@ def turn_run(turn_pk: int) -> None:
             steered[0] = False
             if should_stop() and cancelled[0]:
                 break
-            taken = steerings_take(turn=turn, writer=writer)
+            taken = steerings_take(turn=turn, writer=writer) if steering_waits else []
+            steering_waits = True  # after the first step, only a steering brings us back here
             if taken:
                 if "".join(segment):
                     messages.append(AgentMessage(role=MessageRole.ASSISTANT, content="".join(segment)))
