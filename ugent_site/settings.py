@@ -74,8 +74,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "timeout": 30,
     })
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test_ugent.sqlite3")}
-else:
-    DATABASES["default"].setdefault("CONN_MAX_AGE", 0)
+# Keep each thread's connection: a turn touches the database from the web thread, executor
+# threads and a worker thread, and opening a connection per query dominated a turn's cost.
+DATABASES["default"]["CONN_MAX_AGE"] = env.int("UGENT_DB_CONN_MAX_AGE", default=600)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 LANGUAGE_CODE = "en-us"
