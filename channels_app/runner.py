@@ -23,6 +23,7 @@ log = logging.getLogger("ugent.turns")
 COALESCE_SECONDS = 0.015
 STOP_CHECK_SECONDS = 0.1
 INTERRUPTED_ANSWER_NOTE = "[interrupted]"
+ACCEPTED_REQUEUE_SECONDS = 60
 
 
 class DeltaWriter:
@@ -310,7 +311,14 @@ def turns_sweep_stale() -> int:
 
     from django.conf import settings
     cutoff = timezone.now() - timedelta(seconds=settings.CELERY_TASK_TIME_LIMIT + 60)
-    return turns_recover_interrupted(started_before=cutoff)
+    ended = turns_recover_interrupted(started_before=cutoff)
+    # An accepted turn whose task never reached a worker (the broker failed after the commit) is
+    # queued again; the claim in turn_run keeps a task that was only slow from running it twice.
+    from channels_app.tasks import run_turn
+    stale = timezone.now() - timedelta(seconds=ACCEPTED_REQUEUE_SECONDS)
+    for pk in Turn.objects.filter(state=TurnState.ACCEPTED, created_at__lt=stale).values_list("pk", flat=True):
+        run_turn.delay(pk)
+    return ended
 
 
 def turns_requeue_accepted() -> int:

@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import uuid
+from urllib.parse import quote
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -39,7 +40,7 @@ def actor_resolve(*, caller: Caller, user: str | None = None, federation_issuer:
         raise ApplicationError("federation_issuer and federation_subject go together.",
                                status=400, code="invalid_request",
                                param="federation_issuer" if not federation_issuer else "federation_subject")
-    if caller.role == Role.APPLICATION:
+    if caller.role != Role.OPERATOR:  # anything not exactly an operator is held to the application rules
         if user:
             raise ApplicationError(APPLICATION_NAMES_FEDERATED_ONLY, status=403, code="actor_not_allowed",
                                    param="user")
@@ -47,7 +48,8 @@ def actor_resolve(*, caller: Caller, user: str | None = None, federation_issuer:
             raise ApplicationError(APPLICATION_NAMES_FEDERATED_ONLY, status=403, code="actor_not_allowed",
                                    param="federation_issuer")
     if federation_issuer:
-        key = f"fed:{federation_issuer}:{federation_subject}"
+        # Percent-encoded so that no issuer/subject pair can spell another's key ("a:b" + "c" vs "a" + "b:c").
+        key = f"fed:{quote(federation_issuer, safe='')}:{quote(federation_subject, safe='')}"
         defaults = {"channel": "web", "user_id": federation_subject, "caller": caller,
                     "federation_issuer": federation_issuer, "federation_subject": federation_subject}
     elif user:

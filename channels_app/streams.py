@@ -101,8 +101,8 @@ def conversation_for_viewer(*, viewer: Viewer, conversation_id: str, client_id: 
 # --- the log -----------------------------------------------------------------
 
 def log_head() -> int:
-    """The newest cursor in the log (0 for an empty log)."""
-    return Event.objects.aggregate(m=Max("id"))["m"] or 0
+    """The newest cursor the log has held: never below what retention pruned, even when it is empty."""
+    return max(Event.objects.aggregate(m=Max("id"))["m"] or 0, log_pruned_through())
 
 
 def log_pruned_through() -> int:
@@ -290,6 +290,8 @@ def turn_for_action(*, viewer: Viewer, conversation_id: str, client_id: str = ""
     if turn_id:
         turn = (Turn.objects.select_related("actor", "conversation").filter(turn_id=turn_id, conversation=conv)
                 .first() if conv else None)
+        # The exact turn_id is enough (the seed: "so another client can steer or stop exactly this
+        # turn"); ids the server makes are random, so only a client that was given one holds it.
         if turn is None:
             raise ApplicationError(NO_TURN, status=404, code="turn_not_found", param="turn_id")
         return turn

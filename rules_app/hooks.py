@@ -111,13 +111,21 @@ def workflow_answer(ctx: HookContext, decision: engine.StartWorkflow) -> str:
         return engine.WORKFLOW_COULD_NOT_START.format(workflow=workflow, reason=WORKFLOW_START_ERROR_REASON)
 
 
+COMPACT_FAILED = "Compacting the conversation failed; the agent's log says why."
+
+
 def native_action_answer(ctx: HookContext, action: str) -> str:
     """Run compact_conversation or extract_memory on the sender's conversation; return the answer."""
     from rules_app import services
     if action == "compact_conversation":
-        return services.conversation_compact(conversation=ctx.conversation,
-                                             keep_exchanges=conf.compact_keep_exchanges(),
-                                             first_message=ctx.is_first_message)
+        try:
+            with transaction.atomic():  # a failing compaction must not spoil the receipt's transaction
+                return services.conversation_compact(conversation=ctx.conversation,
+                                                     keep_exchanges=conf.compact_keep_exchanges(),
+                                                     first_message=ctx.is_first_message)
+        except Exception:
+            log.exception("compact_conversation failed")
+            return COMPACT_FAILED
     if action == "extract_memory":
         try:
             with transaction.atomic():

@@ -11,6 +11,8 @@ from pathlib import Path
 from django.conf import settings
 
 log = logging.getLogger("ugent.config")
+ROLES = ("operator", "application")
+DEFAULT_CALLER = "default"  # the caller of UGENT_WEB_API_KEY
 
 
 @dataclass(frozen=True)
@@ -47,14 +49,21 @@ def configured_keys() -> list[ConfiguredKey]:
     keys = []
     if settings.UGENT_WEB_API_KEY:
         role = auth.get("api_key_role", "operator")
-        keys.append(ConfiguredKey("default", role, (),
-                                  settings.UGENT_WEB_API_KEY))
+        if role in ROLES:
+            keys.append(ConfiguredKey(DEFAULT_CALLER, role, (), settings.UGENT_WEB_API_KEY))
+        else:
+            log.error("UGENT_WEB_API_KEY refused (api_key_role=%r; the roles are operator and application)", role)
     for entry in auth.get("keys", []):
         raw = os.environ.get(entry.get("key_env", ""), "")
-        if not raw or not entry.get("name"):
+        name, role = entry.get("name"), entry.get("role", "application")
+        if not raw or not name:
             continue
-        keys.append(ConfiguredKey(entry["name"], entry.get("role", "application"),
-                                  tuple(entry.get("issuers", ())), raw))
+        if role not in ROLES or name == DEFAULT_CALLER:
+            log.error("key refused (name=%s, reason=%s)", name,
+                      f"role {role!r} is not operator or application" if role not in ROLES
+                      else f"the name {DEFAULT_CALLER!r} belongs to UGENT_WEB_API_KEY")
+            continue
+        keys.append(ConfiguredKey(name, role, tuple(entry.get("issuers", ())), raw))
     return keys
 
 
