@@ -233,6 +233,10 @@ def delivery_ack(*, plugin_id: str, delivery_id: str, status: str, retryable: bo
             raise UnknownDeliveryId(delivery_id)
         if d.state in (DeliveryState.DELIVERED, DeliveryState.DEAD_LETTER):
             return {"state": d.state, "attempt": d.attempt, "duplicate": True}
+        if status != "delivered" and d.state != DeliveryState.IN_FLIGHT:
+            # A failure reported for a delivery nobody holds now (a replaced session's late ack)
+            # must not spend an attempt; "delivered" is accepted whenever it comes: it is the truth.
+            return {"state": d.state, "attempt": d.attempt, "duplicate": True}
         fields = {"claim": "", "updated_at": now}
         if status == "delivered":
             fields.update(state=DeliveryState.DELIVERED, delivered_at=now,

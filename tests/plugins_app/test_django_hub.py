@@ -176,3 +176,17 @@ def test_media_put_then_get_through_the_hub(tcast):
     media_id = run(hub.media_put("echo-main", Media(b"\x89PNG", "image/png", "a.png")))
     got = run(hub.media_get("echo-main", media_id))
     assert (got.data, got.content_type, got.filename) == (b"\x89PNG", "image/png", "a.png")
+
+
+def test_a_late_failure_ack_from_a_replaced_session_spends_no_attempt(tcast):
+    plugin = make_plugin()
+    [delivery_id] = _queue(plugin, 1)
+    hub = DjangoHub()
+    run(hub.poll_outbound("echo-main", 5, 1.0))
+    run(hub.hello_ok("echo-main", {"kind": "channel-echo"}))  # a new session: the delivery is pending again
+    out = run(hub.ack_outbound("echo-main", delivery_id, "failed", True, "old session timed out"))
+    assert out["duplicate"] is True
+    row = OutboundDelivery.objects.get(delivery_id=delivery_id)
+    assert row.state == "pending" and row.attempt == 1 and row.failures == []
+    # the truth still counts whenever it comes: a delivered ack settles it
+    assert run(hub.ack_outbound("echo-main", delivery_id, "delivered", False, None))["state"] == "delivered"
