@@ -93,7 +93,7 @@ def turn_run(turn_pk: int) -> None:
     if Turn.objects.filter(pk=turn_pk, state=TurnState.ACCEPTED).update(state=TurnState.RUNNING,
                                                                         started_at=now) != 1:
         return
-    turn = (Turn.objects.select_related("conversation", "actor", "receipt", "profile")
+    turn = (Turn.objects.select_related("conversation", "actor", "profile")
             .annotate(pending_steering=Exists(Steering.objects.filter(turn=OuterRef("pk"),
                                                                       state=SteeringState.PENDING)))
             .get(pk=turn_pk))
@@ -227,7 +227,7 @@ def turn_complete(*, turn: Turn, writer: DeltaWriter, answer: str, citations: li
     citations = citations + [c for c in _requested_citations(turn, answer) if c not in citations]
     now = timezone.now()
     with transaction.atomic():
-        Turn.objects.select_for_update().filter(pk=turn.pk).first()
+        Turn.objects.select_for_update().filter(pk=turn.pk).values_list("pk", flat=True).first()
         if Steering.objects.filter(turn_id=turn.pk, state=SteeringState.PENDING).exists():
             return False
         if not _end(turn, TurnState.COMPLETED, finished_at=now):
