@@ -146,8 +146,11 @@ def _sweep_stale(job_name: str) -> None:
     """A run still 'running' past the run task's hard limit died with its worker: it holds no place."""
     for run in CronRun.objects.filter(job_name=job_name, state=RunState.RUNNING,
                                       started_at__lt=_stale_cutoff()):
-        _run_end(run=run, state=RunState.INTERRUPTED, from_states=[RunState.RUNNING],
-                 error="the worker running it stopped")
+        if _run_end(run=run, state=RunState.INTERRUPTED, from_states=[RunState.RUNNING],
+                    error="the worker running it stopped"):
+            _send_failure_back(run)
+    # the places the swept runs held go to the runs waiting for them (overlap = queue)
+    cron_runs_promote(job_name=job_name)
 
 
 def _claim(*, job: CronJob, trigger: str, slot=None, **fields) -> tuple[Optional[CronRun], str]:
@@ -294,6 +297,7 @@ def cron_runs_recover() -> dict:
     for run in CronRun.objects.filter(state=RunState.RUNNING):
         if _run_end(run=run, state=RunState.INTERRUPTED, from_states=[RunState.RUNNING],
                     error="the process running it stopped"):
+            _send_failure_back(run)
             interrupted += 1
     requeued = 0
     for pk in CronRun.objects.filter(state=RunState.QUEUED).values_list("pk", flat=True):
