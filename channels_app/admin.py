@@ -1,5 +1,4 @@
 """The operator's view of the hub: callers and keys, actors, conversations, turns, receipts, events."""
-from django import forms
 from django.contrib import admin, messages
 
 from channels_app.models import (ApiKey, Actor, Caller, Conversation, Event, Message, Receipt, Steering, Turn)

@@ -13,7 +13,7 @@ import time
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import close_old_connections
-from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import JsonResponse, StreamingHttpResponse
 from django.views import View
 from rest_framework import serializers
 from rest_framework.response import Response
@@ -23,7 +23,7 @@ from channels_app import notify, services
 from channels_app.auth import IsOperator, authenticate_headers
 from channels_app.errors import ApplicationError, error_response, from_drf
 from channels_app.events import turn_topic
-from channels_app.models import Event, Receipt, Turn
+from channels_app.models import Event, Turn
 from channels_app.sse import DONE, PING, TERMINAL, ChunkRenderer
 from plugins_app.profiles import models_list
 

@@ -22,7 +22,6 @@ from plugins_app.engines.base import (ANSWER, ANSWER_RESET, CITATIONS, ERROR, TH
 log = logging.getLogger("ugent.turns")
 COALESCE_SECONDS = 0.015
 STOP_CHECK_SECONDS = 0.1
-INTERRUPTED_ANSWER_NOTE = "[interrupted]"
 ACCEPTED_REQUEUE_SECONDS = 60
 
 

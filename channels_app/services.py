@@ -21,7 +21,7 @@ from channels_app import hooks
 from channels_app.errors import ApplicationError
 from channels_app.events import event_append, events_append
 from channels_app.models import (FINAL_STATES, Actor, Caller, Conversation, Message, Receipt,
-                                 ReceiptState, Role, Turn, TurnState)
+                                 ReceiptState, Role, Turn)
 
 log = logging.getLogger("ugent.hub")
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import textwrap
 import tomllib
 from io import StringIO

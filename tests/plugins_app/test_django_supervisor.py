@@ -1,7 +1,6 @@
 """The supervisor wired to Plugin rows, with the echo worker as a real process."""
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
