@@ -4,6 +4,11 @@ The cursor is the row id. Ids must be visible in commit order so that
 "everything after cursor N" never skips an event that commits late: on
 PostgreSQL each append takes a transaction-scoped advisory lock, so appends
 commit one after another; SQLite already serialises writers.
+
+An append's foreign keys take KEY SHARE locks on its turn and conversation
+rows while it holds the advisory lock, so a transaction that locks a turn row
+and then appends must lock it FOR NO KEY UPDATE (no_key=True); FOR UPDATE
+would wait on the appender while the appender waits on it: a deadlock.
 """
 from __future__ import annotations
 

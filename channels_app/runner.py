@@ -226,7 +226,7 @@ def turn_complete(*, turn: Turn, writer: DeltaWriter, answer: str, citations: li
     citations = citations + [c for c in _requested_citations(turn, answer) if c not in citations]
     now = timezone.now()
     with transaction.atomic():
-        Turn.objects.select_for_update().filter(pk=turn.pk).values_list("pk", flat=True).first()
+        Turn.objects.select_for_update(no_key=True).filter(pk=turn.pk).values_list("pk", flat=True).first()
         if Steering.objects.filter(turn_id=turn.pk, state=SteeringState.PENDING).exists():
             return False
         if not _end(turn, TurnState.COMPLETED, finished_at=now):

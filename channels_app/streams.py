@@ -314,7 +314,7 @@ def turn_stop(*, viewer: Viewer, turn: Turn) -> dict:
     """Ask a live turn to stop; the runner stops it within one engine step and keeps what it answered."""
     by = viewer.actor.key
     with transaction.atomic():
-        locked = Turn.objects.select_for_update().get(pk=turn.pk)
+        locked = Turn.objects.select_for_update(no_key=True).get(pk=turn.pk)
         if locked.state not in LIVE:
             raise _finished(locked, "there is nothing to stop.")
         first = not locked.cancel_requested
@@ -332,7 +332,7 @@ def turn_steer(*, viewer: Viewer, turn: Turn, message: str) -> Steering:
     Taken under the turn's row lock, as the runner's completion is, so a steering is either
     applied or refused here, never silently lost to a turn that finished meanwhile."""
     with transaction.atomic():
-        locked = Turn.objects.select_for_update().get(pk=turn.pk)
+        locked = Turn.objects.select_for_update(no_key=True).get(pk=turn.pk)
         if locked.state not in LIVE:
             raise _finished(locked, "steering reaches only a running turn. Send the message as a new turn.")
         if locked.cancel_requested:
