@@ -140,6 +140,18 @@ class ActivityStreamApi(_StreamView):
 
 # --- stop and steering -------------------------------------------------------
 
+def _turn_named(serializer_class, request):
+    """Validate a stop/steering body and find the turn it names, for the caller's viewer."""
+    ser = serializer_class(data=request.data)
+    ser.is_valid(raise_exception=True)
+    d = ser.validated_data
+    viewer = _viewer(request.user.caller, d)
+    turn = streams.turn_for_action(viewer=viewer, conversation_id=d["conversation_id"],
+                                   client_id=d.get("client_id", ""), channel=d.get("channel", "web"),
+                                   turn_id=d.get("turn_id"))
+    return viewer, turn, d
+
+
 class StopApi(APIView):
     """POST /v1/ugent/stop: stop a conversation's running turn (its user, the operator, or its exact turn_id)."""
 
@@ -147,13 +159,7 @@ class StopApi(APIView):
         turn_id = serializers.CharField(required=False, max_length=100)
 
     def post(self, request):
-        ser = self.InputSerializer(data=request.data)
-        ser.is_valid(raise_exception=True)
-        d = ser.validated_data
-        viewer = _viewer(request.user.caller, d)
-        turn = streams.turn_for_action(viewer=viewer, conversation_id=d["conversation_id"],
-                                       client_id=d.get("client_id", ""), channel=d.get("channel", "web"),
-                                       turn_id=d.get("turn_id"))
+        viewer, turn, d = _turn_named(self.InputSerializer, request)
         return Response(streams.turn_stop(viewer=viewer, turn=turn), status=202)
 
 
@@ -170,13 +176,7 @@ class SteeringApi(APIView):
             return value
 
     def post(self, request):
-        ser = self.InputSerializer(data=request.data)
-        ser.is_valid(raise_exception=True)
-        d = ser.validated_data
-        viewer = _viewer(request.user.caller, d)
-        turn = streams.turn_for_action(viewer=viewer, conversation_id=d["conversation_id"],
-                                       client_id=d.get("client_id", ""), channel=d.get("channel", "web"),
-                                       turn_id=d.get("turn_id"))
+        viewer, turn, d = _turn_named(self.InputSerializer, request)
         steering = streams.turn_steer(viewer=viewer, turn=turn, message=d["message"])
         return Response({"object": "ugent.steering", "id": steering.id,
                          "conversation_id": turn.conversation.external_id, "turn_id": turn.turn_id,
