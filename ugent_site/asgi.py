@@ -1,4 +1,7 @@
-"""ASGI entry: HTTP through Django; WebSockets (live calls) join here when they land."""
+"""ASGI entry: /v1/ through the lean API handler, everything else (the admin) through Django's full stack.
+
+WebSockets (live calls) join here when they land.
+"""
 import os
 
 from django.core.asgi import get_asgi_application
@@ -8,4 +11,6 @@ django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter  # noqa: E402
 
-application = ProtocolTypeRouter({"http": django_asgi_app})
+from ugent_site.api_handler import ApiHandler, route  # noqa: E402
+
+application = ProtocolTypeRouter({"http": route(ApiHandler(), django_asgi_app)})

@@ -1,0 +1,121 @@
+"""The ASGI handler of the /v1/ API: Django's, without the per-request thread hops.
+
+Under ASGI, Django runs every `MiddlewareMixin` middleware's process_request and
+process_response, the request_started signal and response.close() through
+`sync_to_async(thread_sensitive=True)`, which inside a request's
+ThreadSensitiveContext means a new thread per request. For the chat API that
+was about a quarter of the web loop's time (py-spy, bench/chat_latency.py).
+
+Every /v1/ endpoint authenticates with an API key (channels_app.auth), so the
+session, auth, message and CSRF middleware have nothing to do there. This
+handler keeps Django's URL resolution, views and exception handling, runs one
+async-native middleware that sets the headers SecurityMiddleware,
+XFrameOptionsMiddleware and CommonMiddleware would, and sends no
+request_started/request_finished signals: the async views reach the database
+only through their own executor threads, which close stale connections
+themselves (close_old_connections), and a sync view's thread-sensitive thread
+ends with its request. The admin and everything else keep the full stack.
+"""
+from __future__ import annotations
+
+import asyncio
+
+from asgiref.sync import ThreadSensitiveContext
+from django.conf import settings
+from django.core.handlers.asgi import ASGIHandler
+from django.core.handlers.exception import convert_exception_to_response
+from django.core.exceptions import RequestAborted
+from django.core.handlers.asgi import get_script_prefix
+from django.urls import set_script_prefix
+
+API_PREFIX = "/v1/"
+
+
+def api_headers(get_response):
+    """The response headers the full stack's middleware would set on an API response."""
+
+    async def middleware(request):
+        response = await get_response(request)
+        if settings.SECURE_CONTENT_TYPE_NOSNIFF:
+            response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        if settings.SECURE_REFERRER_POLICY:
+            response.headers.setdefault("Referrer-Policy", settings.SECURE_REFERRER_POLICY)
+        response.headers.setdefault("X-Frame-Options", getattr(settings, "X_FRAME_OPTIONS", "DENY"))
+        if not response.streaming and "Content-Length" not in response:
+            response.headers["Content-Length"] = str(len(response.content))
+        return response
+
+    return middleware
+
+
+class ApiHandler(ASGIHandler):
+    def load_middleware(self, is_async=False):
+        super().load_middleware(is_async=True)
+        self._view_middleware = []
+        self._template_response_middleware = []
+        self._exception_middleware = []
+        self._middleware_chain = api_headers(convert_exception_to_response(self._get_response_async))
+
+    async def __call__(self, scope, receive, send):
+        async with ThreadSensitiveContext():
+            await self.handle(scope, receive, send)
+
+    async def handle(self, scope, receive, send):
+        """Django's ASGIHandler.handle without the signal sends and the thread hop to close."""
+        try:
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return
+        set_script_prefix(get_script_prefix(scope))
+        request, error_response = self.create_request(scope, body_file)
+        if request is None:
+            body_file.close()
+            await self.send_response(error_response, send)
+            return
+
+        async def process_request():
+            response = await self.run_get_response(request)
+            try:
+                await self.send_response(response, send)
+            except asyncio.CancelledError:
+                pass
+            return response
+
+        tasks = [asyncio.create_task(self.listen_for_disconnect(receive)),
+                 asyncio.create_task(process_request())]
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in tasks:
+            if task.done():
+                try:
+                    task.result()
+                except RequestAborted:
+                    pass
+            else:
+                task.cancel()  # a view may handle its cancellation (a stream whose client left)
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
+        try:
+            response = tasks[1].result()
+        except asyncio.CancelledError:
+            pass
+        else:
+            for closer in response._resource_closers:
+                try:
+                    closer()
+                except Exception:
+                    pass
+            response.closed = True
+        body_file.close()
+
+
+def route(api_app, default_app):
+    """An ASGI app sending /v1/ to the API handler and the rest to Django's full stack."""
+
+    async def app(scope, receive, send):
+        if scope["type"] == "http" and scope.get("path", "").startswith(API_PREFIX):
+            return await api_app(scope, receive, send)
+        return await default_app(scope, receive, send)
+
+    return app
