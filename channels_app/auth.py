@@ -1,10 +1,12 @@
 """API keys (x-api-key or Authorization: Bearer) -> the caller a request speaks for."""
 from __future__ import annotations
 
+import hmac
 from dataclasses import dataclass
 
 from rest_framework import authentication, permissions
 
+from channels_app import rows
 from channels_app.errors import ApplicationError
 from channels_app.models import ApiKey, Caller, Role, hash_key
 from ugent_site import config
@@ -38,15 +40,33 @@ def caller_for_key(raw: str) -> Caller | None:
         return None
     digest = hash_key(raw)
     for ck in config.configured_keys():
-        if hash_key(ck.raw) == digest:
-            caller, _ = Caller.objects.get_or_create(
-                name=ck.caller, defaults={"role": ck.role, "issuers": list(ck.issuers), "from_config": True})
+        if hmac.compare_digest(_digest(ck.raw), digest):
+            caller = rows.table(Caller).get(name=ck.caller)
+            if caller is None:
+                caller, _ = Caller.objects.get_or_create(
+                    name=ck.caller, defaults={"role": ck.role, "issuers": list(ck.issuers), "from_config": True})
             if caller.role != ck.role or caller.issuers != list(ck.issuers):
                 caller.role, caller.issuers = ck.role, list(ck.issuers)
                 caller.save(update_fields=["role", "issuers", "updated_at"])
             return caller
-    key = ApiKey.objects.select_related("caller").filter(key_hash=digest, active=True).first()
-    return key.caller if key else None
+    c, k = rows.table(Caller), rows.table(ApiKey)
+    row = rows.fetchone(f"SELECT {c.select_list(c.attnames, 'c')} FROM {k.name} k JOIN {c.name} c "
+                        f"ON c.id = k.{k.col('caller')} WHERE k.{k.col('key_hash')} = %s AND k.{k.col('active')} = %s",
+                        [digest, True])
+    return c.from_row(c.attnames, row) if row else None
+
+
+_digests: dict[str, str] = {}
+
+
+def _digest(raw: str) -> str:
+    """A configured key's hash, computed once per key."""
+    d = _digests.get(raw)
+    if d is None:
+        if len(_digests) > 1000:
+            _digests.clear()
+        d = _digests[raw] = hash_key(raw)
+    return d
 
 
 def authenticate_headers(headers) -> Principal:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from django.db import connection, transaction
 
-from channels_app import notify
+from channels_app import notify, rows
 from channels_app.models import Event
 
 EVENT_LOG_LOCK = 0x55474E54  # "UGNT"
@@ -39,21 +39,23 @@ def _lock_log() -> None:
 
 
 def event_append(*, conversation_id: int, type: str, data: dict, turn_pk: int | None = None,
-                 audience: list[str] | None = None) -> Event:
-    """Append one event; readers are woken when the transaction commits."""
+                 audience: list[str] | None = None) -> int:
+    """Append one event; readers are woken when the transaction commits. Returns its cursor."""
     return events_append(conversation_id=conversation_id, turn_pk=turn_pk,
                          items=[(type, data, audience or [])])[0]
 
 
 def events_append(*, conversation_id: int, turn_pk: int | None,
-                  items: list[tuple[str, dict, list[str]]]) -> list[Event]:
+                  items: list[tuple[str, dict, list[str]]]) -> list[int]:
+    """Append events in order; their cursors."""
+    table = rows.table(Event)
     # No savepoint of its own: an append inside a caller's transaction commits or fails with it.
     with transaction.atomic(savepoint=False):
         _lock_log()
-        rows = [Event.objects.create(conversation_id=conversation_id, turn_id=turn_pk, type=t,
-                                     data=d, audience=a) for t, d, a in items]
+        ids = [table.insert(conversation_id=conversation_id, turn_id=turn_pk, type=t, data=d, audience=a)
+               for t, d, a in items]
         topics = [LOG_TOPIC, conversation_topic(conversation_id)]
         if turn_pk is not None:
             topics.append(turn_topic(turn_pk))
         transaction.on_commit(lambda: notify.publish(*topics))
-    return rows
+    return ids

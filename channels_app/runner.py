@@ -9,13 +9,13 @@ from __future__ import annotations
 import logging
 import time
 
-from django.db import transaction
-from django.db.models import Exists, OuterRef
+from django.db import connection, transaction
 from django.utils import timezone
 
-from channels_app import hooks
+from channels_app import hooks, rows
 from channels_app.events import events_append
-from channels_app.models import Message, Receipt, ReceiptState, Steering, SteeringState, Turn, TurnState
+from channels_app.models import (Actor, Conversation, Message, Receipt, ReceiptState, Steering, SteeringState,
+                                 Turn, TurnState)
 from plugins_app.engines.base import (ANSWER, ANSWER_RESET, CITATIONS, ERROR, THINKING, TOOL, EngineError,
                                       stream_items)
 
@@ -62,22 +62,78 @@ def build_messages(turn: Turn):
     from ovos_plugin_manager.templates.agents import AgentMessage, MessageRole
     profile = turn.profile
     limit = profile.history_turns if profile else 20
-    past = list(Message.objects.filter(conversation_id=turn.conversation_id, hidden=False,
-                                       role__in=[Message.Role.USER, Message.Role.ASSISTANT])
-                .exclude(turn_id=turn.pk).filter(turn_id__lt=turn.pk)
-                .order_by("-id").values_list("role", "content")[:limit])
+    m = rows.table(Message)
+    past = rows.fetchall(
+        f"SELECT {m.col('role')}, {m.col('content')} FROM {m.name} WHERE {m.col('conversation')} = %s "
+        f"AND {m.col('hidden')} = %s AND {m.col('role')} IN (%s, %s) AND {m.col('turn')} < %s "
+        f"ORDER BY id DESC LIMIT %s",
+        [turn.conversation_id, False, Message.Role.USER, Message.Role.ASSISTANT, turn.pk, limit])
     past.reverse()
     messages = [AgentMessage(role=MessageRole(role), content=content) for role, content in past]
     # The summary a compaction left stands for the history it hid.
-    summary = (Message.objects.filter(conversation_id=turn.conversation_id, hidden=False,
-                                      role=Message.Role.SYSTEM)
-               .order_by("-id").values_list("content", flat=True).first())
+    summary = rows.fetchone(
+        f"SELECT {m.col('content')} FROM {m.name} WHERE {m.col('conversation')} = %s AND {m.col('hidden')} = %s "
+        f"AND {m.col('role')} = %s ORDER BY id DESC LIMIT 1", [turn.conversation_id, False, Message.Role.SYSTEM])
     if summary:
-        messages.insert(0, AgentMessage(role=MessageRole.SYSTEM, content=summary))
+        messages.insert(0, AgentMessage(role=MessageRole.SYSTEM, content=summary[0]))
     for block in (turn.context or {}).get("injected_context", []):
         messages.append(AgentMessage(role=MessageRole.SYSTEM, content=block))
     messages.append(AgentMessage(role=MessageRole.USER, content=(turn.context or {}).get("text", "")))
     return messages
+
+
+_TURN_COLUMNS = ["id", "turn_id", "conversation_id", "actor_id", "receipt_id", "state", "model", "profile_id",
+                 "allowed_tools", "denied_tools", "disable_memory_recall", "disable_code_context",
+                 "disable_memory_write", "input_mode", "include_thinking", "citation_ids", "context",
+                 "cancel_requested", "started_at"]
+_CONVERSATION_COLUMNS = ["id", "channel", "client_id", "external_id", "owner_id"]
+_ACTOR_COLUMNS = ["id", "key", "channel", "user_id"]
+_sql_cache: dict[str, str] = {}
+
+
+def _pending_steering_sql(turn_column: str) -> str:
+    s = rows.table(Steering)
+    return (f"EXISTS (SELECT 1 FROM {s.name} WHERE {s.col('state')} = %s AND "
+            f"{s.col('turn')} = {turn_column})")
+
+
+def _STOP_CHECK_SQL() -> str:
+    sql = _sql_cache.get("stop")
+    if sql is None:
+        t = rows.table(Turn)
+        sql = _sql_cache["stop"] = (f"SELECT {t.col('cancel_requested')}, {_pending_steering_sql('t.id')} "
+                                    f"FROM {t.name} t WHERE t.id = %s")
+    return sql
+
+
+def turn_fetch(turn_pk: int) -> Turn:
+    """The turn with its conversation, actor and profile, and whether steering waits: one statement."""
+    from plugins_app.models import AgentProfile
+    t, c, a = rows.table(Turn), rows.table(Conversation), rows.table(Actor)
+    p = rows.table(AgentProfile)
+    sql = _sql_cache.get("fetch")
+    if sql is None:
+        sql = _sql_cache["fetch"] = (
+            f"SELECT {t.select_list(_TURN_COLUMNS, 't')}, {c.select_list(_CONVERSATION_COLUMNS, 'c')}, "
+            f"{a.select_list(_ACTOR_COLUMNS, 'a')}, {p.select_list(p.attnames, 'p')}, "
+            f"{_pending_steering_sql('t.id')} "
+            f"FROM {t.name} t JOIN {c.name} c ON c.id = t.{t.col('conversation')} "
+            f"JOIN {a.name} a ON a.id = t.{t.col('actor')} "
+            f"LEFT JOIN {p.name} p ON p.id = t.{t.col('profile')} WHERE t.id = %s")
+    row = rows.fetchone(sql, [SteeringState.PENDING, turn_pk])
+    if row is None:
+        raise Turn.DoesNotExist(turn_pk)
+    i = 0
+    parts = []
+    for table, names in ((t, _TURN_COLUMNS), (c, _CONVERSATION_COLUMNS), (a, _ACTOR_COLUMNS), (p, p.attnames)):
+        parts.append((table, names, row[i:i + len(names)]))
+        i += len(names)
+    turn = t.from_row(_TURN_COLUMNS, parts[0][2])
+    turn.conversation = c.from_row(_CONVERSATION_COLUMNS, parts[1][2])
+    turn.actor = a.from_row(_ACTOR_COLUMNS, parts[2][2])
+    turn.profile = p.from_row(p.attnames, parts[3][2]) if parts[3][2][0] is not None else None
+    turn.pending_steering = bool(row[i])
+    return turn
 
 
 def turn_run(turn_pk: int) -> None:
@@ -89,14 +145,11 @@ def turn_run(turn_pk: int) -> None:
     """
     from ovos_plugin_manager.templates.agents import AgentMessage, MessageRole
     now = timezone.now()
-    if Turn.objects.filter(pk=turn_pk, state=TurnState.ACCEPTED).update(state=TurnState.RUNNING,
-                                                                        started_at=now) != 1:
+    if rows.table(Turn).update({"id": turn_pk, "state": TurnState.ACCEPTED},
+                               state=TurnState.RUNNING, started_at=now) != 1:
         return
-    turn = (Turn.objects.select_related("conversation", "actor", "profile")
-            .annotate(pending_steering=Exists(Steering.objects.filter(turn=OuterRef("pk"),
-                                                                      state=SteeringState.PENDING)))
-            .get(pk=turn_pk))
-    Receipt.objects.filter(pk=turn.receipt_id).update(state=ReceiptState.RUNNING, started_at=now)
+    turn = turn_fetch(turn_pk)
+    rows.table(Receipt).update({"id": turn.receipt_id}, state=ReceiptState.RUNNING, started_at=now)
     writer = DeltaWriter(turn)
     answer: list[str] = []
     segment: list[str] = []  # the answer since the last steering, handed back to the engine with it
@@ -114,10 +167,7 @@ def turn_run(turn_pk: int) -> None:
             return True
         if time.monotonic() - last_check[0] >= STOP_CHECK_SECONDS:
             last_check[0] = time.monotonic()
-            row = (Turn.objects.filter(pk=turn.pk)
-                   .annotate(steering=Exists(Steering.objects.filter(turn=OuterRef("pk"),
-                                                                     state=SteeringState.PENDING)))
-                   .values_list("cancel_requested", "steering").first())
+            row = rows.fetchone(_STOP_CHECK_SQL(), [SteeringState.PENDING, turn.pk])
             cancelled[0], steered[0] = bool(row and row[0]), bool(row and row[1])
         return cancelled[0] or steered[0]
 
@@ -187,18 +237,18 @@ def turn_run(turn_pk: int) -> None:
 def steerings_take(*, turn: Turn, writer: DeltaWriter) -> list[Steering]:
     """Apply the turn's pending steering: each becomes a user message of the turn and a turn.steered event."""
     with transaction.atomic():
-        rows = list(Steering.objects.select_for_update().filter(turn_id=turn.pk, state=SteeringState.PENDING)
-                    .select_related("actor").order_by("id"))
-        if not rows:
+        taken = list(Steering.objects.select_for_update().filter(turn_id=turn.pk, state=SteeringState.PENDING)
+                     .select_related("actor").order_by("id"))
+        if not taken:
             return []
         now = timezone.now()
-        Steering.objects.filter(pk__in=[r.pk for r in rows]).update(state=SteeringState.APPLIED, applied_at=now)
-        for r in rows:
+        Steering.objects.filter(pk__in=[r.pk for r in taken]).update(state=SteeringState.APPLIED, applied_at=now)
+        for r in taken:
             Message.objects.create(conversation_id=turn.conversation_id, role=Message.Role.USER, content=r.text,
                                    actor=r.actor, turn=turn)
         writer.flush([("turn.steered", {"turn_id": turn.turn_id, "steering_id": r.pk, "message": r.text,
-                                        "actor": r.actor.key}, []) for r in rows])
-    return rows
+                                        "actor": r.actor.key}, []) for r in taken])
+    return taken
 
 
 def _steerings_drop(turn: Turn) -> list:
@@ -216,7 +266,26 @@ def _requested_citations(turn: Turn, answer: str) -> list[str]:
 
 def _end(turn: Turn, state: str, **fields) -> bool:
     """Move a running turn to its end state; False when it has already ended (only one end wins)."""
-    return Turn.objects.filter(pk=turn.pk, state=TurnState.RUNNING).update(state=state, **fields) == 1
+    return rows.table(Turn).update({"id": turn.pk, "state": TurnState.RUNNING}, state=state, **fields) == 1
+
+
+def _lock_turn(turn: Turn) -> None:
+    """Hold the turn's row (FOR NO KEY UPDATE, see channels_app.events) until the transaction ends.
+    SQLite's transactions here begin IMMEDIATE: the write lock is already held."""
+    if connection.vendor == "postgresql":
+        t = rows.table(Turn)
+        rows.fetchone(f"SELECT id FROM {t.name} WHERE id = %s FOR NO KEY UPDATE", [turn.pk])
+
+
+def _steering_pending(turn: Turn) -> bool:
+    s = rows.table(Steering)
+    return rows.fetchone(f"SELECT 1 FROM {s.name} WHERE {s.col('turn')} = %s AND {s.col('state')} = %s LIMIT 1",
+                         [turn.pk, SteeringState.PENDING]) is not None
+
+
+def _answer_message(turn: Turn, answer: str) -> None:
+    rows.table(Message).insert(conversation_id=turn.conversation_id, role=Message.Role.ASSISTANT, content=answer,
+                               turn_id=turn.pk)
 
 
 def turn_complete(*, turn: Turn, writer: DeltaWriter, answer: str, citations: list[str]) -> bool:
@@ -226,15 +295,14 @@ def turn_complete(*, turn: Turn, writer: DeltaWriter, answer: str, citations: li
     citations = citations + [c for c in _requested_citations(turn, answer) if c not in citations]
     now = timezone.now()
     with transaction.atomic():
-        Turn.objects.select_for_update(no_key=True).filter(pk=turn.pk).values_list("pk", flat=True).first()
-        if Steering.objects.filter(turn_id=turn.pk, state=SteeringState.PENDING).exists():
+        _lock_turn(turn)
+        if _steering_pending(turn):
             return False
         if not _end(turn, TurnState.COMPLETED, finished_at=now):
             return True  # already ended elsewhere (swept as interrupted): write nothing over it
-        Message.objects.create(conversation_id=turn.conversation_id, role=Message.Role.ASSISTANT,
-                               content=answer, turn=turn)
-        Receipt.objects.filter(pk=turn.receipt_id).update(state=ReceiptState.COMPLETED, answer=answer,
-                                                          citations=citations, finished_at=now)
+        _answer_message(turn, answer)
+        rows.table(Receipt).update({"id": turn.receipt_id}, state=ReceiptState.COMPLETED, answer=answer,
+                                   citations=citations, finished_at=now)
         extra = []
         if citations:
             extra.append(("ugent.citations", {"turn_id": turn.turn_id, "citations": citations}, []))
@@ -251,10 +319,9 @@ def turn_fail(*, turn: Turn, writer: DeltaWriter, answer: str, reason: str, code
         if not _end(turn, TurnState.FAILED, error=reason, finished_at=now):
             return
         if answer:
-            Message.objects.create(conversation_id=turn.conversation_id, role=Message.Role.ASSISTANT,
-                                   content=answer, turn=turn)
-        Receipt.objects.filter(pk=turn.receipt_id).update(state=ReceiptState.FAILED, answer=answer,
-                                                          reason=reason, finished_at=now)
+            _answer_message(turn, answer)
+        rows.table(Receipt).update({"id": turn.receipt_id}, state=ReceiptState.FAILED, answer=answer,
+                                   reason=reason, finished_at=now)
         hooks.run_after_turn(turn=turn, state="failed", answer=answer)
         writer.flush(_steerings_drop(turn) + [
             ("turn.failed", {"turn_id": turn.turn_id, "state": "failed", "reason": reason, "code": code,
@@ -268,10 +335,9 @@ def turn_cancel_finish(*, turn: Turn, writer: DeltaWriter, answer: str) -> None:
         if not _end(turn, TurnState.CANCELLED, finished_at=now):
             return
         if answer:
-            Message.objects.create(conversation_id=turn.conversation_id, role=Message.Role.ASSISTANT,
-                                   content=answer, turn=turn)
-        Receipt.objects.filter(pk=turn.receipt_id).update(state=ReceiptState.CANCELLED, answer=answer,
-                                                          reason="stopped", finished_at=now)
+            _answer_message(turn, answer)
+        rows.table(Receipt).update({"id": turn.receipt_id}, state=ReceiptState.CANCELLED, answer=answer,
+                                   reason="stopped", finished_at=now)
         hooks.run_after_turn(turn=turn, state="cancelled", answer=answer)
         writer.flush(_steerings_drop(turn) + [
             ("turn.cancelled", {"turn_id": turn.turn_id, "state": "cancelled", "answer": answer, "partial": True},

@@ -17,7 +17,7 @@ from typing import Optional
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from channels_app import hooks
+from channels_app import hooks, rows
 from channels_app.errors import ApplicationError
 from channels_app.events import event_append, events_append
 from channels_app.models import (FINAL_STATES, Actor, Caller, Conversation, Message, Receipt,
@@ -71,15 +71,15 @@ def channel_actor_resolve(*, channel: str, user_id: str, display_name: str = "")
 
 
 def _get_or_create(model, defaults, **lookup):
-    try:
-        return model.objects.get(**lookup)
-    except model.DoesNotExist:
-        pass
+    table = rows.table(model)
+    found = table.get(**lookup)
+    if found is not None:
+        return found
     try:
         with transaction.atomic():
-            return model.objects.create(**lookup, **defaults)
+            return table.create(**lookup, **defaults)
     except IntegrityError:  # created concurrently
-        return model.objects.get(**lookup)
+        return table.get(**lookup)
 
 
 # --- where -------------------------------------------------------------------
@@ -87,17 +87,20 @@ def _get_or_create(model, defaults, **lookup):
 def conversation_resolve(*, channel: str, client_id: str, external_id: str | None, actor: Actor,
                          caller: Caller | None) -> tuple[Conversation, bool]:
     """The conversation by its id, created for `actor` on its first message; refused if not theirs."""
-    external_id = external_id or f"conv-{uuid.uuid4().hex}"
+    table = rows.table(Conversation)
+    if not external_id:  # a new conversation under an id of ours: nobody can hold it yet
+        return table.create(channel=channel, client_id=client_id or "", external_id=f"conv-{uuid.uuid4().hex}",
+                            owner=actor, caller=caller), True
     lookup = {"channel": channel, "client_id": client_id or "", "external_id": external_id}
-    conv = Conversation.objects.filter(**lookup).select_related("owner").first()
+    conv = table.get(**lookup)
     created = False
     if conv is None:
         try:
             with transaction.atomic():
-                conv = Conversation.objects.create(**lookup, owner=actor, caller=caller)
+                conv = table.create(**lookup, owner=actor, caller=caller)
                 created = True
         except IntegrityError:
-            conv = Conversation.objects.select_related("owner").get(**lookup)
+            conv = table.get(**lookup)
     # A plugin channel's conversation is the chat itself (a group has many senders; the plugin's
     # allowed_senders decides who may write); on the web channel it belongs to its first sender.
     if conv.owner_id != actor.id and channel == "web":
@@ -220,14 +223,13 @@ def message_submit(*, inbound: InboundMessage, profile=None) -> SubmitResult:
             conversation, created = conversation_resolve(
                 channel=inbound.channel, client_id=inbound.client_id, external_id=inbound.conversation_id,
                 actor=inbound.actor, caller=inbound.caller)
-            if inbound.client_message_id and Receipt.objects.filter(
-                    conversation=conversation, client_message_id=inbound.client_message_id).exists():
+            if inbound.client_message_id and _receipt_exists(conversation.pk, inbound.client_message_id):
                 raise _duplicate(conversation, inbound)
             if profile is None:
                 from plugins_app.profiles import profile_resolve
                 profile = profile_resolve(requested=inbound.model, conversation=conversation,
                                           caller=inbound.caller)
-            if inbound.turn_id and Turn.objects.filter(turn_id=inbound.turn_id).exists():
+            if inbound.turn_id and rows.table(Turn).get(turn_id=inbound.turn_id) is not None:
                 raise ApplicationError("This turn_id is already in use: send the turn a new one.", status=409,
                                        code="turn_id_in_use", param="turn_id", headers=NO_RETRY)
             return _submit_locked(inbound, conversation, created, profile)
@@ -242,8 +244,14 @@ def message_submit(*, inbound: InboundMessage, profile=None) -> SubmitResult:
         raise _duplicate(conversation, inbound)
 
 
+def _receipt_exists(conversation_pk: int, client_message_id: str) -> bool:
+    t = rows.table(Receipt)
+    return rows.fetchone(f"SELECT 1 FROM {t.name} WHERE {t.col('conversation')} = %s AND "
+                         f"{t.col('client_message_id')} = %s", [conversation_pk, client_message_id]) is not None
+
+
 def _submit_locked(inbound: InboundMessage, conversation: Conversation, created: bool, profile) -> SubmitResult:
-    receipt = Receipt.objects.create(
+    receipt = rows.table(Receipt).create(
         conversation=conversation, actor=inbound.actor,
         client_message_id=inbound.client_message_id or f"msg-{uuid.uuid4().hex}",
         content_hash=inbound.content_hash())
@@ -258,7 +266,7 @@ def _submit_locked(inbound: InboundMessage, conversation: Conversation, created:
                 "disable_memory_write": inbound.disable_memory_write,
                 "allowed_tools": inbound.allowed_tools, "denied_tools": inbound.denied_tools})
     stop = hooks.run_before_agent_turn(ctx)
-    turn = Turn.objects.create(
+    turn = rows.table(Turn).create(
         turn_id=inbound.turn_id or f"turn-{uuid.uuid4().hex}", conversation=conversation,
         actor=inbound.actor, receipt=receipt, model=profile.name if profile else "",
         profile=profile, allowed_tools=ctx.allowed_tools, denied_tools=inbound.denied_tools,
@@ -267,8 +275,8 @@ def _submit_locked(inbound: InboundMessage, conversation: Conversation, created:
         disable_memory_write=inbound.disable_memory_write, input_mode=inbound.input_mode or "",
         include_thinking=inbound.include_thinking, citation_ids=inbound.citation_ids,
         context={"tags": ctx.tags, "injected_context": ctx.injected_context, "text": ctx.text})
-    Message.objects.create(conversation=conversation, role=Message.Role.USER, content=inbound.text,
-                           actor=inbound.actor, turn=turn)
+    rows.table(Message).insert(conversation=conversation, role=Message.Role.USER, content=inbound.text,
+                               actor=inbound.actor, turn=turn)
     user_event = {"turn_id": turn.turn_id, "client_message_id": receipt.client_message_id,
                   "content": inbound.text, "role": "user", "actor": inbound.actor.key}
     if inbound.input_mode:

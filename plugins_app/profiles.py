@@ -4,6 +4,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
+from channels_app import rows
 from channels_app.errors import ApplicationError
 from plugins_app.models import AgentProfile
 
@@ -44,9 +45,8 @@ def _by_name(name: str) -> AgentProfile | None:
     if "@" in name and ":" in name.split("@", 1)[0]:
         head, model = name.split("@", 1)
         provider, instance = head.split(":", 1)
-        return AgentProfile.objects.filter(provider=provider, instance=instance, name=model,
-                                           allowed=True).first()
-    return AgentProfile.objects.filter(name=name, allowed=True).order_by("id").first()
+        return rows.table(AgentProfile).get(provider=provider, instance=instance, name=model, allowed=True)
+    return rows.table(AgentProfile).get(name=name, allowed=True)
 
 
 def profile_resolve(*, requested: str | None, conversation=None, caller=None) -> AgentProfile:
@@ -64,8 +64,8 @@ def profile_resolve(*, requested: str | None, conversation=None, caller=None) ->
             profile = _by_name(choice)
             if profile is not None:
                 return profile
-    profile = (AgentProfile.objects.filter(is_default=True, allowed=True).first()
-               or AgentProfile.objects.filter(allowed=True).order_by("id").first())
+    profile = (rows.table(AgentProfile).get(is_default=True, allowed=True)
+               or rows.table(AgentProfile).get(allowed=True))
     if profile is None:
         raise ApplicationError("No model is available here.", status=400, code="model_not_found",
                                param="model")

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from channels_app import rows
 from rules_app.models import Rule, RuleSet, RuleSource, WorkspaceTrust
 
 
@@ -23,7 +24,9 @@ def workspace_trust_get(path) -> Optional[WorkspaceTrust]:
 
 def rule_set_versions() -> tuple[tuple[int, str, int], ...]:
     """(id, source, version) of every rule set: the one cheap query each message makes."""
-    return tuple(RuleSet.objects.order_by("id").values_list("id", "source", "version"))
+    t = rows.table(RuleSet)
+    return tuple(tuple(r) for r in rows.fetchall(
+        f"SELECT id, {t.col('source')}, {t.col('version')} FROM {t.name} ORDER BY id", []))
 
 
 def admin_rules() -> list[Rule]:

@@ -1,0 +1,171 @@
+"""Statements of the turn path, compiled once.
+
+Every message writes a receipt, a turn, messages and events, and the turn
+runner reads and moves them. Through the ORM each statement cost 0.2 to 0.5 ms
+of Python compiling the same SQL again; the chat API's added latency was
+mostly that (profiled with bench/chat_latency.py and py-spy). A `Table` builds
+a model's INSERT and UPDATE once per shape from the model's own fields, and
+adapts values the way `Model.save` does (`get_db_prep_save`: JSON, datetimes,
+foreign keys), so the columns, defaults and types stay the model's.
+
+Selects are written where they are used, against `Table.name` and
+`Table.col(...)`; they run through Django's cursor, so transactions, test
+isolation and the connection handling stay Django's.
+"""
+from __future__ import annotations
+
+from datetime import timezone as dt_timezone
+
+from django.db import connection
+from django.utils import timezone
+
+
+# Field types whose str/int/bool values go to the database as they are (get_db_prep_save is identity).
+_PLAIN = frozenset({"CharField", "TextField", "SlugField", "BooleanField", "IntegerField", "BigIntegerField",
+                    "PositiveIntegerField", "SmallIntegerField", "ForeignKey", "OneToOneField"})
+
+
+class Table:
+    """One model's table: inserts and updates with the model's defaults and adaptation."""
+
+    def __init__(self, model):
+        self.model = model
+        meta = model._meta
+        self.name = connection.ops.quote_name(meta.db_table)
+        self.fields = [f for f in meta.concrete_fields if not f.primary_key]
+        self.by_name = {f.name: f for f in self.fields}
+        self.by_name.update({f.attname: f for f in self.fields})
+        self._insert_sql: dict[tuple, str] = {}
+        self._update_sql: dict[tuple, str] = {}
+        self._get_sql: dict[tuple, str] = {}
+        self.attnames = ["id"] + [f.attname for f in self.fields]
+
+    def col(self, name: str) -> str:
+        return connection.ops.quote_name(self.by_name[name].column)
+
+    def _prep(self, field, value):
+        if value is None or (field.get_internal_type() in _PLAIN and type(value) in (str, int, bool)):
+            return value
+        return field.get_db_prep_save(value, connection)
+
+    def _values(self, values: dict) -> tuple[dict, dict]:
+        """Every column's Python value by attname (given, auto_now(_add), or the model default),
+        and the related instances given for foreign keys."""
+        now = timezone.now()
+        row, related = {}, {}
+        for f in self.fields:
+            if f.attname in values:
+                value = values[f.attname]
+            elif f.name in values:
+                value = values[f.name]
+                if value is not None and f.is_relation:
+                    related[f.name] = value
+                    value = value.pk
+            elif getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False):
+                value = now
+            else:
+                value = f.get_default()
+            row[f.attname] = value
+        return row, related
+
+    def _insert(self, row: dict) -> int:
+        sql = self._insert_sql.get(())
+        if sql is None:
+            cols = ", ".join(connection.ops.quote_name(f.column) for f in self.fields)
+            marks = ", ".join(["%s"] * len(self.fields))
+            sql = self._insert_sql[()] = f"INSERT INTO {self.name} ({cols}) VALUES ({marks}) RETURNING id"
+        with connection.cursor() as cur:
+            cur.execute(sql, [self._prep(f, row[f.attname]) for f in self.fields])
+            return cur.fetchone()[0]
+
+    def insert(self, **values) -> int:
+        """INSERT one row; fields not given get their model default, auto_now(_add) fields now. Returns its id."""
+        return self._insert(self._values(values)[0])
+
+    def create(self, **values):
+        """As `Model.objects.create` (without its signals): the saved instance."""
+        row, related = self._values(values)
+        pk = self._insert(row)
+        obj = self.model(pk=pk, **row)
+        for name, instance in related.items():
+            setattr(obj, name, instance)
+        obj._state.adding = False
+        obj._state.db = connection.alias
+        return obj
+
+    def from_row(self, names: list[str], values) -> object:
+        """An instance from a raw select of `names` (attnames): the fields not read load on access."""
+        decoded = []
+        for name, value in zip(names, values):
+            f = self.by_name.get(name)
+            if f is not None and value is not None:
+                if hasattr(f, "from_db_value"):
+                    value = f.from_db_value(value, None, connection)
+                elif f.get_internal_type() == "DateTimeField" and timezone.is_naive(value):
+                    value = timezone.make_aware(value, dt_timezone.utc)
+            decoded.append(value)
+        return self.model.from_db(connection.alias, names, decoded)
+
+    def get(self, **where):
+        """The first row (by id) whose fields equal `where`, as an instance; None when there is none."""
+        key = tuple(where)
+        sql = self._get_sql.get(key)
+        if sql is None:
+            conds = " AND ".join(f"{self._column(n)} = %s" for n in key)
+            sql = self._get_sql[key] = (f"SELECT {self.select_list(self.attnames)} FROM {self.name} "
+                                        f"WHERE {conds} ORDER BY {self._column('id')} LIMIT 1")
+        row = fetchone(sql, [self._lookup(n, v) for n, v in where.items()])
+        return None if row is None else self.from_row(self.attnames, row)
+
+    def _lookup(self, name: str, value):
+        if name in ("id", "pk"):
+            return value
+        return self.by_name[name].get_db_prep_value(value, connection)
+
+    def select_list(self, names: list[str], alias: str | None = None) -> str:
+        prefix = f"{alias}." if alias else ""
+        return ", ".join(prefix + self._column(n) for n in names)
+
+    def update(self, where: dict, **values) -> int:
+        """UPDATE rows matching `where` (equality on each field) with `values` (and updated_at); the row count."""
+        if "updated_at" in self.by_name and "updated_at" not in values:
+            values["updated_at"] = timezone.now()
+        set_names, where_names = tuple(values), tuple(where)
+        key = (set_names, where_names)
+        sql = self._update_sql.get(key)
+        if sql is None:
+            sets = ", ".join(f"{self._column(n)} = %s" for n in set_names)
+            conds = " AND ".join(f"{self._column(n)} = %s" for n in where_names)
+            sql = self._update_sql[key] = f"UPDATE {self.name} SET {sets} WHERE {conds}"
+        params = [self._prep(self.by_name[n], values[n]) for n in set_names]
+        params += [self._lookup(n, where[n]) for n in where_names]
+        with connection.cursor() as cur:
+            cur.execute(sql, params)
+            return cur.rowcount
+
+    def _column(self, name: str) -> str:
+        if name in ("id", "pk"):
+            return connection.ops.quote_name(self.model._meta.pk.column)
+        return self.col(name)
+
+
+def fetchone(sql: str, params) -> tuple | None:
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        return cur.fetchone()
+
+
+def fetchall(sql: str, params) -> list[tuple]:
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        return cur.fetchall()
+
+
+_tables: dict = {}
+
+
+def table(model) -> Table:
+    t = _tables.get(model)
+    if t is None:
+        t = _tables[model] = Table(model)
+    return t
