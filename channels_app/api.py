@@ -143,14 +143,30 @@ def _events_after(turn_pk: int, cursor: int) -> list[tuple[int, str, dict]]:
         f"ORDER BY id", [turn_pk, cursor])]
 
 
+def _take_pushed(batches: list, cursor: int) -> list | None:
+    """The rows the wake-ups carried that follow `cursor` without a gap; None when the database must be read
+    (a plain wake-up, or a batch that does not start where the reader stands)."""
+    if not batches:
+        return None
+    taken = []
+    for batch in batches:
+        if batch.rows[-1][0] <= cursor:
+            continue  # already read from the database
+        if batch.prev != cursor:
+            return None
+        taken.extend(batch.rows)
+        cursor = batch.rows[-1][0]
+    return taken
+
+
 async def turn_events(turn_pk: int):
     """Yield a turn's events in cursor order until its terminal event; None on idle keep-alive ticks."""
     waiter = await notify.subscribe(turn_topic(turn_pk))
     read = sync_to_async(_events_after, thread_sensitive=False)
     cursor, idle_since = 0, time.monotonic()
     try:
+        rows = await read(turn_pk, cursor)
         while True:
-            rows = await read(turn_pk, cursor)
             for row in rows:
                 cursor = row[0]
                 yield row
@@ -162,6 +178,9 @@ async def turn_events(turn_pk: int):
                 idle_since = time.monotonic()
                 yield None
             await waiter.wait()
+            rows = _take_pushed(waiter.take(), cursor)
+            if rows is None:
+                rows = await read(turn_pk, cursor)
     finally:
         waiter.close()
 

@@ -38,6 +38,12 @@ def _lock_log() -> None:
             cur.execute("SELECT pg_advisory_xact_lock(%s)", [EVENT_LOG_LOCK])
 
 
+def _turn_event_before(turn_pk: int, first_id: int) -> int:
+    t = rows.table(Event)
+    row = rows.fetchone(f"SELECT MAX(id) FROM {t.name} WHERE {t.col('turn')} = %s AND id < %s", [turn_pk, first_id])
+    return (row[0] if row else None) or 0
+
+
 def event_append(*, conversation_id: int, type: str, data: dict, turn_pk: int | None = None,
                  audience: list[str] | None = None) -> int:
     """Append one event; readers are woken when the transaction commits. Returns its cursor."""
@@ -55,7 +61,12 @@ def events_append(*, conversation_id: int, turn_pk: int | None,
         ids = [table.insert(conversation_id=conversation_id, turn_id=turn_pk, type=t, data=d, audience=a)
                for t, d, a in items]
         topics = [LOG_TOPIC, conversation_topic(conversation_id)]
-        if turn_pk is not None:
+        batch = None
+        if turn_pk is not None and ids:
             topics.append(turn_topic(turn_pk))
-        transaction.on_commit(lambda: notify.publish(*topics))
+            # Under the log's lock (SQLite: the one writer) every event of the turn below our first
+            # id has committed, so `prev` is exact: a reader at that cursor can take these rows as they are.
+            batch = (turn_topic(turn_pk), notify.TurnBatch(prev=_turn_event_before(turn_pk, ids[0]), rows=tuple(
+                (i, t, d) for i, (t, d, _a) in zip(ids, items))))
+        transaction.on_commit(lambda: notify.publish(*topics, batch=batch))
     return ids

@@ -1,22 +1,44 @@
 """Wake-ups for stream readers when events commit.
 
-The database is the record; a notification only says "read again". Embedded
+The database is the record; a notification says "read again". Embedded
 mode wakes waiters in this process; servers mode also publishes on Redis so a
 reader in another daphne process wakes. A lost notification costs at most one
 poll interval, never an event.
+
+A turn's event appends also carry what they wrote (`TurnBatch`): the rows and
+the id of the turn's event before them. A reader whose cursor is that id takes
+the rows as they are, without a trip to the database; any other reader (one
+that missed a batch, or saw batches out of commit order) reads the database as
+before. So a pushed batch can only save a read, never skip an event.
 """
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 from collections import defaultdict
+from dataclasses import dataclass
 
 from django.conf import settings
 
 log = logging.getLogger("ugent.notify")
 CHANNEL_PREFIX = "ugent:n:"
 POLL_INTERVAL = 0.5
+
+#: A waiter that is not taking its batches keeps at most this many; then its reader reads.
+MAX_HELD_BATCHES = 64
+#: Batches larger than this (JSON bytes) are not sent over Redis: the reader reads them instead.
+REDIS_BATCH_LIMIT = 64 * 1024
+
+
+@dataclass(frozen=True)
+class TurnBatch:
+    """Events one transaction appended to a turn, in id order, and the turn's event id before them."""
+
+    prev: int
+    rows: tuple  # ((id, type, data), ...)
+
 
 _lock = threading.Lock()
 _waiters: dict[str, set] = defaultdict(set)
@@ -31,9 +53,25 @@ class Waiter:
         self.topic = topic
         self.loop = asyncio.get_running_loop()
         self.event = asyncio.Event()
+        self.batches: list[TurnBatch] = []
+        self.plain = False  # woken without rows since the last take: the reader must read
 
-    def wake(self) -> None:
-        self.loop.call_soon_threadsafe(self.event.set)
+    def wake(self, batch: TurnBatch | None = None) -> None:
+        self.loop.call_soon_threadsafe(self._wake, batch)
+
+    def _wake(self, batch: TurnBatch | None) -> None:
+        if batch is None or len(self.batches) >= MAX_HELD_BATCHES:
+            self.plain, self.batches = True, []
+        else:
+            self.batches.append(batch)
+        self.event.set()
+
+    def take(self) -> list[TurnBatch] | None:
+        """The batches that woke it since the last take, in arrival order; None when the reader must
+        read the database (a plain wake-up, or too many batches held)."""
+        batches, plain = self.batches, self.plain
+        self.batches, self.plain = [], False
+        return None if plain else batches
 
     async def wait(self, timeout: float = POLL_INTERVAL) -> None:
         try:
@@ -58,20 +96,23 @@ async def subscribe(topic: str) -> Waiter:
     return waiter
 
 
-def _wake_local(topic: str) -> None:
+def _wake_local(topic: str, batch: TurnBatch | None = None) -> None:
     with _lock:
         waiters = list(_waiters.get(topic, ()))
     for w in waiters:
         try:
-            w.wake()
+            w.wake(batch)
         except RuntimeError:  # its loop has closed
             w.close()
 
 
-def publish(*topics: str) -> None:
-    """Wake every reader of these topics, here and (servers mode) in other processes."""
+def publish(*topics: str, batch: tuple[str, TurnBatch] | None = None) -> None:
+    """Wake every reader of these topics, here and (servers mode) in other processes.
+
+    `batch` is (topic, TurnBatch): readers of that topic get the rows with their wake-up."""
+    batch_topic, turn_batch = batch if batch else (None, None)
     for topic in topics:
-        _wake_local(topic)
+        _wake_local(topic, turn_batch if topic == batch_topic else None)
     if settings.REDIS_URL:
         global _redis
         try:
@@ -80,10 +121,26 @@ def publish(*topics: str) -> None:
                 _redis = redis.Redis.from_url(settings.REDIS_URL)
             pipe = _redis.pipeline(transaction=False)
             for topic in topics:
-                pipe.publish(CHANNEL_PREFIX + topic, b"1")
+                message = b"1"
+                if topic == batch_topic:
+                    encoded = json.dumps([turn_batch.prev, turn_batch.rows], separators=(",", ":"),
+                                         default=str).encode()
+                    if len(encoded) <= REDIS_BATCH_LIMIT:
+                        message = encoded
+                pipe.publish(CHANNEL_PREFIX + topic, message)
             pipe.execute()
         except Exception as exc:  # readers still poll; a Redis hiccup delays, never loses
             log.warning("notify publish failed (error=%s)", exc)
+
+
+def _batch_decode(data) -> TurnBatch | None:
+    if not data or data in (b"1", "1"):
+        return None
+    try:
+        prev, rows = json.loads(data)
+        return TurnBatch(prev=int(prev), rows=tuple((int(i), str(t), d) for i, t, d in rows))
+    except (ValueError, TypeError):
+        return None  # a plain wake-up: the reader reads
 
 
 def _ensure_redis_listener() -> None:
@@ -109,7 +166,7 @@ def _redis_listen_forever() -> None:
                 if msg.get("type") != "pmessage":
                     continue
                 channel = msg["channel"].decode() if isinstance(msg["channel"], bytes) else msg["channel"]
-                _wake_local(channel[len(CHANNEL_PREFIX):])
+                _wake_local(channel[len(CHANNEL_PREFIX):], _batch_decode(msg.get("data")))
         except Exception as exc:
             log.warning("notify listener reconnecting (error=%s)", exc)
             time.sleep(0.5)

@@ -1,0 +1,118 @@
+"""A turn's event appends carry their rows to readers; a reader takes them only when they follow its cursor.
+
+The pushed rows save the chat stream a database read. They must never let it skip an event: a batch that
+does not start where the reader stands, a plain wake-up, or too many held batches send it to the database.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.db import connection
+
+from channels_app import notify
+from channels_app.api import _take_pushed, turn_events
+from channels_app.events import events_append, turn_topic
+from channels_app.models import Conversation, Receipt, Turn
+from channels_app.notify import TurnBatch
+
+
+def _batch(prev, *ids):
+    return TurnBatch(prev=prev, rows=tuple((i, "turn.delta", {"text": str(i)}) for i in ids))
+
+
+def test_contiguous_batches_are_taken_in_order():
+    rows = _take_pushed([_batch(4, 5, 6), _batch(6, 9)], cursor=4)
+    assert [r[0] for r in rows] == [5, 6, 9]
+
+
+def test_a_batch_that_does_not_start_at_the_cursor_sends_the_reader_to_the_database():
+    assert _take_pushed([_batch(5, 7)], cursor=4) is None
+    # out of commit order: the later batch arrived first
+    assert _take_pushed([_batch(6, 7), _batch(4, 5, 6)], cursor=4) is None
+
+
+def test_batches_already_read_are_skipped_and_nothing_pushed_means_read():
+    assert _take_pushed([_batch(2, 3, 4), _batch(4, 5)], cursor=4) == [(5, "turn.delta", {"text": "5"})]
+    assert _take_pushed([], cursor=4) is None
+    assert _take_pushed(None, cursor=4) is None
+
+
+def test_a_plain_wake_up_or_too_many_held_batches_make_take_say_read():
+    async def scenario():
+        w = await notify.subscribe("t:test")
+        try:
+            w._wake(_batch(0, 1))
+            assert w.take() == [_batch(0, 1)]
+            w._wake(_batch(1, 2))
+            w._wake(None)
+            assert w.take() is None
+            for i in range(notify.MAX_HELD_BATCHES + 1):
+                w._wake(_batch(i, i + 1))
+            assert w.take() is None
+            assert w.take() == []  # and it starts over
+        finally:
+            w.close()
+    asyncio.run(scenario())
+
+
+def _turn(tcast, n):
+    from channels_app.services import actor_resolve
+    actor = actor_resolve(caller=tcast.operator, user="alice")
+    conv = Conversation.objects.create(external_id=f"c-push-{n}", owner=actor)
+    receipt = Receipt.objects.create(conversation=conv, actor=actor, client_message_id=f"m{n}", content_hash="x")
+    return Turn.objects.create(turn_id=f"turn-push-{n}", conversation=conv, actor=actor, receipt=receipt)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_append_names_the_turns_previous_event_even_with_other_turns_between(tcast, monkeypatch):
+    a, b = _turn(tcast, 1), _turn(tcast, 2)
+    published = []
+    monkeypatch.setattr(notify, "publish", lambda *topics, batch=None: published.append(batch))
+    first = events_append(conversation_id=a.conversation_id, turn_pk=a.pk, items=[("turn.delta", {"n": 1}, [])])
+    events_append(conversation_id=b.conversation_id, turn_pk=b.pk, items=[("turn.delta", {"n": 2}, [])])
+    third = events_append(conversation_id=a.conversation_id, turn_pk=a.pk,
+                          items=[("turn.delta", {"n": 3}, []), ("turn.completed", {"n": 4}, [])])
+    topic, batch = published[-1]
+    assert topic == turn_topic(a.pk)
+    assert batch.prev == first[0]
+    assert [r[0] for r in batch.rows] == third
+    assert [r[1] for r in batch.rows] == ["turn.delta", "turn.completed"]
+    assert published[0][1].prev == 0  # the turn's first event
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_chat_stream_reader_gets_every_event_once_in_order_from_pushes_and_reads(tcast):
+    """Events appended from another thread while the reader waits: pushed, read, or both, never lost or doubled."""
+    turn = _turn(tcast, 3)
+    appended = []
+
+    def writer(ready: threading.Event):
+        ready.wait(5)
+        for i in range(30):
+            appended.extend(events_append(conversation_id=turn.conversation_id, turn_pk=turn.pk,
+                                          items=[("turn.delta", {"segment": "answer", "text": str(i)}, [])]))
+        appended.extend(events_append(conversation_id=turn.conversation_id, turn_pk=turn.pk,
+                                      items=[("turn.completed", {"answer": ""}, [])]))
+        connection.close()
+
+    async def reader():
+        ready = threading.Event()
+        thread = threading.Thread(target=writer, args=(ready,))
+        thread.start()
+        seen = []
+        async for row in turn_events(turn.pk):
+            if row is None:
+                continue
+            seen.append(row[0])
+            ready.set()
+        await sync_to_async(thread.join)()
+        return seen
+
+    # the reader's first read finds the user message written before it subscribed
+    first = events_append(conversation_id=turn.conversation_id, turn_pk=turn.pk,
+                          items=[("ugent.user_message", {"content": "hi"}, [])])
+    seen = asyncio.run(reader())
+    assert seen == first + appended
