@@ -9,13 +9,20 @@ same requests against both in this one run:
     between the last token and [DONE],
   * turns per second with sixteen clients.
 
-Usage: python bench/chat_latency.py [--requests 300] [--concurrency 16]
+Also prints the daemon's CPU time per turn (all its processes), the figure
+that bounds turns per second on a small machine.
+
+Usage: python bench/chat_latency.py [--requests 300] [--concurrency 16] [--servers]
+  --servers  daphne and a Celery worker as separate processes over Redis and
+             PostgreSQL (REDIS_URL, default redis://127.0.0.1:6379/12; the
+             database is created and dropped; UGENT_TEST_PG names the server)
 Prints figures; asserts nothing.
 """
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import os
 import statistics
 import subprocess
 import sys
@@ -70,7 +77,17 @@ def one_request(client: httpx.Client, url: str, headers: dict, model: str, strea
     raise RuntimeError("stream ended without [DONE]")
 
 
-def run(label, url, headers, model, *, n, concurrency, stream, progress=True):
+def process_cpu_seconds(pids) -> float:
+    """User + system CPU of these processes so far (Linux /proc)."""
+    total = 0.0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def run(label, url, headers, model, *, n, concurrency, stream, progress=True, pids=()):
     lat, ttft, tail = [], [], []
     lock = threading.Lock()
     clients = threading.local()
@@ -88,11 +105,12 @@ def run(label, url, headers, model, *, n, concurrency, stream, progress=True):
                 print(f"  {label}: {len(lat)}/{n}", file=sys.stderr, flush=True)
     for _ in range(min(20, n)):  # warm-up: connections, imports, the engine's pool
         one_request(httpx.Client(timeout=60), url, headers, model, stream)
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), process_cpu_seconds(pids)
     with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
         list(pool.map(work, range(n)))
     wall = time.perf_counter() - t0
-    return {"p50": pct(lat, 50) * 1000, "p99": pct(lat, 99) * 1000, "rps": n / wall,
+    cpu = (process_cpu_seconds(pids) - cpu0) / n * 1000 if pids else None
+    return {"p50": pct(lat, 50) * 1000, "p99": pct(lat, 99) * 1000, "rps": n / wall, "cpu": cpu,
             "ttft50": pct(ttft, 50) * 1000 if ttft else None, "tail50": pct(tail, 50) * 1000 if tail else None,
             "tail99": pct(tail, 99) * 1000 if tail else None}
 
@@ -101,12 +119,17 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=300)
     ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--servers", action="store_true", help="separate processes over Redis and PostgreSQL")
     args = ap.parse_args()
+    if args.servers:
+        os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/12")
     stub, stub_url = start_stub()
     tmp = Path(tempfile.mkdtemp(prefix="ugent-bench-"))
-    d = Daemon(tmp, servers=False)
+    d = Daemon(tmp, servers=args.servers)
     try:
         (tmp / "workspace").mkdir(parents=True)
+        if args.servers:
+            d._pg(f'CREATE DATABASE "{d.dbname}"')
         d.manage("migrate", "--noinput")
         d.manage("shell", "-c", "from plugins_app.models import AgentProfile as P; "
                  f"P.objects.create(name='bench', provider='openai-compatible', is_default=True, "
@@ -115,20 +138,24 @@ def main():
         ours = (d.base + "/v1/chat/completions", {"x-api-key": d.key}, "bench")
         direct = (stub_url + "/chat/completions", {}, "stub-model")
         n = args.requests
-        print(f"chat API added latency: {n} requests each, stub upstream, embedded daemon", flush=True)
+        mode = "servers mode (daphne + celery worker, Redis, PostgreSQL)" if args.servers else "embedded daemon"
+        print(f"chat API added latency: {n} requests each, stub upstream, {mode}", flush=True)
+        pids = [p.pid for p in d.procs]
         rows = []
         for name, stream, conc in (("non-stream c=1", False, 1), ("stream c=1", True, 1),
                                    (f"non-stream c={args.concurrency}", False, args.concurrency),
                                    (f"stream c={args.concurrency}", True, args.concurrency)):
             base = run("direct " + name, *direct, n=n, concurrency=conc, stream=stream)
-            mine = run("ugent " + name, *ours, n=n, concurrency=conc, stream=stream)
+            mine = run("ugent " + name, *ours, n=n, concurrency=conc, stream=stream, pids=pids)
             rows.append((name, base, mine))
-        print(f"\n{'case':<18}{'':>8}{'p50 ms':>9}{'p99 ms':>9}{'req/s':>9}{'ttft50':>9}{'[DONE]-last p50/p99':>22}")
+        print(f"\n{'case':<18}{'':>8}{'p50 ms':>9}{'p99 ms':>9}{'req/s':>9}{'ttft50':>9}{'[DONE]-last p50/p99':>22}"
+              f"{'cpu ms/turn':>13}")
         for name, base, mine in rows:
             for who, r in (("direct", base), ("ugent", mine)):
                 tail = f"{r['tail50']:.2f}/{r['tail99']:.2f}" if r["tail50"] is not None else "-"
                 ttft = f"{r['ttft50']:.2f}" if r["ttft50"] is not None else "-"
-                print(f"{name:<18}{who:>8}{r['p50']:>9.2f}{r['p99']:>9.2f}{r['rps']:>9.1f}{ttft:>9}{tail:>22}")
+                cpu = f"{r['cpu']:.2f}" if r["cpu"] is not None else "-"
+                print(f"{name:<18}{who:>8}{r['p50']:>9.2f}{r['p99']:>9.2f}{r['rps']:>9.1f}{ttft:>9}{tail:>22}{cpu:>13}")
             print(f"{'':<18}{'added':>8}{mine['p50'] - base['p50']:>9.2f}{mine['p99'] - base['p99']:>9.2f}"
                   f"{mine['rps'] / base['rps']:>8.2f}x")
         print("\ntargets (2 cores): <= 8 ms added p50 at c=1; >= 160 turns/s at c=16; [DONE] within 2 ms of the last token")

@@ -45,15 +45,16 @@ def _turn_event_before(turn_pk: int, first_id: int) -> int:
 
 
 def event_append(*, conversation_id: int, type: str, data: dict, turn_pk: int | None = None,
-                 audience: list[str] | None = None) -> int:
+                 audience: list[str] | None = None, new_turn: bool = False) -> int:
     """Append one event; readers are woken when the transaction commits. Returns its cursor."""
     return events_append(conversation_id=conversation_id, turn_pk=turn_pk,
-                         items=[(type, data, audience or [])])[0]
+                         items=[(type, data, audience or [])], new_turn=new_turn)[0]
 
 
 def events_append(*, conversation_id: int, turn_pk: int | None,
-                  items: list[tuple[str, dict, list[str]]]) -> list[int]:
-    """Append events in order; their cursors."""
+                  items: list[tuple[str, dict, list[str]]], new_turn: bool = False) -> list[int]:
+    """Append events in order; their cursors. `new_turn`: the turn was created in this transaction
+    and has no events yet."""
     table = rows.table(Event)
     # No savepoint of its own: an append inside a caller's transaction commits or fails with it.
     with transaction.atomic(savepoint=False):
@@ -66,7 +67,7 @@ def events_append(*, conversation_id: int, turn_pk: int | None,
             topics.append(turn_topic(turn_pk))
             # Under the log's lock (SQLite: the one writer) every event of the turn below our first
             # id has committed, so `prev` is exact: a reader at that cursor can take these rows as they are.
-            batch = (turn_topic(turn_pk), notify.TurnBatch(prev=_turn_event_before(turn_pk, ids[0]), rows=tuple(
+            batch = (turn_topic(turn_pk), notify.TurnBatch(prev=0 if new_turn else _turn_event_before(turn_pk, ids[0]), rows=tuple(
                 (i, t, d) for i, (t, d, _a) in zip(ids, items))))
         transaction.on_commit(lambda: notify.publish(*topics, batch=batch))
     return ids

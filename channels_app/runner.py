@@ -145,11 +145,12 @@ def turn_run(turn_pk: int) -> None:
     """
     from ovos_plugin_manager.templates.agents import AgentMessage, MessageRole
     now = timezone.now()
-    if rows.table(Turn).update({"id": turn_pk, "state": TurnState.ACCEPTED},
-                               state=TurnState.RUNNING, started_at=now) != 1:
-        return
-    turn = turn_fetch(turn_pk)
-    rows.table(Receipt).update({"id": turn.receipt_id}, state=ReceiptState.RUNNING, started_at=now)
+    with transaction.atomic():  # the claim, the read and the receipt's "running": one commit
+        if rows.table(Turn).update({"id": turn_pk, "state": TurnState.ACCEPTED},
+                                   state=TurnState.RUNNING, started_at=now) != 1:
+            return  # a redelivered task: the turn has moved on
+        turn = turn_fetch(turn_pk)
+        rows.table(Receipt).update({"id": turn.receipt_id}, state=ReceiptState.RUNNING, started_at=now)
     writer = DeltaWriter(turn)
     answer: list[str] = []
     segment: list[str] = []  # the answer since the last steering, handed back to the engine with it

@@ -282,7 +282,7 @@ def _submit_locked(inbound: InboundMessage, conversation: Conversation, created:
     if inbound.input_mode:
         user_event["input_mode"] = inbound.input_mode
     event_append(conversation_id=conversation.id, turn_pk=turn.pk, type="ugent.user_message",
-                 data=user_event)
+                 data=user_event, new_turn=True)
     if stop is not None:
         turn_finish_without_agent(turn=turn, stop=stop)
     else:
