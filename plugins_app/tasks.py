@@ -1,0 +1,39 @@
+"""Celery tasks of the plugin room: they take ids, fetch rows, call a service."""
+from celery import shared_task
+from celery.signals import beat_init
+from django.db import close_old_connections
+
+MEDIA_PRUNE_TASK_NAME = "ugent: prune expired plugin media"
+#: How often expired media is deleted (seconds).
+MEDIA_PRUNE_EVERY_SECS = 3600
+
+
+@shared_task(ignore_result=True, soft_time_limit=300, time_limit=360)
+def prune_media() -> int:
+    """Beat: delete media uploaded through the bridge once it has expired (UGENT_PLUGIN_MEDIA_TTL_SECS)."""
+    from plugins_app import services
+    close_old_connections()
+    try:
+        return services.media_prune()
+    finally:
+        close_old_connections()
+
+
+def media_prune_schedule_ensure() -> None:
+    """Create or update the beat entry that runs prune_media (django-celery-beat)."""
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+    schedule, _ = IntervalSchedule.objects.get_or_create(every=MEDIA_PRUNE_EVERY_SECS,
+                                                         period=IntervalSchedule.SECONDS)
+    PeriodicTask.objects.update_or_create(
+        name=MEDIA_PRUNE_TASK_NAME,
+        defaults={"task": "plugins_app.tasks.prune_media", "interval": schedule, "enabled": True,
+                  "description": "Deletes plugin media past its expiry."})
+
+
+@beat_init.connect
+def _media_prune_schedule(sender=None, **kwargs) -> None:
+    """Every beat process (embedded or `celery beat`) makes sure the media prune job is scheduled."""
+    try:
+        media_prune_schedule_ensure()
+    finally:
+        close_old_connections()
