@@ -1,23 +1,37 @@
 """Celery tasks of cron: they take ids (or a job's name), fetch rows, call a service."""
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
+from celery.signals import before_task_publish
 from django.db import close_old_connections
+from django.utils import timezone
 
 from cron_app import conf
 
+#: The header beat's message carries: when it fired, so a message that waits in a busy queue
+#: still claims the slot it fired for, not whichever slot is current when a worker takes it.
+FIRED_AT_HEADER = "ugent_fired_at"
 
-@shared_task(ignore_result=True)
-def cron_fire(job: str, at: str | None = None) -> None:
+
+@before_task_publish.connect
+def _stamp_fire_time(sender=None, headers=None, **kwargs) -> None:
+    if sender == "cron_app.tasks.cron_fire" and headers is not None and FIRED_AT_HEADER not in headers:
+        headers[FIRED_AT_HEADER] = timezone.now().isoformat()
+
+
+@shared_task(bind=True, ignore_result=True)
+def cron_fire(self, job: str, at: str | None = None) -> None:
     """Beat's entry for a scheduled job: claim the slot it fired for (once, whoever else fires it).
 
-    `at` (ISO time) replays a firing as of that moment; beat sends none, and now is used.
+    The firing's moment is `at` (ISO time, to replay one), else the time stamped on the message
+    when beat sent it, else now.
     """
     from django.utils.dateparse import parse_datetime
 
     from cron_app.services import cron_slot_fire
+    fired = at or self.request.get(FIRED_AT_HEADER) or (self.request.headers or {}).get(FIRED_AT_HEADER)
     close_old_connections()
     try:
-        cron_slot_fire(job_name=job, now=parse_datetime(at) if at else None)
+        cron_slot_fire(job_name=job, now=parse_datetime(fired) if fired else None)
     finally:
         close_old_connections()
 

@@ -136,3 +136,22 @@ def test_cron_switched_off_fires_nothing(tcast, cron_toml):
 ])
 def test_the_slot_is_the_latest_firing_at_or_before_now(expr, tz, now, slot):
     assert slot_at_or_before(expr, tz, datetime.fromisoformat(now)) == datetime.fromisoformat(slot)
+
+
+def test_a_firing_that_waited_in_the_queue_claims_the_slot_beat_fired_for(tcast, cron_toml):
+    """Beat stamps the message when it sends it; a worker that takes it two slots later still runs that slot."""
+    from cron_app.tasks import FIRED_AT_HEADER, _stamp_fire_time
+    scheduled_job(cron_toml, "*/5 * * * *", since=datetime(2026, 1, 1, tzinfo=UTC))
+    headers = {}
+    _stamp_fire_time(sender="cron_app.tasks.cron_fire", headers=headers)
+    fired = datetime.fromisoformat(headers[FIRED_AT_HEADER])
+    assert abs((timezone.now() - fired).total_seconds()) < 60
+    other = {}
+    _stamp_fire_time(sender="channels_app.tasks.run_turn", headers=other)
+    assert other == {}  # only cron's firings are stamped
+
+    stamped = {FIRED_AT_HEADER: "2026-03-04T10:15:02+00:00"}
+    cron_fire.apply(kwargs={"job": "nightly"}, headers=stamped)  # taken long after 10:15, as a worker would
+    run = CronRun.objects.get()
+    assert run.slot == datetime(2026, 3, 4, 10, 15, tzinfo=UTC)
+    assert run.trigger == "scheduled"  # on time when beat fired it, not a catch-up
