@@ -5,5 +5,6 @@ from celery import Celery
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ugent_site.settings")
 app = Celery("ugent_site")
-app.config_from_object("django.conf:settings", namespace="CELERY")
+# The CELERY_* settings, copied once under Celery's names (see ugent_site/celery_conf.py).
+app.config_from_object("ugent_site.celery_conf")
 app.autodiscover_tasks()
