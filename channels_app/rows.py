@@ -94,28 +94,33 @@ class Table:
         return obj
 
     def from_row(self, names: list[str], values) -> object:
-        """An instance from a raw select of `names` (attnames): the fields not read load on access."""
-        decoded = []
-        for name, value in zip(names, values):
+        """An instance from a raw select of `names` (attnames, any order): the fields not read load on access."""
+        got = dict(zip(names, values))
+        for name, value in got.items():
             f = self.by_name.get(name)
             if f is not None and value is not None:
                 if hasattr(f, "from_db_value"):
-                    value = f.from_db_value(value, None, connection)
+                    got[name] = f.from_db_value(value, None, connection)
                 elif f.get_internal_type() == "DateTimeField" and timezone.is_naive(value):
-                    value = timezone.make_aware(value, dt_timezone.utc)
-            decoded.append(value)
-        return self.model.from_db(connection.alias, names, decoded)
+                    got[name] = timezone.make_aware(value, dt_timezone.utc)
+        ordered = [f.attname for f in self.model._meta.concrete_fields if f.attname in got]
+        return self.model.from_db(connection.alias, ordered, [got[n] for n in ordered])
 
     def get(self, **where):
         """The first row (by id) whose fields equal `where`, as an instance; None when there is none."""
-        key = tuple(where)
+        names = tuple(where)
+        nulls = tuple(n for n in names if where[n] is None)
+        key = (names, nulls)
         sql = self._get_sql.get(key)
         if sql is None:
-            conds = " AND ".join(f"{self._column(n)} = %s" for n in key)
             sql = self._get_sql[key] = (f"SELECT {self.select_list(self.attnames)} FROM {self.name} "
-                                        f"WHERE {conds} ORDER BY {self._column('id')} LIMIT 1")
-        row = fetchone(sql, [self._lookup(n, v) for n, v in where.items()])
+                                        f"WHERE {self._conditions(names, nulls)} ORDER BY {self._column('id')} LIMIT 1")
+        row = fetchone(sql, [self._lookup(n, v) for n, v in where.items() if v is not None])
         return None if row is None else self.from_row(self.attnames, row)
+
+    def _conditions(self, names: tuple, nulls: tuple) -> str:
+        """Equality on each name; a None value is IS NULL, as in the ORM."""
+        return " AND ".join(f"{self._column(n)} IS NULL" if n in nulls else f"{self._column(n)} = %s" for n in names)
 
     def _lookup(self, name: str, value):
         if name in ("id", "pk"):
@@ -131,14 +136,14 @@ class Table:
         if "updated_at" in self.by_name and "updated_at" not in values:
             values["updated_at"] = timezone.now()
         set_names, where_names = tuple(values), tuple(where)
-        key = (set_names, where_names)
+        nulls = tuple(n for n in where_names if where[n] is None)
+        key = (set_names, where_names, nulls)
         sql = self._update_sql.get(key)
         if sql is None:
             sets = ", ".join(f"{self._column(n)} = %s" for n in set_names)
-            conds = " AND ".join(f"{self._column(n)} = %s" for n in where_names)
-            sql = self._update_sql[key] = f"UPDATE {self.name} SET {sets} WHERE {conds}"
+            sql = self._update_sql[key] = f"UPDATE {self.name} SET {sets} WHERE {self._conditions(where_names, nulls)}"
         params = [self._prep(self.by_name[n], values[n]) for n in set_names]
-        params += [self._lookup(n, where[n]) for n in where_names]
+        params += [self._lookup(n, where[n]) for n in where_names if where[n] is not None]
         with connection.cursor() as cur:
             cur.execute(sql, params)
             return cur.rowcount

@@ -13,22 +13,51 @@ async-native middleware that sets the headers SecurityMiddleware,
 XFrameOptionsMiddleware and CommonMiddleware would, and sends no
 request_started/request_finished signals: the async views reach the database
 only through their own executor threads, which close stale connections
-themselves (close_old_connections), and a sync view's thread-sensitive thread
-ends with its request. The admin and everything else keep the full stack.
+themselves (close_old_connections).
+
+Sync views (the DRF endpoints) run on a small pool of long-lived threads, one
+per request as thread-sensitive code expects, instead of a new thread per
+request: a new thread meant a new database connection on every request (on
+PostgreSQL, a new backend). Each call on those threads closes stale
+connections before and after, as the request signals would. The admin and
+everything else keep the full stack.
 """
 from __future__ import annotations
 
 import asyncio
+import itertools
+from concurrent.futures import ThreadPoolExecutor
 
 from asgiref.sync import ThreadSensitiveContext
 from django.conf import settings
 from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.exception import convert_exception_to_response
 from django.core.exceptions import RequestAborted
+from django.db import close_old_connections
 from django.core.handlers.asgi import get_script_prefix
 from django.urls import set_script_prefix
 
 API_PREFIX = "/v1/"
+#: Long-lived threads the API's sync views run on (requests take them in turn).
+SYNC_VIEW_THREADS = 8
+
+
+def _with_fresh_connections(fn, *args, **kwargs):
+    close_old_connections()
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        close_old_connections()
+
+
+class _SyncViewThread(ThreadPoolExecutor):
+    """One thread a request's thread-sensitive calls run on; its database connection outlives the request."""
+
+    def __init__(self, index: int):
+        super().__init__(max_workers=1, thread_name_prefix=f"ugent-api-{index}")
+
+    def submit(self, fn, /, *args, **kwargs):
+        return super().submit(_with_fresh_connections, fn, *args, **kwargs)
 
 
 def api_headers(get_response):
@@ -40,6 +69,8 @@ def api_headers(get_response):
             response.headers.setdefault("X-Content-Type-Options", "nosniff")
         if settings.SECURE_REFERRER_POLICY:
             response.headers.setdefault("Referrer-Policy", settings.SECURE_REFERRER_POLICY)
+        if settings.SECURE_CROSS_ORIGIN_OPENER_POLICY:
+            response.headers.setdefault("Cross-Origin-Opener-Policy", settings.SECURE_CROSS_ORIGIN_OPENER_POLICY)
         response.headers.setdefault("X-Frame-Options", getattr(settings, "X_FRAME_OPTIONS", "DENY"))
         if not response.streaming and "Content-Length" not in response:
             response.headers["Content-Length"] = str(len(response.content))
@@ -49,6 +80,11 @@ def api_headers(get_response):
 
 
 class ApiHandler(ASGIHandler):
+    def __init__(self):
+        super().__init__()
+        self._threads = [_SyncViewThread(i) for i in range(SYNC_VIEW_THREADS)]
+        self._turn = itertools.count()
+
     def load_middleware(self, is_async=False):
         super().load_middleware(is_async=True)
         self._view_middleware = []
@@ -57,7 +93,8 @@ class ApiHandler(ASGIHandler):
         self._middleware_chain = api_headers(convert_exception_to_response(self._get_response_async))
 
     async def __call__(self, scope, receive, send):
-        async with ThreadSensitiveContext():
+        thread = self._threads[next(self._turn) % len(self._threads)]
+        async with ThreadSensitiveContext(executor=thread):
             await self.handle(scope, receive, send)
 
     async def handle(self, scope, receive, send):
@@ -114,7 +151,11 @@ def route(api_app, default_app):
     """An ASGI app sending /v1/ to the API handler and the rest to Django's full stack."""
 
     async def app(scope, receive, send):
-        if scope["type"] == "http" and scope.get("path", "").startswith(API_PREFIX):
+        path = scope.get("path", "")
+        root = scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = path[len(root):]
+        if scope["type"] == "http" and path.startswith(API_PREFIX):
             return await api_app(scope, receive, send)
         return await default_app(scope, receive, send)
 
