@@ -52,7 +52,7 @@ def to_wire(row: OutboundDelivery) -> WireDelivery:
         channel=row.plugin.channel, text=row.text, attachments=attachments,
         reply_to_message_id=payload.get("reply_to_message_id"), attempt=row.attempt,
         created_at=row.created_at.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-        metadata=dict(payload.get("metadata") or {}))
+        metadata=dict(payload.get("metadata") or {}), host_claim=row.claim)
 
 
 class DjangoHub(Hub):
@@ -110,12 +110,13 @@ class DjangoHub(Hub):
             waiter.close()
 
     async def ack_outbound(self, plugin_id: str, delivery_id: str, status: str, retryable: bool,
-                           reason: str | None, channel_message_id: str | None = None) -> dict:
+                           reason: str | None, channel_message_id: str | None = None,
+                           claim: str | None = None) -> dict:
         def work():
             try:
                 return services.delivery_ack(plugin_id=plugin_id, delivery_id=delivery_id, status=status,
                                              retryable=retryable, reason=reason,
-                                             channel_message_id=channel_message_id)
+                                             channel_message_id=channel_message_id, claim=claim)
             except services.UnknownDeliveryId:
                 raise UnknownDelivery(delivery_id) from None
         return await _db(work)()

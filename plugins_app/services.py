@@ -221,10 +221,16 @@ class UnknownDeliveryId(LookupError):
 
 
 def delivery_ack(*, plugin_id: str, delivery_id: str, status: str, retryable: bool = False,
-                 reason: str | None = None, channel_message_id: str | None = None) -> dict:
+                 reason: str | None = None, channel_message_id: str | None = None,
+                 claim: str | None = None) -> dict:
     """Settle a delivery: delivered is final; a failure is retried with attempt + 1 until the
     plugin's max_retries are used, then dead-lettered with the reason (a permanent one at once).
-    A repeated ack of a settled delivery is ``duplicate: true`` and changes nothing."""
+    A repeated ack of a settled delivery is ``duplicate: true`` and changes nothing.
+
+    ``claim`` is the claim the acking session was handed the delivery under (the bridge keeps it
+    per session): a failure under another claim is a replaced session's late ack of a delivery
+    that has been handed out again, and must not put it back in the queue while the new holder
+    sends it."""
     now = timezone.now()
     with transaction.atomic():
         d = (OutboundDelivery.objects.select_for_update().select_related("plugin")
@@ -233,7 +239,8 @@ def delivery_ack(*, plugin_id: str, delivery_id: str, status: str, retryable: bo
             raise UnknownDeliveryId(delivery_id)
         if d.state in (DeliveryState.DELIVERED, DeliveryState.DEAD_LETTER):
             return {"state": d.state, "attempt": d.attempt, "duplicate": True}
-        if status != "delivered" and d.state != DeliveryState.IN_FLIGHT:
+        stale = claim is not None and d.claim != claim
+        if status != "delivered" and (d.state != DeliveryState.IN_FLIGHT or stale):
             # A failure reported for a delivery nobody holds now (a replaced session's late ack)
             # must not spend an attempt; "delivered" is accepted whenever it comes: it is the truth.
             return {"state": d.state, "attempt": d.attempt, "duplicate": True}

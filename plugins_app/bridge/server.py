@@ -138,8 +138,12 @@ class Hub(abc.ABC):
 
     @abc.abstractmethod
     async def ack_outbound(self, plugin_id: str, delivery_id: str, status: str, retryable: bool,
-                           reason: str | None, channel_message_id: str | None = None) -> dict:
+                           reason: str | None, channel_message_id: str | None = None,
+                           claim: str | None = None) -> dict:
         """Settle a delivery: ``status`` is ``delivered`` or ``failed``.
+
+        ``claim`` is the ``host_claim`` of the copy this session was handed (None when unknown):
+        a failure under a claim that is no longer the delivery's changes nothing.
 
         A retryable failure is retried with ``attempt + 1`` until ``max_retries``
         retries are used, then dead-lettered with the reason; a permanent one is
@@ -550,6 +554,10 @@ class BridgeServer:
             # leave them in flight until the next hello.
             await self.hub.requeue_outbound(self.plugin_id, [d.delivery_id for d in deliveries])
             return {"deliveries": []}
+        claims = conn.state.setdefault("claims", {})
+        for d in deliveries:
+            if d.host_claim is not None:
+                claims[d.delivery_id] = d.host_claim
         return {"deliveries": [d.to_dict() for d in deliveries]}
 
     async def _ack(self, conn: Connection, args: tuple, params: dict) -> dict:
@@ -568,8 +576,9 @@ class BridgeServer:
         if not isinstance(retryable, bool):
             raise InvalidParams("must be a boolean", field="retryable")
         channel_message_id = _opt_str(p, "channel_message_id")
+        claim = conn.state.get("claims", {}).pop(delivery_id, None)
         result = dict(await self.hub.ack_outbound(self.plugin_id, delivery_id, status, retryable, reason,
-                                                  channel_message_id))
+                                                  channel_message_id, claim=claim))
         result.setdefault("duplicate", False)
         result["delivery_id"] = delivery_id
         return result
@@ -817,7 +826,8 @@ class InMemoryHub(Hub):
                 pass
 
     async def ack_outbound(self, plugin_id: str, delivery_id: str, status: str, retryable: bool,
-                           reason: str | None, channel_message_id: str | None = None) -> dict:
+                           reason: str | None, channel_message_id: str | None = None,
+                           claim: str | None = None) -> dict:
         with self._lock:
             self.ack_log.append({"delivery_id": delivery_id, "status": status, "retryable": retryable,
                                  "reason": reason, "channel_message_id": channel_message_id})

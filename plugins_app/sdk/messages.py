@@ -272,6 +272,9 @@ class OutboundDelivery:
     attempt: int = 1
     created_at: str | None = None
     metadata: dict = field(default_factory=dict)
+    #: The host's own mark of the hand-out this copy came from (never on the wire): the bridge
+    #: gives it back with the session's ack so a replaced session's late ack is recognised.
+    host_claim: str | None = field(default=None, compare=False, repr=False)
 
     def validate(self) -> "OutboundDelivery":
         OutboundDelivery.from_dict(self.to_dict())

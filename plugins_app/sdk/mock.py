@@ -58,11 +58,13 @@ class _HoldingHub(InMemoryHub):
         return result
 
     async def ack_outbound(self, plugin_id: str, delivery_id: str, status: str, retryable: bool,
-                           reason: str | None, channel_message_id: str | None = None) -> dict:
+                           reason: str | None, channel_message_id: str | None = None,
+                           claim: str | None = None) -> dict:
         mode = self.holds.get("outbound.ack")
         if mode == DROP:
             await self._hold("outbound.ack", delivery_id)
-        result = await super().ack_outbound(plugin_id, delivery_id, status, retryable, reason, channel_message_id)
+        result = await super().ack_outbound(plugin_id, delivery_id, status, retryable, reason, channel_message_id,
+                                            claim=claim)
         if mode == AFTER:
             await self._hold("outbound.ack", delivery_id)
         return result

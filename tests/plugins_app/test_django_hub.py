@@ -190,3 +190,23 @@ def test_a_late_failure_ack_from_a_replaced_session_spends_no_attempt(tcast):
     assert row.state == "pending" and row.attempt == 1 and row.failures == []
     # the truth still counts whenever it comes: a delivered ack settles it
     assert run(hub.ack_outbound("echo-main", delivery_id, "delivered", False, None))["state"] == "delivered"
+
+
+def test_a_late_failure_ack_under_an_old_claim_leaves_the_new_holders_delivery_alone(tcast):
+    """Session A took it, A was replaced, session B took it again: A's late failure must not requeue it
+    (B is sending it; a requeue would send it twice) nor spend an attempt."""
+    plugin = make_plugin()
+    [delivery_id] = _queue(plugin, 1)
+    hub = DjangoHub()
+    [first] = run(hub.poll_outbound("echo-main", 5, 1.0))
+    services.deliveries_requeue(plugin_id="echo-main")  # session A is gone
+    [second] = run(hub.poll_outbound("echo-main", 5, 1.0))  # session B holds it now
+    assert first.host_claim and second.host_claim and first.host_claim != second.host_claim
+    assert "host_claim" not in second.to_dict()  # the claim never goes on the wire
+    out = run(hub.ack_outbound("echo-main", delivery_id, "failed", True, "A timed out", claim=first.host_claim))
+    assert out["duplicate"] is True
+    row = OutboundDelivery.objects.get(delivery_id=delivery_id)
+    assert (row.state, row.attempt, row.failures) == ("in_flight", 1, [])
+    # B's own failure under its claim is a real one
+    out = run(hub.ack_outbound("echo-main", delivery_id, "failed", True, "B failed", claim=second.host_claim))
+    assert (out["duplicate"], out["state"], out["attempt"]) == (False, "pending", 2)
