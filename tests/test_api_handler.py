@@ -380,3 +380,13 @@ def test_the_api_prefix_is_found_under_a_root_path():
 
 def test_api_responses_carry_the_cross_origin_opener_policy_as_the_full_stack_does():
     assert call("GET", "/v1/health").header("cross-origin-opener-policy") == "same-origin"
+
+
+@pytest.mark.parametrize("method,path_,status,code", [("GET", "/v1/no-such-endpoint", 404, "not_found"),
+                                                      ("GET", "/v1/test/boom", 500, "server_error")])
+def test_an_api_page_error_is_an_openai_style_error_object(test_urls, method, path_, status, code):
+    r = call(method, path_)
+    assert r.status == status
+    assert r.header("content-type") == "application/json"
+    err = r.json()["error"]
+    assert err["code"] == code and err["message"] and "type" in err and "param" in err

@@ -60,11 +60,25 @@ class _SyncViewThread(ThreadPoolExecutor):
         return super().submit(_with_fresh_connections, fn, *args, **kwargs)
 
 
+_PAGE_ERRORS = {404: ("No such endpoint.", "not_found"),
+                405: ("This endpoint does not take that method.", "method_not_allowed"),
+                500: ("The server failed to answer this request.", "server_error")}
+
+
+def _error_object(status: int):
+    """Django's HTML error pages as the API's OpenAI-style error objects."""
+    from channels_app.errors import ApplicationError, error_response
+    message, code = _PAGE_ERRORS[status]
+    return error_response(ApplicationError(message, status=status, code=code))
+
+
 def api_headers(get_response):
     """The response headers the full stack's middleware would set on an API response."""
 
     async def middleware(request):
         response = await get_response(request)
+        if response.status_code in (404, 405, 500) and response.get("Content-Type", "").startswith("text/html"):
+            response = _error_object(response.status_code)
         if settings.SECURE_CONTENT_TYPE_NOSNIFF:
             response.headers.setdefault("X-Content-Type-Options", "nosniff")
         if settings.SECURE_REFERRER_POLICY:
