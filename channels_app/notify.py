@@ -24,6 +24,13 @@ from django.conf import settings
 
 log = logging.getLogger("ugent.notify")
 CHANNEL_PREFIX = "ugent:n:"
+
+
+def channel_prefix() -> str:
+    """This deployment's notification channels. Redis pub/sub ignores the database number, and
+    two deployments may share a Redis (each with its own UGENT_CELERY_QUEUE): a wake-up carries
+    event rows, so a reader must never hear another deployment's."""
+    return f"{CHANNEL_PREFIX}{settings.CELERY_TASK_DEFAULT_QUEUE}:"
 POLL_INTERVAL = 0.5
 
 #: A waiter that is not taking its batches keeps at most this many; then its reader reads.
@@ -127,7 +134,7 @@ def publish(*topics: str, batch: tuple[str, TurnBatch] | None = None) -> None:
                                          default=str).encode()
                     if len(encoded) <= REDIS_BATCH_LIMIT:
                         message = encoded
-                pipe.publish(CHANNEL_PREFIX + topic, message)
+                pipe.publish(channel_prefix() + topic, message)
             pipe.execute()
         except Exception as exc:  # readers still poll; a Redis hiccup delays, never loses
             log.warning("notify publish failed (error=%s)", exc)
@@ -161,12 +168,15 @@ def _redis_listen_forever() -> None:
         try:
             client = redis.Redis.from_url(settings.REDIS_URL)
             pubsub = client.pubsub(ignore_subscribe_messages=True)
-            pubsub.psubscribe(CHANNEL_PREFIX + "*")
+            prefix = channel_prefix()
+            pubsub.psubscribe(prefix.replace("[", "\\[").replace("*", "\\*").replace("?", "\\?") + "*")
             for msg in pubsub.listen():
                 if msg.get("type") != "pmessage":
                     continue
                 channel = msg["channel"].decode() if isinstance(msg["channel"], bytes) else msg["channel"]
-                _wake_local(channel[len(CHANNEL_PREFIX):], _batch_decode(msg.get("data")))
+                if not channel.startswith(prefix):
+                    continue
+                _wake_local(channel[len(prefix):], _batch_decode(msg.get("data")))
         except Exception as exc:
             log.warning("notify listener reconnecting (error=%s)", exc)
             time.sleep(0.5)

@@ -390,3 +390,36 @@ def test_an_api_page_error_is_an_openai_style_error_object(test_urls, method, pa
     assert r.header("content-type") == "application/json"
     err = r.json()["error"]
     assert err["code"] == code and err["message"] and "type" in err and "param" in err
+
+
+def test_a_host_outside_allowed_hosts_is_refused_on_the_api_as_on_the_full_stack(settings):
+    settings.ALLOWED_HOSTS = ["api.example.com"]
+    r = call("GET", "/v1/health")  # Host: testserver
+    assert r.status == 400 and r.json()["error"]["code"] == "invalid_host"
+    settings.ALLOWED_HOSTS = ["testserver"]
+    assert call("GET", "/v1/health").status == 200
+
+
+def test_a_405_keeps_its_allow_header():
+    r = call("GET", "/v1/chat/completions")
+    assert r.status == 405 and "POST" in (r.header("allow") or "")
+
+
+def test_a_request_waiting_on_a_sync_thread_does_not_hold_up_the_next_request():
+    """Requests take the least busy thread: with one held, the others still answer."""
+    import threading as th
+
+    from ugent_site.api_handler import ApiHandler
+    handler = ApiHandler()
+    gate = th.Event()
+
+    async def scenario():
+        handler._busy[0] = 1  # thread 0 is taken by a request that waits
+        handler._threads[0].submit(gate.wait, 60)
+        try:  # on the held thread it would wait out the gate: the 5 s limit fails the test first
+            sent = await asyncio.wait_for(_drive(handler, _scope("GET", "/v1/health", None), b"", False), 5)
+            return Reply(sent)
+        finally:
+            gate.set()
+    r = asyncio.run(scenario())
+    assert r.status == 200

@@ -32,7 +32,7 @@ from asgiref.sync import ThreadSensitiveContext
 from django.conf import settings
 from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.exception import convert_exception_to_response
-from django.core.exceptions import RequestAborted
+from django.core.exceptions import DisallowedHost, RequestAborted
 from django.db import close_old_connections
 from django.core.handlers.asgi import get_script_prefix
 from django.urls import set_script_prefix
@@ -60,7 +60,8 @@ class _SyncViewThread(ThreadPoolExecutor):
         return super().submit(_with_fresh_connections, fn, *args, **kwargs)
 
 
-_PAGE_ERRORS = {404: ("No such endpoint.", "not_found"),
+_PAGE_ERRORS = {400: ("Invalid Host header.", "invalid_host"),
+                404: ("No such endpoint.", "not_found"),
                 405: ("This endpoint does not take that method.", "method_not_allowed"),
                 500: ("The server failed to answer this request.", "server_error")}
 
@@ -76,9 +77,16 @@ def api_headers(get_response):
     """The response headers the full stack's middleware would set on an API response."""
 
     async def middleware(request):
-        response = await get_response(request)
+        try:
+            request.get_host()  # ALLOWED_HOSTS, as CommonMiddleware checks it on the full stack
+        except DisallowedHost:
+            response = _error_object(400)
+        else:
+            response = await get_response(request)
         if response.status_code in (404, 405, 500) and response.get("Content-Type", "").startswith("text/html"):
-            response = _error_object(response.status_code)
+            page, response = response, _error_object(response.status_code)
+            if "Allow" in page:
+                response["Allow"] = page["Allow"]
         if settings.SECURE_CONTENT_TYPE_NOSNIFF:
             response.headers.setdefault("X-Content-Type-Options", "nosniff")
         if settings.SECURE_REFERRER_POLICY:
@@ -97,6 +105,7 @@ class ApiHandler(ASGIHandler):
     def __init__(self):
         super().__init__()
         self._threads = [_SyncViewThread(i) for i in range(SYNC_VIEW_THREADS)]
+        self._busy = [0] * SYNC_VIEW_THREADS  # requests on each thread now (the event loop's own count)
         self._turn = itertools.count()
 
     def load_middleware(self, is_async=False):
@@ -107,9 +116,16 @@ class ApiHandler(ASGIHandler):
         self._middleware_chain = api_headers(convert_exception_to_response(self._get_response_async))
 
     async def __call__(self, scope, receive, send):
-        thread = self._threads[next(self._turn) % len(self._threads)]
-        async with ThreadSensitiveContext(executor=thread):
-            await self.handle(scope, receive, send)
+        # The least busy thread (ties in turn), so a request stuck on a lock holds up no other while
+        # a thread is free.
+        start = next(self._turn)
+        index = min(range(len(self._threads)), key=lambda i: (self._busy[i], (i - start) % len(self._threads)))
+        self._busy[index] += 1
+        try:
+            async with ThreadSensitiveContext(executor=self._threads[index]):
+                await self.handle(scope, receive, send)
+        finally:
+            self._busy[index] -= 1
 
     async def handle(self, scope, receive, send):
         """Django's ASGIHandler.handle without the signal sends and the thread hop to close."""

@@ -576,9 +576,10 @@ class BridgeServer:
         if not isinstance(retryable, bool):
             raise InvalidParams("must be a boolean", field="retryable")
         channel_message_id = _opt_str(p, "channel_message_id")
-        claim = conn.state.get("claims", {}).pop(delivery_id, None)
+        claims = conn.state.get("claims", {})
         result = dict(await self.hub.ack_outbound(self.plugin_id, delivery_id, status, retryable, reason,
-                                                  channel_message_id, claim=claim))
+                                                  channel_message_id, claim=claims.get(delivery_id)))
+        claims.pop(delivery_id, None)  # settled (or pending again): a retried ack that failed keeps it
         result.setdefault("duplicate", False)
         result["delivery_id"] = delivery_id
         return result

@@ -116,3 +116,30 @@ def test_the_chat_stream_reader_gets_every_event_once_in_order_from_pushes_and_r
                           items=[("ugent.user_message", {"content": "hi"}, [])])
     seen = asyncio.run(reader())
     assert seen == first + appended
+
+
+@pytest.mark.skipif("not __import__('os').environ.get('REDIS_URL')", reason="servers mode: Redis pub/sub")
+def test_a_batch_published_by_another_deployment_on_the_same_redis_is_never_heard():
+    """Deployments sharing a Redis (pub/sub ignores the database number) each hear only their own channels."""
+    import json as _json
+
+    import redis
+    from django.conf import settings
+
+    async def scenario():
+        w = await notify.subscribe("turn:424242")
+        try:
+            client = redis.Redis.from_url(settings.REDIS_URL)
+            payload = _json.dumps([0, [[1, "turn.delta", {"text": "another deployment's answer"}]]])
+            for _ in range(50):  # until the listener has subscribed: our own wake-up arrives
+                client.publish(notify.channel_prefix() + "turn:0", b"1")
+                client.publish("ugent:n:another-deployment:turn:424242", payload)
+                client.publish("ugent:n:turn:424242", payload)  # the old, unprefixed channel
+                await asyncio.sleep(0.05)
+            assert w.take() == [] and not w.event.is_set()
+            client.publish(notify.channel_prefix() + "turn:424242", payload)
+            await w.wait(5)
+            assert [b.rows[0][2]["text"] for b in w.take()] == ["another deployment's answer"]
+        finally:
+            w.close()
+    asyncio.run(scenario())
