@@ -6,6 +6,7 @@ token into a database write; the first delta is written at once.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import time
 
@@ -88,7 +89,6 @@ _TURN_COLUMNS = ["id", "turn_id", "conversation_id", "actor_id", "receipt_id", "
                  "cancel_requested", "started_at"]
 _CONVERSATION_COLUMNS = ["id", "channel", "client_id", "external_id", "owner_id"]
 _ACTOR_COLUMNS = ["id", "key", "channel", "user_id"]
-_sql_cache: dict[str, str] = {}
 
 
 def _pending_steering_sql(turn_column: str) -> str:
@@ -97,41 +97,41 @@ def _pending_steering_sql(turn_column: str) -> str:
             f"{s.col('turn')} = {turn_column})")
 
 
-def _STOP_CHECK_SQL() -> str:
-    sql = _sql_cache.get("stop")
-    if sql is None:
-        t = rows.table(Turn)
-        sql = _sql_cache["stop"] = (f"SELECT {t.col('cancel_requested')}, {_pending_steering_sql('t.id')} "
-                                    f"FROM {t.name} t WHERE t.id = %s")
-    return sql
+@functools.cache
+def _stop_check_sql() -> str:
+    t = rows.table(Turn)
+    return f"SELECT {t.col('cancel_requested')}, {_pending_steering_sql('t.id')} FROM {t.name} t WHERE t.id = %s"
+
+
+@functools.cache
+def _fetch_parts():
+    from plugins_app.models import AgentProfile
+    p = rows.table(AgentProfile)
+    return ((rows.table(Turn), _TURN_COLUMNS), (rows.table(Conversation), _CONVERSATION_COLUMNS),
+            (rows.table(Actor), _ACTOR_COLUMNS), (p, p.attnames))
+
+
+@functools.cache
+def _fetch_sql() -> str:
+    (t, _), (c, _), (a, _), (p, _) = parts = _fetch_parts()
+    columns = ", ".join(table.select_list(names, alias) for (table, names), alias in zip(parts, "tcap"))
+    return (f"SELECT {columns}, {_pending_steering_sql('t.id')} "
+            f"FROM {t.name} t JOIN {c.name} c ON c.id = t.{t.col('conversation')} "
+            f"JOIN {a.name} a ON a.id = t.{t.col('actor')} "
+            f"LEFT JOIN {p.name} p ON p.id = t.{t.col('profile')} WHERE t.id = %s")
 
 
 def turn_fetch(turn_pk: int) -> Turn:
     """The turn with its conversation, actor and profile, and whether steering waits: one statement."""
-    from plugins_app.models import AgentProfile
-    t, c, a = rows.table(Turn), rows.table(Conversation), rows.table(Actor)
-    p = rows.table(AgentProfile)
-    sql = _sql_cache.get("fetch")
-    if sql is None:
-        sql = _sql_cache["fetch"] = (
-            f"SELECT {t.select_list(_TURN_COLUMNS, 't')}, {c.select_list(_CONVERSATION_COLUMNS, 'c')}, "
-            f"{a.select_list(_ACTOR_COLUMNS, 'a')}, {p.select_list(p.attnames, 'p')}, "
-            f"{_pending_steering_sql('t.id')} "
-            f"FROM {t.name} t JOIN {c.name} c ON c.id = t.{t.col('conversation')} "
-            f"JOIN {a.name} a ON a.id = t.{t.col('actor')} "
-            f"LEFT JOIN {p.name} p ON p.id = t.{t.col('profile')} WHERE t.id = %s")
-    row = rows.fetchone(sql, [SteeringState.PENDING, turn_pk])
+    row = rows.fetchone(_fetch_sql(), [SteeringState.PENDING, turn_pk])
     if row is None:
         raise Turn.DoesNotExist(turn_pk)
-    i = 0
-    parts = []
-    for table, names in ((t, _TURN_COLUMNS), (c, _CONVERSATION_COLUMNS), (a, _ACTOR_COLUMNS), (p, p.attnames)):
-        parts.append((table, names, row[i:i + len(names)]))
+    objects, i = [], 0
+    for table, names in _fetch_parts():
+        values = row[i:i + len(names)]
+        objects.append(table.from_row(names, values) if values[0] is not None else None)  # no profile: None
         i += len(names)
-    turn = t.from_row(_TURN_COLUMNS, parts[0][2])
-    turn.conversation = c.from_row(_CONVERSATION_COLUMNS, parts[1][2])
-    turn.actor = a.from_row(_ACTOR_COLUMNS, parts[2][2])
-    turn.profile = p.from_row(p.attnames, parts[3][2]) if parts[3][2][0] is not None else None
+    turn, turn.conversation, turn.actor, turn.profile = objects[0], objects[1], objects[2], objects[3]
     turn.pending_steering = bool(row[i])
     return turn
 
@@ -168,7 +168,7 @@ def turn_run(turn_pk: int) -> None:
             return True
         if time.monotonic() - last_check[0] >= STOP_CHECK_SECONDS:
             last_check[0] = time.monotonic()
-            row = rows.fetchone(_STOP_CHECK_SQL(), [SteeringState.PENDING, turn.pk])
+            row = rows.fetchone(_stop_check_sql(), [SteeringState.PENDING, turn.pk])
             cancelled[0], steered[0] = bool(row and row[0]), bool(row and row[1])
         return cancelled[0] or steered[0]
 
