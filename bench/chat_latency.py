@@ -13,7 +13,7 @@ Also prints the daemon's CPU time per turn (all its processes), the figure
 that bounds turns per second on a small machine.
 
 Usage: python bench/chat_latency.py [--requests 300] [--concurrency 16] [--servers]
-  --servers  daphne and a Celery worker as separate processes over Redis and
+  --servers  uvicorn and a Celery worker as separate processes over Redis and
              PostgreSQL (REDIS_URL, default redis://127.0.0.1:6379/12; the
              database is created and dropped; UGENT_TEST_PG names the server)
 Prints figures; asserts nothing.
@@ -138,7 +138,7 @@ def main():
         ours = (d.base + "/v1/chat/completions", {"x-api-key": d.key}, "bench")
         direct = (stub_url + "/chat/completions", {}, "stub-model")
         n = args.requests
-        mode = "servers mode (daphne + celery worker, Redis, PostgreSQL)" if args.servers else "embedded daemon"
+        mode = "servers mode (uvicorn + celery worker, Redis, PostgreSQL)" if args.servers else "embedded daemon"
         print(f"chat API added latency: {n} requests each, stub upstream, {mode}", flush=True)
         pids = [p.pid for p in d.procs]
         rows = []

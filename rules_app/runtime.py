@@ -1,6 +1,6 @@
 """One rule engine per process: the rules file's holder, the admin rules, and routing.
 
-Each process that handles messages (daphne, a Celery worker, rundaemon)
+Each process that handles messages (a web process, a Celery worker, rundaemon)
 builds its holder lazily on first use from discovery (``UGENT_WORKSPACE``,
 ``ugent.toml``'s ``[rules]``, trust from the WorkspaceTrust table) and watches
 the file with the watcher thread, so every process sees an edit. Each load is

@@ -153,6 +153,8 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env("UGENT_LOG_LEVEL", default="INFO")},
-    "loggers": {"daphne": {"level": "WARNING"}, "celery": {"level": "WARNING"},
-                "django.channels.server": {"level": "WARNING"}},
+    # httpx logs every upstream request at INFO: a line per turn that says nothing the turn's row does not.
+    "loggers": {"daphne": {"level": "WARNING"}, "uvicorn": {"level": "WARNING"}, "celery": {"level": "WARNING"},
+                "django.channels.server": {"level": "WARNING"}, "httpx": {"level": "WARNING"},
+                "httpcore": {"level": "WARNING"}},
 }

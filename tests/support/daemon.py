@@ -1,7 +1,8 @@
 """Starting the real daemon for end-to-end tests, in either run mode.
 
-Embedded: `manage.py rundaemon` (one process). Servers (REDIS_URL set): daphne
-and a Celery worker as separate processes over Redis and PostgreSQL.
+Embedded: `manage.py rundaemon` (one process). Servers (REDIS_URL set): uvicorn
+(the command the README gives) and a Celery worker as separate processes over
+Redis and PostgreSQL.
 """
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
+#: The servers-mode web process as the README runs it.
+UVICORN_ARGS = ["--loop", "uvloop", "--http", "httptools", "--lifespan", "off", "--no-access-log",
+                "--no-server-header", "--no-proxy-headers", "--timeout-graceful-shutdown", "3"]
 
 
 def free_port() -> int:
@@ -89,7 +93,8 @@ class Daemon:
                  "--without-heartbeat", "--without-mingle", "--without-gossip", "-n", f"w{self.port}@%h"],
                 cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
             self.procs.append(subprocess.Popen(
-                [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "ugent_site.asgi:application"],
+                [PY, "-m", "uvicorn", *UVICORN_ARGS, "--host", "127.0.0.1", "--port", str(self.port),
+                 "ugent_site.asgi:application"],
                 cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
         else:
             self.procs.append(subprocess.Popen(
@@ -106,7 +111,7 @@ class Daemon:
             try:
                 if httpx.get(self.base + "/v1/health", timeout=1).status_code == 200:
                     if self.servers:
-                        time.sleep(1.0)  # the worker connects to the broker beside daphne
+                        time.sleep(1.0)  # the worker connects to the broker beside the web process
                     return
             except httpx.HTTPError:
                 pass

@@ -1,8 +1,11 @@
-"""Embedded mode in one process: daphne, a Celery worker on the in-process broker, and beat.
+"""Embedded mode in one process: the ASGI server, a Celery worker on the in-process broker, and beat.
 
     python manage.py rundaemon [--bind 127.0.0.1] [--port 8787] [--no-migrate]
 
-SIGTERM/SIGINT stop daphne's reactor; the worker and beat then drain and stop.
+The ASGI server is uvicorn (httptools, uvloop): on the chat bench it costs about
+half of what daphne's Twisted HTTP stack did per request (docs/performance.md).
+SIGTERM/SIGINT stop it (open streams get SHUTDOWN_GRACE_SECONDS to end; clients
+resume them from the durable log); the worker and beat then drain and stop.
 """
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
 log = logging.getLogger("ugent.daemon")
+#: How long open requests (an SSE stream never ends by itself) may run on after SIGTERM/SIGINT.
+SHUTDOWN_GRACE_SECONDS = 3
 
 
 class Command(BaseCommand):
@@ -52,7 +57,7 @@ class Command(BaseCommand):
         self.stdout.write(f"UGENT daemon ({settings.UGENT_MODE} mode) on http://{opts['bind']}:{opts['port']}/v1")
         self.stdout.flush()
         try:
-            self.run_daphne(opts["bind"], opts["port"])
+            self.run_http(opts["bind"], opts["port"])
         finally:
             self.stdout.write("UGENT daemon stopping")
             for service in reversed(background):
@@ -110,10 +115,14 @@ class Command(BaseCommand):
         beat.start()
         return beat
 
-    def run_daphne(self, bind: str, port: int):
-        from daphne.endpoints import build_endpoint_description_strings
-        from daphne.server import Server
+    def run_http(self, bind: str, port: int):
+        """uvicorn on the settings' logging (log_config=None). No X-Forwarded-* rewriting: a proxy in
+        front is the operator's to configure, as with daphne, which never trusted them."""
+        import uvicorn
 
         from ugent_site.asgi import application
-        Server(application=application, endpoints=build_endpoint_description_strings(host=bind, port=port),
-               signal_handlers=True, verbosity=0, http_timeout=None, websocket_handshake_timeout=10).run()
+        config = uvicorn.Config(application, host=bind, port=port, loop="uvloop", http="httptools", ws="none",
+                                lifespan="off", access_log=False, log_config=None, log_level="warning",
+                                server_header=False, proxy_headers=False,
+                                timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS)
+        uvicorn.Server(config).run()
