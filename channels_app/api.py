@@ -7,6 +7,7 @@ Django's single sync thread for the whole turn. It authenticates, validates
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -106,19 +107,34 @@ def last_user_text(messages: list) -> str | None:
     return None
 
 
-def _accept(headers, payload: dict):
-    """Authenticate, validate and submit: (data, result, None), or (data, None, refusal) when the
-    message itself was refused (a stream answers those in the stream). Raises for a bad key or body."""
+def _accept(headers, payload: dict, loop=None):
+    """Authenticate, validate and submit: (data, result, None, waiter), or (data, None, refusal, None)
+    when the message itself was refused (a stream answers those in the stream). Raises for a bad key
+    or body. With `loop`, a new turn's reader is subscribed on it before the turn's transaction
+    commits (`waiter`), so it hears every event from the first and need not read them back."""
     close_old_connections()
     principal = authenticate_headers(headers)
     data = chat_input_validate(payload)
+    waiters = []
+
+    def subscribe(turn):
+        if loop is not None:
+            waiters.append(notify.register(turn_topic(turn.pk), loop))
+
     try:
-        return data, _submit(principal, data), None
+        result = _submit(principal, data, on_turn=subscribe)
+        return data, result, None, (waiters[0] if waiters else None)
     except ApplicationError as exc:
-        return data, None, exc
+        for waiter in waiters:
+            waiter.close()
+        return data, None, exc, None
+    except BaseException:
+        for waiter in waiters:
+            waiter.close()
+        raise
 
 
-def _submit(principal, data: dict):
+def _submit(principal, data: dict, on_turn=None):
     actor = services.actor_resolve(caller=principal.caller, user=data.get("user"),
                                    federation_issuer=data.get("federation_issuer"),
                                    federation_subject=data.get("federation_subject"))
@@ -132,7 +148,7 @@ def _submit(principal, data: dict):
         disable_code_context=data["ugent_disable_code_context"],
         disable_memory_write=data["ugent_disable_memory_write"],
         include_thinking=data["include_thinking"], citation_ids=data.get("ugent_citation_ids") or [])
-    return services.message_submit(inbound=inbound)
+    return services.message_submit(inbound=inbound, on_turn=on_turn)
 
 
 def _events_after(turn_pk: int, cursor: int) -> list[tuple[int, str, dict]]:
@@ -159,13 +175,19 @@ def _take_pushed(batches: list, cursor: int) -> list | None:
     return taken
 
 
-async def turn_events(turn_pk: int):
-    """Yield a turn's events in cursor order until its terminal event; None on idle keep-alive ticks."""
-    waiter = await notify.subscribe(turn_topic(turn_pk))
+async def turn_events(turn_pk: int, waiter: notify.Waiter | None = None):
+    """Yield a turn's events in cursor order until its terminal event; None on idle keep-alive ticks.
+
+    `waiter`: one subscribed before the turn's first event could commit, so the events arrive with
+    their wake-ups and the first read of the database is skipped (any gap still reads it)."""
     read = sync_to_async(_events_after, thread_sensitive=False)
     cursor, idle_since = 0, time.monotonic()
     try:
-        rows = await read(turn_pk, cursor)
+        if waiter is None:
+            waiter = await notify.subscribe(turn_topic(turn_pk))
+            rows = await read(turn_pk, cursor)
+        else:
+            rows = []
         while True:
             for row in rows:
                 cursor = row[0]
@@ -228,7 +250,8 @@ class ChatCompletionApi(View):
                 raise ApplicationError("The request body must be a JSON object.", status=400,
                                        code="invalid_request")
             # One hop to a worker thread for the key, the checks and the message.
-            data, result, refused = await sync_to_async(_accept, thread_sensitive=False)(request.headers, payload)
+            data, result, refused, waiter = await sync_to_async(_accept, thread_sensitive=False)(
+                request.headers, payload, asyncio.get_running_loop())
         except ApplicationError as exc:
             return error_response(exc)
         stream = data["stream"]
@@ -241,11 +264,14 @@ class ChatCompletionApi(View):
                                  created=int(time.time()),
                                  include_tool_events=data["ugent_include_tool_events"])
         if stream:
-            return _sse_response(self._stream(turn.pk, renderer), turn.turn_id)
-        return await self._complete(turn, renderer, data)
+            resp = _sse_response(self._stream(turn.pk, renderer, waiter), turn.turn_id)
+            if waiter is not None:  # a stream whose body never starts (the client left) still lets go
+                resp._resource_closers.append(waiter.close)
+            return resp
+        return await self._complete(turn, renderer, data, waiter)
 
-    async def _stream(self, turn_pk: int, renderer: ChunkRenderer):
-        async for row in turn_events(turn_pk):
+    async def _stream(self, turn_pk: int, renderer: ChunkRenderer, waiter=None):
+        async for row in turn_events(turn_pk, waiter):
             if row is None:
                 yield PING
                 continue
@@ -253,9 +279,9 @@ class ChatCompletionApi(View):
             if out:
                 yield out
 
-    async def _complete(self, turn: Turn, renderer: ChunkRenderer, data: dict):
+    async def _complete(self, turn: Turn, renderer: ChunkRenderer, data: dict, waiter=None):
         answer, thinking, citations, user_message, final = [], [], [], None, None
-        async for row in turn_events(turn.pk):
+        async for row in turn_events(turn.pk, waiter):
             if row is None:
                 continue
             _cursor, etype, edata = row

@@ -56,9 +56,9 @@ _listener_thread: threading.Thread | None = None
 class Waiter:
     """An asyncio.Event bound to the loop that waits on it, settable from any thread."""
 
-    def __init__(self, topic: str):
+    def __init__(self, topic: str, loop: asyncio.AbstractEventLoop | None = None):
         self.topic = topic
-        self.loop = asyncio.get_running_loop()
+        self.loop = loop or asyncio.get_running_loop()
         self.event = asyncio.Event()
         self.batches: list[TurnBatch] = []
         self.plain = False  # woken without rows since the last take: the reader must read
@@ -95,7 +95,13 @@ class Waiter:
 
 
 async def subscribe(topic: str) -> Waiter:
-    waiter = Waiter(topic)
+    return register(topic, asyncio.get_running_loop())
+
+
+def register(topic: str, loop: asyncio.AbstractEventLoop) -> Waiter:
+    """A waiter for `loop`, subscribed from any thread: a reader can subscribe before the writes it
+    waits for can commit (the chat API, inside the transaction that creates the turn)."""
+    waiter = Waiter(topic, loop)
     with _lock:
         _waiters[topic].add(waiter)
     if settings.REDIS_URL:

@@ -9,14 +9,22 @@ adapts values the way `Model.save` does (`get_db_prep_save`: JSON, datetimes,
 foreign keys), so the columns, defaults and types stay the model's.
 
 Selects are written where they are used, against `Table.name` and
-`Table.col(...)`; they run through Django's cursor, so transactions, test
-isolation and the connection handling stay Django's.
+`Table.col(...)`. Every statement runs on the Django connection's own DB-API
+connection (`_run`), inside Django's transactions and with Django's error
+translation, broken-transaction and thread checks, but without a
+`CursorWrapper` per statement: that wrapper and its cursor cost about as much
+Python as SQLite's own execution of these statements. When anything watches
+Django's cursors (query logging, `execute_wrapper`, CaptureQueriesContext),
+statements go through the full cursor so the watcher sees them.
 """
 from __future__ import annotations
 
+import datetime
+import sqlite3
 from datetime import timezone as dt_timezone
 
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db.backends.sqlite3.base import FORMAT_QMARK_REGEX
 from django.utils import timezone
 
 
@@ -39,14 +47,13 @@ class Table:
         self._update_sql: dict[tuple, str] = {}
         self._get_sql: dict[tuple, str] = {}
         self.attnames = ["id"] + [f.attname for f in self.fields]
+        self._converters = {f.attname: _converter(f) for f in self.fields}
 
     def col(self, name: str) -> str:
         return connection.ops.quote_name(self.by_name[name].column)
 
     def _prep(self, field, value):
-        if value is None or (field.get_internal_type() in _PLAIN and type(value) in (str, int, bool)):
-            return value
-        return field.get_db_prep_save(value, connection)
+        return None if value is None else self._converters[field.attname](value)
 
     def _values(self, values: dict) -> tuple[dict, dict]:
         """Every column's Python value by attname (given, auto_now(_add), or the model default),
@@ -74,9 +81,7 @@ class Table:
             cols = ", ".join(connection.ops.quote_name(f.column) for f in self.fields)
             marks = ", ".join(["%s"] * len(self.fields))
             sql = self._insert_sql[()] = f"INSERT INTO {self.name} ({cols}) VALUES ({marks}) RETURNING id"
-        with connection.cursor() as cur:
-            cur.execute(sql, [self._prep(f, row[f.attname]) for f in self.fields])
-            return cur.fetchone()[0]
+        return _run(sql, [self._prep(f, row[f.attname]) for f in self.fields], _ONE)[0]
 
     def insert(self, **values) -> int:
         """INSERT one row; fields not given get their model default, auto_now(_add) fields now. Returns its id."""
@@ -144,9 +149,7 @@ class Table:
             sql = self._update_sql[key] = f"UPDATE {self.name} SET {sets} WHERE {self._conditions(where_names, nulls)}"
         params = [self._prep(self.by_name[n], values[n]) for n in set_names]
         params += [self._lookup(n, where[n]) for n in where_names if where[n] is not None]
-        with connection.cursor() as cur:
-            cur.execute(sql, params)
-            return cur.rowcount
+        return _run(sql, params, _ROWCOUNT)
 
     def _column(self, name: str) -> str:
         if name in ("id", "pk"):
@@ -154,16 +157,72 @@ class Table:
         return self.col(name)
 
 
+def _converter(field):
+    """How `field.get_db_prep_save` adapts a non-None value, without its per-call layers for the
+    common types (the general path for anything else)."""
+    kind = field.get_internal_type()
+    general = field.get_db_prep_save
+    if kind in _PLAIN:
+        return lambda value: value if type(value) in (str, int, bool) else general(value, connection)
+    if kind == "DateTimeField":
+        def datetime_value(value):
+            if type(value) is datetime.datetime and value.tzinfo is not None:
+                return connection.ops.adapt_datetimefield_value(value)
+            return general(value, connection)  # naive or not a datetime: Django's checks and warnings
+        return datetime_value
+    if kind == "JSONField":
+        encoder = field.encoder
+        return lambda value: connection.ops.adapt_json_value(value, encoder)
+    return lambda value: general(value, connection)
+
+
+def _ONE(cur):
+    return cur.fetchone()
+
+
+def _ALL(cur):
+    return cur.fetchall()
+
+
+def _ROWCOUNT(cur):
+    return cur.rowcount
+
+
+_qmark_sql: dict[str, str] = {}
+
+
+def _run(sql: str, params, result):
+    """Execute one statement on the default connection and return `result(cursor)`."""
+    db = connections[DEFAULT_DB_ALIAS]
+    if db.queries_logged or db.execute_wrappers or db.vendor not in ("sqlite", "postgresql"):
+        with db.cursor() as cur:
+            cur.execute(sql, params)
+            return result(cur)
+    db.close_if_health_check_failed()
+    db.ensure_connection()
+    db.validate_thread_sharing()
+    db.validate_no_broken_transaction()
+    with db.wrap_database_errors:
+        cur = db.create_cursor()
+        try:
+            if db.vendor == "sqlite":
+                query = _qmark_sql.get(sql)
+                if query is None:
+                    query = _qmark_sql[sql] = FORMAT_QMARK_REGEX.sub("?", sql).replace("%%", "%")
+                sqlite3.Cursor.execute(cur, query, params)
+            else:
+                cur.execute(sql, params)
+            return result(cur)
+        finally:
+            cur.close()
+
+
 def fetchone(sql: str, params) -> tuple | None:
-    with connection.cursor() as cur:
-        cur.execute(sql, params)
-        return cur.fetchone()
+    return _run(sql, params, _ONE)
 
 
 def fetchall(sql: str, params) -> list[tuple]:
-    with connection.cursor() as cur:
-        cur.execute(sql, params)
-        return cur.fetchall()
+    return _run(sql, params, _ALL)
 
 
 _tables: dict = {}

@@ -212,11 +212,13 @@ def _duplicate(conversation: Conversation, inbound: InboundMessage) -> Duplicate
                             receipt=first, turn=turn)
 
 
-def message_submit(*, inbound: InboundMessage, profile=None) -> SubmitResult:
+def message_submit(*, inbound: InboundMessage, profile=None, on_turn=None) -> SubmitResult:
     """Accept one message: receipt once only, hooks before the agent, then the turn (a Celery task).
 
     Raises ApplicationError (403 not theirs, 409 duplicate, 400 bad model) having changed nothing:
     the conversation a first message creates is created in the same transaction as its receipt.
+    `on_turn(turn)` is called with a new turn before its transaction commits, so before any of its
+    events can be published or its task run (the chat API subscribes to the turn's wake-ups there).
     """
     try:
         with transaction.atomic():
@@ -232,7 +234,7 @@ def message_submit(*, inbound: InboundMessage, profile=None) -> SubmitResult:
             if inbound.turn_id and rows.table(Turn).get(turn_id=inbound.turn_id) is not None:
                 raise ApplicationError("This turn_id is already in use: send the turn a new one.", status=409,
                                        code="turn_id_in_use", param="turn_id", headers=NO_RETRY)
-            return _submit_locked(inbound, conversation, created, profile)
+            return _submit_locked(inbound, conversation, created, profile, on_turn)
     except IntegrityError:
         # a concurrent copy committed first: it owns the conversation row now
         conversation = Conversation.objects.filter(
@@ -250,7 +252,8 @@ def _receipt_exists(conversation_pk: int, client_message_id: str) -> bool:
                          f"{t.col('client_message_id')} = %s", [conversation_pk, client_message_id]) is not None
 
 
-def _submit_locked(inbound: InboundMessage, conversation: Conversation, created: bool, profile) -> SubmitResult:
+def _submit_locked(inbound: InboundMessage, conversation: Conversation, created: bool, profile,
+                   on_turn=None) -> SubmitResult:
     receipt = rows.table(Receipt).create(
         conversation=conversation, actor=inbound.actor,
         client_message_id=inbound.client_message_id or f"msg-{uuid.uuid4().hex}",
@@ -283,6 +286,8 @@ def _submit_locked(inbound: InboundMessage, conversation: Conversation, created:
         user_event["input_mode"] = inbound.input_mode
     event_append(conversation_id=conversation.id, turn_pk=turn.pk, type="ugent.user_message",
                  data=user_event, new_turn=True)
+    if on_turn is not None:
+        on_turn(turn)
     if stop is not None:
         turn_finish_without_agent(turn=turn, stop=stop)
     else:

@@ -356,3 +356,74 @@ def test_from_row_takes_columns_in_any_order_and_none_in_where_is_is_null(tcast)
     assert t.get(external_id="c-order-x", caller=None).pk == conv.pk
     assert t.update({"id": conv.pk, "caller": None}, model_choice="m") == 1
     assert Conversation.objects.get(pk=conv.pk).model_choice == "m"
+
+
+# --- the raw statement path ----------------------------------------------------------------------
+
+def test_statements_skip_djangos_cursor_wrapper_when_nothing_watches(graph, monkeypatch):
+    from django.db.backends import utils
+    wrapped = []
+    real = utils.CursorWrapper.execute
+    monkeypatch.setattr(utils.CursorWrapper, "execute", lambda self, *a, **k: wrapped.append(a) or real(self, *a, **k))
+    t = Table(Turn)
+    made = t.insert(turn_id="t-raw", conversation=graph["conv"], actor=graph["actor"], receipt=graph["receipt"])
+    assert t.update({"id": made}, state=TurnState.RUNNING) == 1
+    assert rows.fetchone(f"SELECT {t.col('state')} FROM {t.name} WHERE id = %s", [made]) == (TurnState.RUNNING,)
+    assert wrapped == []
+
+
+def test_an_execute_wrapper_still_sees_every_statement(graph):
+    seen = []
+
+    def watch(execute, sql, params, many, context):
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    t = Table(Turn)
+    with connection.execute_wrapper(watch):
+        made = t.insert(turn_id="t-watched", conversation=graph["conv"], actor=graph["actor"],
+                        receipt=graph["receipt"])
+        t.update({"id": made}, state=TurnState.RUNNING)
+        rows.fetchall(f"SELECT id FROM {t.name} WHERE id = %s", [made])
+    assert [s.split()[0] for s in seen] == ["INSERT", "UPDATE", "SELECT"]
+
+
+def test_a_constraint_violation_is_djangos_integrity_error_and_a_savepoint_recovers(graph):
+    from django.db import IntegrityError, transaction
+    t = Table(Receipt)
+    with transaction.atomic():
+        with pytest.raises(IntegrityError):
+            with transaction.atomic():
+                t.insert(conversation=graph["conv"], actor=graph["actor"], client_message_id="m1", content_hash="x")
+        assert t.insert(conversation=graph["conv"], actor=graph["actor"], client_message_id="m2",
+                        content_hash="x") > 0
+    assert Receipt.objects.filter(conversation=graph["conv"]).count() == 2
+
+
+def test_a_statement_in_a_broken_transaction_is_refused_like_the_orms(graph):
+    from django.db import IntegrityError, transaction
+    from django.db.transaction import TransactionManagementError
+    t = Table(Receipt)
+    with pytest.raises(TransactionManagementError):
+        with transaction.atomic():
+            try:
+                with transaction.atomic(savepoint=False):
+                    t.insert(conversation=graph["conv"], actor=graph["actor"], client_message_id="m1",
+                             content_hash="x")
+            except IntegrityError:
+                pass
+            rows.fetchone(f"SELECT 1 FROM {t.name}", [])
+
+
+def test_aware_datetimes_in_any_zone_and_naive_ones_store_as_the_orm_does(graph):
+    plus5 = dt_timezone(timedelta(hours=5))
+    aware = datetime(2026, 3, 1, 17, 0, 0, 123456, tzinfo=plus5)
+    turn = _turn(graph, "t-zones")
+    Table(Turn).update({"id": turn.pk}, started_at=aware)
+    turn.refresh_from_db()
+    assert turn.started_at == aware and turn.started_at.utcoffset() == timedelta(0)
+    # a naive datetime goes through Django's own adaptation (its warning included)
+    with pytest.warns(RuntimeWarning, match="naive datetime"):
+        Table(Turn).update({"id": turn.pk}, finished_at=datetime(2026, 3, 1, 12, 0, 0))
+    turn.refresh_from_db()
+    assert turn.finished_at == datetime(2026, 3, 1, 12, 0, 0, tzinfo=dt_timezone.utc)

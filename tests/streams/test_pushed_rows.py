@@ -15,7 +15,7 @@ from django.db import connection
 from channels_app import notify
 from channels_app.api import _take_pushed, turn_events
 from channels_app.events import events_append, turn_topic
-from channels_app.models import Conversation, Receipt, Turn
+from channels_app.models import Conversation, Event, Receipt, Turn
 from channels_app.notify import TurnBatch
 
 
@@ -143,3 +143,75 @@ def test_a_batch_published_by_another_deployment_on_the_same_redis_is_never_hear
         finally:
             w.close()
     asyncio.run(scenario())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_new_turns_reader_subscribed_before_commit_hears_every_event_without_reading_back(tcast, monkeypatch):
+    """The chat API subscribes a new turn's reader inside the submitting transaction: the user message and
+    everything the runner appends arrive with their wake-ups, in order, and the database is never read."""
+    from channels_app import api
+    from django.http.request import HttpHeaders
+    reads = []
+    real_read = api._events_after
+    monkeypatch.setattr(api, "_events_after", lambda *a: reads.append(a) or real_read(*a))
+    published = []
+    real_publish = notify.publish
+    monkeypatch.setattr(notify, "publish", lambda *t, batch=None: published.append(batch) or real_publish(*t, batch=batch))
+    # the turn's task is not run here: this test appends the runner's events itself
+    monkeypatch.setattr("channels_app.tasks.run_turn.delay", lambda pk: None)
+    headers = HttpHeaders({"HTTP_X_API_KEY": tcast.keys["operator"]})
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        data, result, refused, waiter = await sync_to_async(api._accept, thread_sensitive=False)(
+            headers, {"model": "scripted", "messages": [{"role": "user", "content": "hi"}]}, loop)
+        assert refused is None and waiter is not None
+        turn = result.turn
+        assert waiter in notify._waiters[turn_topic(turn.pk)]
+        # subscribed before the commit: the user message's batch was already delivered to it
+        assert published and published[0][1].prev == 0
+        appended = []
+
+        def runner():
+            for i in range(5):
+                appended.extend(events_append(conversation_id=turn.conversation_id, turn_pk=turn.pk,
+                                              items=[("turn.delta", {"segment": "answer", "text": str(i)}, [])]))
+            appended.extend(events_append(conversation_id=turn.conversation_id, turn_pk=turn.pk,
+                                          items=[("turn.completed", {"answer": ""}, [])]))
+            connection.close()
+
+        thread = threading.Thread(target=runner)
+        thread.start()
+        seen = [row async for row in turn_events(turn.pk, waiter) if row is not None]
+        await sync_to_async(thread.join)()
+        assert turn_topic(turn.pk) not in notify._waiters  # the reader let go at the end
+        return turn, seen, appended
+
+    turn, seen, appended = asyncio.run(main())
+    user_message = list(Event.objects.filter(turn=turn, type="ugent.user_message").values_list("id", flat=True))
+    assert [row[0] for row in seen] == user_message + appended
+    assert [row[1] for row in seen][0] == "ugent.user_message" and seen[-1][1] == "turn.completed"
+    assert reads == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_refused_message_leaves_no_subscription_behind(tcast):
+    """A duplicate client_message_id is refused after the key and body checks: no waiter stays registered."""
+    from channels_app import api
+    from django.http.request import HttpHeaders
+    headers = HttpHeaders({"HTTP_X_API_KEY": tcast.keys["operator"]})
+    body = {"model": "scripted", "conversation_id": "c-dup", "client_message_id": "m-dup",
+            "messages": [{"role": "user", "content": "hi"}]}
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        accept = sync_to_async(api._accept, thread_sensitive=False)
+        first = await accept(headers, body, loop)
+        first[3].close()
+        before = dict(notify._waiters)
+        second = await accept(headers, body, loop)
+        return second, before
+
+    (data, result, refused, waiter), before = asyncio.run(main())
+    assert result is None and waiter is None and refused.status == 409
+    assert dict(notify._waiters) == before
