@@ -389,8 +389,8 @@ def turns_sweep_stale() -> int:
 
 def turns_requeue_accepted() -> int:
     """At start-up: accepted turns whose task was lost with an in-process broker run now."""
-    from channels_app.tasks import run_turn
+    from channels_app.tasks import turn_dispatch
     pks = list(Turn.objects.filter(state=TurnState.ACCEPTED).values_list("pk", flat=True))
     for pk in pks:
-        run_turn.delay(pk)
+        turn_dispatch(pk)
     return len(pks)

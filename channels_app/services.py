@@ -291,8 +291,8 @@ def _submit_locked(inbound: InboundMessage, conversation: Conversation, created:
     if stop is not None:
         turn_finish_without_agent(turn=turn, stop=stop)
     else:
-        from channels_app.tasks import run_turn
-        transaction.on_commit(lambda: run_turn.delay(turn.pk))
+        from channels_app.tasks import turn_dispatch
+        transaction.on_commit(lambda: turn_dispatch(turn.pk))
     return SubmitResult(receipt=receipt, turn=turn, conversation=conversation, stopped=stop)
 
 

@@ -49,6 +49,10 @@ class Command(BaseCommand):
             log.warning("marked %d turn(s) interrupted: the process running them stopped", interrupted)
 
         worker = self.start_worker(opts["concurrency"])
+        from channels_app import tasks
+        # Turns accepted here run on this process's turn threads when the broker is in-process too
+        # (channels_app.tasks.LocalTurnPool); with a Redis broker any worker may take them.
+        turn_pool = None if settings.REDIS_URL else tasks.local_turn_pool_start(opts["concurrency"])
         beat = None if opts["no_beat"] or settings.REDIS_URL else self.start_beat()
         background = self.start_background_services()
         requeued = turns_requeue_accepted()
@@ -67,6 +71,8 @@ class Command(BaseCommand):
                     log.exception("background service failed to stop (service=%r)", service)
             if beat is not None:
                 beat.stop()
+            if turn_pool is not None:
+                tasks.local_turn_pool_stop()
             worker.stop(in_sighandler=False)
             self.stdout.write("UGENT daemon stopped")
 
