@@ -121,6 +121,8 @@ CELERY_TIMEZONE = "UTC"
 # --- the Web Channel API --------------------------------------------------
 UGENT_WEB_BIND = env("UGENT_WEB_BIND", default="127.0.0.1")
 UGENT_WEB_PORT = env.int("UGENT_WEB_PORT", default=8787)
+# rundaemon keeps its threads on one CPU (auto), on these CPUs ("2,3"), or anywhere (off): ugent_site/affinity.py
+UGENT_CPU_AFFINITY = env("UGENT_CPU_AFFINITY", default="auto")
 # The operator key: UGENT_WEB_API_KEY, else the file UGENT_WEB_API_KEY_FILE names, else the key
 # `rundaemon` generated on first start (var/web_api_key).
 UGENT_WEB_API_KEY_FILE = Path(env("UGENT_WEB_API_KEY_FILE", default=str(VAR_DIR / "web_api_key")))

@@ -211,12 +211,15 @@ _PRCTL = _load_prctl()
 
 
 def _make_preexec(sig: int | None):
+    from ugent_site import affinity
     if sig is None or _PRCTL is None:
-        return None
+        # a worker gets back the CPUs the daemon had before pinning itself (ugent_site.affinity)
+        return affinity.restore_in_child if affinity.original is not None else None
     parent_pid = os.getpid()
     prctl = _PRCTL
 
     def preexec():
+        affinity.restore_in_child()
         prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
         # The parent may have died before prctl took effect: no signal would come.
         if os.getppid() != parent_pid:

@@ -36,6 +36,12 @@ class Command(BaseCommand):
         # One process hosts the web loop, executor threads and the turn worker: hand the GIL over
         # sooner than the default 5 ms so a woken thread does not wait out another's slice.
         sys.setswitchinterval(0.0005)
+        # ...and keep those threads on one core (UGENT_CPU_AFFINITY, ugent_site/affinity.py).
+        from ugent_site import affinity
+        cpus = affinity.pin(settings.UGENT_CPU_AFFINITY)
+        if cpus is not None:
+            log.info("threads kept on CPU %s (UGENT_CPU_AFFINITY=%s)", ",".join(map(str, sorted(cpus))),
+                     settings.UGENT_CPU_AFFINITY)
         if not opts["no_migrate"]:
             call_command("migrate", interactive=False, verbosity=0)
         from channels_app.runner import turns_recover_interrupted, turns_requeue_accepted

@@ -1,0 +1,68 @@
+"""UGENT_CPU_AFFINITY: rundaemon keeps its threads on one CPU; the workers it starts get every CPU back."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from ugent_site import affinity
+
+linux_only = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux's")
+
+
+def test_auto_takes_one_cpu_of_several_and_leaves_a_single_cpu_alone():
+    assert affinity.choose("auto", {0, 1, 2, 3}) == {3}
+    assert affinity.choose("", {0, 1}) == {1}
+    assert affinity.choose("auto", {5}) is None
+    assert affinity.choose("off", {0, 1}) is None
+
+
+def test_a_list_or_range_is_kept_to_the_cpus_allowed_and_nothing_allowed_is_an_error():
+    assert affinity.choose("0,2", {0, 1, 2, 3}) == {0, 2}
+    assert affinity.choose("1-3", {0, 1, 2}) == {1, 2}
+    with pytest.raises(ValueError, match="names no CPU"):
+        affinity.choose("7", {0, 1})
+
+
+PROBE = r"""
+import os, subprocess, sys, threading
+sys.path.insert(0, {root!r})
+from ugent_site import affinity
+before = threading.Thread(target=lambda: done.wait())
+done = threading.Event()
+before.start()
+cpus = affinity.pin({setting!r})
+after = {{}}
+t = threading.Thread(target=lambda: after.update(cpus=os.sched_getaffinity(0)))
+t.start(); t.join()
+child = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+                       preexec_fn=affinity.restore_in_child, capture_output=True, text=True).stdout.strip()
+print(sorted(cpus) if cpus else None, sorted(os.sched_getaffinity(before.native_id)), sorted(after["cpus"]), child)
+done.set()
+"""
+
+
+@linux_only
+def test_pin_moves_every_thread_new_and_old_and_a_child_gets_the_original_cpus_back():
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("one CPU: nothing to pin")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", PROBE.format(root=root, setting="auto")], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    last = [allowed[-1]]
+    # pinned to the last CPU; the thread started before and the one started after are on it; the child is not
+    assert out.stdout.strip() == f"{last} {last} {last} {allowed}"
+
+
+@linux_only
+def test_off_changes_nothing():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", PROBE.format(root=root, setting="off")], capture_output=True,
+                         text=True, timeout=60)
+    allowed = sorted(os.sched_getaffinity(0))
+    assert out.stdout.strip() == f"None {allowed} {allowed} {allowed}"
