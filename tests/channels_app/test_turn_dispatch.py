@@ -1,0 +1,103 @@
+"""Where an accepted turn goes: the daemon's own turn threads in embedded mode, Celery's broker otherwise."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import pytest
+
+from channels_app import services, tasks
+from channels_app.models import Receipt, Turn
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def pool():
+    started = []
+
+    def start(concurrency=2):
+        started.append(tasks.local_turn_pool_start(concurrency))
+        return started[-1]
+
+    yield start
+    tasks.local_turn_pool_stop()
+
+
+def _submit(tcast, text="hello"):
+    actor = services.actor_resolve(caller=tcast.operator, user="alice")
+    return services.message_submit(inbound=services.InboundMessage(actor=actor, caller=tcast.operator, text=text))
+
+
+def _wait_for(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_without_a_local_pool_a_turn_is_published_to_the_broker(tcast, monkeypatch):
+    published = []
+    monkeypatch.setattr("channels_app.tasks.run_turn.delay", published.append)
+    result = _submit(tcast)
+    assert published == [result.turn.pk]
+
+
+def test_with_the_local_pool_a_turn_runs_on_a_turn_thread_without_the_broker(tcast, monkeypatch, pool):
+    published, threads = [], []
+    monkeypatch.setattr("channels_app.tasks.run_turn.delay", published.append)
+    from channels_app import runner
+    real = runner.turn_run
+    monkeypatch.setattr(runner, "turn_run", lambda pk: threads.append(threading.current_thread().name) or real(pk))
+    pool(2)
+    result = _submit(tcast, "hello pool")
+    assert _wait_for(lambda: Turn.objects.get(pk=result.turn.pk).state == "completed")
+    assert Receipt.objects.get(pk=result.receipt.pk).state == "completed"
+    assert published == []
+    assert len(threads) == 1 and threads[0].startswith("ugent-turn")
+
+
+def test_stopping_the_pool_lets_running_turns_finish_and_leaves_queued_ones_accepted(tcast, monkeypatch, pool):
+    """Queued turns are not lost: they stay accepted, and the next start re-queues them from their rows."""
+    from channels_app import runner
+    release, ran = threading.Event(), []
+
+    def slow_first(pk):
+        ran.append(pk)
+        if len(ran) == 1:
+            release.wait(10)
+
+    monkeypatch.setattr(runner, "turn_run", slow_first)
+    pool(1)
+    first, second, third = (_submit(tcast, f"m{i}") for i in range(3))
+    assert _wait_for(lambda: ran == [first.turn.pk])
+    stopper = threading.Thread(target=tasks.local_turn_pool_stop)
+    stopper.start()
+    time.sleep(0.1)
+    release.set()
+    stopper.join(10)
+    assert not stopper.is_alive()
+    assert ran == [first.turn.pk]
+    assert {t.state for t in Turn.objects.filter(pk__in=[second.turn.pk, third.turn.pk])} == {"accepted"}
+    requeued = []
+    monkeypatch.setattr("channels_app.tasks.run_turn.delay", requeued.append)
+    assert runner.turns_requeue_accepted() >= 2
+    assert {second.turn.pk, third.turn.pk} <= set(requeued)
+
+
+def test_a_task_that_fails_outside_the_runners_own_handling_is_logged(tcast, monkeypatch, pool, caplog):
+    from channels_app import runner
+
+    def broken(pk):
+        raise RuntimeError("database went away")
+
+    monkeypatch.setattr(runner, "turn_run", broken)
+    pool(1)
+    with caplog.at_level(logging.ERROR, logger="ugent.turns"):
+        result = _submit(tcast)
+        assert _wait_for(lambda: any("turn task failed" in r.getMessage() for r in caplog.records))
+    message = next(r.getMessage() for r in caplog.records if "turn task failed" in r.getMessage())
+    assert f"turn_pk={result.turn.pk}" in message and "database went away" in message
