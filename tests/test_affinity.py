@@ -66,3 +66,38 @@ def test_off_changes_nothing():
                          text=True, timeout=60)
     allowed = sorted(os.sched_getaffinity(0))
     assert out.stdout.strip() == f"None {allowed} {allowed} {allowed}"
+
+
+@linux_only
+@pytest.mark.parametrize("pdeathsig", [None, "default"])
+def test_a_channel_worker_started_by_the_pinned_daemon_gets_every_cpu_back(tmp_path, pdeathsig):
+    """The supervisor's workers are processes with GILs of their own: they must not share the daemon's core."""
+    import signal
+    from plugins_app.supervisor.process import WorkerHandle, WorkerSpec
+    allowed = os.sched_getaffinity(0)
+    if len(allowed) < 2:
+        pytest.skip("one CPU: nothing to pin")
+    out = tmp_path / "cpus.txt"
+    spec = WorkerSpec(plugin_id="affinity-probe", command=sys.executable,
+                      args=["-c", f"import os; open({str(out)!r}, 'w').write(repr(sorted(os.sched_getaffinity(0))))"])
+    kwargs = {"pdeathsig": None} if pdeathsig is None else {"pdeathsig": signal.SIGKILL}
+    pinned = {max(allowed)}
+    result = {}
+
+    def spawn_from_a_pinned_thread():  # the daemon pins its threads; the supervisor spawns from one of them
+        saved = affinity.original
+        try:
+            affinity.original = frozenset(allowed)
+            os.sched_setaffinity(0, pinned)
+            handle = WorkerHandle.spawn(spec, **kwargs)
+            handle._proc.popen.wait(30)
+            result["handle"] = handle
+        finally:
+            affinity.original = saved
+
+    t = threading.Thread(target=spawn_from_a_pinned_thread)
+    t.start()
+    t.join(30)
+    assert "handle" in result
+    assert out.read_text() == repr(sorted(allowed))
+    assert os.sched_getaffinity(0) == allowed  # the test's own thread was never pinned
