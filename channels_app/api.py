@@ -134,6 +134,11 @@ def _accept(headers, payload: dict, loop=None):
         raise
 
 
+def _close_accepted_waiter(accepting: asyncio.Future) -> None:
+    if not accepting.cancelled() and accepting.exception() is None and accepting.result()[3] is not None:
+        accepting.result()[3].close()
+
+
 def _submit(principal, data: dict, on_turn=None):
     actor = services.actor_resolve(caller=principal.caller, user=data.get("user"),
                                    federation_issuer=data.get("federation_issuer"),
@@ -250,8 +255,15 @@ class ChatCompletionApi(View):
                 raise ApplicationError("The request body must be a JSON object.", status=400,
                                        code="invalid_request")
             # One hop to a worker thread for the key, the checks and the message.
-            data, result, refused, waiter = await sync_to_async(_accept, thread_sensitive=False)(
-                request.headers, payload, asyncio.get_running_loop())
+            accepting = asyncio.ensure_future(sync_to_async(_accept, thread_sensitive=False)(
+                request.headers, payload, asyncio.get_running_loop()))
+            try:
+                data, result, refused, waiter = await asyncio.shield(accepting)
+            except asyncio.CancelledError:
+                # The client left (or the server stops) while the message was being accepted: the
+                # accept still finishes on its thread, and its waiter must not outlive this request.
+                accepting.add_done_callback(_close_accepted_waiter)
+                raise
         except ApplicationError as exc:
             return error_response(exc)
         stream = data["stream"]

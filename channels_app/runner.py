@@ -380,10 +380,10 @@ def turns_sweep_stale() -> int:
     ended = turns_recover_interrupted(started_before=cutoff)
     # An accepted turn whose task never reached a worker (the broker failed after the commit) is
     # queued again; the claim in turn_run keeps a task that was only slow from running it twice.
-    from channels_app.tasks import run_turn
+    from channels_app.tasks import turn_dispatch
     stale = timezone.now() - timedelta(seconds=ACCEPTED_REQUEUE_SECONDS)
     for pk in Turn.objects.filter(state=TurnState.ACCEPTED, created_at__lt=stale).values_list("pk", flat=True):
-        run_turn.delay(pk)
+        turn_dispatch(pk)
     return ended
 
 

@@ -39,7 +39,11 @@ class LocalTurnPool:
         self.executor = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="ugent-turn")
 
     def submit(self, turn_pk: int) -> None:
-        self.executor.submit(self._run, turn_pk)
+        try:
+            self.executor.submit(self._run, turn_pk)
+        except RuntimeError:  # shutting down: the turn stays accepted and runs at the next start
+            log.warning("turn not started: the daemon is stopping (turn_pk=%s); it runs at the next start",
+                        turn_pk)
 
     @staticmethod
     def _run(turn_pk: int) -> None:
@@ -62,10 +66,16 @@ def local_turn_pool_start(concurrency: int) -> LocalTurnPool:
 
 
 def local_turn_pool_stop() -> None:
+    """Stop the turn threads. The pool stays the process's dispatcher: a turn accepted while the
+    daemon stops stays accepted (re-queued at the next start) instead of going to the broker."""
+    if _local_pool is not None:
+        _local_pool.stop()
+
+
+def local_turn_pool_forget() -> None:
+    """Back to dispatching through the broker (tests)."""
     global _local_pool
-    pool, _local_pool = _local_pool, None
-    if pool is not None:
-        pool.stop()
+    _local_pool = None
 
 
 def turn_dispatch(turn_pk: int) -> None:

@@ -9,12 +9,15 @@ bench/chat_latency.py) that cost a quarter of a turn's CPU at sixteen clients:
 turns/s. So `rundaemon` keeps its threads on one CPU of those it may use,
 unless told otherwise:
 
-    UGENT_CPU_AFFINITY=auto   one CPU (the last one allowed), the default
+    UGENT_CPU_AFFINITY=auto   one CPU: the one the daemon was started on, the default
     UGENT_CPU_AFFINITY=off    wherever the kernel puts them
     UGENT_CPU_AFFINITY=2,3    these CPUs
 
 Processes the daemon starts (channel workers) get back the CPUs the daemon had
-before it pinned itself: they have GILs of their own. Linux only (elsewhere
+before it pinned itself: they have GILs of their own. `auto` takes the CPU the
+scheduler had put the daemon on, so several daemons on one host (or tests
+running beside each other) do not all pile onto one fixed CPU; an operator who
+runs several should list a CPU for each, or say `off`. Linux only (elsewhere
 this does nothing). No Django imports: the plugin supervisor uses it too.
 """
 from __future__ import annotations
@@ -25,13 +28,16 @@ import os
 original: frozenset[int] | None = None
 
 
-def choose(setting: str, allowed: set[int]) -> set[int] | None:
-    """The CPUs `setting` asks for among `allowed`; None to leave the process as it is."""
+def choose(setting: str, allowed: set[int], current: int | None = None) -> set[int] | None:
+    """The CPUs `setting` asks for among `allowed` (`current`: the CPU running us now); None to leave
+    the process as it is."""
     setting = (setting or "auto").strip().lower()
-    if setting in ("off", "none", "no", "false", "0-"):
+    if setting in ("off", "none", "no", "false"):
         return None
     if setting == "auto":
-        return {max(allowed)} if len(allowed) > 1 else None
+        if len(allowed) < 2:
+            return None
+        return {current} if current in allowed else {max(allowed)}
     wanted = set()
     for part in setting.split(","):
         part = part.strip()
@@ -53,7 +59,7 @@ def pin(setting: str) -> set[int] | None:
     if not hasattr(os, "sched_setaffinity"):
         return None
     allowed = os.sched_getaffinity(0)
-    cpus = choose(setting, allowed)
+    cpus = choose(setting, allowed, _current_cpu())
     if cpus is None or cpus == allowed:
         return None
     if original is None:
@@ -70,6 +76,15 @@ def restore_in_child() -> None:
     """In a child between fork and exec: the CPUs the daemon had before it pinned itself."""
     if original is not None:
         os.sched_setaffinity(0, original)
+
+
+def _current_cpu() -> int | None:
+    """The CPU this thread last ran on (field 39 of /proc/thread-self/stat)."""
+    try:
+        with open("/proc/thread-self/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[36])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _threads() -> list[int]:

@@ -195,23 +195,68 @@ def test_a_new_turns_reader_subscribed_before_commit_hears_every_event_without_r
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_refused_message_leaves_no_subscription_behind(tcast):
-    """A duplicate client_message_id is refused after the key and body checks: no waiter stays registered."""
-    from channels_app import api
+def test_a_message_refused_after_its_turn_was_made_leaves_no_subscription_behind(tcast, monkeypatch):
+    """A refusal raised after the turn's reader subscribed (the transaction then rolls back): no waiter stays."""
+    from channels_app import api, services
+    from channels_app.errors import ApplicationError
     from django.http.request import HttpHeaders
+    subscribed = []
+    real_register = notify.register
+    monkeypatch.setattr(notify, "register", lambda *a: subscribed.append(real_register(*a)) or subscribed[-1])
+    real_locked = services._submit_locked
+
+    def refuse_after_the_turn(*args, **kwargs):
+        real_locked(*args, **kwargs)
+        raise ApplicationError("refused late", status=409, code="late_refusal")
+
+    monkeypatch.setattr(services, "_submit_locked", refuse_after_the_turn)
     headers = HttpHeaders({"HTTP_X_API_KEY": tcast.keys["operator"]})
-    body = {"model": "scripted", "conversation_id": "c-dup", "client_message_id": "m-dup",
-            "messages": [{"role": "user", "content": "hi"}]}
 
     async def main():
-        loop = asyncio.get_running_loop()
-        accept = sync_to_async(api._accept, thread_sensitive=False)
-        first = await accept(headers, body, loop)
-        first[3].close()
-        before = dict(notify._waiters)
-        second = await accept(headers, body, loop)
-        return second, before
+        return await sync_to_async(api._accept, thread_sensitive=False)(
+            headers, {"model": "scripted", "messages": [{"role": "user", "content": "hi"}]},
+            asyncio.get_running_loop())
 
-    (data, result, refused, waiter), before = asyncio.run(main())
-    assert result is None and waiter is None and refused.status == 409
-    assert dict(notify._waiters) == before
+    data, result, refused, waiter = asyncio.run(main())
+    assert result is None and waiter is None and refused.code == "late_refusal"
+    assert len(subscribed) == 1  # the turn was made and its reader subscribed before the refusal
+    assert subscribed[0].topic not in notify._waiters
+    assert not Turn.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_request_cancelled_while_its_message_is_accepted_lets_go_of_the_turns_waiter(tcast, monkeypatch):
+    """The client leaves mid-accept: the accept finishes on its thread, and the waiter it made is closed."""
+    from django.test import RequestFactory
+    from channels_app import api
+    release = threading.Event()
+    made = []
+    real_accept = api._accept
+
+    def slow_accept(headers, payload, loop=None):
+        out = real_accept(headers, payload, loop)
+        made.append(out[3])
+        release.wait(10)
+        return out
+
+    monkeypatch.setattr(api, "_accept", slow_accept)
+    monkeypatch.setattr("channels_app.tasks.run_turn.delay", lambda pk: None)
+    request = RequestFactory().post("/v1/chat/completions", data=b'{"model": "scripted", "messages": '
+                                    b'[{"role": "user", "content": "hi"}]}', content_type="application/json",
+                                    HTTP_X_API_KEY=tcast.keys["operator"])
+
+    async def main():
+        view = asyncio.ensure_future(api.ChatCompletionApi().post(request))
+        while not made:
+            await asyncio.sleep(0.01)
+        view.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await view
+        release.set()
+        for _ in range(200):
+            if made[0].topic not in notify._waiters:
+                return True
+            await asyncio.sleep(0.01)
+        return False
+
+    assert asyncio.run(main()) is True

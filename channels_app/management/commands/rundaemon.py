@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from contextlib import ExitStack
 
+import uvicorn
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
@@ -54,32 +56,31 @@ class Command(BaseCommand):
         if interrupted:
             log.warning("marked %d turn(s) interrupted: the process running them stopped", interrupted)
 
-        worker = self.start_worker(opts["concurrency"])
-        from channels_app import tasks
-        # Turns accepted here run on this process's turn threads when the broker is in-process too
-        # (channels_app.tasks.LocalTurnPool); with a Redis broker any worker may take them.
-        turn_pool = None if settings.REDIS_URL else tasks.local_turn_pool_start(opts["concurrency"])
-        beat = None if opts["no_beat"] or settings.REDIS_URL else self.start_beat()
-        background = self.start_background_services()
-        requeued = turns_requeue_accepted()
-        if requeued:
-            log.info("re-queued %d accepted turn(s)", requeued)
-        self.stdout.write(f"UGENT daemon ({settings.UGENT_MODE} mode) on http://{opts['bind']}:{opts['port']}/v1")
-        self.stdout.flush()
+        # Whatever has started stops again, last started first, however the start-up or the server ends.
+        stack = ExitStack()
         try:
+            worker = self.start_worker(opts["concurrency"])
+            stack.callback(_quietly(lambda: worker.stop(in_sighandler=False), "the Celery worker"))
+            from channels_app import tasks
+            # Turns accepted here run on this process's turn threads when the broker is in-process too
+            # (channels_app.tasks.LocalTurnPool); with a Redis broker any worker may take them.
+            if not settings.REDIS_URL:
+                tasks.local_turn_pool_start(opts["concurrency"])
+                stack.callback(_quietly(tasks.local_turn_pool_stop, "the turn threads"))
+            if not (opts["no_beat"] or settings.REDIS_URL):
+                beat = self.start_beat()
+                stack.callback(_quietly(beat.stop, "beat"))
+            self.start_background_services(stack)
+            requeued = turns_requeue_accepted()
+            if requeued:
+                log.info("re-queued %d accepted turn(s)", requeued)
+            self.stdout.write(f"UGENT daemon ({settings.UGENT_MODE} mode) on "
+                              f"http://{opts['bind']}:{opts['port']}/v1")
+            self.stdout.flush()
             self.run_http(opts["bind"], opts["port"])
         finally:
             self.stdout.write("UGENT daemon stopping")
-            for service in reversed(background):
-                try:
-                    service.stop()
-                except Exception:
-                    log.exception("background service failed to stop (service=%r)", service)
-            if beat is not None:
-                beat.stop()
-            if turn_pool is not None:
-                tasks.local_turn_pool_stop()
-            worker.stop(in_sighandler=False)
+            stack.close()
             self.stdout.write("UGENT daemon stopped")
 
     def ensure_operator_key(self):
@@ -96,19 +97,17 @@ class Command(BaseCommand):
         settings.UGENT_WEB_API_KEY = key
         self.stdout.write(f"Generated an operator API key (kept in {path}):\n  {key}")
 
-    def start_background_services(self) -> list:
+    def start_background_services(self, stack: ExitStack) -> None:
         """Each app may offer long-running services (rule watcher, plugin supervisor): an AppConfig
         method `background_services(mode)` returning objects with start() and stop()."""
         from django.apps import apps
-        started = []
         for app_config in apps.get_app_configs():
             factory = getattr(app_config, "background_services", None)
             if not callable(factory):
                 continue
             for service in factory("embedded"):
                 service.start()
-                started.append(service)
-        return started
+                stack.callback(_quietly(service.stop, f"background service {service!r}"))
 
     def start_worker(self, concurrency: int):
         from ugent_site.celery import app
@@ -129,12 +128,29 @@ class Command(BaseCommand):
 
     def run_http(self, bind: str, port: int):
         """uvicorn on the settings' logging (log_config=None). No X-Forwarded-* rewriting: a proxy in
-        front is the operator's to configure, as with daphne, which never trusted them."""
-        import uvicorn
-
+        front is the operator's to configure, as with daphne, which never trusted them. ws="none":
+        the ASGI app routes no WebSocket yet; the live-call consumer will need ws="websockets"."""
         from ugent_site.asgi import application
         config = uvicorn.Config(application, host=bind, port=port, loop="uvloop", http="httptools", ws="none",
                                 lifespan="off", access_log=False, log_config=None, log_level="warning",
                                 server_header=False, proxy_headers=False,
                                 timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS)
-        uvicorn.Server(config).run()
+        _Server(config).run()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, minus re-raising SIGTERM/SIGINT once it has shut down: that would end the
+    process before rundaemon stops its turn threads, worker, beat and channel workers."""
+
+    def handle_exit(self, sig, frame):
+        super().handle_exit(sig, frame)
+        self._captured_signals.clear()
+
+
+def _quietly(stop, what):
+    def call():
+        try:
+            stop()
+        except Exception:
+            log.exception("failed to stop %s", what)
+    return call
