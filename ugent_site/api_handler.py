@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 from concurrent.futures import ThreadPoolExecutor
 
 from asgiref.sync import ThreadSensitiveContext
@@ -150,7 +151,14 @@ class ApiHandler(ASGIHandler):
 
         tasks = [asyncio.create_task(self.listen_for_disconnect(receive)),
                  asyncio.create_task(process_request())]
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the server is stopping: take both down with the request
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            body_file.close()
+            raise
         for task in tasks:
             if task.done():
                 try:
@@ -186,7 +194,45 @@ def route(api_app, default_app):
         if root and path.startswith(root):
             path = path[len(root):]
         if scope["type"] == "http" and path.startswith(API_PREFIX):
-            return await api_app(scope, receive, send)
+            return await _ended_on_cancel(api_app, scope, receive, send)
         return await default_app(scope, receive, send)
 
     return app
+
+
+async def _ended_on_cancel(api_app, scope, receive, send):
+    """Run an API request; if the server cancels it (what is still open when its shutdown grace ends:
+    an event stream never ends by itself), end the response properly instead of leaving it cut.
+
+    A stream gets its last chunk (its client resumes from the durable log, by cursor); a request that
+    had not answered yet gets a 503 it may retry (the message, if accepted, answers the retry as a
+    duplicate naming its turn)."""
+    state = {"started": False, "done": False}
+
+    async def tracked(message):
+        if message["type"] == "http.response.start":
+            state["started"] = True
+        elif message["type"] == "http.response.body" and not message.get("more_body", False):
+            state["done"] = True
+        await send(message)
+
+    try:
+        return await api_app(scope, receive, tracked)
+    except asyncio.CancelledError:
+        if state["done"]:
+            return None
+        try:
+            if state["started"]:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            else:
+                body = json.dumps({"error": {"message": "The server is shutting down: send the request again.",
+                                             "type": "server_error", "param": None,
+                                             "code": "server_shutting_down"}}).encode()
+                await send({"type": "http.response.start", "status": 503,
+                            "headers": [(b"content-type", b"application/json"),
+                                        (b"content-length", str(len(body)).encode()),
+                                        (b"retry-after", b"1"), (b"connection", b"close")]})
+                await send({"type": "http.response.body", "body": body, "more_body": False})
+        except Exception:
+            pass  # the connection is gone already
+        return None

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import time
 import uuid
 
 import httpx
@@ -134,3 +135,54 @@ def test_keep_alives_are_comment_lines_the_client_ignores(daemon, client):
     stream = client.chat.completions.create(
         model="scripted", stream=True, messages=[{"role": "user", "content": "script:sleep=2.5|answer=still fine"}])
     assert "".join(c.choices[0].delta.content or "" for c in stream) == "still fine"
+
+
+def test_requests_still_open_when_the_daemon_stops_end_properly(tmp_path):
+    """SIGTERM with a stream and a non-stream request open: after the grace the stream gets its last chunk
+    (the client resumes from the log) and the waiting request a 503 it may retry; nothing is logged as a
+    crash."""
+    import threading
+    from tests.support.daemon import Daemon
+    d = Daemon(tmp_path).start()
+    outcome = {}
+
+    def stream():
+        try:
+            with httpx.stream("POST", d.base + "/v1/chat/completions", headers={"x-api-key": d.key},
+                              json={"messages": [{"role": "user", "content": "script:sleep=5|answer=late"}],
+                                    "stream": True, "model": "scripted"}, timeout=30) as resp:
+                outcome["stream_status"] = resp.status_code
+                outcome["stream_body"] = b"".join(resp.iter_bytes())
+        except httpx.HTTPError as exc:
+            outcome["stream_error"] = repr(exc)
+
+    def plain():
+        try:
+            r = httpx.post(d.base + "/v1/chat/completions", headers={"x-api-key": d.key},
+                           json={"messages": [{"role": "user", "content": "script:sleep=5|answer=late"}],
+                                 "model": "scripted"}, timeout=30)
+            outcome["plain"] = (r.status_code, r.json())
+        except httpx.HTTPError as exc:
+            outcome["plain_error"] = repr(exc)
+
+    clients = [threading.Thread(target=stream), threading.Thread(target=plain)]
+    try:
+        for t in clients:
+            t.start()
+        time.sleep(1.5)
+        codes = d.stop()
+        for t in clients:
+            t.join(30)
+    finally:
+        d.close()
+    assert "stream_error" not in outcome and outcome["stream_status"] == 200
+    assert b"ugent.receipt" in outcome["stream_body"] or b"data:" in outcome["stream_body"]
+    assert b"[DONE]" not in outcome["stream_body"]  # cut short, not finished: the client resumes
+    assert "plain_error" not in outcome
+    status, body = outcome["plain"]
+    assert status == 503 and body["error"]["code"] == "server_shutting_down"
+    log = (tmp_path / "daemon.log").read_text()
+    assert "Exception in ASGI application" not in log and "never retrieved" not in log
+    assert "returned without" not in log
+    if not d.servers:
+        assert codes == [0], codes
