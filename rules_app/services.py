@@ -11,7 +11,7 @@ from datetime import date, datetime, time
 from typing import Any, Optional
 
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -73,14 +73,22 @@ class LoadRecord:
         return hashlib.sha256(payload.encode()).hexdigest()
 
 
-@transaction.atomic
 def rule_set_record_load(*, record: LoadRecord) -> bool:
     """Record a load of the rules file in the file's RuleSet row and mirror its rules.
 
     Every process records its own loads; a load identical to the one recorded
     (same digest) writes nothing, so N processes seeing one edit write once.
-    Returns True when the row changed.
+    Returns True when the row changed. Processes starting together may both find
+    no row yet: the one whose insert loses records again over the winner's row.
     """
+    try:
+        return _record_load(record)
+    except IntegrityError:
+        return _record_load(record)
+
+
+@transaction.atomic
+def _record_load(record: LoadRecord) -> bool:
     digest = record.digest()
     rs = RuleSet.objects.select_for_update().filter(source=RuleSource.FILE).first()
     if rs is not None and rs.digest == digest:

@@ -72,3 +72,24 @@ def test_status_under_on_error_closed(site, tcast):
     rules = status(tcast.keys["operator"]).json()["status"]["rules"]
     assert rules["refusing_all"] is True and rules["in_force"] is True and rules["file"]["status"] == "closed"
     assert rules["on_error"] == "closed"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_processes_recording_the_first_load_together_leave_one_row_with_the_later_load(monkeypatch):
+    """Both found no row for the rules file; the other committed its insert first: ours records over it."""
+    from rules_app import services
+    from rules_app.models import RuleSet
+    real_save = RuleSet.save
+    raced = []
+
+    def save(self, *args, **kwargs):
+        if self.pk is None and not raced:  # the other process's insert commits in between
+            raced.append(True)
+            RuleSet.objects.create(name=services.FILE_SET_NAME, source="file", status="ok", digest="theirs")
+        return real_save(self, *args, **kwargs)
+
+    monkeypatch.setattr(RuleSet, "save", save)
+    record = services.LoadRecord(status="ok", path="/w/rules.toml", rule_count=0, raw_rules=[])
+    assert services.rule_set_record_load(record=record) is True
+    rows = list(RuleSet.objects.filter(source="file"))
+    assert len(rows) == 1 and rows[0].digest == record.digest() and rows[0].name == services.FILE_SET_NAME
