@@ -101,10 +101,10 @@ class Reply:
         return json.loads(self.body)
 
 
-def _scope(method: str, path_: str, headers: dict | None, query: str = "") -> dict:
+def _scope(method: str, path_: str, headers: dict | None, query: str = "", scheme: str = "http") -> dict:
     raw = [(b"host", b"testserver")] + [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     return {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
-            "method": method, "scheme": "http", "path": path_, "raw_path": path_.encode(),
+            "method": method, "scheme": scheme, "path": path_, "raw_path": path_.encode(),
             "query_string": query.encode(), "root_path": "", "headers": raw,
             "client": ("127.0.0.1", 50000), "server": ("testserver", 80)}
 
@@ -131,10 +131,10 @@ async def _drive(app, scope, body: bytes, disconnect_after_body: bool):
 
 
 def call(method: str, path_: str, *, headers: dict | None = None, body: bytes = b"", query: str = "",
-         app=None, disconnect_after_body: bool = False) -> Reply:
+         app=None, disconnect_after_body: bool = False, scheme: str = "http") -> Reply:
     if app is None:
         from ugent_site.asgi import application as app
-    scope = _scope(method, path_, headers, query)
+    scope = _scope(method, path_, headers, query, scheme)
     return Reply(asyncio.run(_drive(app, scope, body, disconnect_after_body)))
 
 
@@ -344,7 +344,7 @@ def test_the_asgi_application_uses_the_api_handler_for_v1():
     assert ApiHandler in closure
     handler = next(c.cell_contents for c in http.__closure__ if isinstance(c.cell_contents, ApiHandler))
     assert handler._view_middleware == [] and handler._exception_middleware == []
-    assert handler._middleware_chain.__qualname__ == api_headers(None).__qualname__
+    assert handler._middleware_chain.__qualname__ == api_headers(lambda request: None).__qualname__
 
 
 def _thread_name(request):
@@ -423,3 +423,29 @@ def test_a_request_waiting_on_a_sync_thread_does_not_hold_up_the_next_request():
             gate.set()
     r = asyncio.run(scenario())
     assert r.status == 200
+
+
+def _fresh_api_app():
+    """The API handler built now, so it reads the settings a test changed (as a new process would)."""
+    from ugent_site.api_handler import ApiHandler, route
+    return route(ApiHandler(), full_stack())
+
+
+def test_the_api_follows_secure_ssl_redirect_as_the_full_stack_does(settings):
+    settings.SECURE_SSL_REDIRECT = True
+    app = _fresh_api_app()
+    r = call("GET", "/v1/health", query="x=1", app=app)
+    assert r.status == 301 and r.header("location") == "https://testserver/v1/health?x=1"
+    assert call("GET", "/v1/health", app=app, scheme="https").status == 200
+
+
+def test_the_api_sends_hsts_on_secure_requests_only(settings):
+    settings.SECURE_HSTS_SECONDS = 3600
+    settings.SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    app = _fresh_api_app()
+    secure = call("GET", "/v1/health", app=app, scheme="https")
+    assert secure.header("strict-transport-security") == "max-age=3600; includeSubDomains"
+    assert call("GET", "/v1/health", app=app).header("strict-transport-security") is None
+    # off by default, as on the full stack
+    settings.SECURE_HSTS_SECONDS = 0
+    assert call("GET", "/v1/health", app=_fresh_api_app(), scheme="https").header("strict-transport-security") is None

@@ -75,7 +75,11 @@ def _error_object(status: int):
 
 
 def api_headers(get_response):
-    """The response headers the full stack's middleware would set on an API response."""
+    """What the full stack's middleware would check and set on an API response: ALLOWED_HOSTS
+    (CommonMiddleware), the SSL redirect and HSTS, nosniff, Referrer-Policy and COOP
+    (SecurityMiddleware, whose own checks are called directly: they do no I/O), X-Frame-Options."""
+    from django.middleware.security import SecurityMiddleware
+    security = SecurityMiddleware(get_response)  # settings are read here, as the full stack reads them
 
     async def middleware(request):
         try:
@@ -83,17 +87,12 @@ def api_headers(get_response):
         except DisallowedHost:
             response = _error_object(400)
         else:
-            response = await get_response(request)
+            response = security.process_request(request) or await get_response(request)
         if response.status_code in (404, 405, 500) and response.get("Content-Type", "").startswith("text/html"):
             page, response = response, _error_object(response.status_code)
             if "Allow" in page:
                 response["Allow"] = page["Allow"]
-        if settings.SECURE_CONTENT_TYPE_NOSNIFF:
-            response.headers.setdefault("X-Content-Type-Options", "nosniff")
-        if settings.SECURE_REFERRER_POLICY:
-            response.headers.setdefault("Referrer-Policy", settings.SECURE_REFERRER_POLICY)
-        if settings.SECURE_CROSS_ORIGIN_OPENER_POLICY:
-            response.headers.setdefault("Cross-Origin-Opener-Policy", settings.SECURE_CROSS_ORIGIN_OPENER_POLICY)
+        security.process_response(request, response)
         response.headers.setdefault("X-Frame-Options", getattr(settings, "X_FRAME_OPTIONS", "DENY"))
         if not response.streaming and "Content-Length" not in response:
             response.headers["Content-Length"] = str(len(response.content))
