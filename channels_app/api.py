@@ -135,8 +135,9 @@ def _accept(headers, payload: dict, loop=None):
 
 
 def _close_accepted_waiter(accepting: asyncio.Future) -> None:
-    if not accepting.cancelled() and accepting.exception() is None and accepting.result()[3] is not None:
-        accepting.result()[3].close()
+    waiter = None if accepting.cancelled() or accepting.exception() else accepting.result()[3]
+    if waiter is not None:
+        waiter.close()
 
 
 def _submit(principal, data: dict, on_turn=None):

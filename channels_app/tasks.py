@@ -7,13 +7,15 @@ from celery.signals import beat_init
 from celery.exceptions import SoftTimeLimitExceeded
 from django.db import close_old_connections
 
+from ugent_site.dbconn import with_fresh_connections
+
 log = logging.getLogger("ugent.turns")
 
 
 @shared_task(acks_late=True, ignore_result=True)
+@with_fresh_connections
 def run_turn(turn_pk: int) -> None:
     from channels_app import runner
-    close_old_connections()
     try:
         runner.turn_run(turn_pk)
     except SoftTimeLimitExceeded:
@@ -21,8 +23,6 @@ def run_turn(turn_pk: int) -> None:
         turn = Turn.objects.select_related("actor").get(pk=turn_pk)
         runner.turn_fail(turn=turn, writer=runner.DeltaWriter(turn), answer="",
                          reason="The turn ran out of time.", code="time_limit")
-    finally:
-        close_old_connections()
 
 
 class LocalTurnPool:
@@ -89,25 +89,19 @@ def turn_dispatch(turn_pk: int) -> None:
 
 
 @shared_task(ignore_result=True, soft_time_limit=600, time_limit=660)
+@with_fresh_connections
 def prune_events() -> int:
     """The retention job (beat): delete events older than UGENT_EVENT_RETENTION_SECS."""
     from channels_app import streams
-    close_old_connections()
-    try:
-        return streams.events_prune()
-    finally:
-        close_old_connections()
+    return streams.events_prune()
 
 
 @shared_task(ignore_result=True, soft_time_limit=120, time_limit=180)
+@with_fresh_connections
 def sweep_stale_turns() -> int:
     """Beat: turns whose worker died (servers mode) end as interrupted instead of running forever."""
     from channels_app import runner
-    close_old_connections()
-    try:
-        return runner.turns_sweep_stale()
-    finally:
-        close_old_connections()
+    return runner.turns_sweep_stale()
 
 
 @beat_init.connect

@@ -2,10 +2,10 @@
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import before_task_publish
-from django.db import close_old_connections
 from django.utils import timezone
 
 from cron_app import conf
+from ugent_site.dbconn import with_fresh_connections
 
 #: The header beat's message carries: when it fired, so a message that waits in a busy queue
 #: still claims the slot it fired for, not whichever slot is current when a worker takes it.
@@ -19,6 +19,7 @@ def _stamp_fire_time(sender=None, headers=None, **kwargs) -> None:
 
 
 @shared_task(bind=True, ignore_result=True)
+@with_fresh_connections
 def cron_fire(self, job: str, at: str | None = None) -> None:
     """Beat's entry for a scheduled job: claim the slot it fired for (once, whoever else fires it).
 
@@ -29,21 +30,15 @@ def cron_fire(self, job: str, at: str | None = None) -> None:
 
     from cron_app.services import cron_slot_fire
     fired = at or self.request.get(FIRED_AT_HEADER) or (self.request.headers or {}).get(FIRED_AT_HEADER)
-    close_old_connections()
-    try:
-        cron_slot_fire(job_name=job, now=parse_datetime(fired) if fired else None)
-    finally:
-        close_old_connections()
+    cron_slot_fire(job_name=job, now=parse_datetime(fired) if fired else None)
 
 
 @shared_task(acks_late=True, ignore_result=True, soft_time_limit=conf.RUN_SOFT_TIME_LIMIT,
              time_limit=conf.RUN_TIME_LIMIT)
+@with_fresh_connections
 def cron_run(run_pk: int) -> None:
     from cron_app import services
-    close_old_connections()
     try:
         services.cron_run_execute(run_pk=run_pk)
     except SoftTimeLimitExceeded:
         services.cron_run_time_out(run_pk=run_pk)
-    finally:
-        close_old_connections()

@@ -3,20 +3,19 @@ from celery import shared_task
 from celery.signals import beat_init
 from django.db import close_old_connections
 
+from ugent_site.dbconn import with_fresh_connections
+
 MEDIA_PRUNE_TASK_NAME = "ugent: prune expired plugin media"
 #: How often expired media is deleted (seconds).
 MEDIA_PRUNE_EVERY_SECS = 3600
 
 
 @shared_task(ignore_result=True, soft_time_limit=300, time_limit=360)
+@with_fresh_connections
 def prune_media() -> int:
     """Beat: delete media uploaded through the bridge once it has expired (UGENT_PLUGIN_MEDIA_TTL_SECS)."""
     from plugins_app import services
-    close_old_connections()
-    try:
-        return services.media_prune()
-    finally:
-        close_old_connections()
+    return services.media_prune()
 
 
 def media_prune_schedule_ensure() -> None:

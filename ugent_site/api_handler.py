@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 from concurrent.futures import ThreadPoolExecutor
 
 from asgiref.sync import ThreadSensitiveContext
@@ -34,21 +33,14 @@ from django.conf import settings
 from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.exception import convert_exception_to_response
 from django.core.exceptions import DisallowedHost, RequestAborted
-from django.db import close_old_connections
 from django.core.handlers.asgi import get_script_prefix
 from django.urls import set_script_prefix
+
+from ugent_site.dbconn import call_with_fresh_connections
 
 API_PREFIX = "/v1/"
 #: Long-lived threads the API's sync views run on (requests take them in turn).
 SYNC_VIEW_THREADS = 8
-
-
-def _with_fresh_connections(fn, *args, **kwargs):
-    close_old_connections()
-    try:
-        return fn(*args, **kwargs)
-    finally:
-        close_old_connections()
 
 
 class _SyncViewThread(ThreadPoolExecutor):
@@ -58,13 +50,14 @@ class _SyncViewThread(ThreadPoolExecutor):
         super().__init__(max_workers=1, thread_name_prefix=f"ugent-api-{index}")
 
     def submit(self, fn, /, *args, **kwargs):
-        return super().submit(_with_fresh_connections, fn, *args, **kwargs)
+        return super().submit(call_with_fresh_connections, fn, *args, **kwargs)
 
 
 _PAGE_ERRORS = {400: ("Invalid Host header.", "invalid_host"),
                 404: ("No such endpoint.", "not_found"),
                 405: ("This endpoint does not take that method.", "method_not_allowed"),
-                500: ("The server failed to answer this request.", "server_error")}
+                500: ("The server failed to answer this request.", "server_error"),
+                503: ("The server is shutting down: send the request again.", "server_shutting_down")}
 
 
 def _error_object(status: int):
@@ -224,14 +217,13 @@ async def _ended_on_cancel(api_app, scope, receive, send):
             if state["started"]:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             else:
-                body = json.dumps({"error": {"message": "The server is shutting down: send the request again.",
-                                             "type": "server_error", "param": None,
-                                             "code": "server_shutting_down"}}).encode()
+                response = _error_object(503)
+                response["Content-Length"] = str(len(response.content))
+                response["Retry-After"] = "1"
+                response["Connection"] = "close"
                 await send({"type": "http.response.start", "status": 503,
-                            "headers": [(b"content-type", b"application/json"),
-                                        (b"content-length", str(len(body)).encode()),
-                                        (b"retry-after", b"1"), (b"connection", b"close")]})
-                await send({"type": "http.response.body", "body": body, "more_body": False})
+                            "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.items()]})
+                await send({"type": "http.response.body", "body": response.content, "more_body": False})
         except Exception:
             pass  # the connection is gone already
         return None

@@ -1,0 +1,27 @@
+"""Database connections around work that runs outside a request (tasks, the API's own threads)."""
+from __future__ import annotations
+
+import functools
+
+from django.db import close_old_connections
+
+
+def call_with_fresh_connections(fn, /, *args, **kwargs):
+    """Call `fn` between two close_old_connections(), as Django's request signals would around a view:
+    a broken or expired connection is not reused, and one past CONN_MAX_AGE is closed after."""
+    close_old_connections()
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        close_old_connections()
+
+
+def with_fresh_connections(fn):
+    """`fn` always called through call_with_fresh_connections (for tasks). A function, not a partial:
+    Celery binds a `bind=True` task's function as a method."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return call_with_fresh_connections(fn, *args, **kwargs)
+
+    return wrapper
