@@ -31,7 +31,6 @@ class HookContext:
     injected_context: list = field(default_factory=list)
     allowed_tools: Optional[list] = None  # None: no narrowing
     limits: dict = field(default_factory=dict)  # the turn's opt-outs, for work a hook starts
-    request_info: dict = field(default_factory=dict)
 
 
 @dataclass

@@ -59,8 +59,6 @@ def routing_hook(ctx: HookContext) -> Optional[HookStop]:
         ctx.allowed_tools = narrowed
         ctx.limits["allowed_tools"] = narrowed
     ctx.injected_context.extend(outcome.context)
-    if outcome.matched:
-        ctx.request_info.setdefault("routes", []).extend(outcome.matched)
     return None
 
 
@@ -80,7 +78,6 @@ def rule_engine_hook(ctx: HookContext) -> Optional[HookStop]:
     if match.rule is None:
         return None
     name, decision = match.rule.name, match.decision
-    ctx.request_info["rule"] = name
     if isinstance(decision, engine.PassToDefaultAgent):
         return None
     if isinstance(decision, engine.Ignore):
