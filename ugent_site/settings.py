@@ -3,6 +3,7 @@
 REDIS_URL unset means embedded mode: SQLite under var/, Celery on an
 in-process broker, an in-memory channel layer. REDIS_URL set means servers mode.
 """
+import os
 from pathlib import Path
 
 import environ
@@ -73,7 +74,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "transaction_mode": "IMMEDIATE",
         "timeout": 30,
     })
-    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test_ugent.sqlite3")}
+    # Each test run its own file: two suites on one checkout must not share (and drop) one database.
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / f"test_ugent_{os.getpid()}.sqlite3")}
 # Keep each thread's connection: a turn touches the database from the web thread, executor
 # threads and a worker thread, and opening a connection per query dominated a turn's cost.
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("UGENT_DB_CONN_MAX_AGE", default=600)

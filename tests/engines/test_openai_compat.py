@@ -13,7 +13,7 @@ from plugins_app.engines.base import (ANSWER, THINKING, TOOL, EngineError, Strea
 from plugins_app.engines.openai_compat import OpenAICompatibleEngine
 from tests.fakes.upstream import DEFAULT_ANSWER, Script, StubUpstream, run_stub_upstream
 
-SPEC = Path("/work/shared/specs/openai-chat-subset.json")
+SPEC = Path(__file__).resolve().parents[1] / "data" / "openai-chat-subset.json"
 USER = [AgentMessage(role=MessageRole.USER, content="Say hello.")]
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Weather for a city",
@@ -390,11 +390,11 @@ def test_timeout_before_headers(stub):
     stub.script = Script(first_delay=2.0)
     eng = OpenAICompatibleEngine({"base_url": stub, "model": "m", "timeout": 0.3})
     for call in (lambda: eng.continue_chat(USER), lambda: list(eng.stream_events(USER))):
-        start = time.monotonic()
+        # Had the client waited out the upstream's 2 s, the answer would have come: no error.
         with pytest.raises(EngineError) as err:
             call()
         assert err.value.code == "upstream_timeout"
-        assert time.monotonic() - start < 1.5
+        assert stub.requests[-1].events_sent == 0
     eng.close()
 
 
@@ -416,12 +416,9 @@ def test_timeout_between_chunks(stub):
 def test_should_stop_ends_a_slow_stream_and_closes_the_connection(engine, stub):
     stub.script = Script(tokens=[f"t{i} " for i in range(40)], delay=0.1)
     received = []
-    start = time.monotonic()
     for item in engine.stream_events(USER, should_stop=lambda: len(received) >= 2):
         received.append(item)
-    elapsed = time.monotonic() - start
     assert [i.text for i in received] == ["t0 ", "t1 "]
-    assert elapsed < 0.6  # two delays and change, not forty
     req = stub.requests[-1]
     assert stub.stub.wait_for(lambda: req.aborted, timeout=1.0), "upstream connection left open"
     assert req.events_sent <= 4  # role prelude + at most one event past the stop
@@ -436,15 +433,13 @@ def test_stop_set_from_another_thread_takes_effect_at_the_next_chunk(engine, stu
     stop = threading.Event()
     threading.Timer(0.25, stop.set).start()
     received = []
-    start = time.monotonic()
     for item in engine.stream_events(USER, should_stop=stop.is_set):
         received.append(item)
-    stopped_at = time.monotonic() - start
     # The stop lands a few chunks in; the rest of the 40 are never read. (Counted, not timed: a
     # loaded machine delays chunks and the timer alike.)
     assert 1 <= len(received) <= 10
-    assert stopped_at < 0.1 * 40
     req = stub.requests[-1]
+    assert req.events_sent < 40
     assert stub.stub.wait_for(lambda: req.aborted, timeout=1.0)
 
 

@@ -37,17 +37,10 @@ from plugins_app.sdk.jsonrpc import (
 )
 
 
-def _spec_path() -> Path:
-    here = Path(__file__).resolve()
-    # shared/ sits beside the work tree (locally /work/shared, in CI beside the clone).
-    for candidate in (here.parents[3] / "shared", Path("/work/shared")):
-        path = candidate / "specs" / "jsonrpc2-examples.json"
-        if path.exists():
-            return path
-    raise FileNotFoundError("shared/specs/jsonrpc2-examples.json not found beside the work tree")
+SPEC_PATH = Path(__file__).resolve().parents[1] / "data" / "jsonrpc2-examples.json"
 
 
-SPEC = json.loads(_spec_path().read_text())
+SPEC = json.loads(SPEC_PATH.read_text())
 EXAMPLES = SPEC["examples"]
 PLUGIN_ID = "telegram-main"
 TOKEN = "per-start-token-1"

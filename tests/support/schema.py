@@ -1,4 +1,4 @@
-"""Validation against the OpenAI schema bundle in shared/specs."""
+"""Validation against the OpenAI schema bundle in tests/data/ (see tests/data/README.md)."""
 from __future__ import annotations
 
 import functools
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import jsonschema
 
-SPEC = Path(__file__).resolve().parents[3] / "shared" / "specs" / "openai-chat-subset.json"
+SPEC = Path(__file__).resolve().parents[1] / "data" / "openai-chat-subset.json"
 
 
 @functools.lru_cache(maxsize=1)

@@ -1,0 +1,52 @@
+"""The repository stands on its own, and its tests measure behaviour, not the clock.
+
+These read the tracked files, so a test or doc that points outside the clone, a test that asserts
+a duration, or a test module that skips itself when another app's interface moves fails here.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+THIS = Path(__file__).resolve().relative_to(ROOT).as_posix()
+
+
+def tracked(*patterns: str) -> list[Path]:
+    out = subprocess.run(["git", "ls-files", "--", *patterns], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout.split()
+    return [ROOT / p for p in out if p != THIS and (ROOT / p).is_file()]
+
+
+def test_nothing_points_outside_the_clone():
+    outside = re.compile(r"\.\./shared|/work/shared|shared/specs|shared/seeds|shared/DESIGN")
+    offenders = [f"{p.relative_to(ROOT)}:{n}" for p in tracked("*.py", "*.md", "*.toml", "*.ini", "*.sh",
+                                                               "Makefile", ".ci/*")
+                 for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1) if outside.search(line)]
+    assert offenders == []
+
+
+def test_every_file_a_test_reads_from_data_is_in_the_repository():
+    data = ROOT / "tests" / "data"
+    readme = (data / "README.md").read_text()
+    files = sorted(p.name for p in data.iterdir() if p.name != "README.md")
+    assert files, "tests/data is empty"
+    for name in files:
+        assert f"`{name}`" in readme, f"tests/data/README.md does not say where {name} came from"
+
+
+def test_no_test_asserts_a_duration():
+    clock = re.compile(r"^\s*assert\b.*\b(time\.(monotonic|time|perf_counter)\(\)|elapsed|took)\b.*[<>]")
+    offenders = [f"{p.relative_to(ROOT)}:{n}" for p in tracked("tests/*.py")
+                 for n, line in enumerate(p.read_text().splitlines(), 1) if clock.search(line)]
+    assert offenders == []
+
+
+def test_no_test_module_skips_itself():
+    """A moved interface must fail loudly, not turn a module of tests into skips."""
+    skip = re.compile(r"allow_module_level\s*=\s*True|^\s*pytest\.importorskip\(\s*[\"'](channels_app|rules_app|"
+                      r"cron_app|plugins_app|ugent_site|ugent_common)")
+    offenders = [f"{p.relative_to(ROOT)}:{n}" for p in tracked("tests/*.py")
+                 for n, line in enumerate(p.read_text().splitlines(), 1) if skip.search(line)]
+    assert offenders == []
