@@ -1,5 +1,3 @@
-from importlib.util import find_spec
-
 from django.contrib import admin
 from django.urls import include, path
 from django.views.decorators.csrf import csrf_exempt
@@ -13,9 +11,5 @@ urlpatterns = [
     path("v1/health", api.HealthApi.as_view(), name="health"),
     path("v1/ugent/receipt", api.ReceiptGetApi.as_view(), name="receipt"),
     path("v1/ugent/status", api.StatusApi.as_view(), name="status"),
+    path("", include("channels_app.urls_streams")),
 ]
-
-# Each room adds its own endpoints in its own urls module.
-for module in ("channels_app.urls_streams", "rules_app.urls", "plugins_app.urls", "cron_app.urls"):
-    if find_spec(module) is not None:
-        urlpatterns.append(path("", include(module)))
