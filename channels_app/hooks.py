@@ -3,12 +3,21 @@
 Routing registers at priority 50 and the rule engine at 100; lower runs first.
 A hook may change the context (text, tags, tool narrowing, injected context) or
 stop the message with an answer, in which case no agent turn runs.
+
+The hub imports no app that plugs into it: the hooks are named in settings by dotted path
+(`UGENT_BEFORE_TURN_HOOKS`, `UGENT_AFTER_TURN_HOOKS`) and imported on first use, so the arrow
+points from rules, cron and channel plugins to the hub and never back. `register` adds one at run
+time (tests, benches).
 """
 from __future__ import annotations
 
 import bisect
+import threading
 from dataclasses import dataclass, field
 from typing import Callable, Optional
+
+from django.conf import settings
+from django.utils.module_loading import import_string
 
 ROUTING_PRIORITY = 50
 RULE_ENGINE_PRIORITY = 100
@@ -45,19 +54,43 @@ class HookStop:
 
 Hook = Callable[[HookContext], Optional[HookStop]]
 _hooks: list[tuple[int, int, str, Hook]] = []
+_loaded = False
+_load_lock = threading.Lock()
 
 
-def register(name: str, priority: int, hook: Hook) -> None:
-    """Register (or replace) a named hook."""
-    unregister(name)
+def _ensure_loaded() -> None:
+    """Import the hooks settings name, once per process."""
+    global _loaded
+    if _loaded:
+        return
+    with _load_lock:
+        if _loaded:
+            return
+        for name, priority, path in getattr(settings, "UGENT_BEFORE_TURN_HOOKS", ()):
+            _insert(name, priority, import_string(path))
+        for name, path in getattr(settings, "UGENT_AFTER_TURN_HOOKS", {}).items():
+            _after.setdefault(name, import_string(path))
+        _loaded = True
+
+
+def _insert(name: str, priority: int, hook: Hook) -> None:
+    _hooks[:] = [h for h in _hooks if h[2] != name]
     bisect.insort(_hooks, (priority, len(_hooks), name, hook), key=lambda h: (h[0], h[1]))
 
 
+def register(name: str, priority: int, hook: Hook) -> None:
+    """Register (or replace) a named hook at run time, beside the ones settings name."""
+    _ensure_loaded()
+    _insert(name, priority, hook)
+
+
 def unregister(name: str) -> None:
+    _ensure_loaded()
     _hooks[:] = [h for h in _hooks if h[2] != name]
 
 
 def run_before_agent_turn(ctx: HookContext) -> Optional[HookStop]:
+    _ensure_loaded()
     for _priority, _order, _name, hook in list(_hooks):
         stop = hook(ctx)
         if stop is not None:
@@ -66,6 +99,7 @@ def run_before_agent_turn(ctx: HookContext) -> Optional[HookStop]:
 
 
 def registered() -> list[tuple[int, str]]:
+    _ensure_loaded()
     return [(p, n) for p, _o, n, _h in _hooks]
 
 
@@ -78,13 +112,16 @@ _after: dict[str, AfterTurn] = {}
 
 def register_after_turn(name: str, fn: AfterTurn) -> None:
     """fn(turn=Turn, state=str, answer=str) runs in the turn's final transaction."""
+    _ensure_loaded()
     _after[name] = fn
 
 
 def unregister_after_turn(name: str) -> None:
+    _ensure_loaded()
     _after.pop(name, None)
 
 
 def run_after_turn(*, turn, state: str, answer: str) -> None:
+    _ensure_loaded()
     for fn in list(_after.values()):
         fn(turn=turn, state=state, answer=answer)

@@ -46,15 +46,14 @@ class CronAppConfig(AppConfig):
     def ready(self):
         from celery.signals import beat_init
 
-        from channels_app import status
         beat_init.connect(_on_beat_init, dispatch_uid="cron_app.catch_up")
-        status.register("cron", _status_section)
 
     def background_services(self, mode):
         return [CronStartup()]
 
 
-def _status_section() -> dict:
+def status_section() -> dict:
+    """The cron section of GET /v1/ugent/status (named in settings)."""
     from cron_app.selectors import cron_active_runs_count, cron_jobs_overview
     from cron_app.services import cron_running
     return {"running": cron_running(), "active_runs": cron_active_runs_count(), "jobs": cron_jobs_overview()}

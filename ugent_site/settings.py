@@ -37,6 +37,22 @@ INSTALLED_APPS = [
     "plugins_app",
 ]
 
+# The apps that plug into the conversation hub, by dotted path: the hub imports none of them
+# (docs/design.md). Before-turn hooks run in priority order (lower first); after-turn hooks run in
+# the transaction that records a turn's end; status sections make up GET /v1/ugent/status.
+UGENT_BEFORE_TURN_HOOKS = [
+    ("routing", 50, "rules_app.hooks.routing_hook"),
+    ("rules", 100, "rules_app.hooks.rule_engine_hook"),
+]
+UGENT_AFTER_TURN_HOOKS = {
+    "plugins": "plugins_app.services.delivery_create_for_turn",
+}
+UGENT_STATUS_SECTIONS = {
+    "rules": "rules_app.runtime.status_section",
+    "plugins": "plugins_app.selectors.plugins_status",
+    "cron": "cron_app.apps.status_section",
+}
+
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
