@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import tomli_w
 from django.db import transaction
