@@ -1,45 +1,141 @@
 """cron.toml ⇄ plain data: parse and check a file, render one back out.
 
 `parse_cron_toml` returns a dict shaped like the file with every default filled
-in, or raises CronConfigError naming the job and the field. It writes nothing;
-`services.cron_config_import` applies it.
+in, or raises CronConfigError in the one style of ugent_common.validation,
+`<where>: <what>`, naming the job and the field (`jobs[0] (nightly).overlap:
+'sometimes' is not one of skip, queue, allow`). The file's shape is declared once,
+as the pydantic specs below: strict (an unknown key or `enabled = "yes"` is refused).
+It writes nothing; `services.cron_config_import` applies it.
 """
 from __future__ import annotations
 
 import re
 import tomllib
+from typing import Annotated, Any
 
 import tomli_w
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
 
 from cron_app.schedule import ScheduleError, parse_schedule, parse_timezone
+from ugent_common.validation import first_error, one_of
 
 OVERLAPS = ("skip", "queue", "allow")
 CATCH_UPS = ("once", "none")
 ID_RE = re.compile(r"^[-a-zA-Z0-9_]+$")
-JOB_KEYS = {"id", "enabled", "rule_trigger", "schedule", "timezone", "overlap", "max_concurrent_runs",
-            "catch_up", "tasks", "destinations"}
-TASK_KEYS = {"id", "prompt", "model"}
-DEST_KEYS = {"channel", "conversation"}
+_SPEC = ConfigDict(strict=True, extra="forbid")
+_LABELS = {"jobs": "id", "tasks": "id"}
 
 
 class CronConfigError(ValueError):
     pass
 
 
-def _expect(value, kind, where: str):
-    if kind is bool and not isinstance(value, bool):
-        raise CronConfigError(f"{where}: expected a boolean")
-    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise CronConfigError(f"{where}: expected an integer")
-    if kind is str and not isinstance(value, str):
-        raise CronConfigError(f"{where}: expected a string")
+def _error(message: str, **ctx: Any) -> PydanticCustomError:
+    return PydanticCustomError("cron", message, ctx)
+
+
+def _id(value: str) -> str:
+    if not ID_RE.match(value) or len(value) > 100:
+        raise _error("'{value}' may hold only letters, digits, '-' and '_'", value=value)
     return value
 
 
-def _unknown(table: dict, known: set, where: str) -> None:
-    extra = sorted(set(table) - known)
-    if extra:
-        raise CronConfigError(f"{where}: unknown key '{extra[0]}'")
+def _filled(value: str) -> str:
+    if not value.strip():
+        raise _error("must not be empty")
+    return value
+
+
+def _strip(value: str) -> str:
+    return value.strip()
+
+
+def _schedule_reason(exc: ScheduleError, field: str) -> str:
+    # ScheduleError names its field ("schedule '* * *' is not ..."); the location already does.
+    text = str(exc)
+    return text[len(field) + 1:] if text.startswith(field + " ") else text
+
+
+JobId = Annotated[str, AfterValidator(_id)]
+Filled = Annotated[str, AfterValidator(_filled)]
+
+
+class TaskSpec(BaseModel):
+    """`[[jobs.tasks]]`."""
+
+    model_config = _SPEC
+    id: JobId
+    prompt: Filled
+    model: str = ""
+
+
+class DestinationSpec(BaseModel):
+    """`[[jobs.destinations]]`: where a run's result goes."""
+
+    model_config = _SPEC
+    channel: Annotated[Filled, AfterValidator(_strip)]
+    conversation: Annotated[Filled, AfterValidator(_strip)]
+
+
+class JobSpec(BaseModel):
+    """`[[jobs]]`."""
+
+    model_config = _SPEC
+    id: JobId
+    enabled: bool = True
+    rule_trigger: bool = False
+    schedule: Annotated[str, AfterValidator(_strip)] = ""
+    timezone: str = ""
+    overlap: one_of(*OVERLAPS) = "skip"
+    max_concurrent_runs: int = 1
+    catch_up: one_of(*CATCH_UPS) = "once"
+    tasks: list[TaskSpec] = []
+    destinations: list[DestinationSpec] = []
+
+    @field_validator("schedule")
+    @classmethod
+    def _crontab(cls, value: str) -> str:
+        if value:
+            try:
+                parse_schedule(value)
+            except ScheduleError as exc:
+                raise _error(_schedule_reason(exc, "schedule")) from None
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _zone(cls, value: str) -> str:
+        try:
+            parse_timezone(value)
+        except ScheduleError as exc:
+            raise _error(_schedule_reason(exc, "timezone")) from None
+        return value
+
+    @field_validator("max_concurrent_runs")
+    @classmethod
+    def _at_least_one(cls, value: int) -> int:
+        if value < 1:
+            raise _error("must be at least 1")
+        return value
+
+    @field_validator("tasks")
+    @classmethod
+    def _task_ids_once(cls, value: list[TaskSpec]) -> list[TaskSpec]:
+        seen = set()
+        for task in value:
+            if task.id in seen:
+                raise _error("task id '{id}' is used twice", id=task.id)
+            seen.add(task.id)
+        return value
+
+
+class CronFileSpec(BaseModel):
+    """A cron.toml document."""
+
+    model_config = _SPEC
+    enabled: bool = True
+    jobs: list[JobSpec] = []
 
 
 def parse_cron_toml(text: str) -> dict:
@@ -51,79 +147,18 @@ def parse_cron_toml(text: str) -> dict:
 
 
 def check_config(raw: dict) -> dict:
-    _unknown(raw, {"enabled", "jobs"}, "cron.toml")
-    out = {"enabled": _expect(raw.get("enabled", True), bool, "enabled"), "jobs": []}
-    jobs = raw.get("jobs", [])
-    if not isinstance(jobs, list):
-        raise CronConfigError("jobs: expected [[jobs]] tables")
-    seen = set()
-    for i, job in enumerate(jobs):
-        where = f"jobs[{i}]"
-        if not isinstance(job, dict):
-            raise CronConfigError(f"{where}: expected a table")
-        if "id" not in job:
-            raise CronConfigError(f"{where}: missing field 'id'")
-        jid = _expect(job["id"], str, f"{where}.id")
-        if not ID_RE.match(jid) or len(jid) > 100:
-            raise CronConfigError(f"{where}.id: '{jid}' may hold only letters, digits, '-' and '_'")
-        where = f"job '{jid}'"
-        if jid in seen:
-            raise CronConfigError(f"{where}: id is used twice")
-        seen.add(jid)
-        _unknown(job, JOB_KEYS, where)
-        schedule = _expect(job.get("schedule", ""), str, f"{where}.schedule").strip()
-        tz = _expect(job.get("timezone", ""), str, f"{where}.timezone")
-        try:
-            if schedule:
-                parse_schedule(schedule)
-            parse_timezone(tz)
-        except ScheduleError as exc:
-            raise CronConfigError(f"{where}: {exc}") from None
-        overlap = _expect(job.get("overlap", "skip"), str, f"{where}.overlap")
-        if overlap not in OVERLAPS:
-            raise CronConfigError(f"{where}.overlap: '{overlap}' is not one of skip, queue, allow")
-        catch_up = _expect(job.get("catch_up", "once"), str, f"{where}.catch_up")
-        if catch_up not in CATCH_UPS:
-            raise CronConfigError(f"{where}.catch_up: '{catch_up}' is not one of once, none")
-        mcr = _expect(job.get("max_concurrent_runs", 1), int, f"{where}.max_concurrent_runs")
-        if mcr < 1:
-            raise CronConfigError(f"{where}.max_concurrent_runs: must be at least 1")
-        entry = {"id": jid, "enabled": _expect(job.get("enabled", True), bool, f"{where}.enabled"),
-                 "rule_trigger": _expect(job.get("rule_trigger", False), bool, f"{where}.rule_trigger"),
-                 "schedule": schedule, "timezone": tz, "overlap": overlap, "max_concurrent_runs": mcr,
-                 "catch_up": catch_up, "tasks": [], "destinations": []}
-        task_ids = set()
-        for t, task in enumerate(job.get("tasks", []) or []):
-            tw = f"{where}.tasks[{t}]"
-            if not isinstance(task, dict):
-                raise CronConfigError(f"{tw}: expected a table")
-            _unknown(task, TASK_KEYS, tw)
-            for key in ("id", "prompt"):
-                if key not in task:
-                    raise CronConfigError(f"{tw}: missing field '{key}'")
-            tid = _expect(task["id"], str, f"{tw}.id")
-            if not ID_RE.match(tid):
-                raise CronConfigError(f"{tw}.id: '{tid}' may hold only letters, digits, '-' and '_'")
-            if tid in task_ids:
-                raise CronConfigError(f"{where}: task id '{tid}' is used twice")
-            task_ids.add(tid)
-            prompt = _expect(task["prompt"], str, f"{tw}.prompt")
-            if not prompt.strip():
-                raise CronConfigError(f"{tw}.prompt: must not be empty")
-            entry["tasks"].append({"id": tid, "prompt": prompt,
-                                   "model": _expect(task.get("model", ""), str, f"{tw}.model")})
-        for d, dest in enumerate(job.get("destinations", []) or []):
-            dw = f"{where}.destinations[{d}]"
-            if not isinstance(dest, dict):
-                raise CronConfigError(f"{dw}: expected a table")
-            _unknown(dest, DEST_KEYS, dw)
-            for key in ("channel", "conversation"):
-                if key not in dest or not _expect(dest[key], str, f"{dw}.{key}").strip():
-                    raise CronConfigError(f"{dw}: missing field '{key}'")
-            entry["destinations"].append({"channel": dest["channel"].strip(),
-                                          "conversation": dest["conversation"].strip()})
-        out["jobs"].append(entry)
-    return out
+    """The checked config (every default filled in) for a parsed cron.toml; raises CronConfigError."""
+    try:
+        spec = CronFileSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise CronConfigError(first_error(exc, data=raw, labels=_LABELS)) from None
+    seen: dict[str, int] = {}
+    for i, job in enumerate(spec.jobs):
+        if job.id in seen:
+            raise CronConfigError(f"jobs[{i}] ({job.id}).id: '{job.id}' is used twice "
+                                  f"(jobs[{seen[job.id]}] and jobs[{i}])")
+        seen[job.id] = i
+    return spec.model_dump()
 
 
 def render_cron_toml(config: dict) -> str:

@@ -1,48 +1,117 @@
 """plugins.toml (schema_version = 1) <-> Plugin rows.
 
 ``plugins_parse`` validates a whole file before anything is written and names
-the plugin and field of the first error (``plugins[1] (telegram-main).limits.max_in_flight:
-must be a positive integer``); ``plugins_import`` writes the rows in one
-transaction; ``plugins_export`` renders the rows back. Secret values never
-appear in a file: ``secret_env_refs`` lists names only.
+the plugin and field of the first error, in the one style of ugent_common.validation
+(``plugins[1] (telegram-main).limits.max_in_flight: must be a positive integer``);
+the file's shape is declared once, as the strict pydantic specs below (an unknown
+key, ``enabled = "yes"`` or ``max_retries = "5"`` is refused). ``plugins_import``
+writes the rows in one transaction; ``plugins_export`` renders the rows back.
+Secret values never appear in a file: ``secret_env_refs`` lists names only.
 """
 from __future__ import annotations
 
 import re
 import tomllib
 from pathlib import Path
+from typing import Annotated
 
 import tomli_w
 from django.db import transaction
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
+from pydantic_core import PydanticCustomError
 
 from plugins_app.models import PLUGIN_ID_RE, Plugin
+from ugent_common.validation import StrList, first_error
 
 SCHEMA_VERSION = 1
 _KIND_RE = re.compile(r"^channel-[a-z0-9][a-z0-9_-]*$")
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-TOP_KEYS = {"schema_version", "plugins"}
-PLUGIN_KEYS = {"id", "kind", "enabled", "command", "args", "env_refs", "secret_env_refs", "limits", "routing"}
-LIMIT_KEYS = {"max_in_flight", "max_retries", "heartbeat_secs"}
-ROUTING_KEYS = {"workspace", "allowed_senders"}
 DEFAULTS = {"max_in_flight": 64, "max_retries": 5, "heartbeat_secs": 30}
+_SPEC = ConfigDict(strict=True, extra="forbid")
+_LABELS = {"plugins": "id"}
+_READS = "(this version reads schema_version = 1)"
 
 
 class PluginsFileError(ValueError):
     """A plugins.toml that cannot be imported; the message names the plugin and field."""
 
 
-def _where(i: int, pid) -> str:
-    return f"plugins[{i}] ({pid})" if isinstance(pid, str) and pid else f"plugins[{i}]"
+def _check(test, message: str):
+    """An AfterValidator refusing a value ``test`` rejects, with ``message`` (``{value}`` is the value)."""
+
+    def check(value):
+        if not test(value):
+            raise PydanticCustomError("plugins", message, {"value": repr(value)})
+        return value
+
+    return AfterValidator(check)
 
 
-def _str_list(value, where: str, *, pattern: re.Pattern | None = None) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise PluginsFileError(f"{where}: must be an array of strings")
-    if pattern is not None:
-        for v in value:
-            if not pattern.match(v):
-                raise PluginsFileError(f"{where}: {v!r} is not an environment variable name")
-    return list(value)
+def _env_names(values: list[str]) -> list[str]:
+    for v in values:
+        if not _ENV_RE.match(v):
+            raise PydanticCustomError("plugins", "{value} is not an environment variable name", {"value": repr(v)})
+    return values
+
+
+def _senders(values: list[str]) -> list[str]:
+    for s in values:
+        if s != "*" and (":" not in s or not s.split(":", 1)[1]):
+            raise PydanticCustomError("plugins", "{value} is not channel:sender_id", {"value": repr(s)})
+    return values
+
+
+EnvNames = Annotated[StrList, AfterValidator(_env_names)]
+
+
+class LimitsSpec(BaseModel):
+    """``[plugins.limits]``."""
+
+    model_config = _SPEC
+    max_in_flight: Annotated[int, _check(lambda v: v >= 1, "must be a positive integer")] = DEFAULTS["max_in_flight"]
+    max_retries: Annotated[int, _check(lambda v: v >= 0, "must be a non-negative integer")] = DEFAULTS["max_retries"]
+    heartbeat_secs: Annotated[float, _check(lambda v: v >= 0, "must be a non-negative number")] = DEFAULTS["heartbeat_secs"]
+
+
+class RoutingSpec(BaseModel):
+    """``[plugins.routing]``."""
+
+    model_config = _SPEC
+    workspace: str = ""
+    allowed_senders: Annotated[StrList, AfterValidator(_senders)] = []
+
+
+class PluginSpec(BaseModel):
+    """One ``[[plugins]]`` entry."""
+
+    model_config = _SPEC
+    id: Annotated[str, _check(lambda v: re.match(PLUGIN_ID_RE, v),
+                              "{value} may hold only letters, digits, '.', '_' and '-' (up to 100)")]
+    kind: Annotated[str, _check(lambda v: _KIND_RE.match(v), "{value} does not look like channel-telegram")]
+    enabled: bool = True
+    command: Annotated[str, _check(bool, "must not be empty (the worker executable)")]
+    args: StrList = []
+    env_refs: EnvNames = []
+    secret_env_refs: EnvNames = []
+    limits: LimitsSpec = LimitsSpec()
+    routing: RoutingSpec = RoutingSpec()
+
+    def row(self) -> dict:
+        """The Plugin fields this entry sets."""
+        return {"plugin_id": self.id, "kind": self.kind, "enabled": self.enabled, "command": self.command,
+                "args": list(self.args), "env_refs": list(self.env_refs),
+                "secret_env_refs": list(self.secret_env_refs),
+                "max_in_flight": self.limits.max_in_flight, "max_retries": self.limits.max_retries,
+                "heartbeat_secs": float(self.limits.heartbeat_secs),
+                "workspace": self.routing.workspace, "allowed_senders": list(self.routing.allowed_senders)}
+
+
+class PluginsFileSpec(BaseModel):
+    """A plugins.toml document of schema_version 1."""
+
+    model_config = _SPEC
+    schema_version: int
+    plugins: list[PluginSpec] = []
 
 
 def plugins_parse(text: str, *, source: str = "plugins.toml") -> list[dict]:
@@ -51,75 +120,22 @@ def plugins_parse(text: str, *, source: str = "plugins.toml") -> list[dict]:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise PluginsFileError(f"{source}: not valid TOML: {exc}") from None
+    # The version says which shape the rest has, so it is read before the shape is checked.
     if "schema_version" not in data:
-        raise PluginsFileError(f"{source}: schema_version is missing (this version reads schema_version = 1)")
-    if data["schema_version"] != SCHEMA_VERSION:
-        raise PluginsFileError(f"{source}: unknown schema_version {data['schema_version']!r} "
-                               f"(this version reads schema_version = 1)")
-    unknown = set(data) - TOP_KEYS
-    if unknown:
-        raise PluginsFileError(f"{source}: unknown key {sorted(unknown)[0]!r}")
-    entries = data.get("plugins", [])
-    if not isinstance(entries, list):
-        raise PluginsFileError(f"{source}: plugins must be an array of tables ([[plugins]])")
-    out, seen = [], set()
-    for i, entry in enumerate(entries):
-        if not isinstance(entry, dict):
-            raise PluginsFileError(f"plugins[{i}]: must be a table")
-        pid = entry.get("id")
-        at = _where(i, pid)
-        for key in sorted(set(entry) - PLUGIN_KEYS):
-            raise PluginsFileError(f"{at}.{key}: unknown field")
-        if not isinstance(pid, str) or not re.match(PLUGIN_ID_RE, pid):
-            raise PluginsFileError(f"{at}.id: is required: letters, digits, '.', '_' and '-' (up to 100)")
-        if pid in seen:
-            raise PluginsFileError(f"{at}.id: {pid!r} is listed twice")
-        seen.add(pid)
-        kind = entry.get("kind")
-        if not isinstance(kind, str) or not _KIND_RE.match(kind):
-            raise PluginsFileError(f"{at}.kind: is required and looks like channel-telegram")
-        command = entry.get("command")
-        if not isinstance(command, str) or not command:
-            raise PluginsFileError(f"{at}.command: is required (the worker executable)")
-        enabled = entry.get("enabled", True)
-        if not isinstance(enabled, bool):
-            raise PluginsFileError(f"{at}.enabled: must be true or false")
-        row = {"plugin_id": pid, "kind": kind, "enabled": enabled, "command": command,
-               "args": _str_list(entry.get("args", []), f"{at}.args"),
-               "env_refs": _str_list(entry.get("env_refs", []), f"{at}.env_refs", pattern=_ENV_RE),
-               "secret_env_refs": _str_list(entry.get("secret_env_refs", []), f"{at}.secret_env_refs",
-                                            pattern=_ENV_RE)}
-        limits = entry.get("limits", {})
-        if not isinstance(limits, dict):
-            raise PluginsFileError(f"{at}.limits: must be a table")
-        for key in sorted(set(limits) - LIMIT_KEYS):
-            raise PluginsFileError(f"{at}.limits.{key}: unknown field")
-        for key in ("max_in_flight", "max_retries"):
-            value = limits.get(key, DEFAULTS[key])
-            if isinstance(value, bool) or not isinstance(value, int) or value < (1 if key == "max_in_flight" else 0):
-                raise PluginsFileError(f"{at}.limits.{key}: must be a "
-                                       f"{'positive' if key == 'max_in_flight' else 'non-negative'} integer")
-            row[key] = value
-        beat = limits.get("heartbeat_secs", DEFAULTS["heartbeat_secs"])
-        if isinstance(beat, bool) or not isinstance(beat, (int, float)) or beat < 0:
-            raise PluginsFileError(f"{at}.limits.heartbeat_secs: must be a non-negative number")
-        row["heartbeat_secs"] = float(beat)
-        routing = entry.get("routing", {})
-        if not isinstance(routing, dict):
-            raise PluginsFileError(f"{at}.routing: must be a table")
-        for key in sorted(set(routing) - ROUTING_KEYS):
-            raise PluginsFileError(f"{at}.routing.{key}: unknown field")
-        workspace = routing.get("workspace", "")
-        if not isinstance(workspace, str):
-            raise PluginsFileError(f"{at}.routing.workspace: must be a string")
-        row["workspace"] = workspace
-        senders = _str_list(routing.get("allowed_senders", []), f"{at}.routing.allowed_senders")
-        for s in senders:
-            if s != "*" and (":" not in s or not s.split(":", 1)[1]):
-                raise PluginsFileError(f"{at}.routing.allowed_senders: {s!r} is not channel:sender_id")
-        row["allowed_senders"] = senders
-        out.append(row)
-    return out
+        raise PluginsFileError(f"{source}: missing field `schema_version` {_READS}")
+    if data["schema_version"] != SCHEMA_VERSION or isinstance(data["schema_version"], bool):
+        raise PluginsFileError(f"{source}: schema_version: unknown schema_version {data['schema_version']!r} {_READS}")
+    try:
+        spec = PluginsFileSpec.model_validate(data)
+    except ValidationError as exc:
+        raise PluginsFileError(f"{source}: {first_error(exc, data=data, labels=_LABELS)}") from None
+    seen: dict[str, int] = {}
+    for i, plugin in enumerate(spec.plugins):
+        if plugin.id in seen:
+            raise PluginsFileError(f"{source}: plugins[{i}] ({plugin.id}).id: {plugin.id!r} is listed twice "
+                                   f"(plugins[{seen[plugin.id]}] and plugins[{i}])")
+        seen[plugin.id] = i
+    return [plugin.row() for plugin in spec.plugins]
 
 
 def plugins_import(*, text: str, source: str = "plugins.toml", prune: bool = False) -> dict:

@@ -1,6 +1,8 @@
 """The rule engine core: parse rules.toml, compile conditions, evaluate messages.
 
-Pure Python; imports nothing from Django. The Django side (hooks, admin,
+Pure Python; imports nothing from Django. The file's shape is declared once, as
+pydantic specs (``RulesFileSpec`` and below), checked at load and compiled into
+plain objects, so evaluation never touches pydantic. The Django side (hooks, admin,
 management command) builds on :func:`parse_rules`, :class:`RuleSet` and the
 string constants below, which are the contract of the rule engine spec and
 must not be reworded.
@@ -20,7 +22,13 @@ import logging
 import tomllib
 from dataclasses import dataclass, field as dc_field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
+from typing import Annotated, Any, Callable, Iterable, Mapping, Optional, Sequence, Union
+
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo,
+                      field_validator, model_validator)
+from pydantic_core import PydanticCustomError
+
+from ugent_common.validation import StrList, first_error, type_name
 
 logger = logging.getLogger("ugent.rules")
 
@@ -299,105 +307,6 @@ class Always(Condition):
         return "always" if self.value else "never (always = false)"
 
 
-_COMBINATOR_KEYS = ("all_of", "any_of", "not", "always")
-_FIELD_OPS = ("contains_any", "starts_with", "equals")
-
-
-def _type_name(value: Any) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "float"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "table"
-    return type(value).__name__
-
-
-def compile_condition(
-    raw: Any,
-    *,
-    where: str = "match",
-    fields: Sequence[str] = FIELDS,
-    field_errors: Optional[Mapping[str, str]] = None,
-) -> Condition:
-    """Compile one condition table (as parsed from TOML) into a :class:`Condition`.
-
-    ``where`` names the condition's place in error messages; ``fields`` is the
-    set of field names allowed (routing passes a smaller one) and
-    ``field_errors`` gives a specific message for a known-but-refused field.
-    Raises :class:`RuleSetError` for a condition of no known shape, a wrong
-    type or an unknown field. Keys the engine does not know are ignored.
-    """
-    if not isinstance(raw, dict):
-        raise RuleSetError(f"{where}: a condition must be a table, found {_type_name(raw)}")
-    shapes = [k for k in ("field", *_COMBINATOR_KEYS) if k in raw]
-    if not shapes:
-        ops = [k for k in _FIELD_OPS if k in raw]
-        if ops:
-            raise RuleSetError(f"{where}: missing field `field` (for `{ops[0]}`)")
-        found = ", ".join(sorted(raw)) or "none"
-        raise RuleSetError(
-            f"{where}: condition of no known shape; expected `field` with "
-            f"contains_any/starts_with/equals, or one of all_of, any_of, not, always "
-            f"(found keys: {found})"
-        )
-    if len(shapes) > 1:
-        raise RuleSetError(
-            f"{where}: condition of no known shape; it mixes {', '.join(shapes)} "
-            f"(a condition has exactly one of field, all_of, any_of, not, always)"
-        )
-    shape = shapes[0]
-    value = raw[shape]
-    if shape == "field":
-        if not isinstance(value, str):
-            raise RuleSetError(f"{where}.field: expected a string, found {_type_name(value)}")
-        if value not in fields:
-            if field_errors and value in field_errors:
-                raise RuleSetError(f"{where}.field: {field_errors[value]}")
-            raise RuleSetError(
-                f"{where}.field: unknown field `{value}`, expected one of {', '.join(fields)}"
-            )
-        ops = [k for k in _FIELD_OPS if k in raw]
-        if not ops:
-            raise RuleSetError(
-                f"{where}: condition of no known shape; field `{value}` needs one of "
-                f"contains_any, starts_with, equals"
-            )
-        if len(ops) > 1:
-            raise RuleSetError(
-                f"{where}: condition of no known shape; it gives both {ops[0]} and {ops[1]} "
-                f"(one comparison per condition; combine with all_of/any_of)"
-            )
-        op = ops[0]
-        arg = raw[op]
-        if op == "contains_any":
-            if not isinstance(arg, list) or not all(isinstance(a, str) for a in arg):
-                raise RuleSetError(f"{where}.contains_any: expected an array of strings")
-            return ContainsAny(value, arg)
-        if not isinstance(arg, str):
-            raise RuleSetError(f"{where}.{op}: expected a string, found {_type_name(arg)}")
-        return StartsWith(value, arg) if op == "starts_with" else Equals(value, arg)
-    if shape in ("all_of", "any_of"):
-        if not isinstance(value, list):
-            raise RuleSetError(f"{where}.{shape}: expected an array of conditions, found {_type_name(value)}")
-        items = [
-            compile_condition(v, where=f"{where}.{shape}[{i}]", fields=fields, field_errors=field_errors)
-            for i, v in enumerate(value)
-        ]
-        return AllOf(items) if shape == "all_of" else AnyOf(items)
-    if shape == "not":
-        return Not(compile_condition(value, where=f"{where}.not", fields=fields, field_errors=field_errors))
-    if not isinstance(value, bool):
-        raise RuleSetError(f"{where}.always: expected a boolean, found {_type_name(value)}")
-    return Always(value)
-
-
 # --------------------------------------------------------------------------
 # Decisions and rules
 # --------------------------------------------------------------------------
@@ -620,8 +529,194 @@ class LoadResult:
 
 
 # --------------------------------------------------------------------------
-# Parsing
+# Parsing: the file's shape, declared once (pydantic), compiled into the plain objects above
 # --------------------------------------------------------------------------
+#
+# Validation happens at load only: the specs below check the file and are then compiled into
+# the Condition/Rule/decision objects, so evaluation never touches pydantic. Keys the engine does
+# not know are ignored (the seed: "enabled = false leaves a rule live"), so every spec is
+# ``extra="ignore"``; types are strict, so ``priority = "1"`` is refused rather than read as 1.
+
+_COMBINATOR_KEYS = ("all_of", "any_of", "not", "always")
+_FIELD_OPS = ("contains_any", "starts_with", "equals")
+_SPEC = ConfigDict(strict=True, extra="ignore", populate_by_name=True)
+_LABELS = {"rules": "name"}
+
+#: Kept for callers that imported it from here; the one definition is ugent_common's.
+_type_name = type_name
+
+
+def _shape_error(message: str, **ctx: Any) -> PydanticCustomError:
+    return PydanticCustomError("shape", message, ctx)
+
+
+def _conditions(value: Any) -> Any:
+    if not isinstance(value, list):
+        raise _shape_error("expected an array of conditions, found {found}", found=type_name(value))
+    return value
+
+
+class ConditionSpec(BaseModel):
+    """One condition as the file writes it: exactly one of field (with one comparison), all_of,
+    any_of, not, always. The allowed fields come from the validation context (routing's differ)."""
+
+    model_config = _SPEC
+
+    field: Optional[str] = None
+    contains_any: Optional[StrList] = None
+    starts_with: Optional[str] = None
+    equals: Optional[str] = None
+    all_of: Optional[Annotated[list["ConditionSpec"], BeforeValidator(_conditions)]] = None
+    any_of: Optional[Annotated[list["ConditionSpec"], BeforeValidator(_conditions)]] = None
+    not_: Optional["ConditionSpec"] = Field(None, alias="not")
+    always: Optional[bool] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_shape(cls, raw: Any) -> Any:
+        if not isinstance(raw, dict):
+            raise _shape_error("a condition must be a table, found {found}", found=type_name(raw))
+        shapes = [k for k in ("field", *_COMBINATOR_KEYS) if k in raw]
+        ops = [k for k in _FIELD_OPS if k in raw]
+        if not shapes:
+            if ops:
+                raise _shape_error("missing field `field` (for `{op}`)", op=ops[0])
+            raise _shape_error(
+                "condition of no known shape; expected `field` with contains_any/starts_with/equals, "
+                "or one of all_of, any_of, not, always (found keys: {found})",
+                found=", ".join(sorted(raw)) or "none")
+        if len(shapes) > 1:
+            raise _shape_error(
+                "condition of no known shape; it mixes {shapes} "
+                "(a condition has exactly one of field, all_of, any_of, not, always)",
+                shapes=", ".join(shapes))
+        if shapes[0] == "field" and isinstance(raw["field"], str):
+            if not ops:
+                raise _shape_error("condition of no known shape; field `{field}` needs one of "
+                                   "contains_any, starts_with, equals", field=raw["field"])
+            if len(ops) > 1:
+                raise _shape_error("condition of no known shape; it gives both {a} and {b} "
+                                   "(one comparison per condition; combine with all_of/any_of)",
+                                   a=ops[0], b=ops[1])
+        # Only the shape's own keys are read; an op beside a combinator was refused above.
+        return {k: raw[k] for k in ("field", *_FIELD_OPS, *_COMBINATOR_KEYS) if k in raw}
+
+    @field_validator("field")
+    @classmethod
+    def _known_field(cls, value: Optional[str], info: ValidationInfo) -> Optional[str]:
+        ctx = info.context or {}
+        fields = ctx.get("fields", FIELDS)
+        if value is not None and value not in fields:
+            refused = ctx.get("field_errors") or {}
+            if value in refused:
+                raise _shape_error(refused[value])
+            raise _shape_error("unknown field `{value}`, expected one of {fields}",
+                               value=value, fields=", ".join(fields))
+        return value
+
+    def compile(self) -> Condition:
+        """The plain, immutable Condition this spec describes."""
+        if self.field is not None:
+            if self.contains_any is not None:
+                return ContainsAny(self.field, self.contains_any)
+            if self.starts_with is not None:
+                return StartsWith(self.field, self.starts_with)
+            return Equals(self.field, self.equals)
+        if self.all_of is not None:
+            return AllOf([c.compile() for c in self.all_of])
+        if self.any_of is not None:
+            return AnyOf([c.compile() for c in self.any_of])
+        if self.not_ is not None:
+            return Not(self.not_.compile())
+        return Always(self.always)
+
+
+class StartWorkflowSpec(BaseModel):
+    """``[rules.decision.StartWorkflow]``."""
+
+    model_config = _SPEC
+    workflow: str
+    inject_context: bool = False
+
+
+class RunNativeActionSpec(BaseModel):
+    """``[rules.decision.RunNativeAction]``; ``params`` is read only to drop the rule that gives it."""
+
+    model_config = _SPEC
+    action: str
+    params: Any = None
+
+
+class DecisionSpec(BaseModel):
+    """A decision: ``decision = "Ignore"`` / ``"PassToDefaultAgent"``, or a ``{Kind: params}`` table."""
+
+    model_config = _SPEC
+    PassToDefaultAgent: Optional[bool] = None
+    Ignore: Optional[bool] = None
+    StartWorkflow: Optional[StartWorkflowSpec] = None
+    RunNativeAction: Optional[RunNativeActionSpec] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_kind(cls, raw: Any) -> Any:
+        if isinstance(raw, str):
+            if raw in ("PassToDefaultAgent", "Ignore"):
+                return {raw: True}  # a table holding these is refused below, so only a string gets here
+            if raw in ("StartWorkflow", "RunNativeAction"):
+                raise _shape_error("decision `{kind}` needs a [rules.decision.{kind}] table", kind=raw)
+            raise _shape_error("unknown decision `{kind}`, expected one of {kinds}",
+                               kind=raw, kinds=", ".join(DECISION_KINDS))
+        if not isinstance(raw, dict):
+            raise _shape_error("expected a string or a table, found {found}", found=type_name(raw))
+        kinds = [k for k in DECISION_KINDS if k in raw]
+        if not kinds:
+            raise _shape_error("unknown decision (found keys: {found}), expected one of {kinds}",
+                               found=", ".join(sorted(raw)) or "none", kinds=", ".join(DECISION_KINDS))
+        if len(kinds) > 1:
+            raise _shape_error("more than one decision ({kinds})", kinds=", ".join(kinds))
+        if kinds[0] in ("PassToDefaultAgent", "Ignore"):
+            raise _shape_error('write decision = "{kind}", not a table', kind=kinds[0])
+        return {kinds[0]: raw[kinds[0]]}
+
+    def compile(self) -> tuple[Decision, Optional[str]]:
+        """(decision, drop reason or None): an unknown action or one given params is dropped."""
+        if self.StartWorkflow is not None:
+            return StartWorkflow(self.StartWorkflow.workflow, self.StartWorkflow.inject_context), None
+        if self.RunNativeAction is not None:
+            spec = self.RunNativeAction
+            problem = None
+            if spec.action not in NATIVE_ACTIONS:
+                problem = DROP_UNKNOWN_ACTION.format(action=spec.action)
+            elif "params" in spec.model_fields_set:
+                problem = DROP_ACTION_PARAMS.format(action=spec.action)
+            return RunNativeAction(spec.action), problem
+        return (Ignore() if self.Ignore else PassToDefaultAgent()), None
+
+
+class RuleSpec(BaseModel):
+    """One ``[[rules]]`` entry. Field order is check order: a key written under the wrong header
+    shows up as ``missing field `match``` / ``missing field `decision```, as the seed says."""
+
+    model_config = _SPEC
+    name: str
+    priority: int = 0
+    match: ConditionSpec
+    decision: DecisionSpec
+
+
+def _rule_tables(value: Any) -> Any:
+    if not isinstance(value, list):
+        raise _shape_error("expected an array of tables: write each rule under [[rules]], found {found}",
+                           found=type_name(value))
+    return value
+
+
+class RulesFileSpec(BaseModel):
+    """A rules.toml document."""
+
+    model_config = _SPEC
+    rules: Annotated[list[RuleSpec], BeforeValidator(_rule_tables)] = []
+
 
 WorkflowCheck = Callable[[str], Optional[str]]
 
@@ -637,60 +732,26 @@ def workflow_check_from(is_rule_trigger_job: Callable[[str], bool]) -> WorkflowC
     return check
 
 
-def _parse_decision(raw: Any, where: str) -> tuple[Decision, Optional[str]]:
-    """Return (decision, params-problem) where the problem is a drop reason or None."""
-    if isinstance(raw, str):
-        if raw == "PassToDefaultAgent":
-            return PassToDefaultAgent(), None
-        if raw == "Ignore":
-            return Ignore(), None
-        if raw in ("StartWorkflow", "RunNativeAction"):
-            raise RuleSetError(
-                f"{where}: decision `{raw}` needs a [rules.decision.{raw}] table"
-            )
-        raise RuleSetError(
-            f"{where}: unknown decision `{raw}`, expected one of {', '.join(DECISION_KINDS)}"
-        )
-    if not isinstance(raw, dict):
-        raise RuleSetError(f"{where}: expected a string or a table, found {_type_name(raw)}")
-    kinds = [k for k in DECISION_KINDS if k in raw]
-    if not kinds:
-        found = ", ".join(sorted(raw)) or "none"
-        raise RuleSetError(
-            f"{where}: unknown decision (found keys: {found}), expected one of "
-            f"{', '.join(DECISION_KINDS)}"
-        )
-    if len(kinds) > 1:
-        raise RuleSetError(f"{where}: more than one decision ({', '.join(kinds)})")
-    kind = kinds[0]
-    body = raw[kind]
-    if kind in ("PassToDefaultAgent", "Ignore"):
-        raise RuleSetError(f'{where}: write decision = "{kind}", not a table')
-    if not isinstance(body, dict):
-        raise RuleSetError(f"{where}.{kind}: expected a table, found {_type_name(body)}")
-    if kind == "StartWorkflow":
-        if "workflow" not in body:
-            raise RuleSetError(f"{where}.StartWorkflow: missing field `workflow`")
-        workflow = body["workflow"]
-        if not isinstance(workflow, str):
-            raise RuleSetError(f"{where}.StartWorkflow.workflow: expected a string, found {_type_name(workflow)}")
-        inject = body.get("inject_context", False)
-        if not isinstance(inject, bool):
-            raise RuleSetError(
-                f"{where}.StartWorkflow.inject_context: expected a boolean, found {_type_name(inject)}"
-            )
-        return StartWorkflow(workflow, inject), None
-    if "action" not in body:
-        raise RuleSetError(f"{where}.RunNativeAction: missing field `action`")
-    action = body["action"]
-    if not isinstance(action, str):
-        raise RuleSetError(f"{where}.RunNativeAction.action: expected a string, found {_type_name(action)}")
-    problem = None
-    if action not in NATIVE_ACTIONS:
-        problem = DROP_UNKNOWN_ACTION.format(action=action)
-    elif "params" in body:
-        problem = DROP_ACTION_PARAMS.format(action=action)
-    return RunNativeAction(action), problem
+def compile_condition(
+    raw: Any,
+    *,
+    where: str = "match",
+    fields: Sequence[str] = FIELDS,
+    field_errors: Optional[Mapping[str, str]] = None,
+) -> Condition:
+    """Compile one condition table (as parsed from TOML) into a :class:`Condition`.
+
+    ``where`` names the condition's place in error messages; ``fields`` is the
+    set of field names allowed (routing passes a smaller one) and
+    ``field_errors`` gives a specific message for a known-but-refused field.
+    Raises :class:`RuleSetError` for a condition of no known shape, a wrong
+    type or an unknown field. Keys the engine does not know are ignored.
+    """
+    try:
+        spec = ConditionSpec.model_validate(raw, context={"fields": tuple(fields), "field_errors": field_errors})
+    except ValidationError as exc:
+        raise RuleSetError(first_error(exc, root=where)) from None
+    return spec.compile()
 
 
 def parse_decision(raw: Any, where: str = "decision") -> tuple[Decision, Optional[str]]:
@@ -700,7 +761,11 @@ def parse_decision(raw: Any, where: str = "decision") -> tuple[Decision, Optiona
     unknown native action, an action given params) or None. Raises
     :class:`RuleSetError` for a decision of no known shape.
     """
-    return _parse_decision(raw, where)
+    try:
+        spec = DecisionSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise RuleSetError(first_error(exc, root=where)) from None
+    return spec.compile()
 
 
 def parse_rules(
@@ -716,7 +781,8 @@ def parse_rules(
     Raises :class:`RuleSetError` when the whole file is refused: invalid TOML,
     a missing required key (a key written in the wrong table shows up as
     "missing field `match`" / "missing field `decision`"), a condition of no
-    known shape, a bad decision, or two rules with one name.
+    known shape, a bad decision, or two rules with one name. The message reads
+    ``<source>: <where>: <what>``, e.g. ``rules.toml: rules[1] (bad).match.any_of[0]: ...``.
 
     With ``check`` (the default) a rule that could never run is dropped, with
     a reason, while the rest loads: an unknown native action, an action given
@@ -726,56 +792,31 @@ def parse_rules(
     drop is logged at error as ``rule dropped (rule=NAME, reason=...)``.
     """
     src = str(source) if source is not None else "<rules>"
-
-    def fail(msg: str) -> RuleSetError:
-        return RuleSetError(f"{src}: {msg}")
-
     try:
         doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise fail(f"invalid TOML: {exc}") from exc
-
-    raw_rules = doc.get("rules", [])
-    if not isinstance(raw_rules, list):
-        raise fail("`rules` must be an array of tables: write each rule under [[rules]]")
+    except tomllib.TOMLDecodeError as exc:  # its text carries the line and column
+        raise RuleSetError(f"{src}: invalid TOML: {exc}") from exc
+    try:
+        spec = RulesFileSpec.model_validate(doc, context={"fields": FIELDS})
+    except ValidationError as exc:
+        raise RuleSetError(f"{src}: {first_error(exc, data=doc, labels=_LABELS)}") from None
 
     kept: list[Rule] = []
     dropped: list[DroppedRule] = []
     seen: dict[str, int] = {}
-    try:
-        for i, raw in enumerate(raw_rules):
-            where = f"rules[{i}]"
-            if not isinstance(raw, dict):
-                raise RuleSetError(f"{where}: expected a table, found {_type_name(raw)}")
-            if "name" not in raw:
-                raise RuleSetError(f"{where}: missing field `name`")
-            name = raw["name"]
-            if not isinstance(name, str):
-                raise RuleSetError(f"{where}.name: expected a string, found {_type_name(name)}")
-            where = f"rule '{name}'"
-            if name in seen:
-                raise RuleSetError(
-                    f"{where}: duplicate rule name `{name}` (rules[{seen[name]}] and rules[{i}])"
-                )
-            seen[name] = i
-            priority = raw.get("priority", 0)
-            if isinstance(priority, bool) or not isinstance(priority, int):
-                raise RuleSetError(f"{where}.priority: expected an integer, found {_type_name(priority)}")
-            if "match" not in raw:
-                raise RuleSetError(f"{where}: missing field `match`")
-            if "decision" not in raw:
-                raise RuleSetError(f"{where}: missing field `decision`")
-            condition = compile_condition(raw["match"], where=f"{where}.match")
-            decision, problem = _parse_decision(raw["decision"], f"{where}.decision")
-            if check:
-                if problem is None and isinstance(decision, StartWorkflow) and workflow_check:
-                    problem = workflow_check(decision.workflow)
-                if problem is not None:
-                    dropped.append(DroppedRule(name, problem))
-                    continue
-            kept.append(Rule(name, priority, condition, decision, i))
-    except RuleSetError as exc:
-        raise fail(str(exc)) from None
+    for i, rule in enumerate(spec.rules):
+        if rule.name in seen:
+            raise RuleSetError(f"{src}: rules[{i}] ({rule.name}): duplicate rule name `{rule.name}` "
+                               f"(rules[{seen[rule.name]}] and rules[{i}])")
+        seen[rule.name] = i
+        decision, problem = rule.decision.compile()
+        if check:
+            if problem is None and isinstance(decision, StartWorkflow) and workflow_check:
+                problem = workflow_check(decision.workflow)
+            if problem is not None:
+                dropped.append(DroppedRule(rule.name, problem))
+                continue
+        kept.append(Rule(rule.name, rule.priority, rule.match.compile(), decision, i))
 
     if log:
         for d in dropped:

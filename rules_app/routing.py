@@ -2,12 +2,13 @@
 
 routing.toml holds ``[[routes]]``; each has a name, a priority and a match
 condition in the rule engine's condition language (compiled by
-:func:`rules_app.engine.compile_condition`), and actions: ``rewrite``
+:class:`rules_app.engine.ConditionSpec`), and actions: ``rewrite``
 (regex), ``tags``, ``allowed_tools`` (narrow only), ``inject_context`` and
 ``reject``. Every matching route applies, in descending priority (ties in
 file order); a ``reject`` ends routing. See docs/routing.md.
 
-Pure Python, no Django.
+Pure Python, no Django. The file's shape is declared once (``RoutingFileSpec``,
+pydantic), checked at load and compiled into plain objects.
 """
 
 from __future__ import annotations
@@ -18,9 +19,14 @@ import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Optional, Union
+from typing import Annotated, Any, Iterable, Optional, Union
 
-from .engine import FIELDS, Condition, Message, RuleSetError, _type_name, compile_condition
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
+
+from ugent_common.validation import StrList, first_error, type_name
+
+from .engine import FIELDS, Condition, ConditionSpec, Message, RuleSetError
 
 logger = logging.getLogger("ugent.routing")
 
@@ -151,69 +157,93 @@ class RoutingTable:
         )
 
 
-def _strings(value: Any, where: str) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise RoutingError(f"{where}: expected an array of strings")
-    return tuple(value)
+# --------------------------------------------------------------------------
+# Parsing: routing.toml's shape, declared once (pydantic), compiled into the objects above
+# --------------------------------------------------------------------------
+# Keys routing does not know are ignored, as the rule engine's are; types are strict.
+
+_SPEC = ConfigDict(strict=True, extra="ignore")
+_LABELS = {"routes": "name"}
 
 
-def _rewrite(raw: Any, where: str) -> Rewrite:
-    if not isinstance(raw, dict):
-        raise RoutingError(f"{where}: expected a table {{ pattern, replace }}, found {_type_name(raw)}")
-    for key in ("pattern", "replace"):
-        if key not in raw:
-            raise RoutingError(f"{where}: missing field `{key}`")
-        if not isinstance(raw[key], str):
-            raise RoutingError(f"{where}.{key}: expected a string, found {_type_name(raw[key])}")
-    try:
-        pattern = re.compile(raw["pattern"])
-    except re.error as exc:
-        raise RoutingError(f"{where}.pattern: invalid regex: {exc}") from None
-    try:
-        # Compiles the replacement template now, so a bad group reference refuses the file at load.
-        pattern.sub(raw["replace"], "")
-    except (re.error, IndexError) as exc:
-        raise RoutingError(f"{where}.replace: invalid replacement: {exc}") from None
-    return Rewrite(pattern, raw["replace"])
+def _one_or_many(value: Any) -> Any:
+    # `rewrite = { ... }` is a list of one, so its errors read `rewrite[0]`.
+    return [value] if isinstance(value, dict) else value
 
 
-def _route(raw: Any, i: int) -> Route:
-    where = f"routes[{i}]"
-    if not isinstance(raw, dict):
-        raise RoutingError(f"{where}: expected a table, found {_type_name(raw)}")
-    if "name" not in raw:
-        raise RoutingError(f"{where}: missing field `name`")
-    name = raw["name"]
-    if not isinstance(name, str):
-        raise RoutingError(f"{where}.name: expected a string, found {_type_name(name)}")
-    where = f"route '{name}'"
-    priority = raw.get("priority", 0)
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise RoutingError(f"{where}.priority: expected an integer, found {_type_name(priority)}")
-    if "match" not in raw:
-        raise RoutingError(f"{where}: missing field `match`")
-    try:
-        condition = compile_condition(
-            raw["match"], where=f"{where}.match", fields=ROUTING_FIELDS, field_errors=_ROUTING_FIELD_ERRORS
+def _route_tables(value: Any) -> Any:
+    if not isinstance(value, list):
+        raise PydanticCustomError("shape", "expected an array of tables: write each route under [[routes]], "
+                                  "found {found}", {"found": type_name(value)})
+    return value
+
+
+class RewriteSpec(BaseModel):
+    """``rewrite = { pattern, replace }``: both compile at load, so a bad one refuses the file."""
+
+    model_config = _SPEC
+    pattern: str
+    replace: str
+
+    @field_validator("pattern")
+    @classmethod
+    def _regex(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise PydanticCustomError("regex", "invalid regex: {error}", {"error": str(exc)}) from None
+        return value
+
+    @field_validator("replace")
+    @classmethod
+    def _template(cls, value: str, info: ValidationInfo) -> str:
+        if "pattern" in info.data:
+            try:
+                # Compiles the replacement template now, so a bad group reference refuses the file at load.
+                re.compile(info.data["pattern"]).sub(value, "")
+            except (re.error, IndexError) as exc:
+                raise PydanticCustomError("regex", "invalid replacement: {error}", {"error": str(exc)}) from None
+        return value
+
+
+def _non_empty(value: Optional[str]) -> Optional[str]:
+    if value is not None and not value.strip():
+        raise PydanticCustomError("empty", "expected a non-empty message string")
+    return value
+
+
+class RouteSpec(BaseModel):
+    """One ``[[routes]]`` entry."""
+
+    model_config = _SPEC
+    name: str
+    priority: int = 0
+    match: ConditionSpec
+    rewrite: Annotated[list[RewriteSpec], BeforeValidator(_one_or_many)] = []
+    tags: StrList = []
+    allowed_tools: Optional[StrList] = None
+    inject_context: Optional[str] = None
+    reject: Annotated[Optional[str], AfterValidator(_non_empty)] = None
+
+    def compile(self, index: int) -> Route:
+        """The plain Route this entry describes."""
+        return Route(
+            self.name, self.priority, self.match.compile(), index,
+            tuple(Rewrite(re.compile(r.pattern), r.replace) for r in self.rewrite),
+            tuple(self.tags),
+            frozenset(self.allowed_tools) if self.allowed_tools is not None else None,
+            self.inject_context, self.reject,
         )
-    except RuleSetError as exc:
-        raise RoutingError(str(exc)) from None
-    rewrites: tuple[Rewrite, ...] = ()
-    if "rewrite" in raw:
-        rw = raw["rewrite"]
-        if isinstance(rw, list):
-            rewrites = tuple(_rewrite(r, f"{where}.rewrite[{j}]") for j, r in enumerate(rw))
-        else:
-            rewrites = (_rewrite(rw, f"{where}.rewrite"),)
-    tags = _strings(raw["tags"], f"{where}.tags") if "tags" in raw else ()
-    allowed = frozenset(_strings(raw["allowed_tools"], f"{where}.allowed_tools")) if "allowed_tools" in raw else None
-    inject = raw.get("inject_context")
-    if inject is not None and not isinstance(inject, str):
-        raise RoutingError(f"{where}.inject_context: expected a string, found {_type_name(inject)}")
-    reject = raw.get("reject")
-    if reject is not None and (not isinstance(reject, str) or not reject.strip()):
-        raise RoutingError(f"{where}.reject: expected a non-empty message string")
-    return Route(name, priority, condition, i, rewrites, tags, allowed, inject, reject)
+
+
+class RoutingFileSpec(BaseModel):
+    """A routing.toml document."""
+
+    model_config = _SPEC
+    routes: Annotated[list[RouteSpec], BeforeValidator(_route_tables)] = []
+
+
+_CONTEXT = {"fields": ROUTING_FIELDS, "field_errors": _ROUTING_FIELD_ERRORS}
 
 
 def parse_routing(text: str, *, source: Union[str, Path, None] = None) -> RoutingTable:
@@ -221,30 +251,25 @@ def parse_routing(text: str, *, source: Union[str, Path, None] = None) -> Routin
 
     Keys routing does not know are ignored; a missing name or match, a
     condition of no known shape, a bad regex and two routes with one name
-    refuse the whole file.
+    refuse the whole file. The message reads ``<source>: <where>: <what>``.
     """
     src = str(source) if source is not None else "<routing>"
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise RoutingError(f"{src}: invalid TOML: {exc}") from exc
-    raw_routes = doc.get("routes", [])
-    if not isinstance(raw_routes, list):
-        raise RoutingError(f"{src}: `routes` must be an array of tables: write each route under [[routes]]")
+    try:
+        spec = RoutingFileSpec.model_validate(doc, context=_CONTEXT)
+    except ValidationError as exc:
+        raise RoutingError(f"{src}: {first_error(exc, data=doc, labels=_LABELS)}") from None
     routes: list[Route] = []
     seen: dict[str, int] = {}
-    try:
-        for i, raw in enumerate(raw_routes):
-            route = _route(raw, i)
-            if route.name in seen:
-                raise RoutingError(
-                    f"route '{route.name}': duplicate route name `{route.name}` "
-                    f"(routes[{seen[route.name]}] and routes[{i}])"
-                )
-            seen[route.name] = i
-            routes.append(route)
-    except RoutingError as exc:
-        raise RoutingError(f"{src}: {exc}") from None
+    for i, route in enumerate(spec.routes):
+        if route.name in seen:
+            raise RoutingError(f"{src}: routes[{i}] ({route.name}): duplicate route name `{route.name}` "
+                               f"(routes[{seen[route.name]}] and routes[{i}])")
+        seen[route.name] = i
+        routes.append(route.compile(i))
     return RoutingTable(routes, source=src)
 
 

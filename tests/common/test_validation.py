@@ -2,7 +2,7 @@
 import pytest
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from ugent_common.validation import error_lines, error_location, first_error
+from ugent_common.validation import StrList, error_lines, error_location, first_error, one_of, type_name
 
 
 class Limits(BaseModel):
@@ -43,5 +43,59 @@ def test_every_error_is_listed_in_order():
     with pytest.raises(ValidationError) as exc:
         File.model_validate({"plugins": [{"limits": {}}, {"id": 3, "extra": 1}]})
     lines = error_lines(exc.value)
-    assert lines[0].startswith("plugins[0].id: ")
-    assert any(line.startswith("plugins[1].extra: ") for line in lines)
+    assert lines[0] == "plugins[0]: missing field `id`"
+    assert "plugins[1].id: expected a string, found integer" in lines
+    assert "plugins[1].extra: unknown field" in lines
+
+
+def test_a_missing_key_is_reported_at_the_table_that_lacks_it():
+    with pytest.raises(ValidationError) as exc:
+        File.model_validate({"plugins": [{"id": "a"}, {}]})
+    assert first_error(exc.value) == "plugins[1]: missing field `id`"
+
+
+def test_an_entry_of_a_named_list_carries_its_name():
+    data = {"plugins": [{"id": "a"}, {"id": "telegram-main", "limits": {"heartbeat_secs": "30"}}]}
+    with pytest.raises(ValidationError) as exc:
+        File.model_validate(data)
+    assert first_error(exc.value, data=data, labels={"plugins": "id"}) == (
+        "plugins[1] (telegram-main).limits.heartbeat_secs: expected a number, found string")
+    assert first_error(exc.value) == "plugins[1].limits.heartbeat_secs: expected a number, found string"
+
+
+def test_a_name_that_is_not_a_string_is_not_shown_as_one():
+    data = {"plugins": [{"id": 7}]}
+    with pytest.raises(ValidationError) as exc:
+        File.model_validate(data)
+    assert first_error(exc.value, data=data, labels={"plugins": "id"}) == "plugins[0].id: expected a string, found integer"
+
+
+@pytest.mark.parametrize("value, found", [(True, "boolean"), (1, "integer"), (1.5, "float"), ("s", "string"),
+                                          ([1], "array"), ({}, "table")])
+def test_types_are_named_as_toml_names_them(value, found):
+    assert type_name(value) == found
+
+
+class Shared(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    tags: StrList = []
+    overlap: one_of("skip", "queue", "allow") = "skip"
+
+
+@pytest.mark.parametrize("data, line", [
+    ({"tags": "x"}, "tags: expected an array of strings, found string"),
+    ({"tags": ["a", 3]}, "tags: expected an array of strings, found integer at [1]"),
+    ({"overlap": "sometimes"}, "overlap: 'sometimes' is not one of skip, queue, allow"),
+    ({"overlap": 1}, "overlap: expected a string, found integer"),
+])
+def test_shared_declarations_word_their_errors_once(data, line):
+    with pytest.raises(ValidationError) as exc:
+        Shared.model_validate(data)
+    assert first_error(exc.value) == line
+
+
+def test_a_strict_shape_refuses_a_string_for_a_number():
+    with pytest.raises(ValidationError) as exc:
+        Limits.model_validate({"heartbeat_secs": "1"})
+    assert first_error(exc.value) == "heartbeat_secs: expected a number, found string"
+    assert Limits.model_validate({"heartbeat_secs": 1}).heartbeat_secs == 1.0

@@ -124,17 +124,17 @@ def test_a_job_the_file_no_longer_names_is_removed_with_its_periodic_task(tcast,
 
 
 @pytest.mark.parametrize("text, message", [
-    ("[[jobs]]\nid = 'a'\nschedule = '* * *'\n", "job 'a': schedule '* * *' is not a five-field crontab"),
-    ("[[jobs]]\nid = 'a'\nschedule = '61 * * * *'\n", "job 'a': schedule '61 * * * *' is not a valid crontab"),
-    ("[[jobs]]\nid = 'a'\ntimezone = 'Mars/Base'\n", "job 'a': timezone 'Mars/Base' is not a known IANA"),
-    ("[[jobs]]\nid = 'a'\noverlap = 'sometimes'\n", "job 'a'.overlap: 'sometimes' is not one of skip, queue, allow"),
-    ("[[jobs]]\nid = 'a'\ncatch_up = 'all'\n", "job 'a'.catch_up: 'all' is not one of once, none"),
-    ("[[jobs]]\nid = 'a'\nmax_concurrent_runs = 0\n", "job 'a'.max_concurrent_runs: must be at least 1"),
-    ("[[jobs]]\nid = 'a'\n[[jobs.tasks]]\nid = 't'\n", "job 'a'.tasks[0]: missing field 'prompt'"),
-    ("[[jobs]]\nid = 'a'\n[[jobs]]\nid = 'a'\n", "job 'a': id is used twice"),
-    ("[[jobs]]\nid = 'a'\nschedul = '* * * * *'\n", "job 'a': unknown key 'schedul'"),
+    ("[[jobs]]\nid = 'a'\nschedule = '* * *'\n", "jobs[0] (a).schedule: '* * *' is not a five-field crontab"),
+    ("[[jobs]]\nid = 'a'\nschedule = '61 * * * *'\n", "jobs[0] (a).schedule: '61 * * * *' is not a valid crontab"),
+    ("[[jobs]]\nid = 'a'\ntimezone = 'Mars/Base'\n", "jobs[0] (a).timezone: 'Mars/Base' is not a known IANA"),
+    ("[[jobs]]\nid = 'a'\noverlap = 'sometimes'\n", "jobs[0] (a).overlap: 'sometimes' is not one of skip, queue, allow"),
+    ("[[jobs]]\nid = 'a'\ncatch_up = 'all'\n", "jobs[0] (a).catch_up: 'all' is not one of once, none"),
+    ("[[jobs]]\nid = 'a'\nmax_concurrent_runs = 0\n", "jobs[0] (a).max_concurrent_runs: must be at least 1"),
+    ("[[jobs]]\nid = 'a'\n[[jobs.tasks]]\nid = 't'\n", "jobs[0] (a).tasks[0] (t): missing field `prompt`"),
+    ("[[jobs]]\nid = 'a'\n[[jobs]]\nid = 'a'\n", "jobs[1] (a).id: 'a' is used twice"),
+    ("[[jobs]]\nid = 'a'\nschedul = '* * * * *'\n", "jobs[0] (a).schedul: unknown field"),
     ("[[jobs]]\nid = 'a'\n[[jobs.destinations]]\nchannel = 'slack'\n",
-     "job 'a'.destinations[0]: missing field 'conversation'"),
+     "jobs[0] (a).destinations[0]: missing field `conversation`"),
     ("enabled = 'yes'\n", "enabled: expected a boolean"),
     ("[[jobs]\n", "cron.toml does not parse"),
 ])
@@ -172,7 +172,7 @@ def test_the_status_page_has_a_cron_section(tcast, tmp_path):
 
 
 def test_parse_refuses_a_non_table_job():
-    with pytest.raises(CronConfigError, match="jobs: expected"):
+    with pytest.raises(CronConfigError, match="jobs: expected an array, found integer"):
         parse_cron_toml("jobs = 3\n")
 
 

@@ -67,7 +67,7 @@ def test_the_seeds_plugins_toml_imports_and_exports_back(db, tmp_path):
      "plugins[0] (telegram-main).limits.max_in_flight: must be a positive integer"),
     (('kind = "channel-telegram"', 'kind = "telegram"'), "plugins[0] (telegram-main).kind:"),
     (('env_refs = ["TELEGRAM_BOT_TOKEN"]', 'env_refs = "TELEGRAM_BOT_TOKEN"'),
-     "plugins[0] (telegram-main).env_refs: must be an array of strings"),
+     "plugins[0] (telegram-main).env_refs: expected an array of strings, found string"),
     (('allowed_senders = ["telegram:123456789"]', 'allowed_senders = ["123456789"]'),
      "plugins[0] (telegram-main).routing.allowed_senders: '123456789' is not channel:sender_id"),
     (("enabled = true", "enabled = true\ncolour = 1"), "plugins[0] (telegram-main).colour: unknown field"),
