@@ -17,7 +17,8 @@ from typing import Optional
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from channels_app import hooks, rows
+from channels_app import access, hooks, rows
+from channels_app.bodies import text_problem
 from channels_app.errors import ApplicationError
 from channels_app.events import event_append, events_append
 from channels_app.models import (FINAL_STATES, Actor, Caller, Conversation, Message, Receipt,
@@ -64,6 +65,14 @@ def actor_resolve(*, caller: Caller, user: str | None = None, federation_issuer:
     return _get_or_create(Actor, key=key, defaults=defaults)
 
 
+def viewer_resolve(*, caller: Caller, user: str | None = None, federation_issuer: str | None = None,
+                   federation_subject: str | None = None) -> access.Viewer:
+    """Whom a request acts for (channels_app.access.Viewer): its caller and the actor it names."""
+    actor = actor_resolve(caller=caller, user=user, federation_issuer=federation_issuer,
+                          federation_subject=federation_subject)
+    return access.Viewer(caller=caller, actor=actor)
+
+
 def channel_actor_resolve(*, channel: str, user_id: str, display_name: str = "") -> Actor:
     """The actor of a plugin channel's sender: `{channel}:{user_id}`."""
     return _get_or_create(Actor, key=f"{channel}:{user_id}",
@@ -101,17 +110,9 @@ def conversation_resolve(*, channel: str, client_id: str, external_id: str | Non
                 created = True
         except IntegrityError:
             conv = table.get(**lookup)
-    # A plugin channel's conversation is the chat itself (a group has many senders; the plugin's
-    # allowed_senders decides who may write); on the web channel it belongs to its first sender.
-    if conv.owner_id != actor.id and channel == "web":
+    if not access.conversation_writable(actor, conv):
         raise ApplicationError(NOT_YOURS, status=403, code="conversation_not_owned", param="conversation_id")
     return conv, created
-
-
-def conversation_visible_to(conv: Conversation, *, actor: Actor, caller: Caller) -> bool:
-    if caller.role == Role.OPERATOR:
-        return True
-    return conv.owner_id == actor.id
 
 
 # --- the message -------------------------------------------------------------
@@ -220,6 +221,10 @@ def message_submit(*, inbound: InboundMessage, profile=None, on_turn=None) -> Su
     `on_turn(turn)` is called with a new turn before its transaction commits, so before any of its
     events can be published or its task run (the chat API subscribes to the turn's wake-ups there).
     """
+    problem = text_problem(inbound.text)
+    if problem is not None:  # the web API refuses it earlier; a channel worker's text is checked here
+        raise ApplicationError(f"The message content {problem}", status=400, code="invalid_content",
+                               param="content")
     try:
         with transaction.atomic():
             conversation, created = conversation_resolve(
@@ -316,13 +321,14 @@ def turn_finish_without_agent(*, turn: Turn, stop: hooks.HookStop) -> None:
 
 # --- reads -------------------------------------------------------------------
 
-def receipt_get(*, caller: Caller, actor: Actor, conversation_id: str, client_message_id: str,
+def receipt_get(*, viewer: access.Viewer, conversation_id: str, client_message_id: str,
                 client_id: str = "", channel: str = "web") -> dict:
-    """A receipt for its sender or the operator; 404 to anyone else, as for a missing one."""
+    """A receipt for its sender or the operator itself; 404 to anyone else, as for a missing one.
+    An operator key naming a user is that user here, as everywhere (channels_app.access)."""
     receipt = (Receipt.objects.select_related("conversation", "actor")
                .filter(conversation__channel=channel, conversation__client_id=client_id or "",
                        conversation__external_id=conversation_id, client_message_id=client_message_id)
                .first())
-    if receipt is None or not (caller.role == Role.OPERATOR or receipt.actor_id == actor.id):
+    if receipt is None or not access.receipt_readable(viewer, receipt):
         raise ApplicationError("No such message.", status=404, code="receipt_not_found")
     return receipt_summary(receipt)
