@@ -27,6 +27,7 @@ from channels_app.models import (FINAL_STATES, Actor, Caller, Conversation, Mess
 log = logging.getLogger("ugent.hub")
 
 NO_RETRY = {"x-should-retry": "false"}
+ACTOR_KEY_MAX = Actor._meta.get_field("key").max_length
 NOT_YOURS = "This conversation belongs to another user."
 APPLICATION_NAMES_FEDERATED_ONLY = ("An application key may name only federated users of the issuers "
                                     "it lists (federation_issuer with federation_subject).")
@@ -51,6 +52,8 @@ def actor_resolve(*, caller: Caller, user: str | None = None, federation_issuer:
     if federation_issuer:
         # Percent-encoded so that no issuer/subject pair can spell another's key ("a:b" + "c" vs "a" + "b:c").
         key = f"fed:{quote(federation_issuer, safe='')}:{quote(federation_subject, safe='')}"
+        if len(key) > ACTOR_KEY_MAX:  # percent-encoding can triple a long non-ASCII pair past the column
+            key = "fed#" + hashlib.sha256(json.dumps([federation_issuer, federation_subject]).encode()).hexdigest()
         defaults = {"channel": "web", "user_id": federation_subject, "caller": caller,
                     "federation_issuer": federation_issuer, "federation_subject": federation_subject}
     elif user:
