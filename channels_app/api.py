@@ -23,6 +23,7 @@ from rest_framework.views import APIView
 
 from channels_app import notify, rows, services
 from channels_app.auth import IsOperator, authenticate_headers
+from channels_app.bodies import json_object_parse, text_problem
 from channels_app.errors import ApplicationError, error_response, from_drf
 from channels_app.events import turn_topic
 from channels_app.models import Event, Turn
@@ -30,6 +31,9 @@ from channels_app.sse import DONE, PING, TERMINAL, ChunkRenderer
 from plugins_app.profiles import models_list
 
 INPUT_MODES = ("voice", "live")
+CONTENT_SHAPE = "the last user entry's content must be a string or a list of text parts."
+NOT_A_TEXT_PART = ('content part {i} is not a text part ({{"type": "text", "text": "…"}}): '
+                   'this daemon reads text parts only.')
 ALLOWED_TOOLS_EMPTY = ('ugent_allowed_tools: [] is refused: leave the field out for no restriction, '
                        'or send ugent_denied_tools: ["*"] to run the turn with no tools.')
 
@@ -72,9 +76,21 @@ class ChatInputSerializer(serializers.Serializer):
         raise serializers.ValidationError("Questions are not supported by this daemon yet.")
 
     def validate_messages(self, value):
-        text = last_user_text(value)
-        if text is None:
+        entry = last_user_entry(value)
+        if entry is None:
             raise serializers.ValidationError("messages holds no user entry.")
+        content = entry.get("content")
+        if isinstance(content, list):
+            if not content:
+                raise serializers.ValidationError("the last user entry's content holds no parts.")
+            for i, part in enumerate(content):
+                if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                    raise serializers.ValidationError(NOT_A_TEXT_PART.format(i=i))
+        elif not isinstance(content, str):
+            raise serializers.ValidationError(CONTENT_SHAPE)
+        problem = text_problem(last_user_text(value))
+        if problem is not None:
+            raise serializers.ValidationError(f"the message content {problem}")
         return value
 
 
@@ -93,17 +109,25 @@ def chat_input_validate(payload: dict) -> dict:
         raise from_drf(serializers.ValidationError(exc.detail))
 
 
-def last_user_text(messages: list) -> str | None:
+def last_user_entry(messages: list) -> dict | None:
     """Only the last user entry is read: the conversation is kept server-side."""
     for msg in reversed(messages):
-        if msg.get("role") != "user":
-            continue
-        content = msg.get("content")
-        if isinstance(content, str):
-            return content
-        if isinstance(content, list):
-            return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+        if msg.get("role") == "user":
+            return msg
+    return None
+
+
+def last_user_text(messages: list) -> str | None:
+    """The text of the last user entry (validated by ChatInputSerializer: a string or text parts)."""
+    entry = last_user_entry(messages)
+    if entry is None:
         return None
+    content = entry.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p["text"] for p in content if isinstance(p, dict) and p.get("type") == "text"
+                       and isinstance(p.get("text"), str))
     return None
 
 
@@ -248,13 +272,7 @@ class ChatCompletionApi(View):
 
     async def post(self, request):
         try:
-            try:
-                payload = json.loads(request.body or b"{}")
-            except (ValueError, UnicodeDecodeError):
-                raise ApplicationError("The request body is not valid JSON.", status=400, code="invalid_json")
-            if not isinstance(payload, dict):
-                raise ApplicationError("The request body must be a JSON object.", status=400,
-                                       code="invalid_request")
+            payload = json_object_parse(request.body)
             # One hop to a worker thread for the key, the checks and the message.
             accepting = asyncio.ensure_future(sync_to_async(_accept, thread_sensitive=False)(
                 request.headers, payload, asyncio.get_running_loop()))
@@ -356,7 +374,7 @@ class HealthApi(APIView):
 
 
 class ReceiptGetApi(APIView):
-    """GET /v1/ugent/receipt: where one message stands, for its sender and the operator."""
+    """GET /v1/ugent/receipt: where one message stands, for its sender and the operator (channels_app.access)."""
 
     class InputSerializer(serializers.Serializer):
         conversation_id = serializers.CharField(max_length=255)
@@ -370,11 +388,10 @@ class ReceiptGetApi(APIView):
         ser = self.InputSerializer(data=request.query_params)
         ser.is_valid(raise_exception=True)
         d = ser.validated_data
-        caller = request.user.caller
-        actor = services.actor_resolve(caller=caller, user=d.get("user"),
-                                       federation_issuer=d.get("federation_issuer"),
-                                       federation_subject=d.get("federation_subject"))
-        return Response(services.receipt_get(caller=caller, actor=actor, conversation_id=d["conversation_id"],
+        viewer = services.viewer_resolve(caller=request.user.caller, user=d.get("user"),
+                                         federation_issuer=d.get("federation_issuer"),
+                                         federation_subject=d.get("federation_subject"))
+        return Response(services.receipt_get(viewer=viewer, conversation_id=d["conversation_id"],
                                              client_message_id=d["client_message_id"],
                                              client_id=d.get("client_id", "")))
 

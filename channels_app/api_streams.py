@@ -18,7 +18,8 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from channels_app import events, notify, streams
+from channels_app import events, notify, services, streams
+from channels_app.access import Viewer
 from channels_app.auth import authenticate_headers
 from channels_app.errors import ApplicationError, error_response, from_drf
 from channels_app.sse import PING
@@ -38,8 +39,8 @@ class ConversationFields(IdentityFields):
     channel = serializers.CharField(required=False, default="web", max_length=50)
 
 
-def _viewer(caller, d: dict) -> streams.Viewer:
-    return streams.viewer_resolve(caller=caller, user=d.get("user"), federation_issuer=d.get("federation_issuer"),
+def _viewer(caller, d: dict) -> Viewer:
+    return services.viewer_resolve(caller=caller, user=d.get("user"), federation_issuer=d.get("federation_issuer"),
                                   federation_subject=d.get("federation_subject"))
 
 
@@ -140,15 +141,15 @@ class ActivityStreamApi(_StreamView):
 
 # --- stop and steering -------------------------------------------------------
 
-def _turn_named(serializer_class, request):
-    """Validate a stop/steering body and find the turn it names, for the caller's viewer."""
+def _turn_named(serializer_class, request, action: str):
+    """Validate a stop/steering body and find the turn it names, as far as its viewer may act on it."""
     ser = serializer_class(data=request.data)
     ser.is_valid(raise_exception=True)
     d = ser.validated_data
     viewer = _viewer(request.user.caller, d)
     turn = streams.turn_for_action(viewer=viewer, conversation_id=d["conversation_id"],
                                    client_id=d.get("client_id", ""), channel=d.get("channel", "web"),
-                                   turn_id=d.get("turn_id"))
+                                   turn_id=d.get("turn_id"), action=action)
     return viewer, turn, d
 
 
@@ -159,12 +160,14 @@ class StopApi(APIView):
         turn_id = serializers.CharField(required=False, max_length=100)
 
     def post(self, request):
-        viewer, turn, d = _turn_named(self.InputSerializer, request)
+        viewer, turn, d = _turn_named(self.InputSerializer, request, streams.STOP)
         return Response(streams.turn_stop(viewer=viewer, turn=turn), status=202)
 
 
 class SteeringApi(APIView):
-    """POST /v1/ugent/steering: a message for a running turn, handed to the engine before its next step."""
+    """POST /v1/ugent/steering: a message for a running turn, handed to the engine before its next step.
+    Only the turn's own user and the operator steer it: an exact turn_id alone lets a stranger stop a
+    turn, never put words into it (channels_app.access)."""
 
     class InputSerializer(ConversationFields):
         turn_id = serializers.CharField(required=False, max_length=100)
@@ -176,7 +179,7 @@ class SteeringApi(APIView):
             return value
 
     def post(self, request):
-        viewer, turn, d = _turn_named(self.InputSerializer, request)
+        viewer, turn, d = _turn_named(self.InputSerializer, request, streams.STEER)
         steering = streams.turn_steer(viewer=viewer, turn=turn, message=d["message"])
         return Response({"object": "ugent.steering", "id": steering.id,
                          "conversation_id": turn.conversation.external_id, "turn_id": turn.turn_id,

@@ -2,7 +2,15 @@
 from __future__ import annotations
 
 import hmac
+import logging
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db.models import Q
+from django.utils import timezone
 
 from rest_framework import authentication, permissions
 
@@ -11,15 +19,20 @@ from channels_app.errors import ApplicationError
 from channels_app.models import ApiKey, Caller, Role, hash_key
 from ugent_site import config
 
+log = logging.getLogger("ugent.hub")
+
 
 @dataclass
 class Principal:
-    """The authenticated caller; DRF puts it in request.user."""
+    """The caller whose key authenticated; DRF puts it in request.user. It says which key spoke, not
+    whom the request acts for: that is a channels_app.access.Viewer (services.viewer_resolve), which
+    every data check takes."""
 
     caller: Caller
 
     @property
-    def is_operator(self) -> bool:
+    def has_operator_key(self) -> bool:
+        """An operator key, whomever it names: enough for the operator-only host endpoints, never for data."""
         return self.caller.role == Role.OPERATOR
 
     is_authenticated = True
@@ -50,10 +63,62 @@ def caller_for_key(raw: str) -> Caller | None:
                 caller.save(update_fields=["role", "issuers", "updated_at"])
             return caller
     c, k = rows.table(Caller), rows.table(ApiKey)
-    row = rows.fetchone(f"SELECT {c.select_list(c.attnames, 'c')} FROM {k.name} k JOIN {c.name} c "
+    row = rows.fetchone(f"SELECT k.id, {c.select_list(c.attnames, 'c')} FROM {k.name} k JOIN {c.name} c "
                         f"ON c.id = k.{k.col('caller')} WHERE k.{k.col('key_hash')} = %s AND k.{k.col('active')} = %s",
                         [digest, True])
-    return c.from_row(c.attnames, row) if row else None
+    if row is None:
+        return None
+    key_used(row[0])
+    return c.from_row(c.attnames, row[1:])
+
+
+# --- ApiKey.last_used_at -----------------------------------------------------
+# Written at most once a minute per key, and never by the request: the request thread only checks an
+# in-process clock per key; the UPDATE runs on one background thread, conditional on the stored value
+# being a minute old, so several processes sharing a database also write it about once a minute.
+
+KEY_USE_EVERY_SECS = 60
+_key_marked: dict[int, float] = {}  # key id -> time.monotonic() of this process's last write
+_key_writer: ThreadPoolExecutor | None = None
+_key_writer_lock = threading.Lock()
+_key_pending: list[Future] = []
+
+
+def key_used(key_id: int) -> None:
+    """Note that a key authenticated a request; writes `last_used_at` off the hot path when due."""
+    now = time.monotonic()
+    last = _key_marked.get(key_id)
+    if last is not None and now - last < KEY_USE_EVERY_SECS:
+        return
+    _key_marked[key_id] = now
+    global _key_writer
+    with _key_writer_lock:
+        if _key_writer is None:
+            _key_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ugent-key-use")
+        _key_pending[:] = [f for f in _key_pending if not f.done()]
+        _key_pending.append(_key_writer.submit(_key_used_write, key_id, timezone.now()))
+
+
+def _key_used_write(key_id: int, at) -> int:
+    from django.db import close_old_connections, connection
+    close_old_connections()
+    try:
+        return (ApiKey.objects.filter(pk=key_id)
+                .filter(Q(last_used_at__isnull=True) | Q(last_used_at__lt=at - timedelta(seconds=KEY_USE_EVERY_SECS)))
+                .update(last_used_at=at))
+    except Exception:  # a bookkeeping write: a locked or gone database must not surface anywhere
+        log.warning("could not record the use of API key %s", key_id, exc_info=True)
+        return 0
+    finally:
+        connection.close()
+
+
+def key_use_flush() -> None:
+    """Wait for the pending `last_used_at` writes (tests, and a process that stops)."""
+    with _key_writer_lock:
+        pending = list(_key_pending)
+    for f in pending:
+        f.result()
 
 
 _digests: dict[str, str] = {}
@@ -97,4 +162,4 @@ class IsOperator(permissions.BasePermission):
     message = "This endpoint answers operator keys only."
 
     def has_permission(self, request, view):
-        return isinstance(request.user, Principal) and request.user.is_operator
+        return isinstance(request.user, Principal) and request.user.has_operator_key

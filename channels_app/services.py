@@ -17,7 +17,8 @@ from typing import Optional
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from channels_app import hooks, rows
+from channels_app import access, hooks, rows
+from channels_app.bodies import text_problem
 from channels_app.errors import ApplicationError
 from channels_app.events import event_append, events_append
 from channels_app.models import (FINAL_STATES, Actor, Caller, Conversation, Message, Receipt,
@@ -26,6 +27,7 @@ from channels_app.models import (FINAL_STATES, Actor, Caller, Conversation, Mess
 log = logging.getLogger("ugent.hub")
 
 NO_RETRY = {"x-should-retry": "false"}
+ACTOR_KEY_MAX = Actor._meta.get_field("key").max_length
 NOT_YOURS = "This conversation belongs to another user."
 APPLICATION_NAMES_FEDERATED_ONLY = ("An application key may name only federated users of the issuers "
                                     "it lists (federation_issuer with federation_subject).")
@@ -50,6 +52,8 @@ def actor_resolve(*, caller: Caller, user: str | None = None, federation_issuer:
     if federation_issuer:
         # Percent-encoded so that no issuer/subject pair can spell another's key ("a:b" + "c" vs "a" + "b:c").
         key = f"fed:{quote(federation_issuer, safe='')}:{quote(federation_subject, safe='')}"
+        if len(key) > ACTOR_KEY_MAX:  # percent-encoding can triple a long non-ASCII pair past the column
+            key = "fed#" + hashlib.sha256(json.dumps([federation_issuer, federation_subject]).encode()).hexdigest()
         defaults = {"channel": "web", "user_id": federation_subject, "caller": caller,
                     "federation_issuer": federation_issuer, "federation_subject": federation_subject}
     elif user:
@@ -62,6 +66,14 @@ def actor_resolve(*, caller: Caller, user: str | None = None, federation_issuer:
         key = caller.anonymous_actor_key
         defaults = {"channel": "web", "user_id": key, "caller": caller}
     return _get_or_create(Actor, key=key, defaults=defaults)
+
+
+def viewer_resolve(*, caller: Caller, user: str | None = None, federation_issuer: str | None = None,
+                   federation_subject: str | None = None) -> access.Viewer:
+    """Whom a request acts for (channels_app.access.Viewer): its caller and the actor it names."""
+    actor = actor_resolve(caller=caller, user=user, federation_issuer=federation_issuer,
+                          federation_subject=federation_subject)
+    return access.Viewer(caller=caller, actor=actor)
 
 
 def channel_actor_resolve(*, channel: str, user_id: str, display_name: str = "") -> Actor:
@@ -101,17 +113,9 @@ def conversation_resolve(*, channel: str, client_id: str, external_id: str | Non
                 created = True
         except IntegrityError:
             conv = table.get(**lookup)
-    # A plugin channel's conversation is the chat itself (a group has many senders; the plugin's
-    # allowed_senders decides who may write); on the web channel it belongs to its first sender.
-    if conv.owner_id != actor.id and channel == "web":
+    if not access.conversation_writable(actor, conv):
         raise ApplicationError(NOT_YOURS, status=403, code="conversation_not_owned", param="conversation_id")
     return conv, created
-
-
-def conversation_visible_to(conv: Conversation, *, actor: Actor, caller: Caller) -> bool:
-    if caller.role == Role.OPERATOR:
-        return True
-    return conv.owner_id == actor.id
 
 
 # --- the message -------------------------------------------------------------
@@ -220,6 +224,10 @@ def message_submit(*, inbound: InboundMessage, profile=None, on_turn=None) -> Su
     `on_turn(turn)` is called with a new turn before its transaction commits, so before any of its
     events can be published or its task run (the chat API subscribes to the turn's wake-ups there).
     """
+    problem = text_problem(inbound.text)
+    if problem is not None:  # the web API refuses it earlier; a channel worker's text is checked here
+        raise ApplicationError(f"The message content {problem}", status=400, code="invalid_content",
+                               param="content")
     try:
         with transaction.atomic():
             conversation, created = conversation_resolve(
@@ -316,13 +324,14 @@ def turn_finish_without_agent(*, turn: Turn, stop: hooks.HookStop) -> None:
 
 # --- reads -------------------------------------------------------------------
 
-def receipt_get(*, caller: Caller, actor: Actor, conversation_id: str, client_message_id: str,
+def receipt_get(*, viewer: access.Viewer, conversation_id: str, client_message_id: str,
                 client_id: str = "", channel: str = "web") -> dict:
-    """A receipt for its sender or the operator; 404 to anyone else, as for a missing one."""
+    """A receipt for its sender or the operator itself; 404 to anyone else, as for a missing one.
+    An operator key naming a user is that user here, as everywhere (channels_app.access)."""
     receipt = (Receipt.objects.select_related("conversation", "actor")
                .filter(conversation__channel=channel, conversation__client_id=client_id or "",
                        conversation__external_id=conversation_id, client_message_id=client_message_id)
                .first())
-    if receipt is None or not (caller.role == Role.OPERATOR or receipt.actor_id == actor.id):
+    if receipt is None or not access.receipt_readable(viewer, receipt):
         raise ApplicationError("No such message.", status=404, code="receipt_not_found")
     return receipt_summary(receipt)

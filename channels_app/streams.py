@@ -7,11 +7,10 @@ disagree at the seam. A cursor the log no longer holds is answered with one
 `ugent.gap` event carrying the conversation's snapshot, and the stream goes
 on from the cursor that snapshot was read at.
 
-Who sees what ("Keys and callers"): every request speaks for one actor
-(channels_app.services.actor_resolve). An operator key that names nobody is
-the operator and sees everything; anyone else sees the conversations their
-actor owns, and of those only events addressed to everyone (audience []) or
-to their own actor key.
+Who sees what ("Keys and callers") is decided in channels_app.access, for
+every object type: an operator key that names nobody is the operator and sees
+everything; anyone else sees the conversations their actor owns, and of those
+only events addressed to everyone (audience []) or to their own actor key.
 """
 from __future__ import annotations
 
@@ -22,9 +21,11 @@ from django.db import connection, transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
+from channels_app import access
+from channels_app.access import Viewer
 from channels_app.errors import ApplicationError
 from channels_app.events import event_append
-from channels_app.models import (Actor, Caller, Conversation, Event, EventLogMark, Message, Receipt, Role,
+from channels_app.models import (Caller, Conversation, Event, EventLogMark, Message, Receipt,
                                  Steering, Turn, TurnState)
 from ugent_site.settings import env
 
@@ -46,6 +47,7 @@ NO_CONVERSATION = "No such conversation."
 NO_TURN = "No such turn in this conversation."
 NO_RUNNING_TURN = "No turn is running in this conversation."
 LIVE = (TurnState.ACCEPTED, TurnState.RUNNING)
+STOP, STEER = "stop", "steer"
 
 # The activity feed: tools, questions, compaction, and what was done to a running turn.
 ACTIVITY_TYPES = ("turn.steered", "turn.stop_requested", "turn.steering_dropped")
@@ -54,33 +56,11 @@ ACTIVITY_PREFIXES = ("interaction.", "compaction.", "tool.", "ugent.tool", "acti
 
 # --- who ---------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Viewer:
-    """The caller and the actor a stream or read speaks for."""
-
-    caller: Caller
-    actor: Actor
-
-    @property
-    def is_operator(self) -> bool:
-        """The operator itself: an operator key that names nobody."""
-        return self.caller.role == Role.OPERATOR and self.actor.key == f"operator@{self.caller.name}"
-
-    def sees_conversation(self, conversation: Conversation) -> bool:
-        return self.is_operator or conversation.owner_id == self.actor.id
-
-    def sees_event(self, *, owner_id: int, audience: list) -> bool:
-        if self.is_operator:
-            return True
-        return owner_id == self.actor.id and (not audience or self.actor.key in audience)
-
-
 def viewer_resolve(*, caller: Caller, user: str | None = None, federation_issuer: str | None = None,
                    federation_subject: str | None = None) -> Viewer:
-    from channels_app.services import actor_resolve
-    actor = actor_resolve(caller=caller, user=user, federation_issuer=federation_issuer,
+    from channels_app.services import viewer_resolve
+    return viewer_resolve(caller=caller, user=user, federation_issuer=federation_issuer,
                           federation_subject=federation_subject)
-    return Viewer(caller=caller, actor=actor)
 
 
 def conversation_lookup(*, conversation_id: str, client_id: str = "", channel: str = "web") -> Conversation | None:
@@ -92,7 +72,7 @@ def conversation_for_viewer(*, viewer: Viewer, conversation_id: str, client_id: 
                             channel: str = "web") -> Conversation:
     """The conversation if the viewer may read it; 404 otherwise, as for a missing one."""
     conv = conversation_lookup(conversation_id=conversation_id, client_id=client_id, channel=channel)
-    if conv is None or not viewer.sees_conversation(conv):
+    if conv is None or not access.conversation_readable(viewer, conv):
         raise ApplicationError(NO_CONVERSATION, status=404, code="conversation_not_found",
                                param="conversation_id")
     return conv
@@ -200,8 +180,8 @@ def subscription_read(sub: Subscription, *, limit: int = READ_BATCH) -> tuple[li
     qs = Event.objects.filter(id__gt=sub.cursor)
     if sub.conversation is not None:
         qs = qs.filter(conversation_id=sub.conversation.pk)
-    elif not sub.viewer.is_operator:
-        qs = qs.filter(conversation__owner_id=sub.viewer.actor.id)
+    else:
+        qs = access.events_scope(sub.viewer, qs)
     if sub.activity:
         qs = qs.filter(activity_q())
     rows = list(qs.order_by("id").values(
@@ -212,7 +192,7 @@ def subscription_read(sub: Subscription, *, limit: int = READ_BATCH) -> tuple[li
         frames.append(gap_frame(sub, GAP_PRUNED))
         return frames, True
     for row in rows:
-        if sub.viewer.sees_event(owner_id=row["conversation__owner_id"], audience=row["audience"] or []):
+        if access.event_readable(sub.viewer, owner_id=row["conversation__owner_id"], audience=row["audience"] or []):
             frames.append(sse_frame(row["id"], row["type"], event_payload(row)))
     if rows:
         sub.cursor = rows[-1]["id"]
@@ -237,9 +217,8 @@ def conversation_snapshot(*, viewer: Viewer, conversation: Conversation) -> dict
     from channels_app.services import receipt_summary
     cursor = log_head()
     as_of = timezone.now()
-    qs = Receipt.objects.filter(conversation=conversation).select_related("conversation", "turn")
-    if not viewer.is_operator:
-        qs = qs.filter(actor_id=viewer.actor.id)
+    qs = access.receipts_scope(viewer, Receipt.objects.filter(conversation=conversation)
+                               .select_related("conversation", "turn"))
     receipts = list(qs.order_by("-id")[:SNAPSHOT_RECEIPTS])
     receipts.reverse()
     return {"object": "ugent.conversation.snapshot", "conversation_id": conversation.external_id,
@@ -283,23 +262,24 @@ def session_history(*, viewer: Viewer, conversation: Conversation, before: int |
 # --- stop and steering -------------------------------------------------------
 
 def turn_for_action(*, viewer: Viewer, conversation_id: str, client_id: str = "", channel: str = "web",
-                    turn_id: str | None = None) -> Turn:
-    """The turn a stop or steering names: by its exact turn_id (which is enough), or the conversation's
-    live turn for the turn's own user and the operator. Anything else is a 404 that reveals nothing."""
+                    turn_id: str | None = None, action: str = STOP) -> Turn:
+    """The turn a stop or steering names: by its exact turn_id, or the conversation's live turn, as
+    channels_app.access allows the action (an exact turn_id is enough to stop a turn, never to steer
+    another user's). Anything refused is the 404 of a missing turn or conversation: it reveals nothing."""
     conv = conversation_lookup(conversation_id=conversation_id, client_id=client_id, channel=channel)
     if turn_id:
         turn = (Turn.objects.select_related("actor", "conversation").filter(turn_id=turn_id, conversation=conv)
                 .first() if conv else None)
-        # The exact turn_id is enough (the seed: "so another client can steer or stop exactly this
-        # turn"); ids the server makes are random, so only a client that was given one holds it.
-        if turn is None:
+        allowed = turn is not None and (access.turn_stoppable(viewer, turn, by_exact_turn_id=True)
+                                        if action == STOP else access.turn_steerable(viewer, turn))
+        if not allowed:
             raise ApplicationError(NO_TURN, status=404, code="turn_not_found", param="turn_id")
         return turn
-    if conv is None or not viewer.sees_conversation(conv):
+    if conv is None or not access.conversation_readable(viewer, conv):
         raise ApplicationError(NO_CONVERSATION, status=404, code="conversation_not_found", param="conversation_id")
     turn = (Turn.objects.select_related("actor", "conversation").filter(conversation=conv, state__in=LIVE)
             .order_by("-id").first())
-    if turn is None or not (viewer.is_operator or turn.actor_id == viewer.actor.id):
+    if turn is None or not access.turn_is_theirs(viewer, turn):
         raise ApplicationError(NO_RUNNING_TURN, status=409, code="no_running_turn", param="conversation_id")
     return turn
 

@@ -159,7 +159,7 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["channels_app.auth.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["channels_app.auth.HasCaller"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser",
+    "DEFAULT_PARSER_CLASSES": ["channels_app.bodies.JsonObjectParser",
                                "rest_framework.parsers.MultiPartParser"],
     "EXCEPTION_HANDLER": "channels_app.errors.exception_handler",
     "UNAUTHENTICATED_USER": None,

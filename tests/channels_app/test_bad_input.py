@@ -1,0 +1,220 @@
+"""Bad input never 500s: it gets a 400 (or the refusal it earns) and writes no row, in both run modes."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.test import Client
+from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+
+from channels_app import services
+from channels_app.errors import ApplicationError
+from channels_app.models import Conversation, Event, Message, Receipt, Steering, Turn
+from tests.conftest import APP_KEY, OPERATOR_KEY
+from tests.support.http import body_bytes
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+DEEP = "[" * 5000 + "]" * 5000
+
+
+def counts() -> dict:
+    return {m.__name__: m.objects.count() for m in (Conversation, Receipt, Turn, Message, Event, Steering)}
+
+
+def post_raw(path: str, body, key: str = OPERATOR_KEY):
+    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    return Client().post(path, data=data, content_type="application/json", HTTP_X_API_KEY=key)
+
+
+def chat_body(content, **extra) -> dict:
+    return {"user": "alice", "conversation_id": "c1", "messages": [{"role": "user", "content": content}], **extra}
+
+
+def refused(resp, status=400) -> dict:
+    assert resp.status_code == status, resp.content
+    return resp.json()["error"]
+
+
+# --- the cases the issue names ----------------------------------------------
+
+@pytest.mark.parametrize("content", ["\ud800", "before \udfff after", [{"type": "text", "text": "a\ud800"}]])
+def test_a_lone_surrogate_in_the_content_is_a_400_and_writes_nothing(tcast, content):
+    before = counts()
+    err = refused(post_raw("/v1/chat/completions", chat_body(content)))
+    assert err["param"] == "messages" and "lone surrogate" in err["message"]
+    assert counts() == before
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/ugent/stop", "/v1/ugent/steering"])
+@pytest.mark.parametrize("body", [DEEP, '{"conversation_id": ' + DEEP + "}",
+                                  '{"messages": [{"role": "user", "content": ' + DEEP + "}]}"])
+def test_json_nested_five_thousand_levels_is_a_400(tcast, path, body):
+    before = counts()
+    err = refused(post_raw(path, body))
+    assert err["code"] == "json_too_deep" and err["message"] == "The request body is nested too deeply."
+    assert counts() == before
+
+
+def test_a_nul_in_the_content_is_refused_alike_in_both_modes(tcast):
+    # PostgreSQL text cannot hold U+0000, so SQLite refuses it too: one behaviour in both run modes
+    before = counts()
+    err = refused(post_raw("/v1/chat/completions", chat_body("a\x00b")))
+    assert "NUL character (U+0000)" in err["message"]
+    refused(post_raw("/v1/chat/completions", chat_body([{"type": "text", "text": "\x00"}])))
+    refused(post_raw("/v1/ugent/steering", {"conversation_id": "c1", "message": "a\x00b"}))
+    assert counts() == before
+
+
+@pytest.mark.parametrize("content", [
+    [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}],
+    [{"type": "text", "text": "look"}, {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}],
+    [{"type": "text"}], [{"type": "text", "text": 5}], ["plain string part"], [1, 2], [],
+])
+def test_content_parts_that_are_not_text_objects_are_a_400_not_an_empty_turn(tcast, content):
+    before = counts()
+    err = refused(post_raw("/v1/chat/completions", chat_body(content)))
+    assert err["param"] == "messages"
+    assert counts() == before
+
+
+@pytest.mark.parametrize("content", [None, 5, {"type": "text", "text": "x"}, True])
+def test_content_that_is_neither_text_nor_parts_is_a_400(tcast, content):
+    err = refused(post_raw("/v1/chat/completions", chat_body(content)))
+    assert err["message"] == "messages: the last user entry's content must be a string or a list of text parts."
+
+
+def test_text_parts_are_still_joined_into_the_turns_text(tcast):
+    resp = post_raw("/v1/chat/completions", chat_body([{"type": "text", "text": "one "}, {"type": "text", "text": "two"}]))
+    assert resp.status_code == 200
+    assert Message.objects.get(role="user").content == "one two"
+
+
+@pytest.mark.parametrize("body", [b"not json", b"\xff\xfe", b"[1, 2]", b'"a string"', b"", b"{"])
+def test_a_body_that_is_no_json_object_is_a_400(tcast, body):
+    for path in ("/v1/chat/completions", "/v1/ugent/stop", "/v1/ugent/steering"):
+        resp = post_raw(path, body)
+        if path != "/v1/chat/completions" and body == b"":
+            assert resp.status_code == 400 and resp.json()["error"]["param"] == "conversation_id"
+            continue
+        assert resp.status_code == 400, (path, body, resp.content)
+
+
+def test_a_federated_subject_too_long_for_the_actor_column_still_gets_one_actor(tcast):
+    # percent-encoded, 255 non-ASCII characters would overflow the 300-character key (a 500 on PostgreSQL)
+    subject = "\U0001F600" * 255
+    body = chat_body("hi", conversation_id="long", federation_issuer="example-crm", federation_subject=subject)
+    del body["user"]
+    for _ in range(2):
+        body["client_message_id"] = f"m{_}"
+        assert post_raw("/v1/chat/completions", body, key=APP_KEY).status_code == 200
+    turns = Turn.objects.select_related("actor")
+    assert len({t.actor.key for t in turns}) == 1 and turns[0].actor.federation_subject == subject
+
+
+def test_a_channel_workers_text_is_checked_on_the_one_path_too(tcast):
+    actor = services.channel_actor_resolve(channel="echo", user_id="u1")
+    before = counts()
+    for text in ("\ud800", "a\x00"):
+        with pytest.raises(ApplicationError) as exc:
+            services.message_submit(inbound=services.InboundMessage(actor=actor, text=text, channel="echo",
+                                                                    conversation_id="chat-1"))
+        assert exc.value.status == 400 and exc.value.code == "invalid_content"
+    assert counts() == before
+
+
+# --- property: no body of any shape gets a 5xx, and a 4xx writes nothing ---------
+
+odd_char = st.one_of(st.characters(), st.sampled_from(["\ud800", "\udfff", "\x00", "\u2028", '"', "\\", "\U0001F600"]))
+odd_text = st.text(odd_char, max_size=12)
+some_text = st.text(odd_char, min_size=1, max_size=12)
+leaf = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=False), odd_text)
+json_value = st.recursive(leaf, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(odd_text, inner, max_size=3),
+                          max_leaves=8)
+text_part = st.fixed_dictionaries({"type": st.just("text"), "text": odd_text})
+text_content = st.one_of(odd_text, st.lists(text_part, min_size=1, max_size=3))
+odd_content = st.one_of(st.lists(st.one_of(text_part, json_value), max_size=3), json_value)
+earlier = st.lists(st.one_of(st.fixed_dictionaries({"role": st.sampled_from(["assistant", "system", "user"]),
+                                                    "content": st.one_of(text_content, odd_content)}), json_value),
+                   max_size=2)
+# mostly a last user entry of text (odd characters and all), sometimes of any shape, sometimes none
+messages = st.one_of(
+    st.tuples(earlier, st.fixed_dictionaries({"role": st.just("user"), "content": text_content})).map(lambda t: t[0] + [t[1]]),
+    st.tuples(earlier, st.fixed_dictionaries({"role": st.just("user"), "content": text_content})).map(lambda t: t[0] + [t[1]]),
+    st.tuples(earlier, st.fixed_dictionaries({"role": st.just("user"), "content": odd_content})).map(lambda t: t[0] + [t[1]]),
+    earlier)
+identity = {"user": st.one_of(st.sampled_from(["alice", "bob"]), some_text),
+            "federation_issuer": st.just("example-crm"), "federation_subject": some_text}
+conversation = st.one_of(st.sampled_from(["ca", "fresh"]), some_text)
+
+
+def _bodies(required: dict, optional: dict):
+    """Bodies that are well formed but for their odd text, and the same with one field made anything."""
+    valid = st.fixed_dictionaries(required, optional=optional)
+    names = sorted({*required, *optional})
+    broken = st.tuples(valid, st.sampled_from(names), json_value).map(lambda t: {**t[0], t[1]: t[2]})
+    return st.one_of(valid, broken)
+
+
+chat_bodies = _bodies(
+    {"messages": messages},
+    {"conversation_id": conversation, "client_message_id": some_text, "client_id": odd_text,
+     "turn_id": some_text, "model": st.sampled_from(["scripted", "ugent-default", "no-such-model"]),
+     "stream": st.booleans(), "include_thinking": st.booleans(), "echo_user_message": st.booleans(),
+     "ugent_allowed_tools": st.lists(odd_text, max_size=2), "ugent_denied_tools": st.lists(odd_text, max_size=2),
+     "ugent_citation_ids": st.lists(odd_text, max_size=2),
+     "ugent_input_mode": st.sampled_from(["voice", "live", "typed"]), **identity})
+turn_bodies = _bodies(
+    {"conversation_id": conversation},
+    {"turn_id": st.one_of(st.just("{turn_id}"), some_text), "client_id": odd_text,
+     "channel": st.sampled_from(["web", "echo"]), "message": odd_text, **identity})
+keys = st.sampled_from([OPERATOR_KEY, APP_KEY])
+PROPERTY = hsettings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+def _alices_turn() -> str:
+    resp = post_raw("/v1/chat/completions", chat_body("hello", conversation_id="ca"))
+    assert resp.status_code == 200
+    return resp["x-ugent-turn-id"]
+
+
+def _check(path: str, body, key: str) -> None:
+    before = counts()
+    resp = post_raw(path, body, key=key)
+    body_bytes(resp)  # a stream is read to its end, so its turn is done before the counts are taken
+    assert resp.status_code < 500, (path, body, resp.status_code, resp.content[:300])
+    if 400 <= resp.status_code < 500:
+        assert counts() == before, (path, body, resp.status_code, resp.content[:300])
+
+
+def test_no_chat_body_gets_a_5xx_and_a_refused_one_writes_nothing(tcast):
+    _alices_turn()
+
+    @PROPERTY
+    @given(body=chat_bodies, key=keys)
+    def check(body, key):
+        _check("/v1/chat/completions", body, key)
+    check()
+
+
+@pytest.mark.parametrize("path", ["/v1/ugent/stop", "/v1/ugent/steering"])
+def test_no_stop_or_steering_body_gets_a_5xx_and_a_refused_one_writes_nothing(tcast, path):
+    turn_id = _alices_turn()
+
+    @PROPERTY
+    @given(body=turn_bodies, key=keys)
+    def check(body, key):
+        if body.get("turn_id") == "{turn_id}":
+            body["turn_id"] = turn_id
+        _check(path, body, key)
+    check()
+
+
+def test_no_raw_body_gets_a_5xx_and_a_refused_one_writes_nothing(tcast):
+    @PROPERTY
+    @given(raw=st.one_of(st.binary(max_size=40),
+                         st.text(odd_char, max_size=40).map(lambda t: t.encode("utf-8", "surrogatepass"))))
+    def check(raw):
+        for path in ("/v1/chat/completions", "/v1/ugent/stop", "/v1/ugent/steering"):
+            _check(path, raw, OPERATOR_KEY)
+    check()

@@ -1,0 +1,181 @@
+"""Who may call every /v1/ endpoint, generated from the URL conf: an endpoint without a row fails here.
+
+The object is alice's conversation `ca` (a finished turn that said ALICE_SECRET). Every endpoint is
+called by the whole cast: the operator acting as itself, the operator naming alice (A) and bob (B),
+the application's anonymous user and a federated user of it, no key and a wrong key. Each cell
+asserts the status, whether alice's words may (True), must not (False) or need not (None) be in the
+answer, and that a refusal (any 4xx) wrote no row.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import pytest
+from django.test import Client
+from django.urls import URLPattern, URLResolver, get_resolver
+
+from channels_app.models import Conversation, Event, Message, Receipt, Steering, Turn
+from tests.conftest import APP_KEY, OPERATOR_KEY
+from tests.streams.conftest import read_frames
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ALICE_SECRET = "alice-secret-words"
+
+CAST = {
+    "operator": {"key": OPERATOR_KEY},
+    "operator as A": {"key": OPERATOR_KEY, "user": "alice"},
+    "operator as B": {"key": OPERATOR_KEY, "user": "bob"},
+    "application, anonymous": {"key": APP_KEY},
+    "application, federated": {"key": APP_KEY, "federation_issuer": "example-crm", "federation_subject": "carol"},
+    "no key": {"key": None},
+    "wrong key": {"key": "ugk_not_a_key"},
+}
+NO_KEY = {"no key": (401, False), "wrong key": (401, False)}
+
+
+def owner_only(allowed=(200, True), denied=(404, False)) -> dict:
+    """The conversation's owner and the operator; anyone else as if it did not exist."""
+    return {"operator": allowed, "operator as A": allowed, "operator as B": denied,
+            "application, anonymous": denied, "application, federated": denied, **NO_KEY}
+
+
+def any_key(cell=(200, False)) -> dict:
+    return {name: cell for name in CAST if name not in NO_KEY} | NO_KEY
+
+
+@dataclass
+class Case:
+    method: str
+    params: dict
+    expect: dict
+    prepare: object = None  # called with the setup's state before the cast calls
+    denied_message: str | None = None  # a refusal's wording, the same as for a missing object
+    extra: dict = field(default_factory=dict)
+
+
+def _hide_alices_messages(state):
+    Message.objects.filter(conversation__external_id="ca").update(hidden=True)
+
+
+# One row per endpoint (its URL conf route); several cases where the endpoint takes different shapes.
+MATRIX: dict[str, list[Case]] = {
+    "v1/chat/completions": [
+        # a turn on someone else's conversation is refused with 403, the operator itself included
+        Case("POST", {"conversation_id": "ca", "messages": [{"role": "user", "content": "hello again"}]},
+             {**owner_only(allowed=(403, False), denied=(403, False)), "operator as A": (200, None)},
+             denied_message="This conversation belongs to another user."),
+    ],
+    "v1/models": [Case("GET", {}, any_key())],
+    "v1/health": [Case("GET", {}, {name: (200, False) for name in CAST})],
+    "v1/ugent/status": [Case("GET", {}, {**any_key(), "application, anonymous": (403, False),
+                                          "application, federated": (403, False)})],
+    "v1/ugent/receipt": [
+        Case("GET", {"conversation_id": "ca", "client_message_id": "m1"}, owner_only(),
+             denied_message="No such message."),
+    ],
+    "v1/ugent/events": [
+        Case("GET", {"conversation_id": "ca", "cursor": "0"}, owner_only(), denied_message="No such conversation."),
+        # every conversation the viewer may see: alice's words reach only alice and the operator
+        Case("GET", {"cursor": "0"}, {**any_key(), "operator": (200, True), "operator as A": (200, True)}),
+    ],
+    "v1/ugent/activity": [
+        Case("GET", {"conversation_id": "ca", "cursor": "0"}, owner_only(allowed=(200, None)),
+             denied_message="No such conversation."),
+    ],
+    "v1/ugent/conversation/snapshot": [
+        Case("GET", {"conversation_id": "ca"}, owner_only(), denied_message="No such conversation."),
+    ],
+    "v1/ugent/snapshot": [
+        Case("GET", {"conversation_id": "ca"}, owner_only(), denied_message="No such conversation."),
+    ],
+    "v1/ugent/history": [
+        Case("GET", {"conversation_id": "ca"}, owner_only(), prepare=_hide_alices_messages,
+             denied_message="No such conversation."),
+    ],
+    "v1/ugent/stop": [
+        # the conversation's turn: its user and the operator reach it (it finished: 409)
+        Case("POST", {"conversation_id": "ca"}, owner_only(allowed=(409, False)),
+             denied_message="No such conversation."),
+        # the exact turn_id is enough to stop a turn, whoever holds it
+        Case("POST", {"conversation_id": "ca", "turn_id": "{turn_id}"}, any_key((409, False))),
+    ],
+    "v1/ugent/steering": [
+        Case("POST", {"conversation_id": "ca", "message": "steer"}, owner_only(allowed=(409, False)),
+             denied_message="No such conversation."),
+        # but never to steer another user's turn
+        Case("POST", {"conversation_id": "ca", "turn_id": "{turn_id}", "message": "steer"},
+             owner_only(allowed=(409, False)), denied_message="No such turn in this conversation."),
+    ],
+}
+
+
+def v1_routes() -> list[str]:
+    """Every route of the URL conf under /v1/, as its pattern string."""
+    found = []
+
+    def walk(patterns, prefix=""):
+        for p in patterns:
+            if isinstance(p, URLResolver):
+                walk(p.url_patterns, prefix + str(p.pattern))
+            elif isinstance(p, URLPattern):
+                found.append(prefix + str(p.pattern))
+    walk(get_resolver().url_patterns)
+    return sorted(r for r in found if r.startswith("v1/"))
+
+
+def test_every_v1_endpoint_has_a_row_in_the_matrix_and_every_row_an_endpoint():
+    routes = v1_routes()
+    assert "v1/ugent/receipt" in routes and "v1/ugent/events" in routes  # the walk reaches included modules
+    assert sorted(set(routes) - set(MATRIX)) == [], "endpoints without a permission row"
+    assert sorted(set(MATRIX) - set(routes)) == [], "permission rows for endpoints that are gone"
+    for cases in MATRIX.values():
+        for case in cases:
+            assert set(case.expect) == set(CAST)
+
+
+def _counts() -> dict:
+    return {m.__name__: m.objects.count() for m in (Conversation, Receipt, Turn, Message, Event, Steering)}
+
+
+def _call(who: dict, case: Case, path: str, turn_id: str):
+    params = {k: (v.format(turn_id=turn_id) if isinstance(v, str) else v) for k, v in case.params.items()}
+    params.update({k: v for k, v in who.items() if k != "key"})
+    headers = {"HTTP_X_API_KEY": who["key"]} if who["key"] else {}
+    if case.method == "GET":
+        resp = Client().get(path, params, **headers)
+    else:
+        resp = Client().post(path, data=json.dumps(params), content_type="application/json", **headers)
+    if getattr(resp, "streaming", False):
+        return resp, json.dumps(read_frames(resp, until_ping=True))
+    return resp, resp.content.decode()
+
+
+@pytest.mark.parametrize("route", v1_routes())
+def test_the_cast_on_each_endpoint(route, tcast, settings):
+    settings.UGENT_SSE_KEEPALIVE = 0.2
+    assert route in MATRIX, f"/{route} has no row in the permission matrix"
+    first = Client().post("/v1/chat/completions", data=json.dumps(
+        {"user": "alice", "conversation_id": "ca", "client_message_id": "m1",
+         "messages": [{"role": "user", "content": ALICE_SECRET}]}),
+        content_type="application/json", HTTP_X_API_KEY=OPERATOR_KEY)
+    assert first.status_code == 200 and ALICE_SECRET in first.content.decode()
+    turn_id = first["x-ugent-turn-id"]
+    for i, case in enumerate(MATRIX[route]):
+        if case.prepare:
+            case.prepare({"turn_id": turn_id})
+        for name, who in CAST.items():
+            status, secret = case.expect[name]
+            before = _counts()
+            resp, body = _call(who, case, "/" + route, turn_id)
+            cell = f"/{route} case {i} as {name}: {resp.status_code} {body[:300]}"
+            assert resp.status_code == status, cell
+            if secret is True:
+                assert ALICE_SECRET in body, cell
+            elif secret is False:
+                assert ALICE_SECRET not in body, cell
+            if 400 <= status < 500:
+                assert _counts() == before, f"{cell}: a refusal wrote rows"
+                if case.denied_message and status != 401 and case.expect["operator as A"][0] != status:
+                    assert json.loads(body)["error"]["message"] == case.denied_message, cell
