@@ -12,8 +12,8 @@ class CronStartup:
         from cron_app.services import cron_catch_up, cron_running, cron_runs_recover
         try:
             recovered = cron_runs_recover()
-            if recovered["interrupted"] or recovered["requeued"]:
-                log.warning("cron runs recovered (interrupted=%d, requeued=%d)", recovered["interrupted"],
+            if recovered["resumed"] or recovered["requeued"]:
+                log.warning("cron runs recovered (resumed=%d, requeued=%d)", recovered["resumed"],
                             recovered["requeued"])
             if cron_running():
                 cron_catch_up()
@@ -29,7 +29,9 @@ def _on_beat_init(sender=None, **kwargs):
     from django.db import close_old_connections
 
     from cron_app.services import cron_catch_up, cron_running
+    from cron_app.tasks import cron_sweep_schedule_ensure
     try:
+        cron_sweep_schedule_ensure()
         if cron_running():
             cron_catch_up()
     except Exception:
@@ -46,9 +48,12 @@ class CronAppConfig(AppConfig):
     def ready(self):
         from celery.signals import beat_init
 
-        from channels_app import status
+        from channels_app import hooks, status
+        from cron_app.services import cron_turn_ended
         beat_init.connect(_on_beat_init, dispatch_uid="cron_app.catch_up")
         status.register("cron", _status_section)
+        # a run moves on when one of its turns ends, whatever the end (no task waits for a turn)
+        hooks.register_after_turn("cron", cron_turn_ended)
 
     def background_services(self, mode):
         return [CronStartup()]
