@@ -306,6 +306,22 @@ def turn_stop(*, viewer: Viewer, turn: Turn) -> dict:
             "state": "stopping", "already_requested": not first}
 
 
+def turn_stop_request(*, turn_pk: int, by: str) -> bool:
+    """Ask a live turn to stop on behalf of the daemon's own work (a cron task's time limit), with
+    no viewer: the same conditional update and event as turn_stop. False if it had already ended
+    or been asked to stop."""
+    with transaction.atomic():
+        turn = Turn.objects.select_for_update(no_key=True).filter(pk=turn_pk).first()
+        if turn is None or turn.state not in LIVE or turn.cancel_requested:
+            return False
+        if Turn.objects.filter(pk=turn_pk, state__in=LIVE, cancel_requested=False).update(
+                cancel_requested=True, stop_requested_by=by) != 1:
+            return False
+        event_append(conversation_id=turn.conversation_id, turn_pk=turn.pk, type="turn.stop_requested",
+                     data={"turn_id": turn.turn_id, "by": by})
+    return True
+
+
 def turn_steer(*, viewer: Viewer, turn: Turn, message: str) -> Steering:
     """Queue a message for a live turn; the runner hands it to the engine before its next step.
 

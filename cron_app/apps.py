@@ -12,8 +12,8 @@ class CronStartup:
         from cron_app.services import cron_catch_up, cron_running, cron_runs_recover
         try:
             recovered = cron_runs_recover()
-            if recovered["interrupted"] or recovered["requeued"]:
-                log.warning("cron runs recovered (interrupted=%d, requeued=%d)", recovered["interrupted"],
+            if recovered["resumed"] or recovered["requeued"]:
+                log.warning("cron runs recovered (resumed=%d, requeued=%d)", recovered["resumed"],
                             recovered["requeued"])
             if cron_running():
                 cron_catch_up()
@@ -29,7 +29,9 @@ def _on_beat_init(sender=None, **kwargs):
     from django.db import close_old_connections
 
     from cron_app.services import cron_catch_up, cron_running
+    from cron_app.tasks import cron_sweep_schedule_ensure
     try:
+        cron_sweep_schedule_ensure()
         if cron_running():
             cron_catch_up()
     except Exception:
@@ -47,6 +49,8 @@ class CronAppConfig(AppConfig):
         from celery.signals import beat_init
 
         beat_init.connect(_on_beat_init, dispatch_uid="cron_app.catch_up")
+        # a run moves on when one of its turns ends, whatever the end (no task waits for a turn):
+        # cron_app.services.cron_turn_ended is named in settings.UGENT_AFTER_TURN_HOOKS
 
     def background_services(self, mode):
         return [CronStartup()]

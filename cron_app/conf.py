@@ -1,5 +1,7 @@
 """cron_app's settings, read from the environment with working defaults."""
-from ugent_site.settings import env
+import environ
+
+env = environ.Env()
 
 #: The channel a run's own conversation lives on; the hooks before the agent see it as the channel.
 CRON_CHANNEL = "cron"
@@ -11,12 +13,16 @@ NOBODY_ACTOR_USER = "nobody"
 CRON_ENABLED_HERE = env.bool("UGENT_CRON_ENABLED", default=True)
 #: How long one task's agent turn may take before the run cuts it off (seconds).
 TASK_TIME_LIMIT = env.float("UGENT_CRON_TASK_TIME_LIMIT", default=600.0)
-#: Celery soft/hard limits of the whole run task (seconds): the backstop behind TASK_TIME_LIMIT.
-RUN_SOFT_TIME_LIMIT = env.int("UGENT_CRON_RUN_SOFT_TIME_LIMIT", default=3600)
+#: How long a whole run may take, from its start to its last task's end (seconds); the sweep
+#: ends a run still running past it as timed_out.
 RUN_TIME_LIMIT = env.int("UGENT_CRON_RUN_TIME_LIMIT", default=3660)
+#: Celery soft/hard limits of one step of a run (a step never waits for a turn: it submits one,
+#: or records an end and delivers the result).
+STEP_SOFT_TIME_LIMIT = 300
+STEP_TIME_LIMIT = 360
+#: How often beat runs the sweep that resumes runs whose step a broker lost (seconds).
+SWEEP_EVERY_SECS = 60
 #: A slot fired later than this after its time counts as missed (catch-up policy applies).
 FIRE_GRACE_SECS = env.int("UGENT_CRON_FIRE_GRACE_SECS", default=300)
-#: How often a run checks whether its task's turn has ended (seconds).
-POLL_SECS = env.float("UGENT_CRON_POLL_SECS", default=0.05)
 #: The default cron.toml for `manage.py cron import` without a FILE.
 CRON_FILE = env.str("UGENT_CRON_FILE", default="")

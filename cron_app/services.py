@@ -6,9 +6,12 @@
   max_concurrent_runs hold across processes, and a schedule slot is claimed once
   (unique job/slot) however many beats or workers fire it (`cron_slot_fire`);
 * runs: each task's prompt is a message on the one message path, on the run's own
-  conversation (channel "cron"); the run waits for each turn, cuts off one that
-  hangs, and sends the result to the job's destinations and, for a rule run from a
-  plugin channel, back where the message came from (`cron_run_execute`);
+  conversation (channel "cron"). Nothing waits for a turn: a run moves in steps
+  (`cron_run_advance`), one when it is claimed and one after each of its turns ends
+  (the hub's after-turn hook, `cron_turn_ended`); a task past its deadline is cut off
+  through the hub's stop service (`cron_task_deadline`); the result goes to the job's
+  destinations and, for a rule run from a plugin channel, back where the message
+  came from;
 * the rule engine's interface: `rule_trigger_reason` and `workflow_start`.
 
 "cron is not running here" means: the top-level `enabled` of cron.toml (the
@@ -19,8 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Optional
 
 from django.db import IntegrityError, transaction
@@ -29,20 +31,19 @@ from django.utils import timezone
 
 from channels_app.errors import ApplicationError
 from channels_app.events import event_append
-from channels_app.models import Actor, Conversation, Message, Receipt, ReceiptState, Turn, TurnState
+from channels_app.models import Actor, Conversation, Message, Turn, TurnState
 from cron_app import conf
 from cron_app.models import (ACTIVE_STATES, PLACE_STATES, CatchUp, CronDestination, CronJob, CronRun,
                              CronSettings, CronTask, Overlap, RunState, RunTrigger)
 from cron_app.schedule import slot_at_or_before, split_schedule
-from rules_app.engine import (WORKFLOW_ALREADY_RUNNING, WORKFLOW_COULD_NOT_START, WORKFLOW_CRON_NOT_RUNNING,
-                              WORKFLOW_STARTED_FOLLOWS, WORKFLOW_STARTED_WEB, WORKFLOW_TOO_MANY)
+from cron_app.messages import (WORKFLOW_ALREADY_RUNNING, WORKFLOW_COULD_NOT_START, WORKFLOW_CRON_NOT_RUNNING,
+                               WORKFLOW_DID_NOT_FINISH, WORKFLOW_STARTED_FOLLOWS, WORKFLOW_STARTED_WEB,
+                               WORKFLOW_TOO_MANY)
 
 log = logging.getLogger("ugent.cron")
 
 FIRE_TASK = "cron_app.tasks.cron_fire"
 WEB_CHANNEL = "web"
-TURN_FINAL = {TurnState.COMPLETED, TurnState.CANCELLED, TurnState.REFUSED, TurnState.FAILED,
-              TurnState.INTERRUPTED}
 
 # outcomes of a claim
 STARTED, WAITING, ALREADY_RUNNING, TOO_MANY, DUPLICATE, GONE = (
@@ -138,19 +139,26 @@ def _enqueue(run_pk: int) -> None:
     cron_run.delay(run_pk)
 
 
-def _stale_cutoff():
-    return timezone.now() - timedelta(seconds=conf.RUN_TIME_LIMIT + 60)
+def _stale_cutoff(now=None):
+    return (now or timezone.now()) - timedelta(seconds=conf.RUN_TIME_LIMIT)
 
 
-def _sweep_stale(job_name: str) -> None:
-    """A run still 'running' past the run task's hard limit died with its worker: it holds no place."""
+def _sweep_stale(job_name: str, now=None) -> int:
+    """A run still running UGENT_CRON_RUN_TIME_LIMIT after it started ends timed_out (its live turn
+    asked to stop): it holds no place any more. Returns how many ended."""
+    ended = 0
     for run in CronRun.objects.filter(job_name=job_name, state=RunState.RUNNING,
-                                      started_at__lt=_stale_cutoff()):
-        if _run_end(run=run, state=RunState.INTERRUPTED, from_states=[RunState.RUNNING],
-                    error="the worker running it stopped"):
+                                      started_at__lt=_stale_cutoff(now)).select_related("acts_for", "origin"):
+        live = next((o for o in (run.outputs or []) if o.get("state") in TASK_WAITING), None)
+        if _run_end(run=run, state=RunState.TIMED_OUT, from_states=[RunState.RUNNING],
+                    error=f"the run ran out of time (UGENT_CRON_RUN_TIME_LIMIT = {conf.RUN_TIME_LIMIT} s)"):
+            if live is not None:
+                _stop_turn(run, live.get("turn_id"))
             _send_failure_back(run)
+            ended += 1
     # the places the swept runs held go to the runs waiting for them (overlap = queue)
     cron_runs_promote(job_name=job_name)
+    return ended
 
 
 def _claim(*, job: CronJob, trigger: str, slot=None, **fields) -> tuple[Optional[CronRun], str]:
@@ -291,21 +299,21 @@ def cron_catch_up(*, now=None) -> list[CronRun]:
 
 
 def cron_runs_recover() -> dict:
-    """On an embedded start: runs a stopped process left running are interrupted; queued ones are
-    queued again (the in-process broker lost them); waiting ones take free places."""
-    interrupted = 0
-    for run in CronRun.objects.filter(state=RunState.RUNNING):
-        if _run_end(run=run, state=RunState.INTERRUPTED, from_states=[RunState.RUNNING],
-                    error="the process running it stopped"):
-            _send_failure_back(run)
-            interrupted += 1
+    """On an embedded start, the in-process broker having lost every message: running runs take
+    their next step (a turn the stopped process left is ended by the hub, and the run follows its
+    fate; a queued turn runs again and the run goes on), queued ones are queued again, waiting ones
+    take free places."""
+    resumed = 0
+    for pk in CronRun.objects.filter(state=RunState.RUNNING).values_list("pk", flat=True):
+        _enqueue(pk)
+        resumed += 1
     requeued = 0
     for pk in CronRun.objects.filter(state=RunState.QUEUED).values_list("pk", flat=True):
         _enqueue(pk)
         requeued += 1
     for name in set(CronRun.objects.filter(state=RunState.WAITING).values_list("job_name", flat=True)):
         cron_runs_promote(job_name=name)
-    return {"interrupted": interrupted, "requeued": requeued}
+    return {"resumed": resumed, "requeued": requeued}
 
 
 # --- running a run --------------------------------------------------------------------
@@ -400,115 +408,237 @@ def _run_end(*, run: CronRun, state: str, from_states, error: str = "", result: 
     return True
 
 
-def _await_turn(turn_pk: int, deadline: float) -> Optional[dict]:
-    while True:
-        row = Turn.objects.filter(pk=turn_pk).values("state", "error", "receipt__answer",
-                                                     "receipt__reason").first()
-        if row is None or row["state"] in TURN_FINAL:
-            return row
-        if time.monotonic() >= deadline:
-            return None
-        time.sleep(conf.POLL_SECS)
+LIVE_TURN_STATES = (TurnState.ACCEPTED, TurnState.RUNNING)
+#: What the outputs entry of a task says while its turn has not ended.
+TASK_WAITING = ("", TurnState.ACCEPTED, TurnState.RUNNING)
 
 
-def _turn_cut_off(turn_pk: int) -> None:
-    """A task's turn ran out of time: stop it (a turn not yet started is cancelled outright)."""
-    now = timezone.now()
-    turn = Turn.objects.filter(pk=turn_pk).first()
-    if turn is None:
-        return
-    if Turn.objects.filter(pk=turn_pk, state=TurnState.ACCEPTED).update(
-            state=TurnState.CANCELLED, finished_at=now, error="cut off by the cron task time limit") == 1:
-        Receipt.objects.filter(pk=turn.receipt_id).update(state=ReceiptState.CANCELLED, finished_at=now,
-                                                          reason="cut off by the cron task time limit")
-        return
-    Turn.objects.filter(pk=turn_pk, state=TurnState.RUNNING).update(cancel_requested=True)
+def _turn_row(turn_id: str) -> Optional[dict]:
+    return Turn.objects.filter(turn_id=turn_id).values("pk", "state", "error", "receipt__answer",
+                                                       "receipt__reason").first()
 
 
-def cron_run_execute(*, run_pk: int) -> Optional[CronRun]:
-    """Run one queued run to its end. A redelivered task finds the run moved on and does nothing."""
-    now = timezone.now()
-    if CronRun.objects.filter(pk=run_pk, state=RunState.QUEUED).update(state=RunState.RUNNING,
-                                                                       started_at=now) != 1:
-        return None
-    run = CronRun.objects.select_related("job", "acts_for", "origin").get(pk=run_pk)
+def _client_message_id(run: CronRun, task: CronTask) -> str:
+    # the hub's once-only key: a run's task has one turn, however many times its step is redelivered
+    return f"cron-run-{run.pk}-{task.task_id}"
+
+
+def _lock_run(run_pk: int) -> bool:
+    """Hold the run's row until the transaction ends (SQLite: the IMMEDIATE write lock is already held).
+    False when the run is not queued or running any more."""
+    return CronRun.objects.select_for_update().filter(pk=run_pk, state__in=PLACE_STATES) \
+        .values_list("pk", flat=True).first() is not None
+
+
+# What a step of a run did: wait for a turn, or end the run (and then deliver outside the lock).
+WAIT, COMPLETED_RUN, ENDED_OTHERWISE = "wait", "completed", "ended"
+
+
+def cron_run_advance(*, run_pk: int) -> Optional[CronRun]:
+    """Take a run one step on, never waiting: start it, submit its next task's turn, or end it.
+
+    Called by the run's Celery task: when the run is claimed, and after each of its turns ends (the
+    after-turn hook `cron_turn_ended`). Every step works from what is committed, under the run's row
+    lock, so a redelivered or repeated task resumes the run where it stands: a task whose turn
+    exists is never submitted again (its client_message_id is the hub's once-only key).
+    """
+    run = None
+    outcome = WAIT
     try:
-        _run_tasks(run)
+        with transaction.atomic():
+            if not _lock_run(run_pk):
+                return None  # ended already (or never was): a late or repeated task does nothing
+            CronRun.objects.filter(pk=run_pk, state=RunState.QUEUED).update(state=RunState.RUNNING,
+                                                                            started_at=timezone.now())
+            run = CronRun.objects.select_related("job", "acts_for", "origin").get(pk=run_pk)
+            outcome = _run_step(run)
     except Exception as exc:  # a bug here fails the run, never silently
-        log.exception("cron run crashed (job=%s, run=%s)", run.job_name, run.pk)
-        _run_end(run=run, state=RunState.FAILED, from_states=[RunState.RUNNING],
-                 error=f"the run failed: {type(exc).__name__}: {exc}")
+        log.exception("cron run crashed (job=%s, run=%s)", getattr(run, "job_name", "?"), run_pk)
+        run = CronRun.objects.select_related("job", "acts_for", "origin").filter(pk=run_pk).first()
+        if run is None:
+            return None
+        outcome = ENDED_OTHERWISE if _run_end(run=run, state=RunState.FAILED, from_states=PLACE_STATES,
+                                              error=f"the run failed: {type(exc).__name__}: {exc}") else WAIT
+    if outcome == COMPLETED_RUN:
+        deliveries = _deliver_result(run, run.result)
+        CronRun.objects.filter(pk=run.pk).update(deliveries=deliveries)
+        run.deliveries = deliveries
+    elif outcome == ENDED_OTHERWISE:
         _send_failure_back(run)
-    finally:
+    if outcome != WAIT:
         cron_runs_promote(job_name=run.job_name)
     return run
 
 
-def _run_tasks(run: CronRun) -> None:
-    from channels_app.services import DuplicateMessage, InboundMessage, conversation_resolve, message_submit
-    actor, limits = _run_actor_and_limits(run)
-    caller = actor.caller if actor.caller_id else None
+def _run_start(run: CronRun, actor: Actor, caller) -> None:
+    """A run's first step: its own conversation and the cron.run.started event."""
+    from channels_app.services import conversation_resolve
     conv, _ = conversation_resolve(channel=conf.CRON_CHANNEL, client_id="", external_id=f"run-{run.pk}",
                                    actor=actor, caller=caller)
     CronRun.objects.filter(pk=run.pk).update(conversation=conv)
     run.conversation = conv
     _event(run, "cron.run.started", {"state": RunState.RUNNING, "slot": run.slot.isoformat() if run.slot else None,
                                      "acts_for": run.acts_for.key if run.acts_for else None})
+
+
+def _run_fail(run: CronRun, error: str) -> str:
+    _run_end(run=run, state=RunState.FAILED, from_states=[RunState.RUNNING], error=error)
+    return ENDED_OTHERWISE
+
+
+def _run_step(run: CronRun) -> str:
+    """Under the run's lock: walk the tasks in order to the first one not done, and move it on."""
+    actor, limits = _run_actor_and_limits(run)
+    caller = actor.caller if actor.caller_id else None
+    if run.conversation_id is None:
+        _run_start(run, actor, caller)
     if run.job is None:
-        _run_end(run=run, state=RunState.FAILED, from_states=[RunState.RUNNING],
-                 error=f"cron job '{run.job_name}' was deleted before the run started")
-        _send_failure_back(run)
-        return
+        return _run_fail(run, f"cron job '{run.job_name}' was deleted before the run started")
     tasks = list(run.job.tasks.all())
     if not tasks:
-        _run_end(run=run, state=RunState.FAILED, from_states=[RunState.RUNNING],
-                 error=f"cron job '{run.job_name}' has no tasks")
-        _send_failure_back(run)
-        return
-    outputs: list[dict] = []
+        return _run_fail(run, f"cron job '{run.job_name}' has no tasks")
+    outputs: list[dict] = [dict(o) for o in (run.outputs or [])]
+    entries = {o["task"]: o for o in outputs}
     for task in tasks:
-        inbound = InboundMessage(
-            actor=actor, caller=caller, text=_prompt_for(run, task), channel=conf.CRON_CHANNEL,
-            conversation_id=conv.external_id, client_message_id=f"cron-run-{run.pk}-{task.task_id}",
-            model=task.model or None, source_type="user", **limits)
-        entry = {"task": task.task_id, "turn_id": None, "state": "", "output": "", "error": ""}
-        outputs.append(entry)
-        try:
-            turn = message_submit(inbound=inbound).turn
-        except DuplicateMessage as exc:  # a redelivered run: the task's turn already exists
-            turn = exc.turn
-        except ApplicationError as exc:
-            entry.update(state="failed", error=exc.message)
+        entry = entries.get(task.task_id)
+        if entry is None:
+            entry = {"task": task.task_id, "turn_id": None, "state": "", "output": "", "error": ""}
+            outputs.append(entry)
+            entries[task.task_id] = entry
+        if entry["state"] == TurnState.COMPLETED:
+            continue
+        if not entry["turn_id"]:
+            problem = _task_submit(run, task, entry, actor=actor, caller=caller, limits=limits)
             _save_outputs(run, outputs)
-            _run_end(run=run, state=RunState.FAILED, from_states=[RunState.RUNNING],
-                     error=f"task '{task.task_id}' could not start: {exc.message}")
-            _send_failure_back(run)
-            return
-        entry["turn_id"] = turn.turn_id
-        _save_outputs(run, outputs)
-        row = _await_turn(turn.pk, time.monotonic() + conf.TASK_TIME_LIMIT)
-        if row is None:
-            _turn_cut_off(turn.pk)
-            limit = f"{conf.TASK_TIME_LIMIT:g}"
-            entry.update(state="timed_out", error=f"cut off after {limit} s")
-            _save_outputs(run, outputs)
-            _run_end(run=run, state=RunState.TIMED_OUT, from_states=[RunState.RUNNING],
-                     error=f"task '{task.task_id}' ran out of time (UGENT_CRON_TASK_TIME_LIMIT = {limit} s)")
-            _send_failure_back(run)
-            return
-        entry.update(state=row["state"], output=row["receipt__answer"] or "",
-                     error=row["receipt__reason"] or row["error"] or "")
+            if problem:
+                return _run_fail(run, f"task '{task.task_id}' could not start: {problem}")
+        row = _turn_row(entry["turn_id"])
+        if row is not None and row["state"] in LIVE_TURN_STATES:
+            if entry["state"] != row["state"]:
+                entry["state"] = row["state"]
+                _save_outputs(run, outputs)
+            return WAIT  # the turn's end (the after-turn hook) brings the run back here
+        row = row or {"state": TurnState.FAILED, "error": "its turn is gone"}
+        entry.update(state=row["state"], output=row.get("receipt__answer") or "",
+                     error=row.get("receipt__reason") or row.get("error") or "")
         _save_outputs(run, outputs)
         if row["state"] != TurnState.COMPLETED:
-            _run_end(run=run, state=RunState.FAILED, from_states=[RunState.RUNNING],
-                     error=f"task '{task.task_id}' {row['state']}: {entry['error'] or 'no reason given'}")
-            _send_failure_back(run)
-            return
+            return _run_fail(run, f"task '{task.task_id}' {row['state']}: {entry['error'] or 'no reason given'}")
     result = outputs[0]["output"] if len(outputs) == 1 else "\n\n".join(
         f"[{o['task']}]\n{o['output']}" for o in outputs)
-    deliveries = _deliver_result(run, result)
-    CronRun.objects.filter(pk=run.pk).update(deliveries=deliveries)
     _run_end(run=run, state=RunState.COMPLETED, from_states=[RunState.RUNNING], result=result)
+    return COMPLETED_RUN
+
+
+def _task_submit(run: CronRun, task: CronTask, entry: dict, *, actor, caller, limits) -> Optional[str]:
+    """Submit a task's prompt on the one message path; its deadline is armed once this step commits.
+    Returns why it could not start, or None."""
+    from channels_app.services import DuplicateMessage, InboundMessage, message_submit
+    inbound = InboundMessage(
+        actor=actor, caller=caller, text=_prompt_for(run, task), channel=conf.CRON_CHANNEL,
+        conversation_id=run.conversation.external_id, client_message_id=_client_message_id(run, task),
+        model=task.model or None, source_type="user", **limits)
+    try:
+        turn = message_submit(inbound=inbound).turn
+    except DuplicateMessage as exc:  # submitted by a step that committed, then lost its outputs
+        turn = exc.turn
+    except ApplicationError as exc:
+        entry.update(state="failed", error=exc.message)
+        return exc.message
+    if turn is None:
+        entry.update(state="failed", error="the hub kept no turn for it")
+        return "the hub kept no turn for it"
+    deadline = timezone.now() + timedelta(seconds=conf.TASK_TIME_LIMIT)
+    entry.update(turn_id=turn.turn_id, state=turn.state, deadline=deadline.isoformat())
+    run_pk, task_id = run.pk, task.task_id
+    transaction.on_commit(lambda: _arm_deadline(run_pk, task_id, deadline))
+    return None
+
+
+def _arm_deadline(run_pk: int, task_id: str, deadline) -> None:
+    from cron_app.tasks import cron_task_deadline
+    cron_task_deadline.apply_async(args=(run_pk, task_id), eta=deadline)
+
+
+def cron_turn_ended(*, turn, state: str, answer: str) -> None:
+    """The hub's after-turn hook, in the transaction that ends any turn (every end state): a turn of
+    a run's own conversation ended, so the run takes its next step once that transaction commits."""
+    if turn.conversation.channel != conf.CRON_CHANNEL:
+        return
+    run_pk = CronRun.objects.filter(conversation_id=turn.conversation_id, state=RunState.RUNNING) \
+        .values_list("pk", flat=True).first()
+    if run_pk is not None:
+        transaction.on_commit(lambda: _enqueue(run_pk))
+
+
+def _stop_turn(run: CronRun, turn_id: Optional[str]) -> None:
+    """Ask the hub to stop a run's turn through its stop service: cron writes no turn rows."""
+    from channels_app.streams import turn_stop_request
+    if not turn_id:
+        return
+    turn_pk = Turn.objects.filter(turn_id=turn_id).values_list("pk", flat=True).first()
+    if turn_pk is not None:
+        turn_stop_request(turn_pk=turn_pk, by=f"cron run {run.pk}")
+
+
+def cron_task_deadline(*, run_pk: int, task_id: str, now=None) -> bool:
+    """A task's deadline (its task is sent with the deadline as eta; the sweep is the backstop): if
+    the task's turn has not ended within UGENT_CRON_TASK_TIME_LIMIT, ask the hub to stop it and end
+    the run timed_out. Early, repeated or late calls change nothing. True when it cut the task off."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        if not _lock_run(run_pk):
+            return False
+        run = CronRun.objects.select_related("acts_for", "origin").get(pk=run_pk)
+        if run.state != RunState.RUNNING:
+            return False
+        outputs = [dict(o) for o in (run.outputs or [])]
+        entry = next((o for o in outputs if o["task"] == task_id), None)
+        if entry is None or entry["state"] not in TASK_WAITING or not entry.get("deadline"):
+            return False
+        if datetime.fromisoformat(entry["deadline"]) > now:
+            return False
+        row = _turn_row(entry["turn_id"]) if entry["turn_id"] else None
+        if row is not None and row["state"] not in LIVE_TURN_STATES:
+            return False  # it ended in time; its after-turn step moves the run on
+        _stop_turn(run, entry["turn_id"])
+        limit = f"{conf.TASK_TIME_LIMIT:g}"
+        entry.update(state="timed_out", error=f"cut off after {limit} s")
+        _save_outputs(run, outputs)
+        _run_end(run=run, state=RunState.TIMED_OUT, from_states=[RunState.RUNNING],
+                 error=f"task '{task_id}' ran out of time (UGENT_CRON_TASK_TIME_LIMIT = {limit} s)")
+    _send_failure_back(run)
+    cron_runs_promote(job_name=run.job_name)
+    return True
+
+
+def cron_runs_sweep(*, now=None) -> dict:
+    """Beat, every minute: the backstop for messages a broker lost (an emptied Redis, a killed worker
+    whose unacked task waits out the visibility timeout). Runs past UGENT_CRON_RUN_TIME_LIMIT end
+    timed_out, tasks past their deadline are cut off, a running run whose turn has ended takes its
+    step, and a run queued for more than a minute is queued again. Each of these is idempotent."""
+    now = now or timezone.now()
+    out = {"cut_off": 0, "timed_out": 0, "resumed": 0, "requeued": 0}
+    for name in set(CronRun.objects.filter(state=RunState.RUNNING, started_at__lt=_stale_cutoff(now))
+                    .values_list("job_name", flat=True)):
+        with transaction.atomic():
+            out["timed_out"] += _sweep_stale(name, now=now)
+        cron_runs_promote(job_name=name)
+    for run in CronRun.objects.filter(state=RunState.RUNNING).only("pk", "outputs"):
+        waiting = next((o for o in (run.outputs or []) if o.get("state") in TASK_WAITING), None)
+        if waiting is not None and waiting.get("deadline") and \
+                datetime.fromisoformat(waiting["deadline"]) <= now:
+            out["cut_off"] += cron_task_deadline(run_pk=run.pk, task_id=waiting["task"], now=now)
+            continue
+        row = _turn_row(waiting["turn_id"]) if waiting and waiting.get("turn_id") else None
+        if row is None or row["state"] not in LIVE_TURN_STATES:
+            _enqueue(run.pk)
+            out["resumed"] += 1
+    for pk in CronRun.objects.filter(state=RunState.QUEUED, created_at__lt=now - timedelta(seconds=60)) \
+            .values_list("pk", flat=True):
+        _enqueue(pk)
+        out["requeued"] += 1
+    return out
 
 
 def _save_outputs(run: CronRun, outputs: list[dict]) -> None:
@@ -625,18 +755,22 @@ def _send_back(run: CronRun, text: str) -> Optional[dict]:
 
 def _send_failure_back(run: CronRun) -> None:
     run.refresh_from_db(fields=["error", "deliveries"])
-    back = _send_back(run, f"Workflow '{run.job_name}' did not finish: {run.error}.")
+    back = _send_back(run, WORKFLOW_DID_NOT_FINISH.format(workflow=run.job_name, reason=run.error))
     if back:
         CronRun.objects.filter(pk=run.pk).update(deliveries=list(run.deliveries or []) + [back])
 
 
 def cron_run_time_out(*, run_pk: int) -> None:
-    """The run task hit its Celery time limit: record it, with an event."""
-    run = CronRun.objects.filter(pk=run_pk).first()
+    """One step of the run hit its Celery time limit (a step never waits, so something is stuck):
+    record it, with an event, and ask the hub to stop the run's live turn."""
+    run = CronRun.objects.select_related("acts_for", "origin").filter(pk=run_pk).first()
     if run is None:
         return
-    if _run_end(run=run, state=RunState.TIMED_OUT, from_states=[RunState.RUNNING],
-                error=f"the run ran out of time (UGENT_CRON_RUN_SOFT_TIME_LIMIT = {conf.RUN_SOFT_TIME_LIMIT} s)"):
+    live = next((o for o in (run.outputs or []) if o.get("state") in TASK_WAITING), None)
+    if _run_end(run=run, state=RunState.TIMED_OUT, from_states=PLACE_STATES,
+                error=f"a step of the run ran out of time ({conf.STEP_SOFT_TIME_LIMIT} s)"):
+        if live is not None:
+            _stop_turn(run, live.get("turn_id"))
         _send_failure_back(run)
     cron_runs_promote(job_name=run.job_name)
 

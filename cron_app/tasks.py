@@ -33,12 +33,44 @@ def cron_fire(self, job: str, at: str | None = None) -> None:
     cron_slot_fire(job_name=job, now=parse_datetime(fired) if fired else None)
 
 
-@shared_task(acks_late=True, ignore_result=True, soft_time_limit=conf.RUN_SOFT_TIME_LIMIT,
-             time_limit=conf.RUN_TIME_LIMIT)
+@shared_task(acks_late=True, ignore_result=True, soft_time_limit=conf.STEP_SOFT_TIME_LIMIT,
+             time_limit=conf.STEP_TIME_LIMIT)
 @with_fresh_connections
 def cron_run(run_pk: int) -> None:
+    """One step of a run (start it, submit its next task's turn, or end it). It never waits for a
+    turn: the turn's end queues the next step. Redelivered, it resumes the run where it stands."""
     from cron_app import services
     try:
-        services.cron_run_execute(run_pk=run_pk)
+        services.cron_run_advance(run_pk=run_pk)
     except SoftTimeLimitExceeded:
         services.cron_run_time_out(run_pk=run_pk)
+
+
+@shared_task(ignore_result=True, soft_time_limit=60, time_limit=90)
+@with_fresh_connections
+def cron_task_deadline(run_pk: int, task_id: str) -> None:
+    """Sent with a task's deadline as its eta: cut the task off if its turn is still going."""
+    from cron_app import services
+    services.cron_task_deadline(run_pk=run_pk, task_id=task_id)
+
+
+@shared_task(ignore_result=True, soft_time_limit=120, time_limit=180)
+@with_fresh_connections
+def cron_sweep() -> None:
+    """Beat: resume runs whose step a broker lost, cut off overdue tasks, end overlong runs."""
+    from cron_app import services
+    services.cron_runs_sweep()
+
+
+SWEEP_TASK_NAME = "ugent: cron sweep (resume runs, cut off overdue tasks)"
+
+
+def cron_sweep_schedule_ensure() -> None:
+    """Create or update the beat entry that runs cron_sweep (django-celery-beat)."""
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+    every, _ = IntervalSchedule.objects.get_or_create(every=conf.SWEEP_EVERY_SECS, period=IntervalSchedule.SECONDS)
+    PeriodicTask.objects.update_or_create(
+        name=SWEEP_TASK_NAME,
+        defaults={"task": "cron_app.tasks.cron_sweep", "interval": every, "enabled": True,
+                  "description": "Resumes cron runs whose step a broker lost; cuts off tasks past "
+                                 "UGENT_CRON_TASK_TIME_LIMIT."})

@@ -66,12 +66,6 @@ CLOSED_ANSWER = "rule engine: rule set failed to load; message refused"
 
 #: Answers of ``/rules reload`` and the StartWorkflow / RunNativeAction outcomes.
 RULES_RELOADED_ANSWER = "Rule set reloaded."
-WORKFLOW_STARTED_FOLLOWS = "Started workflow '{workflow}'. Its result will follow here."
-WORKFLOW_STARTED_WEB = "Started workflow '{workflow}'. Its result goes to the workflow's destinations."
-WORKFLOW_ALREADY_RUNNING = "Workflow '{workflow}' is already running. Try again when it finishes."
-WORKFLOW_TOO_MANY = "Workflow '{workflow}' could not start: too many workflows are running."
-WORKFLOW_COULD_NOT_START = "Workflow '{workflow}' could not start: {reason}."
-WORKFLOW_CRON_NOT_RUNNING = "Workflow '{workflow}' could not start: cron is not running here."
 COMPACT_NOTHING_YET = "There is nothing to compact yet."
 MEMORY_SAVED_MANY = "Saved {count} facts to memory."
 MEMORY_SAVED_ONE = "Saved 1 fact to memory."

@@ -14,6 +14,7 @@ from django.db import transaction
 from channels_app.hooks import HookContext, HookStop
 from rules_app import conf, engine
 from rules_app.runtime import runtime
+from rules_app.workflows import workflow_answer
 
 log = logging.getLogger("ugent.rules")
 
@@ -22,8 +23,6 @@ CLOSED_DECIDED_BY = "rule engine (on_error = closed)"
 #: Channels whose messages are the daemon's own, not a sender's: a cron job's task prompts. Neither
 #: routing nor rules apply to them (a channel allowlist must not silence every cron job).
 INTERNAL_CHANNELS = frozenset({"cron"})
-#: Said when cron_app's workflow_start raised: the seed's "could not start: <reason>".
-WORKFLOW_START_ERROR_REASON = "it failed to start; the log says why"
 
 
 def message_from(ctx: HookContext) -> engine.Message:
@@ -90,22 +89,6 @@ def rule_engine_hook(ctx: HookContext) -> Optional[HookStop]:
         return HookStop(native_action_answer(ctx, decision.action), state="completed",
                         reason=f"rule '{name}' ran {decision.action}", decided_by=name)
     return None  # pragma: no cover - the engine knows no other decision
-
-
-def workflow_answer(ctx: HookContext, decision: engine.StartWorkflow) -> str:
-    """Start the rule-triggered cron job through cron_app and return the sender's answer."""
-    from rules_app import cronlink
-    workflow = decision.workflow
-    start = cronlink.cron_function("workflow_start")
-    if start is None:
-        return engine.WORKFLOW_CRON_NOT_RUNNING.format(workflow=workflow)
-    try:
-        with transaction.atomic():  # a failing cron call must not spoil the receipt's transaction
-            # cron checks the job again as the rule fires (a job that opted out since is refused)
-            return start(workflow=workflow, inject_context=decision.inject_context, ctx=ctx)
-    except Exception:
-        log.exception("workflow start failed (workflow=%s)", workflow)
-        return engine.WORKFLOW_COULD_NOT_START.format(workflow=workflow, reason=WORKFLOW_START_ERROR_REASON)
 
 
 COMPACT_FAILED = "Compacting the conversation failed; the agent's log says why."

@@ -62,7 +62,7 @@ class DjangoRuleEngineHolder(RuleEngineHolder):
 
     @classmethod
     def from_settings(cls) -> "DjangoRuleEngineHolder":
-        from rules_app.cronlink import workflow_check
+        from rules_app.workflows import workflow_check
         from ugent_site.config import load_config
         workspace, home, config = conf.workspace(), conf.home(), load_config()
         on_error, warning = rules_on_error(config)
@@ -269,7 +269,7 @@ class Runtime:
         return routing.current()
 
     def _admin_ruleset_rules(self, versions) -> tuple:
-        from rules_app.cronlink import workflow_check
+        from rules_app.workflows import workflow_check
         from rules_app.selectors import admin_rules
         key = tuple(v for v in versions if v[1] == "admin")
         if key == self._admin_key:

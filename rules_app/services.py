@@ -133,7 +133,7 @@ def rule_set_admin_ensure(*, name: str = ADMIN_SET_NAME) -> RuleSet:
 
 def rule_set_touch(*, ruleset_id: int) -> None:
     """An admin set changed: recount it and bump its version so every process recompiles."""
-    from rules_app.cronlink import workflow_check
+    from rules_app.workflows import workflow_check
     kept, dropped = 0, []
     for i, rule in enumerate(Rule.objects.filter(ruleset_id=ruleset_id).order_by("position", "id")):
         try:

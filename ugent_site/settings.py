@@ -46,6 +46,7 @@ UGENT_BEFORE_TURN_HOOKS = [
 ]
 UGENT_AFTER_TURN_HOOKS = {
     "plugins": "plugins_app.services.delivery_create_for_turn",
+    "cron": "cron_app.services.cron_turn_ended",
 }
 UGENT_STATUS_SECTIONS = {
     "rules": "rules_app.runtime.status_section",

@@ -114,3 +114,17 @@ def real_rules(tmp_path, settings):
     runtime.reset()
     yield load
     runtime.reset()
+
+
+def run_to_end(run_pk: int, *, steps: int = 20):
+    """Take a run's steps by hand (its task was not sent: `no_enqueue`), as the worker would, until it ends.
+
+    With eager Celery each turn runs when its step commits; the turn's end queues the next step,
+    which `no_enqueue` records instead of sending, so each call here is one step."""
+    from cron_app import services
+    from cron_app.models import FINAL_RUN_STATES, CronRun
+    for _ in range(steps):
+        services.cron_run_advance(run_pk=run_pk)
+        if CronRun.objects.get(pk=run_pk).state in FINAL_RUN_STATES:
+            return CronRun.objects.get(pk=run_pk)
+    raise AssertionError(f"run {run_pk} did not end in {steps} steps")

@@ -8,8 +8,8 @@ from django.db import close_old_connections, connection
 
 from cron_app import services
 from cron_app.models import CronJob, CronRun
-from rules_app.engine import WORKFLOW_ALREADY_RUNNING, WORKFLOW_STARTED_WEB, WORKFLOW_TOO_MANY
-from tests.cron_app.conftest import submit, web_actor
+from cron_app.messages import WORKFLOW_ALREADY_RUNNING, WORKFLOW_STARTED_WEB, WORKFLOW_TOO_MANY
+from tests.cron_app.conftest import run_to_end, submit, web_actor
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -72,8 +72,7 @@ def test_a_finished_run_frees_its_place(seed_job, start_rule, no_enqueue):
     start_rule.add("digest", "digest")
     alice = web_actor(seed_job)
     submit(alice, "digest 1", caller=seed_job.operator)
-    services.cron_run_execute(run_pk=no_enqueue[0])
-    assert CronRun.objects.get().state == "completed"
+    assert run_to_end(no_enqueue[0]).state == "completed"
     r = submit(alice, "digest 2", caller=seed_job.operator)
     r.receipt.refresh_from_db()
     assert r.receipt.answer == WORKFLOW_STARTED_WEB.format(workflow="digest")
@@ -93,16 +92,16 @@ def test_overlap_queue_waits_then_runs_when_the_place_frees(seed_job, start_rule
         WORKFLOW_TOO_MANY.format(workflow="digest")]
     first, second = CronRun.objects.order_by("id")
     assert (first.state, second.state) == ("queued", "waiting") and no_enqueue == [first.pk]
-    services.cron_run_execute(run_pk=first.pk)
+    run_to_end(first.pk)
     second.refresh_from_db()
-    assert second.state == "queued" and no_enqueue == [first.pk, second.pk]
+    assert second.state == "queued" and no_enqueue[-1] == second.pk and second.pk not in no_enqueue[:-1]
 
 
 def test_a_redelivered_run_task_runs_nothing_twice(seed_job, start_rule, no_enqueue):
     start_rule.add("digest", "digest")
     submit(web_actor(seed_job), "digest", caller=seed_job.operator)
-    services.cron_run_execute(run_pk=no_enqueue[0])
-    assert services.cron_run_execute(run_pk=no_enqueue[0]) is None
+    run_to_end(no_enqueue[0])
+    assert services.cron_run_advance(run_pk=no_enqueue[0]) is None
     run = CronRun.objects.get()
     from channels_app.models import Turn
     assert run.state == "completed" and Turn.objects.filter(conversation_id=run.conversation_id).count() == 1

@@ -12,7 +12,7 @@ from channels_app.models import Event, Message, Turn
 from channels_app.services import channel_actor_resolve
 from cron_app import services
 from cron_app.models import CronJob, CronRun
-from rules_app.engine import (WORKFLOW_ALREADY_RUNNING, WORKFLOW_COULD_NOT_START, WORKFLOW_CRON_NOT_RUNNING,
+from cron_app.messages import (WORKFLOW_ALREADY_RUNNING, WORKFLOW_COULD_NOT_START, WORKFLOW_CRON_NOT_RUNNING,
                               WORKFLOW_STARTED_FOLLOWS, WORKFLOW_STARTED_WEB, WORKFLOW_TOO_MANY)
 from tests.cron_app.conftest import SEED_CRON_TOML, submit, web_actor
 

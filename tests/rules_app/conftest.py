@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import time
-import types
 from pathlib import Path
 
 import pytest
@@ -66,15 +64,15 @@ def site(tmp_path, settings, transactional_db):
 
 @pytest.fixture
 def no_cron(monkeypatch):
-    """cron_app offers no services: StartWorkflow answers that cron is not running."""
-    monkeypatch.setitem(sys.modules, "cron_app.services", None)
+    """Cron is not running here (UGENT_CRON_ENABLED=false): StartWorkflow answers so, and no
+    StartWorkflow rule is dropped as the rules load."""
+    monkeypatch.setattr("cron_app.conf.CRON_ENABLED_HERE", False)
 
 
-class FakeCron(types.ModuleType):
-    """cron_app.services as the rule engine calls it: rule-triggered jobs by name, calls recorded."""
+class FakeCron:
+    """cron_app.services' two functions the rule engine calls: rule-triggered jobs by name, calls recorded."""
 
     def __init__(self):
-        super().__init__("cron_app.services")
         self.jobs: dict[str, str | None] = {}  # name -> None (startable) or the reason it is not
         self.calls: list[dict] = []
         self.answer = "Started workflow '{workflow}'. Its result goes to the workflow's destinations."
@@ -95,8 +93,12 @@ class FakeCron(types.ModuleType):
 
 @pytest.fixture
 def fake_cron(monkeypatch):
+    """The real cron_app.services with its rule engine interface answered by a FakeCron (looked up
+    at each call, so a test may replace the fake's methods)."""
+    from cron_app import services
     cron = FakeCron()
-    monkeypatch.setitem(sys.modules, "cron_app.services", cron)
+    monkeypatch.setattr(services, "rule_trigger_reason", lambda workflow: cron.rule_trigger_reason(workflow))
+    monkeypatch.setattr(services, "workflow_start", lambda **kw: cron.workflow_start(**kw))
     return cron
 
 

@@ -1,13 +1,10 @@
-"""StartWorkflow against the real cron room, when it is installed (the interface in rules_app/cronlink.py)."""
+"""StartWorkflow against the real cron room (rules_app.workflows → cron_app.services, imported directly:
+an interface that moves fails here loudly instead of skipping)."""
 from __future__ import annotations
 
-import pytest
-
+from cron_app.messages import WORKFLOW_STARTED_WEB
+from cron_app.services import rule_trigger_reason, workflow_start  # noqa: F401 - the interface rules call
 from tests.rules_app.conftest import answer, chat
-
-cron_services = pytest.importorskip("cron_app.services")
-if not all(hasattr(cron_services, n) for n in ("rule_trigger_reason", "workflow_start")):
-    pytest.skip("cron_app does not offer the rule engine's interface yet", allow_module_level=True)
 
 RULES = '''
 [[rules]]
@@ -32,7 +29,7 @@ def test_a_rule_starts_a_rule_triggered_cron_job(site, tcast):
     from cron_app.models import CronRun
     job(rule_trigger=True)
     site.rules(RULES)
-    assert answer(chat(tcast.alice, "digest my week")) == \
+    assert answer(chat(tcast.alice, "digest my week")) == WORKFLOW_STARTED_WEB.format(workflow="digest") == \
         "Started workflow 'digest'. Its result goes to the workflow's destinations."
     run = CronRun.objects.get()
     assert run.job_name == "digest" and run.acts_for.key == "web:alice"

@@ -61,7 +61,8 @@ def test_contract_strings_are_letter_for_letter():
     assert engine.memory_saved_answer(3) == "Saved 3 facts to memory."
     assert engine.memory_saved_answer(1) == "Saved 1 fact to memory."
     assert engine.memory_saved_answer(0) == "Found nothing new to save to memory."
-    assert engine.WORKFLOW_STARTED_FOLLOWS.format(workflow="digest") == (
+    from cron_app.messages import WORKFLOW_STARTED_FOLLOWS
+    assert WORKFLOW_STARTED_FOLLOWS.format(workflow="digest") == (
         "Started workflow 'digest'. Its result will follow here."
     )
 

@@ -47,7 +47,7 @@ class Command(BaseCommand):
         getattr(self, f"do_{opts['action']}")(opts)
 
     def do_test(self, opts):
-        from rules_app.cronlink import workflow_check
+        from rules_app.workflows import workflow_check
         from rules_app.runtime import runtime
         if opts["rules"]:
             try:

@@ -1,0 +1,129 @@
+"""Servers mode: cron runs on a real Celery worker (threads pool, 2 threads) over Redis and PostgreSQL.
+
+No step of a run waits for its turn, so runs cannot hold every worker slot while their own turns
+queue behind them; a worker killed with -9 mid-run leaves nothing that waits either.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+
+from channels_app import runner
+from channels_app.models import Turn
+from cron_app import services
+from cron_app.models import FINAL_RUN_STATES, CronRun
+
+pytestmark = [pytest.mark.django_db(transaction=True),
+              pytest.mark.skipif(not os.environ.get("REDIS_URL"), reason="servers mode (REDIS_URL) only")]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def broker():
+    """The test process publishes to the worker's queue for real (not eagerly)."""
+    from ugent_site.celery import app
+    app.conf.task_always_eager = False
+    app.control.purge()
+    yield app
+    app.control.purge()
+    app.conf.task_always_eager = True
+
+
+class Worker:
+    def __init__(self, tmp: Path):
+        db = connection.settings_dict
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "PYTEST"))}
+        self.env.update({
+            "DJANGO_SETTINGS_MODULE": "ugent_site.settings", "PYTHONPATH": str(ROOT),
+            "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
+            "UGENT_CELERY_QUEUE": settings.CELERY_TASK_DEFAULT_QUEUE, "UGENT_VAR_DIR": str(tmp / "var"),
+            "UGENT_EXTRA_ENGINES": "scripted=tests.support.scripted:ScriptedEngine"})
+        self.log = tmp / "worker.log"
+        self.proc = None
+
+    def start(self):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "ugent_site", "worker", "-P", "threads", "-c", "2",
+             "-l", "WARNING", "--without-heartbeat", "--without-mingle", "--without-gossip",
+             "-n", f"cron{os.getpid()}-{time.monotonic_ns()}@%h"],
+            cwd=ROOT, env=self.env, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+    def kill9(self):
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill9()
+
+
+@pytest.fixture
+def worker(tmp_path, broker):
+    w = Worker(tmp_path)
+    yield w
+    w.stop()
+
+
+def wait_for(predicate, what: str, timeout: float = 120):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def job(cron_toml, *prompts):
+    tasks = "".join(f'\n[[jobs.tasks]]\nid = "t{i}"\nprompt = "{p}"\n' for i, p in enumerate(prompts))
+    cron_toml(f'enabled = true\n[[jobs]]\nid = "work"\noverlap = "allow"\nmax_concurrent_runs = 4\n{tasks}')
+
+
+def test_four_runs_on_two_worker_threads_all_finish_with_each_turn_once(tcast, cron_toml, worker):
+    job(cron_toml, "script:sleep=0.5|answer=first", "script:sleep=0.5|answer=second")
+    worker.start()
+    runs = [services.cron_run_manual(job_name="work") for _ in range(4)]
+    wait_for(lambda: CronRun.objects.filter(state__in=FINAL_RUN_STATES).count() == 4, "the four runs to end")
+    for run in runs:
+        run.refresh_from_db()
+        assert (run.state, run.result) == ("completed", "[t0]\nfirst\n\n[t1]\nsecond"), run.error
+        turns = list(Turn.objects.filter(conversation_id=run.conversation_id).order_by("id"))
+        assert [t.state for t in turns] == ["completed", "completed"]  # each task's turn, once
+        assert turns[0].finished_at <= turns[1].started_at
+
+
+def test_a_worker_killed_mid_run_leaves_nothing_waiting_and_the_next_worker_goes_on(tcast, cron_toml, worker):
+    job(cron_toml, "script:sleep=30|answer=one", "script:answer=two")
+    worker.start()
+    run = services.cron_run_manual(job_name="work")
+    wait_for(lambda: Turn.objects.filter(state="running").exists(), "the first task's turn to run")
+    worker.kill9()
+    worker.start()  # a new worker: no step of the run is held anywhere, nothing sleeps on the turn
+    # the hub ends the turn the dead worker held (its sweep, as beat runs it); its after-turn
+    # hook queues the run's step, which the new worker takes
+    assert runner.turns_recover_interrupted(started_before=timezone.now()) == 1
+    wait_for(lambda: CronRun.objects.get(pk=run.pk).state in FINAL_RUN_STATES, "the run to end")
+    run.refresh_from_db()
+    assert (run.state, run.error) == ("failed", "task 't0' interrupted: the process running it stopped")
+    assert Turn.objects.filter(conversation_id=run.conversation_id).count() == 1  # t1 never started
+    # and the new worker runs a whole run
+    CronRun.objects.filter(pk=run.pk).update(state="failed")
+    job(cron_toml, "script:answer=one", "script:answer=two")
+    again = services.cron_run_manual(job_name="work")
+    wait_for(lambda: CronRun.objects.get(pk=again.pk).state in FINAL_RUN_STATES, "the second run to end")
+    again.refresh_from_db()
+    assert again.state == "completed" and again.result == "[t0]\none\n\n[t1]\ntwo"
