@@ -181,6 +181,13 @@ def _submit(principal, data: dict, on_turn=None):
     return services.message_submit(inbound=inbound, on_turn=on_turn)
 
 
+def _queued_receipt(result) -> dict:
+    """The receipt of a message accepted while the broker was down, from what the accept already holds."""
+    return {"conversation_id": result.conversation.external_id,
+            "client_message_id": result.receipt.client_message_id, "state": "accepted",
+            "turn_id": result.turn.turn_id, "queued": True}
+
+
 def _events_after(turn_pk: int, cursor: int) -> list[tuple[int, str, dict]]:
     close_old_connections()
     e = rows.table(Event)
@@ -294,14 +301,25 @@ class ChatCompletionApi(View):
         renderer = ChunkRenderer(turn_id=turn.turn_id, model=turn.model or (data.get("model") or ""),
                                  created=int(time.time()),
                                  include_tool_events=data["ugent_include_tool_events"])
+        # The broker could not take the turn: it is accepted and waits in its row (docs/turns.md).
+        queued = _queued_receipt(result) if result.queued else None
+        if queued is not None and not stream:
+            if waiter is not None:
+                waiter.close()
+            resp = JsonResponse({"object": "ugent.receipt", "ugent_receipt": queued, "ugent_turn_id": turn.turn_id},
+                                status=202)
+            resp["x-ugent-turn-id"] = turn.turn_id
+            return resp
         if stream:
-            resp = _sse_response(self._stream(turn.pk, renderer, waiter), turn.turn_id)
+            resp = _sse_response(self._stream(turn.pk, renderer, waiter, queued), turn.turn_id)
             if waiter is not None:  # a stream whose body never starts (the client left) still lets go
                 resp._resource_closers.append(waiter.close)
             return resp
         return await self._complete(turn, renderer, data, waiter)
 
-    async def _stream(self, turn_pk: int, renderer: ChunkRenderer, waiter=None):
+    async def _stream(self, turn_pk: int, renderer: ChunkRenderer, waiter=None, queued=None):
+        if queued is not None:
+            yield renderer.named("ugent.receipt", "ugent_receipt", queued)
         async for row in turn_events(turn_pk, waiter):
             if row is None:
                 yield PING

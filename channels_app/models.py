@@ -153,6 +153,7 @@ class TurnState(models.TextChoices):
     REFUSED = "refused"
     FAILED = "failed"
     INTERRUPTED = "interrupted"
+    ABANDONED = "abandoned"
 
 
 class Turn(TimeStamped):
@@ -182,6 +183,14 @@ class Turn(TimeStamped):
     error = models.TextField(blank=True, default="")
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(
+        null=True, blank=True,
+        help_text="While running: the process running it renews this; past it, the turn has lost its worker.")
+
+    class Meta:
+        # the sweep reads the live turns (running by lease, accepted by age); ended ones leave the index
+        indexes = [models.Index(fields=["state"], name="turn_live",
+                                condition=Q(state__in=["accepted", "running"]))]
 
     def __str__(self):
         return f"{self.turn_id} ({self.state})"

@@ -1,33 +1,98 @@
 """The turn runner: composes the agent from its profile's engine, streams the answer as events.
 
-Runs inside the `run_turn` Celery task in both run modes. Deltas are coalesced
-into events a few milliseconds apart, so a fast engine does not turn every
-token into a database write; the first delta is written at once.
+A turn's run is a `TurnRun`: claim, compose, the engine's steps with the stop/steering/time checks
+between them, and its end. Every end state (completed, refused, failed, cancelled, interrupted,
+abandoned) is written by one function, `turn_end`, from the table `END_STATES`: the turn, the
+receipt, the answer message, the events and the after-turn hook, in one transaction.
+
+Runs inside the `run_turn` Celery task in both run modes. Deltas are coalesced into events a few
+milliseconds apart, so a fast engine does not turn every token into a database write; the first
+delta is written at once. A turn's liveness is its lease (`Turn.lease_expires_at`), which this
+process's `LeaseKeeper` renews; the sweep ends only turns whose lease has lapsed (docs/turns.md).
 """
 from __future__ import annotations
 
+import enum
 import functools
 import logging
+import threading
 import time
+from dataclasses import dataclass
+from datetime import timedelta
 
-from django.db import connection, transaction
+from django.conf import settings
+from django.db import close_old_connections, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from channels_app import hooks, rows
+# The log's lock (see channels_app.events): under it a state read and an append are one step, so no
+# event of a turn is written after another process's terminal event.
+from channels_app.events import _lock_log as log_lock
 from channels_app.events import events_append
-from channels_app.models import (Actor, Conversation, Message, Receipt, ReceiptState, Steering, SteeringState,
-                                 Turn, TurnState)
+from channels_app.models import (Actor, Conversation, Event, Message, Receipt, ReceiptState, Steering,
+                                 SteeringState, Turn, TurnState)
 from plugins_app.engines.base import (ANSWER, ANSWER_RESET, CITATIONS, ERROR, THINKING, TOOL, EngineError,
                                       stream_items)
 
 log = logging.getLogger("ugent.turns")
 COALESCE_SECONDS = 0.015
 STOP_CHECK_SECONDS = 0.1
-ACCEPTED_REQUEUE_SECONDS = 60
+
+INTERRUPTED_REASON = "the process running it stopped"
+TIME_LIMIT_REASON = "The turn ran out of time."
+QUEUE_TIMEOUT_REASON = "It waited in the queue past its deadline and was never started."
+PROFILE_REMOVED_REASON = "Its agent profile was removed before it started."
+
+
+class TurnEnded(Exception):
+    """The turn was ended elsewhere (the sweep, the lease keeper): its runner stops and writes nothing."""
+
+
+# --- the end states ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EndState:
+    """How one end state is recorded. A later state (a tool call or a question waiting) is one more row."""
+
+    state: str  # the turn's and the receipt's state
+    event: str  # the terminal event
+    code: str = ""  # the event's code when the caller names none
+    reason: str = ""  # the receipt's reason when the caller gives none
+    drops_steering: bool = True  # pending steering is dropped, and the stream told so
+    keeps_empty_answer: bool = False  # an assistant message is written even for an empty answer
+    partial: bool = False  # the event says the answer was cut short
+
+
+END_STATES = {s.state: s for s in (
+    EndState(TurnState.COMPLETED, "turn.completed", drops_steering=False, keeps_empty_answer=True),
+    EndState(TurnState.REFUSED, "turn.completed", drops_steering=False, keeps_empty_answer=True),
+    EndState(TurnState.FAILED, "turn.failed", code="turn_failed"),
+    EndState(TurnState.CANCELLED, "turn.cancelled", reason="stopped", partial=True),
+    EndState(TurnState.INTERRUPTED, "turn.failed", code="interrupted", reason=INTERRUPTED_REASON),
+    EndState(TurnState.ABANDONED, "turn.failed", code="abandoned"),
+)}
+
+
+class EndOutcome(enum.Enum):
+    ENDED = "ended"  # this call recorded the end
+    ALREADY_ENDED = "already_ended"  # another process ended it first: nothing was written
+    STEERING_WAITS = "steering_waits"  # completion only: a steering waits, which the runner runs
+
+
+@functools.cache
+def _turn_state_sql() -> str:
+    t = rows.table(Turn)
+    return f"SELECT {t.col('state')} FROM {t.name} WHERE id = %s"
+
+
+def _turn_running(turn_pk: int) -> bool:
+    row = rows.fetchone(_turn_state_sql(), [turn_pk])
+    return bool(row) and row[0] == TurnState.RUNNING
 
 
 class DeltaWriter:
-    """Buffers answer/thinking text and writes it as turn.delta events."""
+    """Buffers answer/thinking text and writes it as turn.delta events, only while the turn runs."""
 
     def __init__(self, turn: Turn):
         self.turn = turn
@@ -52,11 +117,128 @@ class DeltaWriter:
         return [item]
 
     def flush(self, extra: list | None = None) -> None:
+        """Write what is buffered; TurnEnded (and nothing written) when the turn no longer runs."""
         items = self.pending() + (extra or [])
         if items:
-            events_append(conversation_id=self.turn.conversation_id, turn_pk=self.turn.pk, items=items)
+            with transaction.atomic(savepoint=False):
+                log_lock()
+                if not _turn_running(self.turn.pk):
+                    raise TurnEnded(self.turn.turn_id)
+                events_append(conversation_id=self.turn.conversation_id, turn_pk=self.turn.pk, items=items)
         self.last_flush = time.monotonic()
 
+
+def _lock_turn(turn: Turn) -> None:
+    """Hold the turn's row (FOR NO KEY UPDATE, see channels_app.events) until the transaction ends.
+    SQLite's transactions here begin IMMEDIATE: the write lock is already held."""
+    if connection.vendor == "postgresql":
+        t = rows.table(Turn)
+        rows.fetchone(f"SELECT id FROM {t.name} WHERE id = %s FOR NO KEY UPDATE", [turn.pk])
+
+
+def _steering_pending(turn: Turn) -> bool:
+    s = rows.table(Steering)
+    return rows.fetchone(f"SELECT 1 FROM {s.name} WHERE {s.col('turn')} = %s AND {s.col('state')} = %s LIMIT 1",
+                         [turn.pk, SteeringState.PENDING]) is not None
+
+
+def _steerings_drop(turn: Turn) -> list:
+    """A turn that ends otherwise than completed drops its pending steering, and says so."""
+    ids = list(Steering.objects.filter(turn_id=turn.pk, state=SteeringState.PENDING).values_list("pk", flat=True))
+    if not ids:
+        return []
+    Steering.objects.filter(pk__in=ids, state=SteeringState.PENDING).update(state=SteeringState.DROPPED)
+    return [("turn.steering_dropped", {"turn_id": turn.turn_id, "steering_ids": ids}, [])]
+
+
+def _requested_citations(turn: Turn, answer: str) -> list[str]:
+    return [cid for cid in (turn.citation_ids or []) if cid and cid in answer]
+
+
+def turn_end(*, turn: Turn, state: str, answer: str = "", reason: str = "", code: str = "",
+             citations: list[str] | None = None, writer: DeltaWriter | None = None,
+             pending: list | None = None, from_state: str = TurnState.RUNNING,
+             where: Q | None = None, started_at=None, never_started: bool = False, decided_by: str | None = None,
+             unless_steering_waits: bool = False) -> EndOutcome:
+    """End a turn in `state` (a key of END_STATES): turn, receipt, answer message, events and the
+    after-turn hook in one transaction. Only one end wins: a turn no longer in `from_state` (or not
+    matching `where`) is left as it is and nothing is written.
+
+    `writer`: a runner's, whose buffered deltas go before the terminal event; `pending`: other such
+    events (a hook's answer). `started_at`:
+    the turn starts and ends here (a hook's answer). `never_started`: the claim is undone (abandoned).
+    `unless_steering_waits`: completion yields to a steering that waits (ordered by the turn's row
+    lock against streams.turn_steer, so a steering is either applied or refused, never lost).
+    """
+    end = END_STATES[state]
+    citations = list(citations or [])
+    now = timezone.now()
+    turn_fields = {"state": state, "finished_at": now, "lease_expires_at": None}
+    receipt_fields = {"state": state, "answer": answer, "reason": reason or end.reason, "finished_at": now}
+    if end.event == "turn.failed":
+        turn_fields["error"] = reason or end.reason
+    if state == TurnState.COMPLETED:
+        citations += [c for c in _requested_citations(turn, answer) if c not in citations]
+        receipt_fields["citations"] = citations
+    if started_at is not None:
+        turn_fields["started_at"] = receipt_fields["started_at"] = started_at
+    if never_started:
+        turn_fields["started_at"] = receipt_fields["started_at"] = None
+    with transaction.atomic():
+        _lock_turn(turn)
+        if unless_steering_waits and _steering_pending(turn):
+            return EndOutcome.STEERING_WAITS
+        if where is None:
+            moved = rows.table(Turn).update({"id": turn.pk, "state": from_state}, **turn_fields)
+        else:  # the sweep's conditions (a lapsed lease, an age): off the hot path, through the ORM
+            moved = Turn.objects.filter(where, pk=turn.pk, state=from_state).update(
+                updated_at=now, **turn_fields)
+        if moved != 1:
+            return EndOutcome.ALREADY_ENDED
+        if answer or end.keeps_empty_answer:
+            rows.table(Message).insert(conversation_id=turn.conversation_id, role=Message.Role.ASSISTANT,
+                                       content=answer, turn_id=turn.pk)
+        rows.table(Receipt).update({"id": turn.receipt_id}, **receipt_fields)
+        items = (writer.pending() if writer is not None else []) + list(pending or [])
+        if end.drops_steering:
+            items += _steerings_drop(turn)
+        if citations and state == TurnState.COMPLETED:
+            items.append(("ugent.citations", {"turn_id": turn.turn_id, "citations": citations}, []))
+        turn.state = state
+        hooks.run_after_turn(turn=turn, state=state, answer=answer)
+        data = {"turn_id": turn.turn_id, "state": state, "answer": answer}
+        if end.event == "turn.completed":
+            data["citations"] = citations
+            if decided_by is not None:
+                data["decided_by"] = decided_by
+        if end.event == "turn.failed":
+            data.update(reason=reason or end.reason, code=code or end.code)
+        if end.partial:
+            data["partial"] = True
+        items.append((end.event, data, [turn.actor.key]))
+        events_append(conversation_id=turn.conversation_id, turn_pk=turn.pk, items=items)
+    return EndOutcome.ENDED
+
+
+def turn_complete(*, turn: Turn, writer: DeltaWriter, answer: str, citations: list[str]) -> bool:
+    """Complete the turn; False (and nothing written) when steering waits, which the runner then runs."""
+    outcome = turn_end(turn=turn, state=TurnState.COMPLETED, answer=answer, citations=citations,
+                       writer=writer, unless_steering_waits=True)
+    return outcome is not EndOutcome.STEERING_WAITS
+
+
+def streamed_answer(turn_pk: int) -> str:
+    """What a turn's events streamed as its answer (honouring answer resets): a cut-off turn keeps it."""
+    answer: list[str] = []
+    for data in Event.objects.filter(turn_id=turn_pk, type="turn.delta").order_by("id").values_list("data", flat=True):
+        if data.get("segment") == ANSWER:
+            answer.append(data.get("text", ""))
+        elif data.get("segment") == ANSWER_RESET:
+            answer.clear()
+    return "".join(answer)
+
+
+# --- the run -----------------------------------------------------------------------------------
 
 def build_messages(turn: Turn):
     """The engine's view: the conversation's recent history, injected context, then this turn's text."""
@@ -86,7 +268,7 @@ def build_messages(turn: Turn):
 _TURN_COLUMNS = ["id", "turn_id", "conversation_id", "actor_id", "receipt_id", "state", "model", "profile_id",
                  "allowed_tools", "denied_tools", "disable_memory_recall", "disable_code_context",
                  "disable_memory_write", "input_mode", "include_thinking", "citation_ids", "context",
-                 "cancel_requested", "started_at"]
+                 "cancel_requested", "started_at", "created_at"]
 _CONVERSATION_COLUMNS = ["id", "channel", "client_id", "external_id", "owner_id"]
 _ACTOR_COLUMNS = ["id", "key", "channel", "user_id"]
 
@@ -100,7 +282,8 @@ def _pending_steering_sql(turn_column: str) -> str:
 @functools.cache
 def _stop_check_sql() -> str:
     t = rows.table(Turn)
-    return f"SELECT {t.col('cancel_requested')}, {_pending_steering_sql('t.id')} FROM {t.name} t WHERE t.id = %s"
+    return (f"SELECT {t.col('cancel_requested')}, {t.col('state')}, {_pending_steering_sql('t.id')} "
+            f"FROM {t.name} t WHERE t.id = %s")
 
 
 @functools.cache
@@ -136,103 +319,201 @@ def turn_fetch(turn_pk: int) -> Turn:
     return turn
 
 
-def turn_run(turn_pk: int) -> None:
-    """Run one accepted turn to its end. A redelivered task finds the turn moved on and does nothing.
+class TurnRun:
+    """One run of one accepted turn. Each step is a method a test can call:
 
-    Between engine steps the runner looks (every STOP_CHECK_SECONDS) for a stop and for steering:
-    a stop ends the turn keeping what it answered; steering cuts the engine's step short and runs
-    it again with the answer so far and the steered message(s) appended as the newest user turn.
+    claim → compose → (take_steering → engine_step)* → complete | fail | cancel
+
+    Between engine items the runner looks (every STOP_CHECK_SECONDS) for a stop, for steering and
+    for its turn having been ended elsewhere; it also ends the turn as failed past its run limit. A
+    stop ends the turn keeping what it answered; steering cuts the engine's step short and runs it
+    again with the answer so far and the steered message(s) appended as the newest user turn.
     """
-    from ovos_plugin_manager.templates.agents import AgentMessage, MessageRole
-    now = timezone.now()
-    with transaction.atomic():  # the claim, the read and the receipt's "running": one commit
-        if rows.table(Turn).update({"id": turn_pk, "state": TurnState.ACCEPTED},
-                                   state=TurnState.RUNNING, started_at=now) != 1:
-            return  # a redelivered task: the turn has moved on
-        turn = turn_fetch(turn_pk)
-        rows.table(Receipt).update({"id": turn.receipt_id}, state=ReceiptState.RUNNING, started_at=now)
-    writer = DeltaWriter(turn)
-    answer: list[str] = []
-    segment: list[str] = []  # the answer since the last steering, handed back to the engine with it
-    thinking: list[str] = []
-    citations: list[str] = []
-    # What the claim read stands for the first check: a stop or steering sent before the turn
-    # started is seen at once, and the next look at the database is one interval away.
-    last_check = [time.monotonic()]
-    cancelled = [turn.cancel_requested]
-    steered = [False]
-    steering_waits = turn.pending_steering
 
-    def should_stop() -> bool:
-        if cancelled[0] or steered[0]:
-            return True
-        if time.monotonic() - last_check[0] >= STOP_CHECK_SECONDS:
-            last_check[0] = time.monotonic()
-            row = rows.fetchone(_stop_check_sql(), [SteeringState.PENDING, turn.pk])
-            cancelled[0], steered[0] = bool(row and row[0]), bool(row and row[1])
-        return cancelled[0] or steered[0]
+    def __init__(self, turn_pk: int):
+        self.turn_pk = turn_pk
+        self.turn: Turn | None = None
+        self.writer: DeltaWriter | None = None
+        self.engine = None
+        self.messages: list = []
+        self.answer: list[str] = []
+        self.segment: list[str] = []  # the answer since the last steering, handed back to the engine with it
+        self.thinking: list[str] = []
+        self.citations: list[str] = []
+        self.cancelled = False  # a stop was asked
+        self.steered = False  # a steering waits: the engine's step is cut short
+        self.timed_out = False  # past the run limit
+        self.ended_elsewhere = False  # the turn is no longer running (swept, or ended by the lease keeper)
+        self.steering_waits = False
+        self.last_check = 0.0
+        self.deadline = 0.0
 
-    try:
+    # -- steps --
+    def claim(self) -> bool:
+        """accepted → running, with its lease, and the receipt's running: one commit. False when the
+        turn has moved on (a redelivered task) or was abandoned here instead of started."""
+        now = timezone.now()
+        lease = now + timedelta(seconds=settings.UGENT_TURN_LEASE_SECONDS)
+        with transaction.atomic():
+            if rows.table(Turn).update({"id": self.turn_pk, "state": TurnState.ACCEPTED},
+                                       state=TurnState.RUNNING, started_at=now, lease_expires_at=lease) != 1:
+                return False
+            turn = self.turn = turn_fetch(self.turn_pk)
+            reason = self.abandon_reason(now)
+            if reason:
+                turn_end(turn=turn, state=TurnState.ABANDONED, reason=reason, never_started=True)
+                return False
+            rows.table(Receipt).update({"id": turn.receipt_id}, state=ReceiptState.RUNNING, started_at=now)
+        self.writer = DeltaWriter(turn)
+        # What the claim read stands for the first check: a stop or steering sent before the turn
+        # started is seen at once, and the next look at the database is one interval away.
+        self.last_check = time.monotonic()
+        self.deadline = self.last_check + settings.UGENT_TURN_RUN_LIMIT
+        self.cancelled = turn.cancel_requested
+        self.steering_waits = turn.pending_steering
+        return True
+
+    def abandon_reason(self, now) -> str:
+        """Why a claimed turn must not start: its queue deadline passed, or its profile is gone."""
+        turn = self.turn
+        if turn.created_at and (now - turn.created_at).total_seconds() > settings.UGENT_TURN_QUEUE_TIMEOUT:
+            return QUEUE_TIMEOUT_REASON
         if turn.profile is None:
-            raise EngineError("The turn has no agent profile.", code="no_profile")
+            return PROFILE_REMOVED_REASON
+        return ""
+
+    def compose(self) -> None:
+        """The engine from the turn's profile, and the messages it is shown."""
         from plugins_app.engines.registry import engine_for_profile
         try:
-            engine = engine_for_profile(turn.profile)
+            self.engine = engine_for_profile(self.turn.profile)
         except LookupError as exc:
             raise EngineError(str(exc), code="engine_not_installed")
-        messages = build_messages(turn)
-        while True:
-            steered[0] = False
-            if should_stop() and cancelled[0]:
+        self.messages = build_messages(self.turn)
+
+    def should_stop(self) -> bool:
+        """The engine's and the runner's question between items: stop, steering, time, ended elsewhere."""
+        if self.cancelled or self.steered or self.timed_out or self.ended_elsewhere:
+            return True
+        now = time.monotonic()
+        if now >= self.deadline:
+            self.timed_out = True
+            return True
+        if now - self.last_check >= STOP_CHECK_SECONDS:
+            self.last_check = now
+            row = rows.fetchone(_stop_check_sql(), [SteeringState.PENDING, self.turn_pk])
+            self.cancelled, self.steered = bool(row and row[0]), bool(row and row[2])
+            self.ended_elsewhere = not row or row[1] != TurnState.RUNNING
+        return self.cancelled or self.steered or self.ended_elsewhere
+
+    def take_steering(self) -> bool:
+        """Hand pending steering to the engine: the answer so far, then each steered message."""
+        from ovos_plugin_manager.templates.agents import AgentMessage, MessageRole
+        taken = steerings_take(turn=self.turn, writer=self.writer) if self.steering_waits else []
+        self.steering_waits = True  # after the first step, only a steering brings us back here
+        if taken:
+            if "".join(self.segment):
+                self.messages.append(AgentMessage(role=MessageRole.ASSISTANT, content="".join(self.segment)))
+            self.messages.extend(AgentMessage(role=MessageRole.USER, content=s.text) for s in taken)
+            self.segment.clear()
+        return bool(taken)
+
+    def engine_step(self) -> None:
+        """One pass of the engine over the messages, until it ends or the runner must stop."""
+        self.steered = False
+        for item in stream_items(self.engine, list(self.messages), session_id=self.turn.conversation.external_id,
+                                 tools=None, should_stop=self.should_stop):
+            self.handle(item)
+            if self.should_stop():
                 break
-            taken = steerings_take(turn=turn, writer=writer) if steering_waits else []
-            steering_waits = True  # after the first step, only a steering brings us back here
-            if taken:
-                if "".join(segment):
-                    messages.append(AgentMessage(role=MessageRole.ASSISTANT, content="".join(segment)))
-                messages.extend(AgentMessage(role=MessageRole.USER, content=s.text) for s in taken)
-                segment.clear()
-            steered[0] = False
-            for item in stream_items(engine, list(messages), session_id=turn.conversation.external_id,
-                                     tools=None, should_stop=should_stop):
-                if item.kind == ANSWER:
-                    answer.append(item.text)
-                    segment.append(item.text)
-                    writer.add(ANSWER, item.text)
-                elif item.kind == THINKING:
-                    thinking.append(item.text)
-                    if turn.include_thinking:
-                        writer.add(THINKING, item.text)
-                elif item.kind == ANSWER_RESET:
-                    answer.clear()
-                    segment.clear()
-                    writer.flush([("turn.delta", {"turn_id": turn.turn_id, "segment": ANSWER_RESET, "text": ""},
-                                   [])])
-                elif item.kind == TOOL:
-                    writer.flush([("turn.delta", {"turn_id": turn.turn_id, "segment": TOOL, "text": item.text,
-                                                  "tool": item.data or {}}, [])])
-                elif item.kind == CITATIONS:
-                    citations.extend(i for i in (item.data or {}).get("ids", []) if i not in citations)
-                elif item.kind == ERROR:
-                    raise EngineError(item.text or "The engine reported an error.")
-                if should_stop():
+
+    def handle(self, item) -> None:
+        turn, writer = self.turn, self.writer
+        if item.kind == ANSWER:
+            self.answer.append(item.text)
+            self.segment.append(item.text)
+            writer.add(ANSWER, item.text)
+        elif item.kind == THINKING:
+            self.thinking.append(item.text)
+            if turn.include_thinking:
+                writer.add(THINKING, item.text)
+        elif item.kind == ANSWER_RESET:
+            self.answer.clear()
+            self.segment.clear()
+            writer.flush([("turn.delta", {"turn_id": turn.turn_id, "segment": ANSWER_RESET, "text": ""}, [])])
+        elif item.kind == TOOL:
+            writer.flush([("turn.delta", {"turn_id": turn.turn_id, "segment": TOOL, "text": item.text,
+                                          "tool": item.data or {}}, [])])
+        elif item.kind == CITATIONS:
+            self.citations.extend(i for i in (item.data or {}).get("ids", []) if i not in self.citations)
+        elif item.kind == ERROR:
+            raise EngineError(item.text or "The engine reported an error.")
+
+    def complete(self) -> bool:
+        """Completed; False when a steering committed meanwhile (the runner runs one more step)."""
+        return turn_complete(turn=self.turn, writer=self.writer, answer="".join(self.answer),
+                             citations=self.citations)
+
+    def fail(self, reason: str, code: str) -> EndOutcome:
+        return turn_end(turn=self.turn, state=TurnState.FAILED, answer="".join(self.answer), reason=reason,
+                        code=code, writer=self.writer)
+
+    def cancel(self) -> EndOutcome:
+        """A stopped turn keeps what it already answered, marked as cut short."""
+        return turn_end(turn=self.turn, state=TurnState.CANCELLED, answer="".join(self.answer),
+                        writer=self.writer)
+
+    # -- the whole run --
+    def run(self) -> None:
+        """Run the turn to its end. A redelivered task finds the turn moved on and does nothing."""
+        if not self.claim():
+            return
+        lease_keeper.hold(self.turn_pk)
+        try:
+            self._run_claimed()
+        except TurnEnded:
+            log.warning("turn ended elsewhere; its runner stops (turn=%s)", self.turn.turn_id)
+        finally:
+            lease_keeper.release(self.turn_pk)
+
+    def _run_claimed(self) -> None:
+        try:
+            self.compose()
+            while True:
+                self.steered = False
+                if self.should_stop() and not self.steered:
                     break
-            if cancelled[0]:
-                break
-            if steered[0]:
-                continue
-            if turn_complete(turn=turn, writer=writer, answer="".join(answer), citations=citations):
-                return
-            # steering committed between the engine's last step and completion: run it
-    except EngineError as exc:
-        turn_fail(turn=turn, writer=writer, answer="".join(answer), reason=exc.message, code=exc.code)
-        return
-    except Exception as exc:  # a plugin bug fails its turn, never the worker
-        log.exception("turn failed (turn=%s)", turn.turn_id)
-        turn_fail(turn=turn, writer=writer, answer="".join(answer),
-                  reason=f"The agent failed: {type(exc).__name__}: {exc}", code="engine_crashed")
-        return
-    turn_cancel_finish(turn=turn, writer=writer, answer="".join(answer))
+                self.take_steering()
+                self.engine_step()
+                if self.ended_elsewhere:
+                    raise TurnEnded(self.turn.turn_id)
+                if self.cancelled or self.timed_out:
+                    break
+                if self.steered:
+                    continue
+                if self.complete():
+                    return
+                # steering committed between the engine's last step and completion: run it
+        except (EngineError, TurnEnded) as exc:
+            if isinstance(exc, TurnEnded):
+                raise
+            self.fail(exc.message, exc.code)
+            return
+        except Exception as exc:  # a plugin bug fails its turn, never the worker
+            log.exception("turn failed (turn=%s)", self.turn.turn_id)
+            self.fail(f"The agent failed: {type(exc).__name__}: {exc}", "engine_crashed")
+            return
+        if self.ended_elsewhere:
+            raise TurnEnded(self.turn.turn_id)
+        if self.timed_out:
+            self.fail(TIME_LIMIT_REASON, "time_limit")
+        else:
+            self.cancel()
+
+
+def turn_run(turn_pk: int) -> None:
+    """Run one accepted turn to its end (the `run_turn` task's body)."""
+    TurnRun(turn_pk).run()
 
 
 def steerings_take(*, turn: Turn, writer: DeltaWriter) -> list[Steering]:
@@ -252,138 +533,140 @@ def steerings_take(*, turn: Turn, writer: DeltaWriter) -> list[Steering]:
     return taken
 
 
-def _steerings_drop(turn: Turn) -> list:
-    """A turn that ends otherwise than completed drops its pending steering, and says so."""
-    ids = list(Steering.objects.filter(turn_id=turn.pk, state=SteeringState.PENDING).values_list("pk", flat=True))
-    if not ids:
-        return []
-    Steering.objects.filter(pk__in=ids).update(state=SteeringState.DROPPED)
-    return [("turn.steering_dropped", {"turn_id": turn.turn_id, "steering_ids": ids}, [])]
+# --- the lease ---------------------------------------------------------------------------------
 
+class LeaseKeeper:
+    """Renews the lease of every turn this process runs, every UGENT_TURN_LEASE_RENEW_SECONDS, off the
+    turns' own threads (an engine that blocks keeps its turn alive; a dead process lets it lapse).
 
-def _requested_citations(turn: Turn, answer: str) -> list[str]:
-    return [cid for cid in (turn.citation_ids or []) if cid and cid in answer]
-
-
-def _end(turn: Turn, state: str, **fields) -> bool:
-    """Move a running turn to its end state; False when it has already ended (only one end wins)."""
-    return rows.table(Turn).update({"id": turn.pk, "state": TurnState.RUNNING}, state=state, **fields) == 1
-
-
-def _lock_turn(turn: Turn) -> None:
-    """Hold the turn's row (FOR NO KEY UPDATE, see channels_app.events) until the transaction ends.
-    SQLite's transactions here begin IMMEDIATE: the write lock is already held."""
-    if connection.vendor == "postgresql":
-        t = rows.table(Turn)
-        rows.fetchone(f"SELECT id FROM {t.name} WHERE id = %s FOR NO KEY UPDATE", [turn.pk])
-
-
-def _steering_pending(turn: Turn) -> bool:
-    s = rows.table(Steering)
-    return rows.fetchone(f"SELECT 1 FROM {s.name} WHERE {s.col('turn')} = %s AND {s.col('state')} = %s LIMIT 1",
-                         [turn.pk, SteeringState.PENDING]) is not None
-
-
-def _answer_message(turn: Turn, answer: str) -> None:
-    rows.table(Message).insert(conversation_id=turn.conversation_id, role=Message.Role.ASSISTANT, content=answer,
-                               turn_id=turn.pk)
-
-
-def turn_complete(*, turn: Turn, writer: DeltaWriter, answer: str, citations: list[str]) -> bool:
-    """Complete the turn; False (and nothing written) when steering waits, which the runner then runs.
-
-    The turn's row lock orders this against streams.turn_steer: a steering is applied or refused."""
-    citations = citations + [c for c in _requested_citations(turn, answer) if c not in citations]
-    now = timezone.now()
-    with transaction.atomic():
-        _lock_turn(turn)
-        if _steering_pending(turn):
-            return False
-        if not _end(turn, TurnState.COMPLETED, finished_at=now):
-            return True  # already ended elsewhere (swept as interrupted): write nothing over it
-        _answer_message(turn, answer)
-        rows.table(Receipt).update({"id": turn.receipt_id}, state=ReceiptState.COMPLETED, answer=answer,
-                                   citations=citations, finished_at=now)
-        extra = []
-        if citations:
-            extra.append(("ugent.citations", {"turn_id": turn.turn_id, "citations": citations}, []))
-        hooks.run_after_turn(turn=turn, state="completed", answer=answer)
-        extra.append(("turn.completed", {"turn_id": turn.turn_id, "state": "completed", "answer": answer,
-                                         "citations": citations}, [turn.actor.key]))
-        writer.flush(extra)
-    return True
-
-
-def turn_fail(*, turn: Turn, writer: DeltaWriter, answer: str, reason: str, code: str) -> None:
-    now = timezone.now()
-    with transaction.atomic():
-        if not _end(turn, TurnState.FAILED, error=reason, finished_at=now):
-            return
-        if answer:
-            _answer_message(turn, answer)
-        rows.table(Receipt).update({"id": turn.receipt_id}, state=ReceiptState.FAILED, answer=answer,
-                                   reason=reason, finished_at=now)
-        hooks.run_after_turn(turn=turn, state="failed", answer=answer)
-        writer.flush(_steerings_drop(turn) + [
-            ("turn.failed", {"turn_id": turn.turn_id, "state": "failed", "reason": reason, "code": code,
-                             "answer": answer}, [turn.actor.key])])
-
-
-def turn_cancel_finish(*, turn: Turn, writer: DeltaWriter, answer: str) -> None:
-    """A stopped turn keeps what it already answered, marked as cut short."""
-    now = timezone.now()
-    with transaction.atomic():
-        if not _end(turn, TurnState.CANCELLED, finished_at=now):
-            return
-        if answer:
-            _answer_message(turn, answer)
-        rows.table(Receipt).update({"id": turn.receipt_id}, state=ReceiptState.CANCELLED, answer=answer,
-                                   reason="stopped", finished_at=now)
-        hooks.run_after_turn(turn=turn, state="cancelled", answer=answer)
-        writer.flush(_steerings_drop(turn) + [
-            ("turn.cancelled", {"turn_id": turn.turn_id, "state": "cancelled", "answer": answer, "partial": True},
-             [turn.actor.key])])
-
-
-def turns_recover_interrupted(*, started_before=None) -> int:
-    """Turns a crashed process left running become interrupted (receipt too), with an event.
-
-    At start-up of the embedded daemon every running turn is such a turn; in servers mode the
-    beat sweep passes `started_before`, past which no live worker can still hold a turn.
+    It also ends as failed a turn past its run limit whose engine has not come back to the runner
+    for a grace of two renewals (a blocked call): the runner then stops at its next step. The thread
+    runs only while the process holds turns.
     """
-    reason = "the process running it stopped"
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._held: dict[int, float] = {}  # turn pk -> monotonic deadline
+        self._thread: threading.Thread | None = None
+        self._wake = threading.Event()
+
+    def hold(self, turn_pk: int) -> None:
+        with self._lock:
+            self._held[turn_pk] = time.monotonic() + settings.UGENT_TURN_RUN_LIMIT
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="ugent-turn-lease", daemon=True)
+                self._thread.start()
+
+    def release(self, turn_pk: int) -> None:
+        with self._lock:
+            self._held.pop(turn_pk, None)
+
+    def held(self) -> list[int]:
+        with self._lock:
+            return list(self._held)
+
+    def tick(self) -> int:
+        """Renew the held turns' leases, end the overdue ones; the number of leases renewed."""
+        with self._lock:
+            held = dict(self._held)
+        if not held:
+            return 0
+        now = timezone.now()
+        renewed = Turn.objects.filter(pk__in=list(held), state=TurnState.RUNNING).update(
+            lease_expires_at=now + timedelta(seconds=settings.UGENT_TURN_LEASE_SECONDS))
+        grace = 2 * settings.UGENT_TURN_LEASE_RENEW_SECONDS
+        for pk, deadline in held.items():
+            if time.monotonic() > deadline + grace:
+                turn = Turn.objects.select_related("actor").filter(pk=pk, state=TurnState.RUNNING).first()
+                if turn is not None:
+                    turn_end(turn=turn, state=TurnState.FAILED, answer=streamed_answer(pk),
+                             reason=TIME_LIMIT_REASON, code="time_limit")
+                self.release(pk)
+        return renewed
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                self._wake.wait(settings.UGENT_TURN_LEASE_RENEW_SECONDS)
+                with self._lock:
+                    if not self._held:
+                        self._thread = None
+                        return
+                try:
+                    self.tick()
+                except Exception:  # a database hiccup: the next tick tries again, well inside the lease
+                    log.exception("turn lease renewal failed")
+                finally:
+                    close_old_connections()
+        finally:
+            connection.close()
+
+
+lease_keeper = LeaseKeeper()
+
+
+# --- the sweep and the start-up --------------------------------------------------------------
+
+def turns_recover_interrupted(*, lapsed_before=None) -> int:
+    """Turns whose process stopped become interrupted, keeping what they streamed, with an event.
+
+    At start-up of the embedded daemon every running turn is such a turn; the sweep passes
+    `lapsed_before` (now): only a turn whose lease lapsed before it has lost its process.
+    """
     qs = Turn.objects.filter(state=TurnState.RUNNING).select_related("actor")
-    if started_before is not None:
-        qs = qs.filter(started_at__lt=started_before)
+    where = None
+    if lapsed_before is not None:
+        # a turn claimed before leases existed has none: its start stands for one
+        where = Q(lease_expires_at__lt=lapsed_before) | Q(
+            lease_expires_at__isnull=True,
+            started_at__lt=lapsed_before - timedelta(seconds=settings.UGENT_TURN_LEASE_SECONDS))
+        qs = qs.filter(where)
     count = 0
     for turn in qs:
-        now = timezone.now()
-        with transaction.atomic():
-            if not _end(turn, TurnState.INTERRUPTED, finished_at=now, error=reason):
-                continue
-            Receipt.objects.filter(pk=turn.receipt_id).update(state=ReceiptState.INTERRUPTED, finished_at=now,
-                                                              reason=reason)
-            hooks.run_after_turn(turn=turn, state="interrupted", answer="")
-            events_append(conversation_id=turn.conversation_id, turn_pk=turn.pk, items=[
-                ("turn.failed", {"turn_id": turn.turn_id, "state": "interrupted", "reason": reason,
-                                 "code": "interrupted"}, [turn.actor.key])])
-        count += 1
+        outcome = turn_end(turn=turn, state=TurnState.INTERRUPTED, answer=streamed_answer(turn.pk), where=where)
+        count += outcome is EndOutcome.ENDED
     return count
 
 
-def turns_sweep_stale() -> int:
-    """Beat: a turn running longer than its hard time limit (plus a grace) has lost its worker."""
-    from datetime import timedelta
+def turns_abandon_expired(*, now=None) -> int:
+    """Accepted turns never started within UGENT_TURN_QUEUE_TIMEOUT end as abandoned."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.UGENT_TURN_QUEUE_TIMEOUT)
+    count = 0
+    for turn in Turn.objects.filter(state=TurnState.ACCEPTED, created_at__lt=cutoff).select_related("actor"):
+        outcome = turn_end(turn=turn, state=TurnState.ABANDONED, reason=QUEUE_TIMEOUT_REASON,
+                           from_state=TurnState.ACCEPTED)
+        count += outcome is EndOutcome.ENDED
+    return count
 
-    from django.conf import settings
-    cutoff = timezone.now() - timedelta(seconds=settings.CELERY_TASK_TIME_LIMIT + 60)
-    ended = turns_recover_interrupted(started_before=cutoff)
-    # An accepted turn whose task never reached a worker (the broker failed after the commit) is
-    # queued again; the claim in turn_run keeps a task that was only slow from running it twice.
-    from channels_app.tasks import turn_dispatch
-    stale = timezone.now() - timedelta(seconds=ACCEPTED_REQUEUE_SECONDS)
-    for pk in Turn.objects.filter(state=TurnState.ACCEPTED, created_at__lt=stale).values_list("pk", flat=True):
-        turn_dispatch(pk)
+
+def turns_requeue_lost(*, now=None) -> int:
+    """Accepted turns whose task the broker lost (it was down, or restarted empty) are dispatched again.
+
+    Only when the broker's queue holds fewer messages than there are such turns: a backlog is
+    waiting its turn, not lost. The claim in TurnRun keeps a duplicate task from running it twice."""
+    from channels_app import tasks
+    if tasks.local_turn_pool_active():
+        return 0  # embedded: turns never leave the process; start-up re-queues what a stop left
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.UGENT_TURN_REQUEUE_SECONDS)
+    pks = list(Turn.objects.filter(state=TurnState.ACCEPTED, created_at__lt=cutoff).values_list("pk", flat=True))
+    if not pks:
+        return 0
+    backlog = tasks.broker_backlog()
+    if backlog is None or backlog >= len(pks):
+        return 0
+    dispatched = sum(tasks.turn_dispatch(pk) for pk in pks)
+    log.warning("dispatched %d accepted turn(s) again: their tasks were lost by the broker", dispatched)
+    return dispatched
+
+
+def turns_sweep_stale() -> int:
+    """Beat, every UGENT_TURN_SWEEP_SECONDS: lapsed leases end interrupted, expired queue waits end
+    abandoned, lost tasks are dispatched again. The number of turns it ended."""
+    now = timezone.now()
+    ended = turns_recover_interrupted(lapsed_before=now) + turns_abandon_expired(now=now)
+    turns_requeue_lost(now=now)
     return ended
 
 

@@ -20,7 +20,7 @@ from django.utils import timezone
 from channels_app import access, hooks, rows
 from channels_app.bodies import text_problem
 from channels_app.errors import ApplicationError
-from channels_app.events import event_append, events_append
+from channels_app.events import event_append
 from channels_app.models import (FINAL_STATES, Actor, Caller, Conversation, Message, Receipt,
                                  ReceiptState, Role, Turn)
 
@@ -157,6 +157,7 @@ class SubmitResult:
     turn: Turn
     conversation: Conversation
     stopped: Optional[hooks.HookStop] = None
+    queued: bool = False  # the broker could not take the turn: it waits in its row (runner.turns_requeue_lost)
 
 
 class DuplicateMessage(ApplicationError):
@@ -296,30 +297,26 @@ def _submit_locked(inbound: InboundMessage, conversation: Conversation, created:
                  data=user_event, new_turn=True)
     if on_turn is not None:
         on_turn(turn)
+    result = SubmitResult(receipt=receipt, turn=turn, conversation=conversation, stopped=stop)
     if stop is not None:
         turn_finish_without_agent(turn=turn, stop=stop)
     else:
         from channels_app.tasks import turn_dispatch
-        transaction.on_commit(lambda: turn_dispatch(turn.pk))
-    return SubmitResult(receipt=receipt, turn=turn, conversation=conversation, stopped=stop)
+
+        def dispatch():
+            result.queued = not turn_dispatch(turn.pk)
+        transaction.on_commit(dispatch)
+    return result
 
 
 def turn_finish_without_agent(*, turn: Turn, stop: hooks.HookStop) -> None:
-    """A hook stopped the message: answer the sender, record it like any other turn."""
-    now = timezone.now()
+    """A hook stopped the message: answer the sender, record it like any other turn (runner.turn_end)."""
+    from channels_app.models import TurnState
+    from channels_app.runner import turn_end
     state = stop.state if stop.state in (ReceiptState.COMPLETED, ReceiptState.REFUSED) else ReceiptState.COMPLETED
-    Receipt.objects.filter(pk=turn.receipt_id).update(state=state, answer=stop.answer, reason=stop.reason,
-                                                      started_at=now, finished_at=now)
-    Turn.objects.filter(pk=turn.pk).update(state=state, started_at=now, finished_at=now)
-    Message.objects.create(conversation_id=turn.conversation_id, role=Message.Role.ASSISTANT,
-                           content=stop.answer, turn=turn)
-    turn.state = state
-    hooks.run_after_turn(turn=turn, state=state, answer=stop.answer)
-    events_append(conversation_id=turn.conversation_id, turn_pk=turn.pk, items=[
-        ("turn.delta", {"turn_id": turn.turn_id, "segment": "answer", "text": stop.answer}, []),
-        ("turn.completed", {"turn_id": turn.turn_id, "state": state, "answer": stop.answer,
-                            "decided_by": stop.decided_by, "citations": []}, [turn.actor.key]),
-    ])
+    turn_end(turn=turn, state=state, answer=stop.answer, reason=stop.reason, from_state=TurnState.ACCEPTED,
+             started_at=timezone.now(), decided_by=stop.decided_by,
+             pending=[("turn.delta", {"turn_id": turn.turn_id, "segment": "answer", "text": stop.answer}, [])])
 
 
 # --- reads -------------------------------------------------------------------

@@ -369,8 +369,11 @@ def retention_schedule_ensure(*, every_seconds: int | None = None) -> None:
         name=RETENTION_TASK_NAME,
         defaults={"task": "channels_app.tasks.prune_events", "interval": schedule, "enabled": True,
                   "description": "Deletes events older than UGENT_EVENT_RETENTION_SECS."})
-    minute, _ = IntervalSchedule.objects.get_or_create(every=60, period=IntervalSchedule.SECONDS)
+    from django.conf import settings
+    sweep, _ = IntervalSchedule.objects.get_or_create(every=settings.UGENT_TURN_SWEEP_SECONDS,
+                                                      period=IntervalSchedule.SECONDS)
     PeriodicTask.objects.update_or_create(
         name="ugent: sweep turns whose worker died",
-        defaults={"task": "channels_app.tasks.sweep_stale_turns", "interval": minute, "enabled": True,
-                  "description": "Marks turns running past their hard time limit as interrupted."})
+        defaults={"task": "channels_app.tasks.sweep_stale_turns", "interval": sweep, "enabled": True,
+                  "description": "Ends turns whose lease lapsed (interrupted) or whose queue deadline "
+                                 "passed (abandoned), and dispatches again turns the broker lost."})

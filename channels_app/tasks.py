@@ -18,11 +18,11 @@ def run_turn(turn_pk: int) -> None:
     from channels_app import runner
     try:
         runner.turn_run(turn_pk)
-    except SoftTimeLimitExceeded:
-        from channels_app.models import Turn
+    except SoftTimeLimitExceeded:  # the prefork pool's limit; the runner's own (UGENT_TURN_RUN_LIMIT) comes first
+        from channels_app.models import Turn, TurnState
         turn = Turn.objects.select_related("actor").get(pk=turn_pk)
-        runner.turn_fail(turn=turn, writer=runner.DeltaWriter(turn), answer="",
-                         reason="The turn ran out of time.", code="time_limit")
+        runner.turn_end(turn=turn, state=TurnState.FAILED, answer=runner.streamed_answer(turn_pk),
+                        reason=runner.TIME_LIMIT_REASON, code="time_limit")
 
 
 class LocalTurnPool:
@@ -78,14 +78,45 @@ def local_turn_pool_forget() -> None:
     _local_pool = None
 
 
-def turn_dispatch(turn_pk: int) -> None:
+def local_turn_pool_active() -> bool:
+    return _local_pool is not None
+
+
+def turn_dispatch(turn_pk: int) -> bool:
     """Hand an accepted (committed) turn to a worker: the daemon's own turn threads in embedded mode,
-    a Celery worker through the broker otherwise."""
+    a Celery worker through the broker otherwise. False when the broker could not take it: the turn
+    stays accepted in its row, and the sweep dispatches it again once the broker is back."""
     pool = _local_pool
     if pool is None:
-        run_turn.delay(turn_pk)
+        try:
+            run_turn.delay(turn_pk)
+        except Exception as exc:  # kombu's OperationalError after its publish retries, or a socket error
+            log.warning("turn queued, not dispatched: the broker is unreachable (turn_pk=%s): %s", turn_pk, exc)
+            return False
     else:
         pool.submit(turn_pk)
+    return True
+
+
+def broker_backlog() -> int | None:
+    """How many messages wait in this deployment's queue on the broker; None when it cannot be asked.
+
+    Only a Redis broker is asked (its queue is a list per priority step, kombu's naming); the
+    in-process broker never holds a turn across a restart, and eager tests have no queue: 0."""
+    from celery import current_app
+    from django.conf import settings
+    url = settings.CELERY_BROKER_URL
+    if current_app.conf.task_always_eager or not url.startswith(("redis://", "rediss://", "unix://")):
+        return 0
+    import redis
+    queue = settings.CELERY_TASK_DEFAULT_QUEUE
+    client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=2)
+    try:
+        return sum(client.llen(key) for key in [queue] + [f"{queue}\x06\x16{p}" for p in (3, 6, 9)])
+    except redis.RedisError:
+        return None
+    finally:
+        client.close()
 
 
 @shared_task(ignore_result=True, soft_time_limit=600, time_limit=660)
@@ -99,7 +130,8 @@ def prune_events() -> int:
 @shared_task(ignore_result=True, soft_time_limit=120, time_limit=180)
 @with_fresh_connections
 def sweep_stale_turns() -> int:
-    """Beat: turns whose worker died (servers mode) end as interrupted instead of running forever."""
+    """Beat, every UGENT_TURN_SWEEP_SECONDS: turns whose lease lapsed end as interrupted, turns past
+    their queue deadline as abandoned, and accepted turns the broker lost are dispatched again."""
     from channels_app import runner
     return runner.turns_sweep_stale()
 

@@ -134,6 +134,17 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_DB_REUSE_MAX = env.int("UGENT_CELERY_DB_REUSE_MAX", default=1000)
 CELERY_TASK_SOFT_TIME_LIMIT = env.int("UGENT_TURN_SOFT_TIME_LIMIT", default=600)
 CELERY_TASK_TIME_LIMIT = env.int("UGENT_TURN_TIME_LIMIT", default=660)
+# A turn's liveness (docs/turns.md): the process running it renews its lease every RENEW seconds;
+# the sweep (every SWEEP seconds) ends as interrupted a running turn whose lease has lapsed.
+UGENT_TURN_LEASE_SECONDS = env.float("UGENT_TURN_LEASE_SECONDS", default=20)
+UGENT_TURN_LEASE_RENEW_SECONDS = env.float("UGENT_TURN_LEASE_RENEW_SECONDS", default=5)
+UGENT_TURN_SWEEP_SECONDS = env.int("UGENT_TURN_SWEEP_SECONDS", default=5)
+# The runner ends a turn running longer than this as failed ("The turn ran out of time.").
+UGENT_TURN_RUN_LIMIT = env.float("UGENT_TURN_RUN_LIMIT", default=CELERY_TASK_SOFT_TIME_LIMIT)
+# An accepted turn not started within this many seconds is abandoned, never run late.
+UGENT_TURN_QUEUE_TIMEOUT = env.float("UGENT_TURN_QUEUE_TIMEOUT", default=900)
+# An accepted turn older than this, with the broker's queue empty, lost its task: it is dispatched again.
+UGENT_TURN_REQUEUE_SECONDS = env.float("UGENT_TURN_REQUEUE_SECONDS", default=10)
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = "UTC"
 

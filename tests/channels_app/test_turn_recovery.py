@@ -1,57 +1,165 @@
-"""Turns whose worker died end as interrupted, never running forever, and a late finish writes nothing."""
+"""A turn's liveness is its lease: the sweep ends only turns whose lease lapsed, keeping what they streamed;
+accepted turns past their queue deadline are abandoned; turns the broker lost are dispatched again."""
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from unittest import mock
 
 import pytest
+from django.test import Client
 from django.utils import timezone
+from kombu.exceptions import OperationalError
 
-from channels_app import runner, services
+from channels_app import runner, services, tasks
 from channels_app.models import Event, Message, Receipt, Turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def running_turn(tcast, text="hi", started_ago=0):
+def running_turn(tcast, text="hi", started_ago=0, lease_in=20.0, streamed=()):
     actor = services.actor_resolve(caller=tcast.operator, user="alice")
     with mock.patch("channels_app.tasks.run_turn.delay"):
         result = services.message_submit(inbound=services.InboundMessage(actor=actor, caller=tcast.operator,
                                                                          text=text))
-    started = timezone.now() - timedelta(seconds=started_ago)
-    Turn.objects.filter(pk=result.turn.pk).update(state="running", started_at=started)
+    now = timezone.now()
+    started = now - timedelta(seconds=started_ago)
+    Turn.objects.filter(pk=result.turn.pk).update(state="running", started_at=started,
+                                                  lease_expires_at=now + timedelta(seconds=lease_in))
     Receipt.objects.filter(pk=result.receipt.pk).update(state="running", started_at=started)
+    for segment, text in streamed:
+        Event.objects.create(conversation_id=result.conversation.pk, turn_id=result.turn.pk, type="turn.delta",
+                             data={"turn_id": result.turn.turn_id, "segment": segment, "text": text})
     return Turn.objects.select_related("actor").get(pk=result.turn.pk)
 
 
-def test_the_sweep_ends_only_turns_past_their_hard_limit(tcast, settings):
-    old = running_turn(tcast, "old", started_ago=settings.CELERY_TASK_TIME_LIMIT + 120)
-    fresh = running_turn(tcast, "fresh", started_ago=5)
+def test_the_sweep_ends_a_turn_whose_lease_lapsed_keeping_what_it_streamed(tcast):
+    turn = running_turn(tcast, lease_in=-1, streamed=[("answer", "dropped"), ("answer_reset", ""),
+                                                       ("answer", "Half"), ("thinking", "hmm"), ("answer", " done")])
     assert runner.turns_sweep_stale() == 1
-    old.refresh_from_db()
-    fresh.refresh_from_db()
-    assert old.state == "interrupted" and fresh.state == "running"
-    assert Receipt.objects.get(pk=old.receipt_id).state == "interrupted"
-    ev = Event.objects.get(turn=old, type="turn.failed")
-    assert ev.data["state"] == "interrupted" and ev.audience == ["web:alice"]
+    turn.refresh_from_db()
+    receipt = Receipt.objects.get(pk=turn.receipt_id)
+    assert turn.state == "interrupted" and turn.lease_expires_at is None
+    assert (receipt.state, receipt.answer, receipt.reason) == ("interrupted", "Half done", runner.INTERRUPTED_REASON)
+    assert Message.objects.get(turn=turn, role="assistant").content == "Half done"
+    ev = Event.objects.get(turn=turn, type="turn.failed")
+    assert ev.data["state"] == "interrupted" and ev.data["answer"] == "Half done" and ev.audience == ["web:alice"]
     assert runner.turns_sweep_stale() == 0  # once only
+    # the receipt shows what streamed
+    resp = Client().get("/v1/ugent/receipt", {"conversation_id": turn.conversation.external_id,
+                                              "client_message_id": receipt.client_message_id},
+                        HTTP_X_API_KEY=tcast.keys["operator"])
+    assert resp.json()["answer"] == "Half done"
 
 
-def test_a_late_finish_after_the_sweep_writes_nothing(tcast, settings):
-    turn = running_turn(tcast, "slow", started_ago=settings.CELERY_TASK_TIME_LIMIT + 120)
+def test_a_turn_running_long_past_its_time_limit_with_a_fresh_lease_is_not_swept(tcast, settings):
+    turn = running_turn(tcast, started_ago=settings.CELERY_TASK_TIME_LIMIT + 120, lease_in=10)
+    assert runner.turns_sweep_stale() == 0
+    assert Turn.objects.get(pk=turn.pk).state == "running"
+
+
+def test_a_lease_renewed_between_the_sweeps_read_and_its_write_wins(tcast):
+    turn = running_turn(tcast, lease_in=-1)
+    lapsed = timezone.now()
+    Turn.objects.filter(pk=turn.pk).update(lease_expires_at=lapsed + timedelta(seconds=20))  # the keeper renewed
+    assert runner.turn_end(turn=turn, state="interrupted", where=runner.Q(lease_expires_at__lt=lapsed)) \
+        is runner.EndOutcome.ALREADY_ENDED
+    assert Turn.objects.get(pk=turn.pk).state == "running"
+
+
+def test_a_late_finish_after_the_sweep_writes_nothing(tcast):
+    turn = running_turn(tcast, lease_in=-1)
     runner.turns_sweep_stale()
-    runner.turn_complete(turn=turn, writer=runner.DeltaWriter(turn), answer="too late", citations=[])
-    runner.turn_fail(turn=turn, writer=runner.DeltaWriter(turn), answer="", reason="x", code="y")
+    assert runner.turn_complete(turn=turn, writer=runner.DeltaWriter(turn), answer="too late", citations=[])
+    assert runner.turn_end(turn=turn, state="failed", reason="x") is runner.EndOutcome.ALREADY_ENDED
     turn.refresh_from_db()
     assert turn.state == "interrupted"
     assert Receipt.objects.get(pk=turn.receipt_id).state == "interrupted"
-    assert not Message.objects.filter(turn=turn, role="assistant").exists()
-    assert not Event.objects.filter(turn=turn, type__in=["turn.completed"]).exists()
+    assert not Event.objects.filter(turn=turn, type="turn.completed").exists()
 
 
-def test_the_sweep_is_scheduled_in_beat(tcast):
+def test_the_lease_keeper_renews_the_turns_it_holds_and_ends_one_past_its_limit(tcast, settings):
+    keeper = runner.LeaseKeeper()
+    alive = running_turn(tcast, "alive", lease_in=1, streamed=[("answer", "so far")])
+    stuck = running_turn(tcast, "stuck", lease_in=1, streamed=[("answer", "stuck at")])
+    keeper._held = {alive.pk: float("inf"), stuck.pk: 0.0}  # the stuck one's deadline has long passed
+    assert keeper.tick() == 2
+    assert Turn.objects.get(pk=alive.pk).lease_expires_at > timezone.now() + timedelta(seconds=10)
+    assert Turn.objects.get(pk=alive.pk).state == "running"
+    receipt = Receipt.objects.get(pk=stuck.receipt_id)
+    assert (receipt.state, receipt.reason, receipt.answer) == ("failed", runner.TIME_LIMIT_REASON, "stuck at")
+    assert keeper.held() == [alive.pk]
+
+
+def test_the_sweep_abandons_accepted_turns_past_their_queue_deadline(tcast, settings):
+    actor = services.actor_resolve(caller=tcast.operator, user="alice")
+    with mock.patch("channels_app.tasks.run_turn.delay"):
+        old, new = (services.message_submit(inbound=services.InboundMessage(actor=actor, caller=tcast.operator,
+                                                                           text=t)) for t in ("old", "new"))
+    Turn.objects.filter(pk=old.turn.pk).update(
+        created_at=timezone.now() - timedelta(seconds=settings.UGENT_TURN_QUEUE_TIMEOUT + 1))
+    with mock.patch("channels_app.tasks.run_turn.delay"):
+        assert runner.turns_sweep_stale() == 1
+    assert Receipt.objects.get(pk=old.receipt.pk).state == "abandoned"
+    assert Turn.objects.get(pk=new.turn.pk).state == "accepted"
+    ev = Event.objects.get(turn_id=old.turn.pk, type="turn.failed")
+    assert ev.data["state"] == "abandoned" and ev.data["reason"] == runner.QUEUE_TIMEOUT_REASON
+
+
+def test_lost_turns_are_dispatched_again_only_when_the_broker_queue_cannot_hold_them(tcast, settings, monkeypatch):
+    actor = services.actor_resolve(caller=tcast.operator, user="alice")
+    with mock.patch("channels_app.tasks.run_turn.delay"):
+        lost = services.message_submit(inbound=services.InboundMessage(actor=actor, caller=tcast.operator,
+                                                                      text="lost"))
+    Turn.objects.filter(pk=lost.turn.pk).update(
+        created_at=timezone.now() - timedelta(seconds=settings.UGENT_TURN_REQUEUE_SECONDS + 1))
+    dispatched = []
+    monkeypatch.setattr(tasks, "turn_dispatch", lambda pk: dispatched.append(pk) or True)
+    monkeypatch.setattr(tasks, "broker_backlog", lambda: 1)  # its task may still be waiting in the queue
+    assert runner.turns_requeue_lost() == 0
+    monkeypatch.setattr(tasks, "broker_backlog", lambda: None)  # the broker is down: wait for it
+    assert runner.turns_requeue_lost() == 0
+    monkeypatch.setattr(tasks, "broker_backlog", lambda: 0)  # back, and empty: the task was lost
+    assert runner.turns_requeue_lost() == 1 and dispatched == [lost.turn.pk]
+
+
+def _chat(tcast, **extra):
+    body = {"messages": [{"role": "user", "content": "hello"}], "user": "alice", **extra}
+    return Client().post("/v1/chat/completions", data=json.dumps(body), content_type="application/json",
+                         HTTP_X_API_KEY=tcast.keys["operator"])
+
+
+def test_a_message_accepted_while_the_broker_is_down_is_answered_as_queued(tcast, monkeypatch):
+    def down(pk):
+        raise OperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+    monkeypatch.setattr("channels_app.tasks.run_turn.delay", down)
+    resp = _chat(tcast, conversation_id="c1", client_message_id="m1")
+    assert resp.status_code == 202
+    body = resp.json()
+    turn = Turn.objects.get()
+    assert body["ugent_turn_id"] == turn.turn_id == resp["x-ugent-turn-id"]
+    assert body["ugent_receipt"] == {"conversation_id": "c1", "client_message_id": "m1", "state": "accepted",
+                                     "turn_id": turn.turn_id, "queued": True}
+    assert turn.state == "accepted" and Receipt.objects.get().state == "accepted"
+
+
+def test_a_stream_accepted_while_the_broker_is_down_says_queued_first(tcast, monkeypatch):
+    def down(pk):
+        raise OperationalError("Connection refused.")
+    monkeypatch.setattr("channels_app.tasks.run_turn.delay", down)
+    from tests.streams.conftest import read_frames
+    resp = _chat(tcast, conversation_id="c2", stream=True)
+    assert resp.status_code == 200
+    frames = [f for f in read_frames(resp, timeout=1.0) if f["event"] or f["data"]]
+    assert frames[0]["event"] == "ugent.receipt"
+    assert frames[0]["data"]["ugent_receipt"]["queued"] is True
+    assert frames[0]["data"]["ugent_receipt"]["turn_id"] == Turn.objects.get().turn_id
+
+
+def test_the_sweep_is_scheduled_in_beat_every_few_seconds(tcast, settings):
     from django_celery_beat.models import PeriodicTask
 
     from channels_app.streams import retention_schedule_ensure
     retention_schedule_ensure()
-    assert PeriodicTask.objects.filter(task="channels_app.tasks.sweep_stale_turns", enabled=True).exists()
+    entry = PeriodicTask.objects.get(task="channels_app.tasks.sweep_stale_turns", enabled=True)
+    assert entry.interval.every == settings.UGENT_TURN_SWEEP_SECONDS

@@ -31,8 +31,12 @@ def free_port() -> int:
 
 
 class Daemon:
-    def __init__(self, tmp: Path, *, servers: bool | None = None, extra_env: dict | None = None):
+    def __init__(self, tmp: Path, *, servers: bool | None = None, extra_env: dict | None = None,
+                 beat: bool = False, worker_concurrency: int = 8):
         self.tmp = tmp
+        self.beat = beat  # servers mode: a `celery beat` process too (embedded mode always runs its own)
+        self.worker_concurrency = worker_concurrency
+        self.worker: subprocess.Popen | None = None
         self.servers = bool(os.environ.get("REDIS_URL")) if servers is None else servers
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
@@ -85,13 +89,47 @@ class Daemon:
         self.spawn()
         return self
 
+    def spawn_worker(self) -> subprocess.Popen:
+        """Servers mode: one more Celery worker (after kill_worker, the one that replaces it)."""
+        out = open(self.tmp / "daemon.log", "ab")
+        self.worker = subprocess.Popen(
+            [PY, "-m", "celery", "-A", "ugent_site", "worker", "-P", "threads", "-c", str(self.worker_concurrency),
+             "-l", "WARNING", "--without-heartbeat", "--without-mingle", "--without-gossip",
+             "-n", f"w{self.port}-{uuid.uuid4().hex[:6]}@%h"],
+            cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs.append(self.worker)
+        return self.worker
+
+    def kill_worker(self) -> None:
+        """kill -9 the process running turns: the Celery worker (servers), the whole daemon (embedded)."""
+        victims = [self.worker] if self.servers else list(self.procs)
+        for p in victims:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            self.procs.remove(p)
+
+    def sql(self, query: str, params=()) -> list[tuple]:
+        """Read the daemon's database directly (its own file or database), as an operator would."""
+        if self.servers:
+            import psycopg
+            with psycopg.connect(self.env["DATABASE_URL"], autocommit=True) as conn:
+                return conn.execute(query.replace("?", "%s"), params).fetchall()
+        import sqlite3
+        conn = sqlite3.connect(self.tmp / "var" / "ugent.sqlite3", timeout=30)
+        try:
+            return conn.execute(query, params).fetchall()
+        finally:
+            conn.close()
+
     def spawn(self):
         out = open(self.tmp / "daemon.log", "ab")
         if self.servers:
-            self.procs.append(subprocess.Popen(
-                [PY, "-m", "celery", "-A", "ugent_site", "worker", "-P", "threads", "-c", "8", "-l", "WARNING",
-                 "--without-heartbeat", "--without-mingle", "--without-gossip", "-n", f"w{self.port}@%h"],
-                cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+            self.spawn_worker()
+            if self.beat:
+                self.procs.append(subprocess.Popen(
+                    [PY, "-m", "celery", "-A", "ugent_site", "beat", "-l", "WARNING", "--pidfile=",
+                     "-S", "django_celery_beat.schedulers:DatabaseScheduler"],
+                    cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
             self.procs.append(subprocess.Popen(
                 [PY, "-m", "uvicorn", *UVICORN_ARGS, "--host", "127.0.0.1", "--port", str(self.port),
                  "ugent_site.asgi:application"],

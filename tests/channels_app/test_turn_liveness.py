@@ -1,0 +1,207 @@
+"""A turn's liveness against the real daemon, in the run mode the environment names, with kill -9.
+
+A killed worker's turn ends interrupted within 30 s (the lease lapses), keeping what streamed; a
+healthy turn streaming for many leases is never swept; the runner's own limit fails a turn with a
+reason and nothing follows its terminal event; and (servers mode) a message accepted while the
+broker is down is answered as queued and runs when the broker is back, empty.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.support.daemon import Daemon, free_port
+
+SERVERS = bool(os.environ.get("REDIS_URL"))
+#: Short leases so a lapse is seen in seconds; the sweep every second (beat, in either mode).
+FAST_LEASE = {"UGENT_TURN_LEASE_SECONDS": "3", "UGENT_TURN_LEASE_RENEW_SECONDS": "0.5",
+              "UGENT_TURN_SWEEP_SECONDS": "1", "UGENT_TURN_REQUEUE_SECONDS": "2"}
+TERMINAL = ("turn.completed", "turn.failed", "turn.cancelled")
+
+
+def words(n: int) -> str:
+    return " ".join(f"w{i}" for i in range(n))
+
+
+def chat(d: Daemon, text: str, conversation_id: str, *, stream: bool = False, timeout: float = 60):
+    body = {"messages": [{"role": "user", "content": text}], "conversation_id": conversation_id,
+            "client_message_id": "m1", "user": "alice", "stream": stream}
+    return httpx.post(d.base + "/v1/chat/completions", json=body, headers={"x-api-key": d.key}, timeout=timeout)
+
+
+def receipt(d: Daemon, conversation_id: str) -> dict:
+    return httpx.get(d.base + "/v1/ugent/receipt", headers={"x-api-key": d.key}, timeout=10,
+                     params={"conversation_id": conversation_id, "client_message_id": "m1",
+                             "user": "alice"}).json()
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+        except httpx.HTTPError:
+            value = None
+        if value:
+            return value
+        time.sleep(interval)
+    return None
+
+
+def turn_events(d: Daemon, conversation_id: str) -> list[tuple[str, str]]:
+    return d.sql("SELECT e.type, e.data FROM channels_app_event e JOIN channels_app_turn t ON t.id = e.turn_id "
+                 "JOIN channels_app_conversation c ON c.id = t.conversation_id WHERE c.external_id = ? "
+                 "ORDER BY e.id", (conversation_id,))
+
+
+def deltas(d: Daemon, conversation_id: str) -> int:
+    return sum(1 for t, _ in turn_events(d, conversation_id) if t == "turn.delta")
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    made = []
+
+    def start(**env):
+        d = Daemon(tmp_path / f"d{len(made)}", extra_env={**FAST_LEASE, **env}, beat=True)
+        (tmp_path / f"d{len(made)}").mkdir()
+        made.append(d)
+        d.start()
+        # The first turn of a process loads the engines (entry points: seconds on a busy machine), which
+        # a short run limit cuts off (502); once they are loaded a turn answers.
+        assert wait_for(lambda: chat(d, "warm up", f"c-warm-{time.monotonic()}", timeout=180).status_code == 200,
+                        timeout=300, interval=1)
+        return d
+    yield start
+    for d in made:
+        d.close()
+
+
+def test_a_killed_workers_turn_ends_interrupted_within_30s_keeping_what_it_streamed(daemon):
+    d = daemon()
+
+    def send():
+        try:
+            chat(d, "script:slow=0.1|answer=" + words(600), "c-kill", stream=True, timeout=5)
+        except httpx.HTTPError:
+            pass
+    threading.Thread(target=send, daemon=True).start()
+    assert wait_for(lambda: deltas(d, "c-kill") >= 5, timeout=30)
+    d.kill_worker()
+    streamed_before = "".join(json.loads(data)["text"] for t, data in turn_events(d, "c-kill")
+                              if t == "turn.delta")
+    if SERVERS:
+        d.spawn_worker()  # another worker runs the sweep; the web process never stopped
+    else:
+        d.spawn()  # the daemon comes back; its start-up ends what the dead process left running
+    r = wait_for(lambda: (lambda r: r if r.get("state") == "interrupted" else None)(receipt(d, "c-kill")),
+                 timeout=30)
+    assert r, receipt(d, "c-kill")
+    assert r["reason"] == "the process running it stopped"
+    assert r["answer"].startswith(streamed_before) and r["answer"].startswith("w0 w1 w2")
+    types = [t for t, _ in turn_events(d, "c-kill")]
+    assert types[-1] == "turn.failed" and types.count("turn.failed") == 1
+
+
+def test_a_healthy_turn_streaming_for_many_leases_is_never_swept(daemon):
+    # Celery's own limits are far below the turn's run time here: nothing may take them for liveness.
+    d = daemon(UGENT_TURN_SOFT_TIME_LIMIT="1", UGENT_TURN_TIME_LIMIT="2", UGENT_TURN_RUN_LIMIT="120")
+    text = words(100)
+    resp = chat(d, "script:slow=0.08|answer=" + text, "c-long")  # ~8 s: more than two leases
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["choices"][0]["message"]["content"] == text
+    r = receipt(d, "c-long")
+    assert r["state"] == "completed" and r["answer"] == text
+    types = [t for t, _ in turn_events(d, "c-long")]
+    assert types[-1] == "turn.completed" and "turn.failed" not in types
+
+
+def test_a_turn_past_the_runners_limit_fails_with_a_reason_and_nothing_follows(daemon):
+    d = daemon(UGENT_TURN_RUN_LIMIT="2")
+    resp = chat(d, "script:slow=0.05|answer=" + words(400), "c-limit")
+    assert resp.status_code == 502 and resp.json()["error"]["code"] == "time_limit"
+    r = receipt(d, "c-limit")
+    assert r["state"] == "failed" and r["reason"] == "The turn ran out of time."
+    assert r["answer"].startswith("w0") and "w399" not in r["answer"]
+    time.sleep(1.0)  # the runner had its chance to write more: it must not have
+    types = [t for t, _ in turn_events(d, "c-limit")]
+    assert types[-1] == "turn.failed" and types.count("turn.failed") == 1
+
+
+# --- servers mode: the broker goes away ----------------------------------------------------------
+
+class OwnRedis:
+    """A Redis of the test's own (no persistence), so stopping or emptying it touches nobody else."""
+
+    def __init__(self, tmp):
+        self.port, self.tmp, self.proc = free_port(), tmp, None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self):
+        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--save", "", "--appendonly", "no",
+                                      "--dir", str(self.tmp)], stdout=subprocess.DEVNULL, start_new_session=True)
+        assert wait_for(lambda: subprocess.run(["redis-cli", "-p", str(self.port), "ping"], capture_output=True,
+                                               text=True).stdout.strip() == "PONG", timeout=10)
+
+    def kill(self):
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def cli(self, *args):
+        return subprocess.run(["redis-cli", "-p", str(self.port), *args], capture_output=True, text=True).stdout
+
+
+@pytest.fixture
+def own_redis(tmp_path):
+    if not SERVERS:
+        pytest.skip("embedded mode has no broker to lose: its turns never leave the process")
+    if not shutil.which("redis-server"):
+        pytest.fail("servers-mode tests need redis-server on PATH")
+    r = OwnRedis(tmp_path)
+    r.start()
+    yield r
+    if r.proc.poll() is None:
+        r.kill()
+
+
+def test_a_message_accepted_while_the_broker_is_down_is_queued_and_runs_when_it_returns(daemon, own_redis):
+    d = daemon(REDIS_URL=own_redis.url)
+    own_redis.kill()
+    resp = chat(d, "hello while down", "c-down")
+    assert resp.status_code == 202, resp.text
+    body = resp.json()
+    assert body["ugent_receipt"]["state"] == "accepted" and body["ugent_receipt"]["queued"] is True
+    assert body["ugent_turn_id"] == resp.headers["x-ugent-turn-id"]
+    own_redis.start()  # back, and empty
+    r = wait_for(lambda: (lambda r: r if r.get("state") == "completed" else None)(receipt(d, "c-down")),
+                 timeout=60)
+    assert r and r["answer"].startswith("echo: hello while down")
+
+
+def test_a_turn_lost_with_an_emptied_broker_is_dispatched_again(daemon, own_redis):
+    d = daemon(REDIS_URL=own_redis.url)
+    d.kill_worker()  # nobody takes the task...
+    body = {"messages": [{"role": "user", "content": "hello into the void"}], "conversation_id": "c-flush",
+            "client_message_id": "m1", "user": "alice"}
+    try:
+        httpx.post(d.base + "/v1/chat/completions", json=body, headers={"x-api-key": d.key}, timeout=2)
+    except httpx.TimeoutException:
+        pass  # the answer waits for a worker; the message is accepted
+    assert wait_for(lambda: receipt(d, "c-flush").get("state") == "accepted", timeout=10)
+    assert wait_for(lambda: int(own_redis.cli("LLEN", d.env["UGENT_CELERY_QUEUE"]) or 0) >= 1, timeout=10)
+    own_redis.cli("FLUSHALL")  # ...and the broker loses it
+    d.spawn_worker()
+    r = wait_for(lambda: (lambda r: r if r.get("state") == "completed" else None)(receipt(d, "c-flush")),
+                 timeout=60)
+    assert r and r["answer"].startswith("echo: hello into the void")
