@@ -2,8 +2,8 @@
 
 Each method runs its ORM work in a worker thread (``sync_to_async`` with
 ``thread_sensitive=False``, connections closed around it), so the bridge's
-event loop never blocks on the database. ``InMemoryHub`` in
-``plugins_app.bridge.server`` defines the semantics this hub keeps.
+event loop never blocks on the database. This hub and ``InMemoryHub``
+(``plugins_app.bridge.memory``) keep one delivery policy, ``plugins_app.bridge.policy``.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from channels_app import notify
 from plugins_app import conf, services
-from plugins_app.bridge.server import HostUnavailable, Hub, MediaNotFound, MediaTooLarge, UnknownDelivery
+from plugins_app.bridge import HostUnavailable, Hub, MediaNotFound, MediaTooLarge, UnknownDelivery
 from plugins_app.models import OutboundDelivery, Plugin, PluginMedia
 from plugins_app.sdk.messages import Attachment, Media
 from plugins_app.sdk.messages import OutboundDelivery as WireDelivery

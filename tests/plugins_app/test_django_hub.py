@@ -8,7 +8,7 @@ import pytest
 
 from channels_app.models import Receipt, Turn
 from plugins_app import services
-from plugins_app.bridge.server import UnknownDelivery
+from plugins_app.bridge import UnknownDelivery
 from plugins_app.hub import DjangoHub
 from plugins_app.models import DeliveryState, OutboundDelivery
 from plugins_app.sdk.messages import InboundMessage

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from plugins_app.bridge.server import (
+from plugins_app.bridge import (
     AddressInUse,
     BridgeServer,
     InMemoryHub,

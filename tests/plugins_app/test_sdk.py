@@ -28,7 +28,7 @@ from plugins_app.sdk import (
     Outbox,
     RpcClient,
 )
-from plugins_app.bridge.server import HostUnavailable
+from plugins_app.bridge import HostUnavailable
 from plugins_app.sdk.mock import AFTER, DROP, MockBridge
 from plugins_app.sdk.outbox import ACK, ACKED, DELIVER, PENDING, RESUME, SENT
 
