@@ -52,7 +52,7 @@ def to_wire(row: OutboundDelivery) -> WireDelivery:
         channel=row.plugin.channel, text=row.text, attachments=attachments,
         reply_to_message_id=payload.get("reply_to_message_id"), attempt=row.attempt,
         created_at=row.created_at.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-        metadata=dict(payload.get("metadata") or {}), host_claim=row.claim)
+        metadata=dict(payload.get("metadata") or {}), claim=row.claim or None)
 
 
 class DjangoHub(Hub):

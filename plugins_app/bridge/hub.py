@@ -54,8 +54,9 @@ class Hub(abc.ABC):
                            claim: str | None = None) -> dict:
         """Settle a delivery: ``status`` is ``delivered`` or ``failed``.
 
-        ``claim`` is the ``host_claim`` of the copy this session was handed (None when unknown):
-        a failure under a claim that is no longer the delivery's changes nothing.
+        ``claim`` is the claim the ack answers (``DeliveryPolicy.ack``): the bridge always passes one
+        (``""`` when the session holds none); ``None`` is a trusted direct call. A failure under a
+        claim that is no longer the delivery's changes nothing.
 
         A retryable failure is retried with ``attempt + 1`` until ``max_retries``
         retries are used, then dead-lettered with the reason; a permanent one is

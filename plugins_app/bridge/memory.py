@@ -14,15 +14,10 @@ from typing import Callable
 
 from plugins_app.bridge.errors import MediaNotFound, MediaTooLarge, UnknownDelivery
 from plugins_app.bridge.hub import Hub
+from plugins_app.bridge.policy import DEAD_LETTER, DELIVERED, IN_FLIGHT, PENDING, DeliveryPolicy, new_claim
 from plugins_app.sdk.messages import InboundMessage, Media, OutboundDelivery, utc_now
 
 DEFAULT_MEDIA_MAX_BYTES = 8 * 1024 * 1024
-
-
-PENDING = "pending"
-IN_FLIGHT = "in_flight"
-DELIVERED = "delivered"
-DEAD_LETTER = "dead_letter"
 
 
 @dataclass
@@ -38,6 +33,7 @@ class DeliveryRecord:
     reason: str | None = None
     permanent: bool = False
     channel_message_id: str | None = None
+    claim: str = ""
 
     @property
     def attempt(self) -> int:
@@ -46,20 +42,19 @@ class DeliveryRecord:
     def snapshot(self) -> dict:
         return {"delivery_id": self.delivery.delivery_id, "state": self.state, "attempt": self.attempt,
                 "handed_out": self.handed_out, "failures": list(self.failures), "reason": self.reason,
-                "permanent": self.permanent, "channel_message_id": self.channel_message_id}
+                "permanent": self.permanent, "channel_message_id": self.channel_message_id,
+                "claim": self.claim}
 
 
 class InMemoryHub(Hub):
-    """A complete hub kept in memory: the reference semantics of delivery, and the tests' host.
+    """A complete hub kept in memory: the tests' host, with the Django hub's delivery semantics.
 
     * ``submit_inbound`` accepts each (conversation_id, message_id) once; a
       repeat answers ``duplicate: true`` with the first outcome.
-    * ``poll_outbound`` never lets more than ``max_in_flight`` deliveries be
-      unacknowledged; it waits (long-poll) for a delivery or a free slot.
-    * ``ack_outbound``: delivered is final; a retryable failure comes back with
-      ``attempt + 1`` after ``retry_backoff_secs * 2**(attempt-1)`` (capped), until
-      the attempt that used the last of ``max_retries`` retries fails: then it is
-      dead-lettered with the reason, as a permanent failure is at once.
+    * ``poll_outbound`` takes what ``DeliveryPolicy.room`` allows, marks it with
+      a claim, and waits (long-poll) for a delivery or a free slot.
+    * ``ack_outbound`` does what ``DeliveryPolicy.ack`` decides (retries, backoff,
+      dead letters, stale claims).
     * a new hello returns every in-flight delivery to the queue.
 
     State is guarded by a lock, so a test thread may enqueue and inspect while
@@ -92,6 +87,12 @@ class InMemoryHub(Hub):
         self.max_in_flight_seen = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._event = asyncio.Event()
+
+    @property
+    def policy(self) -> DeliveryPolicy:
+        """The delivery policy of these limits (read each time: a test may change a limit)."""
+        return DeliveryPolicy(max_in_flight=self.max_in_flight, max_retries=self.max_retries,
+                              backoff_secs=self.retry_backoff_secs, backoff_max_secs=self.retry_backoff_max_secs)
 
     # -- wakeups (pollers wait on an event of the bridge's loop) ---------------------
 
@@ -170,7 +171,7 @@ class InMemoryHub(Hub):
             self.hellos.append(dict(info, plugin_id=plugin_id))
             for record in self._deliveries.values():
                 if record.state == IN_FLIGHT:
-                    record.state = PENDING  # the previous session's worker may be gone
+                    record.state, record.claim = PENDING, ""  # the previous session's worker may be gone
         self._notify()
         return {"heartbeat_secs": self.heartbeat_secs, "max_in_flight": self.max_in_flight,
                 "max_retries": self.max_retries}
@@ -197,16 +198,18 @@ class InMemoryHub(Hub):
     def _take(self, max_items: int) -> list[OutboundDelivery]:
         now = self.clock()
         in_flight = sum(1 for r in self._deliveries.values() if r.state == IN_FLIGHT)
-        room = min(max_items, self.max_in_flight - in_flight)
+        room = self.policy.room(in_flight=in_flight, max_items=max_items)
         taken: list[OutboundDelivery] = []
         if room <= 0:
             return taken
+        claim = new_claim()
         for record in sorted(self._deliveries.values(), key=lambda r: r.seq):
             if len(taken) >= room:
                 break
             if record.state == PENDING and record.not_before <= now:
-                record.state = IN_FLIGHT
+                record.state, record.claim = IN_FLIGHT, claim
                 record.handed_out += 1
+                record.delivery.claim = claim
                 taken.append(record.delivery)
         self.max_in_flight_seen = max(self.max_in_flight_seen, in_flight + len(taken))
         return taken
@@ -226,7 +229,7 @@ class InMemoryHub(Hub):
                 next_due = self._next_due()
             now = self.clock()
             if taken or now >= deadline:
-                return [OutboundDelivery.from_dict(d.to_dict()) for d in taken]
+                return [OutboundDelivery.from_dict(d.to_dict()) for d in taken]  # copies: the wire's view
             wait = deadline - now
             if next_due is not None and next_due > now:
                 wait = min(wait, next_due - now)  # a retry becomes due before the deadline
@@ -244,24 +247,21 @@ class InMemoryHub(Hub):
             record = self._deliveries.get(delivery_id)
             if record is None:
                 raise UnknownDelivery(delivery_id)
-            if record.state in (DELIVERED, DEAD_LETTER):
-                return {"state": record.state, "attempt": record.attempt, "duplicate": True}
-            if status == "delivered":
-                record.state = DELIVERED
+            decision = self.policy.ack(state=record.state, attempt=record.attempt, held_claim=record.claim,
+                                       status=status, retryable=retryable, reason=reason, claim=claim)
+            if not decision.changed:
+                return decision.result()
+            record.state, record.claim = decision.state, ""
+            record.delivery.attempt = decision.attempt
+            if decision.state == DELIVERED:
                 record.channel_message_id = channel_message_id
-            else:
-                record.failures.append(reason or "")
-                if not retryable:
-                    record.state, record.permanent, record.reason = DEAD_LETTER, True, reason
-                elif record.attempt > self.max_retries:
-                    record.state = DEAD_LETTER
-                    record.reason = f"max_retries ({self.max_retries}) exceeded: {reason}"
-                else:
-                    record.delivery.attempt += 1
-                    record.state = PENDING
-                    backoff = self.retry_backoff_secs * (2 ** (record.attempt - 2))
-                    record.not_before = self.clock() + min(backoff, self.retry_backoff_max_secs)
-            outcome = {"state": record.state, "attempt": record.attempt, "duplicate": False}
+            if decision.failure is not None:
+                record.failures.append(decision.failure)
+            if decision.state == DEAD_LETTER:
+                record.reason, record.permanent = decision.dead_letter_reason, decision.permanent
+            if decision.backoff_secs is not None:
+                record.not_before = self.clock() + decision.backoff_secs
+            outcome = decision.result()
         self._notify()  # a slot is free, or a retry is queued
         return outcome
 
@@ -270,7 +270,7 @@ class InMemoryHub(Hub):
             for delivery_id in delivery_ids:
                 record = self._deliveries.get(delivery_id)
                 if record is not None and record.state == IN_FLIGHT:
-                    record.state = PENDING
+                    record.state, record.claim = PENDING, ""
         self._notify()
 
     async def media_get(self, plugin_id: str, media_id: str) -> Media:

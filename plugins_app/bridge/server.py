@@ -214,8 +214,8 @@ class BridgeServer:
             return {"deliveries": []}
         claims = conn.state.setdefault("claims", {})
         for d in deliveries:
-            if d.host_claim is not None:
-                claims[d.delivery_id] = d.host_claim
+            if d.claim is not None:
+                claims[d.delivery_id] = d.claim
         return {"deliveries": [d.to_dict() for d in deliveries]}
 
     async def _ack(self, conn: Connection, args: tuple, params: dict) -> dict:
@@ -235,8 +235,11 @@ class BridgeServer:
             raise InvalidParams("must be a boolean", field="retryable")
         channel_message_id = _opt_str(p, "channel_message_id")
         claims = conn.state.get("claims", {})
+        # The ack's own claim (a worker that keeps it), else the one this session was handed the
+        # delivery under (a worker that does not), else "": this session holds no claim on it.
+        claim = _opt_str(p, "claim") or claims.get(delivery_id) or ""
         result = dict(await self.hub.ack_outbound(self.plugin_id, delivery_id, status, retryable, reason,
-                                                  channel_message_id, claim=claims.get(delivery_id)))
+                                                  channel_message_id, claim=claim))
         claims.pop(delivery_id, None)  # settled (or pending again): a retried ack that failed keeps it
         result.setdefault("duplicate", False)
         result["delivery_id"] = delivery_id

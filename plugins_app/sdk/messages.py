@@ -272,9 +272,9 @@ class OutboundDelivery:
     attempt: int = 1
     created_at: str | None = None
     metadata: dict = field(default_factory=dict)
-    #: The host's own mark of the hand-out this copy came from (never on the wire): the bridge
-    #: gives it back with the session's ack so a replaced session's late ack is recognised.
-    host_claim: str | None = field(default=None, compare=False, repr=False)
+    #: The host's mark of the hand-out this copy came from; the worker sends it back with its ack,
+    #: so an ack is matched to the claim that holds the delivery (a replaced session's late one is not).
+    claim: str | None = field(default=None, compare=False)
 
     def validate(self) -> "OutboundDelivery":
         OutboundDelivery.from_dict(self.to_dict())
@@ -291,6 +291,7 @@ class OutboundDelivery:
             "attempt": self.attempt,
             "created_at": self.created_at,
             "metadata": dict(self.metadata),
+            "claim": self.claim,
         })
 
     @classmethod
@@ -308,6 +309,7 @@ class OutboundDelivery:
             attempt=_int(d, "attempt", p, default=1, minimum=1),
             created_at=None if created is None else check_timestamp(created, f"{p}.created_at" if p else "created_at"),
             metadata=_metadata(d, p),
+            claim=_str(d, "claim", p, required=False, max_length=MAX_ID_LENGTH),
         )
 
 

@@ -542,7 +542,9 @@ class ChannelWorker:
         delivery_id = raw.get("delivery_id") if isinstance(raw, dict) else None
         self.log.error("malformed delivery %r: %s", delivery_id, exc)
         if isinstance(delivery_id, str) and delivery_id:
-            self._send_ack(PendingAck(delivery_id, "failed", retryable=False, reason=f"malformed delivery: {exc}"))
+            claim = raw.get("claim") if isinstance(raw.get("claim"), str) else None
+            self._send_ack(PendingAck(delivery_id, "failed", retryable=False, reason=f"malformed delivery: {exc}",
+                                      claim=claim))
 
     def _shutdown(self) -> None:
         if self._drain_deadline is None:

@@ -86,10 +86,12 @@ def test_a_worker_that_stops_heartbeating_is_restarted(tcast, echo, start_runtim
 
 
 def test_a_heartbeating_worker_is_left_running(tcast, echo, start_runtime):
-    make_plugin(heartbeat_secs=0.1)
-    rt = start_runtime(limits={"startup_grace_secs": 0.3})
+    make_plugin(heartbeat_secs=0.2)
+    # a grace a loaded machine's worker start fits in; the watchdog then judges beats for a while after it
+    rt = start_runtime(limits={"startup_grace_secs": 2.0})
     first = wait_until(lambda: rt.worker_pid("echo-main"), 10)
-    wait_until(lambda: False, 1.5)
+    assert wait_until(lambda: Plugin.objects.get().last_heartbeat is not None, 10)
+    wait_until(lambda: False, 3.0)
     assert rt.worker_pid("echo-main") == first
 
 

@@ -569,19 +569,11 @@ def test_a_long_poll_of_a_replaced_session_takes_nothing_from_the_new_one(bridge
 
 
 class ClaimRecordingHub(InMemoryHub):
-    """Marks each hand-out with a claim and records the claim each ack comes back with."""
+    """Records the claim each ack reaches the hub with."""
 
     def __init__(self, **kw):
         super().__init__(**kw)
-        self.hand_outs = 0
         self.acked_claims = []
-
-    async def poll_outbound(self, plugin_id, max_items, timeout):
-        taken = await super().poll_outbound(plugin_id, max_items, timeout)
-        for d in taken:
-            self.hand_outs += 1
-            d.host_claim = f"claim-{self.hand_outs}"
-        return taken
 
     async def ack_outbound(self, plugin_id, delivery_id, status, retryable, reason, channel_message_id=None,
                            claim=None):
@@ -590,7 +582,7 @@ class ClaimRecordingHub(InMemoryHub):
                                           claim=claim)
 
 
-def test_a_session_acks_under_the_claim_it_was_handed_and_the_claim_stays_off_the_wire():
+def test_a_delivery_carries_its_claim_and_an_ack_without_one_is_matched_to_its_sessions_claim():
     hub = ClaimRecordingHub(max_in_flight=4, max_retries=2, heartbeat_secs=7)
     path = os.path.join(short_socket_dir(), "bridge.sock")
     server = BridgeServer(socket_path=path, plugin_id=PLUGIN_ID, token=TOKEN, hub=hub)
@@ -600,11 +592,15 @@ def test_a_session_acks_under_the_claim_it_was_handed_and_the_claim_stays_off_th
             assert "result" in c.call("hello", hello_params(), id="hello")
             delivery_id = hub.enqueue("chat", "hi")
             [wire] = c.call("outbound.poll", {"timeout_secs": 0}, id=2)["result"]["deliveries"]
-            assert "host_claim" not in wire and "claim" not in wire
-            c.call("outbound.ack", {"delivery_id": delivery_id, "status": "failed", "retryable": True,
-                                    "reason": "try again"}, id=3)
+            assert wire["claim"] and wire["claim"] == hub.delivery(delivery_id)["claim"]
+            # a worker that predates claims acks without one: the bridge supplies its session's
+            out = c.call("outbound.ack", {"delivery_id": delivery_id, "status": "failed", "retryable": True,
+                                          "reason": "try again"}, id=3)["result"]
+            assert (out["state"], out["attempt"], out["duplicate"]) == ("pending", 2, False)
             other = hub.enqueue("chat", "not polled by this session")
             c.call("outbound.ack", {"delivery_id": other, "status": "delivered"}, id=4)
         finally:
             c.close()
-    assert hub.acked_claims == [(delivery_id, "claim-1"), (other, None)]
+    # the unpolled delivery: this session holds no claim on it ("" , not "unknown")
+    assert hub.acked_claims == [(delivery_id, wire["claim"]), (other, "")]
+    assert hub.delivery(other)["state"] == "delivered"  # the truth is accepted whoever tells it

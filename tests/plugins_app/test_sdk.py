@@ -275,7 +275,7 @@ def test_a_permanent_failure_is_dead_lettered_at_once_with_its_reason(bridge, st
     bridge.wait_for(lambda: bridge.dead_letters())
     dead = bridge.delivery(delivery_id)
     assert (dead["state"], dead["permanent"], dead["reason"], dead["handed_out"]) == \
-        ("dead_letter", True, "chat is gone", 1)
+        ("dead_letter", True, "permanent failure: chat is gone", 1)
 
 
 def test_max_retries_then_dead_letter_with_the_reason(bridge, start_worker):
@@ -405,6 +405,22 @@ def test_the_outbox_decides_what_a_handed_out_delivery_needs(tmp_path):
         box.inbound_acked(message("m-1").key, {"accepted": True, "duplicate": False})
         assert box.inbound_record(message("m-1")).state == ACKED
         assert box.inbound_pending() == []
+
+
+def test_the_outbox_acks_under_the_claim_of_the_newest_hand_out(tmp_path):
+    with Outbox(tmp_path / "o.sqlite3") as box:
+        first = OutboundDelivery(delivery_id="d-1", conversation_id="chat-1", text="hi", claim="c1")
+        box.outbound_begin(first)
+        ack = box.outbound_failed("d-1", retryable=True, reason="timeout")
+        assert ack.params()["claim"] == "c1"
+        # handed out again (same attempt) after a new session: the recorded outcome goes back under c2
+        decision = box.outbound_begin(OutboundDelivery(delivery_id="d-1", conversation_id="chat-1", text="hi",
+                                                       claim="c2"))
+        assert decision.action == ACK and decision.ack.params()["claim"] == "c2"
+        assert [a.claim for a in box.outbound_pending_acks()] == ["c2"]
+        # a delivery from a host without claims acks without one
+        box.outbound_begin(_delivery("old-host"))
+        assert "claim" not in box.outbound_sent("old-host").params()
 
 
 def test_a_redelivery_of_a_sent_delivery_is_acked_without_a_second_send(bridge, tmp_path):
