@@ -8,7 +8,6 @@ delivery semantics are ``policy``'s. docs/plugin-protocol.md is the contract.
 from __future__ import annotations
 
 import base64
-import binascii
 import functools
 import hmac
 import inspect
@@ -17,6 +16,8 @@ import uuid
 from typing import Any, Callable, Mapping
 
 from plugins_app.bridge.hub import Hub
+from plugins_app.bridge.params import (PROTOCOL_VERSION, AckParams, HeartbeatParams, HelloParams, MediaGetParams,
+                                       MediaPutParams, PollParams, SubmitParams, parse)
 from plugins_app.bridge.transport import Connection, JsonRpcSocketServer
 from plugins_app.sdk.jsonrpc import (
     AUTHENTICATION_FAILED,
@@ -26,35 +27,11 @@ from plugins_app.sdk.jsonrpc import (
     InvalidParams,
     RPCError,
 )
-from plugins_app.sdk.messages import _CONTENT_TYPE, InboundMessage, Media, MessageValidationError, utc_now
+from plugins_app.sdk.messages import InboundMessage, Media, MessageValidationError, utc_now
 
 logger = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = 1
-DEFAULT_POLL_SECS = 25.0
 MAX_POLL_SECS = 60.0
-
-
-def _params(args: tuple, params: dict) -> dict:
-    if args:
-        raise InvalidParams("params must be an object (named parameters)")
-    return params
-
-
-def _req_str(params: dict, name: str, *, allow_empty: bool = False) -> str:
-    value = params.get(name)
-    if value is None:
-        raise InvalidParams("is required", field=name)
-    if not isinstance(value, str) or (not value and not allow_empty):
-        raise InvalidParams("must be a non-empty string", field=name)
-    return value
-
-
-def _opt_str(params: dict, name: str) -> str | None:
-    value = params.get(name)
-    if value is not None and not isinstance(value, str):
-        raise InvalidParams("must be a string", field=name)
-    return value
 
 
 class BridgeServer:
@@ -134,27 +111,16 @@ class BridgeServer:
     # -- methods ------------------------------------------------------------------
 
     async def _hello(self, conn: Connection, args: tuple, params: dict) -> dict:
-        p = _params(args, params)
-        plugin_id = _req_str(p, "plugin_id")
-        token = _req_str(p, "token")
-        kind = _req_str(p, "kind")
-        version = _req_str(p, "version")
-        capabilities = p.get("capabilities", [])
-        if not isinstance(capabilities, list) or not all(isinstance(c, str) for c in capabilities):
-            raise InvalidParams("must be an array of strings", field="capabilities")
-        protocol = p.get("protocol_version", PROTOCOL_VERSION)
-        if protocol != PROTOCOL_VERSION:
-            raise InvalidParams(f"unsupported; this host speaks {PROTOCOL_VERSION}", field="protocol_version")
-        pid = p.get("pid")
+        p = parse(HelloParams, args, params)
         # Both checks in constant time and one answer for either, so a wrong id tells nothing.
-        id_ok = hmac.compare_digest(plugin_id.encode(), self.plugin_id.encode())
-        token_ok = hmac.compare_digest(token.encode(), self._token.encode())
+        id_ok = hmac.compare_digest(p.plugin_id.encode(), self.plugin_id.encode())
+        token_ok = hmac.compare_digest(p.token.encode(), self._token.encode())
         if not (id_ok and token_ok):
             logger.warning("bridge %s: hello refused (bad plugin id or token)", self.plugin_id)
             raise RPCError(AUTHENTICATION_FAILED)
         session_id = uuid.uuid4().hex
-        info = {"kind": kind, "version": version, "capabilities": capabilities,
-                "pid": pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
+        pid = p.pid if isinstance(p.pid, int) and not isinstance(p.pid, bool) else None
+        info = {"kind": p.kind, "version": p.version, "capabilities": list(p.capabilities), "pid": pid,
                 "session_id": session_id, **conn.peer}
         previous, self.session = self.session, conn
         if previous is not None and previous is not conn:
@@ -176,19 +142,14 @@ class BridgeServer:
         }
 
     async def _heartbeat(self, conn: Connection, args: tuple, params: dict) -> dict:
-        p = _params(args, params)
-        stats = p.get("stats", {})
-        if not isinstance(stats, dict):
-            raise InvalidParams("must be an object", field="stats")
-        await self.hub.heartbeat(self.plugin_id, stats)
+        p = parse(HeartbeatParams, args, params)
+        await self.hub.heartbeat(self.plugin_id, p.stats)
         return {"ok": True, "time": utc_now()}
 
     async def _submit(self, conn: Connection, args: tuple, params: dict) -> dict:
-        p = _params(args, params)
-        if "message" not in p:
-            raise InvalidParams("is required", field="message")
+        p = parse(SubmitParams, args, params)
         try:
-            message = InboundMessage.from_dict(p["message"], "message")
+            message = InboundMessage.from_dict(p.message, "message")
         except MessageValidationError as exc:
             raise InvalidParams(exc.reason, field=exc.field) from None
         result = dict(await self.hub.submit_inbound(self.plugin_id, message))
@@ -198,14 +159,9 @@ class BridgeServer:
         return result
 
     async def _poll(self, conn: Connection, args: tuple, params: dict) -> dict:
-        p = _params(args, params)
-        max_items = p.get("max_items", conn.state["limits"].get("max_in_flight", 64))
-        if isinstance(max_items, bool) or not isinstance(max_items, int) or max_items < 1:
-            raise InvalidParams("must be a positive integer", field="max_items")
-        timeout = p.get("timeout_secs", DEFAULT_POLL_SECS)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
-            raise InvalidParams("must be a non-negative number", field="timeout_secs")
-        timeout = min(float(timeout), self.max_poll_secs)  # longer waits are clamped, not refused
+        p = parse(PollParams, args, params)
+        max_items = p.max_items or conn.state["limits"].get("max_in_flight", 64)
+        timeout = min(p.timeout_secs, self.max_poll_secs)  # longer waits are clamped, not refused
         deliveries = await self.hub.poll_outbound(self.plugin_id, max_items, timeout)
         if deliveries and (conn.closed or self.session is not conn):
             # Nobody will read this answer: give the deliveries back at once rather than
@@ -219,50 +175,26 @@ class BridgeServer:
         return {"deliveries": [d.to_dict() for d in deliveries]}
 
     async def _ack(self, conn: Connection, args: tuple, params: dict) -> dict:
-        p = _params(args, params)
-        delivery_id = _req_str(p, "delivery_id")
-        status = p.get("status")
-        if status not in ("delivered", "failed"):
-            raise InvalidParams("must be delivered or failed", field="status")
-        retryable = p.get("retryable", False)
-        reason = _opt_str(p, "reason")
-        if status == "failed":
-            if "retryable" not in p:
-                raise InvalidParams("is required when status is failed", field="retryable")
-            if not reason:
-                raise InvalidParams("is required when status is failed", field="reason")
-        if not isinstance(retryable, bool):
-            raise InvalidParams("must be a boolean", field="retryable")
-        channel_message_id = _opt_str(p, "channel_message_id")
+        p = parse(AckParams, args, params)
         claims = conn.state.get("claims", {})
         # The ack's own claim (a worker that keeps it), else the one this session was handed the
         # delivery under (a worker that does not), else "": this session holds no claim on it.
-        claim = _opt_str(p, "claim") or claims.get(delivery_id) or ""
-        result = dict(await self.hub.ack_outbound(self.plugin_id, delivery_id, status, retryable, reason,
-                                                  channel_message_id, claim=claim))
-        claims.pop(delivery_id, None)  # settled (or pending again): a retried ack that failed keeps it
+        claim = p.claim or claims.get(p.delivery_id) or ""
+        result = dict(await self.hub.ack_outbound(self.plugin_id, p.delivery_id, p.status, bool(p.retryable),
+                                                  p.reason, p.channel_message_id, claim=claim))
+        claims.pop(p.delivery_id, None)  # settled (or pending again): a retried ack that failed keeps it
         result.setdefault("duplicate", False)
-        result["delivery_id"] = delivery_id
+        result["delivery_id"] = p.delivery_id
         return result
 
     async def _media_get(self, conn: Connection, args: tuple, params: dict) -> dict:
-        p = _params(args, params)
-        media_id = _req_str(p, "media_id")
-        media = await self.hub.media_get(self.plugin_id, media_id)
-        return {"media_id": media_id, "content_type": media.content_type, "filename": media.filename,
+        p = parse(MediaGetParams, args, params)
+        media = await self.hub.media_get(self.plugin_id, p.media_id)
+        return {"media_id": p.media_id, "content_type": media.content_type, "filename": media.filename,
                 "size": media.size, "data_base64": base64.b64encode(media.data).decode("ascii")}
 
     async def _media_put(self, conn: Connection, args: tuple, params: dict) -> dict:
-        p = _params(args, params)
-        content_type = _req_str(p, "content_type")
-        if not _CONTENT_TYPE.match(content_type):
-            raise InvalidParams("must be a MIME type such as image/png", field="content_type")
-        filename = _opt_str(p, "filename")
-        encoded = _req_str(p, "data_base64", allow_empty=True)
-        try:
-            data = base64.b64decode(encoded, validate=True)
-        except (binascii.Error, ValueError):
-            raise InvalidParams("must be standard base64", field="data_base64") from None
-        media_id = await self.hub.media_put(self.plugin_id, Media(data, content_type, filename))
+        p = parse(MediaPutParams, args, params)
+        data = p.data
+        media_id = await self.hub.media_put(self.plugin_id, Media(data, p.content_type, p.filename))
         return {"media_id": media_id, "size": len(data)}
-

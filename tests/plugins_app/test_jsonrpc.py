@@ -604,3 +604,40 @@ def test_a_delivery_carries_its_claim_and_an_ack_without_one_is_matched_to_its_s
     # the unpolled delivery: this session holds no claim on it ("" , not "unknown")
     assert hub.acked_claims == [(delivery_id, wire["claim"]), (other, "")]
     assert hub.delivery(other)["state"] == "delivered"  # the truth is accepted whoever tells it
+
+
+@pytest.mark.parametrize("method, params, field, reason", [
+    ("heartbeat", {"stats": []}, "stats", "must be an object"),
+    ("inbound.submit", {}, "message", "is required"),
+    ("inbound.submit", {"message": _message(attachments=[{"kind": "sticker", "content_type": "image/webp",
+                                                          "url": "https://x"}])},
+     "message.attachments[0].kind", "must be one of image, audio, video, document, other"),
+    ("outbound.poll", {"max_items": "3"}, "max_items", "must be an integer"),
+    ("outbound.poll", {"max_items": 0}, "max_items", "must be at least 1"),
+    ("outbound.poll", {"timeout_secs": True}, "timeout_secs", "must be a number"),
+    ("outbound.ack", {"delivery_id": "d", "status": "sent"}, "status", "must be one of delivered, failed"),
+    ("outbound.ack", {"delivery_id": "d", "status": "failed", "reason": "x"}, "retryable",
+     "is required when status is failed"),
+    ("outbound.ack", {"delivery_id": "", "status": "delivered"}, "delivery_id", "must not be empty"),
+    ("outbound.ack", {"delivery_id": "d", "status": "delivered", "claim": 7}, "claim", "must be a string"),
+    ("media.get", {"media_id": None}, "media_id", "is required"),
+    ("media.put", {"content_type": "png", "data_base64": ""}, "content_type", "must be a MIME type such as image/png"),
+    ("media.put", {"content_type": "image/png", "data_base64": "***"}, "data_base64", "must be standard base64"),
+])
+def test_bad_params_are_one_error_style_naming_the_field_and_changing_nothing(conn, hub, method, params, field,
+                                                                              reason):
+    error = conn.call(method, params)["error"]
+    assert (error["code"], error["message"], error["data"]) == \
+        (INVALID_PARAMS, f"Invalid params: {field}: {reason}", {"field": field, "reason": reason})
+    assert hub.submit_log == [] and hub.ack_log == [] and hub.deliveries() == []
+
+
+def test_hello_with_another_protocol_version_is_refused_naming_the_field(bridge):
+    c = LineConn(bridge.socket_path)
+    try:
+        error = c.call("hello", hello_params(protocol_version=2))["error"]
+        assert error["message"] == "Invalid params: protocol_version: unsupported; this host speaks 1"
+        assert c.call("hello", ["positional"], id=2)["error"]["message"] == \
+            "Invalid params: params must be an object (named parameters)"
+    finally:
+        c.close()

@@ -525,3 +525,14 @@ def test_a_kill_inside_deliver_resends_only_when_the_channel_cannot_tell(bridge,
         assert terminate(second) == 0
     # Never lost; sent twice only when nothing could tell it had already gone out.
     assert read_lines(tmp_path / "sends.txt") == [delivery_id] * (1 if check else 2)
+
+
+def test_the_sdk_imports_without_django_and_loads_pydantic_only_for_the_first_message():
+    probe = ("import sys, plugins_app.sdk as sdk; loaded = {m: m in sys.modules for m in ('django', 'pydantic')}; "
+             "sdk.InboundMessage.from_dict({'channel': 'c', 'conversation_id': 'k', 'message_id': 'm', "
+             "'sender_id': 's', 'text': 't', 'timestamp': '2024-05-01T12:00:00Z'}); "
+             "print(loaded['django'], loaded['pydantic'], 'django' in sys.modules, 'pydantic' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    out = subprocess.run([sys.executable, "-c", probe], cwd=Path(__file__).resolve().parents[2], env=env,
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "False", "False", "True"]
