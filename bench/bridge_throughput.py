@@ -88,7 +88,7 @@ def main():
 
     import json
 
-    from plugins_app.bridge.server import BridgeServer, ServerThread
+    from plugins_app.bridge import BridgeServer, ServerThread
     from plugins_app.hub import DjangoHub
     from plugins_app.models import AgentProfile, Plugin
     from plugins_app.sdk.client import RpcClient

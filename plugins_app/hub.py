@@ -2,8 +2,8 @@
 
 Each method runs its ORM work in a worker thread (``sync_to_async`` with
 ``thread_sensitive=False``, connections closed around it), so the bridge's
-event loop never blocks on the database. ``InMemoryHub`` in
-``plugins_app.bridge.server`` defines the semantics this hub keeps.
+event loop never blocks on the database. This hub and ``InMemoryHub``
+(``plugins_app.bridge.memory``) keep one delivery policy, ``plugins_app.bridge.policy``.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from channels_app import notify
 from plugins_app import conf, services
-from plugins_app.bridge.server import HostUnavailable, Hub, MediaNotFound, MediaTooLarge, UnknownDelivery
+from plugins_app.bridge import HostUnavailable, Hub, MediaNotFound, MediaTooLarge, UnknownDelivery
 from plugins_app.models import OutboundDelivery, Plugin, PluginMedia
 from plugins_app.sdk.messages import Attachment, Media
 from plugins_app.sdk.messages import OutboundDelivery as WireDelivery
@@ -52,7 +52,7 @@ def to_wire(row: OutboundDelivery) -> WireDelivery:
         channel=row.plugin.channel, text=row.text, attachments=attachments,
         reply_to_message_id=payload.get("reply_to_message_id"), attempt=row.attempt,
         created_at=row.created_at.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-        metadata=dict(payload.get("metadata") or {}), host_claim=row.claim)
+        metadata=dict(payload.get("metadata") or {}), claim=row.claim or None)
 
 
 class DjangoHub(Hub):

@@ -27,7 +27,7 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from plugins_app import conf, selectors, services
-from plugins_app.bridge.server import BridgeServer
+from plugins_app.bridge import BridgeServer
 from plugins_app.hub import DjangoHub
 from plugins_app.sdk.outbox import STATE_DIR_ENV
 from plugins_app.supervisor import DesiredWorker, SupervisionLimits, Supervisor, WorkerSpec

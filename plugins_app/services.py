@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from channels_app import notify
 from plugins_app import conf
+from plugins_app.bridge.policy import DeliveryPolicy, new_claim
 from plugins_app.models import (DeliveryState, OutboundDelivery, Plugin, PluginMedia, PluginSecret,
                                 PluginState)
 from plugins_app.secrets import secret_encrypt
@@ -186,7 +187,7 @@ def deliveries_claim(*, plugin_id: str, max_items: int) -> list[OutboundDelivery
         if plugin is None:
             return []
         in_flight = OutboundDelivery.objects.filter(plugin=plugin, state=DeliveryState.IN_FLIGHT).count()
-        room = min(max_items, plugin.max_in_flight - in_flight)
+        room = delivery_policy(plugin).room(in_flight=in_flight, max_items=max_items)
         if room <= 0:
             return []
         due = (OutboundDelivery.objects.filter(plugin=plugin, state=DeliveryState.PENDING)
@@ -196,7 +197,7 @@ def deliveries_claim(*, plugin_id: str, max_items: int) -> list[OutboundDelivery
         ids = list(due.values_list("pk", flat=True)[:room])
         if not ids:
             return []
-        claim = uuid.uuid4().hex
+        claim = new_claim()
         from django.db.models import F
         OutboundDelivery.objects.filter(pk__in=ids, state=DeliveryState.PENDING).update(
             state=DeliveryState.IN_FLIGHT, claim=claim, handed_out_at=now, handed_out=F("handed_out") + 1)
@@ -220,56 +221,49 @@ class UnknownDeliveryId(LookupError):
     pass
 
 
+def delivery_policy(plugin: Plugin) -> DeliveryPolicy:
+    """The plugin's limits and the host's retry backoff, as the one delivery policy both hubs keep."""
+    return DeliveryPolicy(max_in_flight=plugin.max_in_flight, max_retries=plugin.max_retries,
+                          backoff_secs=conf.RETRY_BACKOFF_SECS, backoff_max_secs=conf.RETRY_BACKOFF_MAX_SECS)
+
+
 def delivery_ack(*, plugin_id: str, delivery_id: str, status: str, retryable: bool = False,
                  reason: str | None = None, channel_message_id: str | None = None,
                  claim: str | None = None) -> dict:
-    """Settle a delivery: delivered is final; a failure is retried with attempt + 1 until the
-    plugin's max_retries are used, then dead-lettered with the reason (a permanent one at once).
-    A repeated ack of a settled delivery is ``duplicate: true`` and changes nothing.
-
-    ``claim`` is the claim the acking session was handed the delivery under (the bridge keeps it
-    per session): a failure under another claim is a replaced session's late ack of a delivery
-    that has been handed out again, and must not put it back in the queue while the new holder
-    sends it."""
+    """Settle a delivery as ``plugins_app.bridge.policy.DeliveryPolicy.ack`` decides: delivered is
+    final; a failure is retried with attempt + 1 until the plugin's max_retries are used, then
+    dead-lettered with the reason (a permanent one at once). A repeated ack of a settled delivery,
+    or a failure under a claim that no longer holds it (a replaced session's late ack), is
+    ``duplicate: true`` and changes nothing. ``claim`` None: a trusted direct call."""
     now = timezone.now()
     with transaction.atomic():
         d = (OutboundDelivery.objects.select_for_update().select_related("plugin")
              .filter(plugin__plugin_id=plugin_id, delivery_id=delivery_id).first())
         if d is None:
             raise UnknownDeliveryId(delivery_id)
-        if d.state in (DeliveryState.DELIVERED, DeliveryState.DEAD_LETTER):
-            return {"state": d.state, "attempt": d.attempt, "duplicate": True}
-        stale = claim is not None and d.claim != claim
-        if status != "delivered" and (d.state != DeliveryState.IN_FLIGHT or stale):
-            # A failure reported for a delivery nobody holds now (a replaced session's late ack)
-            # must not spend an attempt; "delivered" is accepted whenever it comes: it is the truth.
-            return {"state": d.state, "attempt": d.attempt, "duplicate": True}
-        fields = {"claim": "", "updated_at": now}
-        if status == "delivered":
-            fields.update(state=DeliveryState.DELIVERED, delivered_at=now,
-                          channel_message_id=channel_message_id or "")
-        else:
-            fields["failures"] = list(d.failures or []) + [reason or ""]
-            max_retries = d.plugin.max_retries
-            if not retryable:
-                fields.update(state=DeliveryState.DEAD_LETTER, last_error=f"permanent failure: {reason}")
-            elif d.attempt > max_retries:
-                fields.update(state=DeliveryState.DEAD_LETTER,
-                              last_error=f"max_retries ({max_retries}) exceeded: {reason}")
-            else:
-                backoff = min(conf.RETRY_BACKOFF_SECS * (2 ** (d.attempt - 1)), conf.RETRY_BACKOFF_MAX_SECS)
-                fields.update(state=DeliveryState.PENDING, attempt=d.attempt + 1, last_error=reason or "",
-                              not_before=now + dt.timedelta(seconds=backoff))
+        decision = delivery_policy(d.plugin).ack(state=d.state, attempt=d.attempt, held_claim=d.claim,
+                                                 status=status, retryable=retryable, reason=reason,
+                                                 claim=claim)
+        if not decision.changed:
+            return decision.result()
+        fields = {"state": decision.state, "attempt": decision.attempt, "claim": "", "updated_at": now}
+        if decision.state == DeliveryState.DELIVERED:
+            fields.update(delivered_at=now, channel_message_id=channel_message_id or "")
+        if decision.failure is not None:
+            fields["failures"] = list(d.failures or []) + [decision.failure]
+            fields["last_error"] = decision.dead_letter_reason or decision.failure
+        if decision.backoff_secs is not None:
+            fields["not_before"] = now + dt.timedelta(seconds=decision.backoff_secs)
         # conditional on the state read under the lock: two acks cannot both settle it
         moved = OutboundDelivery.objects.filter(pk=d.pk, state=d.state).update(**fields)
         if not moved:
             d.refresh_from_db()
             return {"state": d.state, "attempt": d.attempt, "duplicate": True}
         _wake_after_commit(plugin_id)
-        if fields.get("state") == DeliveryState.DEAD_LETTER:
+        if decision.state == DeliveryState.DEAD_LETTER:
             log.warning("plugin %s: delivery %s dead-lettered (reason=%s)", plugin_id, delivery_id,
                         fields["last_error"])
-        return {"state": fields["state"], "attempt": fields.get("attempt", d.attempt), "duplicate": False}
+        return decision.result()
 
 
 def delivery_retry(*, delivery: OutboundDelivery) -> bool:

@@ -1,8 +1,10 @@
 """The bridge's message shapes: the normalised inbound message and the outbound delivery.
 
 Both sides validate with these classes, so a field a worker gets wrong is
-named in the error it receives (``message.attachments[0].kind: ...``).
-``from_dict`` ignores members it does not know, so a newer peer may add fields.
+named in the error it receives (``message.attachments[0].kind: ...``). The
+shapes are declared once, as pydantic models (``message_shapes.py``);
+the dataclasses are what code handles. ``from_dict`` ignores members it does
+not know, so a newer peer may add fields.
 """
 from __future__ import annotations
 
@@ -31,71 +33,29 @@ class MessageValidationError(ValueError):
         return MessageValidationError(f"{prefix}.{self.field}" if prefix else self.field, self.reason)
 
 
-# -- small field checks ----------------------------------------------------------
-
-
-def _obj(value: Any, path: str) -> dict:
-    if not isinstance(value, dict):
-        raise MessageValidationError(path, "must be an object")
-    return value
-
-
-def _str(d: dict, key: str, path: str, *, required: bool = True, allow_empty: bool = False,
-         max_length: int | None = None) -> str | None:
-    value = d.get(key)
-    where = f"{path}.{key}" if path else key
-    if value is None:
-        if required:
-            raise MessageValidationError(where, "is required")
-        return None
-    if not isinstance(value, str):
-        raise MessageValidationError(where, "must be a string")
-    if not allow_empty and not value:
-        raise MessageValidationError(where, "must not be empty")
-    if max_length is not None and len(value) > max_length:
-        raise MessageValidationError(where, f"must be at most {max_length} characters")
-    return value
-
-
-def _choice(d: dict, key: str, path: str, choices: tuple[str, ...], default: str | None = None) -> str:
-    value = d.get(key, default)
-    where = f"{path}.{key}" if path else key
-    if value is None:
-        raise MessageValidationError(where, "is required")
-    if value not in choices:
-        raise MessageValidationError(where, f"must be one of {', '.join(choices)}")
-    return value
-
-
-def _int(d: dict, key: str, path: str, *, default: int | None = None, minimum: int = 0) -> int | None:
-    value = d.get(key, default)
-    where = f"{path}.{key}" if path else key
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise MessageValidationError(where, "must be an integer")
-    if value < minimum:
-        raise MessageValidationError(where, f"must be at least {minimum}")
-    return value
-
-
-def _metadata(d: dict, path: str) -> dict:
-    value = d.get("metadata")
-    if value is None:
-        return {}
-    return dict(_obj(value, f"{path}.metadata" if path else "metadata"))
-
-
 def check_timestamp(value: Any, where: str) -> str:
     """An RFC 3339 timestamp with a zone offset (``2024-05-01T12:00:00Z``)."""
+    try:
+        return _timestamp(value)
+    except ValueError as exc:
+        raise MessageValidationError(where, str(exc)) from None
+
+
+def _timestamp(value: Any) -> str:
     if not isinstance(value, str) or not value:
-        raise MessageValidationError(where, "must be an RFC 3339 timestamp string")
+        raise ValueError("must be an RFC 3339 timestamp string")
     try:
         parsed = _dt.datetime.fromisoformat(value.replace("z", "Z"))
     except ValueError:
-        raise MessageValidationError(where, "must be an RFC 3339 timestamp") from None
+        raise ValueError("must be an RFC 3339 timestamp") from None
     if parsed.tzinfo is None:
-        raise MessageValidationError(where, "must carry a zone offset (Z or +hh:mm)")
+        raise ValueError("must carry a zone offset (Z or +hh:mm)")
+    return value
+
+
+def _content_type(value: str) -> str:
+    if not _CONTENT_TYPE.match(value):
+        raise ValueError("must be a MIME type such as image/png")
     return value
 
 
@@ -105,6 +65,18 @@ def utc_now() -> str:
 
 def _drop_none(d: dict) -> dict:
     return {k: v for k, v in d.items() if v is not None}
+
+
+def _validated(model_name: str, value: Any, path: str, default: str) -> Any:
+    # The shapes (pydantic) load on the first message, not at import: a worker starts as fast as before.
+    from . import message_shapes, shapes
+    return shapes.validate_shape(getattr(message_shapes, model_name), value, root=path, default=default,
+                                 error=MessageValidationError)
+
+
+def _attachment(shape: Any) -> "Attachment":
+    return Attachment(kind=shape.kind, content_type=shape.content_type, media_id=shape.media_id, url=shape.url,
+                      filename=shape.filename, size=shape.size, channel_ref=shape.channel_ref)
 
 
 # -- shapes ------------------------------------------------------------------------
@@ -134,23 +106,7 @@ class Attachment:
 
     @classmethod
     def from_dict(cls, value: Any, path: str = "attachment") -> "Attachment":
-        d = _obj(value, path)
-        kind = _choice(d, "kind", path, ATTACHMENT_KINDS)
-        content_type = _str(d, "content_type", path)
-        if not _CONTENT_TYPE.match(content_type):
-            raise MessageValidationError(f"{path}.content_type", "must be a MIME type such as image/png")
-        att = cls(
-            kind=kind,
-            content_type=content_type,
-            media_id=_str(d, "media_id", path, required=False, max_length=MAX_ID_LENGTH),
-            url=_str(d, "url", path, required=False),
-            filename=_str(d, "filename", path, required=False),
-            size=_int(d, "size", path),
-            channel_ref=_str(d, "channel_ref", path, required=False),
-        )
-        if att.media_id is None and att.url is None:
-            raise MessageValidationError(f"{path}.media_id", "an attachment needs a media_id or a url")
-        return att
+        return _attachment(_validated("AttachmentShape", value, path, "attachment"))
 
 
 @dataclass
@@ -166,22 +122,8 @@ class ReplyContext:
 
     @classmethod
     def from_dict(cls, value: Any, path: str = "reply_to") -> "ReplyContext":
-        d = _obj(value, path)
-        return cls(
-            message_id=_str(d, "message_id", path, max_length=MAX_ID_LENGTH),
-            text=_str(d, "text", path, required=False, allow_empty=True),
-            sender_id=_str(d, "sender_id", path, required=False),
-        )
-
-
-def _attachments(d: dict, path: str) -> list[Attachment]:
-    value = d.get("attachments")
-    if value is None:
-        return []
-    where = f"{path}.attachments" if path else "attachments"
-    if not isinstance(value, list):
-        raise MessageValidationError(where, "must be an array")
-    return [Attachment.from_dict(a, f"{where}[{i}]") for i, a in enumerate(value)]
+        shape = _validated("ReplyShape", value, path, "reply_to")
+        return cls(message_id=shape.message_id, text=shape.text, sender_id=shape.sender_id)
 
 
 @dataclass
@@ -232,25 +174,14 @@ class InboundMessage:
 
     @classmethod
     def from_dict(cls, value: Any, path: str = "") -> "InboundMessage":
-        d = _obj(value, path or "message")
-        p = path
-        text = _str(d, "text", p, required=False, allow_empty=True) or ""
-        attachments = _attachments(d, p)
-        if not text and not attachments:
-            raise MessageValidationError(f"{p}.text" if p else "text", "a message needs text or attachments")
-        reply = d.get("reply_to")
+        m = _validated("InboundShape", value, path, "message")
         return cls(
-            channel=_str(d, "channel", p, max_length=64),
-            conversation_id=_str(d, "conversation_id", p, max_length=MAX_ID_LENGTH),
-            message_id=_str(d, "message_id", p, max_length=MAX_ID_LENGTH),
-            sender_id=_str(d, "sender_id", p, max_length=MAX_ID_LENGTH),
-            sender_name=_str(d, "sender_name", p, required=False, allow_empty=True),
-            source_type=_choice(d, "source_type", p, SOURCE_TYPES, default="unknown"),
-            text=text,
-            attachments=attachments,
-            timestamp=check_timestamp(d.get("timestamp"), f"{p}.timestamp" if p else "timestamp"),
-            reply_to=None if reply is None else ReplyContext.from_dict(reply, f"{p}.reply_to" if p else "reply_to"),
-            metadata=_metadata(d, p),
+            channel=m.channel, conversation_id=m.conversation_id, message_id=m.message_id,
+            sender_id=m.sender_id, sender_name=m.sender_name, source_type=m.source_type, text=m.text or "",
+            attachments=[_attachment(a) for a in m.attachments or []], timestamp=m.timestamp,
+            reply_to=None if m.reply_to is None else ReplyContext(m.reply_to.message_id, m.reply_to.text,
+                                                                  m.reply_to.sender_id),
+            metadata=dict(m.metadata or {}),
         )
 
 
@@ -272,9 +203,9 @@ class OutboundDelivery:
     attempt: int = 1
     created_at: str | None = None
     metadata: dict = field(default_factory=dict)
-    #: The host's own mark of the hand-out this copy came from (never on the wire): the bridge
-    #: gives it back with the session's ack so a replaced session's late ack is recognised.
-    host_claim: str | None = field(default=None, compare=False, repr=False)
+    #: The host's mark of the hand-out this copy came from; the worker sends it back with its ack,
+    #: so an ack is matched to the claim that holds the delivery (a replaced session's late one is not).
+    claim: str | None = field(default=None, compare=False)
 
     def validate(self) -> "OutboundDelivery":
         OutboundDelivery.from_dict(self.to_dict())
@@ -291,23 +222,17 @@ class OutboundDelivery:
             "attempt": self.attempt,
             "created_at": self.created_at,
             "metadata": dict(self.metadata),
+            "claim": self.claim,
         })
 
     @classmethod
     def from_dict(cls, value: Any, path: str = "") -> "OutboundDelivery":
-        d = _obj(value, path or "delivery")
-        p = path
-        created = d.get("created_at")
+        d = _validated("DeliveryShape", value, path, "delivery")
         return cls(
-            delivery_id=_str(d, "delivery_id", p, max_length=MAX_ID_LENGTH),
-            conversation_id=_str(d, "conversation_id", p, max_length=MAX_ID_LENGTH),
-            channel=_str(d, "channel", p, required=False, allow_empty=True) or "",
-            text=_str(d, "text", p, required=False, allow_empty=True) or "",
-            attachments=_attachments(d, p),
-            reply_to_message_id=_str(d, "reply_to_message_id", p, required=False, max_length=MAX_ID_LENGTH),
-            attempt=_int(d, "attempt", p, default=1, minimum=1),
-            created_at=None if created is None else check_timestamp(created, f"{p}.created_at" if p else "created_at"),
-            metadata=_metadata(d, p),
+            delivery_id=d.delivery_id, conversation_id=d.conversation_id, channel=d.channel or "",
+            text=d.text or "", attachments=[_attachment(a) for a in d.attachments or []],
+            reply_to_message_id=d.reply_to_message_id, attempt=d.attempt, created_at=d.created_at,
+            metadata=dict(d.metadata or {}), claim=d.claim,
         )
 
 

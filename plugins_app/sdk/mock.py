@@ -1,6 +1,6 @@
 """``MockBridge``: a fake host for testing a worker without the daemon.
 
-It runs the real bridge server (``plugins_app.bridge.server``, pure Python)
+It runs the real bridge server (``plugins_app.bridge``, pure Python)
 with an ``InMemoryHub`` on a real Unix socket in a private temp directory, on
 a background event loop. A test points a worker at it (``bridge.env()`` gives
 the worker's environment), queues deliveries, and inspects what the worker
@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from plugins_app.bridge.server import BridgeServer, InMemoryHub, ServerThread
+from plugins_app.bridge import BridgeServer, InMemoryHub, ServerThread
 
 from .jsonrpc import DEFAULT_MAX_FRAME_BYTES
 from .messages import InboundMessage, Media

@@ -115,9 +115,12 @@ class PendingAck:
     retryable: bool = False
     reason: str | None = None
     channel_message_id: str | None = None
+    claim: str | None = None    # the claim of the hand-out this ack answers (the newest one seen)
 
     def params(self) -> dict:
         p: dict[str, Any] = {"delivery_id": self.delivery_id, "status": self.status}
+        if self.claim:
+            p["claim"] = self.claim
         if self.status == "failed":
             p["retryable"] = self.retryable
             p["reason"] = self.reason or "delivery failed"
@@ -253,8 +256,9 @@ class Outbox:
                         (delivery.delivery_id, delivery.attempt, json.dumps(delivery.to_dict()), RECEIVED, now, now))
                     decision = OutboundDecision(DELIVER)
                 elif row["state"] == RECEIVED:
-                    self._db.execute("UPDATE outbound SET attempt = MAX(attempt, ?), updated_at = ? "
-                                     "WHERE delivery_id = ?", (delivery.attempt, now, delivery.delivery_id))
+                    self._db.execute("UPDATE outbound SET attempt = MAX(attempt, ?), delivery = ?, updated_at = ? "
+                                     "WHERE delivery_id = ?",
+                                     (delivery.attempt, json.dumps(delivery.to_dict()), now, delivery.delivery_id))
                     decision = OutboundDecision(RESUME)
                 elif row["ack_status"] == "failed" and delivery.attempt > row["attempt"]:
                     # The host moved past the failed attempt (a retry, or an operator's requeue
@@ -265,7 +269,11 @@ class Outbox:
                         (delivery.attempt, json.dumps(delivery.to_dict()), RECEIVED, now, delivery.delivery_id))
                     decision = OutboundDecision(DELIVER)
                 else:
-                    decision = OutboundDecision(ACK, self._to_ack(row))
+                    # Ack the recorded outcome under this hand-out's claim: this worker holds it now.
+                    self._db.execute("UPDATE outbound SET delivery = ? WHERE delivery_id = ?",
+                                     (json.dumps(dict(json.loads(row["delivery"]), claim=delivery.claim)),
+                                      delivery.delivery_id))
+                    decision = OutboundDecision(ACK, self._to_ack(row, claim=delivery.claim))
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
@@ -278,14 +286,20 @@ class Outbox:
                 "UPDATE outbound SET state = ?, ack_status = 'delivered', retryable = NULL, reason = NULL,"
                 " channel_message_id = ?, updated_at = ? WHERE delivery_id = ?",
                 (SENT, channel_message_id, self._clock(), delivery_id))
-        return PendingAck(delivery_id, "delivered", channel_message_id=channel_message_id)
+        return PendingAck(delivery_id, "delivered", channel_message_id=channel_message_id,
+                          claim=self._claim(delivery_id))
 
     def outbound_failed(self, delivery_id: str, *, retryable: bool, reason: str) -> PendingAck:
         with self._lock:
             self._db.execute(
                 "UPDATE outbound SET state = ?, ack_status = 'failed', retryable = ?, reason = ?, updated_at = ?"
                 " WHERE delivery_id = ?", (FAILED, int(retryable), reason, self._clock(), delivery_id))
-        return PendingAck(delivery_id, "failed", retryable=retryable, reason=reason)
+        return PendingAck(delivery_id, "failed", retryable=retryable, reason=reason, claim=self._claim(delivery_id))
+
+    def _claim(self, delivery_id: str) -> str | None:
+        with self._lock:
+            row = self._db.execute("SELECT delivery FROM outbound WHERE delivery_id = ?", (delivery_id,)).fetchone()
+        return None if row is None else _stored_claim(row["delivery"])
 
     def outbound_acked(self, delivery_id: str) -> None:
         with self._lock:
@@ -304,10 +318,11 @@ class Outbox:
         return None if row is None else row["state"]
 
     @staticmethod
-    def _to_ack(row: sqlite3.Row) -> PendingAck:
+    def _to_ack(row: sqlite3.Row, *, claim: str | None = None) -> PendingAck:
         return PendingAck(delivery_id=row["delivery_id"], status=row["ack_status"] or "delivered",
                           retryable=bool(row["retryable"]), reason=row["reason"],
-                          channel_message_id=row["channel_message_id"])
+                          channel_message_id=row["channel_message_id"],
+                          claim=claim if claim is not None else _stored_claim(row["delivery"]))
 
     # -- housekeeping ---------------------------------------------------------------
 
@@ -326,3 +341,12 @@ class Outbox:
         with self._lock:
             self._db.execute("DELETE FROM inbound WHERE state IN (?, ?) AND updated_at < ?", (ACKED, REJECTED, cutoff))
             self._db.execute("DELETE FROM outbound WHERE state = ? AND updated_at < ?", (ACKED, cutoff))
+
+
+def _stored_claim(delivery_json: str | None) -> str | None:
+    """The claim kept in a row's delivery (rows written before claims existed have none)."""
+    try:
+        claim = json.loads(delivery_json or "{}").get("claim")
+    except (ValueError, AttributeError):
+        return None
+    return claim if isinstance(claim, str) and claim else None

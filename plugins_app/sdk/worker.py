@@ -22,6 +22,8 @@ owes the host and exits 0. Every message passes through the outbox
 from __future__ import annotations
 
 import base64
+import ctypes
+import ctypes.util
 import logging
 import os
 import signal
@@ -39,6 +41,9 @@ from .outbox import ACK, ACKED, FAILED, PENDING, REJECTED, RESUME, SENT, Outbox,
 SOCKET_ENV = "UGENT_BRIDGE_SOCKET"
 PLUGIN_ID_ENV = "UGENT_PLUGIN_ID"
 TOKEN_ENV = "UGENT_PLUGIN_TOKEN"
+
+PR_SET_PDEATHSIG = 1
+PR_GET_PDEATHSIG = 2
 
 EXIT_OK = 0
 EXIT_FAILURE = 1        # the bridge stayed unreachable, or the channel failed: the supervisor restarts it
@@ -114,6 +119,7 @@ class ChannelWorker:
         self._heartbeat: threading.Thread | None = None
         self._failed = False
         self._stopped = False
+        self._parent_pid: int | None = None         # set by main(): a worker whose parent is gone stops
 
     # ---------------------------------------------------------------- the channel's part
 
@@ -365,8 +371,14 @@ class ChannelWorker:
                     while not self.stopping.is_set():
                         self.poll_once()
                 except (ConnectionLost, OSError) as exc:
-                    self.log.warning("bridge connection lost (%s); reconnecting", exc)
                     self._drop_client()
+                    if self.orphaned():
+                        # the supervisor (or the wrapper it started us through) is gone: nobody will
+                        # restart or stop this worker, so it must not linger reconnecting
+                        self.log.error("bridge connection lost and the parent process is gone; stopping")
+                        code = EXIT_FAILURE
+                        break
+                    self.log.warning("bridge connection lost (%s); reconnecting", exc)
             if self._failed:
                 code = EXIT_FAILURE
         finally:
@@ -375,10 +387,35 @@ class ChannelWorker:
 
     @classmethod
     def main(cls, **kwargs: Any) -> None:
-        """Entry point for a worker executable: log to stderr, run, exit with run()'s code."""
+        """Entry point for a worker executable: log to stderr, die with the parent, run, exit with run()'s code."""
         logging.basicConfig(level=os.environ.get("UGENT_LOG_LEVEL", "INFO"),
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        sys.exit(cls(**kwargs).run())
+        worker = cls(**kwargs)
+        worker.die_with_parent()
+        sys.exit(worker.run())
+
+    def die_with_parent(self) -> None:
+        """Stop when the process that started this worker dies, even by ``kill -9``.
+
+        The supervisor gives its direct child a parent-death signal, but a worker
+        started through a wrapper (``sh -c "python -m worker ; true"``) is the
+        wrapper's child and inherits none: on Linux it asks for SIGTERM (a graceful
+        stop) when its own parent dies. Elsewhere ``orphaned()`` stops it once the
+        bridge connection drops.
+        """
+        self._parent_pid = os.getppid()
+        prctl = _prctl()
+        if prctl is None:
+            return
+        current = ctypes.c_int(0)
+        if prctl(PR_GET_PDEATHSIG, ctypes.addressof(current), 0, 0, 0) == 0 and current.value == 0:
+            prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != self._parent_pid:
+            self.stop()  # the parent died before the request took effect: no signal will come
+
+    def orphaned(self) -> bool:
+        """The parent recorded by ``die_with_parent`` is gone (this process was re-parented)."""
+        return self._parent_pid is not None and os.getppid() != self._parent_pid
 
     # ---------------------------------------------------------------- internals
 
@@ -542,7 +579,9 @@ class ChannelWorker:
         delivery_id = raw.get("delivery_id") if isinstance(raw, dict) else None
         self.log.error("malformed delivery %r: %s", delivery_id, exc)
         if isinstance(delivery_id, str) and delivery_id:
-            self._send_ack(PendingAck(delivery_id, "failed", retryable=False, reason=f"malformed delivery: {exc}"))
+            claim = raw.get("claim") if isinstance(raw.get("claim"), str) else None
+            self._send_ack(PendingAck(delivery_id, "failed", retryable=False, reason=f"malformed delivery: {exc}",
+                                      claim=claim))
 
     def _shutdown(self) -> None:
         if self._drain_deadline is None:
@@ -571,3 +610,16 @@ class ChannelWorker:
         if self.outbox is not None:
             self.outbox.close()
             self.outbox = None
+
+
+def _prctl():
+    """libc's prctl on Linux, else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    fn.restype = ctypes.c_int
+    return fn

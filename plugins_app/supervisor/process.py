@@ -24,7 +24,10 @@ by a ``WorkerHandle``:
 
 PDEATHSIG reaches only the worker itself. Processes the worker forked stay in
 its process group and are killed by ``terminate``, by kill on drop, and, after a
-supervisor crash, by ``reap_stale`` on the next start.
+supervisor crash, by ``reap_stale`` on the next start. A worker started through
+a wrapper (``sh -c "python -m worker ; true"``) is such a grandchild: the SDK's
+``ChannelWorker.die_with_parent`` asks for its own parent-death signal, so it
+stops when the wrapper is killed (docs/plugins.md says why no subreaper).
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import pytest
 
 from channels_app.models import Receipt, Turn
 from plugins_app import services
-from plugins_app.bridge.server import UnknownDelivery
+from plugins_app.bridge import UnknownDelivery
 from plugins_app.hub import DjangoHub
 from plugins_app.models import DeliveryState, OutboundDelivery
 from plugins_app.sdk.messages import InboundMessage
@@ -201,12 +201,12 @@ def test_a_late_failure_ack_under_an_old_claim_leaves_the_new_holders_delivery_a
     [first] = run(hub.poll_outbound("echo-main", 5, 1.0))
     services.deliveries_requeue(plugin_id="echo-main")  # session A is gone
     [second] = run(hub.poll_outbound("echo-main", 5, 1.0))  # session B holds it now
-    assert first.host_claim and second.host_claim and first.host_claim != second.host_claim
-    assert "host_claim" not in second.to_dict()  # the claim never goes on the wire
-    out = run(hub.ack_outbound("echo-main", delivery_id, "failed", True, "A timed out", claim=first.host_claim))
+    assert first.claim and second.claim and first.claim != second.claim
+    assert second.to_dict()["claim"] == second.claim  # the claim goes to the worker, which acks with it
+    out = run(hub.ack_outbound("echo-main", delivery_id, "failed", True, "A timed out", claim=first.claim))
     assert out["duplicate"] is True
     row = OutboundDelivery.objects.get(delivery_id=delivery_id)
     assert (row.state, row.attempt, row.failures) == ("in_flight", 1, [])
     # B's own failure under its claim is a real one
-    out = run(hub.ack_outbound("echo-main", delivery_id, "failed", True, "B failed", claim=second.host_claim))
+    out = run(hub.ack_outbound("echo-main", delivery_id, "failed", True, "B failed", claim=second.claim))
     assert (out["duplicate"], out["state"], out["attempt"]) == (False, "pending", 2)

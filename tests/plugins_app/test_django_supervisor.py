@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from plugins_app.models import OutboundDelivery, Plugin
-from plugins_app.supervisor.process import pid_alive, pid_file_path
+from plugins_app.supervisor.process import group_members, pid_alive, pid_file_path
 from tests.plugins_app.conftest import PY, database_url, make_plugin, wait_until
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc and prctl")
@@ -86,10 +86,12 @@ def test_a_worker_that_stops_heartbeating_is_restarted(tcast, echo, start_runtim
 
 
 def test_a_heartbeating_worker_is_left_running(tcast, echo, start_runtime):
-    make_plugin(heartbeat_secs=0.1)
-    rt = start_runtime(limits={"startup_grace_secs": 0.3})
+    make_plugin(heartbeat_secs=0.2)
+    # a grace a loaded machine's worker start fits in; the watchdog then judges beats for a while after it
+    rt = start_runtime(limits={"startup_grace_secs": 2.0})
     first = wait_until(lambda: rt.worker_pid("echo-main"), 10)
-    wait_until(lambda: False, 1.5)
+    assert wait_until(lambda: Plugin.objects.get().last_heartbeat is not None, 10)
+    wait_until(lambda: False, 3.0)
     assert rt.worker_pid("echo-main") == first
 
 
@@ -149,3 +151,40 @@ def test_kill_9_on_the_supervisor_kills_its_workers_and_a_new_one_reaps_what_was
     assert wait_until(lambda: rt.runtime.supervisor.reaped, 10)  # set once reap_stale returns
     assert [r.plugin_id for r in rt.runtime.supervisor.reaped] == ["survivor"]
     assert wait_until(lambda: rt.worker_pid("survivor") not in (None, survivor), 10)
+
+
+def _enqueue(plugin, text):
+    from channels_app.services import channel_actor_resolve, conversation_resolve
+    from plugins_app import services
+    actor = channel_actor_resolve(channel="echo", user_id="42")
+    conv, _ = conversation_resolve(channel="echo", client_id=plugin.plugin_id, external_id="chat-1",
+                                   actor=actor, caller=None)
+    return services.delivery_enqueue(plugin=plugin, conversation=conv, text=text).delivery_id
+
+
+def test_kill_9_on_the_supervisor_takes_a_worker_started_through_a_shell_with_it_and_nothing_is_lost_or_doubled(
+        tcast, echo, short_dir, start_runtime):
+    """`sh -c "python -m worker ; true"`: the supervisor's parent-death signal reaches only the shell;
+    the worker itself must not outlive a supervisor killed with kill -9."""
+    plugin = make_plugin(command="sh", args=["-c", f"{PY} -m plugins_app.workers.echo ; true"])
+    sup = start_supervisor_process(short_dir)
+    try:
+        pid_file = pid_file_path(short_dir / "pids", "echo-main")
+        assert wait_until(pid_file.exists, 20), (short_dir / "supervisor.log").read_text()
+        pgid = json.loads(pid_file.read_text())["pgid"]
+        before = _enqueue(plugin, "before the crash")
+        assert wait_until(lambda: OutboundDelivery.objects.get(delivery_id=before).state == "delivered", 20), \
+            (short_dir / "logs" / "echo-main.log").read_text()
+        assert len(group_members(pgid)) == 2  # the shell and, under it, the worker
+        os.kill(sup.pid, signal.SIGKILL)
+        sup.wait(5)
+    finally:
+        if sup.poll() is None:
+            os.killpg(sup.pid, signal.SIGKILL)
+            sup.wait()
+    assert wait_until(lambda: not group_members(pgid), 15), [m.pid for m in group_members(pgid)]
+    after = _enqueue(plugin, "after the restart")  # queued while no supervisor runs
+    start_runtime()
+    assert wait_until(lambda: OutboundDelivery.objects.get(delivery_id=after).state == "delivered", 30)
+    assert sorted((s["delivery_id"], s["text"]) for s in echo.sends()) == \
+        sorted([(before, "before the crash"), (after, "after the restart")])  # each once

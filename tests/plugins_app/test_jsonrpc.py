@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from plugins_app.bridge.server import (
+from plugins_app.bridge import (
     AddressInUse,
     BridgeServer,
     InMemoryHub,
@@ -562,19 +562,11 @@ def test_a_long_poll_of_a_replaced_session_takes_nothing_from_the_new_one(bridge
 
 
 class ClaimRecordingHub(InMemoryHub):
-    """Marks each hand-out with a claim and records the claim each ack comes back with."""
+    """Records the claim each ack reaches the hub with."""
 
     def __init__(self, **kw):
         super().__init__(**kw)
-        self.hand_outs = 0
         self.acked_claims = []
-
-    async def poll_outbound(self, plugin_id, max_items, timeout):
-        taken = await super().poll_outbound(plugin_id, max_items, timeout)
-        for d in taken:
-            self.hand_outs += 1
-            d.host_claim = f"claim-{self.hand_outs}"
-        return taken
 
     async def ack_outbound(self, plugin_id, delivery_id, status, retryable, reason, channel_message_id=None,
                            claim=None):
@@ -583,7 +575,7 @@ class ClaimRecordingHub(InMemoryHub):
                                           claim=claim)
 
 
-def test_a_session_acks_under_the_claim_it_was_handed_and_the_claim_stays_off_the_wire():
+def test_a_delivery_carries_its_claim_and_an_ack_without_one_is_matched_to_its_sessions_claim():
     hub = ClaimRecordingHub(max_in_flight=4, max_retries=2, heartbeat_secs=7)
     path = os.path.join(short_socket_dir(), "bridge.sock")
     server = BridgeServer(socket_path=path, plugin_id=PLUGIN_ID, token=TOKEN, hub=hub)
@@ -593,11 +585,52 @@ def test_a_session_acks_under_the_claim_it_was_handed_and_the_claim_stays_off_th
             assert "result" in c.call("hello", hello_params(), id="hello")
             delivery_id = hub.enqueue("chat", "hi")
             [wire] = c.call("outbound.poll", {"timeout_secs": 0}, id=2)["result"]["deliveries"]
-            assert "host_claim" not in wire and "claim" not in wire
-            c.call("outbound.ack", {"delivery_id": delivery_id, "status": "failed", "retryable": True,
-                                    "reason": "try again"}, id=3)
+            assert wire["claim"] and wire["claim"] == hub.delivery(delivery_id)["claim"]
+            # a worker that predates claims acks without one: the bridge supplies its session's
+            out = c.call("outbound.ack", {"delivery_id": delivery_id, "status": "failed", "retryable": True,
+                                          "reason": "try again"}, id=3)["result"]
+            assert (out["state"], out["attempt"], out["duplicate"]) == ("pending", 2, False)
             other = hub.enqueue("chat", "not polled by this session")
             c.call("outbound.ack", {"delivery_id": other, "status": "delivered"}, id=4)
         finally:
             c.close()
-    assert hub.acked_claims == [(delivery_id, "claim-1"), (other, None)]
+    # the unpolled delivery: this session holds no claim on it ("" , not "unknown")
+    assert hub.acked_claims == [(delivery_id, wire["claim"]), (other, "")]
+    assert hub.delivery(other)["state"] == "delivered"  # the truth is accepted whoever tells it
+
+
+@pytest.mark.parametrize("method, params, field, reason", [
+    ("heartbeat", {"stats": []}, "stats", "must be an object"),
+    ("inbound.submit", {}, "message", "is required"),
+    ("inbound.submit", {"message": _message(attachments=[{"kind": "sticker", "content_type": "image/webp",
+                                                          "url": "https://x"}])},
+     "message.attachments[0].kind", "must be one of image, audio, video, document, other"),
+    ("outbound.poll", {"max_items": "3"}, "max_items", "must be an integer"),
+    ("outbound.poll", {"max_items": 0}, "max_items", "must be at least 1"),
+    ("outbound.poll", {"timeout_secs": True}, "timeout_secs", "must be a number"),
+    ("outbound.ack", {"delivery_id": "d", "status": "sent"}, "status", "must be one of delivered, failed"),
+    ("outbound.ack", {"delivery_id": "d", "status": "failed", "reason": "x"}, "retryable",
+     "is required when status is failed"),
+    ("outbound.ack", {"delivery_id": "", "status": "delivered"}, "delivery_id", "must not be empty"),
+    ("outbound.ack", {"delivery_id": "d", "status": "delivered", "claim": 7}, "claim", "must be a string"),
+    ("media.get", {"media_id": None}, "media_id", "is required"),
+    ("media.put", {"content_type": "png", "data_base64": ""}, "content_type", "must be a MIME type such as image/png"),
+    ("media.put", {"content_type": "image/png", "data_base64": "***"}, "data_base64", "must be standard base64"),
+])
+def test_bad_params_are_one_error_style_naming_the_field_and_changing_nothing(conn, hub, method, params, field,
+                                                                              reason):
+    error = conn.call(method, params)["error"]
+    assert (error["code"], error["message"], error["data"]) == \
+        (INVALID_PARAMS, f"Invalid params: {field}: {reason}", {"field": field, "reason": reason})
+    assert hub.submit_log == [] and hub.ack_log == [] and hub.deliveries() == []
+
+
+def test_hello_with_another_protocol_version_is_refused_naming_the_field(bridge):
+    c = LineConn(bridge.socket_path)
+    try:
+        error = c.call("hello", hello_params(protocol_version=2))["error"]
+        assert error["message"] == "Invalid params: protocol_version: unsupported; this host speaks 1"
+        assert c.call("hello", ["positional"], id=2)["error"]["message"] == \
+            "Invalid params: params must be an object (named parameters)"
+    finally:
+        c.close()

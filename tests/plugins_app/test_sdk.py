@@ -28,7 +28,7 @@ from plugins_app.sdk import (
     Outbox,
     RpcClient,
 )
-from plugins_app.bridge.server import HostUnavailable
+from plugins_app.bridge import HostUnavailable
 from plugins_app.sdk.mock import AFTER, DROP, MockBridge
 from plugins_app.sdk.outbox import ACK, ACKED, DELIVER, PENDING, RESUME, SENT
 
@@ -275,7 +275,7 @@ def test_a_permanent_failure_is_dead_lettered_at_once_with_its_reason(bridge, st
     bridge.wait_for(lambda: bridge.dead_letters())
     dead = bridge.delivery(delivery_id)
     assert (dead["state"], dead["permanent"], dead["reason"], dead["handed_out"]) == \
-        ("dead_letter", True, "chat is gone", 1)
+        ("dead_letter", True, "permanent failure: chat is gone", 1)
 
 
 def test_max_retries_then_dead_letter_with_the_reason(bridge, start_worker):
@@ -407,6 +407,22 @@ def test_the_outbox_decides_what_a_handed_out_delivery_needs(tmp_path):
         assert box.inbound_pending() == []
 
 
+def test_the_outbox_acks_under_the_claim_of_the_newest_hand_out(tmp_path):
+    with Outbox(tmp_path / "o.sqlite3") as box:
+        first = OutboundDelivery(delivery_id="d-1", conversation_id="chat-1", text="hi", claim="c1")
+        box.outbound_begin(first)
+        ack = box.outbound_failed("d-1", retryable=True, reason="timeout")
+        assert ack.params()["claim"] == "c1"
+        # handed out again (same attempt) after a new session: the recorded outcome goes back under c2
+        decision = box.outbound_begin(OutboundDelivery(delivery_id="d-1", conversation_id="chat-1", text="hi",
+                                                       claim="c2"))
+        assert decision.action == ACK and decision.ack.params()["claim"] == "c2"
+        assert [a.claim for a in box.outbound_pending_acks()] == ["c2"]
+        # a delivery from a host without claims acks without one
+        box.outbound_begin(_delivery("old-host"))
+        assert "claim" not in box.outbound_sent("old-host").params()
+
+
 def test_a_redelivery_of_a_sent_delivery_is_acked_without_a_second_send(bridge, tmp_path):
     sends = tmp_path / "sends.txt"
     delivery_id = bridge.queue_delivery("chat-1", "hello")
@@ -509,3 +525,14 @@ def test_a_kill_inside_deliver_resends_only_when_the_channel_cannot_tell(bridge,
         assert terminate(second) == 0
     # Never lost; sent twice only when nothing could tell it had already gone out.
     assert read_lines(tmp_path / "sends.txt") == [delivery_id] * (1 if check else 2)
+
+
+def test_the_sdk_imports_without_django_and_loads_pydantic_only_for_the_first_message():
+    probe = ("import sys, plugins_app.sdk as sdk; loaded = {m: m in sys.modules for m in ('django', 'pydantic')}; "
+             "sdk.InboundMessage.from_dict({'channel': 'c', 'conversation_id': 'k', 'message_id': 'm', "
+             "'sender_id': 's', 'text': 't', 'timestamp': '2024-05-01T12:00:00Z'}); "
+             "print(loaded['django'], loaded['pydantic'], 'django' in sys.modules, 'pydantic' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    out = subprocess.run([sys.executable, "-c", probe], cwd=Path(__file__).resolve().parents[2], env=env,
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "False", "False", "True"]
