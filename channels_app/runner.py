@@ -159,7 +159,7 @@ def turn_end(*, turn: Turn, state: str, answer: str = "", reason: str = "", code
              citations: list[str] | None = None, writer: DeltaWriter | None = None,
              pending: list | None = None, from_state: str = TurnState.RUNNING,
              where: Q | None = None, started_at=None, never_started: bool = False, decided_by: str | None = None,
-             unless_steering_waits: bool = False) -> EndOutcome:
+             unless_steering_waits: bool = False, answer_streamed: bool = False) -> EndOutcome:
     """End a turn in `state` (a key of END_STATES): turn, receipt, answer message, events and the
     after-turn hook in one transaction. Only one end wins: a turn no longer in `from_state` (or not
     matching `where`) is left as it is and nothing is written.
@@ -167,6 +167,8 @@ def turn_end(*, turn: Turn, state: str, answer: str = "", reason: str = "", code
     `writer`: a runner's, whose buffered deltas go before the terminal event; `pending`: other such
     events (a hook's answer). `started_at`:
     the turn starts and ends here (a hook's answer). `never_started`: the claim is undone (abandoned).
+    `answer_streamed`: the answer is what the turn's events streamed, read under the log's lock once
+    the turn has ended, so no delta its runner commits is missing (the sweep, the lease keeper).
     `unless_steering_waits`: completion yields to a steering that waits (ordered by the turn's row
     lock against streams.turn_steer, so a steering is either applied or refused, never lost).
     """
@@ -174,7 +176,7 @@ def turn_end(*, turn: Turn, state: str, answer: str = "", reason: str = "", code
     citations = list(citations or [])
     now = timezone.now()
     turn_fields = {"state": state, "finished_at": now, "lease_expires_at": None}
-    receipt_fields = {"state": state, "answer": answer, "reason": reason or end.reason, "finished_at": now}
+    receipt_fields = {"state": state, "reason": reason or end.reason, "finished_at": now}
     if end.event == "turn.failed":
         turn_fields["error"] = reason or end.reason
     if state == TurnState.COMPLETED:
@@ -195,13 +197,17 @@ def turn_end(*, turn: Turn, state: str, answer: str = "", reason: str = "", code
                 updated_at=now, **turn_fields)
         if moved != 1:
             return EndOutcome.ALREADY_ENDED
+        # Steering rows before the log's lock, as steerings_take takes them: no deadlock between the two.
+        dropped = _steerings_drop(turn) if end.drops_steering else []
+        if answer_streamed:
+            log_lock()
+            answer = streamed_answer(turn.pk)
+        receipt_fields["answer"] = answer
         if answer or end.keeps_empty_answer:
             rows.table(Message).insert(conversation_id=turn.conversation_id, role=Message.Role.ASSISTANT,
                                        content=answer, turn_id=turn.pk)
         rows.table(Receipt).update({"id": turn.receipt_id}, **receipt_fields)
-        items = (writer.pending() if writer is not None else []) + list(pending or [])
-        if end.drops_steering:
-            items += _steerings_drop(turn)
+        items = (writer.pending() if writer is not None else []) + list(pending or []) + dropped
         if citations and state == TurnState.COMPLETED:
             items.append(("ugent.citations", {"turn_id": turn.turn_id, "citations": citations}, []))
         turn.state = state
@@ -579,7 +585,7 @@ class LeaseKeeper:
             if time.monotonic() > deadline + grace:
                 turn = Turn.objects.select_related("actor").filter(pk=pk, state=TurnState.RUNNING).first()
                 if turn is not None:
-                    turn_end(turn=turn, state=TurnState.FAILED, answer=streamed_answer(pk),
+                    turn_end(turn=turn, state=TurnState.FAILED, answer_streamed=True,
                              reason=TIME_LIMIT_REASON, code="time_limit")
                 self.release(pk)
         return renewed
@@ -623,7 +629,7 @@ def turns_recover_interrupted(*, lapsed_before=None) -> int:
         qs = qs.filter(where)
     count = 0
     for turn in qs:
-        outcome = turn_end(turn=turn, state=TurnState.INTERRUPTED, answer=streamed_answer(turn.pk), where=where)
+        outcome = turn_end(turn=turn, state=TurnState.INTERRUPTED, answer_streamed=True, where=where)
         count += outcome is EndOutcome.ENDED
     return count
 

@@ -21,7 +21,7 @@ def run_turn(turn_pk: int) -> None:
     except SoftTimeLimitExceeded:  # the prefork pool's limit; the runner's own (UGENT_TURN_RUN_LIMIT) comes first
         from channels_app.models import Turn, TurnState
         turn = Turn.objects.select_related("actor").get(pk=turn_pk)
-        runner.turn_end(turn=turn, state=TurnState.FAILED, answer=runner.streamed_answer(turn_pk),
+        runner.turn_end(turn=turn, state=TurnState.FAILED, answer_streamed=True,
                         reason=runner.TIME_LIMIT_REASON, code="time_limit")
 
 

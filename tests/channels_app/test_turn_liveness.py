@@ -57,9 +57,10 @@ def wait_for(predicate, timeout: float, interval: float = 0.2):
 
 
 def turn_events(d: Daemon, conversation_id: str) -> list[tuple[str, str]]:
-    return d.sql("SELECT e.type, e.data FROM channels_app_event e JOIN channels_app_turn t ON t.id = e.turn_id "
+    return [(t, json.loads(data) if isinstance(data, str) else data) for t, data in d.sql(
+        "SELECT e.type, e.data FROM channels_app_event e JOIN channels_app_turn t ON t.id = e.turn_id "
                  "JOIN channels_app_conversation c ON c.id = t.conversation_id WHERE c.external_id = ? "
-                 "ORDER BY e.id", (conversation_id,))
+        "ORDER BY e.id", (conversation_id,))]
 
 
 def deltas(d: Daemon, conversation_id: str) -> int:
@@ -96,8 +97,7 @@ def test_a_killed_workers_turn_ends_interrupted_within_30s_keeping_what_it_strea
     threading.Thread(target=send, daemon=True).start()
     assert wait_for(lambda: deltas(d, "c-kill") >= 5, timeout=30)
     d.kill_worker()
-    streamed_before = "".join(json.loads(data)["text"] for t, data in turn_events(d, "c-kill")
-                              if t == "turn.delta")
+    streamed_before = "".join(data["text"] for t, data in turn_events(d, "c-kill") if t == "turn.delta")
     if SERVERS:
         d.spawn_worker()  # another worker runs the sweep; the web process never stopped
     else:
