@@ -256,10 +256,14 @@ async def run_transport(kind: str, servers: bool, redis_url: str, n: int, events
     remaining = [n]
     all_done = asyncio.Event()
 
+    window = [float("inf"), 0.0]  # first event sent, last one received: what ev/s divides by
+
     def got(i: int, rows, now: float) -> None:
         for row in rows:
             delays.append(now - row[2]["ts"])
             counts[i] += 1
+            window[0] = min(window[0], row[2]["ts"])
+        window[1] = now
         if counts[i] >= events:
             remaining[0] -= 1
             if remaining[0] == 0:
@@ -369,7 +373,8 @@ async def run_transport(kind: str, servers: bool, redis_url: str, n: int, events
             pass
     delivered = sum(counts)
     return {"delivered": delivered, "per_subscriber": events,
-            "complete": sum(1 for x in counts if x >= events), "elapsed": end - start, "delays": delays,
+            "complete": sum(1 for x in counts if x >= events),
+            "elapsed": (window[1] - window[0]) if delivered else end - start, "delays": delays,
             "timed_out": len(pending), "pub_cpu": pub_cpu / events, "sub_cpu": cpu / max(1, delivered),
             "redis_cpu": rcpu / events, "fallbacks": fallbacks[0]}
 

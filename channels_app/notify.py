@@ -10,6 +10,24 @@ the id of the turn's event before them. A reader whose cursor is that id takes
 the rows as they are, without a trip to the database; any other reader (one
 that missed a batch, or saw batches out of commit order) reads the database as
 before. So a pushed batch can only save a read, never skip an event.
+
+Why this and not the Django Channels layer (there is no CHANNEL_LAYERS). Measured by
+`bench/events_fanout.py`, figures in docs/streams.md: N readers of one topic in one process.
+channels_redis' RedisChannelLayer copies each group_send into every member's Redis list, so at 100
+readers it ran 5 s behind and at 1,000 half a minute, at 5-15x this module's publisher CPU, and it
+dropped events past its capacity. RedisPubSubChannelLayer sends one message per process, as this
+module does: close at 10-100 readers (p99 1.5-4x), 9x at 1,000, with 1.2-1.5x the publisher CPU.
+The in-memory layer belongs to one event loop, so turn threads must hop onto it for each send; it
+fell furthest behind. And a layer tells a reader less than it needs: a reader here learns when it
+must read the database (a plain wake-up), where a layer drops a message past its capacity without
+a word. The database is the record, so the layer's queues buy nothing.
+
+A WebSocket consumer (the live-call issue) runs without a layer (Channels then gives it no
+channel_name) and waits here as the SSE views do: in `connect()`, `waiter = await
+subscribe(topic)`; a task loops `await waiter.wait()`, `waiter.take()` (rows, or None: read the log
+from its cursor) and sends; `disconnect()` cancels the task and calls `waiter.close()`. A Waiter is
+bound to the loop that made it, and `publish` wakes it from any thread, or any process over Redis.
+What a client sends back (stop, steer, answers) goes through the hub's services, as over HTTP.
 """
 from __future__ import annotations
 
@@ -81,10 +99,14 @@ class Waiter:
         return None if plain else batches
 
     async def wait(self, timeout: float = POLL_INTERVAL) -> None:
-        try:
-            await asyncio.wait_for(self.event.wait(), timeout)
-        except asyncio.TimeoutError:
-            pass
+        if not self.event.is_set():
+            # a timer that sets the event, not asyncio.wait_for: wait_for makes a task per wait,
+            # which at a thousand readers was most of their CPU (docs/streams.md)
+            timer = self.loop.call_later(timeout, self.event.set)
+            try:
+                await self.event.wait()
+            finally:
+                timer.cancel()
         self.event.clear()
 
     def close(self) -> None:
@@ -110,13 +132,25 @@ def register(topic: str, loop: asyncio.AbstractEventLoop) -> Waiter:
 
 
 def _wake_local(topic: str, batch: TurnBatch | None = None) -> None:
+    """One hand-over per event loop, not per waiter: a thousand readers on one loop cost one
+    call_soon_threadsafe (one self-pipe write, one GIL hand-over), which is what kept notify behind
+    the Redis pub/sub channel layer at 100+ readers (docs/streams.md)."""
     with _lock:
         waiters = list(_waiters.get(topic, ()))
+    by_loop: dict[asyncio.AbstractEventLoop, list[Waiter]] = defaultdict(list)
     for w in waiters:
+        by_loop[w.loop].append(w)
+    for loop, group in by_loop.items():
         try:
-            w.wake(batch)
+            loop.call_soon_threadsafe(_wake_group, group, batch)
         except RuntimeError:  # its loop has closed
-            w.close()
+            for w in group:
+                w.close()
+
+
+def _wake_group(group: list[Waiter], batch: TurnBatch | None) -> None:
+    for w in group:
+        w._wake(batch)
 
 
 def publish(*topics: str, batch: tuple[str, TurnBatch] | None = None) -> None:

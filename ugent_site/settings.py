@@ -1,7 +1,8 @@
 """Settings, all from the environment (django-environ) with working defaults.
 
 REDIS_URL unset means embedded mode: SQLite under var/, Celery on an
-in-process broker, an in-memory channel layer. REDIS_URL set means servers mode.
+in-process broker. REDIS_URL set means servers mode. No CHANNEL_LAYERS: stream
+wake-ups go through channels_app/notify.py (why: its docstring).
 """
 import os
 from pathlib import Path
@@ -111,12 +112,9 @@ REDIS_URL = env("REDIS_URL", default="")
 UGENT_MODE = "servers" if REDIS_URL else "embedded"
 
 if REDIS_URL:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
-                                  "CONFIG": {"hosts": [REDIS_URL]}}}
     CELERY_BROKER_URL = REDIS_URL
     CELERY_BROKER_TRANSPORT_OPTIONS = {}
 else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     CELERY_BROKER_URL = "memory://"
     # memory:// woken by publishes and acks instead of polled (see ugent_site/broker.py).
     CELERY_BROKER_TRANSPORT = "ugent_site.broker:Transport"

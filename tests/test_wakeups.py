@@ -1,0 +1,139 @@
+"""Stream wake-ups go through channels_app.notify, and no Channels layer is half there beside it.
+
+bench/events_fanout.py measured notify against channels_redis' layers and the in-memory layer
+(docs/streams.md, "Why notify.py and not the channel layer"): notify stayed, CHANNEL_LAYERS went.
+A layer that comes back configured but unused, or used without being the decision, fails here.
+"""
+from __future__ import annotations
+
+import ast
+import asyncio
+import subprocess
+import threading
+import uuid
+from pathlib import Path
+
+from django.conf import settings
+
+from channels_app import notify
+
+ROOT = Path(__file__).resolve().parents[1]
+THIS = Path(__file__).resolve().relative_to(ROOT).as_posix()
+#: the bench measures the layers on purpose; nothing else may reach for one
+MEASURES_THE_LAYER = {"bench/events_fanout.py"}
+
+
+def layer_uses(source: str) -> list[int]:
+    """Lines that import a Channels layer or name one in code (docstrings and comments may say why not)."""
+    if not any(word in source for word in ("channels.layers", "channels_redis", "channel_layer", "CHANNEL_LAYERS")):
+        return []
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            mods = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            mods = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            mods = []
+        name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+        if any(m.startswith(("channels.layers", "channels_redis")) for m in mods) or name in LAYER_NAMES:
+            lines.append(node.lineno)
+    return lines
+
+
+LAYER_NAMES = {"CHANNEL_LAYERS", "get_channel_layer", "channel_layer", "channel_layers"}
+
+
+def test_no_channel_layer_is_configured_and_no_code_reaches_for_one():
+    from channels.layers import get_channel_layer
+
+    assert not hasattr(settings, "CHANNEL_LAYERS")
+    assert get_channel_layer() is None  # what a Channels consumer sees: it runs without a layer
+    files = subprocess.run(["git", "ls-files", "--", "*.py"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.split()
+    offenders = [f"{f}:{n}" for f in files if f != THIS and f not in MEASURES_THE_LAYER and (ROOT / f).is_file()
+                 for n in layer_uses((ROOT / f).read_text(errors="replace"))]
+    assert offenders == []
+
+
+def test_the_scan_sees_a_layer_in_code_and_not_in_prose():
+    assert layer_uses('"""no CHANNEL_LAYERS, not channels_redis"""\n# get_channel_layer\n') == []
+    assert layer_uses("from channels.layers import get_channel_layer\n") != []
+    assert layer_uses("import channels_redis.core\n") != []
+    assert layer_uses("CHANNEL_LAYERS = {}\n") != []
+    assert layer_uses("async def f(self):\n    await self.channel_layer.group_send('g', {})\n") != []
+
+
+class LoopThread:
+    """An event loop running in its own thread, as a web process's loop is to a turn thread."""
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def waiters(self, topic: str, n: int) -> list[notify.Waiter]:
+        return [notify.register(topic, self.loop) for _ in range(n)]
+
+    def take_after_wait(self, waiter: notify.Waiter, timeout: float = 5.0):
+        async def go():
+            await waiter.wait(timeout)
+            return waiter.take()
+        return asyncio.run_coroutine_threadsafe(go(), self.loop).result(timeout + 5)
+
+    def stop(self):
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()
+
+
+def a_batch(k: int = 1) -> notify.TurnBatch:
+    return notify.TurnBatch(prev=k - 1, rows=((k, "turn.delta", {"text": f"w{k}"}),))
+
+
+def test_one_publish_wakes_every_waiter_on_every_loop_with_its_rows():
+    topic = f"test:wakeups:{uuid.uuid4().hex}"
+    loops = [LoopThread(), LoopThread()]
+    try:
+        waiters = [(lt, w) for lt in loops for w in lt.waiters(topic, 3)]
+        batch = a_batch()
+        notify.publish(topic, batch=(topic, batch))
+        for lt, w in waiters:
+            taken = lt.take_after_wait(w)
+            assert taken is not None and batch in taken  # servers mode may add the same rows from Redis
+        for _lt, w in waiters:
+            w.close()
+        assert topic not in notify._waiters
+    finally:
+        for lt in loops:
+            lt.stop()
+
+
+def test_a_waiter_whose_loop_has_closed_is_dropped_and_the_others_still_wake():
+    topic = f"test:wakeups:{uuid.uuid4().hex}"
+    gone, live = LoopThread(), LoopThread()
+    try:
+        (stale,) = gone.waiters(topic, 1)
+        gone.stop()
+        (w,) = live.waiters(topic, 1)
+        batch = a_batch(7)
+        notify.publish(topic, batch=(topic, batch))
+        assert batch in live.take_after_wait(w)
+        assert stale not in notify._waiters.get(topic, set())
+        assert w in notify._waiters[topic]
+        w.close()
+    finally:
+        live.stop()
+
+
+def test_a_wait_ends_at_its_timeout_unwoken_and_a_wake_before_the_wait_is_not_lost():
+    topic = f"test:wakeups:{uuid.uuid4().hex}"
+    lt = LoopThread()
+    try:
+        (w,) = lt.waiters(topic, 1)
+        assert lt.take_after_wait(w, timeout=0.01) == []  # nothing woke it: no rows, no read forced
+        notify.publish(topic)  # a plain wake-up before anyone waits
+        assert lt.take_after_wait(w) is None  # it is kept, and says "read the database"
+        w.close()
+    finally:
+        lt.stop()
