@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PG_URL ?= postgres://root@127.0.0.1:5432/ugent
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
 
-.PHONY: setup run test test-embedded test-servers services bench
+.PHONY: setup run test lint test-embedded test-servers services bench
 
 setup: $(VENV)/.installed
 
@@ -19,8 +19,13 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 run: setup
 	$(PY) manage.py rundaemon
 
-# Every test, in embedded mode and again in servers mode (Redis + PostgreSQL).
-test: setup services test-embedded test-servers
+# The import contracts (docs/design.md), then every test, in embedded mode and again in servers
+# mode (Redis + PostgreSQL).
+test: setup services lint test-embedded test-servers
+
+# Dependencies point one way between the apps: the contracts are in pyproject.toml.
+lint: setup
+	$(VENV)/bin/lint-imports
 
 test-embedded: setup
 	env -u REDIS_URL -u DATABASE_URL $(PY) -m pytest -q

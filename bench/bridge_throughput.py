@@ -80,7 +80,7 @@ def main():
     from django.core.management import call_command
     call_command("migrate", verbosity=0)
 
-    from plugins_app.engines.registry import register_engine
+    from plugins_app.agent.engines.registry import register_engine
     from tests.support.scripted import ScriptedEngine
     register_engine("scripted", ScriptedEngine)
     from ugent_site.celery import app
@@ -88,11 +88,12 @@ def main():
 
     import json
 
-    from plugins_app.bridge import BridgeServer, ServerThread
-    from plugins_app.hub import DjangoHub
-    from plugins_app.models import AgentProfile, Plugin
-    from plugins_app.sdk.client import RpcClient
-    from plugins_app.sdk.messages import InboundMessage
+    from plugins_app.channel.bridge import BridgeServer, ServerThread
+    from plugins_app.channel.hub import DjangoHub
+    from plugins_app.channel.models import Plugin
+    from plugins_app.agent.models import AgentProfile
+    from plugins_app.channel.sdk.client import RpcClient
+    from plugins_app.channel.sdk.messages import InboundMessage
 
     run_id = str(int(time.time()))
     AgentProfile.objects.get_or_create(name="scripted", provider="scripted", defaults={"is_default": False})

@@ -89,7 +89,7 @@ def bench_path(n: int):
 
     from channels_app import hooks, services
     from channels_app.models import Caller
-    from plugins_app.models import AgentProfile
+    from plugins_app.agent.models import AgentProfile
     call_command("migrate", verbosity=0)
     for name in ("routing", "rules"):
         hooks.unregister(name)

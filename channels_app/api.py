@@ -21,14 +21,16 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from channels_app import notify, rows, services
+from channels_app import notify, services
+
+from ugent_common import rows
 from channels_app.auth import IsOperator, authenticate_headers
 from channels_app.bodies import json_object_parse, text_problem
 from channels_app.errors import ApplicationError, error_response, from_drf
 from channels_app.events import turn_topic
 from channels_app.models import Event, Turn
 from channels_app.sse import DONE, PING, TERMINAL, ChunkRenderer
-from plugins_app.profiles import models_list
+from plugins_app.agent.profiles import models_list
 
 INPUT_MODES = ("voice", "live")
 CONTENT_SHAPE = "the last user entry's content must be a string or a list of text parts."

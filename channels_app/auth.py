@@ -14,10 +14,10 @@ from django.utils import timezone
 
 from rest_framework import authentication, permissions
 
-from channels_app import rows
+from ugent_common import rows
 from channels_app.errors import ApplicationError
 from channels_app.models import ApiKey, Caller, Role, hash_key
-from ugent_site import config
+from ugent_common import config
 
 log = logging.getLogger("ugent.hub")
 

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from django.db import connection, transaction
 
-from channels_app import notify, rows
+from channels_app import notify
+
+from ugent_common import rows
 from channels_app.models import Event
 
 EVENT_LOG_LOCK = 0x55474E54  # "UGNT"

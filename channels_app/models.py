@@ -5,13 +5,7 @@ import secrets
 from django.db import models
 from django.db.models import Q
 
-
-class TimeStamped(models.Model):
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
-
-    class Meta:
-        abstract = True
+from ugent_common.models import TimeStamped
 
 
 class Role(models.TextChoices):

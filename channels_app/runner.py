@@ -25,14 +25,16 @@ from django.db import close_old_connections, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from channels_app import hooks, rows
+from channels_app import hooks
+
+from ugent_common import rows
 # The log's lock (see channels_app.events): under it a state read and an append are one step, so no
 # event of a turn is written after another process's terminal event.
 from channels_app.events import _lock_log as log_lock
 from channels_app.events import events_append
 from channels_app.models import (Actor, Conversation, Event, Message, Receipt, ReceiptState, Steering,
                                  SteeringState, Turn, TurnState)
-from plugins_app.engines.base import (ANSWER, ANSWER_RESET, CITATIONS, ERROR, THINKING, TOOL, EngineError,
+from plugins_app.agent.engines.base import (ANSWER, ANSWER_RESET, CITATIONS, ERROR, THINKING, TOOL, EngineError,
                                       stream_items)
 
 log = logging.getLogger("ugent.turns")
@@ -294,7 +296,7 @@ def _stop_check_sql() -> str:
 
 @functools.cache
 def _fetch_parts():
-    from plugins_app.models import AgentProfile
+    from plugins_app.agent.models import AgentProfile
     p = rows.table(AgentProfile)
     return ((rows.table(Turn), _TURN_COLUMNS), (rows.table(Conversation), _CONVERSATION_COLUMNS),
             (rows.table(Actor), _ACTOR_COLUMNS), (p, p.attnames))
@@ -390,7 +392,7 @@ class TurnRun:
 
     def compose(self) -> None:
         """The engine from the turn's profile, and the messages it is shown."""
-        from plugins_app.engines.registry import engine_for_profile
+        from plugins_app.agent.engines.registry import engine_for_profile
         try:
             self.engine = engine_for_profile(self.turn.profile)
         except LookupError as exc:
@@ -651,7 +653,7 @@ def turns_requeue_lost(*, now=None) -> int:
 
     Only when the broker's queue holds fewer messages than there are such turns: a backlog is
     waiting its turn, not lost. The claim in TurnRun keeps a duplicate task from running it twice."""
-    from channels_app import tasks
+    from channels_app import dispatch as tasks
     if tasks.local_turn_pool_active():
         return 0  # embedded: turns never leave the process; start-up re-queues what a stop left
     now = now or timezone.now()
@@ -678,7 +680,7 @@ def turns_sweep_stale() -> int:
 
 def turns_requeue_accepted() -> int:
     """At start-up: accepted turns whose task was lost with an in-process broker run now."""
-    from channels_app.tasks import turn_dispatch
+    from channels_app.dispatch import turn_dispatch
     pks = list(Turn.objects.filter(state=TurnState.ACCEPTED).values_list("pk", flat=True))
     for pk in pks:
         turn_dispatch(pk)

@@ -17,7 +17,9 @@ from typing import Optional
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from channels_app import access, hooks, rows
+from channels_app import access, hooks
+
+from ugent_common import rows
 from channels_app.bodies import text_problem
 from channels_app.errors import ApplicationError
 from channels_app.events import event_append
@@ -237,7 +239,7 @@ def message_submit(*, inbound: InboundMessage, profile=None, on_turn=None) -> Su
             if inbound.client_message_id and _receipt_exists(conversation.pk, inbound.client_message_id):
                 raise _duplicate(conversation, inbound)
             if profile is None:
-                from plugins_app.profiles import profile_resolve
+                from plugins_app.agent.profiles import profile_resolve
                 profile = profile_resolve(requested=inbound.model, conversation=conversation,
                                           caller=inbound.caller)
             if inbound.turn_id and rows.table(Turn).get(turn_id=inbound.turn_id) is not None:
@@ -301,7 +303,7 @@ def _submit_locked(inbound: InboundMessage, conversation: Conversation, created:
     if stop is not None:
         turn_finish_without_agent(turn=turn, stop=stop)
     else:
-        from channels_app.tasks import turn_dispatch
+        from channels_app.dispatch import turn_dispatch
 
         def dispatch():
             result.queued = not turn_dispatch(turn.pk)

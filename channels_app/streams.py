@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Max, Q
 from django.utils import timezone
@@ -27,14 +28,13 @@ from channels_app.errors import ApplicationError
 from channels_app.events import event_append
 from channels_app.models import (Caller, Conversation, Event, EventLogMark, Message, Receipt,
                                  Steering, Turn, TurnState)
-from ugent_site.settings import env
 
 # How old an event may get before the retention job prunes it (seconds).
-EVENT_RETENTION_SECS = env.int("UGENT_EVENT_RETENTION_SECS", default=7 * 86400)
+EVENT_RETENTION_SECS = settings.UGENT_EVENT_RETENTION_SECS
 # How often the retention job runs (seconds).
-EVENT_PRUNE_EVERY_SECS = env.int("UGENT_EVENT_PRUNE_EVERY_SECS", default=3600)
+EVENT_PRUNE_EVERY_SECS = settings.UGENT_EVENT_PRUNE_EVERY_SECS
 # Milliseconds an EventSource waits before it reconnects (the SSE `retry:` field).
-SSE_RETRY_MS = env.int("UGENT_SSE_RETRY_MS", default=1000)
+SSE_RETRY_MS = settings.UGENT_SSE_RETRY_MS
 
 READ_BATCH = 500
 SNAPSHOT_RECEIPTS = 50

@@ -1,7 +1,5 @@
 """cron_app's settings, read from the environment with working defaults."""
-import environ
-
-env = environ.Env()
+from django.conf import settings
 
 #: The channel a run's own conversation lives on; the hooks before the agent see it as the channel.
 CRON_CHANNEL = "cron"
@@ -10,12 +8,12 @@ SYSTEM_ACTOR_USER = "system"
 NOBODY_ACTOR_USER = "nobody"
 
 #: Set false in a process group that must run no cron at all ("cron is not running here").
-CRON_ENABLED_HERE = env.bool("UGENT_CRON_ENABLED", default=True)
+CRON_ENABLED_HERE = settings.UGENT_CRON_ENABLED
 #: How long one task's agent turn may take before the run cuts it off (seconds).
-TASK_TIME_LIMIT = env.float("UGENT_CRON_TASK_TIME_LIMIT", default=600.0)
+TASK_TIME_LIMIT = settings.UGENT_CRON_TASK_TIME_LIMIT
 #: How long a whole run may take, from its start to its last task's end (seconds); the sweep
 #: ends a run still running past it as timed_out.
-RUN_TIME_LIMIT = env.int("UGENT_CRON_RUN_TIME_LIMIT", default=3660)
+RUN_TIME_LIMIT = settings.UGENT_CRON_RUN_TIME_LIMIT
 #: Celery soft/hard limits of one step of a run (a step never waits for a turn: it submits one,
 #: or records an end and delivers the result).
 STEP_SOFT_TIME_LIMIT = 300
@@ -23,6 +21,6 @@ STEP_TIME_LIMIT = 360
 #: How often beat runs the sweep that resumes runs whose step a broker lost (seconds).
 SWEEP_EVERY_SECS = 60
 #: A slot fired later than this after its time counts as missed (catch-up policy applies).
-FIRE_GRACE_SECS = env.int("UGENT_CRON_FIRE_GRACE_SECS", default=300)
+FIRE_GRACE_SECS = settings.UGENT_CRON_FIRE_GRACE_SECS
 #: The default cron.toml for `manage.py cron import` without a FILE.
-CRON_FILE = env.str("UGENT_CRON_FILE", default="")
+CRON_FILE = settings.UGENT_CRON_FILE

@@ -33,6 +33,7 @@ from channels_app.errors import ApplicationError
 from channels_app.events import event_append
 from channels_app.models import Actor, Conversation, Message, Turn, TurnState
 from cron_app import conf
+from ugent_common.tasks import task_named
 from cron_app.models import (ACTIVE_STATES, PLACE_STATES, CatchUp, CronDestination, CronJob, CronRun,
                              CronSettings, CronTask, Overlap, RunState, RunTrigger)
 from cron_app.schedule import slot_at_or_before, split_schedule
@@ -43,6 +44,9 @@ from cron_app.messages import (WORKFLOW_ALREADY_RUNNING, WORKFLOW_COULD_NOT_STAR
 log = logging.getLogger("ugent.cron")
 
 FIRE_TASK = "cron_app.tasks.cron_fire"
+# Tasks this module enqueues, by name: cron_app.tasks imports this module, not the other way round.
+RUN_TASK = "cron_app.tasks.cron_run"
+DEADLINE_TASK = "cron_app.tasks.cron_task_deadline"
 WEB_CHANNEL = "web"
 
 # outcomes of a claim
@@ -127,7 +131,7 @@ def _takes_results(conv: Optional[Conversation]) -> bool:
     """A conversation a plugin's worker serves can be sent the result; the web workspace's cannot."""
     if conv is None or conv.channel in (WEB_CHANNEL, conf.CRON_CHANNEL) or not conv.client_id:
         return False
-    from plugins_app.models import Plugin
+    from plugins_app.channel.models import Plugin
     plugin = Plugin.objects.filter(plugin_id=conv.client_id).first()
     return plugin is not None and plugin.channel == conv.channel
 
@@ -135,8 +139,7 @@ def _takes_results(conv: Optional[Conversation]) -> bool:
 # --- claims -----------------------------------------------------------------------------
 
 def _enqueue(run_pk: int) -> None:
-    from cron_app.tasks import cron_run
-    cron_run.delay(run_pk)
+    task_named(RUN_TASK).delay(run_pk)
 
 
 def _stale_cutoff(now=None):
@@ -556,8 +559,7 @@ def _task_submit(run: CronRun, task: CronTask, entry: dict, *, actor, caller, li
 
 
 def _arm_deadline(run_pk: int, task_id: str, deadline) -> None:
-    from cron_app.tasks import cron_task_deadline
-    cron_task_deadline.apply_async(args=(run_pk, task_id), eta=deadline)
+    task_named(DEADLINE_TASK).apply_async(args=(run_pk, task_id), eta=deadline)
 
 
 def cron_turn_ended(*, turn, state: str, answer: str) -> None:
@@ -658,7 +660,7 @@ def _post_to_conversation(conv: Conversation, *, run: CronRun, text: str, audien
 def _plugin_for(channel: str):
     """The plugin a destination names: by plugin id, else the one plugin serving that channel."""
     try:
-        from plugins_app.models import Plugin
+        from plugins_app.channel.models import Plugin
     except ImportError:  # pragma: no cover - plugins_app is always installed here
         return None, "plugins_app is not installed"
     plugin = Plugin.objects.filter(plugin_id=channel).first()
@@ -673,8 +675,8 @@ def _plugin_for(channel: str):
 
 
 def _plugin_delivery(run: CronRun, *, plugin, conv: Conversation, text: str) -> dict:
-    """An outbound delivery row for the plugin's worker (plugins_app.services.delivery_enqueue)."""
-    from plugins_app.services import delivery_enqueue
+    """An outbound delivery row for the plugin's worker (plugins_app.channel.services.delivery_enqueue)."""
+    from plugins_app.channel.services import delivery_enqueue
     delivery = delivery_enqueue(plugin=plugin, conversation=conv, text=text,
                                 metadata={"cron_run": run.pk, "job": run.job_name, "trigger": run.trigger})
     return {"state": "queued", "detail": f"outbound delivery {delivery.delivery_id} for plugin {plugin.plugin_id}"}
@@ -698,7 +700,7 @@ def _send(run: CronRun, *, channel: str, conversation_id: str, conv: Optional[Co
         return out
     # a plugin channel: the conversation is namespaced by the plugin's id
     if conv is not None:
-        from plugins_app.models import Plugin
+        from plugins_app.channel.models import Plugin
         plugin = Plugin.objects.filter(plugin_id=conv.client_id).first()
         if plugin is None or plugin.channel != conv.channel:
             plugin, problem = None, f"no plugin serves conversation '{conversation_id}' of channel '{channel}'"

@@ -5,7 +5,7 @@ from celery.signals import before_task_publish
 from django.utils import timezone
 
 from cron_app import conf
-from ugent_site.dbconn import with_fresh_connections
+from ugent_common.dbconn import with_fresh_connections
 
 #: The header beat's message carries: when it fired, so a message that waits in a busy queue
 #: still claims the slot it fired for, not whichever slot is current when a worker takes it.

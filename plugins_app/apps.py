@@ -10,8 +10,8 @@ class PluginsAppConfig(AppConfig):
 
     def background_services(self, mode: str) -> list:
         """rundaemon runs the plugin supervisor in embedded mode (servers mode: `manage.py runsupervisor`)."""
-        from plugins_app import conf
+        from plugins_app.channel import conf
         if mode != "embedded" or not conf.EMBEDDED_SUPERVISOR:
             return []
-        from plugins_app.runtime import SupervisorService
+        from plugins_app.channel.runtime import SupervisorService
         return [SupervisorService()]

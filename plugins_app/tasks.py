@@ -3,7 +3,7 @@ from celery import shared_task
 from celery.signals import beat_init
 from django.db import close_old_connections
 
-from ugent_site.dbconn import with_fresh_connections
+from ugent_common.dbconn import with_fresh_connections
 
 MEDIA_PRUNE_TASK_NAME = "ugent: prune expired plugin media"
 #: How often expired media is deleted (seconds).
@@ -14,7 +14,7 @@ MEDIA_PRUNE_EVERY_SECS = 3600
 @with_fresh_connections
 def prune_media() -> int:
     """Beat: delete media uploaded through the bridge once it has expired (UGENT_PLUGIN_MEDIA_TTL_SECS)."""
-    from plugins_app import services
+    from plugins_app.channel import services
     return services.media_prune()
 
 

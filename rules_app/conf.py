@@ -5,18 +5,17 @@ from pathlib import Path
 
 from django.conf import settings
 
-from ugent_site.settings import env
 
 #: Watch the rules file with a thread in every process that uses the rule engine.
-RULES_WATCH = env.bool("UGENT_RULES_WATCH", default=True)
+RULES_WATCH = settings.UGENT_RULES_WATCH
 #: Seconds between looks at the discovery locations (and the trust check); the spec promises five.
-RULES_POLL_INTERVAL = env.float("UGENT_RULES_POLL_INTERVAL", default=2.0)
+RULES_POLL_INTERVAL = settings.UGENT_RULES_POLL_INTERVAL
 #: Seconds a process trusts its routing table before it looks at routing.toml again.
-ROUTING_RECHECK_SECONDS = env.float("UGENT_ROUTING_RECHECK_SECONDS", default=2.0)
+ROUTING_RECHECK_SECONDS = settings.UGENT_ROUTING_RECHECK_SECONDS
 #: Exchanges (a user message and what followed it) compact_conversation keeps as they are.
-COMPACT_KEEP_EXCHANGES = env.int("UGENT_COMPACT_KEEP_EXCHANGES", default=3)
+COMPACT_KEEP_EXCHANGES = settings.UGENT_COMPACT_KEEP_EXCHANGES
 #: The home directory whose ~/.ugent/ is the last discovery location ("" = the user's home).
-HOME = env("UGENT_HOME", default="")
+HOME = settings.UGENT_HOME
 
 
 def _setting(name: str, default):

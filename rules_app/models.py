@@ -10,7 +10,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 
-from channels_app.models import TimeStamped
+from ugent_common.models import TimeStamped
 from rules_app import engine
 
 

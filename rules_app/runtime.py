@@ -63,7 +63,7 @@ class DjangoRuleEngineHolder(RuleEngineHolder):
     @classmethod
     def from_settings(cls) -> "DjangoRuleEngineHolder":
         from rules_app.workflows import workflow_check
-        from ugent_site.config import load_config
+        from ugent_common.config import load_config
         workspace, home, config = conf.workspace(), conf.home(), load_config()
         on_error, warning = rules_on_error(config)
         if warning:
@@ -260,7 +260,7 @@ class Runtime:
     def routing_table(self) -> RoutingTable:
         with self._lock:
             if self.routing is None:
-                from ugent_site.config import load_config
+                from ugent_common.config import load_config
                 workspace, home, config = conf.workspace(), conf.home(), load_config()
                 self.routing = RoutingHolder(
                     lambda: discover_routing_file(workspace, config, home=home, is_trusted=_is_trusted),
@@ -321,7 +321,7 @@ class Runtime:
             self._combined_key, self._combined = None, RuleSet.empty()
         if holder is not None:
             holder.stop()
-        from ugent_site.config import reset_caches
+        from ugent_common.config import reset_caches
         reset_caches()
 
 

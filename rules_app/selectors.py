@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from channels_app import rows
+from ugent_common import rows
 from rules_app.models import Rule, RuleSet, RuleSource, WorkspaceTrust
 
 

@@ -343,7 +343,7 @@ def sender_identified(actor) -> bool:
 def memory_extract(*, ctx) -> str:
     """extract_memory: save durable facts into the sender's memory, or say why not (the spec's order)."""
     from channels_app.models import Turn
-    from ugent_site.config import load_config
+    from ugent_common.config import load_config
     config = load_config()
     voice_keeps_out = (config.get("voice") or {}).get("memory_write", True) is False
     if (ctx.limits.get("disable_memory_write") or ctx.input_mode in VOICE_MODES

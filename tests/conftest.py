@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from plugins_app.engines.registry import register_engine, reset as reset_engines
+from plugins_app.agent.engines.registry import register_engine, reset as reset_engines
 from tests.support.scripted import ScriptedEngine
 
 register_engine("scripted", ScriptedEngine)
@@ -30,7 +30,7 @@ def _fresh_engines():
 class Cast:
     def __init__(self):
         from channels_app.models import ApiKey, Caller
-        from plugins_app.models import AgentProfile
+        from plugins_app.agent.models import AgentProfile
         self.operator = Caller.objects.create(name="workspace", role="operator")
         self.app = Caller.objects.create(name="crm", role="application", issuers=["example-crm"])
         self.outsider = Caller.objects.create(name="other-app", role="application", issuers=["elsewhere"])

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from ugent_site import affinity
+from ugent_common import affinity
 
 linux_only = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux's")
 
@@ -36,7 +36,7 @@ def test_a_list_or_range_is_kept_to_the_cpus_allowed_and_nothing_allowed_is_an_e
 PROBE = r"""
 import os, subprocess, sys, threading
 sys.path.insert(0, {root!r})
-from ugent_site import affinity
+from ugent_common import affinity
 before = threading.Thread(target=lambda: done.wait())
 done = threading.Event()
 before.start()
@@ -80,7 +80,7 @@ def test_off_changes_nothing():
 def test_a_channel_worker_started_by_the_pinned_daemon_gets_every_cpu_back(tmp_path, pdeathsig):
     """The supervisor's workers are processes with GILs of their own: they must not share the daemon's core."""
     import signal
-    from plugins_app.supervisor.process import WorkerHandle, WorkerSpec
+    from plugins_app.channel.supervisor.process import WorkerHandle, WorkerSpec
     allowed = os.sched_getaffinity(0)
     if len(allowed) < 2:
         pytest.skip("one CPU: nothing to pin")

@@ -36,7 +36,7 @@ from django.core.exceptions import DisallowedHost, RequestAborted
 from django.core.handlers.asgi import get_script_prefix
 from django.urls import set_script_prefix
 
-from ugent_site.dbconn import call_with_fresh_connections
+from ugent_common.dbconn import call_with_fresh_connections
 
 API_PREFIX = "/v1/"
 #: Long-lived threads the API's sync views run on (requests take them in turn).

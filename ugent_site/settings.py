@@ -36,6 +36,7 @@ INSTALLED_APPS = [
     "rules_app",
     "cron_app",
     "plugins_app",
+    "ugent_site",  # the wiring: rundaemon, which starts every room in one process
 ]
 
 # The apps that plug into the conversation hub, by dotted path: the hub imports none of them
@@ -46,12 +47,12 @@ UGENT_BEFORE_TURN_HOOKS = [
     ("rules", 100, "rules_app.hooks.rule_engine_hook"),
 ]
 UGENT_AFTER_TURN_HOOKS = {
-    "plugins": "plugins_app.services.delivery_create_for_turn",
+    "plugins": "plugins_app.channel.services.delivery_create_for_turn",
     "cron": "cron_app.services.cron_turn_ended",
 }
 UGENT_STATUS_SECTIONS = {
     "rules": "rules_app.runtime.status_section",
-    "plugins": "plugins_app.selectors.plugins_status",
+    "plugins": "plugins_app.channel.selectors.plugins_status",
     "cron": "cron_app.apps.status_section",
 }
 
@@ -149,7 +150,7 @@ CELERY_TIMEZONE = "UTC"
 # --- the Web Channel API --------------------------------------------------
 UGENT_WEB_BIND = env("UGENT_WEB_BIND", default="127.0.0.1")
 UGENT_WEB_PORT = env.int("UGENT_WEB_PORT", default=8787)
-# rundaemon keeps its threads on one CPU (auto), on these CPUs ("2,3"), or anywhere (off): ugent_site/affinity.py
+# rundaemon keeps its threads on one CPU (auto), on these CPUs ("2,3"), or anywhere (off): ugent_common/affinity.py
 UGENT_CPU_AFFINITY = env("UGENT_CPU_AFFINITY", default="auto")
 # The operator key: UGENT_WEB_API_KEY, else the file UGENT_WEB_API_KEY_FILE names, else the key
 # `rundaemon` generated on first start (var/web_api_key).
@@ -188,3 +189,44 @@ LOGGING = {
                 "django.channels.server": {"level": "WARNING"}, "httpx": {"level": "WARNING"},
                 "httpcore": {"level": "WARNING"}},
 }
+
+# --- the rooms' own settings, from the environment (each app reads them through django.conf.settings) ---
+# cron_app
+UGENT_CRON_ENABLED = env.bool("UGENT_CRON_ENABLED", default=True)
+UGENT_CRON_TASK_TIME_LIMIT = env.float("UGENT_CRON_TASK_TIME_LIMIT", default=600.0)
+UGENT_CRON_RUN_TIME_LIMIT = env.int("UGENT_CRON_RUN_TIME_LIMIT", default=3660)
+UGENT_CRON_FIRE_GRACE_SECS = env.int("UGENT_CRON_FIRE_GRACE_SECS", default=300)
+UGENT_CRON_FILE = env.str("UGENT_CRON_FILE", default="")
+# rules_app
+UGENT_RULES_WATCH = env.bool("UGENT_RULES_WATCH", default=True)
+UGENT_RULES_POLL_INTERVAL = env.float("UGENT_RULES_POLL_INTERVAL", default=2.0)
+UGENT_ROUTING_RECHECK_SECONDS = env.float("UGENT_ROUTING_RECHECK_SECONDS", default=2.0)
+UGENT_COMPACT_KEEP_EXCHANGES = env.int("UGENT_COMPACT_KEEP_EXCHANGES", default=3)
+UGENT_HOME = env("UGENT_HOME", default="")
+# plugins_app
+UGENT_PLUGIN_RUN_DIR = env("UGENT_PLUGIN_RUN_DIR", default=str(VAR_DIR / "run" / "plugins"))
+UGENT_PLUGIN_PID_DIR = env("UGENT_PLUGIN_PID_DIR", default=str(VAR_DIR / "run" / "plugin-pids"))
+UGENT_PLUGIN_LOG_DIR = env("UGENT_PLUGIN_LOG_DIR", default=str(VAR_DIR / "log" / "plugins"))
+UGENT_PLUGIN_STATE_DIR = env("UGENT_PLUGIN_STATE_DIR", default=str(VAR_DIR / "plugin-state"))
+UGENT_GLOBAL_PLUGINS_TOML = env("UGENT_GLOBAL_PLUGINS_TOML",
+                               default=str(Path("~/.ugent/plugins.toml").expanduser()))
+UGENT_SECRETS_KEY = env("UGENT_SECRETS_KEY", default="")
+UGENT_PLUGIN_SUPERVISOR_INTERVAL = env.float("UGENT_PLUGIN_SUPERVISOR_INTERVAL", default=0.5)
+UGENT_PLUGIN_EMBEDDED_SUPERVISOR = env.bool("UGENT_PLUGIN_EMBEDDED_SUPERVISOR", default=True)
+UGENT_PLUGIN_STOP_GRACE_SECS = env.float("UGENT_PLUGIN_STOP_GRACE_SECS", default=5.0)
+UGENT_PLUGIN_BACKOFF_INITIAL_SECS = env.float("UGENT_PLUGIN_BACKOFF_INITIAL_SECS", default=1.0)
+UGENT_PLUGIN_BACKOFF_MAX_SECS = env.float("UGENT_PLUGIN_BACKOFF_MAX_SECS", default=60.0)
+UGENT_PLUGIN_RESTARTS_PER_ROUND = env.int("UGENT_PLUGIN_RESTARTS_PER_ROUND", default=5)
+UGENT_PLUGIN_COOLDOWN_SECS = env.float("UGENT_PLUGIN_COOLDOWN_SECS", default=60.0)
+UGENT_PLUGIN_STABLE_SECS = env.float("UGENT_PLUGIN_STABLE_SECS", default=60.0)
+UGENT_PLUGIN_STARTUP_GRACE_SECS = env.float("UGENT_PLUGIN_STARTUP_GRACE_SECS", default=10.0)
+UGENT_PLUGIN_REAP_GRACE_SECS = env.float("UGENT_PLUGIN_REAP_GRACE_SECS", default=2.0)
+UGENT_PLUGIN_RETRY_BACKOFF_SECS = env.float("UGENT_PLUGIN_RETRY_BACKOFF_SECS", default=2.0)
+UGENT_PLUGIN_RETRY_BACKOFF_MAX_SECS = env.float("UGENT_PLUGIN_RETRY_BACKOFF_MAX_SECS", default=300.0)
+UGENT_PLUGIN_POLL_RECHECK_SECS = env.float("UGENT_PLUGIN_POLL_RECHECK_SECS", default=1.0)
+UGENT_PLUGIN_MEDIA_MAX_BYTES = env.int("UGENT_PLUGIN_MEDIA_MAX_BYTES", default=8 * 1024 * 1024)
+UGENT_PLUGIN_MEDIA_TTL_SECS = env.int("UGENT_PLUGIN_MEDIA_TTL_SECS", default=86400)
+# channels_app
+UGENT_EVENT_RETENTION_SECS = env.int("UGENT_EVENT_RETENTION_SECS", default=7 * 86400)
+UGENT_EVENT_PRUNE_EVERY_SECS = env.int("UGENT_EVENT_PRUNE_EVERY_SECS", default=3600)
+UGENT_SSE_RETRY_MS = env.int("UGENT_SSE_RETRY_MS", default=1000)

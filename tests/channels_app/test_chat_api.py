@@ -265,7 +265,7 @@ def test_opt_outs_and_tool_narrowing_are_stored_on_the_turn(tcast):
 # --- model choice -------------------------------------------------------------------------
 
 def test_model_runs_one_turn_and_stores_nothing(tcast):
-    from plugins_app.models import AgentProfile
+    from plugins_app.agent.models import AgentProfile
     AgentProfile.objects.create(name="other", provider="scripted", config={"prefix": "other"})
     resp = chat(tcast.alice, "x", conversation_id="c1", model="other")
     assert resp.json()["choices"][0]["message"]["content"].startswith("other:")
@@ -276,7 +276,7 @@ def test_model_runs_one_turn_and_stores_nothing(tcast):
 
 
 def test_default_model_chain_stored_choice_then_caller_then_global(tcast):
-    from plugins_app.models import AgentProfile
+    from plugins_app.agent.models import AgentProfile
     AgentProfile.objects.create(name="stored", provider="scripted", config={"prefix": "stored"})
     AgentProfile.objects.create(name="callers", provider="scripted", config={"prefix": "callers"})
     tcast.operator.default_model = "callers"
@@ -288,7 +288,7 @@ def test_default_model_chain_stored_choice_then_caller_then_global(tcast):
 
 
 def test_a_model_the_operator_does_not_allow_is_a_400_and_changes_nothing(tcast):
-    from plugins_app.models import AgentProfile
+    from plugins_app.agent.models import AgentProfile
     AgentProfile.objects.create(name="forbidden", provider="scripted", allowed=False)
     for model in ("forbidden", "no-such-model"):
         resp = chat(tcast.alice, "x", model=model)

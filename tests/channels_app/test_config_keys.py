@@ -6,7 +6,7 @@ import json
 import pytest
 from django.test import Client
 
-from ugent_site import config
+from ugent_common import config
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -7,7 +7,7 @@ import pytest
 from django.test import Client
 
 from channels_app.models import Receipt
-from plugins_app.models import AgentProfile
+from plugins_app.agent.models import AgentProfile
 from tests.fakes.upstream import Script, run_stub_upstream
 from tests.support.http import answer_text, body_bytes, parse_sse
 

@@ -25,7 +25,7 @@ def send(who, text, **extra):
 
 
 def test_models_lists_profiles_and_qualified_names_for_copies(tcast):
-    from plugins_app.models import AgentProfile
+    from plugins_app.agent.models import AgentProfile
     AgentProfile.objects.create(name="llama3", provider="openai-compatible", instance="gpu-a")
     AgentProfile.objects.create(name="llama3", provider="openai-compatible", instance="gpu-b")
     AgentProfile.objects.create(name="hidden", provider="scripted", allowed=False)
@@ -39,7 +39,7 @@ def test_models_lists_profiles_and_qualified_names_for_copies(tcast):
 
 
 def test_a_qualified_name_picks_one_copy(tcast):
-    from plugins_app.models import AgentProfile
+    from plugins_app.agent.models import AgentProfile
     AgentProfile.objects.create(name="twin", provider="scripted", instance="a", config={"prefix": "A"})
     AgentProfile.objects.create(name="twin", provider="scripted", instance="b", config={"prefix": "B"})
     resp = send(tcast.alice, "x", model="scripted:b@twin")

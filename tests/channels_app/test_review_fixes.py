@@ -33,7 +33,7 @@ def test_a_role_that_is_not_exactly_operator_gets_the_application_rules(tcast):
 
 
 def test_config_keys_with_an_unknown_role_or_the_reserved_name_are_refused(tmp_path, settings, monkeypatch):
-    from ugent_site import config
+    from ugent_common import config
     path = tmp_path / "ugent.toml"
     path.write_text('[[web.auth.keys]]\nname = "x"\nkey_env = "K_X"\nrole = "app"\n'
                     '[[web.auth.keys]]\nname = "default"\nkey_env = "K_D"\nrole = "operator"\n'

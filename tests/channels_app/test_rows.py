@@ -1,4 +1,4 @@
-"""channels_app.rows: the precompiled INSERT/UPDATE/SELECT of the turn path behave like the ORM.
+"""ugent_common.rows: the precompiled INSERT/UPDATE/SELECT of the turn path behave like the ORM.
 
 Every check compares what `Table` wrote or read against the same row read (or written) through the
 ORM, on whichever database the run uses (SQLite in embedded mode, PostgreSQL in servers mode).
@@ -11,10 +11,10 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from channels_app import rows
+from ugent_common import rows
 from channels_app.models import (Actor, Caller, Conversation, Event, Message, Receipt, ReceiptState, Turn,
                                  TurnState)
-from channels_app.rows import Table
+from ugent_common.rows import Table
 
 pytestmark = pytest.mark.django_db
 
@@ -346,7 +346,7 @@ def test_fetchone_and_fetchall(graph):
 
 
 def test_from_row_takes_columns_in_any_order_and_none_in_where_is_is_null(tcast):
-    from channels_app import rows
+    from ugent_common import rows
     from channels_app.models import Actor, Conversation
     actor = Actor.objects.create(key="web:rows-order", user_id="rows-order")
     conv = Conversation.objects.create(external_id="c-order-x", owner=actor)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from channels_app import services, tasks
+from channels_app import dispatch, services, tasks
 from channels_app.models import Receipt, Turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -18,12 +18,12 @@ def pool():
     started = []
 
     def start(concurrency=2):
-        started.append(tasks.local_turn_pool_start(concurrency))
+        started.append(dispatch.local_turn_pool_start(concurrency))
         return started[-1]
 
     yield start
-    tasks.local_turn_pool_stop()
-    tasks.local_turn_pool_forget()
+    dispatch.local_turn_pool_stop()
+    dispatch.local_turn_pool_forget()
 
 
 def _submit(tcast, text="hello"):
@@ -75,7 +75,7 @@ def test_stopping_the_pool_lets_running_turns_finish_and_leaves_queued_ones_acce
     pool(1)
     first, second, third = (_submit(tcast, f"m{i}") for i in range(3))
     assert _wait_for(lambda: ran == [first.turn.pk])
-    stopper = threading.Thread(target=tasks.local_turn_pool_stop)
+    stopper = threading.Thread(target=dispatch.local_turn_pool_stop)
     stopper.start()
     time.sleep(0.1)
     release.set()
@@ -89,7 +89,7 @@ def test_stopping_the_pool_lets_running_turns_finish_and_leaves_queued_ones_acce
     late = _submit(tcast, "late")
     assert published == [] and Turn.objects.get(pk=late.turn.pk).state == "accepted"
     # the next start re-queues every one of them from their rows
-    tasks.local_turn_pool_forget()
+    dispatch.local_turn_pool_forget()
     assert runner.turns_requeue_accepted() >= 3
     assert {second.turn.pk, third.turn.pk, late.turn.pk} <= set(published)
 

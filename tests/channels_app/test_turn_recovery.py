@@ -11,7 +11,7 @@ from django.test import Client
 from django.utils import timezone
 from kombu.exceptions import OperationalError
 
-from channels_app import runner, services, tasks
+from channels_app import dispatch, runner, services, tasks
 from channels_app.models import Event, Message, Receipt, Turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -114,12 +114,12 @@ def test_lost_turns_are_dispatched_again_only_when_the_broker_queue_cannot_hold_
     Turn.objects.filter(pk=lost.turn.pk).update(
         created_at=timezone.now() - timedelta(seconds=settings.UGENT_TURN_REQUEUE_SECONDS + 1))
     dispatched = []
-    monkeypatch.setattr(tasks, "turn_dispatch", lambda pk: dispatched.append(pk) or True)
-    monkeypatch.setattr(tasks, "broker_backlog", lambda: 1)  # its task may still be waiting in the queue
+    monkeypatch.setattr(dispatch, "turn_dispatch", lambda pk: dispatched.append(pk) or True)
+    monkeypatch.setattr(dispatch, "broker_backlog", lambda: 1)  # its task may still be waiting in the queue
     assert runner.turns_requeue_lost() == 0
-    monkeypatch.setattr(tasks, "broker_backlog", lambda: None)  # the broker is down: wait for it
+    monkeypatch.setattr(dispatch, "broker_backlog", lambda: None)  # the broker is down: wait for it
     assert runner.turns_requeue_lost() == 0
-    monkeypatch.setattr(tasks, "broker_backlog", lambda: 0)  # back, and empty: the task was lost
+    monkeypatch.setattr(dispatch, "broker_backlog", lambda: 0)  # back, and empty: the task was lost
     assert runner.turns_requeue_lost() == 1 and dispatched == [lost.turn.pk]
 
 

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from cron_app.tomlio import CronConfigError, parse_cron_toml
-from plugins_app.tomlio import PluginsFileError, plugins_parse
+from plugins_app.channel.tomlio import PluginsFileError, plugins_parse
 from rules_app.engine import RuleSetError, parse_rules
 from rules_app.routing import RoutingError, parse_routing
 

@@ -75,12 +75,12 @@ def test_the_seed_job_started_by_a_rule_from_the_web_runs_for_the_sender_end_to_
 
 
 def slack_plugin():
-    from plugins_app.models import Plugin
+    from plugins_app.channel.models import Plugin
     return Plugin.objects.create(plugin_id="slack-main", kind="channel-slack", command="python")
 
 
 def test_a_run_from_a_plugin_channel_answers_follows_and_its_result_goes_back(seed_job, start_rule):
-    from plugins_app.models import OutboundDelivery
+    from plugins_app.channel.models import OutboundDelivery
     start_rule.add("digest", "digest", inject_context=True)
     plugin = slack_plugin()
     sender = channel_actor_resolve(channel="slack", user_id="U123")
@@ -112,7 +112,7 @@ def test_a_channel_no_plugin_serves_is_told_the_result_goes_to_the_destinations(
 
 
 def test_a_plugin_destination_gets_an_outbound_delivery(tcast, cron_toml, start_rule):
-    from plugins_app.models import OutboundDelivery
+    from plugins_app.channel.models import OutboundDelivery
     plugin = slack_plugin()
     cron_toml(SEED_CRON_TOML + '\n[[jobs.destinations]]\nchannel = "slack"\nconversation = "C0123"\n')
     services.cron_run_manual(job_name="digest")
@@ -302,7 +302,7 @@ def test_a_workflows_own_prompt_cannot_start_a_workflow(seed_job):
 
 
 def test_a_failed_rule_run_tells_the_plugin_conversation_why(tcast, cron_toml, start_rule):
-    from plugins_app.models import OutboundDelivery
+    from plugins_app.channel.models import OutboundDelivery
     cron_toml('[[jobs]]\nid = "digest"\nrule_trigger = true\n[[jobs.tasks]]\nid = "t"\nprompt = "script:fail=boom|answer=x"\n')
     start_rule.add("digest", "digest")
     plugin = slack_plugin()

@@ -14,8 +14,8 @@ from ovos_plugin_manager.templates.agents import (AgentMessage, ChatEngine,
                                                   ExtractiveQAEngine,
                                                   MessageRole)
 
-from plugins_app.engines.base import ANSWER, CITATIONS, StreamItem, stream_items
-from plugins_app.engines.notes import (NOTHING_FOUND, NotesChatEngine,
+from plugins_app.agent.engines.base import ANSWER, CITATIONS, StreamItem, stream_items
+from plugins_app.agent.engines.notes import (NOTHING_FOUND, NotesChatEngine,
                                        NotesIndexEngine, SentenceExtractor,
                                        default_notes_folder, split_markdown,
                                        stem, terms)

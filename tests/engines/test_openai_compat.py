@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from ovos_plugin_manager.templates.agents import AgentMessage, MessageRole, ToolCall
 
-from plugins_app.engines.base import (ANSWER, THINKING, TOOL, EngineError, StreamItem,
+from plugins_app.agent.engines.base import (ANSWER, THINKING, TOOL, EngineError, StreamItem,
                                       stream_items)
-from plugins_app.engines.openai_compat import OpenAICompatibleEngine
+from plugins_app.agent.engines.openai_compat import OpenAICompatibleEngine
 from tests.fakes.upstream import DEFAULT_ANSWER, Script, StubUpstream, run_stub_upstream
 
 SPEC = Path(__file__).resolve().parents[1] / "data" / "openai-chat-subset.json"

@@ -6,7 +6,7 @@ entry point name, with its own config keys (``api_url``, ``key``, ``model``).
 import pytest
 from ovos_plugin_manager.templates.agents import AgentMessage, ChatEngine, MessageRole, ToolCall
 
-from plugins_app.engines.base import ANSWER, stream_items
+from plugins_app.agent.engines.base import ANSWER, stream_items
 from tests.fakes.upstream import DEFAULT_ANSWER, Script, run_stub_upstream
 
 ENTRY_POINT = "ovos-chat-openai-plugin"

@@ -48,15 +48,15 @@ def short_dir():
 
 @pytest.fixture(autouse=True)
 def _no_retry_backoff(monkeypatch):
-    from plugins_app import conf
+    from plugins_app.channel import conf
     monkeypatch.setattr(conf, "RETRY_BACKOFF_SECS", 0.0)
     monkeypatch.setattr(conf, "POLL_RECHECK_SECS", 0.2)
 
 
 def make_plugin(plugin_id="echo-main", **over):
-    from plugins_app.models import Plugin
+    from plugins_app.channel.models import Plugin
     fields = dict(plugin_id=plugin_id, kind="channel-echo", command="python",
-                  args=["-m", "plugins_app.workers.echo"], env_refs=["ECHO_INBOX", "ECHO_SENT"],
+                  args=["-m", "plugins_app.channel.workers.echo"], env_refs=["ECHO_INBOX", "ECHO_SENT"],
                   max_in_flight=8, max_retries=2, heartbeat_secs=0.2)
     fields.update(over)
     return Plugin.objects.create(**fields)
@@ -91,7 +91,7 @@ class RunningRuntime:
     """A PluginRuntime stepping in its own thread, as rundaemon runs it."""
 
     def __init__(self, root: Path, **kwargs):
-        from plugins_app.runtime import PluginRuntime
+        from plugins_app.channel.runtime import PluginRuntime
         self.root = root
         self.stop_event = threading.Event()
         self.runtime = PluginRuntime(run_dir=root / "run", pid_dir=root / "pids", log_dir=root / "logs",

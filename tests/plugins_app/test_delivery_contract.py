@@ -1,6 +1,6 @@
 """One delivery contract, run over both hubs: ``InMemoryHub`` (the SDK's test host) and the Django hub.
 
-Both keep ``plugins_app.bridge.policy``; these tests pin what that means at each hub's interface:
+Both keep ``plugins_app.channel.bridge.policy``; these tests pin what that means at each hub's interface:
 claim, ack delivered, ack failed (retryable and not), backoff, dead letter after max retries,
 the in-flight limit, requeue on a new session, and acks matched to the claim that holds the delivery.
 """
@@ -12,8 +12,8 @@ import os
 
 import pytest
 
-from plugins_app.bridge import BridgeServer, InMemoryHub, ServerThread
-from plugins_app.bridge.policy import DeliveryPolicy
+from plugins_app.channel.bridge import BridgeServer, InMemoryHub, ServerThread
+from plugins_app.channel.bridge.policy import DeliveryPolicy
 
 from .conftest import make_plugin
 from .test_jsonrpc import PLUGIN_ID, TOKEN, LineConn, hello_params, short_socket_dir
@@ -62,8 +62,8 @@ class DjangoHost:
     name = "django"
 
     def __init__(self, backoff_secs, monkeypatch):
-        from plugins_app import conf
-        from plugins_app.hub import DjangoHub
+        from plugins_app.channel import conf
+        from plugins_app.channel.hub import DjangoHub
         monkeypatch.setattr(conf, "RETRY_BACKOFF_SECS", backoff_secs)
         self.plugin = make_plugin(PLUGIN_ID, max_in_flight=MAX_IN_FLIGHT, max_retries=MAX_RETRIES)
         self.plugin_id = PLUGIN_ID
@@ -71,7 +71,7 @@ class DjangoHost:
 
     def enqueue(self, n):
         from channels_app.services import channel_actor_resolve, conversation_resolve
-        from plugins_app import services
+        from plugins_app.channel import services
         actor = channel_actor_resolve(channel="echo", user_id="42")
         conv, _ = conversation_resolve(channel="echo", client_id=self.plugin_id, external_id="chat-1",
                                        actor=actor, caller=None)
@@ -79,7 +79,7 @@ class DjangoHost:
                 for i in range(n)]
 
     def state(self, delivery_id):
-        from plugins_app.models import OutboundDelivery
+        from plugins_app.channel.models import OutboundDelivery
         d = OutboundDelivery.objects.get(delivery_id=delivery_id)
         return {"state": d.state, "attempt": d.attempt, "failures": list(d.failures),
                 "reason": d.last_error if d.state == "dead_letter" else None, "handed_out": d.handed_out}
@@ -87,7 +87,7 @@ class DjangoHost:
     def end_backoffs(self):
         from django.utils import timezone
 
-        from plugins_app.models import OutboundDelivery
+        from plugins_app.channel.models import OutboundDelivery
         # the clock cannot be moved for the database: move the retries' due time into the past instead
         OutboundDelivery.objects.filter(not_before__isnull=False).update(
             not_before=timezone.now() - dt.timedelta(seconds=1))

@@ -6,9 +6,9 @@ import pytest
 from django.apps import apps
 from django.contrib.auth.models import User
 
-from plugins_app import services
-from plugins_app.models import OutboundDelivery, Plugin, PluginSecret
-from plugins_app.secrets import secret_decrypt
+from plugins_app.channel import services
+from plugins_app.channel.models import OutboundDelivery, Plugin, PluginSecret
+from plugins_app.channel.secrets import secret_decrypt
 from tests.plugins_app.conftest import make_plugin, wait_until
 
 
@@ -26,7 +26,7 @@ def test_a_secret_is_stored_encrypted_and_never_shown_back(db, admin_client):
 def test_a_secret_set_in_the_admin_is_encrypted_and_joins_secret_env_refs(db, admin_client):
     plugin = make_plugin()
     form = {"plugin_id": "echo-main", "kind": "channel-echo", "enabled": "on", "command": "python",
-            "args": '["-m", "plugins_app.workers.echo"]', "env_refs": "[]", "secret_env_refs": "[]",
+            "args": '["-m", "plugins_app.channel.workers.echo"]', "env_refs": "[]", "secret_env_refs": "[]",
             "max_in_flight": 8, "max_retries": 2, "heartbeat_secs": 0.2, "workspace": "",
             "allowed_senders": "[]",
             "secrets-TOTAL_FORMS": 1, "secrets-INITIAL_FORMS": 0, "secrets-MIN_NUM_FORMS": 0,
@@ -67,7 +67,7 @@ def test_only_admins_with_permission_see_plugins(db, client, who, status):
 
 
 def test_rundaemon_runs_the_supervisor_in_embedded_mode_only(tcast, echo, short_dir, monkeypatch):
-    from plugins_app import conf
+    from plugins_app.channel import conf
     for name, sub in (("RUN_DIR", "run"), ("PID_DIR", "pids"), ("LOG_DIR", "logs"), ("STATE_DIR", "state")):
         monkeypatch.setattr(conf, name, short_dir / sub)
     config = apps.get_app_config("plugins_app")

@@ -12,8 +12,8 @@ import pexpect
 import pytest
 from django.core.management import CommandError, call_command
 
-from plugins_app.models import Plugin, PluginSecret
-from plugins_app.secrets import secret_decrypt
+from plugins_app.channel.models import Plugin, PluginSecret
+from plugins_app.channel.secrets import secret_decrypt
 from tests.plugins_app.conftest import PY, database_url, make_plugin
 
 REPO = Path(__file__).resolve().parents[2]
@@ -147,7 +147,7 @@ def test_the_setup_wizard_on_a_terminal(transactional_db, tmp_path):
     assert child.exitstatus == 0
     p = Plugin.objects.get()
     assert (p.plugin_id, p.kind, p.command, p.args) == ("echo-test", "channel-echo", "python",
-                                                       ["-m", "plugins_app.workers.echo"])
+                                                       ["-m", "plugins_app.channel.workers.echo"])
     assert p.allowed_senders == ["echo:42", "echo:43"] and p.env_refs == ["ECHO_INBOX", "ECHO_SENT"]
     assert (p.enabled, p.disabled_reason) == (False, "environment not set: ECHO_SENT")
     assert tomllib.loads((tmp_path / "plugins.toml").read_text())["plugins"][0]["id"] == "echo-test"

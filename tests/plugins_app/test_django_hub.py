@@ -7,11 +7,11 @@ import logging
 import pytest
 
 from channels_app.models import Receipt, Turn
-from plugins_app import services
-from plugins_app.bridge import UnknownDelivery
-from plugins_app.hub import DjangoHub
-from plugins_app.models import DeliveryState, OutboundDelivery
-from plugins_app.sdk.messages import InboundMessage
+from plugins_app.channel import services
+from plugins_app.channel.bridge import UnknownDelivery
+from plugins_app.channel.hub import DjangoHub
+from plugins_app.channel.models import DeliveryState, OutboundDelivery
+from plugins_app.channel.sdk.messages import InboundMessage
 from tests.plugins_app.conftest import make_plugin
 from tests.support import scripted
 
@@ -171,7 +171,7 @@ def test_a_new_hello_returns_what_was_in_flight_and_a_cancelled_poll_takes_nothi
 
 def test_media_put_then_get_through_the_hub(tcast):
     make_plugin()
-    from plugins_app.sdk.messages import Media
+    from plugins_app.channel.sdk.messages import Media
     hub = DjangoHub()
     media_id = run(hub.media_put("echo-main", Media(b"\x89PNG", "image/png", "a.png")))
     got = run(hub.media_get("echo-main", media_id))

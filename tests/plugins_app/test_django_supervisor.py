@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from plugins_app.models import OutboundDelivery, Plugin
-from plugins_app.supervisor.process import group_members, pid_alive, pid_file_path
+from plugins_app.channel.models import OutboundDelivery, Plugin
+from plugins_app.channel.supervisor.process import group_members, pid_alive, pid_file_path
 from tests.plugins_app.conftest import PY, database_url, make_plugin, wait_until
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc and prctl")
@@ -99,7 +99,7 @@ def test_an_admin_edit_takes_effect_without_a_restart(tcast, echo, start_runtime
     plugin = make_plugin()
     rt = start_runtime()
     first = wait_until(lambda: rt.worker_pid("echo-main"), 10)
-    Plugin.objects.filter(pk=plugin.pk).update(args=["-m", "plugins_app.workers.echo", "--edited"])
+    Plugin.objects.filter(pk=plugin.pk).update(args=["-m", "plugins_app.channel.workers.echo", "--edited"])
     assert wait_until(lambda: rt.worker_pid("echo-main") not in (None, first), 10)
     Plugin.objects.filter(pk=plugin.pk).update(enabled=False)
     assert wait_until(lambda: rt.worker_pid("echo-main") is None, 10)
@@ -155,7 +155,7 @@ def test_kill_9_on_the_supervisor_kills_its_workers_and_a_new_one_reaps_what_was
 
 def _enqueue(plugin, text):
     from channels_app.services import channel_actor_resolve, conversation_resolve
-    from plugins_app import services
+    from plugins_app.channel import services
     actor = channel_actor_resolve(channel="echo", user_id="42")
     conv, _ = conversation_resolve(channel="echo", client_id=plugin.plugin_id, external_id="chat-1",
                                    actor=actor, caller=None)
@@ -166,7 +166,7 @@ def test_kill_9_on_the_supervisor_takes_a_worker_started_through_a_shell_with_it
         tcast, echo, short_dir, start_runtime):
     """`sh -c "python -m worker ; true"`: the supervisor's parent-death signal reaches only the shell;
     the worker itself must not outlive a supervisor killed with kill -9."""
-    plugin = make_plugin(command="sh", args=["-c", f"{PY} -m plugins_app.workers.echo ; true"])
+    plugin = make_plugin(command="sh", args=["-c", f"{PY} -m plugins_app.channel.workers.echo ; true"])
     sup = start_supervisor_process(short_dir)
     try:
         pid_file = pid_file_path(short_dir / "pids", "echo-main")

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from plugins_app.bridge import (
+from plugins_app.channel.bridge import (
     AddressInUse,
     BridgeServer,
     InMemoryHub,
     JsonRpcSocketServer,
     ServerThread,
 )
-from plugins_app.sdk.jsonrpc import (
+from plugins_app.channel.sdk.jsonrpc import (
     AUTHENTICATION_FAILED,
     INTERNAL_ERROR,
     INVALID_PARAMS,

@@ -3,7 +3,7 @@ import datetime as dt
 
 from django.utils import timezone
 
-from plugins_app.models import Plugin, PluginMedia
+from plugins_app.channel.models import Plugin, PluginMedia
 
 
 def _plugin():

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from plugins_app.sdk import (
+from plugins_app.channel.sdk import (
     Attachment,
     ChannelWorker,
     DeliveryFailed,
@@ -28,9 +28,9 @@ from plugins_app.sdk import (
     Outbox,
     RpcClient,
 )
-from plugins_app.bridge import HostUnavailable
-from plugins_app.sdk.mock import AFTER, DROP, MockBridge
-from plugins_app.sdk.outbox import ACK, ACKED, DELIVER, PENDING, RESUME, SENT
+from plugins_app.channel.bridge import HostUnavailable
+from plugins_app.channel.sdk.mock import AFTER, DROP, MockBridge
+from plugins_app.channel.sdk.outbox import ACK, ACKED, DELIVER, PENDING, RESUME, SENT
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -528,7 +528,7 @@ def test_a_kill_inside_deliver_resends_only_when_the_channel_cannot_tell(bridge,
 
 
 def test_the_sdk_imports_without_django_and_loads_pydantic_only_for_the_first_message():
-    probe = ("import sys, plugins_app.sdk as sdk; loaded = {m: m in sys.modules for m in ('django', 'pydantic')}; "
+    probe = ("import sys, plugins_app.channel.sdk as sdk; loaded = {m: m in sys.modules for m in ('django', 'pydantic')}; "
              "sdk.InboundMessage.from_dict({'channel': 'c', 'conversation_id': 'k', 'message_id': 'm', "
              "'sender_id': 's', 'text': 't', 'timestamp': '2024-05-01T12:00:00Z'}); "
              "print(loaded['django'], loaded['pydantic'], 'django' in sys.modules, 'pydantic' in sys.modules)")

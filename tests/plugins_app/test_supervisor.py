@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from plugins_app.supervisor import (
+from plugins_app.channel.supervisor import (
     BACKOFF, COOLDOWN, DISABLED, STOPPED, STOPPING, DesiredWorker, RestartPolicy,
     SupervisionLimits, Supervisor, SupervisorAlreadyRunning, WorkerHandle, WorkerSpec,
     heartbeat_overdue, reap_stale,
 )
-from plugins_app.supervisor.core import REMOVED, SPEC_CHANGED
-from plugins_app.supervisor.policy import HEARTBEAT_OVERDUE
-from plugins_app.supervisor.process import pid_alive, pid_file_path, proc_start_time
+from plugins_app.channel.supervisor.core import REMOVED, SPEC_CHANGED
+from plugins_app.channel.supervisor.policy import HEARTBEAT_OVERDUE
+from plugins_app.channel.supervisor.process import pid_alive, pid_file_path, proc_start_time
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc and prctl")
 
@@ -223,7 +223,7 @@ def test_reap_stale_keeps_the_workers_of_a_live_supervisor(tmp_path):
 SUPERVISOR_SCRIPT = """
 import sys, threading
 sys.path.insert(0, {repo!r})
-from plugins_app.supervisor import DesiredWorker, SupervisionLimits, Supervisor, WorkerSpec
+from plugins_app.channel.supervisor import DesiredWorker, SupervisionLimits, Supervisor, WorkerSpec
 pid_dir, log_dir, code = sys.argv[1:4]
 spec = WorkerSpec("p1", sys.executable, ["-c", code])
 want = [DesiredWorker(spec, SupervisionLimits(heartbeat_secs=0))]

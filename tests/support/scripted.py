@@ -21,7 +21,7 @@ from typing import Iterator
 
 from ovos_plugin_manager.templates.agents import AgentMessage, ChatEngine, MessageRole
 
-from plugins_app.engines.base import (ANSWER, ANSWER_RESET, CITATIONS, THINKING, TOOL, EngineError,
+from plugins_app.agent.engines.base import (ANSWER, ANSWER_RESET, CITATIONS, THINKING, TOOL, EngineError,
                                       StreamItem, never_stop)
 
 CALLS: list[dict] = []  # what the engine was asked, for in-process tests

@@ -67,7 +67,7 @@ class Command(BaseCommand):
     def do_run(self, opts):
         from cron_app.models import FINAL_RUN_STATES
         from cron_app.services import CronError, cron_run_manual
-        from ugent_site.celery import app
+        from celery import current_app as app  # the project's app (ugent_site wires it)
         # embedded mode: no worker in this process shares the daemon's in-process broker, so run here
         eager = settings.UGENT_MODE == "embedded" and not opts["no_wait"]
         before = app.conf.task_always_eager

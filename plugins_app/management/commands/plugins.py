@@ -21,8 +21,8 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-from plugins_app import conf, services, tomlio
-from plugins_app.models import Plugin, PluginSecret
+from plugins_app.channel import conf, services, tomlio
+from plugins_app.channel.models import Plugin, PluginSecret
 
 
 class Command(BaseCommand):
@@ -67,7 +67,7 @@ class Command(BaseCommand):
             self.stdout.write(tomlio.plugins_export(), ending="")
 
     def do_status(self, opts):
-        from plugins_app.selectors import plugins_status
+        from plugins_app.channel.selectors import plugins_status
         rows = plugins_status()["plugins"]
         if not rows:
             self.stdout.write("No plugins registered.")
@@ -159,7 +159,7 @@ class Command(BaseCommand):
         return default if not answer else answer in ("y", "yes")
 
     def _wizard(self) -> list[dict]:
-        from plugins_app.workers import installed_kinds
+        from plugins_app.channel.workers import installed_kinds
         kinds = installed_kinds()
         if not kinds:
             raise CommandError("No channel kinds are installed.")

@@ -15,7 +15,7 @@ import threading
 
 from django.core.management.base import BaseCommand
 
-from plugins_app.runtime import PluginRuntime
+from plugins_app.channel.runtime import PluginRuntime
 
 
 class Command(BaseCommand):

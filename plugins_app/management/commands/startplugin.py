@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import queue
 
-from plugins_app.sdk import ChannelWorker, DeliveryFailed, InboundMessage
+from plugins_app.channel.sdk import ChannelWorker, DeliveryFailed, InboundMessage
 
 KIND = "{kind}"
 DESCRIPTION = "{name}: describe your channel here."
@@ -64,7 +64,7 @@ class {cls}(ChannelWorker):
         self.sent.append({{"chat_id": delivery.conversation_id, "text": delivery.text}})
         return f"{name}-{{delivery.delivery_id}}"
 
-    # 4. Media handling (optional): fetch_media / put_media, see plugins_app.sdk.worker.
+    # 4. Media handling (optional): fetch_media / put_media, see plugins_app.channel.sdk.worker.
 
 
 if __name__ == "__main__":
@@ -74,7 +74,7 @@ if __name__ == "__main__":
 TEST = '''"""{cls} against a MockBridge: no daemon needed. Run: pytest {directory}"""
 import threading
 
-from plugins_app.sdk.mock import MockBridge
+from plugins_app.channel.sdk.mock import MockBridge
 
 from {module}_worker import {cls}
 
@@ -123,7 +123,7 @@ allowed_senders = []
 
 README = '''# {name} — a UGENT channel plugin
 
-A channel worker built on the UGENT worker SDK (`plugins_app.sdk`). The SDK does
+A channel worker built on the UGENT worker SDK (`plugins_app.channel.sdk`). The SDK does
 the lifecycle: hello, heartbeat, the inbound listener, outbound polling, the
 crash-recovery outbox and graceful shutdown on SIGTERM. You implement:
 

@@ -1,0 +1,1 @@
+"""Agent plugins: ovos-plugin-manager engines, the built-in engines, agent profiles."""

@@ -1,0 +1,42 @@
+"""Agent plugins' rows: the agent profiles that compose an engine into a model callers name."""
+from django.db import models
+from django.db.models import Q
+
+from ugent_common.models import TimeStamped
+
+
+class AgentProfile(TimeStamped):
+    """A model a caller may name: which OPM engines compose the agent, and their config."""
+
+    name = models.CharField(max_length=200, help_text="The model name clients send.")
+    provider = models.CharField(max_length=100, default="openai-compatible",
+                                help_text="The opm.agents.chat entry point of the chat engine.")
+    instance = models.SlugField(max_length=100, default="default",
+                                help_text="Names this copy where two profiles offer one model name.")
+    config = models.JSONField(default=dict, blank=True, help_text="The chat engine's config.")
+    memory_engine = models.CharField(max_length=100, blank=True, default="",
+                                     help_text="An opm.agents.memory entry point (optional).")
+    summarizer_engine = models.CharField(max_length=100, blank=True, default="",
+                                         help_text="An opm.agents.summarizer.chat entry point (optional).")
+    system_prompt = models.TextField(blank=True, default="")
+    allowed = models.BooleanField(default=True, help_text="Callers may name this model.")
+    is_default = models.BooleanField(default=False, help_text="The global default model.")
+    history_turns = models.PositiveIntegerField(default=20, help_text="Past messages sent to the engine.")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["provider", "instance", "name"], name="uniq_profile_copy"),
+            models.UniqueConstraint(fields=["is_default"], condition=Q(is_default=True),
+                                    name="one_default_profile"),
+        ]
+        ordering = ["name", "provider", "instance"]
+
+    def __str__(self):
+        return self.qualified_name
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.provider}:{self.instance}@{self.name}"
+
+
+# --- channel plugins ---------------------------------------------------------------------------

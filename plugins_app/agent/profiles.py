@@ -1,0 +1,90 @@
+"""Which agent profile a turn runs, and the defaults a fresh install starts with."""
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+
+from ugent_common import rows
+from ugent_common.errors import ApplicationError
+from plugins_app.agent.models import AgentProfile
+
+DEFAULT_ALIAS = "ugent-default"
+
+
+_defaults_seen = False
+
+
+def profiles_ensure_defaults() -> None:
+    """A fresh install answers out of the box: the offline notes engine, or the upstream the env names."""
+    global _defaults_seen
+    if _defaults_seen:
+        return
+    if AgentProfile.objects.exists():
+        _defaults_seen = not settings.DATABASES["default"].get("TEST", {}).get("MIRROR") and _cacheable()
+        return
+    try:
+        with transaction.atomic():
+            if settings.UGENT_LLM_BASE_URL:
+                AgentProfile.objects.create(name=settings.UGENT_LLM_MODEL or "default",
+                                            provider="openai-compatible", is_default=True, config={})
+                AgentProfile.objects.create(name="ugent-notes", provider="ugent-notes", config={})
+            else:
+                AgentProfile.objects.create(name="ugent-notes", provider="ugent-notes", is_default=True,
+                                            config={})
+    except IntegrityError:  # another process made them
+        pass
+
+
+def _cacheable() -> bool:
+    # Tests empty the table between cases; a process serving requests never does.
+    import sys
+    return "pytest" not in sys.modules
+
+
+def _by_name(name: str) -> AgentProfile | None:
+    if "@" in name and ":" in name.split("@", 1)[0]:
+        head, model = name.split("@", 1)
+        provider, instance = head.split(":", 1)
+        return rows.table(AgentProfile).get(provider=provider, instance=instance, name=model, allowed=True)
+    return rows.table(AgentProfile).get(name=name, allowed=True)
+
+
+def profile_resolve(*, requested: str | None, conversation=None, caller=None) -> AgentProfile:
+    """The request's model for this turn; else the stored /model choice, the caller's default, the global one."""
+    profiles_ensure_defaults()
+    if requested and requested != DEFAULT_ALIAS:
+        profile = _by_name(requested)
+        if profile is None:
+            raise ApplicationError(f"The model '{requested}' is not available here.", status=400,
+                                   code="model_not_found", param="model")
+        return profile
+    for choice in (getattr(conversation, "model_choice", ""), getattr(caller, "default_model", ""),
+                   settings.UGENT_DEFAULT_MODEL):
+        if choice:
+            profile = _by_name(choice)
+            if profile is not None:
+                return profile
+    profile = (rows.table(AgentProfile).get(is_default=True, allowed=True)
+               or rows.table(AgentProfile).get(allowed=True))
+    if profile is None:
+        raise ApplicationError("No model is available here.", status=400, code="model_not_found",
+                               param="model")
+    return profile
+
+
+def models_list() -> list[dict]:
+    """The models callers may name; `<provider>:<instance>@<model>` too where two copies share a name."""
+    profiles_ensure_defaults()
+    profiles = list(AgentProfile.objects.filter(allowed=True).order_by("name", "id"))
+    counts: dict[str, int] = {}
+    for p in profiles:
+        counts[p.name] = counts.get(p.name, 0) + 1
+    out, seen = [], set()
+    for p in profiles:
+        created = int(p.created_at.timestamp())
+        if p.name not in seen:
+            seen.add(p.name)
+            out.append({"id": p.name, "object": "model", "created": created, "owned_by": p.provider})
+        if counts[p.name] > 1:
+            out.append({"id": p.qualified_name, "object": "model", "created": created, "owned_by": p.provider})
+    return out

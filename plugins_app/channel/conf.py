@@ -1,0 +1,57 @@
+"""Settings of the plugins room, read from the environment with working defaults.
+
+Read through functions (not module constants) where a test or a long-running
+supervisor should see a change without a re-import.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from django.conf import settings
+
+
+# Where the bridges' sockets, the workers' pid files, logs and outboxes live.
+RUN_DIR = Path(settings.UGENT_PLUGIN_RUN_DIR)
+PID_DIR = Path(settings.UGENT_PLUGIN_PID_DIR)
+LOG_DIR = Path(settings.UGENT_PLUGIN_LOG_DIR)
+STATE_DIR = Path(settings.UGENT_PLUGIN_STATE_DIR)
+
+# The global plugin settings `plugins setup --no-input` and `plugins migrate` read.
+GLOBAL_PLUGINS_TOML = Path(settings.UGENT_GLOBAL_PLUGINS_TOML)
+
+# Key of the secrets vault (secret_env_refs); derived from SECRET_KEY when unset.
+SECRETS_KEY = settings.UGENT_SECRETS_KEY
+
+# The supervisor loop and its restart policy (per-plugin heartbeat_secs is on the row).
+SUPERVISOR_INTERVAL = settings.UGENT_PLUGIN_SUPERVISOR_INTERVAL
+EMBEDDED_SUPERVISOR = settings.UGENT_PLUGIN_EMBEDDED_SUPERVISOR
+STOP_GRACE_SECS = settings.UGENT_PLUGIN_STOP_GRACE_SECS
+BACKOFF_INITIAL_SECS = settings.UGENT_PLUGIN_BACKOFF_INITIAL_SECS
+BACKOFF_MAX_SECS = settings.UGENT_PLUGIN_BACKOFF_MAX_SECS
+RESTARTS_PER_ROUND = settings.UGENT_PLUGIN_RESTARTS_PER_ROUND
+COOLDOWN_SECS = settings.UGENT_PLUGIN_COOLDOWN_SECS
+STABLE_SECS = settings.UGENT_PLUGIN_STABLE_SECS
+STARTUP_GRACE_SECS = settings.UGENT_PLUGIN_STARTUP_GRACE_SECS
+REAP_GRACE_SECS = settings.UGENT_PLUGIN_REAP_GRACE_SECS
+
+# Outbound deliveries: the pause before retry n is RETRY_BACKOFF * 2**(n-2), capped.
+RETRY_BACKOFF_SECS = settings.UGENT_PLUGIN_RETRY_BACKOFF_SECS
+RETRY_BACKOFF_MAX_SECS = settings.UGENT_PLUGIN_RETRY_BACKOFF_MAX_SECS
+# A long-poll re-reads the table at least this often, even if a wake-up was lost.
+POLL_RECHECK_SECS = settings.UGENT_PLUGIN_POLL_RECHECK_SECS
+
+# Media put by workers (attachments): size limit and retention.
+MEDIA_MAX_BYTES = settings.UGENT_PLUGIN_MEDIA_MAX_BYTES
+MEDIA_TTL_SECS = settings.UGENT_PLUGIN_MEDIA_TTL_SECS
+
+
+def supervision_overrides() -> dict:
+    """SupervisionLimits fields from the settings above (the heartbeat comes from each row)."""
+    return {"stop_grace_secs": STOP_GRACE_SECS, "backoff_initial_secs": BACKOFF_INITIAL_SECS,
+            "backoff_max_secs": BACKOFF_MAX_SECS, "restarts_per_round": RESTARTS_PER_ROUND,
+            "cooldown_secs": COOLDOWN_SECS, "stable_secs": STABLE_SECS,
+            "startup_grace_secs": STARTUP_GRACE_SECS}
+
+
+def workspace_plugins_toml() -> Path:
+    return Path(settings.UGENT_WORKSPACE) / "plugins.toml"

@@ -1,0 +1,60 @@
+"""Reads of the plugins room: what the supervisor should run, and status."""
+from __future__ import annotations
+
+import os
+import sys
+
+from django.db.models import Count, Q
+
+from plugins_app.channel.models import DeliveryState, OutboundDelivery, Plugin, PluginSecret
+from plugins_app.channel.secrets import secret_decrypt
+
+# A bare `python` command means the daemon's own interpreter (the workers' minimal PATH has no venv).
+PYTHON_ALIASES = ("python", "python3")
+
+
+def plugins_enabled() -> list[Plugin]:
+    return list(Plugin.objects.filter(enabled=True).order_by("plugin_id"))
+
+
+def plugin_command(plugin: Plugin) -> str:
+    return sys.executable if plugin.command in PYTHON_ALIASES else plugin.command
+
+
+def plugin_environment(plugin: Plugin, environ: dict | None = None) -> tuple[dict[str, str], list[str]]:
+    """The worker's own environment (env_refs from the daemon's, secret_env_refs from the vault),
+    and the names that could not be filled."""
+    environ = os.environ if environ is None else environ
+    env: dict[str, str] = {}
+    missing: list[str] = []
+    for name in plugin.env_refs or []:
+        if name in environ:
+            env[name] = environ[name]
+        else:
+            missing.append(name)
+    stored = {s.name: s.ciphertext for s in PluginSecret.objects.filter(plugin=plugin)}
+    for name in plugin.secret_env_refs or []:
+        value = secret_decrypt(stored[name]) if name in stored else None
+        if value is None:
+            missing.append(name)
+        else:
+            env[name] = value
+    return env, missing
+
+
+def plugins_status() -> dict:
+    """The plugins section of GET /v1/ugent/status."""
+    counts = {p["plugin_id"]: p for p in Plugin.objects.annotate(
+        pending=Count("deliveries", filter=Q(deliveries__state=DeliveryState.PENDING)),
+        in_flight=Count("deliveries", filter=Q(deliveries__state=DeliveryState.IN_FLIGHT)),
+        dead_letters=Count("deliveries", filter=Q(deliveries__state=DeliveryState.DEAD_LETTER)),
+    ).values("plugin_id", "kind", "enabled", "state", "state_reason", "disabled_reason", "pid",
+             "last_heartbeat", "pending", "in_flight", "dead_letters")}
+    for row in counts.values():
+        row["last_heartbeat"] = row["last_heartbeat"].isoformat() if row["last_heartbeat"] else None
+    return {"plugins": list(counts.values())}
+
+
+def deliveries_for(plugin_id: str, state: str | None = None) -> list[OutboundDelivery]:
+    rows = OutboundDelivery.objects.filter(plugin__plugin_id=plugin_id).order_by("id")
+    return list(rows.filter(state=state) if state else rows)

@@ -1,0 +1,299 @@
+"""Writes of the plugins room: plugin state, secrets, inbound messages and the outbound queue.
+
+An inbound message from a worker goes onto the one message path
+(``channels_app.services.message_submit``); the turn's answer comes back as an
+``OutboundDelivery`` row created inside the transaction that records the turn's
+end (``delivery_create_for_turn``, an after-turn hook), so nothing is lost
+between the turn and the queue. Deliveries move by conditional updates:
+pending -> in_flight (a claim) -> delivered | pending (retry) | dead_letter.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import uuid
+from typing import Iterable
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from channels_app import notify
+from plugins_app.channel import conf
+from plugins_app.channel.bridge.policy import DeliveryPolicy, new_claim
+from plugins_app.channel.models import DeliveryState, OutboundDelivery, Plugin, PluginMedia, PluginSecret, PluginState
+from plugins_app.channel.secrets import secret_encrypt
+
+log = logging.getLogger("ugent.plugins")
+
+SENDER_NOT_ALLOWED = "sender not allowed"
+ANSWER_FOR_STATE = {
+    "failed": "Sorry, the agent could not answer this message.",
+    "cancelled": "The answer to this message was stopped.",
+    "interrupted": "The answer to this message was interrupted.",
+}
+
+
+def outbound_topic(plugin_id: str) -> str:
+    """The notify topic a plugin's long-poll waits on."""
+    return f"plugin-outbound:{plugin_id}"
+
+
+def _wake_after_commit(plugin_id: str) -> None:
+    transaction.on_commit(lambda: notify.publish(outbound_topic(plugin_id)))
+
+
+# --- plugins ------------------------------------------------------------------------------
+
+def plugin_state_record(*, plugin_id: str, state: str, reason: str, pid: int | None = None) -> None:
+    """What the supervisor saw; the circuit breaker's `disabled` also turns `enabled` off, with the reason."""
+    fields = {"state": state, "state_reason": reason[:500], "pid": pid if state == PluginState.RUNNING else None}
+    if state == PluginState.DISABLED:
+        fields.update(enabled=False, disabled_reason=reason)
+    Plugin.objects.filter(plugin_id=plugin_id).update(**fields, updated_at=timezone.now())
+
+
+def plugin_enable(*, plugin: Plugin) -> bool:
+    """Enable a plugin again (after the circuit breaker): the supervisor starts it with a clean breaker."""
+    return Plugin.objects.filter(pk=plugin.pk).update(
+        enabled=True, disabled_reason="", state=PluginState.STOPPED, state_reason="",
+        updated_at=timezone.now()) == 1
+
+
+def plugin_heartbeat_record(*, plugin_id: str, at: dt.datetime | None = None) -> None:
+    Plugin.objects.filter(plugin_id=plugin_id).update(last_heartbeat=at or timezone.now())
+
+
+def plugin_secret_set(*, plugin: Plugin, name: str, value: str) -> PluginSecret:
+    """Store (or replace) one secret_env_refs value, encrypted; adds the name to secret_env_refs."""
+    secret, _ = PluginSecret.objects.update_or_create(plugin=plugin, name=name,
+                                                      defaults={"ciphertext": secret_encrypt(value)})
+    if name not in (plugin.secret_env_refs or []):
+        plugin.secret_env_refs = list(plugin.secret_env_refs or []) + [name]
+        plugin.save(update_fields=["secret_env_refs", "updated_at"])
+    return secret
+
+
+def plugin_secret_delete(*, plugin: Plugin, name: str) -> None:
+    PluginSecret.objects.filter(plugin=plugin, name=name).delete()
+
+
+# --- inbound ------------------------------------------------------------------------------
+
+def sender_allowed(plugin: Plugin, sender_id: str) -> bool:
+    """`allowed_senders` as `{channel}:{sender_id}` entries; empty (or "*") lets everyone in."""
+    allowed = list(plugin.allowed_senders or [])
+    if not allowed or "*" in allowed:
+        return True
+    return f"{plugin.channel}:{sender_id}" in allowed
+
+
+def inbound_submit(*, plugin_id: str, message) -> dict:
+    """One normalised inbound message (an SDK ``InboundMessage``) onto the one message path.
+
+    Refuses a sender outside ``allowed_senders`` before anything is recorded; a
+    repeat of the channel's message id in the same conversation runs nothing and
+    answers ``duplicate: true``. Returns the ``inbound.submit`` result.
+    """
+    from channels_app.errors import ApplicationError
+    from channels_app.services import (DuplicateMessage, InboundMessage, channel_actor_resolve,
+                                       message_submit)
+    plugin = Plugin.objects.filter(plugin_id=plugin_id).first()
+    if plugin is None:
+        return {"accepted": False, "duplicate": False, "reason": "plugin not registered"}
+    channel = plugin.channel
+    if message.channel != channel:
+        log.info("plugin %s: message names channel %r; using the plugin's channel %r",
+                 plugin_id, message.channel, channel)
+    if not sender_allowed(plugin, message.sender_id):
+        log.warning("plugin %s refused inbound message %s from %s:%s (reason=%s)", plugin_id,
+                    message.message_id, channel, message.sender_id, "not in allowed_senders")
+        return {"accepted": False, "duplicate": False, "reason": SENDER_NOT_ALLOWED}
+    actor = channel_actor_resolve(channel=channel, user_id=message.sender_id,
+                                  display_name=message.sender_name or "")
+    inbound = InboundMessage(
+        actor=actor, text=message.text, channel=channel, caller=None, client_id=plugin.plugin_id,
+        conversation_id=message.conversation_id, client_message_id=message.message_id,
+        source_type=message.source_type, attachments=[a.to_dict() for a in message.attachments],
+        extra={"timestamp": message.timestamp, "sender_name": message.sender_name,
+               "reply_to": message.reply_to.to_dict() if message.reply_to else None,
+               "metadata": message.metadata})
+    try:
+        result = message_submit(inbound=inbound)
+    except DuplicateMessage as exc:
+        return {"accepted": True, "duplicate": True, "code": exc.code,
+                "turn_id": exc.turn.turn_id if exc.turn else None, "receipt_state": exc.receipt.state}
+    except ApplicationError as exc:
+        log.warning("plugin %s: inbound message %s refused (reason=%s)", plugin_id, message.message_id,
+                    exc.message)
+        return {"accepted": False, "duplicate": False, "reason": exc.message, "code": exc.code}
+    return {"accepted": True, "duplicate": False, "turn_id": result.turn.turn_id,
+            "receipt_state": result.receipt.state}
+
+
+# --- outbound -----------------------------------------------------------------------------
+
+def _new_delivery_id() -> str:
+    return f"d_{uuid.uuid4().hex}"
+
+
+def delivery_enqueue(*, plugin: Plugin, conversation, text: str, turn=None, attachments: list | None = None,
+                     reply_to_message_id: str | None = None, metadata: dict | None = None) -> OutboundDelivery:
+    """Queue a message for a plugin's worker to send; its poller wakes when this commits."""
+    payload = {"attachments": list(attachments or []), "metadata": dict(metadata or {})}
+    if reply_to_message_id:
+        payload["reply_to_message_id"] = reply_to_message_id
+    with transaction.atomic():
+        delivery = OutboundDelivery.objects.create(delivery_id=_new_delivery_id(), plugin=plugin,
+                                                   conversation=conversation, turn=turn, text=text,
+                                                   payload=payload)
+        _wake_after_commit(plugin.plugin_id)
+    return delivery
+
+
+def delivery_create_for_turn(*, turn, state: str, answer: str) -> None:
+    """After-turn hook: a turn of a plugin's conversation queues its answer for that plugin.
+
+    Runs inside the transaction that records the turn's end, so the answer and
+    its delivery commit together. A second call for the same turn adds nothing.
+    """
+    conversation = turn.conversation
+    if not conversation.client_id:
+        return
+    plugin = Plugin.objects.filter(plugin_id=conversation.client_id).first()
+    if plugin is None or plugin.channel != conversation.channel:
+        return
+    if OutboundDelivery.objects.filter(plugin=plugin, turn=turn).exists():
+        return
+    text = answer or ANSWER_FOR_STATE.get(state, "")
+    if not text:
+        return
+    receipt = turn.receipt
+    delivery_enqueue(plugin=plugin, conversation=conversation, turn=turn, text=text,
+                     reply_to_message_id=receipt.client_message_id,
+                     metadata={"turn_id": turn.turn_id, "state": state})
+
+
+def deliveries_claim(*, plugin_id: str, max_items: int) -> list[OutboundDelivery]:
+    """Take up to ``max_items`` due deliveries, never letting more than max_in_flight be unacknowledged.
+
+    The plugin row is locked for the count and the take (PostgreSQL; SQLite's
+    IMMEDIATE transactions already serialise writers), and the take is a
+    conditional update, so two pollers can never hold more than the limit.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        plugin = Plugin.objects.select_for_update().filter(plugin_id=plugin_id).first()
+        if plugin is None:
+            return []
+        in_flight = OutboundDelivery.objects.filter(plugin=plugin, state=DeliveryState.IN_FLIGHT).count()
+        room = delivery_policy(plugin).room(in_flight=in_flight, max_items=max_items)
+        if room <= 0:
+            return []
+        due = (OutboundDelivery.objects.filter(plugin=plugin, state=DeliveryState.PENDING)
+               .exclude(not_before__gt=now).order_by("id"))
+        if connection.features.has_select_for_update_skip_locked:
+            due = due.select_for_update(skip_locked=True)
+        ids = list(due.values_list("pk", flat=True)[:room])
+        if not ids:
+            return []
+        claim = new_claim()
+        from django.db.models import F
+        OutboundDelivery.objects.filter(pk__in=ids, state=DeliveryState.PENDING).update(
+            state=DeliveryState.IN_FLIGHT, claim=claim, handed_out_at=now, handed_out=F("handed_out") + 1)
+        return list(OutboundDelivery.objects.filter(claim=claim, state=DeliveryState.IN_FLIGHT)
+                    .select_related("conversation", "plugin").order_by("id"))
+
+
+def deliveries_requeue(*, plugin_id: str, delivery_ids: Iterable[str] | None = None) -> int:
+    """Back to the queue, unchanged (same attempt, same place): all in flight, or the ones named."""
+    rows = OutboundDelivery.objects.filter(plugin__plugin_id=plugin_id, state=DeliveryState.IN_FLIGHT)
+    if delivery_ids is not None:
+        rows = rows.filter(delivery_id__in=list(delivery_ids))
+    with transaction.atomic():
+        count = rows.update(state=DeliveryState.PENDING, claim="")
+        if count:
+            _wake_after_commit(plugin_id)
+    return count
+
+
+class UnknownDeliveryId(LookupError):
+    pass
+
+
+def delivery_policy(plugin: Plugin) -> DeliveryPolicy:
+    """The plugin's limits and the host's retry backoff, as the one delivery policy both hubs keep."""
+    return DeliveryPolicy(max_in_flight=plugin.max_in_flight, max_retries=plugin.max_retries,
+                          backoff_secs=conf.RETRY_BACKOFF_SECS, backoff_max_secs=conf.RETRY_BACKOFF_MAX_SECS)
+
+
+def delivery_ack(*, plugin_id: str, delivery_id: str, status: str, retryable: bool = False,
+                 reason: str | None = None, channel_message_id: str | None = None,
+                 claim: str | None = None) -> dict:
+    """Settle a delivery as ``plugins_app.channel.bridge.policy.DeliveryPolicy.ack`` decides: delivered is
+    final; a failure is retried with attempt + 1 until the plugin's max_retries are used, then
+    dead-lettered with the reason (a permanent one at once). A repeated ack of a settled delivery,
+    or a failure under a claim that no longer holds it (a replaced session's late ack), is
+    ``duplicate: true`` and changes nothing. ``claim`` None: a trusted direct call."""
+    now = timezone.now()
+    with transaction.atomic():
+        d = (OutboundDelivery.objects.select_for_update().select_related("plugin")
+             .filter(plugin__plugin_id=plugin_id, delivery_id=delivery_id).first())
+        if d is None:
+            raise UnknownDeliveryId(delivery_id)
+        decision = delivery_policy(d.plugin).ack(state=d.state, attempt=d.attempt, held_claim=d.claim,
+                                                 status=status, retryable=retryable, reason=reason,
+                                                 claim=claim)
+        if not decision.changed:
+            return decision.result()
+        fields = {"state": decision.state, "attempt": decision.attempt, "claim": "", "updated_at": now}
+        if decision.state == DeliveryState.DELIVERED:
+            fields.update(delivered_at=now, channel_message_id=channel_message_id or "")
+        if decision.failure is not None:
+            fields["failures"] = list(d.failures or []) + [decision.failure]
+            fields["last_error"] = decision.dead_letter_reason or decision.failure
+        if decision.backoff_secs is not None:
+            fields["not_before"] = now + dt.timedelta(seconds=decision.backoff_secs)
+        # conditional on the state read under the lock: two acks cannot both settle it
+        moved = OutboundDelivery.objects.filter(pk=d.pk, state=d.state).update(**fields)
+        if not moved:
+            d.refresh_from_db()
+            return {"state": d.state, "attempt": d.attempt, "duplicate": True}
+        _wake_after_commit(plugin_id)
+        if decision.state == DeliveryState.DEAD_LETTER:
+            log.warning("plugin %s: delivery %s dead-lettered (reason=%s)", plugin_id, delivery_id,
+                        fields["last_error"])
+        return decision.result()
+
+
+def delivery_retry(*, delivery: OutboundDelivery) -> bool:
+    """Admin: send a dead letter again, as a fresh first attempt."""
+    with transaction.atomic():
+        moved = OutboundDelivery.objects.filter(pk=delivery.pk, state=DeliveryState.DEAD_LETTER).update(
+            state=DeliveryState.PENDING, attempt=1, not_before=None, last_error="", updated_at=timezone.now())
+        if moved:
+            _wake_after_commit(delivery.plugin.plugin_id)
+    return moved == 1
+
+
+# --- media --------------------------------------------------------------------------------
+
+class MediaTooLargeError(ValueError):
+    def __init__(self, size: int, limit: int):
+        super().__init__(f"{size} bytes is over the limit of {limit}")
+        self.size, self.limit = size, limit
+
+
+def media_store(*, plugin_id: str, data: bytes, content_type: str, filename: str | None = None) -> str:
+    if len(data) > conf.MEDIA_MAX_BYTES:
+        raise MediaTooLargeError(len(data), conf.MEDIA_MAX_BYTES)
+    plugin = Plugin.objects.get(plugin_id=plugin_id)
+    media_id = f"m_{uuid.uuid4().hex}"
+    PluginMedia.objects.create(media_id=media_id, plugin=plugin, content_type=content_type,
+                               filename=filename or "", size=len(data), data=bytes(data),
+                               expires_at=timezone.now() + dt.timedelta(seconds=conf.MEDIA_TTL_SECS))
+    return media_id
+
+
+def media_prune() -> int:
+    count, _ = PluginMedia.objects.filter(expires_at__lt=timezone.now()).delete()
+    return count

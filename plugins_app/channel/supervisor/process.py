@@ -1,0 +1,553 @@
+"""Worker processes: spawning, process groups, two-phase stop, kill on drop, pid files.
+
+Nothing here imports Django. A worker is started from a ``WorkerSpec`` and owned
+by a ``WorkerHandle``:
+
+* It leads its own session and process group (``start_new_session=True``), so
+  every signal goes to the group (``os.killpg``) and reaches the worker's own
+  children too.
+* On Linux it asks for ``PR_SET_PDEATHSIG(SIGKILL)`` before ``exec``, so a
+  supervisor killed with ``kill -9`` takes its workers with it. The kernel sends
+  that signal when the *thread* that forked the worker exits, not the process:
+  spawn workers only from one long-lived thread (the supervisor's loop thread),
+  never from a short-lived helper thread or a thread pool.
+* Its environment is exactly the spec's ``env`` plus a minimal ``PATH``,
+  ``LANG`` and ``HOME`` (the spec may override them); nothing else leaks from
+  the parent.
+* Its stdout and stderr append to ``<log_dir>/<plugin>.log``.
+* A handle that is garbage-collected (or left at interpreter exit) while its
+  worker lives kills the worker's process group ("kill on drop").
+* With a ``pid_dir`` it writes ``<pid_dir>/<plugin>.json`` holding the worker's
+  pid, pgid, start time (field 22 of ``/proc/<pid>/stat``) and the supervisor's
+  pid and start time, so ``reap_stale`` can kill what a crashed supervisor left
+  behind without ever killing an unrelated process that reused the pid.
+
+PDEATHSIG reaches only the worker itself. Processes the worker forked stay in
+its process group and are killed by ``terminate``, by kill on drop, and, after a
+supervisor crash, by ``reap_stale`` on the next start. A worker started through
+a wrapper (``sh -c "python -m worker ; true"``) is such a grandchild: the SDK's
+``ChannelWorker.die_with_parent`` asks for its own parent-death signal, so it
+stops when the wrapper is killed (docs/plugins.md says why no subreaper).
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import dataclasses
+import datetime
+import hashlib
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+logger = logging.getLogger(__name__)
+
+IS_LINUX = sys.platform.startswith("linux")
+PR_SET_PDEATHSIG = 1
+
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+DEFAULT_LANG = "C.UTF-8"
+
+_POLL_SECS = 0.02
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What to run for one plugin: command, args, the worker's whole environment, cwd.
+
+    ``env`` is exactly what the worker sees, apart from a minimal PATH/LANG/HOME
+    added when the spec does not set them. Two specs compare equal when a running
+    worker would not need a restart.
+    """
+
+    plugin_id: str
+    command: str
+    args: Sequence[str] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+
+    def __post_init__(self):
+        # Normalise so a list and a tuple of the same args compare equal.
+        object.__setattr__(self, "args", tuple(str(a) for a in self.args))
+        object.__setattr__(self, "env", {str(k): str(v) for k, v in dict(self.env).items()})
+
+    @property
+    def argv(self) -> list[str]:
+        return [self.command, *self.args]
+
+    def with_env(self, extra: Mapping[str, str]) -> "WorkerSpec":
+        return dataclasses.replace(self, env={**self.env, **extra})
+
+
+def worker_environment(spec_env: Mapping[str, str]) -> dict[str, str]:
+    """The worker's environment: the spec's env over a minimal PATH/LANG/HOME."""
+    base = {
+        "PATH": DEFAULT_PATH,
+        "LANG": DEFAULT_LANG,
+        "HOME": os.environ.get("HOME") or "/",
+    }
+    base.update(spec_env)
+    return base
+
+
+# --- /proc helpers ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class ProcStat:
+    """The few fields of ``/proc/<pid>/stat`` the supervisor needs."""
+
+    pid: int
+    state: str
+    ppid: int
+    pgrp: int
+    session: int
+    start_time: int  # clock ticks since boot (field 22)
+
+
+def read_proc_stat(pid: int) -> ProcStat | None:
+    """``/proc/<pid>/stat`` parsed, or None if there is no such process (or no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            raw = fh.read().decode("ascii", "replace")
+    except (FileNotFoundError, ProcessLookupError, PermissionError, OSError):
+        return None
+    # comm (field 2) may hold spaces and parentheses: split after the last ")".
+    rest = raw[raw.rfind(")") + 2:].split()
+    try:
+        # rest[0] is field 3 (state); field N is rest[N - 3].
+        return ProcStat(pid=pid, state=rest[0], ppid=int(rest[1]), pgrp=int(rest[2]),
+                        session=int(rest[3]), start_time=int(rest[19]))
+    except (IndexError, ValueError):
+        return None
+
+
+def proc_start_time(pid: int) -> int | None:
+    """Field 22 of ``/proc/<pid>/stat`` (start time in clock ticks since boot), or None."""
+    st = read_proc_stat(pid)
+    return st.start_time if st else None
+
+
+def pid_alive(pid: int, start_time: int | None = None) -> bool:
+    """The process exists and is not a zombie (and started at ``start_time`` if given)."""
+    st = read_proc_stat(pid)
+    if st is None:
+        if IS_LINUX or start_time is not None:
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    if st.state in ("Z", "X"):
+        return False
+    return start_time is None or st.start_time == start_time
+
+
+def group_members(pgid: int) -> list[ProcStat]:
+    """Live (non-zombie) processes in process group ``pgid``, from /proc."""
+    members = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return members
+    for name in names:
+        if not name.isdigit():
+            continue
+        st = read_proc_stat(int(name))
+        if st and st.pgrp == pgid and st.state not in ("Z", "X"):
+            members.append(st)
+    return members
+
+
+def group_alive(pgid: int) -> bool:
+    if IS_LINUX:
+        return bool(group_members(pgid))
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _killpg(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        logger.warning("not permitted to signal process group %s", pgid)
+        return False
+
+
+# --- parent-death signal ---------------------------------------------------
+
+def _load_prctl():
+    if not IS_LINUX:
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        fn = libc.prctl
+        fn.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+        fn.restype = ctypes.c_int
+        return fn
+    except (OSError, AttributeError):
+        return None
+
+
+# Loaded once in the parent: the preexec hook runs between fork and exec, where it
+# should do as little as possible (no imports, no library loading).
+_PRCTL = _load_prctl()
+
+
+def _make_preexec(sig: int | None):
+    from ugent_common import affinity
+    if sig is None or _PRCTL is None:
+        # a worker gets back the CPUs the daemon had before pinning itself (ugent_common.affinity)
+        return affinity.restore_in_child if affinity.original is not None else None
+    parent_pid = os.getpid()
+    prctl = _PRCTL
+
+    def preexec():
+        affinity.restore_in_child()
+        prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+        # The parent may have died before prctl took effect: no signal would come.
+        if os.getppid() != parent_pid:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
+
+# --- file names ------------------------------------------------------------
+
+_SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,100}$")
+
+
+def safe_name(plugin_id: str) -> str:
+    """A file name for a plugin id; ids that are not already safe get a hash suffix."""
+    if _SAFE.match(plugin_id):
+        return plugin_id
+    cleaned = re.sub(r"[^A-Za-z0-9._-]", "_", plugin_id)[:80].lstrip(".") or "plugin"
+    return f"{cleaned}-{hashlib.sha1(plugin_id.encode()).hexdigest()[:8]}"
+
+
+def pid_file_path(pid_dir: str | os.PathLike, plugin_id: str) -> Path:
+    return Path(pid_dir) / f"{safe_name(plugin_id)}.json"
+
+
+def log_file_path(log_dir: str | os.PathLike, plugin_id: str) -> Path:
+    return Path(log_dir) / f"{safe_name(plugin_id)}.log"
+
+
+def _write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as fh:
+        json.dump(data, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _unlink(path: Path | None) -> None:
+    if path is None:
+        return
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+# --- the handle ------------------------------------------------------------
+
+class _Proc:
+    """State shared by a handle and its drop finalizer (which must not hold the handle)."""
+
+    __slots__ = ("popen", "pgid", "pid_file", "pid_file_owner", "group_done")
+
+    def __init__(self, popen: subprocess.Popen, pgid: int, pid_file: Path | None):
+        self.popen = popen
+        self.pgid = pgid
+        self.pid_file = pid_file
+        self.pid_file_owner = None  # (pid, start_time) written into pid_file
+        self.group_done = False
+
+    def finish(self) -> None:
+        """Leader reaped: kill stragglers in its group once, drop the pid file."""
+        if self.group_done:
+            return
+        # Safe after the leader is reaped: Linux keeps a pid number reserved while
+        # any process still uses it as a pgid, so this reaches only our group.
+        _killpg(self.pgid, signal.SIGKILL)
+        self.group_done = True
+        self._remove_pid_file()
+
+    def _remove_pid_file(self) -> None:
+        path = self.pid_file
+        if path is None:
+            return
+        try:
+            with open(path) as fh:
+                data = json.load(fh)
+            # A newer start of the same plugin may already have rewritten the file.
+            if (data.get("pid"), data.get("start_time")) != self.pid_file_owner:
+                return
+        except (OSError, ValueError):
+            return
+        _unlink(path)
+
+
+def _kill_dropped(proc: _Proc) -> None:
+    popen = proc.popen
+    if popen.poll() is None:
+        _killpg(proc.pgid, signal.SIGKILL)
+        try:
+            popen.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            logger.error("worker pid %s did not die after SIGKILL", popen.pid)
+            return
+    proc.finish()
+
+
+class WorkerHandle:
+    """One running worker process, leader of its own process group.
+
+    Create with ``WorkerHandle.spawn``. ``poll()`` reaps an exit (and kills
+    anything left in the worker's group); ``terminate(grace)`` stops it in two
+    phases. Dropping the last reference to a live handle kills its group.
+    """
+
+    def __init__(self, spec: WorkerSpec, popen: subprocess.Popen, *, started_at: float,
+                 started_monotonic: float, pid_file: Path | None, log_path: Path | None):
+        self.spec = spec
+        self.started_at = started_at
+        self.started_monotonic = started_monotonic
+        self.log_path = log_path
+        self._proc = _Proc(popen, popen.pid, pid_file)
+        self._finalizer = weakref.finalize(self, _kill_dropped, self._proc)
+
+    @classmethod
+    def spawn(cls, spec: WorkerSpec, *, log_dir: str | os.PathLike | None = None,
+              pid_dir: str | os.PathLike | None = None,
+              pdeathsig: int | None = signal.SIGKILL) -> "WorkerHandle":
+        """Start ``spec`` as a new session and process group.
+
+        Call from the supervisor's long-lived loop thread: the parent-death
+        signal fires when the spawning thread exits. ``pdeathsig=None`` turns it
+        off. Raises ``OSError`` if the command cannot be started.
+        """
+        log_path = None
+        if log_dir is not None:
+            Path(log_dir).mkdir(parents=True, exist_ok=True)
+            log_path = log_file_path(log_dir, spec.plugin_id)
+            out = open(log_path, "ab", buffering=0)
+            stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+            out.write(f"--- {stamp} starting {spec.argv!r}\n".encode())
+        else:
+            out = open(os.devnull, "wb")
+        try:
+            popen = subprocess.Popen(
+                spec.argv,
+                env=worker_environment(spec.env),
+                cwd=spec.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                close_fds=True,
+                start_new_session=True,
+                preexec_fn=_make_preexec(pdeathsig),
+            )
+        finally:
+            out.close()
+        handle = cls(spec, popen, started_at=time.time(), started_monotonic=time.monotonic(),
+                     pid_file=pid_file_path(pid_dir, spec.plugin_id) if pid_dir is not None else None,
+                     log_path=log_path)
+        if pid_dir is not None:
+            handle._write_pid_file(Path(pid_dir))
+        return handle
+
+    def _write_pid_file(self, pid_dir: Path) -> None:
+        pid_dir.mkdir(parents=True, exist_ok=True)
+        start_time = proc_start_time(self.pid)
+        data = {
+            "plugin_id": self.spec.plugin_id,
+            "pid": self.pid,
+            "pgid": self._proc.pgid,
+            "start_time": start_time,
+            "supervisor_pid": os.getpid(),
+            "supervisor_start_time": proc_start_time(os.getpid()),
+            "command": self.spec.argv,
+        }
+        try:
+            _write_json_atomic(self._proc.pid_file, data)
+            self._proc.pid_file_owner = (self.pid, start_time)
+        except OSError:
+            logger.exception("could not write pid file for plugin %s", self.spec.plugin_id)
+
+    @property
+    def pid(self) -> int:
+        return self._proc.popen.pid
+
+    @property
+    def pgid(self) -> int:
+        return self._proc.pgid
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status once reaped: negative for a signal, as ``subprocess`` reports it."""
+        return self._proc.popen.returncode
+
+    def poll(self) -> int | None:
+        """The exit status if the worker has exited (its group is then killed), else None."""
+        code = self._proc.popen.poll()
+        if code is not None:
+            self._proc.finish()
+        return code
+
+    def running(self) -> bool:
+        return self.poll() is None
+
+    def send_signal(self, sig: int) -> bool:
+        """Signal the worker's whole process group (nothing once it is reaped and cleaned up)."""
+        if self._proc.group_done:
+            return False
+        return _killpg(self._proc.pgid, sig)
+
+    def stopped(self) -> bool:
+        """The leader is reaped and nothing is left in its group."""
+        if self._proc.popen.poll() is None:
+            return False
+        return self._proc.group_done or not group_alive(self._proc.pgid)
+
+    def kill(self) -> int:
+        """SIGKILL the group and reap the leader."""
+        self.send_signal(signal.SIGKILL)
+        code = self._proc.popen.wait()
+        self._proc.finish()
+        return code
+
+    def terminate(self, grace: float = 5.0) -> int:
+        """Two-phase stop: SIGTERM to the group, up to ``grace`` seconds, then SIGKILL."""
+        self.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and not self.stopped():
+            time.sleep(_POLL_SECS)
+        return self.kill()
+
+    def detach(self) -> None:
+        """Forget the worker without killing it (turns off kill on drop)."""
+        self._finalizer.detach()
+
+    def __repr__(self):
+        return f"<WorkerHandle {self.spec.plugin_id} pid={self.pid} rc={self.returncode}>"
+
+
+# --- stale workers ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class ReapedWorker:
+    """A worker left by a crashed supervisor, and the pids ``reap_stale`` killed for it."""
+
+    plugin_id: str
+    pid: int
+    pgid: int
+    command: list
+    killed: tuple[int, ...]
+
+
+def _signal_stale(data: dict, targets: list[ProcStat], sig: int) -> None:
+    if not targets:
+        return
+    pid, pgid = int(data["pid"]), int(data["pgid"])
+    if any(st.pid == pid for st in targets):
+        # The verified leader holds the pgid, so the group is certainly the worker's.
+        _killpg(pgid, sig)
+        return
+    for st in targets:
+        try:
+            os.kill(st.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _stale_targets(data: dict) -> list[ProcStat]:
+    """The processes of a stale worker that may safely be killed (possibly none)."""
+    pid, pgid, start_time = int(data["pid"]), int(data["pgid"]), data.get("start_time")
+    if start_time is None:
+        return []
+    leader = read_proc_stat(pid)
+    if leader is not None:
+        if leader.start_time != start_time:
+            return []  # the pid was reused: the old group is gone, this is someone else
+        return [st for st in group_members(pgid) if st.start_time >= start_time]
+    # The leader is gone (PDEATHSIG) but its children may linger in its group. While
+    # any of them lives the pgid number stays reserved, so members of our worker's
+    # session that started after it are its offspring.
+    return [st for st in group_members(pgid)
+            if st.session == pgid and st.start_time >= start_time]
+
+
+def reap_stale(pid_dir: str | os.PathLike, *, grace: float = 2.0) -> list[ReapedWorker]:
+    """Kill workers left behind by supervisors that are no longer running.
+
+    A pid file is stale when its supervisor (pid *and* start time) is not alive.
+    For a stale file: if the worker's pid still runs with the recorded start
+    time, its process group gets SIGTERM, ``grace`` seconds, then SIGKILL; if
+    the leader died but processes of its group and session remain, those are
+    killed the same way. A pid now held by a process with a different start
+    time (reuse) is left alone. Every stale file is removed; files of a live
+    supervisor are kept. Without /proc nothing can be verified, so nothing is
+    killed.
+    """
+    reaped: list[ReapedWorker] = []
+    directory = Path(pid_dir)
+    if not directory.is_dir():
+        return reaped
+    stale: list[tuple[Path, dict, list[ProcStat]]] = []
+    for path in sorted(directory.glob("*.json")):
+        try:
+            with open(path) as fh:
+                data = json.load(fh)
+            int(data["pid"]), int(data["pgid"]), int(data["supervisor_pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            logger.warning("removing unreadable pid file %s", path)
+            _unlink(path)
+            continue
+        sup_pid, sup_start = int(data["supervisor_pid"]), data.get("supervisor_start_time")
+        if sup_start is not None and pid_alive(sup_pid, sup_start):
+            continue
+        stale.append((path, data, _stale_targets(data)))
+
+    targets = [st for _, _, sts in stale for st in sts]
+    if targets:
+        for _, data, sts in stale:
+            _signal_stale(data, sts, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(pid_alive(st.pid, st.start_time) for st in targets):
+            time.sleep(_POLL_SECS)
+        for _, data, _sts in stale:
+            # Looked up afresh so a pid freed (and reused) during the grace is spared.
+            _signal_stale(data, _stale_targets(data), signal.SIGKILL)
+
+    for path, data, sts in stale:
+        if sts:
+            logger.warning("reaped stale worker of plugin %s (pids %s)", data.get("plugin_id"),
+                           [st.pid for st in sts])
+            reaped.append(ReapedWorker(plugin_id=str(data.get("plugin_id", path.stem)),
+                                       pid=int(data["pid"]), pgid=int(data["pgid"]),
+                                       command=list(data.get("command") or []),
+                                       killed=tuple(st.pid for st in sts)))
+        _unlink(path)
+    return reaped

@@ -1,0 +1,52 @@
+"""Channel workers that ship with UGENT, and the list of installed channel kinds.
+
+A kind is installed when a worker module for it is known: the ones here, or
+any package that declares an entry point in the ``ugent.channel_workers``
+group (``channel-foo = "foo_plugin.worker"``). A worker module names its
+``KIND``, a one-line ``DESCRIPTION`` and the ``ENV_REFS`` it needs.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+
+log = logging.getLogger("ugent.plugins")
+
+BUILTIN = {"channel-echo": "plugins_app.channel.workers.echo"}
+
+
+@dataclass(frozen=True)
+class ChannelKind:
+    kind: str
+    module: str
+    description: str = ""
+    env_refs: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def command(self) -> str:
+        return "python"
+
+    @property
+    def args(self) -> list[str]:
+        return ["-m", self.module]
+
+
+def installed_kinds() -> dict[str, ChannelKind]:
+    found = dict(BUILTIN)
+    try:
+        for ep in entry_points(group="ugent.channel_workers"):
+            found.setdefault(ep.name, ep.value.split(":")[0])
+    except Exception:  # a broken third-party package must not hide the built-in kinds
+        log.exception("could not read ugent.channel_workers entry points")
+    out = {}
+    for kind, module in sorted(found.items()):
+        try:
+            mod = importlib.import_module(module)
+        except Exception as exc:
+            log.warning("channel kind %s: %s does not import (%s)", kind, module, exc)
+            continue
+        out[kind] = ChannelKind(kind, module, getattr(mod, "DESCRIPTION", ""),
+                                tuple(getattr(mod, "ENV_REFS", ())))
+    return out

@@ -1,0 +1,156 @@
+"""Embedded mode in one process: the ASGI server, a Celery worker on the in-process broker, and beat.
+
+    python manage.py rundaemon [--bind 127.0.0.1] [--port 8787] [--no-migrate]
+
+The ASGI server is uvicorn (httptools, uvloop): on the chat bench it costs about
+half of what daphne's Twisted HTTP stack did per request (docs/performance.md).
+SIGTERM/SIGINT stop it (open streams get SHUTDOWN_GRACE_SECONDS to end; clients
+resume them from the durable log); the worker and beat then drain and stop.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from contextlib import ExitStack
+
+import uvicorn
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+
+log = logging.getLogger("ugent.daemon")
+#: How long open requests (an SSE stream never ends by itself) may run on after SIGTERM/SIGINT.
+SHUTDOWN_GRACE_SECONDS = 3
+
+
+class Command(BaseCommand):
+    help = "Run UGENT in one process: the web API, the turn worker and the scheduler."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--bind", default=settings.UGENT_WEB_BIND)
+        parser.add_argument("--port", type=int, default=settings.UGENT_WEB_PORT)
+        parser.add_argument("--no-migrate", action="store_true", help="Do not apply migrations first.")
+        parser.add_argument("--concurrency", type=int, default=8, help="Turns that run at once.")
+        parser.add_argument("--no-beat", action="store_true")
+
+    def handle(self, *args, **opts):
+        import sys
+        # One process hosts the web loop, executor threads and the turn worker: hand the GIL over
+        # sooner than the default 5 ms so a woken thread does not wait out another's slice.
+        sys.setswitchinterval(0.0005)
+        # ...and keep those threads on one core (UGENT_CPU_AFFINITY, ugent_common/affinity.py).
+        from ugent_common import affinity
+        cpus = affinity.pin(settings.UGENT_CPU_AFFINITY)
+        if cpus is not None:
+            log.info("threads kept on CPU %s (UGENT_CPU_AFFINITY=%s)", ",".join(map(str, sorted(cpus))),
+                     settings.UGENT_CPU_AFFINITY)
+        if not opts["no_migrate"]:
+            call_command("migrate", interactive=False, verbosity=0)
+        from channels_app.runner import turns_recover_interrupted, turns_requeue_accepted
+        from plugins_app.agent.profiles import profiles_ensure_defaults
+        profiles_ensure_defaults()
+        self.ensure_operator_key()
+        from channels_app.streams import retention_schedule_ensure
+        retention_schedule_ensure()
+        interrupted = turns_recover_interrupted()
+        if interrupted:
+            log.warning("marked %d turn(s) interrupted: the process running them stopped", interrupted)
+
+        # Whatever has started stops again, last started first, however the start-up or the server ends.
+        stack = ExitStack()
+        try:
+            worker = self.start_worker(opts["concurrency"])
+            stack.callback(_quietly(lambda: worker.stop(in_sighandler=False), "the Celery worker"))
+            from channels_app import dispatch
+            # Turns accepted here run on this process's turn threads when the broker is in-process too
+            # (channels_app.dispatch.LocalTurnPool); with a Redis broker any worker may take them.
+            if not settings.REDIS_URL:
+                dispatch.local_turn_pool_start(opts["concurrency"])
+                stack.callback(_quietly(dispatch.local_turn_pool_stop, "the turn threads"))
+            if not (opts["no_beat"] or settings.REDIS_URL):
+                beat = self.start_beat()
+                stack.callback(_quietly(beat.stop, "beat"))
+            self.start_background_services(stack)
+            requeued = turns_requeue_accepted()
+            if requeued:
+                log.info("re-queued %d accepted turn(s)", requeued)
+            self.stdout.write(f"UGENT daemon ({settings.UGENT_MODE} mode) on "
+                              f"http://{opts['bind']}:{opts['port']}/v1")
+            self.stdout.flush()
+            self.run_http(opts["bind"], opts["port"])
+        finally:
+            self.stdout.write("UGENT daemon stopping")
+            stack.close()
+            self.stdout.write("UGENT daemon stopped")
+
+    def ensure_operator_key(self):
+        """A fresh install gets an operator key of its own, kept in var/ (mode 0600)."""
+        if settings.UGENT_WEB_API_KEY:
+            return
+        import os
+        import secrets
+        key = "ugk_" + secrets.token_urlsafe(32)
+        path = settings.UGENT_WEB_API_KEY_FILE
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(key + "\n")
+        settings.UGENT_WEB_API_KEY = key
+        self.stdout.write(f"Generated an operator API key (kept in {path}):\n  {key}")
+
+    def start_background_services(self, stack: ExitStack) -> None:
+        """Each app may offer long-running services (rule watcher, plugin supervisor): an AppConfig
+        method `background_services(mode)` returning objects with start() and stop()."""
+        from django.apps import apps
+        for app_config in apps.get_app_configs():
+            factory = getattr(app_config, "background_services", None)
+            if not callable(factory):
+                continue
+            for service in factory("embedded"):
+                service.start()
+                stack.callback(_quietly(service.stop, f"background service {service!r}"))
+
+    def start_worker(self, concurrency: int):
+        from ugent_site.celery import app
+        worker = app.WorkController(pool_cls="threads", concurrency=concurrency, loglevel="WARNING",
+                                    without_heartbeat=True, without_mingle=True, without_gossip=True,
+                                    hostname=f"embedded@{settings.UGENT_WEB_BIND}")
+        thread = threading.Thread(target=worker.start, name="celery-worker", daemon=True)
+        thread.start()
+        return worker
+
+    def start_beat(self):
+        from celery.beat import EmbeddedService
+
+        from ugent_site.celery import app
+        beat = EmbeddedService(app, thread=True, scheduler_cls=settings.CELERY_BEAT_SCHEDULER)
+        beat.start()
+        return beat
+
+    def run_http(self, bind: str, port: int):
+        """uvicorn on the settings' logging (log_config=None). No X-Forwarded-* rewriting: a proxy in
+        front is the operator's to configure, as with daphne, which never trusted them. ws="none":
+        the ASGI app routes no WebSocket yet; the live-call consumer will need ws="websockets"."""
+        from ugent_site.asgi import application
+        config = uvicorn.Config(application, host=bind, port=port, loop="uvloop", http="httptools", ws="none",
+                                lifespan="off", access_log=False, log_config=None, log_level="warning",
+                                server_header=False, proxy_headers=False,
+                                timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS)
+        _Server(config).run()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, minus re-raising SIGTERM/SIGINT once it has shut down: that would end the
+    process before rundaemon stops its turn threads, worker, beat and channel workers."""
+
+    def handle_exit(self, sig, frame):
+        super().handle_exit(sig, frame)
+        self._captured_signals.clear()
+
+
+def _quietly(stop, what):
+    def call():
+        try:
+            stop()
+        except Exception:
+            log.exception("failed to stop %s", what)
+    return call
