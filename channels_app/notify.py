@@ -102,7 +102,9 @@ class Waiter:
         if not self.event.is_set():
             # a timer that sets the event, not asyncio.wait_for: wait_for makes a task per wait,
             # which at a thousand readers was most of their CPU (docs/streams.md)
-            timer = self.loop.call_later(timeout, self.event.set)
+            # on the loop that waits: a waiter registered from another loop (the chat API's, inside
+            # the submitting transaction) may outlive that loop in a test client or a hand-over
+            timer = asyncio.get_running_loop().call_later(timeout, self.event.set)
             try:
                 await self.event.wait()
             finally:

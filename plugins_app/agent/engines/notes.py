@@ -438,7 +438,7 @@ def default_notes_folder() -> Path:
     workspace = os.environ.get("UGENT_WORKSPACE")
     if workspace:
         return Path(workspace).expanduser() / "notes"
-    return Path(__file__).resolve().parents[2] / "workspace" / "notes"
+    return Path(__file__).resolve().parents[3] / "workspace" / "notes"
 
 
 def tokenize_answer(text: str) -> List[str]:
