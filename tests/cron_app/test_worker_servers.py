@@ -106,24 +106,27 @@ def test_four_runs_on_two_worker_threads_all_finish_with_each_turn_once(tcast, c
         assert turns[0].finished_at <= turns[1].started_at
 
 
-def test_a_worker_killed_mid_run_leaves_nothing_waiting_and_the_next_worker_goes_on(tcast, cron_toml, worker):
-    job(cron_toml, "script:sleep=30|answer=one", "script:answer=two")
+def test_a_worker_killed_mid_run_leaves_nothing_waiting_and_the_runs_go_on_on_the_next(tcast, cron_toml, worker):
+    """Four runs, two threads, kill -9 while two turns run: after a restart the two runs whose steps
+    were still queued finish, each task's turn once; the two whose turns died with the worker end
+    failed with their turn's reason as soon as the hub ends those turns."""
+    job(cron_toml, "script:sleep=5|answer=first", "script:answer=second")
     worker.start()
-    run = services.cron_run_manual(job_name="work")
-    wait_for(lambda: Turn.objects.filter(state="running").exists(), "the first task's turn to run")
+    runs = [services.cron_run_manual(job_name="work") for _ in range(4)]
+    wait_for(lambda: Turn.objects.filter(state="running").count() == 2, "two turns to run")
     worker.kill9()
-    worker.start()  # a new worker: no step of the run is held anywhere, nothing sleeps on the turn
-    # the hub ends the turn the dead worker held (its sweep, as beat runs it); its after-turn
-    # hook queues the run's step, which the new worker takes
-    assert runner.turns_recover_interrupted(started_before=timezone.now()) == 1
-    wait_for(lambda: CronRun.objects.get(pk=run.pk).state in FINAL_RUN_STATES, "the run to end")
-    run.refresh_from_db()
-    assert (run.state, run.error) == ("failed", "task 't0' interrupted: the process running it stopped")
-    assert Turn.objects.filter(conversation_id=run.conversation_id).count() == 1  # t1 never started
-    # and the new worker runs a whole run
-    CronRun.objects.filter(pk=run.pk).update(state="failed")
-    job(cron_toml, "script:answer=one", "script:answer=two")
-    again = services.cron_run_manual(job_name="work")
-    wait_for(lambda: CronRun.objects.get(pk=again.pk).state in FINAL_RUN_STATES, "the second run to end")
-    again.refresh_from_db()
-    assert again.state == "completed" and again.result == "[t0]\none\n\n[t1]\ntwo"
+    dead = set(Turn.objects.filter(state="running").values_list("conversation_id", flat=True))
+    # the hub ends the turns the dead worker held (its sweep, as beat runs it); their after-turn
+    # hook queues the runs' steps, which the next worker takes
+    assert runner.turns_recover_interrupted(started_before=timezone.now()) == 2
+    worker.start()
+    wait_for(lambda: CronRun.objects.filter(state__in=FINAL_RUN_STATES).count() == 4, "the four runs to end")
+    for run in runs:
+        run.refresh_from_db()
+        turns = list(Turn.objects.filter(conversation_id=run.conversation_id).order_by("id"))
+        if run.conversation_id in dead:
+            assert (run.state, run.error) == ("failed", "task 't0' interrupted: the process running it stopped")
+            assert [t.state for t in turns] == ["interrupted"]  # t1 never started
+        else:
+            assert (run.state, run.result) == ("completed", "[t0]\nfirst\n\n[t1]\nsecond"), run.error
+            assert [t.state for t in turns] == ["completed", "completed"]  # each task's turn, once
