@@ -52,13 +52,13 @@ def make_rules(n: int, rng: random.Random) -> str:
 
 
 def bench_rules(n_rules: int, n_messages: int):
-    from rules_app.engine import Message, parse_rules
+    from rules_app.engine import MessageFacts, parse_rules
     rng = random.Random(7)
     text = make_rules(n_rules, rng)
     t0 = time.perf_counter()
     ruleset = parse_rules(text, source="bench", check=False, log=False).ruleset
     load_s = time.perf_counter() - t0
-    messages = [Message(text=" ".join(rng.choice(WORDS) for _ in range(rng.randrange(3, 12))),
+    messages = [MessageFacts(text=" ".join(rng.choice(WORDS) for _ in range(rng.randrange(3, 12))),
                         channel=rng.choice(CHANNELS), source_type=rng.choice(["user", "group", "room"]),
                         user_id=f"U{rng.randrange(20000)}", conversation_id=f"c{rng.randrange(500)}",
                         input_mode=rng.choice([None, None, "voice"])) for _ in range(n_messages)]
@@ -100,7 +100,7 @@ def bench_path(n: int):
     with mock.patch("channels_app.tasks.run_turn.delay"):
         for i in range(n + 20):
             s = time.perf_counter()
-            services.message_submit(inbound=services.InboundMessage(actor=actor, caller=caller, text=f"hi {i}",
+            services.message_submit(inbound=services.Submission(actor=actor, caller=caller, text=f"hi {i}",
                                                                     conversation_id="c1"))
             if i >= 20:
                 lat.append(time.perf_counter() - s)

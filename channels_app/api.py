@@ -170,7 +170,7 @@ def _submit(principal, data: dict, on_turn=None):
     actor = services.actor_resolve(caller=principal.caller, user=data.get("user"),
                                    federation_issuer=data.get("federation_issuer"),
                                    federation_subject=data.get("federation_subject"))
-    inbound = services.InboundMessage(
+    inbound = services.Submission(
         actor=actor, caller=principal.caller, text=last_user_text(data["messages"]), channel="web",
         client_id=data.get("client_id") or "", conversation_id=data.get("conversation_id"),
         client_message_id=data.get("client_message_id"), turn_id=data.get("turn_id"),

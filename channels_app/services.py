@@ -123,7 +123,7 @@ def conversation_resolve(*, channel: str, client_id: str, external_id: str | Non
 # --- the message -------------------------------------------------------------
 
 @dataclass
-class InboundMessage:
+class Submission:
     """A message on the one path, normalised from the web API or a channel worker."""
 
     actor: Actor
@@ -154,7 +154,7 @@ class InboundMessage:
 
 
 @dataclass
-class SubmitResult:
+class SubmissionResult:
     receipt: Receipt
     turn: Turn
     conversation: Conversation
@@ -197,7 +197,7 @@ def receipt_summary(receipt: Receipt, turn: Turn | None = None) -> dict:
     return out
 
 
-def _duplicate(conversation: Conversation, inbound: InboundMessage) -> DuplicateMessage:
+def _duplicate(conversation: Conversation, inbound: Submission) -> DuplicateMessage:
     first = (Receipt.objects.select_related("conversation").filter(
         conversation=conversation, client_message_id=inbound.client_message_id).first())
     if first is None:  # the conflict was the turn_id, not the message
@@ -219,7 +219,7 @@ def _duplicate(conversation: Conversation, inbound: InboundMessage) -> Duplicate
                             receipt=first, turn=turn)
 
 
-def message_submit(*, inbound: InboundMessage, profile=None, on_turn=None) -> SubmitResult:
+def message_submit(*, inbound: Submission, profile=None, on_turn=None) -> SubmissionResult:
     """Accept one message: receipt once only, hooks before the agent, then the turn (a Celery task).
 
     Raises ApplicationError (403 not theirs, 409 duplicate, 400 bad model) having changed nothing:
@@ -263,8 +263,8 @@ def _receipt_exists(conversation_pk: int, client_message_id: str) -> bool:
                          f"{t.col('client_message_id')} = %s", [conversation_pk, client_message_id]) is not None
 
 
-def _submit_locked(inbound: InboundMessage, conversation: Conversation, created: bool, profile,
-                   on_turn=None) -> SubmitResult:
+def _submit_locked(inbound: Submission, conversation: Conversation, created: bool, profile,
+                   on_turn=None) -> SubmissionResult:
     receipt = rows.table(Receipt).create(
         conversation=conversation, actor=inbound.actor,
         client_message_id=inbound.client_message_id or f"msg-{uuid.uuid4().hex}",
@@ -299,7 +299,7 @@ def _submit_locked(inbound: InboundMessage, conversation: Conversation, created:
                  data=user_event, new_turn=True)
     if on_turn is not None:
         on_turn(turn)
-    result = SubmitResult(receipt=receipt, turn=turn, conversation=conversation, stopped=stop)
+    result = SubmissionResult(receipt=receipt, turn=turn, conversation=conversation, stopped=stop)
     if stop is not None:
         turn_finish_without_agent(turn=turn, stop=stop)
     else:

@@ -536,8 +536,8 @@ def _run_step(run: CronRun) -> str:
 def _task_submit(run: CronRun, task: CronTask, entry: dict, *, actor, caller, limits) -> Optional[str]:
     """Submit a task's prompt on the one message path; its deadline is armed once this step commits.
     Returns why it could not start, or None."""
-    from channels_app.services import DuplicateMessage, InboundMessage, message_submit
-    inbound = InboundMessage(
+    from channels_app.services import DuplicateMessage, Submission, message_submit
+    inbound = Submission(
         actor=actor, caller=caller, text=_prompt_for(run, task), channel=conf.CRON_CHANNEL,
         conversation_id=run.conversation.external_id, client_message_id=_client_message_id(run, task),
         model=task.model or None, source_type="user", **limits)

@@ -104,7 +104,7 @@ class RuleSetAdmin(admin.ModelAdmin):
         explanation = None
         if request.method == "POST" and form.is_valid():
             d = form.cleaned_data
-            msg = engine.Message(text=d["text"], channel=d["channel"] or None, source_type=d["source_type"] or None,
+            msg = engine.MessageFacts(text=d["text"], channel=d["channel"] or None, source_type=d["source_type"] or None,
                                  user_id=d["user_id"] or None, conversation_id=d["conversation_id"] or None,
                                  input_mode=d["input_mode"] or None)
             explanation = runtime.ruleset().explain(msg)

@@ -3,7 +3,7 @@
 Pure Python; imports nothing from Django. The file's shape is declared once, as
 pydantic specs (``RulesFileSpec`` and below), checked at load and compiled into
 plain objects, so evaluation never touches pydantic. The Django side (hooks, admin,
-management command) builds on :func:`parse_rules`, :class:`RuleSet` and the
+management command) builds on :func:`parse_rules`, :class:`CompiledRuleSet` and the
 string constants below, which are the contract of the rule engine spec and
 must not be reworded.
 
@@ -99,7 +99,7 @@ class RuleSetError(Exception):
 
 
 @dataclass(frozen=True)
-class Message:
+class MessageFacts:
     """The facts a condition can match. ``None`` means the message does not carry the field."""
 
     text: Optional[str] = None
@@ -151,11 +151,11 @@ class ConditionTrace:
 class Condition:
     """A compiled condition. Subclasses are immutable and built once per load."""
 
-    def matches(self, message: Message) -> bool:  # pragma: no cover - abstract
+    def matches(self, message: MessageFacts) -> bool:  # pragma: no cover - abstract
         """Return True when the condition holds for ``message``."""
         raise NotImplementedError
 
-    def trace(self, message: Message) -> ConditionTrace:  # pragma: no cover - abstract
+    def trace(self, message: MessageFacts) -> ConditionTrace:  # pragma: no cover - abstract
         """Return a full (non short-circuiting) trace of the condition on ``message``."""
         raise NotImplementedError
 
@@ -176,13 +176,13 @@ class _FieldCondition(Condition):
     def _test(self, folded: str) -> bool:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def matches(self, message: Message) -> bool:
+    def matches(self, message: MessageFacts) -> bool:
         value = message.get(self.field)
         if value is None:
             return False
         return self._test(_fold(value))
 
-    def trace(self, message: Message) -> ConditionTrace:
+    def trace(self, message: MessageFacts) -> ConditionTrace:
         value = message.get(self.field)
         if value is None:
             return ConditionTrace(self.describe(), False, note=f"message has no {self.field}")
@@ -240,10 +240,10 @@ class AllOf(Condition):
     def __init__(self, items: Sequence[Condition]):
         self.items = tuple(items)
 
-    def matches(self, message: Message) -> bool:
+    def matches(self, message: MessageFacts) -> bool:
         return all(c.matches(message) for c in self.items)
 
-    def trace(self, message: Message) -> ConditionTrace:
+    def trace(self, message: MessageFacts) -> ConditionTrace:
         kids = tuple(c.trace(message) for c in self.items)
         return ConditionTrace(self.describe(), all(k.held for k in kids), kids)
 
@@ -257,10 +257,10 @@ class AnyOf(Condition):
     def __init__(self, items: Sequence[Condition]):
         self.items = tuple(items)
 
-    def matches(self, message: Message) -> bool:
+    def matches(self, message: MessageFacts) -> bool:
         return any(c.matches(message) for c in self.items)
 
-    def trace(self, message: Message) -> ConditionTrace:
+    def trace(self, message: MessageFacts) -> ConditionTrace:
         kids = tuple(c.trace(message) for c in self.items)
         return ConditionTrace(self.describe(), any(k.held for k in kids), kids)
 
@@ -274,10 +274,10 @@ class Not(Condition):
     def __init__(self, inner: Condition):
         self.inner = inner
 
-    def matches(self, message: Message) -> bool:
+    def matches(self, message: MessageFacts) -> bool:
         return not self.inner.matches(message)
 
-    def trace(self, message: Message) -> ConditionTrace:
+    def trace(self, message: MessageFacts) -> ConditionTrace:
         kid = self.inner.trace(message)
         return ConditionTrace(self.describe(), not kid.held, (kid,))
 
@@ -291,10 +291,10 @@ class Always(Condition):
     def __init__(self, value: bool):
         self.value = value
 
-    def matches(self, message: Message) -> bool:
+    def matches(self, message: MessageFacts) -> bool:
         return self.value
 
-    def trace(self, message: Message) -> ConditionTrace:
+    def trace(self, message: MessageFacts) -> ConditionTrace:
         return ConditionTrace(self.describe(), self.value)
 
     def describe(self) -> str:
@@ -351,7 +351,7 @@ def describe_decision(decision: Decision) -> str:
 
 
 @dataclass(frozen=True)
-class Rule:
+class CompiledRule:
     """One compiled rule. ``index`` is its position in the file (for tie-breaking)."""
 
     name: str
@@ -360,7 +360,7 @@ class Rule:
     decision: Decision
     index: int
 
-    def matches(self, message: Message) -> bool:
+    def matches(self, message: MessageFacts) -> bool:
         """Return True when this rule's condition holds for ``message``."""
         return self.condition.matches(message)
 
@@ -377,7 +377,7 @@ class DroppedRule:
 class Match:
     """The result of evaluating a message: the deciding rule (or None) and its decision."""
 
-    rule: Optional[Rule]
+    rule: Optional[CompiledRule]
     decision: Decision
     refused: bool = False  # True when a broken file is in force under on_error = "closed"
 
@@ -398,9 +398,9 @@ class Match:
 
 @dataclass(frozen=True)
 class RuleTrace:
-    """How one rule fared in :meth:`RuleSet.explain`."""
+    """How one rule fared in :meth:`CompiledRuleSet.explain`."""
 
-    rule: Rule
+    rule: CompiledRule
     matched: bool
     reached: bool  # False for rules after the deciding one: they were never tried
     condition: ConditionTrace
@@ -410,13 +410,13 @@ class RuleTrace:
 class Explanation:
     """Which rule decides a message and which conditions held or failed."""
 
-    message: Message
+    message: MessageFacts
     match: Match
     rules: tuple[RuleTrace, ...]
     error: Optional[str] = None
 
     @property
-    def decided_by(self) -> Optional[Rule]:
+    def decided_by(self) -> Optional[CompiledRule]:
         """The deciding rule, or None when no rule matched."""
         return self.match.rule
 
@@ -442,28 +442,28 @@ class Explanation:
         return out
 
 
-class RuleSet:
+class CompiledRuleSet:
     """An immutable, compiled set of rules, sorted once for evaluation."""
 
     def __init__(
         self,
-        rules: Iterable[Rule] = (),
+        rules: Iterable[CompiledRule] = (),
         *,
         source: Optional[str] = None,
         closed_error: Optional[str] = None,
     ):
         # sorted() is stable, so ties keep file order.
-        self.rules: tuple[Rule, ...] = tuple(sorted(rules, key=lambda r: (-r.priority, r.index)))
+        self.rules: tuple[CompiledRule, ...] = tuple(sorted(rules, key=lambda r: (-r.priority, r.index)))
         self.source = source
         self.closed_error = closed_error
 
     @classmethod
-    def empty(cls) -> "RuleSet":
+    def empty(cls) -> "CompiledRuleSet":
         """A rule set with no rules: every message goes to the agent."""
         return cls()
 
     @classmethod
-    def closed(cls, error: str, *, source: Optional[str] = None) -> "RuleSet":
+    def closed(cls, error: str, *, source: Optional[str] = None) -> "CompiledRuleSet":
         """A rule set that refuses every message (broken file under ``on_error = "closed"``)."""
         return cls((), source=source, closed_error=error)
 
@@ -475,7 +475,7 @@ class RuleSet:
     def __len__(self) -> int:
         return len(self.rules)
 
-    def evaluate(self, message: Message) -> Match:
+    def evaluate(self, message: MessageFacts) -> Match:
         """Return the first matching rule in priority order, or a pass-through Match."""
         if self.closed_error is not None:
             return Match(None, Ignore(), refused=True)
@@ -484,7 +484,7 @@ class RuleSet:
                 return Match(rule, rule.decision)
         return Match(None, PassToDefaultAgent())
 
-    def explain(self, message: Message) -> Explanation:
+    def explain(self, message: MessageFacts) -> Explanation:
         """Evaluate ``message`` and trace every rule's condition (for a "test a message" page)."""
         match = self.evaluate(message)
         traces = []
@@ -498,7 +498,7 @@ class RuleSet:
 
     def dry_run(self, text: str, *, channel: str = DRY_RUN_CHANNEL) -> str:
         """Return the ``[dry-run]`` line for ``text`` tested as channel ``cli``, source type user."""
-        match = self.evaluate(Message(text=text, channel=channel, source_type=DRY_RUN_SOURCE_TYPE))
+        match = self.evaluate(MessageFacts(text=text, channel=channel, source_type=DRY_RUN_SOURCE_TYPE))
         if match.rule is not None:
             return DRY_RUN_MATCHED.format(name=match.rule.name)
         return DRY_RUN_NO_MATCH.format(text=text)
@@ -508,11 +508,11 @@ class RuleSet:
 class LoadResult:
     """What :func:`parse_rules` kept and dropped."""
 
-    ruleset: RuleSet
+    ruleset: CompiledRuleSet
     dropped: list[DroppedRule] = dc_field(default_factory=list)
 
     @property
-    def rules(self) -> tuple[Rule, ...]:
+    def rules(self) -> tuple[CompiledRule, ...]:
         """The rules kept, in evaluation order."""
         return self.ruleset.rules
 
@@ -527,7 +527,7 @@ class LoadResult:
 # --------------------------------------------------------------------------
 #
 # Validation happens at load only: the specs below check the file and are then compiled into
-# the Condition/Rule/decision objects, so evaluation never touches pydantic. Keys the engine does
+# the Condition/CompiledRule/decision objects, so evaluation never touches pydantic. Keys the engine does
 # not know are ignored (the seed: "enabled = false leaves a rule live"), so every spec is
 # ``extra="ignore"``; types are strict, so ``priority = "1"`` is refused rather than read as 1.
 
@@ -795,7 +795,7 @@ def parse_rules(
     except ValidationError as exc:
         raise RuleSetError(f"{src}: {first_error(exc, data=doc, labels=_LABELS)}") from None
 
-    kept: list[Rule] = []
+    kept: list[CompiledRule] = []
     dropped: list[DroppedRule] = []
     seen: dict[str, int] = {}
     for i, rule in enumerate(spec.rules):
@@ -810,12 +810,12 @@ def parse_rules(
             if problem is not None:
                 dropped.append(DroppedRule(rule.name, problem))
                 continue
-        kept.append(Rule(rule.name, rule.priority, rule.match.compile(), decision, i))
+        kept.append(CompiledRule(rule.name, rule.priority, rule.match.compile(), decision, i))
 
     if log:
         for d in dropped:
             logger.error(LOG_RULE_DROPPED, d.name, d.reason)
-    return LoadResult(RuleSet(kept, source=src), dropped)
+    return LoadResult(CompiledRuleSet(kept, source=src), dropped)
 
 
 def load_rules_file(

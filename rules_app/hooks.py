@@ -25,9 +25,9 @@ CLOSED_DECIDED_BY = "rule engine (on_error = closed)"
 INTERNAL_CHANNELS = frozenset({"cron"})
 
 
-def message_from(ctx: HookContext) -> engine.Message:
+def message_from(ctx: HookContext) -> engine.MessageFacts:
     """The facts a rule can match; an empty field is a field the message does not carry."""
-    return engine.Message(text=ctx.text, channel=ctx.channel or None, source_type=ctx.source_type or None,
+    return engine.MessageFacts(text=ctx.text, channel=ctx.channel or None, source_type=ctx.source_type or None,
                           user_id=ctx.user_id or None, conversation_id=ctx.conversation_id or None,
                           input_mode=ctx.input_mode or None)
 

@@ -104,12 +104,12 @@ class Rule(TimeStamped):
             return str(self.decision)
         return {str(self.decision): dict(self.params or {})}
 
-    def compile(self, index: int) -> tuple[engine.Rule, str | None]:
+    def compile(self, index: int) -> tuple[engine.CompiledRule, str | None]:
         """The engine rule and its load-time problem (a drop reason) or None; raises RuleSetError."""
         where = f"rule '{self.name}'"
         condition = engine.compile_condition(self.condition, where=f"{where}.match")
         decision, problem = engine.parse_decision(self.raw_decision(), f"{where}.decision")
-        return engine.Rule(self.name, self.priority, condition, decision, index), problem
+        return engine.CompiledRule(self.name, self.priority, condition, decision, index), problem
 
     def clean(self):
         errors = {}

@@ -26,7 +26,7 @@ from pydantic_core import PydanticCustomError
 
 from ugent_common.validation import StrList, first_error, type_name
 
-from .engine import FIELDS, Condition, ConditionSpec, Message, RuleSetError
+from .engine import FIELDS, Condition, ConditionSpec, MessageFacts, RuleSetError
 
 logger = logging.getLogger("ugent.routing")
 
@@ -100,7 +100,7 @@ class RoutingOutcome:
             return tools
         return [t for t in tools if t in self.allowed_tools]
 
-    def apply(self, message: Message) -> Message:
+    def apply(self, message: MessageFacts) -> MessageFacts:
         """``message`` with its text replaced by the rewritten text (what the rule engine sees)."""
         return dataclasses.replace(message, text=self.text)
 
@@ -115,7 +115,7 @@ class RoutingTable:
     def __len__(self) -> int:
         return len(self.routes)
 
-    def route(self, message: Message) -> RoutingOutcome:
+    def route(self, message: MessageFacts) -> RoutingOutcome:
         """Apply every matching route to ``message`` in order and return the outcome.
 
         Each route's condition sees the text as rewritten by the routes before

@@ -22,7 +22,7 @@ from django.db import DatabaseError, close_old_connections, connection, transact
 from rules_app import conf
 from rules_app.discovery import (Discovery, discover_routing_file, discover_rules_file,
                                  is_inside, rules_on_error)
-from rules_app.engine import LoadResult, RuleSet, RuleSetError, StartWorkflow, parse_rules
+from rules_app.engine import CompiledRuleSet, LoadResult, RuleSetError, StartWorkflow, parse_rules
 from rules_app.routing import (LOG_ROUTING_FAILED, LOG_ROUTING_LOADED, RoutingError, RoutingTable,
                                load_routing_file)
 from rules_app.watcher import RuleEngineHolder, _signature
@@ -76,7 +76,7 @@ class DjangoRuleEngineHolder(RuleEngineHolder):
 
     # -- loading, with what the base class does not keep ---------------------------------
 
-    def _load(self, path: Path) -> RuleSet:
+    def _load(self, path: Path) -> CompiledRuleSet:
         self._db_step()
         try:
             text = path.read_text(encoding="utf-8")
@@ -87,7 +87,7 @@ class DjangoRuleEngineHolder(RuleEngineHolder):
         self.last_raw = tomllib.loads(text).get("rules", [])
         return result.ruleset
 
-    def start(self) -> RuleSet:
+    def start(self) -> CompiledRuleSet:
         ruleset = super().start()
         if self.path is None:
             self._set_no_file_status()
@@ -245,7 +245,7 @@ class Runtime:
         self._admin_key = None
         self._admin_rules: tuple = ()
         self._combined_key = None
-        self._combined = RuleSet.empty()
+        self._combined = CompiledRuleSet.empty()
 
     def ensure(self) -> DjangoRuleEngineHolder:
         with self._lock:
@@ -290,7 +290,7 @@ class Runtime:
         self._admin_key, self._admin_rules = key, tuple(compiled)
         return self._admin_rules
 
-    def ruleset(self) -> RuleSet:
+    def ruleset(self) -> CompiledRuleSet:
         """The rules in force in this process now: the file's, then the admin's."""
         from rules_app.selectors import rule_set_versions
         holder = self.ensure()
@@ -307,7 +307,7 @@ class Runtime:
                 if file_rules.is_closed:
                     self._combined = file_rules
                 else:
-                    self._combined = RuleSet((*file_rules.rules, *admin), source=file_rules.source)
+                    self._combined = CompiledRuleSet((*file_rules.rules, *admin), source=file_rules.source)
                 self._combined_key = key
             return self._combined
 
@@ -318,7 +318,7 @@ class Runtime:
             self.routing = None
             self.watch = None
             self._admin_key, self._admin_rules = None, ()
-            self._combined_key, self._combined = None, RuleSet.empty()
+            self._combined_key, self._combined = None, CompiledRuleSet.empty()
         if holder is not None:
             holder.stop()
         from ugent_common.config import reset_caches

@@ -40,8 +40,8 @@ from .engine import (
     LOG_WATCH_DISABLED,
     Explanation,
     Match,
-    Message,
-    RuleSet,
+    MessageFacts,
+    CompiledRuleSet,
     RuleSetError,
     WorkflowCheck,
     load_rules_file,
@@ -63,7 +63,7 @@ def _signature(path: Path) -> Optional[tuple[int, int, int]]:
 
 
 class RuleEngineHolder:
-    """Thread-safe owner of the current :class:`RuleSet` and of the watcher thread."""
+    """Thread-safe owner of the current :class:`CompiledRuleSet` and of the watcher thread."""
 
     def __init__(
         self,
@@ -87,7 +87,7 @@ class RuleEngineHolder:
         self.poll_interval = poll_interval
         self.debounce_ms = debounce_ms
         self._lock = threading.RLock()
-        self._ruleset = RuleSet.empty()
+        self._ruleset = CompiledRuleSet.empty()
         self._path: Optional[Path] = None
         self._pollable = True
         self._loaded_sig: Optional[tuple[int, int, int]] = None
@@ -121,7 +121,7 @@ class RuleEngineHolder:
     # -- state ---------------------------------------------------------------
 
     @property
-    def ruleset(self) -> RuleSet:
+    def ruleset(self) -> CompiledRuleSet:
         """The rule set in force now."""
         with self._lock:
             return self._ruleset
@@ -137,11 +137,11 @@ class RuleEngineHolder:
         """True when a rules file is loaded and watched for edits."""
         return self.path is not None
 
-    def evaluate(self, message: Message) -> Match:
+    def evaluate(self, message: MessageFacts) -> Match:
         """Evaluate ``message`` against the rule set in force."""
         return self.ruleset.evaluate(message)
 
-    def explain(self, message: Message) -> Explanation:
+    def explain(self, message: MessageFacts) -> Explanation:
         """Explain how the rule set in force decides ``message``."""
         return self.ruleset.explain(message)
 
@@ -159,7 +159,7 @@ class RuleEngineHolder:
                     logger.warning(w)
             self._last_warnings = found.warnings
 
-    def _load(self, path: Path) -> RuleSet:
+    def _load(self, path: Path) -> CompiledRuleSet:
         return load_rules_file(path, workflow_check=self._workflow_check).ruleset
 
     def _first_load(self, path: Path) -> None:
@@ -170,10 +170,10 @@ class RuleEngineHolder:
             self.last_error = str(exc)
             if self.on_error == ON_ERROR_CLOSED:
                 logger.error("%s (error=%s)", LOG_FAILED_LOAD_CLOSED, exc)
-                ruleset = RuleSet.closed(str(exc), source=str(path))
+                ruleset = CompiledRuleSet.closed(str(exc), source=str(path))
             else:
                 logger.error("%s (error=%s)", LOG_FAILED_LOAD, exc)
-                ruleset = RuleSet.empty()
+                ruleset = CompiledRuleSet.empty()
         else:
             self.last_error = None
             logger.info(LOG_RULE_SET_LOADED, len(ruleset))
@@ -182,7 +182,7 @@ class RuleEngineHolder:
             self._path = path
             self._loaded_sig = sig
 
-    def start(self) -> RuleSet:
+    def start(self) -> CompiledRuleSet:
         """Discover and load the rules file once, as at daemon start. Returns the rule set in force.
 
         A file that cannot be read or parsed logs ``failed to load rule set —
@@ -196,7 +196,7 @@ class RuleEngineHolder:
             self._pollable = found.pollable
         if found.path is None:
             with self._lock:
-                self._ruleset = RuleSet.empty()
+                self._ruleset = CompiledRuleSet.empty()
                 self._path = None
                 self._loaded_sig = None
             logger.info(LOG_WATCH_DISABLED)

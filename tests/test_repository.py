@@ -50,3 +50,16 @@ def test_no_test_module_skips_itself():
     offenders = [f"{p.relative_to(ROOT)}:{n}" for p in tracked("tests/*.py")
                  for n, line in enumerate(p.read_text().splitlines(), 1) if skip.search(line)]
     assert offenders == []
+
+
+def test_each_of_the_once_doubled_class_names_has_one_meaning():
+    """InboundMessage (the SDK's wire message) vs the hub's Submission, OutboundDelivery (the row) vs
+    the SDK's Delivery, the rule engine's MessageFacts/CompiledRule/CompiledRuleSet vs the models."""
+    names = {"InboundMessage", "OutboundDelivery", "Message", "Rule", "RuleSet", "SubmitResult"}
+    defined: dict[str, list[str]] = {}
+    for p in tracked("channels_app/*.py", "rules_app/*.py", "cron_app/*.py", "plugins_app/*.py", "ugent_common/*.py",
+                     "ugent_site/*.py"):
+        for m in re.finditer(r"^class (\w+)\b", p.read_text(), flags=re.M):
+            if m.group(1) in names:
+                defined.setdefault(m.group(1), []).append(str(p.relative_to(ROOT)))
+    assert {n: w for n, w in defined.items() if len(w) > 1} == {}

@@ -20,7 +20,7 @@ from plugins_app.channel import conf, services
 from plugins_app.channel.bridge import HostUnavailable, Hub, MediaNotFound, MediaTooLarge, UnknownDelivery
 from plugins_app.channel.models import OutboundDelivery, Plugin, PluginMedia
 from plugins_app.channel.sdk.messages import Attachment, Media
-from plugins_app.channel.sdk.messages import OutboundDelivery as WireDelivery
+from plugins_app.channel.sdk.messages import Delivery as WireDelivery
 
 log = logging.getLogger("ugent.plugins")
 

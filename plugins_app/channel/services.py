@@ -95,7 +95,7 @@ def inbound_submit(*, plugin_id: str, message) -> dict:
     answers ``duplicate: true``. Returns the ``inbound.submit`` result.
     """
     from channels_app.errors import ApplicationError
-    from channels_app.services import (DuplicateMessage, InboundMessage, channel_actor_resolve,
+    from channels_app.services import (DuplicateMessage, Submission, channel_actor_resolve,
                                        message_submit)
     plugin = Plugin.objects.filter(plugin_id=plugin_id).first()
     if plugin is None:
@@ -110,7 +110,7 @@ def inbound_submit(*, plugin_id: str, message) -> dict:
         return {"accepted": False, "duplicate": False, "reason": SENDER_NOT_ALLOWED}
     actor = channel_actor_resolve(channel=channel, user_id=message.sender_id,
                                   display_name=message.sender_name or "")
-    inbound = InboundMessage(
+    inbound = Submission(
         actor=actor, text=message.text, channel=channel, caller=None, client_id=plugin.plugin_id,
         conversation_id=message.conversation_id, client_message_id=message.message_id,
         source_type=message.source_type, attachments=[a.to_dict() for a in message.attachments],

@@ -117,7 +117,7 @@ def test_a_channel_workers_text_is_checked_on_the_one_path_too(tcast):
     before = counts()
     for text in ("\ud800", "a\x00"):
         with pytest.raises(ApplicationError) as exc:
-            services.message_submit(inbound=services.InboundMessage(actor=actor, text=text, channel="echo",
+            services.message_submit(inbound=services.Submission(actor=actor, text=text, channel="echo",
                                                                     conversation_id="chat-1"))
         assert exc.value.status == 400 and exc.value.code == "invalid_content"
     assert counts() == before

@@ -164,7 +164,7 @@ def test_an_in_flight_repeat_is_duplicate_in_flight(tcast):
     from unittest import mock
     with mock.patch("channels_app.tasks.run_turn.delay") as delay:  # the worker has not picked it up yet
         actor = services.actor_resolve(caller=tcast.operator, user="alice")
-        services.message_submit(inbound=services.InboundMessage(
+        services.message_submit(inbound=services.Submission(
             actor=actor, caller=tcast.operator, text="once", conversation_id="c1", client_message_id="m1"))
     assert delay.call_count == 1
     resp = chat(tcast.alice, "once", conversation_id="c1", client_message_id="m1")

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def submit(actor, text, **kw):
-    return services.message_submit(inbound=services.InboundMessage(actor=actor, text=text, **kw))
+    return services.message_submit(inbound=services.Submission(actor=actor, text=text, **kw))
 
 
 def test_a_group_chat_on_a_plugin_channel_takes_every_senders_messages(tcast):

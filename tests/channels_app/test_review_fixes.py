@@ -65,7 +65,7 @@ def test_an_emptied_log_still_knows_how_far_it_went(tcast):
 def test_an_accepted_turn_whose_task_was_lost_is_queued_again(tcast):
     actor = services.actor_resolve(caller=tcast.operator, user="alice")
     with mock.patch("channels_app.tasks.run_turn.delay"):  # the broker swallowed it
-        result = services.message_submit(inbound=services.InboundMessage(actor=actor, caller=tcast.operator,
+        result = services.message_submit(inbound=services.Submission(actor=actor, caller=tcast.operator,
                                                                          text="hello"))
     Turn.objects.filter(pk=result.turn.pk).update(created_at=timezone.now() - timedelta(minutes=5))
     runner.turns_sweep_stale()  # eager Celery in tests: the re-queued task runs now

@@ -28,7 +28,7 @@ def pool():
 
 def _submit(tcast, text="hello"):
     actor = services.actor_resolve(caller=tcast.operator, user="alice")
-    return services.message_submit(inbound=services.InboundMessage(actor=actor, caller=tcast.operator, text=text))
+    return services.message_submit(inbound=services.Submission(actor=actor, caller=tcast.operator, text=text))
 
 
 def _wait_for(predicate, timeout=10.0):

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def running_turn(tcast, text="hi", started_ago=0, lease_in=20.0, streamed=()):
     actor = services.actor_resolve(caller=tcast.operator, user="alice")
     with mock.patch("channels_app.tasks.run_turn.delay"):
-        result = services.message_submit(inbound=services.InboundMessage(actor=actor, caller=tcast.operator,
+        result = services.message_submit(inbound=services.Submission(actor=actor, caller=tcast.operator,
                                                                          text=text))
     now = timezone.now()
     started = now - timedelta(seconds=started_ago)
@@ -94,7 +94,7 @@ def test_the_lease_keeper_renews_the_turns_it_holds_and_ends_one_past_its_limit(
 def test_the_sweep_abandons_accepted_turns_past_their_queue_deadline(tcast, settings):
     actor = services.actor_resolve(caller=tcast.operator, user="alice")
     with mock.patch("channels_app.tasks.run_turn.delay"):
-        old, new = (services.message_submit(inbound=services.InboundMessage(actor=actor, caller=tcast.operator,
+        old, new = (services.message_submit(inbound=services.Submission(actor=actor, caller=tcast.operator,
                                                                            text=t)) for t in ("old", "new"))
     Turn.objects.filter(pk=old.turn.pk).update(
         created_at=timezone.now() - timedelta(seconds=settings.UGENT_TURN_QUEUE_TIMEOUT + 1))
@@ -109,7 +109,7 @@ def test_the_sweep_abandons_accepted_turns_past_their_queue_deadline(tcast, sett
 def test_lost_turns_are_dispatched_again_only_when_the_broker_queue_cannot_hold_them(tcast, settings, monkeypatch):
     actor = services.actor_resolve(caller=tcast.operator, user="alice")
     with mock.patch("channels_app.tasks.run_turn.delay"):
-        lost = services.message_submit(inbound=services.InboundMessage(actor=actor, caller=tcast.operator,
+        lost = services.message_submit(inbound=services.Submission(actor=actor, caller=tcast.operator,
                                                                       text="lost"))
     Turn.objects.filter(pk=lost.turn.pk).update(
         created_at=timezone.now() - timedelta(seconds=settings.UGENT_TURN_REQUEUE_SECONDS + 1))

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def accepted_turn(tcast, text="hi"):
     actor = services.actor_resolve(caller=tcast.operator, user="alice")
     with mock.patch("channels_app.tasks.run_turn.delay"):
-        result = services.message_submit(inbound=services.InboundMessage(actor=actor, caller=tcast.operator,
+        result = services.message_submit(inbound=services.Submission(actor=actor, caller=tcast.operator,
                                                                          text=text))
     return Turn.objects.select_related("actor").get(pk=result.turn.pk)
 

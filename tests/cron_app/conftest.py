@@ -85,8 +85,8 @@ def no_enqueue(monkeypatch):
 
 
 def submit(actor, text, *, channel="web", conversation_id=None, caller=None, client_id="", **limits):
-    from channels_app.services import InboundMessage, message_submit
-    return message_submit(inbound=InboundMessage(actor=actor, caller=caller, text=text, channel=channel,
+    from channels_app.services import Submission, message_submit
+    return message_submit(inbound=Submission(actor=actor, caller=caller, text=text, channel=channel,
                                                  client_id=client_id, conversation_id=conversation_id, **limits))
 
 

@@ -66,7 +66,7 @@ def test_a_sender_outside_allowed_senders_is_refused_before_anything_runs_and_lo
 
 def test_a_web_turn_queues_no_delivery(tcast):
     make_plugin()
-    from channels_app.services import InboundMessage as Hubmsg, actor_resolve, message_submit
+    from channels_app.services import Submission as Hubmsg, actor_resolve, message_submit
     actor = actor_resolve(caller=tcast.operator, user="alice")
     message_submit(inbound=Hubmsg(actor=actor, text="hi", caller=tcast.operator, conversation_id="echo-main"))
     assert OutboundDelivery.objects.count() == 0

@@ -24,7 +24,7 @@ from plugins_app.channel.sdk import (
     InboundMessage,
     Media,
     MessageValidationError,
-    OutboundDelivery,
+    Delivery,
     Outbox,
     RpcClient,
 )
@@ -68,7 +68,7 @@ class FileChannelWorker(ChannelWorker):
         self.check_sends = check_sends
         self.begin_marker = begin_marker
         self.submit_results: list = []
-        self.delivered: list[OutboundDelivery] = []
+        self.delivered: list[Delivery] = []
 
     def listen(self, submit):
         for item in self.inbox:
@@ -379,8 +379,8 @@ def test_media_goes_through_the_host_both_ways(bridge, tmp_path):
 # -- the outbox --------------------------------------------------------------------------
 
 
-def _delivery(delivery_id="d-1", attempt=1) -> OutboundDelivery:
-    return OutboundDelivery(delivery_id=delivery_id, conversation_id="chat-1", text="hi", attempt=attempt)
+def _delivery(delivery_id="d-1", attempt=1) -> Delivery:
+    return Delivery(delivery_id=delivery_id, conversation_id="chat-1", text="hi", attempt=attempt)
 
 
 def test_the_outbox_decides_what_a_handed_out_delivery_needs(tmp_path):
@@ -409,12 +409,12 @@ def test_the_outbox_decides_what_a_handed_out_delivery_needs(tmp_path):
 
 def test_the_outbox_acks_under_the_claim_of_the_newest_hand_out(tmp_path):
     with Outbox(tmp_path / "o.sqlite3") as box:
-        first = OutboundDelivery(delivery_id="d-1", conversation_id="chat-1", text="hi", claim="c1")
+        first = Delivery(delivery_id="d-1", conversation_id="chat-1", text="hi", claim="c1")
         box.outbound_begin(first)
         ack = box.outbound_failed("d-1", retryable=True, reason="timeout")
         assert ack.params()["claim"] == "c1"
         # handed out again (same attempt) after a new session: the recorded outcome goes back under c2
-        decision = box.outbound_begin(OutboundDelivery(delivery_id="d-1", conversation_id="chat-1", text="hi",
+        decision = box.outbound_begin(Delivery(delivery_id="d-1", conversation_id="chat-1", text="hi",
                                                        claim="c2"))
         assert decision.action == ACK and decision.ack.params()["claim"] == "c2"
         assert [a.claim for a in box.outbound_pending_acks()] == ["c2"]
@@ -428,7 +428,7 @@ def test_a_redelivery_of_a_sent_delivery_is_acked_without_a_second_send(bridge, 
     delivery_id = bridge.queue_delivery("chat-1", "hello")
     # The state a worker killed between deliver and ack leaves behind.
     with Outbox(plugin_id=bridge.plugin_id, state_dir=tmp_path) as box:
-        box.outbound_begin(OutboundDelivery(delivery_id=delivery_id, conversation_id="chat-1", text="hello"))
+        box.outbound_begin(Delivery(delivery_id=delivery_id, conversation_id="chat-1", text="hello"))
         sends.write_text(delivery_id + "\n")
         box.outbound_sent(delivery_id, f"ch-{delivery_id}")
     worker = FileChannelWorker(sends=sends, state_dir=str(tmp_path), **bridge.worker_kwargs())

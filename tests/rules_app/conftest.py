@@ -120,7 +120,7 @@ def submit(text: str, *, channel: str = "slack", user_id: str = "U1", conversati
     """A plugin channel's message, through the one message path a channel worker uses."""
     from channels_app import services
     actor = services.channel_actor_resolve(channel=channel, user_id=user_id)
-    return services.message_submit(inbound=services.InboundMessage(
+    return services.message_submit(inbound=services.Submission(
         actor=actor, text=text, channel=channel, conversation_id=conversation_id,
         source_type=source_type, **kw))
 

@@ -134,7 +134,7 @@ def test_import_then_export_round_trips(site, rules_file, no_cron):
     again = engine.parse_rules(exported, check=False)
     assert [(r.name, r.priority, r.decision, r.condition.describe()) for r in again.rules] == \
         [(r.name, r.priority, r.decision, r.condition.describe()) for r in original.rules]
-    probe = engine.Message(text="a payment", input_mode="voice", channel="web")
+    probe = engine.MessageFacts(text="a payment", input_mode="voice", channel="web")
     assert again.ruleset.evaluate(probe).rule.name == "no-spoken-payments"
     # importing again replaces the set
     run("rules", "import", str(rules_file))

@@ -83,21 +83,21 @@ def test_a_failed_first_load_is_shown_in_the_record(site, tcast, rules_log):
 
 
 def test_every_process_sees_an_edit_and_the_record_is_written_once(site, rules_log):
-    from rules_app.engine import Message
+    from rules_app.engine import MessageFacts
     from rules_app.runtime import Runtime
     site.rules(IGNORE_A)
     first, second = Runtime(), Runtime()  # two processes' engines: each loads and watches on its own
     try:
-        assert first.ruleset().evaluate(Message(text="a")).rule.name == "ignore-a"
-        assert second.ruleset().evaluate(Message(text="a")).rule.name == "ignore-a"
+        assert first.ruleset().evaluate(MessageFacts(text="a")).rule.name == "ignore-a"
+        assert second.ruleset().evaluate(MessageFacts(text="a")).rule.name == "ignore-a"
         loaded_at = file_row().loaded_at
         second.holder.record()  # the same load again: nothing to write
         assert file_row().loaded_at == loaded_at
         site.write(IGNORE_B)
         assert wait_for(lambda: rules_log.messages.count("rule set auto-reloaded (rules=1)") >= 2)
         for rt in (first, second):
-            assert rt.ruleset().evaluate(Message(text="b")).rule.name == "ignore-b"
-            assert rt.ruleset().evaluate(Message(text="a")).rule is None
+            assert rt.ruleset().evaluate(MessageFacts(text="b")).rule.name == "ignore-b"
+            assert rt.ruleset().evaluate(MessageFacts(text="a")).rule is None
         assert wait_for(lambda: list(file_row().rules.values_list("name", flat=True)) == ["ignore-b"])
     finally:
         first.reset()

@@ -14,10 +14,10 @@ from rules_app.engine import (
     AnyOf,
     IGNORED_ANSWER,
     Ignore,
-    Message,
+    MessageFacts,
     Not,
     PassToDefaultAgent,
-    RuleSet,
+    CompiledRuleSet,
     RuleSetError,
     RunNativeAction,
     StartWorkflow,
@@ -35,7 +35,7 @@ def load(text, **kw):
 
 
 def decider(ruleset, **fields):
-    m = ruleset.evaluate(Message(**fields))
+    m = ruleset.evaluate(MessageFacts(**fields))
     return m.rule.name if m.rule else None
 
 
@@ -92,13 +92,13 @@ match = { always = true }
 def test_quick_start_ignore_spam_and_default():
     rs = load(QUICK_START).ruleset
     assert len(rs) == 2
-    m = rs.evaluate(Message(text="Please UNSUBSCRIBE me", channel="web"))
+    m = rs.evaluate(MessageFacts(text="Please UNSUBSCRIBE me", channel="web"))
     assert m.rule.name == "ignore-spam"
     assert isinstance(m.decision, Ignore)
     assert m.stops and m.answer == IGNORED_ANSWER
-    m = rs.evaluate(Message(text="hey, You Won The Lottery!"))
+    m = rs.evaluate(MessageFacts(text="hey, You Won The Lottery!"))
     assert m.rule.name == "ignore-spam"
-    m = rs.evaluate(Message(text="what's the weather?", channel="web"))
+    m = rs.evaluate(MessageFacts(text="what's the weather?", channel="web"))
     assert m.rule.name == "default"
     assert isinstance(m.decision, PassToDefaultAgent)
     assert not m.stops and m.answer is None
@@ -128,16 +128,16 @@ action = "extract_memory"   # or compact_conversation; neither takes params
 
 def test_digest_and_remember_decisions():
     rs = load(DECISIONS).ruleset
-    m = rs.evaluate(Message(text="Digest my week"))
+    m = rs.evaluate(MessageFacts(text="Digest my week"))
     assert m.rule.name == "digest"
     assert m.decision == StartWorkflow("digest", True)
     assert m.stops and m.answer is None
-    m = rs.evaluate(Message(text="REMEMBER THIS: my cat is Tom"))
+    m = rs.evaluate(MessageFacts(text="REMEMBER THIS: my cat is Tom"))
     assert m.rule.name == "remember"
     assert m.decision == RunNativeAction("extract_memory")
-    assert rs.evaluate(Message(text="please digest")).rule is None
-    assert rs.evaluate(Message(text="remember that")).rule is None
-    assert isinstance(rs.evaluate(Message(text="remember that")).decision, PassToDefaultAgent)
+    assert rs.evaluate(MessageFacts(text="please digest")).rule is None
+    assert rs.evaluate(MessageFacts(text="remember that")).rule is None
+    assert isinstance(rs.evaluate(MessageFacts(text="remember that")).decision, PassToDefaultAgent)
 
 
 def test_start_workflow_inject_context_defaults_false():
@@ -198,10 +198,10 @@ match = { field = "channel", equals = "slack" }
 
 def test_vip_routing():
     rs = load(VIP).ruleset
-    m = rs.evaluate(Message(text="hi", channel="slack", user_id="U12345678"))
+    m = rs.evaluate(MessageFacts(text="hi", channel="slack", user_id="U12345678"))
     assert m.rule.name == "vip-through" and not m.stops
     assert decider(rs, text="hi", channel="slack", user_id="u12345678") == "vip-through"
-    m = rs.evaluate(Message(text="hi", channel="slack", user_id="U99999999"))
+    m = rs.evaluate(MessageFacts(text="hi", channel="slack", user_id="U99999999"))
     assert m.rule.name == "slack-closed" and m.answer == IGNORED_ANSWER
     assert decider(rs, text="hi", channel="slack") == "slack-closed"
     assert decider(rs, text="hi", channel="discord", user_id="U12345678") is None
@@ -321,7 +321,7 @@ def test_ties_keep_file_order_and_first_match_decides():
 def test_empty_file_loads_zero_rules():
     assert load("").count == 0
     assert load("# only a comment\nother = 1\n").count == 0
-    assert RuleSet.empty().evaluate(Message(text="x")).rule is None
+    assert CompiledRuleSet.empty().evaluate(MessageFacts(text="x")).rule is None
 
 
 # ---------------------------------------------------------------------------
@@ -592,7 +592,7 @@ def test_dry_run_lines():
     assert rs.dry_run("unsubscribe now") == '[dry-run] matched rule "ignore-spam"'
     rs2 = load(GROUPS + VIP).ruleset
     assert rs2.dry_run("hello") == '[dry-run] no rule matched for: "hello"'
-    assert RuleSet.empty().dry_run("x y") == '[dry-run] no rule matched for: "x y"'
+    assert CompiledRuleSet.empty().dry_run("x y") == '[dry-run] no rule matched for: "x y"'
 
 
 def test_dry_run_tests_as_channel_cli_source_type_user():
@@ -609,7 +609,7 @@ def test_dry_run_tests_as_channel_cli_source_type_user():
 
 def test_explain_names_the_decider_and_condition_results():
     rs = load(VIP + GROUPS).ruleset
-    ex = rs.explain(Message(text="hi", channel="slack", user_id="U1", source_type="group"))
+    ex = rs.explain(MessageFacts(text="hi", channel="slack", user_id="U1", source_type="group"))
     assert ex.decided_by.name == "slack-closed"
     by_name = {t.rule.name: t for t in ex.rules}
     vip = by_name["vip-through"]
@@ -626,7 +626,7 @@ def test_explain_names_the_decider_and_condition_results():
 
 def test_explain_notes_absent_fields():
     rs = load(VOICE).ruleset
-    ex = rs.explain(Message(text="transfer"))
+    ex = rs.explain(MessageFacts(text="transfer"))
     assert ex.decided_by is None
     leaf = ex.rules[0].condition.children[0]
     assert not leaf.held and leaf.note == "message has no input_mode"
@@ -634,11 +634,11 @@ def test_explain_notes_absent_fields():
 
 
 def test_closed_ruleset_refuses_everything():
-    rs = RuleSet.closed("boom")
-    m = rs.evaluate(Message(text="hi"))
+    rs = CompiledRuleSet.closed("boom")
+    m = rs.evaluate(MessageFacts(text="hi"))
     assert m.refused and m.stops and m.rule is None
     assert m.answer == engine.CLOSED_ANSWER
-    assert "boom" in rs.explain(Message()).lines()[0]
+    assert "boom" in rs.explain(MessageFacts()).lines()[0]
 
 
 def test_compiled_once_per_load():
@@ -647,7 +647,7 @@ def test_compiled_once_per_load():
     assert isinstance(cond, AllOf)
     assert isinstance(cond.items[1], Not) and isinstance(cond.items[1].inner, AnyOf)
     # Evaluating does not rebuild anything: the same objects are used each time.
-    result.ruleset.evaluate(Message(text="x", source_type="group"))
+    result.ruleset.evaluate(MessageFacts(text="x", source_type="group"))
     assert result.rules[0].condition is cond
 
 
@@ -659,7 +659,7 @@ VALUES = ["slack", "Slack", "web", "group", "voice", "hello world", "/ask x", "#
 NEEDLES = ["slack", "SLACK", "web", "group", "voice", "hello", "/ask", "#AGENT", "", "zzz"]
 
 messages = st.builds(
-    Message,
+    MessageFacts,
     **{f: st.none() | st.sampled_from(VALUES) | st.text(max_size=6) for f in engine.FIELDS},
 )
 
@@ -756,5 +756,5 @@ def test_case_is_ignored(text, needle, op):
     for t in (text, text.upper(), text.lower(), text.swapcase()):
         for n in (needle, needle.upper(), needle.lower()):
             arg = [n] if op == "contains_any" else n
-            results.add(compile_condition({"field": "text", op: arg}).matches(Message(text=t)))
+            results.add(compile_condition({"field": "text", op: arg}).matches(MessageFacts(text=t)))
     assert len(results) == 1

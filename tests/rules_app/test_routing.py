@@ -6,7 +6,7 @@ import textwrap
 import pytest
 from hypothesis import given, strategies as st
 
-from rules_app.engine import Message, RuleSetError
+from rules_app.engine import MessageFacts, RuleSetError
 from rules_app.routing import (
     LOG_ROUTING_FAILED,
     RoutingError,
@@ -54,37 +54,37 @@ reject = "Please do not send passwords here."
 def test_matching_routes_accumulate_in_priority_order():
     t = table(EXAMPLE)
     assert [r.name for r in t.routes] == ["no-secrets", "billing", "expand-abbrev", "slack-tag"]
-    out = t.route(Message(text="pls check my INVOICE", channel="slack"))
+    out = t.route(MessageFacts(text="pls check my INVOICE", channel="slack"))
     assert out.matched == ("billing", "expand-abbrev", "slack-tag")
     assert out.text == "please check my INVOICE"
     assert out.tags == ("billing", "slack")
     assert out.allowed_tools == frozenset({"search_docs"})
     assert out.injected_context == "Billing questions: answer from the billing policy.\n\nYou are answering in Slack."
     assert not out.rejected
-    assert out.apply(Message(text="pls check my INVOICE", channel="slack", input_mode="voice")) == Message(
+    assert out.apply(MessageFacts(text="pls check my INVOICE", channel="slack", input_mode="voice")) == MessageFacts(
         text="please check my INVOICE", channel="slack", input_mode="voice"
     )
 
 
 def test_no_route_leaves_everything_untouched():
     t = table(EXAMPLE)
-    out = t.route(Message(text="hello", channel="web"))
+    out = t.route(MessageFacts(text="hello", channel="web"))
     assert out.matched == ("expand-abbrev",)
     assert out.text == "hello" and out.tags == () and out.allowed_tools is None
     assert out.injected_context is None and out.rejection is None
     assert out.narrow_tools(["a", "b"]) == ["a", "b"]
-    assert RoutingTable().route(Message(text="x")).text == "x"
+    assert RoutingTable().route(MessageFacts(text="x")).text == "x"
 
 
 def test_reject_stops_routing():
-    out = table(EXAMPLE).route(Message(text="my password is pls", channel="slack"))
+    out = table(EXAMPLE).route(MessageFacts(text="my password is pls", channel="slack"))
     assert out.rejected and out.rejection == "Please do not send passwords here."
     assert out.matched == ("no-secrets",)
     assert out.tags == () and out.text == "my password is pls"
 
 
 def test_allowed_tools_only_narrow():
-    out = table(EXAMPLE).route(Message(text="refund", channel="web"))
+    out = table(EXAMPLE).route(MessageFacts(text="refund", channel="web"))
     assert out.allowed_tools == frozenset({"search_docs", "lookup_invoice"})
     # A tool the turn did not have is never added; order of the turn's tools is kept.
     assert out.narrow_tools(["shell", "lookup_invoice", "search_docs"]) == ["lookup_invoice", "search_docs"]
@@ -100,7 +100,7 @@ def test_narrowing_is_a_subset_property(turn_tools, route_tool_lists):
         f'[[routes]]\nname = "r{i}"\nmatch = {{ always = true }}\nallowed_tools = {tools!r}\n'.replace("'", '"')
         for i, tools in enumerate(route_tool_lists)
     )
-    out = parse_routing(body).route(Message(text="x"))
+    out = parse_routing(body).route(MessageFacts(text="x"))
     narrowed = out.narrow_tools(turn_tools)
     assert set(narrowed) <= set(turn_tools)
     for tools in route_tool_lists:
@@ -122,7 +122,7 @@ def test_later_conditions_see_rewritten_text():
         tags = ["asked"]
         """
     )
-    out = t.route(Message(text="Hey agent, what time is it?   "))
+    out = t.route(MessageFacts(text="Hey agent, what time is it?   "))
     assert out.text == "/ask what time is it?"
     assert out.tags == ("asked",)
 
@@ -136,7 +136,7 @@ def test_rewrite_group_references():
         rewrite = { pattern = '#(\\d+)', replace = 'ticket \\1' }
         """
     )
-    assert t.route(Message(text="see #42 and #7")).text == "see ticket 42 and ticket 7"
+    assert t.route(MessageFacts(text="see #42 and #7")).text == "see ticket 42 and ticket 7"
 
 
 def test_routing_ignores_input_mode_and_refuses_conditions_on_it():
@@ -162,7 +162,7 @@ def test_unknown_keys_ignored():
         tags = ["group"]
         """
     )
-    assert t.route(Message(text="hi", source_type="group")).tags == ("group",)
+    assert t.route(MessageFacts(text="hi", source_type="group")).tags == ("group",)
 
 
 @pytest.mark.parametrize(

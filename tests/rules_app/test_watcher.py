@@ -14,7 +14,7 @@ from rules_app.discovery import (
     discover_rules_file,
     rules_on_error,
 )
-from rules_app.engine import CLOSED_ANSWER, Message, workflow_check_from
+from rules_app.engine import CLOSED_ANSWER, MessageFacts, workflow_check_from
 from rules_app.watcher import RuleEngineHolder
 
 
@@ -195,7 +195,7 @@ def test_start_loads_and_logs_count(ws, home, caplog):
     rs = h.start()
     assert len(rs) == 2 and h.watching
     assert messages(caplog) == ["rule set loaded (rules=2)"]
-    assert h.evaluate(Message(text="unsubscribe")).rule.name == "ignore-spam"
+    assert h.evaluate(MessageFacts(text="unsubscribe")).rule.name == "ignore-spam"
     assert h.dry_run("hello") == '[dry-run] matched rule "default"'
 
 
@@ -209,7 +209,7 @@ def test_start_with_broken_file_fails_open(ws, home, caplog):
     assert "duplicate rule name `ignore-spam`" in line
     assert caplog.records[-1].levelno == logging.ERROR
     assert h.watching  # still watched, so a fix is picked up
-    m = h.evaluate(Message(text="unsubscribe"))
+    m = h.evaluate(MessageFacts(text="unsubscribe"))
     assert m.rule is None and not m.stops
     assert h.dry_run("unsubscribe") == '[dry-run] no rule matched for: "unsubscribe"'
 
@@ -220,12 +220,12 @@ def test_start_with_broken_file_on_error_closed(ws, home, caplog):
     h = holder_for(ws, home, {"rules": {"on_error": "closed"}})
     h.start()
     assert h.on_error == "closed"
-    m = h.evaluate(Message(text="hello"))
+    m = h.evaluate(MessageFacts(text="hello"))
     assert m.refused and m.stops and m.answer == CLOSED_ANSWER
     assert messages(caplog)[0].startswith("failed to load rule set — refusing all messages (fail-closed)")
     write(ws / "rules.toml", ONE_RULE)
     assert h.reload_once()
-    assert not h.evaluate(Message(text="hello")).stops
+    assert not h.evaluate(MessageFacts(text="hello")).stops
 
 
 def test_reload_once_replaces_or_retains(ws, home, caplog):
@@ -320,7 +320,7 @@ def test_explain_through_holder(ws, home):
     write(ws / "rules.toml", TWO_RULES)
     h = holder_for(ws, home)
     h.start()
-    assert h.explain(Message(text="unsubscribe")).decided_by.name == "ignore-spam"
+    assert h.explain(MessageFacts(text="unsubscribe")).decided_by.name == "ignore-spam"
 
 
 def test_custom_discover_callable():
@@ -361,7 +361,7 @@ def test_watcher_thread_reloads_edits_and_retains_on_broken_edit(ws, home, caplo
 
     write(f, THREE_RULES)
     assert wait_for(lambda: "rule set auto-reloaded (rules=3)" in messages(caplog), 10)
-    assert h.evaluate(Message(text="digest now")).rule.name == "digest"
+    assert h.evaluate(MessageFacts(text="digest now")).rule.name == "digest"
 
     write(f, BROKEN)
     assert wait_for(lambda: any(m.startswith(RELOAD_FAILED) for m in messages(caplog)), 10)
@@ -393,7 +393,7 @@ def test_missing_at_start_then_created_is_picked_up_within_five_seconds(ws, home
     assert h.poll_interval <= 5
     write(home / ".ugent" / "rules.toml", TWO_RULES)
     assert wait_for(lambda: "rule set loaded (rules=2)" in messages(caplog), 30)
-    assert h.evaluate(Message(text="unsubscribe")).rule.name == "ignore-spam"
+    assert h.evaluate(MessageFacts(text="unsubscribe")).rule.name == "ignore-spam"
     # And from then on the new file is watched for edits.
     time.sleep(0.5)
     write(home / ".ugent" / "rules.toml", THREE_RULES)

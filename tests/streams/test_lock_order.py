@@ -22,7 +22,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def test_an_append_goes_through_while_the_turn_row_is_locked_for_a_state_change(tcast):
     actor = services.actor_resolve(caller=tcast.operator, user="alice")
     with mock.patch("channels_app.tasks.run_turn.delay"):
-        turn = services.message_submit(inbound=services.InboundMessage(actor=actor, caller=tcast.operator,
+        turn = services.message_submit(inbound=services.Submission(actor=actor, caller=tcast.operator,
                                                                        text="hi")).turn
     locked, appended = threading.Event(), threading.Event()
 

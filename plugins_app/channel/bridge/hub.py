@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import abc
 
-from plugins_app.channel.sdk.messages import InboundMessage, Media, OutboundDelivery
+from plugins_app.channel.sdk.messages import InboundMessage, Media, Delivery
 
 
 class Hub(abc.ABC):
@@ -38,7 +38,7 @@ class Hub(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def poll_outbound(self, plugin_id: str, max_items: int, timeout: float) -> list[OutboundDelivery]:
+    async def poll_outbound(self, plugin_id: str, max_items: int, timeout: float) -> list[Delivery]:
         """Hand out up to ``max_items`` deliveries, waiting up to ``timeout`` seconds for one.
 
         Never lets the plugin hold more than ``max_in_flight`` unacknowledged

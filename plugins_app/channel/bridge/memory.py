@@ -15,7 +15,7 @@ from typing import Callable
 from plugins_app.channel.bridge.errors import MediaNotFound, MediaTooLarge, UnknownDelivery
 from plugins_app.channel.bridge.hub import Hub
 from plugins_app.channel.bridge.policy import DEAD_LETTER, DELIVERED, IN_FLIGHT, PENDING, DeliveryPolicy, new_claim
-from plugins_app.channel.sdk.messages import InboundMessage, Media, OutboundDelivery, utc_now
+from plugins_app.channel.sdk.messages import InboundMessage, Media, Delivery, utc_now
 
 DEFAULT_MEDIA_MAX_BYTES = 8 * 1024 * 1024
 
@@ -24,7 +24,7 @@ DEFAULT_MEDIA_MAX_BYTES = 8 * 1024 * 1024
 class DeliveryRecord:
     """One outbound delivery as the hub tracks it."""
 
-    delivery: OutboundDelivery
+    delivery: Delivery
     seq: int
     state: str = PENDING
     not_before: float = 0.0
@@ -123,7 +123,7 @@ class InMemoryHub(Hub):
                 channel: str = "", attachments: list | None = None, reply_to_message_id: str | None = None,
                 metadata: dict | None = None) -> str:
         """Queue an outbound delivery (from any thread); returns its id."""
-        delivery = OutboundDelivery(
+        delivery = Delivery(
             delivery_id=delivery_id or f"d_{uuid.uuid4().hex[:12]}", conversation_id=conversation_id,
             text=text, channel=channel, attachments=list(attachments or []),
             reply_to_message_id=reply_to_message_id, attempt=1, created_at=utc_now(), metadata=dict(metadata or {}))
@@ -195,11 +195,11 @@ class InMemoryHub(Hub):
             self._inbound[key] = outcome
             return dict(outcome, duplicate=False)
 
-    def _take(self, max_items: int) -> list[OutboundDelivery]:
+    def _take(self, max_items: int) -> list[Delivery]:
         now = self.clock()
         in_flight = sum(1 for r in self._deliveries.values() if r.state == IN_FLIGHT)
         room = self.policy.room(in_flight=in_flight, max_items=max_items)
-        taken: list[OutboundDelivery] = []
+        taken: list[Delivery] = []
         if room <= 0:
             return taken
         claim = new_claim()
@@ -218,7 +218,7 @@ class InMemoryHub(Hub):
         due = [r.not_before for r in self._deliveries.values() if r.state == PENDING]
         return min(due) if due else None
 
-    async def poll_outbound(self, plugin_id: str, max_items: int, timeout: float) -> list[OutboundDelivery]:
+    async def poll_outbound(self, plugin_id: str, max_items: int, timeout: float) -> list[Delivery]:
         self._bind_loop()
         deadline = self.clock() + timeout
         while True:
@@ -229,7 +229,7 @@ class InMemoryHub(Hub):
                 next_due = self._next_due()
             now = self.clock()
             if taken or now >= deadline:
-                return [OutboundDelivery.from_dict(d.to_dict()) for d in taken]  # copies: the wire's view
+                return [Delivery.from_dict(d.to_dict()) for d in taken]  # copies: the wire's view
             wait = deadline - now
             if next_due is not None and next_due > now:
                 wait = min(wait, next_due - now)  # a retry becomes due before the deadline

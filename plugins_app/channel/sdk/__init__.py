@@ -4,7 +4,7 @@ Imports nothing from Django, so a worker starts fast and stands alone:
 
 * ``ChannelWorker`` (worker.py): the lifecycle; a channel implements connect,
   listen, deliver and optionally media;
-* ``InboundMessage``/``OutboundDelivery``/``Attachment`` (messages.py): the shapes;
+* ``InboundMessage``/``Delivery``/``Attachment`` (messages.py): the shapes;
 * ``Outbox`` (outbox.py): the crash-recovery record of unsettled messages;
 * ``RpcClient`` (client.py) and ``jsonrpc`` (framing, codes, dispatcher);
 * ``MockBridge`` (``plugins_app.channel.sdk.mock``, imported on its own): a fake host for tests.
@@ -18,7 +18,7 @@ from .messages import (
     InboundMessage,
     Media,
     MessageValidationError,
-    OutboundDelivery,
+    Delivery,
     ReplyContext,
 )
 from .outbox import Outbox
@@ -26,6 +26,6 @@ from .worker import ChannelWorker, DeliveryFailed, SubmitResult
 
 __all__ = [
     "Attachment", "CallTimeout", "ChannelWorker", "ConnectionLost", "DeliveryFailed", "Dispatcher",
-    "InboundMessage", "InvalidParams", "Media", "MessageValidationError", "OutboundDelivery", "Outbox",
+    "InboundMessage", "InvalidParams", "Media", "MessageValidationError", "Delivery", "Outbox",
     "RPCError", "ReplyContext", "RpcClient", "SubmitResult", "connect_with_retry",
 ]

@@ -186,7 +186,7 @@ class InboundMessage:
 
 
 @dataclass
-class OutboundDelivery:
+class Delivery:
     """A message the host asks the worker to send to the channel (``outbound.poll``).
 
     ``delivery_id`` is the host's idempotency key; ``attempt`` starts at 1 and
@@ -207,8 +207,8 @@ class OutboundDelivery:
     #: so an ack is matched to the claim that holds the delivery (a replaced session's late one is not).
     claim: str | None = field(default=None, compare=False)
 
-    def validate(self) -> "OutboundDelivery":
-        OutboundDelivery.from_dict(self.to_dict())
+    def validate(self) -> "Delivery":
+        Delivery.from_dict(self.to_dict())
         return self
 
     def to_dict(self) -> dict:
@@ -226,7 +226,7 @@ class OutboundDelivery:
         })
 
     @classmethod
-    def from_dict(cls, value: Any, path: str = "") -> "OutboundDelivery":
+    def from_dict(cls, value: Any, path: str = "") -> "Delivery":
         d = _validated("DeliveryShape", value, path, "delivery")
         return cls(
             delivery_id=d.delivery_id, conversation_id=d.conversation_id, channel=d.channel or "",

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .messages import InboundMessage, OutboundDelivery
+from .messages import InboundMessage, Delivery
 
 STATE_DIR_ENV = "UGENT_WORKER_STATE_DIR"
 DEFAULT_RETENTION_SECS = 7 * 24 * 3600
@@ -234,7 +234,7 @@ class Outbox:
 
     # -- outbound -----------------------------------------------------------------
 
-    def outbound_begin(self, delivery: OutboundDelivery) -> OutboundDecision:
+    def outbound_begin(self, delivery: Delivery) -> OutboundDecision:
         """Record a delivery the host handed out and say what to do with it.
 
         A new delivery, or a retry the host sent after a retryable failure (a

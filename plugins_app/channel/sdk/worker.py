@@ -5,7 +5,7 @@ A channel subclasses ``ChannelWorker`` and implements:
 * ``connect()``: open the channel API (websocket, HTTP client, webhook server);
 * ``listen(submit)``: receive channel messages until ``self.stopping`` is set and
   pass each, normalised as an ``InboundMessage``, to ``submit``;
-* ``deliver(delivery)``: send one ``OutboundDelivery`` to the channel; return the
+* ``deliver(delivery)``: send one ``Delivery`` to the channel; return the
   channel's message id (or None), or raise ``DeliveryFailed(reason, permanent=...)``;
 * optionally ``fetch_media``/``put_media`` (attachments), ``already_delivered``
   (to close the one crash window the outbox cannot) and ``disconnect``.
@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 from .client import CallCancelled, CallTimeout, ConnectionLost, RpcClient, connect_with_retry
 from .jsonrpc import INVALID_PARAMS, UNKNOWN_DELIVERY, RPCError
-from .messages import Attachment, InboundMessage, Media, MessageValidationError, OutboundDelivery
+from .messages import Attachment, InboundMessage, Media, MessageValidationError, Delivery
 from .outbox import ACK, ACKED, FAILED, PENDING, REJECTED, RESUME, SENT, Outbox, PendingAck
 
 SOCKET_ENV = "UGENT_BRIDGE_SOCKET"
@@ -135,14 +135,14 @@ class ChannelWorker:
         """
         self.stopping.wait()
 
-    def deliver(self, delivery: OutboundDelivery) -> str | None:
+    def deliver(self, delivery: Delivery) -> str | None:
         """Send one delivery to the channel; return its channel message id, or raise ``DeliveryFailed``.
 
         Any other exception counts as a retryable failure.
         """
         raise NotImplementedError("a channel worker implements deliver()")
 
-    def already_delivered(self, delivery: OutboundDelivery) -> bool:
+    def already_delivered(self, delivery: Delivery) -> bool:
         """Whether a delivery interrupted by a crash inside ``deliver()`` reached the channel.
 
         Only asked in that one case. A channel that can look (search the chat
@@ -161,7 +161,7 @@ class ChannelWorker:
         """
         return None
 
-    def put_media(self, media: Media, attachment: Attachment, delivery: OutboundDelivery) -> str | None:
+    def put_media(self, media: Media, attachment: Attachment, delivery: Delivery) -> str | None:
         """Upload one outbound attachment to the channel; return the channel's reference for it.
 
         Called for each attachment before ``deliver()`` when a subclass defines
@@ -289,7 +289,7 @@ class ChannelWorker:
             if self.stopping.is_set() and self._drain_deadline is not None and time.monotonic() > self._drain_deadline:
                 break  # out of drain time: the host requeues the rest for the next worker
             try:
-                delivery = OutboundDelivery.from_dict(raw)
+                delivery = Delivery.from_dict(raw)
             except MessageValidationError as exc:
                 self._reject_malformed(raw, exc)
                 continue
@@ -297,7 +297,7 @@ class ChannelWorker:
             handled += 1
         return handled
 
-    def process_delivery(self, delivery: OutboundDelivery) -> None:
+    def process_delivery(self, delivery: Delivery) -> None:
         """Deliver once (per the outbox) and ack: the core of the outbound side."""
         outbox = self._outbox()
         decision = outbox.outbound_begin(delivery)
@@ -534,7 +534,7 @@ class ChannelWorker:
             self._outbox().inbound_update_message(key, message)  # a replay reuses the stored media
         return message
 
-    def _put_outbound_media(self, delivery: OutboundDelivery) -> None:
+    def _put_outbound_media(self, delivery: Delivery) -> None:
         if type(self).put_media is ChannelWorker.put_media:
             return
         for att in delivery.attachments:

@@ -129,7 +129,7 @@ crash-recovery outbox and graceful shutdown on SIGTERM. You implement:
 
 1. **connect()** — open the channel API (websocket, HTTP, webhook), with `{env}`;
 2. **normalise()/listen()** — map channel messages to `InboundMessage` and `submit` them;
-3. **deliver()** — send an `OutboundDelivery`; return the channel's message id or raise `DeliveryFailed`;
+3. **deliver()** — send an `Delivery`; return the channel's message id or raise `DeliveryFailed`;
 4. **fetch_media()/put_media()** — attachments (optional).
 
 Test without the daemon: `pytest {directory}` (a `MockBridge` plays the host).

@@ -58,7 +58,7 @@ class Command(BaseCommand):
             ruleset = runtime.ruleset()
             if runtime.holder is not None and runtime.holder.last_error:
                 self.stderr.write(f"rule set failed to load: {runtime.holder.last_error}")
-        message = engine.Message(text=opts["text"], channel=opts["channel"] or None,
+        message = engine.MessageFacts(text=opts["text"], channel=opts["channel"] or None,
                                  source_type=opts["source_type"] or None, user_id=opts["user_id"] or None,
                                  conversation_id=opts["conversation_id"] or None,
                                  input_mode=opts["input_mode"] or None)
