@@ -1,5 +1,7 @@
 """The built-in channel workers moved from plugins_app.workers to plugins_app.channel.workers: a
 registration that starts one by module path (`python -m plugins_app.workers.echo`) is rewritten."""
+import re
+
 from django.db import migrations
 
 OLD, NEW = "plugins_app.workers.", "plugins_app.channel.workers."
@@ -7,10 +9,14 @@ OLD, NEW = "plugins_app.workers.", "plugins_app.channel.workers."
 
 def _rewrite(apps, schema_editor, old=OLD, new=NEW):
     Plugin = apps.get_model("plugins_app", "Plugin")
+    module = re.compile(re.escape(old) + r"[A-Za-z_][\w.]*")  # a whole dotted module path, nothing else
+
+    def moved(value):
+        return new + value[len(old):] if isinstance(value, str) and module.fullmatch(value) else value
+
     for plugin in Plugin.objects.all():
-        args = [a.replace(old, new, 1) if isinstance(a, str) and a.startswith(old) else a
-                for a in (plugin.args or [])]
-        command = plugin.command.replace(old, new, 1) if plugin.command.startswith(old) else plugin.command
+        args = [moved(a) for a in (plugin.args or [])]
+        command = moved(plugin.command)
         if args != plugin.args or command != plugin.command:
             plugin.args, plugin.command = args, command
             plugin.save(update_fields=["args", "command"])
