@@ -8,8 +8,9 @@ a model's INSERT and UPDATE once per shape from the model's own fields, and
 adapts values the way `Model.save` does (`get_db_prep_save`: JSON, datetimes,
 foreign keys), so the columns, defaults and types stay the model's.
 
-Selects are written where they are used, against `Table.name` and
-`Table.col(...)`. Every statement runs on the Django connection's own DB-API
+The hub's hand-written selects are named functions in channels_app.statements,
+built against `Table.name` and `Table.col(...)`; other apps use only the
+generic `get` and `values_list` here. Every statement runs on the Django connection's own DB-API
 connection (`_run`), inside Django's transactions and with Django's error
 translation, broken-transaction and thread checks, but without a
 `CursorWrapper` per statement: that wrapper and its cursor cost about as much
@@ -122,6 +123,22 @@ class Table:
                                         f"WHERE {self._conditions(names, nulls)} ORDER BY {self._column('id')} LIMIT 1")
         row = fetchone(sql, [self._lookup(n, v) for n, v in where.items() if v is not None])
         return None if row is None else self.from_row(self.attnames, row)
+
+    def values_list(self, names: list[str], *, order_by: tuple[str, ...] = ("id",), **where) -> list[tuple]:
+        """As `Model.objects.filter(**where).order_by(*order_by).values_list(*names)`, for plain equality
+        and ascending order: raw column values, built once per shape (for apps that may not add
+        statements to channels_app.statements)."""
+        names, order_by = tuple(names), tuple(order_by)
+        where_names = tuple(where)
+        nulls = tuple(n for n in where_names if where[n] is None)
+        key = ("values", names, order_by, where_names, nulls)
+        sql = self._get_sql.get(key)
+        if sql is None:
+            condition = f" WHERE {self._conditions(where_names, nulls)}" if where_names else ""
+            order = ", ".join(self._column(n) for n in order_by)
+            sql = self._get_sql[key] = (f"SELECT {self.select_list(list(names))} FROM {self.name}{condition}"
+                                        + (f" ORDER BY {order}" if order else ""))
+        return [tuple(r) for r in fetchall(sql, [self._lookup(n, v) for n, v in where.items() if v is not None])]
 
     def _conditions(self, names: tuple, nulls: tuple) -> str:
         """Equality on each name; a None value is IS NULL, as in the ORM."""
