@@ -8,7 +8,6 @@ Django's single sync thread for the whole turn. It authenticates, validates
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import time
 
@@ -21,14 +20,12 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from channels_app import notify, services
-
-from ugent_common import rows
+from channels_app import notify, services, statements
 from channels_app.auth import IsOperator, authenticate_headers
 from channels_app.bodies import json_object_parse, text_problem
 from channels_app.errors import ApplicationError, error_response, from_drf
 from channels_app.events import turn_topic
-from channels_app.models import Event, Turn
+from channels_app.models import Turn
 from channels_app.sse import DONE, PING, TERMINAL, ChunkRenderer
 from plugins_app.agent.profiles import models_list
 
@@ -192,10 +189,7 @@ def _queued_receipt(result) -> dict:
 
 def _events_after(turn_pk: int, cursor: int) -> list[tuple[int, str, dict]]:
     close_old_connections()
-    e = rows.table(Event)
-    return [(pk, etype, json.loads(data)) for pk, etype, data in rows.fetchall(
-        f"SELECT id, {e.col('type')}, {e.col('data')} FROM {e.name} WHERE {e.col('turn')} = %s AND id > %s "
-        f"ORDER BY id", [turn_pk, cursor])]
+    return statements.turn_events_after(turn_pk, cursor)
 
 
 def _take_pushed(batches: list, cursor: int) -> list | None:
@@ -387,9 +381,7 @@ class HealthApi(APIView):
     permission_classes = []
 
     def get(self, request):
-        from django.db import connection
-        with connection.cursor() as cur:
-            cur.execute("SELECT 1")
+        statements.database_ping()
         return Response({"status": "ok", "mode": settings.UGENT_MODE})
 
 

@@ -14,6 +14,8 @@ from django.utils import timezone
 
 from rest_framework import authentication, permissions
 
+from channels_app import statements
+
 from ugent_common import rows
 from channels_app.errors import ApplicationError
 from channels_app.models import ApiKey, Caller, Role, hash_key
@@ -62,14 +64,12 @@ def caller_for_key(raw: str) -> Caller | None:
                 caller.role, caller.issuers = ck.role, list(ck.issuers)
                 caller.save(update_fields=["role", "issuers", "updated_at"])
             return caller
-    c, k = rows.table(Caller), rows.table(ApiKey)
-    row = rows.fetchone(f"SELECT k.id, {c.select_list(c.attnames, 'c')} FROM {k.name} k JOIN {c.name} c "
-                        f"ON c.id = k.{k.col('caller')} WHERE k.{k.col('key_hash')} = %s AND k.{k.col('active')} = %s",
-                        [digest, True])
-    if row is None:
+    found = statements.caller_for_key_hash(digest)
+    if found is None:
         return None
-    key_used(row[0])
-    return c.from_row(c.attnames, row[1:])
+    key_id, caller = found
+    key_used(key_id)
+    return caller
 
 
 # --- ApiKey.last_used_at -----------------------------------------------------

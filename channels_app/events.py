@@ -12,14 +12,14 @@ would wait on the appender while the appender waits on it: a deadlock.
 """
 from __future__ import annotations
 
-from django.db import connection, transaction
+from django.db import transaction
 
-from channels_app import notify
+from channels_app import notify, statements
 
 from ugent_common import rows
 from channels_app.models import Event
 
-EVENT_LOG_LOCK = 0x55474E54  # "UGNT"
+EVENT_LOG_LOCK = statements.EVENT_LOG_LOCK  # "UGNT"
 
 
 # Every commit wakes the all-conversations stream too.
@@ -35,15 +35,7 @@ def turn_topic(turn_pk: int) -> str:
 
 
 def _lock_log() -> None:
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cur:
-            cur.execute("SELECT pg_advisory_xact_lock(%s)", [EVENT_LOG_LOCK])
-
-
-def _turn_event_before(turn_pk: int, first_id: int) -> int:
-    t = rows.table(Event)
-    row = rows.fetchone(f"SELECT MAX(id) FROM {t.name} WHERE {t.col('turn')} = %s AND id < %s", [turn_pk, first_id])
-    return (row[0] if row else None) or 0
+    statements.event_log_lock()
 
 
 def event_append(*, conversation_id: int, type: str, data: dict, turn_pk: int | None = None,
@@ -69,7 +61,8 @@ def events_append(*, conversation_id: int, turn_pk: int | None,
             topics.append(turn_topic(turn_pk))
             # Under the log's lock (SQLite: the one writer) every event of the turn below our first
             # id has committed, so `prev` is exact: a reader at that cursor can take these rows as they are.
-            batch = (turn_topic(turn_pk), notify.TurnBatch(prev=0 if new_turn else _turn_event_before(turn_pk, ids[0]), rows=tuple(
+            prev = 0 if new_turn else statements.event_id_before(turn_pk, ids[0])
+            batch = (turn_topic(turn_pk), notify.TurnBatch(prev=prev, rows=tuple(
                 (i, t, d) for i, (t, d, _a) in zip(ids, items))))
         transaction.on_commit(lambda: notify.publish(*topics, batch=batch))
     return ids

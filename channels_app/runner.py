@@ -13,7 +13,6 @@ process's `LeaseKeeper` renews; the sweep ends only turns whose lease has lapsed
 from __future__ import annotations
 
 import enum
-import functools
 import logging
 import threading
 import time
@@ -25,14 +24,14 @@ from django.db import close_old_connections, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from channels_app import hooks
+from channels_app import hooks, statements
 
 from ugent_common import rows
 # The log's lock (see channels_app.events): under it a state read and an append are one step, so no
 # event of a turn is written after another process's terminal event.
 from channels_app.events import _lock_log as log_lock
 from channels_app.events import events_append
-from channels_app.models import (Actor, Conversation, Event, Message, Receipt, ReceiptState, Steering,
+from channels_app.models import (Event, Message, Receipt, ReceiptState, Steering,
                                  SteeringState, Turn, TurnState)
 from plugins_app.agent.engines.base import (ANSWER, ANSWER_RESET, CITATIONS, ERROR, THINKING, TOOL, EngineError,
                                       stream_items)
@@ -82,15 +81,8 @@ class EndOutcome(enum.Enum):
     STEERING_WAITS = "steering_waits"  # completion only: a steering waits, which the runner runs
 
 
-@functools.cache
-def _turn_state_sql() -> str:
-    t = rows.table(Turn)
-    return f"SELECT {t.col('state')} FROM {t.name} WHERE id = %s"
-
-
 def _turn_running(turn_pk: int) -> bool:
-    row = rows.fetchone(_turn_state_sql(), [turn_pk])
-    return bool(row) and row[0] == TurnState.RUNNING
+    return statements.turn_state(turn_pk) == TurnState.RUNNING
 
 
 class DeltaWriter:
@@ -131,17 +123,12 @@ class DeltaWriter:
 
 
 def _lock_turn(turn: Turn) -> None:
-    """Hold the turn's row (FOR NO KEY UPDATE, see channels_app.events) until the transaction ends.
-    SQLite's transactions here begin IMMEDIATE: the write lock is already held."""
-    if connection.vendor == "postgresql":
-        t = rows.table(Turn)
-        rows.fetchone(f"SELECT id FROM {t.name} WHERE id = %s FOR NO KEY UPDATE", [turn.pk])
+    """Hold the turn's row (FOR NO KEY UPDATE, see channels_app.events) until the transaction ends."""
+    statements.turn_lock(turn.pk)
 
 
 def _steering_pending(turn: Turn) -> bool:
-    s = rows.table(Steering)
-    return rows.fetchone(f"SELECT 1 FROM {s.name} WHERE {s.col('turn')} = %s AND {s.col('state')} = %s LIMIT 1",
-                         [turn.pk, SteeringState.PENDING]) is not None
+    return statements.steering_pending(turn.pk)
 
 
 def _steerings_drop(turn: Turn) -> list:
@@ -253,78 +240,20 @@ def build_messages(turn: Turn):
     from ovos_plugin_manager.templates.agents import AgentMessage, MessageRole
     profile = turn.profile
     limit = profile.history_turns if profile else 20
-    m = rows.table(Message)
-    past = rows.fetchall(
-        f"SELECT {m.col('role')}, {m.col('content')} FROM {m.name} WHERE {m.col('conversation')} = %s "
-        f"AND {m.col('hidden')} = %s AND {m.col('role')} IN (%s, %s) AND {m.col('turn')} < %s "
-        f"ORDER BY id DESC LIMIT %s",
-        [turn.conversation_id, False, Message.Role.USER, Message.Role.ASSISTANT, turn.pk, limit])
-    past.reverse()
+    past = statements.history_tail(turn.conversation_id, turn.pk, limit)
     messages = [AgentMessage(role=MessageRole(role), content=content) for role, content in past]
     # The summary a compaction left stands for the history it hid.
-    summary = rows.fetchone(
-        f"SELECT {m.col('content')} FROM {m.name} WHERE {m.col('conversation')} = %s AND {m.col('hidden')} = %s "
-        f"AND {m.col('role')} = %s ORDER BY id DESC LIMIT 1", [turn.conversation_id, False, Message.Role.SYSTEM])
+    summary = statements.summary_latest(turn.conversation_id)
     if summary:
-        messages.insert(0, AgentMessage(role=MessageRole.SYSTEM, content=summary[0]))
+        messages.insert(0, AgentMessage(role=MessageRole.SYSTEM, content=summary))
     for block in (turn.context or {}).get("injected_context", []):
         messages.append(AgentMessage(role=MessageRole.SYSTEM, content=block))
     messages.append(AgentMessage(role=MessageRole.USER, content=(turn.context or {}).get("text", "")))
     return messages
 
 
-_TURN_COLUMNS = ["id", "turn_id", "conversation_id", "actor_id", "receipt_id", "state", "model", "profile_id",
-                 "allowed_tools", "denied_tools", "disable_memory_recall", "disable_code_context",
-                 "disable_memory_write", "input_mode", "include_thinking", "citation_ids", "context",
-                 "cancel_requested", "started_at", "created_at"]
-_CONVERSATION_COLUMNS = ["id", "channel", "client_id", "external_id", "owner_id"]
-_ACTOR_COLUMNS = ["id", "key", "channel", "user_id"]
-
-
-def _pending_steering_sql(turn_column: str) -> str:
-    s = rows.table(Steering)
-    return (f"EXISTS (SELECT 1 FROM {s.name} WHERE {s.col('state')} = %s AND "
-            f"{s.col('turn')} = {turn_column})")
-
-
-@functools.cache
-def _stop_check_sql() -> str:
-    t = rows.table(Turn)
-    return (f"SELECT {t.col('cancel_requested')}, {t.col('state')}, {_pending_steering_sql('t.id')} "
-            f"FROM {t.name} t WHERE t.id = %s")
-
-
-@functools.cache
-def _fetch_parts():
-    from plugins_app.agent.models import AgentProfile
-    p = rows.table(AgentProfile)
-    return ((rows.table(Turn), _TURN_COLUMNS), (rows.table(Conversation), _CONVERSATION_COLUMNS),
-            (rows.table(Actor), _ACTOR_COLUMNS), (p, p.attnames))
-
-
-@functools.cache
-def _fetch_sql() -> str:
-    (t, _), (c, _), (a, _), (p, _) = parts = _fetch_parts()
-    columns = ", ".join(table.select_list(names, alias) for (table, names), alias in zip(parts, "tcap"))
-    return (f"SELECT {columns}, {_pending_steering_sql('t.id')} "
-            f"FROM {t.name} t JOIN {c.name} c ON c.id = t.{t.col('conversation')} "
-            f"JOIN {a.name} a ON a.id = t.{t.col('actor')} "
-            f"LEFT JOIN {p.name} p ON p.id = t.{t.col('profile')} WHERE t.id = %s")
-
-
-def turn_fetch(turn_pk: int) -> Turn:
-    """The turn with its conversation, actor and profile, and whether steering waits: one statement."""
-    row = rows.fetchone(_fetch_sql(), [SteeringState.PENDING, turn_pk])
-    if row is None:
-        raise Turn.DoesNotExist(turn_pk)
-    objects, i = [], 0
-    for table, names in _fetch_parts():
-        values = row[i:i + len(names)]
-        objects.append(table.from_row(names, values) if values[0] is not None else None)  # no profile: None
-        i += len(names)
-    turn, turn.conversation, turn.actor, turn.profile = objects[0], objects[1], objects[2], objects[3]
-    turn.pending_steering = bool(row[i])
-    return turn
+# The turn with its conversation, actor and profile, and whether steering waits: one statement.
+turn_fetch = statements.turn_fetch
 
 
 class TurnRun:
@@ -409,7 +338,7 @@ class TurnRun:
             return True
         if now - self.last_check >= STOP_CHECK_SECONDS:
             self.last_check = now
-            row = rows.fetchone(_stop_check_sql(), [SteeringState.PENDING, self.turn_pk])
+            row = statements.turn_stop_check(self.turn_pk)
             self.cancelled, self.steered = bool(row and row[0]), bool(row and row[2])
             self.ended_elsewhere = not row or row[1] != TurnState.RUNNING
         return self.cancelled or self.steered or self.ended_elsewhere

@@ -17,7 +17,7 @@ from typing import Optional
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from channels_app import access, hooks
+from channels_app import access, hooks, statements
 
 from ugent_common import rows
 from channels_app.bodies import text_problem
@@ -236,7 +236,7 @@ def message_submit(*, inbound: Submission, profile=None, on_turn=None) -> Submis
             conversation, created = conversation_resolve(
                 channel=inbound.channel, client_id=inbound.client_id, external_id=inbound.conversation_id,
                 actor=inbound.actor, caller=inbound.caller)
-            if inbound.client_message_id and _receipt_exists(conversation.pk, inbound.client_message_id):
+            if inbound.client_message_id and statements.receipt_exists(conversation.pk, inbound.client_message_id):
                 raise _duplicate(conversation, inbound)
             if profile is None:
                 from plugins_app.agent.profiles import profile_resolve
@@ -255,12 +255,6 @@ def message_submit(*, inbound: Submission, profile=None, on_turn=None) -> Submis
             raise ApplicationError("This turn_id is already in use: send the turn a new one.", status=409,
                                    code="turn_id_in_use", param="turn_id", headers=NO_RETRY)
         raise _duplicate(conversation, inbound)
-
-
-def _receipt_exists(conversation_pk: int, client_message_id: str) -> bool:
-    t = rows.table(Receipt)
-    return rows.fetchone(f"SELECT 1 FROM {t.name} WHERE {t.col('conversation')} = %s AND "
-                         f"{t.col('client_message_id')} = %s", [conversation_pk, client_message_id]) is not None
 
 
 def _submit_locked(inbound: Submission, conversation: Conversation, created: bool, profile,

@@ -8,8 +8,9 @@ a model's INSERT and UPDATE once per shape from the model's own fields, and
 adapts values the way `Model.save` does (`get_db_prep_save`: JSON, datetimes,
 foreign keys), so the columns, defaults and types stay the model's.
 
-Selects are written where they are used, against `Table.name` and
-`Table.col(...)`. Every statement runs on the Django connection's own DB-API
+The hub's hand-written selects are named functions in channels_app.statements,
+built against `Table.name` and `Table.col(...)`; other apps use only the
+generic `get` and `values_list` here. Every statement runs on the Django connection's own DB-API
 connection (`_run`), inside Django's transactions and with Django's error
 translation, broken-transaction and thread checks, but without a
 `CursorWrapper` per statement: that wrapper and its cursor cost about as much
@@ -102,14 +103,19 @@ class Table:
         """An instance from a raw select of `names` (attnames, any order): the fields not read load on access."""
         got = dict(zip(names, values))
         for name, value in got.items():
-            f = self.by_name.get(name)
-            if f is not None and value is not None:
-                if hasattr(f, "from_db_value"):
-                    got[name] = f.from_db_value(value, None, connection)
-                elif f.get_internal_type() == "DateTimeField" and timezone.is_naive(value):
-                    got[name] = timezone.make_aware(value, dt_timezone.utc)
+            got[name] = self._from_db(name, value)
         ordered = [f.attname for f in self.model._meta.concrete_fields if f.attname in got]
         return self.model.from_db(connection.alias, ordered, [got[n] for n in ordered])
+
+    def _from_db(self, name: str, value):
+        """A raw column value as the model's field reads it (JSON decoded, datetimes aware)."""
+        f = self.by_name.get(name)
+        if f is not None and value is not None:
+            if hasattr(f, "from_db_value"):
+                return f.from_db_value(value, None, connection)
+            if f.get_internal_type() == "DateTimeField" and timezone.is_naive(value):
+                return timezone.make_aware(value, dt_timezone.utc)
+        return value
 
     def get(self, **where):
         """The first row (by id) whose fields equal `where`, as an instance; None when there is none."""
@@ -122,6 +128,23 @@ class Table:
                                         f"WHERE {self._conditions(names, nulls)} ORDER BY {self._column('id')} LIMIT 1")
         row = fetchone(sql, [self._lookup(n, v) for n, v in where.items() if v is not None])
         return None if row is None else self.from_row(self.attnames, row)
+
+    def values_list(self, names: list[str], *, order_by: tuple[str, ...] = ("id",), **where) -> list[tuple]:
+        """As `Model.objects.filter(**where).order_by(*order_by).values_list(*names)`, for plain equality
+        and ascending order: the values as the fields read them, built once per shape (for apps that may not add
+        statements to channels_app.statements)."""
+        names, order_by = tuple(names), tuple(order_by)
+        where_names = tuple(where)
+        nulls = tuple(n for n in where_names if where[n] is None)
+        key = ("values", names, order_by, where_names, nulls)
+        sql = self._get_sql.get(key)
+        if sql is None:
+            condition = f" WHERE {self._conditions(where_names, nulls)}" if where_names else ""
+            order = ", ".join(self._column(n) for n in order_by)
+            sql = self._get_sql[key] = (f"SELECT {self.select_list(list(names))} FROM {self.name}{condition}"
+                                        + (f" ORDER BY {order}" if order else ""))
+        found = fetchall(sql, [self._lookup(n, v) for n, v in where.items() if v is not None])
+        return [tuple(self._from_db(n, v) for n, v in zip(names, r)) for r in found]
 
     def _conditions(self, names: tuple, nulls: tuple) -> str:
         """Equality on each name; a None value is IS NULL, as in the ORM."""

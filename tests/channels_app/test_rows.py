@@ -292,6 +292,23 @@ def test_get_reads_a_caller_like_the_orm(db):
     assert got.issuers == ["a", "b"] and got.from_config is True
 
 
+def test_values_list_reads_what_the_orms_values_list_reads(graph):
+    for n, state in enumerate([TurnState.RUNNING, TurnState.COMPLETED, TurnState.RUNNING]):
+        _turn(graph, f"t-vl-{n}", state=state, model=f"m-{2 - n}", context={"n": n})
+    t = Table(Turn)
+    names = ["id", "turn_id", "state", "model", "context"]
+    for order_by in (("id",), ("model", "id"), ("state", "turn_id")):
+        for where in ({}, {"state": TurnState.RUNNING}, {"conversation": graph["conv"].pk, "profile": None},
+                      {"state": "nope"}):
+            orm = list(Turn.objects.filter(**where).order_by(*order_by).values_list(*names))
+            assert t.values_list(names, order_by=order_by, **where) == orm, (order_by, where)
+    assert len(t.values_list(["id"], state=TurnState.RUNNING)) == 2
+    # Built once per shape: another value of the same shape adds no statement.
+    shapes = len(t._get_sql)
+    t.values_list(["id"], state=TurnState.COMPLETED)
+    assert len(t._get_sql) == shapes
+
+
 def test_from_row_with_partial_columns_defers_the_rest(graph, django_assert_num_queries):
     turn = _turn(graph, "t-part", state=TurnState.RUNNING, context={"k": "v"}, model="m-part",
                  started_at=datetime(2024, 7, 1, 12, 0, tzinfo=dt_timezone.utc))

@@ -1,0 +1,226 @@
+"""The hub's named raw statements: every hand-written SELECT of channels_app lives here.
+
+Why raw SQL at all: see ugent_common.rows and docs/performance.md (the ORM's per-statement
+compiling was most of the chat path's added latency). Why here: one module to read, review and
+pin. Each function is one statement, named for what it reads or does; its SQL is built once
+(functools.cache) from the models' own table and column names (`rows.table(Model).name/.col()`)
+and runs through `rows.fetchone`/`rows.fetchall` (Django's connection, transactions and error
+translation). tests/channels_app/test_statements.py runs every function here against its ORM
+equivalent on the same rows, fails when a function has no such pin, and fails when f-string SQL
+appears in the apps' sources outside channels_app/rows.py and this module.
+
+Other apps do not add their statements here (the hub imports no rules or plugins code): they use
+the generic builders of `rows.Table` (`get`, `values_list`, `insert`, `update`).
+"""
+from __future__ import annotations
+
+import functools
+import json
+
+from django.db import connection
+
+from ugent_common import rows
+from channels_app.models import (Actor, ApiKey, Caller, Conversation, Event, Message, Receipt, Steering,
+                                 SteeringState, Turn)
+
+EVENT_LOG_LOCK = 0x55474E54  # "UGNT": the advisory lock that orders event appends (channels_app.events)
+
+
+# --- the database itself ---------------------------------------------------------------------
+
+def database_ping() -> None:
+    """One round trip to the database (GET /v1/health)."""
+    rows.fetchone("SELECT 1", [])
+
+
+def event_log_lock() -> None:
+    """PostgreSQL: take the event log's transaction-scoped advisory lock (SQLite serialises writers)."""
+    if connection.vendor == "postgresql":
+        rows.fetchone("SELECT pg_advisory_xact_lock(%s)", [EVENT_LOG_LOCK])
+
+
+# --- keys ------------------------------------------------------------------------------------
+
+@functools.cache
+def _caller_for_key_hash_sql() -> str:
+    c, k = rows.table(Caller), rows.table(ApiKey)
+    return (f"SELECT k.id, {c.select_list(c.attnames, 'c')} FROM {k.name} k JOIN {c.name} c "
+            f"ON c.id = k.{k.col('caller')} WHERE k.{k.col('key_hash')} = %s AND k.{k.col('active')} = %s")
+
+
+def caller_for_key_hash(key_hash: str) -> tuple[int, Caller] | None:
+    """The active admin-made key with this hash: (its id, its caller); None when there is none."""
+    row = rows.fetchone(_caller_for_key_hash_sql(), [key_hash, True])
+    if row is None:
+        return None
+    c = rows.table(Caller)
+    return row[0], c.from_row(c.attnames, row[1:])
+
+
+# --- receipts --------------------------------------------------------------------------------
+
+@functools.cache
+def _receipt_exists_sql() -> str:
+    t = rows.table(Receipt)
+    return f"SELECT 1 FROM {t.name} WHERE {t.col('conversation')} = %s AND {t.col('client_message_id')} = %s"
+
+
+def receipt_exists(conversation_pk: int, client_message_id: str) -> bool:
+    """Whether the conversation already holds a receipt for this client_message_id."""
+    return rows.fetchone(_receipt_exists_sql(), [conversation_pk, client_message_id]) is not None
+
+
+# --- turns -----------------------------------------------------------------------------------
+
+@functools.cache
+def _turn_state_sql() -> str:
+    t = rows.table(Turn)
+    return f"SELECT {t.col('state')} FROM {t.name} WHERE id = %s"
+
+
+def turn_state(turn_pk: int) -> str | None:
+    """The turn's state; None when there is no such turn."""
+    row = rows.fetchone(_turn_state_sql(), [turn_pk])
+    return row[0] if row else None
+
+
+@functools.cache
+def _turn_lock_sql() -> str:
+    return f"SELECT id FROM {rows.table(Turn).name} WHERE id = %s FOR NO KEY UPDATE"
+
+
+def turn_lock(turn_pk: int) -> None:
+    """Hold the turn's row (FOR NO KEY UPDATE, see channels_app.events) until the transaction ends.
+    SQLite's transactions here begin IMMEDIATE: the write lock is already held."""
+    if connection.vendor == "postgresql":
+        rows.fetchone(_turn_lock_sql(), [turn_pk])
+
+
+def _pending_steering_sql(turn_column: str) -> str:
+    s = rows.table(Steering)
+    return f"EXISTS (SELECT 1 FROM {s.name} WHERE {s.col('state')} = %s AND {s.col('turn')} = {turn_column})"
+
+
+@functools.cache
+def _turn_stop_check_sql() -> str:
+    t = rows.table(Turn)
+    return (f"SELECT {t.col('cancel_requested')}, {t.col('state')}, {_pending_steering_sql('t.id')} "
+            f"FROM {t.name} t WHERE t.id = %s")
+
+
+def turn_stop_check(turn_pk: int) -> tuple[bool, str, bool] | None:
+    """The runner's look between engine items: (stop asked, state, steering waits); None when gone."""
+    row = rows.fetchone(_turn_stop_check_sql(), [SteeringState.PENDING, turn_pk])
+    return None if row is None else (bool(row[0]), row[1], bool(row[2]))
+
+
+@functools.cache
+def _steering_pending_sql() -> str:
+    s = rows.table(Steering)
+    return f"SELECT 1 FROM {s.name} WHERE {s.col('turn')} = %s AND {s.col('state')} = %s LIMIT 1"
+
+
+def steering_pending(turn_pk: int) -> bool:
+    """Whether a steering waits for this turn."""
+    return rows.fetchone(_steering_pending_sql(), [turn_pk, SteeringState.PENDING]) is not None
+
+
+_TURN_COLUMNS = ["id", "turn_id", "conversation_id", "actor_id", "receipt_id", "state", "model", "profile_id",
+                 "allowed_tools", "denied_tools", "disable_memory_recall", "disable_code_context",
+                 "disable_memory_write", "input_mode", "include_thinking", "citation_ids", "context",
+                 "cancel_requested", "started_at", "created_at"]
+_CONVERSATION_COLUMNS = ["id", "channel", "client_id", "external_id", "owner_id"]
+_ACTOR_COLUMNS = ["id", "key", "channel", "user_id"]
+
+
+@functools.cache
+def _turn_fetch_parts():
+    from plugins_app.agent.models import AgentProfile
+    p = rows.table(AgentProfile)
+    return ((rows.table(Turn), _TURN_COLUMNS), (rows.table(Conversation), _CONVERSATION_COLUMNS),
+            (rows.table(Actor), _ACTOR_COLUMNS), (p, p.attnames))
+
+
+@functools.cache
+def _turn_fetch_sql() -> str:
+    (t, _), (c, _), (a, _), (p, _) = parts = _turn_fetch_parts()
+    columns = ", ".join(table.select_list(names, alias) for (table, names), alias in zip(parts, "tcap"))
+    return (f"SELECT {columns}, {_pending_steering_sql('t.id')} "
+            f"FROM {t.name} t JOIN {c.name} c ON c.id = t.{t.col('conversation')} "
+            f"JOIN {a.name} a ON a.id = t.{t.col('actor')} "
+            f"LEFT JOIN {p.name} p ON p.id = t.{t.col('profile')} WHERE t.id = %s")
+
+
+def turn_fetch(turn_pk: int) -> Turn:
+    """The turn with its conversation, actor and profile (None when removed), and whether steering
+    waits (`turn.pending_steering`): one statement. Turn.DoesNotExist when there is no such turn."""
+    row = rows.fetchone(_turn_fetch_sql(), [SteeringState.PENDING, turn_pk])
+    if row is None:
+        raise Turn.DoesNotExist(turn_pk)
+    objects, i = [], 0
+    for table, names in _turn_fetch_parts():
+        values = row[i:i + len(names)]
+        objects.append(table.from_row(names, values) if values[0] is not None else None)  # no profile: None
+        i += len(names)
+    turn, turn.conversation, turn.actor, turn.profile = objects[0], objects[1], objects[2], objects[3]
+    turn.pending_steering = bool(row[i])
+    return turn
+
+
+# --- messages --------------------------------------------------------------------------------
+
+@functools.cache
+def _history_tail_sql() -> str:
+    m = rows.table(Message)
+    return (f"SELECT {m.col('role')}, {m.col('content')} FROM {m.name} WHERE {m.col('conversation')} = %s "
+            f"AND {m.col('hidden')} = %s AND {m.col('role')} IN (%s, %s) AND {m.col('turn')} < %s "
+            f"ORDER BY id DESC LIMIT %s")
+
+
+def history_tail(conversation_pk: int, before_turn_pk: int, limit: int) -> list[tuple[str, str]]:
+    """The newest `limit` visible user/assistant messages of turns before this one, oldest first:
+    (role, content)."""
+    past = rows.fetchall(_history_tail_sql(), [conversation_pk, False, Message.Role.USER, Message.Role.ASSISTANT,
+                                               before_turn_pk, limit])
+    past.reverse()
+    return [(role, content) for role, content in past]
+
+
+@functools.cache
+def _summary_latest_sql() -> str:
+    m = rows.table(Message)
+    return (f"SELECT {m.col('content')} FROM {m.name} WHERE {m.col('conversation')} = %s AND {m.col('hidden')} = %s "
+            f"AND {m.col('role')} = %s ORDER BY id DESC LIMIT 1")
+
+
+def summary_latest(conversation_pk: int) -> str | None:
+    """The newest visible system message (the summary a compaction left); None when there is none."""
+    row = rows.fetchone(_summary_latest_sql(), [conversation_pk, False, Message.Role.SYSTEM])
+    return row[0] if row else None
+
+
+# --- events ----------------------------------------------------------------------------------
+
+@functools.cache
+def _turn_events_after_sql() -> str:
+    e = rows.table(Event)
+    return (f"SELECT id, {e.col('type')}, {e.col('data')} FROM {e.name} WHERE {e.col('turn')} = %s AND id > %s "
+            f"ORDER BY id")
+
+
+def turn_events_after(turn_pk: int, cursor: int) -> list[tuple[int, str, dict]]:
+    """The turn's events after `cursor`, in cursor order: (id, type, data)."""
+    return [(pk, etype, json.loads(data)) for pk, etype, data in rows.fetchall(_turn_events_after_sql(),
+                                                                                 [turn_pk, cursor])]
+
+
+@functools.cache
+def _event_id_before_sql() -> str:
+    e = rows.table(Event)
+    return f"SELECT MAX(id) FROM {e.name} WHERE {e.col('turn')} = %s AND id < %s"
+
+
+def event_id_before(turn_pk: int, first_id: int) -> int:
+    """The turn's newest event id below `first_id`; 0 when there is none."""
+    row = rows.fetchone(_event_id_before_sql(), [turn_pk, first_id])
+    return (row[0] if row else None) or 0
