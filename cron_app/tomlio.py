@@ -18,7 +18,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, fie
 from pydantic_core import PydanticCustomError
 
 from cron_app.schedule import ScheduleError, parse_schedule, parse_timezone
-from ugent_common.validation import first_error, one_of
+from ugent_common.validation import first_error, first_repeat, one_of
 
 OVERLAPS = ("skip", "queue", "allow")
 CATCH_UPS = ("once", "none")
@@ -152,12 +152,11 @@ def check_config(raw: dict) -> dict:
         spec = CronFileSpec.model_validate(raw)
     except ValidationError as exc:
         raise CronConfigError(first_error(exc, data=raw, labels=_LABELS)) from None
-    seen: dict[str, int] = {}
-    for i, job in enumerate(spec.jobs):
-        if job.id in seen:
-            raise CronConfigError(f"jobs[{i}] ({job.id}).id: '{job.id}' is used twice "
-                                  f"(jobs[{seen[job.id]}] and jobs[{i}])")
-        seen[job.id] = i
+    repeat = first_repeat(job.id for job in spec.jobs)
+    if repeat:
+        first, i = repeat
+        job_id = spec.jobs[i].id
+        raise CronConfigError(f"jobs[{i}] ({job_id}).id: '{job_id}' is used twice (jobs[{first}] and jobs[{i}])")
     return spec.model_dump()
 
 

@@ -28,7 +28,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationE
                       field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
-from ugent_common.validation import StrList, first_error, type_name
+from ugent_common.validation import StrList, first_error, first_repeat, type_name
 
 logger = logging.getLogger("ugent.rules")
 
@@ -797,12 +797,12 @@ def parse_rules(
 
     kept: list[CompiledRule] = []
     dropped: list[DroppedRule] = []
-    seen: dict[str, int] = {}
+    repeat = first_repeat(rule.name for rule in spec.rules)
+    if repeat:
+        first, i = repeat
+        name = spec.rules[i].name
+        raise RuleSetError(f"{src}: rules[{i}] ({name}): duplicate rule name `{name}` (rules[{first}] and rules[{i}])")
     for i, rule in enumerate(spec.rules):
-        if rule.name in seen:
-            raise RuleSetError(f"{src}: rules[{i}] ({rule.name}): duplicate rule name `{rule.name}` "
-                               f"(rules[{seen[rule.name]}] and rules[{i}])")
-        seen[rule.name] = i
         decision, problem = rule.decision.compile()
         if check:
             if problem is None and isinstance(decision, StartWorkflow) and workflow_check:

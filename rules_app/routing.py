@@ -24,7 +24,7 @@ from typing import Annotated, Any, Iterable, Optional, Union
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
-from ugent_common.validation import StrList, first_error, type_name
+from ugent_common.validation import StrList, first_error, first_repeat, type_name
 
 from .engine import FIELDS, Condition, ConditionSpec, MessageFacts, RuleSetError
 
@@ -262,13 +262,14 @@ def parse_routing(text: str, *, source: Union[str, Path, None] = None) -> Routin
         spec = RoutingFileSpec.model_validate(doc, context=_CONTEXT)
     except ValidationError as exc:
         raise RoutingError(f"{src}: {first_error(exc, data=doc, labels=_LABELS)}") from None
+    repeat = first_repeat(route.name for route in spec.routes)
+    if repeat:
+        first, i = repeat
+        name = spec.routes[i].name
+        raise RoutingError(f"{src}: routes[{i}] ({name}): duplicate route name `{name}` "
+                           f"(routes[{first}] and routes[{i}])")
     routes: list[Route] = []
-    seen: dict[str, int] = {}
     for i, route in enumerate(spec.routes):
-        if route.name in seen:
-            raise RoutingError(f"{src}: routes[{i}] ({route.name}): duplicate route name `{route.name}` "
-                               f"(routes[{seen[route.name]}] and routes[{i}])")
-        seen[route.name] = i
         routes.append(route.compile(i))
     return RoutingTable(routes, source=src)
 

@@ -154,3 +154,14 @@ def one_of(*values: str):
         return value
 
     return Annotated[str, AfterValidator(check)]
+
+
+def first_repeat(values) -> tuple[int, int] | None:
+    """(first index, repeat index) of the first value that comes twice, or None: the names and ids
+    of a config file's entries must be unique, and each loader words the error its own way."""
+    seen: dict = {}
+    for i, value in enumerate(values):
+        if value in seen:
+            return seen[value], i
+        seen[value] = i
+    return None

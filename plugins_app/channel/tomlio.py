@@ -21,7 +21,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
 from pydantic_core import PydanticCustomError
 
 from plugins_app.channel.models import PLUGIN_ID_RE, Plugin
-from ugent_common.validation import StrList, first_error
+from ugent_common.validation import StrList, first_error, first_repeat
 
 SCHEMA_VERSION = 1
 _KIND_RE = re.compile(r"^channel-[a-z0-9][a-z0-9_-]*$")
@@ -129,12 +129,12 @@ def plugins_parse(text: str, *, source: str = "plugins.toml") -> list[dict]:
         spec = PluginsFileSpec.model_validate(data)
     except ValidationError as exc:
         raise PluginsFileError(f"{source}: {first_error(exc, data=data, labels=_LABELS)}") from None
-    seen: dict[str, int] = {}
-    for i, plugin in enumerate(spec.plugins):
-        if plugin.id in seen:
-            raise PluginsFileError(f"{source}: plugins[{i}] ({plugin.id}).id: {plugin.id!r} is listed twice "
-                                   f"(plugins[{seen[plugin.id]}] and plugins[{i}])")
-        seen[plugin.id] = i
+    repeat = first_repeat(plugin.id for plugin in spec.plugins)
+    if repeat:
+        first, i = repeat
+        pid = spec.plugins[i].id
+        raise PluginsFileError(f"{source}: plugins[{i}] ({pid}).id: {pid!r} is listed twice "
+                               f"(plugins[{first}] and plugins[{i}])")
     return [plugin.row() for plugin in spec.plugins]
 
 

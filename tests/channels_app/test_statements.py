@@ -248,7 +248,7 @@ APPS = ("channels_app", "rules_app", "plugins_app", "cron_app", "ugent_site", "u
 # Where statements may be written: the builder, the hub's statements, and the channel SDK's own
 # SQLite outbox (it runs in the worker process, on its own file, without Django).
 ALLOWED = {"ugent_common/rows.py", "channels_app/statements.py",
-           "plugins_app/sdk/outbox.py", "plugins_app/channel/sdk/outbox.py"}
+           "plugins_app/channel/sdk/outbox.py"}
 _SQL_IN_FSTRING = re.compile(r"\b(SELECT|INSERT INTO|DELETE FROM)\b|\bUPDATE\s+\{|\b(FROM|JOIN|WHERE|ORDER BY|"
                              r"GROUP BY|SET|AND|OR)\s+\{|\{[^}]*\}\s+(WHERE|SET|FROM|JOIN|ORDER BY)\b")
 _RAW_CALL = re.compile(r"\brows\.(fetchone|fetchall|_run)\(|\.execute\(\s*[rfbRFB]*[\"']")

@@ -99,3 +99,9 @@ def test_a_strict_shape_refuses_a_string_for_a_number():
         Limits.model_validate({"heartbeat_secs": "1"})
     assert first_error(exc.value) == "heartbeat_secs: expected a number, found string"
     assert Limits.model_validate({"heartbeat_secs": 1}).heartbeat_secs == 1.0
+
+
+def test_first_repeat_names_both_places():
+    from ugent_common.validation import first_repeat
+    assert first_repeat(["a", "b", "a", "b"]) == (0, 2)
+    assert first_repeat(x for x in ["a", "b"]) is None
