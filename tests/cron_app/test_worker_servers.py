@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -116,9 +117,11 @@ def test_a_worker_killed_mid_run_leaves_nothing_waiting_and_the_runs_go_on_on_th
     wait_for(lambda: Turn.objects.filter(state="running").count() == 2, "two turns to run")
     worker.kill9()
     dead = set(Turn.objects.filter(state="running").values_list("conversation_id", flat=True))
-    # the hub ends the turns the dead worker held (its sweep, as beat runs it); their after-turn
-    # hook queues the runs' steps, which the next worker takes
-    assert runner.turns_recover_interrupted(started_before=timezone.now()) == 2
+    # the hub ends the turns the dead worker held (its sweep, as beat runs it once their leases have
+    # lapsed: a lease's length from now); their after-turn hook queues the runs' steps, which the
+    # next worker takes
+    lapsed = timezone.now() + timedelta(seconds=settings.UGENT_TURN_LEASE_SECONDS + 1)
+    assert runner.turns_recover_interrupted(lapsed_before=lapsed) == 2
     worker.start()
     wait_for(lambda: CronRun.objects.filter(state__in=FINAL_RUN_STATES).count() == 4, "the four runs to end")
     for run in runs:
