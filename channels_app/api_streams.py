@@ -75,8 +75,8 @@ class _StreamView(View):
             return error_response(exc)
         if sub.conversation is not None:
             topic = events.conversation_topic(sub.conversation.pk)
-        else:  # every conversation: the log-wide wake-up where events.py publishes one, else polling
-            topic = getattr(events, "LOG_TOPIC", None)
+        else:  # every conversation: the log-wide wake-up every append publishes
+            topic = events.LOG_TOPIC
         resp = StreamingHttpResponse(sse_body(sub, topic), content_type="text/event-stream; charset=utf-8")
         resp["Cache-Control"] = "no-cache"
         resp["X-Accel-Buffering"] = "no"
