@@ -27,7 +27,9 @@ class Plugin(TimeStamped):
     kind = models.CharField(max_length=100, validators=[RegexValidator(r"^channel-[a-z0-9][a-z0-9_-]*$",
                                                                        "A kind looks like channel-telegram.")])
     enabled = models.BooleanField(default=True)
-    command = models.CharField(max_length=500, help_text="The worker executable; `python` is the daemon's own.")
+    command = models.CharField(max_length=500, blank=True, default="",
+                               help_text="The worker executable; `python` is the daemon's own. Empty for a kind "
+                                         "UGENT ships: it runs that kind's own worker.")
     args = models.JSONField(default=list, blank=True)
     env_refs = models.JSONField(default=list, blank=True,
                                 help_text="Names of environment variables the worker gets from the daemon's.")

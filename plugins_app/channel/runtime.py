@@ -87,6 +87,11 @@ class PluginRuntime:
         out = []
         try:
             for plugin in selectors.plugins_enabled():
+                argv = selectors.plugin_argv(plugin)
+                if argv is None:
+                    log.warning("plugin %s: no command, and kind %s is not installed: not started",
+                                plugin.plugin_id, plugin.kind)
+                    continue
                 env, missing = selectors.plugin_environment(plugin, self.environ)
                 if missing:
                     log.warning("plugin %s: environment not set: %s", plugin.plugin_id, ", ".join(missing))
@@ -95,8 +100,7 @@ class PluginRuntime:
                 env[STATE_DIR_ENV] = str(self.state_dir)
                 if plugin.workspace:
                     env["UGENT_PLUGIN_WORKSPACE"] = plugin.workspace
-                spec = WorkerSpec(plugin.plugin_id, selectors.plugin_command(plugin), list(plugin.args or []),
-                                  env=env, cwd=str(settings.BASE_DIR))
+                spec = WorkerSpec(plugin.plugin_id, argv[0], argv[1], env=env, cwd=str(settings.BASE_DIR))
                 limits = SupervisionLimits(heartbeat_secs=plugin.heartbeat_secs, **self.limits)
                 out.append(DesiredWorker(spec, limits))
         finally:

@@ -8,6 +8,7 @@ from django.db.models import Count, Q
 
 from plugins_app.channel.models import DeliveryState, OutboundDelivery, Plugin, PluginSecret
 from plugins_app.channel.secrets import secret_decrypt
+from plugins_app.channel.workers import kind_module
 
 # A bare `python` command means the daemon's own interpreter (the workers' minimal PATH has no venv).
 PYTHON_ALIASES = ("python", "python3")
@@ -17,8 +18,14 @@ def plugins_enabled() -> list[Plugin]:
     return list(Plugin.objects.filter(enabled=True).order_by("plugin_id"))
 
 
-def plugin_command(plugin: Plugin) -> str:
-    return sys.executable if plugin.command in PYTHON_ALIASES else plugin.command
+def plugin_argv(plugin: Plugin) -> tuple[str, list[str]] | None:
+    """The command and args the supervisor runs for ``plugin``; None when it names no command and its
+    kind is not installed (nothing can be started)."""
+    args = [str(a) for a in plugin.args or []]
+    if not plugin.command:
+        module = kind_module(plugin.kind)
+        return None if module is None else (sys.executable, ["-m", module, *args])
+    return (sys.executable if plugin.command in PYTHON_ALIASES else plugin.command), args
 
 
 def plugin_environment(plugin: Plugin, environ: dict | None = None) -> tuple[dict[str, str], list[str]]:

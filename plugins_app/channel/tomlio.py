@@ -17,10 +17,11 @@ from typing import Annotated
 
 import tomli_w
 from django.db import transaction
-from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from plugins_app.channel.models import PLUGIN_ID_RE, Plugin
+from plugins_app.channel.workers import kind_module
 from ugent_common.validation import StrList, first_error, first_repeat
 
 SCHEMA_VERSION = 1
@@ -89,12 +90,21 @@ class PluginSpec(BaseModel):
                               "{value} may hold only letters, digits, '.', '_' and '-' (up to 100)")]
     kind: Annotated[str, _check(lambda v: _KIND_RE.match(v), "{value} does not look like channel-telegram")]
     enabled: bool = True
-    command: Annotated[str, _check(bool, "must not be empty (the worker executable)")]
+    command: str = Field("", validate_default=True)
     args: StrList = []
     env_refs: EnvNames = []
     secret_env_refs: EnvNames = []
     limits: LimitsSpec = LimitsSpec()
     routing: RoutingSpec = RoutingSpec()
+
+    @field_validator("command")
+    @classmethod
+    def _command_or_installed_kind(cls, command: str, info: ValidationInfo) -> str:
+        kind = info.data.get("kind")
+        if not command and kind and kind_module(kind) is None:
+            raise PydanticCustomError("plugins", "must be set: {kind} is not a kind UGENT ships "
+                                      "or an installed package registers", {"kind": repr(kind)})
+        return command
 
     def row(self) -> dict:
         """The Plugin fields this entry sets."""
@@ -160,8 +170,10 @@ def plugins_import(*, text: str, source: str = "plugins.toml", prune: bool = Fal
 
 def plugin_to_entry(plugin: Plugin) -> dict:
     beat = plugin.heartbeat_secs
-    entry = {"id": plugin.plugin_id, "kind": plugin.kind, "enabled": plugin.enabled,
-             "command": plugin.command, "args": list(plugin.args or []), "env_refs": list(plugin.env_refs or [])}
+    entry = {"id": plugin.plugin_id, "kind": plugin.kind, "enabled": plugin.enabled}
+    if plugin.command:
+        entry["command"] = plugin.command
+    entry.update({"args": list(plugin.args or []), "env_refs": list(plugin.env_refs or [])})
     if plugin.secret_env_refs:
         entry["secret_env_refs"] = list(plugin.secret_env_refs)
     entry["limits"] = {"max_in_flight": plugin.max_in_flight, "max_retries": plugin.max_retries,

@@ -146,8 +146,8 @@ def test_the_setup_wizard_on_a_terminal(transactional_db, tmp_path):
         child.close()
     assert child.exitstatus == 0
     p = Plugin.objects.get()
-    assert (p.plugin_id, p.kind, p.command, p.args) == ("echo-test", "channel-echo", "python",
-                                                       ["-m", "plugins_app.channel.workers.echo"])
+    # A built-in kind is written with no command: the supervisor knows how to start its own worker.
+    assert (p.plugin_id, p.kind, p.command, p.args) == ("echo-test", "channel-echo", "", [])
     assert p.allowed_senders == ["echo:42", "echo:43"] and p.env_refs == ["ECHO_INBOX", "ECHO_SENT"]
     assert (p.enabled, p.disabled_reason) == (False, "environment not set: ECHO_SENT")
     assert tomllib.loads((tmp_path / "plugins.toml").read_text())["plugins"][0]["id"] == "echo-test"

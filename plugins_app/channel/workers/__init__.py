@@ -4,6 +4,9 @@ A kind is installed when a worker module for it is known: the ones here, or
 any package that declares an entry point in the ``ugent.channel_workers``
 group (``channel-foo = "foo_plugin.worker"``). A worker module names its
 ``KIND``, a one-line ``DESCRIPTION`` and the ``ENV_REFS`` it needs.
+
+An installed kind needs no ``command`` in plugins.toml: the supervisor runs
+``python -m <module> <args...>`` with the daemon's own interpreter.
 """
 from __future__ import annotations
 
@@ -24,24 +27,26 @@ class ChannelKind:
     description: str = ""
     env_refs: tuple[str, ...] = field(default_factory=tuple)
 
-    @property
-    def command(self) -> str:
-        return "python"
 
-    @property
-    def args(self) -> list[str]:
-        return ["-m", self.module]
-
-
-def installed_kinds() -> dict[str, ChannelKind]:
+def kind_modules() -> dict[str, str]:
+    """Each installed kind's worker module, without importing any of them."""
     found = dict(BUILTIN)
     try:
         for ep in entry_points(group="ugent.channel_workers"):
             found.setdefault(ep.name, ep.value.split(":")[0])
     except Exception:  # a broken third-party package must not hide the built-in kinds
         log.exception("could not read ugent.channel_workers entry points")
+    return found
+
+
+def kind_module(kind: str) -> str | None:
+    """The worker module UGENT starts for ``kind`` when its plugin names no ``command``."""
+    return kind_modules().get(kind)
+
+
+def installed_kinds() -> dict[str, ChannelKind]:
     out = {}
-    for kind, module in sorted(found.items()):
+    for kind, module in sorted(kind_modules().items()):
         try:
             mod = importlib.import_module(module)
         except Exception as exc:

@@ -180,8 +180,7 @@ class Command(BaseCommand):
                 self.stdout.write("    It is written disabled until they are set (then run setup again).")
             senders = [s.strip() for s in self._ask("  Allowed senders (channel:sender_id, comma-separated; "
                                                     "empty lets everyone in)").split(",") if s.strip()]
-            entry = {"id": plugin_id, "kind": kind.kind, "enabled": True, "command": kind.command,
-                     "args": kind.args, "env_refs": refs, "routing": {"allowed_senders": senders}}
+            entry = {"id": plugin_id, "kind": kind.kind, "enabled": True, "env_refs": refs, "routing": {"allowed_senders": senders}}
             try:
                 rows.extend(tomlio.plugins_parse(tomlio.tomli_w.dumps({"schema_version": 1,
                                                                        "plugins": [entry]})))

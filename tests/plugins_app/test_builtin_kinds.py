@@ -1,0 +1,57 @@
+"""A kind UGENT ships needs no `command` in plugins.toml: the supervisor runs its own worker."""
+import sys
+
+import pytest
+
+from plugins_app.channel import selectors, tomlio
+from plugins_app.channel.models import Plugin
+
+pytestmark = pytest.mark.django_db
+
+ECHO_ONLY = '''schema_version = 1
+[[plugins]]
+id = "echo-main"
+kind = "channel-echo"
+args = ["--flag", "x"]
+env_refs = ["ECHO_INBOX"]
+'''
+
+
+def test_a_builtin_kind_with_env_refs_is_a_complete_entry():
+    tomlio.plugins_import(text=ECHO_ONLY)
+    plugin = Plugin.objects.get(plugin_id="echo-main")
+    assert plugin.command == ""
+    assert selectors.plugin_argv(plugin) == (sys.executable, ["-m", "plugins_app.channel.workers.echo",
+                                                              "--flag", "x"])
+
+
+def test_an_unknown_kind_without_a_command_is_refused_and_nothing_is_written():
+    text = ECHO_ONLY.replace("channel-echo", "channel-nowhere")
+    with pytest.raises(tomlio.PluginsFileError) as err:
+        tomlio.plugins_import(text=text)
+    assert str(err.value) == ("plugins.toml: plugins[0] (echo-main).command: must be set: 'channel-nowhere' "
+                              "is not a kind UGENT ships or an installed package registers")
+    assert not Plugin.objects.exists()
+
+
+def test_an_explicit_command_still_wins_and_python_means_the_daemons_interpreter():
+    tomlio.plugins_import(text=ECHO_ONLY.replace('args = ["--flag", "x"]',
+                                                 'command = "python"\nargs = ["-m", "my.worker"]'))
+    plugin = Plugin.objects.get()
+    assert selectors.plugin_argv(plugin) == (sys.executable, ["-m", "my.worker"])
+
+
+def test_a_plugin_whose_kind_is_gone_is_not_started():
+    plugin = Plugin.objects.create(plugin_id="ghost", kind="channel-gone", command="")
+    assert selectors.plugin_argv(plugin) is None
+
+
+def test_the_export_of_a_builtin_entry_has_no_command_and_reimports_the_same():
+    tomlio.plugins_import(text=ECHO_ONLY)
+    text = tomlio.plugins_export()
+    assert "command" not in text
+    before = Plugin.objects.values().get()
+    tomlio.plugins_import(text=text)
+    after = Plugin.objects.values().get()
+    assert {k: v for k, v in before.items() if k != "updated_at"} == {k: v for k, v in after.items()
+                                                                    if k != "updated_at"}
