@@ -188,3 +188,23 @@ def test_kill_9_on_the_supervisor_takes_a_worker_started_through_a_shell_with_it
     assert wait_until(lambda: OutboundDelivery.objects.get(delivery_id=after).state == "delivered", 30)
     assert sorted((s["delivery_id"], s["text"]) for s in echo.sends()) == \
         sorted([(before, "before the crash"), (after, "after the restart")])  # each once
+
+
+def test_a_worker_the_platform_refuses_is_disabled_with_the_reason_and_not_restarted(
+        tcast, echo, start_runtime, monkeypatch, admin_client):
+    monkeypatch.setenv("ECHO_REFUSE", "401 Unauthorized: the bot token was revoked")
+    make_plugin(env_refs=["ECHO_INBOX", "ECHO_SENT", "ECHO_REFUSE"])
+    rt = start_runtime()
+    assert wait_until(lambda: not Plugin.objects.get().enabled, 15), rt.log("echo-main")
+    plugin = Plugin.objects.get()
+    assert plugin.state == "disabled"
+    assert plugin.disabled_reason == "the channel refused the worker: 401 Unauthorized: the bot token was revoked"
+    wait_until(lambda: False, 1.0)
+    # One start only: no restart loop against a platform that said no.
+    assert rt.log("echo-main").count("the channel refused this worker") == 1
+    page = admin_client.get("/admin/plugins_app/plugin/").content.decode()
+    assert "the bot token was revoked" in page
+    # Once the operator fixed it, enabling again starts it afresh and it runs.
+    monkeypatch.setenv("ECHO_REFUSE", "")
+    admin_client.post("/admin/plugins_app/plugin/", {"action": "enable_again", "_selected_action": [plugin.pk]})
+    assert wait_until(lambda: Plugin.objects.get().state == "running", 15), rt.log("echo-main")

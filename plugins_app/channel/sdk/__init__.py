@@ -22,10 +22,10 @@ from .messages import (
     ReplyContext,
 )
 from .outbox import Outbox
-from .worker import ChannelWorker, DeliveryFailed, SubmitResult
+from .worker import ChannelRefused, ChannelWorker, DeliveryFailed, SubmitResult
 
 __all__ = [
-    "Attachment", "CallTimeout", "ChannelWorker", "ConnectionLost", "DeliveryFailed", "Dispatcher",
+    "Attachment", "CallTimeout", "ChannelRefused", "ChannelWorker", "ConnectionLost", "DeliveryFailed", "Dispatcher",
     "InboundMessage", "InvalidParams", "Media", "MessageValidationError", "Delivery", "Outbox",
     "RPCError", "ReplyContext", "RpcClient", "SubmitResult", "connect_with_retry",
 ]

@@ -90,9 +90,17 @@ def default_state_dir() -> Path:
     return Path(xdg) / "ugent" / "workers"
 
 
+def _safe(plugin_id: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", plugin_id) or "worker"
+
+
 def outbox_path_for(plugin_id: str, state_dir: str | os.PathLike | None = None) -> Path:
-    safe = re.sub(r"[^A-Za-z0-9._-]", "_", plugin_id) or "worker"
-    return Path(state_dir or default_state_dir()) / f"{safe}.outbox.sqlite3"
+    return Path(state_dir or default_state_dir()) / f"{_safe(plugin_id)}.outbox.sqlite3"
+
+
+def refusal_path_for(plugin_id: str, state_dir: str | os.PathLike | None = None) -> Path:
+    """Where a worker the platform refused (``ChannelRefused``) leaves the reason for the supervisor."""
+    return Path(state_dir or default_state_dir()) / f"{_safe(plugin_id)}.refused"
 
 
 @dataclass

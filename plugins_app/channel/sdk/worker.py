@@ -36,7 +36,7 @@ from typing import Any, Callable
 from .client import CallCancelled, CallTimeout, ConnectionLost, RpcClient, connect_with_retry
 from .jsonrpc import INVALID_PARAMS, UNKNOWN_DELIVERY, RPCError
 from .messages import Attachment, InboundMessage, Media, MessageValidationError, Delivery
-from .outbox import ACK, ACKED, FAILED, PENDING, REJECTED, RESUME, SENT, Outbox, PendingAck
+from .outbox import ACK, ACKED, FAILED, PENDING, REJECTED, RESUME, SENT, Outbox, PendingAck, refusal_path_for
 
 SOCKET_ENV = "UGENT_BRIDGE_SOCKET"
 PLUGIN_ID_ENV = "UGENT_PLUGIN_ID"
@@ -48,6 +48,7 @@ PR_GET_PDEATHSIG = 2
 EXIT_OK = 0
 EXIT_FAILURE = 1        # the bridge stayed unreachable, or the channel failed: the supervisor restarts it
 EXIT_REFUSED = 2        # hello was refused (bad token, bad params): restarting alone will not help
+EXIT_CHANNEL_REFUSED = 78  # EX_CONFIG: the platform refused the worker (ChannelRefused); not restarted until an edit
 
 
 class DeliveryFailed(Exception):
@@ -62,6 +63,20 @@ class DeliveryFailed(Exception):
         super().__init__(reason)
         self.reason = reason
         self.permanent = permanent
+
+
+class ChannelRefused(Exception):
+    """Raised by ``connect()`` or ``listen()`` when the platform refuses this worker and only the
+    operator can fix it: a bad or revoked token, a missing permission or intent, a second poller.
+
+    The worker records ``reason`` beside its outbox and exits with ``EXIT_CHANNEL_REFUSED``; the
+    supervisor then disables the plugin with the reason (the admin shows it) instead of restarting
+    it in a loop. Enabling the plugin again, or editing it, starts it afresh.
+    """
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
 
 
 @dataclass
@@ -118,6 +133,7 @@ class ChannelWorker:
         self._listener: threading.Thread | None = None
         self._heartbeat: threading.Thread | None = None
         self._failed = False
+        self._refused: str | None = None
         self._stopped = False
         self._parent_pid: int | None = None         # set by main(): a worker whose parent is gone stops
 
@@ -338,8 +354,14 @@ class ChannelWorker:
                 signal.signal(sig, lambda *_: self.stop())
         self._outbox()
         code = EXIT_OK
+        refusal = refusal_path_for(self.plugin_id, self.state_dir)
+        refusal.unlink(missing_ok=True)
         try:
             self.connect()
+        except ChannelRefused as exc:
+            self._refuse(exc.reason)
+            self._close_outbox()
+            return EXIT_CHANNEL_REFUSED
         except Exception:  # noqa: BLE001
             self.log.exception("connect() failed")
             self._close_outbox()
@@ -383,7 +405,20 @@ class ChannelWorker:
                 code = EXIT_FAILURE
         finally:
             self._shutdown()
-        return code
+        return EXIT_CHANNEL_REFUSED if self._refused is not None else code
+
+    def _refuse(self, reason: str) -> None:
+        """Record why the platform refused this worker, where the supervisor reads it after the exit."""
+        self._refused = reason
+        self.log.error("the channel refused this worker: %s", reason)
+        path = refusal_path_for(self.plugin_id, self.state_dir)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(reason[:500])
+            tmp.replace(path)
+        except OSError:
+            self.log.exception("could not record the refusal at %s", path)
 
     @classmethod
     def main(cls, **kwargs: Any) -> None:
@@ -461,6 +496,10 @@ class ChannelWorker:
     def _listen_main(self) -> None:
         try:
             self.listen(self.submit)
+        except ChannelRefused as exc:
+            self._refuse(exc.reason)
+            self.stop()
+            return
         except Exception:  # noqa: BLE001
             self.log.exception("listen() failed")
             self._failed = True

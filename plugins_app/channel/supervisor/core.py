@@ -21,6 +21,8 @@ from .policy import (
     DISABLED, HEARTBEAT_OVERDUE, RUNNING, STOPPED, STOPPING,
     Action, RestartPolicy, SupervisionLimits, heartbeat_overdue,
 )
+from ..sdk.outbox import STATE_DIR_ENV, refusal_path_for
+from ..sdk.worker import EXIT_CHANNEL_REFUSED
 from .process import ReapedWorker, WorkerHandle, WorkerSpec, reap_stale
 
 try:
@@ -273,7 +275,7 @@ class Supervisor:
                 return
             slot.handle = None
             logger.warning("plugin %s worker pid %s exited (%s)", slot.plugin_id, handle.pid, code)
-            self._apply(slot, slot.policy.on_exit(code, now))
+            self._apply(slot, slot.policy.on_exit(code, now, refused=self._refusal(slot, code)))
 
         if slot.desired is None:
             self._forget(slot)
@@ -293,6 +295,16 @@ class Supervisor:
             self._apply(slot, slot.policy.on_exit(code, now, cause=cause, healthy_secs=healthy))
         else:
             slot.restart_at = now
+
+    def _refusal(self, slot: _Slot, code: int | None) -> str | None:
+        """The reason a worker that exited with EXIT_CHANNEL_REFUSED left beside its outbox."""
+        if code != EXIT_CHANNEL_REFUSED or slot.desired is None:
+            return None
+        path = refusal_path_for(slot.plugin_id, slot.desired.spec.env.get(STATE_DIR_ENV))
+        try:
+            return path.read_text().strip() or "no reason given"
+        except OSError:
+            return "no reason given"
 
     def _forget(self, slot: _Slot) -> None:
         del self._slots[slot.plugin_id]

@@ -123,7 +123,8 @@ class RestartPolicy:
         self.started_at = self.clock() if now is None else now
 
     def on_exit(self, code: int | None = None, now: float | None = None, *,
-                cause: str | None = None, healthy_secs: float | None = None) -> Action:
+                cause: str | None = None, healthy_secs: float | None = None,
+                refused: str | None = None) -> Action:
         """The worker exited with ``code`` (or was stopped for ``cause``): restart when, or disable.
 
         ``healthy_secs`` is how long the run was sound, if less than its whole
@@ -137,6 +138,11 @@ class RestartPolicy:
             ran = min(ran, healthy_secs)
         self.started_at = None
         what = describe_exit(code, cause)
+        if refused is not None:
+            # The platform refused the worker (bad token, revoked, a second poller): restarting
+            # cannot help, and retrying in a loop would hammer the platform. The operator must act.
+            self.disabled_reason = f"the channel refused the worker: {refused}"
+            return Action(DISABLED, None, self.disabled_reason)
         if ran >= lim.stable_secs:
             self.failures_in_round = 0
             self.cooldown_rounds = 0

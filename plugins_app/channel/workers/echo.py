@@ -11,7 +11,8 @@
 
 Knobs for tests: ECHO_DELIVER_DELAY (seconds to linger after writing a send, a
 window to kill the worker in), ECHO_FAIL ("retry" or "permanent": every send
-fails so), ECHO_MUTE_HEARTBEAT=1 (stop heartbeating: the watchdog's case).
+fails so), ECHO_MUTE_HEARTBEAT=1 (stop heartbeating: the watchdog's case), ECHO_REFUSE=<reason>
+(connect() raises ChannelRefused: the platform's "bad token" case).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import os
 import time
 from pathlib import Path
 
-from plugins_app.channel.sdk import ChannelWorker, DeliveryFailed, InboundMessage
+from plugins_app.channel.sdk import ChannelRefused, ChannelWorker, DeliveryFailed, InboundMessage
 
 KIND = "channel-echo"
 DESCRIPTION = "Echo: a test channel reading ECHO_INBOX and writing ECHO_SENT (files)."
@@ -50,6 +51,10 @@ class EchoWorker(ChannelWorker):
         self.deliver_delay = float(os.environ.get("ECHO_DELIVER_DELAY", "0") or 0)
         self.fail = os.environ.get("ECHO_FAIL", "")
         self.mute_heartbeat = os.environ.get("ECHO_MUTE_HEARTBEAT") == "1"
+
+    def connect(self):
+        if os.environ.get("ECHO_REFUSE"):
+            raise ChannelRefused(os.environ["ECHO_REFUSE"])
 
     def listen(self, submit):
         offset = 0
