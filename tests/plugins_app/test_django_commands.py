@@ -9,6 +9,7 @@ from io import StringIO
 from pathlib import Path
 
 import pexpect
+import yaml
 import pytest
 from django.core.management import CommandError, call_command
 
@@ -162,13 +163,17 @@ def test_startplugin_generates_a_skeleton_whose_own_test_passes(db, tmp_path):
     target = tmp_path / "matrix"
     call_command("startplugin", "matrix", "--directory", str(target), stdout=StringIO())
     assert {p.name for p in target.iterdir()} == {"matrix_worker.py", "test_matrix_worker.py", "plugins.toml",
-                                                  "README.md"}
+                                                  "README.md", ".github"}
+    workflow = yaml.safe_load((target / ".github/workflows/ci.yml").read_text())
+    steps = [step.get("run", "") for step in workflow["jobs"]["test"]["steps"]]
+    assert "ruff format --check ." in steps and "ruff check ." in steps and "pytest -q" in steps
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "DJANGO_"))}
     run = subprocess.run([PY, "-m", "pytest", "-q", "-p", "no:django", "-p", "no:cacheprovider",
                           "--rootdir", str(target), str(target)], cwd=str(target), env=env,
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "1 passed" in run.stdout
+    # the round trip, and the crash-recovery outbox under kill -9 (nothing lost, nothing doubled)
+    assert "2 passed" in run.stdout
     cmd("import", str(target / "plugins.toml"))
     assert Plugin.objects.get().kind == "channel-matrix"
     with pytest.raises(CommandError, match="not empty"):
