@@ -456,6 +456,8 @@ class CompiledRuleSet:
         self.rules: tuple[CompiledRule, ...] = tuple(sorted(rules, key=lambda r: (-r.priority, r.index)))
         self.source = source
         self.closed_error = closed_error
+        from rules_app.index import RuleIndex  # it builds on the condition classes defined in this module
+        self.index = RuleIndex(self.rules)
 
     @classmethod
     def empty(cls) -> "CompiledRuleSet":
@@ -476,7 +478,18 @@ class CompiledRuleSet:
         return len(self.rules)
 
     def evaluate(self, message: MessageFacts) -> Match:
-        """Return the first matching rule in priority order, or a pass-through Match."""
+        """Return the first matching rule in priority order, or a pass-through Match.
+
+        Only the rules the index says could match are tried (rules_app/index.py); the answer is
+        exactly :meth:`evaluate_linear`'s.
+        """
+        if self.closed_error is not None:
+            return Match(None, Ignore(), refused=True)
+        rule = self.index.first_match(message)
+        return Match(None, PassToDefaultAgent()) if rule is None else Match(rule, rule.decision)
+
+    def evaluate_linear(self, message: MessageFacts) -> Match:
+        """:meth:`evaluate` by trying every rule in order: the reference the index is held to."""
         if self.closed_error is not None:
             return Match(None, Ignore(), refused=True)
         for rule in self.rules:
