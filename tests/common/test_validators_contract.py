@@ -65,8 +65,10 @@ REFUSED = [
      "routes[1] (b).rewrite[0]", "missing field `replace`"),
     (cron, CronConfigError, JOB + "[[jobs.tasks]]\nid = 'u'\n",
      "jobs[0] (ok).tasks[1] (u)", "missing field `prompt`"),
+    (plugins, PluginsFileError, PLUGIN + '[[plugins]]\nid = "two"\n',
+     "plugins[1] (two)", "missing field `kind`"),
     (plugins, PluginsFileError, PLUGIN + '[[plugins]]\nid = "two"\nkind = "channel-x"\n',
-     "plugins[1] (two)", "missing field `command`"),
+     "plugins[1] (two).command", "must be set: 'channel-x' is not a kind UGENT ships or an installed package registers"),
 ]
 
 
