@@ -242,3 +242,31 @@ def test_an_smtp_login_the_server_refuses_stops_the_worker_with_the_reason(tcast
     delivery = OutboundDelivery.objects.get()
     assert (delivery.state, delivery.attempt) == ("pending", 2)
     assert rt.log("mail").count("the channel refused this worker") == 1
+
+
+def test_by_default_a_first_start_answers_only_mail_that_arrives_after_it(tcast, mail, start_runtime):
+    old = mail.deliver(make_mail(text="script:answer=too late"))
+    email_plugin(args=[a for a in ARGS if a not in ("--start-at", "unseen")])
+    rt = start_runtime()
+    assert wait_until(lambda: f"watching INBOX" in rt.log("mail") and f"after UID {old}" in rt.log("mail"), 30), \
+        rt.log("mail")
+    mail.deliver(make_mail(text="script:answer=just in time"))
+    assert wait_until(delivered(1), 30), rt.log("mail")
+    wait_until(lambda: False, 1.0)
+    assert [plain(a) for a in answers_to(mail)] == ["just in time"]
+    assert Receipt.objects.count() == 1
+
+
+def test_a_conversation_named_by_an_address_starts_a_new_thread_to_it(tcast, mail, start_runtime):
+    plugin = email_plugin()
+    start_runtime()
+    from channels_app.services import channel_actor_resolve, conversation_resolve
+    from plugins_app.channel import services
+    actor = channel_actor_resolve(channel="email", user_id="carol@example.com")
+    conv, _ = conversation_resolve(channel="email", client_id=plugin.plugin_id, external_id="carol@example.com",
+                                   actor=actor, caller=None)
+    services.delivery_enqueue(plugin=plugin, conversation=conv, text="Your weekly digest",
+                              metadata={"subject": "Weekly digest"})
+    assert wait_until(delivered(1), 30)
+    [sent] = answers_to(mail, "carol@example.com")
+    assert (sent["Subject"], sent["In-Reply-To"], plain(sent)) == ("Weekly digest", None, "Your weekly digest")

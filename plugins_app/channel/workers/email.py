@@ -522,6 +522,8 @@ class EmailWorker(ChannelWorker):
             else:
                 last_uid = (uidnext - 1) if uidnext else await self._highest_uid(client)
             self.state.set_cursor(self.args.mailbox, uidvalidity, last_uid)
+        self.log.info("watching %s (UIDVALIDITY %s) after UID %s", self.args.mailbox, uidvalidity,
+                      self.state.cursor(self.args.mailbox)[1])
         return uidvalidity
 
     async def _highest_uid(self, client) -> int:
@@ -529,6 +531,11 @@ class EmailWorker(ChannelWorker):
         return max(_uids(response), default=0)
 
     async def _catch_up(self, client, uidvalidity: int, submit) -> None:
+        """Read every mail past the cursor, again until a search finds none (mail that came meanwhile)."""
+        while not self.stopping.is_set() and await self._catch_up_once(client, uidvalidity, submit):
+            pass
+
+    async def _catch_up_once(self, client, uidvalidity: int, submit) -> int:
         _, last_uid = self.state.cursor(self.args.mailbox)
         criteria = [f"UID {last_uid + 1}:*"]
         if self.args.start_at == "unseen" and last_uid == 0:
@@ -536,13 +543,15 @@ class EmailWorker(ChannelWorker):
         response = await client.uid_search(*criteria)
         if response.result != "OK":
             raise ConnectionError(f"UID SEARCH failed: {response.result}")
-        for uid in sorted(u for u in _uids(response) if u > last_uid):
+        uids = sorted(u for u in _uids(response) if u > last_uid)
+        for uid in uids:
             if self.stopping.is_set():
-                return
+                break
             raw = await self._fetch(client, uid)
             if raw is not None:
                 await self._handle(client, uidvalidity, uid, raw, submit)
             self.state.set_cursor(self.args.mailbox, uidvalidity, uid)
+        return len(uids)
 
     async def _fetch(self, client, uid: int) -> bytes | None:
         response = await client.uid("fetch", str(uid), "(UID BODY.PEEK[])")
