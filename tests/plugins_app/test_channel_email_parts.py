@@ -6,7 +6,7 @@ import email.policy
 
 import pytest
 
-from plugins_app.channel.workers import email as mailworker
+from plugins_app.channel.workers.email import parse as mailworker, state as mailstate, worker as mailproc
 from tests.fakes.email import make_mail
 
 OWN = {"bot@example.org"}
@@ -150,22 +150,22 @@ def test_a_transient_reply_is_waited_out_as_long_as_it_asks_within_the_cap(text,
 
 
 def test_idle_is_always_reissued_before_29_minutes():
-    assert mailworker.parse_args([]).idle_secs == 1500
-    assert mailworker.parse_args(["--idle-secs", "3600"]).idle_secs == 28 * 60
-    assert mailworker.parse_args(["--idle-secs", "0"]).idle_secs == 1.0
+    assert mailproc.parse_args([]).idle_secs == 1500
+    assert mailproc.parse_args(["--idle-secs", "3600"]).idle_secs == 28 * 60
+    assert mailproc.parse_args(["--idle-secs", "0"]).idle_secs == 1.0
 
 
 def test_the_worker_imports_no_django():
     import subprocess
     import sys
-    code = ("import sys, plugins_app.channel.workers.email; "
+    code = ("import sys, plugins_app.channel.workers.email.worker; "
             "print(any(m == 'django' or m.startswith('django.') for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
 
 
 def test_the_state_maps_ids_to_threads_and_remembers_what_was_sent(tmp_path):
-    state = mailworker.MailState(tmp_path / "s.sqlite3")
+    state = mailstate.MailState(tmp_path / "s.sqlite3")
     state.remember("<root@x>", "<root@x>", address="alice@example.com", subject="Hi", refs=["<root@x>"])
     state.remember("<root@x>", "<ours@y>", address=None, subject=None, refs=[])
     assert state.known_threads(["<ours@y>", "<other@z>"]) == {"<ours@y>": "<root@x>"}
@@ -174,8 +174,34 @@ def test_the_state_maps_ids_to_threads_and_remembers_what_was_sent(tmp_path):
     assert not state.was_sent("d1")
     state.mark_sent("d1", "<ours@y>")
     state.close()
-    again = mailworker.MailState(tmp_path / "s.sqlite3")  # it survives a restart
+    again = mailstate.MailState(tmp_path / "s.sqlite3")  # it survives a restart
     assert again.was_sent("d1")
     assert again.cursor("INBOX") == (None, None)
     again.set_cursor("INBOX", 42, 7)
     assert again.cursor("INBOX") == (42, 7)
+
+
+ENTRY = '''schema_version = 1
+[[plugins]]
+id       = "support-mail"
+kind     = "channel-email"
+env_refs = ["EMAIL_IMAP_HOST", "EMAIL_IMAP_PORT", "EMAIL_IMAP_USER", "EMAIL_IMAP_PASSWORD",
+            "EMAIL_SMTP_HOST", "EMAIL_SMTP_PORT"]
+args     = ["--mailbox", "Support"]
+'''
+
+
+@pytest.mark.django_db
+def test_the_docs_plugins_toml_entry_is_complete_without_a_command():
+    import sys
+    from plugins_app.channel import selectors, tomlio
+    from plugins_app.channel.models import Plugin
+    from plugins_app.channel.workers import installed_kinds
+    tomlio.plugins_import(text=ENTRY)
+    plugin = Plugin.objects.get(plugin_id="support-mail")
+    assert plugin.command == "" and plugin.channel == "email"
+    assert selectors.plugin_argv(plugin) == (sys.executable, ["-m", "plugins_app.channel.workers.email",
+                                                              "--mailbox", "Support"])
+    kind = installed_kinds()["channel-email"]
+    assert kind.env_refs == tuple(plugin.env_refs)
+    assert kind.description.startswith("Email: IMAP IDLE in, SMTP out")

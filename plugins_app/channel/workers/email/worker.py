@@ -1,34 +1,4 @@
-"""The email channel: IMAP IDLE in, SMTP out, built on the worker SDK.
-
-    python -m plugins_app.channel.workers.email [--imap-security ssl|none] [--smtp-security starttls|ssl|none] ...
-
-* **Inbound.** One IMAP connection SELECTs the mailbox and waits in IDLE, re-issued
-  every ``--idle-secs`` (25 minutes by default, under the 29 minutes RFC 2177 allows).
-  Every message with a UID past the worker's cursor is fetched (``BODY.PEEK[]``),
-  normalised and submitted; the cursor ``(UIDVALIDITY, UID)`` is committed only once
-  the SDK's outbox holds the message, so a crash or a dropped connection loses nothing
-  and a reconnect reads on from where it stopped. The message's ``Message-ID`` is the
-  inbound idempotency key (the same mail delivered twice, or renumbered by a new
-  UIDVALIDITY, runs one turn); without one, ``uid:<UIDVALIDITY>:<UID>``.
-* **Threads.** ``In-Reply-To``/``References`` pick the conversation: the conversation
-  id is the thread's root Message-ID, and every id seen in a thread (ours included)
-  maps back to it, so a reply that carries only ``In-Reply-To`` lands in its thread.
-* **Never answered**: auto-replies and bounces (``Auto-Submitted`` other than ``no``,
-  ``Precedence: bulk|junk|list``, ``X-Autoreply``, ``X-Autorespond``, a null
-  ``Return-Path``, MAILER-DAEMON/postmaster senders, ``multipart/report``) and the
-  worker's own mail.
-* **Outbound.** A reply over SMTP (aiosmtplib) with ``In-Reply-To``, ``References``,
-  ``Re:`` subject, a deterministic ``Message-ID`` from the delivery id, ``Auto-Submitted:
-  auto-replied`` (RFC 3834, so other robots do not answer it), and both a text/plain part
-  (the Markdown as written) and a text/html part (rendered by markdown-it, raw HTML off);
-  attachments from the host's media. A transient SMTP reply (421/45x: greylisting, rate
-  limits) waits and retries the same send; a refused login (535) stops the worker with
-  a clear state; a refused recipient is a permanent failure.
-
-Variables: EMAIL_IMAP_HOST, EMAIL_IMAP_PORT, EMAIL_IMAP_USER, EMAIL_IMAP_PASSWORD,
-EMAIL_SMTP_HOST, EMAIL_SMTP_PORT (SMTP logs in with the IMAP user and password when the
-server offers AUTH), and optionally EMAIL_ADDRESS (the From address; the IMAP user by default).
-"""
+"""channel-email's worker: one IMAP connection in IDLE for inbound, one SMTP session per answer."""
 from __future__ import annotations
 
 import argparse
@@ -36,37 +6,27 @@ import asyncio
 import email
 import email.policy
 import email.utils
-import html
 import imaplib
-import json
 import os
 import re
-import sqlite3
 import ssl
+import sys
 import threading
 import time
-from email.message import EmailMessage, Message
-from html.parser import HTMLParser
+from email.message import EmailMessage
 from pathlib import Path
 
-from plugins_app.channel.sdk import Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, InboundMessage
-from plugins_app.channel.sdk.messages import ReplyContext
+from plugins_app.channel.sdk import Attachment, ChannelRefused, ChannelWorker, DeliveryFailed
 from plugins_app.channel.sdk.outbox import default_state_dir
 
-KIND = "channel-email"
-DESCRIPTION = "Email: IMAP IDLE in, SMTP out; threads by In-Reply-To/References."
-ENV_REFS = ("EMAIL_IMAP_HOST", "EMAIL_IMAP_PORT", "EMAIL_IMAP_USER", "EMAIL_IMAP_PASSWORD",
-            "EMAIL_SMTP_HOST", "EMAIL_SMTP_PORT")
+from . import DESCRIPTION, KIND
+from .parse import (_IMAP_URL, attachment_parts, header_ids, markdown_to_html, normalise, reply_address,
+                    reply_subject, retry_delay)
+from .state import MailState
 
-CHANNEL = "email"
 IDLE_LIMIT_SECS = 29 * 60
-_MSGID = re.compile(r"<[^<>\s]+>")
-_RETRY_IN = re.compile(r"(?:retry|try again)\D{0,20}?(\d+(?:\.\d+)?)\s*(?:s\b|sec|second)", re.I)
-_QUOTE_INTRO = re.compile(r"^\s*(On .{3,200} wrote:|-----\s*Original Message\s*-----)\s*$", re.I)
 _AUTH_FAILED = 535
 
-
-# ---------------------------------------------------------------------------- pure parts (unit-tested)
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="channel-email", description=DESCRIPTION)
@@ -91,295 +51,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.idle_secs = max(1.0, min(args.idle_secs, IDLE_LIMIT_SECS - 60))
     return args
 
-
-def header_ids(value: str | None) -> list[str]:
-    """The message ids (``<...>``) in a Message-ID/In-Reply-To/References header, in order."""
-    return _MSGID.findall(str(value or ""))
-
-
-def skip_reason(msg: Message, own_addresses: set[str]) -> str | None:
-    """Why a message must not be answered (an auto-reply, a bounce, a list, our own), else None."""
-    auto = str(msg.get("Auto-Submitted", "")).strip().lower()
-    if auto and auto != "no":
-        return f"Auto-Submitted: {auto}"
-    precedence = str(msg.get("Precedence", "")).strip().lower()
-    if precedence in ("bulk", "junk", "list", "auto_reply"):
-        return f"Precedence: {precedence}"
-    for name in ("X-Autoreply", "X-Autorespond"):
-        if msg.get(name) is not None:
-            return name
-    return_path = msg.get("Return-Path")
-    if return_path is not None and str(return_path).strip() in ("<>", ""):
-        return "null Return-Path (a bounce)"
-    sender = sender_address(msg)
-    local = sender.split("@", 1)[0]
-    if local in ("mailer-daemon", "postmaster", "mail-daemon"):
-        return f"sender {sender}"
-    if msg.get_content_type() == "multipart/report":
-        return "multipart/report (a delivery report)"
-    if sender and sender in own_addresses:
-        return "our own mail"
-    return None
-
-
-def sender_address(msg: Message) -> str:
-    """Who wrote it (From); Reply-To is only where an answer goes."""
-    _, addr = email.utils.parseaddr(str(msg.get("From", "")))
-    return addr.strip().lower()
-
-
-def reply_address(msg: Message) -> str:
-    _, addr = email.utils.parseaddr(str(msg.get("Reply-To") or msg.get("From") or ""))
-    return addr.strip()
-
-
-def recipients(msg: Message) -> set[str]:
-    pairs = email.utils.getaddresses([str(v) for h in ("To", "Cc") for v in (msg.get_all(h) or [])])
-    return {a.strip().lower() for _, a in pairs if a.strip()}
-
-
-def thread_root(msg: Message, known: dict[str, str]) -> str:
-    """The conversation of a message: the thread a known id in its headers names, else its root."""
-    in_reply_to = header_ids(msg.get("In-Reply-To"))
-    references = header_ids(msg.get("References"))
-    for ref in list(reversed(in_reply_to)) + list(reversed(references)):
-        if ref in known:
-            return known[ref]
-    if references:
-        return references[0]
-    if in_reply_to:
-        return in_reply_to[0]
-    own = header_ids(msg.get("Message-ID"))
-    return own[0] if own else ""
-
-
-def strip_quoted(text: str) -> str:
-    """The new part of a reply: the trailing quote (``On ... wrote:`` and ``>`` lines) removed."""
-    lines = text.replace("\r\n", "\n").split("\n")
-    end = len(lines)
-    while end and (not lines[end - 1].strip() or lines[end - 1].lstrip().startswith(">")):
-        end -= 1
-    if end < len(lines) and end and _QUOTE_INTRO.match(lines[end - 1]):
-        end -= 1
-    elif end == len(lines):
-        for i, line in enumerate(lines):
-            if _QUOTE_INTRO.match(line) and all(not l.strip() or l.lstrip().startswith(">") for l in lines[i + 1:]):
-                end = i
-                break
-    kept = "\n".join(lines[:end]).strip()
-    return kept or text.strip()
-
-
-class _TextOfHtml(HTMLParser):
-    _BLOCK = {"p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "blockquote", "pre"}
-
-    def __init__(self):
-        super().__init__()
-        self.out: list[str] = []
-        self._skip = 0
-
-    def handle_starttag(self, tag, attrs):
-        if tag in ("script", "style", "head"):
-            self._skip += 1
-        elif tag in self._BLOCK:
-            self.out.append("\n")
-
-    def handle_endtag(self, tag):
-        if tag in ("script", "style", "head"):
-            self._skip = max(0, self._skip - 1)
-        elif tag in self._BLOCK:
-            self.out.append("\n")
-
-    def handle_data(self, data):
-        if not self._skip:
-            self.out.append(data)
-
-
-def html_to_text(markup: str) -> str:
-    parser = _TextOfHtml()
-    parser.feed(markup)
-    parser.close()
-    return re.sub(r"\n{3,}", "\n\n", "".join(parser.out)).strip()
-
-
-def markdown_to_html(text: str) -> str:
-    """The answer's Markdown as the HTML part (CommonMark and tables; raw HTML in the answer is escaped)."""
-    from markdown_it import MarkdownIt
-    md = MarkdownIt("commonmark", {"html": False, "linkify": False}).enable("table").enable("strikethrough")
-    return f"<!DOCTYPE html>\n<html><body>\n{md.render(text)}</body></html>\n"
-
-
-def body_text(msg: EmailMessage) -> str:
-    part = msg.get_body(preferencelist=("plain", "html"))
-    if part is None:
-        return ""
-    try:
-        content = part.get_content()
-    except (LookupError, UnicodeError):
-        content = part.get_payload(decode=True).decode("utf-8", "replace")
-    if part.get_content_type() == "text/html":
-        content = html_to_text(content)
-    return strip_quoted(content)
-
-
-def attachment_kind(content_type: str) -> str:
-    major = content_type.split("/", 1)[0].lower()
-    return major if major in ("image", "audio", "video") else "document"
-
-
-def attachment_parts(msg: EmailMessage) -> list[EmailMessage]:
-    return [p for p in msg.iter_attachments() if not p.is_multipart()]
-
-
-def imap_url(user: str, host: str, mailbox: str, uidvalidity: int, uid: int, index: int) -> str:
-    """RFC 5092 IMAP URL of one attachment (``index`` counts the message's attachments from 1)."""
-    from urllib.parse import quote
-    return (f"imap://{quote(user, safe='')}@{host}/{quote(mailbox)};UIDVALIDITY={uidvalidity}"
-            f"/;UID={uid}/;SECTION=ATTACHMENT.{index}")
-
-
-_IMAP_URL = re.compile(r";UIDVALIDITY=(\d+)/;UID=(\d+)/;SECTION=ATTACHMENT\.(\d+)$")
-
-
-def normalise(raw: bytes, *, uidvalidity: int, uid: int, own_addresses: set[str], known: dict[str, str],
-              user: str, host: str, mailbox: str) -> tuple[InboundMessage | None, EmailMessage, str | None]:
-    """One fetched mail as an InboundMessage, or None with the reason it is not answered."""
-    msg = email.message_from_bytes(raw, policy=email.policy.default)
-    reason = skip_reason(msg, own_addresses)
-    if reason:
-        return None, msg, reason
-    sender = sender_address(msg)
-    if not sender:
-        return None, msg, "no sender address"
-    own_id = (header_ids(msg.get("Message-ID")) or [None])[0]
-    message_id = short_id(own_id) if own_id else f"uid:{uidvalidity}:{uid}"
-    conversation = short_id(thread_root(msg, known)) or message_id
-    others = recipients(msg) - own_addresses - {sender}
-    name, _ = email.utils.parseaddr(str(msg.get("From", "")))
-    atts = []
-    for i, part in enumerate(attachment_parts(msg), 1):
-        ctype = part.get_content_type()
-        atts.append(Attachment(kind=attachment_kind(ctype), content_type=ctype, filename=part.get_filename(),
-                               url=imap_url(user, host, mailbox, uidvalidity, uid, i)))
-    in_reply_to = header_ids(msg.get("In-Reply-To"))
-    subject = str(msg.get("Subject", "") or "")
-    text = body_text(msg) or subject.strip()  # the subject rides in metadata; it is the text only of an empty mail
-    inbound = InboundMessage(
-        channel=CHANNEL, conversation_id=conversation, message_id=message_id, sender_id=sender,
-        sender_name=name or None, source_type="group" if others else "user", text=text, attachments=atts,
-        reply_to=ReplyContext(in_reply_to[-1]) if in_reply_to else None,
-        metadata={"subject": subject, "uidvalidity": uidvalidity, "uid": uid},
-    )
-    return inbound, msg, None
-
-
-def short_id(value: str) -> str:
-    """A Message-ID as an id the hub stores (255 characters at most): a longer one by its digest."""
-    if len(value) <= 250:
-        return value
-    import hashlib
-    return "sha256:" + hashlib.sha256(value.encode()).hexdigest()
-
-
-def reply_subject(subject: str) -> str:
-    subject = (subject or "").strip()
-    return subject if re.match(r"^(re|aw|sv)\s*:", subject, re.I) else f"Re: {subject}".strip()
-
-
-def retry_delay(message: str, attempt: int, first: float, cap: float) -> float:
-    """The wait a transient SMTP reply asks for, else ``first`` doubled per attempt."""
-    m = _RETRY_IN.search(message or "")
-    if m:
-        return min(float(m.group(1)), cap)
-    return min(first * (2 ** attempt), cap)
-
-
-# ---------------------------------------------------------------------------- the worker's state
-
-class MailState:
-    """The worker's own small record beside its outbox: the IMAP cursor, threads, and what it sent."""
-
-    def __init__(self, path: Path):
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._lock = threading.RLock()
-        self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript("""
-            CREATE TABLE IF NOT EXISTS cursor (mailbox TEXT PRIMARY KEY, uidvalidity INTEGER, last_uid INTEGER);
-            CREATE TABLE IF NOT EXISTS thread (message_id TEXT PRIMARY KEY, conversation_id TEXT NOT NULL);
-            CREATE TABLE IF NOT EXISTS conversation (
-                conversation_id TEXT PRIMARY KEY, address TEXT NOT NULL, subject TEXT NOT NULL,
-                last_message_id TEXT, refs TEXT NOT NULL DEFAULT '[]');
-            CREATE TABLE IF NOT EXISTS sent (delivery_id TEXT PRIMARY KEY, message_id TEXT, at REAL);
-        """)
-
-    def close(self):
-        with self._lock:
-            self._db.close()
-
-    def cursor(self, mailbox: str) -> tuple[int | None, int | None]:
-        with self._lock:
-            row = self._db.execute("SELECT uidvalidity, last_uid FROM cursor WHERE mailbox = ?", (mailbox,)).fetchone()
-        return (row[0], row[1]) if row else (None, None)
-
-    def set_cursor(self, mailbox: str, uidvalidity: int, last_uid: int) -> None:
-        with self._lock:
-            self._db.execute("INSERT INTO cursor VALUES (?, ?, ?) ON CONFLICT(mailbox) DO UPDATE SET "
-                             "uidvalidity = excluded.uidvalidity, last_uid = excluded.last_uid",
-                             (mailbox, uidvalidity, last_uid))
-
-    def known_threads(self, ids: list[str]) -> dict[str, str]:
-        if not ids:
-            return {}
-        with self._lock:
-            rows = self._db.execute(f"SELECT message_id, conversation_id FROM thread WHERE message_id IN "
-                                    f"({','.join('?' * len(ids))})", ids).fetchall()
-        return dict(rows)
-
-    def remember(self, conversation_id: str, message_id: str, *, address: str | None, subject: str | None,
-                 refs: list[str]) -> None:
-        """Map ``message_id`` to its thread; an inbound one also becomes the message an answer replies to."""
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                self._db.execute("INSERT OR IGNORE INTO thread VALUES (?, ?)", (message_id, conversation_id))
-                if address is not None:
-                    self._db.execute(
-                        "INSERT INTO conversation VALUES (?, ?, ?, ?, ?) ON CONFLICT(conversation_id) DO UPDATE SET "
-                        "address = excluded.address, last_message_id = excluded.last_message_id, "
-                        "refs = excluded.refs, subject = CASE WHEN conversation.subject = '' "
-                        "THEN excluded.subject ELSE conversation.subject END",
-                        (conversation_id, address, subject or "", message_id, json.dumps(refs)))
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-
-    def conversation(self, conversation_id: str) -> dict | None:
-        with self._lock:
-            row = self._db.execute("SELECT address, subject, last_message_id, refs FROM conversation "
-                                   "WHERE conversation_id = ?", (conversation_id,)).fetchone()
-        if row is None:
-            return None
-        return {"address": row[0], "subject": row[1], "last_message_id": row[2], "refs": json.loads(row[3])}
-
-    def references_of(self, message_id: str) -> list[str] | None:
-        """The References an answer to ``message_id`` carries, when that message was the thread's latest."""
-        with self._lock:
-            row = self._db.execute("SELECT refs FROM conversation WHERE last_message_id = ?", (message_id,)).fetchone()
-        return json.loads(row[0]) if row else None
-
-    def mark_sent(self, delivery_id: str, message_id: str) -> None:
-        with self._lock:
-            self._db.execute("INSERT OR IGNORE INTO sent VALUES (?, ?, ?)", (delivery_id, message_id, time.time()))
-
-    def was_sent(self, delivery_id: str) -> bool:
-        with self._lock:
-            return self._db.execute("SELECT 1 FROM sent WHERE delivery_id = ?", (delivery_id,)).fetchone() is not None
-
-
-# ---------------------------------------------------------------------------- the worker
 
 class EmailWorker(ChannelWorker):
     kind = KIND
@@ -843,9 +514,4 @@ def aioimaplib_stop():
 
 
 def main() -> None:
-    import sys
     EmailWorker.main(argv=sys.argv[1:])
-
-
-if __name__ == "__main__":
-    main()
