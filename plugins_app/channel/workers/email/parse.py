@@ -167,7 +167,8 @@ _IMAP_URL = re.compile(r";UIDVALIDITY=(\d+)/;UID=(\d+)/;SECTION=ATTACHMENT\.(\d+
 
 
 def normalise(raw: bytes, *, uidvalidity: int, uid: int, own_addresses: set[str], known: dict[str, str],
-              user: str, host: str, mailbox: str) -> tuple[InboundMessage | None, EmailMessage, str | None]:
+              user: str, host: str, mailbox: str, gmail_id: str | None = None
+              ) -> tuple[InboundMessage | None, EmailMessage, str | None]:
     """One fetched mail as an InboundMessage, or None with the reason it is not answered."""
     msg = email.message_from_bytes(raw, policy=email.policy.default)
     reason = skip_reason(msg, own_addresses)
@@ -177,7 +178,8 @@ def normalise(raw: bytes, *, uidvalidity: int, uid: int, own_addresses: set[str]
     if not sender:
         return None, msg, "no sender address"
     own_id = (header_ids(msg.get("Message-ID")) or [None])[0]
-    message_id = short_id(own_id) if own_id else f"uid:{uidvalidity}:{uid}"
+    fallback = f"gmail:{gmail_id}" if gmail_id else f"uid:{uidvalidity}:{uid}"
+    message_id = short_id(own_id) if own_id else fallback
     conversation = short_id(thread_root(msg, known)) or message_id
     others = recipients(msg) - own_addresses - {sender}
     name, _ = email.utils.parseaddr(str(msg.get("From", "")))
@@ -185,7 +187,8 @@ def normalise(raw: bytes, *, uidvalidity: int, uid: int, own_addresses: set[str]
     for i, part in enumerate(attachment_parts(msg), 1):
         ctype = part.get_content_type()
         atts.append(Attachment(kind=attachment_kind(ctype), content_type=ctype, filename=part.get_filename(),
-                               url=imap_url(user, host, mailbox, uidvalidity, uid, i)))
+                               url=f"gmail:{gmail_id}/{i}" if gmail_id
+                               else imap_url(user, host, mailbox, uidvalidity, uid, i)))
     in_reply_to = header_ids(msg.get("In-Reply-To"))
     subject = str(msg.get("Subject", "") or "")
     text = body_text(msg) or subject.strip()  # the subject rides in metadata; it is the text only of an empty mail
@@ -193,7 +196,8 @@ def normalise(raw: bytes, *, uidvalidity: int, uid: int, own_addresses: set[str]
         channel=CHANNEL, conversation_id=conversation, message_id=message_id, sender_id=sender,
         sender_name=name or None, source_type="group" if others else "user", text=text, attachments=atts,
         reply_to=ReplyContext(in_reply_to[-1]) if in_reply_to else None,
-        metadata={"subject": subject, "uidvalidity": uidvalidity, "uid": uid},
+        metadata={"subject": subject, **({"gmail_id": gmail_id} if gmail_id else
+                                         {"uidvalidity": uidvalidity, "uid": uid})},
     )
     return inbound, msg, None
 

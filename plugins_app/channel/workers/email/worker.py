@@ -47,6 +47,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--per-recipient-interval-secs", type=float, default=0.0,
                    help="least time between two mails to one address (0: none)")
     p.add_argument("--timeout-secs", type=float, default=30.0, help="network timeout of one IMAP/SMTP step")
+    g = p.add_argument_group("Gmail push (instead of IMAP IDLE; outbound through the Gmail API)")
+    g.add_argument("--gmail-push", action="store_true", help="read the mailbox through Gmail push + history")
+    g.add_argument("--gmail-topic", default="", help="the Pub/Sub topic users.watch publishes to")
+    g.add_argument("--push-bind", default="127.0.0.1", help="where the push endpoint listens")
+    g.add_argument("--push-port", type=int, default=8025, help="its port (0: any free one, logged)")
+    g.add_argument("--push-audience", default="", help="the audience of the push subscription's OIDC token")
+    g.add_argument("--push-service-account", default="", help="the service account the token must name")
+    g.add_argument("--gmail-poll-secs", type=float, default=300.0, help="read history this often without a push")
     args = p.parse_args(argv)
     args.idle_secs = max(1.0, min(args.idle_secs, IDLE_LIMIT_SECS - 60))
     return args
@@ -79,12 +87,15 @@ class EmailWorker(ChannelWorker):
         self._refusal: str | None = None             # set by a send the server refused to log in
         self.connected_once = threading.Event()
         self._session_ok = False
+        self.gmail = None                            # GmailPush with --gmail-push
 
     # ------------------------------------------------------------ connect / listen
 
     def connect(self) -> None:
         missing = [n for n, v in (("EMAIL_IMAP_HOST", self.imap_host), ("EMAIL_IMAP_USER", self.user),
                                   ("EMAIL_IMAP_PASSWORD", self.password)) if not v]
+        if self.args.gmail_push:
+            missing = []  # Gmail push logs in with OAuth (gmail.py checks its own variables)
         if missing:
             raise ChannelRefused(f"email: {', '.join(missing)} not set")
         if not self.address:
@@ -92,6 +103,11 @@ class EmailWorker(ChannelWorker):
         base = Path(self.state_dir) if self.state_dir else default_state_dir()
         safe = re.sub(r"[^A-Za-z0-9._-]", "_", self.plugin_id)
         self.state = MailState(base / f"{safe}.email.sqlite3")
+        if self.args.gmail_push:
+            from .gmail import GmailPush
+            self.gmail = GmailPush(self, self.args)
+            self.gmail.check()
+            return
         # Check the login once here: a bad password is a clear state at once, not a retry loop.
         asyncio.run(self._probe_login())
 
@@ -103,6 +119,9 @@ class EmailWorker(ChannelWorker):
             pass
 
     def listen(self, submit) -> None:
+        if self.gmail is not None:
+            self.gmail.run(lambda gid, raw: self.handle_raw(raw, submit, where=f"Gmail message {gid}", gmail_id=gid))
+            return
         asyncio.run(self._listen(submit))
 
     async def _listen(self, submit) -> None:
@@ -234,14 +253,19 @@ class EmailWorker(ChannelWorker):
         return None  # expunged meanwhile
 
     async def _handle(self, client, uidvalidity: int, uid: int, raw: bytes, submit) -> None:
+        await asyncio.to_thread(self.handle_raw, raw, submit, where=f"UID {uid}", uidvalidity=uidvalidity, uid=uid)
+        await self._mark_seen(client, uid)
+
+    def handle_raw(self, raw: bytes, submit, *, where: str, uidvalidity: int = 0, uid: int = 0,
+                   gmail_id: str | None = None) -> None:
+        """One fetched mail: normalised, its thread recorded, submitted (or logged as never answered)."""
         pre = email.message_from_bytes(raw, policy=email.policy.default)
         ids = header_ids(pre.get("In-Reply-To")) + header_ids(pre.get("References"))
         inbound, msg, reason = normalise(raw, uidvalidity=uidvalidity, uid=uid, own_addresses=self.own,
                                          known=self.state.known_threads(ids), user=self.user, host=self.imap_host,
-                                         mailbox=self.args.mailbox)
+                                         mailbox=self.args.mailbox, gmail_id=gmail_id)
         if inbound is None:
-            self.log.info("UID %s not answered: %s", uid, reason)
-            await self._mark_seen(client, uid)
+            self.log.info("%s not answered: %s", where, reason)
             return
         for part, att in zip(attachment_parts(msg), inbound.attachments):
             self._media[att.url] = part.get_payload(decode=True) or b""
@@ -250,20 +274,15 @@ class EmailWorker(ChannelWorker):
                 and inbound.conversation_id != inbound.message_id:
             refs = [inbound.conversation_id] + refs  # a reply that carried only In-Reply-To keeps the root
         own_id = inbound.message_id if inbound.message_id.startswith("<") else None
-        if own_id:
-            self.state.remember(inbound.conversation_id, own_id, address=reply_address(msg),
-                                subject=inbound.metadata.get("subject", ""), refs=refs + [own_id])
-        else:
-            self.state.remember(inbound.conversation_id, inbound.message_id, address=reply_address(msg),
-                                subject=inbound.metadata.get("subject", ""), refs=refs)
+        self.state.remember(inbound.conversation_id, own_id or inbound.message_id, address=reply_address(msg),
+                            subject=inbound.metadata.get("subject", ""), refs=refs + ([own_id] if own_id else []))
         try:
-            result = await asyncio.to_thread(submit, inbound)
+            result = submit(inbound)
         finally:
             for att in inbound.attachments:
                 self._media.pop(att.url, None)
-        self.log.info("UID %s submitted as %s in %s: accepted=%s duplicate=%s queued=%s", uid, inbound.message_id,
+        self.log.info("%s submitted as %s in %s: accepted=%s duplicate=%s queued=%s", where, inbound.message_id,
                       inbound.conversation_id, result.accepted, result.duplicate, result.queued)
-        await self._mark_seen(client, uid)
 
     async def _mark_seen(self, client, uid: int) -> None:
         if self.args.mark_seen:
@@ -316,6 +335,11 @@ class EmailWorker(ChannelWorker):
         url = attachment.url or ""
         if url in self._media:
             return self._media[url]
+        if url.startswith("gmail:") and self.gmail is not None:
+            gid, _, index = url[len("gmail:"):].partition("/")
+            raw = self.gmail.fetch_raw(gid)
+            parts = attachment_parts(email.message_from_bytes(raw, policy=email.policy.default)) if raw else []
+            return parts[int(index) - 1].get_payload(decode=True) if 0 < int(index) <= len(parts) else None
         m = _IMAP_URL.search(url)
         if not m:
             return None
@@ -393,7 +417,11 @@ class EmailWorker(ChannelWorker):
         try:
             msg, message_id = self.build_reply(delivery)
             self._throttle(str(msg["To"]).lower())
-            self._send_with_retries(msg, delivery)
+            if self.gmail is not None:
+                self.gmail.send(msg.as_bytes())
+                self.state.mark_sent(delivery.delivery_id, message_id)
+            else:
+                self._send_with_retries(msg, delivery)
             self.state.remember(delivery.conversation_id, message_id, address=None, subject=None, refs=[])
             return message_id
         finally:
@@ -487,6 +515,8 @@ class EmailWorker(ChannelWorker):
                 smtp.close()
 
     def disconnect(self) -> None:
+        if self.gmail is not None:
+            self.gmail.close()
         if self.state is not None:
             self.state.close()
             self.state = None
