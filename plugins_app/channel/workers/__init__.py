@@ -18,6 +18,7 @@ from importlib.metadata import entry_points
 log = logging.getLogger("ugent.plugins")
 
 BUILTIN = {"channel-echo": "plugins_app.channel.workers.echo"}
+BUILTIN["channel-email"] = "plugins_app.channel.workers.email"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,547 @@
+"""channel-email's worker: one IMAP connection in IDLE for inbound, one SMTP session per answer."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import email
+import email.policy
+import email.utils
+import imaplib
+import os
+import re
+import ssl
+import sys
+import threading
+import time
+from email.message import EmailMessage
+from pathlib import Path
+
+from plugins_app.channel.sdk import Attachment, ChannelRefused, ChannelWorker, DeliveryFailed
+from plugins_app.channel.sdk.outbox import default_state_dir
+
+from . import DESCRIPTION, KIND
+from .parse import (_IMAP_URL, attachment_parts, header_ids, markdown_to_html, normalise, reply_address,
+                    reply_subject, retry_delay)
+from .state import MailState
+
+IDLE_LIMIT_SECS = 29 * 60
+_AUTH_FAILED = 535
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="channel-email", description=DESCRIPTION)
+    p.add_argument("--mailbox", default="INBOX", help="the mailbox to watch")
+    p.add_argument("--imap-security", choices=("ssl", "none"), default="ssl")
+    p.add_argument("--smtp-security", choices=("starttls", "ssl", "none"), default="starttls")
+    p.add_argument("--idle-secs", type=float, default=25 * 60,
+                   help="re-issue IDLE after this long (at most 29 minutes, RFC 2177)")
+    p.add_argument("--start-at", choices=("new", "unseen"), default="new",
+                   help="on the first start: only mail that arrives from now on, or also the unread backlog")
+    p.add_argument("--mark-seen", action=argparse.BooleanOptionalAction, default=True,
+                   help="flag a message \\Seen once the hub holds it")
+    p.add_argument("--smtp-retry-secs", type=float, default=30.0,
+                   help="first wait after a transient SMTP reply that names no delay (doubles each time)")
+    p.add_argument("--smtp-retry-max-secs", type=float, default=300.0)
+    p.add_argument("--smtp-retries", type=int, default=4, help="transient replies waited out within one send")
+    p.add_argument("--max-per-minute", type=float, default=0.0, help="global send limit (0: none)")
+    p.add_argument("--per-recipient-interval-secs", type=float, default=0.0,
+                   help="least time between two mails to one address (0: none)")
+    p.add_argument("--timeout-secs", type=float, default=30.0, help="network timeout of one IMAP/SMTP step")
+    g = p.add_argument_group("Gmail push (instead of IMAP IDLE; outbound through the Gmail API)")
+    g.add_argument("--gmail-push", action="store_true", help="read the mailbox through Gmail push + history")
+    g.add_argument("--gmail-topic", default="", help="the Pub/Sub topic users.watch publishes to")
+    g.add_argument("--push-bind", default="127.0.0.1", help="where the push endpoint listens")
+    g.add_argument("--push-port", type=int, default=8025, help="its port (0: any free one, logged)")
+    g.add_argument("--push-audience", default="", help="the audience of the push subscription's OIDC token")
+    g.add_argument("--push-service-account", default="", help="the service account the token must name")
+    g.add_argument("--gmail-poll-secs", type=float, default=300.0, help="read history this often without a push")
+    args = p.parse_args(argv)
+    args.idle_secs = max(1.0, min(args.idle_secs, IDLE_LIMIT_SECS - 60))
+    return args
+
+
+class EmailWorker(ChannelWorker):
+    kind = KIND
+    version = "1.0.0"
+    capabilities = ("attachments", "threads")
+
+    def __init__(self, *, argv: list[str] | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.args = parse_args(argv)
+        env = os.environ
+        self.imap_host = env.get("EMAIL_IMAP_HOST", "")
+        self.imap_port = int(env.get("EMAIL_IMAP_PORT") or (993 if self.args.imap_security == "ssl" else 143))
+        self.user = env.get("EMAIL_IMAP_USER", "")
+        self.password = env.get("EMAIL_IMAP_PASSWORD", "")
+        self.smtp_host = env.get("EMAIL_SMTP_HOST") or self.imap_host
+        default_smtp = {"ssl": 465, "starttls": 587, "none": 25}[self.args.smtp_security]
+        self.smtp_port = int(env.get("EMAIL_SMTP_PORT") or default_smtp)
+        self.address = (env.get("EMAIL_ADDRESS") or (self.user if "@" in self.user else "")).strip()
+        self.own = {a for a in (self.address.lower(), self.user.lower()) if "@" in a}
+        self.domain = self.address.rsplit("@", 1)[-1] if "@" in self.address else "ugent.invalid"
+        self.state: MailState | None = None
+        self._media: dict[str, bytes] = {}           # attachment url -> bytes, for the submit just made
+        self._outgoing: dict[str, list] = {}          # delivery id -> [(Media, Attachment)]
+        self._send_times: list[float] = []
+        self._last_to: dict[str, float] = {}
+        self._refusal: str | None = None             # set by a send the server refused to log in
+        self.connected_once = threading.Event()
+        self._session_ok = False
+        self.gmail = None                            # GmailPush with --gmail-push
+
+    # ------------------------------------------------------------ connect / listen
+
+    def connect(self) -> None:
+        missing = [n for n, v in (("EMAIL_IMAP_HOST", self.imap_host), ("EMAIL_IMAP_USER", self.user),
+                                  ("EMAIL_IMAP_PASSWORD", self.password)) if not v]
+        if self.args.gmail_push:
+            missing = []  # Gmail push logs in with OAuth (gmail.py checks its own variables)
+        if missing:
+            raise ChannelRefused(f"email: {', '.join(missing)} not set")
+        if not self.address:
+            raise ChannelRefused("email: EMAIL_ADDRESS not set and EMAIL_IMAP_USER is not an address")
+        base = Path(self.state_dir) if self.state_dir else default_state_dir()
+        safe = re.sub(r"[^A-Za-z0-9._-]", "_", self.plugin_id)
+        self.state = MailState(base / f"{safe}.email.sqlite3")
+        if self.args.gmail_push:
+            from .gmail import GmailPush
+            self.gmail = GmailPush(self, self.args)
+            self.gmail.check()
+            return
+        # Check the login once here: a bad password is a clear state at once, not a retry loop.
+        asyncio.run(self._probe_login())
+
+    async def _probe_login(self) -> None:
+        client = await self._imap_open()
+        try:
+            await client.logout()
+        except Exception:  # noqa: BLE001 - the login is what was checked
+            pass
+
+    def listen(self, submit) -> None:
+        if self.gmail is not None:
+            self.gmail.run(lambda gid, raw: self.handle_raw(raw, submit, where=f"Gmail message {gid}", gmail_id=gid))
+            return
+        asyncio.run(self._listen(submit))
+
+    async def _listen(self, submit) -> None:
+        backoff = 0.5
+        while not self.stopping.is_set():
+            if self._refusal:
+                raise ChannelRefused(self._refusal)
+            try:
+                await self._session(submit)
+                backoff = 0.5
+            except ChannelRefused:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a dropped or failed connection: reconnect
+                if self._session_ok:
+                    backoff = 0.5  # the connection worked before it dropped: reconnect at once
+                self._session_ok = False
+                self.log.warning("IMAP session ended (%s: %s); reconnecting in %.1f s", type(exc).__name__, exc,
+                                 backoff)
+                await asyncio.to_thread(self.stopping.wait, backoff)
+                backoff = min(backoff * 2, 30.0)
+
+    async def _imap_open(self):
+        import aioimaplib
+        lost = asyncio.Event()
+        ctx = ssl.create_default_context() if self.args.imap_security == "ssl" else None
+        cls = aioimaplib.IMAP4_SSL if ctx else aioimaplib.IMAP4
+        kwargs = {"ssl_context": ctx} if ctx else {}
+        client = cls(host=self.imap_host, port=self.imap_port, timeout=self.args.timeout_secs,
+                     conn_lost_cb=lambda exc: lost.set(), **kwargs)
+        client.lost = lost
+        await client.wait_hello_from_server()
+        response = await client.login(self.user, self.password)
+        if response.result != "OK":
+            text = " ".join(_s(l) for l in response.lines).strip()
+            if "AUTHENTICATIONFAILED" in text.upper() or "AUTHORIZATIONFAILED" in text.upper() \
+                    or response.result == "NO":
+                raise ChannelRefused(f"IMAP login refused for {self.user}: {text}")
+            raise ConnectionError(f"IMAP login failed: {response.result} {text}")
+        if "IDLE" not in client.protocol.capabilities:
+            self.log.warning("the IMAP server offers no IDLE; polling every %.0f s", self.args.idle_secs)
+        return client
+
+    async def _session(self, submit) -> None:
+        client = await self._imap_open()
+        try:
+            uidvalidity = await self._select(client)
+            self._session_ok = True
+            self.connected_once.set()
+            while not self.stopping.is_set() and not client.lost.is_set():
+                await self._catch_up(client, uidvalidity, submit)
+                if self._refusal:
+                    raise ChannelRefused(self._refusal)
+                await self._idle(client)
+            if client.lost.is_set() and not self.stopping.is_set():
+                raise ConnectionError("the IMAP connection dropped")
+        finally:
+            try:
+                if not client.lost.is_set():
+                    await asyncio.wait_for(client.logout(), 2)
+            except Exception:  # noqa: BLE001
+                pass
+
+    async def _select(self, client) -> int:
+        response = await client.select(self.args.mailbox)
+        if response.result != "OK":
+            raise ChannelRefused(f"IMAP mailbox {self.args.mailbox!r} cannot be selected: "
+                                 f"{' '.join(_s(l) for l in response.lines)}")
+        uidvalidity = uidnext = None
+        for line in response.lines:
+            text = _s(line)
+            m = re.search(r"UIDVALIDITY (\d+)", text)
+            if m:
+                uidvalidity = int(m.group(1))
+            m = re.search(r"UIDNEXT (\d+)", text)
+            if m:
+                uidnext = int(m.group(1))
+        if uidvalidity is None:
+            raise ConnectionError("SELECT named no UIDVALIDITY")
+        stored_validity, last_uid = self.state.cursor(self.args.mailbox)
+        if stored_validity != uidvalidity:
+            if stored_validity is not None:
+                # The mailbox was rebuilt: every UID is new. Read it all again; Message-IDs keep it to one turn each.
+                self.log.warning("UIDVALIDITY changed (%s -> %s): reading the mailbox again", stored_validity,
+                                 uidvalidity)
+                last_uid = 0
+            elif self.args.start_at == "unseen":
+                last_uid = 0
+            else:
+                last_uid = (uidnext - 1) if uidnext else await self._highest_uid(client)
+            self.state.set_cursor(self.args.mailbox, uidvalidity, last_uid)
+        self.log.info("watching %s (UIDVALIDITY %s) after UID %s", self.args.mailbox, uidvalidity,
+                      self.state.cursor(self.args.mailbox)[1])
+        return uidvalidity
+
+    async def _highest_uid(self, client) -> int:
+        response = await client.uid_search("ALL")
+        return max(_uids(response), default=0)
+
+    async def _catch_up(self, client, uidvalidity: int, submit) -> None:
+        """Read every mail past the cursor, again until a search finds none (mail that came meanwhile)."""
+        while not self.stopping.is_set() and await self._catch_up_once(client, uidvalidity, submit):
+            pass
+
+    async def _catch_up_once(self, client, uidvalidity: int, submit) -> int:
+        _, last_uid = self.state.cursor(self.args.mailbox)
+        criteria = [f"UID {last_uid + 1}:*"]
+        if self.args.start_at == "unseen" and last_uid == 0:
+            criteria = ["UNSEEN"]
+        response = await client.uid_search(*criteria)
+        if response.result != "OK":
+            raise ConnectionError(f"UID SEARCH failed: {response.result}")
+        uids = sorted(u for u in _uids(response) if u > last_uid)
+        for uid in uids:
+            if self.stopping.is_set():
+                break
+            raw = await self._fetch(client, uid)
+            if raw is not None:
+                await self._handle(client, uidvalidity, uid, raw, submit)
+            self.state.set_cursor(self.args.mailbox, uidvalidity, uid)
+        return len(uids)
+
+    async def _fetch(self, client, uid: int) -> bytes | None:
+        response = await client.uid("fetch", str(uid), "(UID BODY.PEEK[])")
+        if response.result != "OK":
+            raise ConnectionError(f"UID FETCH {uid} failed: {response.result}")
+        for line in response.lines:
+            if isinstance(line, (bytearray,)) or (isinstance(line, bytes) and len(line) > 200):
+                return bytes(line)
+        return None  # expunged meanwhile
+
+    async def _handle(self, client, uidvalidity: int, uid: int, raw: bytes, submit) -> None:
+        await asyncio.to_thread(self.handle_raw, raw, submit, where=f"UID {uid}", uidvalidity=uidvalidity, uid=uid)
+        await self._mark_seen(client, uid)
+
+    def handle_raw(self, raw: bytes, submit, *, where: str, uidvalidity: int = 0, uid: int = 0,
+                   gmail_id: str | None = None) -> None:
+        """One fetched mail: normalised, its thread recorded, submitted (or logged as never answered)."""
+        pre = email.message_from_bytes(raw, policy=email.policy.default)
+        ids = header_ids(pre.get("In-Reply-To")) + header_ids(pre.get("References"))
+        inbound, msg, reason = normalise(raw, uidvalidity=uidvalidity, uid=uid, own_addresses=self.own,
+                                         known=self.state.known_threads(ids), user=self.user, host=self.imap_host,
+                                         mailbox=self.args.mailbox, gmail_id=gmail_id)
+        if inbound is None:
+            self.log.info("%s not answered: %s", where, reason)
+            return
+        for part, att in zip(attachment_parts(msg), inbound.attachments):
+            self._media[att.url] = part.get_payload(decode=True) or b""
+        refs = header_ids(msg.get("References")) or header_ids(msg.get("In-Reply-To"))
+        if inbound.conversation_id.startswith("<") and inbound.conversation_id not in refs \
+                and inbound.conversation_id != inbound.message_id:
+            refs = [inbound.conversation_id] + refs  # a reply that carried only In-Reply-To keeps the root
+        own_id = inbound.message_id if inbound.message_id.startswith("<") else None
+        self.state.remember(inbound.conversation_id, own_id or inbound.message_id, address=reply_address(msg),
+                            subject=inbound.metadata.get("subject", ""), refs=refs + ([own_id] if own_id else []))
+        try:
+            result = submit(inbound)
+        finally:
+            for att in inbound.attachments:
+                self._media.pop(att.url, None)
+        self.log.info("%s submitted as %s in %s: accepted=%s duplicate=%s queued=%s", where, inbound.message_id,
+                      inbound.conversation_id, result.accepted, result.duplicate, result.queued)
+
+    async def _mark_seen(self, client, uid: int) -> None:
+        if self.args.mark_seen:
+            try:
+                await client.uid("store", str(uid), "+FLAGS.SILENT", "(\\Seen)")
+            except Exception as exc:  # noqa: BLE001 - a flag is a courtesy; the cursor is what counts
+                self.log.warning("could not flag UID %s \\Seen: %s", uid, exc)
+
+    async def _idle(self, client) -> None:
+        """Wait in IDLE until the server announces mail, the re-issue time comes, or the worker stops."""
+        if "IDLE" not in client.protocol.capabilities:
+            await self._sleep_or_stop(client, self.args.idle_secs)
+            return
+        idle = await client.idle_start(timeout=self.args.idle_secs)
+        deadline = time.monotonic() + self.args.idle_secs
+        try:
+            while not self.stopping.is_set() and not client.lost.is_set() and not self._refusal:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    push = await client.wait_server_push(timeout=min(remaining, 0.5))
+                except asyncio.TimeoutError:
+                    continue
+                if push == aioimaplib_stop():
+                    break
+                lines = push if isinstance(push, list) else [push]
+                if any(re.search(rb"\bEXISTS\b", bytes(l) if not isinstance(l, str) else l.encode())
+                       for l in lines):
+                    break
+        finally:
+            if not client.lost.is_set():
+                client.idle_done()
+                try:
+                    await asyncio.wait_for(idle, self.args.timeout_secs)
+                except Exception as exc:  # noqa: BLE001 - a dead connection shows on the next command
+                    self.log.debug("IDLE did not end cleanly: %s", exc)
+
+    async def _sleep_or_stop(self, client, secs: float) -> None:
+        deadline = time.monotonic() + secs
+        while time.monotonic() < deadline and not self.stopping.is_set() and not client.lost.is_set() \
+                and not self._refusal:
+            await asyncio.sleep(0.2)
+        if not client.lost.is_set():
+            await client.noop()
+
+    # ------------------------------------------------------------ media
+
+    def fetch_media(self, attachment: Attachment) -> bytes | None:
+        url = attachment.url or ""
+        if url in self._media:
+            return self._media[url]
+        if url.startswith("gmail:") and self.gmail is not None:
+            gid, _, index = url[len("gmail:"):].partition("/")
+            raw = self.gmail.fetch_raw(gid)
+            parts = attachment_parts(email.message_from_bytes(raw, policy=email.policy.default)) if raw else []
+            return parts[int(index) - 1].get_payload(decode=True) if 0 < int(index) <= len(parts) else None
+        m = _IMAP_URL.search(url)
+        if not m:
+            return None
+        return self._fetch_attachment_sync(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+
+    def _fetch_attachment_sync(self, uidvalidity: int, uid: int, index: int) -> bytes | None:
+        """After a restart the bytes are gone from memory: read the part again from the server."""
+        cls = imaplib.IMAP4_SSL if self.args.imap_security == "ssl" else imaplib.IMAP4
+        conn = cls(self.imap_host, self.imap_port, timeout=self.args.timeout_secs)
+        try:
+            conn.login(self.user, self.password)
+            typ, data = conn.select(self.args.mailbox, readonly=True)
+            if typ != "OK" or int((conn.untagged_responses.get("UIDVALIDITY") or [b"0"])[0]) != uidvalidity:
+                return None
+            typ, data = conn.uid("FETCH", str(uid), "(BODY.PEEK[])")
+            raw = next((d[1] for d in data or [] if isinstance(d, tuple)), None)
+            if typ != "OK" or raw is None:
+                return None
+            parts = attachment_parts(email.message_from_bytes(raw, policy=email.policy.default))
+            return parts[index - 1].get_payload(decode=True) if 0 < index <= len(parts) else None
+        finally:
+            try:
+                conn.logout()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def put_media(self, media, attachment, delivery) -> str | None:
+        self._outgoing.setdefault(delivery.delivery_id, []).append((media, attachment))
+        return f"cid:{len(self._outgoing[delivery.delivery_id])}"
+
+    # ------------------------------------------------------------ outbound
+
+    def already_delivered(self, delivery) -> bool:
+        return self.state is not None and self.state.was_sent(delivery.delivery_id)
+
+    def build_reply(self, delivery) -> tuple[EmailMessage, str]:
+        conv = self.state.conversation(delivery.conversation_id)
+        if conv is None:
+            if "@" in delivery.conversation_id and not delivery.conversation_id.startswith("<"):
+                conv = {"address": delivery.conversation_id, "subject": delivery.metadata.get("subject", ""),
+                        "last_message_id": None, "refs": []}
+            else:
+                raise DeliveryFailed(f"email: no address known for conversation {delivery.conversation_id}",
+                                     permanent=True)
+        target = delivery.reply_to_message_id if (delivery.reply_to_message_id or "").startswith("<") else None
+        refs = (self.state.references_of(target) if target else None) or conv["refs"]
+        target = target or conv["last_message_id"]
+        message_id = f"<ugent.{re.sub(r'[^A-Za-z0-9._-]', '_', delivery.delivery_id)}@{self.domain}>"
+        msg = EmailMessage()
+        msg["From"] = self.address
+        msg["To"] = conv["address"]
+        subject = conv["subject"] or delivery.metadata.get("subject") or ""
+        msg["Subject"] = reply_subject(subject) if target else (subject or "A message")
+        msg["Date"] = email.utils.formatdate(localtime=False, usegmt=True)
+        msg["Message-ID"] = message_id
+        if target:
+            msg["In-Reply-To"] = target
+            refs = [r for r in refs if r != target] + [target]
+            msg["References"] = " ".join(refs[-20:])  # RFC 5322 allows trimming the middle of a long chain
+        msg["Auto-Submitted"] = "auto-replied"
+        msg["X-UGENT-Delivery-Id"] = delivery.delivery_id
+        text = delivery.text or ""
+        msg.set_content(text if text.endswith("\n") else text + "\n")
+        msg.add_alternative(markdown_to_html(text), subtype="html")
+        for media, att in self._outgoing.get(delivery.delivery_id, []):
+            maintype, _, subtype = media.content_type.partition(";")[0].strip().partition("/")
+            msg.add_attachment(media.data, maintype=maintype or "application", subtype=subtype or "octet-stream",
+                               filename=media.filename or att.filename or "attachment")
+        return msg, message_id
+
+    def deliver(self, delivery) -> str | None:
+        if self._refusal:
+            self.stopping.wait(60)
+            raise DeliveryFailed(self._refusal)
+        try:
+            msg, message_id = self.build_reply(delivery)
+            self._throttle(str(msg["To"]).lower())
+            if self.gmail is not None:
+                self.gmail.send(msg.as_bytes())
+                self.state.mark_sent(delivery.delivery_id, message_id)
+            else:
+                self._send_with_retries(msg, delivery)
+            self.state.remember(delivery.conversation_id, message_id, address=None, subject=None, refs=[])
+            return message_id
+        finally:
+            self._outgoing.pop(delivery.delivery_id, None)
+
+    def _throttle(self, to: str) -> None:
+        now = time.monotonic()
+        waits = []
+        if self.args.max_per_minute > 0:
+            self._send_times = [t for t in self._send_times if now - t < 60]
+            if len(self._send_times) >= self.args.max_per_minute:
+                waits.append(60 - (now - self._send_times[0]))
+        if self.args.per_recipient_interval_secs > 0 and to in self._last_to:
+            waits.append(self.args.per_recipient_interval_secs - (now - self._last_to[to]))
+        wait = max(waits, default=0)
+        if wait > 0:
+            self.stopping.wait(wait)
+        stamp = time.monotonic()
+        self._send_times.append(stamp)
+        self._last_to[to] = stamp
+
+    def _send_with_retries(self, msg: EmailMessage, delivery) -> None:
+        import aiosmtplib
+        attempt = 0
+        while True:
+            try:
+                asyncio.run(self._smtp_send(msg, delivery.delivery_id, str(msg["Message-ID"])))
+                return
+            except aiosmtplib.SMTPAuthenticationError as exc:
+                self._refuse_login(f"SMTP login refused for {self.user}: {exc.code} {exc.message}")
+            except aiosmtplib.SMTPRecipientsRefused as exc:
+                codes = [e.code for e in exc.recipients]
+                if all(400 <= c < 500 for c in codes) and attempt < self.args.smtp_retries:
+                    self._wait_transient(attempt, "; ".join(e.message for e in exc.recipients))
+                    attempt += 1
+                    continue
+                raise DeliveryFailed(f"email: recipient refused: {exc.recipients[0].code} "
+                                     f"{exc.recipients[0].message}", permanent=all(c >= 500 for c in codes)) from exc
+            except aiosmtplib.SMTPResponseException as exc:
+                if 400 <= exc.code < 500:
+                    if attempt < self.args.smtp_retries and not self.stopping.is_set():
+                        self._wait_transient(attempt, exc.message)
+                        attempt += 1
+                        continue
+                    raise DeliveryFailed(f"email: SMTP {exc.code} {exc.message}") from exc
+                if exc.code == _AUTH_FAILED:
+                    self._refuse_login(f"SMTP login refused for {self.user}: {exc.code} {exc.message}")
+                raise DeliveryFailed(f"email: SMTP {exc.code} {exc.message}", permanent=True) from exc
+            except (aiosmtplib.SMTPException, OSError, asyncio.TimeoutError) as exc:
+                raise DeliveryFailed(f"email: SMTP unreachable: {type(exc).__name__}: {exc}") from exc
+
+    def _refuse_login(self, reason: str) -> None:
+        """The server refused the login: the listener stops the worker with the reason (the admin's state).
+
+        This delivery waits for that stop, so it is handed back once (one attempt) rather than
+        tried against the refusing server again and again until it is dead-lettered.
+        """
+        self._refusal = reason
+        self.log.error("%s", reason)
+        self.stopping.wait(60)
+        raise DeliveryFailed(reason)
+
+    def _wait_transient(self, attempt: int, message: str) -> None:
+        delay = retry_delay(message, attempt, self.args.smtp_retry_secs, self.args.smtp_retry_max_secs)
+        self.log.warning("SMTP said try later (%s); waiting %.1f s and sending again", message.strip(), delay)
+        self.stopping.wait(delay)
+
+    async def _smtp_send(self, msg: EmailMessage, delivery_id: str, message_id: str) -> None:
+        import aiosmtplib
+        security = self.args.smtp_security
+        smtp = aiosmtplib.SMTP(hostname=self.smtp_host, port=self.smtp_port, timeout=self.args.timeout_secs,
+                               use_tls=security == "ssl", start_tls=True if security == "starttls" else False)
+        await smtp.connect()
+        try:
+            if smtp.is_ehlo_or_helo_needed:
+                await smtp.ehlo()
+            if smtp.supports_extension("auth") and self.password:
+                await smtp.login(self.user, self.password)
+            size = smtp.esmtp_extensions.get("size")
+            if size and size.isdigit() and int(size) and len(msg.as_bytes()) > int(size):
+                raise DeliveryFailed(f"email: the message ({len(msg.as_bytes())} bytes) exceeds the server's "
+                                     f"limit of {size} bytes", permanent=True)
+            await smtp.send_message(msg)
+            # Accepted by the server: recorded before anything else can fail, so a crash from here on
+            # is answered by already_delivered() and never sends the mail twice.
+            self.state.mark_sent(delivery_id, message_id)
+        finally:
+            try:
+                await smtp.quit()
+            except Exception:  # noqa: BLE001 - the message is accepted; a lost QUIT changes nothing
+                smtp.close()
+
+    def disconnect(self) -> None:
+        if self.gmail is not None:
+            self.gmail.close()
+        if self.state is not None:
+            self.state.close()
+            self.state = None
+
+
+def _s(line) -> str:
+    return bytes(line).decode("utf-8", "replace") if isinstance(line, (bytes, bytearray)) else str(line)
+
+
+def _uids(response) -> list[int]:
+    out = []
+    for line in response.lines:
+        text = _s(line)
+        if text.upper().startswith("SEARCH"):
+            text = text[6:]
+        elif not re.fullmatch(r"[\d\s]*", text):
+            continue
+        out.extend(int(t) for t in text.split() if t.isdigit())
+    return out
+
+
+def aioimaplib_stop():
+    import aioimaplib
+    return getattr(aioimaplib, "STOP_WAIT_SERVER_PUSH", None)
+
+
+def main() -> None:
+    EmailWorker.main(argv=sys.argv[1:])
