@@ -295,3 +295,27 @@ def test_a_deliverys_options_become_an_inline_keyboard_and_a_press_comes_back_as
     receipt = Receipt.objects.get()
     assert receipt.client_message_id.endswith(":cb")
     assert fake.texts()[-1] == "ok, later"
+
+
+def test_an_operator_chosen_webhook_secret_is_the_one_telegram_must_send(tcast, fake, start_runtime, monkeypatch):
+    monkeypatch.setenv("TELEGRAM_WEBHOOK_SECRET", "chosen-by_the-operator1")
+    telegram_plugin("webhook", env_refs=["TELEGRAM_BOT_TOKEN", "TELEGRAM_API_BASE_URL", "TELEGRAM_WEBHOOK_SECRET"])
+    rt = start_runtime(limits=SLOW_START)
+    ready(fake, "webhook", rt)
+    assert fake.webhook["secret_token"] == "chosen-by_the-operator1"
+    forged = fake.new_update(message=fake.message(42, "script:answer=forged"))
+    assert fake.post_webhook(forged, webhook_secret(fake.token)) == 403  # the derived one no longer opens it
+    fake.push_message(42, "script:answer=through")
+    assert fake.wait_sent(1), rt.log(PID)
+    assert fake.texts() == ["through"]
+
+
+def test_a_webhook_secret_telegram_would_refuse_disables_the_plugin_before_set_webhook(
+        tcast, fake, start_runtime, monkeypatch):
+    monkeypatch.setenv("TELEGRAM_WEBHOOK_SECRET", "spaces are not allowed")
+    telegram_plugin("webhook", env_refs=["TELEGRAM_BOT_TOKEN", "TELEGRAM_API_BASE_URL", "TELEGRAM_WEBHOOK_SECRET"])
+    rt = start_runtime(limits=SLOW_START)
+    assert wait_until(lambda: not Plugin.objects.get().enabled, 20), rt.log(PID)
+    assert Plugin.objects.get().disabled_reason == ("the channel refused the worker: TELEGRAM_WEBHOOK_SECRET must be "
+                                                    "1-256 characters of A-Z, a-z, 0-9, _ and -")
+    assert fake.count("setWebhook") == 0

@@ -49,6 +49,8 @@ ENV_REFS = ("TELEGRAM_BOT_TOKEN",)
 
 TOKEN_ENV = "TELEGRAM_BOT_TOKEN"
 BASE_URL_ENV = "TELEGRAM_API_BASE_URL"
+WEBHOOK_SECRET_ENV = "TELEGRAM_WEBHOOK_SECRET"   # optional: else derived from the bot token
+_SECRET_CHARS = re.compile(r"[A-Za-z0-9_-]{1,256}")
 DEFAULT_BASE_URL = "https://api.telegram.org/bot"
 MESSAGE_LIMIT = 4096          # UTF-16 code units after entity parsing
 ALLOWED_UPDATES = ["message", "channel_post", "callback_query"]
@@ -533,7 +535,9 @@ class TelegramWorker(ChannelWorker):
     def _start_webhook(self) -> None:
         from telegram.error import InvalidToken
         worker = self
-        secret = webhook_secret(self.bot_token)
+        secret = os.environ.get(WEBHOOK_SECRET_ENV) or webhook_secret(self.bot_token)
+        if not _SECRET_CHARS.fullmatch(secret):
+            raise ChannelRefused(f"{WEBHOOK_SECRET_ENV} must be 1-256 characters of A-Z, a-z, 0-9, _ and -")
         path = self.opts.webhook_path
 
         class Handler(BaseHTTPRequestHandler):
