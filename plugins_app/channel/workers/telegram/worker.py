@@ -1,26 +1,4 @@
-"""The Telegram channel: a Bot API worker on python-telegram-bot, in polling or webhook mode.
-
-    python -m plugins_app.channel.workers.telegram --mode polling|webhook [options]
-
-Environment: ``TELEGRAM_BOT_TOKEN`` (from @BotFather) and ``TELEGRAM_API_BASE_URL`` (default
-``https://api.telegram.org/bot``; the token is appended as the Bot API does, so a local Bot API
-server or a test fake is one variable away). Files download from the same host's ``/file/bot``.
-
-* inbound: ``getUpdates`` long polls (the offset moves past an update only once the hub accepted
-  it) or a webhook listener (``X-Telegram-Bot-Api-Secret-Token`` checked; answered 200 only once
-  the hub accepted, so Telegram redelivers what was not); ``update_id`` is the idempotency key;
-  ``chat.type`` gives the source type (private → user, group/supergroup → group, channel → room);
-* outbound: Markdown converted to MarkdownV2 (plain text again if Telegram cannot parse it), split
-  at 4096 UTF-16 units, attachments as ``sendPhoto``/``sendDocument``, a delivery's
-  ``metadata["options"]`` as an inline keyboard whose presses come back as messages; every part
-  sent is journaled, so a restart after a crash sends only the parts still missing;
-* limits: ``retry_after`` of a 429 waited out and the same send retried; at most one message a
-  second per private chat, one every three seconds per group, thirty a second in all;
-* refusals the operator must fix (401 bad or revoked token, 409 a second poller or a webhook still
-  set, the webhook replaced) raise ``ChannelRefused``: the plugin is disabled with the reason.
-
-docs/channels/telegram.md is the operator's page.
-"""
+"""The channel-telegram worker: polling or webhook in, paced sends out, on python-telegram-bot (see the package)."""
 from __future__ import annotations
 
 import argparse
@@ -38,24 +16,22 @@ from concurrent.futures import Future
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
-from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, InboundMessage,
-                                     MessageValidationError, ReplyContext)
+from plugins_app.channel.sdk import Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, MessageValidationError
 from plugins_app.channel.sdk.outbox import outbox_path_for
 from plugins_app.channel.sdk.text import split_text, utf16_len
 
-KIND = "channel-telegram"
-DESCRIPTION = "Telegram: a Bot API bot, by getUpdates polling or a webhook (python-telegram-bot)."
-ENV_REFS = ("TELEGRAM_BOT_TOKEN",)
+from . import DESCRIPTION, KIND
+from .markup import keyboard_of, markdown_to_v2
+from .updates import FILE_URL_PREFIX, normalise, parse_conversation, reply_message_id
 
 TOKEN_ENV = "TELEGRAM_BOT_TOKEN"
 BASE_URL_ENV = "TELEGRAM_API_BASE_URL"
 WEBHOOK_SECRET_ENV = "TELEGRAM_WEBHOOK_SECRET"   # optional: else derived from the bot token
 _SECRET_CHARS = re.compile(r"[A-Za-z0-9_-]{1,256}")
 DEFAULT_BASE_URL = "https://api.telegram.org/bot"
+MAX_FLOOD_RETRIES = 5        # 429s waited out in place for one send; then the hub's own retries take over
 MESSAGE_LIMIT = 4096          # UTF-16 code units after entity parsing
 ALLOWED_UPDATES = ["message", "channel_post", "callback_query"]
-SOURCE_TYPES = {"private": "user", "group": "group", "supergroup": "group", "channel": "room"}
-FILE_URL_PREFIX = "tg-file:"
 REVOKED = "401 Unauthorized: the bot token is wrong or was revoked (@BotFather /token or /revoke)"
 
 
@@ -64,205 +40,6 @@ def file_base_url(base_url: str) -> str:
     if base_url.endswith("/bot"):
         return base_url[:-len("bot")] + "file/bot"
     return base_url.rstrip("/") + "/file/bot"
-
-
-# --------------------------------------------------------------------------- Markdown → MarkdownV2
-
-_V2_SPECIAL = re.compile(r"([_*\[\]()~`>#+\-=|{}.!\\])")
-_INLINE = re.compile(
-    r"(?P<code>(?P<ticks>`+)(?P<code_body>.+?)(?P=ticks))"
-    r"|(?P<link>\[(?P<link_text>[^\]\n]+)\]\((?P<link_url>[^)\s]+)\))"
-    r"|(?P<bold>\*\*(?P<bold_body>.+?)\*\*|(?<!\w)__(?P<bold2_body>.+?)__(?!\w))"
-    r"|(?P<strike>~~(?P<strike_body>.+?)~~)"
-    r"|(?P<em>(?<![\w*])\*(?![\s*])(?P<em_body>.+?)(?<![\s*])\*(?![\w*])"
-    r"|(?<![\w_])_(?![\s_])(?P<em2_body>.+?)(?<![\s_])_(?![\w_]))")
-_HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.*?)\s*#*\s*$")
-_BULLET = re.compile(r"^(\s*)[-*+]\s+(.*)$")
-_ORDERED = re.compile(r"^(\s*)(\d{1,9})[.)]\s+(.*)$")
-_QUOTE = re.compile(r"^\s{0,3}>\s?(.*)$")
-_RULE = re.compile(r"^\s{0,3}([-*_])(\s*\1){2,}\s*$")
-_FENCE_LINE = re.compile(r"^\s{0,3}```\s*([\w+#.-]*)\s*$")
-
-
-def escape_v2(text: str) -> str:
-    """Plain text for MarkdownV2: every reserved character escaped."""
-    return _V2_SPECIAL.sub(r"\\\1", text)
-
-
-def _escape_code(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("`", "\\`")
-
-
-def _inline(text: str) -> str:
-    out, pos = [], 0
-    for m in _INLINE.finditer(text):
-        out.append(escape_v2(text[pos:m.start()]))
-        if m.group("code"):
-            out.append(f"`{_escape_code(m.group('code_body').strip() or m.group('code_body'))}`")
-        elif m.group("link"):
-            url = m.group("link_url").replace("\\", "\\\\").replace(")", "\\)")
-            out.append(f"[{_inline(m.group('link_text'))}]({url})")
-        elif m.group("bold"):
-            out.append(f"*{_inline(m.group('bold_body') or m.group('bold2_body'))}*")
-        elif m.group("strike"):
-            out.append(f"~{_inline(m.group('strike_body'))}~")
-        else:
-            out.append(f"_{_inline(m.group('em_body') or m.group('em2_body'))}_")
-        pos = m.end()
-    out.append(escape_v2(text[pos:]))
-    return "".join(out)
-
-
-def markdown_to_v2(text: str) -> str:
-    """Common Markdown (what models write) as Telegram MarkdownV2.
-
-    Bold, italic, strikethrough, inline code, fenced code (with its language), links, headings
-    (bold), quotes, lists and rules; everything else is text with every reserved character escaped.
-    """
-    lines, out = text.split("\n"), []
-    fence: list[str] | None = None
-    lang = ""
-    for line in lines:
-        m = _FENCE_LINE.match(line)
-        if fence is not None:
-            if m and not m.group(1):
-                out.append(f"```{lang}\n" + "\n".join(_escape_code(x) for x in fence) + "\n```")
-                fence = None
-            else:
-                fence.append(line)
-            continue
-        if m:
-            fence, lang = [], m.group(1)
-            continue
-        if (h := _HEADING.match(line)):
-            out.append(f"*{_inline(h.group(1))}*")
-        elif _RULE.match(line):
-            out.append("\u2014" * 8)
-        elif (q := _QUOTE.match(line)):
-            out.append(">" + _inline(q.group(1)))
-        elif (b := _BULLET.match(line)):
-            out.append(f"{b.group(1)}\u2022 {_inline(b.group(2))}")
-        elif (o := _ORDERED.match(line)):
-            out.append(f"{o.group(1)}{o.group(2)}\\. {_inline(o.group(3))}")
-        else:
-            out.append(_inline(line))
-    if fence is not None:  # an unclosed fence: close it, as the renderer of the web page would
-        out.append(f"```{lang}\n" + "\n".join(_escape_code(x) for x in fence) + "\n```")
-    return "\n".join(out)
-
-
-# --------------------------------------------------------------------------- inbound normalisation
-
-def _sender_name(user: dict | None) -> str | None:
-    if not user:
-        return None
-    name = " ".join(p for p in (user.get("first_name"), user.get("last_name")) if p)
-    return name or user.get("title") or user.get("username")
-
-
-def conversation_of(chat_id: Any, thread_id: Any = None) -> str:
-    """A chat, or a forum topic of a supergroup (``<chat_id>/<message_thread_id>``)."""
-    return f"{chat_id}/{thread_id}" if thread_id else str(chat_id)
-
-
-def parse_conversation(conversation_id: str) -> tuple[int | str, int | None]:
-    chat, _, thread = conversation_id.partition("/")
-    try:
-        chat_id: int | str = int(chat)
-    except ValueError:
-        chat_id = chat  # a channel's @username
-    return chat_id, int(thread) if thread.isdigit() else None
-
-
-def _attachments(msg: dict) -> list[Attachment]:
-    out = []
-    if msg.get("photo"):
-        best = max(msg["photo"], key=lambda p: (p.get("file_size") or 0, p.get("width", 0) * p.get("height", 0)))
-        out.append(Attachment("image", "image/jpeg", url=FILE_URL_PREFIX + best["file_id"],
-                              size=best.get("file_size")))
-    for key, kind, default_type in (("document", "document", "application/octet-stream"),
-                                    ("video", "video", "video/mp4"), ("animation", "video", "video/mp4"),
-                                    ("audio", "audio", "audio/mpeg"), ("voice", "audio", "audio/ogg"),
-                                    ("video_note", "video", "video/mp4"), ("sticker", "image", "image/webp")):
-        f = msg.get(key)
-        if f and (key != "document" or "animation" not in msg):
-            ctype = f.get("mime_type") or default_type
-            if kind == "document" and ctype.startswith("image/"):
-                kind = "image"
-            out.append(Attachment(kind, ctype, url=FILE_URL_PREFIX + f["file_id"], filename=f.get("file_name"),
-                                  size=f.get("file_size")))
-    return out
-
-
-def normalise(update: dict) -> InboundMessage | None:
-    """One Bot API ``Update`` as the hub's message, or None for an update the bot does not answer.
-
-    The message id is ``<update_id>:<message_id>``: the update id is Telegram's dedupe key (a
-    redelivered update repeats it), and the chat's message id is what an answer replies to.
-    """
-    update_id = update.get("update_id")
-    if update_id is None:
-        return None
-    if (cq := update.get("callback_query")) is not None:
-        msg = cq.get("message") or {}
-        chat = msg.get("chat") or {}
-        if not chat or not cq.get("data"):
-            return None
-        user = cq.get("from") or {}
-        return InboundMessage(
-            channel="telegram", conversation_id=conversation_of(chat["id"], msg.get("message_thread_id")
-                                                                if msg.get("is_topic_message") else None),
-            message_id=f"{update_id}:cb", sender_id=str(user.get("id") or chat["id"]),
-            sender_name=_sender_name(user), source_type=SOURCE_TYPES.get(chat.get("type"), "unknown"),
-            text=cq["data"], reply_to=ReplyContext(str(msg["message_id"])) if msg.get("message_id") else None,
-            metadata={"telegram": {"update_id": update_id, "callback_query_id": cq.get("id"),
-                                   "option": cq["data"]}})
-    msg = update.get("message") or update.get("channel_post")
-    if not msg or not msg.get("chat"):
-        return None
-    chat = msg["chat"]
-    user = msg.get("from") or msg.get("sender_chat") or chat
-    text = msg.get("text") or msg.get("caption") or ""
-    attachments = _attachments(msg)
-    if not text and not attachments:
-        return None  # a service message (member joined, pinned, …): nothing to answer
-    reply = msg.get("reply_to_message")
-    return InboundMessage(
-        channel="telegram",
-        conversation_id=conversation_of(chat["id"], msg.get("message_thread_id") if msg.get("is_topic_message")
-                                        else None),
-        message_id=f"{update_id}:{msg['message_id']}", sender_id=str(user["id"]), sender_name=_sender_name(user),
-        source_type=SOURCE_TYPES.get(chat.get("type"), "unknown"), text=text, attachments=attachments,
-        reply_to=None if not reply else ReplyContext(
-            str(reply["message_id"]), reply.get("text") or reply.get("caption"),
-            str((reply.get("from") or {}).get("id")) if reply.get("from") else None),
-        metadata={"telegram": {"update_id": update_id, "chat_type": chat.get("type"),
-                               "username": user.get("username")}})
-
-
-def reply_message_id(reply_to: str | None) -> int | None:
-    """The Telegram message an answer replies to, from the hub's ``<update_id>:<message_id>``."""
-    if not reply_to:
-        return None
-    tail = reply_to.rsplit(":", 1)[-1]
-    return int(tail) if tail.isdigit() else None
-
-
-def keyboard_of(metadata: dict) -> dict | None:
-    """A delivery's ``options`` (strings, or ``{"label", "value"}``) as an inline keyboard, one button a row."""
-    options = metadata.get("options") if isinstance(metadata, dict) else None
-    if not isinstance(options, list) or not options:
-        return None
-    rows = []
-    for opt in options[:100]:
-        if isinstance(opt, dict):
-            label, value = str(opt.get("label") or opt.get("value") or ""), str(opt.get("value") or opt.get("label"))
-        else:
-            label = value = str(opt)
-        if label:
-            # callback_data is at most 64 bytes: a longer value is cut (the label still shows it whole)
-            rows.append([{"text": label[:128], "callback_data": value.encode()[:64].decode(errors="ignore")}])
-    return {"inline_keyboard": rows} if rows else None
 
 
 # --------------------------------------------------------------------------- rate limits
@@ -396,13 +173,12 @@ class TelegramWorker(ChannelWorker):
         journal_path = str(outbox_path_for(self.plugin_id, self.state_dir)).replace(".outbox.", ".telegram-sent.")
         self._journal = SentJournal(journal_path)
         try:
-            me = self._run(self.bot.initialize())
+            self._run(self.bot.initialize())  # getMe: a wrong token is known before anything else
             self.log.info("bot @%s (id %s) via %s", self.bot.username, self.bot.id, self.base_url.split("/bot")[0])
         except InvalidToken as exc:
             raise ChannelRefused(REVOKED) from exc
         except TelegramError as exc:
             raise RuntimeError(f"getMe failed: {exc}") from exc
-        del me
         if self.opts.mode == "webhook":
             self._start_webhook()
 
@@ -644,7 +420,7 @@ class TelegramWorker(ChannelWorker):
         """One Bot API send, paced by the limits, waiting out a 429's retry_after and trying again."""
         from telegram.error import (BadRequest, ChatMigrated, Forbidden, InvalidToken, NetworkError, RetryAfter,
                                     TelegramError)
-        while True:
+        for _ in range(MAX_FLOOD_RETRIES):
             wait = self.limiter.reserve(chat_id)
             if wait > 0:
                 time.sleep(wait)
@@ -667,6 +443,7 @@ class TelegramWorker(ChannelWorker):
                 raise
             except (NetworkError, TelegramError) as exc:
                 raise DeliveryFailed(f"telegram: {exc}") from exc
+        raise DeliveryFailed(f"429 Too Many Requests {MAX_FLOOD_RETRIES} times in a row")
 
     def _run(self, coro, *, cancel: threading.Event | None = None):
         return self._loop.run(coro, cancel=cancel)
@@ -698,7 +475,3 @@ def main() -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("httpcore").setLevel(logging.WARNING)
     TelegramWorker.main(options=options)
-
-
-if __name__ == "__main__":
-    main()
