@@ -319,3 +319,31 @@ def test_a_webhook_secret_telegram_would_refuse_disables_the_plugin_before_set_w
     assert Plugin.objects.get().disabled_reason == ("the channel refused the worker: TELEGRAM_WEBHOOK_SECRET must be "
                                                     "1-256 characters of A-Z, a-z, 0-9, _ and -")
     assert fake.count("setWebhook") == 0
+
+
+def test_a_user_who_blocked_the_bot_dead_letters_that_delivery_and_the_plugin_keeps_running(
+        tcast, fake, start_runtime):
+    telegram_plugin("polling")
+    rt = start_runtime(limits=SLOW_START)
+    ready(fake, "polling", rt)
+    fake.fail_next("sendMessage", 403, "Forbidden: bot was blocked by the user")
+    fake.push_message(42, "script:answer=you will not see this")
+    assert wait_until(lambda: OutboundDelivery.objects.filter(state="dead_letter").exists(), 20), rt.log(PID)
+    assert OutboundDelivery.objects.get().last_error == "permanent failure: 403 Forbidden: bot was blocked by the user"
+    assert fake.count("sendMessage") == 1  # permanent: not tried again
+    fake.push_message(43, "script:answer=others still get answers")
+    assert fake.wait_sent(1), rt.log(PID)
+    assert Plugin.objects.get().state == "running"
+
+
+def test_markdown_telegram_cannot_parse_goes_again_as_plain_text(tcast, fake, start_runtime):
+    telegram_plugin("polling")
+    rt = start_runtime(limits=SLOW_START)
+    ready(fake, "polling", rt)
+    fake.fail_next("sendMessage", 400, "Bad Request: can't parse entities: Can't find end of Bold entity at "
+                                       "byte offset 0")
+    fake.push_message(42, "script:answer=**still** readable")
+    sent = fake.wait_sent(1)
+    assert sent, rt.log(PID)
+    assert "parse_mode" not in sent[0].params and sent[0].params["text"] == "**still** readable"
+    assert wait_until(lambda: OutboundDelivery.objects.filter(state="delivered").exists(), 10)
