@@ -54,10 +54,6 @@ def ready(fake: FakeTelegram, mode: str, rt, timeout=20.0):
     assert ok, rt.log(PID)
 
 
-def answers(fake):
-    return [c for c in fake.sent("sendMessage")]
-
-
 @pytest.mark.parametrize("mode", MODES)
 def test_a_message_in_gets_the_agents_answer_out_as_a_reply_in_markdown_v2(tcast, fake, start_runtime, mode):
     telegram_plugin(mode)
