@@ -17,8 +17,11 @@ from importlib.metadata import entry_points
 
 log = logging.getLogger("ugent.plugins")
 
-BUILTIN = {"channel-echo": "plugins_app.channel.workers.echo"}
-BUILTIN["channel-email"] = "plugins_app.channel.workers.email"
+BUILTIN = {
+    "channel-echo": "plugins_app.channel.workers.echo",
+    "channel-email": "plugins_app.channel.workers.email",
+    "channel-telegram": "plugins_app.channel.workers.telegram",
+}
 
 
 @dataclass(frozen=True)

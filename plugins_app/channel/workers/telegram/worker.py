@@ -1,0 +1,477 @@
+"""The channel-telegram worker: polling or webhook in, paced sends out, on python-telegram-bot (see the package)."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import os
+import re
+import sqlite3
+import threading
+import time
+from concurrent.futures import Future
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+
+from plugins_app.channel.sdk import Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, MessageValidationError
+from plugins_app.channel.sdk.outbox import outbox_path_for
+from plugins_app.channel.sdk.text import split_text, utf16_len
+
+from . import DESCRIPTION, KIND
+from .markup import keyboard_of, markdown_to_v2
+from .updates import FILE_URL_PREFIX, normalise, parse_conversation, reply_message_id
+
+TOKEN_ENV = "TELEGRAM_BOT_TOKEN"
+BASE_URL_ENV = "TELEGRAM_API_BASE_URL"
+WEBHOOK_SECRET_ENV = "TELEGRAM_WEBHOOK_SECRET"   # optional: else derived from the bot token
+_SECRET_CHARS = re.compile(r"[A-Za-z0-9_-]{1,256}")
+DEFAULT_BASE_URL = "https://api.telegram.org/bot"
+MAX_FLOOD_RETRIES = 5        # 429s waited out in place for one send; then the hub's own retries take over
+MESSAGE_LIMIT = 4096          # UTF-16 code units after entity parsing
+ALLOWED_UPDATES = ["message", "channel_post", "callback_query"]
+REVOKED = "401 Unauthorized: the bot token is wrong or was revoked (@BotFather /token or /revoke)"
+
+
+def file_base_url(base_url: str) -> str:
+    """Where files download from, beside the API: ``…/bot`` → ``…/file/bot`` (the Bot API's layout)."""
+    if base_url.endswith("/bot"):
+        return base_url[:-len("bot")] + "file/bot"
+    return base_url.rstrip("/") + "/file/bot"
+
+
+# --------------------------------------------------------------------------- rate limits
+
+class RateLimiter:
+    """Telegram's flood limits: a gap per chat (private and group differ) and a global rate."""
+
+    def __init__(self, *, per_chat_secs: float = 1.0, group_secs: float = 3.0, global_per_sec: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.per_chat_secs, self.group_secs = per_chat_secs, group_secs
+        self.global_gap = 1.0 / global_per_sec if global_per_sec > 0 else 0.0
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._chat_next: dict[Any, float] = {}
+        self._global_next = 0.0
+
+    def reserve(self, chat_id: Any) -> float:
+        """Book the next send to ``chat_id``; returns how long to wait before making it."""
+        with self._lock:
+            now = self.clock()
+            at = max(now, self._global_next, self._chat_next.get(chat_id, 0.0))
+            self._global_next = at + self.global_gap
+            gap = self.group_secs if isinstance(chat_id, int) and chat_id < 0 else self.per_chat_secs
+            self._chat_next[chat_id] = at + gap
+            return at - now
+
+    def block(self, chat_id: Any, secs: float) -> None:
+        """A 429 said ``retry_after``: nothing goes to that chat before then."""
+        with self._lock:
+            self._chat_next[chat_id] = max(self._chat_next.get(chat_id, 0.0), self.clock() + secs)
+
+
+def retry_after_secs(exc: Exception) -> float:
+    value = getattr(exc, "_retry_after", None) or getattr(exc, "retry_after", 1)
+    return value.total_seconds() if hasattr(value, "total_seconds") else float(value)
+
+
+# --------------------------------------------------------------------------- the sent-parts journal
+
+class SentJournal:
+    """Which parts of each delivery Telegram already took, so a resend after a crash skips them."""
+
+    def __init__(self, path: str):
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("CREATE TABLE IF NOT EXISTS sent (delivery_id TEXT, part INTEGER, message_id TEXT, "
+                         "at REAL, PRIMARY KEY (delivery_id, part))")
+        self._db.execute("DELETE FROM sent WHERE at < ?", (time.time() - 14 * 86400,))
+
+    def done(self, delivery_id: str) -> dict[int, str]:
+        with self._lock:
+            return dict(self._db.execute("SELECT part, message_id FROM sent WHERE delivery_id = ?", (delivery_id,)))
+
+    def record(self, delivery_id: str, part: int, message_id: str) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO sent VALUES (?, ?, ?, ?)",
+                             (delivery_id, part, message_id, time.time()))
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+# --------------------------------------------------------------------------- the worker
+
+class _Loop:
+    """One asyncio loop in its own thread: python-telegram-bot is async, the SDK is threads."""
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="telegram-loop", daemon=True)
+        self.thread.start()
+
+    def submit(self, coro) -> Future:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro, *, cancel: threading.Event | None = None) -> Any:
+        fut = self.submit(coro)
+        while cancel is not None and not fut.done():
+            if cancel.wait(0.1):
+                fut.cancel()
+                raise _Cancelled()
+        return fut.result()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+class _Cancelled(Exception):
+    pass
+
+
+def webhook_secret(token: str) -> str:
+    """The secret_token given to setWebhook, derived from the bot token (1-256 of A-Z a-z 0-9 _ -)."""
+    return hmac.new(token.encode(), b"ugent telegram webhook", hashlib.sha256).hexdigest()
+
+
+class TelegramWorker(ChannelWorker):
+    kind = KIND
+    version = "1.0.0"
+    capabilities = ("text", "markdown", "media", "reply", "options")
+
+    def __init__(self, *, options: argparse.Namespace, **kwargs):
+        super().__init__(**kwargs)
+        self.opts = options
+        self.bot_token = os.environ.get(TOKEN_ENV, "")
+        self.base_url = os.environ.get(BASE_URL_ENV) or DEFAULT_BASE_URL
+        self.limiter = RateLimiter(per_chat_secs=options.per_chat_secs, group_secs=options.group_secs,
+                                   global_per_sec=options.global_per_sec)
+        self.bot = None
+        self._loop: _Loop | None = None
+        self._journal: SentJournal | None = None
+        self._refusal: str | None = None      # set by any call that found the token revoked
+        self._server: ThreadingHTTPServer | None = None
+        self.webhook_url: str | None = None
+
+    # ------------------------------------------------------------ the channel's part
+
+    def connect(self) -> None:
+        from telegram import Bot
+        from telegram.error import InvalidToken, TelegramError
+        from telegram.request import HTTPXRequest
+        if not self.bot_token:
+            raise ChannelRefused(f"{TOKEN_ENV} is not set (add it to the plugin's env_refs)")
+        self._loop = _Loop()
+        self.bot = Bot(self.bot_token, base_url=self.base_url, base_file_url=file_base_url(self.base_url),
+                       request=HTTPXRequest(connection_pool_size=8, read_timeout=30, write_timeout=60),
+                       get_updates_request=HTTPXRequest(read_timeout=self.opts.poll_timeout + 15))
+        journal_path = str(outbox_path_for(self.plugin_id, self.state_dir)).replace(".outbox.", ".telegram-sent.")
+        self._journal = SentJournal(journal_path)
+        try:
+            self._run(self.bot.initialize())  # getMe: a wrong token is known before anything else
+            self.log.info("bot @%s (id %s) via %s", self.bot.username, self.bot.id, self.base_url.split("/bot")[0])
+        except InvalidToken as exc:
+            raise ChannelRefused(REVOKED) from exc
+        except TelegramError as exc:
+            raise RuntimeError(f"getMe failed: {exc}") from exc
+        if self.opts.mode == "webhook":
+            self._start_webhook()
+
+    def listen(self, submit) -> None:
+        if self.opts.mode == "webhook":
+            self._listen_webhook()
+        else:
+            self._listen_polling(submit)
+
+    def deliver(self, delivery) -> str | None:
+        from telegram import InlineKeyboardButton, InlineKeyboardMarkup, ReplyParameters
+        chat_id, thread_id = parse_conversation(delivery.conversation_id)
+        steps = self._steps(delivery)
+        done = self._journal.done(delivery.delivery_id)
+        reply_to = reply_message_id(delivery.reply_to_message_id)
+        keyboard = keyboard_of(delivery.metadata)
+        first: str | None = done.get(0)
+        for index, (kind, payload) in enumerate(steps):
+            if index in done:
+                continue
+            common: dict[str, Any] = {}
+            if thread_id:
+                common["message_thread_id"] = thread_id
+            if index == 0 and reply_to:
+                common["reply_parameters"] = ReplyParameters(reply_to, allow_sending_without_reply=True)
+            if keyboard and index == len(steps) - 1:
+                common["reply_markup"] = InlineKeyboardMarkup(
+                    [[InlineKeyboardButton(b["text"], callback_data=b["callback_data"]) for b in row]
+                     for row in keyboard["inline_keyboard"]])
+            if kind == "text":
+                message = self._send_text(chat_id, payload, common)
+            else:
+                message = self._send_media(chat_id, payload, common)
+            message_id = str(message.message_id)
+            self._journal.record(delivery.delivery_id, index, message_id)
+            first = first or message_id
+        return first
+
+    def already_delivered(self, delivery) -> bool:
+        return len(self._journal.done(delivery.delivery_id)) >= len(self._steps(delivery))
+
+    def fetch_media(self, attachment: Attachment) -> bytes | None:
+        if not (attachment.url or "").startswith(FILE_URL_PREFIX):
+            return None
+        file_id = attachment.url[len(FILE_URL_PREFIX):]
+
+        async def download():
+            f = await self.bot.get_file(file_id)
+            return bytes(await f.download_as_bytearray())
+        return self._run(download())
+
+    def disconnect(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self.bot is not None and self._loop is not None:
+            try:
+                self._run(self.bot.shutdown())
+            except Exception:  # noqa: BLE001 - closing the HTTP pools is best effort
+                pass
+        if self._loop is not None:
+            self._loop.close()
+        if self._journal is not None:
+            self._journal.close()
+
+    # ------------------------------------------------------------ polling
+
+    def _listen_polling(self, submit) -> None:
+        from telegram.error import Conflict, InvalidToken, NetworkError, RetryAfter, TelegramError
+        offset: int | None = None
+        backoff = 1.0
+        while not self.stopping.is_set():
+            try:
+                updates = self._run(self.bot.get_updates(
+                    offset=offset, timeout=self.opts.poll_timeout, allowed_updates=ALLOWED_UPDATES),
+                    cancel=self.stopping)
+            except _Cancelled:
+                return
+            except Conflict as exc:
+                raise ChannelRefused(f"409 {exc.message} (another poller runs with this token, or a "
+                                     "webhook is set: stop it, or run this plugin with --mode webhook)") from exc
+            except InvalidToken as exc:
+                raise ChannelRefused(REVOKED) from exc
+            except RetryAfter as exc:
+                self.stopping.wait(retry_after_secs(exc))
+                continue
+            except (NetworkError, TelegramError) as exc:
+                # the network or Telegram is down: wait longer each time, never a hot loop
+                self.log.warning("getUpdates failed (%s); again in %.0f s", exc, backoff)
+                self.stopping.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+                continue
+            backoff = 1.0
+            for update in updates:
+                if not self._take(update.to_dict(), submit):
+                    return  # stopping before the hub took it: the offset stays, Telegram keeps it
+                offset = update.update_id + 1  # confirmed to Telegram by the next getUpdates
+
+    def _take(self, raw: dict, submit) -> bool:
+        """Submit one update and wait until the hub has it; False if stopping first. Skips what it cannot read."""
+        try:
+            message = normalise(raw)
+        except (KeyError, TypeError, ValueError):
+            self.log.exception("update %s is not a message this worker reads; skipped", raw.get("update_id"))
+            return True
+        if message is None:
+            return True
+        while True:
+            try:
+                result = submit(message)
+            except MessageValidationError as exc:
+                self.log.error("update %s skipped: %s", raw.get("update_id"), exc)
+                return True
+            if not result.queued:
+                break
+            if self.stopping.wait(1.0):
+                return False
+        self.log.info("update %s: accepted=%s duplicate=%s reason=%s", raw.get("update_id"), result.accepted,
+                      result.duplicate, result.reason)
+        cq = (message.metadata.get("telegram") or {}).get("callback_query_id")
+        if cq and not result.duplicate:
+            try:  # stops the button's spinner; the answer itself comes as a message
+                self._run(self.bot.answer_callback_query(cq))
+            except Exception as exc:  # noqa: BLE001 - a query older than 15 minutes cannot be answered
+                self.log.warning("answerCallbackQuery %s failed: %s", cq, exc)
+        return True
+
+    # ------------------------------------------------------------ webhook
+
+    def _start_webhook(self) -> None:
+        from telegram.error import InvalidToken
+        worker = self
+        secret = os.environ.get(WEBHOOK_SECRET_ENV) or webhook_secret(self.bot_token)
+        if not _SECRET_CHARS.fullmatch(secret):
+            raise ChannelRefused(f"{WEBHOOK_SECRET_ENV} must be 1-256 characters of A-Z, a-z, 0-9, _ and -")
+        path = self.opts.webhook_path
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if 0 < length <= 10 * 1024 * 1024 else b""
+                if self.path.split("?")[0] != path:
+                    return self._reply(404)
+                given = self.headers.get("X-Telegram-Bot-Api-Secret-Token") or ""
+                if not hmac.compare_digest(given.encode(), secret.encode()):
+                    worker.log.warning("webhook POST without the right secret token from %s", self.client_address[0])
+                    return self._reply(403)
+                try:
+                    update = json.loads(body)
+                    if not isinstance(update, dict):
+                        raise ValueError("not an object")
+                except ValueError:
+                    return self._reply(400)
+                taken = worker._take(update, worker.submit)
+                self._reply(200 if taken else 503)  # 503: Telegram delivers it again later
+
+            def _reply(self, status):
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self._server = ThreadingHTTPServer((self.opts.webhook_listen, self.opts.webhook_port), Handler)
+        self._server.daemon_threads = True
+        host, port = self._server.server_address[:2]
+        self.webhook_url = self.opts.webhook_url or f"http://{host}:{port}{path}"
+        try:
+            self._run(self.bot.set_webhook(self.webhook_url, secret_token=secret, allowed_updates=ALLOWED_UPDATES,
+                                           max_connections=self.opts.webhook_connections))
+        except InvalidToken as exc:
+            raise ChannelRefused(REVOKED) from exc
+        self.log.info("webhook set to %s (listening on %s:%s)", self.webhook_url, host, port)
+
+    def _listen_webhook(self) -> None:
+        from telegram.error import InvalidToken, TelegramError
+        threading.Thread(target=self._server.serve_forever, name="telegram-webhook", daemon=True).start()
+        while not self.stopping.wait(self.opts.webhook_check_secs):
+            if self._refusal:
+                raise ChannelRefused(self._refusal)
+            try:  # a revoked token or a replaced webhook shows only here: Telegram just stops calling
+                info = self._run(self.bot.get_webhook_info())
+            except InvalidToken as exc:
+                raise ChannelRefused(REVOKED) from exc
+            except TelegramError as exc:
+                self.log.warning("getWebhookInfo failed: %s", exc)
+                continue
+            if info.url != self.webhook_url:
+                raise ChannelRefused(f"409 Conflict: the webhook now points at {info.url or 'nothing'!r}, not this "
+                                     "worker (another instance, or a poller that deleted it)")
+            if info.last_error_message:
+                self.log.warning("Telegram reports webhook errors: %s", info.last_error_message)
+
+    # ------------------------------------------------------------ sending
+
+    def _steps(self, delivery) -> list[tuple[str, Any]]:
+        steps: list[tuple[str, Any]] = []
+        if delivery.text.strip():
+            steps += [("text", part) for part in split_text(delivery.text, MESSAGE_LIMIT, measure=utf16_len)]
+        steps += [("media", att) for att in delivery.attachments if att.media_id or att.url]
+        return steps
+
+    def _send_text(self, chat_id, text: str, common: dict):
+        from telegram.error import BadRequest
+        try:
+            return self._api_call(chat_id, lambda: self.bot.send_message(chat_id, markdown_to_v2(text),
+                                                                     parse_mode="MarkdownV2", **common))
+        except BadRequest as exc:
+            if "parse entities" not in exc.message.lower():
+                raise DeliveryFailed(f"400 {exc.message}", permanent=True) from exc
+            self.log.warning("MarkdownV2 refused (%s); sending as plain text", exc.message)
+        return self._api_call(chat_id, lambda: self.bot.send_message(chat_id, text, **common))
+
+    def _send_media(self, chat_id, att: Attachment, common: dict):
+        from telegram.error import BadRequest
+        try:
+            return self._send_media_once(chat_id, att, common)
+        except BadRequest as exc:
+            raise DeliveryFailed(f"400 {exc.message}", permanent=True) from exc
+
+    def _send_media_once(self, chat_id, att: Attachment, common: dict):
+        from telegram import InputFile
+        if att.media_id:
+            media = self.media_get(att.media_id)
+            data, ctype, name = media.data, media.content_type, att.filename or media.filename or "file"
+            upload = InputFile(data, filename=name)
+        else:
+            ctype, upload = att.content_type, att.url  # a public URL Telegram fetches itself
+        photo = att.kind == "image" and ctype in ("image/jpeg", "image/png", "image/webp") and \
+            (not att.media_id or len(data) <= 10 * 1024 * 1024)
+        if photo:
+            return self._api_call(chat_id, lambda: self.bot.send_photo(chat_id, upload, **common))
+        return self._api_call(chat_id, lambda: self.bot.send_document(chat_id, upload, **common))
+
+    def _api_call(self, chat_id, make: Callable[[], Any]):
+        """One Bot API send, paced by the limits, waiting out a 429's retry_after and trying again."""
+        from telegram.error import (BadRequest, ChatMigrated, Forbidden, InvalidToken, NetworkError, RetryAfter,
+                                    TelegramError)
+        for _ in range(MAX_FLOOD_RETRIES):
+            wait = self.limiter.reserve(chat_id)
+            if wait > 0:
+                time.sleep(wait)
+            try:
+                return self._run(make())
+            except RetryAfter as exc:
+                secs = retry_after_secs(exc)
+                self.limiter.block(chat_id, secs)
+                if secs > self.opts.max_retry_wait:
+                    raise DeliveryFailed(f"429 Too Many Requests: retry after {secs:.0f} s") from exc
+                self.log.info("429 for chat %s: waiting %.1f s as Telegram asks", chat_id, secs)
+            except ChatMigrated as exc:  # a group became a supergroup: same chat, new id
+                raise DeliveryFailed(f"400 the group moved to chat {exc.new_chat_id}", permanent=True) from exc
+            except Forbidden as exc:
+                raise DeliveryFailed(f"403 {exc.message}", permanent=True) from exc
+            except InvalidToken as exc:
+                self._refusal = REVOKED
+                raise DeliveryFailed(REVOKED) from exc
+            except BadRequest:
+                raise
+            except (NetworkError, TelegramError) as exc:
+                raise DeliveryFailed(f"telegram: {exc}") from exc
+        raise DeliveryFailed(f"429 Too Many Requests {MAX_FLOOD_RETRIES} times in a row")
+
+    def _run(self, coro, *, cancel: threading.Event | None = None):
+        return self._loop.run(coro, cancel=cancel)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="channel-telegram", description=DESCRIPTION)
+    p.add_argument("--mode", choices=("polling", "webhook"), default="polling")
+    p.add_argument("--poll-timeout", type=int, default=25, help="getUpdates long-poll seconds")
+    p.add_argument("--webhook-listen", default="127.0.0.1", help="address the webhook listener binds")
+    p.add_argument("--webhook-port", type=int, default=8443, help="port the webhook listener binds (0: any)")
+    p.add_argument("--webhook-path", default="/telegram/webhook")
+    p.add_argument("--webhook-url", default=None,
+                   help="the public HTTPS URL given to setWebhook (default: the listener's own address)")
+    p.add_argument("--webhook-connections", type=int, default=40)
+    p.add_argument("--webhook-check-secs", type=float, default=60.0,
+                   help="how often getWebhookInfo checks the token and that the webhook is still ours")
+    p.add_argument("--per-chat-secs", type=float, default=1.0, help="gap between messages to one private chat")
+    p.add_argument("--group-secs", type=float, default=3.0, help="gap between messages to one group")
+    p.add_argument("--global-per-sec", type=float, default=30.0, help="messages per second in all")
+    p.add_argument("--max-retry-wait", type=float, default=60.0,
+                   help="the longest retry_after waited in place; longer ones go back to the hub's retries")
+    return p.parse_args(argv)
+
+
+def main() -> None:
+    options = parse_args()
+    # httpx logs each request's URL at INFO, and a Bot API URL carries the token
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("httpcore").setLevel(logging.WARNING)
+    TelegramWorker.main(options=options)
