@@ -46,7 +46,9 @@ def socket_slack(monkeypatch):
 
 def slack_plugin(fake: FakeSlack, plugin_id: str = "slack-main", args: tuple = ()) -> Plugin:
     argv = ["--mode", fake.mode, *(["--bind", "127.0.0.1:0"] if fake.mode == "webhook" else []), *args]
-    return make_plugin(plugin_id, kind="channel-slack", command="", args=argv, env_refs=ENV_REFS)
+    # a heartbeat a loaded machine keeps up with: a watchdog restart would be a second connection
+    return make_plugin(plugin_id, kind="channel-slack", command="", args=argv, env_refs=ENV_REFS,
+                       heartbeat_secs=1.0)
 
 
 def listening(rt, fake: FakeSlack, plugin_id: str = "slack-main", *, after: str | None = None) -> None:
@@ -318,3 +320,32 @@ def test_the_bots_own_messages_and_edits_are_not_answered(tcast, slack, start_ru
     assert wait_until(slack.settled, 15)
     wait_until(lambda: False, 0.5)
     assert slack.texts() == ["real"] and Receipt.objects.count() == 1
+
+
+def test_a_token_revoked_without_a_word_is_found_at_the_first_send_and_stops_the_worker(
+        tcast, slack, start_runtime):
+    slack_plugin(slack)
+    rt = start_runtime()
+    listening(rt, slack)
+    slack.revoke(bot=True, event=False)
+    slack.say("script:answer=unsent", channel="D0DM00001")
+    assert wait_until(lambda: not Plugin.objects.get().enabled, 30), rt.log("slack-main")
+    assert Plugin.objects.get().disabled_reason == (
+        "the channel refused the worker: chat.postMessage: token_revoked: the bot token (SLACK_BOT_TOKEN) "
+        "was refused")
+    assert not slack.posts()
+    # the answer is not lost: it waits, retryable, for the operator's new token
+    delivery = OutboundDelivery.objects.get()
+    assert delivery.state in ("pending", "in_flight") and delivery.attempt <= 2, (delivery.state, delivery.attempt)
+
+
+def test_an_app_level_token_revoked_while_connected_is_reported_not_retried(tcast, socket_slack, start_runtime):
+    slack_plugin(socket_slack)
+    rt = start_runtime()
+    listening(rt, socket_slack)
+    socket_slack.revoke(bot=False, app=True)  # the socket drops; apps.connections.open now refuses
+    assert wait_until(lambda: not Plugin.objects.get().enabled, 30), rt.log("slack-main")
+    assert Plugin.objects.get().disabled_reason == (
+        "the channel refused the worker: apps.connections.open: token_revoked: the app-level token "
+        "(SLACK_APP_TOKEN) was refused")
+    assert len(socket_slack.calls_of("auth.test")) == 1

@@ -56,6 +56,8 @@ HUMAN_SUBTYPES = frozenset({None, "", "file_share", "thread_broadcast", "me_mess
 #: Hosts the bot token may be sent to when fetching a file, besides the API base URL's own.
 SLACK_FILE_HOSTS = ("slack.com", "slack-edge.com", "slack-gov.com", "slack-files.com")
 SEEN_TS_MAX = 2048
+#: How long a send refused for the token waits for the worker to stop (the listener stops it at once).
+REFUSAL_HOLD_SECS = 30.0
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -136,6 +138,7 @@ class SlackWorker(ChannelWorker):
         self._first_url: str | None = None
         self._inbox: queue.Queue[InboundMessage] = queue.Queue()
         self._refusal: str | None = None
+        self._link_error: Exception | None = None
         self._seen_ts: OrderedDict[tuple[str, str], str] = OrderedDict()
         self._seen_lock = threading.Lock()
         self._found_parts: dict[str, set[int]] = {}
@@ -185,6 +188,8 @@ class SlackWorker(ChannelWorker):
         while not self.stopping.is_set():
             if self._refusal:
                 raise ChannelRefused(self._refusal)
+            if self._link_error is not None:
+                raise RuntimeError(f"socket mode failed: {self._link_error}") from self._link_error
             try:
                 msg = self._inbox.get(timeout=0.2)
             except queue.Empty:
@@ -201,10 +206,8 @@ class SlackWorker(ChannelWorker):
             self.link.run()
         except LinkRefused as exc:
             self._refusal = str(exc)
-        except Exception as exc:  # noqa: BLE001 - the listener ends the worker; the supervisor restarts it
-            self.log.exception("socket mode failed")
-            self._refusal = None
-            self.stop()
+        except Exception as exc:  # noqa: BLE001 - listen() fails with it: the supervisor restarts the worker
+            self._link_error = exc
 
     def _on_envelope(self, frame: dict) -> None:
         if frame.get("type") == "events_api":
@@ -318,7 +321,7 @@ class SlackWorker(ChannelWorker):
 
     def deliver(self, delivery) -> str | None:
         if self._refusal:
-            raise DeliveryFailed(self._refusal)
+            raise self._refused_failure()
         channel, thread_ts = split_conversation(delivery.conversation_id)
         parts = message_parts(delivery.text)
         done = self._found_parts.pop(delivery.delivery_id, set())
@@ -353,8 +356,15 @@ class SlackWorker(ChannelWorker):
         if code in AUTH_ERRORS:
             # The listener turns this into ChannelRefused; the delivery waits for a fixed token.
             self._refusal = f"{method}: {code}: the bot token (SLACK_BOT_TOKEN) was refused"
-            return DeliveryFailed(self._refusal)
+            return self._refused_failure()
         return DeliveryFailed(f"{method}: {code}", permanent=code in PERMANENT_ERRORS)
+
+    def _refused_failure(self) -> DeliveryFailed:
+        """A send Slack refused for the token: hold it until the listener has stopped the worker, so the
+        host does not spend the delivery's retries against a dead token in the meantime; its one
+        failed attempt is retryable, and the delivery goes out once the operator fixed the token."""
+        self.stopping.wait(REFUSAL_HOLD_SECS)
+        return DeliveryFailed(self._refusal or "the token was refused")
 
     def already_delivered(self, delivery) -> bool:
         """After a crash inside deliver(): look in the chat for the parts this delivery's metadata names."""
