@@ -94,6 +94,8 @@ class FakeSlack:
         self.revoked_app = False
         self.link_disabled = False
         self._limits: dict[str, list[float]] = {}   # method -> [times, retry_after]
+        self._blocked_until: dict[str, float] = {}  # method -> end of the Retry-After it answered
+        self.early_calls = 0                        # calls made before a Retry-After was over
         self._pending: dict[str, Pending] = {}
         self._tickets: set[str] = set()
         self._sockets: list[ServerConnection] = []
@@ -412,8 +414,15 @@ class FakeSlack:
         with self.lock:
             self.calls.append(call)
             limit = self._limits.get(method)
+            blocked = self._blocked_until.get(method, 0.0) - call.at
+            if blocked > 0:
+                # Like Slack: a call inside the Retry-After window is refused again (and counted).
+                self.early_calls += 1
+                call.status, call.answer = 429, {"ok": False, "error": "ratelimited"}
+                return 429, call.answer, {"Retry-After": str(max(1, round(blocked)))}
             if limit and limit[0] > 0:
                 limit[0] -= 1
+                self._blocked_until[method] = call.at + float(limit[1])
                 call.status, call.answer = 429, {"ok": False, "error": "ratelimited"}
                 return 429, call.answer, {"Retry-After": str(int(limit[1]) if float(limit[1]).is_integer()
                                                              else limit[1])}
