@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import sys
+import time
 
 import httpx
 import pytest
@@ -286,7 +287,7 @@ def test_the_webhook_answers_the_url_challenge_and_refuses_a_bad_signature(tcast
         fake.request_url = None  # this test posts by hand
         challenge = json.dumps({"token": "t", "challenge": "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P",
                                 "type": "url_verification"}).encode()
-        ts = str(int(__import__("time").time()))
+        ts = str(int(time.time()))
         ok = httpx.post(url, content=challenge, headers={"X-Slack-Request-Timestamp": ts, "Content-Type":
                         "application/json", "X-Slack-Signature": sign(fake.signing_secret, ts, challenge)})
         assert (ok.status_code, ok.json()) == (200, {"challenge": "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P"})
