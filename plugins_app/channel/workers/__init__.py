@@ -20,6 +20,7 @@ log = logging.getLogger("ugent.plugins")
 BUILTIN = {
     "channel-echo": "plugins_app.channel.workers.echo",
     "channel-email": "plugins_app.channel.workers.email",
+    "channel-slack": "plugins_app.channel.workers.slack",
     "channel-telegram": "plugins_app.channel.workers.telegram",
 }
 

@@ -1,0 +1,402 @@
+"""The Slack channel: Socket Mode or the Events API webhook in, ``chat.postMessage`` out.
+
+    python -m plugins_app.channel.workers.slack [--mode socket|webhook] [--threads on|off]
+                                                [--bind 127.0.0.1:3000] [--path /slack/events]
+
+Environment: ``SLACK_BOT_TOKEN`` (xoxb-, always), ``SLACK_APP_TOKEN`` (xapp-, Socket Mode),
+``SLACK_SIGNING_SECRET`` (webhook mode), ``SLACK_API_BASE_URL`` (default ``https://slack.com/api/``;
+GovSlack's ``https://slack-gov.com/api/``, or a test's fake). Operators' page: docs/channels/slack.md.
+
+* **Inbound.** ``message`` and ``app_mention`` events become ``InboundMessage``s whose
+  ``message_id`` is Slack's ``event_id`` (a retry carries the same one, so it runs once);
+  ``im`` → ``user``, ``mpim`` → ``group``, channels → ``room``. With ``--threads on`` (the default)
+  each thread is a conversation (``C123/1700000000.000100``) and a top-level channel message
+  starts one; a direct message's top level is one conversation. Files are fetched with the bot
+  token (only from Slack's own hosts) and stored on the host.
+* **Outbound.** Markdown → mrkdwn, split at 4,000 characters, each part posted with message
+  metadata naming the delivery, so after a crash inside a send ``already_delivered`` finds
+  what reached Slack and only the missing parts go out. Files go up through
+  ``files.getUploadURLExternal`` + ``files.completeUploadExternal``.
+* **Refusals.** A bad or revoked token (``auth.test``, ``apps.connections.open``, a
+  ``tokens_revoked``/``app_uninstalled`` event, an auth error while sending) or Socket Mode
+  switched off raises ``ChannelRefused``: the plugin is disabled with the reason, not restarted.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import os
+import queue
+import sys
+import threading
+from collections import OrderedDict
+from urllib.parse import urlsplit
+
+from slack_sdk.errors import SlackApiError
+
+from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, InboundMessage,
+                                     ReplyContext)
+from plugins_app.channel.sdk.outbox import PENDING
+from plugins_app.channel.sdk.text import split_text
+
+from .api import AUTH_ERRORS, DEFAULT_BASE_URL, PERMANENT_ERRORS, RateLimited, SlackApi, Stopped, error_code
+from .mrkdwn import to_mrkdwn, to_plain
+
+KIND = "channel-slack"
+DESCRIPTION = "Slack: Socket Mode or the Events API webhook in, chat.postMessage out (slack-sdk)."
+ENV_REFS = ("SLACK_BOT_TOKEN", "SLACK_APP_TOKEN")
+
+#: Slack truncates a message's text past 40,000 characters and advises staying under 4,000.
+TEXT_LIMIT = 4000
+#: Markdown is split before it is converted; conversion may lengthen it (escapes), so leave room.
+MARKDOWN_LIMIT = 3500
+METADATA_EVENT = "ugent_delivery"
+#: Message subtypes that carry a person's message; every other subtype (edits, joins, bots) is not one.
+HUMAN_SUBTYPES = frozenset({None, "", "file_share", "thread_broadcast", "me_message"})
+#: Hosts the bot token may be sent to when fetching a file, besides the API base URL's own.
+SLACK_FILE_HOSTS = ("slack.com", "slack-edge.com", "slack-gov.com", "slack-files.com")
+SEEN_TS_MAX = 2048
+#: How long a send refused for the token waits for the worker to stop (the listener stops it at once).
+REFUSAL_HOLD_SECS = 30.0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="channel-slack")
+    p.add_argument("--mode", choices=("socket", "webhook"), default="socket")
+    p.add_argument("--threads", choices=("on", "off"), default="on",
+                   help="on: each thread is a conversation and answers go in the thread; off: one per channel")
+    p.add_argument("--bind", default="127.0.0.1:3000", help="webhook mode: host:port to listen on (port 0: any)")
+    p.add_argument("--path", default="/slack/events", help="webhook mode: the Request URL's path")
+    return p.parse_args(argv)
+
+
+def source_type(channel_type: str | None, channel_id: str) -> str:
+    """Slack's channel_type as the rule engine's source_type."""
+    if not channel_type:  # app_mention events carry none: the id's prefix tells a DM
+        channel_type = "im" if channel_id.startswith("D") else "channel"
+    return {"im": "user", "mpim": "group", "channel": "room", "group": "room"}.get(channel_type, "unknown")
+
+
+def conversation_of(channel: str, ts: str, thread_ts: str | None, channel_type: str | None, *,
+                    threads: bool) -> str:
+    """The conversation id: ``C1/<thread ts>`` for a thread (when threads are conversations), else ``C1``."""
+    if not threads:
+        return channel
+    if thread_ts:
+        return f"{channel}/{thread_ts}"
+    if source_type(channel_type, channel) == "user":
+        return channel
+    return f"{channel}/{ts}"
+
+
+def split_conversation(conversation_id: str) -> tuple[str, str | None]:
+    channel, _, thread_ts = conversation_id.partition("/")
+    return channel, thread_ts or None
+
+
+def attachment_kind(mimetype: str) -> str:
+    major = mimetype.split("/", 1)[0]
+    return {"image": "image", "audio": "audio", "video": "video"}.get(major, "document")
+
+
+def ts_to_rfc3339(ts: str | None) -> str | None:
+    try:
+        moment = _dt.datetime.fromtimestamp(float(ts or ""), _dt.timezone.utc)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def message_parts(markdown: str) -> list[str]:
+    """An answer as the mrkdwn texts of the messages that carry it, each within Slack's limit."""
+    parts = []
+    for piece in split_text(markdown, MARKDOWN_LIMIT) if markdown.strip() else []:
+        converted = to_mrkdwn(piece)
+        parts.extend(split_text(converted, TEXT_LIMIT) if len(converted) > TEXT_LIMIT else [converted])
+    return parts
+
+
+class SlackWorker(ChannelWorker):
+    kind = KIND
+    version = "1.0.0"
+    capabilities = ("text", "attachments", "threads")
+
+    def __init__(self, *, argv: list[str] | None = None, environ: dict | None = None, **kwargs):
+        super().__init__(**kwargs)
+        env = os.environ if environ is None else environ
+        opts = parse_args(sys.argv[1:] if argv is None else argv)
+        self.mode, self.threads, self.bind, self.path = opts.mode, opts.threads == "on", opts.bind, opts.path
+        self.bot_token = env.get("SLACK_BOT_TOKEN", "")
+        self.app_token = env.get("SLACK_APP_TOKEN", "")
+        self.signing_secret = env.get("SLACK_SIGNING_SECRET", "")
+        self.base_url = env.get("SLACK_API_BASE_URL") or DEFAULT_BASE_URL
+        self.api = SlackApi(self.bot_token, base_url=self.base_url, stopping=self.stopping)
+        self.app_api = SlackApi(self.app_token, base_url=self.base_url, stopping=self.stopping)
+        self.bot_user_id: str | None = None
+        self.bot_id: str | None = None
+        self.team_id: str | None = None
+        self._first_url: str | None = None
+        self._inbox: queue.Queue[InboundMessage] = queue.Queue()
+        self._refusal: str | None = None
+        self._link_error: Exception | None = None
+        self._seen_ts: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self._seen_lock = threading.Lock()
+        self._found_parts: dict[str, set[int]] = {}
+        self.link = None
+        self.server = None
+
+    # ------------------------------------------------------------------ connect
+
+    def connect(self) -> None:
+        if not self.bot_token:
+            raise ChannelRefused("SLACK_BOT_TOKEN is not set")
+        if self.mode == "socket" and not self.app_token:
+            raise ChannelRefused("SLACK_APP_TOKEN (an app-level token with connections:write) is not set; "
+                                 "Socket Mode needs it")
+        if self.mode == "webhook" and not self.signing_secret:
+            raise ChannelRefused("SLACK_SIGNING_SECRET is not set; the Events API webhook needs it")
+        try:
+            who = self.api.call("auth.test")
+        except SlackApiError as exc:
+            code = error_code(exc)
+            if code in AUTH_ERRORS:
+                raise ChannelRefused(f"auth.test: {code}: the bot token (SLACK_BOT_TOKEN) was refused") from exc
+            raise
+        self.bot_user_id, self.bot_id, self.team_id = who.get("user_id"), who.get("bot_id"), who.get("team_id")
+        self.log.info("slack: signed in as %s (bot %s) in team %s; mode %s, threads %s", self.bot_user_id,
+                      self.bot_id, self.team_id, self.mode, "on" if self.threads else "off")
+        if self.mode == "socket":
+            from .socket import LinkRefused, SocketModeLink
+            self.link = SocketModeLink(self.app_api, self._on_envelope, self.stopping)
+            try:
+                self.link._next_url = self.link.open_url()  # a refused app token is found before listening
+            except LinkRefused as exc:
+                raise ChannelRefused(str(exc)) from exc
+        else:
+            from .webhook import EventsServer
+            self.server = EventsServer(self.bind, self.path, self.signing_secret, self.accept)
+            self.server.start()
+            self.log.info("slack: events webhook listening on %s", self.server.url)
+
+    # ------------------------------------------------------------------ inbound
+
+    def listen(self, submit) -> None:
+        receiver = None
+        if self.link is not None:
+            receiver = threading.Thread(target=self._run_link, name="slack-socket", daemon=True)
+            receiver.start()
+        while not self.stopping.is_set():
+            if self._refusal:
+                raise ChannelRefused(self._refusal)
+            if self._link_error is not None:
+                raise RuntimeError(f"socket mode failed: {self._link_error}") from self._link_error
+            try:
+                msg = self._inbox.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            result = submit(msg)
+            self.log.info("submitted %s (%s): accepted=%s duplicate=%s queued=%s reason=%s", msg.message_id,
+                          msg.conversation_id, result.accepted, result.duplicate, result.queued, result.reason)
+        if receiver is not None:
+            receiver.join(5)
+
+    def _run_link(self) -> None:
+        from .socket import LinkRefused
+        try:
+            self.link.run()
+        except LinkRefused as exc:
+            self._refusal = str(exc)
+        except Exception as exc:  # noqa: BLE001 - listen() fails with it: the supervisor restarts the worker
+            self._link_error = exc
+
+    def _on_envelope(self, frame: dict) -> None:
+        if frame.get("type") == "events_api":
+            if frame.get("retry_attempt"):
+                self.log.info("Slack redelivered envelope (attempt %s, %s)", frame.get("retry_attempt"),
+                              frame.get("retry_reason"))
+            self.accept(frame.get("payload") or {})
+
+    def accept(self, payload: dict) -> None:
+        """One Events API payload: record what it carries durably (the outbox) and queue it for the hub.
+
+        Returns once the record is written, so the caller may ack Slack at once.
+        """
+        kind = payload.get("type")
+        if kind == "app_rate_limited":
+            self.log.warning("Slack dropped events: app_rate_limited for minute %s",
+                             payload.get("minute_rate_limited"))
+            return
+        if kind != "event_callback":
+            return
+        event = payload.get("event") or {}
+        etype = event.get("type")
+        if etype == "tokens_revoked":
+            revoked = (event.get("tokens") or {}).get("bot") or []
+            if not self.bot_user_id or self.bot_user_id in revoked:
+                self._refusal = "tokens_revoked: the bot token was revoked"
+            return
+        if etype == "app_uninstalled":
+            self._refusal = "app_uninstalled: the app was removed from the workspace"
+            return
+        msg = self.normalise(payload)
+        if msg is None:
+            return
+        row = self.outbox.inbound_record(msg)
+        if row.state == PENDING:
+            self._inbox.put(msg)
+
+    def normalise(self, payload: dict) -> InboundMessage | None:
+        """A message or app_mention event as an InboundMessage; None for what is not a person's message."""
+        event = payload.get("event") or {}
+        if event.get("type") not in ("message", "app_mention"):
+            return None
+        if event.get("subtype") not in HUMAN_SUBTYPES or event.get("bot_id") or event.get("hidden"):
+            return None
+        user, channel, ts = event.get("user"), event.get("channel"), event.get("ts")
+        event_id = payload.get("event_id")
+        if not (user and channel and ts and event_id) or user == self.bot_user_id:
+            return None
+        with self._seen_lock:  # subscribed to both, one message arrives as a message and an app_mention
+            first = self._seen_ts.setdefault((channel, ts), event_id)
+            self._seen_ts.move_to_end((channel, ts))
+            while len(self._seen_ts) > SEEN_TS_MAX:
+                self._seen_ts.popitem(last=False)
+        if first != event_id:
+            return None
+        thread_ts = event.get("thread_ts")
+        channel_type = event.get("channel_type")
+        attachments = [Attachment(kind=attachment_kind(f.get("mimetype") or ""),
+                                  content_type=f.get("mimetype") or "application/octet-stream",
+                                  url=f.get("url_private_download") or f.get("url_private"),
+                                  filename=f.get("name"), size=f.get("size"), channel_ref=f.get("id"))
+                       for f in event.get("files") or [] if f.get("url_private_download") or f.get("url_private")]
+        text = to_plain(event.get("text") or "", bot_user_id=self.bot_user_id)
+        if not text.strip() and not attachments:
+            return None
+        profile = event.get("user_profile") or {}
+        return InboundMessage(
+            channel="slack", conversation_id=conversation_of(channel, ts, thread_ts, channel_type,
+                                                             threads=self.threads),
+            message_id=event_id, sender_id=user,
+            sender_name=profile.get("display_name") or profile.get("real_name") or None,
+            source_type=source_type(channel_type, channel), text=text, attachments=attachments,
+            timestamp=ts_to_rfc3339(ts) or ts_to_rfc3339(str(payload.get("event_time") or "")) or
+            _dt.datetime.now(_dt.timezone.utc).isoformat().replace("+00:00", "Z"),
+            reply_to=ReplyContext(message_id=thread_ts) if thread_ts and thread_ts != ts else None,
+            metadata={k: v for k, v in {"ts": ts, "thread_ts": thread_ts, "channel": channel,
+                                        "team": payload.get("team_id") or event.get("team"),
+                                        "event_type": event.get("type")}.items() if v})
+
+    def fetch_media(self, attachment: Attachment) -> bytes | None:
+        if not attachment.url or not self._slack_host(attachment.url):
+            return None  # never hand the bot token to a host that is not Slack's
+        import httpx
+        response = httpx.get(attachment.url, headers={"Authorization": f"Bearer {self.bot_token}"},
+                             timeout=60, follow_redirects=True)
+        response.raise_for_status()
+        if "text/html" in response.headers.get("content-type", "") and "html" not in attachment.content_type:
+            raise ValueError("Slack answered the file download with a page (the token lacks files:read)")
+        return response.content
+
+    def _slack_host(self, url: str) -> bool:
+        host = (urlsplit(url).hostname or "").lower()
+        api_host = (urlsplit(self.base_url).hostname or "").lower()
+        return host == api_host or any(host == h or host.endswith("." + h) for h in SLACK_FILE_HOSTS)
+
+    # ------------------------------------------------------------------ outbound
+
+    def put_media(self, media, attachment, delivery) -> str | None:
+        filename = attachment.filename or media.filename or "file"
+        try:
+            ticket = self.api.call("files.getUploadURLExternal",
+                                   params={"filename": filename, "length": str(media.size)})
+        except SlackApiError as exc:
+            raise self._failure("files.getUploadURLExternal", exc) from exc
+        import httpx
+        response = httpx.post(ticket["upload_url"], content=media.data,
+                              headers={"Content-Type": media.content_type}, timeout=120)
+        if response.status_code != 200:
+            raise DeliveryFailed(f"file upload answered HTTP {response.status_code}")
+        return ticket["file_id"]
+
+    def deliver(self, delivery) -> str | None:
+        if self._refusal:
+            raise self._refused_failure()
+        channel, thread_ts = split_conversation(delivery.conversation_id)
+        parts = message_parts(delivery.text)
+        done = self._found_parts.pop(delivery.delivery_id, set())
+        first_ts = None
+        try:
+            files = [{"id": a.channel_ref, "title": a.filename or a.channel_ref}
+                     for a in delivery.attachments if a.channel_ref]
+            if files and "files" not in done:
+                params = {"files": files, "channel_id": channel}
+                if thread_ts:
+                    params["thread_ts"] = thread_ts
+                self.api.call("files.completeUploadExternal", json=params, key=channel, post=True)
+            for i, part in enumerate(parts):
+                if i in done:
+                    continue
+                body = {"channel": channel, "text": part, "unfurl_links": False,
+                        "metadata": {"event_type": METADATA_EVENT,
+                                     "event_payload": {"delivery_id": delivery.delivery_id, "part": i,
+                                                       "parts": len(parts)}}}
+                if thread_ts:
+                    body["thread_ts"] = thread_ts
+                sent = self.api.call("chat.postMessage", json=body, key=channel, post=True)
+                first_ts = first_ts or sent.get("ts")
+        except SlackApiError as exc:
+            raise self._failure("chat.postMessage", exc) from exc
+        except (RateLimited, Stopped) as exc:
+            raise DeliveryFailed(str(exc)) from exc
+        return first_ts
+
+    def _failure(self, method: str, exc: SlackApiError) -> DeliveryFailed:
+        code = error_code(exc)
+        if code in AUTH_ERRORS:
+            # The listener turns this into ChannelRefused; the delivery waits for a fixed token.
+            self._refusal = f"{method}: {code}: the bot token (SLACK_BOT_TOKEN) was refused"
+            return self._refused_failure()
+        return DeliveryFailed(f"{method}: {code}", permanent=code in PERMANENT_ERRORS)
+
+    def _refused_failure(self) -> DeliveryFailed:
+        """A send Slack refused for the token: hold it until the listener has stopped the worker, so the
+        host does not spend the delivery's retries against a dead token in the meantime; its one
+        failed attempt is retryable, and the delivery goes out once the operator fixed the token."""
+        self.stopping.wait(REFUSAL_HOLD_SECS)
+        return DeliveryFailed(self._refusal or "the token was refused")
+
+    def already_delivered(self, delivery) -> bool:
+        """After a crash inside deliver(): look in the chat for the parts this delivery's metadata names."""
+        channel, thread_ts = split_conversation(delivery.conversation_id)
+        parts = message_parts(delivery.text)
+        params = {"channel": channel, "include_all_metadata": "true", "limit": "200"}
+        if thread_ts:
+            method, params["ts"] = "conversations.replies", thread_ts
+        else:
+            method = "conversations.history"
+        try:
+            data = self.api.call(method, params=params, http_verb="GET")
+        except (SlackApiError, RateLimited, Stopped) as exc:
+            self.log.warning("could not look for delivery %s in %s: %s", delivery.delivery_id, channel, exc)
+            return False
+        found: set[int] = set()
+        for message in data.get("messages") or []:
+            meta = message.get("metadata") or {}
+            payload = meta.get("event_payload") or {}
+            if meta.get("event_type") == METADATA_EVENT and payload.get("delivery_id") == delivery.delivery_id:
+                found.add(int(payload.get("part", 0)))
+        if found and delivery.attachments:
+            found.add("files")  # type: ignore[arg-type] - the files went first, before any part
+        if parts and all(i in found for i in range(len(parts))):
+            return True
+        self._found_parts[delivery.delivery_id] = found
+        return False
+
+    def disconnect(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    SlackWorker.main(argv=argv)
