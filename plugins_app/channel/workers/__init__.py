@@ -17,7 +17,8 @@ from importlib.metadata import entry_points
 
 log = logging.getLogger("ugent.plugins")
 
-BUILTIN = {"channel-echo": "plugins_app.channel.workers.echo"}
+BUILTIN = {"channel-echo": "plugins_app.channel.workers.echo",
+           "channel-discord": "plugins_app.channel.workers.discord"}
 
 
 @dataclass(frozen=True)
