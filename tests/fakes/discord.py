@@ -195,9 +195,11 @@ class FakeDiscord:
         length = int(h.headers.get("Content-Length") or 0)
         body = h.rfile.read(length) if length else b""
         path = h.path.split("?", 1)[0]
-        status, payload, headers = self._route(method, path, h.headers, body)
+        record = {"method": method, "path": path, "status": None}  # status set once answered
         with self.lock:
-            self.requests.append({"method": method, "path": path, "status": status})
+            self.requests.append(record)
+        status, payload, headers = self._route(method, path, h.headers, body)
+        record["status"] = status
         if isinstance(payload, bytes):
             data, ctype = payload, headers.pop("Content-Type", "application/octet-stream")
         else:

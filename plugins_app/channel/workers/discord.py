@@ -460,6 +460,8 @@ class DiscordWorker(ChannelWorker):
         await asyncio.sleep(interval * random.random())  # the first beat is jittered, as Discord asks
         while True:
             if not beat["acked"]:
+                self.log.warning("gateway: no HEARTBEAT_ACK since the last heartbeat (zombied connection); "
+                                 "reconnecting")
                 await ws.close(ZOMBIE_CLOSE_CODE, "heartbeat not acknowledged")
                 raise Reconnect("no HEARTBEAT_ACK since the last heartbeat (zombied connection)")
             beat["acked"] = False
