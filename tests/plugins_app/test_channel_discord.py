@@ -252,3 +252,27 @@ def test_attachments_in_are_stored_on_the_host_and_out_go_as_multipart(tcast, fa
     assert [(f["field"], f["filename"], f["data"]) for f in sent["_files"]] == \
         [("files[0]", "report.pdf", b"%PDF-1.4 report")]
     assert sent["_payload"]["attachments"] == [{"id": 0, "filename": "report.pdf"}]
+
+
+def test_a_send_discord_refuses_for_missing_access_is_dead_lettered_with_its_reason(tcast, fake, start_runtime):
+    make_discord()
+    rt = start_runtime()
+    ready(fake, rt)
+    fake.fail_next_send(403, {"message": "Missing Permissions", "code": 50013})
+    fake.push_message(CHANNEL, "script:answer=not allowed here")
+    assert wait_until(lambda: OutboundDelivery.objects.filter(state="dead_letter").exists(), 20), \
+        rt.log("discord-main")
+    assert OutboundDelivery.objects.get().last_error == "permanent failure: discord: 403 Missing Permissions (code 50013)"
+    assert [r["status"] for r in fake.requests if r["method"] == "POST"] == [403]  # not retried
+    assert Plugin.objects.get().enabled
+
+
+def test_a_401_on_a_send_stops_the_worker_with_the_refusal(tcast, fake, start_runtime):
+    make_discord()
+    rt = start_runtime()
+    ready(fake, rt)
+    fake.fail_next_send(401, {"message": "401: Unauthorized", "code": 0})
+    fake.push_message(CHANNEL, "script:answer=token gone")
+    assert wait_until(lambda: not Plugin.objects.get().enabled, 20), rt.log("discord-main")
+    assert Plugin.objects.get().disabled_reason == \
+        "the channel refused the worker: discord refused the bot token: 401 401: Unauthorized (code 0)"
