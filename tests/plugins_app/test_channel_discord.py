@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 
 import pytest
 
@@ -12,7 +11,6 @@ from plugins_app.channel.models import OutboundDelivery, Plugin, PluginMedia
 from tests.fakes.discord import MESSAGE_CONTENT, FakeDiscord
 from tests.plugins_app.conftest import wait_until
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc and prctl")
 
 CHANNEL = "3300000000000000003"
 GUILD = "4400000000000000004"
@@ -276,3 +274,17 @@ def test_a_401_on_a_send_stops_the_worker_with_the_refusal(tcast, fake, start_ru
     assert wait_until(lambda: not Plugin.objects.get().enabled, 20), rt.log("discord-main")
     assert Plugin.objects.get().disabled_reason == \
         "the channel refused the worker: discord refused the bot token: 401 401: Unauthorized (code 0)"
+
+
+def test_a_saved_session_whose_resume_url_is_dead_falls_back_to_identify(tcast, fake, start_runtime, short_dir):
+    import json
+    state = short_dir / "state"
+    state.mkdir(parents=True, exist_ok=True)
+    (state / "discord-main.discord-session.json").write_text(json.dumps(
+        {"session_id": "s-stale", "resume_gateway_url": "ws://127.0.0.1:1", "seq": 5}))
+    make_discord()
+    rt = start_runtime()
+    assert nth_connection(fake, rt, 0)["op"] == "identify"
+    assert "attempts to resume failed; identifying afresh" in rt.log("discord-main")
+    fake.push_message(CHANNEL, "script:answer=fresh")
+    assert wait_until(lambda: answers(fake) == ["fresh"], 20), rt.log("discord-main")

@@ -74,6 +74,7 @@ ZOMBIE_CLOSE_CODE = 4000  # not 1000/1001, which would end the session on Discor
 MAX_RATE_LIMIT_WAIT_SECS = 60.0
 BACKOFF_INITIAL_SECS = 1.0
 BACKOFF_MAX_SECS = 60.0
+RESUME_ATTEMPTS = 3  # a resume URL that keeps failing (a stale session after a long stop): identify instead
 
 
 class GatewayClosed(Exception):
@@ -317,6 +318,7 @@ class DiscordWorker(ChannelWorker):
         import websockets
         session = self._session_load()
         backoff = BACKOFF_INITIAL_SECS
+        failures = 0
         stop_task = asyncio.ensure_future(self._stopped_event())
         try:
             while not self.stopping.is_set() and not self._refusal:
@@ -357,6 +359,11 @@ class DiscordWorker(ChannelWorker):
                     self.log.warning("gateway connection failed: %s", exc)
                 finally:
                     self._ws = None
+                failures = 0 if healthy else failures + 1
+                if resuming and failures >= RESUME_ATTEMPTS:
+                    self.log.warning("gateway: %d attempts to resume failed; identifying afresh", failures)
+                    session.clear()
+                    self._session_save(session)
                 backoff = BACKOFF_INITIAL_SECS if healthy else min(backoff * 2, BACKOFF_MAX_SECS)
                 delay = 0.0 if healthy else backoff * random.uniform(0.5, 1.0)
                 if delay:
