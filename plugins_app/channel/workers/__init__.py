@@ -18,6 +18,7 @@ from importlib.metadata import entry_points
 log = logging.getLogger("ugent.plugins")
 
 BUILTIN = {
+    "channel-discord": "plugins_app.channel.workers.discord",
     "channel-echo": "plugins_app.channel.workers.echo",
     "channel-email": "plugins_app.channel.workers.email",
     "channel-slack": "plugins_app.channel.workers.slack",
