@@ -149,6 +149,21 @@ def jwks_key(issuer: Issuer, kid: str):
     raise refuse(f"it is signed by a key (kid {kid!r}) that the JWKS of issuer {issuer.issuer!r} does not hold.")
 
 
+def identity_status() -> dict:
+    """The `identity` section of GET /v1/ugent/status: the rules in force, each issuer's JWKS as this
+    process holds it, and a [web.auth] edit that was refused (the last good one runs meanwhile)."""
+    issuers = []
+    for issuer in Issuer.objects.order_by("issuer"):
+        with _cache_lock:
+            entry = _cache.get(issuer.jwks_url)
+        issuers.append({"issuer": issuer.issuer, "actor_prefix": issuer.actor_prefix,
+                        "algorithms": _algorithms(issuer), "from_config": issuer.from_config,
+                        "jwks_keys": len(entry.keys) if entry else None,
+                        "jwks_error": (entry.failed or None) if entry else None})
+    return {"require_verified_identity": config.web_auth().require_verified_identity,
+            "config_error": config.web_auth_error() or None, "issuers": issuers}
+
+
 # --- verification ------------------------------------------------------------------------------
 
 def token_from_headers(headers, api_key: str) -> str:

@@ -206,6 +206,7 @@ class _Loaded:
         self.data: dict = {}
         self.auth: WebAuthSpec = WebAuthSpec()
         self.generation = 0
+        self.error = ""  # why the file as it stands is not the [web.auth] in use ("" when it is)
 
 
 _loaded = _Loaded()
@@ -235,7 +236,9 @@ def _refresh() -> _Loaded:
             data = _read(path)
             try:
                 auth = web_auth_parse(data)
+                _loaded.error = ""
             except ConfigError as exc:
+                _loaded.error = str(exc)
                 if _loaded.stamp is None:  # nothing good to keep: run with no [web.auth] at all
                     log.error("%s; [web.auth] is not used", exc)
                     auth = WebAuthSpec()
@@ -261,6 +264,11 @@ def web_auth() -> WebAuthSpec:
 def generation() -> int:
     """Goes up each time the file is read anew (a changed file): callers resync what they derive."""
     return _refresh().generation
+
+
+def web_auth_error() -> str:
+    """Why the running [web.auth] is not the file as it stands now ("" when it is): the status shows it."""
+    return _refresh().error
 
 
 def web_auth_check() -> None:
@@ -336,6 +344,6 @@ def reset_caches() -> None:
     with _loaded.lock:
         _loaded.checked_at = -1e18
         _loaded.stamp = None
-        _loaded.data, _loaded.auth = {}, WebAuthSpec()
+        _loaded.data, _loaded.auth, _loaded.error = {}, WebAuthSpec(), ""
         _loaded.generation += 1
     _vault.clear()

@@ -54,6 +54,7 @@ UGENT_STATUS_SECTIONS = {
     "rules": "rules_app.runtime.status_section",
     "plugins": "plugins_app.channel.selectors.plugins_status",
     "cron": "cron_app.apps.status_section",
+    "identity": "channels_app.federation.identity_status",
 }
 
 MIDDLEWARE = [

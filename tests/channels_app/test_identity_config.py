@@ -247,3 +247,16 @@ def test_the_admin_edits_caller_defaults(admin_client):
     assert resp.status_code == 302
     d = CallerDefaults.objects.get()
     assert d.disable_memory_recall and not d.disable_memory_write and not d.from_config
+
+
+def test_the_status_shows_the_identity_rules_and_a_refused_edit(tcast, toml_config):
+    path = toml_config(ISSUERS_TOML)
+    status = lambda: Client().get("/v1/ugent/status", HTTP_X_API_KEY=tcast.keys["operator"]).json()["status"]
+    section = status()["identity"]
+    assert section["require_verified_identity"] is True and section["config_error"] is None
+    assert [i["issuer"] for i in section["issuers"]] == ["https://idp.example.test"]
+    path.write_text(ISSUERS_TOML + "\n[web.auth.extra]\n")
+    os.utime(path, ns=(4, 4))
+    section = status()["identity"]
+    assert "web.auth.extra: unknown field" in section["config_error"]
+    assert section["require_verified_identity"] is True  # the last good file still runs
