@@ -13,7 +13,7 @@ import pytest
 from django.core.management import call_command
 from django.test import Client
 
-from channels_app.models import ApiKey, Caller, CallerDefaults, Issuer
+from channels_app.models import ApiKey, CallerDefaults, Issuer
 from ugent_common import config
 
 pytestmark = pytest.mark.django_db(transaction=True)
