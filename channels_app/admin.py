@@ -1,7 +1,10 @@
 """The operator's view of the hub: callers and keys, actors, conversations, turns, receipts, events."""
+from django import forms
 from django.contrib import admin, messages
 
-from channels_app.models import (ApiKey, Actor, Caller, Conversation, Event, Message, Receipt, Steering, Turn)
+from channels_app.models import (ApiKey, Actor, Caller, CallerDefaults, Conversation, Event, Issuer, Message,
+                                 Receipt, Steering, Turn)
+from ugent_common import config
 
 
 class ApiKeyInline(admin.TabularInline):
@@ -17,11 +20,16 @@ class ApiKeyInline(admin.TabularInline):
 
 @admin.register(Caller)
 class CallerAdmin(admin.ModelAdmin):
-    list_display = ("name", "role", "default_model", "from_config", "created_at")
+    list_display = ("name", "role", "issuers", "key_env", "default_model", "from_config", "created_at")
     list_filter = ("role", "from_config")
     search_fields = ("name",)
     inlines = [ApiKeyInline]
     actions = ["issue_key"]
+
+    @admin.display(description="key read from")
+    def key_env(self, obj):
+        """The environment variable (or vault entry) a configured caller's key comes from; never the key."""
+        return config.key_env_of(obj.name) or "—"
 
     @admin.action(description="Issue a new key (shown once)")
     def issue_key(self, request, queryset):
@@ -127,3 +135,64 @@ class SteeringAdmin(admin.ModelAdmin):
     list_select_related = ("turn",)
     search_fields = ("turn__turn_id",)
     raw_id_fields = ("turn",)
+
+
+class IssuerForm(forms.ModelForm):
+    """The same rules as [[web.auth.issuers]] in ugent.toml (ugent_common.config)."""
+
+    class Meta:
+        model = Issuer
+        fields = ("issuer", "jwks_url", "audience", "actor_prefix", "algorithms", "leeway_secs")
+
+    def _checked(self, name, check):
+        try:
+            return check(self.cleaned_data[name])
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc))
+
+    def clean_actor_prefix(self):
+        prefix = self._checked("actor_prefix", config.actor_prefix_check)
+        for other in Issuer.objects.exclude(pk=self.instance.pk).values_list("actor_prefix", flat=True):
+            if other.startswith(prefix) or prefix.startswith(other):
+                raise forms.ValidationError(f"{prefix!r} and another issuer's {other!r} could collide.")
+        return prefix
+
+    def clean_algorithms(self):
+        algs = self.cleaned_data["algorithms"] or list(config.DEFAULT_ALGORITHMS)
+        if not isinstance(algs, list) or not all(isinstance(a, str) for a in algs):
+            raise forms.ValidationError("a list of algorithm names, such as [\"RS256\", \"ES256\"]")
+        try:
+            return config.algorithms_check(algs)
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc))
+
+    def clean_leeway_secs(self):
+        value = self.cleaned_data["leeway_secs"]
+        if value > config.MAX_LEEWAY_SECS:
+            raise forms.ValidationError(f"at most {config.MAX_LEEWAY_SECS} seconds")
+        return value
+
+
+@admin.register(Issuer)
+class IssuerAdmin(admin.ModelAdmin):
+    form = IssuerForm
+    list_display = ("issuer", "actor_prefix", "audience", "jwks_url", "algorithms", "leeway_secs", "from_config")
+    list_filter = ("from_config",)
+    search_fields = ("issuer", "actor_prefix", "audience")
+    readonly_fields = ("from_config", "created_at", "updated_at")
+    actions = ["forget_jwks"]
+
+    @admin.action(description="Fetch these issuers' JWKS again on their next token")
+    def forget_jwks(self, request, queryset):
+        from channels_app.federation import jwks_forget
+        n = jwks_forget(urls=[i.jwks_url for i in queryset])
+        self.message_user(request, f"{n} cached JWKS forgotten; the next token of each fetches it again.")
+
+
+@admin.register(CallerDefaults)
+class CallerDefaultsAdmin(admin.ModelAdmin):
+    list_display = ("issuer", "model", "disable_memory_recall", "disable_memory_write", "disable_code_context",
+                    "from_config")
+    list_filter = ("from_config", "disable_memory_recall", "disable_memory_write", "disable_code_context")
+    search_fields = ("issuer", "model")
+    readonly_fields = ("from_config", "created_at", "updated_at")

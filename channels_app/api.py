@@ -166,7 +166,8 @@ def _close_accepted_waiter(accepting: asyncio.Future) -> None:
 def _submit(principal, data: dict, on_turn=None):
     actor = services.actor_resolve(caller=principal.caller, user=data.get("user"),
                                    federation_issuer=data.get("federation_issuer"),
-                                   federation_subject=data.get("federation_subject"))
+                                   federation_subject=data.get("federation_subject"),
+                                   identity=principal.identity)
     inbound = services.Submission(
         actor=actor, caller=principal.caller, text=last_user_text(data["messages"]), channel="web",
         client_id=data.get("client_id") or "", conversation_id=data.get("conversation_id"),
@@ -402,7 +403,8 @@ class ReceiptGetApi(APIView):
         d = ser.validated_data
         viewer = services.viewer_resolve(caller=request.user.caller, user=d.get("user"),
                                          federation_issuer=d.get("federation_issuer"),
-                                         federation_subject=d.get("federation_subject"))
+                                         federation_subject=d.get("federation_subject"),
+                                         identity=request.user.identity)
         return Response(services.receipt_get(viewer=viewer, conversation_id=d["conversation_id"],
                                              client_message_id=d["client_message_id"],
                                              client_id=d.get("client_id", "")))

@@ -39,9 +39,10 @@ class ConversationFields(IdentityFields):
     channel = serializers.CharField(required=False, default="web", max_length=50)
 
 
-def _viewer(caller, d: dict) -> Viewer:
-    return services.viewer_resolve(caller=caller, user=d.get("user"), federation_issuer=d.get("federation_issuer"),
-                                  federation_subject=d.get("federation_subject"))
+def _viewer(principal, d: dict) -> Viewer:
+    return services.viewer_resolve(caller=principal.caller, user=d.get("user"),
+                                   federation_issuer=d.get("federation_issuer"),
+                                   federation_subject=d.get("federation_subject"), identity=principal.identity)
 
 
 def _conversation(viewer, d: dict):
@@ -89,7 +90,7 @@ class _StreamView(View):
         if not ser.is_valid():
             raise from_drf(serializers.ValidationError(ser.errors))
         d = ser.validated_data
-        viewer = _viewer(principal.caller, d)
+        viewer = _viewer(principal, d)
         conversation = _conversation(viewer, d) if d.get("conversation_id") else None
         # EventSource reconnects to the same URL with Last-Event-ID: the header is the newer position.
         raw = request.headers.get("Last-Event-ID")
@@ -146,7 +147,7 @@ def _turn_named(serializer_class, request, action: str):
     ser = serializer_class(data=request.data)
     ser.is_valid(raise_exception=True)
     d = ser.validated_data
-    viewer = _viewer(request.user.caller, d)
+    viewer = _viewer(request.user, d)
     turn = streams.turn_for_action(viewer=viewer, conversation_id=d["conversation_id"],
                                    client_id=d.get("client_id", ""), channel=d.get("channel", "web"),
                                    turn_id=d.get("turn_id"), action=action)
@@ -194,7 +195,7 @@ class ConversationSnapshotApi(APIView):
     def get(self, request):
         ser = ConversationFields(data=request.query_params)
         ser.is_valid(raise_exception=True)
-        viewer = _viewer(request.user.caller, ser.validated_data)
+        viewer = _viewer(request.user, ser.validated_data)
         conv = _conversation(viewer, ser.validated_data)
         return Response(streams.conversation_snapshot(viewer=viewer, conversation=conv))
 
@@ -210,7 +211,7 @@ class SessionSnapshotApi(APIView):
         ser = self.InputSerializer(data=request.query_params)
         ser.is_valid(raise_exception=True)
         d = ser.validated_data
-        viewer = _viewer(request.user.caller, d)
+        viewer = _viewer(request.user, d)
         conv = _conversation(viewer, d)
         return Response(streams.session_tail(viewer=viewer, conversation=conv, limit=d["limit"]))
 
@@ -227,7 +228,7 @@ class SessionHistoryApi(APIView):
         ser = self.InputSerializer(data=request.query_params)
         ser.is_valid(raise_exception=True)
         d = ser.validated_data
-        viewer = _viewer(request.user.caller, d)
+        viewer = _viewer(request.user, d)
         conv = _conversation(viewer, d)
         return Response(streams.session_history(viewer=viewer, conversation=conv, before=d.get("before"),
                                                 limit=d["limit"]))

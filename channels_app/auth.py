@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from rest_framework import authentication, permissions
 
-from channels_app import statements
+from channels_app import federation, statements
 
 from ugent_common import rows
 from channels_app.errors import ApplicationError
@@ -31,6 +31,7 @@ class Principal:
     every data check takes."""
 
     caller: Caller
+    identity: "federation.VerifiedIdentity | None" = None  # a verified identity token's user
 
     @property
     def has_operator_key(self) -> bool:
@@ -54,6 +55,7 @@ def caller_for_key(raw: str) -> Caller | None:
     if not raw:
         return None
     digest = hash_key(raw)
+    federation.config_sync()
     for ck in config.configured_keys():
         if hmac.compare_digest(_digest(ck.raw), digest):
             caller = rows.table(Caller).get(name=ck.caller)
@@ -135,6 +137,7 @@ def _digest(raw: str) -> str:
 
 
 def authenticate_headers(headers) -> Principal:
+    """The caller of the request's key, and the user its identity token names (verified, or a 403)."""
     raw = raw_key_from_headers(headers)
     if not raw:
         raise ApplicationError("Missing API key: send it as x-api-key or Authorization: Bearer.",
@@ -142,7 +145,10 @@ def authenticate_headers(headers) -> Principal:
     caller = caller_for_key(raw)
     if caller is None:
         raise ApplicationError("Invalid API key.", status=401, code="invalid_api_key")
-    return Principal(caller)
+    token = federation.token_from_headers(headers, raw)
+    if not token:
+        return Principal(caller)
+    return Principal(caller, federation.token_verify(token))
 
 
 class ApiKeyAuthentication(authentication.BaseAuthentication):

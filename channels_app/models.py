@@ -266,3 +266,42 @@ class EventLogMark(models.Model):
 
     def __str__(self):
         return f"{self.name}={self.value}"
+
+
+class Issuer(TimeStamped):
+    """A `[[web.auth.issuers]]` entry: an identity provider whose JWTs name end users.
+
+    A request carrying one of its tokens acts for `<actor_prefix><sub>` (channels_app.federation)."""
+
+    issuer = models.CharField(max_length=200, unique=True, help_text="The tokens' `iss`, exactly.")
+    jwks_url = models.URLField(max_length=500, help_text="Where its public keys are published (JWKS).")
+    audience = models.CharField(max_length=200, help_text="The `aud` its tokens must carry for this daemon.")
+    actor_prefix = models.CharField(max_length=100, unique=True,
+                                    help_text="The actor is <actor_prefix><sub>, e.g. 'crm:'.")
+    algorithms = models.JSONField(default=list, blank=True,
+                                  help_text="Allowed algorithms (asymmetric only); empty means RS256, ES256.")
+    leeway_secs = models.PositiveIntegerField(default=30, help_text="Clock skew allowed on exp and nbf.")
+    from_config = models.BooleanField(default=False, help_text="Defined in ugent.toml (the file wins for it).")
+
+    def __str__(self):
+        return self.issuer
+
+
+class CallerDefaults(TimeStamped):
+    """Per-caller defaults: opt-outs and a model applied to every turn that asserts one federation issuer.
+    A request can add opt-outs to them, never switch them back on."""
+
+    issuer = models.CharField(max_length=200, unique=True,
+                              help_text="The federation issuer a turn asserts (a token's iss, or federation_issuer).")
+    model = models.CharField(max_length=200, blank=True, default="",
+                             help_text="The model of its turns that name none (ugent-default or no model).")
+    disable_memory_recall = models.BooleanField(default=False)
+    disable_memory_write = models.BooleanField(default=False)
+    disable_code_context = models.BooleanField(default=False)
+    from_config = models.BooleanField(default=False, help_text="Defined in ugent.toml (the file wins for it).")
+
+    class Meta:
+        verbose_name_plural = "caller defaults"
+
+    def __str__(self):
+        return f"defaults for {self.issuer}"

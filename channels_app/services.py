@@ -18,12 +18,13 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from channels_app import access, hooks, statements
+from ugent_common import config
 
 from ugent_common import rows
 from channels_app.bodies import text_problem
 from channels_app.errors import ApplicationError
 from channels_app.events import event_append
-from channels_app.models import (FINAL_STATES, Actor, Caller, Conversation, Message, Receipt,
+from channels_app.models import (FINAL_STATES, Actor, Caller, CallerDefaults, Conversation, Message, Receipt,
                                  ReceiptState, Role, Turn)
 
 log = logging.getLogger("ugent.hub")
@@ -37,20 +38,43 @@ APPLICATION_NAMES_FEDERATED_ONLY = ("An application key may name only federated 
 
 # --- who ---------------------------------------------------------------------
 
+VERIFIED_IDENTITY_REQUIRED = ("require_verified_identity is on: a request that names a user must carry an "
+                              "identity token from an issuer listed in [[web.auth.issuers]].")
+TOKEN_ISSUER_NOT_LISTED_BY_CALLER = ("An application key may name only federated users of the issuers it "
+                                     "lists: the identity token's issuer {issuer!r} is not one of them.")
+
+
 def actor_resolve(*, caller: Caller, user: str | None = None, federation_issuer: str | None = None,
-                  federation_subject: str | None = None) -> Actor:
-    """The end user a request speaks for, by the role rules of "Keys and callers"."""
+                  federation_subject: str | None = None, identity=None) -> Actor:
+    """The end user a request speaks for, by the role rules of "Keys and callers" (docs/identity.md).
+
+    `identity` (a channels_app.federation.VerifiedIdentity) is a verified token's user: it overrides
+    any identity in the body, and the actor is `<actor_prefix><sub>`. Without one, an operator names
+    anyone; an application names only federated users of the issuers it lists, and only when
+    require_verified_identity is off; naming nobody is the operator itself, or `web-user@<caller>`.
+    """
+    is_operator = caller.role == Role.OPERATOR  # anything not exactly an operator gets the application rules
+    if identity is not None:
+        if not is_operator and identity.issuer not in (caller.issuers or []):
+            raise ApplicationError(TOKEN_ISSUER_NOT_LISTED_BY_CALLER.format(issuer=identity.issuer), status=403,
+                                   code="actor_not_allowed")
+        return _get_or_create(Actor, key=identity.actor_key, defaults={
+            "channel": "web", "user_id": identity.subject, "caller": caller,
+            "federation_issuer": identity.issuer, "federation_subject": identity.subject})
     if bool(federation_issuer) != bool(federation_subject):
         raise ApplicationError("federation_issuer and federation_subject go together.",
                                status=400, code="invalid_request",
                                param="federation_issuer" if not federation_issuer else "federation_subject")
-    if caller.role != Role.OPERATOR:  # anything not exactly an operator is held to the application rules
+    if not is_operator:
         if user:
             raise ApplicationError(APPLICATION_NAMES_FEDERATED_ONLY, status=403, code="actor_not_allowed",
                                    param="user")
         if federation_issuer and federation_issuer not in (caller.issuers or []):
             raise ApplicationError(APPLICATION_NAMES_FEDERATED_ONLY, status=403, code="actor_not_allowed",
                                    param="federation_issuer")
+        if federation_issuer and config.web_auth().require_verified_identity:
+            raise ApplicationError(VERIFIED_IDENTITY_REQUIRED, status=403, code="verified_identity_required",
+                                   param="federation_subject")
     if federation_issuer:
         # Percent-encoded so that no issuer/subject pair can spell another's key ("a:b" + "c" vs "a" + "b:c").
         key = f"fed:{quote(federation_issuer, safe='')}:{quote(federation_subject, safe='')}"
@@ -61,7 +85,7 @@ def actor_resolve(*, caller: Caller, user: str | None = None, federation_issuer:
     elif user:
         key = f"web:{user}"
         defaults = {"channel": "web", "user_id": user, "caller": caller}
-    elif caller.role == Role.OPERATOR:
+    elif is_operator:
         key = f"operator@{caller.name}"
         defaults = {"channel": "web", "user_id": key, "caller": caller}
     else:
@@ -71,10 +95,10 @@ def actor_resolve(*, caller: Caller, user: str | None = None, federation_issuer:
 
 
 def viewer_resolve(*, caller: Caller, user: str | None = None, federation_issuer: str | None = None,
-                   federation_subject: str | None = None) -> access.Viewer:
+                   federation_subject: str | None = None, identity=None) -> access.Viewer:
     """Whom a request acts for (channels_app.access.Viewer): its caller and the actor it names."""
     actor = actor_resolve(caller=caller, user=user, federation_issuer=federation_issuer,
-                          federation_subject=federation_subject)
+                          federation_subject=federation_subject, identity=identity)
     return access.Viewer(caller=caller, actor=actor)
 
 
@@ -219,6 +243,30 @@ def _duplicate(conversation: Conversation, inbound: Submission) -> DuplicateMess
                             receipt=first, turn=turn)
 
 
+# --- per-caller defaults -----------------------------------------------------
+
+OPT_OUTS = ("disable_memory_recall", "disable_memory_write", "disable_code_context")
+
+
+def caller_defaults_apply(*, inbound: Submission) -> Submission:
+    """The operator's defaults for the federation issuer the message's actor asserts: their opt-outs
+    are added to the request's (a request adds, never switches one back on), and their model runs a
+    turn that names none. The effective opt-outs are the turn's own, and every task it starts carries
+    them (HookContext.limits). Returns the submission as it will run."""
+    issuer = inbound.actor.federation_issuer
+    if not issuer:
+        return inbound
+    defaults = rows.table(CallerDefaults).get(issuer=issuer)
+    if defaults is None:
+        return inbound
+    from dataclasses import replace
+    from plugins_app.agent.profiles import DEFAULT_ALIAS
+    changes = {name: True for name in OPT_OUTS if getattr(defaults, name)}
+    if defaults.model and (not inbound.model or inbound.model == DEFAULT_ALIAS):
+        changes["model"] = defaults.model
+    return replace(inbound, **changes, extra={**inbound.extra, "caller_defaults": issuer})
+
+
 def message_submit(*, inbound: Submission, profile=None, on_turn=None) -> SubmissionResult:
     """Accept one message: receipt once only, hooks before the agent, then the turn (a Celery task).
 
@@ -231,6 +279,7 @@ def message_submit(*, inbound: Submission, profile=None, on_turn=None) -> Submis
     if problem is not None:  # the web API refuses it earlier; a channel worker's text is checked here
         raise ApplicationError(f"The message content {problem}", status=400, code="invalid_content",
                                param="content")
+    inbound = caller_defaults_apply(inbound=inbound)
     try:
         with transaction.atomic():
             conversation, created = conversation_resolve(
@@ -282,7 +331,9 @@ def _submit_locked(inbound: Submission, conversation: Conversation, created: boo
         disable_code_context=inbound.disable_code_context,
         disable_memory_write=inbound.disable_memory_write, input_mode=inbound.input_mode or "",
         include_thinking=inbound.include_thinking, citation_ids=inbound.citation_ids,
-        context={"tags": ctx.tags, "injected_context": ctx.injected_context, "text": ctx.text})
+        context={"tags": ctx.tags, "injected_context": ctx.injected_context, "text": ctx.text,
+                 **({"caller_defaults": inbound.extra["caller_defaults"]}
+                    if inbound.extra.get("caller_defaults") else {})})
     rows.table(Message).insert(conversation=conversation, role=Message.Role.USER, content=inbound.text,
                                actor=inbound.actor, turn=turn)
     user_event = {"turn_id": turn.turn_id, "client_message_id": receipt.client_message_id,

@@ -57,10 +57,10 @@ ACTIVITY_PREFIXES = ("interaction.", "compaction.", "tool.", "ugent.tool", "acti
 # --- who ---------------------------------------------------------------------
 
 def viewer_resolve(*, caller: Caller, user: str | None = None, federation_issuer: str | None = None,
-                   federation_subject: str | None = None) -> Viewer:
+                   federation_subject: str | None = None, identity=None) -> Viewer:
     from channels_app.services import viewer_resolve
     return viewer_resolve(caller=caller, user=user, federation_issuer=federation_issuer,
-                          federation_subject=federation_subject)
+                          federation_subject=federation_subject, identity=identity)
 
 
 def conversation_lookup(*, conversation_id: str, client_id: str = "", channel: str = "web") -> Conversation | None:

@@ -1,18 +1,144 @@
-"""Loading ugent.toml: the callers and keys of [web.auth]."""
+"""Loading ugent.toml: the callers, keys, issuers and per-caller defaults of [web.auth].
+
+The file is read again when it changes (checked at most every UGENT_CONFIG_RECHECK_SECS), so a key,
+an issuer or a default edited in it takes effect without a restart. [web.auth] is strict: a key it
+does not know is an error naming the key (`web_auth_check`, run at start by the daemon, the web
+processes and `manage.py check`); an edit that breaks it while running is logged and the last good
+file is kept. A key's value is read from the environment variable its `key_env` names, else from
+the vault of a plugin's secret_env_refs (the lookups in settings.UGENT_KEY_ENV_LOOKUPS), each time
+it is needed (the vault's answer is kept a few seconds): a rotated key works within seconds.
+"""
 from __future__ import annotations
 
-import functools
 import logging
 import os
+import re
+import threading
+import time
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 from django.conf import settings
+from django.utils.module_loading import import_string
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from ugent_common.validation import StrList, first_error, first_repeat
 
 log = logging.getLogger("ugent.config")
 ROLES = ("operator", "application")
 DEFAULT_CALLER = "default"  # the caller of UGENT_WEB_API_KEY
+
+#: Asymmetric algorithms a JWKS can serve. `none` and the HMAC family (HS*) are never allowed: a JWKS
+#: publishes public keys, and a public key taken as an HMAC secret is the RS/HS confusion attack.
+ASYMMETRIC_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512",
+                         "EdDSA")
+DEFAULT_ALGORITHMS = ("RS256", "ES256")
+#: Actor keys of other kinds start so: an issuer's prefix may not, or its subjects could pose as them.
+RESERVED_PREFIXES = ("web:", "web-user@", "operator@", "fed:", "fed#", "cron:")
+MAX_LEEWAY_SECS = 300
+
+
+class ConfigError(Exception):
+    """ugent.toml's [web.auth] cannot be used as written; the message names the key."""
+
+
+# --- the declared shape of [web.auth] ---------------------------------------------------------
+
+_STRICT = ConfigDict(extra="forbid", strict=True)
+
+
+class KeySpec(BaseModel):
+    model_config = _STRICT
+    name: str
+    key_env: str
+    role: str = "application"  # checked per key: a key with a wrong role is refused, not the file
+    issuers: StrList = []
+
+
+class IssuerSpec(BaseModel):
+    """One [[web.auth.issuers]] entry: an identity provider whose JWTs name users."""
+
+    model_config = _STRICT
+    issuer: str
+    jwks_url: str
+    audience: str
+    actor_prefix: str
+    algorithms: StrList = list(DEFAULT_ALGORITHMS)
+    leeway_secs: int = 30
+
+    @field_validator("issuer", "audience")
+    @classmethod
+    def _not_empty(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must not be empty")
+        return v
+
+    @field_validator("jwks_url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not re.match(r"^https?://[^\s/]+", v):
+            raise ValueError(f"{v!r} is not an http(s) URL")
+        return v
+
+    @field_validator("actor_prefix")
+    @classmethod
+    def _prefix(cls, v: str) -> str:
+        return actor_prefix_check(v)
+
+    @field_validator("algorithms")
+    @classmethod
+    def _algorithms(cls, v: list) -> list:
+        return algorithms_check(v)
+
+    @field_validator("leeway_secs")
+    @classmethod
+    def _leeway(cls, v: int) -> int:
+        if not 0 <= v <= MAX_LEEWAY_SECS:
+            raise ValueError(f"must be between 0 and {MAX_LEEWAY_SECS} seconds")
+        return v
+
+
+class CallerDefaultsSpec(BaseModel):
+    """One [[web.auth.caller_defaults]] entry: what every turn that asserts `issuer` gets."""
+
+    model_config = _STRICT
+    issuer: str
+    model: str = ""
+    disable_memory_recall: bool = False
+    disable_memory_write: bool = False
+    disable_code_context: bool = False
+
+
+class WebAuthSpec(BaseModel):
+    model_config = _STRICT
+    api_key_role: str = "operator"
+    require_verified_identity: bool = False
+    keys: list[KeySpec] = []
+    issuers: list[IssuerSpec] = []
+    caller_defaults: list[CallerDefaultsSpec] = []
+
+
+def actor_prefix_check(v: str) -> str:
+    """An issuer's actor prefix: not empty, not one of another actor kind's (shared by the admin)."""
+    if not v or v != v.strip():
+        raise ValueError("must be a non-empty prefix such as 'crm:' (no surrounding spaces)")
+    for reserved in RESERVED_PREFIXES:
+        if v.startswith(reserved) or reserved.startswith(v):
+            raise ValueError(f"{v!r} would let a token's subject pose as a {reserved!r} actor")
+    return v
+
+
+def algorithms_check(v: list) -> list:
+    """An issuer's algorithm allow-list: asymmetric algorithms only (shared by the admin)."""
+    if not v:
+        raise ValueError("must list at least one algorithm")
+    for alg in v:
+        if alg not in ASYMMETRIC_ALGORITHMS:
+            raise ValueError(f"{alg!r} is not allowed: use {', '.join(ASYMMETRIC_ALGORITHMS)} "
+                             "(never none or HS*, a JWKS holds public keys)")
+    return list(v)
 
 
 @dataclass(frozen=True)
@@ -21,7 +147,10 @@ class ConfiguredKey:
     role: str
     issuers: tuple = field(default_factory=tuple)
     raw: str = ""
+    key_env: str = ""
 
+
+# --- the file ---------------------------------------------------------------------------------
 
 def config_path() -> Path | None:
     if settings.UGENT_CONFIG:
@@ -30,10 +159,7 @@ def config_path() -> Path | None:
     return candidate if candidate.exists() else None
 
 
-@functools.lru_cache(maxsize=1)
-def load_config() -> dict:
-    """ugent.toml as a dict; {} when there is none. A broken file is logged, not fatal."""
-    path = config_path()
+def _read(path: Path | None) -> dict:
     if not path or not path.exists():
         return {}
     try:
@@ -43,19 +169,156 @@ def load_config() -> dict:
         return {}
 
 
+def web_auth_parse(data: dict) -> WebAuthSpec:
+    """[web.auth] of a parsed ugent.toml, validated; ConfigError naming the key otherwise."""
+    web = data.get("web", {})
+    raw = web.get("auth", {}) if isinstance(web, dict) else {}
+    if not isinstance(raw, dict):
+        raise ConfigError("ugent.toml: web.auth: expected a table")
+    try:
+        spec = WebAuthSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError("ugent.toml: " + first_error(exc, root="web.auth", data=raw,
+                                                        labels={"keys": "name", "issuers": "issuer",
+                                                                "caller_defaults": "issuer"}))
+    for what, values in (("issuers", [i.issuer for i in spec.issuers]),
+                         ("caller_defaults", [d.issuer for d in spec.caller_defaults])):
+        rep = first_repeat(values)
+        if rep is not None:
+            raise ConfigError(f"ugent.toml: web.auth.{what}[{rep[1]}]: issuer {values[rep[1]]!r} "
+                              f"repeats web.auth.{what}[{rep[0]}]")
+    prefixes = [i.actor_prefix for i in spec.issuers]
+    for i, a in enumerate(prefixes):
+        for j, b in enumerate(prefixes):
+            if i != j and b.startswith(a):
+                raise ConfigError(f"ugent.toml: web.auth.issuers[{j}].actor_prefix: {b!r} starts with "
+                                  f"web.auth.issuers[{i}]'s {a!r}, so their actors could collide")
+    return spec
+
+
+class _Loaded:
+    """The last good file, re-read when its mtime or size changes."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.checked_at = -1e18
+        self.stamp: tuple | None = None
+        self.data: dict = {}
+        self.auth: WebAuthSpec = WebAuthSpec()
+        self.generation = 0
+        self.error = ""  # why the file as it stands is not the [web.auth] in use ("" when it is)
+
+
+_loaded = _Loaded()
+
+
+def _stamp(path: Path | None) -> tuple:
+    if not path:
+        return (None,)
+    try:
+        st = path.stat()
+    except OSError:
+        return (str(path), None)
+    return (str(path), st.st_mtime_ns, st.st_size)
+
+
+def _refresh() -> _Loaded:
+    now = time.monotonic()
+    recheck = float(getattr(settings, "UGENT_CONFIG_RECHECK_SECS", 2.0))
+    if now - _loaded.checked_at < recheck:
+        return _loaded
+    with _loaded.lock:
+        if now - _loaded.checked_at < recheck:
+            return _loaded
+        path = config_path()
+        stamp = _stamp(path)
+        if stamp != _loaded.stamp:
+            data = _read(path)
+            try:
+                auth = web_auth_parse(data)
+                _loaded.error = ""
+            except ConfigError as exc:
+                _loaded.error = str(exc)
+                if _loaded.stamp is None:  # nothing good to keep: run with no [web.auth] at all
+                    log.error("%s; [web.auth] is not used", exc)
+                    auth = WebAuthSpec()
+                else:
+                    log.error("%s; the last good [web.auth] is kept", exc)
+                    auth = _loaded.auth
+            _loaded.data, _loaded.auth, _loaded.stamp = data, auth, stamp
+            _loaded.generation += 1
+        _loaded.checked_at = now
+    return _loaded
+
+
+def load_config() -> dict:
+    """ugent.toml as a dict; {} when there is none. A broken file is logged, not fatal."""
+    return _refresh().data
+
+
+def web_auth() -> WebAuthSpec:
+    """[web.auth] as last read well."""
+    return _refresh().auth
+
+
+def generation() -> int:
+    """Goes up each time the file is read anew (a changed file): callers resync what they derive."""
+    return _refresh().generation
+
+
+def web_auth_error() -> str:
+    """Why the running [web.auth] is not the file as it stands now ("" when it is): the status shows it."""
+    return _refresh().error
+
+
+def web_auth_check() -> None:
+    """At start: [web.auth] as written now, or ConfigError naming what is wrong."""
+    web_auth_parse(_read(config_path()))
+
+
+# --- keys -------------------------------------------------------------------------------------
+
+_vault: dict[str, tuple[float, str]] = {}
+VAULT_CACHE_SECS = 2.0
+
+
+def key_env_value(name: str) -> str:
+    """The value of a key_env variable: the environment, else the vault (kept VAULT_CACHE_SECS)."""
+    if not name:
+        return ""
+    raw = os.environ.get(name, "")
+    if raw:
+        return raw
+    now = time.monotonic()
+    hit = _vault.get(name)
+    if hit is not None and now - hit[0] < VAULT_CACHE_SECS:
+        return hit[1]
+    value = ""
+    for dotted in getattr(settings, "UGENT_KEY_ENV_LOOKUPS", ()):
+        try:
+            value = import_string(dotted)(name) or ""
+        except Exception:  # a broken vault must not take every key down with it
+            log.warning("key_env lookup %s failed for %s", dotted, name, exc_info=True)
+            value = ""
+        if value:
+            break
+    _vault[name] = (now, value)
+    return value
+
+
 def configured_keys() -> list[ConfiguredKey]:
-    """UGENT_WEB_API_KEY and each [[web.auth.keys]] entry whose environment variable is set."""
-    auth = load_config().get("web", {}).get("auth", {})
+    """UGENT_WEB_API_KEY and each [[web.auth.keys]] entry whose variable (or vault entry) is set."""
+    auth = web_auth()
     keys = []
     if settings.UGENT_WEB_API_KEY:
-        role = auth.get("api_key_role", "operator")
+        role = auth.api_key_role
         if role in ROLES:
-            keys.append(ConfiguredKey(DEFAULT_CALLER, role, (), settings.UGENT_WEB_API_KEY))
+            keys.append(ConfiguredKey(DEFAULT_CALLER, role, (), settings.UGENT_WEB_API_KEY, "UGENT_WEB_API_KEY"))
         else:
             log.error("UGENT_WEB_API_KEY refused (api_key_role=%r; the roles are operator and application)", role)
-    for entry in auth.get("keys", []):
-        raw = os.environ.get(entry.get("key_env", ""), "")
-        name, role = entry.get("name"), entry.get("role", "application")
+    for entry in auth.keys:
+        raw = key_env_value(entry.key_env)
+        name, role = entry.name, entry.role
         if not raw or not name:
             continue
         if role not in ROLES or name == DEFAULT_CALLER:
@@ -63,9 +326,24 @@ def configured_keys() -> list[ConfiguredKey]:
                       f"role {role!r} is not operator or application" if role not in ROLES
                       else f"the name {DEFAULT_CALLER!r} belongs to UGENT_WEB_API_KEY")
             continue
-        keys.append(ConfiguredKey(name, role, tuple(entry.get("issuers", ())), raw))
+        keys.append(ConfiguredKey(name, role, tuple(entry.issuers), raw, entry.key_env))
     return keys
 
 
+def key_env_of(caller_name: str) -> Optional[str]:
+    """The variable a configured caller's key is read from (the admin shows it, never the key)."""
+    if caller_name == DEFAULT_CALLER:
+        return "UGENT_WEB_API_KEY"
+    for entry in web_auth().keys:
+        if entry.name == caller_name:
+            return entry.key_env
+    return None
+
+
 def reset_caches() -> None:
-    load_config.cache_clear()
+    with _loaded.lock:
+        _loaded.checked_at = -1e18
+        _loaded.stamp = None
+        _loaded.data, _loaded.auth, _loaded.error = {}, WebAuthSpec(), ""
+        _loaded.generation += 1
+    _vault.clear()

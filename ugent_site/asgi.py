@@ -9,6 +9,15 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ugent_site.settings")
 django_asgi_app = get_asgi_application()
 
+from django.core.exceptions import ImproperlyConfigured  # noqa: E402
+
+from ugent_common import config as _config  # noqa: E402
+
+try:  # a web process refuses to start on a [web.auth] it does not understand (the key is named)
+    _config.web_auth_check()
+except _config.ConfigError as _exc:
+    raise ImproperlyConfigured(str(_exc)) from None
+
 from channels.routing import ProtocolTypeRouter  # noqa: E402
 
 from ugent_site.api_handler import ApiHandler, route  # noqa: E402

@@ -54,6 +54,7 @@ UGENT_STATUS_SECTIONS = {
     "rules": "rules_app.runtime.status_section",
     "plugins": "plugins_app.channel.selectors.plugins_status",
     "cron": "cron_app.apps.status_section",
+    "identity": "channels_app.federation.identity_status",
 }
 
 MIDDLEWARE = [
@@ -230,3 +231,14 @@ UGENT_PLUGIN_MEDIA_TTL_SECS = env.int("UGENT_PLUGIN_MEDIA_TTL_SECS", default=864
 UGENT_EVENT_RETENTION_SECS = env.int("UGENT_EVENT_RETENTION_SECS", default=7 * 86400)
 UGENT_EVENT_PRUNE_EVERY_SECS = env.int("UGENT_EVENT_PRUNE_EVERY_SECS", default=3600)
 UGENT_SSE_RETRY_MS = env.int("UGENT_SSE_RETRY_MS", default=1000)
+# Federated identity (docs/identity.md): how long a JWKS is kept without a Cache-Control max-age, the
+# bounds on what max-age may say, the least time between two fetches of one JWKS (an unknown kid
+# fetches again at most this often), and how long a request with a token waits for a JWKS.
+UGENT_JWKS_DEFAULT_TTL_SECS = env.float("UGENT_JWKS_DEFAULT_TTL_SECS", default=300.0)
+UGENT_JWKS_MAX_TTL_SECS = env.float("UGENT_JWKS_MAX_TTL_SECS", default=86400.0)
+UGENT_JWKS_MIN_REFRESH_SECS = env.float("UGENT_JWKS_MIN_REFRESH_SECS", default=30.0)
+UGENT_JWKS_TIMEOUT_SECS = env.float("UGENT_JWKS_TIMEOUT_SECS", default=3.0)
+# How often ugent.toml is checked for a change (keys, issuers, caller defaults take effect without a restart).
+UGENT_CONFIG_RECHECK_SECS = env.float("UGENT_CONFIG_RECHECK_SECS", default=2.0)
+# Where a [[web.auth.keys]] key_env not set in the environment is looked up: the plugins' vault.
+UGENT_KEY_ENV_LOOKUPS = ["plugins_app.channel.secrets.secret_env_lookup"]

@@ -39,3 +39,14 @@ def secret_decrypt(token: str) -> str | None:
         return _fernet().decrypt(token.encode("ascii")).decode()
     except (InvalidToken, ValueError):
         return None
+
+
+def secret_env_lookup(name: str) -> str | None:
+    """A secret_env_refs value by its variable name, from the vault (settings.UGENT_KEY_ENV_LOOKUPS): a
+    web key's `key_env` may name a secret a plugin holds, so the key sits in no file or environment."""
+    from plugins_app.channel.models import PluginSecret
+    for token in PluginSecret.objects.filter(name=name).order_by("id").values_list("ciphertext", flat=True):
+        value = secret_decrypt(token)
+        if value:
+            return value
+    return None

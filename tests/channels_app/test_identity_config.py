@@ -1,0 +1,262 @@
+"""[web.auth] in ugent.toml: strict at start, issuers and caller defaults ⇄ rows, keys rotated without a
+restart (the environment, the vault, the admin), and the admin showing whose key is whose."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from django.test import Client
+
+from channels_app.models import ApiKey, CallerDefaults, Issuer
+from ugent_common import config
+
+pytestmark = pytest.mark.django_db(transaction=True)
+ROOT = Path(__file__).resolve().parents[2]
+
+ISSUERS_TOML = '''
+[web.auth]
+require_verified_identity = true
+
+[[web.auth.issuers]]
+issuer = "https://idp.example.test"
+jwks_url = "https://idp.example.test/.well-known/jwks.json"
+audience = "ugent"
+actor_prefix = "idp:"
+algorithms = ["ES256"]
+leeway_secs = 10
+
+[[web.auth.caller_defaults]]
+issuer = "https://idp.example.test"
+model = "scripted"
+disable_memory_write = true
+'''
+
+
+@pytest.fixture
+def toml_config(tmp_path, settings):
+    settings.UGENT_CONFIG_RECHECK_SECS = 0
+
+    def write(text: str):
+        path = tmp_path / "ugent.toml"
+        path.write_text(text)
+        settings.UGENT_CONFIG = str(path)
+        config.reset_caches()
+        return path
+    yield write
+    config.reset_caches()
+
+
+def chat(key, **extra):
+    body = {"messages": [{"role": "user", "content": "hi"}], **extra}
+    return Client().post("/v1/chat/completions", data=json.dumps(body), content_type="application/json",
+                         HTTP_X_API_KEY=key)
+
+
+# --- strict at start -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, named", [
+    ('[web.auth]\nrequire_verifed_identity = true\n', "web.auth.require_verifed_identity: unknown field"),
+    ('[[web.auth.issuers]]\nissuer = "a"\njwks_url = "https://a/j"\naudience = "u"\nactor_prefix = "a:"\n'
+     'jwks_uri = "https://a/j"\n', "web.auth.issuers[0] (a).jwks_uri: unknown field"),
+    ('[[web.auth.keys]]\nname = "crm"\nkey_env = "K"\nissuer = ["x"]\n', "web.auth.keys[0] (crm).issuer: unknown field"),
+    ('[[web.auth.issuers]]\nissuer = "a"\njwks_url = "https://a/j"\naudience = "u"\nactor_prefix = "a:"\n'
+     'algorithms = ["HS256"]\n', "web.auth.issuers[0] (a).algorithms: 'HS256' is not allowed"),
+    ('[[web.auth.issuers]]\nissuer = "a"\njwks_url = "https://a/j"\naudience = "u"\nactor_prefix = "web:"\n',
+     "web.auth.issuers[0] (a).actor_prefix: 'web:' would let a token's subject pose as a 'web:' actor"),
+    ('[[web.auth.issuers]]\nissuer = "a"\njwks_url = "https://a/j"\naudience = "u"\n',
+     "web.auth.issuers[0] (a): missing field `actor_prefix`"),
+    ('[[web.auth.caller_defaults]]\nissuer = "a"\ndisable_memory = true\n',
+     "web.auth.caller_defaults[0] (a).disable_memory: unknown field"),
+])
+def test_a_web_auth_the_daemon_does_not_understand_is_an_error_naming_the_key(toml_config, text, named):
+    toml_config(text)
+    with pytest.raises(config.ConfigError) as info:
+        config.web_auth_check()
+    assert named in str(info.value)
+
+
+def test_rundaemon_refuses_to_start_on_an_unknown_web_auth_key(tmp_path):
+    path = tmp_path / "ugent.toml"
+    path.write_text('[web.auth]\napi_key_role = "operator"\nrequire_verified = true\n')
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL")}
+    env.update(UGENT_CONFIG=str(path), UGENT_VAR_DIR=str(tmp_path / "var"), UGENT_WEB_PORT="0")
+    proc = subprocess.run([sys.executable, "manage.py", "rundaemon"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "web.auth.require_verified: unknown field" in proc.stderr
+    assert "UGENT daemon" not in proc.stdout  # it never started serving
+
+
+def test_a_web_process_refuses_to_start_on_an_unknown_web_auth_key(tmp_path):
+    path = tmp_path / "ugent.toml"
+    path.write_text('[web.auth]\nissuers_list = []\n')
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL")}
+    env.update(UGENT_CONFIG=str(path), UGENT_VAR_DIR=str(tmp_path / "var"))
+    proc = subprocess.run([sys.executable, "-c", "import ugent_site.asgi"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "ImproperlyConfigured" in proc.stderr and "web.auth.issuers_list: unknown field" in proc.stderr
+
+
+def test_an_edit_that_breaks_web_auth_while_running_keeps_the_last_good_one(tcast, toml_config, caplog):
+    path = toml_config('[web.auth]\nrequire_verified_identity = true\n')
+    assert config.web_auth().require_verified_identity is True
+    path.write_text('[web.auth]\nrequire_verified_identity = false\ntypo = 1\n')
+    os.utime(path, ns=(1, 1))  # a different mtime, whatever the clock's resolution
+    assert config.web_auth().require_verified_identity is True
+    assert "web.auth.typo: unknown field; the last good [web.auth] is kept" in caplog.text
+
+
+# --- issuers and caller defaults ⇄ rows -----------------------------------------------------
+
+def test_issuers_and_caller_defaults_in_ugent_toml_become_rows_on_the_next_request(tcast, toml_config):
+    toml_config(ISSUERS_TOML)
+    assert chat(tcast.keys["operator"]).status_code == 200
+    issuer = Issuer.objects.get()
+    assert (issuer.issuer, issuer.audience, issuer.actor_prefix, issuer.algorithms, issuer.leeway_secs,
+            issuer.from_config) == ("https://idp.example.test", "ugent", "idp:", ["ES256"], 10, True)
+    d = CallerDefaults.objects.get()
+    assert (d.issuer, d.model, d.disable_memory_write, d.disable_memory_recall, d.from_config) == (
+        "https://idp.example.test", "scripted", True, False, True)
+
+
+def test_an_issuer_removed_from_the_file_goes_and_one_made_in_the_admin_stays(tcast, toml_config):
+    path = toml_config(ISSUERS_TOML)
+    chat(tcast.keys["operator"])
+    Issuer.objects.create(issuer="admin-made", jwks_url="https://a.example/j", audience="u", actor_prefix="am:")
+    path.write_text("[web.auth]\n")
+    os.utime(path, ns=(2, 2))
+    chat(tcast.keys["operator"])
+    assert list(Issuer.objects.values_list("issuer", flat=True)) == ["admin-made"]
+    assert not CallerDefaults.objects.exists()
+
+
+def test_export_writes_what_import_reads(tcast, toml_config, tmp_path, capsys):
+    path = toml_config(ISSUERS_TOML)
+    call_command("identity", "import", str(path))
+    assert "Imported 1 issuer(s) and 1 caller default(s)" in capsys.readouterr().out
+    call_command("identity", "export")
+    exported = capsys.readouterr().out
+    again = config.web_auth_parse(tomllib.loads(exported))
+    original = config.web_auth_parse(tomllib.loads(ISSUERS_TOML))
+    assert again.issuers == original.issuers and again.caller_defaults == original.caller_defaults
+
+
+def test_import_of_a_broken_file_changes_nothing(tcast, tmp_path):
+    from django.core.management.base import CommandError
+    path = tmp_path / "bad.toml"
+    path.write_text(ISSUERS_TOML.replace('algorithms = ["ES256"]', 'algorithms = ["none"]'))
+    with pytest.raises(CommandError) as info:
+        call_command("identity", "import", str(path))
+    assert "'none' is not allowed" in str(info.value) and "nothing was changed" in str(info.value)
+    assert not Issuer.objects.exists()
+
+
+# --- keys rotated without a restart ----------------------------------------------------------
+
+KEYS_TOML = '[[web.auth.keys]]\nname = "partner"\nkey_env = "{env}"\nrole = "application"\nissuers = ["p"]\n'
+
+
+def test_a_changed_key_variable_takes_effect_at_once(tcast, toml_config, monkeypatch):
+    toml_config(KEYS_TOML.format(env="UGENT_WEB_API_KEY_PARTNER"))
+    monkeypatch.setenv("UGENT_WEB_API_KEY_PARTNER", "old-secret")
+    assert chat("old-secret").status_code == 200
+    monkeypatch.setenv("UGENT_WEB_API_KEY_PARTNER", "new-secret")
+    assert chat("new-secret").status_code == 200
+    assert chat("old-secret").status_code == 401
+
+
+def test_a_key_env_edited_in_ugent_toml_takes_effect_without_a_restart(tcast, toml_config, monkeypatch):
+    path = toml_config(KEYS_TOML.format(env="K_ONE"))
+    monkeypatch.setenv("K_ONE", "one-secret")
+    monkeypatch.setenv("K_TWO", "two-secret")
+    assert chat("one-secret").status_code == 200
+    path.write_text(KEYS_TOML.format(env="K_TWO"))
+    os.utime(path, ns=(3, 3))
+    assert chat("two-secret").status_code == 200
+    assert chat("one-secret").status_code == 401
+
+
+def test_a_key_env_can_be_filled_from_a_plugins_vault_and_rotated_there(tcast, toml_config, monkeypatch):
+    from plugins_app.channel.models import Plugin
+    from plugins_app.channel.services import plugin_secret_set
+    monkeypatch.setattr(config, "VAULT_CACHE_SECS", 0)
+    monkeypatch.delenv("UGENT_WEB_API_KEY_VAULTED", raising=False)
+    toml_config(KEYS_TOML.format(env="UGENT_WEB_API_KEY_VAULTED"))
+    plugin = Plugin.objects.create(plugin_id="crm-bridge", kind="channel-webhook", command="python")
+    assert chat("vaulted-secret").status_code == 401
+    plugin_secret_set(plugin=plugin, name="UGENT_WEB_API_KEY_VAULTED", value="vaulted-secret")
+    assert chat("vaulted-secret").status_code == 200
+    plugin_secret_set(plugin=plugin, name="UGENT_WEB_API_KEY_VAULTED", value="rotated-secret")
+    assert chat("rotated-secret").status_code == 200
+    assert chat("vaulted-secret").status_code == 401
+
+
+def test_an_admin_key_deactivated_stops_working_at_once(tcast):
+    assert chat(tcast.keys["app"]).status_code == 200
+    ApiKey.objects.filter(caller=tcast.app).update(active=False)
+    assert chat(tcast.keys["app"]).status_code == 401
+
+
+# --- the admin --------------------------------------------------------------------------------
+
+@pytest.fixture
+def admin_client(tcast):
+    from django.contrib.auth.models import User
+    User.objects.create_superuser("root", "root@example.test", "pw")
+    c = Client()
+    c.login(username="root", password="pw")
+    return c
+
+
+def test_the_admin_shows_whose_key_each_is_and_never_the_key(admin_client, tcast, toml_config, monkeypatch):
+    toml_config(KEYS_TOML.format(env="UGENT_WEB_API_KEY_PARTNER"))
+    monkeypatch.setenv("UGENT_WEB_API_KEY_PARTNER", "partner-raw-secret")
+    assert chat("partner-raw-secret").status_code == 200  # the configured caller's row exists now
+    callers = admin_client.get("/admin/channels_app/caller/").content.decode()
+    assert "UGENT_WEB_API_KEY_PARTNER" in callers and "partner-raw-secret" not in callers
+    keys = admin_client.get("/admin/channels_app/apikey/").content.decode()
+    assert "crm" in keys and "workspace" in keys
+    from tests.conftest import APP_KEY, OPERATOR_KEY
+    assert APP_KEY not in keys and OPERATOR_KEY not in keys
+
+
+def test_the_admin_refuses_an_issuer_with_hmac_or_a_reserved_prefix(admin_client):
+    form = {"issuer": "x", "jwks_url": "https://x.example/jwks", "audience": "u", "actor_prefix": "x:",
+            "algorithms": '["HS256"]', "leeway_secs": "30"}
+    resp = admin_client.post("/admin/channels_app/issuer/add/", form)
+    assert resp.status_code == 200 and "&#x27;HS256&#x27; is not allowed" in resp.content.decode()
+    resp = admin_client.post("/admin/channels_app/issuer/add/", {**form, "algorithms": '["RS256"]',
+                                                                 "actor_prefix": "operator@"})
+    assert resp.status_code == 200 and "would let a token" in resp.content.decode()
+    assert not Issuer.objects.exists()
+    resp = admin_client.post("/admin/channels_app/issuer/add/", {**form, "algorithms": '["RS256"]'})
+    assert resp.status_code == 302
+    assert Issuer.objects.get().algorithms == ["RS256"]
+
+
+def test_the_admin_edits_caller_defaults(admin_client):
+    resp = admin_client.post("/admin/channels_app/callerdefaults/add/", {
+        "issuer": "example-crm", "model": "", "disable_memory_recall": "on"})
+    assert resp.status_code == 302
+    d = CallerDefaults.objects.get()
+    assert d.disable_memory_recall and not d.disable_memory_write and not d.from_config
+
+
+def test_the_status_shows_the_identity_rules_and_a_refused_edit(tcast, toml_config):
+    path = toml_config(ISSUERS_TOML)
+    status = lambda: Client().get("/v1/ugent/status", HTTP_X_API_KEY=tcast.keys["operator"]).json()["status"]
+    section = status()["identity"]
+    assert section["require_verified_identity"] is True and section["config_error"] is None
+    assert [i["issuer"] for i in section["issuers"]] == ["https://idp.example.test"]
+    path.write_text(ISSUERS_TOML + "\n[web.auth.extra]\n")
+    os.utime(path, ns=(4, 4))
+    section = status()["identity"]
+    assert "web.auth.extra: unknown field" in section["config_error"]
+    assert section["require_verified_identity"] is True  # the last good file still runs
