@@ -3,8 +3,14 @@ from django.urls import include, path
 from django.views.decorators.csrf import csrf_exempt
 
 from channels_app import api
+from ugent_site import views
+
+admin.site.site_header = "UGENT control room"
+admin.site.site_title = "UGENT"
+admin.site.index_title = "Health and records"
 
 urlpatterns = [
+    path("", views.home, name="home"),
     path("admin/", admin.site.urls),
     path("v1/chat/completions", csrf_exempt(api.ChatCompletionApi.as_view()), name="chat-completions"),
     path("v1/models", api.ModelsListApi.as_view(), name="models"),
