@@ -22,7 +22,7 @@ ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["*"])
 
 INSTALLED_APPS = [
     "daphne",
-    "django.contrib.admin",
+    "ugent_site.admin_site.ControlRoomAdminConfig",  # django.contrib.admin, with the health board as its index
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",

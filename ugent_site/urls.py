@@ -5,10 +5,6 @@ from django.views.decorators.csrf import csrf_exempt
 from channels_app import api
 from ugent_site import views
 
-admin.site.site_header = "UGENT control room"
-admin.site.site_title = "UGENT"
-admin.site.index_title = "Health and records"
-
 urlpatterns = [
     path("", views.home, name="home"),
     path("admin/", admin.site.urls),
