@@ -51,7 +51,7 @@ class CallerAdmin(admin.ModelAdmin):
     inlines = [ApiKeyInline]
     actions = ["issue_key"]
 
-    @admin.action(description="Issue a new key (shown once)")
+    @admin.action(description="Issue a new key (shown once)", permissions=["change"])
     def issue_key(self, request, queryset):
         for caller in queryset:
             _key, raw = services.api_key_issue(caller=caller)
@@ -72,7 +72,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
     def has_add_permission(self, request):
         return False
 
-    @admin.action(description="Revoke (the key stops working at once)")
+    @admin.action(description="Revoke (the key stops working at once)", permissions=["change"])
     def revoke(self, request, queryset):
         revoked = [str(k) for k in queryset.select_related("caller") if services.api_key_revoke(key_pk=k.pk)]
         skipped = queryset.count() - len(revoked)
@@ -80,7 +80,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
                           + (f"; {skipped} already revoked" if skipped else "") + ".",
                           messages.SUCCESS if revoked else messages.WARNING)
 
-    @admin.action(description="Rotate (a new key shown once; the old one revoked)")
+    @admin.action(description="Rotate (a new key shown once; the old one revoked)", permissions=["change"])
     def rotate(self, request, queryset):
         for key in queryset.select_related("caller"):
             rotated = services.api_key_rotate(key_pk=key.pk)

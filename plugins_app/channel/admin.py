@@ -71,13 +71,13 @@ class PluginAdmin(admin.ModelAdmin):
             plugin.secret_env_refs = names
             plugin.save(update_fields=["secret_env_refs", "updated_at"])
 
-    @admin.action(description="Enable again (clears the circuit breaker)")
+    @admin.action(description="Enable again (clears the circuit breaker)", permissions=["change"])
     def enable_again(self, request, queryset):
         names = [p.plugin_id for p in queryset if plugin_services.plugin_enable(plugin=p)]
         self.message_user(request, f"Enabled {len(names)} plugin(s)" + (f" ({', '.join(names)})" if names else "")
                           + "; the supervisor starts them on its next step.")
 
-    @admin.action(description="Disable")
+    @admin.action(description="Disable", permissions=["change"])
     def disable(self, request, queryset):
         count = queryset.update(enabled=False)
         self.message_user(request, f"Disabled {count} plugin(s); their workers stop.")
@@ -101,7 +101,7 @@ class OutboundDeliveryAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None):
         return False  # a delivery is a record: a dead letter is requeued or discarded, never deleted
 
-    @admin.action(description="Requeue the dead letters (send again)")
+    @admin.action(description="Requeue the dead letters (send again)", permissions=["change"])
     def retry_dead_letters(self, request, queryset):
         count = sum(plugin_services.delivery_retry(delivery=d)
                     for d in queryset.filter(state=DeliveryState.DEAD_LETTER).select_related("plugin"))
@@ -110,7 +110,7 @@ class OutboundDeliveryAdmin(admin.ModelAdmin):
                           + (f"; {skipped} selected were not dead letters and were left alone" if skipped else "")
                           + ".", messages.SUCCESS if count else messages.WARNING)
 
-    @admin.action(description="Discard the dead letters (never send them)")
+    @admin.action(description="Discard the dead letters (never send them)", permissions=["change"])
     def discard_dead_letters(self, request, queryset):
         count = sum(plugin_services.delivery_discard(delivery=d)
                     for d in queryset.filter(state=DeliveryState.DEAD_LETTER))
