@@ -165,6 +165,7 @@ class RunProgress(threading.Thread):
 
     def step(self) -> None:
         """Print what changed since the last look."""
+        from channels_app.models import Turn
         from cron_app.models import FINAL_RUN_STATES, CronRun
         if self.runner:  # the run is claimed inside this process's call: found by the lease it holds
             rows = CronRun.objects.filter(runner=self.runner)
@@ -179,8 +180,12 @@ class RunProgress(threading.Thread):
         if self.seen.get("run") != row["state"] and row["state"] not in FINAL_RUN_STATES:
             self.seen["run"] = row["state"]
             self.out.write(f"Run #{row['pk']} of '{self.job}': {row['state']}")
-        for entry in row["outputs"] or []:
-            state = entry.get("state") or "submitted"
+        outputs = row["outputs"] or []
+        live = {e["turn_id"] for e in outputs if e.get("turn_id") and e.get("state") in ("", "accepted", "running")}
+        turns = dict(Turn.objects.filter(turn_id__in=live).values_list("turn_id", "state")) if live else {}
+        for entry in outputs:
+            # the turn's own state while it is live (the run's record of it moves only at its next step)
+            state = turns.get(entry.get("turn_id")) or entry.get("state") or "submitted"
             key = ("task", entry.get("task"))
             if self.seen.get(key) != state:
                 self.seen[key] = state
