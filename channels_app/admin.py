@@ -104,7 +104,11 @@ class MessageInline(admin.TabularInline):
     model = Message
     extra = 0
     fields = ("role", "content", "actor", "hidden", "created_at")
-    readonly_fields = ("role", "content", "actor", "created_at")
+    readonly_fields = fields  # messages are records: shown with their conversation, never edited there
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
 
 
 @admin.register(Conversation)

@@ -9,6 +9,7 @@ the manifest resolves to the app's own file, which WhiteNoise serves from the fi
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 from django.conf import settings
@@ -47,5 +48,7 @@ def static_collect_if_changed() -> bool:
     if (root / "staticfiles.json").exists() and stamp_file.exists() and stamp_file.read_text() == stamp:
         return False
     call_command("collectstatic", interactive=False, verbosity=0)
-    stamp_file.write_text(stamp)
+    tmp = stamp_file.with_name(f"{STAMP_NAME}.{os.getpid()}")
+    tmp.write_text(stamp)
+    tmp.replace(stamp_file)  # atomic: two daemons sharing a STATIC_ROOT never read half a stamp
     return True

@@ -79,7 +79,7 @@ class PluginAdmin(admin.ModelAdmin):
 
     @admin.action(description="Disable", permissions=["change"])
     def disable(self, request, queryset):
-        count = queryset.update(enabled=False)
+        count = sum(plugin_services.plugin_disable(plugin=p) for p in queryset)
         self.message_user(request, f"Disabled {count} plugin(s); their workers stop.")
 
 

@@ -62,6 +62,11 @@ def plugin_enable(*, plugin: Plugin) -> bool:
         updated_at=timezone.now()) == 1
 
 
+def plugin_disable(*, plugin: Plugin) -> bool:
+    """The operator turns a plugin off: the supervisor stops its worker on its next step."""
+    return Plugin.objects.filter(pk=plugin.pk, enabled=True).update(enabled=False, updated_at=timezone.now()) == 1
+
+
 def plugin_heartbeat_record(*, plugin_id: str, at: dt.datetime | None = None) -> None:
     Plugin.objects.filter(plugin_id=plugin_id).update(last_heartbeat=at or timezone.now())
 

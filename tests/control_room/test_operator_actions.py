@@ -267,3 +267,14 @@ def test_only_an_operator_account_may_cancel_or_retry(tcast, accounts, who):
     assert CronRun.objects.count() == 2
     queued.refresh_from_db()
     assert queued.state == "queued"
+
+
+def test_a_conversations_page_shows_its_messages_without_letting_them_be_edited(tcast, accounts):
+    from channels_app.models import Message
+    turn = _turn(tcast, "completed", "t-inline")
+    msg = Message.objects.create(conversation=turn.conversation, role="user", content="keep me", turn=turn)
+    page = accounts["operator"].get(f"/admin/channels_app/conversation/{turn.conversation.pk}/change/").content.decode()
+    assert "keep me" in page
+    assert 'name="messages-0-hidden"' not in page and 'name="messages-0-DELETE"' not in page
+    msg.refresh_from_db()
+    assert msg.content == "keep me" and msg.hidden is False
