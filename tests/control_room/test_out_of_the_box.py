@@ -62,3 +62,26 @@ def test_the_daemon_prints_the_admin_url_and_until_an_account_exists_how_to_make
     out = io.StringIO()
     Command(stdout=out).print_admin("10.0.0.5", 9000)
     assert out.getvalue() == "Admin: http://10.0.0.5:9000/admin/\n"
+
+
+def test_the_live_daemon_serves_the_admin_styled_in_either_run_mode(tmp_path):
+    """Embedded: rundaemon (collected at start, hashed names). Servers: the uvicorn web process serves
+    the same files whether or not collectstatic ran (the shared test STATIC_ROOT may hold a collect)."""
+    import re
+
+    import httpx
+
+    from tests.support.daemon import Daemon
+    d = Daemon(tmp_path).start()
+    try:
+        login = httpx.get(d.base + "/admin/login/")
+        assert login.status_code == 200
+        css = re.search(r'href="(/static/admin/css/base[^"]*\.css)"', login.text).group(1)
+        for url in (css, "/static/admin/css/base.css"):
+            resp = httpx.get(d.base + url, headers={"accept-encoding": "gzip"})
+            assert resp.status_code == 200 and "--primary" in resp.text
+        if not d.servers:
+            assert re.fullmatch(r"/static/admin/css/base\.[0-9a-f]{12}\.css", css)
+        assert httpx.get(d.base + "/").status_code == 200
+    finally:
+        d.close()
