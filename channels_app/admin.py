@@ -1,10 +1,37 @@
-"""The operator's view of the hub: callers and keys, actors, conversations, turns, receipts, events."""
+"""The operator's view of the hub: callers and keys, actors, conversations, turns, receipts, events.
+
+Turns, receipts, messages and events are records: read-only here. What the operator does to them is an
+action or a button that calls a service (stop a turn; revoke, rotate or issue a key)."""
 from django import forms
 from django.contrib import admin, messages
+from django.http import HttpResponseNotAllowed, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.urls import path, reverse
+from django.utils import timezone
 
+from channels_app import services, streams
 from channels_app.models import (ApiKey, Actor, Caller, CallerDefaults, Conversation, Event, Issuer, Message,
-                                 Receipt, Steering, Turn)
+                                 Receipt, Steering, Turn, TurnState)
 from ugent_common import config
+from ugent_common.admin import RecordAdmin
+
+LIVE_TURN_STATES = (TurnState.ACCEPTED, TurnState.RUNNING)
+
+
+def admin_actor(request) -> str:
+    """Who did it, as the turn's stop_requested_by and the messages say: the admin account's name."""
+    return f"admin:{request.user.get_username()}"
+
+
+def turn_stop_from_admin(request, turn: Turn) -> tuple[bool, str]:
+    """The stop service behind POST /v1/ugent/stop, for an admin account: (stopped, what to tell them)."""
+    by = admin_actor(request)
+    if streams.turn_stop_request(turn_pk=turn.pk, by=by):
+        return True, f"Asked turn {turn.turn_id} to stop (by {by}); it stops within one engine step."
+    turn.refresh_from_db(fields=["state", "cancel_requested", "stop_requested_by"])
+    if turn.state in LIVE_TURN_STATES:
+        return False, f"Turn {turn.turn_id} is already stopping (asked by {turn.stop_requested_by})."
+    return False, f"Turn {turn.turn_id} has ended ({turn.state}): there is nothing to stop."
 
 
 class ApiKeyInline(admin.TabularInline):
@@ -31,13 +58,10 @@ class CallerAdmin(admin.ModelAdmin):
         """The environment variable (or vault entry) a configured caller's key comes from; never the key."""
         return config.key_env_of(obj.name) or "—"
 
-    @admin.action(description="Issue a new key (shown once)")
+    @admin.action(description="Issue a new key (shown once)", permissions=["change"])
     def issue_key(self, request, queryset):
         for caller in queryset:
-            raw = ApiKey.generate()
-            key = ApiKey(caller=caller, label="issued in the admin")
-            key.set_key(raw)
-            key.save()
+            _key, raw = services.api_key_issue(caller=caller)
             self.message_user(request, f"New key for {caller.name} (copy it now, it is not shown again): {raw}",
                               messages.WARNING)
 
@@ -48,11 +72,31 @@ class ApiKeyAdmin(admin.ModelAdmin):
     list_filter = ("active", "caller__role")
     list_select_related = ("caller",)
     search_fields = ("caller__name", "label", "prefix")
-    readonly_fields = ("prefix", "key_hash", "last_used_at")
+    readonly_fields = ("caller", "active", "prefix", "key_hash", "last_used_at")
     fields = ("caller", "label", "active", "prefix", "key_hash", "last_used_at")
+    actions = ["revoke", "rotate"]
 
     def has_add_permission(self, request):
         return False
+
+    @admin.action(description="Revoke (the key stops working at once)", permissions=["change"])
+    def revoke(self, request, queryset):
+        revoked = [str(k) for k in queryset.select_related("caller") if services.api_key_revoke(key_pk=k.pk)]
+        skipped = queryset.count() - len(revoked)
+        self.message_user(request, f"Revoked {len(revoked)} key(s)" + (f": {', '.join(revoked)}" if revoked else "")
+                          + (f"; {skipped} already revoked" if skipped else "") + ".",
+                          messages.SUCCESS if revoked else messages.WARNING)
+
+    @admin.action(description="Rotate (a new key shown once; the old one revoked)", permissions=["change"])
+    def rotate(self, request, queryset):
+        for key in queryset.select_related("caller"):
+            rotated = services.api_key_rotate(key_pk=key.pk)
+            if rotated is None:
+                self.message_user(request, f"{key} is revoked: nothing to rotate.", messages.WARNING)
+                continue
+            new, raw = rotated
+            self.message_user(request, f"Rotated {key}: {key.prefix}… is revoked. The new key for "
+                              f"{new.caller.name} (copy it now, it is not shown again): {raw}", messages.WARNING)
 
 
 @admin.register(Actor)
@@ -67,7 +111,11 @@ class MessageInline(admin.TabularInline):
     model = Message
     extra = 0
     fields = ("role", "content", "actor", "hidden", "created_at")
-    readonly_fields = ("role", "content", "actor", "created_at")
+    readonly_fields = fields  # messages are records: shown with their conversation, never edited there
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
 
 
 @admin.register(Conversation)
@@ -81,32 +129,74 @@ class ConversationAdmin(admin.ModelAdmin):
 
 
 @admin.register(Turn)
-class TurnAdmin(admin.ModelAdmin):
-    list_display = ("turn_id", "state", "model", "conversation", "actor", "input_mode", "created_at", "finished_at")
-    list_filter = ("state", "model", "input_mode", "disable_memory_write")
+class TurnAdmin(RecordAdmin):
+    list_display = ("turn_id", "state", "age", "model", "conversation", "actor", "stop_requested_by", "created_at",
+                    "finished_at")
+    list_filter = ("state", "model", "input_mode", "cancel_requested")
     list_select_related = ("conversation", "actor")
-    search_fields = ("turn_id", "conversation__external_id", "actor__key")
-    readonly_fields = ("turn_id", "receipt", "created_at", "started_at", "finished_at")
-    raw_id_fields = ("conversation", "actor", "profile")
+    search_fields = ("turn_id", "conversation__external_id", "actor__key", "stop_requested_by")
+    date_hierarchy = "created_at"
+    actions = ["stop"]
+    change_form_template = "admin/channels_app/turn/change_form.html"
+
+    @admin.display(description="age")
+    def age(self, obj):
+        end = obj.finished_at or timezone.now()
+        seconds = max(0, int((end - obj.created_at).total_seconds()))
+        return f"{seconds // 60}m {seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+    def has_stop_permission(self, request):
+        return self.may_act(request)
+
+    @admin.action(description="Stop the selected running turns", permissions=["stop"])
+    def stop(self, request, queryset):
+        stopped = 0
+        for turn in queryset:
+            ok, text = turn_stop_from_admin(request, turn)
+            stopped += ok
+            if not ok:
+                self.message_user(request, text, messages.WARNING)
+        if stopped:
+            self.message_user(request, f"Asked {stopped} turn(s) to stop (by {admin_actor(request)}); "
+                              "each stops within one engine step.", messages.SUCCESS)
+
+    def get_urls(self):
+        return [path("<path:object_id>/stop/", self.admin_site.admin_view(self.stop_view),
+                     name="channels_app_turn_stop")] + super().get_urls()
+
+    def stop_view(self, request, object_id):
+        """The Stop button on a running turn's page (POST only)."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        turn = get_object_or_404(Turn, pk=object_id)
+        if not self.has_stop_permission(request):
+            self.message_user(request, "Your account may not stop turns.", messages.ERROR)
+        else:
+            ok, text = turn_stop_from_admin(request, turn)
+            self.message_user(request, text, messages.SUCCESS if ok else messages.WARNING)
+        return HttpResponseRedirect(reverse("admin:channels_app_turn_change", args=[turn.pk]))
+
+    def render_change_form(self, request, context, *args, obj=None, **kwargs):
+        context["can_stop"] = bool(obj and obj.state in LIVE_TURN_STATES and not obj.cancel_requested
+                                   and self.has_stop_permission(request))
+        return super().render_change_form(request, context, *args, obj=obj, **kwargs)
 
 
 @admin.register(Receipt)
-class ReceiptAdmin(admin.ModelAdmin):
+class ReceiptAdmin(RecordAdmin):
     list_display = ("client_message_id", "state", "conversation", "actor", "created_at", "finished_at")
     list_filter = ("state",)
     list_select_related = ("conversation", "actor")
     search_fields = ("client_message_id", "conversation__external_id", "actor__key", "answer")
-    readonly_fields = ("content_hash", "created_at", "started_at", "finished_at")
-    raw_id_fields = ("conversation", "actor")
+    date_hierarchy = "created_at"
 
 
 @admin.register(Message)
-class MessageAdmin(admin.ModelAdmin):
+class MessageAdmin(RecordAdmin):
     list_display = ("id", "conversation", "role", "short", "hidden", "created_at")
     list_filter = ("role", "hidden")
     list_select_related = ("conversation",)
     search_fields = ("content", "conversation__external_id")
-    raw_id_fields = ("conversation", "actor", "turn")
 
     @admin.display(description="content")
     def short(self, obj):
@@ -114,18 +204,11 @@ class MessageAdmin(admin.ModelAdmin):
 
 
 @admin.register(Event)
-class EventAdmin(admin.ModelAdmin):
+class EventAdmin(RecordAdmin):
     list_display = ("id", "type", "conversation", "turn", "created_at")
     list_filter = ("type",)
     list_select_related = ("conversation", "turn")
     search_fields = ("type", "conversation__external_id", "turn__turn_id")
-    readonly_fields = ("conversation", "turn", "type", "audience", "data", "created_at")
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(Steering)

@@ -5,6 +5,7 @@ from django.core import checks
 class ChannelsAppConfig(AppConfig):
     name = "channels_app"
     default_auto_field = "django.db.models.BigAutoField"
+    verbose_name = "Conversations and turns"
 
     def ready(self):
         checks.register(web_auth_check, checks.Tags.security)

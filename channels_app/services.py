@@ -24,8 +24,8 @@ from ugent_common import rows
 from channels_app.bodies import text_problem
 from channels_app.errors import ApplicationError
 from channels_app.events import event_append
-from channels_app.models import (FINAL_STATES, Actor, Caller, CallerDefaults, Conversation, Message, Receipt,
-                                 ReceiptState, Role, Turn)
+from channels_app.models import (FINAL_STATES, Actor, ApiKey, Caller, CallerDefaults, Conversation, Message,
+                                 Receipt, ReceiptState, Role, Turn)
 
 log = logging.getLogger("ugent.hub")
 
@@ -379,3 +379,30 @@ def receipt_get(*, viewer: access.Viewer, conversation_id: str, client_message_i
     if receipt is None or not access.receipt_readable(viewer, receipt):
         raise ApplicationError("No such message.", status=404, code="receipt_not_found")
     return receipt_summary(receipt)
+
+
+# --- keys ----------------------------------------------------------------------
+
+def api_key_issue(*, caller: Caller, label: str = "issued in the admin") -> tuple[ApiKey, str]:
+    """A new key for a caller; only its hash is kept, so the raw key is returned once, to be shown once."""
+    raw = ApiKey.generate()
+    key = ApiKey(caller=caller, label=label)
+    key.set_key(raw)
+    key.save()
+    return key, raw
+
+
+def api_key_revoke(*, key_pk: int) -> bool:
+    """Take a key out of use: the next request that presents it is refused. False if it was not active."""
+    return ApiKey.objects.filter(pk=key_pk, active=True).update(active=False, updated_at=timezone.now()) == 1
+
+
+@transaction.atomic
+def api_key_rotate(*, key_pk: int) -> tuple[ApiKey, str] | None:
+    """Replace an active key: a new key for the same caller and label, the old one revoked in the same
+    transaction. Returns (new key, raw key) once; None if the key was not active (nothing changes)."""
+    old = ApiKey.objects.select_for_update().select_related("caller").filter(pk=key_pk, active=True).first()
+    if old is None:
+        return None
+    ApiKey.objects.filter(pk=old.pk).update(active=False, updated_at=timezone.now())
+    return api_key_issue(caller=old.caller, label=old.label or "rotated in the admin")

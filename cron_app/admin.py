@@ -71,9 +71,38 @@ class CronRunAdmin(admin.ModelAdmin):
     list_filter = ("state", "trigger", "job_name")
     search_fields = ("job_name", "error", "result", "acts_for__key")
     date_hierarchy = "created_at"
+    actions = ["cancel", "retry"]
 
     def get_readonly_fields(self, request, obj=None):
         return [f.name for f in self.model._meta.fields]
+
+    def has_act_permission(self, request):
+        return request.user.has_perm("cron_app.change_cronrun")
+
+    @admin.action(description="Cancel the selected runs (a live turn is asked to stop)", permissions=["act"])
+    def cancel(self, request, queryset):
+        by = f"admin:{request.user.get_username()}"
+        done, left = [], []
+        for run in queryset:
+            (done if services.cron_run_cancel(run_pk=run.pk, by=by) else left).append(run)
+        if done:
+            self.message_user(request, f"Cancelled {len(done)} run(s) (by {by}): "
+                              + ", ".join(f"#{r.pk} of '{r.job_name}'" for r in done) + ".", messages.SUCCESS)
+        for run in left:
+            run.refresh_from_db(fields=["state"])
+            self.message_user(request, f"Run #{run.pk} of '{run.job_name}' has ended ({run.state}): "
+                              "there is nothing to cancel.", messages.WARNING)
+
+    @admin.action(description="Retry: run the job again now (as the operator)", permissions=["act"])
+    def retry(self, request, queryset):
+        for run in queryset:
+            try:
+                new = services.cron_run_retry(run_pk=run.pk)
+            except services.CronError as exc:
+                self.message_user(request, str(exc), messages.WARNING)
+            else:
+                self.message_user(request, f"Retried run #{run.pk} of '{run.job_name}': run #{new.pk} is "
+                                  f"{new.state}.", messages.SUCCESS)
 
     def has_add_permission(self, request):
         return False

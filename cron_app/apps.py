@@ -58,6 +58,7 @@ class CronAppConfig(AppConfig):
 
 def status_section() -> dict:
     """The cron section of GET /v1/ugent/status (named in settings)."""
-    from cron_app.selectors import cron_active_runs_count, cron_jobs_overview
+    from cron_app.selectors import cron_active_runs_count, cron_jobs_overview, cron_recent_failures
     from cron_app.services import cron_running
-    return {"running": cron_running(), "active_runs": cron_active_runs_count(), "jobs": cron_jobs_overview()}
+    return {"running": cron_running(), "active_runs": cron_active_runs_count(), "jobs": cron_jobs_overview(),
+            "recent_failures": cron_recent_failures()}

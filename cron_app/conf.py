@@ -24,3 +24,7 @@ SWEEP_EVERY_SECS = 60
 FIRE_GRACE_SECS = settings.UGENT_CRON_FIRE_GRACE_SECS
 #: The default cron.toml for `manage.py cron import` without a FILE.
 CRON_FILE = settings.UGENT_CRON_FILE
+#: A `cron run` process renews its lease on the run it executes this often; a run whose lease is
+#: older than RUNNER_LEASE_SECS lost its process (kill -9) and ends interrupted at the next claim or sweep.
+RUNNER_LEASE_SECS = settings.UGENT_CRON_RUNNER_LEASE_SECONDS
+RUNNER_RENEW_SECS = max(0.2, RUNNER_LEASE_SECS / 3)

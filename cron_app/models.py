@@ -129,13 +129,14 @@ class RunState(models.TextChoices):
     FAILED = "failed"
     TIMED_OUT = "timed_out"
     INTERRUPTED = "interrupted"
+    CANCELLED = "cancelled"  # the operator cancelled it (the admin)
     SKIPPED = "skipped"  # a slot that could not start (overlap, too many, missed with catch_up = none)
 
 
 ACTIVE_STATES = (RunState.WAITING, RunState.QUEUED, RunState.RUNNING)
 PLACE_STATES = (RunState.QUEUED, RunState.RUNNING)
 FINAL_RUN_STATES = (RunState.COMPLETED, RunState.FAILED, RunState.TIMED_OUT, RunState.INTERRUPTED,
-                    RunState.SKIPPED)
+                    RunState.CANCELLED, RunState.SKIPPED)
 
 
 class CronRun(TimeStamped):
@@ -169,6 +170,11 @@ class CronRun(TimeStamped):
     error = models.TextField(blank=True, default="")
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # A run that `manage.py cron run` executes in its own process (embedded mode) is held by that
+    # process: it renews the lease while it lives; a lapsed lease means it died and the run is over.
+    runner = models.CharField(max_length=200, blank=True, default="", editable=False,
+                              help_text="The `cron run` process executing it, if one is.")
+    runner_lease_expires_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["-id"]

@@ -70,3 +70,25 @@ def slot_at_or_before(expr: str, tz_name: str, now: datetime) -> datetime | None
                     return datetime(day.year, day.month, day.day, h, m, tzinfo=tz).astimezone(dt_timezone.utc)
         day -= timedelta(days=1)
     return None
+
+
+def slot_after(expr: str, tz_name: str, now: datetime) -> datetime | None:
+    """The first time the schedule fires at that is after `now` (UTC, whole minute): its next run."""
+    c = parse_schedule(expr)
+    tz = parse_timezone(tz_name)
+    local = now.astimezone(tz).replace(second=0, microsecond=0)
+    day = local.date()
+    hours = sorted(c.hour)
+    minutes = sorted(c.minute)
+    for _ in range(366 * 8):
+        if _day_matches(c, day):
+            today = day == local.date()
+            for h in hours:
+                if today and h < local.hour:
+                    continue
+                for m in minutes:
+                    if today and h == local.hour and m <= local.minute:
+                        continue
+                    return datetime(day.year, day.month, day.day, h, m, tzinfo=tz).astimezone(dt_timezone.utc)
+        day += timedelta(days=1)
+    return None

@@ -146,10 +146,31 @@ def _stale_cutoff(now=None):
     return (now or timezone.now()) - timedelta(seconds=conf.RUN_TIME_LIMIT)
 
 
+def _live_turn_id(run: CronRun) -> Optional[str]:
+    live = next((o for o in (run.outputs or []) if o.get("state") in TASK_WAITING), None)
+    return live.get("turn_id") if live else None
+
+
+def _sweep_orphaned(job_name: str, now=None) -> int:
+    """A run whose `cron run` process stopped renewing its lease (killed mid-way) ends interrupted,
+    its live turn asked to stop: it blocks its job no longer. Returns how many ended."""
+    now = now or timezone.now()
+    ended = 0
+    for run in CronRun.objects.filter(job_name=job_name, state__in=ACTIVE_STATES,
+                                      runner_lease_expires_at__lt=now).select_related("acts_for", "origin"):
+        if _run_end(run=run, state=RunState.INTERRUPTED, from_states=ACTIVE_STATES,
+                    error=f"the process running it stopped ({run.runner})"):
+            _stop_turn(run, _live_turn_id(run))
+            _send_failure_back(run)
+            ended += 1
+    return ended
+
+
 def _sweep_stale(job_name: str, now=None) -> int:
     """A run still running UGENT_CRON_RUN_TIME_LIMIT after it started ends timed_out (its live turn
-    asked to stop): it holds no place any more. Returns how many ended."""
-    ended = 0
+    asked to stop), and one whose `cron run` process died ends interrupted: neither holds a place
+    any more. Returns how many ended."""
+    ended = _sweep_orphaned(job_name, now)
     for run in CronRun.objects.filter(job_name=job_name, state=RunState.RUNNING,
                                       started_at__lt=_stale_cutoff(now)).select_related("acts_for", "origin"):
         live = next((o for o in (run.outputs or []) if o.get("state") in TASK_WAITING), None)
@@ -242,12 +263,17 @@ def _nobody_actor() -> Actor:
                                  display_name="an unidentified sender")
 
 
-def cron_run_manual(*, job_name: str) -> CronRun:
-    """`cron run JOB` / the admin's "Run now": a run for the operator, under the job's overlap rules."""
+def cron_run_manual(*, job_name: str, runner: str = "") -> CronRun:
+    """`cron run JOB` / the admin's "Run now": a run for the operator, under the job's overlap rules.
+
+    `runner` names the `cron run` process that executes the run itself (embedded mode); it must then
+    renew the run's lease (`cron_runner_renew`) while it lives."""
     job = CronJob.objects.filter(name=job_name).first()
     if job is None:
         raise CronError(f"there is no cron job '{job_name}'")
-    run, outcome = _claim(job=job, trigger=RunTrigger.MANUAL, acts_for=_system_actor())
+    held = {"runner": runner, "runner_lease_expires_at": timezone.now() + timedelta(seconds=conf.RUNNER_LEASE_SECS)} \
+        if runner else {}
+    run, outcome = _claim(job=job, trigger=RunTrigger.MANUAL, acts_for=_system_actor(), **held)
     if outcome == ALREADY_RUNNING:
         raise CronError(f"cron job '{job_name}' is already running (overlap = skip)")
     if outcome == TOO_MANY:
@@ -255,6 +281,37 @@ def cron_run_manual(*, job_name: str) -> CronRun:
     if run is None:
         raise CronError(f"there is no cron job '{job_name}'")
     return run
+
+
+def cron_runner_renew(*, runner: str) -> int:
+    """The `cron run` process is alive: push out the lease of the runs it holds. Returns how many."""
+    return CronRun.objects.filter(runner=runner, state__in=ACTIVE_STATES).update(
+        runner_lease_expires_at=timezone.now() + timedelta(seconds=conf.RUNNER_LEASE_SECS))
+
+
+def cron_run_cancel(*, run_pk: int, by: str) -> bool:
+    """The operator cancels a waiting, queued or running run: it ends cancelled, its live turn is asked
+    to stop (through the hub's stop service), and its place goes to the next run. False if it had ended."""
+    run = CronRun.objects.select_related("acts_for", "origin").filter(pk=run_pk).first()
+    if run is None or run.state not in ACTIVE_STATES:
+        return False
+    with transaction.atomic():
+        if not _run_end(run=run, state=RunState.CANCELLED, from_states=ACTIVE_STATES, error=f"cancelled by {by}"):
+            return False
+        _stop_turn(run, _live_turn_id(run), by=by)
+    _send_failure_back(run)
+    cron_runs_promote(job_name=run.job_name)
+    return True
+
+
+def cron_run_retry(*, run_pk: int) -> CronRun:
+    """Run an ended run's job again, now, as the operator (a new manual run under the overlap rules)."""
+    run = CronRun.objects.filter(pk=run_pk).first()
+    if run is None:
+        raise CronError(f"there is no cron run #{run_pk}")
+    if run.state in ACTIVE_STATES:
+        raise CronError(f"run #{run.pk} of '{run.job_name}' is still {run.state}: cancel it first")
+    return cron_run_manual(job_name=run.job_name)
 
 
 # --- schedule slots -------------------------------------------------------------------
@@ -573,14 +630,14 @@ def cron_turn_ended(*, turn, state: str, answer: str) -> None:
         transaction.on_commit(lambda: _enqueue(run_pk))
 
 
-def _stop_turn(run: CronRun, turn_id: Optional[str]) -> None:
+def _stop_turn(run: CronRun, turn_id: Optional[str], by: str = "") -> None:
     """Ask the hub to stop a run's turn through its stop service: cron writes no turn rows."""
     from channels_app.streams import turn_stop_request
     if not turn_id:
         return
     turn_pk = Turn.objects.filter(turn_id=turn_id).values_list("pk", flat=True).first()
     if turn_pk is not None:
-        turn_stop_request(turn_pk=turn_pk, by=f"cron run {run.pk}")
+        turn_stop_request(turn_pk=turn_pk, by=by or f"cron run {run.pk}")
 
 
 def cron_task_deadline(*, run_pk: int, task_id: str, now=None) -> bool:
@@ -621,8 +678,9 @@ def cron_runs_sweep(*, now=None) -> dict:
     step, and a run queued for more than a minute is queued again. Each of these is idempotent."""
     now = now or timezone.now()
     out = {"cut_off": 0, "timed_out": 0, "resumed": 0, "requeued": 0}
-    for name in set(CronRun.objects.filter(state=RunState.RUNNING, started_at__lt=_stale_cutoff(now))
-                    .values_list("job_name", flat=True)):
+    stale = CronRun.objects.filter(state=RunState.RUNNING, started_at__lt=_stale_cutoff(now))
+    orphaned = CronRun.objects.filter(state__in=ACTIVE_STATES, runner_lease_expires_at__lt=now)
+    for name in set(stale.values_list("job_name", flat=True)) | set(orphaned.values_list("job_name", flat=True)):
         with transaction.atomic():
             out["timed_out"] += _sweep_stale(name, now=now)
         cron_runs_promote(job_name=name)

@@ -4,6 +4,7 @@ from django.apps import AppConfig
 class PluginsAppConfig(AppConfig):
     name = "plugins_app"
     default_auto_field = "django.db.models.BigAutoField"
+    verbose_name = "Plugins and agent profiles"
 
     # A plugin conversation's turn queues its answer in the transaction that ends the turn: the
     # after-turn hook and the status section are named in settings.

@@ -22,7 +22,7 @@ ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["*"])
 
 INSTALLED_APPS = [
     "daphne",
-    "django.contrib.admin",
+    "ugent_site.admin_site.ControlRoomAdminConfig",  # django.contrib.admin, with the health board as its index
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -59,6 +59,8 @@ UGENT_STATUS_SECTIONS = {
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # the admin's CSS and JS, from the daemon itself (no web server to configure): docs in README "The admin"
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -107,7 +109,15 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
-STATIC_ROOT = VAR_DIR / "static"
+STATIC_ROOT = Path(env("UGENT_STATIC_ROOT", default=str(VAR_DIR / "static")))
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise warns about a missing one before the first collect
+# Compressed, hashed names from `collectstatic` (rundaemon runs it when the files changed; servers
+# mode runs it once per release). Before any collectstatic the files are served from the apps.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "ugent_site.staticfiles.StaticStorage"},
+}
+WHITENOISE_USE_FINDERS = True
 
 # --- run mode -------------------------------------------------------------
 REDIS_URL = env("REDIS_URL", default="")
@@ -198,6 +208,7 @@ UGENT_CRON_TASK_TIME_LIMIT = env.float("UGENT_CRON_TASK_TIME_LIMIT", default=600
 UGENT_CRON_RUN_TIME_LIMIT = env.int("UGENT_CRON_RUN_TIME_LIMIT", default=3660)
 UGENT_CRON_FIRE_GRACE_SECS = env.int("UGENT_CRON_FIRE_GRACE_SECS", default=300)
 UGENT_CRON_FILE = env.str("UGENT_CRON_FILE", default="")
+UGENT_CRON_RUNNER_LEASE_SECONDS = env.float("UGENT_CRON_RUNNER_LEASE_SECONDS", default=15.0)
 # rules_app
 UGENT_RULES_WATCH = env.bool("UGENT_RULES_WATCH", default=True)
 UGENT_RULES_POLL_INTERVAL = env.float("UGENT_RULES_POLL_INTERVAL", default=2.0)

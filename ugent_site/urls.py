@@ -3,8 +3,10 @@ from django.urls import include, path
 from django.views.decorators.csrf import csrf_exempt
 
 from channels_app import api
+from ugent_site import views
 
 urlpatterns = [
+    path("", views.home, name="home"),
     path("admin/", admin.site.urls),
     path("v1/chat/completions", csrf_exempt(api.ChatCompletionApi.as_view()), name="chat-completions"),
     path("v1/models", api.ModelsListApi.as_view(), name="models"),

@@ -1,6 +1,6 @@
 """Admin for channel plugins: registrations, secrets, outbound deliveries."""
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
 
 from plugins_app.channel import services as plugin_services  # noqa: E402
 from plugins_app.channel.models import DeliveryState, OutboundDelivery, Plugin, PluginSecret  # noqa: E402
@@ -45,10 +45,10 @@ class PluginSecretInline(admin.TabularInline):
 @admin.register(Plugin)
 class PluginAdmin(admin.ModelAdmin):
     list_display = ("plugin_id", "kind", "enabled", "state", "state_reason", "disabled_reason",
-                    "last_heartbeat", "pid")
+                    "last_heartbeat", "restarts", "pid")
     list_filter = ("enabled", "state", "kind")
     search_fields = ("plugin_id", "kind", "command")
-    readonly_fields = ("state", "state_reason", "disabled_reason", "last_heartbeat", "pid",
+    readonly_fields = ("state", "state_reason", "disabled_reason", "last_heartbeat", "restarts", "pid",
                        "created_at", "updated_at")
     inlines = [PluginSecretInline]
     actions = ["enable_again", "disable"]
@@ -56,7 +56,7 @@ class PluginAdmin(admin.ModelAdmin):
         (None, {"fields": ("plugin_id", "kind", "enabled", "command", "args", "env_refs", "secret_env_refs")}),
         ("Limits", {"fields": ("max_in_flight", "max_retries", "heartbeat_secs")}),
         ("Routing", {"fields": ("workspace", "allowed_senders")}),
-        ("Supervision", {"fields": ("state", "state_reason", "disabled_reason", "last_heartbeat", "pid",
+        ("Supervision", {"fields": ("state", "state_reason", "disabled_reason", "last_heartbeat", "restarts", "pid",
                                     "created_at", "updated_at")}),
     )
 
@@ -71,14 +71,15 @@ class PluginAdmin(admin.ModelAdmin):
             plugin.secret_env_refs = names
             plugin.save(update_fields=["secret_env_refs", "updated_at"])
 
-    @admin.action(description="Enable again (clears the circuit breaker)")
+    @admin.action(description="Enable again (clears the circuit breaker)", permissions=["change"])
     def enable_again(self, request, queryset):
-        count = sum(plugin_services.plugin_enable(plugin=p) for p in queryset)
-        self.message_user(request, f"Enabled {count} plugin(s); the supervisor starts them on its next step.")
+        names = [p.plugin_id for p in queryset if plugin_services.plugin_enable(plugin=p)]
+        self.message_user(request, f"Enabled {len(names)} plugin(s)" + (f" ({', '.join(names)})" if names else "")
+                          + "; the supervisor starts them on its next step.")
 
-    @admin.action(description="Disable")
+    @admin.action(description="Disable", permissions=["change"])
     def disable(self, request, queryset):
-        count = queryset.update(enabled=False)
+        count = sum(plugin_services.plugin_disable(plugin=p) for p in queryset)
         self.message_user(request, f"Disabled {count} plugin(s); their workers stop.")
 
 
@@ -92,13 +93,28 @@ class OutboundDeliveryAdmin(admin.ModelAdmin):
                        "not_before", "handed_out_at", "handed_out", "failures", "last_error",
                        "channel_message_id", "delivered_at", "created_at", "updated_at")
     exclude = ("claim",)
-    actions = ["retry_dead_letters"]
+    actions = ["retry_dead_letters", "discard_dead_letters"]
 
     def has_add_permission(self, request):
         return False
 
-    @admin.action(description="Send the dead letters again")
+    def has_delete_permission(self, request, obj=None):
+        return False  # a delivery is a record: a dead letter is requeued or discarded, never deleted
+
+    @admin.action(description="Requeue the dead letters (send again)", permissions=["change"])
     def retry_dead_letters(self, request, queryset):
         count = sum(plugin_services.delivery_retry(delivery=d)
                     for d in queryset.filter(state=DeliveryState.DEAD_LETTER).select_related("plugin"))
-        self.message_user(request, f"Queued {count} dead letter(s) again.")
+        skipped = queryset.count() - count
+        self.message_user(request, f"Queued {count} dead letter(s) again"
+                          + (f"; {skipped} selected were not dead letters and were left alone" if skipped else "")
+                          + ".", messages.SUCCESS if count else messages.WARNING)
+
+    @admin.action(description="Discard the dead letters (never send them)", permissions=["change"])
+    def discard_dead_letters(self, request, queryset):
+        count = sum(plugin_services.delivery_discard(delivery=d)
+                    for d in queryset.filter(state=DeliveryState.DEAD_LETTER))
+        skipped = queryset.count() - count
+        self.message_user(request, f"Discarded {count} dead letter(s)"
+                          + (f"; {skipped} selected were not dead letters and were left alone" if skipped else "")
+                          + ".", messages.SUCCESS if count else messages.WARNING)

@@ -48,6 +48,8 @@ class Plugin(TimeStamped):
                                        help_text="Why the circuit breaker (or setup) disabled it.")
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     pid = models.IntegerField(null=True, blank=True)
+    restarts = models.PositiveIntegerField(default=0, help_text="Times the supervisor restarted its worker "
+                                                                "after it exited or stopped heartbeating.")
 
     class Meta:
         ordering = ["plugin_id"]
@@ -84,6 +86,7 @@ class DeliveryState(models.TextChoices):
     IN_FLIGHT = "in_flight"
     DELIVERED = "delivered"
     DEAD_LETTER = "dead_letter"
+    DISCARDED = "discarded"  # a dead letter the operator chose not to send
 
 
 class OutboundDelivery(TimeStamped):

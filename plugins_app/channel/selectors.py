@@ -6,7 +6,7 @@ import sys
 
 from django.db.models import Count, Q
 
-from plugins_app.channel.models import DeliveryState, OutboundDelivery, Plugin, PluginSecret
+from plugins_app.channel.models import DeliveryState, OutboundDelivery, Plugin, PluginSecret, PluginState
 from plugins_app.channel.secrets import secret_decrypt
 from plugins_app.channel.workers import kind_module
 
@@ -56,10 +56,44 @@ def plugins_status() -> dict:
         in_flight=Count("deliveries", filter=Q(deliveries__state=DeliveryState.IN_FLIGHT)),
         dead_letters=Count("deliveries", filter=Q(deliveries__state=DeliveryState.DEAD_LETTER)),
     ).values("plugin_id", "kind", "enabled", "state", "state_reason", "disabled_reason", "pid",
-             "last_heartbeat", "pending", "in_flight", "dead_letters")}
+             "last_heartbeat", "restarts", "pending", "in_flight", "dead_letters")}
     for row in counts.values():
         row["last_heartbeat"] = row["last_heartbeat"].isoformat() if row["last_heartbeat"] else None
+        row["circuit"] = plugin_circuit(row["state"], row["disabled_reason"])
     return {"plugins": list(counts.values())}
+
+
+def plugin_circuit(state: str, disabled_reason: str) -> str:
+    """The circuit breaker as the operator reads it: open (disabled by it), cooldown, or closed."""
+    if state == PluginState.DISABLED and disabled_reason.startswith("circuit breaker"):
+        return "open"
+    return "cooldown" if state == PluginState.COOLDOWN else "closed"
+
+
+def plugin_log_tail(plugin_id: str, *, lines: int = 5, max_bytes: int = 8192) -> list[str] | None:
+    """The last lines a plugin's worker wrote (the supervisor appends its stdout and stderr to
+    <log dir>/<plugin>.log), with the plugin's secrets masked; None when this host has no such file
+    (servers mode: the log is on the supervisor's host)."""
+    from plugins_app.channel import conf
+    from plugins_app.channel.supervisor.process import log_file_path
+    path = log_file_path(conf.LOG_DIR, plugin_id)
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - max_bytes))
+            tail = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    kept = [line for line in tail.splitlines() if line.strip()][-lines:]
+    if size > max_bytes and kept and len(kept) == len(tail.splitlines()):
+        kept = kept[1:]  # the first line was cut by the byte window
+    secrets = [secret_decrypt(c) for c in PluginSecret.objects.filter(plugin__plugin_id=plugin_id)
+               .values_list("ciphertext", flat=True)]
+    for value in filter(None, secrets):
+        if len(value) >= 4:
+            kept = [line.replace(value, "••••") for line in kept]
+    return kept
 
 
 def deliveries_for(plugin_id: str, state: str | None = None) -> list[OutboundDelivery]:

@@ -15,6 +15,7 @@ import uuid
 from typing import Iterable
 
 from django.db import connection, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from channels_app import notify
@@ -47,6 +48,8 @@ def _wake_after_commit(plugin_id: str) -> None:
 def plugin_state_record(*, plugin_id: str, state: str, reason: str, pid: int | None = None) -> None:
     """What the supervisor saw; the circuit breaker's `disabled` also turns `enabled` off, with the reason."""
     fields = {"state": state, "state_reason": reason[:500], "pid": pid if state == PluginState.RUNNING else None}
+    if state in (PluginState.BACKOFF, PluginState.COOLDOWN):  # the worker died and is to be started again
+        fields["restarts"] = F("restarts") + 1
     if state == PluginState.DISABLED:
         fields.update(enabled=False, disabled_reason=reason)
     Plugin.objects.filter(plugin_id=plugin_id).update(**fields, updated_at=timezone.now())
@@ -57,6 +60,11 @@ def plugin_enable(*, plugin: Plugin) -> bool:
     return Plugin.objects.filter(pk=plugin.pk).update(
         enabled=True, disabled_reason="", state=PluginState.STOPPED, state_reason="",
         updated_at=timezone.now()) == 1
+
+
+def plugin_disable(*, plugin: Plugin) -> bool:
+    """The operator turns a plugin off: the supervisor stops its worker on its next step."""
+    return Plugin.objects.filter(pk=plugin.pk, enabled=True).update(enabled=False, updated_at=timezone.now()) == 1
 
 
 def plugin_heartbeat_record(*, plugin_id: str, at: dt.datetime | None = None) -> None:
@@ -273,6 +281,12 @@ def delivery_retry(*, delivery: OutboundDelivery) -> bool:
         if moved:
             _wake_after_commit(delivery.plugin.plugin_id)
     return moved == 1
+
+
+def delivery_discard(*, delivery: OutboundDelivery) -> bool:
+    """Admin: give up on a dead letter for good; it stays on record as discarded and is never sent."""
+    return OutboundDelivery.objects.filter(pk=delivery.pk, state=DeliveryState.DEAD_LETTER).update(
+        state=DeliveryState.DISCARDED, updated_at=timezone.now()) == 1
 
 
 # --- media --------------------------------------------------------------------------------

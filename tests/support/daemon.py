@@ -47,6 +47,8 @@ class Daemon:
         self.env.update({
             "DJANGO_SETTINGS_MODULE": "ugent_site.settings",
             "UGENT_VAR_DIR": str(tmp / "var"),
+            # one collectstatic for every daemon the suite starts (rundaemon collects only when files changed)
+            "UGENT_STATIC_ROOT": str(ROOT / "var" / "test-static"),
             "UGENT_WEB_API_KEY": self.key,
             "UGENT_WORKSPACE": str(tmp / "workspace"),
             "UGENT_EXTRA_ENGINES": "scripted=tests.support.scripted:ScriptedEngine",

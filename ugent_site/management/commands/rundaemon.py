@@ -46,6 +46,9 @@ class Command(BaseCommand):
                      settings.UGENT_CPU_AFFINITY)
         if not opts["no_migrate"]:
             call_command("migrate", interactive=False, verbosity=0)
+        from ugent_site.staticfiles import static_collect_if_changed
+        if static_collect_if_changed():
+            log.info("collected the admin's static files into %s", settings.STATIC_ROOT)
         from channels_app.runner import turns_recover_interrupted, turns_requeue_accepted
         from plugins_app.agent.profiles import profiles_ensure_defaults
         profiles_ensure_defaults()
@@ -76,12 +79,21 @@ class Command(BaseCommand):
                 log.info("re-queued %d accepted turn(s)", requeued)
             self.stdout.write(f"UGENT daemon ({settings.UGENT_MODE} mode) on "
                               f"http://{opts['bind']}:{opts['port']}/v1")
+            self.print_admin(opts["bind"], opts["port"])
             self.stdout.flush()
             self.run_http(opts["bind"], opts["port"])
         finally:
             self.stdout.write("UGENT daemon stopping")
             stack.close()
             self.stdout.write("UGENT daemon stopped")
+
+    def print_admin(self, bind: str, port: int) -> None:
+        """Where the admin is, and (until one exists) the one command that creates its first account."""
+        from django.contrib.auth import get_user_model
+        host = "127.0.0.1" if bind in ("0.0.0.0", "::", "") else bind
+        self.stdout.write(f"Admin: http://{host}:{port}/admin/")
+        if not get_user_model().objects.filter(is_superuser=True, is_active=True).exists():
+            self.stdout.write("No admin account yet. Create one with:\n  python manage.py createsuperuser")
 
     def ensure_operator_key(self):
         """A fresh install gets an operator key of its own, kept in var/ (mode 0600)."""
