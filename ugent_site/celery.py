@@ -1,10 +1,17 @@
 """The Celery app: memory:// in embedded mode, Redis in servers mode (settings decide)."""
 import os
 
-from celery import Celery
+from celery import Celery, signals
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ugent_site.settings")
 app = Celery("ugent_site")
 # The CELERY_* settings, copied once under Celery's names (see ugent_site/celery_conf.py).
 app.config_from_object("ugent_site.celery_conf")
 app.autodiscover_tasks()
+
+
+@signals.worker_init.connect
+def _worker_enforces_rules(**_kwargs):
+    """A worker submits messages (cron's tasks): it enforces the rules and records them as the daemon."""
+    from rules_app.runtime import enforce_here
+    enforce_here()
