@@ -57,6 +57,7 @@ UGENT_STATUS_SECTIONS = {
 }
 
 MIDDLEWARE = [
+    "ugent_site.middleware.RequestLogMiddleware",  # outermost: the request's line and count see its final status
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -178,17 +179,17 @@ REST_FRAMEWORK = {
 }
 SPECTACULAR_SETTINGS = {"TITLE": "UGENT Web Channel API", "VERSION": "0.1.0"}
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env("UGENT_LOG_LEVEL", default="INFO")},
+# Plain lines, or JSON lines with UGENT_LOG_FORMAT=json; no secret in either, and a repeating warning
+# once per five minutes with its count (ugent_common/logs.py).
+from ugent_common.logs import logging_config  # noqa: E402
+
+UGENT_LOG_FORMAT = env("UGENT_LOG_FORMAT", default="plain")
+LOGGING = logging_config(
+    fmt=UGENT_LOG_FORMAT, level=env("UGENT_LOG_LEVEL", default="INFO"),
     # httpx logs every upstream request at INFO: a line per turn that says nothing the turn's row does not.
-    "loggers": {"daphne": {"level": "WARNING"}, "uvicorn": {"level": "WARNING"}, "celery": {"level": "WARNING"},
-                "django.channels.server": {"level": "WARNING"}, "httpx": {"level": "WARNING"},
-                "httpcore": {"level": "WARNING"}},
-}
+    loggers={"daphne": {"level": "WARNING"}, "uvicorn": {"level": "WARNING"}, "celery": {"level": "WARNING"},
+             "django.channels.server": {"level": "WARNING"}, "httpx": {"level": "WARNING"},
+             "httpcore": {"level": "WARNING"}})
 
 # --- the rooms' own settings, from the environment (each app reads them through django.conf.settings) ---
 # cron_app
