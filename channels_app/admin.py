@@ -1,7 +1,39 @@
 """The operator's view of the hub: callers and keys, actors, conversations, turns, receipts, events."""
 from django.contrib import admin, messages
+from django.db.models import Count, Sum
 
 from channels_app.models import (ApiKey, Actor, Caller, Conversation, Event, Message, Receipt, Steering, Turn)
+
+
+class UsageSums:
+    """Tokens used by the turns of the row (a caller's, or one admin-issued key's), summed in the list's query."""
+
+    usage_path = "turns"
+
+    def get_queryset(self, request):
+        p = self.usage_path
+        return super().get_queryset(request).annotate(
+            usage_turns=Count(p, distinct=True), usage_prompt=Sum(f"{p}__prompt_tokens"),
+            usage_completion=Sum(f"{p}__completion_tokens"), usage_total=Sum(f"{p}__total_tokens"))
+
+    @admin.display(description="turns", ordering="usage_turns")
+    def turns_count(self, obj):
+        return obj.usage_turns
+
+    @admin.display(description="prompt tokens", ordering="usage_prompt")
+    def prompt_tokens(self, obj):
+        return obj.usage_prompt or 0
+
+    @admin.display(description="completion tokens", ordering="usage_completion")
+    def completion_tokens(self, obj):
+        return obj.usage_completion or 0
+
+    @admin.display(description="total tokens", ordering="usage_total")
+    def total_tokens(self, obj):
+        return obj.usage_total or 0
+
+
+USAGE_COLUMNS = ("turns_count", "prompt_tokens", "completion_tokens", "total_tokens")
 
 
 class ApiKeyInline(admin.TabularInline):
@@ -16,8 +48,9 @@ class ApiKeyInline(admin.TabularInline):
 
 
 @admin.register(Caller)
-class CallerAdmin(admin.ModelAdmin):
-    list_display = ("name", "role", "default_model", "from_config", "created_at")
+class CallerAdmin(UsageSums, admin.ModelAdmin):
+    # usage: every turn the caller's keys asked for, configured keys included
+    list_display = ("name", "role", "default_model", "from_config", *USAGE_COLUMNS, "created_at")
     list_filter = ("role", "from_config")
     search_fields = ("name",)
     inlines = [ApiKeyInline]
@@ -35,8 +68,8 @@ class CallerAdmin(admin.ModelAdmin):
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin):
-    list_display = ("__str__", "caller", "label", "active", "last_used_at", "created_at")
+class ApiKeyAdmin(UsageSums, admin.ModelAdmin):
+    list_display = ("__str__", "caller", "label", "active", "last_used_at", *USAGE_COLUMNS, "created_at")
     list_filter = ("active", "caller__role")
     list_select_related = ("caller",)
     search_fields = ("caller__name", "label", "prefix")
@@ -74,11 +107,13 @@ class ConversationAdmin(admin.ModelAdmin):
 
 @admin.register(Turn)
 class TurnAdmin(admin.ModelAdmin):
-    list_display = ("turn_id", "state", "model", "conversation", "actor", "input_mode", "created_at", "finished_at")
+    list_display = ("turn_id", "state", "model", "conversation", "actor", "input_mode", "total_tokens",
+                    "usage_source", "created_at", "finished_at")
     list_filter = ("state", "model", "input_mode", "disable_memory_write")
     list_select_related = ("conversation", "actor")
     search_fields = ("turn_id", "conversation__external_id", "actor__key")
-    readonly_fields = ("turn_id", "receipt", "created_at", "started_at", "finished_at")
+    readonly_fields = ("turn_id", "receipt", "created_at", "started_at", "finished_at", "caller", "api_key",
+                       "prompt_tokens", "completion_tokens", "total_tokens", "usage_source", "ttft_ms")
     raw_id_fields = ("conversation", "actor", "profile")
 
 

@@ -164,6 +164,9 @@ UGENT_DEFAULT_MODEL = env("UGENT_DEFAULT_MODEL", default="")
 UGENT_LLM_BASE_URL = env("UGENT_LLM_BASE_URL", default="")
 UGENT_LLM_API_KEY = env("UGENT_LLM_API_KEY", default="")
 UGENT_LLM_MODEL = env("UGENT_LLM_MODEL", default="")
+# GET /metrics answers operator keys; with UGENT_METRICS_BIND=host:port rundaemon also serves it there, keyless.
+# Servers mode: set PROMETHEUS_MULTIPROC_DIR (one empty directory for every process) to sum their counts.
+UGENT_METRICS_BIND = env("UGENT_METRICS_BIND", default="")
 # Seconds between SSE keep-alive comment lines.
 UGENT_SSE_KEEPALIVE = env.float("UGENT_SSE_KEEPALIVE", default=15.0)
 

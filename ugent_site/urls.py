@@ -3,9 +3,11 @@ from django.urls import include, path
 from django.views.decorators.csrf import csrf_exempt
 
 from channels_app import api
+from ugent_site.metrics import metrics_view
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("metrics", metrics_view, name="metrics"),
     path("v1/chat/completions", csrf_exempt(api.ChatCompletionApi.as_view()), name="chat-completions"),
     path("v1/models", api.ModelsListApi.as_view(), name="models"),
     path("v1/health", api.HealthApi.as_view(), name="health"),
