@@ -171,3 +171,21 @@ def test_json_lines_carry_the_fields_of_the_request_line():
     line = json.loads(formatter.format(record))
     assert line["message"] == "request (method=GET)" and line["method"] == "GET" and line["status"] == 200
     assert line["level"] == "INFO" and line["logger"] == "ugent.requests" and "time" in line
+
+
+def test_an_upstream_error_that_echoes_the_profiles_key_is_logged_without_it(tcast):
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.addFilter(logs.RedactSecrets())
+    logger = logging.getLogger("ugent.turns")
+    logger.addHandler(handler)
+    try:
+        with run_stub_upstream(script=Script(status=401, error_message="Incorrect API key: plainkey-0123456789")) as url:
+            AgentProfile.objects.create(name="up", provider="openai-compatible",
+                                        config={"base_url": str(url), "model": "m", "api_key": "plainkey-0123456789"})
+            chat(tcast.keys["operator"], "hello", model="up")
+    finally:
+        logger.removeHandler(handler)
+    text = out.getvalue()
+    assert "upstream failed (turn=" in text and "Incorrect API key: [redacted]" in text
+    assert "plainkey-0123456789" not in text
