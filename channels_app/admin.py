@@ -4,6 +4,7 @@ Turns, receipts, messages and events are records: read-only here. What the opera
 action or a button that calls a service (stop a turn; revoke, rotate or issue a key)."""
 from django import forms
 from django.contrib import admin, messages
+from django.db.models import Count, Sum
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
@@ -34,6 +35,37 @@ def turn_stop_from_admin(request, turn: Turn) -> tuple[bool, str]:
     return False, f"Turn {turn.turn_id} has ended ({turn.state}): there is nothing to stop."
 
 
+class UsageSums:
+    """Tokens used by the turns of the row (a caller's, or one admin-issued key's), summed in the list's query."""
+
+    usage_path = "turns"
+
+    def get_queryset(self, request):
+        p = self.usage_path
+        return super().get_queryset(request).annotate(
+            usage_turns=Count(p, distinct=True), usage_prompt=Sum(f"{p}__prompt_tokens"),
+            usage_completion=Sum(f"{p}__completion_tokens"), usage_total=Sum(f"{p}__total_tokens"))
+
+    @admin.display(description="turns", ordering="usage_turns")
+    def turns_count(self, obj):
+        return obj.usage_turns
+
+    @admin.display(description="prompt tokens", ordering="usage_prompt")
+    def prompt_tokens(self, obj):
+        return obj.usage_prompt or 0
+
+    @admin.display(description="completion tokens", ordering="usage_completion")
+    def completion_tokens(self, obj):
+        return obj.usage_completion or 0
+
+    @admin.display(description="total tokens", ordering="usage_total")
+    def total_tokens(self, obj):
+        return obj.usage_total or 0
+
+
+USAGE_COLUMNS = ("turns_count", "prompt_tokens", "completion_tokens", "total_tokens")
+
+
 class ApiKeyInline(admin.TabularInline):
     model = ApiKey
     extra = 0
@@ -46,8 +78,10 @@ class ApiKeyInline(admin.TabularInline):
 
 
 @admin.register(Caller)
-class CallerAdmin(admin.ModelAdmin):
-    list_display = ("name", "role", "issuers", "key_env", "default_model", "from_config", "created_at")
+class CallerAdmin(UsageSums, admin.ModelAdmin):
+    # usage: every turn the caller's keys asked for, configured keys included
+    list_display = ("name", "role", "issuers", "key_env", "default_model", "from_config", *USAGE_COLUMNS,
+                    "created_at")
     list_filter = ("role", "from_config")
     search_fields = ("name",)
     inlines = [ApiKeyInline]
@@ -67,8 +101,8 @@ class CallerAdmin(admin.ModelAdmin):
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin):
-    list_display = ("__str__", "caller", "label", "active", "last_used_at", "created_at")
+class ApiKeyAdmin(UsageSums, admin.ModelAdmin):
+    list_display = ("__str__", "caller", "label", "active", "last_used_at", *USAGE_COLUMNS, "created_at")
     list_filter = ("active", "caller__role")
     list_select_related = ("caller",)
     search_fields = ("caller__name", "label", "prefix")
@@ -130,8 +164,8 @@ class ConversationAdmin(admin.ModelAdmin):
 
 @admin.register(Turn)
 class TurnAdmin(RecordAdmin):
-    list_display = ("turn_id", "state", "age", "model", "conversation", "actor", "stop_requested_by", "created_at",
-                    "finished_at")
+    list_display = ("turn_id", "state", "age", "model", "conversation", "actor", "stop_requested_by",
+                    "total_tokens", "usage_source", "created_at", "finished_at")
     list_filter = ("state", "model", "input_mode", "cancel_requested")
     list_select_related = ("conversation", "actor")
     search_fields = ("turn_id", "conversation__external_id", "actor__key", "stop_requested_by")

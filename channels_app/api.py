@@ -8,6 +8,7 @@ Django's single sync thread for the whole turn. It authenticates, validates
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 import time
 
@@ -26,7 +27,7 @@ from channels_app.bodies import json_object_parse, text_problem
 from channels_app.errors import ApplicationError, error_response, from_drf
 from channels_app.events import turn_topic
 from channels_app.models import Turn
-from channels_app.sse import DONE, PING, TERMINAL, ChunkRenderer
+from channels_app.sse import DONE, PING, TERMINAL, ChunkRenderer, usage_or_zero
 from plugins_app.agent.profiles import models_list
 
 INPUT_MODES = ("voice", "live")
@@ -59,6 +60,15 @@ class ChatInputSerializer(serializers.Serializer):
     ugent_disable_memory_write = serializers.BooleanField(required=False, default=False)
     ugent_input_mode = serializers.CharField(required=False, allow_null=True)
     ugent_interaction_reply = serializers.DictField(required=False)
+    stream_options = serializers.DictField(required=False, allow_null=True)
+
+    def validate_stream_options(self, value):
+        if value is None:
+            return {}
+        for name in ("include_usage", "include_obfuscation"):  # OpenAI's; other keys are ignored, as at the top
+            if name in value and not isinstance(value[name], bool):
+                raise serializers.ValidationError(f"{name} must be true or false.")
+        return value
 
     def validate_ugent_allowed_tools(self, value):
         if value == []:
@@ -130,13 +140,20 @@ def last_user_text(messages: list) -> str | None:
     return None
 
 
+#: What the chat view learns on its accept thread, for the request's log line (contextvars follow sync_to_async).
+_request_note: contextvars.ContextVar[dict | None] = contextvars.ContextVar("ugent_request_note", default=None)
+
+
 def _accept(headers, payload: dict, loop=None):
     """Authenticate, validate and submit: (data, result, None, waiter), or (data, None, refusal, None)
     when the message itself was refused (a stream answers those in the stream). Raises for a bad key
     or body. With `loop`, a new turn's reader is subscribed on it before the turn's transaction
     commits (`waiter`), so it hears every event from the first and need not read them back."""
     close_old_connections()
+    note = _request_note.get()
     principal = authenticate_headers(headers)
+    if note is not None:
+        note["principal"] = principal
     data = chat_input_validate(payload)
     waiters = []
 
@@ -146,6 +163,8 @@ def _accept(headers, payload: dict, loop=None):
 
     try:
         result = _submit(principal, data, on_turn=subscribe)
+        if note is not None:
+            note["actor"] = result.turn.actor.key
         return data, result, None, (waiters[0] if waiters else None)
     except ApplicationError as exc:
         for waiter in waiters:
@@ -169,7 +188,8 @@ def _submit(principal, data: dict, on_turn=None):
                                    federation_subject=data.get("federation_subject"),
                                    identity=principal.identity)
     inbound = services.Submission(
-        actor=actor, caller=principal.caller, text=last_user_text(data["messages"]), channel="web",
+        actor=actor, caller=principal.caller, api_key_id=principal.key_id,
+        text=last_user_text(data["messages"]), channel="web",
         client_id=data.get("client_id") or "", conversation_id=data.get("conversation_id"),
         client_message_id=data.get("client_message_id"), turn_id=data.get("turn_id"),
         model=data.get("model"), input_mode=data.get("ugent_input_mode"),
@@ -275,6 +295,16 @@ class ChatCompletionApi(View):
     """POST /v1/chat/completions: OpenAI-compatible chat, stream and non-stream, with UGENT's extensions."""
 
     async def post(self, request):
+        note: dict = {}
+        _request_note.set(note)
+        try:
+            return await self._post(request)
+        finally:  # for the request's log line (ugent_site.middleware)
+            if "principal" in note:
+                request.user = note["principal"]
+            request.ugent_actor = note.get("actor")
+
+    async def _post(self, request):
         try:
             payload = json_object_parse(request.body)
             # One hop to a worker thread for the key, the checks and the message.
@@ -297,7 +327,9 @@ class ChatCompletionApi(View):
         turn = result.turn
         renderer = ChunkRenderer(turn_id=turn.turn_id, model=turn.model or (data.get("model") or ""),
                                  created=int(time.time()),
-                                 include_tool_events=data["ugent_include_tool_events"])
+                                 include_tool_events=data["ugent_include_tool_events"],
+                                 include_usage=stream and bool((data.get("stream_options") or {})
+                                                               .get("include_usage")))
         # The broker could not take the turn: it is accepted and waits in its row (docs/turns.md).
         queued = _queued_receipt(result) if result.queued else None
         if queued is not None and not stream:
@@ -358,6 +390,7 @@ class ChatCompletionApi(View):
         body = {"id": renderer.id, "object": "chat.completion", "created": renderer.created,
                 "model": renderer.model,
                 "choices": [{"index": 0, "message": message, "finish_reason": "stop", "logprobs": None}],
+                "usage": usage_or_zero(edata.get("usage")),
                 "ugent_turn_id": turn.turn_id, "ugent_citations": citations}
         if etype == "turn.cancelled":
             body["ugent_stopped"] = True

@@ -32,6 +32,7 @@ class Principal:
 
     caller: Caller
     identity: "federation.VerifiedIdentity | None" = None  # a verified identity token's user
+    key_id: int | None = None  # the admin-issued ApiKey that spoke; None for a configured key
 
     @property
     def has_operator_key(self) -> bool:
@@ -52,8 +53,13 @@ def raw_key_from_headers(headers) -> str:
 
 def caller_for_key(raw: str) -> Caller | None:
     """Configured keys first (ugent.toml / environment), then keys created in the admin."""
+    return caller_and_key_for_key(raw)[0]
+
+
+def caller_and_key_for_key(raw: str) -> tuple[Caller | None, int | None]:
+    """The caller of a key and the admin-issued key's id (None for a configured key)."""
     if not raw:
-        return None
+        return None, None
     digest = hash_key(raw)
     federation.config_sync()
     for ck in config.configured_keys():
@@ -65,13 +71,13 @@ def caller_for_key(raw: str) -> Caller | None:
             if caller.role != ck.role or caller.issuers != list(ck.issuers):
                 caller.role, caller.issuers = ck.role, list(ck.issuers)
                 caller.save(update_fields=["role", "issuers", "updated_at"])
-            return caller
+            return caller, None
     found = statements.caller_for_key_hash(digest)
     if found is None:
-        return None
+        return None, None
     key_id, caller = found
     key_used(key_id)
-    return caller
+    return caller, key_id
 
 
 # --- ApiKey.last_used_at -----------------------------------------------------
@@ -142,13 +148,13 @@ def authenticate_headers(headers) -> Principal:
     if not raw:
         raise ApplicationError("Missing API key: send it as x-api-key or Authorization: Bearer.",
                                status=401, code="missing_api_key")
-    caller = caller_for_key(raw)
+    caller, key_id = caller_and_key_for_key(raw)
     if caller is None:
         raise ApplicationError("Invalid API key.", status=401, code="invalid_api_key")
     token = federation.token_from_headers(headers, raw)
     if not token:
-        return Principal(caller)
-    return Principal(caller, federation.token_verify(token))
+        return Principal(caller, key_id=key_id)
+    return Principal(caller, federation.token_verify(token), key_id=key_id)
 
 
 class ApiKeyAuthentication(authentication.BaseAuthentication):

@@ -180,6 +180,16 @@ class Turn(TimeStamped):
     lease_expires_at = models.DateTimeField(
         null=True, blank=True,
         help_text="While running: the process running it renews this; past it, the turn has lost its worker.")
+    # Who asked, for the usage sums: the caller, and the admin-issued key (null: a configured key).
+    caller = models.ForeignKey(Caller, null=True, blank=True, on_delete=models.SET_NULL, related_name="turns")
+    api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="turns")
+    # OpenAI's usage, from the upstream where it reports it, counted otherwise (usage_source).
+    prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
+    completion_tokens = models.PositiveIntegerField(null=True, blank=True)
+    total_tokens = models.PositiveIntegerField(null=True, blank=True)
+    usage_source = models.CharField(max_length=10, blank=True, default="",
+                                    help_text='"upstream": the engine reported it; "counted": counted here.')
+    ttft_ms = models.FloatField(null=True, blank=True, help_text="Milliseconds from start to the first answer token.")
 
     class Meta:
         # the sweep reads the live turns (running by lease, accepted by age); ended ones leave the index

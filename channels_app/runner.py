@@ -33,8 +33,9 @@ from channels_app.events import _lock_log as log_lock
 from channels_app.events import events_append
 from channels_app.models import (Event, Message, Receipt, ReceiptState, Steering,
                                  SteeringState, Turn, TurnState)
-from plugins_app.agent.engines.base import (ANSWER, ANSWER_RESET, CITATIONS, ERROR, THINKING, TOOL, EngineError,
-                                      stream_items)
+from plugins_app.agent.engines.base import (ANSWER, ANSWER_RESET, CITATIONS, ERROR, THINKING, TOOL, USAGE,
+                                            EngineError, count_tokens, stream_items, usage_of)
+from ugent_common import metrics
 
 log = logging.getLogger("ugent.turns")
 COALESCE_SECONDS = 0.015
@@ -148,7 +149,8 @@ def turn_end(*, turn: Turn, state: str, answer: str = "", reason: str = "", code
              citations: list[str] | None = None, writer: DeltaWriter | None = None,
              pending: list | None = None, from_state: str = TurnState.RUNNING,
              where: Q | None = None, started_at=None, never_started: bool = False, decided_by: str | None = None,
-             unless_steering_waits: bool = False, answer_streamed: bool = False) -> EndOutcome:
+             unless_steering_waits: bool = False, answer_streamed: bool = False,
+             usage: dict | None = None, ttft_ms: float | None = None) -> EndOutcome:
     """End a turn in `state` (a key of END_STATES): turn, receipt, answer message, events and the
     after-turn hook in one transaction. Only one end wins: a turn no longer in `from_state` (or not
     matching `where`) is left as it is and nothing is written.
@@ -160,6 +162,9 @@ def turn_end(*, turn: Turn, state: str, answer: str = "", reason: str = "", code
     the turn has ended, so no delta its runner commits is missing (the sweep, the lease keeper).
     `unless_steering_waits`: completion yields to a steering that waits (ordered by the turn's row
     lock against streams.turn_steer, so a steering is either applied or refused, never lost).
+    `usage`: {"prompt_tokens", "completion_tokens", "total_tokens", "source"} (stored on the turn and
+    carried by the terminal event); `ttft_ms`: time to the first answer token. The end is logged
+    (`turn ended (...)`) and counted in the metrics once it commits.
     """
     end = END_STATES[state]
     citations = list(citations or [])
@@ -175,6 +180,11 @@ def turn_end(*, turn: Turn, state: str, answer: str = "", reason: str = "", code
         turn_fields["started_at"] = receipt_fields["started_at"] = started_at
     if never_started:
         turn_fields["started_at"] = receipt_fields["started_at"] = None
+    if usage is not None:
+        turn_fields.update(prompt_tokens=usage["prompt_tokens"], completion_tokens=usage["completion_tokens"],
+                           total_tokens=usage["total_tokens"], usage_source=usage.get("source", ""))
+    if ttft_ms is not None:
+        turn_fields["ttft_ms"] = ttft_ms
     with transaction.atomic():
         _lock_turn(turn)
         if unless_steering_waits and _steering_pending(turn):
@@ -210,15 +220,42 @@ def turn_end(*, turn: Turn, state: str, answer: str = "", reason: str = "", code
             data.update(reason=reason or end.reason, code=code or end.code)
         if end.partial:
             data["partial"] = True
+        if usage is not None:
+            data["usage"] = {k: usage[k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
         items.append((end.event, data, [turn.actor.key]))
         events_append(conversation_id=turn.conversation_id, turn_pk=turn.pk, items=items)
+    turn_end_report(turn=turn, state=state, now=now, started_at=started_at, never_started=never_started,
+                    usage=usage, ttft_ms=ttft_ms)
     return EndOutcome.ENDED
 
 
-def turn_complete(*, turn: Turn, writer: DeltaWriter, answer: str, citations: list[str]) -> bool:
+def turn_end_report(*, turn: Turn, state: str, now, started_at=None, never_started: bool = False,
+                    usage: dict | None = None, ttft_ms: float | None = None) -> None:
+    """The turn's end line in the log, and its figures in the metrics: never breaks the end itself."""
+    try:
+        started = None if never_started else (started_at or turn.started_at)
+        ms = round((now - started).total_seconds() * 1000, 1) if started else None
+        tokens = usage["total_tokens"] if usage else None
+        log.info("turn ended (turn=%s, model=%s, state=%s, ms=%s, ttft_ms=%s, tokens=%s)",
+                 turn.turn_id, turn.model or "-", state, "-" if ms is None else ms,
+                 "-" if ttft_ms is None else round(ttft_ms, 1), "-" if tokens is None else tokens,
+                 extra={"turn": turn.turn_id, "model": turn.model, "state": state, "ms": ms,
+                        "ttft_ms": ttft_ms, "tokens": tokens,
+                        "prompt_tokens": usage["prompt_tokens"] if usage else None,
+                        "completion_tokens": usage["completion_tokens"] if usage else None})
+        metrics.turn_ended(state=state, seconds=None if ms is None else ms / 1000,
+                           ttft_seconds=None if ttft_ms is None else ttft_ms / 1000,
+                           prompt_tokens=usage["prompt_tokens"] if usage else None,
+                           completion_tokens=usage["completion_tokens"] if usage else None)
+    except Exception:
+        log.exception("could not report the end of turn %s", turn.turn_id)
+
+
+def turn_complete(*, turn: Turn, writer: DeltaWriter, answer: str, citations: list[str],
+                  usage: dict | None = None, ttft_ms: float | None = None) -> bool:
     """Complete the turn; False (and nothing written) when steering waits, which the runner then runs."""
     outcome = turn_end(turn=turn, state=TurnState.COMPLETED, answer=answer, citations=citations,
-                       writer=writer, unless_steering_waits=True)
+                       writer=writer, unless_steering_waits=True, usage=usage, ttft_ms=ttft_ms)
     return outcome is not EndOutcome.STEERING_WAITS
 
 
@@ -284,6 +321,9 @@ class TurnRun:
         self.steering_waits = False
         self.last_check = 0.0
         self.deadline = 0.0
+        self.started = 0.0  # monotonic, at the claim
+        self.first_token: float | None = None  # monotonic, at the first answer token
+        self.upstream_usage: dict | None = None  # summed over the engine's steps, where it reports it
 
     # -- steps --
     def claim(self) -> bool:
@@ -304,7 +344,7 @@ class TurnRun:
         self.writer = DeltaWriter(turn)
         # What the claim read stands for the first check: a stop or steering sent before the turn
         # started is seen at once, and the next look at the database is one interval away.
-        self.last_check = time.monotonic()
+        self.last_check = self.started = time.monotonic()
         self.deadline = self.last_check + settings.UGENT_TURN_RUN_LIMIT
         self.cancelled = turn.cancel_requested
         self.steering_waits = turn.pending_steering
@@ -367,6 +407,8 @@ class TurnRun:
     def handle(self, item) -> None:
         turn, writer = self.turn, self.writer
         if item.kind == ANSWER:
+            if self.first_token is None and item.text:
+                self.first_token = time.monotonic()
             self.answer.append(item.text)
             self.segment.append(item.text)
             writer.add(ANSWER, item.text)
@@ -383,22 +425,40 @@ class TurnRun:
                                           "tool": item.data or {}}, [])])
         elif item.kind == CITATIONS:
             self.citations.extend(i for i in (item.data or {}).get("ids", []) if i not in self.citations)
+        elif item.kind == USAGE:
+            usage = usage_of(item.data)
+            if usage is not None:
+                if self.upstream_usage is not None:  # another step (steering): the turn's usage is their sum
+                    usage = {k: usage[k] + self.upstream_usage[k] for k in usage}
+                self.upstream_usage = usage
         elif item.kind == ERROR:
             raise EngineError(item.text or "The engine reported an error.")
+
+    def usage(self) -> dict:
+        """OpenAI's usage for this turn: the upstream's where it reported it, else counted here."""
+        if self.upstream_usage is not None:
+            return {**self.upstream_usage, "source": "upstream"}
+        prompt = sum(count_tokens(getattr(m, "content", "") or "") for m in self.messages)
+        completion = count_tokens("".join(self.answer)) + count_tokens("".join(self.thinking))
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                "source": "counted"}
+
+    def ttft_ms(self) -> float | None:
+        return None if self.first_token is None else round((self.first_token - self.started) * 1000, 1)
 
     def complete(self) -> bool:
         """Completed; False when a steering committed meanwhile (the runner runs one more step)."""
         return turn_complete(turn=self.turn, writer=self.writer, answer="".join(self.answer),
-                             citations=self.citations)
+                             citations=self.citations, usage=self.usage(), ttft_ms=self.ttft_ms())
 
     def fail(self, reason: str, code: str) -> EndOutcome:
         return turn_end(turn=self.turn, state=TurnState.FAILED, answer="".join(self.answer), reason=reason,
-                        code=code, writer=self.writer)
+                        code=code, writer=self.writer, usage=self.usage(), ttft_ms=self.ttft_ms())
 
     def cancel(self) -> EndOutcome:
         """A stopped turn keeps what it already answered, marked as cut short."""
         return turn_end(turn=self.turn, state=TurnState.CANCELLED, answer="".join(self.answer),
-                        writer=self.writer)
+                        writer=self.writer, usage=self.usage(), ttft_ms=self.ttft_ms())
 
     # -- the whole run --
     def run(self) -> None:
@@ -434,10 +494,21 @@ class TurnRun:
         except (EngineError, TurnEnded) as exc:
             if isinstance(exc, TurnEnded):
                 raise
+            if exc.code.startswith("upstream") or exc.code == "engine_misconfigured":
+                log.warning("upstream failed (turn=%s, model=%s, code=%s, reason=%s)", self.turn.turn_id,
+                            self.turn.model or "-", exc.code, exc.message,
+                            extra={"turn": self.turn.turn_id, "model": self.turn.model, "code": exc.code,
+                                   "reason": exc.message})
+            else:
+                log.warning("turn failed (turn=%s, model=%s, code=%s, reason=%s)", self.turn.turn_id,
+                            self.turn.model or "-", exc.code, exc.message,
+                            extra={"turn": self.turn.turn_id, "model": self.turn.model, "code": exc.code,
+                                   "reason": exc.message})
             self.fail(exc.message, exc.code)
             return
         except Exception as exc:  # a plugin bug fails its turn, never the worker
-            log.exception("turn failed (turn=%s)", self.turn.turn_id)
+            log.exception("turn failed (turn=%s, model=%s, code=engine_crashed, reason=%s: %s)", self.turn.turn_id,
+                          self.turn.model or "-", type(exc).__name__, exc)
             self.fail(f"The agent failed: {type(exc).__name__}: {exc}", "engine_crashed")
             return
         if self.ended_elsewhere:

@@ -154,6 +154,7 @@ class Submission:
     text: str
     channel: str = "web"
     caller: Optional[Caller] = None
+    api_key_id: Optional[int] = None  # the admin-issued key that sent it (usage per key)
     client_id: str = ""
     conversation_id: Optional[str] = None
     client_message_id: Optional[str] = None
@@ -327,6 +328,7 @@ def _submit_locked(inbound: Submission, conversation: Conversation, created: boo
         turn_id=inbound.turn_id or f"turn-{uuid.uuid4().hex}", conversation=conversation,
         actor=inbound.actor, receipt=receipt, model=profile.name if profile else "",
         profile=profile, allowed_tools=ctx.allowed_tools, denied_tools=inbound.denied_tools,
+        caller=inbound.caller, api_key_id=inbound.api_key_id,
         disable_memory_recall=inbound.disable_memory_recall,
         disable_code_context=inbound.disable_code_context,
         disable_memory_write=inbound.disable_memory_write, input_mode=inbound.input_mode or "",

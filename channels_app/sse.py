@@ -13,6 +13,16 @@ PING = b": ping\n\n"
 TERMINAL = {"turn.completed", "turn.failed", "turn.cancelled"}
 
 
+ZERO_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+
+
+def usage_or_zero(usage: dict | None) -> dict:
+    """A turn's usage as OpenAI writes it; a turn no model ran (a rule's answer) used no tokens."""
+    if not usage:
+        return dict(ZERO_USAGE)
+    return {k: int(usage.get(k) or 0) for k in ZERO_USAGE}
+
+
 def _dumps(obj) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
@@ -20,8 +30,12 @@ def _dumps(obj) -> str:
 class ChunkRenderer:
     """Turns Event rows of one turn into SSE bytes."""
 
-    def __init__(self, *, turn_id: str, model: str, created: int, include_tool_events: bool = False):
+    def __init__(self, *, turn_id: str, model: str, created: int, include_tool_events: bool = False,
+                 include_usage: bool = False):
         self.id = f"chatcmpl-{turn_id}"
+        # stream_options.include_usage: every chunk says "usage": null, and one last chunk (no
+        # choices) carries the turn's usage before [DONE], as OpenAI's stream does
+        self.include_usage = include_usage
         self.turn_id = turn_id
         self.model = model
         self.created = created
@@ -33,8 +47,16 @@ class ChunkRenderer:
         body = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
                 "model": self.model,
                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]}
+        if self.include_usage:
+            body["usage"] = None
         body.update(extra)
         return body
+
+    def usage_chunk(self, usage: dict | None) -> bytes:
+        if not self.include_usage:
+            return b""
+        return self.data({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                          "model": self.model, "choices": [], "usage": usage_or_zero(usage)})
 
     def data(self, obj) -> bytes:
         return f"data: {_dumps(obj)}\n\n".encode()
@@ -83,9 +105,9 @@ class ChunkRenderer:
         if event_type == "ugent.citations":
             return self.finish() + self.named("ugent.citations", "ugent_citations", data.get("citations", []))
         if event_type == "turn.completed":
-            return self.finish() + DONE
+            return self.finish() + self.usage_chunk(data.get("usage")) + DONE
         if event_type == "turn.cancelled":
-            return self.finish(ugent_stopped=True) + DONE
+            return self.finish(ugent_stopped=True) + self.usage_chunk(data.get("usage")) + DONE
         if event_type == "turn.failed":
             return self.error(data.get("reason", "The turn failed."), code=data.get("code")) + DONE
         return b""

@@ -10,6 +10,8 @@ from django.conf import settings
 RULES_WATCH = settings.UGENT_RULES_WATCH
 #: Seconds between looks at the discovery locations (and the trust check); the spec promises five.
 RULES_POLL_INTERVAL = settings.UGENT_RULES_POLL_INTERVAL
+#: Seconds between an enforcing daemon's heartbeats on the rules record; three missed: not running.
+RULES_HEARTBEAT_SECONDS = getattr(settings, "UGENT_RULES_HEARTBEAT_SECONDS", 10.0)
 #: Seconds a process trusts its routing table before it looks at routing.toml again.
 ROUTING_RECHECK_SECONDS = settings.UGENT_ROUTING_RECHECK_SECONDS
 #: Exchanges (a user message and what followed it) compact_conversation keeps as they are.
@@ -45,3 +47,7 @@ def routing_recheck_seconds() -> float:
 
 def compact_keep_exchanges() -> int:
     return int(_setting("UGENT_COMPACT_KEEP_EXCHANGES", COMPACT_KEEP_EXCHANGES))
+
+
+def rules_heartbeat_seconds() -> float:
+    return float(_setting("UGENT_RULES_HEARTBEAT_SECONDS", RULES_HEARTBEAT_SECONDS))

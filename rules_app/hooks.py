@@ -15,6 +15,7 @@ from channels_app.hooks import HookContext, HookStop
 from rules_app import conf, engine
 from rules_app.runtime import runtime
 from rules_app.workflows import workflow_answer
+from ugent_common import metrics
 
 log = logging.getLogger("ugent.rules")
 
@@ -72,11 +73,13 @@ def rule_engine_hook(ctx: HookContext) -> Optional[HookStop]:
         return None
     match = ruleset.evaluate(message_from(ctx))
     if match.refused:
+        metrics.rule_decided(rule=CLOSED_DECIDED_BY, decision="refused")
         return HookStop(engine.CLOSED_ANSWER, state="refused", reason=f"rule set failed to load: "
                         f"{ruleset.closed_error}", decided_by=CLOSED_DECIDED_BY)
     if match.rule is None:
         return None
     name, decision = match.rule.name, match.decision
+    metrics.rule_decided(rule=name, decision=type(decision).__name__)
     if isinstance(decision, engine.PassToDefaultAgent):
         return None
     if isinstance(decision, engine.Ignore):

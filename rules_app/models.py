@@ -47,6 +47,12 @@ class RuleSet(TimeStamped):
                                           "each process recompiles when it changes.")
     digest = models.CharField(max_length=64, blank=True, default="", editable=False,
                               help_text="What the last recorded load saw (skips identical re-records).")
+    # Who wrote the file set's record: only a process that enforces the rules (rules_app.runtime).
+    pid = models.PositiveIntegerField(null=True, blank=True, editable=False,
+                                      help_text="The enforcing daemon process that last recorded or confirmed it.")
+    host = models.CharField(max_length=255, blank=True, default="", editable=False)
+    heartbeat_at = models.DateTimeField(null=True, blank=True, editable=False,
+                                        help_text="When that daemon last said these rules are still in force.")
 
     class Meta:
         constraints = [

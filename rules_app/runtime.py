@@ -7,10 +7,19 @@ the file with the watcher thread, so every process sees an edit. Each load is
 recorded in the file's RuleSet row (status, count, dropped rules, last error).
 Admin-owned rules are compiled per process and recompiled when a rule set's
 version changes: one small query per message, no restart, no notification.
+
+Only a process that enforces the rules writes that record (``enforce_here()``: rundaemon,
+the web processes, the Celery workers, the plugin supervisor), with its pid and a heartbeat
+every UGENT_RULES_HEARTBEAT_SECONDS. Any other process (``manage.py rules status``, a shell)
+that reads the file reads it for itself and never overwrites the daemon's record.
+An edit to ugent.toml that changes ``[rules] file`` (or ``on_error``) is picked up by the
+watcher within a poll interval: the new file is loaded and watched, no restart needed.
 """
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
 import tomllib
@@ -33,6 +42,26 @@ routing_log = logging.getLogger("ugent.routing")
 #: Admin rules sort after the file's rules of the same priority.
 ADMIN_INDEX_OFFSET = 1_000_000
 
+_enforcing = False
+
+
+def enforce_here() -> None:
+    """This process enforces the rules on the messages it handles: it records its loads (with its
+    pid and a heartbeat) in the file's RuleSet row, which the admin and /v1/ugent/status show."""
+    global _enforcing
+    _enforcing = True
+
+
+def enforcing() -> bool:
+    """True in a process that enforces the rules (and so owns the recorded status)."""
+    return _enforcing
+
+
+def _config_signature():
+    from django.conf import settings
+    path = Path(settings.UGENT_CONFIG) if settings.UGENT_CONFIG else conf.workspace() / "ugent.toml"
+    return (str(path), _signature(path))
+
 
 def _is_trusted(workspace: Path) -> bool:
     from rules_app.selectors import workspace_is_trusted
@@ -51,6 +80,9 @@ class DjangoRuleEngineHolder(RuleEngineHolder):
         self.last_raw: Optional[list] = None
         self.record_failures = 0
         self.pending_record = False
+        self.read_only = False  # a command's own read: never recorded, whatever the process
+        self.config_sig = None  # ugent.toml as last read (check_config_once)
+        self.last_beat = float("-inf")
         real = self._discover
 
         def discover_and_keep() -> Discovery:
@@ -64,15 +96,44 @@ class DjangoRuleEngineHolder(RuleEngineHolder):
     def from_settings(cls) -> "DjangoRuleEngineHolder":
         from rules_app.workflows import workflow_check
         from ugent_common.config import load_config
-        workspace, home, config = conf.workspace(), conf.home(), load_config()
-        on_error, warning = rules_on_error(config)
+        workspace, home = conf.workspace(), conf.home()
+        config_sig = _config_signature()
+        on_error, warning = rules_on_error(load_config())
         if warning:
             log.warning(warning)
-        holder = cls(lambda: discover_rules_file(workspace, config, home=home, is_trusted=_is_trusted),
+        # ugent.toml is read at each discovery (cached until check_config_once sees it change)
+        holder = cls(lambda: discover_rules_file(workspace, load_config(), home=home, is_trusted=_is_trusted),
                      workflow_check=workflow_check, on_error=on_error,
                      poll_interval=conf.rules_poll_interval())
         holder.workspace = workspace
+        holder.config_sig = config_sig
         return holder
+
+    def check_config_once(self) -> bool:
+        """ugent.toml changed: when its ``[rules] file`` (or ``on_error``) now says otherwise, load
+        and watch what it names now. True when the rules were loaded again."""
+        self._db_step()
+        self.beat_if_due()
+        sig = _config_signature()
+        if sig == self.config_sig:
+            return False
+        self.config_sig = sig
+        from ugent_common.config import load_config, reset_caches
+        reset_caches()
+        on_error, warning = rules_on_error(load_config())
+        before = self.last_found
+        found = self._discover()
+        same_file = found.path == self.path and found.configured_path == (
+            before.configured_path if before else None)
+        if same_file and on_error == self.on_error:
+            return False
+        if warning:
+            log.warning(warning)
+        log.info("ugent.toml changed: rules file now %s (on_error = %s)", found.path or found.configured_path
+                 or "none", on_error)
+        self.on_error = on_error
+        self.start()
+        return True
 
     # -- loading, with what the base class does not keep ---------------------------------
 
@@ -122,6 +183,7 @@ class DjangoRuleEngineHolder(RuleEngineHolder):
 
     def check_discovery_once(self) -> bool:
         self._db_step()
+        self.beat_if_due()
         before = (self.status, self.last_found.warnings if self.last_found else ())
         picked = super().check_discovery_once()
         if picked:
@@ -146,6 +208,7 @@ class DjangoRuleEngineHolder(RuleEngineHolder):
                 self.start()
                 return True
         self.record_if_pending()
+        self.beat_if_due()
         return super().check_changed_once()
 
     def _run(self) -> None:
@@ -169,11 +232,17 @@ class DjangoRuleEngineHolder(RuleEngineHolder):
         return LoadRecord(status=self.status, path=str(path or ""),
                           rule_count=0 if self.ruleset.is_closed else len(self.ruleset), dropped=dropped,
                           last_error=self.last_error or "", warnings=list(found.warnings if found else ()),
-                          on_error=self.on_error, raw_rules=None if keep_rules else (self.last_raw or []))
+                          on_error=self.on_error, raw_rules=None if keep_rules else (self.last_raw or []),
+                          pid=os.getpid(), host=socket.gethostname())
 
     def record(self, *, keep_rules: bool = False) -> None:
-        """Write this load to the file's RuleSet row; never breaks the message path or the watcher."""
+        """Write this load to the file's RuleSet row; never breaks the message path or the watcher.
+
+        Only where the rules are enforced (``enforce_here``): another process's read is its own."""
         from rules_app.services import rule_set_record_load
+        if not enforcing() or self.read_only:
+            return
+        self.last_beat = time.monotonic()
         try:
             with transaction.atomic():
                 rule_set_record_load(record=self.load_record(keep_rules=keep_rules))
@@ -187,6 +256,24 @@ class DjangoRuleEngineHolder(RuleEngineHolder):
     def record_if_pending(self) -> None:
         if self.pending_record:
             self.record(keep_rules=self.status == "retained")
+
+    def beat_due(self) -> bool:
+        return enforcing() and not self.read_only and time.monotonic() - self.last_beat >= conf.rules_heartbeat_seconds()
+
+    def beat_if_due(self) -> None:
+        if self.beat_due():
+            self.beat()
+
+    def beat(self) -> None:
+        """The daemon's heartbeat on its record: these rules are still in force here."""
+        from rules_app.services import rule_set_heartbeat
+        if not enforcing() or self.read_only:
+            return
+        self.last_beat = time.monotonic()
+        try:
+            rule_set_heartbeat(pid=os.getpid(), host=socket.gethostname())
+        except Exception:  # bookkeeping: the next beat tries again
+            log.warning("could not write the rule engine's heartbeat", exc_info=True)
 
 
 class RoutingHolder:
@@ -295,10 +382,15 @@ class Runtime:
         from rules_app.selectors import rule_set_versions
         holder = self.ensure()
         versions = rule_set_versions()
-        if not any(v[1] == "file" for v in versions):
+        if not enforcing():
+            pass  # a process that only reads the rules records nothing
+        elif not any(v[1] == "file" for v in versions):
             holder.record()  # the row went away (a test flush, a manual delete): say it again
         else:
             holder.record_if_pending()
+            if holder.beat_due():
+                holder.last_beat = time.monotonic()
+                transaction.on_commit(holder.beat)  # after the message's own transaction, never inside it
         file_rules = holder.ruleset
         with self._lock:
             admin = self._admin_ruleset_rules(versions)
@@ -328,10 +420,39 @@ class Runtime:
 runtime = Runtime()
 
 
+def fresh_read() -> DjangoRuleEngineHolder:
+    """The rules file as this process finds and reads it now, for itself: nothing is recorded or watched."""
+    holder = DjangoRuleEngineHolder.from_settings()
+    holder.read_only = True
+    holder.start()
+    return holder
+
+
+def recorded_ruleset() -> CompiledRuleSet:
+    """The rules the daemon recorded as in force: its mirror of the file's rules, then the admin's."""
+    from rules_app.models import LoadStatus, RuleSource
+    from rules_app.selectors import admin_rules, file_rule_set
+    row = file_rule_set()
+    if row is not None and row.status == LoadStatus.CLOSED:
+        return CompiledRuleSet.closed(row.last_error, source=row.path)
+    compiled = []
+    file_rules = [] if row is None else [r for r in row.rules.order_by("position", "id") if not r.dropped_reason]
+    for offset, rules in ((0, file_rules), (ADMIN_INDEX_OFFSET, admin_rules())):
+        for i, rule in enumerate(rules):
+            try:
+                engine_rule, problem = rule.compile(offset + i)
+            except RuleSetError:
+                continue
+            if problem is None:
+                compiled.append(engine_rule)
+    return CompiledRuleSet(tuple(compiled), source=row.path if row is not None else None)
+
+
 def status_section() -> dict:
     """The "rules" section of GET /v1/ugent/status: are rules in force, how many, the last load error."""
     from rules_app.models import RuleSource
     from rules_app.models import RuleSet as RuleSetRow
+    from rules_app.selectors import daemon_heartbeat
     ruleset = runtime.ruleset()
     holder = runtime.ensure()
     rows = list(RuleSetRow.objects.order_by("id"))
@@ -339,7 +460,12 @@ def status_section() -> dict:
     admin_rows = [r for r in rows if r.source == RuleSource.ADMIN]
     table = runtime.routing_table()
     routing = runtime.routing
+    beat = daemon_heartbeat(file_row)
     return {
+        # "daemon": this process enforces these rules and wrote the file's record; "this_process":
+        # it read the file for itself (its figures are its own), the record is another's
+        "source": "daemon" if enforcing() else "this_process",
+        "pid": os.getpid(),
         "in_force": bool(len(ruleset)) or ruleset.is_closed,
         "rules": len(ruleset),
         "refusing_all": ruleset.is_closed,
@@ -353,6 +479,11 @@ def status_section() -> dict:
             "last_error": file_row.last_error or None,
             "warnings": file_row.warnings,
             "loaded_at": file_row.loaded_at.isoformat() if file_row.loaded_at else None,
+            "pid": file_row.pid,
+            "host": file_row.host or None,
+            "heartbeat_at": file_row.heartbeat_at.isoformat() if file_row.heartbeat_at else None,
+            "heartbeat_age": beat.age,
+            "daemon_alive": beat.alive,
         },
         "admin": {"rule_sets": len(admin_rows), "rules": sum(r.rule_count for r in admin_rows),
                   "dropped": [d for r in admin_rows for d in r.dropped]},

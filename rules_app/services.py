@@ -64,6 +64,8 @@ class LoadRecord:
     warnings: list = field(default_factory=list)
     on_error: str = "open"
     raw_rules: Optional[list] = None  # the file's [[rules]] tables; None keeps the mirrored rules
+    pid: Optional[int] = None  # the enforcing process that saw it (not part of the digest)
+    host: str = ""
 
     def digest(self) -> str:
         import hashlib
@@ -76,8 +78,9 @@ class LoadRecord:
 def rule_set_record_load(*, record: LoadRecord) -> bool:
     """Record a load of the rules file in the file's RuleSet row and mirror its rules.
 
-    Every process records its own loads; a load identical to the one recorded
-    (same digest) writes nothing, so N processes seeing one edit write once.
+    Only a process that enforces the rules records (rules_app.runtime.enforce_here):
+    each enforcing process records its own loads; a load identical to the one recorded
+    (same digest) writes only the heartbeat, so N processes seeing one edit write once.
     Returns True when the row changed. Processes starting together may both find
     no row yet: the one whose insert loses records again over the winner's row.
     """
@@ -92,6 +95,8 @@ def _record_load(record: LoadRecord) -> bool:
     digest = record.digest()
     rs = RuleSet.objects.select_for_update().filter(source=RuleSource.FILE).first()
     if rs is not None and rs.digest == digest:
+        if record.pid is not None:
+            rule_set_heartbeat(pid=record.pid, host=record.host)
         return False
     if rs is None:
         rs = RuleSet(source=RuleSource.FILE, name=FILE_SET_NAME)
@@ -106,6 +111,7 @@ def _record_load(record: LoadRecord) -> bool:
     rs.on_error = record.on_error
     rs.loaded_at = timezone.now()
     rs.digest = digest
+    rs.pid, rs.host, rs.heartbeat_at = record.pid, record.host, rs.loaded_at
     rs.save()
     if record.raw_rules is not None:
         rs.rules.all().delete()
@@ -118,6 +124,12 @@ def _record_load(record: LoadRecord) -> bool:
                              dropped_reason=reasons.get(raw["name"], "")))
         Rule.objects.bulk_create(rows)
     return True
+
+
+def rule_set_heartbeat(*, pid: int, host: str) -> bool:
+    """An enforcing process says the file's rules it recorded are still in force (no other column moves)."""
+    now = timezone.now()
+    return RuleSet.objects.filter(source=RuleSource.FILE).update(pid=pid, host=host, heartbeat_at=now) == 1
 
 
 # --- admin-owned rules ---------------------------------------------------------------------

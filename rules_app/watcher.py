@@ -257,6 +257,13 @@ class RuleEngineHolder:
             return False
         return self.reload_once()
 
+    def check_config_once(self) -> bool:
+        """Look again at what says where the rules file is (ugent.toml); True when the file changed.
+
+        The base holder has no such source: its ``discover`` is fixed. Subclasses re-discover here.
+        """
+        return False
+
     def reload(self) -> bool:
         """Manual reload (the REPL's ``/reload``): pick up a new file or re-read the watched one."""
         if self.path is None:
@@ -287,7 +294,8 @@ class RuleEngineHolder:
         while not self._stop.is_set():
             path = self.path
             if path is None:
-                self.check_discovery_once()
+                if not self.check_config_once():
+                    self.check_discovery_once()
                 if self.path is None:
                     self._stop.wait(self.poll_interval)
                 continue
@@ -317,5 +325,7 @@ class RuleEngineHolder:
                 return
             if changes:
                 self.reload_once()
-            else:
+            elif not self.check_config_once():
                 self.check_changed_once()
+            if self.path != path:
+                return  # ugent.toml named another file (or none): watch that instead

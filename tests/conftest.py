@@ -13,6 +13,13 @@ APP_KEY = "ugk_test_crm"
 OUTSIDER_KEY = "ugk_test_outsider"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _this_process_plays_the_daemon():
+    """The test client's requests are the daemon's: this process enforces the rules, and records them."""
+    from rules_app.runtime import enforce_here
+    enforce_here()
+
+
 @pytest.fixture(autouse=True)
 def _eager_celery():
     from ugent_site.celery import app

@@ -344,7 +344,11 @@ def test_the_asgi_application_uses_the_api_handler_for_v1():
     assert ApiHandler in closure
     handler = next(c.cell_contents for c in http.__closure__ if isinstance(c.cell_contents, ApiHandler))
     assert handler._view_middleware == [] and handler._exception_middleware == []
-    assert handler._middleware_chain.__qualname__ == api_headers(lambda request: None).__qualname__
+    # outermost the request's log line and count (ugent_site.middleware), then the API's headers
+    from ugent_site.middleware import request_log
+    assert handler._middleware_chain.__qualname__ == request_log(lambda request: None).__qualname__
+    assert api_headers(lambda request: None).__qualname__ in {
+        c.cell_contents.__qualname__ for c in handler._middleware_chain.__closure__}
 
 
 def _thread_name(request):

@@ -106,7 +106,8 @@ class ApiHandler(ASGIHandler):
         self._view_middleware = []
         self._template_response_middleware = []
         self._exception_middleware = []
-        self._middleware_chain = api_headers(convert_exception_to_response(self._get_response_async))
+        from ugent_site.middleware import request_log
+        self._middleware_chain = request_log(api_headers(convert_exception_to_response(self._get_response_async)))
 
     async def __call__(self, scope, receive, send):
         # The least busy thread (ties in turn), so a request stuck on a lock holds up no other while

@@ -20,6 +20,9 @@ except _config.ConfigError as _exc:
 
 from channels.routing import ProtocolTypeRouter  # noqa: E402
 
+from rules_app.runtime import enforce_here  # noqa: E402
 from ugent_site.api_handler import ApiHandler, route  # noqa: E402
+
+enforce_here()  # a web process enforces the rules on the messages it takes, and records them
 
 application = ProtocolTypeRouter({"http": route(ApiHandler(), django_asgi_app)})

@@ -58,6 +58,7 @@ UGENT_STATUS_SECTIONS = {
 }
 
 MIDDLEWARE = [
+    "ugent_site.middleware.RequestLogMiddleware",  # outermost: the request's line and count see its final status
     "django.middleware.security.SecurityMiddleware",
     # the admin's CSS and JS, from the daemon itself (no web server to configure): docs in README "The admin"
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -174,6 +175,9 @@ UGENT_DEFAULT_MODEL = env("UGENT_DEFAULT_MODEL", default="")
 UGENT_LLM_BASE_URL = env("UGENT_LLM_BASE_URL", default="")
 UGENT_LLM_API_KEY = env("UGENT_LLM_API_KEY", default="")
 UGENT_LLM_MODEL = env("UGENT_LLM_MODEL", default="")
+# GET /metrics answers operator keys; with UGENT_METRICS_BIND=host:port rundaemon also serves it there, keyless.
+# Servers mode: set PROMETHEUS_MULTIPROC_DIR (one empty directory for every process) to sum their counts.
+UGENT_METRICS_BIND = env("UGENT_METRICS_BIND", default="")
 # Seconds between SSE keep-alive comment lines.
 UGENT_SSE_KEEPALIVE = env.float("UGENT_SSE_KEEPALIVE", default=15.0)
 
@@ -189,17 +193,17 @@ REST_FRAMEWORK = {
 }
 SPECTACULAR_SETTINGS = {"TITLE": "UGENT Web Channel API", "VERSION": "0.1.0"}
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env("UGENT_LOG_LEVEL", default="INFO")},
+# Plain lines, or JSON lines with UGENT_LOG_FORMAT=json; no secret in either, and a repeating warning
+# once per five minutes with its count (ugent_common/logs.py).
+from ugent_common.logs import logging_config  # noqa: E402
+
+UGENT_LOG_FORMAT = env("UGENT_LOG_FORMAT", default="plain")
+LOGGING = logging_config(
+    fmt=UGENT_LOG_FORMAT, level=env("UGENT_LOG_LEVEL", default="INFO"),
     # httpx logs every upstream request at INFO: a line per turn that says nothing the turn's row does not.
-    "loggers": {"daphne": {"level": "WARNING"}, "uvicorn": {"level": "WARNING"}, "celery": {"level": "WARNING"},
-                "django.channels.server": {"level": "WARNING"}, "httpx": {"level": "WARNING"},
-                "httpcore": {"level": "WARNING"}},
-}
+    loggers={"daphne": {"level": "WARNING"}, "uvicorn": {"level": "WARNING"}, "celery": {"level": "WARNING"},
+             "django.channels.server": {"level": "WARNING"}, "httpx": {"level": "WARNING"},
+             "httpcore": {"level": "WARNING"}})
 
 # --- the rooms' own settings, from the environment (each app reads them through django.conf.settings) ---
 # cron_app
@@ -212,6 +216,7 @@ UGENT_CRON_RUNNER_LEASE_SECONDS = env.float("UGENT_CRON_RUNNER_LEASE_SECONDS", d
 # rules_app
 UGENT_RULES_WATCH = env.bool("UGENT_RULES_WATCH", default=True)
 UGENT_RULES_POLL_INTERVAL = env.float("UGENT_RULES_POLL_INTERVAL", default=2.0)
+UGENT_RULES_HEARTBEAT_SECONDS = env.float("UGENT_RULES_HEARTBEAT_SECONDS", default=10.0)
 UGENT_ROUTING_RECHECK_SECONDS = env.float("UGENT_ROUTING_RECHECK_SECONDS", default=2.0)
 UGENT_COMPACT_KEEP_EXCHANGES = env.int("UGENT_COMPACT_KEEP_EXCHANGES", default=3)
 UGENT_HOME = env("UGENT_HOME", default="")

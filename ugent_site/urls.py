@@ -4,10 +4,12 @@ from django.views.decorators.csrf import csrf_exempt
 
 from channels_app import api
 from ugent_site import views
+from ugent_site.metrics import metrics_view
 
 urlpatterns = [
     path("", views.home, name="home"),
     path("admin/", admin.site.urls),
+    path("metrics", metrics_view, name="metrics"),
     path("v1/chat/completions", csrf_exempt(api.ChatCompletionApi.as_view()), name="chat-completions"),
     path("v1/models", api.ModelsListApi.as_view(), name="models"),
     path("v1/health", api.HealthApi.as_view(), name="health"),

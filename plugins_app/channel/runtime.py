@@ -32,6 +32,7 @@ from plugins_app.channel.hub import DjangoHub
 from plugins_app.channel.sdk.outbox import STATE_DIR_ENV
 from plugins_app.channel.supervisor import DesiredWorker, SupervisionLimits, Supervisor, WorkerSpec
 from plugins_app.channel.supervisor.core import ENV_BRIDGE_SOCKET
+from ugent_common.logs import warn_repeating
 
 log = logging.getLogger("ugent.plugins")
 _PID_IN_REASON = re.compile(r"^pid (\d+)$")
@@ -89,12 +90,15 @@ class PluginRuntime:
             for plugin in selectors.plugins_enabled():
                 argv = selectors.plugin_argv(plugin)
                 if argv is None:
-                    log.warning("plugin %s: no command, and kind %s is not installed: not started",
-                                plugin.plugin_id, plugin.kind)
+                    warn_repeating(log, "plugin %s: no command, and kind %s is not installed: not started",
+                                   plugin.plugin_id, plugin.kind)
                     continue
                 env, missing = selectors.plugin_environment(plugin, self.environ)
                 if missing:
-                    log.warning("plugin %s: environment not set: %s", plugin.plugin_id, ", ".join(missing))
+                    # desired() runs every supervisor tick (0.5 s): say it once, then every five minutes
+                    warn_repeating(log, "plugin %s: environment not set: %s", plugin.plugin_id,
+                                   ", ".join(missing), key=("environment not set", plugin.plugin_id,
+                                                            tuple(missing)))
                 self._ensure_bridge(plugin.plugin_id)
                 env[ENV_BRIDGE_SOCKET] = self.socket_path(plugin.plugin_id)
                 env[STATE_DIR_ENV] = str(self.state_dir)

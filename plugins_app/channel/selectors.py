@@ -9,6 +9,7 @@ from django.db.models import Count, Q
 from plugins_app.channel.models import DeliveryState, OutboundDelivery, Plugin, PluginSecret, PluginState
 from plugins_app.channel.secrets import secret_decrypt
 from plugins_app.channel.workers import kind_module
+from ugent_common.logs import secret_add
 
 # A bare `python` command means the daemon's own interpreter (the workers' minimal PATH has no venv).
 PYTHON_ALIASES = ("python", "python3")
@@ -45,6 +46,7 @@ def plugin_environment(plugin: Plugin, environ: dict | None = None) -> tuple[dic
         if value is None:
             missing.append(name)
         else:
+            secret_add(value)  # a worker's secret never reaches a log line (ugent_common.logs)
             env[name] = value
     return env, missing
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from ovos_plugin_manager.templates.agents import AgentMessage, MessageRole, ToolCall
 
-from plugins_app.agent.engines.base import (ANSWER, THINKING, TOOL, EngineError, StreamItem,
+from plugins_app.agent.engines.base import (ANSWER, THINKING, TOOL, USAGE, EngineError, StreamItem,
                                       stream_items)
 from plugins_app.agent.engines.openai_compat import OpenAICompatibleEngine
 from tests.fakes.upstream import DEFAULT_ANSWER, Script, StubUpstream, run_stub_upstream
@@ -67,8 +67,11 @@ def test_stream_tokens_join_to_the_answer(engine, stub):
 
 def test_stream_events_answer_only(engine):
     items = list(engine.stream_events(USER))
-    assert all(i.kind == ANSWER for i in items)
-    assert "".join(i.text for i in items) == DEFAULT_ANSWER
+    *answer, usage = items  # the upstream's usage comes last (stream_options.include_usage)
+    assert all(i.kind == ANSWER for i in answer)
+    assert "".join(i.text for i in answer) == DEFAULT_ANSWER
+    assert usage.kind == USAGE and usage.data["prompt_tokens"] == 1
+    assert usage.data["total_tokens"] == 1 + usage.data["completion_tokens"]
 
 
 def test_auth_header_and_options_sent(stub):
@@ -206,7 +209,8 @@ def test_tool_call_emitted_when_complete_not_at_end(stub):
     eng = OpenAICompatibleEngine({"base_url": stub, "model": "m"})
     seen = []
     for item in eng.stream_events(USER, tools=TOOLS):
-        seen.append((item.data["id"], stub.requests[-1].events_sent))
+        if item.kind == TOOL:
+            seen.append((item.data["id"], stub.requests[-1].events_sent))
     # c1 reached the caller before the stub had sent all of c2's pieces
     assert seen[0][0] == "c1" and seen[0][1] < seen[1][1]
     eng.close()
@@ -379,11 +383,12 @@ def test_stream_without_events_is_an_error(engine, stub):
 def test_server_ignoring_stream_true_still_answers(engine, stub):
     stub.script = Script(ignore_stream=True, reasoning=["r"], tokens=["<think>t</think>", "Hi"])
     items = list(engine.stream_events(USER))
-    assert items == [StreamItem(THINKING, "r"), StreamItem(THINKING, "t"), StreamItem(ANSWER, "Hi")]
+    usage = StreamItem(USAGE, data={"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2})
+    assert items == [StreamItem(THINKING, "r"), StreamItem(THINKING, "t"), StreamItem(ANSWER, "Hi"), usage]
     stub.script = Script(ignore_stream=True, tool_calls=[{"id": "c", "name": "f", "arguments": {"a": 1}}])
     items = list(engine.stream_events(USER, tools=TOOLS))
     assert items == [StreamItem(TOOL, data={"index": 0, "id": "c", "name": "f",
-                                            "arguments": '{"a":1}'})]
+                                            "arguments": '{"a":1}'}), usage]
 
 
 def test_timeout_before_headers(stub):

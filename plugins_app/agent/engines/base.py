@@ -18,6 +18,7 @@ TOOL = "tool"
 ANSWER_RESET = "answer_reset"
 CITATIONS = "citations"  # data: {"ids": [...]} -- reported after the answer, not a delta
 ERROR = "error"
+USAGE = "usage"  # data: {"prompt_tokens", "completion_tokens", "total_tokens"} -- the upstream's own count
 
 StopCheck = Callable[[], bool]
 
@@ -66,3 +67,31 @@ def stream_items(engine: Any, messages: List[Any], *, session_id: str = "default
 def _opm_stream_tokens():
     from ovos_plugin_manager.templates.agents import ChatEngine
     return ChatEngine.stream_tokens
+
+
+_TOKEN = None
+
+
+def count_tokens(text: str) -> int:
+    """A tokenizer-free count for usage an engine does not report: words and punctuation marks,
+    about what BPE tokenizers give for English prose. Labelled "counted" wherever it is shown."""
+    global _TOKEN
+    if _TOKEN is None:
+        import re
+        _TOKEN = re.compile(r"\w+|[^\w\s]", re.UNICODE)
+    return len(_TOKEN.findall(text or ""))
+
+
+def usage_of(data: Any) -> Optional[dict]:
+    """An OpenAI ``usage`` object as three ints, or None when it is not one."""
+    if not isinstance(data, dict):
+        return None
+    try:
+        prompt = int(data.get("prompt_tokens") or 0)
+        completion = int(data.get("completion_tokens") or 0)
+        total = int(data.get("total_tokens") or (prompt + completion))
+    except (TypeError, ValueError):
+        return None
+    if min(prompt, completion, total) < 0:
+        return None
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": total}

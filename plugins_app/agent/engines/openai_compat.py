@@ -20,8 +20,8 @@ from ovos_plugin_manager.templates.agent_tools import ToolBox
 from ovos_plugin_manager.templates.agents import (AgentMessage, ChatEngine, MessageRole,
                                                   ToolCall)
 
-from plugins_app.agent.engines.base import (ANSWER, THINKING, TOOL, EngineError, StopCheck,
-                                      StreamItem, never_stop)
+from plugins_app.agent.engines.base import (ANSWER, THINKING, TOOL, USAGE, EngineError, StopCheck,
+                                      StreamItem, never_stop, usage_of)
 
 DEFAULT_TIMEOUT = 60.0
 _THINK_OPEN = "<think>"
@@ -54,6 +54,8 @@ class OpenAICompatibleEngine(ChatEngine):
       parameters; a key set to None removes a field the engine would send)
     * ``developer_role``: wire role for ``MessageRole.DEVELOPER`` messages; default
       ``"system"`` because most non-OpenAI servers reject ``"developer"``
+    * ``stream_usage``: ask a streamed completion for its token usage
+      (``stream_options.include_usage``), yielded as one ``USAGE`` item; default true
 
     Errors surface as ``EngineError`` (``UpstreamError``) with code
     ``upstream_unavailable`` (cannot connect), ``upstream_timeout``,
@@ -87,6 +89,7 @@ class OpenAICompatibleEngine(ChatEngine):
         extra = cfg.get("extra_body")
         self.extra_body: Dict[str, Any] = dict(extra) if isinstance(extra, dict) else {}
         self.developer_role: str = cfg.get("developer_role") or "system"
+        self.stream_usage: bool = cfg.get("stream_usage", True) not in (False, "false", "0", 0)
         self._url = self.base_url + "/chat/completions"
         self._client: Optional[httpx.Client] = None
         self._client_lock = threading.Lock()
@@ -179,6 +182,8 @@ class OpenAICompatibleEngine(ChatEngine):
             payload["model"] = self.model
         if stream:
             payload["stream"] = True
+            if self.stream_usage:
+                payload["stream_options"] = {"include_usage": True}
         if self.temperature is not None:
             payload["temperature"] = self.temperature
         if self.max_tokens is not None:
@@ -275,7 +280,11 @@ class OpenAICompatibleEngine(ChatEngine):
                 raise _status_error(response.status_code, body)
             if response.headers.get("content-type", "").startswith("application/json"):
                 # A server that ignores "stream": true answers with one completion.
-                yield from _completion_items(_completion_message(response.read()))
+                body = response.read()
+                yield from _completion_items(_completion_message(body))
+                usage = _completion_usage(body)
+                if usage is not None:
+                    yield StreamItem(USAGE, data=usage)
             else:
                 yield from self._parse_stream(response, should_stop)
         except EngineError:
@@ -329,6 +338,9 @@ class OpenAICompatibleEngine(ChatEngine):
                     raise UpstreamError(f"upstream sent an unexpected stream event: {_snippet(data)}")
                 if "error" in obj and obj["error"]:
                     raise UpstreamError(f"upstream error: {_error_text(obj['error'])}")
+                usage = usage_of(obj.get("usage")) if obj.get("usage") else None
+                if usage is not None:  # the final chunk of include_usage (or any chunk carrying it)
+                    yield StreamItem(USAGE, data=usage)
                 choices = obj.get("choices")
                 if not choices:
                     continue  # e.g. the usage chunk
@@ -463,6 +475,14 @@ def _emit_calls(calls: Dict[int, Dict[str, Any]], emitted: Dict[int, int],
         out.append(StreamItem(TOOL, data={"index": idx, "id": call["id"], "name": call["name"],
                                           "arguments": "".join(args)}))
     return out
+
+
+def _completion_usage(body: bytes) -> Optional[Dict[str, int]]:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    return usage_of(data.get("usage")) if isinstance(data, dict) else None
 
 
 def _completion_message(body: bytes) -> Dict[str, Any]:

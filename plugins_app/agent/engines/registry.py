@@ -61,9 +61,18 @@ def engine_for_profile(profile) -> object:
             config = dict(profile.config or {})
             if profile.system_prompt and "system_prompt" not in config:
                 config["system_prompt"] = profile.system_prompt
+            _never_logged(config)
             engine = engine_class(profile.provider)(config)
             _instances[key] = engine
         return engine
+
+
+def _never_logged(config: dict) -> None:
+    """A profile's secret-named config values (api_key, token, …) are redacted from every log line."""
+    from ugent_common.logs import secret_add
+    for name, value in config.items():
+        if isinstance(value, str) and any(w in name.lower() for w in ("key", "token", "secret", "password")):
+            secret_add(value)
 
 
 def _close(engine) -> None:

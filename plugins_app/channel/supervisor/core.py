@@ -24,6 +24,7 @@ from .policy import (
 from ..sdk.outbox import STATE_DIR_ENV, refusal_path_for
 from ..sdk.worker import EXIT_CHANNEL_REFUSED
 from .process import ReapedWorker, WorkerHandle, WorkerSpec, reap_stale
+from ugent_common import metrics
 
 try:
     import fcntl
@@ -356,6 +357,8 @@ class Supervisor:
         slot.started_wall = self.wall_clock()
         slot.last_heartbeat = None
         slot.starts += 1
+        if slot.starts > 1:
+            metrics.plugin_restarted(spec.plugin_id)
         logger.info("plugin %s started, pid %s", spec.plugin_id, handle.pid)
         self._set_state(slot, RUNNING, f"pid {handle.pid}")
 

@@ -7,12 +7,16 @@
     python manage.py rules export [--set NAME]
 
 `rules test` prints `[dry-run] matched rule "NAME"` or `[dry-run] no rule matched for: "TEXT"`.
-Without --rules it tests the rules this deployment runs with (the rules file found by discovery and
-the admin's rules); with --rules it tests that file alone, with the same load-time checks.
+Without --rules it tests the rules this deployment runs with: the running daemon's (its record of
+the file's rules, and the admin's) when a daemon's heartbeat is fresh, else a fresh read of the file
+found by discovery; with --rules it tests that file alone, with the same load-time checks.
+`rules status` reports the running daemon's record, or says it read the file itself.
+Either says which (on stderr for `test`, first line for `status`); neither writes the daemon's record.
 """
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
@@ -46,18 +50,40 @@ class Command(BaseCommand):
         runtime.watch = False  # a command reads the rules once; it does not keep watching them
         getattr(self, f"do_{opts['action']}")(opts)
 
+    @staticmethod
+    def daemon_words(beat) -> str:
+        where = f"pid {beat.pid}" + (f" on {beat.host}" if beat.host else "")
+        return f"the running daemon's rules ({where}, heartbeat {beat.age:g} s ago)"
+
+    @staticmethod
+    def fresh_words(path, beat) -> str:
+        why = ("no daemon has recorded the rules" if beat.age is None
+               else f"no daemon is running (last heartbeat {beat.age:g} s ago, pid {beat.pid})")
+        return (f"a fresh read of {path or 'no rules file'} by this command (pid {os.getpid()}): {why}, "
+                "so these are not rules anything enforces now")
+
     def do_test(self, opts):
         from rules_app.workflows import workflow_check
         from rules_app.runtime import runtime
+        from rules_app.runtime import fresh_read, recorded_ruleset
+        from rules_app.selectors import daemon_heartbeat
         if opts["rules"]:
             try:
                 ruleset = engine.load_rules_file(opts["rules"], workflow_check=workflow_check).ruleset
             except engine.RuleSetError as exc:
                 raise CommandError(f"{engine.LOG_FAILED_LOAD}: {exc}")
+            self.stderr.write(f"testing a fresh read of {opts['rules']} (--rules), not the daemon's rules")
+        elif (beat := daemon_heartbeat()).alive:
+            ruleset = recorded_ruleset()
+            self.stderr.write(f"testing {self.daemon_words(beat)}")
         else:
-            ruleset = runtime.ruleset()
-            if runtime.holder is not None and runtime.holder.last_error:
-                self.stderr.write(f"rule set failed to load: {runtime.holder.last_error}")
+            holder = fresh_read()
+            ruleset = holder.ruleset
+            if not ruleset.is_closed:  # the file's rules as read now, then the admin's
+                ruleset = engine.CompiledRuleSet((*ruleset.rules, *_admin_compiled()), source=ruleset.source)
+            self.stderr.write(f"testing {self.fresh_words(holder.path, beat)}")
+            if holder.last_error:
+                self.stderr.write(f"rule set failed to load: {holder.last_error}")
         message = engine.MessageFacts(text=opts["text"], channel=opts["channel"] or None,
                                  source_type=opts["source_type"] or None, user_id=opts["user_id"] or None,
                                  conversation_id=opts["conversation_id"] or None,
@@ -73,22 +99,39 @@ class Command(BaseCommand):
                 self.stdout.write(line)
 
     def do_status(self, opts):
-        from rules_app.runtime import status_section
-        s = status_section()
-        f = s["file"] or {}
-        self.stdout.write(f"rules in force: {s['rules']}" + (" (refusing every message: on_error = closed)"
-                                                              if s["refusing_all"] else ""))
-        self.stdout.write(f"rules file: {f.get('path') or '-'} ({f.get('status', 'missing')}, "
-                          f"{f.get('rules', 0)} rules, on_error = {s['on_error']})")
-        for d in f.get("dropped") or []:
+        from rules_app.models import RuleSet, RuleSource
+        from rules_app.runtime import fresh_read, runtime
+        from rules_app.selectors import daemon_heartbeat, file_rule_set
+        admin_rows = list(RuleSet.objects.filter(source=RuleSource.ADMIN))
+        admin_count = sum(r.rule_count for r in admin_rows)
+        row, beat = file_rule_set(), daemon_heartbeat()
+        if beat.alive:
+            self.stdout.write(f"reporting {self.daemon_words(beat)}")
+            f = {"path": row.path, "status": row.status, "rules": row.rule_count, "dropped": row.dropped,
+                 "warnings": row.warnings, "last_error": row.last_error}
+            on_error, closed = row.on_error, row.status == "closed"
+        else:
+            holder = fresh_read()
+            record = holder.load_record()
+            self.stdout.write(f"reporting {self.fresh_words(record.path, beat)}")
+            f = {"path": record.path, "status": record.status, "rules": record.rule_count,
+                 "dropped": record.dropped, "warnings": record.warnings, "last_error": record.last_error}
+            on_error, closed = holder.on_error, holder.ruleset.is_closed
+        in_force = 0 if closed else f["rules"] + admin_count
+        self.stdout.write(f"rules in force: {in_force}" + (" (refusing every message: on_error = closed)"
+                                                           if closed else ""))
+        self.stdout.write(f"rules file: {f['path'] or '-'} ({f['status']}, {f['rules']} rules, "
+                          f"on_error = {on_error})")
+        for d in f["dropped"] or []:
             self.stdout.write(f"rule dropped (rule={d['rule']}, reason={d['reason']})")
-        for w in f.get("warnings") or []:
+        for w in f["warnings"] or []:
             self.stdout.write(f"warning: {w}")
-        self.stdout.write(f"last load error: {f.get('last_error') or '-'}")
-        self.stdout.write(f"admin rules: {s['admin']['rules']} in {s['admin']['rule_sets']} set(s)")
-        r = s["routing"]
-        self.stdout.write(f"routing: {r['path'] or '-'} ({r['routes']} routes)"
-                          + (f", last error: {r['last_error']}" if r["last_error"] else ""))
+        self.stdout.write(f"last load error: {f['last_error'] or '-'}")
+        self.stdout.write(f"admin rules: {admin_count} in {len(admin_rows)} set(s)")
+        table = runtime.routing_table()  # routing keeps no record: always this command's own read
+        routing = runtime.routing
+        self.stdout.write(f"routing (a fresh read): {routing.path or '-'} ({len(table)} routes)"
+                          + (f", last error: {routing.last_error}" if routing.last_error else ""))
 
     def do_import(self, opts):
         from rules_app import services
@@ -113,3 +156,9 @@ class Command(BaseCommand):
             names = ", ".join(json.dumps(n) for n in RuleSet.objects.values_list("name", flat=True)) or "none"
             raise CommandError(f"no rule set '{opts['set_name']}' (rule sets: {names})")
         self.stdout.write(services.rules_export(ruleset=ruleset))
+
+
+def _admin_compiled():
+    from rules_app.runtime import runtime
+    from rules_app.selectors import rule_set_versions
+    return runtime._admin_ruleset_rules(rule_set_versions())

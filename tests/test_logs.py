@@ -1,0 +1,191 @@
+"""The daemon's log lines: one per API request, one per turn end, an upstream failure named; repeats
+throttled; no secret in any line; JSON lines with UGENT_LOG_FORMAT=json."""
+from __future__ import annotations
+
+import io
+import json
+import logging
+
+import pytest
+from django.test import Client
+
+from channels_app.models import Turn
+from plugins_app.agent.models import AgentProfile
+from tests.conftest import APP_KEY, OPERATOR_KEY
+from tests.fakes.upstream import Script, run_stub_upstream
+from ugent_common import logs
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def chat(key, text, **extra):
+    body = {"messages": [{"role": "user", "content": text}], **extra}
+    return Client().post("/v1/chat/completions", data=json.dumps(body), content_type="application/json",
+                         HTTP_X_API_KEY=key)
+
+
+class Captured(logging.Handler):
+    """The records of the named loggers, held on the loggers themselves (pytest caplog's root handler can be
+    swapped out under a test when Celery first sets up its logging)."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+@pytest.fixture
+def captured(monkeypatch):
+    handler = Captured()
+    for name in ("ugent.requests", "ugent.turns", "ugent.plugins"):
+        logger = logging.getLogger(name)
+        monkeypatch.setattr(logger, "level", logging.INFO)
+        logger.addHandler(handler)
+    handler.set_level = lambda level, logger=None: None
+    yield handler
+    for name in ("ugent.requests", "ugent.turns", "ugent.plugins"):
+        logging.getLogger(name).removeHandler(handler)
+
+
+def records(captured, name):
+    return [r for r in captured.records if r.name == name]
+
+
+def test_each_api_request_has_one_line_with_its_method_path_status_ms_caller_actor_and_turn(tcast, captured):
+    captured.set_level(logging.INFO, logger="ugent.requests")
+    resp = chat(tcast.keys["app"], "hello", federation_issuer="example-crm", federation_subject="carol")
+    turn = Turn.objects.get()
+    Client().get("/v1/models", HTTP_X_API_KEY=tcast.keys["operator"])
+    Client().get("/v1/models")
+    lines = records(captured, "ugent.requests")
+    assert len(lines) == 3
+    first, models, refused = lines
+    assert (first.method, first.path, first.status, first.caller, first.turn) == (
+        "POST", "/v1/chat/completions", resp.status_code, "crm", turn.turn_id)
+    assert first.actor == turn.actor.key and isinstance(first.ms, float)
+    assert first.getMessage().startswith("request (method=POST, path=/v1/chat/completions, status=200, ms=")
+    assert (models.caller, models.status, models.actor, models.turn) == ("workspace", 200, "-", "-")
+    assert (refused.caller, refused.status) == ("-", 401)
+
+
+def test_a_turn_end_has_one_line_with_turn_model_state_ms_ttft_and_tokens(tcast, captured):
+    captured.set_level(logging.INFO, logger="ugent.turns")
+    chat(tcast.keys["operator"], "script:answer=a few words here", user="alice")
+    turn = Turn.objects.get()
+    [line] = [r for r in records(captured, "ugent.turns") if r.getMessage().startswith("turn ended")]
+    assert (line.turn, line.model, line.state, line.tokens) == (turn.turn_id, "scripted", "completed",
+                                                                turn.total_tokens)
+    assert line.ms >= 0 and line.ttft_ms is not None and line.ttft_ms == turn.ttft_ms
+    assert f"turn ended (turn={turn.turn_id}, model=scripted, state=completed, ms=" in line.getMessage()
+
+
+def test_an_upstream_failure_names_the_turn_the_model_and_the_reason(tcast, captured):
+    with run_stub_upstream(script=Script(status=500, error_message="the model server fell over")) as url:
+        AgentProfile.objects.create(name="up", provider="openai-compatible",
+                                    config={"base_url": str(url), "model": "m"})
+        chat(tcast.keys["operator"], "hello", model="up")
+    turn = Turn.objects.get()
+    [line] = [r for r in records(captured, "ugent.turns") if r.getMessage().startswith("upstream failed")]
+    assert (line.turn, line.model) == (turn.turn_id, "up") and "the model server fell over" in line.reason
+    assert line.levelno == logging.WARNING
+
+
+def test_a_repeating_warning_is_logged_once_then_every_five_minutes_with_its_count():
+    book = logs.Repeats()
+    assert book.seen("k", now=0.0) == (True, 0)
+    assert [book.seen("k", now=t)[0] for t in (1.0, 100.0, 299.0)] == [False, False, False]
+    assert book.seen("k", now=300.0) == (True, 3)
+    assert book.seen("k", now=301.0) == (False, 1)
+    assert book.seen("other", now=301.0) == (True, 0)
+    assert logs.repeat_suffix(3) == " (repeated 3 times in the last 5 minutes)"
+
+
+def test_the_repeat_filter_holds_back_identical_warnings_and_counts_them(monkeypatch):
+    clock = iter([0.0, 1.0, 2.0, 400.0])
+    monkeypatch.setattr(logs.time, "monotonic", lambda: next(clock))
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.addFilter(logs.RepeatFilter())
+    logger = logging.getLogger("ugent.test.repeats")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        for _ in range(4):
+            logger.warning("plugin %s: environment not set: %s", "tg", "TOKEN")
+    finally:
+        logger.removeHandler(handler)
+    assert out.getvalue().splitlines() == [
+        "plugin tg: environment not set: TOKEN",
+        "plugin tg: environment not set: TOKEN (repeated 2 times in the last 5 minutes)"]
+
+
+def test_the_plugin_runtimes_environment_warning_is_not_repeated_every_tick(tcast, captured, tmp_path, monkeypatch):
+    from plugins_app.channel.models import Plugin
+    from plugins_app.channel.runtime import PluginRuntime
+    monkeypatch.setattr(logs, "_call_sites", logs.Repeats())
+    Plugin.objects.create(plugin_id="tg-main", kind="channel-echo", command="python",
+                          args=["-m", "plugins_app.channel.workers.echo"], env_refs=["NOT_SET_ANYWHERE"])
+    rt = PluginRuntime(run_dir=tmp_path / "r", pid_dir=tmp_path / "p", log_dir=tmp_path / "l",
+                       state_dir=tmp_path / "s", environ={})
+    captured.set_level(logging.WARNING, logger="ugent.plugins")
+    try:
+        for _ in range(20):  # twenty supervisor ticks, ten seconds at the default 0.5 s
+            rt.desired()
+    finally:
+        rt.shutdown()
+    said = [r.getMessage() for r in captured.records if "environment not set" in r.getMessage()]
+    assert said == ["plugin tg-main: environment not set: NOT_SET_ANYWHERE"]
+
+
+def test_no_secret_reaches_a_log_line(settings, monkeypatch):
+    settings.UGENT_LLM_API_KEY = "upstream-secret-value-123"
+    logs.secret_add("plugin-token-abcdef")
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.addFilter(logs.RedactSecrets())
+    logger = logging.getLogger("ugent.test.secrets")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        logger.warning("upstream said: bad key %s", "upstream-secret-value-123")
+        logger.warning("caller key %s and %s", OPERATOR_KEY, APP_KEY)
+        logger.warning("header Authorization: Bearer abcdefghijklmnop, openai sk-abcdefghijklmnopqrstuv")
+        logger.warning("worker env %s", {"TOKEN": "plugin-token-abcdef"}, extra={"reason": "plugin-token-abcdef"})
+    finally:
+        logger.removeHandler(handler)
+    text = out.getvalue()
+    for secret in ("upstream-secret-value-123", OPERATOR_KEY, APP_KEY, "abcdefghijklmnop",
+                   "sk-abcdefghijklmnopqrstuv", "plugin-token-abcdef"):
+        assert secret not in text
+    assert text.count("[redacted]") == 6
+
+
+def test_json_lines_carry_the_fields_of_the_request_line():
+    import logging.config
+    config = logs.logging_config(fmt="json", level="INFO", loggers={})
+    formatter = logging.config.DictConfigurator(config).configure_custom(dict(config["formatters"]["json"]))
+    record = logging.LogRecord("ugent.requests", logging.INFO, __file__, 1, "request (method=%s)", ("GET",), None)
+    record.method, record.status = "GET", 200
+    line = json.loads(formatter.format(record))
+    assert line["message"] == "request (method=GET)" and line["method"] == "GET" and line["status"] == 200
+    assert line["level"] == "INFO" and line["logger"] == "ugent.requests" and "time" in line
+
+
+def test_an_upstream_error_that_echoes_the_profiles_key_is_logged_without_it(tcast):
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.addFilter(logs.RedactSecrets())
+    logger = logging.getLogger("ugent.turns")
+    logger.addHandler(handler)
+    try:
+        with run_stub_upstream(script=Script(status=401, error_message="Incorrect API key: plainkey-0123456789")) as url:
+            AgentProfile.objects.create(name="up", provider="openai-compatible",
+                                        config={"base_url": str(url), "model": "m", "api_key": "plainkey-0123456789"})
+            chat(tcast.keys["operator"], "hello", model="up")
+    finally:
+        logger.removeHandler(handler)
+    text = out.getvalue()
+    assert "upstream failed (turn=" in text and "Incorrect API key: [redacted]" in text
+    assert "plainkey-0123456789" not in text

@@ -1,0 +1,178 @@
+"""The daemon's log: plain or JSON lines, no secret in any of them, and no warning repeated every tick.
+
+Settings wire these into LOGGING (ugent_site/settings.py): ``UGENT_LOG_FORMAT=json`` switches the
+console handler to python-json-logger's formatter, whose lines carry each record's ``extra`` fields
+(the request and turn lines pass theirs that way). Every handler gets two filters:
+
+* :class:`RedactSecrets` rewrites any known secret (the operator key, the upstream key, configured
+  keys, the secret key) and anything shaped like a key (``ugk_…``, ``sk-…``, a bearer token) as
+  ``[redacted]``, in the message and in the extra fields.
+* :class:`RepeatFilter` lets a warning through once, then at most once every
+  ``REPEAT_WINDOW_SECONDS`` per distinct line, saying how often it repeated meanwhile.
+  :func:`warn_repeating` does the same for one call site, whatever handler is listening.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from typing import Iterable
+
+REPEAT_WINDOW_SECONDS = 300.0
+REDACTED = "[redacted]"
+#: Environment variables whose values are secrets wherever they appear.
+SECRET_ENV = ("UGENT_WEB_API_KEY", "UGENT_LLM_API_KEY", "DJANGO_SECRET_KEY", "UGENT_SECRETS_KEY",
+              "OPENAI_API_KEY")
+_SHAPES = re.compile(r"(ugk_[A-Za-z0-9_\-]{6,}|sk-[A-Za-z0-9_\-]{12,}|(?i:bearer)\s+[A-Za-z0-9._~+/=\-]{8,})")
+#: Attributes every LogRecord has: the rest are a call's ``extra`` fields.
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "taskName"}
+
+_extra_secrets: set[str] = set()
+_extra_lock = threading.Lock()
+
+
+def secret_add(value: str) -> None:
+    """A value to redact from every log line from now on (a configured key, a plugin secret)."""
+    if value and len(value) >= 6:
+        with _extra_lock:
+            _extra_secrets.add(value)
+
+
+def _known_secrets() -> Iterable[str]:
+    for name in SECRET_ENV:
+        value = os.environ.get(name, "")
+        if len(value) >= 6:
+            yield value
+    try:
+        from django.conf import settings
+        for name in ("UGENT_WEB_API_KEY", "UGENT_LLM_API_KEY", "SECRET_KEY", "UGENT_SECRETS_KEY"):
+            value = getattr(settings, name, "") or ""
+            if isinstance(value, str) and len(value) >= 6:
+                yield value
+    except Exception:  # settings not configured (a worker, a script): the environment is enough
+        pass
+    with _extra_lock:
+        yield from list(_extra_secrets)
+
+
+def redact(text: str) -> str:
+    """``text`` with every known secret and every key-shaped token replaced by ``[redacted]``."""
+    if not text:
+        return text
+    for secret in sorted(set(_known_secrets()), key=len, reverse=True):
+        if secret in text:
+            text = text.replace(secret, REDACTED)
+    return _SHAPES.sub(lambda m: ("Bearer " if m.group(0)[:6].lower() == "bearer" else "") + REDACTED, text)
+
+
+class RedactSecrets(logging.Filter):
+    """Rewrites a record's message (args merged in) and its string extra fields without secrets."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:
+            return True
+        clean = redact(message)
+        if clean != message or record.args:
+            record.msg, record.args = clean, ()
+        for key, value in list(vars(record).items()):
+            if key not in _STANDARD and isinstance(value, str):
+                setattr(record, key, redact(value))
+        if record.exc_info and not record.exc_text:
+            record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+        elif record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        return True
+
+
+class Repeats:
+    """Counts repeats of a key: ``seen(key)`` says whether to log now and how many were held back."""
+
+    def __init__(self, window: float = REPEAT_WINDOW_SECONDS):
+        self.window = window
+        self._lock = threading.Lock()
+        self._state: dict = {}  # key -> [last logged (monotonic), repeats since]
+
+    def seen(self, key, now: float | None = None) -> tuple[bool, int]:
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            state = self._state.get(key)
+            if state is None:
+                if len(self._state) > 10_000:
+                    self._state.clear()
+                self._state[key] = [now, 0]
+                return True, 0
+            if now - state[0] >= self.window:
+                repeats, state[0], state[1] = state[1], now, 0
+                return True, repeats
+            state[1] += 1
+            return False, state[1]
+
+
+def repeat_suffix(repeats: int, window: float = REPEAT_WINDOW_SECONDS) -> str:
+    if not repeats:
+        return ""
+    minutes = round(window / 60)
+    return f" (repeated {repeats} time{'s' if repeats != 1 else ''} in the last {minutes} minutes)"
+
+
+class RepeatFilter(logging.Filter):
+    """A warning (or worse) with the same logger, level and text passes once per window, with its count."""
+
+    def __init__(self, name: str = "", window: float = REPEAT_WINDOW_SECONDS):
+        super().__init__(name)
+        self.repeats = Repeats(window)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING or getattr(record, "repeats", None) is not None:
+            return True
+        try:
+            message = record.getMessage()
+        except Exception:
+            return True
+        emit, repeats = self.repeats.seen((record.name, record.levelno, message))
+        if emit and repeats:
+            record.msg, record.args = message + repeat_suffix(repeats, self.repeats.window), ()
+            record.repeats = repeats
+        return emit
+
+
+_call_sites = Repeats()
+
+
+def warn_repeating(logger: logging.Logger, message: str, *args, key=None, level: int = logging.WARNING,
+                   repeats: Repeats | None = None) -> bool:
+    """Log ``message % args`` once, then at most once every five minutes with the number of repeats.
+
+    ``key`` tells one repeating line from another (default: the logger, message and args).
+    Returns True when a line was written."""
+    book = repeats or _call_sites
+    emit, count = book.seen((logger.name, message, args) if key is None else (logger.name, key))
+    if emit:
+        logger.log(level, message + repeat_suffix(count, book.window), *args, extra={"repeats": count})
+    return emit
+
+
+def logging_config(*, fmt: str, level: str, loggers: dict) -> dict:
+    """The LOGGING dict: one console handler, plain or JSON, with the two filters."""
+    formatters = {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "pythonjsonlogger.json.JsonFormatter",
+                 "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s",
+                 "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"}},
+    }
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "filters": {"secrets": {"()": "ugent_common.logs.RedactSecrets"},
+                    "repeats": {"()": "ugent_common.logs.RepeatFilter"}},
+        "formatters": formatters,
+        "handlers": {"console": {"class": "logging.StreamHandler",
+                                 "formatter": "json" if fmt == "json" else "plain",
+                                 "filters": ["repeats", "secrets"]}},
+        "root": {"handlers": ["console"], "level": level},
+        "loggers": loggers,
+    }
