@@ -41,3 +41,5 @@ bench: setup
 	$(PY) bench/chat_latency.py
 	$(PY) bench/events_fanout.py
 	$(PY) bench/bridge_throughput.py
+	$(PY) bench/channels.py
+	$(PY) bench/rules_eval.py

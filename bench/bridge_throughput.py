@@ -69,12 +69,8 @@ def bare_roundtrips(path: str, frames: list[bytes]) -> float:
     return len(frames) / elapsed
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--messages", type=int, default=300)
-    ap.add_argument("--roundtrips", type=int, default=2000)
-    opts = ap.parse_args()
-
+def django_ready() -> None:
+    """Django on the scratch database, migrated, with the scripted engine and turns run eagerly."""
     import django
     django.setup()
     from django.core.management import call_command
@@ -85,39 +81,57 @@ def main():
     register_engine("scripted", ScriptedEngine)
     from ugent_site.celery import app
     app.conf.task_always_eager = True
+    from plugins_app.agent.models import AgentProfile
+    AgentProfile.objects.get_or_create(name="scripted", provider="scripted", defaults={"is_default": False})
 
+
+def hub_inbound(n: int, sock_dir: str):
+    """``inbound.submit`` straight into the hub through a real BridgeServer: (msgs/s, client, frames, stop)."""
     import json
 
     from plugins_app.channel.bridge import BridgeServer, ServerThread
     from plugins_app.channel.hub import DjangoHub
     from plugins_app.channel.models import Plugin
-    from plugins_app.agent.models import AgentProfile
     from plugins_app.channel.sdk.client import RpcClient
     from plugins_app.channel.sdk.messages import InboundMessage
 
-    run_id = str(int(time.time()))
-    AgentProfile.objects.get_or_create(name="scripted", provider="scripted", defaults={"is_default": False})
-    Plugin.objects.get_or_create(plugin_id=f"bench-{run_id}", defaults=dict(
-        kind="channel-bench", command="true", max_in_flight=64))
+    run_id = f"{int(time.time())}-{os.getpid()}"
     plugin_id = f"bench-{run_id}"
-
-    sock_dir = tempfile.mkdtemp(prefix="ugb-")
-    bridge_path = os.path.join(sock_dir, "bridge.sock")
+    Plugin.objects.get_or_create(plugin_id=plugin_id, defaults=dict(kind="channel-bench", command="true",
+                                                                    max_in_flight=64))
+    bridge_path = os.path.join(sock_dir, f"bridge-{run_id}.sock")
     token = "bench-token"
     server = ServerThread(BridgeServer(socket_path=bridge_path, plugin_id=plugin_id, token=token,
                                        hub=DjangoHub())).start()
     client = RpcClient(bridge_path)
     client.call("hello", {"plugin_id": plugin_id, "token": token, "kind": "channel-bench", "version": "1"})
-
     msgs = [InboundMessage(channel="bench", conversation_id=f"c-{run_id}-{i % 20}", message_id=f"m-{run_id}-{i}",
                            sender_id=f"u{i % 20}", text="script:answer=ok", source_type="user").to_dict()
-            for i in range(opts.messages)]
-    inbound_frames = [(json.dumps({"jsonrpc": "2.0", "id": i, "method": "inbound.submit",
-                                   "params": {"message": m}}) + "\n").encode() for i, m in enumerate(msgs)]
+            for i in range(n)]
+    frames = [(json.dumps({"jsonrpc": "2.0", "id": i, "method": "inbound.submit",
+                           "params": {"message": m}}) + "\n").encode() for i, m in enumerate(msgs)]
     start = time.perf_counter()
     for m in msgs:
         client.call("inbound.submit", {"message": m}, timeout=60)
-    inbound_rate = len(msgs) / (time.perf_counter() - start)
+    rate = len(msgs) / (time.perf_counter() - start)
+
+    def stop():
+        client.close()
+        server.stop()
+
+    return rate, client, frames, stop
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--messages", type=int, default=300)
+    ap.add_argument("--roundtrips", type=int, default=2000)
+    opts = ap.parse_args()
+    import json
+
+    django_ready()
+    sock_dir = tempfile.mkdtemp(prefix="ugb-")
+    inbound_rate, client, inbound_frames, stop = hub_inbound(opts.messages, sock_dir)
     bare_inbound = bare_roundtrips(os.path.join(sock_dir, "bare1.sock"), inbound_frames)
 
     beat_frames = [(json.dumps({"jsonrpc": "2.0", "id": i, "method": "heartbeat", "params": {"stats": {}}})
@@ -128,8 +142,7 @@ def main():
     rt_rate = opts.roundtrips / (time.perf_counter() - start)
     bare_rt = bare_roundtrips(os.path.join(sock_dir, "bare2.sock"), beat_frames)
 
-    client.close()
-    server.stop()
+    stop()
     from django.db import connection
     print(f"database: {connection.vendor}")
     print(f"inbound.submit into the hub : {inbound_rate:10.1f} msgs/s | bare echo {bare_inbound:10.1f} /s "
