@@ -30,6 +30,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI served from our own static files: no CDN
     "channels",
     "django_celery_beat",
     "channels_app",
@@ -176,7 +177,30 @@ REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": None,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }
-SPECTACULAR_SETTINGS = {"TITLE": "UGENT Web Channel API", "VERSION": "0.1.0"}
+# The API schema (channels_app/api_docs.py): GET /v1/openapi.json, Swagger UI at /v1/docs.
+SPECTACULAR_SETTINGS = {
+    "TITLE": "UGENT Web Channel API",
+    "DESCRIPTION": ("OpenAI-compatible chat plus UGENT's streams, receipts and snapshots. Every request but "
+                    "GET /v1/health, the schema and its page carries its key as x-api-key or Authorization: Bearer."),
+    "VERSION": "0.1.0",
+    "DEFAULT_GENERATOR_CLASS": "channels_app.api_docs.SchemaGenerator",
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
+                             "channels_app.api_docs.stream_components"],
+    "SCHEMA_PATH_PREFIX": r"/v1",
+    "SERVE_INCLUDE_SCHEMA": True,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    "SERVE_AUTHENTICATION": [],
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    # The one-value `object` enums, which drf-spectacular would otherwise name by hash.
+    "ENUM_NAME_OVERRIDES": {"ReceiptStateEnum": "channels_app.api_docs.RECEIPT_STATES",
+                            "ChatCompletionObjectEnum": ["chat.completion"], "ReceiptObjectEnum": ["ugent.receipt"],
+                            "ModelObjectEnum": ["model"], "ListObjectEnum": ["list"],
+                            "StopObjectEnum": ["ugent.stop"], "SteeringObjectEnum": ["ugent.steering"],
+                            "ConversationSnapshotObjectEnum": ["ugent.conversation.snapshot"],
+                            "SessionSnapshotObjectEnum": ["ugent.snapshot"]},
+}
 
 LOGGING = {
     "version": 1,

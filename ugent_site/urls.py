@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
 from django.views.decorators.csrf import csrf_exempt
+from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 
 from channels_app import api
 
@@ -12,4 +13,7 @@ urlpatterns = [
     path("v1/ugent/receipt", api.ReceiptGetApi.as_view(), name="receipt"),
     path("v1/ugent/status", api.StatusApi.as_view(), name="status"),
     path("", include("channels_app.urls_streams")),
+    # The API schema (no key: it describes the API, never anyone's data) and its Swagger UI page.
+    path("v1/openapi.json", SpectacularJSONAPIView.as_view(), name="openapi-schema"),
+    path("v1/docs", SpectacularSwaggerView.as_view(url_name="openapi-schema"), name="openapi-docs"),
 ]
