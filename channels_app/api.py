@@ -302,7 +302,8 @@ class ChatCompletionApi(View):
                    description=("OpenAI-compatible chat with the UGENT extensions. The x-ugent-turn-id response "
                                 "header names the turn. A repeated client_message_id runs nothing: 409 "
                                 "(DuplicateInFlight, DuplicateProcessed) without streaming."),
-                   request={"application/json": ChatInputSerializer}, responses=docs.chat_responses())
+                   request={"application/json": ChatInputSerializer}, examples=docs.CHAT_EXAMPLES,
+                   responses=docs.chat_responses())
     async def post(self, request):
         try:
             payload = json_object_parse(request.body)

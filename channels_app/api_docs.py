@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from drf_spectacular import generators
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
-from drf_spectacular.utils import OpenApiResponse, extend_schema_field, inline_serializer
+from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema_field, inline_serializer
 from rest_framework import serializers
 from rest_framework.views import APIView
 
@@ -425,3 +425,15 @@ class EndpointEnumerator(generators.EndpointEnumerator):
 class SchemaGenerator(generators.SchemaGenerator):
     endpoint_inspector_cls = EndpointEnumerator
 
+
+
+# --- examples ------------------------------------------------------------------------------------
+
+CHAT_EXAMPLES = [
+    OpenApiExample("A question", request_only=True, value={
+        "model": "ugent-default", "conversation_id": "conv-1", "client_message_id": "msg-1",
+        "messages": [{"role": "user", "content": "What is UGENT?"}]}),
+    OpenApiExample("Streamed, with reasoning and tool events", request_only=True, value={
+        "conversation_id": "conv-2", "stream": True, "include_thinking": True, "ugent_include_tool_events": True,
+        "ugent_denied_tools": ["*"], "messages": [{"role": "user", "content": [{"type": "text", "text": "Hello"}]}]}),
+]

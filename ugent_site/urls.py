@@ -1,9 +1,8 @@
 from django.contrib import admin
 from django.urls import include, path
 from django.views.decorators.csrf import csrf_exempt
-from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 
-from channels_app import api
+from channels_app import api, api_schema
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -14,6 +13,6 @@ urlpatterns = [
     path("v1/ugent/status", api.StatusApi.as_view(), name="status"),
     path("", include("channels_app.urls_streams")),
     # The API schema (no key: it describes the API, never anyone's data) and its Swagger UI page.
-    path("v1/openapi.json", SpectacularJSONAPIView.as_view(), name="openapi-schema"),
-    path("v1/docs", SpectacularSwaggerView.as_view(url_name="openapi-schema"), name="openapi-docs"),
+    path("v1/openapi.json", api_schema.OpenApiSchemaApi.as_view(), name="openapi-schema"),
+    path("v1/docs", api_schema.OpenApiDocsPage.as_view(), name="openapi-docs"),
 ]
