@@ -235,6 +235,11 @@ UGENT_PLUGIN_STATE_DIR = env("UGENT_PLUGIN_STATE_DIR", default=str(VAR_DIR / "pl
 UGENT_GLOBAL_PLUGINS_TOML = env("UGENT_GLOBAL_PLUGINS_TOML",
                                default=str(Path("~/.ugent/plugins.toml").expanduser()))
 UGENT_SECRETS_KEY = env("UGENT_SECRETS_KEY", default="")
+# Engine discovery and each profile's engine (the notes index) are warmed in the background at start
+# (plugins_app/agent/warm.py), so the first turn does not wait for them.
+UGENT_WARM_AT_START = env.bool("UGENT_WARM_AT_START", default=True)
+# rundaemon opens the API once warm, or after this many seconds however far warming got.
+UGENT_WARM_WAIT_SECS = env.float("UGENT_WARM_WAIT_SECS", default=30.0)
 UGENT_PLUGIN_SUPERVISOR_INTERVAL = env.float("UGENT_PLUGIN_SUPERVISOR_INTERVAL", default=0.5)
 UGENT_PLUGIN_EMBEDDED_SUPERVISOR = env.bool("UGENT_PLUGIN_EMBEDDED_SUPERVISOR", default=True)
 UGENT_PLUGIN_STOP_GRACE_SECS = env.float("UGENT_PLUGIN_STOP_GRACE_SECS", default=5.0)
