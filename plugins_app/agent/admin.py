@@ -16,18 +16,51 @@ def installed_chat_engines() -> list[tuple[str, str]]:
 
 
 class AgentProfileForm(forms.ModelForm):
+    """Secrets in the config are never rendered back: the config shows the rest, and each stored secret
+    is a "replace" field that is always empty (leave it empty to keep the stored value)."""
+
+    replace_secret = forms.ChoiceField(required=False, label="Replace a stored secret", choices=[],
+                                       help_text="Stored secrets are encrypted and never shown.")
+    replace_secret_value = forms.CharField(required=False, label="New value", strip=False,
+                                           widget=forms.PasswordInput(render_value=False),
+                                           help_text="Replaces the secret chosen above; empty keeps it.")
+
     class Meta:
         model = AgentProfile
         fields = "__all__"
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        from ugent_common.secrets import secrets_hidden
+        stored = self.instance.config if self.instance and self.instance.pk else {}
+        shown, self.secret_paths = secrets_hidden(stored or {})
+        self.initial["config"] = shown
+        self.fields["replace_secret"].choices = [("", "(none)")] + [(p, p) for p in self.secret_paths]
         choices = installed_chat_engines()
         current = self.instance.provider if self.instance and self.instance.pk else None
         if current and current not in dict(choices):
             choices.append((current, f"{current} (not installed)"))
         self.fields["provider"] = forms.ChoiceField(choices=choices, label="Chat engine",
                                                     help_text="Installed opm.agents.chat engines.")
+
+    def clean_config(self):
+        """The typed config, with the stored secrets it does not show kept unless replaced."""
+        config = self.cleaned_data.get("config") or {}
+        if not isinstance(config, dict):
+            raise forms.ValidationError("The config must be a JSON object.")
+        stored = self.instance.config if self.instance and self.instance.pk else {}
+        merged = dict(config)
+        for path in getattr(self, "secret_paths", []):
+            replacement = (self.data.get(self.add_prefix("replace_secret_value")) or ""
+                           if self.data.get(self.add_prefix("replace_secret")) == path else "")
+            node_in, node_out, keys = stored, merged, path.split("/")
+            for key in keys[:-1]:
+                node_in = node_in.get(key, {}) if isinstance(node_in, dict) else {}
+                node_out = node_out.setdefault(key, {}) if isinstance(node_out, dict) else {}
+            if not isinstance(node_out, dict) or keys[-1] in node_out:
+                continue  # typed anew in the config itself
+            node_out[keys[-1]] = replacement if replacement else node_in.get(keys[-1])
+        return merged
 
 
 @admin.register(AgentProfile)

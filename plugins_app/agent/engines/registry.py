@@ -93,7 +93,8 @@ def engine_for_profile(profile) -> object:
         if engine is None:
             for old in [k for k in _instances if k[0] == profile.pk]:
                 _close(_instances.pop(old))
-            config = dict(profile.config or {})
+            from ugent_common.secrets import secrets_opened
+            config = secrets_opened(dict(profile.config or {}))  # the engine alone sees the plain secrets
             if profile.system_prompt and "system_prompt" not in config:
                 config["system_prompt"] = profile.system_prompt
             engine = engine_class(profile.provider)(config)
