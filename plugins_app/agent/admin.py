@@ -1,7 +1,11 @@
 """Admin for agent plugins: agent profiles."""
 """Agent profiles in the admin: pick an installed chat engine and give it its config."""
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.shortcuts import get_object_or_404, redirect
+from django.urls import path
+from django.views.decorators.http import require_POST
 
 from plugins_app.agent.models import AgentProfile
 
@@ -71,6 +75,23 @@ class AgentProfileAdmin(admin.ModelAdmin):
     search_fields = ("name", "provider", "instance")
     readonly_fields = ("created_at", "updated_at")
     change_list_template = "admin/plugins_app/agentprofile/change_list.html"
+    change_form_template = "admin/plugins_app/agentprofile/change_form.html"
+
+    def get_urls(self):
+        test = self.admin_site.admin_view(require_POST(self.test_connection_view))
+        return [path("<int:pk>/test-connection/", test, name="plugins_app_agentprofile_test_connection"),
+                *super().get_urls()]
+
+    def test_connection_view(self, request, pk):
+        """The change page's "test connection" button: one tiny call to the engine, the result as a message."""
+        profile = get_object_or_404(AgentProfile, pk=pk)
+        if not self.has_change_permission(request, profile):
+            raise PermissionDenied
+        from plugins_app.agent.services import profile_connection_test
+        result = profile_connection_test(profile=profile)
+        self.message_user(request, ("Connection works: " if result.ok else "Connection failed: ") + result.message,
+                          messages.SUCCESS if result.ok else messages.ERROR)
+        return redirect("admin:plugins_app_agentprofile_change", pk)
 
     def changelist_view(self, request, extra_context=None):
         extra_context = dict(extra_context or {}, installed_engines=installed_chat_engines())

@@ -62,3 +62,54 @@ def test_the_admin_never_shows_a_secret_and_replaces_it_on_request():
     assert r.status_code == 302
     p = AgentProfile.objects.get(pk=p.pk)
     assert "sk-new" not in _stored(p.pk) and registry.engine_for_profile(p).api_key == "sk-new"
+
+
+@pytest.fixture
+def upstream():
+    """The fake OpenAI-compatible upstream on loopback (tests/fakes/upstream.py), its own process."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen([sys.executable, str(root / "tests" / "fakes" / "upstream.py"), "--port", "0",
+                             "--no-record"], stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline().strip()
+    assert line.startswith("READY "), line
+    yield line.split(" ", 1)[1]
+    proc.terminate()
+    proc.wait(10)
+
+
+@pytest.mark.django_db
+def test_test_connection_shows_the_engines_answer_or_why_not_and_never_the_key(upstream):
+    admin = User.objects.create_superuser("root", "r@example.com", "pw")
+    c = Client()
+    c.force_login(admin)
+    good = AgentProfile.objects.create(name="up", provider="openai-compatible",
+                                       config={"base_url": upstream, "api_key": SECRET, "model": "stub-model"})
+    page = c.get(f"/admin/plugins_app/agentprofile/{good.pk}/change/").content.decode()
+    assert "Test connection" in page
+    r = c.post(f"/admin/plugins_app/agentprofile/{good.pk}/test-connection/", follow=True)
+    text = " ".join(str(m) for m in r.context["messages"])
+    assert text.startswith("Connection works: openai-compatible:default@up answered in") and SECRET not in text
+    bad = AgentProfile.objects.create(name="down", provider="openai-compatible",
+                                      config={"base_url": f"http://127.0.0.1:9/{SECRET}/v1", "api_key": SECRET})
+    r = c.post(f"/admin/plugins_app/agentprofile/{bad.pk}/test-connection/", follow=True)
+    text = " ".join(str(m) for m in r.context["messages"])
+    assert text.startswith("Connection failed: ") and "cannot reach upstream" in text
+    assert SECRET not in text and "[secret]" in text  # the key, even where the upstream's error repeats it
+
+
+@pytest.mark.django_db
+def test_test_connection_needs_the_right_to_change_the_profile():
+    p = AgentProfile.objects.create(name="up", provider="ugent-notes")
+    url = f"/admin/plugins_app/agentprofile/{p.pk}/test-connection/"
+    assert Client().post(url).status_code == 302  # anonymous: to the login page
+    viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
+    c = Client()
+    c.force_login(viewer)
+    assert c.post(url).status_code == 403  # staff without change permission
+    root = User.objects.create_superuser("root", "r@example.com", "pw")
+    c.force_login(root)
+    assert c.get(url).status_code == 405  # a call to the engine is a POST, never a link
+    assert c.post(url).status_code == 302
