@@ -17,10 +17,12 @@ from django.conf import settings
 from django.db import close_old_connections
 from django.http import JsonResponse, StreamingHttpResponse
 from django.views import View
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from channels_app import api_docs as docs
 from channels_app import notify, services, statements
 from channels_app.auth import IsOperator, authenticate_headers
 from channels_app.bodies import json_object_parse, text_problem
@@ -39,28 +41,52 @@ ALLOWED_TOOLS_EMPTY = ('ugent_allowed_tools: [] is refused: leave the field out 
 
 
 class ChatInputSerializer(serializers.Serializer):
-    model = serializers.CharField(required=False, allow_blank=True, allow_null=True)
-    messages = serializers.ListField(child=serializers.DictField(), allow_empty=False)
-    stream = serializers.BooleanField(required=False, default=False)
-    conversation_id = serializers.CharField(required=False, max_length=255)
-    client_message_id = serializers.CharField(required=False, max_length=255)
-    client_id = serializers.CharField(required=False, max_length=200, default="")
-    turn_id = serializers.RegexField(r"^[A-Za-z0-9._:-]{1,100}$", required=False)
-    user = serializers.CharField(required=False, max_length=255)
-    federation_issuer = serializers.CharField(required=False, max_length=200)
-    federation_subject = serializers.CharField(required=False, max_length=255)
-    include_thinking = serializers.BooleanField(required=False, default=False)
-    echo_user_message = serializers.BooleanField(required=False, default=False)
-    ugent_allowed_tools = serializers.ListField(child=serializers.CharField(), required=False)
-    ugent_denied_tools = serializers.ListField(child=serializers.CharField(), required=False)
-    ugent_include_tool_events = serializers.BooleanField(required=False, default=False)
-    ugent_citation_ids = serializers.ListField(child=serializers.CharField(), required=False, default=list)
-    ugent_disable_memory_recall = serializers.BooleanField(required=False, default=False)
-    ugent_disable_code_context = serializers.BooleanField(required=False, default=False)
-    ugent_disable_memory_write = serializers.BooleanField(required=False, default=False)
-    ugent_input_mode = serializers.CharField(required=False, allow_null=True)
-    ugent_interaction_reply = serializers.DictField(required=False)
-    stream_options = serializers.DictField(required=False, allow_null=True)
+    """The chat request: OpenAI's fields and the UGENT extensions (help_text is the spec's Purpose column)."""
+
+    model = serializers.CharField(required=False, allow_blank=True, allow_null=True, help_text=(
+        "The turn's own model; ugent-default, or none, gives the user's /model choice, then the caller's "
+        "default, then the global default. A model the operator does not allow is a 400."))
+    messages = serializers.ListField(child=docs.ChatMessageField(), allow_empty=False,
+                                     help_text="Only the last user entry is read: the conversation is kept "
+                                               "server-side.")
+    stream = serializers.BooleanField(required=False, default=False,
+                                      help_text="Answer as an SSE stream (text/event-stream).")
+    conversation_id = serializers.CharField(required=False, max_length=255,
+                                            help_text="The conversation; its first message creates the session.")
+    client_message_id = serializers.CharField(required=False, max_length=255, help_text=(
+        "Idempotency key: a repeat is answered from the message's receipt and runs nothing."))
+    client_id = serializers.CharField(required=False, max_length=200, default="",
+                                      help_text="Namespaces conversation ids, for several clients sharing one channel.")
+    turn_id = serializers.RegexField(r"^[A-Za-z0-9._:-]{1,100}$", required=False,
+                                     help_text="The turn's id, so another client can steer or stop exactly this turn.")
+    user = serializers.CharField(required=False, max_length=255, help_text="The end user (Keys and callers).")
+    federation_issuer = serializers.CharField(required=False, max_length=200,
+                                              help_text="With federation_subject: a federated end user.")
+    federation_subject = serializers.CharField(required=False, max_length=255,
+                                               help_text="With federation_issuer: a federated end user.")
+    include_thinking = serializers.BooleanField(required=False, default=False, help_text="Stream reasoning.")
+    echo_user_message = serializers.BooleanField(required=False, default=False,
+                                                 help_text="Echo the user's message (ugent_user_message).")
+    ugent_allowed_tools = serializers.ListField(child=serializers.CharField(), required=False, help_text=(
+        "Narrow this turn's tools. [] is refused rather than read as no restriction."))
+    ugent_denied_tools = serializers.ListField(child=serializers.CharField(), required=False,
+                                               help_text='Narrow this turn\'s tools; ["*"] runs it with none.')
+    ugent_include_tool_events = serializers.BooleanField(required=False, default=False,
+                                                         help_text='Stream tool executions as ugent_segment: "tool".')
+    ugent_citation_ids = serializers.ListField(child=serializers.CharField(), required=False, default=list,
+                                               help_text="Evidence ids the request supplied in its own prompt, "
+                                                         "reported back when the answer cites them.")
+    ugent_disable_memory_recall = serializers.BooleanField(required=False, default=False,
+                                                           help_text="Recall no workspace memory into this turn.")
+    ugent_disable_code_context = serializers.BooleanField(required=False, default=False,
+                                                          help_text="Skip the pre-LLM code-context fetch.")
+    ugent_disable_memory_write = serializers.BooleanField(required=False, default=False, help_text=(
+        "Keep this turn out of memory: no extraction, no compaction summary, no memory_control tool."))
+    ugent_input_mode = docs.InputModeField(required=False, allow_null=True)
+    ugent_interaction_reply = docs.InteractionReplyField(required=False, help_text=(
+        "Answers a waiting question by its id (Questions). Not supported by this daemon yet: a 400."))
+    stream_options = serializers.DictField(required=False, allow_null=True, help_text=(
+        "OpenAI's stream options: include_usage adds a last chunk with no choices that carries the usage."))
 
     def validate_stream_options(self, value):
         if value is None:
@@ -294,6 +320,12 @@ def _refusal_stream(exc: ApplicationError, model: str):
 class ChatCompletionApi(View):
     """POST /v1/chat/completions: OpenAI-compatible chat, stream and non-stream, with UGENT's extensions."""
 
+    @extend_schema(operation_id="chat_completions_create", tags=["chat"], summary="Chat (stream and non-stream)",
+                   description=("OpenAI-compatible chat with the UGENT extensions. The x-ugent-turn-id response "
+                                "header names the turn. A repeated client_message_id runs nothing: 409 "
+                                "(DuplicateInFlight, DuplicateProcessed) without streaming."),
+                   request={"application/json": ChatInputSerializer}, examples=docs.CHAT_EXAMPLES,
+                   responses=docs.chat_responses())
     async def post(self, request):
         note: dict = {}
         _request_note.set(note)
@@ -404,6 +436,8 @@ class ChatCompletionApi(View):
 class ModelsListApi(APIView):
     """GET /v1/models: the models a caller may name."""
 
+    @extend_schema(operation_id="models_list", tags=["chat"], summary="The models a caller may name",
+                   responses={200: docs.ModelsListSerializer, **docs.errors(401)})
     def get(self, request):
         return Response({"object": "list", "data": models_list()})
 
@@ -414,6 +448,8 @@ class HealthApi(APIView):
     authentication_classes = []
     permission_classes = []
 
+    @extend_schema(operation_id="health", tags=["host"], summary="Worker health (no key)",
+                   responses={200: docs.HealthSerializer})
     def get(self, request):
         statements.database_ping()
         return Response({"status": "ok", "mode": settings.UGENT_MODE})
@@ -430,6 +466,10 @@ class ReceiptGetApi(APIView):
         federation_issuer = serializers.CharField(required=False)
         federation_subject = serializers.CharField(required=False)
 
+    @extend_schema(operation_id="receipt_get", tags=["recovery"], summary="Where one message stands",
+                   description="Only its sender and the operator see it; to anyone else it is a 404, as a "
+                               "missing message is.",
+                   parameters=[InputSerializer], responses={200: docs.ReceiptSerializer, **docs.errors(400, 401, 403, 404)})
     def get(self, request):
         ser = self.InputSerializer(data=request.query_params)
         ser.is_valid(raise_exception=True)
@@ -448,6 +488,8 @@ class StatusApi(APIView):
 
     permission_classes = [IsOperator]
 
+    @extend_schema(operation_id="status", tags=["host"], summary="Host status (operator keys only)",
+                   responses={200: docs.StatusSerializer, **docs.errors(401, 403)})
     def get(self, request):
         from channels_app.status import status_report
         return Response(status_report())

@@ -14,10 +14,12 @@ from django.conf import settings
 from django.db import close_old_connections
 from django.http import StreamingHttpResponse
 from django.views import View
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from channels_app import api_docs as docs
 from channels_app import events, notify, services, streams
 from channels_app.access import Viewer
 from channels_app.auth import authenticate_headers
@@ -129,8 +131,19 @@ async def sse_body(sub: streams.Subscription, topic: str | None):
         waiter.close()
 
 
+LAST_EVENT_ID = OpenApiParameter("Last-Event-ID", str, OpenApiParameter.HEADER, required=False,
+                                 description="The last cursor read: the stream goes on strictly after it.")
+
+
 class EventsStreamApi(_StreamView):
     """GET /v1/ugent/events: everything the request's user may see (optionally one conversation)."""
+
+    @extend_schema(operation_id="events_stream", tags=["streams"], summary="SSE event stream, resumable",
+                   parameters=[EventsParams, LAST_EVENT_ID],
+                   responses=docs.event_stream_responses("Every event the request's user may see, or one "
+                                                         "conversation's."))
+    async def get(self, request):
+        return await super().get(request)
 
 
 class ActivityStreamApi(_StreamView):
@@ -138,6 +151,13 @@ class ActivityStreamApi(_StreamView):
 
     params_serializer = ActivityParams
     activity = True
+
+    @extend_schema(operation_id="activity_stream", tags=["streams"], summary="SSE activity feed for one conversation",
+                   parameters=[ActivityParams, LAST_EVENT_ID],
+                   responses=docs.event_stream_responses("One conversation's tools, questions, compaction and "
+                                                         "steering."))
+    async def get(self, request):
+        return await super().get(request)
 
 
 # --- stop and steering -------------------------------------------------------
@@ -160,6 +180,12 @@ class StopApi(APIView):
     class InputSerializer(ConversationFields):
         turn_id = serializers.CharField(required=False, max_length=100)
 
+        class Meta:
+            ref_name = "StopRequest"
+
+    @extend_schema(operation_id="stop", tags=["turns"], summary="Stop a conversation's running turn",
+                   request={"application/json": InputSerializer},
+                   responses={202: docs.StopSerializer, **docs.errors(400, 401, 403, 404, 409)})
     def post(self, request):
         viewer, turn, d = _turn_named(self.InputSerializer, request, streams.STOP)
         return Response(streams.turn_stop(viewer=viewer, turn=turn), status=202)
@@ -174,11 +200,17 @@ class SteeringApi(APIView):
         turn_id = serializers.CharField(required=False, max_length=100)
         message = serializers.CharField(max_length=32000, trim_whitespace=False)
 
+        class Meta:
+            ref_name = "SteeringRequest"
+
         def validate_message(self, value):
             if not value.strip():
                 raise serializers.ValidationError("message is empty: send the words that steer the turn.")
             return value
 
+    @extend_schema(operation_id="steering", tags=["turns"], summary="Steer a running turn",
+                   request={"application/json": InputSerializer},
+                   responses={202: docs.SteeringSerializer, **docs.errors(400, 401, 403, 404, 409)})
     def post(self, request):
         viewer, turn, d = _turn_named(self.InputSerializer, request, streams.STEER)
         steering = streams.turn_steer(viewer=viewer, turn=turn, message=d["message"])
@@ -192,6 +224,9 @@ class SteeringApi(APIView):
 class ConversationSnapshotApi(APIView):
     """GET /v1/ugent/conversation/snapshot: where a conversation's turns stand, for a recovering client."""
 
+    @extend_schema(operation_id="conversation_snapshot", tags=["recovery"],
+                   summary="Where a conversation's turns stand", parameters=[ConversationFields],
+                   responses={200: docs.ConversationSnapshotSerializer, **docs.errors(400, 401, 403, 404)})
     def get(self, request):
         ser = ConversationFields(data=request.query_params)
         ser.is_valid(raise_exception=True)
@@ -207,6 +242,9 @@ class SessionSnapshotApi(APIView):
         limit = serializers.IntegerField(required=False, default=streams.PAGE_DEFAULT, min_value=1,
                                          max_value=streams.PAGE_MAX)
 
+    @extend_schema(operation_id="session_snapshot", tags=["recovery"], summary="The tail of a session's messages",
+                   parameters=[InputSerializer],
+                   responses={200: docs.SessionSnapshotSerializer, **docs.errors(400, 401, 403, 404)})
     def get(self, request):
         ser = self.InputSerializer(data=request.query_params)
         ser.is_valid(raise_exception=True)
@@ -224,6 +262,9 @@ class SessionHistoryApi(APIView):
                                          max_value=streams.PAGE_MAX)
         before = serializers.IntegerField(required=False, min_value=1)
 
+    @extend_schema(operation_id="session_history", tags=["recovery"],
+                   summary="A session's messages that compaction hid, paged", parameters=[InputSerializer],
+                   responses={200: docs.SessionHistorySerializer, **docs.errors(400, 401, 403, 404)})
     def get(self, request):
         ser = self.InputSerializer(data=request.query_params)
         ser.is_valid(raise_exception=True)

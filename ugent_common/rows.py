@@ -24,7 +24,7 @@ import datetime
 import sqlite3
 from datetime import timezone as dt_timezone
 
-from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 from django.db.backends.sqlite3.base import FORMAT_QMARK_REGEX
 from django.utils import timezone
 
@@ -193,7 +193,7 @@ def _converter(field):
                 return connection.ops.adapt_datetimefield_value(value)
             return general(value, connection)  # naive or not a datetime: Django's checks and warnings
         return datetime_value
-    if kind == "JSONField":
+    if kind == "JSONField" and type(field).get_prep_value is models.JSONField.get_prep_value:
         encoder = field.encoder
         return lambda value: connection.ops.adapt_json_value(value, encoder)
     return lambda value: general(value, connection)

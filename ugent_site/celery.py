@@ -26,3 +26,10 @@ def _the_daemons_logging(**_kwargs):
 
     from django.conf import settings
     logging.config.dictConfig(settings.LOGGING)
+
+
+@signals.worker_ready.connect
+def _warm_engines(**_kwargs):
+    """A worker that runs turns (servers mode) warms engine discovery and the notes index at start."""
+    from plugins_app.agent.warm import warm_start
+    warm_start()

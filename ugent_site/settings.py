@@ -30,6 +30,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI served from our own static files: no CDN
     "channels",
     "django_celery_beat",
     "channels_app",
@@ -191,7 +192,30 @@ REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": None,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }
-SPECTACULAR_SETTINGS = {"TITLE": "UGENT Web Channel API", "VERSION": "0.1.0"}
+# The API schema (channels_app/api_docs.py): GET /v1/openapi.json, Swagger UI at /v1/docs.
+SPECTACULAR_SETTINGS = {
+    "TITLE": "UGENT Web Channel API",
+    "DESCRIPTION": ("OpenAI-compatible chat plus UGENT's streams, receipts and snapshots. Every request but "
+                    "GET /v1/health, the schema and its page carries its key as x-api-key or Authorization: Bearer."),
+    "VERSION": "0.1.0",
+    "DEFAULT_GENERATOR_CLASS": "channels_app.api_docs.SchemaGenerator",
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
+                             "channels_app.api_docs.stream_components"],
+    "SCHEMA_PATH_PREFIX": r"/v1",
+    "SERVE_INCLUDE_SCHEMA": True,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    "SERVE_AUTHENTICATION": [],
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    # The one-value `object` enums, which drf-spectacular would otherwise name by hash.
+    "ENUM_NAME_OVERRIDES": {"ReceiptStateEnum": "channels_app.api_docs.RECEIPT_STATES",
+                            "ChatCompletionObjectEnum": ["chat.completion"], "ReceiptObjectEnum": ["ugent.receipt"],
+                            "ModelObjectEnum": ["model"], "ListObjectEnum": ["list"],
+                            "StopObjectEnum": ["ugent.stop"], "SteeringObjectEnum": ["ugent.steering"],
+                            "ConversationSnapshotObjectEnum": ["ugent.conversation.snapshot"],
+                            "SessionSnapshotObjectEnum": ["ugent.snapshot"]},
+}
 
 # Plain lines, or JSON lines with UGENT_LOG_FORMAT=json; no secret in either, and a repeating warning
 # once per five minutes with its count (ugent_common/logs.py).
@@ -228,6 +252,11 @@ UGENT_PLUGIN_STATE_DIR = env("UGENT_PLUGIN_STATE_DIR", default=str(VAR_DIR / "pl
 UGENT_GLOBAL_PLUGINS_TOML = env("UGENT_GLOBAL_PLUGINS_TOML",
                                default=str(Path("~/.ugent/plugins.toml").expanduser()))
 UGENT_SECRETS_KEY = env("UGENT_SECRETS_KEY", default="")
+# Engine discovery and each profile's engine (the notes index) are warmed in the background at start
+# (plugins_app/agent/warm.py), so the first turn does not wait for them.
+UGENT_WARM_AT_START = env.bool("UGENT_WARM_AT_START", default=True)
+# rundaemon opens the API once warm, or after this many seconds however far warming got.
+UGENT_WARM_WAIT_SECS = env.float("UGENT_WARM_WAIT_SECS", default=30.0)
 UGENT_PLUGIN_SUPERVISOR_INTERVAL = env.float("UGENT_PLUGIN_SUPERVISOR_INTERVAL", default=0.5)
 UGENT_PLUGIN_EMBEDDED_SUPERVISOR = env.bool("UGENT_PLUGIN_EMBEDDED_SUPERVISOR", default=True)
 UGENT_PLUGIN_STOP_GRACE_SECS = env.float("UGENT_PLUGIN_STOP_GRACE_SECS", default=5.0)

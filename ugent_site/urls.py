@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from django.views.decorators.csrf import csrf_exempt
 
-from channels_app import api
+from channels_app import api, api_schema
 from ugent_site import views
 from ugent_site.metrics import metrics_view
 
@@ -16,4 +16,7 @@ urlpatterns = [
     path("v1/ugent/receipt", api.ReceiptGetApi.as_view(), name="receipt"),
     path("v1/ugent/status", api.StatusApi.as_view(), name="status"),
     path("", include("channels_app.urls_streams")),
+    # The API schema (no key: it describes the API, never anyone's data) and its Swagger UI page.
+    path("v1/openapi.json", api_schema.OpenApiSchemaApi.as_view(), name="openapi-schema"),
+    path("v1/docs", api_schema.OpenApiDocsPage.as_view(), name="openapi-docs"),
 ]

@@ -16,8 +16,8 @@ def home(request):
     links = [(label, url) for label, url in (
         ("The admin (the control room)", reverse("admin:index")),
         ("Health (no key needed)", _url("health")),
-        ("API schema (Swagger UI)", _url("api-docs")),
-        ("OpenAPI document", _url("api-schema")),
+        ("API schema (Swagger UI)", _url("openapi-docs")),
+        ("OpenAPI document", _url("openapi-schema")),
     ) if url]
     return render(request, "ugent_site/home.html", {
         "api_base": base, "mode": settings.UGENT_MODE, "links": links,

@@ -3,6 +3,7 @@ from django.db import models
 from django.db.models import Q
 
 from ugent_common.models import TimeStamped
+from ugent_common.secrets import SecretJSONField
 
 
 class AgentProfile(TimeStamped):
@@ -13,7 +14,9 @@ class AgentProfile(TimeStamped):
                                 help_text="The opm.agents.chat entry point of the chat engine.")
     instance = models.SlugField(max_length=100, default="default",
                                 help_text="Names this copy where two profiles offer one model name.")
-    config = models.JSONField(default=dict, blank=True, help_text="The chat engine's config.")
+    config = SecretJSONField(default=dict, blank=True, help_text=(
+        "The chat engine's config. Keys named like a secret (api_key, *_token, *password*, …) are stored "
+        "encrypted and never shown back."))
     memory_engine = models.CharField(max_length=100, blank=True, default="",
                                      help_text="An opm.agents.memory entry point (optional).")
     summarizer_engine = models.CharField(max_length=100, blank=True, default="",

@@ -69,6 +69,9 @@ MATRIX: dict[str, list[Case]] = {
     ],
     "v1/models": [Case("GET", {}, any_key())],
     "v1/health": [Case("GET", {}, {name: (200, False) for name in CAST})],
+    # the API schema and its page describe the API, never anyone's data: no key needed, any key ignored
+    "v1/openapi.json": [Case("GET", {}, {name: (200, False) for name in CAST})],
+    "v1/docs": [Case("GET", {}, {name: (200, False) for name in CAST})],
     "v1/ugent/status": [Case("GET", {}, {**any_key(), "application, anonymous": (403, False),
                                           "application, federated": (403, False)})],
     "v1/ugent/receipt": [

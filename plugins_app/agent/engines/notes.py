@@ -499,6 +499,10 @@ class NotesChatEngine(ChatEngine):
                 self._index = NotesIndexEngine(config)
             return self._index
 
+    def warm(self) -> None:
+        """Build the folder index now (rundaemon calls this at start), so the first question finds it built."""
+        self.index.refresh()
+
     def answer(self, messages: Sequence[Any]) -> NotesAnswer:
         """The reply to the last user message, with the notes it quotes."""
         question = last_user_text(messages)

@@ -9,12 +9,18 @@ from __future__ import annotations
 import importlib
 import os
 import threading
+from importlib.metadata import entry_points
 
 from ovos_plugin_manager.utils import PluginTypes, find_plugins
 
 _lock = threading.Lock()
 _instances: dict[tuple, object] = {}
 _extra: dict[str, type] = {}
+# The installed engines, found once per process: the scan imports every engine of every group, which
+# made the first turn after a start wait seconds (issue #12). plugins_app.agent.warm fills it at start.
+_discovered: dict[str, type] | None = None
+_discover_lock = threading.Lock()
+_GROUPS = (PluginTypes.AGENT_CHAT, PluginTypes.AGENT_CHAT_MULTIMODAL)
 
 
 def register_engine(name: str, cls: type) -> None:
@@ -32,23 +38,52 @@ def _env_engines() -> dict[str, type]:
     return out
 
 
-def chat_engines() -> dict[str, type]:
-    """Every installed chat engine by entry-point name (multimodal ones included)."""
-    found = {}
-    for group in (PluginTypes.AGENT_CHAT, PluginTypes.AGENT_CHAT_MULTIMODAL):
-        found.update(find_plugins(group))
+def _installed(refresh: bool = False) -> dict[str, type]:
+    global _discovered
+    with _discover_lock:
+        if _discovered is None or refresh:
+            found = {}
+            for group in _GROUPS:
+                found.update(find_plugins(group))
+            _discovered = found
+        return _discovered
+
+
+def chat_engines(refresh: bool = False) -> dict[str, type]:
+    """Every installed chat engine by entry-point name (multimodal ones included); `refresh` scans again."""
+    found = dict(_installed(refresh))
     found.update(_env_engines())
     found.update(_extra)
+    return found
+
+
+def _entry_point_class(provider: str) -> type | None:
+    """One engine by its entry-point name, importing only that engine (the last group that has it wins,
+    as in the full scan)."""
+    found = None
+    for group in _GROUPS:
+        for ep in entry_points(group=str(getattr(group, "value", group)), name=provider):
+            try:
+                found = ep.load()
+            except Exception:
+                continue
     return found
 
 
 def engine_class(provider: str) -> type:
     if provider in _extra:
         return _extra[provider]
-    engines = chat_engines()
-    if provider not in engines:
+    env = _env_engines()
+    if provider in env:
+        return env[provider]
+    if _discovered is not None and provider in _discovered:
+        return _discovered[provider]
+    found = _entry_point_class(provider) if _discovered is None else None
+    if found is None:
+        found = chat_engines().get(provider)
+    if found is None:
         raise LookupError(f"no chat engine named '{provider}' is installed")
-    return engines[provider]
+    return found
 
 
 def engine_for_profile(profile) -> object:
@@ -58,7 +93,8 @@ def engine_for_profile(profile) -> object:
         if engine is None:
             for old in [k for k in _instances if k[0] == profile.pk]:
                 _close(_instances.pop(old))
-            config = dict(profile.config or {})
+            from ugent_common.secrets import secrets_opened
+            config = secrets_opened(dict(profile.config or {}))  # the engine alone sees the plain secrets
             if profile.system_prompt and "system_prompt" not in config:
                 config["system_prompt"] = profile.system_prompt
             _never_logged(config)

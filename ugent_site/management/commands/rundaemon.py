@@ -52,6 +52,9 @@ class Command(BaseCommand):
         from channels_app.runner import turns_recover_interrupted, turns_requeue_accepted
         from plugins_app.agent.profiles import profiles_ensure_defaults
         profiles_ensure_defaults()
+        # Engine discovery and the notes index, in the background beside the rest of the start-up.
+        from plugins_app.agent.warm import warm_start
+        warming = warm_start()
         self.ensure_operator_key()
         from channels_app.streams import retention_schedule_ensure
         retention_schedule_ensure()
@@ -74,6 +77,13 @@ class Command(BaseCommand):
                 beat = self.start_beat()
                 stack.callback(_quietly(beat.stop, "beat"))
             self.start_background_services(stack)
+            if warming is not None:
+                # The listener opens once the engines are warm (or the wait is over): the first turn after
+                # /v1/health answers finds discovery done and the notes index built.
+                warming.join(settings.UGENT_WARM_WAIT_SECS)
+                if warming.is_alive():
+                    log.warning("engines still warming after %.0f s: opening the API anyway",
+                                settings.UGENT_WARM_WAIT_SECS)
             requeued = turns_requeue_accepted()
             if requeued:
                 log.info("re-queued %d accepted turn(s)", requeued)

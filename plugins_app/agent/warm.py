@@ -1,0 +1,75 @@
+"""Warming at start: engine discovery and each profile's engine (the notes index) before the first turn.
+
+The first answer after a start used to wait for the scan of every installed engine and then for the
+notes index (issue #12: 22 s). A daemon process (rundaemon, or a Celery worker in servers mode) starts
+`warm_start()` once: a background thread that scans the engines, then builds the engine of every
+allowed profile and calls its `warm()` where it has one. A turn that comes first does not wait for the
+scan: it loads only its own engine (plugins_app.agent.engines.registry). rundaemon opens its listener
+once warming is done (at most UGENT_WARM_WAIT_SECS), so /v1/health answering means warm; the rest of
+its start-up (worker, beat, supervisor) runs beside it. UGENT_WARM_AT_START=false turns it off
+(bench/first_answer.py measures both).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from django.conf import settings
+from django.db import close_old_connections
+
+log = logging.getLogger("ugent.engines")
+
+_started: threading.Thread | None = None
+_lock = threading.Lock()
+
+
+def engines_warm() -> dict:
+    """Scan the engines, then build and warm each allowed profile's engine; what was warmed and how long."""
+    from plugins_app.agent.engines.registry import chat_engines, engine_for_profile
+    from plugins_app.agent.models import AgentProfile
+    from plugins_app.agent.profiles import profiles_ensure_defaults
+    t0 = time.monotonic()
+    engines = chat_engines()
+    scanned = time.monotonic() - t0
+    warmed, failed = [], {}
+    try:
+        profiles_ensure_defaults()
+        profiles = list(AgentProfile.objects.filter(allowed=True).order_by("-is_default", "name"))
+    finally:
+        close_old_connections()
+    for profile in profiles:
+        try:
+            engine = engine_for_profile(profile)
+            warm = getattr(engine, "warm", None)
+            if callable(warm):
+                warm()
+            warmed.append(profile.qualified_name)
+        except Exception as exc:  # a profile whose engine is missing or broken fails its own turns, not the start
+            failed[profile.qualified_name] = f"{type(exc).__name__}: {exc}"
+    took = time.monotonic() - t0
+    log.info("engines warmed in %.2f s (scan %.2f s): %d engine(s) installed; profiles ready: %s%s", took, scanned,
+             len(engines), ", ".join(warmed) or "none",
+             "".join(f"; {name} failed: {why}" for name, why in failed.items()))
+    return {"engines": sorted(engines), "warmed": warmed, "failed": failed, "seconds": took}
+
+
+def warm_start() -> threading.Thread | None:
+    """Warm in a background thread, once per process; None when UGENT_WARM_AT_START is off."""
+    global _started
+    if not settings.UGENT_WARM_AT_START:
+        return None
+    with _lock:
+        if _started is None:
+            _started = threading.Thread(target=_run, name="ugent-warm", daemon=True)
+            _started.start()
+        return _started
+
+
+def _run() -> None:
+    try:
+        engines_warm()
+    except Exception:
+        log.exception("warming the engines failed; the first turn will do it")
+    finally:
+        close_old_connections()
