@@ -35,7 +35,7 @@ test-servers: setup services
 
 services:
 	@bash scripts/ensure-services.sh
-	@bash scripts/ensure-chromium.sh || echo "WARNING: chromium could not be installed; the browser test will be skipped"
+	@bash scripts/ensure-chromium.sh || echo "WARNING: chromium could not be installed; the browser tests will fail"
 
 bench: setup
 	$(PY) bench/chat_latency.py
