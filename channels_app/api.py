@@ -437,7 +437,7 @@ class ModelsListApi(APIView):
     """GET /v1/models: the models a caller may name."""
 
     @extend_schema(operation_id="models_list", tags=["chat"], summary="The models a caller may name",
-                   responses={200: docs.ModelsListSerializer, **docs.errors(401)})
+                   responses={200: docs.ModelsListSerializer, **docs.errors(401, 403)})
     def get(self, request):
         return Response({"object": "list", "data": models_list()})
 

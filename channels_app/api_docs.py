@@ -66,7 +66,8 @@ def errors(*statuses: int) -> dict:
     """The error responses an operation documents, each the OpenAI-style error object."""
     words = {400: "Bad input: the spec's wording in error.message; nothing changed.",
              401: "A missing or unknown API key.",
-             403: "Not this caller's or this user's to read or act on.",
+             403: ("Refused by a rule of Keys and callers: not this caller's or this user's to read or act on, "
+                   "or an identity token that fails verification (docs/identity.md)."),
              404: "Nothing of that name that this caller may see.",
              409: "A conflict: a repeated client_message_id, a turn that already finished, no running turn.",
              502: "The turn failed upstream after it started (non-stream)."}

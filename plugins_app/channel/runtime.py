@@ -48,7 +48,16 @@ class BridgeLoop:
 
     def _run(self):
         asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
+        try:
+            self.loop.run_forever()
+        finally:
+            # The hub's ORM calls ran in this loop's executor threads, each holding a database
+            # connection: end the threads (and so their connections) with the loop, or every
+            # runtime started and stopped in one process (tests, a re-created runtime) leaks them.
+            try:
+                self.loop.run_until_complete(self.loop.shutdown_default_executor())
+            finally:
+                self.loop.close()
 
     def run(self, coro, timeout: float | None = 10.0):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
