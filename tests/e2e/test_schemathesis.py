@@ -37,12 +37,13 @@ def _run(op, daemon, *, max_examples: int, timeout: float, statuses: list | None
     """Generate valid and invalid requests for one operation and check each answer; the failures."""
     failures: list[str] = []
     statuses = [] if statuses is None else statuses
-    strategy = st.one_of(op.as_strategy(GenerationMode.POSITIVE), op.as_strategy(GenerationMode.NEGATIVE))
+    generated = st.one_of(op.as_strategy(GenerationMode.POSITIVE), op.as_strategy(GenerationMode.NEGATIVE))
+    # the schema's own examples first (the documented requests must be answered, whatever the generator draws),
+    # then generated valid and invalid requests
+    examples = op.get_strategies_from_examples()
+    runs = ([(st.one_of(*examples), 2 * len(examples))] if examples else []) + [(generated, max_examples)]
 
-    @given(case=strategy)
-    @settings(max_examples=max_examples, deadline=None, phases=[Phase.explicit, Phase.generate],
-              derandomize=True, suppress_health_check=list(HealthCheck), database=None)
-    def check(case):
+    def one(case):
         try:
             resp = case.call_and_validate(base_url=daemon.base, headers={"x-api-key": daemon.key}, checks=CHECKS,
                                           timeout=timeout)
@@ -50,7 +51,14 @@ def _run(op, daemon, *, max_examples: int, timeout: float, statuses: list | None
         except BaseException as exc:  # keep going: report every operation's failures at once
             failures.append(f"{op.method.upper()} {op.path}: {exc}"[:3000])
 
-    check()
+    for strategy, count in runs:
+        @given(case=strategy)
+        @settings(max_examples=count, deadline=None, phases=[Phase.generate], derandomize=True,
+                  suppress_health_check=list(HealthCheck), database=None)
+        def check(case):
+            one(case)
+
+        check()
     return failures
 
 
