@@ -43,3 +43,5 @@ bench: setup
 	$(PY) bench/bridge_throughput.py
 	$(PY) bench/channels.py
 	$(PY) bench/rules_eval.py
+	$(PY) bench/first_answer.py
+	$(PY) bench/memory_rss.py

@@ -31,6 +31,7 @@ from channels_app.events import turn_topic
 from channels_app.models import Turn
 from channels_app.sse import DONE, PING, TERMINAL, ChunkRenderer, usage_or_zero
 from plugins_app.agent.profiles import models_list
+from plugins_app.agent.warm import workers_warm
 
 INPUT_MODES = ("voice", "live")
 CONTENT_SHAPE = "the last user entry's content must be a string or a list of text parts."
@@ -449,9 +450,13 @@ class HealthApi(APIView):
     permission_classes = []
 
     @extend_schema(operation_id="health", tags=["host"], summary="Worker health (no key)",
-                   responses={200: docs.HealthSerializer})
+                   description="503 \"warming\" in servers mode until a worker has warmed its engines "
+                               "(at most UGENT_WARM_WAIT_SECS after the first ask), so the first turn is fast.",
+                   responses={200: docs.HealthSerializer, 503: docs.HealthSerializer})
     def get(self, request):
         statements.database_ping()
+        if not workers_warm():
+            return Response({"status": "warming", "mode": settings.UGENT_MODE}, status=503)
         return Response({"status": "ok", "mode": settings.UGENT_MODE})
 
 

@@ -226,7 +226,7 @@ ModelsListSerializer = inline_serializer("ModelsList", {
     "object": serializers.ChoiceField(choices=["list"]), "data": ModelSerializer(many=True)})
 
 HealthSerializer = inline_serializer("Health", {
-    "status": serializers.ChoiceField(choices=["ok"]),
+    "status": serializers.ChoiceField(choices=["ok", "warming"]),
     "mode": serializers.ChoiceField(choices=["embedded", "servers"])})
 
 

@@ -8,6 +8,12 @@ scan: it loads only its own engine (plugins_app.agent.engines.registry). rundaem
 once warming is done (at most UGENT_WARM_WAIT_SECS), so /v1/health answering means warm; the rest of
 its start-up (worker, beat, supervisor) runs beside it. UGENT_WARM_AT_START=false turns it off
 (bench/first_answer.py measures both).
+
+In servers mode the web processes and the workers are separate: a worker that has warmed says so in
+Redis (`warm_mark`, a key per task queue, refreshed while the worker lives and gone within
+WARM_MARK_TTL of its death), and GET /v1/health answers 503 "warming" until one has, for at most
+UGENT_WARM_WAIT_SECS after it was first asked, so a load balancer or a start script that waits for
+health sends its first turn to a warm worker.
 """
 from __future__ import annotations
 
@@ -22,6 +28,11 @@ log = logging.getLogger("ugent.engines")
 
 _started: threading.Thread | None = None
 _lock = threading.Lock()
+
+WARM_MARK_TTL = 30          # seconds a warm mark outlives its worker
+WARM_MARK_REFRESH = 10
+_seen_warm = False          # this web process saw a warm worker: health stops asking Redis
+_first_asked: float | None = None
 
 
 def engines_warm() -> dict:
@@ -73,3 +84,42 @@ def _run() -> None:
         log.exception("warming the engines failed; the first turn will do it")
     finally:
         close_old_connections()
+    if settings.REDIS_URL and settings.UGENT_MODE == "servers":
+        _keep_warm_mark()
+
+
+def _warm_key() -> str:
+    return f"ugent:warm:{settings.CELERY_TASK_DEFAULT_QUEUE}"
+
+
+def _redis():
+    import redis
+    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+
+
+def _keep_warm_mark() -> None:
+    """Say in Redis that a worker of this queue is warm, for as long as this process lives."""
+    import socket
+    client, name = _redis(), f"{socket.gethostname()}:{__import__('os').getpid()}"
+    while True:
+        try:
+            client.set(_warm_key(), name, ex=WARM_MARK_TTL)
+        except Exception as exc:  # Redis away for a moment: the mark lapses, health says warming, we retry
+            log.warning("could not record the warm mark: %s", exc)
+        time.sleep(WARM_MARK_REFRESH)
+
+
+def workers_warm() -> bool:
+    """Servers mode, for GET /v1/health: whether to answer ready. True once a worker of this queue has
+    warmed (then without asking again), when warming is off, or UGENT_WARM_WAIT_SECS after the first ask."""
+    global _seen_warm, _first_asked
+    if _seen_warm or not settings.UGENT_WARM_AT_START or settings.UGENT_MODE != "servers":
+        return True
+    now = time.monotonic()
+    if _first_asked is None:
+        _first_asked = now
+    try:
+        _seen_warm = bool(_redis().exists(_warm_key()))
+    except Exception:
+        _seen_warm = False
+    return _seen_warm or now - _first_asked >= settings.UGENT_WARM_WAIT_SECS

@@ -61,3 +61,67 @@ def test_rundaemon_opens_its_api_only_once_the_engines_are_warm(tmp_path):
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"].startswith("From ")
     finally:
         d.close()
+
+
+# --- servers mode: health waits for a warm worker ---------------------------------------------------
+
+@pytest.fixture
+def servers_health(settings, monkeypatch):
+    import os
+    import uuid
+    settings.UGENT_MODE = "servers"
+    settings.UGENT_WARM_AT_START = True
+    settings.REDIS_URL = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/14"
+    settings.CELERY_TASK_DEFAULT_QUEUE = "ugent-warm-" + uuid.uuid4().hex[:8]
+    monkeypatch.setattr(warm, "_seen_warm", False)
+    monkeypatch.setattr(warm, "_first_asked", None)
+    client = warm._redis()
+    yield client
+    client.delete(warm._warm_key())
+
+
+@pytest.mark.django_db
+def test_servers_health_says_warming_until_a_worker_of_its_queue_has_warmed(servers_health, settings, client):
+    settings.UGENT_WARM_WAIT_SECS = 300
+    r = client.get("/v1/health")
+    assert r.status_code == 503 and r.json() == {"status": "warming", "mode": "servers"}
+    servers_health.set("ugent:warm:some-other-queue", "w", ex=30)  # another deployment's worker is not ours
+    try:
+        assert client.get("/v1/health").status_code == 503
+    finally:
+        servers_health.delete("ugent:warm:some-other-queue")
+    servers_health.set(warm._warm_key(), "worker-1", ex=30)
+    r = client.get("/v1/health")
+    assert r.status_code == 200 and r.json() == {"status": "ok", "mode": "servers"}
+    servers_health.delete(warm._warm_key())  # once seen warm, this process no longer asks
+    assert client.get("/v1/health").status_code == 200
+
+
+@pytest.mark.django_db
+def test_servers_health_gives_up_waiting_after_the_bound(servers_health, settings, client):
+    settings.UGENT_WARM_WAIT_SECS = 0
+    assert client.get("/v1/health").status_code == 200  # no worker at all: health is not held forever
+
+
+@pytest.mark.django_db
+def test_servers_health_is_plain_when_warming_is_off(servers_health, settings, client):
+    settings.UGENT_WARM_AT_START = False
+    assert client.get("/v1/health").status_code == 200
+
+
+def test_a_servers_worker_marks_its_queue_warm_and_health_waits_for_it(tmp_path):
+    import os
+    import redis
+    env_redis = os.environ.get("REDIS_URL")
+    if not env_redis:
+        pytest.skip("servers mode (REDIS_URL) only: the test-servers run covers it")
+    d = Daemon(tmp_path, servers=True, extra_env={"UGENT_LLM_BASE_URL": ""})
+    try:
+        d.start()  # returns once /v1/health answers 200
+        queue = d.env["UGENT_CELERY_QUEUE"]
+        mark = redis.Redis.from_url(env_redis).get(f"ugent:warm:{queue}")
+        assert mark is not None  # health answered because a worker of this queue had warmed
+        log = (tmp_path / "daemon.log").read_text()
+        assert "engines warmed in" in log, log[-2000:]
+    finally:
+        d.close()

@@ -150,8 +150,9 @@ class Daemon:
                     raise RuntimeError(f"daemon exited: {(self.tmp / 'daemon.log').read_text()[-3000:]}")
             try:
                 if httpx.get(self.base + "/v1/health", timeout=1).status_code == 200:
-                    if self.servers:
+                    if self.servers and self.env.get("UGENT_WARM_AT_START") == "false":
                         time.sleep(1.0)  # the worker connects to the broker beside the web process
+                    # (warming on, health waits for a warm worker: plugins_app/agent/warm.py)
                     return
             except httpx.HTTPError:
                 pass
