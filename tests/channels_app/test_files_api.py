@@ -446,3 +446,19 @@ def test_a_repeat_with_other_files_is_a_content_mismatch(tcast):
     assert again.status_code == 409 and error(again)["code"] == "DuplicateProcessed"
     other = send(tcast.alice, [{"type": "file", "file": {"file_id": b}}], client_message_id="m1")
     assert other.status_code == 409 and error(other)["code"] == "DuplicateContentMismatch"
+
+
+# --- admin -----------------------------------------------------------------------------
+
+def test_the_admin_lists_files_read_only(tcast, admin_client):
+    from channels_app.models import File
+    fid = upload(tcast.alice, b"listed", name="listed.txt").json()["id"]
+    upload(tcast.bob, png_bytes(), name="other.png", conversation_id="c-bob")
+    page = admin_client.get("/admin/channels_app/file/", {"q": "listed"}).content.decode()
+    assert fid in page and "other.png" not in page
+    assert "listed.txt" in admin_client.get("/admin/channels_app/file/", {"mime__exact": "text/plain"}).content.decode()
+    pk = File.objects.get(file_id=fid).pk
+    assert admin_client.get("/admin/channels_app/file/add/").status_code == 403
+    assert admin_client.post(f"/admin/channels_app/file/{pk}/change/", {"filename": "renamed"}).status_code == 403
+    assert admin_client.post(f"/admin/channels_app/file/{pk}/delete/", {"post": "yes"}).status_code == 403
+    assert File.objects.get(pk=pk).filename == "listed.txt"
