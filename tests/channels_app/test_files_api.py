@@ -462,3 +462,22 @@ def test_the_admin_lists_files_read_only(tcast, admin_client):
     assert admin_client.post(f"/admin/channels_app/file/{pk}/change/", {"filename": "renamed"}).status_code == 403
     assert admin_client.post(f"/admin/channels_app/file/{pk}/delete/", {"post": "yes"}).status_code == 403
     assert File.objects.get(pk=pk).filename == "listed.txt"
+
+
+def test_a_file_whose_bytes_are_gone_is_a_404_not_a_failure(tcast, _files_dir):
+    from channels_app.models import File
+    from tests.support.scripted import CALLS
+    fid = upload(tcast.alice, b"soon gone", name="gone.txt").json()["id"]
+    (_files_dir / File.objects.get(file_id=fid).storage_name).unlink()
+    resp = download(tcast.alice, fid)
+    assert resp.status_code == 404 and error(resp)["message"] == "No such file."
+    CALLS.clear()
+    chat = send(tcast.alice, [{"type": "text", "text": "read it"}, {"type": "file", "file": {"file_id": fid}}])
+    assert chat.status_code == 200
+    assert "(its bytes are gone: retention deleted them)" in CALLS[-1]["messages"][-1][1]
+
+
+def test_head_answers_the_headers_of_a_download(tcast, stored):
+    resp = Client().head(f"/v1/files/{stored}", {"user": "alice"}, HTTP_X_API_KEY=OPERATOR_KEY, HTTP_RANGE="bytes=0-9")
+    assert resp.status_code == 206 and resp["Content-Range"] == "bytes 0-9/100"
+    assert resp["Accept-Ranges"] == "bytes"
