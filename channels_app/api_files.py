@@ -5,6 +5,7 @@ does (form fields), the download as the receipt does (query parameters).
 """
 from __future__ import annotations
 
+from django.conf import settings
 from django.http import HttpResponse
 from django.utils.http import content_disposition_header
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -64,7 +65,6 @@ class FileUploadApi(APIView):
             length = int(request.META.get("CONTENT_LENGTH") or 0)
         except ValueError:
             length = 0
-        from django.conf import settings
         if length > settings.UGENT_FILES_MAX_BYTES + FORM_OVERHEAD:  # refused before the body is parsed
             raise files.upload_too_large(length)
         ser = self.InputSerializer(data=request.data)
