@@ -13,6 +13,8 @@ itself (`Viewer.is_operator`), which sees every conversation and event.
 | conversation (read: streams, snapshots, history) | its owner, the operator | 404, as a missing one |
 | conversation (write: a message into it) | its owner; on a plugin channel, any sender | 403 |
 | receipt | its sender, the operator | 404, as a missing one |
+| file (download) | its conversation's owner, the operator | 404, as a missing one |
+| file (upload, or a file part of a turn) | its conversation's owner (the write rule) | 403 / 400 |
 | event | the operator; the conversation's owner when addressed to all or to them | not sent |
 | turn, stop | its own user, the operator, or anyone naming its exact turn_id | 404 |
 | turn, steering | its own user, the operator (any of their clients, by turn_id or not) | 404 |
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from channels_app.models import Actor, Caller, Conversation, Receipt, Role, Turn
+from channels_app.models import Actor, Caller, Conversation, File, Receipt, Role, Turn
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,18 @@ def receipt_readable(viewer: Viewer, receipt: Receipt) -> bool:
 def receipts_scope(viewer: Viewer, queryset):
     """The receipts of a queryset this viewer may read (a conversation snapshot's list)."""
     return queryset if viewer.is_operator else queryset.filter(actor_id=viewer.actor.id)
+
+
+# --- files -------------------------------------------------------------------
+
+def file_readable(viewer: Viewer, file: File) -> bool:
+    """A /v1/files/<id> link: its conversation's owner and the operator (the seed: "File links last")."""
+    return conversation_readable(viewer, file.conversation)
+
+
+def file_attachable(actor: Actor, file: File, conversation: Conversation) -> bool:
+    """A file part of a chat turn: a file of the same conversation, uploaded by the turn's own user."""
+    return file.conversation_id == conversation.id and file.actor_id == actor.id
 
 
 # --- events ------------------------------------------------------------------

@@ -11,8 +11,8 @@ from django.urls import path, reverse
 from django.utils import timezone
 
 from channels_app import services, streams
-from channels_app.models import (ApiKey, Actor, Caller, CallerDefaults, Conversation, Event, Issuer, Message,
-                                 Receipt, Steering, Turn, TurnState)
+from channels_app.models import (ApiKey, Actor, Caller, CallerDefaults, Conversation, Event, File, Issuer,
+                                 Message, Receipt, Steering, Turn, TurnState)
 from ugent_common import config
 from ugent_common.admin import RecordAdmin
 
@@ -313,3 +313,16 @@ class CallerDefaultsAdmin(admin.ModelAdmin):
     list_filter = ("from_config", "disable_memory_recall", "disable_memory_write", "disable_code_context")
     search_fields = ("issuer", "model")
     readonly_fields = ("from_config", "created_at", "updated_at")
+
+
+@admin.register(File)
+class FileAdmin(RecordAdmin):
+    """Uploaded files (POST /v1/files): records, deleted only by retention (channels_app.files.files_prune)."""
+
+    list_display = ("file_id", "filename", "mime", "size", "conversation", "actor", "created_at", "expires_at")
+    list_select_related = ("conversation", "actor")
+    list_filter = ("mime", "purpose")
+    search_fields = ("file_id", "filename", "conversation__external_id", "actor__key")
+    readonly_fields = ("file_id", "conversation", "actor", "caller", "filename", "purpose", "mime", "size",
+                       "sha256", "storage_name", "created_at", "updated_at", "expires_at")
+    date_hierarchy = "created_at"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import re
 import threading
 import time
 
@@ -35,8 +36,8 @@ from plugins_app.agent.warm import workers_warm
 
 INPUT_MODES = ("voice", "live")
 CONTENT_SHAPE = "the last user entry's content must be a string or a list of text parts."
-NOT_A_TEXT_PART = ('content part {i} is not a text part ({{"type": "text", "text": "…"}}): '
-                   'this daemon reads text parts only.')
+NOT_A_TEXT_PART = ('content part {i} is not a text part ({{"type": "text", "text": "…"}}) or a file part '
+                   '({{"type": "file", "file": {{"file_id": "…"}}}}): this daemon reads text and file parts only.')
 ALLOWED_TOOLS_EMPTY = ('ugent_allowed_tools: [] is refused: leave the field out for no restriction, '
                        'or send ugent_denied_tools: ["*"] to run the turn with no tools.')
 
@@ -120,7 +121,9 @@ class ChatInputSerializer(serializers.Serializer):
             if not content:
                 raise serializers.ValidationError("the last user entry's content holds no parts.")
             for i, part in enumerate(content):
-                if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+                    continue
+                if file_part_id(part) is None:
                     raise serializers.ValidationError(NOT_A_TEXT_PART.format(i=i))
         elif not isinstance(content, str):
             raise serializers.ValidationError(CONTENT_SHAPE)
@@ -165,6 +168,41 @@ def last_user_text(messages: list) -> str | None:
         return "".join(p["text"] for p in content if isinstance(p, dict) and p.get("type") == "text"
                        and isinstance(p.get("text"), str))
     return None
+
+
+FILE_LINK = re.compile(r"^(?:https?://[^/]+)?/v1/files/([A-Za-z0-9_-]{1,64})$")
+
+
+def file_part_id(part) -> str | None:
+    """The uploaded file a content part names (POST /v1/files), or None: OpenAI's file part
+    {"type": "file", "file": {"file_id"}}, and input_audio or image_url naming the file by its id or link."""
+    if not isinstance(part, dict):
+        return None
+    kind = part.get("type")
+    body = part.get(kind) if kind in ("file", "input_audio", "image_url") else None
+    if not isinstance(body, dict):
+        return None
+    file_id = body.get("file_id")
+    if isinstance(file_id, str) and 0 < len(file_id) <= 64 and "\x00" not in file_id:
+        return file_id
+    url = body.get("url")
+    if kind == "image_url" and isinstance(url, str):
+        m = FILE_LINK.match(url)
+        return m.group(1) if m else None
+    return None
+
+
+def last_user_file_ids(messages: list) -> list[str]:
+    """The uploaded files the last user entry's parts name, in order, each once."""
+    entry = last_user_entry(messages)
+    content = entry.get("content") if entry else None
+    ids: list[str] = []
+    if isinstance(content, list):
+        for part in content:
+            file_id = file_part_id(part)
+            if file_id is not None and file_id not in ids:
+                ids.append(file_id)
+    return ids
 
 
 #: What the chat view learns on its accept thread, for the request's log line (contextvars follow sync_to_async).
@@ -224,7 +262,8 @@ def _submit(principal, data: dict, on_turn=None):
         disable_memory_recall=data["ugent_disable_memory_recall"],
         disable_code_context=data["ugent_disable_code_context"],
         disable_memory_write=data["ugent_disable_memory_write"],
-        include_thinking=data["include_thinking"], citation_ids=data.get("ugent_citation_ids") or [])
+        include_thinking=data["include_thinking"], citation_ids=data.get("ugent_citation_ids") or [],
+        file_ids=last_user_file_ids(data["messages"]))
     return services.message_submit(inbound=inbound, on_turn=on_turn)
 
 

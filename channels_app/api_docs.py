@@ -76,10 +76,18 @@ def errors(*statuses: int) -> dict:
 
 # --- chat request fields -------------------------------------------------------------------------
 
-@extend_schema_field({"oneOf": [{"type": "string"},
-                                {"type": "array", "items": {"type": "object", "required": ["type", "text"], "properties": {
-                                    "type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}}}}],
-                      "description": 'A string, or a list of text parts ([{"type": "text", "text": "…"}]).'})
+_TEXT_PART = {"type": "object", "required": ["type", "text"], "properties": {
+    "type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}}}
+_FILE_PART = {"type": "object", "required": ["type", "file"], "properties": {
+    "type": {"type": "string", "enum": ["file"]},
+    "file": {"type": "object", "required": ["file_id"], "properties": {"file_id": {"type": "string"}}}},
+    "description": "An uploaded file of the same conversation and user (POST /v1/files); input_audio and "
+                   "image_url parts may name one too, by file_id (image_url also by its /v1/files/<id> url)."}
+
+
+@extend_schema_field({"oneOf": [{"type": "string"}, {"type": "array", "items": {"oneOf": [_TEXT_PART, _FILE_PART]}}],
+                      "description": 'A string, or a list of text parts ([{"type": "text", "text": "…"}]) and '
+                                     'file parts ([{"type": "file", "file": {"file_id": "…"}}]).'})
 class _ContentField(serializers.Field):
     pass
 

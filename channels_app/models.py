@@ -315,3 +315,30 @@ class CallerDefaults(TimeStamped):
 
     def __str__(self):
         return f"defaults for {self.issuer}"
+
+
+class File(TimeStamped):
+    """An uploaded file (POST /v1/files): its bytes in the `ugent_files` storage, kept until expires_at.
+
+    It belongs to its conversation; only that conversation's owner (and the operator) reads it."""
+
+    file_id = models.CharField(max_length=64, unique=True)
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="files")
+    actor = models.ForeignKey(Actor, on_delete=models.PROTECT, related_name="files",
+                              help_text="Who uploaded it (the conversation's owner).")
+    caller = models.ForeignKey(Caller, null=True, blank=True, on_delete=models.SET_NULL, related_name="files")
+    filename = models.CharField(max_length=255, help_text="The name the client gave it.")
+    purpose = models.CharField(max_length=40, default="user_data")
+    mime = models.CharField(max_length=100, help_text="Sniffed from the bytes, not taken from the client.")
+    size = models.PositiveBigIntegerField()
+    sha256 = models.CharField(max_length=64, editable=False, help_text="Of the bytes; the download's ETag.")
+    storage_name = models.CharField(max_length=300, editable=False, help_text="Its name in the storage.")
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        # the retention job reads the expired files
+        indexes = [models.Index(fields=["expires_at"], name="file_expires_at")]
+        constraints = [models.CheckConstraint(condition=~Q(file_id=""), name="file_id_not_empty")]
+
+    def __str__(self):
+        return f"{self.file_id} ({self.filename})"

@@ -24,7 +24,7 @@ from django.db import close_old_connections, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from channels_app import hooks, statements
+from channels_app import file_parts, hooks, statements
 
 from ugent_common import rows
 # The log's lock (see channels_app.events): under it a state read and an append are one step, so no
@@ -367,6 +367,8 @@ class TurnRun:
         except LookupError as exc:
             raise EngineError(str(exc), code="engine_not_installed")
         self.messages = build_messages(self.turn)
+        # the turn's uploaded files: bytes for a multimodal engine, their text for any other (docs/files.md)
+        self.messages = file_parts.messages_with_files(self.turn, self.messages, self.engine)
 
     def should_stop(self) -> bool:
         """The engine's and the runner's question between items: stop, steering, time, ended elsewhere."""

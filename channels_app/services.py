@@ -17,7 +17,7 @@ from typing import Optional
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from channels_app import access, hooks, statements
+from channels_app import access, file_parts, hooks, statements
 from ugent_common import config
 
 from ugent_common import rows
@@ -170,11 +170,14 @@ class Submission:
     include_thinking: bool = False
     citation_ids: list = field(default_factory=list)
     attachments: list = field(default_factory=list)
+    file_ids: list = field(default_factory=list)  # uploaded files its content parts name (POST /v1/files)
     extra: dict = field(default_factory=dict)
 
     def content_hash(self) -> str:
-        payload = json.dumps({"text": self.text, "attachments": self.attachments,
-                              "input_mode": self.input_mode}, sort_keys=True)
+        content = {"text": self.text, "attachments": self.attachments, "input_mode": self.input_mode}
+        if self.file_ids:  # only then: the hashes of receipts taken before file parts stay the same
+            content["files"] = self.file_ids
+        payload = json.dumps(content, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()
 
 
@@ -288,6 +291,8 @@ def message_submit(*, inbound: Submission, profile=None, on_turn=None) -> Submis
                 actor=inbound.actor, caller=inbound.caller)
             if inbound.client_message_id and statements.receipt_exists(conversation.pk, inbound.client_message_id):
                 raise _duplicate(conversation, inbound)
+            file_parts.files_for_submission(actor=inbound.actor, conversation=conversation,
+                                            file_ids=inbound.file_ids)
             if profile is None:
                 from plugins_app.agent.profiles import profile_resolve
                 profile = profile_resolve(requested=inbound.model, conversation=conversation,
@@ -334,6 +339,7 @@ def _submit_locked(inbound: Submission, conversation: Conversation, created: boo
         disable_memory_write=inbound.disable_memory_write, input_mode=inbound.input_mode or "",
         include_thinking=inbound.include_thinking, citation_ids=inbound.citation_ids,
         context={"tags": ctx.tags, "injected_context": ctx.injected_context, "text": ctx.text,
+                 **({"files": list(inbound.file_ids)} if inbound.file_ids else {}),
                  **({"caller_defaults": inbound.extra["caller_defaults"]}
                     if inbound.extra.get("caller_defaults") else {})})
     rows.table(Message).insert(conversation=conversation, role=Message.Role.USER, content=inbound.text,

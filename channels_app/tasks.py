@@ -41,11 +41,21 @@ def sweep_stale_turns() -> int:
     return runner.turns_sweep_stale()
 
 
+@shared_task(ignore_result=True, soft_time_limit=300, time_limit=360)
+@with_fresh_connections
+def prune_files() -> int:
+    """Beat, every UGENT_FILES_PRUNE_EVERY_SECS: delete uploaded files past their retention."""
+    from channels_app import files
+    return files.files_prune()
+
+
 @beat_init.connect
 def _retention_schedule(sender=None, **kwargs) -> None:
     """Every beat process (embedded or `celery beat`) makes sure the retention job is scheduled."""
     from channels_app import streams
     try:
         streams.retention_schedule_ensure()
+        from channels_app import files
+        files.files_prune_schedule_ensure()
     finally:
         close_old_connections()

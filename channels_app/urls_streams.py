@@ -1,7 +1,8 @@
-"""The stream endpoints of the Web Channel API (included by ugent_site/urls.py)."""
+"""The stream and file endpoints of the Web Channel API (included by ugent_site/urls.py)."""
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 
+from channels_app import api_files
 from channels_app import api_streams as api
 
 urlpatterns = [
@@ -12,4 +13,6 @@ urlpatterns = [
     path("v1/ugent/conversation/snapshot", api.ConversationSnapshotApi.as_view(), name="conversation-snapshot"),
     path("v1/ugent/snapshot", api.SessionSnapshotApi.as_view(), name="session-snapshot"),
     path("v1/ugent/history", api.SessionHistoryApi.as_view(), name="session-history"),
+    path("v1/files", api_files.FileUploadApi.as_view(), name="files"),
+    path("v1/files/<str:file_id>", api_files.FileGetApi.as_view(), name="file"),
 ]

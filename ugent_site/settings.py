@@ -56,6 +56,7 @@ UGENT_STATUS_SECTIONS = {
     "plugins": "plugins_app.channel.selectors.plugins_status",
     "cron": "cron_app.apps.status_section",
     "identity": "channels_app.federation.identity_status",
+    "files": "channels_app.files.files_status",
 }
 
 MIDDLEWARE = [
@@ -119,6 +120,23 @@ STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "ugent_site.staticfiles.StaticStorage"},
 }
+# Uploaded files (POST /v1/files, docs/files.md): the file system under the var dir, or an S3-compatible
+# bucket through django-storages (UGENT_FILES_STORAGE=s3 and the UGENT_FILES_S3_* settings).
+UGENT_FILES_DIR = Path(env("UGENT_FILES_DIR", default=str(VAR_DIR / "files")))
+if env("UGENT_FILES_STORAGE", default="filesystem") == "s3":
+    STORAGES["ugent_files"] = {"BACKEND": "storages.backends.s3.S3Storage", "OPTIONS": {
+        "bucket_name": env("UGENT_FILES_S3_BUCKET", default=""),
+        "endpoint_url": env("UGENT_FILES_S3_ENDPOINT_URL", default="") or None,
+        "region_name": env("UGENT_FILES_S3_REGION", default="") or None,
+        "access_key": env("UGENT_FILES_S3_ACCESS_KEY_ID", default="") or None,
+        "secret_key": (env("UGENT_FILES_S3_SECRET_ACCESS_KEY", default="")
+                       or (Path(env("UGENT_FILES_S3_SECRET_ACCESS_KEY_FILE")).read_text().strip()
+                           if env("UGENT_FILES_S3_SECRET_ACCESS_KEY_FILE", default="") else None)),
+        "location": env("UGENT_FILES_S3_PREFIX", default="ugent-files"),
+        "default_acl": None, "querystring_auth": False, "file_overwrite": False}}
+else:
+    STORAGES["ugent_files"] = {"BACKEND": "django.core.files.storage.FileSystemStorage",
+                               "OPTIONS": {"location": str(UGENT_FILES_DIR), "base_url": None}}
 WHITENOISE_USE_FINDERS = True
 
 # --- run mode -------------------------------------------------------------
@@ -272,6 +290,10 @@ UGENT_PLUGIN_RETRY_BACKOFF_MAX_SECS = env.float("UGENT_PLUGIN_RETRY_BACKOFF_MAX_
 UGENT_PLUGIN_POLL_RECHECK_SECS = env.float("UGENT_PLUGIN_POLL_RECHECK_SECS", default=1.0)
 UGENT_PLUGIN_MEDIA_MAX_BYTES = env.int("UGENT_PLUGIN_MEDIA_MAX_BYTES", default=8 * 1024 * 1024)
 UGENT_PLUGIN_MEDIA_TTL_SECS = env.int("UGENT_PLUGIN_MEDIA_TTL_SECS", default=86400)
+# POST /v1/files: the largest upload taken (413 beyond), and how often the beat job deletes expired
+# files; a file is kept for UGENT_PLUGIN_MEDIA_TTL_SECS after its upload (docs/files.md).
+UGENT_FILES_MAX_BYTES = env.int("UGENT_FILES_MAX_BYTES", default=25 * 1024 * 1024)
+UGENT_FILES_PRUNE_EVERY_SECS = env.int("UGENT_FILES_PRUNE_EVERY_SECS", default=600)
 # channels_app
 UGENT_EVENT_RETENTION_SECS = env.int("UGENT_EVENT_RETENTION_SECS", default=7 * 86400)
 UGENT_EVENT_PRUNE_EVERY_SECS = env.int("UGENT_EVENT_PRUNE_EVERY_SECS", default=3600)

@@ -15,7 +15,7 @@ import pytest
 from django.test import Client
 
 from channels_app import federation
-from channels_app.models import Conversation, Event, Issuer, Message, Receipt, Steering, Turn
+from channels_app.models import Conversation, Event, File, Issuer, Message, Receipt, Steering, Turn
 from channels_app.services import VERIFIED_IDENTITY_REQUIRED
 from tests.channels_app.test_permissions import v1_routes
 from tests.conftest import APP_KEY, OPERATOR_KEY, OUTSIDER_KEY
@@ -34,6 +34,8 @@ TOKEN_REFUSED_FOR_OUTSIDER = ("An application key may name only federated users 
 ENDPOINTS = {
     "v1/chat/completions": ("POST", {"conversation_id": "cc", "messages": [{"role": "user", "content": "more"}]},
                             200, 403),
+    "v1/files": ("UPLOAD", {"conversation_id": "cc"}, 200, 403),  # multipart, with a file
+    "v1/files/<str:file_id>": ("GET", {}, 200, 404),  # carol's file-carol
     "v1/ugent/receipt": ("GET", {"conversation_id": "cc", "client_message_id": "m1"}, 200, 404),
     "v1/ugent/events": ("GET", {"conversation_id": "cc", "cursor": "0"}, 200, 404),
     "v1/ugent/activity": ("GET", {"conversation_id": "cc", "cursor": "0"}, 200, 404),
@@ -73,6 +75,14 @@ def world(tcast, settings, tmp_path):
                   "messages": [{"role": "user", "content": SECRET}]})
     assert first[0].status_code == 200 and SECRET in first[1]
     assert Conversation.objects.get(external_id="cc").owner.key == "crm:carol"
+    settings.STORAGES = {**settings.STORAGES, "ugent_files": {
+        "BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path / "files")}}}
+    from django.core.files.uploadedfile import SimpleUploadedFile
+    from channels_app import files
+    conv = Conversation.objects.get(external_id="cc")
+    f = files.file_upload(actor=conv.owner, caller=conv.caller, conversation_id="cc",
+                          upload=SimpleUploadedFile("carol.txt", SECRET.encode()))
+    File.objects.filter(pk=f.pk).update(file_id="file-carol")
     yield {"tokens": tokens, "verified": verified}
     server.close()
     federation.jwks_reset()
@@ -84,7 +94,10 @@ def call(who: dict, method: str, path: str, params: dict):
     headers = {"HTTP_X_API_KEY": who["key"]}
     if who.get("token"):
         headers["HTTP_AUTHORIZATION"] = f"Bearer {who['token']}"
-    if method == "GET":
+    if method == "UPLOAD":
+        from django.core.files.uploadedfile import SimpleUploadedFile
+        resp = Client().post(path, data={**params, "file": SimpleUploadedFile("n.txt", b"an upload")}, **headers)
+    elif method == "GET":
         resp = Client().get(path, params, **headers)
     else:
         resp = Client().post(path, data=json.dumps(params), content_type="application/json", **headers)
@@ -94,7 +107,7 @@ def call(who: dict, method: str, path: str, params: dict):
 
 
 def counts():
-    return {m.__name__: m.objects.count() for m in (Conversation, Receipt, Turn, Message, Event, Steering)}
+    return {m.__name__: m.objects.count() for m in (Conversation, Receipt, Turn, Message, Event, Steering, File)}
 
 
 def cast(tokens: dict, *, verified: bool) -> dict:
@@ -123,11 +136,12 @@ def test_the_identity_cast_on_each_endpoint(route, verified, world):
     method, params, owner_status, other_status = ENDPOINTS[route]
     for name, (who, expect) in cast(world["tokens"], verified=verified).items():
         before = counts()
-        resp, body = call(who, method, "/" + route, params)
+        resp, body = call(who, method, "/" + route.replace("<str:file_id>", "file-carol"), params)
         cell = f"/{route} as {name}: {resp.status_code} {body[:300]}"
         if expect == "owner":
             assert resp.status_code == owner_status, cell
-            if route not in ("v1/chat/completions", "v1/ugent/stop", "v1/ugent/steering", "v1/ugent/activity"):
+            if route not in ("v1/chat/completions", "v1/ugent/stop", "v1/ugent/steering", "v1/ugent/activity",
+                             "v1/files"):
                 assert SECRET in body, cell
             continue
         status, message = (other_status, None) if expect == "other" else expect

@@ -15,7 +15,7 @@ import pytest
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 
-from channels_app.models import Conversation, Event, Message, Receipt, Steering, Turn
+from channels_app.models import Conversation, Event, File, Message, Receipt, Steering, Turn
 from tests.conftest import APP_KEY, OPERATOR_KEY
 from tests.streams.conftest import read_frames
 
@@ -53,10 +53,22 @@ class Case:
     prepare: object = None  # called with the setup's state before the cast calls
     denied_message: str | None = None  # a refusal's wording, the same as for a missing object
     extra: dict = field(default_factory=dict)
+    path: str | None = None  # the path to call, for a route with a parameter
+    multipart: bool = False  # the params as a multipart form with a file (POST /v1/files)
 
 
 def _hide_alices_messages(state):
     Message.objects.filter(conversation__external_id="ca").update(hidden=True)
+
+
+def _alices_file(state):
+    """A file of alice's conversation `ca` that holds her words, under a known id."""
+    from django.core.files.uploadedfile import SimpleUploadedFile
+    from channels_app import files
+    conv = Conversation.objects.get(external_id="ca")
+    f = files.file_upload(actor=conv.owner, caller=conv.caller, conversation_id="ca",
+                          upload=SimpleUploadedFile("alice.txt", ALICE_SECRET.encode()))
+    File.objects.filter(pk=f.pk).update(file_id="file-alice")
 
 
 # One row per endpoint (its URL conf route); several cases where the endpoint takes different shapes.
@@ -74,6 +86,16 @@ MATRIX: dict[str, list[Case]] = {
     "v1/docs": [Case("GET", {}, {name: (200, False) for name in CAST})],
     "v1/ugent/status": [Case("GET", {}, {**any_key(), "application, anonymous": (403, False),
                                           "application, federated": (403, False)})],
+    # a file into someone else's conversation is refused as a turn is, the operator itself included
+    "v1/files": [
+        Case("POST", {"conversation_id": "ca"},
+             {**owner_only(allowed=(403, False), denied=(403, False)), "operator as A": (200, None)},
+             denied_message="This conversation belongs to another user.", multipart=True),
+    ],
+    "v1/files/<str:file_id>": [
+        Case("GET", {}, owner_only(), prepare=_alices_file, path="/v1/files/file-alice",
+             denied_message="No such file."),
+    ],
     "v1/ugent/receipt": [
         Case("GET", {"conversation_id": "ca", "client_message_id": "m1"}, owner_only(),
              denied_message="No such message."),
@@ -139,14 +161,18 @@ def test_every_v1_endpoint_has_a_row_in_the_matrix_and_every_row_an_endpoint():
 
 
 def _counts() -> dict:
-    return {m.__name__: m.objects.count() for m in (Conversation, Receipt, Turn, Message, Event, Steering)}
+    return {m.__name__: m.objects.count() for m in (Conversation, Receipt, Turn, Message, Event, Steering, File)}
 
 
 def _call(who: dict, case: Case, path: str, turn_id: str):
     params = {k: (v.format(turn_id=turn_id) if isinstance(v, str) else v) for k, v in case.params.items()}
     params.update({k: v for k, v in who.items() if k != "key"})
     headers = {"HTTP_X_API_KEY": who["key"]} if who["key"] else {}
-    if case.method == "GET":
+    path = case.path or path
+    if case.multipart:
+        from django.core.files.uploadedfile import SimpleUploadedFile
+        resp = Client().post(path, data={**params, "file": SimpleUploadedFile("n.txt", b"an upload")}, **headers)
+    elif case.method == "GET":
         resp = Client().get(path, params, **headers)
     else:
         resp = Client().post(path, data=json.dumps(params), content_type="application/json", **headers)
@@ -156,8 +182,10 @@ def _call(who: dict, case: Case, path: str, turn_id: str):
 
 
 @pytest.mark.parametrize("route", v1_routes())
-def test_the_cast_on_each_endpoint(route, tcast, settings):
+def test_the_cast_on_each_endpoint(route, tcast, settings, tmp_path):
     settings.UGENT_SSE_KEEPALIVE = 0.2
+    settings.STORAGES = {**settings.STORAGES, "ugent_files": {
+        "BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path)}}}
     assert route in MATRIX, f"/{route} has no row in the permission matrix"
     first = Client().post("/v1/chat/completions", data=json.dumps(
         {"user": "alice", "conversation_id": "ca", "client_message_id": "m1",
