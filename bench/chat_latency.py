@@ -13,9 +13,17 @@ Also prints the daemon's CPU time per turn (all its processes), the figure
 that bounds turns per second on a small machine.
 
 Usage: python bench/chat_latency.py [--requests 1000] [--concurrency 16] [--servers]
+                                     [--against litellm]
   --servers  uvicorn and a Celery worker as separate processes over Redis and
              PostgreSQL (REDIS_URL, default redis://127.0.0.1:6379/12; the
              database is created and dropped; UGENT_TEST_PG names the server)
+  --against litellm
+             also start LiteLLM's proxy (bench/requirements-litellm.txt, in a
+             venv of its own under var/bench-litellm, made on first use; one
+             worker, no database) in front of the same stub, and measure it
+             interleaved with UGENT and the stub: a new conversation per
+             request, and follow-ups in one conversation (UGENT keeps the
+             history; LiteLLM's client sends it, as a LiteLLM client must)
 Prints figures; asserts nothing.
 """
 from __future__ import annotations
@@ -130,6 +138,7 @@ def main():
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--servers", action="store_true", help="separate processes over Redis and PostgreSQL")
+    ap.add_argument("--against", choices=["litellm"], help="measure another gateway interleaved with UGENT")
     args = ap.parse_args()
     if args.servers:
         os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/12")
@@ -148,6 +157,8 @@ def main():
         ours = (d.base + "/v1/chat/completions", {"x-api-key": d.key}, "bench")
         direct = (stub_url + "/chat/completions", {}, "stub-model")
         n = args.requests
+        if args.against == "litellm":
+            return against_litellm(d, stub_url, tmp, n=n, concurrency=args.concurrency, servers=args.servers)
         mode = "servers mode (uvicorn + celery worker, Redis, PostgreSQL)" if args.servers else "embedded daemon"
         print(f"chat API added latency: {n} requests each, stub upstream, {mode}", flush=True)
         pids = [p.pid for p in d.procs]
@@ -172,6 +183,145 @@ def main():
     finally:
         d.close()
         stub.terminate()
+
+
+# --- against LiteLLM's proxy -------------------------------------------------------------------------
+
+LITELLM_VENV = ROOT / "var" / "bench-litellm"
+LITELLM_REQS = ROOT / "bench" / "requirements-litellm.txt"
+
+
+def litellm_ensure() -> Path:
+    """LiteLLM's proxy in a venv of its own (never the project's), made once per requirements file."""
+    marker = LITELLM_VENV / ".installed"
+    if not marker.exists() or marker.read_text() != LITELLM_REQS.read_text():
+        print(f"installing LiteLLM's proxy into {LITELLM_VENV} (once; a few minutes) ...", file=sys.stderr, flush=True)
+        subprocess.run(["python3", "-m", "venv", str(LITELLM_VENV)], check=True)
+        subprocess.run([str(LITELLM_VENV / "bin" / "pip"), "install", "-q", "-r", str(LITELLM_REQS)], check=True)
+        marker.write_text(LITELLM_REQS.read_text())
+    return LITELLM_VENV / "bin" / "litellm"
+
+
+def start_litellm(stub_url: str, tmp: Path) -> tuple[subprocess.Popen, str]:
+    from tests.support.daemon import free_port
+    exe = litellm_ensure()
+    port = free_port()
+    cfg = tmp / "litellm.yaml"
+    cfg.write_text("model_list:\n  - model_name: stub-model\n    litellm_params:\n      model: openai/stub-model\n"
+                   f"      api_base: {stub_url}\n      api_key: sk-stub\n"
+                   "litellm_settings:\n  telemetry: false\n  turn_off_message_logging: true\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env.update(LITELLM_LOG="ERROR", LITELLM_TELEMETRY="False", NO_DOCS="True", DISABLE_ADMIN_UI="True")
+    log = open(tmp / "litellm.log", "w")
+    proc = subprocess.Popen([str(exe), "--config", str(cfg), "--host", "127.0.0.1", "--port", str(port),
+                             "--num_workers", "1"], env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError("LiteLLM exited: " + (tmp / "litellm.log").read_text()[-3000:])
+        try:
+            if httpx.get(base + "/health/liveliness", timeout=1).status_code == 200:
+                return proc, base
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError("LiteLLM did not come up: " + (tmp / "litellm.log").read_text()[-3000:])
+
+
+class Target:
+    """One gateway under test: how a client of it sends a new conversation's message or a follow-up."""
+
+    def __init__(self, name, url, headers, model, keeps_history: bool):
+        self.name, self.url, self.headers, self.model, self.keeps_history = name, url, headers, model, keeps_history
+
+    def body(self, conv: str, history: list, follow_up: bool) -> dict:
+        if self.keeps_history:  # UGENT: the conversation is server-side; only the new message is sent
+            return {"model": self.model, "conversation_id": conv, "messages": [history[-1]]}
+        return {"model": self.model, "messages": list(history[-20:] if follow_up else history[-1:])}
+
+
+def run_conversations(target: Target, *, n: int, concurrency: int, follow_up: bool, tag: str) -> dict:
+    """n turns from `concurrency` clients; each client's turns are follow-ups in its own conversation,
+    or each turn opens a new conversation. Latency per turn and the wall time."""
+    lat: list[float] = []
+    lock = threading.Lock()
+
+    def client_loop(ci: int):
+        with httpx.Client(timeout=60) as c:
+            history: list = []
+            for i in range(ci, n, concurrency):
+                conv = f"{tag}-c{ci}" if follow_up else f"{tag}-{ci}-{i}"
+                if not follow_up:
+                    history = []
+                history.append({"role": "user", "content": f"hello {i}"})
+                t0 = time.perf_counter()
+                r = c.post(target.url, json=target.body(conv, history, follow_up), headers=target.headers)
+                r.raise_for_status()
+                took = time.perf_counter() - t0
+                history.append({"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]})
+                with lock:
+                    lat.append(took)
+
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+        for f in [pool.submit(client_loop, ci) for ci in range(concurrency)]:
+            f.result()
+    return {"lat": lat, "wall": time.perf_counter() - t0}
+
+
+def against_litellm(d, stub_url: str, tmp: Path, *, n: int, concurrency: int, servers: bool, chunks: int = 5):
+    lite, lite_base = start_litellm(stub_url, tmp)
+    try:
+        targets = [Target("direct", stub_url + "/chat/completions", {}, "stub-model", keeps_history=False),
+                   Target("ugent", d.base + "/v1/chat/completions", {"x-api-key": d.key}, "bench", keeps_history=True),
+                   Target("litellm", lite_base + "/v1/chat/completions", {"Authorization": "Bearer sk-anything"},
+                          "stub-model", keeps_history=False)]
+        for t in targets:  # warm-up: connections, imports, pools
+            run_conversations(t, n=20, concurrency=2, follow_up=False, tag=f"warm-{t.name}")
+        mode = "servers mode" if servers else "embedded daemon"
+        print(f"UGENT ({mode}) against LiteLLM's proxy (1 worker, no database), the same stub upstream, "
+              f"{n} turns per case, interleaved in {chunks} rounds", flush=True)
+        cases = [("new conversation, 1 client", 1, False), ("follow-ups, 1 client", 1, True),
+                 (f"new conversation, {concurrency} clients", concurrency, False),
+                 (f"follow-ups, {concurrency} clients", concurrency, True)]
+        results = []
+        for ci, (label, conc, follow) in enumerate(cases):
+            acc = {t.name: {"lat": [], "wall": 0.0} for t in targets}
+            for rnd in range(chunks):
+                for t in targets:
+                    r = run_conversations(t, n=max(conc, n // chunks), concurrency=conc, follow_up=follow,
+                                          tag=f"b{ci}-{rnd}-{t.name}")
+                    acc[t.name]["lat"] += r["lat"]
+                    acc[t.name]["wall"] += r["wall"]
+                print(f"  {label}: round {rnd + 1}/{chunks}", file=sys.stderr, flush=True)
+            results.append((label, acc))
+        print(f"\n{'case':<34}{'who':>9}{'p50 ms':>9}{'p99 ms':>9}{'turns/s':>9}{'added p50':>11}")
+        summary = []
+        for label, acc in results:
+            base50 = pct(acc["direct"]["lat"], 50) * 1000
+            row = {}
+            for name in ("direct", "ugent", "litellm"):
+                lat = acc[name]["lat"]
+                p50, p99 = pct(lat, 50) * 1000, pct(lat, 99) * 1000
+                rps = len(lat) / acc[name]["wall"]
+                row[name] = (p50 - base50, rps)
+                added = f"{p50 - base50:.2f}" if name != "direct" else "-"
+                print(f"{label:<34}{name:>9}{p50:>9.2f}{p99:>9.2f}{rps:>9.1f}{added:>11}")
+            lat_ratio = row["litellm"][0] / row["ugent"][0] if row["ugent"][0] > 0 else float("inf")
+            rps_ratio = row["ugent"][1] / row["litellm"][1]
+            summary.append((label, lat_ratio, rps_ratio))
+        print(f"\n{'case':<34}{'LiteLLM added / UGENT added':>30}{'UGENT turns/s / LiteLLM':>26}")
+        for label, lat_ratio, rps_ratio in summary:
+            print(f"{label:<34}{lat_ratio:>29.2f}x{rps_ratio:>25.2f}x")
+        print("\ntarget: 3x less added latency than LiteLLM (one client) and 4x its throughput (sixteen clients)")
+    finally:
+        os.killpg(lite.pid, 15)
+        try:
+            lite.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(lite.pid, 9)
 
 
 if __name__ == "__main__":

@@ -481,3 +481,20 @@ def test_head_answers_the_headers_of_a_download(tcast, stored):
     resp = Client().head(f"/v1/files/{stored}", {"user": "alice"}, HTTP_X_API_KEY=OPERATOR_KEY, HTTP_RANGE="bytes=0-9")
     assert resp.status_code == 206 and resp["Content-Range"] == "bytes 0-9/100"
     assert resp["Accept-Ranges"] == "bytes"
+
+
+def test_the_s3_option_loads_django_storages_s3_backend_with_its_settings(tmp_path):
+    """No bucket to reach here: the backend loads, with the bucket, endpoint and prefix from the env."""
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "PYTEST"))}
+    env.update(UGENT_VAR_DIR=str(tmp_path), UGENT_FILES_STORAGE="s3", UGENT_FILES_S3_BUCKET="ugent-test",
+               UGENT_FILES_S3_ENDPOINT_URL="http://127.0.0.1:9", UGENT_FILES_S3_ACCESS_KEY_ID="AKIDTEST",
+               UGENT_FILES_S3_SECRET_ACCESS_KEY="secret", UGENT_FILES_S3_PREFIX="files-here")
+    code = ("import django, os; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'ugent_site.settings'); django.setup();"
+            "from django.core.files.storage import storages; s = storages['ugent_files'];"
+            "print(type(s).__name__, s.bucket_name, s.location, s.endpoint_url, s.default_acl, s.querystring_auth)")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["S3Storage", "ugent-test", "files-here", "http://127.0.0.1:9", "None", "False"]
