@@ -277,6 +277,58 @@ SteeringSerializer = inline_serializer("SteeringAccepted", {
     "conversation_id": serializers.CharField(), "turn_id": serializers.CharField(),
     "state": serializers.CharField()})
 
+CommandResultSerializer = inline_serializer("CommandResult", {
+    "object": serializers.ChoiceField(choices=["ugent.command"]),
+    "command": serializers.CharField(help_text='The command\'s name as read, e.g. "/model".'),
+    "ok": serializers.BooleanField(help_text="False: unsupported, or the engine could not answer (/btw)."),
+    "unsupported": serializers.BooleanField(help_text="True: not a command here; text lists the supported ones."),
+    "changed": serializers.BooleanField(help_text="Something was stored (/model, /harness edits, /steering)."),
+    "text": serializers.CharField(allow_blank=True, help_text="The answer in words, for a chat channel."),
+    "data": serializers.DictField(help_text="The answer as data; its fields depend on the command (docs/commands.md)."),
+    "conversation_id": serializers.CharField(allow_null=True)})
+
+
+class WorkingDirectorySerializer(serializers.Serializer):
+    conversation_id = serializers.CharField()
+    client_id = serializers.CharField(allow_blank=True)
+    channel = serializers.CharField()
+    directory = serializers.CharField(help_text='Relative to the workspace root; "." is the root.')
+    path = serializers.CharField(help_text="The absolute path.")
+
+
+SandboxSerializer = inline_serializer("Sandbox", {
+    "object": serializers.ChoiceField(choices=["ugent.sandbox"]),
+    "workspace_root": serializers.CharField(), "workspace_exists": serializers.BooleanField(),
+    "writable_paths": serializers.ListField(child=serializers.CharField(),
+                                            help_text="UGENT_SANDBOX_WRITABLE; empty: tools write nothing."),
+    "network": serializers.BooleanField(help_text="UGENT_SANDBOX_NETWORK."),
+    "working_directory": WorkingDirectorySerializer(allow_null=True,
+                                                    help_text="The conversation asked about, or null."),
+    "working_directories": WorkingDirectorySerializer(many=True, required=False,
+                                                      help_text="Every conversation with one set.")})
+
+DirectorySerializer = inline_serializer("Directory", {
+    "object": serializers.ChoiceField(choices=["ugent.directory"]),
+    "conversation_id": serializers.CharField(), "client_id": serializers.CharField(allow_blank=True),
+    "channel": serializers.CharField(), "directory": serializers.CharField(), "path": serializers.CharField()})
+
+
+class RepairFixSerializer(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=["turn_ended_in_log", "lease_lapsed", "queue_deadline_passed",
+                                            "receipt_behind_turn", "receipt_without_turn"])
+    turn_id = serializers.CharField(allow_null=True)
+    client_message_id = serializers.CharField(allow_null=True)
+    to = serializers.CharField()
+
+
+RepairFixSerializer._declared_fields["from"] = serializers.CharField()  # a keyword in Python
+
+RepairSerializer = inline_serializer("Repair", {
+    "object": serializers.ChoiceField(choices=["ugent.repair"]),
+    "conversation_id": serializers.CharField(), "client_id": serializers.CharField(allow_blank=True),
+    "channel": serializers.CharField(), "fixed": RepairFixSerializer(many=True),
+    "fixed_count": serializers.IntegerField()})
+
 
 class MessageSerializer(serializers.Serializer):
     id = serializers.IntegerField()

@@ -22,9 +22,20 @@ class Caller(TimeStamped):
                                help_text="Federation issuers an application may name users of.")
     default_model = models.CharField(max_length=200, blank=True, default="")
     from_config = models.BooleanField(default=False, help_text="Defined in ugent.toml / the environment.")
+    allow_remote_control = models.BooleanField(
+        null=True, blank=True, default=None,
+        help_text=("May its requests change things through POST /v1/ugent/commands (/model, /harness edits, "
+                   "/steering)? Unset: operators may, applications may not."))
 
     def __str__(self):
         return f"{self.name} ({self.role})"
+
+    @property
+    def remote_control_allowed(self) -> bool:
+        """allow_remote_control as set, else by role: an operator front end may, an application may not."""
+        if self.allow_remote_control is not None:
+            return bool(self.allow_remote_control)
+        return self.role == Role.OPERATOR
 
     @property
     def anonymous_actor_key(self) -> str:
@@ -87,6 +98,9 @@ class Conversation(TimeStamped):
                                related_name="conversations")
     model_choice = models.CharField(max_length=200, blank=True, default="",
                                     help_text="The stored /model choice for this conversation.")
+    working_directory = models.CharField(
+        max_length=1000, blank=True, default="",
+        help_text="Its working directory, relative to the workspace root (empty: the root). PUT /v1/ugent/directory.")
 
     class Meta:
         constraints = [
@@ -342,3 +356,54 @@ class File(TimeStamped):
 
     def __str__(self):
         return f"{self.file_id} ({self.filename})"
+
+# --- the harness: a conversation's goals and tasks, and the checks that verify them ---------------
+
+class HarnessKind(models.TextChoices):
+    GOAL = "goal"
+    TASK = "task"
+
+
+class HarnessState(models.TextChoices):
+    OPEN = "open"
+    DONE = "done"
+    DROPPED = "dropped"
+
+
+class HarnessItem(TimeStamped):
+    """A goal or a task of a conversation (/harness), with the check that verifies it.
+
+    A check is `phrase:TEXT` (the conversation's latest answer contains TEXT) or `file:PATH` (PATH
+    exists inside the conversation's working directory); channels_app/harness.py runs it."""
+
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="harness_items")
+    kind = models.CharField(max_length=10, choices=HarnessKind.choices)
+    text = models.TextField()
+    state = models.CharField(max_length=10, choices=HarnessState.choices, default=HarnessState.OPEN)
+    check_spec = models.TextField(blank=True, default="", help_text="phrase:TEXT or file:PATH; empty: none.")
+    created_by = models.ForeignKey(Actor, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    class Meta:
+        # /harness and the snapshot list a conversation's items in order
+        indexes = [models.Index(fields=["conversation", "id"], name="harness_conv_id")]
+
+    def __str__(self):
+        return f"{self.kind} #{self.pk} ({self.state})"
+
+
+class HarnessVerification(models.Model):
+    """One run of an item's check: what it found, committed with the turn end or the command that ran it."""
+
+    item = models.ForeignKey(HarnessItem, on_delete=models.CASCADE, related_name="verifications")
+    turn = models.ForeignKey(Turn, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    check_spec = models.TextField(help_text="The check as it was run.")
+    passed = models.BooleanField()
+    detail = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        # an item's latest verification (the snapshot, /harness)
+        indexes = [models.Index(fields=["item", "id"], name="harness_verif_item_id")]
+
+    def __str__(self):
+        return f"verification of #{self.item_id} ({'passed' if self.passed else 'failed'})"

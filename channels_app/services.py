@@ -122,16 +122,22 @@ def _get_or_create(model, defaults, **lookup):
 
 # --- where -------------------------------------------------------------------
 
+NO_CONVERSATION = "No such conversation."
+
+
 def conversation_resolve(*, channel: str, client_id: str, external_id: str | None, actor: Actor,
-                         caller: Caller | None) -> tuple[Conversation, bool]:
-    """The conversation by its id, created for `actor` on its first message; refused if not theirs."""
+                         caller: Caller | None, create: bool = True) -> tuple[Conversation, bool]:
+    """The conversation by its id, created for `actor` on its first message; refused if not theirs.
+    `create=False` (a command, which creates no conversation): a missing one is a 404."""
     table = rows.table(Conversation)
-    if not external_id:  # a new conversation under an id of ours: nobody can hold it yet
+    if not external_id and create:  # a new conversation under an id of ours: nobody can hold it yet
         return table.create(channel=channel, client_id=client_id or "", external_id=f"conv-{uuid.uuid4().hex}",
                             owner=actor, caller=caller), True
-    lookup = {"channel": channel, "client_id": client_id or "", "external_id": external_id}
+    lookup = {"channel": channel, "client_id": client_id or "", "external_id": external_id or ""}
     conv = table.get(**lookup)
     created = False
+    if conv is None and not create:
+        raise ApplicationError(NO_CONVERSATION, status=404, code="conversation_not_found", param="conversation_id")
     if conv is None:
         try:
             with transaction.atomic():
@@ -266,9 +272,19 @@ def caller_defaults_apply(*, inbound: Submission) -> Submission:
     from dataclasses import replace
     from plugins_app.agent.profiles import DEFAULT_ALIAS
     changes = {name: True for name in OPT_OUTS if getattr(defaults, name)}
+    extra = {**inbound.extra, "caller_defaults": issuer}
     if defaults.model and (not inbound.model or inbound.model == DEFAULT_ALIAS):
-        changes["model"] = defaults.model
-    return replace(inbound, **changes, extra={**inbound.extra, "caller_defaults": issuer})
+        # below the user's stored /model choice in the seed's order: profile_choose weighs it
+        extra["caller_default_model"] = defaults.model
+    return replace(inbound, **changes, extra=extra)
+
+
+def caller_default_model(*, actor: Actor) -> str:
+    """The model the per-caller defaults give the issuer this actor asserts ("" when none)."""
+    if not actor.federation_issuer:
+        return ""
+    defaults = rows.table(CallerDefaults).get(issuer=actor.federation_issuer)
+    return defaults.model if defaults is not None else ""
 
 
 def message_submit(*, inbound: Submission, profile=None, on_turn=None) -> SubmissionResult:
@@ -295,8 +311,9 @@ def message_submit(*, inbound: Submission, profile=None, on_turn=None) -> Submis
                                             file_ids=inbound.file_ids)
             if profile is None:
                 from plugins_app.agent.profiles import profile_resolve
-                profile = profile_resolve(requested=inbound.model, conversation=conversation,
-                                          caller=inbound.caller)
+                profile = profile_resolve(requested=inbound.model, actor=inbound.actor, conversation=conversation,
+                                          caller=inbound.caller,
+                                          caller_default=inbound.extra.get("caller_default_model", ""))
             if inbound.turn_id and rows.table(Turn).get(turn_id=inbound.turn_id) is not None:
                 raise ApplicationError("This turn_id is already in use: send the turn a new one.", status=409,
                                        code="turn_id_in_use", param="turn_id", headers=NO_RETRY)

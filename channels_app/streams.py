@@ -22,7 +22,7 @@ from django.db import connection, transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
-from channels_app import access
+from channels_app import access, harness
 from channels_app.access import Viewer
 from channels_app.errors import ApplicationError
 from channels_app.events import event_append
@@ -226,7 +226,7 @@ def conversation_snapshot(*, viewer: Viewer, conversation: Conversation) -> dict
             "as_of": _iso(as_of), "cursor": cursor,
             "receipts": [receipt_summary(r) for r in receipts],
             "question": None,  # questions are not supported by this daemon yet
-            "verifications": []}
+            "verifications": harness.harness_items(conversation=conversation)}
 
 
 def session_tail(*, viewer: Viewer, conversation: Conversation, limit: int = PAGE_DEFAULT) -> dict:

@@ -50,6 +50,7 @@ UGENT_BEFORE_TURN_HOOKS = [
 UGENT_AFTER_TURN_HOOKS = {
     "plugins": "plugins_app.channel.services.delivery_create_for_turn",
     "cron": "cron_app.services.cron_turn_ended",
+    "harness": "channels_app.harness.harness_after_turn",  # /harness checks, verified with each answer
 }
 UGENT_STATUS_SECTIONS = {
     "rules": "rules_app.runtime.status_section",
@@ -191,6 +192,12 @@ UGENT_WEB_API_KEY = env("UGENT_WEB_API_KEY", default="") or (
 UGENT_CONFIG = env("UGENT_CONFIG", default="")
 UGENT_WORKSPACE = env("UGENT_WORKSPACE", default=str(BASE_DIR / "workspace"))
 UGENT_DEFAULT_MODEL = env("UGENT_DEFAULT_MODEL", default="")
+# What the turn's sandbox allows (GET /v1/ugent/sandbox, /sandbox): paths tools may write (comma-separated,
+# relative ones from the workspace; none by default: the workspace toolboxes read only), and network.
+UGENT_SANDBOX_WRITABLE = env.list("UGENT_SANDBOX_WRITABLE", default=[])
+UGENT_SANDBOX_NETWORK = env.bool("UGENT_SANDBOX_NETWORK", default=False)
+# /btw and /refine ask the engine directly, in the request: at most this many seconds.
+UGENT_COMMAND_ENGINE_TIMEOUT = env.float("UGENT_COMMAND_ENGINE_TIMEOUT", default=60.0)
 UGENT_LLM_BASE_URL = env("UGENT_LLM_BASE_URL", default="")
 UGENT_LLM_API_KEY = env("UGENT_LLM_API_KEY", default="")
 UGENT_LLM_MODEL = env("UGENT_LLM_MODEL", default="")
@@ -232,7 +239,9 @@ SPECTACULAR_SETTINGS = {
                             "ModelObjectEnum": ["model"], "ListObjectEnum": ["list"],
                             "StopObjectEnum": ["ugent.stop"], "SteeringObjectEnum": ["ugent.steering"],
                             "ConversationSnapshotObjectEnum": ["ugent.conversation.snapshot"],
-                            "SessionSnapshotObjectEnum": ["ugent.snapshot"]},
+                            "SessionSnapshotObjectEnum": ["ugent.snapshot"],
+                            "CommandResultObjectEnum": ["ugent.command"], "SandboxObjectEnum": ["ugent.sandbox"],
+                            "DirectoryObjectEnum": ["ugent.directory"], "RepairObjectEnum": ["ugent.repair"]},
 }
 
 # Plain lines, or JSON lines with UGENT_LOG_FORMAT=json; no secret in either, and a repeating warning

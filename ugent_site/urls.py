@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from django.views.decorators.csrf import csrf_exempt
 
-from channels_app import api, api_schema
+from channels_app import api, api_commands, api_schema
 from ugent_site import views
 from ugent_site.metrics import metrics_view
 
@@ -15,6 +15,10 @@ urlpatterns = [
     path("v1/health", api.HealthApi.as_view(), name="health"),
     path("v1/ugent/receipt", api.ReceiptGetApi.as_view(), name="receipt"),
     path("v1/ugent/status", api.StatusApi.as_view(), name="status"),
+    path("v1/ugent/commands", api_commands.CommandsApi.as_view(), name="commands"),
+    path("v1/ugent/sandbox", api_commands.SandboxApi.as_view(), name="sandbox"),
+    path("v1/ugent/directory", api_commands.DirectoryApi.as_view(), name="directory"),
+    path("v1/ugent/conversations/repair", api_commands.ConversationRepairApi.as_view(), name="conversation-repair"),
     path("", include("channels_app.urls_streams")),
     # The API schema (no key: it describes the API, never anyone's data) and its Swagger UI page.
     path("v1/openapi.json", api_schema.OpenApiSchemaApi.as_view(), name="openapi-schema"),

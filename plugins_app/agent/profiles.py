@@ -49,27 +49,56 @@ def _by_name(name: str) -> AgentProfile | None:
     return rows.table(AgentProfile).get(name=name, allowed=True)
 
 
-def profile_resolve(*, requested: str | None, conversation=None, caller=None) -> AgentProfile:
-    """The request's model for this turn; else the stored /model choice, the caller's default, the global one."""
+MODEL_NOT_AVAILABLE = "The model '{name}' is not available here."
+
+
+def model_not_available(name: str) -> ApplicationError:
+    """The 400 of a model the operator does not allow (or that does not exist): chat and /model alike."""
+    return ApplicationError(MODEL_NOT_AVAILABLE.format(name=name), status=400, code="model_not_found",
+                            param="model")
+
+
+def profile_named(name: str) -> AgentProfile | None:
+    """The allowed profile a model name (or `<provider>:<instance>@<model>`) names, or None."""
+    profiles_ensure_defaults()
+    return _by_name(name)
+
+
+def profile_choose(*, requested: str | None, actor=None, conversation=None, caller=None,
+                   caller_default: str = "") -> tuple[AgentProfile, str]:
+    """The turn's profile and where the choice came from, in the seed's order: the request's model
+    (`request`, that turn only) → the user's stored /model choice (`user`) → the conversation's stored
+    choice (`conversation`) → the caller's default: the per-caller defaults of the issuer the actor
+    asserts (`caller_defaults`), then the caller's own (`caller`) → the global default (`global`, then
+    `default_profile`). A stored or default name that is no longer allowed is passed over."""
     profiles_ensure_defaults()
     if requested and requested != DEFAULT_ALIAS:
         profile = _by_name(requested)
         if profile is None:
-            raise ApplicationError(f"The model '{requested}' is not available here.", status=400,
-                                   code="model_not_found", param="model")
-        return profile
-    for choice in (getattr(conversation, "model_choice", ""), getattr(caller, "default_model", ""),
-                   settings.UGENT_DEFAULT_MODEL):
+            raise model_not_available(requested)
+        return profile, "request"
+    for source, choice in (("user", getattr(actor, "model_choice", "")),
+                           ("conversation", getattr(conversation, "model_choice", "")),
+                           ("caller_defaults", caller_default),
+                           ("caller", getattr(caller, "default_model", "")),
+                           ("global", settings.UGENT_DEFAULT_MODEL)):
         if choice:
             profile = _by_name(choice)
             if profile is not None:
-                return profile
+                return profile, source
     profile = (rows.table(AgentProfile).get(is_default=True, allowed=True)
                or rows.table(AgentProfile).get(allowed=True))
     if profile is None:
         raise ApplicationError("No model is available here.", status=400, code="model_not_found",
                                param="model")
-    return profile
+    return profile, "default_profile"
+
+
+def profile_resolve(*, requested: str | None, actor=None, conversation=None, caller=None,
+                    caller_default: str = "") -> AgentProfile:
+    """The request's model for this turn; else the stored /model choice, the caller's default, the global one."""
+    return profile_choose(requested=requested, actor=actor, conversation=conversation, caller=caller,
+                          caller_default=caller_default)[0]
 
 
 def models_list() -> list[dict]:

@@ -44,9 +44,13 @@ ENDPOINTS = {
     "v1/ugent/history": ("GET", {"conversation_id": "cc"}, 200, 404),
     "v1/ugent/stop": ("POST", {"conversation_id": "cc"}, 409, 404),  # the turn has finished: 409
     "v1/ugent/steering": ("POST", {"conversation_id": "cc", "message": "steer"}, 409, 404),
+    # /refine offers carol's own last message back: a command reaches the conversation as a message does
+    "v1/ugent/commands": ("POST", {"conversation_id": "cc", "command": "/refine"}, 200, 403),
 }
 # The API schema and its page describe the API, never anyone's data: no key, no user.
-NAMES_NOBODY = {"v1/models", "v1/health", "v1/ugent/status", "v1/openapi.json", "v1/docs"}
+NAMES_NOBODY = {"v1/models", "v1/health", "v1/ugent/status", "v1/openapi.json", "v1/docs",
+                # the operator's host endpoints: operator keys only, naming nobody
+                "v1/ugent/sandbox", "v1/ugent/directory", "v1/ugent/conversations/repair"}
 
 
 def test_every_endpoint_that_names_a_user_is_in_the_identity_matrix():

@@ -133,6 +133,25 @@ MATRIX: dict[str, list[Case]] = {
         Case("POST", {"conversation_id": "ca", "turn_id": "{turn_id}", "message": "steer"},
              owner_only(allowed=(409, False)), denied_message="No such turn in this conversation."),
     ],
+    # a command reaches a conversation as a message does (403 on another's), and /refine reads alice's words
+    "v1/ugent/commands": [
+        Case("POST", {"conversation_id": "ca", "command": "/refine"},
+             {**owner_only(allowed=(403, False), denied=(403, False)), "operator as A": (200, True)},
+             denied_message="This conversation belongs to another user."),
+        Case("POST", {"command": "/models"}, any_key()),
+        # a change needs allow_remote_control: operators have it, applications do not
+        Case("POST", {"command": "/model scripted"}, {**any_key(), "application, anonymous": (403, False),
+                                                     "application, federated": (403, False)}),
+    ],
+    # the operator's host endpoints: operator keys only, as /v1/ugent/status
+    "v1/ugent/sandbox": [Case("GET", {}, {**any_key(), "application, anonymous": (403, False),
+                                           "application, federated": (403, False)})],
+    "v1/ugent/directory": [Case("PUT", {"conversation_id": "ca", "directory": ""},
+                                {**any_key(), "application, anonymous": (403, False),
+                                 "application, federated": (403, False)})],
+    "v1/ugent/conversations/repair": [Case("POST", {"conversation_id": "ca"},
+                                           {**any_key(), "application, anonymous": (403, False),
+                                            "application, federated": (403, False)})],
 }
 
 
@@ -175,7 +194,8 @@ def _call(who: dict, case: Case, path: str, turn_id: str):
     elif case.method == "GET":
         resp = Client().get(path, params, **headers)
     else:
-        resp = Client().post(path, data=json.dumps(params), content_type="application/json", **headers)
+        resp = getattr(Client(), case.method.lower())(path, data=json.dumps(params), content_type="application/json",
+                                                      **headers)
     if getattr(resp, "streaming", False):
         return resp, json.dumps(read_frames(resp, until_ping=True))
     return resp, resp.content.decode()

@@ -1,0 +1,111 @@
+"""What a turn's sandbox allows, and where it is: the workspace root, writable paths, network, and each
+conversation's working directory inside the workspace.
+
+One description for the operator's GET /v1/ugent/sandbox and the /sandbox command, and the one check
+of a working directory (PUT /v1/ugent/directory): inside the workspace, no `..`, no symlink out, an
+existing directory. The workspace toolboxes confine themselves to the same root and directory.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path, PurePosixPath
+
+from django.conf import settings
+
+from channels_app.errors import ApplicationError
+from channels_app.models import Conversation
+
+DOTDOT = "The directory may not contain '..': name it from the workspace root."
+OUTSIDE = "The directory must be inside the workspace ({root})."
+SYMLINK_OUT = "The directory leads outside the workspace through a symbolic link."
+MISSING = "No such directory in the workspace: {path}."
+NOT_A_DIRECTORY = "{path} is a file, not a directory."
+BAD_TEXT = "The directory holds a NUL character, which no path can hold."
+
+
+def workspace_root() -> Path:
+    """The workspace root, with its symbolic links resolved (every check compares real paths)."""
+    return Path(settings.UGENT_WORKSPACE).resolve()
+
+
+def writable_paths() -> list[str]:
+    """The paths the sandbox lets tools write (UGENT_SANDBOX_WRITABLE), relative ones from the workspace root."""
+    root = workspace_root()
+    return [str((root / p).resolve()) if not os.path.isabs(p) else str(Path(p).resolve())
+            for p in settings.UGENT_SANDBOX_WRITABLE]
+
+
+def directory_path(conversation: Conversation) -> Path:
+    """The conversation's working directory as an absolute path (the root when it has none)."""
+    return workspace_root() / conversation.working_directory if conversation.working_directory else workspace_root()
+
+
+def directory_check(raw: str) -> str:
+    """The working directory `raw` names, relative to the workspace root ("" for the root itself), or a
+    400 that says why not. An absolute path is taken as it is, and must lie inside the workspace."""
+    if "\x00" in raw:
+        raise ApplicationError(BAD_TEXT, status=400, code="invalid_directory", param="directory")
+    text = raw.strip()
+    if ".." in PurePosixPath(text.replace("\\", "/")).parts:
+        raise ApplicationError(DOTDOT, status=400, code="invalid_directory", param="directory")
+    root = workspace_root()
+    candidate = Path(text) if os.path.isabs(text) else root / text
+    # Without following links: is the name itself inside the workspace?
+    lexical = Path(os.path.normpath(candidate))
+    if lexical != root and root not in lexical.parents:
+        raise ApplicationError(OUTSIDE.format(root=root), status=400, code="directory_outside_workspace",
+                               param="directory")
+    try:
+        real = candidate.resolve()
+    except (OSError, RuntimeError):  # a symlink loop
+        raise ApplicationError(SYMLINK_OUT, status=400, code="directory_outside_workspace", param="directory")
+    if real != root and root not in real.parents:
+        raise ApplicationError(SYMLINK_OUT, status=400, code="directory_outside_workspace", param="directory")
+    shown = text or "."
+    if not real.exists():
+        raise ApplicationError(MISSING.format(path=shown), status=400, code="directory_not_found",
+                               param="directory")
+    if not real.is_dir():
+        raise ApplicationError(NOT_A_DIRECTORY.format(path=shown), status=400, code="not_a_directory",
+                               param="directory")
+    relative = real.relative_to(root)
+    return "" if str(relative) == "." else relative.as_posix()
+
+
+def conversation_directory(conversation: Conversation) -> dict:
+    """One conversation's working directory, as the sandbox description lists it."""
+    return {"conversation_id": conversation.external_id, "client_id": conversation.client_id,
+            "channel": conversation.channel, "directory": conversation.working_directory or ".",
+            "path": str(directory_path(conversation))}
+
+
+def sandbox_describe(*, conversation: Conversation | None = None, every_conversation: bool = False) -> dict:
+    """What the sandbox allows and where it is. `conversation`: that one's working directory;
+    `every_conversation` (the operator): every conversation that has one set."""
+    root = workspace_root()
+    out = {"object": "ugent.sandbox", "workspace_root": str(root), "workspace_exists": root.is_dir(),
+           "writable_paths": writable_paths(), "network": bool(settings.UGENT_SANDBOX_NETWORK),
+           "working_directory": conversation_directory(conversation) if conversation is not None else None}
+    if every_conversation:
+        qs = Conversation.objects.exclude(working_directory="").order_by("id")
+        out["working_directories"] = [conversation_directory(c) for c in qs[:1000]]
+    return out
+
+
+def sandbox_text(description: dict) -> str:
+    """The description in words, for a chat channel."""
+    writable = ", ".join(description["writable_paths"]) or "nothing (the workspace is read-only)"
+    lines = [f"Workspace: {description['workspace_root']}", f"Writable: {writable}",
+             f"Network: {'allowed' if description['network'] else 'none'}"]
+    wd = description.get("working_directory")
+    if wd is not None:
+        lines.append(f"This conversation's working directory: {wd['directory']} ({wd['path']})")
+    return "\n".join(lines)
+
+
+def conversation_directory_set(*, conversation: Conversation, directory: str) -> dict:
+    """Set the conversation's working directory (checked by directory_check; nothing changes on a 400)."""
+    relative = directory_check(directory)
+    Conversation.objects.filter(pk=conversation.pk).update(working_directory=relative)
+    conversation.working_directory = relative
+    return {"object": "ugent.directory", **conversation_directory(conversation)}
