@@ -99,7 +99,7 @@ def fact_pin(*, actor_key: str, fact_id: int, pinned: bool = True) -> bool:
 
 def memory_settings_save(*, row: MemorySettings) -> MemorySettings:
     """The admin's memory settings: saved as the one row, read again at once by this process."""
-    row.pk = 1
-    row.save()
+    fields = {f: getattr(row, f) for f in ("backend", "recall_cadence", "max_hits", "max_injected_tokens_est")}
+    saved, _ = MemorySettings.objects.update_or_create(pk=1, defaults=fields)
     conf.reset()
-    return row
+    return saved
