@@ -324,6 +324,7 @@ class TurnRun:
         self.started = 0.0  # monotonic, at the claim
         self.first_token: float | None = None  # monotonic, at the first answer token
         self.upstream_usage: dict | None = None  # summed over the engine's steps, where it reports it
+        self.recall = None  # memory's recall for this turn (memory_recall), made at the first engine call
 
     # -- steps --
     def claim(self) -> bool:
@@ -400,11 +401,21 @@ class TurnRun:
     def engine_step(self) -> None:
         """One pass of the engine over the messages, until it ends or the runner must stop."""
         self.steered = False
-        for item in stream_items(self.engine, list(self.messages), session_id=self.turn.conversation.external_id,
+        messages = self.memory_recall(list(self.messages))
+        for item in stream_items(self.engine, messages, session_id=self.turn.conversation.external_id,
                                  tools=None, should_stop=self.should_stop):
             self.handle(item)
             if self.should_stop():
                 break
+
+    def memory_recall(self, messages: list) -> list:
+        """Memory (plugins_app.agent.memory): the user's recalled facts put before the newest user
+        message, at memory's recall cadence; a turn with disable_memory_recall recalls nothing."""
+        if self.recall is None:
+            from plugins_app.agent.memory import turn_recall
+            self.recall = turn_recall(actor_key=self.turn.actor.key, disabled=self.turn.disable_memory_recall,
+                                      session_id=self.turn.conversation.external_id)
+        return self.recall.messages(messages)
 
     def handle(self, item) -> None:
         turn, writer = self.turn, self.writer

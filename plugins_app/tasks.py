@@ -36,3 +36,19 @@ def _media_prune_schedule(sender=None, **kwargs) -> None:
         media_prune_schedule_ensure()
     finally:
         close_old_connections()
+
+
+@shared_task(ignore_result=True, soft_time_limit=60, time_limit=90)
+@with_fresh_connections
+def memory_extract_turn(actor_key: str, text: str, turn_id: str) -> int:
+    """After a turn: save the facts its message states into its user's memory (duplicates merge, so a
+    redelivered task adds nothing new). Takes the text: the memory room does not read the hub's rows."""
+    import logging
+    from plugins_app.agent.memory import services
+    try:
+        return services.facts_extract_save(actor_key=actor_key, texts=[text], source="turn", source_ref=turn_id)
+    except services.MemoryUnavailable:
+        return 0  # the backend was switched to none since the turn ended
+    except Exception:
+        logging.getLogger("ugent.memory").exception("memory extraction failed (turn=%s)", turn_id)
+        raise

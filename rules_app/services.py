@@ -342,32 +342,37 @@ def conversation_compact(*, conversation, keep_exchanges: int, first_message: bo
 
 
 VOICE_MODES = ("voice", "live")
-MEMORY_BACKENDS = ("sqlite_fts", "lance_embedded")
 
 
 def sender_identified(actor) -> bool:
     """False for an application's anonymous web user and for a sender with no id."""
-    if actor is None or not getattr(actor, "user_id", ""):
-        return False
-    return not actor.key.startswith("web-user@")
+    from plugins_app.agent.memory.hooks import actor_identified
+    return actor_identified(actor)
 
 
 def memory_extract(*, ctx) -> str:
-    """extract_memory: save durable facts into the sender's memory, or say why not (the spec's order)."""
-    from channels_app.models import Turn
-    from ugent_common.config import load_config
-    config = load_config()
-    voice_keeps_out = (config.get("voice") or {}).get("memory_write", True) is False
+    """extract_memory: save durable facts from the conversation's latest exchanges (UGENT_MEMORY_EXCHANGES,
+    six) and from the message itself into the sender's memory, or say why not (the spec's order)."""
+    from django.conf import settings
+
+    from channels_app.models import Message, Turn
+    from plugins_app.agent.memory import services as memory
+    from plugins_app.agent.memory.hooks import voice_keeps_out_of_memory
     if (ctx.limits.get("disable_memory_write") or ctx.input_mode in VOICE_MODES
-            or (voice_keeps_out and ctx.conversation is not None and Turn.objects.filter(
+            or (voice_keeps_out_of_memory() and ctx.conversation is not None and Turn.objects.filter(
                 conversation=ctx.conversation, input_mode__in=VOICE_MODES).exists())):
         return engine.MEMORY_WRITES_OFF
     if not sender_identified(ctx.actor):
         return engine.MEMORY_SENDER_UNKNOWN
-    backend = (config.get("memory") or {}).get("backend", "default")
-    if backend not in MEMORY_BACKENDS:
+    texts: list[str] = []
+    if ctx.conversation is not None and not ctx.is_first_message:
+        # an exchange is a user message and its answer: the user's side states the facts about them
+        texts = list(Message.objects.filter(conversation=ctx.conversation, role=Message.Role.USER)
+                     .order_by("-id").values_list("content", flat=True)[:settings.UGENT_MEMORY_EXCHANGES])[::-1]
+    texts.append(ctx.text)
+    try:
+        saved = memory.facts_extract_save(actor_key=ctx.actor.key, texts=texts, source="conversation",
+                                          source_ref=ctx.conversation_id or "")
+    except memory.MemoryUnavailable:
         return engine.MEMORY_BACKEND_NEEDED
-    # No durable memory backend is built into this daemon yet: say so in the log, as the answer promises.
-    log.error("extract_memory failed (backend=%s, error=memory backend %s is not available in this build)",
-              backend, backend)
-    return engine.MEMORY_SAVE_FAILED
+    return engine.memory_saved_answer(saved)

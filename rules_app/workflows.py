@@ -25,6 +25,10 @@ WORKFLOW_START_ERROR_REASON = "it failed to start; the log says why"
 def workflow_answer(ctx: HookContext, decision: engine.StartWorkflow) -> str:
     """Start the rule-triggered cron job through cron_app and return the sender's answer."""
     workflow = decision.workflow
+    if ctx.input_mode in ("voice", "live") and not ctx.limits.get("disable_memory_write"):
+        # speech stays out of memory: the run a spoken message starts writes none either
+        from dataclasses import replace
+        ctx = replace(ctx, limits={**ctx.limits, "disable_memory_write": True})
     try:
         with transaction.atomic():  # a failing cron call must not spoil the receipt's transaction
             # cron checks the job again as the rule fires (a job that opted out since is refused)

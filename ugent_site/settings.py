@@ -51,6 +51,7 @@ UGENT_AFTER_TURN_HOOKS = {
     "plugins": "plugins_app.channel.services.delivery_create_for_turn",
     "cron": "cron_app.services.cron_turn_ended",
     "harness": "channels_app.harness.harness_after_turn",  # /harness checks, verified with each answer
+    "memory": "plugins_app.agent.memory.hooks.memory_turn_ended",
 }
 UGENT_STATUS_SECTIONS = {
     "rules": "rules_app.runtime.status_section",
@@ -271,6 +272,10 @@ UGENT_RULES_HEARTBEAT_SECONDS = env.float("UGENT_RULES_HEARTBEAT_SECONDS", defau
 UGENT_ROUTING_RECHECK_SECONDS = env.float("UGENT_ROUTING_RECHECK_SECONDS", default=2.0)
 UGENT_COMPACT_KEEP_EXCHANGES = env.int("UGENT_COMPACT_KEEP_EXCHANGES", default=3)
 UGENT_HOME = env("UGENT_HOME", default="")
+# plugins_app.agent.memory (the backend and the recall budget are ugent.toml's [memory], or the admin's)
+UGENT_MEMORY_SETTINGS_RECHECK_SECS = env.float("UGENT_MEMORY_SETTINGS_RECHECK_SECS", default=2.0)
+UGENT_MEMORY_EPHEMERAL_TTL_SECS = env.int("UGENT_MEMORY_EPHEMERAL_TTL_SECS", default=86400)
+UGENT_MEMORY_EXCHANGES = env.int("UGENT_MEMORY_EXCHANGES", default=6)  # extract_memory reads this many
 # plugins_app
 UGENT_PLUGIN_RUN_DIR = env("UGENT_PLUGIN_RUN_DIR", default=str(VAR_DIR / "run" / "plugins"))
 UGENT_PLUGIN_PID_DIR = env("UGENT_PLUGIN_PID_DIR", default=str(VAR_DIR / "run" / "plugin-pids"))

@@ -276,7 +276,12 @@ def test_extract_memory_refusals_in_the_spec_order(site, tcast):
         "Saving to memory needs the sqlite_fts or lance_embedded memory backend."
 
 
-def test_extract_memory_with_a_backend_that_is_not_built_in_fails_and_logs(site, tcast, rules_log):
+def test_extract_memory_whose_extraction_fails_says_so_and_logs(site, tcast, rules_log, monkeypatch):
+    from plugins_app.agent.memory import services as memory
+
+    def broken(text):
+        raise RuntimeError("extractor broke")
+    monkeypatch.setattr(memory, "extract_facts", broken)
     site.config('[memory]\nbackend = "sqlite_fts"\n')
     site.rules(DECISIONS)
     assert answer(chat(tcast.alice, "remember this")) == "Saving to memory failed; the agent's log says why."

@@ -1,8 +1,10 @@
 """Durable memory per user (issue #16).
 
 The hub and the commands read memory only through the functions here; the backends (none,
-sqlite_fts, lance_embedded) live beside them. With no backend configured there is no durable
-memory: recall finds nothing and says why.
+sqlite_fts, lance_embedded) live beside them (`backends.py`), the facts in `models.py`, writes in
+`services.py`, recall in `recall.py`, the offline extractor in `extract.py`, the after-turn hook in
+`hooks.py` and the memory_control tool in `tools.py`. With no backend configured there is no durable
+memory: recall finds nothing and says why. Memory is scoped to the acting user's actor key.
 """
 from __future__ import annotations
 
@@ -13,4 +15,12 @@ def recall_preview(*, actor_key: str, text: str) -> dict:
     {"backend": the configured backend's name, or None when there is none,
      "facts": [{"text", "tier", "score"}...], "tokens_est": int}
     """
-    return {"backend": None, "facts": [], "tokens_est": 0}
+    from plugins_app.agent.memory.recall import recall
+    found = recall(actor_key=actor_key, text=text)
+    return {"backend": found.backend, "facts": [f.as_dict() for f in found.facts], "tokens_est": found.tokens_est}
+
+
+def turn_recall(*, actor_key: str, disabled: bool, session_id: str = "default"):
+    """The recall of one turn (recall.TurnRecall): `.messages(messages)` before each engine call."""
+    from plugins_app.agent.memory.recall import TurnRecall
+    return TurnRecall(actor_key=actor_key, disabled=disabled, session_id=session_id)

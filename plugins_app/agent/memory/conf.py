@@ -1,0 +1,115 @@
+"""Memory's effective settings: ugent.toml's [memory], with what the operator set in the admin on top.
+
+[memory]
+backend = "none"                  # none | sqlite_fts | lance_embedded
+recall_cadence = "per_prompt"     # per_prompt | every_call
+max_hits = 12
+max_injected_tokens_est = 1200
+
+A [memory] that cannot be used as written is logged (naming the key) and memory runs as if it said
+nothing (backend none). The admin's row is read at most every UGENT_MEMORY_SETTINGS_RECHECK_SECS.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+from django.conf import settings
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ugent_common.config import load_config
+from ugent_common.validation import first_error
+
+log = logging.getLogger("ugent.memory")
+
+DEFAULT_MAX_HITS = 12
+DEFAULT_MAX_TOKENS = 1200
+
+
+class MemorySpec(BaseModel):
+    """The declared shape of ugent.toml's [memory]."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    backend: Literal["none", "sqlite_fts", "lance_embedded"] = "none"
+    recall_cadence: Literal["per_prompt", "every_call"] = "per_prompt"
+    max_hits: int = Field(DEFAULT_MAX_HITS, ge=0, le=200)
+    max_injected_tokens_est: int = Field(DEFAULT_MAX_TOKENS, ge=0, le=100_000)
+
+
+@dataclass(frozen=True)
+class MemoryConf:
+    backend: str = "none"
+    recall_cadence: str = "per_prompt"
+    max_hits: int = DEFAULT_MAX_HITS
+    max_injected_tokens_est: int = DEFAULT_MAX_TOKENS
+
+    @property
+    def durable(self) -> bool:
+        """A backend that keeps facts (anything but none)."""
+        return self.backend != "none"
+
+
+_last_error: dict = {"text": None}
+
+
+def memory_spec(data: dict) -> MemorySpec:
+    """[memory] of a parsed ugent.toml; the defaults (logged once per distinct error) when it is unusable."""
+    raw = data.get("memory", {})
+    try:
+        if not isinstance(raw, dict):
+            raise TypeError("ugent.toml: memory: expected a table")
+        spec = MemorySpec.model_validate(raw)
+        _last_error["text"] = None
+        return spec
+    except (ValidationError, TypeError) as exc:
+        text = str(exc) if isinstance(exc, TypeError) else "ugent.toml: " + first_error(exc, root="memory", data=raw)
+        if text != _last_error["text"]:
+            log.error("%s; memory runs with backend none", text)
+            _last_error["text"] = text
+        return MemorySpec()
+
+
+class _AdminRow:
+    lock = threading.Lock()
+    checked_at = -1e18
+    values: tuple | None = None
+
+
+def _admin_values() -> tuple | None:
+    recheck = float(getattr(settings, "UGENT_MEMORY_SETTINGS_RECHECK_SECS", 2.0))
+    now = time.monotonic()
+    if now - _AdminRow.checked_at < recheck:
+        return _AdminRow.values
+    from plugins_app.agent.memory.models import MemorySettings
+    row = MemorySettings.objects.filter(pk=1).values_list(
+        "backend", "recall_cadence", "max_hits", "max_injected_tokens_est").first()
+    with _AdminRow.lock:
+        _AdminRow.values, _AdminRow.checked_at = row, now
+    return row
+
+
+def reset() -> None:
+    """Read the admin's row again at the next look (after it was saved here)."""
+    _AdminRow.checked_at = -1e18
+
+
+def memory_conf() -> MemoryConf:
+    """The memory settings in force now."""
+    spec = memory_spec(load_config())
+    conf = {"backend": spec.backend, "recall_cadence": spec.recall_cadence, "max_hits": spec.max_hits,
+            "max_injected_tokens_est": spec.max_injected_tokens_est}
+    row = _admin_values()
+    if row is not None:
+        backend, cadence, hits, tokens = row
+        if backend:
+            conf["backend"] = backend
+        if cadence:
+            conf["recall_cadence"] = cadence
+        if hits:
+            conf["max_hits"] = hits
+        if tokens:
+            conf["max_injected_tokens_est"] = tokens
+    return MemoryConf(**conf)

@@ -1,0 +1,54 @@
+"""The hub's after-turn hook for memory: a completed turn's message goes to extraction after commit.
+
+It runs inside the transaction that ends the turn, so it only decides and enqueues: the extraction
+(a Celery task, plugins_app.tasks.memory_extract_turn) runs once that transaction has committed. The
+task is handed the text rather than the turn's id because this room does not read the hub's rows.
+"""
+from __future__ import annotations
+
+from django.db import transaction
+
+from plugins_app.agent.memory.conf import memory_conf
+from plugins_app.agent.memory.extract import extract_facts
+from ugent_common.config import load_config
+from ugent_common.tasks import task_named
+
+VOICE_MODES = ("voice", "live")
+
+
+def actor_identified(actor) -> bool:
+    """False for an application's anonymous web user and for a sender with no id: no memory of theirs."""
+    if actor is None or not getattr(actor, "user_id", ""):
+        return False
+    return not actor.key.startswith("web-user@")
+
+
+def voice_keeps_out_of_memory() -> bool:
+    """ugent.toml [voice] memory_write = false."""
+    return (load_config().get("voice") or {}).get("memory_write", True) is False
+
+
+def turn_may_write(turn) -> bool:
+    """Whether this turn's message may go into memory: its opt-out, its caller's defaults (already in
+    the turn's flag), voice, [voice] memory_write = false over a conversation that had voice."""
+    if turn.disable_memory_write or (turn.input_mode or "") in VOICE_MODES:
+        return False
+    if not actor_identified(turn.actor):
+        return False
+    if voice_keeps_out_of_memory():
+        # a conversation does not record which of its messages were spoken: the setting covers all of it
+        if type(turn).objects.filter(conversation_id=turn.conversation_id, input_mode__in=VOICE_MODES).exists():
+            return False
+    return True
+
+
+def memory_turn_ended(*, turn, state: str, answer: str) -> None:
+    """UGENT_AFTER_TURN_HOOKS["memory"]: enqueue extraction of a completed turn's message."""
+    if state != "completed" or not memory_conf().durable:
+        return
+    text = (turn.context or {}).get("text", "")
+    if not extract_facts(text) or not turn_may_write(turn):  # the cheap test first: most turns state nothing
+        return
+    actor_key, turn_id = turn.actor.key, turn.turn_id
+    transaction.on_commit(
+        lambda: task_named("plugins_app.tasks.memory_extract_turn").delay(actor_key, text, turn_id))

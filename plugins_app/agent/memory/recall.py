@@ -1,0 +1,151 @@
+"""Recall: the user's facts a turn's text calls up, injected into what the engine sees.
+
+Order: pinned facts, then the backend's matches (archival ones after the rest), then the other core
+facts, newest first; facts are taken in that order while they fit `max_hits` and
+`max_injected_tokens_est` (estimated as the runner counts tokens). The block is one system message
+just before the newest user message, so the engine reads it as context for what was just asked.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ovos_plugin_manager.templates.agents import AgentContextManager, AgentMessage, MessageRole
+
+from plugins_app.agent.engines.base import count_tokens
+from plugins_app.agent.memory import conf as memory_conf_module
+from plugins_app.agent.memory.backends import backend_named, live
+from plugins_app.agent.memory.models import MemoryFact, Tier
+
+RECALL_HEADER = "Memory about this user (facts saved from earlier conversations; they may be out of date):"
+
+
+@dataclass
+class RecalledFact:
+    id: int
+    text: str
+    tier: str
+    score: float
+
+    def as_dict(self) -> dict:
+        return {"id": self.id, "text": self.text, "tier": self.tier, "score": round(self.score, 4)}
+
+
+@dataclass
+class Recall:
+    backend: str | None
+    facts: list[RecalledFact] = field(default_factory=list)
+    tokens_est: int = 0
+
+    def block(self) -> str:
+        """The system message's text: "" when nothing was recalled."""
+        return block_text([f.text for f in self.facts]) if self.facts else ""
+
+
+def block_text(texts: list[str]) -> str:
+    return "\n".join([RECALL_HEADER, *(f"- {t}" for t in texts)])
+
+
+def recall(*, actor_key: str, text: str, conf=None) -> Recall:
+    """What memory recalls for `actor_key` before a turn on `text` (reads only; writes nothing)."""
+    conf = conf or memory_conf_module.memory_conf()
+    if not conf.durable:
+        return Recall(backend=None)
+    backend = backend_named(conf.backend)
+    recalled = Recall(backend=conf.backend)
+    if not actor_key or conf.max_hits <= 0:
+        return recalled
+    want = conf.max_hits
+    mine = live(MemoryFact.objects.filter(actor_key=actor_key))
+    pinned = list(mine.filter(pinned=True).order_by("-updated_at").values_list("id", flat=True)[:want])
+    hits = backend.search(actor_key=actor_key, text=text, limit=want * 2)
+    core = list(mine.filter(tier=Tier.CORE, pinned=False).order_by("-updated_at")
+                .values_list("id", flat=True)[:want])
+    scores = {fid: 1.0 for fid in pinned}
+    for fid, score in hits:
+        scores.setdefault(fid, score)
+    for fid in core:
+        scores.setdefault(fid, 0.0)
+    rows = {f.id: f for f in MemoryFact.objects.filter(pk__in=list(scores)).only("id", "text", "tier")}
+    hit_ids = [fid for fid, _ in hits]
+    ordered = pinned + [fid for fid in hit_ids if rows.get(fid) and rows[fid].tier != Tier.ARCHIVAL] + \
+        [fid for fid in hit_ids if rows.get(fid) and rows[fid].tier == Tier.ARCHIVAL] + core
+    budget = conf.max_injected_tokens_est
+    used = count_tokens(RECALL_HEADER)
+    seen: set[int] = set()
+    for fid in ordered:
+        if fid in seen or fid not in rows:
+            continue
+        seen.add(fid)
+        cost = count_tokens(f"- {rows[fid].text}")
+        if used + cost > budget:
+            continue  # a shorter fact further down may still fit
+        recalled.facts.append(RecalledFact(fid, rows[fid].text, rows[fid].tier, scores[fid]))
+        used += cost
+        if len(recalled.facts) >= want:
+            break
+    recalled.tokens_est = used if recalled.facts else 0
+    return recalled
+
+
+class MemoryContextManager(AgentContextManager):
+    """The AgentContextManager that puts a user's recalled facts into the engine's messages.
+
+    config: {"actor_key": the user, "system_prompt": optional}; `conf` the memory settings to use.
+    History is what the hub hands it (update_history); it keeps none of its own between turns.
+    """
+
+    def __init__(self, config: dict | None = None, *, conf=None):
+        super().__init__(config)
+        self.conf = conf
+        self._history: dict[str, list[AgentMessage]] = {}
+        self.last_recall: Recall | None = None
+
+    def get_history(self, session_id: str) -> list[AgentMessage]:
+        return list(self._history.get(session_id, []))
+
+    def update_history(self, new_messages: list[AgentMessage], session_id: str):
+        self._history.setdefault(session_id, []).extend(new_messages)
+
+    def recall_for(self, utterance: str) -> Recall:
+        self.last_recall = recall(actor_key=self.config.get("actor_key", ""), text=utterance, conf=self.conf)
+        return self.last_recall
+
+    def build_conversation_context(self, utterance: str, session_id: str, *,
+                                   recalled: Recall | None = None) -> list[AgentMessage]:
+        """[system prompt], the history, the recalled facts, then the utterance as the last user message."""
+        messages = []
+        if self.system_prompt:
+            messages.append(AgentMessage(role=MessageRole.SYSTEM, content=self.system_prompt))
+        messages.extend(self.get_history(session_id))
+        found = recalled if recalled is not None else self.recall_for(utterance)
+        if found.facts:
+            messages.append(AgentMessage(role=MessageRole.SYSTEM, content=found.block()))
+        messages.append(AgentMessage(role=MessageRole.USER, content=utterance))
+        return messages
+
+
+class TurnRecall:
+    """Recall for one turn, at the cadence memory is set to: per_prompt recalls once, on the turn's
+    text; every_call recalls again before each engine call, on the newest user message."""
+
+    def __init__(self, *, actor_key: str, disabled: bool, session_id: str = "default"):
+        self.disabled = disabled
+        self.session_id = session_id
+        self.conf = None if disabled else memory_conf_module.memory_conf()
+        self.manager = MemoryContextManager({"actor_key": actor_key}, conf=self.conf)
+        self.recalled: Recall | None = None
+        self.calls = 0
+
+    def messages(self, messages: list) -> list:
+        """`messages` (ending with the newest user message) with the recalled facts put before it."""
+        if self.disabled or not self.conf.durable or not messages:
+            return messages
+        last = messages[-1]
+        if getattr(last.role, "value", last.role) != MessageRole.USER.value:
+            return messages
+        if self.recalled is None or self.conf.recall_cadence == "every_call":
+            self.recalled = self.manager.recall_for(last.content)
+        self.calls += 1
+        manager = MemoryContextManager({"actor_key": ""}, conf=self.conf)
+        manager.update_history(list(messages[:-1]), self.session_id)
+        return manager.build_conversation_context(last.content, self.session_id, recalled=self.recalled)

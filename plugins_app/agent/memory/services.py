@@ -1,0 +1,105 @@
+"""Writes to memory: save (duplicates merged), forget, pin. Every write is scoped to one actor key."""
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from plugins_app.agent.memory import conf
+from plugins_app.agent.memory.backends import backend_named
+from plugins_app.agent.memory.extract import Candidate, extract_facts, normalize
+from plugins_app.agent.memory.models import MemoryFact, MemorySettings, Source, Tier
+
+log = logging.getLogger("ugent.memory")
+
+
+class MemoryUnavailable(Exception):
+    """Memory uses the default backend (none): nothing durable can be saved."""
+
+
+def _expiry(tier: str):
+    if tier != Tier.EPHEMERAL:
+        return None
+    return timezone.now() + timedelta(seconds=settings.UGENT_MEMORY_EPHEMERAL_TTL_SECS)
+
+
+def fact_save(*, actor_key: str, text: str, tier: str = Tier.CONTEXTUAL, source: str = Source.TURN,
+              source_ref: str = "", backend: str | None = None) -> tuple[MemoryFact, bool]:
+    """Save one fact in `actor_key`'s memory; (fact, created). A fact already there is merged: it is
+    seen once more, and a core tier it is given again sticks."""
+    if not actor_key:
+        raise ValueError("memory is scoped to a user: actor_key is required")
+    text = " ".join((text or "").split())
+    key = normalize(text)
+    if not key:
+        raise ValueError("a fact needs text")
+    now = timezone.now()
+    try:
+        with transaction.atomic():
+            fact = MemoryFact.objects.create(actor_key=actor_key, text=text, normalized=key, tier=tier,
+                                             source=source, source_ref=source_ref[:300], expires_at=_expiry(tier))
+        created = True
+    except IntegrityError:  # the same fact, saved before (or just now by another worker): merge
+        fact = MemoryFact.objects.get(actor_key=actor_key, normalized=key)
+        changes = {"seen_count": F("seen_count") + 1, "last_seen_at": now, "updated_at": now}
+        if tier == Tier.CORE and fact.tier != Tier.CORE:
+            changes.update(tier=Tier.CORE, expires_at=None)
+        elif fact.tier == Tier.EPHEMERAL:
+            changes["expires_at"] = _expiry(Tier.EPHEMERAL)
+        MemoryFact.objects.filter(pk=fact.pk).update(**changes)
+        fact.refresh_from_db()
+        created = False
+    if created or not fact.embedding:
+        backend_named(backend or conf.memory_conf().backend).indexed(fact)
+    return fact, created
+
+
+def facts_extract_save(*, actor_key: str, texts: list[str], source: str, source_ref: str = "") -> int:
+    """Extract facts from what the user said (`texts`, oldest first) and save them; how many were new.
+
+    Raises MemoryUnavailable with the default backend; extraction errors propagate (the caller says
+    "Saving to memory failed" and logs why)."""
+    backend = conf.memory_conf().backend
+    if backend == "none":
+        raise MemoryUnavailable()
+    seen: set[str] = set()
+    candidates: list[Candidate] = []
+    for text in texts:
+        for c in extract_facts(text):
+            if normalize(c.text) not in seen:
+                seen.add(normalize(c.text))
+                candidates.append(c)
+    new = 0
+    for c in candidates:
+        _, created = fact_save(actor_key=actor_key, text=c.text, tier=c.tier, source=source,
+                               source_ref=source_ref, backend=backend)
+        new += created
+    if candidates:
+        log.info("memory saved (actor=%s, source=%s, found=%d, new=%d)", actor_key, source, len(candidates), new)
+    return new
+
+
+def fact_forget(*, actor_key: str, fact_id: int) -> bool:
+    """Delete one of the user's facts; False when the user has no such fact."""
+    deleted, _ = MemoryFact.objects.filter(actor_key=actor_key, pk=fact_id).delete()
+    return bool(deleted)
+
+
+def fact_pin(*, actor_key: str, fact_id: int, pinned: bool = True) -> bool:
+    """Pin (core tier, recalled first) or unpin one of the user's facts; False when there is none."""
+    changes = {"pinned": pinned, "updated_at": timezone.now()}
+    if pinned:
+        changes.update(tier=Tier.CORE, expires_at=None)
+    return MemoryFact.objects.filter(actor_key=actor_key, pk=fact_id).update(**changes) == 1
+
+
+def memory_settings_save(*, row: MemorySettings) -> MemorySettings:
+    """The admin's memory settings: saved as the one row, read again at once by this process."""
+    fields = {f: getattr(row, f) for f in ("backend", "recall_cadence", "max_hits", "max_injected_tokens_est")}
+    saved, _ = MemorySettings.objects.update_or_create(pk=1, defaults=fields)
+    conf.reset()
+    return saved

@@ -1,0 +1,162 @@
+"""Memory's services and recall, the same behaviour over each durable backend (and backend none)."""
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from plugins_app.agent.memory import recall_preview, services
+from plugins_app.agent.memory.backends import keywords, rrf
+from plugins_app.agent.memory.conf import memory_conf
+from plugins_app.agent.memory.models import MemoryFact, MemorySettings
+from plugins_app.agent.memory.tools import MemoryToolBox
+from tests.support.memory import BACKENDS, memory_config  # noqa: F401
+
+pytestmark = pytest.mark.django_db
+ALICE, BOB = "web:alice", "web:bob"
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request, memory_config):  # noqa: F811
+    memory_config.backend(request.param)
+    return request.param
+
+
+def save(actor, text, tier="contextual", **kw):
+    return services.fact_save(actor_key=actor, text=text, tier=tier, **kw)[0]
+
+
+def texts(actor, text):
+    return [f["text"] for f in recall_preview(actor_key=actor, text=text)["facts"]]
+
+
+def test_a_saved_fact_is_recalled_for_a_text_about_it_and_not_for_another(backend):
+    save(ALICE, "User likes green tea.")
+    found = recall_preview(actor_key=ALICE, text="Which tea do I like?")
+    assert found["backend"] == backend
+    assert [f["text"] for f in found["facts"]] == ["User likes green tea."]
+    assert found["facts"][0]["tier"] == "contextual" and found["tokens_est"] > 0
+    assert texts(ALICE, "the weather on mars") == []
+
+
+def test_bob_never_recalls_alices_facts(backend):
+    save(ALICE, "User likes green tea.")
+    save(ALICE, "User's name is Alice.", tier="core")
+    assert texts(BOB, "Which tea do I like?") == []
+    assert recall_preview(actor_key=BOB, text="what is my name")["facts"] == []
+
+
+def test_core_facts_are_recalled_whatever_the_text(backend):
+    save(ALICE, "User's name is Alice.", tier="core")
+    assert texts(ALICE, "the weather on mars") == ["User's name is Alice."]
+
+
+def test_an_expired_ephemeral_fact_is_not_recalled(backend):
+    fact = save(ALICE, "User needs green tea tonight.", tier="ephemeral")
+    assert fact.expires_at is not None
+    assert texts(ALICE, "Which tea do I need?") == ["User needs green tea tonight."]
+    MemoryFact.objects.filter(pk=fact.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    assert texts(ALICE, "Which tea do I need?") == []
+
+
+def test_a_duplicate_is_merged_not_stored_twice(backend):
+    first, created = services.fact_save(actor_key=ALICE, text="User likes green tea.")
+    again, created_again = services.fact_save(actor_key=ALICE, text="user likes  green TEA", tier="core")
+    assert created and not created_again and again.pk == first.pk
+    assert MemoryFact.objects.count() == 1
+    assert again.seen_count == 2 and again.tier == "core" and again.last_seen_at is not None
+    # the same words in another user's memory are that user's own fact
+    assert services.fact_save(actor_key=BOB, text="User likes green tea.")[1]
+
+
+def test_extraction_counts_only_new_facts(backend):
+    said = ["my name is Alice", "I like green tea. What time is it?"]
+    assert services.facts_extract_save(actor_key=ALICE, texts=said, source="conversation", source_ref="c1") == 2
+    assert services.facts_extract_save(actor_key=ALICE, texts=said, source="conversation", source_ref="c1") == 0
+    rows = list(MemoryFact.objects.order_by("id").values_list("text", "tier", "source", "source_ref"))
+    assert rows == [("User's name is Alice.", "core", "conversation", "c1"),
+                    ("User likes green tea.", "contextual", "conversation", "c1")]
+
+
+def test_pinned_facts_come_first_and_archival_ones_last(memory_config):  # noqa: F811
+    memory_config.backend("sqlite_fts")
+    archival = save(ALICE, "User liked black tea in 2019.", tier="archival")
+    contextual = save(ALICE, "User likes green tea.")
+    pinned = save(ALICE, "User drinks tea without sugar.")
+    services.fact_pin(actor_key=ALICE, fact_id=pinned.pk)
+    assert [f["id"] for f in recall_preview(actor_key=ALICE, text="tea")["facts"]] == \
+        [pinned.pk, contextual.pk, archival.pk]
+
+
+def test_recall_keeps_to_max_hits_and_the_token_budget(memory_config):  # noqa: F811
+    memory_config.backend("sqlite_fts", max_hits=3)
+    for i in range(6):
+        save(ALICE, f"User likes tea number {i}.")
+    assert len(texts(ALICE, "tea")) == 3
+    memory_config.backend("sqlite_fts", max_injected_tokens_est=40)
+    found = recall_preview(actor_key=ALICE, text="tea")
+    assert 0 < len(found["facts"]) < 6 and found["tokens_est"] <= 40
+
+
+def test_several_keyword_queries_are_fused_by_reciprocal_rank(memory_config):  # noqa: F811
+    memory_config.backend("sqlite_fts")
+    both = save(ALICE, "User drinks green tea every morning.")
+    one = save(ALICE, "User paints the fence green.")
+    prefix_only = save(ALICE, "User collects teapots.")
+    ranked = [f["id"] for f in recall_preview(actor_key=ALICE, text="green tea")["facts"]]
+    # both words (three queries agree) first; one word; "teapots" by no query ("tea" is too short to prefix)
+    assert ranked == [both.pk, one.pk] and prefix_only.pk not in ranked
+    assert rrf([[1, 2], [2, 3]])[0][0] == 2  # found by both queries beats first in one
+    assert keywords("What is my favourite TEA, please?") == ["favourite", "tea"]
+
+
+def test_with_backend_none_nothing_is_recalled_or_saved(memory_config):  # noqa: F811
+    MemoryFact.objects.create(actor_key=ALICE, text="User likes tea.", normalized="user likes tea", tier="core")
+    assert recall_preview(actor_key=ALICE, text="tea") == {"backend": None, "facts": [], "tokens_est": 0}
+    with pytest.raises(services.MemoryUnavailable):
+        services.facts_extract_save(actor_key=ALICE, texts=["I like tea"], source="turn")
+
+
+def test_a_memory_section_that_cannot_be_used_is_logged_and_runs_none(memory_config, caplog):  # noqa: F811
+    memory_config.write('[memory]\nbackend = "lancedb"\n')
+    with caplog.at_level(logging.ERROR, logger="ugent.memory"):
+        assert memory_conf().backend == "none"
+    assert any(m.startswith("ugent.toml: memory.backend") for m in caplog.messages)
+
+
+def test_the_admins_settings_override_ugent_toml(memory_config):  # noqa: F811
+    memory_config.backend("sqlite_fts", max_hits=5)
+    services.memory_settings_save(row=MemorySettings(backend="none", recall_cadence="every_call"))
+    conf = memory_conf()
+    assert (conf.backend, conf.recall_cadence, conf.max_hits) == ("none", "every_call", 5)
+    services.memory_settings_save(row=MemorySettings(backend=""))
+    assert memory_conf().backend == "sqlite_fts"
+
+
+# --- the memory_control tool ---------------------------------------------------------------
+
+def test_memory_control_lists_pins_and_forgets_only_the_users_own_facts(backend):
+    mine = save(ALICE, "User likes green tea.")
+    theirs = save(BOB, "User likes coffee.")
+    box = MemoryToolBox({"actor_key": ALICE})
+    listed = box.call_tool("memory_control", {"action": "list"})
+    assert [f.text for f in listed.facts] == ["User likes green tea."]
+    assert box.call_tool("memory_control", {"action": "pin", "fact_id": mine.pk}).ok
+    assert MemoryFact.objects.get(pk=mine.pk).pinned
+    refused = box.call_tool("memory_control", {"action": "forget", "fact_id": theirs.pk})
+    assert not refused.ok and refused.message == f"There is no saved fact {theirs.pk}."
+    assert MemoryFact.objects.filter(pk=theirs.pk).exists()
+    assert box.call_tool("memory_control", {"action": "forget", "fact_id": mine.pk}).message == \
+        f"Forgot fact {mine.pk}."
+    assert not MemoryFact.objects.filter(pk=mine.pk).exists()
+
+
+def test_no_memory_control_tool_for_a_turn_kept_out_of_memory_or_without_a_backend(memory_config):  # noqa: F811
+    memory_config.backend("sqlite_fts")
+    assert [t.name for t in MemoryToolBox({"actor_key": ALICE}).discover_tools()] == ["memory_control"]
+    assert MemoryToolBox({"actor_key": ALICE, "disable_memory_write": True}).discover_tools() == []
+    assert MemoryToolBox({}).discover_tools() == []
+    memory_config.write("")
+    assert MemoryToolBox({"actor_key": ALICE}).discover_tools() == []
