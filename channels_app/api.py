@@ -24,7 +24,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from channels_app import api_docs as docs
-from channels_app import notify, services, statements
+from channels_app import notify, questions, services, statements, streams
 from channels_app.auth import IsOperator, authenticate_headers
 from channels_app.bodies import json_object_parse, text_problem
 from channels_app.errors import ApplicationError, error_response, from_drf
@@ -86,7 +86,10 @@ class ChatInputSerializer(serializers.Serializer):
         "Keep this turn out of memory: no extraction, no compaction summary, no memory_control tool."))
     ugent_input_mode = docs.InputModeField(required=False, allow_null=True)
     ugent_interaction_reply = docs.InteractionReplyField(required=False, help_text=(
-        "Answers a waiting question by its id (Questions). Not supported by this daemon yet: a 400."))
+        "Answers a waiting question by its id (Questions): submit with answers [{question_id, option_id}], or "
+        "value for a text, secret or confirm question; or abort. Applied only to the question it names, only "
+        "while it waits, only when it fits; never runs as a turn. Answered 200 with ugent.interaction_reply; "
+        "refused 404 (not the caller's question), 409 (it no longer waits) or 400 (it does not fit)."))
     stream_options = serializers.DictField(required=False, allow_null=True, help_text=(
         "OpenAI's stream options: include_usage adds a last chunk with no choices that carries the usage."))
 
@@ -110,7 +113,7 @@ class ChatInputSerializer(serializers.Serializer):
         return value
 
     def validate_ugent_interaction_reply(self, value):
-        raise serializers.ValidationError("Questions are not supported by this daemon yet.")
+        return interaction_reply_clean(value)
 
     def validate_messages(self, value):
         entry = last_user_entry(value)
@@ -131,6 +134,43 @@ class ChatInputSerializer(serializers.Serializer):
         if problem is not None:
             raise serializers.ValidationError(f"the message content {problem}")
         return value
+
+
+REPLY_SHAPE = ('must be {"request_id": "<the question\'s id>", "action": "submit" or "abort", '
+               '"answers": [{"question_id", "option_id"}] or "value": "…"}.')
+
+
+def interaction_reply_clean(value) -> dict:
+    """ugent_interaction_reply's shape (whether it fits its question is channels_app.questions' to say)."""
+    if not isinstance(value, dict):
+        raise serializers.ValidationError(REPLY_SHAPE)
+    request_id, action = value.get("request_id"), value.get("action")
+    if not isinstance(request_id, str) or not request_id.strip() or len(request_id) > 100:
+        raise serializers.ValidationError("request_id must name the waiting question (its id from "
+                                          "interaction.requested).")
+    if action not in ("submit", "abort"):
+        raise serializers.ValidationError('action must be "submit" or "abort".')
+    out = {"request_id": request_id, "action": action}
+    if action == "abort":
+        return out
+    answers, reply_value = value.get("answers"), value.get("value")
+    if answers is not None:
+        if not isinstance(answers, list) or not answers or not all(
+                isinstance(a, dict) and isinstance(a.get("question_id"), str)
+                and isinstance(a.get("option_id"), str) for a in answers):
+            raise serializers.ValidationError("answers must be a non-empty list of "
+                                              "{\"question_id\": \"…\", \"option_id\": \"…\"}.")
+        out["answers"] = [{"question_id": a["question_id"], "option_id": a["option_id"]} for a in answers]
+    if reply_value is not None:
+        if isinstance(reply_value, bool):  # a confirm answered with true/false
+            reply_value = "yes" if reply_value else "no"
+        if not isinstance(reply_value, str):
+            raise serializers.ValidationError("value must be a string (or true/false for a confirm question).")
+        out["value"] = reply_value
+    if "answers" not in out and "value" not in out:
+        raise serializers.ValidationError('a submit carries answers (a choice or a form) or value (a text, '
+                                          'secret or confirm question).')
+    return out
 
 
 _serializers = threading.local()
@@ -220,6 +260,11 @@ def _accept(headers, payload: dict, loop=None):
     if note is not None:
         note["principal"] = principal
     data = chat_input_validate(payload)
+    if data.get("ugent_interaction_reply") is not None:
+        try:
+            return data, _reply(principal, data), None, None
+        except ApplicationError as exc:
+            return data, None, exc, None
     waiters = []
 
     def subscribe(turn):
@@ -265,6 +310,35 @@ def _submit(principal, data: dict, on_turn=None):
         include_thinking=data["include_thinking"], citation_ids=data.get("ugent_citation_ids") or [],
         file_ids=last_user_file_ids(data["messages"]))
     return services.message_submit(inbound=inbound, on_turn=on_turn)
+
+
+def _reply(principal, data: dict) -> dict:
+    """A question reply: applied to the question it names, for the user it asked; never a turn."""
+    actor = services.actor_resolve(caller=principal.caller, user=data.get("user"),
+                                   federation_issuer=data.get("federation_issuer"),
+                                   federation_subject=data.get("federation_subject"),
+                                   identity=principal.identity)
+    conversation = None
+    if data.get("conversation_id"):
+        conversation = streams.conversation_lookup(conversation_id=data["conversation_id"],
+                                                   client_id=data.get("client_id") or "", channel="web")
+        if conversation is None:
+            raise ApplicationError(questions.NO_SUCH_QUESTION, status=404, code="question_not_found",
+                                   param="ugent_interaction_reply.request_id")
+    return questions.question_reply(actor=actor, reply=data["ugent_interaction_reply"], conversation=conversation,
+                                    content=last_user_text(data["messages"]) or "")
+
+
+def _reply_response(reply: dict, stream: bool, model: str):
+    """A reply's answer: the JSON object, or for a stream that object as one named event, then [DONE]."""
+    if not stream:
+        return JsonResponse(reply)
+    renderer = ChunkRenderer(turn_id=reply["turn_id"], model=model or "ugent-default", created=int(time.time()))
+
+    async def body():
+        yield renderer.named("ugent.interaction_reply", "ugent_interaction_reply", reply)
+        yield DONE
+    return _sse_response(body(), None)
 
 
 def _queued_receipt(result) -> dict:
@@ -396,6 +470,8 @@ class ChatCompletionApi(View):
             if stream and refused.status in (403, 409):
                 return _refusal_stream(refused, data.get("model") or "")
             return error_response(refused)
+        if isinstance(result, dict):  # a question reply: no turn ran
+            return _reply_response(result, stream, data.get("model") or "")
         turn = result.turn
         renderer = ChunkRenderer(turn_id=turn.turn_id, model=turn.model or (data.get("model") or ""),
                                  created=int(time.time()),

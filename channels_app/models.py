@@ -407,3 +407,44 @@ class HarnessVerification(models.Model):
 
     def __str__(self):
         return f"verification of #{self.item_id} ({'passed' if self.passed else 'failed'})"
+
+class QuestionKind(models.TextChoices):
+    CHOICE = "choice"  # one question, options [{id, label}]
+    FORM = "form"  # several choice questions answered together: answers [{question_id, option_id}]
+    TEXT = "text"
+    SECRET = "secret"  # the value lives in `answer` only until its asker takes it, then is blanked
+    CONFIRM = "confirm"
+
+
+class QuestionState(models.TextChoices):
+    WAITING = "waiting"
+    ANSWERED = "answered"
+    ABORTED = "aborted"  # the user dismissed it ("action": "abort")
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"  # its turn stopped
+
+
+class Question(TimeStamped):
+    """A question the agent asked mid-turn, waiting for the user it asked (channels_app.questions).
+
+    A state machine moved only by conditional updates from `waiting`: of concurrent replies one wins."""
+
+    request_id = models.CharField(max_length=100, unique=True, help_text="The id a reply names (request_id).")
+    turn = models.ForeignKey(Turn, on_delete=models.CASCADE, related_name="questions")
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="questions")
+    actor = models.ForeignKey(Actor, on_delete=models.PROTECT, related_name="questions",
+                              help_text="The user it asked: nobody else may see or answer it.")
+    kind = models.CharField(max_length=10, choices=QuestionKind.choices)
+    spec = models.JSONField(default=dict, blank=True, help_text="What was asked: prompt, options, questions.")
+    state = models.CharField(max_length=10, choices=QuestionState.choices, default=QuestionState.WAITING)
+    answer = models.JSONField(default=dict, blank=True,
+                              help_text="The applied reply; a secret's value is blanked once its asker took it.")
+    timeout_at = models.DateTimeField()
+    resolved_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        # the snapshot and a channel's free-text reply look up the conversation's waiting question
+        indexes = [models.Index(fields=["conversation", "state"], name="question_conv_state")]
+
+    def __str__(self):
+        return f"{self.request_id} ({self.kind}, {self.state})"

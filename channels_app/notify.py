@@ -118,6 +118,39 @@ class Waiter:
                 _waiters.pop(self.topic, None)
 
 
+class BlockingWaiter:
+    """A waiter for a plain thread (a tool blocked on a question): `wait` blocks on a threading.Event.
+    It has no loop, so a wake-up sets it directly from whichever thread publishes."""
+
+    loop = None
+
+    def __init__(self, topic: str):
+        self.topic = topic
+        self.event = threading.Event()
+
+    def _wake(self, batch: TurnBatch | None = None) -> None:
+        self.event.set()
+
+    def wait(self, timeout: float = POLL_INTERVAL) -> bool:
+        """True when woken (rather than timed out); the reader then reads the database."""
+        woken = self.event.wait(timeout)
+        self.event.clear()
+        return woken
+
+    def close(self) -> None:
+        Waiter.close(self)  # type: ignore[arg-type]
+
+
+def register_blocking(topic: str) -> BlockingWaiter:
+    """A blocking waiter on `topic`, woken by local and (servers mode) Redis publishes alike."""
+    waiter = BlockingWaiter(topic)
+    with _lock:
+        _waiters[topic].add(waiter)
+    if settings.REDIS_URL:
+        _ensure_redis_listener()
+    return waiter
+
+
 async def subscribe(topic: str) -> Waiter:
     return register(topic, asyncio.get_running_loop())
 
@@ -141,6 +174,9 @@ def _wake_local(topic: str, batch: TurnBatch | None = None) -> None:
         waiters = list(_waiters.get(topic, ()))
     by_loop: dict[asyncio.AbstractEventLoop, list[Waiter]] = defaultdict(list)
     for w in waiters:
+        if w.loop is None:  # a BlockingWaiter: its thread waits on a threading.Event
+            w._wake(batch)
+            continue
         by_loop[w.loop].append(w)
     for loop, group in by_loop.items():
         try:

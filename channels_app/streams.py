@@ -225,8 +225,15 @@ def conversation_snapshot(*, viewer: Viewer, conversation: Conversation) -> dict
             "client_id": conversation.client_id, "channel": conversation.channel,
             "as_of": _iso(as_of), "cursor": cursor,
             "receipts": [receipt_summary(r) for r in receipts],
-            "question": None,  # questions are not supported by this daemon yet
+            "question": _question_for_viewer(viewer, conversation),
             "verifications": harness.harness_items(conversation=conversation)}
+
+
+def _question_for_viewer(viewer: Viewer, conversation: Conversation) -> dict | None:
+    """The question waiting for the user it asked; nobody else sees it (the operator acting as itself included)."""
+    from channels_app.questions import question_payload, question_waiting_for
+    question = question_waiting_for(actor=viewer.actor, conversation=conversation)
+    return question_payload(question) if question is not None else None
 
 
 def session_tail(*, viewer: Viewer, conversation: Conversation, limit: int = PAGE_DEFAULT) -> dict:

@@ -173,6 +173,12 @@ UGENT_TURN_LEASE_RENEW_SECONDS = env.float("UGENT_TURN_LEASE_RENEW_SECONDS", def
 UGENT_TURN_SWEEP_SECONDS = env.int("UGENT_TURN_SWEEP_SECONDS", default=5)
 # The runner ends a turn running longer than this as failed ("The turn ran out of time.").
 UGENT_TURN_RUN_LIMIT = env.float("UGENT_TURN_RUN_LIMIT", default=CELERY_TASK_SOFT_TIME_LIMIT)
+# Questions (channels_app.questions): the longest a question may wait for its answer, in seconds (kept
+# inside the turn's run limit, past which the turn fails), and the engines that read a free-text reply.
+UGENT_QUESTION_MAX_TIMEOUT = env.float("UGENT_QUESTION_MAX_TIMEOUT", default=300)
+UGENT_QUESTION_DEFAULT_TIMEOUT = env.float("UGENT_QUESTION_DEFAULT_TIMEOUT", default=120)
+UGENT_OPTION_MATCHER_ENGINE = env("UGENT_OPTION_MATCHER_ENGINE", default="ugent-option-matcher")
+UGENT_YESNO_ENGINE = env("UGENT_YESNO_ENGINE", default="ugent-yesno")
 # An accepted turn not started within this many seconds is abandoned, never run late.
 UGENT_TURN_QUEUE_TIMEOUT = env.float("UGENT_TURN_QUEUE_TIMEOUT", default=900)
 # An accepted turn older than this, with the broker's queue empty, lost its task: it is dispatched again.

@@ -125,3 +125,45 @@ def reset() -> None:
         for engine in _instances.values():
             _close(engine)
         _instances.clear()
+
+
+# --- the engines that read a free-text reply to a question (channels_app.questions) ---------------
+
+#: The project's offline defaults, used when the configured name is one of these or is not installed.
+BUILTIN_OPTION_MATCHER = "ugent-option-matcher"
+BUILTIN_YESNO = "ugent-yesno"
+_OPTION_MATCHER_GROUP = "opm.agents.option_matcher"
+_YESNO_GROUP = "opm.agents.yesno"
+
+
+def _helper_engine(setting: str, group: str, builtin_name: str, builtin: str) -> object:
+    from django.conf import settings
+    name = getattr(settings, setting, "") or builtin_name
+    key = ("helper", group, name)
+    with _lock:
+        engine = _instances.get(key)
+        if engine is None:
+            cls = _extra.get(name)
+            if cls is None and name != builtin_name:
+                for ep in entry_points(group=group, name=name):
+                    try:
+                        cls = ep.load()
+                    except Exception:
+                        cls = None
+            if cls is None:
+                module, _, attr = builtin.partition(":")
+                cls = getattr(importlib.import_module(module), attr)
+            engine = _instances[key] = cls({})
+        return engine
+
+
+def option_matcher() -> object:
+    """The OptionMatcherEngine (opm.agents.option_matcher) named by UGENT_OPTION_MATCHER_ENGINE."""
+    return _helper_engine("UGENT_OPTION_MATCHER_ENGINE", _OPTION_MATCHER_GROUP, BUILTIN_OPTION_MATCHER,
+                          "plugins_app.agent.engines.matchers:OrdinalFuzzyOptionMatcher")
+
+
+def yesno_engine() -> object:
+    """The YesNoEngine (opm.agents.yesno) named by UGENT_YESNO_ENGINE."""
+    return _helper_engine("UGENT_YESNO_ENGINE", _YESNO_GROUP, BUILTIN_YESNO,
+                          "plugins_app.agent.engines.matchers:KeywordYesNoEngine")

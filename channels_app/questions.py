@@ -1,0 +1,495 @@
+"""Questions the agent asks mid-turn, and the replies that answer them (seed 000, "Questions").
+
+`question_ask` is called from a turn's runner thread (by the `ask_user` tool): it records the
+question, announces it as `interaction.requested` on the event and activity streams (addressed to
+the user it asks), and blocks until a reply is applied, the deadline passes, the turn stops
+(`should_stop`), or the user dismisses it. It waits on the turn's wake-up topic
+(channels_app.notify: in-process, and Redis pub/sub in servers mode, where the reply arrives on
+another process), reading the row again after each wake-up and every POLL_SECONDS at most. The
+turn keeps its lease meanwhile: the runner's LeaseKeeper renews it off this thread.
+
+`question_reply` applies a chat request's `ugent_interaction_reply`: only to the question it names,
+only while it waits, only when it fits, and only for the user it asked (anyone else gets the 404 of
+a missing question). A reply that does not fit is refused and the question keeps waiting; every
+other case is refused with how the question stands. The move out of `waiting` is one conditional
+UPDATE, so of concurrent replies exactly one applies. A reply never runs as a turn.
+
+A secret's value lives in `Question.answer` only until its asker takes it (then it is blanked); it
+is never written to a Message row, an event or a log line.
+"""
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Callable
+
+from django.conf import settings
+from django.db import close_old_connections, transaction
+from django.utils import timezone
+
+from channels_app import notify
+from channels_app.errors import ApplicationError
+from channels_app.events import event_append, turn_topic
+from channels_app.models import (Actor, Conversation, Message, Question, QuestionKind, QuestionState, Turn,
+                                 TurnState)
+
+log = logging.getLogger("ugent.questions")
+
+#: The longest a waiting asker goes without reading its row, whatever the wake-ups do.
+POLL_SECONDS = 1.0
+#: How often the asker asks `should_stop` (the runner's own check reads the database every 0.1 s).
+STOP_CHECK_SECONDS = 0.2
+
+NO_SUCH_QUESTION = "No such question."
+ALREADY_ANSWERED = "This question was already answered."
+EXPIRED = "This question has expired."
+CANCELLED = "This question was cancelled: its turn stopped."
+ABORTED = "This question was dismissed."
+REFUSALS = {  # how a question that no longer waits stands, as the seed words it
+    QuestionState.ANSWERED: (ALREADY_ANSWERED, "question_answered"),
+    QuestionState.EXPIRED: (EXPIRED, "question_expired"),
+    QuestionState.CANCELLED: (CANCELLED, "question_cancelled"),
+    QuestionState.ABORTED: (ABORTED, "question_dismissed"),
+}
+CHOICE_KINDS = (QuestionKind.CHOICE, QuestionKind.FORM)
+VALUE_KINDS = (QuestionKind.TEXT, QuestionKind.SECRET, QuestionKind.CONFIRM)
+SPEC_KEYS = ("id", "prompt", "options", "questions")
+
+
+@dataclass
+class QuestionResult:
+    """What the asker gets back: `state` answered, expired, cancelled or aborted; for an answered
+    choice or form `answers` ({question_id: option_id}); for text, secret and confirm `value`
+    (a confirm's is True or False)."""
+
+    request_id: str
+    state: str
+    answers: dict = field(default_factory=dict)
+    value: object = None
+
+    @property
+    def answered(self) -> bool:
+        return self.state == QuestionState.ANSWERED
+
+
+# --- the question's shape ------------------------------------------------------------------------
+
+def _bad_spec(message: str) -> ApplicationError:
+    return ApplicationError(f"The question is malformed: {message}", status=400, code="invalid_question")
+
+
+def _options_clean(options, where: str) -> list[dict]:
+    if not isinstance(options, list) or not options:
+        raise _bad_spec(f"{where} needs options, a list of {{id, label}}.")
+    out, seen = [], set()
+    for i, opt in enumerate(options):
+        if not isinstance(opt, dict) or not isinstance(opt.get("id"), str) or not opt["id"].strip():
+            raise _bad_spec(f"{where}: option {i} needs an id (a string).")
+        if opt["id"] in seen:
+            raise _bad_spec(f"{where}: option id {opt['id']!r} is repeated.")
+        seen.add(opt["id"])
+        label = opt.get("label", opt["id"])
+        aliases = opt.get("aliases") or []
+        if not isinstance(label, str) or not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
+            raise _bad_spec(f"{where}: option {opt['id']!r} has a label that is not a string, or bad aliases.")
+        out.append({"id": opt["id"], "label": label, **({"aliases": aliases} if aliases else {})})
+    return out
+
+
+def spec_clean(spec: dict) -> tuple[str, dict]:
+    """The kind and the stored shape of a question an agent asks; 400 invalid_question when it is malformed.
+
+    choice: {"kind": "choice", "id"?, "prompt", "options": [{id, label, aliases?}]}
+    form:   {"kind": "form", "prompt"?, "questions": [{"id", "prompt", "options": [...]}, ...]}
+    text, secret, confirm: {"kind": ..., "id"?, "prompt"}
+    """
+    if not isinstance(spec, dict):
+        raise _bad_spec("it must be an object.")
+    kind = spec.get("kind")
+    if kind not in QuestionKind.values:
+        raise _bad_spec(f"kind must be one of {', '.join(QuestionKind.values)}.")
+    prompt = spec.get("prompt", "")
+    if not isinstance(prompt, str):
+        raise _bad_spec("prompt must be a string.")
+    qid = spec.get("id") or kind
+    if not isinstance(qid, str):
+        raise _bad_spec("id must be a string.")
+    clean = {"id": qid, "prompt": prompt}
+    if kind == QuestionKind.CHOICE:
+        if not prompt:
+            raise _bad_spec("a choice needs a prompt.")
+        clean["options"] = _options_clean(spec.get("options"), "the choice")
+    elif kind == QuestionKind.FORM:
+        questions = spec.get("questions")
+        if not isinstance(questions, list) or not questions:
+            raise _bad_spec("a form needs questions, a list of {id, prompt, options}.")
+        clean["questions"], seen = [], set()
+        for i, q in enumerate(questions):
+            if not isinstance(q, dict) or not isinstance(q.get("id"), str) or not q["id"]:
+                raise _bad_spec(f"question {i} of the form needs an id (a string).")
+            if q["id"] in seen:
+                raise _bad_spec(f"question id {q['id']!r} is repeated.")
+            seen.add(q["id"])
+            clean["questions"].append({"id": q["id"], "prompt": str(q.get("prompt", "")),
+                                       "options": _options_clean(q.get("options"), f"question {q['id']!r}")})
+    elif not prompt:
+        raise _bad_spec(f"a {kind} question needs a prompt.")
+    return kind, clean
+
+
+def _choice_questions(question: Question) -> list[dict]:
+    """A choice or form as its list of {id, prompt, options}."""
+    if question.kind == QuestionKind.CHOICE:
+        return [{"id": question.spec["id"], "prompt": question.spec.get("prompt", ""),
+                 "options": question.spec["options"]}]
+    return question.spec.get("questions", [])
+
+
+def question_payload(question: Question) -> dict:
+    """The question as interaction.requested and the snapshot show it to the user it asks."""
+    out = {"request_id": question.request_id, "turn_id": question.turn.turn_id, "kind": question.kind,
+           "state": question.state, "timeout_at": _iso(question.timeout_at), **question.spec}
+    return out
+
+
+def _iso(dt) -> str | None:
+    return dt.isoformat().replace("+00:00", "Z") if dt else None
+
+
+# --- asking --------------------------------------------------------------------------------------
+
+def question_open(*, turn: Turn, spec: dict, timeout_s: float) -> Question:
+    """Record a waiting question and announce it (interaction.requested, to the user it asks)."""
+    kind, clean = spec_clean(spec)
+    limit = settings.UGENT_QUESTION_MAX_TIMEOUT
+    timeout_s = min(max(float(timeout_s), 1.0), limit)
+    with transaction.atomic():
+        question = Question.objects.create(
+            request_id=f"q-{uuid.uuid4().hex}", turn=turn, conversation_id=turn.conversation_id,
+            actor_id=turn.actor_id, kind=kind, spec=clean,
+            timeout_at=timezone.now() + timedelta(seconds=timeout_s))
+        question.turn = turn
+        event_append(conversation_id=turn.conversation_id, turn_pk=turn.pk, type="interaction.requested",
+                     data=question_payload(question), audience=[turn.actor.key])
+    log.info("question asked (turn=%s, question=%s, kind=%s)", turn.turn_id, question.request_id, kind)
+    return question
+
+
+def _close(question: Question, state: str, *, reason: str) -> bool:
+    """waiting → expired/cancelled by the asker, with its event; False if a reply won first."""
+    now = timezone.now()
+    with transaction.atomic():
+        if Question.objects.filter(pk=question.pk, state=QuestionState.WAITING).update(
+                state=state, resolved_at=now, updated_at=now) != 1:
+            return False
+        event_append(conversation_id=question.conversation_id, turn_pk=question.turn_id,
+                     type="interaction.resolved",
+                     data={"request_id": question.request_id, "turn_id": question.turn.turn_id,
+                           "state": state, "reason": reason},
+                     audience=[question.turn.actor.key])
+    return True
+
+
+def _result(question: Question) -> QuestionResult:
+    """The reply as the asker takes it; a secret's value is blanked in the row as it is taken."""
+    answer = question.answer or {}
+    result = QuestionResult(request_id=question.request_id, state=question.state,
+                            answers=dict(answer.get("answers") or {}), value=answer.get("value"))
+    if question.kind == QuestionKind.SECRET and "value" in answer:
+        Question.objects.filter(pk=question.pk).update(answer={"taken": True}, updated_at=timezone.now())
+    return result
+
+
+def question_ask(*, turn: Turn, spec: dict, timeout_s: float,
+                 should_stop: Callable[[], bool] = lambda: False) -> QuestionResult:
+    """Ask the turn's user a question and wait for its end: answered, expired, cancelled or aborted.
+
+    Blocking, on the turn's runner thread. `should_stop` is the runner's stop check: when it holds
+    (the turn was stopped, or ran out of time) the question is cancelled. Raises ApplicationError
+    (invalid_question) for a malformed spec, having asked nothing."""
+    question = question_open(turn=turn, spec=spec, timeout_s=timeout_s)
+    waiter = notify.register_blocking(turn_topic(turn.pk))
+    try:
+        next_read = 0.0
+        while True:
+            now = time.monotonic()
+            if now >= next_read:
+                row = Question.objects.filter(pk=question.pk).values("state", "answer").first()
+                next_read = now + POLL_SECONDS
+                if row is None:  # its turn was deleted under it
+                    return QuestionResult(request_id=question.request_id, state=QuestionState.CANCELLED)
+                if row["state"] != QuestionState.WAITING:
+                    question.state, question.answer = row["state"], row["answer"]
+                    return _result(question)
+            if should_stop():
+                if _close(question, QuestionState.CANCELLED, reason="its turn stopped"):
+                    return QuestionResult(request_id=question.request_id, state=QuestionState.CANCELLED)
+                next_read = 0.0
+                continue
+            remaining = (question.timeout_at - timezone.now()).total_seconds()
+            if remaining <= 0:
+                if _close(question, QuestionState.EXPIRED, reason="its deadline passed"):
+                    return QuestionResult(request_id=question.request_id, state=QuestionState.EXPIRED)
+                next_read = 0.0
+                continue
+            if waiter.wait(min(STOP_CHECK_SECONDS, remaining, max(next_read - time.monotonic(), 0.0))):
+                next_read = 0.0  # woken: something was committed for this turn, read the row
+    finally:
+        waiter.close()
+        close_old_connections()
+
+
+# --- replying ------------------------------------------------------------------------------------
+
+def _refused(question: Question) -> ApplicationError:
+    message, code = REFUSALS[question.state]
+    return ApplicationError(message, status=409, code=code, param="ugent_interaction_reply.request_id",
+                            extra={"request_id": question.request_id, "state": question.state},
+                            headers={"x-should-retry": "false"})
+
+
+def _does_not_fit(message: str, param: str = "ugent_interaction_reply") -> ApplicationError:
+    return ApplicationError(f"{message} The question keeps waiting.", status=400, code="reply_does_not_fit",
+                            param=param)
+
+
+def _option_label(option: dict) -> str:
+    return option.get("label") or option["id"]
+
+
+def option_match(text: str, options: list[dict], *, lang: str | None = None) -> dict | None:
+    """The option a free-text reply picks ("the second one", a label, an alias), by the option matcher
+    engine; None when nothing fits."""
+    from plugins_app.agent.engines.registry import option_matcher
+    matcher = option_matcher()
+    labels = [_option_label(o) for o in options]
+    picked = matcher.match_option(text, labels, lang=lang)
+    if picked is not None and picked in labels:
+        return options[labels.index(picked)]
+    others = {}  # ids and aliases, for a reply that names an option by them
+    for o in options:
+        for name in [o["id"], *o.get("aliases", [])]:
+            others.setdefault(name, o)
+    picked = matcher.match_option(text, list(others), lang=lang)
+    return others.get(picked) if picked is not None else None
+
+
+def yes_no(question_text: str, text: str, *, lang: str | None = None) -> bool | None:
+    from plugins_app.agent.engines.registry import yesno_engine
+    return yesno_engine().yes_or_no(question_text, text, lang=lang)
+
+
+def _fit(question: Question, reply: dict) -> dict:
+    """The answer a submit stores, or 400 reply_does_not_fit (the question keeps waiting)."""
+    if question.kind in CHOICE_KINDS:
+        questions = _choice_questions(question)
+        by_id = {q["id"]: q for q in questions}
+        answers = reply.get("answers")
+        if not answers and isinstance(reply.get("value"), str) and len(questions) == 1:
+            opt = option_match(reply["value"], questions[0]["options"])
+            if opt is None:
+                raise _does_not_fit(f"{reply['value']!r} matches none of the options of {questions[0]['id']}.",
+                                    "ugent_interaction_reply.value")
+            return {"answers": {questions[0]["id"]: opt["id"]}}
+        if not answers:
+            raise _does_not_fit("A submit to this question needs answers: [{question_id, option_id}].",
+                                "ugent_interaction_reply.answers")
+        chosen: dict[str, str] = {}
+        for a in answers:
+            qid, oid = a.get("question_id"), a.get("option_id")
+            if qid not in by_id:
+                raise _does_not_fit(f"{qid!r} is not a question here: answer {', '.join(by_id)}.",
+                                    "ugent_interaction_reply.answers")
+            if qid in chosen:
+                raise _does_not_fit(f"{qid} is answered twice.", "ugent_interaction_reply.answers")
+            ids = [o["id"] for o in by_id[qid]["options"]]
+            if oid not in ids:
+                raise _does_not_fit(f"{oid!r} is not an option of {qid}: choose one of {', '.join(ids)}.",
+                                    "ugent_interaction_reply.answers")
+            chosen[qid] = oid
+        missing = [q for q in by_id if q not in chosen]
+        if missing:
+            raise _does_not_fit(f"Answer every question: {', '.join(missing)} has no answer.",
+                                "ugent_interaction_reply.answers")
+        return {"answers": chosen}
+    value = reply.get("value")
+    if not isinstance(value, str) or not value.strip():
+        raise _does_not_fit(f"A {question.kind} question is answered with value, a non-empty string.",
+                            "ugent_interaction_reply.value")
+    if question.kind == QuestionKind.CONFIRM:
+        decided = yes_no(question.spec.get("prompt", ""), value)
+        if decided is None:
+            raise _does_not_fit("Answer yes or no.", "ugent_interaction_reply.value")
+        return {"value": decided}
+    return {"value": value}
+
+
+def _question_for(*, actor: Actor, request_id: str, conversation: Conversation | None) -> Question:
+    question = (Question.objects.select_related("turn", "turn__actor", "conversation")
+                .filter(request_id=request_id).first())
+    if question is None or question.actor_id != actor.id or (
+            conversation is not None and question.conversation_id != conversation.pk):
+        raise ApplicationError(NO_SUCH_QUESTION, status=404, code="question_not_found",
+                               param="ugent_interaction_reply.request_id")
+    return question
+
+
+def question_reply(*, actor: Actor, reply: dict, content: str = "",
+                   conversation: Conversation | None = None) -> dict:
+    """Apply a reply to the question it names, for the user it asked; never a turn.
+
+    Raises ApplicationError: 404 (not theirs, or no such question), 409 (it no longer waits: the
+    seed's words for how it stands), 400 (it does not fit: the question keeps waiting)."""
+    question = _question_for(actor=actor, request_id=reply.get("request_id", ""), conversation=conversation)
+    if question.state != QuestionState.WAITING:
+        raise _refused(question)
+    turn = Turn.objects.filter(pk=question.turn_id).values("state", "cancel_requested").first()
+    if turn is None or turn["state"] not in (TurnState.ACCEPTED, TurnState.RUNNING) or turn["cancel_requested"]:
+        _close(question, QuestionState.CANCELLED, reason="its turn stopped")
+        question.refresh_from_db(fields=["state"])
+        raise _refused(question)
+    now = timezone.now()
+    if question.timeout_at <= now:
+        _close(question, QuestionState.EXPIRED, reason="its deadline passed")
+        question.refresh_from_db(fields=["state"])
+        raise _refused(question)
+    if reply.get("action") == "abort":
+        state, answer = QuestionState.ABORTED, {}
+    else:
+        state, answer = QuestionState.ANSWERED, _fit(question, reply)
+    with transaction.atomic():
+        moved = Question.objects.filter(pk=question.pk, state=QuestionState.WAITING, timeout_at__gt=now).update(
+            state=state, answer=answer, resolved_at=now, updated_at=now)
+        if moved == 1:
+            data = {"request_id": question.request_id, "turn_id": question.turn.turn_id, "state": state}
+            if question.kind != QuestionKind.SECRET and state == QuestionState.ANSWERED:
+                data.update(answer)
+            if content and question.kind != QuestionKind.SECRET:
+                Message.objects.create(conversation_id=question.conversation_id, role=Message.Role.USER,
+                                       content=content, actor=actor, turn_id=question.turn_id)
+            event_append(conversation_id=question.conversation_id, turn_pk=question.turn_id,
+                         type="interaction.resolved", data=data, audience=[question.turn.actor.key])
+    if moved != 1:
+        question.refresh_from_db(fields=["state"])
+        if question.state == QuestionState.WAITING:  # its deadline passed between the checks
+            _close(question, QuestionState.EXPIRED, reason="its deadline passed")
+            question.refresh_from_db(fields=["state"])
+        raise _refused(question)
+    log.info("question %s (question=%s, turn=%s)", state, question.request_id, question.turn.turn_id)
+    return {"object": "ugent.interaction_reply", "request_id": question.request_id,
+            "conversation_id": question.conversation.external_id, "turn_id": question.turn.turn_id,
+            "state": state}
+
+
+def question_waiting_for(*, actor: Actor, conversation: Conversation) -> Question | None:
+    """The conversation's question waiting for this user, if its turn is still live (the snapshot)."""
+    return (Question.objects.select_related("turn")
+            .filter(conversation=conversation, actor=actor, state=QuestionState.WAITING,
+                    turn__state__in=(TurnState.ACCEPTED, TurnState.RUNNING))
+            .order_by("-id").first())
+
+
+def question_reply_from_text(*, actor: Actor, conversation: Conversation, text: str) -> dict | None:
+    """A channel without buttons: a plain message answers the conversation's waiting question when it
+    fits (an option by the matcher, yes/no by the yes/no engine, any text for a text question);
+    None when nothing waits or it does not fit, and the message goes on as a message. A secret is
+    never taken from a plain message: it would sit in the channel's transcript."""
+    question = question_waiting_for(actor=actor, conversation=conversation)
+    if question is None or question.kind in (QuestionKind.SECRET, QuestionKind.FORM):
+        return None
+    try:
+        return question_reply(actor=actor, conversation=conversation, content=text,
+                              reply={"request_id": question.request_id, "action": "submit", "value": text})
+    except ApplicationError:
+        return None
+
+
+# --- the ask_user tool ---------------------------------------------------------------------------
+
+def _toolbox_classes():
+    """Built on first use: pydantic models and OPM's ToolBox are imported only where a turn uses tools."""
+    from typing import List, Literal, Optional, Union
+
+    from ovos_plugin_manager.templates.agent_tools import AgentTool, ToolArguments, ToolBox, ToolOutput
+    from pydantic import BaseModel, Field
+
+    class OptionArg(BaseModel):
+        id: str = Field(description="The option's id, returned when it is picked.")
+        label: str = Field(description="What the user sees.")
+        aliases: List[str] = Field(default_factory=list, description="Other words a free-text reply may use.")
+
+    class FormQuestionArg(BaseModel):
+        id: str
+        prompt: str
+        options: List[OptionArg]
+
+    class AskUserArgs(ToolArguments):
+        kind: Literal["choice", "form", "text", "secret", "confirm"] = Field(
+            description="choice: pick one option; form: several choices at once; text: free text; "
+                        "secret: a value kept out of every transcript; confirm: yes or no.")
+        prompt: str = Field(default="", description="The question as the user reads it.")
+        options: Optional[List[OptionArg]] = Field(default=None, description="For a choice.")
+        questions: Optional[List[FormQuestionArg]] = Field(default=None, description="For a form.")
+        timeout_s: Optional[float] = Field(default=None, description="How long to wait for the answer, seconds.")
+
+    class AskUserOutput(ToolOutput):
+        request_id: str
+        state: str = Field(description="answered, expired, cancelled (the turn stopped) or aborted (dismissed).")
+        answers: List[dict] = Field(default_factory=list, description="[{question_id, option_id}] for a choice/form.")
+        value: Optional[Union[str, bool]] = Field(default=None, description="A text answer, or a confirm's yes (true)/no.")
+        secret_ref: Optional[str] = Field(default=None, description="A secret is never shown: pass this reference "
+                                                                    "to the tool that needs it.")
+
+    class AskUserToolBox(ToolBox):
+        """`ask_user`: ask the turn's user a question and wait for the answer (channels_app.questions).
+
+        `context` is the turn's tool context: `.turn` (the Turn) and `.should_stop` (the runner's stop
+        check). A secret answer is kept on `context.secrets[request_id]`, never returned to the model."""
+
+        def __init__(self, context, config: dict | None = None):
+            self.context = context
+            super().__init__("ugent-ask-user", config)
+
+        def discover_tools(self):
+            return [AgentTool(name="ask_user", description=(
+                "Ask the user a question mid-turn and wait for the answer: a choice among options, a form of "
+                "several choices, free text, a secret (kept out of every transcript), or a yes/no confirmation."),
+                argument_schema=AskUserArgs, output_schema=AskUserOutput, tool_call=self.ask)]
+
+        def ask(self, args: AskUserArgs) -> AskUserOutput:
+            spec = args.model_dump(exclude_none=True, exclude={"timeout_s"})
+            timeout = args.timeout_s or settings.UGENT_QUESTION_DEFAULT_TIMEOUT
+            result = question_ask(turn=self.context.turn, spec=spec, timeout_s=timeout,
+                                  should_stop=getattr(self.context, "should_stop", lambda: False))
+            out = AskUserOutput(request_id=result.request_id, state=result.state,
+                                answers=[{"question_id": q, "option_id": o} for q, o in result.answers.items()])
+            if result.answered and self.context.turn and spec["kind"] == QuestionKind.SECRET:
+                secrets = getattr(self.context, "secrets", None)
+                if secrets is None:
+                    secrets = {}
+                    try:
+                        self.context.secrets = secrets
+                    except AttributeError:
+                        pass
+                secrets[result.request_id] = result.value
+                out.secret_ref = result.request_id
+            elif result.answered:
+                out.value = result.value
+            return out
+
+    return AskUserToolBox
+
+
+_ask_user_cls = None
+
+
+def __getattr__(name):  # AskUserToolBox, built lazily (see _toolbox_classes)
+    global _ask_user_cls
+    if name == "AskUserToolBox":
+        if _ask_user_cls is None:
+            _ask_user_cls = _toolbox_classes()
+        return _ask_user_cls
+    raise AttributeError(name)
