@@ -56,6 +56,7 @@ UGENT_STATUS_SECTIONS = {
     "plugins": "plugins_app.channel.selectors.plugins_status",
     "cron": "cron_app.apps.status_section",
     "identity": "channels_app.federation.identity_status",
+    "tools": "channels_app.tools.tools_status",
 }
 
 MIDDLEWARE = [
@@ -173,6 +174,11 @@ UGENT_WEB_API_KEY = env("UGENT_WEB_API_KEY", default="") or (
 UGENT_CONFIG = env("UGENT_CONFIG", default="")
 UGENT_WORKSPACE = env("UGENT_WORKSPACE", default=str(BASE_DIR / "workspace"))
 UGENT_DEFAULT_MODEL = env("UGENT_DEFAULT_MODEL", default="")
+# The tool loop (docs/tools.md): tool steps a turn may take, seconds one tool call may run, and how
+# deep delegated tasks go (1: a turn delegates, its task does not).
+UGENT_TOOL_STEP_LIMIT = env.int("UGENT_TOOL_STEP_LIMIT", default=8)
+UGENT_TOOL_TIMEOUT_SECONDS = env.float("UGENT_TOOL_TIMEOUT_SECONDS", default=30.0)
+UGENT_TOOL_DELEGATION_DEPTH = env.int("UGENT_TOOL_DELEGATION_DEPTH", default=1)
 UGENT_LLM_BASE_URL = env("UGENT_LLM_BASE_URL", default="")
 UGENT_LLM_API_KEY = env("UGENT_LLM_API_KEY", default="")
 UGENT_LLM_MODEL = env("UGENT_LLM_MODEL", default="")
