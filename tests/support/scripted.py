@@ -63,15 +63,15 @@ class ScriptedEngine(ChatEngine):
         delay = 0.0
         steps = last[len("script:"):].split("|")
         groups = 0  # call groups passed so far; those up to done_groups were streamed in earlier steps
-        i = 0
-        while i < len(steps):
-            name, _, arg = steps[i].partition("=")
+        at = 0
+        while at < len(steps):
+            name, _, arg = steps[at].partition("=")
             name = name.strip()
             if name == "call":
                 group = []
-                while i < len(steps) and steps[i].strip().startswith("call="):
-                    group.append(steps[i].strip()[len("call="):])
-                    i += 1
+                while at < len(steps) and steps[at].strip().startswith("call="):
+                    group.append(steps[at].strip()[len("call="):])
+                    at += 1
                 groups += 1
                 if groups <= done_groups:
                     continue
@@ -80,7 +80,7 @@ class ScriptedEngine(ChatEngine):
                     yield StreamItem(TOOL, tool, {"id": f"call-{groups}-{n}", "name": tool.strip(),
                                                   "arguments": (brace + rest) if brace else "{}"})
                 return
-            i += 1
+            at += 1
             if groups < done_groups:
                 continue  # streamed in an earlier step, before its tool results
             if name == "result":
