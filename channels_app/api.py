@@ -507,6 +507,7 @@ class ChatCompletionApi(View):
 
     async def _complete(self, turn: Turn, renderer: ChunkRenderer, data: dict, waiter=None):
         answer, thinking, citations, user_message, final = [], [], [], None, None
+        artifacts: list = []
         async for row in turn_events(turn.pk, waiter):
             if row is None:
                 continue
@@ -523,6 +524,8 @@ class ChatCompletionApi(View):
                 user_message = edata
             elif etype == "ugent.citations":
                 citations = edata.get("citations", [])
+            elif etype in ("ugent.artifacts", "ugent.artifacts_pending"):
+                artifacts.extend(edata.get("artifacts", []))
             elif etype in TERMINAL:
                 final = (etype, edata)
         etype, edata = final
@@ -540,6 +543,8 @@ class ChatCompletionApi(View):
                 "choices": [{"index": 0, "message": message, "finish_reason": "stop", "logprobs": None}],
                 "usage": usage_or_zero(edata.get("usage")),
                 "ugent_turn_id": turn.turn_id, "ugent_citations": citations}
+        if artifacts:
+            body["ugent_artifacts"] = artifacts
         if etype == "turn.cancelled":
             body["ugent_stopped"] = True
         if data["echo_user_message"] and user_message:

@@ -240,7 +240,8 @@ def token_verify(token: str) -> VerifiedIdentity:
 # sync on the request path when ugent.toml changed.
 
 ISSUER_FIELDS = ("jwks_url", "audience", "actor_prefix", "algorithms", "leeway_secs")
-DEFAULTS_FIELDS = ("model", "disable_memory_recall", "disable_memory_write", "disable_code_context")
+DEFAULTS_FIELDS = ("model", "disable_memory_recall", "disable_memory_write", "disable_code_context",
+                   "allowed_tools", "denied_tools")
 
 
 @transaction.atomic
@@ -263,7 +264,8 @@ def identity_config_import(*, auth: config.WebAuthSpec) -> dict:
     counts["removed"] += gone
     for spec in auth.caller_defaults:
         CallerDefaults.objects.update_or_create(issuer=spec.issuer, defaults={
-            **{f: getattr(spec, f) for f in DEFAULTS_FIELDS}, "from_config": True})
+            **{f: (list(getattr(spec, f)) if isinstance(getattr(spec, f), (list, tuple)) else getattr(spec, f))
+               for f in DEFAULTS_FIELDS}, "from_config": True})
         counts["caller_defaults"] += 1
     return counts
 

@@ -40,6 +40,7 @@ class HookContext:
     injected_context: list = field(default_factory=list)
     allowed_tools: Optional[list] = None  # None: no narrowing
     limits: dict = field(default_factory=dict)  # the turn's opt-outs, for work a hook starts
+    delegate_research: Optional[str] = None  # routing's delegate-research: a task the turn runs first
 
 
 @dataclass

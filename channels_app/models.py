@@ -204,6 +204,8 @@ class Turn(TimeStamped):
     usage_source = models.CharField(max_length=10, blank=True, default="",
                                     help_text='"upstream": the engine reported it; "counted": counted here.')
     ttft_ms = models.FloatField(null=True, blank=True, help_text="Milliseconds from start to the first answer token.")
+    # The files the turn's tools returned: [{name, mime, bytes, url|path, pending?}] (docs/tools.md).
+    artifacts = models.JSONField(default=list, blank=True)
 
     class Meta:
         # the sweep reads the live turns (running by lease, accepted by age); ended ones leave the index
@@ -322,6 +324,9 @@ class CallerDefaults(TimeStamped):
     disable_memory_recall = models.BooleanField(default=False)
     disable_memory_write = models.BooleanField(default=False)
     disable_code_context = models.BooleanField(default=False)
+    allowed_tools = models.JSONField(null=True, blank=True, help_text=(
+        "Only these tools for its turns (null: no restriction). A request narrows it further, never widens it."))
+    denied_tools = models.JSONField(default=list, blank=True, help_text='Never these tools; ["*"]: no tools at all.')
     from_config = models.BooleanField(default=False, help_text="Defined in ugent.toml (the file wins for it).")
 
     class Meta:
@@ -448,3 +453,31 @@ class Question(TimeStamped):
 
     def __str__(self):
         return f"{self.request_id} ({self.kind}, {self.state})"
+
+
+class ToolCallState(models.TextChoices):
+    RUNNING = "running"
+    DONE = "done"
+    ERROR = "error"
+
+
+class ToolCall(TimeStamped):
+    """One tool a turn's engine called: what it was asked, what came back, how long it took."""
+
+    turn = models.ForeignKey(Turn, on_delete=models.CASCADE, related_name="tool_calls")
+    call_id = models.CharField(max_length=200, help_text="The engine's id for the call, echoed on its result.")
+    name = models.CharField(max_length=200)
+    toolbox = models.CharField(max_length=200, blank=True, default="")
+    arguments = models.JSONField(default=dict, blank=True)
+    state = models.CharField(max_length=10, choices=ToolCallState.choices, default=ToolCallState.RUNNING)
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    ms = models.FloatField(null=True, blank=True)
+    step = models.PositiveIntegerField(default=0, help_text="The loop's step that asked for it (0: the first).")
+    depth = models.PositiveIntegerField(default=0, help_text="0: the turn itself; 1+: a task it delegated.")
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self):
+        return f"{self.name} ({self.state})"

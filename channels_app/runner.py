@@ -24,7 +24,7 @@ from django.db import close_old_connections, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from channels_app import file_parts, hooks, statements
+from channels_app import file_parts, hooks, statements, tools as turn_tools_mod
 
 from ugent_common import rows
 # The log's lock (see channels_app.events): under it a state read and an append are one step, so no
@@ -150,7 +150,8 @@ def turn_end(*, turn: Turn, state: str, answer: str = "", reason: str = "", code
              pending: list | None = None, from_state: str = TurnState.RUNNING,
              where: Q | None = None, started_at=None, never_started: bool = False, decided_by: str | None = None,
              unless_steering_waits: bool = False, answer_streamed: bool = False,
-             usage: dict | None = None, ttft_ms: float | None = None) -> EndOutcome:
+             usage: dict | None = None, ttft_ms: float | None = None,
+             artifacts: list | None = None) -> EndOutcome:
     """End a turn in `state` (a key of END_STATES): turn, receipt, answer message, events and the
     after-turn hook in one transaction. Only one end wins: a turn no longer in `from_state` (or not
     matching `where`) is left as it is and nothing is written.
@@ -163,7 +164,8 @@ def turn_end(*, turn: Turn, state: str, answer: str = "", reason: str = "", code
     `unless_steering_waits`: completion yields to a steering that waits (ordered by the turn's row
     lock against streams.turn_steer, so a steering is either applied or refused, never lost).
     `usage`: {"prompt_tokens", "completion_tokens", "total_tokens", "source"} (stored on the turn and
-    carried by the terminal event); `ttft_ms`: time to the first answer token. The end is logged
+    carried by the terminal event); `ttft_ms`: time to the first answer token; `artifacts`: the files
+    its tools returned (turn and receipt, and ugent.artifacts / ugent.artifacts_pending). The end is logged
     (`turn ended (...)`) and counted in the metrics once it commits.
     """
     end = END_STATES[state]
@@ -185,6 +187,10 @@ def turn_end(*, turn: Turn, state: str, answer: str = "", reason: str = "", code
                            total_tokens=usage["total_tokens"], usage_source=usage.get("source", ""))
     if ttft_ms is not None:
         turn_fields["ttft_ms"] = ttft_ms
+    artifacts = list(artifacts or [])
+    if artifacts:
+        turn_fields["artifacts"] = artifacts
+        receipt_fields["files"] = artifacts
     with transaction.atomic():
         _lock_turn(turn)
         if unless_steering_waits and _steering_pending(turn):
@@ -209,6 +215,12 @@ def turn_end(*, turn: Turn, state: str, answer: str = "", reason: str = "", code
         items = (writer.pending() if writer is not None else []) + list(pending or []) + dropped
         if citations and state == TurnState.COMPLETED:
             items.append(("ugent.citations", {"turn_id": turn.turn_id, "citations": citations}, []))
+        ready = [a for a in artifacts if not a.get("pending")]
+        waiting = [a for a in artifacts if a.get("pending")]
+        if ready:
+            items.append(("ugent.artifacts", {"turn_id": turn.turn_id, "artifacts": ready}, []))
+        if waiting:
+            items.append(("ugent.artifacts_pending", {"turn_id": turn.turn_id, "artifacts": waiting}, []))
         turn.state = state
         hooks.run_after_turn(turn=turn, state=state, answer=answer)
         data = {"turn_id": turn.turn_id, "state": state, "answer": answer}
@@ -252,10 +264,11 @@ def turn_end_report(*, turn: Turn, state: str, now, started_at=None, never_start
 
 
 def turn_complete(*, turn: Turn, writer: DeltaWriter, answer: str, citations: list[str],
-                  usage: dict | None = None, ttft_ms: float | None = None) -> bool:
+                  usage: dict | None = None, ttft_ms: float | None = None, artifacts: list | None = None) -> bool:
     """Complete the turn; False (and nothing written) when steering waits, which the runner then runs."""
     outcome = turn_end(turn=turn, state=TurnState.COMPLETED, answer=answer, citations=citations,
-                       writer=writer, unless_steering_waits=True, usage=usage, ttft_ms=ttft_ms)
+                       writer=writer, unless_steering_waits=True, usage=usage, ttft_ms=ttft_ms,
+                       artifacts=artifacts)
     return outcome is not EndOutcome.STEERING_WAITS
 
 
@@ -285,6 +298,9 @@ def build_messages(turn: Turn):
         messages.insert(0, AgentMessage(role=MessageRole.SYSTEM, content=summary))
     for block in (turn.context or {}).get("injected_context", []):
         messages.append(AgentMessage(role=MessageRole.SYSTEM, content=block))
+    tags = (turn.context or {}).get("tags") or []
+    if tags:  # routing's tags reach the engine as context, and stay on the turn's record
+        messages.append(AgentMessage(role=MessageRole.SYSTEM, content="Routing tags: " + ", ".join(tags)))
     messages.append(AgentMessage(role=MessageRole.USER, content=(turn.context or {}).get("text", "")))
     return messages
 
@@ -325,6 +341,12 @@ class TurnRun:
         self.first_token: float | None = None  # monotonic, at the first answer token
         self.upstream_usage: dict | None = None  # summed over the engine's steps, where it reports it
         self.recall = None  # memory's recall for this turn (memory_recall), made at the first engine call
+        self.tools = None  # channels_app.tools.TurnTools: what the engine is offered (None: no tools)
+        self.tool_ctx = None
+        self.tool_steps = 0  # tool steps run so far (each: the calls of one engine step)
+        self.offered = False  # this engine step was offered tools: its TOOL items are calls to run
+        self.pending_calls: dict[str, dict] = {}  # call id -> {"id", "name", "arguments"}
+        self.artifacts: list = []
 
     # -- steps --
     def claim(self) -> bool:
@@ -370,6 +392,32 @@ class TurnRun:
         self.messages = build_messages(self.turn)
         # the turn's uploaded files: bytes for a multimodal engine, their text for any other (docs/files.md)
         self.messages = file_parts.messages_with_files(self.turn, self.messages, self.engine)
+        if getattr(self.engine, "supports_tools", False):
+            self.compose_tools()
+
+    def compose_tools(self) -> None:
+        """The turn's toolboxes, narrowed by its limits; routing's delegate-research runs here."""
+        turn = self.turn
+        self.tool_ctx = turn_tools_mod.ToolContext(
+            turn=turn, actor=turn.actor, conversation=turn.conversation, should_stop=self.stop_asked,
+            emit=self.writer.flush, allowed=turn.allowed_tools, denied=list(turn.denied_tools or []),
+            profile=turn.profile, messages=self.messages)
+        self.tools = turn_tools_mod.turn_tools(self.tool_ctx)
+        task = (turn.context or {}).get("delegate_research")
+        if task:
+            self.research_first(task)
+
+    def research_first(self, task: str) -> None:
+        """Routing's delegate-research: a delegated task runs before the engine, its answer becomes context."""
+        from ovos_plugin_manager.templates.agents import AgentMessage, MessageRole
+        box = turn_tools_mod.DelegationToolBox(self.tool_ctx)
+        only = turn_tools_mod.TurnTools([box], allowed=None, denied=None)
+        outcome = turn_tools_mod.tool_call_run(tools=only, ctx=self.tool_ctx, step=0, call={
+            "id": "route-research", "name": "delegate_research", "arguments": {"task": task}})
+        self.artifacts.extend(outcome.artifacts)
+        if not outcome.error and isinstance(outcome.result, dict):
+            self.messages.insert(len(self.messages) - 1, AgentMessage(
+                role=MessageRole.SYSTEM, content="Research notes: " + str(outcome.result.get("answer", ""))))
 
     def should_stop(self) -> bool:
         """The engine's and the runner's question between items: stop, steering, time, ended elsewhere."""
@@ -386,6 +434,11 @@ class TurnRun:
             self.ended_elsewhere = not row or row[1] != TurnState.RUNNING
         return self.cancelled or self.steered or self.ended_elsewhere
 
+    def stop_asked(self) -> bool:
+        """should_stop for a running tool: a stop, the time limit or an end elsewhere (steering waits)."""
+        self.should_stop()
+        return self.cancelled or self.timed_out or self.ended_elsewhere
+
     def take_steering(self) -> bool:
         """Hand pending steering to the engine: the answer so far, then each steered message."""
         from ovos_plugin_manager.templates.agents import AgentMessage, MessageRole
@@ -401,9 +454,14 @@ class TurnRun:
     def engine_step(self) -> None:
         """One pass of the engine over the messages, until it ends or the runner must stop."""
         self.steered = False
+        self.pending_calls = {}
+        offered = None
+        if self.tools and self.tool_steps <= settings.UGENT_TOOL_STEP_LIMIT:
+            offered = self.tools.specs
+        self.offered = offered is not None
         messages = self.memory_recall(list(self.messages))
         for item in stream_items(self.engine, messages, session_id=self.turn.conversation.external_id,
-                                 tools=None, should_stop=self.should_stop):
+                                 tools=offered, should_stop=self.should_stop):
             self.handle(item)
             if self.should_stop():
                 break
@@ -433,7 +491,10 @@ class TurnRun:
             self.answer.clear()
             self.segment.clear()
             writer.flush([("turn.delta", {"turn_id": turn.turn_id, "segment": ANSWER_RESET, "text": ""}, [])])
-        elif item.kind == TOOL:
+        elif item.kind == TOOL and self.offered and not (item.data or {}).get("executed"):
+            data = item.data or {}  # a call the turn runs once the step ends (the same id supersedes)
+            self.pending_calls[str(data.get("id") or len(self.pending_calls))] = data
+        elif item.kind == TOOL:  # a tool the engine ran itself: reported as it was
             writer.flush([("turn.delta", {"turn_id": turn.turn_id, "segment": TOOL, "text": item.text,
                                           "tool": item.data or {}}, [])])
         elif item.kind == CITATIONS:
@@ -446,6 +507,24 @@ class TurnRun:
                 self.upstream_usage = usage
         elif item.kind == ERROR:
             raise EngineError(item.text or "The engine reported an error.")
+
+    def run_calls(self) -> None:
+        """The calls the engine's step asked for, each recorded; their results become TOOL messages.
+        Past the step limit they are answered with an error and the engine is offered no more tools."""
+        limit = settings.UGENT_TOOL_STEP_LIMIT
+        refuse = turn_tools_mod.STEP_LIMIT_ERROR.format(limit=limit) if self.tool_steps >= limit else ""
+        calls = list(self.pending_calls.values())
+        self.pending_calls = {}
+        self.writer.flush()
+        outcomes = []
+        for call in calls:
+            outcome = turn_tools_mod.tool_call_run(tools=self.tools, ctx=self.tool_ctx, call=call,
+                                                   step=self.tool_steps, refuse=refuse)
+            outcomes.append(outcome)
+            self.artifacts.extend(outcome.artifacts)
+        self.messages.extend(turn_tools_mod.tool_messages("".join(self.segment), outcomes, calls))
+        self.segment.clear()
+        self.tool_steps += 1
 
     def usage(self) -> dict:
         """OpenAI's usage for this turn: the upstream's where it reported it, else counted here."""
@@ -462,16 +541,18 @@ class TurnRun:
     def complete(self) -> bool:
         """Completed; False when a steering committed meanwhile (the runner runs one more step)."""
         return turn_complete(turn=self.turn, writer=self.writer, answer="".join(self.answer),
-                             citations=self.citations, usage=self.usage(), ttft_ms=self.ttft_ms())
+                             citations=self.citations, usage=self.usage(), ttft_ms=self.ttft_ms(),
+                             artifacts=self.artifacts)
 
     def fail(self, reason: str, code: str) -> EndOutcome:
         return turn_end(turn=self.turn, state=TurnState.FAILED, answer="".join(self.answer), reason=reason,
-                        code=code, writer=self.writer, usage=self.usage(), ttft_ms=self.ttft_ms())
+                        code=code, writer=self.writer, usage=self.usage(), ttft_ms=self.ttft_ms(),
+                        artifacts=self.artifacts)
 
     def cancel(self) -> EndOutcome:
         """A stopped turn keeps what it already answered, marked as cut short."""
         return turn_end(turn=self.turn, state=TurnState.CANCELLED, answer="".join(self.answer),
-                        writer=self.writer, usage=self.usage(), ttft_ms=self.ttft_ms())
+                        writer=self.writer, usage=self.usage(), ttft_ms=self.ttft_ms(), artifacts=self.artifacts)
 
     # -- the whole run --
     def run(self) -> None:
@@ -500,6 +581,13 @@ class TurnRun:
                 if self.cancelled or self.timed_out:
                     break
                 if self.steered:
+                    continue
+                if self.pending_calls:
+                    self.run_calls()
+                    if self.ended_elsewhere:
+                        raise TurnEnded(self.turn.turn_id)
+                    if self.cancelled or self.timed_out:
+                        break
                     continue
                 if self.complete():
                     return

@@ -273,6 +273,11 @@ def caller_defaults_apply(*, inbound: Submission) -> Submission:
     from plugins_app.agent.profiles import DEFAULT_ALIAS
     changes = {name: True for name in OPT_OUTS if getattr(defaults, name)}
     extra = {**inbound.extra, "caller_defaults": issuer}
+    if defaults.allowed_tools is not None or defaults.denied_tools:
+        from channels_app.tools import limits_merge  # the caller's tools narrow the request's, never widen
+        changes["allowed_tools"], changes["denied_tools"] = limits_merge(
+            allowed=inbound.allowed_tools, denied=inbound.denied_tools,
+            more_allowed=defaults.allowed_tools, more_denied=defaults.denied_tools)
     if defaults.model and (not inbound.model or inbound.model == DEFAULT_ALIAS):
         # below the user's stored /model choice in the seed's order: profile_choose weighs it
         extra["caller_default_model"] = defaults.model
@@ -357,6 +362,7 @@ def _submit_locked(inbound: Submission, conversation: Conversation, created: boo
         include_thinking=inbound.include_thinking, citation_ids=inbound.citation_ids,
         context={"tags": ctx.tags, "injected_context": ctx.injected_context, "text": ctx.text,
                  **({"files": list(inbound.file_ids)} if inbound.file_ids else {}),
+                 **({"delegate_research": ctx.delegate_research} if ctx.delegate_research else {}),
                  **({"caller_defaults": inbound.extra["caller_defaults"]}
                     if inbound.extra.get("caller_defaults") else {})})
     rows.table(Message).insert(conversation=conversation, role=Message.Role.USER, content=inbound.text,

@@ -102,6 +102,8 @@ class ChunkRenderer:
                 return self.data(self.chunk(self._delta({"content": None, "ugent_segment": "tool",
                                                          "ugent_tool": data.get("tool", {})})))
             return b""
+        if event_type in ("ugent.artifacts", "ugent.artifacts_pending"):
+            return self.named(event_type, event_type.replace(".", "_"), data.get("artifacts", []))
         if event_type == "ugent.citations":
             return self.finish() + self.named("ugent.citations", "ugent_citations", data.get("citations", []))
         if event_type == "turn.completed":

@@ -59,6 +59,8 @@ def routing_hook(ctx: HookContext) -> Optional[HookStop]:
         ctx.allowed_tools = narrowed
         ctx.limits["allowed_tools"] = narrowed
     ctx.injected_context.extend(outcome.context)
+    if outcome.delegate_research and not ctx.delegate_research:
+        ctx.delegate_research = outcome.delegate_research  # the turn delegates it, under its own limits
     return None
 
 

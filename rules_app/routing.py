@@ -3,8 +3,8 @@
 routing.toml holds ``[[routes]]``; each has a name, a priority and a match
 condition in the rule engine's condition language (compiled by
 :class:`rules_app.engine.ConditionSpec`), and actions: ``rewrite``
-(regex), ``tags``, ``allowed_tools`` (narrow only), ``inject_context`` and
-``reject``. Every matching route applies, in descending priority (ties in
+(regex), ``tags``, ``allowed_tools`` (narrow only), ``inject_context``,
+``delegate_research`` (a research task the turn delegates before it answers) and ``reject``. Every matching route applies, in descending priority (ties in
 file order); a ``reject`` ends routing. See docs/routing.md.
 
 Pure Python, no Django. The file's shape is declared once (``RoutingFileSpec``,
@@ -69,6 +69,7 @@ class Route:
     allowed_tools: Optional[frozenset[str]] = None
     inject_context: Optional[str] = None
     reject: Optional[str] = None
+    delegate_research: Optional[str] = None  # the task's template; ``{text}`` is the message
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,8 @@ class RoutingOutcome:
     context: tuple[str, ...] = ()
     rejection: Optional[str] = None
     matched: tuple[str, ...] = ()
+    delegate_research: Optional[str] = None
+    """The research task the first matching delegate-research route set (its ``{text}`` filled in)."""
 
     @property
     def rejected(self) -> bool:
@@ -128,6 +131,7 @@ class RoutingTable:
         context: list[str] = []
         matched: list[str] = []
         rejection: Optional[str] = None
+        research: Optional[str] = None
         for route in self.routes:
             if not route.condition.matches(current):
                 continue
@@ -147,6 +151,8 @@ class RoutingTable:
                 allowed = route.allowed_tools if allowed is None else allowed & route.allowed_tools
             if route.inject_context is not None:
                 context.append(route.inject_context)
+            if route.delegate_research is not None and research is None:
+                research = route.delegate_research.replace("{text}", current.text or "")
         return RoutingOutcome(
             text=current.text,
             tags=tuple(tags),
@@ -154,6 +160,7 @@ class RoutingTable:
             context=tuple(context),
             rejection=rejection,
             matched=tuple(matched),
+            delegate_research=research,
         )
 
 
@@ -224,6 +231,7 @@ class RouteSpec(BaseModel):
     allowed_tools: Optional[StrList] = None
     inject_context: Optional[str] = None
     reject: Annotated[Optional[str], AfterValidator(_non_empty)] = None
+    delegate_research: Optional[Union[bool, str]] = None  # true: the message itself is the task
 
     def compile(self, index: int) -> Route:
         """The plain Route this entry describes."""
@@ -233,6 +241,7 @@ class RouteSpec(BaseModel):
             tuple(self.tags),
             frozenset(self.allowed_tools) if self.allowed_tools is not None else None,
             self.inject_context, self.reject,
+            ("{text}" if self.delegate_research is True else (self.delegate_research or None)),
         )
 
 

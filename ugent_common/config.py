@@ -109,6 +109,15 @@ class CallerDefaultsSpec(BaseModel):
     disable_memory_recall: bool = False
     disable_memory_write: bool = False
     disable_code_context: bool = False
+    allowed_tools: Optional[StrList] = None  # only these tools (narrowed further by a request)
+    denied_tools: StrList = []  # never these; ["*"]: none
+
+    @field_validator("allowed_tools")
+    @classmethod
+    def _allowed_not_empty(cls, value):
+        if value is not None and not value:
+            raise ValueError('allowed_tools = [] would mean no restriction: leave it out, or set denied_tools = ["*"]')
+        return value
 
 
 class WebAuthSpec(BaseModel):

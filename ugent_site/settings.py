@@ -59,6 +59,7 @@ UGENT_STATUS_SECTIONS = {
     "cron": "cron_app.apps.status_section",
     "identity": "channels_app.federation.identity_status",
     "files": "channels_app.files.files_status",
+    "tools": "channels_app.tools.tools_status",
 }
 
 MIDDLEWARE = [
@@ -205,6 +206,11 @@ UGENT_SANDBOX_WRITABLE = env.list("UGENT_SANDBOX_WRITABLE", default=[])
 UGENT_SANDBOX_NETWORK = env.bool("UGENT_SANDBOX_NETWORK", default=False)
 # /btw and /refine ask the engine directly, in the request: at most this many seconds.
 UGENT_COMMAND_ENGINE_TIMEOUT = env.float("UGENT_COMMAND_ENGINE_TIMEOUT", default=60.0)
+# The tool loop (docs/tools.md): tool steps a turn may take, seconds one tool call may run, and how
+# deep delegated tasks go (1: a turn delegates, its task does not).
+UGENT_TOOL_STEP_LIMIT = env.int("UGENT_TOOL_STEP_LIMIT", default=8)
+UGENT_TOOL_TIMEOUT_SECONDS = env.float("UGENT_TOOL_TIMEOUT_SECONDS", default=30.0)
+UGENT_TOOL_DELEGATION_DEPTH = env.int("UGENT_TOOL_DELEGATION_DEPTH", default=1)
 UGENT_LLM_BASE_URL = env("UGENT_LLM_BASE_URL", default="")
 UGENT_LLM_API_KEY = env("UGENT_LLM_API_KEY", default="")
 UGENT_LLM_MODEL = env("UGENT_LLM_MODEL", default="")

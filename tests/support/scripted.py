@@ -4,7 +4,11 @@ A message starting with "script:" is a list of steps separated by "|":
   answer=TEXT     stream TEXT as answer tokens (split on spaces)
   thinking=TEXT   stream TEXT as thinking
   reset           withdraw the answer so far (answer_reset)
-  tool=NAME       report a tool call
+  tool=NAME       report a tool call the engine ran itself (nothing for the turn to run)
+  call=NAME{json} ask the turn to call tool NAME with these arguments: the engine's step ends
+                  there (consecutive call= steps are one step's parallel calls); when the engine
+                  is called again with the results, the script goes on after them
+  result          stream the last tool results (the TOOL messages' content) as answer text
   cite=A,B        report citations
   sleep=SECONDS   pause (between steps; checks should_stop while sleeping)
   slow=SECONDS    pause between every later token
@@ -36,9 +40,16 @@ class ScriptedEngine(ChatEngine):
 
     def stream_events(self, messages, *, session_id="default", lang=None, tools=None,
                       should_stop=never_stop) -> Iterator[StreamItem]:
-        last = messages[-1].content if messages else ""
+        from ovos_plugin_manager.templates.agent_tools import ToolBox
+        users = [i for i, m in enumerate(messages) if m.role == MessageRole.USER]
+        after = messages[users[-1] + 1:] if users else []
+        last = messages[users[-1]].content if users else (messages[-1].content if messages else "")
+        if not after or after[-1].role != MessageRole.TOOL:
+            last, after = (messages[-1].content if messages else ""), []
+        done_groups = sum(1 for m in after if m.role == MessageRole.ASSISTANT and m.tool_calls)
+        offered = [t["function"]["name"] for t in ToolBox.normalize_tools(tools)]
         call = {"session_id": session_id, "messages": [(m.role.value, m.content) for m in messages],
-                "config": dict(self.config)}
+                "config": dict(self.config), "tools": offered}
         CALLS.append(call)
         if os.environ.get("UGENT_SCRIPTED_LOG"):  # a live daemon's calls, for tests in another process
             with open(os.environ["UGENT_SCRIPTED_LOG"], "a") as fh:
@@ -50,10 +61,32 @@ class ScriptedEngine(ChatEngine):
                 yield StreamItem(ANSWER, w if i == 0 else " " + w)
             return
         delay = 0.0
-        for step in last[len("script:"):].split("|"):
-            name, _, arg = step.partition("=")
+        steps = last[len("script:"):].split("|")
+        groups = 0  # call groups passed so far; those up to done_groups were streamed in earlier steps
+        at = 0
+        while at < len(steps):
+            name, _, arg = steps[at].partition("=")
             name = name.strip()
-            if name in ("answer", "thinking"):
+            if name == "call":
+                group = []
+                while at < len(steps) and steps[at].strip().startswith("call="):
+                    group.append(steps[at].strip()[len("call="):])
+                    at += 1
+                groups += 1
+                if groups <= done_groups:
+                    continue
+                for n, spec in enumerate(group):
+                    tool, brace, rest = spec.partition("{")
+                    yield StreamItem(TOOL, tool, {"id": f"call-{groups}-{n}", "name": tool.strip(),
+                                                  "arguments": (brace + rest) if brace else "{}"})
+                return
+            at += 1
+            if groups < done_groups:
+                continue  # streamed in an earlier step, before its tool results
+            if name == "result":
+                results = [m.content for m in after[len(after) - _trailing_tools(after):]]
+                yield StreamItem(ANSWER, "\n".join(results))
+            elif name in ("answer", "thinking"):
                 for i, w in enumerate(arg.split(" ")):
                     if should_stop():
                         return
@@ -63,7 +96,7 @@ class ScriptedEngine(ChatEngine):
             elif name == "reset":
                 yield StreamItem(ANSWER_RESET)
             elif name == "tool":
-                yield StreamItem(TOOL, arg, {"id": "call-1", "name": arg, "arguments": "{}"})
+                yield StreamItem(TOOL, arg, {"id": "call-1", "name": arg, "arguments": "{}", "executed": True})
             elif name == "cite":
                 yield StreamItem(CITATIONS, data={"ids": arg.split(",")})
             elif name == "sleep":
@@ -74,6 +107,15 @@ class ScriptedEngine(ChatEngine):
                 raise EngineError(arg, code="scripted_failure")
             elif name == "crash":
                 raise RuntimeError(arg)
+
+
+def _trailing_tools(messages) -> int:
+    n = 0
+    for m in reversed(messages):
+        if m.role != MessageRole.TOOL:
+            break
+        n += 1
+    return n
 
 
 def _sleep(seconds: float, should_stop) -> None:
