@@ -54,12 +54,14 @@ def test_rewritten_text_is_what_the_agent_reads_while_history_keeps_the_original
     site.approve()
     site.write(ROUTES, "routing.toml")
     site.reset()
-    assert answer(chat(tcast.alice, "send the invoice pls")) == "echo: send the invoice please (history=1)"
+    # history: the injected context and the routing tags, as system messages before the user's
+    assert answer(chat(tcast.alice, "send the invoice pls")) == "echo: send the invoice please (history=2)"
     turn = Turn.objects.get()
     assert turn.context["text"] == "send the invoice please"
     assert turn.context["tags"] == ["billing", "money"]
     assert turn.context["injected_context"] == ["Billing questions: answer from the billing policy."]
     assert ("system", "Billing questions: answer from the billing policy.") in CALLS[-1]["messages"]
+    assert ("system", "Routing tags: billing, money") in CALLS[-1]["messages"]
     assert turn.messages.get(role="user").content == "send the invoice pls"
 
 
