@@ -285,7 +285,7 @@ def test_redis_restarted_readers_reconnect_and_nothing_accepted_is_lost(layout):
     assert sum(n for n in engine_calls(layout, in_flight).values()) == 1  # the in-flight turn ran once
     # both web processes and both workers still serve after the restart
     assert layout.served_by() == set(WEBS)
-    assert layout.workers_pinged()
+    wait_until(layout.workers_pinged, 60, interval=0.5, what="both workers to answer a ping again")
 
 
 def test_postgresql_restarted_requests_fail_with_a_503_and_every_process_recovers(layout):
