@@ -14,15 +14,16 @@ that bounds turns per second on a small machine.
 
 Usage: python bench/chat_latency.py [--requests 1000] [--concurrency 16] [--servers]
                                      [--against litellm]
-  --servers  uvicorn and a Celery worker as separate processes over Redis and
-             PostgreSQL (REDIS_URL, default redis://127.0.0.1:6379/12; the
-             database is created and dropped; UGENT_TEST_PG names the server)
+  --servers  also the servers-mode layout of docs/deploy.md (tests/support/layout.py:
+             HAProxy, two uvicorn web processes, two Celery workers, beat and the
+             supervisor over a private PostgreSQL on 5441 and Redis on 6391),
+             measured through the proxy beside the stub and the embedded daemon
   --against litellm
              also start LiteLLM's proxy (bench/requirements-litellm.txt, in a
              venv of its own under var/bench-litellm, made on first use; one
              worker, no database) in front of the same stub, and measure it
-             interleaved with UGENT and the stub: a new conversation per
-             request, and follow-ups in one conversation (UGENT keeps the
+             interleaved with the embedded daemon and the stub: a new conversation
+             per request, and follow-ups in one conversation (UGENT keeps the
              history; LiteLLM's client sends it, as a LiteLLM client must)
 Prints figures; asserts nothing.
 """
@@ -133,55 +134,79 @@ def run(label, url, headers, model, *, n, concurrency, stream, progress=True, pi
             "tail99": pct(tail, 99) * 1000 if tail else None}
 
 
+def bench_profile(stub_url: str) -> str:
+    return ("from plugins_app.models import AgentProfile as P; "
+            f"P.objects.create(name='bench', provider='openai-compatible', is_default=True, "
+            f"config={{'base_url': '{stub_url}', 'model': 'stub-model'}})")
+
+
+def start_embedded(stub_url: str) -> Daemon:
+    tmp = Path(tempfile.mkdtemp(prefix="ugent-bench-"))
+    d = Daemon(tmp, servers=False)
+    (tmp / "workspace").mkdir(parents=True)
+    d.manage("migrate", "--noinput")
+    d.manage("shell", "-c", bench_profile(stub_url))
+    d.spawn()
+    return d
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--concurrency", type=int, default=16)
-    ap.add_argument("--servers", action="store_true", help="separate processes over Redis and PostgreSQL")
+    ap.add_argument("--servers", action="store_true",
+                    help="also the servers-mode layout of docs/deploy.md, measured through its proxy")
     ap.add_argument("--against", choices=["litellm"], help="measure another gateway interleaved with UGENT")
     args = ap.parse_args()
-    if args.servers:
-        os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/12")
     stub, stub_url = start_stub()
-    tmp = Path(tempfile.mkdtemp(prefix="ugent-bench-"))
-    d = Daemon(tmp, servers=args.servers)
+    started = []  # (name, object with .close(), (url, headers, model), pids)
     try:
-        (tmp / "workspace").mkdir(parents=True)
+        d = start_embedded(stub_url)
+        started.append(("embedded", d, (d.base + "/v1/chat/completions", {"x-api-key": d.key}, "bench"),
+                        [p.pid for p in d.procs]))
         if args.servers:
-            d._pg(f'CREATE DATABASE "{d.dbname}"')
-        d.manage("migrate", "--noinput")
-        d.manage("shell", "-c", "from plugins_app.models import AgentProfile as P; "
-                 f"P.objects.create(name='bench', provider='openai-compatible', is_default=True, "
-                 f"config={{'base_url': '{stub_url}', 'model': 'stub-model'}})")
-        d.spawn()
-        ours = (d.base + "/v1/chat/completions", {"x-api-key": d.key}, "bench")
+            from tests.support.layout import Layout
+            lay = Layout(Path(tempfile.mkdtemp(prefix="ugent-bench-layout-")))
+            started.append(("servers", lay, (lay.base + "/v1/chat/completions", {"x-api-key": lay.key}, "bench"),
+                            None))
+            lay.start(profiles_shell=bench_profile(stub_url))
+            started[-1] = started[-1][:3] + (lay.pids(),)
         direct = (stub_url + "/chat/completions", {}, "stub-model")
         n = args.requests
         if args.against == "litellm":
-            return against_litellm(d, stub_url, tmp, n=n, concurrency=args.concurrency, servers=args.servers)
-        mode = "servers mode (uvicorn + celery worker, Redis, PostgreSQL)" if args.servers else "embedded daemon"
-        print(f"chat API added latency: {n} requests each, stub upstream, {mode}", flush=True)
-        pids = [p.pid for p in d.procs]
+            return against_litellm(d, stub_url, Path(tempfile.mkdtemp(prefix="ugent-bench-litellm-")), n=n,
+                                   concurrency=args.concurrency, servers=False)
+        targets = " and ".join({"embedded": "the embedded daemon",
+                                "servers": "the servers layout through HAProxy (2 web, 2 workers, PostgreSQL, "
+                                           "Redis)"}[name] for name, *_ in started)
+        print(f"chat API added latency: {n} requests each, stub upstream, {targets}", flush=True)
         rows = []
         for name, stream, conc in (("non-stream c=1", False, 1), ("stream c=1", True, 1),
                                    (f"non-stream c={args.concurrency}", False, args.concurrency),
                                    (f"stream c={args.concurrency}", True, args.concurrency)):
             base = run("direct " + name, *direct, n=n, concurrency=conc, stream=stream)
-            mine = run("ugent " + name, *ours, n=n, concurrency=conc, stream=stream, pids=pids)
+            mine = [(who, run(f"{who} " + name, *target, n=n, concurrency=conc, stream=stream, pids=pids))
+                    for who, _, target, pids in started]
             rows.append((name, base, mine))
-        print(f"\n{'case':<18}{'':>8}{'p50 ms':>9}{'p99 ms':>9}{'req/s':>9}{'ttft50':>9}{'[DONE]-last p50/p99':>22}"
+        print(f"\n{'case':<18}{'':>9}{'p50 ms':>9}{'p99 ms':>9}{'req/s':>9}{'ttft50':>9}{'[DONE]-last p50/p99':>22}"
               f"{'cpu ms/turn':>13}")
         for name, base, mine in rows:
-            for who, r in (("direct", base), ("ugent", mine)):
+            for who, r in (("direct", base), *mine):
                 tail = f"{r['tail50']:.2f}/{r['tail99']:.2f}" if r["tail50"] is not None else "-"
                 ttft = f"{r['ttft50']:.2f}" if r["ttft50"] is not None else "-"
                 cpu = f"{r['cpu']:.2f}" if r["cpu"] is not None else "-"
-                print(f"{name:<18}{who:>8}{r['p50']:>9.2f}{r['p99']:>9.2f}{r['rps']:>9.1f}{ttft:>9}{tail:>22}{cpu:>13}")
-            print(f"{'':<18}{'added':>8}{mine['p50'] - base['p50']:>9.2f}{mine['p99'] - base['p99']:>9.2f}"
-                  f"{mine['rps'] / base['rps']:>8.2f}x")
+                print(f"{name:<18}{who:>9}{r['p50']:>9.2f}{r['p99']:>9.2f}{r['rps']:>9.1f}{ttft:>9}{tail:>22}{cpu:>13}")
+            for who, r in mine:
+                print(f"{'':<18}{'+' + who[:8]:>9}{r['p50'] - base['p50']:>9.2f}{r['p99'] - base['p99']:>9.2f}"
+                      f"{r['rps'] / base['rps']:>8.2f}x  (added over direct; req/s ratio)")
+            if len(mine) == 2:
+                (_, e), (_, srv) = mine
+                print(f"{'':<18}{'srv/emb':>9}{srv['p50'] / e['p50']:>8.2f}x{srv['p99'] / e['p99']:>8.2f}x"
+                      f"{srv['rps'] / e['rps']:>8.2f}x  (servers over embedded)")
         print("\ntargets (2 cores): <= 8 ms added p50 at c=1; >= 160 turns/s at c=16; [DONE] within 2 ms of the last token")
     finally:
-        d.close()
+        for _, obj, _, _ in started:
+            obj.close()
         stub.terminate()
 
 
@@ -189,6 +214,7 @@ def main():
 
 LITELLM_VENV = ROOT / "var" / "bench-litellm"
 LITELLM_REQS = ROOT / "bench" / "requirements-litellm.txt"
+LITELLM_KEY = "sk-bench-" + os.urandom(16).hex()
 
 
 def litellm_ensure() -> Path:
@@ -211,7 +237,8 @@ def start_litellm(stub_url: str, tmp: Path) -> tuple[subprocess.Popen, str]:
                    f"      api_base: {stub_url}\n      api_key: sk-stub\n"
                    "litellm_settings:\n  telemetry: false\n  turn_off_message_logging: true\n")
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    env.update(LITELLM_LOG="ERROR", LITELLM_TELEMETRY="False", NO_DOCS="True", DISABLE_ADMIN_UI="True")
+    env.update(LITELLM_LOG="ERROR", LITELLM_TELEMETRY="False", NO_DOCS="True", DISABLE_ADMIN_UI="True",
+               LITELLM_MASTER_KEY=LITELLM_KEY)  # it refuses to start without one (and checks it per request)
     log = open(tmp / "litellm.log", "w")
     proc = subprocess.Popen([str(exe), "--config", str(cfg), "--host", "127.0.0.1", "--port", str(port),
                              "--num_workers", "1"], env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -276,7 +303,7 @@ def against_litellm(d, stub_url: str, tmp: Path, *, n: int, concurrency: int, se
     try:
         targets = [Target("direct", stub_url + "/chat/completions", {}, "stub-model", keeps_history=False),
                    Target("ugent", d.base + "/v1/chat/completions", {"x-api-key": d.key}, "bench", keeps_history=True),
-                   Target("litellm", lite_base + "/v1/chat/completions", {"Authorization": "Bearer sk-anything"},
+                   Target("litellm", lite_base + "/v1/chat/completions", {"Authorization": "Bearer " + LITELLM_KEY},
                           "stub-model", keeps_history=False)]
         for t in targets:  # warm-up: connections, imports, pools
             run_conversations(t, n=20, concurrency=2, follow_up=False, tag=f"warm-{t.name}")

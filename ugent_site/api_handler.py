@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from concurrent.futures import ThreadPoolExecutor
 
 from asgiref.sync import ThreadSensitiveContext
@@ -34,10 +35,12 @@ from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.exception import convert_exception_to_response
 from django.core.exceptions import DisallowedHost, RequestAborted
 from django.core.handlers.asgi import get_script_prefix
+from django.db import InterfaceError, OperationalError
 from django.urls import set_script_prefix
 
 from ugent_common.dbconn import call_with_fresh_connections
 
+log = logging.getLogger("ugent.requests")
 API_PREFIX = "/v1/"
 #: Long-lived threads the API's sync views run on (requests take them in turn).
 SYNC_VIEW_THREADS = 8
@@ -58,13 +61,33 @@ _PAGE_ERRORS = {400: ("Invalid Host header.", "invalid_host"),
                 405: ("This endpoint does not take that method.", "method_not_allowed"),
                 500: ("The server failed to answer this request.", "server_error"),
                 503: ("The server is shutting down: send the request again.", "server_shutting_down")}
+#: A request whose database went away (a PostgreSQL restart): a 503 the client may retry, not a 500 page.
+DATABASE_UNAVAILABLE = ("The database is unavailable: send the request again.", "database_unavailable")
 
 
-def _error_object(status: int):
+def _error_object(status: int, message_code: tuple[str, str] | None = None):
     """Django's HTML error pages as the API's OpenAI-style error objects."""
     from channels_app.errors import ApplicationError, error_response
-    message, code = _PAGE_ERRORS[status]
+    message, code = message_code or _PAGE_ERRORS[status]
     return error_response(ApplicationError(message, status=status, code=code))
+
+
+def database_unavailable_as_503(get_response):
+    """A view that lost its database answers 503 `database_unavailable` (Retry-After: 1) with one log line,
+    instead of Django's 500 page and a traceback. The view's connection is marked unusable by Django,
+    so the thread's next request opens a new one (CONN_HEALTH_CHECKS): no restart is needed."""
+
+    async def middleware(request):
+        try:
+            return await get_response(request)
+        except (OperationalError, InterfaceError) as exc:  # psycopg's AdminShutdown, a refused connection, ...
+            log.warning("database unavailable (method=%s, path=%s): %s", request.method, request.path,
+                        str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+            response = _error_object(503, DATABASE_UNAVAILABLE)
+            response["Retry-After"] = "1"
+            return response
+
+    return middleware
 
 
 def api_headers(get_response):
@@ -107,7 +130,8 @@ class ApiHandler(ASGIHandler):
         self._template_response_middleware = []
         self._exception_middleware = []
         from ugent_site.middleware import request_log
-        self._middleware_chain = request_log(api_headers(convert_exception_to_response(self._get_response_async)))
+        self._middleware_chain = request_log(api_headers(convert_exception_to_response(
+            database_unavailable_as_503(self._get_response_async))))
 
     async def __call__(self, scope, receive, send):
         # The least busy thread (ties in turn), so a request stuck on a lock holds up no other while
