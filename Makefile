@@ -45,3 +45,4 @@ bench: setup
 	$(PY) bench/rules_eval.py
 	$(PY) bench/first_answer.py
 	$(PY) bench/memory_rss.py
+	$(PY) bench/tool_loop.py

@@ -8,6 +8,7 @@ Django's single sync thread for the whole turn. It authenticates, validates
 from __future__ import annotations
 
 import asyncio
+import logging
 import contextvars
 import re
 import threading
@@ -33,6 +34,8 @@ from channels_app.models import Turn
 from channels_app.sse import DONE, PING, TERMINAL, ChunkRenderer, usage_or_zero
 from plugins_app.agent.profiles import models_list
 from plugins_app.agent.warm import workers_warm
+
+log = logging.getLogger("ugent.requests")
 
 INPUT_MODES = ("voice", "live")
 CONTENT_SHAPE = "the last user entry's content must be a string or a list of text parts."
@@ -570,11 +573,17 @@ class HealthApi(APIView):
     permission_classes = []
 
     @extend_schema(operation_id="health", tags=["host"], summary="Worker health (no key)",
-                   description="503 \"warming\" in servers mode until a worker has warmed its engines "
+                   description="503 \"database_unavailable\" when the database does not answer; 503 \"warming\" in servers mode until a worker has warmed its engines "
                                "(at most UGENT_WARM_WAIT_SECS after the first ask), so the first turn is fast.",
                    responses={200: docs.HealthSerializer, 503: docs.HealthSerializer})
     def get(self, request):
-        statements.database_ping()
+        from django.db import InterfaceError, OperationalError
+        try:
+            statements.database_ping()
+        except (OperationalError, InterfaceError) as exc:  # the database is away: unhealthy, not a 500
+            log.warning("health: the database is unavailable: %s", str(exc).strip().splitlines()[0] if str(exc).strip()
+                        else type(exc).__name__)
+            return Response({"status": "database_unavailable", "mode": settings.UGENT_MODE}, status=503)
         if not workers_warm():
             return Response({"status": "warming", "mode": settings.UGENT_MODE}, status=503)
         return Response({"status": "ok", "mode": settings.UGENT_MODE})

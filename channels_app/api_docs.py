@@ -234,7 +234,7 @@ ModelsListSerializer = inline_serializer("ModelsList", {
     "object": serializers.ChoiceField(choices=["list"]), "data": ModelSerializer(many=True)})
 
 HealthSerializer = inline_serializer("Health", {
-    "status": serializers.ChoiceField(choices=["ok", "warming"]),
+    "status": serializers.ChoiceField(choices=["ok", "warming", "database_unavailable"]),
     "mode": serializers.ChoiceField(choices=["embedded", "servers"])})
 
 
