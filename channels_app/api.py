@@ -608,10 +608,7 @@ class ReceiptGetApi(APIView):
         ser = self.InputSerializer(data=request.query_params)
         ser.is_valid(raise_exception=True)
         d = ser.validated_data
-        viewer = services.viewer_resolve(caller=request.user.caller, user=d.get("user"),
-                                         federation_issuer=d.get("federation_issuer"),
-                                         federation_subject=d.get("federation_subject"),
-                                         identity=request.user.identity)
+        viewer = services.viewer_of_request(request.user, d)
         return Response(services.receipt_get(viewer=viewer, conversation_id=d["conversation_id"],
                                              client_message_id=d["client_message_id"],
                                              client_id=d.get("client_id", "")))

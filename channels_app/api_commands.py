@@ -50,10 +50,7 @@ class CommandsApi(APIView):
         ser = self.InputSerializer(data=request.data)
         ser.is_valid(raise_exception=True)
         d = ser.validated_data
-        viewer = services.viewer_resolve(caller=request.user.caller, user=d.get("user"),
-                                         federation_issuer=d.get("federation_issuer"),
-                                         federation_subject=d.get("federation_subject"),
-                                         identity=request.user.identity)
+        viewer = services.viewer_of_request(request.user, d)
         return Response(commands.command_run(viewer=viewer, command=d["command"],
                                              conversation_id=d.get("conversation_id"),
                                              client_id=d.get("client_id", ""), turn_id=d.get("turn_id")))

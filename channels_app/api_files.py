@@ -70,10 +70,7 @@ class FileUploadApi(APIView):
         ser = self.InputSerializer(data=request.data)
         ser.is_valid(raise_exception=True)
         d = ser.validated_data
-        actor = services.actor_resolve(caller=request.user.caller, user=d.get("user"),
-                                       federation_issuer=d.get("federation_issuer"),
-                                       federation_subject=d.get("federation_subject"),
-                                       identity=request.user.identity)
+        actor = services.actor_of_request(request.user, d)
         f = files.file_upload(actor=actor, caller=request.user.caller, upload=d["file"],
                               conversation_id=d["conversation_id"], client_id=d.get("client_id") or "",
                               purpose=d["purpose"])
@@ -114,10 +111,7 @@ class FileGetApi(APIView):
         ser = self.InputSerializer(data=request.query_params)
         ser.is_valid(raise_exception=True)
         d = ser.validated_data
-        viewer = services.viewer_resolve(caller=request.user.caller, user=d.get("user"),
-                                         federation_issuer=d.get("federation_issuer"),
-                                         federation_subject=d.get("federation_subject"),
-                                         identity=request.user.identity)
+        viewer = services.viewer_of_request(request.user, d)
         f = files.file_for_download(viewer=viewer, file_id=file_id)
         validators = {"ETag": files.etag(f), "Accept-Ranges": "bytes", "Cache-Control": "private, no-cache"}
         if files.not_modified(f, request.headers.get("If-None-Match")):

@@ -42,9 +42,7 @@ class ConversationFields(IdentityFields):
 
 
 def _viewer(principal, d: dict) -> Viewer:
-    return services.viewer_resolve(caller=principal.caller, user=d.get("user"),
-                                   federation_issuer=d.get("federation_issuer"),
-                                   federation_subject=d.get("federation_subject"), identity=principal.identity)
+    return services.viewer_of_request(principal, d)
 
 
 def _conversation(viewer, d: dict):

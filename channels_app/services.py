@@ -102,6 +102,19 @@ def viewer_resolve(*, caller: Caller, user: str | None = None, federation_issuer
     return access.Viewer(caller=caller, actor=actor)
 
 
+def actor_of_request(principal, fields: dict) -> Actor:
+    """actor_resolve for a view: the authenticated principal (request.user: caller, verified identity)
+    and the identity fields of its body or query (`user`, `federation_issuer`, `federation_subject`)."""
+    return actor_resolve(caller=principal.caller, user=fields.get("user"),
+                         federation_issuer=fields.get("federation_issuer"),
+                         federation_subject=fields.get("federation_subject"), identity=principal.identity)
+
+
+def viewer_of_request(principal, fields: dict) -> access.Viewer:
+    """viewer_resolve for a view, as actor_of_request."""
+    return access.Viewer(caller=principal.caller, actor=actor_of_request(principal, fields))
+
+
 def channel_actor_resolve(*, channel: str, user_id: str, display_name: str = "") -> Actor:
     """The actor of a plugin channel's sender: `{channel}:{user_id}`."""
     return _get_or_create(Actor, key=f"{channel}:{user_id}",
