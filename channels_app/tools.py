@@ -160,8 +160,8 @@ def enabled_names(profile=None, config: Optional[dict] = None) -> list[str]:
 def workspace_roots(ctx: ToolContext) -> dict:
     roots = {"workspace": str(Path(settings.UGENT_WORKSPACE))}
     cwd = (ctx.turn.context or {}).get("working_directory") or getattr(ctx.conversation, "working_directory", "")
-    if cwd:
-        roots["conversation"] = str(cwd)
+    if cwd:  # stored relative to the workspace (PUT /v1/ugent/directory); confine() still checks it
+        roots["conversation"] = str(Path(settings.UGENT_WORKSPACE) / cwd)
     return roots
 
 
