@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import time
 import uuid
 
@@ -187,3 +188,33 @@ def test_requests_still_open_when_the_daemon_stops_end_properly(tmp_path):
     assert "Exception in ASGI application" not in log and "never retrieved" not in log
     assert "returned without" not in log
     assert codes == [0], codes
+
+
+def test_openai_client_parses_a_stream_carrying_tool_and_citation_events(client, daemon):
+    """A turn that calls a real tool (the built-in workspace toolbox) with ugent_include_tool_events, and
+    cites evidence the request supplied: the official client reads it chunk by chunk without error, the
+    tool steps are deltas tagged ugent_segment "tool", and the raw stream also carries ugent.citations."""
+    text = "script:answer=looking|call=workspace_list{}|answer= found it, see ev-1|cite=ev-1"
+    extra = {"ugent_include_tool_events": True, "ugent_citation_ids": ["ev-1"]}
+    stream = client.chat.completions.create(model="scripted", stream=True,
+                                            messages=[{"role": "user", "content": text}], extra_body=extra)
+    segments, answer = [], ""
+    for chunk in stream:
+        delta = chunk.choices[0].delta
+        segment = (delta.model_extra or {}).get("ugent_segment")
+        segments.append(segment)
+        if segment in (None, "answer"):
+            answer += delta.content or ""
+    assert "tool" in segments, segments
+    assert answer == "looking found it, see ev-1"
+    body = {"model": "scripted", "stream": True, "messages": [{"role": "user", "content": text}], **extra}
+    with httpx.stream("POST", daemon.base + "/v1/chat/completions", headers={"x-api-key": daemon.key},
+                      json=body, timeout=30) as resp:
+        frames = parse_sse(b"".join(resp.iter_bytes()))
+    cites = [f for f in frames if f["event"] == "ugent.citations"]
+    assert cites and cites[0]["data"]["ugent_citations"] == ["ev-1"]
+    tool_chunks = [f for f in frames if f["event"] is None and isinstance(f["data"], dict)
+                   and f["data"]["choices"][0]["delta"].get("ugent_segment") == "tool"]
+    assert tool_chunks and any("workspace_list" in json.dumps(f["data"]) for f in tool_chunks)
+    for f in frames[:-1]:
+        validate(f["data"], "CreateChatCompletionStreamResponse")
