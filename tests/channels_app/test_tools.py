@@ -166,3 +166,23 @@ def test_the_narrowing_matrix(tcast, tools_toml, tmp_path, settings, routing, al
         assert offered() == expected
     finally:
         runtime.reset()
+
+
+# --- delegation carries the turn's narrowing --------------------------------------------------------
+
+DELEGATE = 'script:call=delegate_research{"task": "script:call=noop"}|result'
+
+
+@pytest.mark.parametrize("denied,sub_offered", [(None, True), (["noop"], False)])
+def test_a_delegated_task_gets_the_turns_narrowing_never_more(tcast, enabled, denied, sub_offered):
+    extra = {"ugent_denied_tools": denied} if denied else {}
+    resp = chat(tcast.alice, DELEGATE, **extra)
+    assert resp.status_code == 200, resp.content
+    parent = ToolCall.objects.get(name="delegate_research")
+    assert not parent.error, parent.error
+    offered = parent.result["tools"]
+    assert ("noop" in offered) is sub_offered and "echo" in offered
+    assert "delegate_research" not in offered  # one level deep (UGENT_TOOL_DELEGATION_DEPTH)
+    sub = ToolCall.objects.get(name="noop")
+    assert sub.depth == 1
+    assert bool(sub.error) is (not sub_offered)  # a call of a tool the task was not offered never runs
