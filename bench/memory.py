@@ -17,7 +17,11 @@ scoping is exercised). Each query is a message made of 4 vocabulary words.
 Then the added latency of recall on a plain turn: the chat endpoint (Django's test client, the scripted
 engine, turns eager) with backend none against sqlite_fts with 10k facts for the sender, interleaved.
 
-Usage: python bench/memory.py [--sizes 10000,100000] [--queries 200] [--turns 200] [--pg]
+--vocabulary sets how many distinct words facts and queries are made of (the 80 common ones above, then
+generated words): with few words every query matches a third of all facts, the worst case for a
+full-text index; natural language spreads wider.
+
+Usage: python bench/memory.py [--sizes 10000,100000] [--queries 200] [--turns 200] [--vocabulary 5000] [--pg]
 Prints figures; asserts nothing. Targets: recall p99 under 20 ms at 100k facts; at most 3 ms added to a
 turn at p50.
 """
@@ -51,6 +55,16 @@ WORDS = ("coffee tea espresso morning evening python rust golang deploy server k
          "holiday december birthday sister brother daughter cat dog garden bicycle running marathon "
          "piano guitar jazz novel library museum painting camera lens photo editor keyboard monitor").split()
 USER, OTHER = "web:bench-alice", "web:bench-bob"
+
+
+def vocabulary_set(size: int) -> None:
+    """WORDS grows to `size` distinct words: the common ones, then generated syllable words."""
+    rng = random.Random(5)
+    syllables = [c + v for c in "bcdfghjklmnprstvz" for v in "aeiou"]
+    extra = set()
+    while len(WORDS) + len(extra) < size:
+        extra.add("".join(rng.choices(syllables, k=rng.randint(2, 4))))
+    WORDS.extend(sorted(extra - set(WORDS)))
 
 
 def pct(values, p):
@@ -192,9 +206,11 @@ def main():
     ap.add_argument("--sizes", default="10000,100000")
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--turns", type=int, default=200)
+    ap.add_argument("--vocabulary", type=int, default=5000, help="distinct words in facts and queries")
     ap.add_argument("--pg", action="store_true", help="PostgreSQL (DATABASE_URL's server), a scratch database")
     args = ap.parse_args()
     sizes = sorted(int(s) for s in args.sizes.split(","))
+    vocabulary_set(args.vocabulary)
     scratch = None
     if args.pg:
         import psycopg
@@ -222,8 +238,8 @@ def main():
             import psycopg
             with psycopg.connect(base, autocommit=True) as conn:
                 conn.execute(f'DROP DATABASE IF EXISTS "{scratch}" WITH (FORCE)')
-    print(f"memory recall on {vendor}, {args.queries} queries of 4 words, one user's facts (another user holds "
-          f"a tenth as many)")
+    print(f"memory recall on {vendor}, {args.queries} queries of 4 words from {len(WORDS)} distinct words, one "
+          f"user's facts (another user holds a tenth as many)")
     print(f"{'facts':>8}{'what':>28}{'p50 ms':>9}{'p99 ms':>9}{'p99 vs LIKE':>13}")
     for size, t_fts, t_emb, t_like, hits, total in rows:
         like99 = pct(t_like, 99)

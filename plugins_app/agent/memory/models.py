@@ -45,6 +45,13 @@ class MemoryFact(TimeStamped):
         indexes = [
             # recall's and the admin's per-user scans: WHERE actor_key = ? (ORDER BY updated_at)
             models.Index(fields=["actor_key", "updated_at"], name="memory_fact_actor_idx"),
+            # recall's pinned and core facts, newest first: a seek, not a scan of the user's facts
+            # (partial indexes: their condition is the query's own term, which SQLite then uses; a bare boolean
+            # column in a composite index is not)
+            models.Index(fields=["actor_key", "updated_at"], condition=models.Q(pinned=True),
+                         name="memory_fact_pinned_idx"),
+            models.Index(fields=["actor_key", "updated_at"], condition=models.Q(tier="core", pinned=False),
+                         name="memory_fact_core_idx"),
         ]
         ordering = ["-updated_at"]
 
