@@ -46,3 +46,4 @@ bench: setup
 	$(PY) bench/first_answer.py
 	$(PY) bench/memory_rss.py
 	$(PY) bench/tool_loop.py
+	$(PY) bench/memory.py
