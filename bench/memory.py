@@ -33,7 +33,6 @@ import os
 import random
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -41,13 +40,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-_TMP = tempfile.mkdtemp(prefix="ugent-memory-")
-os.environ.setdefault("UGENT_VAR_DIR", _TMP)
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ugent_site.settings")
-os.environ.setdefault("UGENT_LOG_LEVEL", "WARNING")
-os.environ.pop("REDIS_URL", None)
-_CONFIG = Path(_TMP) / "ugent.toml"
-os.environ["UGENT_CONFIG"] = str(_CONFIG)
+from scratch import scratch_install  # noqa: E402
+
+_CONFIG = scratch_install("ugent-memory-", keep_database_url=True)  # --pg decides the database in main()
 
 WORDS = ("coffee tea espresso morning evening python rust golang deploy server kubernetes docker invoice "
          "billing customer support ticket travel berlin lisbon tokyo flight hotel allergy peanuts vegan "

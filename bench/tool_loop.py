@@ -13,24 +13,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-_TMP = tempfile.mkdtemp(prefix="ugent-tools-")
-os.environ.setdefault("UGENT_VAR_DIR", _TMP)
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ugent_site.settings")
-os.environ.setdefault("UGENT_LOG_LEVEL", "WARNING")
-os.environ.pop("REDIS_URL", None)
-os.environ.pop("DATABASE_URL", None)
-(Path(_TMP) / "ugent.toml").write_text('[tools]\nenabled = ["testing"]\n')
-os.environ["UGENT_CONFIG"] = str(Path(_TMP) / "ugent.toml")
+from scratch import scratch_install  # noqa: E402
+
+scratch_install("ugent-tools-", '[tools]\nenabled = ["testing"]\n')
 
 from bridge_throughput import django_ready  # noqa: E402
 
