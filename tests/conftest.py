@@ -21,6 +21,13 @@ def _this_process_plays_the_daemon():
 
 
 @pytest.fixture(autouse=True)
+def _no_worker_warms_here(settings):
+    """This process runs turns eagerly and is no Celery worker: in servers mode /v1/health would wait for a
+    warm worker that never comes (plugins_app/agent/warm.py). tests/engines/test_warm.py turns it on."""
+    settings.UGENT_WARM_AT_START = False
+
+
+@pytest.fixture(autouse=True)
 def _eager_celery():
     from ugent_site.celery import app
     app.conf.task_always_eager = True
