@@ -104,6 +104,6 @@ def test_a_task_that_fails_outside_the_runners_own_handling_is_logged(tcast, mon
     pool(1)
     with caplog.at_level(logging.ERROR, logger="ugent.turns"):
         result = _submit(tcast)
-        assert _wait_for(lambda: any("turn task failed" in r.getMessage() for r in caplog.records))
+        assert _wait_for(lambda: any("turn task failed" in r.getMessage() for r in caplog.records), timeout=30)
     message = next(r.getMessage() for r in caplog.records if "turn task failed" in r.getMessage())
     assert f"turn_pk={result.turn.pk}" in message and "database went away" in message
