@@ -102,6 +102,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "transaction_mode": "IMMEDIATE",
         "timeout": 30,
     })
+    # Writers of this process queue in arrival order, not in SQLite's sleeping busy handler
+    # (ugent_site/db/base.py, docs/performance.md). UGENT_SQLITE_WRITER_QUEUE=false: Django's own backend.
+    if env.bool("UGENT_SQLITE_WRITER_QUEUE", default=True):
+        DATABASES["default"]["ENGINE"] = "ugent_site.db"
     # Each test run its own file: two suites on one checkout must not share (and drop) one database.
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / f"test_ugent_{os.getpid()}.sqlite3")}
 # Keep each thread's connection: a turn touches the database from the web thread, executor
