@@ -18,7 +18,7 @@ from pathlib import Path
 
 from django.db import transaction
 
-from channels_app import sandbox
+from channels_app import sandbox, statements
 from channels_app.errors import ApplicationError
 from channels_app.models import (Actor, Conversation, HarnessItem, HarnessKind, HarnessState,
                                  HarnessVerification, Message, Turn)
@@ -135,8 +135,8 @@ def items_verify(*, conversation: Conversation, item: HarnessItem | None = None)
 def harness_after_turn(*, turn, state: str, answer: str) -> None:
     """After a completed turn: verify the conversation's open items against its answer, in the same
     transaction as the turn's end, so the verification commits with the answer it read."""
-    if state != "completed":
-        return
+    if state != "completed" or not statements.harness_open_exists(turn.conversation_id):
+        return  # most conversations have no harness: one indexed probe, not an ORM query, per turn
     items = list(HarnessItem.objects.filter(conversation_id=turn.conversation_id, state=HarnessState.OPEN)
                  .exclude(check_spec="").select_related("conversation").order_by("id"))
     for item in items:

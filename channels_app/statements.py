@@ -129,7 +129,7 @@ _TURN_COLUMNS = ["id", "turn_id", "conversation_id", "actor_id", "receipt_id", "
                  "allowed_tools", "denied_tools", "disable_memory_recall", "disable_code_context",
                  "disable_memory_write", "input_mode", "include_thinking", "citation_ids", "context",
                  "cancel_requested", "started_at", "created_at"]
-_CONVERSATION_COLUMNS = ["id", "channel", "client_id", "external_id", "owner_id"]
+_CONVERSATION_COLUMNS = ["id", "channel", "client_id", "external_id", "owner_id", "working_directory"]
 _ACTOR_COLUMNS = ["id", "key", "channel", "user_id"]
 
 
@@ -197,6 +197,20 @@ def summary_latest(conversation_pk: int) -> str | None:
     """The newest visible system message (the summary a compaction left); None when there is none."""
     row = rows.fetchone(_summary_latest_sql(), [conversation_pk, False, Message.Role.SYSTEM])
     return row[0] if row else None
+
+
+@functools.cache
+def _harness_open_exists_sql() -> str:
+    from channels_app.models import HarnessItem
+    h = rows.table(HarnessItem)
+    return (f"SELECT 1 FROM {h.name} WHERE {h.col('conversation')} = %s AND {h.col('state')} = %s "
+            f"AND {h.col('check_spec')} <> %s LIMIT 1")
+
+
+def harness_open_exists(conversation_pk: int) -> bool:
+    """Whether the conversation has an open harness item with a check (what the end of a turn verifies)."""
+    from channels_app.models import HarnessState
+    return rows.fetchone(_harness_open_exists_sql(), [conversation_pk, HarnessState.OPEN, ""]) is not None
 
 
 # --- events ----------------------------------------------------------------------------------

@@ -131,6 +131,19 @@ def pin_summary_latest(g):
     assert statements.summary_latest(10 ** 9) is None
 
 
+def pin_harness_open_exists(g):
+    from channels_app.models import HarnessItem, HarnessState
+    conv0, conv1 = g["convs"]
+    HarnessItem.objects.create(conversation=conv0, kind="goal", text="no check", check_spec="")
+    HarnessItem.objects.create(conversation=conv1, kind="goal", text="done", check_spec="phrase:x", state=HarnessState.DONE)
+    for conv in g["convs"]:
+        assert statements.harness_open_exists(conv.pk) == HarnessItem.objects.filter(
+            conversation_id=conv.pk, state=HarnessState.OPEN).exclude(check_spec="").exists()
+    assert not statements.harness_open_exists(conv0.pk)
+    HarnessItem.objects.create(conversation=conv0, kind="task", text="open", check_spec="phrase:x")
+    assert statements.harness_open_exists(conv0.pk) and not statements.harness_open_exists(conv1.pk)
+
+
 def pin_turn_events_after(g):
     for turn in g["turns"]:
         ids = list(Event.objects.filter(turn_id=turn.pk).order_by("id").values_list("id", flat=True))
