@@ -485,17 +485,18 @@ def question_channel_hint(question: Question) -> str:
 
 @dataclass
 class ChannelReply:
-    """A channel message taken as a question's reply: `state` is the question's state after it
-    (answered, or how it stands when refused) or `does_not_fit`; `notice` what to tell the user
-    ("" when the reply applied: the turn's own answer follows)."""
+    """A channel message taken as a question's reply. `outcome`: applied, does_not_fit (the question
+    keeps waiting) or refused (it no longer waits, or is not this user's); `state` the question's state
+    after it ("" for none); `notice` what to tell the user ("" when applied: the turn's answer follows)."""
 
     request_id: str
+    outcome: str
     state: str
     notice: str
 
     @property
     def applied(self) -> bool:
-        return self.state == QuestionState.ANSWERED
+        return self.outcome == "applied"
 
 
 def _channel_question(*, actor: Actor, conversation: Conversation, text: str,
@@ -518,7 +519,7 @@ def _channel_question(*, actor: Actor, conversation: Conversation, text: str,
 
 
 def _channel_apply(*, question: Question, actor: Actor, conversation: Conversation, text: str,
-                   number: int | None) -> tuple[str, str]:
+                   number: int | None) -> tuple[str, str, str]:
     if number is None:
         reply, content = _text_reply(question, text), text
     else:
@@ -537,9 +538,9 @@ def _channel_apply(*, question: Question, actor: Actor, conversation: Conversati
         result = question_reply(actor=actor, conversation=conversation, reply=reply, content=content)
     except ApplicationError as exc:
         if exc.code == "reply_does_not_fit":
-            return "does_not_fit", question_channel_hint(question)
-        return (exc.extra or {}).get("state", "refused"), exc.message
-    return result["state"], ""
+            return "does_not_fit", QuestionState.WAITING, question_channel_hint(question)
+        return "refused", (exc.extra or {}).get("state", ""), exc.message
+    return "applied", result["state"], ""
 
 
 def question_reply_from_channel(*, actor: Actor, conversation: Conversation | None, client_message_id: str,
@@ -567,17 +568,18 @@ def question_reply_from_channel(*, actor: Actor, conversation: Conversation | No
         except IntegrityError:
             return None  # a copy of this message came first
         if question is None:
-            state, notice, request_id = "not_found", NO_SUCH_QUESTION, ""
+            outcome, state, notice, request_id = "refused", "", NO_SUCH_QUESTION, ""
         else:
             request_id = question.request_id
-            state, notice = _channel_apply(question=question, actor=actor, conversation=conversation, text=text,
-                                           number=number)
+            outcome, state, notice = _channel_apply(question=question, actor=actor, conversation=conversation,
+                                                    text=text, number=number)
         Receipt.objects.filter(pk=receipt.pk).update(
-            state=ReceiptState.COMPLETED if state == QuestionState.ANSWERED else ReceiptState.REFUSED,
-            answer=notice, reason=f"a reply to question {request_id}: {state}" if request_id else notice,
+            state=ReceiptState.COMPLETED if outcome == "applied" else ReceiptState.REFUSED,
+            answer=notice, reason=f"a reply to question {request_id or '-'}: {outcome}",
             finished_at=timezone.now(), updated_at=timezone.now())
-    log.info("channel reply (question=%s, message=%s, state=%s)", request_id or "-", client_message_id, state)
-    return ChannelReply(request_id=request_id, state=state, notice=notice)
+    log.info("channel reply (question=%s, message=%s, outcome=%s, state=%s)", request_id or "-",
+             client_message_id, outcome, state)
+    return ChannelReply(request_id=request_id, outcome=outcome, state=state, notice=notice)
 
 
 # --- the ask_user tool ---------------------------------------------------------------------------

@@ -129,7 +129,8 @@ def inbound_submit(*, plugin_id: str, message) -> dict:
                "metadata": message.metadata})
     taken = _question_reply_take(plugin=plugin, actor=actor, message=message, content_hash=inbound.content_hash())
     if taken is not None:
-        return {"accepted": True, "duplicate": False, "question": taken.request_id, "question_state": taken.state}
+        return {"accepted": True, "duplicate": False, "question": taken.request_id, "reply": taken.outcome,
+                "question_state": taken.state}
     try:
         result = message_submit(inbound=inbound)
     except DuplicateMessage as exc:
@@ -162,7 +163,7 @@ def _question_reply_take(*, plugin: Plugin, actor, message, content_hash: str):
             delivery_enqueue(plugin=plugin, conversation=conversation, text=taken.notice,
                              reply_to_message_id=message.message_id,
                              metadata={"kind": "question_notice", "request_id": taken.request_id,
-                                       "question_state": taken.state})
+                                       "reply": taken.outcome, "question_state": taken.state})
     return taken
 
 
