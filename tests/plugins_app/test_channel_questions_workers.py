@@ -143,3 +143,42 @@ def test_telegram_shows_the_question_as_an_inline_keyboard_and_a_press_answers_i
     assert fake.count("answerCallbackQuery") == 1
     assert Turn.objects.count() == 2 and Question.objects.get().answer == {"answers": {"choice": "low"}}
     assert OutboundDelivery.objects.filter(delivery_id=f"d_{q.request_id}", state="delivered").exists()
+
+
+# --- Slack (Socket Mode) --------------------------------------------------------------------------
+
+@pytest.fixture
+def socket_slack(monkeypatch):
+    from tests.fakes.slack import FakeSlack
+    fake = FakeSlack(mode="socket").start()
+    for name, value in fake.env().items():
+        monkeypatch.setenv(name, value)
+    yield fake
+    fake.stop()
+
+
+def test_slack_shows_the_question_as_buttons_and_a_press_answers_it_once(tcast, socket_slack, start_runtime,
+                                                                         threaded_turns):
+    make_plugin("slack-main", kind="channel-slack", command="", args=["--mode", "socket"],
+                env_refs=list(socket_slack.env()), heartbeat_secs=1.0)
+    rt = start_runtime(limits={"startup_grace_secs": 15.0})
+    assert wait_until(lambda: socket_slack.sockets(), 30), rt.log("slack-main")
+    socket_slack.say(SCRIPT)
+    assert wait_until(lambda: socket_slack.posts(), 30), rt.log("slack-main")
+    shown = socket_slack.posts()[0]
+    q = Question.objects.get()
+    section, actions = shown["blocks"]
+    assert section["text"]["text"].startswith("Which priority?")
+    assert [(b["text"]["text"], b["value"]) for b in actions["elements"]] == [
+        ("Low", f"{q.request_id}:1"), ("High", f"{q.request_id}:2")]
+    press = socket_slack.press(f"{q.request_id}:2", message=shown, action_id="ugent_option_1")
+    turn = finished()
+    assert turn and turn.state == "completed", rt.log("slack-main")
+    assert '"option_id": "high"' in turn.receipt.answer
+    assert wait_until(lambda: len(socket_slack.posts()) == 2, 15), rt.log("slack-main")
+    socket_slack.repress(press)  # the same press again: nothing doubled
+    socket_slack.say("script:answer=after")
+    assert wait_until(lambda: len(socket_slack.posts()) == 3, 30), rt.log("slack-main")
+    wait_until(lambda: False, 0.5)
+    assert socket_slack.texts()[2:] == ["after"] and "blocks" not in socket_slack.posts()[1]
+    assert Turn.objects.count() == 2 and Question.objects.get().answer == {"answers": {"choice": "high"}}
