@@ -17,6 +17,9 @@ GovSlack's ``https://slack-gov.com/api/``, or a test's fake). Operators' page: d
   metadata naming the delivery, so after a crash inside a send ``already_delivered`` finds
   what reached Slack and only the missing parts go out. Files go up through
   ``files.getUploadURLExternal`` + ``files.completeUploadExternal``.
+* **Options.** In Socket Mode a delivery's ``metadata["options"]`` become buttons under its last
+  part; a press (an ``interactive`` envelope, ``block_actions``) comes back as a message whose
+  ``metadata.option`` is the button's value (how a question is answered: docs/questions.md).
 * **Refusals.** A bad or revoked token (``auth.test``, ``apps.connections.open``, a
   ``tokens_revoked``/``app_uninstalled`` event, an auth error while sending) or Socket Mode
   switched off raises ``ChannelRefused``: the plugin is disabled with the reason, not restarted.
