@@ -5,7 +5,7 @@ A hook may change the context (text, tags, tool narrowing, injected context) or
 stop the message with an answer, in which case no agent turn runs.
 
 The hub imports no app that plugs into it: the hooks are named in settings by dotted path
-(`UGENT_BEFORE_TURN_HOOKS`, `UGENT_AFTER_TURN_HOOKS`) and imported on first use, so the arrow
+(`UGENT_BEFORE_TURN_HOOKS`, `UGENT_AFTER_TURN_HOOKS`, `UGENT_QUESTION_ASKED_HOOKS`) and imported on first use, so the arrow
 points from rules, cron and channel plugins to the hub and never back. `register` adds one at run
 time (tests, benches).
 """
@@ -71,6 +71,8 @@ def _ensure_loaded() -> None:
             _insert(name, priority, import_string(path))
         for name, path in getattr(settings, "UGENT_AFTER_TURN_HOOKS", {}).items():
             _after.setdefault(name, import_string(path))
+        for name, path in getattr(settings, "UGENT_QUESTION_ASKED_HOOKS", {}).items():
+            _asked.setdefault(name, import_string(path))
         _loaded = True
 
 
@@ -126,3 +128,28 @@ def run_after_turn(*, turn, state: str, answer: str) -> None:
     _ensure_loaded()
     for fn in list(_after.values()):
         fn(turn=turn, state=state, answer=answer)
+
+
+# --- a question asked ----------------------------------------------------------------------
+# Called inside the transaction that records a question a turn asks (channels_app.questions), so
+# work such as a channel's delivery of the question commits with it. A hook must be idempotent on
+# the question's request_id: the same question may be handed to it twice.
+QuestionAsked = Callable[..., None]
+_asked: dict[str, QuestionAsked] = {}
+
+
+def register_question_asked(name: str, fn: QuestionAsked) -> None:
+    """fn(question=Question) runs in the transaction that records the question."""
+    _ensure_loaded()
+    _asked[name] = fn
+
+
+def unregister_question_asked(name: str) -> None:
+    _ensure_loaded()
+    _asked.pop(name, None)
+
+
+def run_question_asked(*, question) -> None:
+    _ensure_loaded()
+    for fn in list(_asked.values()):
+        fn(question=question)

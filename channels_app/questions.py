@@ -16,10 +16,16 @@ UPDATE, so of concurrent replies exactly one applies. A reply never runs as a tu
 
 A secret's value lives in `Question.answer` only until its asker takes it (then it is blanked); it
 is never written to a Message row, an event or a log line.
+
+Chat channels: `question_open` hands each question to the question-asked hooks (channels_app.hooks),
+where a channel plugin queues it as a delivery (`question_channel_text`, `question_channel_options`);
+`question_reply_from_channel` takes the user's next channel message as the reply, by a button's
+reply token or by its text, and records the message's receipt so a repeat of it runs nothing.
 """
 from __future__ import annotations
 
 import logging
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -27,14 +33,14 @@ from datetime import timedelta
 from typing import Callable
 
 from django.conf import settings
-from django.db import close_old_connections, transaction
+from django.db import IntegrityError, close_old_connections, transaction
 from django.utils import timezone
 
-from channels_app import notify
+from channels_app import hooks, notify
 from channels_app.errors import ApplicationError
 from channels_app.events import event_append, turn_topic
-from channels_app.models import (Actor, Conversation, Message, Question, QuestionKind, QuestionState, Turn,
-                                 TurnState)
+from channels_app.models import (Actor, Conversation, Message, Question, QuestionKind, QuestionState, Receipt,
+                                 ReceiptState, Turn, TurnState)
 
 log = logging.getLogger("ugent.questions")
 
@@ -174,6 +180,7 @@ def question_open(*, turn: Turn, spec: dict, timeout_s: float) -> Question:
         question.turn = turn
         event_append(conversation_id=turn.conversation_id, turn_pk=turn.pk, type="interaction.requested",
                      data=question_payload(question), audience=[turn.actor.key])
+        hooks.run_question_asked(question=question)  # a channel's conversation: its delivery commits with it
     log.info("question asked (turn=%s, question=%s, kind=%s)", turn.turn_id, question.request_id, kind)
     return question
 
@@ -392,19 +399,187 @@ def question_waiting_for(*, actor: Actor, conversation: Conversation) -> Questio
             .order_by("-id").first())
 
 
+def _text_reply(question: Question, text: str) -> dict:
+    """A plain message as a submit to `question`. A secret or a form never takes its value from one
+    (a secret would sit in the channel's transcript): their empty value does not fit."""
+    value = "" if question.kind in (QuestionKind.SECRET, QuestionKind.FORM) else text
+    return {"request_id": question.request_id, "action": "submit", "value": value}
+
+
 def question_reply_from_text(*, actor: Actor, conversation: Conversation, text: str) -> dict | None:
-    """A channel without buttons: a plain message answers the conversation's waiting question when it
-    fits (an option by the matcher, yes/no by the yes/no engine, any text for a text question);
-    None when nothing waits or it does not fit, and the message goes on as a message. A secret is
-    never taken from a plain message: it would sit in the channel's transcript."""
+    """A channel without buttons: a plain message answers the conversation's waiting choice, text or
+    confirm question when it fits (an option by the matcher, yes/no by the yes/no engine, any text for
+    a text question); None when nothing waits or it does not fit. A secret is never taken from a plain
+    message: it would sit in the channel's transcript."""
     question = question_waiting_for(actor=actor, conversation=conversation)
     if question is None or question.kind in (QuestionKind.SECRET, QuestionKind.FORM):
         return None
     try:
         return question_reply(actor=actor, conversation=conversation, content=text,
-                              reply={"request_id": question.request_id, "action": "submit", "value": text})
+                              reply=_text_reply(question, text))
     except ApplicationError:
         return None
+
+
+# --- chat channels -------------------------------------------------------------------------------
+
+#: A button's reply token, `<request_id>:<option number>`: what a press sends back (Telegram's
+#: callback_data holds 64 bytes, so it names the option by its number, never by its id).
+OPTION_TOKEN = re.compile(r"^(q-[0-9a-f]{32}):([0-9]{1,3})$")
+CONFIRM_OPTIONS = ({"id": "yes", "label": "Yes"}, {"id": "no", "label": "No"})
+KEEPS_WAITING = "The question keeps waiting."
+SECRET_IN_CHAT = ("This question asks for a secret, and a chat message would keep it in the chat's history: "
+                  f"answer it in the web app. {KEEPS_WAITING}")
+FORM_IN_CHAT = f"This question is a form of several choices: answer it in the web app. {KEEPS_WAITING}"
+LIVE_TURN = (TurnState.ACCEPTED, TurnState.RUNNING)
+
+
+def question_channel_options(question: Question) -> list[dict]:
+    """The options a chat channel offers as buttons, in order: {id, label, value}, where value is the
+    reply token a press sends back. A confirm offers Yes and No; text, secret and form offer none."""
+    if question.kind == QuestionKind.CHOICE:
+        options = question.spec["options"]
+    elif question.kind == QuestionKind.CONFIRM:
+        options = CONFIRM_OPTIONS
+    else:
+        return []
+    return [{"id": o["id"], "label": _option_label(o), "value": f"{question.request_id}:{n}"}
+            for n, o in enumerate(options, 1)]
+
+
+def _numbered(options: list[dict]) -> list[str]:
+    return [f"{n}. {_option_label(o)}" for n, o in enumerate(options, 1)]
+
+
+def question_channel_text(question: Question) -> str:
+    """The question as plain text, for a channel that shows no buttons (and above the ones that do):
+    the prompt, then the options numbered. Nothing a reply holds: a secret's is the prompt alone."""
+    prompt = question.spec.get("prompt", "")
+    if question.kind == QuestionKind.CHOICE:
+        return "\n".join([prompt, *_numbered(question.spec["options"])])
+    if question.kind == QuestionKind.CONFIRM:
+        return f"{prompt} (yes or no)"
+    if question.kind == QuestionKind.FORM:
+        parts = [prompt] if prompt else []
+        for q in question.spec.get("questions", []):
+            parts += [q.get("prompt") or q["id"], *_numbered(q["options"])]
+        return "\n".join([*parts, FORM_IN_CHAT.removesuffix(" " + KEEPS_WAITING)])
+    if question.kind == QuestionKind.SECRET:
+        return f"{prompt}\n(A secret is not taken from a chat message: answer it in the web app.)"
+    return prompt
+
+
+def question_channel_hint(question: Question) -> str:
+    """What a channel user is told when a message does not answer the question waiting for them."""
+    if question.kind == QuestionKind.SECRET:
+        return SECRET_IN_CHAT
+    if question.kind == QuestionKind.FORM:
+        return FORM_IN_CHAT
+    if question.kind == QuestionKind.CHOICE:
+        choices = ", ".join(_numbered(question.spec["options"]))
+        return f"That does not answer the question: reply with one of {choices}. {KEEPS_WAITING}"
+    if question.kind == QuestionKind.CONFIRM:
+        return f"That does not answer the question: reply yes or no. {KEEPS_WAITING}"
+    return f"That does not answer the question: reply with some text. {KEEPS_WAITING}"
+
+
+@dataclass
+class ChannelReply:
+    """A channel message taken as a question's reply. `outcome`: applied, does_not_fit (the question
+    keeps waiting) or refused (it no longer waits, or is not this user's); `state` the question's state
+    after it ("" for none); `notice` what to tell the user ("" when applied: the turn's answer follows)."""
+
+    request_id: str
+    outcome: str
+    state: str
+    notice: str
+
+    @property
+    def applied(self) -> bool:
+        return self.outcome == "applied"
+
+
+def _channel_question(*, actor: Actor, conversation: Conversation, text: str,
+                      option: str | None) -> tuple[Question | None, int | None, bool]:
+    """The question a channel message replies to: (question, the option number a button names, whether
+    it is a reply at all). A button's token names its question; a plain message replies to the newest
+    question this user's live turn asked here, while it waits or once it expired."""
+    token = OPTION_TOKEN.match((option or "").strip()) or OPTION_TOKEN.match(text.strip())
+    rows = Question.objects.select_related("turn", "turn__actor", "conversation")
+    if token:
+        question = rows.filter(request_id=token[1], actor=actor, conversation=conversation).first()
+        return question, int(token[2]), True
+    if not text.strip() or text.lstrip().startswith("/"):  # a slash command stays a command
+        return None, None, False
+    question = (rows.filter(conversation=conversation, actor=actor, turn__state__in=LIVE_TURN)
+                .order_by("-id").first())
+    if question is None or question.state not in (QuestionState.WAITING, QuestionState.EXPIRED):
+        return None, None, False
+    return question, None, True
+
+
+def _channel_apply(*, question: Question, actor: Actor, conversation: Conversation, text: str,
+                   number: int | None) -> tuple[str, str, str]:
+    if number is None:
+        reply, content = _text_reply(question, text), text
+    else:
+        options = question_channel_options(question)
+        if not 1 <= number <= len(options):
+            reply, content = {"request_id": question.request_id, "action": "submit", "value": ""}, ""
+        else:
+            picked = options[number - 1]
+            content = picked["label"]
+            reply = {"request_id": question.request_id, "action": "submit"}
+            if question.kind == QuestionKind.CONFIRM:
+                reply["value"] = picked["id"]
+            else:
+                reply["answers"] = [{"question_id": question.spec["id"], "option_id": picked["id"]}]
+    try:
+        result = question_reply(actor=actor, conversation=conversation, reply=reply, content=content)
+    except ApplicationError as exc:
+        if exc.code == "reply_does_not_fit":
+            return "does_not_fit", QuestionState.WAITING, question_channel_hint(question)
+        return "refused", (exc.extra or {}).get("state", ""), exc.message
+    return "applied", result["state"], ""
+
+
+def question_reply_from_channel(*, actor: Actor, conversation: Conversation | None, client_message_id: str,
+                                content_hash: str, text: str, option: str | None = None) -> ChannelReply | None:
+    """A chat channel's inbound message as the reply to the question waiting for its sender; None when it
+    is no reply (nothing waits, a slash command, a repeat of a message already received), and the
+    message goes on as a message.
+
+    A message taken as a reply never runs as a turn (seed 000, "Questions"): it applies when it fits
+    (a button by its option number, text by the option matcher or the yes/no engine), and otherwise
+    is refused with how the question stands, or a hint when it does not fit (the question keeps
+    waiting). Its receipt is recorded in the same transaction, first: of two copies of one message
+    the second finds it and goes on as the duplicate it is."""
+    if conversation is None:
+        return None
+    question, number, is_reply = _channel_question(actor=actor, conversation=conversation, text=text, option=option)
+    if not is_reply:
+        return None
+    now = timezone.now()
+    with transaction.atomic():
+        try:
+            with transaction.atomic():
+                receipt = Receipt.objects.create(conversation=conversation, client_message_id=client_message_id,
+                                                 content_hash=content_hash, actor=actor, started_at=now)
+        except IntegrityError:
+            return None  # a copy of this message came first
+        if question is None:
+            outcome, state, notice, request_id = "refused", "", NO_SUCH_QUESTION, ""
+        else:
+            request_id = question.request_id
+            outcome, state, notice = _channel_apply(question=question, actor=actor, conversation=conversation,
+                                                    text=text, number=number)
+        Receipt.objects.filter(pk=receipt.pk).update(
+            state=ReceiptState.COMPLETED if outcome == "applied" else ReceiptState.REFUSED,
+            answer=notice, reason=f"a reply to question {request_id or '-'}: {outcome}",
+            finished_at=timezone.now(), updated_at=timezone.now())
+    log.info("channel reply (question=%s, message=%s, outcome=%s, state=%s)", request_id or "-",
+             client_message_id, outcome, state)
+    return ChannelReply(request_id=request_id, outcome=outcome, state=state, notice=notice)
 
 
 # --- the ask_user tool ---------------------------------------------------------------------------

@@ -4,7 +4,9 @@ An inbound message from a worker goes onto the one message path
 (``channels_app.services.message_submit``); the turn's answer comes back as an
 ``OutboundDelivery`` row created inside the transaction that records the turn's
 end (``delivery_create_for_turn``, an after-turn hook), so nothing is lost
-between the turn and the queue. Deliveries move by conditional updates:
+between the turn and the queue. A question the turn asks on the way comes as a delivery of its own
+(``delivery_create_for_question``, a question-asked hook), and the sender's next message may be
+its reply (``channels_app.questions.question_reply_from_channel``). Deliveries move by conditional updates:
 pending -> in_flight (a claim) -> delivered | pending (retry) | dead_letter.
 """
 from __future__ import annotations
@@ -14,7 +16,7 @@ import logging
 import uuid
 from typing import Iterable
 
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -125,6 +127,10 @@ def inbound_submit(*, plugin_id: str, message) -> dict:
         extra={"timestamp": message.timestamp, "sender_name": message.sender_name,
                "reply_to": message.reply_to.to_dict() if message.reply_to else None,
                "metadata": message.metadata})
+    taken = _question_reply_take(plugin=plugin, actor=actor, message=message, content_hash=inbound.content_hash())
+    if taken is not None:
+        return {"accepted": True, "duplicate": False, "question": taken.request_id, "reply": taken.outcome,
+                "question_state": taken.state}
     try:
         result = message_submit(inbound=inbound)
     except DuplicateMessage as exc:
@@ -136,6 +142,29 @@ def inbound_submit(*, plugin_id: str, message) -> dict:
         return {"accepted": False, "duplicate": False, "reason": exc.message, "code": exc.code}
     return {"accepted": True, "duplicate": False, "turn_id": result.turn.turn_id,
             "receipt_state": result.receipt.state}
+
+
+def _question_reply_take(*, plugin: Plugin, actor, message, content_hash: str):
+    """The message as the reply to the question waiting for its sender (a button press names it by the
+    option's ``value``, sent back as ``metadata["option"]``), its notice queued in the same transaction;
+    None when it is no reply and goes on as a message."""
+    from channels_app.models import Conversation
+    from channels_app.questions import question_reply_from_channel
+    conversation = Conversation.objects.filter(channel=plugin.channel, client_id=plugin.plugin_id,
+                                               external_id=message.conversation_id).first()
+    if conversation is None:
+        return None
+    option = (message.metadata or {}).get("option")
+    with transaction.atomic():
+        taken = question_reply_from_channel(actor=actor, conversation=conversation,
+                                            client_message_id=message.message_id, content_hash=content_hash,
+                                            text=message.text or "", option=option if isinstance(option, str) else None)
+        if taken is not None and taken.notice:
+            delivery_enqueue(plugin=plugin, conversation=conversation, text=taken.notice,
+                             reply_to_message_id=message.message_id,
+                             metadata={"kind": "question_notice", "request_id": taken.request_id,
+                                       "reply": taken.outcome, "question_state": taken.state})
+    return taken
 
 
 # --- outbound -----------------------------------------------------------------------------
@@ -165,10 +194,8 @@ def delivery_create_for_turn(*, turn, state: str, answer: str) -> None:
     its delivery commit together. A second call for the same turn adds nothing.
     """
     conversation = turn.conversation
-    if not conversation.client_id:
-        return
-    plugin = Plugin.objects.filter(plugin_id=conversation.client_id).first()
-    if plugin is None or plugin.channel != conversation.channel:
+    plugin = _plugin_of(conversation)
+    if plugin is None:
         return
     if OutboundDelivery.objects.filter(plugin=plugin, turn=turn).exists():
         return
@@ -179,6 +206,56 @@ def delivery_create_for_turn(*, turn, state: str, answer: str) -> None:
     delivery_enqueue(plugin=plugin, conversation=conversation, turn=turn, text=text,
                      reply_to_message_id=receipt.client_message_id,
                      metadata={"turn_id": turn.turn_id, "state": state})
+
+
+def _plugin_of(conversation) -> Plugin | None:
+    """The plugin whose conversation this is (its client_id), if it still serves that channel."""
+    if not conversation.client_id:
+        return None
+    plugin = Plugin.objects.filter(plugin_id=conversation.client_id).first()
+    if plugin is None or plugin.channel != conversation.channel:
+        return None
+    return plugin
+
+
+def question_delivery_id(request_id: str) -> str:
+    """A question's one delivery, named by the question: a second hand-out of it finds the first."""
+    return f"d_{request_id}"
+
+
+def delivery_create_for_question(*, question) -> OutboundDelivery | None:
+    """Question-asked hook: a question a turn of a plugin's conversation asks is queued for that plugin.
+
+    Runs inside the transaction that records the question. Its own delivery, not the turn's (the
+    turn's answer keeps its one slot per turn), named by the question's request_id, so a second
+    call adds nothing. ``text`` is the question with its options numbered; ``metadata["options"]``
+    the buttons ({id, label, value}: a press sends ``value`` back as ``metadata["option"]``).
+    Nothing a reply holds is in it (a secret's delivery is its prompt)."""
+    from channels_app.questions import question_channel_options, question_channel_text
+    turn = question.turn
+    conversation = turn.conversation
+    plugin = _plugin_of(conversation)
+    if plugin is None:
+        return None
+    delivery_id = question_delivery_id(question.request_id)
+    existing = OutboundDelivery.objects.filter(delivery_id=delivery_id).first()
+    if existing is not None:
+        return existing
+    spec = question.spec or {}
+    metadata = {"kind": "question", "request_id": question.request_id, "turn_id": turn.turn_id,
+                "question_kind": question.kind, "question_id": spec.get("id", ""),
+                "timeout_at": question.timeout_at.isoformat().replace("+00:00", "Z"),
+                "options": question_channel_options(question)}
+    payload = {"attachments": [], "metadata": metadata, "reply_to_message_id": turn.receipt.client_message_id}
+    try:
+        with transaction.atomic():
+            delivery = OutboundDelivery.objects.create(delivery_id=delivery_id, plugin=plugin,
+                                                       conversation=conversation, turn=None,
+                                                       text=question_channel_text(question), payload=payload)
+            _wake_after_commit(plugin.plugin_id)
+    except IntegrityError:  # the same question handed out at once elsewhere: that copy is the one
+        return OutboundDelivery.objects.filter(delivery_id=delivery_id).first()
+    return delivery
 
 
 def deliveries_claim(*, plugin_id: str, max_items: int) -> list[OutboundDelivery]:

@@ -61,6 +61,7 @@ class Pending:
     envelope_id: str | None = None
     reason: str = ""
     done: bool = False
+    kind: str = "events_api"  # the Socket Mode envelope's type: interactive for a button press
 
 
 @dataclass
@@ -188,6 +189,32 @@ class FakeSlack:
         with self.lock:
             self._pending[payload["event_id"]] = Pending(payload)
 
+    def press(self, value: str, *, message: dict, user: str = "U0USER001", action_id: str = "ugent_option_0",
+              action_ts: str | None = None) -> dict:
+        """A user presses a button of ``message`` (one of the bot's posts): Slack's ``block_actions``
+        payload, sent as an ``interactive`` envelope (Socket Mode only); returns the payload."""
+        action_ts = action_ts or self.next_ts()
+        container = {"type": "message", "message_ts": message["ts"], "channel_id": message["channel"],
+                     "is_ephemeral": False}
+        if message.get("thread_ts"):
+            container["thread_ts"] = message["thread_ts"]
+        payload = {"type": "block_actions", "team": {"id": TEAM}, "api_app_id": APP_ID,
+                   "user": {"id": user, "name": "ada", "team_id": TEAM}, "container": container,
+                   "channel": {"id": message["channel"]}, "message": {k: v for k, v in message.items()
+                                                                       if k != "channel"},
+                   "trigger_id": f"trig{uuid.uuid4().hex[:8]}",
+                   "actions": [{"type": "button", "action_id": action_id, "block_id": "ugent_options",
+                                "value": value, "action_ts": action_ts,
+                                "text": {"type": "plain_text", "text": value}}]}
+        with self.lock:
+            self._pending[f"press-{action_ts}-{uuid.uuid4().hex[:4]}"] = Pending(payload, kind="interactive")
+        return payload
+
+    def repress(self, payload: dict) -> None:
+        """Send a press the app already took once more (Socket Mode redelivers an unacked envelope)."""
+        with self.lock:
+            self._pending[f"press-again-{uuid.uuid4().hex[:6]}"] = Pending(payload, attempts=1, kind="interactive")
+
     def redeliver(self, payload: dict, reason: str = "timeout") -> None:
         """Send an event the app already took once more (Slack's at-least-once)."""
         with self.lock:
@@ -271,7 +298,7 @@ class FakeSlack:
             return  # Slack keeps it until the app has a connection
         with self.lock:
             p.envelope_id = str(uuid.uuid4())
-            frame = {"envelope_id": p.envelope_id, "payload": p.payload, "type": "events_api",
+            frame = {"envelope_id": p.envelope_id, "payload": p.payload, "type": p.kind,
                      "accepts_response_payload": False, "retry_attempt": p.attempts,
                      "retry_reason": p.reason}
             p.attempts += 1
@@ -483,6 +510,11 @@ class FakeSlack:
         ts = self.next_ts()
         message = {"type": "message", "subtype": "bot_message", "text": params["text"], "user": BOT_USER,
                    "bot_id": BOT_ID, "ts": ts, "team": TEAM, "channel": channel}
+        blocks = params.get("blocks")
+        if isinstance(blocks, str):
+            blocks = json.loads(blocks)
+        if blocks:
+            message["blocks"] = blocks
         if params.get("thread_ts"):
             message["thread_ts"] = params["thread_ts"]
         meta = params.get("metadata")

@@ -3,10 +3,12 @@
     python -m plugins_app.channel.workers.echo
 
 * inbound: ECHO_INBOX names a JSON-lines file; each line ``{"conversation_id",
-  "message_id", "sender_id", "text"[, "sender_name", "source_type"]}`` is
-  submitted once (the outbox and the host deduplicate a re-read after a restart);
+  "message_id", "sender_id", "text"[, "sender_name", "source_type", "option"]}`` is
+  submitted once (the outbox and the host deduplicate a re-read after a restart); ``option`` is a
+  button press: the ``value`` of one of a delivery's options, sent as ``metadata["option"]``;
 * outbound: each delivery is appended to ECHO_SENT as a JSON line
-  ``{"delivery_id", "conversation_id", "text", "attempt"}`` (fsynced), and
+  ``{"delivery_id", "conversation_id", "text", "attempt"[, "buttons"]}`` (fsynced), where
+  ``buttons`` are a delivery's ``metadata["options"]`` as ``[{"label", "value"}]``, and
   ``already_delivered`` looks there, so a crash between send and ack never sends twice.
 
 Knobs for tests: ECHO_DELIVER_DELAY (seconds to linger after writing a send, a
@@ -40,9 +42,25 @@ def _sent_ids(path: Path) -> set[str]:
     return out
 
 
+def _buttons(metadata: dict) -> list[dict]:
+    """A delivery's options (strings, or {"label", "value"}) as the buttons the echo channel shows."""
+    options = metadata.get("options") if isinstance(metadata, dict) else None
+    if not isinstance(options, list):
+        return []
+    out = []
+    for opt in options:
+        if isinstance(opt, dict):
+            out.append({"label": str(opt.get("label") or opt.get("value") or ""),
+                        "value": str(opt.get("value") or opt.get("label") or "")})
+        else:
+            out.append({"label": str(opt), "value": str(opt)})
+    return out
+
+
 class EchoWorker(ChannelWorker):
     kind = KIND
     version = "1.0.0"
+    capabilities = ("text", "options")
 
     def __init__(self, *, inbox: str | None = None, sent: str | None = None, **kwargs):
         super().__init__(**kwargs)
@@ -77,7 +95,8 @@ class EchoWorker(ChannelWorker):
             msg = InboundMessage(channel="echo", conversation_id=str(d["conversation_id"]),
                                  message_id=str(d["message_id"]), sender_id=str(d["sender_id"]),
                                  text=d.get("text", ""), sender_name=d.get("sender_name"),
-                                 source_type=d.get("source_type", "user"))
+                                 source_type=d.get("source_type", "user"),
+                                 metadata={"option": str(d["option"])} if d.get("option") else {})
             result = submit(msg)
         except Exception:
             self.log.exception("bad inbox line: %r", line)
@@ -90,9 +109,13 @@ class EchoWorker(ChannelWorker):
             raise DeliveryFailed("echo: chat is gone", permanent=True)
         if self.fail == "retry":
             raise DeliveryFailed("echo: rate limited")
+        line = {"delivery_id": delivery.delivery_id, "conversation_id": delivery.conversation_id,
+                "text": delivery.text, "attempt": delivery.attempt}
+        buttons = _buttons(delivery.metadata)
+        if buttons:
+            line["buttons"] = buttons
         with self.sent.open("a") as fh:
-            fh.write(json.dumps({"delivery_id": delivery.delivery_id, "conversation_id": delivery.conversation_id,
-                                 "text": delivery.text, "attempt": delivery.attempt}) + "\n")
+            fh.write(json.dumps(line) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
         if self.deliver_delay:

@@ -17,6 +17,9 @@ GovSlack's ``https://slack-gov.com/api/``, or a test's fake). Operators' page: d
   metadata naming the delivery, so after a crash inside a send ``already_delivered`` finds
   what reached Slack and only the missing parts go out. Files go up through
   ``files.getUploadURLExternal`` + ``files.completeUploadExternal``.
+* **Options.** In Socket Mode a delivery's ``metadata["options"]`` become buttons under its last
+  part; a press (an ``interactive`` envelope, ``block_actions``) comes back as a message whose
+  ``metadata.option`` is the button's value (how a question is answered: docs/questions.md).
 * **Refusals.** A bad or revoked token (``auth.test``, ``apps.connections.open``, a
   ``tokens_revoked``/``app_uninstalled`` event, an auth error while sending) or Socket Mode
   switched off raises ``ChannelRefused``: the plugin is disabled with the reason, not restarted.
@@ -56,6 +59,8 @@ HUMAN_SUBTYPES = frozenset({None, "", "file_share", "thread_broadcast", "me_mess
 #: Hosts the bot token may be sent to when fetching a file, besides the API base URL's own.
 SLACK_FILE_HOSTS = ("slack.com", "slack-edge.com", "slack-gov.com", "slack-files.com")
 SEEN_TS_MAX = 2048
+#: The action_id prefix of a delivery's option buttons: a press of any other button is not ours.
+OPTION_ACTION = "ugent_option_"
 #: How long a send refused for the token waits for the worker to stop (the listener stops it at once).
 REFUSAL_HOLD_SECS = 30.0
 
@@ -92,6 +97,28 @@ def conversation_of(channel: str, ts: str, thread_ts: str | None, channel_type: 
 def split_conversation(conversation_id: str) -> tuple[str, str | None]:
     channel, _, thread_ts = conversation_id.partition("/")
     return channel, thread_ts or None
+
+
+def option_blocks(text: str, metadata: dict) -> list[dict] | None:
+    """A delivery's ``options`` (strings, or ``{"label", "value"}``) as Block Kit: the text, then one
+    actions block of buttons (Slack's limits: 25 buttons, 75-character labels, 2,000-character values).
+    Only in Socket Mode, where presses reach the worker as ``interactive`` envelopes."""
+    options = metadata.get("options") if isinstance(metadata, dict) else None
+    if not isinstance(options, list) or not options:
+        return None
+    buttons = []
+    for n, opt in enumerate(options[:25]):
+        if isinstance(opt, dict):
+            label, value = str(opt.get("label") or opt.get("value") or ""), str(opt.get("value") or opt.get("label"))
+        else:
+            label = value = str(opt)
+        if label:
+            buttons.append({"type": "button", "action_id": f"{OPTION_ACTION}{n}", "value": value[:2000],
+                            "text": {"type": "plain_text", "text": label[:75]}})
+    if not buttons:
+        return None
+    return [{"type": "section", "text": {"type": "mrkdwn", "text": text[:3000]}},
+            {"type": "actions", "block_id": "ugent_options", "elements": buttons}]
 
 
 def attachment_kind(mimetype: str) -> str:
@@ -215,6 +242,41 @@ class SlackWorker(ChannelWorker):
                 self.log.info("Slack redelivered envelope (attempt %s, %s)", frame.get("retry_attempt"),
                               frame.get("retry_reason"))
             self.accept(frame.get("payload") or {})
+        elif frame.get("type") == "interactive":
+            self.accept_press(frame.get("payload") or {})
+
+    def accept_press(self, payload: dict) -> None:
+        """A press of one of our option buttons (``block_actions``), recorded and queued as a message."""
+        msg = self.normalise_press(payload)
+        if msg is None:
+            return
+        row = self.outbox.inbound_record(msg)
+        if row.state == PENDING:
+            self._inbox.put(msg)
+
+    def normalise_press(self, payload: dict) -> InboundMessage | None:
+        """A ``block_actions`` payload on one of a delivery's option buttons as an InboundMessage whose
+        ``metadata.option`` is the button's value; its message id is the press's own (action_ts and the
+        user), so a redelivered envelope runs once. None for anything else."""
+        if payload.get("type") != "block_actions":
+            return None
+        action = next((a for a in payload.get("actions") or []
+                       if str(a.get("action_id", "")).startswith(OPTION_ACTION)), None)
+        user = (payload.get("user") or {}).get("id")
+        container = payload.get("container") or {}
+        message = payload.get("message") or {}
+        channel = (payload.get("channel") or {}).get("id") or container.get("channel_id")
+        ts = container.get("message_ts") or message.get("ts")
+        if action is None or not (user and channel and ts and action.get("value")):
+            return None
+        thread_ts = container.get("thread_ts") or message.get("thread_ts")
+        return InboundMessage(
+            channel="slack", conversation_id=conversation_of(channel, ts, thread_ts, None, threads=self.threads),
+            message_id=f"press:{action.get('action_ts') or ts}:{user}", sender_id=user,
+            sender_name=(payload.get("user") or {}).get("name") or None,
+            source_type=source_type(None, channel), text=action["value"],
+            reply_to=ReplyContext(message_id=ts),
+            metadata={"option": action["value"], "channel": channel, "ts": ts, "event_type": "block_actions"})
 
     def accept(self, payload: dict) -> None:
         """One Events API payload: record what it carries durably (the outbox) and queue it for the hub.
@@ -341,6 +403,10 @@ class SlackWorker(ChannelWorker):
                         "metadata": {"event_type": METADATA_EVENT,
                                      "event_payload": {"delivery_id": delivery.delivery_id, "part": i,
                                                        "parts": len(parts)}}}
+                if i == len(parts) - 1 and self.mode == "socket":
+                    buttons = option_blocks(part, delivery.metadata)
+                    if buttons:
+                        body["blocks"] = buttons
                 if thread_ts:
                     body["thread_ts"] = thread_ts
                 sent = self.api.call("chat.postMessage", json=body, key=channel, post=True)

@@ -70,7 +70,8 @@ def normalise(update: dict) -> InboundMessage | None:
             message_id=f"{update_id}:cb", sender_id=str(user.get("id") or chat["id"]),
             sender_name=_sender_name(user), source_type=SOURCE_TYPES.get(chat.get("type"), "unknown"),
             text=cq["data"], reply_to=ReplyContext(str(msg["message_id"])) if msg.get("message_id") else None,
-            metadata={"telegram": {"update_id": update_id, "callback_query_id": cq.get("id"),
+            metadata={"option": cq["data"],  # the pressed button's value: a question's reply token
+                      "telegram": {"update_id": update_id, "callback_query_id": cq.get("id"),
                                    "option": cq["data"]}})
     msg = update.get("message") or update.get("channel_post")
     if not msg or not msg.get("chat"):

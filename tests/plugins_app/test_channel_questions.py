@@ -1,0 +1,258 @@
+"""A question a channel turn asks, as the plugins room sees it: its delivery, and the sender's next
+message taken as the reply (issue #13, item 2; seed 000, "Questions").
+
+The real services on the real database, the turn a row in `running` that no runner holds, so nothing
+here waits on a clock: `question_open` is what the ask_user tool calls, `inbound_submit` what the
+bridge calls for each message a worker sends. The workers themselves (echo, Telegram against the
+fake Bot API) are in test_channel_questions_workers.py. Both run modes run this file; the duplicate
+and concurrent-reply tests are the ones the database's locking decides.
+"""
+from __future__ import annotations
+
+import threading
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from channels_app import hooks, questions
+from channels_app.models import Message, Question, Receipt, Turn
+from channels_app.services import channel_actor_resolve, conversation_resolve
+from plugins_app.channel import services
+from plugins_app.channel.models import OutboundDelivery
+from plugins_app.channel.sdk import InboundMessage
+from tests.plugins_app.conftest import make_plugin
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+PID = "echo-main"
+CHOICE = {"kind": "choice", "id": "priority", "prompt": "Which priority?",
+          "options": [{"id": "low", "label": "Low"}, {"id": "high", "label": "High", "aliases": ["urgent"]}]}
+
+
+def running_turn(sender="42", chat="chat-1"):
+    """A turn of the echo plugin's conversation, running (as the runner holds it while it asks)."""
+    actor = channel_actor_resolve(channel="echo", user_id=sender)
+    conv, _ = conversation_resolve(channel="echo", client_id=PID, external_id=chat, actor=actor, caller=None)
+    receipt = Receipt.objects.create(conversation=conv, actor=actor, client_message_id=f"m-{uuid.uuid4().hex[:8]}",
+                                     content_hash="x", state="running")
+    return Turn.objects.create(turn_id=f"turn-{uuid.uuid4().hex}", conversation=conv, actor=actor, receipt=receipt,
+                               state="running", started_at=timezone.now())
+
+
+@pytest.fixture
+def plugin(tcast):
+    return make_plugin(PID)
+
+
+def say(message_id, text="", *, sender="42", chat="chat-1", option=None):
+    msg = InboundMessage(channel="echo", conversation_id=chat, message_id=message_id, sender_id=sender, text=text,
+                         source_type="user", metadata={"option": option} if option else {})
+    return services.inbound_submit(plugin_id=PID, message=msg)
+
+
+def notices():
+    return list(OutboundDelivery.objects.filter(payload__metadata__kind="question_notice")
+                .order_by("id").values_list("text", flat=True))
+
+
+# --- the question's delivery ----------------------------------------------------------------------
+
+def test_a_question_is_delivered_with_its_text_and_options_beside_the_turns_own_slot(plugin):
+    turn = running_turn()
+    q = questions.question_open(turn=turn, spec=CHOICE, timeout_s=60)
+    d = OutboundDelivery.objects.get()
+    assert d.delivery_id == f"d_{q.request_id}" and d.turn is None and d.plugin == plugin
+    assert d.text == "Which priority?\n1. Low\n2. High"
+    meta = d.payload["metadata"]
+    assert meta["kind"] == "question" and meta["request_id"] == q.request_id and meta["turn_id"] == turn.turn_id
+    assert meta["question_kind"] == "choice" and meta["question_id"] == "priority"
+    assert meta["options"] == [{"id": "low", "label": "Low", "value": f"{q.request_id}:1"},
+                               {"id": "high", "label": "High", "value": f"{q.request_id}:2"}]
+    assert d.payload["reply_to_message_id"] == turn.receipt.client_message_id
+    # the turn's answer still gets its one delivery
+    services.delivery_create_for_turn(turn=turn, state="completed", answer="done")
+    assert OutboundDelivery.objects.filter(turn=turn).get().text == "done"
+    assert OutboundDelivery.objects.count() == 2
+
+
+def test_the_hook_run_twice_for_one_question_delivers_it_once(plugin):
+    q = questions.question_open(turn=running_turn(), spec=CHOICE, timeout_s=60)
+    hooks.run_question_asked(question=q)
+    services.delivery_create_for_question(question=Question.objects.get(pk=q.pk))
+    assert OutboundDelivery.objects.count() == 1
+
+
+def test_a_secret_questions_delivery_holds_its_prompt_alone(plugin):
+    q = questions.question_open(turn=running_turn(), spec={"kind": "secret", "prompt": "Your API token?"},
+                                timeout_s=60)
+    d = OutboundDelivery.objects.get()
+    assert d.text.startswith("Your API token?\n") and d.payload["metadata"]["options"] == []
+    # the user types the secret into the chat: it is not taken, kept nowhere, and runs no turn
+    out = say("m-s", "sk-live-123456")
+    assert out["reply"] == "does_not_fit" and out["question_state"] == "waiting"
+    assert Question.objects.get(pk=q.pk).state == "waiting"
+    assert notices() == [questions.SECRET_IN_CHAT]
+    assert not Message.objects.filter(content__contains="sk-live").exists()
+    assert "sk-live" not in str(list(OutboundDelivery.objects.values_list("text", "payload")))
+    assert Turn.objects.count() == 1
+
+
+def test_a_confirm_is_delivered_with_yes_and_no(plugin):
+    q = questions.question_open(turn=running_turn(), spec={"kind": "confirm", "prompt": "Deploy now?"},
+                                timeout_s=60)
+    d = OutboundDelivery.objects.get()
+    assert d.text == "Deploy now? (yes or no)"
+    assert [(o["id"], o["label"]) for o in d.payload["metadata"]["options"]] == [("yes", "Yes"), ("no", "No")]
+    say("m-1", "No", option=f"{q.request_id}:2")
+    q.refresh_from_db()
+    assert q.state == "answered" and q.answer == {"value": False}
+
+
+def test_a_conversation_of_no_plugin_gets_no_delivery(tcast):
+    actor = channel_actor_resolve(channel="echo", user_id="42")
+    conv, _ = conversation_resolve(channel="echo", client_id="", external_id="c", actor=actor, caller=None)
+    receipt = Receipt.objects.create(conversation=conv, actor=actor, client_message_id="m", content_hash="x")
+    turn = Turn.objects.create(turn_id="turn-x", conversation=conv, actor=actor, receipt=receipt, state="running")
+    questions.question_open(turn=turn, spec=CHOICE, timeout_s=60)
+    assert not OutboundDelivery.objects.exists()
+
+
+# --- the reply ------------------------------------------------------------------------------------
+
+def test_a_button_press_answers_by_the_option_it_names_and_starts_no_turn(plugin):
+    q = questions.question_open(turn=running_turn(), spec=CHOICE, timeout_s=60)
+    out = say("m-2", f"{q.request_id}:2", option=f"{q.request_id}:2")
+    assert out == {"accepted": True, "duplicate": False, "question": q.request_id, "reply": "applied",
+                   "question_state": "answered"}
+    q.refresh_from_db()
+    assert q.state == "answered" and q.answer == {"answers": {"priority": "high"}}
+    assert Turn.objects.count() == 1 and notices() == []
+    assert Message.objects.get(turn=q.turn).content == "High"  # the transcript shows the label, not the token
+    assert Receipt.objects.get(client_message_id="m-2").state == "completed"
+
+
+@pytest.mark.parametrize("text, picked", [("the second one", "high"), ("low", "low"), ("urgent", "high"),
+                                          ("2", "high")])
+def test_free_text_is_read_by_the_option_matcher(plugin, text, picked):
+    q = questions.question_open(turn=running_turn(), spec=CHOICE, timeout_s=60)
+    assert say("m-2", text)["reply"] == "applied"
+    q.refresh_from_db()
+    assert q.answer == {"answers": {"priority": picked}} and Turn.objects.count() == 1
+
+
+def test_a_reply_that_does_not_fit_leaves_the_question_waiting_and_says_so(plugin):
+    q = questions.question_open(turn=running_turn(), spec=CHOICE, timeout_s=60)
+    out = say("m-2", "purple, please")
+    assert out["reply"] == "does_not_fit" and out["question_state"] == "waiting" and out["accepted"] is True
+    assert Question.objects.get(pk=q.pk).state == "waiting"
+    assert notices() == ["That does not answer the question: reply with one of 1. Low, 2. High. "
+                         "The question keeps waiting."]
+    assert Turn.objects.count() == 1  # seed 000: a reply that does not fit never runs as a turn
+    assert Receipt.objects.get(client_message_id="m-2").state == "refused"
+    assert say("m-3", "low")["reply"] == "applied"
+
+
+def test_a_reply_after_the_deadline_is_refused_as_expired_and_starts_no_turn(plugin):
+    q = questions.question_open(turn=running_turn(), spec=CHOICE, timeout_s=60)
+    Question.objects.filter(pk=q.pk).update(timeout_at=timezone.now() - timedelta(seconds=1))
+    assert say("m-2", "low") == {"accepted": True, "duplicate": False, "question": q.request_id,
+                                 "reply": "refused", "question_state": "expired"}
+    assert notices() == ["This question has expired."]
+    assert Question.objects.get(pk=q.pk).state == "expired"
+    # its turn still runs: the next message is still a late reply, and a button press always is
+    assert say("m-3", "high")["question_state"] == "expired"
+    assert say("m-4", "", option=f"{q.request_id}:1")["question_state"] == "expired"
+    assert notices() == ["This question has expired."] * 3
+    assert Turn.objects.count() == 1
+
+
+def test_once_the_turn_ended_a_message_is_a_message_again(plugin):
+    turn = running_turn()
+    questions.question_open(turn=turn, spec=CHOICE, timeout_s=60)
+    Turn.objects.filter(pk=turn.pk).update(state="completed")
+    out = say("m-2", "script:answer=a new turn")
+    assert "question" not in out and out["turn_id"] != turn.turn_id
+    assert Turn.objects.count() == 2
+
+
+def test_a_slash_command_is_not_taken_as_a_reply(plugin):
+    q = questions.question_open(turn=running_turn(), spec=CHOICE, timeout_s=60)
+    out = say("m-2", "/models")
+    assert "question" not in out
+    assert Question.objects.get(pk=q.pk).state == "waiting"
+
+
+def test_someone_else_in_the_chat_neither_answers_nor_is_held_by_the_question(plugin):
+    q = questions.question_open(turn=running_turn(sender="42", chat="group-1"), spec=CHOICE, timeout_s=60)
+    out = say("m-2", "low", sender="43", chat="group-1")
+    assert "question" not in out  # an ordinary message of someone else's
+    pressed = say("m-3", "", sender="43", chat="group-1", option=f"{q.request_id}:1")
+    assert pressed["reply"] == "refused" and notices() == ["No such question."]
+    assert Question.objects.get(pk=q.pk).state == "waiting"
+
+
+# --- duplicates and races (both run modes) --------------------------------------------------------
+
+def test_the_same_reply_delivered_twice_is_applied_once(plugin):
+    q = questions.question_open(turn=running_turn(), spec=CHOICE, timeout_s=60)
+    first = say("m-2", "the second one")
+    again = say("m-2", "the second one")
+    assert first["reply"] == "applied"
+    assert again["duplicate"] is True and "question" not in again
+    assert Turn.objects.count() == 1 and Receipt.objects.filter(client_message_id="m-2").count() == 1
+    assert Message.objects.filter(turn=q.turn, content="the second one").count() == 1
+
+
+def test_the_same_misfit_delivered_twice_is_hinted_once(plugin):
+    questions.question_open(turn=running_turn(), spec=CHOICE, timeout_s=60)
+    say("m-2", "purple")
+    assert say("m-2", "purple")["duplicate"] is True
+    assert len(notices()) == 1 and Turn.objects.count() == 1
+
+
+def _together(n, fn):
+    gate = threading.Barrier(n)
+    results = [None] * n
+
+    def run(i):
+        try:
+            gate.wait()
+            results[i] = fn(i)
+        finally:
+            connection.close()
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results
+
+
+def test_eight_copies_of_one_reply_at_once_apply_it_once(plugin):
+    q = questions.question_open(turn=running_turn(), spec=CHOICE, timeout_s=60)
+    results = _together(8, lambda i: say("m-2", "the second one"))
+    applied = [r for r in results if r and r.get("reply") == "applied"]
+    assert len(applied) == 1, results
+    assert all(r["duplicate"] for r in results if r is not applied[0]), results
+    assert Question.objects.get(pk=q.pk).answer == {"answers": {"priority": "high"}}
+    assert Turn.objects.count() == 1 and Receipt.objects.filter(client_message_id="m-2").count() == 1
+    assert Message.objects.filter(turn=q.turn, content="the second one").count() == 1 and notices() == []
+
+
+def test_two_buttons_pressed_at_once_one_applies_and_the_other_is_told(plugin):
+    q = questions.question_open(turn=running_turn(), spec=CHOICE, timeout_s=60)
+    results = _together(2, lambda i: say(f"m-{i}", "", option=f"{q.request_id}:{i + 1}"))
+    assert sorted(r["reply"] for r in results) == ["applied", "refused"], results
+    assert notices() == ["This question was already answered."]
+    assert Question.objects.get(pk=q.pk).state == "answered" and Turn.objects.count() == 1
+
+
+def test_a_plain_message_after_the_answer_is_a_message(plugin):
+    q = questions.question_open(turn=running_turn(), spec=CHOICE, timeout_s=60)
+    assert say("m-1", "low")["reply"] == "applied"
+    out = say("m-2", "script:answer=next")  # queued behind the turn, as any message is
+    assert "question" not in out and Turn.objects.count() == 2
+    assert Question.objects.get(pk=q.pk).answer == {"answers": {"priority": "low"}}
