@@ -24,7 +24,7 @@ from django.db import close_old_connections, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from channels_app import file_parts, hooks, statements, tools as turn_tools_mod
+from channels_app import citations as citations_mod, file_parts, hooks, statements, tools as turn_tools_mod
 
 from ugent_common import rows
 # The log's lock (see channels_app.events): under it a state read and an append are one step, so no
@@ -141,10 +141,6 @@ def _steerings_drop(turn: Turn) -> list:
     return [("turn.steering_dropped", {"turn_id": turn.turn_id, "steering_ids": ids}, [])]
 
 
-def _requested_citations(turn: Turn, answer: str) -> list[str]:
-    return [cid for cid in (turn.citation_ids or []) if cid and cid in answer]
-
-
 def turn_end(*, turn: Turn, state: str, answer: str = "", reason: str = "", code: str = "",
              citations: list[str] | None = None, writer: DeltaWriter | None = None,
              pending: list | None = None, from_state: str = TurnState.RUNNING,
@@ -176,7 +172,9 @@ def turn_end(*, turn: Turn, state: str, answer: str = "", reason: str = "", code
     if end.event == "turn.failed":
         turn_fields["error"] = reason or end.reason
     if state == TurnState.COMPLETED:
-        citations += [c for c in _requested_citations(turn, answer) if c not in citations]
+        # Before the transaction: an NLI engine's seconds hold no lock (channels_app.citations).
+        citations = citations_mod.citations_verify(requested=list(turn.citation_ids or []), claimed=citations,
+                                                   answer=answer, prompt=(turn.context or {}).get("text", ""))
         receipt_fields["citations"] = citations
     if started_at is not None:
         turn_fields["started_at"] = receipt_fields["started_at"] = started_at
