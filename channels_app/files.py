@@ -98,6 +98,32 @@ def file_upload(*, actor: Actor, caller: Caller | None, upload, conversation_id:
         raise
 
 
+def file_from_bytes(*, conversation, actor: Actor, caller: Caller | None, filename: str, content: bytes,
+                    purpose: str = "assistants_output") -> File:
+    """Store bytes the hub made (a tool's artifact) as a file of `conversation`, owned as an upload of
+    `actor` would be, so its /v1/files link opens for the conversation's owner alone. Raises
+    ApplicationError (413) past UGENT_FILES_MAX_BYTES, having stored nothing."""
+    from django.core.files.base import ContentFile
+    problem = upload_too_large(len(content))
+    if problem is not None:
+        raise problem
+    file_id = f"file-{uuid.uuid4().hex}"
+    storage = file_storage()
+    stored_name = storage.save(file_id, ContentFile(content))
+    try:
+        return File.objects.create(
+            file_id=file_id, conversation=conversation, actor=actor, caller=caller, filename=_filename(filename),
+            purpose=purpose, mime=mime_sniff(content[:SNIFF_BYTES]), size=len(content),
+            sha256=hashlib.sha256(content).hexdigest(), storage_name=stored_name,
+            expires_at=timezone.now() + dt.timedelta(seconds=settings.UGENT_PLUGIN_MEDIA_TTL_SECS))
+    except BaseException:
+        try:
+            storage.delete(stored_name)
+        except Exception:
+            log.warning("could not delete the bytes of an unstored artifact %s", stored_name, exc_info=True)
+        raise
+
+
 def file_for_download(*, viewer: access.Viewer, file_id: str) -> File:
     """The file behind a /v1/files/<id> link, for its conversation's owner and the operator; a 404 to
     anyone else, as for a missing or expired one."""
