@@ -121,7 +121,7 @@ def test_tool_events_stream_only_when_asked(tcast, enabled):
 
 # --- narrowing ------------------------------------------------------------------------------------
 
-ALL_TOOLS = ["noop", "echo", "sleep", "boom", "make_file", "file_at", "link_file", "workspace_list", "workspace_read",
+ALL_TOOLS = ["noop", "echo", "sleep", "boom", "make_file", "file_at", "finish_pending", "link_file", "workspace_list", "workspace_read",
              "workspace_search", "delegate_research"]
 
 
