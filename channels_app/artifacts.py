@@ -9,6 +9,9 @@ A tool result may carry `artifacts: [...]`, each one of:
 - `{name, url}`: a link the tool made elsewhere, passed on as it is (it is no /v1/files link);
 - `{id}` (or `file_id`): a file of this conversation already stored (a delegated task's artifact).
 
+An MCP tool's image, audio and embedded-resource blocks (ovos-tool-adapters keeps them in `raw`) are
+artifacts too, named `image-N.png`, or by the resource's URI.
+
 Each storable artifact is announced while the turn runs: `ugent.artifacts_pending` when the tool
 returns it, then, once its bytes are stored as a `File` of the conversation (owner: the turn's user,
 kept UGENT_PLUGIN_MEDIA_TTL_SECS), `ugent.artifacts` with its `id` and `url` (/v1/files/<id>, which opens
@@ -103,9 +106,12 @@ def _failed(artifact_id: str, name: str, reason: str) -> dict:
 def artifacts_take(*, turn: Turn, result: Any, emit: Callable[[list], None]) -> tuple[Any, list]:
     """A tool result's artifacts, stored and announced (the module's rules): the result as the engine
     is shown it (each artifact its entry, no bytes) and the entries the turn lists."""
-    if not isinstance(result, dict) or not isinstance(result.get("artifacts"), list):
+    if not isinstance(result, dict):
         return result, []
-    raw = [a for a in result["artifacts"] if isinstance(a, dict)]
+    result, from_mcp = _mcp_blocks_taken(result)
+    if not from_mcp and not isinstance(result.get("artifacts"), list):
+        return result, []
+    raw = [a for a in (result.get("artifacts") or []) if isinstance(a, dict)] + from_mcp
     if len(raw) > MAX_PER_RESULT:
         log.warning("a tool returned %s artifacts; the first %s are kept", len(raw), MAX_PER_RESULT)
         raw = raw[:MAX_PER_RESULT]
@@ -158,6 +164,38 @@ def artifacts_take(*, turn: Turn, result: Any, emit: Callable[[list], None]) -> 
         emit([("ugent.artifacts", {"turn_id": turn.turn_id, "artifacts": ready}, [])])
     shown = {**result, "artifacts": entries}
     return shown, entries
+
+
+_MCP_EXTENSIONS = {"image/png": ".png", "image/jpeg": ".jpg", "image/gif": ".gif", "image/webp": ".webp",
+                   "audio/wav": ".wav", "audio/mpeg": ".mp3", "audio/ogg": ".ogg", "application/pdf": ".pdf"}
+
+
+def _mcp_blocks_taken(result: dict) -> tuple[dict, list]:
+    """An MCP tool's result (ovos-tool-adapters' output: content, is_error, raw blocks): its image,
+    audio and embedded-resource blocks as artifacts, and the result with those blocks' bytes left out."""
+    blocks = result.get("raw")
+    if "is_error" not in result or not isinstance(blocks, list):
+        return result, []
+    found, kept = [], []
+    for n, block in enumerate(blocks):
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind in ("image", "audio") and block.get("data"):
+            mime = str(block.get("mimeType") or "application/octet-stream")
+            name = f"{kind}-{n + 1}{_MCP_EXTENSIONS.get(mime, '')}"
+        elif kind == "resource" and isinstance(block.get("resource"), dict) and (
+                block["resource"].get("blob") or block["resource"].get("text")):
+            res = block["resource"]
+            mime = str(res.get("mimeType") or "application/octet-stream")
+            name = str(res.get("uri") or "").rstrip("/").rsplit("/", 1)[-1] or f"resource-{n + 1}"
+            data = res.get("blob") or base64.b64encode(str(res["text"]).encode()).decode()
+            block = {"type": kind, "data": data}
+        else:
+            kept.append(block)
+            continue
+        artifact_id = _new_id()
+        found.append({"name": name, "mime": mime, "content_base64": block["data"], "artifact_id": artifact_id})
+        kept.append({"type": kind, "artifact_id": artifact_id, "name": name})
+    return ({**result, "raw": kept} if found else result), found
 
 
 def artifacts_at_end(turn: Turn, artifacts: list) -> list:
