@@ -33,7 +33,7 @@ from typing import Any, Callable
 from django.conf import settings
 from django.db import transaction
 
-from channels_app import files, sandbox, statements
+from channels_app import file_parts, sandbox, statements
 from channels_app.errors import ApplicationError
 from channels_app.events import events_append
 from channels_app.models import Conversation, Event, File, Receipt, Turn, TurnState
@@ -91,10 +91,10 @@ def _b64_bytes(text: str) -> bytes:
 
 def _store(turn: Turn, *, name: str, content: bytes, artifact_id: str) -> dict:
     try:
-        f = files.file_from_bytes(conversation=turn.conversation, actor=turn.actor, caller=turn.caller,
+        f = file_parts.file_from_bytes(conversation=turn.conversation, actor=turn.actor, caller=turn.caller,
                                   filename=name, content=content)
     except ApplicationError as exc:
-        raise ArtifactError(exc.message if hasattr(exc, "message") else str(exc))
+        raise ArtifactError(exc.message)
     return entry_of(f, artifact_id=artifact_id, name=name)
 
 
@@ -220,7 +220,7 @@ def artifact_finish(*, turn_id: str, artifact_id: str, content: bytes, name: str
     turn = Turn.objects.select_related("conversation", "actor", "caller").filter(turn_id=turn_id).first()
     if turn is None or not _pending_in(turn, artifact_id):
         return None
-    f = files.file_from_bytes(conversation=turn.conversation, actor=turn.actor, caller=turn.caller,
+    f = file_parts.file_from_bytes(conversation=turn.conversation, actor=turn.actor, caller=turn.caller,
                               filename=name or _pending_name(turn, artifact_id), content=content)
     entry = entry_of(f, artifact_id=artifact_id, name=name or _pending_name(turn, artifact_id))
     with transaction.atomic():
@@ -234,7 +234,7 @@ def artifact_finish(*, turn_id: str, artifact_id: str, content: bytes, name: str
             done = not any(a.get("artifact_id") == artifact_id and a.get("pending") for a in listed or [])
         if done:  # another finisher won: this copy goes
             f.delete()
-            transaction.on_commit(lambda: files.file_storage().delete(f.storage_name))
+            transaction.on_commit(lambda: file_parts.file_storage().delete(f.storage_name))
             return None
         if state not in LIVE_STATES:
             updated = [entry if a.get("artifact_id") == artifact_id else a for a in listed]
