@@ -117,16 +117,22 @@ def artifacts_take(*, turn: Turn, result: Any, emit: Callable[[list], None]) -> 
         raw = raw[:MAX_PER_RESULT]
     entries: list[dict] = []
     to_store: list[tuple[int, bytes]] = []
+    passed_on: set[int] = set()  # entries a delegated task's call already announced
     for a in raw:
         known = str(a.get("id") or a.get("file_id") or "")
         if known:  # already stored (a delegated task's): only a file of this conversation is taken
             f = File.objects.filter(file_id=known, conversation_id=turn.conversation_id).first()
             if f is not None:
+                passed_on.add(len(entries))
                 entries.append(entry_of(f, artifact_id=str(a.get("artifact_id") or _new_id()),
                                         name=str(a.get("name") or "")))
                 continue
         name = str(a.get("name") or "")[:255]
         if not name:
+            continue
+        if a.get("error") and a.get("artifact_id"):  # a delegated task's refusal, already announced
+            passed_on.add(len(entries))
+            entries.append({"artifact_id": str(a["artifact_id"])[:100], "name": name, "error": str(a["error"])})
             continue
         artifact_id = str(a.get("artifact_id") or "")[:100] or _new_id()
         mime = str(a.get("mime") or "application/octet-stream")[:100]
@@ -159,7 +165,7 @@ def artifacts_take(*, turn: Turn, result: Any, emit: Callable[[list], None]) -> 
             entries[at] = _store(turn, name=pending["name"], content=content, artifact_id=pending["artifact_id"])
         except ArtifactError as exc:
             entries[at] = _failed(pending["artifact_id"], pending["name"], str(exc))
-    ready = [e for e in entries if not e.get("pending")]
+    ready = [e for i, e in enumerate(entries) if not e.get("pending") and i not in passed_on]
     if ready:
         emit([("ugent.artifacts", {"turn_id": turn.turn_id, "artifacts": ready}, [])])
     shown = {**result, "artifacts": entries}

@@ -145,3 +145,15 @@ def test_bad_base64_is_an_error_entry_not_a_failed_turn(tcast):
     assert entries[0]["error"] == "content_base64 is not base64" and entries[1]["bytes"] == 2
     assert [t for t, _d, _a in emitted] == ["ugent.artifacts_pending", "ugent.artifacts"]
     assert shown["artifacts"] == entries
+
+
+def test_a_delegated_tasks_file_is_stored_once_and_reaches_the_turns_receipt(tcast, tools_toml):
+    tools_toml('[tools]\nenabled = ["testing", "delegation"]\n')
+    task = json.dumps({"task": "script:call=make_file"})  # no "|": the outer script would split it
+    body = chat(tcast.alice, f"script:call=delegate_research{task}|answer=top", stream=False).json()
+    [stored] = File.objects.all()
+    names = [(a["name"], a.get("id")) for a in body["ugent_artifacts"]]
+    assert names == [("report.txt", stored.file_id), ("big.bin", None)]
+    ready = Event.objects.filter(type="ugent.artifacts")
+    assert [a["id"] for e in ready for a in e.data["artifacts"]] == [stored.file_id]  # announced once
+    assert [a["name"] for a in Receipt.objects.get().files] == ["report.txt", "big.bin"]
