@@ -98,6 +98,8 @@ def citations_verify(*, requested: list[str], claimed: list[str], answer: str, p
     says. Ids keep their first order: the engine's, then the request's."""
     requested = [c for c in dict.fromkeys(requested or []) if c]
     claimed = [c for c in dict.fromkeys(claimed or []) if c]
+    if not requested:  # nothing to check: the turn path reads no config
+        return claimed
     supplied = set(requested)
     conf = citations_config()
     kept: set[str] = set()
