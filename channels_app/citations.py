@@ -123,3 +123,17 @@ def citations_verify(*, requested: list[str], claimed: list[str], answer: str, p
     ordered = [c for c in claimed if c not in supplied or c in kept]
     ordered += [c for c in requested if c in kept and c not in ordered]
     return ordered
+
+
+def citations_status() -> dict:
+    """The `citations` section of GET /v1/ugent/status: which check runs, and whether its engine loads."""
+    conf = citations_config()
+    if not conf.nli_engine:
+        return {"check": "lexical", "nli_engine": None}
+    try:
+        engine = _engine(conf)
+    except Exception as exc:
+        return {"check": "lexical", "nli_engine": conf.nli_engine, "installed": False,
+                "error": f"{type(exc).__name__}: {exc}"}
+    return {"check": "nli", "nli_engine": conf.nli_engine, "installed": True,
+            "class": f"{type(engine).__module__}.{type(engine).__qualname__}"}

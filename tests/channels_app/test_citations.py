@@ -169,3 +169,15 @@ def test_the_baseline_is_registered_as_an_opm_nli_entry_point():
     assert isinstance(registry.nli_engine("ugent-lexical-nli"), LexicalOverlapNLI)
     with pytest.raises(LookupError):
         registry.nli_engine("no-such-nli-engine")
+
+
+def test_the_status_says_which_check_runs_and_whether_its_engine_loads(tcast, toml_config):
+    def section():
+        return Client().get("/v1/ugent/status", HTTP_X_API_KEY=tcast.keys["operator"]).json()["status"]["citations"]
+    assert section() == {"check": "lexical", "nli_engine": None}
+    toml_config('[citations]\nnli_engine = "ugent-lexical-nli"\n')
+    assert section() == {"check": "nli", "nli_engine": "ugent-lexical-nli", "installed": True,
+                         "class": "plugins_app.agent.engines.nli.LexicalOverlapNLI"}
+    toml_config('[citations]\nnli_engine = "no-such-nli-engine"\n')
+    got = section()
+    assert got["check"] == "lexical" and got["installed"] is False and "no-such-nli-engine" in got["error"]
