@@ -528,7 +528,14 @@ class ChatCompletionApi(View):
             elif etype == "ugent.citations":
                 citations = edata.get("citations", [])
             elif etype in ("ugent.artifacts", "ugent.artifacts_pending"):
-                artifacts.extend(edata.get("artifacts", []))
+                # announced pending, then finished: each artifact once, as it last stood
+                for a in edata.get("artifacts", []):
+                    at = next((i for i, b in enumerate(artifacts)
+                               if a.get("artifact_id") and b.get("artifact_id") == a.get("artifact_id")), None)
+                    if at is None:
+                        artifacts.append(a)
+                    else:
+                        artifacts[at] = a
             elif etype in TERMINAL:
                 final = (etype, edata)
         etype, edata = final

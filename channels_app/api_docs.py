@@ -403,6 +403,7 @@ STREAM_COMPONENTS = {
             "ugent_stopped": {"type": "boolean"},
             "ugent_user_message": {"$ref": "#/components/schemas/UgentUserMessage"},
             "ugent_citations": {"type": "array", "items": {"type": "string"}},
+            # {artifact_id, id, name, mime, bytes, url, expires_at}, or {…, error} (channels_app.artifacts)
             "ugent_artifacts": {"type": "array", "items": {"type": "object"}},
             "ugent_artifacts_pending": {"type": "array", "items": {"type": "object"}},
             "ugent_receipt": {"$ref": "#/components/schemas/Receipt"}}},

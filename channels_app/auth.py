@@ -67,10 +67,14 @@ def caller_and_key_for_key(raw: str) -> tuple[Caller | None, int | None]:
             caller = rows.table(Caller).get(name=ck.caller)
             if caller is None:
                 caller, _ = Caller.objects.get_or_create(
-                    name=ck.caller, defaults={"role": ck.role, "issuers": list(ck.issuers), "from_config": True})
-            if caller.role != ck.role or caller.issuers != list(ck.issuers):
+                    name=ck.caller, defaults={"role": ck.role, "issuers": list(ck.issuers), "from_config": True,
+                                              "allow_remote_control": ck.allow_remote_control})
+            # The file wins for the callers it declares: role, issuers and allow_remote_control follow it.
+            if (caller.role != ck.role or caller.issuers != list(ck.issuers)
+                    or caller.allow_remote_control != ck.allow_remote_control):
                 caller.role, caller.issuers = ck.role, list(ck.issuers)
-                caller.save(update_fields=["role", "issuers", "updated_at"])
+                caller.allow_remote_control = ck.allow_remote_control
+                caller.save(update_fields=["role", "issuers", "allow_remote_control", "updated_at"])
             return caller, None
     found = statements.caller_for_key_hash(digest)
     if found is None:

@@ -6,14 +6,22 @@
   `MultimodalAgentMessage`'s image, audio and file lists); any other engine gets the text read out of
   each file (PDF, DOCX, plain text) in front of the user's message.
 
-The upload and download services are in channels_app/files.py, above the message services.
+The upload and download services are in channels_app/files.py, above the message services; the
+upload limit, the kept name and `file_from_bytes` (a tool's artifact stored as a file) are here, where
+the runner's parts can reach them.
 """
 from __future__ import annotations
 
 import base64
+import datetime as dt
+import hashlib
 import io
 import logging
+import re
+import uuid
 
+from django.conf import settings
+from django.core.files.base import ContentFile
 from django.core.files.storage import storages
 from django.utils import timezone
 
@@ -29,6 +37,7 @@ SNIFF_BYTES = 8192
 TEXT_LIMIT = 100_000
 FILE_NOT_IN_CONVERSATION = ("No such file in this conversation: {file_id}. A file part names a file uploaded "
                             "to the same conversation by the same user (POST /v1/files).")
+TOO_LARGE = ("The file is larger than this daemon takes: at most {limit} bytes (UGENT_FILES_MAX_BYTES).")
 PDF = "application/pdf"
 DOCX = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
 #: filetype's names where browsers and engines know another one better
@@ -38,6 +47,45 @@ MIME_ALIASES = {"audio/x-wav": "audio/wav", "audio/x-flac": "audio/flac"}
 def file_storage():
     """The storage that holds uploaded files (settings.STORAGES["ugent_files"])."""
     return storages[STORAGE_ALIAS]
+
+
+def upload_too_large(size: int | None) -> ApplicationError | None:
+    """A 413 for an upload past UGENT_FILES_MAX_BYTES, or None."""
+    limit = settings.UGENT_FILES_MAX_BYTES
+    if size is not None and size > limit:
+        return ApplicationError(TOO_LARGE.format(limit=limit), status=413, code="file_too_large", param="file")
+    return None
+
+
+def filename_clean(name: str) -> str:
+    """The client's name for the file, as it gave it, without a path and within the column."""
+    name = re.split(r"[\\/]", name or "")[-1].replace("\x00", "").strip() or "file"
+    return name[-255:]
+
+
+def file_from_bytes(*, conversation: Conversation, actor: Actor, caller, filename: str, content: bytes,
+                    purpose: str = "assistants_output") -> File:
+    """Store bytes the hub made (a tool's artifact, channels_app.artifacts) as a file of `conversation`,
+    owned as an upload of `actor` would be, so its /v1/files link opens for the conversation's owner
+    alone. Raises ApplicationError (413) past UGENT_FILES_MAX_BYTES, having stored nothing."""
+    problem = upload_too_large(len(content))
+    if problem is not None:
+        raise problem
+    file_id = f"file-{uuid.uuid4().hex}"
+    storage = file_storage()
+    stored_name = storage.save(file_id, ContentFile(content))
+    try:
+        return File.objects.create(
+            file_id=file_id, conversation=conversation, actor=actor, caller=caller,
+            filename=filename_clean(filename), purpose=purpose, mime=mime_sniff(content[:SNIFF_BYTES]),
+            size=len(content), sha256=hashlib.sha256(content).hexdigest(), storage_name=stored_name,
+            expires_at=timezone.now() + dt.timedelta(seconds=settings.UGENT_PLUGIN_MEDIA_TTL_SECS))
+    except BaseException:
+        try:
+            storage.delete(stored_name)
+        except Exception:
+            log.warning("could not delete the bytes of an unstored artifact %s", stored_name, exc_info=True)
+        raise
 
 
 def mime_sniff(head: bytes) -> str:

@@ -24,13 +24,15 @@ from django.utils import timezone
 
 from channels_app import access, services
 from channels_app.errors import ApplicationError
-from channels_app.file_parts import SNIFF_BYTES, file_storage, mime_sniff
+# The upload limit and the kept name live with the parts below (file_parts), which a tool's artifacts
+# share; upload_too_large is named here too for the views.
+from channels_app.file_parts import SNIFF_BYTES, file_storage, mime_sniff, upload_too_large
+from channels_app.file_parts import filename_clean as _filename
 from channels_app.models import Actor, Caller, File
 
 log = logging.getLogger("ugent.files")
 
 NO_SUCH_FILE = "No such file."
-TOO_LARGE = ("The file is larger than this daemon takes: at most {limit} bytes (UGENT_FILES_MAX_BYTES).")
 RANGE_PAST_END = "The range starts past the end of the file ({size} bytes)."
 PURPOSES = ("user_data", "assistants", "vision", "voice")
 #: How many expired files one prune deletes per batch.
@@ -44,20 +46,6 @@ def file_object(f: File) -> dict:
             "filename": f.filename, "purpose": f.purpose, "mime": f.mime, "url": f"/v1/files/{f.file_id}",
             "expires_at": int(f.expires_at.timestamp()),
             "conversation_id": f.conversation.external_id}
-
-
-def upload_too_large(size: int | None) -> ApplicationError | None:
-    """A 413 for an upload past UGENT_FILES_MAX_BYTES, or None."""
-    limit = settings.UGENT_FILES_MAX_BYTES
-    if size is not None and size > limit:
-        return ApplicationError(TOO_LARGE.format(limit=limit), status=413, code="file_too_large", param="file")
-    return None
-
-
-def _filename(name: str) -> str:
-    """The client's name for the file, as it gave it, without a path and within the column."""
-    name = re.split(r"[\\/]", name or "")[-1].replace("\x00", "").strip() or "file"
-    return name[-255:]
 
 
 def file_upload(*, actor: Actor, caller: Caller | None, upload, conversation_id: str, client_id: str = "",

@@ -204,7 +204,8 @@ class Turn(TimeStamped):
     usage_source = models.CharField(max_length=10, blank=True, default="",
                                     help_text='"upstream": the engine reported it; "counted": counted here.')
     ttft_ms = models.FloatField(null=True, blank=True, help_text="Milliseconds from start to the first answer token.")
-    # The files the turn's tools returned: [{name, mime, bytes, url|path, pending?}] (docs/tools.md).
+    # The files the turn's tools returned: [{artifact_id, id, name, mime, bytes, url, expires_at} | {…, pending}
+    # | {…, error}] (channels_app.artifacts, docs/tools.md).
     artifacts = models.JSONField(default=list, blank=True)
 
     class Meta:

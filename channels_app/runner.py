@@ -24,7 +24,7 @@ from django.db import close_old_connections, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from channels_app import file_parts, hooks, statements, tools as turn_tools_mod
+from channels_app import artifacts as artifacts_mod, citations as citations_mod, file_parts, hooks, statements, tools as turn_tools_mod
 
 from ugent_common import rows
 # The log's lock (see channels_app.events): under it a state read and an append are one step, so no
@@ -141,10 +141,6 @@ def _steerings_drop(turn: Turn) -> list:
     return [("turn.steering_dropped", {"turn_id": turn.turn_id, "steering_ids": ids}, [])]
 
 
-def _requested_citations(turn: Turn, answer: str) -> list[str]:
-    return [cid for cid in (turn.citation_ids or []) if cid and cid in answer]
-
-
 def turn_end(*, turn: Turn, state: str, answer: str = "", reason: str = "", code: str = "",
              citations: list[str] | None = None, writer: DeltaWriter | None = None,
              pending: list | None = None, from_state: str = TurnState.RUNNING,
@@ -165,7 +161,8 @@ def turn_end(*, turn: Turn, state: str, answer: str = "", reason: str = "", code
     lock against streams.turn_steer, so a steering is either applied or refused, never lost).
     `usage`: {"prompt_tokens", "completion_tokens", "total_tokens", "source"} (stored on the turn and
     carried by the terminal event); `ttft_ms`: time to the first answer token; `artifacts`: the files
-    its tools returned (turn and receipt, and ugent.artifacts / ugent.artifacts_pending). The end is logged
+    its tools returned, for the turn and the receipt (their ugent.artifacts / ugent.artifacts_pending
+    events were written as the tools returned them, channels_app.artifacts). The end is logged
     (`turn ended (...)`) and counted in the metrics once it commits.
     """
     end = END_STATES[state]
@@ -176,7 +173,9 @@ def turn_end(*, turn: Turn, state: str, answer: str = "", reason: str = "", code
     if end.event == "turn.failed":
         turn_fields["error"] = reason or end.reason
     if state == TurnState.COMPLETED:
-        citations += [c for c in _requested_citations(turn, answer) if c not in citations]
+        # Before the transaction: an NLI engine's seconds hold no lock (channels_app.citations).
+        citations = citations_mod.citations_verify(requested=list(turn.citation_ids or []), claimed=citations,
+                                                   answer=answer, prompt=(turn.context or {}).get("text", ""))
         receipt_fields["citations"] = citations
     if started_at is not None:
         turn_fields["started_at"] = receipt_fields["started_at"] = started_at
@@ -188,13 +187,14 @@ def turn_end(*, turn: Turn, state: str, answer: str = "", reason: str = "", code
     if ttft_ms is not None:
         turn_fields["ttft_ms"] = ttft_ms
     artifacts = list(artifacts or [])
-    if artifacts:
-        turn_fields["artifacts"] = artifacts
-        receipt_fields["files"] = artifacts
     with transaction.atomic():
         _lock_turn(turn)
         if unless_steering_waits and _steering_pending(turn):
             return EndOutcome.STEERING_WAITS
+        if artifacts:  # under the turn's lock: a pending one finished meanwhile is listed finished
+            artifacts = artifacts_mod.artifacts_at_end(turn, artifacts)
+            turn_fields["artifacts"] = artifacts
+            receipt_fields["files"] = artifacts
         if where is None:
             moved = rows.table(Turn).update({"id": turn.pk, "state": from_state}, **turn_fields)
         else:  # the sweep's conditions (a lapsed lease, an age): off the hot path, through the ORM
@@ -215,12 +215,6 @@ def turn_end(*, turn: Turn, state: str, answer: str = "", reason: str = "", code
         items = (writer.pending() if writer is not None else []) + list(pending or []) + dropped
         if citations and state == TurnState.COMPLETED:
             items.append(("ugent.citations", {"turn_id": turn.turn_id, "citations": citations}, []))
-        ready = [a for a in artifacts if not a.get("pending")]
-        waiting = [a for a in artifacts if a.get("pending")]
-        if ready:
-            items.append(("ugent.artifacts", {"turn_id": turn.turn_id, "artifacts": ready}, []))
-        if waiting:
-            items.append(("ugent.artifacts_pending", {"turn_id": turn.turn_id, "artifacts": waiting}, []))
         turn.state = state
         hooks.run_after_turn(turn=turn, state=state, answer=answer)
         data = {"turn_id": turn.turn_id, "state": state, "answer": answer}

@@ -321,23 +321,6 @@ def _run_in_thread(fn: Callable[[], Any], *, timeout: float, should_stop: Callab
     return box.get("value"), ""
 
 
-def _artifacts_of(result: Any) -> list:
-    if not isinstance(result, dict):
-        return []
-    out = []
-    for a in result.get("artifacts") or []:
-        if isinstance(a, dict) and a.get("name"):
-            item = {"name": str(a["name"]), "mime": str(a.get("mime") or "application/octet-stream"),
-                    "bytes": int(a.get("bytes") or 0)}
-            for key in ("url", "path"):
-                if a.get(key):
-                    item[key] = str(a[key])
-            if a.get("pending"):
-                item["pending"] = True
-            out.append(item)
-    return out
-
-
 def tool_delta(turn: Turn, tool: dict) -> tuple:
     return ("turn.delta", {"turn_id": turn.turn_id, "segment": "tool", "text": tool.get("name", ""),
                            "tool": tool}, [])
@@ -384,9 +367,12 @@ def tool_call_run(*, tools: TurnTools, ctx: ToolContext, call: dict, step: int,
                 result = _json_safe(raw)
             except Exception as exc:
                 error = f"the tool's result is not JSON: {exc}"
+    artifacts: list = []
+    if not error:  # its files stored in the conversation and announced; the engine sees no bytes
+        from channels_app import artifacts as artifacts_mod
+        result, artifacts = artifacts_mod.artifacts_take(turn=ctx.turn, result=result, emit=ctx.emit)
     ms = round((time.monotonic() - started) * 1000, 2)
-    outcome = CallOutcome(call_id=call_id, name=name, result=result, error=error, ms=ms,
-                          artifacts=_artifacts_of(result))
+    outcome = CallOutcome(call_id=call_id, name=name, result=result, error=error, ms=ms, artifacts=artifacts)
     rows.table(ToolCall).update({"id": record.pk}, state=ToolCallState.ERROR if error else ToolCallState.DONE,
                                 result=result, error=error, ms=ms)
     end = {**base, "status": "error" if error else "done", "ms": ms}

@@ -55,6 +55,8 @@ class KeySpec(BaseModel):
     key_env: str
     role: str = "application"  # checked per key: a key with a wrong role is refused, not the file
     issuers: StrList = []
+    # May the caller change things through POST /v1/ugent/commands? Left out: by role (Caller).
+    allow_remote_control: Optional[bool] = None
 
 
 class IssuerSpec(BaseModel):
@@ -123,6 +125,7 @@ class CallerDefaultsSpec(BaseModel):
 class WebAuthSpec(BaseModel):
     model_config = _STRICT
     api_key_role: str = "operator"
+    api_key_allow_remote_control: Optional[bool] = None  # allow_remote_control of UGENT_WEB_API_KEY's caller
     require_verified_identity: bool = False
     keys: list[KeySpec] = []
     issuers: list[IssuerSpec] = []
@@ -157,6 +160,7 @@ class ConfiguredKey:
     issuers: tuple = field(default_factory=tuple)
     raw: str = ""
     key_env: str = ""
+    allow_remote_control: Optional[bool] = None  # None: unset, the role decides (Caller.remote_control_allowed)
 
 
 # --- the file ---------------------------------------------------------------------------------
@@ -322,7 +326,8 @@ def configured_keys() -> list[ConfiguredKey]:
     if settings.UGENT_WEB_API_KEY:
         role = auth.api_key_role
         if role in ROLES:
-            keys.append(ConfiguredKey(DEFAULT_CALLER, role, (), settings.UGENT_WEB_API_KEY, "UGENT_WEB_API_KEY"))
+            keys.append(ConfiguredKey(DEFAULT_CALLER, role, (), settings.UGENT_WEB_API_KEY, "UGENT_WEB_API_KEY",
+                                      auth.api_key_allow_remote_control))
         else:
             log.error("UGENT_WEB_API_KEY refused (api_key_role=%r; the roles are operator and application)", role)
     for entry in auth.keys:
@@ -335,7 +340,7 @@ def configured_keys() -> list[ConfiguredKey]:
                       f"role {role!r} is not operator or application" if role not in ROLES
                       else f"the name {DEFAULT_CALLER!r} belongs to UGENT_WEB_API_KEY")
             continue
-        keys.append(ConfiguredKey(name, role, tuple(entry.issuers), raw, entry.key_env))
+        keys.append(ConfiguredKey(name, role, tuple(entry.issuers), raw, entry.key_env, entry.allow_remote_control))
     return keys
 
 

@@ -64,6 +64,7 @@ UGENT_STATUS_SECTIONS = {
     "identity": "channels_app.federation.identity_status",
     "files": "channels_app.files.files_status",
     "tools": "channels_app.tools.tools_status",
+    "citations": "channels_app.citations.citations_status",
 }
 
 MIDDLEWARE = [

@@ -91,14 +91,18 @@ def test_a_tool_past_its_timeout_is_cut_off_with_an_error(tcast, enabled, settin
 
 
 def test_artifacts_arrive_on_the_turn_the_receipt_and_the_stream(tcast, enabled):
+    """More in tests/channels_app/test_artifacts.py: storing, downloading, finishing a pending one."""
     frames = parse_sse(body_bytes(chat(tcast.alice, "script:call=make_file|answer=made", stream=True)))
     named = {f["event"]: f["data"] for f in frames if f["event"]}
-    assert named["ugent.artifacts"]["ugent_artifacts"] == [{"name": "report.txt", "mime": "text/plain", "bytes": 5,
-                                         "path": "out/report.txt"}]
-    assert named["ugent.artifacts_pending"]["ugent_artifacts_pending"][0]["name"] == "big.bin"
+    [ready] = named["ugent.artifacts"]["ugent_artifacts"]
+    assert (ready["name"], ready["mime"], ready["bytes"], ready["url"]) == (
+        "report.txt", "text/plain", 5, f"/v1/files/{ready['id']}")
+    assert [a["name"] for a in named["ugent.artifacts_pending"]["ugent_artifacts_pending"]] == ["report.txt",
+                                                                                                "big.bin"]
     assert answer_text(frames) == "made"
     receipt = Receipt.objects.get()
     assert [f["name"] for f in receipt.files] == ["report.txt", "big.bin"]
+    assert receipt.files[0] == ready and receipt.files[1]["pending"] is True
     assert Turn.objects.get().artifacts == receipt.files
 
 
@@ -117,7 +121,7 @@ def test_tool_events_stream_only_when_asked(tcast, enabled):
 
 # --- narrowing ------------------------------------------------------------------------------------
 
-ALL_TOOLS = ["noop", "echo", "sleep", "boom", "make_file", "workspace_list", "workspace_read",
+ALL_TOOLS = ["noop", "echo", "sleep", "boom", "make_file", "file_at", "finish_pending", "link_file", "workspace_list", "workspace_read",
              "workspace_search", "delegate_research"]
 
 

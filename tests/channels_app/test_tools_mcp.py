@@ -52,3 +52,17 @@ def test_a_narrowed_turn_is_not_offered_the_mcp_tools(tcast, mcp_enabled, client
     assert resp.status_code == 200
     call = ToolCall.objects.get()
     assert call.name == "add" and call.error  # asked for a tool it was not offered: an error result, not a run
+
+
+def test_an_mcp_image_is_a_file_of_the_conversation_for_its_owner(tcast, mcp_enabled, client, settings, tmp_path):
+    settings.STORAGES = {**settings.STORAGES, "ugent_files": {
+        "BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path / "files")}}}
+    resp = chat(client, tcast.alice, "script:call=chart|answer=here")
+    assert resp.status_code == 200, resp.content
+    [entry] = resp.json()["ugent_artifacts"]
+    assert (entry["name"], entry["mime"]) == ("image-1.png", "image/png")
+    got = client.get(entry["url"], {"user": "alice"}, headers={"x-api-key": tcast.alice["key"]})
+    assert got.status_code == 200 and got.content.startswith(b"\x89PNG\r\n\x1a\n")
+    assert client.get(entry["url"], {"user": "bob"}, headers={"x-api-key": tcast.alice["key"]}).status_code == 404
+    call = ToolCall.objects.get()
+    assert call.result["raw"] == [{"type": "image", "artifact_id": entry["artifact_id"], "name": "image-1.png"}]

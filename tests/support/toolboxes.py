@@ -1,6 +1,7 @@
 """A test toolbox (hub-registered as "testing") and a fixture that enables toolboxes through ugent.toml."""
 from __future__ import annotations
 
+import base64
 import time
 
 import pytest
@@ -9,12 +10,20 @@ from ovos_plugin_manager.templates.agent_tools import AgentTool, ToolArguments, 
 from channels_app import tools as hub_tools
 
 
+#: What the finish_pending tool runs with the turn's ToolContext (a test sets it).
+AFTER_MAKE_FILE = None
+
+
 class NoArgs(ToolArguments):
     pass
 
 
 class EchoArgs(ToolArguments):
     text: str
+
+
+class PathArgs(ToolArguments):
+    path: str
 
 
 class SleepArgs(ToolArguments):
@@ -26,7 +35,7 @@ class AnyOut(ToolOutput):
 
 
 class TestingToolBox(ToolBox):
-    """noop, echo, sleep, boom, make_file: what the loop's tests call."""
+    """noop, echo, sleep, boom, make_file, file_at, finish_pending, link_file: what the loop's tests call."""
 
     def __init__(self, ctx=None):
         self.ctx = ctx
@@ -41,8 +50,11 @@ class TestingToolBox(ToolBox):
             tool("sleep", SleepArgs, lambda a: (time.sleep(a.seconds), {"slept": a.seconds})[1]),
             tool("boom", NoArgs, lambda a: (_ for _ in ()).throw(RuntimeError("the tool broke"))),
             tool("make_file", NoArgs, lambda a: {"artifacts": [
-                {"name": "report.txt", "mime": "text/plain", "bytes": 5, "path": "out/report.txt"},
-                {"name": "big.bin", "mime": "application/octet-stream", "bytes": 0, "pending": True}]}),
+                {"name": "report.txt", "mime": "text/plain", "content_base64": base64.b64encode(b"hello").decode()},
+                {"name": "big.bin", "mime": "application/octet-stream", "pending": True, "artifact_id": "big-1"}]}),
+            tool("file_at", PathArgs, lambda a: {"artifacts": [{"name": a.path.rsplit("/", 1)[-1], "path": a.path}]}),
+            tool("finish_pending", NoArgs, lambda a: (AFTER_MAKE_FILE(self.ctx), {"finished": True})[1]),
+            tool("link_file", NoArgs, lambda a: {"artifacts": [{"name": "far.pdf", "url": "https://example.test/far.pdf"}]}),
         ]
 
 

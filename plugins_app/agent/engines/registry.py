@@ -167,3 +167,36 @@ def yesno_engine() -> object:
     """The YesNoEngine (opm.agents.yesno) named by UGENT_YESNO_ENGINE."""
     return _helper_engine("UGENT_YESNO_ENGINE", _YESNO_GROUP, BUILTIN_YESNO,
                           "plugins_app.agent.engines.matchers:KeywordYesNoEngine")
+
+
+# --- the NaturalLanguageInferenceEngine that checks citations (channels_app.citations) -----------
+
+BUILTIN_NLI = "ugent-lexical-nli"
+_NLI_GROUP = "opm.agents.nli"
+_BUILTIN_NLI_CLASS = "plugins_app.agent.engines.nli:LexicalOverlapNLI"
+
+
+def nli_engine(name: str, config: dict | None = None) -> object:
+    """The NaturalLanguageInferenceEngine (opm.agents.nli) by entry-point name, built with `config` and
+    kept per (name, config). The project's baseline is found by its module too, so it works before the
+    package's entry points are installed again. LookupError when no such engine is installed."""
+    import json
+    config = dict(config or {})
+    key = ("nli", name, json.dumps(config, sort_keys=True, default=str))
+    with _lock:
+        engine = _instances.get(key)
+        if engine is None:
+            cls = _extra.get(name)
+            if cls is None:
+                for ep in entry_points(group=_NLI_GROUP, name=name):
+                    try:
+                        cls = ep.load()
+                    except Exception:
+                        cls = None
+            if cls is None and name == BUILTIN_NLI:
+                module, _, attr = _BUILTIN_NLI_CLASS.partition(":")
+                cls = getattr(importlib.import_module(module), attr)
+            if cls is None:
+                raise LookupError(f"no NLI engine named '{name}' is installed (entry-point group {_NLI_GROUP})")
+            engine = _instances[key] = cls(config)
+        return engine
