@@ -25,6 +25,9 @@ class AgentProfile(TimeStamped):
     allowed = models.BooleanField(default=True, help_text="Callers may name this model.")
     is_default = models.BooleanField(default=False, help_text="The global default model.")
     history_turns = models.PositiveIntegerField(default=20, help_text="Past messages sent to the engine.")
+    context_tokens = models.PositiveIntegerField(default=8192, help_text=(
+        "The engine's context budget, in (estimated) tokens: a turn whose history would pass "
+        "UGENT_COMPACT_THRESHOLD of it is compacted first. 0: never compacted automatically."))
 
     class Meta:
         constraints = [
