@@ -100,10 +100,15 @@ def _plan(conversation: Conversation, keep: int, turn: Turn | None) -> tuple[lis
     user_ids = [m.id for m in visible if m.role == Message.Role.USER]
     if keep and len(user_ids) <= keep:
         return None
-    older = [m for m in visible if m.id < user_ids[-keep]] if keep else visible
+    cutoff = user_ids[-keep] if keep else None
+    # an earlier summary is written after the exchanges it kept, so it may be newer than the cutoff:
+    # it always goes into the new one, first, as it stands for the oldest messages
+    summaries = [m for m in visible if m.role == Message.Role.SYSTEM and is_summary(m.content)]
+    summary_ids = {m.id for m in summaries}
+    older = [m for m in visible if (cutoff is None or m.id < cutoff) and m.id not in summary_ids]
     if not any(m.role != Message.Role.SYSTEM for m in older):
         return None
-    return older, min(keep, len(user_ids))
+    return summaries + older, min(keep, len(user_ids))
 
 
 def _summarised_count(older: list[Message]) -> int:

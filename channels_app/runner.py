@@ -403,7 +403,9 @@ class TurnRun:
         that came meanwhile is seen at the first check after it. True when it hid messages."""
         if self.cancelled or not compaction.compaction_due(turn=self.turn, messages=self.messages):
             return False
-        return compaction.turn_compact(turn=self.turn).compacted
+        done = compaction.turn_compact(turn=self.turn)
+        self.last_check = 0.0  # it may have taken a while: the next check looks for a stop at once
+        return done.compacted
 
     def compose_tools(self) -> None:
         """The turn's toolboxes, narrowed by its limits; routing's delegate-research runs here."""
