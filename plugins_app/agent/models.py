@@ -20,7 +20,10 @@ class AgentProfile(TimeStamped):
     memory_engine = models.CharField(max_length=100, blank=True, default="",
                                      help_text="An opm.agents.memory entry point (optional).")
     summarizer_engine = models.CharField(max_length=100, blank=True, default="",
-                                         help_text="An opm.agents.summarizer.chat entry point (optional).")
+                                         help_text=("The opm.agents.summarizer.chat entry point that writes compaction "
+                                                    "summaries: ugent-extractive (offline, the default when "
+                                                    "empty), ugent-openai-compatible (this profile's config), "
+                                                    "or any installed one."))
     system_prompt = models.TextField(blank=True, default="")
     allowed = models.BooleanField(default=True, help_text="Callers may name this model.")
     is_default = models.BooleanField(default=False, help_text="The global default model.")
