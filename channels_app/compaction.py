@@ -30,7 +30,6 @@ from django.utils import timezone
 from channels_app.events import events_append
 from channels_app.models import Conversation, Message, Turn
 from plugins_app.agent.engines.base import count_tokens
-from plugins_app.agent.engines.summarizers import SUMMARY_HEADER, is_summary
 
 log = logging.getLogger("ugent.compaction")
 
@@ -93,6 +92,7 @@ def profile_of(conversation: Conversation):
 
 def _plan(conversation: Conversation, keep: int, turn: Turn | None) -> tuple[list[Message], int] | None:
     """The visible messages to summarise and the exchanges kept; None when there is nothing older."""
+    from plugins_app.agent.engines.summarizers import is_summary  # OPM's templates load only when needed
     qs = Message.objects.filter(conversation=conversation, hidden=False)
     if turn is not None:  # the running turn's own message is this exchange, never compacted
         qs = qs.exclude(turn_id=turn.pk)
@@ -113,6 +113,7 @@ def _plan(conversation: Conversation, keep: int, turn: Turn | None) -> tuple[lis
 
 def _summarised_count(older: list[Message]) -> int:
     """The messages the new summary stands for: those hidden now and those earlier summaries stood for."""
+    from plugins_app.agent.engines.summarizers import is_summary
     count = 0
     for m in older:
         if m.role != Message.Role.SYSTEM:
@@ -145,6 +146,7 @@ class _Raced(Exception):
 
 def _commit(*, conversation: Conversation, older: list[Message], kept: int, body: str, summarizer: str,
             trigger: str, turn: Turn | None) -> Compaction | None:
+    from plugins_app.agent.engines.summarizers import SUMMARY_HEADER
     ids = [m.id for m in older]
     hidden = sum(1 for m in older if m.role != Message.Role.SYSTEM)
     header = SUMMARY_HEADER.format(count=_summarised_count(older))
