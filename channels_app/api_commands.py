@@ -25,7 +25,8 @@ class CommandsApi(APIView):
                                         help_text='The command as typed, e.g. "/model gpt-x" or "/btw what is X?".')
         conversation_id = serializers.CharField(required=False, max_length=255,
                                                 help_text="The conversation it acts on (needed by /steering, "
-                                                          "/harness, /refine); never created by a command.")
+                                                          "/harness, /refine, /compress); never created by a "
+                                                          "command.")
         client_id = serializers.CharField(required=False, default="", allow_blank=True, max_length=200)
         turn_id = serializers.CharField(required=False, max_length=100,
                                         help_text="/steering: the exact turn to steer (else the running one).")
@@ -37,8 +38,9 @@ class CommandsApi(APIView):
             ref_name = "CommandRequest"
 
     @extend_schema(operation_id="commands", tags=["commands"], summary="Run a slash command",
-                   description=("/model, /models, /recall, /steering, /btw, /harness, /refine and /sandbox. "
-                                "Changes (storing /model, /harness edits, /steering) need the caller's "
+                   description=("/model, /models, /recall, /steering, /btw, /harness, /refine, /sandbox and "
+                                "/compress. Changes (storing /model, /harness edits, /steering, /compress) need "
+                                "the caller's "
                                 "allow_remote_control (403 otherwise); anything else is answered 200 with "
                                 "unsupported: true and the list of supported commands."),
                    request={"application/json": InputSerializer},

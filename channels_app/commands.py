@@ -1,10 +1,10 @@
 """Slash commands a channel may run (POST /v1/ugent/commands): /model, /models, /recall, /steering,
-/btw, /harness, /refine and /sandbox. Anything else is answered as unsupported.
+/btw, /harness, /refine, /sandbox and /compress. Anything else is answered as unsupported.
 
 A command speaks for the same actor, and reaches a conversation through the same resolution and
 access check, as a chat message does (services.actor_resolve, services.conversation_resolve), but
 it creates no conversation and puts nothing into its history: a command is not a turn. Commands
-that change something (storing /model, /harness edits, /steering) need the caller's
+that change something (storing /model, /harness edits, /steering, /compress) need the caller's
 allow_remote_control (Caller.remote_control_allowed); read-only ones are always allowed.
 docs/commands.md describes each.
 """
@@ -17,12 +17,12 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
-from channels_app import harness, sandbox, services, streams
+from channels_app import compaction, harness, sandbox, services, streams
 from channels_app.access import Viewer
 from channels_app.errors import ApplicationError
 from channels_app.models import Actor, Conversation, HarnessKind, HarnessState, Message
 
-SUPPORTED = ("/model", "/models", "/recall", "/steering", "/btw", "/harness", "/refine", "/sandbox")
+SUPPORTED = ("/model", "/models", "/recall", "/steering", "/btw", "/harness", "/refine", "/sandbox", "/compress")
 SUPPORTED_TEXT = ", ".join(SUPPORTED)
 UNSUPPORTED = "{name} is not a command here. The supported commands are: " + SUPPORTED_TEXT + "."
 NOT_A_COMMAND = 'A command starts with "/", e.g. "/model". The supported commands are: ' + SUPPORTED_TEXT + "."
@@ -301,6 +301,21 @@ def command_sandbox(ctx: CommandContext) -> dict:
     return _result(ctx, sandbox.sandbox_text(description), data=description)
 
 
+# --- /compress -----------------------------------------------------------------------------------
+
+def command_compress(ctx: CommandContext) -> dict:
+    """Compact the conversation now (channels_app.compaction): what compact_conversation answers."""
+    conversation = _needs_conversation(ctx)
+    _needs_remote_control(ctx)
+    try:
+        done = compaction.conversation_compact(conversation=conversation, trigger=compaction.COMMAND)
+    except compaction.CompactionFailed as exc:
+        return _result(ctx, compaction.COMPACT_FAILED, ok=False, data={"compacted": False, "error": str(exc)})
+    return _result(ctx, done.text, changed=done.compacted,
+                   data={"compacted": done.compacted, "hidden": done.hidden, "kept": done.kept,
+                         "summary_message_id": done.summary_id, "summarizer": done.summarizer or None})
+
+
 # --- /harness ------------------------------------------------------------------------------------
 
 def _harness_text(items: list[dict]) -> str:
@@ -352,4 +367,4 @@ def command_harness(ctx: CommandContext) -> dict:
 
 HANDLERS = {"/model": command_model, "/models": command_models, "/recall": command_recall,
             "/steering": command_steering, "/btw": command_btw, "/harness": command_harness,
-            "/refine": command_refine, "/sandbox": command_sandbox}
+            "/refine": command_refine, "/sandbox": command_sandbox, "/compress": command_compress}

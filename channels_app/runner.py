@@ -24,7 +24,8 @@ from django.db import close_old_connections, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from channels_app import artifacts as artifacts_mod, citations as citations_mod, file_parts, hooks, statements, tools as turn_tools_mod
+from channels_app import (artifacts as artifacts_mod, citations as citations_mod, compaction, file_parts, hooks,
+                          statements, tools as turn_tools_mod)
 
 from ugent_common import rows
 # The log's lock (see channels_app.events): under it a state read and an append are one step, so no
@@ -384,10 +385,22 @@ class TurnRun:
         except LookupError as exc:
             raise EngineError(str(exc), code="engine_not_installed")
         self.messages = build_messages(self.turn)
+        if self.compact_first():
+            self.messages = build_messages(self.turn)
         # the turn's uploaded files: bytes for a multimodal engine, their text for any other (docs/files.md)
         self.messages = file_parts.messages_with_files(self.turn, self.messages, self.engine)
         if getattr(self.engine, "supports_tools", False):
             self.compose_tools()
+
+    def compact_first(self) -> bool:
+        """Compact the conversation when the history the engine would see passes the profile's budget
+        (channels_app.compaction). It runs to its end: no stop check happens while it runs, and a stop
+        that came meanwhile is seen at the first check after it. True when it hid messages."""
+        if self.cancelled or not compaction.compaction_due(turn=self.turn, messages=self.messages):
+            return False
+        done = compaction.turn_compact(turn=self.turn)
+        self.last_check = 0.0  # it may have taken a while: the next check looks for a stop at once
+        return done.compacted
 
     def compose_tools(self) -> None:
         """The turn's toolboxes, narrowed by its limits; routing's delegate-research runs here."""

@@ -14,8 +14,6 @@ RULES_POLL_INTERVAL = settings.UGENT_RULES_POLL_INTERVAL
 RULES_HEARTBEAT_SECONDS = getattr(settings, "UGENT_RULES_HEARTBEAT_SECONDS", 10.0)
 #: Seconds a process trusts its routing table before it looks at routing.toml again.
 ROUTING_RECHECK_SECONDS = settings.UGENT_ROUTING_RECHECK_SECONDS
-#: Exchanges (a user message and what followed it) compact_conversation keeps as they are.
-COMPACT_KEEP_EXCHANGES = settings.UGENT_COMPACT_KEEP_EXCHANGES
 #: The home directory whose ~/.ugent/ is the last discovery location ("" = the user's home).
 HOME = settings.UGENT_HOME
 
@@ -43,10 +41,6 @@ def rules_poll_interval() -> float:
 
 def routing_recheck_seconds() -> float:
     return float(_setting("UGENT_ROUTING_RECHECK_SECONDS", ROUTING_RECHECK_SECONDS))
-
-
-def compact_keep_exchanges() -> int:
-    return int(_setting("UGENT_COMPACT_KEEP_EXCHANGES", COMPACT_KEEP_EXCHANGES))
 
 
 def rules_heartbeat_seconds() -> float:

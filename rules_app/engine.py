@@ -66,7 +66,6 @@ CLOSED_ANSWER = "rule engine: rule set failed to load; message refused"
 
 #: Answers of ``/rules reload`` and the StartWorkflow / RunNativeAction outcomes.
 RULES_RELOADED_ANSWER = "Rule set reloaded."
-COMPACT_NOTHING_YET = "There is nothing to compact yet."
 MEMORY_SAVED_MANY = "Saved {count} facts to memory."
 MEMORY_SAVED_ONE = "Saved 1 fact to memory."
 MEMORY_NOTHING_NEW = "Found nothing new to save to memory."

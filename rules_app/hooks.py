@@ -12,7 +12,7 @@ from typing import Optional
 from django.db import transaction
 
 from channels_app.hooks import HookContext, HookStop
-from rules_app import conf, engine
+from rules_app import engine
 from rules_app.runtime import runtime
 from rules_app.workflows import workflow_answer
 from ugent_common import metrics
@@ -96,21 +96,18 @@ def rule_engine_hook(ctx: HookContext) -> Optional[HookStop]:
     return None  # pragma: no cover - the engine knows no other decision
 
 
-COMPACT_FAILED = "Compacting the conversation failed; the agent's log says why."
-
-
 def native_action_answer(ctx: HookContext, action: str) -> str:
     """Run compact_conversation or extract_memory on the sender's conversation; return the answer."""
+    from channels_app import compaction
     from rules_app import services
-    if action == "compact_conversation":
+    if action == "compact_conversation":  # the hub's compaction, as /compress runs it
         try:
             with transaction.atomic():  # a failing compaction must not spoil the receipt's transaction
-                return services.conversation_compact(conversation=ctx.conversation,
-                                                     keep_exchanges=conf.compact_keep_exchanges(),
-                                                     first_message=ctx.is_first_message)
+                return compaction.conversation_compact(conversation=ctx.conversation, trigger=compaction.RULE,
+                                                       first_message=ctx.is_first_message).text
         except Exception:
             log.exception("compact_conversation failed")
-            return COMPACT_FAILED
+            return compaction.COMPACT_FAILED
     if action == "extract_memory":
         try:
             with transaction.atomic():

@@ -279,68 +279,6 @@ def workspace_trust_revoke(*, path) -> bool:
 
 # --- native actions ------------------------------------------------------------------------
 
-SUMMARY_HEADER = "Summary of the earlier conversation ({count} messages compacted):"
-SUMMARY_MAX_LINES = 30
-SUMMARY_LINE_CHARS = 160
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s")
-
-
-def compact_report(hidden: int, kept: int) -> str:
-    """What compact_conversation (and /compress) reports."""
-    msgs = "message" if hidden == 1 else "messages"
-    ex = "exchange" if kept == 1 else "exchanges"
-    return f"Compacted the conversation: {hidden} earlier {msgs} summarised; the last {kept} {ex} kept as they are."
-
-
-def _first_sentence(text: str) -> str:
-    text = " ".join(text.split())
-    first = _SENTENCE_END.split(text, 1)[0]
-    return first if len(first) <= SUMMARY_LINE_CHARS else first[: SUMMARY_LINE_CHARS - 1] + "…"
-
-
-def extractive_summary(messages) -> str:
-    """One line per message: its role and its first sentence; earlier summaries carried over."""
-    lines = []
-    for m in messages:
-        if m.role == "system":
-            lines.extend(line for line in m.content.splitlines()[1:] if line.strip())
-        elif m.content.strip():
-            lines.append(f"- {m.role}: {_first_sentence(m.content)}")
-    if len(lines) > SUMMARY_MAX_LINES:
-        omitted = len(lines) - SUMMARY_MAX_LINES
-        lines = [f"- ({omitted} earlier lines omitted)"] + lines[-SUMMARY_MAX_LINES:]
-    return "\n".join([SUMMARY_HEADER.format(count=len(messages)), *lines])
-
-
-@transaction.atomic
-def conversation_compact(*, conversation, keep_exchanges: int, first_message: bool = False) -> str:
-    """Compact a conversation now, as /compress does, and return what /compress reports.
-
-    Messages older than the last ``keep_exchanges`` exchanges (and earlier
-    summaries) are hidden; one system message holds an extractive summary of
-    them. Nothing older than that, or a conversation's first message:
-    "There is nothing to compact yet."
-    """
-    from channels_app.models import Message
-    if first_message:
-        return engine.COMPACT_NOTHING_YET
-    visible = list(Message.objects.select_for_update().filter(conversation=conversation, hidden=False)
-                   .order_by("id"))
-    user_ids = [m.id for m in visible if m.role == Message.Role.USER]
-    keep = max(0, keep_exchanges)
-    if keep and len(user_ids) <= keep:
-        return engine.COMPACT_NOTHING_YET
-    older = [m for m in visible if m.id < user_ids[-keep]] if keep else visible
-    if not any(m.role != Message.Role.SYSTEM for m in older):
-        return engine.COMPACT_NOTHING_YET
-    Message.objects.filter(id__in=[m.id for m in older]).update(hidden=True, updated_at=timezone.now())
-    hidden_count = sum(1 for m in older if m.role != Message.Role.SYSTEM)
-    Message.objects.create(conversation=conversation, role=Message.Role.SYSTEM,
-                           content=extractive_summary([m for m in older]))
-    kept = min(keep, len(user_ids))
-    return compact_report(hidden_count, kept)
-
-
 VOICE_MODES = ("voice", "live")
 
 

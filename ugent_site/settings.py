@@ -286,12 +286,15 @@ UGENT_CRON_RUN_TIME_LIMIT = env.int("UGENT_CRON_RUN_TIME_LIMIT", default=3660)
 UGENT_CRON_FIRE_GRACE_SECS = env.int("UGENT_CRON_FIRE_GRACE_SECS", default=300)
 UGENT_CRON_FILE = env.str("UGENT_CRON_FILE", default="")
 UGENT_CRON_RUNNER_LEASE_SECONDS = env.float("UGENT_CRON_RUNNER_LEASE_SECONDS", default=15.0)
+# channels_app.compaction: the exchanges a compaction keeps as they are, and the share of a profile's
+# context_tokens past which a turn's history is compacted before the engine is called
+UGENT_COMPACT_KEEP_EXCHANGES = env.int("UGENT_COMPACT_KEEP_EXCHANGES", default=3)
+UGENT_COMPACT_THRESHOLD = env.float("UGENT_COMPACT_THRESHOLD", default=0.8)
 # rules_app
 UGENT_RULES_WATCH = env.bool("UGENT_RULES_WATCH", default=True)
 UGENT_RULES_POLL_INTERVAL = env.float("UGENT_RULES_POLL_INTERVAL", default=2.0)
 UGENT_RULES_HEARTBEAT_SECONDS = env.float("UGENT_RULES_HEARTBEAT_SECONDS", default=10.0)
 UGENT_ROUTING_RECHECK_SECONDS = env.float("UGENT_ROUTING_RECHECK_SECONDS", default=2.0)
-UGENT_COMPACT_KEEP_EXCHANGES = env.int("UGENT_COMPACT_KEEP_EXCHANGES", default=3)
 UGENT_HOME = env("UGENT_HOME", default="")
 # plugins_app.agent.memory (the backend and the recall budget are ugent.toml's [memory], or the admin's)
 UGENT_MEMORY_SETTINGS_RECHECK_SECS = env.float("UGENT_MEMORY_SETTINGS_RECHECK_SECS", default=2.0)

@@ -20,11 +20,17 @@ class AgentProfile(TimeStamped):
     memory_engine = models.CharField(max_length=100, blank=True, default="",
                                      help_text="An opm.agents.memory entry point (optional).")
     summarizer_engine = models.CharField(max_length=100, blank=True, default="",
-                                         help_text="An opm.agents.summarizer.chat entry point (optional).")
+                                         help_text=("The opm.agents.summarizer.chat entry point that writes compaction "
+                                                    "summaries: ugent-extractive (offline, the default when "
+                                                    "empty), ugent-openai-compatible (this profile's config), "
+                                                    "or any installed one."))
     system_prompt = models.TextField(blank=True, default="")
     allowed = models.BooleanField(default=True, help_text="Callers may name this model.")
     is_default = models.BooleanField(default=False, help_text="The global default model.")
     history_turns = models.PositiveIntegerField(default=20, help_text="Past messages sent to the engine.")
+    context_tokens = models.PositiveIntegerField(default=8192, help_text=(
+        "The engine's context budget, in (estimated) tokens: a turn whose history would pass "
+        "UGENT_COMPACT_THRESHOLD of it is compacted first. 0: never compacted automatically."))
 
     class Meta:
         constraints = [

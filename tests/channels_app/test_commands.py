@@ -198,7 +198,7 @@ def test_an_unsupported_command_is_answered_with_the_supported_ones_and_changes_
         assert body["unsupported"] is True and body["ok"] is False and body["changed"] is False
         name = text.split(" ")[0].lower()
         assert body["text"] == f"{name} is not a command here. The supported commands are: /model, /models, " \
-                               "/recall, /steering, /btw, /harness, /refine, /sandbox."
+                               "/recall, /steering, /btw, /harness, /refine, /sandbox, /compress."
         assert body["data"]["supported"] == list(commands.SUPPORTED)
     assert counts() == before
 

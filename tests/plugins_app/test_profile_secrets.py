@@ -52,7 +52,7 @@ def test_the_admin_never_shows_a_secret_and_replaces_it_on_request():
     assert SECRET not in page and token not in page and "Replace a stored secret" in page
     form = {"name": "up", "provider": "openai-compatible", "instance": "default",
             "config": json.dumps({"base_url": "http://127.0.0.1:9/v1"}), "memory_engine": "", "summarizer_engine": "",
-            "system_prompt": "", "allowed": "on", "history_turns": "20", "replace_secret": "", "replace_secret_value": ""}
+            "system_prompt": "", "allowed": "on", "history_turns": "20", "context_tokens": "8192", "replace_secret": "", "replace_secret_value": ""}
     r = c.post(f"/admin/plugins_app/agentprofile/{p.pk}/change/", form)
     assert r.status_code == 302, r.content.decode()[:2000]
     p = AgentProfile.objects.get(pk=p.pk)

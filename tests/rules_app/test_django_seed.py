@@ -315,6 +315,10 @@ def test_compact_hides_older_messages_keeps_the_last_exchanges_and_stores_a_summ
     assert hidden[0] == "question 0. with more words" and len(hidden) == 6
     summary = Message.objects.get(role="system")
     assert summary.content.splitlines()[0] == "Summary of the earlier conversation (6 messages compacted):"
+    # the hub's compaction, on the conversation's activity stream like every other
+    event = Event.objects.get(type="compaction.completed")
+    assert event.data["trigger"] == "rule" and event.data["hidden"] == 6 and event.data["kept"] == 2
+    assert event.data["summary_message_id"] == summary.pk and event.data["summarizer"] == "ugent-extractive"
     assert "- user: question 0." in summary.content
     visible_users = list(Message.objects.filter(hidden=False, role="user").values_list("content", flat=True))
     assert visible_users == ["question 3. with more words", "question 4. with more words", "COMPACT PLEASE"]

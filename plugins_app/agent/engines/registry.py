@@ -200,3 +200,55 @@ def nli_engine(name: str, config: dict | None = None) -> object:
                 raise LookupError(f"no NLI engine named '{name}' is installed (entry-point group {_NLI_GROUP})")
             engine = _instances[key] = cls(config)
         return engine
+
+
+# --- the chat summarisers compaction uses (channels_app.compaction) -------------------------------
+
+SUMMARIZER_GROUP = "opm.agents.summarizer.chat"
+#: The offline default, used when a profile names no summariser.
+BUILTIN_SUMMARIZER = "ugent-extractive"
+# The project's own, importable even where its packaging's entry points are not installed yet.
+_BUILTIN_SUMMARIZERS = {
+    BUILTIN_SUMMARIZER: "plugins_app.agent.engines.summarizers:ExtractiveChatSummarizer",
+    "ugent-openai-compatible": "plugins_app.agent.engines.summarizers:OpenAICompatibleChatSummarizer",
+}
+_extra_summarizers: dict[str, type] = {}
+
+
+def register_summarizer(name: str, cls: type) -> None:
+    """Register a ChatSummarizerEngine class in-process (tests, embedding applications)."""
+    _extra_summarizers[name] = cls
+
+
+def summarizer_class(name: str) -> type:
+    """The ChatSummarizerEngine an opm.agents.summarizer.chat entry point names; LookupError if none."""
+    name = name or BUILTIN_SUMMARIZER
+    if name in _extra_summarizers:
+        return _extra_summarizers[name]
+    if name in _BUILTIN_SUMMARIZERS:
+        module, _, attr = _BUILTIN_SUMMARIZERS[name].partition(":")
+        return getattr(importlib.import_module(module), attr)
+    for ep in entry_points(group=SUMMARIZER_GROUP, name=name):
+        try:
+            return ep.load()
+        except Exception as exc:
+            raise LookupError(f"the chat summariser '{name}' failed to load: {type(exc).__name__}: {exc}")
+    raise LookupError(f"no chat summariser named '{name}' is installed")
+
+
+def summarizer_for_profile(profile) -> object:
+    """The profile's ChatSummarizerEngine (AgentProfile.summarizer_engine, else ugent-extractive), built
+    from the profile's config without its system prompt; one instance per profile version."""
+    name = (getattr(profile, "summarizer_engine", "") if profile is not None else "") or BUILTIN_SUMMARIZER
+    key = ("summarizer", getattr(profile, "pk", None), getattr(profile, "updated_at", None), name)
+    with _lock:
+        engine = _instances.get(key)
+        if engine is None:
+            for old in [k for k in _instances if k[0] == "summarizer" and k[1] == key[1] and key[1] is not None]:
+                _close(_instances.pop(old))
+            from ugent_common.secrets import secrets_opened
+            config = secrets_opened(dict(profile.config or {})) if profile is not None else {}
+            config.pop("system_prompt", None)
+            _never_logged(config)
+            engine = _instances[key] = summarizer_class(name)(config)
+        return engine
