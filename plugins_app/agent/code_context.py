@@ -93,6 +93,21 @@ def folder_engine(root: Path, conf: CodeContextSpec) -> CodeRetrievalEngine:
         return engine
 
 
+def code_context_warm() -> int:
+    """At start, when [code_context] is on: index the workspace root, so the first turn does not wait for
+    it (conversations with a working directory of their own build theirs at their first turn). The
+    number of chunks indexed; 0 when off or when it failed (logged: the first turn tries again)."""
+    from django.conf import settings
+    try:
+        conf = code_context_conf()
+        if not conf.enabled:
+            return 0
+        return len(folder_engine(Path(settings.UGENT_WORKSPACE).resolve(), conf).refresh().chunks)
+    except Exception:
+        log.exception("indexing the workspace for code context failed; the first turn will do it")
+        return 0
+
+
 def reset() -> None:
     """Forget every folder's index (tests)."""
     with _Engines.lock:

@@ -124,3 +124,15 @@ def test_every_engine_call_of_a_tool_loop_is_shown_the_block_fetched_once(code_w
     assert "--- pkg/billing.py:9-13" in blocks[0][0]
     second = CALLS[1]["messages"]
     assert [r for r, _ in second[-4:]] == ["system", "user", "assistant", "tool"]
+
+
+def test_warming_at_start_indexes_the_workspace_so_the_first_turn_finds_it_built(code_ws, tcast):
+    from plugins_app.agent.code_context import code_context_conf, code_context_warm, folder_engine
+    code_ws.config("")
+    assert code_context_warm() == 0  # off: nothing indexed
+    code_ws.config("enabled = true")
+    assert code_context_warm() > 0
+    engine = folder_engine(code_ws.ws.resolve(), code_context_conf())
+    assert engine.builds == 1
+    chat(ASK, conversation_id="c10")
+    assert engine.builds == 1 and len(seen()) == 1  # the turn used the index warming built
