@@ -22,6 +22,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -62,12 +63,16 @@ def code_terms(text: str) -> List[str]:
     camelCase parts, stemmed as the notes index stems; stop words dropped."""
     out: List[str] = []
     for ident in _IDENT.findall(text):
-        whole = ident.lower()
-        parts = [p.lower() for piece in ident.split("_") for p in _CAMEL.findall(piece)]
-        for word in {whole, *parts}:
-            if len(word) > 1 and word not in STOPWORDS:
-                out.append(stem(word))
+        out.extend(_ident_terms(ident))
     return out
+
+
+@lru_cache(maxsize=65536)
+def _ident_terms(ident: str) -> Tuple[str, ...]:
+    # identifiers repeat a great deal in code: each is split and stemmed once
+    whole = ident.lower()
+    parts = [p.lower() for piece in ident.split("_") for p in _CAMEL.findall(piece)]
+    return tuple(stem(w) for w in dict.fromkeys([whole, *parts]) if len(w) > 1 and w not in STOPWORDS)
 
 
 @dataclass(frozen=True)
