@@ -1,8 +1,8 @@
 """Code context (issue #16, item 5): the index's build time over a real source tree, a query's time, and what
 code context adds to a plain turn, beside that plain turn measured in the same run.
 
-The tree is this repository by default (hidden folders such as .venv are skipped, as the index skips them),
-or --root. Figures:
+The tree is a scratch copy of this repository's tracked files by default (its var/ and .venv are no
+source), or --root. Figures:
 
 * index: a cold build (list, read, chunk, BM25), and the look for changed files that a turn pays once its
   rescan interval has passed, with nothing changed;
@@ -51,12 +51,39 @@ def messages_from(chunks, n: int, rng: random.Random) -> list[str]:
     return [f"How does {rng.choice(idents)} work with {rng.choice(idents)}?" for _ in range(n)]
 
 
+def tracked_copy() -> Path:
+    """The repository's tracked files (git ls-files), copied beside the scratch install."""
+    import shutil
+    import subprocess
+    dest = _CONFIG.parent / "tree"
+    names = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    for name in filter(None, names.decode().split("\0")):
+        src = ROOT / name
+        if src.is_file() and not src.is_symlink():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dest / name)
+    return dest
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--root", default=str(ROOT))
+    ap.add_argument("--root", default="", help="the tree to index (default: a copy of this repository's files)")
     ap.add_argument("--turns", type=int, default=150)
     ap.add_argument("--queries", type=int, default=200)
     args = ap.parse_args()
+    import os
+    copied = not args.root
+    if copied:
+        args.root = str(tracked_copy())
+    try:
+        run(args)
+    finally:
+        if copied:
+            import shutil
+            shutil.rmtree(args.root, ignore_errors=True)
+
+
+def run(args):
     import os
     os.environ["UGENT_WORKSPACE"] = str(Path(args.root).resolve())
     from bridge_throughput import django_ready
