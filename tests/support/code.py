@@ -45,7 +45,7 @@ class CodeWorkspace:
         self.config("enabled = true\nrescan_interval_secs = 0.0\n")
 
     def config(self, code_context_table: str, more: str = "") -> None:
-        """Write ugent.toml with this [code_context] body (None-like "" leaves the table out)."""
+        """Write ugent.toml with this [code_context] body ("" leaves the table out) and `more` after it."""
         from ugent_common import config
         text = (f"[code_context]\n{code_context_table}\n" if code_context_table else "") + more
         self.config_path.write_text(text)
