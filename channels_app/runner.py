@@ -336,6 +336,7 @@ class TurnRun:
         self.first_token: float | None = None  # monotonic, at the first answer token
         self.upstream_usage: dict | None = None  # summed over the engine's steps, where it reports it
         self.recall = None  # memory's recall for this turn (memory_recall), made at the first engine call
+        self.code = None  # code context for this turn (code_context), fetched at the first engine call
         self.tools = None  # channels_app.tools.TurnTools: what the engine is offered (None: no tools)
         self.tool_ctx = None
         self.tool_steps = 0  # tool steps run so far (each: the calls of one engine step)
@@ -466,7 +467,7 @@ class TurnRun:
         if self.tools and self.tool_steps <= settings.UGENT_TOOL_STEP_LIMIT:
             offered = self.tools.specs
         self.offered = offered is not None
-        messages = self.memory_recall(list(self.messages))
+        messages = self.memory_recall(self.code_context(list(self.messages)))
         for item in stream_items(self.engine, messages, session_id=self.turn.conversation.external_id,
                                  tools=offered, should_stop=self.should_stop):
             self.handle(item)
@@ -481,6 +482,17 @@ class TurnRun:
             self.recall = turn_recall(actor_key=self.turn.actor.key, disabled=self.turn.disable_memory_recall,
                                       session_id=self.turn.conversation.external_id)
         return self.recall.messages(messages)
+
+    def code_context(self, messages: list) -> list:
+        """Code context (plugins_app.agent.code_context): the working directory's chunks most relevant to
+        the turn's text, put before the newest user message; a turn with disable_code_context gets none."""
+        if self.code is None:
+            from channels_app.sandbox import directory_confined
+            from plugins_app.agent.code_context import TurnCodeContext
+            disabled = self.turn.disable_code_context
+            self.code = TurnCodeContext(root=None if disabled else directory_confined(self.turn.conversation),
+                                        text=(self.turn.context or {}).get("text", ""), disabled=disabled)
+        return self.code.messages(messages)
 
     def handle(self, item) -> None:
         turn, writer = self.turn, self.writer

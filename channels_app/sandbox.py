@@ -40,6 +40,19 @@ def directory_path(conversation: Conversation) -> Path:
     return workspace_root() / conversation.working_directory if conversation.working_directory else workspace_root()
 
 
+def directory_confined(conversation: Conversation) -> Path | None:
+    """The conversation's working directory as a real path, or None when it is no directory inside the
+    workspace now (a symbolic link changed since it was set): what code context may index."""
+    root = workspace_root()
+    try:
+        real = directory_path(conversation).resolve()
+    except (OSError, RuntimeError):
+        return None
+    if (real != root and root not in real.parents) or not real.is_dir():
+        return None
+    return real
+
+
 def directory_check(raw: str) -> str:
     """The working directory `raw` names, relative to the workspace root ("" for the root itself), or a
     400 that says why not. An absolute path is taken as it is, and must lie inside the workspace."""

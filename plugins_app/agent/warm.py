@@ -78,6 +78,9 @@ def warm_start() -> threading.Thread | None:
 
 
 def _run() -> None:
+    from plugins_app.agent.code_context import code_context_warm
+    # the workspace's code index (seconds for a large tree) builds beside, never delaying the warm mark
+    threading.Thread(target=code_context_warm, name="ugent-warm-code", daemon=True).start()
     try:
         engines_warm()
     except Exception:

@@ -126,7 +126,8 @@ class MemoryContextManager(AgentContextManager):
 
 class TurnRecall:
     """Recall for one turn, at the cadence memory is set to: per_prompt recalls once, on the turn's
-    text; every_call recalls again before each engine call, on the newest user message."""
+    text; every_call recalls again before each engine call (each step of a tool loop too), on the newest
+    user message."""
 
     def __init__(self, *, actor_key: str, disabled: bool, session_id: str = "default"):
         self.disabled = disabled
@@ -137,15 +138,19 @@ class TurnRecall:
         self.calls = 0
 
     def messages(self, messages: list) -> list:
-        """`messages` (ending with the newest user message) with the recalled facts put before it."""
+        """`messages` with the recalled facts put just before the newest user message. In a tool loop that
+        message is followed by the engine's calls and their results, which stay after it."""
         if self.disabled or not self.conf.durable or not messages:
             return messages
-        last = messages[-1]
-        if getattr(last.role, "value", last.role) != MessageRole.USER.value:
+        users = [i for i, m in enumerate(messages) if getattr(m.role, "value", m.role) == MessageRole.USER.value]
+        if not users:
             return messages
+        at = users[-1]
+        last = messages[at]
         if self.recalled is None or self.conf.recall_cadence == "every_call":
             self.recalled = self.manager.recall_for(last.content)
         self.calls += 1
         manager = MemoryContextManager({"actor_key": ""}, conf=self.conf)
-        manager.update_history(list(messages[:-1]), self.session_id)
-        return manager.build_conversation_context(last.content, self.session_id, recalled=self.recalled)
+        manager.update_history(list(messages[:at]), self.session_id)
+        return manager.build_conversation_context(last.content, self.session_id,
+                                                  recalled=self.recalled) + list(messages[at + 1:])

@@ -1,0 +1,329 @@
+"""Code context: a RetrievalEngine over a workspace folder's source files (issue #16, item 5).
+
+``CodeRetrievalEngine`` (``opm.agents.retrieval``) ranks chunks of the folder's text files for a
+message with BM25 (the ``bm25s`` library). It is a RetrievalEngine, not a DocumentIndexerEngine: the
+files are the workspace's, which the engine does not manage; its index is a cache of them, refreshed
+when a file's (mtime, size) changes, re-reading only the files that changed.
+
+Chunks follow symbols where it can tell them: Python's top-level ``def``/``class`` (methods of a
+long class on their own) through ``ast``; in other languages a line that starts a function, class,
+struct or the like (a regex per language); anything else, or a symbol too long, in line windows.
+
+Confinement is the workspace toolbox's: nothing whose real path (symbolic links followed) leaves the
+root is listed or read, symlinked folders are not walked, hidden files and folders and the usual
+build/vendor folders are skipped, and so are binary files and files over ``max_file_bytes``.
+No Django here.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+import bm25s
+from ovos_plugin_manager.templates.agents import RetrievalEngine
+
+from plugins_app.agent.engines.notes import STOPWORDS, stem
+
+DEFAULT_MAX_FILE_BYTES = 256 * 1024
+DEFAULT_MAX_FILES = 5000
+DEFAULT_RESCAN_SECONDS = 2.0
+WINDOW_LINES = 40  # a line window's length, and the longest chunk a symbol keeps whole
+SKIP_DIRS = frozenset({"node_modules", "__pycache__", "venv", "env", "dist", "build", "target", "vendor",
+                       "site-packages"})
+BINARY_SNIFF_BYTES = 8192
+
+# A line that starts a symbol, per file suffix (Python goes through ast instead).
+_C_LIKE = re.compile(r"^\s*(?:export\s+)?(?:default\s+)?(?:public\s+|private\s+|protected\s+|static\s+|async\s+|"
+                     r"abstract\s+|final\s+)*(?:function\*?|class|interface|enum|struct|trait|impl|fn|func|"
+                     r"def|module|type|const\s+\w+\s*=\s*(?:async\s*)?\()\b")
+_SYMBOL_START = {
+    ".js": _C_LIKE, ".jsx": _C_LIKE, ".ts": _C_LIKE, ".tsx": _C_LIKE, ".mjs": _C_LIKE, ".cjs": _C_LIKE,
+    ".go": re.compile(r"^(?:func|type)\b"),
+    ".rs": re.compile(r"^\s*(?:pub(?:\([^)]*\))?\s+)?(?:async\s+)?(?:fn|struct|enum|trait|impl|mod)\b"),
+    ".rb": re.compile(r"^\s*(?:def|class|module)\b"),
+    ".java": _C_LIKE, ".kt": re.compile(r"^\s*(?:\w+\s+)*(?:fun|class|object|interface)\b"),
+    ".php": re.compile(r"^\s*(?:\w+\s+)*(?:function|class|interface|trait)\b"),
+    ".swift": re.compile(r"^\s*(?:\w+\s+)*(?:func|class|struct|enum|protocol|extension)\b"),
+    ".sh": re.compile(r"^\s*(?:function\s+\w+|\w+\s*\(\)\s*\{)"),
+}
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+")
+_CAMEL = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
+
+
+def code_terms(text: str) -> List[str]:
+    """Search terms of code or prose: each identifier whole (lower-cased) and its snake_case and
+    camelCase parts, stemmed as the notes index stems; stop words dropped."""
+    out: List[str] = []
+    for ident in _IDENT.findall(text):
+        out.extend(_ident_terms(ident))
+    return out
+
+
+@lru_cache(maxsize=65536)
+def _ident_terms(ident: str) -> Tuple[str, ...]:
+    # identifiers repeat a great deal in code: each is split and stemmed once
+    whole = ident.lower()
+    parts = [p.lower() for piece in ident.split("_") for p in _CAMEL.findall(piece)]
+    return tuple(stem(w) for w in dict.fromkeys([whole, *parts]) if len(w) > 1 and w not in STOPWORDS)
+
+
+@dataclass(frozen=True)
+class CodeChunk:
+    """Lines start..end (1-based, inclusive) of one file, relative to the root."""
+
+    path: str
+    start: int
+    end: int
+    text: str
+    symbol: str = ""
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}:{self.start}-{self.end}"
+
+    def index_terms(self) -> List[str]:
+        # The path and the symbol's name say what a chunk is about, so they count twice.
+        name = " ".join(p for p in (self.path.replace("/", " ").replace(".", " "), self.symbol) if p)
+        return code_terms(f"{name} {name} {self.text}")
+
+
+@dataclass(frozen=True)
+class CodeHit:
+    chunk: CodeChunk
+    score: float
+
+
+# --- chunking ------------------------------------------------------------------------------------
+
+def _windows(path: str, lines: List[str], start: int, end: int, symbol: str = "") -> List[CodeChunk]:
+    """Lines start..end in windows of WINDOW_LINES (blank-only windows dropped)."""
+    chunks = []
+    for s in range(start, end + 1, WINDOW_LINES):
+        e = min(end, s + WINDOW_LINES - 1)
+        text = "\n".join(lines[s - 1:e])
+        if text.strip():
+            chunks.append(CodeChunk(path, s, e, text, symbol))
+    return chunks
+
+
+def _spans_chunks(path: str, lines: List[str], spans: List[Tuple[int, int, str]]) -> List[CodeChunk]:
+    """Symbol spans (start, end, name), with the lines between them as windows of their own."""
+    chunks: List[CodeChunk] = []
+    at = 1
+    for start, end, name in sorted(spans):
+        if start < at:
+            continue
+        if start > at:
+            chunks.extend(_windows(path, lines, at, start - 1))
+        if end - start + 1 <= WINDOW_LINES:
+            chunks.append(CodeChunk(path, start, end, "\n".join(lines[start - 1:end]), name))
+        else:
+            chunks.extend(_windows(path, lines, start, end, name))
+        at = end + 1
+    if at <= len(lines):
+        chunks.extend(_windows(path, lines, at, len(lines)))
+    return chunks
+
+
+def _python_spans(text: str) -> Optional[List[Tuple[int, int, str]]]:
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return None
+    spans: List[Tuple[int, int, str]] = []
+    for node in tree.body:
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+        end = node.end_lineno or node.lineno
+        if isinstance(node, ast.ClassDef) and end - start + 1 > WINDOW_LINES:
+            # a long class: its head, then each method on its own
+            methods = [n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+            if methods:
+                first = min([methods[0].lineno] + [d.lineno for d in methods[0].decorator_list])
+                spans.append((start, first - 1, node.name))
+                for m in methods:
+                    ms = min([m.lineno] + [d.lineno for d in m.decorator_list])
+                    spans.append((ms, m.end_lineno or m.lineno, f"{node.name}.{m.name}"))
+                continue
+        spans.append((start, end, node.name))
+    return spans
+
+
+def _regex_spans(lines: List[str], pattern: re.Pattern) -> List[Tuple[int, int, str]]:
+    starts = [i + 1 for i, line in enumerate(lines) if pattern.match(line)]
+    spans = []
+    for n, start in enumerate(starts):
+        end = (starts[n + 1] - 1) if n + 1 < len(starts) else len(lines)
+        while end > start and not lines[end - 1].strip():
+            end -= 1
+        name = _IDENT.findall(lines[start - 1])
+        spans.append((start, end, " ".join(name[:4])))
+    return spans
+
+
+def chunk_file(path: str, text: str) -> List[CodeChunk]:
+    """One file's chunks: by symbol where the language is known, else line windows."""
+    lines = text.splitlines()
+    if not lines:
+        return []
+    suffix = os.path.splitext(path)[1].lower()
+    spans = None
+    if suffix in (".py", ".pyi"):
+        spans = _python_spans(text)
+    elif suffix in _SYMBOL_START:
+        spans = _regex_spans(lines, _SYMBOL_START[suffix])
+    if not spans:
+        return _windows(path, lines, 1, len(lines))
+    return _spans_chunks(path, lines, spans)
+
+
+# --- the folder ------------------------------------------------------------------------------------
+
+def _is_binary(data: bytes) -> bool:
+    if b"\x00" in data[:BINARY_SNIFF_BYTES]:
+        return True
+    try:
+        data[:BINARY_SNIFF_BYTES].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return exc.start < BINARY_SNIFF_BYTES - 4  # a character cut at the sniff's end is not binary
+    return False
+
+
+def folder_files(root: Path, *, max_file_bytes: int, max_files: int) -> Dict[str, Tuple[int, int]]:
+    """{relative path: (mtime_ns, size)} of the files the index may read: inside root's real path
+    (symbolic links followed for files, never walked for folders), not hidden, under the size cap."""
+    real_root = root.resolve()
+    if not real_root.is_dir():
+        return {}
+    found: Dict[str, Tuple[int, int]] = {}
+    for dirpath, dirnames, filenames in os.walk(real_root, followlinks=False):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in SKIP_DIRS
+                             and not os.path.islink(os.path.join(dirpath, d)))
+        for name in sorted(filenames):
+            if name.startswith("."):
+                continue
+            path = Path(dirpath) / name
+            try:
+                real = path.resolve()
+                if real_root not in real.parents or not real.is_file():
+                    continue  # a link out of the root (or to something that is no file)
+                stat = real.stat()
+            except (OSError, RuntimeError):
+                continue
+            if stat.st_size == 0 or stat.st_size > max_file_bytes:
+                continue
+            found[path.relative_to(real_root).as_posix()] = (stat.st_mtime_ns, stat.st_size)
+            if len(found) >= max_files:
+                return found
+    return found
+
+
+def _read_chunks(root: Path, relative: str, max_file_bytes: int) -> List[CodeChunk]:
+    real_root = root.resolve()
+    real = (real_root / relative).resolve()
+    if real_root not in real.parents:  # the link changed since the listing
+        return []
+    try:
+        with open(real, "rb") as fh:
+            data = fh.read(max_file_bytes + 1)
+    except OSError:
+        return []
+    if len(data) > max_file_bytes or _is_binary(data):
+        return []
+    return chunk_file(relative, data.decode("utf-8", "replace"))
+
+
+@dataclass(frozen=True)
+class _Index:
+    chunks: Tuple[CodeChunk, ...]
+    retriever: Optional[bm25s.BM25]
+    vocabulary: frozenset
+    signature: Tuple[Tuple[str, int, int], ...]
+
+
+_EMPTY = _Index((), None, frozenset(), ())
+
+
+class CodeRetrievalEngine(RetrievalEngine):
+    """BM25 over the source files below ``config["root"]``.
+
+    config: ``root`` (required), ``max_file_bytes`` (256 KiB), ``max_files`` (5000),
+    ``rescan_interval`` seconds between looks at the folder (2). ``query`` returns
+    ``("path:start-end\\n<lines>", score)`` pairs; ``query_chunks`` the chunks themselves.
+    Safe to share between threads: a query reads one built index, a rebuild swaps it whole.
+    """
+
+    def __init__(self, config: Optional[dict] = None):
+        super().__init__(config)
+        self._lock = threading.Lock()
+        self._index: _Index = _EMPTY
+        self._files: Dict[str, Tuple[Tuple[int, int], List[CodeChunk]]] = {}
+        self._built = False
+        self._checked_at = float("-inf")
+        self.builds = 0  # how many times the index was built (a test reads it)
+
+    @property
+    def root(self) -> Path:
+        return Path(self.config["root"])
+
+    def _int(self, name: str, default: int) -> int:
+        return int(self.config.get(name, default))
+
+    # -- OPM contract --
+    def query(self, query: str, lang: Optional[str] = None, k: int = 3) -> List[Tuple[str, float]]:
+        """Up to ``k`` (content, score) pairs, best first; content is "path:start-end" and the lines."""
+        return [(f"{h.chunk.where}\n{h.chunk.text}", h.score) for h in self.query_chunks(query, k=k)]
+
+    def query_chunks(self, query: str, k: int = 3) -> List[CodeHit]:
+        """The ``k`` best chunks sharing a term with ``query``, best first."""
+        index = self.refresh()
+        wanted = [t for t in dict.fromkeys(code_terms(query)) if t in index.vocabulary]
+        if k <= 0 or not wanted or index.retriever is None:
+            return []
+        ids, scores = index.retriever.retrieve([wanted], k=min(k, len(index.chunks)), show_progress=False)
+        ranked = sorted(((float(s), int(i)) for i, s in zip(ids[0], scores[0]) if s > 0),
+                        key=lambda pair: (-pair[0], pair[1]))
+        return [CodeHit(index.chunks[i], score) for score, i in ranked]
+
+    # -- the cache --
+    def refresh(self, force: bool = False) -> _Index:
+        """Re-index when a file was added, changed or removed (looked at most every rescan_interval)."""
+        interval = float(self.config.get("rescan_interval", DEFAULT_RESCAN_SECONDS))
+        if self._built and not force and time.monotonic() - self._checked_at < interval:
+            return self._index
+        with self._lock:
+            max_bytes = self._int("max_file_bytes", DEFAULT_MAX_FILE_BYTES)
+            listing = folder_files(self.root, max_file_bytes=max_bytes,
+                                   max_files=self._int("max_files", DEFAULT_MAX_FILES))
+            self._checked_at = time.monotonic()
+            signature = tuple(sorted((p, m, s) for p, (m, s) in listing.items()))
+            if force or not self._built or signature != self._index.signature:
+                files = {}
+                for relative, stamp in listing.items():
+                    cached = self._files.get(relative)
+                    chunks = cached[1] if cached and cached[0] == stamp else _read_chunks(self.root, relative,
+                                                                                           max_bytes)
+                    files[relative] = (stamp, chunks)
+                self._files = files
+                self._index = _build(tuple(c for _, (_, cs) in sorted(files.items()) for c in cs), signature)
+                self._built = True
+                self.builds += 1
+            return self._index
+
+
+def _build(chunks: Tuple[CodeChunk, ...], signature) -> _Index:
+    tokenized = [c.index_terms() for c in chunks]
+    if not any(tokenized):
+        return _Index(chunks, None, frozenset(), signature)
+    retriever = bm25s.BM25()
+    retriever.index(tokenized, show_progress=False)
+    return _Index(chunks, retriever, frozenset(t for ts in tokenized for t in ts), signature)
