@@ -24,6 +24,8 @@ FROM_END = {"last": -1, "final": -1, "penultimate": -2}
 FILLER = {"the", "a", "an", "one", "option", "choice", "number", "no", "please", "i", "want", "pick", "take",
           "choose", "select", "id", "like", "would", "go", "with", "for", "me", "it", "is", "that"}
 FUZZY_CUTOFF = 0.75
+# A reply that rules an option out ("not the first one", "neither") chooses none: it does not fit.
+NEGATIONS = {"not", "none", "neither", "nor", "never", "don't", "dont", "nothing", "isn't", "wasn't"}
 
 
 def _words(text: str) -> list[str]:
@@ -48,6 +50,8 @@ class OrdinalFuzzyOptionMatcher(OptionMatcherEngine):
         exact = [o for o, n in zip(options, normed) if n and n == said]
         if len(exact) == 1:
             return exact[0]
+        if NEGATIONS.intersection(_words(utterance)):
+            return None
         position = self._position(said, len(options))
         if position is not None:
             return options[position]
