@@ -120,3 +120,28 @@ def test_lancedb_is_not_loaded_unless_lance_embedded_is_used():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stderr[-2000:]
+
+
+def test_a_large_table_gets_a_vector_index_and_its_search_stays_within_the_user(lance_on, settings,
+                                                                                 django_capture_on_commit_callbacks):
+    import numpy as np
+    settings.UGENT_MEMORY_LANCE_INDEX_MIN_ROWS = 300
+    gen = np.random.default_rng(3)
+    vectors = gen.standard_normal((330, 384)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    MemoryFact.objects.bulk_create(
+        MemoryFact(actor_key=ALICE if i < 300 else BOB, text=f"fact {i}", normalized=f"fact {i}",
+                   embedding=vectors[i].tobytes()) for i in range(330))
+    ids = list(MemoryFact.objects.order_by("id").values_list("id", flat=True))
+    store = lance.store(384)
+    assert store.index_wanted()  # 330 vectors, no index yet
+    assert "IVF_PQ" in services.vector_index_refresh()
+    assert not store.index_wanted()
+    found = store.search(actor_key=ALICE, vector=vectors[7], limit=5)
+    assert found[0][0] == ids[7] and all(fid in ids[:300] for fid, _ in found)
+    assert {fid for fid, _ in store.search(actor_key=BOB, vector=vectors[7], limit=50)} <= set(ids[300:])
+    # the next save that finds the index wanted enqueues its refresh after commit
+    store.CHECK_EVERY, store.index_wanted = 1, lambda: True
+    with django_capture_on_commit_callbacks() as callbacks:
+        services.fact_save(actor_key=ALICE, text="User likes green tea.")
+    assert len(callbacks) == 1

@@ -174,7 +174,10 @@ class EmbeddedBackend:
     def indexed(self, fact: MemoryFact) -> None:
         vector = self.embed([fact.text], kind="passage")[0].tobytes()
         MemoryFact.objects.filter(pk=fact.pk).update(embedding=vector)
-        self.store().upsert(fact_id=fact.pk, actor_key=fact.actor_key, vector=vector)
+        if self.store().upsert(fact_id=fact.pk, actor_key=fact.actor_key, vector=vector):
+            from django.db import transaction
+            from ugent_common.tasks import task_named
+            transaction.on_commit(lambda: task_named("plugins_app.tasks.memory_vector_index").delay())
 
 
 def facts_forgotten(fact_ids: list[int]) -> None:

@@ -6,7 +6,10 @@ moved to another user or deleted is written here in the same call, and a table t
 another `embedding_dim`, or not holding the rows' vectors when this process first opens it is rebuilt
 from the rows. Every search is filtered to one actor key before ranking (a prefilter), so bob never
 sees alice's vectors. From UGENT_MEMORY_LANCE_INDEX_MIN_ROWS vectors on, `vector_index_refresh()`
-gives the table an IVF_PQ index (its build takes minutes: a Celery task, never a turn).
+gives the table an IVF_PQ index and later folds new rows into it: the Celery task
+plugins_app.tasks.memory_vector_index, enqueued by a save that finds the index wanted (its build takes
+minutes; never on a turn). UGENT_MEMORY_LANCE_DIR may be a local dir or a LanceDB URI (s3://…), which
+several hosts in servers mode must share.
 
 lancedb and pyarrow are imported here only, and this module only by the lance_embedded backend, so a
 daemon on another backend never loads them.
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
@@ -34,10 +38,13 @@ def _quoted(value: str) -> str:
 class LanceStore:
     """The table for one (dataset dir, embedding_dim); methods are safe from several threads."""
 
-    def __init__(self, path: Path, dim: int):
-        self.path, self.dim = Path(path), dim
+    CHECK_EVERY = 1000  # upserts between two looks at whether the vector index wants (re)building
+
+    def __init__(self, uri: str, dim: int):
+        self.uri, self.dim = str(uri), dim
         self.lock = threading.Lock()
         self._table = None
+        self._upserts = 0
 
     # --- opening, rebuilding -----------------------------------------------------------------
 
@@ -53,7 +60,8 @@ class LanceStore:
         with self.lock:
             if self._table is None:
                 import lancedb
-                db = lancedb.connect(str(self.path))
+                # every read checks for other processes' writes (the web process reads what a worker saved)
+                db = lancedb.connect(self.uri, read_consistency_interval=timedelta(0))
                 table = db.open_table(TABLE) if TABLE in _table_names(db) else None
                 if table is None or not self._in_step(table):
                     table = self._rebuild(db)
@@ -94,7 +102,7 @@ class LanceStore:
                 batch = []
         self._add(table, batch)
         log.info("memory: LanceDB table %s rebuilt from the rows (%d vectors, %d embedded now)",
-                 self.path / TABLE, table.count_rows(), len(missing))
+                 f"{self.uri}/{TABLE}", table.count_rows(), len(missing))
         return table
 
     def _add(self, table, rows: list[tuple[int, str, bytes]]) -> None:
@@ -112,12 +120,26 @@ class LanceStore:
 
     # --- keeping in step with the rows ----------------------------------------------------------
 
-    def upsert(self, *, fact_id: int, actor_key: str, vector: bytes) -> None:
-        """The fact's vector, replacing any the table held for that id."""
+    def upsert(self, *, fact_id: int, actor_key: str, vector: bytes) -> bool:
+        """The fact's vector, replacing any the table held for that id. True when the vector index
+        wants building or refreshing now (the caller enqueues memory_vector_index)."""
         table = self.table()
         with self.lock:
             table.delete(f"id = {int(fact_id)}")
             self._add(table, [(int(fact_id), actor_key, vector)])
+            self._upserts += 1
+            if self._upserts % self.CHECK_EVERY != 1 and self.CHECK_EVERY > 1:
+                return False
+        return self.index_wanted()
+
+    def index_wanted(self) -> bool:
+        """No vector index and enough rows for one; or one that leaves a tenth of the rows unindexed."""
+        table = self.table()
+        vector = [ix for ix in table.list_indices() if ix.name == "vector_idx"]
+        if not vector:
+            return table.count_rows() >= settings.UGENT_MEMORY_LANCE_INDEX_MIN_ROWS
+        stats = table.index_stats("vector_idx")
+        return bool(stats and stats.num_unindexed_rows > max(1000, stats.num_indexed_rows // 10))
 
     def delete(self, fact_ids: list[int]) -> None:
         if not fact_ids:
@@ -151,7 +173,7 @@ class LanceStore:
             done.append("actor_key bitmap")
         if "vector_idx" not in names and rows >= settings.UGENT_MEMORY_LANCE_INDEX_MIN_ROWS:
             partitions = max(1, min(256, int(rows ** 0.5) // 4))
-            table.create_index(vector_column_name="vector", name="vector_idx",
+            table.create_index("vector", name="vector_idx",
                                config=IvfPq(distance_type="cosine", num_partitions=partitions,
                                             num_sub_vectors=self.dim // 8))
             done.append(f"IVF_PQ ({partitions} partitions)")
@@ -165,7 +187,7 @@ def _table_names(db) -> list[str]:
     return list(db.list_tables().tables)
 
 
-_stores: dict[tuple[str, int], LanceStore] = {}
+_stores: dict[tuple[str, int], LanceStore] = {}  # (dataset uri, embedding_dim) -> its store
 _stores_lock = threading.Lock()
 
 
@@ -175,10 +197,12 @@ def store(dim: int) -> LanceStore:
     found = _stores.get(key)
     if found is None:
         with _stores_lock:
-            found = _stores.setdefault(key, LanceStore(Path(key[0]), key[1]))
+            found = _stores.setdefault(key, LanceStore(key[0], key[1]))
     return found
 
 
 def dataset_exists() -> bool:
-    """Whether this install has a LanceDB dataset (deletes reach it whatever backend is in force)."""
-    return Path(settings.UGENT_MEMORY_LANCE_DIR).exists()
+    """Whether this install has a LanceDB dataset (deletes reach it whatever backend is in force). A
+    remote dataset (s3://…, shared by several hosts) is taken to exist."""
+    uri = str(settings.UGENT_MEMORY_LANCE_DIR)
+    return "://" in uri or Path(uri).exists()

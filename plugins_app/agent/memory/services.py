@@ -113,6 +113,14 @@ def fact_pin(*, actor_key: str, fact_id: int, pinned: bool = True) -> bool:
     return MemoryFact.objects.filter(actor_key=actor_key, pk=fact_id).update(**changes) == 1
 
 
+def vector_index_refresh() -> str:
+    """lance_embedded's vector index built or refreshed (plugins_app.tasks.memory_vector_index); what was done."""
+    from plugins_app.agent.memory.backends import EmbeddedBackend
+    done = EmbeddedBackend.store().vector_index_refresh()
+    log.info("memory: LanceDB vector index: %s", done)
+    return done
+
+
 def memory_settings_save(*, row: MemorySettings) -> MemorySettings:
     """The admin's memory settings: saved as the one row, read again at once by this process."""
     fields = {f: getattr(row, f) for f in ("backend", "recall_cadence", "max_hits", "max_injected_tokens_est")}
