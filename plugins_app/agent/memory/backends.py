@@ -80,7 +80,7 @@ class FtsBackend:
     ranking: the index is walked once a recall (bench/memory.py measured three statements beside it)."""
 
     name = "sqlite_fts"
-    CANDIDATES = 100  # candidates the statement returns (bm25 / ts_rank_cd order) for the three rankings
+    CANDIDATES = 50  # candidates the statement returns (bm25 / ts_rank_cd order) for the three rankings
 
     @staticmethod
     def prefixes(words: list[str]) -> list[str]:
@@ -117,16 +117,16 @@ class FtsBackend:
     def rankings(self, words: list[str], found: list[tuple[int, str]]) -> list[list[int]]:
         """The candidates (best first) that hold any word; every word (two words or more); a prefix."""
         wanted = {fold(w) for w in words}
-        prefixes = [fold(p) for p in self.prefixes(words)]
+        prefixes = tuple(fold(p) for p in self.prefixes(words))
         any_r, all_r, pre_r = [], [], []
         for fid, text in found:
-            tokens = set(_WORD.findall(fold(text)))
+            tokens = set(_WORD.findall(fold(text) if not text.isascii() else text.lower()))
             held = wanted & tokens
             if held:
                 any_r.append(fid)
                 if len(wanted) > 1 and held == wanted:
                     all_r.append(fid)
-            if prefixes and any(t.startswith(p) for t in tokens for p in prefixes):
+            if prefixes and any(t.startswith(prefixes) for t in tokens):
                 pre_r.append(fid)
         return [r for r in (any_r, all_r, pre_r) if r]
 
@@ -134,7 +134,7 @@ class FtsBackend:
         words = keywords(text)
         if not words or limit <= 0:
             return []
-        found = self.candidates(actor_key, self.match_query(words), max(2 * limit, self.CANDIDATES))
+        found = self.candidates(actor_key, self.match_query(words), max(limit, self.CANDIDATES))
         return rrf(self.rankings(words, found))[:limit]
 
     def indexed(self, fact: MemoryFact) -> None:
