@@ -38,6 +38,15 @@ def _media_prune_schedule(sender=None, **kwargs) -> None:
         close_old_connections()
 
 
+@shared_task(ignore_result=True, soft_time_limit=3600, time_limit=3660)
+@with_fresh_connections
+def memory_vector_index() -> str:
+    """lance_embedded's IVF_PQ index built, or refreshed with the rows added since (minutes on a large
+    table: never on a turn). Redelivered or run twice, it finds the index there and only folds rows in."""
+    from plugins_app.agent.memory import services
+    return services.vector_index_refresh()
+
+
 @shared_task(ignore_result=True, soft_time_limit=60, time_limit=90)
 @with_fresh_connections
 def memory_extract_turn(actor_key: str, text: str, turn_id: str) -> int:

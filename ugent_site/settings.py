@@ -300,6 +300,11 @@ UGENT_HOME = env("UGENT_HOME", default="")
 UGENT_MEMORY_SETTINGS_RECHECK_SECS = env.float("UGENT_MEMORY_SETTINGS_RECHECK_SECS", default=2.0)
 UGENT_MEMORY_EPHEMERAL_TTL_SECS = env.int("UGENT_MEMORY_EPHEMERAL_TTL_SECS", default=86400)
 UGENT_MEMORY_EXCHANGES = env.int("UGENT_MEMORY_EXCHANGES", default=6)  # extract_memory reads this many
+# lance_embedded's LanceDB dataset (rebuilt from the MemoryFact rows when missing): a dir, or a LanceDB URI
+# (s3://…) that several hosts share in servers mode
+UGENT_MEMORY_LANCE_DIR = env("UGENT_MEMORY_LANCE_DIR", default=str(VAR_DIR / "memory.lance"))
+# from this many vectors on, the LanceDB table gets an IVF_PQ index (memory_vector_index); below, a flat scan
+UGENT_MEMORY_LANCE_INDEX_MIN_ROWS = env.int("UGENT_MEMORY_LANCE_INDEX_MIN_ROWS", default=20000)
 # plugins_app
 UGENT_PLUGIN_RUN_DIR = env("UGENT_PLUGIN_RUN_DIR", default=str(VAR_DIR / "run" / "plugins"))
 UGENT_PLUGIN_PID_DIR = env("UGENT_PLUGIN_PID_DIR", default=str(VAR_DIR / "run" / "plugin-pids"))

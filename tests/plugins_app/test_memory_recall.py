@@ -112,6 +112,20 @@ def test_several_keyword_queries_are_fused_by_reciprocal_rank(memory_config):  #
     assert keywords("What is my favourite TEA, please?") == ["favourite", "tea"]
 
 
+def test_a_word_prefix_finds_what_the_exact_word_does_not_and_ranks_below_it(memory_config):  # noqa: F811
+    memory_config.backend("sqlite_fts")
+    plural = save(ALICE, "User collects teapots.")
+    exact = save(ALICE, "User broke a teapot.")
+    save(BOB, "User sells teapots.")
+    assert [f["id"] for f in recall_preview(actor_key=ALICE, text="teapot")["facts"]] == [exact.pk, plural.pk]
+
+
+def test_a_user_with_no_facts_recalls_nothing_whatever_others_hold(memory_config):  # noqa: F811
+    memory_config.backend("sqlite_fts")
+    save(ALICE, "User likes green tea.", tier="core")
+    assert recall_preview(actor_key=BOB, text="green tea") == {"backend": "sqlite_fts", "facts": [], "tokens_est": 0}
+
+
 def test_with_backend_none_nothing_is_recalled_or_saved(memory_config):  # noqa: F811
     MemoryFact.objects.create(actor_key=ALICE, text="User likes tea.", normalized="user likes tea", tier="core")
     assert recall_preview(actor_key=ALICE, text="tea") == {"backend": None, "facts": [], "tokens_est": 0}

@@ -32,6 +32,7 @@ def memory_config(tmp_path, settings):
     from ugent_common import config
     settings.UGENT_CONFIG_RECHECK_SECS = 0
     settings.UGENT_MEMORY_SETTINGS_RECHECK_SECS = 0
+    settings.UGENT_MEMORY_LANCE_DIR = tmp_path / "memory.lance"  # each test its own LanceDB dataset
     cfg = MemoryConfig(tmp_path / "ugent.toml", settings)
     cfg.write("")
     yield cfg

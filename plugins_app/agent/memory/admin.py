@@ -24,10 +24,13 @@ class MemoryFactAdmin(admin.ModelAdmin):
         # the duplicate key follows the text; the index follows by trigger (or is re-embedded)
         obj.normalized = normalize(obj.text)
         super().save_model(request, obj, form, change)
-        if "text" in form.changed_data:
-            from plugins_app.agent.memory.backends import backend_named
-            from plugins_app.agent.memory.conf import memory_conf
-            backend_named(memory_conf().backend).indexed(obj)
+        services.fact_edited(fact=obj, changed=list(form.changed_data) if change else ["text", "actor_key"])
+
+    def delete_model(self, request, obj):
+        services.facts_delete(fact_ids=[obj.pk])
+
+    def delete_queryset(self, request, queryset):
+        services.facts_delete(fact_ids=list(queryset.values_list("id", flat=True)))
 
     @admin.action(description="Pin the selected facts (always recalled)")
     def pin(self, request, queryset):

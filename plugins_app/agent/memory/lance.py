@@ -1,0 +1,208 @@
+"""lance_embedded's vector store: one LanceDB table in an embedded dataset under the var dir.
+
+The MemoryFact rows are the source of truth (the admin edits them; each row keeps its own vector in
+`embedding`); the table `memory_facts` (id, actor_key, vector) follows them: a fact saved, re-texted,
+moved to another user or deleted is written here in the same call, and a table that is missing, of
+another `embedding_dim`, or not holding the rows' vectors when this process first opens it is rebuilt
+from the rows. Every search is filtered to one actor key before ranking (a prefilter), so bob never
+sees alice's vectors. From UGENT_MEMORY_LANCE_INDEX_MIN_ROWS vectors on, `vector_index_refresh()`
+gives the table an IVF_PQ index and later folds new rows into it: the Celery task
+plugins_app.tasks.memory_vector_index, enqueued by a save that finds the index wanted (its build takes
+minutes; never on a turn). UGENT_MEMORY_LANCE_DIR may be a local dir or a LanceDB URI (s3://…), which
+several hosts in servers mode must share.
+
+lancedb and pyarrow are imported here only, and this module only by the lance_embedded backend, so a
+daemon on another backend never loads them.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import timedelta
+from pathlib import Path
+
+from django.conf import settings
+
+log = logging.getLogger("ugent.memory")
+
+TABLE = "memory_facts"
+NPROBES = 16  # IVF partitions searched; with REFINE the exact cosine re-ranks what PQ found
+REFINE = 4
+
+
+def _quoted(value: str) -> str:
+    """A string literal for LanceDB's SQL filter."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+class LanceStore:
+    """The table for one (dataset dir, embedding_dim); methods are safe from several threads."""
+
+    CHECK_EVERY = 1000  # upserts between two looks at whether the vector index wants (re)building
+
+    def __init__(self, uri: str, dim: int):
+        self.uri, self.dim = str(uri), dim
+        self.lock = threading.Lock()
+        self._table = None
+        self._upserts = 0
+
+    # --- opening, rebuilding -----------------------------------------------------------------
+
+    def schema(self):
+        import pyarrow as pa
+        return pa.schema([pa.field("id", pa.int64()), pa.field("actor_key", pa.string()),
+                          pa.field("vector", pa.list_(pa.float32(), self.dim))])
+
+    def table(self):
+        """The open table, rebuilt from the rows first when it is missing or out of step."""
+        if self._table is not None:
+            return self._table
+        with self.lock:
+            if self._table is None:
+                import lancedb
+                # every read checks for other processes' writes (the web process reads what a worker saved)
+                db = lancedb.connect(self.uri, read_consistency_interval=timedelta(0))
+                table = db.open_table(TABLE) if TABLE in _table_names(db) else None
+                if table is None or not self._in_step(table):
+                    table = self._rebuild(db)
+                self._table = table
+        return self._table
+
+    def _in_step(self, table) -> bool:
+        from plugins_app.agent.memory.models import MemoryFact
+        field = table.schema.field("vector")
+        if getattr(field.type, "list_size", None) != self.dim:
+            log.warning("memory: the LanceDB table holds %s-dimension vectors, embedding_dim is %d: rebuilding",
+                        getattr(field.type, "list_size", "?"), self.dim)
+            return False
+        rows = MemoryFact.objects.count()
+        if table.count_rows() != rows:
+            log.warning("memory: the LanceDB table holds %d vectors for %d facts: rebuilding",
+                        table.count_rows(), rows)
+            return False
+        return True
+
+    def _rebuild(self, db):
+        """The table made anew from the rows: their stored vectors, facts without one embedded now."""
+        from plugins_app.agent.memory.backends import EmbeddedBackend
+        from plugins_app.agent.memory.models import MemoryFact
+        table = db.create_table(TABLE, schema=self.schema(), mode="overwrite")
+        missing = list(MemoryFact.objects.filter(embedding__isnull=True).values_list("id", "text"))
+        for start in range(0, len(missing), 64):
+            chunk = missing[start:start + 64]
+            vectors = EmbeddedBackend.embed([t for _, t in chunk], kind="passage")
+            for (fid, _), v in zip(chunk, vectors):
+                MemoryFact.objects.filter(pk=fid).update(embedding=v.tobytes())
+        batch: list[tuple[int, str, bytes]] = []
+        rows = MemoryFact.objects.exclude(embedding__isnull=True).values_list("id", "actor_key", "embedding")
+        for row in rows.iterator(chunk_size=5000):
+            batch.append((row[0], row[1], bytes(row[2])))
+            if len(batch) == 5000:
+                self._add(table, batch)
+                batch = []
+        self._add(table, batch)
+        log.info("memory: LanceDB table %s rebuilt from the rows (%d vectors, %d embedded now)",
+                 f"{self.uri}/{TABLE}", table.count_rows(), len(missing))
+        return table
+
+    def _add(self, table, rows: list[tuple[int, str, bytes]]) -> None:
+        import numpy as np
+        import pyarrow as pa
+        rows = [r for r in rows if len(r[2]) == 4 * self.dim]  # a vector of another size waits for re-embedding
+        if not rows:
+            return
+        flat = np.frombuffer(b"".join(r[2] for r in rows), dtype=np.float32)
+        table.add(pa.table({
+            "id": pa.array([r[0] for r in rows], pa.int64()),
+            "actor_key": pa.array([r[1] for r in rows], pa.string()),
+            "vector": pa.FixedSizeListArray.from_arrays(pa.array(flat, pa.float32()), self.dim),
+        }, schema=self.schema()))
+
+    # --- keeping in step with the rows ----------------------------------------------------------
+
+    def upsert(self, *, fact_id: int, actor_key: str, vector: bytes) -> bool:
+        """The fact's vector, replacing any the table held for that id. True when the vector index
+        wants building or refreshing now (the caller enqueues memory_vector_index)."""
+        table = self.table()
+        with self.lock:
+            table.delete(f"id = {int(fact_id)}")
+            self._add(table, [(int(fact_id), actor_key, vector)])
+            self._upserts += 1
+            if self._upserts % self.CHECK_EVERY != 1 and self.CHECK_EVERY > 1:
+                return False
+        return self.index_wanted()
+
+    def index_wanted(self) -> bool:
+        """No vector index and enough rows for one; or one that leaves a tenth of the rows unindexed."""
+        table = self.table()
+        vector = [ix for ix in table.list_indices() if ix.name == "vector_idx"]
+        if not vector:
+            return table.count_rows() >= settings.UGENT_MEMORY_LANCE_INDEX_MIN_ROWS
+        stats = table.index_stats("vector_idx")
+        return bool(stats and stats.num_unindexed_rows > max(1000, stats.num_indexed_rows // 10))
+
+    def delete(self, fact_ids: list[int]) -> None:
+        if not fact_ids:
+            return
+        table = self.table()
+        with self.lock:
+            table.delete("id IN (" + ", ".join(str(int(i)) for i in fact_ids) + ")")
+
+    # --- searching ------------------------------------------------------------------------------
+
+    def search(self, *, actor_key: str, vector, limit: int) -> list[tuple[int, float]]:
+        """(fact id, cosine similarity), best first, over `actor_key`'s vectors only."""
+        table = self.table()
+        query = (table.search(vector, vector_column_name="vector").distance_type("cosine")
+                 .where(f"actor_key = {_quoted(actor_key)}", prefilter=True)
+                 .nprobes(NPROBES).refine_factor(REFINE).limit(limit).select(["id", "_distance"]))
+        found = query.to_arrow()
+        return [(int(i), 1.0 - float(d)) for i, d in zip(found.column("id").to_pylist(),
+                                                         found.column("_distance").to_pylist())]
+
+    def vector_index_refresh(self) -> str:
+        """IVF_PQ over the vectors once there are enough of them, the actor_key bitmap, then the
+        unindexed rows folded in (`optimize`). Minutes on a large table: call it off any turn."""
+        from lancedb.index import IvfPq
+        table = self.table()
+        rows = table.count_rows()
+        names = {ix.name for ix in table.list_indices()}
+        done = []
+        if "actor_key_idx" not in names and rows:
+            table.create_scalar_index("actor_key", index_type="BITMAP", name="actor_key_idx")
+            done.append("actor_key bitmap")
+        if "vector_idx" not in names and rows >= settings.UGENT_MEMORY_LANCE_INDEX_MIN_ROWS:
+            partitions = max(1, min(256, int(rows ** 0.5) // 4))
+            table.create_index("vector", name="vector_idx",
+                               config=IvfPq(distance_type="cosine", num_partitions=partitions,
+                                            num_sub_vectors=self.dim // 8))
+            done.append(f"IVF_PQ ({partitions} partitions)")
+        elif names:
+            table.optimize()
+            done.append("optimized")
+        return ", ".join(done) or "nothing to do"
+
+
+def _table_names(db) -> list[str]:
+    return list(db.list_tables().tables)
+
+
+_stores: dict[tuple[str, int], LanceStore] = {}  # (dataset uri, embedding_dim) -> its store
+_stores_lock = threading.Lock()
+
+
+def store(dim: int) -> LanceStore:
+    """The process's store for the configured dataset dir and embedding_dim."""
+    key = (str(settings.UGENT_MEMORY_LANCE_DIR), int(dim))
+    found = _stores.get(key)
+    if found is None:
+        with _stores_lock:
+            found = _stores.setdefault(key, LanceStore(key[0], key[1]))
+    return found
+
+
+def dataset_exists() -> bool:
+    """Whether this install has a LanceDB dataset (deletes reach it whatever backend is in force). A
+    remote dataset (s3://…, shared by several hosts) is taken to exist."""
+    uri = str(settings.UGENT_MEMORY_LANCE_DIR)
+    return "://" in uri or Path(uri).exists()

