@@ -49,6 +49,8 @@ class CronAppConfig(AppConfig):
         from celery.signals import beat_init
 
         beat_init.connect(_on_beat_init, dispatch_uid="cron_app.catch_up")
+        from cron_app import tools
+        tools.register()  # the scheduled_jobs toolbox (offered to turns whose tools are not narrowed)
         # a run moves on when one of its turns ends, whatever the end (no task waits for a turn):
         # cron_app.services.cron_turn_ended is named in settings.UGENT_AFTER_TURN_HOOKS
 

@@ -117,6 +117,7 @@ class CronDestination(TimeStamped):
 class RunTrigger(models.TextChoices):
     SCHEDULED = "scheduled"
     RULE = "rule"
+    TOOL = "tool"  # a turn's start_scheduled_job (cron_app/tools.py)
     MANUAL = "manual"
     CATCH_UP = "catch_up"
 

@@ -92,11 +92,12 @@ def _identified(actor: Optional[Actor]) -> bool:
     return actor is not None and not actor.key.startswith("web-user@")
 
 
-def workflow_start(*, workflow: str, inject_context: bool, ctx) -> str:
+def workflow_start(*, workflow: str, inject_context: bool, ctx, trigger: str = RunTrigger.RULE) -> str:
     """StartWorkflow: start the rule-triggered job for the message's sender; the answer they get at once.
 
     Called by the rule engine's hook inside message_submit's transaction: the run's row commits with
-    the sender's receipt, and its task is queued when that transaction commits.
+    the sender's receipt, and its task is queued when that transaction commits. A turn's
+    start_scheduled_job tool calls it too (`trigger` "tool"), with the same opt-in and the same limits.
     """
     if not cron_running():
         return WORKFLOW_CRON_NOT_RUNNING.format(workflow=workflow)
@@ -109,7 +110,7 @@ def workflow_start(*, workflow: str, inject_context: bool, ctx) -> str:
     actor = ctx.actor if _identified(ctx.actor) else None
     limits = dict(ctx.limits or {})
     run, outcome = _claim(
-        job=job, trigger=RunTrigger.RULE, acts_for=actor,
+        job=job, trigger=trigger, acts_for=actor,
         origin=ctx.conversation if getattr(ctx.conversation, "pk", None) else None,
         origin_channel=ctx.channel or "", origin_conversation_id=ctx.conversation_id or "",
         origin_user_id=ctx.user_id or "", message=ctx.text or "", inject_context=bool(inject_context),
@@ -121,7 +122,8 @@ def workflow_start(*, workflow: str, inject_context: bool, ctx) -> str:
         return WORKFLOW_TOO_MANY.format(workflow=workflow)
     if outcome == GONE:
         return WORKFLOW_COULD_NOT_START.format(workflow=workflow, reason=f"there is no cron job '{workflow}'")
-    log.info("workflow started by a rule (job=%s, run=%s, channel=%s)", workflow, run.pk, ctx.channel)
+    log.info("workflow started by a %s (job=%s, run=%s, channel=%s)", "tool" if trigger == RunTrigger.TOOL else "rule",
+             workflow, run.pk, ctx.channel)
     if _takes_results(ctx.conversation):
         return WORKFLOW_STARTED_FOLLOWS.format(workflow=workflow)
     return WORKFLOW_STARTED_WEB.format(workflow=workflow)
