@@ -101,7 +101,8 @@ class Reader:
         self.conversation_pk = conversation_pk
         self.taps: set[Tap] = set()
         self.cursor: int | None = None
-        self.reads = 0  # database reads this reader made (tests, bench)
+        self.batches = 0  # reads that found new rows, each handed out once to every subscriber
+        self.ready = asyncio.Event()  # set once it knows where the log stands: batches follow from there
         topic = events.LOG_TOPIC if conversation_pk is None else events.conversation_topic(conversation_pk)
         self.waiter = notify.register(topic, loop)
         self.task = loop.create_task(self.run(), name=f"ugent-fanout-{topic}")
@@ -124,9 +125,10 @@ class Reader:
                 continue
             if self.cursor is None:
                 self.cursor = cursor
+                self.ready.set()
                 continue
-            self.reads += 1
             if rows:
+                self.batches += 1
                 # read after the rows: a prune that deleted any of them committed before it is seen
                 prev = READ_YOURSELF if pruned > self.cursor else self.cursor
                 self.cursor = rows[-1]["id"]
