@@ -100,11 +100,20 @@ async def run_daemon(d: Daemon, n: int, words: int, budget: float) -> dict:
                 print(f"    {i + 1}/{n} subscribers connected", flush=True)
         print(f"    all connected in {time.monotonic() - t0:.1f}s; running the turn", flush=True)
         start = time.time()
+
+        async def progress():
+            while True:
+                await asyncio.sleep(5)
+                done = sum(1 for t in tasks if t.done())
+                print(f"    {time.time() - start:5.0f}s: {sum(counts):,} events delivered, {done}/{n} "
+                      f"subscribers finished", flush=True)
+        ticker = asyncio.create_task(progress())
         text = "script:slow=0.005|answer=" + " ".join(f"w{i}" for i in range(words))
         await c.post(d.base + "/v1/chat/completions", headers=headers,
                      json={"messages": [{"role": "user", "content": text}], "conversation_id": conv,
                            "user": "alice", "stream": True})
         _done, pending = await asyncio.wait(tasks, timeout=budget)
+        ticker.cancel()
         for t in pending:
             t.cancel()
         elapsed = time.time() - start
@@ -158,6 +167,15 @@ def report(label: str, n: int, r: dict) -> None:
           f"delivered={r['delivered']:<7} {r['delivered'] / max(r['elapsed'], 1e-9):>9.0f} ev/s  "
           f"p50={pct(ms, 50):7.1f} ms  p99={pct(ms, 99):7.1f} ms"
           + (f"  ({r['timed_out']} timed out)" if r["timed_out"] else ""), flush=True)
+
+
+def report_ratio(n: int, ugent: dict, relay: dict) -> None:
+    """UGENT's commit-to-client delay over the bare relay's, same run (the issue's target: p99 within 2x)."""
+    a = [x * 1000 for x in ugent["delays"]]
+    b = [x * 1000 for x in relay["delays"]]
+    p50, p99 = pct(a, 50) / max(pct(b, 50), 1e-9), pct(a, 99) / max(pct(b, 99), 1e-9)
+    print(f"  {'UGENT / bare relay':<22} N={n:<5} p50 {p50:.2f}x  p99 {p99:.2f}x"
+          f"  (target: p99 within 2x: {'met' if p99 <= 2 else 'not met'})", flush=True)
 
 
 # --- the wake-up transports alone ------------------------------------------------------------
@@ -449,8 +467,10 @@ def main() -> None:
                     report("UGENT /v1/ugent/events", n, r)
                     msgs = max(1, r["per_subscriber"])
                     try:
+                        print("    the bare Redis pub/sub relay, same N and message count…", flush=True)
                         rr = asyncio.run(run_redis(redis_url, n, msgs, r["elapsed"] / msgs / 2, args.budget))
                         report("bare Redis pub/sub", n, rr)
+                        report_ratio(n, r, rr)
                     except Exception as exc:  # no Redis here: say so, keep the daemon's figures
                         print(f"  bare Redis pub/sub     skipped ({type(exc).__name__}: {exc})", flush=True)
                 if args.only != "daemon":

@@ -219,33 +219,35 @@ async def sse_body(sub: streams.Subscription):
         while True:
             if behind:
                 frames, more = await read(sub)
-                for frame in frames:
-                    yield frame
                 if frames:
                     idle_since = time.monotonic()
+                    yield b"".join(frames)
                 if more:
                     continue
                 behind = False
             if tap.cut:
                 yield streams.gap_frame_cut_loose(sub)
                 return
-            batch = tap.pop()
-            if batch is None:
+            # every batch queued since the last send goes out as one chunk: one write per subscriber
+            # per wake-up, whatever the number of events, so a loaded process catches up, not falls behind
+            out = []
+            while (batch := tap.pop()) is not None:
+                if batch.last <= sub.cursor:
+                    continue  # its own read already took these
+                if batch.prev > sub.cursor:
+                    behind = True  # it starts beyond this subscriber's cursor: the log has the rows between
+                    break
+                out.extend(frame for i, frame in batch.frames if i > sub.cursor)
+                sub.cursor = batch.last
+            if out:
+                idle_since = time.monotonic()
+                yield b"".join(out)
+            if behind:
+                continue
+            if not out:
                 if time.monotonic() - idle_since >= keepalive:
                     idle_since = time.monotonic()
                     yield PING
                 await tap.wait(max(0.0, keepalive - (time.monotonic() - idle_since)))
-                continue
-            if batch.last <= sub.cursor:
-                continue  # its own read already took these
-            if batch.prev > sub.cursor:
-                behind = True  # it starts beyond this subscriber's cursor: the log has the rows between
-                continue
-            for i, frame in batch.frames:
-                if i > sub.cursor:
-                    yield frame
-            sub.cursor = batch.last
-            if batch.frames:
-                idle_since = time.monotonic()
     finally:
         _hub.leave(tap)

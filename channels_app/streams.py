@@ -1,9 +1,9 @@
 """The durable event log read back: who sees what, events after a cursor, gaps, snapshots, stop and steering.
 
-The event log (channels_app.events) is the record; every stream here is a
-query "visible events with id > cursor", run again after each wake-up, so a
-stream served from history and one served live are the same code and cannot
-disagree at the seam. A cursor the log no longer holds is answered with one
+The event log (channels_app.events) is the record; a stream's history is the
+query "visible events with id > cursor", and its live events are the same rows,
+read once per process by its stream's reader (channels_app.fanout) and filtered
+per subscriber in memory by row_visible, the same test the query makes. A cursor the log no longer holds is answered with one
 `ugent.gap` event carrying the conversation's snapshot, and the stream goes
 on from the cursor that snapshot was read at.
 
