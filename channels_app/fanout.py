@@ -63,6 +63,9 @@ class Tap:
         self.held = 0  # frames queued
         self.cut = False  # cut loose: it fell more than its queue behind
         self.event = asyncio.Event()
+        # what row_visible depends on: the viewer (operator or which actor) and the activity feed
+        viewer = sub.viewer
+        self.filter_key = (viewer.is_operator, viewer.actor.pk, viewer.actor.key, sub.activity)
 
     def offer(self, prev: int, last: int, frames: tuple) -> bool:
         """Queue one batch; False when it overflowed, and the tap is then cut loose."""
@@ -142,8 +145,12 @@ class Reader:
         """Each row rendered once; each subscriber gets the frames its filter lets through."""
         rendered = [(row, row["id"], streams.row_frame(row)) for row in rows]
         last = rows[-1]["id"]
+        by_filter: dict[tuple, tuple] = {}  # subscribers with the same viewer and feed see the same frames
         for tap in list(self.taps):
-            frames = tuple((i, f) for row, i, f in rendered if streams.row_visible(tap.sub, row))
+            frames = by_filter.get(tap.filter_key)
+            if frames is None:
+                frames = by_filter[tap.filter_key] = tuple(
+                    (i, f) for row, i, f in rendered if streams.row_visible(tap.sub, row))
             if not tap.offer(prev, last, frames):
                 self.taps.discard(tap)  # cut loose: nothing more is held for it
         if not self.taps:

@@ -210,7 +210,9 @@ def log_rows_after(cursor: int, *, conversation_pk: int | None = None, viewer: V
 
 def row_visible(sub: Subscription, row: dict) -> bool:
     """Whether this subscription shows this row: its viewer may read it (and, for the activity feed,
-    it is activity). The same test subscription_read's query and audience check make, in memory."""
+    it is activity). The same test subscription_read's query and audience check make, in memory.
+    It depends on the viewer's operator flag and actor and on the feed alone: the fan-out hub shares
+    one answer among subscribers alike in those (fanout.Tap.filter_key)."""
     if sub.activity and not activity_match(row["type"], row["data"]):
         return False
     return access.event_readable(sub.viewer, owner_id=row["conversation__owner_id"], audience=row["audience"] or [])
