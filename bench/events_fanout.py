@@ -76,6 +76,18 @@ async def sse_subscriber(client, url, params, headers, ready, done_type, delays,
                     return
 
 
+def procs_cpu(pids: list[int]) -> float:
+    """CPU seconds (user + system) these processes have used, from /proc."""
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
 async def run_daemon(d: Daemon, n: int, words: int, budget: float) -> dict:
     conv = f"bench-{n}-{int(time.time())}"
     headers = {"x-api-key": d.key}
@@ -100,17 +112,29 @@ async def run_daemon(d: Daemon, n: int, words: int, budget: float) -> dict:
                 print(f"    {i + 1}/{n} subscribers connected", flush=True)
         print(f"    all connected in {time.monotonic() - t0:.1f}s; running the turn", flush=True)
         start = time.time()
+        cpu0, client0 = procs_cpu([p.pid for p in d.procs]), time.process_time()
+
+        async def progress():
+            while True:
+                await asyncio.sleep(5)
+                done = sum(1 for t in tasks if t.done())
+                print(f"    {time.time() - start:5.0f}s: {sum(counts):,} events delivered, {done}/{n} "
+                      f"subscribers finished", flush=True)
+        ticker = asyncio.create_task(progress())
         text = "script:slow=0.005|answer=" + " ".join(f"w{i}" for i in range(words))
         await c.post(d.base + "/v1/chat/completions", headers=headers,
                      json={"messages": [{"role": "user", "content": text}], "conversation_id": conv,
                            "user": "alice", "stream": True})
         _done, pending = await asyncio.wait(tasks, timeout=budget)
+        ticker.cancel()
         for t in pending:
             t.cancel()
         elapsed = time.time() - start
+        server_cpu, client_cpu = procs_cpu([p.pid for p in d.procs]) - cpu0, time.process_time() - client0
     per_sub = max(counts) if counts else 0
     return {"delivered": sum(counts), "per_subscriber": per_sub, "complete": sum(1 for x in counts if x == per_sub),
-            "elapsed": elapsed, "delays": delays, "timed_out": len(pending)}
+            "elapsed": elapsed, "delays": delays, "timed_out": len(pending), "server_cpu": server_cpu,
+            "client_cpu": client_cpu}
 
 
 async def run_redis(redis_url: str, n: int, messages: int, pace: float, budget: float) -> dict:
@@ -137,6 +161,7 @@ async def run_redis(redis_url: str, n: int, messages: int, pace: float, budget: 
     tasks = [asyncio.create_task(consume(i, ps)) for i, ps in enumerate(pubsubs)]
     pub = aioredis.Redis.from_url(redis_url)
     start = time.time()
+    cpu0, client0 = redis_cpu(redis_url), time.process_time()
     for k in range(messages):
         await pub.publish(channel, json.dumps({"ts": time.time(), "last": k == messages - 1, "n": k}))
         await asyncio.sleep(pace)
@@ -144,12 +169,14 @@ async def run_redis(redis_url: str, n: int, messages: int, pace: float, budget: 
     for t in pending:
         t.cancel()
     elapsed = time.time() - start
+    server_cpu, client_cpu = redis_cpu(redis_url) - cpu0, time.process_time() - client0
     for ps in pubsubs:
         await ps.aclose()
     for cl in clients + [pub]:
         await cl.aclose()
     return {"delivered": sum(counts), "per_subscriber": messages, "complete": sum(1 for x in counts if x == messages),
-            "elapsed": elapsed, "delays": delays, "timed_out": len(pending)}
+            "elapsed": elapsed, "delays": delays, "timed_out": len(pending), "server_cpu": server_cpu,
+            "client_cpu": client_cpu}
 
 
 def report(label: str, n: int, r: dict) -> None:
@@ -157,7 +184,19 @@ def report(label: str, n: int, r: dict) -> None:
     print(f"  {label:<22} N={n:<5} events/client={r['per_subscriber']:<4} complete={r['complete']}/{n} "
           f"delivered={r['delivered']:<7} {r['delivered'] / max(r['elapsed'], 1e-9):>9.0f} ev/s  "
           f"p50={pct(ms, 50):7.1f} ms  p99={pct(ms, 99):7.1f} ms"
+          + (f"  server CPU={r['server_cpu'] / max(r['delivered'], 1) * 1e6:5.1f} µs/delivery"
+             f"  clients' CPU={r['client_cpu'] / max(r['delivered'], 1) * 1e6:5.1f} µs/delivery"
+             if "server_cpu" in r else "")
           + (f"  ({r['timed_out']} timed out)" if r["timed_out"] else ""), flush=True)
+
+
+def report_ratio(n: int, ugent: dict, relay: dict) -> None:
+    """UGENT's commit-to-client delay over the bare relay's, same run (the issue's target: p99 within 2x)."""
+    a = [x * 1000 for x in ugent["delays"]]
+    b = [x * 1000 for x in relay["delays"]]
+    p50, p99 = pct(a, 50) / max(pct(b, 50), 1e-9), pct(a, 99) / max(pct(b, 99), 1e-9)
+    print(f"  {'UGENT / bare relay':<22} N={n:<5} p50 {p50:.2f}x  p99 {p99:.2f}x"
+          f"  (target: p99 within 2x: {'met' if p99 <= 2 else 'not met'})", flush=True)
 
 
 # --- the wake-up transports alone ------------------------------------------------------------
@@ -449,8 +488,10 @@ def main() -> None:
                     report("UGENT /v1/ugent/events", n, r)
                     msgs = max(1, r["per_subscriber"])
                     try:
+                        print("    the bare Redis pub/sub relay, same N and message count…", flush=True)
                         rr = asyncio.run(run_redis(redis_url, n, msgs, r["elapsed"] / msgs / 2, args.budget))
                         report("bare Redis pub/sub", n, rr)
+                        report_ratio(n, r, rr)
                     except Exception as exc:  # no Redis here: say so, keep the daemon's figures
                         print(f"  bare Redis pub/sub     skipped ({type(exc).__name__}: {exc})", flush=True)
                 if args.only != "daemon":

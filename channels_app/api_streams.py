@@ -2,15 +2,14 @@
 
 The two SSE views are async Django views, as the chat completion view is: a
 stream may stay open for hours and must not hold Django's sync thread. They
-authenticate and render errors exactly as the DRF views do. Every stream read
-goes to the database after a wake-up (channels_app.notify), never to memory.
+authenticate and render errors exactly as the DRF views do. A stream's events come
+from its process's reader of that stream (channels_app.fanout), which reads the database once per
+wake-up for all its subscribers.
 """
 from __future__ import annotations
 
-import time
 
 from asgiref.sync import sync_to_async
-from django.conf import settings
 from django.db import close_old_connections
 from django.http import StreamingHttpResponse
 from django.views import View
@@ -20,11 +19,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from channels_app import api_docs as docs
-from channels_app import events, notify, services, streams
+from channels_app import fanout, services, streams
 from channels_app.access import Viewer
 from channels_app.auth import authenticate_headers
 from channels_app.errors import ApplicationError, error_response, from_drf
-from channels_app.sse import PING
 
 
 class IdentityFields(serializers.Serializer):
@@ -74,11 +72,8 @@ class _StreamView(View):
             sub = await sync_to_async(self._open, thread_sensitive=False)(request)
         except ApplicationError as exc:
             return error_response(exc)
-        if sub.conversation is not None:
-            topic = events.conversation_topic(sub.conversation.pk)
-        else:  # every conversation: the log-wide wake-up every append publishes
-            topic = events.LOG_TOPIC
-        resp = StreamingHttpResponse(sse_body(sub, topic), content_type="text/event-stream; charset=utf-8")
+        # one reader per conversation (or for the whole log) in this process feeds every subscriber
+        resp = StreamingHttpResponse(fanout.sse_body(sub), content_type="text/event-stream; charset=utf-8")
         resp["Cache-Control"] = "no-cache"
         resp["X-Accel-Buffering"] = "no"
         return resp
@@ -98,35 +93,6 @@ class _StreamView(View):
             raw = d.get("cursor")
         return streams.subscription_open(viewer=viewer, raw_cursor=raw, conversation=conversation,
                                          activity=self.activity)
-
-
-def _read(sub: streams.Subscription):
-    streams.db_ready()
-    return streams.subscription_read(sub)
-
-
-async def sse_body(sub: streams.Subscription, topic: str | None):
-    """Frames after the cursor, in order, each once: subscribe first, then always read from the database."""
-    waiter = await notify.subscribe(topic or "ugent:poll")
-    read = sync_to_async(_read, thread_sensitive=False)
-    keepalive = float(settings.UGENT_SSE_KEEPALIVE)
-    idle_since = time.monotonic()
-    try:
-        yield f"retry: {streams.SSE_RETRY_MS}\n\n".encode()
-        while True:
-            frames, more = await read(sub)
-            for frame in frames:
-                yield frame
-            if more:
-                continue
-            if frames:
-                idle_since = time.monotonic()
-            elif time.monotonic() - idle_since >= keepalive:
-                idle_since = time.monotonic()
-                yield PING
-            await waiter.wait(min(keepalive, notify.POLL_INTERVAL))
-    finally:
-        waiter.close()
 
 
 LAST_EVENT_ID = OpenApiParameter("Last-Event-ID", str, OpenApiParameter.HEADER, required=False,

@@ -1,9 +1,9 @@
 """The durable event log read back: who sees what, events after a cursor, gaps, snapshots, stop and steering.
 
-The event log (channels_app.events) is the record; every stream here is a
-query "visible events with id > cursor", run again after each wake-up, so a
-stream served from history and one served live are the same code and cannot
-disagree at the seam. A cursor the log no longer holds is answered with one
+The event log (channels_app.events) is the record; a stream's history is the
+query "visible events with id > cursor", and its live events are the same rows,
+read once per process by its stream's reader (channels_app.fanout) and filtered
+per subscriber in memory by row_visible, the same test the query makes. A cursor the log no longer holds is answered with one
 `ugent.gap` event carrying the conversation's snapshot, and the stream goes
 on from the cursor that snapshot was read at.
 
@@ -107,6 +107,13 @@ def activity_q() -> Q:
     return q
 
 
+def activity_match(event_type: str, data) -> bool:
+    """activity_q() for one row in memory (the fan-out hub filters each subscriber's rows itself)."""
+    if event_type in ACTIVITY_TYPES or event_type.startswith(ACTIVITY_PREFIXES):
+        return True
+    return event_type == "turn.delta" and isinstance(data, dict) and data.get("segment") == "tool"
+
+
 def _iso(dt) -> str | None:
     return dt.isoformat().replace("+00:00", "Z") if dt else None
 
@@ -171,29 +178,65 @@ def gap_frame(sub: Subscription, reason: str) -> bytes:
     return sse_frame(resume, "ugent.gap", payload)
 
 
+def gap_frame_cut_loose(sub: Subscription) -> bytes:
+    """The ugent.gap of a subscriber the fan-out hub cut loose (channels_app.fanout): it fell more than
+    its queue behind. Reason `pruned`, the closest the seed names (pruned, other_store, unknown): the
+    events after its cursor were pruned from its queue, not from the log. So there is nothing to take
+    up (`snapshot` null): the id is its own cursor, and a reconnect with it as Last-Event-ID reads the
+    rest from the log, each event once."""
+    payload = {"id": sub.cursor, "type": "ugent.gap", "reason": GAP_PRUNED,
+               "conversation_id": sub.conversation.external_id if sub.conversation else None,
+               "cursor": sub.cursor, "ts": _iso(timezone.now()), "snapshot": None}
+    return sse_frame(sub.cursor, "ugent.gap", payload)
+
+
+ROW_FIELDS = ("id", "type", "audience", "data", "created_at", "conversation__external_id", "conversation__client_id",
+              "conversation__channel", "conversation__owner_id", "turn__turn_id")
+
+
+def log_rows_after(cursor: int, *, conversation_pk: int | None = None, viewer: Viewer | None = None,
+                   activity: bool = False, limit: int = READ_BATCH) -> list[dict]:
+    """The log's rows after `cursor` (one conversation's, or the whole log's as far as `viewer` owns
+    them; no viewer: all of them), oldest first, before the per-event audience check."""
+    qs = Event.objects.filter(id__gt=cursor)
+    if conversation_pk is not None:
+        qs = qs.filter(conversation_id=conversation_pk)
+    elif viewer is not None:
+        qs = access.events_scope(viewer, qs)
+    if activity:
+        qs = qs.filter(activity_q())
+    return list(qs.order_by("id").values(*ROW_FIELDS)[:limit])
+
+
+def row_visible(sub: Subscription, row: dict) -> bool:
+    """Whether this subscription shows this row: its viewer may read it (and, for the activity feed,
+    it is activity). The same test subscription_read's query and audience check make, in memory.
+    It depends on the viewer's operator flag and actor and on the feed alone: the fan-out hub shares
+    one answer among subscribers alike in those (fanout.Tap.filter_key)."""
+    if sub.activity and not activity_match(row["type"], row["data"]):
+        return False
+    return access.event_readable(sub.viewer, owner_id=row["conversation__owner_id"], audience=row["audience"] or [])
+
+
+def row_frame(row: dict) -> bytes:
+    return sse_frame(row["id"], row["type"], event_payload(row))
+
+
 def subscription_read(sub: Subscription, *, limit: int = READ_BATCH) -> tuple[list[bytes], bool]:
     """The frames after the subscription's cursor that its viewer may see; True when more wait."""
     frames: list[bytes] = []
     if sub.pending_gap:
         reason, sub.pending_gap = sub.pending_gap, None
         frames.append(gap_frame(sub, reason))
-    qs = Event.objects.filter(id__gt=sub.cursor)
-    if sub.conversation is not None:
-        qs = qs.filter(conversation_id=sub.conversation.pk)
-    else:
-        qs = access.events_scope(sub.viewer, qs)
-    if sub.activity:
-        qs = qs.filter(activity_q())
-    rows = list(qs.order_by("id").values(
-        "id", "type", "audience", "data", "created_at", "conversation__external_id", "conversation__client_id",
-        "conversation__channel", "conversation__owner_id", "turn__turn_id")[:limit])
+    rows = log_rows_after(sub.cursor, conversation_pk=sub.conversation.pk if sub.conversation is not None else None,
+                          viewer=sub.viewer, activity=sub.activity, limit=limit)
     # Read after the events: a prune that deleted any of them committed before this read sees it.
     if log_pruned_through() > sub.cursor:
         frames.append(gap_frame(sub, GAP_PRUNED))
         return frames, True
     for row in rows:
         if access.event_readable(sub.viewer, owner_id=row["conversation__owner_id"], audience=row["audience"] or []):
-            frames.append(sse_frame(row["id"], row["type"], event_payload(row)))
+            frames.append(row_frame(row))
     if rows:
         sub.cursor = rows[-1]["id"]
     return frames, len(rows) >= limit

@@ -228,6 +228,8 @@ UGENT_LLM_MODEL = env("UGENT_LLM_MODEL", default="")
 UGENT_METRICS_BIND = env("UGENT_METRICS_BIND", default="")
 # Seconds between SSE keep-alive comment lines.
 UGENT_SSE_KEEPALIVE = env.float("UGENT_SSE_KEEPALIVE", default=15.0)
+# Events an SSE subscriber's queue holds before it is cut loose with a ugent.gap (docs/streams.md).
+UGENT_SSE_SUBSCRIBER_QUEUE = env.int("UGENT_SSE_SUBSCRIBER_QUEUE", default=1000)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["channels_app.auth.ApiKeyAuthentication"],

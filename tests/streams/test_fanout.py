@@ -1,0 +1,272 @@
+"""One reader per stream per process (channels_app.fanout): many subscribers, each event once, in order,
+each subscriber's visibility kept, a slow subscriber cut loose with a ugent.gap, no reader left behind.
+
+Every subscriber here is a real /v1/ugent/events response, iterated on one event loop as one web
+process serves them; events are appended through the real event log and wake readers through notify.
+The 30 s timeouts only keep a broken build from hanging the suite: nothing is timed."""
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+import pytest
+from asgiref.sync import async_to_sync, sync_to_async
+
+from channels_app import fanout, notify, streams
+from channels_app.events import conversation_topic, event_append
+from channels_app.models import Conversation, Event
+from tests.streams.conftest import chat, ident, open_stream
+from tests.support.http import parse_sse
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+GUARD = 30.0  # seconds before a missing frame fails the test instead of hanging it
+
+
+_bodies: list = []
+
+
+@pytest.fixture(autouse=True)
+def _keep_bodies(monkeypatch):
+    """Each stream's own generator (fanout.sse_body's), kept to close it as a server does when its
+    client goes: the test client's wrapper closes only itself, leaving the body to the garbage collector."""
+    real = fanout.sse_body
+
+    def kept(sub):
+        body = real(sub)
+        _bodies.append(body)
+        return body
+    monkeypatch.setattr(fanout, "sse_body", kept)
+    yield
+    _bodies.clear()
+
+
+class Sse:
+    """One open SSE response read frame by frame."""
+
+    def __init__(self, resp):
+        assert resp.status_code == 200, resp.content
+        self.it = resp._iterator
+        self.body = _bodies[-1]
+        self.buf = b""
+        self.frames: deque = deque()
+        self.ended = False
+
+    async def frame(self) -> dict:
+        while not self.frames:
+            try:
+                chunk = await asyncio.wait_for(self.it.__anext__(), GUARD)
+            except StopAsyncIteration:
+                self.ended = True
+                raise
+            self.buf += chunk
+            while b"\n\n" in self.buf:
+                block, self.buf = self.buf.split(b"\n\n", 1)
+                for f in parse_sse(block + b"\n\n"):
+                    if f["event"] is None and f["data"] is None and f["comment"] is None:
+                        continue  # the retry: field
+                    self.frames.append(f)
+        return self.frames.popleft()
+
+    async def event(self) -> dict:
+        while True:
+            f = await self.frame()
+            if f["event"] is not None:
+                return f
+
+    async def caught_up(self) -> None:
+        """Until its first keep-alive: it has read its history and waits on the reader."""
+        while (await self.frame())["comment"] != "ping":
+            pass
+
+    async def close(self) -> None:
+        await self.body.aclose()
+        await self.it.aclose()
+
+
+def _subscribers(who: dict, n: int, **params) -> list[Sse]:
+    return [Sse(open_stream("/v1/ugent/events", who["key"], **ident(who), **params)) for _ in range(n)]
+
+
+def _conversation(who: dict, conversation_id: str) -> Conversation:
+    assert chat(who, "hello", conversation_id=conversation_id).status_code == 200
+    return Conversation.objects.select_related("owner").get(external_id=conversation_id)
+
+
+def _readers(conv_pk: int | None = None) -> list[fanout.Reader]:
+    want = "log" if conv_pk is None else conversation_topic(conv_pk)
+    return [r for r in fanout.hub().readers() if r.key[1] == want]
+
+
+async def _append(conv: Conversation, k: int, audience=None) -> int:
+    return await sync_to_async(event_append)(conversation_id=conv.pk, type="ugent.test", data={"k": k},
+                                             audience=audience)
+
+
+async def _events(s: Sse, n: int) -> list[int]:
+    return [int((await s.event())["id"]) for _ in range(n)]
+
+
+async def _until(s: Sse, last: int) -> list[int]:
+    seen = []
+    while not seen or seen[-1] < last:
+        seen.append(int((await s.event())["id"]))
+    return seen
+
+
+async def _closed(subs: list[Sse]) -> None:
+    for s in subs:
+        if not s.ended:
+            await s.close()
+
+
+def test_fifty_subscribers_on_one_conversation_get_every_event_once_in_order_from_one_reader(tcast, monkeypatch):
+    conv = _conversation(tcast.alice, "c1")
+    subs = _subscribers(tcast.alice, 50, conversation_id="c1", cursor=str(streams.log_head()))
+    own_reads = []
+    real_read = fanout._read
+    monkeypatch.setattr(fanout, "_read", lambda sub: (own_reads.append(sub), real_read(sub))[1])
+
+    async def run():
+        try:
+            await asyncio.gather(*(s.caught_up() for s in subs))
+            (reader,) = _readers(conv.pk)
+            await reader.ready.wait()
+            assert len(reader.taps) == 50
+            batches_before = reader.batches
+            ids = [await _append(conv, k) for k in range(40)]
+            got = await asyncio.gather(*(_events(s, len(ids)) for s in subs))
+            return ids, got, reader.batches - batches_before
+        finally:
+            await _closed(subs)
+
+    ids, got, batches = async_to_sync(run)()
+    assert all(g == ids for g in got)
+    # each subscriber read the log once, for its history; every live event came from the one reader,
+    # which read each commit once (fewer reads when commits came together), never once per subscriber
+    assert len(own_reads) == 50
+    assert 1 <= batches <= len(ids)
+
+
+def test_many_subscribers_on_the_whole_log_each_see_only_what_their_user_may(tcast):
+    a = _conversation(tcast.alice, "ca")
+    b = _conversation(tcast.bob, "cb")
+    head = str(streams.log_head())
+    alices = _subscribers(tcast.alice, 15, cursor=head)
+    bobs = _subscribers(tcast.bob, 15, cursor=head)
+    ops = _subscribers({"key": tcast.keys["operator"]}, 5, cursor=head)
+
+    async def run():
+        try:
+            await asyncio.gather(*(s.caught_up() for s in alices + bobs + ops))
+            (reader,) = _readers(None)
+            await reader.ready.wait()
+            assert len(reader.taps) == 35
+            plan = [(a, None), (a, [a.owner.key]), (a, ["someone-else"]), (b, None), (b, [b.owner.key]),
+                    (a, [b.owner.key]), (b, [a.owner.key]), (a, None), (b, None)]
+            appended = [(await _append(conv, k, audience), conv, audience) for k, (conv, audience) in enumerate(plan)]
+            # each reads to the last event it may see: the stream is in order, so all it may see came before
+            op_seen = await asyncio.gather(*(_until(s, appended[-1][0]) for s in ops))
+            alice_seen = await asyncio.gather(*(_until(s, appended[-2][0]) for s in alices))
+            bob_seen = await asyncio.gather(*(_until(s, appended[-1][0]) for s in bobs))
+            return appended, op_seen, alice_seen, bob_seen
+        finally:
+            await _closed(alices + bobs + ops)
+
+    appended, op_seen, alice_seen, bob_seen = async_to_sync(run)()
+    everyone = [i for i, _c, _a in appended]
+    for_alice = [i for i, c, aud in appended if c.pk == a.pk and (not aud or aud == [a.owner.key])]
+    for_bob = [i for i, c, aud in appended if c.pk == b.pk and (not aud or aud == [b.owner.key])]
+    assert len(for_alice) == 3 and len(for_bob) == 3
+    assert all(s == everyone for s in op_seen)
+    assert all(s == for_alice for s in alice_seen)
+    assert all(s == for_bob for s in bob_seen)
+
+
+def test_a_slow_subscriber_is_cut_loose_with_a_gap_while_the_others_keep_pace(tcast, settings):
+    settings.UGENT_SSE_SUBSCRIBER_QUEUE = 5
+    conv = _conversation(tcast.alice, "c1")
+    start = streams.log_head()
+    fast = _subscribers(tcast.alice, 10, conversation_id="c1", cursor=str(start))
+    (slow,) = _subscribers(tcast.alice, 1, conversation_id="c1", cursor=str(start))
+
+    async def run():
+        try:
+            await asyncio.gather(*(s.caught_up() for s in fast + [slow]))
+            (reader,) = _readers(conv.pk)
+            await reader.ready.wait()
+            assert len(reader.taps) == 11
+            ids, taps_after = [], []
+            # lockstep: each event reaches every fast subscriber before the next is appended, so a
+            # reader held back by the one that reads nothing could not get past its queue's size
+            for k in range(20):
+                ids.append(await _append(conv, k))
+                got = await asyncio.gather(*(s.event() for s in fast))
+                assert [int(f["id"]) for f in got] == [ids[-1]] * 10
+                taps_after.append(len(reader.taps))
+            held = max(t.held for t in reader.taps)
+            # now the slow one reads: its gap, at its own cursor, then the end of its stream
+            gap = await slow.event()
+            with pytest.raises(StopAsyncIteration):
+                await slow.frame()
+            return ids, taps_after, held, gap
+        finally:
+            await _closed(fast + [slow])
+
+    ids, taps_after, held, gap = async_to_sync(run)()
+    # held five, cut loose by the sixth; the ten others were never cut and hold nothing back
+    assert taps_after == [11] * 5 + [10] * 15
+    assert held == 0
+    assert gap["event"] == "ugent.gap" and gap["id"] == str(start)
+    assert gap["data"]["reason"] == "pruned" and gap["data"]["cursor"] == start
+    assert gap["data"]["conversation_id"] == "c1" and gap["data"]["snapshot"] is None
+    assert set(gap["data"]) == {"id", "type", "reason", "conversation_id", "cursor", "ts", "snapshot"}
+    # resuming from the gap's id loses nothing: every event, once, in order
+    again = Sse(open_stream("/v1/ugent/events", tcast.alice["key"], last_event_id=gap["id"],
+                            **ident(tcast.alice), conversation_id="c1"))
+
+    async def resume():
+        try:
+            return [int((await again.event())["id"]) for _ in ids]
+        finally:
+            await again.close()
+    assert async_to_sync(resume)() == ids
+
+
+def test_readers_stop_when_their_last_subscriber_leaves(tcast):
+    conv = _conversation(tcast.alice, "c1")
+    head = str(streams.log_head())
+    on_conv = _subscribers(tcast.alice, 20, conversation_id="c1", cursor=head)
+    on_log = _subscribers(tcast.alice, 5, cursor=head)
+    assert fanout.hub().reader_count() == 0
+
+    async def run():
+        await asyncio.gather(*(s.caught_up() for s in on_conv + on_log))
+        readers = _readers(conv.pk) + _readers(None)
+        counts = [fanout.hub().reader_count(), [len(r.taps) for r in readers]]
+        for s in on_conv[:19] + on_log:
+            await s.close()
+        counts.append(fanout.hub().reader_count())  # the conversation's reader still serves one
+        await on_conv[19].close()
+        await asyncio.gather(*(r.task for r in readers), return_exceptions=True)
+        return counts, readers
+
+    counts, readers = async_to_sync(run)()
+    assert counts == [2, [20, 5], 1]
+    assert fanout.hub().reader_count() == 0
+    assert all(r.task.done() for r in readers)
+    # and their wake-ups are gone from notify: nothing is left to wake
+    with notify._lock:
+        assert conversation_topic(conv.pk) not in notify._waiters and "log" not in notify._waiters
+
+
+def test_the_activity_filter_in_memory_is_the_query_s(tcast):
+    conv = _conversation(tcast.alice, "c1")
+    kinds = [("turn.delta", {"segment": "tool", "tool": {}}), ("turn.steered", {}), ("interaction.asked", {}),
+             ("compaction.done", {}), ("tool.call", {}), ("ugent.tool_result", {}), ("activity.x", {}),
+             ("turn.delta", {"segment": "answer"}), ("turn.completed", {}), ("ugent.citations", {})]
+    ids = [event_append(conversation_id=conv.pk, type=t, data=d) for t, d in kinds]
+    by_query = set(Event.objects.filter(streams.activity_q()).values_list("id", flat=True))
+    in_memory = {e.id for e in Event.objects.all() if streams.activity_match(e.type, e.data)}
+    assert in_memory == by_query
+    assert set(ids[:7]) <= in_memory and not set(ids[7:]) & in_memory
