@@ -86,14 +86,7 @@ class Tap:
         return batch
 
     async def wait(self, timeout: float) -> None:
-        if not self.event.is_set():
-            # a timer, not asyncio.wait_for, as notify.Waiter.wait does: no task per wait
-            timer = asyncio.get_running_loop().call_later(timeout, self.event.set)
-            try:
-                await self.event.wait()
-            finally:
-                timer.cancel()
-        self.event.clear()
+        await notify.event_wait(self.event, timeout)
 
 
 class Reader:

@@ -71,6 +71,22 @@ _redis = None
 _listener_thread: threading.Thread | None = None
 
 
+async def event_wait(event: asyncio.Event, timeout: float) -> None:
+    """Wait until `event` is set or `timeout` passes, then clear it.
+
+    A timer that sets the event, not asyncio.wait_for: wait_for makes a task per wait, which at a
+    thousand readers was most of their CPU (docs/streams.md). The timer is on the loop that waits: a
+    waiter registered from another loop (the chat API's, inside the submitting transaction) may
+    outlive that loop in a test client or a hand-over."""
+    if not event.is_set():
+        timer = asyncio.get_running_loop().call_later(timeout, event.set)
+        try:
+            await event.wait()
+        finally:
+            timer.cancel()
+    event.clear()
+
+
 class Waiter:
     """An asyncio.Event bound to the loop that waits on it, settable from any thread."""
 
@@ -99,17 +115,7 @@ class Waiter:
         return None if plain else batches
 
     async def wait(self, timeout: float = POLL_INTERVAL) -> None:
-        if not self.event.is_set():
-            # a timer that sets the event, not asyncio.wait_for: wait_for makes a task per wait,
-            # which at a thousand readers was most of their CPU (docs/streams.md)
-            # on the loop that waits: a waiter registered from another loop (the chat API's, inside
-            # the submitting transaction) may outlive that loop in a test client or a hand-over
-            timer = asyncio.get_running_loop().call_later(timeout, self.event.set)
-            try:
-                await self.event.wait()
-            finally:
-                timer.cancel()
-        self.event.clear()
+        await event_wait(self.event, timeout)
 
     def close(self) -> None:
         with _lock:
