@@ -488,8 +488,9 @@ class TurnRun:
         the turn's text, put before the newest user message; a turn with disable_code_context gets none."""
         if self.code is None:
             from channels_app.sandbox import directory_confined
-            from plugins_app.agent.code_context import TurnCodeContext
-            disabled = self.turn.disable_code_context
+            from plugins_app.agent.code_context import TurnCodeContext, code_context_conf
+            # off in ugent.toml (the default): no working-directory lookup either, on every turn
+            disabled = self.turn.disable_code_context or not code_context_conf().enabled
             self.code = TurnCodeContext(root=None if disabled else directory_confined(self.turn.conversation),
                                         text=(self.turn.context or {}).get("text", ""), disabled=disabled)
         return self.code.messages(messages)
