@@ -211,7 +211,12 @@ def compaction_due(*, turn: Turn, messages) -> bool:
     budget = getattr(profile, "context_tokens", 0) if profile is not None else 0
     if not budget or turn.disable_memory_write:
         return False
-    return tokens_estimate(messages) > float(settings.UGENT_COMPACT_THRESHOLD) * budget
+    limit = float(settings.UGENT_COMPACT_THRESHOLD) * budget
+    # every counted token is at least one character: a history with fewer characters than the limit
+    # cannot pass it, and most turns' histories are that short (no tokenising on every turn)
+    if sum(len(getattr(m, "content", "") or "") for m in messages) <= limit:
+        return False
+    return tokens_estimate(messages) > limit
 
 
 def turn_compact(*, turn: Turn) -> Compaction:
