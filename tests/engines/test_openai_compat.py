@@ -453,3 +453,34 @@ def test_stream_items_uses_stream_events(engine, stub):
     items = list(stream_items(engine, USER))
     assert items[0] == StreamItem(THINKING, "r")
     assert "".join(i.text for i in kinds(items, ANSWER)) == DEFAULT_ANSWER
+
+
+# -- cookies ---------------------------------------------------------------------------
+
+def test_a_cookie_the_upstream_sets_is_sent_back(engine, stub):
+    """A load balancer's affinity cookie still works: the store skips only responses without Set-Cookie."""
+    stub.script = Script(headers=["Set-Cookie: lb=node-2; Path=/"])
+    engine.continue_chat(USER)
+    assert "cookie" not in stub.requests[-1].headers
+    stub.script = Script()
+    engine.continue_chat(USER)
+    assert stub.requests[-1].headers.get("cookie") == "lb=node-2"
+    engine.continue_chat(USER)  # a response without Set-Cookie keeps what was set
+    assert stub.requests[-1].headers.get("cookie") == "lb=node-2"
+
+
+def test_a_response_without_set_cookie_costs_no_cookie_parsing(engine, stub, monkeypatch):
+    """httpx would build two urllib objects per response to look for Set-Cookie (11% of the daemon's
+    Python time per turn); the engine's store skips that when the header is absent. Counts the stock
+    extraction, so an httpx that stops reading the store this way fails here."""
+    import http.cookiejar
+    calls = []
+    real = http.cookiejar.CookieJar.extract_cookies
+    monkeypatch.setattr(http.cookiejar.CookieJar, "extract_cookies",
+                        lambda self, *a: (calls.append(1), real(self, *a))[1])
+    engine.continue_chat(USER)
+    list(engine.stream_events(USER))
+    assert calls == []
+    stub.script = Script(headers=["Set-Cookie: lb=node-1; Path=/"])
+    engine.continue_chat(USER)
+    assert calls == [1]

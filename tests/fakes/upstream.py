@@ -75,6 +75,7 @@ class Script:
     ignore_stream: answer a ``"stream": true`` request with one JSON completion,
         as some servers do.
     model: the model reported back (default: the model requested).
+    headers: extra response header lines, e.g. ``"Set-Cookie: lb=a; Path=/"``.
     """
 
     answer: Optional[str] = None
@@ -97,6 +98,7 @@ class Script:
     finish_reason: Optional[str] = None
     ignore_stream: bool = False
     model: Optional[str] = None
+    headers: Sequence[str] = ()
 
     def answer_tokens(self) -> List[str]:
         if self.tokens is not None:
@@ -266,11 +268,12 @@ class _Conn(asyncio.Protocol):
         return None
 
     def write_response(self, status: int, body: bytes, *, close: bool = False,
-                       content_type: str = "application/json"):
+                       content_type: str = "application/json", headers: Sequence[str] = ()):
         if self.lost:
             return
         head = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}\r\n"
                 f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
+                + "".join(h + "\r\n" for h in headers) +
                 f"{'Connection: close' if close else 'Connection: keep-alive'}\r\n\r\n")
         self.transport.write(head.encode("latin-1") + body)
         if close:
@@ -476,13 +479,14 @@ class StubUpstream:
         model = script.model or req.get("model") or DEFAULT_MODEL
         if not req.get("stream") or script.ignore_stream:
             rec.finished = True
-            conn.write_response(200, self._completion(script, model), close=close)
+            conn.write_response(200, self._completion(script, model), close=close, headers=script.headers)
             return None
         events = self._stream_events(script, model, req)
         if script.delay > 0 or script.drop_after is not None:
             return self._stream_slowly(conn, rec, events, script, close)
         body = b"".join(_chunk(e) for e in events)
-        conn.transport.write(_STREAM_HEAD + (b"Connection: close\r\n\r\n" if close else b"\r\n")
+        conn.transport.write(_STREAM_HEAD + "".join(h + "\r\n" for h in script.headers).encode("latin-1")
+                             + (b"Connection: close\r\n\r\n" if close else b"\r\n")
                              + body + b"0\r\n\r\n")
         rec.events_sent = len(events)
         rec.finished = True
