@@ -57,11 +57,16 @@ def _known_secrets() -> Iterable[str]:
         yield from list(_extra_secrets)
 
 
-def redact(text: str) -> str:
-    """``text`` with every known secret and every key-shaped token replaced by ``[redacted]``."""
+def _secrets_longest_first() -> list[str]:
+    return sorted(set(_known_secrets()), key=len, reverse=True)
+
+
+def redact(text: str, secrets: list[str] | None = None) -> str:
+    """``text`` with every known secret and every key-shaped token replaced by ``[redacted]``.
+    ``secrets``: the known secrets, longest first, when the caller redacts several texts at once."""
     if not text:
         return text
-    for secret in sorted(set(_known_secrets()), key=len, reverse=True):
+    for secret in _secrets_longest_first() if secrets is None else secrets:
         if secret in text:
             text = text.replace(secret, REDACTED)
     return _SHAPES.sub(lambda m: ("Bearer " if m.group(0)[:6].lower() == "bearer" else "") + REDACTED, text)
@@ -75,16 +80,17 @@ class RedactSecrets(logging.Filter):
             message = record.getMessage()
         except Exception:
             return True
-        clean = redact(message)
+        secrets = _secrets_longest_first()  # once a record, not once a field (the request line has seven)
+        clean = redact(message, secrets)
         if clean != message or record.args:
             record.msg, record.args = clean, ()
         for key, value in list(vars(record).items()):
             if key not in _STANDARD and isinstance(value, str):
-                setattr(record, key, redact(value))
+                setattr(record, key, redact(value, secrets))
         if record.exc_info and not record.exc_text:
-            record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+            record.exc_text = redact(logging.Formatter().formatException(record.exc_info), secrets)
         elif record.exc_text:
-            record.exc_text = redact(record.exc_text)
+            record.exc_text = redact(record.exc_text, secrets)
         return True
 
 
