@@ -101,10 +101,15 @@ class Tally:
         self.counts = [0] * n
         self.ts: list[float] = []
         self.sizes: list[int] = []
+        self.first: dict[float, float] = {}  # per event (by its ts): its first and last arrival
+        self.last: dict[float, float] = {}
 
     def got(self, idx: int, ts: float, now: float, size: int = 0) -> None:
         self.delays.append(now - ts)
         self.counts[idx] += 1
+        if ts not in self.first:
+            self.first[ts] = now
+        self.last[ts] = now
         if idx == 0:
             self.ts.append(ts)
             self.sizes.append(size)
@@ -333,13 +338,16 @@ async def run_daemon(d: Daemon, n: int, words: int, budget: float, clients: str 
             request = (f"GET /v1/ugent/events?{httpx.QueryParams(params)} HTTP/1.1\r\nHost: {host}:{port}\r\n"
                        f"x-api-key: {d.key}\r\nAccept: text/event-stream\r\n\r\n").encode()
             protos = []
-            for i in range(n):
-                _t, proto = await loop.create_connection(lambda i=i: LeanSse(request, tally, i, "turn.completed"),
+
+            async def connect(i):
+                _t, proto = await loop.create_connection(lambda: LeanSse(request, tally, i, "turn.completed"),
                                                          host, port)
-                protos.append(proto)
                 await asyncio.wait_for(proto.ready, timeout=budget)
-                if (i + 1) % max(1, n // 5) == 0:
-                    print(f"    {i + 1}/{n} subscribers connected", flush=True)
+                return proto
+            for lo in range(0, n, 50):  # fifty at a time: the server's backlog and the bench's patience
+                protos += await asyncio.gather(*(connect(i) for i in range(lo, min(n, lo + 50))))
+                if len(protos) % max(1, n // 5) < 50:
+                    print(f"    {len(protos)}/{n} subscribers connected", flush=True)
             tasks = [asyncio.ensure_future(p.done) for p in protos]
         else:
             ready = asyncio.Semaphore(0)
@@ -382,7 +390,7 @@ async def run_daemon(d: Daemon, n: int, words: int, budget: float, clients: str 
     size = int(statistics.mean(tally.sizes)) if tally.sizes else 300
     return {"delivered": sum(counts), "per_subscriber": per_sub, "complete": sum(1 for x in counts if x == per_sub),
             "elapsed": elapsed, "delays": tally.delays, "timed_out": len(pending), "server_cpu": server_cpu,
-            "client_cpu": client_cpu, "pace": pace, "size": size}
+            "client_cpu": client_cpu, "pace": pace, "size": size, **spread(tally)}
 
 
 def relay_message(k: int, last: bool, size: int) -> bytes:
@@ -402,11 +410,13 @@ async def run_redis(redis_url: str, n: int, messages: int, pace: float, budget: 
     clients_list, pubsubs, protos = [], [], []
     if clients == "lean":
         url = urlparse(redis_url)
-        for i in range(n):
-            _t, proto = await loop.create_connection(lambda i=i: LeanRedisSub(channel.encode(), tally, i),
+        async def connect(i):
+            _t, proto = await loop.create_connection(lambda: LeanRedisSub(channel.encode(), tally, i),
                                                      url.hostname or "127.0.0.1", url.port or 6379)
             await asyncio.wait_for(proto.ready, timeout=budget)
-            protos.append(proto)
+            return proto
+        for lo in range(0, n, 50):
+            protos += await asyncio.gather(*(connect(i) for i in range(lo, min(n, lo + 50))))
         tasks = [asyncio.ensure_future(p.done) for p in protos]
     else:
         clients_list = [aioredis.Redis.from_url(redis_url) for _ in range(n)]
@@ -444,7 +454,14 @@ async def run_redis(redis_url: str, n: int, messages: int, pace: float, budget: 
         p.transport.close()
     return {"delivered": sum(tally.counts), "per_subscriber": messages,
             "complete": sum(1 for x in tally.counts if x == messages), "elapsed": elapsed, "delays": tally.delays,
-            "timed_out": len(pending), "server_cpu": server_cpu, "client_cpu": client_cpu}
+            "timed_out": len(pending), "server_cpu": server_cpu, "client_cpu": client_cpu, **spread(tally)}
+
+
+def spread(tally: Tally) -> dict:
+    """Per event: commit to its first client (the path before the fan-out), and first to last client
+    (the fan-out itself)."""
+    return {"to_first": [first - ts for ts, first in tally.first.items()],
+            "spread": [tally.last[ts] - first for ts, first in tally.first.items()]}
 
 
 def report(label: str, n: int, r: dict) -> None:
@@ -456,6 +473,10 @@ def report(label: str, n: int, r: dict) -> None:
              f"  clients' CPU={r['client_cpu'] / max(r['delivered'], 1) * 1e6:5.1f} µs/delivery"
              if "server_cpu" in r else "")
           + (f"  ({r['timed_out']} timed out)" if r["timed_out"] else ""), flush=True)
+    if r.get("to_first"):
+        first, spread_ms = [x * 1000 for x in r["to_first"]], [x * 1000 for x in r["spread"]]
+        print(f"  {'':<22} per event: to its first client p50={pct(first, 50):7.1f} ms p99={pct(first, 99):7.1f} ms;"
+              f" first to last client p50={pct(spread_ms, 50):7.1f} ms p99={pct(spread_ms, 99):7.1f} ms", flush=True)
 
 
 def report_ratio(n: int, ugent: dict, relay: dict) -> None:
