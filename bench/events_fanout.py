@@ -3,12 +3,25 @@ and the wake-up transports compared: channels_app.notify against the Django Chan
 
     .venv/bin/python bench/events_fanout.py [--subscribers 100 1000] [--words 200] [--budget 90]
                                             [--events 200] [--pace 0.005] [--only daemon|transports]
+                                            [--clients lean|library] [--profile DIR]
 
 Starts the real daemon (embedded; servers mode when REDIS_URL is set, as the tests do), opens N
 subscribers on /v1/ugent/events for one conversation, runs one scripted turn that streams --words
 answer tokens, and reports events per second delivered and the p50/p99 delay from the event's commit
 (its `ts`) to its arrival at a client. The same N subscribers on a bare Redis pub/sub channel, fed the
-same number of messages at the same pace, are measured in the same run.
+same number of messages, of the same size, at the pace the turn's events committed, are measured
+in the same run.
+
+Both sides' clients run in this one process, so they must cost alike or the comparison measures
+the clients. `--clients lean` (the default): each SSE subscriber and each relay subscriber is an
+asyncio.Protocol on its own socket, parsing what arrives in data_received (HTTP/1.1 chunked framing
+and SSE frames on one side, RESP on the other), then the same json.loads and ISO timestamp parse
+per message on both sides, with no task per subscriber. `--clients library`: httpx streams
+(aiter_lines) and redis-py pub/sub (listen), a task per subscriber, as this bench used before; the
+relay's redis-py client then cost about twice the CPU per message of the httpx one, so that
+baseline was slower than Redis. `--profile DIR` records the daemon's processes with py-spy
+(`--gil`, raw collapsed stacks, one file per process) while the turn runs, and prints where their
+samples went.
 
 Then, for the same N, the transports alone (no HTTP, no database): N subscribers on one topic in
 this process's event loop, as one web process holds them, woken by --events events sent --pace
@@ -33,12 +46,15 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
+from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -59,7 +75,8 @@ def ts_of(iso: str) -> float:
     return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
-async def sse_subscriber(client, url, params, headers, ready, done_type, delays, counts, idx):
+async def sse_subscriber(client, url, params, headers, ready, done_type, tally, idx):
+    """--clients library: one httpx stream, read line by line in its own task."""
     async with client.stream("GET", url, params=params, headers=headers) as resp:
         ready.release()
         data = None
@@ -69,11 +86,163 @@ async def sse_subscriber(client, url, params, headers, ready, done_type, delays,
             elif line == "" and data is not None:
                 now = time.time()
                 ev = json.loads(data)
-                delays.append(now - ts_of(ev["ts"]))
-                counts[idx] += 1
+                tally.got(idx, ts_of(ev["ts"]), now, len(data))
                 data = None
                 if ev["type"] == done_type:
                     return
+
+
+class Tally:
+    """What the subscribers of one run received: delays, counts, and the first subscriber's events'
+    commit times and sizes (the relay is fed at that pace, with messages of that size)."""
+
+    def __init__(self, n: int):
+        self.delays: list[float] = []
+        self.counts = [0] * n
+        self.ts: list[float] = []
+        self.sizes: list[int] = []
+        self.first: dict[float, float] = {}  # per event (by its ts): its first and last arrival
+        self.last: dict[float, float] = {}
+
+    def got(self, idx: int, ts: float, now: float, size: int = 0) -> None:
+        self.delays.append(now - ts)
+        self.counts[idx] += 1
+        if ts not in self.first:
+            self.first[ts] = now
+        self.last[ts] = now
+        if idx == 0:
+            self.ts.append(ts)
+            self.sizes.append(size)
+
+
+class LeanSse(asyncio.Protocol):
+    """One SSE subscriber on its own socket, parsed in data_received: HTTP/1.1 head, chunked framing,
+    SSE frames; per event one json.loads and one ISO timestamp parse, as the relay's client does."""
+
+    def __init__(self, request: bytes, tally: Tally, idx: int, done_type: str):
+        loop = asyncio.get_running_loop()
+        self.request, self.tally, self.idx, self.done_type = request, tally, idx, done_type.encode()
+        self.ready, self.done = loop.create_future(), loop.create_future()
+        self.head, self.chunked, self.raw, self.text = True, False, b"", b""
+
+    def connection_made(self, transport):
+        self.transport = transport
+        transport.write(self.request)
+
+    def connection_lost(self, exc):
+        for f in (self.ready, self.done):
+            if not f.done():
+                f.set_exception(ConnectionError(f"stream closed ({exc})"))
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.raw + data
+        if self.head:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                self.raw = buf
+                return
+            head = buf[:end].lower()
+            if not head.startswith((b"http/1.1 200", b"http/1.0 200")):
+                self.ready.set_exception(RuntimeError(buf[:end].decode(errors="replace")))
+                self.transport.close()
+                return
+            self.chunked = b"transfer-encoding: chunked" in head
+            self.head, buf = False, buf[end + 4:]
+            self.ready.set_result(None)
+        if self.chunked:
+            parts, pos = [], 0
+            while True:
+                nl = buf.find(b"\r\n", pos)
+                if nl < 0:
+                    break
+                size = int(buf[pos:nl].split(b";", 1)[0], 16)
+                if len(buf) < nl + 4 + size:
+                    break
+                parts.append(buf[nl + 2:nl + 2 + size])
+                pos = nl + 4 + size
+            self.raw = buf[pos:]
+            text = self.text + b"".join(parts)
+        else:
+            self.raw, text = b"", self.text + buf
+        *frames, self.text = text.split(b"\n\n")
+        if not frames:
+            return
+        now = time.time()
+        for frame in frames:
+            at = frame.find(b"data: ")
+            if at < 0:
+                continue  # retry: or a keep-alive
+            end = frame.find(b"\n", at)
+            data = frame[at + 6:] if end < 0 else frame[at + 6:end]
+            ev = json.loads(data)
+            self.tally.got(self.idx, ts_of(ev["ts"]), now, len(frame) + 2)
+            if ev["type"].encode() == self.done_type and not self.done.done():
+                self.done.set_result(None)
+                self.transport.close()
+                return
+
+
+def resp_command(*parts: bytes) -> bytes:
+    return b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
+
+
+class LeanRedisSub(asyncio.Protocol):
+    """One relay subscriber: SUBSCRIBE on its own socket, RESP parsed in data_received; per message the
+    same json.loads and ISO timestamp parse as an SSE subscriber's."""
+
+    def __init__(self, channel: bytes, tally: Tally, idx: int):
+        loop = asyncio.get_running_loop()
+        self.channel, self.tally, self.idx = channel, tally, idx
+        self.ready, self.done = loop.create_future(), loop.create_future()
+        self.buf = b""
+
+    def connection_made(self, transport):
+        self.transport = transport
+        transport.write(resp_command(b"SUBSCRIBE", self.channel))
+
+    def connection_lost(self, exc):
+        for f in (self.ready, self.done):
+            if not f.done():
+                f.set_exception(ConnectionError(f"relay connection closed ({exc})"))
+
+    def data_received(self, data: bytes) -> None:
+        buf, pos, now = self.buf + data, 0, None
+        while True:
+            msg, end = resp_array(buf, pos)
+            if msg is None:
+                break
+            pos = end
+            if msg[0] == b"subscribe" and not self.ready.done():
+                self.ready.set_result(None)
+            elif msg[0] == b"message":
+                now = now or time.time()
+                body = json.loads(msg[2])
+                self.tally.got(self.idx, ts_of(body["ts"]), now)
+                if body["last"] and not self.done.done():
+                    self.done.set_result(None)
+        self.buf = buf[pos:]
+
+
+def resp_array(buf: bytes, pos: int):
+    """One RESP array of bulk strings and integers at `pos` (what pub/sub sends), or (None, pos)."""
+    nl = buf.find(b"\r\n", pos)
+    if nl < 0:
+        return None, pos
+    count, at, items = int(buf[pos + 1:nl]), nl + 2, []
+    for _ in range(count):
+        nl = buf.find(b"\r\n", at)
+        if nl < 0:
+            return None, pos
+        if buf[at:at + 1] == b":":
+            items.append(int(buf[at + 1:nl]))
+            at = nl + 2
+            continue
+        size = int(buf[at + 1:nl])
+        if len(buf) < nl + 4 + size:
+            return None, pos
+        items.append(buf[nl + 2:nl + 2 + size])
+        at = nl + 4 + size
+    return items, at
 
 
 def procs_cpu(pids: list[int]) -> float:
@@ -88,9 +257,72 @@ def procs_cpu(pids: list[int]) -> float:
     return total
 
 
-async def run_daemon(d: Daemon, n: int, words: int, budget: float) -> dict:
+class Profiler:
+    """py-spy on the daemon's processes while the turn runs (--profile DIR): raw collapsed stacks."""
+
+    def __init__(self, out_dir: str | None, pids: list[int], label: str):
+        self.procs, self.files = [], []
+        if not out_dir:
+            return
+        spy = Path(sys.executable).with_name("py-spy")
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        for pid in pids:
+            out = Path(out_dir) / f"{label}-{pid}.txt"
+            self.files.append(out)
+            self.procs.append(subprocess.Popen(
+                [str(spy), "record", "--pid", str(pid), "--gil", "--threads", "--nonblocking", "--rate", "250",
+                 "--format", "raw", "--output", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        time.sleep(1.0)  # py-spy attaches
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.send_signal(signal.SIGINT)
+        for p in self.procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        for f in self.files:
+            if f.exists():
+                profile_summary(f)
+
+
+def profile_summary(path: Path, top: int = 22) -> None:
+    """Samples per thread, and the functions most often on the stack (inclusive) and on top (self)."""
+    threads: dict[str, int] = {}
+    inclusive: dict[str, int] = {}
+    leaf: dict[str, int] = {}
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        k = int(count)
+        frames = stack.split(";")
+        total += k
+        threads[frames[0]] = threads.get(frames[0], 0) + k
+        names = [f.split(" (")[0] + " (" + f.rsplit("/", 1)[-1] if " (" in f else f for f in frames[1:]]
+        for name in set(names):
+            inclusive[name] = inclusive.get(name, 0) + k
+        if names:
+            leaf[names[-1]] = leaf.get(names[-1], 0) + k
+    print(f"    profile {path.name}: {total} samples holding the GIL", flush=True)
+    for name, k in sorted(threads.items(), key=lambda x: -x[1])[:6]:
+        print(f"      thread {name[:60]:<60} {100 * k / max(total, 1):5.1f}%", flush=True)
+    print("      on the stack (inclusive):", flush=True)
+    for name, k in sorted(inclusive.items(), key=lambda x: -x[1])[:top]:
+        print(f"        {100 * k / max(total, 1):5.1f}%  {name[:110]}", flush=True)
+    print("      on top (self):", flush=True)
+    for name, k in sorted(leaf.items(), key=lambda x: -x[1])[:top]:
+        print(f"        {100 * k / max(total, 1):5.1f}%  {name[:110]}", flush=True)
+
+
+async def run_daemon(d: Daemon, n: int, words: int, budget: float, clients: str = "lean",
+                     profile: str | None = None) -> dict:
     conv = f"bench-{n}-{int(time.time())}"
     headers = {"x-api-key": d.key}
+    loop = asyncio.get_running_loop()
+    tally = Tally(n)
     async with httpx.AsyncClient(timeout=httpx.Timeout(budget, connect=30),
                                  limits=httpx.Limits(max_connections=n + 10, max_keepalive_connections=0)) as c:
         # the conversation must exist before anyone subscribes to it
@@ -100,17 +332,34 @@ async def run_daemon(d: Daemon, n: int, words: int, budget: float) -> dict:
         snap = (await c.get(d.base + "/v1/ugent/conversation/snapshot", headers=headers,
                             params={"conversation_id": conv, "user": "alice"})).json()
         params = {"conversation_id": conv, "user": "alice", "cursor": str(snap["cursor"])}
-        delays: list[float] = []
-        counts = [0] * n
-        ready = asyncio.Semaphore(0)
-        tasks = [asyncio.create_task(sse_subscriber(c, d.base + "/v1/ugent/events", params, headers, ready,
-                                                    "turn.completed", delays, counts, i)) for i in range(n)]
         t0 = time.monotonic()
-        for i in range(n):
-            await asyncio.wait_for(ready.acquire(), timeout=budget)
-            if (i + 1) % max(1, n // 5) == 0:
-                print(f"    {i + 1}/{n} subscribers connected", flush=True)
+        if clients == "lean":
+            host, port = "127.0.0.1", d.port
+            request = (f"GET /v1/ugent/events?{httpx.QueryParams(params)} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                       f"x-api-key: {d.key}\r\nAccept: text/event-stream\r\n\r\n").encode()
+            protos = []
+
+            async def connect(i):
+                _t, proto = await loop.create_connection(lambda: LeanSse(request, tally, i, "turn.completed"),
+                                                         host, port)
+                await asyncio.wait_for(proto.ready, timeout=budget)
+                return proto
+            for lo in range(0, n, 50):  # fifty at a time: the server's backlog and the bench's patience
+                protos += await asyncio.gather(*(connect(i) for i in range(lo, min(n, lo + 50))))
+                if len(protos) % max(1, n // 5) < 50:
+                    print(f"    {len(protos)}/{n} subscribers connected", flush=True)
+            tasks = [asyncio.ensure_future(p.done) for p in protos]
+        else:
+            ready = asyncio.Semaphore(0)
+            tasks = [asyncio.create_task(sse_subscriber(c, d.base + "/v1/ugent/events", params, headers, ready,
+                                                        "turn.completed", tally, i)) for i in range(n)]
+            for i in range(n):
+                await asyncio.wait_for(ready.acquire(), timeout=budget)
+                if (i + 1) % max(1, n // 5) == 0:
+                    print(f"    {i + 1}/{n} subscribers connected", flush=True)
         print(f"    all connected in {time.monotonic() - t0:.1f}s; running the turn", flush=True)
+        await asyncio.sleep(0.5)  # the streams have read their (empty) history and wait on the reader
+        spy = Profiler(profile, [p.pid for p in d.procs], f"{'servers' if d.servers else 'embedded'}-{n}")
         start = time.time()
         cpu0, client0 = procs_cpu([p.pid for p in d.procs]), time.process_time()
 
@@ -118,7 +367,7 @@ async def run_daemon(d: Daemon, n: int, words: int, budget: float) -> dict:
             while True:
                 await asyncio.sleep(5)
                 done = sum(1 for t in tasks if t.done())
-                print(f"    {time.time() - start:5.0f}s: {sum(counts):,} events delivered, {done}/{n} "
+                print(f"    {time.time() - start:5.0f}s: {sum(tally.counts):,} events delivered, {done}/{n} "
                       f"subscribers finished", flush=True)
         ticker = asyncio.create_task(progress())
         text = "script:slow=0.005|answer=" + " ".join(f"w{i}" for i in range(words))
@@ -131,39 +380,66 @@ async def run_daemon(d: Daemon, n: int, words: int, budget: float) -> dict:
             t.cancel()
         elapsed = time.time() - start
         server_cpu, client_cpu = procs_cpu([p.pid for p in d.procs]) - cpu0, time.process_time() - client0
+        spy.stop()
+        if clients == "lean":
+            for p in protos:
+                p.transport.close()
+    counts = tally.counts
     per_sub = max(counts) if counts else 0
+    pace = (tally.ts[-1] - tally.ts[0]) / max(1, len(tally.ts) - 1) if len(tally.ts) > 1 else 0.005
+    size = int(statistics.mean(tally.sizes)) if tally.sizes else 300
     return {"delivered": sum(counts), "per_subscriber": per_sub, "complete": sum(1 for x in counts if x == per_sub),
-            "elapsed": elapsed, "delays": delays, "timed_out": len(pending), "server_cpu": server_cpu,
-            "client_cpu": client_cpu}
+            "elapsed": elapsed, "delays": tally.delays, "timed_out": len(pending), "server_cpu": server_cpu,
+            "client_cpu": client_cpu, "pace": pace, "size": size, **spread(tally)}
 
 
-async def run_redis(redis_url: str, n: int, messages: int, pace: float, budget: float) -> dict:
+def relay_message(k: int, last: bool, size: int) -> bytes:
+    """A relay message shaped as an event's data line (an ISO `ts`), padded to the SSE frame's size."""
+    body = {"id": k, "type": "turn.delta", "ts": datetime.now().astimezone().isoformat(), "last": last, "pad": ""}
+    raw = json.dumps(body, separators=(",", ":"))
+    body["pad"] = "x" * max(0, size - len(raw))
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+async def run_redis(redis_url: str, n: int, messages: int, pace: float, budget: float, clients: str = "lean",
+                    size: int = 300) -> dict:
     import redis.asyncio as aioredis
     channel = f"bench:fanout:{os.getpid()}:{n}"
-    delays: list[float] = []
-    counts = [0] * n
-    clients = [aioredis.Redis.from_url(redis_url) for _ in range(n)]
-    pubsubs = []
-    for cl in clients:
-        ps = cl.pubsub()
-        await ps.subscribe(channel)
-        pubsubs.append(ps)
+    tally = Tally(n)
+    loop = asyncio.get_running_loop()
+    clients_list, pubsubs, protos = [], [], []
+    if clients == "lean":
+        url = urlparse(redis_url)
+        async def connect(i):
+            _t, proto = await loop.create_connection(lambda: LeanRedisSub(channel.encode(), tally, i),
+                                                     url.hostname or "127.0.0.1", url.port or 6379)
+            await asyncio.wait_for(proto.ready, timeout=budget)
+            return proto
+        for lo in range(0, n, 50):
+            protos += await asyncio.gather(*(connect(i) for i in range(lo, min(n, lo + 50))))
+        tasks = [asyncio.ensure_future(p.done) for p in protos]
+    else:
+        clients_list = [aioredis.Redis.from_url(redis_url) for _ in range(n)]
+        for cl in clients_list:
+            ps = cl.pubsub()
+            await ps.subscribe(channel)
+            pubsubs.append(ps)
 
-    async def consume(i, ps):
-        async for msg in ps.listen():
-            if msg["type"] != "message":
-                continue
-            body = json.loads(msg["data"])
-            delays.append(time.time() - body["ts"])
-            counts[i] += 1
-            if body["last"]:
-                return
-    tasks = [asyncio.create_task(consume(i, ps)) for i, ps in enumerate(pubsubs)]
+        async def consume(i, ps):
+            async for msg in ps.listen():
+                if msg["type"] != "message":
+                    continue
+                body = json.loads(msg["data"])
+                tally.got(i, ts_of(body["ts"]), time.time())
+                if body["last"]:
+                    return
+        tasks = [asyncio.create_task(consume(i, ps)) for i, ps in enumerate(pubsubs)]
     pub = aioredis.Redis.from_url(redis_url)
+    await pub.ping()
     start = time.time()
     cpu0, client0 = redis_cpu(redis_url), time.process_time()
     for k in range(messages):
-        await pub.publish(channel, json.dumps({"ts": time.time(), "last": k == messages - 1, "n": k}))
+        await pub.publish(channel, relay_message(k, k == messages - 1, size))
         await asyncio.sleep(pace)
     _done, pending = await asyncio.wait(tasks, timeout=budget)
     for t in pending:
@@ -172,11 +448,20 @@ async def run_redis(redis_url: str, n: int, messages: int, pace: float, budget: 
     server_cpu, client_cpu = redis_cpu(redis_url) - cpu0, time.process_time() - client0
     for ps in pubsubs:
         await ps.aclose()
-    for cl in clients + [pub]:
+    for cl in clients_list + [pub]:
         await cl.aclose()
-    return {"delivered": sum(counts), "per_subscriber": messages, "complete": sum(1 for x in counts if x == messages),
-            "elapsed": elapsed, "delays": delays, "timed_out": len(pending), "server_cpu": server_cpu,
-            "client_cpu": client_cpu}
+    for p in protos:
+        p.transport.close()
+    return {"delivered": sum(tally.counts), "per_subscriber": messages,
+            "complete": sum(1 for x in tally.counts if x == messages), "elapsed": elapsed, "delays": tally.delays,
+            "timed_out": len(pending), "server_cpu": server_cpu, "client_cpu": client_cpu, **spread(tally)}
+
+
+def spread(tally: Tally) -> dict:
+    """Per event: commit to its first client (the path before the fan-out), and first to last client
+    (the fan-out itself)."""
+    return {"to_first": [first - ts for ts, first in tally.first.items()],
+            "spread": [tally.last[ts] - first for ts, first in tally.first.items()]}
 
 
 def report(label: str, n: int, r: dict) -> None:
@@ -188,6 +473,10 @@ def report(label: str, n: int, r: dict) -> None:
              f"  clients' CPU={r['client_cpu'] / max(r['delivered'], 1) * 1e6:5.1f} µs/delivery"
              if "server_cpu" in r else "")
           + (f"  ({r['timed_out']} timed out)" if r["timed_out"] else ""), flush=True)
+    if r.get("to_first"):
+        first, spread_ms = [x * 1000 for x in r["to_first"]], [x * 1000 for x in r["spread"]]
+        print(f"  {'':<22} per event: to its first client p50={pct(first, 50):7.1f} ms p99={pct(first, 99):7.1f} ms;"
+              f" first to last client p50={pct(spread_ms, 50):7.1f} ms p99={pct(spread_ms, 99):7.1f} ms", flush=True)
 
 
 def report_ratio(n: int, ugent: dict, relay: dict) -> None:
@@ -458,6 +747,50 @@ def run_transports(servers: bool, redis_url: str, n: int, events: int, pace: flo
             base = r
 
 
+def daemon_at(root: str | None, tmp: Path) -> Daemon:
+    """A daemon of this checkout, or (--baseline-root) of another one: the same bench, the other code."""
+    import tests.support.daemon as support
+    saved = support.ROOT
+    if root:
+        support.ROOT = Path(root).resolve()
+    try:
+        d = Daemon(tmp)
+        d.env["UGENT_STATIC_ROOT"] = str(saved / "var" / "test-static")  # collectstatic writes only here
+        d.start()
+    finally:
+        support.ROOT = saved
+    return d
+
+
+def run_pair(label: str, d: Daemon, n: int, args, redis_url: str) -> dict | None:
+    """UGENT's subscribers, then the bare relay with the same N, message count, size and pace."""
+    r = asyncio.run(run_daemon(d, n, args.words, args.budget, args.clients, args.profile))
+    report(label, n, r)
+    msgs = max(1, r["per_subscriber"])
+    try:
+        print(f"    the bare Redis pub/sub relay: {msgs} messages of {r['size']} bytes, "
+              f"{r['pace'] * 1000:.2f} ms apart (the turn's commit pace)…", flush=True)
+        rr = asyncio.run(run_redis(redis_url, n, msgs, r["pace"], args.budget, args.clients, r["size"]))
+        report("bare Redis pub/sub", n, rr)
+        report_ratio(n, r, rr)
+        return {"ugent": r, "relay": rr}
+    except Exception as exc:  # no Redis here: say so, keep the daemon's figures
+        print(f"  bare Redis pub/sub     skipped ({type(exc).__name__}: {exc})", flush=True)
+        return None
+
+
+def summary(n: int, label: str, pairs: list[dict]) -> None:
+    if len(pairs) < 2:
+        return
+    p99 = [pct([x * 1000 for x in p["ugent"]["delays"]], 99) / max(pct([x * 1000 for x in p["relay"]["delays"]], 99),
+                                                                    1e-9) for p in pairs]
+    p50 = [pct([x * 1000 for x in p["ugent"]["delays"]], 50) / max(pct([x * 1000 for x in p["relay"]["delays"]], 50),
+                                                                    1e-9) for p in pairs]
+    print(f"  {label} / relay, N={n}, {len(pairs)} rounds: p50 " + ", ".join(f"{x:.2f}x" for x in p50)
+          + f" (median {statistics.median(p50):.2f}x); p99 " + ", ".join(f"{x:.2f}x" for x in p99)
+          + f" (median {statistics.median(p99):.2f}x)", flush=True)
+
+
 def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "--publish":
         return publisher_process(json.loads(sys.argv[2]))
@@ -468,37 +801,49 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=200, help="events each transport run sends")
     ap.add_argument("--pace", type=float, default=0.005, help="seconds between a transport run's events")
     ap.add_argument("--only", choices=["daemon", "transports"], help="run one half of the bench")
+    ap.add_argument("--clients", choices=["lean", "library"], default="lean",
+                    help="the subscribers' clients, both sides alike (module docstring)")
+    ap.add_argument("--rounds", type=int, default=1, help="UGENT-then-relay pairs per N")
+    ap.add_argument("--profile", metavar="DIR", help="py-spy the daemon's processes while each turn runs")
+    ap.add_argument("--baseline-root", metavar="CHECKOUT",
+                    help="also run another checkout's daemon (the code before a change), interleaved")
     args = ap.parse_args()
     redis_url = os.environ.get("REDIS_URL") or os.environ.get("UGENT_BENCH_REDIS", "redis://127.0.0.1:6379/15")
     servers = bool(os.environ.get("REDIS_URL"))
     print(f"{datetime.now().astimezone():%Y-%m-%d %H:%M %Z}, {os.cpu_count()} cores, "
-          f"{'servers' if servers else 'embedded'} mode", flush=True)
+          f"{'servers' if servers else 'embedded'} mode, {args.clients} clients, load average "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
     if args.only != "daemon":
         django_configure(redis_url if servers else "", f"bench-fanout-{os.getpid()}")
     with tempfile.TemporaryDirectory(prefix="ugent-bench-") as tmp:
-        d = Daemon(Path(tmp))
-        if args.only != "transports":
-            print(f"starting the daemon ({'servers' if d.servers else 'embedded'} mode)…", flush=True)
-            d.start()
+        daemons: list[tuple[str, Daemon]] = []
         try:
+            if args.only != "transports":
+                print(f"starting the daemon ({'servers' if servers else 'embedded'} mode)…", flush=True)
+                daemons.append(("UGENT /v1/ugent/events", daemon_at(None, Path(tmp) / "new")))
+                if args.baseline_root:
+                    print(f"starting the baseline daemon from {args.baseline_root}…", flush=True)
+                    daemons.append(("baseline checkout", daemon_at(args.baseline_root, Path(tmp) / "base")))
             for n in args.subscribers:
                 if args.only != "transports":
                     print(f"\n== {n} subscribers on one conversation", flush=True)
-                    r = asyncio.run(run_daemon(d, n, args.words, args.budget))
-                    report("UGENT /v1/ugent/events", n, r)
-                    msgs = max(1, r["per_subscriber"])
-                    try:
-                        print("    the bare Redis pub/sub relay, same N and message count…", flush=True)
-                        rr = asyncio.run(run_redis(redis_url, n, msgs, r["elapsed"] / msgs / 2, args.budget))
-                        report("bare Redis pub/sub", n, rr)
-                        report_ratio(n, r, rr)
-                    except Exception as exc:  # no Redis here: say so, keep the daemon's figures
-                        print(f"  bare Redis pub/sub     skipped ({type(exc).__name__}: {exc})", flush=True)
+                    pairs: dict[str, list] = {label: [] for label, _ in daemons}
+                    for k in range(args.rounds):
+                        # alternate which daemon goes first, so a drift in the load falls on both
+                        order = daemons if k % 2 == 0 else daemons[::-1]
+                        for label, d in order:
+                            print(f"  -- round {k + 1}/{args.rounds}: {label}", flush=True)
+                            pair = run_pair(label, d, n, args, redis_url)
+                            if pair:
+                                pairs[label].append(pair)
+                    for label, got in pairs.items():
+                        summary(n, label, got)
                 if args.only != "daemon":
                     run_transports(servers, redis_url, n, args.events, args.pace, args.budget)
         finally:
-            if args.only != "transports":
+            for _label, d in daemons:
                 d.close()
+
 
 if __name__ == "__main__":
     main()

@@ -72,8 +72,11 @@ class _StreamView(View):
             sub = await sync_to_async(self._open, thread_sensitive=False)(request)
         except ApplicationError as exc:
             return error_response(exc)
-        # one reader per conversation (or for the whole log) in this process feeds every subscriber
-        resp = StreamingHttpResponse(fanout.sse_body(sub), content_type="text/event-stream; charset=utf-8")
+        # one reader per conversation (or for the whole log) in this process feeds every subscriber,
+        # writing to the response itself once the API handler has handed the sink its ASGI send
+        sink = fanout.Sink()
+        resp = StreamingHttpResponse(fanout.sse_body(sub, sink), content_type="text/event-stream; charset=utf-8")
+        resp.ugent_sink = sink
         resp["Cache-Control"] = "no-cache"
         resp["X-Accel-Buffering"] = "no"
         return resp

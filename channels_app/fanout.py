@@ -8,6 +8,16 @@ subscriber's visibility filter in memory (streams.row_visible: the same check th
 query made) and appends the frames it may see to the subscriber's queue. So a wake-up costs one read
 per process, not one per subscriber.
 
+Each batch is encoded once per kind of subscriber (alike in viewer and feed): its frames, and those
+frames joined into the one chunk a subscriber standing where the batch starts is sent. A stream that
+has caught up and waits is written to by the reader itself, when the ASGI server gave it the
+response's `send` (ugent_site.api_handler hands it to the response's `Sink`): one `send` of that
+pre-joined chunk per subscriber per batch, stepped in the reader's own task, with no task woken, no
+generator resumed and nothing filtered or joined per subscriber. A write the transport holds back
+(its client is not reading: flow control) is finished in a task of its own; the subscriber's stream
+takes over from there and batches queue for it as before. Without a `send` (a test client, another
+handler) each stream sends its queue itself.
+
 A subscriber reads the database itself only where the reader cannot serve it: its history (from its
 cursor up to where the reader stands, and any gap that cursor earns, exactly as before), and after a
 batch whose start lies beyond its own cursor (it joined between two reads, or the reader saw the log
@@ -44,12 +54,61 @@ READ_YOURSELF = sys.maxsize
 
 @dataclass(frozen=True)
 class Batch:
-    """Rows one read took, for one subscriber: where the reader stood before them, where after, and
-    the frames of those rows this subscriber may see, as (id, frame)."""
+    """Rows one read took, for one kind of subscriber: where the reader stood before them, where
+    after, the frames of those rows such a subscriber may see, as (id, frame), and those frames joined
+    (`body`, what a subscriber whose cursor is `prev` is sent; `message`, the ASGI body message of it)."""
 
     prev: int
     last: int
     frames: tuple
+    body: bytes = b""
+    message: dict | None = None
+
+    def body_after(self, cursor: int) -> bytes:
+        """What a subscriber at `cursor` (prev <= cursor < last) has not had of this batch."""
+        if cursor <= self.prev:
+            return self.body
+        return b"".join(frame for i, frame in self.frames if i > cursor)
+
+
+def batch_make(prev: int, last: int, frames: tuple) -> Batch:
+    body = b"".join(frame for _i, frame in frames)
+    return Batch(prev, last, frames, body, {"type": "http.response.body", "body": body, "more_body": True})
+
+
+class Sink:
+    """Where a stream's response is sent: the ASGI `send` its server handed the response, once the
+    response has started (ugent_site.api_handler sets it). None: the stream sends what it yields."""
+
+    send = None
+
+
+class _Rest:
+    """The rest of a coroutine that was stepped once and suspended: awaiting this runs it on from
+    where it stopped, as `await` would have (a write the reader started and the transport held)."""
+
+    def __init__(self, coro, pending):
+        self.coro, self.pending = coro, pending
+
+    def __await__(self):
+        value = self.pending
+        while True:
+            try:
+                sent = yield value
+            except BaseException as exc:  # cancelled while held: the coroutine gets it, as under await
+                try:
+                    value = self.coro.throw(exc)
+                except StopIteration as stop:
+                    return stop.value
+            else:
+                try:
+                    value = self.coro.send(sent)
+                except StopIteration as stop:
+                    return stop.value
+
+
+async def _finish(coro, pending) -> None:
+    await _Rest(coro, pending)
 
 
 class Tap:
@@ -63,18 +122,61 @@ class Tap:
         self.held = 0  # frames queued
         self.cut = False  # cut loose: it fell more than its queue behind
         self.event = asyncio.Event()
+        # while its stream waits caught up, the response's ASGI send: the reader writes to it directly
+        self.send = None
+        self.held_write: asyncio.Task | None = None  # a direct write the transport held back, finishing
+        self.broken: BaseException | None = None  # a direct write failed: the stream ends with it
+        self.sent_at = time.monotonic()  # the last write to its client, for the keep-alive
         # what row_visible depends on: the viewer (operator or which actor) and the activity feed
         viewer = sub.viewer
         self.filter_key = (viewer.is_operator, viewer.actor.pk, viewer.actor.key, sub.activity)
 
-    def offer(self, prev: int, last: int, frames: tuple) -> bool:
-        """Queue one batch; False when it overflowed, and the tap is then cut loose."""
-        if self.held + len(frames) > self.limit:
+    def offer(self, batch: Batch, now: float) -> bool:
+        """Write one batch to the client, or queue it for the stream; False when the queue overflowed,
+        and the tap is then cut loose."""
+        if self.send is not None and not self.batches and self._write(batch, now):
+            return True
+        if self.held + len(batch.frames) > self.limit:
             self.cut, self.batches, self.held = True, deque(), 0
             self.event.set()
             return False
-        self.batches.append(Batch(prev, last, frames))
-        self.held += len(frames)
+        self.batches.append(batch)
+        self.held += len(batch.frames)
+        self.reader.queued += 1
+        self.event.set()
+        return True
+
+    def _write(self, batch: Batch, now: float) -> bool:
+        """Send the batch straight to the client (the stream waits, caught up); False when the stream
+        must take it itself: it starts beyond this subscriber's cursor (the log has the rows between)."""
+        sub = self.sub
+        if batch.last <= sub.cursor:
+            return True  # its own read already took these
+        if batch.prev > sub.cursor:
+            return False
+        if batch.prev == sub.cursor:
+            body, message = batch.body, batch.message
+        else:
+            body = batch.body_after(sub.cursor)
+            message = {"type": "http.response.body", "body": body, "more_body": True}
+        sub.cursor = batch.last
+        if not body:
+            return True
+        self.sent_at = now
+        self.reader.written += 1
+        coro = self.send(message)
+        try:
+            pending = coro.send(None)
+        except StopIteration:
+            return True  # written: the usual case, no task woken
+        except Exception as exc:  # the response is unusable: its stream ends
+            self.send, self.broken = None, exc
+            self.event.set()
+            return True
+        # The transport holds it back (its client is not reading): finish it in a task of its own.
+        # Until then batches queue, bounded, for the stream, which takes over once it is written.
+        self.send = None
+        self.held_write = asyncio.get_running_loop().create_task(_finish(coro, pending))
         self.event.set()
         return True
 
@@ -98,6 +200,8 @@ class Reader:
         self.taps: set[Tap] = set()
         self.cursor: int | None = None
         self.batches = 0  # reads that found new rows, each handed out once to every subscriber
+        self.written = 0  # batches the reader wrote to a subscriber's client itself
+        self.queued = 0  # batches it queued for a subscriber's stream to send
         self.ready = asyncio.Event()  # set once it knows where the log stands: batches follow from there
         topic = events.LOG_TOPIC if conversation_pk is None else events.conversation_topic(conversation_pk)
         self.waiter = notify.register(topic, loop)
@@ -135,16 +239,18 @@ class Reader:
             self.waiter.take()  # the rows a wake-up carries: the read above takes them with the rest
 
     def hand_out(self, prev: int, rows: list[dict]) -> None:
-        """Each row rendered once; each subscriber gets the frames its filter lets through."""
+        """Each row rendered once; each kind of subscriber's frames filtered and joined once; each
+        subscriber written to (or queued for) with its kind's batch."""
         rendered = [(row, row["id"], streams.row_frame(row)) for row in rows]
         last = rows[-1]["id"]
-        by_filter: dict[tuple, tuple] = {}  # subscribers with the same viewer and feed see the same frames
+        now = time.monotonic()
+        by_filter: dict[tuple, Batch] = {}  # subscribers with the same viewer and feed see the same frames
         for tap in list(self.taps):
-            frames = by_filter.get(tap.filter_key)
-            if frames is None:
-                frames = by_filter[tap.filter_key] = tuple(
-                    (i, f) for row, i, f in rendered if streams.row_visible(tap.sub, row))
-            if not tap.offer(prev, last, frames):
+            batch = by_filter.get(tap.filter_key)
+            if batch is None:
+                batch = by_filter[tap.filter_key] = batch_make(prev, last, tuple(
+                    (i, f) for row, i, f in rendered if streams.row_visible(tap.sub, row)))
+            if not tap.offer(batch, now):
                 self.taps.discard(tap)  # cut loose: nothing more is held for it
         if not self.taps:
             _hub.reader_drop(self)
@@ -207,20 +313,25 @@ def _read(sub: streams.Subscription):
     return streams.subscription_read(sub)
 
 
-async def sse_body(sub: streams.Subscription):
-    """Frames after the cursor, in order, each once: history from the log, then the reader's batches."""
+async def sse_body(sub: streams.Subscription, sink: Sink | None = None):
+    """Frames after the cursor, in order, each once: history from the log, then the reader's batches,
+    which the reader writes to `sink.send` itself while this stream waits caught up."""
     tap = _hub.join(sub)  # first: every batch the reader hands out from now on is queued
     read = sync_to_async(_read, thread_sensitive=False)
     keepalive = float(settings.UGENT_SSE_KEEPALIVE)
-    idle_since = time.monotonic()
     behind = True  # the log holds what this subscriber has not seen: read it
     try:
         yield f"retry: {streams.SSE_RETRY_MS}\n\n".encode()
         while True:
+            if tap.held_write is not None:  # the reader's last write must reach the client before ours
+                held, tap.held_write = tap.held_write, None
+                await held
+            if tap.broken is not None:
+                return
             if behind:
                 frames, more = await read(sub)
                 if frames:
-                    idle_since = time.monotonic()
+                    tap.sent_at = time.monotonic()
                     yield b"".join(frames)
                 if more:
                     continue
@@ -237,17 +348,25 @@ async def sse_body(sub: streams.Subscription):
                 if batch.prev > sub.cursor:
                     behind = True  # it starts beyond this subscriber's cursor: the log has the rows between
                     break
-                out.extend(frame for i, frame in batch.frames if i > sub.cursor)
+                out.append(batch.body_after(sub.cursor))
                 sub.cursor = batch.last
-            if out:
-                idle_since = time.monotonic()
-                yield b"".join(out)
-            if behind:
+            body = b"".join(out)
+            if body:
+                tap.sent_at = time.monotonic()
+                yield body
+            if behind or out:
                 continue
-            if not out:
-                if time.monotonic() - idle_since >= keepalive:
-                    idle_since = time.monotonic()
-                    yield PING
-                await tap.wait(max(0.0, keepalive - (time.monotonic() - idle_since)))
+            if time.monotonic() - tap.sent_at >= keepalive:
+                tap.sent_at = time.monotonic()
+                yield PING
+                continue
+            # caught up, nothing queued: until woken, the reader writes this stream's batches itself
+            tap.send = sink.send if sink is not None else None
+            try:
+                await tap.wait(max(0.0, keepalive - (time.monotonic() - tap.sent_at)))
+            finally:
+                tap.send = None
     finally:
         _hub.leave(tap)
+        if tap.held_write is not None:
+            tap.held_write.cancel()

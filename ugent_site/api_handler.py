@@ -145,6 +145,14 @@ class ApiHandler(ASGIHandler):
         finally:
             self._busy[index] -= 1
 
+    async def send_response(self, response, send):
+        """Django's, and an event stream's sink gets the response's send: while the stream waits caught
+        up, its process's reader writes each batch to it without resuming the stream (channels_app.fanout)."""
+        sink = getattr(response, "ugent_sink", None)
+        if sink is not None:
+            sink.send = send
+        await super().send_response(response, send)
+
     async def handle(self, scope, receive, send):
         """Django's ASGIHandler.handle without the signal sends and the thread hop to close."""
         try:

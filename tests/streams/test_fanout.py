@@ -32,8 +32,8 @@ def _keep_bodies(monkeypatch):
     client goes: the test client's wrapper closes only itself, leaving the body to the garbage collector."""
     real = fanout.sse_body
 
-    def kept(sub):
-        body = real(sub)
+    def kept(sub, sink=None):
+        body = real(sub, sink)
         _bodies.append(body)
         return body
     monkeypatch.setattr(fanout, "sse_body", kept)
