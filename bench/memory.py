@@ -111,20 +111,20 @@ def previous_recall():
     from plugins_app.agent.memory.backends import FtsBackend, backend_named, keywords, live, rrf
     from plugins_app.agent.memory.models import MemoryFact, Tier
 
-    class PreviousFts(FtsBackend):
+    class PreviousFts(FtsBackend):  # (the tier is selected too: the search reads it now)
         def candidates(self, actor_key, query, limit):
             now = timezone.now()
             with connection.cursor() as cur:
                 if connection.vendor == "postgresql":
                     cur.execute(
-                        "SELECT f.id, f.text FROM plugins_app_memoryfact f, to_tsquery('simple', %s) q "
+                        "SELECT f.id, f.text, f.tier FROM plugins_app_memoryfact f, to_tsquery('simple', %s) q "
                         "WHERE f.actor_key = %s AND to_tsvector('simple', f.text) @@ q "
                         "AND (f.expires_at IS NULL OR f.expires_at > %s) "
                         "ORDER BY ts_rank_cd(to_tsvector('simple', f.text), q) DESC, f.id DESC LIMIT %s",
                         [query, actor_key, now, limit])
                 else:
                     cur.execute(
-                        "SELECT f.id, f.text FROM plugins_app_memoryfact_fts s "
+                        "SELECT f.id, f.text, f.tier FROM plugins_app_memoryfact_fts s "
                         "JOIN plugins_app_memoryfact f ON f.id = s.rowid "
                         "WHERE plugins_app_memoryfact_fts MATCH %s AND f.actor_key = %s "
                         "AND (f.expires_at IS NULL OR f.expires_at > %s) "

@@ -67,7 +67,9 @@ def live(qs):
 class NoBackend:
     name = "none"
 
-    def search(self, *, actor_key: str, text: str, limit: int, conf=None) -> list[tuple[int, float]]:
+    def search(self, *, actor_key: str, text: str, limit: int, conf=None, rows=None) -> list[tuple[int, float]]:
+        """(fact id, score), best first. `rows`, when given, may be filled with {id: (text, tier)} of hits the
+        search read already (the user's own, live when it looked), so recall need not read them again."""
         return []
 
     def indexed(self, fact: MemoryFact) -> None:
@@ -93,14 +95,14 @@ class FtsBackend:
             return " | ".join([f"'{w}'" for w in words] + [f"'{p}':*" for p in self.prefixes(words)])
         return " OR ".join([f'"{w}"' for w in words] + [f'"{p}"*' for p in self.prefixes(words)])
 
-    def candidates(self, actor_key: str, query: str, limit: int) -> list[tuple[int, str]]:
-        """(id, text) of the user's live facts matching `query`, best first."""
+    def candidates(self, actor_key: str, query: str, limit: int) -> list[tuple[int, str, str]]:
+        """(id, text, tier) of the user's live facts matching `query`, best first."""
         now = timezone.now()
         with connection.cursor() as cur:
             if connection.vendor == "postgresql":
                 # text_tsv: the stored tsvector (migration 0010), so ranking does not run to_tsvector per match
                 cur.execute(
-                    "SELECT f.id, f.text FROM plugins_app_memoryfact f, to_tsquery('simple', %s) q "
+                    "SELECT f.id, f.text, f.tier FROM plugins_app_memoryfact f, to_tsquery('simple', %s) q "
                     "WHERE f.actor_key = %s AND f.text_tsv @@ q "
                     "AND (f.expires_at IS NULL OR f.expires_at > %s) "
                     "ORDER BY ts_rank_cd(f.text_tsv, q) DESC, f.id DESC LIMIT %s",
@@ -111,7 +113,7 @@ class FtsBackend:
                 # keeps the full-text table first: joined the other way, SQLite walked the user's rows and ran
                 # the MATCH once for each (over a minute at 100k facts).
                 cur.execute(
-                    "SELECT f.id, f.text FROM (SELECT s.rowid AS id, bm25(plugins_app_memoryfact_fts) AS score "
+                    "SELECT f.id, f.text, f.tier FROM (SELECT s.rowid AS id, bm25(plugins_app_memoryfact_fts) AS score "
                     "FROM plugins_app_memoryfact_fts s "
                     "CROSS JOIN plugins_app_memoryfact c INDEXED BY memory_fact_fts_filter ON c.id = s.rowid "
                     "WHERE plugins_app_memoryfact_fts MATCH %s AND c.actor_key = %s "
@@ -137,12 +139,16 @@ class FtsBackend:
                 pre_r.append(fid)
         return [r for r in (any_r, all_r, pre_r) if r]
 
-    def search(self, *, actor_key: str, text: str, limit: int, conf=None) -> list[tuple[int, float]]:
+    def search(self, *, actor_key: str, text: str, limit: int, conf=None, rows=None) -> list[tuple[int, float]]:
         words = keywords(text)
         if not words or limit <= 0:
             return []
         found = self.candidates(actor_key, self.match_query(words), max(limit, self.CANDIDATES))
-        return rrf(self.rankings(words, found))[:limit]
+        hits = rrf(self.rankings(words, [(fid, text) for fid, text, _ in found]))[:limit]
+        if rows is not None:
+            held = {fid: (text, tier) for fid, text, tier in found}
+            rows.update({fid: held[fid] for fid, _ in hits})
+        return hits
 
     def indexed(self, fact: MemoryFact) -> None:
         """The index follows the row by itself (SQLite triggers; PostgreSQL's generated column)."""
@@ -171,7 +177,7 @@ class EmbeddedBackend:
         from plugins_app.agent.memory.lance import store
         return store((conf or memory_conf_module.memory_conf()).embedding_dim)
 
-    def search(self, *, actor_key: str, text: str, limit: int, conf=None) -> list[tuple[int, float]]:
+    def search(self, *, actor_key: str, text: str, limit: int, conf=None, rows=None) -> list[tuple[int, float]]:
         if not (text or "").strip() or limit <= 0:
             return []
         found = self.store(conf).search(actor_key=actor_key, vector=self.embed([text], kind="query")[0],

@@ -87,7 +87,9 @@ def recall(*, actor_key: str, text: str, conf=None) -> Recall:
     held, pinned, core, rows = own_facts(actor_key, want, now)
     if not held:
         return recalled  # one index seek: a user with no facts costs no full-text search over everyone's
-    hits = backend.search(actor_key=actor_key, text=text, limit=want * 2, conf=conf)
+    found: dict[int, tuple[str, str]] = {}
+    hits = backend.search(actor_key=actor_key, text=text, limit=want * 2, conf=conf, rows=found)
+    rows.update({fid: RecalledFact(fid, text, tier, 0.0) for fid, (text, tier) in found.items() if fid not in rows})
     scores = {fid: 1.0 for fid in pinned}
     for fid, score in hits:
         scores.setdefault(fid, score)
