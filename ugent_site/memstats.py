@@ -16,12 +16,20 @@ gets SIGUSR2 (`kill -USR2 <pid>`), to `<UGENT_VAR_DIR>/memstats/<pid>-<n>.json`:
   (available blocks and unused pools), from `sys._debugmallocstats()`;
 * `python`: pymalloc's allocated blocks, and with tracemalloc tracing (start the daemon with
   `PYTHONTRACEMALLOC=<frames>`) the bytes Python code holds (`traced_kb`) and their peak;
-* `gc_types`: the 60 most numerous types among the objects the garbage collector tracks;
+* `gc_types`: the objects the garbage collector tracks, counted by type (`module.Class`), most first;
+* `held`: what the hub keeps per turn, stream or database file while it works, which must go back
+  to its idle size when the work is done: notify's topics and waiters, the fan-out's readers and
+  their subscribers, the turns whose leases this process renews, writers queued for SQLite, turns
+  queued for the turn threads;
+* `caches`: the sizes of the process's caches keyed by a thing, not by a turn (a statement's SQL, an
+  API key, a toolbox class, a profile version): they stop growing once every such thing was seen;
 * `tracemalloc_snapshot`: when tracing, a snapshot dumped beside the report
   (`tracemalloc.Snapshot.load(path)`; diff two with `compare_to(old, "lineno")`).
 
 A file `request.json` in that directory, when the signal comes, changes the next report (and is then
-removed): `{"snapshot": false}` skips the snapshot (a large one holds the GIL for seconds), and
+removed): `{"tracemalloc": <frames>}` starts tracing first (so a daemon started without
+PYTHONTRACEMALLOC traces from then on, start-up and imports aside), `{"snapshot": false}` skips the
+snapshot (a large one holds the GIL for seconds), and
 `{"trim": true}` calls `malloc_trim(0)` after it and records `rss_after_trim_kb`: what RSS falls to
 once the allocator gives back the free pages it holds. bench/memory_rss.py uses both.
 
@@ -122,8 +130,67 @@ def pymalloc() -> dict:
     return figures
 
 
-def report(*, trim: bool = False, snapshot_path: Path | None = None) -> dict:
-    """The figures above, for this process, now."""
+def _type_name(cls: type) -> str:
+    module = cls.__module__
+    return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
+
+
+def _referrers(type_name: str, depth: int = 4) -> list:
+    """What holds the objects of one type: for each (at most 5), its referrers' types, `depth` levels up."""
+    found = [o for o in gc.get_objects() if _type_name(type(o)) == type_name][:5]
+
+    def up(obj, level, seen):
+        if level == 0:
+            return []
+        out = []
+        for ref in gc.get_referrers(obj):
+            if id(ref) in seen or ref is found or isinstance(ref, type(sys._getframe())):
+                continue
+            seen.add(id(ref))
+            label = _type_name(type(ref))
+            if isinstance(ref, dict):
+                label += f" keys={list(ref)[:6]}"
+            out.append([label, up(ref, level - 1, seen)])
+            if len(out) >= 6:
+                break
+        return out
+
+    return [[repr(o)[:120], up(o, depth, {id(found)})] for o in found]
+
+
+def held() -> dict:
+    """The sizes of the hub's per-turn and per-stream structures (each 0 when nothing runs)."""
+    from channels_app import dispatch, fanout, notify
+    from channels_app.runner import lease_keeper
+    from ugent_site.db import base as sqlite_backend
+
+    with notify._lock:
+        topics = len(notify._waiters)
+        waiters = sum(len(w) for w in notify._waiters.values())
+    readers = fanout.hub().readers()
+    pool = dispatch._local_pool
+    with sqlite_backend._queues_lock:
+        queued_writers = sum(q.waiting for q in sqlite_backend._queues.values())
+    return {"notify_topics": topics, "notify_waiters": waiters, "fanout_readers": len(readers),
+            "fanout_subscribers": sum(len(r.taps) for r in readers), "leases_held": len(lease_keeper.held()),
+            "sqlite_writers_queued": queued_writers,
+            "turns_queued": pool.executor._work_queue.qsize() if pool is not None else 0}
+
+
+def caches() -> dict:
+    from channels_app import auth, tools
+    from plugins_app.agent.engines import registry
+    from ugent_common import rows
+    return {"rows_sql": len(rows._qmark_sql), "rows_tables": len(rows._tables), "auth_keys_marked": len(auth._key_marked),
+            "auth_digests": len(auth._digests), "tool_specs": len(tools._spec_cache),
+            "engine_instances": len(registry._instances)}
+
+
+def report(*, trim: bool = False, snapshot_path: Path | None = None, collect: bool = False,
+           referrers: str = "") -> dict:
+    """The figures above, for this process, now (after a full collection with `collect`)."""
+    if collect:
+        gc.collect()
     status = _status()
     out: dict = {"pid": os.getpid(), "time": time.time(), "rss_kb": status.get("VmRSS", 0),
                  "rss_anon_kb": status.get("RssAnon", 0), "rss_file_kb": status.get("RssFile", 0),
@@ -145,9 +212,19 @@ def report(*, trim: bool = False, snapshot_path: Path | None = None) -> dict:
         if snapshot_path is not None:
             tracemalloc.take_snapshot().dump(str(snapshot_path))
             out["tracemalloc_snapshot"] = str(snapshot_path)
-    counts = collections.Counter(type(o).__qualname__ for o in gc.get_objects())
+    try:
+        out["held"] = held()
+    except Exception as exc:  # a process that is not the daemon (no hub loaded): no figures
+        out["held"] = {"error": repr(exc)}
+    try:
+        out["caches"] = caches()
+    except Exception as exc:
+        out["caches"] = {"error": repr(exc)}
+    counts = collections.Counter(_type_name(type(o)) for o in gc.get_objects())
     out["gc_objects"] = sum(counts.values())
-    out["gc_types"] = dict(counts.most_common(60))
+    out["gc_types"] = dict(counts.most_common())
+    if referrers:
+        out["referrers"] = _referrers(referrers)
     if trim and libc is not None:
         libc.malloc_trim(0)
         out["rss_after_trim_kb"] = rss_kb()
@@ -174,8 +251,11 @@ def start(mode: str, directory: Path) -> bool:
                 request = directory / "request.json"
                 asked = json.loads(request.read_text()) if request.exists() else {}
                 request.unlink(missing_ok=True)
+                if asked.get("tracemalloc") and not tracemalloc.is_tracing():
+                    tracemalloc.start(int(asked["tracemalloc"]))
                 snapshot = base.with_suffix(".tracemalloc") if asked.get("snapshot", True) else None
-                data = report(trim=bool(asked.get("trim")), snapshot_path=snapshot)
+                data = report(trim=bool(asked.get("trim")), snapshot_path=snapshot,
+                              collect=bool(asked.get("collect")), referrers=asked.get("referrers", ""))
                 tmp = base.with_suffix(".tmp")
                 tmp.write_text(json.dumps(data, indent=1))
                 tmp.rename(base.with_suffix(".json"))  # a reader never sees half a report
