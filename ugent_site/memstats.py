@@ -8,7 +8,8 @@ gets SIGUSR2 (`kill -USR2 <pid>`), to `<UGENT_VAR_DIR>/memstats/<pid>-<n>.json`:
   use (`in_use`) and bytes free but kept (`free`); RSS that is `free` here is the allocator's, not
   a leak;
 * `sqlite`: the bytes SQLite's library has allocated (`sqlite3_memory_used`: page caches,
-  statements, schemas of every connection in the process) and their high-water mark;
+  statements, schemas of every connection in the process), their high-water mark, the connections
+  open, and what their page caches may hold at most (connections x the default `cache_size`);
 * `rss_anon_kb` / `rss_file_kb`: RSS in anonymous pages (heaps, arenas, stacks) and in mapped files
   (code, shared libraries): only the first can grow with use;
 * `pymalloc`: Python's small-object allocator (its arenas are mapped directly, outside malloc's
@@ -31,7 +32,10 @@ removed): `{"tracemalloc": <frames>}` starts tracing first (so a daemon started 
 PYTHONTRACEMALLOC traces from then on, start-up and imports aside), `{"snapshot": false}` skips the
 snapshot (a large one holds the GIL for seconds), and
 `{"trim": true}` calls `malloc_trim(0)` after it and records `rss_after_trim_kb`: what RSS falls to
-once the allocator gives back the free pages it holds. bench/memory_rss.py uses both.
+once the allocator gives back the free pages it holds; `{"collect": true}` runs a full garbage
+collection first (so the counts are of live objects, not of garbage not yet collected), and
+`{"referrers": "module.Class"}` adds what holds up to five objects of that type, four levels up.
+bench/memory_rss.py and tests/streams/test_memory_held.py use them.
 
 The signal handler only wakes a thread, which writes the report (no work in the handler).
 """
@@ -223,6 +227,17 @@ def report(*, trim: bool = False, snapshot_path: Path | None = None, collect: bo
     counts = collections.Counter(_type_name(type(o)) for o in gc.get_objects())
     out["gc_objects"] = sum(counts.values())
     out["gc_types"] = dict(counts.most_common())
+    if "sqlite" in out:
+        # each connection's page cache stops at cache_size (SQLite's default, unless a PRAGMA changed it)
+        import sqlite3
+        probe = sqlite3.connect(":memory:")
+        try:
+            (cache_size,) = probe.execute("PRAGMA cache_size").fetchone()
+        finally:
+            probe.close()
+        connections = counts.get("sqlite3.Connection", 0)
+        each_kb = -cache_size if cache_size < 0 else cache_size * 4  # negative: KiB; positive: pages (4 KiB)
+        out["sqlite"].update(connections=connections, page_cache_bound_kb=connections * each_kb)
     if referrers:
         out["referrers"] = _referrers(referrers)
     if trim and libc is not None:
