@@ -146,6 +146,7 @@ def main():
     ap.add_argument("--per-conversation", type=int, default=10)
     ap.add_argument("--stream", action="store_true", help="stream every turn (SSE) instead of non-stream")
     ap.add_argument("--tracemalloc", type=int, default=0, help="frames per trace (0: off)")
+    ap.add_argument("--trace-from", type=int, default=TRACE_FROM, help="the turn from which the daemon traces")
     ap.add_argument("--malloc-arena-max", default="", help="MALLOC_ARENA_MAX for the daemon")
     args = ap.parse_args()
     os.environ.pop("REDIS_URL", None)
@@ -171,7 +172,7 @@ def main():
         idle_rep = hook.report()
         print(f"embedded daemon RSS: bare Django process {baseline:.1f} MB (baseline, same run); "
               f"daemon idle {idle:.1f} MB ({idle / baseline:.2f}x)"
-              + (f"; tracemalloc from turn {TRACE_FROM} ({args.tracemalloc} frames)" if args.tracemalloc else "")
+              + (f"; tracemalloc from turn {args.trace_from} ({args.tracemalloc} frames)" if args.tracemalloc else "")
               + (f"; MALLOC_ARENA_MAX={args.malloc_arena_max}" if args.malloc_arena_max else "")
               + ("; stream turns" if args.stream else "; non-stream turns"), flush=True)
         reports: list[tuple[int, dict]] = [(0, idle_rep)]
@@ -197,7 +198,7 @@ def main():
                         done += 1
                         if done % args.every == 0:
                             rep = hook.report(snapshot=bool(args.tracemalloc) and done in SNAPSHOT_AT,
-                                              trace=args.tracemalloc if done == TRACE_FROM else 0)
+                                              trace=args.tracemalloc if done == args.trace_from else 0)
                             reports.append((done, rep))
                             rate = done / (time.perf_counter() - t0)
                             m = rep.get("malloc", {})
@@ -221,9 +222,8 @@ def main():
             return min(reports, key=lambda r: abs(r[0] - n))[1]
 
         print()
-        for a, b in [(5000, 10000), (10000, 15000)]:
-            if b > args.turns:
-                continue
+        marks = [m for m in (5000, 10000, 15000) if m < args.turns] + [args.turns]
+        for a, b in zip(marks, marks[1:]):
             ra, rb = at(a), (after if b == args.turns else at(b))
             print(f"turn {a} to {b}: RSS {_mb(rb, 'rss_kb') - _mb(ra, 'rss_kb'):+.1f} MB "
                   f"({(rb['rss_kb'] - ra['rss_kb']) / ra['rss_kb'] * 100:+.1f}%); {growth(ra, rb)}")
