@@ -8,13 +8,27 @@ the RSS again every --every turns. The baseline, measured in the same run, is a 
 that imports and sets up Django with the same settings (what any Django daemon costs before it does
 anything).
 
-Usage: python bench/memory_rss.py [--turns 10000] [--every 1000] [--concurrency 4]
+RSS alone cannot tell a leak from a cache filling up or the allocator keeping freed memory, so the
+daemon runs with its memory hook on (UGENT_MEMSTATS, ugent_site/memstats.py): at each checkpoint the
+bench signals it and prints, beside RSS, its anonymous part, the bytes pymalloc (Python's objects)
+and malloc have in use and hold free, SQLite's own allocations and the objects the garbage collector
+tracks; then growth from turn 5,000 to 10,000 and from 10,000 to 15,000, what the hub still holds
+once the turns are done (each should be 0), and its caches keyed by a thing. A leak grows what is in
+use, turn after turn; fragmentation grows only what is free. `--tracemalloc N` has the daemon trace
+Python's allocations from turn 1,000 on (N frames; several times slower) and prints the lines whose
+allocations grew most between checkpoints. After the last turn the daemon is asked to
+malloc_trim(0): the RSS it falls to is what the allocator held but did not use.
+
+Usage: python bench/memory_rss.py [--turns 15000] [--every 1000] [--concurrency 4] [--stream]
+       [--tracemalloc 8] [--malloc-arena-max 2]
 Prints figures; asserts nothing. Targets: at most 250 MB idle, and no growth between the 5,000th and
 the 10,000th turn.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import signal
 import concurrent.futures
 import os
 import subprocess
@@ -67,18 +81,82 @@ def bare_django_rss(env: dict) -> float:
         p.wait(10)
 
 
+#: --tracemalloc: the turn from which the daemon traces (warm by then; tracing slows it down).
+TRACE_FROM = 1000
+#: The checkpoints at which a traced daemon dumps a tracemalloc snapshot (each holds the GIL a while).
+SNAPSHOT_AT = (5000, 10000, 15000)
+
+
+class Hook:
+    """The daemon's memory reports (ugent_site/memstats.py): one per SIGUSR2, numbered from 1."""
+
+    def __init__(self, var: Path, pid: int):
+        self.dir, self.pid, self.n = var / "memstats", pid, 0
+
+    def report(self, *, trim: bool = False, snapshot: bool = False, trace: int = 0) -> dict:
+        (self.dir / "request.json").write_text(json.dumps({"trim": trim, "snapshot": snapshot, "tracemalloc": trace}))
+        self.n += 1
+        path = self.dir / f"{self.pid}-{self.n}.json"
+        os.kill(self.pid, signal.SIGUSR2)
+        deadline = time.monotonic() + 120
+        while not path.exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no memory report {path}")
+            time.sleep(0.05)
+        return json.loads(path.read_text())
+
+
+def _mb(rep: dict, *path: str) -> float:
+    value = rep
+    for key in path:
+        value = value.get(key, {}) if isinstance(value, dict) else {}
+    return value / 1024 if isinstance(value, (int, float)) else 0.0
+
+
+#: The columns: title, unit line, where in a report (a path of keys, in kB unless noted).
+COLUMNS = [("RSS", "MB", ("rss_kb",)), ("anon", "MB", ("rss_anon_kb",)),
+           ("pymalloc", "in use", ("pymalloc", "in_use_kb")), ("pymalloc", "free", ("pymalloc", "free_kb")),
+           ("malloc", "in use", ("malloc", "in_use_kb")), ("malloc", "free", ("malloc", "free_kb")),
+           ("sqlite", "MB", ("sqlite", "memory_used_kb")), ("traced", "MB", ("python", "traced_kb"))]
+
+
+def header() -> str:
+    top = f"{'turns':>9}" + "".join(f"{t:>10}" for t, _u, _p in COLUMNS) + f"{'gc':>11}{'threads':>8}"
+    sub = f"{'':>9}" + "".join(f"{u:>10}" for _t, u, _p in COLUMNS) + f"{'objects':>11}{'':>8}"
+    return top + "\n" + sub + "   (MB)"
+
+
+def row(n, rep: dict) -> str:
+    return (f"{n!s:>9}" + "".join(f"{_mb(rep, *p):>10.1f}" if p != ("python", "traced_kb") or "traced_kb" in
+                                  rep["python"] else f"{'-':>10}" for _t, _u, p in COLUMNS)
+            + f"{rep['gc_objects']:>11,}{rep['threads']:>8}")
+
+
+def growth(ra: dict, rb: dict) -> str:
+    parts = [f"{t} {u.replace('MB', '').strip()}".strip() + f" {_mb(rb, *p) - _mb(ra, *p):+.1f}"
+             for t, u, p in COLUMNS if p != ("python", "traced_kb") or "traced_kb" in rb["python"]]
+    return ", ".join(parts) + f" MB; gc objects {rb['gc_objects'] - ra['gc_objects']:+,}"
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--turns", type=int, default=10000)
+    ap.add_argument("--turns", type=int, default=15000)
     ap.add_argument("--every", type=int, default=1000)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--per-conversation", type=int, default=10)
+    ap.add_argument("--stream", action="store_true", help="stream every turn (SSE) instead of non-stream")
+    ap.add_argument("--tracemalloc", type=int, default=0, help="frames per trace (0: off)")
+    ap.add_argument("--trace-from", type=int, default=TRACE_FROM, help="the turn from which the daemon traces")
+    ap.add_argument("--malloc-arena-max", default="", help="MALLOC_ARENA_MAX for the daemon")
     args = ap.parse_args()
     os.environ.pop("REDIS_URL", None)
     os.environ.pop("DATABASE_URL", None)
     stub, stub_url = start_stub()
     tmp = Path(tempfile.mkdtemp(prefix="ugent-rss-"))
-    d = Daemon(tmp, servers=False, extra_env={"UGENT_CPU_AFFINITY": "off"})
+    extra = {"UGENT_CPU_AFFINITY": "off", "UGENT_MEMSTATS": "true"}
+    if args.malloc_arena_max:
+        extra["MALLOC_ARENA_MAX"] = args.malloc_arena_max
+    d = Daemon(tmp, servers=False, extra_env=extra)
     try:
         (tmp / "workspace").mkdir(parents=True)
         d.manage("migrate", "--noinput")
@@ -88,21 +166,28 @@ def main():
         baseline = bare_django_rss(d.env)
         d.spawn()
         pid = d.procs[0].pid
+        hook = Hook(tmp / "var", pid)
         time.sleep(3.0)  # warming and the first beat ticks settle
         idle = tree_rss_mb(pid)
+        idle_rep = hook.report()
         print(f"embedded daemon RSS: bare Django process {baseline:.1f} MB (baseline, same run); "
-              f"daemon idle {idle:.1f} MB ({idle / baseline:.2f}x)", flush=True)
-        samples: list[tuple[int, float]] = [(0, idle)]
+              f"daemon idle {idle:.1f} MB ({idle / baseline:.2f}x)"
+              + (f"; tracemalloc from turn {args.trace_from} ({args.tracemalloc} frames)" if args.tracemalloc else "")
+              + (f"; MALLOC_ARENA_MAX={args.malloc_arena_max}" if args.malloc_arena_max else "")
+              + ("; stream turns" if args.stream else "; non-stream turns"), flush=True)
+        reports: list[tuple[int, dict]] = [(0, idle_rep)]
         done = 0
         lock = threading.Lock()
         headers = {"x-api-key": d.key}
         t0 = time.perf_counter()
 
         def one(i: int, client: httpx.Client):
-            body = {"model": "bench", "conversation_id": f"rss-{i // args.per_conversation}",
+            body = {"model": "bench", "conversation_id": f"rss-{i // args.per_conversation}", "stream": args.stream,
                     "client_message_id": f"m-{i}", "messages": [{"role": "user", "content": f"hello {i}"}]}
             r = client.post(d.base + "/v1/chat/completions", json=body, headers=headers, timeout=60)
             r.raise_for_status()
+            if args.stream and not r.text.rstrip().endswith("data: [DONE]"):
+                raise RuntimeError(f"a stream without [DONE]: {r.text[-200:]}")
 
         def worker(start: int):
             nonlocal done
@@ -112,23 +197,60 @@ def main():
                     with lock:
                         done += 1
                         if done % args.every == 0:
-                            samples.append((done, tree_rss_mb(pid)))
+                            rep = hook.report(snapshot=bool(args.tracemalloc) and done in SNAPSHOT_AT,
+                                              trace=args.tracemalloc if done == args.trace_from else 0)
+                            reports.append((done, rep))
                             rate = done / (time.perf_counter() - t0)
-                            print(f"  {done:>6} turns: RSS {samples[-1][1]:.1f} MB ({rate:.0f} turns/s)",
-                                  file=sys.stderr, flush=True)
+                            m = rep.get("malloc", {})
+                            print(f"  {done:>6} turns: RSS {rep['rss_kb'] / 1024:.1f} MB, malloc in use "
+                                  f"{m.get('in_use_kb', 0) / 1024:.1f} MB, free {m.get('free_kb', 0) / 1024:.1f} MB"
+                                  f" ({rate:.0f} turns/s)", file=sys.stderr, flush=True)
 
         with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
             for f in [pool.submit(worker, s) for s in range(args.concurrency)]:
                 f.result()
         time.sleep(2.0)
-        after = tree_rss_mb(pid)
-        print(f"\n{'turns':>8}{'RSS MB':>10}{'vs idle':>10}{'vs bare Django':>16}")
-        for n, mb in samples + [(args.turns, after)]:
-            print(f"{n:>8}{mb:>10.1f}{mb / idle:>9.2f}x{mb / baseline:>15.2f}x")
-        half = min(samples, key=lambda s: abs(s[0] - args.turns // 2))
-        print(f"\ngrowth from turn {half[0]} to turn {args.turns}: {after - half[1]:+.1f} MB "
-              f"({(after - half[1]) / half[1] * 100:+.1f}%); idle {idle:.1f} MB")
-        print("targets: at most 250 MB idle; no growth between the 5,000th and the 10,000th turn")
+        after = hook.report(snapshot=bool(args.tracemalloc))
+        trimmed = hook.report(trim=True)
+        print("\n" + header())
+        for n, rep in reports + [(f"{args.turns}+2s", after)]:
+            print(row(n, rep))
+        print(f"after malloc_trim(0): RSS {trimmed['rss_after_trim_kb'] / 1024:.1f} MB "
+              f"(from {trimmed['rss_kb'] / 1024:.1f} MB)")
+
+        def at(n: int) -> dict:
+            return min(reports, key=lambda r: abs(r[0] - n))[1]
+
+        print()
+        marks = [m for m in (5000, 10000, 15000) if m < args.turns] + [args.turns]
+        for a, b in zip(marks, marks[1:]):
+            ra, rb = at(a), (after if b == args.turns else at(b))
+            print(f"turn {a} to {b}: RSS {_mb(rb, 'rss_kb') - _mb(ra, 'rss_kb'):+.1f} MB "
+                  f"({(rb['rss_kb'] - ra['rss_kb']) / ra['rss_kb'] * 100:+.1f}%); {growth(ra, rb)}")
+            grown = sorted(((rb["gc_types"].get(t, 0) - ra["gc_types"].get(t, 0), t) for t in rb["gc_types"]),
+                           reverse=True)[:8]
+            print("  gc types grown most: " + ", ".join(f"{t} {g:+,}" for g, t in grown if g > 0))
+            changed = {k: f"{ra['caches'].get(k)}->{v}" for k, v in rb.get("caches", {}).items()
+                       if ra.get("caches", {}).get(k) != v}
+            print(f"  caches keyed by a thing (not a turn) that changed: {changed or 'none'}")
+            if "tracemalloc_snapshot" in ra and "tracemalloc_snapshot" in rb:
+                import tracemalloc
+                old = tracemalloc.Snapshot.load(ra["tracemalloc_snapshot"])
+                new = tracemalloc.Snapshot.load(rb["tracemalloc_snapshot"])
+                print("  tracemalloc, the lines whose allocations grew most:")
+                for stat in new.compare_to(old, "lineno")[:12]:
+                    print(f"    {stat}")
+        print(f"\nheld 2 s after the last turn (each should be 0): {after.get('held')}")
+        print(f"caches: {after.get('caches')}")
+        sq = after.get("sqlite", {})
+        if "connections" in sq:
+            print(f"SQLite: {sq['memory_used_kb'] / 1024:.1f} MB allocated, {sq['connections']} connections whose page "
+                  f"caches may hold {sq['page_cache_bound_kb'] / 1024:.1f} MB at most (a bounded cache filling up)")
+        end = after["rss_kb"] / 1024
+        print(f"\nafter {args.turns} turns: RSS {end:.1f} MB, {end / idle:.2f}x idle, {end / baseline:.2f}x the bare "
+              f"Django process ({baseline:.1f} MB)")
+        print(f"idle {idle:.1f} MB; targets: at most 250 MB idle; no growth between the 5,000th and the "
+              f"10,000th turn")
     finally:
         d.close()
         stub.terminate()

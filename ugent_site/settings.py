@@ -226,6 +226,9 @@ UGENT_LLM_MODEL = env("UGENT_LLM_MODEL", default="")
 # GET /metrics answers operator keys; with UGENT_METRICS_BIND=host:port rundaemon also serves it there, keyless.
 # Servers mode: set PROMETHEUS_MULTIPROC_DIR (one empty directory for every process) to sum their counts.
 UGENT_METRICS_BIND = env("UGENT_METRICS_BIND", default="")
+# A debug hook, off by default: "true" makes SIGUSR2 write a memory report to var/memstats/
+# (ugent_site/memstats.py, docs/performance.md "Memory").
+UGENT_MEMSTATS = env("UGENT_MEMSTATS", default="")
 # Seconds between SSE keep-alive comment lines.
 UGENT_SSE_KEEPALIVE = env.float("UGENT_SSE_KEEPALIVE", default=15.0)
 # Events an SSE subscriber's queue holds before it is cut loose with a ugent.gap (docs/streams.md).

@@ -38,6 +38,8 @@ class Command(BaseCommand):
         # One process hosts the web loop, executor threads and the turn worker: hand the GIL over
         # sooner than the default 5 ms so a woken thread does not wait out another's slice.
         sys.setswitchinterval(0.0005)
+        from ugent_site import memstats
+        memstats.start(settings.UGENT_MEMSTATS, settings.VAR_DIR / "memstats")
         # ...and keep those threads on one core (UGENT_CPU_AFFINITY, ugent_common/affinity.py).
         from ugent_common import affinity
         cpus = affinity.pin(settings.UGENT_CPU_AFFINITY)

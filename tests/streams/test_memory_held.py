@@ -1,0 +1,114 @@
+"""The real daemon keeps nothing per turn, per stream or per request once they are done (issue #17, item 5).
+
+Turns of every kind go through the embedded daemon over HTTP (non-stream, stream, a stream whose client
+hangs up mid-turn, a request whose client leaves before the answer, event-stream subscribers that come
+and go); then the daemon's memory report (UGENT_MEMSTATS, ugent_site/memstats.py) must show every
+structure the hub fills per turn, stream or writer back at zero, and none of their objects alive."""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+from tests.streams.live import read_events
+from tests.support.daemon import Daemon
+
+pytestmark = pytest.mark.skipif(bool(os.environ.get("REDIS_URL")), reason="the embedded daemon's own structures")
+
+#: Objects of these types belong to one turn, stream or subscriber: none may outlive it.
+PER_TURN_TYPES = ("channels_app.notify.Waiter", "channels_app.notify.BlockingWaiter", "channels_app.fanout.Tap",
+                  "channels_app.fanout.Reader", "channels_app.streams.Subscription", "channels_app.notify.TurnBatch",
+                  "channels_app.sse.ChunkRenderer")
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    d = Daemon(tmp_path_factory.mktemp("memory-held"), extra_env={"UGENT_MEMSTATS": "true"}).start()
+    yield d
+    d.close()
+
+
+def memory_report(d: Daemon, n: int, **request) -> dict:
+    pid = d.procs[0].pid
+    path = d.tmp / "var" / "memstats" / f"{pid}-{n}.json"
+    (d.tmp / "var" / "memstats" / "request.json").write_text(json.dumps({"collect": True, **request}))
+    os.kill(pid, signal.SIGUSR2)
+    deadline = time.monotonic() + 30
+    while not path.exists():
+        assert time.monotonic() < deadline, "the daemon wrote no memory report"
+        time.sleep(0.05)
+    return json.loads(path.read_text())
+
+
+def chat(d: Daemon, conv: str, i: int, *, stream: bool, text: str | None = None):
+    body = {"messages": [{"role": "user", "content": text or f"hello {i}"}], "stream": stream,
+            "conversation_id": conv, "client_message_id": f"m-{i}", "user": "alice"}
+    r = httpx.post(d.base + "/v1/chat/completions", json=body, headers={"x-api-key": d.key}, timeout=60)
+    assert r.status_code == 200, r.text
+    return r
+
+
+def hang_up_mid_stream(d: Daemon, conv: str, i: int):
+    body = {"messages": [{"role": "user", "content": "script:slow=0.02|answer=" + " ".join(f"w{k}" for k in range(20))}],
+            "stream": True, "conversation_id": conv, "client_message_id": f"m-{i}", "user": "alice"}
+    with httpx.stream("POST", d.base + "/v1/chat/completions", json=body, headers={"x-api-key": d.key},
+                      timeout=30) as resp:
+        assert resp.status_code == 200
+        next(resp.iter_lines())  # the turn runs; now hang up
+
+
+def leave_before_the_answer(d: Daemon, conv: str, i: int):
+    body = {"messages": [{"role": "user", "content": "script:sleep=0.5|answer=late"}], "stream": False,
+            "conversation_id": conv, "client_message_id": f"m-{i}", "user": "alice"}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(d.base + "/v1/chat/completions", json=body, headers={"x-api-key": d.key},
+                   timeout=httpx.Timeout(0.2, connect=5))
+
+
+def settled(d: Daemon, first: int) -> tuple[dict, int]:
+    """A report once the turns left running by the clients that left have ended (leases released)."""
+    n, deadline = first, time.monotonic() + 30
+    while True:
+        rep = memory_report(d, n)
+        n += 1
+        if not any(rep["held"].values()) or time.monotonic() > deadline:
+            return rep, n
+        time.sleep(0.3)
+
+
+def one_of_each(d: Daemon, c: int) -> None:
+    """In one new conversation: a subscriber of it and one of the whole log, each leaving after a turn;
+    non-stream and stream turns; a stream whose client hangs up; a request whose client leaves."""
+    conv = f"held-{c}"
+    completed = lambda ev: any(e["event"] == "turn.completed" for e in ev)  # noqa: E731
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        subscribers = [pool.submit(read_events, d.base, d.key, conversation_id=conv, user="alice", until=completed),
+                       pool.submit(read_events, d.base, d.key, user="alice", until=completed)]
+        time.sleep(0.2)  # the subscribers have joined
+        for i in range(4):
+            chat(d, conv, 10 * c + i, stream=bool(i % 2))
+        hang_up_mid_stream(d, conv, 10 * c + 5)
+        leave_before_the_answer(d, conv, 10 * c + 6)
+        for job in subscribers:
+            job.result(timeout=60)
+
+
+def test_after_turns_of_every_kind_nothing_per_turn_or_stream_is_held(daemon):
+    one_of_each(daemon, 0)  # warm: every statement, the engine and the threads exist from here on
+    before, n = settled(daemon, 1)
+    assert before["held"] == {k: 0 for k in before["held"]}, before["held"]
+
+    for c in range(1, 6):
+        one_of_each(daemon, c)
+
+    after, _ = settled(daemon, n)
+    assert after["held"] == {k: 0 for k in after["held"]}, after["held"]
+    alive = {t: after["gc_types"].get(t, 0) for t in PER_TURN_TYPES}
+    assert alive == {t: 0 for t in PER_TURN_TYPES}, alive
+    # the caches keyed by a thing (a statement, a key, a profile) stop growing once each was seen
+    assert after["caches"] == before["caches"]

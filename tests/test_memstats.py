@@ -1,0 +1,110 @@
+"""UGENT_MEMSTATS: off by default; on, SIGUSR2 makes the process write a memory report (ugent_site/memstats.py)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ugent_site import memstats
+
+ROOT = Path(__file__).resolve().parents[1]
+class _Kept:
+    pass
+
+
+linux_only = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
+
+
+@linux_only
+def test_a_report_names_rss_malloc_sqlite_and_the_objects_by_type(tmp_path):
+    import sqlite3
+    conn = sqlite3.connect(tmp_path / "x.sqlite3")  # SQLite's library is loaded and allocating
+    conn.execute("CREATE TABLE t (x)")
+    keep = [_Kept() for _ in range(5000)]
+    rep = memstats.report()
+    assert rep["rss_kb"] > 10_000
+    assert rep["malloc"]["in_use_kb"] > 0 and rep["malloc"]["free_kb"] >= 0
+    assert rep["sqlite"]["memory_used_kb"] > 0
+    assert rep["python"]["allocated_blocks"] > 0
+    assert rep["gc_objects"] >= sum(rep["gc_types"].values())
+    assert rep["gc_types"].get("tests.test_memstats._Kept", 0) >= 5000
+    assert "rss_after_trim_kb" not in rep
+    assert memstats.report(trim=True)["rss_after_trim_kb"] > 0
+    conn.close()
+    del keep
+
+
+def test_off_by_default_and_when_false(tmp_path):
+    assert memstats.start("", tmp_path / "a") is False
+    assert memstats.start("false", tmp_path / "b") is False
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+PROBE = r"""
+import sys, time, tracemalloc
+sys.path.insert(0, {root!r})
+from pathlib import Path
+from ugent_site import memstats
+assert memstats.start({mode!r}, Path({directory!r}))
+print("ready", flush=True)
+sys.stdin.readline()
+"""
+
+
+def _probe(mode: str, directory: Path, env: dict | None = None) -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, "-c", PROBE.format(root=str(ROOT), mode=mode, directory=str(directory))],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+    assert p.stdout.readline().strip() == "ready"
+    return p
+
+
+def _wait_for(path: Path, timeout: float = 30) -> dict:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"no report at {path}"
+        time.sleep(0.05)
+    return json.loads(path.read_text())
+
+
+@linux_only
+def test_sigusr2_writes_numbered_reports_and_a_request_file_asks_for_a_trim(tmp_path):
+    p = _probe("true", tmp_path)
+    try:
+        os.kill(p.pid, signal.SIGUSR2)
+        first = _wait_for(tmp_path / f"{p.pid}-1.json")
+        assert first["pid"] == p.pid and "rss_after_trim_kb" not in first
+        assert "tracemalloc_snapshot" not in first  # not tracing
+        (tmp_path / "request.json").write_text(json.dumps({"trim": True}))
+        os.kill(p.pid, signal.SIGUSR2)
+        second = _wait_for(tmp_path / f"{p.pid}-2.json")
+        assert second["rss_after_trim_kb"] > 0
+        assert not (tmp_path / "request.json").exists()  # one request, one report
+    finally:
+        p.stdin.write("\n")
+        p.stdin.flush()
+        p.wait(10)
+
+
+@linux_only
+def test_with_tracemalloc_tracing_a_report_carries_a_snapshot_that_loads(tmp_path):
+    import tracemalloc
+    p = _probe("true", tmp_path, {"PYTHONTRACEMALLOC": "3"})
+    try:
+        os.kill(p.pid, signal.SIGUSR2)
+        rep = _wait_for(tmp_path / f"{p.pid}-1.json")
+        assert rep["python"]["traced_kb"] > 0
+        snapshot = tracemalloc.Snapshot.load(rep["tracemalloc_snapshot"])
+        assert snapshot.statistics("filename")
+        (tmp_path / "request.json").write_text(json.dumps({"snapshot": False}))
+        os.kill(p.pid, signal.SIGUSR2)
+        assert "tracemalloc_snapshot" not in _wait_for(tmp_path / f"{p.pid}-2.json")
+    finally:
+        p.stdin.write("\n")
+        p.stdin.flush()
+        p.wait(10)

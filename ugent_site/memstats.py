@@ -1,0 +1,284 @@
+"""What the daemon's memory holds, on request: a debug hook, off unless UGENT_MEMSTATS is set.
+
+With `UGENT_MEMSTATS=true` (read once, when rundaemon starts) the daemon writes a report each time it
+gets SIGUSR2 (`kill -USR2 <pid>`), to `<UGENT_VAR_DIR>/memstats/<pid>-<n>.json`:
+
+* `rss_kb`: the process's resident set (VmRSS);
+* `malloc`: glibc's mallinfo2 — bytes malloc holds from the system (`arena` + `mmapped`), bytes in
+  use (`in_use`) and bytes free but kept (`free`); RSS that is `free` here is the allocator's, not
+  a leak;
+* `sqlite`: the bytes SQLite's library has allocated (`sqlite3_memory_used`: page caches,
+  statements, schemas of every connection in the process), their high-water mark, the connections
+  open, and what their page caches may hold at most (connections x the default `cache_size`);
+* `rss_anon_kb` / `rss_file_kb`: RSS in anonymous pages (heaps, arenas, stacks) and in mapped files
+  (code, shared libraries): only the first can grow with use;
+* `pymalloc`: Python's small-object allocator (its arenas are mapped directly, outside malloc's
+  figures): bytes its arenas hold, bytes in blocks in use, and bytes free inside its arenas
+  (available blocks and unused pools), from `sys._debugmallocstats()`;
+* `python`: pymalloc's allocated blocks, and with tracemalloc tracing (start the daemon with
+  `PYTHONTRACEMALLOC=<frames>`) the bytes Python code holds (`traced_kb`) and their peak;
+* `gc_types`: the objects the garbage collector tracks, counted by type (`module.Class`), most first;
+* `held`: what the hub keeps per turn, stream or database file while it works, which must go back
+  to its idle size when the work is done: notify's topics and waiters, the fan-out's readers and
+  their subscribers, the turns whose leases this process renews, writers queued for SQLite, turns
+  queued for the turn threads;
+* `caches`: the sizes of the process's caches keyed by a thing, not by a turn (a statement's SQL, an
+  API key, a toolbox class, a profile version): they stop growing once every such thing was seen;
+* `tracemalloc_snapshot`: when tracing, a snapshot dumped beside the report
+  (`tracemalloc.Snapshot.load(path)`; diff two with `compare_to(old, "lineno")`).
+
+A file `request.json` in that directory, when the signal comes, changes the next report (and is then
+removed): `{"tracemalloc": <frames>}` starts tracing first (so a daemon started without
+PYTHONTRACEMALLOC traces from then on, start-up and imports aside), `{"snapshot": false}` skips the
+snapshot (a large one holds the GIL for seconds), and
+`{"trim": true}` calls `malloc_trim(0)` after it and records `rss_after_trim_kb`: what RSS falls to
+once the allocator gives back the free pages it holds; `{"collect": true}` runs a full garbage
+collection first (so the counts are of live objects, not of garbage not yet collected), and
+`{"referrers": "module.Class"}` adds what holds up to five objects of that type, four levels up.
+bench/memory_rss.py and tests/streams/test_memory_held.py use them.
+
+The signal handler only wakes a thread, which writes the report (no work in the handler).
+"""
+from __future__ import annotations
+
+import collections
+import ctypes
+import ctypes.util
+import gc
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import tracemalloc
+from pathlib import Path
+
+log = logging.getLogger("ugent.memstats")
+_started = False
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+                 "fordblks", "keepcost")]
+
+
+def _libc():
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallinfo2.restype = _Mallinfo2
+        libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        return libc
+    except (OSError, AttributeError):  # not glibc (musl, macOS): the report goes without malloc's figures
+        return None
+
+
+def _libsqlite():
+    try:
+        lib = ctypes.CDLL(ctypes.util.find_library("sqlite3") or "libsqlite3.so.0")  # the one _sqlite3 loaded
+        lib.sqlite3_memory_used.restype = ctypes.c_int64
+        lib.sqlite3_memory_highwater.restype = ctypes.c_int64
+        lib.sqlite3_memory_highwater.argtypes = [ctypes.c_int]
+        return lib
+    except (OSError, AttributeError):  # SQLite linked into Python statically: no figure
+        return None
+
+
+def _status() -> dict[str, int]:
+    out = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name in ("VmRSS", "RssAnon", "RssFile"):
+            out[name] = int(value.split()[0])
+    return out
+
+
+def rss_kb() -> int:
+    return _status().get("VmRSS", 0)
+
+
+def pymalloc() -> dict:
+    """pymalloc's arenas, from `sys._debugmallocstats()` (it writes to fd 2: taken from there, briefly)."""
+    if not hasattr(sys, "_debugmallocstats"):
+        return {}
+    import tempfile
+    with tempfile.TemporaryFile("w+") as out:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        try:
+            os.dup2(out.fileno(), 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        out.seek(0)
+        text = out.read()
+    figures = {}
+    for line in text.splitlines():
+        left, _, right = line.partition("=")
+        left = left.strip()
+        try:
+            value = int(right.strip().replace(",", ""))
+        except ValueError:
+            continue
+        if "bytes/arena" in left:
+            figures["arenas_kb"] = value // 1024
+        elif left == "# bytes in allocated blocks":
+            figures["in_use_kb"] = value // 1024
+        elif left == "# bytes in available blocks":
+            figures["free_kb"] = figures.get("free_kb", 0) + value // 1024
+        elif "unused pools" in left:
+            figures["free_kb"] = figures.get("free_kb", 0) + value // 1024
+    return figures
+
+
+def _type_name(cls: type) -> str:
+    module = cls.__module__
+    return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
+
+
+def _referrers(type_name: str, depth: int = 4) -> list:
+    """What holds the objects of one type: for each (at most 5), its referrers' types, `depth` levels up."""
+    found = [o for o in gc.get_objects() if _type_name(type(o)) == type_name][:5]
+
+    def up(obj, level, seen):
+        if level == 0:
+            return []
+        out = []
+        for ref in gc.get_referrers(obj):
+            if id(ref) in seen or ref is found or isinstance(ref, type(sys._getframe())):
+                continue
+            seen.add(id(ref))
+            label = _type_name(type(ref))
+            if isinstance(ref, dict):
+                label += f" keys={list(ref)[:6]}"
+            out.append([label, up(ref, level - 1, seen)])
+            if len(out) >= 6:
+                break
+        return out
+
+    return [[repr(o)[:120], up(o, depth, {id(found)})] for o in found]
+
+
+def held() -> dict:
+    """The sizes of the hub's per-turn and per-stream structures (each 0 when nothing runs)."""
+    from channels_app import dispatch, fanout, notify
+    from channels_app.runner import lease_keeper
+    from ugent_site.db import base as sqlite_backend
+
+    with notify._lock:
+        topics = len(notify._waiters)
+        waiters = sum(len(w) for w in notify._waiters.values())
+    readers = fanout.hub().readers()
+    pool = dispatch._local_pool
+    with sqlite_backend._queues_lock:
+        queued_writers = sum(q.waiting for q in sqlite_backend._queues.values())
+    return {"notify_topics": topics, "notify_waiters": waiters, "fanout_readers": len(readers),
+            "fanout_subscribers": sum(len(r.taps) for r in readers), "leases_held": len(lease_keeper.held()),
+            "sqlite_writers_queued": queued_writers,
+            "turns_queued": pool.executor._work_queue.qsize() if pool is not None else 0}
+
+
+def caches() -> dict:
+    from channels_app import auth, tools
+    from plugins_app.agent.engines import registry
+    from ugent_common import rows
+    return {"rows_sql": len(rows._qmark_sql), "rows_tables": len(rows._tables), "auth_keys_marked": len(auth._key_marked),
+            "auth_digests": len(auth._digests), "tool_specs": len(tools._spec_cache),
+            "engine_instances": len(registry._instances)}
+
+
+def report(*, trim: bool = False, snapshot_path: Path | None = None, collect: bool = False,
+           referrers: str = "") -> dict:
+    """The figures above, for this process, now (after a full collection with `collect`)."""
+    if collect:
+        gc.collect()
+    status = _status()
+    out: dict = {"pid": os.getpid(), "time": time.time(), "rss_kb": status.get("VmRSS", 0),
+                 "rss_anon_kb": status.get("RssAnon", 0), "rss_file_kb": status.get("RssFile", 0),
+                 "threads": threading.active_count(), "pymalloc": pymalloc()}
+    libc = _libc()
+    if libc is not None:
+        m = libc.mallinfo2()
+        out["malloc"] = {"arena_kb": m.arena // 1024, "mmapped_kb": m.hblkhd // 1024,
+                         "in_use_kb": (m.uordblks + m.hblkhd) // 1024, "free_kb": m.fordblks // 1024,
+                         "top_releasable_kb": m.keepcost // 1024}
+    sqlite = _libsqlite()
+    if sqlite is not None:
+        out["sqlite"] = {"memory_used_kb": sqlite.sqlite3_memory_used() // 1024,
+                         "highwater_kb": sqlite.sqlite3_memory_highwater(0) // 1024}
+    out["python"] = {"allocated_blocks": sys.getallocatedblocks()}
+    if tracemalloc.is_tracing():
+        current, peak = tracemalloc.get_traced_memory()
+        out["python"].update(traced_kb=current // 1024, traced_peak_kb=peak // 1024)
+        if snapshot_path is not None:
+            tracemalloc.take_snapshot().dump(str(snapshot_path))
+            out["tracemalloc_snapshot"] = str(snapshot_path)
+    try:
+        out["held"] = held()
+    except Exception as exc:  # a process that is not the daemon (no hub loaded): no figures
+        out["held"] = {"error": repr(exc)}
+    try:
+        out["caches"] = caches()
+    except Exception as exc:
+        out["caches"] = {"error": repr(exc)}
+    counts = collections.Counter(_type_name(type(o)) for o in gc.get_objects())
+    out["gc_objects"] = sum(counts.values())
+    out["gc_types"] = dict(counts.most_common())
+    if "sqlite" in out:
+        # each connection's page cache stops at cache_size (SQLite's default, unless a PRAGMA changed it)
+        import sqlite3
+        probe = sqlite3.connect(":memory:")
+        try:
+            (cache_size,) = probe.execute("PRAGMA cache_size").fetchone()
+        finally:
+            probe.close()
+        connections = counts.get("sqlite3.Connection", 0)
+        each_kb = -cache_size if cache_size < 0 else cache_size * 4  # negative: KiB; positive: pages (4 KiB)
+        out["sqlite"].update(connections=connections, page_cache_bound_kb=connections * each_kb)
+    if referrers:
+        out["referrers"] = _referrers(referrers)
+    if trim and libc is not None:
+        libc.malloc_trim(0)
+        out["rss_after_trim_kb"] = rss_kb()
+    return out
+
+
+def start(mode: str, directory: Path) -> bool:
+    """Install the SIGUSR2 hook when `mode` (UGENT_MEMSTATS) is on; True when it is."""
+    global _started
+    mode = (mode or "").strip().lower()
+    if mode in ("", "0", "false", "off", "no") or _started:
+        return False
+    directory.mkdir(parents=True, exist_ok=True)
+    wanted = threading.Event()
+
+    def write_reports():
+        n = 0
+        while True:
+            wanted.wait()
+            wanted.clear()
+            n += 1
+            base = directory / f"{os.getpid()}-{n}"
+            try:
+                request = directory / "request.json"
+                asked = json.loads(request.read_text()) if request.exists() else {}
+                request.unlink(missing_ok=True)
+                if asked.get("tracemalloc") and not tracemalloc.is_tracing():
+                    tracemalloc.start(int(asked["tracemalloc"]))
+                snapshot = base.with_suffix(".tracemalloc") if asked.get("snapshot", True) else None
+                data = report(trim=bool(asked.get("trim")), snapshot_path=snapshot,
+                              collect=bool(asked.get("collect")), referrers=asked.get("referrers", ""))
+                tmp = base.with_suffix(".tmp")
+                tmp.write_text(json.dumps(data, indent=1))
+                tmp.rename(base.with_suffix(".json"))  # a reader never sees half a report
+            except Exception:
+                log.exception("memstats report failed")
+
+    threading.Thread(target=write_reports, name="ugent-memstats", daemon=True).start()
+    signal.signal(signal.SIGUSR2, lambda *_: wanted.set())
+    _started = True
+    log.warning("memstats on: kill -USR2 %s writes a memory report to %s", os.getpid(), directory)
+    return True
