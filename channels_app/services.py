@@ -378,14 +378,15 @@ def _submit_locked(inbound: Submission, conversation: Conversation, created: boo
                  **({"delegate_research": ctx.delegate_research} if ctx.delegate_research else {}),
                  **({"caller_defaults": inbound.extra["caller_defaults"]}
                     if inbound.extra.get("caller_defaults") else {})})
-    rows.table(Message).insert(conversation=conversation, role=Message.Role.USER, content=inbound.text,
-                               actor=inbound.actor, turn=turn)
+    # the user's message goes in the event append's round trip
+    message = rows.table(Message).insert_step(conversation=conversation, role=Message.Role.USER,
+                                              content=inbound.text, actor=inbound.actor, turn=turn)
     user_event = {"turn_id": turn.turn_id, "client_message_id": receipt.client_message_id,
                   "content": inbound.text, "role": "user", "actor": inbound.actor.key}
     if inbound.input_mode:
         user_event["input_mode"] = inbound.input_mode
     event_append(conversation_id=conversation.id, turn_pk=turn.pk, type="ugent.user_message",
-                 data=user_event, new_turn=True)
+                 data=user_event, new_turn=True, before=[message])
     if on_turn is not None:
         on_turn(turn)
     result = SubmissionResult(receipt=receipt, turn=turn, conversation=conversation, stopped=stop)
