@@ -367,6 +367,11 @@ class TurnRun:
                 return False
             rows.table(Receipt).update({"id": turn.receipt_id}, state=ReceiptState.RUNNING, started_at=now)
         self.writer = DeltaWriter(turn)
+        if (turn.context or {}).get("answer_whole"):
+            # Nobody waits for its first token (a non-stream request): that delta is coalesced like
+            # every later one, written with a token that comes COALESCE_SECONDS after it or with the
+            # end, so a fast answer is one transaction (one WAL flush in servers mode), not two.
+            self.writer.last_flush = time.monotonic()
         # What the claim read stands for the first check: a stop or steering sent before the turn
         # started is seen at once, and the next look at the database is one interval away.
         self.last_check = self.started = time.monotonic()
