@@ -13,7 +13,14 @@ Also prints the daemon's CPU time per turn (all its processes), the figure
 that bounds turns per second on a small machine.
 
 Usage: python bench/chat_latency.py [--requests 1000] [--concurrency 16] [--servers]
+                                     [--servers-baseline DIR] [--rounds N] [--only CASES]
                                      [--against litellm] [--sqlite-writers]
+  --servers-baseline DIR
+             with --servers: a second layout running the checkout in DIR (say `git worktree
+             add DIR <commit>`), measured beside this checkout's: before and after in one run
+  --rounds N each case in N rounds, every target once per round, so that a machine whose
+             speed drifts loads both sides of a comparison alike
+  --only     the cases to run, comma-separated: non-stream-1, stream-1, non-stream-N, stream-N
   --sqlite-writers
              also an embedded daemon on Django's own SQLite backend, whose writers wait
              in SQLite's sleeping busy handler, measured beside the writer queue
@@ -129,12 +136,27 @@ def run(label, url, headers, model, *, n, concurrency, stream, progress=True, pi
     with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
         list(pool.map(work, range(n)))
     wall = time.perf_counter() - t0
-    cpu = (process_cpu_seconds(pids) - cpu0) / n * 1000 if pids else None
+    cpu_s = process_cpu_seconds(pids) - cpu0 if pids else None
     while not clients.empty():
         clients.get().close()
-    return {"p50": pct(lat, 50) * 1000, "p99": pct(lat, 99) * 1000, "rps": n / wall, "cpu": cpu,
+    return summary({"lat": lat, "ttft": ttft, "tail": tail, "wall": wall, "n": n, "cpu_s": cpu_s})
+
+
+def summary(raw: dict) -> dict:
+    """Percentiles, turns/s and CPU per turn of one run, or of several runs' raw figures merged."""
+    lat, ttft, tail, n = raw["lat"], raw["ttft"], raw["tail"], raw["n"]
+    return {"p50": pct(lat, 50) * 1000, "p99": pct(lat, 99) * 1000, "rps": n / raw["wall"],
+            "cpu": raw["cpu_s"] / n * 1000 if raw["cpu_s"] is not None else None,
             "ttft50": pct(ttft, 50) * 1000 if ttft else None, "tail50": pct(tail, 50) * 1000 if tail else None,
-            "tail99": pct(tail, 99) * 1000 if tail else None}
+            "tail99": pct(tail, 99) * 1000 if tail else None, "raw": raw}
+
+
+def merged(runs: list[dict]) -> dict:
+    raws = [r["raw"] for r in runs]
+    cpu = [r["cpu_s"] for r in raws]
+    return summary({"lat": [x for r in raws for x in r["lat"]], "ttft": [x for r in raws for x in r["ttft"]],
+                    "tail": [x for r in raws for x in r["tail"]], "wall": sum(r["wall"] for r in raws),
+                    "n": sum(r["n"] for r in raws), "cpu_s": None if None in cpu else sum(cpu)})
 
 
 def bench_profile(stub_url: str) -> str:
@@ -159,6 +181,12 @@ def main():
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--servers", action="store_true",
                     help="also the servers-mode layout of docs/deploy.md, measured through its proxy")
+    ap.add_argument("--servers-baseline", metavar="DIR",
+                    help="also a second servers layout running the checkout in DIR (e.g. `git worktree add DIR "
+                         "<commit>`), beside this one: before/after in one run")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="split each case into this many rounds, every target once per round (interleaved A/B)")
+    ap.add_argument("--only", help="comma-separated cases to run (non-stream-1, stream-1, non-stream-N, stream-N)")
     ap.add_argument("--against", choices=["litellm"], help="measure another gateway interleaved with UGENT")
     ap.add_argument("--sqlite-writers", action="store_true",
                     help="also an embedded daemon on Django's own SQLite backend (UGENT_SQLITE_WRITER_QUEUE="
@@ -181,6 +209,13 @@ def main():
                             None))
             lay.start(profiles_shell=bench_profile(stub_url))
             started[-1] = started[-1][:3] + (lay.pids(),)
+        if args.servers_baseline:
+            base_layout = baseline_layout_class(Path(args.servers_baseline))
+            blay = base_layout(Path(tempfile.mkdtemp(prefix="ugent-bench-layout-base-")))
+            started.append(("srv-base", blay, (blay.base + "/v1/chat/completions", {"x-api-key": blay.key}, "bench"),
+                            None))
+            blay.start(profiles_shell=bench_profile(stub_url))
+            started[-1] = started[-1][:3] + (blay.pids(),)
         direct = (stub_url + "/chat/completions", {}, "stub-model")
         n = args.requests
         if args.against == "litellm":
@@ -189,15 +224,33 @@ def main():
         targets = " and ".join({"embedded": "the embedded daemon",
                                 "busywait": "an embedded daemon on Django's SQLite backend (busy handler)",
                                 "servers": "the servers layout through HAProxy (2 web, 2 workers, PostgreSQL, "
-                                           "Redis)"}[name] for name, *_ in started)
-        print(f"chat API added latency: {n} requests each, stub upstream, {targets}", flush=True)
+                                           "Redis)",
+                                "srv-base": f"the same layout running {args.servers_baseline}"}[name]
+                           for name, *_ in started)
+        rounds = max(1, args.rounds)
+        print(f"chat API added latency: {n} requests each, stub upstream, {targets}"
+              + (f"; interleaved in {rounds} rounds" if rounds > 1 else ""), flush=True)
         rows = []
-        for name, stream, conc in (("non-stream c=1", False, 1), ("stream c=1", True, 1),
-                                   (f"non-stream c={args.concurrency}", False, args.concurrency),
-                                   (f"stream c={args.concurrency}", True, args.concurrency)):
-            base = run("direct " + name, *direct, n=n, concurrency=conc, stream=stream)
-            mine = [(who, run(f"{who} " + name, *target, n=n, concurrency=conc, stream=stream, pids=pids))
-                    for who, _, target, pids in started]
+        cases = [("non-stream-1", "non-stream c=1", False, 1), ("stream-1", "stream c=1", True, 1),
+                 ("non-stream-N", f"non-stream c={args.concurrency}", False, args.concurrency),
+                 ("stream-N", f"stream c={args.concurrency}", True, args.concurrency)]
+        only = set(args.only.split(",")) if args.only else None
+        for key, name, stream, conc in cases:
+            if only is not None and key not in only:
+                continue
+            chunk = max(conc, n // rounds)
+            runs: dict[str, list] = {"direct": [], **{who: [] for who, *_ in started}}
+            for rnd in range(rounds):
+                progress = rounds == 1
+                runs["direct"].append(run("direct " + name, *direct, n=chunk, concurrency=conc, stream=stream,
+                                          progress=progress))
+                for who, _, target, pids in started:
+                    runs[who].append(run(f"{who} " + name, *target, n=chunk, concurrency=conc, stream=stream,
+                                         pids=pids, progress=progress))
+                if not progress:
+                    print(f"  {name}: round {rnd + 1}/{rounds}", file=sys.stderr, flush=True)
+            base = merged(runs["direct"])
+            mine = [(who, merged(runs[who])) for who, *_ in started]
             rows.append((name, base, mine))
         print(f"\n{'case':<18}{'':>9}{'p50 ms':>9}{'p99 ms':>9}{'req/s':>9}{'ttft50':>9}{'[DONE]-last p50/p99':>22}"
               f"{'cpu ms/turn':>13}")
@@ -217,6 +270,13 @@ def main():
                 e, srv = by["embedded"], by["servers"]
                 print(f"{'':<18}{'srv/emb':>9}{srv['p50'] / e['p50']:>8.2f}x{srv['p99'] / e['p99']:>8.2f}x"
                       f"{srv['rps'] / e['rps']:>8.2f}x  (servers over embedded)")
+            if "srv-base" in by:
+                a, b = by["servers"], by["srv-base"]
+                added = lambda r: r["p50"] - base["p50"]  # noqa: E731
+                cpu = f"{a['cpu'] / b['cpu']:>8.2f}x" if a["cpu"] and b["cpu"] else ""
+                print(f"{'':<18}{'srv/base':>9}{a['p50'] / b['p50']:>8.2f}x{a['p99'] / b['p99']:>8.2f}x"
+                      f"{a['rps'] / b['rps']:>8.2f}x{cpu}  (this checkout over the baseline: p50, p99, req/s, cpu; "
+                      f"added p50 {added(a):.2f} against {added(b):.2f} ms, {added(a) / added(b):.2f}x)")
             if "busywait" in by:
                 e, bw = by["embedded"], by["busywait"]
                 print(f"{'':<18}{'emb/busy':>9}{e['p50'] / bw['p50']:>8.2f}x{e['p99'] / bw['p99']:>8.2f}x"
@@ -227,6 +287,21 @@ def main():
         for _, obj, _, _ in started:
             obj.close()
         stub.terminate()
+
+
+def baseline_layout_class(root: Path):
+    """tests/support/layout.py's Layout from another checkout: its processes run that checkout's code
+    (the class finds its tree from its own file), over the same private PostgreSQL and Redis."""
+    import importlib.util
+    path = root / "tests" / "support" / "layout.py"
+    spec = importlib.util.spec_from_file_location("baseline_layout", path)
+    module = importlib.util.module_from_spec(spec)
+    saved = list(sys.path)
+    try:
+        spec.loader.exec_module(module)
+    finally:  # it puts its tree first on sys.path: this process keeps importing its own
+        sys.path[:] = saved
+    return module.Layout
 
 
 # --- against LiteLLM's proxy -------------------------------------------------------------------------

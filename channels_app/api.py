@@ -311,7 +311,7 @@ def _submit(principal, data: dict, on_turn=None):
         disable_code_context=data["ugent_disable_code_context"],
         disable_memory_write=data["ugent_disable_memory_write"],
         include_thinking=data["include_thinking"], citation_ids=data.get("ugent_citation_ids") or [],
-        file_ids=last_user_file_ids(data["messages"]))
+        file_ids=last_user_file_ids(data["messages"]), answer_whole=not data["stream"])
     return services.message_submit(inbound=inbound, on_turn=on_turn)
 
 

@@ -39,29 +39,48 @@ def _lock_log() -> None:
 
 
 def event_append(*, conversation_id: int, type: str, data: dict, turn_pk: int | None = None,
-                 audience: list[str] | None = None, new_turn: bool = False) -> int:
+                 audience: list[str] | None = None, new_turn: bool = False, before: list | None = None) -> int:
     """Append one event; readers are woken when the transaction commits. Returns its cursor."""
     return events_append(conversation_id=conversation_id, turn_pk=turn_pk,
-                         items=[(type, data, audience or [])], new_turn=new_turn)[0]
+                         items=[(type, data, audience or [])], new_turn=new_turn, before=before)[0]
 
 
 def events_append(*, conversation_id: int, turn_pk: int | None,
-                  items: list[tuple[str, dict, list[str]]], new_turn: bool = False) -> list[int]:
+                  items: list[tuple[str, dict, list[str]]], new_turn: bool = False, before: list | None = None,
+                  guard=None) -> list[int]:
     """Append events in order; their cursors. `new_turn`: the turn was created in this transaction
-    and has no events yet."""
+    and has no events yet.
+
+    One round trip on PostgreSQL (`rows.batch`): the log's lock, the turn's previous event id, the
+    inserts. `before`: statements (rows.Step) of the same transaction sent ahead of them in that
+    trip, whose results nobody reads. `guard`: (step, check), a statement run under the log's lock
+    before the inserts and `check(its result)`, which raises to undo the append (and its transaction)."""
     table = rows.table(Event)
     # No savepoint of its own: an append inside a caller's transaction commits or fails with it.
     with transaction.atomic(savepoint=False):
-        _lock_log()
-        ids = [table.insert(conversation_id=conversation_id, turn_id=turn_pk, type=t, data=d, audience=a)
-               for t, d, a in items]
+        steps = list(before or []) + [statements.event_log_lock_step()]
+        at_guard = len(steps)
+        if guard is not None:
+            steps.append(guard[0])
+        # Under the log's lock (SQLite: the one writer) every event of the turn has committed, and none
+        # can be added before our inserts: the turn's newest event now is the one before our first.
+        at_prev = len(steps)
+        with_prev = turn_pk is not None and bool(items) and not new_turn
+        if with_prev:
+            steps.append(statements.turn_event_latest_step(turn_pk))
+        at_ids = len(steps)
+        steps += [table.insert_step(conversation_id=conversation_id, turn_id=turn_pk, type=t, data=d, audience=a)
+                  for t, d, a in items]
+        results = rows.batch(steps)
+        if guard is not None:
+            guard[1](results[at_guard])
+        ids = results[at_ids:]
         topics = [LOG_TOPIC, conversation_topic(conversation_id)]
         batch = None
         if turn_pk is not None and ids:
             topics.append(turn_topic(turn_pk))
-            # Under the log's lock (SQLite: the one writer) every event of the turn below our first
-            # id has committed, so `prev` is exact: a reader at that cursor can take these rows as they are.
-            prev = 0 if new_turn else statements.event_id_before(turn_pk, ids[0])
+            # `prev` is exact: a reader at that cursor can take these rows as they are.
+            prev = results[at_prev] if with_prev else 0
             batch = (turn_topic(turn_pk), notify.TurnBatch(prev=prev, rows=tuple(
                 (i, t, d) for i, (t, d, _a) in zip(ids, items))))
         transaction.on_commit(lambda: notify.publish(*topics, batch=batch))

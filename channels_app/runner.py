@@ -83,10 +83,6 @@ class EndOutcome(enum.Enum):
     STEERING_WAITS = "steering_waits"  # completion only: a steering waits, which the runner runs
 
 
-def _turn_running(turn_pk: int) -> bool:
-    return statements.turn_state(turn_pk) == TurnState.RUNNING
-
-
 class DeltaWriter:
     """Buffers answer/thinking text and writes it as turn.delta events, only while the turn runs."""
 
@@ -116,21 +112,15 @@ class DeltaWriter:
         """Write what is buffered; TurnEnded (and nothing written) when the turn no longer runs."""
         items = self.pending() + (extra or [])
         if items:
-            with transaction.atomic(savepoint=False):
-                log_lock()
-                if not _turn_running(self.turn.pk):
-                    raise TurnEnded(self.turn.turn_id)
-                events_append(conversation_id=self.turn.conversation_id, turn_pk=self.turn.pk, items=items)
+            turn = self.turn
+
+            def still_running(state):
+                if state != TurnState.RUNNING:
+                    raise TurnEnded(turn.turn_id)  # the append's transaction rolls back: nothing written
+            # The state is read under the log's lock, in the append's one round trip.
+            events_append(conversation_id=turn.conversation_id, turn_pk=turn.pk, items=items,
+                          guard=(statements.turn_state_step(turn.pk), still_running))
         self.last_flush = time.monotonic()
-
-
-def _lock_turn(turn: Turn) -> None:
-    """Hold the turn's row (FOR NO KEY UPDATE, see channels_app.events) until the transaction ends."""
-    statements.turn_lock(turn.pk)
-
-
-def _steering_pending(turn: Turn) -> bool:
-    return statements.steering_pending(turn.pk)
 
 
 def _steerings_drop(turn: Turn) -> list:
@@ -189,8 +179,11 @@ def turn_end(*, turn: Turn, state: str, answer: str = "", reason: str = "", code
         turn_fields["ttft_ms"] = ttft_ms
     artifacts = list(artifacts or [])
     with transaction.atomic():
-        _lock_turn(turn)
-        if unless_steering_waits and _steering_pending(turn):
+        # The turn's row lock and the steering check in one round trip.
+        _locked, steering_waits = rows.batch([statements.turn_lock_step(turn.pk),
+                                              statements.steering_pending_step(turn.pk)
+                                              if unless_steering_waits else None])
+        if steering_waits:
             return EndOutcome.STEERING_WAITS
         if artifacts:  # under the turn's lock: a pending one finished meanwhile is listed finished
             artifacts = artifacts_mod.artifacts_at_end(turn, artifacts)
@@ -209,10 +202,12 @@ def turn_end(*, turn: Turn, state: str, answer: str = "", reason: str = "", code
             log_lock()
             answer = streamed_answer(turn.pk)
         receipt_fields["answer"] = answer
+        message = None
         if answer or end.keeps_empty_answer:
-            rows.table(Message).insert(conversation_id=turn.conversation_id, role=Message.Role.ASSISTANT,
-                                       content=answer, turn_id=turn.pk)
-        rows.table(Receipt).update({"id": turn.receipt_id}, **receipt_fields)
+            message = rows.table(Message).insert_step(conversation_id=turn.conversation_id,
+                                                      role=Message.Role.ASSISTANT, content=answer, turn_id=turn.pk)
+        # the answer and the receipt in one round trip
+        rows.batch([message, rows.table(Receipt).update_step({"id": turn.receipt_id}, **receipt_fields)])
         items = (writer.pending() if writer is not None else []) + list(pending or []) + dropped
         if citations and state == TurnState.COMPLETED:
             items.append(("ugent.citations", {"turn_id": turn.turn_id, "citations": citations}, []))
@@ -285,10 +280,11 @@ def build_messages(turn: Turn):
     from ovos_plugin_manager.templates.agents import AgentMessage, MessageRole
     profile = turn.profile
     limit = profile.history_turns if profile else 20
-    past = statements.history_tail(turn.conversation_id, turn.pk, limit)
+    # the history and the summary a compaction left, in one round trip
+    past, summary = rows.batch([statements.history_tail_step(turn.conversation_id, turn.pk, limit),
+                                statements.summary_latest_step(turn.conversation_id)])
     messages = [AgentMessage(role=MessageRole(role), content=content) for role, content in past]
     # The summary a compaction left stands for the history it hid.
-    summary = statements.summary_latest(turn.conversation_id)
     if summary:
         messages.insert(0, AgentMessage(role=MessageRole.SYSTEM, content=summary))
     for block in (turn.context or {}).get("injected_context", []):
@@ -351,16 +347,31 @@ class TurnRun:
         now = timezone.now()
         lease = now + timedelta(seconds=settings.UGENT_TURN_LEASE_SECONDS)
         with transaction.atomic():
-            if rows.table(Turn).update({"id": self.turn_pk, "state": TurnState.ACCEPTED},
-                                       state=TurnState.RUNNING, started_at=now, lease_expires_at=lease) != 1:
+            # One round trip: the claim, and the turn as it now stands. Its commit does not wait for
+            # the disk: nothing outside the database acts on a claim before a later commit of the
+            # turn that does (the first event any reader gets, a tool's start, the end) makes it
+            # durable too, so a database crash that loses it loses nothing anyone saw; the turn is
+            # then accepted again, as if this worker had never taken it (docs/performance.md).
+            _unflushed, claimed, turn = rows.batch([
+                statements.commit_unflushed_step(),
+                rows.table(Turn).update_step({"id": self.turn_pk, "state": TurnState.ACCEPTED},
+                                             state=TurnState.RUNNING, started_at=now, lease_expires_at=lease),
+                statements.turn_fetch_step(self.turn_pk)])
+            if claimed != 1:
                 return False
-            turn = self.turn = turn_fetch(self.turn_pk)
+            self.turn = turn
             reason = self.abandon_reason(now)
             if reason:
+                statements.commit_flushed()  # an end is answered: it waits for the disk, as every end does
                 turn_end(turn=turn, state=TurnState.ABANDONED, reason=reason, never_started=True)
                 return False
             rows.table(Receipt).update({"id": turn.receipt_id}, state=ReceiptState.RUNNING, started_at=now)
         self.writer = DeltaWriter(turn)
+        if (turn.context or {}).get("answer_whole"):
+            # Nobody waits for its first token (a non-stream request): that delta is coalesced like
+            # every later one, written with a token that comes COALESCE_SECONDS after it or with the
+            # end, so a fast answer is one transaction (one WAL flush in servers mode), not two.
+            self.writer.last_flush = time.monotonic()
         # What the claim read stands for the first check: a stop or steering sent before the turn
         # started is seen at once, and the next look at the database is one interval away.
         self.last_check = self.started = time.monotonic()

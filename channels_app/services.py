@@ -190,6 +190,9 @@ class Submission:
     citation_ids: list = field(default_factory=list)
     attachments: list = field(default_factory=list)
     file_ids: list = field(default_factory=list)  # uploaded files its content parts name (POST /v1/files)
+    # The sender reads the answer only once it is whole (a non-stream chat request): the turn's first
+    # delta need not be written at once, and is coalesced with what follows like every other.
+    answer_whole: bool = False
     extra: dict = field(default_factory=dict)
 
     def content_hash(self) -> str:
@@ -377,15 +380,17 @@ def _submit_locked(inbound: Submission, conversation: Conversation, created: boo
                  **({"files": list(inbound.file_ids)} if inbound.file_ids else {}),
                  **({"delegate_research": ctx.delegate_research} if ctx.delegate_research else {}),
                  **({"caller_defaults": inbound.extra["caller_defaults"]}
-                    if inbound.extra.get("caller_defaults") else {})})
-    rows.table(Message).insert(conversation=conversation, role=Message.Role.USER, content=inbound.text,
-                               actor=inbound.actor, turn=turn)
+                    if inbound.extra.get("caller_defaults") else {}),
+                 **({"answer_whole": True} if inbound.answer_whole else {})})
+    # the user's message goes in the event append's round trip
+    message = rows.table(Message).insert_step(conversation=conversation, role=Message.Role.USER,
+                                              content=inbound.text, actor=inbound.actor, turn=turn)
     user_event = {"turn_id": turn.turn_id, "client_message_id": receipt.client_message_id,
                   "content": inbound.text, "role": "user", "actor": inbound.actor.key}
     if inbound.input_mode:
         user_event["input_mode"] = inbound.input_mode
     event_append(conversation_id=conversation.id, turn_pk=turn.pk, type="ugent.user_message",
-                 data=user_event, new_turn=True)
+                 data=user_event, new_turn=True, before=[message])
     if on_turn is not None:
         on_turn(turn)
     result = SubmissionResult(receipt=receipt, turn=turn, conversation=conversation, stopped=stop)

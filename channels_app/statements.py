@@ -35,8 +35,33 @@ def database_ping() -> None:
 
 def event_log_lock() -> None:
     """PostgreSQL: take the event log's transaction-scoped advisory lock (SQLite serialises writers)."""
+    rows.batch([event_log_lock_step()])
+
+
+def event_log_lock_step() -> rows.Step | None:
+    """event_log_lock as a step of a batch; None on SQLite."""
     if connection.vendor == "postgresql":
-        rows.fetchone("SELECT pg_advisory_xact_lock(%s)", [EVENT_LOG_LOCK])
+        return rows.Step("SELECT pg_advisory_xact_lock(%s)", [EVENT_LOG_LOCK])
+    return None
+
+
+def commit_unflushed_step() -> rows.Step | None:
+    """PostgreSQL: this transaction's COMMIT returns without waiting for its WAL to reach the disk
+    (`synchronous_commit` off, for this transaction only); None on SQLite.
+
+    For a write that nobody outside the database acts on before a later synchronous commit covers it:
+    the WAL is flushed in order, so that commit makes this one durable too. Until then a crash of the
+    database (not of the process that wrote) may lose it, which must then be as if it never happened
+    (the turn's claim: docs/performance.md)."""
+    if connection.vendor == "postgresql":
+        return rows.Step("SET LOCAL synchronous_commit TO off", [])
+    return None
+
+
+def commit_flushed() -> None:
+    """Undo commit_unflushed_step inside the same transaction: its COMMIT waits for the disk again."""
+    if connection.vendor == "postgresql":
+        rows.batch([rows.Step("SET LOCAL synchronous_commit TO on", [])])
 
 
 # --- keys ------------------------------------------------------------------------------------
@@ -80,8 +105,17 @@ def _turn_state_sql() -> str:
 
 def turn_state(turn_pk: int) -> str | None:
     """The turn's state; None when there is no such turn."""
-    row = rows.fetchone(_turn_state_sql(), [turn_pk])
+    return rows.batch([turn_state_step(turn_pk)])[0]
+
+
+def _first_or_none(cur):
+    row = cur.fetchone()
     return row[0] if row else None
+
+
+def turn_state_step(turn_pk: int) -> rows.Step:
+    """turn_state as a step of a batch: its result is the state, or None."""
+    return rows.Step(_turn_state_sql(), [turn_pk], _first_or_none)
 
 
 @functools.cache
@@ -92,8 +126,7 @@ def _turn_lock_sql() -> str:
 def turn_lock(turn_pk: int) -> None:
     """Hold the turn's row (FOR NO KEY UPDATE, see channels_app.events) until the transaction ends.
     SQLite's transactions here begin IMMEDIATE: the write lock is already held."""
-    if connection.vendor == "postgresql":
-        rows.fetchone(_turn_lock_sql(), [turn_pk])
+    rows.batch([turn_lock_step(turn_pk)])
 
 
 def _pending_steering_sql(turn_column: str) -> str:
@@ -122,7 +155,23 @@ def _steering_pending_sql() -> str:
 
 def steering_pending(turn_pk: int) -> bool:
     """Whether a steering waits for this turn."""
-    return rows.fetchone(_steering_pending_sql(), [turn_pk, SteeringState.PENDING]) is not None
+    return rows.batch([steering_pending_step(turn_pk)])[0]
+
+
+def _exists(cur) -> bool:
+    return cur.fetchone() is not None
+
+
+def steering_pending_step(turn_pk: int) -> rows.Step:
+    """steering_pending as a step of a batch: its result is True or False."""
+    return rows.Step(_steering_pending_sql(), [turn_pk, SteeringState.PENDING], _exists)
+
+
+def turn_lock_step(turn_pk: int) -> rows.Step | None:
+    """turn_lock as a step of a batch; None on SQLite."""
+    if connection.vendor == "postgresql":
+        return rows.Step(_turn_lock_sql(), [turn_pk])
+    return None
 
 
 _TURN_COLUMNS = ["id", "turn_id", "conversation_id", "actor_id", "receipt_id", "state", "model", "profile_id",
@@ -154,9 +203,21 @@ def _turn_fetch_sql() -> str:
 def turn_fetch(turn_pk: int) -> Turn:
     """The turn with its conversation, actor and profile (None when removed), and whether steering
     waits (`turn.pending_steering`): one statement. Turn.DoesNotExist when there is no such turn."""
-    row = rows.fetchone(_turn_fetch_sql(), [SteeringState.PENDING, turn_pk])
-    if row is None:
+    turn = rows.batch([turn_fetch_step(turn_pk)])[0]
+    if turn is None:
         raise Turn.DoesNotExist(turn_pk)
+    return turn
+
+
+def turn_fetch_step(turn_pk: int) -> rows.Step:
+    """turn_fetch as a step of a batch: its result is the turn, or None when there is no such turn."""
+    return rows.Step(_turn_fetch_sql(), [SteeringState.PENDING, turn_pk], _turn_from_cursor)
+
+
+def _turn_from_cursor(cur) -> Turn | None:
+    row = cur.fetchone()
+    if row is None:
+        return None
     objects, i = [], 0
     for table, names in _turn_fetch_parts():
         values = row[i:i + len(names)]
@@ -180,10 +241,19 @@ def _history_tail_sql() -> str:
 def history_tail(conversation_pk: int, before_turn_pk: int, limit: int) -> list[tuple[str, str]]:
     """The newest `limit` visible user/assistant messages of turns before this one, oldest first:
     (role, content)."""
-    past = rows.fetchall(_history_tail_sql(), [conversation_pk, False, Message.Role.USER, Message.Role.ASSISTANT,
-                                               before_turn_pk, limit])
+    return rows.batch([history_tail_step(conversation_pk, before_turn_pk, limit)])[0]
+
+
+def _oldest_first(cur) -> list[tuple[str, str]]:
+    past = cur.fetchall()
     past.reverse()
     return [(role, content) for role, content in past]
+
+
+def history_tail_step(conversation_pk: int, before_turn_pk: int, limit: int) -> rows.Step:
+    """history_tail as a step of a batch."""
+    return rows.Step(_history_tail_sql(), [conversation_pk, False, Message.Role.USER, Message.Role.ASSISTANT,
+                                           before_turn_pk, limit], _oldest_first)
 
 
 @functools.cache
@@ -195,8 +265,12 @@ def _summary_latest_sql() -> str:
 
 def summary_latest(conversation_pk: int) -> str | None:
     """The newest visible system message (the summary a compaction left); None when there is none."""
-    row = rows.fetchone(_summary_latest_sql(), [conversation_pk, False, Message.Role.SYSTEM])
-    return row[0] if row else None
+    return rows.batch([summary_latest_step(conversation_pk)])[0]
+
+
+def summary_latest_step(conversation_pk: int) -> rows.Step:
+    """summary_latest as a step of a batch."""
+    return rows.Step(_summary_latest_sql(), [conversation_pk, False, Message.Role.SYSTEM], _first_or_none)
 
 
 @functools.cache
@@ -237,4 +311,22 @@ def _event_id_before_sql() -> str:
 def event_id_before(turn_pk: int, first_id: int) -> int:
     """The turn's newest event id below `first_id`; 0 when there is none."""
     row = rows.fetchone(_event_id_before_sql(), [turn_pk, first_id])
+    return (row[0] if row else None) or 0
+
+
+@functools.cache
+def _turn_event_latest_sql() -> str:
+    e = rows.table(Event)
+    return f"SELECT MAX(id) FROM {e.name} WHERE {e.col('turn')} = %s"
+
+
+def turn_event_latest_step(turn_pk: int) -> rows.Step:
+    """The turn's newest event id (0 when it has none), as a step of a batch. Read under the log's
+    lock, before an append's inserts, it is the id of the turn's event before the append's first:
+    every appender holds that lock until it commits."""
+    return rows.Step(_turn_event_latest_sql(), [turn_pk], _first_or_zero)
+
+
+def _first_or_zero(cur) -> int:
+    row = cur.fetchone()
     return (row[0] if row else None) or 0

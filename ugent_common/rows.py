@@ -76,17 +76,24 @@ class Table:
             row[f.attname] = value
         return row, related
 
-    def _insert(self, row: dict) -> int:
+    def _insert_of(self, row: dict) -> Step:
         sql = self._insert_sql.get(())
         if sql is None:
             cols = ", ".join(connection.ops.quote_name(f.column) for f in self.fields)
             marks = ", ".join(["%s"] * len(self.fields))
             sql = self._insert_sql[()] = f"INSERT INTO {self.name} ({cols}) VALUES ({marks}) RETURNING id"
-        return _run(sql, [self._prep(f, row[f.attname]) for f in self.fields], _ONE)[0]
+        return Step(sql, [self._prep(f, row[f.attname]) for f in self.fields], _FIRST)
+
+    def _insert(self, row: dict) -> int:
+        return run_step(self._insert_of(row))
 
     def insert(self, **values) -> int:
         """INSERT one row; fields not given get their model default, auto_now(_add) fields now. Returns its id."""
         return self._insert(self._values(values)[0])
+
+    def insert_step(self, **values) -> Step:
+        """`insert` as a Step for `batch`: its result is the new row's id."""
+        return self._insert_of(self._values(values)[0])
 
     def create(self, **values):
         """As `Model.objects.create` (without its signals): the saved instance."""
@@ -161,6 +168,10 @@ class Table:
 
     def update(self, where: dict, **values) -> int:
         """UPDATE rows matching `where` (equality on each field) with `values` (and updated_at); the row count."""
+        return run_step(self.update_step(where, **values))
+
+    def update_step(self, where: dict, **values) -> Step:
+        """`update` as a Step for `batch`: its result is the row count."""
         if "updated_at" in self.by_name and "updated_at" not in values:
             values["updated_at"] = timezone.now()
         set_names, where_names = tuple(values), tuple(where)
@@ -172,7 +183,7 @@ class Table:
             sql = self._update_sql[key] = f"UPDATE {self.name} SET {sets} WHERE {self._conditions(where_names, nulls)}"
         params = [self._prep(self.by_name[n], values[n]) for n in set_names]
         params += [self._lookup(n, where[n]) for n in where_names if where[n] is not None]
-        return _run(sql, params, _ROWCOUNT)
+        return Step(sql, params, _ROWCOUNT)
 
     def _column(self, name: str) -> str:
         if name in ("id", "pk"):
@@ -201,6 +212,10 @@ def _converter(field):
 
 def _ONE(cur):
     return cur.fetchone()
+
+
+def _FIRST(cur):
+    return cur.fetchone()[0]
 
 
 def _ALL(cur):
@@ -242,6 +257,52 @@ def _run(sql: str, params, result):
 
 def fetchone(sql: str, params) -> tuple | None:
     return _run(sql, params, _ONE)
+
+
+class Step:
+    """One statement for `batch`: its SQL, its parameters, and what to take from its result
+    (`result(cursor)`; None for a statement whose result nobody reads)."""
+
+    __slots__ = ("sql", "params", "result")
+
+    def __init__(self, sql: str, params, result=None):
+        self.sql, self.params, self.result = sql, params, result
+
+
+def run_step(step: Step):
+    return _run(step.sql, step.params, step.result or _NOTHING)
+
+
+def _NOTHING(cur):
+    return None
+
+
+def batch(steps: list) -> list:
+    """Run statements in order and return each one's result (None for a None step, which is skipped).
+
+    On PostgreSQL they go as one query string, one round trip: the server runs them one after
+    another in the connection's transaction, each with its own snapshot, exactly as if they had
+    been sent one at a time (Django's cursors bind parameters client-side, so the simple query
+    protocol carries several statements); the first that fails raises, and the ones after it do
+    not run. Elsewhere (SQLite, in the process) one at a time. Each round trip is a wake-up of the
+    database's process and of this one, which on a small machine costs more than the statement."""
+    todo = [(i, s) for i, s in enumerate(steps) if s is not None]
+    out: list = [None] * len(steps)
+    if not todo:
+        return out
+    if len(todo) == 1 or connections[DEFAULT_DB_ALIAS].vendor != "postgresql":
+        for i, s in todo:
+            out[i] = run_step(s)
+        return out
+
+    def results(cur):
+        for n, (i, s) in enumerate(todo):
+            if n:
+                cur.nextset()
+            if s.result is not None:
+                out[i] = s.result(cur)
+        return out
+    return _run("; ".join(s.sql for _, s in todo), [p for _, s in todo for p in s.params], results)
 
 
 def fetchall(sql: str, params) -> list[tuple]:

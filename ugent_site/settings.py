@@ -117,6 +117,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 # threads and a worker thread, and opening a connection per query dominated a turn's cost.
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("UGENT_DB_CONN_MAX_AGE", default=600)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # Django's, with a health check that looks at the socket before it asks the server (ugent_site/db/postgresql)
+    DATABASES["default"]["ENGINE"] = "ugent_site.db.postgresql"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 LANGUAGE_CODE = "en-us"

@@ -233,8 +233,91 @@ def pin_event_log_lock(g):
         other.close()
 
 
+# --- steps: the same statements sent together (rows.batch: one round trip on PostgreSQL) -------------
+
+def _steps_read_what_the_functions_read(g):
+    """Every read step of a turn in one batch reads what each function (pinned above) reads alone."""
+    from ugent_common import rows
+    for turn in g["turns"]:
+        with CaptureQueriesContext(connection) as seen:
+            state, waits, fetched, past, skipped, summary, latest = rows.batch([
+                statements.turn_state_step(turn.pk), statements.steering_pending_step(turn.pk),
+                statements.turn_fetch_step(turn.pk), statements.history_tail_step(turn.conversation_id, turn.pk, 5),
+                None, statements.summary_latest_step(turn.conversation_id), statements.turn_event_latest_step(turn.pk)])
+        assert skipped is None
+        if connection.vendor == "postgresql":
+            assert len(seen.captured_queries) == 1  # one round trip
+        assert state == statements.turn_state(turn.pk)
+        assert waits == statements.steering_pending(turn.pk)
+        assert fetched.pk == statements.turn_fetch(turn.pk).pk and fetched.pending_steering == waits
+        assert past == statements.history_tail(turn.conversation_id, turn.pk, 5)
+        assert summary == statements.summary_latest(turn.conversation_id)
+        assert latest == Event.objects.filter(turn_id=turn.pk).aggregate(m=Max("id"))["m"]
+    missing = 10 ** 9
+    assert rows.batch([statements.turn_state_step(missing), statements.turn_fetch_step(missing),
+                       statements.turn_event_latest_step(missing), None]) == [None, None, 0, None]
+
+
+pin_turn_state_step = pin_steering_pending_step = pin_turn_fetch_step = _steps_read_what_the_functions_read
+pin_history_tail_step = pin_summary_latest_step = pin_turn_event_latest_step = _steps_read_what_the_functions_read
+
+
+def _locking_steps(g):
+    """The turn's row lock and the log's lock taken in one batch hold as the functions' do."""
+    from ugent_common import rows
+    turn = g["turns"][0]
+    if connection.vendor != "postgresql":
+        assert statements.turn_lock_step(turn.pk) is None and statements.event_log_lock_step() is None
+        return
+    other = _other_connection()
+    try:
+        with other.cursor() as cur:
+            with transaction.atomic():
+                rows.batch([statements.turn_lock_step(turn.pk), statements.event_log_lock_step()])
+                cur.execute("SELECT pg_try_advisory_lock(%s)", [statements.EVENT_LOG_LOCK])
+                assert cur.fetchone()[0] is False
+                with pytest.raises(Exception, match="lock"):
+                    cur.execute(f"SELECT id FROM {Turn._meta.db_table} WHERE id = %s FOR UPDATE NOWAIT", [turn.pk])
+    finally:
+        other.close()
+
+
+pin_turn_lock_step = pin_event_log_lock_step = _locking_steps
+
+
+def _commit_durability(g):
+    """PostgreSQL: commit_unflushed_step turns synchronous_commit off for its transaction only, and
+    commit_flushed back on; SQLite: neither sends anything."""
+    from ugent_common import rows
+    if connection.vendor != "postgresql":
+        with CaptureQueriesContext(connection) as seen, transaction.atomic():
+            assert statements.commit_unflushed_step() is None
+            statements.commit_flushed()
+        assert not [q for q in seen.captured_queries if "synchronous_commit" in q["sql"]]
+        return
+
+    def setting():
+        with connection.cursor() as cur:
+            cur.execute("SHOW synchronous_commit")
+            return cur.fetchone()[0]
+    before = setting()
+    with transaction.atomic():
+        rows.batch([statements.commit_unflushed_step()])
+        assert setting() == "off"
+        statements.commit_flushed()
+        assert setting() == "on"
+    with transaction.atomic():
+        rows.batch([statements.commit_unflushed_step()])
+    assert setting() == before  # SET LOCAL: the next transaction is as before
+
+
+pin_commit_unflushed_step = pin_commit_flushed = _commit_durability
+
+
 PINS = {name[len("pin_"):]: fn for name, fn in dict(globals()).items() if name.startswith("pin_")}
-_LOCKING = {"turn_lock", "event_log_lock"}  # need committed rows another connection can see
+# need committed rows another connection can see, or transactions of their own
+_LOCKING = {"turn_lock", "event_log_lock", "turn_lock_step", "event_log_lock_step", "commit_unflushed_step",
+            "commit_flushed"}
 
 
 @pytest.mark.django_db

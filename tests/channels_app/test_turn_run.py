@@ -193,3 +193,35 @@ def test_a_hook_answer_is_recorded_through_the_same_end(tcast):
     assert seen == [("refused", True)]
     etype, data = events(turn)[-1]
     assert etype == "turn.completed" and data["decided_by"] == "test" and data["state"] == "refused"
+
+
+def _appends_of(answer_whole, monkeypatch, tcast):
+    """The event appends a turn's run makes (each one transaction), recorded on their way to the real one."""
+    actor = services.actor_resolve(caller=tcast.operator, user="alice")
+    with mock.patch("channels_app.tasks.run_turn.delay"):
+        result = services.message_submit(inbound=services.Submission(
+            actor=actor, caller=tcast.operator, text="script:answer=one two three", answer_whole=answer_whole))
+    appends = []
+    real = runner.events_append
+
+    def recording(**kwargs):
+        appends.append([t for t, _d, _a in kwargs["items"]])
+        return real(**kwargs)
+    monkeypatch.setattr(runner, "events_append", recording)
+    runner.turn_run(result.turn.pk)
+    assert Turn.objects.get(pk=result.turn.pk).state == "completed"
+    assert Receipt.objects.get(pk=result.turn.receipt_id).answer == "one two three"
+    return appends
+
+
+def test_a_turn_whose_sender_streams_writes_its_first_delta_at_once(tcast, monkeypatch):
+    appends = _appends_of(False, monkeypatch, tcast)
+    assert appends[0] == ["turn.delta"] and appends[-1][-1] == "turn.completed"
+
+
+def test_a_turn_whose_sender_reads_the_whole_answer_writes_a_fast_answer_with_its_end(tcast, monkeypatch):
+    """A non-stream request (answer_whole): the first delta is coalesced, so an answer that comes at
+    once is one transaction with the turn's end, and every delta is still in the log."""
+    monkeypatch.setattr(runner, "COALESCE_SECONDS", 3600)  # however slowly the tokens come here
+    appends = _appends_of(True, monkeypatch, tcast)
+    assert len(appends) == 1 and appends[0][0] == "turn.delta" and appends[0][-1] == "turn.completed"
