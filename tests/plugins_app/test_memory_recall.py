@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from datetime import timedelta
 
 import pytest
@@ -196,3 +197,59 @@ def test_no_memory_control_tool_for_a_turn_kept_out_of_memory_or_without_a_backe
     assert MemoryToolBox({}).discover_tools() == []
     memory_config.write("")
     assert MemoryToolBox({"actor_key": ALICE}).discover_tools() == []
+
+
+def test_a_prefix_is_searched_only_for_a_word_the_user_holds_fewer_times_than_the_candidates(memory_config,
+                                                                                           monkeypatch):  # noqa: F811
+    from plugins_app.agent.memory.backends import FtsBackend
+    memory_config.backend("sqlite_fts", max_hits=1)  # candidates: max(2 hits, CANDIDATES)
+    monkeypatch.setattr(FtsBackend, "CANDIDATES", 2)
+    queries = []
+    real = FtsBackend.candidates
+    monkeypatch.setattr(FtsBackend, "candidates", lambda self, a, q, n: queries.append(q) or real(self, a, q, n))
+    save(ALICE, "User broke a teapot.")
+    save(BOB, "User sells a teapot.")
+    save(BOB, "User sells another teapot.")  # bob's count is not alice's
+    texts(ALICE, "teapot")
+    assert re.search("teap['\"]", queries[-1])  # one teapot of alice's: its forms are searched too (teap*)
+    save(ALICE, "User mended the teapot.")
+    texts(ALICE, "teapot")
+    assert not re.search("teap['\"]", queries[-1]) and "teapot" in queries[-1]  # two fill the candidates
+
+
+def test_a_fact_dropped_after_the_limit_lets_the_next_live_one_in(memory_config, monkeypatch):  # noqa: F811
+    from plugins_app.agent.memory.backends import FtsBackend
+    memory_config.backend("sqlite_fts", max_hits=1)
+    monkeypatch.setattr(FtsBackend, "CANDIDATES", 2)
+    for text in ("User needs green tea tonight.", "User needs more green tea tomorrow."):
+        fact = save(ALICE, text, tier="ephemeral")
+        MemoryFact.objects.filter(pk=fact.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    save(ALICE, "User likes tea.")
+    # both expired facts rank first (both words) and fill the two candidates: the statement runs again with
+    # the expiry checked before its limit
+    assert texts(ALICE, "green tea") == ["User likes tea."]
+
+
+def test_the_full_text_index_follows_a_fact_moved_edited_and_deleted(memory_config):  # noqa: F811
+    from django.db import connection
+
+    from plugins_app.agent.memory.backends import owner_tag
+    memory_config.backend("sqlite_fts")
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite's owner-tagged full-text table")
+
+    def held(actor, word):
+        with connection.cursor() as cur:
+            cur.execute("SELECT doc FROM plugins_app_memoryfact_fts_vocab WHERE term = %s", [owner_tag(actor) + word])
+            found = cur.fetchone()
+        return found[0] if found else 0
+
+    fact = save(ALICE, "User drinks Café au lait.")
+    assert held(ALICE, "cafe") == 1 and held(BOB, "cafe") == 0  # folded as SQLite's tokenizer would
+    MemoryFact.objects.filter(pk=fact.pk).update(actor_key=BOB)
+    assert held(ALICE, "cafe") == 0 and held(BOB, "cafe") == 1
+    assert texts(ALICE, "cafe") == [] and texts(BOB, "café") == ["User drinks Café au lait."]
+    MemoryFact.objects.filter(pk=fact.pk).update(text="User drinks tea.")
+    assert held(BOB, "cafe") == 0 and held(BOB, "tea") == 1  # the contentless delete took the old terms
+    MemoryFact.objects.filter(pk=fact.pk).delete()
+    assert held(BOB, "tea") == 0 and texts(BOB, "tea") == []

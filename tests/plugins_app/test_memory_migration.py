@@ -1,0 +1,39 @@
+"""Migration 0011 over an install that already holds facts: SQLite's full-text table is rebuilt with the
+owner-tagged terms, so the facts saved before it are still recalled, each by its own user only."""
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
+
+from plugins_app.agent.memory import recall_preview
+from tests.support.memory import memory_config  # noqa: F401
+
+BEFORE, AFTER = ("plugins_app", "0010_memory_recall_statement"), ("plugins_app", "0011_memory_fts_owner_terms")
+
+
+def migrate(target) -> None:
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate([target])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_facts_saved_before_0011_are_recalled_after_it_by_their_owner_only(memory_config):  # noqa: F811
+    if connection.vendor != "sqlite":
+        pytest.skip("0011 changes SQLite's full-text table only")
+    memory_config.backend("sqlite_fts")
+    migrate(BEFORE)
+    try:
+        with connection.cursor() as cur:  # rows as 0010's schema holds them (0007's triggers index them)
+            cur.execute("INSERT INTO plugins_app_memoryfact (created_at, updated_at, actor_key, text, normalized, tier, "
+                        "source, source_ref, pinned, seen_count) VALUES (datetime('now'), datetime('now'), "
+                        "'web:alice', 'User likes green tea.', 'user likes green tea.', 'contextual', 'turn', '', 0, 1)")
+        migrate(AFTER)
+        assert [f["text"] for f in recall_preview(actor_key="web:alice", text="tea?")["facts"]] == \
+            ["User likes green tea."]
+        assert recall_preview(actor_key="web:bob", text="tea?")["facts"] == []
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.loader.build_graph()
+        executor.migrate(executor.loader.graph.leaf_nodes())
