@@ -37,3 +37,13 @@ def test_facts_saved_before_0011_are_recalled_after_it_by_their_owner_only(memor
         executor = MigrationExecutor(connection)
         executor.loader.build_graph()
         executor.migrate(executor.loader.graph.leaf_nodes())
+
+
+@pytest.mark.django_db
+def test_postgresqls_tsvector_index_takes_new_facts_into_the_index_itself():
+    """0012: no pending list for a search to read whole (fastupdate off)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's GIN index")
+    with connection.cursor() as cur:
+        cur.execute("SELECT reloptions FROM pg_class WHERE relname = 'plugins_app_memoryfact_text_tsv'")
+        assert "fastupdate=off" in (cur.fetchone()[0] or [])
