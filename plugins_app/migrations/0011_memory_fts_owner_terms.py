@@ -1,3 +1,5 @@
+from importlib import import_module
+
 from django.db import migrations
 
 # SQLite's full-text table for recall (plugins_app/agent/memory/backends.py, FtsBackend) becomes contentless,
@@ -34,15 +36,7 @@ SQLITE_BACK = [
     "DROP TRIGGER IF EXISTS plugins_app_memoryfact_au",
     "DROP TABLE IF EXISTS plugins_app_memoryfact_fts_vocab",
     "DROP TABLE IF EXISTS plugins_app_memoryfact_fts",
-    "CREATE VIRTUAL TABLE plugins_app_memoryfact_fts USING fts5(text, content='plugins_app_memoryfact', "
-    "content_rowid='id', tokenize='unicode61 remove_diacritics 2')",
-    "CREATE TRIGGER plugins_app_memoryfact_ai AFTER INSERT ON plugins_app_memoryfact BEGIN "
-    "INSERT INTO plugins_app_memoryfact_fts(rowid, text) VALUES (new.id, new.text); END",
-    "CREATE TRIGGER plugins_app_memoryfact_ad AFTER DELETE ON plugins_app_memoryfact BEGIN "
-    "INSERT INTO plugins_app_memoryfact_fts(plugins_app_memoryfact_fts, rowid, text) VALUES ('delete', old.id, old.text); END",
-    "CREATE TRIGGER plugins_app_memoryfact_au AFTER UPDATE OF text ON plugins_app_memoryfact BEGIN "
-    "INSERT INTO plugins_app_memoryfact_fts(plugins_app_memoryfact_fts, rowid, text) VALUES ('delete', old.id, old.text); "
-    "INSERT INTO plugins_app_memoryfact_fts(rowid, text) VALUES (new.id, new.text); END",
+    *import_module("plugins_app.migrations.0007_memory").SQLITE_FTS,
     "INSERT INTO plugins_app_memoryfact_fts(plugins_app_memoryfact_fts) VALUES ('rebuild')",
 ]
 
