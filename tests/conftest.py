@@ -25,6 +25,9 @@ def _no_worker_warms_here(settings):
     """This process runs turns eagerly and is no Celery worker: in servers mode /v1/health would wait for a
     warm worker that never comes (plugins_app/agent/warm.py). tests/engines/test_warm.py turns it on."""
     settings.UGENT_WARM_AT_START = False
+    # nor is it a started daemon: frozen objects leave gc.get_objects(), which the memory tests count
+    # (ugent_common/gcfreeze.py; tests/test_gcfreeze.py starts processes of its own)
+    settings.UGENT_GC_FREEZE = False
 
 
 @pytest.fixture(autouse=True)

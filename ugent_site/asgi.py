@@ -26,3 +26,9 @@ from ugent_site.api_handler import ApiHandler, route  # noqa: E402
 enforce_here()  # a web process enforces the rules on the messages it takes, and records them
 
 application = ProtocolTypeRouter({"http": route(ApiHandler(), django_asgi_app)})
+
+from django.conf import settings as _settings  # noqa: E402
+
+from ugent_common.gcfreeze import freeze as _gc_freeze  # noqa: E402
+
+_gc_freeze(_settings.UGENT_GC_FREEZE)  # what a started web process holds: out of the collector's walks

@@ -326,6 +326,9 @@ UGENT_SECRETS_KEY = env("UGENT_SECRETS_KEY", default="")
 UGENT_WARM_AT_START = env.bool("UGENT_WARM_AT_START", default=True)
 # rundaemon opens the API once warm, or after this many seconds however far warming got.
 UGENT_WARM_WAIT_SECS = env.float("UGENT_WARM_WAIT_SECS", default=30.0)
+# What a process holds once started is frozen out of the cyclic garbage collector's walks
+# (ugent_common/gcfreeze.py): false leaves the collector as Python sets it.
+UGENT_GC_FREEZE = env.bool("UGENT_GC_FREEZE", default=True)
 UGENT_PLUGIN_SUPERVISOR_INTERVAL = env.float("UGENT_PLUGIN_SUPERVISOR_INTERVAL", default=0.5)
 UGENT_PLUGIN_EMBEDDED_SUPERVISOR = env.bool("UGENT_PLUGIN_EMBEDDED_SUPERVISOR", default=True)
 UGENT_PLUGIN_STOP_GRACE_SECS = env.float("UGENT_PLUGIN_STOP_GRACE_SECS", default=5.0)

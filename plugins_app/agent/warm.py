@@ -87,6 +87,8 @@ def _run() -> None:
         log.exception("warming the engines failed; the first turn will do it")
     finally:
         close_old_connections()
+    from ugent_common.gcfreeze import freeze
+    freeze(settings.UGENT_GC_FREEZE)  # the engines now loaded stay: out of the garbage collector's walks
     if settings.REDIS_URL and settings.UGENT_MODE == "servers":
         _keep_warm_mark()
 
