@@ -21,6 +21,8 @@ malloc_trim(0): the RSS it falls to is what the allocator held but did not use.
 
 Usage: python bench/memory_rss.py [--turns 15000] [--every 1000] [--concurrency 4] [--stream]
        [--tracemalloc 8] [--malloc-arena-max 2]
+The daemon inherits the environment: `UGENT_SQLITE_CACHE_KIB=2000 python bench/memory_rss.py` runs
+it with SQLite's default page cache a connection (the figure before it was bounded at 512 KiB).
 Prints figures; asserts nothing. Targets: at most 250 MB idle, and no growth between the 5,000th and
 the 10,000th turn.
 """
@@ -117,7 +119,8 @@ def _mb(rep: dict, *path: str) -> float:
 COLUMNS = [("RSS", "MB", ("rss_kb",)), ("anon", "MB", ("rss_anon_kb",)),
            ("pymalloc", "in use", ("pymalloc", "in_use_kb")), ("pymalloc", "free", ("pymalloc", "free_kb")),
            ("malloc", "in use", ("malloc", "in_use_kb")), ("malloc", "free", ("malloc", "free_kb")),
-           ("sqlite", "MB", ("sqlite", "memory_used_kb")), ("traced", "MB", ("python", "traced_kb"))]
+           ("sqlite", "MB", ("sqlite", "memory_used_kb")), ("sqlite", "pages", ("sqlite", "page_cache_kb")),
+           ("traced", "MB", ("python", "traced_kb"))]
 
 
 def header() -> str:
@@ -174,7 +177,9 @@ def main():
               f"daemon idle {idle:.1f} MB ({idle / baseline:.2f}x)"
               + (f"; tracemalloc from turn {args.trace_from} ({args.tracemalloc} frames)" if args.tracemalloc else "")
               + (f"; MALLOC_ARENA_MAX={args.malloc_arena_max}" if args.malloc_arena_max else "")
-              + ("; stream turns" if args.stream else "; non-stream turns"), flush=True)
+              + ("; stream turns" if args.stream else "; non-stream turns")
+              + f"; SQLite cache_size {idle_rep.get('sqlite', {}).get('cache_size_kb', '?')} KiB a connection",
+              flush=True)
         reports: list[tuple[int, dict]] = [(0, idle_rep)]
         done = 0
         lock = threading.Lock()
@@ -244,8 +249,10 @@ def main():
         print(f"caches: {after.get('caches')}")
         sq = after.get("sqlite", {})
         if "connections" in sq:
-            print(f"SQLite: {sq['memory_used_kb'] / 1024:.1f} MB allocated, {sq['connections']} connections whose page "
-                  f"caches may hold {sq['page_cache_bound_kb'] / 1024:.1f} MB at most (a bounded cache filling up)")
+            print(f"SQLite: {sq['memory_used_kb'] / 1024:.1f} MB allocated, of it {sq.get('page_cache_kb', 0) / 1024:.1f}"
+                  f" MB in page caches (at most {sq.get('page_cache_highwater_kb', 0) / 1024:.1f} MB at a time); "
+                  f"{sq['connections']} connections whose page caches may hold {sq['page_cache_bound_kb'] / 1024:.1f} "
+                  f"MB at most ({sq.get('cache_size_kb', '?')} KiB each: UGENT_SQLITE_CACHE_KIB)")
         end = after["rss_kb"] / 1024
         print(f"\nafter {args.turns} turns: RSS {end:.1f} MB, {end / idle:.2f}x idle, {end / baseline:.2f}x the bare "
               f"Django process ({baseline:.1f} MB)")

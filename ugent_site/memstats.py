@@ -9,7 +9,10 @@ gets SIGUSR2 (`kill -USR2 <pid>`), to `<UGENT_VAR_DIR>/memstats/<pid>-<n>.json`:
   a leak;
 * `sqlite`: the bytes SQLite's library has allocated (`sqlite3_memory_used`: page caches,
   statements, schemas of every connection in the process), their high-water mark, the connections
-  open, and what their page caches may hold at most (connections x the default `cache_size`);
+  open, the bytes their page caches hold now (`page_cache_kb`; the rest is schemas and prepared
+  statements), the `cache_size` each connection has (`cache_size_kb`: the one the settings'
+  init_command gives, UGENT_SQLITE_CACHE_KIB, else SQLite's default) and what their page caches
+  may hold at most (connections x `cache_size_kb`);
 * `rss_anon_kb` / `rss_file_kb`: RSS in anonymous pages (heaps, arenas, stacks) and in mapped files
   (code, shared libraries): only the first can grow with use;
 * `pymalloc`: Python's small-object allocator (its arenas are mapped directly, outside malloc's
@@ -81,6 +84,8 @@ def _libsqlite():
         lib.sqlite3_memory_used.restype = ctypes.c_int64
         lib.sqlite3_memory_highwater.restype = ctypes.c_int64
         lib.sqlite3_memory_highwater.argtypes = [ctypes.c_int]
+        lib.sqlite3_status64.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int64),
+                                         ctypes.POINTER(ctypes.c_int64), ctypes.c_int]
         return lib
     except (OSError, AttributeError):  # SQLite linked into Python statically: no figure
         return None
@@ -190,6 +195,25 @@ def caches() -> dict:
             "engine_instances": len(registry._instances)}
 
 
+def configured_cache_kib() -> int | None:
+    """The cache_size (KiB) the default database's init_command gives each SQLite connection; None
+    when Django is not set up or the command sets none (PostgreSQL has no init_command)."""
+    import re
+    try:
+        from django.conf import settings
+        if not settings.configured:
+            return None
+        db = settings.DATABASES["default"]
+    except Exception:
+        return None
+    # by the command, not the ENGINE: embedded mode's is ugent_site.db, SQLite's with the writer queue
+    found = re.search(r"PRAGMA\s+cache_size\s*=\s*(-?\d+)", db.get("OPTIONS", {}).get("init_command", ""), re.I)
+    if found is None:
+        return None
+    value = int(found.group(1))
+    return -value if value < 0 else value * 4  # negative: KiB; positive: pages (4 KiB)
+
+
 def report(*, trim: bool = False, snapshot_path: Path | None = None, collect: bool = False,
            referrers: str = "") -> dict:
     """The figures above, for this process, now (after a full collection with `collect`)."""
@@ -209,6 +233,12 @@ def report(*, trim: bool = False, snapshot_path: Path | None = None, collect: bo
     if sqlite is not None:
         out["sqlite"] = {"memory_used_kb": sqlite.sqlite3_memory_used() // 1024,
                          "highwater_kb": sqlite.sqlite3_memory_highwater(0) // 1024}
+        # SQLITE_STATUS_PAGECACHE_OVERFLOW (2): page-cache pages malloc'd outside a SQLITE_CONFIG_PAGECACHE
+        # buffer, which no build here configures: the pages every connection's cache holds now (beyond
+        # the first bulk of each, ~20 pages), so the rest of memory_used_kb is schemas and statements
+        cur, high = ctypes.c_int64(), ctypes.c_int64()
+        if sqlite.sqlite3_status64(2, ctypes.byref(cur), ctypes.byref(high), 0) == 0:
+            out["sqlite"].update(page_cache_kb=cur.value // 1024, page_cache_highwater_kb=high.value // 1024)
     out["python"] = {"allocated_blocks": sys.getallocatedblocks()}
     if tracemalloc.is_tracing():
         current, peak = tracemalloc.get_traced_memory()
@@ -228,16 +258,19 @@ def report(*, trim: bool = False, snapshot_path: Path | None = None, collect: bo
     out["gc_objects"] = sum(counts.values())
     out["gc_types"] = dict(counts.most_common())
     if "sqlite" in out:
-        # each connection's page cache stops at cache_size (SQLite's default, unless a PRAGMA changed it)
-        import sqlite3
-        probe = sqlite3.connect(":memory:")
-        try:
-            (cache_size,) = probe.execute("PRAGMA cache_size").fetchone()
-        finally:
-            probe.close()
+        # each connection's page cache stops at cache_size: the daemon's (settings' init_command sets it
+        # on every connection it opens), else SQLite's default, read from a connection of its own
+        each_kb = configured_cache_kib()
+        if each_kb is None:
+            import sqlite3
+            probe = sqlite3.connect(":memory:")
+            try:
+                (cache_size,) = probe.execute("PRAGMA cache_size").fetchone()
+            finally:
+                probe.close()
+            each_kb = -cache_size if cache_size < 0 else cache_size * 4  # negative: KiB; positive: pages (4 KiB)
         connections = counts.get("sqlite3.Connection", 0)
-        each_kb = -cache_size if cache_size < 0 else cache_size * 4  # negative: KiB; positive: pages (4 KiB)
-        out["sqlite"].update(connections=connections, page_cache_bound_kb=connections * each_kb)
+        out["sqlite"].update(connections=connections, cache_size_kb=each_kb, page_cache_bound_kb=connections * each_kb)
     if referrers:
         out["referrers"] = _referrers(referrers)
     if trim and libc is not None:

@@ -102,8 +102,15 @@ DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'u
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # WAL lets the stream readers run beside the turn writer; IMMEDIATE takes the
     # write lock up front so two writers queue instead of failing mid-transaction.
+    # cache_size bounds each connection's page cache (KiB; every thread keeps its own connection,
+    # 14-15 in a busy daemon). SQLite's default, 2,000 KiB, let the caches keep filling for
+    # 10,000 turns and more; in WAL mode a connection drops its whole cache at its next read
+    # once another connection has written, so a larger one buys a turn almost nothing
+    # (docs/performance.md, "Memory").
+    UGENT_SQLITE_CACHE_KIB = env.int("UGENT_SQLITE_CACHE_KIB", default=512)
     DATABASES["default"].setdefault("OPTIONS", {}).update({
-        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "init_command": ("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; "
+                         f"PRAGMA cache_size=-{max(UGENT_SQLITE_CACHE_KIB, 1)};"),
         "transaction_mode": "IMMEDIATE",
         "timeout": 30,
     })
