@@ -96,7 +96,8 @@ class Hook:
         self.dir, self.pid, self.n = var / "memstats", pid, 0
 
     def report(self, *, trim: bool = False, snapshot: bool = False, trace: int = 0) -> dict:
-        (self.dir / "request.json").write_text(json.dumps({"trim": trim, "snapshot": snapshot, "tracemalloc": trace}))
+        (self.dir / "request.json").write_text(json.dumps({"trim": trim, "snapshot": snapshot, "tracemalloc": trace,
+                                                           "connections": True}))
         self.n += 1
         path = self.dir / f"{self.pid}-{self.n}.json"
         os.kill(self.pid, signal.SIGUSR2)
@@ -245,6 +246,16 @@ def main():
                 print("  tracemalloc, the lines whose allocations grew most:")
                 for stat in new.compare_to(old, "lineno")[:12]:
                     print(f"    {stat}")
+        by_thread = lambda rep: {c["thread"]: c for c in rep.get("sqlite", {}).get("by_connection", [])  # noqa: E731
+                                 if isinstance(c, dict)}
+        first, last = by_thread(at(5000) if args.turns > 5000 else idle_rep), by_thread(after)
+        if last:
+            print(f"\nSQLite by connection, KiB (page cache / schema / statements): at turn "
+                  f"{5000 if args.turns > 5000 else 0} -> after the last")
+            for name in sorted(set(first) | set(last), key=lambda n: -sum(last.get(n, {}).get(k, 0) for k in
+                                                                           ("cache_kb", "schema_kb", "stmt_kb"))):
+                cell = lambda c: f"{c['cache_kb']:>5} / {c['schema_kb']:>4} / {c['stmt_kb']:>5}" if c else f"{'-':>19}"  # noqa: E731
+                print(f"  {name:<28} {cell(first.get(name))}  ->  {cell(last.get(name))}")
         print(f"\nheld 2 s after the last turn (each should be 0): {after.get('held')}")
         print(f"caches: {after.get('caches')}")
         sq = after.get("sqlite", {})

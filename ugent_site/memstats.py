@@ -195,6 +195,48 @@ def caches() -> dict:
             "engine_instances": len(registry._instances)}
 
 
+def _db_status(lib, db: int, op: int) -> int:
+    cur, high = ctypes.c_int(), ctypes.c_int()
+    return cur.value if lib.sqlite3_db_status(ctypes.c_void_p(db), op, ctypes.byref(cur), ctypes.byref(high), 0) == 0 \
+        else -1
+
+
+def sqlite_connections() -> list[dict]:
+    """Each Django connection open to SQLite in this process: its thread, and the bytes its page cache,
+    schema and prepared statements hold (sqlite3_db_status), largest first.
+
+    Python's sqlite3 does not expose the `sqlite3 *` of a connection: it is read from the object itself,
+    the first field after PyObject_HEAD in CPython (3.8 to 3.13, at least), and checked against the
+    file the connection has open before it is used. A connection closed by its thread meanwhile
+    could be freed under the reading: a debug hook's risk, on request only (`{"connections": true}`)."""
+    import sqlite3
+    from django.db.backends.base.base import BaseDatabaseWrapper
+    lib = _libsqlite()
+    if lib is None or sys.implementation.name != "cpython":
+        return []
+    lib.sqlite3_db_status.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
+                                      ctypes.POINTER(ctypes.c_int), ctypes.c_int]
+    lib.sqlite3_db_filename.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    lib.sqlite3_db_filename.restype = ctypes.c_char_p
+    names = {t.ident: t.name for t in threading.enumerate()}
+    out = []
+    for wrapper in [o for o in gc.get_objects() if isinstance(o, BaseDatabaseWrapper)]:
+        conn = wrapper.connection
+        if not isinstance(conn, sqlite3.Connection):
+            continue
+        db = ctypes.c_void_p.from_address(id(conn) + object.__basicsize__).value
+        if not db:
+            continue
+        filename = (lib.sqlite3_db_filename(ctypes.c_void_p(db), b"main") or b"").decode(errors="replace")
+        if os.path.realpath(filename) != os.path.realpath(str(wrapper.settings_dict["NAME"])):
+            continue  # not the layout expected: read nothing through it
+        # SQLITE_DBSTATUS_CACHE_USED 1, SCHEMA_USED 2, STMT_USED 3
+        out.append({"thread": names.get(wrapper._thread_ident, str(wrapper._thread_ident)),
+                    "cache_kb": _db_status(lib, db, 1) // 1024, "schema_kb": _db_status(lib, db, 2) // 1024,
+                    "stmt_kb": _db_status(lib, db, 3) // 1024})
+    return sorted(out, key=lambda c: -(c["cache_kb"] + c["schema_kb"] + c["stmt_kb"]))
+
+
 def configured_cache_kib() -> int | None:
     """The cache_size (KiB) the default database's init_command gives each SQLite connection; None
     when Django is not set up or the command sets none (PostgreSQL has no init_command)."""
@@ -215,7 +257,7 @@ def configured_cache_kib() -> int | None:
 
 
 def report(*, trim: bool = False, snapshot_path: Path | None = None, collect: bool = False,
-           referrers: str = "") -> dict:
+           referrers: str = "", by_connection: bool = False) -> dict:
     """The figures above, for this process, now (after a full collection with `collect`)."""
     if collect:
         gc.collect()
@@ -273,6 +315,11 @@ def report(*, trim: bool = False, snapshot_path: Path | None = None, collect: bo
         out["sqlite"].update(connections=connections, cache_size_kb=each_kb, page_cache_bound_kb=connections * each_kb)
     if referrers:
         out["referrers"] = _referrers(referrers)
+    if by_connection and "sqlite" in out:
+        try:
+            out["sqlite"]["by_connection"] = sqlite_connections()
+        except Exception as exc:
+            out["sqlite"]["by_connection"] = {"error": repr(exc)}
     if trim and libc is not None:
         libc.malloc_trim(0)
         out["rss_after_trim_kb"] = rss_kb()
@@ -303,7 +350,8 @@ def start(mode: str, directory: Path) -> bool:
                     tracemalloc.start(int(asked["tracemalloc"]))
                 snapshot = base.with_suffix(".tracemalloc") if asked.get("snapshot", True) else None
                 data = report(trim=bool(asked.get("trim")), snapshot_path=snapshot,
-                              collect=bool(asked.get("collect")), referrers=asked.get("referrers", ""))
+                              collect=bool(asked.get("collect")), referrers=asked.get("referrers", ""),
+                              by_connection=bool(asked.get("connections")))
                 tmp = base.with_suffix(".tmp")
                 tmp.write_text(json.dumps(data, indent=1))
                 tmp.rename(base.with_suffix(".json"))  # a reader never sees half a report
