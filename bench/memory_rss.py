@@ -22,7 +22,7 @@ malloc_trim(0): the RSS it falls to is what the allocator held but did not use.
 Usage: python bench/memory_rss.py [--turns 15000] [--every 1000] [--concurrency 4] [--stream]
        [--tracemalloc 8] [--malloc-arena-max 2]
 The daemon inherits the environment: `UGENT_SQLITE_CACHE_KIB=2000 python bench/memory_rss.py` runs
-it with SQLite's default page cache a connection (the figure before it was bounded at 512 KiB).
+it with SQLite's default page cache a connection (the figure before it was bounded at 128 KiB).
 Prints figures; asserts nothing. Targets: at most 250 MB idle, and no growth between the 5,000th and
 the 10,000th turn.
 """
