@@ -142,6 +142,11 @@ def growth(ra: dict, rb: dict) -> str:
     return ", ".join(parts) + f" MB; gc objects {rb['gc_objects'] - ra['gc_objects']:+,}"
 
 
+def _kib_cell(c: dict | None) -> str:
+    """One connection's page cache / schema / statements, KiB (a dash: no connection then)."""
+    return f"{c['cache_kb']:>5} / {c['schema_kb']:>4} / {c['stmt_kb']:>5}" if c else f"{'-':>19}"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--turns", type=int, default=15000)
@@ -254,14 +259,14 @@ def main():
                   f"{5000 if args.turns > 5000 else 0} -> after the last")
             for name in sorted(set(first) | set(last), key=lambda n: -sum(last.get(n, {}).get(k, 0) for k in
                                                                            ("cache_kb", "schema_kb", "stmt_kb"))):
-                cell = lambda c: f"{c['cache_kb']:>5} / {c['schema_kb']:>4} / {c['stmt_kb']:>5}" if c else f"{'-':>19}"  # noqa: E731
-                print(f"  {name:<28} {cell(first.get(name))}  ->  {cell(last.get(name))}")
+                print(f"  {name:<28} {_kib_cell(first.get(name))}  ->  {_kib_cell(last.get(name))}")
         print(f"\nheld 2 s after the last turn (each should be 0): {after.get('held')}")
         print(f"caches: {after.get('caches')}")
         sq = after.get("sqlite", {})
         if "connections" in sq:
-            print(f"SQLite: {sq['memory_used_kb'] / 1024:.1f} MB allocated, of it {sq.get('page_cache_kb', 0) / 1024:.1f}"
-                  f" MB in page caches (at most {sq.get('page_cache_highwater_kb', 0) / 1024:.1f} MB at a time); "
+            print(f"SQLite: {sq['memory_used_kb'] / 1024:.1f} MB allocated, of it "
+                  f"{sq.get('page_cache_kb', 0) / 1024:.1f} MB in page caches (at most "
+                  f"{sq.get('page_cache_highwater_kb', 0) / 1024:.1f} MB at a time); "
                   f"{sq['connections']} connections whose page caches may hold {sq['page_cache_bound_kb'] / 1024:.1f} "
                   f"MB at most ({sq.get('cache_size_kb', '?')} KiB each: UGENT_SQLITE_CACHE_KIB)")
         end = after["rss_kb"] / 1024

@@ -37,7 +37,9 @@ snapshot (a large one holds the GIL for seconds), and
 `{"trim": true}` calls `malloc_trim(0)` after it and records `rss_after_trim_kb`: what RSS falls to
 once the allocator gives back the free pages it holds; `{"collect": true}` runs a full garbage
 collection first (so the counts are of live objects, not of garbage not yet collected), and
-`{"referrers": "module.Class"}` adds what holds up to five objects of that type, four levels up.
+`{"referrers": "module.Class"}` adds what holds up to five objects of that type, four levels up, and
+`{"connections": true}` adds `sqlite.by_connection`: each Django connection to SQLite, by thread, with
+the bytes of its page cache, schema and prepared statements (`sqlite_connections()`).
 bench/memory_rss.py and tests/streams/test_memory_held.py use them.
 
 The signal handler only wakes a thread, which writes the report (no work in the handler).
