@@ -14,7 +14,7 @@ that bounds turns per second on a small machine.
 
 Usage: python bench/chat_latency.py [--requests 1000] [--concurrency 16] [--servers]
                                      [--servers-baseline DIR] [--rounds N] [--only CASES]
-                                     [--against litellm] [--sqlite-writers]
+                                     [--against litellm] [--sqlite-writers] [--sqlite-cache-kib N]
   --servers-baseline DIR
              with --servers: a second layout running the checkout in DIR (say `git worktree
              add DIR <commit>`), measured beside this checkout's: before and after in one run
@@ -24,6 +24,10 @@ Usage: python bench/chat_latency.py [--requests 1000] [--concurrency 16] [--serv
   --sqlite-writers
              also an embedded daemon on Django's own SQLite backend, whose writers wait
              in SQLite's sleeping busy handler, measured beside the writer queue
+  --sqlite-cache-kib N
+             also an embedded daemon whose SQLite connections keep N KiB of pages each
+             (UGENT_SQLITE_CACHE_KIB; 2000 is SQLite's default), measured beside this
+             checkout's setting
   --servers  also the servers-mode layout of docs/deploy.md (tests/support/layout.py:
              HAProxy, two uvicorn web processes, two Celery workers, beat and the
              supervisor over a private PostgreSQL on 5441 and Redis on 6391),
@@ -191,6 +195,8 @@ def main():
     ap.add_argument("--sqlite-writers", action="store_true",
                     help="also an embedded daemon on Django's own SQLite backend (UGENT_SQLITE_WRITER_QUEUE="
                          "false: writers wait in SQLite's busy handler), beside the writer queue")
+    ap.add_argument("--sqlite-cache-kib", type=int, metavar="N",
+                    help="also an embedded daemon with UGENT_SQLITE_CACHE_KIB=N (2000: SQLite's default), beside")
     args = ap.parse_args()
     stub, stub_url = start_stub()
     started = []  # (name, object with .close(), (url, headers, model), pids)
@@ -202,6 +208,10 @@ def main():
             b = start_embedded(stub_url, {"UGENT_SQLITE_WRITER_QUEUE": "false"})
             started.append(("busywait", b, (b.base + "/v1/chat/completions", {"x-api-key": b.key}, "bench"),
                             [p.pid for p in b.procs]))
+        if args.sqlite_cache_kib:
+            c = start_embedded(stub_url, {"UGENT_SQLITE_CACHE_KIB": str(args.sqlite_cache_kib)})
+            started.append(("cache", c, (c.base + "/v1/chat/completions", {"x-api-key": c.key}, "bench"),
+                            [p.pid for p in c.procs]))
         if args.servers:
             from tests.support.layout import Layout
             lay = Layout(Path(tempfile.mkdtemp(prefix="ugent-bench-layout-")))
@@ -223,6 +233,7 @@ def main():
                                    concurrency=args.concurrency, servers=False)
         targets = " and ".join({"embedded": "the embedded daemon",
                                 "busywait": "an embedded daemon on Django's SQLite backend (busy handler)",
+                                "cache": f"an embedded daemon with UGENT_SQLITE_CACHE_KIB={args.sqlite_cache_kib}",
                                 "servers": "the servers layout through HAProxy (2 web, 2 workers, PostgreSQL, "
                                            "Redis)",
                                 "srv-base": f"the same layout running {args.servers_baseline}"}[name]
@@ -277,6 +288,10 @@ def main():
                 print(f"{'':<18}{'srv/base':>9}{a['p50'] / b['p50']:>8.2f}x{a['p99'] / b['p99']:>8.2f}x"
                       f"{a['rps'] / b['rps']:>8.2f}x{cpu}  (this checkout over the baseline: p50, p99, req/s, cpu; "
                       f"added p50 {added(a):.2f} against {added(b):.2f} ms, {added(a) / added(b):.2f}x)")
+            if "cache" in by:
+                e, c = by["embedded"], by["cache"]
+                print(f"{'':<18}{'emb/cache':>9}{e['p50'] / c['p50']:>8.2f}x{e['p99'] / c['p99']:>8.2f}x"
+                      f"{e['rps'] / c['rps']:>8.2f}x  (this checkout's cache_size over {args.sqlite_cache_kib} KiB)")
             if "busywait" in by:
                 e, bw = by["embedded"], by["busywait"]
                 print(f"{'':<18}{'emb/busy':>9}{e['p50'] / bw['p50']:>8.2f}x{e['p99'] / bw['p99']:>8.2f}x"

@@ -21,6 +21,8 @@ malloc_trim(0): the RSS it falls to is what the allocator held but did not use.
 
 Usage: python bench/memory_rss.py [--turns 15000] [--every 1000] [--concurrency 4] [--stream]
        [--tracemalloc 8] [--malloc-arena-max 2]
+The daemon inherits the environment: `UGENT_SQLITE_CACHE_KIB=2000 python bench/memory_rss.py` runs
+it with SQLite's default page cache a connection (the figure before it was bounded at 128 KiB).
 Prints figures; asserts nothing. Targets: at most 250 MB idle, and no growth between the 5,000th and
 the 10,000th turn.
 """
@@ -94,7 +96,8 @@ class Hook:
         self.dir, self.pid, self.n = var / "memstats", pid, 0
 
     def report(self, *, trim: bool = False, snapshot: bool = False, trace: int = 0) -> dict:
-        (self.dir / "request.json").write_text(json.dumps({"trim": trim, "snapshot": snapshot, "tracemalloc": trace}))
+        (self.dir / "request.json").write_text(json.dumps({"trim": trim, "snapshot": snapshot, "tracemalloc": trace,
+                                                           "connections": True}))
         self.n += 1
         path = self.dir / f"{self.pid}-{self.n}.json"
         os.kill(self.pid, signal.SIGUSR2)
@@ -117,7 +120,8 @@ def _mb(rep: dict, *path: str) -> float:
 COLUMNS = [("RSS", "MB", ("rss_kb",)), ("anon", "MB", ("rss_anon_kb",)),
            ("pymalloc", "in use", ("pymalloc", "in_use_kb")), ("pymalloc", "free", ("pymalloc", "free_kb")),
            ("malloc", "in use", ("malloc", "in_use_kb")), ("malloc", "free", ("malloc", "free_kb")),
-           ("sqlite", "MB", ("sqlite", "memory_used_kb")), ("traced", "MB", ("python", "traced_kb"))]
+           ("sqlite", "MB", ("sqlite", "memory_used_kb")), ("sqlite", "pages", ("sqlite", "page_cache_kb")),
+           ("traced", "MB", ("python", "traced_kb"))]
 
 
 def header() -> str:
@@ -136,6 +140,11 @@ def growth(ra: dict, rb: dict) -> str:
     parts = [f"{t} {u.replace('MB', '').strip()}".strip() + f" {_mb(rb, *p) - _mb(ra, *p):+.1f}"
              for t, u, p in COLUMNS if p != ("python", "traced_kb") or "traced_kb" in rb["python"]]
     return ", ".join(parts) + f" MB; gc objects {rb['gc_objects'] - ra['gc_objects']:+,}"
+
+
+def _kib_cell(c: dict | None) -> str:
+    """One connection's page cache / schema / statements, KiB (a dash: no connection then)."""
+    return f"{c['cache_kb']:>5} / {c['schema_kb']:>4} / {c['stmt_kb']:>5}" if c else f"{'-':>19}"
 
 
 def main():
@@ -174,7 +183,9 @@ def main():
               f"daemon idle {idle:.1f} MB ({idle / baseline:.2f}x)"
               + (f"; tracemalloc from turn {args.trace_from} ({args.tracemalloc} frames)" if args.tracemalloc else "")
               + (f"; MALLOC_ARENA_MAX={args.malloc_arena_max}" if args.malloc_arena_max else "")
-              + ("; stream turns" if args.stream else "; non-stream turns"), flush=True)
+              + ("; stream turns" if args.stream else "; non-stream turns")
+              + f"; SQLite cache_size {idle_rep.get('sqlite', {}).get('cache_size_kb', '?')} KiB a connection",
+              flush=True)
         reports: list[tuple[int, dict]] = [(0, idle_rep)]
         done = 0
         lock = threading.Lock()
@@ -240,12 +251,24 @@ def main():
                 print("  tracemalloc, the lines whose allocations grew most:")
                 for stat in new.compare_to(old, "lineno")[:12]:
                     print(f"    {stat}")
+        by_thread = lambda rep: {c["thread"]: c for c in rep.get("sqlite", {}).get("by_connection", [])  # noqa: E731
+                                 if isinstance(c, dict)}
+        first, last = by_thread(at(5000) if args.turns > 5000 else idle_rep), by_thread(after)
+        if last:
+            print(f"\nSQLite by connection, KiB (page cache / schema / statements): at turn "
+                  f"{5000 if args.turns > 5000 else 0} -> after the last")
+            for name in sorted(set(first) | set(last), key=lambda n: -sum(last.get(n, {}).get(k, 0) for k in
+                                                                           ("cache_kb", "schema_kb", "stmt_kb"))):
+                print(f"  {name:<28} {_kib_cell(first.get(name))}  ->  {_kib_cell(last.get(name))}")
         print(f"\nheld 2 s after the last turn (each should be 0): {after.get('held')}")
         print(f"caches: {after.get('caches')}")
         sq = after.get("sqlite", {})
         if "connections" in sq:
-            print(f"SQLite: {sq['memory_used_kb'] / 1024:.1f} MB allocated, {sq['connections']} connections whose page "
-                  f"caches may hold {sq['page_cache_bound_kb'] / 1024:.1f} MB at most (a bounded cache filling up)")
+            print(f"SQLite: {sq['memory_used_kb'] / 1024:.1f} MB allocated, of it "
+                  f"{sq.get('page_cache_kb', 0) / 1024:.1f} MB in page caches (at most "
+                  f"{sq.get('page_cache_highwater_kb', 0) / 1024:.1f} MB at a time); "
+                  f"{sq['connections']} connections whose page caches may hold {sq['page_cache_bound_kb'] / 1024:.1f} "
+                  f"MB at most ({sq.get('cache_size_kb', '?')} KiB each: UGENT_SQLITE_CACHE_KIB)")
         end = after["rss_kb"] / 1024
         print(f"\nafter {args.turns} turns: RSS {end:.1f} MB, {end / idle:.2f}x idle, {end / baseline:.2f}x the bare "
               f"Django process ({baseline:.1f} MB)")

@@ -108,3 +108,70 @@ def test_with_tracemalloc_tracing_a_report_carries_a_snapshot_that_loads(tmp_pat
         p.stdin.write("\n")
         p.stdin.flush()
         p.wait(10)
+
+
+# --- SQLite's page caches: bounded by UGENT_SQLITE_CACHE_KIB, and the report reads that bound ---------------
+
+embedded_only = pytest.mark.skipif(bool(os.environ.get("DATABASE_URL")), reason="SQLite's pragma (embedded mode)")
+
+
+@embedded_only
+@pytest.mark.django_db(transaction=True)
+def test_each_new_sqlite_connection_has_the_configured_cache_size_and_the_report_says_so():
+    import threading
+    from django.conf import settings
+    from django.db import connection
+    seen = []
+
+    def in_a_thread():  # a thread of its own opens a connection of its own, as the daemon's threads do
+        try:
+            with connection.cursor() as cur:
+                cur.execute("PRAGMA cache_size")
+                seen.append(cur.fetchone()[0])
+                cur.execute("PRAGMA cache_spill")  # pages: SQLite's default threshold, 2,000 KiB, kept
+                seen.append(cur.fetchone()[0])
+        finally:
+            connection.close()
+
+    t = threading.Thread(target=in_a_thread)
+    t.start()
+    t.join(30)
+    assert seen[0] == -settings.UGENT_SQLITE_CACHE_KIB  # negative: KiB
+    assert seen[1] * 4 >= 1900
+    if "UGENT_SQLITE_CACHE_KIB" not in os.environ:
+        assert settings.UGENT_SQLITE_CACHE_KIB == 128  # below SQLite's 2,000, which kept filling for 10,000 turns
+    sqlite = memstats.report()["sqlite"]
+    assert sqlite["cache_size_kb"] == settings.UGENT_SQLITE_CACHE_KIB
+    assert sqlite["page_cache_bound_kb"] == sqlite["connections"] * settings.UGENT_SQLITE_CACHE_KIB
+    assert 0 <= sqlite["page_cache_kb"] <= sqlite["memory_used_kb"]
+    with connection.cursor() as cur:  # this thread's connection, with the schema read
+        cur.execute("SELECT count(*) FROM django_migrations")
+    mine = [c for c in memstats.report(by_connection=True)["sqlite"]["by_connection"]
+            if c["thread"] == threading.current_thread().name]
+    assert len(mine) == 1 and mine[0]["schema_kb"] > 0 and mine[0]["stmt_kb"] >= 0
+    assert mine[0]["cache_kb"] <= settings.UGENT_SQLITE_CACHE_KIB + 16  # page headers beside the pages
+
+
+SETTINGS_PROBE = r"""
+import os, sys
+sys.path.insert(0, {root!r})
+os.environ["DJANGO_SETTINGS_MODULE"] = "ugent_site.settings"
+import django
+django.setup()
+from django.db import connection
+from ugent_site import memstats
+with connection.cursor() as cur:
+    cur.execute("PRAGMA cache_size")
+    print(cur.fetchone()[0], memstats.configured_cache_kib())
+"""
+
+
+def test_the_environment_variable_sets_the_cache_size_of_the_daemons_connections(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "PYTEST"))}
+    env.pop("DATABASE_URL", None)
+    env.pop("REDIS_URL", None)
+    env.update(UGENT_VAR_DIR=str(tmp_path), UGENT_SQLITE_CACHE_KIB="300")
+    out = subprocess.run([sys.executable, "-c", SETTINGS_PROBE.format(root=str(ROOT))], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["-300", "300"]

@@ -9,7 +9,10 @@ gets SIGUSR2 (`kill -USR2 <pid>`), to `<UGENT_VAR_DIR>/memstats/<pid>-<n>.json`:
   a leak;
 * `sqlite`: the bytes SQLite's library has allocated (`sqlite3_memory_used`: page caches,
   statements, schemas of every connection in the process), their high-water mark, the connections
-  open, and what their page caches may hold at most (connections x the default `cache_size`);
+  open, the bytes their page caches hold now (`page_cache_kb`; the rest is schemas and prepared
+  statements), the `cache_size` each connection has (`cache_size_kb`: the one the settings'
+  init_command gives, UGENT_SQLITE_CACHE_KIB, else SQLite's default) and what their page caches
+  may hold at most (connections x `cache_size_kb`);
 * `rss_anon_kb` / `rss_file_kb`: RSS in anonymous pages (heaps, arenas, stacks) and in mapped files
   (code, shared libraries): only the first can grow with use;
 * `pymalloc`: Python's small-object allocator (its arenas are mapped directly, outside malloc's
@@ -34,7 +37,9 @@ snapshot (a large one holds the GIL for seconds), and
 `{"trim": true}` calls `malloc_trim(0)` after it and records `rss_after_trim_kb`: what RSS falls to
 once the allocator gives back the free pages it holds; `{"collect": true}` runs a full garbage
 collection first (so the counts are of live objects, not of garbage not yet collected), and
-`{"referrers": "module.Class"}` adds what holds up to five objects of that type, four levels up.
+`{"referrers": "module.Class"}` adds what holds up to five objects of that type, four levels up, and
+`{"connections": true}` adds `sqlite.by_connection`: each Django connection to SQLite, by thread, with
+the bytes of its page cache, schema and prepared statements (`sqlite_connections()`).
 bench/memory_rss.py and tests/streams/test_memory_held.py use them.
 
 The signal handler only wakes a thread, which writes the report (no work in the handler).
@@ -81,6 +86,8 @@ def _libsqlite():
         lib.sqlite3_memory_used.restype = ctypes.c_int64
         lib.sqlite3_memory_highwater.restype = ctypes.c_int64
         lib.sqlite3_memory_highwater.argtypes = [ctypes.c_int]
+        lib.sqlite3_status64.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int64),
+                                         ctypes.POINTER(ctypes.c_int64), ctypes.c_int]
         return lib
     except (OSError, AttributeError):  # SQLite linked into Python statically: no figure
         return None
@@ -190,8 +197,69 @@ def caches() -> dict:
             "engine_instances": len(registry._instances)}
 
 
+def _db_status(lib, db: int, op: int) -> int:
+    cur, high = ctypes.c_int(), ctypes.c_int()
+    return cur.value if lib.sqlite3_db_status(ctypes.c_void_p(db), op, ctypes.byref(cur), ctypes.byref(high), 0) == 0 \
+        else -1
+
+
+def sqlite_connections() -> list[dict]:
+    """Each Django connection open to SQLite in this process: its thread, and the bytes its page cache,
+    schema and prepared statements hold (sqlite3_db_status), largest first.
+
+    Python's sqlite3 does not expose the `sqlite3 *` of a connection: it is read from the object itself,
+    the first field after PyObject_HEAD in CPython (3.8 to 3.13, at least), and checked against the
+    file the connection has open before it is used. A connection closed by its thread meanwhile
+    could be freed under the reading: a debug hook's risk, on request only (`{"connections": true}`)."""
+    import sqlite3
+    from django.db.backends.base.base import BaseDatabaseWrapper
+    lib = _libsqlite()
+    if lib is None or sys.implementation.name != "cpython":
+        return []
+    lib.sqlite3_db_status.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
+                                      ctypes.POINTER(ctypes.c_int), ctypes.c_int]
+    lib.sqlite3_db_filename.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    lib.sqlite3_db_filename.restype = ctypes.c_char_p
+    names = {t.ident: t.name for t in threading.enumerate()}
+    out = []
+    for wrapper in [o for o in gc.get_objects() if isinstance(o, BaseDatabaseWrapper)]:
+        conn = wrapper.connection
+        if not isinstance(conn, sqlite3.Connection):
+            continue
+        db = ctypes.c_void_p.from_address(id(conn) + object.__basicsize__).value
+        if not db:
+            continue
+        filename = (lib.sqlite3_db_filename(ctypes.c_void_p(db), b"main") or b"").decode(errors="replace")
+        if os.path.realpath(filename) != os.path.realpath(str(wrapper.settings_dict["NAME"])):
+            continue  # not the layout expected: read nothing through it
+        # SQLITE_DBSTATUS_CACHE_USED 1, SCHEMA_USED 2, STMT_USED 3
+        out.append({"thread": names.get(wrapper._thread_ident, str(wrapper._thread_ident)),
+                    "cache_kb": _db_status(lib, db, 1) // 1024, "schema_kb": _db_status(lib, db, 2) // 1024,
+                    "stmt_kb": _db_status(lib, db, 3) // 1024})
+    return sorted(out, key=lambda c: -(c["cache_kb"] + c["schema_kb"] + c["stmt_kb"]))
+
+
+def configured_cache_kib() -> int | None:
+    """The cache_size (KiB) the default database's init_command gives each SQLite connection; None
+    when Django is not set up or the command sets none (PostgreSQL has no init_command)."""
+    import re
+    try:
+        from django.conf import settings
+        if not settings.configured:
+            return None
+        db = settings.DATABASES["default"]
+    except Exception:
+        return None
+    # by the command, not the ENGINE: embedded mode's is ugent_site.db, SQLite's with the writer queue
+    found = re.search(r"PRAGMA\s+cache_size\s*=\s*(-?\d+)", db.get("OPTIONS", {}).get("init_command", ""), re.I)
+    if found is None:
+        return None
+    value = int(found.group(1))
+    return -value if value < 0 else value * 4  # negative: KiB; positive: pages (4 KiB)
+
+
 def report(*, trim: bool = False, snapshot_path: Path | None = None, collect: bool = False,
-           referrers: str = "") -> dict:
+           referrers: str = "", by_connection: bool = False) -> dict:
     """The figures above, for this process, now (after a full collection with `collect`)."""
     if collect:
         gc.collect()
@@ -209,6 +277,12 @@ def report(*, trim: bool = False, snapshot_path: Path | None = None, collect: bo
     if sqlite is not None:
         out["sqlite"] = {"memory_used_kb": sqlite.sqlite3_memory_used() // 1024,
                          "highwater_kb": sqlite.sqlite3_memory_highwater(0) // 1024}
+        # SQLITE_STATUS_PAGECACHE_OVERFLOW (2): page-cache pages malloc'd outside a SQLITE_CONFIG_PAGECACHE
+        # buffer, which no build here configures: the pages every connection's cache holds now (beyond
+        # the first bulk of each, ~20 pages), so the rest of memory_used_kb is schemas and statements
+        cur, high = ctypes.c_int64(), ctypes.c_int64()
+        if sqlite.sqlite3_status64(2, ctypes.byref(cur), ctypes.byref(high), 0) == 0:
+            out["sqlite"].update(page_cache_kb=cur.value // 1024, page_cache_highwater_kb=high.value // 1024)
     out["python"] = {"allocated_blocks": sys.getallocatedblocks()}
     if tracemalloc.is_tracing():
         current, peak = tracemalloc.get_traced_memory()
@@ -228,18 +302,26 @@ def report(*, trim: bool = False, snapshot_path: Path | None = None, collect: bo
     out["gc_objects"] = sum(counts.values())
     out["gc_types"] = dict(counts.most_common())
     if "sqlite" in out:
-        # each connection's page cache stops at cache_size (SQLite's default, unless a PRAGMA changed it)
-        import sqlite3
-        probe = sqlite3.connect(":memory:")
-        try:
-            (cache_size,) = probe.execute("PRAGMA cache_size").fetchone()
-        finally:
-            probe.close()
+        # each connection's page cache stops at cache_size: the daemon's (settings' init_command sets it
+        # on every connection it opens), else SQLite's default, read from a connection of its own
+        each_kb = configured_cache_kib()
+        if each_kb is None:
+            import sqlite3
+            probe = sqlite3.connect(":memory:")
+            try:
+                (cache_size,) = probe.execute("PRAGMA cache_size").fetchone()
+            finally:
+                probe.close()
+            each_kb = -cache_size if cache_size < 0 else cache_size * 4  # negative: KiB; positive: pages (4 KiB)
         connections = counts.get("sqlite3.Connection", 0)
-        each_kb = -cache_size if cache_size < 0 else cache_size * 4  # negative: KiB; positive: pages (4 KiB)
-        out["sqlite"].update(connections=connections, page_cache_bound_kb=connections * each_kb)
+        out["sqlite"].update(connections=connections, cache_size_kb=each_kb, page_cache_bound_kb=connections * each_kb)
     if referrers:
         out["referrers"] = _referrers(referrers)
+    if by_connection and "sqlite" in out:
+        try:
+            out["sqlite"]["by_connection"] = sqlite_connections()
+        except Exception as exc:
+            out["sqlite"]["by_connection"] = {"error": repr(exc)}
     if trim and libc is not None:
         libc.malloc_trim(0)
         out["rss_after_trim_kb"] = rss_kb()
@@ -270,7 +352,8 @@ def start(mode: str, directory: Path) -> bool:
                     tracemalloc.start(int(asked["tracemalloc"]))
                 snapshot = base.with_suffix(".tracemalloc") if asked.get("snapshot", True) else None
                 data = report(trim=bool(asked.get("trim")), snapshot_path=snapshot,
-                              collect=bool(asked.get("collect")), referrers=asked.get("referrers", ""))
+                              collect=bool(asked.get("collect")), referrers=asked.get("referrers", ""),
+                              by_connection=bool(asked.get("connections")))
                 tmp = base.with_suffix(".tmp")
                 tmp.write_text(json.dumps(data, indent=1))
                 tmp.rename(base.with_suffix(".json"))  # a reader never sees half a report

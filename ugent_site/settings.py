@@ -102,8 +102,17 @@ DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'u
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # WAL lets the stream readers run beside the turn writer; IMMEDIATE takes the
     # write lock up front so two writers queue instead of failing mid-transaction.
+    # cache_size bounds each connection's page cache (KiB; every thread keeps its own connection,
+    # 14-18 in a busy daemon). With SQLite's default, 2,000 KiB, the caches were still filling at the
+    # 10,000th turn; at 128 KiB the busy ones are full by the 1,000th, and a turn is no slower: in WAL
+    # mode a connection drops its whole cache at its next read once another one has written, so each
+    # turn starts cold whatever the size (docs/performance.md, "Memory"). cache_spill keeps SQLite's
+    # default threshold (2,000 KiB) for a transaction's dirty pages: below it they wait for the commit
+    # instead of going to the WAL early, and the cache falls back to cache_size once they are written.
+    UGENT_SQLITE_CACHE_KIB = max(env.int("UGENT_SQLITE_CACHE_KIB", default=128), 1)
     DATABASES["default"].setdefault("OPTIONS", {}).update({
-        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "init_command": ("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; "
+                         f"PRAGMA cache_size=-{UGENT_SQLITE_CACHE_KIB}; PRAGMA cache_spill=-2000;"),
         "transaction_mode": "IMMEDIATE",
         "timeout": 30,
     })
