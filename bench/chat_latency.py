@@ -15,6 +15,7 @@ that bounds turns per second on a small machine.
 Usage: python bench/chat_latency.py [--requests 1000] [--concurrency 16] [--servers]
                                      [--servers-baseline DIR] [--rounds N] [--only CASES]
                                      [--against litellm] [--sqlite-writers] [--sqlite-cache-kib N]
+                                     [--embedded-env VAR=VALUE ...]
   --servers-baseline DIR
              with --servers: a second layout running the checkout in DIR (say `git worktree
              add DIR <commit>`), measured beside this checkout's: before and after in one run
@@ -28,6 +29,10 @@ Usage: python bench/chat_latency.py [--requests 1000] [--concurrency 16] [--serv
              also an embedded daemon whose SQLite connections keep N KiB of pages each
              (UGENT_SQLITE_CACHE_KIB; 2000 is SQLite's default), measured beside this
              checkout's setting
+  --embedded-env VAR=VALUE ...
+             also an embedded daemon with these variables set (UGENT_GC_FREEZE=false, say),
+             measured beside this checkout's defaults; --sqlite-cache-kib N is
+             UGENT_SQLITE_CACHE_KIB=N
   --servers  also the servers-mode layout of docs/deploy.md (tests/support/layout.py:
              HAProxy, two uvicorn web processes, two Celery workers, beat and the
              supervisor over a private PostgreSQL on 5441 and Redis on 6391),
@@ -163,6 +168,10 @@ def merged(runs: list[dict]) -> dict:
                     "n": sum(r["n"] for r in raws), "cpu_s": None if None in cpu else sum(cpu)})
 
 
+def cpu_ratio(a: dict, b: dict) -> str:
+    return f"{a['cpu'] / b['cpu']:>8.2f}x" if a["cpu"] and b["cpu"] else ""
+
+
 def bench_profile(stub_url: str) -> str:
     return ("from plugins_app.models import AgentProfile as P; "
             f"P.objects.create(name='bench', provider='openai-compatible', is_default=True, "
@@ -197,7 +206,13 @@ def main():
                          "false: writers wait in SQLite's busy handler), beside the writer queue")
     ap.add_argument("--sqlite-cache-kib", type=int, metavar="N",
                     help="also an embedded daemon with UGENT_SQLITE_CACHE_KIB=N (2000: SQLite's default), beside")
+    ap.add_argument("--embedded-env", nargs="+", metavar="VAR=VALUE", default=[],
+                    help="also an embedded daemon with these variables set, beside this checkout's defaults")
     args = ap.parse_args()
+    if args.sqlite_cache_kib:
+        args.embedded_env.append(f"UGENT_SQLITE_CACHE_KIB={args.sqlite_cache_kib}")
+    other_env = dict(v.split("=", 1) for v in args.embedded_env)
+    other_label = " ".join(args.embedded_env)
     stub, stub_url = start_stub()
     started = []  # (name, object with .close(), (url, headers, model), pids)
     try:
@@ -208,8 +223,8 @@ def main():
             b = start_embedded(stub_url, {"UGENT_SQLITE_WRITER_QUEUE": "false"})
             started.append(("busywait", b, (b.base + "/v1/chat/completions", {"x-api-key": b.key}, "bench"),
                             [p.pid for p in b.procs]))
-        if args.sqlite_cache_kib:
-            c = start_embedded(stub_url, {"UGENT_SQLITE_CACHE_KIB": str(args.sqlite_cache_kib)})
+        if other_env:
+            c = start_embedded(stub_url, other_env)
             started.append(("cache", c, (c.base + "/v1/chat/completions", {"x-api-key": c.key}, "bench"),
                             [p.pid for p in c.procs]))
         if args.servers:
@@ -233,7 +248,7 @@ def main():
                                    concurrency=args.concurrency, servers=False)
         targets = " and ".join({"embedded": "the embedded daemon",
                                 "busywait": "an embedded daemon on Django's SQLite backend (busy handler)",
-                                "cache": f"an embedded daemon with UGENT_SQLITE_CACHE_KIB={args.sqlite_cache_kib}",
+                                "cache": f"an embedded daemon with {other_label}",
                                 "servers": "the servers layout through HAProxy (2 web, 2 workers, PostgreSQL, "
                                            "Redis)",
                                 "srv-base": f"the same layout running {args.servers_baseline}"}[name]
@@ -290,8 +305,9 @@ def main():
                       f"added p50 {added(a):.2f} against {added(b):.2f} ms, {added(a) / added(b):.2f}x)")
             if "cache" in by:
                 e, c = by["embedded"], by["cache"]
-                print(f"{'':<18}{'emb/cache':>9}{e['p50'] / c['p50']:>8.2f}x{e['p99'] / c['p99']:>8.2f}x"
-                      f"{e['rps'] / c['rps']:>8.2f}x  (this checkout's cache_size over {args.sqlite_cache_kib} KiB)")
+                print(f"{'':<18}{'emb/other':>9}{e['p50'] / c['p50']:>8.2f}x{e['p99'] / c['p99']:>8.2f}x"
+                      f"{e['rps'] / c['rps']:>8.2f}x{cpu_ratio(e, c)}  (this checkout's defaults over {other_label}: "
+                      "p50, p99, req/s, cpu)")
             if "busywait" in by:
                 e, bw = by["embedded"], by["busywait"]
                 print(f"{'':<18}{'emb/busy':>9}{e['p50'] / bw['p50']:>8.2f}x{e['p99'] / bw['p99']:>8.2f}x"

@@ -33,6 +33,7 @@ def test_a_report_names_rss_malloc_sqlite_and_the_objects_by_type(tmp_path):
     assert rep["sqlite"]["memory_used_kb"] > 0
     assert rep["python"]["allocated_blocks"] > 0
     assert rep["gc_objects"] >= sum(rep["gc_types"].values())
+    assert rep["gc_frozen"] == __import__("gc").get_freeze_count()
     assert rep["gc_types"].get("tests.test_memstats._Kept", 0) >= 5000
     assert "rss_after_trim_kb" not in rep
     assert memstats.report(trim=True)["rss_after_trim_kb"] > 0
