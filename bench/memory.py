@@ -105,13 +105,14 @@ def facts_add(count: int, actor_key: str, rng: random.Random, *, vectors: bool) 
 def previous_recall():
     """recall as it was before this change (kept here as the baseline measured beside it): the candidates in
     bm25() order on SQLite, over the same owner-tagged table (migration 0011), and in ts_rank_cd order on
-    PostgreSQL; one statement for any word or prefix; a prefix counted only when some word could have one.
-    The rest of recall (the user's own facts, the three rankings and their fusion, the budget) is today's."""
+    PostgreSQL; one statement for any word or prefix; a prefix counted only when some word could have one; the
+    three rankings from each candidate's text cut into words again. The rest of recall (the user's own facts,
+    the fusion, the budget) is today's."""
     from django.db import connection
     from django.utils import timezone
 
     from plugins_app.agent.memory import backends, recall as recall_module
-    from plugins_app.agent.memory.backends import FtsBackend, owner_tag, rrf
+    from plugins_app.agent.memory.backends import _TOKEN, FtsBackend, fold, owner_tag, rrf
 
     class PreviousFts(FtsBackend):
         @staticmethod
@@ -138,6 +139,23 @@ def previous_recall():
                     [actor_key, now, query, limit])
                 return [row[:3] for row in cur.fetchall()]  # (the bench's facts never expire)
 
+        @staticmethod
+        def previous_rankings(words, prefixes, found):
+            """The three rankings as they were: each candidate's text cut into words again."""
+            wanted = {fold(w) for w in words}
+            starts = tuple(fold(p) for p in prefixes)
+            any_r, all_r, pre_r = [], [], []
+            for fid, text in found:
+                tokens = set(_TOKEN.findall(fold(text) if not text.isascii() else text.lower()))
+                held = wanted & tokens
+                if held:
+                    any_r.append(fid)
+                    if len(wanted) > 1 and held == wanted:
+                        all_r.append(fid)
+                if starts and any(t.startswith(starts) for t in tokens):
+                    pre_r.append(fid)
+            return [r for r in (any_r, all_r, pre_r) if r]
+
         def search(self, *, actor_key, text, limit, conf=None, rows=None):
             words = self.terms(text)
             if not words or limit <= 0:
@@ -146,7 +164,7 @@ def previous_recall():
             held = self.counts(actor_key, words)[0] if any(map(self.prefix_of, words)) else {}
             prefixes = [p for w in words if (p := self.prefix_of(w)) and held.get(w, 0) < candidates]
             found = self.previous_candidates(actor_key, self.match_query(actor_key, words, prefixes), candidates)
-            hits = rrf(self.rankings(words, prefixes, [(fid, t) for fid, t, _ in found]))[:limit]
+            hits = rrf(self.previous_rankings(words, prefixes, [(fid, t) for fid, t, _ in found]))[:limit]
             if rows is not None:
                 kept = {fid: (t, tier) for fid, t, tier in found}
                 rows.update({fid: kept[fid] for fid, _ in hits})

@@ -1,15 +1,20 @@
 """What a process holds once started, moved out of the cyclic garbage collector's sight (UGENT_GC_FREEZE).
 
-A started daemon holds about 195,000 objects the collector tracks: Django's apps, models and URLconf,
-the engines, pydantic's and DRF's classes. None of them is ever garbage, yet every collection of the
-oldest generation walks them all again, and a turn leaves about 400 objects in reference cycles (its
-run, toolboxes and rows, DRF's serializer fields: measured with gc.DEBUG_SAVEALL), so the collector
-runs all the time: on the 2-core machine a turn of the in-process bench took 29.6 ms p50 with the
-collector on, 22.1 with it off and 26.9 frozen, and in a quieter run 18.0, 16.1 and 15.7
-(interleaved rounds, the same run each). `gc.freeze()` after start-up puts what is alive then in the
-permanent generation: never walked, never freed. What start-up left as garbage is collected first, so
-only live objects are frozen; one of them that later dies inside a cycle is never freed (a few engines'
-caches replaced by a reload, at most once).
+A started daemon holds about 160,000-195,000 objects the collector tracks: Django's apps, models and
+URLconf, the engines, pydantic's and DRF's classes. None of them is ever garbage, yet every collection
+of the oldest generation walks them all again, with the GIL held: 78 ms each on the 2-core VM under
+load, every thread stopped, against under 0.1 ms once they are frozen. `gc.freeze()` after start-up
+puts what is alive then in the permanent generation: never walked, never freed. What start-up left as
+garbage is collected first, so only live objects are frozen; one of them that later dies inside a cycle
+is never freed (a few engines' caches replaced by a reload, at most once).
+
+What it buys, measured: not a turn's CPU. The daemon on bench/chat_latency.py (`--embedded-env
+UGENT_GC_FREEZE=false`, 4 interleaved rounds of 2,000 turns, one run): p50 1.04x and CPU a turn 1.01x
+frozen over not at one client, p99 0.96x; at sixteen clients p99 0.82x, p50 1.04x. Full collections
+are rare in a steady daemon (one needs a quarter as many new long-lived objects as there are
+already), so it is their stall that goes, not a steady cost. An in-process bench, whose Django test
+client leaves far more garbage a request, gains more (bench/memory.py's plain-turn harness, frozen by
+hand: 29.6 ms p50 with the collector, 26.9 frozen, 22.1 with it off).
 
 Called where a process has finished starting: at the end of ugent_site/asgi.py (a web process, and
 rundaemon, which imports it last, once warm) and when warming ends (plugins_app.agent.warm: a Celery

@@ -291,3 +291,15 @@ def test_the_weights_total_is_the_number_of_facts_the_index_holds(memory_config)
     held, total = FtsBackend().counts(ALICE, ["tea", "coffee"])
     assert total == MemoryFact.objects.count() == 129
     assert held == {"tea": MemoryFact.objects.filter(actor_key=ALICE).count()}
+
+
+def test_the_three_rankings_come_from_the_arms_each_candidate_matched():
+    from plugins_app.agent.memory.backends import FtsBackend
+    arms = [('"tea"', "tea", 1.0), ('"kettle"', "kettle", 1.0), ('"kett"*', "kettle", 0.5)]
+    found = [(7, 0b011), (6, 0b110), (5, 0b100), (4, 0b001)]  # best first, with the arms each matched
+    any_word, every_word, prefix = FtsBackend.rankings(arms, found)
+    assert any_word == [7, 6, 4]  # 5 matched only the prefix: it holds neither word
+    assert every_word == [7]
+    assert prefix == [6, 5]
+    one_word = [('"tea"', "tea", 1.0)]
+    assert FtsBackend.rankings(one_word, [(3, 1), (2, 1)]) == [[3, 2]]  # no "every word" ranking for one word

@@ -204,9 +204,10 @@ class FtsBackend:
         return math.log(1 + (max(total, n) - n + 0.5) / (n + 0.5))
 
     def candidates(self, actor_key: str, arms: list[tuple[str, str, float]], limit: int, *,
-                   held: dict[str, int], total: int) -> list[tuple[int, str, str]]:
-        """(id, text, tier) of the user's live facts matching any of `arms`, best first: by the weights of
-        the arms each matches, rounded (the order they are added in must not break a tie), then newest."""
+                   held: dict[str, int], total: int) -> list[tuple[int, str, str, int]]:
+        """(id, text, tier, which arms it matches: bit i for arms[i]) of the user's live facts matching any of
+        `arms`, best first: by the weights of the arms each matches, rounded (the order they are added in
+        must not break a tie), then newest."""
         if not arms:
             return []
         now = timezone.now()
@@ -217,28 +218,28 @@ class FtsBackend:
             # fact and the LIMIT applied before any row is read. The kept rows are then checked: a fact past its
             # expiry (or, by a hash collision, another user's) is dropped, and when one was, the statement runs
             # again with the check before the LIMIT (the narrow index of migration 0010), so the candidates are
-            # still the best `limit` live ones. The sum is rounded: the order a fact's weights are added in
-            # must not break a tie.
-            arms = [(match, factor * self.weight(held.get(word, 0), total)) for match, word, factor in arms
-                    if held.get(word) or factor < 1]  # a word the user never wrote has no postings to walk
-            if not arms:
+            # still the best `limit` live ones. An arm matches a fact once: the sum of their bits says which.
+            walked = [(match, factor * self.weight(held.get(word, 0), total), 1 << i)
+                      for i, (match, word, factor) in enumerate(arms)
+                      if held.get(word) or factor < 1]  # a word the user never wrote has no postings to walk
+            if not walked:
                 return []
-            matches = " UNION ALL ".join(["SELECT rowid AS id, %s AS w FROM plugins_app_memoryfact_fts "
-                                          "WHERE plugins_app_memoryfact_fts MATCH %s"] * len(arms))
-            params = [v for match, w in arms for v in (w, match)]
+            matches = " UNION ALL ".join(["SELECT rowid AS id, %s AS w, %s AS b FROM plugins_app_memoryfact_fts "
+                                          "WHERE plugins_app_memoryfact_fts MATCH %s"] * len(walked))
+            params = [v for match, w, bit in walked for v in (w, bit, match)]
             cur.execute(
-                "SELECT f.id, f.text, f.tier, f.actor_key = %s AND (f.expires_at IS NULL OR f.expires_at > %s) "
-                f"FROM (SELECT id, round(sum(w), 9) AS score FROM ({matches}) GROUP BY id "
+                "SELECT f.id, f.text, f.tier, m.arms, f.actor_key = %s AND (f.expires_at IS NULL OR f.expires_at > %s) "
+                f"FROM (SELECT id, round(sum(w), 9) AS score, sum(b) AS arms FROM ({matches}) GROUP BY id "
                 "ORDER BY score DESC, id DESC LIMIT %s) m "
                 "CROSS JOIN plugins_app_memoryfact f ON f.id = m.id ORDER BY m.score DESC, f.id DESC",
                 [actor_key, now, *params, limit])
             found = cur.fetchall()
             if all(ok for *_, ok in found):
-                return [row[:3] for row in found]
+                return [row[:4] for row in found]
             # CROSS JOIN keeps the matches first: joined the other way, SQLite walked the user's rows and ran
             # the MATCH once for each (over a minute at 100k facts)
             cur.execute(
-                "SELECT f.id, f.text, f.tier FROM (SELECT s.id, round(sum(s.w), 9) AS score "
+                "SELECT f.id, f.text, f.tier, m.arms FROM (SELECT s.id, round(sum(s.w), 9) AS score, sum(s.b) AS arms "
                 f"FROM ({matches}) s "
                 "CROSS JOIN plugins_app_memoryfact c INDEXED BY memory_fact_fts_filter ON c.id = s.id "
                 "WHERE c.actor_key = %s AND (c.expires_at IS NULL OR c.expires_at > %s) "
@@ -248,7 +249,7 @@ class FtsBackend:
             return cur.fetchall()
 
     @classmethod
-    def _candidates_pg(cls, cur, actor_key, arms, limit, now) -> list[tuple[int, str, str]]:
+    def _candidates_pg(cls, cur, actor_key, arms, limit, now) -> list[tuple[int, str, str, int]]:
         """PostgreSQL: the user's live facts matching any arm, over the GIN index (text_tsv, the stored
         tsvector of migration 0010), with which arms each matches; the word counts are counted over those
         same matches, the total is the table's row estimate (pg_class.reltuples, as SQLite's is its whole
@@ -261,6 +262,7 @@ class FtsBackend:
             f"CASE WHEN m.h{i} THEN {factor!r} * ln(1 + (greatest(t.total, c.n{words.index(word)}) - "
             f"c.n{words.index(word)} + 0.5) / (c.n{words.index(word)} + 0.5)) ELSE 0 END"
             for i, (_, word, factor) in enumerate(arms))
+        bits = " + ".join(f"CASE WHEN m.h{i} THEN {1 << i} ELSE 0 END" for i in range(len(arms)))
         cur.execute(
             f"WITH m AS MATERIALIZED (SELECT f.id, f.text, f.tier, {hits} FROM plugins_app_memoryfact f "
             "WHERE f.actor_key = %s AND f.text_tsv @@ to_tsquery('simple', %s) "
@@ -268,25 +270,21 @@ class FtsBackend:
             f"c AS (SELECT {counts} FROM m), "
             "t AS (SELECT greatest(reltuples, 0)::float8 AS total FROM pg_class "
             "WHERE oid = 'plugins_app_memoryfact'::regclass) "
-            f"SELECT m.id, m.text, m.tier FROM m, c, t ORDER BY round(({score})::numeric, 9) DESC, m.id DESC "
-            "LIMIT %s",
+            f"SELECT m.id, m.text, m.tier, {bits} FROM m, c, t "
+            f"ORDER BY round(({score})::numeric, 9) DESC, m.id DESC LIMIT %s",
             [*(match for match, _, _ in arms), actor_key, " | ".join(match for match, _, _ in arms), now, limit])
         return cur.fetchall()
 
-    def rankings(self, words: list[str], prefixes: list[str], found: list[tuple[int, str]]) -> list[list[int]]:
-        """The candidates (best first) that hold any word; every word (two words or more); a prefix."""
-        wanted = {fold(w) for w in words}
-        starts = tuple(fold(p) for p in prefixes)
-        any_r, all_r, pre_r = [], [], []
-        for fid, text in found:
-            tokens = set(_TOKEN.findall(fold(text) if not text.isascii() else text.lower()))
-            held = wanted & tokens
-            if held:
-                any_r.append(fid)
-                if len(wanted) > 1 and held == wanted:
-                    all_r.append(fid)
-            if starts and any(t.startswith(starts) for t in tokens):
-                pre_r.append(fid)
+    @staticmethod
+    def rankings(arms: list[tuple[str, str, float]], found: list[tuple[int, int]]) -> list[list[int]]:
+        """The candidates (best first, with the arms each matched) that hold any word; every word (two words
+        or more); a prefix. What a fact holds is what the index matched, not the text cut again here."""
+        word_bits = sum(1 << i for i, (_, _, factor) in enumerate(arms) if factor == 1)
+        prefix_bits = sum(1 << i for i, (_, _, factor) in enumerate(arms) if factor < 1)
+        every = bin(word_bits).count("1") > 1
+        any_r = [fid for fid, bits in found if bits & word_bits]
+        all_r = [fid for fid, bits in found if every and bits & word_bits == word_bits]
+        pre_r = [fid for fid, bits in found if bits & prefix_bits]
         return [r for r in (any_r, all_r, pre_r) if r]
 
     def search(self, *, actor_key: str, text: str, limit: int, conf=None, rows=None) -> list[tuple[int, float]]:
@@ -299,10 +297,11 @@ class FtsBackend:
         held, total = self.counts(actor_key, words) if connection.vendor != "postgresql" or \
             any(map(self.prefix_of, words)) else ({}, 0)
         prefixes = list(dict.fromkeys(p for w in words if (p := self.prefix_of(w)) and held.get(w, 0) < candidates))
-        found = self.candidates(actor_key, self.arms(actor_key, words, prefixes), candidates, held=held, total=total)
-        hits = rrf(self.rankings(words, prefixes, [(fid, text) for fid, text, _ in found]))[:limit]
+        arms = self.arms(actor_key, words, prefixes)
+        found = self.candidates(actor_key, arms, candidates, held=held, total=total)
+        hits = rrf(self.rankings(arms, [(fid, bits) for fid, _, _, bits in found]))[:limit]
         if rows is not None:
-            kept = {fid: (text, tier) for fid, text, tier in found}
+            kept = {fid: (text, tier) for fid, text, tier, _ in found}
             rows.update({fid: kept[fid] for fid, _ in hits})
         return hits
 
