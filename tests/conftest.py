@@ -8,6 +8,13 @@ from tests.support.scripted import ScriptedEngine
 
 register_engine("scripted", ScriptedEngine)
 
+# This process is the tests' own, not a started daemon: it never freezes what it holds (ugent_common/gcfreeze.py),
+# since frozen objects leave gc.get_objects(), which the memory tests count. tests/test_gcfreeze.py starts
+# processes of its own.
+from django.conf import settings as _settings  # noqa: E402
+
+_settings.UGENT_GC_FREEZE = False
+
 OPERATOR_KEY = "ugk_test_operator"
 APP_KEY = "ugk_test_crm"
 OUTSIDER_KEY = "ugk_test_outsider"
@@ -25,9 +32,6 @@ def _no_worker_warms_here(settings):
     """This process runs turns eagerly and is no Celery worker: in servers mode /v1/health would wait for a
     warm worker that never comes (plugins_app/agent/warm.py). tests/engines/test_warm.py turns it on."""
     settings.UGENT_WARM_AT_START = False
-    # nor is it a started daemon: frozen objects leave gc.get_objects(), which the memory tests count
-    # (ugent_common/gcfreeze.py; tests/test_gcfreeze.py starts processes of its own)
-    settings.UGENT_GC_FREEZE = False
 
 
 @pytest.fixture(autouse=True)

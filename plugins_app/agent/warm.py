@@ -72,12 +72,13 @@ def warm_start() -> threading.Thread | None:
         return None
     with _lock:
         if _started is None:
-            _started = threading.Thread(target=_run, name="ugent-warm", daemon=True)
+            # the freeze is decided now, by the process starting, not by whatever settings hold when warming ends
+            _started = threading.Thread(target=_run, args=(settings.UGENT_GC_FREEZE,), name="ugent-warm", daemon=True)
             _started.start()
         return _started
 
 
-def _run() -> None:
+def _run(gc_freeze: bool = False) -> None:
     from plugins_app.agent.code_context import code_context_warm
     # the workspace's code index (seconds for a large tree) builds beside, never delaying the warm mark
     threading.Thread(target=code_context_warm, name="ugent-warm-code", daemon=True).start()
@@ -88,7 +89,7 @@ def _run() -> None:
     finally:
         close_old_connections()
     from ugent_common.gcfreeze import freeze
-    freeze(settings.UGENT_GC_FREEZE)  # the engines now loaded stay: out of the garbage collector's walks
+    freeze(gc_freeze)  # the engines now loaded stay: out of the garbage collector's walks
     if settings.REDIS_URL and settings.UGENT_MODE == "servers":
         _keep_warm_mark()
 
