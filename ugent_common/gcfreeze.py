@@ -8,9 +8,10 @@ puts what is alive then in the permanent generation: never walked, never freed. 
 garbage is collected first, so only live objects are frozen; one of them that later dies inside a cycle
 is never freed (a few engines' caches replaced by a reload, at most once).
 
-What it buys, measured: not a turn's CPU. The daemon on bench/chat_latency.py (`--embedded-env
-UGENT_GC_FREEZE=false`, 4 interleaved rounds of 2,000 turns, one run): p50 1.04x and CPU a turn 1.01x
-frozen over not at one client, p99 0.96x; at sixteen clients p99 0.82x, p50 1.04x. Full collections
+What it buys, measured: the tail, not a turn's CPU. The daemon on bench/chat_latency.py
+(`--embedded-env UGENT_GC_FREEZE=false`, interleaved rounds, two runs of 2026-12-03), frozen over not:
+at sixteen clients p99 0.82x and 0.60x (167 against 278 ms), p50 1.04x and 1.00x; at one client p50
+1.04x and 1.03x, CPU a turn 1.01x and 1.03x, p99 0.96x and 1.09x. Full collections
 are rare in a steady daemon (one needs a quarter as many new long-lived objects as there are
 already), so it is their stall that goes, not a steady cost. An in-process bench, whose Django test
 client leaves far more garbage a request, gains more (bench/memory.py's plain-turn harness, frozen by
