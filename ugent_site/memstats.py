@@ -223,9 +223,11 @@ def sqlite_connections() -> list[dict]:
     lib.sqlite3_db_filename.restype = ctypes.c_char_p
     names = {t.ident: t.name for t in threading.enumerate()}
     out = []
-    for wrapper in [o for o in gc.get_objects() if isinstance(o, BaseDatabaseWrapper)]:
+    # by type(), not isinstance(): isinstance asks an object its __class__, which evaluates a lazy object
+    # (a request's SimpleLazyObject user, say) and runs whatever it wraps, or raises
+    for wrapper in [o for o in gc.get_objects() if issubclass(type(o), BaseDatabaseWrapper)]:
         conn = wrapper.connection
-        if not isinstance(conn, sqlite3.Connection):
+        if type(conn) is not sqlite3.Connection:
             continue
         db = ctypes.c_void_p.from_address(id(conn) + object.__basicsize__).value
         if not db:
