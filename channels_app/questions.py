@@ -39,8 +39,8 @@ from django.utils import timezone
 from channels_app import hooks, notify
 from channels_app.errors import ApplicationError
 from channels_app.events import event_append, turn_topic
-from channels_app.models import (Actor, Conversation, Message, Question, QuestionKind, QuestionState, Receipt,
-                                 ReceiptState, Turn, TurnState)
+from channels_app.models import (LIVE_TURN_STATES, Actor, Conversation, Message, Question, QuestionKind,
+                                 QuestionState, Receipt, ReceiptState, Turn, TurnState)
 
 log = logging.getLogger("ugent.questions")
 
@@ -431,7 +431,6 @@ KEEPS_WAITING = "The question keeps waiting."
 SECRET_IN_CHAT = ("This question asks for a secret, and a chat message would keep it in the chat's history: "
                   f"answer it in the web app. {KEEPS_WAITING}")
 FORM_IN_CHAT = f"This question is a form of several choices: answer it in the web app. {KEEPS_WAITING}"
-LIVE_TURN = (TurnState.ACCEPTED, TurnState.RUNNING)
 
 
 def question_channel_options(question: Question) -> list[dict]:
@@ -511,7 +510,7 @@ def _channel_question(*, actor: Actor, conversation: Conversation, text: str,
         return question, int(token[2]), True
     if not text.strip() or text.lstrip().startswith("/"):  # a slash command stays a command
         return None, None, False
-    question = (rows.filter(conversation=conversation, actor=actor, turn__state__in=LIVE_TURN)
+    question = (rows.filter(conversation=conversation, actor=actor, turn__state__in=LIVE_TURN_STATES)
                 .order_by("-id").first())
     if question is None or question.state not in (QuestionState.WAITING, QuestionState.EXPIRED):
         return None, None, False

@@ -24,11 +24,10 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from channels_app.models import (FINAL_STATES, Conversation, Event, Message, Receipt, ReceiptState, Turn,
-                                 TurnState)
+from channels_app.models import (FINAL_STATES, LIVE_TURN_STATES, Conversation, Event, Message, Receipt,
+                                 ReceiptState, Turn, TurnState)
 from channels_app.runner import END_STATES, QUEUE_TIMEOUT_REASON, EndOutcome, turn_end
 
-LIVE = (TurnState.ACCEPTED, TurnState.RUNNING)
 TERMINAL_EVENTS = {"turn.completed": TurnState.COMPLETED, "turn.failed": TurnState.FAILED,
                    "turn.cancelled": TurnState.CANCELLED}
 TURN_MISSING = "Its turn is missing: send it as a new message."
@@ -48,7 +47,7 @@ def _terminal_event(turn: Turn):
 
 def _live_turns_with_an_end(conversation: Conversation) -> list[dict]:
     fixed = []
-    for turn in Turn.objects.filter(conversation=conversation, state__in=LIVE).select_related("receipt"):
+    for turn in Turn.objects.filter(conversation=conversation, state__in=LIVE_TURN_STATES).select_related("receipt"):
         event = _terminal_event(turn)
         if event is None:
             continue

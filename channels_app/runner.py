@@ -753,7 +753,7 @@ def turns_recover_interrupted(*, lapsed_before=None) -> int:
     At start-up of the embedded daemon every running turn is such a turn; the sweep passes
     `lapsed_before` (now): only a turn whose lease lapsed before it has lost its process.
     """
-    qs = Turn.objects.filter(state=TurnState.RUNNING).select_related("actor")
+    qs = Turn.objects.live().filter(state=TurnState.RUNNING).select_related("actor")
     where = None
     if lapsed_before is not None:
         # a turn claimed before leases existed has none: its start stands for one
@@ -773,7 +773,7 @@ def turns_abandon_expired(*, now=None) -> int:
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=settings.UGENT_TURN_QUEUE_TIMEOUT)
     count = 0
-    for turn in Turn.objects.filter(state=TurnState.ACCEPTED, created_at__lt=cutoff).select_related("actor"):
+    for turn in Turn.objects.live().filter(state=TurnState.ACCEPTED, created_at__lt=cutoff).select_related("actor"):
         outcome = turn_end(turn=turn, state=TurnState.ABANDONED, reason=QUEUE_TIMEOUT_REASON,
                            from_state=TurnState.ACCEPTED)
         count += outcome is EndOutcome.ENDED
@@ -790,7 +790,8 @@ def turns_requeue_lost(*, now=None) -> int:
         return 0  # embedded: turns never leave the process; start-up re-queues what a stop left
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=settings.UGENT_TURN_REQUEUE_SECONDS)
-    pks = list(Turn.objects.filter(state=TurnState.ACCEPTED, created_at__lt=cutoff).values_list("pk", flat=True))
+    pks = list(Turn.objects.live().filter(state=TurnState.ACCEPTED, created_at__lt=cutoff)
+               .values_list("pk", flat=True))
     if not pks:
         return 0
     backlog = tasks.broker_backlog()
@@ -813,7 +814,7 @@ def turns_sweep_stale() -> int:
 def turns_requeue_accepted() -> int:
     """At start-up: accepted turns whose task was lost with an in-process broker run now."""
     from channels_app.dispatch import turn_dispatch
-    pks = list(Turn.objects.filter(state=TurnState.ACCEPTED).values_list("pk", flat=True))
+    pks = list(Turn.objects.live().filter(state=TurnState.ACCEPTED).values_list("pk", flat=True))
     for pk in pks:
         turn_dispatch(pk)
     return len(pks)

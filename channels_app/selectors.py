@@ -13,13 +13,13 @@ def _age(since) -> float | None:
 
 def turns_live_overview() -> dict:
     """Running and queued (accepted) turns: how many, and the age of the oldest of each."""
-    rows = {r["state"]: r for r in Turn.objects.filter(state__in=[TurnState.RUNNING, TurnState.ACCEPTED])
+    rows = {r["state"]: r for r in Turn.objects.live()
             .values("state").annotate(n=Count("id"), oldest=Min("created_at")).order_by()}
     out = {}
     for state, name in ((TurnState.RUNNING, "running"), (TurnState.ACCEPTED, "queued")):
         row = rows.get(state, {})
         out[name] = {"count": row.get("n", 0), "oldest_age_secs": _age(row.get("oldest"))}
-    out["oldest_running"] = list(Turn.objects.filter(state=TurnState.RUNNING).order_by("created_at")
+    out["oldest_running"] = list(Turn.objects.live().filter(state=TurnState.RUNNING).order_by("created_at")
                                  .values("pk", "turn_id", "model", "created_at", "cancel_requested")[:5])
     for t in out["oldest_running"]:
         t["age_secs"] = _age(t.pop("created_at"))

@@ -26,8 +26,8 @@ from channels_app import access, harness
 from channels_app.access import Viewer
 from channels_app.errors import ApplicationError
 from channels_app.events import event_append
-from channels_app.models import (Caller, Conversation, Event, EventLogMark, Message, Receipt,
-                                 Steering, Turn, TurnState)
+from channels_app.models import (LIVE_TURN_STATES, Caller, Conversation, Event, EventLogMark, Message,
+                                 Receipt, Steering, Turn, TurnState)
 
 # How old an event may get before the retention job prunes it (seconds).
 EVENT_RETENTION_SECS = settings.UGENT_EVENT_RETENTION_SECS
@@ -46,7 +46,6 @@ GAP_PRUNED, GAP_OTHER_STORE, GAP_UNKNOWN = "pruned", "other_store", "unknown"
 NO_CONVERSATION = "No such conversation."
 NO_TURN = "No such turn in this conversation."
 NO_RUNNING_TURN = "No turn is running in this conversation."
-LIVE = (TurnState.ACCEPTED, TurnState.RUNNING)
 STOP, STEER = "stop", "steer"
 
 # The activity feed: tools, questions, compaction, and what was done to a running turn.
@@ -327,7 +326,7 @@ def turn_for_action(*, viewer: Viewer, conversation_id: str, client_id: str = ""
         return turn
     if conv is None or not access.conversation_readable(viewer, conv):
         raise ApplicationError(NO_CONVERSATION, status=404, code="conversation_not_found", param="conversation_id")
-    turn = (Turn.objects.select_related("actor", "conversation").filter(conversation=conv, state__in=LIVE)
+    turn = (Turn.objects.select_related("actor", "conversation").filter(conversation=conv, state__in=LIVE_TURN_STATES)
             .order_by("-id").first())
     if turn is None or not access.turn_is_theirs(viewer, turn):
         raise ApplicationError(NO_RUNNING_TURN, status=409, code="no_running_turn", param="conversation_id")
@@ -345,11 +344,11 @@ def turn_stop(*, viewer: Viewer, turn: Turn) -> dict:
     by = viewer.actor.key
     with transaction.atomic():
         locked = Turn.objects.select_for_update(no_key=True).get(pk=turn.pk)
-        if locked.state not in LIVE:
+        if locked.state not in LIVE_TURN_STATES:
             raise _finished(locked, "there is nothing to stop.")
         first = not locked.cancel_requested
         if first:
-            Turn.objects.filter(pk=turn.pk, state__in=LIVE).update(cancel_requested=True, stop_requested_by=by)
+            Turn.objects.filter(pk=turn.pk, state__in=LIVE_TURN_STATES).update(cancel_requested=True, stop_requested_by=by)
             event_append(conversation_id=turn.conversation_id, turn_pk=turn.pk, type="turn.stop_requested",
                          data={"turn_id": turn.turn_id, "by": by})
     return {"object": "ugent.stop", "conversation_id": turn.conversation.external_id, "turn_id": turn.turn_id,
@@ -362,9 +361,9 @@ def turn_stop_request(*, turn_pk: int, by: str) -> bool:
     or been asked to stop."""
     with transaction.atomic():
         turn = Turn.objects.select_for_update(no_key=True).filter(pk=turn_pk).first()
-        if turn is None or turn.state not in LIVE or turn.cancel_requested:
+        if turn is None or turn.state not in LIVE_TURN_STATES or turn.cancel_requested:
             return False
-        if Turn.objects.filter(pk=turn_pk, state__in=LIVE, cancel_requested=False).update(
+        if Turn.objects.filter(pk=turn_pk, state__in=LIVE_TURN_STATES, cancel_requested=False).update(
                 cancel_requested=True, stop_requested_by=by) != 1:
             return False
         event_append(conversation_id=turn.conversation_id, turn_pk=turn.pk, type="turn.stop_requested",
@@ -379,7 +378,7 @@ def turn_steer(*, viewer: Viewer, turn: Turn, message: str) -> Steering:
     applied or refused here, never silently lost to a turn that finished meanwhile."""
     with transaction.atomic():
         locked = Turn.objects.select_for_update(no_key=True).get(pk=turn.pk)
-        if locked.state not in LIVE:
+        if locked.state not in LIVE_TURN_STATES:
             raise _finished(locked, "steering reaches only a running turn. Send the message as a new turn.")
         if locked.cancel_requested:
             raise ApplicationError("This turn is stopping: send the message as a new turn.", status=409,

@@ -36,8 +36,7 @@ class DatabaseCollector:
         from channels_app.models import Event, Turn, TurnState
         from plugins_app.channel.models import DeliveryState, OutboundDelivery, Plugin, PluginState
         close_old_connections()
-        turns = dict(Turn.objects.filter(state__in=[TurnState.ACCEPTED, TurnState.RUNNING])
-                     .values_list("state").annotate(n=Count("id")))
+        turns = dict(Turn.objects.live().values_list("state").annotate(n=Count("id")).order_by())
         queue = GaugeMetricFamily("ugent_turn_queue_depth", "Turns accepted and waiting to start.")
         queue.add_metric([], turns.get(TurnState.ACCEPTED, 0))
         yield queue
