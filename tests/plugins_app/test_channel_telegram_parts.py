@@ -120,6 +120,9 @@ def test_options_become_one_button_a_row_with_callback_data_cut_to_64_bytes():
     ("1. first", r"1\. first"),
     ("> said.", r">said\."),
     ("```python\nprint('`')\n```", "```python\nprint('\\`')\n```"),
+    # italic within italic: V2 has no such thing, and "_" + "_a_" would read as "__", underline
+    ("_*a*~_", r"_a\~_"),
+    ("**a __b__ c**", r"*a b c*"),
 ])
 def test_markdown_becomes_markdown_v2(source, expected):
     assert markdown_to_v2(source) == expected

@@ -28,7 +28,10 @@ def _escape_code(text: str) -> str:
     return text.replace("\\", "\\\\").replace("`", "\\`")
 
 
-def _inline(text: str) -> str:
+def _inline(text: str, inside: frozenset = frozenset()) -> str:
+    """One line's inline markup. `inside`: the entities around it. MarkdownV2 has no italic within italic
+    (`_` + `_a_` reads as `__`, underline) nor the like for bold and strikethrough, so an entity already
+    open keeps its text and drops its own markers."""
     out, pos = [], 0
     for m in _INLINE.finditer(text):
         out.append(escape_v2(text[pos:m.start()]))
@@ -36,13 +39,15 @@ def _inline(text: str) -> str:
             out.append(f"`{_escape_code(m.group('code_body').strip() or m.group('code_body'))}`")
         elif m.group("link"):
             url = m.group("link_url").replace("\\", "\\\\").replace(")", "\\)")
-            out.append(f"[{_inline(m.group('link_text'))}]({url})")
-        elif m.group("bold"):
-            out.append(f"*{_inline(m.group('bold_body') or m.group('bold2_body'))}*")
-        elif m.group("strike"):
-            out.append(f"~{_inline(m.group('strike_body'))}~")
+            out.append(f"[{_inline(m.group('link_text'), inside)}]({url})")
         else:
-            out.append(f"_{_inline(m.group('em_body') or m.group('em2_body'))}_")
+            kind, marker, body = (("bold", "*", m.group("bold_body") or m.group("bold2_body")) if m.group("bold")
+                                  else ("strike", "~", m.group("strike_body")) if m.group("strike")
+                                  else ("em", "_", m.group("em_body") or m.group("em2_body")))
+            if kind in inside:
+                out.append(_inline(body, inside))
+            else:
+                out.append(f"{marker}{_inline(body, inside | {kind})}{marker}")
         pos = m.end()
     out.append(escape_v2(text[pos:]))
     return "".join(out)
