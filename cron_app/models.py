@@ -184,8 +184,11 @@ class CronRun(TimeStamped):
             models.UniqueConstraint(fields=["job_name", "slot"], condition=Q(slot__isnull=False),
                                     name="uniq_cronrun_job_slot"),
         ]
-        # the claims count a job's waiting/queued/running runs
-        indexes = [models.Index(fields=["job_name", "state"], name="cronrun_job_state")]
+        # the claims count a job's waiting/queued/running runs; the sweep (every minute), start-up's recovery
+        # and the health board read the runs in a state across jobs, which without an index of their own
+        # meant every run ever made
+        indexes = [models.Index(fields=["job_name", "state"], name="cronrun_job_state"),
+                   models.Index(fields=["state"], name="cronrun_state")]
 
     def __str__(self):
         return f"{self.job_name} #{self.pk} ({self.state})"

@@ -31,7 +31,7 @@ from django.utils import timezone
 
 from channels_app.errors import ApplicationError
 from channels_app.events import event_append
-from channels_app.models import Actor, Conversation, Message, Turn, TurnState
+from channels_app.models import LIVE_TURN_STATES, Actor, Conversation, Message, Turn, TurnState
 from cron_app import conf
 from ugent_common.tasks import task_named
 from cron_app.models import (ACTIVE_STATES, PLACE_STATES, CatchUp, CronDestination, CronJob, CronRun,
@@ -470,7 +470,6 @@ def _run_end(*, run: CronRun, state: str, from_states, error: str = "", result: 
     return True
 
 
-LIVE_TURN_STATES = (TurnState.ACCEPTED, TurnState.RUNNING)
 #: What the outputs entry of a task says while its turn has not ended.
 TASK_WAITING = ("", TurnState.ACCEPTED, TurnState.RUNNING)
 

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from channels_app import runner, selectors, services
 from channels_app.models import LIVE_TURN_STATES, Turn
+from tests.support.plans import statements_on
 from ugent_site.metrics import DatabaseCollector
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -42,18 +43,6 @@ def turns_made(tcast) -> dict[str, Turn]:
     return made
 
 
-def statements_of(fn) -> list[tuple[str, tuple]]:
-    seen = []
-
-    def record(execute, sql, params, many, context):
-        seen.append((sql, tuple(params or ())))
-        return execute(sql, params, many, context)
-    with connection.execute_wrapper(record):
-        fn()
-    return [(sql, params) for sql, params in seen if '"channels_app_turn"' in sql.split(" WHERE ")[0]
-            and sql.lstrip().upper().startswith(("SELECT", "UPDATE", "DELETE"))]
-
-
 def live_reads():
     runner.turns_sweep_stale()
     list(DatabaseCollector().collect())
@@ -66,7 +55,7 @@ def test_live_turn_reads_use_the_partial_index_on_sqlite(tcast):
     if connection.vendor != "sqlite":
         pytest.skip("the plans are SQLite's; PostgreSQL proves the partial index from bound values")
     turns_made(tcast)
-    found = statements_of(live_reads)
+    found = statements_on("channels_app_turn", live_reads)
     assert len(found) >= 5, found  # the sweep's two reads, the scrape's, the board's two, the re-queue's
     with connection.cursor() as cur:
         for sql, params in found:
