@@ -285,7 +285,9 @@ def deliveries_claim(*, plugin_id: str, max_items: int) -> list[OutboundDelivery
         from django.db.models import F
         OutboundDelivery.objects.filter(pk__in=ids, state=DeliveryState.PENDING).update(
             state=DeliveryState.IN_FLIGHT, claim=claim, handed_out_at=now, handed_out=F("handed_out") + 1)
-        return list(OutboundDelivery.objects.filter(claim=claim, state=DeliveryState.IN_FLIGHT)
+        # by the plugin too: claim has no index, (plugin, state, id) has, and without it every take read
+        # every delivery ever made
+        return list(OutboundDelivery.objects.filter(plugin=plugin, state=DeliveryState.IN_FLIGHT, claim=claim)
                     .select_related("conversation", "plugin").order_by("id"))
 
 
