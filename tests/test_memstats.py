@@ -180,3 +180,44 @@ def test_the_environment_variable_sets_the_cache_size_of_the_daemons_connections
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["-300", "300"]
+
+
+FROZEN_PROBE = r"""
+import gc, os, sys, threading
+sys.path.insert(0, {root!r})
+os.environ["DJANGO_SETTINGS_MODULE"] = "ugent_site.settings"
+import django
+django.setup()
+from pathlib import Path
+from django.db import connection
+from ugent_site import memstats
+memstats.start("true", Path({var!r}) / "memstats")
+opened, done = threading.Event(), threading.Event()
+
+def hold():  # a thread opens its connection before start-up's freeze and keeps it, as a turn thread does
+    with connection.cursor() as cur:
+        cur.execute("CREATE TABLE IF NOT EXISTS probe (x)")
+    opened.set()
+    done.wait(30)
+
+t = threading.Thread(target=hold, name="holder")
+t.start()
+opened.wait(30)
+gc.collect()
+gc.freeze()
+print(sorted(c["thread"] for c in memstats.report(by_connection=True)["sqlite"]["by_connection"]))
+done.set()
+"""
+
+
+def test_the_by_connection_report_finds_connections_opened_before_the_gc_freeze(tmp_path):
+    """gc.get_objects() leaves out what gc.freeze() moved away: the report also knows every connection
+    opened since memstats started (the daemon's turn threads open theirs before the freeze)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "PYTEST"))}
+    env.pop("DATABASE_URL", None)
+    env.pop("REDIS_URL", None)
+    env.update(UGENT_VAR_DIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", FROZEN_PROBE.format(root=str(ROOT), var=str(tmp_path))], env=env,
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "['holder']"

@@ -58,6 +58,7 @@ import signal
 import sys
 import threading
 import time
+import weakref
 import tracemalloc
 from pathlib import Path
 
@@ -224,8 +225,12 @@ def sqlite_connections() -> list[dict]:
     names = {t.ident: t.name for t in threading.enumerate()}
     out = []
     # by type(), not isinstance(): isinstance asks an object its __class__, which evaluates a lazy object
-    # (a request's SimpleLazyObject user, say) and runs whatever it wraps, or raises
-    for wrapper in [o for o in gc.get_objects() if issubclass(type(o), BaseDatabaseWrapper)]:
+    # (a request's SimpleLazyObject user, say) and runs whatever it wraps, or raises. gc.get_objects()
+    # does not list what gc.freeze() moved out of its reach (a connection opened before start-up's
+    # freeze, such as the turn threads' own): those come from the connections opened since start().
+    found = {id(o): o for o in gc.get_objects() if issubclass(type(o), BaseDatabaseWrapper)}
+    found.update(_opened.items())
+    for wrapper in found.values():
         conn = wrapper.connection
         if type(conn) is not sqlite3.Connection:
             continue
@@ -332,6 +337,14 @@ def report(*, trim: bool = False, snapshot_path: Path | None = None, collect: bo
     return out
 
 
+#: Every Django connection opened since start(), by id, for as long as it lives.
+_opened: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
+
+
+def _connection_opened(sender, connection, **kwargs) -> None:
+    _opened[id(connection)] = connection
+
+
 def start(mode: str, directory: Path) -> bool:
     """Install the SIGUSR2 hook when `mode` (UGENT_MEMSTATS) is on; True when it is."""
     global _started
@@ -339,6 +352,8 @@ def start(mode: str, directory: Path) -> bool:
     if mode in ("", "0", "false", "off", "no") or _started:
         return False
     directory.mkdir(parents=True, exist_ok=True)
+    from django.db.backends.signals import connection_created
+    connection_created.connect(_connection_opened, weak=False, dispatch_uid="ugent-memstats")
     wanted = threading.Event()
 
     def write_reports():
