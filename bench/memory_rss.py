@@ -228,6 +228,10 @@ def main():
             print(row(n, rep))
         print(f"after malloc_trim(0): RSS {trimmed['rss_after_trim_kb'] / 1024:.1f} MB "
               f"(from {trimmed['rss_kb'] / 1024:.1f} MB)")
+        t = after.get("malloc_trims") or {}
+        if t.get("count"):
+            print(f"periodic malloc_trim(0) (UGENT_MALLOC_TRIM_SECS): {t['count']} in the run, "
+                  f"{t['secs'] / t['count'] * 1000:.2f} ms each on average, the last {t['last_secs'] * 1000:.2f} ms")
 
         def at(n: int) -> dict:
             return min(reports, key=lambda r: abs(r[0] - n))[1]

@@ -14,6 +14,7 @@ register_engine("scripted", ScriptedEngine)
 from django.conf import settings as _settings  # noqa: E402
 
 _settings.UGENT_GC_FREEZE = False
+_settings.UGENT_MALLOC_TRIM_SECS = 0  # no trimming thread in the test process (tests/test_malloctrim.py runs its own)
 
 OPERATOR_KEY = "ugk_test_operator"
 APP_KEY = "ugk_test_crm"

@@ -32,3 +32,7 @@ from django.conf import settings as _settings  # noqa: E402
 from ugent_common.gcfreeze import freeze as _gc_freeze  # noqa: E402
 
 _gc_freeze(_settings.UGENT_GC_FREEZE)  # what a started web process holds: out of the collector's walks
+
+from ugent_common import malloctrim as _malloctrim  # noqa: E402
+
+_malloctrim.start(_settings.UGENT_MALLOC_TRIM_SECS)  # freed C memory back to the system now and then

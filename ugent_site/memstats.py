@@ -22,6 +22,7 @@ gets SIGUSR2 (`kill -USR2 <pid>`), to `<UGENT_VAR_DIR>/memstats/<pid>-<n>.json`:
   `PYTHONTRACEMALLOC=<frames>`) the bytes Python code holds (`traced_kb`) and their peak;
 * `gc_types`: the objects the garbage collector tracks, counted by type (`module.Class`), most first;
   `gc_frozen`: those it no longer walks (frozen once the process started, ugent_common/gcfreeze.py);
+  `malloc_trims`: how many periodic malloc_trim(0) ran and their time (ugent_common/malloctrim.py);
 * `held`: what the hub keeps per turn, stream or database file while it works, which must go back
   to its idle size when the work is done: notify's topics and waiters, the fan-out's readers and
   their subscribers, the turns whose leases this process renews, writers queued for SQLite, turns
@@ -310,6 +311,8 @@ def report(*, trim: bool = False, snapshot_path: Path | None = None, collect: bo
     out["gc_objects"] = sum(counts.values())
     out["gc_types"] = dict(counts.most_common())  # (frozen objects are not among them: gc_frozen counts those)
     out["gc_frozen"] = gc.get_freeze_count()
+    from ugent_common.malloctrim import trims
+    out["malloc_trims"] = dict(trims)  # the periodic malloc_trim(0) so far (UGENT_MALLOC_TRIM_SECS)
     if "sqlite" in out:
         # each connection's page cache stops at cache_size: the daemon's (settings' init_command sets it
         # on every connection it opens), else SQLite's default, read from a connection of its own

@@ -338,6 +338,9 @@ UGENT_WARM_WAIT_SECS = env.float("UGENT_WARM_WAIT_SECS", default=30.0)
 # What a process holds once started is frozen out of the cyclic garbage collector's walks
 # (ugent_common/gcfreeze.py): false leaves the collector as Python sets it.
 UGENT_GC_FREEZE = env.bool("UGENT_GC_FREEZE", default=True)
+# Every so many seconds a process hands the C memory it freed back to the system (malloc_trim(0),
+# ugent_common/malloctrim.py), so RSS shows what is in use; 0 never.
+UGENT_MALLOC_TRIM_SECS = env.float("UGENT_MALLOC_TRIM_SECS", default=10.0)
 UGENT_PLUGIN_SUPERVISOR_INTERVAL = env.float("UGENT_PLUGIN_SUPERVISOR_INTERVAL", default=0.5)
 UGENT_PLUGIN_EMBEDDED_SUPERVISOR = env.bool("UGENT_PLUGIN_EMBEDDED_SUPERVISOR", default=True)
 UGENT_PLUGIN_STOP_GRACE_SECS = env.float("UGENT_PLUGIN_STOP_GRACE_SECS", default=5.0)

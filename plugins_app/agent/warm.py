@@ -88,8 +88,10 @@ def _run(gc_freeze: bool = False) -> None:
         log.exception("warming the engines failed; the first turn will do it")
     finally:
         close_old_connections()
+    from ugent_common import malloctrim
     from ugent_common.gcfreeze import freeze
     freeze(gc_freeze)  # the engines now loaded stay: out of the garbage collector's walks
+    malloctrim.start(settings.UGENT_MALLOC_TRIM_SECS)  # a worker's freed C memory back now and then
     if settings.REDIS_URL and settings.UGENT_MODE == "servers":
         _keep_warm_mark()
 

@@ -1,0 +1,55 @@
+"""The periodic malloc_trim(0): started once per process, off at 0, and it hands freed C memory back."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ugent_common import malloctrim
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PROBE = r"""
+import ctypes, sys, time
+sys.path.insert(0, {root!r})
+from ugent_common import malloctrim
+
+def rss_kb():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+blocks = [libc.malloc(4096) for _ in range(40000)]   # 160 MB in small blocks below the mmap threshold
+for b in blocks:
+    ctypes.memset(b, 1, 4096)
+keep = blocks[-1]                                     # one block at the top keeps the heap from shrinking
+for b in blocks[:-1]:
+    libc.free(b)
+before = rss_kb()
+assert malloctrim.start({every}) is True and malloctrim.start({every}) is True   # once per process
+time.sleep({every} * 3)
+print(before, rss_kb(), malloctrim.trims["count"])
+"""
+
+
+@pytest.mark.skipif(malloctrim._libc_trim() is None, reason="not glibc")
+def test_the_thread_trims_what_was_freed_but_kept():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "PYTEST"))}
+    env["MALLOC_ARENA_MAX"] = "1"
+    out = subprocess.run([sys.executable, "-c", PROBE.format(root=str(ROOT), every=0.2)], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    before, after, count = (int(x) for x in out.stdout.split())
+    assert count >= 2  # every 0.2 s, one thread however often start() is called
+    assert after < before - 100_000, (before, after)  # well over 100 MB handed back
+
+
+def test_off_at_zero():
+    assert malloctrim.start(0) is False and malloctrim._thread is None
