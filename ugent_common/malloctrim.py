@@ -5,9 +5,10 @@ only from the top of a heap; free pages in the middle of a heap, or of one of th
 gets, stay in the process's RSS until `malloc_trim(0)` returns them (madvise). In the daemon those
 pages come and go with the turns, and RSS creeps up with them: from the 5,000th to the 10,000th turn
 of bench/memory_rss.py, malloc's own free memory grew 0.3-0.8 MB while what it had in use did not,
-and a trim after the last turn gave back 1.8-3.1 MB. A thread trims every `every_secs` seconds:
-RSS then shows what is in use, not what the allocator happened to keep. Each trim takes a fraction of
-a millisecond to a few, holding malloc's arena locks (bench/memory_rss.py prints them).
+and a trim after the last turn gave back 1.8-3.1 MB. A thread trims every `every_secs` seconds, so
+RSS holds at most what was freed since the last trim beyond what is in use (1.2-1.5 MB at 10 s in
+that bench). Each trim takes a fraction of a millisecond to a few, holding malloc's arena locks
+(bench/memory_rss.py prints them).
 
 Not glibc (musl, macOS): nothing to do. No Django imports: the setting is read by the callers.
 """
