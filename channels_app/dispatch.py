@@ -42,16 +42,13 @@ class LocalTurnPool:
         threads the last ones start at some busy moment hours in, and their stack and connection
         (about 0.3 MB) land then, as if memory grew. Started here, that is in the idle figure. Returns
         the threads that opened their connection."""
-        from django.db import connection
-
         from channels_app.models import Turn
         barrier = threading.Barrier(self.concurrency)
 
         def ready() -> bool:
             opened = False
             try:
-                with connection.cursor() as cur:  # preparing a statement on a table reads the schema
-                    cur.execute(f'SELECT 1 FROM "{Turn._meta.db_table}" LIMIT 0')
+                Turn.objects.filter(pk=0).exists()  # opens the connection; preparing it reads the schema
                 opened = True
             except Exception as exc:  # the first turn opens it instead
                 log.warning("turn thread started without its database connection: %s", exc)
