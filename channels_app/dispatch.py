@@ -7,8 +7,7 @@ hub's modules form no cycle: views → tasks → streams → services → runner
 from __future__ import annotations
 
 import logging
-import threading
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 
 from ugent_common.tasks import task_named
 
@@ -31,34 +30,8 @@ class LocalTurnPool:
     """
 
     def __init__(self, concurrency: int):
-        self.concurrency = concurrency
         self.executor = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="ugent-turn")
         self.task = _run_turn_task()
-
-    def prestart(self, timeout: float = 30.0) -> int:
-        """Start every turn thread now, each with its database connection open and the schema read.
-
-        The executor starts a thread only when a turn finds none idle, so with fewer clients than
-        threads the last ones start at some busy moment hours in, and their stack and connection
-        (about 0.3 MB) land then, as if memory grew. Started here, that is in the idle figure. Returns
-        the threads that opened their connection."""
-        from channels_app.models import Turn
-        barrier = threading.Barrier(self.concurrency)
-
-        def ready() -> bool:
-            opened = False
-            try:
-                Turn.objects.filter(pk=0).exists()  # opens the connection; preparing it reads the schema
-                opened = True
-            except Exception as exc:  # the first turn opens it instead
-                log.warning("turn thread started without its database connection: %s", exc)
-            try:
-                barrier.wait(timeout)  # each waits for the others, so none is idle to be reused
-            except threading.BrokenBarrierError:
-                return False
-            return opened
-        done, _ = wait([self.executor.submit(ready) for _ in range(self.concurrency)], timeout=timeout + 5)
-        return sum(1 for f in done if not f.cancelled() and f.exception() is None and f.result())
 
     def submit(self, turn_pk: int) -> None:
         try:
@@ -80,11 +53,9 @@ class LocalTurnPool:
 _local_pool: LocalTurnPool | None = None
 
 
-def local_turn_pool_start(concurrency: int, *, prestart: bool = False) -> LocalTurnPool:
+def local_turn_pool_start(concurrency: int) -> LocalTurnPool:
     global _local_pool
     _local_pool = LocalTurnPool(concurrency)
-    if prestart:
-        _local_pool.prestart()
     return _local_pool
 
 

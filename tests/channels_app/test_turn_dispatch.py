@@ -6,7 +6,6 @@ import threading
 import time
 
 import pytest
-from django.db.backends.signals import connection_created
 
 from channels_app import dispatch, services, tasks
 from channels_app.models import Receipt, Turn
@@ -110,31 +109,3 @@ def test_a_task_that_fails_outside_the_runners_own_handling_is_logged(tcast, mon
         assert _wait_for(lambda: any("turn task failed" in r.getMessage() for r in caplog.records), timeout=30)
     message = next(r.getMessage() for r in caplog.records if "turn task failed" in r.getMessage())
     assert f"turn_pk={result.turn.pk}" in message and "database went away" in message
-
-
-def test_prestart_starts_every_turn_thread_each_with_its_connection(tcast):
-    """The daemon starts its turn threads at start: none starts later, at a busy moment, with a connection
-    of its own (memory that would land hours in)."""
-    before = {t.ident for t in threading.enumerate()}
-    started = dispatch.local_turn_pool_start(3, prestart=True)
-    try:
-        new = [t for t in threading.enumerate() if t.ident not in before and t.name.startswith("ugent-turn")]
-        assert len(new) == 3  # all at once: each waited for the others, so none was idle to be reused
-        # and each has its connection: a turn run on any of them opens none
-        opened = []
-
-        def record(sender, connection, **kw):
-            opened.append(threading.current_thread().name)
-        connection_created.connect(record)
-        try:
-            for _ in range(6):
-                _submit(tcast)
-            assert _wait_for(lambda: Turn.objects.filter(state="completed").count() == 6)
-        finally:
-            connection_created.disconnect(record)
-        assert [n for n in opened if n.startswith("ugent-turn")] == []
-        assert {t.ident for t in threading.enumerate() if t.ident not in before
-                and t.name.startswith("ugent-turn")} == {t.ident for t in new}  # and no thread started since
-    finally:
-        started.stop()
-        dispatch.local_turn_pool_forget()

@@ -73,7 +73,7 @@ class Command(BaseCommand):
             # Turns accepted here run on this process's turn threads when the broker is in-process too
             # (channels_app.dispatch.LocalTurnPool); with a Redis broker any worker may take them.
             if not settings.REDIS_URL:
-                dispatch.local_turn_pool_start(opts["concurrency"], prestart=True)
+                dispatch.local_turn_pool_start(opts["concurrency"])
                 stack.callback(_quietly(dispatch.local_turn_pool_stop, "the turn threads"))
             if not (opts["no_beat"] or settings.REDIS_URL):
                 beat = self.start_beat()
