@@ -47,7 +47,8 @@ def _terminal_event(turn: Turn):
 
 def _live_turns_with_an_end(conversation: Conversation) -> list[dict]:
     fixed = []
-    for turn in Turn.objects.filter(conversation=conversation, state__in=LIVE_TURN_STATES).select_related("receipt"):
+    live = Turn.objects.filter(conversation=conversation, state__in=LIVE_TURN_STATES).select_related("receipt")
+    for turn in live:
         event = _terminal_event(turn)
         if event is None:
             continue

@@ -773,7 +773,8 @@ def turns_abandon_expired(*, now=None) -> int:
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=settings.UGENT_TURN_QUEUE_TIMEOUT)
     count = 0
-    for turn in Turn.objects.live().filter(state=TurnState.ACCEPTED, created_at__lt=cutoff).select_related("actor"):
+    waiting = Turn.objects.live().filter(state=TurnState.ACCEPTED, created_at__lt=cutoff).select_related("actor")
+    for turn in waiting:
         outcome = turn_end(turn=turn, state=TurnState.ABANDONED, reason=QUEUE_TIMEOUT_REASON,
                            from_state=TurnState.ACCEPTED)
         count += outcome is EndOutcome.ENDED

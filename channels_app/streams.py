@@ -326,7 +326,8 @@ def turn_for_action(*, viewer: Viewer, conversation_id: str, client_id: str = ""
         return turn
     if conv is None or not access.conversation_readable(viewer, conv):
         raise ApplicationError(NO_CONVERSATION, status=404, code="conversation_not_found", param="conversation_id")
-    turn = (Turn.objects.select_related("actor", "conversation").filter(conversation=conv, state__in=LIVE_TURN_STATES)
+    turn = (Turn.objects.select_related("actor", "conversation")
+            .filter(conversation=conv, state__in=LIVE_TURN_STATES)
             .order_by("-id").first())
     if turn is None or not access.turn_is_theirs(viewer, turn):
         raise ApplicationError(NO_RUNNING_TURN, status=409, code="no_running_turn", param="conversation_id")
@@ -348,7 +349,8 @@ def turn_stop(*, viewer: Viewer, turn: Turn) -> dict:
             raise _finished(locked, "there is nothing to stop.")
         first = not locked.cancel_requested
         if first:
-            Turn.objects.filter(pk=turn.pk, state__in=LIVE_TURN_STATES).update(cancel_requested=True, stop_requested_by=by)
+            Turn.objects.filter(pk=turn.pk, state__in=LIVE_TURN_STATES).update(cancel_requested=True,
+                                                                                stop_requested_by=by)
             event_append(conversation_id=turn.conversation_id, turn_pk=turn.pk, type="turn.stop_requested",
                          data={"turn_id": turn.turn_id, "by": by})
     return {"object": "ugent.stop", "conversation_id": turn.conversation.external_id, "turn_id": turn.turn_id,
