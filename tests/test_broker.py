@@ -255,3 +255,108 @@ def test_embedded_settings_select_this_transport():
         assert isinstance(c.transport, broker.Transport)
     finally:
         c.release()
+
+
+# --- servers mode: kombu's Redis transport, one client kept per channel ------------------------
+
+def _redis_connection():
+    from django.conf import settings
+    if not settings.REDIS_URL:
+        pytest.skip("embedded mode: Celery uses the in-process broker")
+    from ugent_site.celery import app
+    return app.connection_for_write()
+
+
+def test_servers_settings_select_the_redis_transport():
+    c = _redis_connection()
+    try:
+        assert isinstance(c.transport, broker.RedisTransport)
+        assert isinstance(c.default_channel, broker.RedisChannel)
+    finally:
+        c.release()
+
+
+def test_publishes_and_acks_share_one_client_and_lose_nothing(names, monkeypatch):
+    """kombu's own channel builds a redis.Redis per publish and per ack's bookkeeping; this one builds
+    one. Every message still arrives once, in order, and its ack clears the unacked bookkeeping."""
+    c = _redis_connection()
+    made = []
+    real = broker.RedisChannel._create_client
+
+    def counting(self, asynchronous=False):
+        client = real(self, asynchronous=asynchronous)
+        if not asynchronous:
+            made.append((self, client))
+        return client
+
+    monkeypatch.setattr(broker.RedisChannel, "_create_client", counting)
+    got = []
+    try:
+        channel = c.channel()
+        producer = Producer(channel, exchange=Exchange(names["exchange"], type="direct"))
+        for n in range(50):
+            producer.publish({"n": n}, routing_key=names["key"], serializer="json",
+                             declare=[_queue(names)])
+        with Consumer(c, queues=[_queue(names)], accept=["json"],
+                      callbacks=[lambda body, message: (got.append(body["n"]), message.ack())]):
+            while len(got) < 50:
+                c.drain_events(timeout=5)
+        assert got == list(range(50))
+        # The publishing channel and the consuming one made one client each, whatever the traffic.
+        assert sorted(id(ch) for ch, _ in made) == sorted([id(channel), id(c.default_channel)])
+        qos = c.default_channel.qos
+        with c.default_channel.conn_or_acquire() as client:
+            assert any(client is kept for _, kept in made)
+            assert client.hlen(qos.unacked_key) == 0
+            assert client.zcard(qos.unacked_index_key) == 0
+            assert client.llen(names["queue"]) == 0
+        channel.close()
+    finally:
+        with c.default_channel.conn_or_acquire() as client:
+            client.delete(names["queue"])
+        c.release()
+
+
+def test_a_replaced_pool_gets_a_new_client(names):
+    """After a fork or a failed connect kombu drops the channel's pools; the kept client goes with them."""
+    c = _redis_connection()
+    try:
+        channel = c.default_channel
+        with channel.conn_or_acquire() as first:
+            pass
+        channel._disconnect_pools()
+        with channel.conn_or_acquire() as second:
+            assert second is not first
+            assert second.connection_pool is channel.pool
+            assert second.rpush(names["queue"], "x") == 1
+            second.delete(names["queue"])
+    finally:
+        c.release()
+
+
+def test_the_kept_client_serves_several_threads_at_once(names):
+    c = _redis_connection()
+    try:
+        channel = c.default_channel
+        key = names["queue"]
+        barrier = threading.Barrier(4)
+
+        def push(t):
+            barrier.wait(5)
+            for n in range(200):
+                with channel.conn_or_acquire() as client:
+                    client.rpush(key, f"{t}:{n}")
+
+        threads = [threading.Thread(target=push, args=(t,)) for t in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        with channel.conn_or_acquire() as client:
+            items = [v.decode() for v in client.lrange(key, 0, -1)]
+            client.delete(key)
+        assert sorted(items) == sorted(f"{t}:{n}" for t in range(4) for n in range(200))
+        for t in range(4):  # each thread's own pushes stay in its order
+            assert [i for i in items if i.startswith(f"{t}:")] == [f"{t}:{n}" for n in range(200)]
+    finally:
+        c.release()

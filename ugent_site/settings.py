@@ -169,6 +169,8 @@ UGENT_MODE = "servers" if REDIS_URL else "embedded"
 
 if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
+    # kombu's Redis transport with one client kept per channel (see ugent_site/broker.py).
+    CELERY_BROKER_TRANSPORT = "ugent_site.broker:RedisTransport"
     CELERY_BROKER_TRANSPORT_OPTIONS = {}
 else:
     CELERY_BROKER_URL = "memory://"
