@@ -7,10 +7,12 @@ structure the hub fills per turn, stream or writer back at zero, and none of the
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import json
 import os
 import signal
 import time
+import uuid
 
 import httpx
 import pytest
@@ -29,11 +31,15 @@ PER_TURN_TYPES = ("channels_app.notify.Waiter", "channels_app.notify.BlockingWai
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory):
     d = Daemon(tmp_path_factory.mktemp("memory-held"), extra_env={"UGENT_MEMSTATS": "true"}).start()
+    # The daemon numbers its reports for its whole life; a rerun of the test, on the same daemon,
+    # must wait for the next one rather than read an earlier attempt's.
+    d.reports = itertools.count(1)
     yield d
     d.close()
 
 
-def memory_report(d: Daemon, n: int, **request) -> dict:
+def memory_report(d: Daemon, **request) -> dict:
+    n = next(d.reports)
     pid = d.procs[0].pid
     path = d.tmp / "var" / "memstats" / f"{pid}-{n}.json"
     (d.tmp / "var" / "memstats" / "request.json").write_text(json.dumps({"collect": True, **request}))
@@ -70,21 +76,20 @@ def leave_before_the_answer(d: Daemon, conv: str, i: int):
                    timeout=httpx.Timeout(0.2, connect=5))
 
 
-def settled(d: Daemon, first: int) -> tuple[dict, int]:
+def settled(d: Daemon) -> dict:
     """A report once the turns left running by the clients that left have ended (leases released)."""
-    n, deadline = first, time.monotonic() + 30
+    deadline = time.monotonic() + 30
     while True:
-        rep = memory_report(d, n)
-        n += 1
+        rep = memory_report(d)
         if not any(rep["held"].values()) or time.monotonic() > deadline:
-            return rep, n
+            return rep
         time.sleep(0.3)
 
 
-def one_of_each(d: Daemon, c: int) -> None:
+def one_of_each(d: Daemon, attempt: str, c: int) -> None:
     """In one new conversation: a subscriber of it and one of the whole log, each leaving after a turn;
     non-stream and stream turns; a stream whose client hangs up; a request whose client leaves."""
-    conv = f"held-{c}"
+    conv = f"held-{attempt}-{c}"  # new conversations and message ids for every attempt, reruns included
     completed = lambda ev: any(e["event"] == "turn.completed" for e in ev)  # noqa: E731
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         subscribers = [pool.submit(read_events, d.base, d.key, conversation_id=conv, user="alice", until=completed),
@@ -99,14 +104,15 @@ def one_of_each(d: Daemon, c: int) -> None:
 
 
 def test_after_turns_of_every_kind_nothing_per_turn_or_stream_is_held(daemon):
-    one_of_each(daemon, 0)  # warm: every statement, the engine and the threads exist from here on
-    before, n = settled(daemon, 1)
+    attempt = uuid.uuid4().hex[:8]
+    one_of_each(daemon, attempt, 0)  # warm: every statement, the engine and the threads exist from here on
+    before = settled(daemon)
     assert before["held"] == {k: 0 for k in before["held"]}, before["held"]
 
     for c in range(1, 6):
-        one_of_each(daemon, c)
+        one_of_each(daemon, attempt, c)
 
-    after, _ = settled(daemon, n)
+    after = settled(daemon)
     assert after["held"] == {k: 0 for k in after["held"]}, after["held"]
     alive = {t: after["gc_types"].get(t, 0) for t in PER_TURN_TYPES}
     assert alive == {t: 0 for t in PER_TURN_TYPES}, alive
