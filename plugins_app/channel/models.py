@@ -137,5 +137,10 @@ class PluginMedia(TimeStamped):
     data = models.BinaryField()
     expires_at = models.DateTimeField()
 
+    class Meta:
+        # The hourly prune finds expired media here; without it every stored file's bytes are read,
+        # since SQLite keeps `data` before `expires_at` in each row (and in overflow pages).
+        indexes = [models.Index(fields=["expires_at"], name="pluginmedia_expiry")]
+
     def __str__(self):
         return self.media_id

@@ -1,9 +1,12 @@
 """Media uploaded through the bridge expires: a beat job deletes it."""
 import datetime as dt
 
+import pytest
+from django.db import connection
 from django.utils import timezone
 
 from plugins_app.channel.models import Plugin, PluginMedia
+from tests.support.plans import statements_on, table_scans
 
 
 def _plugin():
@@ -31,3 +34,20 @@ def test_beat_start_schedules_the_media_prune(transactional_db):
     tasks = PeriodicTask.objects.filter(task="plugins_app.tasks.prune_media", enabled=True)
     assert tasks.count() == 1
     assert tasks.get().interval.every == 3600
+
+
+def test_the_prune_reads_the_expiry_index_not_every_stored_file(transactional_db):
+    """SQLite keeps each file's bytes before its expiry in the row: a scan would read all of them."""
+    if connection.vendor != "sqlite":
+        pytest.skip("the plans are SQLite's")
+    plugin = _plugin()
+    now = timezone.now()
+    PluginMedia.objects.bulk_create([
+        PluginMedia(media_id=f"m_{i}", plugin=plugin, content_type="image/png", size=5000, data=b"z" * 5000,
+                    expires_at=now + dt.timedelta(seconds=-1 if i % 10 == 0 else 3600)) for i in range(100)])
+    from plugins_app.channel import services
+    counted = []
+    found = statements_on("plugins_app_pluginmedia", lambda: counted.append(services.media_prune()))
+    assert counted == [10]
+    assert found and table_scans("plugins_app_pluginmedia", found) == []
+    assert PluginMedia.objects.count() == 90
