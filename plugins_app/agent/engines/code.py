@@ -12,11 +12,19 @@ struct or the like (a regex per language); anything else, or a symbol too long, 
 Confinement is the workspace toolbox's: nothing whose real path (symbolic links followed) leaves the
 root is listed or read, symlinked folders are not walked, hidden files and folders and the usual
 build/vendor folders are skipped, and so are binary files and files over ``max_file_bytes``.
-No Django here.
+
+It sees what git sees: the root's ``.git/info/exclude``, the root's ``.gitignore`` and every
+``.gitignore`` in a walked folder (relative to its own folder, the deepest that matches deciding, as in
+git) are applied through ``pathspec.GitIgnoreSpec``; an ignored folder is not walked. An ignore file
+that cannot be read is skipped, and a line pathspec cannot compile is dropped, each with a warning.
+The rules are read again at every look at the folder, so a changed ``.gitignore`` changes the listing,
+which is the index's signature. No Django here.
 """
 from __future__ import annotations
 
 import ast
+import codecs
+import logging
 import os
 import re
 import threading
@@ -28,6 +36,8 @@ from typing import Dict, List, Optional, Tuple
 
 import bm25s
 from ovos_plugin_manager.templates.agents import RetrievalEngine
+from pathspec import GitIgnoreSpec
+from pathspec.patterns.gitignore.spec import GitIgnoreSpecPattern
 
 from plugins_app.agent.engines.notes import STOPWORDS, stem
 
@@ -38,6 +48,9 @@ WINDOW_LINES = 40  # a line window's length, and the longest chunk a symbol keep
 SKIP_DIRS = frozenset({"node_modules", "__pycache__", "venv", "env", "dist", "build", "target", "vendor",
                        "site-packages"})
 BINARY_SNIFF_BYTES = 8192
+MAX_WARNED = 1024  # distinct ignore-file warnings remembered, so a bad file is not logged at every look
+
+log = logging.getLogger("ugent.code_context")
 
 # A line that starts a symbol, per file suffix (Python goes through ast instead).
 _C_LIKE = re.compile(r"^\s*(?:export\s+)?(?:default\s+)?(?:public\s+|private\s+|protected\s+|static\s+|async\s+|"
@@ -186,6 +199,74 @@ def chunk_file(path: str, text: str) -> List[CodeChunk]:
     return _spans_chunks(path, lines, spans)
 
 
+# --- .gitignore ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _IgnoreRules:
+    """One ignore file's rules and the folder (relative to the root, "" for the root) they are relative to."""
+
+    base: str
+    spec: GitIgnoreSpec
+
+
+_warned: set = set()
+
+
+def _warn_once(text: str) -> None:
+    if text in _warned:
+        return
+    if len(_warned) >= MAX_WARNED:
+        _warned.clear()
+    _warned.add(text)
+    log.warning("%s", text)
+
+
+@lru_cache(maxsize=512)
+def _compile_rules(where: str, text: str) -> GitIgnoreSpec:
+    # Cached on the text: a folder is looked at every rescan_interval, its ignore files seldom change,
+    # and a bad line is logged once per content rather than at every look.
+    patterns = []
+    for number, line in enumerate(text.splitlines(), 1):
+        try:
+            patterns.append(GitIgnoreSpecPattern(line))
+        except (ValueError, re.error) as exc:
+            _warn_once(f"{where}:{number}: {line!r} is not a gitignore pattern ({exc}); line skipped")
+    return GitIgnoreSpec(patterns)
+
+
+def _read_rules(real_root: Path, path: str, base: str) -> Optional[_IgnoreRules]:
+    """The rules of the ignore file at `path`, or None when there is none or it cannot be read (logged).
+    A symbolic link is not followed (git does not follow a symlinked .gitignore either), and nothing
+    outside the root is read."""
+    folder = Path(os.path.realpath(os.path.dirname(path)))
+    if folder != real_root and real_root not in folder.parents:
+        return None  # .git or .git/info is a link out of the root
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as fh:
+            data = fh.read()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        _warn_once(f"{path}: cannot be read ({exc.strerror or exc}); its ignore rules are not applied")
+        return None
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8):]  # git skips a BOM too
+    # decoded as os.walk decodes names, so a pattern in any encoding meets the names it was written for
+    return _IgnoreRules(base, _compile_rules(path, os.fsdecode(data)))
+
+
+def _ignored(layers: Tuple[_IgnoreRules, ...], relative: str, is_dir: bool) -> bool:
+    """Git's answer for a path below every layer's folder: the deepest layer with a matching line
+    decides, and within it the last matching line (so ``!pattern`` brings a path back)."""
+    for rules in reversed(layers):
+        sub = relative[len(rules.base) + 1:] if rules.base else relative
+        result = rules.spec.check_file(sub + "/" if is_dir else sub)
+        if result.include is not None:
+            return result.include
+    return False
+
+
 # --- the folder ------------------------------------------------------------------------------------
 
 def _is_binary(data: bytes) -> bool:
@@ -200,16 +281,28 @@ def _is_binary(data: bytes) -> bool:
 
 def folder_files(root: Path, *, max_file_bytes: int, max_files: int) -> Dict[str, Tuple[int, int]]:
     """{relative path: (mtime_ns, size)} of the files the index may read: inside root's real path
-    (symbolic links followed for files, never walked for folders), not hidden, under the size cap."""
+    (symbolic links followed for files, never walked for folders), not hidden, not ignored by git's
+    rules (an ignored folder is not walked), under the size cap."""
     real_root = root.resolve()
     if not real_root.is_dir():
         return {}
     found: Dict[str, Tuple[int, int]] = {}
+    exclude = _read_rules(real_root, os.path.join(real_root, ".git", "info", "exclude"), "")
+    # each walked folder's rules: its parent's, then its own .gitignore's (top-down, so a parent comes first)
+    layers: Dict[str, Tuple[_IgnoreRules, ...]] = {}
     for dirpath, dirnames, filenames in os.walk(real_root, followlinks=False):
+        here = Path(dirpath).relative_to(real_root).as_posix()
+        prefix = "" if here == "." else here + "/"
+        rules = layers.pop(dirpath, (exclude,) if exclude else ())
+        if ".gitignore" in filenames:
+            own = _read_rules(real_root, os.path.join(dirpath, ".gitignore"), prefix.rstrip("/"))
+            rules = rules + (own,) if own else rules
         dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in SKIP_DIRS
-                             and not os.path.islink(os.path.join(dirpath, d)))
+                             and not os.path.islink(os.path.join(dirpath, d))
+                             and not _ignored(rules, prefix + d, is_dir=True))  # pruned: never walked
+        layers.update((os.path.join(dirpath, d), rules) for d in dirnames)
         for name in sorted(filenames):
-            if name.startswith("."):
+            if name.startswith(".") or _ignored(rules, prefix + name, is_dir=False):
                 continue
             path = Path(dirpath) / name
             try:
