@@ -41,8 +41,9 @@ def _media_prune_schedule(sender=None, **kwargs) -> None:
 @shared_task(ignore_result=True, soft_time_limit=3600, time_limit=3660)
 @with_fresh_connections
 def memory_vector_index() -> str:
-    """lance_embedded's IVF_PQ index built, or refreshed with the rows added since (minutes on a large
-    table: never on a turn). Redelivered or run twice, it finds the index there and only folds rows in."""
+    """lance_embedded's IVF_PQ index built, or refreshed with the rows added since, and the table's
+    fragments compacted (minutes on a large table: never on a turn). Redelivered or run twice, it finds
+    the index there and only folds rows in."""
     from plugins_app.agent.memory import services
     return services.vector_index_refresh()
 

@@ -145,3 +145,32 @@ def test_a_large_table_gets_a_vector_index_and_its_search_stays_within_the_user(
     with django_capture_on_commit_callbacks() as callbacks:
         services.fact_save(actor_key=ALICE, text="User likes green tea.")
     assert len(callbacks) == 1
+
+
+def test_saves_one_by_one_ask_for_one_compaction_which_merges_their_fragments(lance_on, monkeypatch,
+                                                                              django_capture_on_commit_callbacks):
+    """Each save writes a fragment and every search reads them all: from MAX_SMALL_FRAGMENTS on, a save
+    enqueues the maintenance task (once for a burst), which merges them; what a search finds is unchanged."""
+    monkeypatch.setattr(lance, "MAINTAIN_EVERY_SECS", 3600.0)  # however slow the saves, one burst
+    store = lance.store(384)
+    saved = []
+    with django_capture_on_commit_callbacks() as callbacks:
+        for i in range(lance.MAX_SMALL_FRAGMENTS + 4):
+            saved.append(services.fact_save(actor_key=ALICE if i % 3 else BOB, text=f"User collects stamp {i}.")[0])
+    assert store.small_fragments() >= lance.MAX_SMALL_FRAGMENTS
+    assert len(callbacks) == 1  # one task for the burst, not one per save
+    before = {a: texts(a, "stamps") for a in (ALICE, BOB)}
+    rows = table_rows()
+
+    assert "optimized" in services.vector_index_refresh()
+    assert store.small_fragments() <= 1
+    assert table_rows() == rows == sorted((f.pk, f.actor_key) for f in saved)
+    assert {a: texts(a, "stamps") for a in (ALICE, BOB)} == before
+    assert before[BOB] and set(before[BOB]) <= {f.text for f in saved if f.actor_key == BOB}
+    # a save after the compaction is searched with the rest; the next burst asks again (the task ran here)
+    with django_capture_on_commit_callbacks() as callbacks:
+        for i in range(lance.MAX_SMALL_FRAGMENTS + 1):
+            late, _ = services.fact_save(actor_key=BOB, text=f"User collects old map {i}.")
+    assert len(callbacks) == 1
+    assert "User collects old map 3." in texts(BOB, "old map 3")
+    assert (late.pk, BOB) in table_rows()
