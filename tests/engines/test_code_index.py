@@ -4,6 +4,7 @@ re-indexed when a file changes."""
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 from ovos_plugin_manager.templates.agents import RetrievalEngine
@@ -134,3 +135,56 @@ def test_the_index_follows_edits_new_and_removed_files_and_is_not_rebuilt_otherw
     assert "ninety" in e.query("refund window")[0][0]
     path.unlink()
     assert e.query("refund window") == []
+
+
+def test_a_query_never_waits_for_a_rescan_it_starts_one_in_the_background(tree, monkeypatch):
+    """Past rescan_interval a query answers from the index it has while a thread of its own walks the
+    folder (here held until released); the rebuild lands for the next query. A query that had to wait
+    for the walk would never come back while the walk is held."""
+    import threading
+
+    from plugins_app.agent.engines import code
+    ws, _ = tree
+    e = CodeRetrievalEngine({"root": str(ws), "rescan_interval": 0.05})
+    assert e.query_chunks("billing invoice") and e.builds == 1  # the first build is the query's own
+    (ws / "pkg" / "ledger.py").write_text("def ledger_reconcile():\n    return 'reconciled ledger'\n")
+    walking, release = threading.Event(), threading.Event()
+    real = code.folder_files
+
+    def held(*args, **kwargs):
+        walking.set()
+        assert release.wait(30)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(code, "folder_files", held)
+    time.sleep(0.06)  # past the interval
+    answered = []
+    querying = threading.Thread(target=lambda: answered.append(e.query_chunks("ledger reconcile")))
+    querying.start()
+    querying.join(10)
+    assert not querying.is_alive(), "the query waited for the walk"
+    assert answered == [[]]  # the index it had knows no ledger yet
+    assert walking.wait(10)  # a look started, in another thread
+    assert e.query_chunks("ledger reconcile") == [] and e.builds == 1  # one look at a time: no second
+    release.set()
+    assert e.wait_idle(30)
+    assert e.builds == 2
+    assert [h.chunk.path for h in e.query_chunks("ledger reconcile")] == ["pkg/ledger.py"]
+
+
+def test_a_failed_background_look_keeps_the_index_and_the_next_interval_looks_again(tree, monkeypatch, caplog):
+    from plugins_app.agent.engines import code
+    ws, _ = tree
+    e = CodeRetrievalEngine({"root": str(ws), "rescan_interval": 0.05})
+    assert e.query_chunks("billing invoice")
+    real = code.folder_files
+    monkeypatch.setattr(code, "folder_files", lambda *a, **k: (_ for _ in ()).throw(OSError("disk gone")))
+    time.sleep(0.06)
+    assert e.query_chunks("billing invoice")  # answered from the index in hand
+    assert e.wait_idle(30)
+    assert "looking at" in caplog.text and "disk gone" in caplog.text
+    monkeypatch.setattr(code, "folder_files", real)
+    (ws / "pkg" / "ledger.py").write_text("def ledger_reconcile():\n    return 1\n")
+    time.sleep(0.06)
+    e.query_chunks("ledger")
+    assert e.wait_idle(30)
+    assert [h.chunk.path for h in e.query_chunks("ledger reconcile")] == ["pkg/ledger.py"]
