@@ -322,6 +322,17 @@ async def sse_body(sub: streams.Subscription, sink: Sink | None = None):
     behind = True  # the log holds what this subscriber has not seen: read it
     try:
         yield f"retry: {streams.SSE_RETRY_MS}\n\n".encode()
+        if not tap.reader.ready.is_set():
+            # A new reader first learns where the log stands, and hands out only what comes after. Read
+            # before it knows, and an event committed between the two reads is in neither. (While the
+            # database is away it keeps trying: the stream pings meanwhile.)
+            ready = asyncio.ensure_future(tap.reader.ready.wait())
+            try:
+                while not (await asyncio.wait({ready}, timeout=keepalive))[0]:
+                    tap.sent_at = time.monotonic()
+                    yield PING
+            finally:
+                ready.cancel()
         while True:
             if tap.held_write is not None:  # the reader's last write must reach the client before ours
                 held, tap.held_write = tap.held_write, None

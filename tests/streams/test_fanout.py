@@ -270,3 +270,50 @@ def test_the_activity_filter_in_memory_is_the_query_s(tcast):
     in_memory = {e.id for e in Event.objects.all() if streams.activity_match(e.type, e.data)}
     assert in_memory == by_query
     assert set(ids[:7]) <= in_memory and not set(ids[7:]) & in_memory
+
+
+def test_an_event_committed_while_the_first_subscriber_joins_comes_without_waiting_for_another(tcast, monkeypatch):
+    """The first subscriber of a conversation starts its reader, which first learns where the log stands.
+    An event committed after the subscriber's own read of the log but before the reader's first look
+    was in neither: it came only with the next event's batch, or never if none followed. The
+    subscriber now reads the log once its reader knows where it stands."""
+    import threading
+    import time
+    conv = _conversation(tcast.alice, "c-join")
+    head_asked, release = threading.Event(), threading.Event()
+    own_reads = []
+    real_head_read, real_read = fanout.Reader._read, fanout._read
+
+    def held_first_look(self, cursor):
+        if cursor is None:
+            head_asked.set()
+            assert release.wait(GUARD)
+        return real_head_read(self, cursor)
+    def own_read(sub):
+        found = real_read(sub)
+        own_reads.append(found)  # once it has read
+        return found
+    monkeypatch.setattr(fanout.Reader, "_read", held_first_look)
+    monkeypatch.setattr(fanout, "_read", own_read)
+    (s,) = _subscribers(tcast.alice, 1, conversation_id="c-join", cursor=str(streams.log_head()))
+
+    def commit_between():
+        assert head_asked.wait(GUARD)
+        deadline = time.monotonic() + 2  # room for the subscriber's own read to end, if it does not wait
+        while not own_reads and time.monotonic() < deadline:
+            time.sleep(0.01)
+        appended = event_append(conversation_id=conv.pk, type="ugent.test", data={"k": "between"})
+        release.set()
+        return appended
+
+    async def run():
+        try:
+            first = asyncio.ensure_future(s.event())
+            appended = await sync_to_async(commit_between, thread_sensitive=False)()
+            got = await asyncio.wait_for(first, GUARD)  # no other event follows: it must come by itself
+            return appended, got
+        finally:
+            await _closed([s])
+
+    appended, got = async_to_sync(run)()
+    assert int(got["id"]) == appended
