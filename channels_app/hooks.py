@@ -174,7 +174,9 @@ def run_question_asked(*, question) -> None:
 # --- native actions ------------------------------------------------------------------------
 # What a NativeAction names, run by the turn runner as the turn (channels_app.runner). Found like
 # the hooks above, by dotted path in settings (UGENT_NATIVE_ACTIONS) imported on first use, so the
-# hub never imports the room that implements them, and tests register more at run time.
+# hub never imports the room that implements them, and tests register more at run time. Settings
+# rather than a registration in rules_app's AppConfig.ready: that is how every hook here is found,
+# so the wiring stays in one place (drop an app and its lines from settings, the hub still works).
 # fn(*, turn=Turn, first_message=bool) -> str: the answer. It runs outside any transaction, holds
 # no lock while it works, and must be safe to run again for the same turn (a turn whose claim a
 # crash undid runs again): compaction hides only what is still visible, memory merges a fact it has.

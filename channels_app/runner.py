@@ -2,9 +2,9 @@
 
 A turn's run is a `TurnRun`: claim, compose, the engine's steps with the stop/steering/time checks
 between them, and its end (or, for a turn a hook gave a native action, that action in place of
-the engine: `TurnRun.native_action_run`). Every end state (completed, refused, failed, cancelled, interrupted,
-abandoned) is written by one function, `turn_end`, from the table `END_STATES`: the turn, the
-receipt, the answer message, the events and the after-turn hook, in one transaction.
+the engine: `TurnRun.native_action_run`). Every end state (completed, refused, failed, cancelled,
+interrupted, abandoned) is written by one function, `turn_end`, from the table `END_STATES`: the
+turn, the receipt, the answer message, the events and the after-turn hook, in one transaction.
 
 Runs inside the `run_turn` Celery task in both run modes. Deltas are coalesced into events a few
 milliseconds apart, so a fast engine does not turn every token into a database write; the first

@@ -26,8 +26,8 @@ def action_hook():
 
 def send(tcast, text="hi", on_turn=None, **kw):
     actor = services.actor_resolve(caller=tcast.operator, user="alice")
-    return services.message_submit(inbound=services.Submission(actor=actor, caller=tcast.operator, text=text, **kw),
-                                   on_turn=on_turn)
+    inbound = services.Submission(actor=actor, caller=tcast.operator, text=text, **kw)
+    return services.message_submit(inbound=inbound, on_turn=on_turn)
 
 
 def events(turn):
