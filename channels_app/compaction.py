@@ -1,9 +1,10 @@
 """Compaction: a conversation's older messages summarised, hidden from the model, and kept.
 
-One home for the three ways it starts: the rule action compact_conversation (rules_app.hooks),
-the /compress command (channels_app.commands) and the turn runner, before a turn's first engine
-call, when the history the engine would see passes UGENT_COMPACT_THRESHOLD of its profile's
-context_tokens (not for a turn with ugent_disable_memory_write: "no compaction summary").
+One home for the three ways it starts: the rule action compact_conversation (rules_app.hooks,
+run by the turn runner as the message's own turn once its receipt has committed: runner.TurnRun.
+native_action_run), the /compress command (channels_app.commands) and the turn runner, before a
+turn's first engine call, when the history the engine would see passes UGENT_COMPACT_THRESHOLD of
+its profile's context_tokens (not for a turn with ugent_disable_memory_write: "no compaction summary").
 
 The profile's ChatSummarizerEngine (AgentProfile.summarizer_engine, an opm.agents.summarizer.chat
 entry point; the offline ugent-extractive by default) summarises every visible message older than
@@ -14,8 +15,9 @@ appends compaction.completed to the conversation's activity stream.
 
 Once started a compaction is not stopped by a stop request: nothing here asks whether one came
 (the seed: a compaction dropped midway would be worse than one that finishes). The summariser runs
-outside any lock; the hiding commits under the conversation's row lock and only if every message it
-summarised is still visible, so two compactions that overlap never both hide the same messages.
+outside any lock and any transaction, on all three paths (none of them calls it inside one); the
+hiding commits under the conversation's row lock and only if every message it summarised is still
+visible, so two compactions that overlap, or one run again, never hide the same messages twice.
 """
 from __future__ import annotations
 
@@ -176,7 +178,7 @@ def conversation_compact(*, conversation: Conversation, trigger: str = COMMAND, 
     """Compact a conversation now (see the module's docstring) and say what was done.
 
     `profile`: whose summariser (None: the conversation's, profile_of); `turn`: the running turn whose
-    own message stays out of it (AUTO); `first_message`: the conversation's first message is being
+    own message stays out of it (AUTO, RULE); `first_message`: the conversation's first message is being
     handled, so there is nothing to compact yet. Raises CompactionFailed when the summariser fails.
     """
     if first_message:

@@ -1,13 +1,15 @@
 """The hook point before the agent turn (BeforeAgentTurn).
 
 Routing registers at priority 50 and the rule engine at 100; lower runs first.
-A hook may change the context (text, tags, tool narrowing, injected context) or
-stop the message with an answer, in which case no agent turn runs.
+A hook may change the context (text, tags, tool narrowing, injected context), stop the message
+with an answer (HookStop: recorded at once, no agent turn runs), or ask for a native action
+(NativeAction: the turn runs the action instead of the agent, after the receipt commits).
 
 The hub imports no app that plugs into it: the hooks are named in settings by dotted path
 (`UGENT_BEFORE_TURN_HOOKS`, `UGENT_AFTER_TURN_HOOKS`, `UGENT_QUESTION_ASKED_HOOKS`) and imported on first use, so the arrow
 points from rules, cron and channel plugins to the hub and never back. `register` adds one at run
-time (tests, benches).
+time (tests, benches). The native actions a NativeAction names are found the same way
+(`UGENT_NATIVE_ACTIONS`, `register_native_action`).
 """
 from __future__ import annotations
 
@@ -53,7 +55,19 @@ class HookStop:
     decided_by: str = ""
 
 
-Hook = Callable[[HookContext], Optional[HookStop]]
+@dataclass
+class NativeAction:
+    """Answer the message with a native action (a rule's RunNativeAction): no agent runs, the turn
+    runner runs the action as the turn, after the receipt commits, outside any transaction (an
+    action may take seconds: a summariser's model call). `reason` and `decided_by` are recorded as
+    a HookStop's are; its answer is what the action returns."""
+
+    action: str
+    reason: str = ""
+    decided_by: str = ""
+
+
+Hook = Callable[[HookContext], Optional["HookStop | NativeAction"]]
 _hooks: list[tuple[int, int, str, Hook]] = []
 _loaded = False
 _load_lock = threading.Lock()
@@ -73,6 +87,8 @@ def _ensure_loaded() -> None:
             _after.setdefault(name, import_string(path))
         for name, path in getattr(settings, "UGENT_QUESTION_ASKED_HOOKS", {}).items():
             _asked.setdefault(name, import_string(path))
+        for name, path in getattr(settings, "UGENT_NATIVE_ACTIONS", {}).items():
+            _actions.setdefault(name, import_string(path))
         _loaded = True
 
 
@@ -92,7 +108,7 @@ def unregister(name: str) -> None:
     _hooks[:] = [h for h in _hooks if h[2] != name]
 
 
-def run_before_agent_turn(ctx: HookContext) -> Optional[HookStop]:
+def run_before_agent_turn(ctx: HookContext) -> Optional[HookStop | NativeAction]:
     _ensure_loaded()
     for _priority, _order, _name, hook in list(_hooks):
         stop = hook(ctx)
@@ -153,3 +169,33 @@ def run_question_asked(*, question) -> None:
     _ensure_loaded()
     for fn in list(_asked.values()):
         fn(question=question)
+
+
+# --- native actions ------------------------------------------------------------------------
+# What a NativeAction names, run by the turn runner as the turn (channels_app.runner). Found like
+# the hooks above, by dotted path in settings (UGENT_NATIVE_ACTIONS) imported on first use, so the
+# hub never imports the room that implements them, and tests register more at run time. Settings
+# rather than a registration in rules_app's AppConfig.ready: that is how every hook here is found,
+# so the wiring stays in one place (drop an app and its lines from settings, the hub still works).
+# fn(*, turn=Turn, first_message=bool) -> str: the answer. It runs outside any transaction, holds
+# no lock while it works, and must be safe to run again for the same turn (a turn whose claim a
+# crash undid runs again): compaction hides only what is still visible, memory merges a fact it has.
+NativeActionRun = Callable[..., str]
+_actions: dict[str, NativeActionRun] = {}
+
+
+def register_native_action(name: str, fn: NativeActionRun) -> None:
+    """Register (or replace) a native action at run time, beside the ones settings name."""
+    _ensure_loaded()
+    _actions[name] = fn
+
+
+def unregister_native_action(name: str) -> None:
+    _ensure_loaded()
+    _actions.pop(name, None)
+
+
+def native_action(name: str) -> Optional[NativeActionRun]:
+    """The native action called `name`; None when none is installed here."""
+    _ensure_loaded()
+    return _actions.get(name)

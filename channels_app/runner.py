@@ -1,9 +1,10 @@
 """The turn runner: composes the agent from its profile's engine, streams the answer as events.
 
 A turn's run is a `TurnRun`: claim, compose, the engine's steps with the stop/steering/time checks
-between them, and its end. Every end state (completed, refused, failed, cancelled, interrupted,
-abandoned) is written by one function, `turn_end`, from the table `END_STATES`: the turn, the
-receipt, the answer message, the events and the after-turn hook, in one transaction.
+between them, and its end (or, for a turn a hook gave a native action, that action in place of
+the engine: `TurnRun.native_action_run`). Every end state (completed, refused, failed, cancelled,
+interrupted, abandoned) is written by one function, `turn_end`, from the table `END_STATES`: the
+turn, the receipt, the answer message, the events and the after-turn hook, in one transaction.
 
 Runs inside the `run_turn` Celery task in both run modes. Deltas are coalesced into events a few
 milliseconds apart, so a fast engine does not turn every token into a database write; the first
@@ -138,7 +139,7 @@ def turn_end(*, turn: Turn, state: str, answer: str = "", reason: str = "", code
              where: Q | None = None, started_at=None, never_started: bool = False, decided_by: str | None = None,
              unless_steering_waits: bool = False, answer_streamed: bool = False,
              usage: dict | None = None, ttft_ms: float | None = None,
-             artifacts: list | None = None) -> EndOutcome:
+             artifacts: list | None = None, drops_steering: bool | None = None) -> EndOutcome:
     """End a turn in `state` (a key of END_STATES): turn, receipt, answer message, events and the
     after-turn hook in one transaction. Only one end wins: a turn no longer in `from_state` (or not
     matching `where`) is left as it is and nothing is written.
@@ -153,7 +154,8 @@ def turn_end(*, turn: Turn, state: str, answer: str = "", reason: str = "", code
     `usage`: {"prompt_tokens", "completion_tokens", "total_tokens", "source"} (stored on the turn and
     carried by the terminal event); `ttft_ms`: time to the first answer token; `artifacts`: the files
     its tools returned, for the turn and the receipt (their ugent.artifacts / ugent.artifacts_pending
-    events were written as the tools returned them, channels_app.artifacts). The end is logged
+    events were written as the tools returned them, channels_app.artifacts). `drops_steering`: overrides
+    the end state's (a native action's completion, which never hands a steering on). The end is logged
     (`turn ended (...)`) and counted in the metrics once it commits.
     """
     end = END_STATES[state]
@@ -197,7 +199,8 @@ def turn_end(*, turn: Turn, state: str, answer: str = "", reason: str = "", code
         if moved != 1:
             return EndOutcome.ALREADY_ENDED
         # Steering rows before the log's lock, as steerings_take takes them: no deadlock between the two.
-        dropped = _steerings_drop(turn) if end.drops_steering else []
+        drops = end.drops_steering if drops_steering is None else drops_steering
+        dropped = _steerings_drop(turn) if drops else []
         if answer_streamed:
             log_lock()
             answer = streamed_answer(turn.pk)
@@ -305,6 +308,9 @@ class TurnRun:
 
     claim → compose → (take_steering → engine_step)* → complete | fail | cancel
 
+    or, for a turn that runs a native action a hook asked for (hooks.NativeAction, in the turn's
+    context["native_action"]): claim → native_action_run → its end.
+
     Between engine items the runner looks (every STOP_CHECK_SECONDS) for a stop, for steering and
     for its turn having been ended elsewhere; it also ends the turn as failed past its run limit. A
     stop ends the turn keeping what it answered; steering cuts the engine's step short and runs it
@@ -385,9 +391,30 @@ class TurnRun:
         turn = self.turn
         if turn.created_at and (now - turn.created_at).total_seconds() > settings.UGENT_TURN_QUEUE_TIMEOUT:
             return QUEUE_TIMEOUT_REASON
-        if turn.profile is None:
+        if turn.profile is None and not (turn.context or {}).get("native_action"):  # an action needs no engine
             return PROFILE_REMOVED_REASON
         return ""
+
+    def native_action_run(self, spec: dict) -> None:
+        """A native action as the turn: no engine; the action (hooks.native_action) runs outside any
+        transaction and holds no lock, then the turn ends completed with its answer, recorded as a
+        hook's answer is (services.turn_finish_without_agent: the same reason, decided_by, delta and
+        messages). Once started it is not stopped: nothing asks for a stop while it runs (the seed:
+        neither action stops for a stop request). A stop that came before the claim means it never
+        starts. Its failure texts are the action's own; a missing action fails the turn."""
+        turn = self.turn
+        if self.cancelled:
+            self.cancel()
+            return
+        name = str(spec.get("action", ""))
+        run = hooks.native_action(name)
+        if run is None:
+            raise EngineError(f"No native action named {name!r} is installed here.",
+                              code="native_action_not_installed")
+        answer = run(turn=turn, first_message=bool(spec.get("first_message")))
+        turn_end(turn=turn, state=TurnState.COMPLETED, answer=answer, reason=str(spec.get("reason", "")),
+                 decided_by=str(spec.get("decided_by", "")), drops_steering=True,
+                 pending=[("turn.delta", {"turn_id": turn.turn_id, "segment": ANSWER, "text": answer}, [])])
 
     def compose(self) -> None:
         """The engine from the turn's profile, and the messages it is shown."""
@@ -600,6 +627,10 @@ class TurnRun:
 
     def _run_claimed(self) -> None:
         try:
+            action = (self.turn.context or {}).get("native_action")
+            if action:
+                self.native_action_run(action)
+                return
             self.compose()
             while True:
                 self.steered = False

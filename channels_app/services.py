@@ -367,6 +367,13 @@ def _submit_locked(inbound: Submission, conversation: Conversation, created: boo
                 "disable_memory_write": inbound.disable_memory_write,
                 "allowed_tools": inbound.allowed_tools, "denied_tools": inbound.denied_tools})
     stop = hooks.run_before_agent_turn(ctx)
+    action = None
+    if isinstance(stop, hooks.NativeAction):
+        # The turn runs it, after this transaction commits: an action may take seconds (a summariser's
+        # model call) and must not hold the receipt's transaction, the write lock in embedded mode.
+        action = {"action": stop.action, "decided_by": stop.decided_by, "reason": stop.reason,
+                  "first_message": created}  # the runner has no HookContext: what the action reads of it
+        stop = None
     turn = rows.table(Turn).create(
         turn_id=inbound.turn_id or f"turn-{uuid.uuid4().hex}", conversation=conversation,
         actor=inbound.actor, receipt=receipt, model=profile.name if profile else "",
@@ -381,7 +388,8 @@ def _submit_locked(inbound: Submission, conversation: Conversation, created: boo
                  **({"delegate_research": ctx.delegate_research} if ctx.delegate_research else {}),
                  **({"caller_defaults": inbound.extra["caller_defaults"]}
                     if inbound.extra.get("caller_defaults") else {}),
-                 **({"answer_whole": True} if inbound.answer_whole else {})})
+                 **({"answer_whole": True} if inbound.answer_whole else {}),
+                 **({"native_action": action} if action else {})})
     # the user's message goes in the event append's round trip
     message = rows.table(Message).insert_step(conversation=conversation, role=Message.Role.USER,
                                               content=inbound.text, actor=inbound.actor, turn=turn)
@@ -406,7 +414,8 @@ def _submit_locked(inbound: Submission, conversation: Conversation, created: boo
 
 
 def turn_finish_without_agent(*, turn: Turn, stop: hooks.HookStop) -> None:
-    """A hook stopped the message: answer the sender, record it like any other turn (runner.turn_end)."""
+    """A hook stopped the message: answer the sender, record it like any other turn (runner.turn_end).
+    A native action's turn is recorded the same way by the runner (TurnRun.native_action_run)."""
     from channels_app.models import TurnState
     from channels_app.runner import turn_end
     state = stop.state if stop.state in (ReceiptState.COMPLETED, ReceiptState.REFUSED) else ReceiptState.COMPLETED

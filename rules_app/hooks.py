@@ -1,17 +1,20 @@
 """The two BeforeAgentTurn hooks: routing (priority 50) and the rule engine (priority 100).
 
 Both run in channels_app's one message path for every channel, web and plugin
-alike, inside the transaction that records the receipt; a HookStop they return
-is answered and recorded like any other turn (receipt, messages, events).
+alike, inside the transaction that records the receipt, so they only decide (and
+StartWorkflow starts a cron run); a HookStop they return is answered and recorded
+like any other turn (receipt, messages, events). A RunNativeAction is not run here:
+the hook returns a NativeAction and the turn runner runs the action as the turn once
+the receipt has committed (a summariser may take seconds, and the receipt's
+transaction holds the database's write lock in embedded mode). The two actions'
+bodies are below, named in settings.UGENT_NATIVE_ACTIONS.
 """
 from __future__ import annotations
 
 import logging
 from typing import Optional
 
-from django.db import transaction
-
-from channels_app.hooks import HookContext, HookStop
+from channels_app.hooks import HookContext, HookStop, NativeAction
 from rules_app import engine
 from rules_app.runtime import runtime
 from rules_app.workflows import workflow_answer
@@ -66,7 +69,7 @@ def routing_hook(ctx: HookContext) -> Optional[HookStop]:
 
 # --- the rule engine -----------------------------------------------------------------------
 
-def rule_engine_hook(ctx: HookContext) -> Optional[HookStop]:
+def rule_engine_hook(ctx: HookContext) -> Optional[HookStop | NativeAction]:
     """Evaluate the rules in force and apply the first matching rule's decision."""
     if ctx.channel in INTERNAL_CHANNELS:
         return None
@@ -90,29 +93,33 @@ def rule_engine_hook(ctx: HookContext) -> Optional[HookStop]:
     if isinstance(decision, engine.StartWorkflow):
         return HookStop(workflow_answer(ctx, decision), state="completed",
                         reason=f"rule '{name}' started workflow '{decision.workflow}'", decided_by=name)
-    if isinstance(decision, engine.RunNativeAction):
-        return HookStop(native_action_answer(ctx, decision.action), state="completed",
-                        reason=f"rule '{name}' ran {decision.action}", decided_by=name)
+    if isinstance(decision, engine.RunNativeAction):  # the turn runs it, once the receipt commits
+        return NativeAction(decision.action, reason=f"rule '{name}' ran {decision.action}", decided_by=name)
     return None  # pragma: no cover - the engine knows no other decision
 
 
-def native_action_answer(ctx: HookContext, action: str) -> str:
-    """Run compact_conversation or extract_memory on the sender's conversation; return the answer."""
+# --- the native actions, run by the turn runner as the turn ------------------------------------
+# Each gets the running turn (its conversation, actor, profile, opt-outs, input mode, and the
+# message's text in context["text"]) and whether the message was its conversation's first; each
+# answers with its text, its own failure text when it fails (logged), and is safe to run again.
+
+def compact_conversation_action(*, turn, first_message: bool = False) -> str:
+    """compact_conversation: the hub's compaction, as /compress runs it, with the turn's own message
+    kept out of it (it is this exchange); the summariser is the turn's profile's."""
     from channels_app import compaction
+    try:
+        return compaction.conversation_compact(conversation=turn.conversation, trigger=compaction.RULE,
+                                               profile=turn.profile, turn=turn, first_message=first_message).text
+    except Exception:
+        log.exception("compact_conversation failed")
+        return compaction.COMPACT_FAILED
+
+
+def extract_memory_action(*, turn, first_message: bool = False) -> str:
+    """extract_memory: the sender's facts from the conversation's latest exchanges and the message."""
     from rules_app import services
-    if action == "compact_conversation":  # the hub's compaction, as /compress runs it
-        try:
-            with transaction.atomic():  # a failing compaction must not spoil the receipt's transaction
-                return compaction.conversation_compact(conversation=ctx.conversation, trigger=compaction.RULE,
-                                                       first_message=ctx.is_first_message).text
-        except Exception:
-            log.exception("compact_conversation failed")
-            return compaction.COMPACT_FAILED
-    if action == "extract_memory":
-        try:
-            with transaction.atomic():
-                return services.memory_extract(ctx=ctx)
-        except Exception:
-            log.exception("extract_memory failed")
-            return engine.MEMORY_SAVE_FAILED
-    raise ValueError(f"unknown native action {action!r}")  # the engine drops these as they load
+    try:
+        return services.memory_extract(turn=turn, first_message=first_message)
+    except Exception:
+        log.exception("extract_memory failed")
+        return engine.MEMORY_SAVE_FAILED

@@ -288,29 +288,35 @@ def sender_identified(actor) -> bool:
     return actor_identified(actor)
 
 
-def memory_extract(*, ctx) -> str:
-    """extract_memory: save durable facts from the conversation's latest exchanges (UGENT_MEMORY_EXCHANGES,
-    six) and from the message itself into the sender's memory, or say why not (the spec's order)."""
+def memory_extract(*, turn, first_message: bool = False) -> str:
+    """extract_memory for the turn that runs it: save durable facts from the conversation's latest
+    exchanges before it (UGENT_MEMORY_EXCHANGES, six) and from the message itself (the turn's text)
+    into the sender's memory, or say why not (the spec's order). Run again, it saves nothing twice:
+    memory merges a fact it already holds (one row per user and normalized text)."""
     from django.conf import settings
 
     from channels_app.models import Message, Turn
     from plugins_app.agent.memory import services as memory
     from plugins_app.agent.memory.hooks import voice_keeps_out_of_memory
-    if (ctx.limits.get("disable_memory_write") or ctx.input_mode in VOICE_MODES
-            or (voice_keeps_out_of_memory() and ctx.conversation is not None and Turn.objects.filter(
-                conversation=ctx.conversation, input_mode__in=VOICE_MODES).exists())):
+    conversation, text = turn.conversation, (turn.context or {}).get("text", "")
+    # a spoken message (voice, live) keeps what the rule starts out of memory, as StartWorkflow's run
+    if (turn.disable_memory_write or (turn.input_mode or "") in VOICE_MODES
+            or (voice_keeps_out_of_memory() and Turn.objects.filter(
+                conversation_id=turn.conversation_id, input_mode__in=VOICE_MODES).exists())):
         return engine.MEMORY_WRITES_OFF
-    if not sender_identified(ctx.actor):
+    if not sender_identified(turn.actor):
         return engine.MEMORY_SENDER_UNKNOWN
     texts: list[str] = []
-    if ctx.conversation is not None and not ctx.is_first_message:
-        # an exchange is a user message and its answer: the user's side states the facts about them
-        texts = list(Message.objects.filter(conversation=ctx.conversation, role=Message.Role.USER)
-                     .order_by("-id").values_list("content", flat=True)[:settings.UGENT_MEMORY_EXCHANGES])[::-1]
-    texts.append(ctx.text)
+    if not first_message:
+        # an exchange is a user message and its answer: the user's side states the facts about them;
+        # the turn's own message is the one below, not one of the exchanges before it
+        texts = list(Message.objects.filter(conversation_id=turn.conversation_id, role=Message.Role.USER)
+                     .exclude(turn_id=turn.pk).order_by("-id")
+                     .values_list("content", flat=True)[:settings.UGENT_MEMORY_EXCHANGES])[::-1]
+    texts.append(text)
     try:
-        saved = memory.facts_extract_save(actor_key=ctx.actor.key, texts=texts, source="conversation",
-                                          source_ref=ctx.conversation_id or "")
+        saved = memory.facts_extract_save(actor_key=turn.actor.key, texts=texts, source="conversation",
+                                          source_ref=conversation.external_id or "")
     except memory.MemoryUnavailable:
         return engine.MEMORY_BACKEND_NEEDED
     return engine.memory_saved_answer(saved)

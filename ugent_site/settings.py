@@ -57,6 +57,12 @@ UGENT_AFTER_TURN_HOOKS = {
 UGENT_QUESTION_ASKED_HOOKS = {
     "plugins": "plugins_app.channel.services.delivery_create_for_question",
 }
+# The native actions a rule's RunNativeAction names: the hub's turn runner runs them as the turn,
+# after the receipt commits (channels_app.hooks.native_action), found by dotted path like the hooks.
+UGENT_NATIVE_ACTIONS = {
+    "compact_conversation": "rules_app.hooks.compact_conversation_action",
+    "extract_memory": "rules_app.hooks.extract_memory_action",
+}
 UGENT_STATUS_SECTIONS = {
     "rules": "rules_app.runtime.status_section",
     "plugins": "plugins_app.channel.selectors.plugins_status",
