@@ -36,6 +36,14 @@ def _no_worker_warms_here(settings):
 
 
 @pytest.fixture(autouse=True)
+def _log_repeats_forgotten():
+    """A warning one test logged is new to the next: the repeat filter (ugent_common.logs) would write it
+    again with "(repeated N times ...)" once a run has lasted longer than its five-minute window."""
+    from ugent_common import logs
+    logs.repeats_forget()
+
+
+@pytest.fixture(autouse=True)
 def _eager_celery():
     from ugent_site.celery import app
     app.conf.task_always_eager = True

@@ -189,3 +189,24 @@ def test_an_upstream_error_that_echoes_the_profiles_key_is_logged_without_it(tca
     text = out.getvalue()
     assert "upstream failed (turn=" in text and "Incorrect API key: [redacted]" in text
     assert "plainkey-0123456789" not in text
+
+
+def test_repeats_forget_drops_every_count_so_the_next_line_is_new(caplog):
+    import logging
+    log = logging.getLogger("ugent.test.forget")
+    handler_filter = logs.RepeatFilter(window=3600.0)  # a repeat is held back for an hour
+    log.addFilter(handler_filter)
+    try:
+        with caplog.at_level(logging.WARNING, logger="ugent.test.forget"):
+            log.warning("disk full")
+            log.warning("disk full")
+            logs.repeats_forget()
+            log.warning("disk full")
+            assert logs.warn_repeating(log, "gone %s", "away")
+            assert not logs.warn_repeating(log, "gone %s", "away")
+            logs.repeats_forget()
+            assert logs.warn_repeating(log, "gone %s", "away")
+    finally:
+        log.removeFilter(handler_filter)
+    # the second "disk full" was held back; after the counts were dropped, each line is new again
+    assert [r.getMessage() for r in caplog.records] == ["disk full", "disk full", "gone away", "gone away"]

@@ -18,6 +18,7 @@ import os
 import re
 import threading
 import time
+import weakref
 from typing import Iterable
 
 REPEAT_WINDOW_SECONDS = 300.0
@@ -117,6 +118,10 @@ class Repeats:
             state[1] += 1
             return False, state[1]
 
+    def clear(self) -> None:
+        with self._lock:
+            self._state.clear()
+
 
 def repeat_suffix(repeats: int, window: float = REPEAT_WINDOW_SECONDS) -> str:
     if not repeats:
@@ -131,6 +136,7 @@ class RepeatFilter(logging.Filter):
     def __init__(self, name: str = "", window: float = REPEAT_WINDOW_SECONDS):
         super().__init__(name)
         self.repeats = Repeats(window)
+        _filters.add(self)
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING or getattr(record, "repeats", None) is not None:
@@ -147,6 +153,16 @@ class RepeatFilter(logging.Filter):
 
 
 _call_sites = Repeats()
+_filters: "weakref.WeakSet[RepeatFilter]" = weakref.WeakSet()
+
+
+def repeats_forget() -> None:
+    """Every count of repeats in this process dropped: the next line of each kind is written as new
+    (the tests start each from here, so a line one test logged does not come back to another with a
+    count, once a run has gone on longer than the window)."""
+    _call_sites.clear()
+    for f in list(_filters):
+        f.repeats.clear()
 
 
 def warn_repeating(logger: logging.Logger, message: str, *args, key=None, level: int = logging.WARNING,
