@@ -30,8 +30,13 @@ def register_engine(name: str, cls: type) -> None:
 
 def _env_engines() -> dict[str, type]:
     """UGENT_EXTRA_ENGINES="name=module:Class,..." for engines that are not installed packages."""
+    return _env_classes("UGENT_EXTRA_ENGINES")
+
+
+def _env_classes(variable: str) -> dict[str, type]:
+    """{name: class} from an environment variable "name=module:Class,...", imported now."""
     out = {}
-    for item in filter(None, os.environ.get("UGENT_EXTRA_ENGINES", "").split(",")):
+    for item in filter(None, os.environ.get(variable, "").split(",")):
         name, _, target = item.partition("=")
         module, _, attr = target.partition(":")
         out[name.strip()] = getattr(importlib.import_module(module.strip()), attr.strip())
@@ -225,6 +230,11 @@ def summarizer_class(name: str) -> type:
     name = name or BUILTIN_SUMMARIZER
     if name in _extra_summarizers:
         return _extra_summarizers[name]
+    if name and f"{name}=" in os.environ.get("UGENT_EXTRA_SUMMARIZERS", ""):
+        # as UGENT_EXTRA_ENGINES: summarisers that are not installed packages (a daemon's tests use one)
+        found = _env_classes("UGENT_EXTRA_SUMMARIZERS").get(name)
+        if found is not None:
+            return found
     if name in _BUILTIN_SUMMARIZERS:
         module, _, attr = _BUILTIN_SUMMARIZERS[name].partition(":")
         return getattr(importlib.import_module(module), attr)
