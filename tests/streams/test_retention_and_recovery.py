@@ -50,3 +50,34 @@ def test_turns_left_running_by_a_crashed_process_become_interrupted_with_an_even
     assert Turn.objects.get(pk=waiting.pk).state == "accepted"
     frames = stream("/v1/ugent/events", tcast.alice, cursor="0", conversation_id="ca")
     assert frames[-1]["event"] == "turn.failed" and frames[-1]["data"]["data"]["state"] == "interrupted"
+
+
+def test_finding_what_to_prune_reads_the_old_events_not_the_week_the_log_keeps(tcast):
+    """The hourly prune's boundary read walked every retained event (`MAX(id) WHERE created_at < ?`, no
+    index on created_at); it now stops at the first young event, so its cost does not grow with the log."""
+    from django.db import connection
+
+    from tests.support.plans import vm_steps
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite's instruction count")
+    chat(tcast.alice, "seed", conversation_id="ca")
+    seed = Event.objects.order_by("id").first()
+    old_at = timezone.now() - datetime.timedelta(days=30)
+
+    def log_with(young: int) -> int:
+        Event.objects.all().delete()
+        Event.objects.bulk_create([Event(conversation_id=seed.conversation_id, type="x.old", data={"n": i})
+                                   for i in range(20)])
+        Event.objects.update(created_at=old_at)
+        Event.objects.bulk_create([Event(conversation_id=seed.conversation_id, type="x.new", data={"n": i})
+                                   for i in range(young)])
+        last_old = Event.objects.filter(type="x.old").order_by("-id").values_list("id", flat=True).first()
+        found = []
+        steps = vm_steps(lambda: found.append(streams._log_last_old_id(timezone.now()
+                                                                       - datetime.timedelta(days=7))))
+        assert found == [last_old]
+        return steps
+    small, large = log_with(200), log_with(20_000)
+    assert large < 2 * small + 20, (small, large)  # before: about 100x more for 100x the retained log
+    assert streams.events_prune() == 20 and not Event.objects.filter(type="x.old").exists()
+    assert Event.objects.filter(type="x.new").count() == 20_000

@@ -28,3 +28,23 @@ def table_scans(table: str, statements) -> list[tuple[str, list[str]]]:
             if any(p.startswith(f"SCAN {table}") and " INDEX " not in p for p in plan):
                 out.append((sql, plan))
     return out
+
+
+def vm_steps(fn, *, every: int = 100) -> int:
+    """How much work SQLite did for `fn()`: its virtual machine's instructions, in units of `every`
+    (the progress handler's count). The same for the same data whatever the machine's speed, so a
+    test can tell a read that walks the whole table from one that stops early, where the plan of
+    both is a SCAN (a walk in id order with a LIMIT). SQLite only."""
+    connection.ensure_connection()
+    ticks = [0]
+
+    def tick():
+        ticks[0] += 1
+        return 0
+    raw = connection.connection
+    raw.set_progress_handler(tick, every)
+    try:
+        fn()
+    finally:
+        raw.set_progress_handler(None, every)
+    return ticks[0]
