@@ -6,8 +6,9 @@ from django.db import close_old_connections
 from ugent_common.dbconn import with_fresh_connections
 
 MEDIA_PRUNE_TASK_NAME = "ugent: prune expired plugin media"
-#: How often expired media is deleted (seconds).
-MEDIA_PRUNE_EVERY_SECS = 3600
+DELIVERY_PRUNE_TASK_NAME = "ugent: prune settled outbound deliveries"
+#: How often expired media and settled deliveries are deleted (seconds).
+PRUNE_EVERY_SECS = 3600
 
 
 @shared_task(ignore_result=True, soft_time_limit=300, time_limit=360)
@@ -18,22 +19,36 @@ def prune_media() -> int:
     return services.media_prune()
 
 
-def media_prune_schedule_ensure() -> None:
-    """Create or update the beat entry that runs prune_media (django-celery-beat)."""
+@shared_task(ignore_result=True, soft_time_limit=300, time_limit=360)
+@with_fresh_connections
+def prune_deliveries() -> int:
+    """Beat: delete outbound deliveries settled longer than UGENT_PLUGIN_DELIVERY_RETENTION_SECS ago."""
+    from plugins_app.channel import services
+    return services.deliveries_prune()
+
+
+#: (beat entry name, task, description) of each retention job of the plugin room.
+RETENTION_JOBS = (
+    (MEDIA_PRUNE_TASK_NAME, "plugins_app.tasks.prune_media", "Deletes plugin media past its expiry."),
+    (DELIVERY_PRUNE_TASK_NAME, "plugins_app.tasks.prune_deliveries",
+     "Deletes delivered and discarded outbound deliveries past UGENT_PLUGIN_DELIVERY_RETENTION_SECS."),
+)
+
+
+def retention_schedules_ensure() -> None:
+    """Create or update the beat entries that run the plugin room's retention jobs (django-celery-beat)."""
     from django_celery_beat.models import IntervalSchedule, PeriodicTask
-    schedule, _ = IntervalSchedule.objects.get_or_create(every=MEDIA_PRUNE_EVERY_SECS,
-                                                         period=IntervalSchedule.SECONDS)
-    PeriodicTask.objects.update_or_create(
-        name=MEDIA_PRUNE_TASK_NAME,
-        defaults={"task": "plugins_app.tasks.prune_media", "interval": schedule, "enabled": True,
-                  "description": "Deletes plugin media past its expiry."})
+    schedule, _ = IntervalSchedule.objects.get_or_create(every=PRUNE_EVERY_SECS, period=IntervalSchedule.SECONDS)
+    for name, task, description in RETENTION_JOBS:
+        PeriodicTask.objects.update_or_create(
+            name=name, defaults={"task": task, "interval": schedule, "enabled": True, "description": description})
 
 
 @beat_init.connect
-def _media_prune_schedule(sender=None, **kwargs) -> None:
-    """Every beat process (embedded or `celery beat`) makes sure the media prune job is scheduled."""
+def _retention_schedules(sender=None, **kwargs) -> None:
+    """Every beat process (embedded or `celery beat`) makes sure the retention jobs are scheduled."""
     try:
-        media_prune_schedule_ensure()
+        retention_schedules_ensure()
     finally:
         close_old_connections()
 

@@ -364,6 +364,9 @@ UGENT_PLUGIN_RETRY_BACKOFF_MAX_SECS = env.float("UGENT_PLUGIN_RETRY_BACKOFF_MAX_
 UGENT_PLUGIN_POLL_RECHECK_SECS = env.float("UGENT_PLUGIN_POLL_RECHECK_SECS", default=1.0)
 UGENT_PLUGIN_MEDIA_MAX_BYTES = env.int("UGENT_PLUGIN_MEDIA_MAX_BYTES", default=8 * 1024 * 1024)
 UGENT_PLUGIN_MEDIA_TTL_SECS = env.int("UGENT_PLUGIN_MEDIA_TTL_SECS", default=86400)
+# How long a settled outbound delivery (delivered, or a dead letter the operator discarded) is kept
+# after it settled; pending, in-flight and dead-lettered deliveries are never pruned.
+UGENT_PLUGIN_DELIVERY_RETENTION_SECS = env.int("UGENT_PLUGIN_DELIVERY_RETENTION_SECS", default=7 * 86400)
 # POST /v1/files: the largest upload taken (413 beyond), and how often the beat job deletes expired
 # files; a file is kept for UGENT_PLUGIN_MEDIA_TTL_SECS after its upload (docs/files.md).
 UGENT_FILES_MAX_BYTES = env.int("UGENT_FILES_MAX_BYTES", default=25 * 1024 * 1024)

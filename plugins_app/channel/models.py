@@ -120,7 +120,9 @@ class OutboundDelivery(TimeStamped):
             models.UniqueConstraint(fields=["plugin", "turn"], name="uniq_delivery_per_turn"),
         ]
         # outbound.poll reads a plugin's pending (and counts its in-flight) deliveries in id order
-        indexes = [models.Index(fields=["plugin", "state", "id"], name="delivery_plugin_state")]
+        indexes = [models.Index(fields=["plugin", "state", "id"], name="delivery_plugin_state"),
+                   # the hourly prune finds settled deliveries past their retention here
+                   models.Index(fields=["state", "updated_at"], name="delivery_settled")]
 
     def __str__(self):
         return f"{self.delivery_id} ({self.state})"

@@ -362,6 +362,26 @@ def delivery_retry(*, delivery: OutboundDelivery) -> bool:
     return moved == 1
 
 
+#: Deliveries a prune may delete: settled for good. Pending and in-flight ones are still to be sent,
+#: and a dead letter waits for the operator (retry or discard).
+SETTLED_STATES = (DeliveryState.DELIVERED, DeliveryState.DISCARDED)
+PRUNE_BATCH = 1000
+
+
+def deliveries_prune(*, now: dt.datetime | None = None) -> int:
+    """Delete deliveries settled more than UGENT_PLUGIN_DELIVERY_RETENTION_SECS ago (each row keeps the
+    answer's text). In batches, each its own transaction, so the write lock is never held for long.
+    A turn's delivery is gone only long after the turn ended, when its end cannot be recorded again."""
+    cutoff = (now or timezone.now()) - dt.timedelta(seconds=conf.DELIVERY_RETENTION_SECS)
+    deleted = 0
+    while True:
+        ids = list(OutboundDelivery.objects.filter(state__in=SETTLED_STATES, updated_at__lt=cutoff)
+                   .values_list("pk", flat=True)[:PRUNE_BATCH])
+        if not ids:
+            return deleted
+        deleted += OutboundDelivery.objects.filter(pk__in=ids, state__in=SETTLED_STATES).delete()[0]
+
+
 def delivery_discard(*, delivery: OutboundDelivery) -> bool:
     """Admin: give up on a dead letter for good; it stays on record as discarded and is never sent."""
     return OutboundDelivery.objects.filter(pk=delivery.pk, state=DeliveryState.DEAD_LETTER).update(

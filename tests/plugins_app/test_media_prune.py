@@ -25,15 +25,16 @@ def test_prune_media_deletes_only_expired_media(transactional_db):
     assert list(PluginMedia.objects.values_list("media_id", flat=True)) == ["m_new"]
 
 
-def test_beat_start_schedules_the_media_prune(transactional_db):
+def test_beat_start_schedules_the_media_and_delivery_prunes(transactional_db):
     from django_celery_beat.models import PeriodicTask
 
-    from plugins_app.tasks import _media_prune_schedule
-    _media_prune_schedule()
-    _media_prune_schedule()  # a second beat start updates, never duplicates
-    tasks = PeriodicTask.objects.filter(task="plugins_app.tasks.prune_media", enabled=True)
-    assert tasks.count() == 1
-    assert tasks.get().interval.every == 3600
+    from plugins_app.tasks import _retention_schedules
+    _retention_schedules()
+    _retention_schedules()  # a second beat start updates, never duplicates
+    for task in ("plugins_app.tasks.prune_media", "plugins_app.tasks.prune_deliveries"):
+        tasks = PeriodicTask.objects.filter(task=task, enabled=True)
+        assert tasks.count() == 1, task
+        assert tasks.get().interval.every == 3600
 
 
 def test_the_prune_reads_the_expiry_index_not_every_stored_file(transactional_db):
