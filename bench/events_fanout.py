@@ -337,12 +337,16 @@ async def run_daemon(d: Daemon, n: int, words: int, budget: float, clients: str 
         params = {"conversation_id": conv, "user": "alice", "cursor": str(snap["cursor"])}
         t0 = time.monotonic()
         if clients == "lean":
-            host, port = "127.0.0.1", d.port
-            request = (f"GET /v1/ugent/events?{httpx.QueryParams(params)} HTTP/1.1\r\nHost: {host}:{port}\r\n"
-                       f"x-api-key: {d.key}\r\nAccept: text/event-stream\r\n\r\n").encode()
+            host = "127.0.0.1"
+            # a layout's subscribers may go straight to its web processes, in turn (--layout direct)
+            ports = getattr(d, "subscriber_ports", None) or [d.port]
+            query = httpx.QueryParams(params)
             protos = []
 
             async def connect(i):
+                port = ports[i % len(ports)]
+                request = (f"GET /v1/ugent/events?{query} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                           f"x-api-key: {d.key}\r\nAccept: text/event-stream\r\n\r\n").encode()
                 _t, proto = await loop.create_connection(lambda: LeanSse(request, tally, i, "turn.completed"),
                                                          host, port)
                 await asyncio.wait_for(proto.ready, timeout=budget)
@@ -765,6 +769,31 @@ def daemon_at(root: str | None, tmp: Path) -> Daemon:
     return d
 
 
+class LayoutDaemon:
+    """The servers layout of docs/deploy.md (tests/support/layout.py: HAProxy, two web processes, two
+    workers, beat, the supervisor, over a private PostgreSQL and Redis) as run_daemon uses a daemon. Its
+    server CPU is every process of the layout, the proxy's included. `direct`: the subscribers connect to
+    the two web processes in turn, past the proxy (what the proxy costs, by difference)."""
+
+    servers = True
+
+    def __init__(self, tmp: Path, how: str):
+        from tests.support.layout import Layout
+        self.layout = Layout(tmp)
+        self.how = how
+        self.layout.start()
+        self.base, self.key, self.port = self.layout.base, self.layout.key, self.layout.proxy_port
+        self.subscriber_ports = list(self.layout.web_ports.values()) if how == "direct" else None
+        self.redis_url = self.layout.redis.url(15)
+
+    @property
+    def procs(self):
+        return list(self.layout.procs.values())
+
+    def close(self):
+        self.layout.close()
+
+
 def run_pair(label: str, d: Daemon, n: int, args, redis_url: str) -> dict | None:
     """UGENT's subscribers, then the bare relay with the same N, message count, size and pace."""
     r = asyncio.run(run_daemon(d, n, args.words, args.budget, args.clients, args.profile))
@@ -773,7 +802,7 @@ def run_pair(label: str, d: Daemon, n: int, args, redis_url: str) -> dict | None
     try:
         print(f"    the bare Redis pub/sub relay: {msgs} messages of {r['size']} bytes, "
               f"{r['pace'] * 1000:.2f} ms apart (the turn's commit pace)…", flush=True)
-        rr = asyncio.run(run_redis(redis_url, n, msgs, r["pace"], args.budget, args.clients, r["size"]))
+        rr = asyncio.run(run_redis(getattr(d, "redis_url", redis_url), n, msgs, r["pace"], args.budget, args.clients, r["size"]))
         report("bare Redis pub/sub", n, rr)
         report_ratio(n, r, rr)
         return {"ugent": r, "relay": rr}
@@ -808,11 +837,15 @@ def main() -> None:
                     help="the subscribers' clients, both sides alike (module docstring)")
     ap.add_argument("--rounds", type=int, default=1, help="UGENT-then-relay pairs per N")
     ap.add_argument("--profile", metavar="DIR", help="py-spy the daemon's processes while each turn runs")
+    ap.add_argument("--layout", choices=["proxy", "direct"],
+                    help="the servers layout of docs/deploy.md instead of one daemon: subscribers through its "
+                         "HAProxy (proxy) or straight to its two web processes in turn (direct); the relay "
+                         "runs on the layout's Redis")
     ap.add_argument("--baseline-root", metavar="CHECKOUT",
                     help="also run another checkout's daemon (the code before a change), interleaved")
     args = ap.parse_args()
     redis_url = os.environ.get("REDIS_URL") or os.environ.get("UGENT_BENCH_REDIS", "redis://127.0.0.1:6379/15")
-    servers = bool(os.environ.get("REDIS_URL"))
+    servers = bool(os.environ.get("REDIS_URL")) or bool(args.layout)
     print(f"{datetime.now().astimezone():%Y-%m-%d %H:%M %Z}, {os.cpu_count()} cores, "
           f"{'servers' if servers else 'embedded'} mode, {args.clients} clients, load average "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
@@ -822,8 +855,12 @@ def main() -> None:
         daemons: list[tuple[str, Daemon]] = []
         try:
             if args.only != "transports":
-                print(f"starting the daemon ({'servers' if servers else 'embedded'} mode)…", flush=True)
-                daemons.append(("UGENT /v1/ugent/events", daemon_at(None, Path(tmp) / "new")))
+                if args.layout:
+                    print(f"starting the servers layout (subscribers: {args.layout})…", flush=True)
+                    daemons.append((f"UGENT layout ({args.layout})", LayoutDaemon(Path(tmp) / "layout", args.layout)))
+                else:
+                    print(f"starting the daemon ({'servers' if servers else 'embedded'} mode)…", flush=True)
+                    daemons.append(("UGENT /v1/ugent/events", daemon_at(None, Path(tmp) / "new")))
                 if args.baseline_root:
                     print(f"starting the baseline daemon from {args.baseline_root}…", flush=True)
                     daemons.append(("baseline checkout", daemon_at(args.baseline_root, Path(tmp) / "base")))
