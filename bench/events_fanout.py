@@ -9,8 +9,9 @@ Starts the real daemon (embedded; servers mode when REDIS_URL is set, as the tes
 subscribers on /v1/ugent/events for one conversation, runs one scripted turn that streams --words
 answer tokens, and reports events per second delivered and the p50/p99 delay from the event's commit
 (its `ts`) to its arrival at a client. The same N subscribers on a bare Redis pub/sub channel, fed the
-same number of messages, of the same size, at the pace the turn's events committed, are measured
-in the same run.
+same number of messages, of the same size, on the schedule the turn's events committed on (each
+message when its event was written, from the first: the turn's bursts included), are measured in the
+same run. Subscribers on both sides stay connected until the run ends.
 
 Both sides' clients run in this one process, so they must cost alike or the comparison measures
 the clients. `--clients lean` (the default): each SSE subscriber and each relay subscriber is an
@@ -106,8 +107,9 @@ class Tally:
         self.sizes: list[int] = []
         self.first: dict[float, float] = {}  # per event (by its ts): its first and last arrival
         self.last: dict[float, float] = {}
+        self.kinds: dict[float, str] = {}  # per event (by its ts): its type, as the first subscriber saw it
 
-    def got(self, idx: int, ts: float, now: float, size: int = 0) -> None:
+    def got(self, idx: int, ts: float, now: float, size: int = 0, kind: str = "") -> None:
         self.delays.append(now - ts)
         self.counts[idx] += 1
         if ts not in self.first:
@@ -116,6 +118,7 @@ class Tally:
         if idx == 0:
             self.ts.append(ts)
             self.sizes.append(size)
+            self.kinds[ts] = kind
 
 
 class LeanSse(asyncio.Protocol):
@@ -178,11 +181,12 @@ class LeanSse(asyncio.Protocol):
             end = frame.find(b"\n", at)
             data = frame[at + 6:] if end < 0 else frame[at + 6:end]
             ev = json.loads(data)
-            self.tally.got(self.idx, ts_of(ev["ts"]), now, len(frame) + 2)
+            self.tally.got(self.idx, ts_of(ev["ts"]), now, len(frame) + 2, ev["type"])
             if ev["type"].encode() == self.done_type and not self.done.done():
+                # stay connected, as a relay subscriber does after its last message: every
+                # subscriber is closed after the run, so the server's share of the run is the fan-out
+                # and not a thousand disconnects while the last event is still on its way to others
                 self.done.set_result(None)
-                self.transport.close()
-                return
 
 
 def resp_command(*parts: bytes) -> bytes:
@@ -397,7 +401,8 @@ async def run_daemon(d: Daemon, n: int, words: int, budget: float, clients: str 
     size = int(statistics.mean(tally.sizes)) if tally.sizes else 300
     return {"delivered": sum(counts), "per_subscriber": per_sub, "complete": sum(1 for x in counts if x == per_sub),
             "elapsed": elapsed, "delays": tally.delays, "timed_out": len(pending), "server_cpu": server_cpu,
-            "client_cpu": client_cpu, "pace": pace, "size": size, **spread(tally)}
+            "client_cpu": client_cpu, "pace": pace, "size": size,
+            "offsets": [t - tally.ts[0] for t in tally.ts] if tally.ts else [], **spread(tally)}
 
 
 def relay_message(k: int, last: bool, size: int) -> bytes:
@@ -409,7 +414,10 @@ def relay_message(k: int, last: bool, size: int) -> bytes:
 
 
 async def run_redis(redis_url: str, n: int, messages: int, pace: float, budget: float, clients: str = "lean",
-                    size: int = 300) -> dict:
+                    size: int = 300, offsets: list[float] | None = None) -> dict:
+    """`offsets` (seconds from the first): when each message is published, the turn's own schedule, so
+    the relay gets the same bursts (an accept's event and the first delta a few ms apart, the last delta
+    and the end in one commit); without them, one message every `pace` seconds."""
     import redis.asyncio as aioredis
     channel = f"bench:fanout:{os.getpid()}:{n}"
     tally = Tally(n)
@@ -446,8 +454,13 @@ async def run_redis(redis_url: str, n: int, messages: int, pace: float, budget: 
     start = time.time()
     cpu0, client0 = redis_cpu(redis_url), time.process_time()
     for k in range(messages):
+        if offsets and len(offsets) == messages:
+            due = start + offsets[k] - time.time()
+            if due > 0.0005:
+                await asyncio.sleep(due)
         await pub.publish(channel, relay_message(k, k == messages - 1, size))
-        await asyncio.sleep(pace)
+        if not (offsets and len(offsets) == messages):
+            await asyncio.sleep(pace)
     _done, pending = await asyncio.wait(tasks, timeout=budget)
     for t in pending:
         t.cancel()
@@ -467,8 +480,14 @@ async def run_redis(redis_url: str, n: int, messages: int, pace: float, budget: 
 def spread(tally: Tally) -> dict:
     """Per event: commit to its first client (the path before the fan-out), and first to last client
     (the fan-out itself)."""
+    order = {ts: k for k, ts in enumerate(sorted(tally.first))}
+    # the events whose last subscriber waited longest: p99 of all deliveries is about the worst event's
+    # (N deliveries each), so these say where it comes from
+    worst = sorted(tally.first, key=lambda ts: tally.last[ts] - ts, reverse=True)[:3]
     return {"to_first": [first - ts for ts, first in tally.first.items()],
-            "spread": [tally.last[ts] - first for ts, first in tally.first.items()]}
+            "spread": [tally.last[ts] - first for ts, first in tally.first.items()],
+            "worst": [(order[ts], len(order), tally.kinds.get(ts, ""), tally.first[ts] - ts, tally.last[ts] - ts)
+                      for ts in worst]}
 
 
 def report(label: str, n: int, r: dict) -> None:
@@ -484,6 +503,10 @@ def report(label: str, n: int, r: dict) -> None:
         first, spread_ms = [x * 1000 for x in r["to_first"]], [x * 1000 for x in r["spread"]]
         print(f"  {'':<22} per event: to its first client p50={pct(first, 50):7.1f} ms p99={pct(first, 99):7.1f} ms;"
               f" first to last client p50={pct(spread_ms, 50):7.1f} ms p99={pct(spread_ms, 99):7.1f} ms", flush=True)
+    if r.get("worst"):
+        print(f"  {'':<22} slowest events (first / last client): " + "; ".join(
+            f"#{k + 1}/{of}{' ' + kind if kind else ''} {a * 1000:.1f} / {b * 1000:.1f} ms"
+            for k, of, kind, a, b in r["worst"]), flush=True)
 
 
 def report_ratio(n: int, ugent: dict, relay: dict) -> None:
@@ -801,8 +824,9 @@ def run_pair(label: str, d: Daemon, n: int, args, redis_url: str) -> dict | None
     msgs = max(1, r["per_subscriber"])
     try:
         print(f"    the bare Redis pub/sub relay: {msgs} messages of {r['size']} bytes, "
-              f"{r['pace'] * 1000:.2f} ms apart (the turn's commit pace)…", flush=True)
-        rr = asyncio.run(run_redis(getattr(d, "redis_url", redis_url), n, msgs, r["pace"], args.budget, args.clients, r["size"]))
+              f"{r['pace'] * 1000:.2f} ms apart on average, on the turn's own schedule…", flush=True)
+        rr = asyncio.run(run_redis(getattr(d, "redis_url", redis_url), n, msgs, r["pace"], args.budget, args.clients,
+                                   r["size"], offsets=r["offsets"]))
         report("bare Redis pub/sub", n, rr)
         report_ratio(n, r, rr)
         return {"ugent": r, "relay": rr}
