@@ -12,7 +12,9 @@ would wait on the appender while the appender waits on it: a deadlock.
 """
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from channels_app import notify, statements
 
@@ -68,9 +70,16 @@ def events_append(*, conversation_id: int, turn_pk: int | None,
         with_prev = turn_pk is not None and bool(items) and not new_turn
         if with_prev:
             steps.append(statements.turn_event_latest_step(turn_pk))
+        # The conversation's newest event and the fields a stream's rows carry, for its fan-out readers
+        # (one may listen: servers mode, or a waiter here): they take the rows without reading them.
+        at_head = None
+        if items and (settings.REDIS_URL or notify.listening(conversation_topic(conversation_id))):
+            at_head = len(steps)
+            steps.append(statements.conversation_event_head_step(conversation_id, turn_pk))
         at_ids = len(steps)
-        steps += [table.insert_step(conversation_id=conversation_id, turn_id=turn_pk, type=t, data=d, audience=a)
-                  for t, d, a in items]
+        now = timezone.now()
+        steps += [table.insert_step(conversation_id=conversation_id, turn_id=turn_pk, type=t, data=d, audience=a,
+                                    created_at=now) for t, d, a in items]
         results = rows.batch(steps)
         if guard is not None:
             guard[1](results[at_guard])
@@ -83,5 +92,11 @@ def events_append(*, conversation_id: int, turn_pk: int | None,
             prev = results[at_prev] if with_prev else 0
             batch = (turn_topic(turn_pk), notify.TurnBatch(prev=prev, rows=tuple(
                 (i, t, d) for i, (t, d, _a) in zip(ids, items))))
-        transaction.on_commit(lambda: notify.publish(*topics, batch=batch))
+        more = ()
+        head = results[at_head] if at_head is not None else None
+        if head is not None and ids:
+            conv_prev, *fields = head
+            more = ((conversation_topic(conversation_id), notify.ConversationBatch(prev=conv_prev, rows=tuple(
+                dict(zip(notify.ROW_FIELDS, (i, t, a, d, now, *fields))) for i, (t, d, a) in zip(ids, items)))),)
+        transaction.on_commit(lambda: notify.publish(*topics, batch=batch, batches=more))
     return ids

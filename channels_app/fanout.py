@@ -200,6 +200,7 @@ class Reader:
         self.taps: set[Tap] = set()
         self.cursor: int | None = None
         self.batches = 0  # reads that found new rows, each handed out once to every subscriber
+        self.pushed = 0  # batches handed out as a wake-up carried them, with no read
         self.written = 0  # batches the reader wrote to a subscriber's client itself
         self.queued = 0  # batches it queued for a subscriber's stream to send
         self.ready = asyncio.Event()  # set once it knows where the log stands: batches follow from there
@@ -216,7 +217,12 @@ class Reader:
 
     async def run(self) -> None:
         read = sync_to_async(self._read, thread_sensitive=False)
+        taken = False
         while True:
+            if taken:  # the wake-up's rows were handed out: nothing to read
+                await self.waiter.wait(notify.POLL_INTERVAL)
+                taken = self.take_pushed(self.waiter.take())
+                continue
             try:
                 cursor, rows, pruned = await read(self.cursor)
             except Exception as exc:  # the database is away: the subscribers wait, nothing is skipped
@@ -236,7 +242,28 @@ class Reader:
                 if len(rows) >= streams.READ_BATCH:
                     continue
             await self.waiter.wait(notify.POLL_INTERVAL)
-            self.waiter.take()  # the rows a wake-up carries: the read above takes them with the rest
+            taken = self.take_pushed(self.waiter.take())
+
+    def take_pushed(self, batches: list | None) -> bool:
+        """Hand out the rows the wake-ups carried (notify.ConversationBatch) when they follow the
+        reader's cursor without a gap; False when the log must be read instead: a plain wake-up, a
+        poll's time-out, a batch that does not start where the reader stands (a lost or late one)."""
+        pushed = [b for b in batches or () if isinstance(b, notify.ConversationBatch) and b.rows]
+        if not pushed or len(pushed) != len(batches):
+            return False
+        cursor, rows = self.cursor, []
+        for batch in sorted(pushed, key=lambda b: b.rows[0]["id"]):  # two turns' commits may wake out of order
+            if batch.rows[-1]["id"] <= cursor:
+                continue  # had already (the same batch over Redis and from this process)
+            if batch.prev != cursor:
+                return False
+            rows.extend(batch.rows)
+            cursor = batch.rows[-1]["id"]
+        if rows:
+            prev, self.cursor = self.cursor, cursor
+            self.pushed += 1
+            self.hand_out(prev, rows)
+        return True
 
     def hand_out(self, prev: int, rows: list[dict]) -> None:
         """Each row rendered once; each kind of subscriber's frames filtered and joined once; each

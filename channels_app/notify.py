@@ -9,7 +9,12 @@ A turn's event appends also carry what they wrote (`TurnBatch`): the rows and
 the id of the turn's event before them. A reader whose cursor is that id takes
 the rows as they are, without a trip to the database; any other reader (one
 that missed a batch, or saw batches out of commit order) reads the database as
-before. So a pushed batch can only save a read, never skip an event.
+before. So a pushed batch can only save a read, never skip an event. The
+conversation's topic gets the same rows as its stream reads them
+(`ConversationBatch`: every field a stream's frame and visibility check need,
+after the conversation's event before them), for the fan-out's readers
+(channels_app.fanout) wherever one may listen: always in servers mode, in this
+process when it has a waiter on that topic.
 
 Why this and not the Django Channels layer (there is no CHANNEL_LAYERS). Measured by
 `bench/events_fanout.py`, figures in docs/streams.md: N readers of one topic in one process.
@@ -63,6 +68,21 @@ class TurnBatch:
 
     prev: int
     rows: tuple  # ((id, type, data), ...)
+
+
+@dataclass(frozen=True)
+class ConversationBatch:
+    """Events one transaction appended to a conversation, as a stream reads them (dicts of
+    ROW_FIELDS below), in id order, and the conversation's event id before them."""
+
+    prev: int
+    rows: tuple
+
+
+#: What a stream reads of an event (channels_app.streams renders and filters these), so what a
+#: ConversationBatch's rows carry; over Redis in this order, created_at as ISO text.
+ROW_FIELDS = ("id", "type", "audience", "data", "created_at", "conversation__external_id", "conversation__client_id",
+              "conversation__channel", "conversation__owner_id", "turn__turn_id")
 
 
 _lock = threading.Lock()
@@ -147,6 +167,12 @@ class BlockingWaiter:
         Waiter.close(self)  # type: ignore[arg-type]
 
 
+def listening(topic: str) -> bool:
+    """Whether a waiter of this process waits on `topic` now."""
+    with _lock:
+        return bool(_waiters.get(topic))
+
+
 def register_blocking(topic: str) -> BlockingWaiter:
     """A blocking waiter on `topic`, woken by local and (servers mode) Redis publishes alike."""
     waiter = BlockingWaiter(topic)
@@ -172,7 +198,7 @@ def register(topic: str, loop: asyncio.AbstractEventLoop) -> Waiter:
     return waiter
 
 
-def _wake_local(topic: str, batch: TurnBatch | None = None) -> None:
+def _wake_local(topic: str, batch: TurnBatch | ConversationBatch | None = None) -> None:
     """One hand-over per event loop, not per waiter: a thousand readers on one loop cost one
     call_soon_threadsafe (one self-pipe write, one GIL hand-over), which is what kept notify behind
     the Redis pub/sub channel layer at 100+ readers (docs/streams.md)."""
@@ -197,13 +223,16 @@ def _wake_group(group: list[Waiter], batch: TurnBatch | None) -> None:
         w._wake(batch)
 
 
-def publish(*topics: str, batch: tuple[str, TurnBatch] | None = None) -> None:
+def publish(*topics: str, batch: tuple[str, TurnBatch] | None = None, batches: tuple = ()) -> None:
     """Wake every reader of these topics, here and (servers mode) in other processes.
 
-    `batch` is (topic, TurnBatch): readers of that topic get the rows with their wake-up."""
-    batch_topic, turn_batch = batch if batch else (None, None)
+    `batch` is (topic, TurnBatch), `batches` more (topic, TurnBatch or ConversationBatch) pairs:
+    readers of that topic get the rows with their wake-up."""
+    carried = dict(batches)
+    if batch:
+        carried[batch[0]] = batch[1]
     for topic in topics:
-        _wake_local(topic, turn_batch if topic == batch_topic else None)
+        _wake_local(topic, carried.get(topic))
     if settings.REDIS_URL:
         global _redis
         try:
@@ -213,9 +242,8 @@ def publish(*topics: str, batch: tuple[str, TurnBatch] | None = None) -> None:
             pipe = _redis.pipeline(transaction=False)
             for topic in topics:
                 message = b"1"
-                if topic == batch_topic:
-                    encoded = json.dumps([turn_batch.prev, turn_batch.rows], separators=(",", ":"),
-                                         default=str).encode()
+                if topic in carried:
+                    encoded = _batch_encode(carried[topic])
                     if len(encoded) <= REDIS_BATCH_LIMIT:
                         message = encoded
                 pipe.publish(channel_prefix() + topic, message)
@@ -224,13 +252,31 @@ def publish(*topics: str, batch: tuple[str, TurnBatch] | None = None) -> None:
             log.warning("notify publish failed (error=%s)", exc)
 
 
-def _batch_decode(data) -> TurnBatch | None:
+def _batch_encode(batch: TurnBatch | ConversationBatch) -> bytes:
+    if isinstance(batch, ConversationBatch):
+        wire = {"c": batch.prev, "r": [[row[f] if f != "created_at" else row[f].isoformat() for f in ROW_FIELDS]
+                                       for row in batch.rows]}
+    else:
+        wire = [batch.prev, batch.rows]
+    return json.dumps(wire, separators=(",", ":"), default=str).encode()
+
+
+def _batch_decode(data) -> TurnBatch | ConversationBatch | None:
     if not data or data in (b"1", "1"):
         return None
     try:
-        prev, rows = json.loads(data)
+        wire = json.loads(data)
+        if isinstance(wire, dict):
+            from datetime import datetime
+            rows = []
+            for values in wire["r"]:
+                row = dict(zip(ROW_FIELDS, values, strict=True))
+                row["id"], row["created_at"] = int(row["id"]), datetime.fromisoformat(row["created_at"])
+                rows.append(row)
+            return ConversationBatch(prev=int(wire["c"]), rows=tuple(rows))
+        prev, rows = wire
         return TurnBatch(prev=int(prev), rows=tuple((int(i), str(t), d) for i, t, d in rows))
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, KeyError):
         return None  # a plain wake-up: the reader reads
 
 

@@ -327,6 +327,27 @@ def turn_event_latest_step(turn_pk: int) -> rows.Step:
     return rows.Step(_turn_event_latest_sql(), [turn_pk], _first_or_zero)
 
 
+@functools.cache
+def _conversation_event_head_sql() -> str:
+    from channels_app.models import Conversation, Turn
+    e, c, t = rows.table(Event), rows.table(Conversation), rows.table(Turn)
+    return (f"SELECT (SELECT MAX(id) FROM {e.name} WHERE {e.col('conversation')} = {c.name}.id), "
+            f"{c.col('external_id')}, {c.col('client_id')}, {c.col('channel')}, {c.col('owner')}, "
+            f"(SELECT {t.col('turn_id')} FROM {t.name} WHERE id = %s) FROM {c.name} WHERE {c.name}.id = %s")
+
+
+def conversation_event_head_step(conversation_pk: int, turn_pk: int | None) -> rows.Step:
+    """As a step of an append's batch, read under the log's lock before its inserts: the conversation's
+    newest event id (0 when none: the id before the append's first, as turn_event_latest_step is for a
+    turn) and what a stream's rows carry of the conversation and the turn (notify.ROW_FIELDS)."""
+    return rows.Step(_conversation_event_head_sql(), [turn_pk, conversation_pk], _head_row)
+
+
+def _head_row(cur):
+    row = cur.fetchone()
+    return None if row is None else ((row[0] or 0), *row[1:])
+
+
 def _first_or_zero(cur) -> int:
     row = cur.fetchone()
     return (row[0] if row else None) or 0

@@ -22,7 +22,7 @@ from django.db import connection, transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
-from channels_app import access, harness
+from channels_app import access, harness, notify
 from channels_app.access import Viewer
 from channels_app.errors import ApplicationError
 from channels_app.events import event_append
@@ -189,8 +189,7 @@ def gap_frame_cut_loose(sub: Subscription) -> bytes:
     return sse_frame(sub.cursor, "ugent.gap", payload)
 
 
-ROW_FIELDS = ("id", "type", "audience", "data", "created_at", "conversation__external_id", "conversation__client_id",
-              "conversation__channel", "conversation__owner_id", "turn__turn_id")
+ROW_FIELDS = notify.ROW_FIELDS
 
 
 def log_rows_after(cursor: int, *, conversation_pk: int | None = None, viewer: Viewer | None = None,

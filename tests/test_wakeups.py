@@ -137,3 +137,21 @@ def test_a_wait_ends_at_its_timeout_unwoken_and_a_wake_before_the_wait_is_not_lo
         w.close()
     finally:
         lt.stop()
+
+
+def test_a_conversation_batch_crosses_redis_as_the_rows_a_stream_reads():
+    """What a web process gets over Redis is what the appending process handed its own readers: each
+    field of the row, created_at as the same instant; a turn's batch keeps its own shape."""
+    import datetime as dt
+
+    from channels_app import streams
+    at = dt.datetime(2026, 12, 3, 18, 40, 1, 234567, tzinfo=dt.timezone.utc)
+    row = dict(zip(notify.ROW_FIELDS, (7, "turn.delta", ["alice@web"], {"text": "é", "n": [1, 2]}, at, "c1", "app",
+                                       "web", 3, "t_1")))
+    batch = notify.ConversationBatch(prev=5, rows=(row,))
+    back = notify._batch_decode(notify._batch_encode(batch))
+    assert back == batch
+    assert streams.row_frame(back.rows[0]) == streams.row_frame(row)
+    turn = a_batch(3)
+    assert notify._batch_decode(notify._batch_encode(turn)) == turn
+    assert notify._batch_decode(b'{"c": 1, "r": [[1, "x"]]}') is None  # a malformed one: the reader reads

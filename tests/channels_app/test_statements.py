@@ -262,6 +262,19 @@ pin_turn_state_step = pin_steering_pending_step = pin_turn_fetch_step = _steps_r
 pin_history_tail_step = pin_summary_latest_step = pin_turn_event_latest_step = _steps_read_what_the_functions_read
 
 
+def pin_conversation_event_head_step(g):
+    """The conversation's newest event and the fields a stream's rows carry, as the ORM reads them."""
+    from channels_app.models import Conversation
+    from ugent_common import rows
+    for turn in g["turns"]:
+        conv = Conversation.objects.get(pk=turn.conversation_id)
+        for turn_pk, turn_id in ((turn.pk, turn.turn_id), (None, None)):
+            (head,) = rows.batch([statements.conversation_event_head_step(conv.pk, turn_pk)])
+            newest = Event.objects.filter(conversation_id=conv.pk).aggregate(m=Max("id"))["m"] or 0
+            assert head == (newest, conv.external_id, conv.client_id, conv.channel, conv.owner_id, turn_id)
+    assert rows.batch([statements.conversation_event_head_step(10 ** 9, None)]) == [None]
+
+
 def _locking_steps(g):
     """The turn's row lock and the log's lock taken in one batch hold as the functions' do."""
     from ugent_common import rows

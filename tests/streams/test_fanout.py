@@ -133,19 +133,20 @@ def test_fifty_subscribers_on_one_conversation_get_every_event_once_in_order_fro
             (reader,) = _readers(conv.pk)
             await reader.ready.wait()
             assert len(reader.taps) == 50
-            batches_before = reader.batches
+            batches_before, pushed_before = reader.batches, reader.pushed
             ids = [await _append(conv, k) for k in range(40)]
             got = await asyncio.gather(*(_events(s, len(ids)) for s in subs))
-            return ids, got, reader.batches - batches_before
+            return ids, got, reader.batches - batches_before, reader.pushed - pushed_before
         finally:
             await _closed(subs)
 
-    ids, got, batches = async_to_sync(run)()
+    ids, got, read, pushed = async_to_sync(run)()
     assert all(g == ids for g in got)
     # each subscriber read the log once, for its history; every live event came from the one reader,
-    # which read each commit once (fewer reads when commits came together), never once per subscriber
+    # which took each commit once, from its wake-up or (when one did not follow on) by reading it, never
+    # once per subscriber; commits that came together are one batch
     assert len(own_reads) == 50
-    assert 1 <= batches <= len(ids)
+    assert pushed >= 1 and 1 <= read + pushed <= len(ids)
 
 
 def test_many_subscribers_on_the_whole_log_each_see_only_what_their_user_may(tcast):
@@ -317,3 +318,79 @@ def test_an_event_committed_while_the_first_subscriber_joins_comes_without_waiti
 
     appended, got = async_to_sync(run)()
     assert int(got["id"]) == appended
+
+
+def test_the_reader_hands_out_the_rows_a_wake_up_carries_without_reading_the_log(tcast, monkeypatch):
+    """Each append's wake-up carries its rows as the log holds them, after the conversation's event
+    before them: a reader standing there hands them out without reading them."""
+    conv = _conversation(tcast.alice, "c-push")
+    subs = _subscribers(tcast.alice, 3, conversation_id="c-push", cursor=str(streams.log_head()))
+    found = []  # rows each of the reader's reads found
+    real = fanout.Reader._read
+
+    def read(self, cursor):
+        got = real(self, cursor)
+        found.append(len(got[1]))
+        return got
+    monkeypatch.setattr(fanout.Reader, "_read", read)
+
+    async def run():
+        try:
+            await asyncio.gather(*(s.caught_up() for s in subs))
+            (reader,) = _readers(conv.pk)
+            await reader.ready.wait()
+            found.clear()
+            ids = []
+            for k in range(12):
+                ids.append(await _append(conv, k))
+                await asyncio.sleep(0)
+            got = await asyncio.gather(*(_events_whole(s, len(ids)) for s in subs))
+            return ids, got, reader.pushed
+        finally:
+            await _closed(subs)
+
+    ids, got, pushed = async_to_sync(run)()
+    assert all([int(e["id"]) for e in g] == ids for g in got)
+    # before, every event was read (12 rows found); now only a poll's time-out reads, and what it finds
+    # the wake-ups did not bring in time
+    assert pushed >= 1 and sum(found) < len(ids) // 2, (pushed, found)
+    # what the pushed rows render is what the log's rows render
+    logged = {r["id"]: streams.event_payload(r) for r in streams.log_rows_after(0, conversation_pk=conv.pk)}
+    assert [e for g in got for e in g if e["data"] != logged[int(e["id"])]] == []
+
+
+async def _events_whole(s: Sse, n: int) -> list[dict]:
+    return [await s.event() for _ in range(n)]
+
+
+def test_a_wake_up_that_does_not_follow_on_makes_the_reader_read_and_nothing_is_lost(tcast, monkeypatch):
+    """A lost wake-up (here: one append's publish dropped) leaves the next batch starting past the reader's
+    cursor: the reader reads the log, and every subscriber gets both events, once, in order."""
+    from channels_app import notify
+    conv = _conversation(tcast.alice, "c-gap")
+    subs = _subscribers(tcast.alice, 2, conversation_id="c-gap", cursor=str(streams.log_head()))
+    real_publish = notify.publish
+    dropped = []
+
+    def publish(*topics, **kw):
+        if not dropped and any(t == f"conv:{conv.pk}" for t in topics):
+            dropped.append(topics)
+            return  # lost, on every topic
+        return real_publish(*topics, **kw)
+
+    async def run():
+        try:
+            await asyncio.gather(*(s.caught_up() for s in subs))
+            (reader,) = _readers(conv.pk)
+            await reader.ready.wait()
+            monkeypatch.setattr(notify, "publish", publish)
+            first = await _append(conv, 1)
+            second = await _append(conv, 2)
+            got = await asyncio.gather(*(_events(s, 2) for s in subs))
+            return [first, second], got, reader.batches
+        finally:
+            await _closed(subs)
+
+    ids, got, read = async_to_sync(run)()
+    assert dropped and all(g == ids for g in got)
+    assert read >= 1  # the second batch did not start at the reader's cursor: it read

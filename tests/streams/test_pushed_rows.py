@@ -70,7 +70,7 @@ def _turn(tcast, n):
 def test_an_append_names_the_turns_previous_event_even_with_other_turns_between(tcast, monkeypatch):
     a, b = _turn(tcast, 1), _turn(tcast, 2)
     published = []
-    monkeypatch.setattr(notify, "publish", lambda *topics, batch=None: published.append(batch))
+    monkeypatch.setattr(notify, "publish", lambda *topics, batch=None, **kw: published.append(batch))
     first = events_append(conversation_id=a.conversation_id, turn_pk=a.pk, items=[("turn.delta", {"n": 1}, [])])
     events_append(conversation_id=b.conversation_id, turn_pk=b.pk, items=[("turn.delta", {"n": 2}, [])])
     third = events_append(conversation_id=a.conversation_id, turn_pk=a.pk,
@@ -156,7 +156,7 @@ def test_a_new_turns_reader_subscribed_before_commit_hears_every_event_without_r
     monkeypatch.setattr(api, "_events_after", lambda *a: reads.append(a) or real_read(*a))
     published = []
     real_publish = notify.publish
-    monkeypatch.setattr(notify, "publish", lambda *t, batch=None: published.append(batch) or real_publish(*t, batch=batch))
+    monkeypatch.setattr(notify, "publish", lambda *t, batch=None, **kw: published.append(batch) or real_publish(*t, batch=batch, **kw))
     # the turn's task is not run here: this test appends the runner's events itself
     monkeypatch.setattr("channels_app.tasks.run_turn.delay", lambda pk: None)
     headers = HttpHeaders({"HTTP_X_API_KEY": tcast.keys["operator"]})
