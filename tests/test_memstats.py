@@ -221,3 +221,27 @@ def test_the_by_connection_report_finds_connections_opened_before_the_gc_freeze(
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "['holder']"
+
+
+class _HeldByATraceback:
+    pass
+
+
+def test_referrers_name_the_frame_that_holds_an_object_and_what_holds_that_frame():
+    """A frame that no thread runs any more, kept by a stored exception's traceback, is named, with
+    the traceback above it: the report of tests/streams/test_memory_held.py names such holders."""
+    def work():
+        obj = _HeldByATraceback()  # noqa: F841 (the frame's local is the point)
+        raise ValueError("kept")
+
+    try:
+        work()
+    except ValueError as exc:
+        kept = exc  # as Django's connection.rollback_exc kept one
+    found = memstats._referrers(f"{__name__}._HeldByATraceback")
+    assert len(found) == 1
+    (frame_label, above), = [r for r in found[0][1] if r[0].startswith("frame ")]
+    assert frame_label.startswith("frame work ") and frame_label.endswith(f"{__file__}:{work.__code__.co_firstlineno + 2}")
+    assert above[0] == "no thread runs it (a traceback, generator or coroutine holds it)"
+    assert any(r[0] == "traceback" for r in above[1:]), above
+    del kept

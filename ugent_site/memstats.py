@@ -40,7 +40,8 @@ snapshot (a large one holds the GIL for seconds), and
 once the allocator gives back the free pages it holds; `{"collect": true}` runs a full garbage
 collection first (so the counts are of live objects, not of garbage not yet collected), and
 `{"referrers": "module.Class"}` adds what holds up to five objects of that type, four levels up, and
-`{"connections": true}` adds `sqlite.by_connection`: each Django connection to SQLite, by thread, with
+`{"cache_keys": true}` adds `cache_keys`: the keys of the caches that have them (the SQL of
+`rows_sql`), and `{"connections": true}` adds `sqlite.by_connection`: each Django connection to SQLite, by thread, with
 the bytes of its page cache, schema and prepared statements (`sqlite_connections()`).
 bench/memory_rss.py and tests/streams/test_memory_held.py use them.
 
@@ -149,6 +150,19 @@ def _type_name(cls: type) -> str:
     return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
 
 
+def _frame_thread(frame) -> str:
+    """Which thread runs a frame, and that thread's stack (innermost last); or that none does."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    for ident, top in sys._current_frames().items():
+        stack, f = [], top
+        while f is not None:
+            stack.append(f"{f.f_code.co_name}:{f.f_lineno}")
+            if f is frame:
+                return f"thread {names.get(ident, ident)}: " + " < ".join(stack)
+            f = f.f_back
+    return "no thread runs it (a traceback, generator or coroutine holds it)"
+
+
 def _referrers(type_name: str, depth: int = 4) -> list:
     """What holds the objects of one type: for each (at most 5), its referrers' types, `depth` levels up."""
     found = [o for o in gc.get_objects() if _type_name(type(o)) == type_name][:5]
@@ -158,9 +172,17 @@ def _referrers(type_name: str, depth: int = 4) -> list:
             return []
         out = []
         for ref in gc.get_referrers(obj):
-            if id(ref) in seen or ref is found or isinstance(ref, type(sys._getframe())):
+            if id(ref) in seen or ref is found:
                 continue
             seen.add(id(ref))
+            if isinstance(ref, type(sys._getframe())):  # a running (or traceback-held) frame: name it and its thread
+                code = ref.f_code
+                if code.co_filename == __file__:
+                    continue  # this search's own
+                # a frame costs no level: what holds it (a callee's frame, a traceback) is the answer
+                out.append([f"frame {code.co_name} {code.co_filename}:{ref.f_lineno}",
+                            [_frame_thread(ref)] + up(ref, level, seen)])
+                continue
             label = _type_name(type(ref))
             if isinstance(ref, dict):
                 label += f" keys={list(ref)[:6]}"
@@ -268,7 +290,7 @@ def configured_cache_kib() -> int | None:
 
 
 def report(*, trim: bool = False, snapshot_path: Path | None = None, collect: bool = False,
-           referrers: str = "", by_connection: bool = False) -> dict:
+           referrers: str = "", by_connection: bool = False, cache_keys: bool = False) -> dict:
     """The figures above, for this process, now (after a full collection with `collect`)."""
     if collect:
         gc.collect()
@@ -327,6 +349,9 @@ def report(*, trim: bool = False, snapshot_path: Path | None = None, collect: bo
             each_kb = -cache_size if cache_size < 0 else cache_size * 4  # negative: KiB; positive: pages (4 KiB)
         connections = counts.get("sqlite3.Connection", 0)
         out["sqlite"].update(connections=connections, cache_size_kb=each_kb, page_cache_bound_kb=connections * each_kb)
+    if cache_keys:
+        from ugent_common import rows
+        out["cache_keys"] = {"rows_sql": sorted(rows._qmark_sql)}
     if referrers:
         out["referrers"] = _referrers(referrers)
     if by_connection and "sqlite" in out:
@@ -375,7 +400,8 @@ def start(mode: str, directory: Path) -> bool:
                 snapshot = base.with_suffix(".tracemalloc") if asked.get("snapshot", True) else None
                 data = report(trim=bool(asked.get("trim")), snapshot_path=snapshot,
                               collect=bool(asked.get("collect")), referrers=asked.get("referrers", ""),
-                              by_connection=bool(asked.get("connections")))
+                              by_connection=bool(asked.get("connections")),
+                              cache_keys=bool(asked.get("cache_keys")))
                 tmp = base.with_suffix(".tmp")
                 tmp.write_text(json.dumps(data, indent=1))
                 tmp.rename(base.with_suffix(".json"))  # a reader never sees half a report
