@@ -23,6 +23,8 @@ import threading
 from django.db import OperationalError
 from django.db.backends.sqlite3 import base
 
+from ugent_site.db.rollback import RollbackCauseReleased
+
 
 class WriterQueue:
     """A FIFO lock: `release` hands ownership to the oldest waiter directly."""
@@ -69,7 +71,7 @@ def writer_queue(name: str) -> WriterQueue:
         return _queues.setdefault(str(name), WriterQueue())
 
 
-class DatabaseWrapper(base.DatabaseWrapper):
+class DatabaseWrapper(RollbackCauseReleased, base.DatabaseWrapper):
     _holds_writer_turn = False
 
     def _writer_queue(self) -> WriterQueue | None:

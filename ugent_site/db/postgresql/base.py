@@ -22,8 +22,10 @@ from django.db.backends.postgresql import base
 
 from psycopg import pq
 
+from ugent_site.db.rollback import RollbackCauseReleased
 
-class DatabaseWrapper(base.DatabaseWrapper):
+
+class DatabaseWrapper(RollbackCauseReleased, base.DatabaseWrapper):
     def is_usable(self):
         conn = self.connection
         if conn is None or conn.closed or conn.broken:
