@@ -2,4 +2,4 @@
 from plugins_app.agent.models import AgentProfile  # noqa: F401
 from plugins_app.channel.models import *  # noqa: F401,F403
 from plugins_app.channel.models import PLUGIN_ID_RE  # noqa: F401
-from plugins_app.agent.memory.models import MemoryFact, MemorySettings  # noqa: F401
+from plugins_app.agent.memory.models import MemoryFact, MemorySettings, MemorySighting  # noqa: F401

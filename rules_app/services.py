@@ -306,16 +306,19 @@ def memory_extract(*, turn, first_message: bool = False) -> str:
         return engine.MEMORY_WRITES_OFF
     if not sender_identified(turn.actor):
         return engine.MEMORY_SENDER_UNKNOWN
-    texts: list[str] = []
+    said: list[tuple[str, str]] = []
     if not first_message:
         # an exchange is a user message and its answer: the user's side states the facts about them;
-        # the turn's own message is the one below, not one of the exchanges before it
-        texts = list(Message.objects.filter(conversation_id=turn.conversation_id, role=Message.Role.USER)
-                     .exclude(turn_id=turn.pk).order_by("-id")
-                     .values_list("content", flat=True)[:settings.UGENT_MEMORY_EXCHANGES])[::-1]
-    texts.append(text)
+        # the turn's own message is the one below, not one of the exchanges before it. Each is named by
+        # its turn, so a fact an earlier extraction counted from it is not counted again.
+        said = [(content, ref or "") for content, ref in
+                Message.objects.filter(conversation_id=turn.conversation_id, role=Message.Role.USER)
+                .exclude(turn_id=turn.pk).order_by("-id")
+                .values_list("content", "turn__turn_id")[:settings.UGENT_MEMORY_EXCHANGES]][::-1]
+    said.append((text, turn.turn_id))
     try:
-        saved = memory.facts_extract_save(actor_key=turn.actor.key, texts=texts, source="conversation",
+        saved = memory.facts_extract_save(actor_key=turn.actor.key, texts=[t for t, _ in said],
+                                          seen_in=[ref for _, ref in said], source="conversation",
                                           source_ref=conversation.external_id or "")
     except memory.MemoryUnavailable:
         return engine.MEMORY_BACKEND_NEEDED

@@ -47,3 +47,30 @@ def test_postgresqls_tsvector_index_takes_new_facts_into_the_index_itself():
     with connection.cursor() as cur:
         cur.execute("SELECT reloptions FROM pg_class WHERE relname = 'plugins_app_memoryfact_text_tsv'")
         assert "fastupdate=off" in (cur.fetchone()[0] or [])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_0015_counts_what_the_after_turn_extraction_saved_before_it_as_seen_in_its_turn(memory_config):  # noqa: F811
+    from plugins_app.agent.memory import services
+    from plugins_app.agent.memory.models import MemoryFact
+    memory_config.backend("sqlite_fts")
+    migrate(("plugins_app", "0014_outbounddelivery_settled_index"))
+    try:
+        with connection.cursor() as cur:  # a fact the after-turn task saved, one the conversation's action saved
+            for text, source, ref in (("User likes green tea.", "turn", "t9"), ("User's name is Alice.", "conversation",
+                                                                                 "c1")):
+                cur.execute("INSERT INTO plugins_app_memoryfact (created_at, updated_at, actor_key, text, normalized, "
+                            "tier, source, source_ref, pinned, seen_count) VALUES (CURRENT_TIMESTAMP, "
+                            "CURRENT_TIMESTAMP, 'web:alice', %s, %s, 'contextual', %s, %s, FALSE, 1)",
+                            [text, text.lower(), source, ref])
+        migrate(("plugins_app", "0015_memory_sightings"))
+        tea = MemoryFact.objects.get(normalized="user likes green tea.")
+        assert list(tea.sightings.values_list("ref", flat=True)) == ["t9"]
+        assert not MemoryFact.objects.get(normalized="user's name is alice.").sightings.exists()
+        # the task redelivered after the upgrade counts nothing again
+        assert services.fact_save(actor_key="web:alice", text="User likes green tea.", seen_in="t9")[0].seen_count == 1
+    finally:
+        MemoryFact.objects.all().delete()
+        executor = MigrationExecutor(connection)
+        executor.loader.build_graph()
+        executor.migrate(executor.loader.graph.leaf_nodes())

@@ -94,6 +94,95 @@ def test_a_duplicate_is_merged_not_stored_twice(backend):
     assert services.fact_save(actor_key=BOB, text="User likes green tea.")[1]
 
 
+def test_a_fact_is_counted_once_for_each_turn_it_is_stated_in(backend):
+    first, created = services.fact_save(actor_key=ALICE, text="User likes green tea.", seen_in="t1")
+    assert created and first.seen_count == 1 and first.last_seen_at is None
+    # saved again from the same turn (a redelivered extraction): nothing counted, nothing touched
+    again, created_again = services.fact_save(actor_key=ALICE, text="User likes green tea.", seen_in="t1")
+    assert not created_again and again.seen_count == 1 and again.last_seen_at is None
+    assert again.updated_at == first.updated_at
+    # stated in another turn: seen once more, and only once however often that turn is saved again
+    for _ in range(3):
+        again, _ = services.fact_save(actor_key=ALICE, text="user likes green TEA", seen_in="t2")
+    assert again.seen_count == 2 and again.last_seen_at is not None
+    assert sorted(again.sightings.values_list("ref", flat=True)) == ["t1", "t2"]
+    # a core tier given again still sticks, even from a turn already counted
+    again, _ = services.fact_save(actor_key=ALICE, text="User likes green tea.", tier="core", seen_in="t2")
+    assert again.tier == "core" and again.seen_count == 2
+    # without a turn to name, every save counts (the tool, the admin)
+    again, _ = services.fact_save(actor_key=ALICE, text="User likes green tea.")
+    assert again.seen_count == 3
+    # bob's sightings are his own fact's
+    bobs, created = services.fact_save(actor_key=BOB, text="User likes green tea.", seen_in="t1")
+    assert created and bobs.seen_count == 1
+
+
+def test_an_ephemeral_facts_expiry_moves_only_when_it_is_stated_again(backend):
+    fact = save(ALICE, "User needs green tea tonight.", tier="ephemeral", seen_in="t1")
+    MemoryFact.objects.filter(pk=fact.pk).update(expires_at=fact.expires_at - timedelta(minutes=5))
+    held = MemoryFact.objects.get(pk=fact.pk).expires_at
+    assert save(ALICE, "User needs green tea tonight.", tier="ephemeral", seen_in="t1").expires_at == held
+    assert save(ALICE, "User needs green tea tonight.", tier="ephemeral", seen_in="t2").expires_at > held
+
+
+@pytest.mark.django_db(transaction=True)  # the task opens fresh connections, as in a worker
+def test_the_after_turn_extraction_run_twice_counts_its_turn_once(backend):
+    from plugins_app.tasks import memory_extract_turn
+    if backend == "none":
+        assert memory_extract_turn.run("web:alice", "my name is Alice", "t1") == 0
+        assert not MemoryFact.objects.exists()
+        return
+    services.fact_save(actor_key=ALICE, text="User's name is Alice.", tier="core", seen_in="t0")
+    assert memory_extract_turn.run(ALICE, "my name is Alice. I like green tea.", "t1") == 1
+    assert memory_extract_turn.run(ALICE, "my name is Alice. I like green tea.", "t1") == 0  # redelivered
+    counts = dict(MemoryFact.objects.values_list("text", "seen_count"))
+    assert counts == {"User's name is Alice.": 2, "User likes green tea.": 1}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_workers_saving_one_fact_at_once_count_each_turn_once(memory_config):  # noqa: F811
+    import threading
+    from django.db import connection
+    memory_config.backend("sqlite_fts")
+    services.fact_save(actor_key=ALICE, text="User likes green tea.", seen_in="t0")
+    refs = ["t1"] * 4 + ["t2", "t3", "t4", "t5"]  # one turn's task delivered four times, and four other turns
+    start, errors = threading.Barrier(len(refs)), []
+
+    def save_from(ref):
+        try:
+            start.wait()
+            services.fact_save(actor_key=ALICE, text="User likes green tea.", seen_in=ref)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=save_from, args=(ref,)) for ref in refs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    fact = MemoryFact.objects.get(actor_key=ALICE)
+    assert fact.seen_count == 6  # t0, t1 once, t2..t5
+    assert sorted(fact.sightings.values_list("ref", flat=True)) == ["t0", "t1", "t2", "t3", "t4", "t5"]
+
+
+def test_extraction_names_the_turn_of_each_text(backend):
+    if backend == "none":
+        pytest.skip("nothing durable is saved")
+    said = ["my name is Alice", "I like green tea", "my name is Alice"]
+    with pytest.raises(ValueError):
+        services.facts_extract_save(actor_key=ALICE, texts=said, source="conversation", seen_in=["t1"])
+    assert services.facts_extract_save(actor_key=ALICE, texts=said, source="conversation",
+                                       seen_in=["t1", "t2", "t3"]) == 2
+    # read again with one more exchange: only the new one counts
+    assert services.facts_extract_save(actor_key=ALICE, texts=said + ["I like green tea"], source="conversation",
+                                       seen_in=["t1", "t2", "t3", "t4"]) == 0
+    counts = dict(MemoryFact.objects.values_list("text", "seen_count"))
+    assert counts == {"User's name is Alice.": 2, "User likes green tea.": 2}
+
+
 def test_extraction_counts_only_new_facts(backend):
     said = ["my name is Alice", "I like green tea. What time is it?"]
     assert services.facts_extract_save(actor_key=ALICE, texts=said, source="conversation", source_ref="c1") == 2
@@ -161,6 +250,13 @@ def test_a_memory_section_that_cannot_be_used_is_logged_and_runs_none(memory_con
     with caplog.at_level(logging.ERROR, logger="ugent.memory"):
         assert memory_conf().backend == "none"
     assert any(m.startswith("ugent.toml: memory.backend") for m in caplog.messages)
+
+
+def test_the_admin_shows_the_turns_a_fact_was_seen_in(backend, admin_client):
+    for ref in ("t1", "t2", "t1"):
+        fact = save(ALICE, "User likes green tea.", seen_in=ref)
+    page = admin_client.get(f"/admin/plugins_app/memoryfact/{fact.pk}/change/").content.decode()
+    assert "t2, t1" in page and ">2<" in page.replace(" ", "").replace("\n", "")
 
 
 def test_the_admins_settings_override_ugent_toml(memory_config):  # noqa: F811

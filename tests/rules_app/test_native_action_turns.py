@@ -200,6 +200,13 @@ def test_extract_memory_reads_the_exchanges_before_it_and_run_again_saves_nothin
     turn = Turn.objects.select_related("conversation", "actor", "profile").get(turn_id=resp["x-ugent-turn-id"])
     assert extract_memory_action(turn=turn) == "Found nothing new to save to memory."
     assert MemoryFact.objects.count() == 1
+    # read again, the exchange it had read is not counted again
+    assert MemoryFact.objects.get().seen_count == 1
+    # a later extract_memory reads the same exchange, beside a new one stating the fact again: that one counts
+    chat(tcast.alice, "my name is Alice", conversation_id="m1", ugent_disable_memory_write=True)
+    settings.UGENT_MEMORY_EXCHANGES = 2
+    assert answer(chat(tcast.alice, "remember this", conversation_id="m1")) == "Found nothing new to save to memory."
+    assert MemoryFact.objects.get().seen_count == 2
 
 
 def test_a_spoken_extract_memory_writes_nothing(site, tcast, memory_config):

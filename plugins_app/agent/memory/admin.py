@@ -11,14 +11,26 @@ class MemoryFactAdmin(admin.ModelAdmin):
     list_display = ("short_text", "actor_key", "tier", "pinned", "source", "source_ref", "seen_count", "updated_at")
     list_filter = ("tier", "pinned", "source")
     search_fields = ("actor_key", "text")
-    readonly_fields = ("id", "normalized", "seen_count", "last_seen_at", "created_at", "updated_at")
+    readonly_fields = ("id", "normalized", "seen_count", "seen_in", "last_seen_at", "created_at", "updated_at")
     fields = ("id", "actor_key", "text", "normalized", "tier", "pinned", "source", "source_ref", "expires_at",
-              "seen_count", "last_seen_at", "created_at", "updated_at")
+              "seen_count", "seen_in", "last_seen_at", "created_at", "updated_at")
+    SEEN_IN_SHOWN = 20
     actions = ("pin", "unpin")
 
     @admin.display(description="text", ordering="text")
     def short_text(self, obj):
         return obj.text if len(obj.text) <= 80 else obj.text[:77] + "…"
+
+    @admin.display(description="seen in")
+    def seen_in(self, obj):
+        """The turns whose messages stated the fact, newest first (each counted once in seen_count)."""
+        if obj.pk is None:
+            return "-"
+        refs = list(obj.sightings.order_by("-id").values_list("ref", flat=True)[:self.SEEN_IN_SHOWN + 1])
+        if not refs:
+            return "-"
+        more = " …" if len(refs) > self.SEEN_IN_SHOWN else ""
+        return ", ".join(refs[:self.SEEN_IN_SHOWN]) + more
 
     def save_model(self, request, obj, form, change):
         # the duplicate key follows the text; the index follows by trigger (or is re-embedded)

@@ -59,6 +59,22 @@ class MemoryFact(TimeStamped):
         return self.text[:80]
 
 
+class MemorySighting(models.Model):
+    """One message a fact was stated in (`ref`: the turn that holds that message). A fact's seen_count
+    counts each once: a redelivered extraction, or extract_memory reading again the exchanges an
+    earlier extraction read, finds its sighting there and counts nothing."""
+
+    fact = models.ForeignKey(MemoryFact, on_delete=models.CASCADE, related_name="sightings")
+    ref = models.CharField(max_length=100)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["fact", "ref"], name="uniq_memory_sighting")]
+
+    def __str__(self):
+        return f"{self.fact_id} in {self.ref}"
+
+
 BACKENDS = ("none", "sqlite_fts", "lance_embedded")
 CADENCES = ("per_prompt", "every_call")
 

@@ -12,7 +12,7 @@ from django.utils import timezone
 from plugins_app.agent.memory import conf
 from plugins_app.agent.memory.backends import backend_named, facts_forgotten
 from plugins_app.agent.memory.extract import Candidate, extract_facts, normalize
-from plugins_app.agent.memory.models import MemoryFact, MemorySettings, Source, Tier
+from plugins_app.agent.memory.models import MemoryFact, MemorySettings, MemorySighting, Source, Tier
 
 log = logging.getLogger("ugent.memory")
 
@@ -28,58 +28,88 @@ def _expiry(tier: str):
 
 
 def fact_save(*, actor_key: str, text: str, tier: str = Tier.CONTEXTUAL, source: str = Source.TURN,
-              source_ref: str = "", backend: str | None = None) -> tuple[MemoryFact, bool]:
+              source_ref: str = "", backend: str | None = None, seen_in: str = "") -> tuple[MemoryFact, bool]:
     """Save one fact in `actor_key`'s memory; (fact, created). A fact already there is merged: it is
-    seen once more, and a core tier it is given again sticks."""
+    seen once more, and a core tier it is given again sticks.
+
+    `seen_in`: the turn whose message states the fact. A fact is seen once per such turn: saved again
+    from a turn it was already seen in (a redelivered extraction, extract_memory reading again an
+    exchange an earlier extraction read), its seen_count and last_seen_at stay as they are. Without
+    it, every save counts."""
     if not actor_key:
         raise ValueError("memory is scoped to a user: actor_key is required")
     text = " ".join((text or "").split())
     key = normalize(text)
     if not key:
         raise ValueError("a fact needs text")
+    seen_in = (seen_in or "")[:100]
     now = timezone.now()
     try:
         with transaction.atomic():
             fact = MemoryFact.objects.create(actor_key=actor_key, text=text, normalized=key, tier=tier,
                                              source=source, source_ref=source_ref[:300], expires_at=_expiry(tier))
+            if seen_in:
+                MemorySighting.objects.create(fact=fact, ref=seen_in)
         created = True
     except IntegrityError:  # the same fact, saved before (or just now by another worker): merge
         fact = MemoryFact.objects.get(actor_key=actor_key, normalized=key)
-        changes = {"seen_count": F("seen_count") + 1, "last_seen_at": now, "updated_at": now}
+        changes = {}
+        if _sighted(fact, seen_in):
+            changes = {"seen_count": F("seen_count") + 1, "last_seen_at": now, "updated_at": now}
         if tier == Tier.CORE and fact.tier != Tier.CORE:
-            changes.update(tier=Tier.CORE, expires_at=None)
-        elif fact.tier == Tier.EPHEMERAL:
+            changes.update(tier=Tier.CORE, expires_at=None, updated_at=now)
+        elif fact.tier == Tier.EPHEMERAL and changes:
             changes["expires_at"] = _expiry(Tier.EPHEMERAL)
-        MemoryFact.objects.filter(pk=fact.pk).update(**changes)
-        fact.refresh_from_db()
+        if changes:
+            MemoryFact.objects.filter(pk=fact.pk).update(**changes)
+            fact.refresh_from_db()
         created = False
     if created or not fact.embedding:
         backend_named(backend or conf.memory_conf().backend).indexed(fact)
     return fact, created
 
 
-def facts_extract_save(*, actor_key: str, texts: list[str], source: str, source_ref: str = "") -> int:
+def _sighted(fact: MemoryFact, seen_in: str) -> bool:
+    """Record that `fact` was stated in `seen_in`'s message; False when that was recorded before (the
+    statement was counted already). Without a turn to name, every statement counts."""
+    if not seen_in:
+        return True
+    try:
+        with transaction.atomic():
+            MemorySighting.objects.create(fact=fact, ref=seen_in)
+    except IntegrityError:  # seen in that turn before, or just now by another worker
+        return False
+    return True
+
+
+def facts_extract_save(*, actor_key: str, texts: list[str], source: str, source_ref: str = "",
+                       seen_in: list[str] | None = None) -> int:
     """Extract facts from what the user said (`texts`, oldest first) and save them; how many were new.
+    `seen_in`, beside `texts`: the turn each text was said in (fact_save's; "" where none is known).
 
     Raises MemoryUnavailable with the default backend; extraction errors propagate (the caller says
     "Saving to memory failed" and logs why)."""
     backend = conf.memory_conf().backend
     if backend == "none":
         raise MemoryUnavailable()
-    seen: set[str] = set()
-    candidates: list[Candidate] = []
-    for text in texts:
+    refs = list(seen_in) if seen_in is not None else [""] * len(texts)
+    if len(refs) != len(texts):
+        raise ValueError("seen_in names one turn for each text")
+    seen: set[tuple[str, str]] = set()
+    candidates: list[tuple[Candidate, str]] = []
+    for text, ref in zip(texts, refs):
         for c in extract_facts(text):
-            if normalize(c.text) not in seen:
-                seen.add(normalize(c.text))
-                candidates.append(c)
+            if (normalize(c.text), ref) not in seen:
+                seen.add((normalize(c.text), ref))
+                candidates.append((c, ref))
     new = 0
-    for c in candidates:
+    for c, ref in candidates:
         _, created = fact_save(actor_key=actor_key, text=c.text, tier=c.tier, source=source,
-                               source_ref=source_ref, backend=backend)
+                               source_ref=source_ref, backend=backend, seen_in=ref)
         new += created
     if candidates:
-        log.info("memory saved (actor=%s, source=%s, found=%d, new=%d)", actor_key, source, len(candidates), new)
+        log.info("memory saved (actor=%s, source=%s, found=%d, new=%d)", actor_key, source,
+                 len({normalize(c.text) for c, _ in candidates}), new)
     return new
 
 
