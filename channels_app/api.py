@@ -361,15 +361,7 @@ def _take_pushed(batches: list, cursor: int) -> list | None:
     (a plain wake-up, or a batch that does not start where the reader stands)."""
     if not batches:
         return None
-    taken = []
-    for batch in batches:
-        if batch.rows[-1][0] <= cursor:
-            continue  # already read from the database
-        if batch.prev != cursor:
-            return None
-        taken.extend(batch.rows)
-        cursor = batch.rows[-1][0]
-    return taken
+    return notify.rows_following(batches, cursor, lambda row: row[0])
 
 
 async def turn_events(turn_pk: int, waiter: notify.Waiter | None = None):

@@ -251,16 +251,12 @@ class Reader:
         pushed = [b for b in batches or () if isinstance(b, notify.ConversationBatch) and b.rows]
         if not pushed or len(pushed) != len(batches):
             return False
-        cursor, rows = self.cursor, []
-        for batch in sorted(pushed, key=lambda b: b.rows[0]["id"]):  # two turns' commits may wake out of order
-            if batch.rows[-1]["id"] <= cursor:
-                continue  # had already (the same batch over Redis and from this process)
-            if batch.prev != cursor:
-                return False
-            rows.extend(batch.rows)
-            cursor = batch.rows[-1]["id"]
+        ordered = sorted(pushed, key=lambda b: b.rows[0]["id"])  # two turns' commits may wake out of order
+        rows = notify.rows_following(ordered, self.cursor, lambda row: row["id"])
+        if rows is None:
+            return False
         if rows:
-            prev, self.cursor = self.cursor, cursor
+            prev, self.cursor = self.cursor, rows[-1]["id"]
             self.pushed += 1
             self.hand_out(prev, rows)
         return True

@@ -85,6 +85,26 @@ ROW_FIELDS = ("id", "type", "audience", "data", "created_at", "conversation__ext
               "conversation__channel", "conversation__owner_id", "turn__turn_id")
 
 
+def rows_following(batches, cursor: int, id_of) -> list | None:
+    """The rows `batches` carry (in the order given) that follow `cursor` without a gap, the one walk
+    both kinds of reader take (channels_app.api's turn stream, channels_app.fanout's readers).
+
+    A batch that ends at or before the cursor is skipped: the reader had it already (read from the
+    database, or the same batch over Redis and from this process). Any other batch must start where the
+    reader stands (`prev`), or None: the reader must read the database. `id_of(row)` is a row's event id
+    (a TurnBatch's rows are tuples, a ConversationBatch's dicts)."""
+    taken = []
+    for batch in batches:
+        last = id_of(batch.rows[-1])
+        if last <= cursor:
+            continue  # had already
+        if batch.prev != cursor:
+            return None
+        taken.extend(batch.rows)
+        cursor = last
+    return taken
+
+
 _lock = threading.Lock()
 _waiters: dict[str, set] = defaultdict(set)
 _redis = None

@@ -245,3 +245,27 @@ def test_referrers_name_the_frame_that_holds_an_object_and_what_holds_that_frame
     assert above[0] == "no thread runs it (a traceback, generator or coroutine holds it)"
     assert any(r[0] == "traceback" for r in above[1:]), above
     del kept
+
+
+class _HeldByManyFrames:
+    pass
+
+
+def test_frames_count_toward_the_six_holders_a_level_lists():
+    """A level lists at most 6 holders, frames among them: an object held by 8 frames (kept by 8 stored
+    exceptions' tracebacks) lists 6 of them, not all 8."""
+    def work(obj):
+        raise ValueError("kept")
+
+    held_obj, kept = _HeldByManyFrames(), []
+    for _ in range(8):
+        try:
+            work(held_obj)
+        except ValueError as exc:
+            kept.append(exc)
+    found = memstats._referrers(f"{__name__}._HeldByManyFrames")
+    assert len(found) == 1
+    holders = found[0][1]
+    assert len(holders) == 6, [h[0] for h in holders]
+    assert all(h[0].startswith("frame work ") for h in holders), [h[0] for h in holders]
+    del kept, held_obj

@@ -155,3 +155,32 @@ def test_a_conversation_batch_crosses_redis_as_the_rows_a_stream_reads():
     turn = a_batch(3)
     assert notify._batch_decode(notify._batch_encode(turn)) == turn
     assert notify._batch_decode(b'{"c": 1, "r": [[1, "x"]]}') is None  # a malformed one: the reader reads
+
+
+def test_rows_following_takes_only_rows_that_follow_the_cursor_without_a_gap():
+    """notify.rows_following is the one walk both readers take (the turn stream's tuples, the fan-out's
+    dicts): a batch ending at or before the cursor is skipped as had already; any other must start at the
+    cursor, which moves to each taken batch's last id; else None (read the database)."""
+    def turn(prev, *ids):
+        return notify.TurnBatch(prev=prev, rows=tuple((i, "turn.delta", {}) for i in ids))
+
+    def conv(prev, *ids):
+        return notify.ConversationBatch(prev=prev, rows=tuple({"id": i, "type": "turn.delta"} for i in ids))
+
+    tuple_id, dict_id = (lambda row: row[0]), (lambda row: row["id"])
+    for make, id_of in ((turn, tuple_id), (conv, dict_id)):
+        def ids(batches, cursor):
+            rows = notify.rows_following(batches, cursor, id_of)
+            return None if rows is None else [id_of(r) for r in rows]
+        # contiguous batches: taken in order, the cursor moving to each one's last id
+        assert ids([make(4, 5, 6), make(6, 9)], 4) == [5, 6, 9]
+        # a later batch that starts at the old cursor, not the moved one: a gap (or a repeat), so read
+        assert ids([make(4, 5, 6), make(4, 7)], 4) is None
+        # a batch that starts past the cursor (one was lost) or before it without ending there: read
+        assert ids([make(5, 7)], 4) is None
+        assert ids([make(3, 4, 5)], 4) is None
+        # had already: batches ending at or before the cursor are skipped, and what follows is taken
+        assert ids([make(2, 3, 4), make(4, 5)], 4) == [5]
+        assert ids([make(1, 2), make(2, 3, 4), make(4, 5), make(5, 6)], 4) == [5, 6]
+        assert ids([make(2, 3, 4), make(0, 1)], 4) == []  # nothing new, and nothing to read either
+        assert ids([], 4) == []

@@ -182,12 +182,12 @@ def _referrers(type_name: str, depth: int = 4) -> list:
                 # a frame costs no level: what holds it (a callee's frame, a traceback) is the answer
                 out.append([f"frame {code.co_name} {code.co_filename}:{ref.f_lineno}",
                             [_frame_thread(ref)] + up(ref, level, seen)])
-                continue
-            label = _type_name(type(ref))
-            if isinstance(ref, dict):
-                label += f" keys={list(ref)[:6]}"
-            out.append([label, up(ref, level - 1, seen)])
-            if len(out) >= 6:
+            else:
+                label = _type_name(type(ref))
+                if isinstance(ref, dict):
+                    label += f" keys={list(ref)[:6]}"
+                out.append([label, up(ref, level - 1, seen)])
+            if len(out) >= 6:  # a frame is a holder like any other: at most 6 a level
                 break
         return out
 
