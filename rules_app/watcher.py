@@ -293,15 +293,16 @@ class RuleEngineHolder:
     def _run(self) -> None:
         while not self._stop.is_set():
             path = self.path
-            if path is None:
-                if not self.check_config_once():
-                    self.check_discovery_once()
-                if self.path is None:
-                    self._stop.wait(self.poll_interval)
-                continue
             try:
+                if path is None:
+                    if not self.check_config_once():
+                        self.check_discovery_once()
+                    if self.path is None:
+                        self._stop.wait(self.poll_interval)
+                    continue
                 self._watch(path)
-            except Exception:  # the watcher must outlive a vanished directory or a notify error
+            except Exception:  # the watcher must outlive a vanished directory, a notify error, a database
+                # that is down while discovery asks it whether a workspace is trusted: it looks again later
                 logger.exception("rule engine watch error (path=%s); retrying", path)
                 self._stop.wait(self.poll_interval)
 

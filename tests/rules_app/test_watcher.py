@@ -400,6 +400,33 @@ def test_missing_at_start_then_created_is_picked_up_within_five_seconds(ws, home
     assert wait_for(lambda: "rule set auto-reloaded (rules=3)" in messages(caplog), 10)
 
 
+def test_a_discovery_that_fails_while_no_file_is_watched_leaves_the_watcher_running(tmp_path, caplog):
+    # discovery asks the database whether a workspace is trusted: a database that is down must not end
+    # the watcher thread, which would never pick up a rules file again
+    caplog.set_level(logging.INFO, logger="ugent.rules")
+    f = tmp_path / "rules.toml"
+    calls = []
+
+    def discover():
+        calls.append(1)
+        if len(calls) in (2, 3):  # the first look (start) is fine; the watcher's next two fail
+            raise RuntimeError("database is down")
+        return Discovery(f if f.exists() else None)
+
+    h = RuleEngineHolder(discover, poll_interval=0.1)
+    h.start()
+    t = h.start_watching()
+    try:
+        assert wait_for(lambda: len(calls) >= 4, 10)
+        assert t.is_alive()
+        assert sum("rule engine watch error" in m for m in messages(caplog)) == 2
+        write(f, TWO_RULES)
+        assert wait_for(lambda: "rule set loaded (rules=2)" in messages(caplog), 10)
+        assert len(h.ruleset) == 2
+    finally:
+        h.stop()
+
+
 def test_stop_is_prompt(ws, home):
     write(ws / "rules.toml", ONE_RULE)
     # A poll an hour long: a stop that waited for the next poll would hang the test (its timeout).
