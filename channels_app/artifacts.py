@@ -251,6 +251,59 @@ def artifact_finish(*, turn_id: str, artifact_id: str, content: bytes, name: str
     return entry
 
 
+def not_arrived_reason() -> str:
+    return f"the file did not arrive within {settings.UGENT_ARTIFACT_PENDING_SECS} s"
+
+
+def artifacts_expire_pending(*, now=None) -> int:
+    """The beat job: each artifact announced pending more than UGENT_ARTIFACT_PENDING_SECS ago and still not
+    finished, of a turn that has ended, is listed failed (`error`: it did not arrive) in the turn's artifacts
+    and the receipt's files, and announced so in `ugent.artifacts` on the conversation's log; a finish that
+    comes later stores nothing. A running turn's are left to its end, then to the next run. Returns how
+    many artifacts were expired."""
+    import datetime as dt
+
+    from django.utils import timezone
+    now = now or timezone.now()
+    cutoff = now - dt.timedelta(seconds=settings.UGENT_ARTIFACT_PENDING_SECS)
+    horizon = now - dt.timedelta(seconds=settings.UGENT_EVENT_RETENTION_SECS)  # older ones are pruned anyway
+    turn_pks = set(Event.objects.filter(type="ugent.artifacts_pending", created_at__lte=cutoff,
+                                        created_at__gt=horizon, turn__isnull=False)
+                   .values_list("turn_id", flat=True))
+    expired = 0
+    for turn_pk in sorted(turn_pks):
+        state, listed = Turn.objects.filter(pk=turn_pk).values_list("state", "artifacts").first() or (None, None)
+        if state is None or state in LIVE_STATES or not any(a.get("pending") for a in listed or []):
+            continue  # the cheap look first: most are finished or expired already
+        expired += _expire_pending_of(turn_pk, cutoff)
+    return expired
+
+
+def _expire_pending_of(turn_pk: int, cutoff) -> int:
+    with transaction.atomic():
+        statements.turn_lock(turn_pk)
+        turn = Turn.objects.select_related("conversation").get(pk=turn_pk)
+        if turn.state in LIVE_STATES:
+            return 0
+        announced_before = {a.get("artifact_id") for data in Event.objects.filter(
+            turn_id=turn_pk, type="ugent.artifacts_pending", created_at__lte=cutoff).values_list("data", flat=True)
+            for a in data.get("artifacts", [])}
+        failed, updated = [], []
+        for a in turn.artifacts or []:
+            if a.get("pending") and a.get("artifact_id") in announced_before:
+                a = _failed(a["artifact_id"], a.get("name") or "file", not_arrived_reason())
+                failed.append(a)
+            updated.append(a)
+        if not failed:
+            return 0
+        Turn.objects.filter(pk=turn_pk).update(artifacts=updated)
+        Receipt.objects.filter(pk=turn.receipt_id).update(files=updated)
+        events_append(conversation_id=turn.conversation_id, turn_pk=turn_pk,
+                      items=[("ugent.artifacts", {"turn_id": turn.turn_id, "artifacts": failed}, [])])
+    log.info("pending artifacts expired (turn=%s, count=%d)", turn.turn_id, len(failed))
+    return len(failed)
+
+
 def _pending_in(turn: Turn, artifact_id: str) -> bool:
     for data in _events_of(turn.pk, "ugent.artifacts_pending"):
         if any(a.get("artifact_id") == artifact_id for a in data.get("artifacts", [])):

@@ -38,6 +38,7 @@ PURPOSES = ("user_data", "assistants", "vision", "voice")
 #: How many expired files one prune deletes per batch.
 PRUNE_BATCH = 500
 FILES_PRUNE_TASK_NAME = "ugent: delete expired files"
+ARTIFACTS_EXPIRY_TASK_NAME = "ugent: expire pending artifacts"
 
 
 def file_object(f: File) -> dict:
@@ -197,6 +198,11 @@ def files_prune_schedule_ensure() -> None:
         name=FILES_PRUNE_TASK_NAME,
         defaults={"task": "channels_app.tasks.prune_files", "interval": schedule, "enabled": True,
                   "description": "Deletes uploaded files past UGENT_PLUGIN_MEDIA_TTL_SECS."})
+    PeriodicTask.objects.update_or_create(
+        name=ARTIFACTS_EXPIRY_TASK_NAME,
+        defaults={"task": "channels_app.tasks.expire_pending_artifacts", "interval": schedule, "enabled": True,
+                  "description": "Lists a tool's artifacts still pending after UGENT_ARTIFACT_PENDING_SECS "
+                                 "as not arrived."})
 
 
 def files_status() -> dict:

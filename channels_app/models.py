@@ -272,7 +272,11 @@ class Event(models.Model):
         # the chat stream reads a turn's events after a cursor
         indexes = [models.Index(fields=["turn", "id"], name="event_turn_id"),
                    # the activity stream reads a conversation's events after a cursor
-                   models.Index(fields=["conversation", "id"], name="event_conv_id")]
+                   models.Index(fields=["conversation", "id"], name="event_conv_id"),
+                   # the pending artifacts' expiry (channels_app.artifacts): partial, so no other append
+                   # writes to it
+                   models.Index(fields=["created_at"], name="event_artifacts_pending",
+                                condition=Q(type="ugent.artifacts_pending"))]
         constraints = [models.CheckConstraint(condition=~Q(type=""), name="event_type_not_empty")]
 
     def __str__(self):

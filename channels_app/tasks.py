@@ -49,6 +49,15 @@ def prune_files() -> int:
     return files.files_prune()
 
 
+@shared_task(ignore_result=True, soft_time_limit=300, time_limit=360)
+@with_fresh_connections
+def expire_pending_artifacts() -> int:
+    """Beat, every UGENT_FILES_PRUNE_EVERY_SECS: a tool's artifacts still pending UGENT_ARTIFACT_PENDING_SECS
+    after they were announced are listed as not arrived."""
+    from channels_app import artifacts
+    return artifacts.artifacts_expire_pending()
+
+
 @beat_init.connect
 def _retention_schedule(sender=None, **kwargs) -> None:
     """Every beat process (embedded or `celery beat`) makes sure the retention job is scheduled."""

@@ -371,6 +371,9 @@ UGENT_PLUGIN_DELIVERY_RETENTION_SECS = env.int("UGENT_PLUGIN_DELIVERY_RETENTION_
 # files; a file is kept for UGENT_PLUGIN_MEDIA_TTL_SECS after its upload (docs/files.md).
 UGENT_FILES_MAX_BYTES = env.int("UGENT_FILES_MAX_BYTES", default=25 * 1024 * 1024)
 UGENT_FILES_PRUNE_EVERY_SECS = env.int("UGENT_FILES_PRUNE_EVERY_SECS", default=600)
+# A tool's artifact announced pending and not finished this long after it was announced is listed as
+# failed ("did not arrive") once its turn has ended, checked as often as files are pruned (docs/tools.md).
+UGENT_ARTIFACT_PENDING_SECS = env.int("UGENT_ARTIFACT_PENDING_SECS", default=3600)
 # channels_app
 UGENT_EVENT_RETENTION_SECS = env.int("UGENT_EVENT_RETENTION_SECS", default=7 * 86400)
 UGENT_EVENT_PRUNE_EVERY_SECS = env.int("UGENT_EVENT_PRUNE_EVERY_SECS", default=3600)

@@ -157,3 +157,55 @@ def test_a_delegated_tasks_file_is_stored_once_and_reaches_the_turns_receipt(tca
     ready = Event.objects.filter(type="ugent.artifacts")
     assert [a["id"] for e in ready for a in e.data["artifacts"]] == [stored.file_id]  # announced once
     assert [a["name"] for a in Receipt.objects.get().files] == ["report.txt", "big.bin"]
+
+
+def test_a_pending_artifact_that_never_arrives_is_listed_failed_once_its_wait_is_over(tcast, settings):
+    import datetime as dt
+
+    from django.utils import timezone
+    settings.UGENT_ARTIFACT_PENDING_SECS = 600
+    body = chat(tcast.alice, "script:call=make_file|answer=made", stream=False).json()
+    turn_id, now = body["ugent_turn_id"], timezone.now()
+    events = Event.objects.count()
+    # not yet: inside its wait, or while the turn still runs, nothing changes
+    assert artifacts.artifacts_expire_pending(now=now + dt.timedelta(seconds=590)) == 0
+    Turn.objects.update(state="running")
+    assert artifacts.artifacts_expire_pending(now=now + dt.timedelta(seconds=610)) == 0
+    Turn.objects.update(state="completed")
+    assert Receipt.objects.get().files[1]["pending"] and Event.objects.count() == events
+    # past it: listed failed in the turn, the receipt and the log, once
+    assert artifacts.artifacts_expire_pending(now=now + dt.timedelta(seconds=610)) == 1
+    receipt = Receipt.objects.get()
+    failed = {"artifact_id": "big-1", "name": "big.bin", "error": "the file did not arrive within 600 s"}
+    assert receipt.files[1] == failed and receipt.files[0]["url"].startswith("/v1/files/")
+    assert Turn.objects.get().artifacts == receipt.files
+    last = Event.objects.filter(type="ugent.artifacts").order_by("-id").first()
+    assert last.data == {"turn_id": turn_id, "artifacts": [failed]}
+    assert artifacts.artifacts_expire_pending(now=now + dt.timedelta(seconds=7200)) == 0
+    assert Event.objects.count() == events + 1
+    # and it cannot arrive now: a late finish stores nothing
+    files = File.objects.count()
+    assert artifacts.artifact_finish(turn_id=turn_id, artifact_id="big-1", content=b"late") is None
+    assert File.objects.count() == files and Receipt.objects.get().files[1] == failed
+
+
+def test_a_pending_artifact_finished_in_time_is_not_expired(tcast, settings):
+    import datetime as dt
+
+    from django.utils import timezone
+    body = chat(tcast.alice, "script:call=make_file|answer=made", stream=False).json()
+    entry = artifacts.artifact_finish(turn_id=body["ugent_turn_id"], artifact_id="big-1", content=b"ok")
+    later = timezone.now() + dt.timedelta(seconds=settings.UGENT_ARTIFACT_PENDING_SECS + 60)
+    assert artifacts.artifacts_expire_pending(now=later) == 0
+    assert Receipt.objects.get().files[1] == entry
+
+
+def test_beat_runs_the_pending_artifacts_expiry():
+    from django_celery_beat.models import PeriodicTask
+
+    from channels_app import files
+    from ugent_site.celery import app
+    files.files_prune_schedule_ensure()
+    task = PeriodicTask.objects.get(name=files.ARTIFACTS_EXPIRY_TASK_NAME)
+    assert task.enabled and task.task == "channels_app.tasks.expire_pending_artifacts"
+    assert task.task in app.tasks
