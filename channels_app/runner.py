@@ -724,7 +724,7 @@ class LeaseKeeper:
     def hold(self, turn_pk: int) -> None:
         with self._lock:
             self._held[turn_pk] = time.monotonic() + settings.UGENT_TURN_RUN_LIMIT
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():  # (a keeper that died is replaced)
                 self._thread = threading.Thread(target=self._loop, name="ugent-turn-lease", daemon=True)
                 self._thread.start()
 
@@ -765,10 +765,9 @@ class LeaseKeeper:
                         return
                 try:
                     self.tick()
+                    close_old_connections()
                 except Exception:  # a database hiccup: the next tick tries again, well inside the lease
                     log.exception("turn lease renewal failed")
-                finally:
-                    close_old_connections()
         finally:
             connection.close()
 

@@ -3,6 +3,7 @@ accepted turns past their queue deadline are abandoned; turns the broker lost ar
 from __future__ import annotations
 
 import json
+import time
 from datetime import timedelta
 from unittest import mock
 
@@ -89,6 +90,51 @@ def test_the_lease_keeper_renews_the_turns_it_holds_and_ends_one_past_its_limit(
     receipt = Receipt.objects.get(pk=stuck.receipt_id)
     assert (receipt.state, receipt.reason, receipt.answer) == ("failed", runner.TIME_LIMIT_REASON, "stuck at")
     assert keeper.held() == [alive.pk]
+
+
+def test_the_lease_keeper_outlives_an_error_between_its_renewals(tcast, settings, monkeypatch):
+    # an error after a renewal (closing the connection) must not end the keeper: the turns it holds
+    # would lapse and be swept while they still run
+    settings.UGENT_TURN_LEASE_RENEW_SECONDS = 0.05
+    keeper = runner.LeaseKeeper()
+    turn = running_turn(tcast, "alive", lease_in=1)
+    real, calls = runner.close_old_connections, []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("connection reset")
+        real()
+    monkeypatch.setattr(runner, "close_old_connections", flaky)
+    keeper.hold(turn.pk)
+    try:
+        deadline = timezone.now() + timedelta(seconds=10)
+        while len(calls) < 3 and timezone.now() < deadline:
+            Turn.objects.filter(pk=turn.pk).update(lease_expires_at=timezone.now())
+            time.sleep(0.05)
+        assert len(calls) >= 3 and keeper._thread.is_alive()
+        Turn.objects.filter(pk=turn.pk).update(lease_expires_at=timezone.now())
+        time.sleep(0.3)
+        assert Turn.objects.get(pk=turn.pk).lease_expires_at > timezone.now() + timedelta(seconds=10)
+    finally:
+        keeper.release(turn.pk)
+        keeper._wake.set()
+
+
+def test_a_lease_keeper_that_died_is_replaced_by_the_next_hold(tcast):
+    keeper = runner.LeaseKeeper()
+    import threading
+    dead = threading.Thread(target=lambda: None)
+    dead.start()
+    dead.join()
+    keeper._thread = dead  # as a keeper whose loop ended by an error would leave it
+    turn = running_turn(tcast, "alive", lease_in=1)
+    keeper.hold(turn.pk)
+    try:
+        assert keeper._thread is not dead and keeper._thread.is_alive()
+    finally:
+        keeper.release(turn.pk)
+        keeper._wake.set()
 
 
 def test_the_sweep_abandons_accepted_turns_past_their_queue_deadline(tcast, settings):
