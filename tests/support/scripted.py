@@ -28,7 +28,8 @@ from ovos_plugin_manager.templates.agents import AgentMessage, ChatEngine, Messa
 from plugins_app.agent.engines.base import (ANSWER, ANSWER_RESET, CITATIONS, THINKING, TOOL, EngineError,
                                       StreamItem, never_stop)
 
-CALLS: list[dict] = []  # what the engine was asked, for in-process tests
+CALLS: list[dict] = []  # what the engine was asked, for in-process tests (the latest CALLS_KEPT)
+CALLS_KEPT = 1000  # a bench's or a live daemon's thousands of turns must not pile up here
 
 
 class ScriptedEngine(ChatEngine):
@@ -51,6 +52,8 @@ class ScriptedEngine(ChatEngine):
         call = {"session_id": session_id, "messages": [(m.role.value, m.content) for m in messages],
                 "config": dict(self.config), "tools": offered}
         CALLS.append(call)
+        if len(CALLS) > CALLS_KEPT:
+            del CALLS[:len(CALLS) - CALLS_KEPT]
         if os.environ.get("UGENT_SCRIPTED_LOG"):  # a live daemon's calls, for tests in another process
             with open(os.environ["UGENT_SCRIPTED_LOG"], "a") as fh:
                 fh.write(json.dumps({"session_id": session_id, "last": last}) + "\n")
