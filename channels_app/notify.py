@@ -42,6 +42,7 @@ import logging
 import threading
 from collections import defaultdict
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.conf import settings
 
@@ -287,7 +288,6 @@ def _batch_decode(data) -> TurnBatch | ConversationBatch | None:
     try:
         wire = json.loads(data)
         if isinstance(wire, dict):
-            from datetime import datetime
             rows = []
             for values in wire["r"]:
                 row = dict(zip(ROW_FIELDS, values, strict=True))

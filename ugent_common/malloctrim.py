@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import threading
 import time
 
@@ -25,11 +26,20 @@ _lock = threading.Lock()
 trims = {"count": 0, "secs": 0.0, "last_secs": 0.0}
 
 
+@functools.cache
+def libc():
+    """The C library this process runs on, loaded once (None where it cannot be): the trim here and the
+    memory report's malloc figures (ugent_site.memstats) use the one handle."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
 def _libc_trim():
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):
+        trim = libc().malloc_trim
+    except AttributeError:  # no C library, or not glibc's
         return None
     trim.argtypes = [ctypes.c_size_t]
     trim.restype = ctypes.c_int

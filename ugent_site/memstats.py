@@ -75,8 +75,9 @@ class _Mallinfo2(ctypes.Structure):
 
 
 def _libc():
+    from ugent_common.malloctrim import libc as loaded
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = loaded()
         libc.mallinfo2.restype = _Mallinfo2
         libc.malloc_trim.argtypes = [ctypes.c_size_t]
         return libc
