@@ -17,7 +17,7 @@ from typing import Optional
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from channels_app import access, file_parts, hooks, statements
+from channels_app import access, file_parts, hooks, statements, voice
 from ugent_common import config
 
 from ugent_common import rows
@@ -366,7 +366,12 @@ def _submit_locked(inbound: Submission, conversation: Conversation, created: boo
                 "disable_code_context": inbound.disable_code_context,
                 "disable_memory_write": inbound.disable_memory_write,
                 "allowed_tools": inbound.allowed_tools, "denied_tools": inbound.denied_tools})
-    stop = hooks.run_before_agent_turn(ctx)
+    unheard = voice.unheard_answer(input_mode=inbound.input_mode, text=inbound.text, file_ids=inbound.file_ids,
+                                   profile=profile) if inbound.input_mode == "voice" else None
+    if unheard is not None:  # answered with why, before routing and without a model call
+        stop = hooks.HookStop(unheard, state="refused", reason=voice.UNHEARD_REASON, decided_by="voice")
+    else:
+        stop = hooks.run_before_agent_turn(ctx)
     action = None
     if isinstance(stop, hooks.NativeAction):
         # The turn runs it, after this transaction commits: an action may take seconds (a summariser's

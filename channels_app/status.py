@@ -26,10 +26,10 @@ def _sections() -> dict[str, Callable[[], dict]]:
 
 
 def status_report() -> dict:
+    from channels_app.voice import voice_input_status
     report = {"mode": settings.UGENT_MODE,
               "media": {"voice": {
-                  "input": {"available": False, "reason": "no_engine", "transcription": False,
-                            "dictation": False, "native_models": []},
+                  "input": voice_input_status(),
                   "output": {"available": False, "reason": "no_engine"},
                   "live": {"available": False, "reason": "no_engine"}}}}
     for section, fn in sorted(_sections().items()):

@@ -498,3 +498,70 @@ def test_the_s3_option_loads_django_storages_s3_backend_with_its_settings(tmp_pa
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["S3Storage", "ugent-test", "files-here", "http://127.0.0.1:9", "None", "False"]
+
+
+# --- voice messages: what can hear them (channels_app/voice.py) ----------------------------------
+
+def _multimodal_profile(name="mm"):
+    from ovos_plugin_manager.templates.agents import MultimodalChatEngine
+    from plugins_app.agent.engines.registry import register_engine
+    from plugins_app.agent.models import AgentProfile
+    from tests.support.scripted import ScriptedEngine
+    seen = []
+
+    class Multimodal(ScriptedEngine, MultimodalChatEngine):
+        def stream_events(self, messages, **kwargs):
+            seen.append(messages[-1])
+            return super().stream_events(messages, **kwargs)
+
+    register_engine("scripted-mm", Multimodal)
+    AgentProfile.objects.create(name=name, provider="scripted-mm")
+    return seen
+
+
+def test_a_voice_message_nothing_can_hear_is_answered_with_why_without_a_model_call(tcast):
+    from channels_app import voice
+    from channels_app.models import Receipt, Turn
+    from tests.support.scripted import CALLS
+    wid = upload(tcast.alice, wav_bytes(0.1), name="v.wav").json()["id"]
+    CALLS.clear()
+    resp = send(tcast.alice, [{"type": "input_audio", "input_audio": {"file_id": wid}}], ugent_input_mode="voice")
+    assert resp.status_code == 200, resp.content
+    turn = Turn.objects.get()
+    expected = voice.UNHEARD_ANSWER.format(model=turn.model)
+    assert turn.model and resp.json()["choices"][0]["message"]["content"] == expected
+    assert CALLS == []  # no model call
+    receipt = Receipt.objects.get()
+    assert (receipt.state, receipt.reason, receipt.answer) == ("refused", voice.UNHEARD_REASON, expected)
+    # words of its own are what the turn reads (as a transcript's would be): the model is called
+    resp = send(tcast.alice, [{"type": "text", "text": "hello there"},
+                              {"type": "input_audio", "input_audio": {"file_id": wid}}], ugent_input_mode="voice")
+    assert resp.status_code == 200 and len(CALLS) == 1
+    # and a recording sent as a typed message is only a file: the model is called
+    send(tcast.alice, [{"type": "input_audio", "input_audio": {"file_id": wid}}])
+    assert len(CALLS) == 2
+
+
+def test_a_voice_message_reaches_a_model_that_takes_audio(tcast):
+    import base64
+    seen = _multimodal_profile()
+    wav = wav_bytes(0.1)
+    wid = upload(tcast.alice, wav, name="v.wav").json()["id"]
+    resp = send(tcast.alice, [{"type": "input_audio", "input_audio": {"file_id": wid}}], ugent_input_mode="voice",
+                model="mm")
+    assert resp.status_code == 200, resp.content
+    assert [base64.b64decode(x) for x in seen[-1].audio_content] == [wav]
+
+
+def test_status_says_which_models_can_hear_a_voice_message(tcast):
+    def voice_input():
+        r = Client().get("/v1/ugent/status", HTTP_X_API_KEY=tcast.keys["operator"])
+        assert r.status_code == 200
+        return r.json()["status"]["media"]["voice"]["input"]
+    assert voice_input() == {"available": False, "reason": "no_engine", "transcription": False,
+                             "dictation": False, "native_models": []}
+    from plugins_app.agent.models import AgentProfile
+    AgentProfile.objects.create(name="gone", provider="not-installed")  # hears nothing, breaks nothing
+    _multimodal_profile("listener")
+    assert voice_input() == {"available": True, "transcription": False, "dictation": False,
+                             "native_models": ["listener"]}

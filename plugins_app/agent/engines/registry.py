@@ -91,6 +91,13 @@ def engine_class(provider: str) -> type:
     return found
 
 
+def profile_hears_audio(profile) -> bool:
+    """Whether the profile's engine takes audio itself (a MultimodalChatEngine: a voice message's recording
+    reaches it as audio). Raises LookupError when its engine is not installed."""
+    from ovos_plugin_manager.templates.agents import MultimodalChatEngine
+    return issubclass(engine_class(profile.provider), MultimodalChatEngine)
+
+
 def engine_for_profile(profile) -> object:
     key = (profile.pk, profile.updated_at, profile.provider)
     with _lock:
