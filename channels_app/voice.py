@@ -10,7 +10,9 @@ before a client offers a microphone.
 """
 from __future__ import annotations
 
-from channels_app.models import File
+from channels_app import access
+from channels_app.errors import ApplicationError
+from channels_app.models import File, Turn, TurnState
 
 #: The answer to a voice message nothing here can hear ({model}: the conversation's model).
 UNHEARD_ANSWER = ("This voice message cannot be heard here: no transcription engine is installed and the "
@@ -58,3 +60,34 @@ def unheard_answer(*, input_mode: str | None, text: str, file_ids: list, profile
         except LookupError:
             return None  # an engine that is not installed fails the turn as it always does
     return UNHEARD_ANSWER.format(model=getattr(profile, "name", None) or "of this conversation")
+
+
+# --- dictation, read aloud and live calls: not built in this build ------------------------------
+
+DICTATION_UNAVAILABLE = ("Dictation is unavailable here: no transcription engine is installed "
+                         "(GET /v1/ugent/status: media.voice.input.dictation is false).")
+SPEECH_UNAVAILABLE = ("Read aloud is unavailable here: no speech engine is installed "
+                      "(GET /v1/ugent/status: media.voice.output.reason is no_engine).")
+LIVE_UNAVAILABLE = ("Live calls are unavailable here: no voice model is installed "
+                    "(GET /v1/ugent/status: media.voice.live.reason is no_engine).")
+NO_FINISHED_TURN = "No such finished turn in this conversation."
+
+
+def dictation() -> dict:
+    """POST /v1/ugent/transcribe: nothing here can transcribe; a 503 that says so, keeping nothing."""
+    raise ApplicationError(DICTATION_UNAVAILABLE, status=503, code="voice_unavailable")
+
+
+def speech(*, viewer: access.Viewer, conversation_id: str, turn_id: str, segment: int) -> dict:
+    """POST /v1/ugent/speech: another person's turn, an unfinished one and an unknown one are a 404 (the
+    spec's), then a 503: nothing here can speak."""
+    turn = Turn.objects.select_related("conversation").filter(
+        turn_id=turn_id, conversation__external_id=conversation_id).first()
+    if turn is None or not access.turn_is_theirs(viewer, turn) or turn.state != TurnState.COMPLETED:
+        raise ApplicationError(NO_FINISHED_TURN, status=404, code="turn_not_found")
+    raise ApplicationError(SPEECH_UNAVAILABLE, status=503, code="voice_unavailable")
+
+
+def live_call() -> dict:
+    """GET /v1/ugent/live: this build holds no calls (a WebSocket client would be closed with 4422)."""
+    raise ApplicationError(LIVE_UNAVAILABLE, status=503, code="voice_unavailable")

@@ -46,11 +46,15 @@ ENDPOINTS = {
     "v1/ugent/steering": ("POST", {"conversation_id": "cc", "message": "steer"}, 409, 404),
     # /refine offers carol's own last message back: a command reaches the conversation as a message does
     "v1/ugent/commands": ("POST", {"conversation_id": "cc", "command": "/refine"}, 200, 403),
+    # read aloud: carol's finished turn is hers (then: no speech engine here, a 503); anyone else's a 404
+    "v1/ugent/speech": ("POST", {"conversation_id": "cc", "turn_id": "turn-carol"}, 503, 404),
 }
 # The API schema and its page describe the API, never anyone's data: no key, no user.
 NAMES_NOBODY = {"v1/models", "v1/health", "v1/ugent/status", "v1/openapi.json", "v1/docs",
                 # the operator's host endpoints: operator keys only, naming nobody
-                "v1/ugent/sandbox", "v1/ugent/directory", "v1/ugent/conversations/repair"}
+                "v1/ugent/sandbox", "v1/ugent/directory", "v1/ugent/conversations/repair",
+                # dictation and live calls: nothing installed here to do them, a 503 before anyone is named
+                "v1/ugent/transcribe", "v1/ugent/live"}
 
 
 def test_every_endpoint_that_names_a_user_is_in_the_identity_matrix():
@@ -87,6 +91,7 @@ def world(tcast, settings, tmp_path):
     f = files.file_upload(actor=conv.owner, caller=conv.caller, conversation_id="cc",
                           upload=SimpleUploadedFile("carol.txt", SECRET.encode()))
     File.objects.filter(pk=f.pk).update(file_id="file-carol")
+    Turn.objects.filter(conversation=conv).update(turn_id="turn-carol")
     yield {"tokens": tokens, "verified": verified}
     server.close()
     federation.jwks_reset()
@@ -145,7 +150,7 @@ def test_the_identity_cast_on_each_endpoint(route, verified, world):
         if expect == "owner":
             assert resp.status_code == owner_status, cell
             if route not in ("v1/chat/completions", "v1/ugent/stop", "v1/ugent/steering", "v1/ugent/activity",
-                             "v1/files"):
+                             "v1/files", "v1/ugent/speech"):
                 assert SECRET in body, cell
             continue
         status, message = (other_status, None) if expect == "other" else expect

@@ -143,6 +143,13 @@ MATRIX: dict[str, list[Case]] = {
         Case("POST", {"command": "/model scripted"}, {**any_key(), "application, anonymous": (403, False),
                                                      "application, federated": (403, False)}),
     ],
+    # voice (channels_app.voice): nothing installed can transcribe, speak or hold a call, so a 503 to every
+    # key; read aloud first answers 404 to anyone whose turn it is not, as for an unknown one
+    "v1/ugent/transcribe": [Case("POST", {"conversation_id": "ca"}, any_key((503, False)), multipart=True)],
+    "v1/ugent/speech": [Case("POST", {"conversation_id": "ca", "turn_id": "{turn_id}", "segment": 0},
+                             owner_only(allowed=(503, False), denied=(404, False)),
+                             denied_message="No such finished turn in this conversation.")],
+    "v1/ugent/live": [Case("GET", {}, any_key((503, False)))],
     # the operator's host endpoints: operator keys only, as /v1/ugent/status
     "v1/ugent/sandbox": [Case("GET", {}, {**any_key(), "application, anonymous": (403, False),
                                            "application, federated": (403, False)})],

@@ -1,0 +1,57 @@
+"""The voice endpoints in a build with no transcription, speech or voice-call engine: each answers why
+(a 503), after the checks a working endpoint makes; read aloud never reveals another person's turn."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.test import Client
+
+from channels_app import voice
+from channels_app.models import Turn
+from tests.conftest import OPERATOR_KEY
+
+pytestmark = pytest.mark.django_db
+
+
+def chat(user, text="hello", conversation_id="cv"):
+    body = {"messages": [{"role": "user", "content": text}], "conversation_id": conversation_id, "user": user}
+    r = Client().post("/v1/chat/completions", data=json.dumps(body), content_type="application/json",
+                      HTTP_X_API_KEY=OPERATOR_KEY)
+    assert r.status_code == 200, r.content
+    return r.json()["ugent_turn_id"]
+
+
+def speech(user, **body):
+    return Client().post("/v1/ugent/speech", data=json.dumps({"user": user, **body}),
+                         content_type="application/json", HTTP_X_API_KEY=OPERATOR_KEY)
+
+
+def test_read_aloud_names_a_finished_turn_of_ones_own_and_says_why_it_cannot_speak(tcast):
+    turn_id = chat("alice")
+    r = speech("alice", conversation_id="cv", turn_id=turn_id, segment=0)
+    assert r.status_code == 503 and r.json()["error"]["message"] == voice.SPEECH_UNAVAILABLE
+    assert r.json()["error"]["code"] == "voice_unavailable"
+    # another person's turn, an unknown one and an unfinished one are all the same 404
+    for user, conv, tid in (("bob", "cv", turn_id), ("alice", "cv", "turn-nope"), ("alice", "other", turn_id)):
+        r = speech(user, conversation_id=conv, turn_id=tid)
+        assert r.status_code == 404 and r.json()["error"]["message"] == voice.NO_FINISHED_TURN, (user, conv, tid)
+    Turn.objects.filter(turn_id=turn_id).update(state="running")
+    assert speech("alice", conversation_id="cv", turn_id=turn_id).status_code == 404
+
+
+@pytest.mark.parametrize("body, param", [({"turn_id": "t"}, "conversation_id"), ({"conversation_id": "cv"}, "turn_id"),
+                                         ({"conversation_id": "cv", "turn_id": "t", "segment": -1}, "segment")])
+def test_read_aloud_refuses_bad_input_naming_the_field(tcast, body, param):
+    r = speech("alice", **body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param
+
+
+def test_dictation_and_live_calls_say_why_they_are_unavailable(tcast):
+    import io
+    f = io.BytesIO(b"RIFF")
+    f.name = "v.wav"
+    r = Client().post("/v1/ugent/transcribe", data={"file": f, "conversation_id": "cv"}, HTTP_X_API_KEY=OPERATOR_KEY)
+    assert r.status_code == 503 and r.json()["error"]["message"] == voice.DICTATION_UNAVAILABLE
+    r = Client().get("/v1/ugent/live", {"conversation_id": "cv"}, HTTP_X_API_KEY=OPERATOR_KEY)
+    assert r.status_code == 503 and r.json()["error"]["message"] == voice.LIVE_UNAVAILABLE
