@@ -380,8 +380,9 @@ def test_a_file_that_holds_no_text_is_named_for_a_text_engine(tcast):
     assert "(no text can be read from this kind of file)" in CALLS[-1]["messages"][-1][1]
 
 
-def test_a_multimodal_engine_gets_the_bytes(tcast):
-    import base64
+def _multimodal_profile(name="mm"):
+    """A profile whose engine takes images and audio itself (the scripted engine, multimodal); the last
+    message of each of its calls is kept in the list returned."""
     from ovos_plugin_manager.templates.agents import MultimodalChatEngine
     from plugins_app.agent.engines.registry import register_engine
     from plugins_app.agent.models import AgentProfile
@@ -394,7 +395,13 @@ def test_a_multimodal_engine_gets_the_bytes(tcast):
             return super().stream_events(messages, **kwargs)
 
     register_engine("scripted-mm", Multimodal)
-    AgentProfile.objects.create(name="mm", provider="scripted-mm")
+    AgentProfile.objects.create(name=name, provider="scripted-mm")
+    return seen
+
+
+def test_a_multimodal_engine_gets_the_bytes(tcast):
+    import base64
+    seen = _multimodal_profile()
     png, wav = png_bytes(), wav_bytes(0.1)
     pid = upload(tcast.alice, png, name="p.png").json()["id"]
     wid = upload(tcast.alice, wav, name="v.wav").json()["id"]
@@ -501,23 +508,6 @@ def test_the_s3_option_loads_django_storages_s3_backend_with_its_settings(tmp_pa
 
 
 # --- voice messages: what can hear them (channels_app/voice.py) ----------------------------------
-
-def _multimodal_profile(name="mm"):
-    from ovos_plugin_manager.templates.agents import MultimodalChatEngine
-    from plugins_app.agent.engines.registry import register_engine
-    from plugins_app.agent.models import AgentProfile
-    from tests.support.scripted import ScriptedEngine
-    seen = []
-
-    class Multimodal(ScriptedEngine, MultimodalChatEngine):
-        def stream_events(self, messages, **kwargs):
-            seen.append(messages[-1])
-            return super().stream_events(messages, **kwargs)
-
-    register_engine("scripted-mm", Multimodal)
-    AgentProfile.objects.create(name=name, provider="scripted-mm")
-    return seen
-
 
 def test_a_voice_message_nothing_can_hear_is_answered_with_why_without_a_model_call(tcast):
     from channels_app import voice
