@@ -748,10 +748,14 @@ class LeaseKeeper:
         grace = 2 * settings.UGENT_TURN_LEASE_RENEW_SECONDS
         for pk, deadline in held.items():
             if time.monotonic() > deadline + grace:
-                turn = Turn.objects.select_related("actor").filter(pk=pk, state=TurnState.RUNNING).first()
-                if turn is not None:
-                    turn_end(turn=turn, state=TurnState.FAILED, answer_streamed=True,
-                             reason=TIME_LIMIT_REASON, code="time_limit")
+                try:
+                    turn = Turn.objects.select_related("actor").filter(pk=pk, state=TurnState.RUNNING).first()
+                    if turn is not None:
+                        turn_end(turn=turn, state=TurnState.FAILED, answer_streamed=True,
+                                 reason=TIME_LIMIT_REASON, code="time_limit")
+                except Exception:  # this one is tried again next tick; the others' ends go on
+                    log.exception("ending an overdue turn failed (turn pk=%s)", pk)
+                    continue
                 self.release(pk)
         return renewed
 

@@ -121,6 +121,26 @@ def test_the_lease_keeper_outlives_an_error_between_its_renewals(tcast, settings
         keeper._wake.set()
 
 
+def test_one_overdue_turn_whose_end_fails_does_not_keep_the_others_running(tcast, monkeypatch):
+    keeper = runner.LeaseKeeper()
+    first = running_turn(tcast, "first", lease_in=1)
+    second = running_turn(tcast, "second", lease_in=1)
+    keeper._held = {first.pk: 0.0, second.pk: 0.0}  # both long past their limit
+    real = runner.turn_end
+
+    def end(*, turn, **kw):
+        if turn.pk == first.pk:
+            raise RuntimeError("database hiccup")
+        return real(turn=turn, **kw)
+    monkeypatch.setattr(runner, "turn_end", end)
+    keeper.tick()
+    assert Turn.objects.get(pk=second.pk).state == "failed"
+    assert Turn.objects.get(pk=first.pk).state == "running" and keeper.held() == [first.pk]  # tried again
+    monkeypatch.setattr(runner, "turn_end", real)
+    keeper.tick()
+    assert Turn.objects.get(pk=first.pk).state == "failed" and keeper.held() == []
+
+
 def test_a_lease_keeper_that_died_is_replaced_by_the_next_hold(tcast):
     keeper = runner.LeaseKeeper()
     import threading
