@@ -505,7 +505,7 @@ class TurnRun:
         if self.tools and self.tool_steps <= settings.UGENT_TOOL_STEP_LIMIT:
             offered = self.tools.specs
         self.offered = offered is not None
-        messages = self.memory_recall(self.code_context(list(self.messages)))
+        messages = self.profile_context(self.memory_recall(self.code_context(list(self.messages))))
         for item in stream_items(self.engine, messages, session_id=self.turn.conversation.external_id,
                                  tools=offered, should_stop=self.should_stop):
             self.handle(item)
@@ -520,6 +520,15 @@ class TurnRun:
             self.recall = turn_recall(actor_key=self.turn.actor.key, disabled=self.turn.disable_memory_recall,
                                       session_id=self.turn.conversation.external_id)
         return self.recall.messages(messages)
+
+    def profile_context(self, messages: list) -> list:
+        """The profile's own memory engine (AgentProfile.memory_engine), where it names one, builds the
+        context the engine sees from the turn's history (plugins_app.agent.memory.profile_context)."""
+        if not self.turn.profile or not self.turn.profile.memory_engine:
+            return messages
+        from plugins_app.agent.memory import profile_context
+        return profile_context(profile=self.turn.profile, messages=messages,
+                               session_id=self.turn.conversation.external_id)
 
     def code_context(self, messages: list) -> list:
         """Code context (plugins_app.agent.code_context): the working directory's chunks most relevant to

@@ -18,7 +18,10 @@ class AgentProfile(TimeStamped):
         "The chat engine's config. Keys named like a secret (api_key, *_token, *password*, …) are stored "
         "encrypted and never shown back."))
     memory_engine = models.CharField(max_length=100, blank=True, default="",
-                                     help_text="An opm.agents.memory entry point (optional).")
+                                     help_text=("An opm.agents.memory entry point (an AgentContextManager, "
+                                                "optional): it builds the context each model call sees from "
+                                                "the turn's history; its config is this profile's config under "
+                                                "the engine's name."))
     summarizer_engine = models.CharField(max_length=100, blank=True, default="",
                                          help_text=("The opm.agents.summarizer.chat entry point that writes compaction "
                                                     "summaries: ugent-extractive (offline, the default when "

@@ -110,3 +110,73 @@ def test_every_call_recalls_again_before_each_model_call_of_a_tool_loop(looping)
 def test_per_prompt_recalls_once_and_shows_that_recall_to_every_model_call(looping):
     first, second = looping("per_prompt")
     assert first == second == [RECALL_HEADER + "\n- User's name is Alice."]
+
+
+# --- a profile's own memory engine (AgentProfile.memory_engine, an AgentContextManager) --------------
+
+class KnowledgeContext:
+    """A test AgentContextManager: the history it is handed, a context block from its config, the message."""
+
+    handed: list = []
+
+    def __init__(self, config=None):
+        self.config = config or {}
+        self.history: dict = {}
+
+    def get_history(self, session_id):
+        return list(self.history.get(session_id, []))
+
+    def update_history(self, new_messages, session_id):
+        self.history.setdefault(session_id, []).extend(new_messages)
+        KnowledgeContext.handed.append([(m.role.value, m.content) for m in new_messages])
+
+    def build_conversation_context(self, utterance, session_id):
+        from ovos_plugin_manager.templates.agents import AgentMessage, MessageRole
+        if self.config.get("fail"):
+            raise RuntimeError("the knowledge base is down")
+        return [*self.get_history(session_id),
+                AgentMessage(role=MessageRole.SYSTEM, content=f"{self.config['header']} {utterance}"),
+                AgentMessage(role=MessageRole.USER, content=utterance)]
+
+
+@pytest.fixture
+def knowledge(tcast):
+    from plugins_app.agent.engines.registry import register_memory_engine
+    register_memory_engine("test-knowledge", KnowledgeContext)
+    KnowledgeContext.handed = []
+    tcast.profile.memory_engine = "test-knowledge"
+    tcast.profile.config = {"test-knowledge": {"header": "Knowledge for:"}}
+    tcast.profile.save()
+    return tcast
+
+
+def test_a_profiles_memory_engine_builds_the_context_the_engine_sees(knowledge):
+    answer(chat(knowledge.alice, "first question", conversation_id="k1"))
+    assert CALLS[-1]["messages"][-2:] == [("system", "Knowledge for: first question"), ("user", "first question")]
+    answer(chat(knowledge.alice, "second question", conversation_id="k1"))
+    messages = CALLS[-1]["messages"]
+    assert messages[-2:] == [("system", "Knowledge for: second question"), ("user", "second question")]
+    assert ("user", "first question") in messages  # the conversation's history, handed to it by the hub
+    # each turn's engine is handed the history once, not the history of every turn before piled up
+    assert KnowledgeContext.handed[-1].count(("user", "first question")) == 1
+
+
+def test_a_failing_memory_engine_costs_its_context_never_the_turn(knowledge, caplog):
+    import logging
+    knowledge.profile.config = {"test-knowledge": {"header": "x", "fail": True}}
+    knowledge.profile.save()
+    with caplog.at_level(logging.WARNING, logger="ugent.memory"):
+        text = answer(chat(knowledge.alice, "still answered", conversation_id="k2"))
+    assert "still answered" in text
+    assert CALLS[-1]["messages"][-1] == ("user", "still answered")
+    assert not any(c.startswith("x ") for _, c in CALLS[-1]["messages"])
+    assert any("memory engine failed" in m and "the knowledge base is down" in m for m in caplog.messages)
+
+
+def test_a_memory_engine_that_is_not_installed_costs_nothing_but_a_warning(tcast, caplog):
+    import logging
+    tcast.profile.memory_engine = "no-such-memory-engine"
+    tcast.profile.save()
+    with caplog.at_level(logging.WARNING, logger="ugent.memory"):
+        assert "hello" in answer(chat(tcast.alice, "hello", conversation_id="k3"))
+    assert any("no memory engine named 'no-such-memory-engine'" in m for m in caplog.messages)

@@ -253,6 +253,42 @@ def summarizer_class(name: str) -> type:
     raise LookupError(f"no chat summariser named '{name}' is installed")
 
 
+MEMORY_GROUP = "opm.agents.memory"
+_extra_memory: dict[str, type] = {}
+
+
+def register_memory_engine(name: str, cls: type) -> None:
+    """Register an AgentContextManager class in-process (tests, embedding applications)."""
+    _extra_memory[name] = cls
+
+
+def memory_engine_class(name: str) -> type:
+    """The AgentContextManager an opm.agents.memory entry point names; LookupError if none loads."""
+    if name in _extra_memory:
+        return _extra_memory[name]
+    for ep in entry_points(group=MEMORY_GROUP, name=name):
+        try:
+            return ep.load()
+        except Exception as exc:
+            raise LookupError(f"the memory engine '{name}' failed to load: {type(exc).__name__}: {exc}")
+    raise LookupError(f"no memory engine named '{name}' is installed")
+
+
+def memory_engine_for_profile(profile) -> object | None:
+    """A new instance of the profile's AgentContextManager (AgentProfile.memory_engine), None when it
+    names none. Its config is the profile's config under the engine's name (as ovos-persona passes a
+    memory module its block), with the profile's system prompt. A new one each turn: the hub hands it
+    the conversation's history, so nothing piles up in it from turn to turn."""
+    name = getattr(profile, "memory_engine", "") if profile is not None else ""
+    if not name:
+        return None
+    from ugent_common.secrets import secrets_opened
+    config = secrets_opened(dict((profile.config or {}).get(name) or {}))
+    if profile.system_prompt and "system_prompt" not in config:
+        config["system_prompt"] = profile.system_prompt
+    return memory_engine_class(name)(config)
+
+
 def summarizer_for_profile(profile) -> object:
     """The profile's ChatSummarizerEngine (AgentProfile.summarizer_engine, else ugent-extractive), built
     from the profile's config without its system prompt; one instance per profile version."""

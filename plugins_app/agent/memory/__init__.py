@@ -24,3 +24,13 @@ def turn_recall(*, actor_key: str, disabled: bool, session_id: str = "default"):
     """The recall of one turn (recall.TurnRecall): `.messages(messages)` before each engine call."""
     from plugins_app.agent.memory.recall import TurnRecall
     return TurnRecall(actor_key=actor_key, disabled=disabled, session_id=session_id)
+
+
+def profile_context(*, profile, messages: list, session_id: str) -> list:
+    """`messages` as the profile's memory engine (AgentProfile.memory_engine, an AgentContextManager) builds
+    them, where it names one: it is handed the history before the newest user message and asked for the
+    context of that message; what follows the message (a tool loop's calls and results) stays after it.
+    An engine that fails, or answers without the user's message last, leaves `messages` as they were
+    (logged): a memory plugin never fails a turn."""
+    from plugins_app.agent.memory.context import context_of
+    return context_of(profile=profile, messages=messages, session_id=session_id)

@@ -1,0 +1,36 @@
+"""A profile's own AgentContextManager (AgentProfile.memory_engine) over what a turn's engine is shown."""
+from __future__ import annotations
+
+import logging
+
+from ovos_plugin_manager.templates.agents import MessageRole
+
+log = logging.getLogger("ugent.memory")
+
+
+def _role(message) -> str:
+    return getattr(message.role, "value", message.role)
+
+
+def context_of(*, profile, messages: list, session_id: str) -> list:
+    if not getattr(profile, "memory_engine", "") or not messages:
+        return messages
+    users = [i for i, m in enumerate(messages) if _role(m) == MessageRole.USER.value]
+    if not users:
+        return messages
+    at = users[-1]
+    try:
+        from plugins_app.agent.engines.registry import memory_engine_for_profile
+        manager = memory_engine_for_profile(profile)
+        manager.update_history(list(messages[:at]), session_id)
+        built = list(manager.build_conversation_context(messages[at].content, session_id))
+    except Exception as exc:  # a plugin's failure costs its context, never the turn
+        log.warning("memory engine failed; the turn goes on without it (profile=%s, engine=%s, error=%s: %s)",
+                    profile.name, profile.memory_engine, type(exc).__name__, exc)
+        return messages
+    if not built or _role(built[-1]) != MessageRole.USER.value:
+        log.warning("memory engine's context does not end with the user's message; it is left out "
+                    "(profile=%s, engine=%s)", profile.name, profile.memory_engine)
+        return messages
+    # the engine rebuilt the user's message from its text: the turn's own (files, parts) is kept
+    return built[:-1] + [messages[at]] + list(messages[at + 1:])
