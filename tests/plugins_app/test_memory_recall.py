@@ -117,6 +117,23 @@ def test_a_fact_is_counted_once_for_each_turn_it_is_stated_in(backend):
     assert created and bobs.seen_count == 1
 
 
+def test_a_sighting_whose_count_failed_is_not_kept(backend, monkeypatch):
+    from django.db.models.query import QuerySet
+    save(ALICE, "User likes green tea.", seen_in="t1")
+    real = QuerySet.update
+
+    def failing(self, **kw):
+        if self.model is MemoryFact and "seen_count" in kw:
+            raise RuntimeError("the database went away")
+        return real(self, **kw)
+    monkeypatch.setattr(QuerySet, "update", failing)
+    with pytest.raises(RuntimeError):
+        save(ALICE, "User likes green tea.", seen_in="t2")
+    monkeypatch.setattr(QuerySet, "update", real)
+    # the task runs again: t2 was never counted, so it counts now, once
+    assert save(ALICE, "User likes green tea.", seen_in="t2").seen_count == 2
+
+
 def test_an_ephemeral_facts_expiry_moves_only_when_it_is_stated_again(backend):
     fact = save(ALICE, "User needs green tea tonight.", tier="ephemeral", seen_in="t1")
     MemoryFact.objects.filter(pk=fact.pk).update(expires_at=fact.expires_at - timedelta(minutes=5))

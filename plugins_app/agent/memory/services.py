@@ -53,15 +53,17 @@ def fact_save(*, actor_key: str, text: str, tier: str = Tier.CONTEXTUAL, source:
         created = True
     except IntegrityError:  # the same fact, saved before (or just now by another worker): merge
         fact = MemoryFact.objects.get(actor_key=actor_key, normalized=key)
-        changes = {}
-        if _sighted(fact, seen_in):
-            changes = {"seen_count": F("seen_count") + 1, "last_seen_at": now, "updated_at": now}
-        if tier == Tier.CORE and fact.tier != Tier.CORE:
-            changes.update(tier=Tier.CORE, expires_at=None, updated_at=now)
-        elif fact.tier == Tier.EPHEMERAL and changes:
-            changes["expires_at"] = _expiry(Tier.EPHEMERAL)
+        with transaction.atomic():  # the sighting and its count commit together: a crash between them
+            changes = {}            # would leave a sighting whose statement was never counted
+            if _sighted(fact, seen_in):
+                changes = {"seen_count": F("seen_count") + 1, "last_seen_at": now, "updated_at": now}
+            if tier == Tier.CORE and fact.tier != Tier.CORE:
+                changes.update(tier=Tier.CORE, expires_at=None, updated_at=now)
+            elif fact.tier == Tier.EPHEMERAL and changes:
+                changes["expires_at"] = _expiry(Tier.EPHEMERAL)
+            if changes:
+                MemoryFact.objects.filter(pk=fact.pk).update(**changes)
         if changes:
-            MemoryFact.objects.filter(pk=fact.pk).update(**changes)
             fact.refresh_from_db()
         created = False
     if created or not fact.embedding:
