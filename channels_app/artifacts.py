@@ -266,16 +266,20 @@ def artifacts_expire_pending(*, now=None) -> int:
     from django.utils import timezone
     now = now or timezone.now()
     cutoff = now - dt.timedelta(seconds=settings.UGENT_ARTIFACT_PENDING_SECS)
-    horizon = now - dt.timedelta(seconds=settings.UGENT_EVENT_RETENTION_SECS)  # older ones are pruned anyway
-    turn_pks = set(Event.objects.filter(type="ugent.artifacts_pending", created_at__lte=cutoff,
-                                        created_at__gt=horizon, turn__isnull=False)
-                   .values_list("turn_id", flat=True))
+    # Announced since the window's start: a turn ends within its run limit of its announcement, and the
+    # job runs every UGENT_FILES_PRUNE_EVERY_SECS, so a day's slack beyond both covers a beat that was
+    # down a while, without each run reading every artifact of the events' retention (every stored
+    # artifact is announced pending first).
+    window = max(86400, settings.UGENT_TURN_RUN_LIMIT + 2 * settings.UGENT_FILES_PRUNE_EVERY_SECS)
+    turn_pks = sorted(set(Event.objects.filter(type="ugent.artifacts_pending", created_at__lte=cutoff,
+                                               created_at__gt=cutoff - dt.timedelta(seconds=window),
+                                               turn__isnull=False).values_list("turn_id", flat=True)))
     expired = 0
-    for turn_pk in sorted(turn_pks):
-        state, listed = Turn.objects.filter(pk=turn_pk).values_list("state", "artifacts").first() or (None, None)
-        if state is None or state in LIVE_STATES or not any(a.get("pending") for a in listed or []):
-            continue  # the cheap look first: most are finished or expired already
-        expired += _expire_pending_of(turn_pk, cutoff)
+    for at in range(0, len(turn_pks), 500):  # the cheap look first, 500 turns a read: most have none pending
+        ended = Turn.objects.filter(pk__in=turn_pks[at:at + 500]).exclude(state__in=LIVE_STATES)
+        for turn_pk, listed in ended.values_list("pk", "artifacts"):
+            if any(a.get("pending") for a in listed or []):
+                expired += _expire_pending_of(turn_pk, cutoff)
     return expired
 
 

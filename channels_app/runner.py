@@ -527,8 +527,9 @@ class TurnRun:
         if not self.turn.profile or not self.turn.profile.memory_engine:
             return messages
         from plugins_app.agent.memory import profile_context
+        # the conversation's own key: external ids are unique only within a channel and client
         return profile_context(profile=self.turn.profile, messages=messages,
-                               session_id=self.turn.conversation.external_id)
+                               session_id=f"conv-{self.turn.conversation_id}")
 
     def code_context(self, messages: list) -> list:
         """Code context (plugins_app.agent.code_context): the working directory's chunks most relevant to
@@ -781,6 +782,10 @@ class LeaseKeeper:
                     close_old_connections()
                 except Exception:  # a database hiccup: the next tick tries again, well inside the lease
                     log.exception("turn lease renewal failed")
+                    try:
+                        close_old_connections()  # a connection the hiccup broke is not used again
+                    except Exception:
+                        log.exception("closing the lease keeper's connection failed")
         finally:
             connection.close()
 

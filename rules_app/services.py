@@ -312,7 +312,8 @@ def memory_extract(*, turn, first_message: bool = False) -> str:
         # the turn's own message is the one below, not one of the exchanges before it. Each is named by
         # its turn, so a fact an earlier extraction counted from it is not counted again.
         said = [(content, ref or "") for content, ref in
-                Message.objects.filter(conversation_id=turn.conversation_id, role=Message.Role.USER)
+                Message.objects.filter(conversation_id=turn.conversation_id, role=Message.Role.USER,
+                                       actor_id=turn.actor_id)  # the sender's own: not a group's others
                 .exclude(turn_id=turn.pk).order_by("-id")
                 .values_list("content", "turn__turn_id")[:settings.UGENT_MEMORY_EXCHANGES]][::-1]
     said.append((text, turn.turn_id))

@@ -11,6 +11,13 @@ def _add(apps, schema_editor):
     # go on meanwhile (CREATE INDEX CONCURRENTLY, outside a transaction); elsewhere as any index.
     model = apps.get_model("channels_app", "Event")
     if schema_editor.connection.vendor == "postgresql":
+        # a build that failed or was cancelled leaves an invalid index of that name: drop it, build again
+        with schema_editor.connection.cursor() as cur:
+            cur.execute("SELECT NOT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+                        "WHERE c.relname = %s", [INDEX.name])
+            row = cur.fetchone()
+        if row and row[0]:
+            schema_editor.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{INDEX.name}"')
         sql = str(INDEX.create_sql(model, schema_editor, concurrently=True))
         schema_editor.execute(sql.replace("CREATE INDEX CONCURRENTLY", "CREATE INDEX CONCURRENTLY IF NOT EXISTS", 1))
     else:

@@ -187,6 +187,9 @@ def test_a_pending_artifact_that_never_arrives_is_listed_failed_once_its_wait_is
     files = File.objects.count()
     assert artifacts.artifact_finish(turn_id=turn_id, artifact_id="big-1", content=b"late") is None
     assert File.objects.count() == files and Receipt.objects.get().files[1] == failed
+    # an announcement older than the job's window (a day past its wait) is not read again by each run
+    Turn.objects.update(artifacts=[{**failed, "pending": True}])
+    assert artifacts.artifacts_expire_pending(now=now + dt.timedelta(seconds=600 + 86400 + 60)) == 0
 
 
 def test_a_pending_artifact_finished_in_time_is_not_expired(tcast, settings):

@@ -141,6 +141,29 @@ def test_one_overdue_turn_whose_end_fails_does_not_keep_the_others_running(tcast
     assert Turn.objects.get(pk=first.pk).state == "failed" and keeper.held() == []
 
 
+def test_after_a_failed_renewal_the_lease_keeper_lets_go_of_its_connection(tcast, settings, monkeypatch):
+    # a renewal that failed on a connection the database dropped must not leave every later tick on it
+    settings.UGENT_TURN_LEASE_RENEW_SECONDS = 0.05
+    keeper = runner.LeaseKeeper()
+    turn = running_turn(tcast, "alive", lease_in=1)
+    ticks, closes = [], []
+
+    def tick():
+        ticks.append(1)
+        raise RuntimeError("the connection is closed")
+    monkeypatch.setattr(keeper, "tick", tick)
+    monkeypatch.setattr(runner, "close_old_connections", lambda: closes.append(len(ticks)))
+    keeper.hold(turn.pk)
+    try:
+        deadline = time.monotonic() + 10
+        while len(ticks) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(ticks) >= 3 and closes[:2] == [1, 2] and keeper._thread.is_alive()
+    finally:
+        keeper.release(turn.pk)
+        keeper._wake.set()
+
+
 def test_a_lease_keeper_that_died_is_replaced_by_the_next_hold(tcast):
     keeper = runner.LeaseKeeper()
     import threading

@@ -118,6 +118,7 @@ class KnowledgeContext:
     """A test AgentContextManager: the history it is handed, a context block from its config, the message."""
 
     handed: list = []
+    sessions: list = []
 
     def __init__(self, config=None):
         self.config = config or {}
@@ -132,8 +133,11 @@ class KnowledgeContext:
 
     def build_conversation_context(self, utterance, session_id):
         from ovos_plugin_manager.templates.agents import AgentMessage, MessageRole
+        KnowledgeContext.sessions.append(session_id)
         if self.config.get("fail"):
             raise RuntimeError("the knowledge base is down")
+        if self.config.get("dicts"):  # a plugin that answers the wrong shape
+            return [{"role": "user", "content": utterance}]
         return [*self.get_history(session_id),
                 AgentMessage(role=MessageRole.SYSTEM, content=f"{self.config['header']} {utterance}"),
                 AgentMessage(role=MessageRole.USER, content=utterance)]
@@ -144,6 +148,7 @@ def knowledge(tcast):
     from plugins_app.agent.engines.registry import register_memory_engine
     register_memory_engine("test-knowledge", KnowledgeContext)
     KnowledgeContext.handed = []
+    KnowledgeContext.sessions = []
     tcast.profile.memory_engine = "test-knowledge"
     tcast.profile.config = {"test-knowledge": {"header": "Knowledge for:"}}
     tcast.profile.save()
@@ -159,6 +164,9 @@ def test_a_profiles_memory_engine_builds_the_context_the_engine_sees(knowledge):
     assert ("user", "first question") in messages  # the conversation's history, handed to it by the hub
     # each turn's engine is handed the history once, not the history of every turn before piled up
     assert KnowledgeContext.handed[-1].count(("user", "first question")) == 1
+    # its session is the conversation's own key (external ids repeat across channels and clients)
+    from channels_app.models import Conversation
+    assert set(KnowledgeContext.sessions) == {f"conv-{Conversation.objects.get(external_id='k1').pk}"}
 
 
 def test_a_failing_memory_engine_costs_its_context_never_the_turn(knowledge, caplog):
@@ -171,6 +179,15 @@ def test_a_failing_memory_engine_costs_its_context_never_the_turn(knowledge, cap
     assert CALLS[-1]["messages"][-1] == ("user", "still answered")
     assert not any(c.startswith("x ") for _, c in CALLS[-1]["messages"])
     assert any("memory engine failed" in m and "the knowledge base is down" in m for m in caplog.messages)
+
+
+def test_a_memory_engine_answering_the_wrong_shape_costs_its_context_never_the_turn(knowledge, caplog):
+    import logging
+    knowledge.profile.config = {"test-knowledge": {"header": "x", "dicts": True}}
+    knowledge.profile.save()
+    with caplog.at_level(logging.WARNING, logger="ugent.memory"):
+        assert "shaped" in answer(chat(knowledge.alice, "shaped", conversation_id="k4"))
+    assert any("not a list of AgentMessage" in m for m in caplog.messages)
 
 
 def test_a_memory_engine_that_is_not_installed_costs_nothing_but_a_warning(tcast, caplog):

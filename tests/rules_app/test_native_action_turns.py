@@ -209,6 +209,20 @@ def test_extract_memory_reads_the_exchanges_before_it_and_run_again_saves_nothin
     assert MemoryFact.objects.get().seen_count == 2
 
 
+def test_extract_memory_reads_only_the_senders_own_messages(site, tcast, settings, memory_config):
+    # a group conversation holds other people's messages too: their facts are not the sender's
+    from channels_app.models import Actor
+    from plugins_app.agent.memory.models import MemoryFact
+    memory_config.backend("sqlite_fts")
+    site.rules(DECISIONS)
+    chat(tcast.alice, "hello", conversation_id="g1")
+    conv = the_turn("g1").conversation
+    bob = Actor.objects.create(key="slack:bob", channel="slack", user_id="bob")
+    Message.objects.create(conversation=conv, role=Message.Role.USER, content="my name is Bob", actor=bob)
+    assert answer(chat(tcast.alice, "remember this", conversation_id="g1")) == "Found nothing new to save to memory."
+    assert not MemoryFact.objects.exists()
+
+
 def test_a_spoken_extract_memory_writes_nothing(site, tcast, memory_config):
     from plugins_app.agent.memory.models import MemoryFact
     memory_config.backend("sqlite_fts")

@@ -6,6 +6,7 @@ connection pool warm.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import threading
@@ -95,7 +96,8 @@ def profile_hears_audio(profile) -> bool:
     """Whether the profile's engine takes audio itself (a MultimodalChatEngine: a voice message's recording
     reaches it as audio). Raises LookupError when its engine is not installed."""
     from ovos_plugin_manager.templates.agents import MultimodalChatEngine
-    return issubclass(engine_class(profile.provider), MultimodalChatEngine)
+    cls = engine_class(profile.provider)
+    return isinstance(cls, type) and issubclass(cls, MultimodalChatEngine)  # (an entry point may be a factory)
 
 
 def engine_for_profile(profile) -> object:
@@ -266,6 +268,12 @@ def memory_engine_class(name: str) -> type:
     """The AgentContextManager an opm.agents.memory entry point names; LookupError if none loads."""
     if name in _extra_memory:
         return _extra_memory[name]
+    return _memory_entry_point(name)
+
+
+@functools.cache
+def _memory_entry_point(name: str) -> type:
+    # one scan of the entry points per name and process (a turn asks at every model call)
     for ep in entry_points(group=MEMORY_GROUP, name=name):
         try:
             return ep.load()

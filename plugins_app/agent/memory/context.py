@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import logging
 
-from ovos_plugin_manager.templates.agents import MessageRole
+from ovos_plugin_manager.templates.agents import AgentMessage, MessageRole
 
 log = logging.getLogger("ugent.memory")
+ROLES = {r.value for r in MessageRole}
 
 
 def _role(message) -> str:
@@ -24,13 +25,13 @@ def context_of(*, profile, messages: list, session_id: str) -> list:
         manager = memory_engine_for_profile(profile)
         manager.update_history(list(messages[:at]), session_id)
         built = list(manager.build_conversation_context(messages[at].content, session_id))
+        if not built or not all(isinstance(m, AgentMessage) and _role(m) in ROLES for m in built):
+            raise TypeError("its context is not a list of AgentMessage")
+        if _role(built[-1]) != MessageRole.USER.value:
+            raise TypeError("its context does not end with the user's message")
     except Exception as exc:  # a plugin's failure costs its context, never the turn
         log.warning("memory engine failed; the turn goes on without it (profile=%s, engine=%s, error=%s: %s)",
                     profile.name, profile.memory_engine, type(exc).__name__, exc)
-        return messages
-    if not built or _role(built[-1]) != MessageRole.USER.value:
-        log.warning("memory engine's context does not end with the user's message; it is left out "
-                    "(profile=%s, engine=%s)", profile.name, profile.memory_engine)
         return messages
     # the engine rebuilt the user's message from its text: the turn's own (files, parts) is kept
     return built[:-1] + [messages[at]] + list(messages[at + 1:])
