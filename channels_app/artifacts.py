@@ -23,6 +23,7 @@ engine is shown each artifact without its bytes.
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import binascii
 import logging
 import os
@@ -32,6 +33,7 @@ from typing import Any, Callable
 
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from channels_app import file_parts, sandbox, statements
 from channels_app.errors import ApplicationError
@@ -261,9 +263,6 @@ def artifacts_expire_pending(*, now=None) -> int:
     and the receipt's files, and announced so in `ugent.artifacts` on the conversation's log; a finish that
     comes later stores nothing. A running turn's are left to its end, then to the next run. Returns how
     many artifacts were expired."""
-    import datetime as dt
-
-    from django.utils import timezone
     now = now or timezone.now()
     cutoff = now - dt.timedelta(seconds=settings.UGENT_ARTIFACT_PENDING_SECS)
     # Announced since the window's start: a turn ends within its run limit of its announcement, and the

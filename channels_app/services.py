@@ -367,7 +367,7 @@ def _submit_locked(inbound: Submission, conversation: Conversation, created: boo
                 "disable_memory_write": inbound.disable_memory_write,
                 "allowed_tools": inbound.allowed_tools, "denied_tools": inbound.denied_tools})
     unheard = voice.unheard_answer(input_mode=inbound.input_mode, text=inbound.text, file_ids=inbound.file_ids,
-                                   profile=profile) if inbound.input_mode == "voice" else None
+                                   profile=profile)
     if unheard is not None:  # answered with why, before routing and without a model call
         stop = hooks.HookStop(unheard, state="refused", reason=voice.UNHEARD_REASON, decided_by="voice")
     else:

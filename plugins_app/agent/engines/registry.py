@@ -247,12 +247,17 @@ def summarizer_class(name: str) -> type:
     if name in _BUILTIN_SUMMARIZERS:
         module, _, attr = _BUILTIN_SUMMARIZERS[name].partition(":")
         return getattr(importlib.import_module(module), attr)
-    for ep in entry_points(group=SUMMARIZER_GROUP, name=name):
+    return _plugin_class(SUMMARIZER_GROUP, name, "chat summariser")
+
+
+def _plugin_class(group: str, name: str, what: str) -> type:
+    """The class the entry point `name` of `group` loads; LookupError (naming `what`) if none loads."""
+    for ep in entry_points(group=group, name=name):
         try:
             return ep.load()
         except Exception as exc:
-            raise LookupError(f"the chat summariser '{name}' failed to load: {type(exc).__name__}: {exc}")
-    raise LookupError(f"no chat summariser named '{name}' is installed")
+            raise LookupError(f"the {what} '{name}' failed to load: {type(exc).__name__}: {exc}")
+    raise LookupError(f"no {what} named '{name}' is installed")
 
 
 MEMORY_GROUP = "opm.agents.memory"
@@ -274,12 +279,7 @@ def memory_engine_class(name: str) -> type:
 @functools.cache
 def _memory_entry_point(name: str) -> type:
     # one scan of the entry points per name and process (a turn asks at every model call)
-    for ep in entry_points(group=MEMORY_GROUP, name=name):
-        try:
-            return ep.load()
-        except Exception as exc:
-            raise LookupError(f"the memory engine '{name}' failed to load: {type(exc).__name__}: {exc}")
-    raise LookupError(f"no memory engine named '{name}' is installed")
+    return _plugin_class(MEMORY_GROUP, name, "memory engine")
 
 
 def memory_engine_for_profile(profile) -> object | None:
