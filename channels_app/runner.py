@@ -33,7 +33,7 @@ from ugent_common import rows
 # event of a turn is written after another process's terminal event.
 from channels_app.events import _lock_log as log_lock
 from channels_app.events import events_append
-from channels_app.models import (Event, Message, Receipt, ReceiptState, Steering,
+from channels_app.models import (Event, Message, Receipt, Steering,
                                  SteeringState, Turn, TurnState)
 from plugins_app.agent.engines.base import (ANSWER, ANSWER_RESET, CITATIONS, ERROR, THINKING, TOOL, USAGE,
                                             EngineError, count_tokens, stream_items, usage_of)
@@ -358,12 +358,16 @@ class TurnRun:
             # turn that does (the first event any reader gets, a tool's start, the end) makes it
             # durable too, so a database crash that loses it loses nothing anyone saw; the turn is
             # then accepted again, as if this worker had never taken it (docs/performance.md).
-            _unflushed, claimed, turn = rows.batch([
+            # The receipt's running goes in the same trip (it names the turn's receipt through the claimed row).
+            _unflushed, claimed, _receipt, turn = rows.batch([
                 statements.commit_unflushed_step(),
                 rows.table(Turn).update_step({"id": self.turn_pk, "state": TurnState.ACCEPTED},
                                              state=TurnState.RUNNING, started_at=now, lease_expires_at=lease),
+                statements.receipt_running_step(self.turn_pk, now),
                 statements.turn_fetch_step(self.turn_pk)])
             if claimed != 1:
+                # not ours: the receipt step matched our claim only, and nothing of this transaction stays
+                transaction.set_rollback(True)
                 return False
             self.turn = turn
             reason = self.abandon_reason(now)
@@ -371,7 +375,6 @@ class TurnRun:
                 statements.commit_flushed()  # an end is answered: it waits for the disk, as every end does
                 turn_end(turn=turn, state=TurnState.ABANDONED, reason=reason, never_started=True)
                 return False
-            rows.table(Receipt).update({"id": turn.receipt_id}, state=ReceiptState.RUNNING, started_at=now)
         self.writer = DeltaWriter(turn)
         if (turn.context or {}).get("answer_whole"):
             # Nobody waits for its first token (a non-stream request): that delta is coalesced like

@@ -20,8 +20,8 @@ import json
 from django.db import connection
 
 from ugent_common import rows
-from channels_app.models import (Actor, ApiKey, Caller, Conversation, Event, Message, Receipt, Steering,
-                                 SteeringState, Turn)
+from channels_app.models import (Actor, ApiKey, Caller, Conversation, Event, Message, Receipt, ReceiptState,
+                                 Steering, SteeringState, Turn, TurnState)
 
 EVENT_LOG_LOCK = 0x55474E54  # "UGNT": the advisory lock that orders event appends (channels_app.events)
 
@@ -93,6 +93,29 @@ def _receipt_exists_sql() -> str:
 def receipt_exists(conversation_pk: int, client_message_id: str) -> bool:
     """Whether the conversation already holds a receipt for this client_message_id."""
     return rows.fetchone(_receipt_exists_sql(), [conversation_pk, client_message_id]) is not None
+
+
+@functools.cache
+def _receipt_running_sql() -> str:
+    r, t = rows.table(Receipt), rows.table(Turn)
+    return (f"UPDATE {r.name} SET {r.col('state')} = %s, {r.col('started_at')} = %s, {r.col('updated_at')} = %s "
+            f"WHERE id = (SELECT {t.col('receipt')} FROM {t.name} WHERE id = %s AND {t.col('state')} = %s "
+            f"AND {t.col('started_at')} = %s)")
+
+
+def receipt_running_step(turn_pk: int, started_at) -> rows.Step:
+    """The receipt of a turn claimed at `started_at` marked running, as a step of the claim's own batch
+    (the receipt's id is not known before the claim reads the turn: one round trip fewer than writing it
+    after). A turn not running, or started at another time (another worker's claim), changes nothing.
+    Its result is the row count."""
+    at = Receipt._meta.get_field("started_at").get_db_prep_value(started_at, connection)
+    claimed_at = Turn._meta.get_field("started_at").get_db_prep_value(started_at, connection)
+    return rows.Step(_receipt_running_sql(), [ReceiptState.RUNNING, at, at, turn_pk, TurnState.RUNNING, claimed_at],
+                     _rowcount)
+
+
+def _rowcount(cur) -> int:
+    return cur.rowcount
 
 
 # --- turns -----------------------------------------------------------------------------------

@@ -298,6 +298,27 @@ def _locking_steps(g):
 pin_turn_lock_step = pin_event_log_lock_step = _locking_steps
 
 
+def pin_receipt_running_step(g):
+    """The receipt of a turn claimed at a time is marked running as the ORM's update by its id would; a turn
+    not running, or claimed at another time, changes no receipt."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from channels_app.models import ReceiptState
+    from ugent_common import rows
+    now = timezone.now().replace(microsecond=123456)
+    running, done = g["turns"][3], g["turns"][0]
+    Turn.objects.filter(pk=running.pk).update(started_at=now)
+    others = dict(Receipt.objects.exclude(pk=running.receipt_id).values_list("id", "updated_at"))
+    assert rows.batch([statements.receipt_running_step(running.pk, now - timedelta(seconds=1))]) == [0]
+    assert rows.batch([statements.receipt_running_step(done.pk, now)]) == [0]
+    assert rows.batch([statements.receipt_running_step(running.pk, now)]) == [1]
+    receipt = Receipt.objects.get(pk=running.receipt_id)
+    assert (receipt.state, receipt.started_at) == (ReceiptState.RUNNING, now)
+    assert dict(Receipt.objects.exclude(pk=running.receipt_id).values_list("id", "updated_at")) == others
+
+
 def _commit_durability(g):
     """PostgreSQL: commit_unflushed_step turns synchronous_commit off for its transaction only, and
     commit_flushed back on; SQLite: neither sends anything."""

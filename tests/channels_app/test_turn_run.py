@@ -62,6 +62,32 @@ def test_a_claimed_turn_is_never_claimed_again(tcast):
     assert not runner.TurnRun(turn.pk).claim()
 
 
+def test_the_claim_marks_the_receipt_running_in_its_own_round_trip(tcast):
+    """The claim, the receipt's running and the turn's fetch are one batch: one statement sent on
+    PostgreSQL (two with BEGIN and COMMIT aside), where the receipt's update was a trip of its own."""
+    from django.test.utils import CaptureQueriesContext
+    turn = accepted_turn(tcast)
+    with CaptureQueriesContext(connection) as seen:
+        assert runner.TurnRun(turn.pk).claim()
+    sent = [q["sql"] for q in seen.captured_queries if q["sql"] not in ("BEGIN", "COMMIT")]
+    receipt = Receipt.objects.get(pk=turn.receipt_id)
+    claimed = Turn.objects.get(pk=turn.pk)
+    assert (receipt.state, receipt.started_at) == ("running", claimed.started_at)
+    if connection.vendor == "postgresql":
+        assert len(sent) == 1, sent
+    assert not [q for q in sent if q.startswith("UPDATE") and "receipt" in q.split("SET")[0]
+                and "WHERE" in q and '"id" = ' in q.split("WHERE")[-1] and "SELECT" not in q]
+
+
+def test_a_lost_claim_leaves_the_other_workers_receipt_as_it_was(tcast):
+    turn = accepted_turn(tcast)
+    assert runner.TurnRun(turn.pk).claim()
+    before = Receipt.objects.get(pk=turn.receipt_id)
+    assert not runner.TurnRun(turn.pk).claim()  # a redelivered task: the turn is running already
+    after = Receipt.objects.get(pk=turn.receipt_id)
+    assert (after.state, after.started_at, after.updated_at) == (before.state, before.started_at, before.updated_at)
+
+
 @pytest.mark.parametrize("state", sorted(runner.END_STATES))
 def test_every_end_state_writes_turn_receipt_message_event_and_hook_in_one_transaction(tcast, state):
     turn = accepted_turn(tcast)
