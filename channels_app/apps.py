@@ -9,6 +9,13 @@ class ChannelsAppConfig(AppConfig):
 
     def ready(self):
         checks.register(web_auth_check, checks.Tags.security)
+        from django.db.models.signals import post_delete, post_save
+
+        from channels_app.auth import caller_rows_changed
+        from channels_app.models import Caller
+        # a process keeps the rows of configured keys' callers (channels_app.auth.configured_caller)
+        post_save.connect(caller_rows_changed, sender=Caller, dispatch_uid="ugent-caller-rows-changed")
+        post_delete.connect(caller_rows_changed, sender=Caller, dispatch_uid="ugent-caller-rows-deleted")
 
 
 def web_auth_check(app_configs=None, **kwargs):

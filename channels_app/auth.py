@@ -1,6 +1,7 @@
 """API keys (x-api-key or Authorization: Bearer) -> the caller a request speaks for."""
 from __future__ import annotations
 
+import copy
 import hmac
 import logging
 import threading
@@ -9,6 +10,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 
+from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
@@ -64,24 +66,64 @@ def caller_and_key_for_key(raw: str) -> tuple[Caller | None, int | None]:
     federation.config_sync()
     for ck in config.configured_keys():
         if hmac.compare_digest(_digest(ck.raw), digest):
-            caller = rows.table(Caller).get(name=ck.caller)
-            if caller is None:
-                caller, _ = Caller.objects.get_or_create(
-                    name=ck.caller, defaults={"role": ck.role, "issuers": list(ck.issuers), "from_config": True,
-                                              "allow_remote_control": ck.allow_remote_control})
-            # The file wins for the callers it declares: role, issuers and allow_remote_control follow it.
-            if (caller.role != ck.role or caller.issuers != list(ck.issuers)
-                    or caller.allow_remote_control != ck.allow_remote_control):
-                caller.role, caller.issuers = ck.role, list(ck.issuers)
-                caller.allow_remote_control = ck.allow_remote_control
-                caller.save(update_fields=["role", "issuers", "allow_remote_control", "updated_at"])
-            return caller, None
+            return configured_caller(ck), None
     found = statements.caller_for_key_hash(digest)
     if found is None:
         return None, None
     key_id, caller = found
     key_used(key_id)
     return caller, key_id
+
+
+# --- the callers of configured keys, kept per process ----------------------------
+# ugent.toml declares them and the file wins for their role, issuers and allow_remote_control; their row
+# holds the rest (its id, the admin's default_model). A process reads the row again once
+# UGENT_CALLER_RECHECK_SECS have passed, when ugent.toml was read anew, or when this process saved or
+# deleted a caller (the admin, caller_rows_changed), instead of on every request: a round trip each in
+# servers mode. A change made in another process counts here within the recheck interval.
+
+_callers: dict[str, tuple[float, int, Caller]] = {}  # name -> (monotonic read time, config generation, row)
+_callers_changed = [0]  # goes up with each save or delete of a caller in this process
+_clock = time.monotonic
+
+
+def _follows_file(caller: Caller, ck) -> bool:
+    return (caller.role == ck.role and caller.issuers == list(ck.issuers)
+            and caller.allow_remote_control == ck.allow_remote_control)
+
+
+def configured_caller(ck) -> Caller:
+    """The Caller row of a configured key (created at its first use, brought in line with the file): a
+    copy of this process's, read again when it is older than UGENT_CALLER_RECHECK_SECS."""
+    now, gen, changed = _clock(), config.generation(), _callers_changed[0]
+    held = _callers.get(ck.caller)
+    if (held is not None and held[1] == gen and now - held[0] < settings.UGENT_CALLER_RECHECK_SECS
+            and _follows_file(held[2], ck)):
+        return copy.copy(held[2])
+    caller = rows.table(Caller).get(name=ck.caller)
+    if caller is None:
+        caller, created = Caller.objects.get_or_create(
+            name=ck.caller, defaults={"role": ck.role, "issuers": list(ck.issuers), "from_config": True,
+                                      "allow_remote_control": ck.allow_remote_control})
+        changed += created  # our own save's signal
+    # The file wins for the callers it declares: role, issuers and allow_remote_control follow it.
+    if not _follows_file(caller, ck):
+        caller.role, caller.issuers = ck.role, list(ck.issuers)
+        caller.allow_remote_control = ck.allow_remote_control
+        caller.save(update_fields=["role", "issuers", "allow_remote_control", "updated_at"])
+        changed += 1
+    if _callers_changed[0] == changed:  # another save or delete meanwhile: what was read may be older
+        if len(_callers) > 1000:
+            _callers.clear()
+        _callers[ck.caller] = (now, gen, copy.copy(caller))
+    return caller
+
+
+def caller_rows_changed(**kwargs) -> None:
+    """post_save / post_delete of a Caller (connected in channels_app.apps): this process reads the rows
+    of configured callers again at their next use."""
+    _callers_changed[0] += 1
+    _callers.clear()
 
 
 # --- ApiKey.last_used_at -----------------------------------------------------

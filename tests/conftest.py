@@ -44,6 +44,14 @@ def _log_repeats_forgotten():
 
 
 @pytest.fixture(autouse=True)
+def _configured_callers_read_anew():
+    """A test's database starts without the callers an earlier test's configured keys created (rolled back or
+    flushed, which no signal reports): this process reads their rows anew (channels_app.auth.configured_caller)."""
+    from channels_app.auth import caller_rows_changed
+    caller_rows_changed()
+
+
+@pytest.fixture(autouse=True)
 def _eager_celery():
     from ugent_site.celery import app
     app.conf.task_always_eager = True

@@ -323,6 +323,8 @@ UGENT_ROUTING_RECHECK_SECONDS = env.float("UGENT_ROUTING_RECHECK_SECONDS", defau
 UGENT_HOME = env("UGENT_HOME", default="")
 # plugins_app.agent.memory (the backend and the recall budget are ugent.toml's [memory], or the admin's)
 UGENT_MEMORY_SETTINGS_RECHECK_SECS = env.float("UGENT_MEMORY_SETTINGS_RECHECK_SECS", default=2.0)
+# how long a process uses the row of a configured key's caller before reading it again (channels_app.auth)
+UGENT_CALLER_RECHECK_SECS = env.float("UGENT_CALLER_RECHECK_SECS", default=2.0)
 UGENT_MEMORY_EPHEMERAL_TTL_SECS = env.int("UGENT_MEMORY_EPHEMERAL_TTL_SECS", default=86400)
 UGENT_MEMORY_EXCHANGES = env.int("UGENT_MEMORY_EXCHANGES", default=6)  # extract_memory reads this many
 # lance_embedded's LanceDB dataset (rebuilt from the MemoryFact rows when missing): a dir, or a LanceDB URI
