@@ -5,12 +5,16 @@ transcribe or speak, so a 503 that says so, after the checks a working endpoint 
 """
 from __future__ import annotations
 
+from urllib.parse import parse_qs
+
+from channels.generic.websocket import WebsocketConsumer
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.views import APIView
 
+from channels_app import access, auth, services, streams, voice
 from channels_app import api_docs as docs
-from channels_app import services, voice
+from channels_app.errors import ApplicationError
 
 
 class TranscribeApi(APIView):
@@ -54,8 +58,55 @@ class LiveApi(APIView):
     """GET /v1/ugent/live: a live call (a WebSocket); none are held in this build."""
 
     @extend_schema(operation_id="live", tags=["voice"], summary="Live call (not available in this build)",
-                   description="A WebSocket speaking protocol v1 where a voice model is installed; in this build "
-                               "a 503 (status.media.voice.live).",
+                   description="A WebSocket speaking protocol v1 where a voice model is installed. In this build "
+                               "a WebSocket is accepted and closed at once with 4422 (4403 for another person's "
+                               "conversation, 4401 for a missing or wrong key), and a plain request gets a 503 "
+                               "(status.media.voice.live).",
                    responses=docs.errors(401, 403, 503))
     def get(self, request):
         return voice.live_call()
+
+
+# --- the live call's WebSocket ---------------------------------------------------------------------
+
+#: The query fields a live call names its conversation and user with, as an upload does.
+LIVE_QUERY_FIELDS = ("conversation_id", "client_id", "user", "federation_issuer", "federation_subject")
+
+
+def live_socket_refusal(*, headers: dict, query: dict) -> tuple[int, str]:
+    """Why a WebSocket to /v1/ugent/live closes: (close code, reason), the checks a working call would
+    make first. The spec's codes: 4403 the conversation is not the caller's, 4409 a call already open,
+    4422 calls unavailable here (always, in this build: nothing here holds one); a key that is missing or
+    not valid closes with 4401, a user the key may not act for with 4403 (4000 + the HTTP status)."""
+    try:
+        principal = auth.authenticate_headers(headers)
+        viewer = services.viewer_of_request(principal, query)
+    except ApplicationError as exc:
+        return 4000 + exc.status, exc.message
+    conversation_id = query.get("conversation_id") or ""
+    if conversation_id:
+        conversation = streams.conversation_lookup(conversation_id=conversation_id,
+                                                   client_id=query.get("client_id") or "")
+        if conversation is not None and not access.conversation_readable(viewer, conversation):
+            return 4403, services.NOT_YOURS
+    return 4422, voice.LIVE_UNAVAILABLE
+
+
+def close_reason(text: str) -> str:
+    """A close frame carries at most 123 bytes of reason (RFC 6455): cut on a character boundary."""
+    data = text.encode()
+    return text if len(data) <= 123 else data[:120].decode(errors="ignore") + "..."
+
+
+class LiveCallSocket(WebsocketConsumer):
+    """GET /v1/ugent/live as a WebSocket (protocol v1). No voice model is installed in this build, so after
+    the checks (key, user, conversation) every call is accepted and closed at once with the spec's code
+    and why: 4401, 4403, or 4422 with voice.LIVE_UNAVAILABLE."""
+
+    def connect(self):
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in self.scope.get("headers", [])}
+        raw = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
+        query = {name: raw[name][-1] for name in LIVE_QUERY_FIELDS if raw.get(name)}
+        code, reason = live_socket_refusal(headers=headers, query=query)
+        self.accept()
+        self.close(code=code, reason=close_reason(reason))

@@ -89,7 +89,6 @@ def speech(*, viewer: access.Viewer, conversation_id: str, turn_id: str, segment
 
 
 def live_call() -> dict:
-    """GET /v1/ugent/live: this build holds no calls and serves no WebSocket (the daemon's ASGI app routes
-    HTTP only, so a WebSocket handshake fails rather than closing with the spec's 4422); a plain request
-    is told why."""
+    """GET /v1/ugent/live as a plain request: this build holds no calls; it is told why (a WebSocket is
+    closed with the spec's 4422: channels_app.api_voice.LiveCallSocket)."""
     raise ApplicationError(LIVE_UNAVAILABLE, status=503, code="voice_unavailable")

@@ -225,6 +225,25 @@ def route(api_app, default_app):
     return app
 
 
+def websocket_route(consumers: dict):
+    """An ASGI app for WebSockets: each path of `consumers` to its consumer; the handshake to any other path
+    is refused (closed before it is accepted: an HTTP 403 to the client)."""
+
+    async def app(scope, receive, send):
+        path = scope.get("path", "")
+        root = scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = path[len(root):]
+        consumer = consumers.get(path.rstrip("/") or "/")
+        if consumer is not None:
+            return await consumer(scope, receive, send)
+        message = await receive()
+        if message["type"] == "websocket.connect":
+            await send({"type": "websocket.close", "code": 1008})
+
+    return app
+
+
 async def _ended_on_cancel(api_app, scope, receive, send):
     """Run an API request; if the server cancels it (what is still open when its shutdown grace ends:
     an event stream never ends by itself), end the response properly instead of leaving it cut.

@@ -1,6 +1,5 @@
-"""ASGI entry: /v1/ through the lean API handler, everything else (the admin) through Django's full stack.
-
-WebSockets (live calls) join here when they land.
+"""ASGI entry: /v1/ through the lean API handler, everything else (the admin) through Django's full stack;
+WebSockets: /v1/ugent/live (the live call, channels_app.api_voice.LiveCallSocket), no other path.
 """
 import os
 
@@ -21,11 +20,15 @@ except _config.ConfigError as _exc:
 from channels.routing import ProtocolTypeRouter  # noqa: E402
 
 from rules_app.runtime import enforce_here  # noqa: E402
-from ugent_site.api_handler import ApiHandler, route  # noqa: E402
+from channels_app.api_voice import LiveCallSocket  # noqa: E402
+from ugent_site.api_handler import ApiHandler, route, websocket_route  # noqa: E402
 
 enforce_here()  # a web process enforces the rules on the messages it takes, and records them
 
-application = ProtocolTypeRouter({"http": route(ApiHandler(), django_asgi_app)})
+application = ProtocolTypeRouter({
+    "http": route(ApiHandler(), django_asgi_app),
+    "websocket": websocket_route({"/v1/ugent/live": LiveCallSocket.as_asgi()}),
+})
 
 from django.conf import settings as _settings  # noqa: E402
 

@@ -152,10 +152,11 @@ class Command(BaseCommand):
 
     def run_http(self, bind: str, port: int):
         """uvicorn on the settings' logging (log_config=None). No X-Forwarded-* rewriting: a proxy in
-        front is the operator's to configure, as with daphne, which never trusted them. ws="none":
-        the ASGI app routes no WebSocket yet; the live-call consumer will need ws="websockets"."""
+        front is the operator's to configure, as with daphne, which never trusted them. WebSockets (the
+        live call, /v1/ugent/live) through the websockets package."""
         from ugent_site.asgi import application
-        config = uvicorn.Config(application, host=bind, port=port, loop="uvloop", http="httptools", ws="none",
+        config = uvicorn.Config(application, host=bind, port=port, loop="uvloop", http="httptools",
+                                ws="websockets",
                                 lifespan="off", access_log=False, log_config=None, log_level="warning",
                                 server_header=False, proxy_headers=False,
                                 timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS)
