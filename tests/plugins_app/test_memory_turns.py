@@ -197,3 +197,34 @@ def test_a_memory_engine_that_is_not_installed_costs_nothing_but_a_warning(tcast
     with caplog.at_level(logging.WARNING, logger="ugent.memory"):
         assert "hello" in answer(chat(tcast.alice, "hello", conversation_id="k3"))
     assert any("no memory engine named 'no-such-memory-engine'" in m for m in caplog.messages)
+
+
+def test_a_memory_engine_that_is_not_installed_is_looked_for_once_per_recheck_interval(monkeypatch):
+    """A turn asks at every model call: the entry points (every installed package's) are scanned again for a
+    missing engine only once MISSING_RECHECK_SECS have passed, and then find one installed meanwhile."""
+    from plugins_app.agent.engines import registry
+    scans, now = [], [1000.0]
+    installed: dict[str, type] = {}
+
+    def scan(group, name, what):
+        scans.append(name)
+        if name in installed:
+            return installed[name]
+        raise LookupError(f"no {what} named '{name}' is installed")
+    monkeypatch.setattr(registry, "_plugin_class", scan)
+    monkeypatch.setattr(registry, "_clock", lambda: now[0])
+    registry._memory_entry_point.cache_clear()
+    registry._memory_missing.clear()
+    try:
+        for _ in range(3):
+            with pytest.raises(LookupError, match="no memory engine named 'later-memory' is installed"):
+                registry.memory_engine_class("later-memory")
+        assert scans == ["later-memory"]
+        installed["later-memory"] = dict  # installed meanwhile
+        now[0] += registry.MISSING_RECHECK_SECS + 1
+        assert registry.memory_engine_class("later-memory") is dict
+        assert registry.memory_engine_class("later-memory") is dict
+        assert scans == ["later-memory", "later-memory"]
+    finally:
+        registry._memory_entry_point.cache_clear()
+        registry._memory_missing.clear()

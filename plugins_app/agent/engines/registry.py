@@ -10,6 +10,7 @@ import functools
 import importlib
 import os
 import threading
+import time
 from importlib.metadata import entry_points
 
 from ovos_plugin_manager.utils import PluginTypes, find_plugins
@@ -269,11 +270,31 @@ def register_memory_engine(name: str, cls: type) -> None:
     _extra_memory[name] = cls
 
 
+#: How long a memory engine that failed to load stays failed in a process before the entry points are
+#: scanned for it again (a package installed meanwhile is found then, without a restart).
+MISSING_RECHECK_SECS = 30.0
+_memory_missing: dict[str, tuple[float, str]] = {}  # name -> (_clock() of the failed scan, why)
+_clock = time.monotonic
+
+
 def memory_engine_class(name: str) -> type:
     """The AgentContextManager an opm.agents.memory entry point names; LookupError if none loads."""
     if name in _extra_memory:
         return _extra_memory[name]
-    return _memory_entry_point(name)
+    missing = _memory_missing.get(name)
+    if missing is not None and _clock() - missing[0] < MISSING_RECHECK_SECS:
+        raise LookupError(missing[1])
+    try:
+        found = _memory_entry_point(name)
+    except LookupError as exc:
+        # a turn asks at every model call: a profile naming an engine that is not installed must not
+        # scan every installed package's entry points each time (tens of milliseconds)
+        if len(_memory_missing) > 100:
+            _memory_missing.clear()
+        _memory_missing[name] = (_clock(), str(exc))
+        raise
+    _memory_missing.pop(name, None)
+    return found
 
 
 @functools.cache
