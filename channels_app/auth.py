@@ -87,6 +87,13 @@ _callers_changed = [0]  # goes up with each save or delete of a caller in this p
 _clock = time.monotonic
 
 
+def _copy(caller: Caller) -> Caller:
+    """A caller of its own for one request: the kept row never changes under another request."""
+    out = copy.copy(caller)
+    out.issuers = list(caller.issuers or [])
+    return out
+
+
 def _follows_file(caller: Caller, ck) -> bool:
     return (caller.role == ck.role and caller.issuers == list(ck.issuers)
             and caller.allow_remote_control == ck.allow_remote_control)
@@ -99,7 +106,7 @@ def configured_caller(ck) -> Caller:
     held = _callers.get(ck.caller)
     if (held is not None and held[1] == gen and now - held[0] < settings.UGENT_CALLER_RECHECK_SECS
             and _follows_file(held[2], ck)):
-        return copy.copy(held[2])
+        return _copy(held[2])
     caller = rows.table(Caller).get(name=ck.caller)
     if caller is None:
         caller, created = Caller.objects.get_or_create(
@@ -115,7 +122,7 @@ def configured_caller(ck) -> Caller:
     if _callers_changed[0] == changed:  # another save or delete meanwhile: what was read may be older
         if len(_callers) > 1000:
             _callers.clear()
-        _callers[ck.caller] = (now, gen, copy.copy(caller))
+        _callers[ck.caller] = (now, gen, _copy(caller))
     return caller
 
 

@@ -57,7 +57,9 @@ def test_a_second_request_reads_no_caller_row(tcast, configured):
 def test_each_request_gets_its_own_copy(tcast, configured):
     one = principal().caller
     one.default_model = "changed-here-only"
-    assert principal().caller.default_model == ""
+    one.issuers.append("changed-here-only")
+    again = principal().caller
+    assert (again.default_model, again.issuers) == ("", [])
 
 
 def test_an_admin_save_in_this_process_counts_at_the_next_request(tcast, configured):
