@@ -77,7 +77,8 @@ def live_socket_refusal(*, headers: dict, query: dict) -> tuple[int, str]:
     """Why a WebSocket to /v1/ugent/live closes: (close code, reason), the checks a working call would
     make first. The spec's codes: 4403 the conversation is not the caller's, 4409 a call already open,
     4422 calls unavailable here (always, in this build: nothing here holds one); a key that is missing or
-    not valid closes with 4401, a user the key may not act for with 4403 (4000 + the HTTP status)."""
+    not valid closes with 4401, a user the key may not act for with 4403, user fields that do not go
+    together with 4400 (4000 + the HTTP status)."""
     try:
         principal = auth.authenticate_headers(headers)
         viewer = services.viewer_of_request(principal, query)
@@ -87,7 +88,9 @@ def live_socket_refusal(*, headers: dict, query: dict) -> tuple[int, str]:
     if conversation_id:
         conversation = streams.conversation_lookup(conversation_id=conversation_id,
                                                    client_id=query.get("client_id") or "")
-        if conversation is not None and not access.conversation_readable(viewer, conversation):
+        # a call speaks into the conversation: only whoever may write into it (on the web channel, its
+        # owner; not an operator acting as itself) may hold one
+        if conversation is not None and not access.conversation_writable(viewer.actor, conversation):
             return 4403, services.NOT_YOURS
     return 4422, voice.LIVE_UNAVAILABLE
 
@@ -101,7 +104,11 @@ def close_reason(text: str) -> str:
 class LiveCallSocket(WebsocketConsumer):
     """GET /v1/ugent/live as a WebSocket (protocol v1). No voice model is installed in this build, so after
     the checks (key, user, conversation) every call is accepted and closed at once with the spec's code
-    and why: 4401, 4403, or 4422 with voice.LIVE_UNAVAILABLE."""
+    and why: 4401, 4403, or 4422 with voice.LIVE_UNAVAILABLE.
+
+    A sync consumer: Channels runs its connect on asgiref's one thread-sensitive executor thread, so
+    connects in a process run one at a time. Fine while every call is refused at once; a consumer that
+    holds calls should be async, with its checks on the project's own threads."""
 
     def connect(self):
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in self.scope.get("headers", [])}

@@ -108,18 +108,18 @@ def configured_caller(ck) -> Caller:
             and _follows_file(held[2], ck)):
         return _copy(held[2])
     caller = rows.table(Caller).get(name=ck.caller)
+    written = False  # by this call: then what it holds is the row as it now stands
     if caller is None:
-        caller, created = Caller.objects.get_or_create(
+        caller, written = Caller.objects.get_or_create(
             name=ck.caller, defaults={"role": ck.role, "issuers": list(ck.issuers), "from_config": True,
                                       "allow_remote_control": ck.allow_remote_control})
-        changed += created  # our own save's signal
     # The file wins for the callers it declares: role, issuers and allow_remote_control follow it.
     if not _follows_file(caller, ck):
         caller.role, caller.issuers = ck.role, list(ck.issuers)
         caller.allow_remote_control = ck.allow_remote_control
         caller.save(update_fields=["role", "issuers", "allow_remote_control", "updated_at"])
-        changed += 1
-    if _callers_changed[0] == changed:  # another save or delete meanwhile: what was read may be older
+        written = True
+    if written or _callers_changed[0] == changed:  # else a save or delete came meanwhile: not kept
         if len(_callers) > 1000:
             _callers.clear()
         _callers[ck.caller] = (now, gen, _copy(caller))
@@ -128,7 +128,16 @@ def configured_caller(ck) -> Caller:
 
 def caller_rows_changed(**kwargs) -> None:
     """post_save / post_delete of a Caller (connected in channels_app.apps): this process reads the rows
-    of configured callers again at their next use."""
+    of configured callers again at their next use. The signal comes inside the writer's transaction, so
+    a request on another thread may read and keep the old row before it commits: the kept rows are
+    forgotten again once it has."""
+    _callers_forget()
+    from django.db import transaction
+    if transaction.get_connection(kwargs.get("using")).in_atomic_block:
+        transaction.on_commit(_callers_forget, using=kwargs.get("using"))
+
+
+def _callers_forget() -> None:
     _callers_changed[0] += 1
     _callers.clear()
 

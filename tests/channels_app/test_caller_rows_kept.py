@@ -55,6 +55,7 @@ def test_a_second_request_reads_no_caller_row(tcast, configured):
 
 
 def test_each_request_gets_its_own_copy(tcast, configured):
+    principal()  # the row is kept: what follows comes from it
     one = principal().caller
     one.default_model = "changed-here-only"
     one.issuers.append("changed-here-only")
@@ -96,6 +97,28 @@ def test_the_file_read_anew_counts_at_once(tcast, configured, settings):
     config.reset_caches()
     kept = principal().caller
     assert kept.role == "application" and Caller.objects.get(pk=kept.pk).role == "application"
+
+
+def test_the_file_read_anew_reads_the_row_again_even_where_the_file_says_the_same(tcast, configured):
+    caller = principal().caller
+    Caller.objects.filter(pk=caller.pk).update(default_model="elsewhere")  # no signal: as another process
+    assert principal().caller.default_model == ""
+    configured.write_text("# edited, the keys as they were\n")
+    config.reset_caches()
+    assert principal().caller.default_model == "elsewhere"
+
+
+def test_a_save_forgets_the_kept_rows_again_once_it_commits(tcast, configured):
+    """The signal comes inside the writer's transaction: a row read and kept before it commits is dropped."""
+    from django.db import transaction
+    caller = principal().caller
+    with transaction.atomic():
+        row = Caller.objects.get(pk=caller.pk)
+        row.default_model = "scripted"
+        row.save()
+        auth._callers[caller.name] = (auth._clock(), config.generation(), caller)  # as another thread would
+    assert caller.name not in auth._callers
+    assert principal().caller.default_model == "scripted"
 
 
 def test_an_admin_issued_key_is_still_checked_on_every_request(tcast, configured):

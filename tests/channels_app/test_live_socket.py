@@ -60,6 +60,20 @@ def test_another_persons_conversation_closes_with_4403(tcast):
     assert (message["code"], message["reason"]) == (4403, services.NOT_YOURS)
 
 
+def test_an_operator_key_naming_no_user_may_not_call_into_a_users_conversation(tcast):
+    """A call speaks into the conversation: the operator may read it, but writes into it as nobody else."""
+    actor = services.actor_resolve(caller=tcast.operator, user="alice")
+    services.message_submit(inbound=services.Submission(actor=actor, caller=tcast.operator, text="hi",
+                                                        conversation_id="alices-call"))
+    _, message = close_of({"conversation_id": "alices-call"})
+    assert (message["code"], message["reason"]) == (4403, services.NOT_YOURS)
+
+
+def test_user_fields_that_do_not_go_together_close_with_4400(tcast):
+    _, message = close_of({"conversation_id": "call-1", "federation_issuer": "example-crm"}, key=APP_KEY)
+    assert message["code"] == 4400
+
+
 @pytest.mark.parametrize("key, reason", [(None, "Missing API key: send it as x-api-key or Authorization: Bearer."),
                                          ("ugk_not_a_key", "Invalid API key.")])
 def test_a_missing_or_wrong_key_closes_with_4401(tcast, key, reason):

@@ -153,10 +153,11 @@ class Command(BaseCommand):
     def run_http(self, bind: str, port: int):
         """uvicorn on the settings' logging (log_config=None). No X-Forwarded-* rewriting: a proxy in
         front is the operator's to configure, as with daphne, which never trusted them. WebSockets (the
-        live call, /v1/ugent/live) through the websockets package."""
+        live call, /v1/ugent/live) through the websockets package's sans-I/O protocol (what --ws auto
+        picks; uvicorn's "websockets" is its deprecated legacy one)."""
         from ugent_site.asgi import application
         config = uvicorn.Config(application, host=bind, port=port, loop="uvloop", http="httptools",
-                                ws="websockets",
+                                ws="websockets-sansio",
                                 lifespan="off", access_log=False, log_config=None, log_level="warning",
                                 server_header=False, proxy_headers=False,
                                 timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS)
