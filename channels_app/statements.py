@@ -108,14 +108,9 @@ def receipt_running_step(turn_pk: int, started_at) -> rows.Step:
     (the receipt's id is not known before the claim reads the turn: one round trip fewer than writing it
     after). A turn not running, or started at another time (another worker's claim), changes nothing.
     Its result is the row count."""
-    at = Receipt._meta.get_field("started_at").get_db_prep_value(started_at, connection)
-    claimed_at = Turn._meta.get_field("started_at").get_db_prep_value(started_at, connection)
-    return rows.Step(_receipt_running_sql(), [ReceiptState.RUNNING, at, at, turn_pk, TurnState.RUNNING, claimed_at],
-                     _rowcount)
-
-
-def _rowcount(cur) -> int:
-    return cur.rowcount
+    at = Turn._meta.get_field("started_at").get_db_prep_value(started_at, connection)  # both DateTimeFields
+    return rows.Step(_receipt_running_sql(), [ReceiptState.RUNNING, at, at, turn_pk, TurnState.RUNNING, at],
+                     rows.ROWCOUNT)
 
 
 # --- turns -----------------------------------------------------------------------------------

@@ -226,6 +226,9 @@ def _ROWCOUNT(cur):
     return cur.rowcount
 
 
+ROWCOUNT = _ROWCOUNT  # a Step's result: the rows its statement changed (statements' own UPDATE steps)
+
+
 _qmark_sql: dict[str, str] = {}
 
 

@@ -210,15 +210,18 @@ class ApiHandler(ASGIHandler):
         body_file.close()
 
 
+def _path_of(scope) -> str:
+    """The request's path below the app's root path (a proxy's prefix)."""
+    path = scope.get("path", "")
+    root = scope.get("root_path", "")
+    return path[len(root):] if root and path.startswith(root) else path
+
+
 def route(api_app, default_app):
     """An ASGI app sending /v1/ to the API handler and the rest to Django's full stack."""
 
     async def app(scope, receive, send):
-        path = scope.get("path", "")
-        root = scope.get("root_path", "")
-        if root and path.startswith(root):
-            path = path[len(root):]
-        if scope["type"] == "http" and path.startswith(API_PREFIX):
+        if scope["type"] == "http" and _path_of(scope).startswith(API_PREFIX):
             return await _ended_on_cancel(api_app, scope, receive, send)
         return await default_app(scope, receive, send)
 
@@ -230,11 +233,7 @@ def websocket_route(consumers: dict):
     is refused (closed before it is accepted: an HTTP 403 to the client)."""
 
     async def app(scope, receive, send):
-        path = scope.get("path", "")
-        root = scope.get("root_path", "")
-        if root and path.startswith(root):
-            path = path[len(root):]
-        consumer = consumers.get(path.rstrip("/") or "/")
+        consumer = consumers.get(_path_of(scope).rstrip("/") or "/")
         if consumer is not None:
             return await consumer(scope, receive, send)
         message = await receive()
