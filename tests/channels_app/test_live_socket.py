@@ -13,7 +13,7 @@ from channels.testing import WebsocketCommunicator
 from channels_app import services, voice
 from channels_app.api_voice import LiveCallSocket, close_reason
 from channels_app.models import Conversation
-from tests.conftest import APP_KEY, OPERATOR_KEY
+from tests.conftest import APP_KEY, OPERATOR_KEY, OUTSIDER_KEY
 from ugent_site.api_handler import websocket_route
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -97,3 +97,17 @@ def test_a_long_reason_is_cut_to_what_a_close_frame_carries():
     assert close_reason("x" * 123) == "x" * 123
     cut = close_reason("é" * 100)
     assert len(cut.encode()) <= 123 and cut.endswith("...")
+
+
+def test_an_outsider_application_may_not_call_into_a_users_conversation(tcast):
+    """The permission rows: owner 4422 and operator-as-itself 4403 above; an application whose own user
+    names the conversation of another caller's user gets 4403 too."""
+    actor = services.actor_resolve(caller=tcast.app, federation_issuer="example-crm", federation_subject="carol")
+    services.message_submit(inbound=services.Submission(actor=actor, caller=tcast.app, text="hi",
+                                                        conversation_id="carols-call"))
+    _, own = close_of({"conversation_id": "carols-call", "federation_issuer": "example-crm",
+                       "federation_subject": "carol"}, key=APP_KEY)
+    assert own["code"] == 4422
+    _, message = close_of({"conversation_id": "carols-call", "federation_issuer": "elsewhere",
+                           "federation_subject": "carol"}, key=OUTSIDER_KEY)
+    assert (message["code"], message["reason"]) == (4403, services.NOT_YOURS)
