@@ -132,10 +132,13 @@ def items_verify(*, conversation: Conversation, item: HarnessItem | None = None)
     return [verification_record(i) for i in items if i.check_spec]
 
 
-def harness_after_turn(*, turn, state: str, answer: str) -> None:
+def harness_after_turn(*, turn, state: str, answer: str, probed: bool | None = None) -> None:
     """After a completed turn: verify the conversation's open items against its answer, in the same
-    transaction as the turn's end, so the verification commits with the answer it read."""
-    if state != "completed" or not statements.harness_open_exists(turn.conversation_id):
+    transaction as the turn's end, so the verification commits with the answer it read. `probed`: what
+    `harness_probe`'s statement found, sent with the end's first round trip (None: not sent)."""
+    if state != "completed":
+        return
+    if not (statements.harness_open_exists(turn.conversation_id) if probed is None else probed):
         return  # most conversations have no harness: one indexed probe, not an ORM query, per turn
     items = list(HarnessItem.objects.filter(conversation_id=turn.conversation_id, state=HarnessState.OPEN)
                  .exclude(check_spec="").select_related("conversation").order_by("id"))
@@ -144,3 +147,11 @@ def harness_after_turn(*, turn, state: str, answer: str) -> None:
             verification_record(item, turn=turn, answer=answer)
         except ApplicationError:  # a check stored before its shape was checked: skip it, never break the end
             continue
+
+
+def harness_probe(*, turn, state: str):
+    """The statement harness_after_turn needs first, for the end's first round trip (hooks.after_turn_probes)."""
+    return statements.harness_open_step(turn.conversation_id) if state == "completed" else None
+
+
+harness_after_turn.probe = harness_probe

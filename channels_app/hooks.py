@@ -140,10 +140,28 @@ def unregister_after_turn(name: str) -> None:
     _after.pop(name, None)
 
 
-def run_after_turn(*, turn, state: str, answer: str) -> None:
+def after_turn_probes(*, turn, state: str) -> dict:
+    """The statements after-turn hooks need first, by hook name, so the end's first round trip carries
+    them. A hook that has one names it as its `probe` attribute (`probe(turn=, state=)` → a
+    ugent_common.rows.Step, or None) and is then called with `probed=` the step's result."""
     _ensure_loaded()
-    for fn in list(_after.values()):
-        fn(turn=turn, state=state, answer=answer)
+    found = {}
+    for name, fn in _after.items():
+        probe = getattr(fn, "probe", None)
+        step = probe(turn=turn, state=state) if probe is not None else None
+        if step is not None:
+            found[name] = step
+    return found
+
+
+def run_after_turn(*, turn, state: str, answer: str, probed: dict | None = None) -> None:
+    """`probed`: the results of after_turn_probes' statements, by hook name."""
+    _ensure_loaded()
+    for name, fn in list(_after.items()):
+        if probed and name in probed:
+            fn(turn=turn, state=state, answer=answer, probed=probed[name])
+        else:
+            fn(turn=turn, state=state, answer=answer)
 
 
 # --- a question asked ----------------------------------------------------------------------

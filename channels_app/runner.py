@@ -133,6 +133,14 @@ def _steerings_drop(turn: Turn) -> list:
     return [("turn.steering_dropped", {"turn_id": turn.turn_id, "steering_ids": ids}, [])]
 
 
+def _answer_step(turn: Turn, end, answer: str) -> rows.Step | None:
+    """The answer's message row, when the end keeps one."""
+    if answer or end.keeps_empty_answer:
+        return rows.table(Message).insert_step(conversation_id=turn.conversation_id, role=Message.Role.ASSISTANT,
+                                               content=answer, turn_id=turn.pk)
+    return None
+
+
 def turn_end(*, turn: Turn, state: str, answer: str = "", reason: str = "", code: str = "",
              citations: list[str] | None = None, writer: DeltaWriter | None = None,
              pending: list | None = None, from_state: str = TurnState.RUNNING,
@@ -180,42 +188,60 @@ def turn_end(*, turn: Turn, state: str, answer: str = "", reason: str = "", code
     if ttft_ms is not None:
         turn_fields["ttft_ms"] = ttft_ms
     artifacts = list(artifacts or [])
+    # The common end (no sweep's conditions, no files, the answer in hand) writes the turn, the answer and
+    # the receipt in the lock's own round trip, and rolls them back when the lock's batch says it must
+    # not end: a steering waits, or another end won. Each other end reads first, then writes.
+    merged = where is None and not artifacts and not answer_streamed
     with transaction.atomic():
-        # The turn's row lock and the steering check in one round trip.
-        _locked, steering_waits = rows.batch([statements.turn_lock_step(turn.pk),
-                                              statements.steering_pending_step(turn.pk)
-                                              if unless_steering_waits else None])
+        steps = [statements.turn_lock_step(turn.pk),
+                 statements.steering_pending_step(turn.pk) if unless_steering_waits else None]
+        probes = {}
+        if merged:
+            receipt_fields["answer"] = answer
+            probes = hooks.after_turn_probes(turn=turn, state=state)
+            steps += [rows.table(Turn).update_step({"id": turn.pk, "state": from_state}, **turn_fields),
+                      _answer_step(turn, end, answer),
+                      rows.table(Receipt).update_step({"id": turn.receipt_id}, **receipt_fields),
+                      *probes.values()]
+        found = rows.batch(steps)
+        probed = dict(zip(probes, found[5:]))
+        steering_waits = found[1]
         if steering_waits:
+            if merged:
+                transaction.set_rollback(True)
             return EndOutcome.STEERING_WAITS
-        if artifacts:  # under the turn's lock: a pending one finished meanwhile is listed finished
-            artifacts = artifacts_mod.artifacts_at_end(turn, artifacts)
-            turn_fields["artifacts"] = artifacts
-            receipt_fields["files"] = artifacts
-        if where is None:
-            moved = rows.table(Turn).update({"id": turn.pk, "state": from_state}, **turn_fields)
-        else:  # the sweep's conditions (a lapsed lease, an age): off the hot path, through the ORM
-            moved = Turn.objects.filter(where, pk=turn.pk, state=from_state).update(
-                updated_at=now, **turn_fields)
+        if merged:
+            moved = found[2]
+        else:
+            if artifacts:  # under the turn's lock: a pending one finished meanwhile is listed finished
+                artifacts = artifacts_mod.artifacts_at_end(turn, artifacts)
+                turn_fields["artifacts"] = artifacts
+                receipt_fields["files"] = artifacts
+            if where is None:
+                moved = rows.table(Turn).update({"id": turn.pk, "state": from_state}, **turn_fields)
+            else:  # the sweep's conditions (a lapsed lease, an age): off the hot path, through the ORM
+                moved = Turn.objects.filter(where, pk=turn.pk, state=from_state).update(
+                    updated_at=now, **turn_fields)
         if moved != 1:
+            if merged:
+                transaction.set_rollback(True)
             return EndOutcome.ALREADY_ENDED
         # Steering rows before the log's lock, as steerings_take takes them: no deadlock between the two.
         drops = end.drops_steering if drops_steering is None else drops_steering
         dropped = _steerings_drop(turn) if drops else []
-        if answer_streamed:
-            log_lock()
-            answer = streamed_answer(turn.pk)
-        receipt_fields["answer"] = answer
-        message = None
-        if answer or end.keeps_empty_answer:
-            message = rows.table(Message).insert_step(conversation_id=turn.conversation_id,
-                                                      role=Message.Role.ASSISTANT, content=answer, turn_id=turn.pk)
-        # the answer and the receipt in one round trip
-        rows.batch([message, rows.table(Receipt).update_step({"id": turn.receipt_id}, **receipt_fields)])
+        if not merged:
+            if answer_streamed:
+                log_lock()
+                answer = streamed_answer(turn.pk)
+            receipt_fields["answer"] = answer
+            # the answer and the receipt in one round trip
+            rows.batch([_answer_step(turn, end, answer),
+                        rows.table(Receipt).update_step({"id": turn.receipt_id}, **receipt_fields)])
         items = (writer.pending() if writer is not None else []) + list(pending or []) + dropped
         if citations and state == TurnState.COMPLETED:
             items.append(("ugent.citations", {"turn_id": turn.turn_id, "citations": citations}, []))
         turn.state = state
-        hooks.run_after_turn(turn=turn, state=state, answer=answer)
+        hooks.run_after_turn(turn=turn, state=state, answer=answer, probed=probed)
         data = {"turn_id": turn.turn_id, "state": state, "answer": answer}
         if end.event == "turn.completed":
             data["citations"] = citations

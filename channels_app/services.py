@@ -395,6 +395,15 @@ def _submit_locked(inbound: Submission, conversation: Conversation, created: boo
                     if inbound.extra.get("caller_defaults") else {}),
                  **({"answer_whole": True} if inbound.answer_whole else {}),
                  **({"native_action": action} if action else {})})
+    result = SubmissionResult(receipt=receipt, turn=turn, conversation=conversation, stopped=stop)
+    if stop is None:
+        from channels_app.dispatch import turn_dispatch
+
+        def dispatch():
+            result.queued = not turn_dispatch(turn.pk)
+        # Registered before the event append's wake-ups, so it runs first at the commit: in servers mode
+        # a worker takes the turn while this process still publishes them (bench/servers_timeline.py).
+        transaction.on_commit(dispatch)
     # the user's message goes in the event append's round trip
     message = rows.table(Message).insert_step(conversation=conversation, role=Message.Role.USER,
                                               content=inbound.text, actor=inbound.actor, turn=turn)
@@ -406,15 +415,8 @@ def _submit_locked(inbound: Submission, conversation: Conversation, created: boo
                  data=user_event, new_turn=True, before=[message])
     if on_turn is not None:
         on_turn(turn)
-    result = SubmissionResult(receipt=receipt, turn=turn, conversation=conversation, stopped=stop)
     if stop is not None:
         turn_finish_without_agent(turn=turn, stop=stop)
-    else:
-        from channels_app.dispatch import turn_dispatch
-
-        def dispatch():
-            result.queued = not turn_dispatch(turn.pk)
-        transaction.on_commit(dispatch)
     return result
 
 

@@ -301,8 +301,13 @@ def _harness_open_exists_sql() -> str:
 
 def harness_open_exists(conversation_pk: int) -> bool:
     """Whether the conversation has an open harness item with a check (what the end of a turn verifies)."""
+    return rows.run_step(harness_open_step(conversation_pk))
+
+
+def harness_open_step(conversation_pk: int) -> rows.Step:
+    """harness_open_exists as a step of a batch: its result is True or False."""
     from channels_app.models import HarnessState
-    return rows.fetchone(_harness_open_exists_sql(), [conversation_pk, HarnessState.OPEN, ""]) is not None
+    return rows.Step(_harness_open_exists_sql(), [conversation_pk, HarnessState.OPEN, ""], _exists)
 
 
 # --- events ----------------------------------------------------------------------------------

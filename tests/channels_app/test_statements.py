@@ -19,6 +19,7 @@ from django.db.models import Max
 from django.test.utils import CaptureQueriesContext
 
 from channels_app import statements
+from ugent_common import rows
 from channels_app.models import (Actor, ApiKey, Caller, Conversation, Event, Message, Receipt, Steering,
                                  SteeringState, Turn, TurnState, hash_key)
 from plugins_app.agent.models import AgentProfile
@@ -142,6 +143,11 @@ def pin_harness_open_exists(g):
     assert not statements.harness_open_exists(conv0.pk)
     HarnessItem.objects.create(conversation=conv0, kind="task", text="open", check_spec="phrase:x")
     assert statements.harness_open_exists(conv0.pk) and not statements.harness_open_exists(conv1.pk)
+    # as steps of one batch (the end of a turn sends it with the turn's lock)
+    assert rows.batch([statements.harness_open_step(conv0.pk), statements.harness_open_step(conv1.pk)]) == [True, False]
+
+
+pin_harness_open_step = pin_harness_open_exists
 
 
 def pin_turn_events_after(g):

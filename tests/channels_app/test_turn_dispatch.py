@@ -47,6 +47,19 @@ def test_without_a_local_pool_a_turn_is_published_to_the_broker(tcast, monkeypat
     assert published == [result.turn.pk]
 
 
+def test_the_turn_is_handed_on_before_the_accepts_wake_ups_go_out(tcast, monkeypatch):
+    """At the accept's commit the worker gets the turn first: in servers mode it starts on the turn while
+    this process still publishes the user message's wake-ups, one Redis round trip sooner."""
+    from channels_app import notify
+    order = []
+    monkeypatch.setattr("channels_app.tasks.run_turn.delay", lambda pk: order.append(("dispatch", pk)))
+    real_publish = notify.publish
+    monkeypatch.setattr(notify, "publish", lambda *topics, **kw: order.append(("publish",)) or real_publish(*topics, **kw))
+    result = _submit(tcast)
+    assert order and order[0] == ("dispatch", result.turn.pk), order
+    assert ("publish",) in order
+
+
 def test_with_the_local_pool_a_turn_runs_on_a_turn_thread_without_the_broker(tcast, monkeypatch, pool):
     published, threads = [], []
     monkeypatch.setattr("channels_app.tasks.run_turn.delay", published.append)

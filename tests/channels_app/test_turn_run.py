@@ -116,6 +116,59 @@ def test_every_end_state_writes_turn_receipt_message_event_and_hook_in_one_trans
     assert len([e for e in events(turn) if e[0] == end.event]) == 1
 
 
+def _completed_with(turn, answer):
+    run = runner.DeltaWriter(turn)
+    return runner.turn_end(turn=turn, state=TurnState.COMPLETED, answer=answer, citations=[], writer=run,
+                           unless_steering_waits=True)
+
+
+def test_the_common_end_writes_turn_answer_and_receipt_in_the_locks_round_trip(tcast):
+    """On PostgreSQL a completion is two statements sent (BEGIN and COMMIT aside): the lock's batch with
+    the turn, the answer, the receipt and the after-turn hooks' probes (the harness's); the event
+    append. They were five."""
+    from django.test.utils import CaptureQueriesContext
+    run = runner.TurnRun(accepted_turn(tcast).pk)
+    assert run.claim()
+    turn = run.turn  # as the runner holds it: its conversation and actor came with the claim
+    with CaptureQueriesContext(connection) as seen:
+        assert _completed_with(turn, "the answer") is runner.EndOutcome.ENDED
+    # BEGIN and COMMIT aside, and the memory settings each process keeps once read
+    sent = [q["sql"] for q in seen.captured_queries
+            if q["sql"] not in ("BEGIN", "COMMIT") and "plugins_app_memorysettings" not in q["sql"]]
+    if connection.vendor == "postgresql":
+        assert len(sent) == 2, "\n".join(q[:150] for q in sent)
+    assert Turn.objects.get(pk=turn.pk).state == "completed"
+    receipt = Receipt.objects.get(pk=turn.receipt_id)
+    assert (receipt.state, receipt.answer) == ("completed", "the answer")
+    assert list(Message.objects.filter(turn=turn, role="assistant").values_list("content", flat=True)) == ["the answer"]
+
+
+def test_a_completion_that_meets_a_waiting_steering_writes_nothing(tcast):
+    from channels_app.models import Steering
+    turn = accepted_turn(tcast)
+    Turn.objects.filter(pk=turn.pk).update(state="running")
+    Steering.objects.create(turn=turn, actor=turn.actor, text="and also this")
+    before = Receipt.objects.get(pk=turn.receipt_id)
+    assert _completed_with(turn, "too soon") is runner.EndOutcome.STEERING_WAITS
+    assert Turn.objects.get(pk=turn.pk).state == "running"
+    after = Receipt.objects.get(pk=turn.receipt_id)
+    assert (after.state, after.answer, after.updated_at) == (before.state, before.answer, before.updated_at)
+    assert not Message.objects.filter(turn=turn, role="assistant").exists()
+    assert not Event.objects.filter(turn=turn, type="turn.completed").exists()
+
+
+def test_an_end_that_lost_to_another_changes_neither_receipt_nor_answer(tcast):
+    turn = accepted_turn(tcast)
+    Turn.objects.filter(pk=turn.pk).update(state="running")
+    assert runner.turn_end(turn=turn, state=TurnState.CANCELLED, answer="cut short") is runner.EndOutcome.ENDED
+    before = Receipt.objects.get(pk=turn.receipt_id)
+    assert _completed_with(turn, "the whole answer") is runner.EndOutcome.ALREADY_ENDED
+    after = Receipt.objects.get(pk=turn.receipt_id)
+    assert (after.state, after.answer, after.updated_at) == ("cancelled", "cut short", before.updated_at)
+    assert list(Message.objects.filter(turn=turn, role="assistant").values_list("content", flat=True)) == ["cut short"]
+    assert Turn.objects.get(pk=turn.pk).state == "cancelled"
+
+
 def test_an_after_turn_hook_that_fails_rolls_the_whole_end_back(tcast):
     turn = accepted_turn(tcast)
     Turn.objects.filter(pk=turn.pk).update(state="running")
