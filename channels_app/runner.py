@@ -304,14 +304,20 @@ def streamed_answer(turn_pk: int) -> str:
 
 # --- the run -----------------------------------------------------------------------------------
 
-def build_messages(turn: Turn):
-    """The engine's view: the conversation's recent history, injected context, then this turn's text."""
+HISTORY_TURNS = 20  # the history a turn without a profile is shown
+
+
+def build_messages(turn: Turn, read: tuple | None = None):
+    """The engine's view: the conversation's recent history, injected context, then this turn's text.
+    `read`: the history and the summary as the claim read them (TurnRun.claim), else read here."""
     from ovos_plugin_manager.templates.agents import AgentMessage, MessageRole
-    profile = turn.profile
-    limit = profile.history_turns if profile else 20
-    # the history and the summary a compaction left, in one round trip
-    past, summary = rows.batch([statements.history_tail_step(turn.conversation_id, turn.pk, limit),
-                                statements.summary_latest_step(turn.conversation_id)])
+    if read is None:
+        profile = turn.profile
+        limit = profile.history_turns if profile else HISTORY_TURNS
+        # the history and the summary a compaction left, in one round trip
+        read = rows.batch([statements.history_tail_step(turn.conversation_id, turn.pk, limit),
+                           statements.summary_latest_step(turn.conversation_id)])
+    past, summary = read
     messages = [AgentMessage(role=MessageRole(role), content=content) for role, content in past]
     # The summary a compaction left stands for the history it hid.
     if summary:
@@ -371,6 +377,7 @@ class TurnRun:
         self.offered = False  # this engine step was offered tools: its TOOL items are calls to run
         self.pending_calls: dict[str, dict] = {}  # call id -> {"id", "name", "arguments"}
         self.artifacts: list = []
+        self.history_read: tuple | None = None  # the history and summary the claim read (build_messages)
 
     # -- steps --
     def claim(self) -> bool:
@@ -385,17 +392,20 @@ class TurnRun:
             # durable too, so a database crash that loses it loses nothing anyone saw; the turn is
             # then accepted again, as if this worker had never taken it (docs/performance.md).
             # The receipt's running goes in the same trip (it names the turn's receipt through the claimed row).
-            _unflushed, claimed, _receipt, turn = rows.batch([
+            # And what compose() shows the engine first, the history and the summary: no trip of their own.
+            _unflushed, claimed, _receipt, turn, past, summary = rows.batch([
                 statements.commit_unflushed_step(),
                 rows.table(Turn).update_step({"id": self.turn_pk, "state": TurnState.ACCEPTED},
                                              state=TurnState.RUNNING, started_at=now, lease_expires_at=lease),
                 statements.receipt_running_step(self.turn_pk, now),
-                statements.turn_fetch_step(self.turn_pk)])
+                statements.turn_fetch_step(self.turn_pk),
+                statements.turn_history_step(self.turn_pk, HISTORY_TURNS),
+                statements.turn_summary_step(self.turn_pk)])
             if claimed != 1:
                 # not ours: the receipt step matched our claim only, and nothing of this transaction stays
                 transaction.set_rollback(True)
                 return False
-            self.turn = turn
+            self.turn, self.history_read = turn, (past, summary)
             reason = self.abandon_reason(now)
             if reason:
                 statements.commit_flushed()  # an end is answered: it waits for the disk, as every end does
@@ -452,7 +462,8 @@ class TurnRun:
             self.engine = engine_for_profile(self.turn.profile)
         except LookupError as exc:
             raise EngineError(str(exc), code="engine_not_installed")
-        self.messages = build_messages(self.turn)
+        self.messages = build_messages(self.turn, self.history_read)
+        self.history_read = None  # what the claim read: a compaction below hides some of it
         if self.compact_first():
             self.messages = build_messages(self.turn)
         # the turn's uploaded files: bytes for a multimodal engine, their text for any other (docs/files.md)

@@ -275,6 +275,37 @@ def history_tail_step(conversation_pk: int, before_turn_pk: int, limit: int) -> 
 
 
 @functools.cache
+def _turn_history_sql() -> str:
+    from plugins_app.agent.models import AgentProfile
+    m, t, p = rows.table(Message), rows.table(Turn), rows.table(AgentProfile)
+    return (f"SELECT {m.col('role')}, {m.col('content')} FROM {m.name} WHERE {m.col('conversation')} = "
+            f"(SELECT {t.col('conversation')} FROM {t.name} WHERE id = %s) "
+            f"AND {m.col('hidden')} = %s AND {m.col('role')} IN (%s, %s) AND {m.col('turn')} < %s "
+            f"ORDER BY id DESC LIMIT COALESCE((SELECT COALESCE(p.{p.col('history_turns')}, %s) FROM {t.name} t "
+            f"LEFT JOIN {p.name} p ON p.id = t.{t.col('profile')} WHERE t.id = %s), 0)")
+
+
+def turn_history_step(turn_pk: int, default_limit: int) -> rows.Step:
+    """history_tail for a turn named by its id alone: its conversation's, as many as its profile's
+    history_turns (`default_limit` when it has no profile). For a batch sent before the turn is read."""
+    return rows.Step(_turn_history_sql(), [turn_pk, False, Message.Role.USER, Message.Role.ASSISTANT, turn_pk,
+                                           default_limit, turn_pk], _oldest_first)
+
+
+@functools.cache
+def _turn_summary_sql() -> str:
+    m, t = rows.table(Message), rows.table(Turn)
+    return (f"SELECT {m.col('content')} FROM {m.name} WHERE {m.col('conversation')} = "
+            f"(SELECT {t.col('conversation')} FROM {t.name} WHERE id = %s) AND {m.col('hidden')} = %s "
+            f"AND {m.col('role')} = %s ORDER BY id DESC LIMIT 1")
+
+
+def turn_summary_step(turn_pk: int) -> rows.Step:
+    """summary_latest for the conversation of a turn named by its id alone."""
+    return rows.Step(_turn_summary_sql(), [turn_pk, False, Message.Role.SYSTEM], _first_or_none)
+
+
+@functools.cache
 def _summary_latest_sql() -> str:
     m = rows.table(Message)
     return (f"SELECT {m.col('content')} FROM {m.name} WHERE {m.col('conversation')} = %s AND {m.col('hidden')} = %s "

@@ -132,6 +132,27 @@ def pin_summary_latest(g):
     assert statements.summary_latest(10 ** 9) is None
 
 
+def pin_turn_history_step(g):
+    """The turn named by id alone: its conversation's history, its profile's history_turns (the default
+    without a profile), as history_tail reads it once the turn is known."""
+    from plugins_app.agent.models import AgentProfile
+    AgentProfile.objects.filter(pk=g["profile"].pk).update(history_turns=2)
+    for turn in g["turns"]:
+        limit = 2 if turn.profile_id else 5
+        assert rows.batch([statements.turn_history_step(turn.pk, 5)]) == \
+            [statements.history_tail(turn.conversation_id, turn.pk, limit)]
+    last = g["turns"][3]  # a turn with no profile: the default
+    assert len(rows.batch([statements.turn_history_step(last.pk, 50)])[0]) == 5
+    assert rows.batch([statements.turn_history_step(10 ** 9, 5)]) == [[]]
+
+
+def pin_turn_summary_step(g):
+    for turn in g["turns"]:
+        assert rows.batch([statements.turn_summary_step(turn.pk)]) == [statements.summary_latest(turn.conversation_id)]
+    assert rows.batch([statements.turn_summary_step(g["turns"][5].pk)]) == ["summary 1"]
+    assert rows.batch([statements.turn_summary_step(10 ** 9)]) == [None]
+
+
 def pin_harness_open_exists(g):
     from channels_app.models import HarnessItem, HarnessState
     conv0, conv1 = g["convs"]

@@ -79,6 +79,27 @@ def test_the_claim_marks_the_receipt_running_in_its_own_round_trip(tcast):
                 and "WHERE" in q and '"id" = ' in q.split("WHERE")[-1] and "SELECT" not in q]
 
 
+def test_the_claim_reads_the_history_compose_shows_the_engine(tcast):
+    """The history and the summary ride the claim's batch: compose reads no message, and shows the engine
+    what a read of its own would (the earlier turn's question and answer)."""
+    from django.test.utils import CaptureQueriesContext
+    first = accepted_turn(tcast, "script:answer=first answer")
+    runner.turn_run(first.pk)
+    actor = services.actor_resolve(caller=tcast.operator, user="alice")
+    conv = Turn.objects.get(pk=first.pk).conversation
+    with mock.patch("channels_app.tasks.run_turn.delay"):
+        second = services.message_submit(inbound=services.Submission(
+            actor=actor, caller=tcast.operator, text="again", conversation_id=conv.external_id)).turn
+    run = runner.TurnRun(second.pk)
+    assert run.claim()
+    with CaptureQueriesContext(connection) as seen:
+        run.compose()
+    assert not [q["sql"] for q in seen.captured_queries if "channels_app_message" in q["sql"]]
+    shown = [(m.role.value, m.content) for m in run.messages]
+    assert shown == [(m.role.value, m.content) for m in runner.build_messages(run.turn)]
+    assert shown[-3:] == [("user", "script:answer=first answer"), ("assistant", "first answer"), ("user", "again")]
+
+
 def test_a_lost_claim_leaves_the_other_workers_receipt_as_it_was(tcast):
     turn = accepted_turn(tcast)
     assert runner.TurnRun(turn.pk).claim()
