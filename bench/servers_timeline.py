@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
-import re
 import shutil
 import signal
 import statistics
@@ -35,6 +33,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.chat_latency import bench_profile, one_request, start_stub  # noqa: E402
+from bench.servers_roundtrips import pids_by_port as ports_of  # noqa: E402
 from tests.support.layout import Layout  # noqa: E402
 
 
@@ -66,18 +65,6 @@ def read_pcap(path: Path):
         if payload > 0:
             out.append((sec + frac / (1e9 if nano else 1e6), sport, dport, payload))
     return out
-
-
-def ports_of(server_port: int) -> dict[int, int]:
-    """Local client port -> pid for the TCP connections to 127.0.0.1:server_port."""
-    text = subprocess.run(["ss", "-tnpH", "dst", f"127.0.0.1:{server_port}"], capture_output=True,
-                          text=True).stdout
-    found = {}
-    for line in text.splitlines():
-        m = re.search(r"127\.0\.0\.1:(\d+)\s+127\.0\.0\.1:\d+.*pid=(\d+)", line)
-        if m:
-            found[int(m.group(1))] = int(m.group(2))
-    return found
 
 
 def main():
