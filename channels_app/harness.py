@@ -153,5 +153,3 @@ def harness_probe(*, turn, state: str):
     """The statement harness_after_turn needs first, for the end's first round trip (hooks.after_turn_probes)."""
     return statements.harness_open_step(turn.conversation_id) if state == "completed" else None
 
-
-harness_after_turn.probe = harness_probe

@@ -85,6 +85,9 @@ def _ensure_loaded() -> None:
             _insert(name, priority, import_string(path))
         for name, path in getattr(settings, "UGENT_AFTER_TURN_HOOKS", {}).items():
             _after.setdefault(name, import_string(path))
+        for name, path in getattr(settings, "UGENT_AFTER_TURN_PROBES", {}).items():
+            if name in _after:
+                _after_probes.setdefault(name, import_string(path))
         for name, path in getattr(settings, "UGENT_QUESTION_ASKED_HOOKS", {}).items():
             _asked.setdefault(name, import_string(path))
         for name, path in getattr(settings, "UGENT_NATIVE_ACTIONS", {}).items():
@@ -127,39 +130,49 @@ def registered() -> list[tuple[int, str]]:
 # stopped by a hook), so work such as a channel's outbound delivery row commits with it.
 AfterTurn = Callable[..., None]
 _after: dict[str, AfterTurn] = {}
+# A hook's probe: probe(turn=, state=) -> a ugent_common.rows.Step, or None. The end of a turn sends the
+# step with its first round trip and calls the hook with `probed=` its result (after_turn_probes).
+_after_probes: dict[str, Callable] = {}
 
 
-def register_after_turn(name: str, fn: AfterTurn) -> None:
-    """fn(turn=Turn, state=str, answer=str) runs in the turn's final transaction."""
+def register_after_turn(name: str, fn: AfterTurn, probe: Callable | None = None) -> None:
+    """fn(turn=Turn, state=str, answer=str) runs in the turn's final transaction. With `probe`, fn is
+    also given `probed=` what the probe's statement found (None: the probe sent nothing)."""
     _ensure_loaded()
     _after[name] = fn
+    if probe is None:
+        _after_probes.pop(name, None)
+    else:
+        _after_probes[name] = probe
 
 
 def unregister_after_turn(name: str) -> None:
     _ensure_loaded()
     _after.pop(name, None)
+    _after_probes.pop(name, None)
 
 
 def after_turn_probes(*, turn, state: str) -> dict:
-    """The statements after-turn hooks need first, by hook name, so the end's first round trip carries
-    them. A hook that has one names it as its `probe` attribute (`probe(turn=, state=)` → a
-    ugent_common.rows.Step, or None) and is then called with `probed=` the step's result."""
+    """The statements after-turn hooks need first, so the end's first round trip carries them: by hook
+    name, (the hook, its probe's step), for the hooks whose probe sent one."""
     _ensure_loaded()
     found = {}
-    for name, fn in _after.items():
-        probe = getattr(fn, "probe", None)
-        step = probe(turn=turn, state=state) if probe is not None else None
+    for name, probe in list(_after_probes.items()):
+        fn = _after.get(name)
+        step = probe(turn=turn, state=state) if fn is not None else None
         if step is not None:
-            found[name] = step
+            found[name] = (fn, step)
     return found
 
 
 def run_after_turn(*, turn, state: str, answer: str, probed: dict | None = None) -> None:
-    """`probed`: the results of after_turn_probes' statements, by hook name."""
+    """`probed`: by hook name, (the hook, what its probe's step found), from the end's first round trip.
+    A hook is given its result only if it is still the hook that probe was asked for."""
     _ensure_loaded()
     for name, fn in list(_after.items()):
-        if probed and name in probed:
-            fn(turn=turn, state=state, answer=answer, probed=probed[name])
+        seen = probed.get(name) if probed else None
+        if seen is not None and seen[0] is fn:
+            fn(turn=turn, state=state, answer=answer, probed=seen[1])
         else:
             fn(turn=turn, state=state, answer=answer)
 

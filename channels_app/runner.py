@@ -202,9 +202,9 @@ def turn_end(*, turn: Turn, state: str, answer: str = "", reason: str = "", code
             steps += [rows.table(Turn).update_step({"id": turn.pk, "state": from_state}, **turn_fields),
                       _answer_step(turn, end, answer),
                       rows.table(Receipt).update_step({"id": turn.receipt_id}, **receipt_fields),
-                      *probes.values()]
+                      *(step for _hook, step in probes.values())]
         found = rows.batch(steps)
-        probed = dict(zip(probes, found[5:]))
+        probed = {name: (hook, result) for (name, (hook, _step)), result in zip(probes.items(), found[5:])}
         steering_waits = found[1]
         if steering_waits:
             if merged:
@@ -392,20 +392,23 @@ class TurnRun:
             # durable too, so a database crash that loses it loses nothing anyone saw; the turn is
             # then accepted again, as if this worker had never taken it (docs/performance.md).
             # The receipt's running goes in the same trip (it names the turn's receipt through the claimed row).
-            # And what compose() shows the engine first, the history and the summary: no trip of their own.
+            # On PostgreSQL, also what compose() shows the engine first, the history and the summary: no
+            # trip of their own. SQLite runs a batch one statement at a time, and this transaction holds
+            # the daemon's write lock: there compose() reads them after it.
+            ahead = connection.vendor == "postgresql"
             _unflushed, claimed, _receipt, turn, past, summary = rows.batch([
                 statements.commit_unflushed_step(),
                 rows.table(Turn).update_step({"id": self.turn_pk, "state": TurnState.ACCEPTED},
                                              state=TurnState.RUNNING, started_at=now, lease_expires_at=lease),
                 statements.receipt_running_step(self.turn_pk, now),
                 statements.turn_fetch_step(self.turn_pk),
-                statements.turn_history_step(self.turn_pk, HISTORY_TURNS),
-                statements.turn_summary_step(self.turn_pk)])
+                statements.turn_history_step(self.turn_pk, HISTORY_TURNS) if ahead else None,
+                statements.turn_summary_step(self.turn_pk) if ahead else None])
             if claimed != 1:
                 # not ours: the receipt step matched our claim only, and nothing of this transaction stays
                 transaction.set_rollback(True)
                 return False
-            self.turn, self.history_read = turn, (past, summary)
+            self.turn, self.history_read = turn, ((past, summary) if ahead else None)
             reason = self.abandon_reason(now)
             if reason:
                 statements.commit_flushed()  # an end is answered: it waits for the disk, as every end does

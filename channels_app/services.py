@@ -403,6 +403,8 @@ def _submit_locked(inbound: Submission, conversation: Conversation, created: boo
             result.queued = not turn_dispatch(turn.pk)
         # Registered before the event append's wake-ups, so it runs first at the commit: in servers mode
         # a worker takes the turn while this process still publishes them (bench/servers_timeline.py).
+        # (With Celery's eager mode, tests and `cron run`, the whole turn runs here first: its readers
+        # find the accept's wake-up late and read the log, which holds everything.)
         transaction.on_commit(dispatch)
     # the user's message goes in the event append's round trip
     message = rows.table(Message).insert_step(conversation=conversation, role=Message.Role.USER,

@@ -53,6 +53,10 @@ UGENT_AFTER_TURN_HOOKS = {
     "harness": "channels_app.harness.harness_after_turn",  # /harness checks, verified with each answer
     "memory": "plugins_app.agent.memory.hooks.memory_turn_ended",
 }
+# A hook's probe: a statement its hook needs first, sent with the end's first round trip (docs/turns.md).
+UGENT_AFTER_TURN_PROBES = {
+    "harness": "channels_app.harness.harness_probe",
+}
 # A question a turn asks (channels_app.questions): a channel's conversation gets it as a delivery.
 UGENT_QUESTION_ASKED_HOOKS = {
     "plugins": "plugins_app.channel.services.delivery_create_for_question",

@@ -136,13 +136,17 @@ def pin_turn_history_step(g):
     """The turn named by id alone: its conversation's history, its profile's history_turns (the default
     without a profile), as history_tail reads it once the turn is known."""
     from plugins_app.agent.models import AgentProfile
-    AgentProfile.objects.filter(pk=g["profile"].pk).update(history_turns=2)
-    for turn in g["turns"]:
-        limit = 2 if turn.profile_id else 5
-        assert rows.batch([statements.turn_history_step(turn.pk, 5)]) == \
-            [statements.history_tail(turn.conversation_id, turn.pk, limit)]
-    last = g["turns"][3]  # a turn with no profile: the default
-    assert len(rows.batch([statements.turn_history_step(last.pk, 50)])[0]) == 5
+    for history_turns, default in ((3, 2), (0, 4)):
+        AgentProfile.objects.filter(pk=g["profile"].pk).update(history_turns=history_turns)
+        for turn in g["turns"]:
+            limit = history_turns if turn.profile_id else default
+            assert rows.batch([statements.turn_history_step(turn.pk, default)]) == \
+                [statements.history_tail(turn.conversation_id, turn.pk, limit)]
+    last = g["turns"][3]  # no profile, five visible messages before it: the default is its limit
+    assert last.profile_id is None and len(statements.history_tail(last.conversation_id, last.pk, 50)) == 5
+    assert len(rows.batch([statements.turn_history_step(last.pk, 2)])[0]) == 2
+    with_profile = g["turns"][2]  # its profile's history_turns is 0 now: nothing
+    assert with_profile.profile_id and rows.batch([statements.turn_history_step(with_profile.pk, 20)]) == [[]]
     assert rows.batch([statements.turn_history_step(10 ** 9, 5)]) == [[]]
 
 

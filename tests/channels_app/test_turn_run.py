@@ -80,8 +80,8 @@ def test_the_claim_marks_the_receipt_running_in_its_own_round_trip(tcast):
 
 
 def test_the_claim_reads_the_history_compose_shows_the_engine(tcast):
-    """The history and the summary ride the claim's batch: compose reads no message, and shows the engine
-    what a read of its own would (the earlier turn's question and answer)."""
+    """On PostgreSQL the history and the summary ride the claim's batch: compose reads no message. In both
+    modes the engine is shown what a read of its own would (the earlier turn's question and answer)."""
     from django.test.utils import CaptureQueriesContext
     first = accepted_turn(tcast, "script:answer=first answer")
     runner.turn_run(first.pk)
@@ -94,7 +94,8 @@ def test_the_claim_reads_the_history_compose_shows_the_engine(tcast):
     assert run.claim()
     with CaptureQueriesContext(connection) as seen:
         run.compose()
-    assert not [q["sql"] for q in seen.captured_queries if "channels_app_message" in q["sql"]]
+    read = [q["sql"] for q in seen.captured_queries if "channels_app_message" in q["sql"]]
+    assert (read == []) if connection.vendor == "postgresql" else len(read) == 2, read
     shown = [(m.role.value, m.content) for m in run.messages]
     assert shown == [(m.role.value, m.content) for m in runner.build_messages(run.turn)]
     assert shown[-3:] == [("user", "script:answer=first answer"), ("assistant", "first answer"), ("user", "again")]
@@ -162,6 +163,37 @@ def test_the_common_end_writes_turn_answer_and_receipt_in_the_locks_round_trip(t
     receipt = Receipt.objects.get(pk=turn.receipt_id)
     assert (receipt.state, receipt.answer) == ("completed", "the answer")
     assert list(Message.objects.filter(turn=turn, role="assistant").values_list("content", flat=True)) == ["the answer"]
+
+
+def test_a_hook_is_given_a_probe_only_when_registered_with_one(tcast):
+    """A hook registered with a probe gets what its statement found; a hook without one (even one that
+    wraps a hook that has one) is called as before."""
+    import functools
+    from channels_app import harness
+    seen = []
+
+    @functools.wraps(harness.harness_after_turn)
+    def wrapped(**kw):
+        seen.append(("wrapped", sorted(kw)))
+
+    def probing(**kw):
+        seen.append(("probing", kw.get("probed")))
+    hooks.register_after_turn("test-wrapped", wrapped)
+    hooks.register_after_turn("test-probing", probing, probe=harness.harness_probe)
+    try:
+        for answer in ("one", "two"):
+            run = runner.TurnRun(accepted_turn(tcast).pk)
+            assert run.claim()
+            if answer == "two":
+                from channels_app.models import HarnessItem
+                HarnessItem.objects.create(conversation_id=run.turn.conversation_id, kind="goal", text="g",
+                                           check_spec="phrase:two")
+            assert _completed_with(run.turn, answer) is runner.EndOutcome.ENDED
+    finally:
+        hooks.unregister_after_turn("test-wrapped")
+        hooks.unregister_after_turn("test-probing")
+    assert seen == [("wrapped", ["answer", "state", "turn"]), ("probing", False),
+                    ("wrapped", ["answer", "state", "turn"]), ("probing", True)]
 
 
 def test_a_completion_that_meets_a_waiting_steering_writes_nothing(tcast):
