@@ -41,7 +41,7 @@ bench: setup
 	$(PY) bench/chat_latency.py
 	$(PY) bench/events_fanout.py
 	$(PY) bench/bridge_throughput.py
-	$(PY) bench/channels.py
+	$(PY) bench/channel_workers.py
 	$(PY) bench/rules_eval.py
 	$(PY) bench/first_answer.py
 	$(PY) bench/memory_rss.py

@@ -58,8 +58,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parents[1]
-# bench/channels.py (the channels bench) would stand in for the Django Channels package this bench
-# compares against: this folder leaves the path, the checkout comes first.
+# This folder leaves the path (a bench module must never stand in for a package), the checkout comes first.
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
 sys.path.insert(0, str(ROOT))
 

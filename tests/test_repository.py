@@ -71,3 +71,13 @@ def test_redis_replies_are_parsed_by_hiredis():
     (docs/performance.md). A missing or too old hiredis falls back silently; this says so."""
     from redis.utils import HIREDIS_AVAILABLE
     assert HIREDIS_AVAILABLE
+
+
+def test_no_bench_script_stands_in_for_a_package():
+    """`python bench/X.py` puts bench/ first on sys.path: a bench named like a package the project imports
+    (bench/channels.py once did, for Django Channels) breaks every in-process bench that loads the URLconf."""
+    import importlib.util
+    bench = ROOT / "bench"
+    clashes = [p.name for p in sorted(bench.glob("*.py"))
+               if p.stem != "__init__" and importlib.util.find_spec(p.stem) is not None]
+    assert clashes == []

@@ -1,6 +1,6 @@
 """Inbound messages per second through each channel worker into the hub, beside the bare bridge.
 
-    .venv/bin/python bench/channels.py [--messages 100] [--only telegram,slack,discord,email]
+    .venv/bin/python bench/channel_workers.py [--messages 100] [--only telegram,slack,discord,email]
 
 For each built-in worker: its fake platform (tests/fakes/, the platform's wire format on loopback)
 and the real supervisor running the worker as a process, on a scratch SQLite database (or the
