@@ -152,4 +152,3 @@ def harness_after_turn(*, turn, state: str, answer: str, probed: bool | None = N
 def harness_probe(*, turn, state: str):
     """The statement harness_after_turn needs first, for the end's first round trip (hooks.after_turn_probes)."""
     return statements.harness_open_step(turn.conversation_id) if state == "completed" else None
-

@@ -201,10 +201,11 @@ def turn_end(*, turn: Turn, state: str, answer: str = "", reason: str = "", code
             probes = hooks.after_turn_probes(turn=turn, state=state)
             steps += [rows.table(Turn).update_step({"id": turn.pk, "state": from_state}, **turn_fields),
                       _answer_step(turn, end, answer),
-                      rows.table(Receipt).update_step({"id": turn.receipt_id}, **receipt_fields),
-                      *(step for _hook, step in probes.values())]
+                      rows.table(Receipt).update_step({"id": turn.receipt_id}, **receipt_fields)]
+        probes_at = len(steps)
+        steps += [step for _hook, step in probes.values()]
         found = rows.batch(steps)
-        probed = {name: (hook, result) for (name, (hook, _step)), result in zip(probes.items(), found[5:])}
+        probed = {name: (hook, result) for (name, (hook, _step)), result in zip(probes.items(), found[probes_at:])}
         steering_waits = found[1]
         if steering_waits:
             if merged:

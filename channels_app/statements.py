@@ -248,12 +248,29 @@ def _turn_from_cursor(cur) -> Turn | None:
 
 # --- messages --------------------------------------------------------------------------------
 
+def _history_sql(conversation: str, limit: str) -> str:
+    """The newest visible user/assistant messages of turns before one, newest first: the conversation and
+    the limit as SQL expressions (placeholders, or subqueries naming the turn)."""
+    m = rows.table(Message)
+    return (f"SELECT {m.col('role')}, {m.col('content')} FROM {m.name} WHERE {m.col('conversation')} = {conversation} "
+            f"AND {m.col('hidden')} = %s AND {m.col('role')} IN (%s, %s) AND {m.col('turn')} < %s "
+            f"ORDER BY id DESC LIMIT {limit}")
+
+
+def _summary_sql(conversation: str) -> str:
+    m = rows.table(Message)
+    return (f"SELECT {m.col('content')} FROM {m.name} WHERE {m.col('conversation')} = {conversation} "
+            f"AND {m.col('hidden')} = %s AND {m.col('role')} = %s ORDER BY id DESC LIMIT 1")
+
+
+def _conversation_of_turn() -> str:
+    t = rows.table(Turn)
+    return f"(SELECT {t.col('conversation')} FROM {t.name} WHERE id = %s)"
+
+
 @functools.cache
 def _history_tail_sql() -> str:
-    m = rows.table(Message)
-    return (f"SELECT {m.col('role')}, {m.col('content')} FROM {m.name} WHERE {m.col('conversation')} = %s "
-            f"AND {m.col('hidden')} = %s AND {m.col('role')} IN (%s, %s) AND {m.col('turn')} < %s "
-            f"ORDER BY id DESC LIMIT %s")
+    return _history_sql("%s", "%s")
 
 
 def history_tail(conversation_pk: int, before_turn_pk: int, limit: int) -> list[tuple[str, str]]:
@@ -277,12 +294,10 @@ def history_tail_step(conversation_pk: int, before_turn_pk: int, limit: int) -> 
 @functools.cache
 def _turn_history_sql() -> str:
     from plugins_app.agent.models import AgentProfile
-    m, t, p = rows.table(Message), rows.table(Turn), rows.table(AgentProfile)
-    return (f"SELECT {m.col('role')}, {m.col('content')} FROM {m.name} WHERE {m.col('conversation')} = "
-            f"(SELECT {t.col('conversation')} FROM {t.name} WHERE id = %s) "
-            f"AND {m.col('hidden')} = %s AND {m.col('role')} IN (%s, %s) AND {m.col('turn')} < %s "
-            f"ORDER BY id DESC LIMIT COALESCE((SELECT COALESCE(p.{p.col('history_turns')}, %s) FROM {t.name} t "
-            f"LEFT JOIN {p.name} p ON p.id = t.{t.col('profile')} WHERE t.id = %s), 0)")
+    t, p = rows.table(Turn), rows.table(AgentProfile)
+    return _history_sql(_conversation_of_turn(),
+                        f"COALESCE((SELECT COALESCE(p.{p.col('history_turns')}, %s) FROM {t.name} t "
+                        f"LEFT JOIN {p.name} p ON p.id = t.{t.col('profile')} WHERE t.id = %s), 0)")
 
 
 def turn_history_step(turn_pk: int, default_limit: int) -> rows.Step:
@@ -294,10 +309,7 @@ def turn_history_step(turn_pk: int, default_limit: int) -> rows.Step:
 
 @functools.cache
 def _turn_summary_sql() -> str:
-    m, t = rows.table(Message), rows.table(Turn)
-    return (f"SELECT {m.col('content')} FROM {m.name} WHERE {m.col('conversation')} = "
-            f"(SELECT {t.col('conversation')} FROM {t.name} WHERE id = %s) AND {m.col('hidden')} = %s "
-            f"AND {m.col('role')} = %s ORDER BY id DESC LIMIT 1")
+    return _summary_sql(_conversation_of_turn())
 
 
 def turn_summary_step(turn_pk: int) -> rows.Step:
@@ -307,9 +319,7 @@ def turn_summary_step(turn_pk: int) -> rows.Step:
 
 @functools.cache
 def _summary_latest_sql() -> str:
-    m = rows.table(Message)
-    return (f"SELECT {m.col('content')} FROM {m.name} WHERE {m.col('conversation')} = %s AND {m.col('hidden')} = %s "
-            f"AND {m.col('role')} = %s ORDER BY id DESC LIMIT 1")
+    return _summary_sql("%s")
 
 
 def summary_latest(conversation_pk: int) -> str | None:
