@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from scratch import scratch_install  # noqa: E402
+from scratch import LoopClient, scratch_install  # noqa: E402
 
 _CONFIG = scratch_install("ugent-code-context-")
 
@@ -120,8 +120,6 @@ def run(args):
         injected.append(found.tokens_est)
 
     # -- the turn --
-    from django.test import Client
-
     from channels_app.models import ApiKey, Caller
     from plugins_app.agent.models import AgentProfile
     AgentProfile.objects.filter(name="scripted").update(is_default=True)
@@ -129,7 +127,7 @@ def run(args):
     key = ApiKey(caller=caller)
     key.set_key("ugk_bench_code")
     key.save()
-    client = Client(headers={"x-api-key": "ugk_bench_code"})
+    client = LoopClient(headers={"x-api-key": "ugk_bench_code"})
     seq = [0]
     from channels_app import runner
     step_times: dict[str, list] = {}

