@@ -8,11 +8,12 @@ source), or --root. Figures:
   rescan interval has passed, with nothing changed;
 * query: `code_context_fetch` as a turn calls it (the query, then the budget), over messages built from
   identifiers found in the tree;
-* turn: the chat endpoint in-process (Django's test client, the scripted engine, turns eager) with code
-  context off, then on with the default rescan interval (2 s: the index mostly cached), then on with a
-  rescan at every turn; the three interleaved in rounds. Beside each, the time of the runner's own
-  code-context step (TurnRun.code_context, timed by wrapping it): on a shared box the whole turn's
-  figures move by more than that step costs.
+* turn: the chat endpoint in-process (Django's AsyncClient on one event loop, bench/scratch.py's
+  LoopClient, the scripted engine, turns eager) with code context off, then on with the default
+  rescan interval (2 s: the index mostly cached), then on with a rescan at every turn; the three
+  interleaved in rounds. Beside each, the time of the runner's own code-context step
+  (TurnRun.code_context, timed by wrapping it): on a shared box the whole turn's figures move by more
+  than that step costs.
 
 Usage: python bench/code_context.py [--root PATH] [--turns 150] [--queries 200]
 Prints figures; asserts nothing.

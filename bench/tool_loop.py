@@ -1,8 +1,9 @@
 """The tool loop's cost (issue #13, item 6): a turn whose engine calls a no-op tool 5 times, one call per
 step, beside a plain turn that streams the same tokens without tools, in one run.
 
-In-process, on a scratch SQLite database: the chat endpoint through Django's test client, the scripted
-engine (tests/support/scripted.py) and the tests' `testing` toolbox (its `noop` tool), turns run eagerly.
+In-process, on a scratch SQLite database: the chat endpoint through Django's AsyncClient on one event
+loop (bench/scratch.py's LoopClient), the scripted engine (tests/support/scripted.py) and the tests'
+`testing` toolbox (its `noop` tool), turns run eagerly.
 Both cases are measured in interleaved rounds so both see the same machine. Also a plain turn with the
 tools offered but not called, so offering them is measured on its own.
 
