@@ -65,14 +65,16 @@ def memory_vector_index() -> str:
 
 @shared_task(ignore_result=True, soft_time_limit=60, time_limit=90)
 @with_fresh_connections
-def memory_extract_turn(actor_key: str, text: str, turn_id: str) -> int:
+def memory_extract_turn(actor_key: str, text: str, turn_id: str, profile_id: int | None = None) -> int:
     """After a turn: save the facts its message states into its user's memory (duplicates merge, and a
-    fact is seen once per turn, so a redelivered task adds and counts nothing). Takes the text: the memory room does not read the hub's rows."""
+    fact is seen once per turn, so a redelivered task adds and counts nothing). Takes the text: the memory room does not read the hub's rows.
+    `profile_id`: the turn's agent profile, whose server the model extractor asks (none for a task
+    enqueued before it was passed: UGENT_LLM_*)."""
     import logging
     from plugins_app.agent.memory import services
     try:
         return services.facts_extract_save(actor_key=actor_key, texts=[text], source="turn", source_ref=turn_id,
-                                           seen_in=[turn_id])
+                                           seen_in=[turn_id], profile_id=profile_id)
     except services.MemoryUnavailable:
         return 0  # the backend was switched to none since the turn ended
     except Exception:

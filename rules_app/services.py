@@ -320,7 +320,7 @@ def memory_extract(*, turn, first_message: bool = False) -> str:
     try:
         saved = memory.facts_extract_save(actor_key=turn.actor.key, texts=[t for t, _ in said],
                                           seen_in=[ref for _, ref in said], source="conversation",
-                                          source_ref=conversation.external_id or "")
+                                          source_ref=conversation.external_id or "", profile_id=turn.profile_id)
     except memory.MemoryUnavailable:
         return engine.MEMORY_BACKEND_NEEDED
     return engine.memory_saved_answer(saved)

@@ -9,13 +9,21 @@ from django.db.migrations.executor import MigrationExecutor
 from plugins_app.agent.memory import recall_preview
 from tests.support.memory import memory_config  # noqa: F401
 
-BEFORE, AFTER = ("plugins_app", "0010_memory_recall_statement"), ("plugins_app", "0011_memory_fts_owner_terms")
+BEFORE = ("plugins_app", "0010_memory_recall_statement")  # the migration under test: 0011
 
 
 def migrate(target) -> None:
     executor = MigrationExecutor(connection)
     executor.loader.build_graph()
     executor.migrate([target])
+
+
+def migrate_to_latest() -> None:
+    """Every migration, the one under test among them: the app's code reads the schema as it is now (the
+    memory settings' row, say), so it runs after the last one, as in an upgraded install."""
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(executor.loader.graph.leaf_nodes())
 
 
 @pytest.mark.django_db(transaction=True)
@@ -29,14 +37,12 @@ def test_facts_saved_before_0011_are_recalled_after_it_by_their_owner_only(memor
             cur.execute("INSERT INTO plugins_app_memoryfact (created_at, updated_at, actor_key, text, normalized, tier, "
                         "source, source_ref, pinned, seen_count) VALUES (datetime('now'), datetime('now'), "
                         "'web:alice', 'User likes green tea.', 'user likes green tea.', 'contextual', 'turn', '', 0, 1)")
-        migrate(AFTER)
+        migrate_to_latest()  # 0011 among them
         assert [f["text"] for f in recall_preview(actor_key="web:alice", text="tea?")["facts"]] == \
             ["User likes green tea."]
         assert recall_preview(actor_key="web:bob", text="tea?")["facts"] == []
     finally:
-        executor = MigrationExecutor(connection)
-        executor.loader.build_graph()
-        executor.migrate(executor.loader.graph.leaf_nodes())
+        migrate_to_latest()
 
 
 @pytest.mark.django_db
@@ -63,7 +69,7 @@ def test_0015_counts_what_the_after_turn_extraction_saved_before_it_as_seen_in_i
                             "tier, source, source_ref, pinned, seen_count) VALUES (CURRENT_TIMESTAMP, "
                             "CURRENT_TIMESTAMP, 'web:alice', %s, %s, 'contextual', %s, %s, FALSE, 1)",
                             [text, text.lower(), source, ref])
-        migrate(("plugins_app", "0015_memory_sightings"))
+        migrate_to_latest()  # 0015 among them
         tea = MemoryFact.objects.get(normalized="user likes green tea.")
         assert list(tea.sightings.values_list("ref", flat=True)) == ["t9"]
         assert not MemoryFact.objects.get(normalized="user's name is alice.").sightings.exists()
@@ -71,6 +77,4 @@ def test_0015_counts_what_the_after_turn_extraction_saved_before_it_as_seen_in_i
         assert services.fact_save(actor_key="web:alice", text="User likes green tea.", seen_in="t9")[0].seen_count == 1
     finally:
         MemoryFact.objects.all().delete()
-        executor = MigrationExecutor(connection)
-        executor.loader.build_graph()
-        executor.migrate(executor.loader.graph.leaf_nodes())
+        migrate_to_latest()

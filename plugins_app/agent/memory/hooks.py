@@ -44,11 +44,19 @@ def turn_may_write(turn) -> bool:
 
 def memory_turn_ended(*, turn, state: str, answer: str) -> None:
     """UGENT_AFTER_TURN_HOOKS["memory"]: enqueue extraction of a completed turn's message."""
-    if state != "completed" or not memory_conf().durable:
+    conf = memory_conf()
+    if state != "completed" or not conf.durable:
         return
     text = (turn.context or {}).get("text", "")
-    if not extract_facts(text) or not turn_may_write(turn):  # the cheap test first: most turns state nothing
+    # the cheap test first: most turns state nothing the offline rules find. The model reads every
+    # message with words in it: what it finds is what the rules miss.
+    if conf.extractor == "openai-compatible":
+        if not text.strip():
+            return
+    elif not extract_facts(text):
         return
-    actor_key, turn_id = turn.actor.key, turn.turn_id
+    if not turn_may_write(turn):
+        return
+    actor_key, turn_id, profile_id = turn.actor.key, turn.turn_id, turn.profile_id
     transaction.on_commit(
-        lambda: task_named("plugins_app.tasks.memory_extract_turn").delay(actor_key, text, turn_id))
+        lambda: task_named("plugins_app.tasks.memory_extract_turn").delay(actor_key, text, turn_id, profile_id))

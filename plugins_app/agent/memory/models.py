@@ -94,11 +94,20 @@ class MemorySettings(TimeStamped):
         PER_PROMPT = "per_prompt", "per_prompt (once per turn)"
         EVERY_CALL = "every_call", "every_call (before each engine call)"
 
+    class Extractor(models.TextChoices):
+        FROM_CONFIG = "", "as ugent.toml says"
+        OFFLINE = "offline", "offline (rules over what the user said)"
+        OPENAI_COMPATIBLE = "openai-compatible", "openai-compatible (a model; offline when it fails)"
+
     backend = models.CharField(max_length=20, choices=Backend.choices, blank=True, default="")
     recall_cadence = models.CharField(max_length=20, choices=Cadence.choices, blank=True, default="")
     max_hits = models.PositiveIntegerField(default=0, help_text="0: as ugent.toml says (default 12).")
     max_injected_tokens_est = models.PositiveIntegerField(default=0,
                                                           help_text="0: as ugent.toml says (default 1200).")
+    extractor = models.CharField(
+        max_length=20, choices=Extractor.choices, blank=True, default="",
+        help_text="What finds the facts in what a user said. openai-compatible asks the turn's agent profile's "
+                  "server (UGENT_LLM_* when the profile names none); the offline rules when it fails.")
 
     class Meta:
         verbose_name_plural = "memory settings"

@@ -12,6 +12,7 @@ from django.utils import timezone
 from plugins_app.agent.memory import conf
 from plugins_app.agent.memory.backends import backend_named, facts_forgotten
 from plugins_app.agent.memory.extract import Candidate, extract_facts, normalize
+from plugins_app.agent.memory.model_extract import ModelExtractionError, model_facts
 from plugins_app.agent.memory.models import MemoryFact, MemorySettings, MemorySighting, Source, Tier
 
 log = logging.getLogger("ugent.memory")
@@ -84,14 +85,41 @@ def _sighted(fact: MemoryFact, seen_in: str) -> bool:
     return True
 
 
+def extraction_server(profile_id: int | None) -> dict:
+    """The chat engine config the model extractor asks: the turn's agent profile's when it is
+    OpenAI-compatible (its secrets opened), else nothing, so the engine falls back to UGENT_LLM_*."""
+    from plugins_app.agent.models import AgentProfile
+    profile = AgentProfile.objects.filter(pk=profile_id, provider="openai-compatible").first() \
+        if profile_id else None
+    if profile is None:
+        return {}
+    from ugent_common.secrets import secrets_opened
+    return secrets_opened(dict(profile.config or {}))
+
+
+def facts_said(texts: list[str], *, extractor: str, profile_id: int | None = None) -> list[list[Candidate]]:
+    """The facts each text states: the model's reading with `extractor` "openai-compatible", else the
+    offline rules'. A model that fails or answers out of shape is logged, and the offline rules read
+    the texts instead."""
+    if extractor == "openai-compatible":
+        try:
+            return model_facts(texts, extraction_server(profile_id))
+        except ModelExtractionError as exc:
+            log.warning("memory: the model extractor failed; the offline extractor read the messages "
+                        "instead (%s)", exc)
+    return [extract_facts(text) for text in texts]
+
+
 def facts_extract_save(*, actor_key: str, texts: list[str], source: str, source_ref: str = "",
-                       seen_in: list[str] | None = None) -> int:
+                       seen_in: list[str] | None = None, profile_id: int | None = None) -> int:
     """Extract facts from what the user said (`texts`, oldest first) and save them; how many were new.
     `seen_in`, beside `texts`: the turn each text was said in (fact_save's; "" where none is known).
+    `profile_id`: the turn's agent profile, whose server the model extractor asks (facts_said).
 
     Raises MemoryUnavailable with the default backend; extraction errors propagate (the caller says
     "Saving to memory failed" and logs why)."""
-    backend = conf.memory_conf().backend
+    settings_now = conf.memory_conf()
+    backend = settings_now.backend
     if backend == "none":
         raise MemoryUnavailable()
     refs = list(seen_in) if seen_in is not None else [""] * len(texts)
@@ -99,8 +127,8 @@ def facts_extract_save(*, actor_key: str, texts: list[str], source: str, source_
         raise ValueError("seen_in names one turn for each text")
     seen: set[tuple[str, str]] = set()
     candidates: list[tuple[Candidate, str]] = []
-    for text, ref in zip(texts, refs):
-        for c in extract_facts(text):
+    for found, ref in zip(facts_said(texts, extractor=settings_now.extractor, profile_id=profile_id), refs):
+        for c in found:
             if (normalize(c.text), ref) not in seen:
                 seen.add((normalize(c.text), ref))
                 candidates.append((c, ref))
@@ -155,7 +183,8 @@ def vector_index_refresh() -> str:
 
 def memory_settings_save(*, row: MemorySettings) -> MemorySettings:
     """The admin's memory settings: saved as the one row, read again at once by this process."""
-    fields = {f: getattr(row, f) for f in ("backend", "recall_cadence", "max_hits", "max_injected_tokens_est")}
+    fields = {f: getattr(row, f) for f in ("backend", "recall_cadence", "max_hits", "max_injected_tokens_est",
+                                          "extractor")}
     saved, _ = MemorySettings.objects.update_or_create(pk=1, defaults=fields)
     conf.reset()
     return saved
