@@ -127,9 +127,13 @@ def _ask_user_factory(ctx: ToolContext):
 
 
 def _memory_factory(ctx: ToolContext):
-    """memory_control (forget, pin, list): only to a turn that may write the user's memory, with a
-    durable backend configured (plugins_app.agent.memory, docs/memory.md)."""
-    if getattr(ctx.turn, "disable_memory_write", False) or ctx.actor is None:
+    """memory_control (forget, pin, list): only to a turn that may write the user's memory (memory's one
+    rule for it: not kept out of memory, not spoken, an identified sender), with a durable backend
+    configured (plugins_app.agent.memory, docs/memory.md)."""
+    if ctx.actor is None:
+        return None
+    from plugins_app.agent.memory.hooks import turn_may_write
+    if not turn_may_write(ctx.turn):
         return None
     from plugins_app.agent.memory.tools import MemoryToolBox
     return MemoryToolBox({"actor_key": ctx.actor.key, "disable_memory_write": False})

@@ -228,3 +228,20 @@ def test_a_memory_engine_that_is_not_installed_is_looked_for_once_per_recheck_in
     finally:
         registry._memory_entry_point.cache_clear()
         registry._memory_missing.clear()
+
+
+# --- which turns are offered memory_control -------------------------------------------------------
+
+def offered_tools() -> list[str]:
+    return CALLS[-1]["tools"]
+
+
+def test_memory_control_is_offered_only_to_a_turn_that_may_write_the_users_memory(fts):
+    answer(chat(fts.alice, "What do you remember?"))
+    assert "memory_control" in offered_tools()
+    answer(chat(fts.alice, "What do you remember?", ugent_disable_memory_write=True))
+    assert "memory_control" not in offered_tools()
+    answer(chat(fts.alice, "What do you remember?", ugent_input_mode="voice"))  # spoken: kept out of memory
+    assert "memory_control" not in offered_tools()
+    answer(chat({"key": fts.keys["app"]}, "What do you remember?"))  # a sender who is not identified
+    assert "memory_control" not in offered_tools()
