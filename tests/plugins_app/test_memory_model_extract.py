@@ -8,9 +8,10 @@ import logging
 
 import pytest
 
-from plugins_app.agent.memory import conf, services
+from plugins_app.agent.memory import conf, model_extract, services
 from plugins_app.agent.memory.extract import Candidate, extract_facts
-from plugins_app.agent.memory.model_extract import EXTRACT_PROMPT, ModelExtractionError, facts_parsed, model_facts
+from plugins_app.agent.memory.model_extract import (EXTRACT_PROMPT, ModelExtractionError, extraction_server,
+                                                     facts_parsed, model_facts)
 from plugins_app.agent.memory.models import MemoryFact, MemorySettings
 from tests.fakes.upstream import Script, run_stub_upstream
 from tests.rules_app.conftest import answer, chat, site  # noqa: F401
@@ -27,7 +28,7 @@ def test_a_reply_is_read_per_message_with_its_tiers_and_a_full_stop():
     reply = ("```json\n" + json.dumps([
         {"fact": "User's name is Ana", "tier": "core", "message": 1},
         {"fact": "User is in Lisbon this week.", "tier": "ephemeral", "message": 2},
-        {"fact": "User likes  green tea.", "tier": "archival", "message": 2},  # not a tier extraction gives
+        {"fact": "User likes  green tea.", "tier": ["archival"], "message": "2"},  # not a tier: contextual
         {"fact": "user likes green tea", "tier": "core", "message": 2},  # the same fact again
         {"fact": "Always answer in French.", "tier": "core"},  # no message: the last one's
         {"fact": "", "tier": "core", "message": 1}, "a string", {"tier": "core"},
@@ -36,6 +37,12 @@ def test_a_reply_is_read_per_message_with_its_tiers_and_a_full_stop():
         [Candidate("User's name is Ana.", "core")],
         [Candidate("User is in Lisbon this week.", "ephemeral"), Candidate("User likes green tea.", "contextual"),
          Candidate("Always answer in French.", "core")]]
+
+
+def test_the_array_is_found_among_prose_and_brackets():
+    reply = 'Facts [from message 1]: [{"fact": "User skis.", "message": 1}] [done]'
+    assert facts_parsed(reply, 2) == [[Candidate("User skis.", "contextual")], []]
+    assert facts_parsed("Nothing here: []", 1) == [[]]
 
 
 def test_a_message_number_out_of_range_is_the_last_messages():
@@ -59,6 +66,14 @@ def test_the_model_is_sent_the_prompt_and_the_numbered_messages_and_answers_per_
     assert sent["model"] == "extractor-model"
     assert sent["messages"] == [{"role": "system", "content": EXTRACT_PROMPT},
                                 {"role": "user", "content": f"Message 1:\nhello there\n\nMessage 2:\n{VEGETARIAN}"}]
+
+
+def test_only_the_profiles_server_model_and_a_timeout_of_at_most_30_s_are_taken_from_its_config():
+    with run_stub_upstream(Script(answer="[]")) as url:
+        assert model_facts(["hi"], {"base_url": url, "model": "m", "max_tokens": 1, "temperature": 2,
+                                    "extra_body": {"tool_choice": "required"}, "timeout": "30s"}) == [[]]
+        sent = url.requests[-1].json
+    assert set(sent) == {"model", "messages"}
 
 
 def test_an_upstream_error_is_an_extraction_error():
@@ -93,9 +108,9 @@ def test_the_server_is_the_profiles_when_it_is_openai_compatible_else_the_enviro
     own = AgentProfile.objects.create(name="own", provider="openai-compatible",
                                       config={"base_url": "http://127.0.0.1:9/v1", "model": "m1"})
     other = AgentProfile.objects.create(name="other", provider="scripted", config={"base_url": "not-a-server"})
-    assert services.extraction_server(own.pk)["base_url"] == "http://127.0.0.1:9/v1"
-    assert services.extraction_server(other.pk) == {}
-    assert services.extraction_server(None) == {}
+    assert extraction_server(own.pk)["base_url"] == "http://127.0.0.1:9/v1"
+    assert extraction_server(other.pk) == {}
+    assert extraction_server(None) == {}
 
 
 @pytest.mark.django_db
@@ -142,3 +157,33 @@ def test_extract_memory_answers_with_what_the_model_found(site, model_memory):  
     assert answer(chat(model_memory.alice, "remember this: " + VEGETARIAN)) == "Saved 2 facts to memory."
     assert answer(chat(model_memory.alice, "remember this: " + VEGETARIAN)) == "Found nothing new to save to memory."
     assert MemoryFact.objects.filter(actor_key="web:alice").count() == 2
+    # one request a turn: the action's; the after-turn extraction leaves the message it read alone
+    assert len(model_memory.upstream.requests) == 2
+
+
+def test_a_turns_openai_compatible_profile_is_the_server_asked(memory_config, tcast, monkeypatch):  # noqa: F811
+    from plugins_app.agent.models import AgentProfile
+    memory_config.backend("sqlite_fts", extractor="openai-compatible")
+    monkeypatch.setenv("UGENT_LLM_BASE_URL", "http://127.0.0.1:9/v1")  # not this one: nothing listens there
+    with run_stub_upstream(Script(answer=MODEL_REPLY)) as url:
+        AgentProfile.objects.create(name="with-server", provider="openai-compatible",
+                                    config={"base_url": url, "model": "chat-model"})
+        chat(tcast.alice, VEGETARIAN, model="with-server")  # its answer is the stub's, whatever it says
+        asked = [r.json["messages"][0]["content"] for r in url.requests]
+    assert asked.count(EXTRACT_PROMPT) == 1
+    assert MemoryFact.objects.filter(actor_key="web:alice").count() == 2
+
+
+def test_with_no_server_to_ask_the_offline_rules_decide_what_is_extracted(memory_config, tcast,  # noqa: F811
+                                                                          monkeypatch, caplog):
+    memory_config.backend("sqlite_fts", extractor="openai-compatible")
+    monkeypatch.delenv("UGENT_LLM_BASE_URL", raising=False)
+    monkeypatch.setattr(model_extract, "_told_no_server", False)
+    with caplog.at_level(logging.WARNING, logger="ugent.memory"):
+        answer(chat(tcast.alice, VEGETARIAN))  # the scripted profile names no server, nor does the environment
+        assert not MemoryFact.objects.exists()
+        answer(chat(tcast.alice, "my name is Alice"))
+        answer(chat(tcast.alice, "my name is Alicia"))
+    assert sorted(MemoryFact.objects.values_list("text", flat=True)) == ["User's name is Alice.",
+                                                                         "User's name is Alicia."]
+    assert caplog.text.count("the model extractor has no server to ask") == 1  # said once, not a turn

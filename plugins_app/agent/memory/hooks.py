@@ -10,6 +10,7 @@ from django.db import transaction
 
 from plugins_app.agent.memory.conf import memory_conf
 from plugins_app.agent.memory.extract import extract_facts
+from plugins_app.agent.memory.model_extract import extraction_server, model_server_known
 from ugent_common.config import load_config
 from ugent_common.tasks import task_named
 
@@ -47,10 +48,13 @@ def memory_turn_ended(*, turn, state: str, answer: str) -> None:
     conf = memory_conf()
     if state != "completed" or not conf.durable:
         return
-    text = (turn.context or {}).get("text", "")
+    context = turn.context or {}
+    if (context.get("native_action") or {}).get("action") == "extract_memory":
+        return  # the action read this message itself
+    text = context.get("text", "")
     # the cheap test first: most turns state nothing the offline rules find. The model reads every
-    # message with words in it: what it finds is what the rules miss.
-    if conf.extractor == "openai-compatible":
+    # message with words in it (what it finds is what the rules miss) when it has a server to ask
+    if conf.extractor == "openai-compatible" and model_server_known(extraction_server(turn.profile_id)):
         if not text.strip():
             return
     elif not extract_facts(text):

@@ -12,7 +12,8 @@ from django.utils import timezone
 from plugins_app.agent.memory import conf
 from plugins_app.agent.memory.backends import backend_named, facts_forgotten
 from plugins_app.agent.memory.extract import Candidate, extract_facts, normalize
-from plugins_app.agent.memory.model_extract import ModelExtractionError, model_facts
+from plugins_app.agent.memory.model_extract import (ModelExtractionError, extraction_server, model_facts,
+                                                     no_server_told)
 from plugins_app.agent.memory.models import MemoryFact, MemorySettings, MemorySighting, Source, Tier
 
 log = logging.getLogger("ugent.memory")
@@ -85,28 +86,18 @@ def _sighted(fact: MemoryFact, seen_in: str) -> bool:
     return True
 
 
-def extraction_server(profile_id: int | None) -> dict:
-    """The chat engine config the model extractor asks: the turn's agent profile's when it is
-    OpenAI-compatible (its secrets opened), else nothing, so the engine falls back to UGENT_LLM_*."""
-    from plugins_app.agent.models import AgentProfile
-    profile = AgentProfile.objects.filter(pk=profile_id, provider="openai-compatible").first() \
-        if profile_id else None
-    if profile is None:
-        return {}
-    from ugent_common.secrets import secrets_opened
-    return secrets_opened(dict(profile.config or {}))
-
-
 def facts_said(texts: list[str], *, extractor: str, profile_id: int | None = None) -> list[list[Candidate]]:
     """The facts each text states: the model's reading with `extractor` "openai-compatible", else the
     offline rules'. A model that fails or answers out of shape is logged, and the offline rules read
     the texts instead."""
     if extractor == "openai-compatible":
-        try:
-            return model_facts(texts, extraction_server(profile_id))
-        except ModelExtractionError as exc:
-            log.warning("memory: the model extractor failed; the offline extractor read the messages "
-                        "instead (%s)", exc)
+        server = extraction_server(profile_id)
+        if not no_server_told(server):
+            try:
+                return model_facts(texts, server)
+            except ModelExtractionError as exc:  # every failure of the model's: the engine, the server, the reply
+                log.warning("memory: the model extractor failed; the offline extractor read the messages "
+                            "instead (%s)", exc)
     return [extract_facts(text) for text in texts]
 
 
