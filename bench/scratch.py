@@ -44,7 +44,8 @@ class LoopClient:
 
     def post(self, path: str, **kwargs):
         import asyncio
-        return asyncio.run_coroutine_threadsafe(self._client.post(path, headers=self._headers, **kwargs), self._loop).result()
+        request = self._client.post(path, headers=self._headers, **kwargs)
+        return asyncio.run_coroutine_threadsafe(request, self._loop).result()
 
     def close(self) -> None:
         """The loop stopped, after its executor's threads have ended."""

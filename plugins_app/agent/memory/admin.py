@@ -2,6 +2,7 @@
 from django.contrib import admin, messages
 
 from plugins_app.agent.memory import services
+from plugins_app.agent.memory.conf import ADMIN_FIELDS
 from plugins_app.agent.memory.extract import normalize
 from plugins_app.agent.memory.models import MemoryFact, MemorySettings
 
@@ -57,10 +58,9 @@ class MemoryFactAdmin(admin.ModelAdmin):
 
 @admin.register(MemorySettings)
 class MemorySettingsAdmin(admin.ModelAdmin):
-    list_display = ("__str__", "backend", "recall_cadence", "max_hits", "max_injected_tokens_est", "extractor",
-                    "updated_at")
+    list_display = ("__str__", *ADMIN_FIELDS, "updated_at")
     readonly_fields = ("in_force",)
-    fields = ("backend", "recall_cadence", "max_hits", "max_injected_tokens_est", "extractor", "in_force")
+    fields = (*ADMIN_FIELDS, "in_force")
 
     @admin.display(description="in force now")
     def in_force(self, obj):

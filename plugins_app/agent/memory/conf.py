@@ -89,6 +89,10 @@ def memory_spec(data: dict) -> MemorySpec:
         return MemorySpec()
 
 
+#: The admin's Memory settings row's fields, each named as MemoryConf's: a blank or zero one keeps ugent.toml's.
+ADMIN_FIELDS = ("backend", "recall_cadence", "max_hits", "max_injected_tokens_est", "extractor")
+
+
 class _AdminRow:
     lock = threading.Lock()
     checked_at = -1e18
@@ -101,8 +105,7 @@ def _admin_values() -> tuple | None:
     if now - _AdminRow.checked_at < recheck:
         return _AdminRow.values
     from plugins_app.agent.memory.models import MemorySettings
-    row = MemorySettings.objects.filter(pk=1).values_list(
-        "backend", "recall_cadence", "max_hits", "max_injected_tokens_est", "extractor").first()
+    row = MemorySettings.objects.filter(pk=1).values_list(*ADMIN_FIELDS).first()
     with _AdminRow.lock:
         _AdminRow.values, _AdminRow.checked_at = row, now
     return row
@@ -116,20 +119,8 @@ def reset() -> None:
 def memory_conf() -> MemoryConf:
     """The memory settings in force now."""
     spec = memory_spec(load_config())
-    conf = {"backend": spec.backend, "recall_cadence": spec.recall_cadence, "max_hits": spec.max_hits,
-            "max_injected_tokens_est": spec.max_injected_tokens_est, "embedding_dim": spec.embedding_dim,
-            "extractor": spec.extractor}
+    conf = spec.model_dump()  # MemorySpec's fields are MemoryConf's
     row = _admin_values()
     if row is not None:
-        backend, cadence, hits, tokens, extractor = row
-        if backend:
-            conf["backend"] = backend
-        if cadence:
-            conf["recall_cadence"] = cadence
-        if hits:
-            conf["max_hits"] = hits
-        if tokens:
-            conf["max_injected_tokens_est"] = tokens
-        if extractor:
-            conf["extractor"] = extractor
+        conf.update({field: value for field, value in zip(ADMIN_FIELDS, row) if value})
     return MemoryConf(**conf)

@@ -174,8 +174,7 @@ def vector_index_refresh() -> str:
 
 def memory_settings_save(*, row: MemorySettings) -> MemorySettings:
     """The admin's memory settings: saved as the one row, read again at once by this process."""
-    fields = {f: getattr(row, f) for f in ("backend", "recall_cadence", "max_hits", "max_injected_tokens_est",
-                                          "extractor")}
+    fields = {f: getattr(row, f) for f in conf.ADMIN_FIELDS}
     saved, _ = MemorySettings.objects.update_or_create(pk=1, defaults=fields)
     conf.reset()
     return saved
