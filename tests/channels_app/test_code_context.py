@@ -136,3 +136,30 @@ def test_warming_at_start_indexes_the_workspace_so_the_first_turn_finds_it_built
     assert engine.builds == 1
     chat(ASK, conversation_id="c10")
     assert engine.builds == 1 and len(seen()) == 1  # the turn used the index warming built
+
+
+def test_with_embeddings_on_the_engine_sees_a_chunk_the_message_shares_no_word_with(code_ws, tcast):
+    """`embeddings = true`: the chunks' e5 vectors (made in the background; warming waits here) find what
+    BM25 cannot; with them off the same message gets no code context."""
+    from plugins_app.agent.code_context import code_context_conf, code_context_warm, folder_engine
+    (code_ws.ws / "pkg" / "weather.py").write_text(
+        'def forecast_rain(region):\n    """Predict precipitation for a region from the radar feed."""\n'
+        '    return radar.read(region).precipitation()\n')
+    ask = "Will it be wet tomorrow in the north?"
+    chat(ask, conversation_id="c11")
+    assert seen() == []  # BM25 alone: no word in common
+    code_ws.config("enabled = true\nrescan_interval_secs = 0.0\nembeddings = true\n")
+    assert code_context_warm() > 0
+    assert folder_engine(code_ws.ws.resolve(), code_context_conf()).wait_embedded(120)
+    chat(ask, conversation_id="c11")
+    [block] = seen()
+    assert block.startswith(CODE_CONTEXT_HEADER + "\n--- pkg/weather.py:1-3\ndef forecast_rain(region):")
+    assert "PaymentGateway" not in block and "sendEmail" not in block
+
+
+def test_an_embeddings_value_that_is_no_boolean_is_logged_and_code_context_stays_off(code_ws, tcast, caplog):
+    code_ws.config('enabled = true\nembeddings = "yes"\n')
+    with caplog.at_level("ERROR", logger="ugent.code_context"):
+        chat(ASK, conversation_id="c12")
+    assert seen() == []
+    assert "ugent.toml: code_context.embeddings" in caplog.text and "code context is off" in caplog.text

@@ -29,7 +29,7 @@ import os
 import re
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -39,7 +39,9 @@ from ovos_plugin_manager.templates.agents import RetrievalEngine
 from pathspec import GitIgnoreSpec
 from pathspec.patterns.gitignore.spec import GitIgnoreSpecPattern
 
+from plugins_app.agent.embedding import embed
 from plugins_app.agent.engines.notes import STOPWORDS, stem
+from plugins_app.agent.ranking import rrf
 
 DEFAULT_MAX_FILE_BYTES = 256 * 1024
 DEFAULT_MAX_FILES = 5000
@@ -48,6 +50,9 @@ WINDOW_LINES = 40  # a line window's length, and the longest chunk a symbol keep
 SKIP_DIRS = frozenset({"node_modules", "__pycache__", "venv", "env", "dist", "build", "target", "vendor",
                        "site-packages"})
 BINARY_SNIFF_BYTES = 8192
+EMBED_MIN_SIMILARITY = 0.80  # with embeddings on: no chunk below this counts for a message
+EMBED_MARGIN = 0.04  # ... nor one less than this above the median chunk's similarity to it
+EMBED_BATCH = 32  # chunks embedded per call
 MAX_WARNED = 1024  # distinct ignore-file warnings remembered, so a bad file is not logged at every look
 
 log = logging.getLogger("ugent.code_context")
@@ -341,6 +346,7 @@ class _Index:
     retriever: Optional[bm25s.BM25]
     vocabulary: frozenset
     signature: Tuple[Tuple[str, int, int], ...]
+    vectors: Optional[object] = None  # numpy (len(chunks), 384): each chunk's embedding, once all are made
 
 
 _EMPTY = _Index((), None, frozenset(), ())
@@ -350,7 +356,9 @@ class CodeRetrievalEngine(RetrievalEngine):
     """BM25 over the source files below ``config["root"]``.
 
     config: ``root`` (required), ``max_file_bytes`` (256 KiB), ``max_files`` (5000),
-    ``rescan_interval`` seconds between looks at the folder (2). ``query`` returns
+    ``rescan_interval`` seconds between looks at the folder (2), ``embeddings`` (false: BM25 alone; true:
+    each chunk's e5 embedding too, made in a thread of its own, and the chunks that stand out for a query
+    fused by rank with BM25's, plugins_app.agent.embedding). ``query`` returns
     ``("path:start-end\\n<lines>", score)`` pairs; ``query_chunks`` the chunks themselves.
     Safe to share between threads: a query reads one built index, a rebuild swaps it whole.
 
@@ -370,6 +378,10 @@ class CodeRetrievalEngine(RetrievalEngine):
         self._built = False
         self._checked_at = float("-inf")
         self._looking: Optional[threading.Thread] = None  # the background look under way, if any
+        self._embedding: Optional[threading.Thread] = None  # the thread embedding the chunks, if any
+        self._embed_wanted = False  # an index without its vectors waits for that thread
+        self._embed_failed = None  # the signature of the index whose embedding failed: not tried again
+        self._vectors: Dict[Tuple[str, str], object] = {}  # (path, chunk text) -> its vector (that thread's)
         self.builds = 0  # how many times the index was built (a test reads it)
 
     @property
@@ -385,15 +397,40 @@ class CodeRetrievalEngine(RetrievalEngine):
         return [(f"{h.chunk.where}\n{h.chunk.text}", h.score) for h in self.query_chunks(query, k=k)]
 
     def query_chunks(self, query: str, k: int = 3) -> List[CodeHit]:
-        """The ``k`` best chunks sharing a term with ``query``, best first."""
+        """The ``k`` best chunks for ``query``, best first: by BM25 (a term shared with it), and with
+        embeddings on, fused by rank with the chunks whose embedding stands out for it."""
         index = self.refresh()
+        if k <= 0 or not index.chunks:
+            return []
+        lexical = self._lexical(index, query, k * 3)
+        semantic = self._semantic(index, query, k * 3) if index.vectors is not None else []
+        if not semantic:
+            return [CodeHit(index.chunks[i], score) for i, score in lexical[:k]]
+        fused = rrf([[i for i, _ in lexical], [i for i, _ in semantic]])
+        return [CodeHit(index.chunks[i], score) for i, score in fused[:k]]
+
+    @staticmethod
+    def _lexical(index: _Index, query: str, k: int) -> List[Tuple[int, float]]:
         wanted = [t for t in dict.fromkeys(code_terms(query)) if t in index.vocabulary]
-        if k <= 0 or not wanted or index.retriever is None:
+        if not wanted or index.retriever is None:
             return []
         ids, scores = index.retriever.retrieve([wanted], k=min(k, len(index.chunks)), show_progress=False)
         ranked = sorted(((float(s), int(i)) for i, s in zip(ids[0], scores[0]) if s > 0),
                         key=lambda pair: (-pair[0], pair[1]))
-        return [CodeHit(index.chunks[i], score) for score, i in ranked]
+        return [(i, score) for score, i in ranked]
+
+    @staticmethod
+    def _semantic(index: _Index, query: str, k: int) -> List[Tuple[int, float]]:
+        """Chunks whose cosine similarity to the query is at least EMBED_MIN_SIMILARITY and stands
+        EMBED_MARGIN above the median chunk's: e5's similarities sit close together (0.75-0.81 for
+        chunks that have nothing to do with a message), so a chunk counts by how far it stands out."""
+        import numpy as np
+        if not query.strip():
+            return []
+        sims = index.vectors @ embed([query], kind="query")[0]
+        floor = max(EMBED_MIN_SIMILARITY, float(np.median(sims)) + EMBED_MARGIN)
+        best = np.argsort(-sims, kind="stable")[:k]
+        return [(int(i), float(sims[i])) for i in best if sims[i] >= floor]
 
     # -- the cache --
     def refresh(self, force: bool = False) -> _Index:
@@ -446,7 +483,73 @@ class CodeRetrievalEngine(RetrievalEngine):
                 self._index = _build(tuple(c for _, (_, cs) in sorted(files.items()) for c in cs), signature)
                 self._built = True
                 self.builds += 1
+            if (self.config.get("embeddings") and self._index.vectors is None and self._index.chunks
+                    and self._embed_failed != self._index.signature):
+                self._embed_in_background()
             return self._index
+
+    # -- embeddings (config "embeddings": true) --
+    def _embed_in_background(self) -> None:
+        """The chunks' embeddings are made in a thread of their own, never in a query: until they are, and
+        while a changed folder's new chunks are embedded, BM25 alone answers."""
+        with self._lock:
+            self._embed_wanted = True
+            if self._embedding is None:
+                self._embedding = threading.Thread(target=self._embed_chunks, name="ugent-code-embed", daemon=True)
+                self._embedding.start()
+
+    def _embed_chunks(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    if not self._embed_wanted:
+                        return
+                    self._embed_wanted = False
+                index = self._index
+                if index.vectors is not None or not index.chunks:
+                    continue
+                try:
+                    vectors = self._vectors_of(index.chunks)
+                except Exception:
+                    self._embed_failed = index.signature
+                    raise
+                with self._build_lock:
+                    if self._index is index:  # else a newer index came meanwhile, and asked again
+                        self._index = replace(index, vectors=vectors)
+        except Exception:  # BM25 alone answers; a changed folder's next index asks again
+            log.exception("code index: embedding the chunks of %s failed; BM25 alone ranks them", self.root)
+        finally:
+            with self._lock:
+                self._embedding = None
+
+    def _vectors_of(self, chunks: Tuple[CodeChunk, ...]):
+        """Each chunk's vector (path and text embedded as a passage): those of unchanged chunks kept from
+        before, the others made EMBED_BATCH at a time; the cache then holds these chunks' only."""
+        import numpy as np
+        started = time.monotonic()
+        keys = [(c.path, c.text) for c in chunks]
+        unique = list(dict.fromkeys(keys))
+        missing = [key for key in unique if key not in self._vectors]
+        for at in range(0, len(missing), EMBED_BATCH):
+            part = missing[at:at + EMBED_BATCH]
+            for key, vector in zip(part, embed([f"{path}\n{text}" for path, text in part], kind="passage")):
+                self._vectors[key] = vector
+        self._vectors = {key: self._vectors[key] for key in unique}
+        if missing:
+            log.info("code index: embedded %d chunks of %s in %.1f s (%d kept from before)", len(missing),
+                     self.root, time.monotonic() - started, len(unique) - len(missing))
+        return np.stack([self._vectors[key] for key in keys]).astype(np.float32)
+
+    def wait_embedded(self, timeout: Optional[float] = None) -> bool:
+        """Wait for the chunks' embeddings under way; whether none is being made now (tests, the bench)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            embedding = self._embedding
+            if embedding is None:
+                return True
+            embedding.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if deadline is not None and time.monotonic() >= deadline:
+                return self._embedding is None
 
 
 def _build(chunks: Tuple[CodeChunk, ...], signature) -> _Index:

