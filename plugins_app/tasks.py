@@ -63,6 +63,16 @@ def memory_vector_index() -> str:
     return services.vector_index_refresh()
 
 
+@shared_task(ignore_result=True, soft_time_limit=3600, time_limit=3660)
+@with_fresh_connections
+def memory_vector_backfill() -> int:
+    """lance_embedded: facts saved while another backend was in force (no vector yet) embedded and added to
+    the table, off any turn. Run twice or redelivered, it finds fewer or none left (a row takes a vector
+    only while it has none)."""
+    from plugins_app.agent.memory import services
+    return services.vector_backfill()
+
+
 @shared_task(ignore_result=True, soft_time_limit=60, time_limit=90)
 @with_fresh_connections
 def memory_extract_turn(actor_key: str, text: str, turn_id: str, profile_id: int | None = None) -> int:

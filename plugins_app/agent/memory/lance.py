@@ -4,7 +4,9 @@ The MemoryFact rows are the source of truth (the admin edits them; each row keep
 `embedding`); the table `memory_facts` (id, actor_key, vector) follows them: a fact saved, re-texted,
 moved to another user or deleted is written here in the same call, and a table that is missing, of
 another `embedding_dim`, or not holding the rows' vectors when this process first opens it is rebuilt
-from the rows. Every search is filtered to one actor key before ranking (a prefilter), so bob never
+from the rows. Facts without a vector (saved under another backend) are embedded by the Celery task
+plugins_app.tasks.memory_vector_backfill, which opening the table enqueues (`backfill`), never in a
+recall. Every search is filtered to one actor key before ranking (a prefilter), so bob never
 sees alice's vectors. From UGENT_MEMORY_LANCE_INDEX_MIN_ROWS vectors on, `vector_index_refresh()`
 gives the table an IVF_PQ index and later folds new rows into it: the Celery task
 plugins_app.tasks.memory_vector_index, enqueued by a save that finds the index wanted (its build takes
@@ -44,6 +46,10 @@ MAX_SMALL_FRAGMENTS = 16
 MAINTAIN_EVERY_SECS = 10.0
 #: Versions the compaction keeps: a reader in another process may still be reading one this old.
 KEEP_VERSIONS = timedelta(minutes=10)
+#: Facts the backfill embeds and writes at a time (one LanceDB fragment each).
+BACKFILL_BATCH = 64
+#: A process asks for the backfill again after this long, while facts without a vector remain.
+BACKFILL_ASK_SECS = 300.0
 
 
 def _quoted(value: str) -> str:
@@ -62,6 +68,7 @@ class LanceStore:
         self._table = None
         self._upserts = 0
         self._next_maintenance = 0.0  # time.monotonic() before which no save asks for maintenance again
+        self._next_backfill_ask = 0.0  # time.monotonic() before which this process asks for no backfill again
 
     # --- opening, rebuilding -----------------------------------------------------------------
 
@@ -74,6 +81,7 @@ class LanceStore:
         """The open table, rebuilt from the rows first when it is missing or out of step."""
         if self._table is not None:
             return self._table
+        opened = False
         with self.lock:
             if self._table is None:
                 import lancedb
@@ -83,6 +91,9 @@ class LanceStore:
                 if table is None or not self._in_step(table):
                     table = self._rebuild(db)
                 self._table = table
+                opened = True
+        if opened:
+            self.backfill_ask()
         return self._table
 
     def _in_step(self, table) -> bool:
@@ -92,24 +103,19 @@ class LanceStore:
             log.warning("memory: the LanceDB table holds %s-dimension vectors, embedding_dim is %d: rebuilding",
                         getattr(field.type, "list_size", "?"), self.dim)
             return False
-        rows = MemoryFact.objects.count()
+        rows = MemoryFact.objects.exclude(embedding__isnull=True).count()
         if table.count_rows() != rows:
-            log.warning("memory: the LanceDB table holds %d vectors for %d facts: rebuilding",
+            log.warning("memory: the LanceDB table holds %d vectors for %d facts with one: rebuilding",
                         table.count_rows(), rows)
             return False
         return True
 
     def _rebuild(self, db):
-        """The table made anew from the rows: their stored vectors, facts without one embedded now."""
-        from plugins_app.agent.memory.backends import EmbeddedBackend
+        """The table made anew from the rows' stored vectors. Facts without one (saved while another
+        backend was in force) are embedded by the backfill task, not here: this runs in the first recall
+        or save of a process, which would wait minutes for thousands of them (backfill_ask)."""
         from plugins_app.agent.memory.models import MemoryFact
         table = db.create_table(TABLE, schema=self.schema(), mode="overwrite")
-        missing = list(MemoryFact.objects.filter(embedding__isnull=True).values_list("id", "text"))
-        for start in range(0, len(missing), 64):
-            chunk = missing[start:start + 64]
-            vectors = EmbeddedBackend.embed([t for _, t in chunk], kind="passage")
-            for (fid, _), v in zip(chunk, vectors):
-                MemoryFact.objects.filter(pk=fid).update(embedding=v.tobytes())
         batch: list[tuple[int, str, bytes]] = []
         rows = MemoryFact.objects.exclude(embedding__isnull=True).values_list("id", "actor_key", "embedding")
         for row in rows.iterator(chunk_size=5000):
@@ -118,9 +124,65 @@ class LanceStore:
                 self._add(table, batch)
                 batch = []
         self._add(table, batch)
-        log.info("memory: LanceDB table %s rebuilt from the rows (%d vectors, %d embedded now)",
-                 f"{self.uri}/{TABLE}", table.count_rows(), len(missing))
+        log.info("memory: LanceDB table %s rebuilt from the rows (%d vectors)", f"{self.uri}/{TABLE}",
+                 table.count_rows())
         return table
+
+    # --- facts without a vector -----------------------------------------------------------------
+
+    def backfill_ask(self) -> bool:
+        """When facts have no vector (saved while another backend was in force), enqueue the backfill
+        task (plugins_app.tasks.memory_vector_backfill), at most once every BACKFILL_ASK_SECS in this
+        process. Until it has run, recall finds those facts only when pinned or core."""
+        from plugins_app.agent.memory.conf import memory_conf
+        from plugins_app.agent.memory.models import MemoryFact
+        if time.monotonic() < self._next_backfill_ask or memory_conf().backend != "lance_embedded" or \
+                not MemoryFact.objects.filter(embedding__isnull=True).exists():
+            return False  # (another backend opens the table only to delete forgotten facts)
+        self._next_backfill_ask = time.monotonic() + BACKFILL_ASK_SECS
+        from django.db import transaction
+
+        from ugent_common.tasks import task_named
+        transaction.on_commit(lambda: task_named("plugins_app.tasks.memory_vector_backfill").delay())
+        return True
+
+    def backfill(self) -> int:
+        """Facts without a vector embedded (on the bulk embedding thread: one core, and no query waits
+        behind it) and written to their rows and the table, BACKFILL_BATCH at a time, once over them in id
+        order; how many. A fact whose text, user or vector changed meanwhile is left to the change (an
+        edit under lance_embedded embeds it itself; under another backend, the next backfill does)."""
+        from plugins_app.agent import embedding
+        from plugins_app.agent.memory.models import MemoryFact
+        started, done, after = time.monotonic(), 0, 0
+        todo = MemoryFact.objects.filter(embedding__isnull=True).count()
+        if todo:
+            log.info("memory: embedding %d facts saved without a vector", todo)
+        while True:
+            chunk = list(MemoryFact.objects.filter(embedding__isnull=True, id__gt=after).order_by("id")
+                         .values_list("id", "actor_key", "text")[:BACKFILL_BATCH])
+            if not chunk:
+                break
+            after = chunk[-1][0]
+            vectors = embedding.embed([text for _, _, text in chunk], kind="passage", bulk=True)
+            written = []
+            for (fid, actor, text), vector in zip(chunk, vectors):
+                raw = vector.tobytes()
+                if MemoryFact.objects.filter(pk=fid, actor_key=actor, text=text,
+                                             embedding__isnull=True).update(embedding=raw):
+                    written.append((fid, actor, raw))
+            if written:
+                table = self.table()
+                with self.lock:  # one fragment a batch, not one a fact
+                    table.delete("id IN (" + ", ".join(str(fid) for fid, _, _ in written) + ")")
+                    self._add(table, written)
+                done += len(written)
+            log.info("memory: embedded %d of %d facts saved without a vector", done, todo)
+        if done and (self.small_fragments() >= MAX_SMALL_FRAGMENTS or self.index_wanted()):
+            from ugent_common.tasks import task_named
+            task_named("plugins_app.tasks.memory_vector_index").delay()
+        if done:
+            log.info("memory: %d facts embedded in %.1f s", done, time.monotonic() - started)
+        return done
 
     def _add(self, table, rows: list[tuple[int, str, bytes]]) -> None:
         import numpy as np

@@ -172,6 +172,15 @@ def vector_index_refresh() -> str:
     return done
 
 
+def vector_backfill() -> int:
+    """lance_embedded: facts without a vector embedded (plugins_app.tasks.memory_vector_backfill); how many.
+    Nothing while another backend is in force: a switch to lance_embedded asks again."""
+    from plugins_app.agent.memory.backends import EmbeddedBackend
+    if conf.memory_conf().backend != "lance_embedded":
+        return 0
+    return EmbeddedBackend.store().backfill()
+
+
 def memory_settings_save(*, row: MemorySettings) -> MemorySettings:
     """The admin's memory settings: saved as the one row, read again at once by this process."""
     fields = {f: getattr(row, f) for f in conf.ADMIN_FIELDS}
