@@ -146,6 +146,27 @@ def test_a_fact_changed_while_the_backfill_embeds_it_keeps_its_new_text(lance_on
     assert texts(ALICE, "Do I live in Porto?") == ["User lives in Porto."]
 
 
+def test_one_backfill_at_a_time_and_one_cut_short_is_asked_for_again(lance_on, memory_config, monkeypatch,  # noqa: F811
+                                                                      tasks_asked, django_capture_on_commit_callbacks):
+    memory_config.backend("sqlite_fts")
+    services.fact_save(actor_key=ALICE, text="User lives in Lisbon.")
+    memory_config.backend("lance_embedded")
+    lance._stores.clear()
+    store = lance.store(384)
+    with store._backfill_locked() as mine:  # another backfill (another worker) holds the lock
+        assert mine
+        assert services.vector_backfill() == 0
+    monkeypatch.setattr(lance, "BACKFILL_ASK_SECS", 0.0)  # the next look is due at once
+    with django_capture_on_commit_callbacks(execute=True):
+        texts(ALICE, "Lisbon?")  # asks
+        texts(ALICE, "Lisbon?")  # a later search finds the fact still without a vector: asks again
+    assert tasks_asked == ["plugins_app.tasks.memory_vector_backfill"] * 2
+    assert services.vector_backfill() == 1
+    with django_capture_on_commit_callbacks(execute=True):
+        texts(ALICE, "Lisbon?")
+    assert len(tasks_asked) == 2  # none left: not asked
+
+
 def test_no_backfill_while_another_backend_is_in_force(lance_on, memory_config, tasks_asked,  # noqa: F811
                                                          django_capture_on_commit_callbacks):
     memory_config.backend("sqlite_fts")
@@ -153,7 +174,7 @@ def test_no_backfill_while_another_backend_is_in_force(lance_on, memory_config, 
     assert services.vector_backfill() == 0
     lance._stores.clear()
     with django_capture_on_commit_callbacks(execute=True):
-        lance.store(384).table()  # (another backend opens it to delete forgotten facts)
+        lance.store(384).search(actor_key=ALICE, vector=[0.05] * 384, limit=3)
     assert tasks_asked == []
     assert MemoryFact.objects.get(pk=tea.pk).embedding is None
 

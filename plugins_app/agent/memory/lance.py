@@ -5,7 +5,7 @@ The MemoryFact rows are the source of truth (the admin edits them; each row keep
 moved to another user or deleted is written here in the same call, and a table that is missing, of
 another `embedding_dim`, or not holding the rows' vectors when this process first opens it is rebuilt
 from the rows. Facts without a vector (saved under another backend) are embedded by the Celery task
-plugins_app.tasks.memory_vector_backfill, which opening the table enqueues (`backfill`), never in a
+plugins_app.tasks.memory_vector_backfill, which a search enqueues (`backfill_ask`), never in a
 recall. Every search is filtered to one actor key before ranking (a prefilter), so bob never
 sees alice's vectors. From UGENT_MEMORY_LANCE_INDEX_MIN_ROWS vectors on, `vector_index_refresh()`
 gives the table an IVF_PQ index and later folds new rows into it: the Celery task
@@ -26,7 +26,10 @@ daemon on another backend never loads them.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
+import os
 import threading
 import time
 from datetime import timedelta
@@ -48,7 +51,7 @@ MAINTAIN_EVERY_SECS = 10.0
 KEEP_VERSIONS = timedelta(minutes=10)
 #: Facts the backfill embeds and writes at a time (one LanceDB fragment each).
 BACKFILL_BATCH = 64
-#: A process asks for the backfill again after this long, while facts without a vector remain.
+#: A process looks for facts without a vector (and asks for the backfill) at most this often.
 BACKFILL_ASK_SECS = 300.0
 
 
@@ -81,7 +84,6 @@ class LanceStore:
         """The open table, rebuilt from the rows first when it is missing or out of step."""
         if self._table is not None:
             return self._table
-        opened = False
         with self.lock:
             if self._table is None:
                 import lancedb
@@ -91,9 +93,6 @@ class LanceStore:
                 if table is None or not self._in_step(table):
                     table = self._rebuild(db)
                 self._table = table
-                opened = True
-        if opened:
-            self.backfill_ask()
         return self._table
 
     def _in_step(self, table) -> bool:
@@ -132,14 +131,16 @@ class LanceStore:
 
     def backfill_ask(self) -> bool:
         """When facts have no vector (saved while another backend was in force), enqueue the backfill
-        task (plugins_app.tasks.memory_vector_backfill), at most once every BACKFILL_ASK_SECS in this
-        process. Until it has run, recall finds those facts only when pinned or core."""
+        task (plugins_app.tasks.memory_vector_backfill). Asked at each search, looking at most once every
+        BACKFILL_ASK_SECS: a backfill cut short (its worker killed) is asked for again. Until it has run, recall finds those facts only when pinned or core."""
         from plugins_app.agent.memory.conf import memory_conf
         from plugins_app.agent.memory.models import MemoryFact
-        if time.monotonic() < self._next_backfill_ask or memory_conf().backend != "lance_embedded" or \
+        if time.monotonic() < self._next_backfill_ask:
+            return False
+        self._next_backfill_ask = time.monotonic() + BACKFILL_ASK_SECS
+        if memory_conf().backend != "lance_embedded" or \
                 not MemoryFact.objects.filter(embedding__isnull=True).exists():
             return False  # (another backend opens the table only to delete forgotten facts)
-        self._next_backfill_ask = time.monotonic() + BACKFILL_ASK_SECS
         from django.db import transaction
 
         from ugent_common.tasks import task_named
@@ -151,6 +152,32 @@ class LanceStore:
         behind it) and written to their rows and the table, BACKFILL_BATCH at a time, once over them in id
         order; how many. A fact whose text, user or vector changed meanwhile is left to the change (an
         edit under lance_embedded embeds it itself; under another backend, the next backfill does)."""
+        with self._backfill_locked() as mine:
+            if not mine:
+                log.info("memory: a backfill of facts without a vector is running already")
+                return 0
+            return self._backfill()
+
+    @contextlib.contextmanager
+    def _backfill_locked(self):
+        """One backfill at a time per dataset on this host: a lock file beside a local dataset (whether
+        this one got it); a remote dataset (s3://…) has none, and a second backfill only repeats work."""
+        if "://" in self.uri:
+            yield True
+            return
+        Path(self.uri).parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(f"{self.uri.rstrip('/')}.backfill.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)
+
+    def _backfill(self) -> int:
         from plugins_app.agent import embedding
         from plugins_app.agent.memory.models import MemoryFact
         started, done, after = time.monotonic(), 0, 0
@@ -240,6 +267,7 @@ class LanceStore:
     def search(self, *, actor_key: str, vector, limit: int) -> list[tuple[int, float]]:
         """(fact id, cosine similarity), best first, over `actor_key`'s vectors only."""
         table = self.table()
+        self.backfill_ask()
         query = (table.search(vector, vector_column_name="vector").distance_type("cosine")
                  .where(f"actor_key = {_quoted(actor_key)}", prefilter=True)
                  .nprobes(NPROBES).refine_factor(REFINE).limit(limit).select(["id", "_distance"]))
