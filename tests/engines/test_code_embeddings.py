@@ -43,6 +43,18 @@ def paths(hits):
     return [h.chunk.path for h in hits]
 
 
+def passages_counted(monkeypatch):
+    made = []
+    real = code.embed
+
+    def counted(texts, *, kind, **kw):
+        if kind == "passage":
+            made.extend(texts)
+        return real(texts, kind=kind, **kw)
+    monkeypatch.setattr(code, "embed", counted)
+    return made
+
+
 def test_a_chunk_is_found_by_meaning_where_bm25_finds_nothing(ws):
     assert engine(ws).query_chunks(WET, k=2) == []  # BM25 alone: no word in common
     e = engine(ws, embeddings=True)
@@ -93,14 +105,7 @@ def test_queries_answer_by_bm25_while_the_chunks_are_embedded_never_waiting_for_
 
 
 def test_an_edit_embeds_the_changed_chunks_only(ws, monkeypatch):
-    made = []
-    real = code.embed
-
-    def counted(texts, *, kind, **kw):
-        if kind == "passage":
-            made.extend(texts)
-        return real(texts, kind=kind, **kw)
-    monkeypatch.setattr(code, "embed", counted)
+    made = passages_counted(monkeypatch)
     e = engine(ws, embeddings=True)
     e.refresh()
     assert e.wait_embedded(120)
@@ -131,18 +136,6 @@ def test_a_failed_embedding_leaves_bm25_to_rank_alone_and_is_logged(ws, monkeypa
     e.refresh()
     assert e.wait_embedded(60)
     assert "BM25 alone ranks them" in caplog.text  # a changed folder is tried again
-
-
-def passages_counted(monkeypatch):
-    made = []
-    real = code.embed
-
-    def counted(texts, *, kind, **kw):
-        if kind == "passage":
-            made.extend(texts)
-        return real(texts, kind=kind, **kw)
-    monkeypatch.setattr(code, "embed", counted)
-    return made
 
 
 def embedded(ws, cache):
