@@ -45,10 +45,13 @@ def test_facts_saved_before_the_switch_are_embedded_off_the_turn_and_recalled_by
     client = openai.OpenAI(base_url=d.base + "/v1", api_key=d.key, max_retries=2)
     client.chat.completions.create(model="scripted", user=alice,
                                    messages=[{"role": "user", "content": "I live in Porto and I work as a nurse"}])
+    client.chat.completions.create(model="scripted", user=bob,  # bob holds a fact: his recall searches
+                                   messages=[{"role": "user", "content": "I work as a cellist"}])
     deadline = time.monotonic() + 30
-    while len(facts(d, alice)) < 2 and time.monotonic() < deadline:
+    while (len(facts(d, alice)) < 2 or not facts(d, bob)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert facts(d, alice) == [("User lives in Porto.", False), ("User works as a nurse.", False)]
+    assert facts(d, bob) == [("User works as a cellist.", False)]
 
     d.config.write_text('[memory]\nbackend = "lance_embedded"\n')
     found, deadline = [], time.monotonic() + 120
@@ -60,7 +63,12 @@ def test_facts_saved_before_the_switch_are_embedded_off_the_turn_and_recalled_by
         time.sleep(0.5)
     assert "User lives in Porto." in found
     assert facts(d, alice) == [("User lives in Porto.", True), ("User works as a nurse.", True)]
+    deadline = time.monotonic() + 60
+    while not facts(d, bob)[0][1]:
+        assert time.monotonic() < deadline, "bob's fact was not embedded"
+        time.sleep(0.2)
     assert recall(d, bob, "In which city do I live?")["facts"] == []  # alice's vectors are not bob's
+    assert [f["text"] for f in recall(d, bob, "Which instrument do I play?")["facts"]] == ["User works as a cellist."]
 
 
 FACTS = 640  # ten batches of the backfill's 64: several seconds of one core, to kill it in the middle of
@@ -89,7 +97,7 @@ def embedded_count(d) -> int:
 
 def test_a_backfill_killed_midway_resumes_after_the_restart_with_nothing_lost_or_doubled(daemon_with_facts):
     """kill -9 the process embedding the facts (the daemon in embedded mode, the worker in servers mode)
-    between two batches; after the restart a turn's recall asks again, and every fact ends with one vector
+    in the middle of its batches; after the restart a turn's recall asks again, and every fact ends with one vector
     in its row and one row in the LanceDB table."""
     d = daemon_with_facts
     assert embedded_count(d) == 0

@@ -146,6 +146,51 @@ def test_a_fact_changed_while_the_backfill_embeds_it_keeps_its_new_text(lance_on
     assert texts(ALICE, "Do I live in Porto?") == ["User lives in Porto."]
 
 
+def test_a_fact_forgotten_while_the_backfill_embeds_it_leaves_no_vector_behind(lance_on, memory_config, monkeypatch):  # noqa: F811
+    memory_config.backend("sqlite_fts")
+    lisbon, _ = services.fact_save(actor_key=ALICE, text="User lives in Lisbon.")
+    tea, _ = services.fact_save(actor_key=ALICE, text="User likes green tea.")
+    memory_config.backend("lance_embedded")
+    lance._stores.clear()
+    from plugins_app.agent import embedding
+    real = embedding.embed
+
+    def forgotten_meanwhile(texts_, **kw):
+        vectors = real(texts_, **kw)
+        assert services.fact_forget(actor_key=ALICE, fact_id=lisbon.pk)
+        return vectors
+    monkeypatch.setattr(embedding, "embed", forgotten_meanwhile)
+    assert services.vector_backfill() == 1
+    assert table_rows() == [(tea.pk, ALICE)]  # the forgotten fact's vector did not come back
+
+
+def test_an_edit_under_another_backend_drops_the_vector_its_old_text_had(lance_on, memory_config, admin_client):  # noqa: F811
+    fact, _ = services.fact_save(actor_key=ALICE, text="User lives in Lisbon.")
+    assert table_rows() == [(fact.pk, ALICE)]
+    memory_config.backend("sqlite_fts")
+    form = {"actor_key": ALICE, "text": "User plays the cello.", "tier": "contextual", "source": "tool",
+            "source_ref": "", "expires_at": ""}
+    resp = admin_client.post(f"/admin/plugins_app/memoryfact/{fact.pk}/change/", form)
+    assert resp.status_code == 302, resp.content[:500]
+    assert MemoryFact.objects.get(pk=fact.pk).embedding is None and table_rows() == []
+    memory_config.backend("lance_embedded")
+    lance._stores.clear()
+    assert services.vector_backfill() == 1
+    assert texts(ALICE, "Which instrument do I play?") == ["User plays the cello."]
+    assert texts(ALICE, "In which city do I live, Lisbon?") == []
+
+
+def test_the_look_for_facts_without_a_vector_is_an_index_seek():
+    from django.db import connection
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite's plan: PostgreSQL's planner picks by its statistics")
+    sql, params = MemoryFact.objects.filter(embedding__isnull=True).values("id")[:1].query.sql_with_params()
+    with connection.cursor() as cur:
+        cur.execute("EXPLAIN QUERY PLAN " + sql, params)
+        plan = " ".join(str(row[-1]) for row in cur.fetchall())
+    assert "memory_fact_no_vector_idx" in plan, plan
+
+
 def test_one_backfill_at_a_time_and_one_cut_short_is_asked_for_again(lance_on, memory_config, monkeypatch,  # noqa: F811
                                                                       tasks_asked, django_capture_on_commit_callbacks):
     memory_config.backend("sqlite_fts")

@@ -149,9 +149,10 @@ class LanceStore:
 
     def backfill(self) -> int:
         """Facts without a vector embedded (on the bulk embedding thread: one core, and no query waits
-        behind it) and written to their rows and the table, BACKFILL_BATCH at a time, once over them in id
-        order; how many. A fact whose text, user or vector changed meanwhile is left to the change (an
-        edit under lance_embedded embeds it itself; under another backend, the next backfill does)."""
+        behind it) and written to the table and their rows, BACKFILL_BATCH at a time, once over them in
+        id order; how many. A fact that changed meanwhile keeps what its row says (its text's own vector
+        when an edit embedded it; none when it was forgotten, or edited under another backend, which the
+        next backfill embeds)."""
         with self._backfill_locked() as mine:
             if not mine:
                 log.info("memory: a backfill of facts without a vector is running already")
@@ -180,6 +181,7 @@ class LanceStore:
     def _backfill(self) -> int:
         from plugins_app.agent import embedding
         from plugins_app.agent.memory.models import MemoryFact
+        table = self.table()  # opened (and checked against the rows) before this changes any row
         started, done, after = time.monotonic(), 0, 0
         todo = MemoryFact.objects.filter(embedding__isnull=True).count()
         if todo:
@@ -191,18 +193,22 @@ class LanceStore:
                 break
             after = chunk[-1][0]
             vectors = embedding.embed([text for _, _, text in chunk], kind="passage", bulk=True)
-            written = []
-            for (fid, actor, text), vector in zip(chunk, vectors):
-                raw = vector.tobytes()
+            batch = [(fid, actor, vector.tobytes()) for (fid, actor, _), vector in zip(chunk, vectors)]
+            # The table first, then the rows: a crash between the two leaves vectors in the table for rows
+            # still without one, which the next backfill embeds and replaces (the other way round, rows with
+            # a vector the table lacks, no backfill would look at again).
+            with self.lock:  # one fragment a batch, not one a fact
+                table.delete("id IN (" + ", ".join(str(fid) for fid, _, _ in batch) + ")")
+                self._add(table, batch)
+            lost = []
+            for (fid, actor, text), (_, _, raw) in zip(chunk, batch):
                 if MemoryFact.objects.filter(pk=fid, actor_key=actor, text=text,
                                              embedding__isnull=True).update(embedding=raw):
-                    written.append((fid, actor, raw))
-            if written:
-                table = self.table()
-                with self.lock:  # one fragment a batch, not one a fact
-                    table.delete("id IN (" + ", ".join(str(fid) for fid, _, _ in written) + ")")
-                    self._add(table, written)
-                done += len(written)
+                    done += 1
+                else:
+                    lost.append(fid)
+            if lost:
+                self._settle(lost)
             log.info("memory: embedded %d of %d facts saved without a vector", done, todo)
         if done and (self.small_fragments() >= MAX_SMALL_FRAGMENTS or self.index_wanted()):
             from ugent_common.tasks import task_named
@@ -210,6 +216,18 @@ class LanceStore:
         if done:
             log.info("memory: %d facts embedded in %.1f s", done, time.monotonic() - started)
         return done
+
+    def _settle(self, fact_ids: list[int]) -> None:
+        """Facts the backfill embedded but did not write, because they changed meanwhile (forgotten, edited,
+        moved, or embedded by their own save): the table takes what their rows hold now, or drops them."""
+        from plugins_app.agent.memory.models import MemoryFact
+        now = [(fid, actor, bytes(raw)) for fid, actor, raw in
+               MemoryFact.objects.filter(pk__in=fact_ids, embedding__isnull=False)
+               .values_list("id", "actor_key", "embedding")]
+        table = self.table()
+        with self.lock:
+            table.delete("id IN (" + ", ".join(str(int(fid)) for fid in fact_ids) + ")")
+            self._add(table, now)
 
     def _add(self, table, rows: list[tuple[int, str, bytes]]) -> None:
         import numpy as np

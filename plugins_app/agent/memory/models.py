@@ -52,6 +52,9 @@ class MemoryFact(TimeStamped):
                          name="memory_fact_pinned_idx"),
             models.Index(fields=["actor_key", "updated_at"], condition=models.Q(tier="core", pinned=False),
                          name="memory_fact_core_idx"),
+            # lance_embedded's backfill: the facts without a vector, which a recall looks for every few minutes
+            # (usually none: without it, a scan of every fact)
+            models.Index(fields=["id"], condition=models.Q(embedding__isnull=True), name="memory_fact_no_vector_idx"),
         ]
         ordering = ["-updated_at"]
 

@@ -151,9 +151,15 @@ def facts_delete(*, fact_ids: list[int]) -> int:
 
 
 def fact_edited(*, fact: MemoryFact, changed: list[str]) -> None:
-    """After the operator saved a fact (the admin): the backend's index follows its text and its user."""
+    """After the operator saved a fact (the admin): the backend's index follows its text and its user. Under
+    a backend that keeps no vectors, a vector the row kept from lance_embedded no longer fits it: it is
+    dropped (and left the LanceDB table), so a later switch back embeds the fact anew (the backfill)."""
     if "text" in changed or "actor_key" in changed:
-        backend_named(conf.memory_conf().backend).indexed(fact)
+        backend = conf.memory_conf().backend
+        if backend != "lance_embedded" and MemoryFact.objects.filter(pk=fact.pk, embedding__isnull=False) \
+                .update(embedding=None):
+            facts_forgotten([fact.pk])
+        backend_named(backend).indexed(fact)
 
 
 def fact_pin(*, actor_key: str, fact_id: int, pinned: bool = True) -> bool:
