@@ -132,7 +132,8 @@ class LanceStore:
     def backfill_ask(self) -> bool:
         """When facts have no vector (saved while another backend was in force), enqueue the backfill
         task (plugins_app.tasks.memory_vector_backfill). Asked at each search, looking at most once every
-        BACKFILL_ASK_SECS: a backfill cut short (its worker killed) is asked for again. Until it has run, recall finds those facts only when pinned or core."""
+        BACKFILL_ASK_SECS: a backfill cut short (its worker killed) is asked for again. Until it has run,
+        recall finds those facts only when pinned or core."""
         from plugins_app.agent.memory.conf import memory_conf
         from plugins_app.agent.memory.models import MemoryFact
         if time.monotonic() < self._next_backfill_ask:
