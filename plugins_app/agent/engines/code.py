@@ -25,7 +25,6 @@ from __future__ import annotations
 import ast
 import codecs
 import contextlib
-import fcntl
 import hashlib
 import logging
 import os
@@ -45,6 +44,7 @@ from pathspec.patterns.gitignore.spec import GitIgnoreSpecPattern
 from plugins_app.agent.embedding import DIM, embed, model_name
 from plugins_app.agent.engines.notes import STOPWORDS, stem
 from plugins_app.agent.ranking import rrf
+from ugent_common.filelock import file_locked
 
 DEFAULT_MAX_FILE_BYTES = 256 * 1024
 DEFAULT_MAX_FILES = 5000
@@ -593,23 +593,14 @@ class CodeRetrievalEngine(RetrievalEngine):
     def _cache_locked(self):
         """An exclusive lock on ``<vector_cache>.lock`` (none without a file, or where it cannot be made)."""
         path = self.config.get("vector_cache")
-        fd = None
-        if path:
-            try:
-                os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-                fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            except OSError as exc:
-                log.warning("code index: the vector cache's lock %s.lock cannot be taken (%s); embedding without it",
-                            path, exc)
-                if fd is not None:
-                    os.close(fd)
-                fd = None
-        try:
+        with contextlib.ExitStack() as held:
+            if path:
+                try:
+                    held.enter_context(file_locked(f"{path}.lock"))
+                except OSError as exc:
+                    log.warning("code index: the vector cache's lock %s.lock cannot be taken (%s); embedding "
+                                "without it", path, exc)
             yield
-        finally:
-            if fd is not None:
-                os.close(fd)  # (closing releases the lock)
 
     def _cache_read(self) -> dict:
         """The vectors the ``vector_cache`` file holds, by key, when it changed since this process last read

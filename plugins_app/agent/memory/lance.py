@@ -27,15 +27,15 @@ daemon on another backend never loads them.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
-import os
 import threading
 import time
 from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
+
+from ugent_common.filelock import file_locked
 
 log = logging.getLogger("ugent.memory")
 
@@ -53,6 +53,11 @@ KEEP_VERSIONS = timedelta(minutes=10)
 BACKFILL_BATCH = 64
 #: A process looks for facts without a vector (and asks for the backfill) at most this often.
 BACKFILL_ASK_SECS = 300.0
+
+
+def _ids_in(fact_ids) -> str:
+    """LanceDB's SQL filter for these fact ids."""
+    return "id IN (" + ", ".join(str(int(i)) for i in fact_ids) + ")"
 
 
 def _quoted(value: str) -> str:
@@ -167,17 +172,8 @@ class LanceStore:
         if "://" in self.uri:
             yield True
             return
-        Path(self.uri).parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(f"{self.uri.rstrip('/')}.backfill.lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                yield False
-                return
-            yield True
-        finally:
-            os.close(fd)
+        with file_locked(f"{self.uri.rstrip('/')}.backfill.lock", wait=False) as mine:
+            yield mine
 
     def _backfill(self) -> int:
         from plugins_app.agent import embedding
@@ -198,9 +194,7 @@ class LanceStore:
             # The table first, then the rows: a crash between the two leaves vectors in the table for rows
             # still without one, which the next backfill embeds and replaces (the other way round, rows with
             # a vector the table lacks, no backfill would look at again).
-            with self.lock:  # one fragment a batch, not one a fact
-                table.delete("id IN (" + ", ".join(str(fid) for fid, _, _ in batch) + ")")
-                self._add(table, batch)
+            self._replace(table, [fid for fid, _, _ in batch], batch)  # one fragment a batch, not one a fact
             lost = []
             for (fid, actor, text), (_, _, raw) in zip(chunk, batch):
                 if MemoryFact.objects.filter(pk=fid, actor_key=actor, text=text,
@@ -225,10 +219,13 @@ class LanceStore:
         now = [(fid, actor, bytes(raw)) for fid, actor, raw in
                MemoryFact.objects.filter(pk__in=fact_ids, embedding__isnull=False)
                .values_list("id", "actor_key", "embedding")]
-        table = self.table()
+        self._replace(self.table(), fact_ids, now)
+
+    def _replace(self, table, fact_ids: list[int], rows: list[tuple[int, str, bytes]]) -> None:
+        """The table's vectors for `fact_ids` dropped and `rows` added, under the store's lock."""
         with self.lock:
-            table.delete("id IN (" + ", ".join(str(int(fid)) for fid in fact_ids) + ")")
-            self._add(table, now)
+            table.delete(_ids_in(fact_ids))
+            self._add(table, rows)
 
     def _add(self, table, rows: list[tuple[int, str, bytes]]) -> None:
         import numpy as np
@@ -279,7 +276,7 @@ class LanceStore:
             return
         table = self.table()
         with self.lock:
-            table.delete("id IN (" + ", ".join(str(int(i)) for i in fact_ids) + ")")
+            table.delete(_ids_in(fact_ids))
 
     # --- searching ------------------------------------------------------------------------------
 
