@@ -364,3 +364,58 @@ def test_a_query_is_embedded_once_for_every_use_of_it(monkeypatch):
     assert embedding.embed([text], kind="query")[0, 0] != 5.0
     embedding.embed([text + "?"], kind="query")
     assert len(asked) == 2
+
+
+def _lance_count(uri) -> int:
+    """The table's rows as a process opening the dataset now reads them (no store: nothing rebuilt)."""
+    from datetime import timedelta
+
+    import lancedb
+    return lancedb.connect(uri, read_consistency_interval=timedelta(0)).open_table(lance.TABLE).count_rows()
+
+
+def test_a_process_opening_the_table_mid_backfill_leaves_the_batch_in_it(lance_on, memory_config, monkeypatch):  # noqa: F811
+    """Between a batch's table write and its rows' writes the table holds more vectors than the rows. A process
+    opening the table then (a worker starting) rebuilt it from the rows with overwrite, and the batch's
+    vectors were gone from it until some process opened the table again; recall missed those facts."""
+    memory_config.backend("sqlite_fts")
+    ids = [services.fact_save(actor_key=ALICE, text=t)[0].pk
+           for t in ("User lives in Lisbon.", "User likes green tea.", "User plays the cello.")]
+    memory_config.backend("lance_embedded")
+    lance._stores.clear()
+    store = lance.store(384)
+    real, opened = lance.LanceStore._replace, []
+
+    def another_process_opens(self, table, fact_ids, rows):
+        real(self, table, fact_ids, rows)
+        if not opened:
+            lance.LanceStore(self.uri, self.dim).table()  # its first look at the table
+            opened.append(_lance_count(self.uri))
+    monkeypatch.setattr(lance.LanceStore, "_replace", another_process_opens)
+    assert services.vector_backfill() == 3
+    assert opened == [3]  # not rebuilt from the rows, which have no vector yet
+    assert _lance_count(store.uri) == 3
+    assert texts(ALICE, "Which instrument do I play, the cello?")[0] == "User plays the cello."
+    assert sorted(i for i, _ in table_rows()) == sorted(ids)
+
+
+def test_a_table_rebuilt_while_the_backfill_writes_ends_with_every_vector(lance_on, memory_config, monkeypatch):  # noqa: F811
+    """A rebuild from the rows (another process found the table out of step for a reason of its own) between
+    a batch's table write and its rows' writes dropped that batch from the table: the backfill puts it back."""
+    memory_config.backend("sqlite_fts")
+    for t in ("User lives in Lisbon.", "User likes green tea."):
+        services.fact_save(actor_key=ALICE, text=t)
+    memory_config.backend("lance_embedded")
+    lance._stores.clear()
+    store = lance.store(384)
+    real, rebuilt = lance.LanceStore._replace, []
+
+    def rebuilt_meanwhile(self, table, fact_ids, rows):
+        real(self, table, fact_ids, rows)
+        if not rebuilt:
+            import lancedb
+            rebuilt.append(self._rebuild(lancedb.connect(self.uri)))
+    monkeypatch.setattr(lance.LanceStore, "_replace", rebuilt_meanwhile)
+    assert services.vector_backfill() == 2
+    assert rebuilt and _lance_count(store.uri) == 2
+    assert MemoryFact.objects.filter(embedding__isnull=True).count() == 0

@@ -108,11 +108,17 @@ class LanceStore:
                         getattr(field.type, "list_size", "?"), self.dim)
             return False
         rows = MemoryFact.objects.exclude(embedding__isnull=True).count()
-        if table.count_rows() != rows:
-            log.warning("memory: the LanceDB table holds %d vectors for %d facts with one: rebuilding",
-                        table.count_rows(), rows)
-            return False
-        return True
+        held = table.count_rows()
+        if held == rows:
+            return True
+        if rows < held <= rows + BACKFILL_BATCH and self._backfill_running():
+            # a backfill has written a batch to the table and not yet to the rows: the table is ahead, not
+            # wrong (a rebuild now would drop the batch from it)
+            log.info("memory: the LanceDB table holds %d vectors for %d facts with one while a backfill writes "
+                     "them: kept", held, rows)
+            return True
+        log.warning("memory: the LanceDB table holds %d vectors for %d facts with one: rebuilding", held, rows)
+        return False
 
     def _rebuild(self, db):
         """The table made anew from the rows' stored vectors. Facts without one (saved while another
@@ -165,6 +171,16 @@ class LanceStore:
                 return 0
             return self._backfill()
 
+    def _backfill_running(self) -> bool:
+        """Whether a backfill of this dataset holds its lock now (on this host; never for a remote dataset)."""
+        if "://" in self.uri:
+            return False
+        with file_locked(self._backfill_lock_path(), wait=False) as free:
+            return not free
+
+    def _backfill_lock_path(self) -> str:
+        return f"{self.uri.rstrip('/')}.backfill.lock"
+
     @contextlib.contextmanager
     def _backfill_locked(self):
         """One backfill at a time per dataset on this host: a lock file beside a local dataset (whether
@@ -172,14 +188,14 @@ class LanceStore:
         if "://" in self.uri:
             yield True
             return
-        with file_locked(f"{self.uri.rstrip('/')}.backfill.lock", wait=False) as mine:
+        with file_locked(self._backfill_lock_path(), wait=False) as mine:
             yield mine
 
     def _backfill(self) -> int:
         from plugins_app.agent import embedding
         from plugins_app.agent.memory.models import MemoryFact
         table = self.table()  # opened (and checked against the rows) before this changes any row
-        started, done, after = time.monotonic(), 0, 0
+        started, done, after, written = time.monotonic(), 0, 0, []
         todo = MemoryFact.objects.filter(embedding__isnull=True).count()
         if todo:
             log.info("memory: embedding %d facts saved without a vector", todo)
@@ -200,17 +216,30 @@ class LanceStore:
                 if MemoryFact.objects.filter(pk=fid, actor_key=actor, text=text,
                                              embedding__isnull=True).update(embedding=raw):
                     done += 1
+                    written.append(fid)
                 else:
                     lost.append(fid)
             if lost:
                 self._settle(lost)
             log.info("memory: embedded %d of %d facts saved without a vector", done, todo)
+        self._restore(table, written)
         if done and (self.small_fragments() >= MAX_SMALL_FRAGMENTS or self.index_wanted()):
             from ugent_common.tasks import task_named
             task_named("plugins_app.tasks.memory_vector_index").delay()
         if done:
             log.info("memory: %d facts embedded in %.1f s", done, time.monotonic() - started)
         return done
+
+    def _restore(self, table, fact_ids: list[int]) -> None:
+        """The backfill's facts put back in the table where it lacks them: another process that rebuilt the
+        table from the rows between a batch's table write and its rows' writes left that batch out."""
+        for at in range(0, len(fact_ids), 1000):
+            part = fact_ids[at:at + 1000]
+            held = table.count_rows(_ids_in(part))
+            if held < len(part):
+                log.warning("memory: %d vectors the backfill wrote left the LanceDB table (rebuilt meanwhile): "
+                            "written again", len(part) - held)
+                self._settle(part)
 
     def _settle(self, fact_ids: list[int]) -> None:
         """Facts the backfill embedded but did not write, because they changed meanwhile (forgotten, edited,
