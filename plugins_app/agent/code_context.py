@@ -93,7 +93,7 @@ def folder_engine(root: Path, conf: CodeContextSpec) -> CodeRetrievalEngine:
                                           "vector_cache": str(vector_cache_path(root))})
         _Engines.by_folder[key] = engine  # the newest last
         while len(_Engines.by_folder) > MAX_FOLDERS:
-            _Engines.by_folder.pop(next(iter(_Engines.by_folder)))
+            _Engines.by_folder.pop(next(iter(_Engines.by_folder))).close()  # its embedding stops too
         return engine
 
 
@@ -124,6 +124,8 @@ def code_context_warm() -> int:
 def reset() -> None:
     """Forget every folder's index (tests)."""
     with _Engines.lock:
+        for engine in _Engines.by_folder.values():
+            engine.close()
         _Engines.by_folder.clear()
 
 

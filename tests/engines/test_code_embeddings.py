@@ -315,3 +315,70 @@ def test_the_model_is_loaded_once_when_both_embedding_threads_start_together(mon
     for t in asked:
         t.join(60)
     assert len(made) == 1
+
+
+def test_a_folder_dropped_from_the_process_stops_embedding_and_keeps_what_it_made(ws, tmp_path, monkeypatch,
+                                                                                  settings):
+    """The process keeps MAX_FOLDERS folders' indexes; one dropped kept embedding its chunks to the end (for a
+    large folder, minutes of a core for an index nobody would ask again)."""
+    from plugins_app.agent import code_context
+    settings.VAR_DIR = str(tmp_path / "var")
+    monkeypatch.setattr(code_context, "MAX_FOLDERS", 1)
+    monkeypatch.setattr(code, "EMBED_BATCH", 1)
+    code_context.reset()
+    conf = code_context.CodeContextSpec(enabled=True, embeddings=True)
+    other = tmp_path / "other"
+    other.mkdir()
+    real, calls = code.embed, []
+
+    def another_folder_comes(texts, *, kind, **kw):
+        if kind == "passage":
+            calls.append(texts)
+            if len(calls) == 2:
+                code_context.folder_engine(other, conf)  # a conversation in another folder: this one is dropped
+        return real(texts, kind=kind, **kw)
+    monkeypatch.setattr(code, "embed", another_folder_comes)
+    first = code_context.folder_engine(ws, conf)
+    first.refresh()
+    assert first.wait_embedded(120)
+    try:
+        assert len(calls) == 2 and first._index.vectors is None  # stopped after the batch in hand
+        import numpy as np
+        with np.load(code_context.vector_cache_path(ws)) as saved:
+            assert len(saved["keys"]) == 2  # what it made is kept for the folder's next index
+    finally:
+        code_context.reset()
+
+
+def test_an_exit_while_the_chunks_are_embedded_logs_no_failure(tmp_path):
+    """At interpreter exit the embedding threads take no more work; the chunks' thread, between two batches,
+    logged a traceback as if embedding had failed."""
+    import subprocess
+    import sys
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    for i in range(12):
+        (ws / f"m{i}.py").write_text(f"def f{i}(x):\n    return x + {i}\n")
+    script = f"""
+import atexit, concurrent.futures.thread as cft, logging, sys, time
+logging.basicConfig(stream=sys.stderr, level=logging.INFO)
+from plugins_app.agent.engines import code
+real = code.embed
+def slow(texts, *, kind, **kw):
+    if kind == "passage":
+        while not cft._shutdown:  # the interpreter is exiting once the executors are told to stop
+            time.sleep(0.01)
+    return real(texts, kind=kind, **kw)
+code.embed = slow
+code.EMBED_BATCH = 1
+real(["load the model"], kind="passage", bulk=True)
+atexit.register(time.sleep, 1.0)  # the chunks' thread gets its next batch refused before the exit ends
+e = code.CodeRetrievalEngine({{"root": {str(ws)!r}, "rescan_interval": 0, "embeddings": True}})
+e.refresh()
+time.sleep(0.3)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and "failed" not in out.stderr, out.stderr[-2000:]
+    assert "the process is exiting" in out.stderr, out.stderr[-2000:]

@@ -41,7 +41,7 @@ from ovos_plugin_manager.templates.agents import RetrievalEngine
 from pathspec import GitIgnoreSpec
 from pathspec.patterns.gitignore.spec import GitIgnoreSpecPattern
 
-from plugins_app.agent.embedding import DIM, embed, model_name
+from plugins_app.agent.embedding import DIM, EmbeddingStopped, embed, model_name
 from plugins_app.agent.engines.notes import STOPWORDS, stem
 from plugins_app.agent.ranking import rrf
 from ugent_common.filelock import file_locked
@@ -358,6 +358,10 @@ class _Index:
 _EMPTY = _Index((), None, frozenset(), ())
 
 
+class _Closed(Exception):
+    """The engine was closed while it embedded its chunks."""
+
+
 class CodeRetrievalEngine(RetrievalEngine):
     """BM25 over the source files below ``config["root"]``.
 
@@ -392,6 +396,7 @@ class CodeRetrievalEngine(RetrievalEngine):
         self._cache_dirty = False  # vectors made or dropped since the file was last written
         self._cache_written_at = float("-inf")  # time.monotonic() of that write
         self._cache_seen = None  # (mtime_ns, size) of the file as this process last read or wrote it
+        self._closed = False  # dropped by its owner: an embedding under way stops after its batch
         self.builds = 0  # how many times the index was built (a test reads it)
 
     @property
@@ -504,6 +509,14 @@ class CodeRetrievalEngine(RetrievalEngine):
                 self._embed_in_background()
             return self._index
 
+    def close(self) -> None:
+        """The index is no longer used (its folder dropped from the process's): an embedding of its chunks
+        under way stops after the batch in hand, and the vectors it made are kept in the ``vector_cache``
+        file for the next index of that folder."""
+        with self._lock:
+            self._closed = True
+            self._embed_wanted = False
+
     # -- embeddings (config "embeddings": true) --
     def _embed_in_background(self) -> None:
         """The chunks' embeddings are made in a thread of their own, never in a query: until they are, and
@@ -521,7 +534,7 @@ class CodeRetrievalEngine(RetrievalEngine):
         try:
             while True:
                 with self._lock:
-                    if not self._embed_wanted:
+                    if not self._embed_wanted or self._closed:
                         return
                     self._embed_wanted = False
                 index = self._index
@@ -529,6 +542,12 @@ class CodeRetrievalEngine(RetrievalEngine):
                     continue
                 try:
                     vectors = self._vectors_of(index.chunks)
+                except (_Closed, EmbeddingStopped) as exc:  # dropped, or the process is exiting: not a failure
+                    log.info("code index: embedding the chunks of %s stopped (%s)", self.root,
+                             "the index was dropped" if isinstance(exc, _Closed) else "the process is exiting")
+                    with self._lock:
+                        self._embed_wanted = False
+                    return
                 except Exception:
                     self._embed_failed = index.signature
                     raise
@@ -572,6 +591,10 @@ class CodeRetrievalEngine(RetrievalEngine):
                 log.info("code index: embedding %d chunks of %s (%d kept from before)", len(missing), self.root,
                          len(texts) - len(missing))
             for at in range(0, len(missing), EMBED_BATCH):
+                if self._closed:
+                    if self._cache_dirty:
+                        self._cache_write()  # what was made serves the folder's next index
+                    raise _Closed()
                 part = missing[at:at + EMBED_BATCH]
                 for key, vector in zip(part, embed([texts[k] for k in part], kind="passage", bulk=True)):
                     self._vectors[key] = vector
