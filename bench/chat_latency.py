@@ -106,6 +106,21 @@ def one_request(client: httpx.Client, url: str, headers: dict, model: str, strea
     raise RuntimeError("stream ended without [DONE]")
 
 
+def process_tree(pid: int) -> list[int]:
+    """`pid` and every process below it (a gateway that forks its workers)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{tid}/children") as fh:
+                    todo.extend(int(c) for c in fh.read().split())
+        except OSError:
+            pass
+    return out
+
+
 def process_cpu_seconds(pids) -> float:
     """User + system CPU of these processes so far (Linux /proc)."""
     total = 0.0
@@ -385,8 +400,9 @@ def start_litellm(stub_url: str, tmp: Path) -> tuple[subprocess.Popen, str]:
 class Target:
     """One gateway under test: how a client of it sends a new conversation's message or a follow-up."""
 
-    def __init__(self, name, url, headers, model, keeps_history: bool):
+    def __init__(self, name, url, headers, model, keeps_history: bool, pids=()):
         self.name, self.url, self.headers, self.model, self.keeps_history = name, url, headers, model, keeps_history
+        self.pids = list(pids)  # the gateway's processes, whose CPU per turn is printed
 
     def body(self, conv: str, history: list, follow_up: bool) -> dict:
         if self.keeps_history:  # UGENT: the conversation is server-side; only the new message is sent
@@ -396,7 +412,8 @@ class Target:
 
 def run_conversations(target: Target, *, n: int, concurrency: int, follow_up: bool, tag: str) -> dict:
     """n turns from `concurrency` clients; each client's turns are follow-ups in its own conversation,
-    or each turn opens a new conversation. Latency per turn and the wall time."""
+    or each turn opens a new conversation. Latency per turn, the wall time, and the CPU the target's
+    processes spent meanwhile (None without pids)."""
     lat: list[float] = []
     lock = threading.Lock()
     ready = threading.Barrier(concurrency + 1)  # the clock starts when every client is made, not before
@@ -421,25 +438,29 @@ def run_conversations(target: Target, *, n: int, concurrency: int, follow_up: bo
             with lock:
                 ends.append(time.perf_counter())
 
+    pids = [p for root in target.pids for p in process_tree(root)] if target.pids else []
     with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
         futures = [pool.submit(client_loop, ci) for ci in range(concurrency)]
         ready.wait()
+        cpu0 = process_cpu_seconds(pids)
         t0 = time.perf_counter()
         for f in futures:
             f.result()
+        cpu = process_cpu_seconds(pids) - cpu0 if pids else None
     # the wall time of the turns alone: from the moment every client was ready to the last answer
     # (before, each round's threads and clients were made on the clock, which at 16 clients and a few
     # turns each flattened every gateway's turns/s toward the same figure)
-    return {"lat": lat, "wall": max(ends) - t0}
+    return {"lat": lat, "wall": max(ends) - t0, "cpu": cpu}
 
 
 def against_litellm(d, stub_url: str, tmp: Path, *, n: int, concurrency: int, servers: bool, chunks: int = 5):
     lite, lite_base = start_litellm(stub_url, tmp)
     try:
         targets = [Target("direct", stub_url + "/chat/completions", {}, "stub-model", keeps_history=False),
-                   Target("ugent", d.base + "/v1/chat/completions", {"x-api-key": d.key}, "bench", keeps_history=True),
+                   Target("ugent", d.base + "/v1/chat/completions", {"x-api-key": d.key}, "bench", keeps_history=True,
+                          pids=[p.pid for p in d.procs]),
                    Target("litellm", lite_base + "/v1/chat/completions", {"Authorization": "Bearer " + LITELLM_KEY},
-                          "stub-model", keeps_history=False)]
+                          "stub-model", keeps_history=False, pids=[lite.pid])]
         for t in targets:  # warm-up: connections, imports, pools
             run_conversations(t, n=20, concurrency=2, follow_up=False, tag=f"warm-{t.name}")
         mode = "servers mode" if servers else "embedded daemon"
@@ -450,16 +471,18 @@ def against_litellm(d, stub_url: str, tmp: Path, *, n: int, concurrency: int, se
                  (f"follow-ups, {concurrency} clients", concurrency, True)]
         results = []
         for ci, (label, conc, follow) in enumerate(cases):
-            acc = {t.name: {"lat": [], "wall": 0.0} for t in targets}
+            acc = {t.name: {"lat": [], "wall": 0.0, "cpu": 0.0} for t in targets}
             for rnd in range(chunks):
                 for t in targets:
                     r = run_conversations(t, n=max(conc, n // chunks), concurrency=conc, follow_up=follow,
                                           tag=f"b{ci}-{rnd}-{t.name}")
                     acc[t.name]["lat"] += r["lat"]
                     acc[t.name]["wall"] += r["wall"]
+                    acc[t.name]["cpu"] = None if r["cpu"] is None or acc[t.name]["cpu"] is None \
+                        else acc[t.name]["cpu"] + r["cpu"]
                 print(f"  {label}: round {rnd + 1}/{chunks}", file=sys.stderr, flush=True)
             results.append((label, acc))
-        print(f"\n{'case':<34}{'who':>9}{'p50 ms':>9}{'p99 ms':>9}{'turns/s':>9}{'added p50':>11}")
+        print(f"\n{'case':<34}{'who':>9}{'p50 ms':>9}{'p99 ms':>9}{'turns/s':>9}{'added p50':>11}{'cpu ms/turn':>13}")
         summary = []
         for label, acc in results:
             base50 = pct(acc["direct"]["lat"], 50) * 1000
@@ -468,15 +491,20 @@ def against_litellm(d, stub_url: str, tmp: Path, *, n: int, concurrency: int, se
                 lat = acc[name]["lat"]
                 p50, p99 = pct(lat, 50) * 1000, pct(lat, 99) * 1000
                 rps = len(lat) / acc[name]["wall"]
-                row[name] = (p50 - base50, rps)
+                cpu = acc[name]["cpu"] / len(lat) * 1000 if acc[name]["cpu"] is not None and name != "direct" else None
+                row[name] = (p50 - base50, rps, cpu)
                 added = f"{p50 - base50:.2f}" if name != "direct" else "-"
-                print(f"{label:<34}{name:>9}{p50:>9.2f}{p99:>9.2f}{rps:>9.1f}{added:>11}")
+                cpu_text = f"{cpu:.2f}" if cpu is not None else "-"
+                print(f"{label:<34}{name:>9}{p50:>9.2f}{p99:>9.2f}{rps:>9.1f}{added:>11}{cpu_text:>13}")
             lat_ratio = row["litellm"][0] / row["ugent"][0] if row["ugent"][0] > 0 else float("inf")
             rps_ratio = row["ugent"][1] / row["litellm"][1]
-            summary.append((label, lat_ratio, rps_ratio))
-        print(f"\n{'case':<34}{'LiteLLM added / UGENT added':>30}{'UGENT turns/s / LiteLLM':>26}")
-        for label, lat_ratio, rps_ratio in summary:
-            print(f"{label:<34}{lat_ratio:>29.2f}x{rps_ratio:>25.2f}x")
+            cpu_ratio_ = row["litellm"][2] / row["ugent"][2] if row["ugent"][2] and row["litellm"][2] else None
+            summary.append((label, lat_ratio, rps_ratio, cpu_ratio_))
+        print(f"\n{'case':<34}{'LiteLLM added / UGENT added':>30}{'UGENT turns/s / LiteLLM':>26}"
+              f"{'LiteLLM cpu / UGENT cpu':>26}")
+        for label, lat_ratio, rps_ratio, cpu_r in summary:
+            cpu_text = f"{cpu_r:.2f}x" if cpu_r else "-"
+            print(f"{label:<34}{lat_ratio:>29.2f}x{rps_ratio:>25.2f}x{cpu_text:>26}")
         print("\ntarget: 3x less added latency than LiteLLM (one client) and 4x its throughput (sixteen clients)")
     finally:
         os.killpg(lite.pid, 15)
