@@ -46,4 +46,5 @@ bench: setup
 	$(PY) bench/first_answer.py
 	$(PY) bench/memory_rss.py
 	$(PY) bench/tool_loop.py
+	$(PY) bench/turn_cpu.py
 	$(PY) bench/memory.py
