@@ -374,24 +374,37 @@ def _lance_count(uri) -> int:
     return lancedb.connect(uri, read_consistency_interval=timedelta(0)).open_table(lance.TABLE).count_rows()
 
 
+def saved_without_vectors(memory_config, *facts: str) -> list[int]:  # noqa: F811
+    """Facts saved under sqlite_fts (no vector), then lance_embedded in force in a process opening the table anew."""
+    memory_config.backend("sqlite_fts")
+    ids = [services.fact_save(actor_key=ALICE, text=t)[0].pk for t in facts]
+    memory_config.backend("lance_embedded")
+    lance._stores.clear()
+    return ids
+
+
+def after_the_first_batch_reaches_the_table(monkeypatch, then) -> None:
+    """`then(store)` once, between the backfill's first table write and its rows' writes."""
+    real, done = lance.LanceStore._replace, []
+
+    def replaced(self, table, fact_ids, rows):
+        real(self, table, fact_ids, rows)
+        if not done:
+            done.append(then(self))
+    monkeypatch.setattr(lance.LanceStore, "_replace", replaced)
+
+
 def test_a_process_opening_the_table_mid_backfill_leaves_the_batch_in_it(lance_on, memory_config, monkeypatch):  # noqa: F811
     """Between a batch's table write and its rows' writes the table holds more vectors than the rows. A process
     opening the table then (a worker starting) rebuilt it from the rows with overwrite, and the batch's
     vectors were gone from it until some process opened the table again; recall missed those facts."""
-    memory_config.backend("sqlite_fts")
-    ids = [services.fact_save(actor_key=ALICE, text=t)[0].pk
-           for t in ("User lives in Lisbon.", "User likes green tea.", "User plays the cello.")]
-    memory_config.backend("lance_embedded")
-    lance._stores.clear()
-    store = lance.store(384)
-    real, opened = lance.LanceStore._replace, []
+    ids = saved_without_vectors(memory_config, "User lives in Lisbon.", "User likes green tea.", "User plays the cello.")
+    store, opened = lance.store(384), []
 
-    def another_process_opens(self, table, fact_ids, rows):
-        real(self, table, fact_ids, rows)
-        if not opened:
-            lance.LanceStore(self.uri, self.dim).table()  # its first look at the table
-            opened.append(_lance_count(self.uri))
-    monkeypatch.setattr(lance.LanceStore, "_replace", another_process_opens)
+    def another_process_opens(first):
+        lance.LanceStore(first.uri, first.dim).table()  # its first look at the table
+        opened.append(_lance_count(first.uri))
+    after_the_first_batch_reaches_the_table(monkeypatch, another_process_opens)
     assert services.vector_backfill() == 3
     assert opened == [3]  # not rebuilt from the rows, which have no vector yet
     assert _lance_count(store.uri) == 3
@@ -402,20 +415,14 @@ def test_a_process_opening_the_table_mid_backfill_leaves_the_batch_in_it(lance_o
 def test_a_table_rebuilt_while_the_backfill_writes_ends_with_every_vector(lance_on, memory_config, monkeypatch):  # noqa: F811
     """A rebuild from the rows (another process found the table out of step for a reason of its own) between
     a batch's table write and its rows' writes dropped that batch from the table: the backfill puts it back."""
-    memory_config.backend("sqlite_fts")
-    for t in ("User lives in Lisbon.", "User likes green tea."):
-        services.fact_save(actor_key=ALICE, text=t)
-    memory_config.backend("lance_embedded")
-    lance._stores.clear()
-    store = lance.store(384)
-    real, rebuilt = lance.LanceStore._replace, []
+    saved_without_vectors(memory_config, "User lives in Lisbon.", "User likes green tea.")
+    store, rebuilt = lance.store(384), []
 
-    def rebuilt_meanwhile(self, table, fact_ids, rows):
-        real(self, table, fact_ids, rows)
-        if not rebuilt:
-            import lancedb
-            rebuilt.append(self._rebuild(lancedb.connect(self.uri)))
-    monkeypatch.setattr(lance.LanceStore, "_replace", rebuilt_meanwhile)
+    def rebuilt_meanwhile(first):
+        import lancedb
+        first._rebuild(lancedb.connect(first.uri))
+        rebuilt.append(_lance_count(first.uri))
+    after_the_first_batch_reaches_the_table(monkeypatch, rebuilt_meanwhile)
     assert services.vector_backfill() == 2
-    assert rebuilt and _lance_count(store.uri) == 2
+    assert rebuilt == [0] and _lance_count(store.uri) == 2  # the rebuild dropped the batch; it came back
     assert MemoryFact.objects.filter(embedding__isnull=True).count() == 0
