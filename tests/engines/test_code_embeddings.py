@@ -382,3 +382,57 @@ time.sleep(0.3)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "Traceback" not in out.stderr and "failed" not in out.stderr, out.stderr[-2000:]
     assert "the process is exiting" in out.stderr, out.stderr[-2000:]
+
+
+def test_a_closed_index_starts_no_embedding_when_used_again(ws, monkeypatch):
+    """A turn may still hold a dropped index: asking it again started an embedding thread that saw it closed,
+    left the request standing, and started the next one, endlessly."""
+    e = engine(ws, embeddings=True)
+    starts = []
+    real = CodeRetrievalEngine._embedding_start
+    monkeypatch.setattr(CodeRetrievalEngine, "_embedding_start", lambda self: starts.append(1) or real(self))
+    e.close()
+    e.refresh()
+    e.query_chunks(WET, k=2)
+    time.sleep(0.3)
+    assert e.wait_embedded(5) and len(starts) == 0
+
+
+def test_an_index_closed_during_its_last_batch_keeps_that_batch(ws, tmp_path, monkeypatch):
+    """The pass ends normally then, and its file write waited for CACHE_WRITE_SECS: a small folder's vectors
+    were lost with the index."""
+    cache = tmp_path / "code.npz"
+    e = engine(ws, embeddings=True, vector_cache=str(cache))
+    real = code.embed
+
+    def closed_meanwhile(texts, *, kind, **kw):
+        if kind == "passage":
+            e.close()
+        return real(texts, kind=kind, **kw)
+    monkeypatch.setattr(code, "embed", closed_meanwhile)
+    monkeypatch.setattr(code, "CACHE_WRITE_SECS", 3600.0)
+    e._cache_written_at = time.monotonic()  # a write a moment ago: the throttle would hold this one
+    e.refresh()
+    assert e.wait_embedded(120)
+    import numpy as np
+    with np.load(cache) as saved:
+        assert len(saved["keys"]) == len(FILES)
+
+
+def test_an_embedding_thread_that_could_not_start_is_a_failure_not_a_stop(monkeypatch):
+    from concurrent.futures import BrokenExecutor, ThreadPoolExecutor
+    from concurrent.futures.thread import BrokenThreadPool
+
+    from plugins_app.agent import embedding
+
+    class Broken:
+        def submit(self, *a, **kw):
+            raise BrokenThreadPool("A thread initializer failed, the thread pool is not usable anymore")
+    monkeypatch.setattr(embedding, "bulk_thread", lambda: Broken())
+    with pytest.raises(BrokenExecutor):
+        embedding.embed(["a text"], kind="passage", bulk=True)
+    stopped = ThreadPoolExecutor(1)
+    stopped.shutdown()
+    monkeypatch.setattr(embedding, "bulk_thread", lambda: stopped)
+    with pytest.raises(embedding.EmbeddingStopped):
+        embedding.embed(["a text"], kind="passage", bulk=True)

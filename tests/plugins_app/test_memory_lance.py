@@ -426,3 +426,36 @@ def test_a_table_rebuilt_while_the_backfill_writes_ends_with_every_vector(lance_
     assert services.vector_backfill() == 2
     assert rebuilt == [0] and _lance_count(store.uri) == 2  # the rebuild dropped the batch; it came back
     assert MemoryFact.objects.filter(embedding__isnull=True).count() == 0
+
+
+def test_a_backfill_cut_short_still_mends_the_batches_it_wrote(lance_on, memory_config, monkeypatch):  # noqa: F811
+    """The mend ran only when the backfill finished: one stopped by the process's exit left a batch a rebuild
+    had dropped out of the table, its rows with a vector, so no later backfill looked at it again."""
+    from plugins_app.agent import embedding
+    saved_without_vectors(memory_config, "User lives in Lisbon.", "User likes green tea.")
+    monkeypatch.setattr(lance, "BACKFILL_BATCH", 1)
+    store, real = lance.store(384), embedding.embed
+
+    def the_process_exits_at_the_second(texts_, **kw):
+        if MemoryFact.objects.filter(embedding__isnull=False).exists():
+            raise embedding.EmbeddingStopped("cannot schedule new futures after interpreter shutdown")
+        return real(texts_, **kw)
+    monkeypatch.setattr(embedding, "embed", the_process_exits_at_the_second)
+    import lancedb
+    after_the_first_batch_reaches_the_table(monkeypatch, lambda first: first._rebuild(lancedb.connect(first.uri)))
+    with pytest.raises(embedding.EmbeddingStopped):
+        services.vector_backfill()
+    assert MemoryFact.objects.filter(embedding__isnull=False).count() == 1
+    assert _lance_count(store.uri) == 1  # the first fact's vector is back in the table
+
+
+def test_the_mend_finds_a_vector_in_the_table_twice(lance_on, memory_config):  # noqa: F811
+    (fid,) = saved_without_vectors(memory_config, "User lives in Lisbon.")
+    assert services.vector_backfill() == 1
+    store = lance.store(384)
+    table = store.table()
+    row = MemoryFact.objects.get(pk=fid)
+    store._add(table, [(fid, ALICE, bytes(row.embedding))])  # a rebuild read the row after the batch wrote it
+    assert _lance_count(store.uri) == 2
+    store._restore(table, [fid])
+    assert _lance_count(store.uri) == 1

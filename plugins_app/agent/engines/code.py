@@ -522,6 +522,8 @@ class CodeRetrievalEngine(RetrievalEngine):
         """The chunks' embeddings are made in a thread of their own, never in a query: until they are, and
         while a changed folder's new chunks are embedded, BM25 alone answers."""
         with self._lock:
+            if self._closed:  # (a turn may still hold a dropped index)
+                return
             self._embed_wanted = True
             if self._embedding is None or not self._embedding.is_alive():  # (a forked child's is its parent's)
                 self._embedding_start()
@@ -535,6 +537,7 @@ class CodeRetrievalEngine(RetrievalEngine):
             while True:
                 with self._lock:
                     if not self._embed_wanted or self._closed:
+                        self._embed_wanted = False
                         return
                     self._embed_wanted = False
                 index = self._index
@@ -560,7 +563,7 @@ class CodeRetrievalEngine(RetrievalEngine):
                 self._embed_wanted = False
         finally:
             with self._lock:
-                if self._embed_wanted:  # asked after this thread's last look: a new one answers
+                if self._embed_wanted and not self._closed:  # asked after this thread's last look: a new one answers
                     self._embedding_start()
                 else:
                     self._embedding = None
@@ -604,7 +607,7 @@ class CodeRetrievalEngine(RetrievalEngine):
             if len(self._vectors) != len(texts):
                 self._vectors = {key: self._vectors[key] for key in texts}
                 self._cache_dirty = True
-            if self._cache_dirty and (len(missing) >= EMBED_SAVE_EVERY or
+            if self._cache_dirty and (len(missing) >= EMBED_SAVE_EVERY or self._closed or
                                       time.monotonic() - self._cache_written_at >= CACHE_WRITE_SECS):
                 self._cache_write()
         if missing:

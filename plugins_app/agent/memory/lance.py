@@ -26,6 +26,7 @@ daemon on another backend never loads them.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import threading
@@ -165,11 +166,13 @@ class LanceStore:
         id order; how many. A fact that changed meanwhile keeps what its row says (its text's own vector
         when an edit embedded it; none when it was forgotten, or edited under another backend, which the
         next backfill embeds)."""
-        with self._backfill_locked() as mine:
-            if not mine:
-                log.info("memory: a backfill of facts without a vector is running already")
-                return 0
-            return self._backfill()
+        for _ in range(3):  # (a process looking at the lock holds it for an instant: _backfill_running)
+            with self._backfill_locked() as mine:
+                if mine:
+                    return self._backfill()
+            time.sleep(0.05)
+        log.info("memory: a backfill of facts without a vector is running already")
+        return 0
 
     def _backfill_running(self) -> bool:
         """Whether a backfill of this dataset holds its lock now (on this host; never for a remote dataset)."""
@@ -199,30 +202,32 @@ class LanceStore:
         todo = MemoryFact.objects.filter(embedding__isnull=True).count()
         if todo:
             log.info("memory: embedding %d facts saved without a vector", todo)
-        while True:
-            chunk = list(MemoryFact.objects.filter(embedding__isnull=True, id__gt=after).order_by("id")
-                         .values_list("id", "actor_key", "text")[:BACKFILL_BATCH])
-            if not chunk:
-                break
-            after = chunk[-1][0]
-            vectors = embedding.embed([text for _, _, text in chunk], kind="passage", bulk=True)
-            batch = [(fid, actor, vector.tobytes()) for (fid, actor, _), vector in zip(chunk, vectors)]
-            # The table first, then the rows: a crash between the two leaves vectors in the table for rows
-            # still without one, which the next backfill embeds and replaces (the other way round, rows with
-            # a vector the table lacks, no backfill would look at again).
-            self._replace(table, [fid for fid, _, _ in batch], batch)  # one fragment a batch, not one a fact
-            lost = []
-            for (fid, actor, text), (_, _, raw) in zip(chunk, batch):
-                if MemoryFact.objects.filter(pk=fid, actor_key=actor, text=text,
-                                             embedding__isnull=True).update(embedding=raw):
-                    done += 1
-                    written.append(fid)
-                else:
-                    lost.append(fid)
-            if lost:
-                self._settle(lost)
-            log.info("memory: embedded %d of %d facts saved without a vector", done, todo)
-        self._restore(table, written)
+        try:
+            while True:
+                chunk = list(MemoryFact.objects.filter(embedding__isnull=True, id__gt=after).order_by("id")
+                             .values_list("id", "actor_key", "text")[:BACKFILL_BATCH])
+                if not chunk:
+                    break
+                after = chunk[-1][0]
+                vectors = embedding.embed([text for _, _, text in chunk], kind="passage", bulk=True)
+                batch = [(fid, actor, vector.tobytes()) for (fid, actor, _), vector in zip(chunk, vectors)]
+                # The table first, then the rows: a crash between the two leaves vectors in the table for rows
+                # still without one, which the next backfill embeds and replaces (the other way round, rows
+                # with a vector the table lacks, no backfill would look at again).
+                self._replace(table, [fid for fid, _, _ in batch], batch)  # one fragment a batch, not one a fact
+                lost = []
+                for (fid, actor, text), (_, _, raw) in zip(chunk, batch):
+                    if MemoryFact.objects.filter(pk=fid, actor_key=actor, text=text,
+                                                 embedding__isnull=True).update(embedding=raw):
+                        done += 1
+                        written.append(fid)
+                    else:
+                        lost.append(fid)
+                if lost:
+                    self._settle(lost)
+                log.info("memory: embedded %d of %d facts saved without a vector", done, todo)
+        finally:  # a backfill cut short (the process exiting) still mends what it wrote: no backfill looks again
+            self._restore(table, written)
         if done and (self.small_fragments() >= MAX_SMALL_FRAGMENTS or self.index_wanted()):
             from ugent_common.tasks import task_named
             task_named("plugins_app.tasks.memory_vector_index").delay()
@@ -235,11 +240,13 @@ class LanceStore:
         table from the rows between a batch's table write and its rows' writes left that batch out."""
         for at in range(0, len(fact_ids), 1000):
             part = fact_ids[at:at + 1000]
-            held = table.count_rows(_ids_in(part))
-            if held < len(part):
-                log.warning("memory: %d vectors the backfill wrote left the LanceDB table (rebuilt meanwhile): "
-                            "written again", len(part) - held)
-                self._settle(part)
+            held = table.search().where(_ids_in(part)).select(["id"]).limit(2 * len(part) + 1).to_arrow()
+            counted = collections.Counter(held.column("id").to_pylist())
+            wrong = [fid for fid in part if counted.get(fid) != 1]  # missing, or twice (a rebuild read its row)
+            if wrong:
+                log.warning("memory: %d vectors the backfill wrote were missing from the LanceDB table or in it "
+                            "twice (it was rebuilt meanwhile): written again", len(wrong))
+                self._settle(wrong)
 
     def _settle(self, fact_ids: list[int]) -> None:
         """Facts the backfill embedded but did not write, because they changed meanwhile (forgotten, edited,
