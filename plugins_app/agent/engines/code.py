@@ -536,10 +536,9 @@ class CodeRetrievalEngine(RetrievalEngine):
         try:
             while True:
                 with self._lock:
-                    if not self._embed_wanted or self._closed:
-                        self._embed_wanted = False
+                    wanted, self._embed_wanted = self._embed_wanted, False
+                    if not wanted or self._closed:
                         return
-                    self._embed_wanted = False
                 index = self._index
                 if index.vectors is not None or not index.chunks:
                     continue
@@ -595,21 +594,21 @@ class CodeRetrievalEngine(RetrievalEngine):
                          len(texts) - len(missing))
             for at in range(0, len(missing), EMBED_BATCH):
                 if self._closed:
-                    if self._cache_dirty:
-                        self._cache_write()  # what was made serves the folder's next index
-                    raise _Closed()
+                    break  # what was made is written below: it serves the folder's next index
                 part = missing[at:at + EMBED_BATCH]
                 for key, vector in zip(part, embed([texts[k] for k in part], kind="passage", bulk=True)):
                     self._vectors[key] = vector
                 self._cache_dirty = True
                 if (at // EMBED_BATCH + 1) % max(1, EMBED_SAVE_EVERY // EMBED_BATCH) == 0:
                     self._cache_write()  # a restart mid-way keeps what was made
-            if len(self._vectors) != len(texts):
-                self._vectors = {key: self._vectors[key] for key in texts}
+            if len(self._vectors) != len(texts):  # chunks gone since (or, closed, some not made yet)
+                self._vectors = {key: self._vectors[key] for key in texts if key in self._vectors}
                 self._cache_dirty = True
             if self._cache_dirty and (len(missing) >= EMBED_SAVE_EVERY or self._closed or
                                       time.monotonic() - self._cache_written_at >= CACHE_WRITE_SECS):
                 self._cache_write()
+        if any(key not in self._vectors for key in keys):
+            raise _Closed()  # stopped before every chunk had its vector
         if missing:
             log.info("code index: embedded %d chunks of %s in %.1f s", len(missing), self.root,
                      time.monotonic() - started)

@@ -176,13 +176,8 @@ class LanceStore:
 
     def _backfill_running(self) -> bool:
         """Whether a backfill of this dataset holds its lock now (on this host; never for a remote dataset)."""
-        if "://" in self.uri:
-            return False
-        with file_locked(self._backfill_lock_path(), wait=False) as free:
+        with self._backfill_locked() as free:
             return not free
-
-    def _backfill_lock_path(self) -> str:
-        return f"{self.uri.rstrip('/')}.backfill.lock"
 
     @contextlib.contextmanager
     def _backfill_locked(self):
@@ -191,7 +186,7 @@ class LanceStore:
         if "://" in self.uri:
             yield True
             return
-        with file_locked(self._backfill_lock_path(), wait=False) as mine:
+        with file_locked(f"{self.uri.rstrip('/')}.backfill.lock", wait=False) as mine:
             yield mine
 
     def _backfill(self) -> int:
