@@ -202,6 +202,7 @@ def test_one_backfill_at_a_time_and_one_cut_short_is_asked_for_again(lance_on, m
         assert mine
         assert services.vector_backfill() == 0
     monkeypatch.setattr(lance, "BACKFILL_ASK_SECS", 0.0)  # the next look is due at once
+    monkeypatch.setattr(lance, "BACKFILL_REASK_SECS", 0.0)  # (the test's transaction has not committed)
     with django_capture_on_commit_callbacks(execute=True):
         texts(ALICE, "Lisbon?")  # asks
         texts(ALICE, "Lisbon?")  # a later search finds the fact still without a vector: asks again
@@ -210,6 +211,29 @@ def test_one_backfill_at_a_time_and_one_cut_short_is_asked_for_again(lance_on, m
     with django_capture_on_commit_callbacks(execute=True):
         texts(ALICE, "Lisbon?")
     assert len(tasks_asked) == 2  # none left: not asked
+
+
+def test_a_backfill_request_rolled_back_is_made_again_soon(lance_on, memory_config, monkeypatch,  # noqa: F811
+                                                           tasks_asked, django_capture_on_commit_callbacks):
+    """A search inside a transaction asks for the backfill when it commits; one that rolls back drops the
+    request, so the process looks again soon (BACKFILL_REASK_SECS), not BACKFILL_ASK_SECS later."""
+    from django.db import transaction
+    memory_config.backend("sqlite_fts")
+    services.fact_save(actor_key=ALICE, text="User lives in Lisbon.")
+    memory_config.backend("lance_embedded")
+    lance._stores.clear()
+    monkeypatch.setattr(lance, "BACKFILL_REASK_SECS", 0.0)
+    with django_capture_on_commit_callbacks(execute=True):
+        with pytest.raises(RuntimeError), transaction.atomic():
+            texts(ALICE, "Lisbon?")  # asks, inside a transaction ...
+            raise RuntimeError("rolled back")  # ... that rolls back: no task goes
+    assert tasks_asked == []
+    with django_capture_on_commit_callbacks(execute=True):
+        texts(ALICE, "Lisbon?")  # asked again at once
+    assert tasks_asked == ["plugins_app.tasks.memory_vector_backfill"]
+    with django_capture_on_commit_callbacks(execute=True):
+        texts(ALICE, "Lisbon?")  # that one committed: the next look is BACKFILL_ASK_SECS away
+    assert len(tasks_asked) == 1
 
 
 def test_no_backfill_while_another_backend_is_in_force(lance_on, memory_config, tasks_asked,  # noqa: F811

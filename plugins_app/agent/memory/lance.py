@@ -54,6 +54,8 @@ KEEP_VERSIONS = timedelta(minutes=10)
 BACKFILL_BATCH = 64
 #: A process looks for facts without a vector (and asks for the backfill) at most this often.
 BACKFILL_ASK_SECS = 300.0
+#: The next look when a request was made inside a transaction that has not committed yet (it may roll back).
+BACKFILL_REASK_SECS = 5.0
 
 
 def _ids_in(fact_ids) -> str:
@@ -148,16 +150,23 @@ class LanceStore:
         recall finds those facts only when pinned or core."""
         from plugins_app.agent.memory.conf import memory_conf
         from plugins_app.agent.memory.models import MemoryFact
+        from django.db import transaction
         if time.monotonic() < self._next_backfill_ask:
             return False
         self._next_backfill_ask = time.monotonic() + BACKFILL_ASK_SECS
         if memory_conf().backend != "lance_embedded" or \
                 not MemoryFact.objects.filter(embedding__isnull=True).exists():
             return False  # (another backend opens the table only to delete forgotten facts)
-        from django.db import transaction
-
         from ugent_common.tasks import task_named
-        transaction.on_commit(lambda: task_named("plugins_app.tasks.memory_vector_backfill").delay())
+
+        def ask():
+            self._next_backfill_ask = time.monotonic() + BACKFILL_ASK_SECS
+            task_named("plugins_app.tasks.memory_vector_backfill").delay()
+        if transaction.get_connection().in_atomic_block:
+            # asked once the transaction commits; one rolled back drops the request (Django runs no
+            # callback for it), so until the commit the next look is due again soon, not in 5 minutes
+            self._next_backfill_ask = time.monotonic() + BACKFILL_REASK_SECS
+        transaction.on_commit(ask)
         return True
 
     def backfill(self) -> int:
