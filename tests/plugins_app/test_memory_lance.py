@@ -236,6 +236,45 @@ def test_a_backfill_request_rolled_back_is_made_again_soon(lance_on, memory_conf
     assert len(tasks_asked) == 1
 
 
+def test_a_remote_dataset_backfills_one_at_a_time_across_hosts_on_postgresql(lance_on, memory_config, settings,  # noqa: F811
+                                                                             tmp_path):
+    """A remote dataset (here a file:// URI) may be shared by hosts with no common file system for a lock
+    file: on PostgreSQL its backfill takes an advisory lock on the dataset's name instead."""
+    from django.db import connection
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's advisory lock: a remote dataset on SQLite has one host")
+    settings.UGENT_MEMORY_LANCE_DIR = f"file://{tmp_path}/remote"
+    memory_config.backend("sqlite_fts")
+    services.fact_save(actor_key=ALICE, text="User lives in Lisbon.")
+    memory_config.backend("lance_embedded")
+    lance._stores.clear()
+    store = lance.store(384)
+    held, release, done = threading.Event(), threading.Event(), []
+
+    def other_host():  # another backfill holding the lock: its own thread, so its own session
+        from django.db import connection as its
+        try:
+            with store._backfill_locked() as mine:
+                done.append(mine)
+                held.set()
+                release.wait(30)
+        finally:
+            its.close()
+    t = threading.Thread(target=other_host)
+    t.start()
+    try:
+        assert held.wait(30) and done == [True]
+        assert store._backfill_running()
+        assert services.vector_backfill() == 0  # the other one runs: nothing done twice
+        assert MemoryFact.objects.get(actor_key=ALICE).embedding is None
+    finally:
+        release.set()
+        t.join(30)
+    assert not store._backfill_running()
+    assert services.vector_backfill() == 1
+    assert table_rows() == [(MemoryFact.objects.get(actor_key=ALICE).pk, ALICE)]
+
+
 def test_no_backfill_while_another_backend_is_in_force(lance_on, memory_config, tasks_asked,  # noqa: F811
                                                          django_capture_on_commit_callbacks):
     memory_config.backend("sqlite_fts")

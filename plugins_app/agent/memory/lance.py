@@ -56,6 +56,8 @@ BACKFILL_BATCH = 64
 BACKFILL_ASK_SECS = 300.0
 #: The next look when a request was made inside a transaction that has not committed yet (it may roll back).
 BACKFILL_REASK_SECS = 5.0
+#: What PostgreSQL's advisory lock of a remote dataset's backfill is named by (with the dataset's URI).
+BACKFILL_LOCK_NAME = "ugent memory backfill "
 
 
 def _ids_in(fact_ids) -> str:
@@ -184,16 +186,34 @@ class LanceStore:
         return 0
 
     def _backfill_running(self) -> bool:
-        """Whether a backfill of this dataset holds its lock now (on this host; never for a remote dataset)."""
+        """Whether another backfill of this dataset holds its lock now (never for a remote dataset on SQLite)."""
         with self._backfill_locked() as free:
             return not free
 
     @contextlib.contextmanager
     def _backfill_locked(self):
-        """One backfill at a time per dataset on this host: a lock file beside a local dataset (whether
-        this one got it); a remote dataset (s3://…) has none, and a second backfill only repeats work."""
+        """One backfill at a time per dataset (whether this one got it): a lock file beside a local dataset;
+        for a remote one (s3://…, which several hosts may share) PostgreSQL's advisory lock on the dataset's
+        name, held by this thread's connection (released when it ends, or its process dies). A remote
+        dataset on SQLite has none (one host), and a second backfill there only repeats work."""
         if "://" in self.uri:
-            yield True
+            from django.db import DatabaseError, connection
+            if connection.vendor != "postgresql":
+                yield True
+                return
+            with connection.cursor() as cur:
+                cur.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", [BACKFILL_LOCK_NAME + self.uri])
+                mine = cur.fetchone()[0]
+            try:
+                yield mine
+            finally:
+                if mine and connection.connection is not None:
+                    try:
+                        with connection.cursor() as cur:
+                            cur.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))",
+                                        [BACKFILL_LOCK_NAME + self.uri])
+                    except DatabaseError:
+                        connection.close()  # its session's end releases the lock
             return
         with file_locked(f"{self.uri.rstrip('/')}.backfill.lock", wait=False) as mine:
             yield mine
