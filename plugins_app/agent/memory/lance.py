@@ -36,6 +36,7 @@ from pathlib import Path
 
 from django.conf import settings
 
+from ugent_common import dblock
 from ugent_common.filelock import file_locked
 
 log = logging.getLogger("ugent.memory")
@@ -197,23 +198,11 @@ class LanceStore:
         name, held by this thread's connection (released when it ends, or its process dies). A remote
         dataset on SQLite has none (one host), and a second backfill there only repeats work."""
         if "://" in self.uri:
-            from django.db import DatabaseError, connection
-            if connection.vendor != "postgresql":
+            if not dblock.available():
                 yield True
                 return
-            with connection.cursor() as cur:
-                cur.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", [BACKFILL_LOCK_NAME + self.uri])
-                mine = cur.fetchone()[0]
-            try:
+            with dblock.db_locked(BACKFILL_LOCK_NAME + self.uri) as mine:
                 yield mine
-            finally:
-                if mine and connection.connection is not None:
-                    try:
-                        with connection.cursor() as cur:
-                            cur.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))",
-                                        [BACKFILL_LOCK_NAME + self.uri])
-                    except DatabaseError:
-                        connection.close()  # its session's end releases the lock
             return
         with file_locked(f"{self.uri.rstrip('/')}.backfill.lock", wait=False) as mine:
             yield mine
