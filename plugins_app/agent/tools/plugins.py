@@ -34,7 +34,11 @@ def _build(entry: str, toolbox_id: str, config: dict):
     ep = toolbox_entry_points().get(entry)
     if ep is None:
         raise LookupError(f"no ToolBox plugin named {entry!r} is installed (entry point group {GROUP})")
-    cls = ep.load()
+    if entry == MCP_ENTRY_POINT:
+        from plugins_app.agent.tools.mcp import OwnedMCPToolBox
+        cls = OwnedMCPToolBox  # the adapter's, with its session owned by one task (tools/mcp.py)
+    else:
+        cls = ep.load()
     try:
         return cls(config=config, toolbox_id=toolbox_id)
     except TypeError:  # a plugin whose constructor takes only the base's (toolbox_id, config)

@@ -1,0 +1,98 @@
+"""The MCP toolbox's session is entered and left by one task, and a second close does nothing
+(plugins_app/agent/tools/mcp.py): against the real MCP server of tests/data/mcp_server.py over stdio."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+import mcp.client.stdio
+from plugins_app.agent.tools import plugins
+from plugins_app.agent.tools.mcp import OwnedMCPToolBox
+
+SERVER = Path(__file__).resolve().parents[1] / "data" / "mcp_server.py"
+
+
+def server_pids() -> set[int]:
+    """This process's children running the test server (the toolbox's MCP server)."""
+    out = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat[1]) == os.getpid() and stat[0] != "Z" and str(SERVER).encode() in cmd:
+            out.add(int(pid))
+    return out
+
+
+@pytest.fixture
+def tasks_seen(monkeypatch):
+    """The asyncio task that entered and the one that left each stdio transport."""
+    seen = []
+    real = mcp.client.stdio.stdio_client
+
+    @contextlib.asynccontextmanager
+    async def watched(*args, **kwargs):
+        entry = {"entered": asyncio.current_task()}
+        seen.append(entry)
+        async with real(*args, **kwargs) as streams:
+            try:
+                yield streams
+            finally:
+                entry["left"] = asyncio.current_task()
+    monkeypatch.setattr(mcp.client.stdio, "stdio_client", watched)
+    return seen
+
+
+def toolbox():
+    return OwnedMCPToolBox(toolbox_id="mcp-test", config={"transport": "stdio", "command": sys.executable,
+                                                          "args": [str(SERVER)], "timeout": 30})
+
+
+def test_the_session_is_left_by_the_task_that_entered_it_and_its_server_ends(tasks_seen):
+    before = server_pids()
+    box = toolbox()  # connects and lists its tools
+    assert set(box.tools) >= {"add", "shout"}
+    assert len(server_pids() - before) == 1
+    box.refresh_tools()  # a reconnect: the first connection is left before the second is made
+    box.close()
+    assert len(tasks_seen) == 2
+    for entry in tasks_seen:
+        assert entry["left"] is entry["entered"]
+    assert server_pids() - before == set()
+
+
+def test_a_second_close_does_nothing(monkeypatch):
+    """__del__ closes again once the toolbox is garbage: that must not wait on the stopped event loop."""
+    box = toolbox()
+    box.close()
+
+    asked = []
+
+    def run(coro, *_a, **_k):  # the stopped loop would never run it: the caller waits out its timeout
+        coro.close()
+        asked.append(coro)
+    monkeypatch.setattr(box._runner, "run", run)
+    box.close()
+    box.__del__()
+    assert asked == []
+
+
+def test_a_kept_mcp_toolbox_is_this_class_and_its_calls_answer():
+    box = plugins.mcp_toolbox("calc", command=sys.executable, args=[str(SERVER)])
+    try:
+        assert isinstance(box, OwnedMCPToolBox)
+        add = box.tools["add"]
+        for _ in range(3):
+            out = add.tool_call(add.argument_schema(a=2, b=3))
+            assert out.content == "5"
+    finally:
+        plugins.toolboxes_close()
