@@ -96,3 +96,17 @@ def test_a_kept_mcp_toolbox_is_this_class_and_its_calls_answer():
             assert out.content == "5"
     finally:
         plugins.toolboxes_close()
+
+
+def test_a_server_that_never_answers_gives_no_tools_and_a_close_ends_it():
+    """The first connection waits its timeout and gives up; the close then stops the attempt still under
+    way, whose server process ends (the adapter's own close waited on it for its 10 s and left it)."""
+    silent = Path(__file__).resolve().parents[1] / "data" / "mcp_server.py"
+    before = server_pids()
+    box = OwnedMCPToolBox(toolbox_id="mcp-silent", config={
+        "transport": "stdio", "command": sys.executable,
+        "args": ["-c", "import sys, time; time.sleep(120)", str(silent)], "timeout": 1})
+    assert box.tools == {}
+    assert len(server_pids() - before) == 1  # (its command line names the server file: found as one)
+    box.close()
+    assert server_pids() - before == set()

@@ -4,7 +4,9 @@ MCPToolBox (0.1.2) enters the MCP client's transport and session in one task of 
 leaves them from another. mcp's transports are anyio task groups, whose cancel scope must be left by
 the task that entered it: leaving from another raised ("Attempted to exit cancel scope in a different
 task"), left the transport's own tasks behind, and now and then hung a later call until its timeout.
-Here one task per connection enters both, waits until the toolbox closes, and leaves both.
+Here one task per connection enters both, waits until the toolbox closes, and leaves both. A close while
+it is still connecting (a server that never answers: the caller gave up at its timeout) cancels it, and
+the server's process ends.
 
 Its close() also ran again from ``__del__`` once the toolbox was garbage, on an event loop already
 stopped, and so waited its full 10-second timeout in whichever thread collected it (a request's, a
@@ -15,11 +17,13 @@ from __future__ import annotations
 
 import asyncio
 
+import anyio
 from ovos_tool_adapters.mcp import MCPToolBox
 
 
 class OwnedMCPToolBox(MCPToolBox):
     _owner: asyncio.Task | None = None
+    _ready: asyncio.Future | None = None
     _closing: asyncio.Event | None = None
     _closed = False
 
@@ -33,23 +37,32 @@ class OwnedMCPToolBox(MCPToolBox):
         async def own():
             try:
                 tools = await adapter._connect_and_list()
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller
-                ready.set_exception(exc)
-                await adapter._close_async()  # what was entered is left, by this same task
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller; a cancel is a close
+                if not ready.done():
+                    ready.set_exception(exc) if not isinstance(exc, asyncio.CancelledError) else ready.cancel()
+                # what was entered is left, by this same task; shielded, or anyio would cancel the
+                # transport's own shutdown too (closing the server's stdin, waiting, then terminating it)
+                with anyio.CancelScope(shield=True):
+                    await adapter._close_async()
+                self._session = self._session_cm = self._transport_cm = None
                 return
             ready.set_result(tools)
             await closing.wait()
             await adapter._close_async()
             self._session = self._session_cm = self._transport_cm = None
 
-        self._closing, self._owner = closing, loop.create_task(own(), name=f"mcp session {self.toolbox_id}")
+        self._ready, self._closing = ready, closing
+        self._owner = loop.create_task(own(), name=f"mcp session {self.toolbox_id}")
         return await ready
 
     async def _close_async(self) -> None:
         owner, self._owner = self._owner, None
-        if owner is not None:
-            self._closing.set()
-            await owner
+        if owner is None:
+            return
+        self._closing.set()
+        if not self._ready.done():
+            owner.cancel()  # still connecting (a server that never answers): stop trying
+        await asyncio.wait({owner})
 
     def close(self) -> None:
         if self._closed:
