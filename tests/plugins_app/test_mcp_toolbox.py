@@ -110,3 +110,67 @@ def test_a_server_that_never_answers_gives_no_tools_and_a_close_ends_it():
     assert len(server_pids() - before) == 1  # (its command line names the server file: found as one)
     box.close()
     assert server_pids() - before == set()
+
+
+def test_a_toolbox_being_built_holds_up_no_other_toolbox():
+    """A build can take its whole timeout (a server that never answers): only the turns that want that
+    toolbox wait on it; another one (here a working MCP server) is handed out meanwhile."""
+    import threading
+    started, release = threading.Event(), threading.Event()
+    real_build = plugins._build
+
+    def build(entry, toolbox_id, config):
+        if toolbox_id == "mcp-slow":
+            started.set()
+            release.wait(60)  # as a server that has not answered yet
+        return real_build(entry, toolbox_id, config)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(plugins, "_build", build)
+            slow = threading.Thread(target=plugins.mcp_toolbox, args=("slow",),  # (its own config: its own box)
+                                    kwargs={"command": sys.executable, "args": [str(SERVER)],
+                                            "env": {"PATH": os.environ.get("PATH", ""), "UGENT_TEST": "slow"}})
+            slow.start()
+            assert started.wait(10)
+            got = []
+            other = threading.Thread(target=lambda: got.append(
+                plugins.mcp_toolbox("calc", command=sys.executable, args=[str(SERVER)])))
+            other.start()
+            other.join(60)
+            assert not other.is_alive() and "add" in got[0].tools
+            assert slow.is_alive()  # still being built all along
+            release.set()
+            slow.join(60)
+    finally:
+        release.set()
+        plugins.toolboxes_close()
+
+
+def test_a_toolbox_without_tools_is_asked_again_at_most_every_retry_interval(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(plugins, "_clock", lambda: now[0])
+    asked = []
+
+    class Down:
+        tools: dict = {}
+
+        def __init__(self, *a, **k):
+            asked.append("build")
+
+        def refresh_tools(self):
+            asked.append("refresh")
+
+        def close(self):
+            pass
+    monkeypatch.setattr(plugins, "_build", lambda entry, toolbox_id, config: Down())
+    try:
+        first = plugins.toolbox_plugin("down")
+        for _ in range(5):  # turns right after: handed the same toolbox at once, nobody waits on it
+            assert plugins.toolbox_plugin("down") is first
+        assert asked == ["build"]
+        now[0] += plugins.RETRY_SECS
+        plugins.toolbox_plugin("down")
+        plugins.toolbox_plugin("down")
+        assert asked == ["build", "refresh"]
+    finally:
+        plugins.toolboxes_close()

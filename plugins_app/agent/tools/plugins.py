@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from importlib.metadata import entry_points
 from typing import Any, Optional
 
@@ -17,8 +18,14 @@ log = logging.getLogger("ugent.tools")
 GROUP = "opm.agents.toolbox"
 MCP_ENTRY_POINT = "ovos-mcp-toolbox"
 
+#: Seconds before a toolbox that has no tools (its server was down or did not answer) is asked again.
+RETRY_SECS = 30.0
+
 _kept: dict[str, Any] = {}
-_lock = threading.Lock()
+_lock = threading.Lock()  # guards the dicts; never held while a toolbox is built or asked for its tools
+_building: dict[str, threading.Lock] = {}  # per toolbox: one build or retry at a time
+_retry_at: dict[str, float] = {}
+_clock = time.monotonic
 
 
 def toolbox_entry_points() -> dict[str, Any]:
@@ -46,15 +53,31 @@ def _build(entry: str, toolbox_id: str, config: dict):
 
 
 def toolbox_plugin(entry: str, config: Optional[dict] = None, *, toolbox_id: Optional[str] = None):
-    """The kept toolbox of plugin `entry` for `config` (built on first use). LookupError: not installed."""
+    """The kept toolbox of plugin `entry` for `config` (built on first use). LookupError: not installed.
+
+    Building one (an MCP server's start) or asking a toolbox without tools for them again (a server that was
+    down at first use may be up now) can take its whole timeout: it holds up only the turns that want that
+    toolbox, and is tried again at most every RETRY_SECS; in between such a toolbox comes back at once,
+    without tools."""
     config = dict(config or {})
     key = _key("plugin", entry, config)
     with _lock:
         box = _kept.get(key)
+        if box is not None and (box.tools or _clock() < _retry_at.get(key, 0.0)):
+            return box
+        one = _building.setdefault(key, threading.Lock())
+    with one:  # one build or retry of this toolbox at a time
+        with _lock:
+            box = _kept.get(key)
         if box is None:
-            box = _kept[key] = _build(entry, toolbox_id or entry, config)
-        elif not box.tools:
-            box.refresh_tools()  # a server that was down at first use may be up now
+            box = _build(entry, toolbox_id or entry, config)
+            with _lock:
+                _kept[key] = box
+        elif not box.tools and _clock() >= _retry_at.get(key, 0.0):
+            box.refresh_tools()
+        if not box.tools:
+            with _lock:
+                _retry_at[key] = _clock() + RETRY_SECS
     return box
 
 
@@ -74,8 +97,9 @@ def toolboxes_kept() -> list:
 def toolboxes_close() -> None:
     """Close every kept toolbox (an MCP server's process ends with its session)."""
     with _lock:
-        boxes, _kept_copy = list(_kept.values()), None
+        boxes = list(_kept.values())
         _kept.clear()
+        _retry_at.clear()
     for box in boxes:
         close = getattr(box, "close", None)
         if callable(close):
