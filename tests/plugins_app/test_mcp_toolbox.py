@@ -174,3 +174,24 @@ def test_a_toolbox_without_tools_is_asked_again_at_most_every_retry_interval(mon
         assert asked == ["build", "refresh"]
     finally:
         plugins.toolboxes_close()
+
+
+def test_a_server_that_died_is_started_again_at_the_next_use():
+    import signal
+    before = server_pids()
+    try:
+        box = plugins.mcp_toolbox("calc", command=sys.executable, args=[str(SERVER)])
+        [pid] = server_pids() - before
+        os.kill(pid, signal.SIGKILL)
+        add = box.tools["add"]
+        with pytest.raises(Exception):
+            add.tool_call(add.argument_schema(a=2, b=3))  # the session's streams are closed
+        assert box.broken
+        again = plugins.mcp_toolbox("calc", command=sys.executable, args=[str(SERVER)])
+        assert again is box and not box.broken
+        assert len(server_pids() - before - {pid}) == 1  # a new server process
+        add = box.tools["add"]
+        assert add.tool_call(add.argument_schema(a=2, b=3)).content == "5"
+    finally:
+        plugins.toolboxes_close()
+    assert server_pids() - before == set()

@@ -6,7 +6,8 @@ the task that entered it: leaving from another raised ("Attempted to exit cancel
 task"), left the transport's own tasks behind, and now and then hung a later call until its timeout.
 Here one task per connection enters both, waits until the toolbox closes, and leaves both. A close while
 it is still connecting (a server that never answers: the caller gave up at its timeout) cancels it, and
-the server's process ends.
+the server's process ends. A call that finds the session's streams closed (the server's process ended)
+marks the toolbox broken, and the kept toolbox connects again at its next use (tools/plugins.py).
 
 Its close() also ran again from ``__del__`` once the toolbox was garbage, on an event loop already
 stopped, and so waited its full 10-second timeout in whichever thread collected it (a request's, a
@@ -18,6 +19,8 @@ from __future__ import annotations
 import asyncio
 
 import anyio
+from mcp.shared.exceptions import McpError
+from mcp.types import CONNECTION_CLOSED
 from ovos_tool_adapters.mcp import MCPToolBox
 
 
@@ -26,6 +29,7 @@ class OwnedMCPToolBox(MCPToolBox):
     _ready: asyncio.Future | None = None
     _closing: asyncio.Event | None = None
     _closed = False
+    broken = False  # the session's streams closed under a call: the server is gone
 
     async def _connect_and_list(self):
         await self._close_async()  # a reconnect (refresh_tools) ends the connection before it
@@ -46,6 +50,7 @@ class OwnedMCPToolBox(MCPToolBox):
                     await adapter._close_async()
                 self._session = self._session_cm = self._transport_cm = None
                 return
+            self.broken = False
             ready.set_result(tools)
             await closing.wait()
             await adapter._close_async()
@@ -63,6 +68,17 @@ class OwnedMCPToolBox(MCPToolBox):
         if not self._ready.done():
             owner.cancel()  # still connecting (a server that never answers): stop trying
         await asyncio.wait({owner})
+
+    def _call_mcp_tool(self, name, args):
+        try:
+            return super()._call_mcp_tool(name, args)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream):
+            self.broken = True  # the server's process ended: the kept toolbox connects again (tools/plugins.py)
+            raise
+        except McpError as exc:
+            if exc.error.code == CONNECTION_CLOSED:  # it ended while the call waited for its answer
+                self.broken = True
+            raise
 
     def close(self) -> None:
         if self._closed:

@@ -52,18 +52,23 @@ def _build(entry: str, toolbox_id: str, config: dict):
         return cls(toolbox_id, config)
 
 
+def _usable(box) -> bool:
+    """It has tools, and (an MCP toolbox) its server has not gone since it listed them."""
+    return bool(box.tools) and not getattr(box, "broken", False)
+
+
 def toolbox_plugin(entry: str, config: Optional[dict] = None, *, toolbox_id: Optional[str] = None):
     """The kept toolbox of plugin `entry` for `config` (built on first use). LookupError: not installed.
 
     Building one (an MCP server's start) or asking a toolbox without tools for them again (a server that was
     down at first use may be up now) can take its whole timeout: it holds up only the turns that want that
     toolbox, and is tried again at most every RETRY_SECS; in between such a toolbox comes back at once,
-    without tools."""
+    without tools. An MCP toolbox whose server's process ended under a call connects again likewise."""
     config = dict(config or {})
     key = _key("plugin", entry, config)
     with _lock:
         box = _kept.get(key)
-        if box is not None and (box.tools or _clock() < _retry_at.get(key, 0.0)):
+        if box is not None and (_usable(box) or _clock() < _retry_at.get(key, 0.0)):
             return box
         one = _building.setdefault(key, threading.Lock())
     with one:  # one build or retry of this toolbox at a time
@@ -73,9 +78,9 @@ def toolbox_plugin(entry: str, config: Optional[dict] = None, *, toolbox_id: Opt
             box = _build(entry, toolbox_id or entry, config)
             with _lock:
                 _kept[key] = box
-        elif not box.tools and _clock() >= _retry_at.get(key, 0.0):
-            box.refresh_tools()
-        if not box.tools:
+        elif not _usable(box) and _clock() >= _retry_at.get(key, 0.0):
+            box.refresh_tools()  # (an MCP toolbox: connects again)
+        if not _usable(box):
             with _lock:
                 _retry_at[key] = _clock() + RETRY_SECS
     return box
