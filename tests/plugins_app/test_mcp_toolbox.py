@@ -98,18 +98,63 @@ def test_a_kept_mcp_toolbox_is_this_class_and_its_calls_answer():
         plugins.toolboxes_close()
 
 
-def test_a_server_that_never_answers_gives_no_tools_and_a_close_ends_it():
-    """The first connection waits its timeout and gives up; the close then stops the attempt still under
-    way, whose server process ends (the adapter's own close waited on it for its 10 s and left it)."""
-    silent = Path(__file__).resolve().parents[1] / "data" / "mcp_server.py"
+def gone(pids_before: set[int], timeout: float = 20.0) -> bool:
+    """Whether every test server started since `pids_before` has ended (within `timeout`)."""
+    import time
+    deadline = time.monotonic() + timeout
+    while server_pids() - pids_before:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+SILENT = ["-c", "import sys, time; time.sleep(120)", str(SERVER)]  # a server that never answers
+
+
+def silent_box(timeout=1):
+    return OwnedMCPToolBox(toolbox_id="mcp-silent", config={"transport": "stdio", "command": sys.executable,
+                                                            "args": SILENT, "timeout": timeout})
+
+
+def test_a_server_that_never_answers_gives_no_tools_and_its_attempt_stops_at_the_timeout():
+    """The connection gives up at its timeout, and so does the attempt: the server's process ends then,
+    not at some later close (the adapter's attempt went on, and its close waited 10 s and left it)."""
     before = server_pids()
-    box = OwnedMCPToolBox(toolbox_id="mcp-silent", config={
-        "transport": "stdio", "command": sys.executable,
-        "args": ["-c", "import sys, time; time.sleep(120)", str(silent)], "timeout": 1})
+    box = silent_box()
     assert box.tools == {}
-    assert len(server_pids() - before) == 1  # (its command line names the server file: found as one)
+    assert gone(before)
     box.close()
-    assert server_pids() - before == set()
+
+
+def test_reconnects_one_after_another_or_at_once_leave_one_server_and_a_close_none():
+    before = server_pids()
+    box = silent_box()
+    for _ in range(3):
+        box.refresh_tools()
+    box.close()
+    assert gone(before)
+    import threading
+    box = toolbox()
+    threads = [threading.Thread(target=box.refresh_tools) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads) and set(box.tools) >= {"add"}
+    assert len(server_pids() - before) == 1
+    add = box.tools["add"]
+    assert add.tool_call(add.argument_schema(a=2, b=3)).content == "5"
+    box.close()
+    assert gone(before)
+
+
+def test_a_closed_toolbox_refuses_calls_at_once():
+    box = toolbox()
+    add = box.tools["add"]
+    box.close()
+    with pytest.raises(Exception, match="closed"):
+        box._call_mcp_tool("add", add.argument_schema(a=2, b=3))
 
 
 def test_a_toolbox_being_built_holds_up_no_other_toolbox():

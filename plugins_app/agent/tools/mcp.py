@@ -4,7 +4,8 @@ MCPToolBox (0.1.2) enters the MCP client's transport and session in one task of 
 leaves them from another. mcp's transports are anyio task groups, whose cancel scope must be left by
 the task that entered it: leaving from another raised ("Attempted to exit cancel scope in a different
 task"), left the transport's own tasks behind, and now and then hung a later call until its timeout.
-Here one task per connection enters both, waits until the toolbox closes, and leaves both. A close while
+Here one task per connection enters both, waits until the toolbox closes, and leaves both; one connection
+at a time, the one before it ended first. A close while
 it is still connecting (a server that never answers: the caller gave up at its timeout) cancels it, and
 the server's process ends. A call that finds the session's streams closed (the server's process ended)
 marks the toolbox broken, and the kept toolbox connects again at its next use (tools/plugins.py).
@@ -17,6 +18,7 @@ No Django here.
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import anyio
 from mcp.shared.exceptions import McpError
@@ -28,39 +30,63 @@ class OwnedMCPToolBox(MCPToolBox):
     _owner: asyncio.Task | None = None
     _ready: asyncio.Future | None = None
     _closing: asyncio.Event | None = None
+    _guard: asyncio.Lock | None = None  # made on the toolbox's event loop at its first use
     _closed = False
     broken = False  # the session's streams closed under a call: the server is gone
 
+    def __init__(self, *args, **kwargs):
+        self._close_lock = threading.Lock()
+        super().__init__(*args, **kwargs)  # (connects: the base class lists the tools at once)
+
+    def _connecting(self) -> asyncio.Lock:
+        if self._guard is None:
+            self._guard = asyncio.Lock()
+        return self._guard
+
     async def _connect_and_list(self):
-        await self._close_async()  # a reconnect (refresh_tools) ends the connection before it
-        loop = asyncio.get_running_loop()
-        ready: asyncio.Future = loop.create_future()
-        closing = asyncio.Event()
-        adapter = super()
+        # One connection at a time, the one before it left first and in full: the adapter keeps one
+        # session's context managers on the toolbox, which a second connection would overwrite.
+        async with self._connecting():
+            if self._closed:
+                raise RuntimeError(f"MCP toolbox {self.toolbox_id} is closed")
+            await self._end_owner()
+            loop = asyncio.get_running_loop()
+            ready: asyncio.Future = loop.create_future()
+            closing = asyncio.Event()
+            adapter = super()
 
-        async def own():
-            try:
-                tools = await adapter._connect_and_list()
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller; a cancel is a close
-                if not ready.done():
-                    ready.set_exception(exc) if not isinstance(exc, asyncio.CancelledError) else ready.cancel()
-                # what was entered is left, by this same task; shielded, or anyio would cancel the
-                # transport's own shutdown too (closing the server's stdin, waiting, then terminating it)
-                with anyio.CancelScope(shield=True):
-                    await adapter._close_async()
+            async def own():
+                try:
+                    tools = await adapter._connect_and_list()
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller; a cancel is a close
+                    if not ready.done():
+                        ready.set_exception(exc) if not isinstance(exc, asyncio.CancelledError) else ready.cancel()
+                    # what was entered is left, by this same task; shielded, or anyio would cancel the
+                    # transport's own shutdown too (closing the server's stdin, waiting, then terminating it)
+                    with anyio.CancelScope(shield=True):
+                        await adapter._close_async()
+                    self._session = self._session_cm = self._transport_cm = None
+                    return
+                self.broken = False
+                ready.set_result(tools)
+                await closing.wait()
+                await adapter._close_async()
                 self._session = self._session_cm = self._transport_cm = None
-                return
-            self.broken = False
-            ready.set_result(tools)
-            await closing.wait()
-            await adapter._close_async()
-            self._session = self._session_cm = self._transport_cm = None
 
-        self._ready, self._closing = ready, closing
-        self._owner = loop.create_task(own(), name=f"mcp session {self.toolbox_id}")
-        return await ready
+            self._ready, self._closing = ready, closing
+            self._owner = loop.create_task(own(), name=f"mcp session {self.toolbox_id}")
+        try:
+            return await asyncio.wait_for(asyncio.shield(ready), self._timeout)
+        except asyncio.TimeoutError:
+            # the caller gives up now (its own wait has the same timeout): the attempt stops too, and
+            # its server's process ends, rather than connecting on in the background
+            async with self._connecting():
+                if self._ready is ready:
+                    await self._end_owner()
+            raise
 
-    async def _close_async(self) -> None:
+    async def _end_owner(self) -> None:
+        """The connection ended, by the task that made it (its lock held)."""
         owner, self._owner = self._owner, None
         if owner is None:
             return
@@ -69,7 +95,13 @@ class OwnedMCPToolBox(MCPToolBox):
             owner.cancel()  # still connecting (a server that never answers): stop trying
         await asyncio.wait({owner})
 
+    async def _close_async(self) -> None:
+        async with self._connecting():
+            await self._end_owner()
+
     def _call_mcp_tool(self, name, args):
+        if self._closed:
+            raise RuntimeError(f"MCP toolbox {self.toolbox_id} is closed")  # its event loop is stopped
         try:
             return super()._call_mcp_tool(name, args)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream):
@@ -81,7 +113,11 @@ class OwnedMCPToolBox(MCPToolBox):
             raise
 
     def close(self) -> None:
-        if self._closed:
+        lock = getattr(self, "_close_lock", None)
+        if lock is None:  # __del__ of a toolbox whose __init__ failed before anything was made
             return
-        self._closed = True
+        with lock:
+            if self._closed:
+                return
+            self._closed = True
         super().close()
