@@ -24,6 +24,7 @@ def in_thread(fn):
     t = threading.Thread(target=run)
     t.start()
     t.join(30)
+    assert not t.is_alive() and len(out) == 1, "the thread did not finish"
     return out[0]
 
 
@@ -52,6 +53,31 @@ def test_one_holder_at_a_time_and_a_dead_session_holds_nothing():
         return True
     assert in_thread(hold_and_drop) and holder.is_set()
     assert in_thread(try_it) is True
+
+
+def test_the_name_does_not_reach_the_server():
+    if not dblock.available():
+        pytest.skip("PostgreSQL's advisory locks")
+    from django.test.utils import CaptureQueriesContext
+    with CaptureQueriesContext(connection) as seen, dblock.db_locked("s3://bucket/secret-path") as mine:
+        assert mine
+    assert seen.captured_queries and not any("secret-path" in q["sql"] for q in seen.captured_queries)
+
+
+def test_a_session_closed_while_holding_it_is_not_unlocked_on_the_next_one():
+    """The lock went with the closed session; the reopened one holds nothing to let go."""
+    if not dblock.available():
+        pytest.skip("PostgreSQL's advisory locks")
+    from django.test.utils import CaptureQueriesContext
+    with CaptureQueriesContext(connection) as seen:
+        with dblock.db_locked("ugent test lock closed") as mine:
+            assert mine
+            connection.close()
+            connection.ensure_connection()  # a new session
+    assert [q for q in seen.captured_queries if "pg_try_advisory_lock" in q["sql"]]
+    assert not [q for q in seen.captured_queries if "unlock" in q["sql"]]
+    with dblock.db_locked("ugent test lock closed") as again:
+        assert again
 
 
 def test_not_offered_on_sqlite():

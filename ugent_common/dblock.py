@@ -4,8 +4,9 @@ the one-host lock). Its session's end releases it, so a holder killed with kill 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 
-from django.db import DatabaseError, connection
+from django.db import Error, connection
 
 
 def available() -> bool:
@@ -13,20 +14,29 @@ def available() -> bool:
     return connection.vendor == "postgresql"
 
 
+def lock_key(name: str) -> int:
+    """The lock's 64-bit key: a hash of its name made here, so the name (a dataset's URI, say) is never
+    sent to the server, where its statement log could show it."""
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big", signed=True)
+
+
 @contextlib.contextmanager
 def db_locked(name: str):
     """Yield True holding the lock named `name`, or False at once when another session holds it.
     PostgreSQL only (see available()). The same session asking again while it holds it gets it again
     (PostgreSQL counts the holds): hold it from one thread at a time."""
+    key = lock_key(name)
     with connection.cursor() as cur:
-        cur.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", [name])
+        cur.execute("SELECT pg_try_advisory_lock(%s)", [key])
         mine = cur.fetchone()[0]
+    session = connection.connection  # the session that holds it: only that one can let it go
     try:
         yield mine
     finally:
-        if mine and connection.connection is not None:
+        if mine and session is not None and connection.connection is session:
             try:
                 with connection.cursor() as cur:
-                    cur.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", [name])
-            except DatabaseError:
+                    cur.execute("SELECT pg_advisory_unlock(%s)", [key])
+            except Error:
                 connection.close()  # the session's end releases it
+        # (a session closed meanwhile took the lock with it)

@@ -270,6 +270,7 @@ def test_a_remote_dataset_backfills_one_at_a_time_across_hosts_on_postgresql(lan
     finally:
         release.set()
         t.join(30)
+    assert not t.is_alive()
     assert not store._backfill_running()
     assert services.vector_backfill() == 1
     assert table_rows() == [(MemoryFact.objects.get(actor_key=ALICE).pk, ALICE)]
