@@ -5,9 +5,9 @@ leaves them from another. mcp's transports are anyio task groups, whose cancel s
 the task that entered it: leaving from another raised ("Attempted to exit cancel scope in a different
 task"), left the transport's own tasks behind, and now and then hung a later call until its timeout.
 Here one task per connection enters both, waits until the toolbox closes, and leaves both; one connection
-at a time, the one before it ended first. A close while
-it is still connecting (a server that never answers: the caller gave up at its timeout) cancels it, and
-the server's process ends. A call that finds the session's streams closed (the server's process ended)
+at a time, the one before it ended first. An attempt that gets no answer within the toolbox's timeout
+(a server that never answers) stops when its caller gives up, as does one still connecting at a close,
+and the server's process ends. A call that finds the session's streams closed (the server's process ended)
 marks the toolbox broken, and the kept toolbox connects again at its next use (tools/plugins.py).
 
 Its close() also ran again from ``__del__`` once the toolbox was garbage, on an event loop already
