@@ -21,23 +21,45 @@ from tests.support.memory import memory_config  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-#: Tables that do not grow with the work (settings, keys, profiles, rule sets, plugins): a walk of one is
-#: no worse than a seek. Every other table does grow (messages, turns, events, actors, facts, runs...).
+#: Tables that do not grow with the work (settings, keys, profiles, rule sets, plugins; Django's own, which the
+#: turn path does not write): a walk of one is no worse than a seek. Every other table grows (messages, turns,
+#: events, actors, facts, runs, the full-text tables...).
 FIXED = re.compile(r"^(django_\w+|auth_\w+|sqlite_\w+|channels_app_(caller|callerdefaults|apikey|issuer)|"
                    r"plugins_app_(agentprofile|plugin|pluginsecret|memorysettings)|rules_app_(rule|ruleset|workspacetrust)|"
                    r"cron_app_(cronsettings|cronjob|crontask|crondestination))$")
-#: A table named in a statement, and the alias SQLite's plan names it by (Django's U0, T3; the hub's t, k).
-_NAMED = re.compile(r'\b(?:FROM|JOIN)\s+"?(\w+)"?(?:\s+(?:AS\s+)?"?(?!(?:WHERE|ON|INNER|LEFT|CROSS|JOIN|ORDER|GROUP|'
-                    r'LIMIT|USING|SET|VALUES|UNION|WINDOW|NATURAL)\b)(\w+)"?)?', re.IGNORECASE)
+#: A table named in a statement (after FROM, JOIN, UPDATE or a comma of a join), and the alias SQLite's plan
+#: names it by (Django's U0, T3; the hub's t, k).
+_NAMED = re.compile(r'(?:\b(?:FROM|JOIN|UPDATE)|,)\s+(?:"?main"?\.)?"?(\w+)"?(?:\s+(?:AS\s+)?"?(?!(?:WHERE|ON|INNER|'
+                    r'LEFT|CROSS|JOIN|ORDER|GROUP|LIMIT|USING|SET|VALUES|UNION|WINDOW|NATURAL|INDEXED)\b)(\w+)"?)?',
+                    re.IGNORECASE)
+#: A virtual table's plan line that uses no constraint of its own: idxNum 0 and no idxStr ("INDEX 0:") walks
+#: it; a full-text MATCH ("0:M1") or fts5vocab's term lookup ("1:") does not.
+_VIRTUAL_WALK = re.compile(r"VIRTUAL TABLE INDEX 0:$")
 
 
-def tables_by_name(sql: str) -> dict[str, str]:
-    """{the name a plan gives a table (its alias, or its own name): the table}."""
-    out = {}
+def tables_by_name(sql: str) -> dict[str, set[str]]:
+    """{a name a plan may give a table (an alias, or the table's own name): the tables it stands for}
+    (Django gives sibling subqueries the same alias, U0)."""
+    out: dict[str, set[str]] = {}
     for table, alias in _NAMED.findall(sql):
-        out[table] = table
+        out.setdefault(table, set()).add(table)
         if alias:
-            out[alias] = table
+            out.setdefault(alias, set()).add(table)
+    return out
+
+
+def walks(sql: str, plan: list[str], tables: set[str]) -> list[str]:
+    """The plan's lines that walk a growing table. A name the statement does not give (a subquery's, a CTE's)
+    counts when it is a table's own name; an alias counts when any table it stands for grows."""
+    named = tables_by_name(sql)
+    out = []
+    for line in plan:
+        if not line.startswith("SCAN ") or (" VIRTUAL TABLE " in line and not _VIRTUAL_WALK.search(line)):
+            continue
+        name = line.split()[1]
+        stands_for = named.get(name, {name}) & tables  # (the pattern also catches a select list's commas)
+        if any(not FIXED.match(t) for t in stands_for):
+            out.append(line)
     return out
 
 
@@ -67,17 +89,14 @@ def traced():
 def scans(statements: list[str]) -> dict[str, list[str]]:
     """Each distinct read or write whose plan walks a growing table: {statement: its plan}."""
     out = {}
+    tables = set(connection.introspection.table_names(include_views=True))
     with connection.cursor() as cur:
         for sql in dict.fromkeys(s.strip() for s in statements):
             if not sql.upper().startswith(("SELECT", "UPDATE", "DELETE", "WITH", "INSERT")):
                 continue
             cur.execute("EXPLAIN QUERY PLAN " + sql)
             plan = [row[3] for row in cur.fetchall()]
-            named = tables_by_name(sql)
-            walked = [p for p in plan if p.startswith("SCAN ") and p.split()[1] in named
-                      and not FIXED.match(named[p.split()[1]])
-                      and " VIRTUAL TABLE INDEX " not in p]  # (a full-text lookup by its own index)
-            if walked:
+            if walks(sql, plan, tables):
                 out[sql[:300]] = plan
     return out
 
@@ -119,6 +138,11 @@ def test_the_check_finds_a_walk(tcast, traced):
                'SELECT t."id" FROM "channels_app_turn" t WHERE t.error = \'x\'',  # aliased, as the hub writes
                'SELECT "channels_app_actor"."id" FROM "channels_app_actor" WHERE "channels_app_actor"."id" IN '
                '(SELECT U0."actor_id" FROM "channels_app_message" U0 WHERE U0."content" = \'hi\')']  # Django's U0
+    planted += ['UPDATE "channels_app_turn" SET "error" = \'x\' WHERE "error" = \'y\'',  # an UPDATE's walk
+                'SELECT 1 FROM "channels_app_caller" c, "channels_app_message" m WHERE m."content" = c."name"',
+                'SELECT 1 FROM "channels_app_actor" WHERE "id" IN (SELECT U0."actor_id" FROM "channels_app_message" U0 '
+                'WHERE U0."content" = \'x\') AND "id" IN (SELECT U0."id" FROM "channels_app_caller" U0)',  # two U0
+                "SELECT rowid FROM plugins_app_memoryfact_fts"]  # a full-text table walked without a MATCH
     assert list(scans([*traced, *planted])) == [p[:300] for p in planted]
-    assert tables_by_name(planted[2]) == {"channels_app_actor": "channels_app_actor",
-                                          "channels_app_message": "channels_app_message", "U0": "channels_app_message"}
+    assert tables_by_name(planted[2]) == {"channels_app_actor": {"channels_app_actor"},
+                                          "channels_app_message": {"channels_app_message"}, "U0": {"channels_app_message"}}
