@@ -20,6 +20,17 @@ def shout(text: str) -> str:
 
 
 @app.tool()
+async def wait(seconds: float, started: str = "") -> str:
+    """Answer after this many seconds (a slow tool; the server answers other calls meanwhile). With
+    `started`, a file of that name is written when the call begins."""
+    import anyio
+    if started:
+        open(started, "w").close()
+    await anyio.sleep(seconds)
+    return "waited"
+
+
+@app.tool()
 def chart() -> Image:
     """A one-pixel PNG chart, returned as MCP image content (a file the turn returns)."""
     import zlib

@@ -240,3 +240,111 @@ def test_a_server_that_died_is_started_again_at_the_next_use():
     finally:
         plugins.toolboxes_close()
     assert server_pids() - before == set()
+
+
+def call_in_thread(box, name, **args):
+    """Call a tool in a thread, as a turn does: (thread, outcome dict with "result" or "error", "secs")."""
+    import threading
+    import time
+    out: dict = {}
+    tool = box.tools[name]
+
+    def run():
+        start = time.monotonic()
+        try:
+            out["result"] = tool.tool_call(tool.argument_schema(**args))
+        except BaseException as exc:  # noqa: BLE001 - the outcome is what the test reads
+            out["error"] = exc
+        out["secs"] = time.monotonic() - start
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, out
+
+
+def call_waiting(started: Path) -> bool:
+    """Whether the server has begun the `wait` call that writes `started` (within 10 s)."""
+    import time
+    deadline = time.monotonic() + 10
+    while not started.exists():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def tasks_on_loop(box) -> int:
+    """How many tasks the toolbox's event loop holds now (counted on that loop)."""
+    async def count():
+        return len(asyncio.all_tasks()) - 1  # not this one
+    return box._runner.run(count(), timeout=10)
+
+
+def test_a_call_waiting_when_its_toolbox_closes_fails_at_once(tmp_path):
+    """mcp's session exit cancels its reader before it tells the waiting requests: such a call waited out
+    its whole timeout (30 s here), holding up the shutdown's turn."""
+    before = server_pids()
+    box = toolbox()
+    thread, out = call_in_thread(box, "wait", seconds=60, started=str(tmp_path / "started"))
+    assert call_waiting(tmp_path / "started")
+    box.close()
+    thread.join(20)
+    assert not thread.is_alive()
+    assert "closed its connection during the call" in str(out["error"]) and out["secs"] < 15
+    assert gone(before)
+
+
+def test_a_call_waiting_at_a_reconnect_fails_at_once_and_breaks_nothing(tmp_path):
+    """A reconnect ends the connection a call waits on: the call fails at once, and its failure does not
+    mark the new connection broken (only the connection a call was made on counts)."""
+    before = server_pids()
+    box = toolbox()
+    try:
+        thread, out = call_in_thread(box, "wait", seconds=60, started=str(tmp_path / "started"))
+        assert call_waiting(tmp_path / "started")
+        box.refresh_tools()
+        thread.join(20)
+        assert not thread.is_alive()
+        assert "closed its connection during the call" in str(out["error"]) and out["secs"] < 15
+        assert not box.broken
+        add = box.tools["add"]
+        assert add.tool_call(add.argument_schema(a=2, b=3)).content == "5"
+        assert len(server_pids() - before) == 1
+    finally:
+        box.close()
+    assert gone(before)
+
+
+def test_a_failure_on_a_replaced_connection_does_not_mark_the_new_one_broken():
+    box = toolbox()
+    try:
+        old = box._session
+        box.refresh_tools()
+        assert box._session is not old
+        box._server_gone(old)
+        assert not box.broken
+        box._server_gone(box._session)
+        assert box.broken
+    finally:
+        box.close()
+
+
+def test_a_call_that_runs_out_of_time_stops_waiting():
+    """The adapter's caller gave up at the timeout while the call went on waiting on the toolbox's loop,
+    one more waiting request for every slow call, until the toolbox closed."""
+    import concurrent.futures
+    import time
+    box = OwnedMCPToolBox(toolbox_id="mcp-test", config={"transport": "stdio", "command": sys.executable,
+                                                         "args": [str(SERVER)], "timeout": 1})
+    try:
+        idle = tasks_on_loop(box)
+        tool = box.tools["wait"]
+        with pytest.raises((TimeoutError, concurrent.futures.TimeoutError)):
+            tool.tool_call(tool.argument_schema(seconds=30))
+        deadline = time.monotonic() + 5
+        while tasks_on_loop(box) > idle and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert tasks_on_loop(box) == idle
+        add = box.tools["add"]
+        assert add.tool_call(add.argument_schema(a=2, b=3)).content == "5"
+    finally:
+        box.close()

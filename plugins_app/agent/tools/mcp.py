@@ -10,6 +10,12 @@ at a time, the one before it ended first. An attempt that gets no answer within 
 and the server's process ends. A call that finds the session's streams closed (the server's process ended)
 marks the toolbox broken, and the kept toolbox connects again at its next use (tools/plugins.py).
 
+A call stops at its timeout: the adapter's caller gave up then, but the call went on waiting on the
+loop. A call still waiting when its connection ends (a close, a reconnect) fails at once with
+"closed its connection during the call": mcp's session exit cancels its reader before it tells the
+waiting requests, which then waited out their whole timeout. Only a failure of the connection a call
+was made on marks the toolbox broken, not one of a connection already replaced.
+
 Its close() also ran again from ``__del__`` once the toolbox was garbage, on an event loop already
 stopped, and so waited its full 10-second timeout in whichever thread collected it (a request's, a
 turn's). Here a second close() does nothing.
@@ -36,6 +42,8 @@ class OwnedMCPToolBox(MCPToolBox):
 
     def __init__(self, *args, **kwargs):
         self._close_lock = threading.Lock()
+        self._calls: dict[asyncio.Task, object] = {}  # the calls waiting now, and the session each was made on
+        self._cut: set[asyncio.Task] = set()  # calls cancelled because their connection ended
         super().__init__(*args, **kwargs)  # (connects: the base class lists the tools at once)
 
     def _connecting(self) -> asyncio.Lock:
@@ -91,6 +99,9 @@ class OwnedMCPToolBox(MCPToolBox):
         if owner is None:
             return
         self._closing.set()
+        for task in list(self._calls):  # they would wait out their timeout (see the module's docstring)
+            self._cut.add(task)
+            task.cancel()
         if not self._ready.done():
             owner.cancel()  # still connecting (a server that never answers): stop trying
         await asyncio.wait({owner})
@@ -99,18 +110,39 @@ class OwnedMCPToolBox(MCPToolBox):
         async with self._connecting():
             await self._end_owner()
 
-    def _call_mcp_tool(self, name, args):
-        if self._closed:
-            raise RuntimeError(f"MCP toolbox {self.toolbox_id} is closed")  # its event loop is stopped
+    async def _call_tool_async(self, name, arguments):
+        session, task = self._session, asyncio.current_task()
+        if session is None or self._owner is None:
+            raise ConnectionError(f"MCP toolbox {self.toolbox_id} is not connected")
+        self._calls[task] = session
         try:
-            return super()._call_mcp_tool(name, args)
+            async with asyncio.timeout(self._timeout):  # its caller gives up then: so does the call
+                return await session.call_tool(name, arguments)
+        except asyncio.CancelledError:
+            if task in self._cut:
+                raise ConnectionError(f"MCP toolbox {self.toolbox_id} closed its connection during the call") from None
+            raise
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream):
-            self.broken = True  # the server's process ended: the kept toolbox connects again (tools/plugins.py)
+            self._server_gone(session)
             raise
         except McpError as exc:
             if exc.error.code == CONNECTION_CLOSED:  # it ended while the call waited for its answer
-                self.broken = True
+                self._server_gone(session)
             raise
+        finally:
+            self._calls.pop(task, None)
+            self._cut.discard(task)
+
+    def _server_gone(self, session) -> None:
+        """The server's process ended under a call: the kept toolbox connects again (tools/plugins.py),
+        unless the call's connection is one already replaced."""
+        if session is self._session:
+            self.broken = True
+
+    def _call_mcp_tool(self, name, args):
+        if self._closed:
+            raise RuntimeError(f"MCP toolbox {self.toolbox_id} is closed")  # its event loop is stopped
+        return super()._call_mcp_tool(name, args)
 
     def close(self) -> None:
         lock = getattr(self, "_close_lock", None)
