@@ -118,8 +118,10 @@ class DjangoRuleEngineHolder(RuleEngineHolder):
         if sig == self.config_sig:
             return False
         self.config_sig = sig
-        from ugent_common.config import load_config, reset_caches
-        reset_caches()
+        # read it now, whatever the recheck interval; not reset_caches(), which would forget the last good
+        # [web.auth] and so run a broken file's edit with no identity rules at all
+        from ugent_common.config import config_recheck, load_config
+        config_recheck()
         on_error, warning = rules_on_error(load_config())
         before = self.last_found
         found = self._discover()

@@ -354,7 +354,15 @@ def key_env_of(caller_name: str) -> Optional[str]:
     return None
 
 
+def config_recheck() -> None:
+    """Look at ugent.toml again at its next use, whatever the recheck interval (a watcher saw it change).
+    Unlike reset_caches() this forgets nothing: a broken file still keeps the last good [web.auth]."""
+    with _loaded.lock:
+        _loaded.checked_at = -1e18
+
+
 def reset_caches() -> None:
+    """Forget everything read (tests, and a settings change): the next read starts with no last good file."""
     with _loaded.lock:
         _loaded.checked_at = -1e18
         _loaded.stamp = None

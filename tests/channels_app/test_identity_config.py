@@ -260,3 +260,22 @@ def test_the_status_shows_the_identity_rules_and_a_refused_edit(tcast, toml_conf
     section = status()["identity"]
     assert "web.auth.extra: unknown field" in section["config_error"]
     assert section["require_verified_identity"] is True  # the last good file still runs
+
+
+def test_a_broken_edit_the_rules_watcher_sees_first_keeps_the_last_good_identity_rules(db, toml_config):
+    """The rules watcher looks at ugent.toml too. It used to forget every cache when the file changed, so a
+    broken edit it saw first ran with no [web.auth] at all: require_verified_identity off."""
+    from rules_app.runtime import DjangoRuleEngineHolder
+    path = toml_config(ISSUERS_TOML)
+    assert config.web_auth().require_verified_identity is True
+    holder = DjangoRuleEngineHolder.from_settings()
+    try:
+        path.write_text(ISSUERS_TOML + "\n[web.auth.extra]\n")
+        os.utime(path, ns=(4, 4))
+        holder.check_config_once()  # the watcher's look, before any request's
+        auth = config.web_auth()
+        assert auth.require_verified_identity is True  # the last good file still runs
+        assert [i.issuer for i in auth.issuers] == ["https://idp.example.test"]
+        assert "web.auth.extra: unknown field" in config.web_auth_error()
+    finally:
+        holder.stop()
