@@ -3,6 +3,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PG_URL ?= postgres://root@127.0.0.1:5432/ugent
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
+# The suite runs on several processes (pytest-xdist), whole files to each, so a module's daemon or
+# layout starts once; each keeps its own Redis database (TEST_REDIS_URL's number minus its own), pub/sub
+# prefix and var/ directory (tests/support/workers.py). TEST_WORKERS=0 runs it in this one process.
+TEST_WORKERS ?= 3
+PYTEST_ARGS := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 .PHONY: setup run test lint test-embedded test-servers services bench
 
@@ -28,10 +33,10 @@ lint: setup
 	$(VENV)/bin/lint-imports
 
 test-embedded: setup
-	env -u REDIS_URL -u DATABASE_URL $(PY) -m pytest -q
+	env -u REDIS_URL -u DATABASE_URL $(PY) -m pytest -q $(PYTEST_ARGS)
 
 test-servers: setup services
-	REDIS_URL=$(TEST_REDIS_URL) DATABASE_URL=$(PG_URL) $(PY) -m pytest -q
+	REDIS_URL=$(TEST_REDIS_URL) DATABASE_URL=$(PG_URL) $(PY) -m pytest -q $(PYTEST_ARGS)
 
 services:
 	@bash scripts/ensure-services.sh

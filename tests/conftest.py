@@ -22,10 +22,14 @@ OUTSIDER_KEY = "ugk_test_outsider"
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _this_process_plays_the_daemon():
-    """The test client's requests are the daemon's: this process enforces the rules, and records them."""
-    from rules_app.runtime import enforce_here
+def _this_process_plays_the_daemon(django_db_setup):
+    """The test client's requests are the daemon's: this process enforces the rules, and records them.
+    Its rules watcher stops before the test database goes (it wrote a heartbeat into a database already
+    dropped, and logged "no such table")."""
+    from rules_app.runtime import enforce_here, runtime
     enforce_here()
+    yield
+    runtime.reset()
 
 
 @pytest.fixture(autouse=True)

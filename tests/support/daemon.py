@@ -17,6 +17,8 @@ from pathlib import Path
 
 import httpx
 
+from tests.support.workers import static_root
+
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 #: The servers-mode web process as the README runs it.
@@ -48,7 +50,7 @@ class Daemon:
             "DJANGO_SETTINGS_MODULE": "ugent_site.settings",
             "UGENT_VAR_DIR": str(tmp / "var"),
             # one collectstatic for every daemon the suite starts (rundaemon collects only when files changed)
-            "UGENT_STATIC_ROOT": str(ROOT / "var" / "test-static"),
+            "UGENT_STATIC_ROOT": str(static_root()),
             "UGENT_WEB_API_KEY": self.key,
             "UGENT_WORKSPACE": str(tmp / "workspace"),
             "UGENT_EXTRA_ENGINES": "scripted=tests.support.scripted:ScriptedEngine",

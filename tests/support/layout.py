@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 from tests.support.daemon import PY, UVICORN_ARGS, free_port  # noqa: E402
+from tests.support.workers import static_root  # noqa: E402
 
 PG_CLUSTER = os.environ.get("UGENT_LAYOUT_PG_CLUSTER", "ugentlayout")
 PG_PORT = int(os.environ.get("UGENT_LAYOUT_PG_PORT", "5441"))
@@ -212,7 +213,7 @@ class Layout:
             "REDIS_URL": self.redis.url(0),
             "UGENT_CELERY_QUEUE": "ugent-layout-" + uuid.uuid4().hex[:8],
             "UGENT_VAR_DIR": str(self.tmp / "var"),
-            "UGENT_STATIC_ROOT": str(ROOT / "var" / "test-static"),
+            "UGENT_STATIC_ROOT": str(static_root()),
             "UGENT_WEB_API_KEY": self.key,
             "UGENT_WORKSPACE": str(self.tmp / "workspace"),
             "UGENT_EXTRA_ENGINES": "scripted=tests.support.scripted:ScriptedEngine",

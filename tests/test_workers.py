@@ -1,0 +1,24 @@
+"""tests/support/workers.py: what each pytest-xdist worker keeps to itself."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.support.workers import WORKER, redis_url_for_worker
+
+
+def test_each_worker_gets_its_own_redis_database():
+    assert redis_url_for_worker("redis://127.0.0.1:6379/15", 0) == "redis://127.0.0.1:6379/15"
+    assert redis_url_for_worker("redis://127.0.0.1:6379/15", 2) == "redis://127.0.0.1:6379/13"
+    assert redis_url_for_worker("redis://:pw@h:1/4", 1) == "redis://:pw@h:1/3"
+    with pytest.raises(RuntimeError, match="leaves no Redis database"):
+        redis_url_for_worker("redis://127.0.0.1:6379", 1)
+
+
+@pytest.mark.skipif(not WORKER, reason="runs on a pytest-xdist worker (make test)")
+def test_this_worker_keeps_its_queue_and_var_dir(settings):
+    assert settings.CELERY_TASK_DEFAULT_QUEUE.endswith(f"-{WORKER}")
+    assert str(settings.VAR_DIR).endswith(f"test-{WORKER}")
+    if settings.UGENT_MODE == "servers":
+        assert os.environ["REDIS_URL"] == settings.REDIS_URL
