@@ -222,25 +222,34 @@ def test_a_toolbox_without_tools_is_asked_again_at_most_every_retry_interval(mon
 
 
 def test_a_server_that_died_is_started_again_at_the_next_use():
+    """Killed, the server fails the call under way at once, by either way mcp notices: its reader sees the
+    end of the output ("Connection closed"), or the write to its input breaks, which ends the transport's
+    task group with the session's own task in it (the call then waited out its whole timeout, and the
+    toolbox was never marked broken). Killed several times, to meet both."""
     import signal
+    import time
     before = server_pids()
     try:
         box = plugins.mcp_toolbox("calc", command=sys.executable, args=[str(SERVER)])
-        [pid] = server_pids() - before
-        os.kill(pid, signal.SIGKILL)
-        add = box.tools["add"]
-        with pytest.raises(Exception):
-            add.tool_call(add.argument_schema(a=2, b=3))  # the session's streams are closed
-        assert box.broken
-        again = plugins.mcp_toolbox("calc", command=sys.executable, args=[str(SERVER)])
-        assert again is box and not box.broken
-        assert len(server_pids() - before - {pid}) == 1  # a new server process
-        add = box.tools["add"]
-        assert add.tool_call(add.argument_schema(a=2, b=3)).content == "5"
+        killed = set()
+        for _ in range(4):
+            [pid] = server_pids() - before - killed
+            os.kill(pid, signal.SIGKILL)
+            killed.add(pid)
+            add = box.tools["add"]
+            start = time.monotonic()
+            with pytest.raises(Exception):
+                add.tool_call(add.argument_schema(a=2, b=3))  # the session's streams are closed
+            assert time.monotonic() - start < 10
+            assert box.broken
+            again = plugins.mcp_toolbox("calc", command=sys.executable, args=[str(SERVER)])
+            assert again is box and not box.broken
+            assert len(server_pids() - before - killed) == 1  # a new server process
+            add = box.tools["add"]
+            assert add.tool_call(add.argument_schema(a=2, b=3)).content == "5"
     finally:
         plugins.toolboxes_close()
     assert server_pids() - before == set()
-
 
 def call_in_thread(box, name, **args):
     """Call a tool in a thread, as a turn does: (thread, outcome dict with "result" or "error", "secs")."""
@@ -348,3 +357,103 @@ def test_a_call_that_runs_out_of_time_stops_waiting():
         assert add.tool_call(add.argument_schema(a=2, b=3)).content == "5"
     finally:
         box.close()
+
+
+def test_a_toolbox_that_fails_to_build_fails_again_at_once_until_the_retry_interval(monkeypatch):
+    """A plugin whose start raises (after waiting out a timeout, say) was started again by every turn
+    that wanted it, each waiting as long."""
+    now = [1000.0]
+    monkeypatch.setattr(plugins, "_clock", lambda: now[0])
+    built = []
+
+    def build(entry, toolbox_id, config):
+        built.append(entry)
+        raise OSError("the server would not start")
+    monkeypatch.setattr(plugins, "_build", build)
+    try:
+        with pytest.raises(OSError, match="would not start"):
+            plugins.toolbox_plugin("failing")
+        for _ in range(3):
+            with pytest.raises(RuntimeError, match=r"failed to start \(OSError: the server would not start\)"):
+                plugins.toolbox_plugin("failing")
+        assert built == ["failing"]
+        now[0] += plugins.RETRY_SECS
+        with pytest.raises(OSError):
+            plugins.toolbox_plugin("failing")
+        assert built == ["failing", "failing"]
+    finally:
+        plugins.toolboxes_close()
+
+
+def test_a_toolbox_whose_tools_cannot_be_listed_is_kept_and_asked_again_after_the_interval(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(plugins, "_clock", lambda: now[0])
+    asked = []
+
+    class Flaky:
+        tools: dict = {}
+
+        def __init__(self, *a, **k):
+            pass
+
+        def refresh_tools(self):
+            asked.append("refresh")
+            raise ConnectionError("down")
+
+        def close(self):
+            pass
+    monkeypatch.setattr(plugins, "_build", lambda entry, toolbox_id, config: Flaky())
+    try:
+        first = plugins.toolbox_plugin("flaky")
+        now[0] += plugins.RETRY_SECS
+        assert plugins.toolbox_plugin("flaky") is first  # its refresh raised: still handed out, without tools
+        for _ in range(3):
+            assert plugins.toolbox_plugin("flaky") is first
+        assert asked == ["refresh"]
+    finally:
+        plugins.toolboxes_close()
+
+
+def test_a_toolbox_built_while_the_toolboxes_close_is_closed_not_kept(monkeypatch):
+    import threading
+    started, release = threading.Event(), threading.Event()
+    closed = []
+
+    class Box:
+        tools = {"t": object()}
+
+        def __init__(self, *a, **k):
+            started.set()
+            release.wait(30)
+
+        def close(self):
+            closed.append(self)
+    monkeypatch.setattr(plugins, "_build", lambda entry, toolbox_id, config: Box())
+    out = {}
+
+    def want():
+        try:
+            out["box"] = plugins.toolbox_plugin("late")
+        except Exception as exc:  # noqa: BLE001
+            out["error"] = exc
+    thread = threading.Thread(target=want)
+    thread.start()
+    try:
+        assert started.wait(10)
+        plugins.toolboxes_close()  # shutdown, while the build runs
+        release.set()
+        thread.join(10)
+        assert "closed as it started" in str(out["error"])
+        assert len(closed) == 1 and plugins.toolboxes_kept() == []
+    finally:
+        release.set()
+        plugins.toolboxes_close()
+
+
+def test_a_closed_mcp_toolbox_lists_no_tools_at_once():
+    import time
+    box = toolbox()
+    box.close()
+    start = time.monotonic()
+    box.refresh_tools()  # its event loop is stopped: this waited out the whole 30 s timeout
+    assert time.monotonic() - start < 5 and box.tools == {}

@@ -43,7 +43,7 @@ class OwnedMCPToolBox(MCPToolBox):
     def __init__(self, *args, **kwargs):
         self._close_lock = threading.Lock()
         self._calls: dict[asyncio.Task, object] = {}  # the calls waiting now, and the session each was made on
-        self._cut: set[asyncio.Task] = set()  # calls cancelled because their connection ended
+        self._cut: dict[asyncio.Task, str] = {}  # calls cancelled because their connection ended, and why
         super().__init__(*args, **kwargs)  # (connects: the base class lists the tools at once)
 
     def _connecting(self) -> asyncio.Lock:
@@ -77,9 +77,16 @@ class OwnedMCPToolBox(MCPToolBox):
                     return
                 self.broken = False
                 ready.set_result(tools)
-                await closing.wait()
-                await adapter._close_async()
-                self._session = self._session_cm = self._transport_cm = None
+                try:
+                    await closing.wait()
+                finally:
+                    if not closing.is_set():
+                        # the transport's task group cancelled this task: its server's process ended (a
+                        # write to its stdin broke). The calls waiting would wait out their timeout.
+                        self.broken = True
+                        self._cut_calls("the MCP server's connection ended during the call")
+                    await adapter._close_async()
+                    self._session = self._session_cm = self._transport_cm = None
 
             self._ready, self._closing = ready, closing
             self._owner = loop.create_task(own(), name=f"mcp session {self.toolbox_id}")
@@ -99,12 +106,16 @@ class OwnedMCPToolBox(MCPToolBox):
         if owner is None:
             return
         self._closing.set()
-        for task in list(self._calls):  # they would wait out their timeout (see the module's docstring)
-            self._cut.add(task)
-            task.cancel()
+        self._cut_calls("closed its connection during the call")  # they would wait out their timeout
         if not self._ready.done():
             owner.cancel()  # still connecting (a server that never answers): stop trying
         await asyncio.wait({owner})
+
+    def _cut_calls(self, why: str) -> None:
+        """Each call waiting now fails at once, saying why (on the toolbox's loop)."""
+        for task in list(self._calls):
+            self._cut[task] = why
+            task.cancel()
 
     async def _close_async(self) -> None:
         async with self._connecting():
@@ -119,8 +130,9 @@ class OwnedMCPToolBox(MCPToolBox):
             async with asyncio.timeout(self._timeout):  # its caller gives up then: so does the call
                 return await session.call_tool(name, arguments)
         except asyncio.CancelledError:
-            if task in self._cut:
-                raise ConnectionError(f"MCP toolbox {self.toolbox_id} closed its connection during the call") from None
+            why = self._cut.get(task)
+            if why:
+                raise ConnectionError(f"MCP toolbox {self.toolbox_id}: {why}") from None
             raise
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream):
             self._server_gone(session)
@@ -131,7 +143,7 @@ class OwnedMCPToolBox(MCPToolBox):
             raise
         finally:
             self._calls.pop(task, None)
-            self._cut.discard(task)
+            self._cut.pop(task, None)
 
     def _server_gone(self, session) -> None:
         """The server's process ended under a call: the kept toolbox connects again (tools/plugins.py),
@@ -143,6 +155,11 @@ class OwnedMCPToolBox(MCPToolBox):
         if self._closed:
             raise RuntimeError(f"MCP toolbox {self.toolbox_id} is closed")  # its event loop is stopped
         return super()._call_mcp_tool(name, args)
+
+    def discover_tools(self):
+        if self._closed:  # its event loop is stopped: asking it would wait out the whole timeout
+            return []
+        return super().discover_tools()
 
     def close(self) -> None:
         lock = getattr(self, "_close_lock", None)

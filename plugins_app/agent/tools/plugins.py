@@ -25,6 +25,8 @@ _kept: dict[str, Any] = {}
 _lock = threading.Lock()  # guards the dicts; never held while a toolbox is built or asked for its tools
 _building: dict[str, threading.Lock] = {}  # per toolbox: one build or retry at a time
 _retry_at: dict[str, float] = {}
+_failed: dict[str, tuple[float, str]] = {}  # a build that raised: when it may be tried again, and why
+_generation = 0  # toolboxes_close() counts up: a build that ends after a close is not kept
 _clock = time.monotonic
 
 
@@ -63,27 +65,54 @@ def toolbox_plugin(entry: str, config: Optional[dict] = None, *, toolbox_id: Opt
     Building one (an MCP server's start) or asking a toolbox without tools for them again (a server that was
     down at first use may be up now) can take its whole timeout: it holds up only the turns that want that
     toolbox, and is tried again at most every RETRY_SECS; in between such a toolbox comes back at once,
-    without tools. An MCP toolbox whose server's process ended under a call connects again likewise."""
+    without tools, and a build that raised raises again at once. An MCP toolbox whose server's process
+    ended under a call connects again likewise."""
     config = dict(config or {})
     key = _key("plugin", entry, config)
     with _lock:
         box = _kept.get(key)
         if box is not None and (_usable(box) or _clock() < _retry_at.get(key, 0.0)):
             return box
+        _raise_if_failed_lately(entry, key)
         one = _building.setdefault(key, threading.Lock())
+        generation = _generation
     with one:  # one build or retry of this toolbox at a time
         with _lock:
             box = _kept.get(key)
+            if box is None:
+                _raise_if_failed_lately(entry, key)  # the build this one waited for raised
         if box is None:
-            box = _build(entry, toolbox_id or entry, config)
+            try:
+                box = _build(entry, toolbox_id or entry, config)
+            except Exception as exc:
+                with _lock:
+                    _failed[key] = (_clock() + RETRY_SECS, f"{type(exc).__name__}: {exc}")
+                raise
             with _lock:
-                _kept[key] = box
+                _failed.pop(key, None)
+                kept = generation == _generation
+                if kept:
+                    _kept[key] = box
+            if not kept:  # toolboxes_close() ran meanwhile (shutdown): this one ends too
+                _close(box)
+                raise RuntimeError(f"toolbox {entry} was closed as it started (the toolboxes were closed)")
         elif not _usable(box) and _clock() >= _retry_at.get(key, 0.0):
-            box.refresh_tools()  # (an MCP toolbox: connects again)
+            try:
+                box.refresh_tools()  # (an MCP toolbox: connects again)
+            except Exception:  # kept without tools, asked again after RETRY_SECS like one that listed none
+                log.warning("toolbox %s could not list its tools", getattr(box, "toolbox_id", entry), exc_info=True)
         if not _usable(box):
             with _lock:
                 _retry_at[key] = _clock() + RETRY_SECS
     return box
+
+
+def _raise_if_failed_lately(entry: str, key: str) -> None:
+    """(_lock held) A build of this toolbox raised less than RETRY_SECS ago: raise again, without waiting."""
+    failed = _failed.get(key)
+    if failed is not None and _clock() < failed[0]:
+        raise RuntimeError(f"toolbox {entry} failed to start ({failed[1]}); it is tried again "
+                           f"{RETRY_SECS:g} s after that attempt")
 
 
 def mcp_toolbox(name: str, *, command: str, args: list | None = None, env: dict | None = None,
@@ -100,15 +129,23 @@ def toolboxes_kept() -> list:
 
 
 def toolboxes_close() -> None:
-    """Close every kept toolbox (an MCP server's process ends with its session)."""
+    """Close every kept toolbox (an MCP server's process ends with its session). A build still running
+    ends with its toolbox closed, not kept."""
+    global _generation
     with _lock:
         boxes = list(_kept.values())
         _kept.clear()
         _retry_at.clear()
+        _failed.clear()
+        _generation += 1
     for box in boxes:
-        close = getattr(box, "close", None)
-        if callable(close):
-            try:
-                close()
-            except Exception:
-                log.exception("closing toolbox %s failed", getattr(box, "toolbox_id", box))
+        _close(box)
+
+
+def _close(box) -> None:
+    close = getattr(box, "close", None)
+    if callable(close):
+        try:
+            close()
+        except Exception:
+            log.exception("closing toolbox %s failed", getattr(box, "toolbox_id", box))
