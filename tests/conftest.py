@@ -112,3 +112,22 @@ def _close_thread_connections(django_db_setup, django_db_blocker):
         with connection.cursor() as cur:
             cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                         "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+
+
+# A test that failed and passed on a rerun is a bug report (README, Tests): keep what it failed with, and print
+# it at the end of the run, since pytest-rerunfailures only names it. Under pytest-xdist the workers' reports
+# reach the controlling process, which prints them.
+_reruns: list[tuple[str, str]] = []
+
+
+def pytest_runtest_logreport(report):
+    if report.outcome == "rerun":
+        _reruns.append((f"{report.nodeid} ({report.when})", report.longreprtext[-6000:]))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _reruns:
+        terminalreporter.section("what the rerun tests failed with")
+        for name, text in _reruns:
+            terminalreporter.write_line(f"--- {name}")
+            terminalreporter.write_line(text)
