@@ -52,7 +52,6 @@ import argparse
 import concurrent.futures
 import os
 import queue
-import statistics
 import subprocess
 import sys
 import tempfile

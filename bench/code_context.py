@@ -79,7 +79,6 @@ def main():
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--embeddings", action="store_true", help="also measure code context with embeddings on")
     args = ap.parse_args()
-    import os
     copied = not args.root
     if copied:
         args.root = str(tracked_copy())

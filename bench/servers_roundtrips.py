@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import glob
-import os
 import re
 import subprocess
 import sys

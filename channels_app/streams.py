@@ -27,7 +27,7 @@ from channels_app.access import Viewer
 from channels_app.errors import ApplicationError
 from channels_app.events import event_append
 from channels_app.models import (LIVE_TURN_STATES, Caller, Conversation, Event, EventLogMark, Message,
-                                 Receipt, Steering, Turn, TurnState)
+                                 Receipt, Steering, Turn)
 
 # How old an event may get before the retention job prunes it (seconds).
 EVENT_RETENTION_SECS = settings.UGENT_EVENT_RETENTION_SECS

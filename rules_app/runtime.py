@@ -432,7 +432,7 @@ def fresh_read() -> DjangoRuleEngineHolder:
 
 def recorded_ruleset() -> CompiledRuleSet:
     """The rules the daemon recorded as in force: its mirror of the file's rules, then the admin's."""
-    from rules_app.models import LoadStatus, RuleSource
+    from rules_app.models import LoadStatus
     from rules_app.selectors import admin_rules, file_rule_set
     row = file_rule_set()
     if row is not None and row.status == LoadStatus.CLOSED:

@@ -64,7 +64,6 @@ class Command(BaseCommand):
 
     def do_test(self, opts):
         from rules_app.workflows import workflow_check
-        from rules_app.runtime import runtime
         from rules_app.runtime import fresh_read, recorded_ruleset
         from rules_app.selectors import daemon_heartbeat
         if opts["rules"]:
