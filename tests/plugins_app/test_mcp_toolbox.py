@@ -457,3 +457,31 @@ def test_a_closed_mcp_toolbox_lists_no_tools_at_once():
     start = time.monotonic()
     box.refresh_tools()  # its event loop is stopped: this waited out the whole 30 s timeout
     assert time.monotonic() - start < 5 and box.tools == {}
+
+
+def test_an_attempt_that_waited_for_the_connect_lock_stops_when_its_caller_gives_up():
+    """The caller's wait starts when it asks; the attempt's used to start once it had the connect lock, so
+    an attempt held up behind another could connect after its caller had given up: a live server behind
+    a toolbox that listed no tools, taken for down until the retry interval."""
+    import time
+    before = server_pids()
+    slow_start = ["-c", f"import runpy, time; time.sleep(1); runpy.run_path({str(SERVER)!r}, run_name='__main__')",
+                  str(SERVER)]  # (its path in the command line: server_pids() finds it)
+    box = OwnedMCPToolBox(toolbox_id="mcp-test", config={"transport": "stdio", "command": sys.executable,
+                                                         "args": slow_start, "timeout": 3})
+    try:
+        assert "add" in box.tools
+        held = asyncio.run_coroutine_threadsafe(hold_connect_lock(box, 2.9), box._runner._loop)
+        time.sleep(0.2)
+        box.refresh_tools()  # waits 2.7 s for the lock, then has 0.3 s: too little for a 1 s start
+        held.result(10)
+        assert box.tools == {}
+        time.sleep(3)  # an attempt still going would have connected by now
+        assert box._owner is None and server_pids() - before == set()
+    finally:
+        box.close()
+
+
+async def hold_connect_lock(box, secs: float):
+    async with box._connecting():
+        await asyncio.sleep(secs)

@@ -24,6 +24,7 @@ No Django here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 
 import anyio
@@ -54,7 +55,9 @@ class OwnedMCPToolBox(MCPToolBox):
     async def _connect_and_list(self):
         # One connection at a time, the one before it left first and in full: the adapter keeps one
         # session's context managers on the toolbox, which a second connection would overwrite.
-        async with self._connecting():
+        # The caller's wait began when it asked (the same timeout): a wait for the lock counts against it.
+        deadline = asyncio.get_running_loop().time() + self._timeout
+        async with self._connect_lock(deadline):
             if self._closed:
                 raise RuntimeError(f"MCP toolbox {self.toolbox_id} is closed")
             await self._end_owner()
@@ -91,7 +94,7 @@ class OwnedMCPToolBox(MCPToolBox):
             self._ready, self._closing = ready, closing
             self._owner = loop.create_task(own(), name=f"mcp session {self.toolbox_id}")
         try:
-            return await asyncio.wait_for(asyncio.shield(ready), self._timeout)
+            return await asyncio.wait_for(asyncio.shield(ready), max(0.0, deadline - loop.time()))
         except asyncio.TimeoutError:
             # the caller gives up now (its own wait has the same timeout): the attempt stops too, and
             # its server's process ends, rather than connecting on in the background
@@ -99,6 +102,17 @@ class OwnedMCPToolBox(MCPToolBox):
                 if self._ready is ready:
                     await self._end_owner()
             raise
+
+    @contextlib.asynccontextmanager
+    async def _connect_lock(self, deadline: float):
+        """The connect lock, waited for until `deadline` at most (TimeoutError then)."""
+        lock = self._connecting()
+        async with asyncio.timeout_at(deadline):
+            await lock.acquire()
+        try:
+            yield
+        finally:
+            lock.release()
 
     async def _end_owner(self) -> None:
         """The connection ended, by the task that made it (its lock held)."""
