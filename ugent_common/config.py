@@ -359,6 +359,8 @@ def config_recheck() -> None:
     Unlike reset_caches() this forgets nothing: a broken file still keeps the last good [web.auth]."""
     with _loaded.lock:
         _loaded.checked_at = -1e18
+        if _loaded.stamp is not None:  # read it again even if path, mtime and size match (a file replaced
+            _loaded.stamp = ("recheck",)  # with `cp -p`): its watcher saw a change (the inode) they miss
 
 
 def reset_caches() -> None:

@@ -279,3 +279,24 @@ def test_a_broken_edit_the_rules_watcher_sees_first_keeps_the_last_good_identity
         assert "web.auth.extra: unknown field" in config.web_auth_error()
     finally:
         holder.stop()
+
+
+def test_a_file_replaced_with_the_same_size_and_mtime_is_read_again_once_the_watcher_sees_it(db, toml_config,
+                                                                                               settings):
+    """`cp -p`, `rsync -a`, `install -p` keep the mtime: only the rules watcher's signature (the inode) tells
+    the new file apart, and its look must make the next read read it, not keep the old one."""
+    from rules_app.runtime import DjangoRuleEngineHolder
+    path = toml_config(ISSUERS_TOML)
+    settings.UGENT_CONFIG_RECHECK_SECS = 2.0
+    assert config.web_auth().issuers[0].audience == "ugent"
+    holder = DjangoRuleEngineHolder.from_settings()
+    try:
+        st = path.stat()
+        new = path.with_name("ugent.toml.new")
+        new.write_text(ISSUERS_TOML.replace('audience = "ugent"', 'audience = "other"'))
+        os.utime(new, ns=(st.st_atime_ns, st.st_mtime_ns))
+        os.replace(new, path)  # a new inode, the same size and mtime
+        holder.check_config_once()
+        assert config.web_auth().issuers[0].audience == "other"
+    finally:
+        holder.stop()

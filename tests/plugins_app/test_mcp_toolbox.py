@@ -15,9 +15,10 @@ from plugins_app.agent.tools import plugins
 from plugins_app.agent.tools.mcp import OwnedMCPToolBox
 
 SERVER = Path(__file__).resolve().parents[1] / "data" / "mcp_server.py"
+DEAF = Path(__file__).resolve().parents[1] / "data" / "mcp_server_deaf.py"  # stops reading after the tool list
 
 
-def server_pids() -> set[int]:
+def server_pids(server: Path = SERVER) -> set[int]:
     """This process's children running the test server (the toolbox's MCP server)."""
     out = set()
     for pid in os.listdir("/proc"):
@@ -28,7 +29,7 @@ def server_pids() -> set[int]:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if int(stat[1]) == os.getpid() and stat[0] != "Z" and str(SERVER).encode() in cmd:
+        if int(stat[1]) == os.getpid() and stat[0] != "Z" and str(server).encode() in cmd:
             out.add(int(pid))
     return out
 
@@ -485,3 +486,84 @@ def test_an_attempt_that_waited_for_the_connect_lock_stops_when_its_caller_gives
 async def hold_connect_lock(box, secs: float):
     async with box._connecting():
         await asyncio.sleep(secs)
+
+
+def test_a_server_that_stops_reading_fails_the_call_at_once_and_is_replaced():
+    """A write to a server's input that breaks ends the transport's task group, the session's own task in it
+    (the end of the server's output, the other way a dead server shows, never comes here). The call waited
+    out its whole timeout, the toolbox was never marked broken, and the transport was never left: its server
+    kept running beside the next one."""
+    import time
+    before = server_pids(DEAF)
+    try:
+        box = plugins.mcp_toolbox("deaf", command=sys.executable, args=[str(DEAF)])
+        assert len(server_pids(DEAF) - before) == 1
+        add = box.tools["add"]
+        start = time.monotonic()
+        with pytest.raises(ConnectionError, match="connection ended during the call"):
+            add.tool_call(add.argument_schema(a=2, b=3))
+        assert time.monotonic() - start < 10 and box.broken
+        again = plugins.mcp_toolbox("deaf", command=sys.executable, args=[str(DEAF)])
+        assert again is box and not box.broken and "add" in box.tools
+        assert len(server_pids(DEAF) - before) == 1  # the first one ended with its transport
+    finally:
+        plugins.toolboxes_close()
+    assert gone_all(DEAF, before)
+
+
+def gone_all(server: Path, pids_before: set[int], timeout: float = 20.0) -> bool:
+    import time
+    deadline = time.monotonic() + timeout
+    while server_pids(server) - pids_before:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_a_build_that_fails_after_a_close_leaves_no_memo_and_a_waiting_turn_starts_none(monkeypatch):
+    """toolboxes_close() forgets everything (shutdown; a test's reset): a build that began before it and
+    failed after it must not make the next use fail for RETRY_SECS, and a turn that waited behind that
+    build must not start another server after the close."""
+    import threading
+    import time
+    started, release = threading.Event(), threading.Event()
+    builds = []
+
+    def failing(entry, toolbox_id, config):
+        builds.append(time.monotonic())
+        started.set()
+        release.wait(10)
+        raise OSError("slow start failed")
+    monkeypatch.setattr(plugins, "_build", failing)
+    out = []
+
+    def want():
+        try:
+            out.append(plugins.toolbox_plugin("x"))
+        except Exception as exc:  # noqa: BLE001
+            out.append(exc)
+    first = threading.Thread(target=want)
+    first.start()
+    assert started.wait(10)
+    second = threading.Thread(target=want)
+    second.start()
+    time.sleep(0.2)  # it waits on the toolbox's build lock
+    plugins.toolboxes_close()
+    closed_at = time.monotonic()
+    release.set()
+    first.join(10)
+    second.join(10)
+    try:
+        assert [t for t in builds if t > closed_at] == []
+        assert any("the toolboxes were closed" in str(e) for e in out), out
+
+        class Box:
+            tools = {"t": object()}
+
+            def close(self):
+                pass
+        monkeypatch.setattr(plugins, "_build", lambda entry, toolbox_id, config: Box())
+        assert isinstance(plugins.toolbox_plugin("x"), Box)  # not "failed to start" from before the close
+    finally:
+        plugins.toolboxes_close()

@@ -43,7 +43,7 @@ class OwnedMCPToolBox(MCPToolBox):
 
     def __init__(self, *args, **kwargs):
         self._close_lock = threading.Lock()
-        self._calls: dict[asyncio.Task, object] = {}  # the calls waiting now, and the session each was made on
+        self._calls: set[asyncio.Task] = set()  # the calls waiting now
         self._cut: dict[asyncio.Task, str] = {}  # calls cancelled because their connection ended, and why
         super().__init__(*args, **kwargs)  # (connects: the base class lists the tools at once)
 
@@ -88,7 +88,12 @@ class OwnedMCPToolBox(MCPToolBox):
                         # write to its stdin broke). The calls waiting would wait out their timeout.
                         self.broken = True
                         self._cut_calls("the MCP server's connection ended during the call")
-                    await adapter._close_async()
+                        # left shielded, as a failed connect is: still cancelled, the session's exit
+                        # raised and the transport was never left (its server kept running)
+                        with anyio.CancelScope(shield=True):
+                            await adapter._close_async()
+                    else:
+                        await adapter._close_async()
                     self._session = self._session_cm = self._transport_cm = None
 
             self._ready, self._closing = ready, closing
@@ -139,7 +144,7 @@ class OwnedMCPToolBox(MCPToolBox):
         session, task = self._session, asyncio.current_task()
         if session is None or self._owner is None:
             raise ConnectionError(f"MCP toolbox {self.toolbox_id} is not connected")
-        self._calls[task] = session
+        self._calls.add(task)
         try:
             async with asyncio.timeout(self._timeout):  # its caller gives up then: so does the call
                 return await session.call_tool(name, arguments)
@@ -156,7 +161,7 @@ class OwnedMCPToolBox(MCPToolBox):
                 self._server_gone(session)
             raise
         finally:
-            self._calls.pop(task, None)
+            self._calls.discard(task)
             self._cut.pop(task, None)
 
     def _server_gone(self, session) -> None:

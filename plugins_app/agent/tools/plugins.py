@@ -78,6 +78,8 @@ def toolbox_plugin(entry: str, config: Optional[dict] = None, *, toolbox_id: Opt
         generation = _generation
     with one:  # one build or retry of this toolbox at a time
         with _lock:
+            if generation != _generation:  # toolboxes_close() ran while this waited (shutdown)
+                raise RuntimeError(f"toolbox {entry} was not started: the toolboxes were closed")
             box = _kept.get(key)
             if box is None:
                 _raise_if_failed_lately(entry, key)  # the build this one waited for raised
@@ -86,7 +88,8 @@ def toolbox_plugin(entry: str, config: Optional[dict] = None, *, toolbox_id: Opt
                 box = _build(entry, toolbox_id or entry, config)
             except Exception as exc:
                 with _lock:
-                    _failed[key] = (_clock() + RETRY_SECS, f"{type(exc).__name__}: {exc}")
+                    if generation == _generation:  # (not a memo for the toolboxes after a close)
+                        _failed[key] = (_clock() + RETRY_SECS, f"{type(exc).__name__}: {exc}")
                 raise
             with _lock:
                 _failed.pop(key, None)
@@ -103,7 +106,8 @@ def toolbox_plugin(entry: str, config: Optional[dict] = None, *, toolbox_id: Opt
                 log.warning("toolbox %s could not list its tools", getattr(box, "toolbox_id", entry), exc_info=True)
         if not _usable(box):
             with _lock:
-                _retry_at[key] = _clock() + RETRY_SECS
+                if generation == _generation:
+                    _retry_at[key] = _clock() + RETRY_SECS
     return box
 
 
