@@ -14,6 +14,11 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
+# Imported now, at collection, not lazily by from_url() inside the test: schemathesis is a pytest plugin,
+# so its modules are parsed for assertion rewriting as they load, and CPython 3.11's AST parser is not
+# safe beside another thread parsing ("SystemError: AST constructor recursion depth mismatch", seen once
+# under pytest-xdist while a daemon's threads ran)
+from schemathesis.specs.openapi import schemas as _openapi_schemas  # noqa: F401
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (content_type_conformance, response_schema_conformance,
                                                status_code_conformance)
