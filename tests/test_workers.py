@@ -22,3 +22,16 @@ def test_this_worker_keeps_its_queue_and_var_dir(settings):
     assert str(settings.VAR_DIR).endswith(f"test-{WORKER}")
     if settings.UGENT_MODE == "servers":
         assert os.environ["REDIS_URL"] == settings.REDIS_URL
+
+
+def test_a_daemons_port_is_taken_below_the_ephemeral_range_and_is_free():
+    """bind(0)'s ports are the ones outgoing connections get too: another test process's connection could
+    take one before the daemon binds it (three processes start daemons at once under make test)."""
+    import socket
+    from tests.support.daemon import _ephemeral_low, free_port
+    ports = [free_port() for _ in range(20)]
+    assert len(set(ports)) == 20
+    for port in ports:
+        assert 1024 <= port < _ephemeral_low()
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))

@@ -26,8 +26,36 @@ UVICORN_ARGS = ["--loop", "uvloop", "--http", "httptools", "--lifespan", "off", 
                 "--no-server-header", "--no-proxy-headers", "--timeout-graceful-shutdown", "3"]
 
 
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands to outgoing connections and to bind(0) (Linux), else 32768."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port free now, for a process started seconds later to listen on. Taken below the ephemeral range:
+    a port bind(0) gives back is one the kernel may hand to any outgoing connection (Redis, PostgreSQL,
+    HTTP clients, of this or another test process) before the daemon binds it."""
+    import random
+    high = min(_ephemeral_low(), 65536)
+    low = max(1024, high - 12000)
+    for _ in range(100):
+        port = random.randrange(low, high)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    with socket.socket() as s:  # (nothing free down there)
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
