@@ -99,11 +99,11 @@ def test_a_kept_mcp_toolbox_is_this_class_and_its_calls_answer():
         plugins.toolboxes_close()
 
 
-def gone(pids_before: set[int], timeout: float = 20.0) -> bool:
+def gone(pids_before: set[int], timeout: float = 20.0, server: Path = SERVER) -> bool:
     """Whether every test server started since `pids_before` has ended (within `timeout`)."""
     import time
     deadline = time.monotonic() + timeout
-    while server_pids() - pids_before:
+    while server_pids(server) - pids_before:
         if time.monotonic() > deadline:
             return False
         time.sleep(0.05)
@@ -508,17 +508,7 @@ def test_a_server_that_stops_reading_fails_the_call_at_once_and_is_replaced():
         assert len(server_pids(DEAF) - before) == 1  # the first one ended with its transport
     finally:
         plugins.toolboxes_close()
-    assert gone_all(DEAF, before)
-
-
-def gone_all(server: Path, pids_before: set[int], timeout: float = 20.0) -> bool:
-    import time
-    deadline = time.monotonic() + timeout
-    while server_pids(server) - pids_before:
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
+    assert gone(before, server=DEAF)
 
 
 def test_a_build_that_fails_after_a_close_leaves_no_memo_and_a_waiting_turn_starts_none(monkeypatch):
