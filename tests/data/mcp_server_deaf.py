@@ -25,8 +25,11 @@ send({"jsonrpc": "2.0", "id": hello["id"], "result": {
     "serverInfo": {"name": "ugent-test-deaf", "version": "1"}}})
 read()  # notifications/initialized
 listing = read()
+# Deaf from here on, before the list is answered: a call the client sends once it has the list always
+# meets a closed pipe. (Closed after the answer, a quick client's call could reach the pipe first and
+# wait out its timeout unread.)
+os.close(0)
 send({"jsonrpc": "2.0", "id": listing["id"], "result": {"tools": [{
     "name": "add", "description": "Add two integers.",
     "inputSchema": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}]}})
-os.close(0)  # deaf from here on: the client's writes break
 time.sleep(60)
