@@ -15,6 +15,11 @@ from django.conf import settings as _settings  # noqa: E402
 
 _settings.UGENT_GC_FREEZE = False
 _settings.UGENT_MALLOC_TRIM_SECS = 0  # no trimming thread in the test process (tests/test_malloctrim.py runs its own)
+# No rules watcher thread either: it outlived the test that started it and wrote its heartbeat during tests
+# that may not touch the database, logging pytest-django's refusal by the hundred into every failure's
+# output. The tests of watching turn it on (tests/rules_app/conftest.py's site, test_watcher.py); the
+# daemons the tests start watch as a daemon does.
+_settings.UGENT_RULES_WATCH = False
 
 OPERATOR_KEY = "ugk_test_operator"
 APP_KEY = "ugk_test_crm"

@@ -56,6 +56,7 @@ class Site:
 
 @pytest.fixture
 def site(tmp_path, settings, transactional_db):
+    settings.UGENT_RULES_WATCH = True  # the daemon's rules watcher, which these tests watch at work
     runtime.reset()
     s = Site(tmp_path, settings)
     yield s
