@@ -3,10 +3,18 @@
 Embedded: `manage.py rundaemon` (one process). Servers (REDIS_URL set): uvicorn
 (the command the README gives) and a Celery worker as separate processes over
 Redis and PostgreSQL.
+
+A daemon starts on a copy of a database migrated once per test process (SQLite's backup, PostgreSQL's
+CREATE DATABASE ... TEMPLATE): `migrate` on a new database was the heaviest part of a daemon's start, and
+some thirty of them start in each pass of `make test`.
 """
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import sqlite3
+import tempfile
 import signal
 import socket
 import subprocess
@@ -60,6 +68,55 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+#: What a daemon has of its own; the rest of its environment may decide what its migrated database holds.
+OWN_ENV = ("UGENT_VAR_DIR", "UGENT_WEB_API_KEY", "UGENT_WORKSPACE", "UGENT_SCRIPTED_LOG", "UGENT_CELERY_QUEUE",
+           "DATABASE_URL")
+#: (run mode, the rest of the environment) -> a migrated SQLite file, or a PostgreSQL database to copy
+_templates: dict[tuple, object] = {}
+
+
+def _template_for(daemon: "Daemon"):
+    key = (daemon.servers, tuple(sorted((k, v) for k, v in daemon.env.items() if k not in OWN_ENV)))
+    if key not in _templates:
+        maker = Daemon.__new__(Daemon)
+        maker.__dict__.update(daemon.__dict__)
+        maker.env = dict(daemon.env)
+        if daemon.servers:
+            name = "ugent_e2e_tpl_" + uuid.uuid4().hex[:10]
+            maker.dbname = name
+            maker.env["DATABASE_URL"] = daemon.env["DATABASE_URL"].rsplit("/", 1)[0] + "/" + name
+            maker._pg(f'CREATE DATABASE "{name}"')
+            atexit.register(_drop_template, daemon.pg_admin, name)
+            maker.prepare_database()
+            _templates[key] = name
+        else:
+            where = Path(tempfile.mkdtemp(prefix="ugent-daemon-template-"))
+            atexit.register(shutil.rmtree, where, True)
+            maker.env.update({"UGENT_VAR_DIR": str(where / "var"), "UGENT_WORKSPACE": str(where / "workspace")})
+            maker.prepare_database()
+            _templates[key] = where / "var" / "ugent.sqlite3"
+    return _templates[key]
+
+
+def _drop_template(pg_admin: str, name: str) -> None:
+    import psycopg
+    try:
+        with psycopg.connect(pg_admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    except Exception:  # the test run is ending: a leftover template is only disk space
+        pass
+
+
+def _sqlite_copy(source: Path, target: Path) -> None:
+    """A consistent copy of a SQLite database (its WAL included), by SQLite's own backup."""
+    src, dst = sqlite3.connect(source), sqlite3.connect(target)
+    try:
+        src.backup(dst)
+    finally:
+        dst.close()
+        src.close()
+
+
 class Daemon:
     def __init__(self, tmp: Path, *, servers: bool | None = None, extra_env: dict | None = None,
                  beat: bool = False, worker_concurrency: int = 8):
@@ -108,18 +165,25 @@ class Daemon:
         with psycopg.connect(self.pg_admin, autocommit=True) as conn:
             conn.execute(sql)
 
-    def start(self, profiles: str = "scripted"):
+    def start(self):
         (self.tmp / "workspace").mkdir(parents=True, exist_ok=True)
+        template = _template_for(self)
         if self.servers:
-            self._pg(f'CREATE DATABASE "{self.dbname}"')
+            self._pg(f'CREATE DATABASE "{self.dbname}" TEMPLATE "{template}"')
+        else:
+            (self.tmp / "var").mkdir(parents=True, exist_ok=True)
+            _sqlite_copy(template, self.tmp / "var" / "ugent.sqlite3")
+        self.spawn()
+        return self
+
+    def prepare_database(self):
+        """Migrate this daemon's database and give it the tests' agent profiles."""
         self.manage("migrate", "--noinput")
         self.manage("shell", "-c", (
             "from plugins_app.models import AgentProfile as P;"
             "P.objects.get_or_create(name='scripted', provider='scripted', defaults={'is_default': True});"
             f"P.objects.get_or_create(name='ugent-notes', provider='ugent-notes', "
             f"defaults={{'config': {{'path': '{ROOT / 'workspace' / 'notes'}'}}}})"))
-        self.spawn()
-        return self
 
     def spawn_worker(self) -> subprocess.Popen:
         """Servers mode: one more Celery worker (after kill_worker, the one that replaces it)."""
