@@ -8,6 +8,7 @@ the manifest resolves to the app's own file, which WhiteNoise serves from the fi
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 from pathlib import Path
@@ -16,6 +17,7 @@ from django.conf import settings
 from whitenoise.storage import CompressedManifestStaticFilesStorage
 
 STAMP_NAME = ".ugent-collected"
+LOCK_NAME = ".ugent-collect.lock"
 
 
 class StaticStorage(CompressedManifestStaticFilesStorage):
@@ -43,12 +45,17 @@ def static_collect_if_changed() -> bool:
     """Run collectstatic when the sources changed since the last collect (or none happened). True if it ran."""
     from django.core.management import call_command
     root = Path(settings.STATIC_ROOT)
+    root.mkdir(parents=True, exist_ok=True)
     stamp_file = root / STAMP_NAME
     stamp = sources_stamp()
-    if (root / "staticfiles.json").exists() and stamp_file.exists() and stamp_file.read_text() == stamp:
-        return False
-    call_command("collectstatic", interactive=False, verbosity=0)
-    tmp = stamp_file.with_name(f"{STAMP_NAME}.{os.getpid()}")
-    tmp.write_text(stamp)
-    tmp.replace(stamp_file)  # atomic: two daemons sharing a STATIC_ROOT never read half a stamp
-    return True
+    # Two daemons sharing a STATIC_ROOT (one checkout, two embedded daemons) starting at once: the second
+    # waits for the first's collect and finds it done, instead of writing the same files beside it.
+    with open(root / LOCK_NAME, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (root / "staticfiles.json").exists() and stamp_file.exists() and stamp_file.read_text() == stamp:
+            return False
+        call_command("collectstatic", interactive=False, verbosity=0)
+        tmp = stamp_file.with_name(f"{STAMP_NAME}.{os.getpid()}")
+        tmp.write_text(stamp)
+        tmp.replace(stamp_file)  # atomic: a reader never sees half a stamp
+        return True

@@ -52,6 +52,34 @@ def test_collectstatic_runs_at_start_only_when_the_files_changed(settings, tmp_p
         staticfiles_storage._wrapped = empty
 
 
+def test_two_daemons_starting_at_once_on_one_static_root_collect_once(tmp_path):
+    """Two embedded daemons on one checkout share its STATIC_ROOT: started together, one collects and the
+    other waits for it and finds the files collected, instead of writing the same files beside it."""
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    go = tmp_path / "go"
+    script = (
+        "import os, sys, time, django; django.setup()\n"
+        "from ugent_site.staticfiles import static_collect_if_changed\n"
+        f"while not os.path.exists({str(go)!r}): time.sleep(0.01)\n"
+        "print('collected' if static_collect_if_changed() else 'found')\n")
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST")},
+           "DJANGO_SETTINGS_MODULE": "ugent_site.settings", "UGENT_STATIC_ROOT": str(tmp_path / "static"),
+           "UGENT_VAR_DIR": str(tmp_path / "var"), "PYTHONPATH": str(root)}
+    procs = [subprocess.Popen([sys.executable, "-c", script], cwd=root, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    time.sleep(3)  # both have set Django up and wait for the word
+    go.touch()
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    assert sorted(out.strip() for out, _ in outs) == ["collected", "found"], outs
+    assert (tmp_path / "static" / "staticfiles.json").exists()
+
+
 def test_the_daemon_prints_the_admin_url_and_until_an_account_exists_how_to_make_one(django_user_model):
     from ugent_site.management.commands.rundaemon import Command
     out = io.StringIO()
