@@ -557,3 +557,20 @@ def test_a_build_that_fails_after_a_close_leaves_no_memo_and_a_waiting_turn_star
         assert isinstance(plugins.toolbox_plugin("x"), Box)  # not "failed to start" from before the close
     finally:
         plugins.toolboxes_close()
+
+
+def test_two_entries_naming_the_same_server_are_two_toolboxes_under_their_own_ids():
+    """Two `[[tools.mcp]]` entries with the same command, args and env used to share one toolbox: the
+    first's id for both, so the second entry's tools were reported under the first's name."""
+    before = server_pids()
+    try:
+        a = plugins.mcp_toolbox("a", command=sys.executable, args=[str(SERVER)])
+        b = plugins.mcp_toolbox("b", command=sys.executable, args=[str(SERVER)])
+        assert a is not b
+        assert (a.toolbox_id, b.toolbox_id) == ("mcp-a", "mcp-b")
+        assert "add" in a.tools and "add" in b.tools
+        assert plugins.mcp_toolbox("a", command=sys.executable, args=[str(SERVER)]) is a  # each still kept
+        assert len(server_pids() - before) == 2
+    finally:
+        plugins.toolboxes_close()
+    assert gone(before)

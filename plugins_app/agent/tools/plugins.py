@@ -68,7 +68,8 @@ def toolbox_plugin(entry: str, config: Optional[dict] = None, *, toolbox_id: Opt
     without tools, and a build that raised raises again at once. An MCP toolbox whose server's process
     ended under a call connects again likewise."""
     config = dict(config or {})
-    key = _key("plugin", entry, config)
+    # (its id too: two [[tools.mcp]] entries naming the same server are two toolboxes, each under its name)
+    key = _key("plugin", entry if toolbox_id is None else f"{entry}#{toolbox_id}", config)
     with _lock:
         box = _kept.get(key)
         if box is not None and (_usable(box) or _clock() < _retry_at.get(key, 0.0)):
