@@ -8,7 +8,7 @@ from cron_app.models import CronDestination, CronJob, CronRun, CronSettings, Cro
 @admin.register(CronSettings)
 class CronSettingsAdmin(admin.ModelAdmin):
     list_display = ("__str__", "enabled", "updated_at")
-    readonly_fields = ("created_at", "updated_at")
+    readonly_fields = ("file_sha256", "created_at", "updated_at")
 
     def has_add_permission(self, request):
         return not CronSettings.objects.exists()

@@ -1,15 +1,48 @@
 import logging
+import threading
 
 from django.apps import AppConfig
 
 log = logging.getLogger("ugent.cron")
 
 
+_watcher = None
+_watcher_lock = threading.Lock()
+
+
+def _watch_cron_file():
+    """Import UGENT_CRON_FILE now and whenever it changes (cron_app/filewatch.py): one watcher a process,
+    whichever starts it first (the embedded daemon runs beat inside it too). None when no file is set."""
+    from cron_app import conf
+    from cron_app.filewatch import CronFileWatcher
+    global _watcher
+    path = conf.cron_file_watched()
+    if not path:
+        return None
+    with _watcher_lock:
+        if _watcher is None:
+            try:
+                _watcher = CronFileWatcher(path, poll=conf.cron_watch_poll_secs()).start()
+            except Exception:  # cron must not keep the daemon from starting
+                log.exception("cron file watch could not start (path=%s)", path)
+        return _watcher
+
+
+def _unwatch_cron_file() -> None:
+    global _watcher
+    with _watcher_lock:
+        watcher, _watcher = _watcher, None
+    if watcher is not None:
+        watcher.stop()
+
+
 class CronStartup:
-    """At an embedded daemon's start: recover runs a stopped process left, then run missed slots once."""
+    """At an embedded daemon's start: import cron.toml if it changed (and watch it), recover runs a stopped
+    process left, then run missed slots once."""
 
     def start(self):
         from cron_app.services import cron_catch_up, cron_running, cron_runs_recover
+        _watch_cron_file()
         try:
             recovered = cron_runs_recover()
             if recovered["resumed"] or recovered["requeued"]:
@@ -21,15 +54,17 @@ class CronStartup:
             log.exception("cron start-up failed")
 
     def stop(self):
-        pass
+        _unwatch_cron_file()
 
 
 def _on_beat_init(sender=None, **kwargs):
-    """A beat process starting (servers mode) runs the missed slots once, like the embedded daemon."""
+    """A beat process starting (servers mode) imports and watches cron.toml and runs the missed slots once,
+    like the embedded daemon."""
     from django.db import close_old_connections
 
     from cron_app.services import cron_catch_up, cron_running
     from cron_app.tasks import cron_sweep_schedule_ensure
+    _watch_cron_file()
     try:
         cron_sweep_schedule_ensure()
         if cron_running():

@@ -22,9 +22,22 @@ STEP_TIME_LIMIT = 360
 SWEEP_EVERY_SECS = 60
 #: A slot fired later than this after its time counts as missed (catch-up policy applies).
 FIRE_GRACE_SECS = settings.UGENT_CRON_FIRE_GRACE_SECS
-#: The default cron.toml for `manage.py cron import` without a FILE.
+#: The default cron.toml for `manage.py cron import` without a FILE; the file the daemon (beat in servers
+#: mode) imports at start and whenever it changes, unless UGENT_CRON_WATCH is false.
 CRON_FILE = settings.UGENT_CRON_FILE
 #: A `cron run` process renews its lease on the run it executes this often; a run whose lease is
 #: older than RUNNER_LEASE_SECS lost its process (kill -9) and ends interrupted at the next claim or sweep.
 RUNNER_LEASE_SECS = settings.UGENT_CRON_RUNNER_LEASE_SECONDS
 RUNNER_RENEW_SECS = max(0.2, RUNNER_LEASE_SECS / 3)
+
+
+def cron_file_watched() -> str:
+    """The cron.toml this process imports and watches ("" for none): UGENT_CRON_FILE, where cron runs and
+    UGENT_CRON_WATCH is on."""
+    if not (settings.UGENT_CRON_WATCH and settings.UGENT_CRON_ENABLED):
+        return ""
+    return settings.UGENT_CRON_FILE
+
+
+def cron_watch_poll_secs() -> float:
+    return max(0.1, float(settings.UGENT_CRON_WATCH_POLL_SECS))

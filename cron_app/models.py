@@ -14,6 +14,10 @@ class CronSettings(TimeStamped):
     enabled = models.BooleanField(
         default=True, help_text="Off: no job runs, and rules that start a workflow are told "
                                 "“cron is not running here”.")
+    file_sha256 = models.CharField(
+        max_length=64, blank=True, default="", editable=False,
+        help_text="The SHA-256 of the cron.toml last imported: the daemon imports UGENT_CRON_FILE again only "
+                  "when its text differs, so an admin edit stays until the file changes.")
 
     class Meta:
         verbose_name = verbose_name_plural = "cron settings"

@@ -19,6 +19,7 @@ CronSettings row) is false, or this deployment sets UGENT_CRON_ENABLED=false.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import secrets
@@ -898,11 +899,13 @@ def cron_settings_set(*, enabled: bool) -> None:
 
 
 @transaction.atomic
-def cron_config_import(*, config: dict) -> dict:
+def cron_config_import(*, config: dict, digest: Optional[str] = None) -> dict:
     """Make the rows say what a checked cron.toml says (see tomlio.parse_cron_toml); jobs it no longer
-    names are deleted. Returns counts."""
+    names are deleted. `digest`: the SHA-256 of the file's text, kept so the daemon's watch of
+    UGENT_CRON_FILE (cron_file_sync) does not import the same text again. Returns counts."""
     from django_celery_beat.models import PeriodicTasks
-    CronSettings.objects.update_or_create(pk=1, defaults={"enabled": config["enabled"]})
+    CronSettings.objects.update_or_create(pk=1, defaults={
+        "enabled": config["enabled"], **({"file_sha256": digest} if digest is not None else {})})
     names = []
     for pos, j in enumerate(config["jobs"]):
         names.append(j["id"])
@@ -940,3 +943,37 @@ def cron_config_export() -> dict:
             "destinations": [{"channel": d.channel, "conversation": d.conversation}
                              for d in job.destinations.all()]})
     return out
+
+
+def cron_file_digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def cron_file_sync(*, path: str) -> dict:
+    """Import cron.toml at `path` when its text differs from the text last imported (CronSettings.file_sha256).
+
+    So a restart with the same file changes nothing (an admin edit stays), and an edit of the file is
+    imported. Returns {"state": "imported", "jobs", "removed"}, {"state": "unchanged"}, or
+    {"state": "refused" | "missing", "reason"}: then nothing changed."""
+    from cron_app.tomlio import CronConfigError, parse_cron_toml
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        return {"state": "missing", "reason": "no such file"}
+    except (OSError, UnicodeDecodeError) as exc:
+        return {"state": "refused", "reason": f"cannot read it: {getattr(exc, 'strerror', None) or exc}"}
+    digest = cron_file_digest(text)
+    if CronSettings.objects.filter(pk=1, file_sha256=digest).exists():
+        return {"state": "unchanged"}
+    try:
+        config = parse_cron_toml(text)
+    except CronConfigError as exc:
+        return {"state": "refused", "reason": str(exc)}
+    with transaction.atomic():
+        CronSettings.objects.get_or_create(pk=1)
+        # one import of a text, whoever looks at the file at the same moment
+        if CronSettings.objects.select_for_update().filter(pk=1, file_sha256=digest).exists():
+            return {"state": "unchanged"}
+        counts = cron_config_import(config=config, digest=digest)
+    return {"state": "imported", **counts}

@@ -314,6 +314,8 @@ UGENT_CRON_TASK_TIME_LIMIT = env.float("UGENT_CRON_TASK_TIME_LIMIT", default=600
 UGENT_CRON_RUN_TIME_LIMIT = env.int("UGENT_CRON_RUN_TIME_LIMIT", default=3660)
 UGENT_CRON_FIRE_GRACE_SECS = env.int("UGENT_CRON_FIRE_GRACE_SECS", default=300)
 UGENT_CRON_FILE = env.str("UGENT_CRON_FILE", default="")
+UGENT_CRON_WATCH = env.bool("UGENT_CRON_WATCH", default=True)
+UGENT_CRON_WATCH_POLL_SECS = env.float("UGENT_CRON_WATCH_POLL_SECS", default=1.0)
 UGENT_CRON_RUNNER_LEASE_SECONDS = env.float("UGENT_CRON_RUNNER_LEASE_SECONDS", default=15.0)
 # channels_app.compaction: the exchanges a compaction keeps as they are, and the share of a profile's
 # context_tokens past which a turn's history is compacted before the engine is called

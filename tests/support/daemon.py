@@ -70,7 +70,7 @@ def free_port() -> int:
 
 #: What a daemon has of its own; the rest of its environment may decide what its migrated database holds.
 OWN_ENV = ("UGENT_VAR_DIR", "UGENT_WEB_API_KEY", "UGENT_WORKSPACE", "UGENT_SCRIPTED_LOG", "UGENT_CELERY_QUEUE",
-           "DATABASE_URL")
+           "DATABASE_URL", "UGENT_CRON_FILE")
 #: (run mode, the rest of the environment) -> a migrated SQLite file, or a PostgreSQL database to copy
 _templates: dict[tuple, object] = {}
 
@@ -209,11 +209,14 @@ class Daemon:
         if self.servers:
             import psycopg
             with psycopg.connect(self.env["DATABASE_URL"], autocommit=True) as conn:
-                return conn.execute(query.replace("?", "%s"), params).fetchall()
+                cur = conn.execute(query.replace("?", "%s"), params)
+                return cur.fetchall() if cur.description else []
         import sqlite3
         conn = sqlite3.connect(self.tmp / "var" / "ugent.sqlite3", timeout=30)
         try:
-            return conn.execute(query, params).fetchall()
+            rows = conn.execute(query, params).fetchall()
+            conn.commit()  # (a write, as psycopg's autocommit above)
+            return rows
         finally:
             conn.close()
 

@@ -38,7 +38,7 @@ class Command(BaseCommand):
         return getattr(self, f"do_{opts['action']}")(opts)
 
     def do_import(self, opts):
-        from cron_app.services import cron_config_import
+        from cron_app.services import cron_config_import, cron_file_digest
         from cron_app.tomlio import CronConfigError, parse_cron_toml
         path = opts["file"] or conf.CRON_FILE
         if not path:
@@ -52,7 +52,7 @@ class Command(BaseCommand):
             config = parse_cron_toml(text)
         except CronConfigError as exc:
             raise CommandError(f"{path}: {exc}; nothing was changed")
-        counts = cron_config_import(config=config)
+        counts = cron_config_import(config=config, digest=cron_file_digest(text))
         self.stdout.write(f"Imported {counts['jobs']} cron job(s) from {path}"
                           + (f"; removed {counts['removed']}" if counts["removed"] else "") + ".")
 

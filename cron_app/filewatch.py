@@ -1,0 +1,105 @@
+"""The daemon's watch of UGENT_CRON_FILE: an edit to cron.toml counts without a restart.
+
+The process that fires the schedules (the embedded daemon; beat in servers mode) imports the file when it
+starts and whenever it changes, through `services.cron_file_sync`: only a text other than the one last
+imported is imported, so a restart with the same file leaves the admin's edits alone, and a file refused
+(a bad schedule, an unknown key) changes nothing and is logged with the reason. The watch is watchfiles'
+on the file's folder (an editor that saves by renaming is seen too), with a look at the file's signature
+every `poll` seconds besides, for filesystems that send no events.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Optional
+
+import watchfiles
+from django.db import close_old_connections
+
+log = logging.getLogger("ugent.cron")
+
+LOG_IMPORTED = "cron file imported (path=%s, jobs=%d, removed=%d)"
+LOG_REFUSED = "cron file refused (path=%s, reason=%s); the jobs stay as they were"
+LOG_MISSING = "cron file missing (path=%s); the jobs stay as they were"
+LOG_WATCHING = "cron file watched (path=%s, state=%s)"
+
+
+def _signature(path: Path) -> Optional[tuple]:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+class CronFileWatcher:
+    def __init__(self, path: str, *, poll: float = 1.0):
+        self.path = Path(path).expanduser().resolve()
+        self.poll = poll
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._seen: object = ()  # the signature last looked at (() : never)
+        self._said: Optional[tuple] = None  # the last outcome logged, so a broken file is logged once
+        self.last: Optional[dict] = None
+
+    def sync_once(self) -> Optional[dict]:
+        """Look at the file: import it if it changed since the last look. The outcome, or None if unchanged."""
+        sig = _signature(self.path)
+        if sig == self._seen:
+            return None
+        self._seen = sig
+        from cron_app.services import cron_file_sync
+        try:
+            out = cron_file_sync(path=str(self.path))
+        except Exception:  # the database is down, say: look again at the next change or poll
+            self._seen = ()
+            log.exception("cron file import failed (path=%s); trying again shortly", self.path)
+            return None
+        finally:
+            close_old_connections()
+        self.last = out
+        said = (out["state"], out.get("reason"))
+        if out["state"] == "imported":
+            log.info(LOG_IMPORTED, self.path, out["jobs"], out["removed"])
+        elif said != self._said and out["state"] == "refused":
+            log.error(LOG_REFUSED, self.path, out["reason"])
+        elif said != self._said and out["state"] == "missing":
+            log.warning(LOG_MISSING, self.path)
+        self._said = said
+        return out
+
+    def start(self) -> "CronFileWatcher":
+        """Import now (so what starts next sees the file's jobs), then watch on a thread of its own."""
+        out = self.sync_once()
+        log.info(LOG_WATCHING, self.path, out["state"] if out else "unchanged")
+        self._thread = threading.Thread(target=self._run, name="ugent-cron-file", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def _run(self) -> None:
+        name = self.path.name
+        while not self._stop.is_set():
+            folder = self.path.parent
+            if not folder.is_dir():
+                self._stop.wait(self.poll)
+                self.sync_once()
+                continue
+            try:
+                for _changes in watchfiles.watch(
+                        folder, watch_filter=lambda _c, changed: os.path.basename(changed) == name,
+                        stop_event=self._stop, rust_timeout=max(100, int(self.poll * 1000)),
+                        yield_on_timeout=True, recursive=False, raise_interrupt=False):
+                    if self._stop.is_set():
+                        return
+                    self.sync_once()
+            except Exception:  # the folder went away, a notify error: look again later
+                log.warning("cron file watch error (path=%s); retrying", self.path, exc_info=True)
+                self._stop.wait(self.poll)

@@ -1,0 +1,122 @@
+"""UGENT_CRON_FILE is imported when it changes (cron_app/filewatch.py, services.cron_file_sync): "an edit to
+cron.toml counts without a restart", while a restart with the same file leaves the admin's edits alone and
+a refused file changes nothing."""
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import pytest
+from django.core.management import call_command
+
+from cron_app.filewatch import LOG_IMPORTED, LOG_REFUSED, CronFileWatcher
+from cron_app.models import CronJob, CronSettings
+from cron_app.services import cron_file_sync
+
+DIGEST = """
+[[jobs]]
+id = "digest"
+rule_trigger = true
+
+[[jobs.tasks]]
+id = "summarise"
+prompt = "Summarise what the sender asked for, in one line."
+"""
+
+NIGHTLY = """
+[[jobs]]
+id = "nightly"
+schedule = "30 2 * * 1-5"
+
+[[jobs.tasks]]
+id = "collect"
+prompt = "Collect yesterday's tickets."
+"""
+
+
+def jobs() -> dict[str, bool]:
+    return dict(CronJob.objects.values_list("name", "enabled"))
+
+
+def write(path, text: str, stamp: int) -> None:
+    path.write_text(text)
+    os.utime(path, ns=(stamp * 10**9, stamp * 10**9))  # a new signature even within the clock's tick
+
+
+@pytest.mark.django_db
+def test_a_file_is_imported_once_and_again_only_when_its_text_changes(tmp_path):
+    path = tmp_path / "cron.toml"
+    write(path, DIGEST, 1)
+    assert cron_file_sync(path=str(path)) == {"state": "imported", "jobs": 1, "removed": 0}
+    assert jobs() == {"digest": True}
+    assert cron_file_sync(path=str(path)) == {"state": "unchanged"}
+    # the admin turns the job off: a restart with the same file leaves that alone
+    CronJob.objects.filter(name="digest").update(enabled=False)
+    assert cron_file_sync(path=str(path)) == {"state": "unchanged"}
+    assert jobs() == {"digest": False}
+    # the file changes: the file's jobs, as it says them
+    write(path, DIGEST + NIGHTLY, 2)
+    assert cron_file_sync(path=str(path)) == {"state": "imported", "jobs": 2, "removed": 0}
+    assert jobs() == {"digest": True, "nightly": True}
+    write(path, NIGHTLY, 3)
+    assert cron_file_sync(path=str(path)) == {"state": "imported", "jobs": 1, "removed": 1}
+    assert jobs() == {"nightly": True}
+
+
+@pytest.mark.django_db
+def test_a_refused_or_missing_file_changes_nothing(tmp_path):
+    path = tmp_path / "cron.toml"
+    write(path, DIGEST, 1)
+    cron_file_sync(path=str(path))
+    digest = CronSettings.current().file_sha256
+    write(path, DIGEST + '\n[[jobs]]\nid = "bad"\nschedule = "61 * * * *"\n[[jobs.tasks]]\nid = "t"\nprompt = "p"\n', 2)
+    out = cron_file_sync(path=str(path))
+    assert out["state"] == "refused" and "bad" in out["reason"], out
+    assert jobs() == {"digest": True} and CronSettings.current().file_sha256 == digest
+    path.unlink()
+    assert cron_file_sync(path=str(path)) == {"state": "missing", "reason": "no such file"}
+    assert jobs() == {"digest": True}
+
+
+@pytest.mark.django_db
+def test_cron_import_records_the_text_it_imported(tmp_path):
+    path = tmp_path / "cron.toml"
+    write(path, DIGEST, 1)
+    call_command("cron", "import", str(path), stdout=open(os.devnull, "w"))
+    assert cron_file_sync(path=str(path)) == {"state": "unchanged"}
+
+
+def wait_for(predicate, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_watcher_imports_an_edit_without_a_restart_and_logs_a_refused_one_once(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="ugent.cron")
+    path = tmp_path / "cron.toml"
+    write(path, DIGEST, 1)
+    watcher = CronFileWatcher(str(path), poll=0.2).start()
+    try:
+        assert jobs() == {"digest": True}  # imported before start() returned
+        write(path, DIGEST + NIGHTLY, 2)
+        assert wait_for(lambda: jobs() == {"digest": True, "nightly": True}), jobs()
+        write(path, "[[jobs]]\nid = \"x\"\nbogus = 1\n", 3)
+        refused = LOG_REFUSED.split(" (")[0]
+        assert wait_for(lambda: any(r.getMessage().startswith(refused) for r in caplog.records))
+        time.sleep(1.0)  # several polls of the same broken file
+        assert sum(r.getMessage().startswith(refused) for r in caplog.records) == 1
+        assert jobs() == {"digest": True, "nightly": True}
+        # replaced by rename, as editors save
+        new = tmp_path / "cron.toml.new"
+        write(new, NIGHTLY, 4)
+        os.replace(new, path)
+        assert wait_for(lambda: jobs() == {"nightly": True}), jobs()
+        assert sum(r.getMessage().startswith(LOG_IMPORTED.split(" (")[0]) for r in caplog.records) == 3
+    finally:
+        watcher.stop()

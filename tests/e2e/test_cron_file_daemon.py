@@ -1,0 +1,69 @@
+"""The daemon imports UGENT_CRON_FILE at start and whenever it changes (embedded: rundaemon; servers: beat),
+and a restart with the same file leaves the admin's edits alone (docs/cron.md, "The file and the admin")."""
+from __future__ import annotations
+
+import os
+import time
+
+from tests.support.daemon import Daemon
+
+DIGEST = """
+[[jobs]]
+id = "digest"
+rule_trigger = true
+
+[[jobs.tasks]]
+id = "summarise"
+prompt = "Summarise what the sender asked for, in one line."
+"""
+
+NIGHTLY = """
+[[jobs]]
+id = "nightly"
+schedule = "30 2 * * 1-5"
+
+[[jobs.tasks]]
+id = "collect"
+prompt = "Collect yesterday's tickets."
+"""
+
+
+def wait_for(predicate, what: str, timeout: float = 30):
+    deadline = time.monotonic() + timeout
+    value = None
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what} (last: {value!r})")
+
+
+def test_an_edit_to_cron_toml_counts_without_a_restart_and_a_restart_keeps_the_admins_edits(tmp_path):
+    path = tmp_path / "cron.toml"
+    path.write_text(DIGEST)
+    d = Daemon(tmp_path / "d", beat=True, extra_env={"UGENT_CRON_FILE": str(path),
+                                                     "UGENT_CRON_WATCH_POLL_SECS": "0.2"}).start()
+    try:
+        def jobs():
+            return {name: bool(on) for name, on in d.sql("SELECT name, enabled FROM cron_app_cronjob")}
+        wait_for(lambda: jobs() == {"digest": True}, "the file's job at start")
+        path.write_text(DIGEST + NIGHTLY)
+        os.utime(path, ns=(2 * 10**9, 2 * 10**9))
+        wait_for(lambda: jobs() == {"digest": True, "nightly": True}, "the edit's job")
+        # scheduled by beat's schedule, as an imported job is
+        assert [bool(on) for on, in d.sql(
+            "SELECT enabled FROM django_celery_beat_periodictask WHERE name = 'cron job nightly'")] == [True]
+        log = (tmp_path / "d" / "daemon.log").read_text()
+        assert f"cron file imported (path={path}, jobs=2, removed=0)" in log, log[-2000:]
+        # the admin turns a job off; a restart with the same file keeps that
+        d.sql("UPDATE cron_app_cronjob SET enabled = false WHERE name = 'digest'")
+        d.stop()
+        d.spawn()
+        watched = f"cron file watched (path={path}, state="
+        wait_for(lambda: (tmp_path / "d" / "daemon.log").read_text().count(watched) == 2,
+                 "the restarted process's first look at the file")
+        assert f"{watched}unchanged)" in (tmp_path / "d" / "daemon.log").read_text()
+        assert jobs() == {"digest": False, "nightly": True}
+    finally:
+        d.close()
