@@ -29,11 +29,13 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import websockets
 from websockets.asyncio.server import serve
+
+from tests.fakes import FakeHTTPServer
 
 BOT_USER = {"id": "1100000000000000001", "username": "ugent-bot", "discriminator": "0", "global_name": None,
             "avatar": None, "bot": True, "flags": 0}
@@ -96,7 +98,7 @@ class FakeDiscord:
             def do_POST(self):
                 fake._http(self, "POST")
 
-        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.http = FakeHTTPServer(("127.0.0.1", 0), Handler)
         self.http.daemon_threads = True
         threading.Thread(target=self.http.serve_forever, daemon=True).start()
         self.http_base = f"http://127.0.0.1:{self.http.server_address[1]}"

@@ -27,8 +27,10 @@ import threading
 import time
 import urllib.request
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, urlparse
+
+from tests.fakes import FakeHTTPServer
 
 AUDIENCE = "https://ugent.example.org/push"
 SERVICE_ACCOUNT = "gmail-push@example-project.iam.gserviceaccount.com"
@@ -54,7 +56,7 @@ class FakeGmail:
         self.watches: list[dict] = []
         self.requests: list[tuple[str, str]] = []
         self.access_token = "ya29." + uuid.uuid4().hex
-        self.server: ThreadingHTTPServer | None = None
+        self.server: FakeHTTPServer | None = None
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -71,7 +73,7 @@ class FakeGmail:
             def log_message(self, *a):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = FakeHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         return self
 

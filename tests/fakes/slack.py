@@ -31,13 +31,15 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.server import ServerConnection, serve
+
+from tests.fakes import FakeHTTPServer
 
 TEAM = "T0FAKE001"
 APP_ID = "A0FAKE001"
@@ -105,7 +107,7 @@ class FakeSlack:
         self._ts = itertools.count(1)
         self._ids = itertools.count(1)
         self._stop = threading.Event()
-        self._http = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._http = FakeHTTPServer(("127.0.0.1", 0), self._handler())
         self._http.daemon_threads = True
         self._ws = serve(self._ws_session, "127.0.0.1", 0)
         self._threads: list[threading.Thread] = []

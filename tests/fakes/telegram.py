@@ -32,8 +32,10 @@ import time
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from tests.fakes import FakeHTTPServer
 
 DEFAULT_TOKEN = "123456:TEST-token_abc"
 BOT_USER = {"id": 123456, "is_bot": True, "first_name": "UGENT test bot", "username": "ugent_test_bot",
@@ -81,7 +83,7 @@ class FakeTelegram:
         self._drop_polls = 0
         self._chats: dict[int, dict] = {}
         self._webhook_queue: list[dict] = []
-        self._server: ThreadingHTTPServer | None = None
+        self._server: FakeHTTPServer | None = None
         self._stopping = threading.Event()
 
     # ------------------------------------------------------------------ lifecycle
@@ -92,7 +94,7 @@ class FakeTelegram:
         class Handler(_Handler):
             pass
         Handler.fake = fake
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = FakeHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, name="fake-telegram", daemon=True).start()
         threading.Thread(target=self._webhook_loop, name="fake-telegram-webhook", daemon=True).start()
