@@ -40,6 +40,10 @@ class CronStartup:
     """At an embedded daemon's start: import cron.toml if it changed (and watch it), recover runs a stopped
     process left, then run missed slots once."""
 
+    #: Before the rule engine's start: its StartWorkflow rules are checked against the jobs as they load,
+    #: and a rule naming a job new in cron.toml must find it imported (rundaemon's start_background_services).
+    start_order = 10
+
     def start(self):
         from cron_app.services import cron_catch_up, cron_running, cron_runs_recover
         _watch_cron_file()

@@ -3,20 +3,22 @@
 The process that fires the schedules (the embedded daemon; beat in servers mode) imports the file when it
 starts and whenever it changes, through `services.cron_file_sync`: only a text other than the one last
 imported is imported, so a restart with the same file leaves the admin's edits alone, and a file refused
-(a bad schedule, an unknown key) changes nothing and is logged with the reason. The watch is watchfiles'
-on the file's folder (an editor that saves by renaming is seen too), with a look at the file's signature
-every `poll` seconds besides, for filesystems that send no events.
+(a bad schedule, an unknown key, nothing in it) changes nothing and is logged with the reason. The watch
+is watchfiles' on the file's folder (any change there makes it look: an editor that saves by renaming, a
+Kubernetes ConfigMap's swapped `..data` link), with a look every `poll` seconds besides, for filesystems
+that send no events. A look compares the file's signature (through symlinks) with the last one, and reads
+a file only once it has stopped changing.
 """
 from __future__ import annotations
 
 import logging
-import os
 import threading
+import time
 from pathlib import Path
 from typing import Optional
 
 import watchfiles
-from django.db import close_old_connections
+from django.db import close_old_connections, connection
 
 log = logging.getLogger("ugent.cron")
 
@@ -25,10 +27,13 @@ LOG_REFUSED = "cron file refused (path=%s, reason=%s); the jobs stay as they wer
 LOG_MISSING = "cron file missing (path=%s); the jobs stay as they were"
 LOG_WATCHING = "cron file watched (path=%s, state=%s)"
 
+#: A file changed less than this long ago may still be being written: it is read at a later look.
+SETTLE_SECS = 0.3
+
 
 def _signature(path: Path) -> Optional[tuple]:
     try:
-        st = path.stat()
+        st = path.stat()  # (through a symlink: the file it names now)
     except OSError:
         return None
     return st.st_ino, st.st_size, st.st_mtime_ns
@@ -36,7 +41,8 @@ def _signature(path: Path) -> Optional[tuple]:
 
 class CronFileWatcher:
     def __init__(self, path: str, *, poll: float = 1.0):
-        self.path = Path(path).expanduser().resolve()
+        # absolute, not resolved: a symlink swapped later (a ConfigMap, a `current` link) is followed then
+        self.path = Path(path).expanduser().absolute()
         self.poll = poll
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -45,20 +51,34 @@ class CronFileWatcher:
         self.last: Optional[dict] = None
 
     def sync_once(self) -> Optional[dict]:
-        """Look at the file: import it if it changed since the last look. The outcome, or None if unchanged."""
+        """Look at the file: import it if it changed since the last look. The outcome, or None if unchanged
+        (or still being written: then the next look reads it)."""
         sig = _signature(self.path)
         if sig == self._seen:
             return None
-        self._seen = sig
+        if sig is not None and time.time() - sig[2] / 1e9 < SETTLE_SECS:
+            return None
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            text = None
+        except (OSError, UnicodeDecodeError):
+            text = None  # (cron_file_sync reads it again, and says why it cannot)
+        if _signature(self.path) != sig:  # changed while it was read: the next look reads it again
+            return None
         from cron_app.services import cron_file_sync
         try:
-            out = cron_file_sync(path=str(self.path))
-        except Exception:  # the database is down, say: look again at the next change or poll
-            self._seen = ()
-            log.exception("cron file import failed (path=%s); trying again shortly", self.path)
-            return None
+            out = cron_file_sync(path=str(self.path), text=text)
+        except Exception as exc:  # the database is down, say: looked at again at every poll until it works
+            out = {"state": "failed", "reason": f"{type(exc).__name__}: {exc}"}
+            if self._said is None or self._said[0] != "failed":
+                log.exception("cron file import failed (path=%s); trying again at every look", self.path)
+            self._said = ("failed", None)
+            self.last = out
+            return out
         finally:
             close_old_connections()
+        self._seen = sig
         self.last = out
         said = (out["state"], out.get("reason"))
         if out["state"] == "imported":
@@ -73,7 +93,10 @@ class CronFileWatcher:
     def start(self) -> "CronFileWatcher":
         """Import now (so what starts next sees the file's jobs), then watch on a thread of its own."""
         out = self.sync_once()
-        log.info(LOG_WATCHING, self.path, out["state"] if out else "unchanged")
+        if out is None and self._seen == ():  # still being written: give it its moment, once
+            time.sleep(SETTLE_SECS)
+            out = self.sync_once()
+        log.info(LOG_WATCHING, self.path, out["state"] if out else "pending")
         self._thread = threading.Thread(target=self._run, name="ugent-cron-file", daemon=True)
         self._thread.start()
         return self
@@ -85,21 +108,23 @@ class CronFileWatcher:
             self._thread = None
 
     def _run(self) -> None:
-        name = self.path.name
-        while not self._stop.is_set():
-            folder = self.path.parent
-            if not folder.is_dir():
-                self._stop.wait(self.poll)
-                self.sync_once()
-                continue
-            try:
-                for _changes in watchfiles.watch(
-                        folder, watch_filter=lambda _c, changed: os.path.basename(changed) == name,
-                        stop_event=self._stop, rust_timeout=max(100, int(self.poll * 1000)),
-                        yield_on_timeout=True, recursive=False, raise_interrupt=False):
-                    if self._stop.is_set():
-                        return
+        try:
+            while not self._stop.is_set():
+                folder = self.path.parent
+                if not folder.is_dir():
+                    self._stop.wait(self.poll)
                     self.sync_once()
-            except Exception:  # the folder went away, a notify error: look again later
-                log.warning("cron file watch error (path=%s); retrying", self.path, exc_info=True)
-                self._stop.wait(self.poll)
+                    continue
+                try:
+                    for _changes in watchfiles.watch(
+                            folder, watch_filter=None, stop_event=self._stop,
+                            rust_timeout=max(100, int(self.poll * 1000)), yield_on_timeout=True,
+                            recursive=False, raise_interrupt=False):
+                        if self._stop.is_set():
+                            return
+                        self.sync_once()
+                except Exception:  # the folder went away, a notify error: look again later
+                    log.warning("cron file watch error (path=%s); retrying", self.path, exc_info=True)
+                    self._stop.wait(self.poll)
+        finally:
+            connection.close()  # this thread's own

@@ -949,20 +949,25 @@ def cron_file_digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def cron_file_sync(*, path: str) -> dict:
-    """Import cron.toml at `path` when its text differs from the text last imported (CronSettings.file_sha256).
+def cron_file_sync(*, path: str, text: Optional[str] = None) -> dict:
+    """Import cron.toml at `path` (its `text`, when the caller read it) when the text differs from the text
+    last imported (CronSettings.file_sha256).
 
     So a restart with the same file changes nothing (an admin edit stays), and an edit of the file is
     imported. Returns {"state": "imported", "jobs", "removed"}, {"state": "unchanged"}, or
-    {"state": "refused" | "missing", "reason"}: then nothing changed."""
+    {"state": "refused" | "missing", "reason"}: then nothing changed. A file with nothing in it is refused
+    (more likely a write caught half-way than a wish to delete every job: `enabled = true` alone says that)."""
     from cron_app.tomlio import CronConfigError, parse_cron_toml
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except FileNotFoundError:
-        return {"state": "missing", "reason": "no such file"}
-    except (OSError, UnicodeDecodeError) as exc:
-        return {"state": "refused", "reason": f"cannot read it: {getattr(exc, 'strerror', None) or exc}"}
+    if text is None:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+        except FileNotFoundError:
+            return {"state": "missing", "reason": "no such file"}
+        except (OSError, UnicodeDecodeError) as exc:
+            return {"state": "refused", "reason": f"cannot read it: {getattr(exc, 'strerror', None) or exc}"}
+    if not text.strip():
+        return {"state": "refused", "reason": "the file is empty"}
     digest = cron_file_digest(text)
     if CronSettings.objects.filter(pk=1, file_sha256=digest).exists():
         return {"state": "unchanged"}
@@ -972,8 +977,8 @@ def cron_file_sync(*, path: str) -> dict:
         return {"state": "refused", "reason": str(exc)}
     with transaction.atomic():
         CronSettings.objects.get_or_create(pk=1)
-        # one import of a text, whoever looks at the file at the same moment
-        if CronSettings.objects.select_for_update().filter(pk=1, file_sha256=digest).exists():
+        # one import of a text, whoever looks at the file at the same moment (the row lock orders them)
+        if CronSettings.objects.select_for_update().get(pk=1).file_sha256 == digest:
             return {"state": "unchanged"}
         counts = cron_config_import(config=config, digest=digest)
     return {"state": "imported", **counts}

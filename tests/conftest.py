@@ -20,6 +20,9 @@ _settings.UGENT_MALLOC_TRIM_SECS = 0  # no trimming thread in the test process (
 # output. The tests of watching turn it on (tests/rules_app/conftest.py's site, test_watcher.py); the
 # daemons the tests start watch as a daemon does.
 _settings.UGENT_RULES_WATCH = False
+# Nor a cron file watch, whatever UGENT_CRON_FILE the environment names (tests/cron_app/test_cron_file_watch.py
+# starts its own; tests/e2e/test_cron_file_daemon.py a daemon's).
+_settings.UGENT_CRON_WATCH = False
 
 OPERATOR_KEY = "ugk_test_operator"
 APP_KEY = "ugk_test_crm"

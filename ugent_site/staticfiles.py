@@ -45,14 +45,19 @@ def static_collect_if_changed() -> bool:
     """Run collectstatic when the sources changed since the last collect (or none happened). True if it ran."""
     from django.core.management import call_command
     root = Path(settings.STATIC_ROOT)
-    root.mkdir(parents=True, exist_ok=True)
     stamp_file = root / STAMP_NAME
     stamp = sources_stamp()
+
+    def current() -> bool:
+        return (root / "staticfiles.json").exists() and stamp_file.exists() and stamp_file.read_text() == stamp
+    if current():  # (no lock needed to find nothing to do: a read-only STATIC_ROOT collected once still starts)
+        return False
+    root.mkdir(parents=True, exist_ok=True)
     # Two daemons sharing a STATIC_ROOT (one checkout, two embedded daemons) starting at once: the second
     # waits for the first's collect and finds it done, instead of writing the same files beside it.
     with open(root / LOCK_NAME, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if (root / "staticfiles.json").exists() and stamp_file.exists() and stamp_file.read_text() == stamp:
+        if current():
             return False
         call_command("collectstatic", interactive=False, verbosity=0)
         tmp = stamp_file.with_name(f"{STAMP_NAME}.{os.getpid()}")

@@ -120,3 +120,35 @@ def test_the_watcher_imports_an_edit_without_a_restart_and_logs_a_refused_one_on
         assert sum(r.getMessage().startswith(LOG_IMPORTED.split(" (")[0]) for r in caplog.records) == 3
     finally:
         watcher.stop()
+
+
+@pytest.mark.django_db
+def test_an_empty_file_is_refused_not_taken_for_no_jobs(tmp_path):
+    """A file caught between an editor's truncate and its write reads empty: importing it would delete
+    every job (and their schedules) until the next look."""
+    path = tmp_path / "cron.toml"
+    write(path, DIGEST, 1)
+    cron_file_sync(path=str(path))
+    write(path, "  \n", 2)
+    assert cron_file_sync(path=str(path)) == {"state": "refused", "reason": "the file is empty"}
+    assert jobs() == {"digest": True}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_watcher_follows_a_symlink_swapped_as_kubernetes_swaps_a_configmap(tmp_path):
+    """cron.toml -> ..data/cron.toml, ..data -> a versioned folder that a new version replaces by renaming a
+    new link over it: the watcher must follow the link as it is now, not the file it named at start."""
+    cfg = tmp_path / "cfg"
+    for version, text in (("v1", DIGEST), ("v2", NIGHTLY)):
+        (cfg / version).mkdir(parents=True)
+        write(cfg / version / "cron.toml", text, 1)
+    os.symlink("v1", cfg / "..data")
+    os.symlink("..data/cron.toml", cfg / "cron.toml")
+    watcher = CronFileWatcher(str(cfg / "cron.toml"), poll=0.2).start()
+    try:
+        assert jobs() == {"digest": True}
+        os.symlink("v2", cfg / "..data_tmp")
+        os.replace(cfg / "..data_tmp", cfg / "..data")
+        assert wait_for(lambda: jobs() == {"nightly": True}), jobs()
+    finally:
+        watcher.stop()

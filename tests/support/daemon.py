@@ -82,7 +82,8 @@ def _template_for(daemon: "Daemon"):
         maker.__dict__.update(daemon.__dict__)
         maker.env = dict(daemon.env)
         if daemon.servers:
-            name = "ugent_e2e_tpl_" + uuid.uuid4().hex[:10]
+            _sweep_templates(daemon.pg_admin)
+            name = f"ugent_e2e_tpl_{os.getpid()}_{uuid.uuid4().hex[:8]}"
             maker.dbname = name
             maker.env["DATABASE_URL"] = daemon.env["DATABASE_URL"].rsplit("/", 1)[0] + "/" + name
             maker._pg(f'CREATE DATABASE "{name}"')
@@ -96,6 +97,18 @@ def _template_for(daemon: "Daemon"):
             maker.prepare_database()
             _templates[key] = where / "var" / "ugent.sqlite3"
     return _templates[key]
+
+
+def _sweep_templates(pg_admin: str) -> None:
+    """Drop the templates of test processes that are gone without their exit's drop (killed, say)."""
+    import psycopg
+    with psycopg.connect(pg_admin, autocommit=True) as conn:
+        names = [n for (n,) in conn.execute(
+            "SELECT datname FROM pg_database WHERE datname LIKE 'ugent\\_e2e\\_tpl\\_%'").fetchall()]
+    for name in names:
+        pid = name.split("_")[3]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            _drop_template(pg_admin, name)
 
 
 def _drop_template(pg_admin: str, name: str) -> None:

@@ -123,15 +123,17 @@ class Command(BaseCommand):
 
     def start_background_services(self, stack: ExitStack) -> None:
         """Each app may offer long-running services (rule watcher, plugin supervisor): an AppConfig
-        method `background_services(mode)` returning objects with start() and stop()."""
+        method `background_services(mode)` returning objects with start() and stop(), started in the
+        apps' order unless a service names an earlier `start_order` (default 100)."""
         from django.apps import apps
+        services = []
         for app_config in apps.get_app_configs():
             factory = getattr(app_config, "background_services", None)
-            if not callable(factory):
-                continue
-            for service in factory("embedded"):
-                service.start()
-                stack.callback(_quietly(service.stop, f"background service {service!r}"))
+            if callable(factory):
+                services.extend(factory("embedded"))
+        for service in sorted(services, key=lambda s: getattr(s, "start_order", 100)):
+            service.start()
+            stack.callback(_quietly(service.stop, f"background service {service!r}"))
 
     def start_worker(self, concurrency: int):
         from ugent_site.celery import app
