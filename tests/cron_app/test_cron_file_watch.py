@@ -13,6 +13,7 @@ from django.core.management import call_command
 from cron_app.filewatch import LOG_IMPORTED, LOG_REFUSED, CronFileWatcher
 from cron_app.models import CronJob, CronSettings
 from cron_app.services import cron_file_sync
+from tests.support.layout import wait_until
 
 DIGEST = """
 [[jobs]]
@@ -87,15 +88,6 @@ def test_cron_import_records_the_text_it_imported(tmp_path):
     assert cron_file_sync(path=str(path)) == {"state": "unchanged"}
 
 
-def wait_for(predicate, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 @pytest.mark.django_db(transaction=True)
 def test_the_watcher_imports_an_edit_without_a_restart_and_logs_a_refused_one_once(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="ugent.cron")
@@ -105,10 +97,11 @@ def test_the_watcher_imports_an_edit_without_a_restart_and_logs_a_refused_one_on
     try:
         assert jobs() == {"digest": True}  # imported before start() returned
         write(path, DIGEST + NIGHTLY, 2)
-        assert wait_for(lambda: jobs() == {"digest": True, "nightly": True}), jobs()
+        wait_until(lambda: jobs() == {"digest": True, "nightly": True}, 10, interval=0.05, what="the watcher")
         write(path, "[[jobs]]\nid = \"x\"\nbogus = 1\n", 3)
         refused = LOG_REFUSED.split(" (")[0]
-        assert wait_for(lambda: any(r.getMessage().startswith(refused) for r in caplog.records))
+        wait_until(lambda: any(r.getMessage().startswith(refused) for r in caplog.records), 10, interval=0.05,
+                   what="the refusal's line")
         time.sleep(1.0)  # several polls of the same broken file
         assert sum(r.getMessage().startswith(refused) for r in caplog.records) == 1
         assert jobs() == {"digest": True, "nightly": True}
@@ -116,7 +109,7 @@ def test_the_watcher_imports_an_edit_without_a_restart_and_logs_a_refused_one_on
         new = tmp_path / "cron.toml.new"
         write(new, NIGHTLY, 4)
         os.replace(new, path)
-        assert wait_for(lambda: jobs() == {"nightly": True}), jobs()
+        wait_until(lambda: jobs() == {"nightly": True}, 10, interval=0.05, what="the watcher")
         assert sum(r.getMessage().startswith(LOG_IMPORTED.split(" (")[0]) for r in caplog.records) == 3
     finally:
         watcher.stop()
@@ -149,6 +142,6 @@ def test_the_watcher_follows_a_symlink_swapped_as_kubernetes_swaps_a_configmap(t
         assert jobs() == {"digest": True}
         os.symlink("v2", cfg / "..data_tmp")
         os.replace(cfg / "..data_tmp", cfg / "..data")
-        assert wait_for(lambda: jobs() == {"nightly": True}), jobs()
+        wait_until(lambda: jobs() == {"nightly": True}, 10, interval=0.05, what="the watcher")
     finally:
         watcher.stop()

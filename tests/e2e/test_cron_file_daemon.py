@@ -3,32 +3,12 @@ and a restart with the same file leaves the admin's edits alone (docs/cron.md, "
 from __future__ import annotations
 
 import os
-import time
 
 import httpx
 
+from tests.cron_app.test_cron_file_watch import DIGEST, NIGHTLY
 from tests.support.daemon import Daemon
-
-DIGEST = """
-[[jobs]]
-id = "digest"
-rule_trigger = true
-
-[[jobs.tasks]]
-id = "summarise"
-prompt = "Summarise what the sender asked for, in one line."
-"""
-
-NIGHTLY = """
-[[jobs]]
-id = "nightly"
-schedule = "30 2 * * 1-5"
-
-[[jobs.tasks]]
-id = "collect"
-prompt = "Collect yesterday's tickets."
-"""
-
+from tests.support.layout import wait_until
 
 RULES = """
 [[rules]]
@@ -39,17 +19,6 @@ match = { field = "text", starts_with = "digest" }
 [rules.decision.StartWorkflow]
 workflow = "digest"
 """
-
-
-def wait_for(predicate, what: str, timeout: float = 30):
-    deadline = time.monotonic() + timeout
-    value = None
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what} (last: {value!r})")
 
 
 def test_an_edit_to_cron_toml_counts_without_a_restart_and_a_restart_keeps_the_admins_edits(tmp_path):
@@ -66,9 +35,9 @@ def test_an_edit_to_cron_toml_counts_without_a_restart_and_a_restart_keeps_the_a
     try:
         def jobs():
             return {name: bool(on) for name, on in d.sql("SELECT name, enabled FROM cron_app_cronjob")}
-        wait_for(lambda: jobs() == {"digest": True}, "the file's job at start")
+        wait_until(lambda: jobs() == {"digest": True}, 30, what="the file's job at start")
         # (servers mode: beat imports the file, and a web process loads the rules at its first message)
-        wait_for(lambda: watched in log_path.read_text(), "the first look at the file")
+        wait_until(lambda: watched in log_path.read_text(), 30, what="the first look at the file")
         r = httpx.post(d.base + "/v1/chat/completions", headers={"x-api-key": d.key}, timeout=30,
                        json={"messages": [{"role": "user", "content": "digest please"}], "user": "alice"})
         assert r.status_code == 200, r.text
@@ -77,7 +46,7 @@ def test_an_edit_to_cron_toml_counts_without_a_restart_and_a_restart_keeps_the_a
         assert "rule dropped" not in log_path.read_text()
         path.write_text(DIGEST + NIGHTLY)
         os.utime(path, ns=(2 * 10**9, 2 * 10**9))
-        wait_for(lambda: jobs() == {"digest": True, "nightly": True}, "the edit's job")
+        wait_until(lambda: jobs() == {"digest": True, "nightly": True}, 30, what="the edit's job")
         # scheduled by beat's schedule, as an imported job is
         assert [bool(on) for on, in d.sql(
             "SELECT enabled FROM django_celery_beat_periodictask WHERE name = 'cron job nightly'")] == [True]
@@ -87,7 +56,8 @@ def test_an_edit_to_cron_toml_counts_without_a_restart_and_a_restart_keeps_the_a
         d.sql("UPDATE cron_app_cronjob SET enabled = false WHERE name = 'digest'")
         d.stop()
         d.spawn()
-        wait_for(lambda: log_path.read_text().count(watched) == 2, "the restarted process's first look at the file")
+        wait_until(lambda: log_path.read_text().count(watched) == 2, 30,
+                   what="the restarted process's first look at the file")
         assert f"{watched}unchanged)" in log_path.read_text()
         assert jobs() == {"digest": False, "nightly": True}
     finally:
