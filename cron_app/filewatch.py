@@ -4,9 +4,9 @@ The process that fires the schedules (the embedded daemon; beat in servers mode)
 starts and whenever it changes, through `services.cron_file_sync`: only a text other than the one last
 imported is imported, so a restart with the same file leaves the admin's edits alone, and a file refused
 (a bad schedule, an unknown key, nothing in it) changes nothing and is logged with the reason. The watch
-is watchfiles' on the file's folder (any change there makes it look: an editor that saves by renaming, a
-Kubernetes ConfigMap's swapped `..data` link), with a look every `poll` seconds besides, for filesystems
-that send no events. A look compares the file's signature (through symlinks) with the last one, and reads
+is watchfiles' on the file's folder (a change of the file, and any name added or removed beside it: an
+editor that saves by renaming, a Kubernetes ConfigMap's swapped `..data` link), with a look every `poll`
+seconds besides, for filesystems that send no events. A look compares the file's signature (through symlinks) with the last one, and reads
 a file only once it has stopped changing.
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ def _signature(path: Path) -> Optional[tuple]:
         st = path.stat()  # (through a symlink: the file it names now)
     except OSError:
         return None
-    return st.st_ino, st.st_size, st.st_mtime_ns
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns  # (ctime: a chmod that makes it readable)
 
 
 class CronFileWatcher:
@@ -56,8 +56,8 @@ class CronFileWatcher:
         sig = _signature(self.path)
         if sig == self._seen:
             return None
-        if sig is not None and time.time() - sig[2] / 1e9 < SETTLE_SECS:
-            return None
+        if sig is not None and 0 <= time.time() - sig[2] / 1e9 < SETTLE_SECS:
+            return None  # (a time in the future, a clock set back, is no write under way: read it)
         try:
             text = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
@@ -107,6 +107,11 @@ class CronFileWatcher:
             self._thread.join(timeout)
             self._thread = None
 
+    def _wants(self, change: watchfiles.Change, changed: str) -> bool:
+        """Any change of the file, and any name added or deleted beside it (a rename-save, a ConfigMap's
+        swapped link); not the writes to other files (a log file kept in the same folder)."""
+        return Path(changed).name == self.path.name or change != watchfiles.Change.modified
+
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
@@ -117,7 +122,7 @@ class CronFileWatcher:
                     continue
                 try:
                     for _changes in watchfiles.watch(
-                            folder, watch_filter=None, stop_event=self._stop,
+                            folder, watch_filter=self._wants, stop_event=self._stop,
                             rust_timeout=max(100, int(self.poll * 1000)), yield_on_timeout=True,
                             recursive=False, raise_interrupt=False):
                         if self._stop.is_set():

@@ -305,7 +305,9 @@ LOGGING = logging_config(
     # httpx logs every upstream request at INFO: a line per turn that says nothing the turn's row does not.
     loggers={"daphne": {"level": "WARNING"}, "uvicorn": {"level": "WARNING"}, "celery": {"level": "WARNING"},
              "django.channels.server": {"level": "WARNING"}, "httpx": {"level": "WARNING"},
-             "httpcore": {"level": "WARNING"}})
+             "httpcore": {"level": "WARNING"},
+             # ("N changes detected" for every batch the rules and cron.toml watches see)
+             "watchfiles": {"level": "WARNING"}})
 
 # --- the rooms' own settings, from the environment (each app reads them through django.conf.settings) ---
 # cron_app

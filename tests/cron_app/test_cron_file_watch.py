@@ -145,3 +145,74 @@ def test_the_watcher_follows_a_symlink_swapped_as_kubernetes_swaps_a_configmap(t
         wait_until(lambda: jobs() == {"nightly": True}, 10, interval=0.05, what="the watcher")
     finally:
         watcher.stop()
+
+
+@pytest.mark.django_db
+def test_comments_alone_are_refused_as_empty(tmp_path):
+    path = tmp_path / "cron.toml"
+    write(path, DIGEST, 1)
+    cron_file_sync(path=str(path))
+    write(path, "# the cron jobs\n", 2)
+    assert cron_file_sync(path=str(path)) == {"state": "refused", "reason": "the file is empty"}
+    assert jobs() == {"digest": True}
+
+
+@pytest.mark.django_db(transaction=True)  # (a watcher's look closes its thread's connection)
+def test_a_file_written_a_moment_ago_is_read_once_it_settles_and_one_dated_ahead_at_once(tmp_path):
+    from cron_app import filewatch
+    path = tmp_path / "cron.toml"
+    path.write_text(DIGEST)  # mtime: now
+    watcher = CronFileWatcher(str(path))
+    assert watcher.sync_once() is None and jobs() == {}  # maybe still being written
+    time.sleep(filewatch.SETTLE_SECS + 0.05)
+    assert watcher.sync_once()["state"] == "imported" and jobs() == {"digest": True}
+    ahead = time.time() + 3600  # a clock skewed or set back: no write under way, read it
+    path.write_text(NIGHTLY)
+    os.utime(path, (ahead, ahead))
+    assert watcher.sync_once()["state"] == "imported" and jobs() == {"nightly": True}
+
+
+@pytest.mark.django_db(transaction=True)  # (a watcher's look closes its thread's connection)
+def test_a_failing_import_is_tried_at_every_look_and_its_traceback_logged_once(tmp_path, caplog, monkeypatch):
+    from cron_app import services
+    path = tmp_path / "cron.toml"
+    write(path, DIGEST, 1)
+    real, calls = services.cron_file_sync, []
+
+    def down(**kw):
+        calls.append(1)
+        if len(calls) <= 2:
+            raise RuntimeError("the database is away")
+        return real(**kw)
+    monkeypatch.setattr(services, "cron_file_sync", down)
+    caplog.set_level(logging.INFO, logger="ugent.cron")
+    watcher = CronFileWatcher(str(path))
+    assert watcher.sync_once()["state"] == "failed"
+    assert watcher.sync_once()["state"] == "failed"
+    assert watcher.sync_once()["state"] == "imported" and jobs() == {"digest": True}
+    assert sum("cron file import failed" in r.getMessage() for r in caplog.records) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_writes_to_another_file_in_the_folder_make_no_looks(tmp_path):
+    """A log file kept beside cron.toml: its writes are no reason to look (each look's own log line would
+    be written there, and the watch would feed itself)."""
+    path = tmp_path / "cron.toml"
+    write(path, DIGEST, 1)
+    (tmp_path / "daemon.log").touch()  # there before (a new name beside it is a look: a rename-save's)
+    watcher = CronFileWatcher(str(path), poll=5.0).start()
+    looks = []
+    real = watcher.sync_once
+    watcher.sync_once = lambda: looks.append(1) or real()
+    try:
+        with open(tmp_path / "daemon.log", "a") as log_file:
+            for i in range(20):
+                log_file.write(f"line {i}\n")
+                log_file.flush()
+                time.sleep(0.05)
+        time.sleep(0.5)
+        assert looks == []
+        write(path, NIGHTLY, 2)  # while the file itself is still seen
+        wait_until(lambda: jobs() == {"nightly": True}, 10, interval=0.05, what="the watcher")
+    finally:
+        watcher.stop()

@@ -11,6 +11,7 @@ some thirty of them start in each pass of `make test`.
 from __future__ import annotations
 
 import atexit
+import hashlib
 import os
 import shutil
 import sqlite3
@@ -73,6 +74,8 @@ OWN_ENV = ("UGENT_VAR_DIR", "UGENT_WEB_API_KEY", "UGENT_WORKSPACE", "UGENT_SCRIP
            "DATABASE_URL", "UGENT_CRON_FILE")
 #: (run mode, the rest of the environment) -> a migrated SQLite file, or a PostgreSQL database to copy
 _templates: dict[tuple, object] = {}
+#: This machine (or container) in a template's name, beside the process id
+_HOST = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
 
 
 def _template_for(daemon: "Daemon"):
@@ -83,7 +86,7 @@ def _template_for(daemon: "Daemon"):
         maker.env = dict(daemon.env)
         if daemon.servers:
             _sweep_templates(daemon.pg_admin)
-            name = f"ugent_e2e_tpl_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+            name = f"ugent_e2e_tpl_{os.getpid()}_{_HOST}_{uuid.uuid4().hex[:8]}"
             maker.dbname = name
             maker.env["DATABASE_URL"] = daemon.env["DATABASE_URL"].rsplit("/", 1)[0] + "/" + name
             maker._pg(f'CREATE DATABASE "{name}"')
@@ -106,9 +109,9 @@ def _sweep_templates(pg_admin: str) -> None:
         names = [n for (n,) in conn.execute(
             "SELECT datname FROM pg_database WHERE datname LIKE 'ugent\\_e2e\\_tpl\\_%'").fetchall()]
     for name in names:
-        pid = name.split("_")[3]
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-            _drop_template(pg_admin, name)
+        parts = name.split("_")  # ugent, e2e, tpl, pid, host, random
+        if len(parts) == 6 and parts[4] == _HOST and parts[3].isdigit() and not Path(f"/proc/{parts[3]}").exists():
+            _drop_template(pg_admin, name)  # (only this host's: another machine's processes are not in /proc)
 
 
 def _drop_template(pg_admin: str, name: str) -> None:
