@@ -6,8 +6,8 @@ imported is imported, so a restart with the same file leaves the admin's edits a
 (a bad schedule, an unknown key, nothing in it) changes nothing and is logged with the reason. The watch
 is watchfiles' on the file's folder (a change of the file, and any name added or removed beside it: an
 editor that saves by renaming, a Kubernetes ConfigMap's swapped `..data` link), with a look every `poll`
-seconds besides, for filesystems that send no events. A look compares the file's signature (through symlinks) with the last one, and reads
-a file only once it has stopped changing.
+seconds besides, for filesystems that send no events. A look compares the file's signature (through
+symlinks) with the last one, and reads a file only once it has stopped changing.
 """
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ from typing import Optional
 import watchfiles
 from django.db import close_old_connections, connection
 
+from ugent_common.filestat import file_signature
+
 log = logging.getLogger("ugent.cron")
 
 LOG_IMPORTED = "cron file imported (path=%s, jobs=%d, removed=%d)"
@@ -31,14 +33,6 @@ LOG_WATCHING = "cron file watched (path=%s, state=%s)"
 SETTLE_SECS = 0.3
 
 
-def _signature(path: Path) -> Optional[tuple]:
-    try:
-        st = path.stat()  # (through a symlink: the file it names now)
-    except OSError:
-        return None
-    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns  # (ctime: a chmod that makes it readable)
-
-
 class CronFileWatcher:
     def __init__(self, path: str, *, poll: float = 1.0):
         # absolute, not resolved: a symlink swapped later (a ConfigMap, a `current` link) is followed then
@@ -48,23 +42,20 @@ class CronFileWatcher:
         self._thread: Optional[threading.Thread] = None
         self._seen: object = ()  # the signature last looked at (() : never)
         self._said: Optional[tuple] = None  # the last outcome logged, so a broken file is logged once
-        self.last: Optional[dict] = None
 
     def sync_once(self) -> Optional[dict]:
         """Look at the file: import it if it changed since the last look. The outcome, or None if unchanged
         (or still being written: then the next look reads it)."""
-        sig = _signature(self.path)
+        sig = file_signature(self.path)
         if sig == self._seen:
             return None
-        if sig is not None and 0 <= time.time() - sig[2] / 1e9 < SETTLE_SECS:
+        if sig is not None and 0 <= time.time() - sig[0] / 1e9 < SETTLE_SECS:
             return None  # (a time in the future, a clock set back, is no write under way: read it)
         try:
             text = self.path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            text = None
         except (OSError, UnicodeDecodeError):
             text = None  # (cron_file_sync reads it again, and says why it cannot)
-        if _signature(self.path) != sig:  # changed while it was read: the next look reads it again
+        if file_signature(self.path) != sig:  # changed while it was read: the next look reads it again
             return None
         from cron_app.services import cron_file_sync
         try:
@@ -74,12 +65,10 @@ class CronFileWatcher:
             if self._said is None or self._said[0] != "failed":
                 log.exception("cron file import failed (path=%s); trying again at every look", self.path)
             self._said = ("failed", None)
-            self.last = out
             return out
         finally:
             close_old_connections()
         self._seen = sig
-        self.last = out
         said = (out["state"], out.get("reason"))
         if out["state"] == "imported":
             log.info(LOG_IMPORTED, self.path, out["jobs"], out["removed"])

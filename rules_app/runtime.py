@@ -34,7 +34,8 @@ from rules_app.discovery import (Discovery, discover_routing_file, discover_rule
 from rules_app.engine import CompiledRuleSet, LoadResult, RuleSetError, StartWorkflow, parse_rules
 from rules_app.routing import (LOG_ROUTING_FAILED, LOG_ROUTING_LOADED, RoutingError, RoutingTable,
                                load_routing_file)
-from rules_app.watcher import RuleEngineHolder, _signature
+from rules_app.watcher import RuleEngineHolder
+from ugent_common.filestat import file_signature
 
 log = logging.getLogger("ugent.rules")
 routing_log = logging.getLogger("ugent.routing")
@@ -60,7 +61,7 @@ def enforcing() -> bool:
 def _config_signature():
     from django.conf import settings
     path = Path(settings.UGENT_CONFIG) if settings.UGENT_CONFIG else conf.workspace() / "ugent.toml"
-    return (str(path), _signature(path))
+    return (str(path), file_signature(path))
 
 
 def _is_trusted(workspace: Path) -> bool:
@@ -306,7 +307,7 @@ class RoutingHolder:
                 if w not in self._warned:
                     routing_log.warning(w)
             self._warned = found.warnings
-        sig = (found.path, _signature(found.path) if found.path else None)
+        sig = (found.path, file_signature(found.path) if found.path else None)
         if sig == self._sig:
             return
         self._sig, self.path = sig, found.path

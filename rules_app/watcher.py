@@ -22,6 +22,8 @@ from typing import Any, Callable, Mapping, Optional
 
 import watchfiles
 
+from ugent_common.filestat import file_signature
+
 from .discovery import (
     ON_ERROR_CLOSED,
     ON_ERROR_OPEN,
@@ -54,14 +56,6 @@ DEFAULT_POLL_INTERVAL = 2.0
 DEFAULT_DEBOUNCE_MS = 300
 
 
-def _signature(path: Path) -> Optional[tuple[int, int, int]]:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_size, st.st_ino)
-
-
 class RuleEngineHolder:
     """Thread-safe owner of the current :class:`CompiledRuleSet` and of the watcher thread."""
 
@@ -90,7 +84,7 @@ class RuleEngineHolder:
         self._ruleset = CompiledRuleSet.empty()
         self._path: Optional[Path] = None
         self._pollable = True
-        self._loaded_sig: Optional[tuple[int, int, int]] = None
+        self._loaded_sig: Optional[tuple[int, int, int, int]] = None
         self._last_warnings: tuple[str, ...] = ()
         self.last_error: Optional[str] = None
         self._stop = threading.Event()
@@ -163,7 +157,7 @@ class RuleEngineHolder:
         return load_rules_file(path, workflow_check=self._workflow_check).ruleset
 
     def _first_load(self, path: Path) -> None:
-        sig = _signature(path)
+        sig = file_signature(path)
         try:
             ruleset = self._load(path)
         except RuleSetError as exc:
@@ -214,7 +208,7 @@ class RuleEngineHolder:
         path = self.path
         if path is None:
             return False
-        sig = _signature(path)
+        sig = file_signature(path)
         try:
             ruleset = self._load(path)
         except RuleSetError as exc:
@@ -253,7 +247,7 @@ class RuleEngineHolder:
             return False
         with self._lock:
             loaded = self._loaded_sig
-        if _signature(path) == loaded:
+        if file_signature(path) == loaded:
             return False
         return self.reload_once()
 

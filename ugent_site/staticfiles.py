@@ -8,13 +8,14 @@ the manifest resolves to the app's own file, which WhiteNoise serves from the fi
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 from pathlib import Path
 
 from django.conf import settings
 from whitenoise.storage import CompressedManifestStaticFilesStorage
+
+from ugent_common.filelock import file_locked
 
 STAMP_NAME = ".ugent-collected"
 LOCK_NAME = ".ugent-collect.lock"
@@ -52,11 +53,9 @@ def static_collect_if_changed() -> bool:
         return (root / "staticfiles.json").exists() and stamp_file.exists() and stamp_file.read_text() == stamp
     if current():  # (no lock needed to find nothing to do: a read-only STATIC_ROOT collected once still starts)
         return False
-    root.mkdir(parents=True, exist_ok=True)
     # Two daemons sharing a STATIC_ROOT (one checkout, two embedded daemons) starting at once: the second
     # waits for the first's collect and finds it done, instead of writing the same files beside it.
-    with open(root / LOCK_NAME, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with file_locked(str(root / LOCK_NAME)):
         if current():
             return False
         call_command("collectstatic", interactive=False, verbosity=0)

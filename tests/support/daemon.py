@@ -81,25 +81,41 @@ _HOST = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
 def _template_for(daemon: "Daemon"):
     key = (daemon.servers, tuple(sorted((k, v) for k, v in daemon.env.items() if k not in OWN_ENV)))
     if key not in _templates:
-        maker = Daemon.__new__(Daemon)
-        maker.__dict__.update(daemon.__dict__)
-        maker.env = dict(daemon.env)
         if daemon.servers:
             _sweep_templates(daemon.pg_admin)
             name = f"ugent_e2e_tpl_{os.getpid()}_{_HOST}_{uuid.uuid4().hex[:8]}"
-            maker.dbname = name
-            maker.env["DATABASE_URL"] = daemon.env["DATABASE_URL"].rsplit("/", 1)[0] + "/" + name
-            maker._pg(f'CREATE DATABASE "{name}"')
+            _pg(daemon.pg_admin, f'CREATE DATABASE "{name}"')
             atexit.register(_drop_template, daemon.pg_admin, name)
-            maker.prepare_database()
+            _prepare_database({**daemon.env, "DATABASE_URL": daemon.env["DATABASE_URL"].rsplit("/", 1)[0] + "/" + name})
             _templates[key] = name
         else:
             where = Path(tempfile.mkdtemp(prefix="ugent-daemon-template-"))
             atexit.register(shutil.rmtree, where, True)
-            maker.env.update({"UGENT_VAR_DIR": str(where / "var"), "UGENT_WORKSPACE": str(where / "workspace")})
-            maker.prepare_database()
+            _prepare_database({**daemon.env, "UGENT_VAR_DIR": str(where / "var"),
+                               "UGENT_WORKSPACE": str(where / "workspace")})
             _templates[key] = where / "var" / "ugent.sqlite3"
     return _templates[key]
+
+
+def _manage(env: dict, *args, check=True):
+    return subprocess.run([PY, "manage.py", *args], cwd=ROOT, env=env, check=check, capture_output=True, text=True,
+                          timeout=120)
+
+
+def _prepare_database(env: dict) -> None:
+    """Migrate the database `env` names and give it the tests' agent profiles."""
+    _manage(env, "migrate", "--noinput")
+    _manage(env, "shell", "-c", (
+        "from plugins_app.models import AgentProfile as P;"
+        "P.objects.get_or_create(name='scripted', provider='scripted', defaults={'is_default': True});"
+        f"P.objects.get_or_create(name='ugent-notes', provider='ugent-notes', "
+        f"defaults={{'config': {{'path': '{ROOT / 'workspace' / 'notes'}'}}}})"))
+
+
+def _pg(pg_admin: str, sql: str) -> None:
+    import psycopg
+    with psycopg.connect(pg_admin, autocommit=True) as conn:
+        conn.execute(sql)
 
 
 def _sweep_templates(pg_admin: str) -> None:
@@ -115,10 +131,8 @@ def _sweep_templates(pg_admin: str) -> None:
 
 
 def _drop_template(pg_admin: str, name: str) -> None:
-    import psycopg
     try:
-        with psycopg.connect(pg_admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        _pg(pg_admin, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     except Exception:  # the test run is ending: a leftover template is only disk space
         pass
 
@@ -173,13 +187,10 @@ class Daemon:
         self.env.update(extra_env or {})
 
     def manage(self, *args, check=True):
-        return subprocess.run([PY, "manage.py", *args], cwd=ROOT, env=self.env, check=check,
-                              capture_output=True, text=True, timeout=120)
+        return _manage(self.env, *args, check=check)
 
     def _pg(self, sql: str):
-        import psycopg
-        with psycopg.connect(self.pg_admin, autocommit=True) as conn:
-            conn.execute(sql)
+        _pg(self.pg_admin, sql)
 
     def start(self):
         (self.tmp / "workspace").mkdir(parents=True, exist_ok=True)
@@ -191,15 +202,6 @@ class Daemon:
             _sqlite_copy(template, self.tmp / "var" / "ugent.sqlite3")
         self.spawn()
         return self
-
-    def prepare_database(self):
-        """Migrate this daemon's database and give it the tests' agent profiles."""
-        self.manage("migrate", "--noinput")
-        self.manage("shell", "-c", (
-            "from plugins_app.models import AgentProfile as P;"
-            "P.objects.get_or_create(name='scripted', provider='scripted', defaults={'is_default': True});"
-            f"P.objects.get_or_create(name='ugent-notes', provider='ugent-notes', "
-            f"defaults={{'config': {{'path': '{ROOT / 'workspace' / 'notes'}'}}}})"))
 
     def spawn_worker(self) -> subprocess.Popen:
         """Servers mode: one more Celery worker (after kill_worker, the one that replaces it)."""
