@@ -343,9 +343,12 @@ def test_a_call_that_runs_out_of_time_stops_waiting():
     one more waiting request for every slow call, until the toolbox closed."""
     import concurrent.futures
     import time
+    # Connected with a long timeout (a server's start takes over a second on a loaded machine, and a
+    # connect that runs out of time leaves the box without tools); then the calls get one second.
     box = OwnedMCPToolBox(toolbox_id="mcp-test", config={"transport": "stdio", "command": sys.executable,
-                                                         "args": [str(SERVER)], "timeout": 1})
+                                                         "args": [str(SERVER)], "timeout": 30})
     try:
+        box._timeout = 1
         idle = tasks_on_loop(box)
         tool = box.tools["wait"]
         with pytest.raises((TimeoutError, concurrent.futures.TimeoutError)):
