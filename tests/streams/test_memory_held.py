@@ -104,7 +104,9 @@ def one_of_each(d: Daemon, attempt: str, c: int) -> None:
                        pool.submit(read_events, d.base, d.key, user="alice", until=completed)]
         time.sleep(0.2)  # the log's subscriber has joined: it reads from the log's head
         for i in range(4):
-            chat(d, conv, 10 * c + i, stream=bool(i % 2))
+            # the third turn is quiet for longer than a reader waits for a wake-up (notify.POLL_INTERVAL):
+            # its reader then reads the log, which a busy machine's pauses can make any turn do
+            chat(d, conv, 10 * c + i, stream=bool(i % 2), text="script:sleep=0.7|answer=slow" if i == 2 else None)
             if i == 0:
                 assert joined.wait(30), "the conversation's subscriber never joined"
         hang_up_mid_stream(d, conv, 10 * c + 5)
