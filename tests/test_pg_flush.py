@@ -1,0 +1,48 @@
+"""The tests' own flush of PostgreSQL's test database (tests/support/pg_flush.py): rows deleted, tables kept.
+
+pytest-django flushes the database after each transactional test; on PostgreSQL the suite deletes the rows
+instead of truncating every table. The flush must still leave every table empty, rows that reference each
+other included (the foreign keys are checked at the flush's commit), and post_migrate's rows back."""
+from __future__ import annotations
+
+import pytest
+from django.contrib.contenttypes.models import ContentType
+from django.core.management import call_command
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+pytestmark = [pytest.mark.django_db(transaction=True),
+              pytest.mark.skipif("not __import__('os').environ.get('DATABASE_URL', '').startswith('postgres')",
+                                 reason="the flush of PostgreSQL's test database")]
+
+
+def _flush_as_pytest_django_does():
+    # django.test.TransactionTestCase._fixture_teardown, with available_apps unset
+    call_command("flush", verbosity=0, interactive=False, database="default", reset_sequences=False,
+                 allow_cascade=False, inhibit_post_migrate=False)
+
+
+def test_a_flush_deletes_every_row_and_truncates_nothing(tcast):
+    from channels_app.models import Actor, Caller, Conversation
+    actor = Actor.objects.create(key="web:alice", user_id="alice")
+    Conversation.objects.create(external_id="c-1", owner=actor, caller=tcast.operator)
+    with CaptureQueriesContext(connection) as seen:
+        _flush_as_pytest_django_does()
+    sent = " ".join(q["sql"] for q in seen.captured_queries)
+    assert "TRUNCATE" not in sent and 'DELETE FROM "channels_app_conversation"' in sent
+    tables = connection.introspection.django_table_names(only_existing=True, include_views=False)
+    with connection.cursor() as cur:
+        left = {}
+        for table in tables:
+            cur.execute(f'SELECT count(*) FROM "{table}"')
+            left[table] = cur.fetchone()[0]
+    # what post_migrate makes again, and nothing else
+    assert {t for t, n in left.items() if n} == {"django_content_type", "auth_permission"}, left
+    assert ContentType.objects.get_for_model(Caller).model == "caller"
+    assert not Caller.objects.exists() and not Conversation.objects.exists()
+
+
+def test_a_flush_that_resets_sequences_is_djangos():
+    with CaptureQueriesContext(connection) as seen:
+        call_command("flush", verbosity=0, interactive=False, reset_sequences=True, inhibit_post_migrate=True)
+    assert any(q["sql"].startswith("TRUNCATE") and "RESTART IDENTITY" in q["sql"] for q in seen.captured_queries)
