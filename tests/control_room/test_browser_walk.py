@@ -10,7 +10,6 @@ import re
 import shutil
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -39,15 +38,11 @@ def wait_for(predicate, what: str, timeout: float = 60):
 @pytest.fixture
 def daemon(tmp_path):
     d = Daemon(tmp_path, servers=False, extra_env={"UGENT_RULES_POLL_INTERVAL": "0.5"})
+    d.prepare()  # the scripted profile is the default
     ws = tmp_path / "workspace"
-    ws.mkdir()
     (ws / "rules.toml").write_text(BROKEN_RULES)
-    d.manage("migrate", "--noinput")
-    d.manage("shell", "-c", (
-        "from plugins_app.models import AgentProfile as P;"
-        "P.objects.create(name='scripted', provider='scripted', is_default=True);"
-        "from rules_app.services import workspace_trust_approve;"
-        f"workspace_trust_approve(path={str(ws)!r})"))
+    d.manage("shell", "-c", "from rules_app.services import workspace_trust_approve;"
+                            f"workspace_trust_approve(path={str(ws)!r})")
     d.spawn()
     try:
         yield d

@@ -35,10 +35,7 @@ def wait_for(predicate, what: str, timeout: float = 60):
 
 def test_a_killed_cron_run_frees_its_job_and_the_run_says_why(tmp_path):
     d = Daemon(tmp_path, servers=False, extra_env={"UGENT_CRON_RUNNER_LEASE_SECONDS": "1.5"})
-    (tmp_path / "workspace").mkdir()
-    d.manage("migrate", "--noinput")
-    d.manage("shell", "-c", "from plugins_app.models import AgentProfile as P;"
-             "P.objects.create(name='scripted', provider='scripted', is_default=True)")
+    d.prepare()  # the scripted profile is the default
     (tmp_path / "cron.toml").write_text(CRON_TOML)
     d.manage("cron", "import", str(tmp_path / "cron.toml"))
 
@@ -80,10 +77,7 @@ def test_a_killed_cron_run_frees_its_job_and_the_run_says_why(tmp_path):
 
 def test_a_live_cron_run_keeps_its_job_busy(tmp_path):
     d = Daemon(tmp_path, servers=False, extra_env={"UGENT_CRON_RUNNER_LEASE_SECONDS": "1.5"})
-    (tmp_path / "workspace").mkdir()
-    d.manage("migrate", "--noinput")
-    d.manage("shell", "-c", "from plugins_app.models import AgentProfile as P;"
-             "P.objects.create(name='scripted', provider='scripted', is_default=True)")
+    d.prepare()  # the scripted profile is the default
     (tmp_path / "cron.toml").write_text(CRON_TOML)
     d.manage("cron", "import", str(tmp_path / "cron.toml"))
     out_path = tmp_path / "cron-run.out"

@@ -4,7 +4,6 @@ worker). After the restart the turn is interrupted, once; the summariser's half-
 message is lost; the message is not run again; and the next compaction runs once, as if nothing happened."""
 from __future__ import annotations
 
-import os
 import threading
 
 import httpx
@@ -51,14 +50,12 @@ def test_a_rule_compaction_killed_mid_summary_is_interrupted_hides_nothing_and_r
         **FAST_LEASE, "UGENT_COMPACT_KEEP_EXCHANGES": "1",
         "UGENT_EXTRA_SUMMARIZERS": "test-slow=tests.support.slow_summarizer:SlowSummarizer",
         "UGENT_TEST_SUMMARIZER_MARK": str(mark)})
-    (tmp_path / "d").mkdir()
     try:
-        d.start()
+        d.prepare()
         rules = tmp_path / "rules.toml"
         rules.write_text(RULES)
         d.manage("rules", "import", str(rules))
         summariser(d, "test-slow")
-        d.stop()
         d.spawn()  # the rule set and the profile as the daemon starts with them
         for i in range(2):  # two exchanges: the older one is what a compaction summarises
             assert chat(d, f"script:answer=answer {i}", f"h{i}").status_code == 200

@@ -72,6 +72,12 @@ def free_port() -> int:
 #: What a daemon has of its own; the rest of its environment may decide what its migrated database holds.
 OWN_ENV = ("UGENT_VAR_DIR", "UGENT_WEB_API_KEY", "UGENT_WORKSPACE", "UGENT_SCRIPTED_LOG", "UGENT_CELERY_QUEUE",
            "DATABASE_URL", "UGENT_CRON_FILE")
+#: What a daemon's processes read as they run, and neither migrate nor the profiles' shell write into the
+#: database (names, or the start of names): daemons that differ only in these start from one template.
+RUN_TIME_ENV = ("REDIS_URL", "UGENT_TURN_", "UGENT_COMPACT_", "UGENT_CRON_RUNNER_", "UGENT_CRON_WATCH",
+                "UGENT_RULES_POLL_", "UGENT_RULES_HEARTBEAT_", "UGENT_METRICS_", "UGENT_LOG_", "UGENT_GC_",
+                "UGENT_MEMSTATS", "UGENT_WARM_", "UGENT_SQLITE_CACHE_", "UGENT_TEST_", "UGENT_EXTRA_SUMMARIZERS",
+                "UGENT_CONFIG_RECHECK_", "UGENT_SSE_")
 #: (run mode, the rest of the environment) -> a migrated SQLite file, or a PostgreSQL database to copy
 _templates: dict[tuple, object] = {}
 #: This machine (or container) in a template's name, beside the process id
@@ -79,7 +85,8 @@ _HOST = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
 
 
 def _template_for(daemon: "Daemon"):
-    key = (daemon.servers, tuple(sorted((k, v) for k, v in daemon.env.items() if k not in OWN_ENV)))
+    key = (daemon.servers, tuple(sorted((k, v) for k, v in daemon.env.items()
+                                        if k not in OWN_ENV and not k.startswith(RUN_TIME_ENV))))
     if key not in _templates:
         if daemon.servers:
             _sweep_templates(daemon.pg_admin)
@@ -192,7 +199,9 @@ class Daemon:
     def _pg(self, sql: str):
         _pg(self.pg_admin, sql)
 
-    def start(self):
+    def prepare(self):
+        """The daemon's database, migrated and with the tests' agent profiles (a copy of a template), and its
+        workspace; no process yet. For a test that sets the database up (`manage`) before the first start."""
         (self.tmp / "workspace").mkdir(parents=True, exist_ok=True)
         template = _template_for(self)
         if self.servers:
@@ -200,6 +209,10 @@ class Daemon:
         else:
             (self.tmp / "var").mkdir(parents=True, exist_ok=True)
             _sqlite_copy(template, self.tmp / "var" / "ugent.sqlite3")
+        return self
+
+    def start(self):
+        self.prepare()
         self.spawn()
         return self
 
