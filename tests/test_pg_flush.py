@@ -46,3 +46,15 @@ def test_a_flush_that_resets_sequences_is_djangos():
     with CaptureQueriesContext(connection) as seen:
         call_command("flush", verbosity=0, interactive=False, reset_sequences=True, inhibit_post_migrate=True)
     assert any(q["sql"].startswith("TRUNCATE") and "RESTART IDENTITY" in q["sql"] for q in seen.captured_queries)
+
+
+def test_what_the_delete_flush_relies_on_holds():
+    """Every foreign key is checked at commit, and no trigger acts on a delete: a key or trigger that a
+    migration adds by hand would otherwise fail some later test's teardown, far from its cause."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT conname FROM pg_constraint WHERE contype = 'f' AND connamespace = 'public'::regnamespace "
+                    "AND NOT (condeferrable AND condeferred)")
+        assert cur.fetchall() == []
+        cur.execute("SELECT tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
+                    "WHERE NOT t.tgisinternal AND c.relnamespace = 'public'::regnamespace")
+        assert cur.fetchall() == []

@@ -104,9 +104,11 @@ def one_of_each(d: Daemon, attempt: str, c: int) -> None:
                        pool.submit(read_events, d.base, d.key, user="alice", until=completed)]
         time.sleep(0.2)  # the log's subscriber has joined: it reads from the log's head
         for i in range(4):
-            # the third turn is quiet for longer than a reader waits for a wake-up (notify.POLL_INTERVAL):
-            # its reader then reads the log, which a busy machine's pauses can make any turn do
-            chat(d, conv, 10 * c + i, stream=bool(i % 2), text="script:sleep=0.7|answer=slow" if i == 2 else None)
+            # the warm-up's third turn is quiet for three times as long as a reader waits for a wake-up
+            # (notify.POLL_INTERVAL): its reader then reads the log, which a busy machine's pauses can make
+            # any turn do
+            quiet = i == 2 and c == 0
+            chat(d, conv, 10 * c + i, stream=bool(i % 2), text="script:sleep=1.5|answer=slow" if quiet else None)
             if i == 0:
                 assert joined.wait(30), "the conversation's subscriber never joined"
         hang_up_mid_stream(d, conv, 10 * c + 5)
