@@ -24,7 +24,8 @@ _settings.UGENT_RULES_WATCH = False
 # starts its own; tests/e2e/test_cron_file_daemon.py a daemon's).
 _settings.UGENT_CRON_WATCH = False
 
-# A transactional test's flush on PostgreSQL deletes rows instead of truncating every table (0.03 s, not 0.4).
+# A transactional test's flush on PostgreSQL deletes rows instead of truncating every table (its statements:
+# 0.03 s, not 0.4).
 from tests.support.pg_flush import delete_not_truncate  # noqa: E402
 
 delete_not_truncate()
