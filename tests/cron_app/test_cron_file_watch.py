@@ -116,13 +116,14 @@ def test_the_watcher_imports_an_edit_without_a_restart_and_logs_a_refused_one_on
 
 
 @pytest.mark.django_db
-def test_an_empty_file_is_refused_not_taken_for_no_jobs(tmp_path):
+@pytest.mark.parametrize("empty", ["  \n", "# the cron jobs\n"], ids=["blank", "comments-alone"])
+def test_an_empty_file_is_refused_not_taken_for_no_jobs(tmp_path, empty):
     """A file caught between an editor's truncate and its write reads empty: importing it would delete
-    every job (and their schedules) until the next look."""
+    every job (and their schedules) until the next look. Comments alone are empty too."""
     path = tmp_path / "cron.toml"
     write(path, DIGEST, 1)
     cron_file_sync(path=str(path))
-    write(path, "  \n", 2)
+    write(path, empty, 2)
     assert cron_file_sync(path=str(path)) == {"state": "refused", "reason": "the file is empty"}
     assert jobs() == {"digest": True}
 
@@ -145,16 +146,6 @@ def test_the_watcher_follows_a_symlink_swapped_as_kubernetes_swaps_a_configmap(t
         wait_until(lambda: jobs() == {"nightly": True}, 10, interval=0.05, what="the watcher")
     finally:
         watcher.stop()
-
-
-@pytest.mark.django_db
-def test_comments_alone_are_refused_as_empty(tmp_path):
-    path = tmp_path / "cron.toml"
-    write(path, DIGEST, 1)
-    cron_file_sync(path=str(path))
-    write(path, "# the cron jobs\n", 2)
-    assert cron_file_sync(path=str(path)) == {"state": "refused", "reason": "the file is empty"}
-    assert jobs() == {"digest": True}
 
 
 @pytest.mark.django_db(transaction=True)  # (a watcher's look closes its thread's connection)
