@@ -27,7 +27,7 @@ from rules_app.engine import (
     workflow_check_from,
 )
 
-
+pytestmark = pytest.mark.mode_free  # rules and messages in memory: nothing a run mode changes
 
 
 def load(text, **kw):

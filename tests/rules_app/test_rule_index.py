@@ -1,4 +1,5 @@
 """The rule index gives exactly the linear engine's answer: same rule, same order, same ties."""
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from rules_app.engine import (
@@ -16,6 +17,8 @@ from rules_app.engine import (
     StartsWith,
     parse_rules,
 )
+
+pytestmark = pytest.mark.mode_free  # rules and messages in memory: nothing a run mode changes
 
 # Small alphabets, mixed case and a non-ASCII fold (ß -> ss), so conditions hold often and fold matters.
 word = st.text(alphabet="abAB ßs", max_size=4)
