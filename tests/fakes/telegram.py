@@ -77,6 +77,7 @@ class FakeTelegram:
         self._ids = itertools.count(1000)
         self._message_ids = itertools.count(1)
         self._poll_generation = 0
+        self.polls_begun = 0                 # getUpdates calls that got past the checks and may now wait
         self._failures: dict[str, list[_Failure]] = {}
         self._holds: dict[str, int] = {}
         self.held = threading.Event()       # set once a held call has arrived
@@ -292,6 +293,7 @@ class FakeTelegram:
                 return self._record("getUpdates", params, files, 409,
                                     {"ok": False, "error_code": 409, "description": CONFLICT_WEBHOOK})
             self._poll_generation += 1
+            self.polls_begun += 1
             mine = self._poll_generation
             self._cond.notify_all()
             if offset:

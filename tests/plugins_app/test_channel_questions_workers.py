@@ -121,7 +121,7 @@ def test_telegram_shows_the_question_as_an_inline_keyboard_and_a_press_answers_i
                 args=["--mode", "polling", "--poll-timeout", "2", "--per-chat-secs", "0", "--group-secs", "0"],
                 env_refs=["TELEGRAM_BOT_TOKEN", "TELEGRAM_API_BASE_URL"], heartbeat_secs=1.0)
     rt = start_runtime(limits={"startup_grace_secs": 15.0})
-    assert wait_until(lambda: fake.count("getUpdates") >= 1, 20), rt.log(TG)
+    assert wait_until(lambda: fake.polls_begun >= 1, 20), rt.log(TG)
     fake.push_message(42, SCRIPT)
     sent = fake.wait_sent(1, timeout=30)
     assert sent, rt.log(TG)

@@ -46,11 +46,11 @@ def telegram_plugin(mode: str, *extra: str, **over):
 
 
 def ready(fake: FakeTelegram, mode: str, rt, timeout=20.0):
-    """The worker is up: polling, or its webhook set."""
+    """The worker is up: its first long poll waiting (not ended: it holds for --poll-timeout), or its webhook set."""
     if mode == "webhook":
         ok = wait_until(lambda: fake.webhook["url"], timeout)
     else:
-        ok = wait_until(lambda: fake.count("getUpdates") >= 1, timeout)
+        ok = wait_until(lambda: fake.polls_begun >= 1, timeout)
     assert ok, rt.log(PID)
 
 
