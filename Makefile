@@ -49,6 +49,7 @@ bench: setup
 	$(PY) bench/channel_workers.py
 	$(PY) bench/rules_eval.py
 	$(PY) bench/first_answer.py
+	$(PY) bench/daemon_start.py
 	$(PY) bench/memory_rss.py
 	$(PY) bench/tool_loop.py
 	$(PY) bench/turn_cpu.py

@@ -295,6 +295,12 @@ SPECTACULAR_SETTINGS = {
                             "DirectoryObjectEnum": ["ugent.directory"], "RepairObjectEnum": ["ugent.repair"]},
 }
 
+# The OVOS libraries' logger finds each line's caller without inspect.stack(), whose source reads cost a
+# process's start 1.1 s of CPU (ugent_common/ovoslog.py). Before anything imports ovos-config.
+from ugent_common.ovoslog import caller_by_frame  # noqa: E402
+
+caller_by_frame()
+
 # Plain lines, or JSON lines with UGENT_LOG_FORMAT=json; no secret in either, and a repeating warning
 # once per five minutes with its count (ugent_common/logs.py).
 from ugent_common.logs import logging_config  # noqa: E402
