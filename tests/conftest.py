@@ -36,6 +36,10 @@ _settings.WHITENOISE_AUTOREFRESH = True
 from tests.support.pg_flush import delete_not_truncate  # noqa: E402
 
 delete_not_truncate()
+# And it leaves the content types and permissions alone while they are as post_migrate made them (0.1 s a test).
+from tests.support.flush_keep import keep_what_post_migrate_makes  # noqa: E402
+
+keep_what_post_migrate_makes()
 
 OPERATOR_KEY = "ugk_test_operator"
 APP_KEY = "ugk_test_crm"

@@ -1,0 +1,75 @@
+"""The tests' flush keeps the content types and permissions while they are as post_migrate made them.
+
+pytest-django ends every transactional test with Django's `flush`: it empties every table, then sends
+post_migrate, whose two receivers (contenttypes' and auth's) make every content type and permission
+again, some 300 rows, one model at a time. That was 8% of the embedded pass's test-process CPU (py-spy
+over the three workers), about 0.1 s a transactional test, whatever the test did.
+
+Here a flush first reads those two tables. When they hold exactly the rows the last post_migrate left
+(every column of every row), it empties every other table and sends no post_migrate: the end state is
+the one Django's flush would give, the same rows with the same ids. When anything differs (a test added,
+changed or deleted a content type or a permission) or nothing was recorded yet, the flush is Django's
+own, and the rows its post_migrate makes are recorded. A flush that resets sequences or cascades
+(`reset_sequences`, `available_apps`) is always Django's.
+
+Loaded by tests/conftest.py, in the test process only: `manage.py flush` and the daemons the tests start
+are Django's own.
+"""
+from __future__ import annotations
+
+from django.core.management import sql as management_sql
+from django.core.management.commands import flush as flush_command
+from django.db import connections
+
+KEPT = ("django_content_type", "auth_permission")
+#: (alias, database name) -> the rows of KEPT the last post_migrate left
+_made: dict[tuple, tuple] = {}
+#: the flushes in progress that kept the rows, by (alias, database name): their post_migrate is not sent
+_kept: set[tuple] = set()
+
+
+def _key(connection) -> tuple:
+    return connection.alias, connection.settings_dict["NAME"]
+
+
+def _rows(connection) -> tuple:
+    out = []
+    with connection.cursor() as cur:
+        for table in KEPT:
+            cur.execute(f"SELECT * FROM {connection.ops.quote_name(table)} ORDER BY id")
+            out.append(tuple(cur.fetchall()))
+    return tuple(out)
+
+
+def _sql_flush(style, connection, reset_sequences=True, allow_cascade=False):
+    key = _key(connection)
+    _kept.discard(key)
+    if reset_sequences or allow_cascade or key not in _made or _rows(connection) != _made[key]:
+        _made.pop(key, None)
+        return management_sql.sql_flush(style, connection, reset_sequences=reset_sequences,
+                                        allow_cascade=allow_cascade)
+    tables = [t for t in connection.introspection.django_table_names(only_existing=True, include_views=False)
+              if t not in KEPT]
+    _kept.add(key)
+    return connection.ops.sql_flush(style, tables, reset_sequences=False, allow_cascade=False)
+
+
+def _emit_post_migrate_signal(verbosity, interactive, db, **kwargs):
+    connection = connections[db]
+    key = _key(connection)
+    if key in _kept:
+        _kept.discard(key)
+        return
+    management_sql.emit_post_migrate_signal(verbosity, interactive, db, **kwargs)
+    _made[key] = _rows(connection)
+
+
+def keep_what_post_migrate_makes() -> None:
+    flush_command.sql_flush = _sql_flush
+    flush_command.emit_post_migrate_signal = _emit_post_migrate_signal
+
+
+def forget() -> None:
+    """The next flush is Django's own (a test that must see it)."""
+    _made.clear()
+    _kept.clear()
