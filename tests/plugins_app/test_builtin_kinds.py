@@ -55,3 +55,39 @@ def test_the_export_of_a_builtin_entry_has_no_command_and_reimports_the_same():
     after = Plugin.objects.values().get()
     assert {k: v for k, v in before.items() if k != "updated_at"} == {k: v for k, v in after.items()
                                                                     if k != "updated_at"}
+
+
+def _install(site, name: str, module: str) -> None:
+    """What pip leaves for a package that declares a channel worker: a dist-info with its entry point."""
+    info = site / f"{name}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[ugent.channel_workers]\nchannel-{name} = {module}\n")
+
+
+def test_the_installed_kinds_are_read_once_and_again_when_a_package_comes_or_goes(tmp_path, monkeypatch):
+    import shutil
+
+    from plugins_app.channel import workers
+    reads = []
+    real = workers.entry_points
+
+    def counted(**kw):
+        reads.append(kw)
+        return real(**kw)
+    monkeypatch.setattr(workers, "entry_points", counted)
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    first = workers.kind_modules()
+    assert "channel-foo" not in first and first["channel-telegram"] == "plugins_app.channel.workers.telegram"
+    for _ in range(5):  # the supervisor's steps: nothing installed since, nothing read
+        assert workers.kind_module("channel-telegram") == "plugins_app.channel.workers.telegram"
+    assert len(reads) == 1
+    _install(site, "foo", "foo_plugin.worker")
+    assert workers.kind_module("channel-foo") == "foo_plugin.worker"
+    assert len(reads) == 2
+    shutil.rmtree(site / "foo-1.0.dist-info")
+    assert workers.kind_module("channel-foo") is None
+    workers.kind_modules()["channel-bar"] = "changed by a caller"  # a copy: what is kept stays
+    assert "channel-bar" not in workers.kind_modules()
