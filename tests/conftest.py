@@ -139,23 +139,37 @@ def _close_thread_connections(django_db_setup, django_db_blocker):
                         "WHERE datname = current_database() AND pid <> pg_backend_pid()")
 
 
-@pytest.fixture(autouse=True)
-def _idle_thread_connections_closed(request, django_db_blocker):
-    """A test that used PostgreSQL leaves no idle session behind in other threads of this process. The test
+#: This process's own session on PostgreSQL's maintenance database, which closes other threads' idle sessions
+_session_sweeper = None
+
+
+@pytest.hookimpl(hookwrapper=True, trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """A test leaves no idle session on PostgreSQL behind in other threads of this process. The test
     client runs an async view on an event loop and executor threads of its own, which end with the request;
     their sessions stay open until the collector frees the threads' connections. Under CI's load that
     reached 30-38 sessions a test process, and with the daemons' own, PostgreSQL's 100: "too many clients
-    already" failed whichever test connected next. Runs after the test's rollback or flush."""
+    already" failed whichever test connected next. After every fixture's teardown (the rollback or flush,
+    a patched clock put back), from a session of its own: the main thread's is left alone."""
+    global _session_sweeper
     yield
-    if "_django_db_helper" not in request.fixturenames:
-        return
     from django.db import connection
     if connection.vendor != "postgresql":
         return
-    with django_db_blocker.unblock():
-        with connection.cursor() as cur:
-            cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
-                        "AND pid <> pg_backend_pid() AND state = 'idle' AND backend_type = 'client backend'")
+    import psycopg
+    own = connection.connection
+    keep = [own.info.backend_pid] if own is not None and not own.closed else []
+    db = connection.settings_dict
+    try:
+        if _session_sweeper is None or _session_sweeper.closed:
+            _session_sweeper = psycopg.connect(host=db["HOST"] or None, port=db["PORT"] or None,
+                                               user=db["USER"] or None, password=db["PASSWORD"] or None,
+                                               dbname="postgres", autocommit=True)
+        _session_sweeper.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND state = 'idle' "
+            "AND backend_type = 'client backend' AND pid <> ALL(%s)", [db["NAME"], keep])
+    except psycopg.Error:
+        _session_sweeper = None  # (the next test's teardown connects again)
 
 
 # A test that failed and passed on a rerun is a bug report (README, Tests): keep what it failed with, and print

@@ -1,5 +1,5 @@
-"""A test that used PostgreSQL leaves no idle session behind in its process's other threads (tests/conftest.py,
-`_idle_thread_connections_closed`): the two tests run in this order, in one process (`--dist loadfile`)."""
+"""A test leaves no idle session on PostgreSQL behind in its process's other threads (tests/conftest.py,
+`pytest_runtest_teardown`): the two tests run in this order, in one process (`--dist loadfile`)."""
 from __future__ import annotations
 
 import threading
