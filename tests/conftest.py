@@ -141,6 +141,10 @@ def _close_thread_connections(django_db_setup, django_db_blocker):
 
 #: This process's own session on PostgreSQL's maintenance database, which closes other threads' idle sessions
 _session_sweeper = None
+#: The name this process's sessions give PostgreSQL (application_name): the sweeper's only quarry
+_SESSION_NAME = f"ugent-tests-{__import__('os').getpid()}"
+if _settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
+    _settings.DATABASES["default"].setdefault("OPTIONS", {})["application_name"] = _SESSION_NAME
 
 
 @pytest.hookimpl(hookwrapper=True, trylast=True)
@@ -150,25 +154,32 @@ def pytest_runtest_teardown(item, nextitem):
     their sessions stay open until the collector frees the threads' connections. Under CI's load that
     reached 30-38 sessions a test process, and with the daemons' own, PostgreSQL's 100: "too many clients
     already" failed whichever test connected next. After every fixture's teardown (the rollback or flush,
-    a patched clock put back), from a session of its own: the main thread's is left alone."""
+    a patched clock put back), from a session of its own, on the test database only, and only this
+    process's sessions (by their application_name: not a daemon's or a supervisor's pointed at it); the
+    main thread's is left alone. A thread that outlives its test and is idle between statements loses its
+    session too: its next statement fails, which is a leak to fix, not to hide."""
     global _session_sweeper
     yield
     from django.db import connection
-    if connection.vendor != "postgresql":
-        return
+    db = connection.settings_dict
+    if connection.vendor != "postgresql" or not str(db.get("NAME", "")).startswith("test_"):
+        return  # (after the last test the settings name the real database again)
     import psycopg
     own = connection.connection
     keep = [own.info.backend_pid] if own is not None and not own.closed else []
-    db = connection.settings_dict
     try:
         if _session_sweeper is None or _session_sweeper.closed:
             _session_sweeper = psycopg.connect(host=db["HOST"] or None, port=db["PORT"] or None,
                                                user=db["USER"] or None, password=db["PASSWORD"] or None,
                                                dbname="postgres", autocommit=True)
+        # (with a timeout, pg_terminate_backend waits until each session is gone)
         _session_sweeper.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND state = 'idle' "
-            "AND backend_type = 'client backend' AND pid <> ALL(%s)", [db["NAME"], keep])
-    except psycopg.Error:
+            "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity WHERE datname = %s AND state = 'idle' "
+            "AND application_name = %s AND backend_type = 'client backend' AND pid <> ALL(%s)",
+            [db["NAME"], _SESSION_NAME, keep])
+    except psycopg.Error as exc:
+        import warnings
+        warnings.warn(f"could not close the test process's idle PostgreSQL sessions: {exc}")
         _session_sweeper = None  # (the next test's teardown connects again)
 
 
@@ -194,6 +205,10 @@ def pytest_terminal_summary(terminalreporter):
 def pytest_collection_modifyitems(config, items):
     """A test marked mode_free is the same in either run mode: only the embedded pass runs it (README, Tests)."""
     import os
+    for item in items:
+        if item.get_closest_marker("mode_free") and (item.get_closest_marker("django_db") or {
+                "db", "transactional_db", "cast", "tcast", "live_server"} & set(getattr(item, "fixturenames", ()))):
+            raise pytest.UsageError(f"{item.nodeid} is marked mode_free but uses the database")
     if not os.environ.get("REDIS_URL"):
         return
     skip = pytest.mark.skip(reason="mode_free: the same in either run mode, run by the embedded pass")

@@ -43,6 +43,7 @@ def test_a_line_below_the_level_reads_no_source_and_a_line_above_it_is_written(m
     def no_stack(*_a, **_kw):
         raise AssertionError("inspect.stack() was called")
     monkeypatch.setattr(inspect, "stack", no_stack)
+    monkeypatch.setattr(ovos_log.LOG, "level", "INFO")  # (OVOS_DEFAULT_LOG_LEVEL may say otherwise)
     ovos_log.LOG.debug("not written")
     ovos_log.LOG.warning("written by the test")
     out = capsys.readouterr().out

@@ -61,6 +61,10 @@ def _install(site, name: str, module: str) -> None:
     """What pip leaves for a package that declares a channel worker: a dist-info with its entry point."""
     info = site / f"{name}-1.0.dist-info"
     info.mkdir()
+    _install_entry_points(info, name, module)
+
+
+def _install_entry_points(info, name: str, module: str) -> None:
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
     (info / "entry_points.txt").write_text(f"[ugent.channel_workers]\nchannel-{name} = {module}\n")
 
@@ -91,3 +95,12 @@ def test_the_installed_kinds_are_read_once_and_again_when_a_package_comes_or_goe
     assert workers.kind_module("channel-foo") is None
     workers.kind_modules()["channel-bar"] = "changed by a caller"  # a copy: what is kept stays
     assert "channel-bar" not in workers.kind_modules()
+    # entry points written into a metadata directory already there change no directory on the path: read
+    # again once the answer is old
+    (site / "late-1.0.dist-info").mkdir()
+    workers.kind_modules()
+    reads.clear()
+    _install_entry_points(site / "late-1.0.dist-info", "late", "late_plugin.worker")
+    assert workers.kind_module("channel-late") is None and reads == []
+    monkeypatch.setattr(workers, "_FOUND_MAX_AGE_SECS", 0.0)
+    assert workers.kind_module("channel-late") == "late_plugin.worker"

@@ -114,7 +114,7 @@ def _prepare_database(env: dict) -> None:
     one cost another Django start, 1.5 s of CPU)."""
     _manage(env, "shell", "-c", (
         "from django.core.management import call_command;"
-        "call_command('migrate', interactive=False, verbosity=0);"
+        "call_command('migrate', interactive=False, verbosity=0, skip_checks=False);"
         "from plugins_app.models import AgentProfile as P;"
         "P.objects.get_or_create(name='scripted', provider='scripted', defaults={'is_default': True});"
         f"P.objects.get_or_create(name='ugent-notes', provider='ugent-notes', "

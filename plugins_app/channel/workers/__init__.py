@@ -14,6 +14,7 @@ import importlib
 import logging
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 
@@ -36,8 +37,11 @@ class ChannelKind:
     env_refs: tuple[str, ...] = field(default_factory=tuple)
 
 
-#: (the stamp of the import path when read, what was found)
-_found: tuple[tuple, dict[str, str]] | None = None
+#: (the stamp of the import path when read, when, what was found)
+_found: tuple[tuple, float, dict[str, str]] | None = None
+#: An answer is read again after this long whatever the stamp says: pip writes a package's entry points into
+#: its metadata directory after making it, which changes no directory on the import path.
+_FOUND_MAX_AGE_SECS = 30.0
 
 
 def _import_path_stamp() -> tuple:
@@ -55,20 +59,21 @@ def _import_path_stamp() -> tuple:
 def kind_modules() -> dict[str, str]:
     """Each installed kind's worker module, without importing any of them.
 
-    Reading the entry points reads every installed distribution's metadata (9 ms here), and the supervisor
-    asks for each plugin at every step, twice a second: the answer is kept until the import path changes."""
+    Reading the entry points reads every installed distribution's metadata (10 ms here), and the supervisor
+    asks for each plugin at every step, twice a second: the answer is kept until the import path changes,
+    or for _FOUND_MAX_AGE_SECS."""
     global _found
     stamp = _import_path_stamp()
     kept = _found
-    if kept is not None and kept[0] == stamp:
-        return dict(kept[1])
+    if kept is not None and kept[0] == stamp and time.monotonic() - kept[1] < _FOUND_MAX_AGE_SECS:
+        return dict(kept[2])
     found = dict(BUILTIN)
     try:
         for ep in entry_points(group="ugent.channel_workers"):
             found.setdefault(ep.name, ep.value.split(":")[0])
     except Exception:  # a broken third-party package must not hide the built-in kinds
         log.exception("could not read ugent.channel_workers entry points")
-    _found = (stamp, found)
+    _found = (stamp, time.monotonic(), found)
     return dict(found)
 
 
