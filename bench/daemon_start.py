@@ -23,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import tests.support.daemon as support  # noqa: E402
+from bench.first_answer import run_mode  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -61,11 +62,7 @@ def main() -> None:
     ap.add_argument("--servers", action="store_true")
     ap.add_argument("--baseline-root", metavar="CHECKOUT")
     args = ap.parse_args()
-    if args.servers:
-        os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/12")
-    else:
-        os.environ.pop("REDIS_URL", None)
-        os.environ.pop("DATABASE_URL", None)
+    run_mode(args.servers)
     targets = [("this checkout", ROOT, {})]
     if args.baseline_root:
         targets.append(("baseline", Path(args.baseline_root).resolve(), {}))

@@ -86,17 +86,23 @@ def one_round(warm: bool, notes: int, servers: bool) -> dict:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def run_mode(servers: bool) -> None:
+    """The run mode the bench's daemons start in: servers over REDIS_URL (redis://127.0.0.1:6379/12 unless
+    set) and DATABASE_URL's PostgreSQL, or embedded, whatever this shell has set."""
+    if servers:
+        os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/12")
+    else:
+        os.environ.pop("REDIS_URL", None)
+        os.environ.pop("DATABASE_URL", None)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--notes", type=int, default=2000, help="generated notes beside the project's own")
     ap.add_argument("--servers", action="store_true")
     args = ap.parse_args()
-    if args.servers:
-        os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/12")
-    else:
-        os.environ.pop("REDIS_URL", None)
-        os.environ.pop("DATABASE_URL", None)
+    run_mode(args.servers)
     results = {True: [], False: []}
     for i in range(args.rounds):
         for warm in (False, True):
