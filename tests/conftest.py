@@ -1,6 +1,8 @@
 """The shared cast: an operator, an application caller, two end users, an outsider."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from plugins_app.agent.engines.registry import register_engine, reset as reset_engines
@@ -142,7 +144,7 @@ def _close_thread_connections(django_db_setup, django_db_blocker):
 #: This process's own session on PostgreSQL's maintenance database, which closes other threads' idle sessions
 _session_sweeper = None
 #: The name this process's sessions give PostgreSQL (application_name): the sweeper's only quarry
-_SESSION_NAME = f"ugent-tests-{__import__('os').getpid()}"
+_SESSION_NAME = f"ugent-tests-{os.getpid()}"
 if _settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
     _settings.DATABASES["default"].setdefault("OPTIONS", {})["application_name"] = _SESSION_NAME
 
@@ -204,7 +206,6 @@ def pytest_terminal_summary(terminalreporter):
 
 def pytest_collection_modifyitems(config, items):
     """A test marked mode_free is the same in either run mode: only the embedded pass runs it (README, Tests)."""
-    import os
     for item in items:
         if item.get_closest_marker("mode_free") and (item.get_closest_marker("django_db") or {
                 "db", "transactional_db", "cast", "tcast", "live_server"} & set(getattr(item, "fixturenames", ()))):

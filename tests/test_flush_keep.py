@@ -11,14 +11,9 @@ from django.db import connection
 from django.db.models.signals import post_migrate
 
 from tests.support import flush_keep
+from tests.support.flush_keep import flush_as_pytest_django_does
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def _flush_as_pytest_django_does():
-    # django.test.TransactionTestCase._fixture_teardown, with available_apps unset
-    call_command("flush", verbosity=0, interactive=False, database="default", reset_sequences=False,
-                 allow_cascade=False, inhibit_post_migrate=False)
 
 
 @pytest.fixture
@@ -34,7 +29,7 @@ def post_migrates(monkeypatch):
         return real(*args, **kwargs)
     monkeypatch.setattr(management_sql, "emit_post_migrate_signal", counted)
     flush_keep.forget()
-    _flush_as_pytest_django_does()  # Django's own: records what post_migrate made
+    flush_as_pytest_django_does()  # Django's own: records what post_migrate made
     sent.clear()
     return sent
 
@@ -59,7 +54,7 @@ def test_a_flush_with_them_untouched_empties_the_rest_and_sends_no_post_migrate(
     from channels_app.models import Actor, Caller
     before = _made()
     Actor.objects.create(key="web:alice", user_id="alice")
-    _flush_as_pytest_django_does()
+    flush_as_pytest_django_does()
     assert post_migrates == []
     assert _tables_with_rows() == {"django_content_type", "auth_permission"}
     assert _made() == before  # the same rows, the same ids
@@ -76,14 +71,14 @@ def test_a_flush_after_a_test_changed_them_is_djangos_and_brings_post_migrates_r
         Permission.objects.filter(codename="view_user").delete()
     else:
         Permission.objects.filter(codename="view_user").update(codename="renamed")
-    _flush_as_pytest_django_does()
+    flush_as_pytest_django_does()
     assert post_migrates  # Django's flush ran post_migrate
     after = {(ct, codename) for _, codename, ct in _made()[1]}
     assert {codename for _, codename in after} == {codename for _, codename in before}
     assert not Permission.objects.filter(codename__in=["test_only", "renamed"]).exists()
     # and the next flush, with them as that post_migrate made them, keeps them
     post_migrates.clear()
-    _flush_as_pytest_django_does()
+    flush_as_pytest_django_does()
     assert post_migrates == []
 
 
@@ -101,7 +96,7 @@ def test_with_a_receiver_of_post_migrate_besides_contenttypes_and_auth_every_flu
         pass
     post_migrate.connect(another_apps_rows)
     try:
-        _flush_as_pytest_django_does()
+        flush_as_pytest_django_does()
     finally:
         post_migrate.disconnect(another_apps_rows)
     assert post_migrates

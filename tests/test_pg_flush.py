@@ -11,15 +11,11 @@ from django.core.management import call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from tests.support.flush_keep import flush_as_pytest_django_does
+
 pytestmark = [pytest.mark.django_db(transaction=True),
               pytest.mark.skipif("not __import__('os').environ.get('DATABASE_URL', '').startswith('postgres')",
                                  reason="the flush of PostgreSQL's test database")]
-
-
-def _flush_as_pytest_django_does():
-    # django.test.TransactionTestCase._fixture_teardown, with available_apps unset
-    call_command("flush", verbosity=0, interactive=False, database="default", reset_sequences=False,
-                 allow_cascade=False, inhibit_post_migrate=False)
 
 
 def test_a_flush_deletes_every_row_and_truncates_nothing(tcast):
@@ -27,7 +23,7 @@ def test_a_flush_deletes_every_row_and_truncates_nothing(tcast):
     actor = Actor.objects.create(key="web:alice", user_id="alice")
     Conversation.objects.create(external_id="c-1", owner=actor, caller=tcast.operator)
     with CaptureQueriesContext(connection) as seen:
-        _flush_as_pytest_django_does()
+        flush_as_pytest_django_does()
     sent = " ".join(q["sql"] for q in seen.captured_queries)
     assert "TRUNCATE" not in sent and 'DELETE FROM "channels_app_conversation"' in sent
     tables = connection.introspection.django_table_names(only_existing=True, include_views=False)

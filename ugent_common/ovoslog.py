@@ -12,8 +12,8 @@ embedded daemon's start on the 2-core VM; py-spy put 23% of the start's samples 
 `caller_by_frame()` gives `LOG` a `_get_real_logger` that takes the same frame with
 `sys._getframe`: the same logger name, the same handlers, the same diagnostic line, without reading
 any source. (One difference: a caller in code with no module file, `python -c` or `exec`, is named by
-its globals' `__name__` where the library gave an empty name.) Called from ugent_site/settings.py, before anything imports ovos-config. No Django
-imports.
+its globals' `__name__` where the library gave an empty name.) Called from ugent_site/settings.py,
+before anything imports ovos-config. No Django imports.
 """
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import weakref
 
-from django.core.management import sql as management_sql
+from django.core.management import call_command, sql as management_sql
 from django.core.management.commands import flush as flush_command
 from django.db import connections
 
@@ -89,3 +89,10 @@ def forget() -> None:
     """The next flush is Django's own (a test that must see it)."""
     _made.clear()
     _kept.clear()
+
+
+def flush_as_pytest_django_does() -> None:
+    """django.test.TransactionTestCase._fixture_teardown's flush, with available_apps unset (for the tests of
+    the flush: tests/test_flush_keep.py, tests/test_pg_flush.py)."""
+    call_command("flush", verbosity=0, interactive=False, database="default", reset_sequences=False,
+                 allow_cascade=False, inhibit_post_migrate=False)
