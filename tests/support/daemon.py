@@ -253,7 +253,8 @@ class Daemon:
         finally:
             conn.close()
 
-    def spawn(self):
+    def spawn(self, wait: bool = True):
+        """Start the daemon's processes; `wait`: until /v1/health answers."""
         out = open(self.tmp / "daemon.log", "ab")
         if self.servers:
             self.spawn_worker()
@@ -270,7 +271,8 @@ class Daemon:
             self.procs.append(subprocess.Popen(
                 [PY, "manage.py", "rundaemon", "--port", str(self.port), "--no-migrate"],
                 cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
-        self.wait_ready()
+        if wait:
+            self.wait_ready()
 
     def wait_ready(self, timeout: float = 60):
         deadline = time.monotonic() + timeout
