@@ -29,7 +29,12 @@ def _the_daemons_logging(**_kwargs):
 
 
 @signals.worker_ready.connect
-def _warm_engines(**_kwargs):
-    """A worker that runs turns (servers mode) warms engine discovery and the notes index at start."""
+def _warm_engines(sender=None, **_kwargs):
+    """A worker (servers mode) warms engine discovery and the notes index at start. Only one that takes the
+    turn queue says so in Redis for GET /v1/health: a worker started with `-Q <queue>-background` alone
+    runs no turn."""
+    from django.conf import settings
+
     from plugins_app.agent.warm import warm_start
-    warm_start()
+    consumed = sender.app.amqp.queues.consume_from if sender is not None else None
+    warm_start(mark=consumed is None or settings.CELERY_TASK_DEFAULT_QUEUE in consumed)

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import environ
+from kombu import Exchange, Queue
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 env = environ.Env()
@@ -189,6 +190,22 @@ else:
     CELERY_BROKER_TRANSPORT_OPTIONS = {}
 # One queue per deployment: two daemons sharing a Redis must not run each other's turns.
 CELERY_TASK_DEFAULT_QUEUE = env("UGENT_CELERY_QUEUE", default="ugent")
+# Work that may hold a worker thread for seconds or minutes and that no sender waits for goes to a queue of
+# its own: memory extraction (a model call after every turn), lance_embedded's index and backfill, and the
+# retention jobs. A worker started without -Q takes both queues; a deployment that wants turns never to
+# wait for a free thread behind that work runs its turn workers with `-Q <queue>` and one more worker with
+# `-Q <queue>-background` (docs/deploy.md, "Queues").
+UGENT_BACKGROUND_QUEUE = env("UGENT_BACKGROUND_QUEUE", default=CELERY_TASK_DEFAULT_QUEUE + "-background")
+UGENT_BACKGROUND_TASKS = (
+    "plugins_app.tasks.memory_extract_turn", "plugins_app.tasks.memory_vector_index",
+    "plugins_app.tasks.memory_vector_backfill", "plugins_app.tasks.prune_media", "plugins_app.tasks.prune_deliveries",
+    "channels_app.tasks.prune_events", "channels_app.tasks.prune_files",
+)
+# Both queues declared as Celery declares its default one (an exchange of the queue's name, routed by it), so
+# the turn queue's messages and keys are what they were before there were two.
+CELERY_TASK_QUEUES = tuple(Queue(name, Exchange(name), routing_key=name)
+                           for name in (CELERY_TASK_DEFAULT_QUEUE, UGENT_BACKGROUND_QUEUE))
+CELERY_TASK_ROUTES = {name: {"queue": UGENT_BACKGROUND_QUEUE} for name in UGENT_BACKGROUND_TASKS}
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True

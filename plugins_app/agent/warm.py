@@ -65,20 +65,22 @@ def engines_warm() -> dict:
     return {"engines": sorted(engines), "warmed": warmed, "failed": failed, "seconds": took}
 
 
-def warm_start() -> threading.Thread | None:
-    """Warm in a background thread, once per process; None when UGENT_WARM_AT_START is off."""
+def warm_start(*, mark: bool = True) -> threading.Thread | None:
+    """Warm in a background thread, once per process; None when UGENT_WARM_AT_START is off. `mark`: servers
+    mode, say so in Redis once warm (a worker that takes turns; not one that only takes background work)."""
     global _started
     if not settings.UGENT_WARM_AT_START:
         return None
     with _lock:
         if _started is None:
             # the freeze is decided now, by the process starting, not by whatever settings hold when warming ends
-            _started = threading.Thread(target=_run, args=(settings.UGENT_GC_FREEZE,), name="ugent-warm", daemon=True)
+            _started = threading.Thread(target=_run, args=(settings.UGENT_GC_FREEZE, mark), name="ugent-warm",
+                                        daemon=True)
             _started.start()
         return _started
 
 
-def _run(gc_freeze: bool = False) -> None:
+def _run(gc_freeze: bool = False, mark: bool = True) -> None:
     from plugins_app.agent.code_context import code_context_warm
     # the workspace's code index (seconds for a large tree) builds beside, never delaying the warm mark
     threading.Thread(target=code_context_warm, name="ugent-warm-code", daemon=True).start()
@@ -92,7 +94,7 @@ def _run(gc_freeze: bool = False) -> None:
     from ugent_common.gcfreeze import freeze
     freeze(gc_freeze)  # the engines now loaded stay: out of the garbage collector's walks
     malloctrim.start(settings.UGENT_MALLOC_TRIM_SECS)  # a worker's freed C memory back now and then
-    if settings.REDIS_URL and settings.UGENT_MODE == "servers":
+    if mark and settings.REDIS_URL and settings.UGENT_MODE == "servers":
         _keep_warm_mark()
 
 

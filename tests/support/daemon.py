@@ -218,11 +218,13 @@ class Daemon:
         self.spawn()
         return self
 
-    def spawn_worker(self) -> subprocess.Popen:
-        """Servers mode: one more Celery worker (after kill_worker, the one that replaces it)."""
+    def spawn_worker(self, *, queues: str | None = None, concurrency: int | None = None) -> subprocess.Popen:
+        """Servers mode: one more Celery worker (after kill_worker, the one that replaces it). `queues`: its
+        -Q (both of the deployment's queues when None)."""
         out = open(self.tmp / "daemon.log", "ab")
         self.worker = subprocess.Popen(
-            [PY, "-m", "celery", "-A", "ugent_site", "worker", "-P", "threads", "-c", str(self.worker_concurrency),
+            [PY, "-m", "celery", "-A", "ugent_site", "worker", "-P", "threads",
+             "-c", str(concurrency or self.worker_concurrency), *(["-Q", queues] if queues else []),
              "-l", "WARNING", "--without-heartbeat", "--without-mingle", "--without-gossip",
              "-n", f"w{self.port}-{uuid.uuid4().hex[:6]}@%h"],
             cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -253,11 +255,13 @@ class Daemon:
         finally:
             conn.close()
 
-    def spawn(self, wait: bool = True):
-        """Start the daemon's processes; `wait`: until /v1/health answers."""
+    def spawn(self, wait: bool = True, *, worker: bool = True):
+        """Start the daemon's processes; `wait`: until /v1/health answers. `worker`: servers mode, start one
+        Celery worker on both queues (False: the test starts its own with spawn_worker)."""
         out = open(self.tmp / "daemon.log", "ab")
         if self.servers:
-            self.spawn_worker()
+            if worker:
+                self.spawn_worker()
             if self.beat:
                 self.procs.append(subprocess.Popen(
                     [PY, "-m", "celery", "-A", "ugent_site", "beat", "-l", "WARNING", "--pidfile=",

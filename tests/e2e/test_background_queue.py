@@ -1,0 +1,86 @@
+"""Servers mode: work no sender waits for (memory extraction here) goes to the deployment's background queue,
+so a worker that takes turns alone (`-Q <queue>`) never has its threads held by it, and a worker of the
+background queue (`-Q <queue>-background`) does it (ugent_site/settings.py, docs/deploy.md "Queues").
+
+The model extractor asks a stub upstream that holds its answer until the test lets it go. With one thread in
+each worker, a second message is answered while the first one's extraction is still held; once let go, the
+facts land in the sender's memory. On one worker taking both queues with one thread, the second message
+would wait for the extraction."""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+
+import httpx
+import pytest
+import redis
+
+from tests.fakes.upstream import Script, run_stub_upstream
+from tests.support.daemon import Daemon
+
+pytestmark = pytest.mark.skipif(not os.environ.get("REDIS_URL"), reason="servers mode: Celery workers and queues")
+
+SAID = "I've been vegetarian since 2019"
+REPLY = json.dumps([{"fact": "User is vegetarian.", "tier": "contextual", "message": 1}])
+
+
+def chat(d: Daemon, user: str, text: str) -> httpx.Response:
+    return httpx.post(d.base + "/v1/chat/completions", headers={"x-api-key": d.key}, timeout=60,
+                      json={"model": "scripted", "user": user, "messages": [{"role": "user", "content": text}]})
+
+
+def facts(d: Daemon, user: str) -> list[str]:
+    return sorted(t for (t,) in d.sql("SELECT text FROM plugins_app_memoryfact WHERE actor_key LIKE ?", (f"%:{user}",)))
+
+
+def test_a_held_extraction_on_the_background_worker_delays_no_turn(tmp_path):
+    release, asked = threading.Event(), threading.Event()
+
+    def answer(request) -> Script:
+        said = request.json["messages"][-1]["content"]
+        if "vegetarian" in said:
+            asked.set()
+            release.wait(60)  # the model takes its time: the background worker's one thread is held
+            return Script(answer=REPLY)
+        return Script(answer="[]")
+
+    config = tmp_path / "ugent.toml"
+    config.write_text('[memory]\nbackend = "sqlite_fts"\nextractor = "openai-compatible"\n')
+    with run_stub_upstream(answer) as url:
+        d = Daemon(tmp_path, extra_env={"UGENT_CONFIG": str(config), "UGENT_LLM_BASE_URL": str(url)})
+        try:
+            d.prepare()
+            queue = d.env["UGENT_CELERY_QUEUE"]
+            d.spawn_worker(queues=queue, concurrency=1)
+            d.spawn_worker(queues=f"{queue}-background", concurrency=1)
+            d.spawn(worker=False)
+            alice = f"alice-{uuid.uuid4().hex[:6]}"
+
+            first = chat(d, alice, SAID)
+            assert first.status_code == 200, first.text
+            assert asked.wait(30), "the extraction never asked the model"
+            # the extraction now holds the background worker's only thread; the turn worker is free
+            t0 = time.monotonic()
+            second = chat(d, alice, "script:answer=still here")
+            took = time.monotonic() - t0
+            assert second.status_code == 200, second.text
+            assert second.json()["choices"][0]["message"]["content"] == "still here"
+            assert not release.is_set() and facts(d, alice) == [], "answered while the extraction was held"
+            # one worker taking both queues with one thread answers it only once the extractor gives up on the
+            # model, at its 30 s (model_extract.EXTRACT_TIMEOUT_SECS; seen: 30.05 s); here it is a turn's time
+            assert took < 20, took
+
+            release.set()
+            deadline = time.monotonic() + 30
+            while not facts(d, alice) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert facts(d, alice) == ["User is vegetarian."]
+            # the turn queue never held the extraction: nothing of it is left there, nor in the background queue
+            r = redis.Redis.from_url(d.env["REDIS_URL"])
+            assert r.llen(queue) == 0 and r.llen(f"{queue}-background") == 0
+        finally:
+            release.set()
+            d.close()
