@@ -58,8 +58,10 @@ class Discovery:
 
     @property
     def pollable(self) -> bool:
-        """True when a file created later in a discovery location should be picked up."""
-        return not self.configured
+        """True when discovery should be run again while no file is loaded: a file created later in a discovery
+        location is picked up, and so is a file skipped only because its workspace is not trusted yet (a
+        ``[rules] file`` inside the workspace too), once the workspace is approved."""
+        return not self.configured or bool(self.skipped_untrusted)
 
 
 def candidate_paths(workspace: PathLike, home: PathLike, filename: str) -> tuple[Path, ...]:

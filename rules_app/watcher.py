@@ -227,8 +227,9 @@ class RuleEngineHolder:
     def check_discovery_once(self) -> bool:
         """When no file is watched, look in the discovery locations again; load one that appeared.
 
-        Returns True when a file was picked up. A ``[rules] file`` path is not
-        polled (it needs a restart or an edit to ugent.toml), as the spec says.
+        Returns True when a file was picked up. A ``[rules] file`` path that did not exist is not
+        polled (it needs a restart or an edit to ugent.toml), as the spec says; one inside the workspace
+        that was skipped as untrusted is, so an approval loads it (``Discovery.pollable``).
         """
         with self._lock:
             if self._path is not None or not self._pollable:

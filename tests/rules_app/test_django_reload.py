@@ -63,6 +63,19 @@ def test_approving_the_workspace_loads_its_file_without_a_restart(site, tcast, r
     assert answer(chat(tcast.bob, "a")) == "rule engine: message ignored"
 
 
+def test_approving_the_workspace_loads_a_configured_file_inside_it_without_a_restart(site, tcast, rules_log):
+    """`[rules] file` naming a file inside the workspace: skipped until approval, then loaded, as a found one is."""
+    site.config('[rules]\nfile = "my-rules.toml"\n')
+    site.write(IGNORE_A, "my-rules.toml")
+    runtime.reset()
+    assert answer(chat(tcast.alice, "a")) == "echo: a (history=0)"
+    assert file_row().status == "skipped"
+    site.approve()
+    assert wait_for(lambda: "rule set loaded (rules=1)" in rules_log.messages)
+    assert answer(chat(tcast.bob, "a")) == "rule engine: message ignored"
+    assert wait_for(lambda: file_row().status == "loaded")
+
+
 def test_revoking_trust_drops_the_workspace_rules_without_a_restart(site, tcast):
     site.rules(IGNORE_A)
     assert answer(chat(tcast.alice, "a")) == "rule engine: message ignored"
