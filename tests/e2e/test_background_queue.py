@@ -25,6 +25,8 @@ pytestmark = pytest.mark.skipif(not os.environ.get("REDIS_URL"), reason="servers
 
 SAID = "I've been vegetarian since 2019"
 REPLY = json.dumps([{"fact": "User is vegetarian.", "tier": "contextual", "message": 1}])
+#: What the extractor logs when the model does not answer within its time (model_extract.EXTRACT_TIMEOUT_SECS).
+GAVE_UP = "memory: the model extractor failed"
 
 
 def chat(d: Daemon, user: str, text: str) -> httpx.Response:
@@ -63,15 +65,14 @@ def test_a_held_extraction_on_the_background_worker_delays_no_turn(tmp_path):
             assert first.status_code == 200, first.text
             assert asked.wait(30), "the extraction never asked the model"
             # the extraction now holds the background worker's only thread; the turn worker is free
-            t0 = time.monotonic()
             second = chat(d, alice, "script:answer=still here")
-            took = time.monotonic() - t0
             assert second.status_code == 200, second.text
             assert second.json()["choices"][0]["message"]["content"] == "still here"
-            assert not release.is_set() and facts(d, alice) == [], "answered while the extraction was held"
-            # one worker taking both queues with one thread answers it only once the extractor gives up on the
-            # model, at its 30 s (model_extract.EXTRACT_TIMEOUT_SECS; seen: 30.05 s); here it is a turn's time
-            assert took < 20, took
+            # answered while the extraction still waited on the model: it has neither saved nor given up. (One
+            # worker taking both queues with one thread answers only once the extractor gives up on the model,
+            # at its 30 s, and logs so: seen, this assertion failing.)
+            assert facts(d, alice) == []
+            assert GAVE_UP not in (d.tmp / "daemon.log").read_text()
 
             release.set()
             deadline = time.monotonic() + 30
