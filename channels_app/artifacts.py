@@ -71,7 +71,7 @@ def _path_bytes(conversation: Conversation, raw: str) -> bytes:
     workspace toolboxes are."""
     if "\x00" in raw or ".." in Path(raw).parts or os.path.isabs(raw):
         raise ArtifactError(f"{raw} is not a path inside the working directory")
-    root = sandbox.workspace_root()
+    root = sandbox.workspace_root(conversation)
     target = (sandbox.directory_path(conversation) / raw).resolve()
     if target != root and root not in target.parents:
         raise ArtifactError(f"{raw} leads outside the workspace")

@@ -54,7 +54,7 @@ def check_run(item: HarnessItem, *, answer: str | None = None) -> tuple[bool, st
         return found, (f"the latest answer contains {arg!r}" if found
                        else f"the latest answer does not contain {arg!r}")
     base = sandbox.directory_path(item.conversation).resolve()
-    root = sandbox.workspace_root()
+    root = sandbox.workspace_root(item.conversation)
     if ".." in Path(arg).parts or os.path.isabs(arg):
         return False, f"{arg} is not a path inside the working directory"
     target = (base / arg).resolve()

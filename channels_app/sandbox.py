@@ -8,9 +8,11 @@ existing directory. The workspace toolboxes confine themselves to the same root 
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path, PurePosixPath
 
 from django.conf import settings
+from django.utils.module_loading import import_string
 
 from channels_app.errors import ApplicationError
 from channels_app.models import Conversation
@@ -23,27 +25,67 @@ NOT_A_DIRECTORY = "{path} is a file, not a directory."
 BAD_TEXT = "The directory holds a NUL character, which no path can hold."
 
 
-def workspace_root() -> Path:
-    """The workspace root, with its symbolic links resolved (every check compares real paths)."""
-    return Path(settings.UGENT_WORKSPACE).resolve()
+# --- a conversation's workspace ------------------------------------------------------------
+# The directory a conversation's turns work in: their workspace tools' root, the sandbox's, and what code
+# context indexes. UGENT_WORKSPACE unless a resolver named in settings (UGENT_WORKSPACE_RESOLVERS, by dotted
+# path, as the hooks are: the hub imports no room) gives another: a channel plugin's `[plugins.routing]
+# workspace` for the conversations it serves. fn(conversation) -> str: a path, or "" for nothing to say.
+_resolvers: list = []
+_resolvers_lock = threading.Lock()
+_resolvers_loaded = False
 
 
-def writable_paths() -> list[str]:
+def _workspace_resolvers() -> list:
+    global _resolvers_loaded
+    if not _resolvers_loaded:
+        with _resolvers_lock:
+            if not _resolvers_loaded:
+                _resolvers[:] = [import_string(path)
+                                 for path in getattr(settings, "UGENT_WORKSPACE_RESOLVERS", {}).values()]
+                _resolvers_loaded = True
+    return _resolvers
+
+
+def conversation_workspace(conversation: Conversation | None) -> str:
+    """The workspace directory of `conversation`'s turns, as configured (not resolved): the first resolver's
+    answer, else UGENT_WORKSPACE. Kept on the row object, so a turn asks once."""
+    if conversation is None:
+        return str(settings.UGENT_WORKSPACE)
+    known = getattr(conversation, "_ugent_workspace", None)
+    if known is not None:
+        return known
+    found = ""
+    for resolve in _workspace_resolvers():
+        found = resolve(conversation) or ""
+        if found:
+            break
+    conversation._ugent_workspace = found or str(settings.UGENT_WORKSPACE)
+    return conversation._ugent_workspace
+
+
+def workspace_root(conversation: Conversation | None = None) -> Path:
+    """The workspace root (of `conversation`'s turns: a channel plugin may give its own, see
+    conversation_workspace), with its symbolic links resolved (every check compares real paths)."""
+    return Path(conversation_workspace(conversation)).resolve()
+
+
+def writable_paths(conversation: Conversation | None = None) -> list[str]:
     """The paths the sandbox lets tools write (UGENT_SANDBOX_WRITABLE), relative ones from the workspace root."""
-    root = workspace_root()
+    root = workspace_root(conversation)
     return [str((root / p).resolve()) if not os.path.isabs(p) else str(Path(p).resolve())
             for p in settings.UGENT_SANDBOX_WRITABLE]
 
 
 def directory_path(conversation: Conversation) -> Path:
     """The conversation's working directory as an absolute path (the root when it has none)."""
-    return workspace_root() / conversation.working_directory if conversation.working_directory else workspace_root()
+    root = workspace_root(conversation)
+    return root / conversation.working_directory if conversation.working_directory else root
 
 
 def directory_confined(conversation: Conversation) -> Path | None:
     """The conversation's working directory as a real path, or None when it is no directory inside the
     workspace now (a symbolic link changed since it was set): what code context may index."""
-    root = workspace_root()
+    root = workspace_root(conversation)
     try:
         real = directory_path(conversation).resolve()
     except (OSError, RuntimeError):
@@ -53,15 +95,16 @@ def directory_confined(conversation: Conversation) -> Path | None:
     return real
 
 
-def directory_check(raw: str) -> str:
-    """The working directory `raw` names, relative to the workspace root ("" for the root itself), or a
-    400 that says why not. An absolute path is taken as it is, and must lie inside the workspace."""
+def directory_check(raw: str, conversation: Conversation | None = None) -> str:
+    """The working directory `raw` names, relative to the workspace root (`conversation`'s: see
+    workspace_root; "" for the root itself), or a 400 that says why not. An absolute path is taken as it is,
+    and must lie inside the workspace."""
     if "\x00" in raw:
         raise ApplicationError(BAD_TEXT, status=400, code="invalid_directory", param="directory")
     text = raw.strip()
     if ".." in PurePosixPath(text.replace("\\", "/")).parts:
         raise ApplicationError(DOTDOT, status=400, code="invalid_directory", param="directory")
-    root = workspace_root()
+    root = workspace_root(conversation)
     candidate = Path(text) if os.path.isabs(text) else root / text
     # Without following links: is the name itself inside the workspace?
     lexical = Path(os.path.normpath(candidate))
@@ -95,9 +138,9 @@ def conversation_directory(conversation: Conversation) -> dict:
 def sandbox_describe(*, conversation: Conversation | None = None, every_conversation: bool = False) -> dict:
     """What the sandbox allows and where it is. `conversation`: that one's working directory;
     `every_conversation` (the operator): every conversation that has one set."""
-    root = workspace_root()
+    root = workspace_root(conversation)
     out = {"object": "ugent.sandbox", "workspace_root": str(root), "workspace_exists": root.is_dir(),
-           "writable_paths": writable_paths(), "network": bool(settings.UGENT_SANDBOX_NETWORK),
+           "writable_paths": writable_paths(conversation), "network": bool(settings.UGENT_SANDBOX_NETWORK),
            "working_directory": conversation_directory(conversation) if conversation is not None else None}
     if every_conversation:
         qs = Conversation.objects.exclude(working_directory="").order_by("id")
@@ -118,7 +161,7 @@ def sandbox_text(description: dict) -> str:
 
 def conversation_directory_set(*, conversation: Conversation, directory: str) -> dict:
     """Set the conversation's working directory (checked by directory_check; nothing changes on a 400)."""
-    relative = directory_check(directory)
+    relative = directory_check(directory, conversation)
     Conversation.objects.filter(pk=conversation.pk).update(working_directory=relative)
     conversation.working_directory = relative
     return {"object": "ugent.directory", **conversation_directory(conversation)}

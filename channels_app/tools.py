@@ -28,6 +28,7 @@ from django.db import connection, transaction
 from channels_app.events import _lock_log as log_lock
 from channels_app.events import events_append
 from channels_app.models import ToolCall, ToolCallState, Turn, TurnState
+from channels_app.sandbox import conversation_workspace
 from ugent_common import rows
 
 log = logging.getLogger("ugent.tools")
@@ -162,10 +163,11 @@ def enabled_names(profile=None, config: Optional[dict] = None) -> list[str]:
 
 
 def workspace_roots(ctx: ToolContext) -> dict:
-    roots = {"workspace": str(Path(settings.UGENT_WORKSPACE))}
+    workspace = Path(conversation_workspace(ctx.conversation))  # a channel plugin may give its conversations their own
+    roots = {"workspace": str(workspace)}
     cwd = (ctx.turn.context or {}).get("working_directory") or getattr(ctx.conversation, "working_directory", "")
     if cwd:  # stored relative to the workspace (PUT /v1/ugent/directory); confine() still checks it
-        roots["conversation"] = str(Path(settings.UGENT_WORKSPACE) / cwd)
+        roots["conversation"] = str(workspace / cwd)
     return roots
 
 

@@ -68,6 +68,11 @@ UGENT_NATIVE_ACTIONS = {
     "compact_conversation": "rules_app.hooks.compact_conversation_action",
     "extract_memory": "rules_app.hooks.extract_memory_action",
 }
+# The workspace a conversation's turns work in (tools, sandbox, code context), where a room gives its own:
+# a channel plugin's [plugins.routing] workspace (channels_app.sandbox.conversation_workspace).
+UGENT_WORKSPACE_RESOLVERS = {
+    "plugins": "plugins_app.channel.selectors.conversation_workspace",
+}
 UGENT_STATUS_SECTIONS = {
     "rules": "rules_app.runtime.status_section",
     "plugins": "plugins_app.channel.selectors.plugins_status",

@@ -19,6 +19,20 @@ def plugins_enabled() -> list[Plugin]:
     return list(Plugin.objects.filter(enabled=True).order_by("plugin_id"))
 
 
+def conversation_workspace(conversation) -> str:
+    """The hub's workspace resolver (settings.UGENT_WORKSPACE_RESOLVERS): for a conversation a channel plugin
+    serves, that plugin's ``[plugins.routing] workspace`` (a relative one from UGENT_WORKSPACE); "" for any
+    other conversation, or a plugin that names none. Read as the turn asks, so an edit in the admin counts
+    from the next turn."""
+    if conversation.channel == "web" or not conversation.client_id:
+        return ""
+    plugin = Plugin.objects.filter(plugin_id=conversation.client_id).only("kind", "workspace").first()
+    if plugin is None or plugin.channel != conversation.channel or not plugin.workspace:
+        return ""
+    from django.conf import settings
+    return os.path.join(str(settings.UGENT_WORKSPACE), plugin.workspace)  # (an absolute one stays as it is)
+
+
 def plugin_argv(plugin: Plugin) -> tuple[str, list[str]] | None:
     """The command and args the supervisor runs for ``plugin``; None when it names no command and its
     kind is not installed (nothing can be started)."""
