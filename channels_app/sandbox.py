@@ -143,8 +143,15 @@ def sandbox_describe(*, conversation: Conversation | None = None, every_conversa
            "writable_paths": writable_paths(conversation), "network": bool(settings.UGENT_SANDBOX_NETWORK),
            "working_directory": conversation_directory(conversation) if conversation is not None else None}
     if every_conversation:
-        qs = Conversation.objects.exclude(working_directory="").order_by("id")
-        out["working_directories"] = [conversation_directory(c) for c in qs[:1000]]
+        conversations = list(Conversation.objects.exclude(working_directory="").order_by("id")[:1000])
+        asked: dict[tuple, str] = {}  # one resolver question per (channel, client id), not per conversation
+        for c in conversations:
+            key = (c.channel, c.client_id)
+            if key in asked:
+                c._ugent_workspace = asked[key]
+            else:
+                asked[key] = conversation_workspace(c)
+        out["working_directories"] = [conversation_directory(c) for c in conversations]
     return out
 
 

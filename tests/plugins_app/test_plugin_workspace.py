@@ -70,6 +70,8 @@ def test_the_sandbox_and_a_working_directory_are_the_plugins_and_a_web_conversat
         sandbox.conversation_directory_set(conversation=Conversation.objects.get(pk=conv.pk), directory=str(shared))
     assert getattr(refused.value, "status", None) == 400
     assert sandbox.directory_confined(Conversation.objects.get(pk=conv.pk)) == (team / "src").resolve()
+    listed_all = sandbox.sandbox_describe(every_conversation=True)["working_directories"]  # the operator's view
+    assert [(d["client_id"], d["path"]) for d in listed_all] == [("echo-team", str(team / "src"))]
 
     web_actor = channel_actor_resolve(channel="web", user_id="alice")
     web, _ = conversation_resolve(channel="web", client_id="echo-team", external_id="w-1", actor=web_actor,
