@@ -111,8 +111,10 @@ class DjangoRuleEngineHolder(RuleEngineHolder):
         return holder
 
     def check_config_once(self) -> bool:
-        """ugent.toml changed: when its ``[rules] file`` (or ``on_error``) now says otherwise, load
-        and watch what it names now. True when the rules were loaded again."""
+        """ugent.toml changed: a configuration reload, which rebuilds the rules as a start does (seed 002:
+        "When UGENT starts, or rebuilds its runtime after a configuration reload, a rules file it cannot read
+        or parse is logged as failed to load rule set …"): the file ``[rules] file`` names now (or
+        discovery's) is loaded afresh and watched, under the ``on_error`` it says now. True when it was."""
         self._db_step()
         self.beat_if_due()
         sig = _config_signature()
@@ -124,12 +126,7 @@ class DjangoRuleEngineHolder(RuleEngineHolder):
         from ugent_common.config import config_recheck, load_config
         config_recheck()
         on_error, warning = rules_on_error(load_config())
-        before = self.last_found
         found = self._discover()
-        same_file = found.path == self.path and found.configured_path == (
-            before.configured_path if before else None)
-        if same_file and on_error == self.on_error:
-            return False
         if warning:
             log.warning(warning)
         log.info("ugent.toml changed: rules file now %s (on_error = %s)", found.path or found.configured_path

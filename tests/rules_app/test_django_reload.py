@@ -63,6 +63,24 @@ def test_approving_the_workspace_loads_its_file_without_a_restart(site, tcast, r
     assert answer(chat(tcast.bob, "a")) == "rule engine: message ignored"
 
 
+def test_a_configuration_reload_rebuilds_the_rules_so_a_broken_file_fails_open_as_at_start(site, tcast, rules_log):
+    """Seed 002: "When UGENT starts, or rebuilds its runtime after a configuration reload, a rules file it cannot
+    read or parse is logged as failed to load rule set — starting with empty rules (fail-open)"."""
+    site.config('[tools]\nenabled = ["workspace"]\n')
+    site.rules(IGNORE_A)
+    assert answer(chat(tcast.alice, "a")) == "rule engine: message ignored"
+    site.write(IGNORE_A + "\n[[rules]\nbroken")  # a broken edit: the rules in force are kept
+    assert wait_for(lambda: any(m.startswith("rule set auto-reload failed") for m in rules_log.messages))
+    assert answer(chat(tcast.bob, "a")) == "rule engine: message ignored"
+    site.config('[tools]\nenabled = ["workspace", "delegation"]\n')  # an edit elsewhere in ugent.toml
+    assert wait_for(lambda: any(m.startswith("failed to load rule set — starting with empty rules (fail-open)")
+                                for m in rules_log.messages))
+    assert answer(chat(tcast.carol, "a")) == "echo: a (history=0)"
+    site.write(IGNORE_A)  # and the file is still watched: fixed, it is in force again
+    assert wait_for(lambda: file_row().status == "loaded")
+    assert answer(chat(tcast.alice, "a")) == "rule engine: message ignored"
+
+
 def test_approving_the_workspace_loads_a_configured_file_inside_it_without_a_restart(site, tcast, rules_log):
     """`[rules] file` naming a file inside the workspace: skipped until approval, then loaded, as a found one is."""
     site.config('[rules]\nfile = "my-rules.toml"\n')
