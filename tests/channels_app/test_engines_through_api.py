@@ -10,6 +10,7 @@ from channels_app.models import Receipt
 from plugins_app.agent.models import AgentProfile
 from tests.fakes.upstream import Script, run_stub_upstream
 from tests.support.http import answer_text, body_bytes, parse_sse
+from tests.support.toolboxes import tools_toml  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -84,3 +85,23 @@ def test_the_admin_lists_installed_chat_engines(tcast, admin_client):
     html = page.content.decode()
     for name in ("openai-compatible", "ugent-notes", "ovos-chat-openai-plugin"):
         assert name in html
+
+
+def test_a_third_party_engine_that_supports_tools_calls_the_turns_tools(tcast, tools_toml):
+    """Seed 001: an engine with supports_tools = True consumes `tools` and returns tool_calls on its message;
+    the turn runs each call and asks the engine again with the results."""
+    from channels_app.models import ToolCall
+    tools_toml('[tools]\nenabled = ["testing"]\n')
+    steps = [Script(tool_calls=[{"id": "call_1", "name": "echo", "arguments": {"text": "hi there"}}]),
+             Script(answer="The tool said hi there.")]
+    with run_stub_upstream(script=steps) as url:
+        AgentProfile.objects.create(name="ovos", provider="ovos-chat-openai-plugin",
+                                    config={"api_url": str(url), "key": "k", "model": "stub-model"})
+        resp = chat(tcast.keys["operator"], "ovos", "call the echo tool")
+        first, second = list(url.requests)[-2:]
+    assert resp.json()["choices"][0]["message"]["content"] == "The tool said hi there."
+    assert "echo" in [t["function"]["name"] for t in first.json["tools"]]
+    call = ToolCall.objects.get()
+    assert (call.name, call.arguments, call.state, call.result) == ("echo", {"text": "hi there"}, "done",
+                                                                   {"echo": "hi there"})
+    assert [m["role"] for m in second.json["messages"]][-2:] == ["assistant", "tool"]

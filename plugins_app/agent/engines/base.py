@@ -3,13 +3,16 @@
 OPM's ``ChatEngine.stream_tokens`` yields answer text only. UGENT's own engines
 also implement ``stream_events``, which yields ``StreamItem``s so thinking,
 tool calls, answer resets and citations reach the client as they happen.
-A third-party engine without ``stream_events`` is streamed through
-``stream_tokens`` (answer text only). This module imports nothing from Django.
+A third-party engine without ``stream_events`` is streamed through its own
+``stream_tokens`` (answer text only); one that keeps OPM's default (which only
+splits ``continue_chat``'s answer on whitespace), or that sets ``supports_tools``
+while the turn offers tools, is asked ``continue_chat`` once and its answer and
+tool calls are taken whole. This module imports nothing from Django.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, List, Optional
+from typing import Any, Callable, Iterator, List, Optional
 
 # The segments of the chat stream ("What the chat stream sends").
 ANSWER = "answer"
@@ -52,16 +55,38 @@ def stream_items(engine: Any, messages: List[Any], *, session_id: str = "default
         yield from rich(messages, session_id=session_id, lang=lang, tools=tools,
                         should_stop=should_stop)
         return
-    tokens: Iterable[str] = engine.stream_tokens(messages, session_id=session_id, lang=lang)
-    first = True
-    for token in tokens:
+    with_tools = tools is not None and bool(getattr(engine, "supports_tools", False))
+    if with_tools or type(engine).stream_tokens is _opm_stream_tokens():
+        # One continue_chat: OPM's stream_tokens takes no tools (an engine that sets supports_tools gets them
+        # only there, and answers its calls on the message), and its default one splits the answer on
+        # whitespace, which would lose its line breaks, lists and code blocks.
+        reply = engine.continue_chat(messages, session_id=session_id, lang=lang,
+                                     **({"tools": tools} if with_tools else {}))
         if should_stop():
             return
-        # OPM's default stream_tokens splits on whitespace; put the spaces back.
-        default_split = type(engine).stream_tokens is _opm_stream_tokens()
-        text = token if not default_split or first else " " + token
-        first = False
-        yield StreamItem(ANSWER, text)
+        yield from _reply_items(reply, tools_offered=with_tools)
+        return
+    for token in engine.stream_tokens(messages, session_id=session_id, lang=lang):
+        if should_stop():
+            return
+        yield StreamItem(ANSWER, token)
+
+
+def _reply_items(reply: Any, *, tools_offered: bool) -> Iterator[StreamItem]:
+    """A continue_chat reply as StreamItems: its text whole, then its tool calls (when tools were offered)."""
+    text = getattr(reply, "content", "") or ""
+    if text:
+        yield StreamItem(ANSWER, text if isinstance(text, str) else str(text))
+    if not tools_offered:
+        return
+    import json
+    import uuid
+    for idx, call in enumerate(getattr(reply, "tool_calls", None) or ()):
+        arguments = getattr(call, "arguments", None)
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments or {}, ensure_ascii=False)
+        yield StreamItem(TOOL, data={"index": idx, "id": getattr(call, "id", "") or "call_" + uuid.uuid4().hex[:24],
+                                     "name": getattr(call, "name", "") or "", "arguments": arguments})
 
 
 def _opm_stream_tokens():
