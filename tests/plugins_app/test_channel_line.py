@@ -222,3 +222,25 @@ def test_an_image_in_is_downloaded_from_the_data_api_and_stored_on_the_host(tcas
     assert (bytes(media.data), media.content_type) == (photo, "image/jpeg")
     [fetch] = line.calls_to(f"/v2/bot/message/{message['id']}/content")
     assert fetch.headers["authorization"] == f"Bearer {line.token}"
+
+
+def test_an_event_sent_while_the_worker_is_down_is_taken_when_line_redelivers_it(tcast, line, start_runtime):
+    import httpx
+    line_plugin()
+    rt = start_runtime()
+    listening(rt, line)
+    line.say("script:answer=before")
+    answered(line, 1)
+    before, pid = line.webhook_url, rt.worker_pid(PID)
+    os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: rt.worker_pid(PID) != pid, 15)
+    event = line.event(line.text_message("script:answer=after"))
+    try:  # the old port is gone (or, briefly, not yet): LINE counts it as a failed delivery
+        status = line.post(line.payload([event])).status_code
+    except httpx.HTTPError:
+        status = 0
+    assert status != 200
+    listening(rt, line, after=before)  # the restarted worker listens on a new port (--bind :0)
+    assert line.redeliver(event).status_code == 200
+    assert answered(line, 2, timeout=45) == ["before", "after"]
+    assert Receipt.objects.filter(client_message_id=event["webhookEventId"]).count() == 1
