@@ -225,6 +225,21 @@ def test_content_comes_from_the_data_api_with_the_token(line):
     assert client.content(message["id"]) == (b"\x00\x01", "audio/m4a")
 
 
+def test_a_download_refused_for_the_token_makes_the_worker_refuse(line):
+    from plugins_app.channel.workers.line import LineWorker
+    worker = LineWorker(argv=[], environ=line.env(), socket_path="/nowhere", plugin_id="line-test", token="t",
+                        install_signal_handlers=False)
+    [att] = normalise(line.event(line.media_message(b"jpeg")), data_base_url=line.base_url).attachments
+    assert worker.fetch_media(att) == b"jpeg"
+    assert worker.fetch_media(normalise(line.event({"id": "9", "type": "image", "contentProvider": {
+        "type": "external", "originalContentUrl": "https://example.com/a.jpg"}})).attachments[0]) is None
+    line.revoke()
+    with pytest.raises(TokenRefused):
+        worker.fetch_media(att)
+    assert worker._refusal.startswith(f"GET /v2/bot/message/{att.channel_ref}/content: 401 Unauthorized")
+    worker.api.close()
+
+
 def test_a_stopping_worker_cuts_a_429_wait_short(line):
     stopping = threading.Event()
     stopping.set()

@@ -243,7 +243,11 @@ class LineWorker(ChannelWorker):
         if not (attachment.url or "").startswith(prefix):
             return None  # an external provider's URL: never sent the token
         message_id = attachment.url[len(prefix):].split("/", 1)[0]
-        data, _ = self.api.content(message_id)
+        try:
+            data, _ = self.api.content(message_id)
+        except TokenRefused:
+            self._refusal = refused(f"GET /v2/bot/message/{message_id}/content")  # the listener stops the worker
+            raise
         return data
 
     # ------------------------------------------------------------------ outbound
