@@ -24,6 +24,7 @@ BUILTIN = {
     "channel-discord": "plugins_app.channel.workers.discord",
     "channel-echo": "plugins_app.channel.workers.echo",
     "channel-email": "plugins_app.channel.workers.email",
+    "channel-line": "plugins_app.channel.workers.line",
     "channel-slack": "plugins_app.channel.workers.slack",
     "channel-telegram": "plugins_app.channel.workers.telegram",
 }
