@@ -13,6 +13,7 @@ from django.test import Client
 from django.utils import timezone
 
 from tests.conftest import OPERATOR_KEY
+from tests.support.memory import memory_config  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -416,6 +417,26 @@ def test_a_multimodal_engine_gets_the_bytes(tcast):
     assert [base64.b64decode(x) for x in last.image_content] == [png]
     assert [base64.b64decode(x) for x in last.audio_content] == [wav]
     assert [base64.b64decode(x) for x in last.file_content] == [b"plain words"]
+
+
+def test_a_multimodal_engine_gets_the_bytes_when_memory_recalls_too(tcast, memory_config):
+    """Recall puts the user's facts before the message; the message itself stays the turn's own, files and
+    all (seed 001: a MultimodalChatEngine's media must survive)."""
+    import base64
+    from plugins_app.agent.memory import services
+    from tests.support.scripted import CALLS
+    memory_config.backend("sqlite_fts")
+    services.fact_save(actor_key="web:alice", text="User likes green tea.")
+    seen = _multimodal_profile()
+    png = png_bytes()
+    pid = upload(tcast.alice, png, name="p.png").json()["id"]
+    resp = send(tcast.alice, [{"type": "text", "text": "which tea do I like"},
+                              {"type": "image_url", "image_url": {"file_id": pid}}], model="mm")
+    assert resp.status_code == 200, resp.content
+    last = seen[-1]
+    assert last.content == "which tea do I like"
+    assert [base64.b64decode(x) for x in last.image_content] == [png]
+    assert any("green tea" in text for _role, text in CALLS[-1]["messages"][:-1])  # and the fact was recalled
 
 
 def test_a_file_part_of_another_conversation_or_user_is_refused_and_runs_nothing(tcast):

@@ -138,6 +138,10 @@ class KnowledgeContext:
             raise RuntimeError("the knowledge base is down")
         if self.config.get("dicts"):  # a plugin that answers the wrong shape
             return [{"role": "user", "content": utterance}]
+        if self.config.get("into_message"):  # RAG put into the user's message, as ovos-openai-rag's "user" mode
+            return [*self.get_history(session_id),
+                    AgentMessage(role=MessageRole.USER, content=f"Context: {self.config['header']}\n\n"
+                                                                f"Question: {utterance}")]
         return [*self.get_history(session_id),
                 AgentMessage(role=MessageRole.SYSTEM, content=f"{self.config['header']} {utterance}"),
                 AgentMessage(role=MessageRole.USER, content=utterance)]
@@ -167,6 +171,14 @@ def test_a_profiles_memory_engine_builds_the_context_the_engine_sees(knowledge):
     # its session is the conversation's own key (external ids repeat across channels and clients)
     from channels_app.models import Conversation
     assert set(KnowledgeContext.sessions) == {f"conv-{Conversation.objects.get(external_id='k1').pk}"}
+
+
+def test_what_a_memory_engine_puts_into_the_users_message_is_what_the_engine_sees(knowledge):
+    """Seed 001: build_conversation_context "returns the message list the chat engine will actually see"."""
+    knowledge.profile.config = {"test-knowledge": {"header": "Paris is the capital.", "into_message": True}}
+    knowledge.profile.save()
+    answer(chat(knowledge.alice, "capital of France?", conversation_id="k2"))
+    assert CALLS[-1]["messages"][-1] == ("user", "Context: Paris is the capital.\n\nQuestion: capital of France?")
 
 
 def test_a_failing_memory_engine_costs_its_context_never_the_turn(knowledge, caplog):

@@ -33,5 +33,16 @@ def context_of(*, profile, messages: list, session_id: str) -> list:
         log.warning("memory engine failed; the turn goes on without it (profile=%s, engine=%s, error=%s: %s)",
                     profile.name, profile.memory_engine, type(exc).__name__, exc)
         return messages
-    # the engine rebuilt the user's message from its text: the turn's own (files, parts) is kept
-    return built[:-1] + [messages[at]] + list(messages[at + 1:])
+    # The engine rebuilt the user's message from its text. Seed 001: what it returns is what the chat engine
+    # sees (a RAG plugin puts its context into that message), so its text is taken; the turn's own message
+    # is kept for the rest (a MultimodalAgentMessage's files).
+    own = messages[at]
+    last = own if built[-1].content == own.content else _with_content(own, built[-1].content)
+    return built[:-1] + [last] + list(messages[at + 1:])
+
+
+def _with_content(message, content: str):
+    import dataclasses
+    if dataclasses.is_dataclass(message):
+        return dataclasses.replace(message, content=content)
+    return AgentMessage(role=message.role, content=content)

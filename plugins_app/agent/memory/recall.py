@@ -189,5 +189,7 @@ class TurnRecall:
         self.calls += 1
         manager = MemoryContextManager({"actor_key": ""}, conf=self.conf)
         manager.update_history(list(messages[:at]), self.session_id)
-        return manager.build_conversation_context(last.content, self.session_id,
-                                                  recalled=self.recalled) + list(messages[at + 1:])
+        built = manager.build_conversation_context(last.content, self.session_id, recalled=self.recalled)
+        # built ends with the utterance as a plain AgentMessage: the turn's own is put back, whose files (a
+        # MultimodalAgentMessage's images, audio and documents) a multimodal engine must still get
+        return built[:-1] + [last] + list(messages[at + 1:])
