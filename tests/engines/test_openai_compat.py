@@ -225,6 +225,14 @@ def test_continue_chat_parses_tool_calls(engine, stub):
     assert stub.requests[-1].json["tools"] == TOOLS
 
 
+def test_a_system_prompt_the_context_already_starts_with_is_sent_once(stub):
+    """A profile's memory engine starts its context with the profile's system prompt (seed 001: "start from
+    self.system_prompt"), which the chat engine was given as its own as well."""
+    eng = OpenAICompatibleEngine({"base_url": stub, "model": "m", "system_prompt": "You are Bob."})
+    eng.continue_chat([AgentMessage(MessageRole.SYSTEM, "You are Bob."), AgentMessage(MessageRole.USER, "hi")])
+    assert stub.requests[-1].json["messages"][0] == {"role": "system", "content": "You are Bob."}
+
+
 def test_message_conversion_round_trips_a_tool_loop(stub):
     eng = OpenAICompatibleEngine({"base_url": stub, "model": "m", "system_prompt": "Be brief."})
     history = [

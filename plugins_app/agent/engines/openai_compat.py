@@ -170,7 +170,9 @@ class OpenAICompatibleEngine(ChatEngine):
             if role == "developer":
                 role = self.developer_role
             if leading and role == "system":
-                if m.content:
+                # the same text once: a profile's memory engine starts its context with the profile's system
+                # prompt (seed 001), which this engine was given as its own too
+                if m.content and m.content not in lead:
                     lead.append(m.content)
                 continue
             leading = False
