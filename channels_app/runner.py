@@ -550,7 +550,8 @@ class TurnRun:
             offered = self.tools.specs
         self.offered = offered is not None
         messages = self.profile_context(self.memory_recall(self.code_context(list(self.messages))))
-        for item in stream_items(self.engine, messages, session_id=self.turn.conversation.external_id,
+        # the conversation's own key, as a memory engine gets it: external ids repeat across channels and clients
+        for item in stream_items(self.engine, messages, session_id=f"conv-{self.turn.conversation_id}",
                                  tools=offered, should_stop=self.should_stop):
             self.handle(item)
             if self.should_stop():

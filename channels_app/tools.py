@@ -421,7 +421,7 @@ def task_run(ctx: ToolContext, *, engine, messages: list, tools: TurnTools) -> t
         pending: dict[str, dict] = {}
         text: list[str] = []
         offered = tools.specs if (tools and step <= limit) else None
-        for item in stream_items(engine, list(messages), session_id=f"{ctx.conversation.external_id}#task",
+        for item in stream_items(engine, list(messages), session_id=f"conv-{ctx.conversation.pk}#task",
                                  tools=offered, should_stop=ctx.should_stop):
             if item.kind == ANSWER:
                 text.append(item.text)

@@ -181,6 +181,16 @@ def test_what_a_memory_engine_puts_into_the_users_message_is_what_the_engine_see
     assert CALLS[-1]["messages"][-1] == ("user", "Context: Paris is the capital.\n\nQuestion: capital of France?")
 
 
+def test_the_chat_engines_session_is_the_conversations_own_key_like_the_memory_engines(tcast):
+    """Seed 001: session_id lets an engine that fronts a stateful backend route. Two clients' conversations may
+    share an external id; their sessions must not."""
+    from channels_app.models import Conversation
+    answer(chat(tcast.alice, "hello", conversation_id="same", client_id="client-a"))
+    answer(chat(tcast.alice, "hello", conversation_id="same", client_id="client-b"))
+    pks = [Conversation.objects.get(external_id="same", client_id=c).pk for c in ("client-a", "client-b")]
+    assert [call["session_id"] for call in CALLS[-2:]] == [f"conv-{pk}" for pk in pks]
+
+
 def test_a_failing_memory_engine_costs_its_context_never_the_turn(knowledge, caplog):
     import logging
     knowledge.profile.config = {"test-knowledge": {"header": "x", "fail": True}}
