@@ -26,6 +26,7 @@ BUILTIN = {
     "channel-email": "plugins_app.channel.workers.email",
     "channel-slack": "plugins_app.channel.workers.slack",
     "channel-telegram": "plugins_app.channel.workers.telegram",
+    "channel-whatsapp": "plugins_app.channel.workers.whatsapp",
 }
 
 
