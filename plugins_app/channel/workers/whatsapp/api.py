@@ -155,8 +155,10 @@ class GraphApi:
             except GraphError as err:
                 if classify(err) != "rate":
                     raise
-                wait = err.retry_after if err.retry_after is not None else delay
-                delay = min(delay * 2, self.backoff[1])
+                if err.retry_after is not None:
+                    wait = err.retry_after
+                else:
+                    wait, delay = delay, min(delay * 2, self.backoff[1])
                 if waited + wait > self.max_wait_secs:
                     raise RateLimited(f"rate limited for longer than {self.max_wait_secs:.0f} s ({err})") from err
                 if on_wait is not None:

@@ -20,6 +20,7 @@ _INLINE = re.compile(
     r"(?P<code>(?P<ticks>`+)(?P<code_body>.+?)(?P=ticks))"
     r"|(?P<image>!\[(?P<image_text>[^\]\n]*)\]\((?P<image_url>[^)\s]+)\))"
     r"|(?P<link>\[(?P<link_text>[^\]\n]+)\]\((?P<link_url>[^)\s]+)\))"
+    r"|(?P<both>\*\*\*(?P<both_body>[^*\n]+?)\*\*\*)"
     r"|(?P<bold>\*\*(?P<bold_body>.+?)\*\*|(?<!\w)__(?P<bold2_body>.+?)__(?!\w))"
     r"|(?P<strike>~~(?P<strike_body>.+?)~~)"
     r"|(?P<em>(?<![\w*])\*(?![\s*])(?P<em_body>.+?)(?<![\s*])\*(?![\w*])"
@@ -39,6 +40,9 @@ def _inline(text: str, inside: frozenset = frozenset()) -> str:
         elif m.group("image"):
             label = m.group("image_text")
             out.append(f"{label} ({m.group('image_url')})" if label else m.group("image_url"))
+        elif m.group("both"):
+            body = _inline(m.group("both_body"), inside | {"bold", "em"})
+            out.append(body if {"bold", "em"} <= inside else f"*_{body}_*")
         elif m.group("link"):
             label, url = _inline(m.group("link_text"), inside), m.group("link_url")
             out.append(url if label == url else f"{label} ({url})")
