@@ -11,7 +11,7 @@ import pytest
 
 from plugins_app.channel.sdk import Delivery, DeliveryFailed
 from plugins_app.channel.workers import installed_kinds
-from plugins_app.channel.workers.whatsapp import (MEDIA_URL_PREFIX, TEXT_LIMIT, SentJournal, WhatsAppWorker,
+from plugins_app.channel.workers.whatsapp import (MEDIA_URL_PREFIX, SentJournal, WhatsAppWorker,
                                                   message_parts, signature, signature_valid, to_whatsapp,
                                                   verification_answer)
 from plugins_app.channel.workers.whatsapp.api import GraphApi, GraphError, RateLimited, classify, parse_error
@@ -190,11 +190,11 @@ def test_markdown_becomes_whatsapp_formatting(markdown, whatsapp):
 def test_a_long_answer_is_split_within_4096_characters_with_code_fences_closed_in_each_part():
     answer = "intro\n\n```\n" + "\n".join(f"line {i} < {i + 1}" for i in range(900)) + "\n```\n\nend"
     parts = message_parts(answer)
-    assert len(parts) > 1 and all(len(p) <= TEXT_LIMIT for p in parts)
+    assert len(parts) > 1 and all(len(p) <= 4096 for p in parts)
     assert all(p.count("```") % 2 == 0 for p in parts)
     words = ("word " * 2000).strip()
     parts = message_parts(words)
-    assert len(parts) == 3 and all(len(p) <= TEXT_LIMIT for p in parts)
+    assert len(parts) == 3 and all(len(p) <= 4096 for p in parts)
     assert " ".join(parts).split() == words.split()
     assert message_parts("") == [] and message_parts("  \n ") == []
     assert message_parts("**x**") == ["*x*"]
