@@ -145,6 +145,19 @@ def test_media_become_attachments_fetched_by_their_media_id(kind, media, expecte
     msg.validate()
 
 
+@pytest.mark.parametrize("kind, content, text", [
+    ("button", {"payload": "YES_PAYLOAD", "text": "Yes"}, "Yes"),
+    ("interactive", {"type": "button_reply", "button_reply": {"id": "opt-1", "title": "First"}}, "First"),
+    ("interactive", {"type": "list_reply", "list_reply": {"id": "row-2", "title": "Second", "description": "d"}},
+     "Second"),
+    ("location", {"latitude": 52.52, "longitude": 13.405, "name": "Office", "address": "Main St 1"},
+     "Office Main St 1 (52.52, 13.405)"),
+])
+def test_replies_to_buttons_and_locations_are_read_as_text(kind, content, text):
+    [msg] = worker().normalise(FakeWhatsApp().message(text=None, kind=kind, media=content))
+    assert msg.text == text and msg.attachments == []
+
+
 def test_statuses_another_phone_number_and_unreadable_types_are_not_messages():
     fake, w = FakeWhatsApp(), worker()
     for status in ("sent", "delivered", "read", "failed"):
