@@ -105,7 +105,8 @@ class FakeWhatsApp:
         self.lock = threading.RLock()
         self.calls: list[Call] = []
         self.messages: list[dict] = []       # what the bot sent (the request bodies), with "id" (the wamid)
-        self.media: dict[str, tuple[bytes, str]] = {}   # media id -> (bytes, mime type)
+        self.media: dict[str, tuple[bytes, str]] = {}   # media id -> (bytes, mime type): what users sent
+        self.uploads: dict[str, dict] = {}   # media id -> {"data", "mime_type", "filename"}: what the bot uploaded
         self.delivered: list[dict] = []      # notifications the worker answered 200
         self.posts: list[tuple[str, int]] = []   # (what, status) of each webhook POST attempt
         self.webhook_url: str | None = None
@@ -334,7 +335,8 @@ class FakeWhatsApp:
                     return self._send(status, body, ctype, {})
                 if not parts.path.startswith(f"/{VERSION}/"):
                     return self._send(404, b"not found", "text/plain", {})
-                answer = fake._graph(method, parts.path[len(VERSION) + 2:], parts.query, token, raw)
+                answer = fake._graph(method, parts.path[len(VERSION) + 2:], parts.query, token, raw,
+                                     self.headers.get("Content-Type") or "")
                 if answer is None:
                     return  # held: never answered (the connection closes when the client goes)
                 status, body, headers = answer
@@ -351,11 +353,14 @@ class FakeWhatsApp:
 
         return Handler
 
-    def _graph(self, method: str, path: str, query: str, token: str, raw: bytes):
-        try:
-            body = json.loads(raw) if raw else {}
-        except ValueError:
-            body = {}
+    def _graph(self, method: str, path: str, query: str, token: str, raw: bytes, ctype: str = ""):
+        if ctype.startswith("multipart/form-data"):
+            body = multipart_fields(raw, ctype)
+        else:
+            try:
+                body = json.loads(raw) if raw else {}
+            except ValueError:
+                body = {}
         call = Call(method, path, body)
         sending = method == "POST" and path == f"{self.phone_number_id}/messages"
         with self.lock:
@@ -391,6 +396,8 @@ class FakeWhatsApp:
             return 200, call.answer, {}
         if sending:
             return self._send_message(call)
+        if method == "POST" and path == f"{self.phone_number_id}/media":
+            return self._upload(call)
         if method == "GET" and path in self.media:
             data, mime = self.media[path]
             call.answer = {"messaging_product": "whatsapp", "url": f"{self.root}/media-download/{path}?ext=1&hash=x",
@@ -414,6 +421,11 @@ class FakeWhatsApp:
             call.status, call.answer = 400, graph_error(100, "(#100) Param text['body'] must be at most 4096 "
                                                              "characters long.", subcode=2494010)
             return call.status, call.answer, {}
+        kind = body.get("type")
+        if kind in ("image", "document", "audio", "video", "sticker"):
+            media = body.get(kind) or {}
+            if not (media.get("link") or media.get("id") in self.uploads):
+                problems.append(f"{kind}.id")
         if problems:
             call.status, call.answer = 400, graph_error(131009, "(#131009) Parameter value is not valid",
                                                         details=f"missing or invalid: {', '.join(problems)}")
@@ -427,6 +439,18 @@ class FakeWhatsApp:
             self.push(self.status(wamid, "sent", recipient=body["to"]))
         return 200, call.answer, {}
 
+    def _upload(self, call: Call):
+        file = call.body.get("file")
+        if call.body.get("messaging_product") != "whatsapp" or not isinstance(file, dict) or not file.get("data"):
+            call.status, call.answer = 400, graph_error(100, "(#100) The parameter messaging_product is required.")
+            return call.status, call.answer, {}
+        media_id = str(2000000000000000 + next(self._ids))
+        with self.lock:
+            self.uploads[media_id] = {"data": file["data"], "mime_type": call.body.get("type"),
+                                      "filename": file.get("filename")}
+        call.answer = {"id": media_id}
+        return 200, call.answer, {}
+
     def _download(self, media_id: str, token: str) -> tuple[int, bytes, str]:
         entry = self.media.get(media_id)
         if token != self.token or self.revoked:
@@ -435,3 +459,18 @@ class FakeWhatsApp:
             return 404, b"", "text/plain"
         return 200, entry[0], entry[1]
 
+
+def multipart_fields(raw: bytes, ctype: str) -> dict:
+    """A multipart/form-data body's fields: text as str, a file as {"filename", "content_type", "data"}."""
+    import email
+    import email.policy
+    message = email.message_from_bytes(b"Content-Type: " + ctype.encode() + b"\r\n\r\n" + raw,
+                                       policy=email.policy.HTTP)
+    fields: dict[str, Any] = {}
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        filename = part.get_filename()
+        data = part.get_payload(decode=True) or b""
+        fields[name] = ({"filename": filename, "content_type": part.get_content_type(), "data": data}
+                        if filename is not None else data.decode())
+    return fields

@@ -243,3 +243,23 @@ def test_another_phone_numbers_notifications_and_statuses_run_nothing(tcast, fak
     wait_until(lambda: False, 0.5)
     assert fake.texts() == ["ours"] and Receipt.objects.count() == 1
     assert "reports message wamid.HBgLfailed== to 16315551181 failed: 131026: Message undeliverable" in rt.log(PID)
+
+
+def test_a_file_out_is_uploaded_to_meta_and_sent_as_a_document_after_the_text(tcast, fake, start_runtime):
+    from channels_app.services import channel_actor_resolve, conversation_resolve
+    from plugins_app.channel import services
+    plugin = whatsapp_plugin()
+    rt = start_runtime()
+    listening(rt, fake)
+    report = services.media_store(plugin_id=PID, data=b"%PDF-1.4 report", content_type="application/pdf",
+                                  filename="report.pdf")
+    actor = channel_actor_resolve(channel="whatsapp", user_id=USER)
+    conv, _ = conversation_resolve(channel="whatsapp", client_id=PID, external_id=USER, actor=actor, caller=None)
+    services.delivery_enqueue(plugin=plugin, conversation=conv, text="your **report**", attachments=[
+        {"kind": "document", "content_type": "application/pdf", "media_id": report, "filename": "report.pdf"}])
+    text, doc = fake.wait_sent(2) or pytest.fail(rt.log(PID))
+    assert text["text"]["body"] == "your *report*"
+    [(media_id, upload)] = fake.uploads.items()
+    assert upload == {"data": b"%PDF-1.4 report", "mime_type": "application/pdf", "filename": "report.pdf"}
+    assert (doc["type"], doc["document"], doc["to"]) == ("document", {"id": media_id, "filename": "report.pdf"}, USER)
+    assert delivered(), rt.log(PID)

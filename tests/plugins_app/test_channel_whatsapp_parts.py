@@ -314,6 +314,32 @@ def test_after_a_crash_only_the_parts_meta_did_not_take_are_sent(tmp_path):
     assert [json.loads(r.content)["text"]["body"] for r in seen] == message_parts(text)[1:]
 
 
+@pytest.mark.parametrize("kind, content_type, expected", [
+    ("image", "image/jpeg", {"type": "image", "image": {"id": "m1"}}),
+    ("image", "image/webp", {"type": "document", "document": {"id": "m1", "filename": "f.bin"}}),
+    ("audio", "audio/ogg; codecs=opus", {"type": "audio", "audio": {"id": "m1"}}),
+    ("video", "video/mp4", {"type": "video", "video": {"id": "m1"}}),
+    ("document", "application/pdf", {"type": "document", "document": {"id": "m1", "filename": "f.bin"}}),
+])
+def test_a_file_goes_as_the_message_type_whatsapp_shows_it_as(kind, content_type, expected):
+    from plugins_app.channel.sdk import Attachment
+    from plugins_app.channel.workers.whatsapp.worker import media_message
+    assert media_message(Attachment(kind=kind, content_type=content_type, channel_ref="m1", filename="f.bin")) == expected
+    assert media_message(Attachment(kind="image", content_type="image/png", url="https://x.org/a.png")) == \
+        {"type": "image", "image": {"link": "https://x.org/a.png"}}
+
+
+def test_a_resumed_delivery_with_a_file_still_to_send_is_not_taken_for_delivered(tmp_path):
+    from plugins_app.channel.sdk import Attachment
+    w = sending_worker(tmp_path, [], [])
+    d = delivery("see the file", attachments=[Attachment(kind="document", content_type="application/pdf",
+                                                         media_id="m_1", filename="r.pdf")])
+    w._journal.record("d-1", 0, "wamid.TEXT==")  # the text went out, the crash came before the file
+    assert not w.already_delivered(d)
+    w._journal.record("d-1", 1, "wamid.FILE==")
+    assert w.already_delivered(d)
+
+
 @pytest.mark.parametrize("status, body, permanent, reason", [
     (400, graph_error(131047, "Re-engagement message"), True, "131047: the 24-hour customer service window has closed"),
     (400, graph_error(131026, "Message undeliverable"), True, "HTTP 400, code 131026: Message undeliverable"),

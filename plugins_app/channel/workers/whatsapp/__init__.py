@@ -19,7 +19,8 @@ handshake and the X-Hub-Signature-256 check), ``formatting`` (Markdown → Whats
   messages (a ``failed`` one is logged); another phone number's notifications are ignored. Media
   are fetched (``GET /{media-id}``, then its URL with the token) and stored on the host.
 * **Outbound.** ``POST /{phone-number-id}/messages``, text split at 4,096 characters, the first
-  part replying (``context.message_id``) to the message answered. Every part Meta took is
+  part replying (``context.message_id``) to the message answered; files uploaded
+  (``POST /{phone-number-id}/media``) and sent by media id after the text. Every part Meta took is
   journaled, so a restart after a crash sends only the parts still missing.
 * **Errors.** 190 or HTTP 401: ``ChannelRefused`` (the plugin is disabled with the reason);
   4, 80007, 130429, 131056 or HTTP 429: wait (``Retry-After``, else backoff) and send again;

@@ -147,11 +147,22 @@ class GraphApi:
 
     def send(self, body: dict, *, on_wait=None) -> dict:
         """``POST /{phone-number-id}/messages``, waiting out rate limits; raises ``GraphError`` otherwise."""
+        return self._post(f"{self.base_url}/{self.phone_number_id}/messages", on_wait=on_wait, json=body)
+
+    def upload(self, data: bytes, content_type: str, filename: str, *, on_wait=None) -> str:
+        """``POST /{phone-number-id}/media`` (multipart): the media id a message may then send."""
+        answer = self._post(f"{self.base_url}/{self.phone_number_id}/media", on_wait=on_wait,
+                            data={"messaging_product": "whatsapp", "type": content_type},
+                            files={"file": (filename, data, content_type)})
+        if not answer.get("id"):
+            raise GraphError(status=200, message=f"the media upload answered no id: {answer!r}")
+        return str(answer["id"])
+
+    def _post(self, url: str, *, on_wait=None, **kwargs) -> dict:
         waited, delay = 0.0, self.backoff[0]
-        url = f"{self.base_url}/{self.phone_number_id}/messages"
         while True:
             try:
-                return self._check(self.client.post(url, json=body))
+                return self._check(self.client.post(url, **kwargs))
             except GraphError as err:
                 if classify(err) != "rate":
                     raise

@@ -52,6 +52,22 @@ def ts_to_rfc3339(ts) -> str | None:
     return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
+#: What WhatsApp shows as an image, audio or video; any other file goes as a document.
+MEDIA_MESSAGE_TYPES = {"image": ("image/jpeg", "image/png"),
+                       "audio": ("audio/aac", "audio/amr", "audio/mpeg", "audio/mp4", "audio/ogg"),
+                       "video": ("video/mp4", "video/3gpp")}
+
+
+def media_message(att: Attachment) -> dict:
+    """The type and media object of a message carrying one file: an uploaded media id, or a public link."""
+    mime = (att.content_type or "").split(";")[0].strip().lower()
+    wa_type = att.kind if mime in MEDIA_MESSAGE_TYPES.get(att.kind, ()) else "document"
+    media = {"id": att.channel_ref} if att.channel_ref else {"link": att.url}
+    if wa_type == "document" and att.filename:
+        media["filename"] = att.filename
+    return {"type": wa_type, wa_type: media}
+
+
 class SentJournal:
     """Which parts of each delivery Meta already took (its wamid), so a resend after a crash skips them.
 
@@ -232,20 +248,41 @@ class WhatsAppWorker(ChannelWorker):
 
     # ------------------------------------------------------------------ outbound
 
+    def put_media(self, media, attachment, delivery) -> str | None:
+        """Upload one file of an answer to Meta (``POST /{phone-number-id}/media``); its media id is sent next."""
+        index = next(i for i, a in enumerate(delivery.attachments) if a is attachment)
+        if len(message_parts(delivery.text)) + index in self._journal.done(delivery.delivery_id):
+            return "sent"  # that step went out before a crash: no second upload
+        try:
+            return self.api.upload(media.data, media.content_type.split(";")[0].strip(),
+                                   attachment.filename or media.filename or "file", on_wait=self._waiting)
+        except GraphError as err:
+            raise self._failure(err, body={"to": delivery.conversation_id}) from err
+        except (RateLimited, Stopped) as exc:
+            raise DeliveryFailed(str(exc)) from exc
+
+    def _steps(self, delivery) -> list[tuple[str, object]]:
+        """What a delivery sends, in order: its text parts, then one message per file."""
+        steps: list[tuple[str, object]] = [("text", part) for part in message_parts(delivery.text)]
+        steps += [("media", att) for att in delivery.attachments]  # each has a media_id or a url (the protocol)
+        return steps
+
     def deliver(self, delivery) -> str | None:
         if self._refusal:
             raise self._refused_failure()
-        parts = message_parts(delivery.text)
-        if not parts:
-            raise DeliveryFailed("nothing to send: the answer is empty (files out are not supported yet)",
-                                 permanent=True)
+        steps = self._steps(delivery)
+        if not steps:
+            raise DeliveryFailed("nothing to send: the answer is empty", permanent=True)
         done = self._journal.done(delivery.delivery_id)
         first = done.get(0)
-        for index, part in enumerate(parts):
+        for index, (kind, payload) in enumerate(steps):
             if index in done:
                 continue
-            body = {"messaging_product": "whatsapp", "recipient_type": "individual", "to": delivery.conversation_id,
-                    "type": "text", "text": {"body": part, "preview_url": False}}
+            body = {"messaging_product": "whatsapp", "recipient_type": "individual", "to": delivery.conversation_id}
+            if kind == "text":
+                body.update(type="text", text={"body": payload, "preview_url": False})
+            else:
+                body.update(media_message(payload))
             if index == 0 and delivery.reply_to_message_id:
                 body["context"] = {"message_id": delivery.reply_to_message_id}
             wamid = self._send(body)
@@ -254,27 +291,31 @@ class WhatsAppWorker(ChannelWorker):
             first = first or wamid
         return first
 
+    def _waiting(self, err: GraphError, secs: float) -> None:
+        self.log.info("rate limited (%s): waiting %.1f s before sending again", err, secs)
+
     def _send(self, body: dict) -> str:
-        def waiting(err: GraphError, secs: float) -> None:
-            self.log.info("rate limited (%s): waiting %.1f s before sending again", err, secs)
         try:
-            answer = self.api.send(body, on_wait=waiting)
+            answer = self.api.send(body, on_wait=self._waiting)
         except GraphError as err:
-            kind = classify(err)
-            if kind == "auth":
-                # The listener turns this into ChannelRefused; the delivery waits for a fixed token.
-                self._refusal = REVOKED.format(err=err)
-                raise self._refused_failure() from err
-            if err.code == REENGAGEMENT:
-                self.log.error("not sent to %s: %s: the 24-hour customer service window has closed; only an "
-                               "approved template message may open it again", body.get("to"), err)
-                raise DeliveryFailed(f"131047: the 24-hour customer service window has closed (only a template "
-                                     f"message can be sent): {err.message}", permanent=True) from err
-            raise DeliveryFailed(str(err), permanent=kind == "permanent") from err
+            raise self._failure(err, body=body) from err
         except (RateLimited, Stopped) as exc:
             raise DeliveryFailed(str(exc)) from exc
         messages = answer.get("messages") or [{}]
         return str(messages[0].get("id") or "")
+
+    def _failure(self, err: GraphError, *, body: dict) -> DeliveryFailed:
+        kind = classify(err)
+        if kind == "auth":
+            # The listener turns this into ChannelRefused; the delivery waits for a fixed token.
+            self._refusal = REVOKED.format(err=err)
+            return self._refused_failure()
+        if err.code == REENGAGEMENT:
+            self.log.error("not sent to %s: %s: the 24-hour customer service window has closed; only an "
+                           "approved template message may open it again", body.get("to"), err)
+            return DeliveryFailed(f"131047: the 24-hour customer service window has closed (only a template "
+                                  f"message can be sent): {err.message}", permanent=True)
+        return DeliveryFailed(str(err), permanent=kind == "permanent")
 
     def _refused_failure(self) -> DeliveryFailed:
         """A send Meta refused for the token: hold it until the listener has stopped the worker, so the host
@@ -284,8 +325,8 @@ class WhatsAppWorker(ChannelWorker):
         return DeliveryFailed(self._refusal or "the access token was refused")
 
     def already_delivered(self, delivery) -> bool:
-        """After a crash inside deliver(): every part is in the sent journal."""
-        return len(self._journal.done(delivery.delivery_id)) >= len(message_parts(delivery.text))
+        """After a crash inside deliver(): every step (text parts, files) is in the sent journal."""
+        return len(self._journal.done(delivery.delivery_id)) >= len(self._steps(delivery))
 
     def disconnect(self) -> None:
         if self.server is not None:
