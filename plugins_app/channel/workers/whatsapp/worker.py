@@ -1,0 +1,345 @@
+"""The channel-whatsapp worker: Meta's signed webhook in, ``POST /{phone-number-id}/messages`` out (see the package)."""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import os
+import queue
+import sqlite3
+import sys
+import threading
+import time
+
+from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, InboundMessage,
+                                     ReplyContext)
+from plugins_app.channel.sdk.outbox import PENDING, outbox_path_for
+
+from . import KIND
+from .api import DEFAULT_BASE_URL, REENGAGEMENT, GraphApi, GraphError, RateLimited, Stopped, classify
+from .formatting import message_parts
+
+TOKEN_ENV = "WHATSAPP_ACCESS_TOKEN"
+SECRET_ENV = "WHATSAPP_APP_SECRET"
+VERIFY_ENV = "WHATSAPP_VERIFY_TOKEN"
+PHONE_ENV = "WHATSAPP_PHONE_NUMBER_ID"
+BASE_URL_ENV = "WHATSAPP_API_BASE_URL"
+MEDIA_URL_PREFIX = "wa-media:"
+MEDIA_TYPES = ("image", "audio", "video", "document", "sticker")
+#: How long a send refused for the token waits for the worker to stop (the listener stops it at once).
+REFUSAL_HOLD_SECS = 30.0
+REVOKED = ("the access token (WHATSAPP_ACCESS_TOKEN) was refused: {err}; make a new system-user token "
+           "with whatsapp_business_messaging")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="channel-whatsapp")
+    p.add_argument("--bind", default="127.0.0.1:3000", help="host:port the webhook listens on (port 0: any)")
+    p.add_argument("--path", default="/whatsapp/webhook", help="the callback URL's path")
+    p.add_argument("--max-retry-wait", type=float, default=60.0,
+                   help="the longest a rate-limited send waits in place; then the hub's own retries take over")
+    return p.parse_args(argv)
+
+
+def attachment_kind(wa_type: str) -> str:
+    return {"image": "image", "sticker": "image", "audio": "audio", "video": "video"}.get(wa_type, "document")
+
+
+def ts_to_rfc3339(ts) -> str | None:
+    try:
+        moment = _dt.datetime.fromtimestamp(int(str(ts)), _dt.timezone.utc)
+    except (TypeError, ValueError, OverflowError, OSError):
+        return None
+    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+#: What WhatsApp shows as an image, audio or video; any other file goes as a document.
+MEDIA_MESSAGE_TYPES = {"image": ("image/jpeg", "image/png"),
+                       "audio": ("audio/aac", "audio/amr", "audio/mpeg", "audio/mp4", "audio/ogg"),
+                       "video": ("video/mp4", "video/3gpp")}
+
+
+def media_message(att: Attachment) -> dict:
+    """The type and media object of a message carrying one file: an uploaded media id, or a public link."""
+    mime = (att.content_type or "").split(";")[0].strip().lower()
+    wa_type = att.kind if mime in MEDIA_MESSAGE_TYPES.get(att.kind, ()) else "document"
+    media = {"id": att.channel_ref} if att.channel_ref else {"link": att.url}
+    if wa_type == "document" and att.filename:
+        media["filename"] = att.filename
+    return {"type": wa_type, wa_type: media}
+
+
+class SentJournal:
+    """Which parts of each delivery Meta already took (its wamid), so a resend after a crash skips them.
+
+    The same record telegram keeps: Meta has no idempotency key and no way to list what was sent."""
+
+    def __init__(self, path: str):
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("CREATE TABLE IF NOT EXISTS sent (delivery_id TEXT, part INTEGER, message_id TEXT, "
+                         "at REAL, PRIMARY KEY (delivery_id, part))")
+        self._db.execute("DELETE FROM sent WHERE at < ?", (time.time() - 14 * 86400,))
+
+    def done(self, delivery_id: str) -> dict[int, str]:
+        with self._lock:
+            return dict(self._db.execute("SELECT part, message_id FROM sent WHERE delivery_id = ?", (delivery_id,)))
+
+    def record(self, delivery_id: str, part: int, message_id: str) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO sent VALUES (?, ?, ?, ?)",
+                             (delivery_id, part, message_id, time.time()))
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+class WhatsAppWorker(ChannelWorker):
+    kind = KIND
+    version = "1.0.0"
+    capabilities = ("text", "markdown", "attachments", "reply")
+
+    def __init__(self, *, argv: list[str] | None = None, environ: dict | None = None, **kwargs):
+        super().__init__(**kwargs)
+        env = os.environ if environ is None else environ
+        self.opts = parse_args(sys.argv[1:] if argv is None else argv)
+        self.access_token = env.get(TOKEN_ENV, "")
+        self.app_secret = env.get(SECRET_ENV, "")
+        self.verify_token = env.get(VERIFY_ENV, "")
+        self.phone_number_id = env.get(PHONE_ENV, "")
+        self.base_url = env.get(BASE_URL_ENV) or DEFAULT_BASE_URL
+        self.api: GraphApi | None = None
+        self.server = None
+        self._journal: SentJournal | None = None
+        self._inbox: queue.Queue[InboundMessage] = queue.Queue()
+        self._refusal: str | None = None
+
+    # ------------------------------------------------------------------ connect
+
+    def connect(self) -> None:
+        for name, value in ((TOKEN_ENV, self.access_token), (SECRET_ENV, self.app_secret),
+                            (VERIFY_ENV, self.verify_token), (PHONE_ENV, self.phone_number_id)):
+            if not value:
+                raise ChannelRefused(f"{name} is not set (add it to the plugin's env_refs or secrets)")
+        self.api = GraphApi(self.access_token, self.phone_number_id, base_url=self.base_url, stopping=self.stopping,
+                            max_wait_secs=self.opts.max_retry_wait)
+        try:
+            number = self.api.phone_number()  # a dead token is known before the webhook listens
+        except GraphError as err:
+            if classify(err) == "auth":
+                raise ChannelRefused(REVOKED.format(err=err)) from err
+            raise RuntimeError(f"GET /{self.phone_number_id} failed: {err}") from err
+        journal_path = str(outbox_path_for(self.plugin_id, self.state_dir)).replace(".outbox.", ".whatsapp-sent.")
+        self._journal = SentJournal(journal_path)
+        from .webhook import WebhookServer
+        self.server = WebhookServer(self.opts.bind, self.opts.path, app_secret=self.app_secret,
+                                    verify_token=self.verify_token, on_payload=self.accept)
+        self.server.start()
+        self.log.info("whatsapp: number %s (%s, id %s); webhook listening on %s",
+                      number.get("display_phone_number"), number.get("verified_name"), self.phone_number_id,
+                      self.server.url)
+
+    # ------------------------------------------------------------------ inbound
+
+    def listen(self, submit) -> None:
+        while not self.stopping.is_set():
+            if self._refusal:
+                raise ChannelRefused(self._refusal)
+            try:
+                msg = self._inbox.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            result = submit(msg)
+            self.log.info("submitted %s (%s): accepted=%s duplicate=%s queued=%s reason=%s", msg.message_id,
+                          msg.conversation_id, result.accepted, result.duplicate, result.queued, result.reason)
+
+    def accept(self, payload: dict) -> None:
+        """One webhook notification: record the messages it carries durably (the outbox) and queue them.
+
+        Returns once they are written, so the webhook may answer Meta 200."""
+        if payload.get("object") != "whatsapp_business_account":
+            self.log.info("ignored a notification for object %r", payload.get("object"))
+            return
+        for msg in self.normalise(payload):
+            row = self.outbox.inbound_record(msg)
+            if row.state == PENDING:
+                self._inbox.put(msg)
+            else:
+                self.log.info("message %s was already taken; Meta sent it again", msg.message_id)
+
+    def normalise(self, payload: dict) -> list[InboundMessage]:
+        """The people's messages in a notification, for this phone number; statuses are logged, not messages."""
+        out: list[InboundMessage] = []
+        for entry in payload.get("entry") or []:
+            for change in (entry or {}).get("changes") or []:
+                value = (change or {}).get("value") or {}
+                if change.get("field") != "messages" or not isinstance(value, dict):
+                    continue
+                metadata = value.get("metadata") or {}
+                if str(metadata.get("phone_number_id") or "") != self.phone_number_id:
+                    self.log.info("ignored a notification for phone number id %r (this worker's is %s)",
+                                  metadata.get("phone_number_id"), self.phone_number_id)
+                    continue
+                for status in value.get("statuses") or []:
+                    self._log_status(status)
+                names = {c.get("wa_id"): (c.get("profile") or {}).get("name")
+                         for c in value.get("contacts") or [] if isinstance(c, dict)}
+                for message in value.get("messages") or []:
+                    msg = self._message(message, names, entry.get("id"), metadata)
+                    if msg is not None:
+                        out.append(msg)
+        return out
+
+    def _log_status(self, status: dict) -> None:
+        if status.get("status") == "failed":
+            errors = "; ".join(f"{e.get('code')}: {e.get('title') or e.get('message')}"
+                               for e in status.get("errors") or [])
+            self.log.warning("WhatsApp reports message %s to %s failed: %s", status.get("id"),
+                             status.get("recipient_id"), errors or "no reason given")
+
+    def _message(self, message: dict, names: dict, account: str | None, metadata: dict) -> InboundMessage | None:
+        wa_type, sender, wamid = message.get("type"), message.get("from"), message.get("id")
+        if not (sender and wamid):
+            return None
+        text, attachments = "", []
+        if wa_type == "text":
+            text = (message.get("text") or {}).get("body") or ""
+        elif wa_type in MEDIA_TYPES:
+            media = message.get(wa_type) or {}
+            if media.get("id"):
+                mime = (media.get("mime_type") or "application/octet-stream").split(";")[0].strip()
+                attachments.append(Attachment(kind=attachment_kind(wa_type), content_type=mime,
+                                              url=MEDIA_URL_PREFIX + str(media["id"]),
+                                              filename=media.get("filename"), channel_ref=str(media["id"])))
+            text = media.get("caption") or ""
+        elif wa_type == "button":
+            text = (message.get("button") or {}).get("text") or (message.get("button") or {}).get("payload") or ""
+        elif wa_type == "interactive":
+            inter = message.get("interactive") or {}
+            reply = inter.get("button_reply") or inter.get("list_reply") or {}
+            text = reply.get("title") or reply.get("id") or ""
+        elif wa_type == "location":
+            loc = message.get("location") or {}
+            text = " ".join(str(x) for x in (loc.get("name"), loc.get("address"),
+                                             f"({loc.get('latitude')}, {loc.get('longitude')})") if x)
+        else:
+            self.log.info("message %s of type %r is not one this worker reads; skipped", wamid, wa_type)
+            return None
+        if not text.strip() and not attachments:
+            return None
+        context = message.get("context") or {}
+        return InboundMessage(
+            channel="whatsapp", conversation_id=str(sender), message_id=str(wamid), sender_id=str(sender),
+            sender_name=names.get(sender) or None, source_type="user", text=text, attachments=attachments,
+            timestamp=ts_to_rfc3339(message.get("timestamp")) or
+            _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
+            reply_to=ReplyContext(message_id=str(context["id"])) if context.get("id") else None,
+            metadata={k: v for k, v in {"type": wa_type, "business_account": account,
+                                        "phone_number_id": metadata.get("phone_number_id"),
+                                        "display_phone_number": metadata.get("display_phone_number")}.items() if v})
+
+    def fetch_media(self, attachment: Attachment) -> bytes | None:
+        if not (attachment.url or "").startswith(MEDIA_URL_PREFIX):
+            return None
+        data, _ = self.api.download(attachment.url[len(MEDIA_URL_PREFIX):])
+        return data
+
+    # ------------------------------------------------------------------ outbound
+
+    def put_media(self, media, attachment, delivery) -> str | None:
+        """Upload one file of an answer to Meta (``POST /{phone-number-id}/media``); its media id is sent next."""
+        index = next(i for i, a in enumerate(delivery.attachments) if a is attachment)
+        if len(message_parts(delivery.text)) + index in self._journal.done(delivery.delivery_id):
+            return "sent"  # that step went out before a crash: no second upload
+        try:
+            return self.api.upload(media.data, media.content_type.split(";")[0].strip(),
+                                   attachment.filename or media.filename or "file", on_wait=self._waiting)
+        except GraphError as err:
+            raise self._failure(err, body={"to": delivery.conversation_id}) from err
+        except (RateLimited, Stopped) as exc:
+            raise DeliveryFailed(str(exc)) from exc
+
+    def _steps(self, delivery) -> list[tuple[str, object]]:
+        """What a delivery sends, in order: its text parts, then one message per file."""
+        steps: list[tuple[str, object]] = [("text", part) for part in message_parts(delivery.text)]
+        steps += [("media", att) for att in delivery.attachments]  # each has a media_id or a url (the protocol)
+        return steps
+
+    def deliver(self, delivery) -> str | None:
+        if self._refusal:
+            raise self._refused_failure()
+        steps = self._steps(delivery)
+        if not steps:
+            raise DeliveryFailed("nothing to send: the answer is empty", permanent=True)
+        done = self._journal.done(delivery.delivery_id)
+        first = done.get(0)
+        for index, (kind, payload) in enumerate(steps):
+            if index in done:
+                continue
+            body = {"messaging_product": "whatsapp", "recipient_type": "individual", "to": delivery.conversation_id}
+            if kind == "text":
+                body.update(type="text", text={"body": payload, "preview_url": False})
+            else:
+                body.update(media_message(payload))
+            if index == 0 and delivery.reply_to_message_id:
+                body["context"] = {"message_id": delivery.reply_to_message_id}
+            wamid = self._send(body)
+            # Meta took it: recorded before anything else can fail, so a resend after a crash skips it
+            self._journal.record(delivery.delivery_id, index, wamid)
+            first = first or wamid
+        return first
+
+    def _waiting(self, err: GraphError, secs: float) -> None:
+        self.log.info("rate limited (%s): waiting %.1f s before sending again", err, secs)
+
+    def _send(self, body: dict) -> str:
+        try:
+            answer = self.api.send(body, on_wait=self._waiting)
+        except GraphError as err:
+            raise self._failure(err, body=body) from err
+        except (RateLimited, Stopped) as exc:
+            raise DeliveryFailed(str(exc)) from exc
+        messages = answer.get("messages") or [{}]
+        return str(messages[0].get("id") or "")
+
+    def _failure(self, err: GraphError, *, body: dict) -> DeliveryFailed:
+        kind = classify(err)
+        if kind == "auth":
+            # The listener turns this into ChannelRefused; the delivery waits for a fixed token.
+            self._refusal = REVOKED.format(err=err)
+            return self._refused_failure()
+        if err.code == REENGAGEMENT:
+            self.log.error("not sent to %s: %s: the 24-hour customer service window has closed; only an "
+                           "approved template message may open it again", body.get("to"), err)
+            return DeliveryFailed(f"131047: the 24-hour customer service window has closed (only a template "
+                                  f"message can be sent): {err.message}", permanent=True)
+        return DeliveryFailed(str(err), permanent=kind == "permanent")
+
+    def _refused_failure(self) -> DeliveryFailed:
+        """A send Meta refused for the token: hold it until the listener has stopped the worker, so the host
+        does not spend the delivery's retries against a dead token meanwhile; the failed attempt is
+        retryable, and the delivery goes out once the operator fixed the token."""
+        self.stopping.wait(REFUSAL_HOLD_SECS)
+        return DeliveryFailed(self._refusal or "the access token was refused")
+
+    def already_delivered(self, delivery) -> bool:
+        """After a crash inside deliver(): every step (text parts, files) is in the sent journal."""
+        return len(self._journal.done(delivery.delivery_id)) >= len(self._steps(delivery))
+
+    def disconnect(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+        if self.api is not None:
+            self.api.close()
+        if self._journal is not None:
+            self._journal.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    import logging
+    # httpx logs each request's URL at INFO; the media download URLs are signed
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("httpcore").setLevel(logging.WARNING)
+    WhatsAppWorker.main(argv=argv)
