@@ -238,3 +238,25 @@ def test_a_secret_reset_while_running_is_the_plugins_state_and_it_stops_retrying
     # the answer is not lost: it waits, retryable, for the operator's new secret
     delivery = OutboundDelivery.objects.get()
     assert delivery.state in ("pending", "in_flight") and delivery.attempt <= 2, (delivery.state, delivery.attempt)
+
+
+def test_a_callback_sent_while_the_worker_is_down_is_taken_when_wecom_calls_again(tcast, wecom, start_runtime):
+    import httpx
+    wecom_plugin()
+    rt = start_runtime()
+    listening(rt, wecom)
+    wecom.say("script:answer=before")
+    answered(wecom, 1)
+    before, pid = wecom.callback_url, rt.worker_pid(PID)
+    os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: rt.worker_pid(PID) != pid, 15)
+    message = wecom.text("script:answer=after")
+    try:  # the old port is gone (or, briefly, not yet): WeCom got no answer
+        status = wecom.post(message).status_code
+    except httpx.HTTPError:
+        status = 0
+    assert status != 200
+    listening(rt, wecom, after=before)  # the restarted worker listens on a new port (--bind :0)
+    assert wecom.resend(message).status_code == 200
+    assert answered(wecom, 2, timeout=45) == ["before", "after"]
+    assert Receipt.objects.filter(client_message_id=message["MsgId"]).count() == 1

@@ -11,6 +11,7 @@ from urllib.parse import urlencode
 
 import pytest
 
+from plugins_app.channel.sdk import Attachment
 from plugins_app.channel.workers import installed_kinds
 from plugins_app.channel.workers.wecom import ENV_REFS, message_parts, normalise, utf8_len
 from plugins_app.channel.workers.wecom.api import (TEXT_LIMIT_BYTES, AppRefused, RateLimited, Stopped,
@@ -383,6 +384,12 @@ def test_a_download_refused_for_the_app_makes_the_worker_refuse(wecom):
     media_id = wecom.upload(b"jpeg")
     [att] = normalise(wecom.message("image", MediaId=media_id), base_url=wecom.base_url).attachments
     assert worker.fetch_media(att) == b"jpeg"
+    odd = "3a+b/c=="
+    wecom.media_files[odd] = (b"odd", "image/png", "odd.png")
+    [att_odd] = normalise(wecom.message("image", MediaId=odd), base_url=wecom.base_url).attachments
+    assert att_odd.url.endswith("media_id=3a%2Bb%2Fc%3D%3D") and worker.fetch_media(att_odd) == b"odd"
+    assert worker.fetch_media(Attachment(kind="image", content_type="image/jpeg",
+                                         url="https://wework.qpic.cn/elsewhere")) is None  # never sent the token
     wecom.reset_secret()
     wecom.expire_tokens()
     with pytest.raises(AppRefused):

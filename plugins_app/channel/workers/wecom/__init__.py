@@ -38,6 +38,7 @@ import mimetypes
 import os
 import queue
 import sys
+from urllib.parse import quote, unquote
 
 import httpx
 
@@ -104,7 +105,7 @@ def to_rfc3339(seconds) -> str:
 
 def media_url(base_url: str, media_id: str) -> str:
     """Where a media file is downloaded from (the access token is added at download, never stored)."""
-    return f"{base_url.rstrip('/')}/cgi-bin/media/get?media_id={media_id}"
+    return f"{base_url.rstrip('/')}/cgi-bin/media/get?media_id={quote(media_id, safe='')}"
 
 
 def normalise(message: dict, *, agent_id: str | None = None,
@@ -212,7 +213,7 @@ class WeComWorker(ChannelWorker):
         if not (attachment.url or "").startswith(prefix):
             return None
         try:
-            data, _, _ = self.api.media(attachment.url[len(prefix):])
+            data, _, _ = self.api.media(unquote(attachment.url[len(prefix):]))
         except AppRefused as exc:
             self._refusal = refused(exc)  # the listener stops the worker
             raise
