@@ -1,0 +1,3 @@
+from plugins_app.channel.workers.wecom import main
+
+main()

@@ -1,0 +1,165 @@
+"""The callback URL WeCom calls: the URL check (GET) and encrypted messages (POST).
+
+* ``GET <path>?msg_signature&timestamp&nonce&echostr``: WeCom checks the URL when the operator saves
+  it; the worker verifies the signature over ``echostr``, decrypts it and answers its plaintext
+  (``text/plain``, 200). Anything wrong: 403, and nothing else said.
+* ``POST <path>?msg_signature&timestamp&nonce``: the body is ``<xml><ToUserName/><AgentID/><Encrypt/>
+  </xml>`` (or, in the JSON callback format, ``{"tousername", "agentid", "encrypt"}``); the signature is
+  checked over ``Encrypt``, the message decrypted, its receive id checked to be this corp, and the
+  inner message (XML, or JSON) handed to ``on_message`` as a dict. Answered 200 with an empty body
+  only once ``on_message`` returned (the message is in the worker's outbox); WeCom calls again a
+  callback it got no answer for within 5 s, up to three times, and the ``MsgId`` keeps those from
+  running a second turn.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import xml.etree.ElementTree as ET
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
+from urllib.parse import parse_qs
+
+from .crypto import CryptoError, WeComCrypto
+
+log = logging.getLogger("ugent.worker.wecom.callback")
+
+MAX_BODY_BYTES = 1 << 20
+
+
+def query(raw: str) -> dict[str, str]:
+    params = {k: v[0] for k, v in parse_qs(raw, keep_blank_values=True).items()}
+    if "echostr" in params:  # base64 never holds a space: an unencoded '+' was read as one
+        params["echostr"] = params["echostr"].replace(" ", "+")
+    return params
+
+
+def parse_xml(text: str | bytes) -> dict[str, str]:
+    """A flat WeCom XML document (``<xml><Name>value</Name>...</xml>``) as a dict; ValueError otherwise."""
+    raw = text.encode() if isinstance(text, str) else text
+    if b"<!DOCTYPE" in raw.upper() or b"<!ENTITY" in raw.upper():
+        raise ValueError("a DOCTYPE or ENTITY is not taken")
+    try:
+        root = ET.fromstring(raw)
+    except ET.ParseError as exc:
+        raise ValueError(f"not XML: {exc}") from None
+    return {child.tag: (child.text or "").strip() if len(child) == 0 else
+            {c.tag: (c.text or "").strip() for c in child} for child in root}
+
+
+def parse_message(text: str) -> dict:
+    """The decrypted message: XML, or JSON in the JSON callback format; ValueError when it is neither."""
+    if text.lstrip().startswith("{"):
+        value = json.loads(text)
+        if not isinstance(value, dict):
+            raise ValueError("not a JSON object")
+        return {k: str(v) if isinstance(v, (int, float)) else v for k, v in value.items()}
+    return parse_xml(text)
+
+
+def envelope(body: bytes) -> dict[str, str]:
+    """The outer callback body's fields (ToUserName, AgentID, Encrypt), from XML or JSON."""
+    if body.lstrip().startswith(b"{"):
+        value = json.loads(body)
+        if not isinstance(value, dict):
+            raise ValueError("not a JSON object")
+        return {"ToUserName": str(value.get("tousername") or ""), "AgentID": str(value.get("agentid") or ""),
+                "Encrypt": str(value.get("encrypt") or "")}
+    return parse_xml(body)
+
+
+class CallbackServer:
+    """WeCom's callback URL; ``on_message(message dict)`` records one decrypted message."""
+
+    def __init__(self, bind: str, path: str, crypto: WeComCrypto, on_message: Callable[[dict], None]):
+        host, _, port = bind.rpartition(":")
+        self.path = path
+        self.crypto = crypto
+        self.on_message = on_message
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, fmt, *args):  # noqa: N802 - the stdlib's name
+                log.debug("%s " + fmt, self.address_string(), *args)
+
+            def do_GET(self):  # noqa: N802
+                self._answer(*server.handle("GET", self.path, b""))
+
+            def do_POST(self):  # noqa: N802
+                self._answer(*server.handle("POST", self.path, self._body()))
+
+            def _body(self) -> bytes | None:
+                try:
+                    length = int(self.headers.get("Content-Length") or 0)
+                except ValueError:
+                    return None
+                if length < 0 or length > MAX_BODY_BYTES:
+                    return None
+                return self.rfile.read(length)
+
+            def _answer(self, status: int, body: str):
+                data = body.encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "text/plain; charset=utf-8")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer((host or "127.0.0.1", int(port or 0)), Handler)
+        self.httpd.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        return f"http://{host}:{port}{self.path}"
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.2},
+                                        name="wecom-callback", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def handle(self, method: str, target: str, body: bytes | None) -> tuple[int, str]:
+        """One request: (status, text answer). Nothing is recorded unless the signature and receive id hold."""
+        path, _, raw_query = target.partition("?")
+        if path != self.path:
+            return 404, ""
+        params = query(raw_query)
+        sig, timestamp, nonce = params.get("msg_signature"), params.get("timestamp", ""), params.get("nonce", "")
+        if method == "GET":
+            try:
+                return 200, self.crypto.open(sig, timestamp, nonce, params.get("echostr", ""))
+            except CryptoError as exc:
+                log.warning("refused a URL check: %s", exc)
+                return 403, ""
+        if body is None:
+            return 413, ""
+        try:
+            encrypt = str(envelope(body).get("Encrypt") or "")
+        except ValueError as exc:
+            log.warning("refused a callback whose body is not WeCom's envelope: %s", exc)
+            return 400, ""
+        try:
+            plaintext = self.crypto.open(sig, timestamp, nonce, encrypt)
+        except CryptoError as exc:
+            log.warning("refused a callback: %s", exc)
+            return 403, ""
+        try:
+            message = parse_message(plaintext)
+        except ValueError as exc:
+            log.warning("a signed callback's message does not parse (%s); answered so WeCom does not resend it",
+                        exc)
+            return 200, ""
+        try:
+            self.on_message(message)
+        except Exception:  # noqa: BLE001 - not recorded: no 200, so WeCom calls again
+            log.exception("could not record message %s", message.get("MsgId"))
+            return 500, ""
+        return 200, ""

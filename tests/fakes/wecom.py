@@ -1,0 +1,350 @@
+"""A fake WeCom (企业微信) server API on loopback, speaking its wire format, for the channel-wecom tests.
+
+* the **API** (``http://127.0.0.1:P``, what ``WECOM_API_BASE_URL`` points at): ``GET /cgi-bin/gettoken``
+  (``corpid``, ``corpsecret``; answered ``{"errcode": 0, "errmsg": "ok", "access_token", "expires_in":
+  7200}``), ``POST /cgi-bin/message/send?access_token=`` (a text message to one user of the app,
+  answered ``{"errcode": 0, "errmsg": "ok", "invaliduser": "", "msgid"}``) and
+  ``GET /cgi-bin/media/get?access_token&media_id`` (the bytes, with ``Content-Type`` and
+  ``Content-disposition``). Every error is HTTP 200 with ``{"errcode": N, "errmsg": "..."}``: an unknown
+  token 40014, an expired one 42001, a wrong secret at gettoken 40001, a user not in the app 81013,
+  and scripted answers (``script_send``: 45009 and the like) for the next sends.
+* **the duplicate check**: a send with ``enable_duplicate_check`` 1 whose content, type and user are
+  those of one sent within ``duplicate_check_interval`` seconds is answered as a success and not
+  delivered again (what WeCom documents for the option: the message is not sent twice).
+* a text longer than 2,048 bytes is refused with 45002 here (WeCom itself cuts it off: a test should see it).
+* the **callback**: ``verify_url`` checks the worker's URL as WeCom does when the operator saves it
+  (GET with an encrypted ``echostr``); ``say``/``post`` send a message, encrypted with the app's
+  EncodingAESKey and signed with its Token by the channel's own crypto module (proven against the
+  vectors in test_channel_wecom_parts.py), as XML ``<xml><ToUserName/><AgentID/><Encrypt/></xml>``;
+  ``resend`` calls again with the same message (WeCom's retry when it had no answer within 5 s).
+
+    with FakeWeCom() as wecom:
+        env = wecom.env()                        # WECOM_* variables for the worker
+        wecom.callback_url = url                 # the worker's callback
+        wecom.say("hello")                       # a user's text message, encrypted, signed, POSTed
+        wecom.texts()                            # what the app sent
+        wecom.script_send(45009); wecom.expire_tokens(); wecom.reset_secret()
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import secrets
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler
+from urllib.parse import parse_qs, urlencode, urlsplit
+
+import httpx
+
+from plugins_app.channel.workers.wecom.crypto import WeComCrypto
+from tests.fakes import FakeHTTPServer
+
+CORP_ID = "ww1436e0e65a779aee"
+AGENT_ID = "1000002"
+USER = "ZhangSan"
+OTHER_USER = "LiSi"
+
+OK = {"errcode": 0, "errmsg": "ok"}
+ERRORS = {
+    40001: "invalid credential, hint: [1733482920_1_xxx], from ip: 127.0.0.1, more info at "
+           "https://open.work.weixin.qq.com/devtool/query?e=40001",
+    40007: "invalid media_id",
+    40013: "invalid corpid",
+    40014: "invalid access_token",
+    41001: "access_token missing",
+    42001: "access_token expired",
+    44004: "empty content",
+    45002: "content size out of limit",
+    45009: "api freq out of limit",
+    45033: "api concurrent out of limit",
+    60020: "not allow to access from your ip",
+    81013: "user & party & tag all invalid",
+}
+
+
+def error(code: int) -> dict:
+    return {"errcode": code, "errmsg": ERRORS.get(code, "error")}
+
+
+@dataclass
+class Call:
+    method: str
+    path: str
+    params: dict
+    body: dict | None
+    at: float
+    answer: dict = field(default_factory=dict)
+
+    @property
+    def errcode(self) -> int:
+        return int(self.answer.get("errcode", 0))
+
+
+class FakeWeCom:
+    def __init__(self, *, corp_id: str = CORP_ID, agent_id: str = AGENT_ID, secret: str = "fake-wecom-app-secret",
+                 token: str = "fakeWeComToken", encoding_aes_key: str = "6qkdMrq68nTKduznJYO1A37W2oEgpkMUvkttRToqhUt"):
+        self.corp_id, self.agent_id, self.secret = corp_id, agent_id, secret
+        self.token, self.encoding_aes_key = token, encoding_aes_key
+        self.crypto = WeComCrypto(token, encoding_aes_key, corp_id)
+        self.users = {USER, OTHER_USER}                   # the app's visible range
+        self.lock = threading.RLock()
+        self.calls: list[Call] = []
+        self.sent: list[dict] = []                        # each message delivered: touser, content, msgid, at
+        self.tokens: dict[str, float] = {}                # access token -> when it expires (monotonic)
+        self.expires_in = 7200
+        self.media_files: dict[str, tuple[bytes, str, str]] = {}
+        self.callback_url: str | None = None
+        self.hold_send_secs = 0.0                         # answer a send only this long after delivering it
+        self._script: list[int] = []
+        self._secret_reset = False
+        self._msg_ids = itertools.count(7400000000000000001)
+        self._http = FakeHTTPServer(("127.0.0.1", 0), self._handler())
+        self._http.daemon_threads = True
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self._http.server_address[1]}"
+
+    def start(self) -> "FakeWeCom":
+        threading.Thread(target=self._http.serve_forever, daemon=True, name="fake-wecom").start()
+        return self
+
+    def stop(self) -> None:
+        self._http.shutdown()
+        self._http.server_close()
+
+    def __enter__(self) -> "FakeWeCom":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def env(self) -> dict[str, str]:
+        return {"WECOM_CORP_ID": self.corp_id, "WECOM_AGENT_ID": self.agent_id, "WECOM_SECRET": self.secret,
+                "WECOM_TOKEN": self.token, "WECOM_ENCODING_AES_KEY": self.encoding_aes_key,
+                "WECOM_API_BASE_URL": self.base_url}
+
+    # ------------------------------------------------------------------ scripting
+
+    def script_send(self, *errcodes: int) -> None:
+        """The next sends are answered with these errcodes, one each, before any is delivered."""
+        with self.lock:
+            self._script.extend(errcodes)
+
+    def expire_tokens(self) -> None:
+        """Every access token issued so far has expired (42001 at its next use)."""
+        with self.lock:
+            for token in self.tokens:
+                self.tokens[token] = 0.0
+
+    def reset_secret(self) -> None:
+        """The app's secret was reset in the admin console: gettoken with the old one answers 40001."""
+        with self.lock:
+            self._secret_reset = True
+
+    def upload(self, data: bytes, content_type: str = "image/jpeg", filename: str = "image.jpg") -> str:
+        """A temporary media file, as a user's image/voice/file message carries it; returns its media_id."""
+        media_id = "3" + secrets.token_urlsafe(40)
+        with self.lock:
+            self.media_files[media_id] = (data, content_type, filename)
+        return media_id
+
+    # ------------------------------------------------------------------ what the app did
+
+    def texts(self) -> list[str]:
+        with self.lock:
+            return [m["content"] for m in self.sent]
+
+    def sends(self) -> list[Call]:
+        """Every message/send request, refused or not."""
+        return self.calls_to("/cgi-bin/message/send")
+
+    def calls_to(self, path: str) -> list[Call]:
+        with self.lock:
+            return [c for c in self.calls if c.path == path]
+
+    # ------------------------------------------------------------------ the callback, as WeCom calls it
+
+    def message(self, msg_type: str = "text", *, user: str = USER, **fields) -> dict:
+        """A message as the callback carries it (before encryption)."""
+        message = {"ToUserName": self.corp_id, "FromUserName": user, "CreateTime": str(int(time.time())),
+                   "MsgType": msg_type, "MsgId": str(next(self._msg_ids)), "AgentID": self.agent_id}
+        message.update({k: str(v) for k, v in fields.items()})
+        return message
+
+    def text(self, content: str, **kw) -> dict:
+        return self.message("text", Content=content, **kw)
+
+    def event(self, event: str = "enter_agent", *, user: str = USER) -> dict:
+        message = self.message("event", user=user, Event=event, EventKey="")
+        message.pop("MsgId")
+        return message
+
+    @staticmethod
+    def to_xml(message: dict) -> str:
+        def value(v: str) -> str:
+            return v if v.isdigit() else f"<![CDATA[{v}]]>"
+        return "<xml>" + "".join(f"<{k}>{value(str(v))}</{k}>" for k, v in message.items()) + "</xml>"
+
+    def signed(self, plaintext: str, *, crypto: WeComCrypto | None = None) -> tuple[dict, str]:
+        """(the query string's fields, the encrypted text) for ``plaintext``, as WeCom signs a callback."""
+        timestamp, nonce = str(int(time.time())), str(secrets.randbelow(10 ** 10))
+        encrypt, sig = (crypto or self.crypto).seal(plaintext, timestamp, nonce)
+        return {"msg_signature": sig, "timestamp": timestamp, "nonce": nonce}, encrypt
+
+    def verify_url(self, *, echo: str | None = None, signature: str | None = None) -> httpx.Response:
+        """WeCom's check of the callback URL: GET with an encrypted, signed echostr."""
+        assert self.callback_url, "the worker's callback URL is not known yet"
+        params, echostr = self.signed(echo or str(secrets.randbelow(10 ** 19)))
+        if signature is not None:
+            params["msg_signature"] = signature
+        return httpx.get(f"{self.callback_url}?{urlencode({**params, 'echostr': echostr})}", timeout=5.0)
+
+    def post(self, message: dict, *, crypto: WeComCrypto | None = None, signature: str | None = None,
+             fmt: str = "xml") -> httpx.Response:
+        """POST one message to the worker, encrypted and signed as WeCom does."""
+        assert self.callback_url, "the worker's callback URL is not known yet"
+        params, encrypt = self.signed(self.to_xml(message) if fmt == "xml" else json.dumps(message), crypto=crypto)
+        if signature is not None:
+            params["msg_signature"] = signature
+        if fmt == "xml":
+            body = (f"<xml><ToUserName><![CDATA[{self.corp_id}]]></ToUserName>"
+                    f"<Encrypt><![CDATA[{encrypt}]]></Encrypt><AgentID><![CDATA[{self.agent_id}]]></AgentID></xml>")
+        else:
+            body = json.dumps({"tousername": self.corp_id, "encrypt": encrypt, "agentid": self.agent_id})
+        return httpx.post(f"{self.callback_url}?{urlencode(params)}", content=body.encode(),
+                          headers={"Content-Type": "text/xml" if fmt == "xml" else "application/json",
+                                   "User-Agent": "Mozilla/4.0"}, timeout=5.0)
+
+    def say(self, content: str, **kw) -> dict:
+        """A user's text message, POSTed; returns the message (asserts a 200 with an empty body)."""
+        message = self.text(content, **kw)
+        response = self.post(message)
+        assert (response.status_code, response.text) == (200, ""), (response.status_code, response.text)
+        return message
+
+    def resend(self, message: dict) -> httpx.Response:
+        """WeCom calling again with the same message (same MsgId), signed afresh."""
+        return self.post(message)
+
+    # ------------------------------------------------------------------ the API
+
+    def _handler(self):
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):  # noqa: N802
+                self._route("GET")
+
+            def do_POST(self):  # noqa: N802
+                self._route("POST")
+
+            def _route(self, method):
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                url = urlsplit(self.path)
+                params = {k: v[0] for k, v in parse_qs(url.query).items()}
+                answer, headers = fake._serve(method, url.path, params, raw)
+                if isinstance(answer, tuple):
+                    body, ctype = answer
+                else:
+                    body, ctype = json.dumps(answer, ensure_ascii=False).encode(), "application/json; charset=UTF-8"
+                self.send_response(200)  # WeCom answers 200 and puts its errors in errcode
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(body)
+
+        return Handler
+
+    def _serve(self, method: str, path: str, params: dict, raw: bytes):
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        call = Call(method, path, params, body, time.monotonic())
+        with self.lock:
+            self.calls.append(call)
+        answer, headers = self._answer(method, path, params, body)
+        call.answer = answer if isinstance(answer, dict) else dict(OK)
+        return answer, headers
+
+    def _answer(self, method: str, path: str, params: dict, body):
+        if method == "GET" and path == "/cgi-bin/gettoken":
+            return self._gettoken(params), {}
+        refused = self._check_token(params.get("access_token"))
+        if refused:
+            return refused, {}
+        if method == "POST" and path == "/cgi-bin/message/send":
+            return self._send(body), {}
+        if method == "GET" and path == "/cgi-bin/media/get":
+            with self.lock:
+                found = self.media_files.get(params.get("media_id", ""))
+            if found is None:
+                return error(40007), {}
+            data, ctype, name = found
+            return (data, ctype), {"Content-disposition": f'attachment; filename="{name}"'}
+        return {"errcode": 404, "errmsg": "invalid url"}, {}
+
+    def _gettoken(self, params: dict) -> dict:
+        if params.get("corpid") != self.corp_id:
+            return error(40013)
+        if not params.get("corpsecret"):
+            return {"errcode": 41004, "errmsg": "corpsecret missing"}
+        with self.lock:
+            if params["corpsecret"] != self.secret or self._secret_reset:
+                return error(40001)
+            token = secrets.token_urlsafe(48)
+            self.tokens[token] = time.monotonic() + self.expires_in
+        return {**OK, "access_token": token, "expires_in": self.expires_in}
+
+    def _check_token(self, token: str | None) -> dict | None:
+        if not token:
+            return error(41001)
+        with self.lock:
+            expires = self.tokens.get(token)
+        if expires is None:
+            return error(40014)
+        if time.monotonic() >= expires:
+            return error(42001)
+        return None
+
+    def _send(self, body) -> dict:
+        if not isinstance(body, dict) or body.get("msgtype") != "text":
+            return {"errcode": 40008, "errmsg": "invalid message type"}
+        if str(body.get("agentid")) != self.agent_id or not isinstance(body.get("agentid"), int):
+            return {"errcode": 40056, "errmsg": "invalid agentid"}
+        content = (body.get("text") or {}).get("content")
+        if not isinstance(content, str) or not content:
+            return error(44004)
+        if len(content.encode("utf-8")) > 2048:
+            return error(45002)
+        user = body.get("touser")
+        with self.lock:
+            if self._script:
+                return error(self._script.pop(0))
+            if user not in self.users:
+                return {**error(81013), "invaliduser": str(user or "")}
+            now = time.monotonic()
+            if body.get("enable_duplicate_check") == 1:
+                interval = int(body.get("duplicate_check_interval") or 1800)
+                for m in self.sent:
+                    if (m["touser"], m["content"]) == (user, content) and now - m["at"] < interval:
+                        return {**OK, "invaliduser": "", "msgid": m["msgid"]}
+            msgid = uuid.uuid4().hex
+            self.sent.append({"touser": user, "content": content, "msgid": msgid, "at": now})
+        if self.hold_send_secs:
+            time.sleep(self.hold_send_secs)  # delivered, but the answer is late: a window to kill the sender in
+        return {**OK, "invaliduser": "", "msgid": msgid}
