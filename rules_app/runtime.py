@@ -394,8 +394,10 @@ class Runtime:
         file_rules = holder.ruleset
         with self._lock:
             admin = self._admin_ruleset_rules(versions)
-            key = (id(file_rules), self._admin_key)
-            if key != self._combined_key:
+            # the file's rule set itself in the key, not its id(): a reloaded set may be built at the address of
+            # one freed since, and an id() key would then hand out the old combination (stale rules)
+            key = (file_rules, self._admin_key)
+            if self._combined_key is None or key[0] is not self._combined_key[0] or key[1] != self._combined_key[1]:
                 if file_rules.is_closed:
                     self._combined = file_rules
                 else:
