@@ -105,3 +105,20 @@ def test_a_third_party_engine_that_supports_tools_calls_the_turns_tools(tcast, t
     assert (call.name, call.arguments, call.state, call.result) == ("echo", {"text": "hi there"}, "done",
                                                                    {"echo": "hi there"})
     assert [m["role"] for m in second.json["messages"]][-2:] == ["assistant", "tool"]
+
+
+def test_a_third_party_engine_streams_when_its_profile_offers_no_tools(tcast):
+    """OPM's stream_tokens takes no tools: an engine that supports tools answers whole while tools are offered
+    (the default [tools]), and streams when its profile narrows them to none."""
+    with run_stub_upstream(script=Script(answer="Streamed, token by token.")) as url:
+        AgentProfile.objects.create(name="ovos", provider="ovos-chat-openai-plugin",
+                                    config={"api_url": str(url), "key": "k", "model": "stub-model", "tools": []})
+        AgentProfile.objects.create(name="ovos-tools", provider="ovos-chat-openai-plugin",
+                                    config={"api_url": str(url), "key": "k", "model": "stub-model"})
+        frames = parse_sse(body_bytes(chat(tcast.keys["operator"], "ovos", "hello", stream=True)))
+        streamed = url.requests[-1].json
+        whole = parse_sse(body_bytes(chat(tcast.keys["operator"], "ovos-tools", "hello", stream=True)))
+        asked = url.requests[-1].json
+    assert answer_text(frames) == answer_text(whole) == "Streamed, token by token."
+    assert streamed.get("stream") is True and "tools" not in streamed
+    assert not asked.get("stream") and asked["tools"]

@@ -60,11 +60,11 @@ def stream_items(engine: Any, messages: List[Any], *, session_id: str = "default
         # One continue_chat: OPM's stream_tokens takes no tools (an engine that sets supports_tools gets them
         # only there, and answers its calls on the message), and its default one splits the answer on
         # whitespace, which would lose its line breaks, lists and code blocks.
+        # (The answer comes whole, and a stop is seen once it has: what the engine answered is kept, as a
+        # streamed answer's received part is; the runner stops after it.)
         reply = engine.continue_chat(messages, session_id=session_id, lang=lang,
                                      **({"tools": tools} if with_tools else {}))
-        if should_stop():
-            return
-        yield from _reply_items(reply, tools_offered=with_tools)
+        yield from _reply_items(reply, tools_offered=with_tools and not should_stop())
         return
     for token in engine.stream_tokens(messages, session_id=session_id, lang=lang):
         if should_stop():
