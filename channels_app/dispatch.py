@@ -92,8 +92,9 @@ def turn_dispatch(turn_pk: int) -> bool:
     return True
 
 
-def broker_backlog() -> int | None:
-    """How many messages wait in this deployment's queue on the broker; None when it cannot be asked.
+def broker_backlog(queue: str | None = None) -> int | None:
+    """How many messages wait in this deployment's turn queue (or `queue`) on the broker; None when it cannot
+    be asked.
 
     Only a Redis broker is asked (its queue is a list per priority step, kombu's naming); the
     in-process broker never holds a turn across a restart, and eager tests have no queue: 0."""
@@ -103,7 +104,7 @@ def broker_backlog() -> int | None:
     if current_app.conf.task_always_eager or not url.startswith(("redis://", "rediss://", "unix://")):
         return 0
     import redis
-    queue = settings.CELERY_TASK_DEFAULT_QUEUE
+    queue = queue or settings.CELERY_TASK_DEFAULT_QUEUE
     client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=2)
     try:
         return sum(client.llen(key) for key in [queue] + [f"{queue}\x06\x16{p}" for p in (3, 6, 9)])
@@ -111,3 +112,12 @@ def broker_backlog() -> int | None:
         return None
     finally:
         client.close()
+
+
+def queues_status() -> dict:
+    """The queues section of GET /v1/ugent/status: each queue's name and how many messages wait in it. A
+    background queue that only grows has no worker taking it (docs/deploy.md, "Queues")."""
+    from django.conf import settings
+    return {"turn": {"name": settings.CELERY_TASK_DEFAULT_QUEUE, "waiting": broker_backlog()},
+            "background": {"name": settings.UGENT_BACKGROUND_QUEUE,
+                           "waiting": broker_backlog(settings.UGENT_BACKGROUND_QUEUE)}}

@@ -10,8 +10,6 @@ from django.conf import settings
 
 from ugent_site.celery import app
 
-pytestmark = pytest.mark.mode_free
-
 #: Tasks a sender or a run waits for: they stay on the turn queue.
 TURN_QUEUE_TASKS = ("channels_app.tasks.run_turn", "channels_app.tasks.sweep_stale_turns",
                     "channels_app.tasks.expire_pending_artifacts")
@@ -26,6 +24,7 @@ def routed(name: str) -> str:
     return app.amqp.router.route({}, name)["queue"].name
 
 
+@pytest.mark.mode_free
 def test_each_background_task_exists_and_goes_to_the_background_queue():
     assert settings.UGENT_BACKGROUND_QUEUE == settings.CELERY_TASK_DEFAULT_QUEUE + "-background"
     for name in settings.UGENT_BACKGROUND_TASKS:
@@ -33,6 +32,7 @@ def test_each_background_task_exists_and_goes_to_the_background_queue():
         assert routed(name) == settings.UGENT_BACKGROUND_QUEUE, name
 
 
+@pytest.mark.mode_free
 def test_turns_sweeps_and_cron_stay_on_the_turn_queue():
     cron = [n for n in app.tasks if n.startswith("cron_app.")]
     assert cron
@@ -41,6 +41,7 @@ def test_turns_sweeps_and_cron_stay_on_the_turn_queue():
         assert routed(name) == settings.CELERY_TASK_DEFAULT_QUEUE, name
 
 
+@pytest.mark.mode_free
 def test_the_turn_queue_keeps_celerys_own_exchange_and_key_and_a_worker_takes_both_queues():
     queues = app.amqp.queues
     turn = queues[settings.CELERY_TASK_DEFAULT_QUEUE]
@@ -48,6 +49,7 @@ def test_the_turn_queue_keeps_celerys_own_exchange_and_key_and_a_worker_takes_bo
     assert set(queues.consume_from) == {settings.CELERY_TASK_DEFAULT_QUEUE, settings.UGENT_BACKGROUND_QUEUE}
 
 
+@pytest.mark.mode_free
 @pytest.mark.parametrize("consumed, marks", [
     (None, True),  # every queue: no -Q
     (("turn",), True),
@@ -65,3 +67,26 @@ def test_only_a_worker_taking_the_turn_queue_marks_itself_warm(monkeypatch, cons
     monkeypatch.setattr(warm, "warm_start", lambda *, mark=True: asked.append(mark))
     celery_module._warm_engines(sender=sender)
     assert asked == [marks]
+
+
+@pytest.mark.django_db
+def test_the_status_reports_each_queue_and_what_waits_in_it(client, tcast):
+    """A background queue no worker takes only grows: GET /v1/ugent/status's queues section shows it. Servers
+    mode counts the Redis list (a background task published here, where no worker takes this test's queue);
+    embedded mode's in-process broker holds nothing across a restart and reports 0."""
+    import os
+    servers = bool(os.environ.get("REDIS_URL"))
+    eager, app.conf.task_always_eager = app.conf.task_always_eager, False  # (the test process runs tasks eagerly)
+    try:
+        if servers:
+            import redis
+            r = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+            r.delete(settings.UGENT_BACKGROUND_QUEUE)
+            app.send_task("plugins_app.tasks.prune_media")
+        body = client.get("/v1/ugent/status", HTTP_X_API_KEY=tcast.keys["operator"]).json()["status"]["queues"]
+    finally:
+        app.conf.task_always_eager = eager
+        if servers:
+            r.delete(settings.UGENT_BACKGROUND_QUEUE)
+    assert body["turn"]["name"] == settings.CELERY_TASK_DEFAULT_QUEUE
+    assert body["background"] == {"name": settings.UGENT_BACKGROUND_QUEUE, "waiting": 1 if servers else 0}

@@ -81,6 +81,7 @@ UGENT_STATUS_SECTIONS = {
     "files": "channels_app.files.files_status",
     "tools": "channels_app.tools.tools_status",
     "citations": "channels_app.citations.citations_status",
+    "queues": "channels_app.dispatch.queues_status",
 }
 
 MIDDLEWARE = [
