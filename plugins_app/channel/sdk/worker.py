@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .client import CallCancelled, CallTimeout, ConnectionLost, RpcClient, connect_with_retry
-from .jsonrpc import INVALID_PARAMS, UNKNOWN_DELIVERY, RPCError
+from .jsonrpc import INVALID_PARAMS, MEDIA_TOO_LARGE, UNKNOWN_DELIVERY, RPCError
 from .messages import Attachment, InboundMessage, Media, MessageValidationError, Delivery
 from .outbox import ACK, ACKED, FAILED, PENDING, REJECTED, RESUME, SENT, Outbox, PendingAck, refusal_path_for
 
@@ -556,6 +556,7 @@ class ChannelWorker:
         if type(self).fetch_media is ChannelWorker.fetch_media:
             return message
         changed = False
+        too_large: list[str] = []
         for att in message.get("attachments", []):
             if att.get("media_id") or not att.get("url"):
                 continue
@@ -566,9 +567,26 @@ class ChannelWorker:
                 continue
             if data is None:
                 continue
-            att["media_id"] = self.media_put(data, att["content_type"], att.get("filename"))
+            try:
+                att["media_id"] = self.media_put(data, att["content_type"], att.get("filename"))
+            except RPCError as exc:
+                if exc.code != MEDIA_TOO_LARGE:
+                    raise
+                # The host will never take this file: the message goes on without it, saying so. Kept pending, it
+                # would be fetched again at every replay and hold back every message recorded after it.
+                limit = (exc.data or {}).get("max_bytes") if isinstance(exc.data, dict) else None
+                name = att.get("filename") or f"a {att.get('kind') or 'file'}"
+                too_large.append(f"[{name} ({len(data)} bytes) was not kept: over the host's media limit"
+                                 + (f" of {limit} bytes" if limit else "") + "]")
+                att["_drop"] = True
+                self.log.warning("inbound message %s: %s", key, too_large[-1])
+                changed = True
+                continue
             att["size"] = len(data)
             changed = True
+        if too_large:
+            message["attachments"] = [a for a in message.get("attachments", []) if not a.get("_drop")]
+            message["text"] = "\n\n".join([t for t in [message.get("text") or ""] if t.strip()] + too_large)
         if changed:
             self._outbox().inbound_update_message(key, message)  # a replay reuses the stored media
         return message
