@@ -104,6 +104,10 @@ class OutboundDelivery(TimeStamped):
                                help_text="attachments, reply_to_message_id, metadata.")
     state = models.CharField(max_length=20, choices=DeliveryState.choices, default=DeliveryState.PENDING)
     attempt = models.PositiveIntegerField(default=1)
+    # The attempts before the operator's last requeue of it as a dead letter: the worker is handed attempt
+    # numbers that only grow (its outbox resends only a higher attempt than the one it failed), while the
+    # retry budget (max_retries) counts from the requeue.
+    attempt_base = models.PositiveIntegerField(default=0, editable=False)
     not_before = models.DateTimeField(null=True, blank=True, help_text="A retry waits until then.")
     claim = models.CharField(max_length=40, blank=True, default="", editable=False)
     handed_out_at = models.DateTimeField(null=True, blank=True)

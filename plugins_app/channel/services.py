@@ -327,12 +327,13 @@ def delivery_ack(*, plugin_id: str, delivery_id: str, status: str, retryable: bo
              .filter(plugin__plugin_id=plugin_id, delivery_id=delivery_id).first())
         if d is None:
             raise UnknownDeliveryId(delivery_id)
-        decision = delivery_policy(d.plugin).ack(state=d.state, attempt=d.attempt, held_claim=d.claim,
+        base = d.attempt_base  # the retry budget counts from the operator's last requeue
+        decision = delivery_policy(d.plugin).ack(state=d.state, attempt=d.attempt - base, held_claim=d.claim,
                                                  status=status, retryable=retryable, reason=reason,
                                                  claim=claim)
         if not decision.changed:
-            return decision.result()
-        fields = {"state": decision.state, "attempt": decision.attempt, "claim": "", "updated_at": now}
+            return {**decision.result(), "attempt": decision.attempt + base}
+        fields = {"state": decision.state, "attempt": decision.attempt + base, "claim": "", "updated_at": now}
         if decision.state == DeliveryState.DELIVERED:
             fields.update(delivered_at=now, channel_message_id=channel_message_id or "")
         if decision.failure is not None:
@@ -349,14 +350,17 @@ def delivery_ack(*, plugin_id: str, delivery_id: str, status: str, retryable: bo
         if decision.state == DeliveryState.DEAD_LETTER:
             log.warning("plugin %s: delivery %s dead-lettered (reason=%s)", plugin_id, delivery_id,
                         fields["last_error"])
-        return decision.result()
+        return {**decision.result(), "attempt": fields["attempt"]}
 
 
 def delivery_retry(*, delivery: OutboundDelivery) -> bool:
-    """Admin: send a dead letter again, as a fresh first attempt."""
+    """Admin: send a dead letter again, with its whole retry budget. Its attempt number goes on from the last
+    one (the worker's outbox acks a failure it recorded again for an attempt it has seen, and sends only a
+    higher one: a requeue at attempt 1 was never sent); the budget counts from here (attempt_base)."""
     with transaction.atomic():
         moved = OutboundDelivery.objects.filter(pk=delivery.pk, state=DeliveryState.DEAD_LETTER).update(
-            state=DeliveryState.PENDING, attempt=1, not_before=None, last_error="", updated_at=timezone.now())
+            state=DeliveryState.PENDING, attempt=F("attempt") + 1, attempt_base=F("attempt"), not_before=None,
+            last_error="", updated_at=timezone.now())
         if moved:
             _wake_after_commit(delivery.plugin.plugin_id)
     return moved == 1

@@ -343,3 +343,19 @@ def test_markdown_telegram_cannot_parse_goes_again_as_plain_text(tcast, fake, st
     assert sent, rt.log(PID)
     assert "parse_mode" not in sent[0].params and sent[0].params["text"] == "**still** readable"
     assert wait_until(lambda: OutboundDelivery.objects.filter(state="delivered").exists(), 10)
+
+
+def test_a_dead_letter_the_operator_requeues_is_sent_again(tcast, fake, start_runtime):
+    """The admin's requeue of a dead letter hands the worker a new, higher attempt: its outbox, which recorded
+    the failure, sends that one (a requeue at attempt 1 was acked with the old failure, never sent)."""
+    from plugins_app.channel import services
+    telegram_plugin("polling")
+    rt = start_runtime(limits=SLOW_START)
+    ready(fake, "polling", rt)
+    fake.fail_next("sendMessage", 403, "Forbidden: bot was blocked by the user")
+    fake.push_message(42, "script:answer=after the unblock")
+    assert wait_until(lambda: OutboundDelivery.objects.filter(state="dead_letter").exists(), 20), rt.log(PID)
+    assert services.delivery_retry(delivery=OutboundDelivery.objects.get())  # the user unblocked the bot
+    assert fake.wait_sent(1), rt.log(PID)
+    assert wait_until(lambda: OutboundDelivery.objects.get().state == "delivered", 20), rt.log(PID)
+    assert fake.count("sendMessage") == 2  # the refused send, then the one after the requeue

@@ -53,7 +53,14 @@ def test_a_dead_letter_shows_its_reason_and_can_be_sent_again(tcast, admin_clien
     admin_client.post("/admin/plugins_app/outbounddelivery/", {"action": "retry_dead_letters",
                                                                "_selected_action": [row.pk]})
     row.refresh_from_db()
-    assert (row.state, row.attempt, row.last_error) == ("pending", 1, "")
+    # a new attempt for the worker (its outbox sends only a higher one than the one it failed), with the whole
+    # retry budget again: here max_retries 0, so one more failure dead-letters it again
+    assert (row.state, row.attempt, row.attempt_base, row.last_error) == ("pending", 2, 1, "")
+    services.deliveries_claim(plugin_id="echo-main", max_items=1)
+    services.delivery_ack(plugin_id="echo-main", delivery_id=delivery_id, status="failed", retryable=True,
+                          reason="rate limited again")
+    row.refresh_from_db()
+    assert (row.state, row.attempt, row.last_error) == ("dead_letter", 2, "max_retries (0) exceeded: rate limited again")
 
 
 @pytest.mark.parametrize("who, status", [("anonymous", 302), ("staff without permissions", 403)])
