@@ -264,3 +264,32 @@ def test_channel_line_is_a_builtin_kind_a_plugins_toml_entry_needs_no_command_fo
                                'env_refs = ["LINE_CHANNEL_ACCESS_TOKEN", "LINE_CHANNEL_SECRET"]\n')
     assert selectors.plugin_argv(Plugin.objects.get()) == (
         sys.executable, ["-m", "plugins_app.channel.workers.line", "--bind", "127.0.0.1:3001"])
+
+
+def test_a_body_refused_as_too_large_is_never_read_as_a_second_request():
+    """The webhook answers 413 without reading the body; on a kept-alive connection that body's bytes were then
+    parsed as the next request (a signed request smuggled inside a refused one was served). The connection is
+    now closed after such an answer. (Slack's, WhatsApp's, WeCom's and Telegram's webhooks do the same.)"""
+    import re
+    import socket
+    from plugins_app.channel.workers.line.webhook import WebhookServer, signature
+    records: list = []
+    server = WebhookServer("127.0.0.1:0", "/line/webhook", "s3cret", records.append)
+    server.start()
+    try:
+        inner_body = json.dumps({"destination": "U1", "events": []}).encode()
+        inner = (b"POST /line/webhook HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"X-Line-Signature: " + signature("s3cret", inner_body).encode() +
+                 b"\r\nContent-Length: " + str(len(inner_body)).encode() + b"\r\n\r\n" + inner_body)
+        outer = b"POST /line/webhook HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2000000\r\n\r\n"
+        with socket.create_connection(server.httpd.server_address[:2], timeout=5) as conn:
+            conn.sendall(outer + inner)  # the start of a 2 MB body whose first bytes look like a request
+            data = b""
+            while True:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break  # the server closed the connection
+                data += chunk
+        assert re.findall(rb"HTTP/1\.1 (\d{3}) ", data) == [b"413"] and records == []
+    finally:
+        server.stop()

@@ -318,6 +318,7 @@ class TelegramWorker(ChannelWorker):
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            timeout = 10  # seconds a connection may keep the server waiting (a stalled client holds no thread)
 
             def log_message(self, *args):
                 pass
@@ -325,6 +326,8 @@ class TelegramWorker(ChannelWorker):
             def do_POST(self):
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if 0 < length <= 10 * 1024 * 1024 else b""
+                if length and not body:
+                    self.close_connection = True  # its body was not read: it must not be taken for the next request
                 if self.path.split("?")[0] != path:
                     return self._reply(404)
                 given = self.headers.get("X-Telegram-Bot-Api-Secret-Token") or ""

@@ -67,6 +67,7 @@ class WebhookServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            timeout = 10  # seconds a connection may keep the server waiting (a stalled client holds no thread)
 
             def log_message(self, fmt, *args):  # noqa: N802 - the stdlib's name
                 log.debug("%s " + fmt, self.address_string(), *args)
@@ -81,8 +82,10 @@ class WebhookServer:
                 try:
                     length = int(self.headers.get("Content-Length") or 0)
                 except ValueError:
+                    self.close_connection = True
                     return None
                 if length < 0 or length > MAX_BODY_BYTES:
+                    self.close_connection = True  # its body is never read: it must not be taken for the next request
                     return None
                 return self.rfile.read(length)
 
