@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import xml.etree.ElementTree as ET
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 from urllib.parse import parse_qs
+
+from plugins_app.channel.sdk.webhook import WebhookServer
 
 from .crypto import CryptoError, WeComCrypto
 
@@ -69,65 +69,19 @@ def envelope(body: bytes) -> dict[str, str]:
     return parse_xml(body)
 
 
-class CallbackServer:
+class CallbackServer(WebhookServer):
     """WeCom's callback URL; ``on_message(message dict)`` records one decrypted message."""
 
+    name = "wecom-callback"
+    max_body_bytes = MAX_BODY_BYTES
+
     def __init__(self, bind: str, path: str, crypto: WeComCrypto, on_message: Callable[[dict], None]):
-        host, _, port = bind.rpartition(":")
-        self.path = path
+        super().__init__(bind, path)
         self.crypto = crypto
         self.on_message = on_message
-        server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            timeout = 10  # seconds a connection may keep the server waiting (a stalled client holds no thread)
-
-            def log_message(self, fmt, *args):  # noqa: N802 - the stdlib's name
-                log.debug("%s " + fmt, self.address_string(), *args)
-
-            def do_GET(self):  # noqa: N802
-                self._answer(*server.handle("GET", self.path, b""))
-
-            def do_POST(self):  # noqa: N802
-                self._answer(*server.handle("POST", self.path, self._body()))
-
-            def _body(self) -> bytes | None:
-                try:
-                    length = int(self.headers.get("Content-Length") or 0)
-                except ValueError:
-                    self.close_connection = True
-                    return None
-                if length < 0 or length > MAX_BODY_BYTES:
-                    self.close_connection = True  # its body is never read: it must not be taken for the next request
-                    return None
-                return self.rfile.read(length)
-
-            def _answer(self, status: int, body: str):
-                data = body.encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "text/plain; charset=utf-8")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer((host or "127.0.0.1", int(port or 0)), Handler)
-        self.httpd.daemon_threads = True
-        self._thread: threading.Thread | None = None
-
-    @property
-    def url(self) -> str:
-        host, port = self.httpd.server_address[:2]
-        return f"http://{host}:{port}{self.path}"
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.2},
-                                        name="wecom-callback", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def respond(self, method: str, target: str, headers, body: bytes | None) -> tuple[int, str]:
+        return self.handle(method, target, body)
 
     def handle(self, method: str, target: str, body: bytes | None) -> tuple[int, str]:
         """One request: (status, text answer). Nothing is recorded unless the signature and receive id hold."""

@@ -1,0 +1,90 @@
+"""An HTTP endpoint a chat platform calls (a webhook, a callback URL), for a worker that listens for one.
+
+One home for what every such endpoint needs, whatever the platform: a thread of its own serving requests
+(one thread each), a body read whole up to ``max_body_bytes`` (past it, or with a length that is no number,
+the body is not read, the request's handler gets ``None`` and the connection is closed after the answer, so
+the unread bytes are never taken for a next request), ``timeout`` seconds for a connection (a client that
+stalls holds no thread), and answers as ``(status, body)``: a dict is sent as JSON, a str as UTF-8 text.
+
+A worker's server subclasses it and answers in ``respond(method, target, headers, body)``: verify the
+platform's signature before anything is recorded, and answer 2xx only once the message is in the outbox.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+log = logging.getLogger("ugent.worker.webhook")
+
+
+class WebhookServer:
+    #: The thread's name, and how the server is named in the worker's log.
+    name = "webhook"
+    #: The largest body read; a larger one is answered by ``respond`` with ``body=None``.
+    max_body_bytes = 1 << 20
+    #: Seconds a connection may keep the server waiting.
+    timeout = 10.0
+
+    def __init__(self, bind: str, path: str):
+        host, _, port = bind.rpartition(":")
+        self.path = path
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            timeout = server.timeout
+
+            def log_message(self, fmt, *args):  # noqa: N802 - the stdlib's name
+                log.debug("%s %s " + fmt, server.name, self.address_string(), *args)
+
+            def do_GET(self):  # noqa: N802
+                self._answer(*server.respond("GET", self.path, self.headers, b""))
+
+            def do_POST(self):  # noqa: N802
+                self._answer(*server.respond("POST", self.path, self.headers, self._body()))
+
+            def _body(self) -> bytes | None:
+                try:
+                    length = int(self.headers.get("Content-Length") or 0)
+                except ValueError:
+                    length = -1
+                if length < 0 or length > server.max_body_bytes:
+                    self.close_connection = True  # its body is never read: it must not be taken for the next request
+                    return None
+                return self.rfile.read(length)
+
+            def _answer(self, status: int, body: Any):
+                if isinstance(body, dict):
+                    data, kind = json.dumps(body).encode(), "application/json"
+                else:
+                    data, kind = str(body or "").encode(), "text/plain; charset=utf-8"
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer((host or "127.0.0.1", int(port or 0)), Handler)
+        self.httpd.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        return f"http://{host}:{port}{self.path}"
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.2},
+                                        name=self.name, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def respond(self, method: str, target: str, headers, body: bytes | None) -> tuple[int, Any]:
+        """One request (``target``: its path and query): ``(status, body)``."""
+        raise NotImplementedError

@@ -1,0 +1,67 @@
+"""The worker SDK's webhook server (plugins_app/channel/sdk/webhook.py), the one home of what every channel's
+HTTP endpoint needs: bodies read whole up to a limit, a refused body never read as a next request, a
+stalled client let go, answers as JSON or text."""
+from __future__ import annotations
+
+import re
+import socket
+
+import httpx
+import pytest
+
+from plugins_app.channel.sdk.webhook import WebhookServer
+
+
+class Recorder(WebhookServer):
+    name = "test-webhook"
+    max_body_bytes = 64
+    timeout = 0.5
+
+    def __init__(self):
+        super().__init__("127.0.0.1:0", "/hook")
+        self.seen: list = []
+
+    def respond(self, method, target, headers, body):
+        if body is None:
+            return 413, "too large"
+        self.seen.append((method, target, body))
+        return (200, {"ok": True}) if method == "POST" else (200, "pong")
+
+
+@pytest.fixture
+def server():
+    s = Recorder()
+    s.start()
+    yield s
+    s.stop()
+
+
+def test_answers_are_json_or_text_and_bodies_reach_the_handler(server):
+    posted = httpx.post(server.url, content=b'{"a": 1}')
+    assert (posted.status_code, posted.headers["content-type"], posted.json()) == (200, "application/json", {"ok": True})
+    got = httpx.get(server.url + "?x=1")
+    assert (got.text, got.headers["content-type"]) == ("pong", "text/plain; charset=utf-8")
+    assert server.seen == [("POST", "/hook", b'{"a": 1}'), ("GET", "/hook?x=1", b"")]
+
+
+def raw_exchange(server, data: bytes) -> bytes:
+    with socket.create_connection(server.httpd.server_address[:2], timeout=5) as conn:
+        conn.sendall(data)
+        received = b""
+        while True:
+            chunk = conn.recv(65536)
+            if not chunk:
+                return received  # the server closed the connection
+            received += chunk
+
+
+def test_a_refused_body_is_never_read_as_a_next_request(server):
+    inner = b"POST /hook HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+    outer = b"POST /hook HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n"
+    answered = raw_exchange(server, outer + inner)
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", answered) == [b"413"] and server.seen == []
+
+
+def test_a_client_that_stalls_mid_body_is_let_go(server):
+    answered = raw_exchange(server, b"POST /hook HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc")
+    assert server.seen == [] and b"200" not in answered  # closed after its timeout, nothing handled
