@@ -260,3 +260,25 @@ def test_a_callback_sent_while_the_worker_is_down_is_taken_when_wecom_calls_agai
     assert wecom.resend(message).status_code == 200
     assert answered(wecom, 2, timeout=45) == ["before", "after"]
     assert Receipt.objects.filter(client_message_id=message["MsgId"]).count() == 1
+
+
+def test_a_mistyped_agent_id_is_the_plugins_state_not_messages_dropped_in_silence(tcast, wecom, start_runtime,
+                                                                                   monkeypatch):
+    """Only the app's own Token and EncodingAESKey verify its callbacks, so a verified callback naming another
+    agent means WECOM_AGENT_ID is wrong: every message would have been skipped with a debug line."""
+    monkeypatch.setenv("WECOM_AGENT_ID", str(int(AGENT_ID) + 18))
+    wecom_plugin()
+    rt = start_runtime()
+    listening(rt, wecom)
+    wecom.say("hello")
+    assert wait_until(lambda: not Plugin.objects.get().enabled, 30), rt.log(PID)
+    reason = Plugin.objects.get().disabled_reason
+    assert f"a callback for agent {AGENT_ID} arrived, but WECOM_AGENT_ID is {int(AGENT_ID) + 18}" in reason
+
+
+def test_an_agent_id_that_is_no_number_is_refused_at_start(tcast, wecom, start_runtime, monkeypatch):
+    monkeypatch.setenv("WECOM_AGENT_ID", "my-app")
+    wecom_plugin()
+    rt = start_runtime()
+    assert wait_until(lambda: not Plugin.objects.get().enabled, 30), rt.log(PID)
+    assert "WECOM_AGENT_ID must be the app's AgentId, a number (it is 'my-app')" in Plugin.objects.get().disabled_reason

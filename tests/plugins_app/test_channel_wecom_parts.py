@@ -16,7 +16,7 @@ from plugins_app.channel.workers import installed_kinds
 from plugins_app.channel.workers.wecom import ENV_REFS, message_parts, normalise, utf8_len
 from plugins_app.channel.workers.wecom.api import (TEXT_LIMIT_BYTES, AppRefused, RateLimited, Stopped,
                                                    UserUnreachable, WeComApi, WeComError)
-from plugins_app.channel.workers.wecom.callback import CallbackServer, parse_message
+from plugins_app.channel.workers.wecom.callback import CallbackServer, parse_message, parse_xml
 from plugins_app.channel.workers.wecom.crypto import CryptoError, WeComCrypto, signature
 from tests.fakes.wecom import AGENT_ID, CORP_ID, USER, FakeWeCom
 
@@ -414,3 +414,43 @@ def test_channel_wecom_is_a_builtin_kind_a_plugins_toml_entry_needs_no_command_f
                                '"WECOM_ENCODING_AES_KEY"]\n')
     assert selectors.plugin_argv(Plugin.objects.get()) == (
         sys.executable, ["-m", "plugins_app.channel.workers.wecom", "--bind", "127.0.0.1:3002"])
+
+
+# -- the review's findings (2026-12-06) ----------------------------------------------------------------------
+
+def test_a_signed_message_that_mentions_a_doctype_is_taken_as_text():
+    """A user asking about `<!DOCTYPE html>` wrote text: it was refused by a byte filter, answered 200 (so WeCom
+    never called again) and lost."""
+    fake, records = FakeWeCom(), []
+    server = CallbackServer("127.0.0.1:0", "/wecom/callback", fake.crypto, records.append)
+    server.httpd.server_close()
+    said = "How do I write <!DOCTYPE html> at the top of a page?\n    indented code stays\n"
+    params, encrypt = fake.signed(fake.to_xml(fake.text(said)))
+    body = f"<xml><ToUserName><![CDATA[{fake.corp_id}]]></ToUserName><Encrypt><![CDATA[{encrypt}]]></Encrypt></xml>"
+    assert server.handle("POST", f"/wecom/callback?{urlencode(params)}", body.encode()) == (200, "")
+    assert [r["Content"] for r in records] == [said]  # and its text as written, indentation and newline too
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-16"])
+def test_a_document_type_declaration_is_refused_by_the_parser_in_any_encoding(encoding):
+    """The envelope is parsed before its signature is checked: a declared entity could expand a megabyte into
+    gigabytes. A byte filter let UTF-16 through."""
+    doc = (f'<?xml version="1.0" encoding="{encoding.upper()}"?>'
+           '<!DOCTYPE x [<!ENTITY a "AAAAAAAAAA"><!ENTITY b "&a;&a;&a;&a;&a;&a;&a;&a;&a;&a;">]>'
+           '<xml><Encrypt>&b;</Encrypt></xml>').encode(encoding)
+    with pytest.raises(ValueError, match="document type declaration"):
+        parse_xml(doc)
+
+
+@pytest.mark.parametrize("data, ctype, name", [(b"meeting notes\nline 2\n", "text/plain", "notes.txt"),
+                                               (b"[1, 2, 3]", "application/json", "data.json")])
+def test_a_text_or_json_file_downloads_as_the_file_not_as_an_error(data, ctype, name):
+    """WeCom serves a file with its own type: a .txt or a .json was read as WeCom's error JSON and lost."""
+    from plugins_app.channel.workers.wecom.api import WeComApi
+    with FakeWeCom() as wecom:
+        media_id = wecom.upload(data, ctype, name)
+        api = WeComApi(wecom.corp_id, wecom.secret, wecom.agent_id, base_url=wecom.base_url)
+        try:
+            assert api.media(media_id)[0] == data
+        finally:
+            api.close()

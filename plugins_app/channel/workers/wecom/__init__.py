@@ -91,6 +91,7 @@ def refused(exc: WeComError) -> str:
            40091: f"the app's secret ({SECRET_ENV}) is not valid",
            41004: f"the app's secret ({SECRET_ENV}) is missing",
            40013: f"the corp id ({CORP_ID_ENV}) is wrong",
+           40056: f"the agent id ({AGENT_ID_ENV}) is not this app's",
            60020: "this server's IP is not in the app's trusted IPs (企业可信IP)"}.get(exc.errcode, "")
     return f"{exc}" + (f": {fix}" if fix else "")
 
@@ -167,6 +168,8 @@ class WeComWorker(ChannelWorker):
         missing = [name for name, value in self.settings.items() if not value]
         if missing:
             raise ChannelRefused(f"{', '.join(missing)} not set")
+        if not str(self.agent_id).isdigit():
+            raise ChannelRefused(f"{AGENT_ID_ENV} must be the app's AgentId, a number (it is {self.agent_id!r})")
         try:
             crypto = WeComCrypto(self.settings[TOKEN_ENV], self.settings[AES_KEY_ENV], self.corp_id)
         except CryptoError as exc:
@@ -198,6 +201,14 @@ class WeComWorker(ChannelWorker):
     def accept(self, message: dict) -> None:
         """One decrypted callback message: recorded durably (the outbox), queued for the hub. Returns once
         the record is written, so the callback may answer WeCom 200 at once."""
+        other = str(message.get("AgentID") or "")
+        if other and other != str(self.agent_id) and not self._refusal:
+            # Only this app's Token and EncodingAESKey verify a callback: a verified one naming another agent
+            # means WECOM_AGENT_ID is wrong, and every message would be dropped in silence. Said, and stopped.
+            self._refusal = (f"a callback for agent {other} arrived, but {AGENT_ID_ENV} is {self.agent_id}: the "
+                             f"callback's Token and EncodingAESKey are agent {other}'s (set {AGENT_ID_ENV} to the "
+                             "app's AgentId, on its page in the admin console)")
+            self.log.error("wecom: %s", self._refusal)
         msg = normalise(message, agent_id=self.agent_id, base_url=self.base_url)
         if msg is None:
             self.log.debug("wecom: %s %s is not a message; skipped", message.get("MsgType"), message.get("Event"))

@@ -29,7 +29,7 @@ TOKEN_STALE = {40001, 40014, 42001}
 RATE_LIMITED = {45009, 45033}
 #: Answers to gettoken (or any call) only the operator can fix: the corp id, the secret, the trusted IPs.
 GETTOKEN_REFUSED = {40001, 40013, 40091, 41004, 60020}
-APP_REFUSED = {40013, 40091, 60020}
+APP_REFUSED = {40013, 40056, 40091, 60020}  # 40056: the agent id is not this app's
 #: The user is not there for this app: sending again cannot help.
 USER_UNREACHABLE = {81013, 60111}
 
@@ -153,8 +153,9 @@ class WeComApi:
         token = self.token()
         while True:
             response = request(token)
-            if binary and response.status_code == 200 and not _is_json(response):
-                return {}
+            if binary and response.status_code == 200 and (response.headers.get("Content-Disposition")
+                                                           or not _is_json(response)):
+                return {}  # the file (WeCom sends a file with its name; a .txt or .json is text/plain or JSON too)
             body = self._json(response, where)
             code = errcode_of(body)
             if code == 0:

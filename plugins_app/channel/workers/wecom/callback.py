@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import json
 import logging
-import xml.etree.ElementTree as ET
 from typing import Callable
 from urllib.parse import parse_qs
+from xml.parsers import expat
 
 from plugins_app.channel.sdk.webhook import WebhookServer
 
@@ -35,17 +35,51 @@ def query(raw: str) -> dict[str, str]:
     return params
 
 
+#: Fields kept exactly as sent: what a user wrote (leading indentation, trailing newlines of pasted code).
+VERBATIM = frozenset({"Content"})
+
+
 def parse_xml(text: str | bytes) -> dict[str, str]:
-    """A flat WeCom XML document (``<xml><Name>value</Name>...</xml>``) as a dict; ValueError otherwise."""
+    """A flat WeCom XML document (``<xml><Name>value</Name>...</xml>``, a field one level deeper as a dict) as
+    a dict; ValueError otherwise. A document type declaration (and so any entity) is refused by the parser
+    itself, in any encoding: the outer envelope is parsed before its signature is checked, and a declared
+    entity can expand a megabyte into gigabytes. Text that merely mentions ``<!DOCTYPE`` (a user asking
+    about HTML, inside CDATA) is text."""
     raw = text.encode() if isinstance(text, str) else text
-    if b"<!DOCTYPE" in raw.upper() or b"<!ENTITY" in raw.upper():
-        raise ValueError("a DOCTYPE or ENTITY is not taken")
+    parser = expat.ParserCreate()
+
+    def refuse(*_args):
+        raise ValueError("a document type declaration is not taken")
+
+    parser.StartDoctypeDeclHandler = refuse
+    parser.EntityDeclHandler = refuse
+    out: dict = {}
+    names: list[str] = []
+    texts: list[list[str]] = []
+
+    def start(name, _attrs):
+        names.append(name)
+        texts.append([])
+
+    def end(name):
+        value = "".join(texts.pop())
+        names.pop()
+        if len(names) == 1:  # a field of the document
+            if not isinstance(out.get(name), dict):
+                out[name] = value if name in VERBATIM else value.strip()
+        elif len(names) == 2:  # a field of a field
+            parent = out.get(names[1])
+            if not isinstance(parent, dict):
+                parent = out[names[1]] = {}
+            parent[name] = value.strip()
+
+    parser.StartElementHandler, parser.EndElementHandler = start, end
+    parser.CharacterDataHandler = lambda data: texts[-1].append(data) if texts else None
     try:
-        root = ET.fromstring(raw)
-    except ET.ParseError as exc:
+        parser.Parse(raw, True)
+    except expat.ExpatError as exc:
         raise ValueError(f"not XML: {exc}") from None
-    return {child.tag: (child.text or "").strip() if len(child) == 0 else
-            {c.tag: (c.text or "").strip() for c in child} for child in root}
+    return out
 
 
 def parse_message(text: str) -> dict:
