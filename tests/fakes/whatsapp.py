@@ -51,6 +51,16 @@ INVALID_TOKEN = ("Error validating access token: The session has been invalidate
                  "password or Facebook has changed the session for security reasons.")
 REENGAGEMENT = ("Re-engagement message", "Message failed to send because more than 24 hours have passed since "
                 "the customer last replied to this number.")
+#: What Meta's ``POST /{phone-number-id}/media`` takes, in the order its refusal lists them
+#: (fbsamples/whatsapp-api-examples#10); anything else is refused with code 100.
+UPLOAD_TYPES = ("audio/aac", "audio/mp4", "audio/mpeg", "audio/amr", "audio/ogg", "audio/opus",
+                "application/vnd.ms-powerpoint", "application/msword",
+                "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+                "application/vnd.openxmlformats-officedocument.presentationml.presentation",
+                "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet", "application/pdf", "text/plain",
+                "application/vnd.ms-excel", "application/vnd.oasis.opendocument.text",
+                "application/vnd.oasis.opendocument.spreadsheet", "application/vnd.oasis.opendocument.presentation",
+                "image/jpeg", "image/png", "image/webp", "video/mp4", "video/3gpp")
 
 
 def sign(app_secret: str, body: bytes) -> str:
@@ -443,6 +453,12 @@ class FakeWhatsApp:
         file = call.body.get("file")
         if call.body.get("messaging_product") != "whatsapp" or not isinstance(file, dict) or not file.get("data"):
             call.status, call.answer = 400, graph_error(100, "(#100) The parameter messaging_product is required.")
+            return call.status, call.answer, {}
+        mime = call.body.get("type")
+        if mime not in UPLOAD_TYPES:
+            call.status, call.answer = 400, graph_error(
+                100, f"(#100) Param file must be a file with one of the following types: {', '.join(UPLOAD_TYPES)}. "
+                     f"Received file of type '{mime}'.")
             return call.status, call.answer, {}
         media_id = str(2000000000000000 + next(self._ids))
         with self.lock:

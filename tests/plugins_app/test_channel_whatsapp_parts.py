@@ -316,7 +316,7 @@ def test_after_a_crash_only_the_parts_meta_did_not_take_are_sent(tmp_path):
 
 @pytest.mark.parametrize("kind, content_type, expected", [
     ("image", "image/jpeg", {"type": "image", "image": {"id": "m1"}}),
-    ("image", "image/webp", {"type": "document", "document": {"id": "m1", "filename": "f.bin"}}),
+    ("document", "image/png", {"type": "image", "image": {"id": "m1"}}),
     ("audio", "audio/ogg; codecs=opus", {"type": "audio", "audio": {"id": "m1"}}),
     ("video", "video/mp4", {"type": "video", "video": {"id": "m1"}}),
     ("document", "application/pdf", {"type": "document", "document": {"id": "m1", "filename": "f.bin"}}),
@@ -327,6 +327,73 @@ def test_a_file_goes_as_the_message_type_whatsapp_shows_it_as(kind, content_type
     assert media_message(Attachment(kind=kind, content_type=content_type, channel_ref="m1", filename="f.bin")) == expected
     assert media_message(Attachment(kind="image", content_type="image/png", url="https://x.org/a.png")) == \
         {"type": "image", "image": {"link": "https://x.org/a.png"}}
+
+
+@pytest.mark.parametrize("kind, content_type", [
+    ("document", "text/csv"), ("image", "image/gif"), ("image", "image/webp"), ("document", "application/zip"),
+    ("document", None),
+])
+def test_a_file_no_whatsapp_message_takes_has_no_message_type(kind, content_type):
+    from plugins_app.channel.sdk import Attachment
+    from plugins_app.channel.workers.whatsapp.worker import message_type
+    assert message_type(Attachment(kind=kind, content_type=content_type or "", channel_ref="m1")) is None
+
+
+def test_a_file_metas_upload_refuses_is_replaced_by_a_note_and_the_text_still_goes(tmp_path):
+    from plugins_app.channel.sdk import Attachment, Media
+    seen: list = []
+    refusal = graph_error(100, "(#100) Param file must be a file with one of the following types: audio/aac, "
+                               "application/pdf. Received file of type 'application/pdf'.")
+    w = sending_worker(tmp_path, [httpx.Response(400, json=refusal), ok("wamid.TEXT=="), ok("wamid.NOTE==")], seen)
+    att = Attachment(kind="document", content_type="application/pdf", media_id="m_1", filename="r.pdf")
+    d = delivery("see **the file**", attachments=[att])
+    att.channel_ref = w.put_media(Media(b"%PDF", "application/pdf", "r.pdf"), att, d)
+    assert w.deliver(d) == "wamid.TEXT=="
+    texts = [json.loads(r.content)["text"]["body"] for r in seen[1:]]
+    assert texts[0] == "see *the file*"
+    assert texts[1].startswith("[r.pdf could not be sent: Meta refused the upload (HTTP 400, code 100: (#100) Param")
+    assert w.already_delivered(d)
+
+
+def test_an_unsupported_file_type_costs_the_user_only_that_file_named_in_a_note(tmp_path):
+    import threading
+    import time
+    from plugins_app.channel.sdk import Attachment
+    from plugins_app.channel.sdk.mock import MockBridge
+    fake = FakeWhatsApp(send_statuses=False).start()
+    with MockBridge(plugin_id="wa", heartbeat_secs=0.2) as bridge:
+        w = WhatsAppWorker(argv=["--bind", "127.0.0.1:0"], environ=fake.env(),
+                           **bridge.worker_kwargs(state_dir=str(tmp_path)))
+        t = threading.Thread(target=w.run, daemon=True)
+        t.start()
+        try:
+            csv = bridge.store_media(b"a,b\n1,2\n", "text/csv", "data.csv")
+            pdf = bridge.store_media(b"%PDF-1.4", "application/pdf", "r.pdf")
+            did = bridge.queue_delivery(USER, "Here is **your report**", attachments=[
+                Attachment(kind="document", content_type="text/csv", media_id=csv, filename="data.csv"),
+                Attachment(kind="document", content_type="application/pdf", media_id=pdf, filename="r.pdf")])
+            bridge.wait_for(lambda: bridge.delivery(did)["state"] not in ("pending", "in_flight"), timeout=20)
+            assert bridge.delivery(did)["state"] == "delivered", bridge.delivery(did)
+            assert fake.texts() == ["Here is *your report*",
+                                    "[data.csv could not be sent: WhatsApp does not take text/csv files]"]
+            assert [u["filename"] for u in fake.uploads.values()] == ["r.pdf"]
+            assert [m["type"] for m in fake.sent()] == ["text", "text", "document"]
+        finally:
+            w.stop()
+            t.join(15)
+            fake.stop()
+    # the fake refuses, as Meta does, a type /media does not take
+    refused = FakeWhatsApp().start()
+    try:
+        answer = httpx.post(f"{refused.base_url}/{PHONE_NUMBER_ID}/media",
+                            headers={"Authorization": f"Bearer {refused.token}"},
+                            data={"messaging_product": "whatsapp", "type": "text/csv"},
+                            files={"file": ("d.csv", b"a,b", "text/csv")})
+        assert answer.status_code == 400 and answer.json()["error"]["code"] == 100
+        assert answer.json()["error"]["message"].startswith("(#100) Param file must be a file with one of the "
+                                                            "following types: ")
+    finally:
+        refused.stop()
 
 
 def test_a_resumed_delivery_with_a_file_still_to_send_is_not_taken_for_delivered(tmp_path):

@@ -52,16 +52,50 @@ def ts_to_rfc3339(ts) -> str | None:
     return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-#: What WhatsApp shows as an image, audio or video; any other file goes as a document.
+#: What WhatsApp shows as an image, audio or video (the types Meta's /media takes for each).
 MEDIA_MESSAGE_TYPES = {"image": ("image/jpeg", "image/png"),
                        "audio": ("audio/aac", "audio/amr", "audio/mpeg", "audio/mp4", "audio/ogg"),
                        "video": ("video/mp4", "video/3gpp")}
+#: The types a document message takes (and /media accepts): plain text, PDF, MS Office and OpenOffice.
+DOCUMENT_TYPES = frozenset({
+    "text/plain", "application/pdf",
+    "application/msword", "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+    "application/vnd.ms-excel", "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
+    "application/vnd.ms-powerpoint", "application/vnd.openxmlformats-officedocument.presentationml.presentation",
+    "application/vnd.oasis.opendocument.text", "application/vnd.oasis.opendocument.spreadsheet",
+    "application/vnd.oasis.opendocument.presentation",
+})
+#: ``channel_ref`` of a file WhatsApp will not take: its step sends a note naming it instead.
+UNSENDABLE = "unsendable"
+
+
+def mime_of(att: Attachment) -> str:
+    return (att.content_type or "").split(";")[0].strip().lower()
+
+
+def message_type(att: Attachment) -> str | None:
+    """The message type a file goes as: its own kind's when WhatsApp takes its type, else a document when
+    documents take it, else another kind that takes it; None when no WhatsApp message can carry it."""
+    mime = mime_of(att)
+    if mime in MEDIA_MESSAGE_TYPES.get(att.kind, ()):
+        return att.kind
+    if mime in DOCUMENT_TYPES:
+        return "document"
+    return next((kind for kind, types in MEDIA_MESSAGE_TYPES.items() if mime in types), None)
+
+
+def unsent_note(att: Attachment, why: str | None = None) -> str:
+    """The text sent in place of a file WhatsApp will not take, so the user knows it exists."""
+    name = att.filename or f"a {att.kind or 'file'}"
+    why = why or f"WhatsApp does not take {mime_of(att) or 'untyped'} files"
+    return f"[{name} could not be sent: {why}]"
 
 
 def media_message(att: Attachment) -> dict:
-    """The type and media object of a message carrying one file: an uploaded media id, or a public link."""
-    mime = (att.content_type or "").split(";")[0].strip().lower()
-    wa_type = att.kind if mime in MEDIA_MESSAGE_TYPES.get(att.kind, ()) else "document"
+    """The type and media object of a message carrying one file: an uploaded media id, or a public link.
+
+    Only for a file ``message_type`` finds a type for."""
+    wa_type = message_type(att) or "document"
     media = {"id": att.channel_ref} if att.channel_ref else {"link": att.url}
     if wa_type == "document" and att.filename:
         media["filename"] = att.filename
@@ -115,6 +149,7 @@ class WhatsAppWorker(ChannelWorker):
         self._journal: SentJournal | None = None
         self._inbox: queue.Queue[InboundMessage] = queue.Queue()
         self._refusal: str | None = None
+        self._unsendable: dict[tuple[str, int], str] = {}  # (delivery, file) -> why Meta refused its upload
 
     # ------------------------------------------------------------------ connect
 
@@ -249,22 +284,39 @@ class WhatsAppWorker(ChannelWorker):
     # ------------------------------------------------------------------ outbound
 
     def put_media(self, media, attachment, delivery) -> str | None:
-        """Upload one file of an answer to Meta (``POST /{phone-number-id}/media``); its media id is sent next."""
+        """Upload one file of an answer to Meta (``POST /{phone-number-id}/media``); its media id is sent next.
+
+        A file no WhatsApp message takes, or that Meta's upload refuses for good, is not uploaded: its step
+        sends a note naming it instead (``UNSENDABLE``), so the rest of the answer still reaches the user."""
         index = next(i for i, a in enumerate(delivery.attachments) if a is attachment)
         if len(message_parts(delivery.text)) + index in self._journal.done(delivery.delivery_id):
             return "sent"  # that step went out before a crash: no second upload
+        if message_type(attachment) is None:
+            self.log.warning("delivery %s: %s", delivery.delivery_id, unsent_note(attachment))
+            return UNSENDABLE
         try:
-            return self.api.upload(media.data, media.content_type.split(";")[0].strip(),
+            return self.api.upload(media.data, mime_of(attachment) or media.content_type.split(";")[0].strip(),
                                    attachment.filename or media.filename or "file", on_wait=self._waiting)
         except GraphError as err:
+            if classify(err) == "permanent":
+                self._unsendable[(delivery.delivery_id, index)] = f"Meta refused the upload ({err})"
+                self.log.warning("delivery %s: %s", delivery.delivery_id,
+                                 unsent_note(attachment, self._unsendable[(delivery.delivery_id, index)]))
+                return UNSENDABLE
             raise self._failure(err, body={"to": delivery.conversation_id}) from err
         except (RateLimited, Stopped) as exc:
             raise DeliveryFailed(str(exc)) from exc
 
     def _steps(self, delivery) -> list[tuple[str, object]]:
-        """What a delivery sends, in order: its text parts, then one message per file."""
+        """What a delivery sends, in order: its text parts, then one message per file (a note for a file
+        WhatsApp will not take, in the file's place so the steps' numbers do not move)."""
         steps: list[tuple[str, object]] = [("text", part) for part in message_parts(delivery.text)]
-        steps += [("media", att) for att in delivery.attachments]  # each has a media_id or a url (the protocol)
+        for i, att in enumerate(delivery.attachments):  # each has a media_id or a url (the protocol)
+            if att.channel_ref == UNSENDABLE or message_type(att) is None:
+                why = self._unsendable.pop((delivery.delivery_id, i), None)
+                steps.append(("text", unsent_note(att, why)))
+            else:
+                steps.append(("media", att))
         return steps
 
     def deliver(self, delivery) -> str | None:
