@@ -276,6 +276,17 @@ def test_a_refused_download_host_never_gets_the_token():
     assert not api.media_host_allowed("https://fbsbx.com.evil.example/")
 
 
+def test_a_token_refused_at_a_media_download_is_a_refusal_the_listener_raises():
+    from plugins_app.channel.sdk import Attachment, ChannelRefused
+    w = worker()
+    w.api = scripted_api([httpx.Response(401, json=graph_error(190, "Error validating access token"))], [])
+    with pytest.raises(GraphError):
+        w.fetch_media(Attachment(kind="image", content_type="image/jpeg", url=MEDIA_URL_PREFIX + "123"))
+    assert "WHATSAPP_ACCESS_TOKEN" in w._refusal
+    with pytest.raises(ChannelRefused, match="code 190"):
+        w.listen(lambda m: None)
+
+
 def delivery(text: str, **kw) -> Delivery:
     return Delivery(delivery_id=kw.pop("delivery_id", "d-1"), conversation_id=USER, text=text, channel="whatsapp", **kw)
 

@@ -278,7 +278,13 @@ class WhatsAppWorker(ChannelWorker):
     def fetch_media(self, attachment: Attachment) -> bytes | None:
         if not (attachment.url or "").startswith(MEDIA_URL_PREFIX):
             return None
-        data, _ = self.api.download(attachment.url[len(MEDIA_URL_PREFIX):])
+        media_id = attachment.url[len(MEDIA_URL_PREFIX):]
+        try:
+            data, _ = self.api.download(media_id)
+        except GraphError as err:
+            if classify(err) == "auth":
+                self._refusal = REVOKED.format(err=err)  # the listener stops the worker; the message waits
+            raise
         return data
 
     # ------------------------------------------------------------------ outbound
