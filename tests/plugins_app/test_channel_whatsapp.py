@@ -166,6 +166,22 @@ def test_a_revoked_token_found_at_a_send_disables_the_plugin_with_the_reason_and
     assert "WHATSAPP_ACCESS_TOKEN) was refused" in admin_client.get("/admin/plugins_app/plugin/").content.decode()
 
 
+def test_a_locked_account_found_at_a_send_disables_the_plugin_with_the_reason(tcast, fake, start_runtime):
+    whatsapp_plugin()
+    rt = start_runtime()
+    listening(rt, fake)
+    fake.fail_next(400, 131031, "Account has been locked", times=100)
+    fake.say("script:answer=unsent")
+    assert wait_until(lambda: not Plugin.objects.get().enabled, 30), rt.log(PID)
+    plugin = Plugin.objects.get()
+    assert plugin.state == "disabled"
+    assert "Meta refused to send for this WhatsApp account or number: HTTP 400, code 131031" in \
+        plugin.disabled_reason, plugin.disabled_reason
+    assert "the business account is locked" in plugin.disabled_reason
+    delivery = OutboundDelivery.objects.get()  # waits for the operator, not dead-lettered
+    assert delivery.state in ("pending", "in_flight") and delivery.attempt <= 2, (delivery.state, delivery.attempt)
+
+
 def test_a_token_refused_at_start_disables_the_plugin_before_the_webhook_listens(
         tcast, fake, start_runtime, monkeypatch):
     monkeypatch.setenv("WHATSAPP_ACCESS_TOKEN", "EAAGnot-the-token")

@@ -220,6 +220,7 @@ def test_a_long_answer_is_split_within_4096_characters_with_code_fences_closed_i
     (429, 130429, "rate"), (400, 131056, "rate"), (400, 4, "rate"), (400, 80007, "rate"), (429, None, "rate"),
     (400, 131047, "permanent"), (400, 131026, "permanent"), (400, 100, "permanent"),
     (500, 1, "retry"), (503, None, "retry"), (400, 2, "retry"),
+    (400, 133010, "account"), (403, 3, "account"), (400, 368, "account"), (400, 131031, "account"),
 ])
 def test_graph_errors_are_classified(status, code, kind):
     assert classify(GraphError(status=status, code=code)) == kind
@@ -442,6 +443,30 @@ def test_a_token_refused_at_a_send_is_a_refusal_the_listener_raises(tmp_path, mo
     assert "WHATSAPP_ACCESS_TOKEN" in w._refusal
     with pytest.raises(ChannelRefused, match="code 190"):
         w.listen(lambda m: None)
+
+
+@pytest.mark.parametrize("code, message, fix", [
+    (133010, "Account not registered", "register the number for the Cloud API"),
+    (3, "(#3) Application does not have the capability to make this API call.", "lacks the capability"),
+    (368, "Temporarily blocked for policies violations", "blocked for a policy violation"),
+    (131031, "Account has been locked", "the business account is locked"),
+])
+def test_an_account_level_error_at_a_send_disables_the_plugin_instead_of_dead_lettering(
+        tmp_path, monkeypatch, code, message, fix):
+    from plugins_app.channel.sdk import ChannelRefused
+    from plugins_app.channel.workers.whatsapp import worker as module
+    monkeypatch.setattr(module, "REFUSAL_HOLD_SECS", 0.0)
+    w = sending_worker(tmp_path, [httpx.Response(400, json=graph_error(code, message))], [])
+    with pytest.raises(DeliveryFailed) as failed:
+        w.deliver(delivery("hi"))
+    assert not failed.value.permanent  # the answer waits for the operator's fix, no retries burnt meanwhile
+    assert w._refusal.startswith(f"Meta refused to send for this WhatsApp account or number: HTTP 400, code {code}")
+    assert fix in w._refusal and "WHATSAPP_ACCESS_TOKEN" not in w._refusal
+    with pytest.raises(ChannelRefused, match=fix):
+        w.listen(lambda m: None)
+    with pytest.raises(DeliveryFailed) as again:  # another answer meanwhile: held, not sent, not dead-lettered
+        w.deliver(delivery("more", delivery_id="d-2"))
+    assert not again.value.permanent
 
 
 def test_a_missing_variable_is_a_refusal_naming_it():

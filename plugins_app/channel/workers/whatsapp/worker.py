@@ -15,7 +15,7 @@ from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, 
 from plugins_app.channel.sdk.outbox import PENDING, outbox_path_for
 
 from . import KIND
-from .api import DEFAULT_BASE_URL, REENGAGEMENT, GraphApi, GraphError, RateLimited, Stopped, classify
+from .api import ACCOUNT_CODES, DEFAULT_BASE_URL, REENGAGEMENT, GraphApi, GraphError, RateLimited, Stopped, classify
 from .formatting import message_parts
 
 TOKEN_ENV = "WHATSAPP_ACCESS_TOKEN"
@@ -29,6 +29,16 @@ MEDIA_TYPES = ("image", "audio", "video", "document", "sticker")
 REFUSAL_HOLD_SECS = 30.0
 REVOKED = ("the access token (WHATSAPP_ACCESS_TOKEN) was refused: {err}; make a new system-user token "
            "with whatsapp_business_messaging")
+REFUSED_ACCOUNT = "Meta refused to send for this WhatsApp account or number: {err}; {fix}"
+#: What ``classify`` calls an error only the operator can fix: the plugin is disabled with the reason.
+REFUSALS = ("auth", "account")
+
+
+def refusal_reason(err: GraphError) -> str:
+    """The plugin's disabled reason for an error ``classify`` calls ``auth`` or ``account``."""
+    if classify(err) == "account":
+        return REFUSED_ACCOUNT.format(err=err, fix=ACCOUNT_CODES[err.code])
+    return REVOKED.format(err=err)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -163,8 +173,8 @@ class WhatsAppWorker(ChannelWorker):
         try:
             number = self.api.phone_number()  # a dead token is known before the webhook listens
         except GraphError as err:
-            if classify(err) == "auth":
-                raise ChannelRefused(REVOKED.format(err=err)) from err
+            if classify(err) in REFUSALS:
+                raise ChannelRefused(refusal_reason(err)) from err
             raise RuntimeError(f"GET /{self.phone_number_id} failed: {err}") from err
         journal_path = str(outbox_path_for(self.plugin_id, self.state_dir)).replace(".outbox.", ".whatsapp-sent.")
         self._journal = SentJournal(journal_path)
@@ -282,8 +292,8 @@ class WhatsAppWorker(ChannelWorker):
         try:
             data, _ = self.api.download(media_id)
         except GraphError as err:
-            if classify(err) == "auth":
-                self._refusal = REVOKED.format(err=err)  # the listener stops the worker; the message waits
+            if classify(err) in REFUSALS:
+                self._refusal = refusal_reason(err)  # the listener stops the worker; the message waits
             raise
         return data
 
@@ -364,9 +374,10 @@ class WhatsAppWorker(ChannelWorker):
 
     def _failure(self, err: GraphError, *, body: dict) -> DeliveryFailed:
         kind = classify(err)
-        if kind == "auth":
-            # The listener turns this into ChannelRefused; the delivery waits for a fixed token.
-            self._refusal = REVOKED.format(err=err)
+        if kind in REFUSALS:
+            # The listener turns this into ChannelRefused; the delivery waits, retryable, for the operator's fix
+            # (a new token, a registered number, an unlocked account) instead of every answer dead-lettering.
+            self._refusal = refusal_reason(err)
             return self._refused_failure()
         if err.code == REENGAGEMENT:
             self.log.error("not sent to %s: %s: the 24-hour customer service window has closed; only an "
@@ -376,11 +387,11 @@ class WhatsAppWorker(ChannelWorker):
         return DeliveryFailed(str(err), permanent=kind == "permanent")
 
     def _refused_failure(self) -> DeliveryFailed:
-        """A send Meta refused for the token: hold it until the listener has stopped the worker, so the host
+        """A send Meta refused for the token or the account: hold it until the listener has stopped the worker, so the host
         does not spend the delivery's retries against a dead token meanwhile; the failed attempt is
         retryable, and the delivery goes out once the operator fixed the token."""
         self.stopping.wait(REFUSAL_HOLD_SECS)
-        return DeliveryFailed(self._refusal or "the access token was refused")
+        return DeliveryFailed(self._refusal or "Meta refused the access token or the account")
 
     def already_delivered(self, delivery) -> bool:
         """After a crash inside deliver(): every step (text parts, files) is in the sent journal."""
