@@ -200,6 +200,18 @@ def test_markdown_becomes_whatsapp_formatting(markdown, whatsapp):
     assert to_whatsapp(markdown) == whatsapp
 
 
+@pytest.mark.parametrize("url", [
+    "https://docs.python.org/3/reference/datamodel.html#object.__init__",
+    "https://github.com/org/repo/blob/main/pkg/__init__.py",
+    "https://example.com/search?q=*foo*&x=1",
+    "http://example.com/~~old~~/a_b_c",
+])
+def test_a_bare_url_reaches_whatsapp_unchanged(url):
+    assert to_whatsapp(f"See {url} for details") == f"See {url} for details"
+    assert to_whatsapp(f"**See** {url}") == f"*See* {url}"
+    assert to_whatsapp(f"[the docs]({url}) and {url}") == f"the docs ({url}) and {url}"
+
+
 def test_a_long_answer_is_split_within_4096_characters_with_code_fences_closed_in_each_part():
     answer = "intro\n\n```\n" + "\n".join(f"line {i} < {i + 1}" for i in range(900)) + "\n```\n\nend"
     parts = message_parts(answer)

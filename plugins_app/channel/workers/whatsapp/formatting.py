@@ -5,7 +5,7 @@ WhatsApp marks ``*bold*``, ``_italic_``, ``~strikethrough~``, ``` ```monospace``
 character. So the conversion is deliberately small: the Markdown forms that differ are rewritten
 (``**b**``/``__b__`` → ``*b*``, ``*i*`` → ``_i_``, ``~~s~~`` → ``~s~``, ``# Heading`` → ``*Heading*``,
 ``[text](url)`` → ``text (url)``, ``* item``/``+ item`` → ``- item``, a fence's language dropped),
-code is left exactly as written, and everything else is the model's text unchanged.
+code and bare URLs are left exactly as written, and everything else is the model's text unchanged.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ _INLINE = re.compile(
     r"(?P<code>(?P<ticks>`+)(?P<code_body>.+?)(?P=ticks))"
     r"|(?P<image>!\[(?P<image_text>[^\]\n]*)\]\((?P<image_url>[^)\s]+)\))"
     r"|(?P<link>\[(?P<link_text>[^\]\n]+)\]\((?P<link_url>[^)\s]+)\))"
+    r"|(?P<url>\b(?:https?|ftp)://[^\s<>]+)"   # a bare URL: its "__init__" or "*foo*" are not emphasis
     r"|(?P<both>\*\*\*(?P<both_body>[^*\n]+?)\*\*\*)"
     r"|(?P<bold>\*\*(?P<bold_body>.+?)\*\*|(?<!\w)__(?P<bold2_body>.+?)__(?!\w))"
     r"|(?P<strike>~~(?P<strike_body>.+?)~~)"
@@ -35,8 +36,8 @@ def _inline(text: str, inside: frozenset = frozenset()) -> str:
     out, pos = [], 0
     for m in _INLINE.finditer(text):
         out.append(text[pos:m.start()])
-        if m.group("code"):
-            out.append(m.group("code"))
+        if m.group("code") or m.group("url"):
+            out.append(m.group(0))
         elif m.group("image"):
             label = m.group("image_text")
             out.append(f"{label} ({m.group('image_url')})" if label else m.group("image_url"))
