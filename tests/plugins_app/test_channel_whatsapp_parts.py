@@ -225,6 +225,33 @@ def test_a_long_answer_is_split_within_4096_characters_with_code_fences_closed_i
     assert message_parts("**x**") == ["*x*"]
 
 
+@pytest.mark.parametrize("markdown", ["---", "***", "- - -", "___", "# a", "* b", "[t](u)", "![](u)", "***x***",
+                                      "```\nx\n```", "```py", "```", "```\n\n```", "```py\nx", "> **q**", "__a__ ~~b~~ *c*"])
+def test_conversion_never_makes_markdown_longer(markdown):
+    assert len(to_whatsapp(markdown)) <= len(markdown)
+    assert len(to_whatsapp(f"text\n\n{markdown}\n\nmore")) <= len(f"text\n\n{markdown}\n\nmore")
+
+
+def long_code_answer() -> tuple[str, list[str]]:
+    intro = "\n\n".join(f"**Note {i}**: keep this in mind.\n\n---" for i in range(8))
+    lines = [f"result_{i} = compute(value_{i}, factor={i})" for i in range(120)]
+    return intro + "\n\n```python\n" + "\n".join(lines) + "\n```\n\nDone.", lines
+
+
+def test_a_part_past_the_limit_after_conversion_is_re_split_as_markdown_without_a_bogus_code_line(monkeypatch):
+    from plugins_app.channel.workers.whatsapp import formatting
+    md, lines = long_code_answer()
+    parts = message_parts(md)  # the "---" rules once grew the first part past 4,096
+    assert all(len(p) <= 4096 for p in parts)
+    assert [l.strip("`") for p in parts for l in p.split("\n") if "result_" in l] == lines
+    real = formatting.to_whatsapp  # a conversion that grows a part: split again as Markdown, never converted text
+    monkeypatch.setattr(formatting, "to_whatsapp", lambda text: real(text).replace("keep", "keep keep keep"))
+    parts = message_parts(md)
+    assert len(parts) >= 2 and all(len(p) <= 4096 for p in parts)
+    assert [l.strip("`") for p in parts for l in p.split("\n") if "result_" in l] == lines
+    assert all(p.count("```") % 2 == 0 for p in parts)
+
+
 # -- Graph errors, waits and sends -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("status, code, kind", [

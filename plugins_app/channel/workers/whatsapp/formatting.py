@@ -62,28 +62,32 @@ def to_whatsapp(markdown: str) -> str:
     """Common Markdown as WhatsApp formatting (see the module docstring)."""
     out: list[str] = []
     fence: list[str] | None = None
+    opening = ""
     for line in markdown.split("\n"):
         m = _FENCE_LINE.match(line)
         if fence is not None:
             if m and not m.group(1):
-                out.append("```" + "\n".join(fence) + "```")
+                if "".join(fence).strip():  # an empty block would show as six backticks
+                    out.append("```" + "\n".join(fence) + "```")
                 fence = None
             else:
                 fence.append(line)
             continue
         if m:
-            fence = []
+            fence, opening = [], line
             continue
         if (h := _HEADING.match(line)):
             out.append(f"*{_inline(h.group(1), frozenset({'bold'}))}*")
         elif _RULE.match(line):
-            out.append("\u2014" * 8)
+            out.append("\u2014" * min(8, len(line.strip())))  # never longer than the rule written
         elif (b := _BULLET.match(line)):
             out.append(f"{b.group(1)}- {_inline(b.group(2))}")
         else:
             out.append(_inline(line))
-    if fence is not None:  # an unclosed fence: closed, as a Markdown renderer would
-        out.append("```" + "\n".join(fence) + "```")
+    if fence is not None and "".join(fence).strip():  # an unclosed fence: closed, as a Markdown renderer would,
+        block = "```" + "\n".join(fence) + "```"       # unless that is longer than the lines as written
+        source = "\n".join([opening, *fence])
+        out.append(block if len(block) <= len(source) else source)
     return "\n".join(out)
 
 
@@ -91,10 +95,20 @@ def message_parts(markdown: str, limit: int = TEXT_LIMIT) -> list[str]:
     """An answer as the bodies of the text messages that carry it, each within ``limit`` characters.
 
     The Markdown is split first (``split_text`` closes and reopens a code fence cut in two), each
-    part converted; conversion only ever shortens a part, and a part that still measures over the
-    limit is split again."""
+    part converted; conversion never makes a part longer than its Markdown, and should a converted
+    part still measure over the limit, its Markdown is split again with a smaller limit and each
+    piece converted: converted text is never split (``split_text`` would read WhatsApp's
+    `````first line`` as a fence with a language)."""
     parts: list[str] = []
     for piece in split_text(markdown, limit) if markdown.strip() else []:
-        converted = to_whatsapp(piece)
-        parts.extend(split_text(converted, limit) if len(converted) > limit else [converted])
+        parts.extend(_converted(piece, limit))
     return [p for p in parts if p.strip()]
+
+
+def _converted(piece: str, limit: int) -> list[str]:
+    converted = to_whatsapp(piece)
+    over = len(converted) - limit
+    if over <= 0 or len(piece) <= 16:
+        return [converted]
+    smaller = max(16, min(limit, len(piece)) - over)
+    return [c for sub in split_text(piece, smaller) for c in _converted(sub, limit)]
