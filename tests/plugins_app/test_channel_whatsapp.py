@@ -212,6 +212,25 @@ def test_a_closed_24_hour_window_fails_the_delivery_with_that_reason_and_no_retr
     assert Plugin.objects.get().state == "running"
 
 
+def test_a_closed_window_reported_after_a_200_is_logged_as_an_error_naming_the_delivery(tcast, fake, start_runtime):
+    whatsapp_plugin()
+    rt = start_runtime()
+    listening(rt, fake)
+    fake.fail_after_send(131047)  # Meta takes the send, then posts a "failed" status
+    fake.say("script:answer=too late")
+    [sent] = fake.wait_sent(1) or pytest.fail(rt.log(PID))
+    assert delivered(), rt.log(PID)  # acked at the 200: nothing at the send said otherwise
+    delivery_id = OutboundDelivery.objects.get().delivery_id
+    line = wait_until(lambda: next((l for l in rt.log(PID).splitlines()
+                                    if f"reports message {sent['id']} to {USER} failed" in l), None), 20)
+    assert line, rt.log(PID)
+    assert f"(delivery {delivery_id}, part 1): 131047: Re-engagement message" in line
+    assert "ERROR" in line and "24-hour customer service window had closed" in line
+    assert "the user did not get it" in line
+    assert wait_until(fake.settled, 10) and ("status", 200) in fake.posts  # answered 200: Meta does not resend
+    assert len(fake.sends()) == 1
+
+
 def test_the_handshake_and_signatures_on_the_live_webhook(tcast, fake, start_runtime):
     whatsapp_plugin()
     rt = start_runtime()

@@ -508,6 +508,22 @@ def test_an_account_level_error_at_a_send_disables_the_plugin_instead_of_dead_le
     assert not again.value.permanent
 
 
+@pytest.mark.parametrize("code, title, what", [
+    (131047, "Re-engagement message", "the 24-hour customer service window had closed"),
+    (131026, "Message undeliverable", "the message is undeliverable to them"),
+])
+def test_a_send_reported_failed_after_its_200_is_an_error_naming_the_delivery(tmp_path, caplog, code, title, what):
+    w = sending_worker(tmp_path, [], [])
+    w._journal.record("d-7", 1, "wamid.LATE==")
+    status = FakeWhatsApp().status("wamid.LATE==", "failed", errors=[{"code": code, "title": title}])
+    with caplog.at_level("INFO"):
+        assert w.normalise(status) == []
+    [record] = [r for r in caplog.records if "wamid.LATE==" in r.getMessage()]
+    assert record.levelname == "ERROR"
+    assert f"failed (delivery d-7, part 2): {code}: {title}" in record.getMessage()
+    assert what in record.getMessage()
+
+
 def test_a_missing_variable_is_a_refusal_naming_it():
     from plugins_app.channel.sdk import ChannelRefused
     with pytest.raises(ChannelRefused, match="WHATSAPP_ACCESS_TOKEN is not set"):

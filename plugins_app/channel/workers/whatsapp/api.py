@@ -52,6 +52,7 @@ PERMANENT_CODES = frozenset({
     470,      # the 24-hour window, as older API versions said it
 })
 REENGAGEMENT = 131047
+UNDELIVERABLE = 131026
 #: Hosts the access token may be sent to when downloading media, besides the API base URL's own.
 MEDIA_HOSTS = ("fbsbx.com", "facebook.com", "whatsapp.net", "fbcdn.net")
 

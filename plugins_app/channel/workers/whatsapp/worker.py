@@ -15,7 +15,7 @@ from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, 
 from plugins_app.channel.sdk.outbox import PENDING, outbox_path_for
 
 from . import KIND
-from .api import ACCOUNT_CODES, DEFAULT_BASE_URL, REENGAGEMENT, GraphApi, GraphError, RateLimited, Stopped, classify
+from .api import ACCOUNT_CODES, DEFAULT_BASE_URL, REENGAGEMENT, UNDELIVERABLE, GraphApi, GraphError, RateLimited, Stopped, classify
 from .formatting import message_parts
 
 TOKEN_ENV = "WHATSAPP_ACCESS_TOKEN"
@@ -124,11 +124,18 @@ class SentJournal:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("CREATE TABLE IF NOT EXISTS sent (delivery_id TEXT, part INTEGER, message_id TEXT, "
                          "at REAL, PRIMARY KEY (delivery_id, part))")
+        self._db.execute("CREATE INDEX IF NOT EXISTS sent_message ON sent (message_id)")
         self._db.execute("DELETE FROM sent WHERE at < ?", (time.time() - 14 * 86400,))
 
     def done(self, delivery_id: str) -> dict[int, str]:
         with self._lock:
             return dict(self._db.execute("SELECT part, message_id FROM sent WHERE delivery_id = ?", (delivery_id,)))
+
+    def delivery_of(self, message_id: str) -> tuple[str, int] | None:
+        """The delivery and step a wamid Meta gave was sent for, while the journal keeps it (14 days)."""
+        with self._lock:
+            row = self._db.execute("SELECT delivery_id, part FROM sent WHERE message_id = ?", (message_id,)).fetchone()
+        return (row[0], row[1]) if row else None
 
     def record(self, delivery_id: str, part: int, message_id: str) -> None:
         with self._lock:
@@ -238,11 +245,31 @@ class WhatsAppWorker(ChannelWorker):
         return out
 
     def _log_status(self, status: dict) -> None:
-        if status.get("status") == "failed":
-            errors = "; ".join(f"{e.get('code')}: {e.get('title') or e.get('message')}"
-                               for e in status.get("errors") or [])
-            self.log.warning("WhatsApp reports message %s to %s failed: %s", status.get("id"),
-                             status.get("recipient_id"), errors or "no reason given")
+        """A ``failed`` status: Meta took a send (200, a wamid) and only later says it did not reach the user.
+
+        The delivery was acked delivered at the 200 and is not sent again; a closed 24-hour window
+        (131047) or an undeliverable message (131026) reported this way is logged as an error naming the
+        delivery (the sent journal maps the wamid to it), so the operator can see which answer was lost."""
+        if status.get("status") != "failed":
+            return
+        errors = status.get("errors") or []
+        reasons = "; ".join(f"{e.get('code')}: {e.get('title') or e.get('message')}"
+                            + (f" ({e['error_data']['details']})" if isinstance(e.get("error_data"), dict)
+                               and e["error_data"].get("details") else "")
+                            for e in errors if isinstance(e, dict)) or "no reason given"
+        wamid = str(status.get("id") or "")
+        sent = self._journal.delivery_of(wamid) if self._journal is not None and wamid else None
+        where = f" (delivery {sent[0]}, part {sent[1] + 1})" if sent else ""
+        codes = {e.get("code") for e in errors if isinstance(e, dict)}
+        if codes & {REENGAGEMENT, UNDELIVERABLE, str(REENGAGEMENT), str(UNDELIVERABLE)}:
+            what = ("the 24-hour customer service window had closed; only a template message can reach them"
+                    if codes & {REENGAGEMENT, str(REENGAGEMENT)} else "the message is undeliverable to them")
+            self.log.error("WhatsApp reports message %s to %s failed%s: %s: %s. Meta had accepted the send, so "
+                           "the delivery was recorded delivered; the user did not get it and it is not sent again",
+                           wamid, status.get("recipient_id"), where, reasons, what)
+        else:
+            self.log.warning("WhatsApp reports message %s to %s failed%s: %s", wamid,
+                             status.get("recipient_id"), where, reasons)
 
     def _message(self, message: dict, names: dict, account: str | None, metadata: dict) -> InboundMessage | None:
         wa_type, sender, wamid = message.get("type"), message.get("from"), message.get("id")
