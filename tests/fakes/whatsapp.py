@@ -6,8 +6,10 @@
   ``GET /{media-id}`` (``{"url", "mime_type", "sha256", "file_size", "id", "messaging_product"}``) and
   the download of that URL with the bearer token; errors as Graph sends them,
   ``{"error": {"message", "type", "code", "error_subcode", "fbtrace_id"}}``, with scripted
-  429 / 190 / 131047 answers (``fail_next``), a revoked token (``revoke``), and a send held open
-  and never answered (``hold_next``: the worker killed while it waits);
+  429 / 190 / 131047 answers (``fail_next``), a send answered 200 and later reported ``failed``
+  in a status notification (``fail_after_send``, how Meta often reports a closed 24-hour window),
+  a revoked token (``revoke``), and a send held open and never answered (``hold_next``: the
+  worker killed while it waits); ``/media`` refuses a type Meta does not take (code 100);
 * the **webhook**: notifications POSTed to the worker's callback URL as Meta sends them
   (``application/json``, ``X-Hub-Signature-256`` over the raw body with the app secret), sent
   again while not answered 200; a ``sent`` status notification after each message the bot sends;
@@ -51,6 +53,16 @@ INVALID_TOKEN = ("Error validating access token: The session has been invalidate
                  "password or Facebook has changed the session for security reasons.")
 REENGAGEMENT = ("Re-engagement message", "Message failed to send because more than 24 hours have passed since "
                 "the customer last replied to this number.")
+#: What Meta's ``POST /{phone-number-id}/media`` takes, in the order its refusal lists them
+#: (fbsamples/whatsapp-api-examples#10); anything else is refused with code 100.
+UPLOAD_TYPES = ("audio/aac", "audio/mp4", "audio/mpeg", "audio/amr", "audio/ogg", "audio/opus",
+                "application/vnd.ms-powerpoint", "application/msword",
+                "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+                "application/vnd.openxmlformats-officedocument.presentationml.presentation",
+                "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet", "application/pdf", "text/plain",
+                "application/vnd.ms-excel", "application/vnd.oasis.opendocument.text",
+                "application/vnd.oasis.opendocument.spreadsheet", "application/vnd.oasis.opendocument.presentation",
+                "image/jpeg", "image/png", "image/webp", "video/mp4", "video/3gpp")
 
 
 def sign(app_secret: str, body: bytes) -> str:
@@ -114,6 +126,7 @@ class FakeWhatsApp:
         self.held = threading.Event()        # set once a held send has arrived
         self._holds: int | None = None
         self._failures: list[_Failure] = []
+        self._late_failures: list[dict] = []   # errors of "failed" statuses posted after a send answered 200
         self._pending: dict[str, Pending] = {}
         self._ids = itertools.count(1)
         self._stop = threading.Event()
@@ -246,6 +259,14 @@ class FakeWhatsApp:
     def window_closed(self) -> None:
         title, details = REENGAGEMENT
         self.fail_next(400, 131047, title, details=details)
+
+    def fail_after_send(self, code: int = 131047, title: str = REENGAGEMENT[0], details: str = REENGAGEMENT[1],
+                        *, times: int = 1) -> None:
+        """The next ``times`` sends are answered 200 (a wamid) and then reported ``failed`` with this error in
+        a status notification, as Meta often reports a closed 24-hour window (131047) or 131026."""
+        with self.lock:
+            self._late_failures.extend([{"code": code, "title": title, "message": title,
+                                         "error_data": {"details": details}}] * times)
 
     def hold_next(self, *, after: int = 0) -> None:
         """The send after the next ``after`` ones is held open: never answered, never recorded."""
@@ -435,7 +456,11 @@ class FakeWhatsApp:
             self.messages.append(dict(body, id=wamid))
         call.answer = {"messaging_product": "whatsapp", "contacts": [{"input": body["to"], "wa_id": body["to"]}],
                        "messages": [{"id": wamid}]}
-        if self.send_statuses:
+        with self.lock:
+            late = self._late_failures.pop(0) if self._late_failures else None
+        if late is not None:
+            self.push(self.status(wamid, "failed", recipient=body["to"], errors=[late]))
+        elif self.send_statuses:
             self.push(self.status(wamid, "sent", recipient=body["to"]))
         return 200, call.answer, {}
 
@@ -443,6 +468,12 @@ class FakeWhatsApp:
         file = call.body.get("file")
         if call.body.get("messaging_product") != "whatsapp" or not isinstance(file, dict) or not file.get("data"):
             call.status, call.answer = 400, graph_error(100, "(#100) The parameter messaging_product is required.")
+            return call.status, call.answer, {}
+        mime = call.body.get("type")
+        if mime not in UPLOAD_TYPES:
+            call.status, call.answer = 400, graph_error(
+                100, f"(#100) Param file must be a file with one of the following types: {', '.join(UPLOAD_TYPES)}. "
+                     f"Received file of type '{mime}'.")
             return call.status, call.answer, {}
         media_id = str(2000000000000000 + next(self._ids))
         with self.lock:

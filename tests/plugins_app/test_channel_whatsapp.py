@@ -166,6 +166,22 @@ def test_a_revoked_token_found_at_a_send_disables_the_plugin_with_the_reason_and
     assert "WHATSAPP_ACCESS_TOKEN) was refused" in admin_client.get("/admin/plugins_app/plugin/").content.decode()
 
 
+def test_a_locked_account_found_at_a_send_disables_the_plugin_with_the_reason(tcast, fake, start_runtime):
+    whatsapp_plugin()
+    rt = start_runtime()
+    listening(rt, fake)
+    fake.fail_next(400, 131031, "Account has been locked", times=100)
+    fake.say("script:answer=unsent")
+    assert wait_until(lambda: not Plugin.objects.get().enabled, 30), rt.log(PID)
+    plugin = Plugin.objects.get()
+    assert plugin.state == "disabled"
+    assert "Meta refused to send for this WhatsApp account or number: HTTP 400, code 131031" in \
+        plugin.disabled_reason, plugin.disabled_reason
+    assert "the business account is locked" in plugin.disabled_reason
+    delivery = OutboundDelivery.objects.get()  # waits for the operator, not dead-lettered
+    assert delivery.state in ("pending", "in_flight") and delivery.attempt <= 2, (delivery.state, delivery.attempt)
+
+
 def test_a_token_refused_at_start_disables_the_plugin_before_the_webhook_listens(
         tcast, fake, start_runtime, monkeypatch):
     monkeypatch.setenv("WHATSAPP_ACCESS_TOKEN", "EAAGnot-the-token")
@@ -194,6 +210,25 @@ def test_a_closed_24_hour_window_fails_the_delivery_with_that_reason_and_no_retr
     fake.say("script:answer=others still get answers", wa_id="16315550000")
     assert fake.wait_sent(1), rt.log(PID)
     assert Plugin.objects.get().state == "running"
+
+
+def test_a_closed_window_reported_after_a_200_is_logged_as_an_error_naming_the_delivery(tcast, fake, start_runtime):
+    whatsapp_plugin()
+    rt = start_runtime()
+    listening(rt, fake)
+    fake.fail_after_send(131047)  # Meta takes the send, then posts a "failed" status
+    fake.say("script:answer=too late")
+    [sent] = fake.wait_sent(1) or pytest.fail(rt.log(PID))
+    assert delivered(), rt.log(PID)  # acked at the 200: nothing at the send said otherwise
+    delivery_id = OutboundDelivery.objects.get().delivery_id
+    line = wait_until(lambda: next((l for l in rt.log(PID).splitlines()
+                                    if f"reports message {sent['id']} to {USER} failed" in l), None), 20)
+    assert line, rt.log(PID)
+    assert f"(delivery {delivery_id}, part 1): 131047: Re-engagement message" in line
+    assert "ERROR" in line and "24-hour customer service window had closed" in line
+    assert "the user did not get it" in line
+    assert wait_until(fake.settled, 10) and ("status", 200) in fake.posts  # answered 200: Meta does not resend
+    assert len(fake.sends()) == 1
 
 
 def test_the_handshake_and_signatures_on_the_live_webhook(tcast, fake, start_runtime):

@@ -200,6 +200,18 @@ def test_markdown_becomes_whatsapp_formatting(markdown, whatsapp):
     assert to_whatsapp(markdown) == whatsapp
 
 
+@pytest.mark.parametrize("url", [
+    "https://docs.python.org/3/reference/datamodel.html#object.__init__",
+    "https://github.com/org/repo/blob/main/pkg/__init__.py",
+    "https://example.com/search?q=*foo*&x=1",
+    "http://example.com/~~old~~/a_b_c",
+])
+def test_a_bare_url_reaches_whatsapp_unchanged(url):
+    assert to_whatsapp(f"See {url} for details") == f"See {url} for details"
+    assert to_whatsapp(f"**See** {url}") == f"*See* {url}"
+    assert to_whatsapp(f"[the docs]({url}) and {url}") == f"the docs ({url}) and {url}"
+
+
 def test_a_long_answer_is_split_within_4096_characters_with_code_fences_closed_in_each_part():
     answer = "intro\n\n```\n" + "\n".join(f"line {i} < {i + 1}" for i in range(900)) + "\n```\n\nend"
     parts = message_parts(answer)
@@ -213,6 +225,33 @@ def test_a_long_answer_is_split_within_4096_characters_with_code_fences_closed_i
     assert message_parts("**x**") == ["*x*"]
 
 
+@pytest.mark.parametrize("markdown", ["---", "***", "- - -", "___", "# a", "* b", "[t](u)", "![](u)", "***x***",
+                                      "```\nx\n```", "```py", "```", "```\n\n```", "```py\nx", "> **q**", "__a__ ~~b~~ *c*"])
+def test_conversion_never_makes_markdown_longer(markdown):
+    assert len(to_whatsapp(markdown)) <= len(markdown)
+    assert len(to_whatsapp(f"text\n\n{markdown}\n\nmore")) <= len(f"text\n\n{markdown}\n\nmore")
+
+
+def long_code_answer() -> tuple[str, list[str]]:
+    intro = "\n\n".join(f"**Note {i}**: keep this in mind.\n\n---" for i in range(8))
+    lines = [f"result_{i} = compute(value_{i}, factor={i})" for i in range(120)]
+    return intro + "\n\n```python\n" + "\n".join(lines) + "\n```\n\nDone.", lines
+
+
+def test_a_part_past_the_limit_after_conversion_is_re_split_as_markdown_without_a_bogus_code_line(monkeypatch):
+    from plugins_app.channel.workers.whatsapp import formatting
+    md, lines = long_code_answer()
+    parts = message_parts(md)  # the "---" rules once grew the first part past 4,096
+    assert all(len(p) <= 4096 for p in parts)
+    assert [l.strip("`") for p in parts for l in p.split("\n") if "result_" in l] == lines
+    real = formatting.to_whatsapp  # a conversion that grows a part: split again as Markdown, never converted text
+    monkeypatch.setattr(formatting, "to_whatsapp", lambda text: real(text).replace("keep", "keep keep keep"))
+    parts = message_parts(md)
+    assert len(parts) >= 2 and all(len(p) <= 4096 for p in parts)
+    assert [l.strip("`") for p in parts for l in p.split("\n") if "result_" in l] == lines
+    assert all(p.count("```") % 2 == 0 for p in parts)
+
+
 # -- Graph errors, waits and sends -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("status, code, kind", [
@@ -220,6 +259,7 @@ def test_a_long_answer_is_split_within_4096_characters_with_code_fences_closed_i
     (429, 130429, "rate"), (400, 131056, "rate"), (400, 4, "rate"), (400, 80007, "rate"), (429, None, "rate"),
     (400, 131047, "permanent"), (400, 131026, "permanent"), (400, 100, "permanent"),
     (500, 1, "retry"), (503, None, "retry"), (400, 2, "retry"),
+    (400, 133010, "account"), (403, 3, "account"), (400, 368, "account"), (400, 131031, "account"),
 ])
 def test_graph_errors_are_classified(status, code, kind):
     assert classify(GraphError(status=status, code=code)) == kind
@@ -276,6 +316,17 @@ def test_a_refused_download_host_never_gets_the_token():
     assert not api.media_host_allowed("https://fbsbx.com.evil.example/")
 
 
+def test_a_token_refused_at_a_media_download_is_a_refusal_the_listener_raises():
+    from plugins_app.channel.sdk import Attachment, ChannelRefused
+    w = worker()
+    w.api = scripted_api([httpx.Response(401, json=graph_error(190, "Error validating access token"))], [])
+    with pytest.raises(GraphError):
+        w.fetch_media(Attachment(kind="image", content_type="image/jpeg", url=MEDIA_URL_PREFIX + "123"))
+    assert "WHATSAPP_ACCESS_TOKEN" in w._refusal
+    with pytest.raises(ChannelRefused, match="code 190"):
+        w.listen(lambda m: None)
+
+
 def delivery(text: str, **kw) -> Delivery:
     return Delivery(delivery_id=kw.pop("delivery_id", "d-1"), conversation_id=USER, text=text, channel="whatsapp", **kw)
 
@@ -316,7 +367,7 @@ def test_after_a_crash_only_the_parts_meta_did_not_take_are_sent(tmp_path):
 
 @pytest.mark.parametrize("kind, content_type, expected", [
     ("image", "image/jpeg", {"type": "image", "image": {"id": "m1"}}),
-    ("image", "image/webp", {"type": "document", "document": {"id": "m1", "filename": "f.bin"}}),
+    ("document", "image/png", {"type": "image", "image": {"id": "m1"}}),
     ("audio", "audio/ogg; codecs=opus", {"type": "audio", "audio": {"id": "m1"}}),
     ("video", "video/mp4", {"type": "video", "video": {"id": "m1"}}),
     ("document", "application/pdf", {"type": "document", "document": {"id": "m1", "filename": "f.bin"}}),
@@ -327,6 +378,73 @@ def test_a_file_goes_as_the_message_type_whatsapp_shows_it_as(kind, content_type
     assert media_message(Attachment(kind=kind, content_type=content_type, channel_ref="m1", filename="f.bin")) == expected
     assert media_message(Attachment(kind="image", content_type="image/png", url="https://x.org/a.png")) == \
         {"type": "image", "image": {"link": "https://x.org/a.png"}}
+
+
+@pytest.mark.parametrize("kind, content_type", [
+    ("document", "text/csv"), ("image", "image/gif"), ("image", "image/webp"), ("document", "application/zip"),
+    ("document", None),
+])
+def test_a_file_no_whatsapp_message_takes_has_no_message_type(kind, content_type):
+    from plugins_app.channel.sdk import Attachment
+    from plugins_app.channel.workers.whatsapp.worker import message_type
+    assert message_type(Attachment(kind=kind, content_type=content_type or "", channel_ref="m1")) is None
+
+
+def test_a_file_metas_upload_refuses_is_replaced_by_a_note_and_the_text_still_goes(tmp_path):
+    from plugins_app.channel.sdk import Attachment, Media
+    seen: list = []
+    refusal = graph_error(100, "(#100) Param file must be a file with one of the following types: audio/aac, "
+                               "application/pdf. Received file of type 'application/pdf'.")
+    w = sending_worker(tmp_path, [httpx.Response(400, json=refusal), ok("wamid.TEXT=="), ok("wamid.NOTE==")], seen)
+    att = Attachment(kind="document", content_type="application/pdf", media_id="m_1", filename="r.pdf")
+    d = delivery("see **the file**", attachments=[att])
+    att.channel_ref = w.put_media(Media(b"%PDF", "application/pdf", "r.pdf"), att, d)
+    assert w.deliver(d) == "wamid.TEXT=="
+    texts = [json.loads(r.content)["text"]["body"] for r in seen[1:]]
+    assert texts[0] == "see *the file*"
+    assert texts[1].startswith("[r.pdf could not be sent: Meta refused the upload (HTTP 400, code 100: (#100) Param")
+    assert w.already_delivered(d)
+
+
+def test_an_unsupported_file_type_costs_the_user_only_that_file_named_in_a_note(tmp_path):
+    import threading
+    import time
+    from plugins_app.channel.sdk import Attachment
+    from plugins_app.channel.sdk.mock import MockBridge
+    fake = FakeWhatsApp(send_statuses=False).start()
+    with MockBridge(plugin_id="wa", heartbeat_secs=0.2) as bridge:
+        w = WhatsAppWorker(argv=["--bind", "127.0.0.1:0"], environ=fake.env(),
+                           **bridge.worker_kwargs(state_dir=str(tmp_path)))
+        t = threading.Thread(target=w.run, daemon=True)
+        t.start()
+        try:
+            csv = bridge.store_media(b"a,b\n1,2\n", "text/csv", "data.csv")
+            pdf = bridge.store_media(b"%PDF-1.4", "application/pdf", "r.pdf")
+            did = bridge.queue_delivery(USER, "Here is **your report**", attachments=[
+                Attachment(kind="document", content_type="text/csv", media_id=csv, filename="data.csv"),
+                Attachment(kind="document", content_type="application/pdf", media_id=pdf, filename="r.pdf")])
+            bridge.wait_for(lambda: bridge.delivery(did)["state"] not in ("pending", "in_flight"), timeout=20)
+            assert bridge.delivery(did)["state"] == "delivered", bridge.delivery(did)
+            assert fake.texts() == ["Here is *your report*",
+                                    "[data.csv could not be sent: WhatsApp does not take text/csv files]"]
+            assert [u["filename"] for u in fake.uploads.values()] == ["r.pdf"]
+            assert [m["type"] for m in fake.sent()] == ["text", "text", "document"]
+        finally:
+            w.stop()
+            t.join(15)
+            fake.stop()
+    # the fake refuses, as Meta does, a type /media does not take
+    refused = FakeWhatsApp().start()
+    try:
+        answer = httpx.post(f"{refused.base_url}/{PHONE_NUMBER_ID}/media",
+                            headers={"Authorization": f"Bearer {refused.token}"},
+                            data={"messaging_product": "whatsapp", "type": "text/csv"},
+                            files={"file": ("d.csv", b"a,b", "text/csv")})
+        assert answer.status_code == 400 and answer.json()["error"]["code"] == 100
+        assert answer.json()["error"]["message"].startswith("(#100) Param file must be a file with one of the "
+                                                            "following types: ")
+    finally:
+        refused.stop()
 
 
 def test_a_resumed_delivery_with_a_file_still_to_send_is_not_taken_for_delivered(tmp_path):
@@ -364,6 +482,46 @@ def test_a_token_refused_at_a_send_is_a_refusal_the_listener_raises(tmp_path, mo
     assert "WHATSAPP_ACCESS_TOKEN" in w._refusal
     with pytest.raises(ChannelRefused, match="code 190"):
         w.listen(lambda m: None)
+
+
+@pytest.mark.parametrize("code, message, fix", [
+    (133010, "Account not registered", "register the number for the Cloud API"),
+    (3, "(#3) Application does not have the capability to make this API call.", "lacks the capability"),
+    (368, "Temporarily blocked for policies violations", "blocked for a policy violation"),
+    (131031, "Account has been locked", "the business account is locked"),
+])
+def test_an_account_level_error_at_a_send_disables_the_plugin_instead_of_dead_lettering(
+        tmp_path, monkeypatch, code, message, fix):
+    from plugins_app.channel.sdk import ChannelRefused
+    from plugins_app.channel.workers.whatsapp import worker as module
+    monkeypatch.setattr(module, "REFUSAL_HOLD_SECS", 0.0)
+    w = sending_worker(tmp_path, [httpx.Response(400, json=graph_error(code, message))], [])
+    with pytest.raises(DeliveryFailed) as failed:
+        w.deliver(delivery("hi"))
+    assert not failed.value.permanent  # the answer waits for the operator's fix, no retries burnt meanwhile
+    assert w._refusal.startswith(f"Meta refused to send for this WhatsApp account or number: HTTP 400, code {code}")
+    assert fix in w._refusal and "WHATSAPP_ACCESS_TOKEN" not in w._refusal
+    with pytest.raises(ChannelRefused, match=fix):
+        w.listen(lambda m: None)
+    with pytest.raises(DeliveryFailed) as again:  # another answer meanwhile: held, not sent, not dead-lettered
+        w.deliver(delivery("more", delivery_id="d-2"))
+    assert not again.value.permanent
+
+
+@pytest.mark.parametrize("code, title, what", [
+    (131047, "Re-engagement message", "the 24-hour customer service window had closed"),
+    (131026, "Message undeliverable", "the message is undeliverable to them"),
+])
+def test_a_send_reported_failed_after_its_200_is_an_error_naming_the_delivery(tmp_path, caplog, code, title, what):
+    w = sending_worker(tmp_path, [], [])
+    w._journal.record("d-7", 1, "wamid.LATE==")
+    status = FakeWhatsApp().status("wamid.LATE==", "failed", errors=[{"code": code, "title": title}])
+    with caplog.at_level("INFO"):
+        assert w.normalise(status) == []
+    [record] = [r for r in caplog.records if "wamid.LATE==" in r.getMessage()]
+    assert record.levelname == "ERROR"
+    assert f"failed (delivery d-7, part 2): {code}: {title}" in record.getMessage()
+    assert what in record.getMessage()
 
 
 def test_a_missing_variable_is_a_refusal_naming_it():

@@ -16,15 +16,19 @@ handshake and the X-Hub-Signature-256 check), ``formatting`` (Markdown → Whats
   is answered 401 and records nothing; a good one is answered 200 once its messages are in the
   outbox. The message's ``wamid`` is the idempotency key (Meta's retries run nothing twice); the
   conversation is the sender's ``wa_id`` (1:1, ``source_type`` user); ``statuses`` are not
-  messages (a ``failed`` one is logged); another phone number's notifications are ignored. Media
+  messages (a ``failed`` one is logged, naming the delivery it was sent for); another phone number's notifications are ignored. Media
   are fetched (``GET /{media-id}``, then its URL with the token) and stored on the host.
 * **Outbound.** ``POST /{phone-number-id}/messages``, text split at 4,096 characters, the first
   part replying (``context.message_id``) to the message answered; files uploaded
-  (``POST /{phone-number-id}/media``) and sent by media id after the text. Every part Meta took is
-  journaled, so a restart after a crash sends only the parts still missing.
-* **Errors.** 190 or HTTP 401: ``ChannelRefused`` (the plugin is disabled with the reason);
-  4, 80007, 130429, 131056 or HTTP 429: wait (``Retry-After``, else backoff) and send again;
-  131047 (the 24-hour window closed): the delivery fails permanently with that reason.
+  (``POST /{phone-number-id}/media``) and sent by media id after the text; a file WhatsApp will
+  not take is replaced by a note naming it. Every part Meta took is journaled, so a restart after
+  a crash sends only the parts still missing.
+* **Errors.** 190 or HTTP 401, and the account's own (133010, 3, 368, 131031): ``ChannelRefused``
+  (the plugin is disabled with the reason); 4, 80007, 130429, 131056 or HTTP 429: wait
+  (``Retry-After``, else backoff) and send again; 131047 (the 24-hour window closed) in the send's
+  answer: the delivery fails permanently with that reason. Meta often answers such a send 200
+  instead and posts a ``failed`` status later: the delivery is then already acked delivered, and
+  the worker logs an error naming it (the user did not get it; it is not sent again).
 """
 from __future__ import annotations
 

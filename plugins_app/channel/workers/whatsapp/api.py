@@ -6,7 +6,8 @@ download itself, plus ``GET /{phone-number-id}`` to check the token at start.
 
 Every refusal is a ``GraphError`` carrying Graph's error object
 (``{"error": {"message", "type", "code", "error_subcode", "fbtrace_id"}}``) and the HTTP status;
-``classify`` says what it means for the worker: the token is dead (``auth``), wait and try again
+``classify`` says what it means for the worker: the token is dead (``auth``), the business account
+or number cannot send until the operator acts in WhatsApp Manager (``account``), wait and try again
 (``rate``), trying again cannot help (``permanent``), or anything else (``retry``, left to the
 host's retries). ``GraphApi.send`` waits out rate limits in place (a ``Retry-After`` when Meta
 gives one, else a bounded doubling backoff) and raises once the wait would exceed its bound.
@@ -25,6 +26,14 @@ DEFAULT_BASE_URL = "https://graph.facebook.com/v21.0"
 #: The token is invalid, expired or revoked (190; 102 an old-style session), or lacks the permission
 #: (10, 200-299 and 131005): only the operator can fix these.
 AUTH_CODES = frozenset({190, 102, 10, 131005})
+#: The account or number cannot send at all until the operator acts (each answer would fail the same):
+ACCOUNT_CODES = {
+    133010: "register the number for the Cloud API (POST /{phone-number-id}/register, with its PIN)",
+    3: "the app lacks the capability or permission for this call: check its WhatsApp product and the "
+       "system user's assets",
+    368: "the account is blocked for a policy violation: see Account quality in WhatsApp Manager",
+    131031: "the business account is locked: see Account quality in WhatsApp Manager",
+}
 #: Throttling: 4 (app), 80007 (WhatsApp Business Account), 130429 (Cloud API throughput),
 #: 131056 (too many messages to one recipient in a short time).
 RATE_CODES = frozenset({4, 80007, 130429, 131056})
@@ -40,10 +49,10 @@ PERMANENT_CODES = frozenset({
     131051,   # unsupported message type
     131052,   # the media could not be downloaded
     131053,   # the media could not be uploaded
-    133010,   # the phone number is not registered on the Cloud API
     470,      # the 24-hour window, as older API versions said it
 })
 REENGAGEMENT = 131047
+UNDELIVERABLE = 131026
 #: Hosts the access token may be sent to when downloading media, besides the API base URL's own.
 MEDIA_HOSTS = ("fbsbx.com", "facebook.com", "whatsapp.net", "fbcdn.net")
 
@@ -72,9 +81,11 @@ class Stopped(Exception):
 
 
 def classify(err: GraphError) -> str:
-    """``auth``, ``rate``, ``permanent`` or ``retry``."""
+    """``auth``, ``account``, ``rate``, ``permanent`` or ``retry``."""
     if err.status == 401 or err.code in AUTH_CODES or (err.code is not None and 200 <= err.code <= 299):
         return "auth"
+    if err.code in ACCOUNT_CODES:
+        return "account"
     if err.status == 429 or err.code in RATE_CODES:
         return "rate"
     if err.code in PERMANENT_CODES:

@@ -5,7 +5,7 @@ WhatsApp marks ``*bold*``, ``_italic_``, ``~strikethrough~``, ``` ```monospace``
 character. So the conversion is deliberately small: the Markdown forms that differ are rewritten
 (``**b**``/``__b__`` → ``*b*``, ``*i*`` → ``_i_``, ``~~s~~`` → ``~s~``, ``# Heading`` → ``*Heading*``,
 ``[text](url)`` → ``text (url)``, ``* item``/``+ item`` → ``- item``, a fence's language dropped),
-code is left exactly as written, and everything else is the model's text unchanged.
+code and bare URLs are left exactly as written, and everything else is the model's text unchanged.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ _INLINE = re.compile(
     r"(?P<code>(?P<ticks>`+)(?P<code_body>.+?)(?P=ticks))"
     r"|(?P<image>!\[(?P<image_text>[^\]\n]*)\]\((?P<image_url>[^)\s]+)\))"
     r"|(?P<link>\[(?P<link_text>[^\]\n]+)\]\((?P<link_url>[^)\s]+)\))"
+    r"|(?P<url>\b(?:https?|ftp)://[^\s<>]+)"   # a bare URL: its "__init__" or "*foo*" are not emphasis
     r"|(?P<both>\*\*\*(?P<both_body>[^*\n]+?)\*\*\*)"
     r"|(?P<bold>\*\*(?P<bold_body>.+?)\*\*|(?<!\w)__(?P<bold2_body>.+?)__(?!\w))"
     r"|(?P<strike>~~(?P<strike_body>.+?)~~)"
@@ -35,8 +36,8 @@ def _inline(text: str, inside: frozenset = frozenset()) -> str:
     out, pos = [], 0
     for m in _INLINE.finditer(text):
         out.append(text[pos:m.start()])
-        if m.group("code"):
-            out.append(m.group("code"))
+        if m.group("code") or m.group("url"):
+            out.append(m.group(0))
         elif m.group("image"):
             label = m.group("image_text")
             out.append(f"{label} ({m.group('image_url')})" if label else m.group("image_url"))
@@ -61,28 +62,32 @@ def to_whatsapp(markdown: str) -> str:
     """Common Markdown as WhatsApp formatting (see the module docstring)."""
     out: list[str] = []
     fence: list[str] | None = None
+    opening = ""
     for line in markdown.split("\n"):
         m = _FENCE_LINE.match(line)
         if fence is not None:
             if m and not m.group(1):
-                out.append("```" + "\n".join(fence) + "```")
+                if "".join(fence).strip():  # an empty block would show as six backticks
+                    out.append("```" + "\n".join(fence) + "```")
                 fence = None
             else:
                 fence.append(line)
             continue
         if m:
-            fence = []
+            fence, opening = [], line
             continue
         if (h := _HEADING.match(line)):
             out.append(f"*{_inline(h.group(1), frozenset({'bold'}))}*")
         elif _RULE.match(line):
-            out.append("\u2014" * 8)
+            out.append("\u2014" * min(8, len(line.strip())))  # never longer than the rule written
         elif (b := _BULLET.match(line)):
             out.append(f"{b.group(1)}- {_inline(b.group(2))}")
         else:
             out.append(_inline(line))
-    if fence is not None:  # an unclosed fence: closed, as a Markdown renderer would
-        out.append("```" + "\n".join(fence) + "```")
+    if fence is not None and "".join(fence).strip():  # an unclosed fence: closed, as a Markdown renderer would,
+        block = "```" + "\n".join(fence) + "```"       # unless that is longer than the lines as written
+        source = "\n".join([opening, *fence])
+        out.append(block if len(block) <= len(source) else source)
     return "\n".join(out)
 
 
@@ -90,10 +95,20 @@ def message_parts(markdown: str, limit: int = TEXT_LIMIT) -> list[str]:
     """An answer as the bodies of the text messages that carry it, each within ``limit`` characters.
 
     The Markdown is split first (``split_text`` closes and reopens a code fence cut in two), each
-    part converted; conversion only ever shortens a part, and a part that still measures over the
-    limit is split again."""
+    part converted; conversion never makes a part longer than its Markdown, and should a converted
+    part still measure over the limit, its Markdown is split again with a smaller limit and each
+    piece converted: converted text is never split (``split_text`` would read WhatsApp's
+    `````first line`` as a fence with a language)."""
     parts: list[str] = []
     for piece in split_text(markdown, limit) if markdown.strip() else []:
-        converted = to_whatsapp(piece)
-        parts.extend(split_text(converted, limit) if len(converted) > limit else [converted])
+        parts.extend(_converted(piece, limit))
     return [p for p in parts if p.strip()]
+
+
+def _converted(piece: str, limit: int) -> list[str]:
+    converted = to_whatsapp(piece)
+    over = len(converted) - limit
+    if over <= 0 or len(piece) <= 16:
+        return [converted]
+    smaller = max(16, min(limit, len(piece)) - over)
+    return [c for sub in split_text(piece, smaller) for c in _converted(sub, limit)]

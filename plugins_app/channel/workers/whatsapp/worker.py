@@ -15,7 +15,7 @@ from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, 
 from plugins_app.channel.sdk.outbox import PENDING, outbox_path_for
 
 from . import KIND
-from .api import DEFAULT_BASE_URL, REENGAGEMENT, GraphApi, GraphError, RateLimited, Stopped, classify
+from .api import ACCOUNT_CODES, DEFAULT_BASE_URL, REENGAGEMENT, UNDELIVERABLE, GraphApi, GraphError, RateLimited, Stopped, classify
 from .formatting import message_parts
 
 TOKEN_ENV = "WHATSAPP_ACCESS_TOKEN"
@@ -29,6 +29,16 @@ MEDIA_TYPES = ("image", "audio", "video", "document", "sticker")
 REFUSAL_HOLD_SECS = 30.0
 REVOKED = ("the access token (WHATSAPP_ACCESS_TOKEN) was refused: {err}; make a new system-user token "
            "with whatsapp_business_messaging")
+REFUSED_ACCOUNT = "Meta refused to send for this WhatsApp account or number: {err}; {fix}"
+#: What ``classify`` calls an error only the operator can fix: the plugin is disabled with the reason.
+REFUSALS = ("auth", "account")
+
+
+def refusal_reason(err: GraphError) -> str:
+    """The plugin's disabled reason for an error ``classify`` calls ``auth`` or ``account``."""
+    if classify(err) == "account":
+        return REFUSED_ACCOUNT.format(err=err, fix=ACCOUNT_CODES[err.code])
+    return REVOKED.format(err=err)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -52,16 +62,50 @@ def ts_to_rfc3339(ts) -> str | None:
     return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-#: What WhatsApp shows as an image, audio or video; any other file goes as a document.
+#: What WhatsApp shows as an image, audio or video (the types Meta's /media takes for each).
 MEDIA_MESSAGE_TYPES = {"image": ("image/jpeg", "image/png"),
                        "audio": ("audio/aac", "audio/amr", "audio/mpeg", "audio/mp4", "audio/ogg"),
                        "video": ("video/mp4", "video/3gpp")}
+#: The types a document message takes (and /media accepts): plain text, PDF, MS Office and OpenOffice.
+DOCUMENT_TYPES = frozenset({
+    "text/plain", "application/pdf",
+    "application/msword", "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+    "application/vnd.ms-excel", "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
+    "application/vnd.ms-powerpoint", "application/vnd.openxmlformats-officedocument.presentationml.presentation",
+    "application/vnd.oasis.opendocument.text", "application/vnd.oasis.opendocument.spreadsheet",
+    "application/vnd.oasis.opendocument.presentation",
+})
+#: ``channel_ref`` of a file WhatsApp will not take: its step sends a note naming it instead.
+UNSENDABLE = "unsendable"
+
+
+def mime_of(att: Attachment) -> str:
+    return (att.content_type or "").split(";")[0].strip().lower()
+
+
+def message_type(att: Attachment) -> str | None:
+    """The message type a file goes as: its own kind's when WhatsApp takes its type, else a document when
+    documents take it, else another kind that takes it; None when no WhatsApp message can carry it."""
+    mime = mime_of(att)
+    if mime in MEDIA_MESSAGE_TYPES.get(att.kind, ()):
+        return att.kind
+    if mime in DOCUMENT_TYPES:
+        return "document"
+    return next((kind for kind, types in MEDIA_MESSAGE_TYPES.items() if mime in types), None)
+
+
+def unsent_note(att: Attachment, why: str | None = None) -> str:
+    """The text sent in place of a file WhatsApp will not take, so the user knows it exists."""
+    name = att.filename or f"a {att.kind or 'file'}"
+    why = why or f"WhatsApp does not take {mime_of(att) or 'untyped'} files"
+    return f"[{name} could not be sent: {why}]"
 
 
 def media_message(att: Attachment) -> dict:
-    """The type and media object of a message carrying one file: an uploaded media id, or a public link."""
-    mime = (att.content_type or "").split(";")[0].strip().lower()
-    wa_type = att.kind if mime in MEDIA_MESSAGE_TYPES.get(att.kind, ()) else "document"
+    """The type and media object of a message carrying one file: an uploaded media id, or a public link.
+
+    Only for a file ``message_type`` finds a type for."""
+    wa_type = message_type(att) or "document"
     media = {"id": att.channel_ref} if att.channel_ref else {"link": att.url}
     if wa_type == "document" and att.filename:
         media["filename"] = att.filename
@@ -80,11 +124,18 @@ class SentJournal:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("CREATE TABLE IF NOT EXISTS sent (delivery_id TEXT, part INTEGER, message_id TEXT, "
                          "at REAL, PRIMARY KEY (delivery_id, part))")
+        self._db.execute("CREATE INDEX IF NOT EXISTS sent_message ON sent (message_id)")
         self._db.execute("DELETE FROM sent WHERE at < ?", (time.time() - 14 * 86400,))
 
     def done(self, delivery_id: str) -> dict[int, str]:
         with self._lock:
             return dict(self._db.execute("SELECT part, message_id FROM sent WHERE delivery_id = ?", (delivery_id,)))
+
+    def delivery_of(self, message_id: str) -> tuple[str, int] | None:
+        """The delivery and step a wamid Meta gave was sent for, while the journal keeps it (14 days)."""
+        with self._lock:
+            row = self._db.execute("SELECT delivery_id, part FROM sent WHERE message_id = ?", (message_id,)).fetchone()
+        return (row[0], row[1]) if row else None
 
     def record(self, delivery_id: str, part: int, message_id: str) -> None:
         with self._lock:
@@ -115,6 +166,7 @@ class WhatsAppWorker(ChannelWorker):
         self._journal: SentJournal | None = None
         self._inbox: queue.Queue[InboundMessage] = queue.Queue()
         self._refusal: str | None = None
+        self._unsendable: dict[tuple[str, int], str] = {}  # (delivery, file) -> why Meta refused its upload
 
     # ------------------------------------------------------------------ connect
 
@@ -128,8 +180,8 @@ class WhatsAppWorker(ChannelWorker):
         try:
             number = self.api.phone_number()  # a dead token is known before the webhook listens
         except GraphError as err:
-            if classify(err) == "auth":
-                raise ChannelRefused(REVOKED.format(err=err)) from err
+            if classify(err) in REFUSALS:
+                raise ChannelRefused(refusal_reason(err)) from err
             raise RuntimeError(f"GET /{self.phone_number_id} failed: {err}") from err
         journal_path = str(outbox_path_for(self.plugin_id, self.state_dir)).replace(".outbox.", ".whatsapp-sent.")
         self._journal = SentJournal(journal_path)
@@ -193,11 +245,31 @@ class WhatsAppWorker(ChannelWorker):
         return out
 
     def _log_status(self, status: dict) -> None:
-        if status.get("status") == "failed":
-            errors = "; ".join(f"{e.get('code')}: {e.get('title') or e.get('message')}"
-                               for e in status.get("errors") or [])
-            self.log.warning("WhatsApp reports message %s to %s failed: %s", status.get("id"),
-                             status.get("recipient_id"), errors or "no reason given")
+        """A ``failed`` status: Meta took a send (200, a wamid) and only later says it did not reach the user.
+
+        The delivery was acked delivered at the 200 and is not sent again; a closed 24-hour window
+        (131047) or an undeliverable message (131026) reported this way is logged as an error naming the
+        delivery (the sent journal maps the wamid to it), so the operator can see which answer was lost."""
+        if status.get("status") != "failed":
+            return
+        errors = status.get("errors") or []
+        reasons = "; ".join(f"{e.get('code')}: {e.get('title') or e.get('message')}"
+                            + (f" ({e['error_data']['details']})" if isinstance(e.get("error_data"), dict)
+                               and e["error_data"].get("details") else "")
+                            for e in errors if isinstance(e, dict)) or "no reason given"
+        wamid = str(status.get("id") or "")
+        sent = self._journal.delivery_of(wamid) if self._journal is not None and wamid else None
+        where = f" (delivery {sent[0]}, part {sent[1] + 1})" if sent else ""
+        codes = {e.get("code") for e in errors if isinstance(e, dict)}
+        if codes & {REENGAGEMENT, UNDELIVERABLE, str(REENGAGEMENT), str(UNDELIVERABLE)}:
+            what = ("the 24-hour customer service window had closed; only a template message can reach them"
+                    if codes & {REENGAGEMENT, str(REENGAGEMENT)} else "the message is undeliverable to them")
+            self.log.error("WhatsApp reports message %s to %s failed%s: %s: %s. Meta had accepted the send, so "
+                           "the delivery was recorded delivered; the user did not get it and it is not sent again",
+                           wamid, status.get("recipient_id"), where, reasons, what)
+        else:
+            self.log.warning("WhatsApp reports message %s to %s failed%s: %s", wamid,
+                             status.get("recipient_id"), where, reasons)
 
     def _message(self, message: dict, names: dict, account: str | None, metadata: dict) -> InboundMessage | None:
         wa_type, sender, wamid = message.get("type"), message.get("from"), message.get("id")
@@ -243,28 +315,51 @@ class WhatsAppWorker(ChannelWorker):
     def fetch_media(self, attachment: Attachment) -> bytes | None:
         if not (attachment.url or "").startswith(MEDIA_URL_PREFIX):
             return None
-        data, _ = self.api.download(attachment.url[len(MEDIA_URL_PREFIX):])
+        media_id = attachment.url[len(MEDIA_URL_PREFIX):]
+        try:
+            data, _ = self.api.download(media_id)
+        except GraphError as err:
+            if classify(err) in REFUSALS:
+                self._refusal = refusal_reason(err)  # the listener stops the worker; the message waits
+            raise
         return data
 
     # ------------------------------------------------------------------ outbound
 
     def put_media(self, media, attachment, delivery) -> str | None:
-        """Upload one file of an answer to Meta (``POST /{phone-number-id}/media``); its media id is sent next."""
+        """Upload one file of an answer to Meta (``POST /{phone-number-id}/media``); its media id is sent next.
+
+        A file no WhatsApp message takes, or that Meta's upload refuses for good, is not uploaded: its step
+        sends a note naming it instead (``UNSENDABLE``), so the rest of the answer still reaches the user."""
         index = next(i for i, a in enumerate(delivery.attachments) if a is attachment)
         if len(message_parts(delivery.text)) + index in self._journal.done(delivery.delivery_id):
             return "sent"  # that step went out before a crash: no second upload
+        if message_type(attachment) is None:
+            self.log.warning("delivery %s: %s", delivery.delivery_id, unsent_note(attachment))
+            return UNSENDABLE
         try:
-            return self.api.upload(media.data, media.content_type.split(";")[0].strip(),
+            return self.api.upload(media.data, mime_of(attachment) or media.content_type.split(";")[0].strip(),
                                    attachment.filename or media.filename or "file", on_wait=self._waiting)
         except GraphError as err:
+            if classify(err) == "permanent":
+                self._unsendable[(delivery.delivery_id, index)] = f"Meta refused the upload ({err})"
+                self.log.warning("delivery %s: %s", delivery.delivery_id,
+                                 unsent_note(attachment, self._unsendable[(delivery.delivery_id, index)]))
+                return UNSENDABLE
             raise self._failure(err, body={"to": delivery.conversation_id}) from err
         except (RateLimited, Stopped) as exc:
             raise DeliveryFailed(str(exc)) from exc
 
     def _steps(self, delivery) -> list[tuple[str, object]]:
-        """What a delivery sends, in order: its text parts, then one message per file."""
+        """What a delivery sends, in order: its text parts, then one message per file (a note for a file
+        WhatsApp will not take, in the file's place so the steps' numbers do not move)."""
         steps: list[tuple[str, object]] = [("text", part) for part in message_parts(delivery.text)]
-        steps += [("media", att) for att in delivery.attachments]  # each has a media_id or a url (the protocol)
+        for i, att in enumerate(delivery.attachments):  # each has a media_id or a url (the protocol)
+            if att.channel_ref == UNSENDABLE or message_type(att) is None:
+                why = self._unsendable.pop((delivery.delivery_id, i), None)
+                steps.append(("text", unsent_note(att, why)))
+            else:
+                steps.append(("media", att))
         return steps
 
     def deliver(self, delivery) -> str | None:
@@ -306,9 +401,10 @@ class WhatsAppWorker(ChannelWorker):
 
     def _failure(self, err: GraphError, *, body: dict) -> DeliveryFailed:
         kind = classify(err)
-        if kind == "auth":
-            # The listener turns this into ChannelRefused; the delivery waits for a fixed token.
-            self._refusal = REVOKED.format(err=err)
+        if kind in REFUSALS:
+            # The listener turns this into ChannelRefused; the delivery waits, retryable, for the operator's fix
+            # (a new token, a registered number, an unlocked account) instead of every answer dead-lettering.
+            self._refusal = refusal_reason(err)
             return self._refused_failure()
         if err.code == REENGAGEMENT:
             self.log.error("not sent to %s: %s: the 24-hour customer service window has closed; only an "
@@ -318,11 +414,11 @@ class WhatsAppWorker(ChannelWorker):
         return DeliveryFailed(str(err), permanent=kind == "permanent")
 
     def _refused_failure(self) -> DeliveryFailed:
-        """A send Meta refused for the token: hold it until the listener has stopped the worker, so the host
+        """A send Meta refused for the token or the account: hold it until the listener has stopped the worker, so the host
         does not spend the delivery's retries against a dead token meanwhile; the failed attempt is
         retryable, and the delivery goes out once the operator fixed the token."""
         self.stopping.wait(REFUSAL_HOLD_SECS)
-        return DeliveryFailed(self._refusal or "the access token was refused")
+        return DeliveryFailed(self._refusal or "Meta refused the access token or the account")
 
     def already_delivered(self, delivery) -> bool:
         """After a crash inside deliver(): every step (text parts, files) is in the sent journal."""
