@@ -18,6 +18,7 @@ from plugins_app.channel.workers.line.api import LineApi, LineError, RateLimited
 from plugins_app.channel.workers.line.webhook import WebhookServer, signature, signature_valid
 from tests.fakes.line import GROUP, ROOM, USER, FakeLine
 
+HI = [{"type": "text", "text": "hi"}]
 DATA = Path(__file__).resolve().parents[1] / "data"
 
 
@@ -154,10 +155,17 @@ def test_an_answer_is_split_at_5000_and_pushed_five_messages_at_a_time():
 
 def test_a_retry_key_is_a_uuid_stable_per_delivery_and_push():
     import uuid
-    key = retry_key("dlv-1", 0)
+    key = retry_key("dlv-1", 0, HI)
     assert str(uuid.UUID(key)) == key
-    assert retry_key("dlv-1", 0) == key  # the same after any restart
-    assert len({key, retry_key("dlv-1", 1), retry_key("dlv-2", 0)}) == 3
+    assert retry_key("dlv-1", 0, [{"text": "hi", "type": "text"}]) == key  # the same after any restart
+    assert len({key, retry_key("dlv-1", 1, HI), retry_key("dlv-2", 0, HI)}) == 3
+
+
+def test_a_push_whose_messages_differ_never_carries_an_old_retry_key():
+    """LINE requires a retried request to be identical to the first: another split of the same answer
+    (another version of the splitter) must not match the old key, or LINE answers 409 without sending."""
+    assert retry_key("dlv-1", 0, HI) != retry_key("dlv-1", 0, [{"type": "text", "text": "hi!"}])
+    assert retry_key("dlv-1", 0, HI) != retry_key("dlv-1", 0, HI + [{"type": "text", "text": "more"}])
 
 
 # -- the push client --------------------------------------------------------------------------------
@@ -179,7 +187,7 @@ def api(fake: FakeLine, **kw) -> tuple[LineApi, list[float]]:
 
 def test_a_push_sent_again_with_its_key_is_409_and_taken_as_delivered(line):
     client, _ = api(line)
-    key = retry_key("dlv-1", 0)
+    key = retry_key("dlv-1", 0, HI)
     sent, repeated = client.push(USER, [{"type": "text", "text": "hi"}], key)
     again, repeated_again = client.push(USER, [{"type": "text", "text": "hi"}], key)
     assert (repeated, repeated_again) == (False, True)
@@ -190,7 +198,7 @@ def test_a_push_sent_again_with_its_key_is_409_and_taken_as_delivered(line):
 def test_429s_back_off_doubling_and_a_retry_after_is_honoured(line):
     client, waits = api(line, backoff_initial=1.0, backoff_max=4.0)
     line.rate_limit(times=4)
-    client.push(USER, [{"type": "text", "text": "hi"}], retry_key("d", 0))
+    client.push(USER, [{"type": "text", "text": "hi"}], retry_key("d", 0, HI))
     assert waits == [1.0, 2.0, 4.0, 4.0] and line.texts() == ["hi"]
     limited = httpx.Response(429, headers={"Retry-After": "7"}, json={"message": "slow down"})
     from plugins_app.channel.workers.line.api import retry_after
@@ -201,20 +209,20 @@ def test_429s_past_the_longest_wait_give_up_to_the_hubs_retries(line):
     client, waits = api(line, backoff_initial=1.0, max_wait_secs=2.5)
     line.rate_limit(times=5)
     with pytest.raises(RateLimited):
-        client.push(USER, [{"type": "text", "text": "hi"}], retry_key("d", 0))
+        client.push(USER, [{"type": "text", "text": "hi"}], retry_key("d", 0, HI))
     assert waits == [1.0] and not line.texts()
 
 
 def test_a_401_is_token_refused_and_a_400_carries_lines_details(line):
     client, _ = api(line)
     with pytest.raises(LineError) as bad:
-        client.push("nobody", [{"type": "text", "text": "x" * 5001}], retry_key("d", 0))
+        client.push("nobody", [{"type": "text", "text": "x" * 5001}], retry_key("d", 0, HI))
     assert bad.value.status == 400
     assert "to: The property, 'to'" in bad.value.message
     assert "messages[0].text: Length must be between 0 and 5000" in bad.value.message
     line.revoke()
     with pytest.raises(TokenRefused):
-        client.push(USER, [{"type": "text", "text": "hi"}], retry_key("d", 1))
+        client.push(USER, [{"type": "text", "text": "hi"}], retry_key("d", 1, HI))
     with pytest.raises(TokenRefused):
         client.bot_info()
 
@@ -247,7 +255,7 @@ def test_a_stopping_worker_cuts_a_429_wait_short(line):
     line.rate_limit(times=1)
     from plugins_app.channel.workers.line.api import Stopped
     with pytest.raises(Stopped):
-        client.push(USER, [{"type": "text", "text": "hi"}], retry_key("d", 0))
+        client.push(USER, [{"type": "text", "text": "hi"}], retry_key("d", 0, HI))
 
 
 # -- registration -----------------------------------------------------------------------------------

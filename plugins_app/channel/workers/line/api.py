@@ -10,7 +10,10 @@ Errors are LINE's JSON: ``{"message": "...", "details": [{"message": "...", "pro
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
+import time
 import uuid
 from typing import Callable
 
@@ -46,9 +49,19 @@ class Stopped(Exception):
     """A wait was cut short because the worker is stopping."""
 
 
-def retry_key(delivery_id: str, push: int) -> str:
-    """The ``X-Line-Retry-Key`` of a delivery's ``push``-th request: the same after any restart."""
-    return str(uuid.uuid5(RETRY_KEY_NAMESPACE, f"{delivery_id}/{push}"))
+def messages_digest(messages: list[dict]) -> str:
+    """SHA-256 of a push's message objects (canonical JSON): what the request carries."""
+    canonical = json.dumps(messages, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def retry_key(delivery_id: str, push: int, messages: list[dict]) -> str:
+    """The ``X-Line-Retry-Key`` of a delivery's ``push``-th request: the same after any restart.
+
+    The digest of the push's messages is part of the UUIDv5's input: LINE requires a retried request to
+    be identical to the first, so a push whose messages differ (another split of the answer) must never
+    carry an old key, which LINE would answer 409 without sending it."""
+    return str(uuid.uuid5(RETRY_KEY_NAMESPACE, f"{delivery_id}/{push}/{messages_digest(messages)}"))
 
 
 def error_message(response: httpx.Response) -> str:

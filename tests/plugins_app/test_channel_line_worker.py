@@ -1,0 +1,75 @@
+"""channel-line's worker in process against the SDK's MockBridge and a fake LINE on loopback: what a
+resumed delivery sends (the sent-pushes journal), and how a media download that LINE is slow with or
+that fails once still reaches the host with its bytes."""
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+
+from plugins_app.channel.sdk.mock import MockBridge
+from plugins_app.channel.workers.line import LineWorker
+from tests.fakes.line import USER, FakeLine
+
+
+def wait(pred, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.05)
+    return pred()
+
+
+def start_worker(bridge: MockBridge, fake: FakeLine, state_dir: str, env: dict | None = None):
+    w = LineWorker(argv=["--bind", "127.0.0.1:0"], environ=env or fake.env(),
+                   **bridge.worker_kwargs(state_dir=state_dir))
+    t = threading.Thread(target=w.run, name="line-worker", daemon=True)
+    t.start()
+    assert wait(lambda: w.server is not None and bridge.hellos), "worker did not come up"
+    fake.webhook_url = w.server.url
+    return w, t
+
+
+def long_answer() -> str:
+    return "\n\n".join(f"paragraph {i} " + "word " * 200 for i in range(28))  # 7 parts: pushes of 5 and 2
+
+
+# -- the sent-pushes journal --------------------------------------------------------------------------
+
+class RevokeAfterFirstPush(FakeLine):
+    """The token is reissued (the old one revoked) right after the first push of an answer went out."""
+
+    def _push(self, headers, body):
+        result = super()._push(headers, body)
+        if result[0] == 200 and not getattr(self, "_revoked_once", False):
+            self.revoked = self._revoked_once = True
+        return result
+
+    def a_day_passes(self):
+        """LINE: 'The retry key is valid for 24 hours after attempting the first request.'"""
+        with self.lock:
+            self.accepted_keys.clear()
+
+
+def test_an_answer_resumed_after_lines_retry_keys_expired_sends_each_part_once():
+    """The first push of two went out, the second was refused for the token; the operator puts in a new
+    token the next day, when LINE no longer knows the first push's key: the journal skips that push."""
+    with RevokeAfterFirstPush() as line, MockBridge("line-test") as bridge, tempfile.TemporaryDirectory() as state:
+        w, t = start_worker(bridge, line, state)
+        delivery_id = bridge.queue_delivery(USER, long_answer())
+        assert wait(lambda: not t.is_alive(), 60), "worker did not stop on the refusal"
+        assert len(line.texts()) == 5  # the first push went out, the second was refused
+        line.a_day_passes()
+        line.token, line.revoked = "reissued-token", False
+        w2, t2 = start_worker(bridge, line, state, env=line.env())
+        try:
+            assert wait(lambda: (bridge.delivery(delivery_id) or {}).get("state") == "delivered", 30), (
+                bridge.delivery(delivery_id), [(c.status, c.body) for c in line.pushes()])
+            texts = line.texts()
+            assert len(texts) == 7 and len(set(texts)) == 7, f"{len(texts)} messages for 7 parts"
+            assert [len(c.body["messages"]) for c in line.pushes() if c.status == 200] == [5, 2]
+        finally:
+            w2.stop()
+            t2.join(15)
