@@ -233,6 +233,54 @@ def test_content_comes_from_the_data_api_with_the_token(line):
     assert client.content(message["id"]) == (b"\x00\x01", "audio/m4a")
 
 
+def test_content_line_is_still_preparing_is_waited_for_on_the_transcoding_endpoint(line):
+    """LINE answers 202 while it prepares a large video or audio; its state is on .../content/transcoding."""
+    client, waits = api(line)
+    message = line.media_message(b"\x00\x00\x00\x18ftypmp42", mtype="video", content_type="video/mp4")
+    line.prepare(message["id"], polls=3)
+    assert client.content(message["id"]) == (b"\x00\x00\x00\x18ftypmp42", "video/mp4")
+    polls = line.calls_to(f"/v2/bot/message/{message['id']}/content/transcoding")
+    assert [c.answer["status"] for c in polls] == ["processing"] * 3 + ["succeeded"]
+    assert [c.status for c in line.calls_to(f"/v2/bot/message/{message['id']}/content")] == [202, 200]
+    assert waits == [1.0, 1.0, 1.0]
+
+
+def test_content_whose_preparation_fails_or_outlasts_the_wait_is_given_up(line):
+    client, waits = api(line, content_wait_secs=5.0)
+    slow = line.media_message(b"v", mtype="video", content_type="video/mp4")
+    line.prepare(slow["id"], polls=1000)
+    with pytest.raises(LineError) as late:
+        client.content(slow["id"])
+    assert late.value.status == 202 and "still not ready after 5 s" in late.value.message
+    assert sum(waits) == 5.0
+    broken = line.media_message(b"a", mtype="audio", content_type="audio/m4a")
+    line.prepare(broken["id"], fail=True)
+    with pytest.raises(LineError) as failed:
+        client.content(broken["id"])
+    assert "transcoding failed" in failed.value.message
+
+
+def test_a_passing_500_or_network_error_on_a_download_is_tried_again_with_backoff(line):
+    client, waits = api(line, content_tries=4, content_backoff=1.0)
+    image = line.media_message(b"\xff\xd8jpeg")
+    line.fail_content(times=2)
+    assert client.content(image["id"]) == (b"\xff\xd8jpeg", "image/jpeg")
+    assert [c.status for c in line.calls_to(f"/v2/bot/message/{image['id']}/content")] == [500, 500, 200]
+    assert waits == [1.0, 2.0]
+    line.fail_content(times=10)  # a fault that does not pass: given up after four tries
+    with pytest.raises(LineError) as down:
+        client.content(image["id"])
+    assert down.value.status == 500
+    assert len(line.calls_to(f"/v2/bot/message/{image['id']}/content")) == 3 + 4
+    waits.clear()
+    closed = LineApi(line.token, data_base_url="http://127.0.0.1:9", sleep=lambda s: waits.append(s) or False,
+                     content_tries=3)
+    with pytest.raises(httpx.TransportError):
+        closed.content(image["id"])
+    assert waits == [1.0, 2.0]
+    closed.close()
+
+
 def test_a_download_refused_for_the_token_makes_the_worker_refuse(line):
     from plugins_app.channel.workers.line import LineWorker
     worker = LineWorker(argv=[], environ=line.env(), socket_path="/nowhere", plugin_id="line-test", token="t",

@@ -7,9 +7,18 @@ import tempfile
 import threading
 import time
 
+import pytest
+
 from plugins_app.channel.sdk.mock import MockBridge
-from plugins_app.channel.workers.line import LineWorker
+from plugins_app.channel.workers.line import LineWorker, normalise
+from plugins_app.channel.workers.line.api import LineError
 from tests.fakes.line import USER, FakeLine
+
+
+@pytest.fixture
+def line_log(caplog):
+    caplog.set_level("ERROR")
+    return caplog
 
 
 def wait(pred, timeout=20.0):
@@ -73,3 +82,54 @@ def test_an_answer_resumed_after_lines_retry_keys_expired_sends_each_part_once()
         finally:
             w2.stop()
             t2.join(15)
+
+
+# -- media downloads ----------------------------------------------------------------------------------
+
+def test_a_video_line_is_still_preparing_reaches_the_host_with_its_bytes():
+    """LINE answers 202 for a large video it is still preparing: the worker waits on the transcoding
+    endpoint and submits the message once the bytes are stored on the host, not with the bare URL."""
+    with FakeLine() as line, MockBridge("line-test") as bridge, tempfile.TemporaryDirectory() as state:
+        w, t = start_worker(bridge, line, state)
+        try:
+            video = line.media_message(b"\x00\x00\x00\x18ftypmp42" + b"v" * 64, mtype="video",
+                                       content_type="video/mp4")
+            line.prepare(video["id"], polls=2)
+            assert line.post(line.payload([line.event(video)])).status_code == 200
+            [msg] = bridge.wait_for(lambda: bridge.submits, timeout=30)
+            [att] = msg.attachments
+            assert att.media_id, f"submitted without its bytes: url={att.url!r}"
+            assert [c.status for c in line.calls_to(f"/v2/bot/message/{video['id']}/content")] == [202, 200]
+        finally:
+            w.stop()
+            t.join(15)
+
+
+def test_an_image_is_not_lost_to_one_passing_500_from_the_data_api():
+    with FakeLine() as line, MockBridge("line-test") as bridge, tempfile.TemporaryDirectory() as state:
+        w, t = start_worker(bridge, line, state)
+        try:
+            image = line.media_message(b"\xff\xd8\xff\xe0" + b"j" * 64)
+            line.fail_content(times=1)
+            assert line.post(line.payload([line.event(image)])).status_code == 200
+            [msg] = bridge.wait_for(lambda: bridge.submits, timeout=20)
+            assert msg.attachments[0].media_id, "submitted without its image after one 500"
+            assert [c.status for c in line.calls_to(f"/v2/bot/message/{image['id']}/content")] == [500, 200]
+        finally:
+            w.stop()
+            t.join(15)
+
+
+def test_a_file_given_up_is_logged_as_such(line_log):
+    with FakeLine() as line:
+        w = LineWorker(argv=[], environ=line.env(), socket_path="/nowhere", plugin_id="line-test", token="t",
+                       install_signal_handlers=False)
+        w.api.content_tries, w.api._sleep = 2, lambda secs: False
+        [att] = normalise(line.event(line.media_message(b"jpeg")), data_base_url=line.base_url).attachments
+        line.fail_content(times=5)
+        with pytest.raises(LineError) as down:  # the SDK then passes the URL on: what matters is the log
+            w.fetch_media(att)
+        assert down.value.status == 500
+        w.api.close()
+    assert any(f"gave up downloading the image of message {att.channel_ref}" in r.getMessage()
+               for r in line_log.records), line_log.text

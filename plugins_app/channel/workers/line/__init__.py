@@ -11,7 +11,9 @@ Operators' page: docs/channels/line.md.
 
 * **Inbound.** A webhook server (``webhook.py``): ``X-Line-Signature`` checked in constant time;
   answered 200 once the events are written to the worker's outbox. ``message`` events (text,
-  image, video, audio, file; the bytes downloaded from the data API and stored on the host) and
+  image, video, audio, file; the bytes downloaded from the data API and stored on the host: a
+  video or audio LINE is still preparing is waited for up to 60 s, a 5xx or network error tried
+  again a few times; a file given up is logged, the message goes on without it) and
   ``postback`` events become ``InboundMessage``s whose ``message_id`` is the event's
   ``webhookEventId``, so a redelivered event (``deliveryContext.isRedelivery``) runs no second
   turn. The conversation is the ``source``'s ``userId``, ``groupId`` or ``roomId``; its
@@ -257,6 +259,11 @@ class LineWorker(ChannelWorker):
             data, _ = self.api.content(message_id)
         except TokenRefused:
             self._refusal = refused(f"GET /v2/bot/message/{message_id}/content")  # the listener stops the worker
+            raise
+        except (LineError, httpx.HTTPError, Stopped) as exc:
+            # The host gets the message with LINE's content URL only, which it cannot fetch without the token.
+            self.log.error("line: gave up downloading the %s of message %s (%s: %s): the message goes to the "
+                           "host without the file", attachment.kind, message_id, type(exc).__name__, exc)
             raise
         return data
 
