@@ -8,7 +8,8 @@
   ``GET /v2/bot/message/{messageId}/content`` (``prepare``: a large video or audio LINE is still
   preparing, answered 202 until ``GET .../content/transcoding`` has said ``processing`` so many
   times and then ``succeeded``, or ``failed``; ``fail_content``: passing 500s). Errors are LINE's: ``{"message": "...",
-  "details": [{"message", "property"}]}``; scripted 429s (no ``Retry-After``, as LINE) and a
+  "details": [{"message", "property"}]}``; scripted 429s (no ``Retry-After``, as LINE, unless
+  asked for one) and a
   revoked token (401 for every call);
 * the **webhook**: ``say``/``post`` send a payload (``destination``, ``events``) to the worker's
   URL signed with ``X-Line-Signature`` as LINE does; ``redeliver`` sends an event again with
@@ -82,6 +83,7 @@ class FakeLine:
         self.hold_push_secs = 0.0                 # answer a push only this long after delivering it
         self.revoked = False
         self._limits = 0
+        self._retry_after: int | None = None
         self._preparing: dict[str, int] = {}      # message id -> transcoding polls still "processing"
         self._transcoding_failed: set[str] = set()
         self._content_faults = 0
@@ -206,10 +208,11 @@ class FakeLine:
         with self.lock:
             return [c for c in self.calls if c.path == path]
 
-    def rate_limit(self, *, times: int = 1) -> None:
-        """The next ``times`` pushes are answered 429 (no Retry-After, as LINE)."""
+    def rate_limit(self, *, times: int = 1, retry_after: int | None = None) -> None:
+        """The next ``times`` pushes are answered 429 (no Retry-After, as LINE; ``retry_after``: one that
+        a proxy or a future LINE might send)."""
         with self.lock:
-            self._limits = times
+            self._limits, self._retry_after = times, retry_after
 
     def prepare(self, message_id: str, *, polls: int = 2, fail: bool = False) -> None:
         """LINE is still preparing a message's content: GET content answers 202 until the transcoding
@@ -323,7 +326,8 @@ class FakeLine:
         with self.lock:
             if self._limits > 0:
                 self._limits -= 1
-                return 429, dict(RATE_LIMITED), {}
+                extra = {} if self._retry_after is None else {"Retry-After": str(self._retry_after)}
+                return 429, dict(RATE_LIMITED), extra
             if key and key in self.accepted_keys:
                 seen = self.accepted_keys[key]
                 return 409, {"message": "The retry key is already accepted",

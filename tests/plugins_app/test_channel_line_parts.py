@@ -200,9 +200,12 @@ def test_429s_back_off_doubling_and_a_retry_after_is_honoured(line):
     line.rate_limit(times=4)
     client.push(USER, [{"type": "text", "text": "hi"}], retry_key("d", 0, HI))
     assert waits == [1.0, 2.0, 4.0, 4.0] and line.texts() == ["hi"]
-    limited = httpx.Response(429, headers={"Retry-After": "7"}, json={"message": "slow down"})
-    from plugins_app.channel.workers.line.api import retry_after
-    assert retry_after(limited) == 7.0 and retry_after(httpx.Response(429)) is None
+    waits.clear()
+    line.rate_limit(times=2, retry_after=7)  # a Retry-After that is there is what push() waits
+    again = [{"type": "text", "text": "again"}]
+    client.push(USER, again, retry_key("d", 1, again))
+    assert waits == [7.0, 7.0] and line.texts() == ["hi", "again"]
+    assert [c.status for c in line.pushes()][-3:] == [429, 429, 200]
 
 
 def test_429s_past_the_longest_wait_give_up_to_the_hubs_retries(line):

@@ -3,9 +3,14 @@ resumed delivery sends (the sent-pushes journal), and how a media download that 
 that fails once still reaches the host with its bytes."""
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -39,6 +44,9 @@ def start_worker(bridge: MockBridge, fake: FakeLine, state_dir: str, env: dict |
     assert wait(lambda: w.server is not None and bridge.hellos), "worker did not come up"
     fake.webhook_url = w.server.url
     return w, t
+
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def long_answer() -> str:
@@ -82,6 +90,64 @@ def test_an_answer_resumed_after_lines_retry_keys_expired_sends_each_part_once()
         finally:
             w2.stop()
             t2.join(15)
+
+
+class HoldSecondPush(FakeLine):
+    """LINE takes an answer's second push only once ``hold_second`` is set: the worker dies waiting."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.hold_second = threading.Event()
+        self.second_arrived = threading.Event()
+        self._n = 0
+
+    def _push(self, headers, body):
+        with self.lock:
+            self._n += 1
+            n = self._n
+        if n == 2:
+            self.second_arrived.set()
+            self.hold_second.wait(60)
+        return super()._push(headers, body)
+
+
+def spawn(bridge: MockBridge, line: FakeLine, state: str) -> subprocess.Popen:
+    env = dict(os.environ, **bridge.env(), **line.env(), UGENT_WORKER_STATE_DIR=state)
+    env.pop("REDIS_URL", None)
+    env.pop("DATABASE_URL", None)
+    return subprocess.Popen([sys.executable, "-m", "plugins_app.channel.workers.line", "--bind", "127.0.0.1:0"],
+                            env=env, cwd=str(REPO), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def test_kill_9_between_two_pushes_of_one_answer_sends_each_part_once():
+    """The worker is killed while LINE holds the answer's second push, which LINE then takes. The restarted
+    worker skips the first push (journaled) and sends the second again with its key: 409, delivered."""
+    with HoldSecondPush() as line, MockBridge("line-test") as bridge, tempfile.TemporaryDirectory() as state:
+        delivery_id = bridge.queue_delivery(USER, long_answer())
+        first = spawn(bridge, line, state)
+        try:
+            assert line.second_arrived.wait(30), "the second push never came"
+            assert len(line.texts()) == 5
+            first.send_signal(signal.SIGKILL)
+            first.wait(10)
+            line.hold_second.set()  # LINE takes the held push only now: the worker never heard of it
+            assert wait(lambda: len(line.texts()) == 7, 10)
+            second = spawn(bridge, line, state)
+            try:
+                assert wait(lambda: (bridge.delivery(delivery_id) or {}).get("state") == "delivered", 30), \
+                    bridge.acks
+                texts = line.texts()
+                assert len(texts) == 7 and len(set(texts)) == 7, texts
+                pushes = line.pushes()
+                # push 0 was journaled: not sent again; push 1 (in flight at the kill) is LINE's 409
+                assert [c.status for c in pushes] == [200, 200, 409], [c.status for c in pushes]
+                assert pushes[1].headers["x-line-retry-key"] == pushes[2].headers["x-line-retry-key"]
+            finally:
+                second.send_signal(signal.SIGTERM)
+                second.wait(15)
+        finally:
+            if first.poll() is None:
+                first.kill()
 
 
 # -- media downloads ----------------------------------------------------------------------------------
