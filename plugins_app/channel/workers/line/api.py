@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-import time
 import uuid
 from typing import Callable
 
