@@ -5,8 +5,11 @@
   five message objects, a text at most 5,000 characters; answered ``{"sentMessages": [{"id",
   "quoteToken"}]}``), ``X-Line-Retry-Key`` (a UUID; a key already accepted is answered 409 with
   ``x-line-accepted-request-id`` and the first request's ``sentMessages``) and
-  ``GET /v2/bot/message/{messageId}/content``. Errors are LINE's: ``{"message": "...",
-  "details": [{"message", "property"}]}``; scripted 429s (no ``Retry-After``, as LINE) and a
+  ``GET /v2/bot/message/{messageId}/content`` (``prepare``: a large video or audio LINE is still
+  preparing, answered 202 until ``GET .../content/transcoding`` has said ``processing`` so many
+  times and then ``succeeded``, or ``failed``; ``fail_content``: passing 500s). Errors are LINE's: ``{"message": "...",
+  "details": [{"message", "property"}]}``; scripted 429s (no ``Retry-After``, as LINE, unless
+  asked for one) and a
   revoked token (401 for every call);
 * the **webhook**: ``say``/``post`` send a payload (``destination``, ``events``) to the worker's
   URL signed with ``X-Line-Signature`` as LINE does; ``redeliver`` sends an event again with
@@ -80,6 +83,10 @@ class FakeLine:
         self.hold_push_secs = 0.0                 # answer a push only this long after delivering it
         self.revoked = False
         self._limits = 0
+        self._retry_after: int | None = None
+        self._preparing: dict[str, int] = {}      # message id -> transcoding polls still "processing"
+        self._transcoding_failed: set[str] = set()
+        self._content_faults = 0
         self._ids = itertools.count(100000000000001)
         self._http = FakeHTTPServer(("127.0.0.1", 0), self._handler())
         self._http.daemon_threads = True
@@ -201,10 +208,25 @@ class FakeLine:
         with self.lock:
             return [c for c in self.calls if c.path == path]
 
-    def rate_limit(self, *, times: int = 1) -> None:
-        """The next ``times`` pushes are answered 429 (no Retry-After, as LINE)."""
+    def rate_limit(self, *, times: int = 1, retry_after: int | None = None) -> None:
+        """The next ``times`` pushes are answered 429 (no Retry-After, as LINE; ``retry_after``: one that
+        a proxy or a future LINE might send)."""
         with self.lock:
-            self._limits = times
+            self._limits, self._retry_after = times, retry_after
+
+    def prepare(self, message_id: str, *, polls: int = 2, fail: bool = False) -> None:
+        """LINE is still preparing a message's content: GET content answers 202 until the transcoding
+        endpoint has answered ``processing`` ``polls`` times and then ``succeeded`` (``failed`` if ``fail``:
+        then the content stays 202)."""
+        with self.lock:
+            self._preparing[message_id] = polls
+            if fail:
+                self._transcoding_failed.add(message_id)
+
+    def fail_content(self, *, times: int = 1) -> None:
+        """The next ``times`` content downloads are answered 500 (a passing fault of the data API)."""
+        with self.lock:
+            self._content_faults = times
 
     def revoke(self) -> None:
         """The channel access token is revoked: every call answers 401."""
@@ -267,12 +289,31 @@ class FakeLine:
         if method == "GET" and path == "/v2/bot/info":
             return 200, {"userId": BOT_USER, "basicId": "@216ru...", "displayName": "UGENT", "chatMode": "bot",
                          "markAsReadMode": "manual"}, {}
+        transcoding = re.fullmatch(r"/v2/bot/message/([0-9]+)/content/transcoding", path)
+        if method == "GET" and transcoding:
+            mid = transcoding.group(1)
+            with self.lock:
+                if mid not in self.contents:
+                    return 404, {"message": "Not found"}, {}
+                if mid in self._transcoding_failed:
+                    return 200, {"status": "failed"}, {}
+                if self._preparing.get(mid, 0) > 0:
+                    self._preparing[mid] -= 1
+                    return 200, {"status": "processing"}, {}
+                self._preparing.pop(mid, None)
+                return 200, {"status": "succeeded"}, {}
         content = re.fullmatch(r"/v2/bot/message/([0-9]+)/content", path)
         if method == "GET" and content:
             with self.lock:
                 found = self.contents.get(content.group(1))
+                if self._content_faults > 0:
+                    self._content_faults -= 1
+                    return 500, {"message": "Internal server error"}, {}
+                preparing = content.group(1) in self._preparing
             if found is None:
                 return 404, {"message": "Not found"}, {}
+            if preparing:
+                return 202, ("".encode(), "text/plain"), {}
             return 200, found, {}
         if method == "POST" and path == "/v2/bot/message/push":
             return self._push(headers, body)
@@ -285,7 +326,8 @@ class FakeLine:
         with self.lock:
             if self._limits > 0:
                 self._limits -= 1
-                return 429, dict(RATE_LIMITED), {}
+                extra = {} if self._retry_after is None else {"Retry-After": str(self._retry_after)}
+                return 429, dict(RATE_LIMITED), extra
             if key and key in self.accepted_keys:
                 seen = self.accepted_keys[key]
                 return 409, {"message": "The retry key is already accepted",

@@ -64,7 +64,7 @@ def test_a_message_in_gets_the_agents_answer_pushed_out(tcast, line, start_runti
     assert push.body == {"to": USER, "messages": [{"type": "text", "text": "hello from the agent"}]}
     assert wait_until(lambda: OutboundDelivery.objects.filter(state="delivered").exists(), 15), rt.log(PID)
     delivery = OutboundDelivery.objects.select_related("turn__receipt", "conversation").get()
-    assert push.headers["x-line-retry-key"] == retry_key(delivery.delivery_id, 0)
+    assert push.headers["x-line-retry-key"] == retry_key(delivery.delivery_id, 0, push.body["messages"])
     # the webhook event id is the idempotency key; the user is the conversation
     assert delivery.turn.receipt.client_message_id == event["webhookEventId"]
     assert (delivery.conversation.channel, delivery.conversation.external_id) == ("line", USER)
@@ -100,7 +100,8 @@ def test_a_long_answer_is_split_at_5000_characters_five_messages_to_a_push(tcast
     assert all(len(t) <= 5000 for t in texts)
     assert " ".join(texts).split() == answer.split()
     delivery = OutboundDelivery.objects.get()
-    assert [p.headers["x-line-retry-key"] for p in pushes] == [retry_key(delivery.delivery_id, n) for n in (0, 1)]
+    assert [p.headers["x-line-retry-key"] for p in pushes] == [
+        retry_key(delivery.delivery_id, n, p.body["messages"]) for n, p in enumerate(pushes)]
 
 
 def test_the_same_event_redelivered_runs_one_turn(tcast, line, start_runtime):

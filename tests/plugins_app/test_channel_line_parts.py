@@ -18,6 +18,7 @@ from plugins_app.channel.workers.line.api import LineApi, LineError, RateLimited
 from plugins_app.channel.workers.line.webhook import WebhookServer, signature, signature_valid
 from tests.fakes.line import GROUP, ROOM, USER, FakeLine
 
+HI = [{"type": "text", "text": "hi"}]
 DATA = Path(__file__).resolve().parents[1] / "data"
 
 
@@ -154,10 +155,17 @@ def test_an_answer_is_split_at_5000_and_pushed_five_messages_at_a_time():
 
 def test_a_retry_key_is_a_uuid_stable_per_delivery_and_push():
     import uuid
-    key = retry_key("dlv-1", 0)
+    key = retry_key("dlv-1", 0, HI)
     assert str(uuid.UUID(key)) == key
-    assert retry_key("dlv-1", 0) == key  # the same after any restart
-    assert len({key, retry_key("dlv-1", 1), retry_key("dlv-2", 0)}) == 3
+    assert retry_key("dlv-1", 0, [{"text": "hi", "type": "text"}]) == key  # the same after any restart
+    assert len({key, retry_key("dlv-1", 1, HI), retry_key("dlv-2", 0, HI)}) == 3
+
+
+def test_a_push_whose_messages_differ_never_carries_an_old_retry_key():
+    """LINE requires a retried request to be identical to the first: another split of the same answer
+    (another version of the splitter) must not match the old key, or LINE answers 409 without sending."""
+    assert retry_key("dlv-1", 0, HI) != retry_key("dlv-1", 0, [{"type": "text", "text": "hi!"}])
+    assert retry_key("dlv-1", 0, HI) != retry_key("dlv-1", 0, HI + [{"type": "text", "text": "more"}])
 
 
 # -- the push client --------------------------------------------------------------------------------
@@ -179,7 +187,7 @@ def api(fake: FakeLine, **kw) -> tuple[LineApi, list[float]]:
 
 def test_a_push_sent_again_with_its_key_is_409_and_taken_as_delivered(line):
     client, _ = api(line)
-    key = retry_key("dlv-1", 0)
+    key = retry_key("dlv-1", 0, HI)
     sent, repeated = client.push(USER, [{"type": "text", "text": "hi"}], key)
     again, repeated_again = client.push(USER, [{"type": "text", "text": "hi"}], key)
     assert (repeated, repeated_again) == (False, True)
@@ -190,31 +198,34 @@ def test_a_push_sent_again_with_its_key_is_409_and_taken_as_delivered(line):
 def test_429s_back_off_doubling_and_a_retry_after_is_honoured(line):
     client, waits = api(line, backoff_initial=1.0, backoff_max=4.0)
     line.rate_limit(times=4)
-    client.push(USER, [{"type": "text", "text": "hi"}], retry_key("d", 0))
+    client.push(USER, [{"type": "text", "text": "hi"}], retry_key("d", 0, HI))
     assert waits == [1.0, 2.0, 4.0, 4.0] and line.texts() == ["hi"]
-    limited = httpx.Response(429, headers={"Retry-After": "7"}, json={"message": "slow down"})
-    from plugins_app.channel.workers.line.api import retry_after
-    assert retry_after(limited) == 7.0 and retry_after(httpx.Response(429)) is None
+    waits.clear()
+    line.rate_limit(times=2, retry_after=7)  # a Retry-After that is there is what push() waits
+    again = [{"type": "text", "text": "again"}]
+    client.push(USER, again, retry_key("d", 1, again))
+    assert waits == [7.0, 7.0] and line.texts() == ["hi", "again"]
+    assert [c.status for c in line.pushes()][-3:] == [429, 429, 200]
 
 
 def test_429s_past_the_longest_wait_give_up_to_the_hubs_retries(line):
     client, waits = api(line, backoff_initial=1.0, max_wait_secs=2.5)
     line.rate_limit(times=5)
     with pytest.raises(RateLimited):
-        client.push(USER, [{"type": "text", "text": "hi"}], retry_key("d", 0))
+        client.push(USER, [{"type": "text", "text": "hi"}], retry_key("d", 0, HI))
     assert waits == [1.0] and not line.texts()
 
 
 def test_a_401_is_token_refused_and_a_400_carries_lines_details(line):
     client, _ = api(line)
     with pytest.raises(LineError) as bad:
-        client.push("nobody", [{"type": "text", "text": "x" * 5001}], retry_key("d", 0))
+        client.push("nobody", [{"type": "text", "text": "x" * 5001}], retry_key("d", 0, HI))
     assert bad.value.status == 400
     assert "to: The property, 'to'" in bad.value.message
     assert "messages[0].text: Length must be between 0 and 5000" in bad.value.message
     line.revoke()
     with pytest.raises(TokenRefused):
-        client.push(USER, [{"type": "text", "text": "hi"}], retry_key("d", 1))
+        client.push(USER, [{"type": "text", "text": "hi"}], retry_key("d", 1, HI))
     with pytest.raises(TokenRefused):
         client.bot_info()
 
@@ -223,6 +234,54 @@ def test_content_comes_from_the_data_api_with_the_token(line):
     client, _ = api(line)
     message = line.media_message(b"\x00\x01", mtype="audio", content_type="audio/m4a")
     assert client.content(message["id"]) == (b"\x00\x01", "audio/m4a")
+
+
+def test_content_line_is_still_preparing_is_waited_for_on_the_transcoding_endpoint(line):
+    """LINE answers 202 while it prepares a large video or audio; its state is on .../content/transcoding."""
+    client, waits = api(line)
+    message = line.media_message(b"\x00\x00\x00\x18ftypmp42", mtype="video", content_type="video/mp4")
+    line.prepare(message["id"], polls=3)
+    assert client.content(message["id"]) == (b"\x00\x00\x00\x18ftypmp42", "video/mp4")
+    polls = line.calls_to(f"/v2/bot/message/{message['id']}/content/transcoding")
+    assert [c.answer["status"] for c in polls] == ["processing"] * 3 + ["succeeded"]
+    assert [c.status for c in line.calls_to(f"/v2/bot/message/{message['id']}/content")] == [202, 200]
+    assert waits == [1.0, 1.0, 1.0]
+
+
+def test_content_whose_preparation_fails_or_outlasts_the_wait_is_given_up(line):
+    client, waits = api(line, content_wait_secs=5.0)
+    slow = line.media_message(b"v", mtype="video", content_type="video/mp4")
+    line.prepare(slow["id"], polls=1000)
+    with pytest.raises(LineError) as late:
+        client.content(slow["id"])
+    assert late.value.status == 202 and "still not ready after 5 s" in late.value.message
+    assert sum(waits) == 5.0
+    broken = line.media_message(b"a", mtype="audio", content_type="audio/m4a")
+    line.prepare(broken["id"], fail=True)
+    with pytest.raises(LineError) as failed:
+        client.content(broken["id"])
+    assert "transcoding failed" in failed.value.message
+
+
+def test_a_passing_500_or_network_error_on_a_download_is_tried_again_with_backoff(line):
+    client, waits = api(line, content_tries=4, content_backoff=1.0)
+    image = line.media_message(b"\xff\xd8jpeg")
+    line.fail_content(times=2)
+    assert client.content(image["id"]) == (b"\xff\xd8jpeg", "image/jpeg")
+    assert [c.status for c in line.calls_to(f"/v2/bot/message/{image['id']}/content")] == [500, 500, 200]
+    assert waits == [1.0, 2.0]
+    line.fail_content(times=10)  # a fault that does not pass: given up after four tries
+    with pytest.raises(LineError) as down:
+        client.content(image["id"])
+    assert down.value.status == 500
+    assert len(line.calls_to(f"/v2/bot/message/{image['id']}/content")) == 3 + 4
+    waits.clear()
+    closed = LineApi(line.token, data_base_url="http://127.0.0.1:9", sleep=lambda s: waits.append(s) or False,
+                     content_tries=3)
+    with pytest.raises(httpx.TransportError):
+        closed.content(image["id"])
+    assert waits == [1.0, 2.0]
+    closed.close()
 
 
 def test_a_download_refused_for_the_token_makes_the_worker_refuse(line):
@@ -247,7 +306,7 @@ def test_a_stopping_worker_cuts_a_429_wait_short(line):
     line.rate_limit(times=1)
     from plugins_app.channel.workers.line.api import Stopped
     with pytest.raises(Stopped):
-        client.push(USER, [{"type": "text", "text": "hi"}], retry_key("d", 0))
+        client.push(USER, [{"type": "text", "text": "hi"}], retry_key("d", 0, HI))
 
 
 # -- registration -----------------------------------------------------------------------------------

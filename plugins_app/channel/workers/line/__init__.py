@@ -11,15 +11,20 @@ Operators' page: docs/channels/line.md.
 
 * **Inbound.** A webhook server (``webhook.py``): ``X-Line-Signature`` checked in constant time;
   answered 200 once the events are written to the worker's outbox. ``message`` events (text,
-  image, video, audio, file; the bytes downloaded from the data API and stored on the host) and
+  image, video, audio, file; the bytes downloaded from the data API and stored on the host: a
+  video or audio LINE is still preparing is waited for up to 60 s, a 5xx or network error tried
+  again a few times; a file given up is logged, the message goes on without it) and
   ``postback`` events become ``InboundMessage``s whose ``message_id`` is the event's
   ``webhookEventId``, so a redelivered event (``deliveryContext.isRedelivery``) runs no second
   turn. The conversation is the ``source``'s ``userId``, ``groupId`` or ``roomId``; its
   ``type`` (user, group, room) is the source type; the sender is ``source.userId``.
 * **Outbound.** The push API (a reply token lasts about a minute and works once, so it is not
   used). Text is split at LINE's 5,000 characters, at most five messages to a push; each push
-  carries an ``X-Line-Retry-Key`` derived from the delivery id and the push's number, so one sent
-  again after a crash or a lost answer is refused by LINE with 409, taken as delivered.
+  carries an ``X-Line-Retry-Key`` derived from the delivery id, the push's number and a digest of
+  its messages, so one sent again after a crash or a lost answer is refused by LINE with 409, taken
+  as delivered. LINE keeps a key for 24 hours only: each push LINE took (200 or 409) is also written
+  to a sent-pushes journal (a SQLite file beside the outbox), and a delivery resumed later skips the
+  pushes it names.
 * **Limits.** A 429 is waited out in place (LINE sends no ``Retry-After``: 1 s doubling to 30 s,
   a ``Retry-After`` that is there is honoured) up to ``--max-retry-wait``; then the hub's own
   retries take over. The monthly message quota (also a 429) is not waited on.
@@ -39,11 +44,15 @@ import httpx
 
 from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, InboundMessage,
                                      ReplyContext)
-from plugins_app.channel.sdk.outbox import PENDING
+from plugins_app.channel.sdk.outbox import PENDING, outbox_path_for
 from plugins_app.channel.sdk.text import split_text, utf16_len
 
 from .api import (DEFAULT_API_BASE_URL, DEFAULT_DATA_API_BASE_URL, LineApi, LineError, RateLimited, Stopped,
                   TokenRefused, retry_key)
+
+# The sent-pushes journal is the WhatsApp worker's (the same table: delivery, part, message id, when); its
+# statements stay in that module.
+from plugins_app.channel.workers.whatsapp.worker import SentJournal
 
 KIND = "channel-line"
 DESCRIPTION = "LINE: the Messaging API's webhook in, push messages out (with retry keys)."
@@ -183,6 +192,7 @@ class LineWorker(ChannelWorker):
                            stopping=self.stopping, max_wait_secs=self.opts.max_retry_wait)
         self._inbox: queue.Queue[InboundMessage] = queue.Queue()
         self._refusal: str | None = None
+        self._journal: SentJournal | None = None
         self.bot_user_id: str | None = None
         self.server = None
 
@@ -198,6 +208,8 @@ class LineWorker(ChannelWorker):
         except TokenRefused as exc:
             raise ChannelRefused(refused("GET /v2/bot/info")) from exc
         self.bot_user_id = info.get("userId")
+        journal_path = str(outbox_path_for(self.plugin_id, self.state_dir)).replace(".outbox.", ".line-sent.")
+        self._journal = SentJournal(journal_path)
         self.log.info("line: bot %s (%s, %s) via %s", info.get("displayName"), info.get("basicId"),
                       self.bot_user_id, self.base_url)
         from .webhook import WebhookServer
@@ -248,6 +260,11 @@ class LineWorker(ChannelWorker):
         except TokenRefused:
             self._refusal = refused(f"GET /v2/bot/message/{message_id}/content")  # the listener stops the worker
             raise
+        except (LineError, httpx.HTTPError, Stopped) as exc:
+            # The host gets the message with LINE's content URL only, which it cannot fetch without the token.
+            self.log.error("line: gave up downloading the %s of message %s (%s: %s): the message goes to the "
+                           "host without the file", attachment.kind, message_id, type(exc).__name__, exc)
+            raise
         return data
 
     # ------------------------------------------------------------------ outbound
@@ -259,9 +276,15 @@ class LineWorker(ChannelWorker):
         if not batches:
             raise DeliveryFailed("nothing LINE can show: the answer has no text (files are not sent to LINE)",
                                  permanent=True)
-        first: str | None = None
+        # LINE keeps a retry key for 24 hours only: a push already taken (200 or 409) is journaled, and a
+        # delivery resumed later (a token fixed the next day, a long outage) skips it. The 409 stays the
+        # backstop for the one push in flight when the worker died (not journaled yet).
+        done = self._journal.done(delivery.delivery_id)
+        first: str | None = done.get(0) or None
         for n, messages in enumerate(batches):
-            key = retry_key(delivery.delivery_id, n)
+            if n in done:
+                continue
+            key = retry_key(delivery.delivery_id, n, messages)
             try:
                 sent, repeated = self.api.push(delivery.conversation_id, messages, key)
             except TokenRefused as exc:
@@ -277,9 +300,15 @@ class LineWorker(ChannelWorker):
             if repeated:
                 self.log.info("push %d of %s was accepted before (409 for retry key %s): not sent again", n,
                               delivery.delivery_id, key)
-            if first is None and sent:
-                first = str(sent[0].get("id") or "") or None
+            sent_id = str(sent[0].get("id") or "") if sent else ""
+            self._journal.record(delivery.delivery_id, n, sent_id)  # before anything else can fail
+            first = first or sent_id or None
         return first
+
+    def already_delivered(self, delivery) -> bool:
+        """After a crash inside deliver(): every push of the answer is in the sent journal."""
+        batches = push_batches(message_parts(delivery.text))
+        return bool(batches) and len(self._journal.done(delivery.delivery_id)) >= len(batches)
 
     def _refused_failure(self) -> DeliveryFailed:
         """A send LINE refused for the token: hold it until the listener has stopped the worker, so the
@@ -292,6 +321,8 @@ class LineWorker(ChannelWorker):
         if self.server is not None:
             self.server.stop()
         self.api.close()
+        if self._journal is not None:
+            self._journal.close()
 
 
 def main(argv: list[str] | None = None) -> None:
