@@ -412,9 +412,8 @@ APPS = ("channels_app", "rules_app", "plugins_app", "cron_app", "ugent_site", "u
 # never the daemon's: their statements stay with them, parameterised.
 ALLOWED = {"ugent_common/rows.py", "channels_app/statements.py",
            "plugins_app/channel/sdk/outbox.py", "plugins_app/channel/workers/email/state.py",
-           "plugins_app/channel/workers/telegram/worker.py",
-           # the WhatsApp worker's sent-parts journal: a SQLite file of the worker's own, as Telegram's
-           "plugins_app/channel/workers/whatsapp/worker.py",
+           # the sent-parts journal (Telegram, WhatsApp, LINE): a SQLite file of the worker's own
+           "plugins_app/channel/sdk/journal.py",
            # memory's full-text search: FTS5's MATCH and its vocabulary, PostgreSQL's tsquery, which the ORM cannot say
            "plugins_app/agent/memory/backends.py",
            # the memory report's read of SQLite's cache_size pragma (a debug hook, off by default)

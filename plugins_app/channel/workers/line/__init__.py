@@ -50,9 +50,7 @@ from plugins_app.channel.sdk.text import split_text, utf16_len
 from .api import (DEFAULT_API_BASE_URL, DEFAULT_DATA_API_BASE_URL, LineApi, LineError, RateLimited, Stopped,
                   TokenRefused, retry_key)
 
-# The sent-pushes journal is the WhatsApp worker's (the same table: delivery, part, message id, when); its
-# statements stay in that module.
-from plugins_app.channel.workers.whatsapp.worker import SentJournal
+from plugins_app.channel.sdk.journal import SentJournal  # the sent-parts journal Telegram and WhatsApp keep too
 
 KIND = "channel-line"
 DESCRIPTION = "LINE: the Messaging API's webhook in, push messages out (with retry keys)."

@@ -9,7 +9,6 @@ import json
 import logging
 import os
 import re
-import sqlite3
 import threading
 import time
 from concurrent.futures import Future
@@ -17,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
 from plugins_app.channel.sdk import Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, MessageValidationError
+from plugins_app.channel.sdk.journal import SentJournal
 from plugins_app.channel.sdk.outbox import outbox_path_for
 from plugins_app.channel.sdk.text import split_text, utf16_len
 
@@ -75,33 +75,6 @@ class RateLimiter:
 def retry_after_secs(exc: Exception) -> float:
     value = getattr(exc, "_retry_after", None) or getattr(exc, "retry_after", 1)
     return value.total_seconds() if hasattr(value, "total_seconds") else float(value)
-
-
-# --------------------------------------------------------------------------- the sent-parts journal
-
-class SentJournal:
-    """Which parts of each delivery Telegram already took, so a resend after a crash skips them."""
-
-    def __init__(self, path: str):
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("CREATE TABLE IF NOT EXISTS sent (delivery_id TEXT, part INTEGER, message_id TEXT, "
-                         "at REAL, PRIMARY KEY (delivery_id, part))")
-        self._db.execute("DELETE FROM sent WHERE at < ?", (time.time() - 14 * 86400,))
-
-    def done(self, delivery_id: str) -> dict[int, str]:
-        with self._lock:
-            return dict(self._db.execute("SELECT part, message_id FROM sent WHERE delivery_id = ?", (delivery_id,)))
-
-    def record(self, delivery_id: str, part: int, message_id: str) -> None:
-        with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO sent VALUES (?, ?, ?, ?)",
-                             (delivery_id, part, message_id, time.time()))
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
 
 
 # --------------------------------------------------------------------------- the worker

@@ -5,13 +5,11 @@ import argparse
 import datetime as _dt
 import os
 import queue
-import sqlite3
 import sys
-import threading
-import time
 
 from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, InboundMessage,
                                      ReplyContext)
+from plugins_app.channel.sdk.journal import SentJournal
 from plugins_app.channel.sdk.outbox import PENDING, outbox_path_for
 
 from . import KIND
@@ -110,41 +108,6 @@ def media_message(att: Attachment) -> dict:
     if wa_type == "document" and att.filename:
         media["filename"] = att.filename
     return {"type": wa_type, wa_type: media}
-
-
-class SentJournal:
-    """Which parts of each delivery Meta already took (its wamid), so a resend after a crash skips them.
-
-    The same record telegram keeps: Meta has no idempotency key and no way to list what was sent."""
-
-    def __init__(self, path: str):
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("CREATE TABLE IF NOT EXISTS sent (delivery_id TEXT, part INTEGER, message_id TEXT, "
-                         "at REAL, PRIMARY KEY (delivery_id, part))")
-        self._db.execute("CREATE INDEX IF NOT EXISTS sent_message ON sent (message_id)")
-        self._db.execute("DELETE FROM sent WHERE at < ?", (time.time() - 14 * 86400,))
-
-    def done(self, delivery_id: str) -> dict[int, str]:
-        with self._lock:
-            return dict(self._db.execute("SELECT part, message_id FROM sent WHERE delivery_id = ?", (delivery_id,)))
-
-    def delivery_of(self, message_id: str) -> tuple[str, int] | None:
-        """The delivery and step a wamid Meta gave was sent for, while the journal keeps it (14 days)."""
-        with self._lock:
-            row = self._db.execute("SELECT delivery_id, part FROM sent WHERE message_id = ?", (message_id,)).fetchone()
-        return (row[0], row[1]) if row else None
-
-    def record(self, delivery_id: str, part: int, message_id: str) -> None:
-        with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO sent VALUES (?, ?, ?, ?)",
-                             (delivery_id, part, message_id, time.time()))
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
 
 
 class WhatsAppWorker(ChannelWorker):

@@ -1,0 +1,48 @@
+"""The sent-parts journal: which parts of each delivery the platform already took, for a worker whose platform
+has no idempotency key it honours for long (Telegram: none; WhatsApp: none; LINE: its retry key lasts 24 h).
+
+A worker records each part right after the platform accepted it, and a resend of the delivery after a crash
+(or the hub's retry) skips the parts recorded. The one part in flight when the worker died is the window
+left (a platform's own key, where there is one, closes it). A SQLite file of the worker's own, beside its
+outbox; written with synchronous=FULL, so a part recorded survives a power cut; rows are kept 14 days.
+"""
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+
+#: How long a journaled part is kept (the hub's retries and an operator's requeue fall well inside it).
+KEEP_SECS = 14 * 86400
+
+
+class SentJournal:
+    def __init__(self, path: str):
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("CREATE TABLE IF NOT EXISTS sent (delivery_id TEXT, part INTEGER, message_id TEXT, "
+                         "at REAL, PRIMARY KEY (delivery_id, part))")
+        self._db.execute("CREATE INDEX IF NOT EXISTS sent_message ON sent (message_id)")
+        self._db.execute("DELETE FROM sent WHERE at < ?", (time.time() - KEEP_SECS,))
+
+    def done(self, delivery_id: str) -> dict[int, str]:
+        """Each part of the delivery already taken, and the platform's message id for it."""
+        with self._lock:
+            return dict(self._db.execute("SELECT part, message_id FROM sent WHERE delivery_id = ?", (delivery_id,)))
+
+    def delivery_of(self, message_id: str) -> tuple[str, int] | None:
+        """The delivery and part a platform's message id was sent for, while the journal keeps it."""
+        with self._lock:
+            row = self._db.execute("SELECT delivery_id, part FROM sent WHERE message_id = ?", (message_id,)).fetchone()
+        return (row[0], row[1]) if row else None
+
+    def record(self, delivery_id: str, part: int, message_id: str) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO sent VALUES (?, ?, ?, ?)",
+                             (delivery_id, part, message_id, time.time()))
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
