@@ -165,14 +165,15 @@ def letters(tcast):
             for state in ("dead_letter", "delivered")}
 
 
-def test_requeueing_a_dead_letter_sends_it_again_as_a_first_attempt(letters, accounts):
+def test_requeueing_a_dead_letter_sends_it_again_with_a_new_attempt_and_its_whole_retry_budget(letters, accounts):
     resp = act(accounts["operator"], "plugins_app/outbounddelivery", "retry_dead_letters",
                [d.pk for d in letters.values()])
     assert "Queued 1 dead letter(s) again; 1 selected were not dead letters and were left alone." in said(resp)
     dead, delivered = (letters["dead_letter"], letters["delivered"])
     dead.refresh_from_db()
     delivered.refresh_from_db()
-    assert (dead.state, dead.attempt, dead.last_error) == ("pending", 1, "")
+    # the worker's outbox sends again only a higher attempt than the one it failed; the budget counts from here
+    assert (dead.state, dead.attempt, dead.attempt_base, dead.last_error) == ("pending", 6, 5, "")
     assert delivered.state == "delivered"
 
 
