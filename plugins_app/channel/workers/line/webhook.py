@@ -13,9 +13,9 @@ import hashlib
 import hmac
 import json
 import logging
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
+
+from plugins_app.channel.sdk.webhook import WebhookServer as SdkWebhookServer
 
 log = logging.getLogger("ugent.worker.line.webhook")
 
@@ -34,66 +34,21 @@ def signature_valid(channel_secret: str, body: bytes, given: str | None) -> bool
     return hmac.compare_digest(signature(channel_secret, body).encode(), given.encode())
 
 
-class WebhookServer:
+class WebhookServer(SdkWebhookServer):
     """``POST <path>``: verify, then hand the payload (``destination``, ``events``) to ``on_payload``."""
 
+    name = "line-webhook"
+    max_body_bytes = MAX_BODY_BYTES
+
     def __init__(self, bind: str, path: str, channel_secret: str, on_payload: Callable[[dict], None]):
-        host, _, port = bind.rpartition(":")
-        self.path = path
+        super().__init__(bind, path)
         self.channel_secret = channel_secret
         self.on_payload = on_payload
-        server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            timeout = 10  # seconds a connection may keep the server waiting (a stalled client holds no thread)
-
-            def log_message(self, fmt, *args):  # noqa: N802 - the stdlib's name
-                log.debug("%s " + fmt, self.address_string(), *args)
-
-            def do_POST(self):  # noqa: N802
-                status, body = server.handle(self.path, self.headers, self._body())
-                self._answer(status, body)
-
-            def do_GET(self):  # noqa: N802
-                self._answer(404, {"message": "Not found"})
-
-            def _body(self) -> bytes | None:
-                try:
-                    length = int(self.headers.get("Content-Length") or 0)
-                except ValueError:
-                    self.close_connection = True
-                    return None
-                if length < 0 or length > MAX_BODY_BYTES:
-                    self.close_connection = True  # its body is never read: it must not be taken for the next request
-                    return None
-                return self.rfile.read(length)
-
-            def _answer(self, status: int, body: dict):
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer((host or "127.0.0.1", int(port or 0)), Handler)
-        self.httpd.daemon_threads = True
-        self._thread: threading.Thread | None = None
-
-    @property
-    def url(self) -> str:
-        host, port = self.httpd.server_address[:2]
-        return f"http://{host}:{port}{self.path}"
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.2},
-                                        name="line-webhook", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def respond(self, method: str, target: str, headers, body: bytes | None) -> tuple[int, dict]:
+        if method != "POST":
+            return 404, {"message": "Not found"}
+        return self.handle(target, headers, body)
 
     def handle(self, path: str, headers, body: bytes | None) -> tuple[int, dict]:
         """One request: (status, answer). Nothing is recorded unless the signature holds."""

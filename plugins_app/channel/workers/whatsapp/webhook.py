@@ -16,10 +16,10 @@ import hashlib
 import hmac
 import json
 import logging
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 from urllib.parse import parse_qs, urlsplit
+
+from plugins_app.channel.sdk.webhook import WebhookServer as SdkWebhookServer
 
 log = logging.getLogger("ugent.worker.whatsapp.webhook")
 
@@ -53,67 +53,21 @@ def verification_answer(query: str, verify_token: str) -> tuple[int, str]:
     return 200, params.get("hub.challenge", "")
 
 
-class WebhookServer:
+class WebhookServer(SdkWebhookServer):
     """The worker's HTTP endpoint for Meta; ``handle_get``/``handle_post`` are its whole logic."""
+
+    name = "whatsapp-webhook"
+    max_body_bytes = MAX_BODY_BYTES
 
     def __init__(self, bind: str, path: str, *, app_secret: str, verify_token: str,
                  on_payload: Callable[[dict], None]):
-        host, _, port = bind.rpartition(":")
-        self.path = path
+        super().__init__(bind, path)
         self.app_secret = app_secret
         self.verify_token = verify_token
         self.on_payload = on_payload
-        server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            timeout = 10  # seconds a connection may keep the server waiting (a stalled client holds no thread)
-
-            def log_message(self, fmt, *args):  # noqa: N802 - the stdlib's name
-                log.debug("%s " + fmt, self.address_string(), *args)
-
-            def do_GET(self):  # noqa: N802
-                self._answer(*server.handle_get(self.path))
-
-            def do_POST(self):  # noqa: N802
-                self._answer(*server.handle_post(self.path, self.headers, self._body()))
-
-            def _body(self) -> bytes | None:
-                try:
-                    length = int(self.headers.get("Content-Length") or 0)
-                except ValueError:
-                    self.close_connection = True
-                    return None
-                if length < 0 or length > MAX_BODY_BYTES:
-                    self.close_connection = True  # its body is never read: it must not be taken for the next request
-                    return None
-                return self.rfile.read(length)
-
-            def _answer(self, status: int, body: str):
-                data = body.encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "text/plain; charset=utf-8")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer((host or "127.0.0.1", int(port or 0)), Handler)
-        self.httpd.daemon_threads = True
-        self._thread: threading.Thread | None = None
-
-    @property
-    def url(self) -> str:
-        host, port = self.httpd.server_address[:2]
-        return f"http://{host}:{port}{self.path}"
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.2},
-                                        name="whatsapp-webhook", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def respond(self, method: str, target: str, headers, body: bytes | None) -> tuple[int, str]:
+        return self.handle_get(target) if method == "GET" else self.handle_post(target, headers, body)
 
     def handle_get(self, target: str) -> tuple[int, str]:
         parts = urlsplit(target)
