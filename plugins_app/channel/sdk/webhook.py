@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -88,3 +89,39 @@ class WebhookServer:
     def respond(self, method: str, target: str, headers, body: bytes | None) -> tuple[int, Any]:
         """One request (``target``: its path and query): ``(status, body)``."""
         raise NotImplementedError
+
+
+class WebhookInbox:
+    """For a ``ChannelWorker`` whose platform calls it: the webhook's threads record each message durably (the
+    outbox) and queue it (``inbox_record``), and ``listen`` submits the queue in order. A refusal a worker finds
+    on any thread (a token refused at a download or a send) is set in ``self._refusal``; the listener then
+    raises ``ChannelRefused`` with it, which stops the worker and disables the plugin with the reason.
+
+    Mix it in before ``ChannelWorker`` and call ``inbox_init()`` in ``__init__``."""
+
+    def inbox_init(self) -> None:
+        self._inbox: queue.Queue = queue.Queue()
+        self._refusal: str | None = None
+
+    def inbox_record(self, message) -> bool:
+        """Record ``message`` in the outbox and queue it for the hub; False when it was taken before (the
+        platform sent it again). Returns once it is written: the webhook may answer 2xx then."""
+        from .outbox import PENDING
+        row = self._outbox().inbound_record(message)
+        if row.state != PENDING:
+            return False
+        self._inbox.put(message)
+        return True
+
+    def listen(self, submit) -> None:
+        from .worker import ChannelRefused
+        while not self.stopping.is_set():
+            if self._refusal:
+                raise ChannelRefused(self._refusal)
+            try:
+                message = self._inbox.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            result = submit(message)
+            self.log.info("submitted %s (%s): accepted=%s duplicate=%s queued=%s reason=%s", message.message_id,
+                          message.conversation_id, result.accepted, result.duplicate, result.queued, result.reason)

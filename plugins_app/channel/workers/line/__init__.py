@@ -37,14 +37,14 @@ import argparse
 import datetime as _dt
 import mimetypes
 import os
-import queue
 import sys
 
 import httpx
 
 from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, InboundMessage,
                                      ReplyContext)
-from plugins_app.channel.sdk.outbox import PENDING, outbox_path_for
+from plugins_app.channel.sdk.outbox import outbox_path_for
+from plugins_app.channel.sdk.webhook import WebhookInbox
 from plugins_app.channel.sdk.text import split_text, utf16_len
 
 from .api import (DEFAULT_API_BASE_URL, DEFAULT_DATA_API_BASE_URL, LineApi, LineError, RateLimited, Stopped,
@@ -173,7 +173,7 @@ def push_batches(parts: list[str]) -> list[list[dict]]:
     return [messages[i:i + MESSAGES_PER_PUSH] for i in range(0, len(messages), MESSAGES_PER_PUSH)]
 
 
-class LineWorker(ChannelWorker):
+class LineWorker(WebhookInbox, ChannelWorker):
     kind = KIND
     version = "1.0.0"
     capabilities = ("text", "attachments")
@@ -188,8 +188,7 @@ class LineWorker(ChannelWorker):
         self.data_base_url = (env.get(DATA_BASE_URL_ENV) or DEFAULT_DATA_API_BASE_URL).rstrip("/")
         self.api = LineApi(self.access_token, base_url=self.base_url, data_base_url=self.data_base_url,
                            stopping=self.stopping, max_wait_secs=self.opts.max_retry_wait)
-        self._inbox: queue.Queue[InboundMessage] = queue.Queue()
-        self._refusal: str | None = None
+        self.inbox_init()
         self._journal: SentJournal | None = None
         self.bot_user_id: str | None = None
         self.server = None
@@ -217,18 +216,6 @@ class LineWorker(ChannelWorker):
 
     # ------------------------------------------------------------------ inbound
 
-    def listen(self, submit) -> None:
-        while not self.stopping.is_set():
-            if self._refusal:
-                raise ChannelRefused(self._refusal)
-            try:
-                msg = self._inbox.get(timeout=0.2)
-            except queue.Empty:
-                continue
-            result = submit(msg)
-            self.log.info("submitted %s (%s): accepted=%s duplicate=%s queued=%s reason=%s", msg.message_id,
-                          msg.conversation_id, result.accepted, result.duplicate, result.queued, result.reason)
-
     def accept(self, payload: dict) -> None:
         """One webhook payload: record each event it carries durably (the outbox), queue it for the hub.
 
@@ -244,9 +231,7 @@ class LineWorker(ChannelWorker):
                 continue
             if msg.metadata.get("redelivery"):
                 self.log.info("line: redelivered event %s", msg.message_id)
-            row = self._outbox().inbound_record(msg)
-            if row.state == PENDING:
-                self._inbox.put(msg)
+            self.inbox_record(msg)
 
     def fetch_media(self, attachment: Attachment) -> bytes | None:
         prefix = f"{self.data_base_url}/v2/bot/message/"

@@ -36,14 +36,13 @@ import argparse
 import datetime as _dt
 import mimetypes
 import os
-import queue
 import sys
 from urllib.parse import quote, unquote
 
 import httpx
 
 from plugins_app.channel.sdk import Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, InboundMessage
-from plugins_app.channel.sdk.outbox import PENDING
+from plugins_app.channel.sdk.webhook import WebhookInbox
 from plugins_app.channel.sdk.text import split_text
 
 from .api import (DEFAULT_API_BASE_URL, TEXT_LIMIT_BYTES, AppRefused, RateLimited, Stopped, UserUnreachable,
@@ -144,7 +143,7 @@ def normalise(message: dict, *, agent_id: str | None = None,
                           timestamp=to_rfc3339(message.get("CreateTime")))
 
 
-class WeComWorker(ChannelWorker):
+class WeComWorker(WebhookInbox, ChannelWorker):
     kind = KIND
     version = "1.0.0"
     capabilities = ("text", "attachments")
@@ -158,8 +157,7 @@ class WeComWorker(ChannelWorker):
         self.base_url = (env.get(BASE_URL_ENV) or DEFAULT_API_BASE_URL).rstrip("/")
         self.api = WeComApi(self.corp_id, self.settings[SECRET_ENV], self.agent_id, base_url=self.base_url,
                             stopping=self.stopping, max_wait_secs=self.opts.max_retry_wait)
-        self._inbox: queue.Queue[InboundMessage] = queue.Queue()
-        self._refusal: str | None = None
+        self.inbox_init()
         self.server = None
 
     # ------------------------------------------------------------------ connect
@@ -186,18 +184,6 @@ class WeComWorker(ChannelWorker):
 
     # ------------------------------------------------------------------ inbound
 
-    def listen(self, submit) -> None:
-        while not self.stopping.is_set():
-            if self._refusal:
-                raise ChannelRefused(self._refusal)
-            try:
-                msg = self._inbox.get(timeout=0.2)
-            except queue.Empty:
-                continue
-            result = submit(msg)
-            self.log.info("submitted %s (%s): accepted=%s duplicate=%s queued=%s reason=%s", msg.message_id,
-                          msg.conversation_id, result.accepted, result.duplicate, result.queued, result.reason)
-
     def accept(self, message: dict) -> None:
         """One decrypted callback message: recorded durably (the outbox), queued for the hub. Returns once
         the record is written, so the callback may answer WeCom 200 at once."""
@@ -213,10 +199,7 @@ class WeComWorker(ChannelWorker):
         if msg is None:
             self.log.debug("wecom: %s %s is not a message; skipped", message.get("MsgType"), message.get("Event"))
             return
-        row = self._outbox().inbound_record(msg)
-        if row.state == PENDING:
-            self._inbox.put(msg)
-        else:
+        if not self.inbox_record(msg):
             self.log.info("wecom: message %s was taken before (WeCom called again)", msg.message_id)
 
     def fetch_media(self, attachment: Attachment) -> bytes | None:

@@ -4,13 +4,13 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import os
-import queue
 import sys
 
 from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, InboundMessage,
                                      ReplyContext)
 from plugins_app.channel.sdk.journal import SentJournal
-from plugins_app.channel.sdk.outbox import PENDING, outbox_path_for
+from plugins_app.channel.sdk.outbox import outbox_path_for
+from plugins_app.channel.sdk.webhook import WebhookInbox
 
 from . import KIND
 from .api import ACCOUNT_CODES, DEFAULT_BASE_URL, REENGAGEMENT, UNDELIVERABLE, GraphApi, GraphError, RateLimited, Stopped, classify
@@ -110,7 +110,7 @@ def media_message(att: Attachment) -> dict:
     return {"type": wa_type, wa_type: media}
 
 
-class WhatsAppWorker(ChannelWorker):
+class WhatsAppWorker(WebhookInbox, ChannelWorker):
     kind = KIND
     version = "1.0.0"
     capabilities = ("text", "markdown", "attachments", "reply")
@@ -127,8 +127,7 @@ class WhatsAppWorker(ChannelWorker):
         self.api: GraphApi | None = None
         self.server = None
         self._journal: SentJournal | None = None
-        self._inbox: queue.Queue[InboundMessage] = queue.Queue()
-        self._refusal: str | None = None
+        self.inbox_init()
         self._unsendable: dict[tuple[str, int], str] = {}  # (delivery, file) -> why Meta refused its upload
 
     # ------------------------------------------------------------------ connect
@@ -158,18 +157,6 @@ class WhatsAppWorker(ChannelWorker):
 
     # ------------------------------------------------------------------ inbound
 
-    def listen(self, submit) -> None:
-        while not self.stopping.is_set():
-            if self._refusal:
-                raise ChannelRefused(self._refusal)
-            try:
-                msg = self._inbox.get(timeout=0.2)
-            except queue.Empty:
-                continue
-            result = submit(msg)
-            self.log.info("submitted %s (%s): accepted=%s duplicate=%s queued=%s reason=%s", msg.message_id,
-                          msg.conversation_id, result.accepted, result.duplicate, result.queued, result.reason)
-
     def accept(self, payload: dict) -> None:
         """One webhook notification: record the messages it carries durably (the outbox) and queue them.
 
@@ -178,10 +165,7 @@ class WhatsAppWorker(ChannelWorker):
             self.log.info("ignored a notification for object %r", payload.get("object"))
             return
         for msg in self.normalise(payload):
-            row = self.outbox.inbound_record(msg)
-            if row.state == PENDING:
-                self._inbox.put(msg)
-            else:
+            if not self.inbox_record(msg):
                 self.log.info("message %s was already taken; Meta sent it again", msg.message_id)
 
     def normalise(self, payload: dict) -> list[InboundMessage]:
