@@ -1,6 +1,6 @@
 """Inbound messages per second through each channel worker into the hub, beside the bare bridge.
 
-    .venv/bin/python bench/channel_workers.py [--messages 100] [--only telegram,slack,discord,email]
+    .venv/bin/python bench/channel_workers.py [--messages 100] [--only telegram,slack,discord,email,line,whatsapp,wecom]
 
 For each built-in worker: its fake platform (tests/fakes/, the platform's wire format on loopback)
 and the real supervisor running the worker as a process, on a scratch SQLite database (or the
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -146,7 +147,84 @@ class Email(Channel):
         return len(self.fake.sent())
 
 
-CHANNELS = {"telegram": Telegram, "slack": Slack, "discord": Discord, "email": Email}
+class Webhook(Channel):
+    """A channel the platform calls: ready once the worker's log names the URL it listens on, which the fake
+    then posts to."""
+
+    listening = re.compile(r"(?:webhook|callback) listening on (http://\S+)")
+    log_path: Path | None = None
+
+    def ready(self):
+        text = self.log_path.read_text() if self.log_path and self.log_path.exists() else ""
+        found = self.listening.findall(text)
+        if found:
+            self.point(found[-1])
+        return bool(found)
+
+    def point(self, url: str) -> None:
+        self.fake.webhook_url = url
+
+
+class Line(Webhook):
+    kind = "channel-line"
+    env_refs = ["LINE_CHANNEL_ACCESS_TOKEN", "LINE_CHANNEL_SECRET", "LINE_API_BASE_URL", "LINE_DATA_API_BASE_URL"]
+    args = ["--bind", "127.0.0.1:0"]
+
+    def start(self):
+        from tests.fakes.line import FakeLine
+        self.fake = FakeLine().start()
+        return self.fake.env()
+
+    def push(self, i, run_id):
+        self.fake.say("script:answer=ok", source={"type": "user", "userId": f"U{i % 20:032x}"})
+
+    def answers(self):
+        return len(self.fake.texts())
+
+
+class WhatsApp(Webhook):
+    kind = "channel-whatsapp"
+    env_refs = ["WHATSAPP_ACCESS_TOKEN", "WHATSAPP_APP_SECRET", "WHATSAPP_VERIFY_TOKEN", "WHATSAPP_PHONE_NUMBER_ID",
+                "WHATSAPP_API_BASE_URL"]
+    args = ["--bind", "127.0.0.1:0"]
+
+    def start(self):
+        from tests.fakes.whatsapp import FakeWhatsApp
+        self.fake = FakeWhatsApp().start()
+        return self.fake.env()
+
+    def push(self, i, run_id):
+        self.fake.say("script:answer=ok", wa_id=f"3161{i % 20:08d}")
+
+    def answers(self):
+        return len(self.fake.texts())
+
+
+class WeCom(Webhook):
+    kind = "channel-wecom"
+    env_refs = ["WECOM_CORP_ID", "WECOM_AGENT_ID", "WECOM_SECRET", "WECOM_TOKEN", "WECOM_ENCODING_AES_KEY",
+                "WECOM_API_BASE_URL"]
+    args = ["--bind", "127.0.0.1:0"]
+
+    def start(self):
+        from tests.fakes.wecom import FakeWeCom
+        self.fake = FakeWeCom().start()
+        self.fake.users.update(f"user{i}" for i in range(20))  # the app's visible range
+        return self.fake.env()
+
+    def point(self, url: str) -> None:
+        self.fake.callback_url = url
+
+    def push(self, i, run_id):
+        # a different answer each: WeCom's duplicate check holds back a text sent to the same user within 30 min
+        self.fake.say(f"script:answer=ok {i}", user=f"user{i % 20}")
+
+    def answers(self):
+        return len(self.fake.texts())
+
+
+CHANNELS = {"telegram": Telegram, "slack": Slack, "discord": Discord, "email": Email, "line": Line,
+            "whatsapp": WhatsApp, "wecom": WeCom}
 
 
 def wait(predicate, timeout: float, what: str) -> None:
@@ -173,6 +251,7 @@ def bench_channel(name: str, channel: Channel, n: int) -> tuple[float, float]:
     stop = threading.Event()
     thread = threading.Thread(target=runtime.run, args=(stop,), daemon=True)
     thread.start()
+    channel.log_path = root / "logs" / f"{plugin_id}.log"  # (where a webhook worker says its URL)
     try:
         wait(channel.ready, 60, f"{name}: the worker to listen")
         run_id = str(int(time.time()))
