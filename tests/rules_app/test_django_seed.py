@@ -131,7 +131,7 @@ def test_spam_is_ignored_and_answered_with_its_receipt_and_events(site, tcast):
     assert types == ["ugent.user_message", "turn.delta", "turn.completed"]
     done = Event.objects.get(turn=turn, type="turn.completed")
     assert done.data["decided_by"] == "ignore-spam" and done.data["state"] == "refused"
-    assert list(Message.objects.filter(turn=turn).values_list("role", "content")) == [
+    assert list(Message.objects.filter(turn=turn).order_by("id").values_list("role", "content")) == [
         ("user", "Please UNSUBSCRIBE me"), ("assistant", "rule engine: message ignored")]
 
 

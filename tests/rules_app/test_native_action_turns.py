@@ -100,7 +100,7 @@ def test_while_a_rule_compaction_summarises_another_conversation_is_accepted_and
     assert answer(result_of(sender, 20)) == COMPACTED
     turn.refresh_from_db()
     assert turn.state == "completed"
-    assert list(Message.objects.filter(turn=turn).values_list("role", "content")) == [
+    assert list(Message.objects.filter(turn=turn).order_by("id").values_list("role", "content")) == [
         ("user", "compact please"), ("assistant", COMPACTED)]
     assert Event.objects.filter(turn=turn, type="turn.completed").count() == 1
     assert Message.objects.filter(conversation__external_id="k1", hidden=True).count() == 4
