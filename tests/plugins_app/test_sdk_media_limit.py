@@ -37,3 +37,28 @@ def test_a_file_over_the_hosts_media_limit_is_dropped_with_a_note_and_nothing_wa
         finally:
             worker.stop()
             thread.join(15)
+
+
+def test_a_file_too_large_for_a_frame_is_dropped_with_a_note_too():
+    """A file whose base64 does not fit in one JSON-RPC frame never reaches the host's media limit: the bridge
+    drops the frame unanswered and the call times out. The worker checks the session's max_frame_bytes
+    first. (Scaled down: media limit 1 KiB, frames 2 KiB; on a host, 8 MiB and 16 MiB.)"""
+    with FakeLine() as line, MockBridge("line-test", heartbeat_secs=0.2, max_frame_bytes=2048) as bridge, \
+            tempfile.TemporaryDirectory() as state:
+        bridge.hub.media_max_bytes = 1024
+        worker = LineWorker(argv=["--bind", "127.0.0.1:0"], environ=line.env(),
+                            **bridge.worker_kwargs(state_dir=state, call_timeout_secs=1.0))
+        thread = threading.Thread(target=worker.run, name="line-worker", daemon=True)
+        thread.start()
+        try:
+            bridge.wait_for(lambda: worker.server is not None and bridge.hellos, timeout=20)
+            line.webhook_url = worker.server.url
+            video = line.media_message(b"v" * 4096, mtype="video", content_type="video/mp4")
+            assert line.post(line.payload([line.event(video)])).status_code == 200
+            line.say("hello after the video")
+            got = bridge.wait_for(lambda: len(bridge.submits) >= 2 and bridge.submits, timeout=20)
+            assert got[0].attachments == [] and got[0].text.startswith("[a video (4096 bytes) was not kept")
+            assert got[1].text == "hello after the video"
+        finally:
+            worker.stop()
+            thread.join(15)

@@ -65,3 +65,12 @@ def test_a_refused_body_is_never_read_as_a_next_request(server):
 def test_a_client_that_stalls_mid_body_is_let_go(server):
     answered = raw_exchange(server, b"POST /hook HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc")
     assert server.seen == [] and b"200" not in answered  # closed after its timeout, nothing handled
+
+
+def test_a_gets_body_is_never_read_as_a_next_request(server):
+    """WhatsApp's and WeCom's webhooks answer GET (their verification): a body sent with one is not read, and
+    must not be served as the next request on the connection."""
+    inner = b"POST /hook HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+    outer = b"GET /hook HTTP/1.1\r\nHost: x\r\nContent-Length: " + str(len(inner)).encode() + b"\r\n\r\n"
+    answered = raw_exchange(server, outer + inner)
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", answered) == [b"200"] and server.seen == [("GET", "/hook", b"")]

@@ -4,7 +4,7 @@ has no idempotency key it honours for long (Telegram: none; WhatsApp: none; LINE
 A worker records each part right after the platform accepted it, and a resend of the delivery after a crash
 (or the hub's retry) skips the parts recorded. The one part in flight when the worker died is the window
 left (a platform's own key, where there is one, closes it). A SQLite file of the worker's own, beside its
-outbox; written with synchronous=FULL, so a part recorded survives a power cut; rows are kept 14 days.
+outbox; written with synchronous=FULL, so a part recorded survives a power cut; rows are kept 180 days.
 """
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ import sqlite3
 import threading
 import time
 
-#: How long a journaled part is kept (the hub's retries and an operator's requeue fall well inside it).
-KEEP_SECS = 14 * 86400
+#: How long a journaled part is kept: past the hub's retries by far, and past the time an operator usually
+#: takes to requeue a dead letter (which waits without limit: a requeue later than this may send again a part
+#: the platform took before; docs/plugins.md says so). One row a part: the file stays small.
+KEEP_SECS = 180 * 86400
 
 
 class SentJournal:

@@ -42,6 +42,8 @@ class WebhookServer:
                 log.debug("%s %s " + fmt, server.name, self.address_string(), *args)
 
             def do_GET(self):  # noqa: N802
+                if self.headers.get("Content-Length", "0").strip() not in ("", "0"):
+                    self.close_connection = True  # a GET's body is never read: it must not be taken for a request
                 self._answer(*server.respond("GET", self.path, self.headers, b""))
 
             def do_POST(self):  # noqa: N802

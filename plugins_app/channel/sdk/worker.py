@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .client import CallCancelled, CallTimeout, ConnectionLost, RpcClient, connect_with_retry
-from .jsonrpc import INVALID_PARAMS, MEDIA_TOO_LARGE, UNKNOWN_DELIVERY, RPCError
+from .jsonrpc import DEFAULT_MAX_FRAME_BYTES, INVALID_PARAMS, MEDIA_TOO_LARGE, UNKNOWN_DELIVERY, RPCError
 from .messages import Attachment, InboundMessage, Media, MessageValidationError, Delivery
 from .outbox import ACK, ACKED, FAILED, PENDING, REJECTED, RESUME, SENT, Outbox, PendingAck, refusal_path_for
 
@@ -567,15 +567,23 @@ class ChannelWorker:
                 continue
             if data is None:
                 continue
-            try:
-                att["media_id"] = self.media_put(data, att["content_type"], att.get("filename"))
-            except RPCError as exc:
-                if exc.code != MEDIA_TOO_LARGE:
-                    raise
-                # The host will never take this file: the message goes on without it, saying so. Kept pending, it
-                # would be fetched again at every replay and hold back every message recorded after it.
-                limit = (exc.data or {}).get("max_bytes") if isinstance(exc.data, dict) else None
-                name = att.get("filename") or f"a {att.get('kind') or 'file'}"
+            # The host will never take a file over its media limit (media.put answers -32005), nor one whose
+            # base64 does not fit in a frame (never answered at all: the call times out). Such a message goes
+            # on without the file, saying so: kept pending, it would be fetched again at every replay and
+            # hold back every message recorded after it.
+            limit = None
+            if len(data) > self._media_frame_room():
+                limit = 0  # (the frame's bound, not the host's configured limit: no number said)
+            else:
+                try:
+                    att["media_id"] = self.media_put(data, att["content_type"], att.get("filename"))
+                except RPCError as exc:
+                    if exc.code != MEDIA_TOO_LARGE:
+                        raise
+                    limit = (exc.data or {}).get("max_bytes") if isinstance(exc.data, dict) else 0
+            if limit is not None:
+                kind = att.get("kind") or "file"
+                name = att.get("filename") or ("an " if kind[:1] in "aeiou" else "a ") + kind
                 too_large.append(f"[{name} ({len(data)} bytes) was not kept: over the host's media limit"
                                  + (f" of {limit} bytes" if limit else "") + "]")
                 att["_drop"] = True
@@ -590,6 +598,12 @@ class ChannelWorker:
         if changed:
             self._outbox().inbound_update_message(key, message)  # a replay reuses the stored media
         return message
+
+    def _media_frame_room(self) -> int:
+        """The largest file one media.put frame can carry: its base64 (4 bytes for 3) and the call around it
+        within the session's max_frame_bytes."""
+        frame = int((self.session or {}).get("max_frame_bytes") or DEFAULT_MAX_FRAME_BYTES)
+        return max(0, (frame - 1024) * 3 // 4)
 
     def _put_outbound_media(self, delivery: Delivery) -> None:
         if type(self).put_media is ChannelWorker.put_media:
