@@ -70,7 +70,8 @@ def test_turns_deliveries_and_events_are_counted_and_linked(tcast, admin_client)
     _turn(tcast, "completed", "t-done-1")
     plugin = Plugin.objects.create(plugin_id="tg-main", kind="channel-telegram", state="running")
     for i, state in enumerate(["pending", "pending", "dead_letter"]):
-        OutboundDelivery.objects.create(delivery_id=f"d{i}", plugin=plugin, conversation=running.conversation,
+        # ids no random token on the page can hold by chance (a CSRF token once held "d0")
+        OutboundDelivery.objects.create(delivery_id=f"delivery-board-{i}", plugin=plugin, conversation=running.conversation,
                                         state=state, text="hi")
     page = board(admin_client)
     elapsed = time.monotonic() - aged_at  # the oldest turn aged this much more before the board was drawn
@@ -93,7 +94,8 @@ def test_turns_deliveries_and_events_are_counted_and_linked(tcast, admin_client)
     listed = admin_client.get("/admin/channels_app/turn/?state__exact=running").content.decode()
     assert "t-run-1" in listed and "t-queued-1" not in listed and "t-done-1" not in listed
     dead = admin_client.get(f"/admin/plugins_app/outbounddelivery/?state__exact=dead_letter&plugin__id__exact={plugin.pk}")
-    assert dead.status_code == 200 and "d2" in dead.content.decode() and "d0" not in dead.content.decode()
+    assert (dead.status_code == 200 and "delivery-board-2" in dead.content.decode()
+            and "delivery-board-0" not in dead.content.decode())
 
 
 def test_a_plugin_row_shows_heartbeat_circuit_restarts_and_its_workers_last_lines(tcast, admin_client, settings,
