@@ -52,4 +52,6 @@ def test_the_benches_client_keeps_its_connections_from_request_to_request():
     # the sync test client, for the contrast the benches were measured against: one connection a request
     plain = connections_opened(Client(headers={"x-api-key": "ugk_nobody_holds_this"}).post)
     assert plain == REQUESTS
-    assert 1 <= kept <= 2
+    # a few at most, whatever the request count: the loop's executor may start another thread or two when the
+    # machine is loaded (CI saw 3 once, 2026-12-06), never one a request
+    assert 1 <= kept <= 3
