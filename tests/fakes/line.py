@@ -38,11 +38,10 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler
 
 import httpx
 
-from tests.fakes import FakeHTTPServer
+from tests.fakes import FakeHandler, FakeHTTPServer
 
 BOT_USER = "Ub07" + "0" * 29
 DESTINATION = BOT_USER
@@ -238,34 +237,14 @@ class FakeLine:
     def _handler(self):
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
-            def do_GET(self):  # noqa: N802
-                self._route("GET")
-
-            def do_POST(self):  # noqa: N802
-                self._route("POST")
-
-            def _route(self, method):
-                length = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(length) if length else b""
+        class Handler(FakeHandler):
+            def route(self, method, raw):
                 status, answer, headers = fake._serve(method, self.path.split("?", 1)[0], self.headers, raw)
                 if isinstance(answer, tuple):
                     body, ctype = answer
                 else:
                     body, ctype = json.dumps(answer).encode(), "application/json"
-                self.send_response(status)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.send_header("x-line-request-id", str(uuid.uuid4()))
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(body)
+                self.send(status, body, ctype, {"x-line-request-id": str(uuid.uuid4()), **headers})
 
         return Handler
 

@@ -34,13 +34,12 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import httpx
 
 from plugins_app.channel.workers.wecom.crypto import WeComCrypto
-from tests.fakes import FakeHTTPServer
+from tests.fakes import FakeHandler, FakeHTTPServer
 
 CORP_ID = "ww1436e0e65a779aee"
 AGENT_ID = "1000002"
@@ -237,21 +236,8 @@ class FakeWeCom:
     def _handler(self):
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
-            def do_GET(self):  # noqa: N802
-                self._route("GET")
-
-            def do_POST(self):  # noqa: N802
-                self._route("POST")
-
-            def _route(self, method):
-                length = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(length) if length else b""
+        class Handler(FakeHandler):
+            def route(self, method, raw):
                 url = urlsplit(self.path)
                 params = {k: v[0] for k, v in parse_qs(url.query).items()}
                 answer, headers = fake._serve(method, url.path, params, raw)
@@ -259,13 +245,7 @@ class FakeWeCom:
                     body, ctype = answer
                 else:
                     body, ctype = json.dumps(answer, ensure_ascii=False).encode(), "application/json; charset=UTF-8"
-                self.send_response(200)  # WeCom answers 200 and puts its errors in errcode
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(body)
+                self.send(200, body, ctype, headers)  # WeCom answers 200 and puts its errors in errcode
 
         return Handler
 

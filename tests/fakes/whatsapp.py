@@ -35,13 +35,12 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 import httpx
 
-from tests.fakes import FakeHTTPServer
+from tests.fakes import FakeHandler, FakeHTTPServer
 
 VERSION = "v21.0"
 PHONE_NUMBER_ID = "106540352242922"
@@ -334,43 +333,21 @@ class FakeWhatsApp:
     def _handler(self):
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
-            def do_GET(self):  # noqa: N802
-                self._route("GET")
-
-            def do_POST(self):  # noqa: N802
-                self._route("POST")
-
-            def _route(self, method: str):
-                length = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(length) if length else b""
+        class Handler(FakeHandler):
+            def route(self, method: str, raw: bytes):
                 parts = urlsplit(self.path)
                 token = (self.headers.get("Authorization") or "").removeprefix("Bearer ").strip()
                 if parts.path.startswith("/media-download/"):
                     status, body, ctype = fake._download(parts.path.rsplit("/", 1)[-1], token)
-                    return self._send(status, body, ctype, {})
+                    return self.send(status, body, ctype, {})
                 if not parts.path.startswith(f"/{VERSION}/"):
-                    return self._send(404, b"not found", "text/plain", {})
+                    return self.send(404, b"not found", "text/plain", {})
                 answer = fake._graph(method, parts.path[len(VERSION) + 2:], parts.query, token, raw,
                                      self.headers.get("Content-Type") or "")
                 if answer is None:
                     return  # held: never answered (the connection closes when the client goes)
                 status, body, headers = answer
-                self._send(status, json.dumps(body).encode(), "application/json; charset=UTF-8", headers)
-
-            def _send(self, status, body, ctype, headers):
-                self.send_response(status)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(body)
+                self.send(status, json.dumps(body).encode(), "application/json; charset=UTF-8", headers)
 
         return Handler
 
