@@ -38,7 +38,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 
 import httpx
 
-from plugins_app.channel.workers.wecom.crypto import WeComCrypto
+from plugins_app.channel.sdk.wxcrypto import MsgCrypt
 from tests.fakes import FakeHandler, FakeHTTPServer
 
 CORP_ID = "ww1436e0e65a779aee"
@@ -87,7 +87,7 @@ class FakeWeCom:
                  token: str = "fakeWeComToken", encoding_aes_key: str = "6qkdMrq68nTKduznJYO1A37W2oEgpkMUvkttRToqhUt"):
         self.corp_id, self.agent_id, self.secret = corp_id, agent_id, secret
         self.token, self.encoding_aes_key = token, encoding_aes_key
-        self.crypto = WeComCrypto(token, encoding_aes_key, corp_id)
+        self.crypto = MsgCrypt(token, encoding_aes_key, corp_id)
         self.users = {USER, OTHER_USER}                   # the app's visible range
         self.lock = threading.RLock()
         self.calls: list[Call] = []
@@ -190,7 +190,7 @@ class FakeWeCom:
             return v if v.isdigit() else f"<![CDATA[{v}]]>"
         return "<xml>" + "".join(f"<{k}>{value(str(v))}</{k}>" for k, v in message.items()) + "</xml>"
 
-    def signed(self, plaintext: str, *, crypto: WeComCrypto | None = None) -> tuple[dict, str]:
+    def signed(self, plaintext: str, *, crypto: MsgCrypt | None = None) -> tuple[dict, str]:
         """(the query string's fields, the encrypted text) for ``plaintext``, as WeCom signs a callback."""
         timestamp, nonce = str(int(time.time())), str(secrets.randbelow(10 ** 10))
         encrypt, sig = (crypto or self.crypto).seal(plaintext, timestamp, nonce)
@@ -204,7 +204,7 @@ class FakeWeCom:
             params["msg_signature"] = signature
         return httpx.get(f"{self.callback_url}?{urlencode({**params, 'echostr': echostr})}", timeout=5.0)
 
-    def post(self, message: dict, *, crypto: WeComCrypto | None = None, signature: str | None = None,
+    def post(self, message: dict, *, crypto: MsgCrypt | None = None, signature: str | None = None,
              fmt: str = "xml") -> httpx.Response:
         """POST one message to the worker, encrypted and signed as WeCom does."""
         assert self.callback_url, "the worker's callback URL is not known yet"

@@ -16,8 +16,8 @@ from plugins_app.channel.workers import installed_kinds
 from plugins_app.channel.workers.wecom import ENV_REFS, message_parts, normalise, utf8_len
 from plugins_app.channel.workers.wecom.api import (TEXT_LIMIT_BYTES, AppRefused, RateLimited, Stopped,
                                                    UserUnreachable, WeComApi, WeComError)
-from plugins_app.channel.workers.wecom.callback import CallbackServer, parse_message, parse_xml
-from plugins_app.channel.workers.wecom.crypto import CryptoError, WeComCrypto, signature
+from plugins_app.channel.workers.wecom.callback import CallbackServer, parse_message
+from plugins_app.channel.sdk.wxcrypto import CryptoError, MsgCrypt, parse_xml, signature
 from tests.fakes.wecom import AGENT_ID, CORP_ID, USER, FakeWeCom
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -28,10 +28,10 @@ DECRYPT = [v["id"] for v in WECOM if "encrypt" in v["inputs"]]
 ENCRYPT = [v["id"] for v in WECOM if "random16" in v["inputs"]]
 
 
-def vector(vector_id: str) -> tuple[dict, dict, WeComCrypto]:
+def vector(vector_id: str) -> tuple[dict, dict, MsgCrypt]:
     v = next(v for v in VECTORS if v["id"] == vector_id)
     i = v["inputs"]
-    return i, v["expected"], WeComCrypto(i["token"], i["encoding_aes_key"], i["receiveid"])
+    return i, v["expected"], MsgCrypt(i["token"], i["encoding_aes_key"], i["receiveid"])
 
 
 def test_every_wecom_vector_is_taken_by_one_of_the_tests():
@@ -82,7 +82,7 @@ def test_a_vectors_encrypted_message_verifies_and_decrypts(vector_id):
         crypto.open("0" * 40, i["timestamp"], i["nonce"], i["encrypt"])
     with pytest.raises(CryptoError, match="msg_signature"):
         crypto.open(i["msg_signature"], str(int(i["timestamp"]) + 1), i["nonce"], i["encrypt"])
-    other = WeComCrypto(i["token"], i["encoding_aes_key"], "ww0000000000000000")
+    other = MsgCrypt(i["token"], i["encoding_aes_key"], "ww0000000000000000")
     with pytest.raises(CryptoError, match="receive id"):
         other.open(i["msg_signature"], i["timestamp"], i["nonce"], i["encrypt"])
     with pytest.raises(CryptoError):
@@ -101,7 +101,7 @@ def test_the_callback_server_takes_a_vectors_post_body_xml_or_json(vector_id):
     assert records[0]["MsgType"] == "text" and records[0]["MsgId"]
     forged = target.replace(i["msg_signature"], "f" * 40)
     assert s.handle("POST", forged, i["post_body"].encode()) == (403, "")
-    other = server(records, WeComCrypto(i["token"], i["encoding_aes_key"], "ww0000000000000000"))
+    other = server(records, MsgCrypt(i["token"], i["encoding_aes_key"], "ww0000000000000000"))
     assert other.handle("POST", target, i["post_body"].encode()) == (403, "")
     assert len(records) == 1
 
@@ -129,19 +129,19 @@ def test_encryption_with_the_vectors_fixed_random_bytes_gives_their_ciphertext(v
 
 
 def test_a_random_encryption_round_trips_and_pads_to_32_byte_blocks():
-    crypto = WeComCrypto("t", "6qkdMrq68nTKduznJYO1A37W2oEgpkMUvkttRToqhUt", CORP_ID)
+    crypto = MsgCrypt("t", "6qkdMrq68nTKduznJYO1A37W2oEgpkMUvkttRToqhUt", CORP_ID)
     for text in ["", "x", "你好" * 100, "y" * 31, "z" * (32 - 20 - len(CORP_ID))]:
         import base64
         encrypt = crypto.encrypt(text)
         assert len(base64.b64decode(encrypt)) % 32 == 0
         assert crypto.decrypt(encrypt) == text
     with pytest.raises(CryptoError):
-        WeComCrypto("t", "too-short", CORP_ID)
+        MsgCrypt("t", "too-short", CORP_ID)
 
 
 # -- the callback server -----------------------------------------------------------------------------
 
-def server(records: list, crypto: WeComCrypto | None = None) -> CallbackServer:
+def server(records: list, crypto: MsgCrypt | None = None) -> CallbackServer:
     s = CallbackServer("127.0.0.1:0", "/wecom/callback", crypto or FakeWeCom().crypto, records.append)
     s.httpd.server_close()
     return s

@@ -11,7 +11,7 @@ Operators' page: docs/channels/wecom.md.
 
 * **Inbound.** A callback server (``callback.py``): the URL check (GET, ``echostr``) and encrypted
   messages (POST), the signature checked in constant time and the receive id checked to be this
-  corp (``crypto.py``, the WXBizMsgCrypt scheme). Answered 200 once the message is in the worker's
+  corp (``sdk/wxcrypto.py``, the WXBizMsgCrypt scheme). Answered 200 once the message is in the worker's
   outbox. Messages of type text, image, voice, video and file become ``InboundMessage``s whose
   ``message_id`` is WeCom's ``MsgId``, so a callback WeCom calls again (no answer within 5 s) runs
   no second turn. An internal app's messages are 1:1: the conversation and the sender are
@@ -47,7 +47,7 @@ from plugins_app.channel.sdk.text import split_text
 
 from .api import (DEFAULT_API_BASE_URL, TEXT_LIMIT_BYTES, AppRefused, RateLimited, Stopped, UserUnreachable,
                   WeComApi, WeComError)
-from .crypto import CryptoError, WeComCrypto
+from plugins_app.channel.sdk.wxcrypto import CryptoError, MsgCrypt
 
 KIND = "channel-wecom"
 DESCRIPTION = "WeCom (企业微信): an internal app's encrypted callback in, the message API out."
@@ -169,7 +169,7 @@ class WeComWorker(WebhookInbox, ChannelWorker):
         if not str(self.agent_id).isdigit():
             raise ChannelRefused(f"{AGENT_ID_ENV} must be the app's AgentId, a number (it is {self.agent_id!r})")
         try:
-            crypto = WeComCrypto(self.settings[TOKEN_ENV], self.settings[AES_KEY_ENV], self.corp_id)
+            crypto = MsgCrypt(self.settings[TOKEN_ENV], self.settings[AES_KEY_ENV], self.corp_id)
         except CryptoError as exc:
             raise ChannelRefused(f"{AES_KEY_ENV}: {exc}") from exc
         try:

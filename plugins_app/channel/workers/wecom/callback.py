@@ -17,11 +17,10 @@ import json
 import logging
 from typing import Callable
 from urllib.parse import parse_qs
-from xml.parsers import expat
 
 from plugins_app.channel.sdk.webhook import WebhookServer
 
-from .crypto import CryptoError, WeComCrypto
+from plugins_app.channel.sdk.wxcrypto import CryptoError, MsgCrypt, parse_xml
 
 log = logging.getLogger("ugent.worker.wecom.callback")
 
@@ -33,53 +32,6 @@ def query(raw: str) -> dict[str, str]:
     if "echostr" in params:  # base64 never holds a space: an unencoded '+' was read as one
         params["echostr"] = params["echostr"].replace(" ", "+")
     return params
-
-
-#: Fields kept exactly as sent: what a user wrote (leading indentation, trailing newlines of pasted code).
-VERBATIM = frozenset({"Content"})
-
-
-def parse_xml(text: str | bytes) -> dict[str, str]:
-    """A flat WeCom XML document (``<xml><Name>value</Name>...</xml>``, a field one level deeper as a dict) as
-    a dict; ValueError otherwise. A document type declaration (and so any entity) is refused by the parser
-    itself, in any encoding: the outer envelope is parsed before its signature is checked, and a declared
-    entity can expand a megabyte into gigabytes. Text that merely mentions ``<!DOCTYPE`` (a user asking
-    about HTML, inside CDATA) is text."""
-    raw = text.encode() if isinstance(text, str) else text
-    parser = expat.ParserCreate()
-
-    def refuse(*_args):
-        raise ValueError("a document type declaration is not taken")
-
-    parser.StartDoctypeDeclHandler = refuse
-    parser.EntityDeclHandler = refuse
-    out: dict = {}
-    names: list[str] = []
-    texts: list[list[str]] = []
-
-    def start(name, _attrs):
-        names.append(name)
-        texts.append([])
-
-    def end(name):
-        value = "".join(texts.pop())
-        names.pop()
-        if len(names) == 1:  # a field of the document
-            if not isinstance(out.get(name), dict):
-                out[name] = value if name in VERBATIM else value.strip()
-        elif len(names) == 2:  # a field of a field
-            parent = out.get(names[1])
-            if not isinstance(parent, dict):
-                parent = out[names[1]] = {}
-            parent[name] = value.strip()
-
-    parser.StartElementHandler, parser.EndElementHandler = start, end
-    parser.CharacterDataHandler = lambda data: texts[-1].append(data) if texts else None
-    try:
-        parser.Parse(raw, True)
-    except expat.ExpatError as exc:
-        raise ValueError(f"not XML: {exc}") from None
-    return out
 
 
 def parse_message(text: str) -> dict:
@@ -109,7 +61,7 @@ class CallbackServer(WebhookServer):
     name = "wecom-callback"
     max_body_bytes = MAX_BODY_BYTES
 
-    def __init__(self, bind: str, path: str, crypto: WeComCrypto, on_message: Callable[[dict], None]):
+    def __init__(self, bind: str, path: str, crypto: MsgCrypt, on_message: Callable[[dict], None]):
         super().__init__(bind, path)
         self.crypto = crypto
         self.on_message = on_message

@@ -1,10 +1,12 @@
-"""WeCom's callback crypto, the "WXBizMsgCrypt" scheme, written out (no wechatpy).
+"""The "WXBizMsgCrypt" callback crypto of WeCom and Weixin (the official account's safe mode), and the
+flat XML their callbacks carry, written out (no wechatpy). DingTalk's callback encryption is the same
+construction with JSON around it.
 
 * ``msg_signature`` = hex(SHA1(the four strings token, timestamp, nonce, encrypt sorted and joined));
 * the AES key = base64decode(EncodingAESKey + "=") (43 characters, 32 bytes); AES-256-CBC with the
   key's first 16 bytes as the IV and no cipher padding of its own;
 * the plaintext = 16 random bytes + the message's length (4 bytes, big-endian) + the message (UTF-8)
-  + the receive id (for an internal app: the corp id), padded PKCS#7 to a multiple of 32 bytes
+  + the receive id (WeCom internal app: the corp id; Weixin: the AppID; DingTalk: the owner key), padded PKCS#7 to a multiple of 32 bytes
   (pad values 1 to 32); the ciphertext travels as standard base64.
 
 Checked against every ``wecom-*`` vector of tests/data/webhook-signature-vectors.json (and the two
@@ -18,6 +20,7 @@ import hashlib
 import hmac
 import os
 import struct
+from xml.parsers import expat
 
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
@@ -57,8 +60,8 @@ def unpad(data: bytes) -> bytes:
     return data[:-n]
 
 
-class WeComCrypto:
-    """One app's callback crypto: its Token, EncodingAESKey and receive id (the corp id)."""
+class MsgCrypt:
+    """One app's callback crypto: its Token, EncodingAESKey and receive id."""
 
     def __init__(self, token: str, encoding_aes_key: str, receive_id: str):
         self.token = token
@@ -105,7 +108,7 @@ class WeComCrypto:
             raise CryptoError("the plaintext's length field is wrong")
         body, receive_id = plain[20:20 + length], plain[20 + length:]
         if not hmac.compare_digest(receive_id, self.receive_id.encode()):
-            raise CryptoError("the receive id is not this corp's")
+            raise CryptoError("the receive id is not this app's")
         try:
             return body.decode()
         except UnicodeDecodeError as exc:
@@ -127,3 +130,50 @@ class WeComCrypto:
         encrypt, sig = self.seal(message, timestamp, nonce, random16=random16)
         return (f"<xml>\n<Encrypt><![CDATA[{encrypt}]]></Encrypt>\n<MsgSignature><![CDATA[{sig}]]></MsgSignature>\n"
                 f"<TimeStamp>{timestamp}</TimeStamp>\n<Nonce><![CDATA[{nonce}]]></Nonce>\n</xml>")
+
+
+#: Fields kept exactly as sent: what a user wrote (leading indentation, trailing newlines of pasted code).
+VERBATIM = frozenset({"Content"})
+
+
+def parse_xml(text: str | bytes) -> dict[str, str]:
+    """A flat WeCom XML document (``<xml><Name>value</Name>...</xml>``, a field one level deeper as a dict) as
+    a dict; ValueError otherwise. A document type declaration (and so any entity) is refused by the parser
+    itself, in any encoding: the outer envelope is parsed before its signature is checked, and a declared
+    entity can expand a megabyte into gigabytes. Text that merely mentions ``<!DOCTYPE`` (a user asking
+    about HTML, inside CDATA) is text."""
+    raw = text.encode() if isinstance(text, str) else text
+    parser = expat.ParserCreate()
+
+    def refuse(*_args):
+        raise ValueError("a document type declaration is not taken")
+
+    parser.StartDoctypeDeclHandler = refuse
+    parser.EntityDeclHandler = refuse
+    out: dict = {}
+    names: list[str] = []
+    texts: list[list[str]] = []
+
+    def start(name, _attrs):
+        names.append(name)
+        texts.append([])
+
+    def end(name):
+        value = "".join(texts.pop())
+        names.pop()
+        if len(names) == 1:  # a field of the document
+            if not isinstance(out.get(name), dict):
+                out[name] = value if name in VERBATIM else value.strip()
+        elif len(names) == 2:  # a field of a field
+            parent = out.get(names[1])
+            if not isinstance(parent, dict):
+                parent = out[names[1]] = {}
+            parent[name] = value.strip()
+
+    parser.StartElementHandler, parser.EndElementHandler = start, end
+    parser.CharacterDataHandler = lambda data: texts[-1].append(data) if texts else None
+    try:
+        parser.Parse(raw, True)
+    except expat.ExpatError as exc:
+        raise ValueError(f"not XML: {exc}") from None
+    return out
