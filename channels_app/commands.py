@@ -6,6 +6,10 @@ access check, as a chat message does (services.actor_resolve, services.conversat
 it creates no conversation and puts nothing into its history: a command is not a turn. Commands
 that change something (storing /model, /harness edits, /steering, /compress) need the caller's
 allow_remote_control (Caller.remote_control_allowed); read-only ones are always allowed.
+
+A chat channel's sender runs the same commands by typing them (plugins_app.channel.services, through
+`channel_command` and `command_dispatch`): there the plugin's `allow_remote_control` senders may change
+things, and /sandbox, which shows the host's paths, counts as a change.
 docs/commands.md describes each.
 """
 from __future__ import annotations
@@ -29,6 +33,11 @@ NOT_A_COMMAND = 'A command starts with "/", e.g. "/model". The supported command
 REMOTE_CONTROL_REFUSED = ("{name} changes things, which needs allow_remote_control: this caller does not have it. "
                           "Read-only commands ({read_only}) are always allowed.")
 READ_ONLY = "/model, /models, /recall, /btw, /harness, /refine, /sandbox"
+#: On a chat channel the plugin's allow_remote_control names the senders who may change things; /sandbox, which
+#: shows the host's paths, is theirs too (an open bot's strangers have no business with them).
+CHANNEL_REMOTE_CONTROL_REFUSED = ("{name} changes things, which needs allow_remote_control: this sender does not "
+                                  "have it. Read-only commands ({read_only}) are always allowed.")
+CHANNEL_READ_ONLY = "/model, /models, /recall, /btw, /harness, /refine"
 NEEDS_CONVERSATION = "{name} needs a conversation_id: the conversation it acts on."
 NEEDS_TEXT = "Say what {what}: {usage}."
 NOTHING_TO_REFINE = "There is no message of yours in this conversation to refine."
@@ -55,6 +64,8 @@ class CommandContext:
     conversation: Conversation | None
     client_id: str
     turn_id: str | None
+    remote_control: bool = False  # may change things (the caller's, or a channel sender's allow_remote_control)
+    channel: bool = False  # typed on a chat channel (not POST /v1/ugent/commands)
 
 
 def _result(ctx: CommandContext, text: str, *, data: dict | None = None, changed: bool = False,
@@ -89,8 +100,9 @@ def command_run(*, viewer: Viewer, command: str, conversation_id: str | None = N
         # the chat path's resolution and check: a stranger's conversation is a 403, as a message into it is
         conversation, _ = services.conversation_resolve(channel="web", client_id=client_id, external_id=conversation_id,
                                                         actor=viewer.actor, caller=viewer.caller, create=False)
+    caller = viewer.caller
     ctx = CommandContext(viewer=viewer, name=name, args=args, conversation=conversation, client_id=client_id,
-                         turn_id=turn_id)
+                         turn_id=turn_id, remote_control=caller is not None and caller.remote_control_allowed)
     handler = HANDLERS.get(name)
     if handler is None:
         return _result(ctx, UNSUPPORTED.format(name=name[:100]), ok=False, unsupported=True,
@@ -98,11 +110,38 @@ def command_run(*, viewer: Viewer, command: str, conversation_id: str | None = N
     return handler(ctx)
 
 
+def channel_command(text: str) -> tuple[str, str] | None:
+    """(name, args) when a chat message is one of the commands here, else None: it goes to the model as text.
+    Telegram's form for a group, ``/model@some_bot gpt-x``, is the command too. Text that merely starts with
+    a slash (``/etc/hosts is empty``, a platform's own ``/start``) is no command here."""
+    if not text.lstrip().startswith("/"):
+        return None
+    try:
+        name, args = command_parse(text)
+    except ApplicationError:
+        return None
+    name = name.partition("@")[0]
+    return (name, args) if name in HANDLERS else None
+
+
+def command_dispatch(*, viewer: Viewer, name: str, args: str, conversation: Conversation,
+                     remote_control: bool) -> dict:
+    """A command a chat channel's sender typed (``channel_command``'s answer), run in that chat's
+    conversation; ``remote_control``: the sender is one of the plugin's allow_remote_control."""
+    ctx = CommandContext(viewer=viewer, name=name, args=args, conversation=conversation,
+                         client_id=conversation.client_id, turn_id=None, remote_control=remote_control, channel=True)
+    if name == "/sandbox":
+        _needs_remote_control(ctx)
+    return HANDLERS[name](ctx)
+
+
 def _needs_remote_control(ctx: CommandContext) -> None:
-    caller = ctx.viewer.caller
-    if caller is None or not caller.remote_control_allowed:
-        raise ApplicationError(REMOTE_CONTROL_REFUSED.format(name=ctx.name, read_only=READ_ONLY), status=403,
-                               code="remote_control_not_allowed", param="command")
+    if ctx.remote_control:
+        return
+    refused, read_only = ((CHANNEL_REMOTE_CONTROL_REFUSED, CHANNEL_READ_ONLY) if ctx.channel
+                          else (REMOTE_CONTROL_REFUSED, READ_ONLY))
+    raise ApplicationError(refused.format(name=ctx.name, read_only=read_only), status=403,
+                           code="remote_control_not_allowed", param="command")
 
 
 def _needs_conversation(ctx: CommandContext) -> Conversation:

@@ -55,7 +55,7 @@ class PluginAdmin(admin.ModelAdmin):
     fieldsets = (
         (None, {"fields": ("plugin_id", "kind", "enabled", "command", "args", "env_refs", "secret_env_refs")}),
         ("Limits", {"fields": ("max_in_flight", "max_retries", "heartbeat_secs")}),
-        ("Routing", {"fields": ("workspace", "allowed_senders")}),
+        ("Routing", {"fields": ("workspace", "allowed_senders", "allow_remote_control")}),
         ("Supervision", {"fields": ("state", "state_reason", "disabled_reason", "last_heartbeat", "restarts", "pid",
                                     "created_at", "updated_at")}),
     )

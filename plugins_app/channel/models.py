@@ -41,6 +41,10 @@ class Plugin(TimeStamped):
     workspace = models.CharField(max_length=500, blank=True, default="")
     allowed_senders = models.JSONField(default=list, blank=True,
                                        help_text='"telegram:123456789" entries; empty lets everyone in.')
+    allow_remote_control = models.JSONField(
+        default=list, blank=True,
+        help_text='Senders ("telegram:123456789" entries, or "*" for every allowed sender) whose slash commands may '
+                  'change things (/model NAME, /harness edits, /steering, /compress, /sandbox); empty: nobody.')
     # what the supervisor reports
     state = models.CharField(max_length=20, choices=PluginState.choices, default=PluginState.STOPPED)
     state_reason = models.CharField(max_length=500, blank=True, default="")

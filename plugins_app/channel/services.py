@@ -6,12 +6,14 @@ An inbound message from a worker goes onto the one message path
 end (``delivery_create_for_turn``, an after-turn hook), so nothing is lost
 between the turn and the queue. A question the turn asks on the way comes as a delivery of its own
 (``delivery_create_for_question``, a question-asked hook), and the sender's next message may be
-its reply (``channels_app.questions.question_reply_from_channel``). Deliveries move by conditional updates:
+its reply (``channels_app.questions.question_reply_from_channel``); a slash command the sender types is run
+and answered by a delivery of its own (``_command_take``). Deliveries move by conditional updates:
 pending -> in_flight (a claim) -> delivered | pending (retry) | dead_letter.
 """
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import logging
 import uuid
 from typing import Iterable
@@ -97,13 +99,21 @@ def sender_allowed(plugin: Plugin, sender_id: str) -> bool:
     return f"{plugin.channel}:{sender_id}" in allowed
 
 
+def sender_may_remote_control(plugin: Plugin, sender_id: str) -> bool:
+    """`allow_remote_control` as `{channel}:{sender_id}` entries, "*" for every allowed sender; empty: nobody."""
+    senders = list(plugin.allow_remote_control or [])
+    return "*" in senders or f"{plugin.channel}:{sender_id}" in senders
+
+
 def inbound_submit(*, plugin_id: str, message) -> dict:
     """One normalised inbound message (an SDK ``InboundMessage``) onto the one message path.
 
     Refuses a sender outside ``allowed_senders`` before anything is recorded; a
     repeat of the channel's message id in the same conversation runs nothing and
-    answers ``duplicate: true``. Returns the ``inbound.submit`` result.
+    answers ``duplicate: true``. A slash command (``/model``, ``/recall``...) is run,
+    not sent to the model. Returns the ``inbound.submit`` result.
     """
+    from channels_app.commands import channel_command
     from channels_app.errors import ApplicationError
     from channels_app.services import (DuplicateMessage, Submission, channel_actor_resolve,
                                        message_submit)
@@ -127,6 +137,9 @@ def inbound_submit(*, plugin_id: str, message) -> dict:
         extra={"timestamp": message.timestamp, "sender_name": message.sender_name,
                "reply_to": message.reply_to.to_dict() if message.reply_to else None,
                "metadata": message.metadata})
+    command = None if message.attachments else channel_command(message.text or "")
+    if command is not None:
+        return _command_take(plugin=plugin, actor=actor, message=message, command=command)
     taken = _question_reply_take(plugin=plugin, actor=actor, message=message, content_hash=inbound.content_hash())
     if taken is not None:
         return {"accepted": True, "duplicate": False, "question": taken.request_id, "reply": taken.outcome,
@@ -142,6 +155,51 @@ def inbound_submit(*, plugin_id: str, message) -> dict:
         return {"accepted": False, "duplicate": False, "reason": exc.message, "code": exc.code}
     return {"accepted": True, "duplicate": False, "turn_id": result.turn.turn_id,
             "receipt_state": result.receipt.state}
+
+
+def command_delivery_id(*, plugin_id: str, conversation_id: str, message_id: str) -> str:
+    """A typed command's one answer, named by the message: the channel sending it again finds the first."""
+    digest = hashlib.sha256(f"{plugin_id}\0{conversation_id}\0{message_id}".encode()).hexdigest()[:40]
+    return f"d_cmd_{digest}"
+
+
+def _command_take(*, plugin: Plugin, actor, message, command: tuple[str, str]) -> dict:
+    """Run a command the sender typed in the chat's conversation and queue its answer, once per message id.
+
+    A command is no turn: no Receipt, Turn or Message row, so the answer's delivery (named by the message,
+    ``command_delivery_id``) is what marks it done. A repeat of the message finds it and runs nothing. Two
+    copies racing each other may both run the command (its effects are set-to-a-value, except a /harness
+    goal or task added twice), but only one answer is queued."""
+    from channels_app.access import channel_viewer
+    from channels_app.commands import command_dispatch
+    from channels_app.errors import ApplicationError
+    from channels_app.services import conversation_resolve
+    name, args = command
+    delivery_id = command_delivery_id(plugin_id=plugin.plugin_id, conversation_id=message.conversation_id,
+                                      message_id=message.message_id)
+    if OutboundDelivery.objects.filter(delivery_id=delivery_id).exists():
+        return {"accepted": True, "duplicate": True, "command": name}
+    try:
+        conversation, _ = conversation_resolve(channel=plugin.channel, client_id=plugin.plugin_id,
+                                               external_id=message.conversation_id, actor=actor, caller=None)
+    except ApplicationError as exc:
+        return {"accepted": False, "duplicate": False, "reason": exc.message, "code": exc.code}
+    remote_control = sender_may_remote_control(plugin, message.sender_id)
+    try:
+        result = command_dispatch(viewer=channel_viewer(actor), name=name, args=args, conversation=conversation,
+                                  remote_control=remote_control)
+        text, ok, changed = result["text"], result["ok"], result["changed"]
+    except ApplicationError as exc:  # a refusal is the command's answer, in the chat
+        text, ok, changed = exc.message, False, False
+    log.info("plugin %s: %s:%s ran %s in %s (ok=%s, changed=%s)", plugin.plugin_id, plugin.channel,
+             message.sender_id, name, message.conversation_id, ok, changed)
+    try:
+        delivery_enqueue(plugin=plugin, conversation=conversation, text=text, delivery_id=delivery_id,
+                         reply_to_message_id=message.message_id,
+                         metadata={"kind": "command", "command": name, "ok": ok, "changed": changed})
+    except IntegrityError:  # the same message run at once elsewhere: that answer is the one
+        return {"accepted": True, "duplicate": True, "command": name}
+    return {"accepted": True, "duplicate": False, "command": name, "ok": ok}
 
 
 def _question_reply_take(*, plugin: Plugin, actor, message, content_hash: str):
@@ -174,13 +232,15 @@ def _new_delivery_id() -> str:
 
 
 def delivery_enqueue(*, plugin: Plugin, conversation, text: str, turn=None, attachments: list | None = None,
-                     reply_to_message_id: str | None = None, metadata: dict | None = None) -> OutboundDelivery:
-    """Queue a message for a plugin's worker to send; its poller wakes when this commits."""
+                     reply_to_message_id: str | None = None, metadata: dict | None = None,
+                     delivery_id: str | None = None) -> OutboundDelivery:
+    """Queue a message for a plugin's worker to send; its poller wakes when this commits. A ``delivery_id``
+    given names it (an IntegrityError when it is taken)."""
     payload = {"attachments": list(attachments or []), "metadata": dict(metadata or {})}
     if reply_to_message_id:
         payload["reply_to_message_id"] = reply_to_message_id
     with transaction.atomic():
-        delivery = OutboundDelivery.objects.create(delivery_id=_new_delivery_id(), plugin=plugin,
+        delivery = OutboundDelivery.objects.create(delivery_id=delivery_id or _new_delivery_id(), plugin=plugin,
                                                    conversation=conversation, turn=turn, text=text,
                                                    payload=payload)
         _wake_after_commit(plugin.plugin_id)

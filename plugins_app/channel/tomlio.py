@@ -80,6 +80,7 @@ class RoutingSpec(BaseModel):
     model_config = _SPEC
     workspace: str = ""
     allowed_senders: Annotated[StrList, AfterValidator(_senders)] = []
+    allow_remote_control: Annotated[StrList, AfterValidator(_senders)] = []
 
 
 class PluginSpec(BaseModel):
@@ -113,7 +114,8 @@ class PluginSpec(BaseModel):
                 "secret_env_refs": list(self.secret_env_refs),
                 "max_in_flight": self.limits.max_in_flight, "max_retries": self.limits.max_retries,
                 "heartbeat_secs": float(self.limits.heartbeat_secs),
-                "workspace": self.routing.workspace, "allowed_senders": list(self.routing.allowed_senders)}
+                "workspace": self.routing.workspace, "allowed_senders": list(self.routing.allowed_senders),
+                "allow_remote_control": list(self.routing.allow_remote_control)}
 
 
 class PluginsFileSpec(BaseModel):
@@ -179,6 +181,8 @@ def plugin_to_entry(plugin: Plugin) -> dict:
     entry["limits"] = {"max_in_flight": plugin.max_in_flight, "max_retries": plugin.max_retries,
                        "heartbeat_secs": int(beat) if float(beat).is_integer() else beat}
     routing = {"allowed_senders": list(plugin.allowed_senders or [])}
+    if plugin.allow_remote_control:
+        routing["allow_remote_control"] = list(plugin.allow_remote_control)
     if plugin.workspace:
         routing = {"workspace": plugin.workspace, **routing}
     entry["routing"] = routing
