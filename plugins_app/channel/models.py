@@ -1,4 +1,5 @@
 """Channel plugins' rows: registrations, secrets, outbound deliveries, media."""
+from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import Q
@@ -7,6 +8,15 @@ from ugent_common.models import TimeStamped
 
 
 PLUGIN_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
+
+
+def validate_senders(value) -> None:
+    """A list of ``channel:sender_id`` entries or ``"*"`` (allowed_senders, allow_remote_control)."""
+    if not isinstance(value, list):
+        raise ValidationError('A list of "channel:sender_id" entries, e.g. ["telegram:123456789"].')
+    for entry in value:
+        if entry != "*" and not (isinstance(entry, str) and entry.partition(":")[0] and entry.partition(":")[2]):
+            raise ValidationError("%(value)r is not channel:sender_id (or \"*\").", params={"value": entry})
 
 
 class PluginState(models.TextChoices):
@@ -39,10 +49,10 @@ class Plugin(TimeStamped):
     max_retries = models.PositiveIntegerField(default=5)
     heartbeat_secs = models.FloatField(default=30.0)
     workspace = models.CharField(max_length=500, blank=True, default="")
-    allowed_senders = models.JSONField(default=list, blank=True,
+    allowed_senders = models.JSONField(default=list, blank=True, validators=[validate_senders],
                                        help_text='"telegram:123456789" entries; empty lets everyone in.')
     allow_remote_control = models.JSONField(
-        default=list, blank=True,
+        default=list, blank=True, validators=[validate_senders],
         help_text='Senders ("telegram:123456789" entries, or "*" for every allowed sender) whose slash commands may '
                   'change things (/model NAME, /harness edits, /steering, /compress, /sandbox); empty: nobody.')
     # what the supervisor reports

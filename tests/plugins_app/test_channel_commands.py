@@ -187,3 +187,22 @@ def test_echo_a_typed_command_is_answered_in_the_chat_once(tcast, echo, start_ru
     assert wait_until(lambda: len(echo.sends()) >= 3, 30), rt.log(PID)
     assert [s["delivery_id"] for s in echo.sends()].count(ids["m-1"]) == 1 and len(echo.sends()) == 3
     assert Turn.objects.get().receipt.client_message_id == "m-3"
+
+
+# --- the admin -------------------------------------------------------------------------------------
+
+def test_the_admin_edits_allow_remote_control_and_refuses_what_is_no_sender(tcast, admin_client):
+    plugin = make_plugin(PID)
+    url = f"/admin/plugins_app/plugin/{plugin.pk}/change/"
+    form = {"plugin_id": PID, "kind": "channel-echo", "enabled": "on", "command": "python", "args": "[]",
+            "env_refs": "[]", "secret_env_refs": "[]", "max_in_flight": 8, "max_retries": 2, "heartbeat_secs": 0.2,
+            "workspace": "", "allowed_senders": "[]", "secrets-TOTAL_FORMS": 0, "secrets-INITIAL_FORMS": 0}
+    for bad in ('"echo:42"', '["42"]', '[7]'):
+        page = admin_client.post(url, {**form, "allow_remote_control": bad}).content.decode()
+        assert "is not channel:sender_id" in page or "A list of" in page, bad
+        plugin.refresh_from_db()
+        assert plugin.allow_remote_control == []
+    assert admin_client.post(url, {**form, "allow_remote_control": '["echo:42"]'}).status_code == 302
+    plugin.refresh_from_db()
+    assert plugin.allow_remote_control == ["echo:42"] and services.sender_may_remote_control(plugin, "42")
+    assert not services.sender_may_remote_control(plugin, "43")
