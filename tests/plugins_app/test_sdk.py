@@ -239,6 +239,35 @@ def test_a_submit_the_host_cannot_take_now_stays_queued_and_is_retried(bridge, s
     bridge.wait_for(lambda: worker.outbox.inbound_get(message("m-1").key).state == ACKED)
 
 
+def test_a_chats_messages_reach_the_host_in_order_and_a_held_chat_holds_back_no_other(bridge, start_worker):
+    real_submit = bridge.hub.submit_inbound
+    refuse, once = {"m-1"}, {"m-7"}
+
+    async def hub(plugin_id, msg):
+        if msg.message_id in refuse:
+            raise HostUnavailable("busy")
+        if msg.message_id in once:
+            once.discard(msg.message_id)
+            raise HostUnavailable("busy")
+        return await real_submit(plugin_id, msg)
+
+    bridge.hub.submit_inbound = hub
+    worker = start_worker()
+    bridge.wait_for(lambda: bridge.hellos)
+    assert worker.submit(message("m-1")).queued
+    later = worker.submit(message("m-2"))  # never ahead of m-1, which the host cannot take yet
+    assert later.queued and not later.accepted
+    assert worker.submit(message("m-7", conversation_id="chat-3")).queued  # refused once
+    assert worker.submit(message("m-5", conversation_id="chat-2")).accepted  # another chat is not held back
+    # the outbox's retries pass over the held chat: m-7 goes although m-1 (earlier) still cannot
+    bridge.wait_for(lambda: sorted(m.message_id for m in bridge.submits) == ["m-5", "m-7"])
+    assert [m.message_id for m in bridge.submits if m.conversation_id == "chat-1"] == []
+    refuse.clear()
+    bridge.wait_for(lambda: len(bridge.submits) == 4)
+    assert [m.message_id for m in bridge.submits][2:] == ["m-1", "m-2"]
+    assert len(bridge.submit_log) == 4
+
+
 def test_an_invalid_message_is_refused_before_anything_is_recorded(bridge, start_worker, tmp_path):
     worker = start_worker()
     bridge.wait_for(lambda: bridge.hellos)

@@ -205,7 +205,7 @@ class ChannelWorker:
         row = self._outbox().inbound_record(msg)
         if row.state != PENDING:
             return self._result_from_row(row.state, row.result, duplicate=True)
-        return self._send_inbound(row.key)  # type: ignore[return-value]  # waits, so never None
+        return self._send_inbound_in_order(row.key, msg.conversation_id)
 
     def media_get(self, media_id: str) -> Media:
         """Fetch an attachment's bytes from the host (media.get)."""
@@ -257,12 +257,18 @@ class ChannelWorker:
         outbox = self._outbox()
         for ack in outbox.outbound_pending_acks():
             self._send_ack(ack, owed_only=True)
+        held: set[str] = set()  # conversations whose earlier message the host could not take yet
         for row in outbox.inbound_pending():
+            conversation = row.message.get("conversation_id", "")
+            if conversation in held:
+                continue  # never ahead of an earlier message of its chat
             result = self._send_inbound(row.key, wait=not background)
             if result is None:
                 break  # a submit is under way in another thread: leave the rest to it
             if result.queued:
-                break  # the host is not answering; the rest waits for the next replay
+                if result.reason is None:
+                    break  # the host is not answering; the rest waits for the next replay
+                held.add(conversation)  # the host refused this one for now: other chats go on
 
     def heartbeat_once(self) -> None:
         """One heartbeat; also retries what the outbox still owes (after a transient host error)."""
@@ -524,6 +530,23 @@ class ChannelWorker:
             return self._send_inbound_locked(key)
         finally:
             self._inbound_lock.release()
+
+    def _send_inbound_in_order(self, key: str, conversation_id: str) -> SubmitResult:
+        """Submit one new row, after every earlier row of its conversation the host has not taken yet.
+
+        A message queued while the host was away (or refused for now) is sent before a later one of its
+        chat, so the agent reads a chat's messages in the order they were written; a later one waits
+        (queued) while an earlier one still cannot go. Other chats are not held back."""
+        with self._inbound_lock:
+            for earlier in self._outbox().inbound_pending():
+                if earlier.key == key:
+                    break
+                if earlier.message.get("conversation_id") != conversation_id:
+                    continue
+                result = self._send_inbound_locked(earlier.key)
+                if result.queued:
+                    return SubmitResult(False, queued=True, reason=result.reason)
+            return self._send_inbound_locked(key)
 
     def _send_inbound_locked(self, key: str) -> SubmitResult:
         outbox = self._outbox()
