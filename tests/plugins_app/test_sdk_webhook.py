@@ -74,3 +74,31 @@ def test_a_gets_body_is_never_read_as_a_next_request(server):
     outer = b"GET /hook HTTP/1.1\r\nHost: x\r\nContent-Length: " + str(len(inner)).encode() + b"\r\n\r\n"
     answered = raw_exchange(server, outer + inner)
     assert re.findall(rb"HTTP/1\.1 (\d{3}) ", answered) == [b"200"] and server.seen == [("GET", "/hook", b"")]
+
+
+class Narrow(Recorder):
+    max_connections = 2
+    timeout = 30.0  # the stalled connections below hold their threads for as long as the test needs
+
+
+def test_connections_past_max_connections_wait_for_a_thread_and_are_then_served():
+    server = Narrow()
+    server.start()
+    address = server.httpd.server_address[:2]
+    stalled = [socket.create_connection(address, timeout=5) for _ in range(2)]  # each holds a thread, saying nothing
+    try:
+        for conn in stalled:
+            conn.sendall(b"POST /hook HTTP/1.1\r\nHost: x\r\n")  # headers never finished
+        waiting = socket.create_connection(address, timeout=1)
+        waiting.sendall(b"GET /hook HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        with pytest.raises(socket.timeout):  # no third thread: it waits in the backlog
+            waiting.recv(100)
+        stalled.pop().close()  # a thread is free again
+        waiting.settimeout(10)
+        assert waiting.recv(100).startswith(b"HTTP/1.1 200")
+        waiting.close()
+    finally:
+        for conn in stalled:
+            conn.close()
+        server.stop()
+

@@ -1,7 +1,8 @@
 """An HTTP endpoint a chat platform calls (a webhook, a callback URL), for a worker that listens for one.
 
 One home for what every such endpoint needs, whatever the platform: a thread of its own serving requests
-(one thread each), a body read whole up to ``max_body_bytes`` (past it, or with a length that is no number,
+(one thread each, at most ``max_connections`` at once: past that a connection waits in the listen backlog
+until one ends, so a flood of connections costs no more memory than that many threads), a body read whole up to ``max_body_bytes`` (past it, or with a length that is no number,
 the body is not read, the request's handler gets ``None`` and the connection is closed after the answer, so
 the unread bytes are never taken for a next request), ``timeout`` seconds for a connection (a client that
 stalls holds no thread), and answers as ``(status, body)``: a dict is sent as JSON, a str as UTF-8 text.
@@ -21,6 +22,35 @@ from typing import Any
 log = logging.getLogger("ugent.worker.webhook")
 
 
+class _BoundedServer(ThreadingHTTPServer):
+    """ThreadingHTTPServer with at most ``max_connections`` connection threads at once."""
+
+    daemon_threads = True
+    request_queue_size = 128  # connections waiting for a thread wait here (the kernel's listen backlog)
+
+    def __init__(self, address, handler, max_connections: int):
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self.closing = threading.Event()
+
+    def process_request(self, request, client_address):
+        while not self._slots.acquire(timeout=0.2):  # every thread busy: this connection waits its turn
+            if self.closing.is_set():
+                self.shutdown_request(request)
+                return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
 class WebhookServer:
     #: The thread's name, and how the server is named in the worker's log.
     name = "webhook"
@@ -28,6 +58,8 @@ class WebhookServer:
     max_body_bytes = 1 << 20
     #: Seconds a connection may keep the server waiting.
     timeout = 10.0
+    #: Connections served at once (a thread each); the next ones wait until one ends.
+    max_connections = 64
 
     def __init__(self, bind: str, path: str):
         host, _, port = bind.rpartition(":")
@@ -70,8 +102,7 @@ class WebhookServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self.httpd = ThreadingHTTPServer((host or "127.0.0.1", int(port or 0)), Handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _BoundedServer((host or "127.0.0.1", int(port or 0)), Handler, self.max_connections)
         self._thread: threading.Thread | None = None
 
     @property
@@ -85,6 +116,7 @@ class WebhookServer:
         self._thread.start()
 
     def stop(self) -> None:
+        self.httpd.closing.set()
         self.httpd.shutdown()
         self.httpd.server_close()
 
