@@ -272,6 +272,18 @@ def test_extractor_ignores_headings_and_handles_lists():
     assert best == "Send the key as x-api-key."
 
 
+def test_the_passage_is_a_span_of_the_evidence_as_written():
+    # the contract: "returns the span inside it that answers the question"; line breaks and spacing kept
+    evidence = ("Intro text here.\n\nThe gateway reads   UGENT_LLM_BASE_URL\nfrom the environment. It restarts\n"
+                "the workers on change.\n\n```\nexport UGENT_LLM_BASE_URL=http://x\n```\n")
+    best = SentenceExtractor().get_best_passage(evidence, "Where does the gateway read UGENT_LLM_BASE_URL from?")
+    assert best in evidence
+    assert best.startswith("The gateway reads   UGENT_LLM_BASE_URL\nfrom the environment.")
+    listed = "# Keys\n\n- Send the key\n  as x-api-key.\n- Rotate keys yearly.\n"
+    one = SentenceExtractor({"max_sentences": 1}).get_best_passage(listed, "Which header carries the key?")
+    assert one == "Send the key\n  as x-api-key." and one in listed
+
+
 def test_extractor_returns_empty_without_overlap_and_is_deterministic():
     extractor = SentenceExtractor()
     assert extractor.get_best_passage(EVIDENCE, "capital of France") == ""

@@ -374,7 +374,10 @@ class SentenceExtractor(ExtractiveQAEngine):
         if scores[best] <= 0:
             return ""
         start, end = self._extend(best, sentences, found, weights)
-        return _join(sentences[start:end + 1])
+        spans = _locate(evidence, sentences)
+        if spans is None:  # (never seen: every sentence is the evidence's words with its spacing collapsed)
+            return _join(sentences[start:end + 1])
+        return evidence[spans[start][0]:spans[end][1]]
 
     def _extend(self, best: int, sentences: List[str], found: List[set],
                 weights: Dict[str, float]) -> Tuple[int, int]:
@@ -397,6 +400,21 @@ class SentenceExtractor(ExtractiveQAEngine):
         if before > 0:
             return best - 1, best
         return best, best
+
+
+def _locate(evidence: str, sentences: List[str]) -> Optional[List[Tuple[int, int]]]:
+    """Where each sentence lies in the evidence, in order: the contract's answer is a span *inside* the
+    evidence, as written (its line breaks and spacing), not the sentences as split_sentences tidied them."""
+    spans: List[Tuple[int, int]] = []
+    at = 0
+    for sentence in sentences:
+        pattern = r"\s+".join(re.escape(word) for word in sentence.split())
+        found = re.compile(pattern).search(evidence, at)
+        if found is None:
+            return None
+        spans.append(found.span())
+        at = found.end()
+    return spans
 
 
 def _join(sentences: List[str]) -> str:
