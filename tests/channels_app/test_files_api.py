@@ -388,11 +388,16 @@ def _multimodal_profile(name="mm"):
     from plugins_app.agent.engines.registry import register_engine
     from plugins_app.agent.models import AgentProfile
     from tests.support.scripted import ScriptedEngine
-    seen = []
+    class Seen(list):
+        calls: list
+
+    seen = Seen()
+    seen.calls = []
 
     class Multimodal(ScriptedEngine, MultimodalChatEngine):
         def stream_events(self, messages, **kwargs):
             seen.append(messages[-1])
+            seen.calls.append(list(messages))
             return super().stream_events(messages, **kwargs)
 
     register_engine("scripted-mm", Multimodal)
@@ -417,6 +422,19 @@ def test_a_multimodal_engine_gets_the_bytes(tcast):
     assert [base64.b64decode(x) for x in last.image_content] == [png]
     assert [base64.b64decode(x) for x in last.audio_content] == [wav]
     assert [base64.b64decode(x) for x in last.file_content] == [b"plain words"]
+
+
+def test_a_multimodal_engine_gets_every_message_as_a_multimodal_one(tcast):
+    """Seed 001: MultimodalChatEngine is the contract over MultimodalAgentMessage. The history, the system
+    text and a turn with no file come as MultimodalAgentMessages (empty media lists) too."""
+    from ovos_plugin_manager.templates.agents import MultimodalAgentMessage
+    seen = _multimodal_profile()
+    assert send(tcast.alice, "first words", model="mm", conversation_id="c-mm").status_code == 200
+    assert send(tcast.alice, "second words", model="mm", conversation_id="c-mm").status_code == 200
+    messages = seen.calls[-1]
+    assert [m.content for m in messages if m.role == "user"][-2:] == ["first words", "second words"]
+    assert len(messages) >= 3 and all(isinstance(m, MultimodalAgentMessage) for m in messages), messages
+    assert all(m.image_content == [] for m in messages)
 
 
 def test_a_multimodal_engine_gets_the_bytes_when_memory_recalls_too(tcast, memory_config):

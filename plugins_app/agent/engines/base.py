@@ -50,6 +50,7 @@ def stream_items(engine: Any, messages: List[Any], *, session_id: str = "default
                  lang: Optional[str] = None, tools: Any = None,
                  should_stop: StopCheck = never_stop) -> Iterator[StreamItem]:
     """Stream any OPM ChatEngine as StreamItems, richly when it supports ``stream_events``."""
+    messages = messages_for(engine, messages)
     rich = getattr(engine, "stream_events", None)
     if callable(rich):
         yield from rich(messages, session_id=session_id, lang=lang, tools=tools,
@@ -70,6 +71,17 @@ def stream_items(engine: Any, messages: List[Any], *, session_id: str = "default
         if should_stop():
             return
         yield StreamItem(ANSWER, token)
+
+
+def messages_for(engine: Any, messages: List[Any]) -> List[Any]:
+    """The messages in the type the engine's contract names: a ``MultimodalChatEngine`` takes
+    ``MultimodalAgentMessage``s, every one of them (history, system text and recall with empty media lists),
+    so an engine reading ``image_content`` off any message finds it; any other engine gets them as they are."""
+    from ovos_plugin_manager.templates.agents import MultimodalAgentMessage, MultimodalChatEngine
+    if not isinstance(engine, MultimodalChatEngine):
+        return messages
+    return [m if isinstance(m, MultimodalAgentMessage) else MultimodalAgentMessage(role=m.role, content=m.content)
+            for m in messages]
 
 
 def _reply_items(reply: Any, *, tools_offered: bool) -> Iterator[StreamItem]:
