@@ -38,6 +38,9 @@ READ_ONLY = "/model, /models, /recall, /btw, /harness, /refine, /sandbox"
 CHANNEL_REMOTE_CONTROL_REFUSED = ("{name} changes things, which needs allow_remote_control: this sender does not "
                                   "have it. Read-only commands ({read_only}) are always allowed.")
 CHANNEL_READ_ONLY = "/model, /models, /recall, /btw, /harness, /refine"
+#: Commands that ask the engine (seconds, up to UGENT_COMMAND_ENGINE_TIMEOUT): on a chat channel they are
+#: answered from a task, not while the worker's submit waits (plugins_app.channel.services._command_take).
+ENGINE_COMMANDS = ("/btw", "/refine")
 NEEDS_CONVERSATION = "{name} needs a conversation_id: the conversation it acts on."
 NEEDS_TEXT = "Say what {what}: {usage}."
 NOTHING_TO_REFINE = "There is no message of yours in this conversation to refine."

@@ -90,3 +90,15 @@ def memory_extract_turn(actor_key: str, text: str, turn_id: str, profile_id: int
     except Exception:
         logging.getLogger("ugent.memory").exception("memory extraction failed (turn=%s)", turn_id)
         raise
+
+
+@shared_task(ignore_result=True, soft_time_limit=300, time_limit=360)
+@with_fresh_connections
+def channel_command_answer(delivery_id: str, name: str, args: str, actor_id: int, conversation_id: int,
+                           remote_control: bool) -> bool:
+    """A command typed on a chat channel that asks the engine (/btw, /refine): run it and put its answer
+    into its held delivery (plugins_app.channel.services._command_take). On the turn queue: the sender
+    waits for it. Run twice (redelivered after a crash), the second finds the answer in and does nothing."""
+    from plugins_app.channel import services
+    return services.command_answer_fill(delivery_id=delivery_id, name=name, args=args, actor_id=actor_id,
+                                       conversation_id=conversation_id, remote_control=remote_control)

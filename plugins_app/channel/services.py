@@ -163,17 +163,43 @@ def command_delivery_id(*, plugin_id: str, conversation_id: str, message_id: str
     return f"d_cmd_{digest}"
 
 
+#: What a held command answer says when its task never filled it in (the engine's time and a margin passed).
+COMMAND_NOT_ANSWERED = "The engine did not answer this in time."
+COMMAND_HOLD_MARGIN_SECS = 30.0
+
+
+def _command_run(*, actor, conversation, name: str, args: str, remote_control: bool) -> tuple[str, bool, bool]:
+    """(text, ok, changed) of one typed command; a refusal is the command's answer, in the chat."""
+    from channels_app.access import channel_viewer
+    from channels_app.commands import command_dispatch
+    from channels_app.errors import ApplicationError
+    try:
+        result = command_dispatch(viewer=channel_viewer(actor), name=name, args=args, conversation=conversation,
+                                  remote_control=remote_control)
+        return result["text"], result["ok"], result["changed"]
+    except ApplicationError as exc:
+        return exc.message, False, False
+
+
 def _command_take(*, plugin: Plugin, actor, message, command: tuple[str, str]) -> dict:
     """Run a command the sender typed in the chat's conversation and queue its answer, once per message id.
 
     A command is no turn: no Receipt, Turn or Message row, so the answer's delivery (named by the message,
     ``command_delivery_id``) is what marks it done. A repeat of the message finds it and runs nothing. Two
     copies racing each other may both run the command (its effects are set-to-a-value, except a /harness
-    goal or task added twice), but only one answer is queued."""
-    from channels_app.access import channel_viewer
-    from channels_app.commands import command_dispatch
+    goal or task added twice), but only one answer is queued.
+
+    A command that asks the engine (/btw, /refine: up to UGENT_COMMAND_ENGINE_TIMEOUT) would outlast the
+    worker's submit call, which would send it again and hold the chat's later messages behind it. Its
+    delivery is queued at once, held (``not_before``) and saying ``COMMAND_NOT_ANSWERED``, and a task
+    (``plugins_app.tasks.channel_command_answer``) runs it and puts the answer in while the hold lasts. A
+    task lost with its worker is run again (acks late); one that never comes leaves that sentence to go out."""
+    from django.conf import settings
+
+    from channels_app.commands import ENGINE_COMMANDS
     from channels_app.errors import ApplicationError
     from channels_app.services import conversation_resolve
+    from ugent_common.tasks import task_named
     name, args = command
     delivery_id = command_delivery_id(plugin_id=plugin.plugin_id, conversation_id=message.conversation_id,
                                       message_id=message.message_id)
@@ -185,21 +211,54 @@ def _command_take(*, plugin: Plugin, actor, message, command: tuple[str, str]) -
     except ApplicationError as exc:
         return {"accepted": False, "duplicate": False, "reason": exc.message, "code": exc.code}
     remote_control = sender_may_remote_control(plugin, message.sender_id)
+    held = name in ENGINE_COMMANDS
+    if held:
+        text, ok, changed = COMMAND_NOT_ANSWERED, False, False
+    else:
+        text, ok, changed = _command_run(actor=actor, conversation=conversation, name=name, args=args,
+                                         remote_control=remote_control)
+    log.info("plugin %s: %s:%s %s %s in %s (ok=%s, changed=%s)", plugin.plugin_id, plugin.channel,
+             message.sender_id, "asked" if held else "ran", name, message.conversation_id, ok, changed)
+    metadata = {"kind": "command", "command": name, "ok": ok, "changed": changed}
     try:
-        result = command_dispatch(viewer=channel_viewer(actor), name=name, args=args, conversation=conversation,
-                                  remote_control=remote_control)
-        text, ok, changed = result["text"], result["ok"], result["changed"]
-    except ApplicationError as exc:  # a refusal is the command's answer, in the chat
-        text, ok, changed = exc.message, False, False
-    log.info("plugin %s: %s:%s ran %s in %s (ok=%s, changed=%s)", plugin.plugin_id, plugin.channel,
-             message.sender_id, name, message.conversation_id, ok, changed)
-    try:
-        delivery_enqueue(plugin=plugin, conversation=conversation, text=text, delivery_id=delivery_id,
-                         reply_to_message_id=message.message_id,
-                         metadata={"kind": "command", "command": name, "ok": ok, "changed": changed})
+        with transaction.atomic():
+            delivery = delivery_enqueue(plugin=plugin, conversation=conversation, text=text, delivery_id=delivery_id,
+                                        reply_to_message_id=message.message_id, metadata=metadata)
+            if held:
+                hold = timezone.now() + dt.timedelta(seconds=settings.UGENT_COMMAND_ENGINE_TIMEOUT
+                                                     + COMMAND_HOLD_MARGIN_SECS)
+                OutboundDelivery.objects.filter(pk=delivery.pk).update(not_before=hold)
+                actor_id, conversation_pk = actor.pk, conversation.pk
+                transaction.on_commit(lambda: task_named("plugins_app.tasks.channel_command_answer").delay(
+                    delivery_id, name, args, actor_id, conversation_pk, remote_control))
     except IntegrityError:  # the same message run at once elsewhere: that answer is the one
         return {"accepted": True, "duplicate": True, "command": name}
     return {"accepted": True, "duplicate": False, "command": name, "ok": ok}
+
+
+def command_answer_fill(*, delivery_id: str, name: str, args: str, actor_id: int, conversation_id: int,
+                        remote_control: bool) -> bool:
+    """The task's half of a held command (``_command_take``): run it and put its answer into the delivery
+    while that is still held; False when the hold had passed (its placeholder went out) or it was filled."""
+    from channels_app.models import Actor, Conversation
+    held = OutboundDelivery.objects.filter(delivery_id=delivery_id, state=DeliveryState.PENDING,
+                                           not_before__gt=timezone.now(), text=COMMAND_NOT_ANSWERED)
+    if not held.exists():
+        return False
+    actor = Actor.objects.get(pk=actor_id)
+    conversation = Conversation.objects.get(pk=conversation_id)
+    text, ok, changed = _command_run(actor=actor, conversation=conversation, name=name, args=args,
+                                     remote_control=remote_control)
+    row = held.first()
+    if row is None:
+        return False
+    payload = dict(row.payload or {})
+    payload["metadata"] = {**payload.get("metadata", {}), "ok": ok, "changed": changed}
+    with transaction.atomic():
+        filled = held.update(text=text or COMMAND_NOT_ANSWERED, payload=payload, not_before=None) == 1
+        if filled:
+            _wake_after_commit(row.plugin.plugin_id)
+    return filled
 
 
 def _question_reply_take(*, plugin: Plugin, actor, message, content_hash: str):

@@ -125,6 +125,51 @@ def test_steering_from_the_chat_reaches_the_senders_running_turn(tcast):
     assert answers()[-1].text.startswith(f"Steering queued for turn {turn.turn_id}")
 
 
+# --- commands that ask the engine: answered from a task, the delivery held meanwhile -----------------
+
+def test_btw_is_answered_by_its_task_into_the_one_delivery_and_a_repeat_asks_nothing(tcast):
+    from tests.support import scripted
+    make_plugin(PID)
+    result = say("m-1", "/btw what is a turn?")  # (Celery is eager here: the task ran at the commit)
+    assert result == {"accepted": True, "duplicate": False, "command": "/btw", "ok": False}
+    [d] = answers()
+    assert d.text.startswith("echo: what is a turn?") and d.not_before is None
+    assert d.payload["metadata"] == {"kind": "command", "command": "/btw", "ok": True, "changed": False}
+    assert scripted.CALLS[-1]["session_id"].startswith("aside-")
+    asked = len(scripted.CALLS)
+    assert say("m-1", "/btw what is a turn?")["duplicate"] is True
+    assert len(scripted.CALLS) == asked and len(answers()) == 1 and no_turns()
+    assert [d.delivery_id for d in services.deliveries_claim(plugin_id=PID, max_items=5)] == [d.delivery_id]
+
+
+def test_until_its_task_answers_the_delivery_is_held_and_a_late_or_second_run_changes_nothing(tcast, monkeypatch):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from plugins_app import tasks
+    make_plugin(PID)
+    queued = []
+    monkeypatch.setattr(tasks.channel_command_answer, "delay", lambda *a: queued.append(a))
+    say("m-1", "/refine")
+    [d] = answers()
+    assert d.text == services.COMMAND_NOT_ANSWERED and d.not_before > timezone.now() + timedelta(seconds=60)
+    assert services.deliveries_claim(plugin_id=PID, max_items=5) == []  # held: not handed out
+    assert tasks.channel_command_answer(*queued[0]) is True
+    d.refresh_from_db()
+    assert d.text == "There is no message of yours in this conversation to refine." and d.not_before is None
+    assert tasks.channel_command_answer(*queued[0]) is False  # redelivered after a crash: the answer stays
+    # a task that comes after the hold passed finds its placeholder gone out and leaves it be
+    say("m-2", "/btw late?")
+    late = answers()[-1]
+    OutboundDelivery.objects.filter(pk=late.pk).update(not_before=timezone.now() - timedelta(seconds=1))
+    assert [x.delivery_id for x in services.deliveries_claim(plugin_id=PID, max_items=5)] == [
+        d.delivery_id, late.delivery_id]
+    assert tasks.channel_command_answer(*queued[1]) is False
+    late.refresh_from_db()
+    assert late.text == services.COMMAND_NOT_ANSWERED
+
+
 @pytest.mark.parametrize("text", ["/start", "/etc/hosts is empty, why?", "/ model", "hello /model", "/"])
 def test_text_that_is_no_command_here_goes_to_the_model(tcast, text):
     make_plugin(PID, allow_remote_control=["*"])
