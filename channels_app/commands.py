@@ -115,15 +115,15 @@ def command_run(*, viewer: Viewer, command: str, conversation_id: str | None = N
 
 def channel_command(text: str) -> tuple[str, str] | None:
     """(name, args) when a chat message is one of the commands here, else None: it goes to the model as text.
-    Telegram's form for a group, ``/model@some_bot gpt-x``, is the command too. Text that merely starts with
-    a slash (``/etc/hosts is empty``, a platform's own ``/start``) is no command here."""
+    Text that merely starts with a slash (``/etc/hosts is empty``, a platform's own ``/start``) is no command
+    here, nor is Telegram's ``/model@other_bot`` (the worker strips its own bot's name from a command
+    addressed to it)."""
     if not text.lstrip().startswith("/"):
         return None
     try:
         name, args = command_parse(text)
     except ApplicationError:
         return None
-    name = name.partition("@")[0]
     return (name, args) if name in HANDLERS else None
 
 

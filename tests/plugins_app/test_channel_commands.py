@@ -178,11 +178,17 @@ def test_text_that_is_no_command_here_goes_to_the_model(tcast, text):
     assert Receipt.objects.get().client_message_id == "m-1" and answers() == []
 
 
-def test_the_group_form_with_the_bots_name_is_the_command(tcast, other_model):
+def test_a_command_is_read_case_blind_and_one_addressed_to_another_bot_is_none(tcast, other_model):
+    from plugins_app.channel.workers.telegram.updates import addressed_to
     make_plugin(PID)
-    assert say("m-1", "/models@ugent_bot")["command"] == "/models"
-    assert say("m-2", "/MODEL")["command"] == "/model"
-    assert len(answers()) == 2 and no_turns()
+    assert say("m-1", "/MODEL")["command"] == "/model"
+    assert len(answers()) == 1 and no_turns()
+    # Telegram's group form: the worker strips its own bot's name; another bot's stays, and is no command
+    assert addressed_to("/models@UGENT_bot", "ugent_bot") == "/models"
+    assert addressed_to("/model@ugent_bot gpt-x", "ugent_bot") == "/model gpt-x"
+    assert addressed_to("/model@ugent_botty", "ugent_bot") == "/model@ugent_botty"
+    assert addressed_to("hi /model@ugent_bot", "ugent_bot") == "hi /model@ugent_bot"
+    assert "command" not in say("m-2", "/models@other_bot") and len(answers()) == 1
 
 
 def test_a_file_with_a_command_as_its_caption_is_a_message(tcast):
@@ -251,3 +257,27 @@ def test_the_admin_edits_allow_remote_control_and_refuses_what_is_no_sender(tcas
     plugin.refresh_from_db()
     assert plugin.allow_remote_control == ["echo:42"] and services.sender_may_remote_control(plugin, "42")
     assert not services.sender_may_remote_control(plugin, "43")
+
+
+def test_telegram_a_command_addressed_to_the_bot_is_answered_in_the_chat(tcast, start_runtime, monkeypatch,
+                                                                         other_model):
+    from tests.fakes.telegram import FakeTelegram
+    fake = FakeTelegram().start()
+    monkeypatch.setenv("TELEGRAM_BOT_TOKEN", fake.token)
+    monkeypatch.setenv("TELEGRAM_API_BASE_URL", fake.base_url)
+    try:
+        make_plugin("tg-main", kind="channel-telegram", command="",
+                    args=["--mode", "polling", "--poll-timeout", "2", "--per-chat-secs", "0", "--group-secs", "0"],
+                    env_refs=["TELEGRAM_BOT_TOKEN", "TELEGRAM_API_BASE_URL"], heartbeat_secs=1.0,
+                    allow_remote_control=["telegram:42"])
+        rt = start_runtime(limits={"startup_grace_secs": 15.0})
+        assert wait_until(lambda: fake.polls_begun >= 1, 20), rt.log("tg-main")
+        fake.push_message(42, "/model@ugent_test_bot other")
+        assert fake.wait_sent(1, timeout=30), rt.log("tg-main")
+        assert fake.texts()[0].startswith("Your model is now other")
+        assert Actor.objects.get(key="telegram:42").model_choice == "other" and not Turn.objects.exists()
+        fake.push_message(42, "/models@some_other_bot")  # not ours: a message to the model, as before
+        assert wait_until(lambda: Turn.objects.filter(finished_at__isnull=False).exists(), 30), rt.log("tg-main")
+        assert Turn.objects.get().receipt.content_hash and len(answers()) == 1
+    finally:
+        fake.stop()

@@ -1,6 +1,8 @@
 """Bot API updates as the hub's inbound messages, and the conversation ids answers go back to."""
 from __future__ import annotations
 
+import re
+
 from typing import Any
 
 from plugins_app.channel.sdk import Attachment, InboundMessage, ReplyContext
@@ -49,7 +51,16 @@ def _attachments(msg: dict) -> list[Attachment]:
     return out
 
 
-def normalise(update: dict) -> InboundMessage | None:
+def addressed_to(text: str, bot_username: str | None) -> str:
+    """A command addressed to this bot in a group (``/model@this_bot gpt-x``) as the hub reads a command
+    (``/model gpt-x``); one addressed to another bot keeps its ``@other_bot``, which the hub takes for no
+    command of its own."""
+    if not bot_username:
+        return text
+    return re.sub(rf"^(\s*/[^\s@/]+)@{re.escape(bot_username)}(?=\s|$)", r"\1", text, count=1, flags=re.IGNORECASE)
+
+
+def normalise(update: dict, bot_username: str | None = None) -> InboundMessage | None:
     """One Bot API ``Update`` as the hub's message, or None for an update the bot does not answer.
 
     The message id is ``<update_id>:<message_id>``: the update id is Telegram's dedupe key (a
@@ -78,7 +89,7 @@ def normalise(update: dict) -> InboundMessage | None:
         return None
     chat = msg["chat"]
     user = msg.get("from") or msg.get("sender_chat") or chat
-    text = msg.get("text") or msg.get("caption") or ""
+    text = addressed_to(msg.get("text") or msg.get("caption") or "", bot_username)
     attachments = _attachments(msg)
     if not text and not attachments:
         return None  # a service message (member joined, pinned, …): nothing to answer

@@ -253,7 +253,7 @@ class TelegramWorker(ChannelWorker):
     def _take(self, raw: dict, submit) -> bool:
         """Submit one update and wait until the hub has it; False if stopping first. Skips what it cannot read."""
         try:
-            message = normalise(raw)
+            message = normalise(raw, self.bot.username if self.bot is not None else None)
         except (KeyError, TypeError, ValueError):
             self.log.exception("update %s is not a message this worker reads; skipped", raw.get("update_id"))
             return True
