@@ -32,6 +32,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
+from urllib.parse import urlencode
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -212,6 +213,26 @@ class FakeSlack:
             self._pending[f"press-{action_ts}-{uuid.uuid4().hex[:4]}"] = Pending(payload, kind="interactive")
         return payload
 
+    def slash(self, command: str, text: str = "", *, channel: str = "D0DM00001", user: str = "U0USER001",
+              trigger_id: str | None = None) -> dict:
+        """A user runs a slash command the app registered: Slack's payload, sent as a ``slash_commands``
+        envelope (Socket Mode) or a form POST to the Request URL (webhook mode); returns the payload."""
+        payload = {"token": "verification-token-unused", "team_id": TEAM, "team_domain": "fake",
+                   "channel_id": channel, "channel_name": "directmessage" if channel.startswith("D") else "general",
+                   "user_id": user, "user_name": "ada", "command": command, "text": text, "api_app_id": APP_ID,
+                   "is_enterprise_install": "false",
+                   "response_url": f"https://hooks.slack.com/commands/{TEAM}/1/x",
+                   "trigger_id": trigger_id or f"{int(time.time())}.{uuid.uuid4().int % 10**12}.{uuid.uuid4().hex}"}
+        with self.lock:
+            self._pending[f"slash-{payload['trigger_id']}-{uuid.uuid4().hex[:4]}"] = Pending(payload,
+                                                                                          kind="slash_commands")
+        return payload
+
+    def reslash(self, payload: dict) -> None:
+        """Send a slash command the app already took once more (an envelope Slack thinks unacked)."""
+        with self.lock:
+            self._pending[f"slash-again-{uuid.uuid4().hex[:6]}"] = Pending(payload, attempts=1, kind="slash_commands")
+
     def repress(self, payload: dict) -> None:
         """Send a press the app already took once more (Socket Mode redelivers an unacked envelope)."""
         with self.lock:
@@ -316,11 +337,14 @@ class FakeSlack:
         url = self.request_url
         if not url:
             return
-        body = json.dumps(p.payload).encode()
+        if p.kind == "slash_commands":  # Slack POSTs a slash command as a form, not JSON
+            body, kind = urlencode(p.payload).encode(), "application/x-www-form-urlencoded"
+        else:
+            body, kind = json.dumps(p.payload).encode(), "application/json"
         ts = str(int(time.time()))
-        headers = {"Content-Type": "application/json", "X-Slack-Request-Timestamp": ts,
+        headers = {"Content-Type": kind, "X-Slack-Request-Timestamp": ts,
                    "X-Slack-Signature": sign(self.signing_secret, ts, body)}
-        if p.attempts:
+        if p.attempts and p.kind != "slash_commands":
             headers["X-Slack-Retry-Num"] = str(p.attempts)
             headers["X-Slack-Retry-Reason"] = p.reason or "http_error"
         with self.lock:

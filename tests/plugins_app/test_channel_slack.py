@@ -351,3 +351,29 @@ def test_an_app_level_token_revoked_while_connected_is_reported_not_retried(tcas
         "the channel refused the worker: apps.connections.open: token_revoked: the app-level token "
         "(SLACK_APP_TOKEN) was refused")
     assert len(socket_slack.calls_of("auth.test")) == 1
+
+
+def test_a_slash_command_is_run_and_answered_once_in_the_channel(tcast, slack, start_runtime):
+    """docs/commands.md, "From a chat channel": Slack's client sends a /word only when it is a slash command
+    the app registered; it comes as a slash_commands envelope (socket) or a form POST (webhook)."""
+    from channels_app.models import Actor
+    from plugins_app.agent.models import AgentProfile
+    AgentProfile.objects.create(name="other", provider="scripted", config={"prefix": "other"})
+    plugin = slack_plugin(slack)
+    plugin.allow_remote_control = ["slack:U0USER001"]
+    plugin.save()
+    rt = start_runtime()
+    listening(rt, slack)
+    invoked = slack.slash("/ugent", "model other", channel="D0DM00001")  # the umbrella command
+    answered(slack, 1)
+    slack.slash("/models", channel="D0DM00001")  # a command registered under its own name
+    posts = answered(slack, 2)
+    assert posts[0]["channel"] == "D0DM00001" and posts[0]["text"].startswith("Your model is now other")
+    assert "other" in posts[1]["text"] and posts[1]["text"].startswith("The models you may name")
+    assert Actor.objects.get(key="slack:U0USER001").model_choice == "other"
+    if slack.mode == "socket":
+        slack.reslash(invoked)  # an envelope Slack thinks unacked comes again: it runs nothing
+    slack.say("script:answer=after", channel="D0DM00001")
+    answered(slack, 3)
+    wait_until(lambda: False, 0.5)
+    assert [p["text"] for p in slack.posts()][2:] == ["after"] and Turn.objects.count() == 1

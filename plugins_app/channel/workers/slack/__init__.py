@@ -20,6 +20,11 @@ GovSlack's ``https://slack-gov.com/api/``, or a test's fake). Operators' page: d
 * **Options.** In Socket Mode a delivery's ``metadata["options"]`` become buttons under its last
   part; a press (an ``interactive`` envelope, ``block_actions``) comes back as a message whose
   ``metadata.option`` is the button's value (how a question is answered: docs/questions.md).
+* **Slash commands.** A slash command the operator registered for the app (``/model``, or the umbrella
+  ``--slash-command``, default ``/ugent``: ``/ugent model gpt-x``) comes as a ``slash_commands`` envelope
+  (Socket Mode) or a form POST to the Request URL (webhook mode) and is submitted as the text the hub reads
+  as that command (``/model gpt-x``), once per ``trigger_id``, in the channel's conversation
+  (docs/commands.md, "From a chat channel"). Slack's client keeps an unregistered ``/word`` from being sent.
 * **Refusals.** A bad or revoked token (``auth.test``, ``apps.connections.open``, a
   ``tokens_revoked``/``app_uninstalled`` event, an auth error while sending) or Socket Mode
   switched off raises ``ChannelRefused``: the plugin is disabled with the reason, not restarted.
@@ -72,6 +77,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="on: each thread is a conversation and answers go in the thread; off: one per channel")
     p.add_argument("--bind", default="127.0.0.1:3000", help="webhook mode: host:port to listen on (port 0: any)")
     p.add_argument("--path", default="/slack/events", help="webhook mode: the Request URL's path")
+    p.add_argument("--slash-command", default="/ugent",
+                   help="the umbrella slash command: '/ugent model gpt-x' is the hub's '/model gpt-x'")
     return p.parse_args(argv)
 
 
@@ -153,6 +160,7 @@ class SlackWorker(ChannelWorker):
         env = os.environ if environ is None else environ
         opts = parse_args(sys.argv[1:] if argv is None else argv)
         self.mode, self.threads, self.bind, self.path = opts.mode, opts.threads == "on", opts.bind, opts.path
+        self.slash_command = "/" + opts.slash_command.strip().lstrip("/").lower()
         self.bot_token = env.get("SLACK_BOT_TOKEN", "")
         self.app_token = env.get("SLACK_APP_TOKEN", "")
         self.signing_secret = env.get("SLACK_SIGNING_SECRET", "")
@@ -244,6 +252,38 @@ class SlackWorker(ChannelWorker):
             self.accept(frame.get("payload") or {})
         elif frame.get("type") == "interactive":
             self.accept_press(frame.get("payload") or {})
+        elif frame.get("type") == "slash_commands":
+            self.accept_slash(frame.get("payload") or {})
+
+    def accept_slash(self, payload: dict) -> None:
+        """A slash command, recorded and queued as a message; returns once recorded (Slack waits 3 s)."""
+        msg = self.normalise_slash(payload)
+        if msg is None:
+            return
+        row = self.outbox.inbound_record(msg)
+        if row.state == PENDING:
+            self._inbox.put(msg)
+
+    def normalise_slash(self, payload: dict) -> InboundMessage | None:
+        """A slash command's payload as the text the hub reads as a command: ``/model gpt-x`` as it is, the
+        umbrella ``/ugent model gpt-x`` as ``/model gpt-x``. Its message id is the invocation's
+        ``trigger_id`` (a redelivered envelope runs once); its conversation the channel's own (a command has
+        no thread). None when it names no user or channel."""
+        command = str(payload.get("command") or "").strip().lower()
+        user, channel = payload.get("user_id"), payload.get("channel_id")
+        trigger = payload.get("trigger_id")
+        if not (command.startswith("/") and user and channel and trigger):
+            return None
+        args = str(payload.get("text") or "").strip()
+        if command == self.slash_command:
+            text = "/" + args.lstrip("/") if args else "/"
+        else:
+            text = f"{command} {args}".strip()
+        return InboundMessage(
+            channel="slack", conversation_id=conversation_of(channel, "", None, None, threads=False),
+            message_id=f"slash:{trigger}", sender_id=str(user), sender_name=payload.get("user_name") or None,
+            source_type=source_type(None, str(channel)), text=text,
+            metadata={"channel": channel, "event_type": "slash_commands", "command": command})
 
     def accept_press(self, payload: dict) -> None:
         """A press of one of our option buttons (``block_actions``), recorded and queued as a message."""
@@ -284,6 +324,9 @@ class SlackWorker(ChannelWorker):
         Returns once the record is written, so the caller may ack Slack at once.
         """
         kind = payload.get("type")
+        if kind == "slash_commands":  # (the webhook's form POST, wrapped)
+            self.accept_slash(payload.get("payload") or {})
+            return
         if kind == "app_rate_limited":
             self.log.warning("Slack dropped events: app_rate_limited for minute %s",
                              payload.get("minute_rate_limited"))
