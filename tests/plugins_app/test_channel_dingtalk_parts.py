@@ -319,6 +319,36 @@ def test_a_download_refused_for_the_app_makes_the_worker_refuse(ding):
     worker.api.close()
 
 
+def test_a_resumed_delivery_skips_the_parts_the_journal_names_and_a_finished_one_counts_as_delivered(ding, tmp_path):
+    """The crash windows the outbox cannot close: killed between parts (the resume sends only what is left) and
+    killed after the last part went out but before the ack (already_delivered: nothing is sent again)."""
+    from plugins_app.channel.sdk import Delivery
+    from plugins_app.channel.sdk.journal import SentJournal
+    worker = DingTalkWorker(argv=[], environ=ding.env(), socket_path="/nowhere", plugin_id="dt-test", token="t",
+                            install_signal_handlers=False)
+    worker._journal = SentJournal(str(tmp_path / "sent.sqlite3"))
+    answer = "\n\n".join((f"part {i} " + "word " * 900).strip() for i in range(3))
+    parts = message_parts(answer)
+    delivery = Delivery(delivery_id="d_1", conversation_id=f"user:{STAFF}", text=answer)
+    worker._journal.record("d_1", 0, "key-of-part-0")  # part one went out before the crash
+    assert not worker.already_delivered(delivery)
+    assert worker.deliver(delivery) == "key-of-part-0"
+    assert ding.texts() == parts[1:]
+    assert worker.already_delivered(delivery)
+    assert worker.deliver(delivery) == "key-of-part-0" and ding.texts() == parts[1:]  # nothing sent twice
+    group = Delivery(delivery_id="d_2", conversation_id=f"group:{GROUP}", text="hi")
+    assert worker.deliver(group) == ding.sent[-1]["key"] and ding.sent[-1]["to"] == GROUP
+    from plugins_app.channel.sdk import DeliveryFailed
+    with pytest.raises(DeliveryFailed) as bad:
+        worker.deliver(Delivery(delivery_id="d_3", conversation_id="cid-without-kind", text="hi"))
+    assert bad.value.permanent
+    with pytest.raises(DeliveryFailed) as empty:
+        worker.deliver(Delivery(delivery_id="d_4", conversation_id=f"user:{STAFF}", text="  "))
+    assert empty.value.permanent
+    worker._journal.close()
+    worker.api.close()
+
+
 # -- registration -------------------------------------------------------------------------------------------
 
 @pytest.mark.django_db
