@@ -93,6 +93,7 @@ class FakeDingTalk:
         self._hold_after: int | None = None
         self._script: list[tuple[int, dict]] = []
         self._secret_reset = False
+        self._flow_controlled = 0
         self._stopping = threading.Event()
         self._msg_ids = itertools.count(1)
         self._http = FakeHTTPServer(("127.0.0.1", 0), self._handler())
@@ -133,6 +134,12 @@ class FakeDingTalk:
         code, message = code or defaults.get(status, ("", ""))[0], message or defaults.get(status, ("", "error"))[1]
         with self.lock:
             self._script.extend([(status, error(code, message))] * times)
+
+    def flow_control(self, times: int = 1) -> None:
+        """The next ``times`` one-to-one sends are answered 200 with the user in ``flowControlledStaffIdList``
+        and not delivered (DingTalk's flow control of one user)."""
+        with self.lock:
+            self._flow_controlled += times
 
     def hold_next(self, *, after: int = 0) -> None:
         """The send after the next ``after`` ones never arrives: held open, not recorded, never delivered (the
@@ -303,6 +310,10 @@ class FakeDingTalk:
                 if not isinstance(users, list) or not users or len(users) > 20:
                     return 400, error("invalidParameter.userIds.invalid", "userIds不合法")
                 invalid = [u for u in users if u not in self.staff]
+                if self._flow_controlled:
+                    self._flow_controlled -= 1
+                    return 200, {"processQueryKey": pqk, "invalidStaffIdList": invalid,
+                                 "flowControlledStaffIdList": [u for u in users if u not in invalid]}
                 for user in users:
                     if user not in invalid:
                         self.sent.append({"kind": "user", "to": user, "msgKey": key, "param": values, "key": pqk})

@@ -179,7 +179,7 @@ def test_an_answer_is_split_within_the_limit_counted_as_escaped_utf8():
 def test_a_title_is_the_first_line_without_markup_cut_short():
     assert title_of("## Weather today\n\nSunny") == "Weather today"
     assert title_of("> " + "x" * 40) == "x" * 19 + "…"
-    assert title_of("```\ncode\n```", 1, 3) == "code (2/3)"
+    assert title_of("```python\ncode\n```", 1, 3) == "code (2/3)"
     assert title_of("---") == "…"
 
 
@@ -255,6 +255,19 @@ def test_throttling_and_5xx_are_waited_out_doubling_and_give_up_past_the_bound(d
     with pytest.raises(Unavailable):
         down.send_to_user(STAFF, "sampleMarkdown", MD)
     assert ding.texts() == ["hi"] and [c.status for c in ding.sends()][6:] == [429, 429, 503, 503]
+
+
+def test_a_user_held_back_by_flow_control_is_waited_for_and_sent_once(ding):
+    client, waits = api(ding, backoff_initial=1.0)
+    ding.flow_control(times=2)
+    key = client.send_to_user(STAFF, "sampleMarkdown", MD)
+    assert waits == [1.0, 2.0] and ding.texts() == ["hi"] and key == ding.sent[0]["key"]
+    assert [c.answer["flowControlledStaffIdList"] for c in ding.sends()] == [[STAFF], [STAFF], []]
+    ding.flow_control(times=3)
+    bounded, _ = api(ding, max_wait_secs=2.5)
+    with pytest.raises(RateLimited):
+        bounded.send_to_user(STAFF, "sampleMarkdown", MD)
+    assert ding.texts() == ["hi"]
 
 
 def test_refusals_of_the_app_and_of_one_message_are_told_apart(ding):

@@ -189,7 +189,8 @@ def message_parts(text: str) -> list[str]:
 
 def title_of(text: str, n: int = 0, total: int = 1) -> str:
     """A markdown message's title: its first line without markup, cut short; numbered when split."""
-    first = next((line for line in text.splitlines() if _MARKUP.sub("", line).strip()), "")
+    first = next((line for line in text.splitlines()
+                  if _MARKUP.sub("", line).strip() and not line.lstrip().startswith("```")), "")
     title = _MARKUP.sub("", first).strip()
     title = title if len(title) <= TITLE_CHARS else title[:TITLE_CHARS - 1] + "…"
     title = title or "…"
