@@ -87,6 +87,8 @@ class FakeDingTalk:
         self.staff = {STAFF, OTHER_STAFF}         # the organisation's users the robot may write to
         self.groups = {GROUP}                     # the groups the robot is in
         self.files: dict[str, tuple[bytes, str]] = {}
+        self.sessions: dict[str, int] = {}        # session webhook token -> its expiry (ms since the epoch)
+        self.session_ttl_ms = 5400000             # a message's sessionWebhook lasts 90 minutes
         self.webhook_url: str | None = None
         self.permission = True                    # the app holds the robot's send permission
         self.held = threading.Event()             # a held send arrived
@@ -122,7 +124,7 @@ class FakeDingTalk:
 
     def env(self) -> dict[str, str]:
         return {"DINGTALK_APP_KEY": self.app_key, "DINGTALK_APP_SECRET": self.app_secret,
-                "DINGTALK_API_BASE_URL": self.base_url}
+                "DINGTALK_API_BASE_URL": self.base_url, "DINGTALK_OAPI_BASE_URL": self.base_url}
 
     # ------------------------------------------------------------------ scripting
 
@@ -140,6 +142,11 @@ class FakeDingTalk:
         and not delivered (DingTalk's flow control of one user)."""
         with self.lock:
             self._flow_controlled += times
+
+    def script_answer(self, status: int, body: dict) -> None:
+        """The next send is answered with exactly this (a session webhook's errcode, say)."""
+        with self.lock:
+            self._script.append((status, body))
 
     def hold_next(self, *, after: int = 0) -> None:
         """The send after the next ``after`` ones never arrives: held open, not recorded, never delivered (the
@@ -177,22 +184,31 @@ class FakeDingTalk:
     def sends(self) -> list[Call]:
         with self.lock:
             return [c for c in self.calls if c.path in ("/v1.0/robot/oToMessages/batchSend",
-                                                        "/v1.0/robot/groupMessages/send")]
+                                                        "/v1.0/robot/groupMessages/send", "/robot/sendBySession")]
+
+    def expire_sessions(self) -> None:
+        """Every session webhook handed out so far has expired."""
+        with self.lock:
+            for session in self.sessions:
+                self.sessions[session] = 0
 
     # ------------------------------------------------------------------ the callback, as DingTalk calls it
 
     def message(self, msgtype: str = "text", *, group: bool = False, staff: str = STAFF, **fields) -> dict:
         """A robot message as DingTalk POSTs it (HTTP mode)."""
         now = int(time.time() * 1000)
+        session = secrets.token_hex(16)
+        with self.lock:
+            self.sessions[session] = now + self.session_ttl_ms
         message = {
             "conversationId": GROUP if group else "cidqO7vJ3QkEOGbqNb2mGSx4Q==",
             "atUsers": [{"dingtalkId": BOT_USER}],
             "chatbotCorpId": CORP_ID, "chatbotUserId": BOT_USER,
             "msgId": f"msg{next(self._msg_ids):04d}" + secrets.token_urlsafe(12),
             "senderNick": "张三", "isAdmin": False, "senderStaffId": staff,
-            "sessionWebhookExpiredTime": now + 5400000, "createAt": now, "senderCorpId": CORP_ID,
+            "sessionWebhookExpiredTime": now + self.session_ttl_ms, "createAt": now, "senderCorpId": CORP_ID,
             "conversationType": "2" if group else "1", "senderId": "$:LWCP_v1:$Ff09GIxxxxx" + staff,
-            "sessionWebhook": "https://oapi.dingtalk.com/robot/sendBySession?session=" + secrets.token_hex(16),
+            "sessionWebhook": f"{self.base_url}/robot/sendBySession?session={session}",
             "robotCode": self.robot_code, "msgtype": msgtype,
         }
         if group:
@@ -234,6 +250,9 @@ class FakeDingTalk:
                     if found is None:
                         return self.send(404, b"<Error><Code>NoSuchKey</Code></Error>", "application/xml")
                     return self.send(200, found[0], found[1])
+                if method == "POST" and path == "/robot/sendBySession":
+                    status, answer = fake._session_send(self.path, raw)
+                    return self.send(status, json.dumps(answer, ensure_ascii=False).encode(), "application/json")
                 result = fake._serve(method, path, {k.lower(): v for k, v in self.headers.items()}, raw)
                 if result is None:
                     self.close_connection = True
@@ -323,6 +342,32 @@ class FakeDingTalk:
                 return 400, error("invalid.openConversationId", "无效的openConversationId")
             self.sent.append({"kind": "group", "to": group, "msgKey": key, "param": values, "key": pqk})
             return 200, {"processQueryKey": pqk}
+
+    def _session_send(self, target: str, raw: bytes) -> tuple[int, dict]:
+        """A message's sessionWebhook: ``{"msgtype", "markdown"|"text"}``, no token; errors in errcode."""
+        from urllib.parse import parse_qs
+        session = (parse_qs(urlsplit(target).query).get("session") or [""])[0]
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        call = Call("POST", "/robot/sendBySession", {}, body if isinstance(body, dict) else None, time.monotonic())
+        with self.lock:
+            self.calls.append(call)
+            expires = self.sessions.get(session)
+            if expires is None or time.time() * 1000 >= expires:
+                call.answer = {"errcode": 300001, "errmsg": "session is expired or not exist"}
+            elif not isinstance(body, dict) or body.get("msgtype") not in ("text", "markdown"):
+                call.answer = {"errcode": 40035, "errmsg": "缺少参数 msgtype"}
+            elif self._script:
+                call.status, call.answer = self._script.pop(0)
+                return call.status, call.answer
+            else:
+                param = body.get(body["msgtype"]) or {}
+                self.sent.append({"kind": "session", "to": session, "msgKey": body["msgtype"], "param": param,
+                                  "key": ""})
+                call.answer = {"errcode": 0, "errmsg": "ok"}
+        return 200, call.answer
 
     def _access_token(self, body):
         if not isinstance(body, dict):

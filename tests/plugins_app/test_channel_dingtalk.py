@@ -298,3 +298,43 @@ def test_a_message_sent_while_the_worker_is_down_is_taken_when_dingtalk_sends_it
     assert ding.post(message).status_code == 200
     assert answered(ding, 2, timeout=45) == ["before", "after"]
     assert Receipt.objects.filter(client_message_id=message["msgId"]).count() == 1
+
+
+def session_plugin() -> Plugin:
+    """A robot with no app credentials: only the secret that signs what DingTalk sends."""
+    return make_plugin(PID, kind="channel-dingtalk", command="", args=["--bind", "127.0.0.1:0"],
+                       env_refs=["DINGTALK_APP_SECRET", "DINGTALK_API_BASE_URL", "DINGTALK_OAPI_BASE_URL"],
+                       heartbeat_secs=1.0)
+
+
+def test_without_an_app_key_the_answer_goes_through_the_messages_session_webhook(tcast, ding, start_runtime):
+    session_plugin()
+    rt = start_runtime()
+    listening(rt, ding)
+    message = ding.say("script:answer=by the session webhook", group=True)
+    assert answered(ding) == ["by the session webhook"]
+    [send] = ding.sends()
+    assert send.path == "/robot/sendBySession" and send.answer == {"errcode": 0, "errmsg": "ok"}
+    assert message["sessionWebhook"].endswith(ding.sent[0]["to"])
+    assert send.body == {"msgtype": "markdown", "markdown": {"title": "by the session webh…",  # 20 characters
+                                                             "text": "by the session webhook"}}
+    assert wait_until(delivered, 15), rt.log(PID)
+    assert not ding.calls_to("/v1.0/oauth2/accessToken")  # no credentials, no token
+    # a picture cannot be downloaded without a token: the agent is told so, and the message still runs
+    code = ding.upload(b"\xff\xd8jpeg")
+    assert ding.post(ding.message("picture", content={"downloadCode": code})).status_code == 200
+    assert wait_until(lambda: Receipt.objects.count() == 2, 15), rt.log(PID)
+    assert not ding.calls_to("/v1.0/robot/messageFiles/download") and not PluginMedia.objects.exists()
+
+
+def test_without_an_app_key_an_answer_after_the_session_webhook_expired_is_dead_lettered(tcast, ding, start_runtime):
+    session_plugin()
+    rt = start_runtime()
+    listening(rt, ding)
+    ding.session_ttl_ms = 5_000  # within the worker's margin of 10 s: expired for sending
+    ding.say("script:answer=too late")
+    assert wait_until(lambda: OutboundDelivery.objects.filter(state="dead_letter").exists(), 30), rt.log(PID)
+    delivery = OutboundDelivery.objects.get()
+    assert "sessionWebhook" in delivery.last_error and "expired" in delivery.last_error
+    assert "DINGTALK_APP_KEY" in delivery.last_error
+    assert not ding.sends() and Plugin.objects.get().state == "running"

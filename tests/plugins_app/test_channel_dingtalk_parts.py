@@ -362,6 +362,52 @@ def test_a_resumed_delivery_skips_the_parts_the_journal_names_and_a_finished_one
     worker.api.close()
 
 
+# -- without app credentials: the session webhook -------------------------------------------------------------
+
+def test_a_session_webhook_send_waits_out_throttling_and_an_expired_one_is_refused(ding):
+    from plugins_app.channel.workers.dingtalk.api import SessionRefused
+    client, waits = api(ding)
+    url = ding.message()["sessionWebhook"]
+    # DingTalk's errcode for a robot sending too fast
+    ding.script_answer(200, {"errcode": 130101, "errmsg": "send too fast, exceed 20 times per minute"})
+    client.send_by_session(url, {"title": "hi", "text": "hi"})
+    assert waits == [1.0] and ding.texts() == ["hi"]
+    assert ding.sends()[-1].body == {"msgtype": "markdown", "markdown": {"title": "hi", "text": "hi"}}
+    ding.expire_sessions()
+    with pytest.raises(SessionRefused) as expired:
+        client.send_by_session(url, {"title": "hi", "text": "again"})
+    assert expired.value.code == "300001" and ding.texts() == ["hi"]
+
+
+def test_the_session_store_keeps_each_conversations_newest_webhook_across_restarts(tmp_path):
+    from plugins_app.channel.workers.dingtalk.session import SessionStore
+    path = str(tmp_path / "sessions.json")
+    later = int(time.time() * 1000) + 3_600_000
+    store = SessionStore(path)
+    store.remember("user:a", "https://oapi.dingtalk.com/robot/sendBySession?session=new", later)
+    store.remember("user:a", "https://oapi.dingtalk.com/robot/sendBySession?session=old", later - 60_000)
+    store.remember("user:b", "https://oapi.dingtalk.com/robot/sendBySession?session=gone", 1)
+    again = SessionStore(path)  # a restarted worker
+    assert again.get("user:a") == ("https://oapi.dingtalk.com/robot/sendBySession?session=new", later)
+    again.remember("group:c", "https://oapi.dingtalk.com/robot/sendBySession?session=c", later)
+    assert again.get("user:b") is None and SessionStore(path).get("group:c") is not None  # the expired one dropped
+
+
+def test_without_an_app_key_a_session_webhook_on_another_host_is_never_kept(ding, tmp_path):
+    env = {k: v for k, v in ding.env().items() if k != "DINGTALK_APP_KEY"}
+    worker = DingTalkWorker(argv=[], environ=env, socket_path="/nowhere", plugin_id="dt-test", token="t",
+                            install_signal_handlers=False)
+    from plugins_app.channel.workers.dingtalk.session import SessionStore
+    worker.sessions = SessionStore(str(tmp_path / "s.json"))
+    assert worker.session_mode
+    message = ding.text("hi", sessionWebhook="https://attacker.example/robot/sendBySession?session=x")
+    worker._remember_session("user:x", message)
+    assert worker.sessions.get("user:x") is None
+    worker._remember_session("user:x", ding.text("hi"))
+    assert worker.sessions.get("user:x")[0].startswith(f"{ding.base_url}/robot/sendBySession?session=")
+    worker.api.close()
+
+
 # -- registration -------------------------------------------------------------------------------------------
 
 @pytest.mark.django_db

@@ -33,6 +33,11 @@ set, which is what DingTalk gives an app's robot), ``DINGTALK_API_BASE_URL`` (de
   send permission raises ``ChannelRefused``: the plugin is disabled with the reason, not restarted. A
   user DingTalk names in ``invalidStaffIdList``, and any other 4xx of a send, fails that delivery
   permanently with DingTalk's reason.
+* **Without app credentials** (no ``DINGTALK_APP_KEY``; the secret still verifies the sign): each answer goes
+  to the newest ``sessionWebhook`` of its conversation (kept in a JSON file beside the outbox) while it is
+  valid (about 90 minutes; ``DINGTALK_OAPI_BASE_URL``, default ``https://oapi.dingtalk.com``, is the only
+  host the worker posts such a URL to); after that the delivery is dead-lettered with the reason. Files
+  are not downloaded: the message says so in its text.
 """
 from __future__ import annotations
 
@@ -43,6 +48,7 @@ import mimetypes
 import os
 import re
 import sys
+import time
 from urllib.parse import parse_qs, quote, urlsplit
 
 import httpx
@@ -53,8 +59,8 @@ from plugins_app.channel.sdk.outbox import outbox_path_for
 from plugins_app.channel.sdk.text import split_text
 from plugins_app.channel.sdk.webhook import WebhookInbox
 
-from .api import (DEFAULT_API_BASE_URL, AppRefused, DingTalkApi, DingTalkError, RateLimited, Stopped, Unavailable,
-                  UserUnreachable)
+from .api import (DEFAULT_API_BASE_URL, DEFAULT_OAPI_BASE_URL, AppRefused, DingTalkApi, DingTalkError, RateLimited,
+                  SessionRefused, Stopped, Unavailable, UserUnreachable)
 
 KIND = "channel-dingtalk"
 DESCRIPTION = "DingTalk (钉钉): an internal app robot's HTTP callback in, the robot OpenAPI out."
@@ -63,6 +69,7 @@ ENV_REFS = ("DINGTALK_APP_KEY", "DINGTALK_APP_SECRET")
 APP_KEY_ENV, APP_SECRET_ENV = ENV_REFS
 ROBOT_CODE_ENV = "DINGTALK_ROBOT_CODE"
 BASE_URL_ENV = "DINGTALK_API_BASE_URL"
+OAPI_BASE_URL_ENV = "DINGTALK_OAPI_BASE_URL"
 
 #: The most one message's text may measure: bytes of UTF-8 once JSON-escaped, as it sits in ``msgParam``
 #: (DingTalk allows 15,000 bytes for the whole ``msgParam``; a third, on the safe side).
@@ -73,6 +80,8 @@ USER_PREFIX, GROUP_PREFIX = "user:", "group:"
 #: A message type's attachment kind and content type (a file's type is guessed from its name).
 MEDIA = {"picture": ("image", "image/jpeg"), "audio": ("audio", "audio/amr"), "video": ("video", "video/mp4"),
          "file": ("document", "application/octet-stream")}
+#: A session webhook this close to its expiry is taken as expired (a send must reach DingTalk before it).
+SESSION_MARGIN_MS = 10_000
 #: How long a send refused for the app's settings waits for the worker to stop (the listener stops it at once).
 REFUSAL_HOLD_SECS = 30.0
 _MENTION = re.compile(r"^\s*@\S*\s*")
@@ -227,6 +236,10 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
         self.app_key, self.app_secret = env.get(APP_KEY_ENV, ""), env.get(APP_SECRET_ENV, "")
         self.robot_code = env.get(ROBOT_CODE_ENV) or self.app_key
         self.base_url = (env.get(BASE_URL_ENV) or DEFAULT_API_BASE_URL).rstrip("/")
+        self.oapi_base_url = (env.get(OAPI_BASE_URL_ENV) or DEFAULT_OAPI_BASE_URL).rstrip("/")
+        #: No app key: no token, so answers go through each message's session webhook while it lasts.
+        self.session_mode = not self.app_key
+        self.sessions = None
         self.api = DingTalkApi(self.app_key, self.app_secret, self.robot_code, base_url=self.base_url,
                                stopping=self.stopping, max_wait_secs=self.opts.max_retry_wait)
         self.inbox_init()
@@ -236,17 +249,21 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
     # ------------------------------------------------------------------ connect
 
     def connect(self) -> None:
-        missing = [name for name, value in ((APP_KEY_ENV, self.app_key), (APP_SECRET_ENV, self.app_secret))
-                   if not value]
-        if missing:
-            raise ChannelRefused(f"{', '.join(missing)} not set")
-        try:
-            self.api.token()
-        except AppRefused as exc:
-            raise ChannelRefused(refused(exc)) from exc
-        journal_path = str(outbox_path_for(self.plugin_id, self.state_dir)).replace(".outbox.", ".dingtalk-sent.")
-        self._journal = SentJournal(journal_path)
-        self.log.info("dingtalk: app %s, robot %s via %s", self.app_key, self.robot_code, self.base_url)
+        if not self.app_secret:
+            raise ChannelRefused(f"{APP_SECRET_ENV} not set (it signs every message DingTalk sends the robot)")
+        state = str(outbox_path_for(self.plugin_id, self.state_dir))
+        if self.session_mode:
+            from .session import SessionStore
+            self.sessions = SessionStore(state.replace(".outbox.sqlite3", ".dingtalk-sessions.json"))
+            self.log.warning("dingtalk: %s is not set: answers go through each message's sessionWebhook while it "
+                             "is valid (about 90 minutes), and files are not downloaded", APP_KEY_ENV)
+        else:
+            try:
+                self.api.token()
+            except AppRefused as exc:
+                raise ChannelRefused(refused(exc)) from exc
+            self.log.info("dingtalk: app %s, robot %s via %s", self.app_key, self.robot_code, self.base_url)
+        self._journal = SentJournal(state.replace(".outbox.", ".dingtalk-sent."))
         from .webhook import WebhookServer
         self.server = WebhookServer(self.opts.bind, self.opts.path, self.app_secret, self.accept)
         self.server.start()
@@ -266,8 +283,27 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
             self.log.info("dingtalk: %s message %s (conversation type %s) carries nothing to answer; skipped",
                           message.get("msgtype"), message.get("msgId"), message.get("conversationType"))
             return
+        if self.session_mode:
+            self._remember_session(msg.conversation_id, message)
+            if msg.attachments:  # no token, no download: the agent is told what it does not see
+                notes = [f"[{a.filename or a.kind} not downloaded: the DingTalk worker has no app credentials "
+                         f"({APP_KEY_ENV})]" for a in msg.attachments]
+                msg.attachments = []
+                msg.text = "\n\n".join([t for t in [msg.text] if t] + notes)
         if not self.inbox_record(msg):
             self.log.info("dingtalk: message %s was taken before (DingTalk sent it again)", msg.message_id)
+
+    def _remember_session(self, conversation_id: str, message: dict) -> None:
+        url = str(message.get("sessionWebhook") or "")
+        try:
+            expires = int(message.get("sessionWebhookExpiredTime") or 0)
+        except (TypeError, ValueError):
+            expires = 0
+        if not url.startswith(f"{self.oapi_base_url}/robot/sendBySession?") or not expires:
+            self.log.warning("dingtalk: message %s carries no usable sessionWebhook (%r): it cannot be answered "
+                             "without %s", message.get("msgId"), url[:80], APP_KEY_ENV)
+            return
+        self.sessions.remember(conversation_id, url, expires)
 
     def fetch_media(self, attachment: Attachment) -> bytes | None:
         prefix = f"{self.base_url}/v1.0/robot/messageFiles/download?"
@@ -292,6 +328,8 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
     def deliver(self, delivery) -> str | None:
         if self._refusal:
             raise self._refused_failure()
+        if self.session_mode:
+            return self._deliver_by_session(delivery)
         target = delivery.conversation_id
         if target.startswith(USER_PREFIX):
             send = self.api.send_to_user
@@ -331,6 +369,37 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
             self._journal.record(delivery.delivery_id, n, key)  # before anything else can fail
             first = first or key or None
         return first
+
+    def _deliver_by_session(self, delivery) -> str | None:
+        """Without app credentials: each part POSTed to the conversation's newest session webhook while it lasts."""
+        params = markdown_params(message_parts(delivery.text))
+        if not params:
+            raise DeliveryFailed("nothing DingTalk can show: the answer has no text (files are not sent to DingTalk)",
+                                 permanent=True)
+        session = self.sessions.get(delivery.conversation_id)
+        if session is None:
+            raise DeliveryFailed(f"no sessionWebhook is known for {delivery.conversation_id}, and without "
+                                 f"{APP_KEY_ENV} the robot cannot write first", permanent=True)
+        url, expires = session
+        done = self._journal.done(delivery.delivery_id)
+        for n, param in enumerate(params):
+            if n in done:
+                continue
+            if time.time() * 1000 >= expires - SESSION_MARGIN_MS:
+                raise DeliveryFailed(f"the sessionWebhook of {delivery.conversation_id} expired at "
+                                     f"{ms_to_rfc3339(expires)}; set {APP_KEY_ENV} to answer after it", permanent=True)
+            try:
+                self.api.send_by_session(url, param)
+            except SessionRefused as exc:
+                raise DeliveryFailed(str(exc), permanent=True) from exc
+            except (RateLimited, Unavailable) as exc:
+                raise DeliveryFailed(str(exc)) from exc
+            except DingTalkError as exc:
+                raise DeliveryFailed(str(exc), permanent=400 <= exc.status < 500) from exc
+            except (Stopped, httpx.HTTPError) as exc:
+                raise DeliveryFailed(f"sessionWebhook: {type(exc).__name__}: {exc}") from exc
+            self._journal.record(delivery.delivery_id, n, "")  # a session webhook names no message id
+        return None
 
     def already_delivered(self, delivery) -> bool:
         """After a crash inside deliver(): every part of the answer is in the sent journal."""

@@ -27,6 +27,10 @@ from typing import Callable
 import httpx
 
 DEFAULT_API_BASE_URL = "https://api.dingtalk.com"
+#: Where a message's ``sessionWebhook`` points: the worker posts to no other host with it.
+DEFAULT_OAPI_BASE_URL = "https://oapi.dingtalk.com"
+#: A session webhook's errcode for sending too fast (the robot's 20 messages a minute): waited out.
+SESSION_THROTTLED = {130101}
 TOKEN_HEADER = "x-acs-dingtalk-access-token"
 
 #: Fetch a new token this long before the one in hand expires (DingTalk gives 7,200 s).
@@ -59,6 +63,10 @@ class RateLimited(DingTalkError):
 
 class Unavailable(DingTalkError):
     """5xx for longer than a call waits in place."""
+
+
+class SessionRefused(DingTalkError):
+    """A session webhook answered a non-zero errcode (expired, or the message refused): not worth sending again."""
 
 
 class Stopped(Exception):
@@ -161,6 +169,37 @@ class DingTalkApi:
                 "msgParam": json.dumps(msg_param, ensure_ascii=False)}
         answer = self._call("POST /v1.0/robot/groupMessages/send", "/v1.0/robot/groupMessages/send", body)
         return str(answer.get("processQueryKey") or "")
+
+    def send_by_session(self, url: str, param: dict) -> None:
+        """POST a markdown message (``{"title", "text"}``) to a message's ``sessionWebhook``: no token, answered
+        ``{"errcode": 0, "errmsg": "ok"}``. Throttling (429, errcode 130101) and 5xx are waited out; another
+        errcode (the session expired, the message refused) raises ``SessionRefused``."""
+        where = "POST sessionWebhook"
+        waited, backoff = 0.0, self.backoff_initial
+        while True:
+            response = self.client.post(url, json={"msgtype": "markdown", "markdown": param})
+            status = response.status_code
+            if status == 429 or status >= 500:
+                code, message = error_of(response)
+                waited, backoff = self._wait(where, status, code, message, waited, backoff)
+                continue
+            try:
+                answer = response.json()
+            except ValueError:
+                answer = None
+            if not isinstance(answer, dict):
+                answer = {}
+            try:
+                errcode = int(answer.get("errcode", 0 if status == 200 else -1))
+            except (TypeError, ValueError):
+                errcode = -1
+            errmsg = str(answer.get("errmsg") or answer.get("message") or response.reason_phrase or "")
+            if status == 200 and errcode == 0:
+                return
+            if errcode in SESSION_THROTTLED:
+                waited, backoff = self._wait(where, 429, str(errcode), errmsg, waited, backoff)
+                continue
+            raise SessionRefused(where, status, str(errcode), errmsg)
 
     def download_url(self, download_code: str) -> str:
         """``POST /v1.0/robot/messageFiles/download``: where a received file can be fetched (for a while)."""
