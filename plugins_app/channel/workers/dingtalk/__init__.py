@@ -275,7 +275,7 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
         """One verified callback message: recorded durably (the outbox), queued for the hub. Returns once the
         record is written, so the webhook may answer DingTalk 200 at once."""
         code = message.get("robotCode")
-        if code and str(code) != self.robot_code:
+        if code and str(code) != self.robot_code and not self.session_mode:
             self.log.warning("dingtalk: message %s is for robot %s, but %s is %s: answers will be refused",
                              message.get("msgId"), code, ROBOT_CODE_ENV, self.robot_code)
         msg = normalise(message, base_url=self.base_url)
