@@ -21,6 +21,7 @@ from importlib.metadata import entry_points
 log = logging.getLogger("ugent.plugins")
 
 BUILTIN = {
+    "channel-dingtalk": "plugins_app.channel.workers.dingtalk",
     "channel-discord": "plugins_app.channel.workers.discord",
     "channel-echo": "plugins_app.channel.workers.echo",
     "channel-email": "plugins_app.channel.workers.email",

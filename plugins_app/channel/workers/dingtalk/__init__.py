@@ -1,0 +1,428 @@
+"""The DingTalk (钉钉) channel: an internal app's robot, its HTTP message callback in, the robot OpenAPI out.
+
+    python -m plugins_app.channel.workers.dingtalk [--bind 127.0.0.1:3000] [--path /dingtalk/robot]
+                                                   [--max-retry-wait 120]
+
+Environment: ``DINGTALK_APP_KEY`` and ``DINGTALK_APP_SECRET`` (the app's Client ID and Client Secret, on its
+*Credentials* page in the developer console), ``DINGTALK_ROBOT_CODE`` (the robot's code; the app key when not
+set, which is what DingTalk gives an app's robot), ``DINGTALK_API_BASE_URL`` (default
+``https://api.dingtalk.com``, only to point the worker at a test's fake). Operators' page: docs/channels/dingtalk.md.
+
+* **Inbound.** A webhook server (``webhook.py``) at the robot's *message receiving address* (HTTP mode):
+  ``timestamp`` and ``sign`` checked in constant time, a timestamp more than an hour away refused; answered
+  200 once the message is in the worker's outbox. Messages of type text, richText, picture, file, audio
+  (with DingTalk's recognition text as the message's text) and video become ``InboundMessage``s whose
+  ``message_id`` is DingTalk's ``msgId``, so a message sent again runs no second turn. A one-to-one chat
+  (``conversationType`` "1") is the conversation ``user:<senderStaffId>``; a group ("2", where the robot
+  hears only @mentions) is ``group:<conversationId>`` with the leading @mention taken off the text. The
+  sender is ``senderStaffId`` (``senderId`` when there is none). Files are downloaded with
+  ``POST /v1.0/robot/messageFiles/download`` and stored on the host.
+* **Outbound.** The robot OpenAPI, which, unlike a message's ``sessionWebhook``, works at any time:
+  ``oToMessages/batchSend`` to the one user of a one-to-one chat, ``groupMessages/send`` to a group, as
+  ``sampleMarkdown`` (a title and the text). An answer is split at 5,000 bytes of JSON-escaped UTF-8 a
+  message (DingTalk allows a ``msgParam`` of 15,000 bytes: a third of it, on the safe side). DingTalk
+  has no idempotency key: each part DingTalk took is written to a sent-parts journal (a SQLite file
+  beside the outbox) and a delivery resumed after a crash skips the parts it names; only the one part
+  in flight at the crash may be sent twice.
+* **Token.** ``POST /v1.0/oauth2/accessToken`` with the app key and secret, kept until shortly before it
+  expires, fetched again at once when a call answers 401, and the call made once more.
+* **Limits.** Throttling (429, a ``Throttling``/``QpsLimit`` code, a user in ``flowControlledStaffIdList``)
+  and 5xx are waited out in place (1 s doubling to 30 s) up to ``--max-retry-wait``; then the hub's
+  own retries take over.
+* **Refusals.** The app key or secret refused, the robot code not the app's, or the app lacking the robot's
+  send permission raises ``ChannelRefused``: the plugin is disabled with the reason, not restarted. A
+  user DingTalk names in ``invalidStaffIdList``, and any other 4xx of a send, fails that delivery
+  permanently with DingTalk's reason.
+* **Without app credentials** (no ``DINGTALK_APP_KEY``; the secret still verifies the sign): each answer goes
+  to the newest ``sessionWebhook`` of its conversation (kept in a JSON file beside the outbox) while it is
+  valid (about 90 minutes; ``DINGTALK_OAPI_BASE_URL``, default ``https://oapi.dingtalk.com``, is the only
+  host the worker posts such a URL to); after that the delivery is dead-lettered with the reason. Files
+  are not downloaded: the message says so in its text.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import mimetypes
+import os
+import re
+import sys
+import time
+from urllib.parse import parse_qs, quote, urlsplit
+
+import httpx
+
+from plugins_app.channel.sdk import Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, InboundMessage
+from plugins_app.channel.sdk.journal import SentJournal
+from plugins_app.channel.sdk.outbox import outbox_path_for
+from plugins_app.channel.sdk.text import split_text
+from plugins_app.channel.sdk.webhook import WebhookInbox
+
+from .api import (DEFAULT_API_BASE_URL, DEFAULT_OAPI_BASE_URL, AppRefused, DingTalkApi, DingTalkError, RateLimited,
+                  SessionRefused, Stopped, Unavailable, UserUnreachable)
+
+KIND = "channel-dingtalk"
+DESCRIPTION = "DingTalk (钉钉): an internal app robot's HTTP callback in, the robot OpenAPI out."
+ENV_REFS = ("DINGTALK_APP_KEY", "DINGTALK_APP_SECRET")
+
+APP_KEY_ENV, APP_SECRET_ENV = ENV_REFS
+ROBOT_CODE_ENV = "DINGTALK_ROBOT_CODE"
+BASE_URL_ENV = "DINGTALK_API_BASE_URL"
+OAPI_BASE_URL_ENV = "DINGTALK_OAPI_BASE_URL"
+
+#: The most one message's text may measure: bytes of UTF-8 once JSON-escaped, as it sits in ``msgParam``
+#: (DingTalk allows 15,000 bytes for the whole ``msgParam``; a third, on the safe side).
+TEXT_LIMIT_BYTES = 5000
+#: The longest title of a markdown message (what a notification and the chat list show).
+TITLE_CHARS = 20
+USER_PREFIX, GROUP_PREFIX = "user:", "group:"
+#: A message type's attachment kind and content type (a file's type is guessed from its name).
+MEDIA = {"picture": ("image", "image/jpeg"), "audio": ("audio", "audio/amr"), "video": ("video", "video/mp4"),
+         "file": ("document", "application/octet-stream")}
+#: A session webhook this close to its expiry is taken as expired (a send must reach DingTalk before it).
+SESSION_MARGIN_MS = 10_000
+#: How long a send refused for the app's settings waits for the worker to stop (the listener stops it at once).
+REFUSAL_HOLD_SECS = 30.0
+_MENTION = re.compile(r"^\s*@\S*\s*")
+_MARKUP = re.compile(r"^[\s#>*_`~\-+|]+")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="channel-dingtalk", description=DESCRIPTION)
+    p.add_argument("--bind", default="127.0.0.1:3000", help="host:port the webhook listens on (port 0: any)")
+    p.add_argument("--path", default="/dingtalk/robot", help="the message receiving address's path")
+    p.add_argument("--max-retry-wait", type=float, default=120.0,
+                   help="the longest a send waits out throttling and 5xx in place; then the hub's retries take over")
+    return p.parse_args(argv)
+
+
+def ms_to_rfc3339(ms) -> str:
+    try:
+        moment = _dt.datetime.fromtimestamp(int(ms) / 1000, _dt.timezone.utc)
+    except (TypeError, ValueError, OverflowError, OSError):
+        moment = _dt.datetime.now(_dt.timezone.utc)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def download_ref(base_url: str, download_code: str) -> str:
+    """The attachment's URL: where its download URL is asked for (the token is added then, never stored)."""
+    return f"{base_url.rstrip('/')}/v1.0/robot/messageFiles/download?downloadCode={quote(download_code, safe='')}"
+
+
+def strip_mention(text: str) -> str:
+    """A group message's text without the leading @mention (the robot's name) DingTalk may leave in it."""
+    return _MENTION.sub("", text, count=1) if text.lstrip().startswith("@") else text.strip()
+
+
+def _attachment(base_url: str, mtype: str, content: dict) -> Attachment | None:
+    code = content.get("downloadCode") or content.get("pictureDownloadCode")
+    if not code or mtype not in MEDIA:
+        return None
+    kind, ctype = MEDIA[mtype]
+    name = str(content.get("fileName") or "") or None
+    if name:
+        ctype = mimetypes.guess_type(name)[0] or ctype
+    return Attachment(kind=kind, content_type=ctype, url=download_ref(base_url, str(code)), filename=name,
+                      channel_ref=str(code))
+
+
+def normalise(message: dict, *, base_url: str = DEFAULT_API_BASE_URL) -> InboundMessage | None:
+    """A robot callback's message as an InboundMessage; None for what names no chat or carries nothing."""
+    msg_id = str(message.get("msgId") or "")
+    mtype = str(message.get("msgtype") or "")
+    ctype = str(message.get("conversationType") or "")
+    staff = str(message.get("senderStaffId") or "")
+    if not msg_id:
+        return None
+    if ctype == "1":
+        if not staff:
+            return None  # someone outside the organisation: the robot OpenAPI cannot write back to them
+        conversation_id, source_type = USER_PREFIX + staff, "user"
+    elif ctype == "2" and message.get("conversationId"):
+        conversation_id, source_type = GROUP_PREFIX + str(message["conversationId"]), "group"
+    else:
+        return None
+    content = message.get("content") if isinstance(message.get("content"), dict) else {}
+    text, attachments = "", []
+    if mtype == "text":
+        text = str((message.get("text") or {}).get("content") or "")
+    elif mtype == "richText":
+        lines = []
+        for item in content.get("richText") or []:
+            if not isinstance(item, dict):
+                continue
+            if item.get("text"):
+                lines.append(str(item["text"]))
+            elif item.get("type") == "picture" or item.get("downloadCode") or item.get("pictureDownloadCode"):
+                att = _attachment(base_url, "picture", item)
+                if att:
+                    attachments.append(att)
+        text = "\n".join(lines)
+    elif mtype in MEDIA:
+        att = _attachment(base_url, mtype, content)
+        if att:
+            attachments.append(att)
+        if mtype == "audio":
+            text = str(content.get("recognition") or "")  # what DingTalk heard
+    else:
+        return None  # interactive cards, links, ...: nothing the agent reads
+    text = strip_mention(text) if source_type == "group" else text.strip()
+    if not text and not attachments:
+        return None
+    metadata = {"message_type": mtype, "dingtalk_msg_id": msg_id, "conversation_type": ctype,
+                "dingtalk_conversation_id": str(message.get("conversationId") or "")}
+    for key, name in (("robotCode", "robot_code"), ("conversationTitle", "conversation_title"),
+                      ("sessionWebhook", "session_webhook"), ("sessionWebhookExpiredTime", "session_webhook_expires"),
+                      ("senderId", "dingtalk_sender_id"), ("chatbotUserId", "chatbot_user_id")):
+        if message.get(key) not in (None, ""):
+            metadata[name] = message[key]
+    if source_type == "group":
+        metadata["is_in_at_list"] = bool(message.get("isInAtList"))
+    return InboundMessage(channel="dingtalk", conversation_id=conversation_id, message_id=msg_id,
+                          sender_id=staff or str(message.get("senderId") or conversation_id),
+                          sender_name=str(message.get("senderNick") or "") or None, source_type=source_type,
+                          text=text, attachments=attachments, metadata=metadata,
+                          timestamp=ms_to_rfc3339(message.get("createAt")))
+
+
+def param_len(text: str) -> int:
+    """Bytes ``text`` takes inside ``msgParam``: UTF-8, JSON-escaped, as DingTalk counts the parameter."""
+    return len(json.dumps(text, ensure_ascii=False).encode("utf-8")) - 2
+
+
+def message_parts(text: str) -> list[str]:
+    """An answer as the texts of the messages that carry it, each within ``TEXT_LIMIT_BYTES``."""
+    return split_text(text, TEXT_LIMIT_BYTES, measure=param_len) if text.strip() else []
+
+
+def title_of(text: str, n: int = 0, total: int = 1) -> str:
+    """A markdown message's title: its first line without markup, cut short; numbered when split."""
+    first = next((line for line in text.splitlines()
+                  if _MARKUP.sub("", line).strip() and not line.lstrip().startswith("```")), "")
+    title = _MARKUP.sub("", first).strip()
+    title = title if len(title) <= TITLE_CHARS else title[:TITLE_CHARS - 1] + "…"
+    title = title or "…"
+    return f"{title} ({n + 1}/{total})" if total > 1 else title
+
+
+def markdown_params(parts: list[str]) -> list[dict]:
+    """Each part's ``sampleMarkdown`` parameters."""
+    return [{"title": title_of(part, n, len(parts)), "text": part} for n, part in enumerate(parts)]
+
+
+def refused(exc: DingTalkError) -> str:
+    """The operator's reason for an app DingTalk refuses, with what to fix."""
+    lowered = exc.code.lower()
+    if "accesstoken" in exc.where.lower() or exc.status == 401:
+        fix = (f"the app's Client ID ({APP_KEY_ENV}) or Client Secret ({APP_SECRET_ENV}) is wrong, or the secret "
+               "was reset in the developer console")
+    elif "robotcode" in lowered:
+        fix = f"{ROBOT_CODE_ENV} is not this app's robot (the robot's code is on its page in the developer console)"
+    else:
+        fix = "the app lacks the robot's permission to send messages (企业内机器人发送消息权限, qyapi_robot_sendmsg)"
+    return f"{exc}: {fix}"
+
+
+class DingTalkWorker(WebhookInbox, ChannelWorker):
+    kind = KIND
+    version = "1.0.0"
+    capabilities = ("text", "attachments")
+
+    def __init__(self, *, argv: list[str] | None = None, environ: dict | None = None, **kwargs):
+        super().__init__(**kwargs)
+        env = os.environ if environ is None else environ
+        self.opts = parse_args(sys.argv[1:] if argv is None else argv)
+        self.app_key, self.app_secret = env.get(APP_KEY_ENV, ""), env.get(APP_SECRET_ENV, "")
+        self.robot_code = env.get(ROBOT_CODE_ENV) or self.app_key
+        self.base_url = (env.get(BASE_URL_ENV) or DEFAULT_API_BASE_URL).rstrip("/")
+        self.oapi_base_url = (env.get(OAPI_BASE_URL_ENV) or DEFAULT_OAPI_BASE_URL).rstrip("/")
+        #: No app key: no token, so answers go through each message's session webhook while it lasts.
+        self.session_mode = not self.app_key
+        self.sessions = None
+        self.api = DingTalkApi(self.app_key, self.app_secret, self.robot_code, base_url=self.base_url,
+                               stopping=self.stopping, max_wait_secs=self.opts.max_retry_wait)
+        self.inbox_init()
+        self._journal: SentJournal | None = None
+        self.server = None
+
+    # ------------------------------------------------------------------ connect
+
+    def connect(self) -> None:
+        if not self.app_secret:
+            raise ChannelRefused(f"{APP_SECRET_ENV} not set (it signs every message DingTalk sends the robot)")
+        state = str(outbox_path_for(self.plugin_id, self.state_dir))
+        if self.session_mode:
+            from .session import SessionStore
+            self.sessions = SessionStore(state.replace(".outbox.sqlite3", ".dingtalk-sessions.json"))
+            self.log.warning("dingtalk: %s is not set: answers go through each message's sessionWebhook while it "
+                             "is valid (about 90 minutes), and files are not downloaded", APP_KEY_ENV)
+        else:
+            try:
+                self.api.token()
+            except AppRefused as exc:
+                raise ChannelRefused(refused(exc)) from exc
+            self.log.info("dingtalk: app %s, robot %s via %s", self.app_key, self.robot_code, self.base_url)
+        self._journal = SentJournal(state.replace(".outbox.", ".dingtalk-sent."))
+        from .webhook import WebhookServer
+        self.server = WebhookServer(self.opts.bind, self.opts.path, self.app_secret, self.accept)
+        self.server.start()
+        self.log.info("dingtalk: webhook listening on %s", self.server.url)
+
+    # ------------------------------------------------------------------ inbound
+
+    def accept(self, message: dict) -> None:
+        """One verified callback message: recorded durably (the outbox), queued for the hub. Returns once the
+        record is written, so the webhook may answer DingTalk 200 at once."""
+        code = message.get("robotCode")
+        if code and str(code) != self.robot_code and not self.session_mode:
+            self.log.warning("dingtalk: message %s is for robot %s, but %s is %s: answers will be refused",
+                             message.get("msgId"), code, ROBOT_CODE_ENV, self.robot_code)
+        msg = normalise(message, base_url=self.base_url)
+        if msg is None:
+            self.log.info("dingtalk: %s message %s (conversation type %s) carries nothing to answer; skipped",
+                          message.get("msgtype"), message.get("msgId"), message.get("conversationType"))
+            return
+        if self.session_mode:
+            self._remember_session(msg.conversation_id, message)
+            if msg.attachments:  # no token, no download: the agent is told what it does not see
+                notes = [f"[{a.filename or a.kind} not downloaded: the DingTalk worker has no app credentials "
+                         f"({APP_KEY_ENV})]" for a in msg.attachments]
+                msg.attachments = []
+                msg.text = "\n\n".join([t for t in [msg.text] if t] + notes)
+        if not self.inbox_record(msg):
+            self.log.info("dingtalk: message %s was taken before (DingTalk sent it again)", msg.message_id)
+
+    def _remember_session(self, conversation_id: str, message: dict) -> None:
+        url = str(message.get("sessionWebhook") or "")
+        try:
+            expires = int(message.get("sessionWebhookExpiredTime") or 0)
+        except (TypeError, ValueError):
+            expires = 0
+        if not url.startswith(f"{self.oapi_base_url}/robot/sendBySession?") or not expires:
+            self.log.warning("dingtalk: message %s carries no usable sessionWebhook (%r): it cannot be answered "
+                             "without %s", message.get("msgId"), url[:80], APP_KEY_ENV)
+            return
+        self.sessions.remember(conversation_id, url, expires)
+
+    def fetch_media(self, attachment: Attachment) -> bytes | None:
+        prefix = f"{self.base_url}/v1.0/robot/messageFiles/download?"
+        if not (attachment.url or "").startswith(prefix):
+            return None
+        code = (parse_qs(urlsplit(attachment.url).query).get("downloadCode") or [""])[0]
+        if not code:
+            return None
+        try:
+            data, _ = self.api.download(code)
+        except AppRefused as exc:
+            self._refusal = refused(exc)  # the listener stops the worker
+            raise
+        except (DingTalkError, Stopped, httpx.HTTPError) as exc:
+            self.log.error("dingtalk: gave up downloading a %s (%s: %s): the message goes to the host without the "
+                           "file", attachment.kind, type(exc).__name__, exc)
+            raise
+        return data
+
+    # ------------------------------------------------------------------ outbound
+
+    def deliver(self, delivery) -> str | None:
+        if self._refusal:
+            raise self._refused_failure()
+        if self.session_mode:
+            return self._deliver_by_session(delivery)
+        target = delivery.conversation_id
+        if target.startswith(USER_PREFIX):
+            send = self.api.send_to_user
+            target = target[len(USER_PREFIX):]
+        elif target.startswith(GROUP_PREFIX):
+            send = self.api.send_to_group
+            target = target[len(GROUP_PREFIX):]
+        else:
+            raise DeliveryFailed(f"conversation {delivery.conversation_id!r} is no DingTalk chat (user:<staffId> or "
+                                 "group:<openConversationId>)", permanent=True)
+        params = markdown_params(message_parts(delivery.text))
+        if not params:
+            raise DeliveryFailed("nothing DingTalk can show: the answer has no text (files are not sent to DingTalk)",
+                                 permanent=True)
+        # DingTalk has no idempotency key: a part it took is journaled, and a delivery resumed after a crash
+        # (or retried by the hub) skips it. The one part in flight when the worker died is the window left.
+        done = self._journal.done(delivery.delivery_id)
+        first: str | None = done.get(0) or None
+        for n, param in enumerate(params):
+            if n in done:
+                continue
+            try:
+                key = send(target, "sampleMarkdown", param)
+            except AppRefused as exc:
+                self._refusal = refused(exc)
+                raise self._refused_failure() from exc
+            except UserUnreachable as exc:
+                raise DeliveryFailed(f"{exc} (the user is not in the organisation, or not in the robot's visible "
+                                     "range)", permanent=True) from exc
+            except (RateLimited, Unavailable) as exc:
+                raise DeliveryFailed(str(exc)) from exc
+            except DingTalkError as exc:
+                # a 4xx for this message (a bad chat id, a robot not in the group...): sending again cannot help
+                raise DeliveryFailed(str(exc), permanent=400 <= exc.status < 500) from exc
+            except (Stopped, httpx.HTTPError) as exc:
+                raise DeliveryFailed(f"send: {type(exc).__name__}: {exc}") from exc
+            self._journal.record(delivery.delivery_id, n, key)  # before anything else can fail
+            first = first or key or None
+        return first
+
+    def _deliver_by_session(self, delivery) -> str | None:
+        """Without app credentials: each part POSTed to the conversation's newest session webhook while it lasts."""
+        params = markdown_params(message_parts(delivery.text))
+        if not params:
+            raise DeliveryFailed("nothing DingTalk can show: the answer has no text (files are not sent to DingTalk)",
+                                 permanent=True)
+        session = self.sessions.get(delivery.conversation_id)
+        if session is None:
+            raise DeliveryFailed(f"no sessionWebhook is known for {delivery.conversation_id}, and without "
+                                 f"{APP_KEY_ENV} the robot cannot write first", permanent=True)
+        url, expires = session
+        done = self._journal.done(delivery.delivery_id)
+        for n, param in enumerate(params):
+            if n in done:
+                continue
+            if time.time() * 1000 >= expires - SESSION_MARGIN_MS:
+                raise DeliveryFailed(f"the sessionWebhook of {delivery.conversation_id} expired at "
+                                     f"{ms_to_rfc3339(expires)}; set {APP_KEY_ENV} to answer after it", permanent=True)
+            try:
+                self.api.send_by_session(url, param)
+            except SessionRefused as exc:
+                raise DeliveryFailed(str(exc), permanent=True) from exc
+            except (RateLimited, Unavailable) as exc:
+                raise DeliveryFailed(str(exc)) from exc
+            except DingTalkError as exc:
+                raise DeliveryFailed(str(exc), permanent=400 <= exc.status < 500) from exc
+            except (Stopped, httpx.HTTPError) as exc:
+                raise DeliveryFailed(f"sessionWebhook: {type(exc).__name__}: {exc}") from exc
+            self._journal.record(delivery.delivery_id, n, "")  # a session webhook names no message id
+        return None
+
+    def already_delivered(self, delivery) -> bool:
+        """After a crash inside deliver(): every part of the answer is in the sent journal."""
+        parts = message_parts(delivery.text)
+        return bool(parts) and len(self._journal.done(delivery.delivery_id)) >= len(parts)
+
+    def _refused_failure(self) -> DeliveryFailed:
+        """A send DingTalk refused for the app's settings: held until the listener has stopped the worker, so the
+        host does not spend the delivery's retries meanwhile; the delivery stays retryable."""
+        self.stopping.wait(REFUSAL_HOLD_SECS)
+        return DeliveryFailed(self._refusal or "DingTalk refused the app's credentials")
+
+    def disconnect(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+        self.api.close()
+        if self._journal is not None:
+            self._journal.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    # httpx logs each request at INFO; keep the worker's log about the worker
+    import logging
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("httpcore").setLevel(logging.WARNING)
+    DingTalkWorker.main(argv=argv)

@@ -1,0 +1,264 @@
+"""DingTalk's OpenAPI (``api.dingtalk.com``) for an internal app's robot: the access token, sending, downloads.
+
+Every call but the token carries ``x-acs-dingtalk-access-token``. Errors are an HTTP status with DingTalk's
+JSON ``{"code": "...", "message": "...", "requestid": "..."}``:
+
+* at ``POST /v1.0/oauth2/accessToken``, a 4xx other than a throttle (``invalidClientIdOrSecret``, ...):
+  ``AppRefused``: the app key or secret is wrong, which only the operator can fix;
+* 401 at a call (``InvalidAuthentication``, the token stale or revoked): a new token is fetched at once and
+  the call made once more; a second 401 is ``AppRefused``;
+* 403 ``Forbidden.AccessDenied.AccessTokenPermissionDenied`` (the app lacks the robot permission) and any
+  code naming the robot code (``invalidParameter.robotCode.*``): ``AppRefused``;
+* throttling, HTTP 429 or a code naming it (``Throttling...``, ``...QpsLimit...``), and any 5xx: waited out
+  in place, 1 s doubling to 30 s, up to ``max_wait_secs``; then ``RateLimited``/``Unavailable``;
+* any other 4xx: ``DingTalkError`` (a per-message error: sending again cannot help).
+
+``batchSend`` answers 200 even for a user it did not reach: ``invalidStaffIdList`` names a user id that
+is no one the robot can write to (``UserUnreachable``), ``flowControlledStaffIdList`` one the flow control
+held back (waited out like a throttle).
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Callable
+
+import httpx
+
+DEFAULT_API_BASE_URL = "https://api.dingtalk.com"
+#: Where a message's ``sessionWebhook`` points: the worker posts to no other host with it.
+DEFAULT_OAPI_BASE_URL = "https://oapi.dingtalk.com"
+#: A session webhook's errcode for sending too fast (the robot's 20 messages a minute): waited out.
+SESSION_THROTTLED = {130101}
+TOKEN_HEADER = "x-acs-dingtalk-access-token"
+
+#: Fetch a new token this long before the one in hand expires (DingTalk gives 7,200 s).
+REFRESH_MARGIN_SECS = 300.0
+#: Codes DingTalk uses for a throttled call (besides HTTP 429), matched case-insensitively as substrings.
+THROTTLE_MARKS = ("throttling", "qpslimit", "flowcontrol", "ratelimit")
+#: A 403 that is the app's permissions, not the message.
+PERMISSION_DENIED_MARKS = ("accesstokenpermissiondenied", "permissiondenied")
+
+
+class DingTalkError(Exception):
+    """DingTalk refused a call: ``status`` (HTTP), ``code`` and ``message`` (DingTalk's)."""
+
+    def __init__(self, where: str, status: int, code: str, message: str):
+        super().__init__(f"{where}: HTTP {status} {code}: {message}")
+        self.where, self.status, self.code, self.message = where, status, code, message
+
+
+class AppRefused(DingTalkError):
+    """The app key or secret, the robot code or the app's permissions are refused: the operator must fix them."""
+
+
+class UserUnreachable(DingTalkError):
+    """``invalidStaffIdList`` named the user: no one the robot can write to."""
+
+
+class RateLimited(DingTalkError):
+    """Throttled for longer than a call waits in place."""
+
+
+class Unavailable(DingTalkError):
+    """5xx for longer than a call waits in place."""
+
+
+class SessionRefused(DingTalkError):
+    """A session webhook answered a non-zero errcode (expired, or the message refused): not worth sending again."""
+
+
+class Stopped(Exception):
+    """A wait was cut short because the worker is stopping."""
+
+
+def error_of(response: httpx.Response) -> tuple[str, str]:
+    """(code, message) of DingTalk's error body; the status's phrase when there is none."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        return str(body.get("code") or ""), str(body.get("message") or "")
+    return "", response.reason_phrase or ""
+
+
+def throttled(status: int, code: str) -> bool:
+    lowered = code.lower()
+    return status == 429 or any(mark in lowered for mark in THROTTLE_MARKS)
+
+
+class DingTalkApi:
+    def __init__(self, app_key: str, app_secret: str, robot_code: str, *, base_url: str = DEFAULT_API_BASE_URL,
+                 stopping: threading.Event | None = None, backoff_initial: float = 1.0, backoff_max: float = 30.0,
+                 max_wait_secs: float = 120.0, timeout: float = 30.0, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], bool] | None = None):
+        self.app_key, self.app_secret, self.robot_code = app_key, app_secret, robot_code
+        self.base_url = base_url.rstrip("/")
+        self.stopping = stopping or threading.Event()
+        self.backoff_initial, self.backoff_max, self.max_wait_secs = backoff_initial, backoff_max, max_wait_secs
+        self._clock = clock
+        self._sleep = sleep or self.stopping.wait   # returns True when stopping
+        self.client = httpx.Client(timeout=timeout)
+        self._lock = threading.Lock()
+        self._token: str | None = None
+        self._refresh_at = 0.0
+
+    def close(self) -> None:
+        self.client.close()
+
+    # ------------------------------------------------------------------ the access token
+
+    def token(self, *, fresh: bool = False, stale: str | None = None) -> str:
+        """The app's access token, fetched when there is none, it is near its expiry, or ``fresh`` (DingTalk
+        refused ``stale``: a token another thread already replaced is kept)."""
+        with self._lock:
+            if fresh and (stale is None or stale == self._token):
+                self._token = None
+            if self._token is None or self._clock() >= self._refresh_at:
+                self._fetch_token()
+            return self._token
+
+    def _fetch_token(self) -> None:
+        where = "POST /v1.0/oauth2/accessToken"
+        waited, backoff = 0.0, self.backoff_initial
+        while True:
+            response = self.client.post(f"{self.base_url}/v1.0/oauth2/accessToken",
+                                        json={"appKey": self.app_key, "appSecret": self.app_secret})
+            if response.status_code == 200:
+                try:
+                    body = response.json()
+                except ValueError:
+                    body = None
+                if not isinstance(body, dict) or not body.get("accessToken"):
+                    raise DingTalkError(where, 200, "", "the answer carries no accessToken")
+                expires_in = float(body.get("expireIn") or 7200)
+                self._token = str(body["accessToken"])
+                self._refresh_at = self._clock() + max(expires_in / 2, expires_in - REFRESH_MARGIN_SECS)
+                return
+            code, message = error_of(response)
+            if throttled(response.status_code, code) or response.status_code >= 500:
+                waited, backoff = self._wait(where, response.status_code, code, message, waited, backoff)
+                continue
+            if 400 <= response.status_code < 500:
+                raise AppRefused(where, response.status_code, code, message)
+            raise DingTalkError(where, response.status_code, code, message)
+
+    # ------------------------------------------------------------------ calls
+
+    def send_to_user(self, user_id: str, msg_key: str, msg_param: dict) -> str:
+        """``POST /v1.0/robot/oToMessages/batchSend`` to one user; returns the ``processQueryKey``."""
+        where = "POST /v1.0/robot/oToMessages/batchSend"
+        body = {"robotCode": self.robot_code, "userIds": [user_id], "msgKey": msg_key,
+                "msgParam": json.dumps(msg_param, ensure_ascii=False)}
+        waited, backoff = 0.0, self.backoff_initial
+        while True:
+            answer = self._call(where, "/v1.0/robot/oToMessages/batchSend", body)
+            if user_id in (answer.get("invalidStaffIdList") or []):
+                raise UserUnreachable(where, 200, "invalidStaffIdList", f"{user_id} is in invalidStaffIdList")
+            if user_id in (answer.get("flowControlledStaffIdList") or []):
+                waited, backoff = self._wait(where, 200, "flowControlledStaffIdList", f"{user_id} is flow "
+                                             "controlled", waited, backoff)
+                continue
+            return str(answer.get("processQueryKey") or "")
+
+    def send_to_group(self, open_conversation_id: str, msg_key: str, msg_param: dict) -> str:
+        """``POST /v1.0/robot/groupMessages/send``; returns the ``processQueryKey``."""
+        body = {"robotCode": self.robot_code, "openConversationId": open_conversation_id, "msgKey": msg_key,
+                "msgParam": json.dumps(msg_param, ensure_ascii=False)}
+        answer = self._call("POST /v1.0/robot/groupMessages/send", "/v1.0/robot/groupMessages/send", body)
+        return str(answer.get("processQueryKey") or "")
+
+    def send_by_session(self, url: str, param: dict) -> None:
+        """POST a markdown message (``{"title", "text"}``) to a message's ``sessionWebhook``: no token, answered
+        ``{"errcode": 0, "errmsg": "ok"}``. Throttling (429, errcode 130101) and 5xx are waited out; another
+        errcode (the session expired, the message refused) raises ``SessionRefused``."""
+        where = "POST sessionWebhook"
+        waited, backoff = 0.0, self.backoff_initial
+        while True:
+            response = self.client.post(url, json={"msgtype": "markdown", "markdown": param})
+            status = response.status_code
+            if status == 429 or status >= 500:
+                code, message = error_of(response)
+                waited, backoff = self._wait(where, status, code, message, waited, backoff)
+                continue
+            try:
+                answer = response.json()
+            except ValueError:
+                answer = None
+            if not isinstance(answer, dict):
+                answer = {}
+            try:
+                errcode = int(answer.get("errcode", 0 if status == 200 else -1))
+            except (TypeError, ValueError):
+                errcode = -1
+            errmsg = str(answer.get("errmsg") or answer.get("message") or response.reason_phrase or "")
+            if status == 200 and errcode == 0:
+                return
+            if errcode in SESSION_THROTTLED:
+                waited, backoff = self._wait(where, 429, str(errcode), errmsg, waited, backoff)
+                continue
+            raise SessionRefused(where, status, str(errcode), errmsg)
+
+    def download_url(self, download_code: str) -> str:
+        """``POST /v1.0/robot/messageFiles/download``: where a received file can be fetched (for a while)."""
+        answer = self._call("POST /v1.0/robot/messageFiles/download", "/v1.0/robot/messageFiles/download",
+                            {"downloadCode": download_code, "robotCode": self.robot_code})
+        url = answer.get("downloadUrl")
+        if not url:
+            raise DingTalkError("POST /v1.0/robot/messageFiles/download", 200, "", "the answer has no downloadUrl")
+        return str(url)
+
+    def download(self, download_code: str) -> tuple[bytes, str]:
+        """A received file's bytes and type: its download URL asked for, then fetched (no token: the URL is
+        signed). A 5xx of the file's host is tried again within the wait bound."""
+        url = self.download_url(download_code)
+        waited, backoff = 0.0, self.backoff_initial
+        while True:
+            response = self.client.get(url, timeout=120)
+            if response.status_code == 200:
+                ctype = (response.headers.get("Content-Type") or "application/octet-stream").split(";")[0].strip()
+                return response.content, ctype
+            if response.status_code < 500:
+                raise DingTalkError(f"GET {url.split('?')[0]}", response.status_code, "", response.reason_phrase)
+            waited, backoff = self._wait("GET downloadUrl", response.status_code, "", response.reason_phrase,
+                                         waited, backoff)
+
+    def _call(self, where: str, path: str, body: dict) -> dict:
+        refreshed = False
+        waited, backoff = 0.0, self.backoff_initial
+        token = self.token()
+        while True:
+            response = self.client.post(f"{self.base_url}{path}", json=body, headers={TOKEN_HEADER: token})
+            status = response.status_code
+            if status == 200:
+                try:
+                    answer = response.json()
+                except ValueError:
+                    answer = None
+                return answer if isinstance(answer, dict) else {}
+            code, message = error_of(response)
+            if throttled(status, code) or status >= 500:
+                waited, backoff = self._wait(where, status, code, message, waited, backoff)
+                continue
+            if status == 401:
+                if not refreshed:
+                    refreshed = True
+                    token = self.token(fresh=True, stale=token)
+                    continue
+                raise AppRefused(where, status, code, message)
+            lowered = code.lower()
+            if (status == 403 and any(mark in lowered for mark in PERMISSION_DENIED_MARKS)) or "robotcode" in lowered:
+                raise AppRefused(where, status, code, message)
+            raise DingTalkError(where, status, code, message)
+
+    def _wait(self, where: str, status: int, code: str, message: str, waited: float,
+              backoff: float) -> tuple[float, float]:
+        """Sleep ``backoff`` unless that passes the bound (then raise); returns (waited, next backoff)."""
+        if waited + backoff > self.max_wait_secs:
+            kind = Unavailable if status >= 500 else RateLimited
+            raise kind(where, status, code, f"{message} (still refused after {waited:.0f} s)")
+        if self._sleep(backoff):
+            raise Stopped("stopping while waiting out a throttle or an outage")
+        return waited + backoff, min(backoff * 2, self.backoff_max)

@@ -1,0 +1,89 @@
+"""The HTTP address DingTalk POSTs a robot's messages to, with its ``timestamp`` and ``sign`` headers checked.
+
+DingTalk signs each request: ``sign`` = base64(HMAC-SHA256(key = the app's AppSecret, message = the
+``timestamp`` header (milliseconds) + "\\n" + AppSecret)), no URL encoding (that is the custom robot's
+outbound form). A request is taken only when the sign matches (compared in constant time) and the
+timestamp is within an hour of this host's clock, as DingTalk's robot docs ask; anything else is answered
+401 and nothing is recorded. The sign covers the timestamp only, not the body: within that hour a
+captured request could be replayed, and the ``msgId`` keeps a replay from running a second turn.
+
+A request is answered 200 only once its message is in the worker's outbox; DingTalk may send a message
+again, and the ``msgId`` keeps that from running a second turn.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import logging
+import time
+from typing import Callable
+
+from plugins_app.channel.sdk.webhook import WebhookServer as SdkWebhookServer
+
+log = logging.getLogger("ugent.worker.dingtalk.webhook")
+
+MAX_BODY_BYTES = 1 << 20
+#: How far the ``timestamp`` header may be from this host's clock (DingTalk: "more than 1 hour: illegal").
+MAX_SKEW_MS = 3600 * 1000
+
+
+def signature(app_secret: str, timestamp: str) -> str:
+    """The ``sign`` header DingTalk sends with ``timestamp``: base64(HMAC-SHA256(AppSecret, ts + "\\n" + AppSecret))."""
+    digest = hmac.new(app_secret.encode("utf-8"), f"{timestamp}\n{app_secret}".encode("utf-8"), hashlib.sha256)
+    return base64.b64encode(digest.digest()).decode()
+
+
+def signature_valid(app_secret: str, timestamp: str | None, given: str | None, *, now_ms: int | None = None) -> bool:
+    """Whether ``given`` is the sign of ``timestamp`` (constant time) and the timestamp is within the hour."""
+    if not app_secret or not timestamp or not given:
+        return False
+    try:
+        ts = int(timestamp)
+    except ValueError:
+        return False
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    if abs(now - ts) > MAX_SKEW_MS:
+        return False
+    return hmac.compare_digest(signature(app_secret, timestamp).encode(), given.encode())
+
+
+class WebhookServer(SdkWebhookServer):
+    """``POST <path>``: verify, then hand the message (a dict) to ``on_message``."""
+
+    name = "dingtalk-webhook"
+    max_body_bytes = MAX_BODY_BYTES
+
+    def __init__(self, bind: str, path: str, app_secret: str, on_message: Callable[[dict], None]):
+        super().__init__(bind, path)
+        self.app_secret = app_secret
+        self.on_message = on_message
+
+    def respond(self, method: str, target: str, headers, body: bytes | None) -> tuple[int, dict]:
+        if method != "POST":
+            return 404, {"message": "Not found"}
+        return self.handle(target, headers, body)
+
+    def handle(self, path: str, headers, body: bytes | None, *, now_ms: int | None = None) -> tuple[int, dict]:
+        """One request: (status, answer). Nothing is recorded unless the sign and the timestamp hold."""
+        if path.split("?", 1)[0] != self.path:
+            return 404, {"message": "Not found"}
+        if body is None:
+            return 413, {"message": "Request body too large"}
+        if not signature_valid(self.app_secret, headers.get("timestamp"), headers.get("sign"), now_ms=now_ms):
+            log.warning("refused a request whose sign is missing or does not verify, or whose timestamp is more "
+                        "than an hour away")
+            return 401, {"message": "Invalid sign or timestamp"}
+        try:
+            message = json.loads(body)
+        except ValueError:
+            return 400, {"message": "Body is not JSON"}
+        if not isinstance(message, dict):
+            return 400, {"message": "Body is not a robot message"}
+        try:
+            self.on_message(message)
+        except Exception:  # noqa: BLE001 - not recorded: no 200, so DingTalk may send it again
+            log.exception("could not record message %s", message.get("msgId"))
+            return 500, {"message": "Not recorded"}
+        return 200, {}

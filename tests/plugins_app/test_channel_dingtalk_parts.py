@@ -1,0 +1,424 @@
+"""channel-dingtalk's parts on their own: the sign (the vector's algorithm), normalisation, splitting, the OpenAPI
+client's answers to 401, throttling, 5xx and refusals."""
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from plugins_app.channel.workers import installed_kinds
+from plugins_app.channel.workers.dingtalk import (TEXT_LIMIT_BYTES, DingTalkWorker, markdown_params, message_parts,
+                                                  normalise, param_len, strip_mention, title_of)
+from plugins_app.channel.workers.dingtalk.api import (AppRefused, DingTalkApi, DingTalkError, RateLimited, Stopped,
+                                                      Unavailable, UserUnreachable)
+from plugins_app.channel.workers.dingtalk.webhook import MAX_SKEW_MS, WebhookServer, signature, signature_valid
+from tests.fakes.dingtalk import GROUP, STAFF, FakeDingTalk, sign
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def vector(vector_id: str) -> dict:
+    vectors = json.loads((DATA / "webhook-signature-vectors.json").read_text())["vectors"]
+    return next(v for v in vectors if v["id"] == vector_id)
+
+
+# -- the sign -----------------------------------------------------------------------------------------
+
+def test_the_sign_is_the_vectors_algorithm_for_the_inbound_callback():
+    """The vector file holds no fixed input/output for DingTalk's robot sign (none is published): it states the
+    algorithm. Each form it names is built here from its words, with the standard library, and the worker's
+    sign matches the inbound form (no URL encoding), and only that one."""
+    v = vector("dingtalk-robot-sign-algorithm")
+    assert v["expected"] is None and "WITHOUT urlencode" in v["algorithm"] and "1 hour" in v["algorithm"]
+    from urllib.parse import quote_plus
+    for secret, ts in [("this is secret", "1577262236757"), ("SECb3d2e5a7f0c9", "1700000000000"),
+                       ("应用密钥+/=", "1613630252678")]:
+        string_to_sign = f"{ts}\n{secret}".encode("utf-8")
+        expected = base64.b64encode(hmac.new(secret.encode("utf-8"), string_to_sign, hashlib.sha256).digest()).decode()
+        assert signature(secret, ts) == expected == sign(secret, ts)  # sign(): the fake's, with `cryptography`
+        assert signature_valid(secret, ts, expected, now_ms=int(ts))
+        outbound = quote_plus(expected)  # the custom robot's outbound form is URL-encoded: not what arrives here
+        if outbound != expected:
+            assert not signature_valid(secret, ts, outbound, now_ms=int(ts))
+    # a value computed once from the sample's secret: any change to the formula breaks it
+    assert signature("this is secret", "1577262236757") == base64.b64encode(hmac.new(
+        b"this is secret", b"1577262236757\nthis is secret", hashlib.sha256).digest()).decode()
+
+
+def test_a_sign_for_another_timestamp_or_secret_or_a_timestamp_an_hour_away_is_refused():
+    secret, ts = "s3cret", "1700000000000"
+    good = signature(secret, ts)
+    now = int(ts)
+    assert signature_valid(secret, ts, good, now_ms=now + MAX_SKEW_MS)
+    assert signature_valid(secret, ts, good, now_ms=now - MAX_SKEW_MS)
+    assert not signature_valid(secret, ts, good, now_ms=now + MAX_SKEW_MS + 1)
+    assert not signature_valid(secret, ts, good, now_ms=now - MAX_SKEW_MS - 1)
+    assert not signature_valid(secret, "1700000000001", good, now_ms=now)
+    assert not signature_valid("other", ts, good, now_ms=now)
+    assert not signature_valid(secret, ts, None, now_ms=now) and not signature_valid(secret, ts, "", now_ms=now)
+    assert not signature_valid(secret, None, good, now_ms=now)
+    assert not signature_valid(secret, "soon", good, now_ms=now)
+    assert not signature_valid("", ts, signature("", ts), now_ms=now)
+
+
+def server(records: list) -> WebhookServer:
+    s = WebhookServer("127.0.0.1:0", "/dingtalk/robot", "s3cret", records.append)
+    s.httpd.server_close()
+    return s
+
+
+def test_the_webhook_records_only_what_is_signed_and_recent_and_answers_401_otherwise():
+    records: list = []
+    s = server(records)
+    body = json.dumps({"msgId": "msg1", "msgtype": "text"}).encode()
+    now = int(time.time() * 1000)
+    ts = str(now)
+    good = {"timestamp": ts, "sign": signature("s3cret", ts)}
+    old_ts = str(now - MAX_SKEW_MS - 60_000)
+    assert s.handle("/dingtalk/robot", {}, body) == (401, {"message": "Invalid sign or timestamp"})
+    assert s.handle("/dingtalk/robot", {"timestamp": ts, "sign": signature("other", ts)}, body)[0] == 401
+    assert s.handle("/dingtalk/robot", {"timestamp": old_ts, "sign": signature("s3cret", old_ts)}, body)[0] == 401
+    assert records == []
+    assert s.handle("/elsewhere", good, body)[0] == 404
+    assert s.handle("/dingtalk/robot", good, None)[0] == 413
+    assert s.handle("/dingtalk/robot", good, body) == (200, {})
+    assert records == [json.loads(body)]
+    assert s.handle("/dingtalk/robot", good, b"not json")[0] == 400
+    assert s.handle("/dingtalk/robot", good, b"[1]")[0] == 400
+
+
+def test_a_message_that_cannot_be_recorded_is_answered_500():
+    def boom(message):
+        raise OSError("disk full")
+    s = WebhookServer("127.0.0.1:0", "/dingtalk/robot", "s3cret", boom)
+    s.httpd.server_close()
+    ts = str(int(time.time() * 1000))
+    assert s.handle("/dingtalk/robot", {"timestamp": ts, "sign": signature("s3cret", ts)}, b"{}")[0] == 500
+
+
+# -- normalisation --------------------------------------------------------------------------------------
+
+fake = FakeDingTalk()  # not started: only its message builders are used here
+
+
+def test_a_one_to_one_message_is_the_users_conversation_and_keeps_its_msg_id():
+    message = fake.text("  hello robot ")
+    msg = normalise(message)
+    assert (msg.channel, msg.conversation_id, msg.source_type, msg.sender_id) == ("dingtalk", f"user:{STAFF}", "user",
+                                                                                   STAFF)
+    assert (msg.message_id, msg.text, msg.sender_name) == (message["msgId"], "hello robot", "张三")
+    assert msg.metadata["session_webhook"] == message["sessionWebhook"]
+    assert msg.metadata["robot_code"] == fake.robot_code
+    assert msg.timestamp.endswith("Z")
+    msg.validate()
+    assert normalise(json.loads(json.dumps(message))).key == msg.key  # a resend is the same message
+
+
+def test_a_group_message_is_the_groups_conversation_without_the_leading_mention():
+    msg = normalise(fake.text("@机器人 what is the weather?", group=True))
+    assert (msg.conversation_id, msg.source_type, msg.sender_id) == (f"group:{GROUP}", "group", STAFF)
+    assert msg.text == "what is the weather?"
+    assert msg.metadata["is_in_at_list"] is True and msg.metadata["conversation_title"] == "机器人测试-TEST"
+    assert normalise(fake.text(" plain text", group=True)).text == "plain text"  # DingTalk took the mention out
+    assert strip_mention("@bot hi @someone") == "hi @someone"
+    assert strip_mention("hi @bot") == "hi @bot"
+
+
+def test_media_become_attachments_on_the_download_api_and_audio_carries_what_dingtalk_heard():
+    base = "https://api.dingtalk.com"
+    [pic] = normalise(fake.message("picture", content={"downloadCode": "c+1/2", "pictureDownloadCode": "p"}),
+                      base_url=base).attachments
+    assert (pic.kind, pic.content_type, pic.channel_ref) == ("image", "image/jpeg", "c+1/2")
+    assert pic.url == f"{base}/v1.0/robot/messageFiles/download?downloadCode=c%2B1%2F2"
+    doc = normalise(fake.message("file", content={"downloadCode": "f", "fileName": "report.pdf", "fileId": "1"}))
+    assert (doc.attachments[0].kind, doc.attachments[0].content_type, doc.attachments[0].filename) == (
+        "document", "application/pdf", "report.pdf")
+    voice = normalise(fake.message("audio", content={"downloadCode": "a", "duration": 4000,
+                                                     "recognition": "明天几点开会"}))
+    assert voice.text == "明天几点开会" and voice.attachments[0].kind == "audio"
+    rich = normalise(fake.message("richText", content={"richText": [
+        {"text": "look at"}, {"type": "picture", "downloadCode": "r1", "pictureDownloadCode": "x"}, {"text": "this"}]}))
+    assert rich.text == "look at\nthis" and [a.channel_ref for a in rich.attachments] == ["r1"]
+
+
+@pytest.mark.parametrize("message", [
+    fake.text("   "),
+    fake.message("interactiveCard", content={}),
+    {**fake.text("no id"), "msgId": ""},
+    {**fake.text("no staff id"), "senderStaffId": ""},
+    {**fake.text("no chat"), "conversationType": "3"},
+    fake.message("picture", content={}),
+])
+def test_what_carries_nothing_to_answer_is_not_taken(message):
+    assert normalise(message) is None
+
+
+# -- splitting ---------------------------------------------------------------------------------------------
+
+def test_an_answer_is_split_within_the_limit_counted_as_escaped_utf8():
+    answer = "\n\n".join(f"段落 {i} " + "钉钉机器人消息。" * 150 for i in range(10))  # about 36,000 bytes
+    parts = message_parts(answer)
+    assert len(parts) > 1 and all(param_len(p) <= TEXT_LIMIT_BYTES for p in parts)
+    assert "".join(parts).replace("\n", "").replace(" ", "") == answer.replace("\n", "").replace(" ", "")
+    assert param_len('a"\n') == 5  # escapes count: a quote and a newline take two bytes each
+    quotes = '"' * 4000  # 4,000 characters, 8,000 bytes escaped
+    assert len(message_parts(quotes)) == 2
+    assert message_parts("  \n ") == []
+    params = markdown_params(parts)
+    assert all(len(json.dumps(p, ensure_ascii=False).encode()) < 15000 for p in params)
+    assert params[0]["title"].endswith(f"(1/{len(parts)})") and params[0]["text"] == parts[0]
+
+
+def test_a_title_is_the_first_line_without_markup_cut_short():
+    assert title_of("## Weather today\n\nSunny") == "Weather today"
+    assert title_of("> " + "x" * 40) == "x" * 19 + "…"
+    assert title_of("```python\ncode\n```", 1, 3) == "code (2/3)"
+    assert title_of("---") == "…"
+
+
+# -- the OpenAPI client ----------------------------------------------------------------------------------------
+
+@pytest.fixture
+def ding():
+    with FakeDingTalk() as f:
+        yield f
+
+
+def api(f: FakeDingTalk, **kw) -> tuple[DingTalkApi, list[float]]:
+    waits: list[float] = []
+
+    def sleep(secs):
+        waits.append(secs)
+        return False
+    return DingTalkApi(f.app_key, f.app_secret, f.robot_code, base_url=f.base_url, sleep=sleep, **kw), waits
+
+
+MD = {"title": "hi", "text": "hi"}
+
+
+def test_a_send_to_a_user_and_to_a_group_carries_the_token_and_a_json_msg_param(ding):
+    client, _ = api(ding)
+    key = client.send_to_user(STAFF, "sampleMarkdown", MD)
+    client.send_to_group(GROUP, "sampleMarkdown", {"title": "群", "text": "大家好"})
+    user_call, group_call = ding.sends()
+    assert user_call.body == {"robotCode": ding.robot_code, "userIds": [STAFF], "msgKey": "sampleMarkdown",
+                              "msgParam": '{"title": "hi", "text": "hi"}'}
+    assert group_call.body["openConversationId"] == GROUP and json.loads(group_call.body["msgParam"])["text"] == "大家好"
+    assert user_call.headers["x-acs-dingtalk-access-token"] in ding.tokens
+    assert key == ding.sent[0]["key"] and ding.texts() == ["hi", "大家好"]
+    assert len(ding.calls_to("/v1.0/oauth2/accessToken")) == 1
+
+
+def test_a_stale_token_is_fetched_again_once_and_the_call_made_again(ding):
+    client, _ = api(ding)
+    client.send_to_user(STAFF, "sampleMarkdown", MD)
+    ding.expire_tokens()
+    client.send_to_user(STAFF, "sampleMarkdown", MD)
+    assert [c.status for c in ding.sends()] == [200, 401, 200]
+    assert len(ding.calls_to("/v1.0/oauth2/accessToken")) == 2
+    assert ding.texts() == ["hi", "hi"]
+
+
+def test_a_token_is_refreshed_before_it_expires():
+    now = [0.0]
+    with FakeDingTalk() as f:
+        client = DingTalkApi(f.app_key, f.app_secret, f.robot_code, base_url=f.base_url, clock=lambda: now[0])
+        first = client.token()
+        now[0] = 6000.0
+        assert client.token() == first
+        now[0] = 6901.0  # past 7,200 - 300
+        assert client.token() != first
+        client.close()
+
+
+def test_throttling_and_5xx_are_waited_out_doubling_and_give_up_past_the_bound(ding):
+    client, waits = api(ding, backoff_initial=1.0, backoff_max=4.0)
+    ding.script(429, times=2)
+    ding.script(403, "Forbidden.AccessDenied.QpsLimitForApi", "api qps limit")
+    ding.script(500, times=2)
+    client.send_to_group(GROUP, "sampleMarkdown", MD)
+    assert waits == [1.0, 2.0, 4.0, 4.0, 4.0] and ding.texts() == ["hi"]
+    assert [c.status for c in ding.sends()] == [429, 429, 403, 500, 500, 200]
+    limited, _ = api(ding, max_wait_secs=2.5)
+    ding.script(429, times=2)  # waited 1 s; a second wait of 2 s passes the bound of 2.5 s
+    with pytest.raises(RateLimited):
+        limited.send_to_user(STAFF, "sampleMarkdown", MD)
+    ding.script(503, times=2)
+    down, _ = api(ding, max_wait_secs=2.5)
+    with pytest.raises(Unavailable):
+        down.send_to_user(STAFF, "sampleMarkdown", MD)
+    assert ding.texts() == ["hi"] and [c.status for c in ding.sends()][6:] == [429, 429, 503, 503]
+
+
+def test_a_user_held_back_by_flow_control_is_waited_for_and_sent_once(ding):
+    client, waits = api(ding, backoff_initial=1.0)
+    ding.flow_control(times=2)
+    key = client.send_to_user(STAFF, "sampleMarkdown", MD)
+    assert waits == [1.0, 2.0] and ding.texts() == ["hi"] and key == ding.sent[0]["key"]
+    assert [c.answer["flowControlledStaffIdList"] for c in ding.sends()] == [[STAFF], [STAFF], []]
+    ding.flow_control(times=3)
+    bounded, _ = api(ding, max_wait_secs=2.5)
+    with pytest.raises(RateLimited):
+        bounded.send_to_user(STAFF, "sampleMarkdown", MD)
+    assert ding.texts() == ["hi"]
+
+
+def test_refusals_of_the_app_and_of_one_message_are_told_apart(ding):
+    client, _ = api(ding)
+    with pytest.raises(UserUnreachable):
+        client.send_to_user("departed", "sampleMarkdown", MD)
+    with pytest.raises(DingTalkError) as bad_group:
+        client.send_to_group("cidUnknown==", "sampleMarkdown", MD)
+    assert not isinstance(bad_group.value, AppRefused) and bad_group.value.status == 400
+    assert bad_group.value.code == "invalid.openConversationId"
+    with pytest.raises(DingTalkError) as too_long:
+        client.send_to_user(STAFF, "sampleMarkdown", {"title": "t", "text": "x" * 15001})
+    assert too_long.value.code == "invalidParameter.msgParam.length"
+    wrong_robot = DingTalkApi(ding.app_key, ding.app_secret, "dingother", base_url=ding.base_url)
+    with pytest.raises(AppRefused) as robot:
+        wrong_robot.send_to_user(STAFF, "sampleMarkdown", MD)
+    assert robot.value.code == "invalidParameter.robotCode.notExsit"
+    ding.permission = False
+    with pytest.raises(AppRefused) as permission:
+        client.send_to_user(STAFF, "sampleMarkdown", MD)
+    assert permission.value.status == 403
+    ding.reset_secret()
+    ding.expire_tokens()
+    with pytest.raises(AppRefused) as secret:
+        client.send_to_user(STAFF, "sampleMarkdown", MD)
+    assert secret.value.code == "invalidClientIdOrSecret"
+    assert not ding.texts()
+    wrong_robot.close()
+
+
+def test_a_download_asks_for_the_url_with_the_token_and_fetches_it_without(ding):
+    client, _ = api(ding)
+    code = ding.upload(b"\xff\xd8jpeg", "image/jpeg")
+    assert client.download(code) == (b"\xff\xd8jpeg", "image/jpeg")
+    [ask] = ding.calls_to("/v1.0/robot/messageFiles/download")
+    assert ask.body == {"downloadCode": code, "robotCode": ding.robot_code}
+    with pytest.raises(DingTalkError):
+        client.download("unknown")
+
+
+def test_a_stopping_worker_cuts_a_wait_short(ding):
+    stopping = threading.Event()
+    stopping.set()
+    client = DingTalkApi(ding.app_key, ding.app_secret, ding.robot_code, base_url=ding.base_url, stopping=stopping)
+    ding.script(429)
+    with pytest.raises(Stopped):
+        client.send_to_user(STAFF, "sampleMarkdown", MD)
+    client.close()
+
+
+def test_a_download_refused_for_the_app_makes_the_worker_refuse(ding):
+    worker = DingTalkWorker(argv=[], environ=ding.env(), socket_path="/nowhere", plugin_id="dt-test", token="t",
+                            install_signal_handlers=False)
+    code = ding.upload(b"jpeg")
+    [att] = normalise(ding.message("picture", content={"downloadCode": code}), base_url=ding.base_url).attachments
+    assert worker.fetch_media(att) == b"jpeg"
+    ding.reset_secret()
+    ding.expire_tokens()
+    with pytest.raises(AppRefused):
+        worker.fetch_media(att)
+    assert "DINGTALK_APP_SECRET" in worker._refusal
+    worker.api.close()
+
+
+def test_a_resumed_delivery_skips_the_parts_the_journal_names_and_a_finished_one_counts_as_delivered(ding, tmp_path):
+    """The crash windows the outbox cannot close: killed between parts (the resume sends only what is left) and
+    killed after the last part went out but before the ack (already_delivered: nothing is sent again)."""
+    from plugins_app.channel.sdk import Delivery
+    from plugins_app.channel.sdk.journal import SentJournal
+    worker = DingTalkWorker(argv=[], environ=ding.env(), socket_path="/nowhere", plugin_id="dt-test", token="t",
+                            install_signal_handlers=False)
+    worker._journal = SentJournal(str(tmp_path / "sent.sqlite3"))
+    answer = "\n\n".join((f"part {i} " + "word " * 900).strip() for i in range(3))
+    parts = message_parts(answer)
+    delivery = Delivery(delivery_id="d_1", conversation_id=f"user:{STAFF}", text=answer)
+    worker._journal.record("d_1", 0, "key-of-part-0")  # part one went out before the crash
+    assert not worker.already_delivered(delivery)
+    assert worker.deliver(delivery) == "key-of-part-0"
+    assert ding.texts() == parts[1:]
+    assert worker.already_delivered(delivery)
+    assert worker.deliver(delivery) == "key-of-part-0" and ding.texts() == parts[1:]  # nothing sent twice
+    group = Delivery(delivery_id="d_2", conversation_id=f"group:{GROUP}", text="hi")
+    assert worker.deliver(group) == ding.sent[-1]["key"] and ding.sent[-1]["to"] == GROUP
+    from plugins_app.channel.sdk import DeliveryFailed
+    with pytest.raises(DeliveryFailed) as bad:
+        worker.deliver(Delivery(delivery_id="d_3", conversation_id="cid-without-kind", text="hi"))
+    assert bad.value.permanent
+    with pytest.raises(DeliveryFailed) as empty:
+        worker.deliver(Delivery(delivery_id="d_4", conversation_id=f"user:{STAFF}", text="  "))
+    assert empty.value.permanent
+    worker._journal.close()
+    worker.api.close()
+
+
+# -- without app credentials: the session webhook -------------------------------------------------------------
+
+def test_a_session_webhook_send_waits_out_throttling_and_an_expired_one_is_refused(ding):
+    from plugins_app.channel.workers.dingtalk.api import SessionRefused
+    client, waits = api(ding)
+    url = ding.message()["sessionWebhook"]
+    # DingTalk's errcode for a robot sending too fast
+    ding.script_answer(200, {"errcode": 130101, "errmsg": "send too fast, exceed 20 times per minute"})
+    client.send_by_session(url, {"title": "hi", "text": "hi"})
+    assert waits == [1.0] and ding.texts() == ["hi"]
+    assert ding.sends()[-1].body == {"msgtype": "markdown", "markdown": {"title": "hi", "text": "hi"}}
+    ding.expire_sessions()
+    with pytest.raises(SessionRefused) as expired:
+        client.send_by_session(url, {"title": "hi", "text": "again"})
+    assert expired.value.code == "300001" and ding.texts() == ["hi"]
+
+
+def test_the_session_store_keeps_each_conversations_newest_webhook_across_restarts(tmp_path):
+    from plugins_app.channel.workers.dingtalk.session import SessionStore
+    path = str(tmp_path / "sessions.json")
+    later = int(time.time() * 1000) + 3_600_000
+    store = SessionStore(path)
+    store.remember("user:a", "https://oapi.dingtalk.com/robot/sendBySession?session=new", later)
+    store.remember("user:a", "https://oapi.dingtalk.com/robot/sendBySession?session=old", later - 60_000)
+    store.remember("user:b", "https://oapi.dingtalk.com/robot/sendBySession?session=gone", 1)
+    again = SessionStore(path)  # a restarted worker
+    assert again.get("user:a") == ("https://oapi.dingtalk.com/robot/sendBySession?session=new", later)
+    again.remember("group:c", "https://oapi.dingtalk.com/robot/sendBySession?session=c", later)
+    assert again.get("user:b") is None and SessionStore(path).get("group:c") is not None  # the expired one dropped
+
+
+def test_without_an_app_key_a_session_webhook_on_another_host_is_never_kept(ding, tmp_path):
+    env = {k: v for k, v in ding.env().items() if k != "DINGTALK_APP_KEY"}
+    worker = DingTalkWorker(argv=[], environ=env, socket_path="/nowhere", plugin_id="dt-test", token="t",
+                            install_signal_handlers=False)
+    from plugins_app.channel.workers.dingtalk.session import SessionStore
+    worker.sessions = SessionStore(str(tmp_path / "s.json"))
+    assert worker.session_mode
+    message = ding.text("hi", sessionWebhook="https://attacker.example/robot/sendBySession?session=x")
+    worker._remember_session("user:x", message)
+    assert worker.sessions.get("user:x") is None
+    worker._remember_session("user:x", ding.text("hi"))
+    assert worker.sessions.get("user:x")[0].startswith(f"{ding.base_url}/robot/sendBySession?session=")
+    worker.api.close()
+
+
+# -- registration -------------------------------------------------------------------------------------------
+
+@pytest.mark.django_db
+def test_channel_dingtalk_is_a_builtin_kind_a_plugins_toml_entry_needs_no_command_for():
+    from plugins_app.channel import selectors, tomlio
+    from plugins_app.channel.models import Plugin
+    kind = installed_kinds()["channel-dingtalk"]
+    assert kind.module == "plugins_app.channel.workers.dingtalk"
+    assert kind.env_refs == ("DINGTALK_APP_KEY", "DINGTALK_APP_SECRET")
+    tomlio.plugins_import(text='schema_version = 1\n[[plugins]]\nid = "dingtalk-main"\nkind = "channel-dingtalk"\n'
+                               'args = ["--bind", "127.0.0.1:3002"]\n'
+                               'env_refs = ["DINGTALK_APP_KEY", "DINGTALK_APP_SECRET"]\n')
+    assert selectors.plugin_argv(Plugin.objects.get()) == (
+        sys.executable, ["-m", "plugins_app.channel.workers.dingtalk", "--bind", "127.0.0.1:3002"])
