@@ -198,3 +198,105 @@ def test_a_failed_turn_is_asked_again_under_a_new_message_id_until_the_attempts_
     [retried] = state.chunks("e" * 64, "fr")  # dropped again: tried again
     assert (retried.state, retried.attempt) == (NEW, 3)
     state.close()
+
+
+# ---------------------------------------------------------------------------- the pipeline, without a bridge
+
+class Worker:
+    """The worker's pipeline steps on a real inbox, with ``submit`` recording what the hub would get."""
+
+    def __init__(self, root, *args):
+        from plugins_app.channel.sdk import SubmitResult
+        from plugins_app.channel.workers.translate import TranslateWorker
+        self.inbox, self.outbox = root / "in", root / "out"
+        self.w = TranslateWorker(argv=["--inbox", str(self.inbox), "--outbox", str(self.outbox), "--to", "de",
+                                       "--max-chunk-chars", "200", *args],
+                                 socket_path=str(root / "none.sock"), plugin_id="tr", token="t",
+                                 state_dir=str(root / "state"), install_signal_handlers=False)
+        self.sent: list = []
+        self.w.submit = lambda msg: (self.sent.append(msg), SubmitResult(True))[1]
+        self.w.connect()
+
+    def drop(self, name, text):
+        (self.inbox / name).write_text(text)
+        st = (self.inbox / name).stat()
+        self.w.take(name, (st.st_size, st.st_mtime_ns))
+        self.w.pump()
+
+    def answer(self, msg, text, state="completed", **meta):
+        from plugins_app.channel.sdk import Delivery
+        d = Delivery(delivery_id=f"d-{len(self.sent)}-{state}", conversation_id=msg.conversation_id, text=text,
+                     reply_to_message_id=msg.message_id, metadata={"state": state, **meta})
+        assert self.w.deliver(d) is None
+        self.w.pump()
+
+
+def test_chunks_go_one_after_another_and_the_output_is_written_once_all_are_answered(tmp_path):
+    p = Worker(tmp_path)
+    paras = [f"Paragraph {i} " + "word " * 25 for i in range(4)]
+    p.drop("a.txt", "\n\n".join(paras) + "\n")
+    assert len(p.sent) == 1  # the next chunk waits for this one's answer
+    first = p.sent[0]
+    assert first.channel == "translate" and first.text.endswith(paras[0])
+    p.answer(first, "Absatz 0")
+    p.answer(first, "a second copy of the delivery")  # a redelivery changes nothing
+    assert len(p.sent) == 2 and p.sent[1].conversation_id == first.conversation_id
+    for i in range(2, 5):
+        assert not (p.outbox / "a.de.txt").exists()
+        p.answer(p.sent[-1], f"Absatz {i - 1}")
+    assert len(p.sent) == 4
+    assert (p.outbox / "a.de.txt").read_text() == "Absatz 0\n\nAbsatz 1\n\nAbsatz 2\n\nAbsatz 3\n"
+    assert (p.inbox / "done" / "a.txt").exists() and not (p.inbox / "a.txt").exists()
+
+
+def test_a_failed_turn_is_asked_again_and_out_of_attempts_fails_the_document(tmp_path):
+    p = Worker(tmp_path, "--max-attempts", "2")
+    p.drop("a.txt", "Hello.\n")
+    [first] = p.sent
+    p.answer(first, "Sorry, the agent could not answer this message.", state="failed")
+    retry = p.sent[-1]
+    assert len(p.sent) == 2 and retry.message_id == first.message_id + ".try2"
+    p.answer(first, "late answer to the first try")  # answers nothing now
+    assert not (p.outbox / "a.de.txt").exists()
+    p.answer(retry, "Sorry, the agent could not answer this message.", state="failed")
+    assert len(p.sent) == 2
+    assert (p.inbox / "failed" / "a.txt").exists() and not (p.outbox / "a.de.txt").exists()
+    assert (p.inbox / "failed" / "a.txt.error.txt").read_text() == (
+        "chunk 1 of 1 into de: the agent's turn ended failed: Sorry, the agent could not answer this message.\n")
+
+
+def test_a_refused_turn_fails_the_document_at_once(tmp_path):
+    p = Worker(tmp_path)
+    p.drop("a.txt", "Hello.\n")
+    p.answer(p.sent[0], "Please do not send passwords here.", state="refused")
+    assert len(p.sent) == 1
+    assert "ended refused: Please do not send passwords here." in (
+        p.inbox / "failed" / "a.txt.error.txt").read_text()
+
+
+def test_a_question_or_a_stray_delivery_is_acked_and_the_pipeline_goes_on(tmp_path):
+    from plugins_app.channel.sdk import Delivery
+    p = Worker(tmp_path)
+    p.drop("a.txt", "Hello.\n")
+    [msg] = p.sent
+    question = Delivery(delivery_id="d_q1", conversation_id=msg.conversation_id, text="Formal or informal?",
+                        reply_to_message_id=msg.message_id,
+                        metadata={"kind": "question", "request_id": "q1", "options": []})
+    stray = Delivery(delivery_id="d_x", conversation_id=msg.conversation_id, text="a workflow's message")
+    assert p.w.deliver(question) is None and p.w.deliver(stray) is None
+    assert not (p.outbox / "a.de.txt").exists()
+    p.answer(msg, "Hallo.")
+    assert (p.outbox / "a.de.txt").read_text() == "Hallo.\n"
+
+
+def test_a_restarted_worker_goes_on_from_its_state(tmp_path):
+    p = Worker(tmp_path)
+    p.drop("a.txt", "\n\n".join(f"Paragraph {i} " + "word " * 25 for i in range(3)) + "\n")
+    p.answer(p.sent[0], "Eins")
+    p.w.disconnect()  # as if killed: the state is on disk
+    again = Worker(tmp_path)
+    again.w.pump()
+    assert again.sent == []  # the chunk at work was submitted before: the SDK's outbox replays it if need be
+    again.answer(p.sent[1], "Zwei")
+    again.answer(again.sent[-1], "Drei")
+    assert (again.outbox / "a.de.txt").read_text() == "Eins\n\nZwei\n\nDrei\n"
