@@ -160,7 +160,7 @@ def test_write_atomic_leaves_no_temporary_file(tmp_path):
 
 
 def test_the_state_keeps_answers_across_a_reopen_and_a_second_drop_asks_nothing_again(tmp_path):
-    path = tmp_path / "w.translate.sqlite3"
+    path = tmp_path / "w.translate"
     state = TranslateState(path)
     parts = [("prompt 0", {"text": "a", "joiner": "\n\n", "cues": []}), ("prompt 1", {"text": "b", "joiner": "",
                                                                                      "cues": []})]
@@ -183,7 +183,7 @@ def test_the_state_keeps_answers_across_a_reopen_and_a_second_drop_asks_nothing_
 
 
 def test_a_failed_turn_is_asked_again_under_a_new_message_id_until_the_attempts_run_out(tmp_path):
-    state = TranslateState(tmp_path / "s.sqlite3")
+    state = TranslateState(tmp_path / "s.translate")
     state.take(digest="e" * 64, name="a.txt", form="text", trailing_newline=True,
                chunks={"fr": [("p", {"text": "a", "joiner": "", "cues": []})]})
     [row] = state.chunks("e" * 64, "fr")
@@ -300,3 +300,22 @@ def test_a_restarted_worker_goes_on_from_its_state(tmp_path):
     again.answer(p.sent[1], "Zwei")
     again.answer(again.sent[-1], "Drei")
     assert (again.outbox / "a.de.txt").read_text() == "Eins\n\nZwei\n\nDrei\n"
+
+
+def test_a_journal_line_cut_short_by_a_crash_is_dropped_and_the_next_event_starts_a_line(tmp_path):
+    state = TranslateState(tmp_path)
+    parts = [("p0", {"text": "a", "joiner": "", "cues": []})]
+    state.take(digest="f" * 64, name="a.txt", form="text", trailing_newline=True, chunks={"de": parts})
+    [row] = state.chunks("f" * 64, "de")
+    state.close()
+    journal = tmp_path / ("f" * 64 + ".jsonl")
+    with open(journal, "ab") as fh:
+        fh.write(b'{"e":"answered","lang":"de","idx":0,"message_id":"' + row.message_id.encode() + b'","ans')
+    state = TranslateState(tmp_path)
+    [again] = state.chunks("f" * 64, "de")
+    assert again.state == NEW  # the torn answer was never acted on (its delivery was not acked)
+    assert state.answered(again, "A")
+    state.close()
+    assert journal.read_bytes().endswith(b'"answer":"A"}\n')
+    [answered] = TranslateState(tmp_path).chunks("f" * 64, "de")
+    assert (answered.state, answered.answer) == (ANSWERED, "A")

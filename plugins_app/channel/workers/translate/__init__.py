@@ -22,7 +22,7 @@ page: docs/channels/translate.md.
   the earlier parts. The message id is the content's digest, the language, the chunk's index and
   a digest of its instruction: a restart or the same file dropped again never runs a chunk twice.
 * **Answers out.** Deliveries answering a chunk (``reply_to_message_id``) are recorded in the
-  worker's state (``state.py``, SQLite beside the outbox, ``synchronous=FULL``) before they are acked.
+  worker's state (``state.py``, a journal per document beside the outbox, each line fsynced) before they are acked.
   When every chunk of a document has its answer in every language, ``outbox/<stem>.<lang><suffix>``
   is written (a temporary file, fsync, ``os.replace``), and only then the source moves to
   ``inbox/done/``. A turn that failed or was interrupted is asked again (a new message id), up to
@@ -167,7 +167,7 @@ class TranslateWorker(ChannelWorker):
                 d.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ChannelRefused(f"cannot make the pipeline's directories: {exc}") from exc
-        path = Path(str(outbox_path_for(self.plugin_id, self.state_dir)).replace(".outbox.", ".translate."))
+        path = Path(str(outbox_path_for(self.plugin_id, self.state_dir)).replace(".outbox.sqlite3", ".translate"))
         self.state = TranslateState(path)
         self.log.info("translate: %s -> %s into %s (chunks of at most %d characters)", self.inbox, self.outdir,
                       ",".join(self.langs), self.opts.max_chunk_chars)
