@@ -265,7 +265,11 @@ class TranslateWorker(ChannelWorker):
         if key[0] > self.opts.max_file_bytes:
             self.fail_file(name, f"the file is {key[0]} bytes, over --max-file-bytes ({self.opts.max_file_bytes})")
             return
-        data = path.read_bytes()
+        try:
+            data = path.read_bytes()
+        except PermissionError as exc:
+            self.fail_file(name, f"cannot read the file: {exc.strerror} (the daemon's user needs read access)")
+            return
         st = path.stat()
         if (st.st_size, st.st_mtime_ns) != key or len(data) != key[0]:
             self._seen.pop(name, None)  # changed under us: it was not settled after all
