@@ -94,8 +94,10 @@ def answers_of(text: str) -> list[str]:
     return [a for a in re.split(r"(?=echo: )", text) if a.strip()]
 
 
-def test_a_txt_an_md_and_an_srt_come_out_in_two_languages(tcast, pipe, start_runtime):
-    translate_plugin(pipe)
+def test_a_txt_an_md_and_an_srt_come_out_in_two_languages(tcast, pipe, start_runtime, short_dir):
+    glossary = short_dir / "glossary.txt"
+    glossary.write_text("# terms\nfilm = film\n[de]\nstory = Geschichte\n[fr]\nstory = histoire\n")
+    translate_plugin(pipe, "--glossary", str(glossary))
     rt = start_runtime()
     txt = paragraphs(9, "Plain")
     md = ["# The guide", "Some *emphasis* and a [link](https://example.com/x).",
@@ -116,6 +118,8 @@ def test_a_txt_an_md_and_an_srt_come_out_in_two_languages(tcast, pipe, start_run
         # one conversation per document and language: each chunk saw the ones before it
         assert saw_the_chunks_before(text, len(answers)), text
         assert text.endswith(")\n")
+    assert "- story => Geschichte" in de_txt and "- story => histoire" in fr_txt  # the terms that occur
+    assert "- film =>" not in de_txt
     assert in_order(de_md, md) and in_order(fr_md, md)
     assert "It is Markdown" in de_md and "```\ncode stays\n\ncode\n```" in de_md
 
@@ -233,3 +237,32 @@ def test_a_file_still_being_written_is_not_taken_early(tcast, pipe, start_runtim
     os.replace(pipe.inbox / "later.txt.part", pipe.inbox / "later.txt")
     [later] = pipe.written("later.de.txt")
     assert "Later paragraph 1" in later
+
+
+def test_a_question_or_a_message_that_answers_no_chunk_is_acked_and_the_pipeline_goes_on(tcast, pipe, start_runtime):
+    from channels_app.models import Conversation
+    from plugins_app.channel.services import delivery_enqueue
+    plugin = translate_plugin(pipe, to="de")
+    start_runtime()
+    pipe.drop("first.txt", "One short paragraph.\n")
+    pipe.written("first.de.txt")
+    conversation = Conversation.objects.get(channel="translate")
+    question = delivery_enqueue(plugin=plugin, conversation=conversation, text="Formal or informal?\n1. Formal",
+                                metadata={"kind": "question", "request_id": "q-1", "options": []})
+    stray = delivery_enqueue(plugin=plugin, conversation=conversation, text="a workflow's message")
+    pipe.drop("second.txt", "Another short paragraph.\n")
+    [second] = pipe.written("second.de.txt")
+    assert "Another short paragraph." in second
+    assert wait_until(lambda: set(OutboundDelivery.objects.filter(delivery_id__in=[question.delivery_id,
+                                                                                   stray.delivery_id])
+                                  .values_list("state", flat=True)) == {"delivered"}, 30)
+    assert Turn.objects.count() == 2
+
+
+def test_a_wrong_argument_disables_the_plugin_with_the_reason(tcast, pipe, start_runtime):
+    translate_plugin(pipe, to="de,Deutsch!")
+    rt = start_runtime()
+    assert wait_until(lambda: not Plugin.objects.get().enabled, 30), rt.log(PID)
+    assert Plugin.objects.get().disabled_reason == (
+        "the channel refused the worker: 'Deutsch!' is not a BCP 47 language tag (such as de, pt-BR, zh-Hant)")
+    assert rt.worker_pid(PID) is None
