@@ -319,3 +319,20 @@ def test_a_journal_line_cut_short_by_a_crash_is_dropped_and_the_next_event_start
     assert journal.read_bytes().endswith(b'"answer":"A"}\n')
     [answered] = TranslateState(tmp_path).chunks("f" * 64, "de")
     assert (answered.state, answered.answer) == (ANSWERED, "A")
+
+
+@pytest.mark.django_db
+def test_the_kind_is_built_in_and_a_plugins_toml_entry_needs_no_command():
+    import sys
+
+    from plugins_app.channel import selectors, tomlio
+    from plugins_app.channel.models import Plugin
+    from plugins_app.channel.workers import installed_kinds
+    kind = installed_kinds()["channel-translate"]
+    assert kind.module == "plugins_app.channel.workers.translate" and kind.env_refs == ()
+    assert kind.description.startswith("Translation: a directory pipeline")
+    tomlio.plugins_import(text='schema_version = 1\n[[plugins]]\nid = "translate-main"\nkind = "channel-translate"\n'
+                               'args = ["--inbox", "/srv/in", "--outbox", "/srv/out", "--to", "de,fr"]\n')
+    assert selectors.plugin_argv(Plugin.objects.get()) == (
+        sys.executable, ["-m", "plugins_app.channel.workers.translate", "--inbox", "/srv/in", "--outbox", "/srv/out",
+                         "--to", "de,fr"])
