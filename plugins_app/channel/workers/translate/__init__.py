@@ -7,8 +7,8 @@
 No platform and no credentials: the "channel" is two directories on the operator's disk. Operators'
 page: docs/channels/translate.md.
 
-* **Taking a file.** The inbox is watched (watchfiles; ``--poll`` or a watcher that cannot start: a
-  scan every half settle interval) and scanned at start, so files dropped while the worker was down
+* **Taking a file.** The inbox is watched (watchfiles), scanned every half settle interval (at
+  least once a second: the settle check needs a second look) and at start, so files dropped while the worker was down
   are taken too. A file is taken once its size and modification time stayed the same for
   ``--settle-secs``; names starting with ``.`` or ending ``.part``/``.tmp`` are never taken (write
   under such a name, then rename: the rename is the drop). ``.txt``, ``.md``/``.markdown`` and
