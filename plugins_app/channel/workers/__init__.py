@@ -28,6 +28,7 @@ BUILTIN = {
     "channel-line": "plugins_app.channel.workers.line",
     "channel-slack": "plugins_app.channel.workers.slack",
     "channel-telegram": "plugins_app.channel.workers.telegram",
+    "channel-translate": "plugins_app.channel.workers.translate",
     "channel-wecom": "plugins_app.channel.workers.wecom",
     "channel-whatsapp": "plugins_app.channel.workers.whatsapp",
 }

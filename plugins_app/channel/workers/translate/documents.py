@@ -1,0 +1,350 @@
+"""channel-translate's documents: reading a file, cutting it into chunks, the instruction each chunk is
+sent with, and putting the answers back together as the translated file.
+
+Nothing here touches the disk or the bridge, so each part is tested alone (test_channel_translate_parts.py).
+
+* Plain text and Markdown (``.txt``, ``.md``, ``.markdown``) are cut at blank lines (paragraphs); a
+  Markdown code fence is one block whatever blank lines it holds. Paragraphs are packed into chunks of at
+  most ``max_chars`` characters; a paragraph longer than that is cut at sentence ends, a sentence longer
+  than that at spaces, a word longer than that anywhere. Each chunk remembers what followed it in the
+  source (a blank line, a space, nothing), so the translation is joined the same way.
+* SubRip subtitles (``.srt``) are cut at cues. The engine sees only the cues' text, each under its number
+  in brackets (``[12]``); the numbers and timings are the worker's and are written back unchanged, so a
+  model can never shift a timing. A cue the answer does not name keeps its source text (logged).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+#: The files the pipeline reads, by suffix (lower case), and how it cuts each.
+FORMATS = {".txt": "text", ".md": "markdown", ".markdown": "markdown", ".srt": "srt"}
+#: A BCP 47 tag as an operator types one: a language, then subtags (de, pt-BR, zh-Hant, sr-Latn-RS).
+LANG_TAG = re.compile(r"^[A-Za-z]{2,3}(-[A-Za-z0-9]{2,8})*$")
+#: Names for the instruction, for the tags operators use most; any other tag is named by itself.
+LANGUAGE_NAMES = {
+    "ar": "Arabic", "cs": "Czech", "da": "Danish", "de": "German", "el": "Greek", "en": "English",
+    "es": "Spanish", "fi": "Finnish", "fr": "French", "he": "Hebrew", "hi": "Hindi", "hu": "Hungarian",
+    "id": "Indonesian", "it": "Italian", "ja": "Japanese", "ko": "Korean", "nb": "Norwegian Bokmål",
+    "nl": "Dutch", "pl": "Polish", "pt": "Portuguese", "pt-BR": "Brazilian Portuguese",
+    "pt-PT": "European Portuguese", "ro": "Romanian", "ru": "Russian", "sv": "Swedish", "th": "Thai",
+    "tr": "Turkish", "uk": "Ukrainian", "vi": "Vietnamese", "zh": "Chinese", "zh-Hans": "Simplified Chinese",
+    "zh-Hant": "Traditional Chinese",
+}
+
+#: Where a sentence ends: after . ! ? … (and a closing quote or bracket) and white space, or after a CJK full stop.
+_SENTENCE_END = re.compile(r"(?:(?<=[.!?…])|(?<=[.!?…][\"'”’)\]]))\s+|(?<=[。！？])\s*")
+_FENCE = re.compile(r"^\s{0,3}(```|~~~)")
+_SRT_TIMING = re.compile(r"^\s*\d{1,2}:\d{2}:\d{2}[,.]\d{1,3}\s*-->\s*\d{1,2}:\d{2}:\d{2}[,.]\d{1,3}.*$")
+_CUE_MARK = re.compile(r"^\s*\[(\d+)\]\s*$")
+
+
+class DocumentError(ValueError):
+    """A file the pipeline cannot translate; the message is the reason written beside it in failed/."""
+
+
+@dataclass
+class Cue:
+    number: int
+    timing: str
+    text: str
+
+
+@dataclass
+class Chunk:
+    """One piece of a document sent as one message: its source, and what joined it to the next piece."""
+
+    text: str = ""
+    joiner: str = ""
+    cues: list[Cue] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"text": self.text, "joiner": self.joiner,
+                "cues": [[c.number, c.timing, c.text] for c in self.cues]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Chunk":
+        return cls(d.get("text", ""), d.get("joiner", ""), [Cue(n, t, x) for n, t, x in d.get("cues", [])])
+
+
+@dataclass
+class Document:
+    name: str
+    suffix: str
+    form: str
+    chunks: list[Chunk]
+    trailing_newline: bool = True
+
+
+def format_of(name: str) -> str | None:
+    for suffix, form in FORMATS.items():
+        if name.lower().endswith(suffix):
+            return form
+    return None
+
+
+def suffix_of(name: str) -> str:
+    """The suffix the outputs keep, as the source spells it (``.MD`` stays ``.MD``)."""
+    for suffix in FORMATS:
+        if name.lower().endswith(suffix):
+            return name[len(name) - len(suffix):]
+    return ""
+
+
+def unsupported_reason(name: str) -> str:
+    dot = name.rfind(".")
+    kind = f"'{name[dot:]}'" if dot > 0 else "with no suffix"
+    return (f"unsupported file type {kind}: this pipeline translates "
+            f"{', '.join(sorted(FORMATS))} files")
+
+
+def decode(data: bytes) -> str:
+    """The file's text: UTF-8 (a byte-order mark is dropped), line ends made ``\\n``."""
+    if not data.strip():
+        raise DocumentError("the file is empty: there is nothing to translate")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise DocumentError(f"not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}): "
+                            "save the file as UTF-8 and drop it again") from None
+    if "\x00" in text:
+        raise DocumentError("the file holds NUL characters: it is not a text file")
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def read_document(name: str, data: bytes, *, max_chars: int) -> Document:
+    """A dropped file as chunks; raises DocumentError with the reason when it cannot be translated."""
+    form = format_of(name)
+    if form is None:
+        raise DocumentError(unsupported_reason(name))
+    text = decode(data)
+    if form == "srt":
+        chunks = split_cues(parse_srt(text), max_chars)
+    else:
+        chunks = split_text(text, max_chars, markdown=form == "markdown")
+    if not chunks:
+        raise DocumentError("the file holds only white space: there is nothing to translate")
+    return Document(name, suffix_of(name), form, chunks, trailing_newline=text.endswith("\n"))
+
+
+# ---------------------------------------------------------------------------- plain text and Markdown
+
+def blocks_of(text: str, *, markdown: bool = False) -> list[str]:
+    """The paragraphs of a text: runs of lines between blank lines; a Markdown code fence is one block."""
+    blocks, current, fenced = [], [], None
+    for line in text.split("\n"):
+        if markdown:
+            m = _FENCE.match(line)
+            if m and fenced is None:
+                fenced = m.group(1)
+            elif m and line.strip().startswith(fenced):
+                fenced = None
+                current.append(line)
+                continue
+        if fenced is None and not line.strip():
+            if current:
+                blocks.append("\n".join(current))
+                current = []
+            continue
+        current.append(line)
+    if current:
+        blocks.append("\n".join(current))
+    return blocks
+
+
+def _cut_long(text: str, max_chars: int) -> list[str]:
+    """A block longer than the limit as pieces within it: at sentence ends, else spaces, else anywhere."""
+    pieces = [p for p in _SENTENCE_END.split(text) if p]
+    out: list[str] = []
+    for sentence in pieces:
+        if len(sentence) <= max_chars:
+            out.append(sentence)
+            continue
+        words, line = sentence.split(" "), ""
+        for word in words:
+            while len(word) > max_chars:  # a "word" longer than the limit (a URL, a script with no spaces)
+                if line:
+                    out.append(line)
+                    line = ""
+                out.append(word[:max_chars])
+                word = word[max_chars:]
+            if line and len(line) + 1 + len(word) > max_chars:
+                out.append(line)
+                line = word
+            else:
+                line = f"{line} {word}" if line else word
+        if line:
+            out.append(line)
+    return out
+
+
+def split_text(text: str, max_chars: int, *, markdown: bool = False) -> list[Chunk]:
+    """Paragraphs packed into chunks of at most ``max_chars`` characters, in order."""
+    if max_chars < 1:
+        raise ValueError("max_chars must be at least 1")
+    # (piece, what follows it): a blank line between paragraphs, a space between the sentences of one
+    units: list[tuple[str, str]] = []
+    for block in blocks_of(text, markdown=markdown):
+        if len(block) <= max_chars:
+            units.append((block, "\n\n"))
+            continue
+        pieces = _cut_long(block, max_chars)
+        units.extend((p, " ") for p in pieces[:-1])
+        units.append((pieces[-1], "\n\n"))
+    chunks: list[Chunk] = []
+    current, joiner = "", ""
+    for piece, follows in units:
+        if current and len(current) + len(joiner) + len(piece) > max_chars:
+            chunks.append(Chunk(current, joiner))
+            current = ""
+        current = current + joiner + piece if current else piece
+        joiner = follows
+    if current:
+        chunks.append(Chunk(current, ""))
+    return chunks
+
+
+# ---------------------------------------------------------------------------- SubRip
+
+def parse_srt(text: str) -> list[Cue]:
+    """The cues of a SubRip file: a number, a timing line, the text lines, a blank line."""
+    cues: list[Cue] = []
+    blocks = [b for b in re.split(r"\n[ \t]*\n", text.strip("\n")) if b.strip()]
+    for n, block in enumerate(blocks, 1):
+        lines = block.strip("\n").split("\n")
+        if lines and lines[0].strip().isdigit():
+            number, lines = int(lines[0].strip()), lines[1:]
+        else:
+            number = (cues[-1].number + 1) if cues else 1
+        if not lines or not _SRT_TIMING.match(lines[0]):
+            raise DocumentError(f"not a SubRip (.srt) file: block {n} has no timing line "
+                                f"('00:00:01,000 --> 00:00:02,000'): {block[:60]!r}")
+        cues.append(Cue(number, lines[0].strip(), "\n".join(lines[1:])))
+    return cues
+
+
+def cue_block(cue: Cue) -> str:
+    return f"[{cue.number}]\n{cue.text}"
+
+
+def split_cues(cues: list[Cue], max_chars: int) -> list[Chunk]:
+    """Cues packed into chunks whose text for the engine (``[n]`` then the cue's text) is within the limit;
+    a cue is never cut."""
+    chunks: list[Chunk] = []
+    current: list[Cue] = []
+    size = 0
+    for cue in cues:
+        block = len(cue_block(cue))
+        if current and size + 2 + block > max_chars:
+            chunks.append(Chunk("\n\n".join(cue_block(c) for c in current), "", current))
+            current, size = [], 0
+        size = size + 2 + block if current else block
+        current.append(cue)
+    if current:
+        chunks.append(Chunk("\n\n".join(cue_block(c) for c in current), "", current))
+    return chunks
+
+
+def answer_cues(answer: str) -> dict[int, str]:
+    """The cue texts of an answer, by the ``[n]`` lines that head them."""
+    found: dict[int, list[str]] = {}
+    current: list[str] | None = None
+    for line in answer.split("\n"):
+        m = _CUE_MARK.match(line)
+        if m:
+            current = found.setdefault(int(m.group(1)), [])
+            continue
+        if current is not None:
+            current.append(line)
+    return {n: "\n".join(lines).strip("\n") for n, lines in found.items()}
+
+
+# ---------------------------------------------------------------------------- the instruction
+
+def language_name(tag: str) -> str:
+    name = LANGUAGE_NAMES.get(tag) or LANGUAGE_NAMES.get(tag.split("-")[0])
+    return f"{name} ({tag})" if name else f"the language with the BCP 47 tag {tag}"
+
+
+def parse_glossary(text: str) -> dict[str, dict[str, str]]:
+    """A glossary file: ``term = translation`` lines; a ``[de]`` line starts terms for that language only
+    (before any such line, for every language); ``#`` starts a comment. Returns {language or "*": terms}."""
+    out: dict[str, dict[str, str]] = {}
+    section = "*"
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = re.fullmatch(r"\[\s*([A-Za-z0-9-]+)\s*\]", line)
+        if m:
+            section = m.group(1)
+            continue
+        term, eq, target = line.partition("=")
+        if not eq or not term.strip() or not target.strip():
+            raise ValueError(f"glossary line {n}: expected 'term = translation', got {raw!r}")
+        out.setdefault(section, {})[term.strip()] = target.strip()
+    return out
+
+
+def glossary_for(glossary: dict[str, dict[str, str]], lang: str, text: str) -> dict[str, str]:
+    """The glossary's terms for ``lang`` that occur in ``text`` (case-insensitive)."""
+    terms = dict(glossary.get("*", {}))
+    terms.update(glossary.get(lang.split("-")[0], {}))
+    terms.update(glossary.get(lang, {}))
+    lowered = text.lower()
+    return {k: v for k, v in terms.items() if k.lower() in lowered}
+
+
+def instruction(chunk: Chunk, *, form: str, lang: str, source_lang: str | None, name: str, index: int,
+                total: int, glossary: dict[str, str] | None = None) -> str:
+    """The message one chunk is sent with: what to do, then the text itself after a line of its own."""
+    source = f"from {language_name(source_lang)} " if source_lang else ""
+    lines = [f"Translate the text below {source}into {language_name(lang)}."]
+    if form == "srt":
+        lines.append("It is a part of a subtitle file. Each subtitle starts with its number in brackets on a "
+                     "line of its own, such as [12]: keep every such line exactly as it is, in the same order, "
+                     "and translate only the text under it, keeping its line breaks.")
+    elif form == "markdown":
+        lines.append("It is Markdown: keep the markup exactly (headings, lists, emphasis, links and their "
+                     "URLs, tables, line breaks); do not translate code, inline code or URLs.")
+    else:
+        lines.append("Keep its layout: the same paragraphs and line breaks.")
+    lines.append("Answer with the translation only: no introduction, no notes, no quotation marks around it.")
+    if glossary:
+        lines.append("Use these translations for these terms:")
+        lines.extend(f"- {term} => {target}" for term, target in sorted(glossary.items()))
+    if total > 1:
+        lines.append(f"This is part {index + 1} of {total} of the document {name}; the parts before it "
+                     "are earlier in this conversation.")
+    return "\n".join(lines) + "\n\n" + chunk.text
+
+
+# ---------------------------------------------------------------------------- putting it back together
+
+def clean_answer(answer: str) -> str:
+    return answer.strip("\n").rstrip()
+
+
+def assemble(doc_form: str, chunks: list[Chunk], answers: list[str], *, trailing_newline: bool = True,
+             missing: list[int] | None = None) -> str:
+    """The translated file from each chunk's answer, in chunk order. For subtitles, the cue numbers
+    and timings come from the source; ``missing`` collects the numbers of cues the answers left out
+    (they keep their source text)."""
+    if len(chunks) != len(answers):
+        raise ValueError("one answer per chunk")
+    if doc_form == "srt":
+        out = []
+        for chunk, answer in zip(chunks, answers):
+            texts = answer_cues(answer)
+            for cue in chunk.cues:
+                text = texts.get(cue.number)
+                if text is None:
+                    if missing is not None:
+                        missing.append(cue.number)
+                    text = cue.text
+                out.append(f"{cue.number}\n{cue.timing}\n{text}".rstrip("\n") + "\n")
+        return "\n".join(out)
+    text = ""
+    for chunk, answer in zip(chunks, answers):
+        text += clean_answer(answer) + chunk.joiner
+    return text + ("\n" if trailing_newline else "")

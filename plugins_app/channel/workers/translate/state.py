@@ -1,0 +1,312 @@
+"""channel-translate's own record beside the SDK's outbox: the documents taken and each chunk's answer.
+
+One append-only journal per document content, ``<state dir>/<plugin id>.translate/<sha256>.jsonl``: a
+JSON line per event (a name taken, the chunks planned for a language, a chunk submitted, answered,
+retried or failed, a name settled), each written with ``fsync`` before the worker acts on it, so an
+answer recorded survives ``kill -9`` and a power cut. The state is the journal replayed; a last line
+cut short by a crash was never acted on and is skipped. Appending keeps the cost of an answer the
+size of the answer, however long the document.
+
+Documents are keyed by their content's SHA-256 and the name they were dropped under; chunks by the
+content, the target language and their index, so the same content dropped again (under any name)
+finds its answers here and runs no turn. Journals whose documents all settled more than KEEP_SECS ago
+are deleted at start; settled documents are read from disk again only when asked for.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: How long a finished document's answers are kept to recognise the same file dropped again.
+KEEP_SECS = 180 * 86400
+
+NEW, SUBMITTED, ANSWERED, FAILED = "new", "submitted", "answered", "failed"
+WORKING, DONE = "working", "done"
+
+
+def conversation_id_for(digest: str, lang: str) -> str:
+    """One conversation per document and target language: the engine sees the earlier chunks."""
+    return f"doc:{digest[:24]}:{lang}"
+
+
+def message_id_for(digest: str, lang: str, index: int, prompt: str, attempt: int = 1) -> str:
+    """A chunk's idempotency key: the document, the language, the chunk, what it asks (and the attempt,
+    after a failed turn), so a restart or a second drop of the same file never runs a chunk twice."""
+    base = f"{digest[:16]}.{lang}.{index:04d}.{hashlib.sha256(prompt.encode()).hexdigest()[:10]}"
+    return base if attempt == 1 else f"{base}.try{attempt}"
+
+
+@dataclass
+class ChunkRow:
+    digest: str
+    lang: str
+    index: int
+    total: int
+    conversation_id: str
+    message_id: str
+    attempt: int
+    prompt: str
+    source: dict
+    state: str = NEW
+    answer: str | None = None
+    reason: str | None = None
+
+    def copy(self) -> "ChunkRow":
+        return ChunkRow(**self.__dict__)
+
+
+@dataclass
+class DocumentRow:
+    digest: str
+    name: str
+    form: str
+    langs: list[str]
+    trailing_newline: bool
+    state: str
+    reason: str | None = None
+    at: float = 0.0
+
+
+@dataclass
+class _Content:
+    """One journal: a content's names and the chunks of each language."""
+
+    digest: str
+    path: Path
+    documents: dict[str, DocumentRow] = field(default_factory=dict)
+    chunks: dict[str, list[ChunkRow]] = field(default_factory=dict)
+
+    def at_work(self) -> bool:
+        return any(d.state == WORKING for d in self.documents.values())
+
+    def apply(self, e: dict) -> None:
+        kind = e["e"]
+        if kind == "doc":
+            self.documents[e["name"]] = DocumentRow(self.digest, e["name"], e["form"], list(e["langs"]),
+                                                    bool(e["trailing_newline"]), WORKING, None, e["at"])
+        elif kind == "settle":
+            doc = self.documents.get(e["name"])
+            if doc is not None:
+                doc.state, doc.reason, doc.at = e["state"], e.get("reason"), e["at"]
+        elif kind == "chunks":
+            lang, parts = e["lang"], e["parts"]
+            if lang not in self.chunks:
+                self.chunks[lang] = [
+                    ChunkRow(self.digest, lang, i, len(parts), conversation_id_for(self.digest, lang),
+                             message_id_for(self.digest, lang, i, p["prompt"]), 1, p["prompt"], p["source"])
+                    for i, p in enumerate(parts)]
+        else:
+            c = self.chunks[e["lang"]][e["idx"]]
+            if kind == "retry":
+                c.attempt, c.state, c.reason = e["attempt"], NEW, e.get("reason")
+                c.message_id = message_id_for(self.digest, c.lang, c.index, c.prompt, c.attempt)
+            elif e.get("message_id") != c.message_id:
+                return  # an event of an attempt since replaced
+            elif kind == "submitted" and c.state == NEW:
+                c.state = SUBMITTED
+            elif kind == "answered" and c.state in (NEW, SUBMITTED):
+                c.state, c.answer = ANSWERED, e["answer"]
+            elif kind == "failed":
+                c.state, c.reason = FAILED, e.get("reason")
+
+
+class TranslateState:
+    def __init__(self, path: Path):
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.dir = path
+        self._lock = threading.RLock()
+        self._loaded: dict[str, _Content] = {}  # contents with a document at work (or asked for since)
+        self._closed = False
+        for journal in sorted(path.glob("*.jsonl")):
+            content = self._read(journal)
+            if content.at_work():
+                self._loaded[content.digest] = content
+            elif all(d.at < time.time() - KEEP_SECS for d in content.documents.values()):
+                journal.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._loaded.clear()
+
+    # ------------------------------------------------------------------ the journal
+
+    def _read(self, path: Path) -> _Content:
+        content = _Content(path.stem, path)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return content
+        if data and not data.endswith(b"\n"):
+            # a last line cut short by a crash: never acted on; cut it off so the next event starts a line
+            data = data[:data.rfind(b"\n") + 1]
+            with open(path, "r+b") as fh:
+                fh.truncate(len(data))
+                os.fsync(fh.fileno())
+        for line in data.split(b"\n"):
+            if not line.strip():
+                continue
+            try:
+                content.apply(json.loads(line))
+            except (ValueError, KeyError, IndexError, TypeError):
+                continue  # not a line this version wrote
+        return content
+
+    def _content(self, digest: str) -> _Content:
+        content = self._loaded.get(digest)
+        if content is None:
+            content = self._read(self.dir / f"{digest}.jsonl")
+            self._loaded[digest] = content
+        return content
+
+    def _write(self, content: _Content, *events: dict) -> None:
+        """Append events durably, then apply them: what the worker acts on is on disk first."""
+        if self._closed:
+            raise RuntimeError("the state is closed")
+        data = b"".join(json.dumps(e, ensure_ascii=False, separators=(",", ":")).encode() + b"\n" for e in events)
+        new = not content.path.exists()
+        fd = os.open(content.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if new:
+            _fsync_dir(self.dir)
+        for e in events:
+            content.apply(e)
+
+    def _find(self, conversation_id: str) -> _Content | None:
+        prefix = conversation_id.split(":")[1] if conversation_id.count(":") == 2 else ""
+        if len(prefix) != 24:
+            return None
+        for digest, content in self._loaded.items():
+            if digest.startswith(prefix):
+                return content
+        for journal in self.dir.glob(f"{prefix}*.jsonl"):
+            return self._content(journal.stem)
+        return None
+
+    # ------------------------------------------------------------------ documents
+
+    def take(self, *, digest: str, name: str, form: str, trailing_newline: bool,
+             chunks: dict[str, list[tuple[str, dict]]]) -> None:
+        """Record a dropped file (again): its document working, and the chunks of each language that has
+        none yet ((prompt, source) each, in order). A language already recorded keeps its chunks: the plan
+        made at the first drop stands, so no chunk is ever asked twice in two shapes. Chunks a failed run
+        gave up on are tried again (a new attempt)."""
+        with self._lock:
+            content = self._content(digest)
+            events: list[dict] = [{"e": "doc", "name": name, "form": form, "trailing_newline": trailing_newline,
+                                   "langs": sorted(chunks), "at": time.time()}]
+            for lang, parts in chunks.items():
+                if lang not in content.chunks:
+                    events.append({"e": "chunks", "lang": lang,
+                                   "parts": [{"prompt": p, "source": s} for p, s in parts]})
+            for rows in content.chunks.values():
+                events.extend({"e": "retry", "lang": c.lang, "idx": c.index, "attempt": c.attempt + 1}
+                              for c in rows if c.state == FAILED)
+            self._write(content, *events)
+
+    def document(self, digest: str, name: str) -> DocumentRow | None:
+        with self._lock:
+            doc = self._content(digest).documents.get(name)
+            return None if doc is None else DocumentRow(**doc.__dict__)
+
+    def working(self) -> list[DocumentRow]:
+        with self._lock:
+            docs = [DocumentRow(**d.__dict__) for c in self._loaded.values() for d in c.documents.values()
+                    if d.state == WORKING]
+        return sorted(docs, key=lambda d: d.at)
+
+    def settle(self, digest: str, name: str, state: str, reason: str | None = None) -> None:
+        with self._lock:
+            content = self._content(digest)
+            self._write(content, {"e": "settle", "name": name, "state": state, "reason": reason, "at": time.time()})
+            if not content.at_work():
+                self._loaded.pop(digest, None)
+
+    def counts(self) -> dict:
+        with self._lock:
+            chunks: dict[str, int] = {}
+            for content in self._loaded.values():
+                for rows in content.chunks.values():
+                    for c in rows:
+                        chunks[c.state] = chunks.get(c.state, 0) + 1
+            return {"documents_at_work": len(self.working()), "chunks": chunks}
+
+    # ------------------------------------------------------------------ chunks
+
+    def chunks(self, digest: str, lang: str) -> list[ChunkRow]:
+        with self._lock:
+            return [c.copy() for c in self._content(digest).chunks.get(lang, [])]
+
+    def chunk_of(self, conversation_id: str, message_id: str | None) -> ChunkRow | None:
+        """The chunk whose current attempt is this message; None for any other message."""
+        if not message_id:
+            return None
+        with self._lock:
+            content = self._find(conversation_id)
+            if content is None:
+                return None
+            lang = conversation_id.split(":")[2]
+            for c in content.chunks.get(lang, []):
+                if c.message_id == message_id:
+                    return c.copy()
+        return None
+
+    def _event(self, c: ChunkRow, kind: str, **more) -> None:
+        self._write(self._content(c.digest), {"e": kind, "lang": c.lang, "idx": c.index, "message_id": c.message_id,
+                                              **more})
+
+    def _current(self, c: ChunkRow) -> ChunkRow:
+        return self._content(c.digest).chunks[c.lang][c.index]
+
+    def submitted(self, c: ChunkRow) -> None:
+        with self._lock:
+            now = self._current(c)
+            if now.message_id == c.message_id and now.state == NEW:
+                self._event(c, "submitted")
+
+    def answered(self, c: ChunkRow, answer: str) -> bool:
+        """Record the answer to the chunk's current attempt; False when it already had one (a redelivery)."""
+        with self._lock:
+            now = self._current(c)
+            if now.message_id != c.message_id or now.state not in (NEW, SUBMITTED):
+                return False
+            self._event(c, "answered", answer=answer)
+            return True
+
+    def turn_failed(self, c: ChunkRow, reason: str, *, max_attempts: int) -> bool:
+        """The chunk's turn ended without a translation: a new attempt (a new message id), or, past
+        ``max_attempts``, the chunk failed. Returns True when it failed for good."""
+        with self._lock:
+            now = self._current(c)
+            if now.message_id != c.message_id or now.state not in (NEW, SUBMITTED):
+                return now.state == FAILED
+            if c.attempt < max_attempts:
+                self._write(self._content(c.digest), {"e": "retry", "lang": c.lang, "idx": c.index,
+                                                      "attempt": c.attempt + 1, "reason": reason})
+                return False
+            self._event(c, "failed", reason=reason)
+            return True
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,338 @@
+"""channel-translate's parts: reading and cutting documents, the instruction, putting answers back, the state."""
+from __future__ import annotations
+
+import pytest
+
+from plugins_app.channel.workers.translate import config_problem, output_name, parse_args, skipped, write_atomic
+from plugins_app.channel.workers.translate.documents import (Chunk, DocumentError, answer_cues, assemble,
+                                                             blocks_of, glossary_for, instruction, parse_glossary,
+                                                             parse_srt, read_document, split_cues, split_text)
+from plugins_app.channel.workers.translate.state import (ANSWERED, FAILED, NEW, SUBMITTED, TranslateState,
+                                                         conversation_id_for, message_id_for)
+
+SRT = ("1\n00:00:01,000 --> 00:00:02,500\nHello there.\n\n"
+       "2\n00:00:03,000 --> 00:00:04,000\nTwo lines\nof text.\n\n"
+       "3\n00:00:05,000 --> 00:00:06,000\nBye.\n")
+
+
+# ---------------------------------------------------------------------------- cutting
+
+def test_paragraphs_are_packed_into_chunks_within_the_limit_and_never_cut():
+    paras = [f"Paragraph {i} " + "word " * 20 for i in range(10)]  # about 115 characters each
+    chunks = split_text("\n\n".join(paras) + "\n", 250)
+    assert all(len(c.text) <= 250 for c in chunks)
+    assert [c.text.split("\n\n") for c in chunks] == [paras[i:i + 2] for i in range(0, 10, 2)]
+    assert [c.joiner for c in chunks] == ["\n\n"] * 4 + [""]
+
+
+def test_blank_line_runs_and_crlf_are_one_paragraph_break():
+    doc = read_document("a.txt", b"one\r\nline two\r\n\r\n\r\n\r\nthree\r\n", max_chars=1000)
+    assert [c.text for c in doc.chunks] == ["one\nline two\n\nthree"]
+
+
+def test_a_paragraph_longer_than_the_limit_is_cut_at_sentence_ends():
+    sentences = [f"Sentence number {i} says something quite long here." for i in range(12)]
+    chunks = split_text(" ".join(sentences), 200)
+    assert len(chunks) > 1 and all(len(c.text) <= 200 for c in chunks)
+    assert all(c.text.endswith(".") for c in chunks)  # no sentence is cut in two
+    assert " ".join(c.text for c in chunks) == " ".join(sentences)
+    assert [c.joiner for c in chunks][:-1] == [" "] * (len(chunks) - 1)  # rejoined as one paragraph
+
+
+def test_a_sentence_longer_than_the_limit_is_cut_at_spaces_and_a_word_anywhere():
+    text = "word " * 100 + "x" * 450
+    chunks = split_text(text.strip(), 200)
+    assert all(len(c.text) <= 200 for c in chunks)
+    assert "".join(c.text for c in chunks).replace(" ", "") == text.replace(" ", "")
+
+
+def test_a_markdown_code_fence_with_blank_lines_is_one_block():
+    md = "# Title\n\n```python\nx = 1\n\ny = 2\n```\n\nAfter."
+    assert blocks_of(md, markdown=True) == ["# Title", "```python\nx = 1\n\ny = 2\n```", "After."]
+    assert blocks_of(md) == ["# Title", "```python\nx = 1", "y = 2\n```", "After."]
+
+
+def test_subtitles_are_cut_at_cues_and_keep_numbers_and_timings():
+    cues = parse_srt(SRT)
+    assert [(c.number, c.timing, c.text) for c in cues] == [
+        (1, "00:00:01,000 --> 00:00:02,500", "Hello there."),
+        (2, "00:00:03,000 --> 00:00:04,000", "Two lines\nof text."),
+        (3, "00:00:05,000 --> 00:00:06,000", "Bye.")]
+    chunks = split_cues(cues, 40)
+    assert [[c.number for c in ch.cues] for ch in chunks] == [[1, 2], [3]]
+    assert chunks[0].text == "[1]\nHello there.\n\n[2]\nTwo lines\nof text."
+    assert all(len(ch.text) <= 40 for ch in chunks)
+
+
+def test_a_file_that_is_not_subrip_is_refused_with_the_reason():
+    with pytest.raises(DocumentError, match=r"not a SubRip \(.srt\) file: block 2 has no timing line"):
+        read_document("x.srt", b"1\n00:00:01,000 --> 00:00:02,000\nok\n\n2\nno timing here\n", max_chars=1000)
+
+
+@pytest.mark.parametrize("name, data, reason", [
+    ("a.pdf", b"%PDF-1.7", "unsupported file type '.pdf': this pipeline translates .markdown, .md, .srt, .txt files"),
+    ("README", b"hi", "unsupported file type with no suffix"),
+    ("a.txt", b"caf\xe9", "not UTF-8 text (byte 0xe9 at offset 3)"),
+    ("a.txt", b"  \n\n", "the file is empty"),
+])
+def test_files_the_pipeline_cannot_translate_say_why(name, data, reason):
+    with pytest.raises(DocumentError) as err:
+        read_document(name, data, max_chars=1000)
+    assert str(err.value).startswith(reason)
+
+
+def test_a_utf8_byte_order_mark_is_not_text():
+    assert read_document("a.md", "\ufeff# Hi\n".encode(), max_chars=1000).chunks[0].text == "# Hi"
+
+
+# ---------------------------------------------------------------------------- the instruction
+
+def test_the_instruction_names_the_language_the_form_and_the_glossary_terms_in_the_chunk():
+    glossary = parse_glossary("# terms\nUGENT = UGENT\ngateway = Gateway\n[fr]\ngateway = passerelle\n")
+    assert glossary == {"*": {"UGENT": "UGENT", "gateway": "Gateway"}, "fr": {"gateway": "passerelle"}}
+    chunk = Chunk("The **gateway** is up.")
+    terms = glossary_for(glossary, "fr-CA", chunk.text)
+    assert terms == {"gateway": "passerelle"}  # UGENT does not occur; fr applies to fr-CA
+    text = instruction(chunk, form="markdown", lang="fr-CA", source_lang="en", name="a.md", index=1, total=3,
+                       glossary=terms)
+    assert text.startswith("Translate the text below from English (en) into French (fr-CA).\nIt is Markdown")
+    assert "- gateway => passerelle" in text
+    assert "part 2 of 3 of the document a.md" in text
+    assert text.endswith("\n\nThe **gateway** is up.")
+
+
+def test_a_bad_glossary_line_is_named():
+    with pytest.raises(ValueError, match="glossary line 2: expected 'term = translation'"):
+        parse_glossary("a = b\nno equals sign\n")
+
+
+# ---------------------------------------------------------------------------- putting answers back
+
+def test_answers_are_joined_in_chunk_order_as_the_source_was():
+    chunks = [Chunk("A one. A two.", " "), Chunk("A three.", "\n\n"), Chunk("B.", "")]
+    out = assemble("text", chunks, ["Ein eins. Ein zwei.\n", "\nEin drei.  ", "B."], trailing_newline=True)
+    assert out == "Ein eins. Ein zwei. Ein drei.\n\nB.\n"
+    assert not assemble("text", [Chunk("x", "")], ["y"], trailing_newline=False).endswith("\n")
+    with pytest.raises(ValueError):
+        assemble("text", chunks, ["only one"])
+
+
+def test_subtitle_answers_take_the_source_numbers_and_timings_and_a_missing_cue_keeps_its_text():
+    chunks = split_cues(parse_srt(SRT), 40)
+    answers = ["Hier ist die Übersetzung:\n[1]\nHallo.\n\n[2]\nZwei Zeilen\nText.\n",
+               "[7]\nfalsch"]  # the second answer names no cue 3
+    missing: list[int] = []
+    out = assemble("srt", chunks, answers, missing=missing)
+    assert out == ("1\n00:00:01,000 --> 00:00:02,500\nHallo.\n\n"
+                   "2\n00:00:03,000 --> 00:00:04,000\nZwei Zeilen\nText.\n\n"
+                   "3\n00:00:05,000 --> 00:00:06,000\nBye.\n")
+    assert missing == [3]
+    assert answer_cues("[1]\na\n[2]\n\nb\n") == {1: "a", 2: "b"}
+
+
+# ---------------------------------------------------------------------------- the worker's small parts
+
+def test_output_names_keep_the_suffix_after_the_language():
+    assert output_name("guide.md", "de") == "guide.de.md"
+    assert output_name("film.en.SRT", "pt-BR") == "film.en.pt-BR.SRT"
+
+
+def test_files_being_written_under_a_temporary_name_are_skipped():
+    assert skipped("a.txt.part") and skipped(".a.txt") and skipped("a.txt.tmp") and skipped("a.txt~")
+    assert not skipped("a.txt")
+
+
+def test_the_arguments_an_operator_gets_wrong_are_named(tmp_path):
+    ok = ["--inbox", str(tmp_path / "in"), "--outbox", str(tmp_path / "out"), "--to", "de,pt-BR"]
+    assert config_problem(parse_args(ok)) is None
+    assert config_problem(parse_args(ok[:4])) == "--to is required: the target languages, such as --to de,fr"
+    assert config_problem(parse_args(ok[:-1] + ["de,Deutsch!"])) == (
+        "'Deutsch!' is not a BCP 47 language tag (such as de, pt-BR, zh-Hant)")
+    assert "different directories" in config_problem(parse_args(ok[:3] + [str(tmp_path / "in")] + ok[4:]))
+    assert config_problem(parse_args(ok[2:])).startswith("--inbox and --outbox are required")
+
+
+def test_write_atomic_leaves_no_temporary_file(tmp_path):
+    target = tmp_path / "a.de.txt"
+    write_atomic(target, "first")
+    write_atomic(target, "second")
+    assert target.read_text() == "second" and [p.name for p in tmp_path.iterdir()] == ["a.de.txt"]
+
+
+def test_the_state_keeps_answers_across_a_reopen_and_a_second_drop_asks_nothing_again(tmp_path):
+    path = tmp_path / "w.translate"
+    state = TranslateState(path)
+    parts = [("prompt 0", {"text": "a", "joiner": "\n\n", "cues": []}), ("prompt 1", {"text": "b", "joiner": "",
+                                                                                     "cues": []})]
+    state.take(digest="d" * 64, name="a.txt", form="text", trailing_newline=True, chunks={"de": parts})
+    first, second = state.chunks("d" * 64, "de")
+    assert (first.conversation_id, first.message_id) == (conversation_id_for("d" * 64, "de"),
+                                                         message_id_for("d" * 64, "de", 0, "prompt 0"))
+    assert first.state == NEW
+    state.submitted(first)
+    assert state.chunk_of(first.conversation_id, first.message_id).state == SUBMITTED
+    assert state.answered(first, "A") and not state.answered(first, "again")
+    state.close()
+    state = TranslateState(path)  # as after kill -9
+    state.take(digest="d" * 64, name="copy.txt", form="text", trailing_newline=True,
+               chunks={"de": [("other plan", {"text": "ab", "joiner": "", "cues": []})]})
+    rows = state.chunks("d" * 64, "de")
+    assert [(r.state, r.answer, r.prompt) for r in rows] == [(ANSWERED, "A", "prompt 0"), (NEW, None, "prompt 1")]
+    assert {d.name for d in state.working()} == {"a.txt", "copy.txt"}
+    state.close()
+
+
+def test_a_failed_turn_is_asked_again_under_a_new_message_id_until_the_attempts_run_out(tmp_path):
+    state = TranslateState(tmp_path / "s.translate")
+    state.take(digest="e" * 64, name="a.txt", form="text", trailing_newline=True,
+               chunks={"fr": [("p", {"text": "a", "joiner": "", "cues": []})]})
+    [row] = state.chunks("e" * 64, "fr")
+    assert not state.turn_failed(row, "boom", max_attempts=2)
+    [again] = state.chunks("e" * 64, "fr")
+    assert (again.attempt, again.state) == (2, NEW) and again.message_id != row.message_id
+    assert state.chunk_of(row.conversation_id, row.message_id) is None  # a late answer to the old try is no answer
+    assert state.turn_failed(again, "boom again", max_attempts=2)
+    [gone] = state.chunks("e" * 64, "fr")
+    assert (gone.state, gone.reason) == (FAILED, "boom again")
+    state.take(digest="e" * 64, name="a.txt", form="text", trailing_newline=True, chunks={"fr": []})
+    [retried] = state.chunks("e" * 64, "fr")  # dropped again: tried again
+    assert (retried.state, retried.attempt) == (NEW, 3)
+    state.close()
+
+
+# ---------------------------------------------------------------------------- the pipeline, without a bridge
+
+class Worker:
+    """The worker's pipeline steps on a real inbox, with ``submit`` recording what the hub would get."""
+
+    def __init__(self, root, *args):
+        from plugins_app.channel.sdk import SubmitResult
+        from plugins_app.channel.workers.translate import TranslateWorker
+        self.inbox, self.outbox = root / "in", root / "out"
+        self.w = TranslateWorker(argv=["--inbox", str(self.inbox), "--outbox", str(self.outbox), "--to", "de",
+                                       "--max-chunk-chars", "200", *args],
+                                 socket_path=str(root / "none.sock"), plugin_id="tr", token="t",
+                                 state_dir=str(root / "state"), install_signal_handlers=False)
+        self.sent: list = []
+        self.w.submit = lambda msg: (self.sent.append(msg), SubmitResult(True))[1]
+        self.w.connect()
+
+    def drop(self, name, text):
+        (self.inbox / name).write_text(text)
+        st = (self.inbox / name).stat()
+        self.w.take(name, (st.st_size, st.st_mtime_ns))
+        self.w.pump()
+
+    def answer(self, msg, text, state="completed", **meta):
+        from plugins_app.channel.sdk import Delivery
+        d = Delivery(delivery_id=f"d-{len(self.sent)}-{state}", conversation_id=msg.conversation_id, text=text,
+                     reply_to_message_id=msg.message_id, metadata={"state": state, **meta})
+        assert self.w.deliver(d) is None
+        self.w.pump()
+
+
+def test_chunks_go_one_after_another_and_the_output_is_written_once_all_are_answered(tmp_path):
+    p = Worker(tmp_path)
+    paras = [f"Paragraph {i} " + "word " * 25 for i in range(4)]
+    p.drop("a.txt", "\n\n".join(paras) + "\n")
+    assert len(p.sent) == 1  # the next chunk waits for this one's answer
+    first = p.sent[0]
+    assert first.channel == "translate" and first.text.endswith(paras[0])
+    p.answer(first, "Absatz 0")
+    p.answer(first, "a second copy of the delivery")  # a redelivery changes nothing
+    assert len(p.sent) == 2 and p.sent[1].conversation_id == first.conversation_id
+    for i in range(2, 5):
+        assert not (p.outbox / "a.de.txt").exists()
+        p.answer(p.sent[-1], f"Absatz {i - 1}")
+    assert len(p.sent) == 4
+    assert (p.outbox / "a.de.txt").read_text() == "Absatz 0\n\nAbsatz 1\n\nAbsatz 2\n\nAbsatz 3\n"
+    assert (p.inbox / "done" / "a.txt").exists() and not (p.inbox / "a.txt").exists()
+
+
+def test_a_failed_turn_is_asked_again_and_out_of_attempts_fails_the_document(tmp_path):
+    p = Worker(tmp_path, "--max-attempts", "2")
+    p.drop("a.txt", "Hello.\n")
+    [first] = p.sent
+    p.answer(first, "Sorry, the agent could not answer this message.", state="failed")
+    retry = p.sent[-1]
+    assert len(p.sent) == 2 and retry.message_id == first.message_id + ".try2"
+    p.answer(first, "late answer to the first try")  # answers nothing now
+    assert not (p.outbox / "a.de.txt").exists()
+    p.answer(retry, "Sorry, the agent could not answer this message.", state="failed")
+    assert len(p.sent) == 2
+    assert (p.inbox / "failed" / "a.txt").exists() and not (p.outbox / "a.de.txt").exists()
+    assert (p.inbox / "failed" / "a.txt.error.txt").read_text() == (
+        "chunk 1 of 1 into de: the agent's turn ended failed: Sorry, the agent could not answer this message.\n")
+
+
+def test_a_refused_turn_fails_the_document_at_once(tmp_path):
+    p = Worker(tmp_path)
+    p.drop("a.txt", "Hello.\n")
+    p.answer(p.sent[0], "Please do not send passwords here.", state="refused")
+    assert len(p.sent) == 1
+    assert "ended refused: Please do not send passwords here." in (
+        p.inbox / "failed" / "a.txt.error.txt").read_text()
+
+
+def test_a_question_or_a_stray_delivery_is_acked_and_the_pipeline_goes_on(tmp_path):
+    from plugins_app.channel.sdk import Delivery
+    p = Worker(tmp_path)
+    p.drop("a.txt", "Hello.\n")
+    [msg] = p.sent
+    question = Delivery(delivery_id="d_q1", conversation_id=msg.conversation_id, text="Formal or informal?",
+                        reply_to_message_id=msg.message_id,
+                        metadata={"kind": "question", "request_id": "q1", "options": []})
+    stray = Delivery(delivery_id="d_x", conversation_id=msg.conversation_id, text="a workflow's message")
+    assert p.w.deliver(question) is None and p.w.deliver(stray) is None
+    assert not (p.outbox / "a.de.txt").exists()
+    p.answer(msg, "Hallo.")
+    assert (p.outbox / "a.de.txt").read_text() == "Hallo.\n"
+
+
+def test_a_restarted_worker_goes_on_from_its_state(tmp_path):
+    p = Worker(tmp_path)
+    p.drop("a.txt", "\n\n".join(f"Paragraph {i} " + "word " * 25 for i in range(3)) + "\n")
+    p.answer(p.sent[0], "Eins")
+    p.w.disconnect()  # as if killed: the state is on disk
+    again = Worker(tmp_path)
+    again.w.pump()
+    assert again.sent == []  # the chunk at work was submitted before: the SDK's outbox replays it if need be
+    again.answer(p.sent[1], "Zwei")
+    again.answer(again.sent[-1], "Drei")
+    assert (again.outbox / "a.de.txt").read_text() == "Eins\n\nZwei\n\nDrei\n"
+
+
+def test_a_journal_line_cut_short_by_a_crash_is_dropped_and_the_next_event_starts_a_line(tmp_path):
+    state = TranslateState(tmp_path)
+    parts = [("p0", {"text": "a", "joiner": "", "cues": []})]
+    state.take(digest="f" * 64, name="a.txt", form="text", trailing_newline=True, chunks={"de": parts})
+    [row] = state.chunks("f" * 64, "de")
+    state.close()
+    journal = tmp_path / ("f" * 64 + ".jsonl")
+    with open(journal, "ab") as fh:
+        fh.write(b'{"e":"answered","lang":"de","idx":0,"message_id":"' + row.message_id.encode() + b'","ans')
+    state = TranslateState(tmp_path)
+    [again] = state.chunks("f" * 64, "de")
+    assert again.state == NEW  # the torn answer was never acted on (its delivery was not acked)
+    assert state.answered(again, "A")
+    state.close()
+    assert journal.read_bytes().endswith(b'"answer":"A"}\n')
+    [answered] = TranslateState(tmp_path).chunks("f" * 64, "de")
+    assert (answered.state, answered.answer) == (ANSWERED, "A")
+
+
+@pytest.mark.django_db
+def test_the_kind_is_built_in_and_a_plugins_toml_entry_needs_no_command():
+    import sys
+
+    from plugins_app.channel import selectors, tomlio
+    from plugins_app.channel.models import Plugin
+    from plugins_app.channel.workers import installed_kinds
+    kind = installed_kinds()["channel-translate"]
+    assert kind.module == "plugins_app.channel.workers.translate" and kind.env_refs == ()
+    assert kind.description.startswith("Translation: a directory pipeline")
+    tomlio.plugins_import(text='schema_version = 1\n[[plugins]]\nid = "translate-main"\nkind = "channel-translate"\n'
+                               'args = ["--inbox", "/srv/in", "--outbox", "/srv/out", "--to", "de,fr"]\n')
+    assert selectors.plugin_argv(Plugin.objects.get()) == (
+        sys.executable, ["-m", "plugins_app.channel.workers.translate", "--inbox", "/srv/in", "--outbox", "/srv/out",
+                         "--to", "de,fr"])
