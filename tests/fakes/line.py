@@ -11,9 +11,14 @@
   "details": [{"message", "property"}]}``; scripted 429s (no ``Retry-After``, as LINE, unless
   asked for one) and a
   revoked token (401 for every call);
+  A message may carry a ``quickReply`` (1 to 13 items, each ``{"type": "action", "action": ...}``; a
+  ``postback`` action needs a ``label`` of 1 to 20 characters, ``data`` of at most 300 and a
+  ``displayText`` of at most 300), refused with LINE's 400 details otherwise;
 * the **webhook**: ``say``/``post`` send a payload (``destination``, ``events``) to the worker's
   URL signed with ``X-Line-Signature`` as LINE does; ``redeliver`` sends an event again with
-  ``deliveryContext.isRedelivery`` true and the same ``webhookEventId``.
+  ``deliveryContext.isRedelivery`` true and the same ``webhookEventId``; ``press`` taps a quick
+  reply button the bot pushed: a ``postback`` event carrying its ``data`` (LINE shows the
+  ``displayText`` in the chat as the user's, and sends no message event for it).
 
 Shapes follow LINE's Messaging API reference (developers.line.biz/en/reference/messaging-api/,
 "Webhook event objects", "Send push message", "Get content", "Common specifications")::
@@ -186,6 +191,16 @@ class FakeLine:
         assert response.status_code == 200, (response.status_code, response.text)
         return event
 
+    def press(self, item: dict, *, source: dict | None = None) -> dict:
+        """The user taps a quick reply button (an item of a pushed message's ``quickReply``): a ``postback``
+        event with the action's ``data``, POSTed; returns the event (asserts a 200)."""
+        action = item["action"]
+        assert action["type"] == "postback", action
+        event = self.event(source=source, etype="postback", postback={"data": action["data"]})
+        response = self.post(self.payload([event]))
+        assert response.status_code == 200, (response.status_code, response.text)
+        return event
+
     def redeliver(self, event: dict) -> httpx.Response:
         """LINE's webhook redelivery: the same event (same ``webhookEventId``), marked as a redelivery."""
         again = copy.deepcopy(event)
@@ -197,6 +212,11 @@ class FakeLine:
     def texts(self) -> list[str]:
         with self.lock:
             return [m["text"] for m in self.pushed]
+
+    def quick_replies(self) -> list[list[dict]]:
+        """The quick reply items of each pushed message that carried some, in order."""
+        with self.lock:
+            return [m["quickReply"]["items"] for m in self.pushed if m.get("quickReply")]
 
     def pushes(self) -> list[Call]:
         """Every push request, refused or not."""
@@ -346,4 +366,34 @@ class FakeLine:
             elif not isinstance(m.get("text"), str) or not m["text"] or \
                     len(m["text"].encode("utf-16-le")) // 2 > 5000:
                 details.append({"message": "Length must be between 0 and 5000", "property": f"messages[{i}].text"})
+            if isinstance(m, dict) and "quickReply" in m:
+                details.extend(FakeLine._check_quick_reply(m["quickReply"], f"messages[{i}].quickReply"))
+        return details
+
+    @staticmethod
+    def _check_quick_reply(quick, where: str) -> list[dict]:
+        def length(text) -> int:
+            return len(text.encode("utf-16-le")) // 2 if isinstance(text, str) else -1
+
+        items = quick.get("items") if isinstance(quick, dict) else None
+        if not isinstance(items, list) or not 1 <= len(items) <= 13:
+            return [{"message": "Size must be between 1 and 13", "property": f"{where}.items"}]
+        details = []
+        for j, item in enumerate(items):
+            at = f"{where}.items[{j}]"
+            action = item.get("action") if isinstance(item, dict) else None
+            if not isinstance(item, dict) or item.get("type") != "action" or not isinstance(action, dict):
+                details.append({"message": "must be an action item", "property": at})
+                continue
+            if action.get("type") != "postback":
+                details.append({"message": "Only postback actions are served by this fake",
+                                "property": f"{at}.action.type"})
+                continue
+            if not 1 <= length(action.get("label")) <= 20:
+                details.append({"message": "Length must be between 1 and 20", "property": f"{at}.action.label"})
+            if not 0 <= length(action.get("data")) <= 300:
+                details.append({"message": "Length must be between 0 and 300", "property": f"{at}.action.data"})
+            if "displayText" in action and not 1 <= length(action["displayText"]) <= 300:
+                details.append({"message": "Length must be between 1 and 300",
+                                "property": f"{at}.action.displayText"})
         return details

@@ -9,11 +9,16 @@
   429 / 190 / 131047 answers (``fail_next``), a send answered 200 and later reported ``failed``
   in a status notification (``fail_after_send``, how Meta often reports a closed 24-hour window),
   a revoked token (``revoke``), and a send held open and never answered (``hold_next``: the
-  worker killed while it waits); ``/media`` refuses a type Meta does not take (code 100);
+  worker killed while it waits); ``/media`` refuses a type Meta does not take (code 100); an
+  ``interactive`` message is checked against Meta's limits (reply buttons: 1 to 3, id at most 256,
+  title 1 to 20 and unique; a list: at most 10 rows in all, id at most 200, title at most 24,
+  description at most 72, its button at most 20; a body of 1 to 1,024) and refused with 131009
+  otherwise;
 * the **webhook**: notifications POSTed to the worker's callback URL as Meta sends them
   (``application/json``, ``X-Hub-Signature-256`` over the raw body with the app secret), sent
   again while not answered 200; a ``sent`` status notification after each message the bot sends;
-  and the GET verification handshake (``verify``).
+  and the GET verification handshake (``verify``); ``press`` taps a reply button or a list row of an
+  interactive message the bot sent: an ``interactive`` message carrying its ``id`` and ``title``.
 
 Shapes follow developers.facebook.com/docs/whatsapp/cloud-api (webhooks payload examples, the
 messages and media references, error codes). Drive it::
@@ -202,6 +207,22 @@ class FakeWhatsApp:
         self.push(payload)
         return payload
 
+    def press(self, sent: dict, index: int, wa_id: str = USER, **kw) -> dict:
+        """The user taps the ``index``-th reply button or list row of an interactive message the bot sent
+        (an item of ``sent()``): Meta's ``interactive`` message (``button_reply`` or ``list_reply``, with
+        the ``id`` and ``title``, in ``context`` the message pressed on), pushed; returns the payload."""
+        inter = sent["interactive"]
+        if inter["type"] == "button":
+            reply = inter["action"]["buttons"][index]["reply"]
+            content = {"type": "button_reply", "button_reply": {"id": reply["id"], "title": reply["title"]}}
+        else:
+            row = [r for section in inter["action"]["sections"] for r in section["rows"]][index]
+            content = {"type": "list_reply", "list_reply": {k: row[k] for k in ("id", "title", "description")
+                                                            if k in row}}
+        payload = self.message(wa_id, None, kind="interactive", media=content, context=sent["id"], **kw)
+        self.push(payload)
+        return payload
+
     def add_media(self, data: bytes, mime_type: str = "image/jpeg") -> dict:
         """A file a user sent: stored under a media id; returns what a message's image/document carries."""
         media_id = str(1000000000000000 + next(self._ids))
@@ -285,6 +306,10 @@ class FakeWhatsApp:
 
     def texts(self) -> list[str]:
         return [m["text"]["body"] for m in self.sent() if m.get("type") == "text"]
+
+    def interactives(self) -> list[dict]:
+        """The interactive messages the bot sent (the request bodies, with "id")."""
+        return [m for m in self.sent() if m.get("type") == "interactive"]
 
     def wait_sent(self, n: int, timeout: float = 30.0) -> list[dict]:
         deadline = time.monotonic() + timeout
@@ -420,6 +445,8 @@ class FakeWhatsApp:
                                                              "characters long.", subcode=2494010)
             return call.status, call.answer, {}
         kind = body.get("type")
+        if kind == "interactive":
+            problems.extend(interactive_problems(body.get("interactive")))
         if kind in ("image", "document", "audio", "video", "sticker"):
             media = body.get(kind) or {}
             if not (media.get("link") or media.get("id") in self.uploads):
@@ -466,6 +493,51 @@ class FakeWhatsApp:
         if entry is None:
             return 404, b"", "text/plain"
         return 200, entry[0], entry[1]
+
+
+def interactive_problems(inter) -> list[str]:
+    """What Meta would refuse in an ``interactive`` object of type button or list (empty: it is fine)."""
+    def text(value, low: int, high: int) -> bool:
+        return isinstance(value, str) and low <= len(value) <= high
+
+    if not isinstance(inter, dict) or inter.get("type") not in ("button", "list"):
+        return ["interactive.type"]
+    problems = []
+    if not text((inter.get("body") or {}).get("text"), 1, 1024):
+        problems.append("interactive.body.text")
+    action = inter.get("action") or {}
+    if inter["type"] == "button":
+        buttons = action.get("buttons")
+        if not isinstance(buttons, list) or not 1 <= len(buttons) <= 3:
+            return problems + ["interactive.action.buttons"]
+        replies = [b.get("reply") or {} for b in buttons if isinstance(b, dict) and b.get("type") == "reply"]
+        if len(replies) != len(buttons):
+            problems.append("interactive.action.buttons.type")
+        if not all(text(r.get("id"), 1, 256) and r["id"] == r["id"].strip() for r in replies):
+            problems.append("interactive.action.buttons.reply.id")
+        if not all(text(r.get("title"), 1, 20) for r in replies):
+            problems.append("interactive.action.buttons.reply.title")
+        elif len({r["title"].casefold() for r in replies}) != len(replies) or \
+                len({r.get("id") for r in replies}) != len(replies):
+            problems.append("interactive.action.buttons (titles and ids must be unique)")
+        return problems
+    if not text(action.get("button"), 1, 20):
+        problems.append("interactive.action.button")
+    sections = action.get("sections")
+    if not isinstance(sections, list) or not 1 <= len(sections) <= 10:
+        return problems + ["interactive.action.sections"]
+    if len(sections) > 1 and not all(text(s.get("title"), 1, 24) for s in sections):
+        problems.append("interactive.action.sections.title")
+    rows = [r for s in sections for r in (s.get("rows") or [])]
+    if not 1 <= len(rows) <= 10:
+        problems.append("interactive.action.sections.rows")
+    if not all(text(r.get("id"), 1, 200) for r in rows) or len({r.get("id") for r in rows}) != len(rows):
+        problems.append("interactive.action.sections.rows.id")
+    if not all(text(r.get("title"), 1, 24) for r in rows):
+        problems.append("interactive.action.sections.rows.title")
+    if not all(text(r.get("description", "-"), 1, 72) for r in rows):
+        problems.append("interactive.action.sections.rows.description")
+    return problems
 
 
 def multipart_fields(raw: bytes, ctype: str) -> dict:

@@ -13,7 +13,7 @@ import pytest
 from plugins_app.channel.sdk.text import utf16_len
 from plugins_app.channel.workers import installed_kinds
 from plugins_app.channel.workers.line import (MESSAGES_PER_PUSH, TEXT_LIMIT, message_parts, normalise,
-                                              push_batches)
+                                              push_batches, quick_reply, shorten)
 from plugins_app.channel.workers.line.api import LineApi, LineError, RateLimited, TokenRefused, retry_key
 from plugins_app.channel.workers.line.webhook import WebhookServer, signature, signature_valid
 from tests.fakes.line import GROUP, ROOM, USER, FakeLine
@@ -352,3 +352,78 @@ def test_a_body_refused_as_too_large_is_never_read_as_a_second_request():
         assert re.findall(rb"HTTP/1\.1 (\d{3}) ", data) == [b"413"] and records == []
     finally:
         server.stop()
+
+
+# -- a question's options as quick replies -----------------------------------------------------------
+
+def options(n: int, label: str = "Option {n}") -> dict:
+    return {"kind": "question", "options": [{"id": f"o{i}", "label": label.format(n=i), "value": f"q_abc:{i}"}
+                                            for i in range(1, n + 1)]}
+
+
+def test_options_become_postback_quick_replies_whose_data_is_the_value_and_display_text_the_label():
+    quick = quick_reply(options(2))
+    assert quick == {"items": [
+        {"type": "action", "action": {"type": "postback", "label": "Option 1", "data": "q_abc:1",
+                                      "displayText": "Option 1"}},
+        {"type": "action", "action": {"type": "postback", "label": "Option 2", "data": "q_abc:2",
+                                      "displayText": "Option 2"}}]}
+    assert quick_reply({"kind": "question", "options": []}) is None and quick_reply({}) is None
+    assert quick_reply(None) is None
+
+
+def test_a_long_label_is_cut_at_a_word_to_20_and_the_chat_still_shows_it_whole():
+    label = "Postpone until the next sprint review"
+    [item] = quick_reply({"options": [{"id": "p", "label": label, "value": "q_abc:1"}]})["items"]
+    assert item["action"]["label"] == "Postpone until the\u2026" and utf16_len(item["action"]["label"]) <= 20
+    assert item["action"]["displayText"] == label
+    assert shorten("Supercalifragilisticexpialidocious", 20) == "Supercalifragilisti\u2026"
+    assert utf16_len(shorten("\U0001F600" * 15, 20)) <= 20  # LINE's limit in UTF-16 units: emoji count twice
+    assert shorten("Low", 20) == "Low"
+
+
+def test_thirteen_options_are_all_buttons_and_fourteen_leave_the_numbered_text_alone():
+    assert len(quick_reply(options(13))["items"]) == 13
+    assert quick_reply(options(14)) is None
+    # an option LINE could not carry (data past 300 characters): no buttons at all, never a set missing one
+    too_long = options(2)
+    too_long["options"][1]["value"] = "x" * 301
+    assert quick_reply(too_long) is None
+
+
+def test_the_quick_reply_rides_on_the_last_message_of_the_last_push_and_changes_its_retry_key():
+    answer = "\n\n".join(f"paragraph {i} " + "word " * 300 for i in range(25))  # 8 parts: two pushes
+    parts = message_parts(answer)
+    quick = quick_reply(options(2))
+    batches = push_batches(parts, quick)
+    flat = [m for b in batches for m in b]
+    assert len(batches) >= 2 and flat[-1]["quickReply"] == quick
+    assert all("quickReply" not in m for m in flat[:-1])
+    assert [m["text"] for m in flat] == parts
+    assert [retry_key("d_q", n, b) for n, b in enumerate(batches)][-1] != \
+        retry_key("d_q", len(batches) - 1, push_batches(parts)[-1])
+    assert push_batches([], quick) == []
+
+
+def test_a_tap_is_a_postback_whose_data_is_the_option_and_a_redelivered_tap_is_the_same_message():
+    event = fake.event(etype="postback", postback={"data": "q_abc:2"})
+    msg = normalise(event)
+    assert msg.metadata["option"] == "q_abc:2" and msg.metadata["event_type"] == "postback"
+    assert msg.message_id == event["webhookEventId"]
+    again = normalise({**event, "deliveryContext": {"isRedelivery": True}})
+    assert (again.message_id, again.text, again.metadata["option"]) == (msg.message_id, msg.text, "q_abc:2")
+    assert normalise(fake.event(etype="postback", postback={"data": ""})) is None
+
+
+def test_the_fake_refuses_quick_replies_line_would_refuse(line):
+    def push(quick):
+        return httpx.post(f"{line.base_url}/v2/bot/message/push", headers={"Authorization": f"Bearer {line.token}"},
+                          json={"to": USER, "messages": [{"type": "text", "text": "q", "quickReply": quick}]})
+    ok = push(quick_reply(options(13)))
+    assert ok.status_code == 200 and len(line.quick_replies()[0]) == 13
+    fourteen = {"items": quick_reply(options(13))["items"] + quick_reply(options(1))["items"]}
+    assert push(fourteen).status_code == 400
+    long_label = quick_reply(options(1))
+    long_label["items"][0]["action"]["label"] = "x" * 21
+    answer = push(long_label)
+    assert answer.status_code == 400 and answer.json()["details"][0]["property"].endswith(".action.label")

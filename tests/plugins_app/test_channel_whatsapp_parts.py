@@ -15,8 +15,9 @@ from plugins_app.channel.workers.whatsapp import (MEDIA_URL_PREFIX, SentJournal,
                                                   message_parts, signature, signature_valid, to_whatsapp,
                                                   verification_answer)
 from plugins_app.channel.workers.whatsapp.api import GraphApi, GraphError, RateLimited, classify, parse_error
+from plugins_app.channel.workers.whatsapp.interactive import interactive_message, shorten
 from plugins_app.channel.workers.whatsapp.webhook import WebhookServer
-from tests.fakes.whatsapp import PHONE_NUMBER_ID, USER, FakeWhatsApp, graph_error, sign
+from tests.fakes.whatsapp import PHONE_NUMBER_ID, USER, FakeWhatsApp, graph_error, interactive_problems, sign
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -547,3 +548,122 @@ def test_channel_whatsapp_is_a_builtin_kind_a_plugins_toml_entry_needs_no_comman
                                '"WHATSAPP_APP_SECRET", "WHATSAPP_VERIFY_TOKEN", "WHATSAPP_PHONE_NUMBER_ID"]\n')
     assert selectors.plugin_argv(Plugin.objects.get()) == (
         sys.executable, ["-m", "plugins_app.channel.workers.whatsapp", "--bind", "127.0.0.1:3000"])
+
+
+# -- a question's options as an interactive message --------------------------------------------------
+
+def options(n: int, label: str = "Option {n}") -> dict:
+    return {"kind": "question", "options": [{"id": f"o{i}", "label": label.format(n=i), "value": f"q_abc:{i}"}
+                                            for i in range(1, n + 1)]}
+
+
+QUESTION = "Which one?\n1. Option 1\n2. Option 2"
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_up_to_three_options_are_reply_buttons_whose_id_is_the_value(n):
+    inter = interactive_message(QUESTION, options(n))
+    assert inter == {"type": "button", "body": {"text": QUESTION}, "action": {"buttons": [
+        {"type": "reply", "reply": {"id": f"q_abc:{i}", "title": f"Option {i}"}} for i in range(1, n + 1)]}}
+    assert interactive_problems(inter) == []
+
+
+@pytest.mark.parametrize("n", [4, 10])
+def test_four_to_ten_options_are_one_list_of_rows(n):
+    inter = interactive_message(QUESTION, options(n))
+    assert inter["type"] == "list" and inter["body"] == {"text": QUESTION}
+    assert inter["action"]["button"] == "Choose"
+    [section] = inter["action"]["sections"]
+    assert section["rows"] == [{"id": f"q_abc:{i}", "title": f"Option {i}"} for i in range(1, n + 1)]
+    assert interactive_problems(inter) == []
+
+
+def test_more_than_ten_options_a_body_past_1024_or_an_option_no_button_carries_stay_plain_text():
+    assert interactive_message(QUESTION, options(11)) is None
+    assert interactive_message("x" * 1025, options(2)) is None and interactive_message("x" * 1024, options(2))
+    assert interactive_message("x" * 1025, options(5)) is None
+    assert interactive_message(QUESTION, {}) is None and interactive_message(QUESTION, {"options": []}) is None
+    for n, limit in ((3, 256), (4, 200)):  # a button's id at most 256, a row's at most 200
+        meta = options(n)
+        meta["options"][0]["value"] = "x" * limit
+        assert interactive_message(QUESTION, meta) is not None
+        meta["options"][0]["value"] = "x" * (limit + 1)
+        assert interactive_message(QUESTION, meta) is None
+    same = options(2)
+    same["options"][1]["value"] = same["options"][0]["value"]
+    assert interactive_message(QUESTION, same) is None
+    spaced = options(2)
+    spaced["options"][0]["value"] = " q_abc:1"
+    assert interactive_message(QUESTION, spaced) is None
+
+
+def test_long_labels_are_cut_at_a_word_and_titles_made_unique_by_their_number():
+    inter = interactive_message(QUESTION, {"options": [
+        {"label": "Postpone until the next sprint review", "value": "q:1"}, {"label": "Now", "value": "q:2"}]})
+    assert [b["reply"]["title"] for b in inter["action"]["buttons"]] == ["Postpone until the\u2026", "Now"]
+    inter = interactive_message(QUESTION, options(3, "Deploy to the staging cluster {n}"))
+    titles = [b["reply"]["title"] for b in inter["action"]["buttons"]]
+    assert titles == ["1. Deploy to the\u2026", "2. Deploy to the\u2026", "3. Deploy to the\u2026"]
+    assert interactive_problems(inter) == []
+    rows = interactive_message(QUESTION, options(4, "A rather long label for row {n} of four"))[
+        "action"]["sections"][0]["rows"]
+    assert rows[0] == {"id": "q_abc:1", "title": "1. A rather long label\u2026",
+                       "description": "A rather long label for row 1 of four"}
+    assert all(len(r["title"]) <= 24 and len(r["description"]) <= 72 for r in rows)
+    assert shorten("Supercalifragilisticexpialidocious", 20) == "Supercalifragilisti\u2026"
+
+
+def test_the_fake_refuses_what_meta_would():
+    buttons = interactive_message(QUESTION, options(3))
+    assert interactive_problems({**buttons, "action": {"buttons": buttons["action"]["buttons"] * 2}})
+    long_title = json.loads(json.dumps(buttons))
+    long_title["action"]["buttons"][0]["reply"]["title"] = "x" * 21
+    assert interactive_problems(long_title)
+    rows = interactive_message(QUESTION, options(10))
+    eleven = json.loads(json.dumps(rows))
+    eleven["action"]["sections"][0]["rows"].append({"id": "q_abc:11", "title": "Option 11"})
+    assert interactive_problems(eleven)
+    assert interactive_problems({**rows, "body": {"text": "x" * 1025}})
+
+
+def question_delivery(n: int, text: str = QUESTION, **kw) -> Delivery:
+    return delivery(text, delivery_id=kw.pop("delivery_id", "d_q_abc"), reply_to_message_id="wamid.ASKED==",
+                    metadata=options(n), **kw)
+
+
+def test_a_question_goes_as_one_interactive_part_replying_to_the_message_and_journaled(tmp_path):
+    seen: list = []
+    w = sending_worker(tmp_path, [ok("wamid.Q==")], seen)
+    d = question_delivery(2)
+    assert w.deliver(d) == "wamid.Q=="
+    [body] = [json.loads(r.content) for r in seen]
+    assert body["type"] == "interactive" and body["context"] == {"message_id": "wamid.ASKED=="}
+    assert body["interactive"] == interactive_message(QUESTION, options(2)) and "text" not in body
+    assert w._journal.done("d_q_abc") == {0: "wamid.Q=="} and w.already_delivered(d)
+    assert w.deliver(d) == "wamid.Q==" and len(seen) == 1  # resumed after a crash: not sent again
+
+
+def test_a_question_whatsapp_cannot_show_as_buttons_goes_as_its_numbered_text(tmp_path):
+    seen: list = []
+    w = sending_worker(tmp_path, [ok("wamid.A=="), ok("wamid.B=="), ok("wamid.C==")], seen)
+    w.deliver(question_delivery(11, text="Which?\n" + "\n".join(f"{i}. Option {i}" for i in range(1, 12))))
+    w.deliver(question_delivery(2, text="Which? " + "word " * 300, delivery_id="d_q_long"))
+    bodies = [json.loads(r.content) for r in seen]
+    assert [b["type"] for b in bodies] == ["text", "text"]
+    assert bodies[0]["text"]["body"].endswith("11. Option 11")
+
+
+@pytest.mark.parametrize("content, option, text", [
+    ({"type": "button_reply", "button_reply": {"id": "q_abc:2", "title": "High"}}, "q_abc:2", "High"),
+    ({"type": "list_reply", "list_reply": {"id": "q_abc:4", "title": "Extra large\u2026", "description": "d"}},
+     "q_abc:4", "Extra large\u2026"),
+])
+def test_a_press_is_a_message_whose_option_is_the_id_and_whose_text_is_the_title(content, option, text):
+    payload = FakeWhatsApp().message(text=None, kind="interactive", media=content, context="wamid.Q==")
+    [msg] = worker().normalise(payload)
+    assert (msg.metadata["option"], msg.text, msg.metadata["type"]) == (option, text, "interactive")
+    assert msg.reply_to.message_id == "wamid.Q=="
+    msg.validate()
+    [again] = worker().normalise(payload)  # Meta's retry: the same wamid, the same message
+    assert (again.message_id, again.text) == (msg.message_id, msg.text)
+    assert "option" not in worker().normalise(FakeWhatsApp().message(text="High"))[0].metadata

@@ -16,13 +16,17 @@ Operators' page: docs/channels/line.md.
   again a few times; a file given up is logged, the message goes on without it) and
   ``postback`` events become ``InboundMessage``s whose ``message_id`` is the event's
   ``webhookEventId``, so a redelivered event (``deliveryContext.isRedelivery``) runs no second
-  turn. The conversation is the ``source``'s ``userId``, ``groupId`` or ``roomId``; its
+  turn. A postback's ``data`` is its ``metadata.option`` and its text (the event carries no label,
+  and the text must be the same in every copy LINE sends of it). The conversation is the ``source``'s ``userId``, ``groupId`` or ``roomId``; its
   ``type`` (user, group, room) is the source type; the sender is ``source.userId``.
 * **Outbound.** The push API (a reply token lasts about a minute and works once, so it is not
   used). Text is split at LINE's 5,000 characters, at most five messages to a push; each push
   carries an ``X-Line-Retry-Key`` derived from the delivery id, the push's number and a digest of
   its messages, so one sent again after a crash or a lost answer is refused by LINE with 409, taken
-  as delivered. LINE keeps a key for 24 hours only: each push LINE took (200 or 409) is also written
+  as delivered. A delivery's ``metadata["options"]`` (a question's buttons, up to 13) become a
+  ``quickReply`` on the last message of the last push: one ``postback`` action each, its ``data``
+  the option's value (a press comes back as a postback event), its ``displayText`` the label (what
+  the chat shows the user said). More than 13: the numbered text alone. LINE keeps a key for 24 hours only: each push LINE took (200 or 409) is also written
   to a sent-pushes journal (a SQLite file beside the outbox), and a delivery resumed later skips the
   pushes it names.
 * **Limits.** A 429 is waited out in place (LINE sends no ``Retry-After``: 1 s doubling to 30 s,
@@ -65,6 +69,12 @@ DATA_BASE_URL_ENV = "LINE_DATA_API_BASE_URL"
 TEXT_LIMIT = 5000
 #: Message objects one push request may carry.
 MESSAGES_PER_PUSH = 5
+#: Quick reply buttons one message may carry, and the limits of a postback action on one (LINE's
+#: Messaging API reference, "Quick reply" and "Postback action"; counted in UTF-16 units, the safe side).
+QUICK_REPLY_ITEMS = 13
+QUICK_REPLY_LABEL_LIMIT = 20
+POSTBACK_DATA_LIMIT = 300
+DISPLAY_TEXT_LIMIT = 300
 #: What each LINE source type is for the rule engine (LINE's own words are the same three).
 SOURCE_TYPES = {"user": "user", "group": "group", "room": "room"}
 #: A message type's attachment kind and the type of LINE's content when the event names none.
@@ -167,16 +177,57 @@ def message_parts(text: str) -> list[str]:
     return split_text(text, TEXT_LIMIT, measure=utf16_len) if text.strip() else []
 
 
-def push_batches(parts: list[str]) -> list[list[dict]]:
-    """The message objects of each push request: at most five to a request, in order."""
+def shorten(label: str, limit: int) -> str:
+    """``label`` within ``limit`` UTF-16 units: whole when it fits, else cut (at a space when one is in the
+    second half of what fits) and ended with an ellipsis."""
+    label = " ".join(label.split())
+    if utf16_len(label) <= limit:
+        return label
+    cut = ""
+    for ch in label:
+        if utf16_len(cut + ch) > limit - 1:
+            break
+        cut += ch
+    space = cut.rfind(" ")
+    if space >= len(cut) // 2:
+        cut = cut[:space]
+    return cut.rstrip(" ,;:.-") + "\u2026"
+
+
+def quick_reply(metadata) -> dict | None:
+    """A delivery's ``options`` ({"label", "value"}, or strings) as a ``quickReply`` of postback actions; None
+    when there are none, more than 13, or one LINE could not carry (a value past 300 or no label): then
+    the user has the numbered text alone, never a set of buttons missing one."""
+    options = metadata.get("options") if isinstance(metadata, dict) else None
+    if not isinstance(options, list) or not options or len(options) > QUICK_REPLY_ITEMS:
+        return None
+    items = []
+    for opt in options:
+        if isinstance(opt, dict):
+            label, value = str(opt.get("label") or opt.get("value") or ""), str(opt.get("value") or "")
+        else:
+            label = value = str(opt)
+        if not label.strip() or not value or utf16_len(value) > POSTBACK_DATA_LIMIT:
+            return None
+        items.append({"type": "action", "action": {
+            "type": "postback", "label": shorten(label, QUICK_REPLY_LABEL_LIMIT), "data": value,
+            "displayText": shorten(label, DISPLAY_TEXT_LIMIT)}})
+    return {"items": items}
+
+
+def push_batches(parts: list[str], quick: dict | None = None) -> list[list[dict]]:
+    """The message objects of each push request: at most five to a request, in order; ``quick`` (a
+    ``quickReply``) on the very last message, the one LINE shows quick replies under."""
     messages = [{"type": "text", "text": part} for part in parts]
+    if messages and quick:
+        messages[-1]["quickReply"] = quick
     return [messages[i:i + MESSAGES_PER_PUSH] for i in range(0, len(messages), MESSAGES_PER_PUSH)]
 
 
 class LineWorker(WebhookInbox, ChannelWorker):
     kind = KIND
     version = "1.0.0"
-    capabilities = ("text", "attachments")
+    capabilities = ("text", "attachments", "options")
 
     def __init__(self, *, argv: list[str] | None = None, environ: dict | None = None, **kwargs):
         super().__init__(**kwargs)
@@ -255,7 +306,7 @@ class LineWorker(WebhookInbox, ChannelWorker):
     def deliver(self, delivery) -> str | None:
         if self._refusal:
             raise self._refused_failure()
-        batches = push_batches(message_parts(delivery.text))
+        batches = push_batches(message_parts(delivery.text), quick_reply(delivery.metadata))
         if not batches:
             raise DeliveryFailed("nothing LINE can show: the answer has no text (files are not sent to LINE)",
                                  permanent=True)
@@ -290,7 +341,7 @@ class LineWorker(WebhookInbox, ChannelWorker):
 
     def already_delivered(self, delivery) -> bool:
         """After a crash inside deliver(): every push of the answer is in the sent journal."""
-        batches = push_batches(message_parts(delivery.text))
+        batches = push_batches(message_parts(delivery.text), quick_reply(delivery.metadata))
         return bool(batches) and len(self._journal.done(delivery.delivery_id)) >= len(batches)
 
     def _refused_failure(self) -> DeliveryFailed:

@@ -10,18 +10,23 @@ test's fake). Operators' page: docs/channels/whatsapp.md.
 
 The package: ``api`` (a thin httpx client of the Graph API, its errors classified), ``webhook`` (the
 handshake and the X-Hub-Signature-256 check), ``formatting`` (Markdown → WhatsApp, splitting at
-4,096 characters), ``worker`` (the ``ChannelWorker``).
+4,096 characters), ``interactive`` (a question's options as reply buttons or a list, and a press
+read back), ``worker`` (the ``ChannelWorker``).
 
 * **Inbound.** Meta POSTs notifications to the worker's webhook; a signature that does not verify
   is answered 401 and records nothing; a good one is answered 200 once its messages are in the
   outbox. The message's ``wamid`` is the idempotency key (Meta's retries run nothing twice); the
   conversation is the sender's ``wa_id`` (1:1, ``source_type`` user); ``statuses`` are not
   messages (a ``failed`` one is logged, naming the delivery it was sent for); another phone number's notifications are ignored. Media
-  are fetched (``GET /{media-id}``, then its URL with the token) and stored on the host.
+  are fetched (``GET /{media-id}``, then its URL with the token) and stored on the host. A press
+  of a reply button or a list row (``interactive``) is a message whose text is the title shown and
+  whose ``metadata.option`` is the button's id (a question's reply token).
 * **Outbound.** ``POST /{phone-number-id}/messages``, text split at 4,096 characters, the first
   part replying (``context.message_id``) to the message answered; files uploaded
   (``POST /{phone-number-id}/media``) and sent by media id after the text; a file WhatsApp will
-  not take is replaced by a note naming it. Every part Meta took is journaled, so a restart after
+  not take is replaced by a note naming it. A delivery's ``metadata["options"]`` (a question's
+  buttons) go as one ``interactive`` message instead of the text: reply buttons for up to 3, a
+  list for 4 to 10; more than 10, or a text past 1,024 characters, stay plain text. Every part Meta took is journaled, so a restart after
   a crash sends only the parts still missing.
 * **Errors.** 190 or HTTP 401, and the account's own (133010, 3, 368, 131031): ``ChannelRefused``
   (the plugin is disabled with the reason); 4, 80007, 130429, 131056 or HTTP 429: wait

@@ -15,6 +15,7 @@ from plugins_app.channel.sdk.webhook import WebhookInbox
 from . import KIND
 from .api import ACCOUNT_CODES, DEFAULT_BASE_URL, REENGAGEMENT, UNDELIVERABLE, GraphApi, GraphError, RateLimited, Stopped, classify
 from .formatting import message_parts
+from .interactive import interactive_message, pressed
 
 TOKEN_ENV = "WHATSAPP_ACCESS_TOKEN"
 SECRET_ENV = "WHATSAPP_APP_SECRET"
@@ -113,7 +114,7 @@ def media_message(att: Attachment) -> dict:
 class WhatsAppWorker(WebhookInbox, ChannelWorker):
     kind = KIND
     version = "1.0.0"
-    capabilities = ("text", "markdown", "attachments", "reply")
+    capabilities = ("text", "markdown", "attachments", "reply", "options")
 
     def __init__(self, *, argv: list[str] | None = None, environ: dict | None = None, **kwargs):
         super().__init__(**kwargs)
@@ -222,7 +223,7 @@ class WhatsAppWorker(WebhookInbox, ChannelWorker):
         wa_type, sender, wamid = message.get("type"), message.get("from"), message.get("id")
         if not (sender and wamid):
             return None
-        text, attachments = "", []
+        text, attachments, option = "", [], None
         if wa_type == "text":
             text = (message.get("text") or {}).get("body") or ""
         elif wa_type in MEDIA_TYPES:
@@ -236,9 +237,9 @@ class WhatsAppWorker(WebhookInbox, ChannelWorker):
         elif wa_type == "button":
             text = (message.get("button") or {}).get("text") or (message.get("button") or {}).get("payload") or ""
         elif wa_type == "interactive":
-            inter = message.get("interactive") or {}
-            reply = inter.get("button_reply") or inter.get("list_reply") or {}
-            text = reply.get("title") or reply.get("id") or ""
+            press = pressed(message)  # a reply button or a list row: its id is the option's value
+            if press is not None:
+                option, text = press
         elif wa_type == "location":
             loc = message.get("location") or {}
             text = " ".join(str(x) for x in (loc.get("name"), loc.get("address"),
@@ -255,7 +256,7 @@ class WhatsAppWorker(WebhookInbox, ChannelWorker):
             timestamp=ts_to_rfc3339(message.get("timestamp")) or
             _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
             reply_to=ReplyContext(message_id=str(context["id"])) if context.get("id") else None,
-            metadata={k: v for k, v in {"type": wa_type, "business_account": account,
+            metadata={k: v for k, v in {"type": wa_type, "option": option, "business_account": account,
                                         "phone_number_id": metadata.get("phone_number_id"),
                                         "display_phone_number": metadata.get("display_phone_number")}.items() if v})
 
@@ -299,8 +300,12 @@ class WhatsAppWorker(WebhookInbox, ChannelWorker):
 
     def _steps(self, delivery) -> list[tuple[str, object]]:
         """What a delivery sends, in order: its text parts, then one message per file (a note for a file
-        WhatsApp will not take, in the file's place so the steps' numbers do not move)."""
-        steps: list[tuple[str, object]] = [("text", part) for part in message_parts(delivery.text)]
+        WhatsApp will not take, in the file's place so the steps' numbers do not move). A one-part text
+        with options WhatsApp can show goes as one ``interactive`` message instead (the same one step)."""
+        parts = message_parts(delivery.text)
+        steps: list[tuple[str, object]] = [("text", part) for part in parts]
+        if len(parts) == 1 and (shown := interactive_message(parts[0], delivery.metadata)) is not None:
+            steps[0] = ("interactive", shown)
         for i, att in enumerate(delivery.attachments):  # each has a media_id or a url (the protocol)
             if att.channel_ref == UNSENDABLE or message_type(att) is None:
                 why = self._unsendable.pop((delivery.delivery_id, i), None)
@@ -323,6 +328,8 @@ class WhatsAppWorker(WebhookInbox, ChannelWorker):
             body = {"messaging_product": "whatsapp", "recipient_type": "individual", "to": delivery.conversation_id}
             if kind == "text":
                 body.update(type="text", text={"body": payload, "preview_url": False})
+            elif kind == "interactive":
+                body.update(type="interactive", interactive=payload)
             else:
                 body.update(media_message(payload))
             if index == 0 and delivery.reply_to_message_id:
