@@ -10,10 +10,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from plugins_app.channel.sdk.text import utf16_len
+from plugins_app.channel.sdk.text import shorten, utf16_len
 from plugins_app.channel.workers import installed_kinds
 from plugins_app.channel.workers.line import (MESSAGES_PER_PUSH, TEXT_LIMIT, message_parts, normalise,
-                                              push_batches, quick_reply, shorten)
+                                              push_batches, quick_reply)
 from plugins_app.channel.workers.line.api import LineApi, LineError, RateLimited, TokenRefused, retry_key
 from plugins_app.channel.workers.line.webhook import WebhookServer, signature, signature_valid
 from tests.fakes.line import GROUP, ROOM, USER, FakeLine
@@ -377,9 +377,10 @@ def test_a_long_label_is_cut_at_a_word_to_20_and_the_chat_still_shows_it_whole()
     [item] = quick_reply({"options": [{"id": "p", "label": label, "value": "q_abc:1"}]})["items"]
     assert item["action"]["label"] == "Postpone until the\u2026" and utf16_len(item["action"]["label"]) <= 20
     assert item["action"]["displayText"] == label
-    assert shorten("Supercalifragilisticexpialidocious", 20) == "Supercalifragilisti\u2026"
-    assert utf16_len(shorten("\U0001F600" * 15, 20)) <= 20  # LINE's limit in UTF-16 units: emoji count twice
-    assert shorten("Low", 20) == "Low"
+    assert shorten("Supercalifragilisticexpialidocious", 20, measure=utf16_len) == "Supercalifragilisti\u2026"
+    # LINE's limit in UTF-16 units: emoji count twice
+    assert utf16_len(shorten("\U0001F600" * 15, 20, measure=utf16_len)) <= 20
+    assert shorten("Low", 20, measure=utf16_len) == "Low"
 
 
 def test_thirteen_options_are_all_buttons_and_fourteen_leave_the_numbered_text_alone():

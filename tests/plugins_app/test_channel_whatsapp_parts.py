@@ -15,7 +15,8 @@ from plugins_app.channel.workers.whatsapp import (MEDIA_URL_PREFIX, SentJournal,
                                                   message_parts, signature, signature_valid, to_whatsapp,
                                                   verification_answer)
 from plugins_app.channel.workers.whatsapp.api import GraphApi, GraphError, RateLimited, classify, parse_error
-from plugins_app.channel.workers.whatsapp.interactive import interactive_message, shorten
+from plugins_app.channel.sdk.text import shorten
+from plugins_app.channel.workers.whatsapp.interactive import interactive_message
 from plugins_app.channel.workers.whatsapp.webhook import WebhookServer
 from tests.fakes.whatsapp import PHONE_NUMBER_ID, USER, FakeWhatsApp, graph_error, interactive_problems, sign
 
@@ -409,7 +410,6 @@ def test_a_file_metas_upload_refuses_is_replaced_by_a_note_and_the_text_still_go
 
 def test_an_unsupported_file_type_costs_the_user_only_that_file_named_in_a_note(tmp_path):
     import threading
-    import time
     from plugins_app.channel.sdk import Attachment
     from plugins_app.channel.sdk.mock import MockBridge
     fake = FakeWhatsApp(send_statuses=False).start()

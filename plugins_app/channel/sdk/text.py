@@ -4,7 +4,7 @@
 break, else the last space, else hard; a fenced code block cut in two is closed
 at the end of one part and reopened (with its language) at the start of the next,
 so each message renders on its own. ``measure`` says how the platform counts:
-``len`` for code points (Discord, Slack), ``utf16_len`` for Telegram.
+``len`` for code points (Discord, Slack), ``utf16_len`` for Telegram. ``shorten`` fits a button's label.
 """
 from __future__ import annotations
 
@@ -65,3 +65,17 @@ def split_text(text: str, limit: int, *, measure: Callable[[str], int] = len) ->
             reopen = ""
         parts.append(piece)
     return [p for p in parts if p.strip()]
+
+
+def shorten(label: str, limit: int, *, measure: Callable[[str], int] = len) -> str:
+    """``label`` on one line within ``limit`` (as ``measure`` counts: ``utf16_len`` for LINE): whole when it
+    fits, else cut (at a space when one is in the second half of what fits) and ended with an ellipsis. For a
+    button's label, where the platform refuses a longer one."""
+    label = " ".join(label.split())
+    if measure(label) <= limit:
+        return label
+    cut = label[:_fit(label, limit - 1, measure)]
+    space = cut.rfind(" ")
+    if space >= len(cut) // 2:
+        cut = cut[:space]
+    return cut.rstrip(" ,;:.-") + "\u2026"

@@ -49,7 +49,7 @@ from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, 
                                      ReplyContext)
 from plugins_app.channel.sdk.outbox import outbox_path_for
 from plugins_app.channel.sdk.webhook import WebhookInbox
-from plugins_app.channel.sdk.text import split_text, utf16_len
+from plugins_app.channel.sdk.text import shorten, split_text, utf16_len
 
 from .api import (DEFAULT_API_BASE_URL, DEFAULT_DATA_API_BASE_URL, LineApi, LineError, RateLimited, Stopped,
                   TokenRefused, retry_key)
@@ -177,23 +177,6 @@ def message_parts(text: str) -> list[str]:
     return split_text(text, TEXT_LIMIT, measure=utf16_len) if text.strip() else []
 
 
-def shorten(label: str, limit: int) -> str:
-    """``label`` within ``limit`` UTF-16 units: whole when it fits, else cut (at a space when one is in the
-    second half of what fits) and ended with an ellipsis."""
-    label = " ".join(label.split())
-    if utf16_len(label) <= limit:
-        return label
-    cut = ""
-    for ch in label:
-        if utf16_len(cut + ch) > limit - 1:
-            break
-        cut += ch
-    space = cut.rfind(" ")
-    if space >= len(cut) // 2:
-        cut = cut[:space]
-    return cut.rstrip(" ,;:.-") + "\u2026"
-
-
 def quick_reply(metadata) -> dict | None:
     """A delivery's ``options`` ({"label", "value"}, or strings) as a ``quickReply`` of postback actions; None
     when there are none, more than 13, or one LINE could not carry (a value past 300 or no label): then
@@ -210,8 +193,8 @@ def quick_reply(metadata) -> dict | None:
         if not label.strip() or not value or utf16_len(value) > POSTBACK_DATA_LIMIT:
             return None
         items.append({"type": "action", "action": {
-            "type": "postback", "label": shorten(label, QUICK_REPLY_LABEL_LIMIT), "data": value,
-            "displayText": shorten(label, DISPLAY_TEXT_LIMIT)}})
+            "type": "postback", "label": shorten(label, QUICK_REPLY_LABEL_LIMIT, measure=utf16_len), "data": value,
+            "displayText": shorten(label, DISPLAY_TEXT_LIMIT, measure=utf16_len)}})
     return {"items": items}
 
 

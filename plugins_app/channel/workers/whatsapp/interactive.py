@@ -14,6 +14,8 @@ carries the ``id`` (the option's value) and the ``title`` shown.
 """
 from __future__ import annotations
 
+from plugins_app.channel.sdk.text import shorten
+
 BUTTONS_MAX = 3
 ROWS_MAX = 10
 BODY_LIMIT = 1024
@@ -24,19 +26,6 @@ ROW_TITLE_LIMIT = 24
 ROW_DESCRIPTION_LIMIT = 72
 SECTION_TITLE = "Options"
 LIST_BUTTON = "Choose"
-
-
-def shorten(label: str, limit: int) -> str:
-    """``label`` within ``limit`` characters: whole when it fits, else cut (at a space when one is in the
-    second half of what fits) and ended with an ellipsis."""
-    label = " ".join(label.split())
-    if len(label) <= limit:
-        return label
-    cut = label[:limit - 1]
-    space = cut.rfind(" ")
-    if space >= len(cut) // 2:
-        cut = cut[:space]
-    return cut.rstrip(" ,;:.-") + "\u2026"
 
 
 def _options(metadata) -> list[tuple[str, str]] | None:
