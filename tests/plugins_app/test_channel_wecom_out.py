@@ -18,7 +18,9 @@ from plugins_app.channel.models import OutboundDelivery, Plugin
 from tests.fakes.wecom import USER, FakeWeCom
 from tests.plugins_app.conftest import wait_until
 from tests.plugins_app.test_channel_wecom import PID, delivered, listening, wecom_plugin
-from tests.streams.conftest import threaded_turns  # noqa: F401 (a fixture)
+from tests.streams import conftest as streams
+
+threaded_turns = streams.threaded_turns  # a fixture: turns run in threads of their own
 
 pytestmark = [pytest.mark.django_db(transaction=True),
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc and prctl")]
@@ -123,7 +125,8 @@ def finished(timeout=30):
     return wait_until(lambda: Turn.objects.filter(finished_at__isnull=False).first(), timeout)
 
 
-def test_a_question_shows_as_a_card_and_a_press_answers_it_once(tcast, wecom, start_runtime, threaded_turns):
+@pytest.mark.usefixtures("threaded_turns")
+def test_a_question_shows_as_a_card_and_a_press_answers_it_once(tcast, wecom, start_runtime):
     wecom_plugin()
     rt = start_runtime()
     listening(rt, wecom)
@@ -155,7 +158,8 @@ def test_a_question_shows_as_a_card_and_a_press_answers_it_once(tcast, wecom, st
     assert OutboundDelivery.objects.filter(delivery_id=f"d_{q.request_id}", state="delivered").exists()
 
 
-def test_a_card_wecom_refuses_goes_out_as_the_numbered_text(tcast, wecom, start_runtime, threaded_turns):
+@pytest.mark.usefixtures("threaded_turns")
+def test_a_card_wecom_refuses_goes_out_as_the_numbered_text(tcast, wecom, start_runtime):
     wecom_plugin()
     rt = start_runtime()
     listening(rt, wecom)
