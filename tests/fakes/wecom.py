@@ -116,6 +116,7 @@ class FakeWeCom:
         self.uploads: dict[str, dict] = {}                # media_id -> type, data, filename, content_type
         self.task_ids: set[str] = set()                   # the template cards' task ids used
         self.card_errcode: int | None = None              # refuse every template card with this errcode
+        self.upload_errcode: int | None = None            # refuse every upload with this errcode
         self.callback_url: str | None = None
         self.hold_send_secs = 0.0                         # answer a send only this long after delivering it
         self.hold_msgtype: str | None = None              # ... only a send of this msgtype (None: any)
@@ -348,6 +349,8 @@ class FakeWeCom:
     def _upload(self, mtype: str, parts) -> dict:
         if mtype not in UPLOAD_LIMITS:
             return {"errcode": 40004, "errmsg": "invalid media type"}
+        if self.upload_errcode is not None:
+            return error(self.upload_errcode)
         media = (parts or {}).get("media") if isinstance(parts, dict) else None
         if media is None or not media.get("filename"):
             return error(44001)

@@ -128,17 +128,23 @@ def test_an_oversized_file_is_not_uploaded_and_the_text_carries_a_note(worker, w
 def test_an_upload_wecom_refuses_for_the_file_becomes_a_note(worker, wecom):
     odd = Attachment(kind="image", content_type="image/png", media_id="m_1", filename="odd.gif")
     d = delivery(odd, text="")
+    wecom.upload_errcode = 40005
     odd.channel_ref = worker.put_media(Media(b"GIF89a-not-png", "image/png"), odd, d)
     assert odd.channel_ref == UNSENT + "WeCom does not take its type (errcode 40005)"
     assert worker.parts(d) == [("text", {"content": "[odd.gif was not sent: WeCom does not take its type "
                                                     "(errcode 40005)]"})]
 
 
-def test_a_file_with_no_name_is_uploaded_with_one_of_its_type(worker, wecom):
-    att = Attachment(kind="video", content_type="video/mp4", media_id="m_1")
-    worker.put_media(Media(b"\x00\x00\x00\x18ftypmp42", "video/mp4"), att, delivery(att))
+@pytest.mark.parametrize("kind, ctype, name, uploaded", [
+    ("video", "video/mp4", None, ("video", "video.mp4")), ("image", "image/png", "chart", ("image", "chart.png")),
+    ("image", "image/jpeg", "photo.JPG", ("image", "photo.JPG")), ("image", "image/png", "odd.gif", ("image", "odd.gif.png")),
+    ("document", "application/pdf", None, ("file", "document.pdf")), ("document", "text/csv", "t.csv", ("file", "t.csv")),
+])
+def test_a_file_is_uploaded_with_a_name_that_says_its_type(worker, wecom, kind, ctype, name, uploaded):
+    att = Attachment(kind=kind, content_type=ctype, media_id="m_1", filename=name)
+    worker.put_media(Media(b"\x00\x00\x00\x18ftypmp42", ctype), att, delivery(att))
     [upload] = wecom.uploads.values()
-    assert (upload["type"], upload["filename"]) == ("video", "video.mp4")
+    assert (upload["type"], upload["filename"]) == uploaded
 
 
 def test_a_files_part_goes_after_the_text_and_a_link_only_file_is_named_in_the_text(worker):

@@ -145,12 +145,14 @@ def unsent_note(attachment: Attachment, why: str) -> str:
 
 
 def file_name(attachment: Attachment, media_name: str | None, mtype: str, content_type: str) -> str:
-    """The name a file is uploaded with (a file message shows it)."""
-    name = attachment.filename or media_name
-    if name:
-        return name
-    ext = {"image": ".png" if "png" in content_type else ".jpg", "voice": ".amr", "video": ".mp4"}.get(mtype)
-    return (attachment.kind or "file") + (ext or mimetypes.guess_extension(content_type) or "")
+    """The name a file is uploaded with (a file message shows it). An image, voice or video whose name lacks
+    its type's extension gets it (WeCom takes JPG/PNG, AMR, MP4: the name should say so)."""
+    name = attachment.filename or media_name or (attachment.kind or "file")
+    if mtype in MEDIA_TYPES and not name.lower().endswith(MEDIA_TYPES[mtype][1]):
+        name += {"image": ".png" if "png" in content_type else ".jpg", "voice": ".amr", "video": ".mp4"}[mtype]
+    elif mtype == "file" and not (attachment.filename or media_name):
+        name += mimetypes.guess_extension(content_type) or ""
+    return name
 
 
 def utf8_len(text: str) -> int:
