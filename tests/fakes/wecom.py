@@ -5,18 +5,27 @@
   7200}``), ``POST /cgi-bin/message/send?access_token=`` (a text message to one user of the app,
   answered ``{"errcode": 0, "errmsg": "ok", "invaliduser": "", "msgid"}``) and
   ``GET /cgi-bin/media/get?access_token&media_id`` (the bytes, with ``Content-Type`` and
-  ``Content-disposition``). Every error is HTTP 200 with ``{"errcode": N, "errmsg": "..."}``: an unknown
+  ``Content-disposition``), ``POST /cgi-bin/media/upload?access_token&type=image|voice|video|file``
+  (multipart, field ``media``; WeCom's limits: more than 5 bytes, image 10 MB JPG/PNG, voice 2 MB AMR,
+  video 10 MB MP4, file 20 MB, else 40006/40005; answered ``{errcode, errmsg, type, media_id,
+  created_at}``). ``message/send`` takes text, image, voice, video, file (``{"media_id"}``, 40007 for
+  an unknown one) and ``template_card`` of type ``button_interaction`` (a ``task_id`` of letters, digits
+  and ``_-@`` up to 128 bytes, used once per app, else 42014; 1 to 6 buttons whose keys are unique and
+  up to 1,024 bytes, else 40058), answered with a ``response_code`` too. Every error is HTTP 200 with ``{"errcode": N, "errmsg": "..."}``: an unknown
   token 40014, an expired one 42001, a wrong secret at gettoken 40001, a user not in the app 81013,
   and scripted answers (``script_send``: 45009 and the like) for the next sends.
 * **the duplicate check**: a send with ``enable_duplicate_check`` 1 whose content, type and user are
   those of one sent within ``duplicate_check_interval`` seconds is answered as a success and not
   delivered again (what WeCom documents for the option: the message is not sent twice).
+  (For a media message the content is its media id; for a card, the card.)
 * a text longer than 2,048 bytes is refused with 45002 here (WeCom itself cuts it off: a test should see it).
 * the **callback**: ``verify_url`` checks the worker's URL as WeCom does when the operator saves it
   (GET with an encrypted ``echostr``); ``say``/``post`` send a message, encrypted with the app's
   EncodingAESKey and signed with its Token by the channel's own crypto module (proven against the
   vectors in test_channel_wecom_parts.py), as XML ``<xml><ToUserName/><AgentID/><Encrypt/></xml>``;
-  ``resend`` calls again with the same message (WeCom's retry when it had no answer within 5 s).
+  ``resend`` calls again with the same message (WeCom's retry when it had no answer within 5 s);
+  ``press`` sends the ``template_card_event`` of a press of a card's button (``EventKey`` the button's
+  key, ``TaskId``, ``CardType``, ``ResponseCode``), as WeCom does for a ``button_interaction`` card.
 
     with FakeWeCom() as wecom:
         env = wecom.env()                        # WECOM_* variables for the worker
@@ -29,6 +38,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import secrets
 import threading
 import time
@@ -47,16 +57,24 @@ USER = "ZhangSan"
 OTHER_USER = "LiSi"
 
 OK = {"errcode": 0, "errmsg": "ok"}
+MB = 1024 * 1024
+UPLOAD_LIMITS = {"image": 10 * MB, "voice": 2 * MB, "video": 10 * MB, "file": 20 * MB}
+UPLOAD_EXTENSIONS = {"image": (".jpg", ".jpeg", ".png"), "voice": (".amr",), "video": (".mp4",)}
 ERRORS = {
     40001: "invalid credential, hint: [1733482920_1_xxx], from ip: 127.0.0.1, more info at "
            "https://open.work.weixin.qq.com/devtool/query?e=40001",
     40007: "invalid media_id",
+    40005: "invalid file type",
+    40006: "invalid file size",
     40013: "invalid corpid",
     40014: "invalid access_token",
+    40058: "invalid parameter",
     41001: "access_token missing",
+    42014: "taskid has existed or empty or exceed max len",
     42001: "access_token expired",
     44004: "empty content",
     45002: "content size out of limit",
+    44001: "empty media data",
     45009: "api freq out of limit",
     45033: "api concurrent out of limit",
     60020: "not allow to access from your ip",
@@ -95,8 +113,13 @@ class FakeWeCom:
         self.tokens: dict[str, float] = {}                # access token -> when it expires (monotonic)
         self.expires_in = 7200
         self.media_files: dict[str, tuple[bytes, str, str]] = {}
+        self.uploads: dict[str, dict] = {}                # media_id -> type, data, filename, content_type
+        self.task_ids: set[str] = set()                   # the template cards' task ids used
+        self.card_errcode: int | None = None              # refuse every template card with this errcode
+        self.upload_errcode: int | None = None            # refuse every upload with this errcode
         self.callback_url: str | None = None
         self.hold_send_secs = 0.0                         # answer a send only this long after delivering it
+        self.hold_msgtype: str | None = None              # ... only a send of this msgtype (None: any)
         self._script: list[int] = []
         self._secret_reset = False
         self._msg_ids = itertools.count(7400000000000000001)
@@ -156,8 +179,14 @@ class FakeWeCom:
     # ------------------------------------------------------------------ what the app did
 
     def texts(self) -> list[str]:
+        """The text messages the app sent."""
         with self.lock:
-            return [m["content"] for m in self.sent]
+            return [m["content"] for m in self.sent if m["msgtype"] == "text"]
+
+    def messages(self) -> list[dict]:
+        """Every message the app sent (touser, msgtype, content, msgid)."""
+        with self.lock:
+            return [dict(m) for m in self.sent]
 
     def sends(self) -> list[Call]:
         """Every message/send request, refused or not."""
@@ -227,6 +256,17 @@ class FakeWeCom:
         assert (response.status_code, response.text) == (200, ""), (response.status_code, response.text)
         return message
 
+    def press(self, task_id: str, key: str, *, user: str = USER) -> dict:
+        """A user's press of a button of the card ``task_id``: the ``template_card_event``, POSTed (asserts a 200);
+        returns the event, for ``resend``."""
+        event = {"ToUserName": self.corp_id, "FromUserName": user, "CreateTime": str(int(time.time())),
+                 "MsgType": "event", "Event": "template_card_event", "EventKey": key, "TaskId": task_id,
+                 "CardType": "button_interaction", "ResponseCode": secrets.token_urlsafe(32),
+                 "AgentID": self.agent_id}
+        response = self.post(event)
+        assert (response.status_code, response.text) == (200, ""), (response.status_code, response.text)
+        return event
+
     def resend(self, message: dict) -> httpx.Response:
         """WeCom calling again with the same message (same MsgId), signed afresh."""
         return self.post(message)
@@ -240,7 +280,7 @@ class FakeWeCom:
             def route(self, method, raw):
                 url = urlsplit(self.path)
                 params = {k: v[0] for k, v in parse_qs(url.query).items()}
-                answer, headers = fake._serve(method, url.path, params, raw)
+                answer, headers = fake._serve(method, url.path, params, raw, self.headers.get("Content-Type") or "")
                 if isinstance(answer, tuple):
                     body, ctype = answer
                 else:
@@ -249,11 +289,14 @@ class FakeWeCom:
 
         return Handler
 
-    def _serve(self, method: str, path: str, params: dict, raw: bytes):
-        try:
-            body = json.loads(raw) if raw else None
-        except ValueError:
-            body = None
+    def _serve(self, method: str, path: str, params: dict, raw: bytes, ctype: str = ""):
+        if ctype.startswith("multipart/form-data"):
+            body = multipart(raw, ctype)
+        else:
+            try:
+                body = json.loads(raw) if raw else None
+            except ValueError:
+                body = None
         call = Call(method, path, params, body, time.monotonic())
         with self.lock:
             self.calls.append(call)
@@ -269,6 +312,8 @@ class FakeWeCom:
             return refused, {}
         if method == "POST" and path == "/cgi-bin/message/send":
             return self._send(body), {}
+        if method == "POST" and path == "/cgi-bin/media/upload":
+            return self._upload(params.get("type", ""), body), {}
         if method == "GET" and path == "/cgi-bin/media/get":
             with self.lock:
                 found = self.media_files.get(params.get("media_id", ""))
@@ -301,16 +346,78 @@ class FakeWeCom:
             return error(42001)
         return None
 
+    def _upload(self, mtype: str, parts) -> dict:
+        if mtype not in UPLOAD_LIMITS:
+            return {"errcode": 40004, "errmsg": "invalid media type"}
+        if self.upload_errcode is not None:
+            return error(self.upload_errcode)
+        media = (parts or {}).get("media") if isinstance(parts, dict) else None
+        if media is None or not media.get("filename"):
+            return error(44001)
+        data = media["data"]
+        if len(data) <= 5:
+            return error(44001)
+        if len(data) > UPLOAD_LIMITS[mtype]:
+            return error(40006)
+        name = media["filename"].lower()
+        if mtype in UPLOAD_EXTENSIONS and not name.endswith(UPLOAD_EXTENSIONS[mtype]):
+            return error(40005)
+        media_id = "3" + secrets.token_urlsafe(40)
+        created = int(time.time())
+        with self.lock:
+            self.uploads[media_id] = {"type": mtype, "data": data, "filename": media["filename"],
+                                      "content_type": media["content_type"], "created_at": created}
+        return {**OK, "type": mtype, "media_id": media_id, "created_at": str(created)}
+
+    def _content(self, msgtype: str, body: dict):
+        """The message's content, or the error it is refused with (a dict with errcode)."""
+        obj = body.get(msgtype)
+        if not isinstance(obj, dict):
+            return {"errcode": 40008, "errmsg": "invalid message type"}
+        if msgtype == "text":
+            content = obj.get("content")
+            if not isinstance(content, str) or not content:
+                return error(44004)
+            if len(content.encode("utf-8")) > 2048:
+                return error(45002)
+            return content
+        if msgtype in UPLOAD_LIMITS:
+            with self.lock:
+                upload = self.uploads.get(str(obj.get("media_id") or ""))
+            if upload is None or (upload["type"] != msgtype and msgtype != "file"):
+                return error(40007)
+            return obj["media_id"]
+        if msgtype == "template_card":
+            return self._card(obj)
+        return {"errcode": 40008, "errmsg": "invalid message type"}
+
+    def _card(self, card: dict):
+        if self.card_errcode is not None:
+            return error(self.card_errcode)
+        task_id = card.get("task_id")
+        buttons = card.get("button_list")
+        if card.get("card_type") != "button_interaction" or not (card.get("main_title") or {}).get("title"):
+            return error(40058)
+        if not (isinstance(task_id, str) and re.fullmatch(r"[A-Za-z0-9_@-]{1,128}", task_id)):
+            return error(42014)
+        if not isinstance(buttons, list) or not 1 <= len(buttons) <= 6:
+            return error(40058)
+        keys = [b.get("key") for b in buttons if isinstance(b, dict)]
+        if len(keys) != len(buttons) or len(set(keys)) != len(keys) or not all(
+                isinstance(k, str) and k and len(k.encode()) <= 1024 and b.get("text")
+                for k, b in zip(keys, buttons)):
+            return error(40058)
+        return card
+
     def _send(self, body) -> dict:
-        if not isinstance(body, dict) or body.get("msgtype") != "text":
+        if not isinstance(body, dict) or body.get("msgtype") not in ("text", "template_card", *UPLOAD_LIMITS):
             return {"errcode": 40008, "errmsg": "invalid message type"}
         if str(body.get("agentid")) != self.agent_id or not isinstance(body.get("agentid"), int):
             return {"errcode": 40056, "errmsg": "invalid agentid"}
-        content = (body.get("text") or {}).get("content")
-        if not isinstance(content, str) or not content:
-            return error(44004)
-        if len(content.encode("utf-8")) > 2048:
-            return error(45002)
+        msgtype = body["msgtype"]
+        content = self._content(msgtype, body)
+        if isinstance(content, dict) and "errcode" in content:
+            return content
         user = body.get("touser")
         with self.lock:
             if self._script:
@@ -321,10 +428,31 @@ class FakeWeCom:
             if body.get("enable_duplicate_check") == 1:
                 interval = int(body.get("duplicate_check_interval") or 1800)
                 for m in self.sent:
-                    if (m["touser"], m["content"]) == (user, content) and now - m["at"] < interval:
+                    if (m["touser"], m["msgtype"], m["content"]) == (user, msgtype, content) \
+                            and now - m["at"] < interval:
                         return {**OK, "invaliduser": "", "msgid": m["msgid"]}
+            extra = {}
+            if msgtype == "template_card":
+                if content["task_id"] in self.task_ids:
+                    return error(42014)
+                self.task_ids.add(content["task_id"])
+                extra = {"response_code": secrets.token_urlsafe(32)}
             msgid = uuid.uuid4().hex
-            self.sent.append({"touser": user, "content": content, "msgid": msgid, "at": now})
-        if self.hold_send_secs:
+            self.sent.append({"touser": user, "msgtype": msgtype, "content": content, "msgid": msgid, "at": now})
+        if self.hold_send_secs and self.hold_msgtype in (None, msgtype):
             time.sleep(self.hold_send_secs)  # delivered, but the answer is late: a window to kill the sender in
-        return {**OK, "invaliduser": "", "msgid": msgid}
+        return {**OK, "invaliduser": "", "msgid": msgid, **extra}
+
+
+def multipart(raw: bytes, ctype: str) -> dict:
+    """A multipart/form-data body's parts by field name: {"data", "filename", "content_type"}."""
+    from email.parser import BytesParser
+    from email.policy import HTTP
+    message = BytesParser(policy=HTTP).parsebytes(f"Content-Type: {ctype}\r\n\r\n".encode() + raw)
+    parts = {}
+    for part in message.iter_parts() if message.is_multipart() else []:
+        name = part.get_param("name", header="content-disposition")
+        if name:
+            parts[name] = {"data": part.get_payload(decode=True) or b"", "filename": part.get_filename(),
+                           "content_type": part.get_content_type()}
+    return parts

@@ -16,10 +16,20 @@ Operators' page: docs/channels/wecom.md.
   ``message_id`` is WeCom's ``MsgId``, so a callback WeCom calls again (no answer within 5 s) runs
   no second turn. An internal app's messages are 1:1: the conversation and the sender are
   ``FromUserName``. Media are downloaded with ``GET /cgi-bin/media/get`` and stored on the host.
-  Events (``MsgType`` event: entering the app, menu clicks, ...) are not messages.
+  Events (``MsgType`` event: entering the app, menu clicks, ...) are not messages, except a press of a
+  question card's button (``template_card_event``), which comes back as the option's label with
+  ``metadata["option"]`` its value; its message id is ``card:<user>:<CreateTime>:<TaskId>`` (WeCom's
+  advice for events: ``FromUserName`` + ``CreateTime``), so a press WeCom calls again answers once.
 * **Outbound.** ``POST /cgi-bin/message/send`` with WeCom's duplicate check on
   (``enable_duplicate_check``, 1,800 s): a send repeated after a crash, with the same content to
-  the same user, is not shown twice. Text is split at WeCom's 2,048 bytes of UTF-8.
+  the same user, is not shown twice. Text is split at WeCom's 2,048 bytes of UTF-8. Each file is
+  uploaded (``POST /cgi-bin/media/upload``, type image, voice, video or file by its type and WeCom's
+  limits) and sent as a part of its own after the text; its media id is kept (``state.py``) the moment
+  WeCom answers the upload, so a delivery resumed after a crash sends the same media id again and the
+  duplicate check holds it. A file over its type's limit, or refused by the upload, is not sent: a
+  note in the text says so. A question's ``metadata["options"]`` (up to 6) go out as a
+  ``template_card`` of type ``button_interaction`` (``cards.py``); more, or a card WeCom refuses,
+  as the numbered text.
 * **Token.** ``gettoken`` with the corp id and the app's secret, kept until shortly before it
   expires, fetched again at once when a call says it is stale (40014, 42001, 40001), and the call
   made once more.
@@ -42,12 +52,16 @@ from urllib.parse import quote, unquote
 import httpx
 
 from plugins_app.channel.sdk import Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, InboundMessage
+from plugins_app.channel.sdk.outbox import outbox_path_for
 from plugins_app.channel.sdk.webhook import WebhookInbox
 from plugins_app.channel.sdk.text import split_text
 
-from .api import (DEFAULT_API_BASE_URL, TEXT_LIMIT_BYTES, AppRefused, RateLimited, Stopped, UserUnreachable,
-                  WeComApi, WeComError)
+from .api import (DEFAULT_API_BASE_URL, TASK_ID_EXISTS, TEXT_LIMIT_BYTES, UPLOAD_REFUSED, AppRefused, RateLimited,
+                  Stopped, UserUnreachable, WeComApi, WeComError)
+from .cards import TASK_ID_PREFIX, option_label, question_card
 from plugins_app.channel.sdk.wxcrypto import CryptoError, MsgCrypt
+
+from .state import WeComState
 
 KIND = "channel-wecom"
 DESCRIPTION = "WeCom (企业微信): an internal app's encrypted callback in, the message API out."
@@ -64,6 +78,24 @@ CONTENT_REFUSED = {44004, 45002, 40008}
 #: How long a send refused for the app's settings waits for the worker to stop (the listener stops it at once).
 REFUSAL_HOLD_SECS = 30.0
 
+MB = 1024 * 1024
+#: WeCom's upload limits by media type (media/upload): image JPG/PNG, voice AMR, video MP4, any file.
+MEDIA_LIMITS = {"image": 10 * MB, "voice": 2 * MB, "video": 10 * MB, "file": 20 * MB}
+#: WeCom takes no file of 5 bytes or less.
+MIN_MEDIA_BYTES = 6
+#: The content types (and, for a file with no useful type, the name's extensions) each media type takes.
+MEDIA_TYPES = {"image": ({"image/jpeg", "image/jpg", "image/pjpeg", "image/png"}, (".jpg", ".jpeg", ".png")),
+               "voice": ({"audio/amr", "voice/amr"}, (".amr",)),
+               "video": ({"video/mp4"}, (".mp4",))}
+#: ``channel_ref`` of an uploaded file: ``wecom:<media type>:<media id>``.
+UPLOADED = "wecom:"
+#: ``channel_ref`` of a file not sent: ``unsent:<why>``; the text carries a note in its place.
+UNSENT = "unsent:"
+#: An upload refused for good, by errcode (``UPLOAD_REFUSED``): what the note says.
+UPLOAD_REFUSALS = {40004: "WeCom does not take its type", 40005: "WeCom does not take its type",
+                   40006: "WeCom refused its size", 40009: "WeCom refused its size", 40010: "WeCom refused its size",
+                   40011: "WeCom refused its size", 44001: "it is empty"}
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="channel-wecom", description=DESCRIPTION)
@@ -72,6 +104,55 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-retry-wait", type=float, default=120.0,
                    help="the longest a send waits out 45009/45033 in place; then the hub's retries take over")
     return p.parse_args(argv)
+
+
+def mime_of(content_type: str | None) -> str:
+    return (content_type or "").split(";")[0].strip().lower()
+
+
+def media_type(content_type: str | None, filename: str | None = None) -> str:
+    """The media type a file is uploaded and sent as: image (JPG, PNG), voice (AMR), video (MP4) by its
+    content type, or by its name's extension when the type says nothing (``application/octet-stream``);
+    anything else is a file."""
+    mime = mime_of(content_type)
+    name = (filename or "").lower()
+    for mtype, (types, extensions) in MEDIA_TYPES.items():
+        if mime in types:
+            return mtype
+    if mime in ("", "application/octet-stream", "binary/octet-stream"):
+        for mtype, (_, extensions) in MEDIA_TYPES.items():
+            if name.endswith(extensions):
+                return mtype
+    return "file"
+
+
+def size_refusal(mtype: str, size: int) -> str | None:
+    """Why WeCom will not take a file of this type and size, or None when it will."""
+    if size < MIN_MEDIA_BYTES:
+        return f"it is {size} bytes, and WeCom takes no file of 5 bytes or less"
+    limit = MEDIA_LIMITS[mtype]
+    if size > limit:
+        what = "file" if mtype == "file" else f"{mtype} ({', '.join(MEDIA_TYPES[mtype][1]).replace('.', '')})"
+        return f"it is {size / MB:.1f} MB, over WeCom's {limit // MB} MB limit for a {what}"
+    return None
+
+
+def unsent_note(attachment: Attachment, why: str) -> str:
+    """The line the text carries in place of a file WeCom will not take, so the user knows it exists."""
+    kind = attachment.kind or "file"
+    name = attachment.filename or ("an " if kind[:1] in "aeiou" else "a ") + kind
+    return f"[{name} was not sent: {why}]"
+
+
+def file_name(attachment: Attachment, media_name: str | None, mtype: str, content_type: str) -> str:
+    """The name a file is uploaded with (a file message shows it). An image, voice or video whose name lacks
+    its type's extension gets it (WeCom takes JPG/PNG, AMR, MP4: the name should say so)."""
+    name = attachment.filename or media_name or (attachment.kind or "file")
+    if mtype in MEDIA_TYPES and not name.lower().endswith(MEDIA_TYPES[mtype][1]):
+        name += {"image": ".png" if "png" in content_type else ".jpg", "voice": ".amr", "video": ".mp4"}[mtype]
+    elif mtype == "file" and not (attachment.filename or media_name):
+        name += mimetypes.guess_extension(content_type) or ""
+    return name
 
 
 def utf8_len(text: str) -> int:
@@ -114,6 +195,8 @@ def normalise(message: dict, *, agent_id: str | None = None,
     mtype = str(message.get("MsgType") or "")
     user = str(message.get("FromUserName") or "")
     msg_id = str(message.get("MsgId") or "")
+    if mtype == "event" and message.get("Event") == "template_card_event":
+        return None  # a press of a card's button: read by normalise_press, which knows the card
     if mtype == "event" or not user or not msg_id:
         return None
     if agent_id and message.get("AgentID") and str(message["AgentID"]) != str(agent_id):
@@ -143,10 +226,37 @@ def normalise(message: dict, *, agent_id: str | None = None,
                           timestamp=to_rfc3339(message.get("CreateTime")))
 
 
+def normalise_press(message: dict, options: list[dict] | None, *, agent_id: str | None = None) -> InboundMessage | None:
+    """A ``template_card_event`` (a press of a question card's button) as an InboundMessage: the option's
+    label as text, its value (the button's ``EventKey``) as ``metadata["option"]``. ``options`` are the
+    card's, as this worker sent it (None: no card of this worker's; a task id of its own still counts, the
+    key being a reply token the host checks). The message id is the user, the ``CreateTime`` and the
+    ``TaskId``: WeCom calls again a callback it had no answer for with the same event, and a press is
+    answered once. None for anything else."""
+    if message.get("MsgType") != "event" or message.get("Event") != "template_card_event":
+        return None
+    user, key = str(message.get("FromUserName") or ""), str(message.get("EventKey") or "")
+    task_id, created = str(message.get("TaskId") or ""), str(message.get("CreateTime") or "")
+    if not (user and key and task_id and created):
+        return None
+    if agent_id and message.get("AgentID") and str(message["AgentID"]) != str(agent_id):
+        return None
+    if options is None and not task_id.startswith(TASK_ID_PREFIX):
+        return None  # another sender's card: not a question of this worker's
+    label = option_label(options or [], key)
+    metadata = {"option": key, "message_type": "template_card_event", "task_id": task_id,
+                "card_type": str(message.get("CardType") or ""), "agent_id": str(message.get("AgentID") or "")}
+    if message.get("ResponseCode"):
+        metadata["response_code"] = str(message["ResponseCode"])
+    return InboundMessage(channel="wecom", conversation_id=user, message_id=f"card:{user}:{created}:{task_id}",
+                          sender_id=user, source_type="user", text=label or key, metadata=metadata,
+                          timestamp=to_rfc3339(created))
+
+
 class WeComWorker(WebhookInbox, ChannelWorker):
     kind = KIND
     version = "1.0.0"
-    capabilities = ("text", "attachments")
+    capabilities = ("text", "attachments", "options")
 
     def __init__(self, *, argv: list[str] | None = None, environ: dict | None = None, **kwargs):
         super().__init__(**kwargs)
@@ -159,6 +269,7 @@ class WeComWorker(WebhookInbox, ChannelWorker):
                             stopping=self.stopping, max_wait_secs=self.opts.max_retry_wait)
         self.inbox_init()
         self.server = None
+        self.state: WeComState | None = None
 
     # ------------------------------------------------------------------ connect
 
@@ -176,6 +287,8 @@ class WeComWorker(WebhookInbox, ChannelWorker):
             self.api.token()
         except AppRefused as exc:
             raise ChannelRefused(refused(exc)) from exc
+        path = str(outbox_path_for(self.plugin_id, self.state_dir)).replace(".outbox.", ".wecom.")
+        self.state = WeComState(path)
         self.log.info("wecom: corp %s, agent %s via %s", self.corp_id, self.agent_id, self.base_url)
         from .callback import CallbackServer
         self.server = CallbackServer(self.opts.bind, self.opts.path, crypto, self.accept)
@@ -195,7 +308,12 @@ class WeComWorker(WebhookInbox, ChannelWorker):
                              f"callback's Token and EncodingAESKey are agent {other}'s (set {AGENT_ID_ENV} to the "
                              "app's AgentId, on its page in the admin console)")
             self.log.error("wecom: %s", self._refusal)
-        msg = normalise(message, agent_id=self.agent_id, base_url=self.base_url)
+        if message.get("MsgType") == "event" and message.get("Event") == "template_card_event":
+            task_id = str(message.get("TaskId") or "")
+            msg = normalise_press(message, self.state.card(task_id) if self.state and task_id else None,
+                                  agent_id=self.agent_id)
+        else:
+            msg = normalise(message, agent_id=self.agent_id, base_url=self.base_url)
         if msg is None:
             self.log.debug("wecom: %s %s is not a message; skipped", message.get("MsgType"), message.get("Event"))
             return
@@ -215,33 +333,121 @@ class WeComWorker(WebhookInbox, ChannelWorker):
 
     # ------------------------------------------------------------------ outbound
 
+    def put_media(self, media, attachment, delivery) -> str | None:
+        """Upload one file of an answer (``POST /cgi-bin/media/upload``); its part sends the media id next.
+
+        A media id uploaded for this file before (a delivery resumed after a crash) is used again while WeCom
+        keeps it, so the resent part is the same content and WeCom's duplicate check holds it. A file over
+        its type's limit, or one the upload refuses for good, is not uploaded: ``UNSENT`` and why, and the
+        text carries a note in its place."""
+        index = next(i for i, a in enumerate(delivery.attachments) if a is attachment)
+        stored = self.state.upload_of(delivery.delivery_id, index)
+        if stored is not None:
+            return f"{UPLOADED}{stored[0]}:{stored[1]}"
+        ctype = mime_of(attachment.content_type) or mime_of(media.content_type) or "application/octet-stream"
+        mtype = media_type(ctype, attachment.filename or media.filename)
+        why = size_refusal(mtype, len(media.data))
+        if why is not None:
+            self.log.warning("wecom: delivery %s: %s", delivery.delivery_id, unsent_note(attachment, why))
+            return UNSENT + why
+        name = file_name(attachment, media.filename, mtype, ctype)
+        try:
+            answer = self.api.upload(media.data, mtype, name, ctype)
+        except WeComError as exc:
+            if exc.errcode in UPLOAD_REFUSED and not isinstance(exc, (AppRefused, RateLimited)):
+                why = f"{UPLOAD_REFUSALS.get(exc.errcode, 'WeCom refused it')} (errcode {exc.errcode})"
+                self.log.warning("wecom: delivery %s: %s", delivery.delivery_id, unsent_note(attachment, why))
+                return UNSENT + why
+            raise self._failure(exc) from exc
+        except (Stopped, httpx.HTTPError) as exc:
+            raise DeliveryFailed(f"media/upload: {type(exc).__name__}: {exc}") from exc
+        media_id = str(answer["media_id"])
+        try:
+            created = float(answer.get("created_at") or 0)
+        except (TypeError, ValueError):
+            created = 0.0
+        self.state.record_upload(delivery.delivery_id, index, mtype, media_id, created or None)
+        return f"{UPLOADED}{mtype}:{media_id}"
+
+    def parts(self, delivery) -> list[tuple[str, dict]]:
+        """What a delivery sends, in order, as (msgtype, its object): a question card, or the text parts
+        (with a note for each file not sent, and the link of a file that has only one); then one message per
+        uploaded file. The same delivery gives the same parts, so a resend is held by the duplicate check."""
+        notes = []
+        files: list[tuple[str, dict]] = []
+        for att in delivery.attachments:
+            ref = att.channel_ref or ""
+            if ref.startswith(UPLOADED):
+                mtype, _, media_id = ref[len(UPLOADED):].partition(":")
+                files.append((mtype, {"media_id": media_id}))
+            elif ref.startswith(UNSENT):
+                notes.append(unsent_note(att, ref[len(UNSENT):]))
+            elif att.url:
+                notes.append(f"[{att.filename or att.kind or 'file'}: {att.url}]")
+        card = question_card(delivery.delivery_id, delivery.text, delivery.metadata)
+        text = "\n\n".join(t for t in [delivery.text if card is None else "", *notes] if t.strip())
+        steps: list[tuple[str, dict]] = [("template_card", card)] if card is not None else []
+        steps += [("text", {"content": part}) for part in message_parts(text)]
+        return steps + files
+
     def deliver(self, delivery) -> str | None:
         if self._refusal:
             raise self._refused_failure()
-        parts = message_parts(delivery.text)
-        if not parts:
-            raise DeliveryFailed("nothing WeCom can show: the answer has no text (files are not sent to WeCom)",
-                                 permanent=True)
+        steps = self.parts(delivery)
+        if not steps:
+            raise DeliveryFailed("nothing WeCom can show: the answer has no text and no file", permanent=True)
         first: str | None = None
-        for part in parts:
-            try:
-                answer = self.api.send_text(delivery.conversation_id, part)
-            except AppRefused as exc:
-                self._refusal = refused(exc)
-                raise self._refused_failure() from exc
-            except UserUnreachable as exc:
-                raise DeliveryFailed(f"{exc} (the user does not exist or is not in the app's visible range)",
-                                     permanent=True) from exc
-            except RateLimited as exc:
-                raise DeliveryFailed(str(exc)) from exc
-            except WeComError as exc:
-                # -1 (system busy) and the rest: worth the hub's retries; a content WeCom refuses is not
-                raise DeliveryFailed(str(exc), permanent=exc.errcode in CONTENT_REFUSED) from exc
-            except (Stopped, httpx.HTTPError) as exc:
-                raise DeliveryFailed(f"message/send: {type(exc).__name__}: {exc}") from exc
-            if first is None:
+        for msgtype, content in steps:
+            if msgtype == "template_card":
+                answer = self._send_card(delivery, content)
+            else:
+                answer = self._send(delivery.conversation_id, msgtype, content)
+            if first is None and answer is not None:
                 first = str(answer.get("msgid") or "") or None
         return first
+
+    def _send_card(self, delivery, card: dict) -> dict | None:
+        """A question card; its options recorded first, so a press is read back even by a restarted worker.
+        A card WeCom refuses for its content goes out as the numbered text; a task id WeCom already has was
+        this delivery's card, sent before a crash (the duplicate check's 30 minutes past)."""
+        self.state.record_card(card["task_id"], delivery.delivery_id, delivery.metadata.get("options") or [])
+        try:
+            return self._send(delivery.conversation_id, "template_card", card, card=True)
+        except _CardRefused as exc:
+            if exc.errcode == TASK_ID_EXISTS:
+                self.log.info("wecom: delivery %s: card %s was sent before", delivery.delivery_id, card["task_id"])
+                return None
+            self.log.warning("wecom: delivery %s: WeCom refused the question card (%s); sending the numbered text",
+                             delivery.delivery_id, exc)
+        first = None
+        for part in message_parts(delivery.text):
+            answer = self._send(delivery.conversation_id, "text", {"content": part})
+            first = first or answer
+        return first
+
+    def _send(self, user: str, msgtype: str, content: dict, *, card: bool = False) -> dict:
+        try:
+            return self.api.send(user, msgtype, content)
+        except (AppRefused, UserUnreachable, RateLimited) as exc:
+            raise self._failure(exc) from exc
+        except WeComError as exc:
+            if card and exc.errcode not in (-1,):
+                raise _CardRefused(exc.errcode, str(exc)) from exc
+            raise self._failure(exc) from exc
+        except (Stopped, httpx.HTTPError) as exc:
+            raise DeliveryFailed(f"message/send: {type(exc).__name__}: {exc}") from exc
+
+    def _failure(self, exc: WeComError) -> DeliveryFailed:
+        if isinstance(exc, AppRefused):
+            self._refusal = refused(exc)
+            return self._refused_failure()
+        if isinstance(exc, UserUnreachable):
+            return DeliveryFailed(f"{exc} (the user does not exist or is not in the app's visible range)",
+                                  permanent=True)
+        if isinstance(exc, RateLimited):
+            return DeliveryFailed(str(exc))
+        # -1 (system busy) and the rest: worth the hub's retries; a content WeCom refuses is not
+        return DeliveryFailed(str(exc), permanent=exc.errcode in CONTENT_REFUSED)
 
     def _refused_failure(self) -> DeliveryFailed:
         """A send WeCom refused for the app's settings: held until the listener has stopped the worker, so
@@ -253,6 +459,14 @@ class WeComWorker(WebhookInbox, ChannelWorker):
         if self.server is not None:
             self.server.stop()
         self.api.close()
+        if self.state is not None:
+            self.state.close()
+
+
+class _CardRefused(Exception):
+    def __init__(self, errcode: int, reason: str):
+        super().__init__(reason)
+        self.errcode = errcode
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,4 +1,4 @@
-"""WeCom's server API for an internal app: the access token, sending a message, downloading media.
+"""WeCom's server API for an internal app: the access token, sending a message, uploading and downloading media.
 
 Every answer is HTTP 200 with ``{"errcode": N, "errmsg": "..."}`` (0 is success), so the errcode,
 not the status, says what happened:
@@ -30,6 +30,10 @@ RATE_LIMITED = {45009, 45033}
 #: Answers to gettoken (or any call) only the operator can fix: the corp id, the secret, the trusted IPs.
 GETTOKEN_REFUSED = {40001, 40013, 40091, 41004, 60020}
 APP_REFUSED = {40013, 40056, 40091, 60020}  # 40056: the agent id is not this app's
+#: An upload WeCom refuses for the file itself (its type, its size, empty): uploading again cannot help.
+UPLOAD_REFUSED = {40004, 40005, 40006, 40009, 40010, 40011, 44001}
+#: A template card's task_id already used: the card was sent before (task ids are per delivery).
+TASK_ID_EXISTS = 42014
 #: The user is not there for this app: sending again cannot help.
 USER_UNREACHABLE = {81013, 60111}
 
@@ -122,14 +126,32 @@ class WeComApi:
         """``POST /cgi-bin/message/send``: ``content`` to ``user`` as a text message, with WeCom's duplicate
         check on (the same content to the same user within 30 minutes is not sent twice). Returns WeCom's
         answer (``msgid``)."""
-        body = {"touser": user, "msgtype": "text", "agentid": int(self.agent_id) if str(self.agent_id).isdigit()
-                else self.agent_id, "text": {"content": content}, "enable_duplicate_check": 1,
+        return self.send(user, "text", {"content": content})
+
+    def send(self, user: str, msgtype: str, content: dict) -> dict:
+        """``POST /cgi-bin/message/send``: one message of ``msgtype`` (text, image, voice, video, file,
+        template_card) whose object is ``content``, to ``user``, with WeCom's duplicate check on. Returns
+        WeCom's answer (``msgid``; a button card's ``response_code`` too)."""
+        body = {"touser": user, "msgtype": msgtype, "agentid": int(self.agent_id) if str(self.agent_id).isdigit()
+                else self.agent_id, msgtype: content, "enable_duplicate_check": 1,
                 "duplicate_check_interval": DUPLICATE_CHECK_SECS}
         answer = self._call("message/send", lambda token: self.client.post(
             f"{self.base_url}/cgi-bin/message/send", params={"access_token": token}, json=body))
         invalid = {u.lower() for u in str(answer.get("invaliduser") or "").split("|") if u}
         if user.lower() in invalid:
             raise UserUnreachable("message/send", 81013, f"invaliduser: {answer.get('invaliduser')}")
+        return answer
+
+    def upload(self, data: bytes, media_type: str, filename: str, content_type: str) -> dict:
+        """``POST /cgi-bin/media/upload?type=``: a temporary media file (multipart, field ``media``); returns
+        WeCom's answer (``type``, ``media_id``, ``created_at``). The file name is the one a file message shows."""
+        def post(token):
+            return self.client.post(f"{self.base_url}/cgi-bin/media/upload",
+                                    params={"access_token": token, "type": media_type},
+                                    files={"media": (filename, data, content_type)}, timeout=120)
+        answer = self._call("media/upload", post)
+        if not answer.get("media_id"):
+            raise WeComError("media/upload", -1, "the answer has no media_id")
         return answer
 
     def media(self, media_id: str) -> tuple[bytes, str, str | None]:

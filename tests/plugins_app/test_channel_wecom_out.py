@@ -1,0 +1,174 @@
+"""channel-wecom end to end, what goes out besides text: an answer's files (media/upload, then message/send of
+an image, voice, video or file) and a question's options (a ``button_interaction`` template card, whose press
+comes back as the ``template_card_event`` callback). The real supervisor runs the worker against the fake WeCom
+on loopback (tests/fakes/wecom.py)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+
+import pytest
+
+from channels_app.models import Question, Receipt, Turn
+from channels_app.services import channel_actor_resolve, conversation_resolve
+from plugins_app.channel import services
+from plugins_app.channel.models import OutboundDelivery, Plugin
+from tests.fakes.wecom import USER, FakeWeCom
+from tests.plugins_app.conftest import wait_until
+from tests.plugins_app.test_channel_wecom import PID, delivered, listening, wecom_plugin
+from tests.streams import conftest as streams
+
+threaded_turns = streams.threaded_turns  # a fixture: turns run in threads of their own
+
+pytestmark = [pytest.mark.django_db(transaction=True),
+              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc and prctl")]
+
+PNG = b"\x89PNG\r\n\x1a\n" + os.urandom(200)
+PDF = b"%PDF-1.4 the report"
+ASK = {"kind": "choice", "prompt": "Which priority?",
+       "options": [{"id": "low", "label": "Low"}, {"id": "high", "label": "High"}]}
+SCRIPT = f"script:call=ask_user{json.dumps(ASK)}|result|answer= noted"
+
+
+@pytest.fixture
+def wecom(monkeypatch):
+    fake = FakeWeCom().start()
+    for name, value in fake.env().items():
+        monkeypatch.setenv(name, value)
+    yield fake
+    fake.stop()
+
+
+def enqueue(plugin: Plugin, text: str, *files: tuple[bytes, str, str]) -> OutboundDelivery:
+    """A delivery to USER carrying ``files`` ((data, content type, name)), stored on the host first."""
+    actor = channel_actor_resolve(channel="wecom", user_id=USER)
+    conv, _ = conversation_resolve(channel="wecom", client_id=PID, external_id=USER, actor=actor, caller=None)
+    attachments = []
+    for data, ctype, name in files:
+        media_id = services.media_store(plugin_id=PID, data=data, content_type=ctype, filename=name)
+        kind = {"image": "image", "audio": "audio", "video": "video"}.get(ctype.split("/")[0], "document")
+        attachments.append({"kind": kind, "content_type": ctype, "media_id": media_id, "filename": name})
+    return services.delivery_enqueue(plugin=plugin, conversation=conv, text=text, attachments=attachments)
+
+
+def sent(fake: FakeWeCom, n: int, rt, timeout: float = 30) -> list[dict]:
+    assert wait_until(lambda: len(fake.messages()) >= n, timeout), (fake.sends(), rt.log(PID))
+    return fake.messages()
+
+
+# --- files out -------------------------------------------------------------------------------------
+
+def test_files_are_uploaded_by_type_and_sent_after_the_text(tcast, wecom, start_runtime):
+    plugin = wecom_plugin()
+    rt = start_runtime()
+    listening(rt, wecom)
+    enqueue(plugin, "your chart and report", (PNG, "image/png", "chart.png"), (PDF, "application/pdf", "report.pdf"))
+    text, image, document = sent(wecom, 3, rt)
+    assert (text["msgtype"], text["content"]) == ("text", "your chart and report")
+    uploads = {u["filename"]: (media_id, u) for media_id, u in wecom.uploads.items()}
+    chart_id, chart = uploads["chart.png"]
+    report_id, report = uploads["report.pdf"]
+    assert (chart["type"], chart["data"], chart["content_type"]) == ("image", PNG, "image/png")
+    assert (report["type"], report["data"], report["content_type"]) == ("file", PDF, "application/pdf")
+    assert (image["msgtype"], image["content"]) == ("image", chart_id)
+    assert (document["msgtype"], document["content"]) == ("file", report_id)
+    image_send = [c for c in wecom.sends() if c.body["msgtype"] == "image"][0]
+    assert image_send.body["image"] == {"media_id": chart_id} and image_send.body["enable_duplicate_check"] == 1
+    [upload_call, _] = wecom.calls_to("/cgi-bin/media/upload")
+    assert upload_call.params["access_token"] in wecom.tokens and upload_call.params["type"] in ("image", "file")
+    assert wait_until(delivered, 15), rt.log(PID)
+    assert OutboundDelivery.objects.get().channel_message_id == text["msgid"]
+
+
+def test_a_worker_killed_after_the_upload_sends_the_file_once_and_uploads_it_once(tcast, wecom, start_runtime):
+    plugin = wecom_plugin()
+    rt = start_runtime()
+    listening(rt, wecom)
+    wecom.hold_send_secs, wecom.hold_msgtype = 30, "file"  # WeCom showed the file; the worker has no answer yet
+    enqueue(plugin, "the report", (PDF, "application/pdf", "report.pdf"))
+    sent(wecom, 2, rt)
+    first = rt.worker_pid(PID)
+    assert OutboundDelivery.objects.get().state == "in_flight"
+    os.kill(first, signal.SIGKILL)
+    wecom.hold_send_secs = 0
+    assert wait_until(lambda: OutboundDelivery.objects.get().state == "delivered", 45), rt.log(PID)
+    assert rt.worker_pid(PID) not in (None, first)
+    # one upload: the restarted worker sent the media id it had kept, and the duplicate check held the repeat
+    assert len(wecom.calls_to("/cgi-bin/media/upload")) == 1
+    [(media_id, _)] = wecom.uploads.items()
+    file_sends = [c for c in wecom.sends() if c.body["msgtype"] == "file"]
+    assert len(file_sends) == 2 and {c.body["file"]["media_id"] for c in file_sends} == {media_id}
+    assert [(m["msgtype"], m["content"]) for m in wecom.messages()] == [("text", "the report"), ("file", media_id)]
+
+
+def test_a_file_over_its_types_limit_is_not_sent_and_the_text_says_so(tcast, wecom, start_runtime):
+    plugin = wecom_plugin()
+    rt = start_runtime()
+    listening(rt, wecom)
+    memo = b"#!AMR\n" + os.urandom(2 * 1024 * 1024)  # just over WeCom's 2 MB for a voice
+    enqueue(plugin, "the memo", (memo, "audio/amr", "memo.amr"), (PNG, "image/png", "chart.png"))
+    text, image = sent(wecom, 2, rt)
+    assert text["content"] == ("the memo\n\n[memo.amr was not sent: it is 2.0 MB, over WeCom's 2 MB limit for a "
+                               "voice (amr)]")
+    assert image["msgtype"] == "image"
+    assert [u["filename"] for u in wecom.uploads.values()] == ["chart.png"]  # the memo was never uploaded
+    assert wait_until(delivered, 15), rt.log(PID)
+    wait_until(lambda: False, 0.5)
+    assert len(wecom.messages()) == 2
+
+
+# --- question options ------------------------------------------------------------------------------
+
+def finished(timeout=30):
+    return wait_until(lambda: Turn.objects.filter(finished_at__isnull=False).first(), timeout)
+
+
+@pytest.mark.usefixtures("threaded_turns")
+def test_a_question_shows_as_a_card_and_a_press_answers_it_once(tcast, wecom, start_runtime):
+    wecom_plugin()
+    rt = start_runtime()
+    listening(rt, wecom)
+    wecom.say(SCRIPT)
+    [card] = sent(wecom, 1, rt)
+    q = Question.objects.get()
+    assert card["msgtype"] == "template_card"
+    assert card["content"] == {"card_type": "button_interaction", "main_title": {"title": "Which priority?"},
+                               "task_id": f"ugent-d_{q.request_id}",
+                               "button_list": [{"text": "Low", "style": 1, "key": f"{q.request_id}:1"},
+                                               {"text": "High", "style": 1, "key": f"{q.request_id}:2"}]}
+    press = wecom.press(card["content"]["task_id"], f"{q.request_id}:2")
+    turn = finished()
+    assert turn and turn.state == "completed", rt.log(PID)
+    assert '"option_id": "high"' in turn.receipt.answer and turn.receipt.answer.endswith("noted")
+    answered = sent(wecom, 2, rt)
+    assert answered[1]["content"] == turn.receipt.answer
+    for _ in range(2):  # WeCom calls again a callback it had no answer for
+        again = wecom.resend(press)
+        assert (again.status_code, again.text) == (200, "")
+    wecom.say("script:answer=after")  # read after the repeats: one queue, in order
+    assert wait_until(lambda: wecom.texts()[-1:] == ["after"], 30), rt.log(PID)
+    wait_until(lambda: False, 0.5)
+    assert len(wecom.messages()) == 3  # no notice for the repeats: they were one press
+    assert Question.objects.get().answer == {"answers": {"choice": "high"}}
+    pressed = Receipt.objects.get(client_message_id__startswith="card:")
+    assert pressed.client_message_id == f"card:{USER}:{press['CreateTime']}:{press['TaskId']}"
+    assert Turn.objects.count() == 2
+    assert OutboundDelivery.objects.filter(delivery_id=f"d_{q.request_id}", state="delivered").exists()
+
+
+@pytest.mark.usefixtures("threaded_turns")
+def test_a_card_wecom_refuses_goes_out_as_the_numbered_text(tcast, wecom, start_runtime):
+    wecom_plugin()
+    rt = start_runtime()
+    listening(rt, wecom)
+    wecom.card_errcode = 40058
+    wecom.say(SCRIPT)
+    assert wait_until(lambda: wecom.texts(), 30), rt.log(PID)
+    assert wecom.texts() == ["Which priority?\n1. Low\n2. High"]
+    assert [c.errcode for c in wecom.sends()] == [40058, 0]
+    wecom.say("2")  # a typed reply answers it
+    turn = finished()
+    assert turn and turn.state == "completed", rt.log(PID)
+    assert Question.objects.get().answer == {"answers": {"choice": "high"}}

@@ -1,0 +1,261 @@
+"""channel-wecom's outbound parts on their own: the media type and limit a file goes by, the upload on the
+wire, the media ids kept across a crash, the parts a delivery sends, the question card's rendering and the
+reading of a press (``template_card_event``)."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from plugins_app.channel.sdk import Attachment, Delivery, Media
+from plugins_app.channel.workers.wecom import (MB, UNSENT, UPLOADED, WeComWorker, media_type, normalise,
+                                               normalise_press, size_refusal)
+from plugins_app.channel.workers.wecom.cards import question_card, task_id_of
+from plugins_app.channel.workers.wecom.state import WeComState
+from tests.fakes.wecom import AGENT_ID, USER, FakeWeCom
+
+OPTIONS = [{"id": "low", "label": "Low", "value": "q_1:1"}, {"id": "high", "label": "High", "value": "q_1:2"}]
+TEXT = "Which priority?\n1. Low\n2. High"
+
+
+# -- the media type and its limit ------------------------------------------------------------------
+
+@pytest.mark.parametrize("ctype, name, mtype", [
+    ("image/jpeg", "a.jpg", "image"), ("image/png", None, "image"), ("image/jpg", "x", "image"),
+    ("image/gif", "a.gif", "file"), ("image/webp", "a.webp", "file"),
+    ("audio/amr", "memo.amr", "voice"), ("audio/mpeg", "song.mp3", "file"), ("audio/ogg", None, "file"),
+    ("video/mp4", "clip.mp4", "video"), ("video/quicktime", "clip.mov", "file"),
+    ("application/pdf", "report.pdf", "file"), ("text/plain; charset=utf-8", "notes.txt", "file"),
+    ("application/octet-stream", "photo.JPG", "image"), ("application/octet-stream", "memo.amr", "voice"),
+    ("application/octet-stream", "clip.mp4", "video"), ("application/octet-stream", "data.bin", "file"),
+    ("", "photo.png", "image"), ("application/pdf", "looks-like.png", "file"),
+])
+def test_a_files_media_type_is_wecoms_image_voice_video_or_else_file(ctype, name, mtype):
+    assert media_type(ctype, name) == mtype
+
+
+@pytest.mark.parametrize("mtype, size, refused", [
+    ("image", 10 * MB, False), ("image", 10 * MB + 1, True), ("voice", 2 * MB, False), ("voice", 2 * MB + 1, True),
+    ("video", 10 * MB, False), ("video", 10 * MB + 1, True), ("file", 20 * MB, False), ("file", 20 * MB + 1, True),
+    ("file", 6, False), ("file", 5, True), ("image", 0, True),
+])
+def test_wecoms_size_limits_per_media_type(mtype, size, refused):
+    assert (size_refusal(mtype, size) is not None) == refused
+
+
+def test_the_refusal_says_the_size_and_the_limit():
+    assert size_refusal("voice", 3 * MB) == "it is 3.0 MB, over WeCom's 2 MB limit for a voice (amr)"
+    assert size_refusal("file", 25 * MB) == "it is 25.0 MB, over WeCom's 20 MB limit for a file"
+    assert size_refusal("image", 3) == "it is 3 bytes, and WeCom takes no file of 5 bytes or less"
+
+
+# -- the worker's uploads and parts, against the fake -----------------------------------------------
+
+@pytest.fixture
+def wecom():
+    with FakeWeCom() as f:
+        yield f
+
+
+@pytest.fixture
+def worker(wecom, tmp_path):
+    w = WeComWorker(argv=[], environ=wecom.env(), socket_path="/nowhere", plugin_id="wecom-test", token="t",
+                    install_signal_handlers=False)
+    w.state = WeComState(str(tmp_path / "wecom.sqlite3"))
+    yield w
+    w.state.close()
+    w.api.close()
+
+
+def delivery(*attachments: Attachment, text: str = "here", delivery_id: str = "d-1", metadata=None) -> Delivery:
+    return Delivery(delivery_id=delivery_id, conversation_id=USER, text=text, attachments=list(attachments),
+                    metadata=metadata or {})
+
+
+def test_an_upload_is_multipart_field_media_with_its_type_and_name(worker, wecom):
+    att = Attachment(kind="image", content_type="image/png", media_id="m_1", filename="chart.png")
+    d = delivery(att)
+    ref = worker.put_media(Media(b"\x89PNG\r\n-data", "image/png", "chart.png"), att, d)
+    [(media_id, upload)] = wecom.uploads.items()
+    assert ref == f"{UPLOADED}image:{media_id}"
+    assert upload == {"type": "image", "data": b"\x89PNG\r\n-data", "filename": "chart.png",
+                      "content_type": "image/png", "created_at": upload["created_at"]}
+    [call] = wecom.calls_to("/cgi-bin/media/upload")
+    assert call.params["type"] == "image" and call.params["access_token"] in wecom.tokens
+
+
+def test_a_media_id_is_kept_so_a_resumed_delivery_uploads_nothing_again(worker, wecom):
+    att = Attachment(kind="document", content_type="application/pdf", media_id="m_1", filename="r.pdf")
+    first = worker.put_media(Media(b"%PDF-1.4 x", "application/pdf"), att, delivery(att))
+    again = Attachment(kind="document", content_type="application/pdf", media_id="m_1", filename="r.pdf")
+    assert worker.put_media(Media(b"%PDF-1.4 x", "application/pdf"), again, delivery(again)) == first
+    assert len(wecom.calls_to("/cgi-bin/media/upload")) == 1
+    other = Attachment(kind="document", content_type="application/pdf", media_id="m_1", filename="r.pdf")
+    worker.put_media(Media(b"%PDF-1.4 x", "application/pdf"), other, delivery(other, delivery_id="d-2"))
+    assert len(wecom.calls_to("/cgi-bin/media/upload")) == 2  # another delivery's file is its own
+
+
+def test_a_media_id_near_its_three_days_is_uploaded_again(tmp_path):
+    now = [1_000_000.0]
+    state = WeComState(str(tmp_path / "s.sqlite3"), clock=lambda: now[0])
+    state.record_upload("d-1", 0, "file", "MEDIA", now[0])
+    assert state.upload_of("d-1", 0) == ("file", "MEDIA")
+    now[0] += 3 * 86400 - 3601
+    assert state.upload_of("d-1", 0) == ("file", "MEDIA")
+    now[0] += 2
+    assert state.upload_of("d-1", 0) is None
+    state.close()
+
+
+def test_an_oversized_file_is_not_uploaded_and_the_text_carries_a_note(worker, wecom):
+    memo = Attachment(kind="audio", content_type="audio/amr", media_id="m_1", filename="memo.amr")
+    tiny = Attachment(kind="document", content_type="text/plain", media_id="m_2")
+    photo = Attachment(kind="image", content_type="image/jpeg", media_id="m_3", filename="p.jpg")
+    d = delivery(memo, tiny, photo)
+    memo.channel_ref = worker.put_media(Media(b"x" * (2 * MB + 1), "audio/amr"), memo, d)
+    tiny.channel_ref = worker.put_media(Media(b"hey", "text/plain"), tiny, d)
+    photo.channel_ref = worker.put_media(Media(b"\xff\xd8\xff" + b"j" * 50, "image/jpeg"), photo, d)
+    assert memo.channel_ref.startswith(UNSENT) and tiny.channel_ref.startswith(UNSENT)
+    [(media_id, upload)] = wecom.uploads.items()
+    assert upload["filename"] == "p.jpg"
+    assert worker.parts(d) == [
+        ("text", {"content": "here\n\n[memo.amr was not sent: it is 2.0 MB, over WeCom's 2 MB limit for a voice "
+                             "(amr)]\n\n[a document was not sent: it is 3 bytes, and WeCom takes no file of 5 bytes "
+                             "or less]"}),
+        ("image", {"media_id": media_id})]
+
+
+def test_an_upload_wecom_refuses_for_the_file_becomes_a_note(worker, wecom):
+    odd = Attachment(kind="image", content_type="image/png", media_id="m_1", filename="odd.gif")
+    d = delivery(odd, text="")
+    wecom.upload_errcode = 40005
+    odd.channel_ref = worker.put_media(Media(b"GIF89a-not-png", "image/png"), odd, d)
+    assert odd.channel_ref == UNSENT + "WeCom does not take its type (errcode 40005)"
+    assert worker.parts(d) == [("text", {"content": "[odd.gif was not sent: WeCom does not take its type "
+                                                    "(errcode 40005)]"})]
+
+
+@pytest.mark.parametrize("kind, ctype, name, uploaded", [
+    ("video", "video/mp4", None, ("video", "video.mp4")), ("image", "image/png", "chart", ("image", "chart.png")),
+    ("image", "image/jpeg", "photo.JPG", ("image", "photo.JPG")), ("image", "image/png", "odd.gif", ("image", "odd.gif.png")),
+    ("document", "application/pdf", None, ("file", "document.pdf")), ("document", "text/csv", "t.csv", ("file", "t.csv")),
+])
+def test_a_file_is_uploaded_with_a_name_that_says_its_type(worker, wecom, kind, ctype, name, uploaded):
+    att = Attachment(kind=kind, content_type=ctype, media_id="m_1", filename=name)
+    worker.put_media(Media(b"\x00\x00\x00\x18ftypmp42", ctype), att, delivery(att))
+    [upload] = wecom.uploads.values()
+    assert (upload["type"], upload["filename"]) == uploaded
+
+
+def test_a_files_part_goes_after_the_text_and_a_link_only_file_is_named_in_the_text(worker):
+    pdf = Attachment(kind="document", content_type="application/pdf", media_id="m_1", channel_ref=f"{UPLOADED}file:MF")
+    link = Attachment(kind="document", content_type="application/pdf", url="https://example.com/r.pdf",
+                      filename="r.pdf")
+    assert worker.parts(delivery(pdf, link, text="see")) == [
+        ("text", {"content": "see\n\n[r.pdf: https://example.com/r.pdf]"}), ("file", {"media_id": "MF"})]
+    assert worker.parts(delivery(pdf, text="")) == [("file", {"media_id": "MF"})]
+
+
+# -- the question card -----------------------------------------------------------------------------
+
+def test_a_question_is_a_button_card_with_the_prompt_as_title_and_the_values_as_keys():
+    card = question_card("d_q_1", TEXT, {"kind": "question", "options": OPTIONS})
+    assert card == {"card_type": "button_interaction", "main_title": {"title": "Which priority?"},
+                    "task_id": "ugent-d_q_1",
+                    "button_list": [{"text": "Low", "style": 1, "key": "q_1:1"},
+                                    {"text": "High", "style": 1, "key": "q_1:2"}]}
+
+
+def test_a_confirms_yes_or_no_is_left_to_the_buttons():
+    yes_no = [{"id": "yes", "label": "Yes", "value": "q_2:1"}, {"id": "no", "label": "No", "value": "q_2:2"}]
+    card = question_card("d_q_2", "Deploy now? (yes or no)", {"options": yes_no})
+    assert card["main_title"] == {"title": "Deploy now?"} and [b["text"] for b in card["button_list"]] == ["Yes", "No"]
+
+
+def test_long_labels_are_cut_on_the_buttons_and_listed_whole_below_the_title():
+    options = [{"id": "a", "label": "Roll back the release", "value": "q:1"}, {"id": "b", "label": "Wait", "value": "q:2"}]
+    card = question_card("d", "What now?\n1. Roll back the release\n2. Wait", {"options": options})
+    assert [b["text"] for b in card["button_list"]] == ["Roll back…", "Wait"]
+    assert all(len(b["text"]) <= 10 for b in card["button_list"])
+    assert card["sub_title_text"] == "1. Roll back the release\n2. Wait"
+
+
+def test_a_long_prompt_is_cut_in_the_title_and_whole_below_it():
+    prompt = "Which of the two environments should the nightly job use?"
+    card = question_card("d", "\n".join([prompt, "1. Low", "2. High"]), {"options": OPTIONS})
+    assert len(card["main_title"]["title"]) == 36 and card["main_title"]["title"].endswith("…")
+    assert card["sub_title_text"] == prompt
+
+
+@pytest.mark.parametrize("options", [
+    [], None, "q:1",
+    [{"id": str(n), "label": f"Option {n}", "value": f"q:{n}"} for n in range(1, 8)],  # 7: more than 6 buttons
+    [{"id": "a", "label": "A", "value": "q:" + "x" * 1023}],                            # a key over 1,024 bytes
+    [{"id": "a", "label": "A", "value": "q:1"}, {"id": "b", "label": "B", "value": "q:1"}],  # one key twice
+    [{"id": "a", "label": "", "value": "q:1"}], [{"id": "a", "label": "A"}],
+])
+def test_no_card_where_a_card_cannot_carry_the_options(options):
+    assert question_card("d", TEXT, {"options": options}) is None
+
+
+def test_no_card_where_the_question_would_not_fit_on_it_whole():
+    prompt = "x" * 161
+    assert question_card("d", prompt + "\n1. Low\n2. High", {"options": OPTIONS}) is None
+
+
+def test_six_options_fit():
+    six = [{"id": str(n), "label": f"Opt {n}", "value": f"q:{n}"} for n in range(1, 7)]
+    assert len(question_card("d", "Pick", {"options": six})["button_list"]) == 6
+
+
+@pytest.mark.parametrize("delivery_id", ["d_q_abc", "d q/ü:1", "d_" + "x" * 200, "a@b-c_d"])
+def test_a_task_id_is_wecoms_alphabet_within_128_bytes_and_one_per_delivery(delivery_id):
+    task_id = task_id_of(delivery_id)
+    assert re.fullmatch(r"[A-Za-z0-9_@-]{1,128}", task_id) and task_id.startswith("ugent-")
+    assert task_id == task_id_of(delivery_id) and task_id != task_id_of(delivery_id + "2")
+
+
+def test_a_sent_card_is_refused_when_its_task_id_was_used_but_a_resend_is_held_by_the_duplicate_check(wecom):
+    from plugins_app.channel.workers.wecom.api import WeComApi, WeComError
+    api = WeComApi(wecom.corp_id, wecom.secret, wecom.agent_id, base_url=wecom.base_url)
+    card = question_card("d_q_1", TEXT, {"options": OPTIONS})
+    first = api.send(USER, "template_card", card)
+    assert first["response_code"] and api.send(USER, "template_card", card)["msgid"] == first["msgid"]
+    changed = dict(card, main_title={"title": "Another"})
+    with pytest.raises(WeComError) as refused:
+        api.send(USER, "template_card", changed)
+    assert refused.value.errcode == 42014
+    api.close()
+
+
+# -- a press ---------------------------------------------------------------------------------------
+
+def press(**over) -> dict:
+    event = {"ToUserName": "ww1", "FromUserName": USER, "CreateTime": "1733480000", "MsgType": "event",
+             "Event": "template_card_event", "EventKey": "q_1:2", "TaskId": "ugent-d_q_1",
+             "CardType": "button_interaction", "ResponseCode": "RC-1", "AgentID": AGENT_ID}
+    event.update(over)
+    return event
+
+
+def test_a_press_is_the_options_label_with_its_value_as_the_option():
+    msg = normalise_press(press(), OPTIONS, agent_id=AGENT_ID)
+    assert (msg.text, msg.metadata["option"], msg.conversation_id, msg.sender_id) == ("High", "q_1:2", USER, USER)
+    assert msg.message_id == f"card:{USER}:1733480000:ugent-d_q_1"
+    assert msg.metadata["response_code"] == "RC-1" and msg.metadata["task_id"] == "ugent-d_q_1"
+    assert msg.timestamp.startswith("2024-12-06T")
+    # WeCom calls again with the same event: the same message id, so the host takes it once
+    assert normalise_press(press(), OPTIONS, agent_id=AGENT_ID).message_id == msg.message_id
+    # the plain normaliser leaves it to normalise_press
+    assert normalise(press()) is None
+
+
+def test_a_press_on_a_card_this_worker_no_longer_knows_still_carries_its_token():
+    msg = normalise_press(press(), None, agent_id=AGENT_ID)
+    assert (msg.text, msg.metadata["option"]) == ("q_1:2", "q_1:2")
+
+
+@pytest.mark.parametrize("over", [{"TaskId": "someone-elses-card"}, {"AgentID": "1000099"}, {"EventKey": ""},
+                                  {"Event": "click"}, {"TaskId": ""}])
+def test_what_is_not_a_press_on_this_workers_card_is_not_taken(over):
+    assert normalise_press(press(**over), None, agent_id=AGENT_ID) is None
