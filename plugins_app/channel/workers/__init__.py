@@ -25,6 +25,7 @@ BUILTIN = {
     "channel-echo": "plugins_app.channel.workers.echo",
     "channel-email": "plugins_app.channel.workers.email",
     "channel-line": "plugins_app.channel.workers.line",
+    "channel-salesforce": "plugins_app.channel.workers.salesforce",
     "channel-slack": "plugins_app.channel.workers.slack",
     "channel-telegram": "plugins_app.channel.workers.telegram",
     "channel-wecom": "plugins_app.channel.workers.wecom",
