@@ -20,8 +20,10 @@ subscription to one platform event channel, resumed durably by replay id.
 """
 from __future__ import annotations
 
+import datetime as _dt
 import itertools
 import logging
+import re
 import sqlite3
 import threading
 import time
@@ -35,6 +37,8 @@ log = logging.getLogger("ugent.worker.salesforce.cometd")
 
 REPLAY_NEW = -1
 REPLAY_ALL = -2
+#: How far Salesforce's clock may be behind ours: a resumed first subscription takes events this much older too.
+CLOCK_SKEW_SECS = 120.0
 #: Seconds the server holds a /meta/connect (Salesforce advises 110 s) plus a margin for the answer.
 CONNECT_TIMEOUT_SECS = 130.0
 
@@ -48,27 +52,54 @@ class ChannelMissing(CometdError):
 
 
 class ReplayStore:
-    """The last replay id taken from each channel, durable (one row a channel)."""
+    """The last replay id taken from each channel, durable (one row a channel), and when the channel was first
+    subscribed to: a worker that took no event yet resumes from that moment, not from "new only" again."""
 
     def __init__(self, path: str):
         self._lock = threading.Lock()
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("CREATE TABLE IF NOT EXISTS replay (channel TEXT PRIMARY KEY, replay_id INTEGER, at REAL)")
+        self._db.execute("CREATE TABLE IF NOT EXISTS replay (channel TEXT PRIMARY KEY, replay_id INTEGER, at REAL, "
+                         "since REAL)")
 
     def get(self, channel: str) -> int | None:
         with self._lock:
             row = self._db.execute("SELECT replay_id FROM replay WHERE channel = ?", (channel,)).fetchone()
-        return None if row is None else int(row[0])
+        return None if row is None or row[0] is None else int(row[0])
+
+    def since(self, channel: str) -> float | None:
+        """When the channel was first subscribed to (before any event was taken), or None."""
+        with self._lock:
+            row = self._db.execute("SELECT since FROM replay WHERE channel = ?", (channel,)).fetchone()
+        return None if row is None or row[0] is None else float(row[0])
+
+    def started(self, channel: str, at: float) -> None:
+        """Record the first subscription's moment (kept if one is recorded already)."""
+        with self._lock:
+            self._db.execute("INSERT OR IGNORE INTO replay VALUES (?, NULL, ?, ?)", (channel, time.time(), at))
 
     def put(self, channel: str, replay_id: int) -> None:
         with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO replay VALUES (?, ?, ?)", (channel, int(replay_id), time.time()))
+            self._db.execute("INSERT INTO replay VALUES (?, ?, ?, NULL) ON CONFLICT (channel) DO UPDATE SET "
+                             "replay_id = excluded.replay_id, at = excluded.at", (channel, int(replay_id), time.time()))
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def created_at(message: dict) -> float | None:
+    """The event's ``CreatedDate`` (``2024-05-01T12:00:00.000Z`` or ``...+0000``) as a Unix time, or None."""
+    value = ((message.get("data") or {}).get("payload") or {}).get("CreatedDate")
+    if not isinstance(value, str) or not value:
+        return None
+    text = re.sub(r"([+-][0-9]{2})([0-9]{2})$", r"\1:\2", value.strip())
+    try:
+        moment = _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment.timestamp() if moment.tzinfo is not None else None
 
 
 def replay_id_of(message: dict) -> int | None:
@@ -105,6 +136,7 @@ class Subscription:
         self.token: Token | None = None
         self._ids = itertools.count(1)
         self.subscribed_from: int | None = None   # the replay id of the last subscribe (for the log and tests)
+        self.skip_before: float | None = None     # a resumed "new only" start: events created before it are old
 
     def close(self) -> None:
         self.http.close()
@@ -159,6 +191,13 @@ class Subscription:
         """Subscribe from the replay id recorded (or the first start's); returns the replay id used."""
         stored = self.store.get(self.channel)
         replay = self.first_replay if stored is None else stored
+        since = self.store.since(self.channel) if stored is None else None
+        self.skip_before = None
+        if since is not None and replay == REPLAY_NEW:
+            # Subscribed before, "new only", but no event was recorded since (a crash may have taken one the
+            # worker never wrote down): everything kept, less what was published before that first start.
+            replay, self.skip_before = REPLAY_ALL, since - CLOCK_SKEW_SECS
+        began = time.time()
         reply = self._subscribe(replay)
         if not reply.get("successful"):
             error = str(reply.get("error") or "")
@@ -174,6 +213,8 @@ class Subscription:
                 raise ChannelMissing(f"subscribe to {self.channel}: {error}")
             raise CometdError(f"subscribe to {self.channel}: {error}")
         self.subscribed_from = replay
+        if stored is None:
+            self.store.started(self.channel, began)
         log.info("salesforce: subscribed to %s from replay id %s", self.channel, replay)
         return replay
 
@@ -191,7 +232,9 @@ class Subscription:
             if m.get("channel") != self.channel or "data" not in m:
                 continue
             replay_id = replay_id_of(m)
-            self.on_event(m)                       # recorded in the outbox (raises if it could not be)
+            created = created_at(m)
+            if self.skip_before is None or created is None or created >= self.skip_before:
+                self.on_event(m)                   # recorded in the outbox (raises if it could not be)
             if replay_id is not None:
                 self.store.put(self.channel, replay_id)   # only now: a crash before this replays the event
         return self.reply(messages, "/meta/connect")
