@@ -197,7 +197,9 @@ class Subscription:
             # Subscribed before, "new only", but no event was recorded since (a crash may have taken one the
             # worker never wrote down): everything kept, less what was published before that first start.
             replay, self.skip_before = REPLAY_ALL, since - CLOCK_SKEW_SECS
-        began = time.time()
+        if stored is None:
+            # written before the subscribe goes out: a crash just after Salesforce took it still resumes from here
+            self.store.started(self.channel, time.time())
         reply = self._subscribe(replay)
         if not reply.get("successful"):
             error = str(reply.get("error") or "")
@@ -213,8 +215,6 @@ class Subscription:
                 raise ChannelMissing(f"subscribe to {self.channel}: {error}")
             raise CometdError(f"subscribe to {self.channel}: {error}")
         self.subscribed_from = replay
-        if stored is None:
-            self.store.started(self.channel, began)
         log.info("salesforce: subscribed to %s from replay id %s", self.channel, replay)
         return replay
 
