@@ -4,7 +4,8 @@
   "signature", "instance_url", "id", "token_type": "Bearer", "issued_at", "scope"}``; a wrong client is
   ``400 {"error": "invalid_client", "error_description": "invalid client credentials"}`` (``revoke_client``).
   ``expire_tokens`` makes every token issued so far stale: REST answers ``401 [{"message": "Session expired
-  or invalid", "errorCode": "INVALID_SESSION_ID"}]``, CometD ``401::Authentication invalid``.
+  or invalid", "errorCode": "INVALID_SESSION_ID"}]``, CometD ``401::Authentication invalid`` (a handshake:
+  ``403::Handshake denied`` with ``ext.sfdc.failureReason: 401::Authentication invalid``).
 * **Streaming API** ``POST /cometd/{version}`` (Bayeux 1.0, long polling, JSON arrays): ``/meta/handshake``
   (``clientId``, ``ext.replay``; sets the ``BAYEUX_BROWSER`` cookie a connect must carry), ``/meta/subscribe``
   with ``ext.replay`` (-1 new only, -2 all kept, or a replay id; one no longer kept is ``400::The replayId
@@ -244,9 +245,11 @@ class FakeSalesforce:
             return self._token(body)
         token = (headers.get("Authorization") or "").removeprefix("Bearer ").strip()
         if method == "POST" and path == f"/cometd/{API_VERSION}":
-            if token not in self.tokens:
+            if not token:
                 return 401, [{"channel": m.get("channel"), "successful": False,
-                              "error": "401::Authentication invalid"} for m in body or [{}]], {}
+                              "error": "401::Request requires authentication"} for m in body or [{}]], {}
+            if token not in self.tokens:
+                return 200, [self._auth_invalid(m) for m in body or [{}]], {}
             return self._bayeux(headers, body or [])
         if path.startswith("/cometd/"):
             return 400, [{"successful": False, "error": "400::Unsupported API version. Only API versions '23.0' "
@@ -274,6 +277,17 @@ class FakeSalesforce:
                      "issued_at": str(int(time.time() * 1000))}, {}
 
     # -- Bayeux
+
+    @staticmethod
+    def _auth_invalid(m: dict) -> dict:
+        """A stale or revoked token: a handshake is denied with the reason nested, any other message refused."""
+        if m.get("channel") == "/meta/handshake":
+            return {"ext": {"sfdc": {"failureReason": "401::Authentication invalid"}}, "advice": {"reconnect": "none"},
+                    "channel": "/meta/handshake", "id": m.get("id"), "error": "403::Handshake denied",
+                    "successful": False}
+        return {"clientId": m.get("clientId"), "advice": {"reconnect": "none", "interval": 0},
+                "channel": m.get("channel"), "id": m.get("id"), "error": "401::Authentication invalid",
+                "successful": False}
 
     def _bayeux(self, headers, messages):
         answers, extra = [], {}

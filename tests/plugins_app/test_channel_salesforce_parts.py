@@ -260,6 +260,19 @@ def test_a_replay_id_no_longer_kept_falls_back_to_minus_two_with_an_error(sf, tm
     assert recorder.seen == [kept]
 
 
+def test_a_handshake_denied_for_a_stale_token_fetches_a_new_one_and_handshakes_again(sf, tmp_path):
+    api = api_for(sf)
+    sub = Subscription(api, CHANNEL, ReplayStore(str(tmp_path / "r.sqlite3")), lambda m: None)
+    sub.token = api.token()
+    sf.expire_tokens()
+    sub.handshake()
+    assert sub.client_id
+    denied, accepted = [c.answer[0] for c in sf.calls if c.path.startswith("/cometd/")]
+    assert (denied["error"], denied["ext"]["sfdc"]["failureReason"]) == ("403::Handshake denied",
+                                                                         "401::Authentication invalid")
+    assert accepted["successful"] and len(sf.calls_to("/services/oauth2/token")) == 2
+
+
 def test_a_channel_that_does_not_exist_is_channel_missing(sf, tmp_path):
     sub = Subscription(api_for(sf), "/event/Nowhere__e", ReplayStore(str(tmp_path / "r.sqlite3")), lambda m: None)
     sub.handshake()

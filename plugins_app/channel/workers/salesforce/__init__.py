@@ -27,8 +27,9 @@ and ``SALESFORCE_OUTBOUND_EVENT`` (an argument wins). Operators' page: docs/chan
   journaled part again; a part in flight at the crash may be published twice, with the same delivery id and
   part number, which a Salesforce-side subscriber dedupes on.
 * **Limits.** ``REQUEST_LIMIT_EXCEEDED``, 503 and other 5xx are waited out in place (1 s doubling to 30 s) up
-  to ``--max-retry-wait``; then the hub's own retries take over. A field or validation error (400) fails the
-  delivery permanently (dead letter) with Salesforce's message.
+  to ``--max-retry-wait``; then the hub's own retries take over, as at once for ``LIMIT_EXCEEDED`` (the hourly
+  publishing allocation). A field or validation error (400) fails the delivery permanently (dead letter) with
+  Salesforce's message.
 * **Refusals.** The token endpoint refusing the app (``invalid_client``, ``invalid_grant``, ...), at the start
   or later, or an inbound event that does not exist, raises ``ChannelRefused``: the plugin is disabled with
   the reason, not restarted. An expired token (401 ``INVALID_SESSION_ID``) is fetched again.
@@ -51,8 +52,8 @@ from plugins_app.channel.sdk.outbox import outbox_path_for
 from plugins_app.channel.sdk.text import split_text, utf16_len
 from plugins_app.channel.sdk.webhook import WebhookInbox
 
-from .api import (DEFAULT_API_VERSION, DEFAULT_LOGIN_URL, ClientRefused, RateLimited, SalesforceApi, SalesforceError,
-                  Stopped)
+from .api import (DEFAULT_API_VERSION, DEFAULT_LOGIN_URL, LATER_CODES, ClientRefused, RateLimited, SalesforceApi,
+                  SalesforceError, Stopped)
 from .cometd import REPLAY_ALL, REPLAY_NEW, ChannelMissing, ReplayStore, Subscription
 
 KIND = "channel-salesforce"
@@ -272,9 +273,10 @@ class SalesforceWorker(WebhookInbox, ChannelWorker):
             except RateLimited as exc:
                 raise DeliveryFailed(f"{where}: {exc}") from exc
             except SalesforceError as exc:
-                # a field or validation error (400), an event that is not there (404): sending again cannot help
-                raise DeliveryFailed(f"{where}: {exc}", permanent=400 <= exc.status < 500 and exc.status != 401) \
-                    from exc
+                # a field or validation error (400), an event that is not there (404): sending again cannot help;
+                # the hourly publishing allocation (LIMIT_EXCEEDED) can, later
+                permanent = 400 <= exc.status < 500 and exc.status != 401 and exc.code not in LATER_CODES
+                raise DeliveryFailed(f"{where}: {exc}", permanent=permanent) from exc
             except (Stopped, httpx.HTTPError) as exc:
                 raise DeliveryFailed(f"{where}: {type(exc).__name__}: {exc}") from exc
             self._journal.record(delivery.delivery_id, n, event_id)  # before anything else can fail

@@ -9,8 +9,8 @@ and the sObject create that publishes a platform event.
   ``401 [{"errorCode": "INVALID_SESSION_ID"}]``, then fetched again once and the call made again.
 * **Publish.** ``POST {instance_url}/services/data/v{version}/sobjects/{Event__e}/`` with the event's fields
   answers ``201 {"id", "success": true, "errors": []}``. Salesforce's errors are a list,
-  ``[{"message", "errorCode", "fields"}]``: ``REQUEST_LIMIT_EXCEEDED`` (403) and 503 ``SERVER_UNAVAILABLE``
-  (or any 5xx, or a network error) are waited out in place (1 s doubling to 30 s, a ``Retry-After`` honoured)
+  ``[{"message", "errorCode", "fields"}]``: ``REQUEST_LIMIT_EXCEEDED`` (403), 503 ``SERVER_UNAVAILABLE``,
+  ``PLATFORM_EVENT_PUBLISHING_UNAVAILABLE`` (or any 5xx, or a network error) are waited out in place (1 s doubling to 30 s, a ``Retry-After`` honoured)
   up to ``max_wait_secs``, then ``RateLimited``; anything else is ``SalesforceError`` with the status, so the
   caller tells a field or validation error (400: sending again cannot help) from the rest.
 """
@@ -29,7 +29,10 @@ DEFAULT_API_VERSION = "62.0"
 CLIENT_ERRORS = ("invalid_client", "invalid_client_id", "invalid_grant", "unauthorized_client",
                  "unsupported_grant_type", "inactive_user", "inactive_org")
 #: REST error codes that are Salesforce saying "later", not "no".
-BUSY_CODES = ("REQUEST_LIMIT_EXCEEDED", "SERVER_UNAVAILABLE", "UNABLE_TO_LOCK_ROW")
+BUSY_CODES = ("REQUEST_LIMIT_EXCEEDED", "SERVER_UNAVAILABLE", "UNABLE_TO_LOCK_ROW",
+              "PLATFORM_EVENT_PUBLISHING_UNAVAILABLE")
+#: REST error codes worth the hub's retries but not a wait in place: the hourly publishing allocation.
+LATER_CODES = ("LIMIT_EXCEEDED",)
 
 
 class SalesforceError(Exception):
