@@ -183,10 +183,12 @@ class FakeSalesforce:
             self.tokens.clear()
             self.changed.notify_all()
 
-    def busy(self, *, times: int = 1, status: int = 403) -> None:
-        """The next ``times`` publishes are refused: 403 REQUEST_LIMIT_EXCEEDED, or 503 SERVER_UNAVAILABLE."""
+    def busy(self, *, times: int = 1, status: int = 403, errors: list | None = None) -> None:
+        """The next ``times`` publishes are refused: 403 REQUEST_LIMIT_EXCEEDED, 503 SERVER_UNAVAILABLE, or
+        ``status`` with Salesforce's ``errors`` list."""
+        errors = errors or (LIMIT_EXCEEDED if status == 403 else UNAVAILABLE)
         with self.lock:
-            self._busy += [(status, LIMIT_EXCEEDED if status == 403 else UNAVAILABLE)] * times
+            self._busy += [(status, errors)] * times
 
     # ------------------------------------------------------------------ what the worker did
 

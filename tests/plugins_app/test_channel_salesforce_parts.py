@@ -308,3 +308,69 @@ def test_an_unknown_client_is_told_to_handshake_and_run_starts_over(sf, tmp_path
 def _wait(predicate, timeout: float = 10.0) -> bool:
     from tests.plugins_app.conftest import wait_until
     return bool(wait_until(predicate, timeout))
+
+
+# ---------------------------------------------------------------------- the worker's outbound part
+
+def worker_for(sf, tmp_path, *argv: str):
+    from plugins_app.channel.sdk.journal import SentJournal
+    from plugins_app.channel.workers.salesforce import SalesforceWorker
+    worker = SalesforceWorker(socket_path=str(tmp_path / "bridge.sock"), plugin_id="sf-parts", token="t",
+                              state_dir=str(tmp_path), argv=list(argv), environ=sf.env(),
+                              install_signal_handlers=False)
+    worker.api.max_wait_secs = 0  # a busy answer goes straight back to the hub here
+    worker._journal = SentJournal(str(tmp_path / "sent.sqlite3"))
+    return worker
+
+
+def test_a_delivery_resumed_publishes_only_the_parts_the_journal_does_not_name(sf, tmp_path):
+    from plugins_app.channel.sdk import DeliveryFailed
+    worker = worker_for(sf, tmp_path, "--text-limit", "20")
+    delivery = Delivery(delivery_id="d-1", conversation_id="500x", text="a" * 15 + " " + "b" * 15)
+    publish, calls = worker.api.publish, []
+
+    def second_part_refused_once(event, fields):
+        calls.append(fields["Part__c"])
+        if len(calls) == 2:
+            raise RateLimited(503, "SERVER_UNAVAILABLE", "still busy")
+        return publish(event, fields)
+
+    worker.api.publish = second_part_refused_once
+    with pytest.raises(DeliveryFailed) as err:
+        worker.deliver(delivery)  # part 1 out, part 2 refused: retryable, part 1 journaled
+    assert not err.value.permanent and not worker.already_delivered(delivery)
+    first_id = worker.deliver(delivery)
+    assert calls == [1, 2, 2]  # part 1 was not published again
+    assert [(p["Part__c"], p["Parts__c"]) for p in sf.published] == [(1, 2), (2, 2)]
+    assert first_id == sf.published[0]["id"] and worker.already_delivered(delivery)
+    assert worker.deliver(delivery) == first_id and calls == [1, 2, 2]  # nothing left to publish
+
+
+def test_the_hourly_allocation_is_retryable_and_a_field_error_permanent(sf, tmp_path):
+    from plugins_app.channel.sdk import DeliveryFailed
+    worker = worker_for(sf, tmp_path)
+    sf.busy(times=1, status=400, errors=[{"message": "Hourly publish limit exceeded", "errorCode": "LIMIT_EXCEEDED"}])
+    with pytest.raises(DeliveryFailed) as err:
+        worker.deliver(Delivery(delivery_id="d-2", conversation_id="500x", text="hi"))
+    assert not err.value.permanent and "LIMIT_EXCEEDED" in err.value.reason
+    sf.events[OUTBOUND]["Text__c"] = ("LongTextArea", 3)
+    with pytest.raises(DeliveryFailed) as err:
+        worker.deliver(Delivery(delivery_id="d-3", conversation_id="500x", text="too long"))
+    assert err.value.permanent and "STRING_TOO_LONG" in err.value.reason
+    with pytest.raises(DeliveryFailed) as err:
+        worker.deliver(Delivery(delivery_id="d-4", conversation_id="500x", text="   "))
+    assert err.value.permanent
+
+
+@pytest.mark.parametrize("argv, reason", [
+    (["--outbound-event", INBOUND], "the inbound and outbound events are both UGENT_Inbound__e"),
+    (["--inbound-event", "Inbound"], "'Inbound' is not a platform event's API name"),
+    (["--api-version", "v62"], "--api-version 'v62' is not an API version"),
+])
+def test_settings_that_cannot_work_are_refused_before_any_call(sf, tmp_path, argv, reason):
+    from plugins_app.channel.sdk import ChannelRefused
+    worker = worker_for(sf, tmp_path, *argv)
+    with pytest.raises(ChannelRefused) as err:
+        worker.connect()
+    assert str(err.value).startswith(reason)
+    assert not sf.calls

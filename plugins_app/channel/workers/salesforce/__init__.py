@@ -101,8 +101,8 @@ def parse_args(argv: list[str] | None, env: dict | None = None) -> argparse.Name
     p.add_argument("--in-reply-to-field", default="InReplyTo__c",
                    help="outbound: the message id answered ('' for none)")
     opts = p.parse_args(argv)
-    if opts.text_limit < 1:
-        p.error("--text-limit must be at least 1")
+    if opts.text_limit < 16:
+        p.error("--text-limit must be at least 16 (a part must hold a code fence)")
     return opts
 
 
