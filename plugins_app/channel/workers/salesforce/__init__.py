@@ -54,7 +54,7 @@ from plugins_app.channel.sdk.webhook import WebhookInbox
 
 from .api import (DEFAULT_API_VERSION, DEFAULT_LOGIN_URL, LATER_CODES, ClientRefused, RateLimited, SalesforceApi,
                   SalesforceError, Stopped)
-from .cometd import REPLAY_ALL, REPLAY_NEW, ChannelMissing, ReplayStore, Subscription
+from .cometd import REPLAY_ALL, REPLAY_NEW, ChannelMissing, ReplayStore, Subscription, parse_time
 
 KIND = "channel-salesforce"
 DESCRIPTION = "Salesforce: platform events in over the Streaming API (CometD, durable replay), out over REST."
@@ -117,15 +117,9 @@ def refused(where: str, exc: SalesforceError) -> str:
 
 
 def salesforce_time(value) -> str | None:
-    """Salesforce's ``CreatedDate`` (``2024-05-01T12:00:00.000Z`` or ``...+0000``) as RFC 3339, or None."""
-    if not isinstance(value, str) or not value:
-        return None
-    text = re.sub(r"([+-][0-9]{2})([0-9]{2})$", r"\1:\2", value.strip())
-    try:
-        moment = _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if moment.tzinfo is None:
+    """Salesforce's ``CreatedDate`` as an RFC 3339 UTC timestamp (milliseconds), or None."""
+    moment = parse_time(value)
+    if moment is None:
         return None
     return moment.astimezone(_dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 

@@ -89,9 +89,9 @@ class ReplayStore:
             self._db.close()
 
 
-def created_at(message: dict) -> float | None:
-    """The event's ``CreatedDate`` (``2024-05-01T12:00:00.000Z`` or ``...+0000``) as a Unix time, or None."""
-    value = ((message.get("data") or {}).get("payload") or {}).get("CreatedDate")
+def parse_time(value) -> _dt.datetime | None:
+    """A Salesforce datetime (``2024-05-01T12:00:00.000Z``, or ``...+0000`` as the SOAP side writes it) with its
+    zone; None for anything else."""
     if not isinstance(value, str) or not value:
         return None
     text = re.sub(r"([+-][0-9]{2})([0-9]{2})$", r"\1:\2", value.strip())
@@ -99,7 +99,13 @@ def created_at(message: dict) -> float | None:
         moment = _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         return None
-    return moment.timestamp() if moment.tzinfo is not None else None
+    return moment if moment.tzinfo is not None else None
+
+
+def created_at(message: dict) -> float | None:
+    """The event's ``CreatedDate`` as a Unix time, or None."""
+    moment = parse_time(((message.get("data") or {}).get("payload") or {}).get("CreatedDate"))
+    return None if moment is None else moment.timestamp()
 
 
 def replay_id_of(message: dict) -> int | None:
