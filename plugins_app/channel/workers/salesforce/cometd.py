@@ -9,10 +9,14 @@ subscription to one platform event channel, resumed durably by replay id.
 * An event is handed to ``on_event`` (the worker records it in its outbox) and only then is its replay id
   written to the ``ReplayStore`` (a SQLite file beside the outbox, synchronous=FULL): a worker killed between
   the two is given the event again after the restart, and the outbox, keyed by the message id, runs it once.
+* A first subscription ("new only", -1) records its moment before it goes out; until an event's replay id is
+  recorded, a later subscribe asks for -2 and passes over events created more than ``CLOCK_SKEW_SECS`` before
+  that moment, so a crash before the first event neither loses what came meanwhile nor takes older events.
 * ``403::Unknown client`` or ``advice.reconnect: handshake`` starts over with a handshake (the server
   forgets a client that did not reconnect within its timeout; a new handshake removes the subscriptions,
   so the channel is subscribed again, from the replay id recorded). ``401::Authentication invalid`` (on
   connect, or nested in a handshake's ``ext.sfdc.failureReason``) or an HTTP 401 fetches a new token first.
+  A fresh client refused at once again backs off (1 s doubling to 30 s), as any network or server error does.
 * A stored replay id Salesforce no longer keeps is refused on subscribe (``400::The replayId {N} you
   provided was invalid...``): logged as an error (events between may be lost) and subscribed again with -2.
 * A channel that does not exist (``400::The channel you requested to subscribe to does not exist``) raises
@@ -254,7 +258,7 @@ class Subscription:
             try:
                 self.handshake()
                 self.subscribe()
-                backoff = self.backoff_initial
+                refused_in_a_row = 0
                 while not self.stopping.is_set():
                     reply = self.connect_once()
                     advice = reply.get("advice") or {}
@@ -262,8 +266,14 @@ class Subscription:
                         error = str(reply.get("error") or "")
                         if auth_failure(reply) and self.token is not None:
                             self.token = self.api.token(stale=self.token.access_token)
+                        refused_in_a_row += 1
+                        if refused_in_a_row > 1:  # a fresh client refused at once again: back off, not spin
+                            raise CometdError(f"connect refused again: {error} (advice {advice})")
                         log.info("salesforce: connect refused (%s, advice %s): handshaking again", error, advice)
-                        break
+                        self.handshake()
+                        self.subscribe()
+                        continue
+                    refused_in_a_row, backoff = 0, self.backoff_initial
                     if advice.get("reconnect") in ("handshake", "none"):
                         break
                     interval = float(advice.get("interval") or 0) / 1000.0
