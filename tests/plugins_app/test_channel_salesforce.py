@@ -274,6 +274,36 @@ def test_a_worker_killed_after_an_event_arrived_answers_it_exactly_once(tcast, s
     assert replays(sf)[0] == -1 and len(replays(sf)) >= 2 and -1 not in replays(sf)[1:]
 
 
+def test_a_worker_killed_before_it_could_record_an_event_is_given_it_again(tcast, sf, start_runtime):
+    import sqlite3
+    sf_plugin()
+    rt = start_runtime()
+    subscribed(rt, sf)
+    sf.say("script:answer=one")
+    answered(sf, 1)
+    outbox = rt.root / "state" / f"{PID}.outbox.sqlite3"
+    replay_file = rt.root / "state" / f"{PID}.salesforce-replay.sqlite3"
+    assert outbox.exists() and replay_file.exists()
+    # another writer holds the outbox: the worker receives the next event but cannot write it down
+    lock = sqlite3.connect(str(outbox), isolation_level=None)
+    lock.execute("BEGIN IMMEDIATE")
+    sf.delivered.clear()
+    event = sf.say("script:answer=two")
+    assert sf.delivered.wait(30)
+    wait_until(lambda: False, 0.5)
+    recorded = sqlite3.connect(str(replay_file)).execute("SELECT replay_id FROM replay").fetchone()[0]
+    assert recorded < event["data"]["event"]["replayId"]  # not recorded: the event is not in the outbox
+    first = rt.worker_pid(PID)
+    os.kill(first, signal.SIGKILL)
+    lock.execute("ROLLBACK")
+    lock.close()
+    assert answered(sf, 2, timeout=45) == ["one", "two"], rt.log(PID)
+    assert rt.worker_pid(PID) not in (None, first)
+    assert replays(sf)[-1] == recorded  # resumed from the last replay id recorded, which gave the event again
+    wait_until(lambda: False, 0.5)
+    assert sf.texts() == ["one", "two"] and Receipt.objects.count() == 2
+
+
 def test_a_worker_killed_mid_publish_publishes_no_part_twice_but_the_one_in_flight(tcast, sf, start_runtime):
     sf.events[OUTBOUND]["Text__c"] = ("LongTextArea", 1000)
     sf_plugin("--text-limit", "1000")
