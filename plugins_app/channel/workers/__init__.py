@@ -26,6 +26,7 @@ BUILTIN = {
     "channel-echo": "plugins_app.channel.workers.echo",
     "channel-email": "plugins_app.channel.workers.email",
     "channel-line": "plugins_app.channel.workers.line",
+    "channel-salesforce": "plugins_app.channel.workers.salesforce",
     "channel-slack": "plugins_app.channel.workers.slack",
     "channel-telegram": "plugins_app.channel.workers.telegram",
     "channel-translate": "plugins_app.channel.workers.translate",
