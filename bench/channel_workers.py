@@ -1,6 +1,6 @@
 """Inbound messages per second through each channel worker into the hub, beside the bare bridge.
 
-    .venv/bin/python bench/channel_workers.py [--messages 100] [--only telegram,slack,discord,email,line,whatsapp,wecom]
+    .venv/bin/python bench/channel_workers.py [--messages 100] [--only telegram,slack,discord,email,line,whatsapp,wecom,dingtalk]
 
 For each built-in worker: its fake platform (tests/fakes/, the platform's wire format on loopback)
 and the real supervisor running the worker as a process, on a scratch SQLite database (or the
@@ -223,8 +223,26 @@ class WeCom(Webhook):
         return len(self.fake.texts())
 
 
+class DingTalk(Webhook):
+    kind = "channel-dingtalk"
+    env_refs = ["DINGTALK_APP_KEY", "DINGTALK_APP_SECRET", "DINGTALK_API_BASE_URL"]
+    args = ["--bind", "127.0.0.1:0"]
+
+    def start(self):
+        from tests.fakes.dingtalk import FakeDingTalk
+        self.fake = FakeDingTalk().start()
+        self.fake.staff.update(f"staff{i}" for i in range(20))  # the organisation's users
+        return self.fake.env()
+
+    def push(self, i, run_id):
+        self.fake.say("script:answer=ok", staff=f"staff{i % 20}")
+
+    def answers(self):
+        return len(self.fake.texts())
+
+
 CHANNELS = {"telegram": Telegram, "slack": Slack, "discord": Discord, "email": Email, "line": Line,
-            "whatsapp": WhatsApp, "wecom": WeCom}
+            "whatsapp": WhatsApp, "wecom": WeCom, "dingtalk": DingTalk}
 
 
 def wait(predicate, timeout: float, what: str) -> None:
