@@ -28,6 +28,7 @@ BUILTIN = {
     "channel-slack": "plugins_app.channel.workers.slack",
     "channel-telegram": "plugins_app.channel.workers.telegram",
     "channel-wecom": "plugins_app.channel.workers.wecom",
+    "channel-weixin": "plugins_app.channel.workers.weixin",
     "channel-whatsapp": "plugins_app.channel.workers.whatsapp",
 }
 
