@@ -430,6 +430,15 @@ def test_an_answer_with_an_image_sends_its_text_then_the_image_once(wx, worker):
                                      attachments=[again, pdf])) == "sent"  # not uploaded a second time
 
 
+def test_an_image_over_2_mb_is_not_uploaded_and_a_note_says_so(wx, worker):
+    att = image_attachment()
+    delivery = Delivery(delivery_id="d-4", conversation_id=USER, text="", attachments=[att])
+    att.channel_ref = worker.put_media(Media(b"\0" * (2 * 1024 * 1024 + 1), "image/png", "chart.png"), att, delivery)
+    worker.deliver(delivery)
+    assert wx.texts() == ["[chart.png (2097153 bytes) was not sent: over WeChat's 2 MB for an image]"]
+    assert not wx.calls_to("/cgi-bin/media/upload") and worker.already_delivered(delivery)
+
+
 def test_a_delivery_that_failed_resumes_and_a_closed_window_is_permanent(wx, worker):
     delivery = Delivery(delivery_id="d-2", conversation_id=USER, text="甲" * 600 + "\n\n" + "乙" * 600)
     wx.script_send(0, 0, 0, 0, 0, 0, 0, 0)  # the first part: eight 502s, past the in-place waits

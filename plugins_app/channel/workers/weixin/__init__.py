@@ -68,9 +68,12 @@ VOICE_TYPES = {"amr": "audio/amr", "speex": "audio/speex", "mp3": "audio/mpeg"}
 #: WeChat's quota: 5 customer service messages for one message of the user, within 48 hours (45047 past it).
 MAX_MESSAGES = 5
 CUT_NOTE = "\n\n[…the answer was cut here: WeChat lets an account send 5 messages for one message of yours]"
-#: Images WeChat's customer service image message takes (media/upload type image: 10 MB; bmp/png/jpeg/jpg/gif).
-IMAGE_TYPES = {"image/jpeg", "image/png", "image/gif", "image/bmp"}
-IMAGE_MAX_BYTES = 10 * 1024 * 1024
+#: Images WeChat's customer service image message takes (media/upload type image: PNG, JPEG, GIF). WeChat's
+#: page gives both 2 MB and 10 MB for an image; the smaller is kept.
+IMAGE_TYPES = {"image/jpeg", "image/png", "image/gif"}
+IMAGE_MAX_BYTES = 2 * 1024 * 1024
+#: put_media's mark for an image not uploaded: its message becomes a note saying so.
+UNSENT = "unsent:"
 #: Content errors sending again cannot fix: too long, empty, a bad media id, a bad message type.
 CONTENT_REFUSED = {45002, 44002, 44004, 40007, 40008}
 #: How long a send refused for the account's settings waits for the worker to stop (the listener stops it at once).
@@ -180,6 +183,12 @@ def normalise(message: dict, *, base_url: str = DEFAULT_API_BASE_URL) -> Inbound
                           timestamp=to_rfc3339(message.get("CreateTime")))
 
 
+def unsent_note(attachment: Attachment) -> str:
+    size = (attachment.channel_ref or "")[len(UNSENT):]
+    return (f"[{attachment.filename or 'an image'} ({size} bytes) was not sent: over WeChat's "
+            f"{IMAGE_MAX_BYTES // (1024 * 1024)} MB for an image]")
+
+
 def sendable_image(attachment: Attachment) -> bool:
     return (attachment.kind == "image" and (attachment.content_type or "").split(";")[0].strip().lower()
             in IMAGE_TYPES)
@@ -266,9 +275,9 @@ class WeixinWorker(WebhookInbox, ChannelWorker):
         if index in self._journal.done(delivery.delivery_id):
             return "sent"  # that message went out before a crash: no second upload
         if len(media.data) > IMAGE_MAX_BYTES:
-            self.log.warning("delivery %s: image %s is over WeChat's 10 MB; not sent", delivery.delivery_id,
-                             attachment.filename or attachment.media_id)
-            return None
+            self.log.warning("delivery %s: image %s (%d bytes) is over WeChat's 2 MB; a note is sent instead",
+                             delivery.delivery_id, attachment.filename or attachment.media_id, len(media.data))
+            return f"{UNSENT}{len(media.data)}"
         try:
             return self.api.upload(media.data, attachment.content_type.split(";")[0].strip(),
                                    attachment.filename or "image.jpg")
@@ -294,8 +303,10 @@ class WeixinWorker(WebhookInbox, ChannelWorker):
         for index, (kind, payload) in enumerate(steps):
             if index in done:
                 continue
-            if kind == "image" and (not payload.channel_ref or payload.channel_ref == "sent"):
-                continue  # not uploaded (over 10 MB), or sent before a crash
+            if kind == "image" and (payload.channel_ref or "").startswith(UNSENT):
+                kind, payload = "text", unsent_note(payload)
+            elif kind == "image" and (not payload.channel_ref or payload.channel_ref == "sent"):
+                continue  # no upload was asked for, or it was sent before a crash
             try:
                 if kind == "text":
                     self.api.send_text(delivery.conversation_id, payload)
