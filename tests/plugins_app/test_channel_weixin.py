@@ -304,6 +304,8 @@ def test_a_post_sent_while_the_worker_is_down_is_taken_when_wechat_calls_again(t
     rt = started(start_runtime, weixin)
     weixin.say("script:answer=before")
     answered(weixin, 1)
+    # settled before the kill: a kill between WeChat taking the send and the journal is the one window left
+    assert wait_until(delivered, 15), rt.log(PID)
     before, pid = weixin.callback_url, rt.worker_pid(PID)
     os.kill(pid, signal.SIGKILL)
     assert wait_until(lambda: rt.worker_pid(PID) != pid, 15)
