@@ -376,7 +376,7 @@ class FakeWeixin:
                     self.tokens[current] = 0.0
                 current = self.current_token = secrets.token_urlsafe(96)
                 self.tokens[current] = now + self.expires_in
-            return {"access_token": current, "expires_in": int(self.tokens[current] - now)}
+            return {"access_token": current, "expires_in": round(self.tokens[current] - now)}
 
     def _check_token(self, token: str | None) -> dict | None:
         if not token:
