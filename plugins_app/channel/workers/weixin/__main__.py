@@ -1,0 +1,3 @@
+from plugins_app.channel.workers.weixin import main
+
+main()
