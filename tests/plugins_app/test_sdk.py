@@ -405,6 +405,49 @@ def test_media_goes_through_the_host_both_ways(bridge, tmp_path):
     assert running.stop() == 0
 
 
+class RefusedMediaWorker(MediaWorker):
+    """A download refused as a webhook worker reports it: ``_refusal`` set, the platform's error raised."""
+
+    refuse = True
+
+    def fetch_media(self, attachment):
+        if self.refuse:
+            self._refusal = "401 at the download: the token was revoked"
+            raise RuntimeError("401 Unauthorized")
+        return super().fetch_media(attachment)
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_a_download_the_platform_refuses_keeps_the_message_owed_until_the_worker_is_back(bridge, tmp_path, direct):
+    from plugins_app.channel.sdk import ChannelRefused
+    from plugins_app.channel.sdk.worker import EXIT_CHANNEL_REFUSED
+
+    class Refused(RefusedMediaWorker):
+        def fetch_media(self, attachment):
+            if direct and self.refuse:
+                raise ChannelRefused("the token was revoked")
+            return super().fetch_media(attachment)
+
+    inbound = message("m-photo", text="look", attachments=[
+        Attachment(kind="image", content_type="image/png", url="https://cdn/p.png", filename="p.png")])
+    worker = Refused(sends=tmp_path / "sends.txt", state_dir=str(tmp_path), inbox=[inbound], **bridge.worker_kwargs())
+    running = Running(worker)
+    running.thread.join(10)
+    assert running.code == EXIT_CHANNEL_REFUSED and bridge.submits == []  # not submitted without its file
+    from plugins_app.channel.sdk.outbox import outbox_path_for
+    with Outbox(outbox_path_for(worker.plugin_id, str(tmp_path))) as box:
+        assert box.inbound_get(inbound.key).state == PENDING  # owed, file and all
+    # the plugin enabled again: the replay downloads the file and submits the message, once
+    again = Refused(sends=tmp_path / "sends.txt", state_dir=str(tmp_path), **bridge.worker_kwargs())
+    again.refuse = False
+    running = Running(again)
+    bridge.wait_for(lambda: bridge.submits)
+    [got] = bridge.submits
+    assert got.message_id == "m-photo" and got.text == "look" and bridge.media(got.attachments[0].media_id).data == \
+        b"bytes of https://cdn/p.png"
+    assert running.stop() == 0
+
+
 # -- the outbox --------------------------------------------------------------------------
 
 

@@ -173,7 +173,10 @@ class ChannelWorker:
 
         The bytes are stored on the host with media.put before the message is
         submitted, so the host never needs the channel's credentials. Return
-        None to pass the url through as it is.
+        None to pass the url through as it is. Raise ``ChannelRefused`` when the
+        platform refused the worker's credentials: the message stays owed (not
+        submitted without its file) and the worker stops; once the plugin is
+        enabled again, its replay downloads the file and submits the message.
         """
         return None
 
@@ -262,7 +265,12 @@ class ChannelWorker:
             conversation = row.message.get("conversation_id", "")
             if conversation in held:
                 continue  # never ahead of an earlier message of its chat
-            result = self._send_inbound(row.key, wait=not background)
+            try:
+                result = self._send_inbound(row.key, wait=not background)
+            except ChannelRefused as exc:  # a file's download refused: the message stays owed, the worker stops
+                self._refuse(exc.reason)
+                self.stop()
+                return
             if result is None:
                 break  # a submit is under way in another thread: leave the rest to it
             if result.queued:
@@ -585,7 +593,12 @@ class ChannelWorker:
                 continue
             try:
                 data = self.fetch_media(Attachment.from_dict(att))
+            except ChannelRefused:
+                raise  # the platform refused the worker: the message waits, file and all, for its return
             except Exception:  # noqa: BLE001 - the url still reaches the host
+                refusal = getattr(self, "_refusal", None)  # a webhook worker's way to say so (WebhookInbox)
+                if refusal:
+                    raise ChannelRefused(refusal) from None
                 self.log.exception("fetch_media failed for %s", att.get("url"))
                 continue
             if data is None:
