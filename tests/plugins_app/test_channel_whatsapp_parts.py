@@ -475,7 +475,7 @@ def test_a_refused_send_fails_permanently_or_not_by_its_code(tmp_path, status, b
 def test_a_token_refused_at_a_send_is_a_refusal_the_listener_raises(tmp_path, monkeypatch):
     from plugins_app.channel.sdk import ChannelRefused
     from plugins_app.channel.workers.whatsapp import worker as module
-    monkeypatch.setattr(module, "REFUSAL_HOLD_SECS", 0.0)
+    monkeypatch.setattr(module.WhatsAppWorker, "refusal_hold_secs", 0.0)
     w = sending_worker(tmp_path, [httpx.Response(401, json=graph_error(190, "Error validating access token"))], [])
     with pytest.raises(DeliveryFailed) as failed:
         w.deliver(delivery("hi"))
@@ -495,7 +495,7 @@ def test_an_account_level_error_at_a_send_disables_the_plugin_instead_of_dead_le
         tmp_path, monkeypatch, code, message, fix):
     from plugins_app.channel.sdk import ChannelRefused
     from plugins_app.channel.workers.whatsapp import worker as module
-    monkeypatch.setattr(module, "REFUSAL_HOLD_SECS", 0.0)
+    monkeypatch.setattr(module.WhatsAppWorker, "refusal_hold_secs", 0.0)
     w = sending_worker(tmp_path, [httpx.Response(400, json=graph_error(code, message))], [])
     with pytest.raises(DeliveryFailed) as failed:
         w.deliver(delivery("hi"))

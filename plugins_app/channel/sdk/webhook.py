@@ -133,9 +133,20 @@ class WebhookInbox:
 
     Mix it in before ``ChannelWorker`` and call ``inbox_init()`` in ``__init__``."""
 
+    #: How long a send refused for the worker's credentials is held before it fails (``refused_failure``).
+    refusal_hold_secs = 30.0
+
     def inbox_init(self) -> None:
         self._inbox: queue.Queue = queue.Queue()
         self._refusal: str | None = None
+
+    def refused_failure(self, fallback: str):
+        """The failure of a send the platform refused for the worker's credentials (``_refusal`` set): held until
+        the listener has stopped the worker, so the host does not spend the delivery's retries against dead
+        credentials meanwhile; it stays retryable and goes out once the operator fixed them."""
+        from .worker import DeliveryFailed
+        self.stopping.wait(self.refusal_hold_secs)
+        return DeliveryFailed(self._refusal or fallback)
 
     def inbox_record(self, message) -> bool:
         """Record ``message`` in the outbox and queue it for the hub; False when it was taken before (the

@@ -439,6 +439,10 @@ class ChannelWorker:
         """Entry point for a worker executable: log to stderr, die with the parent, run, exit with run()'s code."""
         logging.basicConfig(level=os.environ.get("UGENT_LOG_LEVEL", "INFO"),
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        # httpx logs each request's URL at INFO, and platforms put tokens in URLs (Telegram's Bot API, WeCom's
+        # access_token, signed download links): keep them out of the log, and the log about the worker
+        for noisy in ("httpx", "httpcore"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
         worker = cls(**kwargs)
         worker.die_with_parent()
         sys.exit(worker.run())

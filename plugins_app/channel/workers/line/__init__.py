@@ -80,8 +80,6 @@ SOURCE_TYPES = {"user": "user", "group": "group", "room": "room"}
 #: A message type's attachment kind and the type of LINE's content when the event names none.
 MEDIA = {"image": ("image", "image/jpeg"), "video": ("video", "video/mp4"), "audio": ("audio", "audio/m4a"),
          "file": ("document", "application/octet-stream")}
-#: How long a send refused for the token waits for the worker to stop (the listener stops it at once).
-REFUSAL_HOLD_SECS = 30.0
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -288,7 +286,7 @@ class LineWorker(WebhookInbox, ChannelWorker):
 
     def deliver(self, delivery) -> str | None:
         if self._refusal:
-            raise self._refused_failure()
+            raise self.refused_failure("the channel access token was refused")
         batches = push_batches(message_parts(delivery.text), quick_reply(delivery.metadata))
         if not batches:
             raise DeliveryFailed("nothing LINE can show: the answer has no text (files are not sent to LINE)",
@@ -306,7 +304,7 @@ class LineWorker(WebhookInbox, ChannelWorker):
                 sent, repeated = self.api.push(delivery.conversation_id, messages, key)
             except TokenRefused as exc:
                 self._refusal = refused("POST /v2/bot/message/push")
-                raise self._refused_failure() from exc
+                raise self.refused_failure("the channel access token was refused") from exc
             except RateLimited as exc:
                 raise DeliveryFailed(f"push: {exc}") from exc
             except LineError as exc:
@@ -327,12 +325,6 @@ class LineWorker(WebhookInbox, ChannelWorker):
         batches = push_batches(message_parts(delivery.text), quick_reply(delivery.metadata))
         return bool(batches) and len(self._journal.done(delivery.delivery_id)) >= len(batches)
 
-    def _refused_failure(self) -> DeliveryFailed:
-        """A send LINE refused for the token: hold it until the listener has stopped the worker, so the
-        host does not spend the delivery's retries against a dead token meanwhile; the delivery stays
-        retryable and goes out once the operator put in a new token."""
-        self.stopping.wait(REFUSAL_HOLD_SECS)
-        return DeliveryFailed(self._refusal or "the channel access token was refused")
 
     def disconnect(self) -> None:
         if self.server is not None:
@@ -343,8 +335,4 @@ class LineWorker(WebhookInbox, ChannelWorker):
 
 
 def main(argv: list[str] | None = None) -> None:
-    # httpx logs each request at INFO; keep the worker's log about the worker
-    import logging
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    logging.getLogger("httpcore").setLevel(logging.WARNING)
     LineWorker.main(argv=argv)

@@ -69,8 +69,6 @@ DEFAULT_INBOUND_EVENT = "UGENT_Inbound__e"
 DEFAULT_OUTBOUND_EVENT = "UGENT_Outbound__e"
 #: A Long Text Area field's most characters (the largest text field a platform event may have).
 TEXT_LIMIT = 131072
-#: How long a send refused for the app's credentials waits for the worker to stop (the listener stops it at once).
-REFUSAL_HOLD_SECS = 30.0
 EVENT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*__e$")
 API_VERSION = re.compile(r"^[0-9]{2,3}\.0$")
 
@@ -248,7 +246,7 @@ class SalesforceWorker(WebhookInbox, ChannelWorker):
 
     def deliver(self, delivery) -> str | None:
         if self._refusal:
-            raise self._refused_failure()
+            raise self.refused_failure("Salesforce refused the connected app")
         parts = message_parts(delivery.text, self.opts.text_limit)
         if not parts:
             raise DeliveryFailed("nothing to publish: the answer has no text (files are not sent to Salesforce)",
@@ -263,7 +261,7 @@ class SalesforceWorker(WebhookInbox, ChannelWorker):
                 event_id = self.api.publish(self.opts.outbound_event, event_fields(self.opts, delivery, n, parts))
             except ClientRefused as exc:
                 self._refusal = refused("POST /services/oauth2/token", exc)
-                raise self._refused_failure() from exc
+                raise self.refused_failure("Salesforce refused the connected app") from exc
             except RateLimited as exc:
                 raise DeliveryFailed(f"{where}: {exc}") from exc
             except SalesforceError as exc:
@@ -282,11 +280,6 @@ class SalesforceWorker(WebhookInbox, ChannelWorker):
         parts = message_parts(delivery.text, self.opts.text_limit)
         return bool(parts) and len(self._journal.done(delivery.delivery_id)) >= len(parts)
 
-    def _refused_failure(self) -> DeliveryFailed:
-        """A publish refused for the app's credentials: held until the listener has stopped the worker, so the
-        host does not spend the delivery's retries meanwhile; the delivery stays retryable."""
-        self.stopping.wait(REFUSAL_HOLD_SECS)
-        return DeliveryFailed(self._refusal or "Salesforce refused the connected app")
 
     def disconnect(self) -> None:
         if self.subscription is not None:
@@ -301,8 +294,4 @@ class SalesforceWorker(WebhookInbox, ChannelWorker):
 
 
 def main(argv: list[str] | None = None) -> None:
-    # httpx logs each request at INFO; keep the worker's log about the worker
-    import logging
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    logging.getLogger("httpcore").setLevel(logging.WARNING)
     SalesforceWorker.main(argv=argv)

@@ -6,7 +6,6 @@ import asyncio
 import hashlib
 import hmac
 import json
-import logging
 import os
 import re
 import threading
@@ -447,7 +446,4 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main() -> None:
     options = parse_args()
-    # httpx logs each request's URL at INFO, and a Bot API URL carries the token
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    logging.getLogger("httpcore").setLevel(logging.WARNING)
     TelegramWorker.main(options=options)

@@ -75,8 +75,6 @@ MEDIA = {"image": ("image", "image/jpeg"), "voice": ("audio", "audio/amr"), "vid
          "file": ("document", "application/octet-stream")}
 #: Content errors sending again cannot fix: an empty or too long text, an unknown message type.
 CONTENT_REFUSED = {44004, 45002, 40008}
-#: How long a send refused for the app's settings waits for the worker to stop (the listener stops it at once).
-REFUSAL_HOLD_SECS = 30.0
 
 MB = 1024 * 1024
 #: WeCom's upload limits by media type (media/upload): image JPG/PNG, voice AMR, video MP4, any file.
@@ -392,7 +390,7 @@ class WeComWorker(WebhookInbox, ChannelWorker):
 
     def deliver(self, delivery) -> str | None:
         if self._refusal:
-            raise self._refused_failure()
+            raise self.refused_failure("WeCom refused the app's credentials")
         steps = self.parts(delivery)
         if not steps:
             raise DeliveryFailed("nothing WeCom can show: the answer has no text and no file", permanent=True)
@@ -440,7 +438,7 @@ class WeComWorker(WebhookInbox, ChannelWorker):
     def _failure(self, exc: WeComError) -> DeliveryFailed:
         if isinstance(exc, AppRefused):
             self._refusal = refused(exc)
-            return self._refused_failure()
+            return self.refused_failure("WeCom refused the app's credentials")
         if isinstance(exc, UserUnreachable):
             return DeliveryFailed(f"{exc} (the user does not exist or is not in the app's visible range)",
                                   permanent=True)
@@ -449,11 +447,6 @@ class WeComWorker(WebhookInbox, ChannelWorker):
         # -1 (system busy) and the rest: worth the hub's retries; a content WeCom refuses is not
         return DeliveryFailed(str(exc), permanent=exc.errcode in CONTENT_REFUSED)
 
-    def _refused_failure(self) -> DeliveryFailed:
-        """A send WeCom refused for the app's settings: held until the listener has stopped the worker, so
-        the host does not spend the delivery's retries meanwhile; the delivery stays retryable."""
-        self.stopping.wait(REFUSAL_HOLD_SECS)
-        return DeliveryFailed(self._refusal or "WeCom refused the app's credentials")
 
     def disconnect(self) -> None:
         if self.server is not None:
@@ -470,8 +463,4 @@ class _CardRefused(Exception):
 
 
 def main(argv: list[str] | None = None) -> None:
-    # httpx logs each request at INFO, the access token in its URL among them: keep it out of the log
-    import logging
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    logging.getLogger("httpcore").setLevel(logging.WARNING)
     WeComWorker.main(argv=argv)

@@ -76,8 +76,6 @@ IMAGE_MAX_BYTES = 2 * 1024 * 1024
 UNSENT = "unsent:"
 #: Content errors sending again cannot fix: too long, empty, a bad media id, a bad message type.
 CONTENT_REFUSED = {45002, 44002, 44004, 40007, 40008}
-#: How long a send refused for the account's settings waits for the worker to stop (the listener stops it at once).
-REFUSAL_HOLD_SECS = 30.0
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -295,7 +293,7 @@ class WeixinWorker(WebhookInbox, ChannelWorker):
 
     def deliver(self, delivery) -> str | None:
         if self._refusal:
-            raise self._refused_failure()
+            raise self.refused_failure("WeChat refused the account's credentials")
         steps = self._steps(delivery)
         if not steps:
             raise DeliveryFailed("nothing WeChat can show: the answer has no text and no image", permanent=True)
@@ -321,7 +319,7 @@ class WeixinWorker(WebhookInbox, ChannelWorker):
     def _failure(self, exc: Exception, where: str) -> DeliveryFailed:
         if isinstance(exc, AppRefused):
             self._refusal = refused(exc)
-            return self._refused_failure()
+            return self.refused_failure("WeChat refused the account's credentials")
         if isinstance(exc, UserUnreachable):
             why = {45015: "the user last wrote more than 48 hours ago (or unfollowed): WeChat takes customer "
                           "service messages only within 48 hours of the user's last message",
@@ -340,11 +338,6 @@ class WeixinWorker(WebhookInbox, ChannelWorker):
         steps = self._steps(delivery)
         return bool(steps) and len(self._journal.done(delivery.delivery_id)) >= len(steps)
 
-    def _refused_failure(self) -> DeliveryFailed:
-        """A send WeChat refused for the account's settings: held until the listener has stopped the worker,
-        so the host does not spend the delivery's retries meanwhile; the delivery stays retryable."""
-        self.stopping.wait(REFUSAL_HOLD_SECS)
-        return DeliveryFailed(self._refusal or "WeChat refused the account's credentials")
 
     def disconnect(self) -> None:
         if self.server is not None:
@@ -355,8 +348,4 @@ class WeixinWorker(WebhookInbox, ChannelWorker):
 
 
 def main(argv: list[str] | None = None) -> None:
-    # httpx logs each request at INFO, the access token in its URL among them: keep it out of the log
-    import logging
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    logging.getLogger("httpcore").setLevel(logging.WARNING)
     WeixinWorker.main(argv=argv)

@@ -24,8 +24,6 @@ PHONE_ENV = "WHATSAPP_PHONE_NUMBER_ID"
 BASE_URL_ENV = "WHATSAPP_API_BASE_URL"
 MEDIA_URL_PREFIX = "wa-media:"
 MEDIA_TYPES = ("image", "audio", "video", "document", "sticker")
-#: How long a send refused for the token waits for the worker to stop (the listener stops it at once).
-REFUSAL_HOLD_SECS = 30.0
 REVOKED = ("the access token (WHATSAPP_ACCESS_TOKEN) was refused: {err}; make a new system-user token "
            "with whatsapp_business_messaging")
 REFUSED_ACCOUNT = "Meta refused to send for this WhatsApp account or number: {err}; {fix}"
@@ -316,7 +314,7 @@ class WhatsAppWorker(WebhookInbox, ChannelWorker):
 
     def deliver(self, delivery) -> str | None:
         if self._refusal:
-            raise self._refused_failure()
+            raise self.refused_failure("Meta refused the access token or the account")
         steps = self._steps(delivery)
         if not steps:
             raise DeliveryFailed("nothing to send: the answer is empty", permanent=True)
@@ -359,7 +357,7 @@ class WhatsAppWorker(WebhookInbox, ChannelWorker):
             # The listener turns this into ChannelRefused; the delivery waits, retryable, for the operator's fix
             # (a new token, a registered number, an unlocked account) instead of every answer dead-lettering.
             self._refusal = refusal_reason(err)
-            return self._refused_failure()
+            return self.refused_failure("Meta refused the access token or the account")
         if err.code == REENGAGEMENT:
             self.log.error("not sent to %s: %s: the 24-hour customer service window has closed; only an "
                            "approved template message may open it again", body.get("to"), err)
@@ -367,12 +365,6 @@ class WhatsAppWorker(WebhookInbox, ChannelWorker):
                                   f"message can be sent): {err.message}", permanent=True)
         return DeliveryFailed(str(err), permanent=kind == "permanent")
 
-    def _refused_failure(self) -> DeliveryFailed:
-        """A send Meta refused for the token or the account: hold it until the listener has stopped the worker, so the host
-        does not spend the delivery's retries against a dead token meanwhile; the failed attempt is
-        retryable, and the delivery goes out once the operator fixed the token."""
-        self.stopping.wait(REFUSAL_HOLD_SECS)
-        return DeliveryFailed(self._refusal or "Meta refused the access token or the account")
 
     def already_delivered(self, delivery) -> bool:
         """After a crash inside deliver(): every step (text parts, files) is in the sent journal."""
@@ -388,8 +380,4 @@ class WhatsAppWorker(WebhookInbox, ChannelWorker):
 
 
 def main(argv: list[str] | None = None) -> None:
-    import logging
-    # httpx logs each request's URL at INFO; the media download URLs are signed
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    logging.getLogger("httpcore").setLevel(logging.WARNING)
     WhatsAppWorker.main(argv=argv)
