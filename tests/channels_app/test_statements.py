@@ -414,6 +414,8 @@ ALLOWED = {"ugent_common/rows.py", "channels_app/statements.py",
            "plugins_app/channel/sdk/outbox.py", "plugins_app/channel/workers/email/state.py",
            # the sent-parts journal (Telegram, WhatsApp, LINE): a SQLite file of the worker's own
            "plugins_app/channel/sdk/journal.py",
+           # WeCom's uploaded media ids and sent cards; Salesforce's replay id: SQLite files of those workers' own
+           "plugins_app/channel/workers/wecom/state.py", "plugins_app/channel/workers/salesforce/cometd.py",
            # memory's full-text search: FTS5's MATCH and its vocabulary, PostgreSQL's tsquery, which the ORM cannot say
            "plugins_app/agent/memory/backends.py",
            # the memory report's read of SQLite's cache_size pragma (a debug hook, off by default)
