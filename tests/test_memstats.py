@@ -65,7 +65,7 @@ def _probe(mode: str, directory: Path, env: dict | None = None) -> subprocess.Po
     return p
 
 
-def _wait_for(path: Path, timeout: float = 30) -> dict:
+def _wait_for(path: Path, timeout: float = 120) -> dict:  # a bound, not a figure: a loaded machine is slow
     deadline = time.monotonic() + timeout
     while not path.exists():
         assert time.monotonic() < deadline, f"no report at {path}"
