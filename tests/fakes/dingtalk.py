@@ -9,8 +9,9 @@
   ``POST /v1.0/robot/messageFiles/download`` (``{"downloadCode", "robotCode"}`` → ``{"downloadUrl"}``, a URL
   on the fake that answers the bytes without any token). Each call but the token needs
   ``x-acs-dingtalk-access-token``. Errors are an HTTP status with ``{"code", "message", "requestid"}``:
-  a bad app key or secret 400 ``invalidClientIdOrSecret``, an unknown or expired token 401
-  ``InvalidAuthentication``, an unknown robot code 400 ``invalidParameter.robotCode.notExsit``, a
+  a bad app key or secret 400 ``invalidClientIdOrSecret``, an unknown or expired token 400 (not 401: so
+  api.dingtalk.com answers it) ``InvalidAuthentication`` ``不合法的access_token``, an unknown robot code 400
+  ``invalidParameter.robotCode.notExsit``, a
   ``msgParam`` over 15,000 bytes 400 ``invalidParameter.msgParam.length``; scripted answers (``script``:
   429 ``Throttling.Api``, 500...) for the next sends, and ``hold_next``: a send that never arrives.
 * the **callback**: ``post``/``say`` send a robot message to the worker's URL with the ``timestamp`` (ms) and
@@ -83,7 +84,7 @@ class FakeDingTalk:
         self.lock = threading.RLock()
         self.calls: list[Call] = []
         self.sent: list[dict] = []                # each message delivered: kind, to, msgKey, param, key
-        self.tokens: dict[str, float] = {}        # access token -> when it expires (monotonic)
+        self.tokens: dict[str, float] = {}        # access token -> when it expires (time.time())
         self.staff = {STAFF, OTHER_STAFF}         # the organisation's users the robot may write to
         self.groups = {GROUP}                     # the groups the robot is in
         self.files: dict[str, tuple[bytes, str]] = {}
@@ -377,12 +378,13 @@ class FakeDingTalk:
                     or self._secret_reset):
                 return 400, error("invalidClientIdOrSecret", "无效的clientId或者clientSecret")
             token = secrets.token_hex(16)
-            self.tokens[token] = time.monotonic() + 7200
+            self.tokens[token] = time.time() + 7200
         return 200, {"accessToken": token, "expireIn": 7200}
 
     def _check_token(self, token: str | None):
         with self.lock:
             expires = self.tokens.get(token or "")
-        if expires is None or time.monotonic() >= expires:
-            return 401, error("InvalidAuthentication", "不合法的access_token")
+        if expires is None or time.time() >= expires:
+            # api.dingtalk.com answers a token it does not take with 400, not 401
+            return 400, error("InvalidAuthentication", "不合法的access_token")
         return None

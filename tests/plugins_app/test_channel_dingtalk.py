@@ -186,7 +186,7 @@ def test_an_expired_token_is_fetched_again_and_the_message_sent_once(tcast, ding
     ding.say("script:answer=fresh token")
     assert answered(ding) == ["fresh token"]
     expired, sent = ding.sends()
-    assert (expired.status, expired.answer["code"], sent.status) == (401, "InvalidAuthentication", 200)
+    assert (expired.status, expired.answer["code"], sent.status) == (400, "InvalidAuthentication", 200)
     assert len(ding.calls_to("/v1.0/oauth2/accessToken")) == 2
     assert wait_until(delivered, 15), rt.log(PID)
     assert OutboundDelivery.objects.get().attempt == 1
@@ -272,7 +272,8 @@ def test_a_secret_reset_while_running_is_the_plugins_state_and_it_stops_retrying
     calls = len(ding.calls)
     wait_until(lambda: False, 1.5)
     assert len(ding.calls) == calls and rt.worker_pid(PID) is None
-    assert [c.status for c in ding.sends()] == [401] and not ding.texts()
+    assert [(c.status, c.answer["code"]) for c in ding.sends()] == [(400, "InvalidAuthentication")]
+    assert not ding.texts()
     # the answer is not lost: it waits, retryable, for the operator's new secret
     delivery = OutboundDelivery.objects.get()
     assert delivery.state in ("pending", "in_flight") and delivery.attempt <= 2, (delivery.state, delivery.attempt)

@@ -1,5 +1,5 @@
 """channel-dingtalk's parts on their own: the sign (the vector's algorithm), normalisation, splitting, the OpenAPI
-client's answers to 401, throttling, 5xx and refusals."""
+client's answers to a refused token, throttling, 5xx and refusals."""
 from __future__ import annotations
 
 import base64
@@ -221,9 +221,35 @@ def test_a_stale_token_is_fetched_again_once_and_the_call_made_again(ding):
     client.send_to_user(STAFF, "sampleMarkdown", MD)
     ding.expire_tokens()
     client.send_to_user(STAFF, "sampleMarkdown", MD)
-    assert [c.status for c in ding.sends()] == [200, 401, 200]
+    assert [(c.status, c.answer.get("code")) for c in ding.sends()] == [
+        (200, None), (400, "InvalidAuthentication"), (200, None)]
     assert len(ding.calls_to("/v1.0/oauth2/accessToken")) == 2
     assert ding.texts() == ["hi", "hi"]
+
+
+def test_a_token_refused_twice_in_a_row_is_the_apps_refusal(ding, monkeypatch):
+    client, _ = api(ding)
+    monkeypatch.setattr(ding, "_check_token", lambda token: (400, {"code": "InvalidAuthentication",
+                                                                   "message": "不合法的access_token"}))
+    with pytest.raises(AppRefused) as refused:
+        client.send_to_user(STAFF, "sampleMarkdown", MD)
+    assert refused.value.code == "InvalidAuthentication"
+    assert len(ding.calls_to("/v1.0/oauth2/accessToken")) == 2 and len(ding.sends()) == 2
+    from plugins_app.channel.workers.dingtalk import refused as reason
+    assert "DINGTALK_APP_SECRET" in reason(refused.value)
+
+
+def test_the_tokens_expiry_runs_on_the_wall_clock(ding, monkeypatch):
+    """A suspended host: the wall clock jumps past the token's lifetime, a monotonic one does not."""
+    import types
+    from plugins_app.channel.workers.dingtalk import api as api_module
+    now = [1_800_000_000.0]
+    monkeypatch.setattr(api_module, "time", types.SimpleNamespace(time=lambda: now[0], monotonic=lambda: 0.0))
+    client = DingTalkApi(ding.app_key, ding.app_secret, ding.robot_code, base_url=ding.base_url)
+    first = client.token()
+    now[0] += 7200  # the host slept through the token's life
+    assert client.token() != first
+    client.close()
 
 
 def test_a_token_is_refreshed_before_it_expires():

@@ -25,7 +25,8 @@ set, which is what DingTalk gives an app's robot), ``DINGTALK_API_BASE_URL`` (de
   beside the outbox) and a delivery resumed after a crash skips the parts it names; only the one part
   in flight at the crash may be sent twice.
 * **Token.** ``POST /v1.0/oauth2/accessToken`` with the app key and secret, kept until shortly before it
-  expires, fetched again at once when a call answers 401, and the call made once more.
+  expires, fetched again at once when a call answers ``InvalidAuthentication`` (HTTP 400 at api.dingtalk.com)
+  or 401, and the call made once more.
 * **Limits.** Throttling (429, a ``Throttling``/``QpsLimit`` code, a user in ``flowControlledStaffIdList``)
   and 5xx are waited out in place (1 s doubling to 30 s) up to ``--max-retry-wait``; then the hub's
   own retries take over.
@@ -59,7 +60,7 @@ from plugins_app.channel.sdk.outbox import outbox_path_for
 from plugins_app.channel.sdk.text import split_text
 from plugins_app.channel.sdk.webhook import WebhookInbox
 
-from .api import (DEFAULT_API_BASE_URL, DEFAULT_OAPI_BASE_URL, AppRefused, DingTalkApi, DingTalkError, RateLimited,
+from .api import (DEFAULT_API_BASE_URL, DEFAULT_OAPI_BASE_URL, INVALID_TOKEN_CODE, AppRefused, DingTalkApi, DingTalkError, RateLimited,
                   SessionRefused, Stopped, Unavailable, UserUnreachable)
 
 KIND = "channel-dingtalk"
@@ -214,7 +215,7 @@ def markdown_params(parts: list[str]) -> list[dict]:
 def refused(exc: DingTalkError) -> str:
     """The operator's reason for an app DingTalk refuses, with what to fix."""
     lowered = exc.code.lower()
-    if "accesstoken" in exc.where.lower() or exc.status == 401:
+    if "accesstoken" in exc.where.lower() or exc.status == 401 or exc.code == INVALID_TOKEN_CODE:
         fix = (f"the app's Client ID ({APP_KEY_ENV}) or Client Secret ({APP_SECRET_ENV}) is wrong, or the secret "
                "was reset in the developer console")
     elif "robotcode" in lowered:

@@ -5,8 +5,9 @@ JSON ``{"code": "...", "message": "...", "requestid": "..."}``:
 
 * at ``POST /v1.0/oauth2/accessToken``, a 4xx other than a throttle (``invalidClientIdOrSecret``, ...):
   ``AppRefused``: the app key or secret is wrong, which only the operator can fix;
-* 401 at a call (``InvalidAuthentication``, the token stale or revoked): a new token is fetched at once and
-  the call made once more; a second 401 is ``AppRefused``;
+* ``InvalidAuthentication`` at a call (the token stale or revoked; api.dingtalk.com answers it HTTP 400
+  ``{"code": "InvalidAuthentication", "message": "不合法的access_token"}``), or any 401: a new token is
+  fetched at once and the call made once more; a second one in a row is ``AppRefused``;
 * 403 ``Forbidden.AccessDenied.AccessTokenPermissionDenied`` (the app lacks the robot permission) and any
   code naming the robot code (``invalidParameter.robotCode.*``): ``AppRefused``;
 * throttling, HTTP 429 or a code naming it (``Throttling...``, ``...QpsLimit...``), and any 5xx: waited out
@@ -35,6 +36,8 @@ TOKEN_HEADER = "x-acs-dingtalk-access-token"
 
 #: Fetch a new token this long before the one in hand expires (DingTalk gives 7,200 s).
 REFRESH_MARGIN_SECS = 300.0
+#: DingTalk's code for a token it does not take (stale, revoked), answered HTTP 400 by api.dingtalk.com.
+INVALID_TOKEN_CODE = "InvalidAuthentication"
 #: Codes DingTalk uses for a throttled call (besides HTTP 429), matched case-insensitively as substrings.
 THROTTLE_MARKS = ("throttling", "qpslimit", "flowcontrol", "ratelimit")
 #: A 403 that is the app's permissions, not the message.
@@ -92,13 +95,15 @@ def throttled(status: int, code: str) -> bool:
 class DingTalkApi:
     def __init__(self, app_key: str, app_secret: str, robot_code: str, *, base_url: str = DEFAULT_API_BASE_URL,
                  stopping: threading.Event | None = None, backoff_initial: float = 1.0, backoff_max: float = 30.0,
-                 max_wait_secs: float = 120.0, timeout: float = 30.0, clock: Callable[[], float] = time.monotonic,
+                 max_wait_secs: float = 120.0, timeout: float = 30.0, clock: Callable[[], float] | None = None,
                  sleep: Callable[[float], bool] | None = None):
         self.app_key, self.app_secret, self.robot_code = app_key, app_secret, robot_code
         self.base_url = base_url.rstrip("/")
         self.stopping = stopping or threading.Event()
         self.backoff_initial, self.backoff_max, self.max_wait_secs = backoff_initial, backoff_max, max_wait_secs
-        self._clock = clock
+        #: Wall-clock: the token's lifetime runs on DingTalk's side while this host is suspended, which a
+        #: monotonic clock does not count.
+        self._clock = clock or time.time
         self._sleep = sleep or self.stopping.wait   # returns True when stopping
         self.client = httpx.Client(timeout=timeout)
         self._lock = threading.Lock()
@@ -242,7 +247,7 @@ class DingTalkApi:
             if throttled(status, code) or status >= 500:
                 waited, backoff = self._wait(where, status, code, message, waited, backoff)
                 continue
-            if status == 401:
+            if status == 401 or code == INVALID_TOKEN_CODE:
                 if not refreshed:
                     refreshed = True
                     token = self.token(fresh=True, stale=token)
