@@ -11,7 +11,7 @@
   ``x-acs-dingtalk-access-token``. Errors are an HTTP status with ``{"code", "message", "requestid"}``:
   a bad app key or secret 400 ``invalidClientIdOrSecret``, an unknown or expired token 400 (not 401: so
   api.dingtalk.com answers it) ``InvalidAuthentication`` ``不合法的access_token``, an unknown robot code 400
-  ``invalidParameter.robotCode.notExsit``, a
+  ``invalidParameter.robotCode.notExsit`` (also a group send to a group the robot is not in), a
   ``msgParam`` over 15,000 bytes 400 ``invalidParameter.msgParam.length``; scripted answers (``script``:
   429 ``Throttling.Api``, 500...) for the next sends, and ``hold_next``: a send that never arrives.
 * the **callback**: ``post``/``say`` send a robot message to the worker's URL with the ``timestamp`` (ms) and
@@ -340,7 +340,8 @@ class FakeDingTalk:
                 return 200, {"processQueryKey": pqk, "invalidStaffIdList": invalid, "flowControlledStaffIdList": []}
             group = body.get("openConversationId")
             if group not in self.groups:
-                return 400, error("invalid.openConversationId", "无效的openConversationId")
+                # DingTalk's answer for a group the robot is not (or no longer) in: "请检查机器人是否在群内"
+                return 400, error("invalidParameter.robotCode.notExsit", "机器人不存在")
             self.sent.append({"kind": "group", "to": group, "msgKey": key, "param": values, "key": pqk})
             return 200, {"processQueryKey": pqk}
 

@@ -98,6 +98,25 @@ def test_a_group_mention_is_answered_in_the_group(tcast, ding, start_runtime):
     assert receipt.conversation.external_id == f"group:{GROUP}" and receipt.actor.key == f"dingtalk:{STAFF}"
 
 
+def test_a_group_the_robot_was_removed_from_fails_its_answer_and_only_that(tcast, ding, start_runtime):
+    dingtalk_plugin()
+    rt = start_runtime()
+    listening(rt, ding)
+    ding.post(ding.text("@机器人 script:answer=before", group=True))
+    assert answered(ding) == ["before"]
+    ding.groups.discard(GROUP)  # the robot removed in the group's settings; its mention arrived just before
+    ding.post(ding.text("@机器人 script:answer=to a group without the robot", group=True))
+    assert wait_until(lambda: OutboundDelivery.objects.filter(state="dead_letter").exists(), 30), rt.log(PID)
+    dead = OutboundDelivery.objects.get(state="dead_letter")
+    assert "invalidParameter.robotCode.notExsit" in dead.last_error and "not in this group" in dead.last_error
+    assert [c.status for c in ding.sends()] == [200, 400]  # permanent: not retried
+    # the plugin goes on: the robot's other chats are answered
+    assert Plugin.objects.get().state == "running" and Plugin.objects.get().enabled
+    ding.say("script:answer=one to one still works")
+    assert answered(ding, 2) == ["before", "one to one still works"]
+    assert Plugin.objects.get().enabled
+
+
 def test_a_long_answer_is_split_within_dingtalks_limit(tcast, ding, start_runtime):
     dingtalk_plugin()
     rt = start_runtime()

@@ -16,8 +16,8 @@ import pytest
 from plugins_app.channel.workers import installed_kinds
 from plugins_app.channel.workers.dingtalk import (TEXT_LIMIT_BYTES, DingTalkWorker, markdown_params, message_parts,
                                                   normalise, param_len, strip_mention, title_of)
-from plugins_app.channel.workers.dingtalk.api import (AppRefused, DingTalkApi, DingTalkError, RateLimited, Stopped,
-                                                      Unavailable, UserUnreachable)
+from plugins_app.channel.workers.dingtalk.api import (AppRefused, DingTalkApi, DingTalkError, RateLimited,
+                                                      RobotNotInGroup, Stopped, Unavailable, UserUnreachable)
 from plugins_app.channel.workers.dingtalk.webhook import MAX_SKEW_MS, WebhookServer, signature, signature_valid
 from tests.fakes.dingtalk import GROUP, STAFF, FakeDingTalk, sign
 
@@ -300,10 +300,17 @@ def test_refusals_of_the_app_and_of_one_message_are_told_apart(ding):
     client, _ = api(ding)
     with pytest.raises(UserUnreachable):
         client.send_to_user("departed", "sampleMarkdown", MD)
-    with pytest.raises(DingTalkError) as bad_group:
+    with pytest.raises(RobotNotInGroup) as bad_group:  # a group the robot is not in: that message, not the app
         client.send_to_group("cidUnknown==", "sampleMarkdown", MD)
     assert not isinstance(bad_group.value, AppRefused) and bad_group.value.status == 400
-    assert bad_group.value.code == "invalid.openConversationId"
+    assert bad_group.value.code == "invalidParameter.robotCode.notExsit"
+    for code in ("invalidParameter.robotCode.empty", "invalidParameter.robotCode.coolApp"):
+        ding.script(400, code, "机器人robotCode无效，请检查机器人是否在群内")
+        with pytest.raises(RobotNotInGroup):
+            client.send_to_group(GROUP, "sampleMarkdown", MD)
+    ding.script(400, "invalidParameter.robotCode.auth", "此应用appkey和机器人robotCode不匹配")
+    with pytest.raises(AppRefused):  # the app and the robot do not match: every send would fail
+        client.send_to_group(GROUP, "sampleMarkdown", MD)
     with pytest.raises(DingTalkError) as too_long:
         client.send_to_user(STAFF, "sampleMarkdown", {"title": "t", "text": "x" * 15001})
     assert too_long.value.code == "invalidParameter.msgParam.length"

@@ -32,8 +32,9 @@ set, which is what DingTalk gives an app's robot), ``DINGTALK_API_BASE_URL`` (de
   own retries take over.
 * **Refusals.** The app key or secret refused, the robot code not the app's, or the app lacking the robot's
   send permission raises ``ChannelRefused``: the plugin is disabled with the reason, not restarted. A
-  user DingTalk names in ``invalidStaffIdList``, and any other 4xx of a send, fails that delivery
-  permanently with DingTalk's reason.
+  user DingTalk names in ``invalidStaffIdList``, a group send answered ``invalidParameter.robotCode.notExsit``
+  / ``.empty`` / ``.coolApp`` (the robot is not in that group), and any other 4xx of a send, fails that
+  delivery permanently with DingTalk's reason.
 * **Without app credentials** (no ``DINGTALK_APP_KEY``; the secret still verifies the sign): each answer goes
   to the newest ``sessionWebhook`` of its conversation (kept in a JSON file beside the outbox) while it is
   valid (about 90 minutes; ``DINGTALK_OAPI_BASE_URL``, default ``https://oapi.dingtalk.com``, is the only
@@ -60,8 +61,8 @@ from plugins_app.channel.sdk.outbox import outbox_path_for
 from plugins_app.channel.sdk.text import split_text
 from plugins_app.channel.sdk.webhook import WebhookInbox
 
-from .api import (DEFAULT_API_BASE_URL, DEFAULT_OAPI_BASE_URL, INVALID_TOKEN_CODE, AppRefused, DingTalkApi, DingTalkError, RateLimited,
-                  SessionRefused, Stopped, Unavailable, UserUnreachable)
+from .api import (DEFAULT_API_BASE_URL, DEFAULT_OAPI_BASE_URL, INVALID_TOKEN_CODE, AppRefused, DingTalkApi,
+                  DingTalkError, RateLimited, RobotNotInGroup, SessionRefused, Stopped, Unavailable, UserUnreachable)
 
 KIND = "channel-dingtalk"
 DESCRIPTION = "DingTalk (钉钉): an internal app robot's HTTP callback in, the robot OpenAPI out."
@@ -360,6 +361,10 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
             except UserUnreachable as exc:
                 raise DeliveryFailed(f"{exc} (the user is not in the organisation, or not in the robot's visible "
                                      "range)", permanent=True) from exc
+            except RobotNotInGroup as exc:
+                # one group the robot was removed from (or never in): that group's answers fail, nothing else
+                raise DeliveryFailed(f"{exc} (the robot is not in this group: removed from it, or the group "
+                                     f"disbanded; or {ROBOT_CODE_ENV} is not the app's robot)", permanent=True) from exc
             except (RateLimited, Unavailable) as exc:
                 raise DeliveryFailed(str(exc)) from exc
             except DingTalkError as exc:

@@ -9,7 +9,10 @@ JSON ``{"code": "...", "message": "...", "requestid": "..."}``:
   ``{"code": "InvalidAuthentication", "message": "不合法的access_token"}``), or any 401: a new token is
   fetched at once and the call made once more; a second one in a row is ``AppRefused``;
 * 403 ``Forbidden.AccessDenied.AccessTokenPermissionDenied`` (the app lacks the robot permission) and any
-  code naming the robot code (``invalidParameter.robotCode.*``): ``AppRefused``;
+  code naming the robot code (``invalidParameter.robotCode.*``): ``AppRefused``; except at
+  ``groupMessages/send``, where ``robotCode.notExsit``, ``robotCode.empty`` and ``robotCode.coolApp`` are
+  about that one group (DingTalk: "机器人不存在 / 请检查机器人是否在群内", the robot is not, or no longer,
+  in it): ``RobotNotInGroup``, a failure of that message only;
 * throttling, HTTP 429 or a code naming it (``Throttling...``, ``...QpsLimit...``), and any 5xx: waited out
   in place, 1 s doubling to 30 s, up to ``max_wait_secs``; then ``RateLimited``/``Unavailable``;
 * any other 4xx: ``DingTalkError`` (a per-message error: sending again cannot help).
@@ -40,6 +43,11 @@ REFRESH_MARGIN_SECS = 300.0
 INVALID_TOKEN_CODE = "InvalidAuthentication"
 #: Codes DingTalk uses for a throttled call (besides HTTP 429), matched case-insensitively as substrings.
 THROTTLE_MARKS = ("throttling", "qpslimit", "flowcontrol", "ratelimit")
+GROUP_SEND_PATH = "/v1.0/robot/groupMessages/send"
+#: Robot-code errors of a group send that are about that group, not the app: the robot is not in it (removed,
+#: the group disbanded...). DingTalk's table for groupMessages/send: "机器人robotCode无效，请检查机器人是否在群内".
+GROUP_ROBOT_CODES = frozenset({"invalidparameter.robotcode.notexsit", "invalidparameter.robotcode.empty",
+                               "invalidparameter.robotcode.coolapp"})
 #: A 403 that is the app's permissions, not the message.
 PERMISSION_DENIED_MARKS = ("accesstokenpermissiondenied", "permissiondenied")
 
@@ -58,6 +66,10 @@ class AppRefused(DingTalkError):
 
 class UserUnreachable(DingTalkError):
     """``invalidStaffIdList`` named the user: no one the robot can write to."""
+
+
+class RobotNotInGroup(DingTalkError):
+    """A group send refused with a robot-code error that names the group: the robot is not (or no longer) in it."""
 
 
 class RateLimited(DingTalkError):
@@ -172,7 +184,7 @@ class DingTalkApi:
         """``POST /v1.0/robot/groupMessages/send``; returns the ``processQueryKey``."""
         body = {"robotCode": self.robot_code, "openConversationId": open_conversation_id, "msgKey": msg_key,
                 "msgParam": json.dumps(msg_param, ensure_ascii=False)}
-        answer = self._call("POST /v1.0/robot/groupMessages/send", "/v1.0/robot/groupMessages/send", body)
+        answer = self._call(f"POST {GROUP_SEND_PATH}", GROUP_SEND_PATH, body)
         return str(answer.get("processQueryKey") or "")
 
     def send_by_session(self, url: str, param: dict) -> None:
@@ -254,6 +266,8 @@ class DingTalkApi:
                     continue
                 raise AppRefused(where, status, code, message)
             lowered = code.lower()
+            if path == GROUP_SEND_PATH and lowered in GROUP_ROBOT_CODES:
+                raise RobotNotInGroup(where, status, code, message)
             if (status == 403 and any(mark in lowered for mark in PERMISSION_DENIED_MARKS)) or "robotcode" in lowered:
                 raise AppRefused(where, status, code, message)
             raise DingTalkError(where, status, code, message)
