@@ -92,6 +92,7 @@ class FakeDingTalk:
         self.session_ttl_ms = 5400000             # a message's sessionWebhook lasts 90 minutes
         self.webhook_url: str | None = None
         self.permission = True                    # the app holds the robot's send permission
+        self.ip_allowed = True                    # the app's IP whitelist (服务器出口IP) lets the caller in
         self.held = threading.Event()             # a held send arrived
         self._hold_after: int | None = None
         self._script: list[tuple[int, dict]] = []
@@ -292,6 +293,8 @@ class FakeDingTalk:
         refused = self._check_token(headers.get("x-acs-dingtalk-access-token"))
         if refused:
             return refused
+        if not self.ip_allowed:  # every call with a token, sends and file downloads alike
+            return 403, error("Forbidden.AccessDenied.IpNotInWhiteList", "访问ip不在白名单之中")
         if not isinstance(body, dict):
             return 400, error("MissingBody", "body is mandatory for this action.")
         if body.get("robotCode") != self.robot_code:

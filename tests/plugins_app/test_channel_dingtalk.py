@@ -298,6 +298,22 @@ def test_a_secret_reset_while_running_is_the_plugins_state_and_it_stops_retrying
     assert delivery.state in ("pending", "in_flight") and delivery.attempt <= 2, (delivery.state, delivery.attempt)
 
 
+def test_a_host_left_out_of_the_apps_ip_whitelist_disables_the_plugin_with_the_fix(tcast, ding, start_runtime):
+    dingtalk_plugin()
+    rt = start_runtime()
+    listening(rt, ding)
+    ding.ip_allowed = False  # the operator set the app's IP whitelist without this host
+    ding.say("script:answer=unsent")
+    assert wait_until(lambda: not Plugin.objects.get().enabled, 30), rt.log(PID)
+    reason = Plugin.objects.get().disabled_reason
+    assert "HTTP 403 Forbidden.AccessDenied.IpNotInWhiteList" in reason and "IP whitelist" in reason
+    assert [(c.status, c.answer["code"]) for c in ding.sends()] == [(403, "Forbidden.AccessDenied.IpNotInWhiteList")]
+    # the answer is not dead-lettered: it waits, retryable, for the operator's fix
+    delivery = OutboundDelivery.objects.get()
+    assert delivery.state in ("pending", "in_flight") and delivery.attempt <= 2, (delivery.state, delivery.attempt)
+    assert not ding.texts()
+
+
 def test_a_message_sent_while_the_worker_is_down_is_taken_when_dingtalk_sends_it_again(tcast, ding, start_runtime):
     import httpx
     dingtalk_plugin()

@@ -331,6 +331,22 @@ def test_refusals_of_the_app_and_of_one_message_are_told_apart(ding):
     wrong_robot.close()
 
 
+def test_a_host_outside_the_apps_ip_whitelist_is_the_apps_refusal_with_the_fix(ding):
+    from plugins_app.channel.workers.dingtalk import refused
+    client, waits = api(ding)
+    code = ding.upload(b"jpeg")
+    ding.ip_allowed = False
+    for call in (lambda: client.send_to_user(STAFF, "sampleMarkdown", MD), lambda: client.download(code)):
+        with pytest.raises(AppRefused) as denied:
+            call()
+        assert (denied.value.status, denied.value.code) == (403, "Forbidden.AccessDenied.IpNotInWhiteList")
+        assert "IP whitelist" in refused(denied.value)
+    ding.ip_allowed = True
+    ding.script(403, "Forbidden.AccessDenied.QpsLimitForApi", "api qps limit")  # a throttle, not a refusal
+    client.send_to_user(STAFF, "sampleMarkdown", MD)
+    assert waits == [1.0] and ding.texts() == ["hi"]
+
+
 def test_a_download_asks_for_the_url_with_the_token_and_fetches_it_without(ding):
     client, _ = api(ding)
     code = ding.upload(b"\xff\xd8jpeg", "image/jpeg")

@@ -30,8 +30,9 @@ set, which is what DingTalk gives an app's robot), ``DINGTALK_API_BASE_URL`` (de
 * **Limits.** Throttling (429, a ``Throttling``/``QpsLimit`` code, a user in ``flowControlledStaffIdList``)
   and 5xx are waited out in place (1 s doubling to 30 s) up to ``--max-retry-wait``; then the hub's
   own retries take over.
-* **Refusals.** The app key or secret refused, the robot code not the app's, or the app lacking the robot's
-  send permission raises ``ChannelRefused``: the plugin is disabled with the reason, not restarted. A
+* **Refusals.** The app key or secret refused, the robot code not the app's, the app lacking the robot's
+  send permission, or any other ``Forbidden.AccessDenied.*`` that is no throttle (this host not in the app's
+  IP whitelist) raises ``ChannelRefused``: the plugin is disabled with the reason, not restarted. A
   user DingTalk names in ``invalidStaffIdList``, a group send answered ``invalidParameter.robotCode.notExsit``
   / ``.empty`` / ``.coolApp`` (the robot is not in that group), and any other 4xx of a send, fails that
   delivery permanently with DingTalk's reason.
@@ -221,6 +222,10 @@ def refused(exc: DingTalkError) -> str:
                "was reset in the developer console")
     elif "robotcode" in lowered:
         fix = f"{ROBOT_CODE_ENV} is not this app's robot (the robot's code is on its page in the developer console)"
+    elif lowered.startswith("forbidden.accessdenied") and "permissiondenied" not in lowered:
+        fix = ("DingTalk refuses calls from this host: add its public (outgoing) IP address to the app's IP "
+               "whitelist (服务器出口IP, in the developer console under Development configuration > Security "
+               "settings), or remove the whitelist")
     else:
         fix = "the app lacks the robot's permission to send messages (企业内机器人发送消息权限, qyapi_robot_sendmsg)"
     return f"{exc}: {fix}"

@@ -13,6 +13,8 @@ JSON ``{"code": "...", "message": "...", "requestid": "..."}``:
   ``groupMessages/send``, where ``robotCode.notExsit``, ``robotCode.empty`` and ``robotCode.coolApp`` are
   about that one group (DingTalk: "机器人不存在 / 请检查机器人是否在群内", the robot is not, or no longer,
   in it): ``RobotNotInGroup``, a failure of that message only;
+* any other ``Forbidden.AccessDenied.*`` that is not a throttle (``…IpNotInWhiteList``: the app's IP
+  whitelist leaves this host out; ``…AccessTokenPermissionDenied``...), at any status: ``AppRefused``;
 * throttling, HTTP 429 or a code naming it (``Throttling...``, ``...QpsLimit...``), and any 5xx: waited out
   in place, 1 s doubling to 30 s, up to ``max_wait_secs``; then ``RateLimited``/``Unavailable``;
 * any other 4xx: ``DingTalkError`` (a per-message error: sending again cannot help).
@@ -48,6 +50,9 @@ GROUP_SEND_PATH = "/v1.0/robot/groupMessages/send"
 #: the group disbanded...). DingTalk's table for groupMessages/send: "机器人robotCode无效，请检查机器人是否在群内".
 GROUP_ROBOT_CODES = frozenset({"invalidparameter.robotcode.notexsit", "invalidparameter.robotcode.empty",
                                "invalidparameter.robotcode.coolapp"})
+#: A refusal of the app's settings (its IP whitelist, its permissions), whatever the call; checked after throttling,
+#: so ``Forbidden.AccessDenied.QpsLimitForApi`` stays a throttle.
+ACCESS_DENIED_PREFIX = "forbidden.accessdenied"
 #: A 403 that is the app's permissions, not the message.
 PERMISSION_DENIED_MARKS = ("accesstokenpermissiondenied", "permissiondenied")
 
@@ -268,7 +273,8 @@ class DingTalkApi:
             lowered = code.lower()
             if path == GROUP_SEND_PATH and lowered in GROUP_ROBOT_CODES:
                 raise RobotNotInGroup(where, status, code, message)
-            if (status == 403 and any(mark in lowered for mark in PERMISSION_DENIED_MARKS)) or "robotcode" in lowered:
+            if ((status == 403 and any(mark in lowered for mark in PERMISSION_DENIED_MARKS))
+                    or lowered.startswith(ACCESS_DENIED_PREFIX) or "robotcode" in lowered):
                 raise AppRefused(where, status, code, message)
             raise DingTalkError(where, status, code, message)
 
