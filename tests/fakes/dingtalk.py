@@ -145,8 +145,9 @@ class FakeDingTalk:
         with self.lock:
             self._flow_controlled += times
 
-    def script_answer(self, status: int, body: dict) -> None:
-        """The next send is answered with exactly this (a session webhook's errcode, say)."""
+    def script_answer(self, status: int, body: dict | bytes) -> None:
+        """The next send is answered with exactly this (a session webhook's errcode, say; bytes: sent as they
+        are, as ``text/html``, the page a proxy in the way would answer)."""
         with self.lock:
             self._script.append((status, body))
 
@@ -254,6 +255,8 @@ class FakeDingTalk:
                     return self.send(200, found[0], found[1])
                 if method == "POST" and path == "/robot/sendBySession":
                     status, answer = fake._session_send(self.path, raw)
+                    if isinstance(answer, bytes):
+                        return self.send(status, answer, "text/html")
                     return self.send(status, json.dumps(answer, ensure_ascii=False).encode(), "application/json")
                 result = fake._serve(method, path, {k.lower(): v for k, v in self.headers.items()}, raw)
                 if result is None:

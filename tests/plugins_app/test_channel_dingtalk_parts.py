@@ -428,6 +428,42 @@ def test_a_session_webhook_send_waits_out_throttling_and_an_expired_one_is_refus
     assert expired.value.code == "300001" and ding.texts() == ["hi"]
 
 
+def test_a_session_webhook_send_counts_as_sent_only_for_errcode_0_and_waits_out_a_busy_dingtalk(ding, tmp_path):
+    from plugins_app.channel.sdk import Delivery, DeliveryFailed
+    from plugins_app.channel.sdk.journal import SentJournal
+    from plugins_app.channel.workers.dingtalk.api import SessionRefused
+    client, waits = api(ding)
+    url = ding.message()["sessionWebhook"]
+    ding.script_answer(200, {"errcode": -1, "errmsg": "系统繁忙"})  # DingTalk's global "busy: try again"
+    client.send_by_session(url, {"title": "hi", "text": "after busy"})
+    assert waits == [1.0] and ding.texts() == ["after busy"]
+    ding.script_answer(200, b"<html><body>ok</body></html>")  # 200, but no DingTalk answer: nothing says it went
+    with pytest.raises(DingTalkError) as not_json:
+        client.send_by_session(url, {"title": "hi", "text": "lost"})
+    assert not isinstance(not_json.value, SessionRefused) and not_json.value.status == 200
+    ding.script_answer(200, {"errmsg": "ok"})  # JSON without an errcode: not a success either
+    with pytest.raises(DingTalkError):
+        client.send_by_session(url, {"title": "hi", "text": "lost"})
+    # the worker: not journaled as sent, and the hub tries again (retryable)
+    env = {k: v for k, v in ding.env().items() if k != "DINGTALK_APP_KEY"}
+    worker = DingTalkWorker(argv=[], environ=env, socket_path="/nowhere", plugin_id="dt-test", token="t",
+                            install_signal_handlers=False)
+    from plugins_app.channel.workers.dingtalk.session import SessionStore
+    worker.sessions = SessionStore(str(tmp_path / "s.json"))
+    worker._journal = SentJournal(str(tmp_path / "sent.sqlite3"))
+    message = ding.text("hi")
+    worker._remember_session(f"user:{STAFF}", message)
+    ding.script_answer(200, b"<html>gateway</html>")
+    delivery = Delivery(delivery_id="d_s", conversation_id=f"user:{STAFF}", text="through a proxy")
+    with pytest.raises(DeliveryFailed) as failed:
+        worker.deliver(delivery)
+    assert not failed.value.permanent and worker._journal.done("d_s") == {}
+    worker.deliver(delivery)  # the hub's retry
+    assert ding.texts() == ["after busy", "through a proxy"] and len(worker._journal.done("d_s")) == 1
+    worker._journal.close()
+    worker.api.close()
+
+
 def test_the_session_store_keeps_each_conversations_newest_webhook_across_restarts(tmp_path):
     from plugins_app.channel.workers.dingtalk.session import SessionStore
     path = str(tmp_path / "sessions.json")

@@ -37,6 +37,8 @@ DEFAULT_API_BASE_URL = "https://api.dingtalk.com"
 DEFAULT_OAPI_BASE_URL = "https://oapi.dingtalk.com"
 #: A session webhook's errcode for sending too fast (the robot's 20 messages a minute): waited out.
 SESSION_THROTTLED = {130101}
+#: DingTalk's global errcode -1, 系统繁忙 (the system is busy: "try again"): waited out like a 5xx.
+SESSION_BUSY = {-1}
 TOKEN_HEADER = "x-acs-dingtalk-access-token"
 
 #: Fetch a new token this long before the one in hand expires (DingTalk gives 7,200 s).
@@ -194,8 +196,10 @@ class DingTalkApi:
 
     def send_by_session(self, url: str, param: dict) -> None:
         """POST a markdown message (``{"title", "text"}``) to a message's ``sessionWebhook``: no token, answered
-        ``{"errcode": 0, "errmsg": "ok"}``. Throttling (429, errcode 130101) and 5xx are waited out; another
-        errcode (the session expired, the message refused) raises ``SessionRefused``."""
+        ``{"errcode": 0, "errmsg": "ok"}``, and only that JSON body is a message sent. Throttling (429, errcode
+        130101), errcode -1 (系统繁忙) and 5xx are waited out; another errcode (the session expired, the message
+        refused) raises ``SessionRefused``; an answer that is not DingTalk's JSON (a proxy's page...) raises
+        ``DingTalkError`` with its status: nothing says the message went out."""
         where = "POST sessionWebhook"
         waited, backoff = 0.0, self.backoff_initial
         while True:
@@ -209,17 +213,22 @@ class DingTalkApi:
                 answer = response.json()
             except ValueError:
                 answer = None
-            if not isinstance(answer, dict):
-                answer = {}
+            errcode = answer.get("errcode") if isinstance(answer, dict) else None
             try:
-                errcode = int(answer.get("errcode", 0 if status == 200 else -1))
+                errcode = None if isinstance(errcode, bool) else int(errcode)
             except (TypeError, ValueError):
-                errcode = -1
+                errcode = None
+            if errcode is None:
+                raise DingTalkError(where, status, "", "the answer carries no errcode (not DingTalk's JSON): "
+                                    f"{response.text[:60]!r}")
             errmsg = str(answer.get("errmsg") or answer.get("message") or response.reason_phrase or "")
             if status == 200 and errcode == 0:
                 return
             if errcode in SESSION_THROTTLED:
                 waited, backoff = self._wait(where, 429, str(errcode), errmsg, waited, backoff)
+                continue
+            if errcode in SESSION_BUSY:
+                waited, backoff = self._wait(where, 503, str(errcode), errmsg, waited, backoff)
                 continue
             raise SessionRefused(where, status, str(errcode), errmsg)
 
