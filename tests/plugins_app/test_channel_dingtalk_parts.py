@@ -493,6 +493,24 @@ def test_without_an_app_key_a_session_webhook_on_another_host_is_never_kept(ding
     worker.api.close()
 
 
+def test_an_unusable_session_webhook_is_logged_without_its_token(ding, tmp_path, caplog):
+    env = {k: v for k, v in ding.env().items() if k != "DINGTALK_APP_KEY"}
+    worker = DingTalkWorker(argv=[], environ=env, socket_path="/nowhere", plugin_id="dt-test", token="t",
+                            install_signal_handlers=False)
+    from plugins_app.channel.workers.dingtalk.session import SessionStore
+    worker.sessions = SessionStore(str(tmp_path / "s.json"))
+    secret = "b1f2c3d4e5f6a7b8"
+    caplog.set_level("WARNING", logger="ugent.worker.dt-test")
+    for url, expires in ((f"https://x.example/robot/sendBySession?session={secret}", None),  # another host
+                         (f"{ding.base_url}/robot/sendBySession?session={secret}", 0)):  # no expiry
+        worker._remember_session("user:x", ding.text("hi", sessionWebhook=url, sessionWebhookExpiredTime=expires))
+    assert "https://x.example/robot/sendBySession" in caplog.text
+    assert f"{ding.base_url}/robot/sendBySession" in caplog.text
+    assert secret not in caplog.text and "session=" not in caplog.text
+    assert worker.sessions.get("user:x") is None
+    worker.api.close()
+
+
 # -- registration -------------------------------------------------------------------------------------------
 
 @pytest.mark.django_db

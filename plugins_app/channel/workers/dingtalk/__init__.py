@@ -113,6 +113,16 @@ def download_ref(base_url: str, download_code: str) -> str:
     return f"{base_url.rstrip('/')}/v1.0/robot/messageFiles/download?downloadCode={quote(download_code, safe='')}"
 
 
+def url_for_log(url: str) -> str:
+    """A URL as a log line may show it: scheme, host and path, never the query (a session webhook's token)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "(not a URL)"
+    host = parts.netloc.rpartition("@")[2]  # no user info either
+    return f"{parts.scheme}://{host}{parts.path}" if parts.scheme else "(not a URL)"
+
+
 def strip_mention(text: str) -> str:
     """A group message's text without the leading @mention (the robot's name) DingTalk may leave in it."""
     return _MENTION.sub("", text, count=1) if text.lstrip().startswith("@") else text.strip()
@@ -307,8 +317,8 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
         except (TypeError, ValueError):
             expires = 0
         if not url.startswith(f"{self.oapi_base_url}/robot/sendBySession?") or not expires:
-            self.log.warning("dingtalk: message %s carries no usable sessionWebhook (%r): it cannot be answered "
-                             "without %s", message.get("msgId"), url[:80], APP_KEY_ENV)
+            self.log.warning("dingtalk: message %s carries no usable sessionWebhook (%s): it cannot be answered "
+                             "without %s", message.get("msgId"), url_for_log(url) if url else "none", APP_KEY_ENV)
             return
         self.sessions.remember(conversation_id, url, expires)
 
