@@ -88,6 +88,7 @@ class FakeDingTalk:
         self.staff = {STAFF, OTHER_STAFF}         # the organisation's users the robot may write to
         self.groups = {GROUP}                     # the groups the robot is in
         self.files: dict[str, tuple[bytes, str]] = {}
+        self.files_without_length = False         # serve files with no Content-Length (read to the close)
         self.sessions: dict[str, int] = {}        # session webhook token -> its expiry (ms since the epoch)
         self.session_ttl_ms = 5400000             # a message's sessionWebhook lasts 90 minutes
         self.webhook_url: str | None = None
@@ -252,6 +253,14 @@ class FakeDingTalk:
                         found = fake.files.get(path[len("/files/"):])
                     if found is None:
                         return self.send(404, b"<Error><Code>NoSuchKey</Code></Error>", "application/xml")
+                    if fake.files_without_length:
+                        self.send_response(200)
+                        self.send_header("Content-Type", found[1])
+                        self.send_header("Connection", "close")
+                        self.end_headers()
+                        self.wfile.write(found[0])
+                        self.close_connection = True
+                        return None
                     return self.send(200, found[0], found[1])
                 if method == "POST" and path == "/robot/sendBySession":
                     status, answer = fake._session_send(self.path, raw)

@@ -357,6 +357,33 @@ def test_a_download_asks_for_the_url_with_the_token_and_fetches_it_without(ding)
         client.download("unknown")
 
 
+def test_a_download_past_its_bound_is_given_up_not_read_whole(ding, caplog):
+    from plugins_app.channel.workers.dingtalk.api import TooLarge
+    client, _ = api(ding)
+    code = ding.upload(b"x" * 5000, "application/pdf")
+    assert client.download(code, max_bytes=5000) == (b"x" * 5000, "application/pdf")
+    with pytest.raises(TooLarge):  # by its Content-Length
+        client.download(code, max_bytes=4999)
+    ding.files_without_length = True
+    assert client.download(code, max_bytes=5000)[0] == b"x" * 5000
+    with pytest.raises(TooLarge):  # as it is read
+        client.download(code, max_bytes=1000)
+    # the worker: its bound, and a log line saying it gave up
+    import plugins_app.channel.workers.dingtalk as worker_module
+    worker = DingTalkWorker(argv=[], environ=ding.env(), socket_path="/nowhere", plugin_id="dt-test", token="t",
+                            install_signal_handlers=False)
+    [att] = normalise(ding.message("file", content={"downloadCode": code, "fileName": "a.pdf"}),
+                      base_url=ding.base_url).attachments
+    caplog.set_level("ERROR", logger="ugent.worker.dt-test")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(worker_module, "MAX_DOWNLOAD_BYTES", 4096)
+        with pytest.raises(TooLarge):
+            worker.fetch_media(att)
+    assert "gave up downloading" in caplog.text and "over 4096 bytes" in caplog.text
+    assert not worker._refusal
+    worker.api.close()
+
+
 def test_a_stopping_worker_cuts_a_wait_short(ding):
     stopping = threading.Event()
     stopping.set()

@@ -62,7 +62,8 @@ from plugins_app.channel.sdk.outbox import outbox_path_for
 from plugins_app.channel.sdk.text import split_text
 from plugins_app.channel.sdk.webhook import WebhookInbox
 
-from .api import (DEFAULT_API_BASE_URL, DEFAULT_OAPI_BASE_URL, INVALID_TOKEN_CODE, AppRefused, DingTalkApi,
+from .api import (DEFAULT_API_BASE_URL, DEFAULT_OAPI_BASE_URL, INVALID_TOKEN_CODE, MAX_DOWNLOAD_BYTES, AppRefused,
+                  DingTalkApi,
                   DingTalkError, RateLimited, RobotNotInGroup, SessionRefused, Stopped, Unavailable, UserUnreachable)
 
 KIND = "channel-dingtalk"
@@ -330,7 +331,8 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
         if not code:
             return None
         try:
-            data, _ = self.api.download(code)
+            # never more than the host could take in one media.put, nor the worker's own bound
+            data, _ = self.api.download(code, max_bytes=min(MAX_DOWNLOAD_BYTES, self._media_frame_room()))
         except AppRefused as exc:
             self._refusal = refused(exc)  # the listener stops the worker
             raise

@@ -41,6 +41,8 @@ SESSION_THROTTLED = {130101}
 SESSION_BUSY = {-1}
 TOKEN_HEADER = "x-acs-dingtalk-access-token"
 
+#: The largest received file a download reads: past it the download is given up (``TooLarge``), never held whole.
+MAX_DOWNLOAD_BYTES = 20 * 1024 * 1024
 #: Fetch a new token this long before the one in hand expires (DingTalk gives 7,200 s).
 REFRESH_MARGIN_SECS = 300.0
 #: DingTalk's code for a token it does not take (stale, revoked), answered HTTP 400 by api.dingtalk.com.
@@ -77,6 +79,10 @@ class UserUnreachable(DingTalkError):
 
 class RobotNotInGroup(DingTalkError):
     """A group send refused with a robot-code error that names the group: the robot is not (or no longer) in it."""
+
+
+class TooLarge(DingTalkError):
+    """A received file over the download's bound: not read past it."""
 
 
 class RateLimited(DingTalkError):
@@ -241,20 +247,31 @@ class DingTalkApi:
             raise DingTalkError("POST /v1.0/robot/messageFiles/download", 200, "", "the answer has no downloadUrl")
         return str(url)
 
-    def download(self, download_code: str) -> tuple[bytes, str]:
+    def download(self, download_code: str, max_bytes: int = MAX_DOWNLOAD_BYTES) -> tuple[bytes, str]:
         """A received file's bytes and type: its download URL asked for, then fetched (no token: the URL is
-        signed). A 5xx of the file's host is tried again within the wait bound."""
+        signed), streamed and given up past ``max_bytes`` (``TooLarge``: by its Content-Length, or as it is
+        read). A 5xx of the file's host is tried again within the wait bound."""
         url = self.download_url(download_code)
+        where = f"GET {url.split('?')[0]}"  # the signature in the query is not for logs
         waited, backoff = 0.0, self.backoff_initial
         while True:
-            response = self.client.get(url, timeout=120)
-            if response.status_code == 200:
-                ctype = (response.headers.get("Content-Type") or "application/octet-stream").split(";")[0].strip()
-                return response.content, ctype
-            if response.status_code < 500:
-                raise DingTalkError(f"GET {url.split('?')[0]}", response.status_code, "", response.reason_phrase)
-            waited, backoff = self._wait("GET downloadUrl", response.status_code, "", response.reason_phrase,
-                                         waited, backoff)
+            with self.client.stream("GET", url, timeout=120) as response:
+                status, reason = response.status_code, response.reason_phrase
+                if status == 200:
+                    ctype = (response.headers.get("Content-Type") or "application/octet-stream").split(";")[0].strip()
+                    declared = response.headers.get("Content-Length") or ""
+                    if declared.isdigit() and int(declared) > max_bytes:
+                        raise TooLarge(where, status, "", f"the file is {declared} bytes, over {max_bytes}")
+                    chunks, size = [], 0
+                    for chunk in response.iter_bytes():
+                        size += len(chunk)
+                        if size > max_bytes:
+                            raise TooLarge(where, status, "", f"the file is over {max_bytes} bytes")
+                        chunks.append(chunk)
+                    return b"".join(chunks), ctype
+            if status < 500:
+                raise DingTalkError(where, status, "", reason)
+            waited, backoff = self._wait("GET downloadUrl", status, "", reason, waited, backoff)
 
     def _call(self, where: str, path: str, body: dict) -> dict:
         refreshed = False
