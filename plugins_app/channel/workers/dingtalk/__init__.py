@@ -86,8 +86,6 @@ MEDIA = {"picture": ("image", "image/jpeg"), "audio": ("audio", "audio/amr"), "v
          "file": ("document", "application/octet-stream")}
 #: A session webhook this close to its expiry is taken as expired (a send must reach DingTalk before it).
 SESSION_MARGIN_MS = 10_000
-#: How long a send refused for the app's settings waits for the worker to stop (the listener stops it at once).
-REFUSAL_HOLD_SECS = 30.0
 _MENTION = re.compile(r"^\s*@\S*\s*")
 _MARKUP = re.compile(r"^[\s#>*_`~\-+|]+")
 
@@ -346,7 +344,7 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
 
     def deliver(self, delivery) -> str | None:
         if self._refusal:
-            raise self._refused_failure()
+            raise self.refused_failure("DingTalk refused the app's credentials")
         if self.session_mode:
             return self._deliver_by_session(delivery)
         target = delivery.conversation_id
@@ -374,7 +372,7 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
                 key = send(target, "sampleMarkdown", param)
             except AppRefused as exc:
                 self._refusal = refused(exc)
-                raise self._refused_failure() from exc
+                raise self.refused_failure("DingTalk refused the app's credentials") from exc
             except UserUnreachable as exc:
                 raise DeliveryFailed(f"{exc} (the user is not in the organisation, or not in the robot's visible "
                                      "range)", permanent=True) from exc
@@ -429,12 +427,6 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
         parts = message_parts(delivery.text)
         return bool(parts) and len(self._journal.done(delivery.delivery_id)) >= len(parts)
 
-    def _refused_failure(self) -> DeliveryFailed:
-        """A send DingTalk refused for the app's settings: held until the listener has stopped the worker, so the
-        host does not spend the delivery's retries meanwhile; the delivery stays retryable."""
-        self.stopping.wait(REFUSAL_HOLD_SECS)
-        return DeliveryFailed(self._refusal or "DingTalk refused the app's credentials")
-
     def disconnect(self) -> None:
         if self.server is not None:
             self.server.stop()
@@ -444,8 +436,4 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
 
 
 def main(argv: list[str] | None = None) -> None:
-    # httpx logs each request at INFO; keep the worker's log about the worker
-    import logging
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    logging.getLogger("httpcore").setLevel(logging.WARNING)
     DingTalkWorker.main(argv=argv)
