@@ -9,8 +9,9 @@
   ``POST /v1.0/robot/messageFiles/download`` (``{"downloadCode", "robotCode"}`` → ``{"downloadUrl"}``, a URL
   on the fake that answers the bytes without any token). Each call but the token needs
   ``x-acs-dingtalk-access-token``. Errors are an HTTP status with ``{"code", "message", "requestid"}``:
-  a bad app key or secret 400 ``invalidClientIdOrSecret``, an unknown or expired token 401
-  ``InvalidAuthentication``, an unknown robot code 400 ``invalidParameter.robotCode.notExsit``, a
+  a bad app key or secret 400 ``invalidClientIdOrSecret``, an unknown or expired token 400 (not 401: so
+  api.dingtalk.com answers it) ``InvalidAuthentication`` ``不合法的access_token``, an unknown robot code 400
+  ``invalidParameter.robotCode.notExsit`` (also a group send to a group the robot is not in), a
   ``msgParam`` over 15,000 bytes 400 ``invalidParameter.msgParam.length``; scripted answers (``script``:
   429 ``Throttling.Api``, 500...) for the next sends, and ``hold_next``: a send that never arrives.
 * the **callback**: ``post``/``say`` send a robot message to the worker's URL with the ``timestamp`` (ms) and
@@ -83,14 +84,16 @@ class FakeDingTalk:
         self.lock = threading.RLock()
         self.calls: list[Call] = []
         self.sent: list[dict] = []                # each message delivered: kind, to, msgKey, param, key
-        self.tokens: dict[str, float] = {}        # access token -> when it expires (monotonic)
+        self.tokens: dict[str, float] = {}        # access token -> when it expires (time.time())
         self.staff = {STAFF, OTHER_STAFF}         # the organisation's users the robot may write to
         self.groups = {GROUP}                     # the groups the robot is in
         self.files: dict[str, tuple[bytes, str]] = {}
+        self.files_without_length = False         # serve files with no Content-Length (read to the close)
         self.sessions: dict[str, int] = {}        # session webhook token -> its expiry (ms since the epoch)
         self.session_ttl_ms = 5400000             # a message's sessionWebhook lasts 90 minutes
         self.webhook_url: str | None = None
         self.permission = True                    # the app holds the robot's send permission
+        self.ip_allowed = True                    # the app's IP whitelist (服务器出口IP) lets the caller in
         self.held = threading.Event()             # a held send arrived
         self._hold_after: int | None = None
         self._script: list[tuple[int, dict]] = []
@@ -143,8 +146,9 @@ class FakeDingTalk:
         with self.lock:
             self._flow_controlled += times
 
-    def script_answer(self, status: int, body: dict) -> None:
-        """The next send is answered with exactly this (a session webhook's errcode, say)."""
+    def script_answer(self, status: int, body: dict | bytes) -> None:
+        """The next send is answered with exactly this (a session webhook's errcode, say; bytes: sent as they
+        are, as ``text/html``, the page a proxy in the way would answer)."""
         with self.lock:
             self._script.append((status, body))
 
@@ -249,9 +253,19 @@ class FakeDingTalk:
                         found = fake.files.get(path[len("/files/"):])
                     if found is None:
                         return self.send(404, b"<Error><Code>NoSuchKey</Code></Error>", "application/xml")
+                    if fake.files_without_length:
+                        self.send_response(200)
+                        self.send_header("Content-Type", found[1])
+                        self.send_header("Connection", "close")
+                        self.end_headers()
+                        self.wfile.write(found[0])
+                        self.close_connection = True
+                        return None
                     return self.send(200, found[0], found[1])
                 if method == "POST" and path == "/robot/sendBySession":
                     status, answer = fake._session_send(self.path, raw)
+                    if isinstance(answer, bytes):
+                        return self.send(status, answer, "text/html")
                     return self.send(status, json.dumps(answer, ensure_ascii=False).encode(), "application/json")
                 result = fake._serve(method, path, {k.lower(): v for k, v in self.headers.items()}, raw)
                 if result is None:
@@ -291,6 +305,8 @@ class FakeDingTalk:
         refused = self._check_token(headers.get("x-acs-dingtalk-access-token"))
         if refused:
             return refused
+        if not self.ip_allowed:  # every call with a token, sends and file downloads alike
+            return 403, error("Forbidden.AccessDenied.IpNotInWhiteList", "访问ip不在白名单之中")
         if not isinstance(body, dict):
             return 400, error("MissingBody", "body is mandatory for this action.")
         if body.get("robotCode") != self.robot_code:
@@ -339,7 +355,8 @@ class FakeDingTalk:
                 return 200, {"processQueryKey": pqk, "invalidStaffIdList": invalid, "flowControlledStaffIdList": []}
             group = body.get("openConversationId")
             if group not in self.groups:
-                return 400, error("invalid.openConversationId", "无效的openConversationId")
+                # DingTalk's answer for a group the robot is not (or no longer) in: "请检查机器人是否在群内"
+                return 400, error("invalidParameter.robotCode.notExsit", "机器人不存在")
             self.sent.append({"kind": "group", "to": group, "msgKey": key, "param": values, "key": pqk})
             return 200, {"processQueryKey": pqk}
 
@@ -377,12 +394,13 @@ class FakeDingTalk:
                     or self._secret_reset):
                 return 400, error("invalidClientIdOrSecret", "无效的clientId或者clientSecret")
             token = secrets.token_hex(16)
-            self.tokens[token] = time.monotonic() + 7200
+            self.tokens[token] = time.time() + 7200
         return 200, {"accessToken": token, "expireIn": 7200}
 
     def _check_token(self, token: str | None):
         with self.lock:
             expires = self.tokens.get(token or "")
-        if expires is None or time.monotonic() >= expires:
-            return 401, error("InvalidAuthentication", "不合法的access_token")
+        if expires is None or time.time() >= expires:
+            # api.dingtalk.com answers a token it does not take with 400, not 401
+            return 400, error("InvalidAuthentication", "不合法的access_token")
         return None

@@ -98,6 +98,25 @@ def test_a_group_mention_is_answered_in_the_group(tcast, ding, start_runtime):
     assert receipt.conversation.external_id == f"group:{GROUP}" and receipt.actor.key == f"dingtalk:{STAFF}"
 
 
+def test_a_group_the_robot_was_removed_from_fails_its_answer_and_only_that(tcast, ding, start_runtime):
+    dingtalk_plugin()
+    rt = start_runtime()
+    listening(rt, ding)
+    ding.post(ding.text("@机器人 script:answer=before", group=True))
+    assert answered(ding) == ["before"]
+    ding.groups.discard(GROUP)  # the robot removed in the group's settings; its mention arrived just before
+    ding.post(ding.text("@机器人 script:answer=to a group without the robot", group=True))
+    assert wait_until(lambda: OutboundDelivery.objects.filter(state="dead_letter").exists(), 30), rt.log(PID)
+    dead = OutboundDelivery.objects.get(state="dead_letter")
+    assert "invalidParameter.robotCode.notExsit" in dead.last_error and "not in this group" in dead.last_error
+    assert [c.status for c in ding.sends()] == [200, 400]  # permanent: not retried
+    # the plugin goes on: the robot's other chats are answered
+    assert Plugin.objects.get().state == "running" and Plugin.objects.get().enabled
+    ding.say("script:answer=one to one still works")
+    assert answered(ding, 2) == ["before", "one to one still works"]
+    assert Plugin.objects.get().enabled
+
+
 def test_a_long_answer_is_split_within_dingtalks_limit(tcast, ding, start_runtime):
     dingtalk_plugin()
     rt = start_runtime()
@@ -186,7 +205,7 @@ def test_an_expired_token_is_fetched_again_and_the_message_sent_once(tcast, ding
     ding.say("script:answer=fresh token")
     assert answered(ding) == ["fresh token"]
     expired, sent = ding.sends()
-    assert (expired.status, expired.answer["code"], sent.status) == (401, "InvalidAuthentication", 200)
+    assert (expired.status, expired.answer["code"], sent.status) == (400, "InvalidAuthentication", 200)
     assert len(ding.calls_to("/v1.0/oauth2/accessToken")) == 2
     assert wait_until(delivered, 15), rt.log(PID)
     assert OutboundDelivery.objects.get().attempt == 1
@@ -272,10 +291,27 @@ def test_a_secret_reset_while_running_is_the_plugins_state_and_it_stops_retrying
     calls = len(ding.calls)
     wait_until(lambda: False, 1.5)
     assert len(ding.calls) == calls and rt.worker_pid(PID) is None
-    assert [c.status for c in ding.sends()] == [401] and not ding.texts()
+    assert [(c.status, c.answer["code"]) for c in ding.sends()] == [(400, "InvalidAuthentication")]
+    assert not ding.texts()
     # the answer is not lost: it waits, retryable, for the operator's new secret
     delivery = OutboundDelivery.objects.get()
     assert delivery.state in ("pending", "in_flight") and delivery.attempt <= 2, (delivery.state, delivery.attempt)
+
+
+def test_a_host_left_out_of_the_apps_ip_whitelist_disables_the_plugin_with_the_fix(tcast, ding, start_runtime):
+    dingtalk_plugin()
+    rt = start_runtime()
+    listening(rt, ding)
+    ding.ip_allowed = False  # the operator set the app's IP whitelist without this host
+    ding.say("script:answer=unsent")
+    assert wait_until(lambda: not Plugin.objects.get().enabled, 30), rt.log(PID)
+    reason = Plugin.objects.get().disabled_reason
+    assert "HTTP 403 Forbidden.AccessDenied.IpNotInWhiteList" in reason and "IP whitelist" in reason
+    assert [(c.status, c.answer["code"]) for c in ding.sends()] == [(403, "Forbidden.AccessDenied.IpNotInWhiteList")]
+    # the answer is not dead-lettered: it waits, retryable, for the operator's fix
+    delivery = OutboundDelivery.objects.get()
+    assert delivery.state in ("pending", "in_flight") and delivery.attempt <= 2, (delivery.state, delivery.attempt)
+    assert not ding.texts()
 
 
 def test_a_message_sent_while_the_worker_is_down_is_taken_when_dingtalk_sends_it_again(tcast, ding, start_runtime):

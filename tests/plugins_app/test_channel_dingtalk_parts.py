@@ -1,5 +1,5 @@
 """channel-dingtalk's parts on their own: the sign (the vector's algorithm), normalisation, splitting, the OpenAPI
-client's answers to 401, throttling, 5xx and refusals."""
+client's answers to a refused token, throttling, 5xx and refusals."""
 from __future__ import annotations
 
 import base64
@@ -16,8 +16,8 @@ import pytest
 from plugins_app.channel.workers import installed_kinds
 from plugins_app.channel.workers.dingtalk import (TEXT_LIMIT_BYTES, DingTalkWorker, markdown_params, message_parts,
                                                   normalise, param_len, strip_mention, title_of)
-from plugins_app.channel.workers.dingtalk.api import (AppRefused, DingTalkApi, DingTalkError, RateLimited, Stopped,
-                                                      Unavailable, UserUnreachable)
+from plugins_app.channel.workers.dingtalk.api import (AppRefused, DingTalkApi, DingTalkError, RateLimited,
+                                                      RobotNotInGroup, Stopped, Unavailable, UserUnreachable)
 from plugins_app.channel.workers.dingtalk.webhook import MAX_SKEW_MS, WebhookServer, signature, signature_valid
 from tests.fakes.dingtalk import GROUP, STAFF, FakeDingTalk, sign
 
@@ -47,9 +47,9 @@ def test_the_sign_is_the_vectors_algorithm_for_the_inbound_callback():
         outbound = quote_plus(expected)  # the custom robot's outbound form is URL-encoded: not what arrives here
         if outbound != expected:
             assert not signature_valid(secret, ts, outbound, now_ms=int(ts))
-    # a value computed once from the sample's secret: any change to the formula breaks it
-    assert signature("this is secret", "1577262236757") == base64.b64encode(hmac.new(
-        b"this is secret", b"1577262236757\nthis is secret", hashlib.sha256).digest()).decode()
+    # a value computed once (2026-12-06, with `openssl dgst -sha256 -hmac` and checked with Python's hmac) from
+    # the sample's secret and timestamp, written here as a literal: any change to the formula breaks it
+    assert signature("this is secret", "1577262236757") == "hmPWwU+7lVdm3ZZz0r9tSfx0L4Q26jWOZr9+Gs6EZQM="
 
 
 def test_a_sign_for_another_timestamp_or_secret_or_a_timestamp_an_hour_away_is_refused():
@@ -221,9 +221,35 @@ def test_a_stale_token_is_fetched_again_once_and_the_call_made_again(ding):
     client.send_to_user(STAFF, "sampleMarkdown", MD)
     ding.expire_tokens()
     client.send_to_user(STAFF, "sampleMarkdown", MD)
-    assert [c.status for c in ding.sends()] == [200, 401, 200]
+    assert [(c.status, c.answer.get("code")) for c in ding.sends()] == [
+        (200, None), (400, "InvalidAuthentication"), (200, None)]
     assert len(ding.calls_to("/v1.0/oauth2/accessToken")) == 2
     assert ding.texts() == ["hi", "hi"]
+
+
+def test_a_token_refused_twice_in_a_row_is_the_apps_refusal(ding, monkeypatch):
+    client, _ = api(ding)
+    monkeypatch.setattr(ding, "_check_token", lambda token: (400, {"code": "InvalidAuthentication",
+                                                                   "message": "不合法的access_token"}))
+    with pytest.raises(AppRefused) as refused:
+        client.send_to_user(STAFF, "sampleMarkdown", MD)
+    assert refused.value.code == "InvalidAuthentication"
+    assert len(ding.calls_to("/v1.0/oauth2/accessToken")) == 2 and len(ding.sends()) == 2
+    from plugins_app.channel.workers.dingtalk import refused as reason
+    assert "DINGTALK_APP_SECRET" in reason(refused.value)
+
+
+def test_the_tokens_expiry_runs_on_the_wall_clock(ding, monkeypatch):
+    """A suspended host: the wall clock jumps past the token's lifetime, a monotonic one does not."""
+    import types
+    from plugins_app.channel.workers.dingtalk import api as api_module
+    now = [1_800_000_000.0]
+    monkeypatch.setattr(api_module, "time", types.SimpleNamespace(time=lambda: now[0], monotonic=lambda: 0.0))
+    client = DingTalkApi(ding.app_key, ding.app_secret, ding.robot_code, base_url=ding.base_url)
+    first = client.token()
+    now[0] += 7200  # the host slept through the token's life
+    assert client.token() != first
+    client.close()
 
 
 def test_a_token_is_refreshed_before_it_expires():
@@ -274,10 +300,17 @@ def test_refusals_of_the_app_and_of_one_message_are_told_apart(ding):
     client, _ = api(ding)
     with pytest.raises(UserUnreachable):
         client.send_to_user("departed", "sampleMarkdown", MD)
-    with pytest.raises(DingTalkError) as bad_group:
+    with pytest.raises(RobotNotInGroup) as bad_group:  # a group the robot is not in: that message, not the app
         client.send_to_group("cidUnknown==", "sampleMarkdown", MD)
     assert not isinstance(bad_group.value, AppRefused) and bad_group.value.status == 400
-    assert bad_group.value.code == "invalid.openConversationId"
+    assert bad_group.value.code == "invalidParameter.robotCode.notExsit"
+    for code in ("invalidParameter.robotCode.empty", "invalidParameter.robotCode.coolApp"):
+        ding.script(400, code, "机器人robotCode无效，请检查机器人是否在群内")
+        with pytest.raises(RobotNotInGroup):
+            client.send_to_group(GROUP, "sampleMarkdown", MD)
+    ding.script(400, "invalidParameter.robotCode.auth", "此应用appkey和机器人robotCode不匹配")
+    with pytest.raises(AppRefused):  # the app and the robot do not match: every send would fail
+        client.send_to_group(GROUP, "sampleMarkdown", MD)
     with pytest.raises(DingTalkError) as too_long:
         client.send_to_user(STAFF, "sampleMarkdown", {"title": "t", "text": "x" * 15001})
     assert too_long.value.code == "invalidParameter.msgParam.length"
@@ -298,6 +331,22 @@ def test_refusals_of_the_app_and_of_one_message_are_told_apart(ding):
     wrong_robot.close()
 
 
+def test_a_host_outside_the_apps_ip_whitelist_is_the_apps_refusal_with_the_fix(ding):
+    from plugins_app.channel.workers.dingtalk import refused
+    client, waits = api(ding)
+    code = ding.upload(b"jpeg")
+    ding.ip_allowed = False
+    for call in (lambda: client.send_to_user(STAFF, "sampleMarkdown", MD), lambda: client.download(code)):
+        with pytest.raises(AppRefused) as denied:
+            call()
+        assert (denied.value.status, denied.value.code) == (403, "Forbidden.AccessDenied.IpNotInWhiteList")
+        assert "IP whitelist" in refused(denied.value)
+    ding.ip_allowed = True
+    ding.script(403, "Forbidden.AccessDenied.QpsLimitForApi", "api qps limit")  # a throttle, not a refusal
+    client.send_to_user(STAFF, "sampleMarkdown", MD)
+    assert waits == [1.0] and ding.texts() == ["hi"]
+
+
 def test_a_download_asks_for_the_url_with_the_token_and_fetches_it_without(ding):
     client, _ = api(ding)
     code = ding.upload(b"\xff\xd8jpeg", "image/jpeg")
@@ -306,6 +355,33 @@ def test_a_download_asks_for_the_url_with_the_token_and_fetches_it_without(ding)
     assert ask.body == {"downloadCode": code, "robotCode": ding.robot_code}
     with pytest.raises(DingTalkError):
         client.download("unknown")
+
+
+def test_a_download_past_its_bound_is_given_up_not_read_whole(ding, caplog):
+    from plugins_app.channel.workers.dingtalk.api import TooLarge
+    client, _ = api(ding)
+    code = ding.upload(b"x" * 5000, "application/pdf")
+    assert client.download(code, max_bytes=5000) == (b"x" * 5000, "application/pdf")
+    with pytest.raises(TooLarge):  # by its Content-Length
+        client.download(code, max_bytes=4999)
+    ding.files_without_length = True
+    assert client.download(code, max_bytes=5000)[0] == b"x" * 5000
+    with pytest.raises(TooLarge):  # as it is read
+        client.download(code, max_bytes=1000)
+    # the worker: its bound, and a log line saying it gave up
+    import plugins_app.channel.workers.dingtalk as worker_module
+    worker = DingTalkWorker(argv=[], environ=ding.env(), socket_path="/nowhere", plugin_id="dt-test", token="t",
+                            install_signal_handlers=False)
+    [att] = normalise(ding.message("file", content={"downloadCode": code, "fileName": "a.pdf"}),
+                      base_url=ding.base_url).attachments
+    caplog.set_level("ERROR", logger="ugent.worker.dt-test")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(worker_module, "MAX_DOWNLOAD_BYTES", 4096)
+        with pytest.raises(TooLarge):
+            worker.fetch_media(att)
+    assert "gave up downloading" in caplog.text and "over 4096 bytes" in caplog.text
+    assert not worker._refusal
+    worker.api.close()
 
 
 def test_a_stopping_worker_cuts_a_wait_short(ding):
@@ -379,6 +455,42 @@ def test_a_session_webhook_send_waits_out_throttling_and_an_expired_one_is_refus
     assert expired.value.code == "300001" and ding.texts() == ["hi"]
 
 
+def test_a_session_webhook_send_counts_as_sent_only_for_errcode_0_and_waits_out_a_busy_dingtalk(ding, tmp_path):
+    from plugins_app.channel.sdk import Delivery, DeliveryFailed
+    from plugins_app.channel.sdk.journal import SentJournal
+    from plugins_app.channel.workers.dingtalk.api import SessionRefused
+    client, waits = api(ding)
+    url = ding.message()["sessionWebhook"]
+    ding.script_answer(200, {"errcode": -1, "errmsg": "系统繁忙"})  # DingTalk's global "busy: try again"
+    client.send_by_session(url, {"title": "hi", "text": "after busy"})
+    assert waits == [1.0] and ding.texts() == ["after busy"]
+    ding.script_answer(200, b"<html><body>ok</body></html>")  # 200, but no DingTalk answer: nothing says it went
+    with pytest.raises(DingTalkError) as not_json:
+        client.send_by_session(url, {"title": "hi", "text": "lost"})
+    assert not isinstance(not_json.value, SessionRefused) and not_json.value.status == 200
+    ding.script_answer(200, {"errmsg": "ok"})  # JSON without an errcode: not a success either
+    with pytest.raises(DingTalkError):
+        client.send_by_session(url, {"title": "hi", "text": "lost"})
+    # the worker: not journaled as sent, and the hub tries again (retryable)
+    env = {k: v for k, v in ding.env().items() if k != "DINGTALK_APP_KEY"}
+    worker = DingTalkWorker(argv=[], environ=env, socket_path="/nowhere", plugin_id="dt-test", token="t",
+                            install_signal_handlers=False)
+    from plugins_app.channel.workers.dingtalk.session import SessionStore
+    worker.sessions = SessionStore(str(tmp_path / "s.json"))
+    worker._journal = SentJournal(str(tmp_path / "sent.sqlite3"))
+    message = ding.text("hi")
+    worker._remember_session(f"user:{STAFF}", message)
+    ding.script_answer(200, b"<html>gateway</html>")
+    delivery = Delivery(delivery_id="d_s", conversation_id=f"user:{STAFF}", text="through a proxy")
+    with pytest.raises(DeliveryFailed) as failed:
+        worker.deliver(delivery)
+    assert not failed.value.permanent and worker._journal.done("d_s") == {}
+    worker.deliver(delivery)  # the hub's retry
+    assert ding.texts() == ["after busy", "through a proxy"] and len(worker._journal.done("d_s")) == 1
+    worker._journal.close()
+    worker.api.close()
+
+
 def test_the_session_store_keeps_each_conversations_newest_webhook_across_restarts(tmp_path):
     from plugins_app.channel.workers.dingtalk.session import SessionStore
     path = str(tmp_path / "sessions.json")
@@ -405,6 +517,24 @@ def test_without_an_app_key_a_session_webhook_on_another_host_is_never_kept(ding
     assert worker.sessions.get("user:x") is None
     worker._remember_session("user:x", ding.text("hi"))
     assert worker.sessions.get("user:x")[0].startswith(f"{ding.base_url}/robot/sendBySession?session=")
+    worker.api.close()
+
+
+def test_an_unusable_session_webhook_is_logged_without_its_token(ding, tmp_path, caplog):
+    env = {k: v for k, v in ding.env().items() if k != "DINGTALK_APP_KEY"}
+    worker = DingTalkWorker(argv=[], environ=env, socket_path="/nowhere", plugin_id="dt-test", token="t",
+                            install_signal_handlers=False)
+    from plugins_app.channel.workers.dingtalk.session import SessionStore
+    worker.sessions = SessionStore(str(tmp_path / "s.json"))
+    secret = "b1f2c3d4e5f6a7b8"
+    caplog.set_level("WARNING", logger="ugent.worker.dt-test")
+    for url, expires in ((f"https://x.example/robot/sendBySession?session={secret}", None),  # another host
+                         (f"{ding.base_url}/robot/sendBySession?session={secret}", 0)):  # no expiry
+        worker._remember_session("user:x", ding.text("hi", sessionWebhook=url, sessionWebhookExpiredTime=expires))
+    assert "https://x.example/robot/sendBySession" in caplog.text
+    assert f"{ding.base_url}/robot/sendBySession" in caplog.text
+    assert secret not in caplog.text and "session=" not in caplog.text
+    assert worker.sessions.get("user:x") is None
     worker.api.close()
 
 

@@ -25,14 +25,17 @@ set, which is what DingTalk gives an app's robot), ``DINGTALK_API_BASE_URL`` (de
   beside the outbox) and a delivery resumed after a crash skips the parts it names; only the one part
   in flight at the crash may be sent twice.
 * **Token.** ``POST /v1.0/oauth2/accessToken`` with the app key and secret, kept until shortly before it
-  expires, fetched again at once when a call answers 401, and the call made once more.
+  expires, fetched again at once when a call answers ``InvalidAuthentication`` (HTTP 400 at api.dingtalk.com)
+  or 401, and the call made once more.
 * **Limits.** Throttling (429, a ``Throttling``/``QpsLimit`` code, a user in ``flowControlledStaffIdList``)
   and 5xx are waited out in place (1 s doubling to 30 s) up to ``--max-retry-wait``; then the hub's
   own retries take over.
-* **Refusals.** The app key or secret refused, the robot code not the app's, or the app lacking the robot's
-  send permission raises ``ChannelRefused``: the plugin is disabled with the reason, not restarted. A
-  user DingTalk names in ``invalidStaffIdList``, and any other 4xx of a send, fails that delivery
-  permanently with DingTalk's reason.
+* **Refusals.** The app key or secret refused, the robot code not the app's, the app lacking the robot's
+  send permission, or any other ``Forbidden.AccessDenied.*`` that is no throttle (this host not in the app's
+  IP whitelist) raises ``ChannelRefused``: the plugin is disabled with the reason, not restarted. A
+  user DingTalk names in ``invalidStaffIdList``, a group send answered ``invalidParameter.robotCode.notExsit``
+  / ``.empty`` / ``.coolApp`` (the robot is not in that group), and any other 4xx of a send, fails that
+  delivery permanently with DingTalk's reason.
 * **Without app credentials** (no ``DINGTALK_APP_KEY``; the secret still verifies the sign): each answer goes
   to the newest ``sessionWebhook`` of its conversation (kept in a JSON file beside the outbox) while it is
   valid (about 90 minutes; ``DINGTALK_OAPI_BASE_URL``, default ``https://oapi.dingtalk.com``, is the only
@@ -59,8 +62,9 @@ from plugins_app.channel.sdk.outbox import outbox_path_for
 from plugins_app.channel.sdk.text import split_text
 from plugins_app.channel.sdk.webhook import WebhookInbox
 
-from .api import (DEFAULT_API_BASE_URL, DEFAULT_OAPI_BASE_URL, AppRefused, DingTalkApi, DingTalkError, RateLimited,
-                  SessionRefused, Stopped, Unavailable, UserUnreachable)
+from .api import (DEFAULT_API_BASE_URL, DEFAULT_OAPI_BASE_URL, INVALID_TOKEN_CODE, MAX_DOWNLOAD_BYTES, AppRefused,
+                  DingTalkApi,
+                  DingTalkError, RateLimited, RobotNotInGroup, SessionRefused, Stopped, Unavailable, UserUnreachable)
 
 KIND = "channel-dingtalk"
 DESCRIPTION = "DingTalk (钉钉): an internal app robot's HTTP callback in, the robot OpenAPI out."
@@ -82,8 +86,6 @@ MEDIA = {"picture": ("image", "image/jpeg"), "audio": ("audio", "audio/amr"), "v
          "file": ("document", "application/octet-stream")}
 #: A session webhook this close to its expiry is taken as expired (a send must reach DingTalk before it).
 SESSION_MARGIN_MS = 10_000
-#: How long a send refused for the app's settings waits for the worker to stop (the listener stops it at once).
-REFUSAL_HOLD_SECS = 30.0
 _MENTION = re.compile(r"^\s*@\S*\s*")
 _MARKUP = re.compile(r"^[\s#>*_`~\-+|]+")
 
@@ -108,6 +110,16 @@ def ms_to_rfc3339(ms) -> str:
 def download_ref(base_url: str, download_code: str) -> str:
     """The attachment's URL: where its download URL is asked for (the token is added then, never stored)."""
     return f"{base_url.rstrip('/')}/v1.0/robot/messageFiles/download?downloadCode={quote(download_code, safe='')}"
+
+
+def url_for_log(url: str) -> str:
+    """A URL as a log line may show it: scheme, host and path, never the query (a session webhook's token)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "(not a URL)"
+    host = parts.netloc.rpartition("@")[2]  # no user info either
+    return f"{parts.scheme}://{host}{parts.path}" if parts.scheme else "(not a URL)"
 
 
 def strip_mention(text: str) -> str:
@@ -214,11 +226,15 @@ def markdown_params(parts: list[str]) -> list[dict]:
 def refused(exc: DingTalkError) -> str:
     """The operator's reason for an app DingTalk refuses, with what to fix."""
     lowered = exc.code.lower()
-    if "accesstoken" in exc.where.lower() or exc.status == 401:
+    if "accesstoken" in exc.where.lower() or exc.status == 401 or exc.code == INVALID_TOKEN_CODE:
         fix = (f"the app's Client ID ({APP_KEY_ENV}) or Client Secret ({APP_SECRET_ENV}) is wrong, or the secret "
                "was reset in the developer console")
     elif "robotcode" in lowered:
         fix = f"{ROBOT_CODE_ENV} is not this app's robot (the robot's code is on its page in the developer console)"
+    elif lowered.startswith("forbidden.accessdenied") and "permissiondenied" not in lowered:
+        fix = ("DingTalk refuses calls from this host: add its public (outgoing) IP address to the app's IP "
+               "whitelist (服务器出口IP, in the developer console under Development configuration > Security "
+               "settings), or remove the whitelist")
     else:
         fix = "the app lacks the robot's permission to send messages (企业内机器人发送消息权限, qyapi_robot_sendmsg)"
     return f"{exc}: {fix}"
@@ -300,8 +316,8 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
         except (TypeError, ValueError):
             expires = 0
         if not url.startswith(f"{self.oapi_base_url}/robot/sendBySession?") or not expires:
-            self.log.warning("dingtalk: message %s carries no usable sessionWebhook (%r): it cannot be answered "
-                             "without %s", message.get("msgId"), url[:80], APP_KEY_ENV)
+            self.log.warning("dingtalk: message %s carries no usable sessionWebhook (%s): it cannot be answered "
+                             "without %s", message.get("msgId"), url_for_log(url) if url else "none", APP_KEY_ENV)
             return
         self.sessions.remember(conversation_id, url, expires)
 
@@ -313,7 +329,8 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
         if not code:
             return None
         try:
-            data, _ = self.api.download(code)
+            # never more than the host could take in one media.put, nor the worker's own bound
+            data, _ = self.api.download(code, max_bytes=min(MAX_DOWNLOAD_BYTES, self._media_frame_room()))
         except AppRefused as exc:
             self._refusal = refused(exc)  # the listener stops the worker
             raise
@@ -327,7 +344,7 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
 
     def deliver(self, delivery) -> str | None:
         if self._refusal:
-            raise self._refused_failure()
+            raise self.refused_failure("DingTalk refused the app's credentials")
         if self.session_mode:
             return self._deliver_by_session(delivery)
         target = delivery.conversation_id
@@ -355,10 +372,14 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
                 key = send(target, "sampleMarkdown", param)
             except AppRefused as exc:
                 self._refusal = refused(exc)
-                raise self._refused_failure() from exc
+                raise self.refused_failure("DingTalk refused the app's credentials") from exc
             except UserUnreachable as exc:
                 raise DeliveryFailed(f"{exc} (the user is not in the organisation, or not in the robot's visible "
                                      "range)", permanent=True) from exc
+            except RobotNotInGroup as exc:
+                # one group the robot was removed from (or never in): that group's answers fail, nothing else
+                raise DeliveryFailed(f"{exc} (the robot is not in this group: removed from it, or the group "
+                                     f"disbanded; or {ROBOT_CODE_ENV} is not the app's robot)", permanent=True) from exc
             except (RateLimited, Unavailable) as exc:
                 raise DeliveryFailed(str(exc)) from exc
             except DingTalkError as exc:
@@ -406,12 +427,6 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
         parts = message_parts(delivery.text)
         return bool(parts) and len(self._journal.done(delivery.delivery_id)) >= len(parts)
 
-    def _refused_failure(self) -> DeliveryFailed:
-        """A send DingTalk refused for the app's settings: held until the listener has stopped the worker, so the
-        host does not spend the delivery's retries meanwhile; the delivery stays retryable."""
-        self.stopping.wait(REFUSAL_HOLD_SECS)
-        return DeliveryFailed(self._refusal or "DingTalk refused the app's credentials")
-
     def disconnect(self) -> None:
         if self.server is not None:
             self.server.stop()
@@ -421,8 +436,4 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
 
 
 def main(argv: list[str] | None = None) -> None:
-    # httpx logs each request at INFO; keep the worker's log about the worker
-    import logging
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    logging.getLogger("httpcore").setLevel(logging.WARNING)
     DingTalkWorker.main(argv=argv)

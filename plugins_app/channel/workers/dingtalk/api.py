@@ -5,10 +5,16 @@ JSON ``{"code": "...", "message": "...", "requestid": "..."}``:
 
 * at ``POST /v1.0/oauth2/accessToken``, a 4xx other than a throttle (``invalidClientIdOrSecret``, ...):
   ``AppRefused``: the app key or secret is wrong, which only the operator can fix;
-* 401 at a call (``InvalidAuthentication``, the token stale or revoked): a new token is fetched at once and
-  the call made once more; a second 401 is ``AppRefused``;
+* ``InvalidAuthentication`` at a call (the token stale or revoked; api.dingtalk.com answers it HTTP 400
+  ``{"code": "InvalidAuthentication", "message": "不合法的access_token"}``), or any 401: a new token is
+  fetched at once and the call made once more; a second one in a row is ``AppRefused``;
 * 403 ``Forbidden.AccessDenied.AccessTokenPermissionDenied`` (the app lacks the robot permission) and any
-  code naming the robot code (``invalidParameter.robotCode.*``): ``AppRefused``;
+  code naming the robot code (``invalidParameter.robotCode.*``): ``AppRefused``; except at
+  ``groupMessages/send``, where ``robotCode.notExsit``, ``robotCode.empty`` and ``robotCode.coolApp`` are
+  about that one group (DingTalk: "机器人不存在 / 请检查机器人是否在群内", the robot is not, or no longer,
+  in it): ``RobotNotInGroup``, a failure of that message only;
+* any other ``Forbidden.AccessDenied.*`` that is not a throttle (``…IpNotInWhiteList``: the app's IP
+  whitelist leaves this host out; ``…AccessTokenPermissionDenied``...), at any status: ``AppRefused``;
 * throttling, HTTP 429 or a code naming it (``Throttling...``, ``...QpsLimit...``), and any 5xx: waited out
   in place, 1 s doubling to 30 s, up to ``max_wait_secs``; then ``RateLimited``/``Unavailable``;
 * any other 4xx: ``DingTalkError`` (a per-message error: sending again cannot help).
@@ -31,12 +37,26 @@ DEFAULT_API_BASE_URL = "https://api.dingtalk.com"
 DEFAULT_OAPI_BASE_URL = "https://oapi.dingtalk.com"
 #: A session webhook's errcode for sending too fast (the robot's 20 messages a minute): waited out.
 SESSION_THROTTLED = {130101}
+#: DingTalk's global errcode -1, 系统繁忙 (the system is busy: "try again"): waited out like a 5xx.
+SESSION_BUSY = {-1}
 TOKEN_HEADER = "x-acs-dingtalk-access-token"
 
+#: The largest received file a download reads: past it the download is given up (``TooLarge``), never held whole.
+MAX_DOWNLOAD_BYTES = 20 * 1024 * 1024
 #: Fetch a new token this long before the one in hand expires (DingTalk gives 7,200 s).
 REFRESH_MARGIN_SECS = 300.0
+#: DingTalk's code for a token it does not take (stale, revoked), answered HTTP 400 by api.dingtalk.com.
+INVALID_TOKEN_CODE = "InvalidAuthentication"
 #: Codes DingTalk uses for a throttled call (besides HTTP 429), matched case-insensitively as substrings.
 THROTTLE_MARKS = ("throttling", "qpslimit", "flowcontrol", "ratelimit")
+GROUP_SEND_PATH = "/v1.0/robot/groupMessages/send"
+#: Robot-code errors of a group send that are about that group, not the app: the robot is not in it (removed,
+#: the group disbanded...). DingTalk's table for groupMessages/send: "机器人robotCode无效，请检查机器人是否在群内".
+GROUP_ROBOT_CODES = frozenset({"invalidparameter.robotcode.notexsit", "invalidparameter.robotcode.empty",
+                               "invalidparameter.robotcode.coolapp"})
+#: A refusal of the app's settings (its IP whitelist, its permissions), whatever the call; checked after throttling,
+#: so ``Forbidden.AccessDenied.QpsLimitForApi`` stays a throttle.
+ACCESS_DENIED_PREFIX = "forbidden.accessdenied"
 #: A 403 that is the app's permissions, not the message.
 PERMISSION_DENIED_MARKS = ("accesstokenpermissiondenied", "permissiondenied")
 
@@ -55,6 +75,14 @@ class AppRefused(DingTalkError):
 
 class UserUnreachable(DingTalkError):
     """``invalidStaffIdList`` named the user: no one the robot can write to."""
+
+
+class RobotNotInGroup(DingTalkError):
+    """A group send refused with a robot-code error that names the group: the robot is not (or no longer) in it."""
+
+
+class TooLarge(DingTalkError):
+    """A received file over the download's bound: not read past it."""
 
 
 class RateLimited(DingTalkError):
@@ -92,13 +120,15 @@ def throttled(status: int, code: str) -> bool:
 class DingTalkApi:
     def __init__(self, app_key: str, app_secret: str, robot_code: str, *, base_url: str = DEFAULT_API_BASE_URL,
                  stopping: threading.Event | None = None, backoff_initial: float = 1.0, backoff_max: float = 30.0,
-                 max_wait_secs: float = 120.0, timeout: float = 30.0, clock: Callable[[], float] = time.monotonic,
+                 max_wait_secs: float = 120.0, timeout: float = 30.0, clock: Callable[[], float] | None = None,
                  sleep: Callable[[float], bool] | None = None):
         self.app_key, self.app_secret, self.robot_code = app_key, app_secret, robot_code
         self.base_url = base_url.rstrip("/")
         self.stopping = stopping or threading.Event()
         self.backoff_initial, self.backoff_max, self.max_wait_secs = backoff_initial, backoff_max, max_wait_secs
-        self._clock = clock
+        #: Wall-clock: the token's lifetime runs on DingTalk's side while this host is suspended, which a
+        #: monotonic clock does not count.
+        self._clock = clock or time.time
         self._sleep = sleep or self.stopping.wait   # returns True when stopping
         self.client = httpx.Client(timeout=timeout)
         self._lock = threading.Lock()
@@ -167,13 +197,15 @@ class DingTalkApi:
         """``POST /v1.0/robot/groupMessages/send``; returns the ``processQueryKey``."""
         body = {"robotCode": self.robot_code, "openConversationId": open_conversation_id, "msgKey": msg_key,
                 "msgParam": json.dumps(msg_param, ensure_ascii=False)}
-        answer = self._call("POST /v1.0/robot/groupMessages/send", "/v1.0/robot/groupMessages/send", body)
+        answer = self._call(f"POST {GROUP_SEND_PATH}", GROUP_SEND_PATH, body)
         return str(answer.get("processQueryKey") or "")
 
     def send_by_session(self, url: str, param: dict) -> None:
         """POST a markdown message (``{"title", "text"}``) to a message's ``sessionWebhook``: no token, answered
-        ``{"errcode": 0, "errmsg": "ok"}``. Throttling (429, errcode 130101) and 5xx are waited out; another
-        errcode (the session expired, the message refused) raises ``SessionRefused``."""
+        ``{"errcode": 0, "errmsg": "ok"}``, and only that JSON body is a message sent. Throttling (429, errcode
+        130101), errcode -1 (系统繁忙) and 5xx are waited out; another errcode (the session expired, the message
+        refused) raises ``SessionRefused``; an answer that is not DingTalk's JSON (a proxy's page...) raises
+        ``DingTalkError`` with its status: nothing says the message went out."""
         where = "POST sessionWebhook"
         waited, backoff = 0.0, self.backoff_initial
         while True:
@@ -187,17 +219,22 @@ class DingTalkApi:
                 answer = response.json()
             except ValueError:
                 answer = None
-            if not isinstance(answer, dict):
-                answer = {}
+            errcode = answer.get("errcode") if isinstance(answer, dict) else None
             try:
-                errcode = int(answer.get("errcode", 0 if status == 200 else -1))
+                errcode = None if isinstance(errcode, bool) else int(errcode)
             except (TypeError, ValueError):
-                errcode = -1
+                errcode = None
+            if errcode is None:
+                raise DingTalkError(where, status, "", "the answer carries no errcode (not DingTalk's JSON): "
+                                    f"{response.text[:60]!r}")
             errmsg = str(answer.get("errmsg") or answer.get("message") or response.reason_phrase or "")
             if status == 200 and errcode == 0:
                 return
             if errcode in SESSION_THROTTLED:
                 waited, backoff = self._wait(where, 429, str(errcode), errmsg, waited, backoff)
+                continue
+            if errcode in SESSION_BUSY:
+                waited, backoff = self._wait(where, 503, str(errcode), errmsg, waited, backoff)
                 continue
             raise SessionRefused(where, status, str(errcode), errmsg)
 
@@ -210,20 +247,31 @@ class DingTalkApi:
             raise DingTalkError("POST /v1.0/robot/messageFiles/download", 200, "", "the answer has no downloadUrl")
         return str(url)
 
-    def download(self, download_code: str) -> tuple[bytes, str]:
+    def download(self, download_code: str, max_bytes: int = MAX_DOWNLOAD_BYTES) -> tuple[bytes, str]:
         """A received file's bytes and type: its download URL asked for, then fetched (no token: the URL is
-        signed). A 5xx of the file's host is tried again within the wait bound."""
+        signed), streamed and given up past ``max_bytes`` (``TooLarge``: by its Content-Length, or as it is
+        read). A 5xx of the file's host is tried again within the wait bound."""
         url = self.download_url(download_code)
+        where = f"GET {url.split('?')[0]}"  # the signature in the query is not for logs
         waited, backoff = 0.0, self.backoff_initial
         while True:
-            response = self.client.get(url, timeout=120)
-            if response.status_code == 200:
-                ctype = (response.headers.get("Content-Type") or "application/octet-stream").split(";")[0].strip()
-                return response.content, ctype
-            if response.status_code < 500:
-                raise DingTalkError(f"GET {url.split('?')[0]}", response.status_code, "", response.reason_phrase)
-            waited, backoff = self._wait("GET downloadUrl", response.status_code, "", response.reason_phrase,
-                                         waited, backoff)
+            with self.client.stream("GET", url, timeout=120) as response:
+                status, reason = response.status_code, response.reason_phrase
+                if status == 200:
+                    ctype = (response.headers.get("Content-Type") or "application/octet-stream").split(";")[0].strip()
+                    declared = response.headers.get("Content-Length") or ""
+                    if declared.isdigit() and int(declared) > max_bytes:
+                        raise TooLarge(where, status, "", f"the file is {declared} bytes, over {max_bytes}")
+                    chunks, size = [], 0
+                    for chunk in response.iter_bytes():
+                        size += len(chunk)
+                        if size > max_bytes:
+                            raise TooLarge(where, status, "", f"the file is over {max_bytes} bytes")
+                        chunks.append(chunk)
+                    return b"".join(chunks), ctype
+            if status < 500:
+                raise DingTalkError(where, status, "", reason)
+            waited, backoff = self._wait("GET downloadUrl", status, "", reason, waited, backoff)
 
     def _call(self, where: str, path: str, body: dict) -> dict:
         refreshed = False
@@ -242,14 +290,17 @@ class DingTalkApi:
             if throttled(status, code) or status >= 500:
                 waited, backoff = self._wait(where, status, code, message, waited, backoff)
                 continue
-            if status == 401:
+            if status == 401 or code == INVALID_TOKEN_CODE:
                 if not refreshed:
                     refreshed = True
                     token = self.token(fresh=True, stale=token)
                     continue
                 raise AppRefused(where, status, code, message)
             lowered = code.lower()
-            if (status == 403 and any(mark in lowered for mark in PERMISSION_DENIED_MARKS)) or "robotcode" in lowered:
+            if path == GROUP_SEND_PATH and lowered in GROUP_ROBOT_CODES:
+                raise RobotNotInGroup(where, status, code, message)
+            if ((status == 403 and any(mark in lowered for mark in PERMISSION_DENIED_MARKS))
+                    or lowered.startswith(ACCESS_DENIED_PREFIX) or "robotcode" in lowered):
                 raise AppRefused(where, status, code, message)
             raise DingTalkError(where, status, code, message)
 
