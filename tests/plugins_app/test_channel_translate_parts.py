@@ -336,3 +336,71 @@ def test_the_kind_is_built_in_and_a_plugins_toml_entry_needs_no_command():
     assert selectors.plugin_argv(Plugin.objects.get()) == (
         sys.executable, ["-m", "plugins_app.channel.workers.translate", "--inbox", "/srv/in", "--outbox", "/srv/out",
                          "--to", "de,fr"])
+
+
+# ---------------------------------------------------------------------------- what the inbox may hold
+
+def settle_scan(p, rounds=3):
+    import time
+    for _ in range(rounds):
+        p.w.scan()
+        time.sleep(0.06)
+
+
+def test_a_symbolic_link_in_the_inbox_is_never_read_it_goes_to_failed_as_a_link(tmp_path):
+    import os
+    secret = tmp_path / "secret.env"
+    secret.write_text("DATABASE_URL=postgres://admin:hunter2@db/ugent\n")
+    p = Worker(tmp_path, "--settle-secs", "0.05")
+    os.symlink(secret, p.inbox / "notes.txt")
+    settle_scan(p)
+    p.w.pump()
+    assert p.sent == []  # nothing of the linked file reached the agent
+    assert (p.inbox / "failed" / "notes.txt").is_symlink() and not (p.inbox / "notes.txt").exists()
+    assert "symbolic link" in (p.inbox / "failed" / "notes.txt.error.txt").read_text()
+    assert secret.read_text().startswith("DATABASE_URL")
+
+
+def test_a_file_swapped_for_a_link_after_the_scan_is_not_read_through_it(tmp_path):
+    import os
+    secret = tmp_path / "secret.env"
+    secret.write_text("hunter2\n")
+    p = Worker(tmp_path)
+    (p.inbox / "a.txt").write_text("hunter2\n")  # the same size as the secret
+    st = (p.inbox / "a.txt").stat()
+    (p.inbox / "a.txt").unlink()
+    os.symlink(secret, p.inbox / "a.txt")
+    p.w.take("a.txt", (st.st_size, st.st_mtime_ns))
+    p.w.pump()
+    assert p.sent == [] and (p.inbox / "failed" / "a.txt").is_symlink()
+
+
+def test_done_or_failed_as_a_symbolic_link_is_refused_and_nothing_is_moved_through_it(tmp_path):
+    import os
+
+    from plugins_app.channel.sdk import ChannelRefused
+    p = Worker(tmp_path, "--settle-secs", "0.05")
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (p.inbox / "failed").rmdir()
+    os.symlink(victim, p.inbox / "failed")
+    (p.inbox / "x.pdf").write_text("%PDF")
+    settle_scan(p)
+    assert os.listdir(victim) == [] and (p.inbox / "x.pdf").exists()
+    with pytest.raises(ChannelRefused, match="failed is not a directory"):
+        Worker(tmp_path)
+
+
+def test_write_atomic_never_writes_through_a_link_and_leaves_no_temporary_file_on_error(tmp_path):
+    import os
+    victim = tmp_path / "victim.conf"
+    victim.write_text("important\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    os.symlink(victim, out / "a.de.txt")
+    write_atomic(out / "a.de.txt", "translated\n")  # the link is replaced, not followed
+    assert victim.read_text() == "important\n" and (out / "a.de.txt").read_text() == "translated\n"
+    (out / "dir.de.txt").mkdir()
+    with pytest.raises(OSError):
+        write_atomic(out / "dir.de.txt", "x")
+    assert sorted(p.name for p in out.iterdir()) == ["a.de.txt", "dir.de.txt"]

@@ -34,8 +34,11 @@ page: docs/channels/translate.md.
 from __future__ import annotations
 
 import argparse
+import errno
 import hashlib
 import os
+import secrets
+import stat
 import sys
 import threading
 import time
@@ -97,15 +100,51 @@ def config_problem(opts: argparse.Namespace) -> str | None:
     return None
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write a file whole or not at all: a temporary file beside it, fsync, rename, fsync the directory."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8", newline="") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+def write_atomic(path: Path, text: str, *, dir_fd: int | None = None) -> None:
+    """Write a file whole or not at all: a temporary file beside it, fsync, rename, fsync the directory.
+
+    The temporary file has a short random name created with ``O_EXCL|O_NOFOLLOW`` (a file or a link
+    planted at it is never written through), and is removed if anything fails. With ``dir_fd`` the file
+    is ``path.name`` in that open directory (one that was opened refusing a symbolic link)."""
+    own = dir_fd is None
+    dfd = _open_dir(path.parent) if own else dir_fd
+    tmp = None
+    try:
+        for _ in range(100):
+            tmp = f".tr-{secrets.token_hex(6)}.tmp"
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=dfd)
+                break
+            except FileExistsError:
+                tmp = None
+        else:
+            raise FileExistsError(f"no free temporary name in {path.parent}")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            tmp = None
+        finally:
+            if tmp is not None:
+                try:
+                    os.unlink(tmp, dir_fd=dfd)
+                except OSError:
+                    pass
+        try:
+            os.fsync(dfd)
+        except OSError:
+            pass
+    finally:
+        if own:
+            os.close(dfd)
+
+
+def _open_dir(path: Path, *, nofollow: bool = False, dir_fd: int | None = None) -> int:
+    """An open directory; with ``nofollow``, a symbolic link at ``path`` is refused (ELOOP/ENOTDIR)."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | (os.O_NOFOLLOW if nofollow else 0)
+    return os.open(path, flags, dir_fd=dir_fd)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -119,6 +158,14 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def _exists(name: str, dir_fd: int) -> bool:
+    try:
+        os.lstat(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def output_name(name: str, lang: str) -> str:
@@ -167,6 +214,12 @@ class TranslateWorker(ChannelWorker):
                 d.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ChannelRefused(f"cannot make the pipeline's directories: {exc}") from exc
+        for sub in ("done", "failed"):
+            st = os.lstat(self.inbox / sub)
+            if not stat.S_ISDIR(st.st_mode):
+                # whoever can write the inbox could point it anywhere the daemon can write
+                raise ChannelRefused(f"{self.inbox / sub} is not a directory (a symbolic link?): the pipeline "
+                                     "moves files into it; make it a plain directory")
         path = Path(str(outbox_path_for(self.plugin_id, self.state_dir)).replace(".outbox.sqlite3", ".translate"))
         self.state = TranslateState(path)
         self.log.info("translate: %s -> %s into %s (chunks of at most %d characters)", self.inbox, self.outdir,
@@ -232,9 +285,12 @@ class TranslateWorker(ChannelWorker):
             if skipped(entry.name):
                 continue
             try:
-                if not entry.is_file():
+                if entry.is_symlink():
+                    self._refuse_link(entry.name)
                     continue
-                st = entry.stat()
+                if not entry.is_file(follow_symlinks=False):
+                    continue  # a directory (done/, failed/), a FIFO, a socket: never read
+                st = entry.stat(follow_symlinks=False)
             except OSError:
                 continue
             present.add(entry.name)
@@ -259,19 +315,49 @@ class TranslateWorker(ChannelWorker):
             if name not in present:
                 del self._taken[name]
 
+    def _refuse_link(self, name: str) -> None:
+        """A symbolic link in the inbox is never followed (it could point at the daemon's secrets): the link
+        itself goes to failed/."""
+        try:
+            self.fail_file(name, "a symbolic link: only regular files are read; copy the file into the inbox")
+        except Exception:  # noqa: BLE001 - one bad entry must not stop the scan
+            self.log.exception("translate: cannot move the symbolic link %s to failed/", name)
+
+    def _read_regular(self, name: str, key: tuple[int, int]) -> bytes | None:
+        """The bytes of inbox/<name> if it is still the regular file of this size and time (never through a
+        symbolic link, never more than --max-file-bytes); None when it changed or is no regular file now."""
+        fd = os.open(self.inbox / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or (st.st_size, st.st_mtime_ns) != key:
+                return None
+            limit, chunks, size = self.opts.max_file_bytes + 1, [], 0
+            while size < limit:
+                block = os.read(fd, min(1 << 20, limit - size))
+                if not block:
+                    break
+                chunks.append(block)
+                size += len(block)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+
     def take(self, name: str, key: tuple[int, int]) -> None:
         """Read one settled file and record it with its chunks; a file that cannot be translated goes to failed/."""
-        path = self.inbox / name
         if key[0] > self.opts.max_file_bytes:
             self.fail_file(name, f"the file is {key[0]} bytes, over --max-file-bytes ({self.opts.max_file_bytes})")
             return
         try:
-            data = path.read_bytes()
+            data = self._read_regular(name, key)
         except PermissionError as exc:
             self.fail_file(name, f"cannot read the file: {exc.strerror} (the daemon's user needs read access)")
             return
-        st = path.stat()
-        if (st.st_size, st.st_mtime_ns) != key or len(data) != key[0]:
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # became a symbolic link since the scan
+                self._refuse_link(name)
+                return
+            raise
+        if data is None or len(data) != key[0]:
             self._seen.pop(name, None)  # changed under us: it was not settled after all
             return
         digest = hashlib.sha256(data).hexdigest()
@@ -300,30 +386,73 @@ class TranslateWorker(ChannelWorker):
     def fail_file(self, name: str, reason: str, digest: str | None = None) -> None:
         """Move a file to inbox/failed/ with ``<name>.error.txt`` beside it saying why. The reason is written
         first: a crash between the two leaves the file in the inbox, to fail again with the same words."""
-        failed = self.inbox / "failed"
-        failed.mkdir(exist_ok=True)
-        write_atomic(failed / f"{name}.error.txt", reason.rstrip("\n") + "\n")
-        self._move(name, failed, digest)
+        fd = self._subdir("failed")
+        try:
+            write_atomic(Path(f"{name}.error.txt"), reason.rstrip("\n") + "\n", dir_fd=fd)
+            self._move(name, fd, digest)
+        finally:
+            os.close(fd)
         self.log.warning("translate: %s failed: %s", name, reason)
 
-    def _move(self, name: str, to: Path, digest: str | None) -> None:
-        """Move inbox/<name> into ``to`` if it is still the content ``digest`` names (a file edited in
-        the meantime is a new drop and stays)."""
-        src = self.inbox / name
+    def _subdir(self, sub: str) -> int:
+        """inbox/done or inbox/failed, open; made if missing; a symbolic link there is refused (OSError)."""
         try:
-            if digest is not None and hashlib.sha256(src.read_bytes()).hexdigest() != digest:
-                return
-            dest = to / name
-            if dest.exists() and dest.read_bytes() != src.read_bytes():
-                suffix = suffix_of(name)
-                stem = name[:len(name) - len(suffix)] if suffix else name
-                dest = to / f"{stem}.{time.strftime('%Y%m%dT%H%M%S')}{suffix}"
-            os.replace(src, dest)
-            _fsync_dir(to)
+            return _open_dir(self.inbox / sub, nofollow=True)
         except FileNotFoundError:
-            return
+            os.mkdir(self.inbox / sub)
+            return _open_dir(self.inbox / sub, nofollow=True)
+
+    def _move(self, name: str, to_fd: int, digest: str | None) -> None:
+        """Move inbox/<name> into the open directory ``to_fd`` if it is still the content ``digest`` names
+        (a file edited in the meantime is a new drop and stays). The file is renamed as it is (a symbolic
+        link stays a link); a name already taken there gets a timestamp (and a number) instead."""
+        inbox = _open_dir(self.inbox)
+        try:
+            try:
+                if digest is not None and self._digest_of(name, inbox) != digest:
+                    return
+                dest = name
+                if _exists(dest, to_fd):
+                    suffix = suffix_of(name)
+                    stem = name[:len(name) - len(suffix)] if suffix else name
+                    stamp = time.strftime('%Y%m%dT%H%M%S')
+                    dest = f"{stem}.{stamp}{suffix}"
+                    n = 1
+                    while _exists(dest, to_fd):
+                        n += 1
+                        dest = f"{stem}.{stamp}-{n}{suffix}"
+                os.replace(name, dest, src_dir_fd=inbox, dst_dir_fd=to_fd)
+            except FileNotFoundError:
+                return
+            try:
+                os.fsync(to_fd)
+            except OSError:
+                pass
+        finally:
+            os.close(inbox)
         self._taken.pop(name, None)
         self._seen.pop(name, None)
+
+    def _digest_of(self, name: str, inbox_fd: int) -> str | None:
+        """The SHA-256 of inbox/<name> read in blocks (None past --max-file-bytes or for a non-regular file)."""
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=inbox_fd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return None
+            raise
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            h, size = hashlib.sha256(), 0
+            while block := os.read(fd, 1 << 20):
+                size += len(block)
+                if size > self.opts.max_file_bytes:
+                    return None
+                h.update(block)
+            return h.hexdigest()
+        finally:
+            os.close(fd)
 
     # ------------------------------------------------------------------ the pipeline
 
@@ -393,9 +522,11 @@ class TranslateWorker(ChannelWorker):
                 self.log.warning("translate: %s into %s: the answers left out cues %s; they keep their source text",
                                  doc.name, lang, ", ".join(map(str, missing)))
             write_atomic(self.outdir / output_name(doc.name, lang), text)
-        done = self.inbox / "done"
-        done.mkdir(exist_ok=True)
-        self._move(doc.name, done, doc.digest)
+        fd = self._subdir("done")
+        try:
+            self._move(doc.name, fd, doc.digest)
+        finally:
+            os.close(fd)
         self.state.settle(doc.digest, doc.name, DONE)
         self.log.info("translate: %s done: %s", doc.name,
                       ", ".join(output_name(doc.name, lang) for lang in doc.langs))
