@@ -205,11 +205,11 @@ def test_a_failed_turn_is_asked_again_under_a_new_message_id_until_the_attempts_
 class Worker:
     """The worker's pipeline steps on a real inbox, with ``submit`` recording what the hub would get."""
 
-    def __init__(self, root, *args):
+    def __init__(self, root, *args, to="de"):
         from plugins_app.channel.sdk import SubmitResult
         from plugins_app.channel.workers.translate import TranslateWorker
         self.inbox, self.outbox = root / "in", root / "out"
-        self.w = TranslateWorker(argv=["--inbox", str(self.inbox), "--outbox", str(self.outbox), "--to", "de",
+        self.w = TranslateWorker(argv=["--inbox", str(self.inbox), "--outbox", str(self.outbox), "--to", to,
                                        "--max-chunk-chars", "200", *args],
                                  socket_path=str(root / "none.sock"), plugin_id="tr", token="t",
                                  state_dir=str(root / "state"), install_signal_handlers=False)
@@ -404,3 +404,64 @@ def test_write_atomic_never_writes_through_a_link_and_leaves_no_temporary_file_o
     with pytest.raises(OSError):
         write_atomic(out / "dir.de.txt", "x")
     assert sorted(p.name for p in out.iterdir()) == ["a.de.txt", "dir.de.txt"]
+
+
+# ---------------------------------------------------------------------------- a crash while a file is taken
+
+def answer_all(q):
+    """Answer every chunk sent (and those sent because of it) with its language and number."""
+    answered: set = set()
+    for _ in range(20):
+        todo = [m for m in q.sent if m.message_id not in answered]
+        if not todo:
+            return
+        for m in todo:
+            answered.add(m.message_id)
+            q.answer(m, f"{m.metadata['lang']}{m.metadata['chunk']}")
+
+
+def _journal(root):
+    [j] = (root / "state" / "tr.translate").glob("*.jsonl")
+    return j
+
+
+def test_a_plan_line_lost_to_a_power_cut_never_finishes_the_document_with_an_empty_translation(tmp_path):
+    p = Worker(tmp_path, to="de,fr")
+    text = "\n\n".join(f"Paragraph {i} " + "word " * 25 for i in range(3)) + "\n"
+    (p.inbox / "a.txt").write_text(text)
+    st = (p.inbox / "a.txt").stat()
+    p.w.take("a.txt", (st.st_size, st.st_mtime_ns))
+    p.w.disconnect()
+    j = _journal(tmp_path)
+    lines = j.read_bytes().split(b"\n")
+    # the French plan's line came back as garbage (pages written out of order), the rest whole
+    j.write_bytes(b"\n".join(b"\0" * 40 if b'"e":"chunks"' in ln and b'"lang":"fr"' in ln else ln for ln in lines))
+    q = Worker(tmp_path, to="de,fr")
+    q.w.pump()
+    answer_all(q)
+    assert not (q.outbox / "a.fr.txt").exists() and (q.inbox / "a.txt").exists()  # not finished as ""
+    # the file is taken again: the lost plan is made anew, and every chunk of it is asked
+    q.w.take("a.txt", (st.st_size, st.st_mtime_ns))
+    q.w.pump()
+    answer_all(q)
+    assert (q.outbox / "a.fr.txt").read_text() == "fr1\n\nfr2\n\nfr3\n"
+    assert (q.outbox / "a.de.txt").read_text() == "de1\n\nde2\n\nde3\n"
+    assert (q.inbox / "done" / "a.txt").exists()
+
+
+def test_a_crash_tearing_the_last_line_of_a_take_leaves_no_document_at_work_and_the_file_is_taken_again(tmp_path):
+    p = Worker(tmp_path)
+    (p.inbox / "a.txt").write_text("Hello world.\n")
+    st = (p.inbox / "a.txt").stat()
+    p.w.take("a.txt", (st.st_size, st.st_mtime_ns))
+    p.w.disconnect()
+    j = _journal(tmp_path)
+    data = j.read_bytes()
+    j.write_bytes(data[:-20])  # the take's last line cut short
+    q = Worker(tmp_path)
+    q.w.pump()
+    assert not (q.outbox / "a.de.txt").exists() and (q.inbox / "a.txt").exists()
+    q.w.take("a.txt", (st.st_size, st.st_mtime_ns))
+    q.w.pump()
+    q.answer(q.sent[-1], "Hallo Welt.")
+    assert (q.outbox / "a.de.txt").read_text() == "Hallo Welt.\n"

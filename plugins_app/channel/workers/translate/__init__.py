@@ -49,7 +49,7 @@ from plugins_app.channel.sdk.outbox import outbox_path_for
 
 from .documents import (LANG_TAG, Chunk, DocumentError, assemble, glossary_for, instruction, parse_glossary,
                         read_document, suffix_of)
-from .state import ANSWERED, DONE, FAILED, NEW, TranslateState
+from .state import ANSWERED, DONE, FAILED, NEW, REPLAN, TranslateState
 
 KIND = "channel-translate"
 DESCRIPTION = "Translation: a directory pipeline; documents dropped in an inbox come out translated in an outbox."
@@ -477,6 +477,15 @@ class TranslateWorker(ChannelWorker):
                 self._pump_document(doc)
 
     def _pump_document(self, doc) -> None:
+        lost = self.state.plan_lost(doc)
+        if lost:
+            # never "complete" with no chunks: the file is taken again (a new plan) if it is still there
+            self.log.error("translate: %s: the plan for %s was lost (a crash while it was taken); taking the "
+                           "file again", doc.name, ",".join(lost))
+            self.state.settle(doc.digest, doc.name, REPLAN, f"the plan for {','.join(lost)} was lost")
+            self._taken.pop(doc.name, None)
+            self._seen.pop(doc.name, None)
+            return
         complete = True
         for lang in doc.langs:
             rows = self.state.chunks(doc.digest, lang)

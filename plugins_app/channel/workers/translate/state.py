@@ -26,7 +26,7 @@ from pathlib import Path
 KEEP_SECS = 180 * 86400
 
 NEW, SUBMITTED, ANSWERED, FAILED = "new", "submitted", "answered", "failed"
-WORKING, DONE = "working", "done"
+WORKING, DONE, REPLAN = "working", "done", "replan"
 
 
 def conversation_id_for(digest: str, lang: str) -> str:
@@ -70,6 +70,7 @@ class DocumentRow:
     state: str
     reason: str | None = None
     at: float = 0.0
+    planned: dict[str, int] | None = None  # chunks per language when taken (None in journals before it)
 
 
 @dataclass
@@ -88,7 +89,8 @@ class _Content:
         kind = e["e"]
         if kind == "doc":
             self.documents[e["name"]] = DocumentRow(self.digest, e["name"], e["form"], list(e["langs"]),
-                                                    bool(e["trailing_newline"]), WORKING, None, e["at"])
+                                                    bool(e["trailing_newline"]), WORKING, None, e["at"],
+                                                    e.get("planned"))
         elif kind == "settle":
             doc = self.documents.get(e["name"])
             if doc is not None:
@@ -204,8 +206,11 @@ class TranslateState:
         gave up on are tried again (a new attempt)."""
         with self._lock:
             content = self._content(digest)
-            events: list[dict] = [{"e": "doc", "name": name, "form": form, "trailing_newline": trailing_newline,
-                                   "langs": sorted(chunks), "at": time.time()}]
+            # The plan first, the document last: a crash (or a power cut tearing the write) before the
+            # document's line leaves no document at work, and the file, still in the inbox, is taken
+            # again. The document's line names each language's chunk count, so a plan line lost in the
+            # middle is seen (plan_lost) rather than taken for a language with nothing left to do.
+            events: list[dict] = []
             for lang, parts in chunks.items():
                 if lang not in content.chunks:
                     events.append({"e": "chunks", "lang": lang,
@@ -213,7 +218,19 @@ class TranslateState:
             for rows in content.chunks.values():
                 events.extend({"e": "retry", "lang": c.lang, "idx": c.index, "attempt": c.attempt + 1}
                               for c in rows if c.state == FAILED)
+            planned = {lang: len(content.chunks[lang]) if lang in content.chunks else len(parts)
+                       for lang, parts in chunks.items()}
+            events.append({"e": "doc", "name": name, "form": form, "trailing_newline": trailing_newline,
+                           "langs": sorted(chunks), "planned": planned, "at": time.time()})
             self._write(content, *events)
+
+    def plan_lost(self, doc: DocumentRow) -> list[str]:
+        """The languages of a document at work whose chunks are not all in the journal (a plan line lost
+        to a crash): such a document is not complete, it needs its file taken again."""
+        with self._lock:
+            have = self._content(doc.digest).chunks
+            return [lang for lang in doc.langs
+                    if not have.get(lang) or (doc.planned is not None and len(have[lang]) != doc.planned.get(lang))]
 
     def document(self, digest: str, name: str) -> DocumentRow | None:
         with self._lock:
