@@ -465,3 +465,57 @@ def test_a_crash_tearing_the_last_line_of_a_take_leaves_no_document_at_work_and_
     q.w.pump()
     q.answer(q.sent[-1], "Hallo Welt.")
     assert (q.outbox / "a.de.txt").read_text() == "Hallo Welt.\n"
+
+
+# ---------------------------------------------------------------------------- a chunk that never gets an answer
+
+def _past_the_timeout():
+    import time
+    time.sleep(0.12)
+
+
+def test_a_chunk_submitted_but_never_answered_is_asked_again_after_the_turn_timeout(tmp_path):
+    p = Worker(tmp_path, "--turn-timeout-secs", "0.1", "--max-attempts", "2")
+    p.drop("a.txt", "Hello.\n")
+    [first] = p.sent
+    p.w.pump()
+    assert len(p.sent) == 1  # within the timeout: it waits
+    _past_the_timeout()  # an abandoned turn sends nothing: no delivery ever comes
+    p.w.pump()
+    assert [m.message_id for m in p.sent] == [first.message_id, first.message_id + ".try2"]
+    _past_the_timeout()
+    p.w.pump()  # out of attempts: the document fails with the reason
+    assert "no answer within --turn-timeout-secs" in (p.inbox / "failed" / "a.txt.error.txt").read_text()
+
+
+def test_a_chunk_still_pending_in_the_sdk_outbox_waits_and_one_the_hub_refused_on_replay_fails(tmp_path):
+    p = Worker(tmp_path, "--turn-timeout-secs", "0.1")
+    p.drop("a.txt", "Hello.\n")
+    p.drop("b.txt", "Bye.\n")
+    a, b = p.sent
+    outbox = p.w._outbox()
+    outbox.inbound_record(a)  # queued: the hub was not reached yet
+    outbox.inbound_record(b)
+    outbox.inbound_acked(b.key, {"accepted": False, "reason": "a rule refused it"})  # refused when replayed
+    _past_the_timeout()
+    p.w.pump()
+    assert len(p.sent) == 2 and (p.inbox / "a.txt").exists()  # a waits for the SDK to hand it over
+    assert (p.inbox / "failed" / "b.txt.error.txt").read_text() == (
+        "chunk 1 of 1 into de: the hub refused it: a rule refused it\n")
+
+
+def test_dropping_a_file_again_asks_a_stale_submitted_chunk_again(tmp_path):
+    state = TranslateState(tmp_path / "s.translate")
+    parts = {"de": [("p", {"text": "a", "joiner": "", "cues": []})]}
+    state.take(digest="a" * 64, name="a.txt", form="text", trailing_newline=True, chunks=parts)
+    [row] = state.chunks("a" * 64, "de")
+    state.submitted(row)
+    import time
+    state.take(digest="a" * 64, name="a.txt", form="text", trailing_newline=True, chunks=parts,
+               stale_before=time.time() - 60)
+    assert state.chunks("a" * 64, "de")[0].state == SUBMITTED  # submitted a moment ago: left alone
+    state.take(digest="a" * 64, name="a.txt", form="text", trailing_newline=True, chunks=parts,
+               stale_before=time.time() + 1)
+    [again] = state.chunks("a" * 64, "de")
+    assert (again.state, again.attempt) == (NEW, 2)
+    state.close()

@@ -26,7 +26,9 @@ page: docs/channels/translate.md.
   When every chunk of a document has its answer in every language, ``outbox/<stem>.<lang><suffix>``
   is written (a temporary file, fsync, ``os.replace``), and only then the source moves to
   ``inbox/done/``. A turn that failed or was interrupted is asked again (a new message id), up to
-  ``--max-attempts``; a refused one, or one out of attempts, fails the document.
+  ``--max-attempts``; a refused one, or one out of attempts, fails the document. A chunk with no answer
+  ``--turn-timeout-secs`` after it was submitted is asked again too, unless the SDK's outbox says the
+  hub refused it (the document fails) or has not taken it yet (it waits).
 * **Other deliveries** (a question the agent asks, a question's notice, a message that answers no
   chunk) are acked and logged, never sent anywhere: nobody is there to answer, and the pipeline
   must not wedge on them. A question waits until it expires, and the turn then goes on.
@@ -45,11 +47,11 @@ import time
 from pathlib import Path
 
 from plugins_app.channel.sdk import ChannelRefused, ChannelWorker, InboundMessage, MessageValidationError
-from plugins_app.channel.sdk.outbox import outbox_path_for
+from plugins_app.channel.sdk.outbox import PENDING, REJECTED, outbox_path_for
 
 from .documents import (LANG_TAG, Chunk, DocumentError, assemble, glossary_for, instruction, parse_glossary,
                         read_document, suffix_of)
-from .state import ANSWERED, DONE, FAILED, NEW, REPLAN, TranslateState
+from .state import ANSWERED, DONE, FAILED, NEW, REPLAN, SUBMITTED, TranslateState
 
 KIND = "channel-translate"
 DESCRIPTION = "Translation: a directory pipeline; documents dropped in an inbox come out translated in an outbox."
@@ -61,7 +63,8 @@ SKIPPED_PREFIXES = (".",)
 SKIPPED_SUFFIXES = (".part", ".tmp", ".partial", ".crdownload", "~")
 #: How often the pipeline looks for work when nothing woke it (an answer, a file taken).
 PUMP_BACKSTOP_SECS = 5.0
-#: Turn outcomes worth asking again; any other (refused, cancelled) fails the document at once.
+#: Turn outcomes worth asking again; any other (refused, cancelled) fails the document at once. (An
+#: abandoned turn usually sends no delivery at all: --turn-timeout-secs catches it.)
 RETRIED_STATES = ("failed", "interrupted", "abandoned")
 
 
@@ -76,6 +79,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--settle-secs", type=float, default=2.0,
                    help="how long a file's size and time must stay the same before it is taken")
     p.add_argument("--max-attempts", type=int, default=3, help="turns tried for one chunk before the document fails")
+    p.add_argument("--turn-timeout-secs", type=float, default=900.0,
+                   help="how long a submitted chunk waits for its answer before it is asked again")
     p.add_argument("--max-file-bytes", type=int, default=5 * 1024 * 1024, help="the largest file taken")
     p.add_argument("--sender", default="pipeline", help="the sender id of every message (actor translate:<id>)")
     p.add_argument("--poll", action="store_true", help="scan the inbox on a timer instead of watching it")
@@ -93,6 +98,8 @@ def config_problem(opts: argparse.Namespace) -> str | None:
             return f"{tag!r} is not a BCP 47 language tag (such as de, pt-BR, zh-Hant)"
     if opts.max_chunk_chars < 200:
         return "--max-chunk-chars must be at least 200"
+    if opts.turn_timeout_secs <= 0:
+        return "--turn-timeout-secs must be more than 0"
     if opts.max_attempts < 1:
         return "--max-attempts must be at least 1"
     if Path(opts.inbox).resolve() == Path(opts.outbox).resolve():
@@ -377,7 +384,7 @@ class TranslateWorker(ChannelWorker):
             if self.state is None:
                 return
             self.state.take(digest=digest, name=name, form=doc.form, trailing_newline=doc.trailing_newline,
-                            chunks=chunks)
+                            chunks=chunks, stale_before=time.time() - self.opts.turn_timeout_secs)
         self._taken[name] = key
         self.log.info("translate: took %s (%d chunks, sha256 %s) into %s", name, len(doc.chunks), digest[:12],
                       ",".join(self.langs))
@@ -497,10 +504,38 @@ class TranslateWorker(ChannelWorker):
             if waiting is None:
                 continue
             complete = False
+            if waiting.state == SUBMITTED and self._stale(waiting):
+                waiting = self.state.chunks(doc.digest, lang)[waiting.index]
+                if waiting.state == FAILED:
+                    self.fail_document(doc, f"chunk {waiting.index + 1} of {waiting.total} into {lang}: "
+                                            f"{waiting.reason}")
+                    return
             if waiting.state == NEW and not self._submit_chunk(doc, waiting):
                 return
         if complete:
             self.finish(doc)
+
+    def _stale(self, row) -> bool:
+        """A chunk submitted longer than --turn-timeout-secs ago with no answer: what became of it? Still
+        pending in the SDK's outbox (the hub not reached): it waits. Refused by the hub when the SDK
+        replayed it: the chunk fails. Taken but never answered (a turn abandoned with nothing to say, a
+        delivery dead-lettered): asked again under a new message id, within --max-attempts. True when
+        the chunk changed."""
+        if row.submitted_at is None or time.time() - row.submitted_at < self.opts.turn_timeout_secs:
+            return False
+        outbox = self.outbox
+        sdk = outbox.inbound_get(f"{row.conversation_id}\x1f{row.message_id}") if outbox is not None else None
+        if sdk is not None and sdk.state == PENDING:
+            return False
+        result = (sdk.result or {}) if sdk is not None else {}
+        if sdk is not None and (sdk.state == REJECTED or result.get("accepted") is False):
+            reason = f"the hub refused it: {result.get('reason') or 'no reason given'}"
+            self.state.turn_failed(row, reason, max_attempts=0)
+        else:
+            reason = f"no answer within --turn-timeout-secs ({self.opts.turn_timeout_secs:g} s)"
+            self.state.turn_failed(row, reason, max_attempts=self.opts.max_attempts)
+        self.log.warning("translate: chunk %d of %s into %s: %s", row.index + 1, row.digest[:12], row.lang, reason)
+        return True
 
     def _submit_chunk(self, doc, row) -> bool:
         msg = InboundMessage(

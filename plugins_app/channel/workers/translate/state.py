@@ -55,6 +55,7 @@ class ChunkRow:
     state: str = NEW
     answer: str | None = None
     reason: str | None = None
+    submitted_at: float | None = None  # when the current attempt was handed to the SDK (wall clock)
 
     def copy(self) -> "ChunkRow":
         return ChunkRow(**self.__dict__)
@@ -105,12 +106,12 @@ class _Content:
         else:
             c = self.chunks[e["lang"]][e["idx"]]
             if kind == "retry":
-                c.attempt, c.state, c.reason = e["attempt"], NEW, e.get("reason")
+                c.attempt, c.state, c.reason, c.submitted_at = e["attempt"], NEW, e.get("reason"), None
                 c.message_id = message_id_for(self.digest, c.lang, c.index, c.prompt, c.attempt)
             elif e.get("message_id") != c.message_id:
                 return  # an event of an attempt since replaced
             elif kind == "submitted" and c.state == NEW:
-                c.state = SUBMITTED
+                c.state, c.submitted_at = SUBMITTED, e.get("at", 0.0)
             elif kind == "answered" and c.state in (NEW, SUBMITTED):
                 c.state, c.answer = ANSWERED, e["answer"]
             elif kind == "failed":
@@ -199,11 +200,12 @@ class TranslateState:
     # ------------------------------------------------------------------ documents
 
     def take(self, *, digest: str, name: str, form: str, trailing_newline: bool,
-             chunks: dict[str, list[tuple[str, dict]]]) -> None:
+             chunks: dict[str, list[tuple[str, dict]]], stale_before: float | None = None) -> None:
         """Record a dropped file (again): its document working, and the chunks of each language that has
         none yet ((prompt, source) each, in order). A language already recorded keeps its chunks: the plan
         made at the first drop stands, so no chunk is ever asked twice in two shapes. Chunks a failed run
-        gave up on are tried again (a new attempt)."""
+        gave up on are tried again (a new attempt), and so are chunks submitted before ``stale_before``
+        that never got an answer."""
         with self._lock:
             content = self._content(digest)
             # The plan first, the document last: a crash (or a power cut tearing the write) before the
@@ -217,7 +219,9 @@ class TranslateState:
                                    "parts": [{"prompt": p, "source": s} for p, s in parts]})
             for rows in content.chunks.values():
                 events.extend({"e": "retry", "lang": c.lang, "idx": c.index, "attempt": c.attempt + 1}
-                              for c in rows if c.state == FAILED)
+                              for c in rows if c.state == FAILED or (
+                                  c.state == SUBMITTED and stale_before is not None
+                                  and (c.submitted_at or 0.0) < stale_before))
             planned = {lang: len(content.chunks[lang]) if lang in content.chunks else len(parts)
                        for lang, parts in chunks.items()}
             events.append({"e": "doc", "name": name, "form": form, "trailing_newline": trailing_newline,
@@ -290,7 +294,7 @@ class TranslateState:
         with self._lock:
             now = self._current(c)
             if now.message_id == c.message_id and now.state == NEW:
-                self._event(c, "submitted")
+                self._event(c, "submitted", at=time.time())
 
     def answered(self, c: ChunkRow, answer: str) -> bool:
         """Record the answer to the chunk's current attempt; False when it already had one (a redelivery)."""
