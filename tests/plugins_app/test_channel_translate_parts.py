@@ -519,3 +519,36 @@ def test_dropping_a_file_again_asks_a_stale_submitted_chunk_again(tmp_path):
     [again] = state.chunks("a" * 64, "de")
     assert (again.state, again.attempt) == (NEW, 2)
     state.close()
+
+
+# ---------------------------------------------------------------------------- one document in trouble
+
+def test_a_document_that_cannot_be_finished_does_not_hold_up_the_next_and_fails_after_repeated_errors(
+        tmp_path, monkeypatch):
+    import plugins_app.channel.workers.translate as translate
+    monkeypatch.setattr(translate, "DOCUMENT_BACKOFF_SECS", 0.0)
+    p = Worker(tmp_path)
+    (p.outbox / "a.de.txt").mkdir(parents=True)  # something in the way of a's output
+    p.drop("a.txt", "Hello.\n")
+    p.drop("b.txt", "Second.\n")
+    a, b = p.sent
+    p.answer(a, "Hallo.")  # a's output cannot be written: logged, the pump goes on
+    p.answer(b, "Zweites.")
+    assert (p.outbox / "b.de.txt").read_text() == "Zweites.\n" and (p.inbox / "done" / "b.txt").exists()
+    assert (p.inbox / "a.txt").exists()
+    for _ in range(translate.DOCUMENT_GIVE_UP):
+        p.w.pump()
+    assert "cannot finish the document: [Errno 21] Is a directory" in (
+        p.inbox / "failed" / "a.txt.error.txt").read_text()
+    assert p.w.state.working() == []
+
+
+def test_a_name_too_long_for_the_names_made_from_it_goes_to_failed_with_the_reason(tmp_path):
+    import os
+    p = Worker(tmp_path)
+    name = "L" * 240 + ".txt"
+    p.drop(name, "Hello.\n")
+    assert p.sent == [] and (p.inbox / "failed" / name).exists()
+    [error] = [n for n in os.listdir(p.inbox / "failed") if n.endswith(".error.txt")]
+    assert "the name is 244 bytes long: names of at most 236 bytes are taken" in (
+        p.inbox / "failed" / error).read_text()

@@ -63,6 +63,15 @@ SKIPPED_PREFIXES = (".",)
 SKIPPED_SUFFIXES = (".part", ".tmp", ".partial", ".crdownload", "~")
 #: How often the pipeline looks for work when nothing woke it (an answer, a file taken).
 PUMP_BACKSTOP_SECS = 5.0
+#: A document whose step raises (its output cannot be written, done/ on another file system) is left
+#: alone for this long, doubled each time up to 5 minutes, and failed after DOCUMENT_GIVE_UP steps in a
+#: row; the other documents go on meanwhile.
+DOCUMENT_BACKOFF_SECS = 2.0
+DOCUMENT_GIVE_UP = 5
+#: The longest file name (bytes) most file systems take; the names the worker makes from a dropped one
+#: (the output's ".<lang>", ".error.txt", done/'s ".<timestamp>-<n>") must fit in it too.
+NAME_MAX = 255
+_STAMP_BYTES = len(".20260101T000000-99")
 #: Turn outcomes worth asking again; any other (refused, cancelled) fails the document at once. (An
 #: abandoned turn usually sends no delivery at all: --turn-timeout-secs catches it.)
 RETRIED_STATES = ("failed", "interrupted", "abandoned")
@@ -175,6 +184,18 @@ def _exists(name: str, dir_fd: int) -> bool:
     return True
 
 
+def error_name(name: str) -> str:
+    """``<name>.error.txt``; for a name too long for that, its start, ``~`` and a digest of it."""
+    full = f"{name}.error.txt"
+    if len(os.fsencode(full)) <= NAME_MAX:
+        return full
+    tag = "~" + hashlib.sha256(os.fsencode(name)).hexdigest()[:12] + ".error.txt"
+    head = name
+    while len(os.fsencode(head + tag)) > NAME_MAX:
+        head = head[:-1]
+    return head + tag
+
+
 def output_name(name: str, lang: str) -> str:
     """``guide.md`` into ``de`` is ``guide.de.md``."""
     suffix = suffix_of(name)
@@ -204,6 +225,7 @@ class TranslateWorker(ChannelWorker):
         self._pump_lock = threading.Lock()
         self._seen: dict[str, tuple[int, int, float]] = {}  # name -> (size, mtime_ns, unchanged since)
         self._taken: dict[str, tuple[int, int]] = {}        # name -> (size, mtime_ns) when taken
+        self._trouble: dict[tuple[str, str], tuple[int, float]] = {}  # (digest, name) -> (errors, retry at)
 
     # ------------------------------------------------------------------ connect
 
@@ -354,6 +376,11 @@ class TranslateWorker(ChannelWorker):
         if key[0] > self.opts.max_file_bytes:
             self.fail_file(name, f"the file is {key[0]} bytes, over --max-file-bytes ({self.opts.max_file_bytes})")
             return
+        longest = NAME_MAX - max(_STAMP_BYTES, len(".error.txt"), *(1 + len(lang) for lang in self.langs))
+        if len(os.fsencode(name)) > longest:
+            self.fail_file(name, f"the name is {len(os.fsencode(name))} bytes long: names of at most {longest} "
+                                 "bytes are taken (the outputs add the language to it); rename it shorter")
+            return
         try:
             data = self._read_regular(name, key)
         except PermissionError as exc:
@@ -395,7 +422,7 @@ class TranslateWorker(ChannelWorker):
         first: a crash between the two leaves the file in the inbox, to fail again with the same words."""
         fd = self._subdir("failed")
         try:
-            write_atomic(Path(f"{name}.error.txt"), reason.rstrip("\n") + "\n", dir_fd=fd)
+            write_atomic(Path(error_name(name)), reason.rstrip("\n") + "\n", dir_fd=fd)
             self._move(name, fd, digest)
         finally:
             os.close(fd)
@@ -480,8 +507,34 @@ class TranslateWorker(ChannelWorker):
         with self._pump_lock:
             if self.state is None:
                 return
+            now = time.monotonic()
             for doc in self.state.working():
-                self._pump_document(doc)
+                key = (doc.digest, doc.name)
+                trouble = self._trouble.get(key)
+                if trouble is not None and now < trouble[1]:
+                    continue  # backing off; the others go on
+                try:
+                    self._pump_document(doc)
+                except Exception as exc:  # noqa: BLE001 - one document must not hold up the others
+                    errors = (trouble[0] if trouble else 0) + 1
+                    if errors < DOCUMENT_GIVE_UP:
+                        wait = min(300.0, DOCUMENT_BACKOFF_SECS * 2 ** (errors - 1))
+                        self._trouble[key] = (errors, now + wait)
+                        self.log.exception("translate: %s: a step failed (%d in a row); tried again in %g s",
+                                           doc.name, errors, wait)
+                        continue
+                    self._trouble.pop(key, None)
+                    self.log.exception("translate: %s: a step failed %d times in a row; giving up", doc.name, errors)
+                    self._give_up(doc, f"cannot finish the document: {exc}")
+                else:
+                    self._trouble.pop(key, None)
+
+    def _give_up(self, doc, reason: str) -> None:
+        try:
+            self.fail_document(doc, reason)
+        except Exception:  # noqa: BLE001 - the file cannot even be moved: settle it so it stops holding the pump
+            self.log.exception("translate: %s: cannot move it to failed/ either; it stays in the inbox", doc.name)
+            self.state.settle(doc.digest, doc.name, FAILED, reason)
 
     def _pump_document(self, doc) -> None:
         lost = self.state.plan_lost(doc)
