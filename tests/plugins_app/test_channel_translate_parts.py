@@ -552,3 +552,16 @@ def test_a_name_too_long_for_the_names_made_from_it_goes_to_failed_with_the_reas
     [error] = [n for n in os.listdir(p.inbox / "failed") if n.endswith(".error.txt")]
     assert "the name is 244 bytes long: names of at most 236 bytes are taken" in (
         p.inbox / "failed" / error).read_text()
+
+
+def test_a_name_that_is_not_utf8_goes_to_failed_instead_of_failing_on_every_scan(tmp_path):
+    import os
+    p = Worker(tmp_path, "--settle-secs", "0.05")
+    with open(os.path.join(os.fsencode(str(p.inbox)), b"caf\xe9.txt"), "wb") as fh:
+        fh.write(b"Hello world.\n")
+    settle_scan(p)
+    assert os.listdir(os.fsencode(str(p.inbox / "failed"))) and not [n for n in os.listdir(p.inbox)
+                                                                      if n.endswith(".txt")]
+    [error] = [n for n in os.listdir(p.inbox / "failed") if n.endswith(".error.txt")]
+    assert (p.inbox / "failed" / error).read_text() == (
+        "the name is not valid UTF-8 (caf\\xe9.txt): rename the file with a UTF-8 name\n")

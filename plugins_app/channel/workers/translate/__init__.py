@@ -376,6 +376,13 @@ class TranslateWorker(ChannelWorker):
         if key[0] > self.opts.max_file_bytes:
             self.fail_file(name, f"the file is {key[0]} bytes, over --max-file-bytes ({self.opts.max_file_bytes})")
             return
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            # the state, the messages and the logs all need text: such a name could never be recorded
+            self.fail_file(name, "the name is not valid UTF-8 (" + os.fsencode(name).decode("utf-8", "backslashreplace")
+                           + "): rename the file with a UTF-8 name")
+            return
         longest = NAME_MAX - max(_STAMP_BYTES, len(".error.txt"), *(1 + len(lang) for lang in self.langs))
         if len(os.fsencode(name)) > longest:
             self.fail_file(name, f"the name is {len(os.fsencode(name))} bytes long: names of at most {longest} "
