@@ -565,3 +565,36 @@ def test_a_name_that_is_not_utf8_goes_to_failed_instead_of_failing_on_every_scan
     [error] = [n for n in os.listdir(p.inbox / "failed") if n.endswith(".error.txt")]
     assert (p.inbox / "failed" / error).read_text() == (
         "the name is not valid UTF-8 (caf\\xe9.txt): rename the file with a UTF-8 name\n")
+
+
+class FakeHost:
+    """The bridge's client as the SDK calls it: each inbound.submit answered by ``answer``."""
+    closed = False
+
+    def __init__(self, answer):
+        self.answer, self.calls = answer, []
+
+    def call(self, method, params, timeout=None, cancel=None):
+        self.calls.append(params["message"]["message_id"])
+        return self.answer(params)
+
+    def close(self):
+        pass
+
+
+def test_a_document_the_hub_refused_is_asked_under_a_new_message_id_when_dropped_again(tmp_path):
+    import os
+    p = Worker(tmp_path)
+    del p.w.submit  # the SDK's own submit, with its outbox, against a fake host
+    p.w._client = FakeHost(lambda prm: {"accepted": False, "reason": "not in allowed_senders"})
+    p.drop("a.txt", "Hello.\n")
+    assert (p.inbox / "failed" / "a.txt.error.txt").read_text() == (
+        "the hub refused chunk 1 of 1 into de: not in allowed_senders\n")
+    [refused] = p.w._client.calls
+    p.w._client = FakeHost(lambda prm: {"accepted": True, "duplicate": False})  # the operator fixed the rule
+    os.replace(p.inbox / "failed" / "a.txt", p.inbox / "a.txt")
+    st = (p.inbox / "a.txt").stat()
+    p.w.take("a.txt", (st.st_size, st.st_mtime_ns))
+    p.w.pump()
+    assert p.w._client.calls == [refused + ".try2"]  # really asked again, not answered from the outbox's cache
+    assert (p.inbox / "a.txt").exists()  # at work, not failed again

@@ -606,11 +606,17 @@ class TranslateWorker(ChannelWorker):
         try:
             result = self.submit(msg)
         except MessageValidationError as exc:
-            self.fail_document(doc, f"chunk {row.index + 1} into {row.lang} is not a message the hub takes: {exc}")
+            reason = f"chunk {row.index + 1} into {row.lang} is not a message the hub takes: {exc}"
+            self.state.turn_failed(row, reason, max_attempts=0)
+            self.fail_document(doc, reason)
             return False
         if not result.accepted and not result.queued:
-            self.fail_document(doc, f"the hub refused chunk {row.index + 1} of {row.total} into {row.lang}: "
-                                    f"{result.reason or 'no reason given'}")
+            # The chunk fails, not just the document: the SDK's outbox keeps the refusal under this message
+            # id (and the hub would answer it as a duplicate), so a re-drop must ask under a new one (.tryN).
+            reason = (f"the hub refused chunk {row.index + 1} of {row.total} into {row.lang}: "
+                      f"{result.reason or 'no reason given'}")
+            self.state.turn_failed(row, reason, max_attempts=0)
+            self.fail_document(doc, reason)
             return False
         self.state.submitted(row)
         return True
