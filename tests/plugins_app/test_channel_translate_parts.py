@@ -598,3 +598,29 @@ def test_a_document_the_hub_refused_is_asked_under_a_new_message_id_when_dropped
     p.w.pump()
     assert p.w._client.calls == [refused + ".try2"]  # really asked again, not answered from the outbox's cache
     assert (p.inbox / "a.txt").exists()  # at work, not failed again
+
+
+# ---------------------------------------------------------------------------- cutting keeps the layout
+
+def identity(doc) -> str:
+    """The document put back from answers that repeat each chunk: what the cutting kept of the layout."""
+    return assemble(doc.form, doc.chunks, [c.text for c in doc.chunks], trailing_newline=doc.trailing_newline)
+
+
+def test_a_long_markdown_list_is_cut_at_line_ends_and_keeps_its_lines():
+    md = "# Changelog\n\n" + "\n".join(f"- Fixed bug number {i} in the parser." for i in range(12)) + "\n"
+    doc = read_document("c.md", md.encode(), max_chars=200)
+    assert len(doc.chunks) > 1 and all(len(c.text) <= 200 for c in doc.chunks)
+    assert all(c.text.split("\n")[-1].startswith("- ") for c in doc.chunks[1:])  # whole items
+    assert identity(doc) == md
+
+
+def test_a_long_code_fence_is_never_cut_and_line_breaks_in_long_text_are_kept():
+    code = "```python\n" + "\n".join(f"# Step {i}.\nx{i} = compute({i})" for i in range(12)) + "\n```"
+    md = "Intro.\n\n" + code + "\n\nAfter.\n"
+    doc = read_document("d.md", md.encode(), max_chars=200)
+    assert code in [c.text for c in doc.chunks]  # whole, over the limit
+    assert identity(doc) == md
+    poem = "\n".join(f"Line {i} of a poem that goes on. And on." for i in range(12)) + "\n"
+    doc = read_document("p.txt", poem.encode(), max_chars=200)
+    assert len(doc.chunks) > 1 and identity(doc) == poem

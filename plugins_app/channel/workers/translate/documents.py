@@ -6,8 +6,9 @@ Nothing here touches the disk or the bridge, so each part is tested alone (test_
 * Plain text and Markdown (``.txt``, ``.md``, ``.markdown``) are cut at blank lines (paragraphs); a
   Markdown code fence is one block whatever blank lines it holds. Paragraphs are packed into chunks of at
   most ``max_chars`` characters; a paragraph longer than that is cut at sentence ends, a sentence longer
-  than that at spaces, a word longer than that anywhere. Each chunk remembers what followed it in the
-  source (a blank line, a space, nothing), so the translation is joined the same way.
+  than that at white space, a word longer than that anywhere; a Markdown block is cut at line ends
+  first, and a code fence is never cut. Each chunk remembers what followed it in the source (a blank
+  line, a line break, a space, nothing), so the translation is joined the same way.
 * SubRip subtitles (``.srt``) are cut at cues. The engine sees only the cues' text, each under its number
   in brackets (``[12]``); the numbers and timings are the worker's and are written back unchanged, so a
   model can never shift a timing. A cue the answer does not name keeps its source text (logged).
@@ -152,45 +153,94 @@ def blocks_of(text: str, *, markdown: bool = False) -> list[str]:
     return blocks
 
 
-def _cut_long(text: str, max_chars: int) -> list[str]:
-    """A block longer than the limit as pieces within it: at sentence ends, else spaces, else anywhere."""
-    pieces = [p for p in _SENTENCE_END.split(text) if p]
-    out: list[str] = []
-    for sentence in pieces:
-        if len(sentence) <= max_chars:
-            out.append(sentence)
+def _cut_long(text: str, max_chars: int) -> list[tuple[str, str]]:
+    """A block longer than the limit as pieces within it, each with the white space that followed it in
+    the source (the last: ""), so joining them gives the block back: at sentence ends, else at white
+    space, else anywhere."""
+    sentences: list[tuple[str, str]] = []
+    pos = 0
+    for m in _SENTENCE_END.finditer(text):
+        if m.start() == pos:  # nothing before this break (a run of stops): its white space joins the last
+            if sentences and m.group():
+                sentences[-1] = (sentences[-1][0], sentences[-1][1] + m.group())
+            pos = m.end()
             continue
-        words, line = sentence.split(" "), ""
-        for word in words:
+        sentences.append((text[pos:m.start()], m.group()))
+        pos = m.end()
+    if pos < len(text):
+        sentences.append((text[pos:], ""))
+    out: list[tuple[str, str]] = []
+    for sentence, sep in sentences:
+        if len(sentence) <= max_chars:
+            out.append((sentence, sep))
+            continue
+        parts = re.split(r"(\s+)", sentence)
+        words = [(parts[i], parts[i + 1] if i + 1 < len(parts) else sep) for i in range(0, len(parts), 2)]
+        for word, follows in words:
+            if not word:
+                if out and follows:
+                    out[-1] = (out[-1][0], out[-1][1] + follows)
+                continue
             while len(word) > max_chars:  # a "word" longer than the limit (a URL, a script with no spaces)
-                if line:
-                    out.append(line)
-                    line = ""
-                out.append(word[:max_chars])
+                out.append((word[:max_chars], ""))
                 word = word[max_chars:]
-            if line and len(line) + 1 + len(word) > max_chars:
-                out.append(line)
-                line = word
-            else:
-                line = f"{line} {word}" if line else word
-        if line:
-            out.append(line)
+            out.append((word, follows))
     return out
 
 
+def _markdown_segments(block: str) -> list[str]:
+    """A Markdown block's lines, a fenced code block in it kept as one segment."""
+    segments: list[str] = []
+    fence: list[str] | None = None
+    for line in block.split("\n"):
+        m = _FENCE.match(line)
+        if fence is None:
+            if m:
+                fence = [line]
+            else:
+                segments.append(line)
+        else:
+            fence.append(line)
+            if m and line.strip().startswith(fence[0].strip()[:3]):
+                segments.append("\n".join(fence))
+                fence = None
+    if fence is not None:
+        segments.append("\n".join(fence))
+    return segments
+
+
+def _units_of_block(block: str, max_chars: int, markdown: bool) -> list[tuple[str, str]]:
+    """A block as pieces within the limit, each with what followed it (the last: "")."""
+    if len(block) <= max_chars:
+        return [(block, "")]
+    if not markdown:
+        return _cut_long(block, max_chars)
+    # Markdown: at line ends first (a list, a table, a quote keep their lines); a fenced code block is
+    # never cut (it goes whole, over the limit if need be: a fence cut in two is no longer code)
+    units: list[tuple[str, str]] = []
+    for seg in _markdown_segments(block):
+        if len(seg) <= max_chars or _FENCE.match(seg):
+            units.append((seg, "\n"))
+        else:
+            pieces = _cut_long(seg, max_chars)
+            units.extend(pieces[:-1])
+            units.append((pieces[-1][0], "\n"))
+    units[-1] = (units[-1][0], "")
+    return units
+
+
 def split_text(text: str, max_chars: int, *, markdown: bool = False) -> list[Chunk]:
-    """Paragraphs packed into chunks of at most ``max_chars`` characters, in order."""
+    """Paragraphs packed into chunks of at most ``max_chars`` characters, in order (a Markdown code
+    fence longer than that is one chunk of its own)."""
     if max_chars < 1:
         raise ValueError("max_chars must be at least 1")
-    # (piece, what follows it): a blank line between paragraphs, a space between the sentences of one
+    # (piece, what follows it): a blank line between paragraphs; within a paragraph cut in pieces, the
+    # white space that was there (a space, a line break)
     units: list[tuple[str, str]] = []
     for block in blocks_of(text, markdown=markdown):
-        if len(block) <= max_chars:
-            units.append((block, "\n\n"))
-            continue
-        pieces = _cut_long(block, max_chars)
-        units.extend((p, " ") for p in pieces[:-1])
-        units.append((pieces[-1], "\n\n"))
+        pieces = _units_of_block(block, max_chars, markdown)
+        units.extend(pieces[:-1])
+        units.append((pieces[-1][0], "\n\n"))
     chunks: list[Chunk] = []
     current, joiner = "", ""
     for piece, follows in units:
