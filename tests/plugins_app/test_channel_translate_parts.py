@@ -624,3 +624,23 @@ def test_a_long_code_fence_is_never_cut_and_line_breaks_in_long_text_are_kept():
     poem = "\n".join(f"Line {i} of a poem that goes on. And on." for i in range(12)) + "\n"
     doc = read_document("p.txt", poem.encode(), max_chars=200)
     assert len(doc.chunks) > 1 and identity(doc) == poem
+
+
+def test_a_file_replaced_while_at_work_the_newer_version_wins_whichever_finishes_last(tmp_path):
+    import os
+    p = Worker(tmp_path)
+    p.drop("a.txt", "Version one, first paragraph " + "x " * 100 + "\n\nVersion one, second.\n")
+    v1 = p.sent[-1]
+    p.drop("a.txt", "Version two.\n")  # the operator replaces it with a corrected version
+    v2 = p.sent[-1]
+    p.answer(v2, "Fassung zwei.")
+    assert (p.outbox / "a.de.txt").read_text() == "Fassung zwei.\n"
+    p.answer(v1, "Fassung eins, erster.")
+    assert len(p.sent) == 2  # the replaced version asks nothing more
+    assert (p.outbox / "a.de.txt").read_text() == "Fassung zwei.\n"  # and never overwrites the newer one
+    assert os.listdir(p.inbox / "done") == ["a.txt"] and p.w.state.working() == []
+    p.w.disconnect()
+    q = Worker(tmp_path)  # the newest version per name is known again after a restart
+    q.drop("a.txt", "Version one, first paragraph " + "x " * 100 + "\n\nVersion one, second.\n")
+    q.answer(q.sent[-1], "Fassung eins, zweiter.")  # version one dropped again: now it is the newest
+    assert (q.outbox / "a.de.txt").read_text() == "Fassung eins, erster. Fassung eins, zweiter.\n"

@@ -51,7 +51,7 @@ from plugins_app.channel.sdk.outbox import PENDING, REJECTED, outbox_path_for
 
 from .documents import (LANG_TAG, Chunk, DocumentError, assemble, glossary_for, instruction, parse_glossary,
                         read_document, suffix_of)
-from .state import ANSWERED, DONE, FAILED, NEW, REPLAN, SUBMITTED, TranslateState
+from .state import ANSWERED, DONE, FAILED, NEW, REPLAN, SUBMITTED, SUPERSEDED, TranslateState
 
 KIND = "channel-translate"
 DESCRIPTION = "Translation: a directory pipeline; documents dropped in an inbox come out translated in an outbox."
@@ -544,6 +544,12 @@ class TranslateWorker(ChannelWorker):
             self.state.settle(doc.digest, doc.name, FAILED, reason)
 
     def _pump_document(self, doc) -> None:
+        if self.state.superseded(doc):
+            # the file was replaced while at work: the newer content's translation is the one written
+            self.log.warning("translate: %s (sha256 %s) was replaced by a newer file of that name: its "
+                             "translation is dropped", doc.name, doc.digest[:12])
+            self.state.settle(doc.digest, doc.name, SUPERSEDED, "a newer file of that name was taken")
+            return
         lost = self.state.plan_lost(doc)
         if lost:
             # never "complete" with no chunks: the file is taken again (a new plan) if it is still there

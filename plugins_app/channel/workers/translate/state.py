@@ -26,7 +26,7 @@ from pathlib import Path
 KEEP_SECS = 180 * 86400
 
 NEW, SUBMITTED, ANSWERED, FAILED = "new", "submitted", "answered", "failed"
-WORKING, DONE, REPLAN = "working", "done", "replan"
+WORKING, DONE, REPLAN, SUPERSEDED = "working", "done", "replan", "superseded"
 
 
 def conversation_id_for(digest: str, lang: str) -> str:
@@ -125,12 +125,27 @@ class TranslateState:
         self._lock = threading.RLock()
         self._loaded: dict[str, _Content] = {}  # contents with a document at work (or asked for since)
         self._closed = False
+        self._latest: dict[str, tuple[float, str]] = {}  # name -> (taken at, digest) of its newest content
         for journal in sorted(path.glob("*.jsonl")):
             content = self._read(journal)
+            for d in content.documents.values():
+                self._note(d)
             if content.at_work():
                 self._loaded[content.digest] = content
             elif all(d.at < time.time() - KEEP_SECS for d in content.documents.values()):
                 journal.unlink(missing_ok=True)
+
+    def _note(self, d: DocumentRow) -> None:
+        latest = self._latest.get(d.name)
+        if latest is None or d.at >= latest[0]:
+            self._latest[d.name] = (d.at, d.digest)
+
+    def superseded(self, doc: DocumentRow) -> bool:
+        """Whether another content was taken under this document's name after it (the file was edited or
+        replaced while at work): its translation must not overwrite the newer one's."""
+        with self._lock:
+            latest = self._latest.get(doc.name)
+            return latest is not None and latest[1] != doc.digest and latest[0] > doc.at
 
     def close(self) -> None:
         with self._lock:
@@ -227,6 +242,7 @@ class TranslateState:
             events.append({"e": "doc", "name": name, "form": form, "trailing_newline": trailing_newline,
                            "langs": sorted(chunks), "planned": planned, "at": time.time()})
             self._write(content, *events)
+            self._note(content.documents[name])
 
     def plan_lost(self, doc: DocumentRow) -> list[str]:
         """The languages of a document at work whose chunks are not all in the journal (a plan line lost
