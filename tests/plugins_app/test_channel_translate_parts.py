@@ -644,3 +644,37 @@ def test_a_file_replaced_while_at_work_the_newer_version_wins_whichever_finishes
     q.drop("a.txt", "Version one, first paragraph " + "x " * 100 + "\n\nVersion one, second.\n")
     q.answer(q.sent[-1], "Fassung eins, zweiter.")  # version one dropped again: now it is the newest
     assert (q.outbox / "a.de.txt").read_text() == "Fassung eins, erster. Fassung eins, zweiter.\n"
+
+
+# ---------------------------------------------------------------------------- moving files out of the inbox
+
+def test_moving_a_file_next_to_one_of_its_name_never_reads_either_whole(tmp_path):
+    import tracemalloc
+    p = Worker(tmp_path, "--max-file-bytes", "1000")
+    for path, last in ((p.inbox / "failed" / "big.txt", b"1"), (p.inbox / "big.txt", b"2")):
+        with open(path, "wb") as fh:  # sparse: 40 MB each on paper, nothing on disk
+            fh.truncate(40 * 1024 * 1024)
+            fh.seek(0, 2)
+            fh.write(last)
+    st = (p.inbox / "big.txt").stat()
+    tracemalloc.start()
+    try:
+        p.w.take("big.txt", (st.st_size, st.st_mtime_ns))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * 1024 * 1024, peak
+    assert not (p.inbox / "big.txt").exists() and len([f for f in (p.inbox / "failed").glob("big*.txt") if not f.name.endswith(".error.txt")]) == 2
+
+
+def test_two_files_of_one_name_failing_within_a_second_are_both_kept():
+    import tempfile
+    from pathlib import Path
+    with tempfile.TemporaryDirectory() as root:
+        p = Worker(Path(root))
+        for content in ("%PDF one", "%PDF two", "%PDF three"):
+            (p.inbox / "x.pdf").write_text(content)
+            st = (p.inbox / "x.pdf").stat()
+            p.w.take("x.pdf", (st.st_size, st.st_mtime_ns))
+        kept = sorted(f.read_text() for f in (p.inbox / "failed").iterdir() if f.name.endswith(".pdf"))
+        assert kept == ["%PDF one", "%PDF three", "%PDF two"]
