@@ -676,5 +676,5 @@ def test_two_files_of_one_name_failing_within_a_second_are_both_kept():
             (p.inbox / "x.pdf").write_text(content)
             st = (p.inbox / "x.pdf").stat()
             p.w.take("x.pdf", (st.st_size, st.st_mtime_ns))
-        kept = sorted(f.read_text() for f in (p.inbox / "failed").iterdir() if f.name.endswith(".pdf"))
+        kept = sorted(f.read_text() for f in (p.inbox / "failed").iterdir() if not f.name.endswith(".error.txt"))
         assert kept == ["%PDF one", "%PDF three", "%PDF two"]
