@@ -678,3 +678,17 @@ def test_two_files_of_one_name_failing_within_a_second_are_both_kept():
             p.w.take("x.pdf", (st.st_size, st.st_mtime_ns))
         kept = sorted(f.read_text() for f in (p.inbox / "failed").iterdir() if not f.name.endswith(".error.txt"))
         assert kept == ["%PDF one", "%PDF three", "%PDF two"]
+
+
+def test_subtitles_whose_numbering_restarts_are_marked_by_place_and_a_blank_line_in_an_answer_is_dropped():
+    srt = ("1\n00:00:01,000 --> 00:00:02,000\nFirst part A.\n\n"
+           "2\n00:00:03,000 --> 00:00:04,000\nFirst part B.\n\n"
+           "1\n00:10:01,000 --> 00:10:02,000\nSecond part A.\n")
+    [chunk] = split_cues(parse_srt(srt), 4000)
+    assert chunk.text == "[1]\nFirst part A.\n\n[2]\nFirst part B.\n\n[3]\nSecond part A."
+    answer = chunk.text.replace("part", "Teil").replace("B.", "B,\n\nzwei Zeilen.")
+    out = assemble("srt", [Chunk.from_dict(chunk.to_dict())], [answer])
+    assert out == ("1\n00:00:01,000 --> 00:00:02,000\nFirst Teil A.\n\n"
+                   "2\n00:00:03,000 --> 00:00:04,000\nFirst Teil B,\nzwei Zeilen.\n\n"
+                   "1\n00:10:01,000 --> 00:10:02,000\nSecond Teil A.\n")
+    assert [(c.number, c.timing) for c in parse_srt(out)] == [(c.number, c.timing) for c in parse_srt(srt)]

@@ -9,8 +9,8 @@ Nothing here touches the disk or the bridge, so each part is tested alone (test_
   than that at white space, a word longer than that anywhere; a Markdown block is cut at line ends
   first, and a code fence is never cut. Each chunk remembers what followed it in the source (a blank
   line, a line break, a space, nothing), so the translation is joined the same way.
-* SubRip subtitles (``.srt``) are cut at cues. The engine sees only the cues' text, each under its number
-  in brackets (``[12]``); the numbers and timings are the worker's and are written back unchanged, so a
+* SubRip subtitles (``.srt``) are cut at cues. The engine sees only the cues' text, each under its place
+  in the file in brackets (``[12]``, the 12th cue, whatever its number); the numbers and timings are the worker's and are written back unchanged, so a
   model can never shift a timing. A cue the answer does not name keeps its source text (logged).
 """
 from __future__ import annotations
@@ -58,14 +58,17 @@ class Chunk:
     text: str = ""
     joiner: str = ""
     cues: list[Cue] = field(default_factory=list)
+    marks: list[int] = field(default_factory=list)  # the [n] each cue is sent under: its place in the file
 
     def to_dict(self) -> dict:
         return {"text": self.text, "joiner": self.joiner,
-                "cues": [[c.number, c.timing, c.text] for c in self.cues]}
+                "cues": [[c.number, c.timing, c.text] for c in self.cues], "marks": list(self.marks)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Chunk":
-        return cls(d.get("text", ""), d.get("joiner", ""), [Cue(n, t, x) for n, t, x in d.get("cues", [])])
+        cues = [Cue(n, t, x) for n, t, x in d.get("cues", [])]
+        # a plan recorded before marks were kept sent each cue under its own number
+        return cls(d.get("text", ""), d.get("joiner", ""), cues, list(d.get("marks") or [c.number for c in cues]))
 
 
 @dataclass
@@ -273,25 +276,31 @@ def parse_srt(text: str) -> list[Cue]:
     return cues
 
 
-def cue_block(cue: Cue) -> str:
-    return f"[{cue.number}]\n{cue.text}"
+def cue_block(cue: Cue, mark: int | None = None) -> str:
+    return f"[{cue.number if mark is None else mark}]\n{cue.text}"
 
 
 def split_cues(cues: list[Cue], max_chars: int) -> list[Chunk]:
     """Cues packed into chunks whose text for the engine (``[n]`` then the cue's text) is within the limit;
-    a cue is never cut."""
+    a cue is never cut. ``n`` is the cue's place in the file (1, 2, ...), not its number: a file whose
+    numbering restarts or repeats still names each cue once."""
     chunks: list[Chunk] = []
-    current: list[Cue] = []
+    current: list[tuple[int, Cue]] = []
     size = 0
-    for cue in cues:
-        block = len(cue_block(cue))
+
+    def flush():
+        chunks.append(Chunk("\n\n".join(cue_block(c, m) for m, c in current), "", [c for _, c in current],
+                            [m for m, _ in current]))
+
+    for mark, cue in enumerate(cues, 1):
+        block = len(cue_block(cue, mark))
         if current and size + 2 + block > max_chars:
-            chunks.append(Chunk("\n\n".join(cue_block(c) for c in current), "", current))
+            flush()
             current, size = [], 0
         size = size + 2 + block if current else block
-        current.append(cue)
+        current.append((mark, cue))
     if current:
-        chunks.append(Chunk("\n\n".join(cue_block(c) for c in current), "", current))
+        flush()
     return chunks
 
 
@@ -386,9 +395,11 @@ def assemble(doc_form: str, chunks: list[Chunk], answers: list[str], *, trailing
         out = []
         for chunk, answer in zip(chunks, answers):
             texts = answer_cues(answer)
-            for cue in chunk.cues:
-                text = texts.get(cue.number)
-                if text is None:
+            for cue, mark in zip(chunk.cues, chunk.marks or [c.number for c in chunk.cues]):
+                text = texts.get(mark)
+                # a blank line would end the cue early in the file: the answer's blank lines are dropped
+                text = "\n".join(line for line in text.split("\n") if line.strip()) if text is not None else None
+                if not text:
                     if missing is not None:
                         missing.append(cue.number)
                     text = cue.text
