@@ -166,8 +166,8 @@ def test_the_state_keeps_answers_across_a_reopen_and_a_second_drop_asks_nothing_
                                                                                      "cues": []})]
     state.take(digest="d" * 64, name="a.txt", form="text", trailing_newline=True, chunks={"de": parts})
     first, second = state.chunks("d" * 64, "de")
-    assert (first.conversation_id, first.message_id) == (conversation_id_for("d" * 64, "de"),
-                                                         message_id_for("d" * 64, "de", 0, "prompt 0"))
+    assert first.nonce and (first.conversation_id, first.message_id) == (
+        conversation_id_for("d" * 64, "de"), message_id_for("d" * 64, "de", 0, "prompt 0", nonce=first.nonce))
     assert first.state == NEW
     state.submitted(first)
     assert state.chunk_of(first.conversation_id, first.message_id).state == SUBMITTED
@@ -692,3 +692,22 @@ def test_subtitles_whose_numbering_restarts_are_marked_by_place_and_a_blank_line
                    "2\n00:00:03,000 --> 00:00:04,000\nFirst Teil B,\nzwei Zeilen.\n\n"
                    "1\n00:10:01,000 --> 00:10:02,000\nSecond Teil A.\n")
     assert [(c.number, c.timing) for c in parse_srt(out)] == [(c.number, c.timing) for c in parse_srt(srt)]
+
+
+def test_a_plan_made_afresh_after_its_journal_was_deleted_never_reuses_a_message_id(tmp_path, monkeypatch):
+    from plugins_app.channel.workers.translate import state as state_module
+    state = TranslateState(tmp_path / "s.translate")
+    parts = {"de": [("p", {"text": "a", "joiner": "", "cues": []})]}
+    state.take(digest="c" * 64, name="a.txt", form="text", trailing_newline=True, chunks=parts)
+    [first] = state.chunks("c" * 64, "de")
+    state.answered(first, "A")
+    state.settle("c" * 64, "a.txt", "done")
+    state.close()
+    monkeypatch.setattr(state_module, "KEEP_SECS", -1)  # as 180 days later: the journal is deleted at start
+    state = TranslateState(tmp_path / "s.translate")
+    assert not list((tmp_path / "s.translate").glob("*.jsonl"))
+    state.take(digest="c" * 64, name="a.txt", form="text", trailing_newline=True, chunks=parts)
+    [again] = state.chunks("c" * 64, "de")
+    # the hub (and the SDK's outbox) may still hold the first id: the same id would be answered as a duplicate
+    assert again.state == NEW and again.message_id != first.message_id
+    state.close()

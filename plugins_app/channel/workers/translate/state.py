@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -34,10 +35,14 @@ def conversation_id_for(digest: str, lang: str) -> str:
     return f"doc:{digest[:24]}:{lang}"
 
 
-def message_id_for(digest: str, lang: str, index: int, prompt: str, attempt: int = 1) -> str:
-    """A chunk's idempotency key: the document, the language, the chunk, what it asks (and the attempt,
-    after a failed turn), so a restart or a second drop of the same file never runs a chunk twice."""
+def message_id_for(digest: str, lang: str, index: int, prompt: str, attempt: int = 1, nonce: str = "") -> str:
+    """A chunk's idempotency key: the document, the language, the chunk, what it asks, the plan's nonce
+    (and the attempt, after a failed turn), so a restart or a second drop of the same file never runs a
+    chunk twice, while a plan made afresh (its journal deleted after KEEP_SECS) never reuses an id the hub
+    would answer as a duplicate."""
     base = f"{digest[:16]}.{lang}.{index:04d}.{hashlib.sha256(prompt.encode()).hexdigest()[:10]}"
+    if nonce:
+        base = f"{base}.{nonce}"
     return base if attempt == 1 else f"{base}.try{attempt}"
 
 
@@ -56,6 +61,7 @@ class ChunkRow:
     answer: str | None = None
     reason: str | None = None
     submitted_at: float | None = None  # when the current attempt was handed to the SDK (wall clock)
+    nonce: str = ""  # the plan's own (none in plans recorded before it)
 
     def copy(self) -> "ChunkRow":
         return ChunkRow(**self.__dict__)
@@ -97,17 +103,18 @@ class _Content:
             if doc is not None:
                 doc.state, doc.reason, doc.at = e["state"], e.get("reason"), e["at"]
         elif kind == "chunks":
-            lang, parts = e["lang"], e["parts"]
+            lang, parts, nonce = e["lang"], e["parts"], e.get("nonce", "")
             if lang not in self.chunks:
                 self.chunks[lang] = [
                     ChunkRow(self.digest, lang, i, len(parts), conversation_id_for(self.digest, lang),
-                             message_id_for(self.digest, lang, i, p["prompt"]), 1, p["prompt"], p["source"])
+                             message_id_for(self.digest, lang, i, p["prompt"], nonce=nonce), 1, p["prompt"],
+                             p["source"], nonce=nonce)
                     for i, p in enumerate(parts)]
         else:
             c = self.chunks[e["lang"]][e["idx"]]
             if kind == "retry":
                 c.attempt, c.state, c.reason, c.submitted_at = e["attempt"], NEW, e.get("reason"), None
-                c.message_id = message_id_for(self.digest, c.lang, c.index, c.prompt, c.attempt)
+                c.message_id = message_id_for(self.digest, c.lang, c.index, c.prompt, c.attempt, c.nonce)
             elif e.get("message_id") != c.message_id:
                 return  # an event of an attempt since replaced
             elif kind == "submitted" and c.state == NEW:
@@ -230,7 +237,7 @@ class TranslateState:
             events: list[dict] = []
             for lang, parts in chunks.items():
                 if lang not in content.chunks:
-                    events.append({"e": "chunks", "lang": lang,
+                    events.append({"e": "chunks", "lang": lang, "nonce": secrets.token_hex(3),
                                    "parts": [{"prompt": p, "source": s} for p, s in parts]})
             for rows in content.chunks.values():
                 events.extend({"e": "retry", "lang": c.lang, "idx": c.index, "attempt": c.attempt + 1}
