@@ -166,8 +166,8 @@ def test_the_state_keeps_answers_across_a_reopen_and_a_second_drop_asks_nothing_
                                                                                      "cues": []})]
     state.take(digest="d" * 64, name="a.txt", form="text", trailing_newline=True, chunks={"de": parts})
     first, second = state.chunks("d" * 64, "de")
-    assert (first.conversation_id, first.message_id) == (conversation_id_for("d" * 64, "de"),
-                                                         message_id_for("d" * 64, "de", 0, "prompt 0"))
+    assert first.nonce and (first.conversation_id, first.message_id) == (
+        conversation_id_for("d" * 64, "de"), message_id_for("d" * 64, "de", 0, "prompt 0", nonce=first.nonce))
     assert first.state == NEW
     state.submitted(first)
     assert state.chunk_of(first.conversation_id, first.message_id).state == SUBMITTED
@@ -205,11 +205,11 @@ def test_a_failed_turn_is_asked_again_under_a_new_message_id_until_the_attempts_
 class Worker:
     """The worker's pipeline steps on a real inbox, with ``submit`` recording what the hub would get."""
 
-    def __init__(self, root, *args):
+    def __init__(self, root, *args, to="de"):
         from plugins_app.channel.sdk import SubmitResult
         from plugins_app.channel.workers.translate import TranslateWorker
         self.inbox, self.outbox = root / "in", root / "out"
-        self.w = TranslateWorker(argv=["--inbox", str(self.inbox), "--outbox", str(self.outbox), "--to", "de",
+        self.w = TranslateWorker(argv=["--inbox", str(self.inbox), "--outbox", str(self.outbox), "--to", to,
                                        "--max-chunk-chars", "200", *args],
                                  socket_path=str(root / "none.sock"), plugin_id="tr", token="t",
                                  state_dir=str(root / "state"), install_signal_handlers=False)
@@ -336,3 +336,378 @@ def test_the_kind_is_built_in_and_a_plugins_toml_entry_needs_no_command():
     assert selectors.plugin_argv(Plugin.objects.get()) == (
         sys.executable, ["-m", "plugins_app.channel.workers.translate", "--inbox", "/srv/in", "--outbox", "/srv/out",
                          "--to", "de,fr"])
+
+
+# ---------------------------------------------------------------------------- what the inbox may hold
+
+def settle_scan(p, rounds=3):
+    import time
+    for _ in range(rounds):
+        p.w.scan()
+        time.sleep(0.06)
+
+
+def test_a_symbolic_link_in_the_inbox_is_never_read_it_goes_to_failed_as_a_link(tmp_path):
+    import os
+    secret = tmp_path / "secret.env"
+    secret.write_text("DATABASE_URL=postgres://admin:hunter2@db/ugent\n")
+    p = Worker(tmp_path, "--settle-secs", "0.05")
+    os.symlink(secret, p.inbox / "notes.txt")
+    settle_scan(p)
+    p.w.pump()
+    assert p.sent == []  # nothing of the linked file reached the agent
+    assert (p.inbox / "failed" / "notes.txt").is_symlink() and not (p.inbox / "notes.txt").exists()
+    assert "symbolic link" in (p.inbox / "failed" / "notes.txt.error.txt").read_text()
+    assert secret.read_text().startswith("DATABASE_URL")
+
+
+def test_a_file_swapped_for_a_link_after_the_scan_is_not_read_through_it(tmp_path):
+    import os
+    secret = tmp_path / "secret.env"
+    secret.write_text("hunter2\n")
+    p = Worker(tmp_path)
+    (p.inbox / "a.txt").write_text("hunter2\n")  # the same size as the secret
+    st = (p.inbox / "a.txt").stat()
+    (p.inbox / "a.txt").unlink()
+    os.symlink(secret, p.inbox / "a.txt")
+    p.w.take("a.txt", (st.st_size, st.st_mtime_ns))
+    p.w.pump()
+    assert p.sent == [] and (p.inbox / "failed" / "a.txt").is_symlink()
+
+
+def test_done_or_failed_as_a_symbolic_link_is_refused_and_nothing_is_moved_through_it(tmp_path):
+    import os
+
+    from plugins_app.channel.sdk import ChannelRefused
+    p = Worker(tmp_path, "--settle-secs", "0.05")
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (p.inbox / "failed").rmdir()
+    os.symlink(victim, p.inbox / "failed")
+    (p.inbox / "x.pdf").write_text("%PDF")
+    settle_scan(p)
+    assert os.listdir(victim) == [] and (p.inbox / "x.pdf").exists()
+    with pytest.raises(ChannelRefused, match="failed is not a directory"):
+        Worker(tmp_path)
+
+
+def test_write_atomic_never_writes_through_a_link_and_leaves_no_temporary_file_on_error(tmp_path):
+    import os
+    victim = tmp_path / "victim.conf"
+    victim.write_text("important\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    os.symlink(victim, out / "a.de.txt")
+    write_atomic(out / "a.de.txt", "translated\n")  # the link is replaced, not followed
+    assert victim.read_text() == "important\n" and (out / "a.de.txt").read_text() == "translated\n"
+    (out / "dir.de.txt").mkdir()
+    with pytest.raises(OSError):
+        write_atomic(out / "dir.de.txt", "x")
+    assert sorted(p.name for p in out.iterdir()) == ["a.de.txt", "dir.de.txt"]
+
+
+# ---------------------------------------------------------------------------- a crash while a file is taken
+
+def answer_all(q):
+    """Answer every chunk sent (and those sent because of it) with its language and number."""
+    answered: set = set()
+    for _ in range(20):
+        todo = [m for m in q.sent if m.message_id not in answered]
+        if not todo:
+            return
+        for m in todo:
+            answered.add(m.message_id)
+            q.answer(m, f"{m.metadata['lang']}{m.metadata['chunk']}")
+
+
+def _journal(root):
+    [j] = (root / "state" / "tr.translate").glob("*.jsonl")
+    return j
+
+
+def test_a_plan_line_lost_to_a_power_cut_never_finishes_the_document_with_an_empty_translation(tmp_path):
+    p = Worker(tmp_path, to="de,fr")
+    text = "\n\n".join(f"Paragraph {i} " + "word " * 25 for i in range(3)) + "\n"
+    (p.inbox / "a.txt").write_text(text)
+    st = (p.inbox / "a.txt").stat()
+    p.w.take("a.txt", (st.st_size, st.st_mtime_ns))
+    p.w.disconnect()
+    j = _journal(tmp_path)
+    lines = j.read_bytes().split(b"\n")
+    # the French plan's line came back as garbage (pages written out of order), the rest whole
+    j.write_bytes(b"\n".join(b"\0" * 40 if b'"e":"chunks"' in ln and b'"lang":"fr"' in ln else ln for ln in lines))
+    q = Worker(tmp_path, to="de,fr")
+    q.w.pump()
+    answer_all(q)
+    assert not (q.outbox / "a.fr.txt").exists() and (q.inbox / "a.txt").exists()  # not finished as ""
+    # the file is taken again: the lost plan is made anew, and every chunk of it is asked
+    q.w.take("a.txt", (st.st_size, st.st_mtime_ns))
+    q.w.pump()
+    answer_all(q)
+    assert (q.outbox / "a.fr.txt").read_text() == "fr1\n\nfr2\n\nfr3\n"
+    assert (q.outbox / "a.de.txt").read_text() == "de1\n\nde2\n\nde3\n"
+    assert (q.inbox / "done" / "a.txt").exists()
+
+
+def test_a_crash_tearing_the_last_line_of_a_take_leaves_no_document_at_work_and_the_file_is_taken_again(tmp_path):
+    p = Worker(tmp_path)
+    (p.inbox / "a.txt").write_text("Hello world.\n")
+    st = (p.inbox / "a.txt").stat()
+    p.w.take("a.txt", (st.st_size, st.st_mtime_ns))
+    p.w.disconnect()
+    j = _journal(tmp_path)
+    data = j.read_bytes()
+    j.write_bytes(data[:-20])  # the take's last line cut short
+    q = Worker(tmp_path)
+    q.w.pump()
+    assert not (q.outbox / "a.de.txt").exists() and (q.inbox / "a.txt").exists()
+    q.w.take("a.txt", (st.st_size, st.st_mtime_ns))
+    q.w.pump()
+    q.answer(q.sent[-1], "Hallo Welt.")
+    assert (q.outbox / "a.de.txt").read_text() == "Hallo Welt.\n"
+
+
+# ---------------------------------------------------------------------------- a chunk that never gets an answer
+
+def _past_the_timeout():
+    import time
+    time.sleep(0.12)
+
+
+def test_a_chunk_submitted_but_never_answered_is_asked_again_after_the_turn_timeout(tmp_path):
+    p = Worker(tmp_path, "--turn-timeout-secs", "0.1", "--max-attempts", "2")
+    p.drop("a.txt", "Hello.\n")
+    [first] = p.sent
+    p.w.pump()
+    assert len(p.sent) == 1  # within the timeout: it waits
+    _past_the_timeout()  # an abandoned turn sends nothing: no delivery ever comes
+    p.w.pump()
+    assert [m.message_id for m in p.sent] == [first.message_id, first.message_id + ".try2"]
+    _past_the_timeout()
+    p.w.pump()  # out of attempts: the document fails with the reason
+    assert "no answer within --turn-timeout-secs" in (p.inbox / "failed" / "a.txt.error.txt").read_text()
+
+
+def test_a_chunk_still_pending_in_the_sdk_outbox_waits_and_one_the_hub_refused_on_replay_fails(tmp_path):
+    p = Worker(tmp_path, "--turn-timeout-secs", "0.1")
+    p.drop("a.txt", "Hello.\n")
+    p.drop("b.txt", "Bye.\n")
+    a, b = p.sent
+    outbox = p.w._outbox()
+    outbox.inbound_record(a)  # queued: the hub was not reached yet
+    outbox.inbound_record(b)
+    outbox.inbound_acked(b.key, {"accepted": False, "reason": "a rule refused it"})  # refused when replayed
+    _past_the_timeout()
+    p.w.pump()
+    assert len(p.sent) == 2 and (p.inbox / "a.txt").exists()  # a waits for the SDK to hand it over
+    assert (p.inbox / "failed" / "b.txt.error.txt").read_text() == (
+        "chunk 1 of 1 into de: the hub refused it: a rule refused it\n")
+
+
+def test_dropping_a_file_again_asks_a_stale_submitted_chunk_again(tmp_path):
+    state = TranslateState(tmp_path / "s.translate")
+    parts = {"de": [("p", {"text": "a", "joiner": "", "cues": []})]}
+    state.take(digest="a" * 64, name="a.txt", form="text", trailing_newline=True, chunks=parts)
+    [row] = state.chunks("a" * 64, "de")
+    state.submitted(row)
+    import time
+    state.take(digest="a" * 64, name="a.txt", form="text", trailing_newline=True, chunks=parts,
+               stale_before=time.time() - 60)
+    assert state.chunks("a" * 64, "de")[0].state == SUBMITTED  # submitted a moment ago: left alone
+    state.take(digest="a" * 64, name="a.txt", form="text", trailing_newline=True, chunks=parts,
+               stale_before=time.time() + 1)
+    [again] = state.chunks("a" * 64, "de")
+    assert (again.state, again.attempt) == (NEW, 2)
+    state.close()
+
+
+# ---------------------------------------------------------------------------- one document in trouble
+
+def test_a_document_that_cannot_be_finished_does_not_hold_up_the_next_and_fails_after_repeated_errors(
+        tmp_path, monkeypatch):
+    import plugins_app.channel.workers.translate as translate
+    monkeypatch.setattr(translate, "DOCUMENT_BACKOFF_SECS", 0.0)
+    p = Worker(tmp_path)
+    (p.outbox / "a.de.txt").mkdir(parents=True)  # something in the way of a's output
+    p.drop("a.txt", "Hello.\n")
+    p.drop("b.txt", "Second.\n")
+    a, b = p.sent
+    p.answer(a, "Hallo.")  # a's output cannot be written: logged, the pump goes on
+    p.answer(b, "Zweites.")
+    assert (p.outbox / "b.de.txt").read_text() == "Zweites.\n" and (p.inbox / "done" / "b.txt").exists()
+    assert (p.inbox / "a.txt").exists()
+    for _ in range(translate.DOCUMENT_GIVE_UP):
+        p.w.pump()
+    assert "cannot finish the document: [Errno 21] Is a directory" in (
+        p.inbox / "failed" / "a.txt.error.txt").read_text()
+    assert p.w.state.working() == []
+
+
+def test_a_name_too_long_for_the_names_made_from_it_goes_to_failed_with_the_reason(tmp_path):
+    import os
+    p = Worker(tmp_path)
+    name = "L" * 240 + ".txt"
+    p.drop(name, "Hello.\n")
+    assert p.sent == [] and (p.inbox / "failed" / name).exists()
+    [error] = [n for n in os.listdir(p.inbox / "failed") if n.endswith(".error.txt")]
+    assert "the name is 244 bytes long: names of at most 236 bytes are taken" in (
+        p.inbox / "failed" / error).read_text()
+
+
+def test_a_name_that_is_not_utf8_goes_to_failed_instead_of_failing_on_every_scan(tmp_path):
+    import os
+    p = Worker(tmp_path, "--settle-secs", "0.05")
+    with open(os.path.join(os.fsencode(str(p.inbox)), b"caf\xe9.txt"), "wb") as fh:
+        fh.write(b"Hello world.\n")
+    settle_scan(p)
+    assert os.listdir(os.fsencode(str(p.inbox / "failed"))) and not [n for n in os.listdir(p.inbox)
+                                                                      if n.endswith(".txt")]
+    [error] = [n for n in os.listdir(p.inbox / "failed") if n.endswith(".error.txt")]
+    assert (p.inbox / "failed" / error).read_text() == (
+        "the name is not valid UTF-8 (caf\\xe9.txt): rename the file with a UTF-8 name\n")
+
+
+class FakeHost:
+    """The bridge's client as the SDK calls it: each inbound.submit answered by ``answer``."""
+    closed = False
+
+    def __init__(self, answer):
+        self.answer, self.calls = answer, []
+
+    def call(self, method, params, timeout=None, cancel=None):
+        self.calls.append(params["message"]["message_id"])
+        return self.answer(params)
+
+    def close(self):
+        pass
+
+
+def test_a_document_the_hub_refused_is_asked_under_a_new_message_id_when_dropped_again(tmp_path):
+    import os
+    p = Worker(tmp_path)
+    del p.w.submit  # the SDK's own submit, with its outbox, against a fake host
+    p.w._client = FakeHost(lambda prm: {"accepted": False, "reason": "not in allowed_senders"})
+    p.drop("a.txt", "Hello.\n")
+    assert (p.inbox / "failed" / "a.txt.error.txt").read_text() == (
+        "the hub refused chunk 1 of 1 into de: not in allowed_senders\n")
+    [refused] = p.w._client.calls
+    p.w._client = FakeHost(lambda prm: {"accepted": True, "duplicate": False})  # the operator fixed the rule
+    os.replace(p.inbox / "failed" / "a.txt", p.inbox / "a.txt")
+    st = (p.inbox / "a.txt").stat()
+    p.w.take("a.txt", (st.st_size, st.st_mtime_ns))
+    p.w.pump()
+    assert p.w._client.calls == [refused + ".try2"]  # really asked again, not answered from the outbox's cache
+    assert (p.inbox / "a.txt").exists()  # at work, not failed again
+
+
+# ---------------------------------------------------------------------------- cutting keeps the layout
+
+def identity(doc) -> str:
+    """The document put back from answers that repeat each chunk: what the cutting kept of the layout."""
+    return assemble(doc.form, doc.chunks, [c.text for c in doc.chunks], trailing_newline=doc.trailing_newline)
+
+
+def test_a_long_markdown_list_is_cut_at_line_ends_and_keeps_its_lines():
+    md = "# Changelog\n\n" + "\n".join(f"- Fixed bug number {i} in the parser." for i in range(12)) + "\n"
+    doc = read_document("c.md", md.encode(), max_chars=200)
+    assert len(doc.chunks) > 1 and all(len(c.text) <= 200 for c in doc.chunks)
+    assert all(c.text.split("\n")[-1].startswith("- ") for c in doc.chunks[1:])  # whole items
+    assert identity(doc) == md
+
+
+def test_a_long_code_fence_is_never_cut_and_line_breaks_in_long_text_are_kept():
+    code = "```python\n" + "\n".join(f"# Step {i}.\nx{i} = compute({i})" for i in range(12)) + "\n```"
+    md = "Intro.\n\n" + code + "\n\nAfter.\n"
+    doc = read_document("d.md", md.encode(), max_chars=200)
+    assert code in [c.text for c in doc.chunks]  # whole, over the limit
+    assert identity(doc) == md
+    poem = "\n".join(f"Line {i} of a poem that goes on. And on." for i in range(12)) + "\n"
+    doc = read_document("p.txt", poem.encode(), max_chars=200)
+    assert len(doc.chunks) > 1 and identity(doc) == poem
+
+
+def test_a_file_replaced_while_at_work_the_newer_version_wins_whichever_finishes_last(tmp_path):
+    import os
+    p = Worker(tmp_path)
+    p.drop("a.txt", "Version one, first paragraph " + "x " * 100 + "\n\nVersion one, second.\n")
+    v1 = p.sent[-1]
+    p.drop("a.txt", "Version two.\n")  # the operator replaces it with a corrected version
+    v2 = p.sent[-1]
+    p.answer(v2, "Fassung zwei.")
+    assert (p.outbox / "a.de.txt").read_text() == "Fassung zwei.\n"
+    p.answer(v1, "Fassung eins, erster.")
+    assert len(p.sent) == 2  # the replaced version asks nothing more
+    assert (p.outbox / "a.de.txt").read_text() == "Fassung zwei.\n"  # and never overwrites the newer one
+    assert os.listdir(p.inbox / "done") == ["a.txt"] and p.w.state.working() == []
+    p.w.disconnect()
+    q = Worker(tmp_path)  # the newest version per name is known again after a restart
+    q.drop("a.txt", "Version one, first paragraph " + "x " * 100 + "\n\nVersion one, second.\n")
+    q.answer(q.sent[-1], "Fassung eins, zweiter.")  # version one dropped again: now it is the newest
+    assert (q.outbox / "a.de.txt").read_text() == "Fassung eins, erster. Fassung eins, zweiter.\n"
+
+
+# ---------------------------------------------------------------------------- moving files out of the inbox
+
+def test_moving_a_file_next_to_one_of_its_name_never_reads_either_whole(tmp_path):
+    import tracemalloc
+    p = Worker(tmp_path, "--max-file-bytes", "1000")
+    for path, last in ((p.inbox / "failed" / "big.txt", b"1"), (p.inbox / "big.txt", b"2")):
+        with open(path, "wb") as fh:  # sparse: 40 MB each on paper, nothing on disk
+            fh.truncate(40 * 1024 * 1024)
+            fh.seek(0, 2)
+            fh.write(last)
+    st = (p.inbox / "big.txt").stat()
+    tracemalloc.start()
+    try:
+        p.w.take("big.txt", (st.st_size, st.st_mtime_ns))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * 1024 * 1024, peak
+    assert not (p.inbox / "big.txt").exists() and len([f for f in (p.inbox / "failed").glob("big*.txt") if not f.name.endswith(".error.txt")]) == 2
+
+
+def test_two_files_of_one_name_failing_within_a_second_are_both_kept():
+    import tempfile
+    from pathlib import Path
+    with tempfile.TemporaryDirectory() as root:
+        p = Worker(Path(root))
+        for content in ("%PDF one", "%PDF two", "%PDF three"):
+            (p.inbox / "x.pdf").write_text(content)
+            st = (p.inbox / "x.pdf").stat()
+            p.w.take("x.pdf", (st.st_size, st.st_mtime_ns))
+        kept = sorted(f.read_text() for f in (p.inbox / "failed").iterdir() if not f.name.endswith(".error.txt"))
+        assert kept == ["%PDF one", "%PDF three", "%PDF two"]
+
+
+def test_subtitles_whose_numbering_restarts_are_marked_by_place_and_a_blank_line_in_an_answer_is_dropped():
+    srt = ("1\n00:00:01,000 --> 00:00:02,000\nFirst part A.\n\n"
+           "2\n00:00:03,000 --> 00:00:04,000\nFirst part B.\n\n"
+           "1\n00:10:01,000 --> 00:10:02,000\nSecond part A.\n")
+    [chunk] = split_cues(parse_srt(srt), 4000)
+    assert chunk.text == "[1]\nFirst part A.\n\n[2]\nFirst part B.\n\n[3]\nSecond part A."
+    answer = chunk.text.replace("part", "Teil").replace("B.", "B,\n\nzwei Zeilen.")
+    out = assemble("srt", [Chunk.from_dict(chunk.to_dict())], [answer])
+    assert out == ("1\n00:00:01,000 --> 00:00:02,000\nFirst Teil A.\n\n"
+                   "2\n00:00:03,000 --> 00:00:04,000\nFirst Teil B,\nzwei Zeilen.\n\n"
+                   "1\n00:10:01,000 --> 00:10:02,000\nSecond Teil A.\n")
+    assert [(c.number, c.timing) for c in parse_srt(out)] == [(c.number, c.timing) for c in parse_srt(srt)]
+
+
+def test_a_plan_made_afresh_after_its_journal_was_deleted_never_reuses_a_message_id(tmp_path, monkeypatch):
+    from plugins_app.channel.workers.translate import state as state_module
+    state = TranslateState(tmp_path / "s.translate")
+    parts = {"de": [("p", {"text": "a", "joiner": "", "cues": []})]}
+    state.take(digest="c" * 64, name="a.txt", form="text", trailing_newline=True, chunks=parts)
+    [first] = state.chunks("c" * 64, "de")
+    state.answered(first, "A")
+    state.settle("c" * 64, "a.txt", "done")
+    state.close()
+    monkeypatch.setattr(state_module, "KEEP_SECS", -1)  # as 180 days later: the journal is deleted at start
+    state = TranslateState(tmp_path / "s.translate")
+    assert not list((tmp_path / "s.translate").glob("*.jsonl"))
+    state.take(digest="c" * 64, name="a.txt", form="text", trailing_newline=True, chunks=parts)
+    [again] = state.chunks("c" * 64, "de")
+    # the hub (and the SDK's outbox) may still hold the first id: the same id would be answered as a duplicate
+    assert again.state == NEW and again.message_id != first.message_id
+    state.close()

@@ -26,7 +26,9 @@ page: docs/channels/translate.md.
   When every chunk of a document has its answer in every language, ``outbox/<stem>.<lang><suffix>``
   is written (a temporary file, fsync, ``os.replace``), and only then the source moves to
   ``inbox/done/``. A turn that failed or was interrupted is asked again (a new message id), up to
-  ``--max-attempts``; a refused one, or one out of attempts, fails the document.
+  ``--max-attempts``; a refused one, or one out of attempts, fails the document. A chunk with no answer
+  ``--turn-timeout-secs`` after it was submitted is asked again too, unless the SDK's outbox says the
+  hub refused it (the document fails) or has not taken it yet (it waits).
 * **Other deliveries** (a question the agent asks, a question's notice, a message that answers no
   chunk) are acked and logged, never sent anywhere: nobody is there to answer, and the pipeline
   must not wedge on them. A question waits until it expires, and the turn then goes on.
@@ -34,19 +36,22 @@ page: docs/channels/translate.md.
 from __future__ import annotations
 
 import argparse
+import errno
 import hashlib
 import os
+import secrets
+import stat
 import sys
 import threading
 import time
 from pathlib import Path
 
 from plugins_app.channel.sdk import ChannelRefused, ChannelWorker, InboundMessage, MessageValidationError
-from plugins_app.channel.sdk.outbox import outbox_path_for
+from plugins_app.channel.sdk.outbox import PENDING, REJECTED, outbox_path_for
 
 from .documents import (LANG_TAG, Chunk, DocumentError, assemble, glossary_for, instruction, parse_glossary,
                         read_document, suffix_of)
-from .state import ANSWERED, DONE, FAILED, NEW, TranslateState
+from .state import ANSWERED, DONE, FAILED, NEW, REPLAN, SUBMITTED, SUPERSEDED, TranslateState
 
 KIND = "channel-translate"
 DESCRIPTION = "Translation: a directory pipeline; documents dropped in an inbox come out translated in an outbox."
@@ -58,7 +63,17 @@ SKIPPED_PREFIXES = (".",)
 SKIPPED_SUFFIXES = (".part", ".tmp", ".partial", ".crdownload", "~")
 #: How often the pipeline looks for work when nothing woke it (an answer, a file taken).
 PUMP_BACKSTOP_SECS = 5.0
-#: Turn outcomes worth asking again; any other (refused, cancelled) fails the document at once.
+#: A document whose step raises (its output cannot be written, done/ on another file system) is left
+#: alone for this long, doubled each time up to 5 minutes, and failed after DOCUMENT_GIVE_UP steps in a
+#: row; the other documents go on meanwhile.
+DOCUMENT_BACKOFF_SECS = 2.0
+DOCUMENT_GIVE_UP = 5
+#: The longest file name (bytes) most file systems take; the names the worker makes from a dropped one
+#: (the output's ".<lang>", ".error.txt", done/'s ".<timestamp>-<n>") must fit in it too.
+NAME_MAX = 255
+_STAMP_BYTES = len(".20260101T000000-99")
+#: Turn outcomes worth asking again; any other (refused, cancelled) fails the document at once. (An
+#: abandoned turn usually sends no delivery at all: --turn-timeout-secs catches it.)
 RETRIED_STATES = ("failed", "interrupted", "abandoned")
 
 
@@ -73,6 +88,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--settle-secs", type=float, default=2.0,
                    help="how long a file's size and time must stay the same before it is taken")
     p.add_argument("--max-attempts", type=int, default=3, help="turns tried for one chunk before the document fails")
+    p.add_argument("--turn-timeout-secs", type=float, default=900.0,
+                   help="how long a submitted chunk waits for its answer before it is asked again")
     p.add_argument("--max-file-bytes", type=int, default=5 * 1024 * 1024, help="the largest file taken")
     p.add_argument("--sender", default="pipeline", help="the sender id of every message (actor translate:<id>)")
     p.add_argument("--poll", action="store_true", help="scan the inbox on a timer instead of watching it")
@@ -90,6 +107,8 @@ def config_problem(opts: argparse.Namespace) -> str | None:
             return f"{tag!r} is not a BCP 47 language tag (such as de, pt-BR, zh-Hant)"
     if opts.max_chunk_chars < 200:
         return "--max-chunk-chars must be at least 200"
+    if opts.turn_timeout_secs <= 0:
+        return "--turn-timeout-secs must be more than 0"
     if opts.max_attempts < 1:
         return "--max-attempts must be at least 1"
     if Path(opts.inbox).resolve() == Path(opts.outbox).resolve():
@@ -97,15 +116,51 @@ def config_problem(opts: argparse.Namespace) -> str | None:
     return None
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write a file whole or not at all: a temporary file beside it, fsync, rename, fsync the directory."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8", newline="") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+def write_atomic(path: Path, text: str, *, dir_fd: int | None = None) -> None:
+    """Write a file whole or not at all: a temporary file beside it, fsync, rename, fsync the directory.
+
+    The temporary file has a short random name created with ``O_EXCL|O_NOFOLLOW`` (a file or a link
+    planted at it is never written through), and is removed if anything fails. With ``dir_fd`` the file
+    is ``path.name`` in that open directory (one that was opened refusing a symbolic link)."""
+    own = dir_fd is None
+    dfd = _open_dir(path.parent) if own else dir_fd
+    tmp = None
+    try:
+        for _ in range(100):
+            tmp = f".tr-{secrets.token_hex(6)}.tmp"
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=dfd)
+                break
+            except FileExistsError:
+                tmp = None
+        else:
+            raise FileExistsError(f"no free temporary name in {path.parent}")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            tmp = None
+        finally:
+            if tmp is not None:
+                try:
+                    os.unlink(tmp, dir_fd=dfd)
+                except OSError:
+                    pass
+        try:
+            os.fsync(dfd)
+        except OSError:
+            pass
+    finally:
+        if own:
+            os.close(dfd)
+
+
+def _open_dir(path: Path, *, nofollow: bool = False, dir_fd: int | None = None) -> int:
+    """An open directory; with ``nofollow``, a symbolic link at ``path`` is refused (ELOOP/ENOTDIR)."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | (os.O_NOFOLLOW if nofollow else 0)
+    return os.open(path, flags, dir_fd=dir_fd)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -119,6 +174,26 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def _exists(name: str, dir_fd: int) -> bool:
+    try:
+        os.lstat(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def error_name(name: str) -> str:
+    """``<name>.error.txt``; for a name too long for that, its start, ``~`` and a digest of it."""
+    full = f"{name}.error.txt"
+    if len(os.fsencode(full)) <= NAME_MAX:
+        return full
+    tag = "~" + hashlib.sha256(os.fsencode(name)).hexdigest()[:12] + ".error.txt"
+    head = name
+    while len(os.fsencode(head + tag)) > NAME_MAX:
+        head = head[:-1]
+    return head + tag
 
 
 def output_name(name: str, lang: str) -> str:
@@ -150,6 +225,7 @@ class TranslateWorker(ChannelWorker):
         self._pump_lock = threading.Lock()
         self._seen: dict[str, tuple[int, int, float]] = {}  # name -> (size, mtime_ns, unchanged since)
         self._taken: dict[str, tuple[int, int]] = {}        # name -> (size, mtime_ns) when taken
+        self._trouble: dict[tuple[str, str], tuple[int, float]] = {}  # (digest, name) -> (errors, retry at)
 
     # ------------------------------------------------------------------ connect
 
@@ -167,6 +243,12 @@ class TranslateWorker(ChannelWorker):
                 d.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ChannelRefused(f"cannot make the pipeline's directories: {exc}") from exc
+        for sub in ("done", "failed"):
+            st = os.lstat(self.inbox / sub)
+            if not stat.S_ISDIR(st.st_mode):
+                # whoever can write the inbox could point it anywhere the daemon can write
+                raise ChannelRefused(f"{self.inbox / sub} is not a directory (a symbolic link?): the pipeline "
+                                     "moves files into it; make it a plain directory")
         path = Path(str(outbox_path_for(self.plugin_id, self.state_dir)).replace(".outbox.sqlite3", ".translate"))
         self.state = TranslateState(path)
         self.log.info("translate: %s -> %s into %s (chunks of at most %d characters)", self.inbox, self.outdir,
@@ -232,9 +314,12 @@ class TranslateWorker(ChannelWorker):
             if skipped(entry.name):
                 continue
             try:
-                if not entry.is_file():
+                if entry.is_symlink():
+                    self._refuse_link(entry.name)
                     continue
-                st = entry.stat()
+                if not entry.is_file(follow_symlinks=False):
+                    continue  # a directory (done/, failed/), a FIFO, a socket: never read
+                st = entry.stat(follow_symlinks=False)
             except OSError:
                 continue
             present.add(entry.name)
@@ -259,19 +344,61 @@ class TranslateWorker(ChannelWorker):
             if name not in present:
                 del self._taken[name]
 
+    def _refuse_link(self, name: str) -> None:
+        """A symbolic link in the inbox is never followed (it could point at the daemon's secrets): the link
+        itself goes to failed/."""
+        try:
+            self.fail_file(name, "a symbolic link: only regular files are read; copy the file into the inbox")
+        except Exception:  # noqa: BLE001 - one bad entry must not stop the scan
+            self.log.exception("translate: cannot move the symbolic link %s to failed/", name)
+
+    def _read_regular(self, name: str, key: tuple[int, int]) -> bytes | None:
+        """The bytes of inbox/<name> if it is still the regular file of this size and time (never through a
+        symbolic link, never more than --max-file-bytes); None when it changed or is no regular file now."""
+        fd = os.open(self.inbox / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or (st.st_size, st.st_mtime_ns) != key:
+                return None
+            limit, chunks, size = self.opts.max_file_bytes + 1, [], 0
+            while size < limit:
+                block = os.read(fd, min(1 << 20, limit - size))
+                if not block:
+                    break
+                chunks.append(block)
+                size += len(block)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+
     def take(self, name: str, key: tuple[int, int]) -> None:
         """Read one settled file and record it with its chunks; a file that cannot be translated goes to failed/."""
-        path = self.inbox / name
         if key[0] > self.opts.max_file_bytes:
             self.fail_file(name, f"the file is {key[0]} bytes, over --max-file-bytes ({self.opts.max_file_bytes})")
             return
         try:
-            data = path.read_bytes()
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            # the state, the messages and the logs all need text: such a name could never be recorded
+            self.fail_file(name, "the name is not valid UTF-8 (" + os.fsencode(name).decode("utf-8", "backslashreplace")
+                           + "): rename the file with a UTF-8 name")
+            return
+        longest = NAME_MAX - max(_STAMP_BYTES, len(".error.txt"), *(1 + len(lang) for lang in self.langs))
+        if len(os.fsencode(name)) > longest:
+            self.fail_file(name, f"the name is {len(os.fsencode(name))} bytes long: names of at most {longest} "
+                                 "bytes are taken (the outputs add the language to it); rename it shorter")
+            return
+        try:
+            data = self._read_regular(name, key)
         except PermissionError as exc:
             self.fail_file(name, f"cannot read the file: {exc.strerror} (the daemon's user needs read access)")
             return
-        st = path.stat()
-        if (st.st_size, st.st_mtime_ns) != key or len(data) != key[0]:
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # became a symbolic link since the scan
+                self._refuse_link(name)
+                return
+            raise
+        if data is None or len(data) != key[0]:
             self._seen.pop(name, None)  # changed under us: it was not settled after all
             return
         digest = hashlib.sha256(data).hexdigest()
@@ -291,7 +418,7 @@ class TranslateWorker(ChannelWorker):
             if self.state is None:
                 return
             self.state.take(digest=digest, name=name, form=doc.form, trailing_newline=doc.trailing_newline,
-                            chunks=chunks)
+                            chunks=chunks, stale_before=time.time() - self.opts.turn_timeout_secs)
         self._taken[name] = key
         self.log.info("translate: took %s (%d chunks, sha256 %s) into %s", name, len(doc.chunks), digest[:12],
                       ",".join(self.langs))
@@ -300,30 +427,73 @@ class TranslateWorker(ChannelWorker):
     def fail_file(self, name: str, reason: str, digest: str | None = None) -> None:
         """Move a file to inbox/failed/ with ``<name>.error.txt`` beside it saying why. The reason is written
         first: a crash between the two leaves the file in the inbox, to fail again with the same words."""
-        failed = self.inbox / "failed"
-        failed.mkdir(exist_ok=True)
-        write_atomic(failed / f"{name}.error.txt", reason.rstrip("\n") + "\n")
-        self._move(name, failed, digest)
+        fd = self._subdir("failed")
+        try:
+            write_atomic(Path(error_name(name)), reason.rstrip("\n") + "\n", dir_fd=fd)
+            self._move(name, fd, digest)
+        finally:
+            os.close(fd)
         self.log.warning("translate: %s failed: %s", name, reason)
 
-    def _move(self, name: str, to: Path, digest: str | None) -> None:
-        """Move inbox/<name> into ``to`` if it is still the content ``digest`` names (a file edited in
-        the meantime is a new drop and stays)."""
-        src = self.inbox / name
+    def _subdir(self, sub: str) -> int:
+        """inbox/done or inbox/failed, open; made if missing; a symbolic link there is refused (OSError)."""
         try:
-            if digest is not None and hashlib.sha256(src.read_bytes()).hexdigest() != digest:
-                return
-            dest = to / name
-            if dest.exists() and dest.read_bytes() != src.read_bytes():
-                suffix = suffix_of(name)
-                stem = name[:len(name) - len(suffix)] if suffix else name
-                dest = to / f"{stem}.{time.strftime('%Y%m%dT%H%M%S')}{suffix}"
-            os.replace(src, dest)
-            _fsync_dir(to)
+            return _open_dir(self.inbox / sub, nofollow=True)
         except FileNotFoundError:
-            return
+            os.mkdir(self.inbox / sub)
+            return _open_dir(self.inbox / sub, nofollow=True)
+
+    def _move(self, name: str, to_fd: int, digest: str | None) -> None:
+        """Move inbox/<name> into the open directory ``to_fd`` if it is still the content ``digest`` names
+        (a file edited in the meantime is a new drop and stays). The file is renamed as it is (a symbolic
+        link stays a link); a name already taken there gets a timestamp (and a number) instead."""
+        inbox = _open_dir(self.inbox)
+        try:
+            try:
+                if digest is not None and self._digest_of(name, inbox) != digest:
+                    return
+                dest = name
+                if _exists(dest, to_fd):
+                    suffix = suffix_of(name)
+                    stem = name[:len(name) - len(suffix)] if suffix else name
+                    stamp = time.strftime('%Y%m%dT%H%M%S')
+                    dest = f"{stem}.{stamp}{suffix}"
+                    n = 1
+                    while _exists(dest, to_fd):
+                        n += 1
+                        dest = f"{stem}.{stamp}-{n}{suffix}"
+                os.replace(name, dest, src_dir_fd=inbox, dst_dir_fd=to_fd)
+            except FileNotFoundError:
+                return
+            try:
+                os.fsync(to_fd)
+            except OSError:
+                pass
+        finally:
+            os.close(inbox)
         self._taken.pop(name, None)
         self._seen.pop(name, None)
+
+    def _digest_of(self, name: str, inbox_fd: int) -> str | None:
+        """The SHA-256 of inbox/<name> read in blocks (None past --max-file-bytes or for a non-regular file)."""
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=inbox_fd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return None
+            raise
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            h, size = hashlib.sha256(), 0
+            while block := os.read(fd, 1 << 20):
+                size += len(block)
+                if size > self.opts.max_file_bytes:
+                    return None
+                h.update(block)
+            return h.hexdigest()
+        finally:
+            os.close(fd)
 
     # ------------------------------------------------------------------ the pipeline
 
@@ -344,10 +514,51 @@ class TranslateWorker(ChannelWorker):
         with self._pump_lock:
             if self.state is None:
                 return
+            now = time.monotonic()
             for doc in self.state.working():
-                self._pump_document(doc)
+                key = (doc.digest, doc.name)
+                trouble = self._trouble.get(key)
+                if trouble is not None and now < trouble[1]:
+                    continue  # backing off; the others go on
+                try:
+                    self._pump_document(doc)
+                except Exception as exc:  # noqa: BLE001 - one document must not hold up the others
+                    errors = (trouble[0] if trouble else 0) + 1
+                    if errors < DOCUMENT_GIVE_UP:
+                        wait = min(300.0, DOCUMENT_BACKOFF_SECS * 2 ** (errors - 1))
+                        self._trouble[key] = (errors, now + wait)
+                        self.log.exception("translate: %s: a step failed (%d in a row); tried again in %g s",
+                                           doc.name, errors, wait)
+                        continue
+                    self._trouble.pop(key, None)
+                    self.log.exception("translate: %s: a step failed %d times in a row; giving up", doc.name, errors)
+                    self._give_up(doc, f"cannot finish the document: {exc}")
+                else:
+                    self._trouble.pop(key, None)
+
+    def _give_up(self, doc, reason: str) -> None:
+        try:
+            self.fail_document(doc, reason)
+        except Exception:  # noqa: BLE001 - the file cannot even be moved: settle it so it stops holding the pump
+            self.log.exception("translate: %s: cannot move it to failed/ either; it stays in the inbox", doc.name)
+            self.state.settle(doc.digest, doc.name, FAILED, reason)
 
     def _pump_document(self, doc) -> None:
+        if self.state.superseded(doc):
+            # the file was replaced while at work: the newer content's translation is the one written
+            self.log.warning("translate: %s (sha256 %s) was replaced by a newer file of that name: its "
+                             "translation is dropped", doc.name, doc.digest[:12])
+            self.state.settle(doc.digest, doc.name, SUPERSEDED, "a newer file of that name was taken")
+            return
+        lost = self.state.plan_lost(doc)
+        if lost:
+            # never "complete" with no chunks: the file is taken again (a new plan) if it is still there
+            self.log.error("translate: %s: the plan for %s was lost (a crash while it was taken); taking the "
+                           "file again", doc.name, ",".join(lost))
+            self.state.settle(doc.digest, doc.name, REPLAN, f"the plan for {','.join(lost)} was lost")
+            self._taken.pop(doc.name, None)
+            self._seen.pop(doc.name, None)
+            return
         complete = True
         for lang in doc.langs:
             rows = self.state.chunks(doc.digest, lang)
@@ -359,10 +570,38 @@ class TranslateWorker(ChannelWorker):
             if waiting is None:
                 continue
             complete = False
+            if waiting.state == SUBMITTED and self._stale(waiting):
+                waiting = self.state.chunks(doc.digest, lang)[waiting.index]
+                if waiting.state == FAILED:
+                    self.fail_document(doc, f"chunk {waiting.index + 1} of {waiting.total} into {lang}: "
+                                            f"{waiting.reason}")
+                    return
             if waiting.state == NEW and not self._submit_chunk(doc, waiting):
                 return
         if complete:
             self.finish(doc)
+
+    def _stale(self, row) -> bool:
+        """A chunk submitted longer than --turn-timeout-secs ago with no answer: what became of it? Still
+        pending in the SDK's outbox (the hub not reached): it waits. Refused by the hub when the SDK
+        replayed it: the chunk fails. Taken but never answered (a turn abandoned with nothing to say, a
+        delivery dead-lettered): asked again under a new message id, within --max-attempts. True when
+        the chunk changed."""
+        if row.submitted_at is None or time.time() - row.submitted_at < self.opts.turn_timeout_secs:
+            return False
+        outbox = self.outbox
+        sdk = outbox.inbound_get(f"{row.conversation_id}\x1f{row.message_id}") if outbox is not None else None
+        if sdk is not None and sdk.state == PENDING:
+            return False
+        result = (sdk.result or {}) if sdk is not None else {}
+        if sdk is not None and (sdk.state == REJECTED or result.get("accepted") is False):
+            reason = f"the hub refused it: {result.get('reason') or 'no reason given'}"
+            self.state.turn_failed(row, reason, max_attempts=0)
+        else:
+            reason = f"no answer within --turn-timeout-secs ({self.opts.turn_timeout_secs:g} s)"
+            self.state.turn_failed(row, reason, max_attempts=self.opts.max_attempts)
+        self.log.warning("translate: chunk %d of %s into %s: %s", row.index + 1, row.digest[:12], row.lang, reason)
+        return True
 
     def _submit_chunk(self, doc, row) -> bool:
         msg = InboundMessage(
@@ -373,11 +612,17 @@ class TranslateWorker(ChannelWorker):
         try:
             result = self.submit(msg)
         except MessageValidationError as exc:
-            self.fail_document(doc, f"chunk {row.index + 1} into {row.lang} is not a message the hub takes: {exc}")
+            reason = f"chunk {row.index + 1} into {row.lang} is not a message the hub takes: {exc}"
+            self.state.turn_failed(row, reason, max_attempts=0)
+            self.fail_document(doc, reason)
             return False
         if not result.accepted and not result.queued:
-            self.fail_document(doc, f"the hub refused chunk {row.index + 1} of {row.total} into {row.lang}: "
-                                    f"{result.reason or 'no reason given'}")
+            # The chunk fails, not just the document: the SDK's outbox keeps the refusal under this message
+            # id (and the hub would answer it as a duplicate), so a re-drop must ask under a new one (.tryN).
+            reason = (f"the hub refused chunk {row.index + 1} of {row.total} into {row.lang}: "
+                      f"{result.reason or 'no reason given'}")
+            self.state.turn_failed(row, reason, max_attempts=0)
+            self.fail_document(doc, reason)
             return False
         self.state.submitted(row)
         return True
@@ -393,9 +638,11 @@ class TranslateWorker(ChannelWorker):
                 self.log.warning("translate: %s into %s: the answers left out cues %s; they keep their source text",
                                  doc.name, lang, ", ".join(map(str, missing)))
             write_atomic(self.outdir / output_name(doc.name, lang), text)
-        done = self.inbox / "done"
-        done.mkdir(exist_ok=True)
-        self._move(doc.name, done, doc.digest)
+        fd = self._subdir("done")
+        try:
+            self._move(doc.name, fd, doc.digest)
+        finally:
+            os.close(fd)
         self.state.settle(doc.digest, doc.name, DONE)
         self.log.info("translate: %s done: %s", doc.name,
                       ", ".join(output_name(doc.name, lang) for lang in doc.langs))

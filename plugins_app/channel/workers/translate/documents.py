@@ -6,10 +6,11 @@ Nothing here touches the disk or the bridge, so each part is tested alone (test_
 * Plain text and Markdown (``.txt``, ``.md``, ``.markdown``) are cut at blank lines (paragraphs); a
   Markdown code fence is one block whatever blank lines it holds. Paragraphs are packed into chunks of at
   most ``max_chars`` characters; a paragraph longer than that is cut at sentence ends, a sentence longer
-  than that at spaces, a word longer than that anywhere. Each chunk remembers what followed it in the
-  source (a blank line, a space, nothing), so the translation is joined the same way.
-* SubRip subtitles (``.srt``) are cut at cues. The engine sees only the cues' text, each under its number
-  in brackets (``[12]``); the numbers and timings are the worker's and are written back unchanged, so a
+  than that at white space, a word longer than that anywhere; a Markdown block is cut at line ends
+  first, and a code fence is never cut. Each chunk remembers what followed it in the source (a blank
+  line, a line break, a space, nothing), so the translation is joined the same way.
+* SubRip subtitles (``.srt``) are cut at cues. The engine sees only the cues' text, each under its place
+  in the file in brackets (``[12]``, the 12th cue, whatever its number); the numbers and timings are the worker's and are written back unchanged, so a
   model can never shift a timing. A cue the answer does not name keeps its source text (logged).
 """
 from __future__ import annotations
@@ -57,14 +58,17 @@ class Chunk:
     text: str = ""
     joiner: str = ""
     cues: list[Cue] = field(default_factory=list)
+    marks: list[int] = field(default_factory=list)  # the [n] each cue is sent under: its place in the file
 
     def to_dict(self) -> dict:
         return {"text": self.text, "joiner": self.joiner,
-                "cues": [[c.number, c.timing, c.text] for c in self.cues]}
+                "cues": [[c.number, c.timing, c.text] for c in self.cues], "marks": list(self.marks)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Chunk":
-        return cls(d.get("text", ""), d.get("joiner", ""), [Cue(n, t, x) for n, t, x in d.get("cues", [])])
+        cues = [Cue(n, t, x) for n, t, x in d.get("cues", [])]
+        # a plan recorded before marks were kept sent each cue under its own number
+        return cls(d.get("text", ""), d.get("joiner", ""), cues, list(d.get("marks") or [c.number for c in cues]))
 
 
 @dataclass
@@ -152,45 +156,94 @@ def blocks_of(text: str, *, markdown: bool = False) -> list[str]:
     return blocks
 
 
-def _cut_long(text: str, max_chars: int) -> list[str]:
-    """A block longer than the limit as pieces within it: at sentence ends, else spaces, else anywhere."""
-    pieces = [p for p in _SENTENCE_END.split(text) if p]
-    out: list[str] = []
-    for sentence in pieces:
-        if len(sentence) <= max_chars:
-            out.append(sentence)
+def _cut_long(text: str, max_chars: int) -> list[tuple[str, str]]:
+    """A block longer than the limit as pieces within it, each with the white space that followed it in
+    the source (the last: ""), so joining them gives the block back: at sentence ends, else at white
+    space, else anywhere."""
+    sentences: list[tuple[str, str]] = []
+    pos = 0
+    for m in _SENTENCE_END.finditer(text):
+        if m.start() == pos:  # nothing before this break (a run of stops): its white space joins the last
+            if sentences and m.group():
+                sentences[-1] = (sentences[-1][0], sentences[-1][1] + m.group())
+            pos = m.end()
             continue
-        words, line = sentence.split(" "), ""
-        for word in words:
+        sentences.append((text[pos:m.start()], m.group()))
+        pos = m.end()
+    if pos < len(text):
+        sentences.append((text[pos:], ""))
+    out: list[tuple[str, str]] = []
+    for sentence, sep in sentences:
+        if len(sentence) <= max_chars:
+            out.append((sentence, sep))
+            continue
+        parts = re.split(r"(\s+)", sentence)
+        words = [(parts[i], parts[i + 1] if i + 1 < len(parts) else sep) for i in range(0, len(parts), 2)]
+        for word, follows in words:
+            if not word:
+                if out and follows:
+                    out[-1] = (out[-1][0], out[-1][1] + follows)
+                continue
             while len(word) > max_chars:  # a "word" longer than the limit (a URL, a script with no spaces)
-                if line:
-                    out.append(line)
-                    line = ""
-                out.append(word[:max_chars])
+                out.append((word[:max_chars], ""))
                 word = word[max_chars:]
-            if line and len(line) + 1 + len(word) > max_chars:
-                out.append(line)
-                line = word
-            else:
-                line = f"{line} {word}" if line else word
-        if line:
-            out.append(line)
+            out.append((word, follows))
     return out
 
 
+def _markdown_segments(block: str) -> list[str]:
+    """A Markdown block's lines, a fenced code block in it kept as one segment."""
+    segments: list[str] = []
+    fence: list[str] | None = None
+    for line in block.split("\n"):
+        m = _FENCE.match(line)
+        if fence is None:
+            if m:
+                fence = [line]
+            else:
+                segments.append(line)
+        else:
+            fence.append(line)
+            if m and line.strip().startswith(fence[0].strip()[:3]):
+                segments.append("\n".join(fence))
+                fence = None
+    if fence is not None:
+        segments.append("\n".join(fence))
+    return segments
+
+
+def _units_of_block(block: str, max_chars: int, markdown: bool) -> list[tuple[str, str]]:
+    """A block as pieces within the limit, each with what followed it (the last: "")."""
+    if len(block) <= max_chars:
+        return [(block, "")]
+    if not markdown:
+        return _cut_long(block, max_chars)
+    # Markdown: at line ends first (a list, a table, a quote keep their lines); a fenced code block is
+    # never cut (it goes whole, over the limit if need be: a fence cut in two is no longer code)
+    units: list[tuple[str, str]] = []
+    for seg in _markdown_segments(block):
+        if len(seg) <= max_chars or _FENCE.match(seg):
+            units.append((seg, "\n"))
+        else:
+            pieces = _cut_long(seg, max_chars)
+            units.extend(pieces[:-1])
+            units.append((pieces[-1][0], "\n"))
+    units[-1] = (units[-1][0], "")
+    return units
+
+
 def split_text(text: str, max_chars: int, *, markdown: bool = False) -> list[Chunk]:
-    """Paragraphs packed into chunks of at most ``max_chars`` characters, in order."""
+    """Paragraphs packed into chunks of at most ``max_chars`` characters, in order (a Markdown code
+    fence longer than that is one chunk of its own)."""
     if max_chars < 1:
         raise ValueError("max_chars must be at least 1")
-    # (piece, what follows it): a blank line between paragraphs, a space between the sentences of one
+    # (piece, what follows it): a blank line between paragraphs; within a paragraph cut in pieces, the
+    # white space that was there (a space, a line break)
     units: list[tuple[str, str]] = []
     for block in blocks_of(text, markdown=markdown):
-        if len(block) <= max_chars:
-            units.append((block, "\n\n"))
-            continue
-        pieces = _cut_long(block, max_chars)
-        units.extend((p, " ") for p in pieces[:-1])
-        units.append((pieces[-1], "\n\n"))
+        pieces = _units_of_block(block, max_chars, markdown)
+        units.extend(pieces[:-1])
+        units.append((pieces[-1][0], "\n\n"))
     chunks: list[Chunk] = []
     current, joiner = "", ""
     for piece, follows in units:
@@ -223,25 +276,31 @@ def parse_srt(text: str) -> list[Cue]:
     return cues
 
 
-def cue_block(cue: Cue) -> str:
-    return f"[{cue.number}]\n{cue.text}"
+def cue_block(cue: Cue, mark: int | None = None) -> str:
+    return f"[{cue.number if mark is None else mark}]\n{cue.text}"
 
 
 def split_cues(cues: list[Cue], max_chars: int) -> list[Chunk]:
     """Cues packed into chunks whose text for the engine (``[n]`` then the cue's text) is within the limit;
-    a cue is never cut."""
+    a cue is never cut. ``n`` is the cue's place in the file (1, 2, ...), not its number: a file whose
+    numbering restarts or repeats still names each cue once."""
     chunks: list[Chunk] = []
-    current: list[Cue] = []
+    current: list[tuple[int, Cue]] = []
     size = 0
-    for cue in cues:
-        block = len(cue_block(cue))
+
+    def flush():
+        chunks.append(Chunk("\n\n".join(cue_block(c, m) for m, c in current), "", [c for _, c in current],
+                            [m for m, _ in current]))
+
+    for mark, cue in enumerate(cues, 1):
+        block = len(cue_block(cue, mark))
         if current and size + 2 + block > max_chars:
-            chunks.append(Chunk("\n\n".join(cue_block(c) for c in current), "", current))
+            flush()
             current, size = [], 0
         size = size + 2 + block if current else block
-        current.append(cue)
+        current.append((mark, cue))
     if current:
-        chunks.append(Chunk("\n\n".join(cue_block(c) for c in current), "", current))
+        flush()
     return chunks
 
 
@@ -336,9 +395,11 @@ def assemble(doc_form: str, chunks: list[Chunk], answers: list[str], *, trailing
         out = []
         for chunk, answer in zip(chunks, answers):
             texts = answer_cues(answer)
-            for cue in chunk.cues:
-                text = texts.get(cue.number)
-                if text is None:
+            for cue, mark in zip(chunk.cues, chunk.marks or [c.number for c in chunk.cues]):
+                text = texts.get(mark)
+                # a blank line would end the cue early in the file: the answer's blank lines are dropped
+                text = "\n".join(line for line in text.split("\n") if line.strip()) if text is not None else None
+                if not text:
                     if missing is not None:
                         missing.append(cue.number)
                     text = cue.text

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from pathlib import Path
 KEEP_SECS = 180 * 86400
 
 NEW, SUBMITTED, ANSWERED, FAILED = "new", "submitted", "answered", "failed"
-WORKING, DONE = "working", "done"
+WORKING, DONE, REPLAN, SUPERSEDED = "working", "done", "replan", "superseded"
 
 
 def conversation_id_for(digest: str, lang: str) -> str:
@@ -34,10 +35,14 @@ def conversation_id_for(digest: str, lang: str) -> str:
     return f"doc:{digest[:24]}:{lang}"
 
 
-def message_id_for(digest: str, lang: str, index: int, prompt: str, attempt: int = 1) -> str:
-    """A chunk's idempotency key: the document, the language, the chunk, what it asks (and the attempt,
-    after a failed turn), so a restart or a second drop of the same file never runs a chunk twice."""
+def message_id_for(digest: str, lang: str, index: int, prompt: str, attempt: int = 1, nonce: str = "") -> str:
+    """A chunk's idempotency key: the document, the language, the chunk, what it asks, the plan's nonce
+    (and the attempt, after a failed turn), so a restart or a second drop of the same file never runs a
+    chunk twice, while a plan made afresh (its journal deleted after KEEP_SECS) never reuses an id the hub
+    would answer as a duplicate."""
     base = f"{digest[:16]}.{lang}.{index:04d}.{hashlib.sha256(prompt.encode()).hexdigest()[:10]}"
+    if nonce:
+        base = f"{base}.{nonce}"
     return base if attempt == 1 else f"{base}.try{attempt}"
 
 
@@ -55,6 +60,8 @@ class ChunkRow:
     state: str = NEW
     answer: str | None = None
     reason: str | None = None
+    submitted_at: float | None = None  # when the current attempt was handed to the SDK (wall clock)
+    nonce: str = ""  # the plan's own (none in plans recorded before it)
 
     def copy(self) -> "ChunkRow":
         return ChunkRow(**self.__dict__)
@@ -70,6 +77,7 @@ class DocumentRow:
     state: str
     reason: str | None = None
     at: float = 0.0
+    planned: dict[str, int] | None = None  # chunks per language when taken (None in journals before it)
 
 
 @dataclass
@@ -88,27 +96,29 @@ class _Content:
         kind = e["e"]
         if kind == "doc":
             self.documents[e["name"]] = DocumentRow(self.digest, e["name"], e["form"], list(e["langs"]),
-                                                    bool(e["trailing_newline"]), WORKING, None, e["at"])
+                                                    bool(e["trailing_newline"]), WORKING, None, e["at"],
+                                                    e.get("planned"))
         elif kind == "settle":
             doc = self.documents.get(e["name"])
             if doc is not None:
                 doc.state, doc.reason, doc.at = e["state"], e.get("reason"), e["at"]
         elif kind == "chunks":
-            lang, parts = e["lang"], e["parts"]
+            lang, parts, nonce = e["lang"], e["parts"], e.get("nonce", "")
             if lang not in self.chunks:
                 self.chunks[lang] = [
                     ChunkRow(self.digest, lang, i, len(parts), conversation_id_for(self.digest, lang),
-                             message_id_for(self.digest, lang, i, p["prompt"]), 1, p["prompt"], p["source"])
+                             message_id_for(self.digest, lang, i, p["prompt"], nonce=nonce), 1, p["prompt"],
+                             p["source"], nonce=nonce)
                     for i, p in enumerate(parts)]
         else:
             c = self.chunks[e["lang"]][e["idx"]]
             if kind == "retry":
-                c.attempt, c.state, c.reason = e["attempt"], NEW, e.get("reason")
-                c.message_id = message_id_for(self.digest, c.lang, c.index, c.prompt, c.attempt)
+                c.attempt, c.state, c.reason, c.submitted_at = e["attempt"], NEW, e.get("reason"), None
+                c.message_id = message_id_for(self.digest, c.lang, c.index, c.prompt, c.attempt, c.nonce)
             elif e.get("message_id") != c.message_id:
                 return  # an event of an attempt since replaced
             elif kind == "submitted" and c.state == NEW:
-                c.state = SUBMITTED
+                c.state, c.submitted_at = SUBMITTED, e.get("at", 0.0)
             elif kind == "answered" and c.state in (NEW, SUBMITTED):
                 c.state, c.answer = ANSWERED, e["answer"]
             elif kind == "failed":
@@ -122,12 +132,27 @@ class TranslateState:
         self._lock = threading.RLock()
         self._loaded: dict[str, _Content] = {}  # contents with a document at work (or asked for since)
         self._closed = False
+        self._latest: dict[str, tuple[float, str]] = {}  # name -> (taken at, digest) of its newest content
         for journal in sorted(path.glob("*.jsonl")):
             content = self._read(journal)
+            for d in content.documents.values():
+                self._note(d)
             if content.at_work():
                 self._loaded[content.digest] = content
             elif all(d.at < time.time() - KEEP_SECS for d in content.documents.values()):
                 journal.unlink(missing_ok=True)
+
+    def _note(self, d: DocumentRow) -> None:
+        latest = self._latest.get(d.name)
+        if latest is None or d.at >= latest[0]:
+            self._latest[d.name] = (d.at, d.digest)
+
+    def superseded(self, doc: DocumentRow) -> bool:
+        """Whether another content was taken under this document's name after it (the file was edited or
+        replaced while at work): its translation must not overwrite the newer one's."""
+        with self._lock:
+            latest = self._latest.get(doc.name)
+            return latest is not None and latest[1] != doc.digest and latest[0] > doc.at
 
     def close(self) -> None:
         with self._lock:
@@ -197,23 +222,42 @@ class TranslateState:
     # ------------------------------------------------------------------ documents
 
     def take(self, *, digest: str, name: str, form: str, trailing_newline: bool,
-             chunks: dict[str, list[tuple[str, dict]]]) -> None:
+             chunks: dict[str, list[tuple[str, dict]]], stale_before: float | None = None) -> None:
         """Record a dropped file (again): its document working, and the chunks of each language that has
         none yet ((prompt, source) each, in order). A language already recorded keeps its chunks: the plan
         made at the first drop stands, so no chunk is ever asked twice in two shapes. Chunks a failed run
-        gave up on are tried again (a new attempt)."""
+        gave up on are tried again (a new attempt), and so are chunks submitted before ``stale_before``
+        that never got an answer."""
         with self._lock:
             content = self._content(digest)
-            events: list[dict] = [{"e": "doc", "name": name, "form": form, "trailing_newline": trailing_newline,
-                                   "langs": sorted(chunks), "at": time.time()}]
+            # The plan first, the document last: a crash (or a power cut tearing the write) before the
+            # document's line leaves no document at work, and the file, still in the inbox, is taken
+            # again. The document's line names each language's chunk count, so a plan line lost in the
+            # middle is seen (plan_lost) rather than taken for a language with nothing left to do.
+            events: list[dict] = []
             for lang, parts in chunks.items():
                 if lang not in content.chunks:
-                    events.append({"e": "chunks", "lang": lang,
+                    events.append({"e": "chunks", "lang": lang, "nonce": secrets.token_hex(3),
                                    "parts": [{"prompt": p, "source": s} for p, s in parts]})
             for rows in content.chunks.values():
                 events.extend({"e": "retry", "lang": c.lang, "idx": c.index, "attempt": c.attempt + 1}
-                              for c in rows if c.state == FAILED)
+                              for c in rows if c.state == FAILED or (
+                                  c.state == SUBMITTED and stale_before is not None
+                                  and (c.submitted_at or 0.0) < stale_before))
+            planned = {lang: len(content.chunks[lang]) if lang in content.chunks else len(parts)
+                       for lang, parts in chunks.items()}
+            events.append({"e": "doc", "name": name, "form": form, "trailing_newline": trailing_newline,
+                           "langs": sorted(chunks), "planned": planned, "at": time.time()})
             self._write(content, *events)
+            self._note(content.documents[name])
+
+    def plan_lost(self, doc: DocumentRow) -> list[str]:
+        """The languages of a document at work whose chunks are not all in the journal (a plan line lost
+        to a crash): such a document is not complete, it needs its file taken again."""
+        with self._lock:
+            have = self._content(doc.digest).chunks
+            return [lang for lang in doc.langs
+                    if not have.get(lang) or (doc.planned is not None and len(have[lang]) != doc.planned.get(lang))]
 
     def document(self, digest: str, name: str) -> DocumentRow | None:
         with self._lock:
@@ -273,7 +317,7 @@ class TranslateState:
         with self._lock:
             now = self._current(c)
             if now.message_id == c.message_id and now.state == NEW:
-                self._event(c, "submitted")
+                self._event(c, "submitted", at=time.time())
 
     def answered(self, c: ChunkRow, answer: str) -> bool:
         """Record the answer to the chunk's current attempt; False when it already had one (a redelivery)."""
