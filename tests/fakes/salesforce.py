@@ -3,7 +3,7 @@
 * **OAuth** ``POST /services/oauth2/token`` (form, ``grant_type=client_credentials``): ``{"access_token",
   "signature", "instance_url", "id", "token_type": "Bearer", "issued_at", "scope"}``; a wrong client is
   ``400 {"error": "invalid_client", "error_description": "invalid client credentials"}`` (``revoke_client``).
-  ``expire_tokens`` makes every token issued so far stale: REST answers ``401 [{"message": "Session expired
+  ``token_fails`` scripts the endpoint's other failures. ``expire_tokens`` makes every token issued so far stale: REST answers ``401 [{"message": "Session expired
   or invalid", "errorCode": "INVALID_SESSION_ID"}]``, CometD ``401::Authentication invalid`` (a handshake:
   ``403::Handshake denied`` with ``ext.sfdc.failureReason: 401::Authentication invalid``).
 * **Streaming API** ``POST /cometd/{version}`` (Bayeux 1.0, long polling, JSON arrays): ``/meta/handshake``
@@ -100,6 +100,7 @@ class FakeSalesforce:
         self.delivered = threading.Event()      # set when a connect answer carried an event
         self.client_revoked = False
         self._busy: list[tuple[int, list]] = []
+        self._token_errors: list[tuple[int, dict]] = []
         self._replay_ids = itertools.count(4711, 3)
         self.last_replay_id = 4708
         self.purged_below = 0
@@ -190,6 +191,13 @@ class FakeSalesforce:
         with self.lock:
             self._busy += [(status, errors)] * times
 
+    def token_fails(self, *, times: int = 1, status: int = 400, error: str = "unknown_error",
+                    description: str = "retry your request") -> None:
+        """The next ``times`` token requests fail with ``status`` and ``{"error", "error_description"}`` (the
+        token endpoint's transient failures: ``unknown_error``, a login rate limit, a 503)."""
+        with self.lock:
+            self._token_errors += [(status, {"error": error, "error_description": description})] * times
+
     # ------------------------------------------------------------------ what the worker did
 
     def texts(self) -> list[str]:
@@ -265,6 +273,10 @@ class FakeSalesforce:
 
     def _token(self, form):
         form = form if isinstance(form, dict) else {}
+        with self.lock:
+            if self._token_errors:
+                status, answer = self._token_errors.pop(0)
+                return status, answer, {}
         if form.get("grant_type") != "client_credentials":
             return 400, {"error": "unsupported_grant_type", "error_description": "grant type not supported"}, {}
         if self.client_revoked or form.get("client_id") != self.client_id or \

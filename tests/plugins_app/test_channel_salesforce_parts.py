@@ -362,6 +362,27 @@ def test_the_hourly_allocation_is_retryable_and_a_field_error_permanent(sf, tmp_
     assert err.value.permanent
 
 
+@pytest.mark.parametrize("status, error, description", [
+    (400, "unknown_error", "retry your request"),
+    (400, "rate_limit_exceeded", "Login Rate Exceeded"),
+    (503, "", "Service Unavailable"),
+])
+def test_a_token_endpoint_failing_after_a_401_is_retryable_and_names_the_token_call(sf, tmp_path, status, error,
+                                                                                      description):
+    from plugins_app.channel.sdk import DeliveryFailed
+    worker = worker_for(sf, tmp_path)
+    worker.api.token()
+    sf.expire_tokens()  # the publish is answered 401: a new token is asked for
+    sf.token_fails(status=status, error=error, description=description)
+    with pytest.raises(DeliveryFailed) as err:
+        worker.deliver(Delivery(delivery_id="d-5", conversation_id="500x", text="hi"))
+    assert not err.value.permanent
+    assert err.value.reason.startswith(f"POST /services/oauth2/token: {status} {error}")
+    assert not worker._refusal and not sf.texts()
+    assert worker.deliver(Delivery(delivery_id="d-5", conversation_id="500x", text="hi"))  # the hub's retry
+    assert sf.texts() == ["hi"]
+
+
 @pytest.mark.parametrize("argv, reason", [
     (["--outbound-event", INBOUND], "the inbound and outbound events are both UGENT_Inbound__e"),
     (["--inbound-event", "Inbound"], "'Inbound' is not a platform event's API name"),

@@ -53,7 +53,7 @@ from plugins_app.channel.sdk.text import split_text, utf16_len
 from plugins_app.channel.sdk.webhook import WebhookInbox
 
 from .api import (DEFAULT_API_VERSION, DEFAULT_LOGIN_URL, LATER_CODES, ClientRefused, RateLimited, SalesforceApi,
-                  SalesforceError, Stopped)
+                  SalesforceError, Stopped, TokenError)
 from .cometd import REPLAY_ALL, REPLAY_NEW, ChannelMissing, ReplayStore, Subscription, parse_time
 
 KIND = "channel-salesforce"
@@ -69,6 +69,7 @@ DEFAULT_INBOUND_EVENT = "UGENT_Inbound__e"
 DEFAULT_OUTBOUND_EVENT = "UGENT_Outbound__e"
 #: A Long Text Area field's most characters (the largest text field a platform event may have).
 TEXT_LIMIT = 131072
+TOKEN_CALL = "POST /services/oauth2/token"
 EVENT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*__e$")
 API_VERSION = re.compile(r"^[0-9]{2,3}\.0$")
 
@@ -206,7 +207,7 @@ class SalesforceWorker(WebhookInbox, ChannelWorker):
         try:
             token = self.api.token()
         except ClientRefused as exc:
-            raise ChannelRefused(refused("POST /services/oauth2/token", exc)) from exc
+            raise ChannelRefused(refused(TOKEN_CALL, exc)) from exc
         base = str(outbox_path_for(self.plugin_id, self.state_dir))
         self._journal = SentJournal(base.replace(".outbox.", ".salesforce-sent."))
         self._replays = ReplayStore(base.replace(".outbox.", ".salesforce-replay."))
@@ -222,7 +223,7 @@ class SalesforceWorker(WebhookInbox, ChannelWorker):
         try:
             self.subscription.run()
         except ClientRefused as exc:
-            self._refusal = refused("POST /services/oauth2/token", exc)  # the listener stops the worker
+            self._refusal = refused(TOKEN_CALL, exc)  # the listener stops the worker
         except ChannelMissing as exc:
             self._refusal = (f"{exc}: define the platform event {self.opts.inbound_event} in Setup (Platform "
                              "Events) and let the run-as user read it")
@@ -260,8 +261,11 @@ class SalesforceWorker(WebhookInbox, ChannelWorker):
             try:
                 event_id = self.api.publish(self.opts.outbound_event, event_fields(self.opts, delivery, n, parts))
             except ClientRefused as exc:
-                self._refusal = refused("POST /services/oauth2/token", exc)
+                self._refusal = refused(TOKEN_CALL, exc)
                 raise self.refused_failure("Salesforce refused the connected app") from exc
+            except TokenError as exc:
+                # a new token (after a 401) the token endpoint could not give now: nothing wrong with the answer
+                raise DeliveryFailed(f"{TOKEN_CALL}: {exc}") from exc
             except RateLimited as exc:
                 raise DeliveryFailed(f"{where}: {exc}") from exc
             except SalesforceError as exc:

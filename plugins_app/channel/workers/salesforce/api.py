@@ -5,8 +5,9 @@ and the sObject create that publishes a platform event.
   ``client_secret``) answers ``{"access_token", "instance_url", "token_type": "Bearer", ...}``. The login URL
   is the org's My Domain (the client credentials flow is refused on login.salesforce.com). An answer of
   ``400 {"error": "invalid_client" | "invalid_grant" | "unauthorized_client", "error_description"}`` raises
-  ``ClientRefused``: only the operator can fix the connected app. A token is kept until a call answers
-  ``401 [{"errorCode": "INVALID_SESSION_ID"}]``, then fetched again once and the call made again.
+  ``ClientRefused``: only the operator can fix the connected app; any other failure (``unknown_error``, a
+  login rate limit, a 5xx, the network) raises ``TokenError``, which waiting can fix. A token is kept until a
+  call answers ``401 [{"errorCode": "INVALID_SESSION_ID"}]``, then fetched again once and the call made again.
 * **Publish.** ``POST {instance_url}/services/data/v{version}/sobjects/{Event__e}/`` with the event's fields
   answers ``201 {"id", "success": true, "errors": []}``. Salesforce's errors are a list,
   ``[{"message", "errorCode", "fields"}]``: ``REQUEST_LIMIT_EXCEEDED`` (403), 503 ``SERVER_UNAVAILABLE``,
@@ -45,6 +46,11 @@ class SalesforceError(Exception):
 
 class ClientRefused(SalesforceError):
     """The token endpoint refused the connected app (its consumer key or secret, its run-as user, the flow)."""
+
+
+class TokenError(SalesforceError):
+    """The token endpoint failed for any other reason (``unknown_error`` "retry your request", a login rate
+    limit, a 5xx, the network, an answer without a token): waiting can fix it, so it is retryable."""
 
 
 class RateLimited(SalesforceError):
@@ -120,22 +126,25 @@ class SalesforceApi:
             return self._token
 
     def _fetch_token(self) -> Token:
-        response = self.client.post(f"{self.login_url}/services/oauth2/token", data={
-            "grant_type": "client_credentials", "client_id": self.client_id, "client_secret": self.client_secret})
-        if response.status_code == 200:
-            body = response.json()
-            if body.get("access_token") and body.get("instance_url"):
-                return Token(str(body["access_token"]), str(body["instance_url"]).rstrip("/"))
-            raise SalesforceError(200, "", "the token answer has no access_token or instance_url")
+        """A new token; raises ClientRefused (only the operator can help) or TokenError (anything else)."""
+        try:
+            response = self.client.post(f"{self.login_url}/services/oauth2/token", data={
+                "grant_type": "client_credentials", "client_id": self.client_id, "client_secret": self.client_secret})
+        except httpx.TransportError as exc:
+            raise TokenError(0, "", f"{type(exc).__name__}: {exc}") from exc
         try:
             body = response.json()
         except ValueError:
             body = {}
+        if response.status_code == 200:
+            if isinstance(body, dict) and body.get("access_token") and body.get("instance_url"):
+                return Token(str(body["access_token"]), str(body["instance_url"]).rstrip("/"))
+            raise TokenError(200, "", "the token answer has no access_token or instance_url")
         error = str((body or {}).get("error") or "") if isinstance(body, dict) else ""
         description = str((body or {}).get("error_description") or "") if isinstance(body, dict) else ""
         if response.status_code in (400, 401) and error in CLIENT_ERRORS:
             raise ClientRefused(response.status_code, error, description)
-        raise SalesforceError(response.status_code, error, description or response.text[:300])
+        raise TokenError(response.status_code, error, description or response.text[:300])
 
     # ------------------------------------------------------------------ REST
 
