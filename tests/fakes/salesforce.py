@@ -12,7 +12,8 @@
   {N} you provided was invalid...``), ``/meta/connect`` held ``connect_hold_secs`` (Salesforce: 110 s) until
   an event comes, answered with the events (``data.event.replayId``, ``data.event.EventUuid``,
   ``data.payload``) and the connect's reply with ``advice``; ``forget_clients`` answers the next connect
-  ``403::Unknown client`` with ``advice.reconnect: handshake``. Replay ids grow but are not contiguous.
+  ``403::Unknown client`` with ``advice.reconnect: handshake``; ``flush_on_subscribe`` puts the backlog in
+  the subscribe's answer (a server may flush its queue with any reply). Replay ids grow but are not contiguous.
 * **REST** ``POST /services/data/v{version}/sobjects/{Event__e}/``: the fields checked against the event's
   definition (``INVALID_FIELD``, ``STRING_TOO_LONG``), answered ``201 {"id", "success": true, "errors": []}``;
   scripted ``REQUEST_LIMIT_EXCEEDED`` (403) and 503 ``SERVER_UNAVAILABLE``. Errors are Salesforce's list,
@@ -98,6 +99,7 @@ class FakeSalesforce:
         self.hold_publish_secs = 0.0            # answer a publish only this long after taking it
         self.hold_publish_number: int | None = None  # ... only the n-th publish taken (from 1); None: every one
         self.delivered = threading.Event()      # set when a connect answer carried an event
+        self.flush_on_subscribe = False         # a subscribe's answer carries the backlog, as a connect's would
         self.client_revoked = False
         self._busy: list[tuple[int, list]] = []
         self._token_errors: list[tuple[int, dict]] = []
@@ -333,7 +335,10 @@ class FakeSalesforce:
                                          "BAYEUX_BROWSER cookie present"})
                 continue
             if channel == "/meta/subscribe":
-                answers.append(self._subscribe(client, m, base))
+                reply = self._subscribe(client, m, base)
+                if self.flush_on_subscribe and reply["successful"]:
+                    answers.extend(self._flush(client_id, client))
+                answers.append(reply)
             elif channel == "/meta/connect":
                 answers.extend(self._connect(client_id, client))
                 answers[-1].update(id=m.get("id"))
@@ -380,13 +385,20 @@ class FakeSalesforce:
                 if events or left <= 0:
                     break
                 self.changed.wait(left)
+        return self._flush(client_id, client) + [
+            {"channel": "/meta/connect", "clientId": client_id, "successful": True,
+             "advice": {"interval": 0, "timeout": 110000, "reconnect": "retry"}}]
+
+    def _flush(self, client_id: str, client: dict) -> list[dict]:
+        """The events queued for a client (past its position on each channel), taken off its queue."""
+        with self.lock:
+            events = [e for channel, position in client["subs"].items() for e in self.bus[channel]
+                      if e["data"]["event"]["replayId"] > position]
             for e in events:
                 client["subs"][e["channel"]] = max(client["subs"][e["channel"]], e["data"]["event"]["replayId"])
             if events:
                 self.delivered.set()
-        return [dict(e, clientId=client_id) for e in events] + [
-            {"channel": "/meta/connect", "clientId": client_id, "successful": True,
-             "advice": {"interval": 0, "timeout": 110000, "reconnect": "retry"}}]
+        return [dict(e, clientId=client_id) for e in events]
 
     # -- REST
 

@@ -244,6 +244,22 @@ def test_the_first_start_takes_new_events_only_or_every_event_kept(sf, tmp_path)
     assert recorder.seen == [old["data"]["event"]["replayId"]]
 
 
+def test_events_in_the_subscribes_answer_are_taken_and_their_replay_id_recorded(sf, tmp_path):
+    backlog = [sf.say("while away 1"), sf.say("while away 2")]
+    sf.flush_on_subscribe = True
+    store = ReplayStore(str(tmp_path / "replay.sqlite3"))
+    recorder = Recorder(tmp_path / "o.sqlite3")
+    sub = subscription(sf, store, recorder, first_replay=REPLAY_ALL)
+    ids = [e["data"]["event"]["replayId"] for e in backlog]
+    [answer] = [c.answer for c in sf.calls
+                if c.path.startswith("/cometd/") and c.body[0]["channel"] == "/meta/subscribe"]
+    assert [m["channel"] for m in answer] == [CHANNEL, CHANNEL, "/meta/subscribe"]  # the fake flushed there
+    assert recorder.seen == ids and store.get(CHANNEL) == ids[-1]
+    later = sf.say("later")
+    sub.connect_once()
+    assert recorder.seen == ids + [later["data"]["event"]["replayId"]]
+
+
 def test_a_replay_id_no_longer_kept_falls_back_to_minus_two_with_an_error(sf, tmp_path, caplog):
     store = ReplayStore(str(tmp_path / "replay.sqlite3"))
     gone = sf.say("taken, then purged")["data"]["event"]["replayId"]

@@ -5,7 +5,8 @@ subscription to one platform event channel, resumed durably by replay id.
   (``/event/<Name>__e``) with ``ext.replay: {channel: <replay id>}``: the last one recorded, or -1 (only new
   events) / -2 (every event Salesforce still keeps, 72 hours) the first time; then ``/meta/connect`` in a loop,
   each answer carrying the events (``data.event.replayId``, ``data.event.EventUuid``, ``data.payload``) and
-  the connect's own reply with its ``advice``.
+  the connect's own reply with its ``advice``. Events in a handshake's or a subscribe's answer (a server may
+  flush its queue with any reply) are taken the same way.
 * An event is handed to ``on_event`` (the worker records it in its outbox) and only then is its replay id
   written to the ``ReplayStore`` (a SQLite file beside the outbox, synchronous=FULL): a worker killed between
   the two is given the event again after the restart, and the outbox, keyed by the message id, runs it once.
@@ -186,9 +187,10 @@ class Subscription:
     def handshake(self) -> None:
         self.http.cookies.clear()  # BAYEUX_BROWSER belongs to the old client
         for attempt in (0, 1):
-            reply = self.reply(self.send({"channel": "/meta/handshake", "version": "1.0", "minimumVersion": "1.0",
-                                          "supportedConnectionTypes": ["long-polling"], "ext": {"replay": True}}),
-                               "/meta/handshake")
+            messages = self.send({"channel": "/meta/handshake", "version": "1.0", "minimumVersion": "1.0",
+                                  "supportedConnectionTypes": ["long-polling"], "ext": {"replay": True}})
+            self._take_events(messages)
+            reply = self.reply(messages, "/meta/handshake")
             if reply.get("successful"):
                 self.client_id = str(reply["clientId"])
                 return
@@ -229,15 +231,22 @@ class Subscription:
         return replay
 
     def _subscribe(self, replay: int) -> dict:
-        return self.reply(self.send({"channel": "/meta/subscribe", "clientId": self.client_id,
-                                     "subscription": self.channel, "ext": {"replay": {self.channel: replay}}}),
-                          "/meta/subscribe")
+        messages = self.send({"channel": "/meta/subscribe", "clientId": self.client_id,
+                              "subscription": self.channel, "ext": {"replay": {self.channel: replay}}})
+        self._take_events(messages)  # a server may flush the backlog with the subscribe's reply
+        return self.reply(messages, "/meta/subscribe")
 
     def connect_once(self) -> dict:
         """One /meta/connect: each event of the answer handed on (then its replay id recorded); returns the
         connect's reply."""
         messages = self.send({"channel": "/meta/connect", "clientId": self.client_id,
                               "connectionType": "long-polling"})
+        self._take_events(messages)
+        return self.reply(messages, "/meta/connect")
+
+    def _take_events(self, messages: list[dict]) -> None:
+        """Each event of an answer handed on, then its replay id recorded. Bayeux lets a server put data
+        messages in any answer (a handshake's, a subscribe's), not only a connect's: none is passed over."""
         for m in messages:
             if m.get("channel") != self.channel or "data" not in m:
                 continue
@@ -247,7 +256,6 @@ class Subscription:
                 self.on_event(m)                   # recorded in the outbox (raises if it could not be)
             if replay_id is not None:
                 self.store.put(self.channel, replay_id)   # only now: a crash before this replays the event
-        return self.reply(messages, "/meta/connect")
 
     def run(self) -> None:
         """Handshake, subscribe, connect until stopping; a failure backs off and starts over. Raises
