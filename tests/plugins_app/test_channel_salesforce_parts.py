@@ -260,6 +260,24 @@ def test_events_in_the_subscribes_answer_are_taken_and_their_replay_id_recorded(
     assert recorder.seen == ids + [later["data"]["event"]["replayId"]]
 
 
+def test_new_only_keeps_passing_over_old_events_once_a_catch_up_recorded_a_replay_id(sf, tmp_path):
+    import time
+    old = [sf.say("old 1", created=time.time() - 3600), sf.say("old 2", created=time.time() - 3590)]
+    store = ReplayStore(str(tmp_path / "replay.sqlite3"))
+    recorder = Recorder(tmp_path / "o.sqlite3")
+    subscription(sf, store, recorder)  # the first start, "new only"; killed before any event
+    sub = subscription(sf, store, recorder)
+    assert sub.subscribed_from == REPLAY_ALL and sub.skip_before is not None
+    # the catch-up went as far as the first old event (passed over, its replay id recorded), then a crash
+    store.put(CHANNEL, old[0]["data"]["event"]["replayId"])
+    sub = subscription(sf, store, recorder)
+    assert sub.subscribed_from == old[0]["data"]["event"]["replayId"]
+    new = sf.say("new")
+    sub.connect_once()
+    assert recorder.seen == [new["data"]["event"]["replayId"]]  # not "old 2", from before the first start
+    assert store.get(CHANNEL) == new["data"]["event"]["replayId"]
+
+
 def test_a_replay_id_no_longer_kept_falls_back_to_minus_two_with_an_error(sf, tmp_path, caplog):
     store = ReplayStore(str(tmp_path / "replay.sqlite3"))
     gone = sf.say("taken, then purged")["data"]["event"]["replayId"]

@@ -11,8 +11,10 @@ subscription to one platform event channel, resumed durably by replay id.
   written to the ``ReplayStore`` (a SQLite file beside the outbox, synchronous=FULL): a worker killed between
   the two is given the event again after the restart, and the outbox, keyed by the message id, runs it once.
 * A first subscription ("new only", -1) records its moment before it goes out; until an event's replay id is
-  recorded, a later subscribe asks for -2 and passes over events created more than ``CLOCK_SKEW_SECS`` before
-  that moment, so a crash before the first event neither loses what came meanwhile nor takes older events.
+  recorded, a later subscribe asks for -2; from then on every subscription passes over events created more
+  than ``CLOCK_SKEW_SECS`` before that moment (also once a replay id is recorded: a -2 catch-up cut short
+  resumes among the old events), so a crash before the first event neither loses what came meanwhile nor
+  takes older events.
 * ``403::Unknown client`` or ``advice.reconnect: handshake`` starts over with a handshake (the server
   forgets a client that did not reconnect within its timeout; a new handshake removes the subscriptions,
   so the channel is subscribed again, from the replay id recorded). ``401::Authentication invalid`` (on
@@ -74,7 +76,7 @@ class ReplayStore:
         return None if row is None or row[0] is None else int(row[0])
 
     def since(self, channel: str) -> float | None:
-        """When the channel was first subscribed to (before any event was taken), or None."""
+        """When the channel was first subscribed to (kept once events are taken), or None."""
         with self._lock:
             row = self._db.execute("SELECT since FROM replay WHERE channel = ?", (channel,)).fetchone()
         return None if row is None or row[0] is None else float(row[0])
@@ -203,12 +205,14 @@ class Subscription:
         """Subscribe from the replay id recorded (or the first start's); returns the replay id used."""
         stored = self.store.get(self.channel)
         replay = self.first_replay if stored is None else stored
-        since = self.store.since(self.channel) if stored is None else None
-        self.skip_before = None
+        since = self.store.since(self.channel) if self.first_replay == REPLAY_NEW else None
+        # "New only": what was published before the first start stays out, also once a replay id is recorded
+        # (a -2 catch-up cut short by a crash resumes from the middle of the old events).
+        self.skip_before = None if since is None else since - CLOCK_SKEW_SECS
         if since is not None and replay == REPLAY_NEW:
             # Subscribed before, "new only", but no event was recorded since (a crash may have taken one the
             # worker never wrote down): everything kept, less what was published before that first start.
-            replay, self.skip_before = REPLAY_ALL, since - CLOCK_SKEW_SECS
+            replay = REPLAY_ALL
         if stored is None:
             # written before the subscribe goes out: a crash just after Salesforce took it still resumes from here
             self.store.started(self.channel, time.time())
