@@ -3,8 +3,9 @@
 * **OAuth** ``POST /services/oauth2/token`` (form, ``grant_type=client_credentials``): ``{"access_token",
   "signature", "instance_url", "id", "token_type": "Bearer", "issued_at", "scope"}``; a wrong client is
   ``400 {"error": "invalid_client", "error_description": "invalid client credentials"}`` (``revoke_client``).
-  ``token_fails`` scripts the endpoint's other failures. ``expire_tokens`` makes every token issued so far stale: REST answers ``401 [{"message": "Session expired
-  or invalid", "errorCode": "INVALID_SESSION_ID"}]``, CometD ``401::Authentication invalid`` (a handshake:
+  ``token_fails`` scripts the endpoint's other failures. ``expire_tokens`` makes every token issued so far
+  stale: REST answers ``401 [{"message": "Session expired or invalid", "errorCode": "INVALID_SESSION_ID"}]``,
+  CometD ``401::Authentication invalid`` (a handshake:
   ``403::Handshake denied`` with ``ext.sfdc.failureReason: 401::Authentication invalid``).
 * **Streaming API** ``POST /cometd/{version}`` (Bayeux 1.0, long polling, JSON arrays): ``/meta/handshake``
   (``clientId``, ``ext.replay``; sets the ``BAYEUX_BROWSER`` cookie a connect must carry), ``/meta/subscribe``
@@ -188,7 +189,8 @@ class FakeSalesforce:
 
     def busy(self, *, times: int = 1, status: int = 403, errors: list | None = None) -> None:
         """The next ``times`` publishes are refused: 403 REQUEST_LIMIT_EXCEEDED, 503 SERVER_UNAVAILABLE, or
-        ``status`` with Salesforce's ``errors`` list."""
+        ``status`` with Salesforce's ``errors`` list; a 2xx ``status`` answers ``{"id": null, "success": false,
+        "errors": [{"statusCode", "message", "fields"}]}`` (the sObject result's shape)."""
         errors = errors or (LIMIT_EXCEEDED if status == 403 else UNAVAILABLE)
         with self.lock:
             self._busy += [(status, errors)] * times
@@ -409,6 +411,8 @@ class FakeSalesforce:
         with self.lock:
             if self._busy:
                 status, errors = self._busy.pop(0)
+                if status < 300:
+                    return status, {"id": None, "success": False, "errors": errors}, {}
                 return status, errors, {}
         if not isinstance(body, dict):
             return 400, [{"errorCode": "JSON_PARSER_ERROR", "message": "Unexpected parameter encountered during "

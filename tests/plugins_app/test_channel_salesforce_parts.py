@@ -155,6 +155,29 @@ def test_busy_answers_are_waited_out_doubling_and_then_given_up(sf):
     assert err.value.code == "SERVER_UNAVAILABLE" and api.waits[2:] == [1.0, 2.0]
 
 
+def test_success_false_in_a_2xx_answer_is_read_by_its_error_codes(sf, tmp_path):
+    from plugins_app.channel.sdk import DeliveryFailed
+    unavailable = [{"statusCode": "PLATFORM_EVENT_PUBLISHING_UNAVAILABLE", "fields": [],
+                    "message": "Failed to publish platform event. Try again later."}]
+    api = api_for(sf, max_wait_secs=5)
+    sf.busy(times=2, status=201, errors=unavailable)
+    api.publish(OUTBOUND, {"Text__c": "late"})
+    assert api.waits == [1.0, 2.0] and sf.texts() == ["late"]  # waited out in place, as a 503 is
+    worker = worker_for(sf, tmp_path)
+    sf.busy(times=1, status=201, errors=unavailable)
+    with pytest.raises(DeliveryFailed) as err:
+        worker.deliver(Delivery(delivery_id="d-6", conversation_id="500x", text="hi"))
+    assert not err.value.permanent and "PLATFORM_EVENT_PUBLISHING_UNAVAILABLE" in err.value.reason
+    sf.busy(times=1, status=201, errors=[{"statusCode": "LIMIT_EXCEEDED", "message": "Hourly limit", "fields": []}])
+    with pytest.raises(DeliveryFailed) as err:
+        worker.deliver(Delivery(delivery_id="d-7", conversation_id="500x", text="hi"))
+    assert not err.value.permanent and "LIMIT_EXCEEDED" in err.value.reason
+    sf.busy(times=1, status=201, errors=[{"statusCode": "INVALID_FIELD", "message": "No such column", "fields": []}])
+    with pytest.raises(DeliveryFailed) as err:
+        worker.deliver(Delivery(delivery_id="d-8", conversation_id="500x", text="hi"))
+    assert err.value.permanent and "INVALID_FIELD" in err.value.reason
+
+
 def test_a_field_error_is_a_400_with_salesforces_code(sf):
     api = api_for(sf)
     with pytest.raises(SalesforceError) as err:

@@ -13,7 +13,8 @@ and the sObject create that publishes a platform event.
   ``[{"message", "errorCode", "fields"}]``: ``REQUEST_LIMIT_EXCEEDED`` (403), 503 ``SERVER_UNAVAILABLE``,
   ``PLATFORM_EVENT_PUBLISHING_UNAVAILABLE`` (or any 5xx, or a network error) are waited out in place (1 s doubling to 30 s, a ``Retry-After`` honoured)
   up to ``max_wait_secs``, then ``RateLimited``; anything else is ``SalesforceError`` with the status, so the
-  caller tells a field or validation error (400: sending again cannot help) from the rest.
+  caller tells a field or validation error (400: sending again cannot help) from the rest. A 2xx answer with
+  ``success: false`` is read by its error codes the same way (a busy code waited out, any other a 400).
 """
 from __future__ import annotations
 
@@ -163,19 +164,19 @@ class SalesforceApi:
             except httpx.TransportError as exc:
                 response, code, message = None, "", f"{type(exc).__name__}: {exc}"
             else:
+                code, message = rest_errors(response)
                 if response.status_code in (200, 201):
                     body = response.json()
-                    if body.get("success") is False:
-                        code, message = rest_errors(response)
+                    if not isinstance(body, dict) or body.get("success") is not False:
+                        return str(body.get("id") or "") if isinstance(body, dict) else ""
+                    # taken, but not published: its error codes say "later" or "no" as an error status's would
+                    if code not in BUSY_CODES:
                         raise SalesforceError(400, code, message)
-                    return str(body.get("id") or "")
-                code, message = rest_errors(response)
-                if response.status_code == 401 and not refreshed:
+                elif response.status_code == 401 and not refreshed:
                     refreshed = True
                     token = self.token(stale=token.access_token)
                     continue
-                busy = response.status_code >= 500 or code in BUSY_CODES or response.status_code == 429
-                if not busy:
+                elif not (response.status_code >= 500 or code in BUSY_CODES or response.status_code == 429):
                     raise SalesforceError(response.status_code, code, message)
             wait = retry_after(response) if response is not None else None
             wait = backoff if wait is None else wait
