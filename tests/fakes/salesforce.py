@@ -16,7 +16,8 @@
   ``403::Unknown client`` with ``advice.reconnect: handshake``; ``flush_on_subscribe`` puts the backlog in
   the subscribe's answer (a server may flush its queue with any reply). Replay ids grow but are not contiguous.
 * **REST** ``POST /services/data/v{version}/sobjects/{Event__e}/``: the fields checked against the event's
-  definition (``INVALID_FIELD``, ``STRING_TOO_LONG``), answered ``201 {"id", "success": true, "errors": []}``;
+  definition (``INVALID_FIELD``, ``STRING_TOO_LONG``), answered ``201 {"id", "success": true, "errors":
+  [{"statusCode": "OPERATION_ENQUEUED", "message": <EventUuid>, "fields": []}]}`` (the event's EventUuid);
   scripted ``REQUEST_LIMIT_EXCEEDED`` (403) and 503 ``SERVER_UNAVAILABLE``. Errors are Salesforce's list,
   ``[{"message", "errorCode", "fields"?}]``.
 
@@ -29,6 +30,7 @@ Integration"::
         env = sf.env()                      # SALESFORCE_* variables for the worker
         sf.say("hello")                     # a user's message, published as an inbound platform event
         sf.texts()                          # what the worker published as outbound events
+    sf.published                        # ... each with its fields, "id", "event" and "EventUuid"
 """
 from __future__ import annotations
 
@@ -150,12 +152,14 @@ class FakeSalesforce:
             payload["MessageId__c"] = message_id
         return self._put_on_bus(event, payload, created)
 
-    def _put_on_bus(self, event: str, payload: dict, created: float | None = None) -> dict:
+    def _put_on_bus(self, event: str, payload: dict, created: float | None = None,
+                    event_uuid: str | None = None) -> dict:
         with self.lock:
             message = {"data": {"schema": "dffQ2QLzDNHqwB8_sHMxdA",
                                 "payload": {**payload, "CreatedDate": sf_time(created),
                                             "CreatedById": INTEGRATION_USER},
-                                "event": {"EventUuid": str(uuid.uuid4()), "replayId": next(self._replay_ids)}},
+                                "event": {"EventUuid": event_uuid or str(uuid.uuid4()),
+                                          "replayId": next(self._replay_ids)}},
                        "channel": f"/event/{event}"}
             self.bus[f"/event/{event}"].append(message)
             self.last_replay_id = message["data"]["event"]["replayId"]
@@ -426,11 +430,13 @@ class FakeSalesforce:
                 return 400, [{"errorCode": "STRING_TOO_LONG", "fields": [name],
                               "message": f"{name.removesuffix('__c').replace('_', ' ')}: data value too large: "
                                          f"{str(value)[:40]}... (max length={length})"}], {}
-        event_id = "e00" + uuid.uuid4().hex[:15]
+        event_id, event_uuid = "e00" + uuid.uuid4().hex[:15], str(uuid.uuid4())
         with self.lock:
-            self.published.append({**body, "id": event_id, "event": event})
-            self._put_on_bus(event, body)
+            self.published.append({**body, "id": event_id, "event": event, "EventUuid": event_uuid})
+            self._put_on_bus(event, body, event_uuid=event_uuid)
             held = self.hold_publish_number in (None, len(self.published))
         if self.hold_publish_secs and held:
             time.sleep(self.hold_publish_secs)  # taken, but the answer is late: a window to kill the publisher in
-        return 201, {"id": event_id, "success": True, "errors": []}, {}
+        # a platform event's create answer: success, with the event's EventUuid in an OPERATION_ENQUEUED "error"
+        return 201, {"id": event_id, "success": True,
+                     "errors": [{"statusCode": "OPERATION_ENQUEUED", "message": event_uuid, "fields": []}]}, {}

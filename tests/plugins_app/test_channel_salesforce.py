@@ -69,17 +69,18 @@ def test_an_event_in_gets_the_agents_answer_published_out(tcast, sf, start_runti
     uuid = event["data"]["event"]["EventUuid"]
     assert published == {"ConversationId__c": CONVERSATION, "Text__c": "hello from the agent",
                          "DeliveryId__c": delivery.delivery_id, "Part__c": 1, "Parts__c": 1, "InReplyTo__c": uuid,
-                         "id": published["id"], "event": OUTBOUND}
+                         "id": published["id"], "event": OUTBOUND, "EventUuid": published["EventUuid"]}
     [publish] = sf.publishes()
-    assert publish.status == 201 and publish.answer == {"id": published["id"], "success": True, "errors": []}
-    assert publish.headers["authorization"].startswith("Bearer ")
+    # the worker sent the token the token endpoint gave it, as a Bearer token
+    [token] = sf.calls_to("/services/oauth2/token")
+    assert publish.headers["authorization"] == f"Bearer {token.answer['access_token']}"
     # the event's EventUuid is the idempotency key; the conversation field is the conversation
     assert delivery.turn.receipt.client_message_id == uuid
     assert (delivery.conversation.channel, delivery.conversation.external_id) == ("salesforce", CONVERSATION)
-    assert delivery.channel_message_id == published["id"]
+    # the answer's channel_message_id is the EventUuid a Salesforce-side subscriber sees on the outbound event
+    assert delivery.channel_message_id == published["EventUuid"] != published["id"]
     assert Receipt.objects.select_related("actor").get().actor.key == f"salesforce:{USER}"
     assert replays(sf) == [-1]  # the first start takes new events only
-    [token] = sf.calls_to("/services/oauth2/token")
     assert token.body == {"grant_type": "client_credentials", "client_id": sf.client_id,
                           "client_secret": sf.client_secret}
     assert Plugin.objects.get().state == "running"

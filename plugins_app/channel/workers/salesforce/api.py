@@ -9,11 +9,13 @@ and the sObject create that publishes a platform event.
   login rate limit, a 5xx, the network) raises ``TokenError``, which waiting can fix. A token is kept until a
   call answers ``401 [{"errorCode": "INVALID_SESSION_ID"}]``, then fetched again once and the call made again.
 * **Publish.** ``POST {instance_url}/services/data/v{version}/sobjects/{Event__e}/`` with the event's fields
-  answers ``201 {"id", "success": true, "errors": []}``. Salesforce's errors are a list,
+  answers ``201 {"id", "success": true, "errors": [{"statusCode": "OPERATION_ENQUEUED", "message":
+  <EventUuid>}]}``: the EventUuid is what ``publish`` returns. Salesforce's errors are a list,
   ``[{"message", "errorCode", "fields"}]``: ``REQUEST_LIMIT_EXCEEDED`` (403), 503 ``SERVER_UNAVAILABLE``,
-  ``PLATFORM_EVENT_PUBLISHING_UNAVAILABLE`` (or any 5xx, or a network error) are waited out in place (1 s doubling to 30 s, a ``Retry-After`` honoured)
-  up to ``max_wait_secs``, then ``RateLimited``; anything else is ``SalesforceError`` with the status, so the
-  caller tells a field or validation error (400: sending again cannot help) from the rest. A 2xx answer with
+  ``PLATFORM_EVENT_PUBLISHING_UNAVAILABLE`` (or any 5xx, or a network error) are waited out in place (1 s
+  doubling to 30 s, a ``Retry-After`` honoured) up to ``max_wait_secs``, then ``RateLimited``; anything else
+  is ``SalesforceError`` with the status, so the caller tells a field or validation error (400: sending again
+  cannot help) from the rest. A 2xx answer with
   ``success: false`` is read by its error codes the same way (a busy code waited out, any other a 400).
 """
 from __future__ import annotations
@@ -88,6 +90,18 @@ def rest_errors(response: httpx.Response) -> tuple[str, str]:
     return code, "; ".join(parts)[:500]
 
 
+def published_id(body) -> str:
+    """What names a published event: its ``EventUuid``, which Salesforce gives in the create's answer as an
+    ``OPERATION_ENQUEUED`` "error" (``{"statusCode": "OPERATION_ENQUEUED", "message": <EventUuid>}``) and
+    which subscribers see in ``data.event``; else the answer's ``id``."""
+    if not isinstance(body, dict):
+        return ""
+    for e in body.get("errors") or []:
+        if isinstance(e, dict) and e.get("statusCode") == "OPERATION_ENQUEUED" and e.get("message"):
+            return str(e["message"])
+    return str(body.get("id") or "")
+
+
 def retry_after(response: httpx.Response) -> float | None:
     value = response.headers.get("Retry-After")
     try:
@@ -153,8 +167,9 @@ class SalesforceApi:
         return f"{token.instance_url}/services/data/v{self.api_version}/sobjects/{sobject}/"
 
     def publish(self, event: str, fields: dict) -> str:
-        """Publish one platform event (``POST .../sobjects/<event>/``); returns its id. A stale token is
-        fetched again once; busy answers are waited out; raises SalesforceError for any other refusal."""
+        """Publish one platform event (``POST .../sobjects/<event>/``); returns its EventUuid (else its id). A
+        stale token is fetched again once; busy answers are waited out; raises SalesforceError for any other
+        refusal."""
         waited, backoff, refreshed = 0.0, self.backoff_initial, False
         token = self.token()
         while True:
@@ -168,7 +183,7 @@ class SalesforceApi:
                 if response.status_code in (200, 201):
                     body = response.json()
                     if not isinstance(body, dict) or body.get("success") is not False:
-                        return str(body.get("id") or "") if isinstance(body, dict) else ""
+                        return published_id(body)
                     # taken, but not published: its error codes say "later" or "no" as an error status's would
                     if code not in BUSY_CODES:
                         raise SalesforceError(400, code, message)
