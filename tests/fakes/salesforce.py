@@ -103,6 +103,7 @@ class FakeSalesforce:
         self.hold_publish_number: int | None = None  # ... only the n-th publish taken (from 1); None: every one
         self.delivered = threading.Event()      # set when a connect answer carried an event
         self.flush_on_subscribe = False         # a subscribe's answer carries the backlog, as a connect's would
+        self.connect_advice: dict | None = None  # the advice of a successful connect (retry, interval 0 if None)
         self.client_revoked = False
         self._busy: list[tuple[int, list]] = []
         self._token_errors: list[tuple[int, dict]] = []
@@ -393,7 +394,7 @@ class FakeSalesforce:
                 self.changed.wait(left)
         return self._flush(client_id, client) + [
             {"channel": "/meta/connect", "clientId": client_id, "successful": True,
-             "advice": {"interval": 0, "timeout": 110000, "reconnect": "retry"}}]
+             "advice": self.connect_advice or {"interval": 0, "timeout": 110000, "reconnect": "retry"}}]
 
     def _flush(self, client_id: str, client: dict) -> list[dict]:
         """The events queued for a client (past its position on each channel), taken off its queue."""

@@ -365,6 +365,41 @@ def test_an_unknown_client_is_told_to_handshake_and_run_starts_over(sf, tmp_path
     assert any(a.get("error") == "403::Unknown client" for c in connects for a in c.answer)
 
 
+class RecordingStop(threading.Event):
+    """A ``stopping`` event that records each wait instead of waiting, and stops after ``n`` of them."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.n, self.waits = n, []
+
+    def wait(self, timeout=None):
+        self.waits.append(timeout)
+        if len(self.waits) >= self.n:
+            self.set()
+        return self.is_set()
+
+
+def test_a_successful_connect_advising_a_handshake_backs_off_before_handshaking_again(sf, tmp_path):
+    sf.connect_hold_secs = 0
+    sf.connect_advice = {"reconnect": "handshake", "interval": 0}
+    stopping = RecordingStop(4)
+    sub = Subscription(api_for(sf), CHANNEL, ReplayStore(str(tmp_path / "r.sqlite3")), lambda m: None,
+                       stopping=stopping)
+    runner = threading.Thread(target=sub.run, daemon=True)
+    runner.start()
+    runner.join(10)
+    stopping.set()
+    runner.join(5)
+    assert stopping.waits[:4] == [1.0, 2.0, 4.0, 8.0]  # doubling, not reset by each successful connect
+    assert len(sf.bayeux("/meta/handshake")) == 4
+    sf.connect_advice = {"reconnect": "handshake", "interval": 5000}
+    stopping = RecordingStop(1)
+    sub = Subscription(api_for(sf), CHANNEL, ReplayStore(str(tmp_path / "r.sqlite3")), lambda m: None,
+                       stopping=stopping)
+    sub.run()
+    assert stopping.waits == [5.0]  # the advised interval, when longer
+
+
 def _wait(predicate, timeout: float = 10.0) -> bool:
     from tests.plugins_app.conftest import wait_until
     return bool(wait_until(predicate, timeout))

@@ -15,7 +15,8 @@ subscription to one platform event channel, resumed durably by replay id.
   than ``CLOCK_SKEW_SECS`` before that moment (also once a replay id is recorded: a -2 catch-up cut short
   resumes among the old events), so a crash before the first event neither loses what came meanwhile nor
   takes older events.
-* ``403::Unknown client`` or ``advice.reconnect: handshake`` starts over with a handshake (the server
+* ``403::Unknown client`` or ``advice.reconnect: handshake`` starts over with a handshake (a successful
+  connect advising it does so after the backoff or the advised interval, whichever is longer) (the server
   forgets a client that did not reconnect within its timeout; a new handshake removes the subscriptions,
   so the channel is subscribed again, from the replay id recorded). ``401::Authentication invalid`` (on
   connect, or nested in a handshake's ``ext.sfdc.failureReason``) or an HTTP 401 fetches a new token first.
@@ -285,10 +286,18 @@ class Subscription:
                         self.handshake()
                         self.subscribe()
                         continue
-                    refused_in_a_row, backoff = 0, self.backoff_initial
-                    if advice.get("reconnect") in ("handshake", "none"):
-                        break
                     interval = float(advice.get("interval") or 0) / 1000.0
+                    if advice.get("reconnect") in ("handshake", "none"):
+                        # a server that keeps saying so is not hammered with handshakes: the backoff (or the
+                        # advised interval) first, and no reset of it
+                        wait = max(backoff, interval)
+                        log.info("salesforce: the server advises reconnect %s: handshaking again in %.0f s",
+                                 advice.get("reconnect"), wait)
+                        if self.stopping.wait(wait):
+                            return
+                        backoff = min(backoff * 2, self.backoff_max)
+                        break
+                    refused_in_a_row, backoff = 0, self.backoff_initial
                     if interval and self.stopping.wait(interval):
                         return
             except (ClientRefused, ChannelMissing):
