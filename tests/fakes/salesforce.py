@@ -13,7 +13,9 @@
   {N} you provided was invalid...``), ``/meta/connect`` held ``connect_hold_secs`` (Salesforce: 110 s) until
   an event comes, answered with the events (``data.event.replayId``, ``data.event.EventUuid``,
   ``data.payload``) and the connect's reply with ``advice``; ``forget_clients`` answers the next connect
-  ``403::Unknown client`` with ``advice.reconnect: handshake``; ``flush_on_subscribe`` puts the backlog in
+  ``403::Unknown client`` with ``advice.reconnect: handshake``; ``deny_handshakes`` denies each handshake
+  (``403::Handshake denied``) with that ``ext.sfdc.failureReason``; ``connect_advice`` replaces a
+  successful connect's advice; ``flush_on_subscribe`` puts the backlog in
   the subscribe's answer (a server may flush its queue with any reply). Replay ids grow but are not contiguous.
 * **REST** ``POST /services/data/v{version}/sobjects/{Event__e}/``: the fields checked against the event's
   definition (``INVALID_FIELD``, ``STRING_TOO_LONG``), answered ``201 {"id", "success": true, "errors":
@@ -104,6 +106,8 @@ class FakeSalesforce:
         self.delivered = threading.Event()      # set when a connect answer carried an event
         self.flush_on_subscribe = False         # a subscribe's answer carries the backlog, as a connect's would
         self.connect_advice: dict | None = None  # the advice of a successful connect (retry, interval 0 if None)
+        self.deny_handshakes: str | None = None  # a handshake is denied with this ext.sfdc.failureReason
+        self.missing_channel_error = "400::The channel you requested to subscribe to does not exist {%s}"
         self.client_revoked = False
         self._busy: list[tuple[int, list]] = []
         self._token_errors: list[tuple[int, dict]] = []
@@ -317,6 +321,11 @@ class FakeSalesforce:
         for m in messages if isinstance(messages, list) else []:
             channel = m.get("channel")
             base = {"channel": channel, "id": m.get("id")}
+            if channel == "/meta/handshake" and self.deny_handshakes:
+                answers.append({**base, "ext": {"sfdc": {"failureReason": self.deny_handshakes}},
+                                "advice": {"reconnect": "none"}, "error": "403::Handshake denied",
+                                "successful": False})
+                continue
             if channel == "/meta/handshake":
                 client_id = uuid.uuid4().hex[:26]
                 cookie = uuid.uuid4().hex
@@ -361,8 +370,7 @@ class FakeSalesforce:
         channel = m.get("subscription")
         base = {**base, "clientId": m.get("clientId"), "subscription": channel}
         if channel not in self.bus:
-            return {**base, "successful": False,
-                    "error": f"400::The channel you requested to subscribe to does not exist {{{channel}}}"}
+            return {**base, "successful": False, "error": self.missing_channel_error % channel}
         replay = ((m.get("ext") or {}).get("replay") or {}).get(channel, -1)
         with self.lock:
             if replay == -1:

@@ -333,12 +333,37 @@ def test_a_handshake_denied_for_a_stale_token_fetches_a_new_one_and_handshakes_a
     assert accepted["successful"] and len(sf.calls_to("/services/oauth2/token")) == 2
 
 
-def test_a_channel_that_does_not_exist_is_channel_missing(sf, tmp_path):
+@pytest.mark.parametrize("wording", ["does not exist", "doesn\u2019t exist"])
+def test_a_channel_that_does_not_exist_is_channel_missing(sf, tmp_path, wording):
+    sf.missing_channel_error = f"400::The channel you requested to subscribe to {wording} {{%s}}"
     sub = Subscription(api_for(sf), "/event/Nowhere__e", ReplayStore(str(tmp_path / "r.sqlite3")), lambda m: None)
     sub.handshake()
     with pytest.raises(ChannelMissing) as err:
         sub.subscribe()
-    assert "does not exist" in str(err.value)
+    assert wording in str(err.value)
+
+
+@pytest.mark.parametrize("reason, refused", [
+    ("403::API is not enabled for this Organization or Partner", True),
+    ("403::Organization total events daily limit exceeded", False),   # a limit: waited out
+    ("401::Authentication invalid", False),                           # the token: fetched again
+])
+def test_a_handshake_denied_for_a_permission_is_refused_for_good(sf, tmp_path, reason, refused):
+    from plugins_app.channel.workers.salesforce.cometd import CometdError, StreamRefused
+    sf.deny_handshakes = reason
+    sub = Subscription(api_for(sf), CHANNEL, ReplayStore(str(tmp_path / "r.sqlite3")), lambda m: None)
+    with pytest.raises(CometdError) as err:
+        sub.handshake()
+    assert isinstance(err.value, StreamRefused) == refused and reason in str(err.value)
+
+
+def test_an_api_version_the_streaming_api_does_not_serve_is_refused_for_good(sf, tmp_path):
+    from plugins_app.channel.workers.salesforce.cometd import StreamRefused
+    api = SalesforceApi(sf.client_id, sf.client_secret, login_url=sf.base_url, api_version="22.0")
+    sub = Subscription(api, CHANNEL, ReplayStore(str(tmp_path / "r.sqlite3")), lambda m: None)
+    with pytest.raises(StreamRefused) as err:
+        sub.run()  # raises instead of backing off and trying again forever
+    assert "Unsupported API version" in str(err.value)
 
 
 def test_an_unknown_client_is_told_to_handshake_and_run_starts_over(sf, tmp_path):
@@ -486,6 +511,24 @@ def test_a_token_endpoint_failing_after_a_401_is_retryable_and_names_the_token_c
 def test_settings_that_cannot_work_are_refused_before_any_call(sf, tmp_path, argv, reason):
     from plugins_app.channel.sdk import ChannelRefused
     worker = worker_for(sf, tmp_path, *argv)
+    with pytest.raises(ChannelRefused) as err:
+        worker.connect()
+    assert str(err.value).startswith(reason)
+    assert not sf.calls
+
+
+@pytest.mark.parametrize("login_url, reason", [
+    (None, "SALESFORCE_LOGIN_URL not set: the client credentials flow needs the org's My Domain URL"),
+    ("https://login.salesforce.com", "SALESFORCE_LOGIN_URL is login.salesforce.com: the client credentials flow"),
+])
+def test_a_login_url_that_is_no_my_domain_is_refused_before_any_call(sf, tmp_path, login_url, reason):
+    from plugins_app.channel.sdk import ChannelRefused
+    from plugins_app.channel.workers.salesforce import SalesforceWorker
+    env = {k: v for k, v in sf.env().items() if k != "SALESFORCE_LOGIN_URL"}
+    if login_url:
+        env["SALESFORCE_LOGIN_URL"] = login_url
+    worker = SalesforceWorker(socket_path=str(tmp_path / "bridge.sock"), plugin_id="sf-parts", token="t",
+                              state_dir=str(tmp_path), argv=[], environ=env, install_signal_handlers=False)
     with pytest.raises(ChannelRefused) as err:
         worker.connect()
     assert str(err.value).startswith(reason)

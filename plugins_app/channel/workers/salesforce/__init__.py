@@ -31,8 +31,9 @@ and ``SALESFORCE_OUTBOUND_EVENT`` (an argument wins). Operators' page: docs/chan
   publishing allocation). A field or validation error (400) fails the delivery permanently (dead letter) with
   Salesforce's message.
 * **Refusals.** The token endpoint refusing the app (``invalid_client``, ``invalid_grant``, ...), at the start
-  or later, or an inbound event that does not exist, raises ``ChannelRefused``: the plugin is disabled with
-  the reason, not restarted. An expired token (401 ``INVALID_SESSION_ID``) is fetched again.
+  or later, an inbound event that does not exist, a handshake denied for a permission, an API version the
+  Streaming API does not serve, or no My Domain login URL raises ``ChannelRefused``: the plugin is disabled
+  with the reason, not restarted. An expired token (401 ``INVALID_SESSION_ID``) is fetched again.
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ import os
 import re
 import sys
 import threading
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -52,9 +54,9 @@ from plugins_app.channel.sdk.outbox import outbox_path_for
 from plugins_app.channel.sdk.text import split_text, utf16_len
 from plugins_app.channel.sdk.webhook import WebhookInbox
 
-from .api import (DEFAULT_API_VERSION, DEFAULT_LOGIN_URL, LATER_CODES, ClientRefused, RateLimited, SalesforceApi,
+from .api import (DEFAULT_API_VERSION, LATER_CODES, ClientRefused, RateLimited, SalesforceApi,
                   SalesforceError, Stopped, TokenError)
-from .cometd import REPLAY_ALL, REPLAY_NEW, ChannelMissing, ReplayStore, Subscription, parse_time
+from .cometd import REPLAY_ALL, REPLAY_NEW, ChannelMissing, ReplayStore, StreamRefused, Subscription, parse_time
 
 KIND = "channel-salesforce"
 DESCRIPTION = "Salesforce: platform events in over the Streaming API (CometD, durable replay), out over REST."
@@ -70,6 +72,8 @@ DEFAULT_OUTBOUND_EVENT = "UGENT_Outbound__e"
 #: A Long Text Area field's most characters (the largest text field a platform event may have).
 TEXT_LIMIT = 131072
 TOKEN_CALL = "POST /services/oauth2/token"
+#: Login hosts the client credentials flow is refused on: it needs the org's My Domain.
+GENERIC_LOGIN_HOSTS = ("login.salesforce.com", "test.salesforce.com")
 EVENT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*__e$")
 API_VERSION = re.compile(r"^[0-9]{2,3}\.0$")
 
@@ -179,7 +183,7 @@ class SalesforceWorker(WebhookInbox, ChannelWorker):
         self.opts = parse_args(sys.argv[1:] if argv is None else argv, env)
         self.client_id = env.get(CLIENT_ID_ENV, "")
         self.client_secret = env.get(CLIENT_SECRET_ENV, "")
-        self.login_url = (env.get(LOGIN_URL_ENV) or DEFAULT_LOGIN_URL).rstrip("/")
+        self.login_url = (env.get(LOGIN_URL_ENV) or "").strip().rstrip("/")
         self.api = SalesforceApi(self.client_id, self.client_secret, login_url=self.login_url,
                                  api_version=self.opts.api_version, stopping=self.stopping,
                                  max_wait_secs=self.opts.max_retry_wait)
@@ -196,6 +200,10 @@ class SalesforceWorker(WebhookInbox, ChannelWorker):
                    if not value]
         if missing:
             raise ChannelRefused(f"{', '.join(missing)} not set")
+        host = urlsplit(self.login_url).hostname or ""
+        if not self.login_url or host in GENERIC_LOGIN_HOSTS:
+            raise ChannelRefused(f"{LOGIN_URL_ENV} {'is ' + host if host else 'not set'}: the client credentials "
+                                 "flow needs the org's My Domain URL, https://<domain>.my.salesforce.com")
         for name in (self.opts.inbound_event, self.opts.outbound_event):
             if not EVENT_NAME.match(name):
                 raise ChannelRefused(f"{name!r} is not a platform event's API name (it ends in __e)")
@@ -227,6 +235,10 @@ class SalesforceWorker(WebhookInbox, ChannelWorker):
         except ChannelMissing as exc:
             self._refusal = (f"{exc}: define the platform event {self.opts.inbound_event} in Setup (Platform "
                              "Events) and let the run-as user read it")
+        except StreamRefused as exc:
+            self._refusal = (f"the Streaming API refused the worker: {exc}: check --api-version (or "
+                             f"{API_VERSION_ENV}) and that the run-as user has API Enabled and the org the "
+                             "Streaming API")
 
     # ------------------------------------------------------------------ inbound
 

@@ -23,8 +23,9 @@ subscription to one platform event channel, resumed durably by replay id.
   A fresh client refused at once again backs off (1 s doubling to 30 s), as any network or server error does.
 * A stored replay id Salesforce no longer keeps is refused on subscribe (``400::The replayId {N} you
   provided was invalid...``): logged as an error (events between may be lost) and subscribed again with -2.
-* A channel that does not exist (``400::The channel you requested to subscribe to does not exist``) raises
-  ``ChannelMissing``: the operator must define the platform event.
+* A channel that does not exist (``400::The channel you requested to subscribe to does not exist``, or
+  ``doesn’t exist``) raises ``ChannelMissing``: the operator must define the platform event. A handshake
+  denied for anything but the token or a limit, or ``400 Unsupported API version``, raises ``StreamRefused``.
 """
 from __future__ import annotations
 
@@ -57,6 +58,12 @@ class CometdError(Exception):
 
 class ChannelMissing(CometdError):
     """The platform event channel does not exist in the org (or the integration user may not read it)."""
+
+
+class StreamRefused(CometdError):
+    """The Streaming API refuses this worker for a reason only the operator can fix: a handshake denied for
+    anything but the token or a limit (the user's or the org's API/streaming permission), an API version the
+    Streaming API does not serve."""
 
 
 class ReplayStore:
@@ -129,6 +136,21 @@ def invalid_replay(error: str) -> bool:
     return "replayid" in error.lower() and "invalid" in error.lower()
 
 
+def missing_channel(error: str) -> bool:
+    """Whether a subscribe's error says the channel does not exist (Salesforce writes it with a straight or a
+    curly apostrophe too)."""
+    text = error.lower()
+    return any(words in text for words in ("does not exist", "doesn't exist", "doesn\u2019t exist"))
+
+
+def permanent_denial(reply: dict) -> bool:
+    """A handshake denied (``403::Handshake denied``) for neither the token (``401::``, fetched again) nor a
+    limit (``403::Organization total events daily limit exceeded``, concurrent clients: waited out)."""
+    reason = str(((reply.get("ext") or {}).get("sfdc") or {}).get("failureReason") or "")
+    return (str(reply.get("error") or "").startswith("403::") and not auth_failure(reply)
+            and "limit" not in reason.lower())
+
+
 def auth_failure(reply: dict) -> bool:
     """A reply saying the token is no longer valid: ``401::...`` as the error or the handshake's nested reason."""
     reason = str(((reply.get("ext") or {}).get("sfdc") or {}).get("failureReason") or "")
@@ -172,6 +194,8 @@ class Subscription:
             if response.status_code == 401 and attempt == 0:
                 self.token = self.api.token(stale=self.token.access_token)
                 continue
+            if response.status_code == 400 and "unsupported api version" in response.text.lower():
+                raise StreamRefused(f"POST /cometd/{self.api.api_version}: HTTP 400 {response.text[:200]}")
             if response.status_code != 200:
                 raise CometdError(f"{message['channel']}: HTTP {response.status_code} {response.text[:200]}")
             body = response.json()
@@ -200,6 +224,9 @@ class Subscription:
             if auth_failure(reply) and attempt == 0 and self.token is not None:
                 self.token = self.api.token(stale=self.token.access_token)
                 continue
+            if permanent_denial(reply):
+                reason = ((reply.get("ext") or {}).get("sfdc") or {}).get("failureReason")
+                raise StreamRefused(f"handshake: {reply.get('error')}" + (f" ({reason})" if reason else ""))
             raise CometdError(f"handshake: {reply.get('error')} {reply.get('ext') or ''}".strip())
 
     def subscribe(self) -> int:
@@ -228,7 +255,7 @@ class Subscription:
                 reply = self._subscribe(replay)
         if not reply.get("successful"):
             error = str(reply.get("error") or "")
-            if "does not exist" in error:
+            if missing_channel(error):
                 raise ChannelMissing(f"subscribe to {self.channel}: {error}")
             raise CometdError(f"subscribe to {self.channel}: {error}")
         self.subscribed_from = replay
@@ -264,7 +291,7 @@ class Subscription:
 
     def run(self) -> None:
         """Handshake, subscribe, connect until stopping; a failure backs off and starts over. Raises
-        ChannelMissing and the api's ClientRefused (what only the operator can fix)."""
+        ChannelMissing, StreamRefused and the api's ClientRefused (what only the operator can fix)."""
         from .api import ClientRefused
         backoff = self.backoff_initial
         while not self.stopping.is_set():
@@ -300,7 +327,7 @@ class Subscription:
                     refused_in_a_row, backoff = 0, self.backoff_initial
                     if interval and self.stopping.wait(interval):
                         return
-            except (ClientRefused, ChannelMissing):
+            except (ClientRefused, ChannelMissing, StreamRefused):
                 raise
             except Exception as exc:  # noqa: BLE001 - the network, the server, an event not recorded: start over
                 if self.stopping.is_set():
