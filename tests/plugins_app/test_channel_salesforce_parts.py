@@ -149,7 +149,7 @@ def test_a_stale_token_is_fetched_again_once_and_the_publish_made_again(sf):
 
 def test_busy_answers_are_waited_out_doubling_and_then_given_up(sf):
     api = api_for(sf, max_wait_secs=5)
-    sf.busy(times=2, status=403)
+    sf.busy(times=2, status=503)
     api.publish(OUTBOUND, {"Text__c": "late"})
     assert api.waits == [1.0, 2.0] and sf.texts() == ["late"]
     sf.busy(times=10, status=503)
@@ -464,6 +464,22 @@ def test_a_delivery_resumed_publishes_only_the_parts_the_journal_does_not_name(s
     assert [(p["Part__c"], p["Parts__c"]) for p in sf.published] == [(1, 2), (2, 2)]
     assert first_id == sf.published[0]["EventUuid"] and worker.already_delivered(delivery)
     assert worker.deliver(delivery) == first_id and calls == [1, 2, 2]  # nothing left to publish
+
+
+def test_request_limit_exceeded_goes_back_to_the_hub_at_once(sf, tmp_path):
+    from plugins_app.channel.sdk import DeliveryFailed
+    api = api_for(sf, max_wait_secs=120)
+    sf.busy(times=1, status=403)  # REQUEST_LIMIT_EXCEEDED: the org's API requests over 24 hours
+    with pytest.raises(SalesforceError) as err:
+        api.publish(OUTBOUND, {"Text__c": "later"})
+    assert (err.value.status, err.value.code) == (403, "REQUEST_LIMIT_EXCEEDED") and api.waits == []
+    worker = worker_for(sf, tmp_path)
+    worker.api.max_wait_secs = 120
+    sf.busy(times=1, status=403)
+    with pytest.raises(DeliveryFailed) as err:
+        worker.deliver(Delivery(delivery_id="d-9", conversation_id="500x", text="hi"))
+    assert not err.value.permanent and "REQUEST_LIMIT_EXCEEDED" in err.value.reason
+    assert len(sf.publishes()) == 2 and not sf.texts()  # one call each, no wait in place
 
 
 def test_the_hourly_allocation_is_retryable_and_a_field_error_permanent(sf, tmp_path):

@@ -26,9 +26,9 @@ and ``SALESFORCE_OUTBOUND_EVENT`` (an argument wins). Operators' page: docs/chan
   a sent-parts journal (a SQLite file beside the outbox), so a delivery resumed after a crash publishes no
   journaled part again; a part in flight at the crash may be published twice, with the same delivery id and
   part number, which a Salesforce-side subscriber dedupes on.
-* **Limits.** ``REQUEST_LIMIT_EXCEEDED``, 503 and other 5xx are waited out in place (1 s doubling to 30 s) up
-  to ``--max-retry-wait``; then the hub's own retries take over, as at once for ``LIMIT_EXCEEDED`` (the hourly
-  publishing allocation). A field or validation error (400) fails the delivery permanently (dead letter) with
+* **Limits.** 503 and other 5xx are waited out in place (1 s doubling to 30 s) up to ``--max-retry-wait``;
+  then the hub's own retries take over, as at once for ``LIMIT_EXCEEDED`` (the hourly publishing allocation)
+  and ``REQUEST_LIMIT_EXCEEDED`` (the org's API requests over 24 hours). A field or validation error (400) fails the delivery permanently (dead letter) with
   Salesforce's message.
 * **Refusals.** The token endpoint refusing the app (``invalid_client``, ``invalid_grant``, ...), at the start
   or later, an inbound event that does not exist, a handshake denied for a permission, an API version the
@@ -92,7 +92,7 @@ def parse_args(argv: list[str] | None, env: dict | None = None) -> argparse.Name
     p.add_argument("--text-limit", type=int, default=TEXT_LIMIT,
                    help="the outbound text field's length; longer answers are split into parts")
     p.add_argument("--max-retry-wait", type=float, default=120.0,
-                   help="the longest a publish waits out REQUEST_LIMIT_EXCEEDED/5xx in place")
+                   help="the longest a publish waits out 5xx/PLATFORM_EVENT_PUBLISHING_UNAVAILABLE in place")
     p.add_argument("--conversation-field", default="ConversationId__c", help="both events: the conversation")
     p.add_argument("--user-field", default="UserId__c", help="inbound: who wrote (else CreatedById)")
     p.add_argument("--text-field", default="Text__c", help="both events: the text")
@@ -282,7 +282,7 @@ class SalesforceWorker(WebhookInbox, ChannelWorker):
                 raise DeliveryFailed(f"{where}: {exc}") from exc
             except SalesforceError as exc:
                 # a field or validation error (400), an event that is not there (404): sending again cannot help;
-                # the hourly publishing allocation (LIMIT_EXCEEDED) can, later
+                # the hourly publishing allocation (LIMIT_EXCEEDED) or the API requests can, later
                 permanent = 400 <= exc.status < 500 and exc.status != 401 and exc.code not in LATER_CODES
                 raise DeliveryFailed(f"{where}: {exc}", permanent=permanent) from exc
             except (Stopped, httpx.HTTPError) as exc:

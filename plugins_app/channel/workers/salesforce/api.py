@@ -11,11 +11,12 @@ and the sObject create that publishes a platform event.
 * **Publish.** ``POST {instance_url}/services/data/v{version}/sobjects/{Event__e}/`` with the event's fields
   answers ``201 {"id", "success": true, "errors": [{"statusCode": "OPERATION_ENQUEUED", "message":
   <EventUuid>}]}``: the EventUuid is what ``publish`` returns. Salesforce's errors are a list,
-  ``[{"message", "errorCode", "fields"}]``: ``REQUEST_LIMIT_EXCEEDED`` (403), 503 ``SERVER_UNAVAILABLE``,
+  ``[{"message", "errorCode", "fields"}]``: 503 ``SERVER_UNAVAILABLE``, ``UNABLE_TO_LOCK_ROW``,
   ``PLATFORM_EVENT_PUBLISHING_UNAVAILABLE`` (or any 5xx, or a network error) are waited out in place (1 s
   doubling to 30 s, a ``Retry-After`` honoured) up to ``max_wait_secs``, then ``RateLimited``; anything else
   is ``SalesforceError`` with the status, so the caller tells a field or validation error (400: sending again
-  cannot help) from the rest. A 2xx answer with
+  cannot help) from the rest, and ``LIMIT_EXCEEDED``/``REQUEST_LIMIT_EXCEEDED`` (the hourly publishing
+  allocation, the org's daily API requests: worth the hub's retries, not a wait in place) from both. A 2xx answer with
   ``success: false`` is read by its error codes the same way (a busy code waited out, any other a 400).
 """
 from __future__ import annotations
@@ -33,10 +34,10 @@ DEFAULT_API_VERSION = "62.0"
 CLIENT_ERRORS = ("invalid_client", "invalid_client_id", "invalid_grant", "unauthorized_client",
                  "unsupported_grant_type", "inactive_user", "inactive_org")
 #: REST error codes that are Salesforce saying "later", not "no".
-BUSY_CODES = ("REQUEST_LIMIT_EXCEEDED", "SERVER_UNAVAILABLE", "UNABLE_TO_LOCK_ROW",
-              "PLATFORM_EVENT_PUBLISHING_UNAVAILABLE")
-#: REST error codes worth the hub's retries but not a wait in place: the hourly publishing allocation.
-LATER_CODES = ("LIMIT_EXCEEDED",)
+BUSY_CODES = ("SERVER_UNAVAILABLE", "UNABLE_TO_LOCK_ROW", "PLATFORM_EVENT_PUBLISHING_UNAVAILABLE")
+#: REST error codes worth the hub's retries but not a wait in place: the hourly publishing allocation and the
+#: org's API requests over 24 hours (TotalRequests), which a wait of two minutes does not bring back.
+LATER_CODES = ("LIMIT_EXCEEDED", "REQUEST_LIMIT_EXCEEDED")
 
 
 class SalesforceError(Exception):
@@ -57,7 +58,7 @@ class TokenError(SalesforceError):
 
 
 class RateLimited(SalesforceError):
-    """Still REQUEST_LIMIT_EXCEEDED or unavailable after the longest wait in place."""
+    """Still busy or unavailable after the longest wait in place."""
 
 
 class Stopped(Exception):
