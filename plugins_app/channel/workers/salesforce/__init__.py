@@ -24,8 +24,9 @@ and ``SALESFORCE_OUTBOUND_EVENT`` (an argument wins). Operators' page: docs/chan
   message id answered. A text longer than ``--text-limit`` (a Long Text Area's 131,072, counted in UTF-16
   units, the safe side) is split into parts. Salesforce has no idempotency key: each part it took is written to
   a sent-parts journal (a SQLite file beside the outbox), so a delivery resumed after a crash publishes no
-  journaled part again; a part in flight at the crash may be published twice, with the same delivery id and
-  part number, which a Salesforce-side subscriber dedupes on.
+  journaled part again; a part in flight at the crash, or one whose publish timed out or got a 502/504 after
+  Salesforce may have taken it, may be published twice, with the same delivery id and part number, which a
+  Salesforce-side subscriber dedupes on.
 * **Limits.** 503 and other 5xx are waited out in place (1 s doubling to 30 s) up to ``--max-retry-wait``;
   then the hub's own retries take over, as at once for ``LIMIT_EXCEEDED`` (the hourly publishing allocation)
   and ``REQUEST_LIMIT_EXCEEDED`` (the org's API requests over 24 hours). A field or validation error (400) fails the delivery permanently (dead letter) with
