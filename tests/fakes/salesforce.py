@@ -3,8 +3,9 @@
 * **OAuth** ``POST /services/oauth2/token`` (form, ``grant_type=client_credentials``): ``{"access_token",
   "signature", "instance_url", "id", "token_type": "Bearer", "issued_at", "scope"}``; a wrong client is
   ``400 {"error": "invalid_client", "error_description": "invalid client credentials"}`` (``revoke_client``).
-  ``expire_tokens`` makes every token issued so far stale: REST answers ``401 [{"message": "Session expired
-  or invalid", "errorCode": "INVALID_SESSION_ID"}]``, CometD ``401::Authentication invalid`` (a handshake:
+  ``token_fails`` scripts the endpoint's other failures. ``expire_tokens`` makes every token issued so far
+  stale: REST answers ``401 [{"message": "Session expired or invalid", "errorCode": "INVALID_SESSION_ID"}]``,
+  CometD ``401::Authentication invalid`` (a handshake:
   ``403::Handshake denied`` with ``ext.sfdc.failureReason: 401::Authentication invalid``).
 * **Streaming API** ``POST /cometd/{version}`` (Bayeux 1.0, long polling, JSON arrays): ``/meta/handshake``
   (``clientId``, ``ext.replay``; sets the ``BAYEUX_BROWSER`` cookie a connect must carry), ``/meta/subscribe``
@@ -12,9 +13,13 @@
   {N} you provided was invalid...``), ``/meta/connect`` held ``connect_hold_secs`` (Salesforce: 110 s) until
   an event comes, answered with the events (``data.event.replayId``, ``data.event.EventUuid``,
   ``data.payload``) and the connect's reply with ``advice``; ``forget_clients`` answers the next connect
-  ``403::Unknown client`` with ``advice.reconnect: handshake``. Replay ids grow but are not contiguous.
+  ``403::Unknown client`` with ``advice.reconnect: handshake``; ``deny_handshakes`` denies each handshake
+  (``403::Handshake denied``) with that ``ext.sfdc.failureReason``; ``connect_advice`` replaces a
+  successful connect's advice; ``flush_on_subscribe`` puts the backlog in
+  the subscribe's answer (a server may flush its queue with any reply). Replay ids grow but are not contiguous.
 * **REST** ``POST /services/data/v{version}/sobjects/{Event__e}/``: the fields checked against the event's
-  definition (``INVALID_FIELD``, ``STRING_TOO_LONG``), answered ``201 {"id", "success": true, "errors": []}``;
+  definition (``INVALID_FIELD``, ``STRING_TOO_LONG``), answered ``201 {"id", "success": true, "errors":
+  [{"statusCode": "OPERATION_ENQUEUED", "message": <EventUuid>, "fields": []}]}`` (the event's EventUuid);
   scripted ``REQUEST_LIMIT_EXCEEDED`` (403) and 503 ``SERVER_UNAVAILABLE``. Errors are Salesforce's list,
   ``[{"message", "errorCode", "fields"?}]``.
 
@@ -27,6 +32,7 @@ Integration"::
         env = sf.env()                      # SALESFORCE_* variables for the worker
         sf.say("hello")                     # a user's message, published as an inbound platform event
         sf.texts()                          # what the worker published as outbound events
+    sf.published                        # ... each with its fields, "id", "event" and "EventUuid"
 """
 from __future__ import annotations
 
@@ -98,8 +104,13 @@ class FakeSalesforce:
         self.hold_publish_secs = 0.0            # answer a publish only this long after taking it
         self.hold_publish_number: int | None = None  # ... only the n-th publish taken (from 1); None: every one
         self.delivered = threading.Event()      # set when a connect answer carried an event
+        self.flush_on_subscribe = False         # a subscribe's answer carries the backlog, as a connect's would
+        self.connect_advice: dict | None = None  # the advice of a successful connect (retry, interval 0 if None)
+        self.deny_handshakes: str | None = None  # a handshake is denied with this ext.sfdc.failureReason
+        self.missing_channel_error = "400::The channel you requested to subscribe to does not exist {%s}"
         self.client_revoked = False
         self._busy: list[tuple[int, list]] = []
+        self._token_errors: list[tuple[int, dict]] = []
         self._replay_ids = itertools.count(4711, 3)
         self.last_replay_id = 4708
         self.purged_below = 0
@@ -146,12 +157,14 @@ class FakeSalesforce:
             payload["MessageId__c"] = message_id
         return self._put_on_bus(event, payload, created)
 
-    def _put_on_bus(self, event: str, payload: dict, created: float | None = None) -> dict:
+    def _put_on_bus(self, event: str, payload: dict, created: float | None = None,
+                    event_uuid: str | None = None) -> dict:
         with self.lock:
             message = {"data": {"schema": "dffQ2QLzDNHqwB8_sHMxdA",
                                 "payload": {**payload, "CreatedDate": sf_time(created),
                                             "CreatedById": INTEGRATION_USER},
-                                "event": {"EventUuid": str(uuid.uuid4()), "replayId": next(self._replay_ids)}},
+                                "event": {"EventUuid": event_uuid or str(uuid.uuid4()),
+                                          "replayId": next(self._replay_ids)}},
                        "channel": f"/event/{event}"}
             self.bus[f"/event/{event}"].append(message)
             self.last_replay_id = message["data"]["event"]["replayId"]
@@ -185,10 +198,18 @@ class FakeSalesforce:
 
     def busy(self, *, times: int = 1, status: int = 403, errors: list | None = None) -> None:
         """The next ``times`` publishes are refused: 403 REQUEST_LIMIT_EXCEEDED, 503 SERVER_UNAVAILABLE, or
-        ``status`` with Salesforce's ``errors`` list."""
+        ``status`` with Salesforce's ``errors`` list; a 2xx ``status`` answers ``{"id": null, "success": false,
+        "errors": [{"statusCode", "message", "fields"}]}`` (the sObject result's shape)."""
         errors = errors or (LIMIT_EXCEEDED if status == 403 else UNAVAILABLE)
         with self.lock:
             self._busy += [(status, errors)] * times
+
+    def token_fails(self, *, times: int = 1, status: int = 400, error: str = "unknown_error",
+                    description: str = "retry your request") -> None:
+        """The next ``times`` token requests fail with ``status`` and ``{"error", "error_description"}`` (the
+        token endpoint's transient failures: ``unknown_error``, a login rate limit, a 503)."""
+        with self.lock:
+            self._token_errors += [(status, {"error": error, "error_description": description})] * times
 
     # ------------------------------------------------------------------ what the worker did
 
@@ -265,6 +286,10 @@ class FakeSalesforce:
 
     def _token(self, form):
         form = form if isinstance(form, dict) else {}
+        with self.lock:
+            if self._token_errors:
+                status, answer = self._token_errors.pop(0)
+                return status, answer, {}
         if form.get("grant_type") != "client_credentials":
             return 400, {"error": "unsupported_grant_type", "error_description": "grant type not supported"}, {}
         if self.client_revoked or form.get("client_id") != self.client_id or \
@@ -296,6 +321,11 @@ class FakeSalesforce:
         for m in messages if isinstance(messages, list) else []:
             channel = m.get("channel")
             base = {"channel": channel, "id": m.get("id")}
+            if channel == "/meta/handshake" and self.deny_handshakes:
+                answers.append({**base, "ext": {"sfdc": {"failureReason": self.deny_handshakes}},
+                                "advice": {"reconnect": "none"}, "error": "403::Handshake denied",
+                                "successful": False})
+                continue
             if channel == "/meta/handshake":
                 client_id = uuid.uuid4().hex[:26]
                 cookie = uuid.uuid4().hex
@@ -321,7 +351,10 @@ class FakeSalesforce:
                                          "BAYEUX_BROWSER cookie present"})
                 continue
             if channel == "/meta/subscribe":
-                answers.append(self._subscribe(client, m, base))
+                reply = self._subscribe(client, m, base)
+                if self.flush_on_subscribe and reply["successful"]:
+                    answers.extend(self._flush(client_id, client))
+                answers.append(reply)
             elif channel == "/meta/connect":
                 answers.extend(self._connect(client_id, client))
                 answers[-1].update(id=m.get("id"))
@@ -337,8 +370,7 @@ class FakeSalesforce:
         channel = m.get("subscription")
         base = {**base, "clientId": m.get("clientId"), "subscription": channel}
         if channel not in self.bus:
-            return {**base, "successful": False,
-                    "error": f"400::The channel you requested to subscribe to does not exist {{{channel}}}"}
+            return {**base, "successful": False, "error": self.missing_channel_error % channel}
         replay = ((m.get("ext") or {}).get("replay") or {}).get(channel, -1)
         with self.lock:
             if replay == -1:
@@ -368,13 +400,20 @@ class FakeSalesforce:
                 if events or left <= 0:
                     break
                 self.changed.wait(left)
+        return self._flush(client_id, client) + [
+            {"channel": "/meta/connect", "clientId": client_id, "successful": True,
+             "advice": self.connect_advice or {"interval": 0, "timeout": 110000, "reconnect": "retry"}}]
+
+    def _flush(self, client_id: str, client: dict) -> list[dict]:
+        """The events queued for a client (past its position on each channel), taken off its queue."""
+        with self.lock:
+            events = [e for channel, position in client["subs"].items() for e in self.bus[channel]
+                      if e["data"]["event"]["replayId"] > position]
             for e in events:
                 client["subs"][e["channel"]] = max(client["subs"][e["channel"]], e["data"]["event"]["replayId"])
             if events:
                 self.delivered.set()
-        return [dict(e, clientId=client_id) for e in events] + [
-            {"channel": "/meta/connect", "clientId": client_id, "successful": True,
-             "advice": {"interval": 0, "timeout": 110000, "reconnect": "retry"}}]
+        return [dict(e, clientId=client_id) for e in events]
 
     # -- REST
 
@@ -385,6 +424,8 @@ class FakeSalesforce:
         with self.lock:
             if self._busy:
                 status, errors = self._busy.pop(0)
+                if status < 300:
+                    return status, {"id": None, "success": False, "errors": errors}, {}
                 return status, errors, {}
         if not isinstance(body, dict):
             return 400, [{"errorCode": "JSON_PARSER_ERROR", "message": "Unexpected parameter encountered during "
@@ -398,11 +439,13 @@ class FakeSalesforce:
                 return 400, [{"errorCode": "STRING_TOO_LONG", "fields": [name],
                               "message": f"{name.removesuffix('__c').replace('_', ' ')}: data value too large: "
                                          f"{str(value)[:40]}... (max length={length})"}], {}
-        event_id = "e00" + uuid.uuid4().hex[:15]
+        event_id, event_uuid = "e00" + uuid.uuid4().hex[:15], str(uuid.uuid4())
         with self.lock:
-            self.published.append({**body, "id": event_id, "event": event})
-            self._put_on_bus(event, body)
+            self.published.append({**body, "id": event_id, "event": event, "EventUuid": event_uuid})
+            self._put_on_bus(event, body, event_uuid=event_uuid)
             held = self.hold_publish_number in (None, len(self.published))
         if self.hold_publish_secs and held:
             time.sleep(self.hold_publish_secs)  # taken, but the answer is late: a window to kill the publisher in
-        return 201, {"id": event_id, "success": True, "errors": []}, {}
+        # a platform event's create answer: success, with the event's EventUuid in an OPERATION_ENQUEUED "error"
+        return 201, {"id": event_id, "success": True,
+                     "errors": [{"statusCode": "OPERATION_ENQUEUED", "message": event_uuid, "fields": []}]}, {}

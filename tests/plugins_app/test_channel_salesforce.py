@@ -69,17 +69,18 @@ def test_an_event_in_gets_the_agents_answer_published_out(tcast, sf, start_runti
     uuid = event["data"]["event"]["EventUuid"]
     assert published == {"ConversationId__c": CONVERSATION, "Text__c": "hello from the agent",
                          "DeliveryId__c": delivery.delivery_id, "Part__c": 1, "Parts__c": 1, "InReplyTo__c": uuid,
-                         "id": published["id"], "event": OUTBOUND}
+                         "id": published["id"], "event": OUTBOUND, "EventUuid": published["EventUuid"]}
     [publish] = sf.publishes()
-    assert publish.status == 201 and publish.answer == {"id": published["id"], "success": True, "errors": []}
-    assert publish.headers["authorization"].startswith("Bearer ")
+    # the worker sent the token the token endpoint gave it, as a Bearer token
+    [token] = sf.calls_to("/services/oauth2/token")
+    assert publish.headers["authorization"] == f"Bearer {token.answer['access_token']}"
     # the event's EventUuid is the idempotency key; the conversation field is the conversation
     assert delivery.turn.receipt.client_message_id == uuid
     assert (delivery.conversation.channel, delivery.conversation.external_id) == ("salesforce", CONVERSATION)
-    assert delivery.channel_message_id == published["id"]
+    # the answer's channel_message_id is the EventUuid a Salesforce-side subscriber sees on the outbound event
+    assert delivery.channel_message_id == published["EventUuid"] != published["id"]
     assert Receipt.objects.select_related("actor").get().actor.key == f"salesforce:{USER}"
     assert replays(sf) == [-1]  # the first start takes new events only
-    [token] = sf.calls_to("/services/oauth2/token")
     assert token.body == {"grant_type": "client_credentials", "client_id": sf.client_id,
                           "client_secret": sf.client_secret}
     assert Plugin.objects.get().state == "running"
@@ -116,21 +117,28 @@ def test_a_long_answer_is_split_at_the_text_fields_length_one_event_a_part(tcast
         (delivery.delivery_id, n, 4) for n in (1, 2, 3, 4)]
 
 
-def test_request_limit_exceeded_and_503_are_waited_out(tcast, sf, start_runtime):
+def test_503_is_waited_out_and_request_limit_exceeded_goes_back_to_the_hub(tcast, sf, start_runtime):
     sf_plugin()
     rt = start_runtime()
     subscribed(rt, sf)
-    sf.busy(times=1, status=403)
-    sf.busy(times=1, status=503)
+    sf.busy(times=2, status=503)
     sf.say("script:answer=patience")
     assert answered(sf) == ["patience"]
-    limited, unavailable, sent = sf.publishes()
-    assert (limited.status, limited.answer[0]["errorCode"]) == (403, "REQUEST_LIMIT_EXCEEDED")
+    unavailable, again, sent = sf.publishes()
     assert (unavailable.status, unavailable.answer[0]["errorCode"]) == (503, "SERVER_UNAVAILABLE")
-    assert sent.status == 201
-    assert unavailable.at - limited.at >= 0.9 and sent.at - unavailable.at >= 1.9  # 1 s, then 2 s
+    assert again.status == 503 and sent.status == 201
+    assert again.at - unavailable.at >= 0.9 and sent.at - again.at >= 1.9  # 1 s, then 2 s
     delivered(rt)
     assert OutboundDelivery.objects.get().attempt == 1  # the same send, not a failed one retried by the host
+    sf.busy(times=1, status=403)  # REQUEST_LIMIT_EXCEEDED: the org's API requests over 24 hours
+    sf.say("script:answer=later")
+    assert answered(sf, 2) == ["patience", "later"]
+    delivered(rt, 2)
+    limited = sf.publishes()[3]
+    assert (limited.status, limited.answer[0]["errorCode"]) == (403, "REQUEST_LIMIT_EXCEEDED")
+    # not waited on in place: the send failed retryable and the hub's retry published it
+    later = OutboundDelivery.objects.exclude(pk=OutboundDelivery.objects.order_by("pk").first().pk).get()
+    assert later.attempt == 2 and later.state == "delivered"
 
 
 def test_a_field_salesforce_refuses_dead_letters_the_delivery(tcast, sf, start_runtime):

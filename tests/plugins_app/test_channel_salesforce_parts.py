@@ -129,7 +129,10 @@ def test_salesforce_error_lists_read_as_a_code_and_the_messages():
 def test_a_publish_returns_the_events_id(sf):
     api = api_for(sf)
     event_id = api.publish(OUTBOUND, {"ConversationId__c": "c", "Text__c": "hi"})
-    assert event_id == sf.published[0]["id"] and event_id.startswith("e00")
+    assert event_id == sf.published[0]["EventUuid"] == sf.bus[f"/event/{OUTBOUND}"][0]["data"]["event"]["EventUuid"]
+    # an answer without OPERATION_ENQUEUED (an older API version): the record id
+    from plugins_app.channel.workers.salesforce.api import published_id
+    assert published_id({"id": "e00x", "success": True, "errors": []}) == "e00x"
     [token] = sf.calls_to("/services/oauth2/token")
     assert token.body["grant_type"] == "client_credentials"
 
@@ -146,13 +149,36 @@ def test_a_stale_token_is_fetched_again_once_and_the_publish_made_again(sf):
 
 def test_busy_answers_are_waited_out_doubling_and_then_given_up(sf):
     api = api_for(sf, max_wait_secs=5)
-    sf.busy(times=2, status=403)
+    sf.busy(times=2, status=503)
     api.publish(OUTBOUND, {"Text__c": "late"})
     assert api.waits == [1.0, 2.0] and sf.texts() == ["late"]
     sf.busy(times=10, status=503)
     with pytest.raises(RateLimited) as err:
         api.publish(OUTBOUND, {"Text__c": "never"})
     assert err.value.code == "SERVER_UNAVAILABLE" and api.waits[2:] == [1.0, 2.0]
+
+
+def test_success_false_in_a_2xx_answer_is_read_by_its_error_codes(sf, tmp_path):
+    from plugins_app.channel.sdk import DeliveryFailed
+    unavailable = [{"statusCode": "PLATFORM_EVENT_PUBLISHING_UNAVAILABLE", "fields": [],
+                    "message": "Failed to publish platform event. Try again later."}]
+    api = api_for(sf, max_wait_secs=5)
+    sf.busy(times=2, status=201, errors=unavailable)
+    api.publish(OUTBOUND, {"Text__c": "late"})
+    assert api.waits == [1.0, 2.0] and sf.texts() == ["late"]  # waited out in place, as a 503 is
+    worker = worker_for(sf, tmp_path)
+    sf.busy(times=1, status=201, errors=unavailable)
+    with pytest.raises(DeliveryFailed) as err:
+        worker.deliver(Delivery(delivery_id="d-6", conversation_id="500x", text="hi"))
+    assert not err.value.permanent and "PLATFORM_EVENT_PUBLISHING_UNAVAILABLE" in err.value.reason
+    sf.busy(times=1, status=201, errors=[{"statusCode": "LIMIT_EXCEEDED", "message": "Hourly limit", "fields": []}])
+    with pytest.raises(DeliveryFailed) as err:
+        worker.deliver(Delivery(delivery_id="d-7", conversation_id="500x", text="hi"))
+    assert not err.value.permanent and "LIMIT_EXCEEDED" in err.value.reason
+    sf.busy(times=1, status=201, errors=[{"statusCode": "INVALID_FIELD", "message": "No such column", "fields": []}])
+    with pytest.raises(DeliveryFailed) as err:
+        worker.deliver(Delivery(delivery_id="d-8", conversation_id="500x", text="hi"))
+    assert err.value.permanent and "INVALID_FIELD" in err.value.reason
 
 
 def test_a_field_error_is_a_400_with_salesforces_code(sf):
@@ -244,6 +270,40 @@ def test_the_first_start_takes_new_events_only_or_every_event_kept(sf, tmp_path)
     assert recorder.seen == [old["data"]["event"]["replayId"]]
 
 
+def test_events_in_the_subscribes_answer_are_taken_and_their_replay_id_recorded(sf, tmp_path):
+    backlog = [sf.say("while away 1"), sf.say("while away 2")]
+    sf.flush_on_subscribe = True
+    store = ReplayStore(str(tmp_path / "replay.sqlite3"))
+    recorder = Recorder(tmp_path / "o.sqlite3")
+    sub = subscription(sf, store, recorder, first_replay=REPLAY_ALL)
+    ids = [e["data"]["event"]["replayId"] for e in backlog]
+    [answer] = [c.answer for c in sf.calls
+                if c.path.startswith("/cometd/") and c.body[0]["channel"] == "/meta/subscribe"]
+    assert [m["channel"] for m in answer] == [CHANNEL, CHANNEL, "/meta/subscribe"]  # the fake flushed there
+    assert recorder.seen == ids and store.get(CHANNEL) == ids[-1]
+    later = sf.say("later")
+    sub.connect_once()
+    assert recorder.seen == ids + [later["data"]["event"]["replayId"]]
+
+
+def test_new_only_keeps_passing_over_old_events_once_a_catch_up_recorded_a_replay_id(sf, tmp_path):
+    import time
+    old = [sf.say("old 1", created=time.time() - 3600), sf.say("old 2", created=time.time() - 3590)]
+    store = ReplayStore(str(tmp_path / "replay.sqlite3"))
+    recorder = Recorder(tmp_path / "o.sqlite3")
+    subscription(sf, store, recorder)  # the first start, "new only"; killed before any event
+    sub = subscription(sf, store, recorder)
+    assert sub.subscribed_from == REPLAY_ALL and sub.skip_before is not None
+    # the catch-up went as far as the first old event (passed over, its replay id recorded), then a crash
+    store.put(CHANNEL, old[0]["data"]["event"]["replayId"])
+    sub = subscription(sf, store, recorder)
+    assert sub.subscribed_from == old[0]["data"]["event"]["replayId"]
+    new = sf.say("new")
+    sub.connect_once()
+    assert recorder.seen == [new["data"]["event"]["replayId"]]  # not "old 2", from before the first start
+    assert store.get(CHANNEL) == new["data"]["event"]["replayId"]
+
+
 def test_a_replay_id_no_longer_kept_falls_back_to_minus_two_with_an_error(sf, tmp_path, caplog):
     store = ReplayStore(str(tmp_path / "replay.sqlite3"))
     gone = sf.say("taken, then purged")["data"]["event"]["replayId"]
@@ -273,12 +333,37 @@ def test_a_handshake_denied_for_a_stale_token_fetches_a_new_one_and_handshakes_a
     assert accepted["successful"] and len(sf.calls_to("/services/oauth2/token")) == 2
 
 
-def test_a_channel_that_does_not_exist_is_channel_missing(sf, tmp_path):
+@pytest.mark.parametrize("wording", ["does not exist", "doesn\u2019t exist"])
+def test_a_channel_that_does_not_exist_is_channel_missing(sf, tmp_path, wording):
+    sf.missing_channel_error = f"400::The channel you requested to subscribe to {wording} {{%s}}"
     sub = Subscription(api_for(sf), "/event/Nowhere__e", ReplayStore(str(tmp_path / "r.sqlite3")), lambda m: None)
     sub.handshake()
     with pytest.raises(ChannelMissing) as err:
         sub.subscribe()
-    assert "does not exist" in str(err.value)
+    assert wording in str(err.value)
+
+
+@pytest.mark.parametrize("reason, refused", [
+    ("403::API is not enabled for this Organization or Partner", True),
+    ("403::Organization total events daily limit exceeded", False),   # a limit: waited out
+    ("401::Authentication invalid", False),                           # the token: fetched again
+])
+def test_a_handshake_denied_for_a_permission_is_refused_for_good(sf, tmp_path, reason, refused):
+    from plugins_app.channel.workers.salesforce.cometd import CometdError, StreamRefused
+    sf.deny_handshakes = reason
+    sub = Subscription(api_for(sf), CHANNEL, ReplayStore(str(tmp_path / "r.sqlite3")), lambda m: None)
+    with pytest.raises(CometdError) as err:
+        sub.handshake()
+    assert isinstance(err.value, StreamRefused) == refused and reason in str(err.value)
+
+
+def test_an_api_version_the_streaming_api_does_not_serve_is_refused_for_good(sf, tmp_path):
+    from plugins_app.channel.workers.salesforce.cometd import StreamRefused
+    api = SalesforceApi(sf.client_id, sf.client_secret, login_url=sf.base_url, api_version="22.0")
+    sub = Subscription(api, CHANNEL, ReplayStore(str(tmp_path / "r.sqlite3")), lambda m: None)
+    with pytest.raises(StreamRefused) as err:
+        sub.run()  # raises instead of backing off and trying again forever
+    assert "Unsupported API version" in str(err.value)
 
 
 def test_an_unknown_client_is_told_to_handshake_and_run_starts_over(sf, tmp_path):
@@ -303,6 +388,41 @@ def test_an_unknown_client_is_told_to_handshake_and_run_starts_over(sf, tmp_path
     assert not runner.is_alive() and len(recorder.seen) == 2
     connects = [c for c in sf.calls if c.path.startswith("/cometd/") and c.body[0]["channel"] == "/meta/connect"]
     assert any(a.get("error") == "403::Unknown client" for c in connects for a in c.answer)
+
+
+class RecordingStop(threading.Event):
+    """A ``stopping`` event that records each wait instead of waiting, and stops after ``n`` of them."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.n, self.waits = n, []
+
+    def wait(self, timeout=None):
+        self.waits.append(timeout)
+        if len(self.waits) >= self.n:
+            self.set()
+        return self.is_set()
+
+
+def test_a_successful_connect_advising_a_handshake_backs_off_before_handshaking_again(sf, tmp_path):
+    sf.connect_hold_secs = 0
+    sf.connect_advice = {"reconnect": "handshake", "interval": 0}
+    stopping = RecordingStop(4)
+    sub = Subscription(api_for(sf), CHANNEL, ReplayStore(str(tmp_path / "r.sqlite3")), lambda m: None,
+                       stopping=stopping)
+    runner = threading.Thread(target=sub.run, daemon=True)
+    runner.start()
+    runner.join(10)
+    stopping.set()
+    runner.join(5)
+    assert stopping.waits[:4] == [1.0, 2.0, 4.0, 8.0]  # doubling, not reset by each successful connect
+    assert len(sf.bayeux("/meta/handshake")) == 4
+    sf.connect_advice = {"reconnect": "handshake", "interval": 5000}
+    stopping = RecordingStop(1)
+    sub = Subscription(api_for(sf), CHANNEL, ReplayStore(str(tmp_path / "r.sqlite3")), lambda m: None,
+                       stopping=stopping)
+    sub.run()
+    assert stopping.waits == [5.0]  # the advised interval, when longer
 
 
 def _wait(predicate, timeout: float = 10.0) -> bool:
@@ -342,8 +462,24 @@ def test_a_delivery_resumed_publishes_only_the_parts_the_journal_does_not_name(s
     first_id = worker.deliver(delivery)
     assert calls == [1, 2, 2]  # part 1 was not published again
     assert [(p["Part__c"], p["Parts__c"]) for p in sf.published] == [(1, 2), (2, 2)]
-    assert first_id == sf.published[0]["id"] and worker.already_delivered(delivery)
+    assert first_id == sf.published[0]["EventUuid"] and worker.already_delivered(delivery)
     assert worker.deliver(delivery) == first_id and calls == [1, 2, 2]  # nothing left to publish
+
+
+def test_request_limit_exceeded_goes_back_to_the_hub_at_once(sf, tmp_path):
+    from plugins_app.channel.sdk import DeliveryFailed
+    api = api_for(sf, max_wait_secs=120)
+    sf.busy(times=1, status=403)  # REQUEST_LIMIT_EXCEEDED: the org's API requests over 24 hours
+    with pytest.raises(SalesforceError) as err:
+        api.publish(OUTBOUND, {"Text__c": "later"})
+    assert (err.value.status, err.value.code) == (403, "REQUEST_LIMIT_EXCEEDED") and api.waits == []
+    worker = worker_for(sf, tmp_path)
+    worker.api.max_wait_secs = 120
+    sf.busy(times=1, status=403)
+    with pytest.raises(DeliveryFailed) as err:
+        worker.deliver(Delivery(delivery_id="d-9", conversation_id="500x", text="hi"))
+    assert not err.value.permanent and "REQUEST_LIMIT_EXCEEDED" in err.value.reason
+    assert len(sf.publishes()) == 2 and not sf.texts()  # one call each, no wait in place
 
 
 def test_the_hourly_allocation_is_retryable_and_a_field_error_permanent(sf, tmp_path):
@@ -362,6 +498,27 @@ def test_the_hourly_allocation_is_retryable_and_a_field_error_permanent(sf, tmp_
     assert err.value.permanent
 
 
+@pytest.mark.parametrize("status, error, description", [
+    (400, "unknown_error", "retry your request"),
+    (400, "rate_limit_exceeded", "Login Rate Exceeded"),
+    (503, "", "Service Unavailable"),
+])
+def test_a_token_endpoint_failing_after_a_401_is_retryable_and_names_the_token_call(sf, tmp_path, status, error,
+                                                                                      description):
+    from plugins_app.channel.sdk import DeliveryFailed
+    worker = worker_for(sf, tmp_path)
+    worker.api.token()
+    sf.expire_tokens()  # the publish is answered 401: a new token is asked for
+    sf.token_fails(status=status, error=error, description=description)
+    with pytest.raises(DeliveryFailed) as err:
+        worker.deliver(Delivery(delivery_id="d-5", conversation_id="500x", text="hi"))
+    assert not err.value.permanent
+    assert err.value.reason.startswith(f"POST /services/oauth2/token: {status} {error}")
+    assert not worker._refusal and not sf.texts()
+    assert worker.deliver(Delivery(delivery_id="d-5", conversation_id="500x", text="hi"))  # the hub's retry
+    assert sf.texts() == ["hi"]
+
+
 @pytest.mark.parametrize("argv, reason", [
     (["--outbound-event", INBOUND], "the inbound and outbound events are both UGENT_Inbound__e"),
     (["--inbound-event", "Inbound"], "'Inbound' is not a platform event's API name"),
@@ -370,6 +527,24 @@ def test_the_hourly_allocation_is_retryable_and_a_field_error_permanent(sf, tmp_
 def test_settings_that_cannot_work_are_refused_before_any_call(sf, tmp_path, argv, reason):
     from plugins_app.channel.sdk import ChannelRefused
     worker = worker_for(sf, tmp_path, *argv)
+    with pytest.raises(ChannelRefused) as err:
+        worker.connect()
+    assert str(err.value).startswith(reason)
+    assert not sf.calls
+
+
+@pytest.mark.parametrize("login_url, reason", [
+    (None, "SALESFORCE_LOGIN_URL not set: the client credentials flow needs the org's My Domain URL"),
+    ("https://login.salesforce.com", "SALESFORCE_LOGIN_URL is login.salesforce.com: the client credentials flow"),
+])
+def test_a_login_url_that_is_no_my_domain_is_refused_before_any_call(sf, tmp_path, login_url, reason):
+    from plugins_app.channel.sdk import ChannelRefused
+    from plugins_app.channel.workers.salesforce import SalesforceWorker
+    env = {k: v for k, v in sf.env().items() if k != "SALESFORCE_LOGIN_URL"}
+    if login_url:
+        env["SALESFORCE_LOGIN_URL"] = login_url
+    worker = SalesforceWorker(socket_path=str(tmp_path / "bridge.sock"), plugin_id="sf-parts", token="t",
+                              state_dir=str(tmp_path), argv=[], environ=env, install_signal_handlers=False)
     with pytest.raises(ChannelRefused) as err:
         worker.connect()
     assert str(err.value).startswith(reason)

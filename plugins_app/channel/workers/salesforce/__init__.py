@@ -24,15 +24,17 @@ and ``SALESFORCE_OUTBOUND_EVENT`` (an argument wins). Operators' page: docs/chan
   message id answered. A text longer than ``--text-limit`` (a Long Text Area's 131,072, counted in UTF-16
   units, the safe side) is split into parts. Salesforce has no idempotency key: each part it took is written to
   a sent-parts journal (a SQLite file beside the outbox), so a delivery resumed after a crash publishes no
-  journaled part again; a part in flight at the crash may be published twice, with the same delivery id and
-  part number, which a Salesforce-side subscriber dedupes on.
-* **Limits.** ``REQUEST_LIMIT_EXCEEDED``, 503 and other 5xx are waited out in place (1 s doubling to 30 s) up
-  to ``--max-retry-wait``; then the hub's own retries take over, as at once for ``LIMIT_EXCEEDED`` (the hourly
-  publishing allocation). A field or validation error (400) fails the delivery permanently (dead letter) with
+  journaled part again; a part in flight at the crash, or one whose publish timed out or got a 502/504 after
+  Salesforce may have taken it, may be published twice, with the same delivery id and part number, which a
+  Salesforce-side subscriber dedupes on.
+* **Limits.** 503 and other 5xx are waited out in place (1 s doubling to 30 s) up to ``--max-retry-wait``;
+  then the hub's own retries take over, as at once for ``LIMIT_EXCEEDED`` (the hourly publishing allocation)
+  and ``REQUEST_LIMIT_EXCEEDED`` (the org's API requests over 24 hours). A field or validation error (400) fails the delivery permanently (dead letter) with
   Salesforce's message.
 * **Refusals.** The token endpoint refusing the app (``invalid_client``, ``invalid_grant``, ...), at the start
-  or later, or an inbound event that does not exist, raises ``ChannelRefused``: the plugin is disabled with
-  the reason, not restarted. An expired token (401 ``INVALID_SESSION_ID``) is fetched again.
+  or later, an inbound event that does not exist, a handshake denied for a permission, an API version the
+  Streaming API does not serve, or no My Domain login URL raises ``ChannelRefused``: the plugin is disabled
+  with the reason, not restarted. An expired token (401 ``INVALID_SESSION_ID``) is fetched again.
 """
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ import os
 import re
 import sys
 import threading
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -52,9 +55,9 @@ from plugins_app.channel.sdk.outbox import outbox_path_for
 from plugins_app.channel.sdk.text import split_text, utf16_len
 from plugins_app.channel.sdk.webhook import WebhookInbox
 
-from .api import (DEFAULT_API_VERSION, DEFAULT_LOGIN_URL, LATER_CODES, ClientRefused, RateLimited, SalesforceApi,
-                  SalesforceError, Stopped)
-from .cometd import REPLAY_ALL, REPLAY_NEW, ChannelMissing, ReplayStore, Subscription, parse_time
+from .api import (DEFAULT_API_VERSION, LATER_CODES, ClientRefused, RateLimited, SalesforceApi,
+                  SalesforceError, Stopped, TokenError)
+from .cometd import REPLAY_ALL, REPLAY_NEW, ChannelMissing, ReplayStore, StreamRefused, Subscription, parse_time
 
 KIND = "channel-salesforce"
 DESCRIPTION = "Salesforce: platform events in over the Streaming API (CometD, durable replay), out over REST."
@@ -69,6 +72,9 @@ DEFAULT_INBOUND_EVENT = "UGENT_Inbound__e"
 DEFAULT_OUTBOUND_EVENT = "UGENT_Outbound__e"
 #: A Long Text Area field's most characters (the largest text field a platform event may have).
 TEXT_LIMIT = 131072
+TOKEN_CALL = "POST /services/oauth2/token"
+#: Login hosts the client credentials flow is refused on: it needs the org's My Domain.
+GENERIC_LOGIN_HOSTS = ("login.salesforce.com", "test.salesforce.com")
 EVENT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*__e$")
 API_VERSION = re.compile(r"^[0-9]{2,3}\.0$")
 
@@ -87,7 +93,7 @@ def parse_args(argv: list[str] | None, env: dict | None = None) -> argparse.Name
     p.add_argument("--text-limit", type=int, default=TEXT_LIMIT,
                    help="the outbound text field's length; longer answers are split into parts")
     p.add_argument("--max-retry-wait", type=float, default=120.0,
-                   help="the longest a publish waits out REQUEST_LIMIT_EXCEEDED/5xx in place")
+                   help="the longest a publish waits out 5xx/PLATFORM_EVENT_PUBLISHING_UNAVAILABLE in place")
     p.add_argument("--conversation-field", default="ConversationId__c", help="both events: the conversation")
     p.add_argument("--user-field", default="UserId__c", help="inbound: who wrote (else CreatedById)")
     p.add_argument("--text-field", default="Text__c", help="both events: the text")
@@ -178,7 +184,7 @@ class SalesforceWorker(WebhookInbox, ChannelWorker):
         self.opts = parse_args(sys.argv[1:] if argv is None else argv, env)
         self.client_id = env.get(CLIENT_ID_ENV, "")
         self.client_secret = env.get(CLIENT_SECRET_ENV, "")
-        self.login_url = (env.get(LOGIN_URL_ENV) or DEFAULT_LOGIN_URL).rstrip("/")
+        self.login_url = (env.get(LOGIN_URL_ENV) or "").strip().rstrip("/")
         self.api = SalesforceApi(self.client_id, self.client_secret, login_url=self.login_url,
                                  api_version=self.opts.api_version, stopping=self.stopping,
                                  max_wait_secs=self.opts.max_retry_wait)
@@ -195,6 +201,10 @@ class SalesforceWorker(WebhookInbox, ChannelWorker):
                    if not value]
         if missing:
             raise ChannelRefused(f"{', '.join(missing)} not set")
+        host = urlsplit(self.login_url).hostname or ""
+        if not self.login_url or host in GENERIC_LOGIN_HOSTS:
+            raise ChannelRefused(f"{LOGIN_URL_ENV} {'is ' + host if host else 'not set'}: the client credentials "
+                                 "flow needs the org's My Domain URL, https://<domain>.my.salesforce.com")
         for name in (self.opts.inbound_event, self.opts.outbound_event):
             if not EVENT_NAME.match(name):
                 raise ChannelRefused(f"{name!r} is not a platform event's API name (it ends in __e)")
@@ -206,7 +216,7 @@ class SalesforceWorker(WebhookInbox, ChannelWorker):
         try:
             token = self.api.token()
         except ClientRefused as exc:
-            raise ChannelRefused(refused("POST /services/oauth2/token", exc)) from exc
+            raise ChannelRefused(refused(TOKEN_CALL, exc)) from exc
         base = str(outbox_path_for(self.plugin_id, self.state_dir))
         self._journal = SentJournal(base.replace(".outbox.", ".salesforce-sent."))
         self._replays = ReplayStore(base.replace(".outbox.", ".salesforce-replay."))
@@ -222,10 +232,14 @@ class SalesforceWorker(WebhookInbox, ChannelWorker):
         try:
             self.subscription.run()
         except ClientRefused as exc:
-            self._refusal = refused("POST /services/oauth2/token", exc)  # the listener stops the worker
+            self._refusal = refused(TOKEN_CALL, exc)  # the listener stops the worker
         except ChannelMissing as exc:
             self._refusal = (f"{exc}: define the platform event {self.opts.inbound_event} in Setup (Platform "
                              "Events) and let the run-as user read it")
+        except StreamRefused as exc:
+            self._refusal = (f"the Streaming API refused the worker: {exc}: check --api-version (or "
+                             f"{API_VERSION_ENV}) and that the run-as user has API Enabled and the org the "
+                             "Streaming API")
 
     # ------------------------------------------------------------------ inbound
 
@@ -260,13 +274,16 @@ class SalesforceWorker(WebhookInbox, ChannelWorker):
             try:
                 event_id = self.api.publish(self.opts.outbound_event, event_fields(self.opts, delivery, n, parts))
             except ClientRefused as exc:
-                self._refusal = refused("POST /services/oauth2/token", exc)
+                self._refusal = refused(TOKEN_CALL, exc)
                 raise self.refused_failure("Salesforce refused the connected app") from exc
+            except TokenError as exc:
+                # a new token (after a 401) the token endpoint could not give now: nothing wrong with the answer
+                raise DeliveryFailed(f"{TOKEN_CALL}: {exc}") from exc
             except RateLimited as exc:
                 raise DeliveryFailed(f"{where}: {exc}") from exc
             except SalesforceError as exc:
                 # a field or validation error (400), an event that is not there (404): sending again cannot help;
-                # the hourly publishing allocation (LIMIT_EXCEEDED) can, later
+                # the hourly publishing allocation (LIMIT_EXCEEDED) or the API requests can, later
                 permanent = 400 <= exc.status < 500 and exc.status != 401 and exc.code not in LATER_CODES
                 raise DeliveryFailed(f"{where}: {exc}", permanent=permanent) from exc
             except (Stopped, httpx.HTTPError) as exc:

@@ -5,14 +5,19 @@ and the sObject create that publishes a platform event.
   ``client_secret``) answers ``{"access_token", "instance_url", "token_type": "Bearer", ...}``. The login URL
   is the org's My Domain (the client credentials flow is refused on login.salesforce.com). An answer of
   ``400 {"error": "invalid_client" | "invalid_grant" | "unauthorized_client", "error_description"}`` raises
-  ``ClientRefused``: only the operator can fix the connected app. A token is kept until a call answers
-  ``401 [{"errorCode": "INVALID_SESSION_ID"}]``, then fetched again once and the call made again.
+  ``ClientRefused``: only the operator can fix the connected app; any other failure (``unknown_error``, a
+  login rate limit, a 5xx, the network) raises ``TokenError``, which waiting can fix. A token is kept until a
+  call answers ``401 [{"errorCode": "INVALID_SESSION_ID"}]``, then fetched again once and the call made again.
 * **Publish.** ``POST {instance_url}/services/data/v{version}/sobjects/{Event__e}/`` with the event's fields
-  answers ``201 {"id", "success": true, "errors": []}``. Salesforce's errors are a list,
-  ``[{"message", "errorCode", "fields"}]``: ``REQUEST_LIMIT_EXCEEDED`` (403), 503 ``SERVER_UNAVAILABLE``,
-  ``PLATFORM_EVENT_PUBLISHING_UNAVAILABLE`` (or any 5xx, or a network error) are waited out in place (1 s doubling to 30 s, a ``Retry-After`` honoured)
-  up to ``max_wait_secs``, then ``RateLimited``; anything else is ``SalesforceError`` with the status, so the
-  caller tells a field or validation error (400: sending again cannot help) from the rest.
+  answers ``201 {"id", "success": true, "errors": [{"statusCode": "OPERATION_ENQUEUED", "message":
+  <EventUuid>}]}``: the EventUuid is what ``publish`` returns. Salesforce's errors are a list,
+  ``[{"message", "errorCode", "fields"}]``: 503 ``SERVER_UNAVAILABLE``, ``UNABLE_TO_LOCK_ROW``,
+  ``PLATFORM_EVENT_PUBLISHING_UNAVAILABLE`` (or any 5xx, or a network error) are waited out in place (1 s
+  doubling to 30 s, a ``Retry-After`` honoured) up to ``max_wait_secs``, then ``RateLimited``; anything else
+  is ``SalesforceError`` with the status, so the caller tells a field or validation error (400: sending again
+  cannot help) from the rest, and ``LIMIT_EXCEEDED``/``REQUEST_LIMIT_EXCEEDED`` (the hourly publishing
+  allocation, the org's daily API requests: worth the hub's retries, not a wait in place) from both. A 2xx answer with
+  ``success: false`` is read by its error codes the same way (a busy code waited out, any other a 400).
 """
 from __future__ import annotations
 
@@ -29,10 +34,10 @@ DEFAULT_API_VERSION = "62.0"
 CLIENT_ERRORS = ("invalid_client", "invalid_client_id", "invalid_grant", "unauthorized_client",
                  "unsupported_grant_type", "inactive_user", "inactive_org")
 #: REST error codes that are Salesforce saying "later", not "no".
-BUSY_CODES = ("REQUEST_LIMIT_EXCEEDED", "SERVER_UNAVAILABLE", "UNABLE_TO_LOCK_ROW",
-              "PLATFORM_EVENT_PUBLISHING_UNAVAILABLE")
-#: REST error codes worth the hub's retries but not a wait in place: the hourly publishing allocation.
-LATER_CODES = ("LIMIT_EXCEEDED",)
+BUSY_CODES = ("SERVER_UNAVAILABLE", "UNABLE_TO_LOCK_ROW", "PLATFORM_EVENT_PUBLISHING_UNAVAILABLE")
+#: REST error codes worth the hub's retries but not a wait in place: the hourly publishing allocation and the
+#: org's API requests over 24 hours (TotalRequests), which a wait of two minutes does not bring back.
+LATER_CODES = ("LIMIT_EXCEEDED", "REQUEST_LIMIT_EXCEEDED")
 
 
 class SalesforceError(Exception):
@@ -47,8 +52,13 @@ class ClientRefused(SalesforceError):
     """The token endpoint refused the connected app (its consumer key or secret, its run-as user, the flow)."""
 
 
+class TokenError(SalesforceError):
+    """The token endpoint failed for any other reason (``unknown_error`` "retry your request", a login rate
+    limit, a 5xx, the network, an answer without a token): waiting can fix it, so it is retryable."""
+
+
 class RateLimited(SalesforceError):
-    """Still REQUEST_LIMIT_EXCEEDED or unavailable after the longest wait in place."""
+    """Still busy or unavailable after the longest wait in place."""
 
 
 class Stopped(Exception):
@@ -79,6 +89,18 @@ def rest_errors(response: httpx.Response) -> tuple[str, str]:
         fields = e.get("fields") or []
         parts.append(f"{text} ({', '.join(map(str, fields))})" if fields else text)
     return code, "; ".join(parts)[:500]
+
+
+def published_id(body) -> str:
+    """What names a published event: its ``EventUuid``, which Salesforce gives in the create's answer as an
+    ``OPERATION_ENQUEUED`` "error" (``{"statusCode": "OPERATION_ENQUEUED", "message": <EventUuid>}``) and
+    which subscribers see in ``data.event``; else the answer's ``id``."""
+    if not isinstance(body, dict):
+        return ""
+    for e in body.get("errors") or []:
+        if isinstance(e, dict) and e.get("statusCode") == "OPERATION_ENQUEUED" and e.get("message"):
+            return str(e["message"])
+    return str(body.get("id") or "")
 
 
 def retry_after(response: httpx.Response) -> float | None:
@@ -120,22 +142,25 @@ class SalesforceApi:
             return self._token
 
     def _fetch_token(self) -> Token:
-        response = self.client.post(f"{self.login_url}/services/oauth2/token", data={
-            "grant_type": "client_credentials", "client_id": self.client_id, "client_secret": self.client_secret})
-        if response.status_code == 200:
-            body = response.json()
-            if body.get("access_token") and body.get("instance_url"):
-                return Token(str(body["access_token"]), str(body["instance_url"]).rstrip("/"))
-            raise SalesforceError(200, "", "the token answer has no access_token or instance_url")
+        """A new token; raises ClientRefused (only the operator can help) or TokenError (anything else)."""
+        try:
+            response = self.client.post(f"{self.login_url}/services/oauth2/token", data={
+                "grant_type": "client_credentials", "client_id": self.client_id, "client_secret": self.client_secret})
+        except httpx.TransportError as exc:
+            raise TokenError(0, "", f"{type(exc).__name__}: {exc}") from exc
         try:
             body = response.json()
         except ValueError:
             body = {}
+        if response.status_code == 200:
+            if isinstance(body, dict) and body.get("access_token") and body.get("instance_url"):
+                return Token(str(body["access_token"]), str(body["instance_url"]).rstrip("/"))
+            raise TokenError(200, "", "the token answer has no access_token or instance_url")
         error = str((body or {}).get("error") or "") if isinstance(body, dict) else ""
         description = str((body or {}).get("error_description") or "") if isinstance(body, dict) else ""
         if response.status_code in (400, 401) and error in CLIENT_ERRORS:
             raise ClientRefused(response.status_code, error, description)
-        raise SalesforceError(response.status_code, error, description or response.text[:300])
+        raise TokenError(response.status_code, error, description or response.text[:300])
 
     # ------------------------------------------------------------------ REST
 
@@ -143,8 +168,9 @@ class SalesforceApi:
         return f"{token.instance_url}/services/data/v{self.api_version}/sobjects/{sobject}/"
 
     def publish(self, event: str, fields: dict) -> str:
-        """Publish one platform event (``POST .../sobjects/<event>/``); returns its id. A stale token is
-        fetched again once; busy answers are waited out; raises SalesforceError for any other refusal."""
+        """Publish one platform event (``POST .../sobjects/<event>/``); returns its EventUuid (else its id). A
+        stale token is fetched again once; busy answers are waited out; raises SalesforceError for any other
+        refusal."""
         waited, backoff, refreshed = 0.0, self.backoff_initial, False
         token = self.token()
         while True:
@@ -154,19 +180,19 @@ class SalesforceApi:
             except httpx.TransportError as exc:
                 response, code, message = None, "", f"{type(exc).__name__}: {exc}"
             else:
+                code, message = rest_errors(response)
                 if response.status_code in (200, 201):
                     body = response.json()
-                    if body.get("success") is False:
-                        code, message = rest_errors(response)
+                    if not isinstance(body, dict) or body.get("success") is not False:
+                        return published_id(body)
+                    # taken, but not published: its error codes say "later" or "no" as an error status's would
+                    if code not in BUSY_CODES:
                         raise SalesforceError(400, code, message)
-                    return str(body.get("id") or "")
-                code, message = rest_errors(response)
-                if response.status_code == 401 and not refreshed:
+                elif response.status_code == 401 and not refreshed:
                     refreshed = True
                     token = self.token(stale=token.access_token)
                     continue
-                busy = response.status_code >= 500 or code in BUSY_CODES or response.status_code == 429
-                if not busy:
+                elif not (response.status_code >= 500 or code in BUSY_CODES or response.status_code == 429):
                     raise SalesforceError(response.status_code, code, message)
             wait = retry_after(response) if response is not None else None
             wait = backoff if wait is None else wait

@@ -5,22 +5,27 @@ subscription to one platform event channel, resumed durably by replay id.
   (``/event/<Name>__e``) with ``ext.replay: {channel: <replay id>}``: the last one recorded, or -1 (only new
   events) / -2 (every event Salesforce still keeps, 72 hours) the first time; then ``/meta/connect`` in a loop,
   each answer carrying the events (``data.event.replayId``, ``data.event.EventUuid``, ``data.payload``) and
-  the connect's own reply with its ``advice``.
+  the connect's own reply with its ``advice``. Events in a handshake's or a subscribe's answer (a server may
+  flush its queue with any reply) are taken the same way.
 * An event is handed to ``on_event`` (the worker records it in its outbox) and only then is its replay id
   written to the ``ReplayStore`` (a SQLite file beside the outbox, synchronous=FULL): a worker killed between
   the two is given the event again after the restart, and the outbox, keyed by the message id, runs it once.
 * A first subscription ("new only", -1) records its moment before it goes out; until an event's replay id is
-  recorded, a later subscribe asks for -2 and passes over events created more than ``CLOCK_SKEW_SECS`` before
-  that moment, so a crash before the first event neither loses what came meanwhile nor takes older events.
-* ``403::Unknown client`` or ``advice.reconnect: handshake`` starts over with a handshake (the server
+  recorded, a later subscribe asks for -2; from then on every subscription passes over events created more
+  than ``CLOCK_SKEW_SECS`` before that moment (also once a replay id is recorded: a -2 catch-up cut short
+  resumes among the old events), so a crash before the first event neither loses what came meanwhile nor
+  takes older events.
+* ``403::Unknown client`` or ``advice.reconnect: handshake`` starts over with a handshake (a successful
+  connect advising it does so after the backoff or the advised interval, whichever is longer) (the server
   forgets a client that did not reconnect within its timeout; a new handshake removes the subscriptions,
   so the channel is subscribed again, from the replay id recorded). ``401::Authentication invalid`` (on
   connect, or nested in a handshake's ``ext.sfdc.failureReason``) or an HTTP 401 fetches a new token first.
   A fresh client refused at once again backs off (1 s doubling to 30 s), as any network or server error does.
 * A stored replay id Salesforce no longer keeps is refused on subscribe (``400::The replayId {N} you
   provided was invalid...``): logged as an error (events between may be lost) and subscribed again with -2.
-* A channel that does not exist (``400::The channel you requested to subscribe to does not exist``) raises
-  ``ChannelMissing``: the operator must define the platform event.
+* A channel that does not exist (``400::The channel you requested to subscribe to does not exist``, or
+  ``doesn’t exist``) raises ``ChannelMissing``: the operator must define the platform event. A handshake
+  denied for anything but the token or a limit, or ``400 Unsupported API version``, raises ``StreamRefused``.
 """
 from __future__ import annotations
 
@@ -55,6 +60,12 @@ class ChannelMissing(CometdError):
     """The platform event channel does not exist in the org (or the integration user may not read it)."""
 
 
+class StreamRefused(CometdError):
+    """The Streaming API refuses this worker for a reason only the operator can fix: a handshake denied for
+    anything but the token or a limit (the user's or the org's API/streaming permission), an API version the
+    Streaming API does not serve."""
+
+
 class ReplayStore:
     """The last replay id taken from each channel, durable (one row a channel), and when the channel was first
     subscribed to: a worker that took no event yet resumes from that moment, not from "new only" again."""
@@ -73,7 +84,7 @@ class ReplayStore:
         return None if row is None or row[0] is None else int(row[0])
 
     def since(self, channel: str) -> float | None:
-        """When the channel was first subscribed to (before any event was taken), or None."""
+        """When the channel was first subscribed to (kept once events are taken), or None."""
         with self._lock:
             row = self._db.execute("SELECT since FROM replay WHERE channel = ?", (channel,)).fetchone()
         return None if row is None or row[0] is None else float(row[0])
@@ -125,6 +136,21 @@ def invalid_replay(error: str) -> bool:
     return "replayid" in error.lower() and "invalid" in error.lower()
 
 
+def missing_channel(error: str) -> bool:
+    """Whether a subscribe's error says the channel does not exist (Salesforce writes it with a straight or a
+    curly apostrophe too)."""
+    text = error.lower()
+    return any(words in text for words in ("does not exist", "doesn't exist", "doesn\u2019t exist"))
+
+
+def permanent_denial(reply: dict) -> bool:
+    """A handshake denied (``403::Handshake denied``) for neither the token (``401::``, fetched again) nor a
+    limit (``403::Organization total events daily limit exceeded``, concurrent clients: waited out)."""
+    reason = str(((reply.get("ext") or {}).get("sfdc") or {}).get("failureReason") or "")
+    return (str(reply.get("error") or "").startswith("403::") and not auth_failure(reply)
+            and "limit" not in reason.lower())
+
+
 def auth_failure(reply: dict) -> bool:
     """A reply saying the token is no longer valid: ``401::...`` as the error or the handshake's nested reason."""
     reason = str(((reply.get("ext") or {}).get("sfdc") or {}).get("failureReason") or "")
@@ -168,6 +194,8 @@ class Subscription:
             if response.status_code == 401 and attempt == 0:
                 self.token = self.api.token(stale=self.token.access_token)
                 continue
+            if response.status_code == 400 and "unsupported api version" in response.text.lower():
+                raise StreamRefused(f"POST /cometd/{self.api.api_version}: HTTP 400 {response.text[:200]}")
             if response.status_code != 200:
                 raise CometdError(f"{message['channel']}: HTTP {response.status_code} {response.text[:200]}")
             body = response.json()
@@ -186,27 +214,33 @@ class Subscription:
     def handshake(self) -> None:
         self.http.cookies.clear()  # BAYEUX_BROWSER belongs to the old client
         for attempt in (0, 1):
-            reply = self.reply(self.send({"channel": "/meta/handshake", "version": "1.0", "minimumVersion": "1.0",
-                                          "supportedConnectionTypes": ["long-polling"], "ext": {"replay": True}}),
-                               "/meta/handshake")
+            messages = self.send({"channel": "/meta/handshake", "version": "1.0", "minimumVersion": "1.0",
+                                  "supportedConnectionTypes": ["long-polling"], "ext": {"replay": True}})
+            self._take_events(messages)
+            reply = self.reply(messages, "/meta/handshake")
             if reply.get("successful"):
                 self.client_id = str(reply["clientId"])
                 return
             if auth_failure(reply) and attempt == 0 and self.token is not None:
                 self.token = self.api.token(stale=self.token.access_token)
                 continue
+            if permanent_denial(reply):
+                reason = ((reply.get("ext") or {}).get("sfdc") or {}).get("failureReason")
+                raise StreamRefused(f"handshake: {reply.get('error')}" + (f" ({reason})" if reason else ""))
             raise CometdError(f"handshake: {reply.get('error')} {reply.get('ext') or ''}".strip())
 
     def subscribe(self) -> int:
         """Subscribe from the replay id recorded (or the first start's); returns the replay id used."""
         stored = self.store.get(self.channel)
         replay = self.first_replay if stored is None else stored
-        since = self.store.since(self.channel) if stored is None else None
-        self.skip_before = None
+        since = self.store.since(self.channel) if self.first_replay == REPLAY_NEW else None
+        # "New only": what was published before the first start stays out, also once a replay id is recorded
+        # (a -2 catch-up cut short by a crash resumes from the middle of the old events).
+        self.skip_before = None if since is None else since - CLOCK_SKEW_SECS
         if since is not None and replay == REPLAY_NEW:
             # Subscribed before, "new only", but no event was recorded since (a crash may have taken one the
             # worker never wrote down): everything kept, less what was published before that first start.
-            replay, self.skip_before = REPLAY_ALL, since - CLOCK_SKEW_SECS
+            replay = REPLAY_ALL
         if stored is None:
             # written before the subscribe goes out: a crash just after Salesforce took it still resumes from here
             self.store.started(self.channel, time.time())
@@ -221,7 +255,7 @@ class Subscription:
                 reply = self._subscribe(replay)
         if not reply.get("successful"):
             error = str(reply.get("error") or "")
-            if "does not exist" in error:
+            if missing_channel(error):
                 raise ChannelMissing(f"subscribe to {self.channel}: {error}")
             raise CometdError(f"subscribe to {self.channel}: {error}")
         self.subscribed_from = replay
@@ -229,15 +263,22 @@ class Subscription:
         return replay
 
     def _subscribe(self, replay: int) -> dict:
-        return self.reply(self.send({"channel": "/meta/subscribe", "clientId": self.client_id,
-                                     "subscription": self.channel, "ext": {"replay": {self.channel: replay}}}),
-                          "/meta/subscribe")
+        messages = self.send({"channel": "/meta/subscribe", "clientId": self.client_id,
+                              "subscription": self.channel, "ext": {"replay": {self.channel: replay}}})
+        self._take_events(messages)  # a server may flush the backlog with the subscribe's reply
+        return self.reply(messages, "/meta/subscribe")
 
     def connect_once(self) -> dict:
         """One /meta/connect: each event of the answer handed on (then its replay id recorded); returns the
         connect's reply."""
         messages = self.send({"channel": "/meta/connect", "clientId": self.client_id,
                               "connectionType": "long-polling"})
+        self._take_events(messages)
+        return self.reply(messages, "/meta/connect")
+
+    def _take_events(self, messages: list[dict]) -> None:
+        """Each event of an answer handed on, then its replay id recorded. Bayeux lets a server put data
+        messages in any answer (a handshake's, a subscribe's), not only a connect's: none is passed over."""
         for m in messages:
             if m.get("channel") != self.channel or "data" not in m:
                 continue
@@ -247,11 +288,10 @@ class Subscription:
                 self.on_event(m)                   # recorded in the outbox (raises if it could not be)
             if replay_id is not None:
                 self.store.put(self.channel, replay_id)   # only now: a crash before this replays the event
-        return self.reply(messages, "/meta/connect")
 
     def run(self) -> None:
         """Handshake, subscribe, connect until stopping; a failure backs off and starts over. Raises
-        ChannelMissing and the api's ClientRefused (what only the operator can fix)."""
+        ChannelMissing, StreamRefused and the api's ClientRefused (what only the operator can fix)."""
         from .api import ClientRefused
         backoff = self.backoff_initial
         while not self.stopping.is_set():
@@ -273,13 +313,21 @@ class Subscription:
                         self.handshake()
                         self.subscribe()
                         continue
-                    refused_in_a_row, backoff = 0, self.backoff_initial
-                    if advice.get("reconnect") in ("handshake", "none"):
-                        break
                     interval = float(advice.get("interval") or 0) / 1000.0
+                    if advice.get("reconnect") in ("handshake", "none"):
+                        # a server that keeps saying so is not hammered with handshakes: the backoff (or the
+                        # advised interval) first, and no reset of it
+                        wait = max(backoff, interval)
+                        log.info("salesforce: the server advises reconnect %s: handshaking again in %.0f s",
+                                 advice.get("reconnect"), wait)
+                        if self.stopping.wait(wait):
+                            return
+                        backoff = min(backoff * 2, self.backoff_max)
+                        break
+                    refused_in_a_row, backoff = 0, self.backoff_initial
                     if interval and self.stopping.wait(interval):
                         return
-            except (ClientRefused, ChannelMissing):
+            except (ClientRefused, ChannelMissing, StreamRefused):
                 raise
             except Exception as exc:  # noqa: BLE001 - the network, the server, an event not recorded: start over
                 if self.stopping.is_set():
