@@ -96,11 +96,14 @@ fake = FakeWeixin()  # not started: its builders and crypto only
 fake.callback_url = "http://127.0.0.1:9/weixin/callback"
 
 
+NOW = 1733480000  # a fixed clock (2024-12-06), and the timestamps of the requests made for it
+
+
 def server(records: list, *, token: str = fake.token, crypto: MsgCrypt | None = None, now: float | None = None,
-           on_message=None) -> CallbackServer:
+           on_message=None, seen_path: str | None = None) -> CallbackServer:
     import time
     s = CallbackServer("127.0.0.1:0", "/weixin/callback", token, crypto, on_message or records.append,
-                       clock=(lambda: now) if now is not None else time.time)
+                       clock=(lambda: now) if now is not None else time.time, seen_path=seen_path)
     s.httpd.server_close()
     return s
 
@@ -127,6 +130,36 @@ def test_a_plaintext_post_is_recorded_when_signed_and_answered_success():
     entity = b'<!DOCTYPE x [<!ENTITY a "b">]><xml><Content>&a;</Content></xml>'
     assert s.handle("POST", target_of(fake.text("y"), safe=False)[0], entity) == (200, "success")
     assert len(records) == 2  # the message, and its repeat (the worker's MsgId check drops the repeat)
+
+
+def test_a_url_checks_signature_from_an_access_log_cannot_sign_a_plaintext_post():
+    records: list = []
+    s = server(records, now=NOW)
+    target, body = target_of(fake.text("forged by a log reader"), safe=False, timestamp=str(NOW))
+    check = target.replace("&openid=", "&echostr=42&openid=")  # the GET's query: signature, timestamp, nonce
+    assert s.handle("GET", check, b"") == (200, "42")
+    assert s.handle("POST", target, body) == (403, "") and records == []
+
+
+def test_the_signatures_seen_outlive_a_restart_of_the_worker(tmp_path):
+    seen = str(tmp_path / "weixin-main.weixin-seen.log")
+    records: list = []
+    first = server(records, now=NOW, seen_path=seen)
+    target, body = target_of(fake.text("the real one"), safe=False, timestamp=str(NOW))
+    assert first.handle("POST", target, body) == (200, SUCCESS)
+    check, _ = target_of(fake.text("unused"), safe=False, timestamp=str(NOW))
+    assert first.handle("GET", check + "&echostr=7", b"") == (200, "7")
+    first._seen.close()
+    again = server(records, now=NOW + 60, seen_path=seen)  # the worker restarted within --max-age
+    forged = fake.to_xml(fake.text("forged")).encode()
+    assert again.handle("POST", target, forged) == (403, "")  # the POST's signature, another body
+    assert again.handle("POST", check, forged) == (403, "")   # the GET's signature
+    assert again.handle("POST", target, body) == (200, SUCCESS)  # WeChat calling again: the very same request
+    assert [r["Content"] for r in records] == ["the real one", "the real one"]
+    again._seen.close()
+    later = server(records, now=NOW + 601, seen_path=seen)  # past twice --max-age: forgotten, and the file too
+    assert later._seen.entries == {}
+    later._seen.close()
 
 
 def test_safe_mode_refuses_plaintext_and_plaintext_mode_refuses_ciphertext():

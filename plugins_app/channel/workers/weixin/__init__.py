@@ -230,13 +230,20 @@ class WeixinWorker(WebhookInbox, ChannelWorker):
         self.log.info("weixin: account %s via %s, %s mode", self.app_id, self.base_url,
                       "safe" if crypto else "plaintext")
         from .callback import CallbackServer
+        if crypto is None and not self.opts.max_age:
+            self.log.warning("weixin: plaintext mode with --max-age 0: a signature is refused with another body "
+                             "for 120 s only; a request from a log older than that is taken (prefer safe mode)")
         self.server = CallbackServer(self.opts.bind, self.opts.path, self.settings[TOKEN_ENV], crypto, self.accept,
-                                     max_age_secs=self.opts.max_age)
+                                     max_age_secs=self.opts.max_age, seen_path=self.state_path("seen", "log"))
         self.server.start()
         self.log.info("weixin: callback listening on %s", self.server.url)
 
     def journal_path(self) -> str:
-        return str(outbox_path_for(self.plugin_id, self.state_dir)).replace(".outbox.", ".weixin-sent.")
+        return self.state_path("sent", "sqlite3")
+
+    def state_path(self, what: str, ext: str) -> str:
+        """A file of the worker's own beside its outbox: ``sent`` (the journal), ``seen`` (plaintext signatures)."""
+        return str(outbox_path_for(self.plugin_id, self.state_dir)).replace(".outbox.sqlite3", f".weixin-{what}.{ext}")
 
     # ------------------------------------------------------------------ inbound
 
