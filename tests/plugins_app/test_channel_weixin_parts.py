@@ -5,6 +5,7 @@ to WeChat's errcodes, media in and out, and the sent journal across a resumed de
 from __future__ import annotations
 
 import json
+import time
 import sys
 from pathlib import Path
 from urllib.parse import urlencode, urlsplit
@@ -20,7 +21,7 @@ from plugins_app.channel.workers.weixin import (CUT_NOTE, ENV_REFS, MAX_MESSAGES
 from plugins_app.channel.workers.weixin.api import (TEXT_LIMIT_BYTES, AppRefused, RateLimited, Stopped,
                                                     UserUnreachable, WeixinApi, WeixinError)
 from plugins_app.channel.workers.weixin.callback import SUCCESS, CallbackServer, signature
-from tests.fakes.weixin import ACCOUNT, USER, FakeWeixin
+from tests.fakes.weixin import ACCOUNT, OTHER_USER, USER, FakeWeixin
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 VECTORS = json.loads((DATA / "webhook-signature-vectors.json").read_text())["vectors"]
@@ -489,6 +490,56 @@ def test_a_delivery_that_failed_resumes_and_a_closed_window_is_permanent(wx, wor
         worker.deliver(second)
     assert err.value.permanent and "48 hours" in err.value.reason
     assert not worker.already_delivered(second)
+
+
+def part(n: int, char: str = "字") -> str:
+    """The text of an answer of ``n`` messages (each just under 2,048 bytes)."""
+    return "\n\n".join([char * 600] * n)
+
+
+def test_the_five_messages_are_counted_per_message_of_the_user_not_per_delivery(wx, worker):
+    worker.accept(wx.text("one question"))  # the user wrote: 5 messages to answer with, in all
+    worker.deliver(Delivery(delivery_id="q-notice", conversation_id=USER, text=part(3, "甲")))
+    second = Delivery(delivery_id="q-answer", conversation_id=USER, text=part(4, "乙"))
+    worker.deliver(second)  # 2 left: cut in its second message, saying so; not refused by WeChat with 45047
+    texts = wx.texts()
+    assert len(texts) == 5 and texts[-1].endswith(CUT_NOTE) and {c.errcode for c in wx.sends()} == {0}
+    assert worker.already_delivered(second)
+    third = Delivery(delivery_id="q-more", conversation_id=USER, text="and another thing")
+    with pytest.raises(DeliveryFailed) as err:
+        worker.deliver(third)
+    assert err.value.permanent and "quota" in err.value.reason and "write again" in err.value.reason
+    assert len(wx.sends()) == 5  # nothing asked of WeChat
+    wx._opened_window(wx.text("again"))
+    worker.accept(wx.text("again"))  # the user wrote again: 5 more
+    worker.deliver(third)
+    assert wx.texts()[-1] == "and another thing"
+
+
+def test_the_count_left_outlives_a_restart_and_45047_stops_a_delivery_saying_why(wx, tmp_path):
+    kw = dict(argv=["--bind", "127.0.0.1:0"], environ=wx.env(), socket_path=str(tmp_path / "s"), plugin_id="weixin-q",
+              token="t", state_dir=str(tmp_path), install_signal_handlers=False)
+    first = WeixinWorker(**kw)
+    first.connect()
+    try:
+        first.accept(wx.text("hi"))
+        first.deliver(Delivery(delivery_id="r-1", conversation_id=USER, text=part(4)))
+    finally:
+        first.disconnect()
+    second = WeixinWorker(**kw)
+    second.connect()
+    try:
+        second.deliver(Delivery(delivery_id="r-2", conversation_id=USER, text=part(2)))
+        assert len(wx.texts()) == 5 and wx.texts()[-1].endswith(CUT_NOTE)
+        second._set_left(OTHER_USER, 5, time.time())  # (the count says 5; WeChat says spent)
+        wx._opened_window(wx.text("x", user=OTHER_USER))
+        wx.script_send(45047)
+        with pytest.raises(DeliveryFailed) as err:
+            second.deliver(Delivery(delivery_id="r-3", conversation_id=OTHER_USER, text=part(2)))
+        assert err.value.permanent and "errcode 45047" in err.value.reason and "0 of this answer's 2" in err.value.reason
+        assert second._left(OTHER_USER)[0] == 0
+    finally:
+        second.disconnect()
 
 
 def test_the_journal_outlives_the_worker(wx, tmp_path):

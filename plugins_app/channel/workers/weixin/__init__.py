@@ -21,8 +21,11 @@ docs/channels/weixin.md.
   ``GET /cgi-bin/media/get`` and stored on the host. Events (follow, unfollow, menu clicks, scans) are
   not messages: answered ``success`` and logged.
 * **Outbound.** ``POST /cgi-bin/message/custom/send`` (customer service messages, within 48 hours of
-  the user's last message): text split at 2,048 bytes of UTF-8, at most 5 messages per answer (WeChat's
-  quota for one user message; a longer answer is cut, saying so); an image the agent attaches is
+  the user's last message): text split at 2,048 bytes of UTF-8. WeChat allows 5 messages in all for one
+  message of the user, whatever number of deliveries the hub makes of it (notices, questions, the answer):
+  the worker keeps the count left for each OpenID (reset to 5 when a message of the user is recorded, in a
+  SQLite file of its own), and a delivery takes its room from it when it is first planned (a longer
+  answer is cut, saying so; none left: the delivery fails for good, saying why); an image the agent attaches is
   uploaded with ``POST /cgi-bin/media/upload`` and sent as an image message. WeChat has no idempotency
   key: each message it took is journaled (``sdk/journal.py``), so a delivery resumed after a crash
   sends only what is missing.
@@ -41,6 +44,8 @@ import argparse
 import datetime as _dt
 import os
 import sys
+import threading
+import time
 from urllib.parse import quote, unquote
 
 from plugins_app.channel.sdk import Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, InboundMessage
@@ -67,6 +72,12 @@ MEDIA = {"image": ("image", "image/jpeg"), "voice": ("audio", "audio/amr"), "vid
 VOICE_TYPES = {"amr": "audio/amr", "speex": "audio/speex", "mp3": "audio/mpeg"}
 #: WeChat's quota: 5 customer service messages for one message of the user, within 48 hours (45047 past it).
 MAX_MESSAGES = 5
+#: How long the 5 last after the user's message (WeChat: 48 hours).
+WINDOW_SECS = 48 * 3600
+#: The journal's part that holds a delivery's room (the messages it may send), planned once.
+PLAN_PART = -1
+QUOTA_SPENT = ("WeChat's quota of customer service messages for the user's last message is spent (5 within "
+               "48 hours, for every answer to it); the user must write again")
 CUT_NOTE = "\n\n[…the answer was cut here: WeChat lets an account send 5 messages for one message of yours]"
 #: Images WeChat's customer service image message takes (media/upload type image: PNG, JPEG, GIF). WeChat's
 #: page gives both 2 MB and 10 MB for an image; the smaller is kept.
@@ -208,6 +219,8 @@ class WeixinWorker(WebhookInbox, ChannelWorker):
                              stopping=self.stopping, max_wait_secs=self.opts.max_retry_wait)
         self.inbox_init()
         self._journal: SentJournal | None = None
+        self._quota: SentJournal | None = None   # "quota:<OpenID>" -> "<messages left> <when the user wrote>"
+        self._plan_lock = threading.Lock()
         self.server = None
 
     # ------------------------------------------------------------------ connect
@@ -227,6 +240,7 @@ class WeixinWorker(WebhookInbox, ChannelWorker):
         except AppRefused as exc:
             raise ChannelRefused(refused(exc)) from exc
         self._journal = SentJournal(self.journal_path())
+        self._quota = SentJournal(self.state_path("quota", "sqlite3"))
         self.log.info("weixin: account %s via %s, %s mode", self.app_id, self.base_url,
                       "safe" if crypto else "plaintext")
         from .callback import CallbackServer
@@ -257,6 +271,40 @@ class WeixinWorker(WebhookInbox, ChannelWorker):
             return
         if not self.inbox_record(msg):
             self.log.info("weixin: message %s was taken before (WeChat called again)", msg.message_id)
+            return
+        self._set_left(msg.conversation_id, MAX_MESSAGES, time.time())  # a message of the user: 5 again
+
+    # ------------------------------------------------------------------ WeChat's 5 messages a user message
+
+    def _left(self, openid: str) -> tuple[int, float]:
+        """The messages left for the user's last message, and when the user wrote it. Unknown (a message
+        recorded before this count was kept) or past 48 hours: 5, and WeChat's answer decides."""
+        value = self._quota.done(f"quota:{openid}").get(0, "")
+        try:
+            left, at = value.split()
+            left, at = int(left), float(at)
+        except ValueError:
+            return MAX_MESSAGES, 0.0
+        if time.time() - at > WINDOW_SECS:
+            return MAX_MESSAGES, 0.0
+        return max(0, min(left, MAX_MESSAGES)), at
+
+    def _set_left(self, openid: str, left: int, at: float) -> None:
+        self._quota.record(f"quota:{openid}", 0, f"{max(0, left)} {at:.3f}")
+
+    def room(self, delivery) -> int:
+        """The messages this delivery may send: planned once (journaled, so a resumed delivery keeps its plan),
+        taken from what is left for the user's last message when it is first planned."""
+        with self._plan_lock:
+            planned = self._journal.done(delivery.delivery_id).get(PLAN_PART)
+            if planned is not None:
+                return int(planned)
+            left, at = self._left(delivery.conversation_id)
+            steps = self._plan_steps(delivery, left)
+            if steps:
+                self._journal.record(delivery.delivery_id, PLAN_PART, str(left))
+                self._set_left(delivery.conversation_id, left - len(steps), at or time.time())
+            return left
 
     def fetch_media(self, attachment: Attachment) -> bytes | None:
         prefix = f"{self.base_url}/cgi-bin/media/get?media_id="
@@ -290,11 +338,16 @@ class WeixinWorker(WebhookInbox, ChannelWorker):
             raise self._failure(exc, "media/upload") from exc
 
     def _steps(self, delivery) -> list[tuple[str, object]]:
+        return self._plan_steps(delivery, self.room(delivery))
+
+    @staticmethod
+    def _plan_steps(delivery, room: int) -> list[tuple[str, object]]:
         """What a delivery sends, in order: its text parts, then one image message per image the agent
-        attached; at most 5 messages in all (WeChat's quota for one message of the user)."""
-        images = [att for att in delivery.attachments if sendable_image(att)][:MAX_MESSAGES - 1]
-        room = MAX_MESSAGES - len(images) if delivery.text.strip() else 0
-        steps: list[tuple[str, object]] = [("text", p) for p in message_parts(delivery.text, room=room)]
+        attached; at most ``room`` messages in all (what is left of WeChat's 5 for the user's message)."""
+        has_text = bool(delivery.text.strip())
+        images = [att for att in delivery.attachments if sendable_image(att)][:max(0, room - has_text)]
+        text_room = room - len(images) if has_text else 0
+        steps: list[tuple[str, object]] = [("text", p) for p in message_parts(delivery.text, room=text_room)]
         steps += [("image", att) for att in images]
         return steps
 
@@ -303,6 +356,8 @@ class WeixinWorker(WebhookInbox, ChannelWorker):
             raise self.refused_failure("WeChat refused the account's credentials")
         steps = self._steps(delivery)
         if not steps:
+            if self._plan_steps(delivery, MAX_MESSAGES):
+                raise DeliveryFailed(f"nothing sent: {QUOTA_SPENT}", permanent=True)
             raise DeliveryFailed("nothing WeChat can show: the answer has no text and no image", permanent=True)
         done = self._journal.done(delivery.delivery_id)
         for index, (kind, payload) in enumerate(steps):
@@ -318,6 +373,11 @@ class WeixinWorker(WebhookInbox, ChannelWorker):
                 else:
                     self.api.send_image(delivery.conversation_id, payload.channel_ref)
             except Exception as exc:  # noqa: BLE001 - classified below
+                if isinstance(exc, UserUnreachable) and exc.errcode == 45047:  # spent elsewhere: stop here
+                    self._set_left(delivery.conversation_id, 0, self._left(delivery.conversation_id)[1] or time.time())
+                    sent = len([i for i in self._journal.done(delivery.delivery_id) if i >= 0])
+                    raise DeliveryFailed(f"{exc} ({QUOTA_SPENT}; {sent} of this answer's {len(steps)} messages "
+                                         "went out)", permanent=True) from exc
                 raise self._failure(exc, "message/custom/send") from exc
             # WeChat took it: recorded before anything else can fail, so a resend after a crash skips it
             self._journal.record(delivery.delivery_id, index, "")
@@ -343,7 +403,8 @@ class WeixinWorker(WebhookInbox, ChannelWorker):
     def already_delivered(self, delivery) -> bool:
         """After a crash inside deliver(): every message of the answer is in the sent journal."""
         steps = self._steps(delivery)
-        return bool(steps) and len(self._journal.done(delivery.delivery_id)) >= len(steps)
+        sent = [i for i in self._journal.done(delivery.delivery_id) if i >= 0]
+        return bool(steps) and len(sent) >= len(steps)
 
 
     def disconnect(self) -> None:
@@ -352,6 +413,8 @@ class WeixinWorker(WebhookInbox, ChannelWorker):
         self.api.close()
         if self._journal is not None:
             self._journal.close()
+        if self._quota is not None:
+            self._quota.close()
 
 
 def main(argv: list[str] | None = None) -> None:
