@@ -463,6 +463,15 @@ def test_an_answer_with_an_image_sends_its_text_then_the_image_once(wx, worker):
                                      attachments=[again, pdf])) == "sent"  # not uploaded a second time
 
 
+def test_an_image_the_host_does_not_hold_is_its_link_not_a_silent_empty_delivery(wx, worker):
+    att = Attachment(kind="image", content_type="image/png", url="https://example.com/chart.png",
+                     filename="chart.png")
+    delivery = Delivery(delivery_id="d-5", conversation_id=USER, text="", attachments=[att])
+    worker.deliver(delivery)
+    assert wx.texts() == ["[chart.png: https://example.com/chart.png]"]
+    assert worker.already_delivered(delivery) and not wx.calls_to("/cgi-bin/media/upload")
+
+
 def test_an_image_over_2_mb_is_not_uploaded_and_a_note_says_so(wx, worker):
     att = image_attachment()
     delivery = Delivery(delivery_id="d-4", conversation_id=USER, text="", attachments=[att])

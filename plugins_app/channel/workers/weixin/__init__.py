@@ -344,10 +344,15 @@ class WeixinWorker(WebhookInbox, ChannelWorker):
     def _plan_steps(delivery, room: int) -> list[tuple[str, object]]:
         """What a delivery sends, in order: its text parts, then one image message per image the agent
         attached; at most ``room`` messages in all (what is left of WeChat's 5 for the user's message)."""
-        has_text = bool(delivery.text.strip())
-        images = [att for att in delivery.attachments if sendable_image(att)][:max(0, room - has_text)]
+        # a file the host does not hold (no media_id: never uploaded, so no image message) is its link in the text
+        links = [f"[{att.filename or att.kind or 'file'}: {att.url}]" for att in delivery.attachments
+                 if not att.media_id and att.url]
+        text = "\n\n".join(t for t in [delivery.text, *links] if t.strip())
+        has_text = bool(text.strip())
+        images = [att for att in delivery.attachments
+                  if att.media_id and sendable_image(att)][:max(0, room - has_text)]
         text_room = room - len(images) if has_text else 0
-        steps: list[tuple[str, object]] = [("text", p) for p in message_parts(delivery.text, room=text_room)]
+        steps: list[tuple[str, object]] = [("text", p) for p in message_parts(text, room=text_room)]
         steps += [("image", att) for att in images]
         return steps
 
