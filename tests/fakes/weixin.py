@@ -54,6 +54,8 @@ ERRORS = {
     40001: "invalid credential, access_token is invalid or not latest rid: 6751a1c2-0d3b5a2e-1f2e3d4c",
     40003: "invalid openid rid: 6751a1c2-0d3b5a2e-1f2e3d4d",
     40007: "invalid media_id rid: 6751a1c2-0d3b5a2e-1f2e3d4e",
+    40005: "invalid file type rid: 6751a1c2-0d3b5a2e-1f2e3d5a",
+    40009: "invalid image size rid: 6751a1c2-0d3b5a2e-1f2e3d5b",
     40013: "invalid appid rid: 6751a1c2-0d3b5a2e-1f2e3d4f",
     40125: "invalid appsecret rid: 6751a1c2-0d3b5a2e-1f2e3d50",
     40164: "invalid ip 127.0.0.1 ipv6 ::ffff:127.0.0.1, not in whitelist rid: 6751a1c2-0d3b5a2e-1f2e3d51",
@@ -113,6 +115,7 @@ class FakeWeixin:
         self._dropped: set[int] = set()
         self._sends = 0
         self._script: list[int] = []
+        self._upload_script: list[int] = []
         self._secret_reset = False
         self._requests: dict[str, tuple[str, bytes]] = {}  # MsgId -> (url, body) as last posted
         self._msg_ids = itertools.count(24300000000000001)
@@ -154,6 +157,11 @@ class FakeWeixin:
         """The next sends are answered with these errcodes, one each, before any is delivered (0: HTTP 502)."""
         with self.lock:
             self._script.extend(errcodes)
+
+    def script_upload(self, *errcodes: int) -> None:
+        """The next media/upload calls are answered with these errcodes, one each."""
+        with self.lock:
+            self._upload_script.extend(errcodes)
 
     def hold_before(self, n: int) -> None:
         """The nth send (counting from 1) waits, not delivered, until ``release(n)``."""
@@ -394,9 +402,15 @@ class FakeWeixin:
     def _upload(self, params: dict, raw: bytes, ctype: str) -> dict:
         if params.get("type") not in ("image", "voice", "video", "thumb"):
             return {"errcode": 40004, "errmsg": "invalid media type"}
+        with self.lock:
+            if self._upload_script:
+                return error(self._upload_script.pop(0))
         form = BytesParser(policy=HTTP).parsebytes(f"Content-Type: {ctype}\r\n\r\n".encode() + raw)
         for part in form.iter_parts() if form.is_multipart() else []:
             if part.get_param("name", header="content-disposition") == "media":
+                name = (part.get_filename() or "").lower()
+                if params["type"] == "image" and not name.endswith((".jpg", ".jpeg", ".png", ".gif")):
+                    return error(40005)  # WeChat takes the file's type from its name's extension
                 media_id = secrets.token_urlsafe(48)
                 with self.lock:
                     self.uploads[media_id] = (part.get_payload(decode=True), part.get_content_type(),

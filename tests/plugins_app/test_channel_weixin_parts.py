@@ -17,7 +17,7 @@ from plugins_app.channel.sdk.wxcrypto import CryptoError, MsgCrypt, parse_xml
 from plugins_app.channel.sdk.wxcrypto import signature as msg_signature
 from plugins_app.channel.workers import installed_kinds
 from plugins_app.channel.workers.weixin import (CUT_NOTE, ENV_REFS, MAX_MESSAGES, WeixinWorker, message_parts,
-                                                normalise, utf8_len)
+                                                normalise, upload_name, utf8_len)
 from plugins_app.channel.workers.weixin.api import (TEXT_LIMIT_BYTES, AppRefused, RateLimited, Stopped,
                                                     UserUnreachable, WeixinApi, WeixinError)
 from plugins_app.channel.workers.weixin.callback import SUCCESS, CallbackServer, signature
@@ -470,6 +470,40 @@ def test_an_image_the_host_does_not_hold_is_its_link_not_a_silent_empty_delivery
     worker.deliver(delivery)
     assert wx.texts() == ["[chart.png: https://example.com/chart.png]"]
     assert worker.already_delivered(delivery) and not wx.calls_to("/cgi-bin/media/upload")
+
+
+def test_an_image_media_upload_refuses_is_a_note_and_the_text_still_goes_out(wx, worker):
+    att = image_attachment()
+    delivery = Delivery(delivery_id="d-6", conversation_id=USER, text="the chart", attachments=[att])
+    wx.script_upload(40009)  # invalid image size: uploading again cannot help
+    att.channel_ref = worker.put_media(Media(b"\x89PNG" + b"\0" * 60, "image/png", "chart.png"), att, delivery)
+    worker.deliver(delivery)
+    assert wx.texts() == ["the chart", "[chart.png (64 bytes) was not sent: not an image size WeChat takes "
+                                       "(errcode 40009: invalid image size rid: 6751a1c2-0d3b5a2e-1f2e3d5b)]"]
+    assert worker.already_delivered(delivery) and len(wx.calls_to("/cgi-bin/media/upload")) == 1
+
+
+def test_an_image_is_uploaded_with_the_extension_of_its_content_type():
+    assert upload_name(Attachment(kind="image", content_type="image/png", media_id="m"), "image/png") == "image.png"
+    assert upload_name(Attachment(kind="image", content_type="image/gif", media_id="m", filename="anim"),
+                       "image/gif") == "anim.gif"
+    assert upload_name(Attachment(kind="image", content_type="image/jpeg", media_id="m", filename="a.JPEG"),
+                       "image/jpeg") == "a.JPEG"
+
+
+def test_a_png_without_a_name_is_taken_by_media_upload(wx, worker):
+    att = Attachment(kind="image", content_type="image/png", media_id="m-7")
+    delivery = Delivery(delivery_id="d-7", conversation_id=USER, text="", attachments=[att])
+    att.channel_ref = worker.put_media(Media(b"\x89PNG" + b"\0" * 8, "image/png", None), att, delivery)
+    worker.deliver(delivery)
+    assert wx.uploads[att.channel_ref][1:] == ("image/png", "image.png")
+    assert wx.sent[-1]["image"]["media_id"] == att.channel_ref
+
+
+@pytest.mark.parametrize("code", [40004, 40005, 40006, 40009, 41005])
+def test_a_media_upload_refusal_is_permanent(code):
+    from plugins_app.channel.workers.weixin import CONTENT_REFUSED
+    assert code in CONTENT_REFUSED
 
 
 def test_an_image_over_2_mb_is_not_uploaded_and_a_note_says_so(wx, worker):

@@ -87,6 +87,14 @@ IMAGE_MAX_BYTES = 2 * 1024 * 1024
 UNSENT = "unsent:"
 #: Content errors sending again cannot fix: too long, empty, a bad media id, a bad message type.
 CONTENT_REFUSED = {45002, 44002, 44004, 40007, 40008}
+#: What media/upload answers for a file it will never take: the media type, the file type, the file's size, the
+#: image's size, no media data. The image becomes a note; the rest of the answer goes out.
+UPLOAD_REFUSED = {40004: "not a media type WeChat takes", 40005: "not a file type WeChat takes",
+                  40006: "not a file size WeChat takes", 40009: "not an image size WeChat takes",
+                  41005: "WeChat found no media data in it"}
+CONTENT_REFUSED |= set(UPLOAD_REFUSED)
+#: An uploaded image's file name extension, by its content type (WeChat reads the type from it).
+IMAGE_EXTENSIONS = {"image/jpeg": ".jpg", "image/png": ".png", "image/gif": ".gif"}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -193,9 +201,18 @@ def normalise(message: dict, *, base_url: str = DEFAULT_API_BASE_URL) -> Inbound
 
 
 def unsent_note(attachment: Attachment) -> str:
-    size = (attachment.channel_ref or "")[len(UNSENT):]
-    return (f"[{attachment.filename or 'an image'} ({size} bytes) was not sent: over WeChat's "
-            f"{IMAGE_MAX_BYTES // (1024 * 1024)} MB for an image]")
+    """The note in place of an image not sent: ``channel_ref`` is ``UNSENT<size>:<why>``."""
+    size, _, why = (attachment.channel_ref or "")[len(UNSENT):].partition(":")
+    return f"[{attachment.filename or 'an image'} ({size} bytes) was not sent: {why}]"
+
+
+def upload_name(attachment: Attachment, content_type: str) -> str:
+    """The file name an image is uploaded with: the agent's, with the extension of its content type."""
+    ext = IMAGE_EXTENSIONS.get(content_type, ".jpg")
+    name = (attachment.filename or "").strip() or "image"
+    if os.path.splitext(name)[1].lower() not in {*IMAGE_EXTENSIONS.values(), ".jpeg"}:
+        name += ext
+    return name
 
 
 def sendable_image(attachment: Attachment) -> bool:
@@ -330,10 +347,17 @@ class WeixinWorker(WebhookInbox, ChannelWorker):
         if len(media.data) > IMAGE_MAX_BYTES:
             self.log.warning("delivery %s: image %s (%d bytes) is over WeChat's 2 MB; a note is sent instead",
                              delivery.delivery_id, attachment.filename or attachment.media_id, len(media.data))
-            return f"{UNSENT}{len(media.data)}"
+            return f"{UNSENT}{len(media.data)}:over WeChat's {IMAGE_MAX_BYTES // (1024 * 1024)} MB for an image"
+        ctype = attachment.content_type.split(";")[0].strip().lower()
         try:
-            return self.api.upload(media.data, attachment.content_type.split(";")[0].strip(),
-                                   attachment.filename or "image.jpg")
+            return self.api.upload(media.data, ctype, upload_name(attachment, ctype))
+        except WeixinError as exc:
+            if exc.errcode in UPLOAD_REFUSED and not isinstance(exc, (AppRefused, RateLimited)):
+                self.log.warning("delivery %s: image %s refused by media/upload (%s); a note is sent instead",
+                                 delivery.delivery_id, attachment.filename or attachment.media_id, exc)
+                return (f"{UNSENT}{len(media.data)}:{UPLOAD_REFUSED[exc.errcode]} (errcode {exc.errcode}: "
+                        f"{exc.errmsg})")
+            raise self._failure(exc, "media/upload") from exc
         except Exception as exc:  # noqa: BLE001 - classified as a send is
             raise self._failure(exc, "media/upload") from exc
 
