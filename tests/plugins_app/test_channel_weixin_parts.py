@@ -338,6 +338,38 @@ def test_a_stale_token_the_platform_hands_out_again_is_force_refreshed(wx):
     assert wx.texts() == ["before", "after"]
 
 
+def test_force_refresh_is_asked_at_most_once_in_30_s_and_a_few_times_a_day(wx):
+    from plugins_app.channel.workers.weixin.api import FORCE_PER_DAY
+    clock = Clock()
+    client, _ = api(wx, clock=clock)
+    client.send_text(USER, "before")
+
+    def forced():
+        return len([c for c in wx.calls_to("/cgi-bin/stable_token") if (c.body or {}).get("force_refresh")])
+    wx.script_send(40001)
+    client.send_text(USER, "forced")
+    assert forced() == 1
+    clock.now += 10
+    wx.script_send(40001, 40001)  # stale again, 10 s later: no second force; the call fails, retryable
+    with pytest.raises(WeixinError) as err:
+        client.send_text(USER, "not forced")
+    assert err.value.errcode == 40001 and forced() == 1
+    for n in range(2, FORCE_PER_DAY + 3):
+        clock.now += 31
+        wx._opened_window(wx.text("hi"))  # (the fake's 5 messages a message)
+        wx.script_send(40001)
+        try:
+            client.send_text(USER, f"again {n}")
+        except WeixinError:
+            pass
+    assert forced() == FORCE_PER_DAY < 20  # WeChat's 20 a day are shared with every program of the AppID
+    clock.now += 86400
+    wx._opened_window(wx.text("hi"))
+    wx.script_send(40001)
+    client.send_text(USER, "a day later")
+    assert forced() == FORCE_PER_DAY + 1
+
+
 def test_a_token_stale_twice_is_an_error_not_a_loop(wx):
     client, _ = api(wx)
     wx.script_send(42001, 42001)

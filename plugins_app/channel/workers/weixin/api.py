@@ -18,7 +18,9 @@ errcode at all, is success), so the errcode, not the status, says what happened:
 The token comes from ``POST /cgi-bin/stable_token`` (the stable token: the platform renews it five
 minutes before it expires, and a second caller with the same AppID does not invalidate the first);
 when WeChat says a token is stale and the normal call gives that same token back, the worker asks once
-with ``force_refresh`` (WeChat allows 20 of those a day, 30 s apart).
+with ``force_refresh``. A forced refresh invalidates the token every other program of the AppID holds,
+and WeChat allows 20 a day, 30 s apart: the worker forces at most once in ``FORCE_GAP_SECS`` and
+``FORCE_PER_DAY`` times in 24 hours, and otherwise lets the call fail (retryable) with WeChat's answer.
 """
 from __future__ import annotations
 
@@ -41,6 +43,11 @@ TOKEN_REFUSED = {40001, 40013, 40125, 41002, 41004}
 APP_REFUSED = {40164, 48001}
 #: The user cannot be sent to now: sending again cannot help.
 USER_UNREACHABLE = {45015, 45047, 43004, 40003}
+
+#: force_refresh: at most once in this many seconds (WeChat: 30 s apart) ...
+FORCE_GAP_SECS = 30.0
+#: ... and this many times in 24 hours (WeChat: 20 a day, shared with every other program of the AppID).
+FORCE_PER_DAY = 5
 
 #: Fetch a new token this long before the one in hand expires (WeChat gives 7,200 s).
 REFRESH_MARGIN_SECS = 300.0
@@ -96,6 +103,7 @@ class WeixinApi:
         self._lock = threading.Lock()
         self._token: str | None = None
         self._refresh_at = 0.0
+        self._forced: list[float] = []   # when force_refresh was asked, within the last 24 hours
 
     def close(self) -> None:
         self.client.close()
@@ -109,11 +117,20 @@ class WeixinApi:
             if fresh and (stale is None or stale == self._token):
                 self._token = None
                 self._fetch_token()
-                if self._token == stale:  # the platform still hands out the token it refused: force a new one
+                if self._token == stale and self._may_force():  # still the token it refused: force a new one
                     self._fetch_token(force=True)
             elif self._token is None or self._clock() >= self._refresh_at:
                 self._fetch_token()
             return self._token
+
+    def _may_force(self) -> bool:
+        """Whether a force_refresh is within the worker's limits now; if so, it is counted."""
+        now = self._clock()
+        self._forced = [at for at in self._forced if now - at < 86400]
+        if len(self._forced) >= FORCE_PER_DAY or (self._forced and now - self._forced[-1] < FORCE_GAP_SECS):
+            return False
+        self._forced.append(now)
+        return True
 
     def _fetch_token(self, *, force: bool = False) -> None:
         body = {"grant_type": "client_credential", "appid": self.app_id, "secret": self.app_secret}
