@@ -116,6 +116,7 @@ class FakeWeixin:
         self._sends = 0
         self._script: list[int] = []
         self._upload_script: list[int] = []
+        self._token_script: list[int] = []
         self._secret_reset = False
         self._requests: dict[str, tuple[str, bytes]] = {}  # MsgId -> (url, body) as last posted
         self._msg_ids = itertools.count(24300000000000001)
@@ -157,6 +158,11 @@ class FakeWeixin:
         """The next sends are answered with these errcodes, one each, before any is delivered (0: HTTP 502)."""
         with self.lock:
             self._script.extend(errcodes)
+
+    def script_token(self, *errcodes: int) -> None:
+        """The next stable_token calls are answered with these errcodes, one each (0: HTTP 502)."""
+        with self.lock:
+            self._token_script.extend(errcodes)
 
     def script_upload(self, *errcodes: int) -> None:
         """The next media/upload calls are answered with these errcodes, one each."""
@@ -341,6 +347,10 @@ class FakeWeixin:
 
     def _answer(self, method: str, path: str, params: dict, body, raw: bytes, ctype: str):
         if method == "POST" and path == "/cgi-bin/stable_token":
+            with self.lock:
+                code = self._token_script.pop(0) if self._token_script else None
+            if code is not None:
+                return (None if code == 0 else error(code)), {}
             return self._stable_token(body), {}
         if method == "GET" and path.startswith("/video/"):
             with self.lock:

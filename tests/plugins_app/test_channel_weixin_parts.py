@@ -651,6 +651,21 @@ def test_channel_weixin_is_a_builtin_kind_a_plugins_toml_entry_needs_no_command_
         sys.executable, ["-m", "plugins_app.channel.workers.weixin", "--bind", "127.0.0.1:3003"])
 
 
+@pytest.mark.parametrize("answer", [0, -1])  # HTTP 502, system busy
+def test_a_passing_token_failure_at_start_still_listens_and_the_token_comes_at_the_send(wx, tmp_path, answer):
+    wx.script_token(answer)
+    w = WeixinWorker(argv=["--bind", "127.0.0.1:0"], environ=wx.env(), socket_path=str(tmp_path / "s"),
+                     plugin_id="weixin-t", token="t", state_dir=str(tmp_path), install_signal_handlers=False)
+    w.connect()
+    try:
+        wx.callback_url = w.server.url
+        assert wx.verify_url(echo="up").text == "up"  # WeChat's calls are answered meanwhile
+        w.deliver(Delivery(delivery_id="t-1", conversation_id=USER, text="token later"))
+        assert wx.texts() == ["token later"] and len(wx.calls_to("/cgi-bin/stable_token")) == 2
+    finally:
+        w.disconnect()
+
+
 def test_a_missing_setting_or_a_bad_aes_key_is_refused_at_connect(wx, tmp_path):
     from plugins_app.channel.sdk import ChannelRefused
     for env, words in [({**wx.env(), "WEIXIN_TOKEN": ""}, "WEIXIN_TOKEN not set"),

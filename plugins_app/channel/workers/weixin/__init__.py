@@ -46,6 +46,8 @@ import os
 import sys
 import threading
 import time
+
+import httpx
 from urllib.parse import quote, unquote
 
 from plugins_app.channel.sdk import Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, InboundMessage
@@ -256,6 +258,11 @@ class WeixinWorker(WebhookInbox, ChannelWorker):
             self.api.token()
         except AppRefused as exc:
             raise ChannelRefused(refused(exc)) from exc
+        except (WeixinError, httpx.HTTPError) as exc:
+            # passing (busy, 5xx, the network): inbound needs no token, and WeChat's retries of a POST need an
+            # answer; the token is fetched again at the first call that needs it (a refusal then stops the worker)
+            self.log.warning("weixin: the access token could not be fetched yet (%s: %s); listening anyway",
+                             type(exc).__name__, exc)
         self._journal = SentJournal(self.journal_path())
         self._quota = SentJournal(self.state_path("quota", "sqlite3"))
         self.log.info("weixin: account %s via %s, %s mode", self.app_id, self.base_url,
