@@ -117,6 +117,7 @@ class FakeWeixin:
         self._script: list[int] = []
         self._upload_script: list[int] = []
         self._token_script: list[int] = []
+        self._media_script: list[int] = []
         self._secret_reset = False
         self._requests: dict[str, tuple[str, bytes]] = {}  # MsgId -> (url, body) as last posted
         self._msg_ids = itertools.count(24300000000000001)
@@ -163,6 +164,11 @@ class FakeWeixin:
         """The next stable_token calls are answered with these errcodes, one each (0: HTTP 502)."""
         with self.lock:
             self._token_script.extend(errcodes)
+
+    def script_media(self, *errcodes: int) -> None:
+        """The next media/get calls are answered with these errcodes, one each (0: HTTP 502)."""
+        with self.lock:
+            self._media_script.extend(errcodes)
 
     def script_upload(self, *errcodes: int) -> None:
         """The next media/upload calls are answered with these errcodes, one each."""
@@ -364,6 +370,10 @@ class FakeWeixin:
         if method == "POST" and path == "/cgi-bin/media/upload":
             return self._upload(params, raw, ctype), {}
         if method == "GET" and path == "/cgi-bin/media/get":
+            with self.lock:
+                code = self._media_script.pop(0) if self._media_script else None
+            if code is not None:
+                return (None if code == 0 else error(code)), {}
             media_id = params.get("media_id", "")
             with self.lock:
                 found = self.media_files.get(media_id)

@@ -616,6 +616,39 @@ def test_the_count_left_outlives_a_restart_and_45047_stops_a_delivery_saying_why
         second.disconnect()
 
 
+def owed_image(wx, worker) -> str:
+    """A user's image message recorded by the worker; its outbox key."""
+    media_id = wx.upload(b"\xff\xd8\xff" + b"\0" * 16, "image/jpeg", "photo.jpg")
+    worker.accept(wx.message("image", PicUrl="http://mmbiz.qpic.cn/x", MediaId=media_id))
+    [row] = worker._outbox().inbound_pending()
+    return row.key
+
+
+def test_a_file_wechat_cannot_give_for_now_keeps_its_message_owed_then_goes_on_saying_so(wx, worker):
+    key = owed_image(wx, worker)
+    worker.api.max_wait_secs = 0
+    clock = Clock()
+    worker._media_clock = clock
+    wx.script_media(0, -1)  # HTTP 502, then system busy
+    for _ in range(2):
+        with pytest.raises(OSError):  # the SDK keeps the message owed: tried again at the next replay
+            worker._store_inbound_media(key, worker._outbox().inbound_get(key).message)
+        clock.now += 30
+    wx.script_media(0)
+    clock.now += 1  # past MEDIA_RETRY_SECS: the message goes on without the file, saying so
+    message = worker._store_inbound_media(key, worker._outbox().inbound_get(key).message)
+    assert message["attachments"] == [] and "could not be fetched from WeChat" in message["text"]
+    assert worker._outbox().inbound_get(key).message["attachments"] == []  # stored so: a replay sends the same
+
+
+def test_a_file_wechat_no_longer_has_is_a_note_at_once_not_a_link_the_host_cannot_fetch(wx, worker):
+    key = owed_image(wx, worker)
+    wx.script_media(40007)
+    message = worker._store_inbound_media(key, worker._outbox().inbound_get(key).message)
+    assert message["attachments"] == [] and "errcode 40007" in message["text"]
+    assert "access_token" not in json.dumps(message) and "/cgi-bin/media/get" not in json.dumps(message)
+
+
 def test_the_journal_outlives_the_worker(wx, tmp_path):
     env = wx.env()
     kw = dict(argv=["--bind", "127.0.0.1:0"], environ=env, socket_path=str(tmp_path / "s"), plugin_id="weixin-j",
