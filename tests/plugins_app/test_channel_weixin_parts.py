@@ -649,6 +649,13 @@ def test_a_file_wechat_no_longer_has_is_a_note_at_once_not_a_link_the_host_canno
     assert "access_token" not in json.dumps(message) and "/cgi-bin/media/get" not in json.dumps(message)
 
 
+def test_an_event_is_not_taken_and_its_users_openid_is_not_logged_at_info(wx, worker, caplog):
+    import logging
+    with caplog.at_level(logging.INFO):
+        worker.accept(wx.event("subscribe"))
+    assert USER not in caplog.text and worker._outbox().inbound_pending() == []
+
+
 def test_the_journal_outlives_the_worker(wx, tmp_path):
     env = wx.env()
     kw = dict(argv=["--bind", "127.0.0.1:0"], environ=env, socket_path=str(tmp_path / "s"), plugin_id="weixin-j",

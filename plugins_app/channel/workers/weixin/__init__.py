@@ -19,7 +19,7 @@ docs/channels/weixin.md.
   ``MsgId``, so a POST WeChat makes again (no answer within 5 s) runs no second turn. The conversation
   and the sender are the user's OpenID (``FromUserName``). Media are downloaded with
   ``GET /cgi-bin/media/get`` and stored on the host. Events (follow, unfollow, menu clicks, scans) are
-  not messages: answered ``success`` and logged.
+  not messages: answered ``success`` and logged at DEBUG (the OpenID is a personal identifier).
 * **Outbound.** ``POST /cgi-bin/message/custom/send`` (customer service messages, within 48 hours of
   the user's last message): text split at 2,048 bytes of UTF-8. WeChat allows 5 messages in all for one
   message of the user, whatever number of deliveries the hub makes of it (notices, questions, the answer):
@@ -296,7 +296,7 @@ class WeixinWorker(WebhookInbox, ChannelWorker):
         is written, so the callback may answer ``success`` at once."""
         msg = normalise(message, base_url=self.base_url)
         if msg is None:
-            self.log.info("weixin: %s %s from %s is not a message; not taken", message.get("MsgType"),
+            self.log.debug("weixin: %s %s from %s is not a message; not taken", message.get("MsgType"),
                           message.get("Event") or "", message.get("FromUserName"))
             return
         if not self.inbox_record(msg):
