@@ -64,6 +64,7 @@ ERRORS = {
     44004: "empty content rid: 6751a1c2-0d3b5a2e-1f2e3d54",
     45002: "content size out of limit rid: 6751a1c2-0d3b5a2e-1f2e3d55",
     45009: "reach max api daily quota limit rid: 6751a1c2-0d3b5a2e-1f2e3d56",
+    45011: "api minute-quota reach limit  mustslower  retry next minute rid: 6751a1c2-0d3b5a2e-1f2e3d5c",
     45015: "response out of time limit or subscription is canceled rid: 6751a1c2-0d3b5a2e-1f2e3d57",
     45047: "out of response count limit rid: 6751a1c2-0d3b5a2e-1f2e3d58",
     48001: "api unauthorized rid: 6751a1c2-0d3b5a2e-1f2e3d59",

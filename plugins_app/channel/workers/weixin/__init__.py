@@ -31,7 +31,7 @@ docs/channels/weixin.md.
   sends only what is missing.
 * **Token.** ``POST /cgi-bin/stable_token``, kept until shortly before it expires, fetched again when
   a call says it is stale (40001, 40014, 42001) and the call made once more.
-* **Busy.** -1, 45009 and HTTP 5xx are waited out in place (1 s doubling to 30 s) up to
+* **Busy.** -1, 45009, 45011 and HTTP 5xx are waited out in place (1 s doubling to 30 s) up to
   ``--max-retry-wait``; then the hub's own retries take over.
 * **Refusals.** The AppID, the AppSecret, the IP whitelist or the account's rights refused (40001,
   40013, 40125, 40164, 48001, ...) raise ``ChannelRefused``: the plugin is disabled with the reason,

@@ -6,7 +6,7 @@ errcode at all, is success), so the errcode, not the status, says what happened:
 
 * 40001 (the token is invalid or not the latest), 40014 (invalid), 42001 (expired) at a call: the access
   token is stale; it is fetched again at once and the call made once more;
-* -1 (system busy), 45009 (the API's call quota), and HTTP 5xx: waited out in place, 1 s doubling to
+* -1 (system busy), 45009 (the API's call quota), 45011 (its minute quota), and HTTP 5xx: waited out in place, 1 s doubling to
   30 s, up to ``max_wait_secs``; then ``RateLimited``;
 * at ``stable_token`` 40001/40125 (the AppSecret is wrong), 40013 (the AppID), 41002/41004 (missing),
   and anywhere 40164 (this server's IP is not in the account's IP whitelist) or 48001 (the account has
@@ -36,7 +36,7 @@ DEFAULT_API_BASE_URL = "https://api.weixin.qq.com"
 #: The access token is stale: fetch a new one and make the call again (once).
 TOKEN_STALE = {40001, 40014, 42001}
 #: Busy or over a quota: wait and make the call again.
-RATE_LIMITED = {-1, 45009}
+RATE_LIMITED = {-1, 45009, 45011}   # 45011: "api minute-quota reach limit, try again in a minute"
 #: Answers to stable_token only the operator can fix: the AppID, the AppSecret.
 TOKEN_REFUSED = {40001, 40013, 40125, 41002, 41004}
 #: Answers to any call only the operator can fix: the IP whitelist, the account's rights.
