@@ -54,6 +54,8 @@ ERRORS = {
     40001: "invalid credential, access_token is invalid or not latest rid: 6751a1c2-0d3b5a2e-1f2e3d4c",
     40003: "invalid openid rid: 6751a1c2-0d3b5a2e-1f2e3d4d",
     40007: "invalid media_id rid: 6751a1c2-0d3b5a2e-1f2e3d4e",
+    40005: "invalid file type rid: 6751a1c2-0d3b5a2e-1f2e3d5a",
+    40009: "invalid image size rid: 6751a1c2-0d3b5a2e-1f2e3d5b",
     40013: "invalid appid rid: 6751a1c2-0d3b5a2e-1f2e3d4f",
     40125: "invalid appsecret rid: 6751a1c2-0d3b5a2e-1f2e3d50",
     40164: "invalid ip 127.0.0.1 ipv6 ::ffff:127.0.0.1, not in whitelist rid: 6751a1c2-0d3b5a2e-1f2e3d51",
@@ -62,6 +64,7 @@ ERRORS = {
     44004: "empty content rid: 6751a1c2-0d3b5a2e-1f2e3d54",
     45002: "content size out of limit rid: 6751a1c2-0d3b5a2e-1f2e3d55",
     45009: "reach max api daily quota limit rid: 6751a1c2-0d3b5a2e-1f2e3d56",
+    45011: "api minute-quota reach limit  mustslower  retry next minute rid: 6751a1c2-0d3b5a2e-1f2e3d5c",
     45015: "response out of time limit or subscription is canceled rid: 6751a1c2-0d3b5a2e-1f2e3d57",
     45047: "out of response count limit rid: 6751a1c2-0d3b5a2e-1f2e3d58",
     48001: "api unauthorized rid: 6751a1c2-0d3b5a2e-1f2e3d59",
@@ -113,6 +116,9 @@ class FakeWeixin:
         self._dropped: set[int] = set()
         self._sends = 0
         self._script: list[int] = []
+        self._upload_script: list[int] = []
+        self._token_script: list[int] = []
+        self._media_script: list[int] = []
         self._secret_reset = False
         self._requests: dict[str, tuple[str, bytes]] = {}  # MsgId -> (url, body) as last posted
         self._msg_ids = itertools.count(24300000000000001)
@@ -154,6 +160,21 @@ class FakeWeixin:
         """The next sends are answered with these errcodes, one each, before any is delivered (0: HTTP 502)."""
         with self.lock:
             self._script.extend(errcodes)
+
+    def script_token(self, *errcodes: int) -> None:
+        """The next stable_token calls are answered with these errcodes, one each (0: HTTP 502)."""
+        with self.lock:
+            self._token_script.extend(errcodes)
+
+    def script_media(self, *errcodes: int) -> None:
+        """The next media/get calls are answered with these errcodes, one each (0: HTTP 502)."""
+        with self.lock:
+            self._media_script.extend(errcodes)
+
+    def script_upload(self, *errcodes: int) -> None:
+        """The next media/upload calls are answered with these errcodes, one each."""
+        with self.lock:
+            self._upload_script.extend(errcodes)
 
     def hold_before(self, n: int) -> None:
         """The nth send (counting from 1) waits, not delivered, until ``release(n)``."""
@@ -333,6 +354,10 @@ class FakeWeixin:
 
     def _answer(self, method: str, path: str, params: dict, body, raw: bytes, ctype: str):
         if method == "POST" and path == "/cgi-bin/stable_token":
+            with self.lock:
+                code = self._token_script.pop(0) if self._token_script else None
+            if code is not None:
+                return (None if code == 0 else error(code)), {}
             return self._stable_token(body), {}
         if method == "GET" and path.startswith("/video/"):
             with self.lock:
@@ -346,6 +371,10 @@ class FakeWeixin:
         if method == "POST" and path == "/cgi-bin/media/upload":
             return self._upload(params, raw, ctype), {}
         if method == "GET" and path == "/cgi-bin/media/get":
+            with self.lock:
+                code = self._media_script.pop(0) if self._media_script else None
+            if code is not None:
+                return (None if code == 0 else error(code)), {}
             media_id = params.get("media_id", "")
             with self.lock:
                 found = self.media_files.get(media_id)
@@ -394,9 +423,15 @@ class FakeWeixin:
     def _upload(self, params: dict, raw: bytes, ctype: str) -> dict:
         if params.get("type") not in ("image", "voice", "video", "thumb"):
             return {"errcode": 40004, "errmsg": "invalid media type"}
+        with self.lock:
+            if self._upload_script:
+                return error(self._upload_script.pop(0))
         form = BytesParser(policy=HTTP).parsebytes(f"Content-Type: {ctype}\r\n\r\n".encode() + raw)
         for part in form.iter_parts() if form.is_multipart() else []:
             if part.get_param("name", header="content-disposition") == "media":
+                name = (part.get_filename() or "").lower()
+                if params["type"] == "image" and not name.endswith((".jpg", ".jpeg", ".png", ".gif")):
+                    return error(40005)  # WeChat takes the file's type from its name's extension
                 media_id = secrets.token_urlsafe(48)
                 with self.lock:
                     self.uploads[media_id] = (part.get_payload(decode=True), part.get_content_type(),

@@ -149,10 +149,15 @@ def test_bad_signatures_are_refused_and_change_nothing_and_events_run_nothing(tc
         _, other = weixin.request(weixin.text("script:answer=forged"))
         assert weixin.send_request(url, weixin.request(weixin.text("script:answer=x"))[1]).status_code == 200
         assert weixin.send_request(url, other).status_code == 403
+        # a URL check's query, read from an access log, signs no POST
+        import httpx
+        checked, forged_body = weixin.request(weixin.text("script:answer=from the log"))
+        assert httpx.get(checked + "&echostr=1", timeout=5.0).text == "1"
+        assert weixin.send_request(checked, forged_body).status_code == 403
     weixin.say("script:answer=the message")
     assert wait_until(lambda: "the message" in weixin.texts(), 30)
     wait_until(lambda: False, 0.5)
-    assert "no" not in weixin.texts() and "forged" not in weixin.texts()
+    assert "no" not in weixin.texts() and "forged" not in weixin.texts() and "from the log" not in weixin.texts()
     assert Receipt.objects.count() == (1 if weixin.safe else 2)
 
 

@@ -5,6 +5,7 @@ to WeChat's errcodes, media in and out, and the sent journal across a resumed de
 from __future__ import annotations
 
 import json
+import time
 import sys
 from pathlib import Path
 from urllib.parse import urlencode, urlsplit
@@ -16,11 +17,11 @@ from plugins_app.channel.sdk.wxcrypto import CryptoError, MsgCrypt, parse_xml
 from plugins_app.channel.sdk.wxcrypto import signature as msg_signature
 from plugins_app.channel.workers import installed_kinds
 from plugins_app.channel.workers.weixin import (CUT_NOTE, ENV_REFS, MAX_MESSAGES, WeixinWorker, message_parts,
-                                                normalise, utf8_len)
+                                                normalise, upload_name, utf8_len)
 from plugins_app.channel.workers.weixin.api import (TEXT_LIMIT_BYTES, AppRefused, RateLimited, Stopped,
                                                     UserUnreachable, WeixinApi, WeixinError)
 from plugins_app.channel.workers.weixin.callback import SUCCESS, CallbackServer, signature
-from tests.fakes.weixin import ACCOUNT, USER, FakeWeixin
+from tests.fakes.weixin import ACCOUNT, OTHER_USER, USER, FakeWeixin
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 VECTORS = json.loads((DATA / "webhook-signature-vectors.json").read_text())["vectors"]
@@ -96,11 +97,14 @@ fake = FakeWeixin()  # not started: its builders and crypto only
 fake.callback_url = "http://127.0.0.1:9/weixin/callback"
 
 
+NOW = 1733480000  # a fixed clock (2024-12-06), and the timestamps of the requests made for it
+
+
 def server(records: list, *, token: str = fake.token, crypto: MsgCrypt | None = None, now: float | None = None,
-           on_message=None) -> CallbackServer:
+           on_message=None, seen_path: str | None = None) -> CallbackServer:
     import time
     s = CallbackServer("127.0.0.1:0", "/weixin/callback", token, crypto, on_message or records.append,
-                       clock=(lambda: now) if now is not None else time.time)
+                       clock=(lambda: now) if now is not None else time.time, seen_path=seen_path)
     s.httpd.server_close()
     return s
 
@@ -129,6 +133,36 @@ def test_a_plaintext_post_is_recorded_when_signed_and_answered_success():
     assert len(records) == 2  # the message, and its repeat (the worker's MsgId check drops the repeat)
 
 
+def test_a_url_checks_signature_from_an_access_log_cannot_sign_a_plaintext_post():
+    records: list = []
+    s = server(records, now=NOW)
+    target, body = target_of(fake.text("forged by a log reader"), safe=False, timestamp=str(NOW))
+    check = target.replace("&openid=", "&echostr=42&openid=")  # the GET's query: signature, timestamp, nonce
+    assert s.handle("GET", check, b"") == (200, "42")
+    assert s.handle("POST", target, body) == (403, "") and records == []
+
+
+def test_the_signatures_seen_outlive_a_restart_of_the_worker(tmp_path):
+    seen = str(tmp_path / "weixin-main.weixin-seen.log")
+    records: list = []
+    first = server(records, now=NOW, seen_path=seen)
+    target, body = target_of(fake.text("the real one"), safe=False, timestamp=str(NOW))
+    assert first.handle("POST", target, body) == (200, SUCCESS)
+    check, _ = target_of(fake.text("unused"), safe=False, timestamp=str(NOW))
+    assert first.handle("GET", check + "&echostr=7", b"") == (200, "7")
+    first._seen.close()
+    again = server(records, now=NOW + 60, seen_path=seen)  # the worker restarted within --max-age
+    forged = fake.to_xml(fake.text("forged")).encode()
+    assert again.handle("POST", target, forged) == (403, "")  # the POST's signature, another body
+    assert again.handle("POST", check, forged) == (403, "")   # the GET's signature
+    assert again.handle("POST", target, body) == (200, SUCCESS)  # WeChat calling again: the very same request
+    assert [r["Content"] for r in records] == ["the real one", "the real one"]
+    again._seen.close()
+    later = server(records, now=NOW + 601, seen_path=seen)  # past twice --max-age: forgotten, and the file too
+    assert later._seen.entries == {}
+    later._seen.close()
+
+
 def test_safe_mode_refuses_plaintext_and_plaintext_mode_refuses_ciphertext():
     records: list = []
     safe = server(records, crypto=fake.crypto)
@@ -145,12 +179,11 @@ def test_safe_mode_refuses_plaintext_and_plaintext_mode_refuses_ciphertext():
 
 
 def test_a_request_whose_timestamp_is_old_or_no_number_is_refused():
-    import time
     records: list = []
-    s = server(records, now=time.time() + 301)
-    target, body = target_of(fake.text("late"), safe=False)
-    assert s.handle("POST", target, body) == (403, "")
-    s = server(records, now=time.time() + 299)
+    target, body = target_of(fake.text("late"), safe=False, timestamp=str(NOW))
+    for now in (NOW + 301, NOW - 301):
+        assert server(records, now=now).handle("POST", target, body) == (403, "")
+    s = server(records, now=NOW + 300)  # the edge itself is still in
     assert s.handle("POST", target, body) == (200, "success")
     target, body = target_of(fake.text("odd"), safe=False, timestamp="soon")
     assert s.handle("POST", target, body) == (403, "")
@@ -305,6 +338,38 @@ def test_a_stale_token_the_platform_hands_out_again_is_force_refreshed(wx):
     assert wx.texts() == ["before", "after"]
 
 
+def test_force_refresh_is_asked_at_most_once_in_30_s_and_a_few_times_a_day(wx):
+    from plugins_app.channel.workers.weixin.api import FORCE_PER_DAY
+    clock = Clock()
+    client, _ = api(wx, clock=clock)
+    client.send_text(USER, "before")
+
+    def forced():
+        return len([c for c in wx.calls_to("/cgi-bin/stable_token") if (c.body or {}).get("force_refresh")])
+    wx.script_send(40001)
+    client.send_text(USER, "forced")
+    assert forced() == 1
+    clock.now += 10
+    wx.script_send(40001, 40001)  # stale again, 10 s later: no second force; the call fails, retryable
+    with pytest.raises(WeixinError) as err:
+        client.send_text(USER, "not forced")
+    assert err.value.errcode == 40001 and forced() == 1
+    for n in range(2, FORCE_PER_DAY + 3):
+        clock.now += 31
+        wx._opened_window(wx.text("hi"))  # (the fake's 5 messages a message)
+        wx.script_send(40001)
+        try:
+            client.send_text(USER, f"again {n}")
+        except WeixinError:
+            pass
+    assert forced() == FORCE_PER_DAY < 20  # WeChat's 20 a day are shared with every program of the AppID
+    clock.now += 86400
+    wx._opened_window(wx.text("hi"))
+    wx.script_send(40001)
+    client.send_text(USER, "a day later")
+    assert forced() == FORCE_PER_DAY + 1
+
+
 def test_a_token_stale_twice_is_an_error_not_a_loop(wx):
     client, _ = api(wx)
     wx.script_send(42001, 42001)
@@ -314,14 +379,15 @@ def test_a_token_stale_twice_is_an_error_not_a_loop(wx):
 
 
 def test_busy_quota_and_5xx_back_off_doubling_within_the_longest_wait(wx):
-    client, waits = api(wx, max_wait_secs=10)
-    wx.script_send(-1, 45009, 0)
+    client, waits = api(wx, max_wait_secs=15)
+    wx.script_send(-1, 45009, 45011, 0)  # system busy, the daily quota, the minute quota, HTTP 502
     client.send_text(USER, "eventually")
-    assert waits == [1.0, 2.0, 4.0] and wx.texts() == ["eventually"]
+    assert waits == [1.0, 2.0, 4.0, 8.0] and wx.texts() == ["eventually"]
+    del waits[:]
     wx.script_send(*[-1] * 10)
     with pytest.raises(RateLimited):
         client.send_text(USER, "never")
-    assert waits[3:] == [1.0, 2.0, 4.0]  # 1 + 2 + 4 = 7; 8 more would pass 10
+    assert waits == [1.0, 2.0, 4.0, 8.0]  # 1 + 2 + 4 + 8 = 15; 16 more would pass 15
 
 
 def test_a_stopping_worker_cuts_a_busy_wait_short(wx):
@@ -430,6 +496,49 @@ def test_an_answer_with_an_image_sends_its_text_then_the_image_once(wx, worker):
                                      attachments=[again, pdf])) == "sent"  # not uploaded a second time
 
 
+def test_an_image_the_host_does_not_hold_is_its_link_not_a_silent_empty_delivery(wx, worker):
+    att = Attachment(kind="image", content_type="image/png", url="https://example.com/chart.png",
+                     filename="chart.png")
+    delivery = Delivery(delivery_id="d-5", conversation_id=USER, text="", attachments=[att])
+    worker.deliver(delivery)
+    assert wx.texts() == ["[chart.png: https://example.com/chart.png]"]
+    assert worker.already_delivered(delivery) and not wx.calls_to("/cgi-bin/media/upload")
+
+
+def test_an_image_media_upload_refuses_is_a_note_and_the_text_still_goes_out(wx, worker):
+    att = image_attachment()
+    delivery = Delivery(delivery_id="d-6", conversation_id=USER, text="the chart", attachments=[att])
+    wx.script_upload(40009)  # invalid image size: uploading again cannot help
+    att.channel_ref = worker.put_media(Media(b"\x89PNG" + b"\0" * 60, "image/png", "chart.png"), att, delivery)
+    worker.deliver(delivery)
+    assert wx.texts() == ["the chart", "[chart.png (64 bytes) was not sent: not an image size WeChat takes "
+                                       "(errcode 40009: invalid image size rid: 6751a1c2-0d3b5a2e-1f2e3d5b)]"]
+    assert worker.already_delivered(delivery) and len(wx.calls_to("/cgi-bin/media/upload")) == 1
+
+
+def test_an_image_is_uploaded_with_the_extension_of_its_content_type():
+    assert upload_name(Attachment(kind="image", content_type="image/png", media_id="m"), "image/png") == "image.png"
+    assert upload_name(Attachment(kind="image", content_type="image/gif", media_id="m", filename="anim"),
+                       "image/gif") == "anim.gif"
+    assert upload_name(Attachment(kind="image", content_type="image/jpeg", media_id="m", filename="a.JPEG"),
+                       "image/jpeg") == "a.JPEG"
+
+
+def test_a_png_without_a_name_is_taken_by_media_upload(wx, worker):
+    att = Attachment(kind="image", content_type="image/png", media_id="m-7")
+    delivery = Delivery(delivery_id="d-7", conversation_id=USER, text="", attachments=[att])
+    att.channel_ref = worker.put_media(Media(b"\x89PNG" + b"\0" * 8, "image/png", None), att, delivery)
+    worker.deliver(delivery)
+    assert wx.uploads[att.channel_ref][1:] == ("image/png", "image.png")
+    assert wx.sent[-1]["image"]["media_id"] == att.channel_ref
+
+
+@pytest.mark.parametrize("code", [40004, 40005, 40006, 40009, 41005])
+def test_a_media_upload_refusal_is_permanent(code):
+    from plugins_app.channel.workers.weixin import CONTENT_REFUSED
+    assert code in CONTENT_REFUSED
+
+
 def test_an_image_over_2_mb_is_not_uploaded_and_a_note_says_so(wx, worker):
     att = image_attachment()
     delivery = Delivery(delivery_id="d-4", conversation_id=USER, text="", attachments=[att])
@@ -456,6 +565,96 @@ def test_a_delivery_that_failed_resumes_and_a_closed_window_is_permanent(wx, wor
         worker.deliver(second)
     assert err.value.permanent and "48 hours" in err.value.reason
     assert not worker.already_delivered(second)
+
+
+def part(n: int, char: str = "字") -> str:
+    """The text of an answer of ``n`` messages (each just under 2,048 bytes)."""
+    return "\n\n".join([char * 600] * n)
+
+
+def test_the_five_messages_are_counted_per_message_of_the_user_not_per_delivery(wx, worker):
+    worker.accept(wx.text("one question"))  # the user wrote: 5 messages to answer with, in all
+    worker.deliver(Delivery(delivery_id="q-notice", conversation_id=USER, text=part(3, "甲")))
+    second = Delivery(delivery_id="q-answer", conversation_id=USER, text=part(4, "乙"))
+    worker.deliver(second)  # 2 left: cut in its second message, saying so; not refused by WeChat with 45047
+    texts = wx.texts()
+    assert len(texts) == 5 and texts[-1].endswith(CUT_NOTE) and {c.errcode for c in wx.sends()} == {0}
+    assert worker.already_delivered(second)
+    third = Delivery(delivery_id="q-more", conversation_id=USER, text="and another thing")
+    with pytest.raises(DeliveryFailed) as err:
+        worker.deliver(third)
+    assert err.value.permanent and "quota" in err.value.reason and "write again" in err.value.reason
+    assert len(wx.sends()) == 5  # nothing asked of WeChat
+    wx._opened_window(wx.text("again"))
+    worker.accept(wx.text("again"))  # the user wrote again: 5 more
+    worker.deliver(third)
+    assert wx.texts()[-1] == "and another thing"
+
+
+def test_the_count_left_outlives_a_restart_and_45047_stops_a_delivery_saying_why(wx, tmp_path):
+    kw = dict(argv=["--bind", "127.0.0.1:0"], environ=wx.env(), socket_path=str(tmp_path / "s"), plugin_id="weixin-q",
+              token="t", state_dir=str(tmp_path), install_signal_handlers=False)
+    first = WeixinWorker(**kw)
+    first.connect()
+    try:
+        first.accept(wx.text("hi"))
+        first.deliver(Delivery(delivery_id="r-1", conversation_id=USER, text=part(4)))
+    finally:
+        first.disconnect()
+    second = WeixinWorker(**kw)
+    second.connect()
+    try:
+        second.deliver(Delivery(delivery_id="r-2", conversation_id=USER, text=part(2)))
+        assert len(wx.texts()) == 5 and wx.texts()[-1].endswith(CUT_NOTE)
+        second._set_left(OTHER_USER, 5, time.time())  # (the count says 5; WeChat says spent)
+        wx._opened_window(wx.text("x", user=OTHER_USER))
+        wx.script_send(45047)
+        with pytest.raises(DeliveryFailed) as err:
+            second.deliver(Delivery(delivery_id="r-3", conversation_id=OTHER_USER, text=part(2)))
+        assert err.value.permanent and "errcode 45047" in err.value.reason and "0 of this answer's 2" in err.value.reason
+        assert second._left(OTHER_USER)[0] == 0
+    finally:
+        second.disconnect()
+
+
+def owed_image(wx, worker) -> str:
+    """A user's image message recorded by the worker; its outbox key."""
+    media_id = wx.upload(b"\xff\xd8\xff" + b"\0" * 16, "image/jpeg", "photo.jpg")
+    worker.accept(wx.message("image", PicUrl="http://mmbiz.qpic.cn/x", MediaId=media_id))
+    [row] = worker._outbox().inbound_pending()
+    return row.key
+
+
+def test_a_file_wechat_cannot_give_for_now_keeps_its_message_owed_then_goes_on_saying_so(wx, worker):
+    key = owed_image(wx, worker)
+    worker.api.max_wait_secs = 0
+    clock = Clock()
+    worker._media_clock = clock
+    wx.script_media(0, -1)  # HTTP 502, then system busy
+    for _ in range(2):
+        with pytest.raises(OSError):  # the SDK keeps the message owed: tried again at the next replay
+            worker._store_inbound_media(key, worker._outbox().inbound_get(key).message)
+        clock.now += 30
+    wx.script_media(0)
+    clock.now += 1  # past MEDIA_RETRY_SECS: the message goes on without the file, saying so
+    message = worker._store_inbound_media(key, worker._outbox().inbound_get(key).message)
+    assert message["attachments"] == [] and "could not be fetched from WeChat" in message["text"]
+    assert worker._outbox().inbound_get(key).message["attachments"] == []  # stored so: a replay sends the same
+
+
+def test_a_file_wechat_no_longer_has_is_a_note_at_once_not_a_link_the_host_cannot_fetch(wx, worker):
+    key = owed_image(wx, worker)
+    wx.script_media(40007)
+    message = worker._store_inbound_media(key, worker._outbox().inbound_get(key).message)
+    assert message["attachments"] == [] and "errcode 40007" in message["text"]
+    assert "access_token" not in json.dumps(message) and "/cgi-bin/media/get" not in json.dumps(message)
+
+
+def test_an_event_is_not_taken_and_its_users_openid_is_not_logged_at_info(wx, worker, caplog):
+    import logging
+    with caplog.at_level(logging.INFO):
+        worker.accept(wx.event("subscribe"))
+    assert USER not in caplog.text and worker._outbox().inbound_pending() == []
 
 
 def test_the_journal_outlives_the_worker(wx, tmp_path):
@@ -491,6 +690,21 @@ def test_channel_weixin_is_a_builtin_kind_a_plugins_toml_entry_needs_no_command_
                                'env_refs = ["WEIXIN_APP_ID", "WEIXIN_APP_SECRET", "WEIXIN_TOKEN"]\n')
     assert selectors.plugin_argv(Plugin.objects.get()) == (
         sys.executable, ["-m", "plugins_app.channel.workers.weixin", "--bind", "127.0.0.1:3003"])
+
+
+@pytest.mark.parametrize("answer", [0, -1])  # HTTP 502, system busy
+def test_a_passing_token_failure_at_start_still_listens_and_the_token_comes_at_the_send(wx, tmp_path, answer):
+    wx.script_token(answer)
+    w = WeixinWorker(argv=["--bind", "127.0.0.1:0"], environ=wx.env(), socket_path=str(tmp_path / "s"),
+                     plugin_id="weixin-t", token="t", state_dir=str(tmp_path), install_signal_handlers=False)
+    w.connect()
+    try:
+        wx.callback_url = w.server.url
+        assert wx.verify_url(echo="up").text == "up"  # WeChat's calls are answered meanwhile
+        w.deliver(Delivery(delivery_id="t-1", conversation_id=USER, text="token later"))
+        assert wx.texts() == ["token later"] and len(wx.calls_to("/cgi-bin/stable_token")) == 2
+    finally:
+        w.disconnect()
 
 
 def test_a_missing_setting_or_a_bad_aes_key_is_refused_at_connect(wx, tmp_path):

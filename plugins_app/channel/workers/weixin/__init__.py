@@ -19,16 +19,19 @@ docs/channels/weixin.md.
   ``MsgId``, so a POST WeChat makes again (no answer within 5 s) runs no second turn. The conversation
   and the sender are the user's OpenID (``FromUserName``). Media are downloaded with
   ``GET /cgi-bin/media/get`` and stored on the host. Events (follow, unfollow, menu clicks, scans) are
-  not messages: answered ``success`` and logged.
+  not messages: answered ``success`` and logged at DEBUG (the OpenID is a personal identifier).
 * **Outbound.** ``POST /cgi-bin/message/custom/send`` (customer service messages, within 48 hours of
-  the user's last message): text split at 2,048 bytes of UTF-8, at most 5 messages per answer (WeChat's
-  quota for one user message; a longer answer is cut, saying so); an image the agent attaches is
+  the user's last message): text split at 2,048 bytes of UTF-8. WeChat allows 5 messages in all for one
+  message of the user, whatever number of deliveries the hub makes of it (notices, questions, the answer):
+  the worker keeps the count left for each OpenID (reset to 5 when a message of the user is recorded, in a
+  SQLite file of its own), and a delivery takes its room from it when it is first planned (a longer
+  answer is cut, saying so; none left: the delivery fails for good, saying why); an image the agent attaches is
   uploaded with ``POST /cgi-bin/media/upload`` and sent as an image message. WeChat has no idempotency
   key: each message it took is journaled (``sdk/journal.py``), so a delivery resumed after a crash
   sends only what is missing.
 * **Token.** ``POST /cgi-bin/stable_token``, kept until shortly before it expires, fetched again when
   a call says it is stale (40001, 40014, 42001) and the call made once more.
-* **Busy.** -1, 45009 and HTTP 5xx are waited out in place (1 s doubling to 30 s) up to
+* **Busy.** -1, 45009, 45011 and HTTP 5xx are waited out in place (1 s doubling to 30 s) up to
   ``--max-retry-wait``; then the hub's own retries take over.
 * **Refusals.** The AppID, the AppSecret, the IP whitelist or the account's rights refused (40001,
   40013, 40125, 40164, 48001, ...) raise ``ChannelRefused``: the plugin is disabled with the reason,
@@ -41,6 +44,10 @@ import argparse
 import datetime as _dt
 import os
 import sys
+import threading
+import time
+
+import httpx
 from urllib.parse import quote, unquote
 
 from plugins_app.channel.sdk import Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, InboundMessage
@@ -50,8 +57,8 @@ from plugins_app.channel.sdk.text import split_text
 from plugins_app.channel.sdk.webhook import WebhookInbox
 from plugins_app.channel.sdk.wxcrypto import CryptoError, MsgCrypt
 
-from .api import (DEFAULT_API_BASE_URL, TEXT_LIMIT_BYTES, AppRefused, RateLimited, UserUnreachable,
-                  WeixinApi, WeixinError)
+from .api import (DEFAULT_API_BASE_URL, TEXT_LIMIT_BYTES, TOKEN_STALE, AppRefused, RateLimited, Stopped,
+                  UserUnreachable, WeixinApi, WeixinError)
 
 KIND = "channel-weixin"
 DESCRIPTION = "Weixin (微信公众号): an official account's server URL in, customer service messages out."
@@ -67,6 +74,12 @@ MEDIA = {"image": ("image", "image/jpeg"), "voice": ("audio", "audio/amr"), "vid
 VOICE_TYPES = {"amr": "audio/amr", "speex": "audio/speex", "mp3": "audio/mpeg"}
 #: WeChat's quota: 5 customer service messages for one message of the user, within 48 hours (45047 past it).
 MAX_MESSAGES = 5
+#: How long the 5 last after the user's message (WeChat: 48 hours).
+WINDOW_SECS = 48 * 3600
+#: The journal's part that holds a delivery's room (the messages it may send), planned once.
+PLAN_PART = -1
+QUOTA_SPENT = ("WeChat's quota of customer service messages for the user's last message is spent (5 within "
+               "48 hours, for every answer to it); the user must write again")
 CUT_NOTE = "\n\n[…the answer was cut here: WeChat lets an account send 5 messages for one message of yours]"
 #: Images WeChat's customer service image message takes (media/upload type image: PNG, JPEG, GIF). WeChat's
 #: page gives both 2 MB and 10 MB for an image; the smaller is kept.
@@ -74,8 +87,19 @@ IMAGE_TYPES = {"image/jpeg", "image/png", "image/gif"}
 IMAGE_MAX_BYTES = 2 * 1024 * 1024
 #: put_media's mark for an image not uploaded: its message becomes a note saying so.
 UNSENT = "unsent:"
+#: How long a message whose file WeChat could not give for now (busy, 5xx, the network) stays owed, its download
+#: tried again at each replay, before it goes to the hub without the file, saying so.
+MEDIA_RETRY_SECS = 60.0
 #: Content errors sending again cannot fix: too long, empty, a bad media id, a bad message type.
 CONTENT_REFUSED = {45002, 44002, 44004, 40007, 40008}
+#: What media/upload answers for a file it will never take: the media type, the file type, the file's size, the
+#: image's size, no media data. The image becomes a note; the rest of the answer goes out.
+UPLOAD_REFUSED = {40004: "not a media type WeChat takes", 40005: "not a file type WeChat takes",
+                  40006: "not a file size WeChat takes", 40009: "not an image size WeChat takes",
+                  41005: "WeChat found no media data in it"}
+CONTENT_REFUSED |= set(UPLOAD_REFUSED)
+#: An uploaded image's file name extension, by its content type (WeChat reads the type from it).
+IMAGE_EXTENSIONS = {"image/jpeg": ".jpg", "image/png": ".png", "image/gif": ".gif"}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -182,9 +206,18 @@ def normalise(message: dict, *, base_url: str = DEFAULT_API_BASE_URL) -> Inbound
 
 
 def unsent_note(attachment: Attachment) -> str:
-    size = (attachment.channel_ref or "")[len(UNSENT):]
-    return (f"[{attachment.filename or 'an image'} ({size} bytes) was not sent: over WeChat's "
-            f"{IMAGE_MAX_BYTES // (1024 * 1024)} MB for an image]")
+    """The note in place of an image not sent: ``channel_ref`` is ``UNSENT<size>:<why>``."""
+    size, _, why = (attachment.channel_ref or "")[len(UNSENT):].partition(":")
+    return f"[{attachment.filename or 'an image'} ({size} bytes) was not sent: {why}]"
+
+
+def upload_name(attachment: Attachment, content_type: str) -> str:
+    """The file name an image is uploaded with: the agent's, with the extension of its content type."""
+    ext = IMAGE_EXTENSIONS.get(content_type, ".jpg")
+    name = (attachment.filename or "").strip() or "image"
+    if os.path.splitext(name)[1].lower() not in {*IMAGE_EXTENSIONS.values(), ".jpeg"}:
+        name += ext
+    return name
 
 
 def sendable_image(attachment: Attachment) -> bool:
@@ -208,6 +241,11 @@ class WeixinWorker(WebhookInbox, ChannelWorker):
                              stopping=self.stopping, max_wait_secs=self.opts.max_retry_wait)
         self.inbox_init()
         self._journal: SentJournal | None = None
+        self._quota: SentJournal | None = None   # "quota:<OpenID>" -> "<messages left> <when the user wrote>"
+        self._plan_lock = threading.Lock()
+        self._fetch_failures: dict[str, tuple[bool, str]] = {}  # a download that failed: url -> (passing, why)
+        self._fetch_first_failed: dict[str, float] = {}          # outbox key -> when its download first failed
+        self._media_clock = time.monotonic
         self.server = None
 
     # ------------------------------------------------------------------ connect
@@ -226,17 +264,30 @@ class WeixinWorker(WebhookInbox, ChannelWorker):
             self.api.token()
         except AppRefused as exc:
             raise ChannelRefused(refused(exc)) from exc
+        except (WeixinError, httpx.HTTPError) as exc:
+            # passing (busy, 5xx, the network): inbound needs no token, and WeChat's retries of a POST need an
+            # answer; the token is fetched again at the first call that needs it (a refusal then stops the worker)
+            self.log.warning("weixin: the access token could not be fetched yet (%s: %s); listening anyway",
+                             type(exc).__name__, exc)
         self._journal = SentJournal(self.journal_path())
+        self._quota = SentJournal(self.state_path("quota", "sqlite3"))
         self.log.info("weixin: account %s via %s, %s mode", self.app_id, self.base_url,
                       "safe" if crypto else "plaintext")
         from .callback import CallbackServer
+        if crypto is None and not self.opts.max_age:
+            self.log.warning("weixin: plaintext mode with --max-age 0: a signature is refused with another body "
+                             "for 120 s only; a request from a log older than that is taken (prefer safe mode)")
         self.server = CallbackServer(self.opts.bind, self.opts.path, self.settings[TOKEN_ENV], crypto, self.accept,
-                                     max_age_secs=self.opts.max_age)
+                                     max_age_secs=self.opts.max_age, seen_path=self.state_path("seen", "log"))
         self.server.start()
         self.log.info("weixin: callback listening on %s", self.server.url)
 
     def journal_path(self) -> str:
-        return str(outbox_path_for(self.plugin_id, self.state_dir)).replace(".outbox.", ".weixin-sent.")
+        return self.state_path("sent", "sqlite3")
+
+    def state_path(self, what: str, ext: str) -> str:
+        """A file of the worker's own beside its outbox: ``sent`` (the journal), ``seen`` (plaintext signatures)."""
+        return str(outbox_path_for(self.plugin_id, self.state_dir)).replace(".outbox.sqlite3", f".weixin-{what}.{ext}")
 
     # ------------------------------------------------------------------ inbound
 
@@ -245,11 +296,45 @@ class WeixinWorker(WebhookInbox, ChannelWorker):
         is written, so the callback may answer ``success`` at once."""
         msg = normalise(message, base_url=self.base_url)
         if msg is None:
-            self.log.info("weixin: %s %s from %s is not a message; not taken", message.get("MsgType"),
+            self.log.debug("weixin: %s %s from %s is not a message; not taken", message.get("MsgType"),
                           message.get("Event") or "", message.get("FromUserName"))
             return
         if not self.inbox_record(msg):
             self.log.info("weixin: message %s was taken before (WeChat called again)", msg.message_id)
+            return
+        self._set_left(msg.conversation_id, MAX_MESSAGES, time.time())  # a message of the user: 5 again
+
+    # ------------------------------------------------------------------ WeChat's 5 messages a user message
+
+    def _left(self, openid: str) -> tuple[int, float]:
+        """The messages left for the user's last message, and when the user wrote it. Unknown (a message
+        recorded before this count was kept) or past 48 hours: 5, and WeChat's answer decides."""
+        value = self._quota.done(f"quota:{openid}").get(0, "")
+        try:
+            left, at = value.split()
+            left, at = int(left), float(at)
+        except ValueError:
+            return MAX_MESSAGES, 0.0
+        if time.time() - at > WINDOW_SECS:
+            return MAX_MESSAGES, 0.0
+        return max(0, min(left, MAX_MESSAGES)), at
+
+    def _set_left(self, openid: str, left: int, at: float) -> None:
+        self._quota.record(f"quota:{openid}", 0, f"{max(0, left)} {at:.3f}")
+
+    def room(self, delivery) -> int:
+        """The messages this delivery may send: planned once (journaled, so a resumed delivery keeps its plan),
+        taken from what is left for the user's last message when it is first planned."""
+        with self._plan_lock:
+            planned = self._journal.done(delivery.delivery_id).get(PLAN_PART)
+            if planned is not None:
+                return int(planned)
+            left, at = self._left(delivery.conversation_id)
+            steps = self._plan_steps(delivery, left)
+            if steps:
+                self._journal.record(delivery.delivery_id, PLAN_PART, str(left))
+                self._set_left(delivery.conversation_id, left - len(steps), at or time.time())
+            return left
 
     def fetch_media(self, attachment: Attachment) -> bytes | None:
         prefix = f"{self.base_url}/cgi-bin/media/get?media_id="
@@ -260,7 +345,40 @@ class WeixinWorker(WebhookInbox, ChannelWorker):
         except AppRefused as exc:
             self._refusal = refused(exc)  # the listener stops the worker
             raise
+        except Exception as exc:  # noqa: BLE001 - recorded for _store_inbound_media, then as the SDK expects
+            passing = (isinstance(exc, (RateLimited, Stopped, httpx.HTTPError))
+                       or (isinstance(exc, WeixinError) and (exc.errcode == -1 or exc.errcode in TOKEN_STALE)))
+            self._fetch_failures[attachment.url] = (passing, str(exc) or type(exc).__name__)
+            raise
         return data
+
+    def _store_inbound_media(self, key: str, message: dict) -> dict:
+        """The SDK's, then: a message whose file WeChat could not give for now stays owed (tried again at each
+        replay) for ``MEDIA_RETRY_SECS``; past that, or when WeChat refused the file for good (40007: gone), it
+        goes on without the file, a note in its text saying so, not with a link the host cannot fetch (the
+        link needs the access token). (Worked around here: the SDK submits such a message with the link.)"""
+        self._fetch_failures = {}  # (called under the SDK's inbound lock: one message at a time)
+        message = super()._store_inbound_media(key, message)
+        failures, self._fetch_failures = self._fetch_failures, {}
+        failed = [att for att in message.get("attachments", [])
+                  if not att.get("media_id") and att.get("url") in failures]
+        if not failed:
+            self._fetch_first_failed.pop(key, None)
+            return message
+        now = self._media_clock()
+        first = self._fetch_first_failed.setdefault(key, now)
+        if any(failures[att["url"]][0] for att in failed) and now - first < MEDIA_RETRY_SECS:
+            self.log.warning("weixin: message %s: its file could not be fetched for now (%s); it waits for the "
+                             "next try", key, "; ".join(failures[att["url"]][1] for att in failed))
+            raise OSError("a file of the message could not be fetched from WeChat for now")
+        self._fetch_first_failed.pop(key, None)
+        notes = [f"[{att.get('filename') or 'the ' + (att.get('kind') or 'file')} could not be fetched from "
+                 f"WeChat: {failures[att['url']][1]}]" for att in failed]
+        self.log.warning("weixin: message %s goes on without its file: %s", key, " ".join(notes))
+        message["attachments"] = [att for att in message.get("attachments", []) if att not in failed]
+        message["text"] = "\n\n".join([t for t in [message.get("text") or ""] if t.strip()] + notes)
+        self._outbox().inbound_update_message(key, message)
+        return message
 
     # ------------------------------------------------------------------ outbound
 
@@ -275,19 +393,36 @@ class WeixinWorker(WebhookInbox, ChannelWorker):
         if len(media.data) > IMAGE_MAX_BYTES:
             self.log.warning("delivery %s: image %s (%d bytes) is over WeChat's 2 MB; a note is sent instead",
                              delivery.delivery_id, attachment.filename or attachment.media_id, len(media.data))
-            return f"{UNSENT}{len(media.data)}"
+            return f"{UNSENT}{len(media.data)}:over WeChat's {IMAGE_MAX_BYTES // (1024 * 1024)} MB for an image"
+        ctype = attachment.content_type.split(";")[0].strip().lower()
         try:
-            return self.api.upload(media.data, attachment.content_type.split(";")[0].strip(),
-                                   attachment.filename or "image.jpg")
+            return self.api.upload(media.data, ctype, upload_name(attachment, ctype))
+        except WeixinError as exc:
+            if exc.errcode in UPLOAD_REFUSED and not isinstance(exc, (AppRefused, RateLimited)):
+                self.log.warning("delivery %s: image %s refused by media/upload (%s); a note is sent instead",
+                                 delivery.delivery_id, attachment.filename or attachment.media_id, exc)
+                return (f"{UNSENT}{len(media.data)}:{UPLOAD_REFUSED[exc.errcode]} (errcode {exc.errcode}: "
+                        f"{exc.errmsg})")
+            raise self._failure(exc, "media/upload") from exc
         except Exception as exc:  # noqa: BLE001 - classified as a send is
             raise self._failure(exc, "media/upload") from exc
 
     def _steps(self, delivery) -> list[tuple[str, object]]:
+        return self._plan_steps(delivery, self.room(delivery))
+
+    @staticmethod
+    def _plan_steps(delivery, room: int) -> list[tuple[str, object]]:
         """What a delivery sends, in order: its text parts, then one image message per image the agent
-        attached; at most 5 messages in all (WeChat's quota for one message of the user)."""
-        images = [att for att in delivery.attachments if sendable_image(att)][:MAX_MESSAGES - 1]
-        room = MAX_MESSAGES - len(images) if delivery.text.strip() else 0
-        steps: list[tuple[str, object]] = [("text", p) for p in message_parts(delivery.text, room=room)]
+        attached; at most ``room`` messages in all (what is left of WeChat's 5 for the user's message)."""
+        # a file the host does not hold (no media_id: never uploaded, so no image message) is its link in the text
+        links = [f"[{att.filename or att.kind or 'file'}: {att.url}]" for att in delivery.attachments
+                 if not att.media_id and att.url]
+        text = "\n\n".join(t for t in [delivery.text, *links] if t.strip())
+        has_text = bool(text.strip())
+        images = [att for att in delivery.attachments
+                  if att.media_id and sendable_image(att)][:max(0, room - has_text)]
+        text_room = room - len(images) if has_text else 0
+        steps: list[tuple[str, object]] = [("text", p) for p in message_parts(text, room=text_room)]
         steps += [("image", att) for att in images]
         return steps
 
@@ -296,6 +431,8 @@ class WeixinWorker(WebhookInbox, ChannelWorker):
             raise self.refused_failure("WeChat refused the account's credentials")
         steps = self._steps(delivery)
         if not steps:
+            if self._plan_steps(delivery, MAX_MESSAGES):
+                raise DeliveryFailed(f"nothing sent: {QUOTA_SPENT}", permanent=True)
             raise DeliveryFailed("nothing WeChat can show: the answer has no text and no image", permanent=True)
         done = self._journal.done(delivery.delivery_id)
         for index, (kind, payload) in enumerate(steps):
@@ -311,6 +448,11 @@ class WeixinWorker(WebhookInbox, ChannelWorker):
                 else:
                     self.api.send_image(delivery.conversation_id, payload.channel_ref)
             except Exception as exc:  # noqa: BLE001 - classified below
+                if isinstance(exc, UserUnreachable) and exc.errcode == 45047:  # spent elsewhere: stop here
+                    self._set_left(delivery.conversation_id, 0, self._left(delivery.conversation_id)[1] or time.time())
+                    sent = len([i for i in self._journal.done(delivery.delivery_id) if i >= 0])
+                    raise DeliveryFailed(f"{exc} ({QUOTA_SPENT}; {sent} of this answer's {len(steps)} messages "
+                                         "went out)", permanent=True) from exc
                 raise self._failure(exc, "message/custom/send") from exc
             # WeChat took it: recorded before anything else can fail, so a resend after a crash skips it
             self._journal.record(delivery.delivery_id, index, "")
@@ -336,7 +478,8 @@ class WeixinWorker(WebhookInbox, ChannelWorker):
     def already_delivered(self, delivery) -> bool:
         """After a crash inside deliver(): every message of the answer is in the sent journal."""
         steps = self._steps(delivery)
-        return bool(steps) and len(self._journal.done(delivery.delivery_id)) >= len(steps)
+        sent = [i for i in self._journal.done(delivery.delivery_id) if i >= 0]
+        return bool(steps) and len(sent) >= len(steps)
 
 
     def disconnect(self) -> None:
@@ -345,6 +488,8 @@ class WeixinWorker(WebhookInbox, ChannelWorker):
         self.api.close()
         if self._journal is not None:
             self._journal.close()
+        if self._quota is not None:
+            self._quota.close()
 
 
 def main(argv: list[str] | None = None) -> None:

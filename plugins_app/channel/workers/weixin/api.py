@@ -6,7 +6,7 @@ errcode at all, is success), so the errcode, not the status, says what happened:
 
 * 40001 (the token is invalid or not the latest), 40014 (invalid), 42001 (expired) at a call: the access
   token is stale; it is fetched again at once and the call made once more;
-* -1 (system busy), 45009 (the API's call quota), and HTTP 5xx: waited out in place, 1 s doubling to
+* -1 (system busy), 45009 (the API's call quota), 45011 (its minute quota), and HTTP 5xx: waited out in place, 1 s doubling to
   30 s, up to ``max_wait_secs``; then ``RateLimited``;
 * at ``stable_token`` 40001/40125 (the AppSecret is wrong), 40013 (the AppID), 41002/41004 (missing),
   and anywhere 40164 (this server's IP is not in the account's IP whitelist) or 48001 (the account has
@@ -18,7 +18,9 @@ errcode at all, is success), so the errcode, not the status, says what happened:
 The token comes from ``POST /cgi-bin/stable_token`` (the stable token: the platform renews it five
 minutes before it expires, and a second caller with the same AppID does not invalidate the first);
 when WeChat says a token is stale and the normal call gives that same token back, the worker asks once
-with ``force_refresh`` (WeChat allows 20 of those a day, 30 s apart).
+with ``force_refresh``. A forced refresh invalidates the token every other program of the AppID holds,
+and WeChat allows 20 a day, 30 s apart: the worker forces at most once in ``FORCE_GAP_SECS`` and
+``FORCE_PER_DAY`` times in 24 hours, and otherwise lets the call fail (retryable) with WeChat's answer.
 """
 from __future__ import annotations
 
@@ -34,13 +36,18 @@ DEFAULT_API_BASE_URL = "https://api.weixin.qq.com"
 #: The access token is stale: fetch a new one and make the call again (once).
 TOKEN_STALE = {40001, 40014, 42001}
 #: Busy or over a quota: wait and make the call again.
-RATE_LIMITED = {-1, 45009}
+RATE_LIMITED = {-1, 45009, 45011}   # 45011: "api minute-quota reach limit, try again in a minute"
 #: Answers to stable_token only the operator can fix: the AppID, the AppSecret.
 TOKEN_REFUSED = {40001, 40013, 40125, 41002, 41004}
 #: Answers to any call only the operator can fix: the IP whitelist, the account's rights.
 APP_REFUSED = {40164, 48001}
 #: The user cannot be sent to now: sending again cannot help.
 USER_UNREACHABLE = {45015, 45047, 43004, 40003}
+
+#: force_refresh: at most once in this many seconds (WeChat: 30 s apart) ...
+FORCE_GAP_SECS = 30.0
+#: ... and this many times in 24 hours (WeChat: 20 a day, shared with every other program of the AppID).
+FORCE_PER_DAY = 5
 
 #: Fetch a new token this long before the one in hand expires (WeChat gives 7,200 s).
 REFRESH_MARGIN_SECS = 300.0
@@ -96,6 +103,7 @@ class WeixinApi:
         self._lock = threading.Lock()
         self._token: str | None = None
         self._refresh_at = 0.0
+        self._forced: list[float] = []   # when force_refresh was asked, within the last 24 hours
 
     def close(self) -> None:
         self.client.close()
@@ -109,11 +117,20 @@ class WeixinApi:
             if fresh and (stale is None or stale == self._token):
                 self._token = None
                 self._fetch_token()
-                if self._token == stale:  # the platform still hands out the token it refused: force a new one
+                if self._token == stale and self._may_force():  # still the token it refused: force a new one
                     self._fetch_token(force=True)
             elif self._token is None or self._clock() >= self._refresh_at:
                 self._fetch_token()
             return self._token
+
+    def _may_force(self) -> bool:
+        """Whether a force_refresh is within the worker's limits now; if so, it is counted."""
+        now = self._clock()
+        self._forced = [at for at in self._forced if now - at < 86400]
+        if len(self._forced) >= FORCE_PER_DAY or (self._forced and now - self._forced[-1] < FORCE_GAP_SECS):
+            return False
+        self._forced.append(now)
+        return True
 
     def _fetch_token(self, *, force: bool = False) -> None:
         body = {"grant_type": "client_credential", "appid": self.app_id, "secret": self.app_secret}

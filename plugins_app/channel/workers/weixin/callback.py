@@ -6,7 +6,11 @@
   Anything wrong: 403, and nothing else said. The check is the same in every message mode.
 * ``POST <path>?signature&timestamp&nonce&openid``, **plaintext mode** (明文模式): the body is the
   message's XML; ``signature`` is checked as above. It signs only the timestamp and nonce, not the body,
-  so a signature seen once is never taken again with another body (kept for ``max_age_secs``).
+  so a signature seen once is never taken again with another body, and never by a POST when a GET (the
+  URL check, whose query every access log along the way keeps) used it first. What was seen is kept, for
+  twice ``max_age_secs``, in a file of the worker's own (``SeenLog``), so a restart forgets none of it.
+  Plaintext mode still trusts whoever can read a request's query in time: safe mode is the one that signs
+  the body.
 * ``POST <path>?...&encrypt_type=aes&msg_signature``, **safe mode** (安全模式, and the encrypted half of
   compatible mode): the body is ``<xml><ToUserName/><Encrypt/></xml>``; ``msg_signature`` is checked over
   ``Encrypt`` and the message decrypted with the EncodingAESKey, its receive id checked to be this AppID
@@ -24,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import os
 import threading
 import time
 from typing import Callable
@@ -35,6 +40,8 @@ from plugins_app.channel.sdk.wxcrypto import CryptoError, MsgCrypt, parse_xml
 log = logging.getLogger("ugent.worker.weixin.callback")
 
 MAX_BODY_BYTES = 1 << 20
+#: What a signature a GET used is recorded with: no POST body's digest (SHA-256) is ever this.
+GET_SENTINEL = b"GET"
 #: What WeChat expects from a server that took a message and sends no passive reply.
 SUCCESS = "success"
 
@@ -54,6 +61,68 @@ def query(raw: str) -> dict[str, str]:
     return {k: v[0] for k, v in parse_qs(raw, keep_blank_values=True).items()}
 
 
+class SeenLog:
+    """The plaintext signatures seen, each with its body's digest (or ``GET_SENTINEL``) and when: an append-only
+    file of the worker's own, one line a signature (``<at> <signature> <digest hex>``), flushed and synced
+    before the request is answered, read back at start and compacted when the dead lines outnumber the live
+    ones. No path: kept in memory only (a test's server)."""
+
+    def __init__(self, path: str | None, keep_secs: float, clock: Callable[[], float]):
+        self.path, self.keep_secs, self._clock = path, keep_secs, clock
+        self.entries: dict[str, tuple[float, bytes]] = {}
+        self._lines = 0
+        self._file = None
+        if path is None:
+            return
+        try:
+            with open(path, "r", encoding="ascii") as f:
+                for line in f:
+                    at, sig, digest = (line.split() + ["", "", ""])[:3]
+                    try:
+                        self.entries[sig] = (float(at), bytes.fromhex(digest))
+                    except ValueError:
+                        continue  # a line torn by a crash mid-write: its request was never answered
+                    self._lines += 1
+        except FileNotFoundError:
+            pass
+        self.prune()
+        self._compact()
+
+    def prune(self) -> None:
+        horizon = self._clock() - self.keep_secs
+        for key in [k for k, (at, _) in self.entries.items() if at < horizon]:
+            del self.entries[key]
+        if self.path is not None and self._lines > 2 * len(self.entries) + 1000:
+            self._compact()
+
+    def add(self, sig: str, digest: bytes) -> None:
+        at = self._clock()
+        self.entries[sig] = (at, digest)
+        if self._file is not None:
+            self._file.write(f"{at:.3f} {sig} {digest.hex()}\n")
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._lines += 1
+
+    def _compact(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        tmp = f"{self.path}.tmp"
+        with open(tmp, "w", encoding="ascii") as f:
+            for sig, (at, digest) in self.entries.items():
+                f.write(f"{at:.3f} {sig} {digest.hex()}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        self._lines = len(self.entries)
+        self._file = open(self.path, "a", encoding="ascii")
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
 class CallbackServer(WebhookServer):
     """The official account's server URL; ``on_message(message dict)`` records one verified message."""
 
@@ -62,14 +131,15 @@ class CallbackServer(WebhookServer):
 
     def __init__(self, bind: str, path: str, token: str, crypto: MsgCrypt | None,
                  on_message: Callable[[dict], None], *, max_age_secs: float = 300.0,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, seen_path: str | None = None):
         super().__init__(bind, path)
         self.token = token
         self.crypto = crypto
         self.on_message = on_message
         self.max_age_secs = max_age_secs
         self._clock = clock
-        self._seen: dict[str, tuple[float, bytes]] = {}   # plaintext signature -> (when, the body's digest)
+        # plaintext mode: signature -> (when, the body's digest, or GET_SENTINEL), on disk at ``seen_path``
+        self._seen = SeenLog(seen_path if crypto is None else None, max(max_age_secs, 60.0) * 2, clock)
         self._seen_lock = threading.Lock()
 
     def respond(self, method: str, target: str, headers, body: bytes | None) -> tuple[int, str]:
@@ -91,6 +161,8 @@ class CallbackServer(WebhookServer):
                         timestamp, self.max_age_secs)
             return 403, ""
         if method == "GET":
+            if self.crypto is None:  # its query is in every access log: no POST may use its signature
+                self._first_use(params["signature"], b"", get=True)
             return 200, params.get("echostr", "")
         if body is None:
             return 413, ""
@@ -147,16 +219,19 @@ class CallbackServer(WebhookServer):
         except ValueError:
             return False
 
-    def _first_use(self, sig: str, body: bytes) -> bool:
-        """Whether this plaintext signature is new, or was seen with this very body (WeChat calling again)."""
-        digest = hashlib.sha256(body).digest()
-        now = self._clock()
+    def _first_use(self, sig: str, body: bytes, *, get: bool = False) -> bool:
+        """Whether this plaintext signature is new, or was seen with this very body (WeChat calling again). A
+        GET records ``GET_SENTINEL``, which no POST's digest matches."""
+        digest = GET_SENTINEL if get else hashlib.sha256(body).digest()
         with self._seen_lock:
-            horizon = now - max(self.max_age_secs, 60.0) * 2
-            for key in [k for k, (at, _) in self._seen.items() if at < horizon]:
-                del self._seen[key]
-            seen = self._seen.get(sig.lower())
+            self._seen.prune()
+            seen = self._seen.entries.get(sig.lower())
             if seen is not None:
                 return hmac.compare_digest(seen[1], digest)
-            self._seen[sig.lower()] = (now, digest)
+            self._seen.add(sig.lower(), digest)
             return True
+
+    def stop(self) -> None:
+        super().stop()
+        with self._seen_lock:
+            self._seen.close()
