@@ -107,7 +107,8 @@ def test_a_file_over_its_types_limit_is_not_sent_and_the_text_says_so(tcast, wec
     plugin = wecom_plugin()
     rt = start_runtime()
     listening(rt, wecom)
-    memo = b"#!AMR\n" + os.urandom(2 * 1024 * 1024)  # just over WeCom's 2 MB for a voice
+    # just over WeCom's 2 MB for a voice (AMR-WB: an AMR-NB this size would play far over 60 s, and go as a file)
+    memo = b"#!AMR-WB\n" + os.urandom(2 * 1024 * 1024 - 3)
     enqueue(plugin, "the memo", (memo, "audio/amr", "memo.amr"), (PNG, "image/png", "chart.png"))
     text, image = sent(wecom, 2, rt)
     assert text["content"] == ("the memo\n\n[memo.amr was not sent: it is 2.0 MB, over WeCom's 2 MB limit for a "

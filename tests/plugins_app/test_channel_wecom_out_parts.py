@@ -7,12 +7,12 @@ import re
 
 import pytest
 
-from plugins_app.channel.sdk import Attachment, Delivery, Media
-from plugins_app.channel.workers.wecom import (MB, UNSENT, UPLOADED, WeComWorker, media_type, normalise,
+from plugins_app.channel.sdk import Attachment, Delivery, DeliveryFailed, Media
+from plugins_app.channel.workers.wecom import (MB, UNSENT, UPLOADED, WeComWorker, amr_seconds, media_type, normalise,
                                                normalise_press, size_refusal)
 from plugins_app.channel.workers.wecom.cards import question_card, task_id_of
 from plugins_app.channel.workers.wecom.state import WeComState
-from tests.fakes.wecom import AGENT_ID, USER, FakeWeCom
+from tests.fakes.wecom import AGENT_ID, USER, FakeWeCom, amr_nb
 
 OPTIONS = [{"id": "low", "label": "Low", "value": "q_1:1"}, {"id": "high", "label": "High", "value": "q_1:2"}]
 TEXT = "Which priority?\n1. Low\n2. High"
@@ -133,6 +133,51 @@ def test_an_upload_wecom_refuses_for_the_file_becomes_a_note(worker, wecom):
     assert odd.channel_ref == UNSENT + "WeCom does not take its type (errcode 40005)"
     assert worker.parts(d) == [("text", {"content": "[odd.gif was not sent: WeCom does not take its type "
                                                     "(errcode 40005)]"})]
+
+
+@pytest.mark.parametrize("errcode, why", [
+    (45001, "it is over WeCom's size limit (errcode 45001)"),
+    (45007, "it plays longer than WeCom's 60 s for a voice (errcode 45007)"),
+    (41005, "WeCom received no data for it (errcode 41005)"),
+    (48002, "WeCom refused it (errcode 48002)"),  # one no list names: still this file's, not the answer's
+])
+def test_any_upload_refusal_but_a_transient_one_is_a_note_and_the_text_still_goes(worker, wecom, errcode, why):
+    memo = Attachment(kind="audio", content_type="audio/amr", media_id="m_1", filename="memo.amr")
+    d = delivery(memo, text="the memo")
+    wecom.upload_errcode = errcode
+    memo.channel_ref = worker.put_media(Media(amr_nb(5), "audio/amr"), memo, d)
+    assert memo.channel_ref == UNSENT + why
+    assert worker.parts(d) == [("text", {"content": f"the memo\n\n[memo.amr was not sent: {why}]"})]
+
+
+@pytest.mark.parametrize("errcode", [-1, 45009])
+def test_an_upload_refused_for_a_while_is_tried_again_not_noted(worker, wecom, errcode):
+    worker.api.max_wait_secs = 0  # 45009 is not waited out here: straight back to the hub's retries
+    memo = Attachment(kind="audio", content_type="audio/amr", media_id="m_1", filename="memo.amr")
+    wecom.upload_errcode = errcode
+    with pytest.raises(DeliveryFailed) as failed:
+        worker.put_media(Media(amr_nb(5), "audio/amr"), memo, delivery(memo))
+    assert not failed.value.permanent
+
+
+def test_an_amr_nb_files_length_is_its_frames_at_20_ms_each_sized_by_their_mode():
+    assert amr_seconds(amr_nb(61)) == pytest.approx(61) and amr_seconds(amr_nb(10, mode=0)) == pytest.approx(10)
+    sid = bytes([(8 << 3) | 4]) + b"\0" * 5   # a comfort-noise frame: 6 bytes
+    no_data = bytes([(15 << 3) | 4])           # no data: the header alone
+    mixed = amr_nb(1, mode=7) + (amr_nb(1, mode=0) + sid * 10 + no_data * 5)[6:]
+    assert amr_seconds(mixed) == pytest.approx(1 + 1 + 0.3)
+    assert amr_seconds(b"#!AMR-WB\n" + b"x" * 100) is None and amr_seconds(b"RIFF....WAVE") is None
+
+
+@pytest.mark.parametrize("seconds, mtype", [(59.9, "voice"), (60, "voice"), (61, "file"), (600, "file")])
+def test_a_voice_over_60_seconds_goes_as_a_file(worker, wecom, seconds, mtype):
+    memo = Attachment(kind="audio", content_type="audio/amr", media_id="m_1", filename="memo.amr")
+    d = delivery(memo, text="")
+    memo.channel_ref = worker.put_media(Media(amr_nb(seconds), "audio/amr"), memo, d)
+    [(media_id, upload)] = wecom.uploads.items()
+    assert memo.channel_ref == f"{UPLOADED}{mtype}:{media_id}" and upload["type"] == mtype
+    assert upload["filename"] == "memo.amr"
+    assert worker.parts(d) == [(mtype, {"media_id": media_id})]
 
 
 @pytest.mark.parametrize("kind, ctype, name, uploaded", [
