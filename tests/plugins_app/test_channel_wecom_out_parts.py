@@ -107,6 +107,19 @@ def test_a_media_id_near_its_three_days_is_uploaded_again(tmp_path):
     state.close()
 
 
+def test_rows_past_30_days_are_deleted_by_a_worker_that_keeps_running(tmp_path):
+    now = [1_000_000.0]
+    state = WeComState(str(tmp_path / "s.sqlite3"), clock=lambda: now[0])
+    state.record_card("ugent-d_old", "d_old", OPTIONS)
+    state.record_upload("d_old", 0, "file", "OLD", now[0])
+    now[0] += 30 * 86400 + 1  # never restarted in between: no prune at start
+    assert state.card("ugent-d_old") == OPTIONS
+    state.record_card("ugent-d_new", "d_new", OPTIONS)
+    assert state.card("ugent-d_old") is None and state.card("ugent-d_new") == OPTIONS
+    assert state._db.execute("SELECT media_id FROM uploads").fetchall() == []
+    state.close()
+
+
 def test_an_oversized_file_is_not_uploaded_and_the_text_carries_a_note(worker, wecom):
     memo = Attachment(kind="audio", content_type="audio/amr", media_id="m_1", filename="memo.amr")
     tiny = Attachment(kind="document", content_type="text/plain", media_id="m_2")
