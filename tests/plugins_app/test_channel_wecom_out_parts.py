@@ -286,6 +286,24 @@ def test_a_sent_card_is_refused_when_its_task_id_was_used_but_a_resend_is_held_b
     api.close()
 
 
+def question(delivery_id: str = "d_q_1") -> Delivery:
+    return delivery(text=TEXT, delivery_id=delivery_id, metadata={"kind": "question", "options": OPTIONS})
+
+
+@pytest.mark.parametrize("stale", [42001, 40014, 40001])
+def test_a_token_still_stale_after_its_refresh_is_no_card_refusal_the_send_is_retried(worker, wecom, stale):
+    d = question()
+    card = question_card(d.delivery_id, d.text, d.metadata)
+    wecom.script_send(stale, stale)  # refused, the token fetched again, refused again
+    with pytest.raises(DeliveryFailed) as failed:
+        worker._send_card(d, card)
+    assert not failed.value.permanent
+    assert len(wecom.calls_to("/cgi-bin/gettoken")) == 2 and len(wecom.sends()) == 2
+    assert wecom.messages() == []  # not the numbered text in the card's place
+    assert worker._send_card(d, card)["msgid"]  # the hub's retry: the card goes
+    assert [m["msgtype"] for m in wecom.messages()] == ["template_card"]
+
+
 # -- a press ---------------------------------------------------------------------------------------
 
 def press(**over) -> dict:

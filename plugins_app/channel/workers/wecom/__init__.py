@@ -457,7 +457,9 @@ class WeComWorker(WebhookInbox, ChannelWorker):
         except (AppRefused, UserUnreachable, RateLimited) as exc:
             raise self._failure(exc) from exc
         except WeComError as exc:
-            if card and exc.errcode not in (-1,):
+            # A card refused for its content goes as the numbered text; -1 (busy) and a token still stale after
+            # the one refresh say nothing of the card, and are retried as any send is.
+            if card and exc.errcode not in (SYSTEM_BUSY, *TOKEN_STALE):
                 raise _CardRefused(exc.errcode, str(exc)) from exc
             raise self._failure(exc) from exc
         except (Stopped, httpx.HTTPError) as exc:
