@@ -15,6 +15,7 @@ from channels_app.models import Question, Receipt, Turn
 from channels_app.services import channel_actor_resolve, conversation_resolve
 from plugins_app.channel import services
 from plugins_app.channel.models import OutboundDelivery, Plugin
+from plugins_app.channel.workers.wecom import press_id
 from tests.fakes.wecom import USER, FakeWeCom
 from tests.plugins_app.conftest import wait_until
 from tests.plugins_app.test_channel_wecom import PID, delivered, listening, wecom_plugin
@@ -154,7 +155,8 @@ def test_a_question_shows_as_a_card_and_a_press_answers_it_once(tcast, wecom, st
     assert len(wecom.messages()) == 3  # no notice for the repeats: they were one press
     assert Question.objects.get().answer == {"answers": {"choice": "high"}}
     pressed = Receipt.objects.get(client_message_id__startswith="card:")
-    assert pressed.client_message_id == f"card:{USER}:{press['CreateTime']}:{press['TaskId']}"
+    assert pressed.client_message_id == press_id(USER, press["CreateTime"], press["TaskId"], press["EventKey"])
+    assert pressed.client_message_id.startswith(f"card:{USER}:{press['CreateTime']}:{press['TaskId']}:")
     assert Turn.objects.count() == 2
     assert OutboundDelivery.objects.filter(delivery_id=f"d_{q.request_id}", state="delivered").exists()
 

@@ -3,6 +3,7 @@ wire, the media ids kept across a crash, the parts a delivery sends, the questio
 reading of a press (``template_card_event``)."""
 from __future__ import annotations
 
+import hashlib
 import re
 
 import pytest
@@ -317,13 +318,21 @@ def press(**over) -> dict:
 def test_a_press_is_the_options_label_with_its_value_as_the_option():
     msg = normalise_press(press(), OPTIONS, agent_id=AGENT_ID)
     assert (msg.text, msg.metadata["option"], msg.conversation_id, msg.sender_id) == ("High", "q_1:2", USER, USER)
-    assert msg.message_id == f"card:{USER}:1733480000:ugent-d_q_1"
+    assert msg.message_id == f"card:{USER}:1733480000:ugent-d_q_1:{hashlib.sha256(b'q_1:2').hexdigest()[:12]}"
     assert msg.metadata["response_code"] == "RC-1" and msg.metadata["task_id"] == "ugent-d_q_1"
     assert msg.timestamp.startswith("2024-12-06T")
     # WeCom calls again with the same event: the same message id, so the host takes it once
     assert normalise_press(press(), OPTIONS, agent_id=AGENT_ID).message_id == msg.message_id
     # the plain normaliser leaves it to normalise_press
     assert normalise(press()) is None
+
+
+def test_two_buttons_of_one_card_pressed_within_one_second_are_two_messages():
+    low = normalise_press(press(EventKey="q_1:1"), OPTIONS, agent_id=AGENT_ID)
+    high = normalise_press(press(EventKey="q_1:2"), OPTIONS, agent_id=AGENT_ID)
+    assert low.message_id != high.message_id and (low.text, high.text) == ("Low", "High")
+    long_key = normalise_press(press(EventKey="k" * 1024), None, agent_id=AGENT_ID)
+    assert len(long_key.message_id) < 255
 
 
 def test_a_press_on_a_card_this_worker_no_longer_knows_still_carries_its_token():

@@ -18,8 +18,9 @@ Operators' page: docs/channels/wecom.md.
   ``FromUserName``. Media are downloaded with ``GET /cgi-bin/media/get`` and stored on the host.
   Events (``MsgType`` event: entering the app, menu clicks, ...) are not messages, except a press of a
   question card's button (``template_card_event``), which comes back as the option's label with
-  ``metadata["option"]`` its value; its message id is ``card:<user>:<CreateTime>:<TaskId>`` (WeCom's
-  advice for events: ``FromUserName`` + ``CreateTime``), so a press WeCom calls again answers once.
+  ``metadata["option"]`` its value; its message id is ``card:<user>:<CreateTime>:<TaskId>:<key hash>``
+  (WeCom's advice for events: ``FromUserName`` + ``CreateTime``; the button's key tells two presses
+  within one second apart), so a press WeCom calls again answers once.
 * **Outbound.** ``POST /cgi-bin/message/send`` with WeCom's duplicate check on
   (``enable_duplicate_check``, 1,800 s): a send repeated after a crash, with the same content to
   the same user, is not shown twice. Text is split at WeCom's 2,048 bytes of UTF-8. Each file is
@@ -45,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import hashlib
 import mimetypes
 import os
 import sys
@@ -247,13 +249,20 @@ def normalise(message: dict, *, agent_id: str | None = None,
                           timestamp=to_rfc3339(message.get("CreateTime")))
 
 
+def press_id(user: str, created: str, task_id: str, key: str) -> str:
+    """A press's message id: ``card:<user>:<CreateTime>:<TaskId>:<12 hex of the EventKey's SHA-256>``. The same
+    event called again has the same id; two buttons of one card pressed within one second do not (the key
+    is hashed: it may be 1,024 bytes, and the id stays within the host's 255 characters)."""
+    return f"card:{user}:{created}:{task_id}:{hashlib.sha256(key.encode('utf-8')).hexdigest()[:12]}"
+
+
 def normalise_press(message: dict, options: list[dict] | None, *, agent_id: str | None = None) -> InboundMessage | None:
     """A ``template_card_event`` (a press of a question card's button) as an InboundMessage: the option's
     label as text, its value (the button's ``EventKey``) as ``metadata["option"]``. ``options`` are the
     card's, as this worker sent it (None: no card of this worker's; a task id of its own still counts, the
-    key being a reply token the host checks). The message id is the user, the ``CreateTime`` and the
-    ``TaskId``: WeCom calls again a callback it had no answer for with the same event, and a press is
-    answered once. None for anything else."""
+    key being a reply token the host checks). The message id is the user, the ``CreateTime``, the
+    ``TaskId`` and the key (``press_id``): WeCom calls again a callback it had no answer for with the same
+    event, and a press is answered once. None for anything else."""
     if message.get("MsgType") != "event" or message.get("Event") != "template_card_event":
         return None
     user, key = str(message.get("FromUserName") or ""), str(message.get("EventKey") or "")
@@ -269,7 +278,7 @@ def normalise_press(message: dict, options: list[dict] | None, *, agent_id: str 
                 "card_type": str(message.get("CardType") or ""), "agent_id": str(message.get("AgentID") or "")}
     if message.get("ResponseCode"):
         metadata["response_code"] = str(message["ResponseCode"])
-    return InboundMessage(channel="wecom", conversation_id=user, message_id=f"card:{user}:{created}:{task_id}",
+    return InboundMessage(channel="wecom", conversation_id=user, message_id=press_id(user, created, task_id, key),
                           sender_id=user, source_type="user", text=label or key, metadata=metadata,
                           timestamp=to_rfc3339(created))
 
