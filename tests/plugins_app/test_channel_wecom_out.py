@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from channels_app.models import Question, Receipt, Turn
-from channels_app.services import channel_actor_resolve, conversation_resolve
+from channels_app.services import Submission, channel_actor_resolve, conversation_resolve
 from plugins_app.channel import services
 from plugins_app.channel.models import OutboundDelivery, Plugin
 from plugins_app.channel.workers.wecom import press_id
@@ -175,3 +175,36 @@ def test_a_card_wecom_refuses_goes_out_as_the_numbered_text(tcast, wecom, start_
     turn = finished()
     assert turn and turn.state == "completed", rt.log(PID)
     assert Question.objects.get().answer == {"answers": {"choice": "high"}}
+
+
+@pytest.mark.usefixtures("threaded_turns")
+def test_a_worker_killed_between_the_card_and_the_press_reads_the_press_back_from_its_state_file(
+        tcast, wecom, start_runtime):
+    """The card's options are in the worker's state file before the card goes: a worker restarted (kill -9)
+    after the card and before the press still turns the press into the option's label, and the press
+    answers the question once."""
+    wecom_plugin()
+    rt = start_runtime()
+    listening(rt, wecom)
+    wecom.say(SCRIPT)
+    [card] = sent(wecom, 1, rt)
+    q = Question.objects.get()
+    assert wait_until(lambda: OutboundDelivery.objects.filter(delivery_id=f"d_{q.request_id}",
+                                                              state="delivered").exists(), 20), rt.log(PID)
+    before, first = wecom.callback_url, rt.worker_pid(PID)
+    os.kill(first, signal.SIGKILL)
+    assert wait_until(lambda: rt.worker_pid(PID) not in (None, first), 30), rt.log(PID)
+    listening(rt, wecom, after=before)  # the restarted worker listens on a new port (--bind :0)
+    press = wecom.press(card["content"]["task_id"], f"{q.request_id}:2")
+    turn = finished()
+    assert turn and turn.state == "completed", rt.log(PID)
+    assert '"option_id": "high"' in turn.receipt.answer
+    assert Question.objects.get().answer == {"answers": {"choice": "high"}}
+    pressed = Receipt.objects.get(client_message_id=press_id(USER, press["CreateTime"], press["TaskId"],
+                                                             press["EventKey"]))
+    # the press reached the host as the option's label, which only the state file still knew (the restarted
+    # worker never saw the card): without it, the text would be the raw key q-…:2
+    assert pressed.content_hash == Submission(actor=None, text="High").content_hash()
+    answered = sent(wecom, 2, rt)
+    assert [m["msgtype"] for m in answered] == ["template_card", "text"]
+    assert answered[1]["content"] == turn.receipt.answer

@@ -11,6 +11,7 @@ import pytest
 from plugins_app.channel.sdk import Attachment, Delivery, DeliveryFailed, Media
 from plugins_app.channel.workers.wecom import (MB, UNSENT, UPLOADED, WeComWorker, amr_seconds, media_type, normalise,
                                                normalise_press, size_refusal)
+from plugins_app.channel.workers.wecom.api import TASK_ID_EXISTS
 from plugins_app.channel.workers.wecom.cards import question_card, task_id_of
 from plugins_app.channel.workers.wecom.state import WeComState
 from tests.fakes.wecom import AGENT_ID, USER, FakeWeCom, amr_nb
@@ -289,6 +290,17 @@ def test_a_sent_card_is_refused_when_its_task_id_was_used_but_a_resend_is_held_b
 
 def question(delivery_id: str = "d_q_1") -> Delivery:
     return delivery(text=TEXT, delivery_id=delivery_id, metadata={"kind": "question", "options": OPTIONS})
+
+
+def test_a_card_whose_task_id_wecom_already_has_was_sent_before_and_nothing_else_goes(worker, wecom):
+    """42014 at a card: this delivery's card went out before a crash (past the duplicate check's 30 minutes),
+    so neither the card nor the numbered text is sent again; its options are kept for the press."""
+    d = question()
+    card = question_card(d.delivery_id, d.text, d.metadata)
+    wecom.script_send(TASK_ID_EXISTS)
+    assert worker._send_card(d, card) is None
+    assert [c.errcode for c in wecom.sends()] == [TASK_ID_EXISTS] and wecom.messages() == []
+    assert worker.state.card(card["task_id"]) == OPTIONS
 
 
 @pytest.mark.parametrize("stale", [42001, 40014, 40001])
