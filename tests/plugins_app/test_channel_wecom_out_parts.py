@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import uuid
 
 import pytest
 
@@ -356,3 +357,15 @@ def test_a_press_on_a_card_this_worker_no_longer_knows_still_carries_its_token()
                                   {"Event": "click"}, {"TaskId": ""}])
 def test_what_is_not_a_press_on_this_workers_card_is_not_taken(over):
     assert normalise_press(press(**over), None, agent_id=AGENT_ID) is None
+
+
+def test_the_operators_page_shows_reply_tokens_and_task_ids_as_the_host_makes_them():
+    """docs/channels/wecom.md names what an operator sees in WeCom's logs: a request id is q-<32 hex>."""
+    from pathlib import Path
+    page = (Path(__file__).resolve().parents[2] / "docs" / "channels" / "wecom.md").read_text()
+    request_id = f"q-{uuid.uuid4().hex}"
+    assert task_id_of(f"d_{request_id}") == f"ugent-d_{request_id}"
+    assert "<EventKey>q-<32 hex>:2</EventKey>" in page and "<TaskId>ugent-d_q-<32 hex></TaskId>" in page
+    assert not re.search(r"\bq_…|ugent-d_q_", page)
+    questions = (Path(__file__).resolve().parents[2] / "docs" / "questions.md").read_text()
+    assert "`test_channel_wecom_out.py`" in questions  # the Tests paragraph names WeCom's question tests
