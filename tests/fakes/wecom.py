@@ -7,7 +7,7 @@
   ``GET /cgi-bin/media/get?access_token&media_id`` (the bytes, with ``Content-Type`` and
   ``Content-disposition``), ``POST /cgi-bin/media/upload?access_token&type=image|voice|video|file``
   (multipart, field ``media``; WeCom's limits: more than 5 bytes, image 10 MB JPG/PNG, voice 2 MB AMR,
-  video 10 MB MP4, file 20 MB, else 40006/40005; answered ``{errcode, errmsg, type, media_id,
+  video 10 MB MP4, file 20 MB, else 40006/40005; an AMR-NB voice over 60 s 45007; answered ``{errcode, errmsg, type, media_id,
   created_at}``). ``message/send`` takes text, image, voice, video, file (``{"media_id"}``, 40007 for
   an unknown one) and ``template_card`` of type ``button_interaction`` (a ``task_id`` of letters, digits
   and ``_-@`` up to 128 bytes, used once per app, else 42014; 1 to 6 buttons whose keys are unique and
@@ -60,6 +60,7 @@ OK = {"errcode": 0, "errmsg": "ok"}
 MB = 1024 * 1024
 UPLOAD_LIMITS = {"image": 10 * MB, "voice": 2 * MB, "video": 10 * MB, "file": 20 * MB}
 UPLOAD_EXTENSIONS = {"image": (".jpg", ".jpeg", ".png"), "voice": (".amr",), "video": (".mp4",)}
+VOICE_MAX_SECS = 60  # WeCom plays a voice of at most 60 s, and refuses a longer one (45007)
 ERRORS = {
     40001: "invalid credential, hint: [1733482920_1_xxx], from ip: 127.0.0.1, more info at "
            "https://open.work.weixin.qq.com/devtool/query?e=40001",
@@ -73,7 +74,11 @@ ERRORS = {
     42014: "taskid has existed or empty or exceed max len",
     42001: "access_token expired",
     44004: "empty content",
+    45001: "media size out of limit",
     45002: "content size out of limit",
+    45007: "playtime out of limit",
+    41005: "media data missing",
+    48002: "api forbidden",
     44001: "empty media data",
     45009: "api freq out of limit",
     45033: "api concurrent out of limit",
@@ -362,6 +367,8 @@ class FakeWeCom:
         name = media["filename"].lower()
         if mtype in UPLOAD_EXTENSIONS and not name.endswith(UPLOAD_EXTENSIONS[mtype]):
             return error(40005)
+        if mtype == "voice" and amr_nb_frames(data) * 0.02 > VOICE_MAX_SECS:
+            return error(45007)
         media_id = "3" + secrets.token_urlsafe(40)
         created = int(time.time())
         with self.lock:
@@ -442,6 +449,26 @@ class FakeWeCom:
         if self.hold_send_secs and self.hold_msgtype in (None, msgtype):
             time.sleep(self.hold_send_secs)  # delivered, but the answer is late: a window to kill the sender in
         return {**OK, "invaliduser": "", "msgid": msgid, **extra}
+
+
+def amr_nb_frames(data: bytes) -> int:
+    """The frames of an AMR-NB file (``#!AMR\\n``, then frames of 20 ms whose size the mode in each one's header
+    byte gives, 3GPP TS 26.101); 0 for anything else."""
+    if not data.startswith(b"#!AMR\n"):
+        return 0
+    sizes = (13, 14, 16, 18, 20, 21, 27, 32, 6) + (1,) * 7
+    frames, at = 0, 6
+    while at < len(data):
+        at += sizes[(data[at] >> 3) & 0x0F]
+        frames += 1
+    return frames
+
+
+def amr_nb(seconds: float, mode: int = 7) -> bytes:
+    """An AMR-NB file of ``seconds`` of frames of ``mode`` (7: 12.2 kbit/s, 32 bytes a frame; 0: 4.75, 13)."""
+    size = (13, 14, 16, 18, 20, 21, 27, 32)[mode]
+    frame = bytes([(mode << 3) | 0x04]) + b"\x55" * (size - 1)
+    return b"#!AMR\n" + frame * round(seconds / 0.02)
 
 
 def multipart(raw: bytes, ctype: str) -> dict:

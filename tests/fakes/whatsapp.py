@@ -13,7 +13,8 @@
   ``interactive`` message is checked against Meta's limits (reply buttons: 1 to 3, id at most 256,
   title 1 to 20 and unique; a list: at most 10 rows in all, id at most 200, title at most 24,
   description at most 72, its button at most 20; a body of 1 to 1,024) and refused with 131009
-  otherwise;
+  otherwise, or on demand (``refuse_interactive``: Meta refusing the type for this number or app,
+  131051, or a parameter, 100/131008/131009), while text still goes;
 * the **webhook**: notifications POSTed to the worker's callback URL as Meta sends them
   (``application/json``, ``X-Hub-Signature-256`` over the raw body with the app secret), sent
   again while not answered 200; a ``sent`` status notification after each message the bot sends;
@@ -131,6 +132,7 @@ class FakeWhatsApp:
         self._holds: int | None = None
         self._failures: list[_Failure] = []
         self._late_failures: list[dict] = []   # errors of "failed" statuses posted after a send answered 200
+        self._interactive_refusals: list[int] = []   # codes the next interactive messages are refused with
         self._pending: dict[str, Pending] = {}
         self._ids = itertools.count(1)
         self._stop = threading.Event()
@@ -287,6 +289,12 @@ class FakeWhatsApp:
         with self.lock:
             self._late_failures.extend([{"code": code, "title": title, "message": title,
                                          "error_data": {"details": details}}] * times)
+
+    def refuse_interactive(self, code: int = 131051, *, times: int = 1) -> None:
+        """The next ``times`` interactive messages are refused with ``code`` (131051: the message type is not
+        supported; 100, 131008, 131009: a parameter Meta will not take); other messages still go."""
+        with self.lock:
+            self._interactive_refusals.extend([code] * times)
 
     def hold_next(self, *, after: int = 0) -> None:
         """The send after the next ``after`` ones is held open: never answered, never recorded."""
@@ -446,6 +454,15 @@ class FakeWhatsApp:
             return call.status, call.answer, {}
         kind = body.get("type")
         if kind == "interactive":
+            with self.lock:
+                refusal = self._interactive_refusals.pop(0) if self._interactive_refusals else None
+            if refusal is not None:
+                message = {131051: "(#131051) Unsupported message type",
+                           131008: "(#131008) Required parameter is missing",
+                           100: "(#100) Invalid parameter"}.get(refusal, f"(#{refusal}) Parameter value is not valid")
+                details = "Message type is not currently supported." if refusal == 131051 else None
+                call.status, call.answer = 400, graph_error(refusal, message, details=details)
+                return call.status, call.answer, {}
             problems.extend(interactive_problems(body.get("interactive")))
         if kind in ("image", "document", "audio", "video", "sticker"):
             media = body.get(kind) or {}

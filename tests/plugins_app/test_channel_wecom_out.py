@@ -12,9 +12,10 @@ import sys
 import pytest
 
 from channels_app.models import Question, Receipt, Turn
-from channels_app.services import channel_actor_resolve, conversation_resolve
+from channels_app.services import Submission, channel_actor_resolve, conversation_resolve
 from plugins_app.channel import services
 from plugins_app.channel.models import OutboundDelivery, Plugin
+from plugins_app.channel.workers.wecom import press_id
 from tests.fakes.wecom import USER, FakeWeCom
 from tests.plugins_app.conftest import wait_until
 from tests.plugins_app.test_channel_wecom import PID, delivered, listening, wecom_plugin
@@ -107,7 +108,8 @@ def test_a_file_over_its_types_limit_is_not_sent_and_the_text_says_so(tcast, wec
     plugin = wecom_plugin()
     rt = start_runtime()
     listening(rt, wecom)
-    memo = b"#!AMR\n" + os.urandom(2 * 1024 * 1024)  # just over WeCom's 2 MB for a voice
+    # just over WeCom's 2 MB for a voice (AMR-WB: an AMR-NB this size would play far over 60 s, and go as a file)
+    memo = b"#!AMR-WB\n" + os.urandom(2 * 1024 * 1024 - 3)
     enqueue(plugin, "the memo", (memo, "audio/amr", "memo.amr"), (PNG, "image/png", "chart.png"))
     text, image = sent(wecom, 2, rt)
     assert text["content"] == ("the memo\n\n[memo.amr was not sent: it is 2.0 MB, over WeCom's 2 MB limit for a "
@@ -153,7 +155,8 @@ def test_a_question_shows_as_a_card_and_a_press_answers_it_once(tcast, wecom, st
     assert len(wecom.messages()) == 3  # no notice for the repeats: they were one press
     assert Question.objects.get().answer == {"answers": {"choice": "high"}}
     pressed = Receipt.objects.get(client_message_id__startswith="card:")
-    assert pressed.client_message_id == f"card:{USER}:{press['CreateTime']}:{press['TaskId']}"
+    assert pressed.client_message_id == press_id(USER, press["CreateTime"], press["TaskId"], press["EventKey"])
+    assert pressed.client_message_id.startswith(f"card:{USER}:{press['CreateTime']}:{press['TaskId']}:")
     assert Turn.objects.count() == 2
     assert OutboundDelivery.objects.filter(delivery_id=f"d_{q.request_id}", state="delivered").exists()
 
@@ -172,3 +175,36 @@ def test_a_card_wecom_refuses_goes_out_as_the_numbered_text(tcast, wecom, start_
     turn = finished()
     assert turn and turn.state == "completed", rt.log(PID)
     assert Question.objects.get().answer == {"answers": {"choice": "high"}}
+
+
+@pytest.mark.usefixtures("threaded_turns")
+def test_a_worker_killed_between_the_card_and_the_press_reads_the_press_back_from_its_state_file(
+        tcast, wecom, start_runtime):
+    """The card's options are in the worker's state file before the card goes: a worker restarted (kill -9)
+    after the card and before the press still turns the press into the option's label, and the press
+    answers the question once."""
+    wecom_plugin()
+    rt = start_runtime()
+    listening(rt, wecom)
+    wecom.say(SCRIPT)
+    [card] = sent(wecom, 1, rt)
+    q = Question.objects.get()
+    assert wait_until(lambda: OutboundDelivery.objects.filter(delivery_id=f"d_{q.request_id}",
+                                                              state="delivered").exists(), 20), rt.log(PID)
+    before, first = wecom.callback_url, rt.worker_pid(PID)
+    os.kill(first, signal.SIGKILL)
+    assert wait_until(lambda: rt.worker_pid(PID) not in (None, first), 30), rt.log(PID)
+    listening(rt, wecom, after=before)  # the restarted worker listens on a new port (--bind :0)
+    press = wecom.press(card["content"]["task_id"], f"{q.request_id}:2")
+    turn = finished()
+    assert turn and turn.state == "completed", rt.log(PID)
+    assert '"option_id": "high"' in turn.receipt.answer
+    assert Question.objects.get().answer == {"answers": {"choice": "high"}}
+    pressed = Receipt.objects.get(client_message_id=press_id(USER, press["CreateTime"], press["TaskId"],
+                                                             press["EventKey"]))
+    # the press reached the host as the option's label, which only the state file still knew (the restarted
+    # worker never saw the card): without it, the text would be the raw key q-…:2
+    assert pressed.content_hash == Submission(actor=None, text="High").content_hash()
+    answered = sent(wecom, 2, rt)
+    assert [m["msgtype"] for m in answered] == ["template_card", "text"]
+    assert answered[1]["content"] == turn.receipt.answer

@@ -3,16 +3,19 @@ wire, the media ids kept across a crash, the parts a delivery sends, the questio
 reading of a press (``template_card_event``)."""
 from __future__ import annotations
 
+import hashlib
 import re
+import uuid
 
 import pytest
 
-from plugins_app.channel.sdk import Attachment, Delivery, Media
-from plugins_app.channel.workers.wecom import (MB, UNSENT, UPLOADED, WeComWorker, media_type, normalise,
+from plugins_app.channel.sdk import Attachment, Delivery, DeliveryFailed, Media
+from plugins_app.channel.workers.wecom import (MB, UNSENT, UPLOADED, WeComWorker, amr_seconds, media_type, normalise,
                                                normalise_press, size_refusal)
+from plugins_app.channel.workers.wecom.api import TASK_ID_EXISTS
 from plugins_app.channel.workers.wecom.cards import question_card, task_id_of
 from plugins_app.channel.workers.wecom.state import WeComState
-from tests.fakes.wecom import AGENT_ID, USER, FakeWeCom
+from tests.fakes.wecom import AGENT_ID, USER, FakeWeCom, amr_nb
 
 OPTIONS = [{"id": "low", "label": "Low", "value": "q_1:1"}, {"id": "high", "label": "High", "value": "q_1:2"}]
 TEXT = "Which priority?\n1. Low\n2. High"
@@ -107,6 +110,19 @@ def test_a_media_id_near_its_three_days_is_uploaded_again(tmp_path):
     state.close()
 
 
+def test_rows_past_30_days_are_deleted_by_a_worker_that_keeps_running(tmp_path):
+    now = [1_000_000.0]
+    state = WeComState(str(tmp_path / "s.sqlite3"), clock=lambda: now[0])
+    state.record_card("ugent-d_old", "d_old", OPTIONS)
+    state.record_upload("d_old", 0, "file", "OLD", now[0])
+    now[0] += 30 * 86400 + 1  # never restarted in between: no prune at start
+    assert state.card("ugent-d_old") == OPTIONS
+    state.record_card("ugent-d_new", "d_new", OPTIONS)
+    assert state.card("ugent-d_old") is None and state.card("ugent-d_new") == OPTIONS
+    assert state._db.execute("SELECT media_id FROM uploads").fetchall() == []
+    state.close()
+
+
 def test_an_oversized_file_is_not_uploaded_and_the_text_carries_a_note(worker, wecom):
     memo = Attachment(kind="audio", content_type="audio/amr", media_id="m_1", filename="memo.amr")
     tiny = Attachment(kind="document", content_type="text/plain", media_id="m_2")
@@ -133,6 +149,51 @@ def test_an_upload_wecom_refuses_for_the_file_becomes_a_note(worker, wecom):
     assert odd.channel_ref == UNSENT + "WeCom does not take its type (errcode 40005)"
     assert worker.parts(d) == [("text", {"content": "[odd.gif was not sent: WeCom does not take its type "
                                                     "(errcode 40005)]"})]
+
+
+@pytest.mark.parametrize("errcode, why", [
+    (45001, "it is over WeCom's size limit (errcode 45001)"),
+    (45007, "it plays longer than WeCom's 60 s for a voice (errcode 45007)"),
+    (41005, "WeCom received no data for it (errcode 41005)"),
+    (48002, "WeCom refused it (errcode 48002)"),  # one no list names: still this file's, not the answer's
+])
+def test_any_upload_refusal_but_a_transient_one_is_a_note_and_the_text_still_goes(worker, wecom, errcode, why):
+    memo = Attachment(kind="audio", content_type="audio/amr", media_id="m_1", filename="memo.amr")
+    d = delivery(memo, text="the memo")
+    wecom.upload_errcode = errcode
+    memo.channel_ref = worker.put_media(Media(amr_nb(5), "audio/amr"), memo, d)
+    assert memo.channel_ref == UNSENT + why
+    assert worker.parts(d) == [("text", {"content": f"the memo\n\n[memo.amr was not sent: {why}]"})]
+
+
+@pytest.mark.parametrize("errcode", [-1, 45009])
+def test_an_upload_refused_for_a_while_is_tried_again_not_noted(worker, wecom, errcode):
+    worker.api.max_wait_secs = 0  # 45009 is not waited out here: straight back to the hub's retries
+    memo = Attachment(kind="audio", content_type="audio/amr", media_id="m_1", filename="memo.amr")
+    wecom.upload_errcode = errcode
+    with pytest.raises(DeliveryFailed) as failed:
+        worker.put_media(Media(amr_nb(5), "audio/amr"), memo, delivery(memo))
+    assert not failed.value.permanent
+
+
+def test_an_amr_nb_files_length_is_its_frames_at_20_ms_each_sized_by_their_mode():
+    assert amr_seconds(amr_nb(61)) == pytest.approx(61) and amr_seconds(amr_nb(10, mode=0)) == pytest.approx(10)
+    sid = bytes([(8 << 3) | 4]) + b"\0" * 5   # a comfort-noise frame: 6 bytes
+    no_data = bytes([(15 << 3) | 4])           # no data: the header alone
+    mixed = amr_nb(1, mode=7) + (amr_nb(1, mode=0) + sid * 10 + no_data * 5)[6:]
+    assert amr_seconds(mixed) == pytest.approx(1 + 1 + 0.3)
+    assert amr_seconds(b"#!AMR-WB\n" + b"x" * 100) is None and amr_seconds(b"RIFF....WAVE") is None
+
+
+@pytest.mark.parametrize("seconds, mtype", [(59.9, "voice"), (60, "voice"), (61, "file"), (600, "file")])
+def test_a_voice_over_60_seconds_goes_as_a_file(worker, wecom, seconds, mtype):
+    memo = Attachment(kind="audio", content_type="audio/amr", media_id="m_1", filename="memo.amr")
+    d = delivery(memo, text="")
+    memo.channel_ref = worker.put_media(Media(amr_nb(seconds), "audio/amr"), memo, d)
+    [(media_id, upload)] = wecom.uploads.items()
+    assert memo.channel_ref == f"{UPLOADED}{mtype}:{media_id}" and upload["type"] == mtype
+    assert upload["filename"] == "memo.amr"
+    assert worker.parts(d) == [(mtype, {"media_id": media_id})]
 
 
 @pytest.mark.parametrize("kind, ctype, name, uploaded", [
@@ -228,6 +289,35 @@ def test_a_sent_card_is_refused_when_its_task_id_was_used_but_a_resend_is_held_b
     api.close()
 
 
+def question(delivery_id: str = "d_q_1") -> Delivery:
+    return delivery(text=TEXT, delivery_id=delivery_id, metadata={"kind": "question", "options": OPTIONS})
+
+
+def test_a_card_whose_task_id_wecom_already_has_was_sent_before_and_nothing_else_goes(worker, wecom):
+    """42014 at a card: this delivery's card went out before a crash (past the duplicate check's 30 minutes),
+    so neither the card nor the numbered text is sent again; its options are kept for the press."""
+    d = question()
+    card = question_card(d.delivery_id, d.text, d.metadata)
+    wecom.script_send(TASK_ID_EXISTS)
+    assert worker._send_card(d, card) is None
+    assert [c.errcode for c in wecom.sends()] == [TASK_ID_EXISTS] and wecom.messages() == []
+    assert worker.state.card(card["task_id"]) == OPTIONS
+
+
+@pytest.mark.parametrize("stale", [42001, 40014, 40001])
+def test_a_token_still_stale_after_its_refresh_is_no_card_refusal_the_send_is_retried(worker, wecom, stale):
+    d = question()
+    card = question_card(d.delivery_id, d.text, d.metadata)
+    wecom.script_send(stale, stale)  # refused, the token fetched again, refused again
+    with pytest.raises(DeliveryFailed) as failed:
+        worker._send_card(d, card)
+    assert not failed.value.permanent
+    assert len(wecom.calls_to("/cgi-bin/gettoken")) == 2 and len(wecom.sends()) == 2
+    assert wecom.messages() == []  # not the numbered text in the card's place
+    assert worker._send_card(d, card)["msgid"]  # the hub's retry: the card goes
+    assert [m["msgtype"] for m in wecom.messages()] == ["template_card"]
+
+
 # -- a press ---------------------------------------------------------------------------------------
 
 def press(**over) -> dict:
@@ -241,13 +331,21 @@ def press(**over) -> dict:
 def test_a_press_is_the_options_label_with_its_value_as_the_option():
     msg = normalise_press(press(), OPTIONS, agent_id=AGENT_ID)
     assert (msg.text, msg.metadata["option"], msg.conversation_id, msg.sender_id) == ("High", "q_1:2", USER, USER)
-    assert msg.message_id == f"card:{USER}:1733480000:ugent-d_q_1"
+    assert msg.message_id == f"card:{USER}:1733480000:ugent-d_q_1:{hashlib.sha256(b'q_1:2').hexdigest()[:12]}"
     assert msg.metadata["response_code"] == "RC-1" and msg.metadata["task_id"] == "ugent-d_q_1"
     assert msg.timestamp.startswith("2024-12-06T")
     # WeCom calls again with the same event: the same message id, so the host takes it once
     assert normalise_press(press(), OPTIONS, agent_id=AGENT_ID).message_id == msg.message_id
     # the plain normaliser leaves it to normalise_press
     assert normalise(press()) is None
+
+
+def test_two_buttons_of_one_card_pressed_within_one_second_are_two_messages():
+    low = normalise_press(press(EventKey="q_1:1"), OPTIONS, agent_id=AGENT_ID)
+    high = normalise_press(press(EventKey="q_1:2"), OPTIONS, agent_id=AGENT_ID)
+    assert low.message_id != high.message_id and (low.text, high.text) == ("Low", "High")
+    long_key = normalise_press(press(EventKey="k" * 1024), None, agent_id=AGENT_ID)
+    assert len(long_key.message_id) < 255
 
 
 def test_a_press_on_a_card_this_worker_no_longer_knows_still_carries_its_token():
@@ -259,3 +357,15 @@ def test_a_press_on_a_card_this_worker_no_longer_knows_still_carries_its_token()
                                   {"Event": "click"}, {"TaskId": ""}])
 def test_what_is_not_a_press_on_this_workers_card_is_not_taken(over):
     assert normalise_press(press(**over), None, agent_id=AGENT_ID) is None
+
+
+def test_the_operators_page_shows_reply_tokens_and_task_ids_as_the_host_makes_them():
+    """docs/channels/wecom.md names what an operator sees in WeCom's logs: a request id is q-<32 hex>."""
+    from pathlib import Path
+    page = (Path(__file__).resolve().parents[2] / "docs" / "channels" / "wecom.md").read_text()
+    request_id = f"q-{uuid.uuid4().hex}"
+    assert task_id_of(f"d_{request_id}") == f"ugent-d_{request_id}"
+    assert "<EventKey>q-<32 hex>:2</EventKey>" in page and "<TaskId>ugent-d_q-<32 hex></TaskId>" in page
+    assert not re.search(r"\bq_…|ugent-d_q_", page)
+    questions = (Path(__file__).resolve().parents[2] / "docs" / "questions.md").read_text()
+    assert "`test_channel_wecom_out.py`" in questions  # the Tests paragraph names WeCom's question tests

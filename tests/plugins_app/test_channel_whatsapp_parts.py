@@ -667,3 +667,25 @@ def test_a_press_is_a_message_whose_option_is_the_id_and_whose_text_is_the_title
     [again] = worker().normalise(payload)  # Meta's retry: the same wamid, the same message
     assert (again.message_id, again.text) == (msg.message_id, msg.text)
     assert "option" not in worker().normalise(FakeWhatsApp().message(text="High"))[0].metadata
+
+
+@pytest.mark.parametrize("code", [100, 131008, 131009, 131051])
+def test_an_interactive_message_meta_refuses_goes_as_the_numbered_text_under_the_same_step(tmp_path, code):
+    seen: list = []
+    w = sending_worker(tmp_path, [httpx.Response(400, json=graph_error(code, "refused")), ok("wamid.T==")], seen)
+    d = question_delivery(2)
+    assert w.deliver(d) == "wamid.T=="
+    refused, text = [json.loads(r.content) for r in seen]
+    assert refused["type"] == "interactive"
+    assert text["type"] == "text" and text["text"] == {"body": QUESTION, "preview_url": False}
+    assert text["context"] == {"message_id": "wamid.ASKED=="} and "interactive" not in text
+    assert w._journal.done("d_q_abc") == {0: "wamid.T=="} and w.already_delivered(d)
+    assert w.deliver(d) == "wamid.T==" and len(seen) == 2  # resumed after a crash: nothing sent again
+
+
+def test_an_interactive_message_refused_for_another_reason_is_not_replaced_by_text(tmp_path):
+    seen: list = []
+    w = sending_worker(tmp_path, [httpx.Response(400, json=graph_error(131026, "undeliverable"))], seen)
+    with pytest.raises(DeliveryFailed) as failed:
+        w.deliver(question_delivery(2))
+    assert failed.value.permanent and len(seen) == 1

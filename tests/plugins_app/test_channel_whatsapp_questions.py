@@ -102,3 +102,24 @@ def test_whatsapp_a_press_after_the_question_expired_is_told_so_and_starts_no_tu
     assert wait_until(lambda: len(fake.texts()) == 2, 20), rt.log(PID)
     assert fake.texts()[1] == "This question has expired."
     assert Turn.objects.count() == 1
+
+
+def test_whatsapp_an_interactive_message_meta_refuses_goes_as_the_numbered_text_and_a_typed_reply_answers(
+        tcast, fake, start_runtime, threaded_turns):
+    """Meta refuses the buttons (131051: the type is not supported for this number): the question is shown as
+    its numbered text instead of dead-lettering unseen, and the user's typed "2" answers it."""
+    whatsapp_plugin()
+    rt = start_runtime()
+    listening(rt, fake)
+    fake.refuse_interactive(131051)
+    fake.say(SCRIPT)
+    assert wait_until(lambda: fake.texts(), 30), rt.log(PID)
+    q = Question.objects.get()
+    assert fake.texts() == ["Which priority?\n1. Low\n2. High"] and not fake.interactives()
+    assert [c.status for c in fake.sends()] == [400, 200]
+    assert wait_until(lambda: OutboundDelivery.objects.filter(delivery_id=f"d_{q.request_id}",
+                                                              state="delivered").exists(), 20), rt.log(PID)
+    fake.say("2")
+    turn = finished()
+    assert turn and turn.state == "completed", rt.log(PID)
+    assert Question.objects.get().answer == {"answers": {"choice": "high"}}

@@ -18,16 +18,18 @@ Operators' page: docs/channels/wecom.md.
   ``FromUserName``. Media are downloaded with ``GET /cgi-bin/media/get`` and stored on the host.
   Events (``MsgType`` event: entering the app, menu clicks, ...) are not messages, except a press of a
   question card's button (``template_card_event``), which comes back as the option's label with
-  ``metadata["option"]`` its value; its message id is ``card:<user>:<CreateTime>:<TaskId>`` (WeCom's
-  advice for events: ``FromUserName`` + ``CreateTime``), so a press WeCom calls again answers once.
+  ``metadata["option"]`` its value; its message id is ``card:<user>:<CreateTime>:<TaskId>:<key hash>``
+  (WeCom's advice for events: ``FromUserName`` + ``CreateTime``; the button's key tells two presses
+  within one second apart), so a press WeCom calls again answers once.
 * **Outbound.** ``POST /cgi-bin/message/send`` with WeCom's duplicate check on
   (``enable_duplicate_check``, 1,800 s): a send repeated after a crash, with the same content to
   the same user, is not shown twice. Text is split at WeCom's 2,048 bytes of UTF-8. Each file is
   uploaded (``POST /cgi-bin/media/upload``, type image, voice, video or file by its type and WeCom's
   limits) and sent as a part of its own after the text; its media id is kept (``state.py``) the moment
   WeCom answers the upload, so a delivery resumed after a crash sends the same media id again and the
-  duplicate check holds it. A file over its type's limit, or refused by the upload, is not sent: a
-  note in the text says so. A question's ``metadata["options"]`` (up to 6) go out as a
+  duplicate check holds it. An AMR voice over WeCom's 60 s (its length from its frames) goes as a file.
+  A file over its type's limit, or refused by the upload (any errcode but a transient one), is not
+  sent: a note in the text says so. A question's ``metadata["options"]`` (up to 6) go out as a
   ``template_card`` of type ``button_interaction`` (``cards.py``); more, or a card WeCom refuses,
   as the numbered text.
 * **Token.** ``gettoken`` with the corp id and the app's secret, kept until shortly before it
@@ -44,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import hashlib
 import mimetypes
 import os
 import sys
@@ -56,8 +59,8 @@ from plugins_app.channel.sdk.outbox import outbox_path_for
 from plugins_app.channel.sdk.webhook import WebhookInbox
 from plugins_app.channel.sdk.text import split_text
 
-from .api import (DEFAULT_API_BASE_URL, TASK_ID_EXISTS, TEXT_LIMIT_BYTES, UPLOAD_REFUSED, AppRefused, RateLimited,
-                  Stopped, UserUnreachable, WeComApi, WeComError)
+from .api import (DEFAULT_API_BASE_URL, RATE_LIMITED, SYSTEM_BUSY, TASK_ID_EXISTS, TEXT_LIMIT_BYTES, TOKEN_STALE,
+                  AppRefused, RateLimited, Stopped, UserUnreachable, WeComApi, WeComError)
 from .cards import TASK_ID_PREFIX, option_label, question_card
 from plugins_app.channel.sdk.wxcrypto import CryptoError, MsgCrypt
 
@@ -89,10 +92,20 @@ MEDIA_TYPES = {"image": ({"image/jpeg", "image/jpg", "image/pjpeg", "image/png"}
 UPLOADED = "wecom:"
 #: ``channel_ref`` of a file not sent: ``unsent:<why>``; the text carries a note in its place.
 UNSENT = "unsent:"
-#: An upload refused for good, by errcode (``UPLOAD_REFUSED``): what the note says.
+#: An upload refused for good, by errcode (``api.UPLOAD_REFUSED``): what the note says.
 UPLOAD_REFUSALS = {40004: "WeCom does not take its type", 40005: "WeCom does not take its type",
                    40006: "WeCom refused its size", 40009: "WeCom refused its size", 40010: "WeCom refused its size",
-                   40011: "WeCom refused its size", 44001: "it is empty"}
+                   40011: "WeCom refused its size", 44001: "it is empty", 41005: "WeCom received no data for it",
+                   45001: "it is over WeCom's size limit", 45007: "it plays longer than WeCom's 60 s for a voice"}
+#: An upload answered with one of these is tried again (by the hub's retries), not taken as the file refused.
+UPLOAD_TRANSIENT = {SYSTEM_BUSY, *TOKEN_STALE, *RATE_LIMITED}
+#: WeCom plays a voice message of at most this many seconds; a longer AMR goes as a file.
+VOICE_MAX_SECS = 60
+AMR_NB_MAGIC = b"#!AMR\n"
+#: An AMR-NB frame's size in bytes (its 1-byte header included), by the mode in the header's bits 3-6:
+#: 4.75 to 12.2 kbit/s, SID, and the rest (reserved, no data) the header alone (3GPP TS 26.101; ffmpeg's amr.c).
+AMR_NB_FRAME_BYTES = (13, 14, 16, 18, 20, 21, 27, 32, 6, 1, 1, 1, 1, 1, 1, 1)
+AMR_FRAME_SECS = 0.02
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -133,6 +146,18 @@ def size_refusal(mtype: str, size: int) -> str | None:
         what = "file" if mtype == "file" else f"{mtype} ({', '.join(MEDIA_TYPES[mtype][1]).replace('.', '')})"
         return f"it is {size / MB:.1f} MB, over WeCom's {limit // MB} MB limit for a {what}"
     return None
+
+
+def amr_seconds(data: bytes) -> float | None:
+    """How long an AMR-NB file (``#!AMR\\n`` and its frames) plays: 20 ms a frame, each frame's size by the
+    mode in its header. None for anything else (AMR-WB, another format)."""
+    if not data.startswith(AMR_NB_MAGIC):
+        return None
+    frames, at = 0, len(AMR_NB_MAGIC)
+    while at < len(data):
+        at += AMR_NB_FRAME_BYTES[(data[at] >> 3) & 0x0F]
+        frames += 1
+    return frames * AMR_FRAME_SECS
 
 
 def unsent_note(attachment: Attachment, why: str) -> str:
@@ -224,13 +249,20 @@ def normalise(message: dict, *, agent_id: str | None = None,
                           timestamp=to_rfc3339(message.get("CreateTime")))
 
 
+def press_id(user: str, created: str, task_id: str, key: str) -> str:
+    """A press's message id: ``card:<user>:<CreateTime>:<TaskId>:<12 hex of the EventKey's SHA-256>``. The same
+    event called again has the same id; two buttons of one card pressed within one second do not (the key
+    is hashed: it may be 1,024 bytes, and the id stays within the host's 255 characters)."""
+    return f"card:{user}:{created}:{task_id}:{hashlib.sha256(key.encode('utf-8')).hexdigest()[:12]}"
+
+
 def normalise_press(message: dict, options: list[dict] | None, *, agent_id: str | None = None) -> InboundMessage | None:
     """A ``template_card_event`` (a press of a question card's button) as an InboundMessage: the option's
     label as text, its value (the button's ``EventKey``) as ``metadata["option"]``. ``options`` are the
     card's, as this worker sent it (None: no card of this worker's; a task id of its own still counts, the
-    key being a reply token the host checks). The message id is the user, the ``CreateTime`` and the
-    ``TaskId``: WeCom calls again a callback it had no answer for with the same event, and a press is
-    answered once. None for anything else."""
+    key being a reply token the host checks). The message id is the user, the ``CreateTime``, the
+    ``TaskId`` and the key (``press_id``): WeCom calls again a callback it had no answer for with the same
+    event, and a press is answered once. None for anything else."""
     if message.get("MsgType") != "event" or message.get("Event") != "template_card_event":
         return None
     user, key = str(message.get("FromUserName") or ""), str(message.get("EventKey") or "")
@@ -246,7 +278,7 @@ def normalise_press(message: dict, options: list[dict] | None, *, agent_id: str 
                 "card_type": str(message.get("CardType") or ""), "agent_id": str(message.get("AgentID") or "")}
     if message.get("ResponseCode"):
         metadata["response_code"] = str(message["ResponseCode"])
-    return InboundMessage(channel="wecom", conversation_id=user, message_id=f"card:{user}:{created}:{task_id}",
+    return InboundMessage(channel="wecom", conversation_id=user, message_id=press_id(user, created, task_id, key),
                           sender_id=user, source_type="user", text=label or key, metadata=metadata,
                           timestamp=to_rfc3339(created))
 
@@ -344,6 +376,8 @@ class WeComWorker(WebhookInbox, ChannelWorker):
             return f"{UPLOADED}{stored[0]}:{stored[1]}"
         ctype = mime_of(attachment.content_type) or mime_of(media.content_type) or "application/octet-stream"
         mtype = media_type(ctype, attachment.filename or media.filename)
+        if mtype == "voice" and (amr_seconds(media.data) or 0) > VOICE_MAX_SECS:
+            mtype = "file"  # WeCom refuses a voice over 60 s (45007); as a file it still reaches the user
         why = size_refusal(mtype, len(media.data))
         if why is not None:
             self.log.warning("wecom: delivery %s: %s", delivery.delivery_id, unsent_note(attachment, why))
@@ -352,8 +386,11 @@ class WeComWorker(WebhookInbox, ChannelWorker):
         try:
             answer = self.api.upload(media.data, mtype, name, ctype)
         except WeComError as exc:
-            if exc.errcode in UPLOAD_REFUSED and not isinstance(exc, (AppRefused, RateLimited)):
-                why = f"{UPLOAD_REFUSALS.get(exc.errcode, 'WeCom refused it')} (errcode {exc.errcode})"
+            # Any errcode but a transient one is this file refused: a note, and the text still goes out, instead
+            # of the whole answer held back (and dead-lettered) over one file.
+            if exc.errcode not in UPLOAD_TRANSIENT and not isinstance(exc, (AppRefused, RateLimited)):
+                why = (f"{UPLOAD_REFUSALS[exc.errcode]} (errcode {exc.errcode})" if exc.errcode in UPLOAD_REFUSALS
+                       else f"WeCom refused it (errcode {exc.errcode})")
                 self.log.warning("wecom: delivery %s: %s", delivery.delivery_id, unsent_note(attachment, why))
                 return UNSENT + why
             raise self._failure(exc) from exc
@@ -429,7 +466,9 @@ class WeComWorker(WebhookInbox, ChannelWorker):
         except (AppRefused, UserUnreachable, RateLimited) as exc:
             raise self._failure(exc) from exc
         except WeComError as exc:
-            if card and exc.errcode not in (-1,):
+            # A card refused for its content goes as the numbered text; -1 (busy) and a token still stale after
+            # the one refresh say nothing of the card, and are retried as any send is.
+            if card and exc.errcode not in (SYSTEM_BUSY, *TOKEN_STALE):
                 raise _CardRefused(exc.errcode, str(exc)) from exc
             raise self._failure(exc) from exc
         except (Stopped, httpx.HTTPError) as exc:

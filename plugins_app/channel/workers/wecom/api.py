@@ -30,8 +30,12 @@ RATE_LIMITED = {45009, 45033}
 #: Answers to gettoken (or any call) only the operator can fix: the corp id, the secret, the trusted IPs.
 GETTOKEN_REFUSED = {40001, 40013, 40091, 41004, 60020}
 APP_REFUSED = {40013, 40056, 40091, 60020}  # 40056: the agent id is not this app's
-#: An upload WeCom refuses for the file itself (its type, its size, empty): uploading again cannot help.
-UPLOAD_REFUSED = {40004, 40005, 40006, 40009, 40010, 40011, 44001}
+#: An upload WeCom refuses for the file itself (its type, its size, empty, missing, a voice too long):
+#: uploading again cannot help. (The worker also takes any other errcode but a transient one, ``TRANSIENT``,
+#: as the file refused, so that one file never holds back the rest of an answer.)
+UPLOAD_REFUSED = {40004, 40005, 40006, 40009, 40010, 40011, 41005, 44001, 45001, 45007}
+#: -1: the system is busy, or the call itself failed (an HTTP error, an answer that is not JSON).
+SYSTEM_BUSY = -1
 #: A template card's task_id already used: the card was sent before (task ids are per delivery).
 TASK_ID_EXISTS = 42014
 #: The user is not there for this app: sending again cannot help.

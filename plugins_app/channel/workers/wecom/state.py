@@ -11,7 +11,8 @@ files, and the options of each question card it sent.
   the option's label, also by a worker restarted since.
 
 A SQLite file of the worker's own, written with synchronous=FULL; rows are kept 30 days (a question waits
-far less; a media id is useless after 3).
+far less; a media id is useless after 3): older ones are deleted at start and, for a worker that runs for
+weeks, at a write once a day has passed since the last time.
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ import threading
 import time
 
 KEEP_SECS = 30 * 86400
+#: How often (at most) a write also deletes the rows past KEEP_SECS.
+PRUNE_EVERY_SECS = 86400
 #: WeCom keeps a temporary media file 3 days; one this close to its end is uploaded again.
 MEDIA_TTL_SECS = 3 * 86400
 MEDIA_MARGIN_SECS = 3600
@@ -37,9 +40,20 @@ class WeComState:
                          "media_id TEXT, created_at REAL, PRIMARY KEY (delivery_id, part))")
         self._db.execute("CREATE TABLE IF NOT EXISTS cards (task_id TEXT PRIMARY KEY, delivery_id TEXT, "
                          "options TEXT, at REAL)")
-        cutoff = self._clock() - KEEP_SECS
-        self._db.execute("DELETE FROM uploads WHERE created_at < ?", (cutoff,))
-        self._db.execute("DELETE FROM cards WHERE at < ?", (cutoff,))
+        self._pruned_at = 0.0
+        with self._lock:
+            self._prune()
+
+    def _prune(self) -> None:
+        """Delete the rows past KEEP_SECS (the lock held)."""
+        now = self._clock()
+        self._db.execute("DELETE FROM uploads WHERE created_at < ?", (now - KEEP_SECS,))
+        self._db.execute("DELETE FROM cards WHERE at < ?", (now - KEEP_SECS,))
+        self._pruned_at = now
+
+    def _prune_if_due(self) -> None:
+        if self._clock() - self._pruned_at >= PRUNE_EVERY_SECS:
+            self._prune()
 
     # ------------------------------------------------------------------ uploads
 
@@ -56,6 +70,7 @@ class WeComState:
                       created_at: float | None = None) -> None:
         when = created_at if created_at and created_at <= self._clock() else self._clock()
         with self._lock:
+            self._prune_if_due()
             self._db.execute("INSERT OR REPLACE INTO uploads VALUES (?, ?, ?, ?, ?)",
                              (delivery_id, part, media_type, media_id, when))
 
@@ -63,6 +78,7 @@ class WeComState:
 
     def record_card(self, task_id: str, delivery_id: str, options: list[dict]) -> None:
         with self._lock:
+            self._prune_if_due()
             self._db.execute("INSERT OR REPLACE INTO cards VALUES (?, ?, ?, ?)",
                              (task_id, delivery_id, json.dumps(options, ensure_ascii=False), self._clock()))
 

@@ -74,6 +74,10 @@ DOCUMENT_TYPES = frozenset({
 })
 #: ``channel_ref`` of a file WhatsApp will not take: its step sends a note naming it instead.
 UNSENDABLE = "unsendable"
+#: Codes with which Meta refuses an interactive message for what it is (an invalid parameter, one missing, a
+#: value not valid, a message type this number or app version does not take): the question then goes as its
+#: numbered text, which a typed reply answers, instead of dead-lettering unseen.
+INTERACTIVE_REFUSED = frozenset({100, 131008, 131009, 131051})
 
 
 def mime_of(att: Attachment) -> str:
@@ -332,7 +336,16 @@ class WhatsAppWorker(WebhookInbox, ChannelWorker):
                 body.update(media_message(payload))
             if index == 0 and delivery.reply_to_message_id:
                 body["context"] = {"message_id": delivery.reply_to_message_id}
-            wamid = self._send(body)
+            try:
+                wamid = self._send(body, interactive=kind == "interactive")
+            except _InteractiveRefused as exc:
+                # The same step as the text part it stands for: journaled under the same index, so a resend
+                # after a crash skips it whichever of the two went out.
+                self.log.warning("delivery %s: Meta refused the interactive message (%s); sending the numbered "
+                                 "text instead", delivery.delivery_id, exc.err)
+                body.pop("interactive")
+                body.update(type="text", text={"body": message_parts(delivery.text)[index], "preview_url": False})
+                wamid = self._send(body)
             # Meta took it: recorded before anything else can fail, so a resend after a crash skips it
             self._journal.record(delivery.delivery_id, index, wamid)
             first = first or wamid
@@ -341,10 +354,12 @@ class WhatsAppWorker(WebhookInbox, ChannelWorker):
     def _waiting(self, err: GraphError, secs: float) -> None:
         self.log.info("rate limited (%s): waiting %.1f s before sending again", err, secs)
 
-    def _send(self, body: dict) -> str:
+    def _send(self, body: dict, *, interactive: bool = False) -> str:
         try:
             answer = self.api.send(body, on_wait=self._waiting)
         except GraphError as err:
+            if interactive and err.code in INTERACTIVE_REFUSED and classify(err) == "permanent":
+                raise _InteractiveRefused(err) from err
             raise self._failure(err, body=body) from err
         except (RateLimited, Stopped) as exc:
             raise DeliveryFailed(str(exc)) from exc
@@ -377,6 +392,14 @@ class WhatsAppWorker(WebhookInbox, ChannelWorker):
             self.api.close()
         if self._journal is not None:
             self._journal.close()
+
+
+class _InteractiveRefused(Exception):
+    """Meta refused an interactive message for its content (``INTERACTIVE_REFUSED``)."""
+
+    def __init__(self, err: GraphError):
+        super().__init__(str(err))
+        self.err = err
 
 
 def main(argv: list[str] | None = None) -> None:
