@@ -448,6 +448,57 @@ def test_a_download_the_platform_refuses_keeps_the_message_owed_until_the_worker
     assert running.stop() == 0
 
 
+class FlakyMediaWorker(MediaWorker):
+    """Each download does what ``plan`` says next: "later" (MediaNotReady), "error" (a final error naming a
+    link with a token in it), else it works."""
+
+    def __init__(self, plan=(), **kwargs):
+        super().__init__(**kwargs)
+        self.plan = list(plan)
+
+    def fetch_media(self, attachment):
+        from plugins_app.channel.sdk import MediaNotReady
+        step = self.plan.pop(0) if self.plan else None
+        if step == "later":
+            raise MediaNotReady("the platform is busy")
+        if step == "error":
+            raise RuntimeError("404 Not Found for url https://files.example/bot123:SECRET/photo.jpg")
+        return super().fetch_media(attachment)
+
+
+def photo(message_id, conversation_id="chat-1"):
+    return message(message_id, text="look", conversation_id=conversation_id, attachments=[
+        Attachment(kind="image", content_type="image/png", url="https://cdn/p.png", filename="p.png")])
+
+
+def test_a_file_the_channel_cannot_give_now_holds_its_chat_only_and_comes_with_its_message(bridge, tmp_path):
+    worker = FlakyMediaWorker(plan=["later", "later"], sends=tmp_path / "sends.txt", state_dir=str(tmp_path),
+                              inbox=[photo("m-1"), message("m-2"), message("m-3", conversation_id="chat-2")],
+                              **bridge.worker_kwargs())
+    running = Running(worker)
+    bridge.wait_for(lambda: len(bridge.submits) == 3)  # the heartbeat's replay fetched it the third time
+    order = [m.message_id for m in bridge.submits]
+    assert order.index("m-1") < order.index("m-2")  # m-2 waited behind the photo of its chat
+    assert worker.submit_results[0].queued and worker.submit_results[1].queued
+    assert worker.submit_results[2].accepted  # another chat did not wait
+    got = next(m for m in bridge.submits if m.message_id == "m-1")
+    assert got.text == "look" and bridge.media(got.attachments[0].media_id).data == b"bytes of https://cdn/p.png"
+    assert running.stop() == 0
+
+
+@pytest.mark.parametrize("plan", [["error"], ["later"] * 1000])
+def test_a_file_that_cannot_be_fetched_becomes_a_note_never_a_link(bridge, tmp_path, plan):
+    worker = FlakyMediaWorker(plan=plan, sends=tmp_path / "sends.txt", state_dir=str(tmp_path),
+                              inbox=[photo("m-1")], **bridge.worker_kwargs())
+    worker.media_wait_secs = 0.3
+    running = Running(worker)
+    bridge.wait_for(lambda: bridge.submits)
+    [got] = bridge.submits
+    assert got.attachments == [] and got.text.startswith("look\n\n[p.png could not be fetched from the channel: ")
+    assert "SECRET" not in got.text and "https://" not in got.text
+    assert running.stop() == 0
+
+
 # -- the outbox --------------------------------------------------------------------------
 
 

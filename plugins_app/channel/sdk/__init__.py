@@ -22,10 +22,10 @@ from .messages import (
     ReplyContext,
 )
 from .outbox import Outbox
-from .worker import ChannelRefused, ChannelWorker, DeliveryFailed, SubmitResult
+from .worker import ChannelRefused, ChannelWorker, DeliveryFailed, MediaNotReady, SubmitResult
 
 __all__ = [
     "Attachment", "CallTimeout", "ChannelRefused", "ChannelWorker", "ConnectionLost", "DeliveryFailed", "Dispatcher",
-    "InboundMessage", "InvalidParams", "Media", "MessageValidationError", "Delivery", "Outbox",
+    "InboundMessage", "InvalidParams", "Media", "MediaNotReady", "MessageValidationError", "Delivery", "Outbox",
     "RPCError", "ReplyContext", "RpcClient", "SubmitResult", "connect_with_retry",
 ]

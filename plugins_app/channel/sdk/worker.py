@@ -26,6 +26,7 @@ import ctypes
 import ctypes.util
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -79,6 +80,21 @@ class ChannelRefused(Exception):
         self.reason = reason
 
 
+class MediaNotReady(Exception):
+    """Raised by ``fetch_media()`` when the platform cannot give the file now (busy, a 5xx, a network error):
+    the message stays owed and the download is tried again at the next replay, for up to the worker's
+    ``media_wait_secs`` from the first try; then it goes on without the file, a note in its text saying so.
+    (Any other error is final at once: the message goes on without that file, saying so. Never with the
+    platform's link, which the host cannot fetch.)"""
+
+
+_NO_LINKS = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S+")
+
+
+class _MediaWait(Exception):
+    """A message held for a file ``MediaNotReady`` said to wait for; ``_send_inbound_locked`` answers queued."""
+
+
 @dataclass
 class SubmitResult:
     """What became of a submitted inbound message.
@@ -96,6 +112,9 @@ class SubmitResult:
 
 class ChannelWorker:
     """Base class of a channel plugin worker (see the module docstring for what to implement)."""
+
+    #: How long a message waits for a file ``fetch_media`` raised ``MediaNotReady`` for (seconds).
+    media_wait_secs = 60.0
 
     kind: str = "channel-custom"
     version: str = "0.1.0"
@@ -127,6 +146,7 @@ class ChannelWorker:
         self._client: RpcClient | None = None
         self._drain_deadline: float | None = None
         self._inbound_lock = threading.Lock()      # one submit at a time keeps the channel's order
+        self._media_waits: dict[str, float] = {}   # outbox key -> when its file first could not be fetched
         self._replay_lock = threading.Lock()
         self._acks_lock = threading.Lock()
         self._acks_under_way: set[str] = set()
@@ -177,6 +197,9 @@ class ChannelWorker:
         platform refused the worker's credentials: the message stays owed (not
         submitted without its file) and the worker stops; once the plugin is
         enabled again, its replay downloads the file and submits the message.
+        Raise ``MediaNotReady`` when the platform cannot give it now: the message
+        waits (its chat only) for up to ``media_wait_secs``. Any other error: the
+        message goes on without the file, a note in its text saying why.
         """
         return None
 
@@ -571,6 +594,9 @@ class ChannelWorker:
             return SubmitResult(False, queued=True)
         try:
             message = self._store_inbound_media(key, row.message)
+        except _MediaWait as exc:
+            return SubmitResult(False, queued=True, reason=str(exc))  # this chat waits; the others go on
+        try:
             outbox.inbound_attempted(key)
             result = client.call("inbound.submit", {"message": message}, timeout=self.call_timeout_secs)
         except RPCError as exc:
@@ -591,7 +617,7 @@ class ChannelWorker:
         if type(self).fetch_media is ChannelWorker.fetch_media:
             return message
         changed = False
-        too_large: list[str] = []
+        notes: list[str] = []
         for att in message.get("attachments", []):
             if att.get("media_id") or not att.get("url"):
                 continue
@@ -599,11 +625,28 @@ class ChannelWorker:
                 data = self.fetch_media(Attachment.from_dict(att))
             except ChannelRefused:
                 raise  # the platform refused the worker: the message waits, file and all, for its return
-            except Exception:  # noqa: BLE001 - the url still reaches the host
+            except Exception as exc:  # noqa: BLE001 - the message goes on, or waits (MediaNotReady)
                 refusal = getattr(self, "_refusal", None)  # a webhook worker's way to say so (WebhookInbox)
                 if refusal:
                     raise ChannelRefused(refusal) from None
-                self.log.exception("fetch_media failed for %s", att.get("url"))
+                # what the error says, without its links: an HTTP error names its URL, and platforms put tokens
+                # in URLs (Telegram's in the path, WeChat's in the query); the note goes to the model
+                why = _NO_LINKS.sub("<link>", str(exc) or type(exc).__name__)[:200]
+                if isinstance(exc, MediaNotReady):
+                    first = self._media_waits.setdefault(key, time.monotonic())
+                    if time.monotonic() - first < self.media_wait_secs:
+                        self.log.warning("inbound message %s waits for its file, which the channel cannot give "
+                                         "now: %s", key, why)
+                        if changed:  # the files fetched so far are kept: the next try does not fetch them again
+                            self._outbox().inbound_update_message(key, message)
+                        raise _MediaWait(f"waiting for a file: {why}") from None
+                else:
+                    self.log.warning("fetch_media failed for inbound message %s: %s", key, why, exc_info=True)
+                kind = att.get("kind") or "file"
+                name = att.get("filename") or "the " + kind
+                notes.append(f"[{name} could not be fetched from the channel: {why}]")
+                att["_drop"] = True
+                changed = True
                 continue
             if data is None:
                 continue
@@ -624,17 +667,18 @@ class ChannelWorker:
             if limit is not None:
                 kind = att.get("kind") or "file"
                 name = att.get("filename") or ("an " if kind[:1] in "aeiou" else "a ") + kind
-                too_large.append(f"[{name} ({len(data)} bytes) was not kept: over the host's media limit"
-                                 + (f" of {limit} bytes" if limit else "") + "]")
+                notes.append(f"[{name} ({len(data)} bytes) was not kept: over the host's media limit"
+                             + (f" of {limit} bytes" if limit else "") + "]")
                 att["_drop"] = True
-                self.log.warning("inbound message %s: %s", key, too_large[-1])
+                self.log.warning("inbound message %s: %s", key, notes[-1])
                 changed = True
                 continue
             att["size"] = len(data)
             changed = True
-        if too_large:
+        self._media_waits.pop(key, None)
+        if notes:
             message["attachments"] = [a for a in message.get("attachments", []) if not a.get("_drop")]
-            message["text"] = "\n\n".join([t for t in [message.get("text") or ""] if t.strip()] + too_large)
+            message["text"] = "\n\n".join([t for t in [message.get("text") or ""] if t.strip()] + notes)
         if changed:
             self._outbox().inbound_update_message(key, message)  # a replay reuses the stored media
         return message

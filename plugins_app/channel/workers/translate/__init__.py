@@ -207,6 +207,12 @@ def skipped(name: str) -> bool:
     return name.startswith(SKIPPED_PREFIXES) or name.lower().endswith(SKIPPED_SUFFIXES)
 
 
+def shown(name: str) -> str:
+    """A file name as it can be written anywhere: a name that is not UTF-8 (its bytes kept as surrogates by
+    os.listdir) with those bytes as \\xNN."""
+    return os.fsencode(name).decode("utf-8", "backslashreplace")
+
+
 class TranslateWorker(ChannelWorker):
     kind = KIND
     version = "1.0.0"
@@ -335,7 +341,7 @@ class TranslateWorker(ChannelWorker):
             try:
                 self.take(entry.name, key)
             except Exception:  # noqa: BLE001 - one bad file must not stop the pipeline
-                self.log.exception("translate: taking %s failed; it is tried again", entry.name)
+                self.log.exception("translate: taking %s failed; it is tried again", shown(entry.name))
                 self._seen.pop(entry.name, None)
         for name in list(self._seen):
             if name not in present:
@@ -350,7 +356,7 @@ class TranslateWorker(ChannelWorker):
         try:
             self.fail_file(name, "a symbolic link: only regular files are read; copy the file into the inbox")
         except Exception:  # noqa: BLE001 - one bad entry must not stop the scan
-            self.log.exception("translate: cannot move the symbolic link %s to failed/", name)
+            self.log.exception("translate: cannot move the symbolic link %s to failed/", shown(name))
 
     def _read_regular(self, name: str, key: tuple[int, int]) -> bytes | None:
         """The bytes of inbox/<name> if it is still the regular file of this size and time (never through a
@@ -380,7 +386,7 @@ class TranslateWorker(ChannelWorker):
             name.encode("utf-8")
         except UnicodeEncodeError:
             # the state, the messages and the logs all need text: such a name could never be recorded
-            self.fail_file(name, "the name is not valid UTF-8 (" + os.fsencode(name).decode("utf-8", "backslashreplace")
+            self.fail_file(name, "the name is not valid UTF-8 (" + shown(name)
                            + "): rename the file with a UTF-8 name")
             return
         longest = NAME_MAX - max(_STAMP_BYTES, len(".error.txt"), *(1 + len(lang) for lang in self.langs))
@@ -433,7 +439,7 @@ class TranslateWorker(ChannelWorker):
             self._move(name, fd, digest)
         finally:
             os.close(fd)
-        self.log.warning("translate: %s failed: %s", name, reason)
+        self.log.warning("translate: %s failed: %s", shown(name), reason)
 
     def _subdir(self, sub: str) -> int:
         """inbox/done or inbox/failed, open; made if missing; a symbolic link there is refused (OSError)."""

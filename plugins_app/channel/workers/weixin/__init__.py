@@ -50,7 +50,8 @@ import time
 import httpx
 from urllib.parse import quote, unquote
 
-from plugins_app.channel.sdk import Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, InboundMessage
+from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, InboundMessage,
+                                     MediaNotReady)
 from plugins_app.channel.sdk.journal import SentJournal
 from plugins_app.channel.sdk.outbox import outbox_path_for
 from plugins_app.channel.sdk.text import split_text
@@ -87,9 +88,6 @@ IMAGE_TYPES = {"image/jpeg", "image/png", "image/gif"}
 IMAGE_MAX_BYTES = 2 * 1024 * 1024
 #: put_media's mark for an image not uploaded: its message becomes a note saying so.
 UNSENT = "unsent:"
-#: How long a message whose file WeChat could not give for now (busy, 5xx, the network) stays owed, its download
-#: tried again at each replay, before it goes to the hub without the file, saying so.
-MEDIA_RETRY_SECS = 60.0
 #: Content errors sending again cannot fix: too long, empty, a bad media id, a bad message type.
 CONTENT_REFUSED = {45002, 44002, 44004, 40007, 40008}
 #: What media/upload answers for a file it will never take: the media type, the file type, the file's size, the
@@ -243,9 +241,6 @@ class WeixinWorker(WebhookInbox, ChannelWorker):
         self._journal: SentJournal | None = None
         self._quota: SentJournal | None = None   # "quota:<OpenID>" -> "<messages left> <when the user wrote>"
         self._plan_lock = threading.Lock()
-        self._fetch_failures: dict[str, tuple[bool, str]] = {}  # a download that failed: url -> (passing, why)
-        self._fetch_first_failed: dict[str, float] = {}          # outbox key -> when its download first failed
-        self._media_clock = time.monotonic
         self.server = None
 
     # ------------------------------------------------------------------ connect
@@ -345,40 +340,13 @@ class WeixinWorker(WebhookInbox, ChannelWorker):
         except AppRefused as exc:
             self._refusal = refused(exc)  # the listener stops the worker
             raise
-        except Exception as exc:  # noqa: BLE001 - recorded for _store_inbound_media, then as the SDK expects
-            passing = (isinstance(exc, (RateLimited, Stopped, httpx.HTTPError))
-                       or (isinstance(exc, WeixinError) and (exc.errcode == -1 or exc.errcode in TOKEN_STALE)))
-            self._fetch_failures[attachment.url] = (passing, str(exc) or type(exc).__name__)
-            raise
+        except (RateLimited, Stopped, httpx.HTTPError) as exc:  # WeChat keeps a file 3 days: wait for it
+            raise MediaNotReady(str(exc) or type(exc).__name__) from exc
+        except WeixinError as exc:
+            if exc.errcode == -1 or exc.errcode in TOKEN_STALE:
+                raise MediaNotReady(str(exc)) from exc
+            raise  # (40007: the file is gone) the message goes on without it, saying so
         return data
-
-    def _store_inbound_media(self, key: str, message: dict) -> dict:
-        """The SDK's, then: a message whose file WeChat could not give for now stays owed (tried again at each
-        replay) for ``MEDIA_RETRY_SECS``; past that, or when WeChat refused the file for good (40007: gone), it
-        goes on without the file, a note in its text saying so, not with a link the host cannot fetch (the
-        link needs the access token). (Worked around here: the SDK submits such a message with the link.)"""
-        self._fetch_failures = {}  # (called under the SDK's inbound lock: one message at a time)
-        message = super()._store_inbound_media(key, message)
-        failures, self._fetch_failures = self._fetch_failures, {}
-        failed = [att for att in message.get("attachments", [])
-                  if not att.get("media_id") and att.get("url") in failures]
-        if not failed:
-            self._fetch_first_failed.pop(key, None)
-            return message
-        now = self._media_clock()
-        first = self._fetch_first_failed.setdefault(key, now)
-        if any(failures[att["url"]][0] for att in failed) and now - first < MEDIA_RETRY_SECS:
-            self.log.warning("weixin: message %s: its file could not be fetched for now (%s); it waits for the "
-                             "next try", key, "; ".join(failures[att["url"]][1] for att in failed))
-            raise OSError("a file of the message could not be fetched from WeChat for now")
-        self._fetch_first_failed.pop(key, None)
-        notes = [f"[{att.get('filename') or 'the ' + (att.get('kind') or 'file')} could not be fetched from "
-                 f"WeChat: {failures[att['url']][1]}]" for att in failed]
-        self.log.warning("weixin: message %s goes on without its file: %s", key, " ".join(notes))
-        message["attachments"] = [att for att in message.get("attachments", []) if att not in failed]
-        message["text"] = "\n\n".join([t for t in [message.get("text") or ""] if t.strip()] + notes)
-        self._outbox().inbound_update_message(key, message)
-        return message
 
     # ------------------------------------------------------------------ outbound
 
