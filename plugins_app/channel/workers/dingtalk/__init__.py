@@ -56,7 +56,8 @@ from urllib.parse import parse_qs, quote, urlsplit
 
 import httpx
 
-from plugins_app.channel.sdk import Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, InboundMessage
+from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, InboundMessage,
+                                     MediaNotReady)
 from plugins_app.channel.sdk.journal import SentJournal
 from plugins_app.channel.sdk.outbox import outbox_path_for
 from plugins_app.channel.sdk.text import split_text
@@ -334,9 +335,11 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
         except AppRefused as exc:
             self._refusal = refused(exc)  # the listener stops the worker
             raise
-        except (DingTalkError, Stopped, httpx.HTTPError) as exc:
+        except (Stopped, httpx.TransportError) as exc:  # the network or a stop: the message waits, SDK tries again
+            raise MediaNotReady(f"{type(exc).__name__}: {exc}") from exc
+        except (DingTalkError, httpx.HTTPError) as exc:
             self.log.error("dingtalk: gave up downloading a %s (%s: %s): the message goes to the host without the "
-                           "file", attachment.kind, type(exc).__name__, exc)
+                           "file, a note saying so", attachment.kind, type(exc).__name__, exc)
             raise
         return data
 

@@ -46,7 +46,7 @@ import sys
 import httpx
 
 from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, InboundMessage,
-                                     ReplyContext)
+                                     MediaNotReady, ReplyContext)
 from plugins_app.channel.sdk.outbox import outbox_path_for
 from plugins_app.channel.sdk.webhook import WebhookInbox
 from plugins_app.channel.sdk.text import shorten, split_text, utf16_len
@@ -276,9 +276,14 @@ class LineWorker(WebhookInbox, ChannelWorker):
             self._refusal = refused(f"GET /v2/bot/message/{message_id}/content")  # the listener stops the worker
             raise
         except (LineError, httpx.HTTPError, Stopped) as exc:
-            # The host gets the message with LINE's content URL only, which it cannot fetch without the token.
+            if not isinstance(exc, LineError) or exc.status >= 500 or exc.status == 429:
+                # LINE keeps content for days: the message waits (its chat only) and the SDK tries again
+                self.log.warning("line: the %s of message %s cannot be downloaded now (%s: %s); its message waits",
+                                 attachment.kind, message_id, type(exc).__name__, exc)
+                raise MediaNotReady(f"{type(exc).__name__}: {exc}") from exc
             self.log.error("line: gave up downloading the %s of message %s (%s: %s): the message goes to the "
-                           "host without the file", attachment.kind, message_id, type(exc).__name__, exc)
+                           "host without the file, a note saying so", attachment.kind, message_id,
+                           type(exc).__name__, exc)
             raise
         return data
 

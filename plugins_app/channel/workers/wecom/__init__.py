@@ -54,7 +54,8 @@ from urllib.parse import quote, unquote
 
 import httpx
 
-from plugins_app.channel.sdk import Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, InboundMessage
+from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, InboundMessage,
+                                     MediaNotReady)
 from plugins_app.channel.sdk.outbox import outbox_path_for
 from plugins_app.channel.sdk.webhook import WebhookInbox
 from plugins_app.channel.sdk.text import split_text
@@ -358,6 +359,12 @@ class WeComWorker(WebhookInbox, ChannelWorker):
             data, _, _ = self.api.media(unquote(attachment.url[len(prefix):]))
         except AppRefused as exc:
             self._refusal = refused(exc)  # the listener stops the worker
+            raise
+        except (RateLimited, Stopped, httpx.TransportError) as exc:  # WeCom keeps media 3 days: the message waits
+            raise MediaNotReady(f"{type(exc).__name__}: {exc}") from exc
+        except WeComError as exc:
+            if exc.errcode == -1:  # busy
+                raise MediaNotReady(str(exc)) from exc
             raise
         return data
 

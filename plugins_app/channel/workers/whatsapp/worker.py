@@ -6,8 +6,10 @@ import datetime as _dt
 import os
 import sys
 
+import httpx
+
 from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, InboundMessage,
-                                     ReplyContext)
+                                     MediaNotReady, ReplyContext)
 from plugins_app.channel.sdk.journal import SentJournal
 from plugins_app.channel.sdk.outbox import outbox_path_for
 from plugins_app.channel.sdk.webhook import WebhookInbox
@@ -269,9 +271,14 @@ class WhatsAppWorker(WebhookInbox, ChannelWorker):
         try:
             data, _ = self.api.download(media_id)
         except GraphError as err:
-            if classify(err) in REFUSALS:
+            kind = classify(err)
+            if kind in REFUSALS:
                 self._refusal = refusal_reason(err)  # the listener stops the worker; the message waits
+            elif kind in ("rate", "retry") and (err.status is None or err.status >= 429):
+                raise MediaNotReady(str(err)) from err  # Meta keeps media 30 days: the message waits a while
             raise
+        except httpx.TransportError as exc:
+            raise MediaNotReady(f"{type(exc).__name__}: {exc}") from exc
         return data
 
     # ------------------------------------------------------------------ outbound
