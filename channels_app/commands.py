@@ -40,7 +40,7 @@ CHANNEL_REMOTE_CONTROL_REFUSED = ("{name} changes things, which needs allow_remo
 CHANNEL_READ_ONLY = "/model, /models, /recall, /btw, /harness, /refine"
 #: Commands that ask the engine (seconds, up to UGENT_COMMAND_ENGINE_TIMEOUT): on a chat channel they are
 #: answered from a task, not while the worker's submit waits (plugins_app.channel.services._command_take).
-ENGINE_COMMANDS = ("/btw", "/refine")
+ENGINE_COMMANDS = ("/btw", "/refine", "/compress")  # (/compress: the summariser may be a model)
 NEEDS_CONVERSATION = "{name} needs a conversation_id: the conversation it acts on."
 NEEDS_TEXT = "Say what {what}: {usage}."
 NOTHING_TO_REFINE = "There is no message of yours in this conversation to refine."

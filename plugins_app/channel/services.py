@@ -240,22 +240,28 @@ def command_answer_fill(*, delivery_id: str, name: str, args: str, actor_id: int
                         remote_control: bool) -> bool:
     """The task's half of a held command (``_command_take``): run it and put its answer into the delivery
     while that is still held; False when the hold had passed (its placeholder went out) or it was filled."""
+    from django.conf import settings
+
     from channels_app.models import Actor, Conversation
-    held = OutboundDelivery.objects.filter(delivery_id=delivery_id, state=DeliveryState.PENDING,
-                                           not_before__gt=timezone.now(), text=COMMAND_NOT_ANSWERED)
-    if not held.exists():
+
+    def held():  # never handed out (a placeholder gone out, even once, stays what went out), the hold not over
+        return OutboundDelivery.objects.filter(delivery_id=delivery_id, state=DeliveryState.PENDING, handed_out=0,
+                                               not_before__gt=timezone.now(), text=COMMAND_NOT_ANSWERED)
+    # the time the task waited in the queue is not the engine's: its hold starts again now
+    if not held().update(not_before=timezone.now() + dt.timedelta(
+            seconds=settings.UGENT_COMMAND_ENGINE_TIMEOUT + COMMAND_HOLD_MARGIN_SECS)):
         return False
     actor = Actor.objects.get(pk=actor_id)
     conversation = Conversation.objects.get(pk=conversation_id)
     text, ok, changed = _command_run(actor=actor, conversation=conversation, name=name, args=args,
                                      remote_control=remote_control)
-    row = held.first()
+    row = held().first()
     if row is None:
         return False
     payload = dict(row.payload or {})
     payload["metadata"] = {**payload.get("metadata", {}), "ok": ok, "changed": changed}
     with transaction.atomic():
-        filled = held.update(text=text or COMMAND_NOT_ANSWERED, payload=payload, not_before=None) == 1
+        filled = held().update(text=text or COMMAND_NOT_ANSWERED, payload=payload, not_before=None) == 1
         if filled:
             _wake_after_commit(row.plugin.plugin_id)
     return filled

@@ -499,6 +499,47 @@ def test_a_file_that_cannot_be_fetched_becomes_a_note_never_a_link(bridge, tmp_p
     assert running.stop() == 0
 
 
+def test_a_media_put_the_host_does_not_answer_in_time_leaves_the_message_queued(bridge, tmp_path):
+    from plugins_app.channel.sdk import CallTimeout
+
+    class SlowHost(MediaWorker):
+        slow = True
+
+        def media_put(self, data, content_type, filename=None):
+            if self.slow:
+                raise CallTimeout("media.put: no answer within 10 s")
+            return super().media_put(data, content_type, filename)
+
+    worker = SlowHost(sends=tmp_path / "sends.txt", state_dir=str(tmp_path), **bridge.worker_kwargs())
+    running = Running(worker)
+    bridge.wait_for(lambda: bridge.hellos)
+    result = worker.submit(photo("m-1"))  # no exception out of submit(): the listener lives on
+    assert result.queued and not result.accepted and bridge.submits == []
+    worker.slow = False
+    bridge.wait_for(lambda: bridge.submits)  # the heartbeat's replay sent it, file and all
+    assert bridge.submits[0].attachments[0].media_id
+    assert running.stop() == 0
+
+
+def test_a_message_the_host_keeps_failing_stops_holding_back_its_chat(bridge, start_worker, monkeypatch):
+    from plugins_app.channel.sdk import worker as worker_module
+    monkeypatch.setattr(worker_module, "HOLD_ATTEMPTS", 3)
+    real_submit = bridge.hub.submit_inbound
+
+    async def hub(plugin_id, msg):
+        if msg.message_id == "m-1":
+            raise RuntimeError("a bug in the hub for this one message")  # an internal error, every time
+        return await real_submit(plugin_id, msg)
+
+    bridge.hub.submit_inbound = hub
+    worker = start_worker()
+    bridge.wait_for(lambda: bridge.hellos)
+    assert worker.submit(message("m-1")).queued
+    assert worker.submit(message("m-2")).queued  # held behind m-1 while the host may yet take it
+    bridge.wait_for(lambda: [m.message_id for m in bridge.submits] == ["m-2"])  # after 3 failures: not held
+    assert worker.outbox.inbound_get(message("m-1").key).state == PENDING  # m-1 still owed, still retried
+
+
 # -- the outbox --------------------------------------------------------------------------
 
 

@@ -102,3 +102,31 @@ def test_connections_past_max_connections_wait_for_a_thread_and_are_then_served(
             conn.close()
         server.stop()
 
+
+def test_a_connection_trickling_bytes_is_cut_at_its_deadline_and_frees_its_thread():
+    class Short(Narrow):
+        timeout = 5.0
+        connection_deadline = 1.0
+
+    server = Short()
+    server.start()
+    address = server.httpd.server_address[:2]
+    trickling = [socket.create_connection(address, timeout=10) for _ in range(2)]
+    try:
+        for conn in trickling:
+            conn.sendall(b"POST /hook HTTP/1.1\r\n")  # and a header line now and then, never the end
+        waiting = socket.create_connection(address, timeout=10)
+        waiting.sendall(b"GET /hook HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        for conn in trickling:
+            try:
+                conn.sendall(b"X-Slow: 1\r\n")  # within the read timeout: only the deadline ends it
+            except OSError:
+                pass
+        assert waiting.recv(100).startswith(b"HTTP/1.1 200")  # a thread was freed by the deadline
+        assert all(conn.recv(100) == b"" for conn in trickling)  # cut
+        waiting.close()
+    finally:
+        for conn in trickling:
+            conn.close()
+        server.stop()
+

@@ -77,11 +77,14 @@ def messages_for(engine: Any, messages: List[Any]) -> List[Any]:
     """The messages in the type the engine's contract names: a ``MultimodalChatEngine`` takes
     ``MultimodalAgentMessage``s, every one of them (history, system text and recall with empty media lists),
     so an engine reading ``image_content`` off any message finds it; any other engine gets them as they are."""
+    import dataclasses
+
     from ovos_plugin_manager.templates.agents import MultimodalAgentMessage, MultimodalChatEngine
     if not isinstance(engine, MultimodalChatEngine):
         return messages
-    return [m if isinstance(m, MultimodalAgentMessage) else MultimodalAgentMessage(role=m.role, content=m.content)
-            for m in messages]
+    # every field the message has (a tool round's tool_calls, tool_call_id, name), with empty media lists
+    return [m if isinstance(m, MultimodalAgentMessage) else MultimodalAgentMessage(
+        **{f.name: getattr(m, f.name) for f in dataclasses.fields(m)}) for m in messages]
 
 
 def _reply_items(reply: Any, *, tools_offered: bool) -> Iterator[StreamItem]:

@@ -2,7 +2,8 @@
 
 One home for what every such endpoint needs, whatever the platform: a thread of its own serving requests
 (one thread each, at most ``max_connections`` at once: past that a connection waits in the listen backlog
-until one ends, so a flood of connections costs no more memory than that many threads), a body read whole up to ``max_body_bytes`` (past it, or with a length that is no number,
+until one ends, so a flood of connections costs no more memory than that many threads; and none lasts past
+``connection_deadline``, so a client trickling bytes cannot hold a thread), a body read whole up to ``max_body_bytes`` (past it, or with a length that is no number,
 the body is not read, the request's handler gets ``None`` and the connection is closed after the answer, so
 the unread bytes are never taken for a next request), ``timeout`` seconds for a connection (a client that
 stalls holds no thread), and answers as ``(status, body)``: a dict is sent as JSON, a str as UTF-8 text.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -28,9 +30,10 @@ class _BoundedServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128  # connections waiting for a thread wait here (the kernel's listen backlog)
 
-    def __init__(self, address, handler, max_connections: int):
+    def __init__(self, address, handler, max_connections: int, connection_deadline: float):
         super().__init__(address, handler)
         self._slots = threading.BoundedSemaphore(max_connections)
+        self.connection_deadline = connection_deadline
         self.closing = threading.Event()
 
     def process_request(self, request, client_address):
@@ -45,10 +48,23 @@ class _BoundedServer(ThreadingHTTPServer):
             raise
 
     def process_request_thread(self, request, client_address):
+        # the handler's timeout bounds each read, not the connection: a client dripping a byte now and then
+        # would hold its thread for ever. Past connection_deadline the socket is shut and the thread freed.
+        cut = threading.Timer(self.connection_deadline, self._cut, (request,))
+        cut.daemon = True
+        cut.start()
         try:
             super().process_request_thread(request, client_address)
         finally:
+            cut.cancel()
             self._slots.release()
+
+    @staticmethod
+    def _cut(request) -> None:
+        try:
+            request.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
 
 class WebhookServer:
@@ -60,6 +76,8 @@ class WebhookServer:
     timeout = 10.0
     #: Connections served at once (a thread each); the next ones wait until one ends.
     max_connections = 64
+    #: Seconds a connection may last in all (keep-alive included), however it trickles.
+    connection_deadline = 30.0
 
     def __init__(self, bind: str, path: str):
         host, _, port = bind.rpartition(":")
@@ -102,7 +120,8 @@ class WebhookServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self.httpd = _BoundedServer((host or "127.0.0.1", int(port or 0)), Handler, self.max_connections)
+        self.httpd = _BoundedServer((host or "127.0.0.1", int(port or 0)), Handler, self.max_connections,
+                                    self.connection_deadline)
         self._thread: threading.Thread | None = None
 
     @property

@@ -88,6 +88,10 @@ class MediaNotReady(Exception):
     platform's link, which the host cannot fetch.)"""
 
 
+#: A message the host failed this many times (an error of the host's, not a refusal) stops holding back its
+#: chat's later messages: a message that breaks the hub must not silence a chat. It is still retried.
+HOLD_ATTEMPTS = 10
+
 _NO_LINKS = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S+")
 
 
@@ -299,6 +303,12 @@ class ChannelWorker:
             if result.queued:
                 if result.reason is None:
                     break  # the host is not answering; the rest waits for the next replay
+                if row.attempts + 1 >= HOLD_ATTEMPTS and row.key not in self._media_waits:
+                    if row.attempts + 1 == HOLD_ATTEMPTS:
+                        self.log.error("inbound message %s (%s): the host failed it %d times (%s); its chat's later "
+                                       "messages no longer wait for it", row.key, conversation, HOLD_ATTEMPTS,
+                                       result.reason)
+                    continue
                 held.add(conversation)  # the host refused this one for now: other chats go on
 
     def heartbeat_once(self) -> None:
@@ -578,6 +588,10 @@ class ChannelWorker:
                     break
                 if earlier.message.get("conversation_id") != conversation_id:
                     continue
+                if earlier.attempts >= HOLD_ATTEMPTS:
+                    continue  # the host failed it again and again: it no longer holds its chat (the replay still tries)
+                if earlier.key in self._media_waits:  # its file is awaited: only the replay tries it again
+                    return SubmitResult(False, queued=True, reason="waiting for a file of an earlier message")
                 result = self._send_inbound_locked(earlier.key)
                 if result.queued:
                     return SubmitResult(False, queued=True, reason=result.reason)
@@ -594,11 +608,10 @@ class ChannelWorker:
             return SubmitResult(False, queued=True)
         try:
             message = self._store_inbound_media(key, row.message)
-        except _MediaWait as exc:
-            return SubmitResult(False, queued=True, reason=str(exc))  # this chat waits; the others go on
-        try:
             outbox.inbound_attempted(key)
             result = client.call("inbound.submit", {"message": message}, timeout=self.call_timeout_secs)
+        except _MediaWait as exc:
+            return SubmitResult(False, queued=True, reason=str(exc))  # this chat waits; the others go on
         except RPCError as exc:
             if exc.code == INVALID_PARAMS:
                 # The host will refuse this message however often it is sent.
@@ -619,6 +632,7 @@ class ChannelWorker:
         changed = False
         notes: list[str] = []
         for att in message.get("attachments", []):
+            att.pop("_drop", None)  # (a mark left by an earlier try that then waited: this try decides anew)
             if att.get("media_id") or not att.get("url"):
                 continue
             try:
@@ -640,8 +654,9 @@ class ChannelWorker:
                         if changed:  # the files fetched so far are kept: the next try does not fetch them again
                             self._outbox().inbound_update_message(key, message)
                         raise _MediaWait(f"waiting for a file: {why}") from None
-                else:
-                    self.log.warning("fetch_media failed for inbound message %s: %s", key, why, exc_info=True)
+                else:  # (not exc_info: a traceback would print the links stripped above)
+                    self.log.warning("fetch_media failed for inbound message %s (%s): %s", key,
+                                     type(exc).__name__, why)
                 kind = att.get("kind") or "file"
                 name = att.get("filename") or "the " + kind
                 notes.append(f"[{name} could not be fetched from the channel: {why}]")
