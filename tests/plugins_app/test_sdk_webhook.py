@@ -130,3 +130,15 @@ def test_a_connection_trickling_bytes_is_cut_at_its_deadline_and_frees_its_threa
             conn.close()
         server.stop()
 
+
+
+def test_telegrams_webhook_and_gmails_push_endpoint_are_bounded_too():
+    import inspect
+
+    from plugins_app.channel.sdk.webhook import BoundedHTTPServer
+    from plugins_app.channel.workers.email import gmail
+    from plugins_app.channel.workers.telegram import worker as telegram
+    for module in (telegram, gmail):  # (their handlers are their own; the server under them is the SDK's)
+        source = inspect.getsource(module)
+        assert "BoundedHTTPServer(" in source and "ThreadingHTTPServer(" not in source, module.__name__
+    assert issubclass(BoundedHTTPServer, __import__("http.server").server.ThreadingHTTPServer)

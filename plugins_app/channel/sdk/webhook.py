@@ -24,13 +24,14 @@ from typing import Any
 log = logging.getLogger("ugent.worker.webhook")
 
 
-class _BoundedServer(ThreadingHTTPServer):
-    """ThreadingHTTPServer with at most ``max_connections`` connection threads at once."""
+class BoundedHTTPServer(ThreadingHTTPServer):
+    """ThreadingHTTPServer with at most ``max_connections`` connection threads at once, none lasting past
+    ``connection_deadline``: for a worker that serves HTTP with its own handler (Telegram's webhook, Gmail's push)."""
 
     daemon_threads = True
     request_queue_size = 128  # connections waiting for a thread wait here (the kernel's listen backlog)
 
-    def __init__(self, address, handler, max_connections: int, connection_deadline: float):
+    def __init__(self, address, handler, max_connections: int = 64, connection_deadline: float = 30.0):
         super().__init__(address, handler)
         self._slots = threading.BoundedSemaphore(max_connections)
         self.connection_deadline = connection_deadline
@@ -120,7 +121,7 @@ class WebhookServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self.httpd = _BoundedServer((host or "127.0.0.1", int(port or 0)), Handler, self.max_connections,
+        self.httpd = BoundedHTTPServer((host or "127.0.0.1", int(port or 0)), Handler, self.max_connections,
                                     self.connection_deadline)
         self._thread: threading.Thread | None = None
 

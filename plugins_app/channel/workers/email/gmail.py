@@ -22,9 +22,10 @@ import logging
 import os
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 from plugins_app.channel.sdk import ChannelRefused, DeliveryFailed
+from plugins_app.channel.sdk.webhook import BoundedHTTPServer
 
 DEFAULT_API = "https://gmail.googleapis.com/gmail/v1/"
 DEFAULT_TOKEN_URL = "https://oauth2.googleapis.com/token"
@@ -54,7 +55,7 @@ class GmailPush:
         self._access: str | None = None
         self._access_until = 0.0
         self.wake = threading.Event()
-        self.server: ThreadingHTTPServer | None = None
+        self.server: BoundedHTTPServer | None = None
         self._jwks = None
         import httpx
         self.http = httpx.Client(timeout=args.timeout_secs)
@@ -139,7 +140,7 @@ class GmailPush:
             def log_message(self, fmt, *a):
                 log.debug("push endpoint: " + fmt, *a)
 
-        self.server = ThreadingHTTPServer((self.args.push_bind, self.args.push_port), Handler)
+        self.server = BoundedHTTPServer((self.args.push_bind, self.args.push_port), Handler)  # 64 at once, 30 s each
         threading.Thread(target=self.server.serve_forever, name="gmail-push", daemon=True).start()
         host, port = self.server.server_address[:2]
         url = f"http://{host}:{port}/"

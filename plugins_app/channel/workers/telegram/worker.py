@@ -11,13 +11,14 @@ import re
 import threading
 import time
 from concurrent.futures import Future
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable
 
 from plugins_app.channel.sdk import Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, MessageValidationError
 from plugins_app.channel.sdk.journal import SentJournal
 from plugins_app.channel.sdk.outbox import outbox_path_for
 from plugins_app.channel.sdk.text import split_text, utf16_len
+from plugins_app.channel.sdk.webhook import BoundedHTTPServer
 
 from . import DESCRIPTION, KIND
 from .markup import keyboard_of, markdown_to_v2
@@ -127,7 +128,7 @@ class TelegramWorker(ChannelWorker):
         self._loop: _Loop | None = None
         self._journal: SentJournal | None = None
         self._refusal: str | None = None      # set by any call that found the token revoked
-        self._server: ThreadingHTTPServer | None = None
+        self._server: BoundedHTTPServer | None = None
         self.webhook_url: str | None = None
 
     # ------------------------------------------------------------ the channel's part
@@ -320,8 +321,9 @@ class TelegramWorker(ChannelWorker):
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
-        self._server = ThreadingHTTPServer((self.opts.webhook_listen, self.opts.webhook_port), Handler)
-        self._server.daemon_threads = True
+        # at most as many connections as Telegram is told to open (and a few), none held past 60 s
+        self._server = BoundedHTTPServer((self.opts.webhook_listen, self.opts.webhook_port), Handler,
+                                         max_connections=self.opts.webhook_connections + 4, connection_deadline=60.0)
         host, port = self._server.server_address[:2]
         self.webhook_url = self.opts.webhook_url or f"http://{host}:{port}{path}"
         try:
