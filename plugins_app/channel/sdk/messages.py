@@ -63,6 +63,16 @@ def utc_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def utc_from_epoch(seconds) -> str:
+    """A platform's epoch seconds (WeCom's and Weixin's ``CreateTime``) as the protocol's UTC timestamp; now when
+    it is missing or no number."""
+    try:
+        moment = _dt.datetime.fromtimestamp(int(seconds), _dt.timezone.utc)
+    except (TypeError, ValueError, OverflowError, OSError):
+        moment = _dt.datetime.now(_dt.timezone.utc)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 def _drop_none(d: dict) -> dict:
     return {k: v for k, v in d.items() if v is not None}
 

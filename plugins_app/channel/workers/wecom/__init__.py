@@ -45,7 +45,6 @@ Operators' page: docs/channels/wecom.md.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import hashlib
 import mimetypes
 import os
@@ -56,6 +55,7 @@ import httpx
 
 from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, InboundMessage,
                                      MediaNotReady)
+from plugins_app.channel.sdk.messages import utc_from_epoch
 from plugins_app.channel.sdk.outbox import outbox_path_for
 from plugins_app.channel.sdk.webhook import WebhookInbox
 from plugins_app.channel.sdk.text import split_text
@@ -200,14 +200,6 @@ def refused(exc: WeComError) -> str:
     return f"{exc}" + (f": {fix}" if fix else "")
 
 
-def to_rfc3339(seconds) -> str:
-    try:
-        moment = _dt.datetime.fromtimestamp(int(seconds), _dt.timezone.utc)
-    except (TypeError, ValueError, OverflowError, OSError):
-        moment = _dt.datetime.now(_dt.timezone.utc)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 def media_url(base_url: str, media_id: str) -> str:
     """Where a media file is downloaded from (the access token is added at download, never stored)."""
     return f"{base_url.rstrip('/')}/cgi-bin/media/get?media_id={quote(media_id, safe='')}"
@@ -247,7 +239,7 @@ def normalise(message: dict, *, agent_id: str | None = None,
         return None
     return InboundMessage(channel="wecom", conversation_id=user, message_id=msg_id, sender_id=user,
                           source_type="user", text=text, attachments=attachments, metadata=metadata,
-                          timestamp=to_rfc3339(message.get("CreateTime")))
+                          timestamp=utc_from_epoch(message.get("CreateTime")))
 
 
 def press_id(user: str, created: str, task_id: str, key: str) -> str:
@@ -281,7 +273,7 @@ def normalise_press(message: dict, options: list[dict] | None, *, agent_id: str 
         metadata["response_code"] = str(message["ResponseCode"])
     return InboundMessage(channel="wecom", conversation_id=user, message_id=press_id(user, created, task_id, key),
                           sender_id=user, source_type="user", text=label or key, metadata=metadata,
-                          timestamp=to_rfc3339(created))
+                          timestamp=utc_from_epoch(created))
 
 
 class WeComWorker(WebhookInbox, ChannelWorker):

@@ -41,7 +41,6 @@ docs/channels/weixin.md.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import os
 import sys
 import threading
@@ -53,6 +52,7 @@ from urllib.parse import quote, unquote
 from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, InboundMessage,
                                      MediaNotReady)
 from plugins_app.channel.sdk.journal import SentJournal
+from plugins_app.channel.sdk.messages import utc_from_epoch
 from plugins_app.channel.sdk.outbox import outbox_path_for
 from plugins_app.channel.sdk.text import split_text
 from plugins_app.channel.sdk.webhook import WebhookInbox
@@ -145,14 +145,6 @@ def refused(exc: WeixinError) -> str:
     return f"{exc}" + (f": {fix}" if fix else "")
 
 
-def to_rfc3339(seconds) -> str:
-    try:
-        moment = _dt.datetime.fromtimestamp(int(seconds), _dt.timezone.utc)
-    except (TypeError, ValueError, OverflowError, OSError):
-        moment = _dt.datetime.now(_dt.timezone.utc)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 def media_url(base_url: str, media_id: str) -> str:
     """Where a media file is downloaded from (the access token is added at download, never stored)."""
     return f"{base_url.rstrip('/')}/cgi-bin/media/get?media_id={quote(media_id, safe='')}"
@@ -200,7 +192,7 @@ def normalise(message: dict, *, base_url: str = DEFAULT_API_BASE_URL) -> Inbound
         return None
     return InboundMessage(channel="weixin", conversation_id=user, message_id=msg_id, sender_id=user,
                           source_type="user", text=text, attachments=attachments, metadata=metadata,
-                          timestamp=to_rfc3339(message.get("CreateTime")))
+                          timestamp=utc_from_epoch(message.get("CreateTime")))
 
 
 def unsent_note(attachment: Attachment) -> str:
