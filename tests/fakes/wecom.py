@@ -40,23 +40,20 @@ import itertools
 import json
 import re
 import secrets
-import threading
 import time
 import uuid
-from dataclasses import dataclass, field
-from urllib.parse import parse_qs, urlencode, urlsplit
+from urllib.parse import urlencode
 
 import httpx
 
 from plugins_app.channel.sdk.wxcrypto import MsgCrypt
-from tests.fakes import FakeHandler, FakeHTTPServer
+from tests.fakes.tencent import OK, TencentFake
 
 CORP_ID = "ww1436e0e65a779aee"
 AGENT_ID = "1000002"
 USER = "ZhangSan"
 OTHER_USER = "LiSi"
 
-OK = {"errcode": 0, "errmsg": "ok"}
 MB = 1024 * 1024
 UPLOAD_LIMITS = {"image": 10 * MB, "voice": 2 * MB, "video": 10 * MB, "file": 20 * MB}
 UPLOAD_EXTENSIONS = {"image": (".jpg", ".jpeg", ".png"), "voice": (".amr",), "video": (".mp4",)}
@@ -91,88 +88,32 @@ def error(code: int) -> dict:
     return {"errcode": code, "errmsg": ERRORS.get(code, "error")}
 
 
-@dataclass
-class Call:
-    method: str
-    path: str
-    params: dict
-    body: dict | None
-    at: float
-    answer: dict = field(default_factory=dict)
+class FakeWeCom(TencentFake):
+    name = "fake-wecom"
+    send_path = "/cgi-bin/message/send"
+    errors = ERRORS
+    unknown_token_errcode = 40014
 
-    @property
-    def errcode(self) -> int:
-        return int(self.answer.get("errcode", 0))
-
-
-class FakeWeCom:
     def __init__(self, *, corp_id: str = CORP_ID, agent_id: str = AGENT_ID, secret: str = "fake-wecom-app-secret",
                  token: str = "fakeWeComToken", encoding_aes_key: str = "6qkdMrq68nTKduznJYO1A37W2oEgpkMUvkttRToqhUt"):
+        super().__init__()  # sent: each message delivered: touser, msgtype, content, msgid, at
         self.corp_id, self.agent_id, self.secret = corp_id, agent_id, secret
         self.token, self.encoding_aes_key = token, encoding_aes_key
         self.crypto = MsgCrypt(token, encoding_aes_key, corp_id)
         self.users = {USER, OTHER_USER}                   # the app's visible range
-        self.lock = threading.RLock()
-        self.calls: list[Call] = []
-        self.sent: list[dict] = []                        # each message delivered: touser, content, msgid, at
-        self.tokens: dict[str, float] = {}                # access token -> when it expires (monotonic)
-        self.expires_in = 7200
-        self.media_files: dict[str, tuple[bytes, str, str]] = {}
         self.uploads: dict[str, dict] = {}                # media_id -> type, data, filename, content_type
         self.task_ids: set[str] = set()                   # the template cards' task ids used
         self.card_errcode: int | None = None              # refuse every template card with this errcode
         self.upload_errcode: int | None = None            # refuse every upload with this errcode
-        self.callback_url: str | None = None
-        self.hold_send_secs = 0.0                         # answer a send only this long after delivering it
-        self.hold_msgtype: str | None = None              # ... only a send of this msgtype (None: any)
-        self._script: list[int] = []
-        self._secret_reset = False
+        self.hold_msgtype: str | None = None              # hold_send_secs: only a send of this msgtype (None: any)
         self._msg_ids = itertools.count(7400000000000000001)
-        self._http = FakeHTTPServer(("127.0.0.1", 0), self._handler())
-        self._http.daemon_threads = True
-
-    # ------------------------------------------------------------------ lifecycle
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self._http.server_address[1]}"
-
-    def start(self) -> "FakeWeCom":
-        threading.Thread(target=self._http.serve_forever, daemon=True, name="fake-wecom").start()
-        return self
-
-    def stop(self) -> None:
-        self._http.shutdown()
-        self._http.server_close()
-
-    def __enter__(self) -> "FakeWeCom":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     def env(self) -> dict[str, str]:
         return {"WECOM_CORP_ID": self.corp_id, "WECOM_AGENT_ID": self.agent_id, "WECOM_SECRET": self.secret,
                 "WECOM_TOKEN": self.token, "WECOM_ENCODING_AES_KEY": self.encoding_aes_key,
                 "WECOM_API_BASE_URL": self.base_url}
 
-    # ------------------------------------------------------------------ scripting
-
-    def script_send(self, *errcodes: int) -> None:
-        """The next sends are answered with these errcodes, one each, before any is delivered."""
-        with self.lock:
-            self._script.extend(errcodes)
-
-    def expire_tokens(self) -> None:
-        """Every access token issued so far has expired (42001 at its next use)."""
-        with self.lock:
-            for token in self.tokens:
-                self.tokens[token] = 0.0
-
-    def reset_secret(self) -> None:
-        """The app's secret was reset in the admin console: gettoken with the old one answers 40001."""
-        with self.lock:
-            self._secret_reset = True
+    # ------------------------------------------------------------------ scripting (reset_secret: gettoken 40001)
 
     def upload(self, data: bytes, content_type: str = "image/jpeg", filename: str = "image.jpg") -> str:
         """A temporary media file, as a user's image/voice/file message carries it; returns its media_id."""
@@ -193,14 +134,6 @@ class FakeWeCom:
         with self.lock:
             return [dict(m) for m in self.sent]
 
-    def sends(self) -> list[Call]:
-        """Every message/send request, refused or not."""
-        return self.calls_to("/cgi-bin/message/send")
-
-    def calls_to(self, path: str) -> list[Call]:
-        with self.lock:
-            return [c for c in self.calls if c.path == path]
-
     # ------------------------------------------------------------------ the callback, as WeCom calls it
 
     def message(self, msg_type: str = "text", *, user: str = USER, **fields) -> dict:
@@ -217,12 +150,6 @@ class FakeWeCom:
         message = self.message("event", user=user, Event=event, EventKey="")
         message.pop("MsgId")
         return message
-
-    @staticmethod
-    def to_xml(message: dict) -> str:
-        def value(v: str) -> str:
-            return v if v.isdigit() else f"<![CDATA[{v}]]>"
-        return "<xml>" + "".join(f"<{k}>{value(str(v))}</{k}>" for k, v in message.items()) + "</xml>"
 
     def signed(self, plaintext: str, *, crypto: MsgCrypt | None = None) -> tuple[dict, str]:
         """(the query string's fields, the encrypted text) for ``plaintext``, as WeCom signs a callback."""
@@ -278,38 +205,10 @@ class FakeWeCom:
 
     # ------------------------------------------------------------------ the API
 
-    def _handler(self):
-        fake = self
+    def _parse(self, raw: bytes, ctype: str):
+        return multipart(raw, ctype) if ctype.startswith("multipart/form-data") else super()._parse(raw, ctype)
 
-        class Handler(FakeHandler):
-            def route(self, method, raw):
-                url = urlsplit(self.path)
-                params = {k: v[0] for k, v in parse_qs(url.query).items()}
-                answer, headers = fake._serve(method, url.path, params, raw, self.headers.get("Content-Type") or "")
-                if isinstance(answer, tuple):
-                    body, ctype = answer
-                else:
-                    body, ctype = json.dumps(answer, ensure_ascii=False).encode(), "application/json; charset=UTF-8"
-                self.send(200, body, ctype, headers)  # WeCom answers 200 and puts its errors in errcode
-
-        return Handler
-
-    def _serve(self, method: str, path: str, params: dict, raw: bytes, ctype: str = ""):
-        if ctype.startswith("multipart/form-data"):
-            body = multipart(raw, ctype)
-        else:
-            try:
-                body = json.loads(raw) if raw else None
-            except ValueError:
-                body = None
-        call = Call(method, path, params, body, time.monotonic())
-        with self.lock:
-            self.calls.append(call)
-        answer, headers = self._answer(method, path, params, body)
-        call.answer = answer if isinstance(answer, dict) else dict(OK)
-        return answer, headers
-
-    def _answer(self, method: str, path: str, params: dict, body):
+    def _answer(self, method: str, path: str, params: dict, body, raw: bytes = b"", ctype: str = ""):
         if method == "GET" and path == "/cgi-bin/gettoken":
             return self._gettoken(params), {}
         refused = self._check_token(params.get("access_token"))
@@ -339,17 +238,6 @@ class FakeWeCom:
             token = secrets.token_urlsafe(48)
             self.tokens[token] = time.monotonic() + self.expires_in
         return {**OK, "access_token": token, "expires_in": self.expires_in}
-
-    def _check_token(self, token: str | None) -> dict | None:
-        if not token:
-            return error(41001)
-        with self.lock:
-            expires = self.tokens.get(token)
-        if expires is None:
-            return error(40014)
-        if time.monotonic() >= expires:
-            return error(42001)
-        return None
 
     def _upload(self, mtype: str, parts) -> dict:
         if mtype not in UPLOAD_LIMITS:

@@ -32,8 +32,8 @@ Operators' page: docs/channels/wecom.md.
   sent: a note in the text says so. A question's ``metadata["options"]`` (up to 6) go out as a
   ``template_card`` of type ``button_interaction`` (``cards.py``); more, or a card WeCom refuses,
   as the numbered text.
-* **Token.** ``gettoken`` with the corp id and the app's secret, kept until shortly before it
-  expires, fetched again at once when a call says it is stale (40014, 42001, 40001), and the call
+* **Token.** ``gettoken`` with the corp id and the app's secret (the SDK's ``sdk/tencent.py``, shared
+  with the Weixin worker, keeps it and makes the calls), kept until shortly before it expires, fetched again at once when a call says it is stale (40014, 42001, 40001), and the call
   made once more.
 * **Limits.** 45009/45033 are waited out in place (1 s doubling to 30 s) up to ``--max-retry-wait``;
   then the hub's own retries take over.
@@ -49,7 +49,6 @@ import hashlib
 import mimetypes
 import os
 import sys
-from urllib.parse import quote, unquote
 
 import httpx
 
@@ -58,6 +57,7 @@ from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, 
 from plugins_app.channel.sdk.messages import utc_from_epoch
 from plugins_app.channel.sdk.outbox import outbox_path_for
 from plugins_app.channel.sdk.webhook import WebhookInbox
+from plugins_app.channel.sdk.tencent import media_id_of, media_url
 from plugins_app.channel.sdk.text import split_text
 
 from .api import (DEFAULT_API_BASE_URL, RATE_LIMITED, SYSTEM_BUSY, TASK_ID_EXISTS, TEXT_LIMIT_BYTES, TOKEN_STALE,
@@ -200,11 +200,6 @@ def refused(exc: WeComError) -> str:
     return f"{exc}" + (f": {fix}" if fix else "")
 
 
-def media_url(base_url: str, media_id: str) -> str:
-    """Where a media file is downloaded from (the access token is added at download, never stored)."""
-    return f"{base_url.rstrip('/')}/cgi-bin/media/get?media_id={quote(media_id, safe='')}"
-
-
 def normalise(message: dict, *, agent_id: str | None = None,
               base_url: str = DEFAULT_API_BASE_URL) -> InboundMessage | None:
     """A decrypted callback message as an InboundMessage; None for events and what the agent cannot read."""
@@ -344,11 +339,11 @@ class WeComWorker(WebhookInbox, ChannelWorker):
             self.log.info("wecom: message %s was taken before (WeCom called again)", msg.message_id)
 
     def fetch_media(self, attachment: Attachment) -> bytes | None:
-        prefix = f"{self.base_url}/cgi-bin/media/get?media_id="
-        if not (attachment.url or "").startswith(prefix):
+        media_id = media_id_of(self.base_url, attachment.url)
+        if media_id is None:
             return None
         try:
-            data, _, _ = self.api.media(unquote(attachment.url[len(prefix):]))
+            data, _, _ = self.api.media(media_id)
         except AppRefused as exc:
             self._refusal = refused(exc)  # the listener stops the worker
             raise
