@@ -11,7 +11,12 @@
   created_at}``). ``message/send`` takes text, image, voice, video, file (``{"media_id"}``, 40007 for
   an unknown one) and ``template_card`` of type ``button_interaction`` (a ``task_id`` of letters, digits
   and ``_-@`` up to 128 bytes, used once per app, else 42014; 1 to 6 buttons whose keys are unique and
-  up to 1,024 bytes, else 40058), answered with a ``response_code`` too. Every error is HTTP 200 with ``{"errcode": N, "errmsg": "..."}``: an unknown
+  up to 1,024 bytes, else 40058), answered with a ``response_code`` too;
+  ``POST /cgi-bin/message/update_template_card?access_token=`` (``{"userids", "agentid", "response_code",
+  "button": {"replace_name"}}``: the buttons of that card become one that cannot be pressed, saying
+  ``replace_name``; a response code is the card's send's or a press's, good once within 72 hours, else 40058,
+  WeCom documenting no code of its own for it; answered ``{"errcode": 0, "errmsg": "ok", "invaliduser": []}``,
+  a user not the card's in ``invaliduser``). Every error is HTTP 200 with ``{"errcode": N, "errmsg": "..."}``: an unknown
   token 40014, an expired one 42001, a wrong secret at gettoken 40001, a user not in the app 81013,
   and scripted answers (``script_send``: 45009 and the like) for the next sends.
 * **the duplicate check**: a send with ``enable_duplicate_check`` 1 whose content, type and user are
@@ -25,7 +30,8 @@
   vectors in test_channel_wecom_parts.py), as XML ``<xml><ToUserName/><AgentID/><Encrypt/></xml>``;
   ``resend`` calls again with the same message (WeCom's retry when it had no answer within 5 s);
   ``press`` sends the ``template_card_event`` of a press of a card's button (``EventKey`` the button's
-  key, ``TaskId``, ``CardType``, ``ResponseCode``), as WeCom does for a ``button_interaction`` card.
+  key, ``TaskId``, ``CardType``, ``ResponseCode``), as WeCom does for a ``button_interaction`` card; a card
+  whose buttons were replaced cannot be pressed (``pressable``).
 
     with FakeWeCom() as wecom:
         env = wecom.env()                        # WECOM_* variables for the worker
@@ -57,6 +63,7 @@ OTHER_USER = "LiSi"
 MB = 1024 * 1024
 UPLOAD_LIMITS = {"image": 10 * MB, "voice": 2 * MB, "video": 10 * MB, "file": 20 * MB}
 UPLOAD_EXTENSIONS = {"image": (".jpg", ".jpeg", ".png"), "voice": (".amr",), "video": (".mp4",)}
+RESPONSE_CODE_SECS = 72 * 3600  # a response code is good for one update_template_card within 72 hours
 VOICE_MAX_SECS = 60  # WeCom plays a voice of at most 60 s, and refuses a longer one (45007)
 ERRORS = {
     40001: "invalid credential, hint: [1733482920_1_xxx], from ip: 127.0.0.1, more info at "
@@ -106,6 +113,10 @@ class FakeWeCom(TencentFake):
         self.card_errcode: int | None = None              # refuse every template card with this errcode
         self.upload_errcode: int | None = None            # refuse every upload with this errcode
         self.hold_msgtype: str | None = None              # hold_send_secs: only a send of this msgtype (None: any)
+        self.response_codes: dict[str, dict] = {}         # response code -> task_id, user, issued (monotonic), used
+        self.card_updates: list[dict] = []                # each update_template_card WeCom took: task_id, user, name
+        self.replaced: dict[str, str] = {}                # task_id -> what its buttons say now (not pressable)
+        self.update_errcode: int | None = None            # refuse every update_template_card with this errcode
         self._msg_ids = itertools.count(7400000000000000001)
 
     def env(self) -> dict[str, str]:
@@ -191,13 +202,31 @@ class FakeWeCom(TencentFake):
     def press(self, task_id: str, key: str, *, user: str = USER) -> dict:
         """A user's press of a button of the card ``task_id``: the ``template_card_event``, POSTed (asserts a 200);
         returns the event, for ``resend``."""
+        assert self.pressable(task_id), f"card {task_id} shows {self.replaced[task_id]!r}: no button to press"
         event = {"ToUserName": self.corp_id, "FromUserName": user, "CreateTime": str(int(time.time())),
                  "MsgType": "event", "Event": "template_card_event", "EventKey": key, "TaskId": task_id,
-                 "CardType": "button_interaction", "ResponseCode": secrets.token_urlsafe(32),
+                 "CardType": "button_interaction", "ResponseCode": self._response_code(task_id, user),
                  "AgentID": self.agent_id}
         response = self.post(event)
         assert (response.status_code, response.text) == (200, ""), (response.status_code, response.text)
         return event
+
+    def pressable(self, task_id: str) -> bool:
+        """Whether the card's buttons can still be pressed (its buttons were not replaced)."""
+        with self.lock:
+            return task_id not in self.replaced
+
+    def expire_response_codes(self) -> None:
+        """Every response code issued so far is past its 72 hours."""
+        with self.lock:
+            for code in self.response_codes.values():
+                code["issued"] = -RESPONSE_CODE_SECS
+
+    def _response_code(self, task_id: str, user: str) -> str:
+        code = secrets.token_urlsafe(32)
+        with self.lock:
+            self.response_codes[code] = {"task_id": task_id, "user": user, "issued": time.monotonic(), "used": False}
+        return code
 
     def resend(self, message: dict) -> httpx.Response:
         """WeCom calling again with the same message (same MsgId), signed afresh."""
@@ -216,6 +245,8 @@ class FakeWeCom(TencentFake):
             return refused, {}
         if method == "POST" and path == "/cgi-bin/message/send":
             return self._send(body), {}
+        if method == "POST" and path == "/cgi-bin/message/update_template_card":
+            return self._update_card(body), {}
         if method == "POST" and path == "/cgi-bin/media/upload":
             return self._upload(params.get("type", ""), body), {}
         if method == "GET" and path == "/cgi-bin/media/get":
@@ -331,12 +362,36 @@ class FakeWeCom(TencentFake):
                 if content["task_id"] in self.task_ids:
                     return error(42014)
                 self.task_ids.add(content["task_id"])
-                extra = {"response_code": secrets.token_urlsafe(32)}
+                extra = {"response_code": self._response_code(content["task_id"], user)}
             msgid = uuid.uuid4().hex
             self.sent.append({"touser": user, "msgtype": msgtype, "content": content, "msgid": msgid, "at": now})
         if self.hold_send_secs and self.hold_msgtype in (None, msgtype):
             time.sleep(self.hold_send_secs)  # delivered, but the answer is late: a window to kill the sender in
         return {**OK, "invaliduser": "", "msgid": msgid, **extra}
+
+
+    def _update_card(self, body) -> dict:
+        if not isinstance(body, dict):
+            return error(40058)
+        if str(body.get("agentid")) != self.agent_id or not isinstance(body.get("agentid"), int):
+            return {"errcode": 40056, "errmsg": "invalid agentid"}
+        name = (body.get("button") or {}).get("replace_name") if isinstance(body.get("button"), dict) else None
+        users = body.get("userids")
+        if not (isinstance(name, str) and name) or not (isinstance(users, list) or body.get("atall") == 1):
+            return error(40058)
+        if self.update_errcode is not None:
+            return error(self.update_errcode)
+        with self.lock:
+            code = self.response_codes.get(str(body.get("response_code") or ""))
+            if code is None or code["used"] or time.monotonic() - code["issued"] > RESPONSE_CODE_SECS:
+                return error(40058)
+            invalid = [u for u in users or [] if u != code["user"]]
+            if users is not None and not set(users) - set(invalid):
+                return {**error(81013), "invaliduser": invalid}
+            code["used"] = True
+            self.card_updates.append({"task_id": code["task_id"], "user": code["user"], "replace_name": name})
+            self.replaced[code["task_id"]] = name
+        return {**OK, "invaliduser": invalid}
 
 
 def amr_nb_frames(data: bytes) -> int:

@@ -16,7 +16,7 @@ from channels_app.services import Submission, channel_actor_resolve, conversatio
 from plugins_app.channel import services
 from plugins_app.channel.models import OutboundDelivery, Plugin
 from plugins_app.channel.workers.wecom import press_id
-from tests.fakes.wecom import USER, FakeWeCom
+from tests.fakes.wecom import AGENT_ID, USER, FakeWeCom
 from tests.plugins_app.conftest import wait_until
 from tests.plugins_app.test_channel_wecom import PID, delivered, listening, wecom_plugin
 from tests.streams import conftest as streams
@@ -208,3 +208,84 @@ def test_a_worker_killed_between_the_card_and_the_press_reads_the_press_back_fro
     answered = sent(wecom, 2, rt)
     assert [m["msgtype"] for m in answered] == ["template_card", "text"]
     assert answered[1]["content"] == turn.receipt.answer
+
+
+# --- the card after a press -------------------------------------------------------------------------
+
+UPDATE = "/cgi-bin/message/update_template_card"
+
+
+@pytest.mark.usefixtures("threaded_turns")
+def test_a_press_the_host_applies_turns_the_cards_buttons_into_the_chosen_option_once(tcast, wecom, start_runtime):
+    """After the host took a press as the answer, the worker updates the card (update_template_card with the
+    press's response code): its buttons become one, not pressable, saying the option chosen. WeCom calling
+    again with the press updates nothing more."""
+    wecom_plugin()
+    rt = start_runtime()
+    listening(rt, wecom)
+    wecom.say(SCRIPT)
+    [card] = sent(wecom, 1, rt)
+    q = Question.objects.get()
+    task_id = card["content"]["task_id"]
+    press = wecom.press(task_id, f"{q.request_id}:2")
+    turn = finished()
+    assert turn and turn.state == "completed", rt.log(PID)
+    assert wait_until(lambda: wecom.card_updates, 30), (wecom.calls_to(UPDATE), rt.log(PID))
+    assert wecom.card_updates == [{"task_id": task_id, "user": USER, "replace_name": "High"}]
+    [update] = wecom.calls_to(UPDATE)
+    assert update.body == {"userids": [USER], "agentid": int(AGENT_ID), "response_code": press["ResponseCode"],
+                           "button": {"replace_name": "High"}}
+    assert not wecom.pressable(task_id)
+    for _ in range(2):  # WeCom calls again a callback it had no answer for
+        again = wecom.resend(press)
+        assert (again.status_code, again.text) == (200, "")
+    wecom.say("script:answer=after")  # read after the repeats: one queue, in order
+    assert wait_until(lambda: wecom.texts()[-1:] == ["after"], 30), rt.log(PID)
+    wait_until(lambda: False, 0.5)
+    assert len(wecom.calls_to(UPDATE)) == 1 and len(wecom.card_updates) == 1
+    assert Question.objects.get().answer == {"answers": {"choice": "high"}}
+    assert Receipt.objects.filter(client_message_id__startswith="card:").count() == 1
+
+
+@pytest.mark.usefixtures("threaded_turns")
+def test_a_press_on_a_question_answered_already_leaves_its_card_as_it_is(tcast, wecom, start_runtime):
+    """A typed reply answered the question first: the press gets the host's notice, and the card is not updated
+    (the host did not take the press as the answer)."""
+    wecom_plugin()
+    rt = start_runtime()
+    listening(rt, wecom)
+    wecom.say(SCRIPT)
+    [card] = sent(wecom, 1, rt)
+    q = Question.objects.get()
+    wecom.say("1")  # typed: Low
+    turn = finished()
+    assert turn and turn.state == "completed", rt.log(PID)
+    wecom.press(card["content"]["task_id"], f"{q.request_id}:2")
+    assert wait_until(lambda: "This question was already answered." in wecom.texts(), 30), rt.log(PID)
+    assert wait_until(lambda: "was not taken as the answer" in rt.log(PID), 30), rt.log(PID)
+    assert wecom.calls_to(UPDATE) == [] and wecom.pressable(card["content"]["task_id"])
+    assert Question.objects.get().answer == {"answers": {"choice": "low"}}
+
+
+@pytest.mark.usefixtures("threaded_turns")
+def test_a_card_update_wecom_refuses_is_logged_and_the_answer_stands_once(tcast, wecom, start_runtime):
+    wecom_plugin()
+    rt = start_runtime()
+    listening(rt, wecom)
+    wecom.update_errcode = 40058
+    wecom.say(SCRIPT)
+    [card] = sent(wecom, 1, rt)
+    q = Question.objects.get()
+    press = wecom.press(card["content"]["task_id"], f"{q.request_id}:2")
+    turn = finished()
+    assert turn and turn.state == "completed", rt.log(PID)
+    assert wait_until(lambda: "could not be updated" in rt.log(PID), 30), rt.log(PID)
+    answered = sent(wecom, 2, rt)
+    assert answered[1]["content"] == turn.receipt.answer
+    again = wecom.resend(press)
+    assert (again.status_code, again.text) == (200, "")
+    wecom.say("script:answer=after")
+    assert wait_until(lambda: wecom.texts()[-1:] == ["after"], 30), rt.log(PID)
+    assert [c.errcode for c in wecom.calls_to(UPDATE)] == [40058]  # tried once: the code is WeCom's to take once
+    assert len(wecom.messages()) == 3 and Turn.objects.count() == 2
+    assert Question.objects.get().answer == {"answers": {"choice": "high"}}

@@ -369,3 +369,94 @@ def test_the_operators_page_shows_reply_tokens_and_task_ids_as_the_host_makes_th
     assert not re.search(r"\bq_…|ugent-d_q_", page)
     questions = (Path(__file__).resolve().parents[2] / "docs" / "questions.md").read_text()
     assert "`test_channel_wecom_out.py`" in questions  # the Tests paragraph names WeCom's question tests
+
+
+# -- a pressed card, updated once the host applied the press ----------------------------------------
+
+@pytest.fixture
+def pressing(wecom, tmp_path):
+    """A worker whose outbox and state are in tmp_path, and the card of a question it sent (options recorded)."""
+    w = WeComWorker(argv=[], environ=wecom.env(), socket_path="/nowhere", plugin_id="wecom-test", token="t",
+                    state_dir=str(tmp_path), install_signal_handlers=False)
+    w.state = WeComState(str(tmp_path / "wecom.sqlite3"))
+    card = question_card("d-q1", TEXT, {"options": OPTIONS})
+    w.state.record_card(card["task_id"], "d-q1", OPTIONS)
+    w.api.send(USER, "template_card", card)
+    yield w, card["task_id"]
+    w.state.close()
+    w.api.close()
+    w.outbox.close()
+
+
+def pressed(w: WeComWorker, wecom: FakeWeCom, task_id: str, key: str = "q_1:2") -> tuple[dict, str]:
+    """A press taken by the worker's callback handler: (the event, its outbox key)."""
+    event = {"ToUserName": wecom.corp_id, "FromUserName": USER, "CreateTime": "1733482920", "MsgType": "event",
+             "Event": "template_card_event", "EventKey": key, "TaskId": task_id, "CardType": "button_interaction",
+             "ResponseCode": wecom._response_code(task_id, USER), "AgentID": AGENT_ID}
+    w.accept(event)
+    [row] = w._outbox().inbound_pending()
+    return event, row.key
+
+
+def test_a_press_the_host_applied_replaces_the_cards_buttons_with_the_option_once(pressing, wecom):
+    w, task_id = pressing
+    event, key = pressed(w, wecom, task_id)
+    assert w.update_cards() == 0 and wecom.card_updates == []  # the host has not answered yet
+    w._outbox().inbound_acked(key, {"accepted": True, "duplicate": False, "reply": "applied", "question": "q_1"})
+    assert w.update_cards() == 1
+    [call] = wecom.calls_to("/cgi-bin/message/update_template_card")
+    assert call.body == {"userids": [USER], "agentid": int(AGENT_ID), "response_code": event["ResponseCode"],
+                         "button": {"replace_name": "High"}}
+    assert call.errcode == 0 and not wecom.pressable(task_id)
+    w.accept(event)  # WeCom calls again with the same press
+    assert w.update_cards() == 0 and len(wecom.calls_to("/cgi-bin/message/update_template_card")) == 1
+
+
+def test_two_threads_update_a_pressed_card_once(pressing, wecom):
+    import threading
+    w, task_id = pressing
+    _, key = pressed(w, wecom, task_id)
+    w._outbox().inbound_acked(key, {"accepted": True, "reply": "applied"})
+    threads = [threading.Thread(target=w.update_cards) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(wecom.calls_to("/cgi-bin/message/update_template_card")) == 1 and len(wecom.card_updates) == 1
+
+
+@pytest.mark.parametrize("state, result", [
+    ("acked", {"accepted": True, "reply": "refused", "question_state": "answered"}),  # already answered
+    ("acked", {"accepted": True, "duplicate": False, "turn_id": "t_1"}),                # not taken as a reply
+    ("acked", {"accepted": False, "reason": "sender not allowed"}),
+    ("rejected", None),
+])
+def test_a_press_the_host_did_not_apply_leaves_the_card_pressable(pressing, wecom, state, result):
+    w, task_id = pressing
+    _, key = pressed(w, wecom, task_id)
+    if state == "acked":
+        w._outbox().inbound_acked(key, result)
+    else:
+        w._outbox().inbound_rejected(key, "malformed")
+    assert w.update_cards() == 0 and w.update_cards() == 0
+    assert wecom.calls_to("/cgi-bin/message/update_template_card") == [] and wecom.pressable(task_id)
+    assert w.state.press_state(key) == "skipped"
+
+
+def test_a_card_update_wecom_refuses_is_logged_once_and_not_tried_again(pressing, wecom, caplog):
+    w, task_id = pressing
+    _, key = pressed(w, wecom, task_id)
+    w._outbox().inbound_acked(key, {"accepted": True, "reply": "applied"})
+    wecom.expire_response_codes()  # past its 72 hours: WeCom refuses the code
+    assert w.update_cards() == 0 and w.update_cards() == 0
+    assert [c.errcode for c in wecom.calls_to("/cgi-bin/message/update_template_card")] == [40058]
+    assert w.state.press_state(key) == "failed" and wecom.pressable(task_id)
+    assert "could not be updated" in caplog.text and "the answer stands" in caplog.text
+
+
+def test_a_press_on_a_card_without_its_options_shows_a_check_mark(pressing, wecom):
+    w, _ = pressing
+    event, key = pressed(w, wecom, "ugent-d-unknown", key="q_9:1")
+    w._outbox().inbound_acked(key, {"accepted": True, "reply": "applied"})
+    assert w.update_cards() == 1
+    assert wecom.card_updates == [{"task_id": "ugent-d-unknown", "user": USER, "replace_name": "✓"}]

@@ -87,15 +87,31 @@ class WeComApi(TencentApi):
         """``POST /cgi-bin/message/send``: one message of ``msgtype`` (text, image, voice, video, file,
         template_card) whose object is ``content``, to ``user``, with WeCom's duplicate check on. Returns
         WeCom's answer (``msgid``; a button card's ``response_code`` too)."""
-        body = {"touser": user, "msgtype": msgtype, "agentid": int(self.agent_id) if str(self.agent_id).isdigit()
-                else self.agent_id, msgtype: content, "enable_duplicate_check": 1,
-                "duplicate_check_interval": DUPLICATE_CHECK_SECS}
+        body = {"touser": user, "msgtype": msgtype, "agentid": self._agentid(), msgtype: content,
+                "enable_duplicate_check": 1, "duplicate_check_interval": DUPLICATE_CHECK_SECS}
         answer = self._call("message/send", lambda token: self.client.post(
             f"{self.base_url}/cgi-bin/message/send", params={"access_token": token}, json=body))
         invalid = {u.lower() for u in str(answer.get("invaliduser") or "").split("|") if u}
         if user.lower() in invalid:
             raise UserUnreachable("message/send", 81013, f"invaliduser: {answer.get('invaliduser')}")
         return answer
+
+    def update_card_button(self, user: str, response_code: str, replace_name: str) -> dict:
+        """``POST /cgi-bin/message/update_template_card``: the buttons of the card ``user`` pressed become one
+        that cannot be pressed, saying ``replace_name``. ``response_code`` is the press's (its callback's
+        ``ResponseCode``): WeCom takes each one once, within 72 hours."""
+        body = {"userids": [user], "agentid": self._agentid(), "response_code": response_code,
+                "button": {"replace_name": replace_name}}
+        answer = self._call("message/update_template_card", lambda token: self.client.post(
+            f"{self.base_url}/cgi-bin/message/update_template_card", params={"access_token": token}, json=body))
+        invalid = answer.get("invaliduser") or []
+        invalid = invalid.split("|") if isinstance(invalid, str) else invalid
+        if user.lower() in {str(u).lower() for u in invalid}:
+            raise UserUnreachable("message/update_template_card", 81013, f"invaliduser: {invalid}")
+        return answer
+
+    def _agentid(self):
+        return int(self.agent_id) if str(self.agent_id).isdigit() else self.agent_id
 
     def upload(self, data: bytes, media_type: str, filename: str, content_type: str) -> dict:
         """``POST /cgi-bin/media/upload?type=``: a temporary media file (multipart, field ``media``); returns
