@@ -215,18 +215,22 @@ def test_a_worker_killed_between_the_card_and_the_press_reads_the_press_back_fro
 UPDATE = "/cgi-bin/message/update_template_card"
 
 
-@pytest.mark.usefixtures("threaded_turns")
-def test_a_press_the_host_applies_turns_the_cards_buttons_into_the_chosen_option_once(tcast, wecom, start_runtime):
-    """After the host took a press as the answer, the worker updates the card (update_template_card with the
-    press's response code): its buttons become one, not pressable, saying the option chosen. WeCom calling
-    again with the press updates nothing more."""
+def asked(wecom: FakeWeCom, start_runtime):
+    """A running worker whose agent asked SCRIPT's question: (the runtime, the card's task id, the question)."""
     wecom_plugin()
     rt = start_runtime()
     listening(rt, wecom)
     wecom.say(SCRIPT)
     [card] = sent(wecom, 1, rt)
-    q = Question.objects.get()
-    task_id = card["content"]["task_id"]
+    return rt, card["content"]["task_id"], Question.objects.get()
+
+
+@pytest.mark.usefixtures("threaded_turns")
+def test_a_press_the_host_applies_turns_the_cards_buttons_into_the_chosen_option_once(tcast, wecom, start_runtime):
+    """After the host took a press as the answer, the worker updates the card (update_template_card with the
+    press's response code): its buttons become one, not pressable, saying the option chosen. WeCom calling
+    again with the press updates nothing more."""
+    rt, task_id, q = asked(wecom, start_runtime)
     press = wecom.press(task_id, f"{q.request_id}:2")
     turn = finished()
     assert turn and turn.state == "completed", rt.log(PID)
@@ -251,32 +255,22 @@ def test_a_press_the_host_applies_turns_the_cards_buttons_into_the_chosen_option
 def test_a_press_on_a_question_answered_already_leaves_its_card_as_it_is(tcast, wecom, start_runtime):
     """A typed reply answered the question first: the press gets the host's notice, and the card is not updated
     (the host did not take the press as the answer)."""
-    wecom_plugin()
-    rt = start_runtime()
-    listening(rt, wecom)
-    wecom.say(SCRIPT)
-    [card] = sent(wecom, 1, rt)
-    q = Question.objects.get()
+    rt, task_id, q = asked(wecom, start_runtime)
     wecom.say("1")  # typed: Low
     turn = finished()
     assert turn and turn.state == "completed", rt.log(PID)
-    wecom.press(card["content"]["task_id"], f"{q.request_id}:2")
+    wecom.press(task_id, f"{q.request_id}:2")
     assert wait_until(lambda: "This question was already answered." in wecom.texts(), 30), rt.log(PID)
     assert wait_until(lambda: "was not taken as the answer" in rt.log(PID), 30), rt.log(PID)
-    assert wecom.calls_to(UPDATE) == [] and wecom.pressable(card["content"]["task_id"])
+    assert wecom.calls_to(UPDATE) == [] and wecom.pressable(task_id)
     assert Question.objects.get().answer == {"answers": {"choice": "low"}}
 
 
 @pytest.mark.usefixtures("threaded_turns")
 def test_a_card_update_wecom_refuses_is_logged_and_the_answer_stands_once(tcast, wecom, start_runtime):
-    wecom_plugin()
-    rt = start_runtime()
-    listening(rt, wecom)
     wecom.update_errcode = 40058
-    wecom.say(SCRIPT)
-    [card] = sent(wecom, 1, rt)
-    q = Question.objects.get()
-    press = wecom.press(card["content"]["task_id"], f"{q.request_id}:2")
+    rt, task_id, q = asked(wecom, start_runtime)
+    press = wecom.press(task_id, f"{q.request_id}:2")
     turn = finished()
     assert turn and turn.state == "completed", rt.log(PID)
     assert wait_until(lambda: "could not be updated" in rt.log(PID), 30), rt.log(PID)
