@@ -460,3 +460,29 @@ def test_a_press_on_a_card_without_its_options_shows_a_check_mark(pressing, weco
     w._outbox().inbound_acked(key, {"accepted": True, "reply": "applied"})
     assert w.update_cards() == 1
     assert wecom.card_updates == [{"task_id": "ugent-d-unknown", "user": USER, "replace_name": "✓"}]
+
+
+def test_an_update_cut_short_by_a_stop_is_made_by_the_restarted_worker_once(pressing, wecom, tmp_path):
+    """WeCom busy (45009) while the worker stops: the update was never made, so the press waits in the state
+    file, and the worker started next (same state and outbox) makes it, once."""
+    w, task_id = pressing
+    event, key = pressed(w, wecom, task_id)
+    w._outbox().inbound_acked(key, {"accepted": True, "reply": "applied"})
+    wecom.update_errcode = 45009
+    w.stopping.set()
+    assert w.update_cards() == 0 and w.state.press_state(key) == "waiting"
+    wecom.update_errcode = None
+    w.state.close()
+    again = WeComWorker(argv=[], environ=wecom.env(), socket_path="/nowhere", plugin_id="wecom-test", token="t",
+                        state_dir=str(tmp_path), install_signal_handlers=False)
+    again.state = WeComState(str(tmp_path / "wecom.sqlite3"))
+    try:
+        assert again.update_cards() == 1 and again.update_cards() == 0
+        assert wecom.card_updates == [{"task_id": task_id, "user": USER, "replace_name": "High"}]
+        assert [c.body["response_code"] for c in wecom.calls_to("/cgi-bin/message/update_template_card")
+                if c.errcode == 0] == [event["ResponseCode"]]
+    finally:
+        again.state.close()
+        again.api.close()
+        again.outbox.close()
+        w.state = WeComState(str(tmp_path / "wecom.sqlite3"))  # for the fixture's teardown
