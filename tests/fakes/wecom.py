@@ -16,8 +16,8 @@
   "button": {"replace_name"}}``: the buttons of that card become one that cannot be pressed, saying
   ``replace_name``; a response code is the card's send's or a press's, good once within 72 hours, else 40058,
   WeCom documenting no code of its own for it; answered ``{"errcode": 0, "errmsg": "ok", "invaliduser": []}``,
-  a user not the card's in ``invaliduser``). Every error is HTTP 200 with ``{"errcode": N, "errmsg": "..."}``: an unknown
-  token 40014, an expired one 42001, a wrong secret at gettoken 40001, a user not in the app 81013,
+  a user not the card's in ``invaliduser``). Every error is HTTP 200 with ``{"errcode": N, "errmsg": "..."}``:
+  an unknown token 40014, an expired one 42001, a wrong secret at gettoken 40001, a user not in the app 81013,
   and scripted answers (``script_send``: 45009 and the like) for the next sends.
 * **the duplicate check**: a send with ``enable_duplicate_check`` 1 whose content, type and user are
   those of one sent within ``duplicate_check_interval`` seconds is answered as a success and not

@@ -425,11 +425,38 @@ def test_two_threads_update_a_pressed_card_once(pressing, wecom):
     assert len(wecom.calls_to("/cgi-bin/message/update_template_card")) == 1 and len(wecom.card_updates) == 1
 
 
+#: The host's answer to a press submitted again when its first answer was lost (a call timed out, the worker killed
+#: before it recorded the answer): a duplicate (channels_app.services._duplicate) of the press's receipt, which
+#: only a reply applied completes without a turn (channels_app.questions.question_reply_from_channel).
+APPLIED_BEFORE = {"accepted": True, "duplicate": True, "code": "DuplicateProcessed", "turn_id": None,
+                  "receipt_state": "completed"}
+
+
+def test_a_press_the_host_applied_but_whose_answer_was_lost_still_updates_its_card_once(pressing, wecom):
+    """The replay of a press the host had applied is answered as a duplicate, without ``reply``: its receipt
+    completed with no turn says it was applied, so the card is updated all the same."""
+    w, task_id = pressing
+    event, key = pressed(w, wecom, task_id)
+    w._outbox().inbound_acked(key, dict(APPLIED_BEFORE))
+    assert w.update_cards() == 1 and w.update_cards() == 0
+    assert wecom.card_updates == [{"task_id": task_id, "user": USER, "replace_name": "High"}]
+    assert w.state.press_state(key) == "updated" and not wecom.pressable(task_id)
+
+
 @pytest.mark.parametrize("state, result", [
     ("acked", {"accepted": True, "reply": "refused", "question_state": "answered"}),  # already answered
+    ("acked", {"accepted": True, "reply": "does_not_fit", "question_state": "waiting"}),
     ("acked", {"accepted": True, "duplicate": False, "turn_id": "t_1"}),                # not taken as a reply
     ("acked", {"accepted": False, "reason": "sender not allowed"}),
     ("rejected", None),
+    # a press submitted again, its first answer lost: the duplicate of a reply refused (or not fitting) ...
+    ("acked", {**APPLIED_BEFORE, "receipt_state": "refused"}),
+    # ... of a message that was no reply (it has a turn) ...
+    ("acked", {**APPLIED_BEFORE, "turn_id": "t_1"}),
+    # ... of one still running, of another message under the press's id, of a command (no receipt)
+    ("acked", {**APPLIED_BEFORE, "code": "DuplicateInFlight", "receipt_state": "running", "turn_id": "t_1"}),
+    ("acked", {**APPLIED_BEFORE, "code": "DuplicateContentMismatch"}),
+    ("acked", {"accepted": True, "duplicate": True, "command": "help"}),
 ])
 def test_a_press_the_host_did_not_apply_leaves_the_card_pressable(pressing, wecom, state, result):
     w, task_id = pressing
@@ -486,3 +513,29 @@ def test_an_update_cut_short_by_a_stop_is_made_by_the_restarted_worker_once(pres
         again.api.close()
         again.outbox.close()
         w.state = WeComState(str(tmp_path / "wecom.sqlite3"))  # for the fixture's teardown
+
+
+def test_a_press_left_updating_by_a_stop_is_logged_and_failed_at_start_not_tried_again(wecom, tmp_path, caplog):
+    """A worker killed (or stopped past disconnect's wait) inside update_template_card leaves its press
+    ``updating``: whether WeCom made the update is unknown. The next start says so and marks it failed."""
+    w = WeComWorker(argv=["--bind", "127.0.0.1:0"], environ=wecom.env(), socket_path="/nowhere",
+                    plugin_id="wecom-test", token="t", state_dir=str(tmp_path), install_signal_handlers=False)
+    path = str(tmp_path / "wecom-test.wecom.sqlite3")
+    before = WeComState(path)
+    before.record_press("wecom\x1fcard:cut", USER, "RC-cut", "High")
+    before.record_press("wecom\x1fcard:waits", USER, "RC-waits", "Low")
+    assert before.move_press("wecom\x1fcard:cut", "waiting", "updating")
+    before.close()
+    caplog.set_level("WARNING")
+    w.connect()
+    try:
+        assert w.state.press_state("wecom\x1fcard:cut") == "failed"
+        assert w.state.press_state("wecom\x1fcard:waits") == "waiting"  # a press not claimed yet still waits
+        [record] = [r for r in caplog.records if "cut short" in r.getMessage()]
+        assert record.levelname == "WARNING" and "card:cut" in record.getMessage()
+        assert w.update_cards() == 0 and wecom.calls_to("/cgi-bin/message/update_template_card") == []
+    finally:
+        w.stopping.set()
+        w.disconnect()
+        if w.outbox is not None:
+            w.outbox.close()

@@ -35,8 +35,8 @@ Operators' page: docs/channels/wecom.md.
   (``update_template_card`` with the press's ``ResponseCode``) so its buttons become the chosen option,
   not pressable: at most once a press, and a failure only logged (``update_cards``).
 * **Token.** ``gettoken`` with the corp id and the app's secret (the SDK's ``sdk/tencent.py``, shared
-  with the Weixin worker, keeps it and makes the calls), kept until shortly before it expires, fetched again at once when a call says it is stale (40014, 42001, 40001), and the call
-  made once more.
+  with the Weixin worker, keeps it and makes the calls), kept until shortly before it expires, fetched
+  again at once when a call says it is stale (40014, 42001, 40001), and the call made once more.
 * **Limits.** 45009/45033 are waited out in place (1 s doubling to 30 s) up to ``--max-retry-wait``;
   then the hub's own retries take over.
 * **Refusals.** The corp id, the secret or the server's IP refused (gettoken's 40001, 40013, 40091,
@@ -279,6 +279,21 @@ def normalise_press(message: dict, options: list[dict] | None, *, agent_id: str 
                           timestamp=utc_from_epoch(created))
 
 
+def press_applied(result: dict) -> bool:
+    """Whether the host's answer to a press (``inbound.submit``) says it applied the press as the question's
+    answer: ``reply`` "applied"; or, for a press submitted again because the host's first answer never reached
+    the worker (a call timed out, a worker killed before it recorded the answer), the duplicate of a message whose
+    receipt ``completed`` with no turn. Only a reply applied makes such a receipt: a reply refused or not fitting
+    leaves it ``refused``, and a message that is no reply has a turn, made in its receipt's transaction
+    (channels_app.questions.question_reply_from_channel; channels_app.services.message_submit)."""
+    if not result.get("accepted"):
+        return False
+    if "reply" in result:
+        return result["reply"] == "applied"
+    return (result.get("duplicate") is True and result.get("code") == "DuplicateProcessed"
+            and result.get("receipt_state") == "completed" and not result.get("turn_id"))
+
+
 class WeComWorker(WebhookInbox, ChannelWorker):
     kind = KIND
     version = "1.0.0"
@@ -317,6 +332,7 @@ class WeComWorker(WebhookInbox, ChannelWorker):
             raise ChannelRefused(refused(exc)) from exc
         path = str(outbox_path_for(self.plugin_id, self.state_dir)).replace(".outbox.", ".wecom.")
         self.state = WeComState(path)
+        self._presses_cut_short()
         self.log.info("wecom: corp %s, agent %s via %s", self.corp_id, self.agent_id, self.base_url)
         from .callback import CallbackServer
         self.server = CallbackServer(self.opts.bind, self.opts.path, crypto, self.accept)
@@ -366,6 +382,16 @@ class WeComWorker(WebhookInbox, ChannelWorker):
 
     # ------------------------------------------------------------------ a pressed card, updated
 
+    def _presses_cut_short(self) -> None:
+        """At start, before the card updater runs: a press still ``updating`` had its update_template_card call
+        cut short (the worker killed, or stopped while the call outlasted the stop's wait). Whether WeCom made
+        the update is unknown, and a response code is good for one update: each is logged and marked ``failed``,
+        not tried again (at most once)."""
+        for key in self.state.presses_updating_to_failed():
+            self.log.warning("wecom: the card update of press %s was cut short by the worker's stop; whether WeCom "
+                             "made it is unknown, and it is not tried again (the answer stands)",
+                             key.partition("\x1f")[2])
+
     def _card_updater_loop(self) -> None:
         """Updates the cards of answered presses: woken after a press is submitted, and every
         ``CARD_UPDATE_SECS`` for a press the outbox's replay submitted (after a restart, or the host away)."""
@@ -396,10 +422,11 @@ class WeComWorker(WebhookInbox, ChannelWorker):
                                      "stays as it was", key.partition("\x1f")[2])
                 continue
             result = row.result or {}
-            if row.state != ACKED or not result.get("accepted") or result.get("reply") != "applied":
+            if row.state != ACKED or not press_applied(result):
                 if self.state.move_press(key, PRESS_WAITING, PRESS_SKIPPED):
                     self.log.info("wecom: press %s was not taken as the answer (%s); its card stays as it was",
-                                  key.partition("\x1f")[2], result.get("reply") or result.get("reason") or row.state)
+                                  key.partition("\x1f")[2], result.get("reply") or result.get("reason")
+                                  or result.get("receipt_state") or row.state)
                 continue
             if not self.state.move_press(key, PRESS_WAITING, PRESS_UPDATING):
                 continue  # another thread has it

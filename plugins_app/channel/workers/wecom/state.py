@@ -14,6 +14,8 @@ files, and the options of each question card it sent.
   updated (``update_template_card``) to show the chosen option. A press moves ``waiting`` → ``updating``
   (claimed by one conditional update, so one thread, once) → ``updated`` or ``failed``, or ``waiting`` →
   ``skipped`` when the host did not take it as the answer; a WeCom redelivery of the press is the same row.
+  A press still ``updating`` when the worker starts (its call cut short by a kill or a stop) is logged and
+  marked ``failed``: whether WeCom made the update is unknown, and it is not tried again.
 
 A SQLite file of the worker's own, written with synchronous=FULL; rows are kept 30 days (a question waits
 far less; a media id is useless after 3): older ones are deleted at start and, for a worker that runs for
@@ -129,6 +131,21 @@ class WeComState:
             cursor = self._db.execute("UPDATE presses SET state = ? WHERE message_key = ? AND state = ?",
                                       (after, message_key, before))
         return cursor.rowcount == 1
+
+    def presses_updating_to_failed(self) -> list[str]:
+        """The message key of each press left ``updating`` (its call cut short by a stop or a kill), each
+        moved to ``failed`` in the same transaction: read at start, before any thread claims a press."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                rows = self._db.execute("SELECT message_key FROM presses WHERE state = ? ORDER BY at",
+                                        (PRESS_UPDATING,)).fetchall()
+                self._db.execute("UPDATE presses SET state = ? WHERE state = ?", (PRESS_FAILED, PRESS_UPDATING))
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+        return [row[0] for row in rows]
 
     def press_state(self, message_key: str) -> str | None:
         with self._lock:
