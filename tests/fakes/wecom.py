@@ -11,8 +11,13 @@
   created_at}``). ``message/send`` takes text, image, voice, video, file (``{"media_id"}``, 40007 for
   an unknown one) and ``template_card`` of type ``button_interaction`` (a ``task_id`` of letters, digits
   and ``_-@`` up to 128 bytes, used once per app, else 42014; 1 to 6 buttons whose keys are unique and
-  up to 1,024 bytes, else 40058), answered with a ``response_code`` too. Every error is HTTP 200 with ``{"errcode": N, "errmsg": "..."}``: an unknown
-  token 40014, an expired one 42001, a wrong secret at gettoken 40001, a user not in the app 81013,
+  up to 1,024 bytes, else 40058), answered with a ``response_code`` too;
+  ``POST /cgi-bin/message/update_template_card?access_token=`` (``{"userids", "agentid", "response_code",
+  "button": {"replace_name"}}``: the buttons of that card become one that cannot be pressed, saying
+  ``replace_name``; a response code is the card's send's or a press's, good once within 72 hours, else 40058,
+  WeCom documenting no code of its own for it; answered ``{"errcode": 0, "errmsg": "ok", "invaliduser": []}``,
+  a user not the card's in ``invaliduser``). Every error is HTTP 200 with ``{"errcode": N, "errmsg": "..."}``:
+  an unknown token 40014, an expired one 42001, a wrong secret at gettoken 40001, a user not in the app 81013,
   and scripted answers (``script_send``: 45009 and the like) for the next sends.
 * **the duplicate check**: a send with ``enable_duplicate_check`` 1 whose content, type and user are
   those of one sent within ``duplicate_check_interval`` seconds is answered as a success and not
@@ -25,7 +30,8 @@
   vectors in test_channel_wecom_parts.py), as XML ``<xml><ToUserName/><AgentID/><Encrypt/></xml>``;
   ``resend`` calls again with the same message (WeCom's retry when it had no answer within 5 s);
   ``press`` sends the ``template_card_event`` of a press of a card's button (``EventKey`` the button's
-  key, ``TaskId``, ``CardType``, ``ResponseCode``), as WeCom does for a ``button_interaction`` card.
+  key, ``TaskId``, ``CardType``, ``ResponseCode``), as WeCom does for a ``button_interaction`` card; a card
+  whose buttons were replaced cannot be pressed (``pressable``).
 
     with FakeWeCom() as wecom:
         env = wecom.env()                        # WECOM_* variables for the worker
@@ -40,26 +46,24 @@ import itertools
 import json
 import re
 import secrets
-import threading
 import time
 import uuid
-from dataclasses import dataclass, field
-from urllib.parse import parse_qs, urlencode, urlsplit
+from urllib.parse import urlencode
 
 import httpx
 
 from plugins_app.channel.sdk.wxcrypto import MsgCrypt
-from tests.fakes import FakeHandler, FakeHTTPServer
+from tests.fakes.tencent import OK, TencentFake
 
 CORP_ID = "ww1436e0e65a779aee"
 AGENT_ID = "1000002"
 USER = "ZhangSan"
 OTHER_USER = "LiSi"
 
-OK = {"errcode": 0, "errmsg": "ok"}
 MB = 1024 * 1024
 UPLOAD_LIMITS = {"image": 10 * MB, "voice": 2 * MB, "video": 10 * MB, "file": 20 * MB}
 UPLOAD_EXTENSIONS = {"image": (".jpg", ".jpeg", ".png"), "voice": (".amr",), "video": (".mp4",)}
+RESPONSE_CODE_SECS = 72 * 3600  # a response code is good for one update_template_card within 72 hours
 VOICE_MAX_SECS = 60  # WeCom plays a voice of at most 60 s, and refuses a longer one (45007)
 ERRORS = {
     40001: "invalid credential, hint: [1733482920_1_xxx], from ip: 127.0.0.1, more info at "
@@ -91,88 +95,36 @@ def error(code: int) -> dict:
     return {"errcode": code, "errmsg": ERRORS.get(code, "error")}
 
 
-@dataclass
-class Call:
-    method: str
-    path: str
-    params: dict
-    body: dict | None
-    at: float
-    answer: dict = field(default_factory=dict)
+class FakeWeCom(TencentFake):
+    name = "fake-wecom"
+    send_path = "/cgi-bin/message/send"
+    errors = ERRORS
+    unknown_token_errcode = 40014
 
-    @property
-    def errcode(self) -> int:
-        return int(self.answer.get("errcode", 0))
-
-
-class FakeWeCom:
     def __init__(self, *, corp_id: str = CORP_ID, agent_id: str = AGENT_ID, secret: str = "fake-wecom-app-secret",
                  token: str = "fakeWeComToken", encoding_aes_key: str = "6qkdMrq68nTKduznJYO1A37W2oEgpkMUvkttRToqhUt"):
+        super().__init__()  # sent: each message delivered: touser, msgtype, content, msgid, at
         self.corp_id, self.agent_id, self.secret = corp_id, agent_id, secret
         self.token, self.encoding_aes_key = token, encoding_aes_key
         self.crypto = MsgCrypt(token, encoding_aes_key, corp_id)
         self.users = {USER, OTHER_USER}                   # the app's visible range
-        self.lock = threading.RLock()
-        self.calls: list[Call] = []
-        self.sent: list[dict] = []                        # each message delivered: touser, content, msgid, at
-        self.tokens: dict[str, float] = {}                # access token -> when it expires (monotonic)
-        self.expires_in = 7200
-        self.media_files: dict[str, tuple[bytes, str, str]] = {}
         self.uploads: dict[str, dict] = {}                # media_id -> type, data, filename, content_type
         self.task_ids: set[str] = set()                   # the template cards' task ids used
         self.card_errcode: int | None = None              # refuse every template card with this errcode
         self.upload_errcode: int | None = None            # refuse every upload with this errcode
-        self.callback_url: str | None = None
-        self.hold_send_secs = 0.0                         # answer a send only this long after delivering it
-        self.hold_msgtype: str | None = None              # ... only a send of this msgtype (None: any)
-        self._script: list[int] = []
-        self._secret_reset = False
+        self.hold_msgtype: str | None = None              # hold_send_secs: only a send of this msgtype (None: any)
+        self.response_codes: dict[str, dict] = {}         # response code -> task_id, user, issued (monotonic), used
+        self.card_updates: list[dict] = []                # each update_template_card WeCom took: task_id, user, name
+        self.replaced: dict[str, str] = {}                # task_id -> what its buttons say now (not pressable)
+        self.update_errcode: int | None = None            # refuse every update_template_card with this errcode
         self._msg_ids = itertools.count(7400000000000000001)
-        self._http = FakeHTTPServer(("127.0.0.1", 0), self._handler())
-        self._http.daemon_threads = True
-
-    # ------------------------------------------------------------------ lifecycle
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self._http.server_address[1]}"
-
-    def start(self) -> "FakeWeCom":
-        threading.Thread(target=self._http.serve_forever, daemon=True, name="fake-wecom").start()
-        return self
-
-    def stop(self) -> None:
-        self._http.shutdown()
-        self._http.server_close()
-
-    def __enter__(self) -> "FakeWeCom":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     def env(self) -> dict[str, str]:
         return {"WECOM_CORP_ID": self.corp_id, "WECOM_AGENT_ID": self.agent_id, "WECOM_SECRET": self.secret,
                 "WECOM_TOKEN": self.token, "WECOM_ENCODING_AES_KEY": self.encoding_aes_key,
                 "WECOM_API_BASE_URL": self.base_url}
 
-    # ------------------------------------------------------------------ scripting
-
-    def script_send(self, *errcodes: int) -> None:
-        """The next sends are answered with these errcodes, one each, before any is delivered."""
-        with self.lock:
-            self._script.extend(errcodes)
-
-    def expire_tokens(self) -> None:
-        """Every access token issued so far has expired (42001 at its next use)."""
-        with self.lock:
-            for token in self.tokens:
-                self.tokens[token] = 0.0
-
-    def reset_secret(self) -> None:
-        """The app's secret was reset in the admin console: gettoken with the old one answers 40001."""
-        with self.lock:
-            self._secret_reset = True
+    # ------------------------------------------------------------------ scripting (reset_secret: gettoken 40001)
 
     def upload(self, data: bytes, content_type: str = "image/jpeg", filename: str = "image.jpg") -> str:
         """A temporary media file, as a user's image/voice/file message carries it; returns its media_id."""
@@ -193,14 +145,6 @@ class FakeWeCom:
         with self.lock:
             return [dict(m) for m in self.sent]
 
-    def sends(self) -> list[Call]:
-        """Every message/send request, refused or not."""
-        return self.calls_to("/cgi-bin/message/send")
-
-    def calls_to(self, path: str) -> list[Call]:
-        with self.lock:
-            return [c for c in self.calls if c.path == path]
-
     # ------------------------------------------------------------------ the callback, as WeCom calls it
 
     def message(self, msg_type: str = "text", *, user: str = USER, **fields) -> dict:
@@ -217,12 +161,6 @@ class FakeWeCom:
         message = self.message("event", user=user, Event=event, EventKey="")
         message.pop("MsgId")
         return message
-
-    @staticmethod
-    def to_xml(message: dict) -> str:
-        def value(v: str) -> str:
-            return v if v.isdigit() else f"<![CDATA[{v}]]>"
-        return "<xml>" + "".join(f"<{k}>{value(str(v))}</{k}>" for k, v in message.items()) + "</xml>"
 
     def signed(self, plaintext: str, *, crypto: MsgCrypt | None = None) -> tuple[dict, str]:
         """(the query string's fields, the encrypted text) for ``plaintext``, as WeCom signs a callback."""
@@ -264,13 +202,31 @@ class FakeWeCom:
     def press(self, task_id: str, key: str, *, user: str = USER) -> dict:
         """A user's press of a button of the card ``task_id``: the ``template_card_event``, POSTed (asserts a 200);
         returns the event, for ``resend``."""
+        assert self.pressable(task_id), f"card {task_id} shows {self.replaced[task_id]!r}: no button to press"
         event = {"ToUserName": self.corp_id, "FromUserName": user, "CreateTime": str(int(time.time())),
                  "MsgType": "event", "Event": "template_card_event", "EventKey": key, "TaskId": task_id,
-                 "CardType": "button_interaction", "ResponseCode": secrets.token_urlsafe(32),
+                 "CardType": "button_interaction", "ResponseCode": self._response_code(task_id, user),
                  "AgentID": self.agent_id}
         response = self.post(event)
         assert (response.status_code, response.text) == (200, ""), (response.status_code, response.text)
         return event
+
+    def pressable(self, task_id: str) -> bool:
+        """Whether the card's buttons can still be pressed (its buttons were not replaced)."""
+        with self.lock:
+            return task_id not in self.replaced
+
+    def expire_response_codes(self) -> None:
+        """Every response code issued so far is past its 72 hours."""
+        with self.lock:
+            for code in self.response_codes.values():
+                code["issued"] = -RESPONSE_CODE_SECS
+
+    def _response_code(self, task_id: str, user: str) -> str:
+        code = secrets.token_urlsafe(32)
+        with self.lock:
+            self.response_codes[code] = {"task_id": task_id, "user": user, "issued": time.monotonic(), "used": False}
+        return code
 
     def resend(self, message: dict) -> httpx.Response:
         """WeCom calling again with the same message (same MsgId), signed afresh."""
@@ -278,38 +234,10 @@ class FakeWeCom:
 
     # ------------------------------------------------------------------ the API
 
-    def _handler(self):
-        fake = self
+    def _parse(self, raw: bytes, ctype: str):
+        return multipart(raw, ctype) if ctype.startswith("multipart/form-data") else super()._parse(raw, ctype)
 
-        class Handler(FakeHandler):
-            def route(self, method, raw):
-                url = urlsplit(self.path)
-                params = {k: v[0] for k, v in parse_qs(url.query).items()}
-                answer, headers = fake._serve(method, url.path, params, raw, self.headers.get("Content-Type") or "")
-                if isinstance(answer, tuple):
-                    body, ctype = answer
-                else:
-                    body, ctype = json.dumps(answer, ensure_ascii=False).encode(), "application/json; charset=UTF-8"
-                self.send(200, body, ctype, headers)  # WeCom answers 200 and puts its errors in errcode
-
-        return Handler
-
-    def _serve(self, method: str, path: str, params: dict, raw: bytes, ctype: str = ""):
-        if ctype.startswith("multipart/form-data"):
-            body = multipart(raw, ctype)
-        else:
-            try:
-                body = json.loads(raw) if raw else None
-            except ValueError:
-                body = None
-        call = Call(method, path, params, body, time.monotonic())
-        with self.lock:
-            self.calls.append(call)
-        answer, headers = self._answer(method, path, params, body)
-        call.answer = answer if isinstance(answer, dict) else dict(OK)
-        return answer, headers
-
-    def _answer(self, method: str, path: str, params: dict, body):
+    def _answer(self, method: str, path: str, params: dict, body, raw: bytes = b"", ctype: str = ""):
         if method == "GET" and path == "/cgi-bin/gettoken":
             return self._gettoken(params), {}
         refused = self._check_token(params.get("access_token"))
@@ -317,6 +245,8 @@ class FakeWeCom:
             return refused, {}
         if method == "POST" and path == "/cgi-bin/message/send":
             return self._send(body), {}
+        if method == "POST" and path == "/cgi-bin/message/update_template_card":
+            return self._update_card(body), {}
         if method == "POST" and path == "/cgi-bin/media/upload":
             return self._upload(params.get("type", ""), body), {}
         if method == "GET" and path == "/cgi-bin/media/get":
@@ -339,17 +269,6 @@ class FakeWeCom:
             token = secrets.token_urlsafe(48)
             self.tokens[token] = time.monotonic() + self.expires_in
         return {**OK, "access_token": token, "expires_in": self.expires_in}
-
-    def _check_token(self, token: str | None) -> dict | None:
-        if not token:
-            return error(41001)
-        with self.lock:
-            expires = self.tokens.get(token)
-        if expires is None:
-            return error(40014)
-        if time.monotonic() >= expires:
-            return error(42001)
-        return None
 
     def _upload(self, mtype: str, parts) -> dict:
         if mtype not in UPLOAD_LIMITS:
@@ -443,12 +362,36 @@ class FakeWeCom:
                 if content["task_id"] in self.task_ids:
                     return error(42014)
                 self.task_ids.add(content["task_id"])
-                extra = {"response_code": secrets.token_urlsafe(32)}
+                extra = {"response_code": self._response_code(content["task_id"], user)}
             msgid = uuid.uuid4().hex
             self.sent.append({"touser": user, "msgtype": msgtype, "content": content, "msgid": msgid, "at": now})
         if self.hold_send_secs and self.hold_msgtype in (None, msgtype):
             time.sleep(self.hold_send_secs)  # delivered, but the answer is late: a window to kill the sender in
         return {**OK, "invaliduser": "", "msgid": msgid, **extra}
+
+
+    def _update_card(self, body) -> dict:
+        if not isinstance(body, dict):
+            return error(40058)
+        if str(body.get("agentid")) != self.agent_id or not isinstance(body.get("agentid"), int):
+            return {"errcode": 40056, "errmsg": "invalid agentid"}
+        name = (body.get("button") or {}).get("replace_name") if isinstance(body.get("button"), dict) else None
+        users = body.get("userids")
+        if not (isinstance(name, str) and name) or not (isinstance(users, list) or body.get("atall") == 1):
+            return error(40058)
+        if self.update_errcode is not None:
+            return error(self.update_errcode)
+        with self.lock:
+            code = self.response_codes.get(str(body.get("response_code") or ""))
+            if code is None or code["used"] or time.monotonic() - code["issued"] > RESPONSE_CODE_SECS:
+                return error(40058)
+            invalid = [u for u in users or [] if u != code["user"]]
+            if users is not None and not set(users) - set(invalid):
+                return {**error(81013), "invaliduser": invalid}
+            code["used"] = True
+            self.card_updates.append({"task_id": code["task_id"], "user": code["user"], "replace_name": name})
+            self.replaced[code["task_id"]] = name
+        return {**OK, "invaliduser": invalid}
 
 
 def amr_nb_frames(data: bytes) -> int:

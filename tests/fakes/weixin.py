@@ -29,26 +29,23 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import json
 import secrets
 import threading
 import time
-from dataclasses import dataclass, field
 from email.parser import BytesParser
 from email.policy import HTTP
-from urllib.parse import parse_qs, urlencode, urlsplit
+from urllib.parse import urlencode
 
 import httpx
 
 from plugins_app.channel.sdk.wxcrypto import MsgCrypt
-from tests.fakes import FakeHandler, FakeHTTPServer
+from tests.fakes.tencent import OK, TencentFake
 
 APP_ID = "wx5823bf96d3bd56c7"
 ACCOUNT = "gh_7f083739789a"              # the account's original id: ToUserName of every message
 USER = "oia2TjjewbmiOUlr6X-1crbLOvLw"   # an OpenID
 OTHER_USER = "oia2Tj2Ka0fGbY8c3U9TQVZ4q1aE"
 
-OK = {"errcode": 0, "errmsg": "ok"}
 ERRORS = {
     -1: "system error",
     40001: "invalid credential, access_token is invalid or not latest rid: 6751a1c2-0d3b5a2e-1f2e3d4c",
@@ -77,75 +74,39 @@ def error(code: int) -> dict:
     return {"errcode": code, "errmsg": ERRORS.get(code, "error")}
 
 
-@dataclass
-class Call:
-    method: str
-    path: str
-    params: dict
-    body: dict | None
-    at: float
-    answer: dict = field(default_factory=dict)
+class FakeWeixin(TencentFake):
+    name = "fake-weixin"
+    send_path = "/cgi-bin/message/custom/send"
+    errors = ERRORS
+    unknown_token_errcode = 40001
+    json_content_type = "application/json; encoding=utf-8"
 
-    @property
-    def errcode(self) -> int:
-        return int(self.answer.get("errcode", 0))
-
-
-class FakeWeixin:
     def __init__(self, *, safe: bool = False, app_id: str = APP_ID, secret: str = "fake-weixin-app-secret-0123456",
                  token: str = "fakeWeixinToken", encoding_aes_key: str = "jWmYm7qr5nMoAUwZRjGtBxmz3KA1tkAj3ykkR6q2B2C"):
+        super().__init__()  # sent: each message delivered: touser, msgtype, content/media_id
         self.safe = safe
         self.app_id, self.secret, self.token, self.encoding_aes_key = app_id, secret, token, encoding_aes_key
         self.crypto = MsgCrypt(token, encoding_aes_key, app_id)
         self.users = {USER, OTHER_USER}                   # the account's followers
-        self.lock = threading.RLock()
-        self.calls: list[Call] = []
-        self.sent: list[dict] = []                        # each message delivered: touser, msgtype, content/media_id
-        self.tokens: dict[str, float] = {}                # access token -> when it expires (monotonic)
         self.current_token: str | None = None
-        self.expires_in = 7200
-        self.media_files: dict[str, tuple[bytes, str, str]] = {}
         self.videos: dict[str, bytes] = {}
         self.uploads: dict[str, tuple[bytes, str, str]] = {}
         self.last_message: dict[str, float] = {}          # user -> when the user last wrote (monotonic)
         self.quota: dict[str, int] = {}                   # user -> messages the account may still send
-        self.callback_url: str | None = None
-        self.hold_send_secs = 0.0                         # answer a send only this long after delivering it
         self.ip_blocked = False
         self._hold_before: dict[int, threading.Event] = {}  # the nth send waits for the event before delivery
         self._dropped: set[int] = set()
         self._sends = 0
-        self._script: list[int] = []
         self._upload_script: list[int] = []
         self._token_script: list[int] = []
         self._media_script: list[int] = []
-        self._secret_reset = False
         self._requests: dict[str, tuple[str, bytes]] = {}  # MsgId -> (url, body) as last posted
         self._msg_ids = itertools.count(24300000000000001)
-        self._http = FakeHTTPServer(("127.0.0.1", 0), self._handler())
-        self._http.daemon_threads = True
-
-    # ------------------------------------------------------------------ lifecycle
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self._http.server_address[1]}"
-
-    def start(self) -> "FakeWeixin":
-        threading.Thread(target=self._http.serve_forever, daemon=True, name="fake-weixin").start()
-        return self
 
     def stop(self) -> None:
         for event in list(self._hold_before.values()):
             event.set()
-        self._http.shutdown()
-        self._http.server_close()
-
-    def __enter__(self) -> "FakeWeixin":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+        super().stop()
 
     def env(self) -> dict[str, str]:
         env = {"WEIXIN_APP_ID": self.app_id, "WEIXIN_APP_SECRET": self.secret, "WEIXIN_TOKEN": self.token,
@@ -156,10 +117,7 @@ class FakeWeixin:
 
     # ------------------------------------------------------------------ scripting
 
-    def script_send(self, *errcodes: int) -> None:
-        """The next sends are answered with these errcodes, one each, before any is delivered (0: HTTP 502)."""
-        with self.lock:
-            self._script.extend(errcodes)
+    # script_send: the next sends are answered with these errcodes, one each, before any is delivered (0: HTTP 502)
 
     def script_token(self, *errcodes: int) -> None:
         """The next stable_token calls are answered with these errcodes, one each (0: HTTP 502)."""
@@ -190,16 +148,7 @@ class FakeWeixin:
         with self.lock:
             return self._sends >= n and n in self._hold_before and not self._hold_before[n].is_set()
 
-    def expire_tokens(self) -> None:
-        """Every access token issued so far has expired (42001 at its next use)."""
-        with self.lock:
-            for token in self.tokens:
-                self.tokens[token] = 0.0
-
-    def reset_secret(self) -> None:
-        """The AppSecret was reset on the platform: stable_token with the old one answers 40125."""
-        with self.lock:
-            self._secret_reset = True
+    # reset_secret: the AppSecret was reset on the platform; stable_token with the old one answers 40125
 
     def upload(self, data: bytes, content_type: str = "image/jpeg", filename: str = "image.jpg") -> str:
         """A temporary media file, as a user's image/voice message carries it; returns its media_id."""
@@ -220,14 +169,6 @@ class FakeWeixin:
         with self.lock:
             return [m["text"]["content"] for m in self.sent if m.get("msgtype") == "text"]
 
-    def sends(self) -> list[Call]:
-        """Every message/custom/send request, refused or not."""
-        return self.calls_to("/cgi-bin/message/custom/send")
-
-    def calls_to(self, path: str) -> list[Call]:
-        with self.lock:
-            return [c for c in self.calls if c.path == path]
-
     # ------------------------------------------------------------------ the server URL, as WeChat calls it
 
     def message(self, msg_type: str = "text", *, user: str = USER, **fields) -> dict:
@@ -245,12 +186,6 @@ class FakeWeixin:
         message = self.message("event", user=user, Event=event)
         message.pop("MsgId")
         return message
-
-    @staticmethod
-    def to_xml(message: dict) -> str:
-        def value(v: str) -> str:
-            return v if v.lstrip("-").replace(".", "").isdigit() else f"<![CDATA[{v}]]>"
-        return "<xml>" + "".join(f"<{k}>{value(str(v))}</{k}>" for k, v in message.items()) + "</xml>"
 
     def _signed(self, timestamp: str | None = None) -> dict:
         timestamp, nonce = timestamp or str(int(time.time())), str(secrets.randbelow(10 ** 10))
@@ -319,39 +254,6 @@ class FakeWeixin:
 
     # ------------------------------------------------------------------ the API
 
-    def _handler(self):
-        fake = self
-
-        class Handler(FakeHandler):
-            def route(self, method, raw):
-                url = urlsplit(self.path)
-                params = {k: v[0] for k, v in parse_qs(url.query).items()}
-                answer, headers = fake._serve(method, url.path, params, raw, self.headers.get("Content-Type", ""))
-                if answer is None:
-                    self.send(502, b"<html>502 Bad Gateway</html>", "text/html")
-                    return
-                if isinstance(answer, tuple):
-                    body, ctype = answer
-                else:
-                    body, ctype = json.dumps(answer, ensure_ascii=False).encode(), "application/json; encoding=utf-8"
-                self.send(200, body, ctype, headers)  # WeChat answers 200 and puts its errors in errcode
-
-        return Handler
-
-    def _serve(self, method: str, path: str, params: dict, raw: bytes, ctype: str):
-        body = None
-        if not ctype.startswith("multipart/"):
-            try:
-                body = json.loads(raw) if raw else None
-            except ValueError:
-                body = None
-        call = Call(method, path, params, body, time.monotonic())
-        with self.lock:
-            self.calls.append(call)
-        answer, headers = self._answer(method, path, params, body, raw, ctype)
-        call.answer = answer if isinstance(answer, dict) else ({"errcode": 502} if answer is None else dict(OK))
-        return answer, headers
-
     def _answer(self, method: str, path: str, params: dict, body, raw: bytes, ctype: str):
         if method == "POST" and path == "/cgi-bin/stable_token":
             with self.lock:
@@ -408,17 +310,10 @@ class FakeWeixin:
             return {"access_token": current, "expires_in": round(self.tokens[current] - now)}
 
     def _check_token(self, token: str | None) -> dict | None:
-        if not token:
-            return error(41001)
-        with self.lock:
-            expires = self.tokens.get(token)
-            if expires is None:
-                return error(40001)
-            if time.monotonic() >= expires:
-                return error(42001)
-            if self.ip_blocked:
-                return error(40164)
-        return None
+        refused = super()._check_token(token)
+        if refused is None and self.ip_blocked:
+            return error(40164)
+        return refused
 
     def _upload(self, params: dict, raw: bytes, ctype: str) -> dict:
         if params.get("type") not in ("image", "voice", "video", "thumb"):

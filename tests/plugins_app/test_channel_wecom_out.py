@@ -7,16 +7,18 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import sys
 
 import pytest
+from django.db import transaction
 
 from channels_app.models import Question, Receipt, Turn
 from channels_app.services import Submission, channel_actor_resolve, conversation_resolve
 from plugins_app.channel import services
 from plugins_app.channel.models import OutboundDelivery, Plugin
 from plugins_app.channel.workers.wecom import press_id
-from tests.fakes.wecom import USER, FakeWeCom
+from tests.fakes.wecom import AGENT_ID, USER, FakeWeCom
 from tests.plugins_app.conftest import wait_until
 from tests.plugins_app.test_channel_wecom import PID, delivered, listening, wecom_plugin
 from tests.streams import conftest as streams
@@ -208,3 +210,130 @@ def test_a_worker_killed_between_the_card_and_the_press_reads_the_press_back_fro
     answered = sent(wecom, 2, rt)
     assert [m["msgtype"] for m in answered] == ["template_card", "text"]
     assert answered[1]["content"] == turn.receipt.answer
+
+
+# --- the card after a press -------------------------------------------------------------------------
+
+UPDATE = "/cgi-bin/message/update_template_card"
+
+
+def asked(wecom: FakeWeCom, start_runtime):
+    """A running worker whose agent asked SCRIPT's question: (the runtime, the card's task id, the question)."""
+    wecom_plugin()
+    rt = start_runtime()
+    listening(rt, wecom)
+    wecom.say(SCRIPT)
+    [card] = sent(wecom, 1, rt)
+    return rt, card["content"]["task_id"], Question.objects.get()
+
+
+@pytest.mark.usefixtures("threaded_turns")
+def test_a_press_the_host_applies_turns_the_cards_buttons_into_the_chosen_option_once(tcast, wecom, start_runtime):
+    """After the host took a press as the answer, the worker updates the card (update_template_card with the
+    press's response code): its buttons become one, not pressable, saying the option chosen. WeCom calling
+    again with the press updates nothing more."""
+    rt, task_id, q = asked(wecom, start_runtime)
+    press = wecom.press(task_id, f"{q.request_id}:2")
+    turn = finished()
+    assert turn and turn.state == "completed", rt.log(PID)
+    assert wait_until(lambda: wecom.card_updates, 30), (wecom.calls_to(UPDATE), rt.log(PID))
+    assert wecom.card_updates == [{"task_id": task_id, "user": USER, "replace_name": "High"}]
+    [update] = wecom.calls_to(UPDATE)
+    assert update.body == {"userids": [USER], "agentid": int(AGENT_ID), "response_code": press["ResponseCode"],
+                           "button": {"replace_name": "High"}}
+    assert not wecom.pressable(task_id)
+    for _ in range(2):  # WeCom calls again a callback it had no answer for
+        again = wecom.resend(press)
+        assert (again.status_code, again.text) == (200, "")
+    wecom.say("script:answer=after")  # read after the repeats: one queue, in order
+    assert wait_until(lambda: wecom.texts()[-1:] == ["after"], 30), rt.log(PID)
+    wait_until(lambda: False, 0.5)
+    assert len(wecom.calls_to(UPDATE)) == 1 and len(wecom.card_updates) == 1
+    assert Question.objects.get().answer == {"answers": {"choice": "high"}}
+    assert Receipt.objects.filter(client_message_id__startswith="card:").count() == 1
+
+
+@pytest.mark.usefixtures("threaded_turns")
+def test_a_press_on_a_question_answered_already_leaves_its_card_as_it_is(tcast, wecom, start_runtime):
+    """A typed reply answered the question first: the press gets the host's notice, and the card is not updated
+    (the host did not take the press as the answer)."""
+    rt, task_id, q = asked(wecom, start_runtime)
+    wecom.say("1")  # typed: Low
+    turn = finished()
+    assert turn and turn.state == "completed", rt.log(PID)
+    wecom.press(task_id, f"{q.request_id}:2")
+    assert wait_until(lambda: "This question was already answered." in wecom.texts(), 30), rt.log(PID)
+    assert wait_until(lambda: "was not taken as the answer" in rt.log(PID), 30), rt.log(PID)
+    assert wecom.calls_to(UPDATE) == [] and wecom.pressable(task_id)
+    assert Question.objects.get().answer == {"answers": {"choice": "low"}}
+
+
+@pytest.mark.usefixtures("threaded_turns")
+def test_a_card_update_wecom_refuses_is_logged_and_the_answer_stands_once(tcast, wecom, start_runtime):
+    wecom.update_errcode = 40058
+    rt, task_id, q = asked(wecom, start_runtime)
+    press = wecom.press(task_id, f"{q.request_id}:2")
+    turn = finished()
+    assert turn and turn.state == "completed", rt.log(PID)
+    assert wait_until(lambda: "could not be updated" in rt.log(PID), 30), rt.log(PID)
+    answered = sent(wecom, 2, rt)
+    assert answered[1]["content"] == turn.receipt.answer
+    again = wecom.resend(press)
+    assert (again.status_code, again.text) == (200, "")
+    wecom.say("script:answer=after")
+    assert wait_until(lambda: wecom.texts()[-1:] == ["after"], 30), rt.log(PID)
+    assert [c.errcode for c in wecom.calls_to(UPDATE)] == [40058]  # tried once: the code is WeCom's to take once
+    assert len(wecom.messages()) == 3 and Turn.objects.count() == 2
+    assert Question.objects.get().answer == {"answers": {"choice": "high"}}
+
+
+def press_row(outbox: sqlite3.Connection, press: dict) -> tuple[int, dict | None] | None:
+    """(attempts, the host's recorded answer) of the press's row in the worker's outbox, or None before it is."""
+    key = f"{USER}\x1f{press_id(USER, press['CreateTime'], press['TaskId'], press['EventKey'])}"
+    row = outbox.execute("SELECT attempts, result FROM inbound WHERE key = ?", (key,)).fetchone()
+    return None if row is None else (row[0], json.loads(row[1]) if row[1] else None)
+
+
+@pytest.mark.usefixtures("threaded_turns")
+def test_a_press_the_host_applied_while_the_worker_was_killed_before_the_answer_still_updates_its_card_once(
+        tcast, wecom, start_runtime):
+    """kill -9 after the host applied a press but before the worker recorded the host's answer: the restarted
+    worker submits the press again, the host answers it as the duplicate of a receipt completed with no turn (no
+    ``reply``), and the card is updated all the same, once.
+
+    The host is held (the question's row locked) until the worker has submitted the press; then the worker's
+    outbox is held (its write lock), so the host's answer cannot be recorded; the host applies the press, the
+    worker is killed, and the outbox let go."""
+    rt, task_id, q = asked(wecom, start_runtime)
+    assert wait_until(lambda: OutboundDelivery.objects.filter(delivery_id=f"d_{q.request_id}",
+                                                              state="delivered").exists(), 20), rt.log(PID)
+    [path] = list(rt.root.rglob("*.outbox.sqlite3"))
+    outbox = sqlite3.connect(str(path), isolation_level=None, timeout=30)
+    first = rt.worker_pid(PID)
+    try:
+        with transaction.atomic():
+            Question.objects.select_for_update().get(pk=q.pk)
+            press = wecom.press(task_id, f"{q.request_id}:2")
+            assert wait_until(lambda: (press_row(outbox, press) or (0,))[0] >= 1, 20), rt.log(PID)
+            outbox.execute("BEGIN IMMEDIATE")  # the worker's record of the host's answer waits behind this
+        receipt = Receipt.objects.filter(client_message_id__startswith="card:")
+        assert wait_until(lambda: receipt.filter(state="completed").exists(), 30), rt.log(PID)
+        assert Question.objects.get().answer == {"answers": {"choice": "high"}}
+        os.kill(first, signal.SIGKILL)
+    finally:
+        if outbox.in_transaction:
+            outbox.execute("ROLLBACK")
+    assert press_row(outbox, press)[1] is None  # the host's answer was never recorded: the press is replayed
+    assert wait_until(lambda: rt.worker_pid(PID) not in (None, first), 30), rt.log(PID)
+    assert wait_until(lambda: (press_row(outbox, press) or (0, None))[1], 30), rt.log(PID)
+    replayed = press_row(outbox, press)[1]
+    assert replayed["duplicate"] is True and replayed["receipt_state"] == "completed" and "reply" not in replayed
+    assert wait_until(lambda: wecom.card_updates, 40), (wecom.calls_to(UPDATE), rt.log(PID))
+    assert wecom.card_updates == [{"task_id": task_id, "user": USER, "replace_name": "High"}]
+    assert not wecom.pressable(task_id)
+    turn = finished()
+    assert turn and turn.state == "completed", rt.log(PID)
+    assert wait_until(lambda: len(wecom.messages()) >= 2, 30), rt.log(PID)
+    wait_until(lambda: False, 0.5)
+    assert len(wecom.calls_to(UPDATE)) == 1 and receipt.count() == 1 and Turn.objects.count() == 1
+    outbox.close()

@@ -369,3 +369,173 @@ def test_the_operators_page_shows_reply_tokens_and_task_ids_as_the_host_makes_th
     assert not re.search(r"\bq_…|ugent-d_q_", page)
     questions = (Path(__file__).resolve().parents[2] / "docs" / "questions.md").read_text()
     assert "`test_channel_wecom_out.py`" in questions  # the Tests paragraph names WeCom's question tests
+
+
+# -- a pressed card, updated once the host applied the press ----------------------------------------
+
+@pytest.fixture
+def pressing(wecom, tmp_path):
+    """A worker whose outbox and state are in tmp_path, and the card of a question it sent (options recorded)."""
+    w = WeComWorker(argv=[], environ=wecom.env(), socket_path="/nowhere", plugin_id="wecom-test", token="t",
+                    state_dir=str(tmp_path), install_signal_handlers=False)
+    w.state = WeComState(str(tmp_path / "wecom.sqlite3"))
+    card = question_card("d-q1", TEXT, {"options": OPTIONS})
+    w.state.record_card(card["task_id"], "d-q1", OPTIONS)
+    w.api.send(USER, "template_card", card)
+    yield w, card["task_id"]
+    w.state.close()
+    w.api.close()
+    w.outbox.close()
+
+
+def pressed(w: WeComWorker, wecom: FakeWeCom, task_id: str, key: str = "q_1:2") -> tuple[dict, str]:
+    """A press taken by the worker's callback handler: (the event, its outbox key)."""
+    event = {"ToUserName": wecom.corp_id, "FromUserName": USER, "CreateTime": "1733482920", "MsgType": "event",
+             "Event": "template_card_event", "EventKey": key, "TaskId": task_id, "CardType": "button_interaction",
+             "ResponseCode": wecom._response_code(task_id, USER), "AgentID": AGENT_ID}
+    w.accept(event)
+    [row] = w._outbox().inbound_pending()
+    return event, row.key
+
+
+def test_a_press_the_host_applied_replaces_the_cards_buttons_with_the_option_once(pressing, wecom):
+    w, task_id = pressing
+    event, key = pressed(w, wecom, task_id)
+    assert w.update_cards() == 0 and wecom.card_updates == []  # the host has not answered yet
+    w._outbox().inbound_acked(key, {"accepted": True, "duplicate": False, "reply": "applied", "question": "q_1"})
+    assert w.update_cards() == 1
+    [call] = wecom.calls_to("/cgi-bin/message/update_template_card")
+    assert call.body == {"userids": [USER], "agentid": int(AGENT_ID), "response_code": event["ResponseCode"],
+                         "button": {"replace_name": "High"}}
+    assert call.errcode == 0 and not wecom.pressable(task_id)
+    w.accept(event)  # WeCom calls again with the same press
+    assert w.update_cards() == 0 and len(wecom.calls_to("/cgi-bin/message/update_template_card")) == 1
+
+
+def test_two_threads_update_a_pressed_card_once(pressing, wecom):
+    import threading
+    w, task_id = pressing
+    _, key = pressed(w, wecom, task_id)
+    w._outbox().inbound_acked(key, {"accepted": True, "reply": "applied"})
+    threads = [threading.Thread(target=w.update_cards) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(wecom.calls_to("/cgi-bin/message/update_template_card")) == 1 and len(wecom.card_updates) == 1
+
+
+#: The host's answer to a press submitted again when its first answer was lost (a call timed out, the worker killed
+#: before it recorded the answer): a duplicate (channels_app.services._duplicate) of the press's receipt, which
+#: only a reply applied completes without a turn (channels_app.questions.question_reply_from_channel).
+APPLIED_BEFORE = {"accepted": True, "duplicate": True, "code": "DuplicateProcessed", "turn_id": None,
+                  "receipt_state": "completed"}
+
+
+def test_a_press_the_host_applied_but_whose_answer_was_lost_still_updates_its_card_once(pressing, wecom):
+    """The replay of a press the host had applied is answered as a duplicate, without ``reply``: its receipt
+    completed with no turn says it was applied, so the card is updated all the same."""
+    w, task_id = pressing
+    event, key = pressed(w, wecom, task_id)
+    w._outbox().inbound_acked(key, dict(APPLIED_BEFORE))
+    assert w.update_cards() == 1 and w.update_cards() == 0
+    assert wecom.card_updates == [{"task_id": task_id, "user": USER, "replace_name": "High"}]
+    assert w.state.press_state(key) == "updated" and not wecom.pressable(task_id)
+
+
+@pytest.mark.parametrize("state, result", [
+    ("acked", {"accepted": True, "reply": "refused", "question_state": "answered"}),  # already answered
+    ("acked", {"accepted": True, "reply": "does_not_fit", "question_state": "waiting"}),
+    ("acked", {"accepted": True, "duplicate": False, "turn_id": "t_1"}),                # not taken as a reply
+    ("acked", {"accepted": False, "reason": "sender not allowed"}),
+    ("rejected", None),
+    # a press submitted again, its first answer lost: the duplicate of a reply refused (or not fitting) ...
+    ("acked", {**APPLIED_BEFORE, "receipt_state": "refused"}),
+    # ... of a message that was no reply (it has a turn) ...
+    ("acked", {**APPLIED_BEFORE, "turn_id": "t_1"}),
+    # ... of one still running, of another message under the press's id, of a command (no receipt)
+    ("acked", {**APPLIED_BEFORE, "code": "DuplicateInFlight", "receipt_state": "running", "turn_id": "t_1"}),
+    ("acked", {**APPLIED_BEFORE, "code": "DuplicateContentMismatch"}),
+    ("acked", {"accepted": True, "duplicate": True, "command": "help"}),
+])
+def test_a_press_the_host_did_not_apply_leaves_the_card_pressable(pressing, wecom, state, result):
+    w, task_id = pressing
+    _, key = pressed(w, wecom, task_id)
+    if state == "acked":
+        w._outbox().inbound_acked(key, result)
+    else:
+        w._outbox().inbound_rejected(key, "malformed")
+    assert w.update_cards() == 0 and w.update_cards() == 0
+    assert wecom.calls_to("/cgi-bin/message/update_template_card") == [] and wecom.pressable(task_id)
+    assert w.state.press_state(key) == "skipped"
+
+
+def test_a_card_update_wecom_refuses_is_logged_once_and_not_tried_again(pressing, wecom, caplog):
+    w, task_id = pressing
+    _, key = pressed(w, wecom, task_id)
+    w._outbox().inbound_acked(key, {"accepted": True, "reply": "applied"})
+    wecom.expire_response_codes()  # past its 72 hours: WeCom refuses the code
+    assert w.update_cards() == 0 and w.update_cards() == 0
+    assert [c.errcode for c in wecom.calls_to("/cgi-bin/message/update_template_card")] == [40058]
+    assert w.state.press_state(key) == "failed" and wecom.pressable(task_id)
+    assert "could not be updated" in caplog.text and "the answer stands" in caplog.text
+
+
+def test_a_press_on_a_card_without_its_options_shows_a_check_mark(pressing, wecom):
+    w, _ = pressing
+    event, key = pressed(w, wecom, "ugent-d-unknown", key="q_9:1")
+    w._outbox().inbound_acked(key, {"accepted": True, "reply": "applied"})
+    assert w.update_cards() == 1
+    assert wecom.card_updates == [{"task_id": "ugent-d-unknown", "user": USER, "replace_name": "✓"}]
+
+
+def test_an_update_cut_short_by_a_stop_is_made_by_the_restarted_worker_once(pressing, wecom, tmp_path):
+    """WeCom busy (45009) while the worker stops: the update was never made, so the press waits in the state
+    file, and the worker started next (same state and outbox) makes it, once."""
+    w, task_id = pressing
+    event, key = pressed(w, wecom, task_id)
+    w._outbox().inbound_acked(key, {"accepted": True, "reply": "applied"})
+    wecom.update_errcode = 45009
+    w.stopping.set()
+    assert w.update_cards() == 0 and w.state.press_state(key) == "waiting"
+    wecom.update_errcode = None
+    w.state.close()
+    again = WeComWorker(argv=[], environ=wecom.env(), socket_path="/nowhere", plugin_id="wecom-test", token="t",
+                        state_dir=str(tmp_path), install_signal_handlers=False)
+    again.state = WeComState(str(tmp_path / "wecom.sqlite3"))
+    try:
+        assert again.update_cards() == 1 and again.update_cards() == 0
+        assert wecom.card_updates == [{"task_id": task_id, "user": USER, "replace_name": "High"}]
+        assert [c.body["response_code"] for c in wecom.calls_to("/cgi-bin/message/update_template_card")
+                if c.errcode == 0] == [event["ResponseCode"]]
+    finally:
+        again.state.close()
+        again.api.close()
+        again.outbox.close()
+        w.state = WeComState(str(tmp_path / "wecom.sqlite3"))  # for the fixture's teardown
+
+
+def test_a_press_left_updating_by_a_stop_is_logged_and_failed_at_start_not_tried_again(wecom, tmp_path, caplog):
+    """A worker killed (or stopped past disconnect's wait) inside update_template_card leaves its press
+    ``updating``: whether WeCom made the update is unknown. The next start says so and marks it failed."""
+    w = WeComWorker(argv=["--bind", "127.0.0.1:0"], environ=wecom.env(), socket_path="/nowhere",
+                    plugin_id="wecom-test", token="t", state_dir=str(tmp_path), install_signal_handlers=False)
+    path = str(tmp_path / "wecom-test.wecom.sqlite3")
+    before = WeComState(path)
+    before.record_press("wecom\x1fcard:cut", USER, "RC-cut", "High")
+    before.record_press("wecom\x1fcard:waits", USER, "RC-waits", "Low")
+    assert before.move_press("wecom\x1fcard:cut", "waiting", "updating")
+    before.close()
+    caplog.set_level("WARNING")
+    w.connect()
+    try:
+        assert w.state.press_state("wecom\x1fcard:cut") == "failed"
+        assert w.state.press_state("wecom\x1fcard:waits") == "waiting"  # a press not claimed yet still waits
+        [record] = [r for r in caplog.records if "cut short" in r.getMessage()]
+        assert record.levelname == "WARNING" and "card:cut" in record.getMessage()
+        assert w.update_cards() == 0 and wecom.calls_to("/cgi-bin/message/update_template_card") == []
+    finally:
+        w.stopping.set()
+        w.disconnect()
+        if w.outbox is not None:
+            w.outbox.close()

@@ -32,6 +32,8 @@ from typing import Callable
 
 import httpx
 
+from plugins_app.channel.sdk.token import TokenCache
+
 DEFAULT_API_BASE_URL = "https://api.dingtalk.com"
 #: Where a message's ``sessionWebhook`` points: the worker posts to no other host with it.
 DEFAULT_OAPI_BASE_URL = "https://oapi.dingtalk.com"
@@ -43,8 +45,6 @@ TOKEN_HEADER = "x-acs-dingtalk-access-token"
 
 #: The largest received file a download reads: past it the download is given up (``TooLarge``), never held whole.
 MAX_DOWNLOAD_BYTES = 20 * 1024 * 1024
-#: Fetch a new token this long before the one in hand expires (DingTalk gives 7,200 s).
-REFRESH_MARGIN_SECS = 300.0
 #: DingTalk's code for a token it does not take (stale, revoked), answered HTTP 400 by api.dingtalk.com.
 INVALID_TOKEN_CODE = "InvalidAuthentication"
 #: Codes DingTalk uses for a throttled call (besides HTTP 429), matched case-insensitively as substrings.
@@ -131,9 +131,7 @@ class DingTalkApi:
         self._clock = clock or time.time
         self._sleep = sleep or self.stopping.wait   # returns True when stopping
         self.client = httpx.Client(timeout=timeout)
-        self._lock = threading.Lock()
-        self._token: str | None = None
-        self._refresh_at = 0.0
+        self._tokens = TokenCache(self._fetch_token, clock=self._clock)
 
     def close(self) -> None:
         self.client.close()
@@ -143,14 +141,9 @@ class DingTalkApi:
     def token(self, *, fresh: bool = False, stale: str | None = None) -> str:
         """The app's access token, fetched when there is none, it is near its expiry, or ``fresh`` (DingTalk
         refused ``stale``: a token another thread already replaced is kept)."""
-        with self._lock:
-            if fresh and (stale is None or stale == self._token):
-                self._token = None
-            if self._token is None or self._clock() >= self._refresh_at:
-                self._fetch_token()
-            return self._token
+        return self._tokens.get(fresh=fresh, stale=stale)
 
-    def _fetch_token(self) -> None:
+    def _fetch_token(self, stale: str | None) -> tuple[str, float]:
         where = "POST /v1.0/oauth2/accessToken"
         waited, backoff = 0.0, self.backoff_initial
         while True:
@@ -163,10 +156,7 @@ class DingTalkApi:
                     body = None
                 if not isinstance(body, dict) or not body.get("accessToken"):
                     raise DingTalkError(where, 200, "", "the answer carries no accessToken")
-                expires_in = float(body.get("expireIn") or 7200)
-                self._token = str(body["accessToken"])
-                self._refresh_at = self._clock() + max(expires_in / 2, expires_in - REFRESH_MARGIN_SECS)
-                return
+                return str(body["accessToken"]), float(body.get("expireIn") or 7200)
             code, message = error_of(response)
             if throttled(response.status_code, code) or response.status_code >= 500:
                 waited, backoff = self._wait(where, response.status_code, code, message, waited, backoff)

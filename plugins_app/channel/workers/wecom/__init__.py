@@ -31,10 +31,12 @@ Operators' page: docs/channels/wecom.md.
   A file over its type's limit, or refused by the upload (any errcode but a transient one), is not
   sent: a note in the text says so. A question's ``metadata["options"]`` (up to 6) go out as a
   ``template_card`` of type ``button_interaction`` (``cards.py``); more, or a card WeCom refuses,
-  as the numbered text.
-* **Token.** ``gettoken`` with the corp id and the app's secret, kept until shortly before it
-  expires, fetched again at once when a call says it is stale (40014, 42001, 40001), and the call
-  made once more.
+  as the numbered text. Once the host applied a press as the answer, the card is updated
+  (``update_template_card`` with the press's ``ResponseCode``) so its buttons become the chosen option,
+  not pressable: at most once a press, and a failure only logged (``update_cards``).
+* **Token.** ``gettoken`` with the corp id and the app's secret (the SDK's ``sdk/tencent.py``, shared
+  with the Weixin worker, keeps it and makes the calls), kept until shortly before it expires, fetched
+  again at once when a call says it is stale (40014, 42001, 40001), and the call made once more.
 * **Limits.** 45009/45033 are waited out in place (1 s doubling to 30 s) up to ``--max-retry-wait``;
   then the hub's own retries take over.
 * **Refusals.** The corp id, the secret or the server's IP refused (gettoken's 40001, 40013, 40091,
@@ -49,23 +51,25 @@ import hashlib
 import mimetypes
 import os
 import sys
-from urllib.parse import quote, unquote
+import threading
+import time
 
 import httpx
 
 from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, InboundMessage,
                                      MediaNotReady)
 from plugins_app.channel.sdk.messages import utc_from_epoch
-from plugins_app.channel.sdk.outbox import outbox_path_for
+from plugins_app.channel.sdk.outbox import ACKED, PENDING, outbox_path_for
 from plugins_app.channel.sdk.webhook import WebhookInbox
+from plugins_app.channel.sdk.tencent import media_id_of, media_url
 from plugins_app.channel.sdk.text import split_text
 
 from .api import (DEFAULT_API_BASE_URL, RATE_LIMITED, SYSTEM_BUSY, TASK_ID_EXISTS, TEXT_LIMIT_BYTES, TOKEN_STALE,
                   AppRefused, RateLimited, Stopped, UserUnreachable, WeComApi, WeComError)
-from .cards import TASK_ID_PREFIX, option_label, question_card
+from .cards import TASK_ID_PREFIX, answered_button, option_label, question_card
 from plugins_app.channel.sdk.wxcrypto import CryptoError, MsgCrypt
 
-from .state import WeComState
+from .state import PRESS_FAILED, PRESS_SKIPPED, PRESS_UPDATED, PRESS_UPDATING, PRESS_WAITING, WeComState
 
 KIND = "channel-wecom"
 DESCRIPTION = "WeCom (企业微信): an internal app's encrypted callback in, the message API out."
@@ -107,6 +111,10 @@ AMR_NB_MAGIC = b"#!AMR\n"
 #: 4.75 to 12.2 kbit/s, SID, and the rest (reserved, no data) the header alone (3GPP TS 26.101; ffmpeg's amr.c).
 AMR_NB_FRAME_BYTES = (13, 14, 16, 18, 20, 21, 27, 32, 6, 1, 1, 1, 1, 1, 1, 1)
 AMR_FRAME_SECS = 0.02
+#: How often the pressed cards are looked at besides right after a press's submit (a press the replay submitted).
+CARD_UPDATE_SECS = 10.0
+#: A press's response code is good for one update_template_card within this long (WeCom: 72 hours).
+RESPONSE_CODE_SECS = 72 * 3600
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -200,11 +208,6 @@ def refused(exc: WeComError) -> str:
     return f"{exc}" + (f": {fix}" if fix else "")
 
 
-def media_url(base_url: str, media_id: str) -> str:
-    """Where a media file is downloaded from (the access token is added at download, never stored)."""
-    return f"{base_url.rstrip('/')}/cgi-bin/media/get?media_id={quote(media_id, safe='')}"
-
-
 def normalise(message: dict, *, agent_id: str | None = None,
               base_url: str = DEFAULT_API_BASE_URL) -> InboundMessage | None:
     """A decrypted callback message as an InboundMessage; None for events and what the agent cannot read."""
@@ -276,6 +279,21 @@ def normalise_press(message: dict, options: list[dict] | None, *, agent_id: str 
                           timestamp=utc_from_epoch(created))
 
 
+def press_applied(result: dict) -> bool:
+    """Whether the host's answer to a press (``inbound.submit``) says it applied the press as the question's
+    answer: ``reply`` "applied"; or, for a press submitted again because the host's first answer never reached
+    the worker (a call timed out, a worker killed before it recorded the answer), the duplicate of a message whose
+    receipt ``completed`` with no turn. Only a reply applied makes such a receipt: a reply refused or not fitting
+    leaves it ``refused``, and a message that is no reply has a turn, made in its receipt's transaction
+    (channels_app.questions.question_reply_from_channel; channels_app.services.message_submit)."""
+    if not result.get("accepted"):
+        return False
+    if "reply" in result:
+        return result["reply"] == "applied"
+    return (result.get("duplicate") is True and result.get("code") == "DuplicateProcessed"
+            and result.get("receipt_state") == "completed" and not result.get("turn_id"))
+
+
 class WeComWorker(WebhookInbox, ChannelWorker):
     kind = KIND
     version = "1.0.0"
@@ -293,6 +311,8 @@ class WeComWorker(WebhookInbox, ChannelWorker):
         self.inbox_init()
         self.server = None
         self.state: WeComState | None = None
+        self._cards_due = threading.Event()
+        self._card_updater: threading.Thread | None = None
 
     # ------------------------------------------------------------------ connect
 
@@ -312,11 +332,14 @@ class WeComWorker(WebhookInbox, ChannelWorker):
             raise ChannelRefused(refused(exc)) from exc
         path = str(outbox_path_for(self.plugin_id, self.state_dir)).replace(".outbox.", ".wecom.")
         self.state = WeComState(path)
+        self._presses_cut_short()
         self.log.info("wecom: corp %s, agent %s via %s", self.corp_id, self.agent_id, self.base_url)
         from .callback import CallbackServer
         self.server = CallbackServer(self.opts.bind, self.opts.path, crypto, self.accept)
         self.server.start()
         self.log.info("wecom: callback listening on %s", self.server.url)
+        self._card_updater = threading.Thread(target=self._card_updater_loop, name="wecom-cards", daemon=True)
+        self._card_updater.start()
 
     # ------------------------------------------------------------------ inbound
 
@@ -331,24 +354,104 @@ class WeComWorker(WebhookInbox, ChannelWorker):
                              f"callback's Token and EncodingAESKey are agent {other}'s (set {AGENT_ID_ENV} to the "
                              "app's AgentId, on its page in the admin console)")
             self.log.error("wecom: %s", self._refusal)
+        options = None
         if message.get("MsgType") == "event" and message.get("Event") == "template_card_event":
             task_id = str(message.get("TaskId") or "")
-            msg = normalise_press(message, self.state.card(task_id) if self.state and task_id else None,
-                                  agent_id=self.agent_id)
+            options = self.state.card(task_id) if self.state and task_id else None
+            msg = normalise_press(message, options, agent_id=self.agent_id)
         else:
             msg = normalise(message, agent_id=self.agent_id, base_url=self.base_url)
         if msg is None:
             self.log.debug("wecom: %s %s is not a message; skipped", message.get("MsgType"), message.get("Event"))
             return
+        code = msg.metadata.get("response_code")
+        if code and msg.metadata.get("message_type") == "template_card_event" and self.state is not None:
+            # before the outbox: a press the host takes is always known here (a redelivery is the same row)
+            self.state.record_press(msg.key, msg.conversation_id, code,
+                                    answered_button(option_label(options or [], msg.metadata["option"])))
         if not self.inbox_record(msg):
             self.log.info("wecom: message %s was taken before (WeCom called again)", msg.message_id)
 
+    def listen(self, submit) -> None:
+        def submit_then_update(message):
+            result = submit(message)
+            if message.metadata.get("message_type") == "template_card_event":
+                self._cards_due.set()  # the host answered the press (or will, from the outbox): its card next
+            return result
+        super().listen(submit_then_update)
+
+    # ------------------------------------------------------------------ a pressed card, updated
+
+    def _presses_cut_short(self) -> None:
+        """At start, before the card updater runs: a press still ``updating`` had its update_template_card call
+        cut short (the worker killed, or stopped while the call outlasted the stop's wait). Whether WeCom made
+        the update is unknown, and a response code is good for one update: each is logged and marked ``failed``,
+        not tried again (at most once)."""
+        for key in self.state.presses_updating_to_failed():
+            self.log.warning("wecom: the card update of press %s was cut short by the worker's stop; whether WeCom "
+                             "made it is unknown, and it is not tried again (the answer stands)",
+                             key.partition("\x1f")[2])
+
+    def _card_updater_loop(self) -> None:
+        """Updates the cards of answered presses: woken after a press is submitted, and every
+        ``CARD_UPDATE_SECS`` for a press the outbox's replay submitted (after a restart, or the host away)."""
+        while not self.stopping.is_set():
+            self._cards_due.wait(CARD_UPDATE_SECS)
+            self._cards_due.clear()
+            if self.stopping.is_set():
+                return
+            try:
+                self.update_cards()
+            except Exception:  # noqa: BLE001 - the answer is the host's already; a card left as it was is logged
+                self.log.exception("wecom: updating the pressed cards failed")
+
+    def update_cards(self) -> int:
+        """Update the card of each press the host applied as the answer (``update_template_card`` with the press's
+        response code: the buttons become the chosen option's, not pressable); returns how many. A press the host
+        did not apply (the question already answered, or expired) leaves its card as it is. Each press is claimed
+        before its call (``state.move_press``), so it is updated at most once, whatever thread or redelivery; a
+        failure is logged and never touches the answer, which the host holds already."""
+        if self.state is None:
+            return 0
+        outbox, updated = self._outbox(), 0
+        for key, user, code, name, at in self.state.presses_waiting():
+            row = outbox.inbound_get(key)
+            if row is None or row.state == PENDING:  # the host has not answered yet
+                if time.time() - at > RESPONSE_CODE_SECS and self.state.move_press(key, PRESS_WAITING, PRESS_SKIPPED):
+                    self.log.warning("wecom: press %s was answered after its response code's 72 hours; its card "
+                                     "stays as it was", key.partition("\x1f")[2])
+                continue
+            result = row.result or {}
+            if row.state != ACKED or not press_applied(result):
+                if self.state.move_press(key, PRESS_WAITING, PRESS_SKIPPED):
+                    self.log.info("wecom: press %s was not taken as the answer (%s); its card stays as it was",
+                                  key.partition("\x1f")[2], result.get("reply") or result.get("reason")
+                                  or result.get("receipt_state") or row.state)
+                continue
+            if not self.state.move_press(key, PRESS_WAITING, PRESS_UPDATING):
+                continue  # another thread has it
+            try:
+                self.api.update_card_button(user, code, name)
+            except Stopped:
+                self.state.move_press(key, PRESS_UPDATING, PRESS_WAITING)  # never sent: the next start tries it
+                return updated
+            except Exception as exc:  # noqa: BLE001 - the answer stands; the card keeps its buttons
+                self.state.move_press(key, PRESS_UPDATING, PRESS_FAILED)
+                self.log.warning("wecom: the card of press %s could not be updated (%s: %s); the answer stands, and a "
+                                 "second press gets the host's notice", key.partition("\x1f")[2],
+                                 type(exc).__name__, exc)
+                continue
+            self.state.move_press(key, PRESS_UPDATING, PRESS_UPDATED)
+            updated += 1
+            self.log.info("wecom: the card of press %s now shows %r", key.partition("\x1f")[2], name)
+        return updated
+
     def fetch_media(self, attachment: Attachment) -> bytes | None:
-        prefix = f"{self.base_url}/cgi-bin/media/get?media_id="
-        if not (attachment.url or "").startswith(prefix):
+        media_id = media_id_of(self.base_url, attachment.url)
+        if media_id is None:
             return None
         try:
-            data, _, _ = self.api.media(unquote(attachment.url[len(prefix):]))
+            data, _, _ = self.api.media(media_id)
         except AppRefused as exc:
             self._refusal = refused(exc)  # the listener stops the worker
             raise
@@ -489,6 +592,9 @@ class WeComWorker(WebhookInbox, ChannelWorker):
     def disconnect(self) -> None:
         if self.server is not None:
             self.server.stop()
+        self._cards_due.set()
+        if self._card_updater is not None:
+            self._card_updater.join(timeout=5)
         self.api.close()
         if self.state is not None:
             self.state.close()

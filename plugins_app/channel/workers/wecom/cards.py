@@ -32,6 +32,8 @@ TASK_ID_PREFIX = "ugent-"
 BUTTON_STYLE = 1
 _TASK_ID_UNSAFE = re.compile(r"[^A-Za-z0-9_@-]")
 CONFIRM_SUFFIX = " (yes or no)"
+#: A pressed card's button when the chosen option's label is not known (a card sent before the state file).
+ANSWERED_MARK = "✓"
 
 
 def task_id_of(delivery_id: str) -> str:
@@ -99,6 +101,12 @@ def question_card(delivery_id: str, text: str, metadata) -> dict | None:
             return None  # the card cannot show the question whole: the numbered text can
         card["sub_title_text"] = sub
     return card
+
+
+def answered_button(label: str | None) -> str:
+    """What the pressed card's buttons become (``update_template_card``'s ``button.replace_name``): the chosen
+    option's label, cut as a button's text is; a check mark when the card's options are not known here."""
+    return cut(label.strip(), MAX_BUTTON_TEXT) if label and label.strip() else ANSWERED_MARK
 
 
 def option_label(options: list[dict], key: str) -> str | None:

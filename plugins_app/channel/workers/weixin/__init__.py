@@ -47,13 +47,13 @@ import threading
 import time
 
 import httpx
-from urllib.parse import quote, unquote
 
 from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, InboundMessage,
                                      MediaNotReady)
 from plugins_app.channel.sdk.journal import SentJournal
 from plugins_app.channel.sdk.messages import utc_from_epoch
 from plugins_app.channel.sdk.outbox import outbox_path_for
+from plugins_app.channel.sdk.tencent import media_id_of, media_url
 from plugins_app.channel.sdk.text import split_text
 from plugins_app.channel.sdk.webhook import WebhookInbox
 from plugins_app.channel.sdk.wxcrypto import CryptoError, MsgCrypt
@@ -143,11 +143,6 @@ def refused(exc: WeixinError) -> str:
            48001: "the account has no right to this API (customer service messages need a verified account)",
            }.get(exc.errcode, "")
     return f"{exc}" + (f": {fix}" if fix else "")
-
-
-def media_url(base_url: str, media_id: str) -> str:
-    """Where a media file is downloaded from (the access token is added at download, never stored)."""
-    return f"{base_url.rstrip('/')}/cgi-bin/media/get?media_id={quote(media_id, safe='')}"
 
 
 def normalise(message: dict, *, base_url: str = DEFAULT_API_BASE_URL) -> InboundMessage | None:
@@ -324,11 +319,11 @@ class WeixinWorker(WebhookInbox, ChannelWorker):
             return left
 
     def fetch_media(self, attachment: Attachment) -> bytes | None:
-        prefix = f"{self.base_url}/cgi-bin/media/get?media_id="
-        if not (attachment.url or "").startswith(prefix):
+        media_id = media_id_of(self.base_url, attachment.url)
+        if media_id is None:
             return None
         try:
-            data, _, _ = self.api.media(unquote(attachment.url[len(prefix):]))
+            data, _, _ = self.api.media(media_id)
         except AppRefused as exc:
             self._refusal = refused(exc)  # the listener stops the worker
             raise

@@ -24,12 +24,13 @@ and WeChat allows 20 a day, 30 s apart: the worker forces at most once in ``FORC
 """
 from __future__ import annotations
 
-import re
-import threading
-import time
-from typing import Callable
-
 import httpx
+
+from plugins_app.channel.sdk.tencent import (ApiError, AppRefused, RateLimited, Stopped, TencentApi,
+                                             UserUnreachable, errcode_of)
+
+__all__ = ["DEFAULT_API_BASE_URL", "TEXT_LIMIT_BYTES", "TOKEN_STALE", "AppRefused",
+           "RateLimited", "Stopped", "UserUnreachable", "WeixinApi", "WeixinError", "errcode_of"]
 
 DEFAULT_API_BASE_URL = "https://api.weixin.qq.com"
 
@@ -49,79 +50,39 @@ FORCE_GAP_SECS = 30.0
 #: ... and this many times in 24 hours (WeChat: 20 a day, shared with every other program of the AppID).
 FORCE_PER_DAY = 5
 
-#: Fetch a new token this long before the one in hand expires (WeChat gives 7,200 s).
-REFRESH_MARGIN_SECS = 300.0
 #: The longest text of one customer service message, in bytes of UTF-8. WeChat's docs give no number;
 #: a longer text is refused with 45002 (content size out of limit), and 2,048 bytes is the length
 #: measured and answered on WeChat's developer community.
 TEXT_LIMIT_BYTES = 2048
 
-
-class WeixinError(Exception):
-    """WeChat answered a call with a non-zero errcode (or an HTTP error: errcode -1)."""
-
-    def __init__(self, where: str, errcode: int, errmsg: str):
-        super().__init__(f"{where}: errcode {errcode}: {errmsg}")
-        self.where, self.errcode, self.errmsg = where, errcode, errmsg
+#: WeChat's errors are the SDK's (``sdk/tencent.py``): AppRefused (the AppID, the AppSecret, the IP whitelist,
+#: the account's rights), UserUnreachable (45015/45047/43004/40003: the 48-hour window, the quota,
+#: unfollowed), RateLimited (-1/45009/45011/5xx for longer than the call waits in place).
+WeixinError = ApiError
 
 
-class AppRefused(WeixinError):
-    """The AppID, the AppSecret, the server's IP or the account's rights are refused: the operator must fix it."""
+class WeixinApi(TencentApi):
+    token_stale = frozenset(TOKEN_STALE)
+    rate_limited = frozenset(RATE_LIMITED)
+    app_refused = frozenset(APP_REFUSED)
+    user_unreachable = frozenset(USER_UNREACHABLE)
 
-
-class UserUnreachable(WeixinError):
-    """45015/45047/43004/40003: the user cannot be sent to (the 48-hour window, the quota, unfollowed)."""
-
-
-class RateLimited(WeixinError):
-    """-1/45009/5xx for longer than the call waits in place."""
-
-
-class Stopped(Exception):
-    """A wait was cut short because the worker is stopping."""
-
-
-def errcode_of(body) -> int:
-    try:
-        return int((body or {}).get("errcode", 0))
-    except (TypeError, ValueError, AttributeError):
-        return -1
-
-
-class WeixinApi:
-    def __init__(self, app_id: str, app_secret: str, *, base_url: str = DEFAULT_API_BASE_URL,
-                 stopping: threading.Event | None = None, backoff_initial: float = 1.0, backoff_max: float = 30.0,
-                 max_wait_secs: float = 120.0, timeout: float = 30.0, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], bool] | None = None):
+    def __init__(self, app_id: str, app_secret: str, *, base_url: str = DEFAULT_API_BASE_URL, **options):
+        """``options``: the call loop's (``stopping``, ``max_wait_secs``, ``backoff_*``, ``timeout``, ``clock``,
+        ``sleep``), as ``TencentApi`` takes them."""
+        super().__init__(base_url=base_url, **options)
         self.app_id, self.app_secret = app_id, app_secret
-        self.base_url = base_url.rstrip("/")
-        self.stopping = stopping or threading.Event()
-        self.backoff_initial, self.backoff_max, self.max_wait_secs = backoff_initial, backoff_max, max_wait_secs
-        self._clock = clock
-        self._sleep = sleep or self.stopping.wait   # returns True when stopping
-        self.client = httpx.Client(timeout=timeout)
-        self._lock = threading.Lock()
-        self._token: str | None = None
-        self._refresh_at = 0.0
         self._forced: list[float] = []   # when force_refresh was asked, within the last 24 hours
-
-    def close(self) -> None:
-        self.client.close()
 
     # ------------------------------------------------------------------ the access token
 
-    def token(self, *, fresh: bool = False, stale: str | None = None) -> str:
-        """The access token, fetched with ``stable_token`` when there is none, it is near its expiry, or
-        ``fresh`` (WeChat said ``stale`` is no longer valid: a token another thread already replaced is kept)."""
-        with self._lock:
-            if fresh and (stale is None or stale == self._token):
-                self._token = None
-                self._fetch_token()
-                if self._token == stale and self._may_force():  # still the token it refused: force a new one
-                    self._fetch_token(force=True)
-            elif self._token is None or self._clock() >= self._refresh_at:
-                self._fetch_token()
-            return self._token
+    def _fetch_token(self, stale: str | None) -> tuple[str, float]:
+        """``stable_token``; when WeChat said ``stale`` is stale and the normal call gives it back, once more
+        with ``force_refresh`` (within the worker's limits)."""
+        token = self._stable_token()
+        if stale is not None and token[0] == stale and self._may_force():  # still the token it refused
+            token = self._stable_token(force=True)
+        return token
 
     def _may_force(self) -> bool:
         """Whether a force_refresh is within the worker's limits now; if so, it is counted."""
@@ -132,19 +93,12 @@ class WeixinApi:
         self._forced.append(now)
         return True
 
-    def _fetch_token(self, *, force: bool = False) -> None:
+    def _stable_token(self, *, force: bool = False) -> tuple[str, float]:
         body = {"grant_type": "client_credential", "appid": self.app_id, "secret": self.app_secret}
         if force:
             body["force_refresh"] = True
         answer = self._json(self.client.post(f"{self.base_url}/cgi-bin/stable_token", json=body), "stable_token")
-        code = errcode_of(answer)
-        if code in TOKEN_REFUSED or code in APP_REFUSED:
-            raise AppRefused("stable_token", code, str(answer.get("errmsg")))
-        if code != 0 or not answer.get("access_token"):
-            raise WeixinError("stable_token", code, str(answer.get("errmsg") or "no access_token"))
-        expires_in = float(answer.get("expires_in") or 7200)
-        self._token = str(answer["access_token"])
-        self._refresh_at = self._clock() + max(expires_in / 2, expires_in - REFRESH_MARGIN_SECS)
+        return self._keep_token(answer, "stable_token", TOKEN_REFUSED | APP_REFUSED)
 
     # ------------------------------------------------------------------ calls
 
@@ -172,68 +126,19 @@ class WeixinApi:
     def media(self, media_id: str) -> tuple[bytes, str, str | None]:
         """``GET /cgi-bin/media/get``: a temporary media file's bytes, type and file name. A video answers
         ``{"video_url": ...}`` instead of the bytes: they are fetched from there (no token sent)."""
-        holder: dict = {}
-
-        def get(token):
-            response = self.client.get(f"{self.base_url}/cgi-bin/media/get",
-                                       params={"access_token": token, "media_id": media_id}, timeout=120)
-            holder["response"] = response
-            return response
-        answer = self._call("media/get", get, binary=True)
-        response = holder["response"]
+        response, answer = self._media(media_id)
         if answer.get("video_url"):
             response = self.client.get(str(answer["video_url"]), timeout=120, follow_redirects=True)
             if response.status_code != 200:
                 raise WeixinError("media/get video_url", -1, f"HTTP {response.status_code}")
-        ctype = (response.headers.get("Content-Type") or "application/octet-stream").split(";")[0].strip()
-        found = re.search(r'filename="?([^";]+)"?', response.headers.get("Content-Disposition") or "")
-        return response.content, ctype, found.group(1) if found else None
+        return self.file_of(response)
 
-    def _call(self, where: str, request: Callable[[str], httpx.Response], *, binary: bool = False) -> dict:
-        refreshed = False
-        waited, backoff = 0.0, self.backoff_initial
-        token = self.token()
-        while True:
-            response = request(token)
-            if response.status_code >= 500:
-                body = {"errcode": -1, "errmsg": f"HTTP {response.status_code}"}
-            elif binary and response.status_code == 200 and not _is_json(response):
-                return {}  # the file itself
-            else:
-                body = self._json(response, where)
-            code = errcode_of(body)
-            if code == 0:
-                return body
-            errmsg = str(body.get("errmsg") or "")
-            if code in TOKEN_STALE and not refreshed:
-                refreshed = True
-                token = self.token(fresh=True, stale=token)
-                continue
-            if code in RATE_LIMITED:
-                if waited + backoff > self.max_wait_secs:
-                    raise RateLimited(where, code, f"{errmsg} (still refused after waiting {waited:.0f} s)")
-                if self._sleep(backoff):
-                    raise Stopped("stopping while waiting out a busy answer")
-                waited += backoff
-                backoff = min(backoff * 2, self.backoff_max)
-                continue
-            if code in APP_REFUSED:
-                raise AppRefused(where, code, errmsg)
-            if code in USER_UNREACHABLE:
-                raise UserUnreachable(where, code, errmsg)
-            raise WeixinError(where, code, errmsg)
-
-    @staticmethod
-    def _json(response: httpx.Response, where: str) -> dict:
-        if response.status_code != 200:
-            raise WeixinError(where, -1, f"HTTP {response.status_code}")
-        try:
-            body = response.json()
-        except ValueError:
-            raise WeixinError(where, -1, "the answer is not JSON") from None
-        if not isinstance(body, dict):
-            raise WeixinError(where, -1, "the answer is not a JSON object")
-        return body
+    def _body(self, response: httpx.Response, where: str, binary: bool) -> dict | None:
+        if response.status_code >= 500:
+            return {"errcode": -1, "errmsg": f"HTTP {response.status_code}"}  # busy: waited out as -1 is
+        if binary and response.status_code == 200 and not _is_json(response):
+            return None
+        return self._json(response, where)
 
 
 def _json_bytes(value: dict) -> bytes:
