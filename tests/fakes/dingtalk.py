@@ -14,6 +14,15 @@
   ``invalidParameter.robotCode.notExsit`` (also a group send to a group the robot is not in), a
   ``msgParam`` over 15,000 bytes 400 ``invalidParameter.msgParam.length``; scripted answers (``script``:
   429 ``Throttling.Api``, 500...) for the next sends, and ``hold_next``: a send that never arrives.
+* the **Stream mode gateway**: ``POST /v1.0/gateway/connections/open`` (``{"clientId", "clientSecret",
+  "subscriptions", "ua", "localIp"}`` → ``{"endpoint", "ticket"}``; a bad Client ID or Secret 401 ``authFailed``
+  鉴权失败, as api.dingtalk.com answers it) and a WebSocket server (``websockets``) at the endpoint, taking each
+  ticket once. It sends frames as DingTalk does (``{"specVersion", "type", "headers", "data": "<JSON>"}``):
+  ``push``/``stream_say`` a robot message as a CALLBACK of ``/v1.0/im/bot/messages/get``, sent again on the
+  newest connection until it is acknowledged (``{"code": 200, "headers": {"messageId"}, ...}``; ``lose_acks``:
+  acknowledgements lost on the way), ``ping()`` a SYSTEM ping (its answer kept in ``pongs``),
+  ``disconnect()`` a SYSTEM disconnect (nothing new is sent on that connection, closed after
+  ``disconnect_grace`` seconds), ``drop_sockets()`` a connection closed without a word.
 * the **callback**: ``post``/``say`` send a robot message to the worker's URL with the ``timestamp`` (ms) and
   ``sign`` headers DingTalk computes (base64(HMAC-SHA256(AppSecret, timestamp + "\\n" + AppSecret))), made
   here independently of the worker's code (with ``cryptography``'s HMAC).
@@ -38,11 +47,13 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.hmac import HMAC
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.server import ServerConnection, serve
 
 from tests.fakes import FakeHandler, FakeHTTPServer
 
@@ -53,6 +64,8 @@ OTHER_STAFF = "0234183451381123"
 GROUP = "cidDKVAOW8yHEX4Y5tL1hlM8g=="
 BOT_USER = "$:LWCP_v1:$r3xyhJnjTmNHmjUNAaVNiD0ORWgj4ZJP"
 MSGPARAM_LIMIT = 15000
+BOT_MESSAGE_TOPIC = "/v1.0/im/bot/messages/get"
+OPEN_PATH = "/v1.0/gateway/connections/open"
 
 
 def sign(app_secret: str, timestamp: str) -> str:
@@ -75,6 +88,16 @@ class Call:
     at: float
     status: int = 200
     answer: dict = field(default_factory=dict)
+
+
+@dataclass
+class Push:
+    """A robot message DingTalk owes the app over the stream until a frame carrying it is acknowledged."""
+
+    message: dict
+    frame_ids: list = field(default_factory=list)   # the messageId of each frame that carried it
+    next_at: float = 0.0
+    done: bool = False
 
 
 class FakeDingTalk:
@@ -103,6 +126,19 @@ class FakeDingTalk:
         self._msg_ids = itertools.count(1)
         self._http = FakeHTTPServer(("127.0.0.1", 0), self._handler())
         self._http.daemon_threads = True
+        # the Stream mode gateway
+        self.ack_timeout = 3.0                    # an unacknowledged push is sent again after this long
+        self.disconnect_grace = 2.0               # a connection told to disconnect is closed after this long
+        self.lose_acks = False                    # acknowledgements are lost on the way (never counted)
+        self.pushes: list[Push] = []
+        self.acks: list[dict] = []                # every acknowledgement frame the app sent
+        self.pongs: dict[str, dict] = {}          # a ping's messageId -> the app's answer
+        self.opens: list[dict] = []               # each connections/open body that got a ticket
+        self.sockets_opened = 0
+        self._tickets: set[str] = set()
+        self._sockets: list[ServerConnection] = []
+        self._draining: set[int] = set()          # id() of connections told to disconnect
+        self._ws = serve(self._ws_session, "127.0.0.1", 0)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -110,14 +146,22 @@ class FakeDingTalk:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self._http.server_address[1]}"
 
+    @property
+    def ws_endpoint(self) -> str:
+        return f"ws://127.0.0.1:{self._ws.socket.getsockname()[1]}/connect"
+
     def start(self) -> "FakeDingTalk":
         threading.Thread(target=self._http.serve_forever, daemon=True, name="fake-dingtalk").start()
+        threading.Thread(target=self._ws.serve_forever, daemon=True, name="fake-dingtalk-gateway").start()
+        threading.Thread(target=self._dispatch_loop, daemon=True, name="fake-dingtalk-dispatch").start()
         return self
 
     def stop(self) -> None:
         self._stopping.set()
         self._http.shutdown()
         self._http.server_close()
+        self.drop_sockets()
+        self._ws.shutdown()
 
     def __enter__(self) -> "FakeDingTalk":
         return self.start()
@@ -240,6 +284,150 @@ class FakeDingTalk:
         assert response.status_code == 200, (response.status_code, response.text)
         return message
 
+    # ------------------------------------------------------------------ the Stream mode gateway
+
+    def push(self, message: dict) -> Push:
+        """A robot message for the app over the stream: sent on the newest connection until acknowledged."""
+        p = Push(message)
+        with self.lock:
+            self.pushes.append(p)
+        return p
+
+    def stream_say(self, content: str, **kw) -> dict:
+        """A user's text message (one-to-one unless ``group=True``), pushed over the stream."""
+        message = self.text((" " if kw.get("group") else "") + content, **kw)
+        self.push(message)
+        return message
+
+    def settled(self) -> bool:
+        """Every pushed message was acknowledged."""
+        with self.lock:
+            return all(p.done for p in self.pushes)
+
+    def sockets(self) -> list[ServerConnection]:
+        with self.lock:
+            self._sockets = [c for c in self._sockets if c.state.name == "OPEN"]
+            return list(self._sockets)
+
+    def ping(self) -> list[str]:
+        """A SYSTEM ping on every open connection; returns the pings' messageIds (answers land in ``pongs``)."""
+        ids = []
+        for conn in self.sockets():
+            mid = str(uuid.uuid4())
+            data = json.dumps({"opaque": secrets.token_hex(8)})
+            try:
+                conn.send(json.dumps(self._frame("SYSTEM", "ping", mid, data)))
+                ids.append(mid)
+            except ConnectionClosed:
+                pass
+            with self.lock:
+                self.pongs.setdefault(mid, {"expected": data})
+        return ids
+
+    def disconnect(self) -> int:
+        """A SYSTEM disconnect on every open connection: nothing new goes on it, and it is closed after
+        ``disconnect_grace`` seconds (what the app has not acknowledged by then is sent again elsewhere)."""
+        told = 0
+        for conn in self.sockets():
+            with self.lock:
+                self._draining.add(id(conn))
+            try:
+                conn.send(json.dumps(self._frame("SYSTEM", "disconnect", str(uuid.uuid4()),
+                                                 json.dumps({"reason": "server will restart"}))))
+                told += 1
+            except ConnectionClosed:
+                continue
+            timer = threading.Timer(self.disconnect_grace, conn.close)
+            timer.daemon = True
+            timer.start()
+        return told
+
+    def drop_sockets(self) -> None:
+        """Close every connection without a word (a network drop)."""
+        for conn in self.sockets():
+            try:
+                conn.socket.close()
+            except OSError:
+                pass
+
+    def _frame(self, kind: str, topic: str, message_id: str, data: str) -> dict:
+        headers = {"contentType": "application/json", "messageId": message_id,
+                   "time": str(int(time.time() * 1000)), "topic": topic}
+        if kind == "CALLBACK":
+            headers.update({"appId": "fake-app-id", "connectionId": "fake-connection"})
+        return {"specVersion": "1.0", "type": kind, "headers": headers, "data": data}
+
+    def _dispatch_loop(self) -> None:
+        while not self._stopping.wait(0.05):
+            socks = [c for c in self.sockets() if id(c) not in self._draining]
+            if not socks:
+                continue  # DingTalk keeps what it owes until the app has a connection
+            now = time.monotonic()
+            with self.lock:
+                due = [p for p in self.pushes if not p.done and p.next_at <= now]
+            for p in due:
+                mid = str(uuid.uuid4())
+                with self.lock:
+                    p.frame_ids.append(mid)
+                    p.next_at = time.monotonic() + self.ack_timeout
+                frame = self._frame("CALLBACK", BOT_MESSAGE_TOPIC, mid, json.dumps(p.message, ensure_ascii=False))
+                try:
+                    socks[-1].send(json.dumps(frame, ensure_ascii=False))
+                except ConnectionClosed:
+                    with self.lock:
+                        p.next_at = 0.0
+
+    def _ws_session(self, conn: ServerConnection) -> None:
+        ticket = (parse_qs(urlsplit(conn.request.path).query).get("ticket") or [""])[0]
+        with self.lock:
+            known = ticket in self._tickets
+            self._tickets.discard(ticket)  # a ticket opens one connection
+        if not known or urlsplit(conn.request.path).path != "/connect":
+            conn.close(code=1008, reason="invalid ticket")
+            return
+        with self.lock:
+            self._sockets.append(conn)
+            self.sockets_opened += 1
+        try:
+            for raw in conn:
+                try:
+                    answer = json.loads(raw)
+                except ValueError:
+                    continue
+                mid = str(((answer.get("headers") or {}) if isinstance(answer, dict) else {}).get("messageId") or "")
+                with self.lock:
+                    self.acks.append(answer)
+                    if mid in self.pongs:
+                        self.pongs[mid]["answer"] = answer
+                    if self.lose_acks or answer.get("code") != 200:
+                        continue
+                    for p in self.pushes:
+                        if p.frame_ids and p.frame_ids[-1] == mid:
+                            p.done = True
+        except ConnectionClosed:
+            pass
+        finally:
+            with self.lock:
+                if conn in self._sockets:
+                    self._sockets.remove(conn)
+                for p in self.pushes:  # what was in flight on it goes out again at once on the next one
+                    if not p.done:
+                        p.next_at = 0.0
+
+    def _open_connection(self, body) -> tuple[int, dict]:
+        if not isinstance(body, dict):
+            return 400, error("MissingBody", "body is mandatory for this action.")
+        with self.lock:
+            if body.get("clientId") != self.app_key or body.get("clientSecret") != self.app_secret or self._secret_reset:
+                return 401, error("authFailed", "鉴权失败")
+            subs = body.get("subscriptions")
+            if not isinstance(subs, list) or not subs:
+                return 400, error("invalidParameter.subscriptions", "subscriptions不能为空")
+            ticket = str(uuid.uuid4())
+            self._tickets.add(ticket)
+            self.opens.append(body)
+        return 200, {"endpoint": self.ws_endpoint, "ticket": ticket}
+
     # ------------------------------------------------------------------ the API
 
     def _handler(self):
@@ -302,6 +490,8 @@ class FakeDingTalk:
             return 404, error("NotFound", "the resource is not found")
         if path == "/v1.0/oauth2/accessToken":
             return self._access_token(body)
+        if path == OPEN_PATH:
+            return self._open_connection(body)
         refused = self._check_token(headers.get("x-acs-dingtalk-access-token"))
         if refused:
             return refused
@@ -362,7 +552,6 @@ class FakeDingTalk:
 
     def _session_send(self, target: str, raw: bytes) -> tuple[int, dict]:
         """A message's sessionWebhook: ``{"msgtype", "markdown"|"text"}``, no token; errors in errcode."""
-        from urllib.parse import parse_qs
         session = (parse_qs(urlsplit(target).query).get("session") or [""])[0]
         try:
             body = json.loads(raw)

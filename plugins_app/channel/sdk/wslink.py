@@ -1,0 +1,130 @@
+"""An outbound WebSocket a worker keeps open to its platform (Slack's Socket Mode, DingTalk's Stream mode).
+
+One home for what every such link needs, whatever the platform: a fresh URL asked for before each connection
+(``open_url``: the platform's "open a connection" call, whose ticket is good once), a handshake (``greet``),
+frames read one at a time on the link's own thread and handed to ``handle`` (which records a message durably
+and then acknowledges it on the same connection), and:
+
+* a socket that drops without a word is replaced with backoff (0.2 s doubling to 30 s); the platform sends
+  again what was not acknowledged, and the worker's outbox answers a message sent again as a duplicate;
+* a frame ``handle`` says asks for a new connection (the platform's ``disconnect``) opens the next connection
+  first, reads (and acknowledges) what the old one still carries for a short while, and only then closes it;
+* ``LinkRefused`` (raised by ``open_url`` or ``handle``: the platform refused the credentials that open the
+  link) ends ``run``: only the operator can fix it, so it is not tried again in a loop.
+
+A worker subclasses ``WebSocketLink`` and runs ``run()`` on a thread until its ``stopping`` event is set.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
+
+log = logging.getLogger("ugent.worker.wslink")
+
+
+class LinkRefused(Exception):
+    """The platform refused the credentials (or the setting) that open the link: the operator must fix it."""
+
+
+class WebSocketLink:
+    #: How the link is named in the worker's log.
+    name = "websocket"
+    #: Seconds the WebSocket handshake (and ``greet``) may take.
+    open_timeout = 15.0
+    #: After a hand-over: how long the old connection is read at most, and how quiet it must be to be closed.
+    drain_secs = 5.0
+    drain_quiet_secs = 0.3
+    #: The largest frame read.
+    max_size = 2 ** 24
+    backoff_initial, backoff_max = 0.2, 30.0
+
+    def __init__(self, stopping: threading.Event):
+        self.stopping = stopping
+        self.conn: ClientConnection | None = None
+        self.connections_opened = 0
+        self._next_url: str | None = None
+
+    # ------------------------------------------------------------------ the platform's part
+
+    def open_url(self) -> str:
+        """A fresh ``ws(s)://`` URL for the next connection; raise ``LinkRefused`` when the platform says no."""
+        raise NotImplementedError
+
+    def greet(self, conn: ClientConnection) -> None:
+        """The platform's handshake on a new connection, if it has one (raise to give the connection up)."""
+
+    def handle(self, conn: ClientConnection, raw: str | bytes) -> bool:
+        """One frame; True when it asks the link to move to a new connection (the platform's ``disconnect``)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ the loop
+
+    def prepare(self) -> None:
+        """Ask for the first URL now (before the worker listens), so a refusal is found at once."""
+        self._next_url = self.open_url()
+
+    def run(self) -> None:
+        """Until stopped: connect, read, hand each frame over; move on a disconnect, reconnect on a drop."""
+        try:
+            self.conn = self._connect_with_backoff()
+            while self.conn is not None and not self.stopping.is_set():
+                try:
+                    raw = self.conn.recv(timeout=0.5)
+                except TimeoutError:
+                    continue
+                except ConnectionClosed as exc:
+                    log.warning("%s: connection dropped (%s); reconnecting", self.name, exc)
+                    self.conn = self._connect_with_backoff()
+                    continue
+                if self.handle(self.conn, raw):
+                    self._hand_over(self.conn)
+        finally:
+            if self.conn is not None:
+                self.conn.close()
+                self.conn = None
+
+    def _open(self) -> ClientConnection:
+        url, self._next_url = self._next_url or self.open_url(), None
+        conn = connect(url, open_timeout=self.open_timeout, close_timeout=2, max_size=self.max_size)
+        try:
+            self.greet(conn)
+        except BaseException:
+            conn.close()
+            raise
+        self.connections_opened += 1
+        return conn
+
+    def _connect_with_backoff(self) -> ClientConnection | None:
+        delay = self.backoff_initial
+        while not self.stopping.is_set():
+            try:
+                return self._open()
+            except LinkRefused:
+                raise
+            except Exception as exc:  # noqa: BLE001 - network trouble, the platform busy: try again, slower
+                log.warning("%s: could not connect (%s: %s); again in %.1f s", self.name, type(exc).__name__, exc,
+                            delay)
+                if self.stopping.wait(delay):
+                    return None
+                delay = min(delay * 2, self.backoff_max)
+        return None
+
+    def _hand_over(self, old: ClientConnection) -> None:
+        log.info("%s: the platform asked for a new connection; opening it before the old one closes", self.name)
+        new = self._connect_with_backoff()
+        if new is None:
+            return
+        # What the old connection still carries is read (and acknowledged) before it is closed.
+        deadline = time.monotonic() + self.drain_secs
+        while time.monotonic() < deadline:
+            try:
+                raw = old.recv(timeout=self.drain_quiet_secs)
+            except (TimeoutError, ConnectionClosed):
+                break
+            self.handle(old, raw)  # (a second request to move on, on the old connection, is already under way)
+        old.close()
+        self.conn = new
