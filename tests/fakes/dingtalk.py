@@ -138,6 +138,7 @@ class FakeDingTalk:
         self._tickets: set[str] = set()
         self._sockets: list[ServerConnection] = []
         self._draining: set[int] = set()          # id() of connections told to disconnect
+        self._open_script: list[tuple[int, dict]] = []
         self._ws = serve(self._ws_session, "127.0.0.1", 0)
 
     # ------------------------------------------------------------------ lifecycle
@@ -286,6 +287,11 @@ class FakeDingTalk:
 
     # ------------------------------------------------------------------ the Stream mode gateway
 
+    def script_open(self, status: int, code: str = "ServiceUnavailable", message: str = "busy") -> None:
+        """The next ``connections/open`` is answered ``status`` with this error."""
+        with self.lock:
+            self._open_script.append((status, error(code, message)))
+
     def push(self, message: dict) -> Push:
         """A robot message for the app over the stream: sent on the newest connection until acknowledged."""
         p = Push(message)
@@ -418,6 +424,8 @@ class FakeDingTalk:
         if not isinstance(body, dict):
             return 400, error("MissingBody", "body is mandatory for this action.")
         with self.lock:
+            if self._open_script:
+                return self._open_script.pop(0)
             if body.get("clientId") != self.app_key or body.get("clientSecret") != self.app_secret or self._secret_reset:
                 return 401, error("authFailed", "鉴权失败")
             subs = body.get("subscriptions")

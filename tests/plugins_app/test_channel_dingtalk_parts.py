@@ -552,3 +552,105 @@ def test_channel_dingtalk_is_a_builtin_kind_a_plugins_toml_entry_needs_no_comman
                                'env_refs = ["DINGTALK_APP_KEY", "DINGTALK_APP_SECRET"]\n')
     assert selectors.plugin_argv(Plugin.objects.get()) == (
         sys.executable, ["-m", "plugins_app.channel.workers.dingtalk", "--bind", "127.0.0.1:3002"])
+
+
+# -- Stream mode ----------------------------------------------------------------------------------------------
+
+def stream_link(ding: FakeDingTalk, on_message) -> tuple["StreamLink", threading.Event, "httpx.Client"]:
+    import httpx
+
+    from plugins_app.channel.workers.dingtalk.stream import StreamLink
+    stopping, client = threading.Event(), httpx.Client(timeout=5)
+    link = StreamLink(ding.app_key, ding.app_secret, on_message, stopping, base_url=ding.base_url, client=client)
+    return link, stopping, client
+
+
+def run_link(link) -> threading.Thread:
+    """``link.run()`` on a thread; what ended it (an exception) is kept as ``thread.ended``."""
+    def main():
+        try:
+            link.run()
+        except Exception as exc:  # noqa: BLE001 - the test looks at it
+            thread.ended = exc
+
+    thread = threading.Thread(target=main, daemon=True)
+    thread.ended = None
+    thread.start()
+    return thread
+
+
+def acks_of(ding: FakeDingTalk, n: int = 0) -> list[dict]:
+    with ding.lock:
+        ids = set(ding.pushes[n].frame_ids)
+        return [a for a in ding.acks if (a.get("headers") or {}).get("messageId") in ids]
+
+
+def test_the_stream_acknowledges_a_message_only_once_it_is_recorded_and_not_when_recording_failed(ding):
+    from tests.plugins_app.conftest import wait_until
+    ding.ack_timeout = 0.5
+    seen: list[tuple[str, int]] = []
+
+    def record(message):
+        seen.append((message["msgId"], len(acks_of(ding))))  # the acks DingTalk had when the worker recorded it
+        if len(seen) == 1:
+            raise OSError("disk full")  # not recorded: must not be acknowledged
+
+    link, stopping, client = stream_link(ding, record)
+    thread = run_link(link)
+    message = ding.stream_say("hello")
+    assert wait_until(ding.settled, 10), ding.acks
+    stopping.set()
+    thread.join(5)
+    client.close()
+    assert seen == [(message["msgId"], 0), (message["msgId"], 0)]  # sent again, since the first was not acked
+    frames = ding.pushes[0].frame_ids
+    assert len(frames) == 2
+    [ack] = acks_of(ding)
+    assert ack["headers"]["messageId"] == frames[1] and link.acked == 1
+
+
+def test_the_stream_asks_a_fresh_ticket_per_connection_and_tries_a_busy_gateway_again(ding):
+    from plugins_app.channel.workers.dingtalk.stream import OPEN_PATH, StreamRefused
+    from tests.plugins_app.conftest import wait_until
+    link, stopping, client = stream_link(ding, lambda m: None)
+    ding.script_open(503)
+    thread = run_link(link)
+    assert wait_until(lambda: ding.sockets(), 10)
+    ding.drop_sockets()
+    assert wait_until(lambda: ding.sockets_opened == 2 and ding.sockets(), 10)
+    assert [c.status for c in ding.calls_to(OPEN_PATH)] == [503, 200, 200]
+    assert len(ding.opens) == 2 and link.connections_opened == 2
+    # the secret reset: the next ticket is refused, and the link ends (no loop against a refusal)
+    ding.reset_secret()
+    ding.drop_sockets()
+    thread.join(10)
+    assert not thread.is_alive() and isinstance(thread.ended, StreamRefused)
+    assert (thread.ended.status, thread.ended.code) == (401, "authFailed")
+    assert [c.status for c in ding.calls_to(OPEN_PATH)][3:] == [401]
+    stopping.set()
+    client.close()
+
+
+def test_the_stream_answers_what_it_did_not_subscribe_to_and_survives_frames_that_are_not_json(ding):
+    from plugins_app.channel.workers.dingtalk.stream import ack
+    from tests.plugins_app.conftest import wait_until
+    got: list[dict] = []
+    link, stopping, client = stream_link(ding, got.append)
+    thread = run_link(link)
+    assert wait_until(lambda: ding.sockets(), 10)
+    [conn] = ding.sockets()
+    conn.send("not json")
+    conn.send(json.dumps(ding._frame("EVENT", "chat_update_title", "ev-1", "{}")))
+    ding.stream_say("still read")
+    assert wait_until(ding.settled, 10) and len(got) == 1
+    assert any(a == json.loads(ack("ev-1")) for a in ding.acks)  # acknowledged, so it is not sent again
+    stopping.set()
+    thread.join(5)
+    client.close()
+
+
+def test_the_mode_is_http_unless_told(ding):
+    from plugins_app.channel.workers.dingtalk import parse_args
+    assert parse_args([]).mode == "http" and parse_args(["--mode", "stream"]).mode == "stream"
+    with pytest.raises(SystemExit):
+        parse_args(["--mode", "socket"])
