@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from plugins_app.channel.workers import installed_kinds
@@ -18,6 +19,7 @@ from plugins_app.channel.workers.dingtalk import (TEXT_LIMIT_BYTES, DingTalkWork
                                                   normalise, param_len, strip_mention, title_of)
 from plugins_app.channel.workers.dingtalk.api import (AppRefused, DingTalkApi, DingTalkError, RateLimited,
                                                       RobotNotInGroup, Stopped, Unavailable, UserUnreachable)
+from plugins_app.channel.workers.dingtalk.stream import StreamLink
 from plugins_app.channel.workers.dingtalk.webhook import MAX_SKEW_MS, WebhookServer, signature, signature_valid
 from tests.fakes.dingtalk import GROUP, STAFF, FakeDingTalk, sign
 
@@ -556,10 +558,7 @@ def test_channel_dingtalk_is_a_builtin_kind_a_plugins_toml_entry_needs_no_comman
 
 # -- Stream mode ----------------------------------------------------------------------------------------------
 
-def stream_link(ding: FakeDingTalk, on_message) -> tuple["StreamLink", threading.Event, "httpx.Client"]:
-    import httpx
-
-    from plugins_app.channel.workers.dingtalk.stream import StreamLink
+def stream_link(ding: FakeDingTalk, on_message) -> tuple[StreamLink, threading.Event, httpx.Client]:
     stopping, client = threading.Event(), httpx.Client(timeout=5)
     link = StreamLink(ding.app_key, ding.app_secret, on_message, stopping, base_url=ding.base_url, client=client)
     return link, stopping, client
@@ -654,3 +653,17 @@ def test_the_mode_is_http_unless_told(ding):
     assert parse_args([]).mode == "http" and parse_args(["--mode", "stream"]).mode == "stream"
     with pytest.raises(SystemExit):
         parse_args(["--mode", "socket"])
+
+
+def test_a_gateway_out_of_reach_at_the_start_is_tried_again_not_fatal(ding):
+    from tests.plugins_app.conftest import wait_until
+    link, stopping, client = stream_link(ding, lambda m: None)
+    ding.script_open(503)
+    link.prepare()  # no exception: the worker starts and keeps trying
+    thread = run_link(link)
+    assert wait_until(lambda: ding.sockets(), 10)
+    assert [c.status for c in ding.calls_to("/v1.0/gateway/connections/open")] == [503, 200]
+    stopping.set()
+    thread.join(5)
+    client.close()
+    assert thread.ended is None

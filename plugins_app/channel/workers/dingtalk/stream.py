@@ -100,6 +100,17 @@ class StreamLink(WebSocketLink):
         sep = "&" if "?" in endpoint else "?"
         return f"{endpoint}{sep}{httpx.QueryParams({'ticket': str(body['ticket'])})}"
 
+    def prepare(self) -> None:
+        """The first ticket, asked for before the worker listens: a refused Client ID or Secret is found at the
+        start. The gateway busy or out of reach is only logged: ``run`` tries again with backoff."""
+        try:
+            super().prepare()
+        except LinkRefused:
+            raise
+        except Exception as exc:  # noqa: BLE001 - an outage at the start is not a reason to exit
+            log.warning("dingtalk stream: could not open a connection yet (%s: %s); trying again", type(exc).__name__,
+                        exc)
+
     def greet(self, conn: ClientConnection) -> None:
         log.info("dingtalk: stream connected")
 

@@ -204,7 +204,7 @@ class SlackWorker(ChannelWorker):
             from .socket import LinkRefused, SocketModeLink
             self.link = SocketModeLink(self.app_api, self._on_envelope, self.stopping)
             try:
-                self.link._next_url = self.link.open_url()  # a refused app token is found before listening
+                self.link.prepare()  # a refused app token is found before listening
             except LinkRefused as exc:
                 raise ChannelRefused(str(exc)) from exc
         else:
