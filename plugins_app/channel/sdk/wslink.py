@@ -118,13 +118,15 @@ class WebSocketLink:
         new = self._connect_with_backoff()
         if new is None:
             return
+        self.conn = new  # from here on, whatever happens, the old one is closed and the new one is the link's
         # What the old connection still carries is read (and acknowledged) before it is closed.
         deadline = time.monotonic() + self.drain_secs
-        while time.monotonic() < deadline:
-            try:
-                raw = old.recv(timeout=self.drain_quiet_secs)
-            except (TimeoutError, ConnectionClosed):
-                break
-            self.handle(old, raw)  # (a second request to move on, on the old connection, is already under way)
-        old.close()
-        self.conn = new
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    raw = old.recv(timeout=self.drain_quiet_secs)
+                except (TimeoutError, ConnectionClosed):
+                    break
+                self.handle(old, raw)  # (a second request to move on, on the old connection, is already under way)
+        finally:
+            old.close()
