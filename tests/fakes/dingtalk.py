@@ -13,16 +13,21 @@
   api.dingtalk.com answers it) ``InvalidAuthentication`` ``不合法的access_token``, an unknown robot code 400
   ``invalidParameter.robotCode.notExsit`` (also a group send to a group the robot is not in), a
   ``msgParam`` over 15,000 bytes 400 ``invalidParameter.msgParam.length``; scripted answers (``script``:
-  429 ``Throttling.Api``, 500...) for the next sends, and ``hold_next``: a send that never arrives.
+  429 ``Throttling.Api``, 500...) for the next sends, ``hold_next``: a send that never arrives, and
+  ``hold_downloads``: ``messageFiles/download`` calls held unanswered while it is set.
 * the **Stream mode gateway**: ``POST /v1.0/gateway/connections/open`` (``{"clientId", "clientSecret",
   "subscriptions", "ua", "localIp"}`` → ``{"endpoint", "ticket"}``; a bad Client ID or Secret 401 ``authFailed``
   鉴权失败, as api.dingtalk.com answers it) and a WebSocket server (``websockets``) at the endpoint, taking each
   ticket once. It sends frames as DingTalk does (``{"specVersion", "type", "headers", "data": "<JSON>"}``):
-  ``push``/``stream_say`` a robot message as a CALLBACK of ``/v1.0/im/bot/messages/get``, sent again on the
-  newest connection until it is acknowledged (``{"code": 200, "headers": {"messageId"}, ...}``; ``lose_acks``:
-  acknowledgements lost on the way), ``ping()`` a SYSTEM ping (its answer kept in ``pongs``),
-  ``disconnect()`` a SYSTEM disconnect (nothing new is sent on that connection, closed after
-  ``disconnect_grace`` seconds), ``drop_sockets()`` a connection closed without a word.
+  ``push``/``stream_say`` a robot message as a CALLBACK of ``/v1.0/im/bot/messages/get`` on the newest
+  connection, **once**: DingTalk's Stream protocol page says robot messages are "fire-forgot", never pushed
+  again, whether the app acknowledges them (``{"code": 200, "headers": {"messageId"}, ...}``, kept in ``acks``)
+  or not. ``resend = True`` is the opt-in exception, for a test of the worker's dedupe on ``msgId`` only: a
+  push not acknowledged after ``ack_timeout`` seconds, or in flight when its connection closed, is pushed
+  again (``lose_acks``: acknowledgements lost on the way). ``ping()`` a SYSTEM ping (its answer kept in
+  ``pongs``), ``disconnect()`` a SYSTEM disconnect (no ``messageId``, wants no answer; nothing new is sent on
+  that connection, closed after ``disconnect_grace`` seconds), ``drop_sockets()`` a connection closed without
+  a word.
 * the **callback**: ``post``/``say`` send a robot message to the worker's URL with the ``timestamp`` (ms) and
   ``sign`` headers DingTalk computes (base64(HMAC-SHA256(AppSecret, timestamp + "\\n" + AppSecret))), made
   here independently of the worker's code (with ``cryptography``'s HMAC).
@@ -92,12 +97,13 @@ class Call:
 
 @dataclass
 class Push:
-    """A robot message DingTalk owes the app over the stream until a frame carrying it is acknowledged."""
+    """A robot message for the app over the stream: pushed once (again only with the fake's ``resend``)."""
 
     message: dict
     frame_ids: list = field(default_factory=list)   # the messageId of each frame that carried it
     next_at: float = 0.0
-    done: bool = False
+    sent: bool = False                              # a frame carrying it went out
+    done: bool = False                              # a frame carrying it was acknowledged
 
 
 class FakeDingTalk:
@@ -118,6 +124,8 @@ class FakeDingTalk:
         self.permission = True                    # the app holds the robot's send permission
         self.ip_allowed = True                    # the app's IP whitelist (服务器出口IP) lets the caller in
         self.held = threading.Event()             # a held send arrived
+        self.hold_downloads = False               # messageFiles/download held unanswered while set
+        self.download_held = threading.Event()    # a held download arrived
         self._hold_after: int | None = None
         self._script: list[tuple[int, dict]] = []
         self._secret_reset = False
@@ -127,7 +135,8 @@ class FakeDingTalk:
         self._http = FakeHTTPServer(("127.0.0.1", 0), self._handler())
         self._http.daemon_threads = True
         # the Stream mode gateway
-        self.ack_timeout = 3.0                    # an unacknowledged push is sent again after this long
+        self.resend = False                       # opt-in, not DingTalk's behaviour: push again what is not acked
+        self.ack_timeout = 3.0                    # with resend: an unacknowledged push is sent again after this long
         self.disconnect_grace = 2.0               # a connection told to disconnect is closed after this long
         self.lose_acks = False                    # acknowledgements are lost on the way (never counted)
         self.pushes: list[Push] = []
@@ -293,7 +302,8 @@ class FakeDingTalk:
             self._open_script.append((status, error(code, message)))
 
     def push(self, message: dict) -> Push:
-        """A robot message for the app over the stream: sent on the newest connection until acknowledged."""
+        """A robot message for the app over the stream: sent once on the newest connection (as soon as there is
+        one); with ``resend``, again until acknowledged."""
         p = Push(message)
         with self.lock:
             self.pushes.append(p)
@@ -309,6 +319,11 @@ class FakeDingTalk:
         """Every pushed message was acknowledged."""
         with self.lock:
             return all(p.done for p in self.pushes)
+
+    def pushed(self) -> bool:
+        """Every pushed message went out on a connection."""
+        with self.lock:
+            return all(p.sent for p in self.pushes)
 
     def sockets(self) -> list[ServerConnection]:
         with self.lock:
@@ -332,13 +347,13 @@ class FakeDingTalk:
 
     def disconnect(self) -> int:
         """A SYSTEM disconnect on every open connection: nothing new goes on it, and it is closed after
-        ``disconnect_grace`` seconds (what the app has not acknowledged by then is sent again elsewhere)."""
+        ``disconnect_grace`` seconds. The frame carries no ``messageId`` (it wants no answer)."""
         told = 0
         for conn in self.sockets():
             with self.lock:
                 self._draining.add(id(conn))
             try:
-                conn.send(json.dumps(self._frame("SYSTEM", "disconnect", str(uuid.uuid4()),
+                conn.send(json.dumps(self._frame("SYSTEM", "disconnect", None,
                                                  json.dumps({"reason": "server will restart"}))))
                 told += 1
             except ConnectionClosed:
@@ -356,9 +371,10 @@ class FakeDingTalk:
             except OSError:
                 pass
 
-    def _frame(self, kind: str, topic: str, message_id: str, data: str) -> dict:
-        headers = {"contentType": "application/json", "messageId": message_id,
-                   "time": str(int(time.time() * 1000)), "topic": topic}
+    def _frame(self, kind: str, topic: str, message_id: str | None, data: str) -> dict:
+        headers = {"contentType": "application/json", "time": str(int(time.time() * 1000)), "topic": topic}
+        if message_id is not None:
+            headers["messageId"] = message_id
         if kind == "CALLBACK":
             headers.update({"appId": "fake-app-id", "connectionId": "fake-connection"})
         return {"specVersion": "1.0", "type": kind, "headers": headers, "data": data}
@@ -367,21 +383,26 @@ class FakeDingTalk:
         while not self._stopping.wait(0.05):
             socks = [c for c in self.sockets() if id(c) not in self._draining]
             if not socks:
-                continue  # DingTalk keeps what it owes until the app has a connection
+                continue  # a push made with no connection open waits for one (a convenience of the fake)
             now = time.monotonic()
             with self.lock:
-                due = [p for p in self.pushes if not p.done and p.next_at <= now]
+                due = [p for p in self.pushes
+                       if not p.sent or (self.resend and not p.done and p.next_at <= now)]
             for p in due:
                 mid = str(uuid.uuid4())
+                frame = self._frame("CALLBACK", BOT_MESSAGE_TOPIC, mid, json.dumps(p.message, ensure_ascii=False))
                 with self.lock:
                     p.frame_ids.append(mid)
                     p.next_at = time.monotonic() + self.ack_timeout
-                frame = self._frame("CALLBACK", BOT_MESSAGE_TOPIC, mid, json.dumps(p.message, ensure_ascii=False))
                 try:
                     socks[-1].send(json.dumps(frame, ensure_ascii=False))
-                except ConnectionClosed:
+                except ConnectionClosed:  # it never left: tried on the next connection
                     with self.lock:
+                        p.frame_ids.remove(mid)
                         p.next_at = 0.0
+                    continue
+                with self.lock:
+                    p.sent = True
 
     def _ws_session(self, conn: ServerConnection) -> None:
         ticket = (parse_qs(urlsplit(conn.request.path).query).get("ticket") or [""])[0]
@@ -416,9 +437,10 @@ class FakeDingTalk:
             with self.lock:
                 if conn in self._sockets:
                     self._sockets.remove(conn)
-                for p in self.pushes:  # what was in flight on it goes out again at once on the next one
-                    if not p.done:
-                        p.next_at = 0.0
+                if self.resend:  # (opt-in) what was in flight on it goes out again at once on the next one
+                    for p in self.pushes:
+                        if not p.done:
+                            p.next_at = 0.0
 
     def _open_connection(self, body) -> tuple[int, dict]:
         if not isinstance(body, dict):
@@ -486,6 +508,11 @@ class FakeDingTalk:
                 self.held.set()
                 self._stopping.wait()  # never answered, never recorded: the request was lost on the way
                 return None
+        if path == "/v1.0/robot/messageFiles/download" and self.hold_downloads:
+            self.download_held.set()
+            while self.hold_downloads and not self._stopping.wait(0.05):
+                pass
+            return None  # never answered: the caller is gone (or gives up)
         call = Call(method, path, headers, body if isinstance(body, dict) else None, time.monotonic())
         status, answer = self._answer(method, path, headers, body)
         call.status, call.answer = status, answer

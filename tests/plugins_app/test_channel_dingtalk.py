@@ -427,67 +427,91 @@ def test_stream_a_ping_is_answered_with_its_data(tcast, ding, start_runtime):
     assert ding.sockets_opened == 1  # the connection goes on
 
 
-def test_stream_a_message_recorded_but_not_acked_before_a_kill_runs_once_when_sent_again(tcast, ding, start_runtime):
+def test_stream_a_message_recorded_before_a_kill_is_answered_once_from_the_outbox_after_the_restart(
+        tcast, ding, start_runtime):
+    """DingTalk pushes a robot message once and never again, so only the worker's outbox can bring back one the
+    worker had recorded (and acknowledged) when it was killed: here it dies while the message's picture is being
+    downloaded, before the message reached the hub, and the restarted worker's replay answers it, once."""
     stream_plugin()
     rt = start_runtime()
     streaming(rt, ding)
     first = rt.worker_pid(PID)
-    ding.lose_acks = True  # the worker's acknowledgement never reaches DingTalk: it owes the message still
-    message = ding.stream_say("script:answer=only once")
-    assert wait_until(lambda: stream_acked(ding, message), 15), rt.log(PID)  # recorded by the worker
+    code = ding.upload(b"\xff\xd8\xff\xe0" + os.urandom(64))
+    ding.hold_downloads = True  # the download before the submit never answers: the worker dies waiting
+    message = ding.message("richText", content={"richText": [{"text": "script:answer=only once"},
+                                                               {"type": "picture", "downloadCode": code}]})
+    ding.push(message)
+    assert wait_until(ding.download_held.is_set, 30), rt.log(PID)
+    assert stream_acked(ding, message)  # recorded (and acknowledged) before the submit began
+    assert not Receipt.objects.exists() and not ding.sends()  # the hub has not seen it
     os.kill(first, signal.SIGKILL)
-    ding.lose_acks = False
+    ding.hold_downloads = False
     assert wait_until(lambda: rt.worker_pid(PID) not in (None, first), 30), rt.log(PID)
-    streaming(rt, ding, opened=2)
-    assert wait_until(ding.settled, 30), rt.log(PID)  # sent again on the new worker's stream, and taken
-    assert len(ding.pushes[0].frame_ids) >= 2
     assert answered(ding, 1, timeout=45) == ["only once"]
+    assert len(ding.pushes[0].frame_ids) == 1  # DingTalk never pushed it again: the outbox's replay answered
     ding.stream_say("script:answer=after")
     assert answered(ding, 2, timeout=30) == ["only once", "after"]
+    wait_until(lambda: False, 1.0)
+    assert ding.texts() == ["only once", "after"]
     assert Turn.objects.filter(receipt__client_message_id=message["msgId"]).count() == 1
-    assert Receipt.objects.count() == 2
+    assert Receipt.objects.count() == 2 and PluginMedia.objects.count() == 1
 
 
 def test_stream_a_disconnect_moves_to_a_new_connection_and_loses_nothing(tcast, ding, start_runtime):
     stream_plugin()
     rt = start_runtime()
     streaming(rt, ding)
-    ding.lose_acks = True
-    owed = ding.stream_say("script:answer=in flight at the disconnect")
-    assert wait_until(lambda: stream_acked(ding, owed), 15), rt.log(PID)
-    ding.lose_acks = False
+    before = ding.stream_say("script:answer=before the disconnect")
+    assert answered(ding, 1) == ["before the disconnect"]
     ding.disconnect_grace = 300.0  # DingTalk does not close it in this test's time: the worker must move on
     assert ding.disconnect() == 1
-    later = ding.stream_say("script:answer=after the disconnect")
     streaming(rt, ding, opened=2)
-    assert wait_until(ding.settled, 30), rt.log(PID)
-    assert wait_until(lambda: len(ding.texts()) >= 2, 30), rt.log(PID)
-    wait_until(lambda: False, 1.0)
-    assert sorted(ding.texts()) == ["after the disconnect", "in flight at the disconnect"]
+    later = ding.stream_say("script:answer=after the disconnect")
+    assert answered(ding, 2) == ["before the disconnect", "after the disconnect"]
+    assert wait_until(ding.settled, 15), ding.acks
     assert len(ding.opens) == 2  # a new ticket for the new connection
     assert wait_until(lambda: len(ding.sockets()) == 1, 10)  # the worker closed the old one
-    for m in (owed, later):
+    with ding.lock:  # the disconnect got no answer: only the two messages were acknowledged
+        assert sorted(a["headers"]["messageId"] for a in ding.acks) == sorted(
+            mid for p in ding.pushes for mid in p.frame_ids)
+    for m in (before, later):
         assert Receipt.objects.filter(client_message_id=m["msgId"]).count() == 1
     assert Turn.objects.count() == 2
 
 
-def test_stream_a_dropped_socket_is_reopened_and_loses_nothing(tcast, ding, start_runtime):
+def test_stream_a_dropped_socket_is_reopened(tcast, ding, start_runtime):
     stream_plugin()
     rt = start_runtime()
     streaming(rt, ding)
+    ding.stream_say("script:answer=before the drop")
+    assert answered(ding, 1) == ["before the drop"]
+    ding.drop_sockets()
+    streaming(rt, ding, opened=2)
+    ding.stream_say("script:answer=after the drop")
+    assert answered(ding, 2) == ["before the drop", "after the drop"]
+    assert Turn.objects.count() == 2
+    assert Plugin.objects.get().state == "running"
+
+
+def test_stream_the_same_msg_id_twice_runs_one_turn(tcast, ding, start_runtime):
+    """DingTalk does not push a robot message twice; the fake's opt-in ``resend`` does (an acknowledgement lost,
+    a socket dropped with the message in flight), to check that the worker's dedupe on ``msgId`` holds."""
+    stream_plugin()
+    rt = start_runtime()
+    streaming(rt, ding)
+    ding.resend = True
     ding.lose_acks = True
     owed = ding.stream_say("script:answer=in flight at the drop")
     assert wait_until(lambda: stream_acked(ding, owed), 15), rt.log(PID)
     ding.lose_acks = False
     ding.drop_sockets()
-    ding.stream_say("script:answer=after the drop")
     streaming(rt, ding, opened=2)
-    assert wait_until(ding.settled, 30), rt.log(PID)
-    assert wait_until(lambda: len(ding.texts()) >= 2, 30), rt.log(PID)
+    assert wait_until(ding.settled, 30), rt.log(PID)  # pushed again on the new connection, and taken
+    assert len(ding.pushes[0].frame_ids) >= 2
+    assert answered(ding, 1) == ["in flight at the drop"]
     wait_until(lambda: False, 1.0)
-    assert sorted(ding.texts()) == ["after the drop", "in flight at the drop"]
-    assert Turn.objects.count() == 2
-    assert Plugin.objects.get().state == "running"
+    assert ding.texts() == ["in flight at the drop"]
+    assert Turn.objects.count() == 1 and Receipt.objects.count() == 1
 
 
 def test_stream_a_bad_secret_disables_the_plugin_before_it_listens(tcast, ding, start_runtime):

@@ -584,15 +584,12 @@ def acks_of(ding: FakeDingTalk, n: int = 0) -> list[dict]:
         return [a for a in ding.acks if (a.get("headers") or {}).get("messageId") in ids]
 
 
-def test_the_stream_acknowledges_a_message_only_once_it_is_recorded_and_not_when_recording_failed(ding):
+def test_the_stream_acknowledges_a_message_once_it_is_recorded(ding):
     from tests.plugins_app.conftest import wait_until
-    ding.ack_timeout = 0.5
     seen: list[tuple[str, int]] = []
 
     def record(message):
         seen.append((message["msgId"], len(acks_of(ding))))  # the acks DingTalk had when the worker recorded it
-        if len(seen) == 1:
-            raise OSError("disk full")  # not recorded: must not be acknowledged
 
     link, stopping, client = stream_link(ding, record)
     thread = run_link(link)
@@ -601,11 +598,104 @@ def test_the_stream_acknowledges_a_message_only_once_it_is_recorded_and_not_when
     stopping.set()
     thread.join(5)
     client.close()
-    assert seen == [(message["msgId"], 0), (message["msgId"], 0)]  # sent again, since the first was not acked
-    frames = ding.pushes[0].frame_ids
-    assert len(frames) == 2
+    assert seen == [(message["msgId"], 0)]
+    [frame] = ding.pushes[0].frame_ids  # pushed once
     [ack] = acks_of(ding)
-    assert ack["headers"]["messageId"] == frames[1] and link.acked == 1
+    assert ack["headers"]["messageId"] == frame and link.acked == 1 and thread.ended is None
+
+
+def test_a_message_that_cannot_be_recorded_is_logged_as_lost_and_fails_the_link(ding, caplog):
+    """DingTalk never pushes a robot message again: one the worker could not record cannot come back, so it
+    is not passed over as if it would: the msgId is logged at ERROR and the link ends with the failure."""
+    from plugins_app.channel.workers.dingtalk.stream import RecordFailed
+    from tests.plugins_app.conftest import wait_until
+    records: list[str] = []
+
+    def record(message):
+        records.append(message["msgId"])
+        raise OSError("disk full")
+
+    caplog.set_level("ERROR", logger="ugent.worker.dingtalk.stream")
+    link, stopping, client = stream_link(ding, record)
+    thread = run_link(link)
+    message = ding.stream_say("lost")
+    thread.join(10)
+    assert not thread.is_alive(), "the link read on after a message it could not record"
+    assert isinstance(thread.ended, RecordFailed) and message["msgId"] in str(thread.ended)
+    assert [r for r in caplog.records if r.levelname == "ERROR" and message["msgId"] in r.getMessage()]
+    assert records == [message["msgId"]] and not acks_of(ding) and link.acked == 0
+    assert link.conn is None and wait_until(lambda: not ding.sockets(), 10)  # the connection closed
+    assert len(ding.pushes[0].frame_ids) == 1  # and DingTalk did not push it again
+    stopping.set()
+    client.close()
+
+
+class FullDisk(DingTalkWorker):
+    """A worker whose outbox cannot take a message (a full disk)."""
+
+    def inbox_record(self, message) -> bool:
+        raise OSError("disk full")
+
+
+def test_a_stream_message_the_worker_cannot_record_fails_the_worker_so_the_supervisor_restarts_it(ding, tmp_path):
+    worker = FullDisk(argv=["--mode", "stream"], environ=ding.env(), state_dir=str(tmp_path),
+                      socket_path="/nowhere", plugin_id="dt-test", token="t", install_signal_handlers=False)
+    worker.connect()
+    message = ding.stream_say("lost")
+    submitted: list = []
+    timer = threading.Timer(20, worker.stop)  # a worker that read on past the lost message stops here instead
+    timer.start()
+    with pytest.raises(RuntimeError) as failed:
+        worker.listen(submitted.append)  # the link's failure is the worker's
+    timer.cancel()
+    assert "RecordFailed" in str(failed.value) and message["msgId"] in str(failed.value)
+    assert submitted == [] and not worker._refusal
+    worker.stop()
+    worker.disconnect()
+
+
+def test_a_disconnect_gets_no_answer_and_the_link_moves_to_a_new_connection(ding):
+    from tests.plugins_app.conftest import wait_until
+    got: list[dict] = []
+    link, stopping, client = stream_link(ding, got.append)
+    thread = run_link(link)
+    assert wait_until(lambda: ding.sockets(), 10)
+    [old] = ding.sockets()
+    ding.disconnect_grace = 300.0  # DingTalk does not close it in this test's time: the worker must
+    assert ding.disconnect() == 1
+    assert wait_until(lambda: ding.sockets_opened == 2 and ding.sockets() and old not in ding.sockets(), 10)
+    ding.stream_say("on the new connection")
+    assert wait_until(ding.settled, 10) and len(got) == 1
+    with ding.lock:
+        assert [a["headers"]["messageId"] for a in ding.acks] == ding.pushes[0].frame_ids  # nothing else answered
+    assert len(ding.opens) == 2 and link.conn is not None
+    stopping.set()
+    thread.join(5)
+    client.close()
+    assert thread.ended is None
+
+
+def test_disconnecting_the_worker_takes_the_links_connection_once(ding):
+    """The link's thread may set ``conn`` to None at any moment (its connection dropped): the worker's
+    ``disconnect`` reads it once, so it never calls ``close`` on None."""
+    class Racing(StreamLink):
+        @property
+        def conn(self):  # the link's thread clears it right after the first read
+            self._reads += 1
+            return self._conn if self._reads == 1 else None
+
+        @conn.setter
+        def conn(self, value):
+            self._conn, self._reads = value, 0
+
+    worker = DingTalkWorker(argv=["--mode", "stream"], environ=ding.env(), socket_path="/nowhere",
+                            plugin_id="dt-test", token="t", install_signal_handlers=False)
+    worker.link = Racing(ding.app_key, ding.app_secret, lambda m: None, worker.stopping, base_url=ding.base_url,
+                         client=worker.api.client)
+    opened = worker.link._open()
+    worker.link.conn = opened
+    worker.disconnect()
+    assert opened.state.name == "CLOSED"
 
 
 def test_the_stream_asks_a_fresh_ticket_per_connection_and_tries_a_busy_gateway_again(ding):

@@ -13,7 +13,8 @@ set, which is what DingTalk gives an app's robot), ``DINGTALK_API_BASE_URL`` (de
   ``timestamp`` and ``sign`` checked in constant time, a timestamp more than an hour away refused; answered
   200 once the message is in the worker's outbox. Messages of type text, richText, picture, file, audio
   (with DingTalk's recognition text as the message's text) and video become ``InboundMessage``s whose
-  ``message_id`` is DingTalk's ``msgId``, so a message sent again runs no second turn. A one-to-one chat
+  ``message_id`` is DingTalk's ``msgId``, so a message DingTalk sends again (HTTP mode: it retries a callback
+  that got no 200) runs no second turn. A one-to-one chat
   (``conversationType`` "1") is the conversation ``user:<senderStaffId>``; a group ("2", where the robot
   hears only @mentions) is ``group:<conversationId>`` with the leading @mention taken off the text. The
   sender is ``senderStaffId`` (``senderId`` when there is none). Files are downloaded with
@@ -21,9 +22,12 @@ set, which is what DingTalk gives an app's robot), ``DINGTALK_API_BASE_URL`` (de
 * **Inbound, Stream mode** (``--mode stream``; ``stream.py``): the worker opens a WebSocket to DingTalk's
   gateway (``POST /v1.0/gateway/connections/open`` with the app's Client ID and Secret, then the endpoint
   with its ticket); no public address, no sign. Each robot message (a CALLBACK of
-  ``/v1.0/im/bot/messages/get``, the same JSON HTTP mode is POSTed) is recorded as above and only then
-  acknowledged; pings are answered; a ``disconnect`` opens the next connection before the old one closes;
-  a dropped socket is replaced with backoff; a refused Client ID or Secret disables the plugin.
+  ``/v1.0/im/bot/messages/get``, the same JSON HTTP mode is POSTed) is recorded as above and then
+  acknowledged; DingTalk pushes a robot message once and never again (the acknowledgement is only
+  diagnostic), so one that could not be recorded is lost: it is logged at ERROR with its ``msgId`` and the
+  worker fails (the supervisor restarts it). Pings are answered; a ``disconnect`` opens the next connection
+  before the old one closes; a dropped socket is replaced with backoff; a refused Client ID or Secret
+  disables the plugin.
 * **Outbound.** The robot OpenAPI, which, unlike a message's ``sessionWebhook``, works at any time:
   ``oToMessages/batchSend`` to the one user of a one-to-one chat, ``groupMessages/send`` to a group, as
   ``sampleMarkdown`` (a title and the text). An answer is split at 5,000 bytes of JSON-escaped UTF-8 a
@@ -58,7 +62,6 @@ import mimetypes
 import os
 import re
 import sys
-import threading
 import time
 from urllib.parse import parse_qs, quote, urlsplit
 
@@ -331,21 +334,18 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
         of its own (it records each message, then acknowledges it) while this one submits the queue in order."""
         if self.link is None:
             return super().listen(submit)
-        reader = threading.Thread(target=self._run_link, name="dingtalk-stream", daemon=True)
-        reader.start()
+        from plugins_app.channel.sdk.wslink import start_link
+        reader = start_link(self.link, name="dingtalk-stream", refused=self._link_refused, failed=self._link_failed)
         try:
             super().listen(submit)
         finally:
             reader.join(5)
 
-    def _run_link(self) -> None:
-        from .stream import StreamRefused
-        try:
-            self.link.run()
-        except StreamRefused as exc:
-            self._refusal = stream_refused(exc)  # the listener raises it: the plugin is disabled with the reason
-        except Exception as exc:  # noqa: BLE001 - the listener fails with it: the supervisor restarts the worker
-            self._inbox_error = exc
+    def _link_refused(self, exc) -> None:
+        self._refusal = stream_refused(exc)  # the listener raises it: the plugin is disabled with the reason
+
+    def _link_failed(self, exc: Exception) -> None:
+        self._inbox_error = exc  # the listener fails with it: the supervisor restarts the worker
 
     # ------------------------------------------------------------------ inbound
 
@@ -492,8 +492,9 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
         return bool(parts) and len(self._journal.done(delivery.delivery_id)) >= len(parts)
 
     def disconnect(self) -> None:
-        if self.link is not None and self.link.conn is not None:
-            self.link.conn.close()
+        conn = self.link.conn if self.link is not None else None  # once: the link's thread may clear it
+        if conn is not None:
+            conn.close()
         if self.server is not None:
             self.server.stop()
         self.api.close()

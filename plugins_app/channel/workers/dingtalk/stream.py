@@ -1,6 +1,7 @@
 """Stream mode: the worker opens an outbound WebSocket to DingTalk's gateway; no public address is needed.
 
-The protocol, as the official SDK (``dingtalk-stream``, open-dingtalk/dingtalk-stream-sdk-python) speaks it:
+The protocol, as DingTalk's Stream protocol page describes it (open-dingtalk developerpedia, "Stream 模式
+协议") and the official SDK (``dingtalk-stream``, open-dingtalk/dingtalk-stream-sdk-python) speaks it:
 
 * ``POST {DINGTALK_API_BASE_URL}/v1.0/gateway/connections/open`` with ``{"clientId", "clientSecret",
   "subscriptions": [{"type": "CALLBACK", "topic": "/v1.0/im/bot/messages/get"}], "ua", "localIp"}``
@@ -10,13 +11,18 @@ The protocol, as the official SDK (``dingtalk-stream``, open-dingtalk/dingtalk-s
 * Frames are JSON ``{"specVersion", "type": "SYSTEM"|"EVENT"|"CALLBACK", "headers": {"messageId", "topic",
   "contentType", "time", ...}, "data": "<a JSON string>"}``.
 * SYSTEM ``ping`` is answered with its ``data`` echoed; SYSTEM ``disconnect`` (DingTalk is about to close
-  the connection: it sends nothing new on it) is acknowledged and a new connection opened before the old one
-  is closed.
+  the connection: it sends nothing new on it; the frame carries no ``messageId`` and wants no answer) opens
+  a new connection before the old one is closed; nothing is sent back for it.
 * A CALLBACK of ``/v1.0/im/bot/messages/get`` carries the robot message (the JSON HTTP mode is POSTed). It
-  is handed to ``on_message``, which returns once the message is in the worker's outbox, and only then
+  is handed to ``on_message``, which returns once the message is in the worker's outbox, and then
   acknowledged ``{"code": 200, "headers": {"contentType": "application/json", "messageId": <the same>},
-  "message": "OK", "data": "{\\"response\\": null}"}``. A message that could not be recorded is not
-  acknowledged: DingTalk sends it again, and its ``msgId`` keeps a second delivery from running twice.
+  "message": "OK", "data": "{\\"response\\": null}"}``. DingTalk pushes a robot message once ("fire and
+  forget": it is never sent again, whether acknowledged or not; the acknowledgement only shows in DingTalk's
+  diagnostics). So a message ``on_message`` could not record is lost: it is logged at ERROR with its
+  ``msgId`` and the link fails with ``RecordFailed``, which fails the worker (the supervisor restarts it)
+  rather than reading on as if nothing happened. Unlike HTTP mode, where DingTalk retries a callback that got
+  no 200, nothing here brings a message back; a message recorded but not yet answered when the worker dies
+  is answered after the restart from the worker's outbox.
 """
 from __future__ import annotations
 
@@ -43,7 +49,8 @@ UA = "ugent-dingtalk-stream/1.0"
 
 def ack(message_id: str, *, data: str = json.dumps({"response": None}), message: str = "OK",
         code: int = 200) -> str:
-    """The acknowledgement of a frame, as the SDK's ``AckMessage`` sends it."""
+    """The answer to a frame, in the shape DingTalk's Stream protocol page gives (``code``, ``headers`` with
+    the frame's ``messageId`` and ``contentType``, ``message``, ``data``: a JSON string)."""
     return json.dumps({"code": code, "headers": {"contentType": "application/json", "messageId": message_id},
                        "message": message, "data": data})
 
@@ -64,6 +71,10 @@ class StreamRefused(LinkRefused):
     def __init__(self, status: int, code: str, message: str):
         super().__init__(f"POST {OPEN_PATH}: HTTP {status} {code}: {message}")
         self.status, self.code, self.message = status, code, message
+
+
+class RecordFailed(Exception):
+    """``on_message`` could not record a robot message: DingTalk will not send it again, so the link ends."""
 
 
 class StreamLink(WebSocketLink):
@@ -130,9 +141,8 @@ class StreamLink(WebSocketLink):
             if topic == "ping":
                 self._send(conn, ack(message_id, data=data))
                 return False
-            if topic == "disconnect":
+            if topic == "disconnect":  # it wants no answer
                 log.info("dingtalk stream: DingTalk asks for a new connection (disconnect)")
-                self._send(conn, ack(message_id, data=data))
                 return True
             log.info("dingtalk stream: a SYSTEM frame of topic %r, ignored", topic)
             return False
@@ -143,19 +153,23 @@ class StreamLink(WebSocketLink):
                 message = None
             if not isinstance(message, dict):
                 log.warning("dingtalk stream: robot message frame %s carries no message; acknowledged", message_id)
-                self._send(conn, ack(message_id))  # nothing to record: DingTalk need not send it again
+                self._send(conn, ack(message_id))  # nothing to record
                 return False
             try:
                 self.on_message(message)  # returns once it is in the outbox
             except LinkRefused:
                 raise
-            except Exception:  # noqa: BLE001 - not acknowledged: DingTalk sends it again
-                log.exception("dingtalk stream: could not record message %s; not acknowledged", message.get("msgId"))
-                return False
+            except Exception as exc:  # DingTalk never sends a robot message again: this one is lost
+                msg_id = message.get("msgId")
+                log.error("dingtalk stream: could not record robot message msgId=%s (frame %s): %s: %s; DingTalk "
+                          "does not send it again: it is LOST; the worker stops and is restarted", msg_id,
+                          message_id, type(exc).__name__, exc, exc_info=True)
+                raise RecordFailed(f"could not record robot message msgId={msg_id}: {type(exc).__name__}: "
+                                   f"{exc}") from exc
             if self._send(conn, ack(message_id)):
                 self.acked += 1
             return False
-        # an EVENT or a CALLBACK of another topic was not subscribed to: acknowledged so it is not sent again
+        # an EVENT or a CALLBACK of another topic was not subscribed to: acknowledged (taken) and dropped
         log.info("dingtalk stream: a %s frame of topic %r, not subscribed to; acknowledged", kind, topic)
         if message_id:
             self._send(conn, ack(message_id))
@@ -166,5 +180,5 @@ class StreamLink(WebSocketLink):
         try:
             conn.send(text)
         except ConnectionClosed:
-            return False  # not acknowledged: DingTalk sends it again, and the outbox knows it
+            return False  # the message is recorded; a robot message's acknowledgement is only diagnostic
         return True
