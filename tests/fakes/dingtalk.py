@@ -13,7 +13,21 @@
   api.dingtalk.com answers it) ``InvalidAuthentication`` ``不合法的access_token``, an unknown robot code 400
   ``invalidParameter.robotCode.notExsit`` (also a group send to a group the robot is not in), a
   ``msgParam`` over 15,000 bytes 400 ``invalidParameter.msgParam.length``; scripted answers (``script``:
-  429 ``Throttling.Api``, 500...) for the next sends, and ``hold_next``: a send that never arrives.
+  429 ``Throttling.Api``, 500...) for the next sends, ``hold_next``: a send that never arrives, and
+  ``hold_downloads``: ``messageFiles/download`` calls held unanswered while it is set.
+* the **Stream mode gateway**: ``POST /v1.0/gateway/connections/open`` (``{"clientId", "clientSecret",
+  "subscriptions", "ua", "localIp"}`` → ``{"endpoint", "ticket"}``; a bad Client ID or Secret 401 ``authFailed``
+  鉴权失败, as api.dingtalk.com answers it) and a WebSocket server (``websockets``) at the endpoint, taking each
+  ticket once. It sends frames as DingTalk does (``{"specVersion", "type", "headers", "data": "<JSON>"}``):
+  ``push``/``stream_say`` a robot message as a CALLBACK of ``/v1.0/im/bot/messages/get`` on the newest
+  connection, **once**: DingTalk's Stream protocol page says robot messages are "fire-forgot", never pushed
+  again, whether the app acknowledges them (``{"code": 200, "headers": {"messageId"}, ...}``, kept in ``acks``)
+  or not. ``resend = True`` is the opt-in exception, for a test of the worker's dedupe on ``msgId`` only: a
+  push not acknowledged after ``ack_timeout`` seconds, or in flight when its connection closed, is pushed
+  again (``lose_acks``: acknowledgements lost on the way). ``ping()`` a SYSTEM ping (its answer kept in
+  ``pongs``), ``disconnect()`` a SYSTEM disconnect (no ``messageId``, wants no answer; nothing new is sent on
+  that connection, closed after ``disconnect_grace`` seconds), ``drop_sockets()`` a connection closed without
+  a word.
 * the **callback**: ``post``/``say`` send a robot message to the worker's URL with the ``timestamp`` (ms) and
   ``sign`` headers DingTalk computes (base64(HMAC-SHA256(AppSecret, timestamp + "\\n" + AppSecret))), made
   here independently of the worker's code (with ``cryptography``'s HMAC).
@@ -38,11 +52,13 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.hmac import HMAC
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.server import ServerConnection, serve
 
 from tests.fakes import FakeHandler, FakeHTTPServer
 
@@ -53,6 +69,8 @@ OTHER_STAFF = "0234183451381123"
 GROUP = "cidDKVAOW8yHEX4Y5tL1hlM8g=="
 BOT_USER = "$:LWCP_v1:$r3xyhJnjTmNHmjUNAaVNiD0ORWgj4ZJP"
 MSGPARAM_LIMIT = 15000
+BOT_MESSAGE_TOPIC = "/v1.0/im/bot/messages/get"
+OPEN_PATH = "/v1.0/gateway/connections/open"
 
 
 def sign(app_secret: str, timestamp: str) -> str:
@@ -77,6 +95,17 @@ class Call:
     answer: dict = field(default_factory=dict)
 
 
+@dataclass
+class Push:
+    """A robot message for the app over the stream: pushed once (again only with the fake's ``resend``)."""
+
+    message: dict
+    frame_ids: list = field(default_factory=list)   # the messageId of each frame that carried it
+    next_at: float = 0.0
+    sent: bool = False                              # a frame carrying it went out
+    done: bool = False                              # a frame carrying it was acknowledged
+
+
 class FakeDingTalk:
     def __init__(self, *, app_key: str = APP_KEY, app_secret: str = "fake-dingtalk-app-secret-0123456789abcdef"):
         self.app_key, self.app_secret = app_key, app_secret
@@ -95,6 +124,8 @@ class FakeDingTalk:
         self.permission = True                    # the app holds the robot's send permission
         self.ip_allowed = True                    # the app's IP whitelist (服务器出口IP) lets the caller in
         self.held = threading.Event()             # a held send arrived
+        self.hold_downloads = False               # messageFiles/download held unanswered while set
+        self.download_held = threading.Event()    # a held download arrived
         self._hold_after: int | None = None
         self._script: list[tuple[int, dict]] = []
         self._secret_reset = False
@@ -103,6 +134,21 @@ class FakeDingTalk:
         self._msg_ids = itertools.count(1)
         self._http = FakeHTTPServer(("127.0.0.1", 0), self._handler())
         self._http.daemon_threads = True
+        # the Stream mode gateway
+        self.resend = False                       # opt-in, not DingTalk's behaviour: push again what is not acked
+        self.ack_timeout = 3.0                    # with resend: an unacknowledged push is sent again after this long
+        self.disconnect_grace = 2.0               # a connection told to disconnect is closed after this long
+        self.lose_acks = False                    # acknowledgements are lost on the way (never counted)
+        self.pushes: list[Push] = []
+        self.acks: list[dict] = []                # every acknowledgement frame the app sent
+        self.pongs: dict[str, dict] = {}          # a ping's messageId -> the app's answer
+        self.opens: list[dict] = []               # each connections/open body that got a ticket
+        self.sockets_opened = 0
+        self._tickets: set[str] = set()
+        self._sockets: list[ServerConnection] = []
+        self._draining: set[int] = set()          # id() of connections told to disconnect
+        self._open_script: list[tuple[int, dict]] = []
+        self._ws = serve(self._ws_session, "127.0.0.1", 0)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -110,14 +156,22 @@ class FakeDingTalk:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self._http.server_address[1]}"
 
+    @property
+    def ws_endpoint(self) -> str:
+        return f"ws://127.0.0.1:{self._ws.socket.getsockname()[1]}/connect"
+
     def start(self) -> "FakeDingTalk":
         threading.Thread(target=self._http.serve_forever, daemon=True, name="fake-dingtalk").start()
+        threading.Thread(target=self._ws.serve_forever, daemon=True, name="fake-dingtalk-gateway").start()
+        threading.Thread(target=self._dispatch_loop, daemon=True, name="fake-dingtalk-dispatch").start()
         return self
 
     def stop(self) -> None:
         self._stopping.set()
         self._http.shutdown()
         self._http.server_close()
+        self.drop_sockets()
+        self._ws.shutdown()
 
     def __enter__(self) -> "FakeDingTalk":
         return self.start()
@@ -240,6 +294,170 @@ class FakeDingTalk:
         assert response.status_code == 200, (response.status_code, response.text)
         return message
 
+    # ------------------------------------------------------------------ the Stream mode gateway
+
+    def script_open(self, status: int, code: str = "ServiceUnavailable", message: str = "busy") -> None:
+        """The next ``connections/open`` is answered ``status`` with this error."""
+        with self.lock:
+            self._open_script.append((status, error(code, message)))
+
+    def push(self, message: dict) -> Push:
+        """A robot message for the app over the stream: sent once on the newest connection (as soon as there is
+        one); with ``resend``, again until acknowledged."""
+        p = Push(message)
+        with self.lock:
+            self.pushes.append(p)
+        return p
+
+    def stream_say(self, content: str, **kw) -> dict:
+        """A user's text message (one-to-one unless ``group=True``), pushed over the stream."""
+        message = self.text((" " if kw.get("group") else "") + content, **kw)
+        self.push(message)
+        return message
+
+    def settled(self) -> bool:
+        """Every pushed message was acknowledged."""
+        with self.lock:
+            return all(p.done for p in self.pushes)
+
+    def pushed(self) -> bool:
+        """Every pushed message went out on a connection."""
+        with self.lock:
+            return all(p.sent for p in self.pushes)
+
+    def sockets(self) -> list[ServerConnection]:
+        with self.lock:
+            self._sockets = [c for c in self._sockets if c.state.name == "OPEN"]
+            return list(self._sockets)
+
+    def ping(self) -> list[str]:
+        """A SYSTEM ping on every open connection; returns the pings' messageIds (answers land in ``pongs``)."""
+        ids = []
+        for conn in self.sockets():
+            mid = str(uuid.uuid4())
+            data = json.dumps({"opaque": secrets.token_hex(8)})
+            try:
+                conn.send(json.dumps(self._frame("SYSTEM", "ping", mid, data)))
+                ids.append(mid)
+            except ConnectionClosed:
+                pass
+            with self.lock:
+                self.pongs.setdefault(mid, {"expected": data})
+        return ids
+
+    def disconnect(self) -> int:
+        """A SYSTEM disconnect on every open connection: nothing new goes on it, and it is closed after
+        ``disconnect_grace`` seconds. The frame carries no ``messageId`` (it wants no answer)."""
+        told = 0
+        for conn in self.sockets():
+            with self.lock:
+                self._draining.add(id(conn))
+            try:
+                conn.send(json.dumps(self._frame("SYSTEM", "disconnect", None,
+                                                 json.dumps({"reason": "server will restart"}))))
+                told += 1
+            except ConnectionClosed:
+                continue
+            timer = threading.Timer(self.disconnect_grace, conn.close)
+            timer.daemon = True
+            timer.start()
+        return told
+
+    def drop_sockets(self) -> None:
+        """Close every connection without a word (a network drop)."""
+        for conn in self.sockets():
+            try:
+                conn.socket.close()
+            except OSError:
+                pass
+
+    def _frame(self, kind: str, topic: str, message_id: str | None, data: str) -> dict:
+        headers = {"contentType": "application/json", "time": str(int(time.time() * 1000)), "topic": topic}
+        if message_id is not None:
+            headers["messageId"] = message_id
+        if kind == "CALLBACK":
+            headers.update({"appId": "fake-app-id", "connectionId": "fake-connection"})
+        return {"specVersion": "1.0", "type": kind, "headers": headers, "data": data}
+
+    def _dispatch_loop(self) -> None:
+        while not self._stopping.wait(0.05):
+            socks = [c for c in self.sockets() if id(c) not in self._draining]
+            if not socks:
+                continue  # a push made with no connection open waits for one (a convenience of the fake)
+            now = time.monotonic()
+            with self.lock:
+                due = [p for p in self.pushes
+                       if not p.sent or (self.resend and not p.done and p.next_at <= now)]
+            for p in due:
+                mid = str(uuid.uuid4())
+                frame = self._frame("CALLBACK", BOT_MESSAGE_TOPIC, mid, json.dumps(p.message, ensure_ascii=False))
+                with self.lock:
+                    p.frame_ids.append(mid)
+                    p.next_at = time.monotonic() + self.ack_timeout
+                try:
+                    socks[-1].send(json.dumps(frame, ensure_ascii=False))
+                except ConnectionClosed:  # it never left: tried on the next connection
+                    with self.lock:
+                        p.frame_ids.remove(mid)
+                        p.next_at = 0.0
+                    continue
+                with self.lock:
+                    p.sent = True
+
+    def _ws_session(self, conn: ServerConnection) -> None:
+        ticket = (parse_qs(urlsplit(conn.request.path).query).get("ticket") or [""])[0]
+        with self.lock:
+            known = ticket in self._tickets
+            self._tickets.discard(ticket)  # a ticket opens one connection
+        if not known or urlsplit(conn.request.path).path != "/connect":
+            conn.close(code=1008, reason="invalid ticket")
+            return
+        with self.lock:
+            self._sockets.append(conn)
+            self.sockets_opened += 1
+        try:
+            for raw in conn:
+                try:
+                    answer = json.loads(raw)
+                except ValueError:
+                    continue
+                mid = str(((answer.get("headers") or {}) if isinstance(answer, dict) else {}).get("messageId") or "")
+                with self.lock:
+                    self.acks.append(answer)
+                    if mid in self.pongs:
+                        self.pongs[mid]["answer"] = answer
+                    if self.lose_acks or answer.get("code") != 200:
+                        continue
+                    for p in self.pushes:
+                        if p.frame_ids and p.frame_ids[-1] == mid:
+                            p.done = True
+        except ConnectionClosed:
+            pass
+        finally:
+            with self.lock:
+                if conn in self._sockets:
+                    self._sockets.remove(conn)
+                if self.resend:  # (opt-in) what was in flight on it goes out again at once on the next one
+                    for p in self.pushes:
+                        if not p.done:
+                            p.next_at = 0.0
+
+    def _open_connection(self, body) -> tuple[int, dict]:
+        if not isinstance(body, dict):
+            return 400, error("MissingBody", "body is mandatory for this action.")
+        with self.lock:
+            if self._open_script:
+                return self._open_script.pop(0)
+            if body.get("clientId") != self.app_key or body.get("clientSecret") != self.app_secret or self._secret_reset:
+                return 401, error("authFailed", "鉴权失败")
+            subs = body.get("subscriptions")
+            if not isinstance(subs, list) or not subs:
+                return 400, error("invalidParameter.subscriptions", "subscriptions不能为空")
+            ticket = str(uuid.uuid4())
+            self._tickets.add(ticket)
+            self.opens.append(body)
+        return 200, {"endpoint": self.ws_endpoint, "ticket": ticket}
+
     # ------------------------------------------------------------------ the API
 
     def _handler(self):
@@ -290,6 +508,11 @@ class FakeDingTalk:
                 self.held.set()
                 self._stopping.wait()  # never answered, never recorded: the request was lost on the way
                 return None
+        if path == "/v1.0/robot/messageFiles/download" and self.hold_downloads:
+            self.download_held.set()
+            while self.hold_downloads and not self._stopping.wait(0.05):
+                pass
+            return None  # never answered: the caller is gone (or gives up)
         call = Call(method, path, headers, body if isinstance(body, dict) else None, time.monotonic())
         status, answer = self._answer(method, path, headers, body)
         call.status, call.answer = status, answer
@@ -302,6 +525,8 @@ class FakeDingTalk:
             return 404, error("NotFound", "the resource is not found")
         if path == "/v1.0/oauth2/accessToken":
             return self._access_token(body)
+        if path == OPEN_PATH:
+            return self._open_connection(body)
         refused = self._check_token(headers.get("x-acs-dingtalk-access-token"))
         if refused:
             return refused
@@ -362,7 +587,6 @@ class FakeDingTalk:
 
     def _session_send(self, target: str, raw: bytes) -> tuple[int, dict]:
         """A message's sessionWebhook: ``{"msgtype", "markdown"|"text"}``, no token; errors in errcode."""
-        from urllib.parse import parse_qs
         session = (parse_qs(urlsplit(target).query).get("session") or [""])[0]
         try:
             body = json.loads(raw)

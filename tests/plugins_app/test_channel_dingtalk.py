@@ -374,3 +374,170 @@ def test_without_an_app_key_an_answer_after_the_session_webhook_expired_is_dead_
     assert "sessionWebhook" in delivery.last_error and "expired" in delivery.last_error
     assert "DINGTALK_APP_KEY" in delivery.last_error
     assert not ding.sends() and Plugin.objects.get().state == "running"
+
+
+# ---------------------------------------------------------------------- Stream mode
+
+def stream_plugin() -> Plugin:
+    return dingtalk_plugin("--mode", "stream")
+
+
+def streaming(rt, fake: FakeDingTalk, opened: int = 1) -> None:
+    """Wait until the worker has opened its ``opened``-th stream connection and it is up."""
+    assert wait_until(lambda: fake.sockets_opened >= opened and fake.sockets(), 30), rt.log(PID)
+
+
+def stream_acked(fake: FakeDingTalk, message: dict) -> bool:
+    """A frame carrying ``message`` was acknowledged by the worker (whether the fake counted it or not)."""
+    with fake.lock:
+        ids = [mid for p in fake.pushes if p.message["msgId"] == message["msgId"] for mid in p.frame_ids]
+        return any((a.get("headers") or {}).get("messageId") in ids and a.get("code") == 200 for a in fake.acks)
+
+
+def test_stream_a_message_in_over_the_stream_is_answered_and_acknowledged(tcast, ding, start_runtime):
+    stream_plugin()
+    rt = start_runtime()
+    streaming(rt, ding)
+    message = ding.stream_say("script:answer=over the stream")
+    assert answered(ding) == ["over the stream"]
+    assert wait_until(ding.settled, 15), ding.acks
+    [send] = ding.sends()
+    assert send.path == "/v1.0/robot/oToMessages/batchSend" and send.body["userIds"] == [STAFF]
+    [opened] = ding.opens
+    assert (opened["clientId"], opened["clientSecret"]) == (ding.app_key, ding.app_secret)
+    assert opened["subscriptions"] == [{"type": "CALLBACK", "topic": "/v1.0/im/bot/messages/get"}]
+    [frame_id] = ding.pushes[0].frame_ids
+    [ack] = [a for a in ding.acks if a["headers"]["messageId"] == frame_id]
+    assert ack == {"code": 200, "headers": {"contentType": "application/json", "messageId": frame_id},
+                   "message": "OK", "data": json.dumps({"response": None})}
+    assert Receipt.objects.get().client_message_id == message["msgId"]
+    assert "webhook listening" not in rt.log(PID)  # no address to expose in Stream mode
+    assert Plugin.objects.get().state == "running"
+
+
+def test_stream_a_ping_is_answered_with_its_data(tcast, ding, start_runtime):
+    stream_plugin()
+    rt = start_runtime()
+    streaming(rt, ding)
+    [mid] = ding.ping()
+    assert wait_until(lambda: "answer" in ding.pongs[mid], 15), rt.log(PID)
+    pong = ding.pongs[mid]
+    assert pong["answer"] == {"code": 200, "headers": {"contentType": "application/json", "messageId": mid},
+                              "message": "OK", "data": pong["expected"]}
+    assert ding.sockets_opened == 1  # the connection goes on
+
+
+def test_stream_a_message_recorded_before_a_kill_is_answered_once_from_the_outbox_after_the_restart(
+        tcast, ding, start_runtime):
+    """DingTalk pushes a robot message once and never again, so only the worker's outbox can bring back one the
+    worker had recorded (and acknowledged) when it was killed: here it dies while the message's picture is being
+    downloaded, before the message reached the hub, and the restarted worker's replay answers it, once."""
+    stream_plugin()
+    rt = start_runtime()
+    streaming(rt, ding)
+    first = rt.worker_pid(PID)
+    code = ding.upload(b"\xff\xd8\xff\xe0" + os.urandom(64))
+    ding.hold_downloads = True  # the download before the submit never answers: the worker dies waiting
+    message = ding.message("richText", content={"richText": [{"text": "script:answer=only once"},
+                                                               {"type": "picture", "downloadCode": code}]})
+    ding.push(message)
+    assert wait_until(ding.download_held.is_set, 30), rt.log(PID)
+    assert stream_acked(ding, message)  # recorded (and acknowledged) before the submit began
+    assert not Receipt.objects.exists() and not ding.sends()  # the hub has not seen it
+    os.kill(first, signal.SIGKILL)
+    ding.hold_downloads = False
+    assert wait_until(lambda: rt.worker_pid(PID) not in (None, first), 30), rt.log(PID)
+    assert answered(ding, 1, timeout=45) == ["only once"]
+    assert len(ding.pushes[0].frame_ids) == 1  # DingTalk never pushed it again: the outbox's replay answered
+    ding.stream_say("script:answer=after")
+    assert answered(ding, 2, timeout=30) == ["only once", "after"]
+    wait_until(lambda: False, 1.0)
+    assert ding.texts() == ["only once", "after"]
+    assert Turn.objects.filter(receipt__client_message_id=message["msgId"]).count() == 1
+    assert Receipt.objects.count() == 2 and PluginMedia.objects.count() == 1
+
+
+def test_stream_a_disconnect_moves_to_a_new_connection_and_loses_nothing(tcast, ding, start_runtime):
+    stream_plugin()
+    rt = start_runtime()
+    streaming(rt, ding)
+    before = ding.stream_say("script:answer=before the disconnect")
+    assert answered(ding, 1) == ["before the disconnect"]
+    ding.disconnect_grace = 300.0  # DingTalk does not close it in this test's time: the worker must move on
+    assert ding.disconnect() == 1
+    streaming(rt, ding, opened=2)
+    later = ding.stream_say("script:answer=after the disconnect")
+    assert answered(ding, 2) == ["before the disconnect", "after the disconnect"]
+    assert wait_until(ding.settled, 15), ding.acks
+    assert len(ding.opens) == 2  # a new ticket for the new connection
+    assert wait_until(lambda: len(ding.sockets()) == 1, 10)  # the worker closed the old one
+    with ding.lock:  # the disconnect got no answer: only the two messages were acknowledged
+        assert sorted(a["headers"]["messageId"] for a in ding.acks) == sorted(
+            mid for p in ding.pushes for mid in p.frame_ids)
+    for m in (before, later):
+        assert Receipt.objects.filter(client_message_id=m["msgId"]).count() == 1
+    assert Turn.objects.count() == 2
+
+
+def test_stream_a_dropped_socket_is_reopened(tcast, ding, start_runtime):
+    stream_plugin()
+    rt = start_runtime()
+    streaming(rt, ding)
+    ding.stream_say("script:answer=before the drop")
+    assert answered(ding, 1) == ["before the drop"]
+    ding.drop_sockets()
+    streaming(rt, ding, opened=2)
+    ding.stream_say("script:answer=after the drop")
+    assert answered(ding, 2) == ["before the drop", "after the drop"]
+    assert Turn.objects.count() == 2
+    assert Plugin.objects.get().state == "running"
+
+
+def test_stream_the_same_msg_id_twice_runs_one_turn(tcast, ding, start_runtime):
+    """DingTalk does not push a robot message twice; the fake's opt-in ``resend`` does (an acknowledgement lost,
+    a socket dropped with the message in flight), to check that the worker's dedupe on ``msgId`` holds."""
+    stream_plugin()
+    rt = start_runtime()
+    streaming(rt, ding)
+    ding.resend = True
+    ding.lose_acks = True
+    owed = ding.stream_say("script:answer=in flight at the drop")
+    assert wait_until(lambda: stream_acked(ding, owed), 15), rt.log(PID)
+    ding.lose_acks = False
+    ding.drop_sockets()
+    streaming(rt, ding, opened=2)
+    assert wait_until(ding.settled, 30), rt.log(PID)  # pushed again on the new connection, and taken
+    assert len(ding.pushes[0].frame_ids) >= 2
+    assert answered(ding, 1) == ["in flight at the drop"]
+    wait_until(lambda: False, 1.0)
+    assert ding.texts() == ["in flight at the drop"]
+    assert Turn.objects.count() == 1 and Receipt.objects.count() == 1
+
+
+def test_stream_a_bad_secret_disables_the_plugin_before_it_listens(tcast, ding, start_runtime):
+    ding.reset_secret()
+    stream_plugin()
+    rt = start_runtime()
+    assert wait_until(lambda: not Plugin.objects.get().enabled, 30), rt.log(PID)
+    plugin = Plugin.objects.get()
+    assert plugin.state == "disabled"
+    assert plugin.disabled_reason.startswith("the channel refused the worker: POST /v1.0/gateway/connections/open: "
+                                             "HTTP 401 authFailed: 鉴权失败"), plugin.disabled_reason
+    assert "DINGTALK_APP_SECRET" in plugin.disabled_reason
+    wait_until(lambda: False, 1.5)
+    assert len(ding.calls_to("/v1.0/gateway/connections/open")) == 1  # no retry loop against a refusal
+    assert rt.worker_pid(PID) is None and not ding.sockets_opened
+
+
+def test_stream_a_secret_reset_while_running_disables_the_plugin_at_the_reconnect(tcast, ding, start_runtime):
+    stream_plugin()
+    rt = start_runtime()
+    streaming(rt, ding)
+    ding.reset_secret()
+    ding.drop_sockets()  # the next connection needs a ticket, which the reset secret no longer gets
+    assert wait_until(lambda: not Plugin.objects.get().enabled, 30), rt.log(PID)
+    assert "POST /v1.0/gateway/connections/open: HTTP 401 authFailed" in Plugin.objects.get().disabled_reason
+    calls = len(ding.calls_to("/v1.0/gateway/connections/open"))
+    wait_until(lambda: False, 1.5)
+    assert len(ding.calls_to("/v1.0/gateway/connections/open")) == calls == 2
+    assert rt.worker_pid(PID) is None

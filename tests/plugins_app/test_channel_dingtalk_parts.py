@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from plugins_app.channel.workers import installed_kinds
@@ -18,6 +19,7 @@ from plugins_app.channel.workers.dingtalk import (TEXT_LIMIT_BYTES, DingTalkWork
                                                   normalise, param_len, strip_mention, title_of)
 from plugins_app.channel.workers.dingtalk.api import (AppRefused, DingTalkApi, DingTalkError, RateLimited,
                                                       RobotNotInGroup, Stopped, Unavailable, UserUnreachable)
+from plugins_app.channel.workers.dingtalk.stream import StreamLink
 from plugins_app.channel.workers.dingtalk.webhook import MAX_SKEW_MS, WebhookServer, signature, signature_valid
 from tests.fakes.dingtalk import GROUP, STAFF, FakeDingTalk, sign
 
@@ -552,3 +554,206 @@ def test_channel_dingtalk_is_a_builtin_kind_a_plugins_toml_entry_needs_no_comman
                                'env_refs = ["DINGTALK_APP_KEY", "DINGTALK_APP_SECRET"]\n')
     assert selectors.plugin_argv(Plugin.objects.get()) == (
         sys.executable, ["-m", "plugins_app.channel.workers.dingtalk", "--bind", "127.0.0.1:3002"])
+
+
+# -- Stream mode ----------------------------------------------------------------------------------------------
+
+def stream_link(ding: FakeDingTalk, on_message) -> tuple[StreamLink, threading.Event, httpx.Client]:
+    stopping, client = threading.Event(), httpx.Client(timeout=5)
+    link = StreamLink(ding.app_key, ding.app_secret, on_message, stopping, base_url=ding.base_url, client=client)
+    return link, stopping, client
+
+
+def run_link(link) -> threading.Thread:
+    """``link.run()`` on a thread; what ended it (an exception) is kept as ``thread.ended``."""
+    def main():
+        try:
+            link.run()
+        except Exception as exc:  # noqa: BLE001 - the test looks at it
+            thread.ended = exc
+
+    thread = threading.Thread(target=main, daemon=True)
+    thread.ended = None
+    thread.start()
+    return thread
+
+
+def acks_of(ding: FakeDingTalk, n: int = 0) -> list[dict]:
+    with ding.lock:
+        ids = set(ding.pushes[n].frame_ids)
+        return [a for a in ding.acks if (a.get("headers") or {}).get("messageId") in ids]
+
+
+def test_the_stream_acknowledges_a_message_once_it_is_recorded(ding):
+    from tests.plugins_app.conftest import wait_until
+    seen: list[tuple[str, int]] = []
+
+    def record(message):
+        seen.append((message["msgId"], len(acks_of(ding))))  # the acks DingTalk had when the worker recorded it
+
+    link, stopping, client = stream_link(ding, record)
+    thread = run_link(link)
+    message = ding.stream_say("hello")
+    assert wait_until(ding.settled, 10), ding.acks
+    stopping.set()
+    thread.join(5)
+    client.close()
+    assert seen == [(message["msgId"], 0)]
+    [frame] = ding.pushes[0].frame_ids  # pushed once
+    [ack] = acks_of(ding)
+    assert ack["headers"]["messageId"] == frame and link.acked == 1 and thread.ended is None
+
+
+def test_a_message_that_cannot_be_recorded_is_logged_as_lost_and_fails_the_link(ding, caplog):
+    """DingTalk never pushes a robot message again: one the worker could not record cannot come back, so it
+    is not passed over as if it would: the msgId is logged at ERROR and the link ends with the failure."""
+    from plugins_app.channel.workers.dingtalk.stream import RecordFailed
+    from tests.plugins_app.conftest import wait_until
+    records: list[str] = []
+
+    def record(message):
+        records.append(message["msgId"])
+        raise OSError("disk full")
+
+    caplog.set_level("ERROR", logger="ugent.worker.dingtalk.stream")
+    link, stopping, client = stream_link(ding, record)
+    thread = run_link(link)
+    message = ding.stream_say("lost")
+    thread.join(10)
+    assert not thread.is_alive(), "the link read on after a message it could not record"
+    assert isinstance(thread.ended, RecordFailed) and message["msgId"] in str(thread.ended)
+    assert [r for r in caplog.records if r.levelname == "ERROR" and message["msgId"] in r.getMessage()]
+    assert records == [message["msgId"]] and not acks_of(ding) and link.acked == 0
+    assert link.conn is None and wait_until(lambda: not ding.sockets(), 10)  # the connection closed
+    assert len(ding.pushes[0].frame_ids) == 1  # and DingTalk did not push it again
+    stopping.set()
+    client.close()
+
+
+class FullDisk(DingTalkWorker):
+    """A worker whose outbox cannot take a message (a full disk)."""
+
+    def inbox_record(self, message) -> bool:
+        raise OSError("disk full")
+
+
+def test_a_stream_message_the_worker_cannot_record_fails_the_worker_so_the_supervisor_restarts_it(ding, tmp_path):
+    worker = FullDisk(argv=["--mode", "stream"], environ=ding.env(), state_dir=str(tmp_path),
+                      socket_path="/nowhere", plugin_id="dt-test", token="t", install_signal_handlers=False)
+    worker.connect()
+    message = ding.stream_say("lost")
+    submitted: list = []
+    timer = threading.Timer(20, worker.stop)  # a worker that read on past the lost message stops here instead
+    timer.start()
+    with pytest.raises(RuntimeError) as failed:
+        worker.listen(submitted.append)  # the link's failure is the worker's
+    timer.cancel()
+    assert "RecordFailed" in str(failed.value) and message["msgId"] in str(failed.value)
+    assert submitted == [] and not worker._refusal
+    worker.stop()
+    worker.disconnect()
+
+
+def test_a_disconnect_gets_no_answer_and_the_link_moves_to_a_new_connection(ding):
+    from tests.plugins_app.conftest import wait_until
+    got: list[dict] = []
+    link, stopping, client = stream_link(ding, got.append)
+    thread = run_link(link)
+    assert wait_until(lambda: ding.sockets(), 10)
+    [old] = ding.sockets()
+    ding.disconnect_grace = 300.0  # DingTalk does not close it in this test's time: the worker must
+    assert ding.disconnect() == 1
+    assert wait_until(lambda: ding.sockets_opened == 2 and ding.sockets() and old not in ding.sockets(), 10)
+    ding.stream_say("on the new connection")
+    assert wait_until(ding.settled, 10) and len(got) == 1
+    with ding.lock:
+        assert [a["headers"]["messageId"] for a in ding.acks] == ding.pushes[0].frame_ids  # nothing else answered
+    assert len(ding.opens) == 2 and link.conn is not None
+    stopping.set()
+    thread.join(5)
+    client.close()
+    assert thread.ended is None
+
+
+def test_disconnecting_the_worker_takes_the_links_connection_once(ding):
+    """The link's thread may set ``conn`` to None at any moment (its connection dropped): the worker's
+    ``disconnect`` reads it once, so it never calls ``close`` on None."""
+    class Racing(StreamLink):
+        @property
+        def conn(self):  # the link's thread clears it right after the first read
+            self._reads += 1
+            return self._conn if self._reads == 1 else None
+
+        @conn.setter
+        def conn(self, value):
+            self._conn, self._reads = value, 0
+
+    worker = DingTalkWorker(argv=["--mode", "stream"], environ=ding.env(), socket_path="/nowhere",
+                            plugin_id="dt-test", token="t", install_signal_handlers=False)
+    worker.link = Racing(ding.app_key, ding.app_secret, lambda m: None, worker.stopping, base_url=ding.base_url,
+                         client=worker.api.client)
+    opened = worker.link._open()
+    worker.link.conn = opened
+    worker.disconnect()
+    assert opened.state.name == "CLOSED"
+
+
+def test_the_stream_asks_a_fresh_ticket_per_connection_and_tries_a_busy_gateway_again(ding):
+    from plugins_app.channel.workers.dingtalk.stream import OPEN_PATH, StreamRefused
+    from tests.plugins_app.conftest import wait_until
+    link, stopping, client = stream_link(ding, lambda m: None)
+    ding.script_open(503)
+    thread = run_link(link)
+    assert wait_until(lambda: ding.sockets(), 10)
+    ding.drop_sockets()
+    assert wait_until(lambda: ding.sockets_opened == 2 and ding.sockets(), 10)
+    assert [c.status for c in ding.calls_to(OPEN_PATH)] == [503, 200, 200]
+    assert len(ding.opens) == 2 and link.connections_opened == 2
+    # the secret reset: the next ticket is refused, and the link ends (no loop against a refusal)
+    ding.reset_secret()
+    ding.drop_sockets()
+    thread.join(10)
+    assert not thread.is_alive() and isinstance(thread.ended, StreamRefused)
+    assert (thread.ended.status, thread.ended.code) == (401, "authFailed")
+    assert [c.status for c in ding.calls_to(OPEN_PATH)][3:] == [401]
+    stopping.set()
+    client.close()
+
+
+def test_the_stream_answers_what_it_did_not_subscribe_to_and_survives_frames_that_are_not_json(ding):
+    from plugins_app.channel.workers.dingtalk.stream import ack
+    from tests.plugins_app.conftest import wait_until
+    got: list[dict] = []
+    link, stopping, client = stream_link(ding, got.append)
+    thread = run_link(link)
+    assert wait_until(lambda: ding.sockets(), 10)
+    [conn] = ding.sockets()
+    conn.send("not json")
+    conn.send(json.dumps(ding._frame("EVENT", "chat_update_title", "ev-1", "{}")))
+    ding.stream_say("still read")
+    assert wait_until(ding.settled, 10) and len(got) == 1
+    assert any(a == json.loads(ack("ev-1")) for a in ding.acks)  # acknowledged, so it is not sent again
+    stopping.set()
+    thread.join(5)
+    client.close()
+
+
+def test_the_mode_is_http_unless_told(ding):
+    from plugins_app.channel.workers.dingtalk import parse_args
+    assert parse_args([]).mode == "http" and parse_args(["--mode", "stream"]).mode == "stream"
+    with pytest.raises(SystemExit):
+        parse_args(["--mode", "socket"])
+
+
+def test_a_gateway_out_of_reach_at_the_start_is_tried_again_not_fatal(ding):
+    from tests.plugins_app.conftest import wait_until
+    link, stopping, client = stream_link(ding, lambda m: None)
+    ding.script_open(503)
+    link.prepare()  # no exception: the worker starts and keeps trying
+    thread = run_link(link)
+    assert wait_until(lambda: ding.sockets(), 10)
+    assert [c.status for c in ding.calls_to("/v1.0/gateway/connections/open")] == [503, 200]
+    stopping.set()
+    thread.join(5)
+    client.close()
+    assert thread.ended is None

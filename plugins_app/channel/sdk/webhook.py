@@ -149,7 +149,9 @@ class WebhookInbox:
     """For a ``ChannelWorker`` whose platform calls it: the webhook's threads record each message durably (the
     outbox) and queue it (``inbox_record``), and ``listen`` submits the queue in order. A refusal a worker finds
     on any thread (a token refused at a download or a send) is set in ``self._refusal``; the listener then
-    raises ``ChannelRefused`` with it, which stops the worker and disables the plugin with the reason.
+    raises ``ChannelRefused`` with it, which stops the worker and disables the plugin with the reason. Any
+    other failure of a thread that feeds the inbox (a platform link's reader) is set in ``self._inbox_error``:
+    the listener raises it, and the supervisor restarts the worker.
 
     Mix it in before ``ChannelWorker`` and call ``inbox_init()`` in ``__init__``."""
 
@@ -159,6 +161,7 @@ class WebhookInbox:
     def inbox_init(self) -> None:
         self._inbox: queue.Queue = queue.Queue()
         self._refusal: str | None = None
+        self._inbox_error: Exception | None = None
 
     def refused_failure(self, fallback: str):
         """The failure of a send the platform refused for the worker's credentials (``_refusal`` set): held until
@@ -183,6 +186,8 @@ class WebhookInbox:
         while not self.stopping.is_set():
             if self._refusal:
                 raise ChannelRefused(self._refusal)
+            if self._inbox_error is not None:
+                raise RuntimeError(f"{type(self._inbox_error).__name__}: {self._inbox_error}") from self._inbox_error
             try:
                 message = self._inbox.get(timeout=0.2)
             except queue.Empty:

@@ -1,7 +1,8 @@
-"""The DingTalk (钉钉) channel: an internal app's robot, its HTTP message callback in, the robot OpenAPI out.
+"""The DingTalk (钉钉) channel: an internal app's robot, its messages in (HTTP mode's callback or Stream mode's
+WebSocket), the robot OpenAPI out.
 
-    python -m plugins_app.channel.workers.dingtalk [--bind 127.0.0.1:3000] [--path /dingtalk/robot]
-                                                   [--max-retry-wait 120]
+    python -m plugins_app.channel.workers.dingtalk [--mode http|stream] [--bind 127.0.0.1:3000]
+                                                   [--path /dingtalk/robot] [--max-retry-wait 120]
 
 Environment: ``DINGTALK_APP_KEY`` and ``DINGTALK_APP_SECRET`` (the app's Client ID and Client Secret, on its
 *Credentials* page in the developer console), ``DINGTALK_ROBOT_CODE`` (the robot's code; the app key when not
@@ -12,11 +13,21 @@ set, which is what DingTalk gives an app's robot), ``DINGTALK_API_BASE_URL`` (de
   ``timestamp`` and ``sign`` checked in constant time, a timestamp more than an hour away refused; answered
   200 once the message is in the worker's outbox. Messages of type text, richText, picture, file, audio
   (with DingTalk's recognition text as the message's text) and video become ``InboundMessage``s whose
-  ``message_id`` is DingTalk's ``msgId``, so a message sent again runs no second turn. A one-to-one chat
+  ``message_id`` is DingTalk's ``msgId``, so a message DingTalk sends again (HTTP mode: it retries a callback
+  that got no 200) runs no second turn. A one-to-one chat
   (``conversationType`` "1") is the conversation ``user:<senderStaffId>``; a group ("2", where the robot
   hears only @mentions) is ``group:<conversationId>`` with the leading @mention taken off the text. The
   sender is ``senderStaffId`` (``senderId`` when there is none). Files are downloaded with
   ``POST /v1.0/robot/messageFiles/download`` and stored on the host.
+* **Inbound, Stream mode** (``--mode stream``; ``stream.py``): the worker opens a WebSocket to DingTalk's
+  gateway (``POST /v1.0/gateway/connections/open`` with the app's Client ID and Secret, then the endpoint
+  with its ticket); no public address, no sign. Each robot message (a CALLBACK of
+  ``/v1.0/im/bot/messages/get``, the same JSON HTTP mode is POSTed) is recorded as above and then
+  acknowledged; DingTalk pushes a robot message once and never again (the acknowledgement is only
+  diagnostic), so one that could not be recorded is lost: it is logged at ERROR with its ``msgId`` and the
+  worker fails (the supervisor restarts it). Pings are answered; a ``disconnect`` opens the next connection
+  before the old one closes; a dropped socket is replaced with backoff; a refused Client ID or Secret
+  disables the plugin.
 * **Outbound.** The robot OpenAPI, which, unlike a message's ``sessionWebhook``, works at any time:
   ``oToMessages/batchSend`` to the one user of a one-to-one chat, ``groupMessages/send`` to a group, as
   ``sampleMarkdown`` (a title and the text). An answer is split at 5,000 bytes of JSON-escaped UTF-8 a
@@ -68,7 +79,7 @@ from .api import (DEFAULT_API_BASE_URL, DEFAULT_OAPI_BASE_URL, INVALID_TOKEN_COD
                   DingTalkError, RateLimited, RobotNotInGroup, SessionRefused, Stopped, Unavailable, UserUnreachable)
 
 KIND = "channel-dingtalk"
-DESCRIPTION = "DingTalk (钉钉): an internal app robot's HTTP callback in, the robot OpenAPI out."
+DESCRIPTION = "DingTalk (钉钉): an internal app robot's HTTP callback or Stream mode in, the robot OpenAPI out."
 ENV_REFS = ("DINGTALK_APP_KEY", "DINGTALK_APP_SECRET")
 
 APP_KEY_ENV, APP_SECRET_ENV = ENV_REFS
@@ -93,6 +104,9 @@ _MARKUP = re.compile(r"^[\s#>*_`~\-+|]+")
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="channel-dingtalk", description=DESCRIPTION)
+    p.add_argument("--mode", choices=("http", "stream"), default="http",
+                   help="how messages come in: http (DingTalk POSTs them to --bind/--path) or stream (the worker "
+                        "opens a WebSocket to DingTalk; no public address)")
     p.add_argument("--bind", default="127.0.0.1:3000", help="host:port the webhook listens on (port 0: any)")
     p.add_argument("--path", default="/dingtalk/robot", help="the message receiving address's path")
     p.add_argument("--max-retry-wait", type=float, default=120.0,
@@ -224,6 +238,12 @@ def markdown_params(parts: list[str]) -> list[dict]:
     return [{"title": title_of(part, n, len(parts)), "text": part} for n, part in enumerate(parts)]
 
 
+def stream_refused(exc) -> str:
+    """The operator's reason for a stream connection DingTalk refuses (``StreamRefused``), with what to fix."""
+    return (f"{exc}: the app's Client ID ({APP_KEY_ENV}) or Client Secret ({APP_SECRET_ENV}) is wrong, the "
+            "secret was reset in the developer console")
+
+
 def refused(exc: DingTalkError) -> str:
     """The operator's reason for an app DingTalk refuses, with what to fix."""
     lowered = exc.code.lower()
@@ -262,10 +282,13 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
         self.inbox_init()
         self._journal: SentJournal | None = None
         self.server = None
+        self.link = None
 
     # ------------------------------------------------------------------ connect
 
     def connect(self) -> None:
+        if self.opts.mode == "stream":
+            return self._connect_stream()
         if not self.app_secret:
             raise ChannelRefused(f"{APP_SECRET_ENV} not set (it signs every message DingTalk sends the robot)")
         state = str(outbox_path_for(self.plugin_id, self.state_dir))
@@ -285,6 +308,44 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
         self.server = WebhookServer(self.opts.bind, self.opts.path, self.app_secret, self.accept)
         self.server.start()
         self.log.info("dingtalk: webhook listening on %s", self.server.url)
+
+    def _connect_stream(self) -> None:
+        """Stream mode: the gateway's first ticket asked for (a refused Client ID or Secret is found here, before
+        anything listens), then the token the robot OpenAPI sends answers with."""
+        if not (self.app_key and self.app_secret):
+            raise ChannelRefused(f"stream mode needs the app's Client ID ({APP_KEY_ENV}) and Client Secret "
+                                 f"({APP_SECRET_ENV}): they open the stream")
+        from .stream import StreamLink, StreamRefused
+        self.link = StreamLink(self.app_key, self.app_secret, self.accept, self.stopping, base_url=self.base_url,
+                               client=self.api.client)
+        try:
+            self.link.prepare()
+            self.api.token()
+        except StreamRefused as exc:
+            raise ChannelRefused(stream_refused(exc)) from exc
+        except AppRefused as exc:
+            raise ChannelRefused(refused(exc)) from exc
+        state = str(outbox_path_for(self.plugin_id, self.state_dir))
+        self._journal = SentJournal(state.replace(".outbox.", ".dingtalk-sent."))
+        self.log.info("dingtalk: app %s, robot %s, stream mode via %s", self.app_key, self.robot_code, self.base_url)
+
+    def listen(self, submit) -> None:
+        """HTTP mode: the webhook's threads queue what they record. Stream mode: the stream is read on a thread
+        of its own (it records each message, then acknowledges it) while this one submits the queue in order."""
+        if self.link is None:
+            return super().listen(submit)
+        from plugins_app.channel.sdk.wslink import start_link
+        reader = start_link(self.link, name="dingtalk-stream", refused=self._link_refused, failed=self._link_failed)
+        try:
+            super().listen(submit)
+        finally:
+            reader.join(5)
+
+    def _link_refused(self, exc) -> None:
+        self._refusal = stream_refused(exc)  # the listener raises it: the plugin is disabled with the reason
+
+    def _link_failed(self, exc: Exception) -> None:
+        self._inbox_error = exc  # the listener fails with it: the supervisor restarts the worker
 
     # ------------------------------------------------------------------ inbound
 
@@ -431,6 +492,9 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
         return bool(parts) and len(self._journal.done(delivery.delivery_id)) >= len(parts)
 
     def disconnect(self) -> None:
+        conn = self.link.conn if self.link is not None else None  # once: the link's thread may clear it
+        if conn is not None:
+            conn.close()
         if self.server is not None:
             self.server.stop()
         self.api.close()

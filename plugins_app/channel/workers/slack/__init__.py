@@ -204,7 +204,7 @@ class SlackWorker(ChannelWorker):
             from .socket import LinkRefused, SocketModeLink
             self.link = SocketModeLink(self.app_api, self._on_envelope, self.stopping)
             try:
-                self.link._next_url = self.link.open_url()  # a refused app token is found before listening
+                self.link.prepare()  # a refused app token is found before listening
             except LinkRefused as exc:
                 raise ChannelRefused(str(exc)) from exc
         else:
@@ -218,8 +218,8 @@ class SlackWorker(ChannelWorker):
     def listen(self, submit) -> None:
         receiver = None
         if self.link is not None:
-            receiver = threading.Thread(target=self._run_link, name="slack-socket", daemon=True)
-            receiver.start()
+            from plugins_app.channel.sdk.wslink import start_link
+            receiver = start_link(self.link, name="slack-socket", refused=self._link_refused, failed=self._link_failed)
         while not self.stopping.is_set():
             if self._refusal:
                 raise ChannelRefused(self._refusal)
@@ -235,14 +235,11 @@ class SlackWorker(ChannelWorker):
         if receiver is not None:
             receiver.join(5)
 
-    def _run_link(self) -> None:
-        from .socket import LinkRefused
-        try:
-            self.link.run()
-        except LinkRefused as exc:
-            self._refusal = str(exc)
-        except Exception as exc:  # noqa: BLE001 - listen() fails with it: the supervisor restarts the worker
-            self._link_error = exc
+    def _link_refused(self, exc) -> None:
+        self._refusal = str(exc)  # listen() raises ChannelRefused with it: the plugin is disabled
+
+    def _link_failed(self, exc: Exception) -> None:
+        self._link_error = exc  # listen() fails with it: the supervisor restarts the worker
 
     def _on_envelope(self, frame: dict) -> None:
         if frame.get("type") == "events_api":

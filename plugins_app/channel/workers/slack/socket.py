@@ -2,7 +2,8 @@
 
 Why not slack-sdk's ``SocketModeClient``: its listeners run in a thread pool after the frame
 is read and ack on their own schedule, its reconnect swallows ``invalid_auth`` into a retry loop,
-and it closes the old socket before the new URL is fetched. Here:
+and it closes the old socket before the new URL is fetched. Here (the loop is the SDK's
+``WebSocketLink``, plugins_app/channel/sdk/wslink.py):
 
 * each envelope is recorded durably (the worker's outbox) and **acked at once**, before the
   hub is asked, so Slack never redelivers it for being slow;
@@ -17,37 +18,32 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from typing import Callable
 
 from websockets.exceptions import ConnectionClosed
-from websockets.sync.client import ClientConnection, connect
+from websockets.sync.client import ClientConnection
 
+from plugins_app.channel.sdk.wslink import LinkRefused, WebSocketLink
 from slack_sdk.errors import SlackApiError
 
-from .api import AUTH_ERRORS, SlackApi, Stopped, error_code
+from .api import AUTH_ERRORS, SlackApi, error_code
 
 log = logging.getLogger("ugent.worker.slack.socket")
 
-HELLO_TIMEOUT_SECS = 15.0
-DRAIN_QUIET_SECS = 0.3
+__all__ = ["LinkRefused", "SocketModeLink"]
 
 
-class LinkRefused(Exception):
-    """Slack refused the app-level token or Socket Mode itself."""
-
-
-class SocketModeLink:
+class SocketModeLink(WebSocketLink):
     """Reads Socket Mode envelopes until ``stopping``; hands each to ``on_envelope`` then acks it."""
+
+    name = "socket mode"
 
     def __init__(self, api: SlackApi, on_envelope: Callable[[dict], None], stopping: threading.Event, *,
                  first_url: str | None = None):
+        super().__init__(stopping)
         self.api = api
         self.on_envelope = on_envelope
-        self.stopping = stopping
         self._next_url = first_url
-        self.conn: ClientConnection | None = None
-        self.connections_opened = 0
 
     def open_url(self) -> str:
         """A fresh wss URL from apps.connections.open (the app-level token)."""
@@ -61,66 +57,27 @@ class SocketModeLink:
             raise
         return data["url"]
 
-    def _open(self) -> ClientConnection:
-        url, self._next_url = self._next_url or self.open_url(), None
-        conn = connect(url, open_timeout=HELLO_TIMEOUT_SECS, close_timeout=2, max_size=2 ** 24)
-        try:
-            hello = json.loads(conn.recv(timeout=HELLO_TIMEOUT_SECS))
-        except BaseException:
-            conn.close()
-            raise
+    def greet(self, conn: ClientConnection) -> None:
+        hello = json.loads(conn.recv(timeout=self.open_timeout))
         if hello.get("type") != "hello":
-            conn.close()
             raise ConnectionError(f"socket mode: expected hello, got {hello.get('type')!r}")
-        self.connections_opened += 1
         log.info("socket mode connected (%s connection(s) of this app)", hello.get("num_connections"))
-        return conn
 
-    def _connect_with_backoff(self) -> ClientConnection | None:
-        delay = 0.2
-        while not self.stopping.is_set():
-            try:
-                return self._open()
-            except (LinkRefused, Stopped):
-                raise
-            except Exception as exc:  # noqa: BLE001 - network trouble: try again, slower
-                log.warning("socket mode: could not connect (%s); again in %.1f s", exc, delay)
-                if self.stopping.wait(delay):
-                    return None
-                delay = min(delay * 2, 30.0)
-        return None
-
-    def run(self) -> None:
-        """Until stopped: connect, read, ack, hand over on disconnect, reconnect on a drop."""
-        try:
-            self.conn = self._connect_with_backoff()
-            while self.conn is not None and not self.stopping.is_set():
-                try:
-                    raw = self.conn.recv(timeout=0.5)
-                except TimeoutError:
-                    continue
-                except ConnectionClosed as exc:
-                    log.warning("socket mode connection dropped (%s); reconnecting", exc)
-                    self.conn = self._connect_with_backoff()
-                    continue
-                self._frame(self.conn, raw)
-        finally:
-            if self.conn is not None:
-                self.conn.close()
-                self.conn = None
-
-    def _frame(self, conn: ClientConnection, raw: str | bytes) -> None:
+    def handle(self, conn: ClientConnection, raw: str | bytes) -> bool:
         try:
             frame = json.loads(raw)
         except ValueError:
             log.warning("socket mode: a frame that is not JSON")
-            return
+            return False
         kind = frame.get("type")
         if kind == "disconnect":
-            self._disconnect(conn, str(frame.get("reason") or ""))
-            return
+            reason = str(frame.get("reason") or "")
+            if reason == "link_disabled":
+                raise LinkRefused("socket mode: link_disabled: Socket Mode was turned off for this app")
+            log.info("socket mode: disconnect (%s)", reason)
+            return True
         if kind == "hello":
-            return
+            return False
         envelope_id = frame.get("envelope_id")
         if envelope_id:
             self.on_envelope(frame)  # durable before the ack
@@ -128,26 +85,4 @@ class SocketModeLink:
                 conn.send(json.dumps({"envelope_id": envelope_id}))
             except ConnectionClosed:
                 pass  # not acked: Slack sends it again, and the outbox knows it
-
-    def _disconnect(self, old: ClientConnection, reason: str) -> None:
-        if reason == "link_disabled":
-            raise LinkRefused("socket mode: link_disabled: Socket Mode was turned off for this app")
-        log.info("socket mode: disconnect (%s); opening the next connection before the old one closes", reason)
-        new = self._connect_with_backoff()
-        if new is None:
-            return
-        # What the old connection still carries is read (and acked) before it is closed.
-        deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline:
-            try:
-                raw = old.recv(timeout=DRAIN_QUIET_SECS)
-            except (TimeoutError, ConnectionClosed):
-                break
-            try:
-                frame = json.loads(raw)
-            except ValueError:
-                continue
-            if frame.get("type") not in ("disconnect", "hello"):
-                self._frame(old, raw)
-        old.close()
-        self.conn = new
+        return False
