@@ -24,9 +24,10 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 run: setup
 	$(PY) manage.py rundaemon
 
-# The import contracts (docs/design.md), then every test, in embedded mode and again in servers
-# mode (Redis + PostgreSQL).
-test: setup services lint test-embedded test-servers
+# The import contracts (docs/design.md), then every test, in embedded mode and in servers mode (Redis +
+# PostgreSQL): the two passes at once, each output printed whole at the end (scripts/test-passes.sh).
+test: setup services lint
+	@TEST_WORKERS=$(TEST_WORKERS) MAKE="$(MAKE)" bash scripts/test-passes.sh
 
 # Dependencies point one way between the apps: the contracts are in pyproject.toml.
 lint: setup

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from tests.support.workers import WORKER, redis_url_for_worker
+from tests.support.workers import PASS, WORKER, redis_url_for_worker, static_root
 
 
 def test_each_worker_gets_its_own_redis_database():
@@ -18,8 +18,11 @@ def test_each_worker_gets_its_own_redis_database():
 
 @pytest.mark.skipif(not WORKER, reason="runs on a pytest-xdist worker (make test)")
 def test_this_worker_keeps_its_queue_and_var_dir(settings):
+    """Named by the pass too: make test runs its two passes at once, each with its own gw0, gw1, ..."""
     assert settings.CELERY_TASK_DEFAULT_QUEUE.endswith(f"-{WORKER}")
-    assert str(settings.VAR_DIR).endswith(f"test-{WORKER}")
+    assert PASS == ("servers" if settings.UGENT_MODE == "servers" else "embedded")
+    assert str(settings.VAR_DIR).endswith(f"test-{PASS}-{WORKER}")
+    assert static_root().name == f"test-static-{PASS}-{WORKER}"
     if settings.UGENT_MODE == "servers":
         assert os.environ["REDIS_URL"] == settings.REDIS_URL
 

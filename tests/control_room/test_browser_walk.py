@@ -15,11 +15,12 @@ import httpx
 import pytest
 
 from tests.support.daemon import ROOT, Daemon
+from tests.support.workers import PASS
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-ARTIFACTS = ROOT / "var" / "test-artifacts" / "admin-walk"
+ARTIFACTS = ROOT / "var" / "test-artifacts" / PASS / "admin-walk"  # (the two passes run at once)
 # a TOML syntax error on line 3: the inline table is never closed
 BROKEN_RULES = '[[rules]]\nname = "ignore-a"\nmatch = { field = "text", equals = "a"\ndecision = "Ignore"\n'
 SLOW = "script:slow=0.25|answer=" + " ".join(f"w{i}" for i in range(400))  # ~100 s unless stopped

@@ -9,8 +9,12 @@ Per worker (gw0, gw1, ...):
   * its own pub/sub prefix: Redis's pub/sub channels ignore the database number, and stream wake-ups are
     published on `ugent:n:<queue>:...` (channels_app/notify.py), so each worker gets its own
     UGENT_CELERY_QUEUE;
-  * its own var/ directory (SQLite files, file locks, stored files, memory datasets) under var/test-<worker>;
+  * its own var/ directory (SQLite files, file locks, stored files, memory datasets) under
+    var/test-<pass>-<worker>;
   * its own collected static files for the daemons its tests start (`static_root()`).
+`make test` runs its embedded and its servers pass at the same time (scripts/test-passes.sh), so what a
+worker keeps on disk is named by its pass too (`PASS`): gw0 of one pass never shares a directory with gw0
+of the other. Redis databases need no such care: the embedded pass has no REDIS_URL.
 pytest-django gives each worker its own test database already (test_ugent_gw0, ...).
 
 Files are handed out whole (`--dist loadfile`): a module's fixtures (a daemon, the several-process layout
@@ -24,6 +28,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")  # "" when the suite runs in one process
+#: The pass of `make test` this process belongs to (servers mode is REDIS_URL set, as in the settings)
+PASS = "servers" if os.environ.get("REDIS_URL") else "embedded"
 
 
 def worker_number() -> int:
@@ -44,7 +50,7 @@ def redis_url_for_worker(url: str, number: int) -> str:
 def static_root() -> Path:
     """The collected static files of the daemons this process's tests start (one collect per worker:
     two daemons collecting into one directory at once could trip over each other's files)."""
-    return ROOT / "var" / (f"test-static-{WORKER}" if WORKER else "test-static")
+    return ROOT / "var" / (f"test-static-{PASS}-{WORKER}" if WORKER else f"test-static-{PASS}")
 
 
 if WORKER:
@@ -52,4 +58,4 @@ if WORKER:
     if os.environ.get("REDIS_URL"):
         os.environ["REDIS_URL"] = redis_url_for_worker(os.environ["REDIS_URL"], number)
     os.environ["UGENT_CELERY_QUEUE"] = f"{os.environ.get('UGENT_CELERY_QUEUE', 'ugent')}-{WORKER}"
-    os.environ["UGENT_VAR_DIR"] = str(ROOT / "var" / f"test-{WORKER}")
+    os.environ["UGENT_VAR_DIR"] = str(ROOT / "var" / f"test-{PASS}-{WORKER}")
