@@ -12,7 +12,9 @@ GovSlack's ``https://slack-gov.com/api/``, or a test's fake). Operators' page: d
   ``im`` → ``user``, ``mpim`` → ``group``, channels → ``room``. With ``--threads on`` (the default)
   each thread is a conversation (``C123/1700000000.000100``) and a top-level channel message
   starts one; a direct message's top level is one conversation. Files are fetched with the bot
-  token (only from Slack's own hosts) and stored on the host.
+  token (only from Slack's own hosts) and stored on the host; a download Slack answers with a 5xx
+  or a 429, or not at all, raises ``MediaNotReady`` (the message waits, its chat only, and the
+  SDK fetches again).
 * **Outbound.** Markdown → mrkdwn, split at 4,000 characters, each part posted with message
   metadata naming the delivery, so after a crash inside a send ``already_delivered`` finds
   what reached Slack and only the missing parts go out. Files go up through
@@ -44,6 +46,7 @@ from slack_sdk.errors import SlackApiError
 
 from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, InboundMessage,
                                      ReplyContext)
+from plugins_app.channel.sdk.download import download
 from plugins_app.channel.sdk.outbox import PENDING
 from plugins_app.channel.sdk.text import split_text
 
@@ -395,10 +398,9 @@ class SlackWorker(ChannelWorker):
     def fetch_media(self, attachment: Attachment) -> bytes | None:
         if not attachment.url or not self._slack_host(attachment.url):
             return None  # never hand the bot token to a host that is not Slack's
-        import httpx
-        response = httpx.get(attachment.url, headers={"Authorization": f"Bearer {self.bot_token}"},
-                             timeout=60, follow_redirects=True)
-        response.raise_for_status()
+        # a 5xx, a 429 or no answer: MediaNotReady (Slack keeps the file; the message waits and is fetched again)
+        response = download(attachment.url, headers={"Authorization": f"Bearer {self.bot_token}"})
+        response.raise_for_status()  # any other error status is final: the message goes on with a note
         if "text/html" in response.headers.get("content-type", "") and "html" not in attachment.content_type:
             raise ValueError("Slack answered the file download with a page (the token lacks files:read)")
         return response.content

@@ -14,7 +14,8 @@ from concurrent.futures import Future
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable
 
-from plugins_app.channel.sdk import Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, MessageValidationError
+from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, MediaNotReady,
+                                     MessageValidationError)
 from plugins_app.channel.sdk.journal import SentJournal
 from plugins_app.channel.sdk.outbox import outbox_path_for
 from plugins_app.channel.sdk.text import split_text, utf16_len
@@ -198,10 +199,18 @@ class TelegramWorker(ChannelWorker):
             return None
         file_id = attachment.url[len(FILE_URL_PREFIX):]
 
+        from telegram.error import NetworkError, RetryAfter
+
         async def download():
             f = await self.bot.get_file(file_id)
             return bytes(await f.download_as_bytearray())
-        return self._run(download())
+        try:
+            return self._run(download())
+        except (NetworkError, RetryAfter) as exc:
+            # a 5xx, a 429, a timeout or no answer (python-telegram-bot's NetworkError and TimedOut): Telegram
+            # keeps the file, so the message waits (its chat only) and the SDK fetches again. A refused token
+            # (InvalidToken) or a file Telegram will not give (BadRequest: too big) stays final, as before.
+            raise MediaNotReady(f"{type(exc).__name__}: {exc}") from exc
 
     def disconnect(self) -> None:
         if self._server is not None:
