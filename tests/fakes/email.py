@@ -10,6 +10,7 @@
 Knobs: ``drop_connections()`` (the provider drops every IMAP socket), ``set_password()``
 (the account's password changed or its app password was revoked), ``smtp_refuse(code,
 text, times)`` (the next sends answered so: ``451 4.7.1`` rate limit, ``535`` auth),
+``fail_fetch(uid, times)`` (the next UID FETCHes of that mail answered ``* BYE [UNAVAILABLE]``),
 ``stall_quit(event)`` (the server accepted the message and then hangs before answering
 QUIT: a window to kill a worker in, after the send and before its ack), ``idle_count``.
 
@@ -39,6 +40,8 @@ class MailServer:
         self.smtp_refusals: list[str] = []      # what was refused, as "code text"
         self._sent: list[bytes] = []
         self._refuse: list[tuple[int, str]] = []
+        self._fetch_failures: dict[str, int] = {}  # UID -> how many more UID FETCHes of it hang up (fail_fetch)
+        self.fetches: list[tuple[int, bool]] = []  # (UID, answered) of every single-UID UID FETCH, in order
         self._quit_stall: threading.Event | None = None
         self._writers: set = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -94,6 +97,32 @@ class MailServer:
         config.apply_context()
         self._backend, self._config = backend, config
         server = self
+
+        original_fetch = imap_state.ConnectionState.do_fetch
+        if not getattr(original_fetch, "_faulty", False):
+            from pymap.exceptions import ResponseError
+            from pymap.parsing.response import ResponseBye, ResponseNo
+
+            class Unavailable(ResponseError):
+                def get_response(self, tag):  # the BYE makes pymap close the connection after it
+                    response = ResponseNo(tag, b"FETCH failed: the server is going down.")
+                    response.add_untagged(ResponseBye(b"[UNAVAILABLE] Server busy, try again later."))
+                    return response
+
+            async def do_fetch(state_self, cmd):
+                fake = getattr(state_self.config, "_fake_mail_server", None)
+                uid = bytes(cmd.sequence_set).decode() if cmd.uid else None
+                if fake is not None and uid is not None:
+                    with fake._lock:
+                        failing = fake._fetch_failures.get(uid, 0)
+                        if failing:
+                            fake._fetch_failures[uid] = failing - 1
+                        fake.fetches.append((int(uid) if uid.isdigit() else uid, not failing))
+                    if failing:
+                        raise Unavailable()  # the provider hangs up instead of answering: "* BYE ..."
+                return await original_fetch(state_self, cmd)
+            do_fetch._faulty = True
+            imap_state.ConnectionState.do_fetch = do_fetch
 
         original_idle = imap_state.ConnectionState.do_idle
         if not getattr(original_idle, "_counted", False):
@@ -224,6 +253,12 @@ class MailServer:
         """Answer the next ``times`` messages' DATA with ``code text`` instead of accepting them."""
         with self._lock:
             self._refuse.extend([(code, text)] * times)
+
+    def fail_fetch(self, uid: int, times: int = 1) -> None:
+        """The next ``times`` UID FETCHes of ``uid`` are answered ``* BYE [UNAVAILABLE]`` and the connection
+        closed (the provider busy or restarting), not the message."""
+        with self._lock:
+            self._fetch_failures[str(uid)] = times
 
     def stall_quit(self, release: threading.Event | None) -> None:
         """Hold every QUIT until ``release`` is set (None: answer QUIT at once again)."""

@@ -205,3 +205,171 @@ def test_telegram_a_file_telegram_keeps_failing_comes_as_a_note_without_its_link
         assert len(fake.downloads) > 1  # tried again while it waited
     finally:
         running.stop()
+
+
+# -- what is not "not now" keeps its old path -------------------------------------------------------
+
+def test_a_refused_token_or_an_expired_link_is_not_waited_for():
+    """A refusal (Slack's sign-in page for a revoked token, Telegram's 401) or a 403/404 is not a busy platform:
+    fetch_media does not raise MediaNotReady for it, so the SDK does not hold the chat a minute for it (it goes
+    the way it went before: ChannelRefused once the worker knows of the refusal, else a note)."""
+    from plugins_app.channel.sdk import Attachment, MediaNotReady
+    from plugins_app.channel.workers.discord import DiscordWorker
+    from plugins_app.channel.workers.slack import SlackWorker
+    from tests.fakes.discord import FakeDiscord
+    from tests.fakes.slack import FakeSlack
+
+    kwargs = dict(socket_path="/nowhere", plugin_id="p", token="t", install_signal_handlers=False)
+    with FakeSlack() as fake:
+        worker = SlackWorker(argv=["--mode", "socket"], environ=fake.env(), **kwargs)
+        report = fake.add_file(b"%PDF-1.4", name="report.pdf", mimetype="application/pdf")
+        att = Attachment("document", "application/pdf", url=report["url_private_download"], filename="report.pdf")
+        fake.revoke(event=False)
+        with pytest.raises(Exception) as refused:
+            worker.fetch_media(att)
+        assert not isinstance(refused.value, MediaNotReady) and "files:read" in str(refused.value)
+        fake.fail_downloads(403)
+        with pytest.raises(Exception) as forbidden:
+            worker.fetch_media(att)
+        assert not isinstance(forbidden.value, MediaNotReady) and "403" in str(forbidden.value)
+    with FakeDiscord() as fake:
+        worker = DiscordWorker(api_base_url=fake.api_base_url, bot_token=fake.token, **kwargs)
+        photo = fake.attachment("cat.png", b"png", "image/png")
+        fake.fail_downloads(403)  # a signed CDN link past its expiry
+        with pytest.raises(RuntimeError, match="answered 403"):
+            worker.fetch_media(Attachment("image", "image/png", url=photo["url"], filename="cat.png"))
+
+
+def test_telegram_a_revoked_token_is_not_waited_for(telegram):
+    from telegram.error import InvalidToken
+
+    from plugins_app.channel.sdk import Attachment
+    fake, _, worker = telegram
+    worker.connect()
+    try:
+        doc = fake.add_file(b"%PDF-1.4", "documents/report.pdf")
+        fake.revoke()
+        with pytest.raises(InvalidToken):  # not MediaNotReady: the way it went before
+            worker.fetch_media(Attachment("document", "application/pdf", url=f"tg-file:{doc['file_id']}"))
+    finally:
+        worker.disconnect()
+
+
+# -- Email ------------------------------------------------------------------------------------------
+# A mail's attachments come inside it: while its bytes are in memory nothing can be "not now". They are
+# read again from the IMAP server only when they are not (the worker restarted, or the host was away when
+# the mail came): then a server that hangs up or cannot be reached is "not now" too.
+
+BOT = "bot@example.org"
+
+
+@pytest.fixture
+def mailbox(monkeypatch):
+    from tests.fakes.email import MailServer
+    with MailServer(user=BOT, password="app-password") as server, \
+            MockBridge("mail-test", heartbeat_secs=HEARTBEAT) as bridge, tempfile.TemporaryDirectory() as state:
+        for name, value in {"EMAIL_IMAP_HOST": "127.0.0.1", "EMAIL_IMAP_PORT": str(server.imap_port),
+                            "EMAIL_IMAP_USER": BOT, "EMAIL_IMAP_PASSWORD": "app-password",
+                            "EMAIL_SMTP_HOST": "127.0.0.1", "EMAIL_SMTP_PORT": str(server.smtp_port)}.items():
+            monkeypatch.setenv(name, value)
+        yield server, bridge, state
+
+
+def mail_left_owed(server, bridge, state, data):
+    """A mail with an attachment that a worker recorded and was then killed before submitting: the outbox
+    holds the message, its bytes went with the old process. Returns (its UID, its Message-ID)."""
+    from plugins_app.channel.sdk import Outbox
+    from plugins_app.channel.workers.email.parse import normalise
+    from tests.fakes.email import make_mail
+    raw = make_mail(text="the report", attachments=[(data, "application/pdf", "report.pdf")]).as_bytes()
+    uid = server.deliver(raw)
+    conn = server.imap()
+    try:
+        conn.select("INBOX", readonly=True)
+        uidvalidity = int(conn.untagged_responses["UIDVALIDITY"][0])
+    finally:
+        conn.logout()
+    inbound, _, _ = normalise(raw, uidvalidity=uidvalidity, uid=uid, own_addresses={BOT}, known={}, user=BOT,
+                              host="127.0.0.1", mailbox="INBOX")
+    with Outbox(plugin_id=bridge.plugin_id, state_dir=state) as box:
+        box.inbound_record(inbound)
+    return uid, inbound.message_id
+
+
+def email_worker(bridge, state):
+    from plugins_app.channel.workers.email.worker import EmailWorker
+    return EmailWorker(argv=["--imap-security", "none", "--smtp-security", "none", "--timeout-secs", "5"],
+                       **bridge.worker_kwargs(state_dir=state))
+
+
+def owed(bridge, state) -> int:
+    from plugins_app.channel.sdk import Outbox
+    with Outbox(plugin_id=bridge.plugin_id, state_dir=state) as box:
+        return len(box.inbound_pending())
+
+
+def test_email_an_attachment_the_server_cannot_give_now_arrives_with_its_message_before_the_next(mailbox):
+    from tests.fakes.email import make_mail
+    server, bridge, state = mailbox
+    data = b"%PDF-1.4 " + b"m" * 64
+    uid, first_id = mail_left_owed(server, bridge, state, data)
+    server.fail_fetch(uid, times=10_000)  # the server hangs up on it until the test says otherwise
+    running = Running(email_worker(bridge, state))
+    try:
+        assert wait(lambda: any(u == uid and not ok for u, ok in server.fetches)), "the replay did not try it"
+        reply = make_mail(text="and this?", in_reply_to=first_id, references=first_id)
+        server.deliver(reply)  # the same thread, read by the listener while the first still waits
+        assert wait(lambda: owed(bridge, state) == 2), "the later mail was not recorded"
+        assert bridge.submit_log == []  # the later mail waits behind the first, whose file is awaited
+        server.fail_fetch(uid, times=0)  # the server answers again
+        assert_arrived_with_file_then_later(bridge, first_id, reply["Message-ID"], data)
+        assert bridge.submits[1].conversation_id == bridge.submits[0].conversation_id
+        assert server.fetches[-1] == (uid, True) and [ok for u, ok in server.fetches if u == uid].count(True) == 1
+    finally:
+        running.stop()
+
+
+def test_email_an_attachment_the_server_keeps_refusing_comes_as_a_note_without_its_link(mailbox):
+    server, bridge, state = mailbox
+    uid, first_id = mail_left_owed(server, bridge, state, b"%PDF-1.4")
+    server.fail_fetch(uid, times=10_000)
+    worker = email_worker(bridge, state)
+    worker.media_wait_secs = SHORT_WAIT
+    running = Running(worker)
+    try:
+        assert_arrived_with_a_note(bridge, first_id, "report.pdf", host=f"UID={uid}")
+        assert len([u for u, _ in server.fetches if u == uid]) > 1  # tried again while it waited
+    finally:
+        running.stop()
+
+
+def test_email_gmail_push_an_attachment_gmail_cannot_give_now_is_not_now_and_a_refusal_stays_a_refusal(monkeypatch):
+    """With --gmail-push the part is read again through messages.get: a 5xx past gmail.py's own retries raises
+    MediaNotReady (the SDK waits, as above); a revoked grant stays ChannelRefused (the worker stops)."""
+    from plugins_app.channel.sdk import Attachment, ChannelRefused, MediaNotReady
+    from plugins_app.channel.workers.email.gmail import GmailPush
+    from plugins_app.channel.workers.email.worker import EmailWorker
+    from tests.fakes.email import make_mail
+    from tests.fakes.gmail import AUDIENCE, FakeGmail
+    with FakeGmail(address=BOT) as fake:
+        for name, value in (("GMAIL_CLIENT_ID", "client-1.apps.googleusercontent.com"), ("GMAIL_CLIENT_SECRET", "s"),
+                            ("GMAIL_REFRESH_TOKEN", "1//refresh"), ("GMAIL_API_BASE_URL", fake.api_url),
+                            ("GMAIL_TOKEN_URL", fake.token_url), ("EMAIL_ADDRESS", BOT)):
+            monkeypatch.setenv(name, value)
+        worker = EmailWorker(argv=["--gmail-push", "--gmail-topic", "projects/p/topics/t", "--push-audience",
+                                   AUDIENCE, "--timeout-secs", "5"],
+                             socket_path="/nowhere", plugin_id="gmail-test", token="t", install_signal_handlers=False)
+        worker.gmail = GmailPush(worker, worker.args)
+        try:
+            gid = fake.add_mail(make_mail(text="the report", attachments=[(b"%PDF-1.4 g", "application/pdf",
+                                                                           "report.pdf")]))
+            att = Attachment("document", "application/pdf", url=f"gmail:{gid}/1", filename="report.pdf")
+            fake.fail_reads(503, times=5)  # one try and gmail.py's four retries
+            with pytest.raises(MediaNotReady, match="503"):
+                worker.fetch_media(att)
+            assert worker.fetch_media(att) == b"%PDF-1.4 g"  # the next replay's try
+            fake.revoke()
+            with pytest.raises(ChannelRefused):
+                worker.fetch_media(att)
+        finally:
+            worker.gmail.close()

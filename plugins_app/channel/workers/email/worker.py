@@ -16,7 +16,7 @@ import time
 from email.message import EmailMessage
 from pathlib import Path
 
-from plugins_app.channel.sdk import Attachment, ChannelRefused, ChannelWorker, DeliveryFailed
+from plugins_app.channel.sdk import Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, MediaNotReady
 from plugins_app.channel.sdk.outbox import default_state_dir
 
 from . import DESCRIPTION, KIND
@@ -336,8 +336,12 @@ class EmailWorker(ChannelWorker):
         if url in self._media:
             return self._media[url]
         if url.startswith("gmail:") and self.gmail is not None:
+            from .gmail import Transient
             gid, _, index = url[len("gmail:"):].partition("/")
-            raw = self.gmail.fetch_raw(gid)
+            try:
+                raw = self.gmail.fetch_raw(gid)
+            except Transient as exc:  # a 429/5xx past gmail.py's own retries, or Gmail unreachable: not now
+                raise MediaNotReady(str(exc)) from exc
             parts = attachment_parts(email.message_from_bytes(raw, policy=email.policy.default)) if raw else []
             return parts[int(index) - 1].get_payload(decode=True) if 0 < int(index) <= len(parts) else None
         m = _IMAP_URL.search(url)
@@ -346,7 +350,22 @@ class EmailWorker(ChannelWorker):
         return self._fetch_attachment_sync(int(m.group(1)), int(m.group(2)), int(m.group(3)))
 
     def _fetch_attachment_sync(self, uidvalidity: int, uid: int, index: int) -> bytes | None:
-        """After a restart the bytes are gone from memory: read the part again from the server."""
+        """The bytes are gone from memory (a restart, or the host was away when the mail came and the message
+        waited): read the part again from the server.
+
+        The server unreachable, timing out or hanging up (a network error, ``IMAP4.abort``, a ``BYE``) raises
+        ``MediaNotReady``: the mail is still there, so the message waits (its chat only) and the SDK fetches
+        again. A refused login (``IMAP4.error``) or a certificate that does not verify is no "not now" and
+        goes as before."""
+        try:
+            return self._read_part(uidvalidity, uid, index)
+        except ssl.SSLCertVerificationError:
+            raise
+        except (OSError, imaplib.IMAP4.abort) as exc:
+            raise MediaNotReady(f"the IMAP server cannot give the attachment now: {type(exc).__name__}: {exc}") \
+                from exc
+
+    def _read_part(self, uidvalidity: int, uid: int, index: int) -> bytes | None:
         cls = imaplib.IMAP4_SSL if self.args.imap_security == "ssl" else imaplib.IMAP4
         conn = cls(self.imap_host, self.imap_port, timeout=self.args.timeout_secs)
         try:
