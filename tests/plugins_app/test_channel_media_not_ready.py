@@ -373,3 +373,25 @@ def test_email_gmail_push_an_attachment_gmail_cannot_give_now_is_not_now_and_a_r
                 worker.fetch_media(att)
         finally:
             worker.gmail.close()
+
+
+def test_a_429_or_no_answer_at_all_is_not_now_too():
+    """The SDK's download(), which the Slack and Discord workers fetch with: a 429 and a refused connection are
+    MediaNotReady as a 5xx is; a 404 is handed back for the worker to judge."""
+    import socket
+
+    from plugins_app.channel.sdk import MediaNotReady
+    from plugins_app.channel.sdk.download import download
+    from tests.fakes.discord import FakeDiscord
+    with FakeDiscord() as fake:
+        photo = fake.attachment("cat.png", b"png", "image/png")
+        fake.fail_downloads(429)
+        with pytest.raises(MediaNotReady, match="429"):
+            download(photo["url"])
+        assert download(photo["url"]).content == b"png"
+        assert download(photo["url"] + "-gone").status_code == 404
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # bound, never listening: the connection is refused
+        with pytest.raises(MediaNotReady, match="ConnectError"):
+            download(f"http://127.0.0.1:{port}/attachments/1/cat.png", timeout=5)
