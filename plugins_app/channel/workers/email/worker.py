@@ -350,8 +350,8 @@ class EmailWorker(ChannelWorker):
         return self._fetch_attachment_sync(int(m.group(1)), int(m.group(2)), int(m.group(3)))
 
     def _fetch_attachment_sync(self, uidvalidity: int, uid: int, index: int) -> bytes | None:
-        """The bytes are gone from memory (a restart, or the host was away when the mail came and the message
-        waited): read the part again from the server.
+        """The bytes are gone from memory (a restart, or the message could not go at once: the host away, an
+        earlier message of its thread still waiting): read the part again from the server.
 
         The server unreachable, timing out or hanging up (a network error, ``IMAP4.abort``, a ``BYE``) raises
         ``MediaNotReady``: the mail is still there, so the message waits (its chat only) and the SDK fetches
