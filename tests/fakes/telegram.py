@@ -32,6 +32,7 @@ import time
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
@@ -525,7 +526,8 @@ class _Handler(BaseHTTPRequestHandler):
                 data = None if self.fake.revoked else self.fake._file(path)
                 self.fake.downloads.append((path, failure or (404 if data is None else 200)))
             if failure is not None:
-                return self._send(failure, {"ok": False, "error_code": failure, "description": "Service Unavailable"})
+                return self._send(failure, {"ok": False, "error_code": failure,
+                                            "description": HTTPStatus(failure).phrase})
             if data is None:
                 return self._send(404, {"ok": False, "error_code": 404, "description": "Not Found"})
             self.send_response(200)

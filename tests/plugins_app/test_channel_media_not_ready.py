@@ -240,16 +240,93 @@ def test_a_refused_token_or_an_expired_link_is_not_waited_for():
             worker.fetch_media(Attachment("image", "image/png", url=photo["url"], filename="cat.png"))
 
 
-def test_telegram_a_revoked_token_is_not_waited_for(telegram):
-    from telegram.error import InvalidToken
+def telegram_doc(fake, data=b"%PDF-1.4"):
+    return {**fake.add_file(data, "documents/report.pdf"), "file_name": "report.pdf", "mime_type": "application/pdf"}
 
-    from plugins_app.channel.sdk import Attachment
-    fake, _, worker = telegram
+
+def test_telegram_a_revoked_token_at_a_download_stops_the_worker_and_keeps_the_message(telegram):
+    """A file download refused for the token (Telegram's 401, which getMe then confirms) is no "not now" and no
+    lost file either: the refusal is recorded as a send records it, ChannelRefused stops the worker, and the
+    message stays owed, file and all, for when the plugin is enabled again with a good token."""
+    from plugins_app.channel.sdk import Attachment, ChannelRefused
+    from plugins_app.channel.workers.telegram.worker import REVOKED
+    fake, bridge, worker = telegram
     worker.connect()
     try:
         doc = fake.add_file(b"%PDF-1.4", "documents/report.pdf")
         fake.revoke()
-        with pytest.raises(InvalidToken):  # not MediaNotReady: the way it went before
+        with pytest.raises(ChannelRefused, match="401"):
+            worker.fetch_media(Attachment("document", "application/pdf", url=f"tg-file:{doc['file_id']}"))
+        assert worker._refusal == REVOKED
+    finally:
+        worker.disconnect()
+
+
+def test_telegram_a_token_revoked_while_a_file_waits_leaves_the_message_owed(telegram):
+    fake, bridge, worker = telegram
+    running = Running(worker)
+    try:
+        assert wait(lambda: fake.polls_begun >= 1), "the worker did not poll"
+        fake.fail_downloads(503, times=1)
+        first = fake.push_message(42, "the report", document=telegram_doc(fake))
+        assert wait(lambda: fake.downloads), "the file was not fetched"
+        fake.revoke()  # the replay's next try finds the token revoked
+        running.thread.join(30)
+        assert not running.thread.is_alive(), "the worker did not stop on the refusal"
+        assert bridge.submit_log == []  # not sent on without its file
+        from plugins_app.channel.sdk import Outbox
+        with Outbox(plugin_id=bridge.plugin_id, state_dir=worker.state_dir) as box:
+            assert [row.message["message_id"] for row in box.inbound_pending()] == [telegram_key(first)]
+    finally:
+        running.stop()
+
+
+def test_telegram_a_file_path_telegram_answers_404_for_comes_as_a_note(telegram):
+    """The library raises InvalidToken for a 404 too; getMe answering says the token is fine: the file is gone."""
+    from plugins_app.channel.sdk import Attachment
+    fake, bridge, worker = telegram
+    worker.connect()
+    try:
+        doc = fake.add_file(b"%PDF-1.4", "documents/report.pdf")
+        fake.fail_downloads(404)
+        with pytest.raises(LookupError, match="no longer has the file"):
+            worker.fetch_media(Attachment("document", "application/pdf", url=f"tg-file:{doc['file_id']}"))
+        assert worker._refusal is None
+    finally:
+        worker.disconnect()
+
+
+@pytest.mark.parametrize("status, description", [(400, "Bad Request: file is too big"),
+                                                 (400, "Bad Request: invalid file_id"),
+                                                 (413, "Request Entity Too Large")])
+def test_telegram_a_file_telegram_will_never_give_comes_as_a_note_at_once(telegram, status, description):
+    """A 400 (BadRequest, a NetworkError to python-telegram-bot) or a status the library has no case for (a 413,
+    a bare NetworkError) is final: the message goes on with a note at once, not after media_wait_secs."""
+    fake, bridge, worker = telegram
+    worker.media_wait_secs = 3600.0  # a wait would outlast the test
+    running = Running(worker)
+    try:
+        assert wait(lambda: fake.polls_begun >= 1), "the worker did not poll"
+        fake.fail_next("getFile", status, description)
+        first = fake.push_message(42, "the report", document=telegram_doc(fake))
+        assert_arrived_with_a_note(bridge, telegram_key(first), "report.pdf", host="/file/bot")
+        assert description.split(": ")[-1].lower() in bridge.submits[0].text.lower()
+        assert fake.count("getFile") == 1 and fake.downloads == []
+    finally:
+        running.stop()
+
+
+def test_telegram_no_answer_at_all_is_not_now(telegram, monkeypatch):
+    """A getFile never answered: a short timeout of its own (not the sends' 30 s), then MediaNotReady."""
+    from plugins_app.channel.sdk import Attachment, MediaNotReady
+    from plugins_app.channel.workers.telegram import worker as telegram_worker
+    monkeypatch.setattr(telegram_worker, "MEDIA_TIMEOUT_SECS", 0.5)
+    fake, bridge, worker = telegram
+    worker.connect()
+    try:
+        doc = fake.add_file(b"%PDF-1.4", "documents/report.pdf")
+        fake.hold_next("getFile")
+        with pytest.raises(MediaNotReady, match="TimedOut"):
             worker.fetch_media(Attachment("document", "application/pdf", url=f"tg-file:{doc['file_id']}"))
     finally:
         worker.disconnect()
