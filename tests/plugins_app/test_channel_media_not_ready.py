@@ -224,14 +224,15 @@ def test_a_refused_token_or_an_expired_link_is_not_waited_for():
         worker = SlackWorker(argv=["--mode", "socket"], environ=fake.env(), **kwargs)
         report = fake.add_file(b"%PDF-1.4", name="report.pdf", mimetype="application/pdf")
         att = Attachment("document", "application/pdf", url=report["url_private_download"], filename="report.pdf")
-        fake.revoke(event=False)
-        with pytest.raises(Exception) as refused:
-            worker.fetch_media(att)
-        assert not isinstance(refused.value, MediaNotReady) and "files:read" in str(refused.value)
         fake.fail_downloads(403)
         with pytest.raises(Exception) as forbidden:
             worker.fetch_media(att)
         assert not isinstance(forbidden.value, MediaNotReady) and "403" in str(forbidden.value)
+        gone = Attachment("document", "application/pdf", url=report["url_private_download"].replace(report["id"], "F0GONE"),
+                          filename="report.pdf")
+        with pytest.raises(ValueError, match="files:read"):  # Slack's sign-in page, the token good: a note
+            worker.fetch_media(gone)
+        assert worker._refusal is None
     with FakeDiscord() as fake:
         worker = DiscordWorker(api_base_url=fake.api_base_url, bot_token=fake.token, **kwargs)
         photo = fake.attachment("cat.png", b"png", "image/png")
@@ -242,6 +243,28 @@ def test_a_refused_token_or_an_expired_link_is_not_waited_for():
 
 def telegram_doc(fake, data=b"%PDF-1.4"):
     return {**fake.add_file(data, "documents/report.pdf"), "file_name": "report.pdf", "mime_type": "application/pdf"}
+
+
+def test_slack_a_revoked_token_at_a_download_stops_the_worker_and_keeps_the_message(slack):
+    """Slack answers a download with a revoked token with its sign-in page: auth.test, refused too, says it is
+    the token (not files:read): the refusal is recorded, the worker stops, the message stays owed."""
+    from plugins_app.channel.sdk import Outbox
+    fake, bridge, worker = slack
+    running = Running(worker)
+    try:
+        assert wait(fake.sockets), "the worker did not open a socket"
+        report = fake.add_file(b"%PDF-1.4", name="report.pdf", mimetype="application/pdf")
+        fake.fail_downloads(503)
+        first = fake.say("the report", files=[report])
+        assert wait(lambda: fake.downloads), "the file was not fetched"
+        fake.revoke(event=False)  # no event says so: only the download finds it
+        running.thread.join(30)
+        assert not running.thread.is_alive(), "the worker did not stop on the refusal"
+        assert "token_revoked" in (worker._refusal or "") and bridge.submit_log == []
+        with Outbox(plugin_id=bridge.plugin_id, state_dir=worker.state_dir) as box:
+            assert [row.message["message_id"] for row in box.inbound_pending()] == [first["event_id"]]
+    finally:
+        running.stop()
 
 
 def test_telegram_a_revoked_token_at_a_download_stops_the_worker_and_keeps_the_message(telegram):

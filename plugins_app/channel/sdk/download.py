@@ -9,13 +9,18 @@ from __future__ import annotations
 
 from .worker import MediaNotReady
 
+#: How long a fetch for ``fetch_media`` may wait to connect, and between two reads (seconds). Short, and no
+#: retries of its own: the SDK's hold tries again at each replay, and while a fetch runs the submits of every
+#: chat wait for it (they are made one at a time, to keep the channel's order).
+MEDIA_TIMEOUT_SECS = 15.0
+
 
 def says_later(status: int) -> bool:
     """Whether an HTTP status means "not now" (the platform busy or failing), not "never"."""
     return status >= 500 or status == 429
 
 
-def download(url: str, *, headers: dict[str, str] | None = None, timeout: float = 60.0):
+def download(url: str, *, headers: dict[str, str] | None = None, timeout: float = MEDIA_TIMEOUT_SECS):
     """``httpx.get`` the file at ``url`` (redirects followed); ``MediaNotReady`` for a 5xx, a 429 or no answer."""
     import httpx
     try:

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, MediaNotReady,
                                      MessageValidationError)
+from plugins_app.channel.sdk.download import MEDIA_TIMEOUT_SECS
 from plugins_app.channel.sdk.journal import SentJournal
 from plugins_app.channel.sdk.outbox import outbox_path_for
 from plugins_app.channel.sdk.text import split_text, utf16_len
@@ -35,7 +36,6 @@ DEFAULT_BASE_URL = "https://api.telegram.org/bot"
 MAX_FLOOD_RETRIES = 5        # 429s waited out in place for one send; then the hub's own retries take over
 MESSAGE_LIMIT = 4096          # UTF-16 code units after entity parsing
 ALLOWED_UPDATES = ["message", "channel_post", "callback_query"]
-MEDIA_TIMEOUT_SECS = 15.0  # connect, and between two reads, of a user's file (fetch_media)
 REVOKED = "401 Unauthorized: the bot token is wrong or was revoked (@BotFather /token or /revoke)"
 
 
