@@ -443,9 +443,96 @@ def test_email_an_attachment_the_server_keeps_refusing_comes_as_a_note_without_i
         running.stop()
 
 
+def test_email_an_attachment_whose_mail_was_deleted_comes_as_a_note_at_once_without_the_account(mailbox):
+    """Expunged (or moved away) since it came: UID FETCH answers OK and nothing. Final: a note at once, never the
+    imap://user@host URL, which names the account."""
+    server, bridge, state = mailbox
+    uid, first_id = mail_left_owed(server, bridge, state, b"%PDF-1.4")
+    server.expunge(uid)
+    worker = email_worker(bridge, state)
+    worker.media_wait_secs = 3600.0  # a wait would outlast the test
+    running = Running(worker)
+    try:
+        assert_arrived_with_a_note(bridge, first_id, "report.pdf", host=BOT)
+        assert "no longer on the server" in bridge.submits[0].text
+        assert "imap" not in bridge.submits[0].text.lower()
+    finally:
+        running.stop()
+
+
+def test_email_a_no_unavailable_answer_waits_and_the_attachment_then_arrives(mailbox):
+    """A tagged ``NO [UNAVAILABLE]`` to UID FETCH (RFC 5530: a subsystem down) is "not now", as a BYE is."""
+    server, bridge, state = mailbox
+    data = b"%PDF-1.4 " + b"n" * 64
+    uid, first_id = mail_left_owed(server, bridge, state, data)
+    server.fail_fetch(uid, times=2, no="UNAVAILABLE")
+    running = Running(email_worker(bridge, state))
+    try:
+        assert wait(lambda: bridge.submits)
+        [msg] = bridge.submits
+        assert msg.message_id == first_id
+        [att] = msg.attachments
+        assert att.media_id and bridge.media(att.media_id).data == data
+        assert [ok for u, ok in server.fetches if u == uid] == [False, False, True]
+    finally:
+        running.stop()
+
+
+def test_email_another_no_answer_is_final(mailbox):
+    server, bridge, state = mailbox
+    uid, first_id = mail_left_owed(server, bridge, state, b"%PDF-1.4")
+    server.fail_fetch(uid, times=10_000, no="CANNOT")
+    worker = email_worker(bridge, state)
+    worker.media_wait_secs = 3600.0
+    running = Running(worker)
+    try:
+        assert_arrived_with_a_note(bridge, first_id, "report.pdf", host=BOT)
+        assert "NO [CANNOT]" in bridge.submits[0].text
+        assert len([u for u, _ in server.fetches if u == uid]) == 1
+    finally:
+        running.stop()
+
+
+def test_email_a_renumbered_mailbox_is_final_and_a_login_refused_at_a_reread_stops_the_worker(mailbox):
+    from plugins_app.channel.sdk import Attachment, ChannelRefused
+    server, bridge, state = mailbox
+    uid, first_id = mail_left_owed(server, bridge, state, b"%PDF-1.4")
+    worker = email_worker(bridge, state)
+    conn = server.imap()
+    try:
+        conn.select("INBOX", readonly=True)
+        uidvalidity = int(conn.untagged_responses["UIDVALIDITY"][0])
+    finally:
+        conn.logout()
+    with pytest.raises(LookupError, match="UIDVALIDITY"):
+        worker._fetch_attachment_sync(uidvalidity + 1, uid, 1)
+    with pytest.raises(LookupError):  # a Gmail part, --gmail-push since turned off: never None (the URL passed on)
+        worker.fetch_media(Attachment("document", "application/pdf", url="gmail:18c0ffee/1", filename="report.pdf"))
+    assert worker._fetch_attachment_sync(uidvalidity, uid, 1) == b"%PDF-1.4"
+    server.set_password("a-new-app-password")
+    with pytest.raises(ChannelRefused, match="IMAP login refused"):
+        worker._fetch_attachment_sync(uidvalidity, uid, 1)
+    assert "IMAP login refused" in worker._refusal
+
+
+def test_email_a_login_refused_while_an_attachment_waits_leaves_the_message_owed(mailbox):
+    server, bridge, state = mailbox
+    uid, first_id = mail_left_owed(server, bridge, state, b"%PDF-1.4")
+    server.fail_fetch(uid, times=10_000)
+    running = Running(email_worker(bridge, state))
+    try:
+        assert wait(lambda: any(u == uid for u, _ in server.fetches)), "the replay did not try it"
+        server.set_password("a-new-app-password")  # the next re-read's login is refused
+        running.thread.join(30)
+        assert not running.thread.is_alive(), "the worker did not stop on the refusal"
+        assert bridge.submit_log == [] and owed(bridge, state) == 1
+    finally:
+        running.stop()
+
+
 def test_email_gmail_push_an_attachment_gmail_cannot_give_now_is_not_now_and_a_refusal_stays_a_refusal(monkeypatch):
-    """With --gmail-push the part is read again through messages.get: a 5xx past gmail.py's own retries raises
-    MediaNotReady (the SDK waits, as above); a revoked grant stays ChannelRefused (the worker stops)."""
+    """With --gmail-push the part is read again through messages.get: a 5xx raises MediaNotReady at once (the SDK
+    waits and tries again, as above); a mail deleted meanwhile is final; a revoked grant stays ChannelRefused."""
     from plugins_app.channel.sdk import Attachment, ChannelRefused, MediaNotReady
     from plugins_app.channel.workers.email.gmail import GmailPush
     from plugins_app.channel.workers.email.worker import EmailWorker
@@ -464,10 +551,15 @@ def test_email_gmail_push_an_attachment_gmail_cannot_give_now_is_not_now_and_a_r
             gid = fake.add_mail(make_mail(text="the report", attachments=[(b"%PDF-1.4 g", "application/pdf",
                                                                            "report.pdf")]))
             att = Attachment("document", "application/pdf", url=f"gmail:{gid}/1", filename="report.pdf")
-            fake.fail_reads(503, times=5)  # one try and gmail.py's four retries
+            fake.fail_reads(503, times=1)
+            reads = lambda: [p for m, p in fake.requests if m == "GET" and p.endswith(f"/messages/{gid}")]  # noqa: E731
             with pytest.raises(MediaNotReady, match="503"):
                 worker.fetch_media(att)
+            assert len(reads()) == 1  # one try: no retries of gmail.py's own while every chat waits
             assert worker.fetch_media(att) == b"%PDF-1.4 g"  # the next replay's try
+            del fake.messages[gid]  # deleted meanwhile: Gmail answers 404
+            with pytest.raises(LookupError, match="no longer on the server"):  # final: a note, never "gmail:..."
+                worker.fetch_media(att)
             fake.revoke()
             with pytest.raises(ChannelRefused):
                 worker.fetch_media(att)

@@ -12,8 +12,10 @@
   UIDVALIDITY, runs one turn); without one, ``uid:<UIDVALIDITY>:<UID>``. Attachments
   travel inside the mail; only when their bytes are no longer in memory (a restart, or the
   host away when the mail came) are they read again from the server, and a server that
-  cannot answer then (unreachable, timing out, hanging up; for Gmail push a 429/5xx past
-  its retries) raises ``MediaNotReady``: the message waits, its chat only, and is tried again.
+  cannot answer then (unreachable, timing out, hanging up, a ``NO [UNAVAILABLE]``; for Gmail
+  push a 429/5xx) raises ``MediaNotReady``: the message waits, its chat only, and is tried
+  again. A mail no longer there is final (a note, never the IMAP URL); a refused login stops
+  the worker with the message owed.
 * **Threads.** ``In-Reply-To``/``References`` pick the conversation: the conversation
   id is the thread's root Message-ID, and every id seen in a thread (ours included)
   maps back to it, so a reply that carries only ``In-Reply-To`` lands in its thread.
