@@ -14,7 +14,8 @@ GovSlack's ``https://slack-gov.com/api/``, or a test's fake). Operators' page: d
   starts one; a direct message's top level is one conversation. Files are fetched with the bot
   token (only from Slack's own hosts) and stored on the host; a download Slack answers with a 5xx
   or a 429, or not at all, raises ``MediaNotReady`` (the message waits, its chat only, and the
-  SDK fetches again).
+  SDK fetches again); Slack's sign-in page instead of the file is checked with ``auth.test``: a
+  refused token stops the worker with the message owed, else the note names ``files:read``.
 * **Outbound.** Markdown → mrkdwn, split at 4,000 characters, each part posted with message
   metadata naming the delivery, so after a crash inside a send ``already_delivered`` finds
   what reached Slack and only the missing parts go out. Files go up through
