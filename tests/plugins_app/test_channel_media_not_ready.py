@@ -557,6 +557,11 @@ def test_email_gmail_push_an_attachment_gmail_cannot_give_now_is_not_now_and_a_r
                 worker.fetch_media(att)
             assert len(reads()) == 1  # one try: no retries of gmail.py's own while every chat waits
             assert worker.fetch_media(att) == b"%PDF-1.4 g"  # the next replay's try
+            token_url, worker.gmail.token_url = worker.gmail.token_url, closed_port_url()
+            worker.gmail._access = None  # the access token expired: a refresh first, and the endpoint is down
+            with pytest.raises(MediaNotReady, match="token endpoint is unreachable"):
+                worker.fetch_media(att)
+            worker.gmail.token_url = token_url
             del fake.messages[gid]  # deleted meanwhile: Gmail answers 404
             with pytest.raises(LookupError, match="no longer on the server"):  # final: a note, never "gmail:..."
                 worker.fetch_media(att)
@@ -565,6 +570,14 @@ def test_email_gmail_push_an_attachment_gmail_cannot_give_now_is_not_now_and_a_r
                 worker.fetch_media(att)
         finally:
             worker.gmail.close()
+
+
+def closed_port_url() -> str:
+    """A loopback URL nothing listens at (bound, never listening): the connection is refused."""
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}/token"
 
 
 def test_a_429_or_no_answer_at_all_is_not_now_too():

@@ -72,9 +72,12 @@ class GmailPush:
         self._refresh()
 
     def _refresh(self) -> str:
-        resp = self.http.post(self.token_url, data={
-            "grant_type": "refresh_token", "refresh_token": self.refresh_token,
-            "client_id": self.client_id, "client_secret": self.client_secret})
+        try:
+            resp = self.http.post(self.token_url, data={
+                "grant_type": "refresh_token", "refresh_token": self.refresh_token,
+                "client_id": self.client_id, "client_secret": self.client_secret})
+        except Exception as exc:  # noqa: BLE001 - httpx's transport errors
+            raise Transient(f"the token endpoint is unreachable: {type(exc).__name__}: {exc}") from exc
         if resp.status_code in (400, 401):
             body = _json(resp)
             raise ChannelRefused(f"Gmail refused the refresh token: {body.get('error', resp.status_code)}"

@@ -467,8 +467,8 @@ class TelegramWorker(ChannelWorker):
 
 @functools.cache
 def _request_class(base):
-    """python-telegram-bot's ``HTTPXRequest`` that marks a 5xx answer (and a 429 without ``retry_after``) with
-    its status: the library raises them as a bare ``NetworkError``, as it does a 413 or any status it has no
+    """python-telegram-bot's ``HTTPXRequest`` that marks a 5xx or 429 answer (one without ``parameters``, which
+    the library turns into ``RetryAfter`` or ``ChatMigrated``) with its status: the library raises them as a bare ``NetworkError``, as it does a 413 or any status it has no
     case for, and only the first are "not now" (see ``_not_now``). The error raised is the library's own
     (a ``NetworkError`` with its text), so a send sees what it saw before."""
     from telegram.error import NetworkError
@@ -482,7 +482,7 @@ def _request_class(base):
                 except ValueError:
                     body = {}
                 body = body if isinstance(body, dict) else {}
-                if code >= 500 or not (body.get("parameters") or {}).get("retry_after"):
+                if not body.get("parameters"):  # (a retry_after, a migrate_to_chat_id: the library's cases)
                     try:
                         text = f"{HTTPStatus(code).phrase} ({code})"
                     except ValueError:
