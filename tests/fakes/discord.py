@@ -79,6 +79,7 @@ class FakeDiscord:
         self._ws = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._files: dict[str, tuple[bytes, str]] = {}
+        self._cdn_failures: list[int] = []         # statuses the next attachment downloads answer, in order
         self._ready = threading.Event()
 
     # ---------------------------------------------------------------- lifecycle
@@ -181,6 +182,17 @@ class FakeDiscord:
     def inject_429(self, retry_after: float = 0.5, *, is_global: bool = False) -> None:
         self._429s.append((retry_after, is_global))
 
+    def fail_downloads(self, status: int = 503, times: int = 1) -> None:
+        """The CDN answers the next ``times`` attachment downloads with ``status`` (a 5xx: busy for now)."""
+        with self.lock:
+            self._cdn_failures += [status] * times
+
+    def downloads(self, att: dict) -> list[int | None]:
+        """The statuses the CDN answered for one attachment (as ``attachment()`` returned it), in order."""
+        path = "/" + att["url"].split("/", 3)[3]
+        with self.lock:
+            return [r["status"] for r in self.requests if r["method"] == "GET" and r["path"] == path]
+
     def fail_next_send(self, status: int, body: dict) -> None:
         self._fail_next.append((status, body))
 
@@ -219,6 +231,10 @@ class FakeDiscord:
         if m and method == "GET":
             if m.group(1) not in self._files:
                 return 404, {"message": "Not Found", "code": 0}, {}
+            with self.lock:
+                failure = self._cdn_failures.pop(0) if self._cdn_failures else None
+            if failure is not None:
+                return failure, b"<html><body>upstream connect error</body></html>", {"Content-Type": "text/html"}
             data, ctype = self._files[m.group(1)]
             return 200, data, {"Content-Type": ctype}
         if not path.startswith("/api/v10/"):

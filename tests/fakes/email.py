@@ -10,6 +10,8 @@
 Knobs: ``drop_connections()`` (the provider drops every IMAP socket), ``set_password()``
 (the account's password changed or its app password was revoked), ``smtp_refuse(code,
 text, times)`` (the next sends answered so: ``451 4.7.1`` rate limit, ``535`` auth),
+``fail_fetch(uid, times, no=None)`` (the next UID FETCHes of that mail answered ``* BYE [UNAVAILABLE]``,
+or ``NO [<no>]``), ``expunge(uid)`` (the mail deleted or moved away),
 ``stall_quit(event)`` (the server accepted the message and then hangs before answering
 QUIT: a window to kill a worker in, after the send and before its ack), ``idle_count``.
 
@@ -39,6 +41,8 @@ class MailServer:
         self.smtp_refusals: list[str] = []      # what was refused, as "code text"
         self._sent: list[bytes] = []
         self._refuse: list[tuple[int, str]] = []
+        self._fetch_failures: dict[str, tuple[int, str | None]] = {}  # UID -> (how many more fail, NO code)
+        self.fetches: list[tuple[int, bool]] = []  # (UID, answered) of every single-UID UID FETCH, in order
         self._quit_stall: threading.Event | None = None
         self._writers: set = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -94,6 +98,41 @@ class MailServer:
         config.apply_context()
         self._backend, self._config = backend, config
         server = self
+
+        original_fetch = imap_state.ConnectionState.do_fetch
+        if not getattr(original_fetch, "_faulty", False):
+            from pymap.exceptions import ResponseError
+            from pymap.parsing.response import ResponseBye, ResponseNo
+
+            from pymap.parsing.response import ResponseCode
+
+            class Unavailable(ResponseError):
+                def __init__(self, code):
+                    super().__init__()
+                    self.code = code
+
+                def get_response(self, tag):
+                    if self.code is not None:  # a tagged NO with that response code (RFC 5530); the connection stays
+                        return ResponseNo(tag, b"FETCH failed, try again later.", ResponseCode.of(self.code.encode()))
+                    # the BYE makes pymap close the connection after it
+                    response = ResponseNo(tag, b"FETCH failed: the server is going down.")
+                    response.add_untagged(ResponseBye(b"[UNAVAILABLE] Server busy, try again later."))
+                    return response
+
+            async def do_fetch(state_self, cmd):
+                fake = getattr(state_self.config, "_fake_mail_server", None)
+                uid = bytes(cmd.sequence_set).decode() if cmd.uid else None
+                if fake is not None and uid is not None:
+                    with fake._lock:
+                        failing, code = fake._fetch_failures.get(uid, (0, None))
+                        if failing:
+                            fake._fetch_failures[uid] = (failing - 1, code)
+                        fake.fetches.append((int(uid) if uid.isdigit() else uid, not failing))
+                    if failing:
+                        raise Unavailable(code)  # "* BYE ..." (the provider hangs up), or "NO [code] ..."
+                return await original_fetch(state_self, cmd)
+            do_fetch._faulty = True
+            imap_state.ConnectionState.do_fetch = do_fetch
 
         original_idle = imap_state.ConnectionState.do_idle
         if not getattr(original_idle, "_counted", False):
@@ -178,6 +217,18 @@ class MailServer:
         finally:
             conn.logout()
 
+    def expunge(self, uid: int, mailbox: str = "INBOX") -> None:
+        """The mail is deleted (or moved away) by another client of the account: ``\\Deleted`` and EXPUNGE."""
+        conn = self.imap()
+        try:
+            conn.select(mailbox)
+            typ, resp = conn.uid("STORE", str(uid), "+FLAGS", "(\\Deleted)")
+            assert typ == "OK", resp
+            typ, resp = conn.expunge()
+            assert typ == "OK", resp
+        finally:
+            conn.logout()
+
     def flags(self, uid: int, mailbox: str = "INBOX") -> str:
         conn = self.imap()
         try:
@@ -224,6 +275,13 @@ class MailServer:
         """Answer the next ``times`` messages' DATA with ``code text`` instead of accepting them."""
         with self._lock:
             self._refuse.extend([(code, text)] * times)
+
+    def fail_fetch(self, uid: int, times: int = 1, *, no: str | None = None) -> None:
+        """The next ``times`` UID FETCHes of ``uid`` are answered ``* BYE [UNAVAILABLE]`` and the connection
+        closed (the provider busy or restarting), not the message; with ``no`` (a response code such as
+        ``UNAVAILABLE``) a tagged ``NO [<no>]`` instead, the connection kept."""
+        with self._lock:
+            self._fetch_failures[str(uid)] = (times, no)
 
     def stall_quit(self, release: threading.Event | None) -> None:
         """Hold every QUIT until ``release`` is set (None: answer QUIT at once again)."""

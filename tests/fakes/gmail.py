@@ -53,6 +53,7 @@ class FakeGmail:
         self.revoked = False
         self.throttles: list[float] = []
         self.throttled = 0
+        self._read_failures: list[int] = []     # statuses the next messages.get calls answer (fail_reads)
         self.watches: list[dict] = []
         self.requests: list[tuple[str, str]] = []
         self.access_token = "ya29." + uuid.uuid4().hex
@@ -151,6 +152,11 @@ class FakeGmail:
         self.revoked = True
         self.access_token = "ya29.revoked-" + uuid.uuid4().hex  # the old access token stops working too
 
+    def fail_reads(self, status: int = 503, times: int = 1) -> None:
+        """The next ``times`` messages.get calls answer ``status`` (Gmail's backend busy), with a short Retry-After."""
+        with self.lock:
+            self._read_failures += [status] * times
+
     def throttle_send(self, retry_after: float) -> None:
         self.throttles.append(retry_after)
 
@@ -215,6 +221,11 @@ class FakeGmail:
                 gid = uuid.uuid4().hex[:16]
                 return self._reply(h, 200, {"id": gid, "threadId": body.get("threadId", gid), "labelIds": ["SENT"]})
             if path.startswith("messages/"):
+                if self._read_failures:
+                    status = self._read_failures.pop(0)
+                    return self._reply(h, status, {"error": {"code": status, "message": "The service is currently "
+                                                             "unavailable.", "status": "UNAVAILABLE"}},
+                                       {"Retry-After": "0.01"})
                 msg = self.messages.get(path.split("/", 1)[1])
                 if msg is None:
                     return self._reply(h, 404, {"error": {"code": 404, "message": "Requested entity was not found.",

@@ -19,6 +19,7 @@ and slack-sdk's own test fixtures. Drive it::
         slack.say("hello", channel="C1")          # a user's message, as a message event
         slack.posts()                             # what the bot posted (chat.postMessage bodies)
         slack.rate_limit("chat.postMessage", retry_after=1)
+        slack.fail_downloads(503, times=2)        # the next file downloads answer 503
         slack.disconnect("refresh_requested"); slack.drop_sockets(); slack.revoke()
 """
 from __future__ import annotations
@@ -90,6 +91,8 @@ class FakeSlack:
         self.uploads: dict[str, dict] = {}      # file_id -> {"filename", "length", "data"}
         self.shares: list[dict] = []            # files.completeUploadExternal calls
         self.files: dict[str, dict] = {}        # files users "uploaded", served at url_private_download
+        self.downloads: list[tuple[str, int]] = []  # (file id, status) of each private file download, in order
+        self._download_failures: list[int] = []     # statuses the next downloads answer (fail_downloads)
         self.delivered: list[dict] = []         # event payloads the app took (acked / answered 200)
         self.acks: list[str] = []
         self.request_url: str | None = None     # webhook mode: the worker's Request URL
@@ -186,6 +189,11 @@ class FakeSlack:
         return {"id": file_id, "created": int(time.time()), "name": name, "title": name, "mimetype": mimetype,
                 "filetype": name.rsplit(".", 1)[-1], "user": "U0USER001", "size": len(data),
                 "url_private": url, "url_private_download": url, "mode": "hosted", "is_external": False}
+
+    def fail_downloads(self, status: int = 503, times: int = 1) -> None:
+        """The next ``times`` private file downloads answer ``status`` (a 5xx: Slack's file servers busy)."""
+        with self.lock:
+            self._download_failures += [status] * times
 
     def push(self, payload: dict) -> None:
         """Deliver an Events API payload the way this fake's mode does, until the app takes it."""
@@ -584,6 +592,11 @@ class FakeSlack:
         token = (headers.get("Authorization") or "").removeprefix("Bearer ").strip()
         file_id = path.split("/")[2].split("-", 1)[-1]
         entry = self.files.get(file_id)
+        with self.lock:
+            failure = self._download_failures.pop(0) if self._download_failures else None
+            self.downloads.append((file_id, failure or 200))
+        if failure is not None:
+            return failure, b"<html><body>Service Unavailable</body></html>", "text/html; charset=utf-8"
         if token != self.bot_token or self.revoked_bot or entry is None:
             # Slack answers an unauthenticated download with its sign-in page, not a 401
             return 200, b"<!DOCTYPE html><html><body>Sign in to Slack</body></html>", "text/html; charset=utf-8"

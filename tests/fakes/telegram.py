@@ -32,6 +32,7 @@ import time
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
@@ -72,6 +73,8 @@ class FakeTelegram:
         self.webhook: dict = {"url": "", "secret_token": None}
         self.webhook_posts: list[tuple[int, int]] = []  # (update_id, status) of each webhook attempt
         self.files: dict[str, tuple[str, bytes]] = {}    # file_id -> (file_path, bytes)
+        self.downloads: list[tuple[str, int]] = []       # (file_path, status) of each file download, in order
+        self._download_failures: list[int] = []          # statuses the next file downloads answer
         self.revoked = False
         self._cond = threading.Condition()
         self._ids = itertools.count(1000)
@@ -196,6 +199,11 @@ class FakeTelegram:
             params["retry_after"] = retry_after
         with self._cond:
             self._failures.setdefault(method, []).append(_Failure(status, description, params or None, count))
+
+    def fail_downloads(self, status: int = 503, times: int = 1) -> None:
+        """The next ``times`` downloads from ``/file/bot<token>/`` answer ``status`` (a 5xx: busy for now)."""
+        with self._cond:
+            self._download_failures += [status] * times
 
     def hold_next(self, method: str, *, after: int = 0) -> None:
         """The call of ``method`` after the next ``after`` ones never arrives: held open, not recorded,
@@ -512,7 +520,14 @@ class _Handler(BaseHTTPRequestHandler):
         parts = self._split()
         token = self.fake.token
         if len(parts) >= 3 and parts[0] == "file" and parts[1] == f"bot{token}":
-            data = None if self.fake.revoked else self.fake._file("/".join(parts[2:]))
+            path = "/".join(parts[2:])
+            with self.fake._cond:
+                failure = self.fake._download_failures.pop(0) if self.fake._download_failures else None
+                data = None if self.fake.revoked else self.fake._file(path)
+                self.fake.downloads.append((path, failure or (404 if data is None else 200)))
+            if failure is not None:
+                return self._send(failure, {"ok": False, "error_code": failure,
+                                            "description": HTTPStatus(failure).phrase})
             if data is None:
                 return self._send(404, {"ok": False, "error_code": 404, "description": "Not Found"})
             self.send_response(200)

@@ -499,6 +499,30 @@ def test_a_file_that_cannot_be_fetched_becomes_a_note_never_a_link(bridge, tmp_p
     assert running.stop() == 0
 
 
+def test_the_wait_for_a_file_counts_from_the_start_of_the_first_try(bridge, tmp_path):
+    """A fetch that hangs until its timeout and then says "not now" has spent the wait already: with the clock
+    started before the first try, the message goes on with a note after that one try, not after a second."""
+    from plugins_app.channel.sdk import MediaNotReady
+
+    class Hanging(MediaWorker):
+        tries = 0
+
+        def fetch_media(self, attachment):
+            self.tries += 1
+            time.sleep(0.6)  # (the platform's timeout, shortened)
+            raise MediaNotReady("timed out")
+
+    worker = Hanging(sends=tmp_path / "sends.txt", state_dir=str(tmp_path), inbox=[photo("m-1")],
+                     **bridge.worker_kwargs())
+    worker.media_wait_secs = 0.3
+    running = Running(worker)
+    bridge.wait_for(lambda: bridge.submits)
+    [got] = bridge.submits
+    assert got.attachments == [] and "[p.png could not be fetched from the channel: timed out]" in got.text
+    assert worker.tries == 1
+    assert running.stop() == 0
+
+
 def test_a_media_put_the_host_does_not_answer_in_time_leaves_the_message_queued(bridge, tmp_path):
     from plugins_app.channel.sdk import CallTimeout
 

@@ -7,6 +7,8 @@ Imports nothing from Django, so a worker starts fast and stands alone:
 * ``InboundMessage``/``Delivery``/``Attachment`` (messages.py): the shapes;
 * ``Outbox`` (outbox.py): the crash-recovery record of unsettled messages;
 * ``RpcClient`` (client.py) and ``jsonrpc`` (framing, codes, dispatcher);
+* ``download`` (``plugins_app.channel.sdk.download``): GET a platform's file for ``fetch_media``,
+  ``MediaNotReady`` when the platform cannot give it now (imports httpx when called);
 * ``MockBridge`` (``plugins_app.channel.sdk.mock``, imported on its own): a fake host for tests.
 
 docs/plugin-protocol.md is the wire protocol, for workers in other languages.

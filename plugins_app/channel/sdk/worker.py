@@ -83,7 +83,9 @@ class ChannelRefused(Exception):
 class MediaNotReady(Exception):
     """Raised by ``fetch_media()`` when the platform cannot give the file now (busy, a 5xx, a network error):
     the message stays owed and the download is tried again at the next replay, for up to the worker's
-    ``media_wait_secs`` from the first try; then it goes on without the file, a note in its text saying so.
+    ``media_wait_secs`` from the start of the first try; then it goes on without the file, a note in its text
+    saying so. Fetch with short timeouts and no retries of your own (``sdk.download`` does): the SDK's hold
+    is the retry, and while a fetch runs the submits of every chat wait for it.
     (Any other error is final at once: the message goes on without that file, saying so. Never with the
     platform's link, which the host cannot fetch.)"""
 
@@ -635,6 +637,8 @@ class ChannelWorker:
             att.pop("_drop", None)  # (a mark left by an earlier try that then waited: this try decides anew)
             if att.get("media_id") or not att.get("url"):
                 continue
+            # the wait is counted from the start of the first try, so a fetch that hangs until its timeout counts
+            started = time.monotonic()
             try:
                 data = self.fetch_media(Attachment.from_dict(att))
             except ChannelRefused:
@@ -647,7 +651,7 @@ class ChannelWorker:
                 # in URLs (Telegram's in the path, WeChat's in the query); the note goes to the model
                 why = _NO_LINKS.sub("<link>", str(exc) or type(exc).__name__)[:200]
                 if isinstance(exc, MediaNotReady):
-                    first = self._media_waits.setdefault(key, time.monotonic())
+                    first = self._media_waits.setdefault(key, started)
                     if time.monotonic() - first < self.media_wait_secs:
                         self.log.warning("inbound message %s waits for its file, which the channel cannot give "
                                          "now: %s", key, why)

@@ -16,7 +16,9 @@ from ``GET /gateway/bot`` there, as Discord asks).
   worker with ``ChannelRefused``; the rest reconnect with a growing backoff, never a hot loop.
 * Inbound: MESSAGE_CREATE → ``InboundMessage`` (conversation = channel id, a thread being its own
   channel; message id = Discord's snowflake, the hub's dedupe key; ``source_type`` user for a DM,
-  room for a guild channel); attachments downloaded and stored on the host; replies as ``reply_to``.
+  room for a guild channel); attachments downloaded and stored on the host (a 5xx, a 429 or no answer
+  from the CDN raises ``MediaNotReady``: the message waits, its chat only, and the SDK fetches again);
+  replies as ``reply_to``.
   The bot's own messages, and other bots', are not submitted.
 * Outbound: ``POST /channels/{id}/messages``, JSON or multipart (``payload_json`` + ``files[n]``),
   split at 2000 characters, each part with a ``nonce`` and ``enforce_nonce`` so a resend after a
@@ -40,6 +42,7 @@ from pathlib import Path
 import httpx
 
 from plugins_app.channel.sdk import Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, InboundMessage
+from plugins_app.channel.sdk.download import download
 from plugins_app.channel.sdk.messages import ReplyContext
 from plugins_app.channel.sdk.outbox import default_state_dir
 from plugins_app.channel.sdk.text import split_text
@@ -507,8 +510,9 @@ class DiscordWorker(ChannelWorker):
     def fetch_media(self, attachment: Attachment) -> bytes | None:
         if not attachment.url:
             return None
-        # Discord's CDN URLs are signed; they need no token (and must not get it).
-        resp = httpx.get(attachment.url, timeout=60, follow_redirects=True)
+        # Discord's CDN URLs are signed; they need no token (and must not get it). A 5xx, a 429 or no answer:
+        # MediaNotReady. Any other status is final (a 403/404 is a link expired or a file deleted).
+        resp = download(attachment.url)
         if resp.status_code != 200:
             raise RuntimeError(f"discord: attachment download answered {resp.status_code}")
         return resp.content

@@ -9,7 +9,13 @@
   the SDK's outbox holds the message, so a crash or a dropped connection loses nothing
   and a reconnect reads on from where it stopped. The message's ``Message-ID`` is the
   inbound idempotency key (the same mail delivered twice, or renumbered by a new
-  UIDVALIDITY, runs one turn); without one, ``uid:<UIDVALIDITY>:<UID>``.
+  UIDVALIDITY, runs one turn); without one, ``uid:<UIDVALIDITY>:<UID>``. Attachments
+  travel inside the mail; only when their bytes are no longer in memory (a restart, or the
+  host away when the mail came) are they read again from the server, and a server that
+  cannot answer then (unreachable, timing out, hanging up, a ``NO [UNAVAILABLE]``; for Gmail
+  push a 429/5xx) raises ``MediaNotReady``: the message waits, its chat only, and is tried
+  again. A mail no longer there is final (a note, never the IMAP URL); a refused login stops
+  the worker with the message owed.
 * **Threads.** ``In-Reply-To``/``References`` pick the conversation: the conversation
   id is the thread's root Message-ID, and every id seen in a thread (ours included)
   maps back to it, so a reply that carries only ``In-Reply-To`` lands in its thread.

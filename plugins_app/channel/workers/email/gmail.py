@@ -72,9 +72,12 @@ class GmailPush:
         self._refresh()
 
     def _refresh(self) -> str:
-        resp = self.http.post(self.token_url, data={
-            "grant_type": "refresh_token", "refresh_token": self.refresh_token,
-            "client_id": self.client_id, "client_secret": self.client_secret})
+        try:
+            resp = self.http.post(self.token_url, data={
+                "grant_type": "refresh_token", "refresh_token": self.refresh_token,
+                "client_id": self.client_id, "client_secret": self.client_secret})
+        except Exception as exc:  # noqa: BLE001 - httpx's transport errors
+            raise Transient(f"the token endpoint is unreachable: {type(exc).__name__}: {exc}") from exc
         if resp.status_code in (400, 401):
             body = _json(resp)
             raise ChannelRefused(f"Gmail refused the refresh token: {body.get('error', resp.status_code)}"
@@ -86,15 +89,18 @@ class GmailPush:
         self._access_until = time.monotonic() + float(body.get("expires_in", 3600)) - 60
         return self._access
 
-    def call(self, method: str, path: str, *, json_body=None, params=None, retries: int = 4):
-        """One API call: a 401 refreshes the token once; 429/5xx wait Retry-After (or back off) and try again."""
+    def call(self, method: str, path: str, *, json_body=None, params=None, retries: int = 4,
+             timeout: float | None = None):
+        """One API call: a 401 refreshes the token once; 429/5xx wait Retry-After (or back off) and try again,
+        ``retries`` times (0: ``Transient`` at the first). ``timeout``: this call's, not the client's."""
         refreshed = False
         for attempt in range(retries + 1):
             if self._access is None or time.monotonic() > self._access_until:
                 self._refresh()
             try:
                 resp = self.http.request(method, self.api + path, json=json_body, params=params,
-                                         headers={"Authorization": f"Bearer {self._access}"})
+                                         headers={"Authorization": f"Bearer {self._access}"},
+                                         **({"timeout": timeout} if timeout is not None else {}))
             except Exception as exc:  # noqa: BLE001 - httpx's transport errors
                 raise Transient(f"Gmail unreachable: {type(exc).__name__}: {exc}") from exc
             if resp.status_code == 401 and not refreshed:
@@ -234,8 +240,10 @@ class GmailPush:
                     state.set_cursor(CURSOR, 0, max(state.cursor(CURSOR)[1], int(body["historyId"])))
                 return
 
-    def fetch_raw(self, gid: str) -> bytes | None:
-        resp = self.call("GET", f"users/me/messages/{gid}", params={"format": "raw"})
+    def fetch_raw(self, gid: str, *, retries: int = 4, timeout: float | None = None) -> bytes | None:
+        """The mail's raw bytes; None if Gmail has it no more (a 404)."""
+        resp = self.call("GET", f"users/me/messages/{gid}", params={"format": "raw"}, retries=retries,
+                         timeout=timeout)
         if resp.status_code == 404:
             return None  # deleted meanwhile
         return base64.urlsafe_b64decode(resp.json()["raw"] + "==")

@@ -16,7 +16,8 @@ import time
 from email.message import EmailMessage
 from pathlib import Path
 
-from plugins_app.channel.sdk import Attachment, ChannelRefused, ChannelWorker, DeliveryFailed
+from plugins_app.channel.sdk import Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, MediaNotReady
+from plugins_app.channel.sdk.download import MEDIA_TIMEOUT_SECS
 from plugins_app.channel.sdk.outbox import default_state_dir
 
 from . import DESCRIPTION, KIND
@@ -336,30 +337,64 @@ class EmailWorker(ChannelWorker):
         if url in self._media:
             return self._media[url]
         if url.startswith("gmail:") and self.gmail is not None:
+            from .gmail import Transient
             gid, _, index = url[len("gmail:"):].partition("/")
-            raw = self.gmail.fetch_raw(gid)
-            parts = attachment_parts(email.message_from_bytes(raw, policy=email.policy.default)) if raw else []
-            return parts[int(index) - 1].get_payload(decode=True) if 0 < int(index) <= len(parts) else None
+            try:  # one short try: the SDK's hold tries again (gmail.py's own retries would hold every chat)
+                raw = self.gmail.fetch_raw(gid, retries=0, timeout=min(self.args.timeout_secs, MEDIA_TIMEOUT_SECS))
+            except Transient as exc:  # a 429/5xx, or Gmail unreachable: not now
+                raise MediaNotReady(str(exc)) from exc
+            if raw is None:  # a 404: deleted meanwhile
+                raise LookupError(GONE)
+            return _part(raw, int(index) if index.isdigit() else 0)
         m = _IMAP_URL.search(url)
-        if not m:
-            return None
+        if not m:  # (a Gmail part with --gmail-push turned off since): never None, which would pass the URL on
+            raise LookupError("the mail cannot be read again this way (the worker's way of reading mail changed)")
         return self._fetch_attachment_sync(int(m.group(1)), int(m.group(2)), int(m.group(3)))
 
-    def _fetch_attachment_sync(self, uidvalidity: int, uid: int, index: int) -> bytes | None:
-        """After a restart the bytes are gone from memory: read the part again from the server."""
-        cls = imaplib.IMAP4_SSL if self.args.imap_security == "ssl" else imaplib.IMAP4
-        conn = cls(self.imap_host, self.imap_port, timeout=self.args.timeout_secs)
+    def _fetch_attachment_sync(self, uidvalidity: int, uid: int, index: int) -> bytes:
+        """The bytes are gone from memory (a restart, or the message could not go at once: the host away, an
+        earlier message of its thread still waiting): read the part again from the server.
+
+        "Not now" raises ``MediaNotReady``, so the message waits (its chat only) and the SDK fetches again: the
+        server unreachable, timing out or hanging up (a network error, ``IMAP4.abort``, a ``BYE``), or a tagged
+        ``NO`` with a code that says "later" (RFC 5530: ``UNAVAILABLE``, ``INUSE``, ``SERVERBUG``, ``LIMIT``).
+        A refused login records the refusal and raises ``ChannelRefused``: the message stays owed and the worker
+        stops, as the listener does. The mail no longer there (expunged, moved, or the mailbox renumbered: a new
+        UIDVALIDITY), any other ``NO``, or a certificate that does not verify is final: the message goes on
+        with a note saying why, never with the IMAP URL (which names the account)."""
         try:
-            conn.login(self.user, self.password)
+            return self._read_part(uidvalidity, uid, index)
+        except ssl.SSLCertVerificationError:
+            raise
+        except (OSError, imaplib.IMAP4.abort) as exc:
+            raise MediaNotReady(f"the IMAP server cannot give the attachment now: {type(exc).__name__}: {exc}") \
+                from exc
+
+    def _read_part(self, uidvalidity: int, uid: int, index: int) -> bytes:
+        cls = imaplib.IMAP4_SSL if self.args.imap_security == "ssl" else imaplib.IMAP4
+        conn = cls(self.imap_host, self.imap_port, timeout=min(self.args.timeout_secs, MEDIA_TIMEOUT_SECS))
+        try:
+            try:
+                conn.login(self.user, self.password)
+            except imaplib.IMAP4.abort:
+                raise
+            except imaplib.IMAP4.error as exc:
+                text = _s(exc.args[0] if exc.args else exc)
+                _raise_if_later("LOGIN", text)
+                self._refusal = f"IMAP login refused for {self.user}: {text}"
+                raise ChannelRefused(self._refusal) from exc
             typ, data = conn.select(self.args.mailbox, readonly=True)
-            if typ != "OK" or int((conn.untagged_responses.get("UIDVALIDITY") or [b"0"])[0]) != uidvalidity:
-                return None
+            if typ != "OK":
+                _raise_refused("SELECT", typ, data)
+            if int((conn.untagged_responses.get("UIDVALIDITY") or [b"0"])[0]) != uidvalidity:
+                raise LookupError(f"{GONE} (the mailbox was renumbered: a new UIDVALIDITY)")
             typ, data = conn.uid("FETCH", str(uid), "(BODY.PEEK[])")
+            if typ != "OK":
+                _raise_refused("UID FETCH", typ, data)
             raw = next((d[1] for d in data or [] if isinstance(d, tuple)), None)
-            if typ != "OK" or raw is None:
-                return None
-            parts = attachment_parts(email.message_from_bytes(raw, policy=email.policy.default))
-            return parts[index - 1].get_payload(decode=True) if 0 < index <= len(parts) else None
+            if raw is None:
+                raise LookupError(GONE)  # expunged or moved away: UID FETCH answers OK and nothing
+            return _part(raw, index)
         finally:
             try:
                 conn.logout()
@@ -520,6 +555,32 @@ class EmailWorker(ChannelWorker):
         if self.state is not None:
             self.state.close()
             self.state = None
+
+
+GONE = "the mail is no longer on the server"
+#: RFC 5530 response codes of a tagged NO that say "try again later", not "never".
+LATER_CODES = ("UNAVAILABLE", "INUSE", "SERVERBUG", "LIMIT")
+
+
+def _raise_if_later(command: str, text: str) -> None:
+    code = re.match(r"\s*\[([A-Z-]+)", text)
+    if code and code.group(1).upper() in LATER_CODES:
+        raise MediaNotReady(f"the IMAP server answered {command}: NO {text}")
+
+
+def _raise_refused(command: str, typ: str, data) -> None:
+    """A tagged NO (or BAD) to ``command``: MediaNotReady if its code says "later", else final."""
+    text = " ".join(_s(d) for d in data or [] if d is not None)
+    if typ == "NO":
+        _raise_if_later(command, text)
+    raise RuntimeError(f"the IMAP server answered {command}: {typ} {text}")
+
+
+def _part(raw: bytes, index: int) -> bytes:
+    parts = attachment_parts(email.message_from_bytes(raw, policy=email.policy.default))
+    if not 0 < index <= len(parts):
+        raise LookupError("the mail on the server no longer has that attachment")
+    return parts[index - 1].get_payload(decode=True)
 
 
 def _s(line) -> str:

@@ -12,7 +12,10 @@ GovSlack's ``https://slack-gov.com/api/``, or a test's fake). Operators' page: d
   ``im`` → ``user``, ``mpim`` → ``group``, channels → ``room``. With ``--threads on`` (the default)
   each thread is a conversation (``C123/1700000000.000100``) and a top-level channel message
   starts one; a direct message's top level is one conversation. Files are fetched with the bot
-  token (only from Slack's own hosts) and stored on the host.
+  token (only from Slack's own hosts) and stored on the host; a download Slack answers with a 5xx
+  or a 429, or not at all, raises ``MediaNotReady`` (the message waits, its chat only, and the
+  SDK fetches again); Slack's sign-in page instead of the file is checked with ``auth.test``: a
+  refused token stops the worker with the message owed, else the note names ``files:read``.
 * **Outbound.** Markdown → mrkdwn, split at 4,000 characters, each part posted with message
   metadata naming the delivery, so after a crash inside a send ``already_delivered`` finds
   what reached Slack and only the missing parts go out. Files go up through
@@ -43,7 +46,8 @@ from urllib.parse import urlsplit
 from slack_sdk.errors import SlackApiError
 
 from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, InboundMessage,
-                                     ReplyContext)
+                                     MediaNotReady, ReplyContext)
+from plugins_app.channel.sdk.download import MEDIA_TIMEOUT_SECS, download, says_later
 from plugins_app.channel.sdk.outbox import PENDING
 from plugins_app.channel.sdk.text import split_text
 
@@ -392,13 +396,33 @@ class SlackWorker(ChannelWorker):
     def fetch_media(self, attachment: Attachment) -> bytes | None:
         if not attachment.url or not self._slack_host(attachment.url):
             return None  # never hand the bot token to a host that is not Slack's
-        import httpx
-        response = httpx.get(attachment.url, headers={"Authorization": f"Bearer {self.bot_token}"},
-                             timeout=60, follow_redirects=True)
-        response.raise_for_status()
+        # a 5xx, a 429 or no answer: MediaNotReady (Slack keeps the file; the message waits and is fetched again)
+        response = download(attachment.url, headers={"Authorization": f"Bearer {self.bot_token}"})
+        response.raise_for_status()  # any other error status is final: the message goes on with a note
         if "text/html" in response.headers.get("content-type", "") and "html" not in attachment.content_type:
+            # Slack's sign-in page: a token without files:read, or one no longer valid at all. auth.test tells.
+            self._confirm_token()
             raise ValueError("Slack answered the file download with a page (the token lacks files:read)")
         return response.content
+
+    def _confirm_token(self) -> None:
+        """``ChannelRefused`` (the refusal recorded, as a send records it) if auth.test refuses the bot token,
+        ``MediaNotReady`` if Slack does not answer it now; returns if the token is fine. One short call, no
+        waiting out a rate limit: the SDK's hold tries again."""
+        from slack_sdk import WebClient
+        client = WebClient(token=self.bot_token, base_url=self.api.base_url, timeout=int(MEDIA_TIMEOUT_SECS),
+                           retry_handlers=[])
+        try:
+            client.api_call("auth.test")
+        except SlackApiError as exc:
+            code = error_code(exc)
+            if code in AUTH_ERRORS:
+                self._refusal = f"auth.test: {code}: the bot token (SLACK_BOT_TOKEN) was refused"
+                raise ChannelRefused(self._refusal) from exc
+            if says_later(getattr(exc.response, "status_code", 0) or 0) or code == "ratelimited":
+                raise MediaNotReady(f"auth.test: {code}") from exc
+        except OSError as exc:  # refused, reset, timed out (urllib's errors are OSErrors)
+            raise MediaNotReady(f"auth.test: {type(exc).__name__}: {exc}") from exc
 
     def _slack_host(self, url: str) -> bool:
         host = (urlsplit(url).hostname or "").lower()

@@ -7,7 +7,10 @@ keyboards), ``worker`` (the ``ChannelWorker``, limits, the sent-parts journal, t
 
 Environment: ``TELEGRAM_BOT_TOKEN`` (from @BotFather) and ``TELEGRAM_API_BASE_URL`` (default
 ``https://api.telegram.org/bot``; the token is appended as the Bot API does, so a local Bot API
-server or a test fake is one variable away). Files download from the same host's ``/file/bot``.
+server or a test fake is one variable away). Files download from the same host's ``/file/bot``; one
+Telegram cannot give now (a 5xx, a 429, a timeout) raises ``MediaNotReady``: the message waits, its
+chat only, and the SDK fetches again. A 400 (``file is too big``) or a 413 is final (a note); a 401
+confirmed by ``getMe`` stops the worker with the message owed.
 
 * inbound: ``getUpdates`` long polls (the offset moves past an update only once the hub accepted
   it) or a webhook listener (``X-Telegram-Bot-Api-Secret-Token`` checked; answered 200 only once

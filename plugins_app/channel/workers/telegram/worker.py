@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import hashlib
 import hmac
 import json
@@ -11,10 +12,13 @@ import re
 import threading
 import time
 from concurrent.futures import Future
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable
 
-from plugins_app.channel.sdk import Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, MessageValidationError
+from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, MediaNotReady,
+                                     MessageValidationError)
+from plugins_app.channel.sdk.download import MEDIA_TIMEOUT_SECS
 from plugins_app.channel.sdk.journal import SentJournal
 from plugins_app.channel.sdk.outbox import outbox_path_for
 from plugins_app.channel.sdk.text import split_text, utf16_len
@@ -141,7 +145,8 @@ class TelegramWorker(ChannelWorker):
             raise ChannelRefused(f"{TOKEN_ENV} is not set (add it to the plugin's env_refs)")
         self._loop = _Loop()
         self.bot = Bot(self.bot_token, base_url=self.base_url, base_file_url=file_base_url(self.base_url),
-                       request=HTTPXRequest(connection_pool_size=8, read_timeout=30, write_timeout=60),
+                       request=_request_class(HTTPXRequest)(connection_pool_size=8, read_timeout=30,
+                                                            write_timeout=60),
                        get_updates_request=HTTPXRequest(read_timeout=self.opts.poll_timeout + 15))
         journal_path = str(outbox_path_for(self.plugin_id, self.state_dir)).replace(".outbox.", ".telegram-sent.")
         self._journal = SentJournal(journal_path)
@@ -198,10 +203,44 @@ class TelegramWorker(ChannelWorker):
             return None
         file_id = attachment.url[len(FILE_URL_PREFIX):]
 
+        from telegram.error import BadRequest, InvalidToken, NetworkError, RetryAfter, TimedOut
+
+        # Short timeouts and no retries of its own: the SDK's hold retries, and a fetch runs while every chat's
+        # submits wait for it.
+        timeouts = {"read_timeout": MEDIA_TIMEOUT_SECS, "connect_timeout": MEDIA_TIMEOUT_SECS,
+                    "pool_timeout": MEDIA_TIMEOUT_SECS}
+
         async def download():
-            f = await self.bot.get_file(file_id)
-            return bytes(await f.download_as_bytearray())
-        return self._run(download())
+            f = await self.bot.get_file(file_id, **timeouts)
+            return bytes(await f.download_as_bytearray(**timeouts))
+        try:
+            return self._run(download())
+        except BadRequest:
+            raise  # (a NetworkError to the library) "file is too big" (over 20 MB), a wrong file_id: final
+        except InvalidToken as exc:
+            # a 401 (the token revoked), or a 404 (the library maps both so): getMe tells which
+            self._confirm_token()
+            raise LookupError(f"Telegram no longer has the file: {exc.message}") from exc
+        except (RetryAfter, TimedOut) as exc:
+            raise MediaNotReady(f"{type(exc).__name__}: {exc}") from exc
+        except NetworkError as exc:
+            if not _not_now(exc):
+                raise  # any other status the library has no case for (a 413, a 405...): final
+            # a 5xx, or no answer at all: Telegram keeps the file, so the message waits (its chat only) and the
+            # SDK fetches again
+            raise MediaNotReady(f"{type(exc).__name__}: {exc}") from exc
+
+    def _confirm_token(self) -> None:
+        """After an InvalidToken: ``ChannelRefused`` (the refusal recorded, as the sends do) if getMe is refused
+        too, ``MediaNotReady`` if Telegram does not answer it; returns if the token is fine."""
+        from telegram.error import InvalidToken, NetworkError, RetryAfter
+        try:
+            self._run(self.bot.get_me(read_timeout=MEDIA_TIMEOUT_SECS, connect_timeout=MEDIA_TIMEOUT_SECS))
+        except InvalidToken as exc:
+            self._refusal = REVOKED
+            raise ChannelRefused(REVOKED) from exc
+        except (NetworkError, RetryAfter) as exc:
+            raise MediaNotReady(f"the token cannot be checked now: {type(exc).__name__}: {exc}") from exc
 
     def disconnect(self) -> None:
         if self._server is not None:
@@ -424,6 +463,42 @@ class TelegramWorker(ChannelWorker):
 
     def _run(self, coro, *, cancel: threading.Event | None = None):
         return self._loop.run(coro, cancel=cancel)
+
+
+@functools.cache
+def _request_class(base):
+    """python-telegram-bot's ``HTTPXRequest`` that marks a 5xx or 429 answer (one without ``parameters``, which
+    the library turns into ``RetryAfter`` or ``ChatMigrated``) with its status: the library raises them as a bare ``NetworkError``, as it does a 413 or any status it has no
+    case for, and only the first are "not now" (see ``_not_now``). The error raised is the library's own
+    (a ``NetworkError`` with its text), so a send sees what it saw before."""
+    from telegram.error import NetworkError
+
+    class Request(base):
+        async def do_request(self, *args, **kwargs):
+            code, payload = await super().do_request(*args, **kwargs)
+            if code >= 500 or code == 429:
+                try:
+                    body = json.loads(payload.decode("utf-8", "replace"))
+                except ValueError:
+                    body = {}
+                body = body if isinstance(body, dict) else {}
+                if not body.get("parameters"):  # (a retry_after, a migrate_to_chat_id: the library's cases)
+                    try:
+                        text = f"{HTTPStatus(code).phrase} ({code})"
+                    except ValueError:
+                        text = f"Unknown HTTPError ({code})"
+                    exc = NetworkError(body.get("description") or text)  # the library's own text for it
+                    exc.http_status = code
+                    raise exc
+            return code, payload
+    return Request
+
+
+def _not_now(exc) -> bool:
+    """Whether a ``NetworkError`` says Telegram cannot answer now: a 5xx or 429 (``_request_class``), or no answer
+    at all (httpx's transport errors: refused, reset, timed out)."""
+    import httpx
+    return bool(getattr(exc, "http_status", 0)) or isinstance(exc.__cause__, httpx.TransportError)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
