@@ -75,6 +75,33 @@ def test_a_gateway_that_takes_the_handshake_and_closes_at_once_is_not_reconnecte
     assert link.frames == [] and link._delay > link.backoff_initial
 
 
+def test_a_gateway_that_asks_every_connection_to_move_on_at_once_is_not_reconnected_without_a_wait():
+    """A move the platform asks for opens the next connection at once, but not when the connection carried
+    nothing first: that is a gateway in trouble, and the move waits the link's delay like a reconnection.
+    Without that, every connection's drain (0.3 s) was the only pause: some 10 connections in 3 s."""
+    opened: list[int] = []
+
+    def session(conn: ServerConnection, n: int) -> None:
+        opened.append(n)
+        conn.send("disconnect")
+        try:
+            conn.recv()  # open until the link closes it
+        except Exception:  # noqa: BLE001 - closed
+            pass
+
+    with gateway(session) as url:
+        stopping = threading.Event()
+        link = Link(url, stopping)
+        thread = run(link)
+        assert wait_until(lambda: len(opened) >= 2, 10)  # it does move on
+        stopping.wait(3)
+        count = len(opened)
+        stopping.set()
+        thread.join(5)
+    assert count <= 7, count
+    assert set(link.frames) == {"disconnect"} and link._delay > link.backoff_initial
+
+
 def test_the_delay_goes_back_to_the_start_only_once_a_frame_arrived():
     def session(conn: ServerConnection, n: int) -> None:
         if n <= 3:
@@ -96,9 +123,12 @@ def test_the_delay_goes_back_to_the_start_only_once_a_frame_arrived():
 
 
 def test_a_frame_that_raises_while_the_old_connection_drains_still_closes_it_and_the_new_one_is_the_links():
+    sent = threading.Event()
+
     def session(conn: ServerConnection, n: int) -> None:
         if n == 1:
             conn.send("boom")  # waits on the old connection, read only when it drains
+            sent.set()
         try:
             conn.recv()  # open until the link closes it
         except Exception:  # noqa: BLE001 - closed
@@ -107,6 +137,7 @@ def test_a_frame_that_raises_while_the_old_connection_drains_still_closes_it_and
     with gateway(session) as url:
         link = Link(url, threading.Event())
         old = link.conn = link._open()
+        assert sent.wait(10)  # (so the old connection is the gateway's first: its handler numbered it first)
         with pytest.raises(ValueError):
             link._hand_over(old)
         new = link.conn

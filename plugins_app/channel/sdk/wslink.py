@@ -13,6 +13,7 @@ and then acknowledges it on the same connection), and:
   (Slack does, DingTalk's Stream gateway does not for robot messages);
 * a frame ``handle`` says asks for a new connection (the platform's ``disconnect``) opens the next connection
   first, reads (and acknowledges) what the old one still carries for a short while, and only then closes it;
+  when the connection carried nothing before asking, the next one waits the link's delay as after a drop;
 * ``LinkRefused`` (raised by ``open_url`` or ``handle``: the platform refused the credentials that open the
   link) ends ``run``: only the operator can fix it, so it is not tried again in a loop.
 
@@ -79,6 +80,7 @@ class WebSocketLink:
         """Until stopped: connect, read, hand each frame over; move on a disconnect, reconnect on a drop."""
         try:
             self.conn = self._connect(wait=False)
+            frames = 0  # the frames the current connection carried, a request to move on aside
             while self.conn is not None and not self.stopping.is_set():
                 try:
                     raw = self.conn.recv(timeout=0.5)
@@ -86,11 +88,16 @@ class WebSocketLink:
                     continue
                 except ConnectionClosed as exc:
                     log.warning("%s: connection dropped (%s); reconnecting", self.name, exc)
-                    self.conn = self._connect(wait=True)
+                    self.conn, frames = self._connect(wait=True), 0
                     continue
                 if self.handle(self.conn, raw):
-                    self._hand_over(self.conn)
+                    # a connection asked to move on before it carried anything is no better than one that
+                    # dropped: the move waits the link's delay (a gateway doing that every time is not
+                    # reconnected in a loop)
+                    self._hand_over(self.conn, wait=frames == 0)
+                    frames = 0
                 else:
+                    frames += 1
                     self._delay = self.backoff_initial  # a frame came through: this connection worked
         finally:
             if self.conn is not None:
@@ -129,9 +136,9 @@ class WebSocketLink:
                             type(exc).__name__, exc, self._delay)
         return None
 
-    def _hand_over(self, old: ClientConnection) -> None:
+    def _hand_over(self, old: ClientConnection, *, wait: bool = False) -> None:
         log.info("%s: the platform asked for a new connection; opening it before the old one closes", self.name)
-        new = self._connect(wait=False)
+        new = self._connect(wait=wait)
         if new is None:
             return
         self.conn = new  # from here on, whatever happens, the old one is closed and the new one is the link's

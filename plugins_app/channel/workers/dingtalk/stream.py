@@ -18,11 +18,12 @@ The protocol, as DingTalk's Stream protocol page describes it (open-dingtalk dev
   acknowledged ``{"code": 200, "headers": {"contentType": "application/json", "messageId": <the same>},
   "message": "OK", "data": "{\\"response\\": null}"}``. DingTalk pushes a robot message once ("fire and
   forget": it is never sent again, whether acknowledged or not; the acknowledgement only shows in DingTalk's
-  diagnostics). So a message ``on_message`` could not record is lost: it is logged at ERROR with its
-  ``msgId`` and the link fails with ``RecordFailed``, which fails the worker (the supervisor restarts it)
-  rather than reading on as if nothing happened. Unlike HTTP mode, where DingTalk retries a callback that got
-  no 200, nothing here brings a message back; a message recorded but not yet answered when the worker dies
-  is answered after the restart from the worker's outbox.
+  diagnostics). So the worker keeps a message it could not record in hand and tries again in place
+  (``record_tries`` times, 0.2 s doubling: a database locked for a moment); one it still could not record
+  is lost, logged at ERROR with its ``msgId``, and the link reads on: ending the link would close the
+  connection under every message DingTalk already pushed behind it, each lost as well. Unlike HTTP mode,
+  where DingTalk retries a callback that got no 200, nothing here brings a message back; a message recorded
+  but not yet answered when the worker dies is answered after the restart from the worker's outbox.
 """
 from __future__ import annotations
 
@@ -73,14 +74,12 @@ class StreamRefused(LinkRefused):
         self.status, self.code, self.message = status, code, message
 
 
-class RecordFailed(Exception):
-    """``on_message`` could not record a robot message: DingTalk will not send it again, so the link ends."""
-
-
 class StreamLink(WebSocketLink):
     """DingTalk's Stream mode on ``WebSocketLink``: robot messages to ``on_message``, acknowledged after it."""
 
     name = "dingtalk stream"
+    #: How often a robot message is tried before it is given up as lost (waits of 0.2 s doubling between).
+    record_tries = 5
 
     def __init__(self, client_id: str, client_secret: str, on_message: Callable[[dict], None], stopping, *,
                  base_url: str, client: httpx.Client):
@@ -155,17 +154,8 @@ class StreamLink(WebSocketLink):
                 log.warning("dingtalk stream: robot message frame %s carries no message; acknowledged", message_id)
                 self._send(conn, ack(message_id))  # nothing to record
                 return False
-            try:
-                self.on_message(message)  # returns once it is in the outbox
-            except LinkRefused:
-                raise
-            except Exception as exc:  # DingTalk never sends a robot message again: this one is lost
-                msg_id = message.get("msgId")
-                log.error("dingtalk stream: could not record robot message msgId=%s (frame %s): %s: %s; DingTalk "
-                          "does not send it again: it is LOST; the worker stops and is restarted", msg_id,
-                          message_id, type(exc).__name__, exc, exc_info=True)
-                raise RecordFailed(f"could not record robot message msgId={msg_id}: {type(exc).__name__}: "
-                                   f"{exc}") from exc
+            if not self._record(message, message_id):
+                return False  # lost (logged); not acknowledged
             if self._send(conn, ack(message_id)):
                 self.acked += 1
             return False
@@ -173,6 +163,27 @@ class StreamLink(WebSocketLink):
         log.info("dingtalk stream: a %s frame of topic %r, not subscribed to; acknowledged", kind, topic)
         if message_id:
             self._send(conn, ack(message_id))
+        return False
+
+    def _record(self, message: dict, frame_id: str) -> bool:
+        """Hand ``message`` to ``on_message`` (which returns once it is in the outbox), trying again in place
+        while it fails; False once it is given up, logged as lost (DingTalk never pushes it again)."""
+        delay = 0.2
+        for attempt in range(1, self.record_tries + 1):
+            try:
+                self.on_message(message)
+                return True
+            except LinkRefused:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the message is only in this frame: try again, then log it
+                if attempt == self.record_tries or self.stopping.wait(delay):
+                    log.error("dingtalk stream: could not record robot message msgId=%s (frame %s) in %d tries: "
+                              "%s: %s; DingTalk does not send it again: it is LOST", message.get("msgId"), frame_id,
+                              attempt, type(exc).__name__, exc, exc_info=True)
+                    return False
+                log.warning("dingtalk stream: could not record robot message msgId=%s (%s: %s); trying again in "
+                            "%.1f s", message.get("msgId"), type(exc).__name__, exc, delay)
+                delay *= 2
         return False
 
     @staticmethod

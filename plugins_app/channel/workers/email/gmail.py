@@ -91,10 +91,11 @@ class GmailPush:
 
     def call(self, method: str, path: str, *, json_body=None, params=None, retries: int = 4,
              timeout: float | None = None):
-        """One API call: a 401 refreshes the token once; 429/5xx wait Retry-After (or back off) and try again,
-        ``retries`` times (0: ``Transient`` at the first). ``timeout``: this call's, not the client's."""
-        refreshed = False
-        for attempt in range(retries + 1):
+        """One API call: a 401 refreshes the token once (whatever ``retries``: an expired token is no reason to
+        give up); 429/5xx wait Retry-After (or back off) and try again, ``retries`` times (0: ``Transient`` at
+        the first). ``timeout``: this call's, not the client's."""
+        refreshed, waits = False, 0
+        while True:
             if self._access is None or time.monotonic() > self._access_until:
                 self._refresh()
             try:
@@ -112,14 +113,14 @@ class GmailPush:
             if resp.status_code == 403 and "insufficient" in _error(resp).lower():
                 raise ChannelRefused(f"Gmail refused the call (missing scope): {_error(resp)}")
             if resp.status_code == 429 or resp.status_code >= 500:
-                if attempt >= retries or self.worker.stopping.is_set():
+                if waits >= retries or self.worker.stopping.is_set():
                     raise Transient(f"Gmail answered {resp.status_code}: {_error(resp)}")
-                delay = _retry_after(resp) or min(2.0 ** attempt, 60.0)
+                delay = _retry_after(resp) or min(2.0 ** waits, 60.0)
+                waits += 1
                 log.warning("Gmail answered %s; waiting %.1f s and trying again", resp.status_code, delay)
                 self.worker.stopping.wait(delay)
                 continue
             return resp
-        raise Transient("Gmail kept refusing")
 
     # -- inbound ------------------------------------------------------------------
 

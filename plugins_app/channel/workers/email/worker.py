@@ -381,6 +381,8 @@ class EmailWorker(ChannelWorker):
             except imaplib.IMAP4.error as exc:
                 text = _s(exc.args[0] if exc.args else exc)
                 _raise_if_later("LOGIN", text)
+                if "command error: BAD" in text:  # (imaplib's text for a BAD): the listener tries again too
+                    raise MediaNotReady(f"the IMAP server answered LOGIN: {text}") from exc
                 self._refusal = f"IMAP login refused for {self.user}: {text}"
                 raise ChannelRefused(self._refusal) from exc
             typ, data = conn.select(self.args.mailbox, readonly=True)

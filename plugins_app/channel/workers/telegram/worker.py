@@ -467,10 +467,12 @@ class TelegramWorker(ChannelWorker):
 
 @functools.cache
 def _request_class(base):
-    """python-telegram-bot's ``HTTPXRequest`` that marks a 5xx or 429 answer (one without ``parameters``, which
-    the library turns into ``RetryAfter`` or ``ChatMigrated``) with its status: the library raises them as a bare ``NetworkError``, as it does a 413 or any status it has no
-    case for, and only the first are "not now" (see ``_not_now``). The error raised is the library's own
-    (a ``NetworkError`` with its text), so a send sees what it saw before."""
+    """python-telegram-bot's ``HTTPXRequest`` that marks a 5xx or 429 answer with its status: the library
+    raises them as a bare ``NetworkError``, as it does a 413 or any status it has no case for, and only the
+    first are "not now" (see ``_not_now``). An answer whose ``parameters`` carry a ``migrate_to_chat_id`` or a
+    ``retry_after`` is left to the library (``ChatMigrated``, ``RetryAfter``: its only cases there). The error
+    raised is the library's class with the library's text for the status, so a send sees what it saw before;
+    only a body that is not JSON no longer adds "Parsing the server response ... failed" to that text."""
     from telegram.error import NetworkError
 
     class Request(base):
@@ -482,7 +484,8 @@ def _request_class(base):
                 except ValueError:
                     body = {}
                 body = body if isinstance(body, dict) else {}
-                if not body.get("parameters"):  # (a retry_after, a migrate_to_chat_id: the library's cases)
+                parameters = body.get("parameters") if isinstance(body.get("parameters"), dict) else {}
+                if not (parameters.get("migrate_to_chat_id") or parameters.get("retry_after")):
                     try:
                         text = f"{HTTPStatus(code).phrase} ({code})"
                     except ValueError:
