@@ -35,6 +35,11 @@ set, which is what DingTalk gives an app's robot), ``DINGTALK_API_BASE_URL`` (de
   has no idempotency key: each part DingTalk took is written to a sent-parts journal (a SQLite file
   beside the outbox) and a delivery resumed after a crash skips the parts it names; only the one part
   in flight at the crash may be sent twice.
+* **Files out.** Each file of an answer is a part of its own after the text: uploaded with the old OAPI's
+  ``POST {DINGTALK_OAPI_BASE_URL}/media/upload`` (type ``image`` or ``file``, multipart ``media``), then sent as
+  ``sampleImageMsg`` (the media id as ``photoURL``) or ``sampleFile``. The upload's media id (or why the file is
+  not sent) is journaled under its part, so a resend after a crash uploads nothing again. A file the robot
+  does not send (its type, over 20 MB, refused by DingTalk) is a note in its place; the rest still goes.
 * **Token.** ``POST /v1.0/oauth2/accessToken`` with the app key and secret, kept until shortly before it
   expires, fetched again at once when a call answers ``InvalidAuthentication`` (HTTP 400 at api.dingtalk.com)
   or 401, and the call made once more.
@@ -51,7 +56,7 @@ set, which is what DingTalk gives an app's robot), ``DINGTALK_API_BASE_URL`` (de
   to the newest ``sessionWebhook`` of its conversation (kept in a JSON file beside the outbox) while it is
   valid (about 90 minutes; ``DINGTALK_OAPI_BASE_URL``, default ``https://oapi.dingtalk.com``, is the only
   host the worker posts such a URL to); after that the delivery is dead-lettered with the reason. Files
-  are not downloaded: the message says so in its text.
+  are not downloaded, nor sent (a note for each): the message says so in its text.
 """
 from __future__ import annotations
 
