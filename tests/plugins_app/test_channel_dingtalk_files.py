@@ -110,8 +110,8 @@ def test_a_file_dingtalk_does_not_take_becomes_a_note_and_the_rest_is_sent(tcast
     text, txt_note, image = sent(ding, 3, rt)
     assert text["param"]["text"] == "the files"
     assert txt_note["msgKey"] == "sampleMarkdown" and txt_note["param"]["text"] == (
-        "[notes.txt was not sent: DingTalk's robot sends images (JPG, PNG, GIF, BMP) and files of type doc, docx, "
-        "xls, xlsx, ppt, pptx, zip, pdf, rar only, not txt]")
+        "[notes.txt was not sent: DingTalk's robot sends images (JPG, PNG, GIF, BMP), voice (AMR, WAV) and files of "
+        "type doc, docx, xls, xlsx, ppt, pptx, zip, pdf, rar only, not txt]")
     assert image["msgKey"] == "sampleImageMsg"
     assert list(uploads_by_name(ding)) == ["chart.png"]  # the text file was not uploaded
     assert wait_until(delivered, 15), rt.log(PID)

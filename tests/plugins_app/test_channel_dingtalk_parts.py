@@ -765,7 +765,9 @@ def test_a_gateway_out_of_reach_at_the_start_is_tried_again_not_fatal(ding):
     ("image/png", "chart.png", ("image", "png")), ("image/jpeg", None, ("image", "jpg")),
     ("application/octet-stream", "photo.GIF", ("image", "gif")), ("application/pdf", "report.pdf", ("file", "pdf")),
     ("application/pdf", None, ("file", "pdf")), ("application/zip", "all.zip", ("file", "zip")),
-    ("text/plain", "notes.txt", (None, "txt")), ("audio/mpeg", "memo.mp3", (None, "mp3")),
+    ("text/plain", "notes.txt", (None, "txt")), ("audio/mpeg", "memo.mp3", ("voice", "mp3")),
+    ("audio/wav", None, ("voice", "wav")), ("application/octet-stream", "memo.amr", ("voice", "amr")),
+    ("video/mp4", "clip.mp4", (None, "mp4")),
     ("image/webp", "sticker.webp", (None, "webp"))])
 def test_a_file_goes_as_an_image_or_a_file_by_what_dingtalk_takes(ctype, name, planned):
     from plugins_app.channel.workers.dingtalk import upload_plan
@@ -840,5 +842,40 @@ def test_an_upload_fetches_a_stale_token_again_waits_out_a_throttle_and_tells_th
     with pytest.raises(DeliveryFailed):
         worker.put_media(Media(b"%PDF-1.4 x", "application/pdf"), delivery.attachments[0], delivery)
     assert "whitelist" in worker._refusal
+    worker._journal.close()
+    worker.api.close()
+
+
+def wav(seconds: float, rate: int = 8000) -> bytes:
+    """A mono 16-bit PCM WAV playing ``seconds``, with a LIST chunk before its data (as many writers put one)."""
+    import struct
+    pcm = b"\0\0" * int(rate * seconds)
+    fmt = struct.pack("<HHIIHH", 1, 1, rate, rate * 2, 2, 16)
+    chunks = b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"LIST" + struct.pack("<I", 5) + b"INFO\0\0"
+    chunks += b"data" + struct.pack("<I", len(pcm)) + pcm
+    return b"RIFF" + struct.pack("<I", 4 + len(chunks)) + b"WAVE" + chunks
+
+
+def test_a_wavs_duration_is_its_data_over_its_byte_rate():
+    from plugins_app.channel.sdk.audio import wav_seconds
+    assert wav_seconds(wav(2.5)) == pytest.approx(2.5)
+    assert wav_seconds(b"RIFF\0\0\0\0WAVEdata\4\0\0\0abcd") is None  # no fmt chunk: no byte rate
+    assert wav_seconds(b"#!AMR\n" + b"\0" * 40) is None and wav_seconds(b"") is None
+
+
+def test_a_voice_goes_as_sample_audio_with_its_duration_and_an_mp3_becomes_a_note(ding, tmp_path):
+    from plugins_app.channel.sdk.messages import Media
+    worker = file_worker(ding, tmp_path)
+    delivery = file_delivery(("audio", "audio/wav", "memo.wav"), ("audio", "audio/mpeg", "song.mp3"))
+    memo, song = delivery.attachments
+    memo.channel_ref = worker.put_media(Media(wav(1.5), "audio/wav"), memo, delivery)
+    song.channel_ref = worker.put_media(Media(b"ID3" + b"\0" * 64, "audio/mpeg"), song, delivery)
+    [(media_id, upload)] = ding.uploads.items()
+    assert (upload["type"], upload["filename"]) == ("voice", "memo.wav")
+    worker.deliver(delivery)
+    assert [(m["msgKey"], m["param"]) for m in ding.sent[1:]] == [
+        ("sampleAudio", {"mediaId": media_id, "duration": "1500"}),
+        ("sampleMarkdown", {"title": "[song.mp3 was not s…", "text": "[song.mp3 was not sent: DingTalk's voice "
+                            "message needs its duration, which the worker reads from AMR-NB and WAV only, not mp3]"})]
     worker._journal.close()
     worker.api.close()

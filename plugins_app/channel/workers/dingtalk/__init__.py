@@ -37,7 +37,8 @@ set, which is what DingTalk gives an app's robot), ``DINGTALK_API_BASE_URL`` (de
   in flight at the crash may be sent twice.
 * **Files out.** Each file of an answer is a part of its own after the text: uploaded with the old OAPI's
   ``POST {DINGTALK_OAPI_BASE_URL}/media/upload`` (type ``image`` or ``file``, multipart ``media``), then sent as
-  ``sampleImageMsg`` (the media id as ``photoURL``) or ``sampleFile``. The upload's media id (or why the file is
+  ``sampleImageMsg`` (the media id as ``photoURL``), ``sampleAudio`` (with its duration in ms: AMR and WAV) or
+  ``sampleFile``. The upload's media id (or why the file is
   not sent) is journaled under its part, so a resend after a crash uploads nothing again. A file the robot
   does not send (its type, over 20 MB, refused by DingTalk) is a note in its place; the rest still goes.
 * **Token.** ``POST /v1.0/oauth2/accessToken`` with the app key and secret, kept until shortly before it
@@ -74,6 +75,7 @@ import httpx
 
 from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, InboundMessage,
                                      MediaNotReady)
+from plugins_app.channel.sdk.audio import amr_seconds, wav_seconds
 from plugins_app.channel.sdk.journal import SentJournal
 from plugins_app.channel.sdk.outbox import outbox_path_for
 from plugins_app.channel.sdk.text import split_text
@@ -105,13 +107,17 @@ MEDIA = {"picture": ("image", "image/jpeg"), "audio": ("audio", "audio/amr"), "v
 SESSION_MARGIN_MS = 10_000
 MB = 1024 * 1024
 #: What the robot sends a file as, by its type: an image (``media/upload`` type ``image``, then ``sampleImageMsg``
-#: with the media id as ``photoURL``) or a file (type ``file``, then ``sampleFile``). DingTalk's upload limits:
-#: an image 20 MB (JPG, PNG, GIF, BMP), a file 20 MB of the types below.
+#: with the media id as ``photoURL``), a voice (type ``voice``, then ``sampleAudio`` with its duration) or a file
+#: (type ``file``, then ``sampleFile``). DingTalk's upload limits: an image 20 MB (JPG, PNG, GIF, BMP), a voice
+#: 2 MB (AMR, MP3, WAV; the worker reads the duration of AMR and WAV only), a file 20 MB of the types below.
 IMAGE_TYPES = {"image/jpeg": "jpg", "image/jpg": "jpg", "image/pjpeg": "jpg", "image/png": "png", "image/gif": "gif",
                "image/bmp": "bmp"}
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "gif", "bmp")
 FILE_EXTENSIONS = ("doc", "docx", "xls", "xlsx", "ppt", "pptx", "zip", "pdf", "rar")
-UPLOAD_LIMITS = {"image": 20 * MB, "file": 20 * MB}
+VOICE_TYPES = {"audio/amr": "amr", "audio/x-amr": "amr", "voice/amr": "amr", "audio/wav": "wav", "audio/x-wav": "wav",
+               "audio/wave": "wav", "audio/vnd.wave": "wav", "audio/mpeg": "mp3", "audio/mp3": "mp3"}
+VOICE_EXTENSIONS = ("amr", "wav", "mp3")
+UPLOAD_LIMITS = {"image": 20 * MB, "voice": 2 * MB, "file": 20 * MB}
 #: ``channel_ref`` of an uploaded file: ``dingtalk:`` and JSON ``[media type, media id, file name]``.
 UPLOADED = "dingtalk:"
 #: ``channel_ref`` of a file not sent: ``unsent:<why>``; a note is sent in its place.
@@ -266,15 +272,19 @@ def extension_of(name: str | None) -> str:
 
 def upload_plan(content_type: str | None, filename: str | None) -> tuple[str | None, str]:
     """(media type, extension) a file is uploaded as: ``image`` for a JPG, PNG, GIF or BMP (by its type, or its
-    name's extension when the type says nothing), ``file`` for a name DingTalk's file message takes; media type
-    None for what the robot cannot send (a voice or a video needs its duration and a cover the worker does not
-    have; other files DingTalk's ``sampleFile`` does not take)."""
+    name's extension when the type says nothing), ``voice`` for an AMR, WAV or MP3, ``file`` for a name DingTalk's
+    file message takes; media type None for what the robot cannot send (a video needs its duration and a cover
+    the worker does not have; other files DingTalk's ``sampleFile`` does not take)."""
     mime = (content_type or "").split(";")[0].strip().lower()
     ext = extension_of(filename)
     if mime in IMAGE_TYPES:
         return "image", ext if ext in IMAGE_EXTENSIONS else IMAGE_TYPES[mime]
     if ext in IMAGE_EXTENSIONS and mime in ("", "application/octet-stream", "binary/octet-stream"):
         return "image", ext
+    if mime in VOICE_TYPES:
+        return "voice", ext if ext in VOICE_EXTENSIONS else VOICE_TYPES[mime]
+    if ext in VOICE_EXTENSIONS and mime in ("", "application/octet-stream", "binary/octet-stream"):
+        return "voice", ext
     if ext in FILE_EXTENSIONS:
         return "file", ext
     guessed = (mimetypes.guess_extension(mime) or "").lstrip(".") if mime else ""
@@ -484,12 +494,16 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
         name = attachment.filename or media.filename
         mtype, ext = upload_plan(ctype, name)
         size = len(media.data)
+        seconds = (amr_seconds(media.data) or wav_seconds(media.data)) if mtype == "voice" else None
         if mtype is None:
-            ref = UNSENT + (f"DingTalk's robot sends images (JPG, PNG, GIF, BMP) and files of type "
+            ref = UNSENT + (f"DingTalk's robot sends images (JPG, PNG, GIF, BMP), voice (AMR, WAV) and files of type "
                             f"{', '.join(FILE_EXTENSIONS)} only, not {ext or ctype}")
+        elif mtype == "voice" and not seconds:
+            ref = UNSENT + ("DingTalk's voice message needs its duration, which the worker reads from AMR-NB and WAV "
+                            f"only, not {ext or ctype}")
         elif size > UPLOAD_LIMITS[mtype]:
             ref = UNSENT + f"it is {size / MB:.1f} MB, over DingTalk's {UPLOAD_LIMITS[mtype] // MB} MB for " + (
-                "an image" if mtype == "image" else "a file")
+                {"image": "an image", "voice": "a voice"}.get(mtype, "a file"))
         else:
             name = name or f"{attachment.kind or mtype}.{ext}"
             if extension_of(name) != ext:
@@ -506,7 +520,7 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
             except (Stopped, httpx.HTTPError) as exc:
                 raise DeliveryFailed(f"media/upload: {type(exc).__name__}: {exc}") from exc
             else:
-                ref = UPLOADED + json.dumps([mtype, media_id, name], ensure_ascii=False)
+                ref = UPLOADED + json.dumps([mtype, media_id, name, round((seconds or 0) * 1000)], ensure_ascii=False)
         if ref.startswith(UNSENT):
             self.log.warning("dingtalk: delivery %s: %s", delivery.delivery_id,
                              unsent_note(attachment, ref[len(UNSENT):]))
@@ -522,9 +536,12 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
         for att in delivery.attachments:
             ref = att.channel_ref or ""
             if ref.startswith(UPLOADED):
-                mtype, media_id, name = json.loads(ref[len(UPLOADED):])
+                mtype, media_id, name, duration_ms = json.loads(ref[len(UPLOADED):])
                 if mtype == "image":
                     steps.append(("sampleImageMsg", {"photoURL": media_id}, unsent_note(att, "DingTalk refused it")))
+                elif mtype == "voice":
+                    steps.append(("sampleAudio", {"mediaId": media_id, "duration": str(duration_ms)},
+                                  unsent_note(att, "DingTalk refused it")))
                 else:
                     steps.append(("sampleFile", {"mediaId": media_id, "fileName": name,
                                                  "fileType": extension_of(name)}, unsent_note(att, "DingTalk refused it")))
