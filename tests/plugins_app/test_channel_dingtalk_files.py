@@ -15,7 +15,8 @@ from plugins_app.channel import services
 from plugins_app.channel.models import OutboundDelivery, Plugin
 from tests.fakes.dingtalk import GROUP, STAFF, FakeDingTalk
 from tests.plugins_app.conftest import wait_until
-from tests.plugins_app.test_channel_dingtalk import PID, delivered, dingtalk_plugin, listening, session_plugin
+from tests.plugins_app.test_channel_dingtalk import (PID, delivered, dingtalk_plugin, listening, session_plugin,
+                                                     stream_plugin, streaming)
 
 pytestmark = [pytest.mark.django_db(transaction=True),
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc and prctl")]
@@ -78,6 +79,21 @@ def test_an_image_and_a_file_are_uploaded_and_sent_after_the_text(tcast, ding, s
         assert call.body["params"]["access_token"] in ding.tokens and call.body["fields"] == ["media"]
     assert wait_until(delivered, 15), rt.log(PID)
     assert OutboundDelivery.objects.get().channel_message_id == text["key"]
+
+
+def test_stream_mode_a_mentions_answer_with_an_image_goes_to_the_group(tcast, ding, start_runtime):
+    stream_plugin()
+    rt = start_runtime()
+    streaming(rt, ding)
+    ding.stream_say("@机器人 script:answer=the chart", group=True)
+    assert wait_until(delivered, 30), rt.log(PID)
+    enqueue(Plugin.objects.get(), "here it is", (PNG, "image/png", "chart.png"), to=f"group:{GROUP}")
+    _, text, image = sent(ding, 3, rt)
+    [(media_id, _)] = ding.uploads.items()
+    assert text["param"]["text"] == "here it is" and (image["msgKey"], image["param"]) == (
+        "sampleImageMsg", {"photoURL": media_id})
+    assert {m["to"] for m in ding.sent} == {GROUP}
+    assert wait_until(lambda: OutboundDelivery.objects.filter(state="delivered").count() == 2, 15), rt.log(PID)
 
 
 def test_a_worker_killed_after_an_upload_and_after_a_send_sends_no_part_twice(tcast, ding, start_runtime):
