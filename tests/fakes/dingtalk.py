@@ -15,6 +15,15 @@
   ``msgParam`` over 15,000 bytes 400 ``invalidParameter.msgParam.length``; scripted answers (``script``:
   429 ``Throttling.Api``, 500...) for the next sends, ``hold_next``: a send that never arrives, and
   ``hold_downloads``: ``messageFiles/download`` calls held unanswered while it is set.
+* the **old OAPI** (``oapi.dingtalk.com``, the same server here): ``POST /media/upload?access_token=…&type=
+  image|voice|video|file`` with the file as the multipart field ``media`` → ``{"errcode": 0, "errmsg": "ok",
+  "type", "media_id", "created_at"}``; errors answered HTTP 200 with an ``errcode``: 40014 a token it does not
+  take, 40004 an unknown type, 40005 a file type the media type does not take, 40006 over its size (image 20 MB
+  JPG/GIF/PNG/BMP, voice 2 MB AMR/MP3/WAV, video 20 MB MP4, file 20 MB doc/docx/xls/xlsx/ppt/pptx/zip/pdf/rar),
+  41005 no ``media``; ``upload_errcode`` refuses every upload with that errcode. The sends take
+  ``sampleImageMsg`` (``photoURL``: a URL or an image's media id), ``sampleFile`` (``mediaId`` of an upload,
+  ``fileName``, ``fileType``) and ``sampleAudio`` (``mediaId``, ``duration``) besides text and markdown;
+  ``refuse_msg_key``: sends of that msgKey answered 400 ``invalidParameter.msgParam.invalid``.
 * the **Stream mode gateway**: ``POST /v1.0/gateway/connections/open`` (``{"clientId", "clientSecret",
   "subscriptions", "ua", "localIp"}`` → ``{"endpoint", "ticket"}``; a bad Client ID or Secret 401 ``authFailed``
   鉴权失败, as api.dingtalk.com answers it) and a WebSocket server (``websockets``) at the endpoint, taking each
@@ -61,6 +70,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.server import ServerConnection, serve
 
 from tests.fakes import FakeHandler, FakeHTTPServer
+from tests.fakes.wecom import multipart
 
 APP_KEY = "dingzvbx8fxmfhqgyk0a"
 CORP_ID = "ding9f50b15bccd16741"
@@ -71,6 +81,11 @@ BOT_USER = "$:LWCP_v1:$r3xyhJnjTmNHmjUNAaVNiD0ORWgj4ZJP"
 MSGPARAM_LIMIT = 15000
 BOT_MESSAGE_TOPIC = "/v1.0/im/bot/messages/get"
 OPEN_PATH = "/v1.0/gateway/connections/open"
+MB = 1024 * 1024
+#: The old OAPI's media/upload: each type's size limit and the extensions it takes.
+UPLOAD_RULES = {"image": (20 * MB, ("jpg", "jpeg", "gif", "png", "bmp")), "voice": (2 * MB, ("amr", "mp3", "wav")),
+                "video": (20 * MB, ("mp4",)),
+                "file": (20 * MB, ("doc", "docx", "xls", "xlsx", "ppt", "pptx", "zip", "pdf", "rar"))}
 
 
 def sign(app_secret: str, timestamp: str) -> str:
@@ -126,6 +141,9 @@ class FakeDingTalk:
         self.held = threading.Event()             # a held send arrived
         self.hold_downloads = False               # messageFiles/download held unanswered while set
         self.download_held = threading.Event()    # a held download arrived
+        self.uploads: dict[str, dict] = {}        # media_id -> type, data, filename, content_type
+        self.upload_errcode: int | None = None     # refuse every media/upload with this errcode
+        self.refuse_msg_key: str | None = None     # sends of this msgKey answered 400
         self._hold_after: int | None = None
         self._script: list[tuple[int, dict]] = []
         self._secret_reset = False
@@ -480,6 +498,9 @@ class FakeDingTalk:
                         self.close_connection = True
                         return None
                     return self.send(200, found[0], found[1])
+                if method == "POST" and path == "/media/upload":
+                    status, answer = fake._media_upload(self.path, raw, self.headers.get("Content-Type") or "")
+                    return self.send(status, json.dumps(answer, ensure_ascii=False).encode(), "application/json")
                 if method == "POST" and path == "/robot/sendBySession":
                     status, answer = fake._session_send(self.path, raw)
                     if isinstance(answer, bytes):
@@ -556,11 +577,21 @@ class FakeDingTalk:
         except ValueError:
             return 400, error("invalidParameter.msgParam.invalid", "msgParam不是合法的JSON")
         key = body.get("msgKey")
-        need = {"sampleText": ("content",), "sampleMarkdown": ("title", "text")}.get(key)
+        need = {"sampleText": ("content",), "sampleMarkdown": ("title", "text"), "sampleImageMsg": ("photoURL",),
+                "sampleFile": ("mediaId", "fileName", "fileType"), "sampleAudio": ("mediaId", "duration")}.get(key)
         if need is None:
             return 400, error("template.not.existed", "机器人模板不存在")
         if not isinstance(values, dict) or not all(isinstance(values.get(k), str) and values[k] for k in need):
             return 400, error("invalidParameter.msgParam.invalid", "消息参数错误")
+        if key == self.refuse_msg_key:
+            return 400, error("invalidParameter.msgParam.invalid", "消息参数错误")
+        with self.lock:
+            media = self.uploads.get(values.get("mediaId") or values.get("photoURL") or "")
+        if key == "sampleImageMsg" and not values["photoURL"].startswith("http") and (
+                media is None or media["type"] != "image"):
+            return 400, error("invalidParameter.msgParam.photoURL", "图片不存在")
+        if key in ("sampleFile", "sampleAudio") and media is None:
+            return 400, error("invalidParameter.msgParam.mediaId", "mediaId不存在")
         with self.lock:
             if self._script:
                 return self._script.pop(0)
@@ -584,6 +615,41 @@ class FakeDingTalk:
                 return 400, error("invalidParameter.robotCode.notExsit", "机器人不存在")
             self.sent.append({"kind": "group", "to": group, "msgKey": key, "param": values, "key": pqk})
             return 200, {"processQueryKey": pqk}
+
+    def _media_upload(self, target: str, raw: bytes, ctype: str) -> tuple[int, dict]:
+        """The old OAPI's ``media/upload``: HTTP 200 whatever happened, the outcome in ``errcode``."""
+        params = {k: v[0] for k, v in parse_qs(urlsplit(target).query).items()}
+        parts = multipart(raw, ctype) if ctype.startswith("multipart/form-data") else {}
+        call = Call("POST", "/media/upload", {}, {"params": params, "fields": sorted(parts)}, time.monotonic())
+        call.answer = self._upload_answer(params, parts)
+        with self.lock:
+            self.calls.append(call)
+        return 200, call.answer
+
+    def _upload_answer(self, params: dict, parts: dict) -> dict:
+        with self.lock:
+            expires = self.tokens.get(params.get("access_token") or "")
+        if expires is None or time.time() >= expires:
+            return {"errcode": 40014, "errmsg": "不合法的access_token"}
+        mtype = params.get("type") or ""
+        if mtype not in UPLOAD_RULES:
+            return {"errcode": 40004, "errmsg": "不合法的媒体文件类型"}
+        if self.upload_errcode is not None:
+            return {"errcode": self.upload_errcode, "errmsg": "上传失败"}
+        media = parts.get("media")
+        if not media or not media.get("filename"):
+            return {"errcode": 41005, "errmsg": "缺少多媒体文件数据"}
+        limit, extensions = UPLOAD_RULES[mtype]
+        if media["filename"].rsplit(".", 1)[-1].lower() not in extensions:
+            return {"errcode": 40005, "errmsg": "不合法的文件类型"}
+        if len(media["data"]) > limit:
+            return {"errcode": 40006, "errmsg": "不合法的文件大小"}
+        media_id = "@lA" + secrets.token_urlsafe(30)
+        created = int(time.time() * 1000)
+        with self.lock:
+            self.uploads[media_id] = {"type": mtype, "data": media["data"], "filename": media["filename"],
+                                      "content_type": media["content_type"]}
+        return {"errcode": 0, "errmsg": "ok", "type": mtype, "media_id": media_id, "created_at": created}
 
     def _session_send(self, target: str, raw: bytes) -> tuple[int, dict]:
         """A message's sessionWebhook: ``{"msgtype", "markdown"|"text"}``, no token; errors in errcode."""

@@ -24,7 +24,7 @@ from tests.plugins_app.conftest import make_plugin, wait_until
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc and prctl")
 
 PID = "dingtalk-main"
-ENV_REFS = ["DINGTALK_APP_KEY", "DINGTALK_APP_SECRET", "DINGTALK_API_BASE_URL"]
+ENV_REFS = ["DINGTALK_APP_KEY", "DINGTALK_APP_SECRET", "DINGTALK_API_BASE_URL", "DINGTALK_OAPI_BASE_URL"]
 LISTENING = re.compile(r"webhook listening on (http://\S+)")
 
 

@@ -762,3 +762,125 @@ def test_a_gateway_out_of_reach_at_the_start_is_tried_again_not_fatal(ding):
     thread.join(5)
     client.close()
     assert thread.ended is None
+
+
+# -- an answer's files ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("ctype, name, planned", [
+    ("image/png", "chart.png", ("image", "png")), ("image/jpeg", None, ("image", "jpg")),
+    ("application/octet-stream", "photo.GIF", ("image", "gif")), ("application/pdf", "report.pdf", ("file", "pdf")),
+    ("application/pdf", None, ("file", "pdf")), ("application/zip", "all.zip", ("file", "zip")),
+    ("text/plain", "notes.txt", (None, "txt")), ("audio/mpeg", "memo.mp3", ("voice", "mp3")),
+    ("audio/wav", None, ("voice", "wav")), ("application/octet-stream", "memo.amr", ("voice", "amr")),
+    ("video/mp4", "clip.mp4", (None, "mp4")),
+    ("image/webp", "sticker.webp", (None, "webp"))])
+def test_a_file_goes_as_an_image_or_a_file_by_what_dingtalk_takes(ctype, name, planned):
+    from plugins_app.channel.workers.dingtalk import upload_plan
+    assert upload_plan(ctype, name) == planned
+
+
+def file_worker(ding: FakeDingTalk, tmp_path) -> DingTalkWorker:
+    from plugins_app.channel.sdk.journal import SentJournal
+    worker = DingTalkWorker(argv=[], environ=ding.env(), socket_path="/nowhere", plugin_id="dt-test", token="t",
+                            install_signal_handlers=False)
+    worker._journal = SentJournal(str(tmp_path / "sent.sqlite3"))
+    worker.api.backoff_initial = 0.01
+    return worker
+
+
+def file_delivery(*files):
+    from plugins_app.channel.sdk import Attachment, Delivery
+    return Delivery(delivery_id="d_f", conversation_id=f"user:{STAFF}", text="the files",
+                    attachments=[Attachment(kind=kind, content_type=ctype, media_id=f"m{i}", filename=name)
+                                 for i, (kind, ctype, name) in enumerate(files)])
+
+
+def test_an_upload_is_multipart_media_with_its_type_and_its_media_id_is_kept_for_a_resend(ding, tmp_path):
+    from plugins_app.channel.sdk.messages import Media
+    worker = file_worker(ding, tmp_path)
+    delivery = file_delivery(("image", "image/png", "chart.png"))
+    media = Media(b"\x89PNG\r\n\x1a\n0123", "image/png", "chart.png")
+    ref = worker.put_media(media, delivery.attachments[0], delivery)
+    [call] = ding.calls_to("/media/upload")
+    assert call.body["params"]["type"] == "image" and call.body["fields"] == ["media"]
+    [(media_id, upload)] = ding.uploads.items()
+    assert (upload["filename"], upload["data"]) == ("chart.png", media.data) and media_id in ref
+    # a resend (after a kill between the upload and the send): the same media id, no second upload
+    again = file_delivery(("image", "image/png", "chart.png"))
+    assert worker.put_media(media, again.attachments[0], again) == ref
+    assert len(ding.calls_to("/media/upload")) == 1
+    again.attachments[0].channel_ref = ref
+    worker.deliver(again)
+    assert [(m["msgKey"], m["param"]) for m in ding.sent] == [
+        ("sampleMarkdown", {"title": "the files", "text": "the files"}), ("sampleImageMsg", {"photoURL": media_id})]
+    # its part sent: a later resend neither uploads nor sends it
+    assert worker.already_delivered(again)
+    assert worker.put_media(media, again.attachments[0], again) == "sent"
+    worker._journal.close()
+    worker.api.close()
+
+
+def test_a_file_over_dingtalks_20_mb_is_not_uploaded_and_becomes_a_note(ding, tmp_path):
+    from plugins_app.channel.sdk.messages import Media
+    worker = file_worker(ding, tmp_path)
+    delivery = file_delivery(("document", "application/pdf", "big.pdf"))
+    ref = worker.put_media(Media(b"\0" * (20 * 1024 * 1024 + 1), "application/pdf"), delivery.attachments[0], delivery)
+    assert ref == "unsent:it is 20.0 MB, over DingTalk's 20 MB for a file" and not ding.calls_to("/media/upload")
+    worker._journal.close()
+    worker.api.close()
+
+
+def test_an_upload_fetches_a_stale_token_again_waits_out_a_throttle_and_tells_the_apps_refusal(ding, tmp_path):
+    from plugins_app.channel.sdk.messages import Media
+    worker = file_worker(ding, tmp_path)
+    worker.api.token()
+    ding.expire_tokens()  # 40014: fetched again once, the upload made again
+    media_id = worker.api.upload(b"%PDF-1.4 x", "file", "a.pdf", "application/pdf")
+    assert media_id in ding.uploads and len(ding.calls_to("/v1.0/oauth2/accessToken")) == 2
+    ding.upload_errcode = 90018  # throttled: waited out past the bound, then RateLimited
+    worker.api.max_wait_secs = 0.05
+    with pytest.raises(RateLimited):
+        worker.api.upload(b"%PDF-1.4 x", "file", "a.pdf", "application/pdf")
+    ding.upload_errcode = 60020  # this host not in the app's IP whitelist: the app's refusal, not the file's
+    delivery = file_delivery(("document", "application/pdf", "a.pdf"))
+    from plugins_app.channel.sdk import DeliveryFailed
+    with pytest.raises(DeliveryFailed):
+        worker.put_media(Media(b"%PDF-1.4 x", "application/pdf"), delivery.attachments[0], delivery)
+    assert "whitelist" in worker._refusal
+    worker._journal.close()
+    worker.api.close()
+
+
+def wav(seconds: float, rate: int = 8000) -> bytes:
+    """A mono 16-bit PCM WAV playing ``seconds``, with a LIST chunk before its data (as many writers put one)."""
+    import struct
+    pcm = b"\0\0" * int(rate * seconds)
+    fmt = struct.pack("<HHIIHH", 1, 1, rate, rate * 2, 2, 16)
+    chunks = b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"LIST" + struct.pack("<I", 5) + b"INFO\0\0"
+    chunks += b"data" + struct.pack("<I", len(pcm)) + pcm
+    return b"RIFF" + struct.pack("<I", 4 + len(chunks)) + b"WAVE" + chunks
+
+
+def test_a_wavs_duration_is_its_data_over_its_byte_rate():
+    from plugins_app.channel.sdk.audio import wav_seconds
+    assert wav_seconds(wav(2.5)) == pytest.approx(2.5)
+    assert wav_seconds(b"RIFF\0\0\0\0WAVEdata\4\0\0\0abcd") is None  # no fmt chunk: no byte rate
+    assert wav_seconds(b"#!AMR\n" + b"\0" * 40) is None and wav_seconds(b"") is None
+
+
+def test_a_voice_goes_as_sample_audio_with_its_duration_and_an_mp3_becomes_a_note(ding, tmp_path):
+    from plugins_app.channel.sdk.messages import Media
+    worker = file_worker(ding, tmp_path)
+    delivery = file_delivery(("audio", "audio/wav", "memo.wav"), ("audio", "audio/mpeg", "song.mp3"))
+    memo, song = delivery.attachments
+    memo.channel_ref = worker.put_media(Media(wav(1.5), "audio/wav"), memo, delivery)
+    song.channel_ref = worker.put_media(Media(b"ID3" + b"\0" * 64, "audio/mpeg"), song, delivery)
+    [(media_id, upload)] = ding.uploads.items()
+    assert (upload["type"], upload["filename"]) == ("voice", "memo.wav")
+    worker.deliver(delivery)
+    assert [(m["msgKey"], m["param"]) for m in ding.sent[1:]] == [
+        ("sampleAudio", {"mediaId": media_id, "duration": "1500"}),
+        ("sampleMarkdown", {"title": "[song.mp3 was not s…", "text": "[song.mp3 was not sent: DingTalk's voice "
+                            "message needs its duration, which the worker reads from AMR-NB and WAV only, not mp3]"})]
+    worker._journal.close()
+    worker.api.close()

@@ -5,6 +5,10 @@ A worker records each part right after the platform accepted it, and a resend of
 (or the hub's retry) skips the parts recorded. The one part in flight when the worker died is the window
 left (a platform's own key, where there is one, closes it). A SQLite file of the worker's own, beside its
 outbox; written with synchronous=FULL, so a part recorded survives a power cut; rows are kept 180 days.
+
+A worker that uploads a part's file before sending it may also keep what the upload gave (``record_ref``: the
+platform's media id, or why the file is not sent) under the part's number, so a delivery resumed after a crash
+sends the same media id (or the same note) without uploading the file again.
 """
 from __future__ import annotations
 
@@ -27,7 +31,10 @@ class SentJournal:
         self._db.execute("CREATE TABLE IF NOT EXISTS sent (delivery_id TEXT, part INTEGER, message_id TEXT, "
                          "at REAL, PRIMARY KEY (delivery_id, part))")
         self._db.execute("CREATE INDEX IF NOT EXISTS sent_message ON sent (message_id)")
+        self._db.execute("CREATE TABLE IF NOT EXISTS refs (delivery_id TEXT, part INTEGER, ref TEXT, at REAL, "
+                         "PRIMARY KEY (delivery_id, part))")
         self._db.execute("DELETE FROM sent WHERE at < ?", (time.time() - KEEP_SECS,))
+        self._db.execute("DELETE FROM refs WHERE at < ?", (time.time() - KEEP_SECS,))
 
     def done(self, delivery_id: str) -> dict[int, str]:
         """Each part of the delivery already taken, and the platform's message id for it."""
@@ -44,6 +51,17 @@ class SentJournal:
         with self._lock:
             self._db.execute("INSERT OR REPLACE INTO sent VALUES (?, ?, ?, ?)",
                              (delivery_id, part, message_id, time.time()))
+
+    def ref_of(self, delivery_id: str, part: int) -> str | None:
+        """What ``record_ref`` kept for the part (its upload's media id...), or None."""
+        with self._lock:
+            row = self._db.execute("SELECT ref FROM refs WHERE delivery_id = ? AND part = ?",
+                                   (delivery_id, part)).fetchone()
+        return row[0] if row else None
+
+    def record_ref(self, delivery_id: str, part: int, ref: str) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO refs VALUES (?, ?, ?, ?)", (delivery_id, part, ref, time.time()))
 
     def close(self) -> None:
         with self._lock:

@@ -35,6 +35,12 @@ set, which is what DingTalk gives an app's robot), ``DINGTALK_API_BASE_URL`` (de
   has no idempotency key: each part DingTalk took is written to a sent-parts journal (a SQLite file
   beside the outbox) and a delivery resumed after a crash skips the parts it names; only the one part
   in flight at the crash may be sent twice.
+* **Files out.** Each file of an answer is a part of its own after the text: uploaded with the old OAPI's
+  ``POST {DINGTALK_OAPI_BASE_URL}/media/upload`` (type ``image`` or ``file``, multipart ``media``), then sent as
+  ``sampleImageMsg`` (the media id as ``photoURL``), ``sampleAudio`` (with its duration in ms: AMR and WAV) or
+  ``sampleFile``. The upload's media id (or why the file is
+  not sent) is journaled under its part, so a resend after a crash uploads nothing again. A file the robot
+  does not send (its type, over 20 MB, refused by DingTalk) is a note in its place; the rest still goes.
 * **Token.** ``POST /v1.0/oauth2/accessToken`` with the app key and secret, kept until shortly before it
   expires, fetched again at once when a call answers ``InvalidAuthentication`` (HTTP 400 at api.dingtalk.com)
   or 401, and the call made once more.
@@ -51,7 +57,7 @@ set, which is what DingTalk gives an app's robot), ``DINGTALK_API_BASE_URL`` (de
   to the newest ``sessionWebhook`` of its conversation (kept in a JSON file beside the outbox) while it is
   valid (about 90 minutes; ``DINGTALK_OAPI_BASE_URL``, default ``https://oapi.dingtalk.com``, is the only
   host the worker posts such a URL to); after that the delivery is dead-lettered with the reason. Files
-  are not downloaded: the message says so in its text.
+  are not downloaded, nor sent (a note for each): the message says so in its text.
 """
 from __future__ import annotations
 
@@ -69,14 +75,15 @@ import httpx
 
 from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, InboundMessage,
                                      MediaNotReady)
+from plugins_app.channel.sdk.audio import amr_seconds, wav_seconds
 from plugins_app.channel.sdk.journal import SentJournal
 from plugins_app.channel.sdk.outbox import outbox_path_for
 from plugins_app.channel.sdk.text import split_text
 from plugins_app.channel.sdk.webhook import WebhookInbox
 
-from .api import (DEFAULT_API_BASE_URL, DEFAULT_OAPI_BASE_URL, INVALID_TOKEN_CODE, MAX_DOWNLOAD_BYTES, AppRefused,
-                  DingTalkApi,
-                  DingTalkError, RateLimited, RobotNotInGroup, SessionRefused, Stopped, Unavailable, UserUnreachable)
+from .api import (DEFAULT_API_BASE_URL, DEFAULT_OAPI_BASE_URL, INVALID_TOKEN_CODE, MAX_DOWNLOAD_BYTES, OAPI_TOKEN_STALE,
+                  AppRefused, DingTalkApi, DingTalkError, RateLimited, RobotNotInGroup, SessionRefused, Stopped,
+                  Unavailable, UploadRefused, UserUnreachable)
 
 KIND = "channel-dingtalk"
 DESCRIPTION = "DingTalk (钉钉): an internal app robot's HTTP callback or Stream mode in, the robot OpenAPI out."
@@ -98,6 +105,26 @@ MEDIA = {"picture": ("image", "image/jpeg"), "audio": ("audio", "audio/amr"), "v
          "file": ("document", "application/octet-stream")}
 #: A session webhook this close to its expiry is taken as expired (a send must reach DingTalk before it).
 SESSION_MARGIN_MS = 10_000
+MB = 1024 * 1024
+#: What the robot sends a file as, by its type: an image (``media/upload`` type ``image``, then ``sampleImageMsg``
+#: with the media id as ``photoURL``), a voice (type ``voice``, then ``sampleAudio`` with its duration) or a file
+#: (type ``file``, then ``sampleFile``). DingTalk's upload limits: an image 20 MB (JPG, PNG, GIF, BMP), a voice
+#: 2 MB (AMR, MP3, WAV; the worker reads the duration of AMR and WAV only), a file 20 MB of the types below.
+IMAGE_TYPES = {"image/jpeg": "jpg", "image/jpg": "jpg", "image/pjpeg": "jpg", "image/png": "png", "image/gif": "gif",
+               "image/bmp": "bmp"}
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "gif", "bmp")
+FILE_EXTENSIONS = ("doc", "docx", "xls", "xlsx", "ppt", "pptx", "zip", "pdf", "rar")
+VOICE_TYPES = {"audio/amr": "amr", "audio/x-amr": "amr", "voice/amr": "amr", "audio/wav": "wav", "audio/x-wav": "wav",
+               "audio/wave": "wav", "audio/vnd.wave": "wav", "audio/mpeg": "mp3", "audio/mp3": "mp3"}
+VOICE_EXTENSIONS = ("amr", "wav", "mp3")
+UPLOAD_LIMITS = {"image": 20 * MB, "voice": 2 * MB, "file": 20 * MB}
+#: ``channel_ref`` of an uploaded file: ``dingtalk:`` and JSON ``[media type, media id, file name]``.
+UPLOADED = "dingtalk:"
+#: ``channel_ref`` of a file not sent: ``unsent:<why>``; a note is sent in its place.
+UNSENT = "unsent:"
+#: ``channel_ref`` of a file whose part went out before a crash: nothing to upload.
+SENT_REF = "sent"
+OAPI_STALE_CODES = {str(code) for code in OAPI_TOKEN_STALE}
 _MENTION = re.compile(r"^\s*@\S*\s*")
 _MARKUP = re.compile(r"^[\s#>*_`~\-+|]+")
 
@@ -238,6 +265,45 @@ def markdown_params(parts: list[str]) -> list[dict]:
     return [{"title": title_of(part, n, len(parts)), "text": part} for n, part in enumerate(parts)]
 
 
+def extension_of(name: str | None) -> str:
+    name = (name or "").rsplit("/", 1)[-1]
+    return name.rsplit(".", 1)[1].lower() if "." in name else ""
+
+
+def upload_plan(content_type: str | None, filename: str | None) -> tuple[str | None, str]:
+    """(media type, extension) a file is uploaded as: ``image`` for a JPG, PNG, GIF or BMP (by its type, or its
+    name's extension when the type says nothing), ``voice`` for an AMR, WAV or MP3, ``file`` for a name DingTalk's
+    file message takes; media type None for what the robot cannot send (a video needs its duration and a cover
+    the worker does not have; other files DingTalk's ``sampleFile`` does not take)."""
+    mime = (content_type or "").split(";")[0].strip().lower()
+    ext = extension_of(filename)
+    if mime in IMAGE_TYPES:
+        return "image", ext if ext in IMAGE_EXTENSIONS else IMAGE_TYPES[mime]
+    if ext in IMAGE_EXTENSIONS and mime in ("", "application/octet-stream", "binary/octet-stream"):
+        return "image", ext
+    if mime in VOICE_TYPES:
+        return "voice", ext if ext in VOICE_EXTENSIONS else VOICE_TYPES[mime]
+    if ext in VOICE_EXTENSIONS and mime in ("", "application/octet-stream", "binary/octet-stream"):
+        return "voice", ext
+    if ext in FILE_EXTENSIONS:
+        return "file", ext
+    guessed = (mimetypes.guess_extension(mime) or "").lstrip(".") if mime else ""
+    if guessed in FILE_EXTENSIONS:
+        return "file", guessed
+    return None, ext
+
+
+def unsent_note(attachment: Attachment, why: str) -> str:
+    """The text sent in place of a file the robot does not send, so the user knows it exists."""
+    kind = attachment.kind or "file"
+    name = attachment.filename or ("an " if kind[:1] in "aeiou" else "a ") + kind
+    return f"[{name} was not sent: {why}]"
+
+
+def note_param(note: str) -> dict:
+    return {"title": title_of(note), "text": note}
+
+
 def stream_refused(exc) -> str:
     """The operator's reason for a stream connection DingTalk refuses (``StreamRefused``), with what to fix."""
     return (f"{exc}: the app's Client ID ({APP_KEY_ENV}) or Client Secret ({APP_SECRET_ENV}) is wrong, the "
@@ -247,12 +313,13 @@ def stream_refused(exc) -> str:
 def refused(exc: DingTalkError) -> str:
     """The operator's reason for an app DingTalk refuses, with what to fix."""
     lowered = exc.code.lower()
-    if "accesstoken" in exc.where.lower() or exc.status == 401 or exc.code == INVALID_TOKEN_CODE:
+    if ("accesstoken" in exc.where.lower() or exc.status == 401 or exc.code == INVALID_TOKEN_CODE
+            or exc.code in OAPI_STALE_CODES):
         fix = (f"the app's Client ID ({APP_KEY_ENV}) or Client Secret ({APP_SECRET_ENV}) is wrong, or the secret "
                "was reset in the developer console")
     elif "robotcode" in lowered:
         fix = f"{ROBOT_CODE_ENV} is not this app's robot (the robot's code is on its page in the developer console)"
-    elif lowered.startswith("forbidden.accessdenied") and "permissiondenied" not in lowered:
+    elif (lowered.startswith("forbidden.accessdenied") and "permissiondenied" not in lowered) or exc.code == "60020":
         fix = ("DingTalk refuses calls from this host: add its public (outgoing) IP address to the app's IP "
                "whitelist (服务器出口IP, in the developer console under Development configuration > Security "
                "settings), or remove the whitelist")
@@ -278,7 +345,7 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
         self.session_mode = not self.app_key
         self.sessions = None
         self.api = DingTalkApi(self.app_key, self.app_secret, self.robot_code, base_url=self.base_url,
-                               stopping=self.stopping, max_wait_secs=self.opts.max_retry_wait)
+                               oapi_base_url=self.oapi_base_url, stopping=self.stopping, max_wait_secs=self.opts.max_retry_wait)
         self.inbox_init()
         self._journal: SentJournal | None = None
         self.server = None
@@ -406,6 +473,88 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
 
     # ------------------------------------------------------------------ outbound
 
+    def put_media(self, media, attachment, delivery) -> str | None:
+        """Upload one file of an answer (``POST {oapi}/media/upload``); its part sends the media id next.
+
+        What the upload gave (the media id, or why the file is not sent) is journaled under the file's part the
+        moment DingTalk answers, so a delivery resumed after a crash sends the same media id without a second
+        upload, and a part already sent is not uploaded at all. A file the robot cannot send (its type, its size,
+        the upload refused, or no app key: session webhooks carry no files) becomes a note in its part's place."""
+        index = next(i for i, a in enumerate(delivery.attachments) if a is attachment)
+        part = len(message_parts(delivery.text)) + index
+        if self.session_mode:
+            return UNSENT + (f"the DingTalk worker has no app credentials ({APP_KEY_ENV}), and a session webhook "
+                             "carries no files")
+        if part in self._journal.done(delivery.delivery_id):
+            return SENT_REF  # that part went out before a crash: no second upload
+        kept = self._journal.ref_of(delivery.delivery_id, part)
+        if kept:
+            return kept
+        ctype = (attachment.content_type or media.content_type or "application/octet-stream").split(";")[0].strip()
+        name = attachment.filename or media.filename
+        mtype, ext = upload_plan(ctype, name)
+        size = len(media.data)
+        seconds = (amr_seconds(media.data) or wav_seconds(media.data)) if mtype == "voice" else None
+        if mtype is None:
+            ref = UNSENT + (f"DingTalk's robot sends images (JPG, PNG, GIF, BMP), voice (AMR, WAV) and files of type "
+                            f"{', '.join(FILE_EXTENSIONS)} only, not {ext or ctype}")
+        elif mtype == "voice" and not seconds:
+            ref = UNSENT + ("DingTalk's voice message needs its duration, which the worker reads from AMR-NB and WAV "
+                            f"only, not {ext or ctype}")
+        elif size > UPLOAD_LIMITS[mtype]:
+            ref = UNSENT + f"it is {size / MB:.1f} MB, over DingTalk's {UPLOAD_LIMITS[mtype] // MB} MB for " + (
+                {"image": "an image", "voice": "a voice"}.get(mtype, "a file"))
+        else:
+            name = name or f"{attachment.kind or mtype}.{ext}"
+            if extension_of(name) != ext:
+                name = f"{name}.{ext}"
+            try:
+                media_id = self.api.upload(media.data, mtype, name, ctype)
+            except AppRefused as exc:
+                self._refusal = refused(exc)
+                raise self.refused_failure("DingTalk refused the app's credentials") from exc
+            except UploadRefused as exc:
+                ref = UNSENT + f"DingTalk refused it (errcode {exc.code}: {exc.message})"
+            except (RateLimited, Unavailable, DingTalkError) as exc:
+                raise DeliveryFailed(str(exc)) from exc
+            except (Stopped, httpx.HTTPError) as exc:
+                raise DeliveryFailed(f"media/upload: {type(exc).__name__}: {exc}") from exc
+            else:
+                ref = UPLOADED + json.dumps([mtype, media_id, name, round((seconds or 0) * 1000)], ensure_ascii=False)
+        if ref.startswith(UNSENT):
+            self.log.warning("dingtalk: delivery %s: %s", delivery.delivery_id,
+                             unsent_note(attachment, ref[len(UNSENT):]))
+        self._journal.record_ref(delivery.delivery_id, part, ref)  # before anything else can fail
+        return ref
+
+    def steps(self, delivery) -> list[tuple[str, dict, str | None]]:
+        """What a delivery sends, in order, as (msgKey, msgParam, the note that stands for it if DingTalk refuses
+        it): the answer's markdown parts, then one part per file: the uploaded file, or a note in its place.
+        The same delivery gives as many parts whatever its files became, so the journal's numbers hold."""
+        steps: list[tuple[str, dict, str | None]] = [("sampleMarkdown", p, None)
+                                                     for p in markdown_params(message_parts(delivery.text))]
+        for att in delivery.attachments:
+            ref = att.channel_ref or ""
+            if ref.startswith(UPLOADED):
+                mtype, media_id, name, duration_ms = json.loads(ref[len(UPLOADED):])
+                if mtype == "image":
+                    steps.append(("sampleImageMsg", {"photoURL": media_id}, unsent_note(att, "DingTalk refused it")))
+                elif mtype == "voice":
+                    steps.append(("sampleAudio", {"mediaId": media_id, "duration": str(duration_ms)},
+                                  unsent_note(att, "DingTalk refused it")))
+                else:
+                    steps.append(("sampleFile", {"mediaId": media_id, "fileName": name,
+                                                 "fileType": extension_of(name)}, unsent_note(att, "DingTalk refused it")))
+            elif ref.startswith(UNSENT):
+                steps.append(("sampleMarkdown", note_param(unsent_note(att, ref[len(UNSENT):])), None))
+            elif ref == SENT_REF:
+                steps.append(("", {}, None))  # journaled as sent: skipped
+            elif att.url:
+                steps.append(("sampleMarkdown", note_param(f"[{att.filename or att.kind or 'file'}: {att.url}]"), None))
+            else:
+                steps.append(("sampleMarkdown", note_param(unsent_note(att, "the host gave no file")), None))
+        return steps
+
     def deliver(self, delivery) -> str | None:
         if self._refusal:
             raise self.refused_failure("DingTalk refused the app's credentials")
@@ -421,46 +570,56 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
         else:
             raise DeliveryFailed(f"conversation {delivery.conversation_id!r} is no DingTalk chat (user:<staffId> or "
                                  "group:<openConversationId>)", permanent=True)
-        params = markdown_params(message_parts(delivery.text))
-        if not params:
-            raise DeliveryFailed("nothing DingTalk can show: the answer has no text (files are not sent to DingTalk)",
-                                 permanent=True)
+        steps = self.steps(delivery)
+        if not steps:
+            raise DeliveryFailed("nothing DingTalk can show: the answer has no text and no file", permanent=True)
         # DingTalk has no idempotency key: a part it took is journaled, and a delivery resumed after a crash
         # (or retried by the hub) skips it. The one part in flight when the worker died is the window left.
         done = self._journal.done(delivery.delivery_id)
         first: str | None = done.get(0) or None
-        for n, param in enumerate(params):
-            if n in done:
+        for n, (msg_key, param, note) in enumerate(steps):
+            if n in done or not msg_key:
                 continue
             try:
-                key = send(target, "sampleMarkdown", param)
-            except AppRefused as exc:
-                self._refusal = refused(exc)
-                raise self.refused_failure("DingTalk refused the app's credentials") from exc
-            except UserUnreachable as exc:
-                raise DeliveryFailed(f"{exc} (the user is not in the organisation, or not in the robot's visible "
-                                     "range)", permanent=True) from exc
-            except RobotNotInGroup as exc:
-                # one group the robot was removed from (or never in): that group's answers fail, nothing else
-                raise DeliveryFailed(f"{exc} (the robot is not in this group: removed from it, or the group "
-                                     f"disbanded; or {ROBOT_CODE_ENV} is not the app's robot)", permanent=True) from exc
-            except (RateLimited, Unavailable) as exc:
-                raise DeliveryFailed(str(exc)) from exc
-            except DingTalkError as exc:
-                # a 4xx for this message (a bad chat id, a robot not in the group...): sending again cannot help
-                raise DeliveryFailed(str(exc), permanent=400 <= exc.status < 500) from exc
-            except (Stopped, httpx.HTTPError) as exc:
-                raise DeliveryFailed(f"send: {type(exc).__name__}: {exc}") from exc
+                key = self._send(send, target, msg_key, param)
+            except _FileRefused as exc:
+                # the file's message refused for itself (its type...): the note goes in its place, as the same part
+                self.log.warning("dingtalk: delivery %s: DingTalk refused the %s (%s); sending a note instead",
+                                 delivery.delivery_id, msg_key, exc)
+                key = self._send(send, target, "sampleMarkdown", note_param(f"{note[:-1]} ({exc.code}: {exc.message})]"))
             self._journal.record(delivery.delivery_id, n, key)  # before anything else can fail
             first = first or key or None
         return first
 
+    def _send(self, send, target: str, msg_key: str, param: dict) -> str:
+        try:
+            return send(target, msg_key, param)
+        except AppRefused as exc:
+            self._refusal = refused(exc)
+            raise self.refused_failure("DingTalk refused the app's credentials") from exc
+        except UserUnreachable as exc:
+            raise DeliveryFailed(f"{exc} (the user is not in the organisation, or not in the robot's visible "
+                                 "range)", permanent=True) from exc
+        except RobotNotInGroup as exc:
+            # one group the robot was removed from (or never in): that group's answers fail, nothing else
+            raise DeliveryFailed(f"{exc} (the robot is not in this group: removed from it, or the group "
+                                 f"disbanded; or {ROBOT_CODE_ENV} is not the app's robot)", permanent=True) from exc
+        except (RateLimited, Unavailable) as exc:
+            raise DeliveryFailed(str(exc)) from exc
+        except DingTalkError as exc:
+            if msg_key != "sampleMarkdown" and exc.status == 400:
+                raise _FileRefused(exc.where, exc.status, exc.code, exc.message) from exc
+            # a 4xx for this message (a bad chat id, a robot not in the group...): sending again cannot help
+            raise DeliveryFailed(str(exc), permanent=400 <= exc.status < 500) from exc
+        except (Stopped, httpx.HTTPError) as exc:
+            raise DeliveryFailed(f"send: {type(exc).__name__}: {exc}") from exc
+
     def _deliver_by_session(self, delivery) -> str | None:
-        """Without app credentials: each part POSTed to the conversation's newest session webhook while it lasts."""
-        params = markdown_params(message_parts(delivery.text))
+        """Without app credentials: each part POSTed to the conversation's newest session webhook while it lasts
+        (a file's part is the note that it was not sent: a session webhook carries no files)."""
+        params = [param for msg_key, param, _ in self.steps(delivery) if msg_key == "sampleMarkdown"]
         if not params:
-            raise DeliveryFailed("nothing DingTalk can show: the answer has no text (files are not sent to DingTalk)",
-                                 permanent=True)
+            raise DeliveryFailed("nothing DingTalk can show: the answer has no text and no file", permanent=True)
         session = self.sessions.get(delivery.conversation_id)
         if session is None:
             raise DeliveryFailed(f"no sessionWebhook is known for {delivery.conversation_id}, and without "
@@ -487,9 +646,9 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
         return None
 
     def already_delivered(self, delivery) -> bool:
-        """After a crash inside deliver(): every part of the answer is in the sent journal."""
-        parts = message_parts(delivery.text)
-        return bool(parts) and len(self._journal.done(delivery.delivery_id)) >= len(parts)
+        """After a crash inside deliver(): every part of the answer (its text's, one per file) is in the journal."""
+        count = len(message_parts(delivery.text)) + len(delivery.attachments)
+        return bool(count) and len(self._journal.done(delivery.delivery_id)) >= count
 
     def disconnect(self) -> None:
         conn = self.link.conn if self.link is not None else None  # once: the link's thread may clear it
@@ -500,6 +659,10 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
         self.api.close()
         if self._journal is not None:
             self._journal.close()
+
+
+class _FileRefused(DingTalkError):
+    """A file's message (``sampleImageMsg``, ``sampleFile``) refused with a 400 of its own: a note goes instead."""
 
 
 def main(argv: list[str] | None = None) -> None:

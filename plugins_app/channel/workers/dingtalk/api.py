@@ -41,6 +41,13 @@ DEFAULT_OAPI_BASE_URL = "https://oapi.dingtalk.com"
 SESSION_THROTTLED = {130101}
 #: DingTalk's global errcode -1, 系统繁忙 (the system is busy: "try again"): waited out like a 5xx.
 SESSION_BUSY = {-1}
+#: The old OAPI's errcodes (oapi.dingtalk.com, answered HTTP 200) of a token it does not take: fetched again once.
+OAPI_TOKEN_STALE = {40014, 42001}
+#: The old OAPI's throttles (the app's or the organisation's calls a second): waited out.
+OAPI_THROTTLED = {90002, 90018, 130101}
+#: The old OAPI's refusals of the app, not of the file: no permission (60011), this host not in the IP whitelist
+#: (60020); the operator must fix them.
+OAPI_APP_REFUSED = {60011, 60020}
 TOKEN_HEADER = "x-acs-dingtalk-access-token"
 
 #: The largest received file a download reads: past it the download is given up (``TooLarge``), never held whole.
@@ -85,6 +92,11 @@ class TooLarge(DingTalkError):
     """A received file over the download's bound: not read past it."""
 
 
+class UploadRefused(DingTalkError):
+    """``media/upload`` refused the file itself (its type, its size...): an ``errcode`` that is no token, throttle
+    or permission matter. Sending it again cannot help."""
+
+
 class RateLimited(DingTalkError):
     """Throttled for longer than a call waits in place."""
 
@@ -119,11 +131,12 @@ def throttled(status: int, code: str) -> bool:
 
 class DingTalkApi:
     def __init__(self, app_key: str, app_secret: str, robot_code: str, *, base_url: str = DEFAULT_API_BASE_URL,
-                 stopping: threading.Event | None = None, backoff_initial: float = 1.0, backoff_max: float = 30.0,
+                 oapi_base_url: str = DEFAULT_OAPI_BASE_URL, stopping: threading.Event | None = None, backoff_initial: float = 1.0, backoff_max: float = 30.0,
                  max_wait_secs: float = 120.0, timeout: float = 30.0, clock: Callable[[], float] | None = None,
                  sleep: Callable[[float], bool] | None = None):
         self.app_key, self.app_secret, self.robot_code = app_key, app_secret, robot_code
         self.base_url = base_url.rstrip("/")
+        self.oapi_base_url = oapi_base_url.rstrip("/")
         self.stopping = stopping or threading.Event()
         self.backoff_initial, self.backoff_max, self.max_wait_secs = backoff_initial, backoff_max, max_wait_secs
         #: Wall-clock: the token's lifetime runs on DingTalk's side while this host is suspended, which a
@@ -227,6 +240,57 @@ class DingTalkApi:
                 waited, backoff = self._wait(where, 503, str(errcode), errmsg, waited, backoff)
                 continue
             raise SessionRefused(where, status, str(errcode), errmsg)
+
+    def upload(self, data: bytes, media_type: str, filename: str, content_type: str) -> str:
+        """``POST {oapi}/media/upload?access_token=…&type=image|voice|video|file``, the file as the multipart
+        field ``media``; returns its ``media_id``, which the robot's ``sampleImageMsg`` (``photoURL``) and
+        ``sampleFile`` (``mediaId``) take. The old OAPI answers HTTP 200 with ``errcode``: a stale token
+        (40014, 42001) is fetched again once; -1 (busy), a throttle and 5xx are waited out; 60011/60020 (no
+        permission, an IP not in the whitelist) are the app's refusal; any other errcode is the file refused
+        (``UploadRefused``)."""
+        where = "POST /media/upload"
+        refreshed = False
+        waited, backoff = 0.0, self.backoff_initial
+        token = self.token()
+        while True:
+            response = self.client.post(f"{self.oapi_base_url}/media/upload",
+                                        params={"access_token": token, "type": media_type},
+                                        files={"media": (filename, data, content_type)}, timeout=120)
+            status = response.status_code
+            if status == 429 or status >= 500:
+                code, message = error_of(response)
+                waited, backoff = self._wait(where, status, code, message, waited, backoff)
+                continue
+            try:
+                answer = response.json()
+            except ValueError:
+                answer = None
+            if not isinstance(answer, dict):
+                raise DingTalkError(where, status, "", f"the answer is not DingTalk's JSON: {response.text[:60]!r}")
+            try:
+                errcode = int(answer.get("errcode") or 0)
+            except (TypeError, ValueError):
+                errcode = -2
+            errmsg = str(answer.get("errmsg") or "")
+            if status == 200 and errcode == 0:
+                if not answer.get("media_id"):
+                    raise DingTalkError(where, status, "", "the answer carries no media_id")
+                return str(answer["media_id"])
+            if errcode in OAPI_TOKEN_STALE or status == 401:
+                if not refreshed:
+                    refreshed = True
+                    token = self.token(fresh=True, stale=token)
+                    continue
+                raise AppRefused(where, status, str(errcode), errmsg)
+            if errcode in OAPI_THROTTLED:
+                waited, backoff = self._wait(where, 429, str(errcode), errmsg, waited, backoff)
+                continue
+            if errcode in SESSION_BUSY:
+                waited, backoff = self._wait(where, 503, str(errcode), errmsg, waited, backoff)
+                continue
+            if errcode in OAPI_APP_REFUSED or status == 403:
+                raise AppRefused(where, status, str(errcode), errmsg)
+            raise UploadRefused(where, status, str(errcode), errmsg)
 
     def download_url(self, download_code: str) -> str:
         """``POST /v1.0/robot/messageFiles/download``: where a received file can be fetched (for a while)."""
