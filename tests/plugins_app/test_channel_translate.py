@@ -197,7 +197,7 @@ def test_an_unsupported_or_unreadable_file_goes_to_failed_with_the_reason(tcast,
         assert pipe.settled(name, "failed"), name
     failed = pipe.inbox / "failed"
     assert (failed / "slides.pdf.error.txt").read_text() == (
-        "unsupported file type '.pdf': this pipeline translates .markdown, .md, .srt, .txt files\n")
+        "unsupported file type '.pdf': this pipeline translates .htm, .html, .markdown, .md, .po, .pot, .srt, .txt, .vtt files\n")
     assert (failed / "latin1.txt.error.txt").read_text() == (
         "not UTF-8 text (byte 0xe9 at offset 3): save the file as UTF-8 and drop it again\n")
     assert (failed / "broken.srt.error.txt").read_text().startswith(

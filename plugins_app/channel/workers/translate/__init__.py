@@ -50,7 +50,7 @@ from plugins_app.channel.sdk import ChannelRefused, ChannelWorker, InboundMessag
 from plugins_app.channel.sdk.outbox import PENDING, REJECTED, outbox_path_for
 
 from .documents import (LANG_TAG, Chunk, DocumentError, assemble, glossary_for, instruction, parse_glossary,
-                        read_document, suffix_of)
+                        output_suffix, read_document, suffix_of)
 from .state import ANSWERED, DONE, FAILED, NEW, REPLAN, SUBMITTED, SUPERSEDED, TranslateState
 
 KIND = "channel-translate"
@@ -197,10 +197,10 @@ def error_name(name: str) -> str:
 
 
 def output_name(name: str, lang: str) -> str:
-    """``guide.md`` into ``de`` is ``guide.de.md``."""
+    """``guide.md`` into ``de`` is ``guide.de.md``; a template, ``messages.pot``, gives ``messages.de.po``."""
     suffix = suffix_of(name)
     stem = name[:len(name) - len(suffix)] if suffix else name
-    return f"{stem}.{lang}{suffix}"
+    return f"{stem}.{lang}{output_suffix(name)}"
 
 
 def skipped(name: str) -> bool:
@@ -639,10 +639,10 @@ class TranslateWorker(ChannelWorker):
             rows = self.state.chunks(doc.digest, lang)
             missing: list[int] = []
             text = assemble(doc.form, [Chunk.from_dict(r.source) for r in rows], [r.answer or "" for r in rows],
-                            trailing_newline=doc.trailing_newline, missing=missing)
+                            trailing_newline=doc.trailing_newline, missing=missing, lang=lang)
             if missing:
-                self.log.warning("translate: %s into %s: the answers left out cues %s; they keep their source text",
-                                 doc.name, lang, ", ".join(map(str, missing)))
+                self.log.warning("translate: %s into %s: the answers left out pieces %s; they keep their source "
+                                 "text", doc.name, lang, ", ".join(map(str, missing)))
             write_atomic(self.outdir / output_name(doc.name, lang), text)
         fd = self._subdir("done")
         try:

@@ -1,0 +1,141 @@
+"""HTML pages (``.html``, ``.htm``) as units, read with the standard library's html.parser.
+
+(lxml is installed too, but it writes a page back as it understands it, not as it was: html.parser
+reports where each tag and text starts, so the page is cut at those places and written back exactly.)
+
+* Sent: each text node with a letter in it, in the page's order, its leading and trailing white space
+  kept apart (written back as it was). Entities go as written (``&amp;``), and the answer is written as
+  it comes but for a ``<`` that would open a tag (written ``&lt;``).
+* Never sent: tags, attributes (``alt`` and ``title`` too: they stay in the source language), comments,
+  the doctype, the contents of ``script``, ``style``, ``code``, ``pre``, ``kbd``, ``samp``, ``var``,
+  ``textarea``, ``template``, ``svg`` and ``math``, and the ``head`` but for its ``title``.
+* Refused (DocumentError): a file with no tag at all, a file that ends inside a tag or a comment, and
+  one of the elements above never closed (its end would be guessed, and code could be sent as text).
+"""
+from __future__ import annotations
+
+import re
+from html.parser import HTMLParser
+
+from .units import DocumentError
+
+#: Elements whose content is never sent.
+SKIPPED = frozenset({"script", "style", "code", "pre", "kbd", "samp", "var", "textarea", "template", "svg", "math"})
+_OPENS_MARKUP = re.compile(r"<(?=[A-Za-z/!?])")
+_TEXT = ("data", "entityref", "charref")
+
+
+class _Events(HTMLParser):
+    def __init__(self):
+        super().__init__(convert_charrefs=False)
+        self.events: list[tuple[tuple[int, int], str, str]] = []
+
+    def _add(self, kind: str, value: str = "") -> None:
+        self.events.append((self.getpos(), kind, value))
+
+    def handle_starttag(self, tag, attrs):
+        self._add("start", tag)
+
+    def handle_startendtag(self, tag, attrs):
+        self._add("startend", tag)
+
+    def handle_endtag(self, tag):
+        self._add("end", tag)
+
+    def handle_data(self, data):
+        self._add("data", data)
+
+    def handle_entityref(self, name):
+        self._add("entityref", name)
+
+    def handle_charref(self, name):
+        self._add("charref", name)
+
+    def handle_comment(self, data):
+        self._add("comment")
+
+    def handle_decl(self, decl):
+        self._add("decl")
+
+    def handle_pi(self, data):
+        self._add("pi")
+
+    def unknown_decl(self, data):
+        self._add("decl")
+
+
+def parse_html(text: str) -> tuple[list[dict], str]:
+    parser = _Events()
+    parser.feed(text)
+    parser.close()
+    starts, pos = [], 0
+    for line in text.split("\n"):
+        starts.append(pos)
+        pos += len(line) + 1
+
+    def offset(p: tuple[int, int]) -> int:
+        return starts[p[0] - 1] + p[1]
+
+    if parser.rawdata:
+        line = text.count("\n", 0, len(text) - len(parser.rawdata)) + 1
+        raise DocumentError(f"not a well-formed HTML file: the element whose content starts at line {line} "
+                            f"(a script or a style) is never closed: {parser.rawdata[:60]!r}")
+    events = [(offset(p), kind, value) for p, kind, value in parser.events]
+    if not any(kind in ("start", "startend", "decl") for _, kind, _ in events):
+        raise DocumentError("not an HTML file: it holds no tag")
+    units: list[dict] = []
+    done = 0
+    open_skipped: list[tuple[str, int]] = []  # (tag, line) of the skipped elements open
+    in_head = in_title = False
+    i = 0
+    while i < len(events):
+        at, kind, value = events[i]
+        if kind == "data" and value == "<" and _OPENS_MARKUP.match(text, at):
+            line = text.count("\n", 0, at) + 1
+            raise DocumentError(f"not a well-formed HTML file: line {line}: the file ends inside a tag or a comment "
+                                f"that is never closed: {text[at:at + 60]!r}")
+        if kind in _TEXT:
+            j = i
+            while j < len(events) and events[j][1] in _TEXT and not (
+                    events[j][2] == "<" and _OPENS_MARKUP.match(text, events[j][0])):
+                j += 1
+            end = events[j][0] if j < len(events) else len(text)
+            node = text[at:end]
+            core = node.strip()
+            if core and not open_skipped and (in_title or not in_head) and any(c.isalpha() for c in core):
+                core_start = at + (len(node) - len(node.lstrip()))
+                units.append({"before": text[done:core_start], "texts": [[len(units) + 1, core]]})
+                done = core_start + len(core)
+            i = j
+            continue
+        if kind == "start":
+            if value in SKIPPED:
+                open_skipped.append((value, text.count("\n", 0, at) + 1))
+            elif value == "head":
+                in_head = True
+            elif value == "title":
+                in_title = True
+            elif value == "body":
+                in_head = False
+        elif kind == "end":
+            if value in SKIPPED and any(t == value for t, _ in open_skipped):
+                while open_skipped and open_skipped.pop()[0] != value:
+                    pass
+            elif value == "head":
+                in_head = False
+            elif value == "title":
+                in_title = False
+        i += 1
+    if open_skipped:
+        tag, line = open_skipped[-1]
+        raise DocumentError(f"not a well-formed HTML file: the <{tag}> opened at line {line} is never closed "
+                            f"(its content is never translated, and where it ends cannot be told)")
+    return units, text[done:]
+
+
+def render_html(unit: dict, texts: dict[int, str], lang: str | None) -> str:
+    [[mark, source]] = unit["texts"]
+    answer = texts.get(mark)
+    if answer is None:
+        return source
+    return _OPENS_MARKUP.sub("&lt;", answer.strip())

@@ -1,0 +1,332 @@
+"""gettext catalogs (``.po``, and ``.pot`` templates, whose translations come out as ``.po``) as units.
+
+A small parser of its own (no dependency): entries are runs of comment lines (``#``), then keywords
+(``msgctxt``, ``msgid``, ``msgid_plural``, ``msgstr``, ``msgstr[n]``), each with a quoted string and its
+continuation lines. What it cannot read for sure is refused (DocumentError, with the line): the pipeline
+never writes a catalog it half understood.
+
+* Sent: the ``msgid`` (and ``msgid_plural``) of each entry whose ``msgstr`` is empty or that is
+  ``fuzzy``. An entry already translated, an obsolete entry (``#~``), a comment block and the text
+  between entries are written back byte for byte.
+* Written: a translated entry keeps its comments, references, flags (``fuzzy`` dropped, with the
+  ``#|`` previous-msgid lines that go with it), ``msgctxt`` and ``msgid`` as they were; only its
+  ``msgstr`` lines are new. The header entry keeps everything but ``Language:`` (the target, as
+  gettext spells it: ``pt_BR``), ``Plural-Forms:`` (set when PLURAL_FORMS knows the target) and a
+  template's ``charset=CHARSET`` (UTF-8, what the pipeline writes).
+* Placeholders: the answer for a text must hold the same printf (``%s``, ``%d``, ``%(name)s``,
+  ``%1$s``, ``%%``) and brace (``{name}``, ``{0}``, ``{}``) placeholders as the text, as many of each.
+  If not, the entry is left as it was and marked ``fuzzy``.
+* Plurals: the target's number of forms comes from PLURAL_FORMS. One form: ``msgstr[0]`` is the
+  plural's translation; two: the singular's, then the plural's. A language with more forms, or one
+  not in the table (written with two forms), gets the singular's translation in ``msgstr[0]``, the
+  plural's in the others, and the entry is marked ``fuzzy``: a translator must check those forms.
+"""
+from __future__ import annotations
+
+import re
+
+from .units import DocumentError
+
+#: gettext's Plural-Forms for the targets the pipeline knows (the gettext manual's table); a target
+#: not here gets two forms and its plural entries are marked fuzzy.
+PLURAL_FORMS = {
+    "ja": "nplurals=1; plural=0;", "ko": "nplurals=1; plural=0;", "zh": "nplurals=1; plural=0;",
+    "vi": "nplurals=1; plural=0;", "th": "nplurals=1; plural=0;", "id": "nplurals=1; plural=0;",
+    "en": "nplurals=2; plural=(n != 1);", "de": "nplurals=2; plural=(n != 1);", "nl": "nplurals=2; plural=(n != 1);",
+    "sv": "nplurals=2; plural=(n != 1);", "da": "nplurals=2; plural=(n != 1);", "nb": "nplurals=2; plural=(n != 1);",
+    "fi": "nplurals=2; plural=(n != 1);", "el": "nplurals=2; plural=(n != 1);", "es": "nplurals=2; plural=(n != 1);",
+    "it": "nplurals=2; plural=(n != 1);", "pt-PT": "nplurals=2; plural=(n != 1);",
+    "fr": "nplurals=2; plural=(n > 1);", "pt-BR": "nplurals=2; plural=(n > 1);",
+    "ru": "nplurals=3; plural=(n%10==1 && n%100!=11 ? 0 : n%10>=2 && n%10<=4 && (n%100<10 || n%100>=20) ? 1 : 2);",
+    "uk": "nplurals=3; plural=(n%10==1 && n%100!=11 ? 0 : n%10>=2 && n%10<=4 && (n%100<10 || n%100>=20) ? 1 : 2);",
+    "pl": "nplurals=3; plural=(n==1 ? 0 : n%10>=2 && n%10<=4 && (n%100<10 || n%100>=20) ? 1 : 2);",
+    "cs": "nplurals=3; plural=(n==1) ? 0 : (n>=2 && n<=4) ? 1 : 2;",
+    "ro": "nplurals=3; plural=(n==1 ? 0 : (n==0 || (n%100 > 0 && n%100 < 20)) ? 1 : 2);",
+    "ar": "nplurals=6; plural=(n==0 ? 0 : n==1 ? 1 : n==2 ? 2 : n%100>=3 && n%100<=10 ? 3 : n%100>=11 ? 4 : 5);",
+}
+#: Languages whose plural rule depends on the region: never looked up by the language alone.
+_BY_REGION_ONLY = ("pt",)
+
+_KEYWORD = re.compile(r'^(msgctxt|msgid_plural|msgid|msgstr(?:\[(\d+)\])?)[ \t]+(".*)$')
+_STRING = re.compile(r'^"((?:[^"\\]|\\.)*)"[ \t]*$')
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "\\": "\\", "a": "\a", "b": "\b", "f": "\f", "v": "\v",
+            "'": "'", "?": "?"}
+_PRINTF = re.compile(r"%(?:\d+\$)?(?:\([A-Za-z_][\w.-]*\))?[-+#0']*(?:\d+|\*)?(?:\.(?:\d+|\*))?"
+                     r"(?:hh|h|ll|l|L|q|j|z|t)?[diouxXeEfFgGcrsa%]")
+_BRACE = re.compile(r"\{\{|\}\}|\{[A-Za-z_0-9]*(?:[.\[][^{}:!]*)?(?:![rsa])?(?::[^{}]*)?\}")
+
+
+def plural_forms(lang: str | None) -> str | None:
+    if not lang:
+        return None
+    base = lang.split("-")[0]
+    return PLURAL_FORMS.get(lang) or (None if base in _BY_REGION_ONLY else PLURAL_FORMS.get(base))
+
+
+def nplurals(lang: str | None) -> int | None:
+    forms = plural_forms(lang)
+    return int(re.search(r"nplurals=(\d+)", forms).group(1)) if forms else None
+
+
+def placeholders(text: str) -> list[str]:
+    """The printf and brace placeholders of a text, sorted (as many of each as it holds)."""
+    return sorted(_PRINTF.findall(text) + _BRACE.findall(text))
+
+
+def _unescape(body: str, line: int) -> str:
+    out, i = [], 0
+    while i < len(body):
+        c = body[i]
+        if c != "\\":
+            out.append(c)
+            i += 1
+            continue
+        nxt = body[i + 1]
+        if nxt in _ESCAPES:
+            out.append(_ESCAPES[nxt])
+            i += 2
+        elif nxt in "01234567":
+            m = re.match(r"[0-7]{1,3}", body[i + 1:])
+            out.append(chr(int(m.group(), 8)))
+            i += 1 + len(m.group())
+        elif nxt == "x" and re.match(r"[0-9A-Fa-f]{1,2}", body[i + 2:]):
+            m = re.match(r"[0-9A-Fa-f]{1,2}", body[i + 2:])
+            out.append(chr(int(m.group(), 16)))
+            i += 2 + len(m.group())
+        else:
+            raise DocumentError(f"not a gettext catalog (.po): line {line}: unknown escape '\\{nxt}' in a string")
+    return "".join(out)
+
+
+def _string(text: str, line: int) -> str:
+    m = _STRING.match(text.strip())
+    if not m:
+        raise DocumentError(f"not a gettext catalog (.po): line {line}: expected a quoted string, got "
+                            f"{text.strip()[:60]!r}")
+    return _unescape(m.group(1), line)
+
+
+def _escape(value: str) -> str:
+    return (value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
+            .replace("\r", "\\r"))
+
+
+def po_lines(keyword: str, value: str) -> list[str]:
+    """A keyword and its string as gettext writes them: one line, or, for a text with line breaks
+    inside, an empty first string and a line per text line."""
+    if "\n" not in value[:-1]:
+        return [f'{keyword} "{_escape(value)}"']
+    return [f'{keyword} ""'] + [f'"{_escape(part)}"' for part in value.splitlines(keepends=True)]
+
+
+class _Entry:
+    def __init__(self, first: int):
+        self.first = first          # index of its first line
+        self.end = first            # index past its last line
+        self.comments: list[str] = []
+        self.key_start: int | None = None  # index of its first keyword line
+        self.str_start: int | None = None  # index of its first msgstr line
+        self.fields: dict[str, str] = {}   # msgctxt, msgid, msgid_plural, msgstr, msgstr[n]
+        self.current: str | None = None
+
+
+def _entries(lines: list[str]) -> list[_Entry]:
+    entries: list[_Entry] = []
+    entry: _Entry | None = None
+
+    def close():
+        nonlocal entry
+        if entry is not None:
+            _check(entry)
+            entries.append(entry)
+        entry = None
+
+    for i, raw in enumerate(lines):
+        line = raw.strip()
+        n = i + 1
+        if not line:
+            close()
+            continue
+        if line.startswith("#"):
+            if entry is not None and entry.key_start is not None:
+                if entry.str_start is None:
+                    raise DocumentError(f"not a gettext catalog (.po): line {n}: a comment inside an entry "
+                                        "(between its msgid and its msgstr)")
+                close()  # the next entry, with no blank line between
+            if entry is None:
+                entry = _Entry(i)
+            entry.comments.append(raw)
+            entry.end = i + 1
+            continue
+        if line.startswith('"'):
+            if entry is None or entry.current is None:
+                raise DocumentError(f"not a gettext catalog (.po): line {n}: a string that continues nothing")
+            entry.fields[entry.current] += _string(line, n)
+            entry.end = i + 1
+            continue
+        m = _KEYWORD.match(line)
+        if not m:
+            raise DocumentError(f"not a gettext catalog (.po): line {n}: expected a comment, a keyword (msgid, "
+                                f"msgstr, ...) or a string, got {line[:60]!r}")
+        key = m.group(1)
+        if key in ("msgctxt", "msgid") and entry is not None and entry.str_start is not None:
+            close()  # the next entry, with no blank line between
+        if entry is None:
+            entry = _Entry(i)
+        if key in entry.fields:
+            raise DocumentError(f"not a gettext catalog (.po): line {n}: a second {key} in one entry")
+        if key.startswith("msgstr"):
+            if "msgid" not in entry.fields:
+                raise DocumentError(f"not a gettext catalog (.po): line {n}: {key} with no msgid before it")
+            if entry.str_start is None:
+                entry.str_start = i
+        elif entry.str_start is not None:
+            raise DocumentError(f"not a gettext catalog (.po): line {n}: {key} after the entry's msgstr")
+        if entry.key_start is None:
+            entry.key_start = i
+        entry.fields[key] = _string(m.group(3), n)
+        entry.current = key
+        entry.end = i + 1
+    close()
+    return entries
+
+
+def _check(entry: _Entry) -> None:
+    if entry.key_start is None:
+        return  # comments only (an obsolete entry is comments too)
+    n = entry.first + 1
+    f = entry.fields
+    if "msgid" not in f:
+        raise DocumentError(f"not a gettext catalog (.po): the entry at line {n} has no msgid")
+    plural_strs = sorted(k for k in f if k.startswith("msgstr["))
+    if "msgid_plural" in f:
+        if "msgstr" in f or not plural_strs:
+            raise DocumentError(f"not a gettext catalog (.po): the entry at line {n} has a msgid_plural: its "
+                                "translations must be msgstr[0], msgstr[1], ...")
+    elif plural_strs or "msgstr" not in f:
+        raise DocumentError(f"not a gettext catalog (.po): the entry at line {n} needs one msgstr")
+
+
+def _flags(comments: list[str]) -> list[str]:
+    out = []
+    for c in comments:
+        if c.startswith("#,"):
+            out.extend(f.strip() for f in c[2:].split(",") if f.strip())
+    return out
+
+
+def parse_po(text: str) -> tuple[list[dict], str]:
+    lines = text.split("\n")
+    offsets, pos = [], 0
+    for line in lines:
+        offsets.append(pos)
+        pos += len(line) + 1
+    entries = _entries(lines)
+    if not any(e.key_start is not None for e in entries):
+        raise DocumentError("not a gettext catalog (.po): it holds no entry (msgid ... msgstr ...)")
+    units: list[dict] = []
+    done, mark = 0, 0
+    for e in entries:
+        if e.key_start is None:
+            continue
+        f = e.fields
+        header = f["msgid"] == "" and "msgctxt" not in f
+        fuzzy = "fuzzy" in _flags(e.comments)
+        translations = [v for k, v in f.items() if k.startswith("msgstr")]
+        wanted = not header and (fuzzy or not any(translations)) and f["msgid"].strip() != ""
+        if not header and not wanted:
+            continue
+        start, end = offsets[e.first], offsets[e.end - 1] + len(lines[e.end - 1])
+        unit = {"before": text[done:start], "entry": text[start:end], "comments": e.comments,
+                "keys": lines[e.key_start:e.str_start], "fuzzy": fuzzy, "texts": []}
+        if header:
+            unit["header"] = f.get("msgstr", "")
+        else:
+            mark += 1
+            unit["texts"].append([mark, f["msgid"]])
+            if "msgid_plural" in f:
+                mark += 1
+                unit["texts"].append([mark, f["msgid_plural"]])
+        units.append(unit)
+        done = end
+    return units, text[done:]
+
+
+def _keep_newlines(source: str, answer: str) -> str:
+    """The answer with the source's leading and trailing line breaks (gettext checks they agree)."""
+    lead = source[:len(source) - len(source.lstrip("\n"))]
+    trail = source[len(source.rstrip("\n")):]
+    return lead + answer.strip("\n") + trail
+
+
+def _comments(comments: list[str], *, fuzzy: bool) -> list[str]:
+    """The entry's comments with the fuzzy flag set or dropped (and, dropped, the #| previous-msgid lines)."""
+    out, flagged = [], False
+    for c in comments:
+        if c.startswith("#|") and not fuzzy:
+            continue
+        if c.startswith("#,"):
+            flags = [f.strip() for f in c[2:].split(",") if f.strip() and f.strip() != "fuzzy"]
+            if fuzzy:
+                flags.insert(0, "fuzzy")
+                flagged = True
+            if flags:
+                out.append("#, " + ", ".join(flags))
+            continue
+        out.append(c)
+    if fuzzy and not flagged:
+        at = next((i for i, c in enumerate(out) if c.startswith("#|")), len(out))
+        out.insert(at, "#, fuzzy")
+    return out
+
+
+def _header(value: str, lang: str) -> str:
+    lines = value.split("\n")
+    forms = plural_forms(lang)
+    language = f"Language: {lang.replace('-', '_')}"
+    seen = False
+    for i, line in enumerate(lines):
+        key = line.split(":", 1)[0].strip().lower()
+        if key == "language":
+            lines[i], seen = language, True
+        elif key == "plural-forms" and forms:
+            lines[i] = f"Plural-Forms: {forms}"
+        elif key == "content-type" and "charset=CHARSET" in line:
+            lines[i] = line.replace("charset=CHARSET", "charset=UTF-8")
+    if not seen:
+        at = len(lines) - 1 if lines[-1] == "" else len(lines)
+        lines.insert(at, language)
+    return "\n".join(lines)
+
+
+def render_po(unit: dict, texts: dict[int, str], lang: str | None) -> str:
+    if "header" in unit:
+        if lang is None:
+            return unit["entry"]
+        value = _header(unit["header"], lang)
+        if value == unit["header"]:
+            return unit["entry"]
+        return "\n".join(unit["comments"] + unit["keys"] + po_lines("msgstr", value))
+    marks = [m for m, _ in unit["texts"]]
+    sources = dict(unit["texts"])
+    plural = len(marks) == 2
+    count = nplurals(lang) if plural else None
+    needed = [marks[-1]] if count == 1 else marks
+    if any(m not in texts for m in needed):
+        return unit["entry"]  # no answer: left as it was
+    answers = {m: _keep_newlines(sources[m], texts[m]) for m in needed}
+    if any(placeholders(answers[m]) != placeholders(sources[m]) for m in needed):
+        if unit["fuzzy"]:
+            return unit["entry"]
+        # a translation that lost or changed a placeholder would crash the program: not written
+        lines = unit["entry"].split("\n")
+        head = len(unit["comments"])
+        return "\n".join(_comments(unit["comments"], fuzzy=True) + lines[head:])
+    if not plural:
+        strs = po_lines("msgstr", answers[marks[0]])
+        fuzzy = False
+    else:
+        forms = [answers[marks[-1]]] if count == 1 else [answers[marks[0]]] + [answers[marks[1]]] * ((count or 2) - 1)
+        strs = [line for i, form in enumerate(forms) for line in po_lines(f"msgstr[{i}]", form)]
+        fuzzy = count is None or count > 2
+    return "\n".join(_comments(unit["comments"], fuzzy=fuzzy) + unit["keys"] + strs)
