@@ -203,7 +203,9 @@ def _check(entry: _Entry) -> None:
         if "msgstr" in f or not plural_strs:
             raise DocumentError(f"not a gettext catalog (.po): the entry at line {n} has a msgid_plural: its "
                                 "translations must be msgstr[0], msgstr[1], ...")
-    elif plural_strs or "msgstr" not in f:
+    elif plural_strs:
+        raise DocumentError(f"not a gettext catalog (.po): the entry at line {n} has msgstr[n] but no msgid_plural")
+    elif "msgstr" not in f:
         raise DocumentError(f"not a gettext catalog (.po): the entry at line {n} needs one msgstr")
 
 
