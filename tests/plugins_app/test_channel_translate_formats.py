@@ -119,6 +119,12 @@ def test_webvtt_answers_replace_the_cue_texts_and_nothing_else():
     assert missing == [3]
 
 
+def test_a_cue_whose_identifier_is_note_is_a_cue():
+    text = "WEBVTT\n\nNOTE\n00:00:01.000 --> 00:00:02.000\nA cue named NOTE.\n\nNOTE\nA note.\n"
+    doc = identity("named.vtt", text)
+    assert sent_texts(doc) == ["A cue named NOTE."]
+
+
 @pytest.mark.parametrize("text, reason", [
     ("1\n00:00:01.000 --> 00:00:02.000\nHi\n", "not a WebVTT (.vtt) file: the first line must be 'WEBVTT'"),
     ("WEBVTT\n\n1\n00:00:01.000 --> 00:00:02.000\nHi\n\n2\nno timing\nHo\n",

@@ -11,9 +11,10 @@ page: docs/channels/translate.md.
   least once a second: the settle check needs a second look) and at start, so files dropped while the worker was down
   are taken too. A file is taken once its size and modification time stayed the same for
   ``--settle-secs``; names starting with ``.`` or ending ``.part``/``.tmp`` are never taken (write
-  under such a name, then rename: the rename is the drop). ``.txt``, ``.md``/``.markdown`` and
-  ``.srt`` are read (``documents.py``); anything else, or a file that is not UTF-8, goes to
-  ``inbox/failed/`` with ``<name>.error.txt`` saying why.
+  under such a name, then rename: the rename is the drop). ``.txt``, ``.md``/``.markdown``,
+  ``.srt``, ``.vtt``, ``.po``/``.pot`` and ``.html``/``.htm`` are read (``documents.py``, ``po.py``,
+  ``markup.py``); anything else, a file that is not UTF-8, or one its format's parser cannot read
+  for sure, goes to ``inbox/failed/`` with ``<name>.error.txt`` saying why.
 * **Chunks in.** A document is cut at paragraphs (subtitles: at cues) into chunks of at most
   ``--max-chunk-chars``, and each chunk goes to the agent as an inbound message whose text is the
   instruction (translate into …, keep the markup, the answer only, the glossary's terms that occur)

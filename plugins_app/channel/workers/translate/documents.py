@@ -367,7 +367,9 @@ def parse_vtt(text: str) -> tuple[list[dict], str]:
         while i < len(lines) and lines[i] != "":
             i += 1
         block += 1
-        if start == 0 or _VTT_OTHER.match(lines[start]) and "-->" not in lines[start]:
+        other = (_VTT_OTHER.match(lines[start]) and "-->" not in lines[start]
+                 and not (start + 1 < i and _VTT_TIMING.match(lines[start + 1])))  # not a cue named "NOTE"
+        if start == 0 or other:
             continue  # the header, a NOTE, a STYLE or a REGION block: kept as it is
         timing = start if "-->" in lines[start] else start + 1
         if timing >= i or not _VTT_TIMING.match(lines[timing]):
