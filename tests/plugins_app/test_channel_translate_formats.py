@@ -254,10 +254,10 @@ def test_a_malformed_catalog_is_refused_with_the_reason(text, reason):
 
 def test_html_sends_only_text_nodes_and_an_identity_translation_gives_the_same_bytes():
     doc = identity("guide.html", HTML, max_chars=40)
-    assert sent_texts(doc) == ["The guide", "Welcome", "Fish &amp; chips,", "see the menu", "Run", "first.",
-                               "One &lt; two"]
+    assert sent_texts(doc) == ["The guide", "Welcome", "Fish &amp; chips,", "The menu", "see the menu", "A picture",
+                               "Run", "first.", "One &lt; two"]
     sent = "\n".join(c.text for c in doc.chunks)
-    for never in ("<", "href", "The menu", "A picture", "keep", "make test", "not text", "a comment", "2024"):
+    for never in ("<", "href", "/menu", "a.png", "keep", "make test", "not text", "a comment", "2024", "top"):
         assert never not in sent, never
     assert assemble(doc.form, doc.chunks, answers_by(doc, lambda t: t)) == HTML
 
@@ -265,14 +265,26 @@ def test_html_sends_only_text_nodes_and_an_identity_translation_gives_the_same_b
 def test_html_answers_replace_the_text_nodes_in_place_and_never_open_a_tag():
     doc = read_document("guide.htm", HTML.encode(), max_chars=1000)
     words = {"The guide": "Der Leitfaden", "Welcome": "Willkommen", "Fish &amp; chips,": "Fisch &amp; Pommes,",
-             "see the menu": "siehe <b>Karte", "Run": "Führe", "first.": "zuerst aus.", "One &lt; two": "Eins &lt; zwei"}
+             "The menu": 'Die "Karte"', "see the menu": "siehe <b>Karte", "A picture": "Ein Bild", "Run": "Führe",
+             "first.": "zuerst aus.", "One &lt; two": "Eins &lt; zwei"}
     out = assemble(doc.form, doc.chunks, answers_by(doc, words.__getitem__), lang="de")
     expected = HTML
-    for source, target in words.items():
-        expected = expected.replace(f">{source}<", f">{target.replace('<b>', '&lt;b>')}<").replace(
-            f"> {source}<", f"> {target}<").replace(f">{source} <", f">{target} <")
+    for source, target in (("<title>The guide<", "<title>Der Leitfaden<"), (">Welcome<", ">Willkommen<"),
+                           ("<p>Fish &amp; chips, <a", "<p>Fisch &amp; Pommes, <a"),
+                           ('title="The menu">see the menu<', 'title="Die &quot;Karte&quot;">siehe &lt;b>Karte<'),
+                           ('alt="A picture"', 'alt="Ein Bild"'), ("<p>Run <code>", "<p>Führe <code>"),
+                           ("</code> first.</p>", "</code> zuerst aus.</p>"), ("<li>One &lt; two<", "<li>Eins &lt; zwei<")):
+        assert source in expected
+        expected = expected.replace(source, target)
     assert out == expected
-    assert '<a href="/menu" title="The menu">siehe &lt;b>Karte</a>' in out and "<code>make test</code>" in out
+
+
+def test_only_quoted_alt_and_title_values_are_sent_and_an_answer_never_ends_the_attribute():
+    text = """<p title='A tip' data-x="a title='not this'" alt=bare>Hi <img alt = ' A pic ' src=x/></p>\n"""
+    doc = identity("attrs.html", text)
+    assert sent_texts(doc) == ["A tip", "Hi", "A pic"]
+    out = assemble(doc.form, doc.chunks, ["[1]\nIt's a tip\n[2]\nHallo\n[3]\nAn \"image\""], lang="de")
+    assert out == """<p title='It&#39;s a tip' data-x="a title='not this'" alt=bare>Hallo <img alt = ' An "image" ' src=x/></p>\n"""
 
 
 @pytest.mark.parametrize("text, reason", [

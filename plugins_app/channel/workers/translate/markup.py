@@ -4,9 +4,11 @@
 reports where each tag and text starts, so the page is cut at those places and written back exactly.)
 
 * Sent: each text node with a letter in it, in the page's order, its leading and trailing white space
-  kept apart (written back as it was). Entities go as written (``&amp;``), and the answer is written as
-  it comes but for a ``<`` that would open a tag (written ``&lt;``).
-* Never sent: tags, attributes (``alt`` and ``title`` too: they stay in the source language), comments,
+  kept apart (written back as it was), and the quoted value of an ``alt`` or ``title`` attribute (what
+  a reader hears or sees in a tooltip). Entities go as written (``&amp;``), and the answer is written
+  as it comes but for a ``<`` that would open a tag (written ``&lt;``) and, in an attribute, its quote
+  (``&quot;`` or ``&#39;``).
+* Never sent: tags, other attributes, an unquoted ``alt``/``title`` value, comments,
   the doctype, the contents of ``script``, ``style``, ``code``, ``pre``, ``kbd``, ``samp``, ``var``,
   ``textarea``, ``template``, ``svg`` and ``math``, and the ``head`` but for its ``title``.
 * Refused (DocumentError): a file with no tag at all, a file that ends inside a tag or a comment, and
@@ -23,21 +25,29 @@ from .units import DocumentError
 SKIPPED = frozenset({"script", "style", "code", "pre", "kbd", "samp", "var", "textarea", "template", "svg", "math"})
 _OPENS_MARKUP = re.compile(r"<(?=[A-Za-z/!?])")
 _TEXT = ("data", "entityref", "charref")
+#: The attributes whose (quoted) values are sent.
+TRANSLATED_ATTRIBUTES = ("alt", "title")
+# a start tag's name, then its attributes one after another, as html.parser reads them
+_TAG_NAME = re.compile(r"<[a-zA-Z][^\t\n\r\f />\x00]*(?:\s|/(?!>))*")
+_ATTRIBUTE = re.compile(r"((?<=['\"\s/])[^\s/>][^\s/=>]*)(\s*=+\s*('[^']*'|\"[^\"]*\"|(?!['\"])[^>\s]*))?(?:\s|/(?!>))*")
 
 
 class _Events(HTMLParser):
     def __init__(self):
         super().__init__(convert_charrefs=False)
         self.events: list[tuple[tuple[int, int], str, str]] = []
+        self.tags: dict[int, str] = {}  # event index -> the start tag as written
 
     def _add(self, kind: str, value: str = "") -> None:
         self.events.append((self.getpos(), kind, value))
 
     def handle_starttag(self, tag, attrs):
         self._add("start", tag)
+        self.tags[len(self.events) - 1] = self.get_starttag_text()
 
     def handle_startendtag(self, tag, attrs):
         self._add("startend", tag)
+        self.tags[len(self.events) - 1] = self.get_starttag_text()
 
     def handle_endtag(self, tag):
         self._add("end", tag)
@@ -62,6 +72,27 @@ class _Events(HTMLParser):
 
     def unknown_decl(self, data):
         self._add("decl")
+
+
+def _attribute_values(tag: str) -> list[tuple[int, int, str]]:
+    """(start, end, quote) of the quoted alt/title values in a start tag as written, offsets in it."""
+    m = _TAG_NAME.match(tag)
+    if not m:
+        return []
+    out, k = [], m.end()
+    while k < len(tag):
+        a = _ATTRIBUTE.match(tag, k)
+        if not a or a.end() == k:
+            break
+        value = a.group(3)
+        if (a.group(1).lower() in TRANSLATED_ATTRIBUTES and value and value[0] in "'\""
+                and any(c.isalpha() for c in value)):
+            start = a.start(3) + 1
+            core = value[1:-1]
+            start += len(core) - len(core.lstrip())
+            out.append((start, start + len(core.strip()), value[0]))
+        k = a.end()
+    return out
 
 
 def parse_html(text: str) -> tuple[list[dict], str]:
@@ -108,6 +139,11 @@ def parse_html(text: str) -> tuple[list[dict], str]:
                 done = core_start + len(core)
             i = j
             continue
+        if kind in ("start", "startend") and not open_skipped and not in_head:
+            for start, end, quote in _attribute_values(parser.tags[i]):
+                units.append({"before": text[done:at + start], "texts": [[len(units) + 1, text[at + start:at + end]]],
+                              "quote": quote})
+                done = at + end
         if kind == "start":
             if value in SKIPPED:
                 open_skipped.append((value, text.count("\n", 0, at) + 1))
@@ -138,4 +174,8 @@ def render_html(unit: dict, texts: dict[int, str], lang: str | None) -> str:
     answer = texts.get(mark)
     if answer is None:
         return source
-    return _OPENS_MARKUP.sub("&lt;", answer.strip())
+    answer = _OPENS_MARKUP.sub("&lt;", answer.strip())
+    quote = unit.get("quote")
+    if quote:
+        answer = answer.replace(quote, "&quot;" if quote == '"' else "&#39;")
+    return answer
