@@ -225,7 +225,15 @@ def test_an_answer_that_changes_a_placeholder_leaves_the_entry_untranslated_and_
     broken = {"Hello %(name)s, you have %d messages": "Hallo %(nom)s, du hast %d Nachrichten",
               "New {count} items": "neue Dinge", "One file": "Eine Datei", "%d files": "Dateien",
               "First line\nsecond line\n": "Erste Zeile\nzweite Zeile"}
-    out = assemble(doc.form, doc.chunks, answers_by(doc, broken.__getitem__), lang="de")
+    notes: list[str] = []
+    out = assemble(doc.form, doc.chunks, answers_by(doc, broken.__getitem__), lang="de", notes=notes)
+    assert notes == [
+        "msgid 'Hello %(name)s, you have %d messages': the answer 'Hallo %(nom)s, du hast %d Nachrichten' does "
+        "not hold its placeholders (%(name)s %d); left untranslated, marked fuzzy",
+        "msgid 'New {count} items': the answer 'neue Dinge' does not hold its placeholders ({count}); left "
+        "untranslated, marked fuzzy",
+        "msgid_plural '%d files': the answer 'Dateien' does not hold its placeholders (%d); left untranslated, "
+        "marked fuzzy"]
     assert ('#: app/views.py:12\n#, fuzzy, python-format\nmsgid "Hello %(name)s, you have %d messages"\n'
             'msgstr ""\n') in out
     assert '#, fuzzy, python-brace-format\n#| msgid "Old {count}"\nmsgid "New {count} items"\nmsgstr "Alt {count}"' in out

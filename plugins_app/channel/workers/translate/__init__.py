@@ -639,11 +639,14 @@ class TranslateWorker(ChannelWorker):
         for lang in doc.langs:
             rows = self.state.chunks(doc.digest, lang)
             missing: list[int] = []
+            notes: list[str] = []
             text = assemble(doc.form, [Chunk.from_dict(r.source) for r in rows], [r.answer or "" for r in rows],
-                            trailing_newline=doc.trailing_newline, missing=missing, lang=lang)
+                            trailing_newline=doc.trailing_newline, missing=missing, lang=lang, notes=notes)
             if missing:
                 self.log.warning("translate: %s into %s: the answers left out pieces %s; they keep their source "
                                  "text", doc.name, lang, ", ".join(map(str, missing)))
+            for note in notes:
+                self.log.warning("translate: %s into %s: %s", doc.name, lang, note)
             write_atomic(self.outdir / output_name(doc.name, lang), text)
         fd = self._subdir("done")
         try:

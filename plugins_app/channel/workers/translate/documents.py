@@ -385,7 +385,7 @@ def parse_vtt(text: str) -> tuple[list[dict], str]:
     return units, text[done:]
 
 
-def render_vtt(unit: dict, texts: dict[int, str], lang: str | None) -> str:
+def render_vtt(unit: dict, texts: dict[int, str], lang: str | None, notes: list[str]) -> str:
     [[mark, source]] = unit["texts"]
     return cue_text(texts.get(mark)) or source
 
@@ -498,15 +498,16 @@ def clean_answer(answer: str) -> str:
 
 
 def assemble(doc_form: str, chunks: list[Chunk], answers: list[str], *, trailing_newline: bool = True,
-             missing: list[int] | None = None, lang: str | None = None) -> str:
+             missing: list[int] | None = None, lang: str | None = None, notes: list[str] | None = None) -> str:
     """The translated file from each chunk's answer, in chunk order. For subtitles, the cue numbers
     and timings come from the source; ``missing`` collects the numbers of cues the answers left out
     (they keep their source text). WebVTT, gettext and HTML are written from their units (units.py);
-    ``lang`` is the target (a catalog's header names it), None to write the source's structure as is."""
+    ``lang`` is the target (a catalog's header names it), None to write the source's structure as is;
+    ``notes`` collects what a format had to say (a catalog entry whose answer broke a placeholder)."""
     if len(chunks) != len(answers):
         raise ValueError("one answer per chunk")
     if doc_form in UNIT_FORMS:
-        return assemble_units(chunks, answers, renderer(doc_form), lang=lang, missing=missing)
+        return assemble_units(chunks, answers, renderer(doc_form), lang=lang, missing=missing, notes=notes)
     if doc_form == "srt":
         out = []
         for chunk, answer in zip(chunks, answers):

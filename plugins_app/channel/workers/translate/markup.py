@@ -169,7 +169,7 @@ def parse_html(text: str) -> tuple[list[dict], str]:
     return units, text[done:]
 
 
-def render_html(unit: dict, texts: dict[int, str], lang: str | None) -> str:
+def render_html(unit: dict, texts: dict[int, str], lang: str | None, notes: list[str]) -> str:
     [[mark, source]] = unit["texts"]
     answer = texts.get(mark)
     if answer is None:

@@ -301,7 +301,7 @@ def _header(value: str, lang: str) -> str:
     return "\n".join(lines)
 
 
-def render_po(unit: dict, texts: dict[int, str], lang: str | None) -> str:
+def render_po(unit: dict, texts: dict[int, str], lang: str | None, notes: list[str]) -> str:
     if "header" in unit:
         if lang is None:
             return unit["entry"]
@@ -317,7 +317,11 @@ def render_po(unit: dict, texts: dict[int, str], lang: str | None) -> str:
     if any(m not in texts for m in needed):
         return unit["entry"]  # no answer: left as it was
     answers = {m: _keep_newlines(sources[m], texts[m]) for m in needed}
-    if any(placeholders(answers[m]) != placeholders(sources[m]) for m in needed):
+    bad = next((m for m in needed if placeholders(answers[m]) != placeholders(sources[m])), None)
+    if bad is not None:
+        key = "msgid_plural" if plural and bad == marks[1] else "msgid"
+        notes.append(f"{key} {sources[bad][:60]!r}: the answer {answers[bad][:60]!r} does not hold its placeholders "
+                     f"({' '.join(placeholders(sources[bad])) or 'none'}); left untranslated, marked fuzzy")
         if unit["fuzzy"]:
             return unit["entry"]
         # a translation that lost or changed a placeholder would crash the program: not written

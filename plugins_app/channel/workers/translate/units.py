@@ -67,10 +67,11 @@ def pack_units(units: list[dict], tail: str, max_chars: int, chunk_cls) -> list:
 
 
 def assemble_units(chunks: list, answers: list[str], render, *, lang: str | None,
-                   missing: list[int] | None = None) -> str:
-    """The document from its units and the answers: ``render(unit, texts, lang)`` writes one unit, where
-    ``texts`` maps each of its marks to the answer's text (a mark the answer left out is absent, and
-    noted in ``missing``)."""
+                   missing: list[int] | None = None, notes: list[str] | None = None) -> str:
+    """The document from its units and the answers: ``render(unit, texts, lang, notes)`` writes one unit,
+    where ``texts`` maps each of its marks to the answer's text (a mark the answer left out is absent,
+    and noted in ``missing``); ``notes`` collects what a format had to say (an answer it did not write)."""
+    notes = [] if notes is None else notes
     out: list[str] = []
     for chunk, answer in zip(chunks, answers):
         found = answer_cues(answer) if answer is not None else {}
@@ -84,6 +85,6 @@ def assemble_units(chunks: list, answers: list[str], render, *, lang: str | None
                     continue
                 texts[mark] = text
             out.append(unit["before"])
-            out.append(render(unit, texts, lang))
+            out.append(render(unit, texts, lang, notes))
         out.append(chunk.joiner)
     return "".join(out)
