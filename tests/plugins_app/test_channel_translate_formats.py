@@ -18,7 +18,7 @@ from plugins_app.channel.workers.translate.documents import (DocumentError, answ
 from plugins_app.channel.workers.translate.markup import parse_html
 from plugins_app.channel.workers.translate.po import parse_po, placeholders
 from tests.plugins_app.conftest import wait_until
-from tests.plugins_app.test_channel_translate import pipe, translate_plugin  # noqa: F401 - the fixture
+from tests.plugins_app.test_channel_translate import Pipeline, translate_plugin
 from tests.plugins_app.test_channel_translate_parts import Worker
 
 VTT = ("WEBVTT - a demo\nKind: captions\nLanguage: en\n\n"
@@ -77,6 +77,11 @@ HTML = ('<!DOCTYPE html>\n<html lang="en">\n<head>\n  <meta charset="utf-8">\n  
         '  <pre>keep  this\n  as it is</pre>\n  <p>Run <code>make test</code> first.</p>\n'
         '  <script>if (a < b) { document.write("<p>not text</p>"); }</script>\n'
         '  <ul><li>One &lt; two</li><li>2024</li></ul>\n</body>\n</html>\n')
+
+
+@pytest.fixture
+def pipe(short_dir):
+    return Pipeline(short_dir / "pipe")
 
 
 def sent_texts(doc) -> list[str]:
@@ -352,7 +357,7 @@ def texts_of(parse, text: str) -> tuple[list[str], list[str], str]:
 
 
 @pytestmark_e2e
-def test_a_webvtt_file_comes_out_with_its_structure_and_translated_cues(tcast, pipe, start_runtime):  # noqa: F811
+def test_a_webvtt_file_comes_out_with_its_structure_and_translated_cues(tcast, pipe, start_runtime):
     from plugins_app.channel.workers.translate.documents import parse_vtt
     translate_plugin(pipe)
     start_runtime()
@@ -370,7 +375,7 @@ def test_a_webvtt_file_comes_out_with_its_structure_and_translated_cues(tcast, p
 
 
 @pytestmark_e2e
-def test_a_gettext_template_comes_out_as_a_catalog_per_language(tcast, pipe, start_runtime):  # noqa: F811
+def test_a_gettext_template_comes_out_as_a_catalog_per_language(tcast, pipe, start_runtime):
     translate_plugin(pipe)
     start_runtime()
     pipe.drop("messages.pot", PO)
@@ -388,7 +393,7 @@ def test_a_gettext_template_comes_out_as_a_catalog_per_language(tcast, pipe, sta
 
 
 @pytestmark_e2e
-def test_an_html_page_comes_out_with_its_markup_unchanged(tcast, pipe, start_runtime):  # noqa: F811
+def test_an_html_page_comes_out_with_its_markup_unchanged(tcast, pipe, start_runtime):
     translate_plugin(pipe, to="de")
     start_runtime()
     pipe.drop("guide.html", HTML)
