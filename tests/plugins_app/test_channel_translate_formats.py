@@ -7,6 +7,8 @@ nothing else touched, and one end-to-end run through the real supervisor.
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 import sys
 
 import pytest
@@ -218,9 +220,15 @@ def test_plural_forms_follow_the_target_and_an_unknown_target_gets_two_forms_mar
     assert ('#, fuzzy\nmsgid "One file"\nmsgid_plural "%d files"\nmsgstr[0] "Eine Datei"\nmsgstr[1] "%d Dateien"\n'
             'msgstr[2] "%d Dateien"\n') in ru  # three forms: the third is a guess a translator checks
     eo = assemble(doc.form, doc.chunks, answers, lang="eo")
-    assert '"Language: eo\\n"' in eo and "nplurals=INTEGER" in eo  # not known: the header's rule is left
+    # not known, and the template has no rule: two forms, fuzzy, and the two-form rule gettext needs to read them
+    assert '"Language: eo\\n"' in eo and '"Plural-Forms: nplurals=2; plural=(n != 1);\\n"' in eo
     assert '#, fuzzy\nmsgid "One file"\nmsgid_plural "%d files"\nmsgstr[0] "Eine Datei"\nmsgstr[1] "%d Dateien"\n\n' in eo
     assert 'msgstr "Hallo %(name)s, du hast %d Nachrichten"' in eo  # the singular entries are not guesses
+    # not known, and the catalog's header has a rule: as many forms as it says, fuzzy, the header left as it was
+    rule = "nplurals=3; plural=(n==1 ? 0 : n==2 ? 1 : 2);"
+    ga = read_document("ga.po", PO.replace("nplurals=INTEGER; plural=EXPRESSION;", rule).encode(), max_chars=1000)
+    out = assemble(ga.form, ga.chunks, answers_by(ga, german), lang="ga")
+    assert rule in out and 'msgstr[0] "Eine Datei"\nmsgstr[1] "%d Dateien"\nmsgstr[2] "%d Dateien"\n' in out
     pt = assemble(doc.form, doc.chunks, answers, lang="pt-BR")
     assert '"Language: pt_BR\\n"' in pt and "nplurals=2; plural=(n > 1);" in pt
 
@@ -245,6 +253,18 @@ def test_an_answer_that_changes_a_placeholder_leaves_the_entry_untranslated_and_
     assert '#, fuzzy\nmsgid "One file"\nmsgid_plural "%d files"\nmsgstr[0] ""\nmsgstr[1] ""\n' in out
     assert '"Erste Zeile\\n"\n"zweite Zeile\\n"' in out  # the other entries go on
     assert placeholders("%s and %(n)d and {x} and {} and 50% off and 100%") == ["%(n)d", "%s", "{x}", "{}"]
+
+
+@pytest.mark.skipif(not shutil.which("msgfmt"), reason="GNU gettext's msgfmt is not installed")
+@pytest.mark.parametrize("lang", ["de", "fr", "ja", "ru", "ar", "eo", "pt-BR"])
+def test_gnu_msgfmt_checks_every_catalog_written_and_finds_nothing_wrong(tmp_path, lang):
+    doc = read_document("messages.pot", PO.encode(), max_chars=1000)
+    for n, answers in enumerate((answers_by(doc, german), answers_by(doc, lambda t: "ohne Platzhalter"))):
+        path = tmp_path / f"{lang}.{n}.po"
+        path.write_text(assemble(doc.form, doc.chunks, answers, lang=lang))
+        done = subprocess.run(["msgfmt", "--check", "-o", str(tmp_path / "out.mo"), str(path)], capture_output=True,
+                              text=True)
+        assert done.returncode == 0, done.stderr + path.read_text()
 
 
 @pytest.mark.parametrize("text, reason", [

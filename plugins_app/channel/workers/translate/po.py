@@ -19,7 +19,10 @@ never writes a catalog it half understood.
 * Plurals: the target's number of forms comes from PLURAL_FORMS. One form: ``msgstr[0]`` is the
   plural's translation; two: the singular's, then the plural's. A language with more forms, or one
   not in the table (written with two forms), gets the singular's translation in ``msgstr[0]``, the
-  plural's in the others, and the entry is marked ``fuzzy``: a translator must check those forms.
+  plural's in the others, and the entry is marked ``fuzzy``: a translator must check those forms. For
+  a target not in the table the number of forms is the header's ``nplurals``, or, when the header has
+  no rule (a template's ``nplurals=INTEGER``), two, with GUESSED_PLURAL_FORMS in the header (gettext
+  refuses plural entries with no rule).
 """
 from __future__ import annotations
 
@@ -44,6 +47,8 @@ PLURAL_FORMS = {
     "ro": "nplurals=3; plural=(n==1 ? 0 : (n==0 || (n%100 > 0 && n%100 < 20)) ? 1 : 2);",
     "ar": "nplurals=6; plural=(n==0 ? 0 : n==1 ? 1 : n==2 ? 2 : n%100>=3 && n%100<=10 ? 3 : n%100>=11 ? 4 : 5);",
 }
+#: The Plural-Forms written for a target not in the table into a catalog whose header has no rule.
+GUESSED_PLURAL_FORMS = "nplurals=2; plural=(n != 1);"
 #: Languages whose plural rule depends on the region: never looked up by the language alone.
 _BY_REGION_ONLY = ("pt",)
 
@@ -228,6 +233,11 @@ def parse_po(text: str) -> tuple[list[dict], str]:
         raise DocumentError("not a gettext catalog (.po): it holds no entry (msgid ... msgstr ...)")
     units: list[dict] = []
     done, mark = 0, 0
+    header_forms = next((e.fields.get("msgstr", "") for e in entries if e.key_start is not None
+                         and e.fields["msgid"] == "" and "msgctxt" not in e.fields), "")
+    found = re.search(r"^Plural-Forms:.*\bnplurals\s*=\s*(\d+)", header_forms, re.M | re.I)
+    header_count = int(found.group(1)) if found and int(found.group(1)) > 0 else None
+    has_plurals = any("msgid_plural" in e.fields for e in entries)
     for e in entries:
         if e.key_start is None:
             continue
@@ -243,12 +253,14 @@ def parse_po(text: str) -> tuple[list[dict], str]:
                 "keys": lines[e.key_start:e.str_start], "fuzzy": fuzzy, "texts": []}
         if header:
             unit["header"] = f.get("msgstr", "")
+            unit["plurals"] = has_plurals
         else:
             mark += 1
             unit["texts"].append([mark, f["msgid"]])
             if "msgid_plural" in f:
                 mark += 1
                 unit["texts"].append([mark, f["msgid_plural"]])
+                unit["header_count"] = header_count
         units.append(unit)
         done = end
     return units, text[done:]
@@ -282,9 +294,13 @@ def _comments(comments: list[str], *, fuzzy: bool) -> list[str]:
     return out
 
 
-def _header(value: str, lang: str) -> str:
+def _header(value: str, lang: str, plurals: bool) -> str:
     lines = value.split("\n")
     forms = plural_forms(lang)
+    if forms is None and plurals and not re.search(r"^Plural-Forms:.*\bnplurals\s*=\s*[1-9]", value, re.M | re.I):
+        # a target the table does not know, and a header with no rule (a template's INTEGER): gettext
+        # refuses plural entries with no rule, so the two-form rule stands in (the entries are fuzzy)
+        forms = GUESSED_PLURAL_FORMS
     language = f"Language: {lang.replace('-', '_')}"
     seen = False
     for i, line in enumerate(lines):
@@ -305,15 +321,17 @@ def render_po(unit: dict, texts: dict[int, str], lang: str | None, notes: list[s
     if "header" in unit:
         if lang is None:
             return unit["entry"]
-        value = _header(unit["header"], lang)
+        value = _header(unit["header"], lang, unit.get("plurals", False))
         if value == unit["header"]:
             return unit["entry"]
         return "\n".join(unit["comments"] + unit["keys"] + po_lines("msgstr", value))
     marks = [m for m, _ in unit["texts"]]
     sources = dict(unit["texts"])
     plural = len(marks) == 2
-    count = nplurals(lang) if plural else None
-    needed = [marks[-1]] if count == 1 else marks
+    known = nplurals(lang) if plural else None
+    # a target not in the table: as many forms as the catalog's header says, else two (fuzzy either way)
+    count = known or unit.get("header_count") or 2
+    needed = [marks[-1]] if plural and count == 1 else marks
     if any(m not in texts for m in needed):
         return unit["entry"]  # no answer: left as it was
     answers = {m: _keep_newlines(sources[m], texts[m]) for m in needed}
@@ -332,7 +350,7 @@ def render_po(unit: dict, texts: dict[int, str], lang: str | None, notes: list[s
         strs = po_lines("msgstr", answers[marks[0]])
         fuzzy = False
     else:
-        forms = [answers[marks[-1]]] if count == 1 else [answers[marks[0]]] + [answers[marks[1]]] * ((count or 2) - 1)
+        forms = [answers[marks[-1]]] if count == 1 else [answers[marks[0]]] + [answers[marks[1]]] * (count - 1)
         strs = [line for i, form in enumerate(forms) for line in po_lines(f"msgstr[{i}]", form)]
-        fuzzy = count is None or count > 2
+        fuzzy = known is None or count > 2
     return "\n".join(_comments(unit["comments"], fuzzy=fuzzy) + unit["keys"] + strs)
