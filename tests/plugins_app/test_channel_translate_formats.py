@@ -78,7 +78,7 @@ HTML = ('<!DOCTYPE html>\n<html lang="en">\n<head>\n  <meta charset="utf-8">\n  
         '  <img src="a.png" alt="A picture">\n'
         '  <pre>keep  this\n  as it is</pre>\n  <p>Run <code>make test</code> first.</p>\n'
         '  <script>if (a < b) { document.write("<p>not text</p>"); }</script>\n'
-        '  <ul><li>One &lt; two</li><li>2024</li></ul>\n</body>\n</html>\n')
+        '  <ul><li>One &lt; two</li><li>2024</li><li>&nbsp;</li><li>&copy; 2024</li></ul>\n</body>\n</html>\n')
 
 
 @pytest.fixture
@@ -290,7 +290,8 @@ def test_html_sends_only_text_nodes_and_an_identity_translation_gives_the_same_b
     assert sent_texts(doc) == ["The guide", "Welcome", "Fish &amp; chips,", "The menu", "see the menu", "A picture",
                                "Run", "first.", "One &lt; two"]
     sent = "\n".join(c.text for c in doc.chunks)
-    for never in ("<", "href", "/menu", "a.png", "keep", "make test", "not text", "a comment", "2024", "top"):
+    for never in ("<", "href", "/menu", "a.png", "keep", "make test", "not text", "a comment", "2024", "top",
+                  "nbsp", "copy"):
         assert never not in sent, never
     assert assemble(doc.form, doc.chunks, answers_by(doc, lambda t: t)) == HTML
 

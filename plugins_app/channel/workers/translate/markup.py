@@ -3,7 +3,7 @@
 (lxml is installed too, but it writes a page back as it understands it, not as it was: html.parser
 reports where each tag and text starts, so the page is cut at those places and written back exactly.)
 
-* Sent: each text node with a letter in it, in the page's order, its leading and trailing white space
+* Sent: each text node with a letter in it (outside its entities), in the page's order, its leading and trailing white space
   kept apart (written back as it was), and the quoted value of an ``alt`` or ``title`` attribute (what
   a reader hears or sees in a tooltip). Entities go as written (``&amp;``), and the answer is written
   as it comes but for a ``<`` that would open a tag (written ``&lt;``) and, in an attribute, its quote
@@ -25,6 +25,13 @@ from .units import DocumentError
 SKIPPED = frozenset({"script", "style", "code", "pre", "kbd", "samp", "var", "textarea", "template", "svg", "math"})
 _OPENS_MARKUP = re.compile(r"<(?=[A-Za-z/!?])")
 _TEXT = ("data", "entityref", "charref")
+_ENTITY = re.compile(r"&#?[A-Za-z0-9]+;")
+
+
+def _has_words(text: str) -> bool:
+    """A letter outside entities: ``&nbsp;`` or ``&copy; 2024`` alone is nothing to translate."""
+    return any(c.isalpha() for c in _ENTITY.sub("", text))
+
 #: The attributes whose (quoted) values are sent.
 TRANSLATED_ATTRIBUTES = ("alt", "title")
 # a start tag's name, then its attributes one after another, as html.parser reads them
@@ -86,7 +93,7 @@ def _attribute_values(tag: str) -> list[tuple[int, int, str]]:
             break
         value = a.group(3)
         if (a.group(1).lower() in TRANSLATED_ATTRIBUTES and value and value[0] in "'\""
-                and any(c.isalpha() for c in value)):
+                and _has_words(value)):
             start = a.start(3) + 1
             core = value[1:-1]
             start += len(core) - len(core.lstrip())
@@ -133,7 +140,7 @@ def parse_html(text: str) -> tuple[list[dict], str]:
             end = events[j][0] if j < len(events) else len(text)
             node = text[at:end]
             core = node.strip()
-            if core and not open_skipped and (in_title or not in_head) and any(c.isalpha() for c in core):
+            if core and not open_skipped and (in_title or not in_head) and _has_words(core):
                 core_start = at + (len(node) - len(node.lstrip()))
                 units.append({"before": text[done:core_start], "texts": [[len(units) + 1, core]]})
                 done = core_start + len(core)
