@@ -18,7 +18,7 @@ from plugins_app.channel.workers.translate import output_name
 from plugins_app.channel.workers.translate.documents import (DocumentError, answer_cues, assemble, instruction,
                                                              read_document)
 from plugins_app.channel.workers.translate.markup import parse_html
-from plugins_app.channel.workers.translate.po import parse_po, placeholders
+from plugins_app.channel.workers.translate.po import PLURAL_FORMS, parse_po, placeholders
 from tests.plugins_app.conftest import wait_until
 from tests.plugins_app.test_channel_translate import Pipeline, translate_plugin
 from tests.plugins_app.test_channel_translate_parts import Worker
@@ -255,16 +255,87 @@ def test_an_answer_that_changes_a_placeholder_leaves_the_entry_untranslated_and_
     assert placeholders("%s and %(n)d and {x} and {} and 50% off and 100%") == ["%(n)d", "%s", "{x}", "{}"]
 
 
+def test_plain_placeholders_must_keep_their_order_numbered_and_named_ones_may_move():
+    text = ('#, c-format\nmsgid "%s has %d files"\nmsgstr ""\n\n'
+            '#, python-format\nmsgid "%(user)s sent %(count)d files"\nmsgstr ""\n\n'
+            '#, c-format\nmsgid "%1$s has %2$d files"\nmsgstr ""\n\n'
+            '#, python-brace-format\nmsgid "{} has {} files"\nmsgstr ""\n')
+    doc = read_document("order.po", text.encode(), max_chars=1000)
+    swapped = {"%s has %d files": "%d Dateien hat %s", "%(user)s sent %(count)d files": "%(count)d Dateien von %(user)s",
+               "%1$s has %2$d files": "%2$d Dateien hat %1$s", "{} has {} files": "{} Dateien hat {}"}
+    notes: list[str] = []
+    out = assemble(doc.form, doc.chunks, answers_by(doc, swapped.__getitem__), lang="de", notes=notes)
+    # the plain %s %d swapped would hand the count to %s: left untranslated and fuzzy
+    assert '#, fuzzy, c-format\nmsgid "%s has %d files"\nmsgstr ""\n' in out
+    assert notes == ["msgid '%s has %d files': the answer '%d Dateien hat %s' does not hold its placeholders "
+                     "(%d %s); left untranslated, marked fuzzy"]
+    assert 'msgstr "%(count)d Dateien von %(user)s"' in out and 'msgstr "%2$d Dateien hat %1$s"' in out
+    assert 'msgstr "{} Dateien hat {}"' in out  # same placeholders, same order
+
+
+#: A catalog with a c-format entry and a plural entry, whose header has no Plural-Forms line.
+NO_RULE = ('msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=UTF-8\\n"\n\n'
+           '#, c-format\nmsgid "%s has %d files"\nmsgstr ""\n\n'
+           'msgid "One file"\nmsgid_plural "%d files"\nmsgstr[0] ""\nmsgstr[1] ""\n')
+#: The same with no header entry at all.
+NO_HEADER = NO_RULE[NO_RULE.index("#, c-format"):]
+
+
+def swapping(text: str) -> str:
+    return {"%s has %d files": "%d Dateien hat %s", "One file": "Eine Datei", "%d files": "%d Dateien"}[text]
+
+
 @pytest.mark.skipif(not shutil.which("msgfmt"), reason="GNU gettext's msgfmt is not installed")
 @pytest.mark.parametrize("lang", ["de", "fr", "ja", "ru", "ar", "eo", "pt-BR"])
-def test_gnu_msgfmt_checks_every_catalog_written_and_finds_nothing_wrong(tmp_path, lang):
-    doc = read_document("messages.pot", PO.encode(), max_chars=1000)
-    for n, answers in enumerate((answers_by(doc, german), answers_by(doc, lambda t: "ohne Platzhalter"))):
+@pytest.mark.parametrize("case", ["template", "no placeholders", "swapped", "swapped, no rule", "no header"])
+def test_gnu_msgfmt_checks_every_catalog_written_and_finds_nothing_wrong(tmp_path, lang, case):
+    cases = {"template": (PO, german), "no placeholders": (PO, lambda t: "ohne Platzhalter"),
+             "swapped": (NO_RULE.replace('UTF-8\\n"\n', 'UTF-8\\n"\n"Plural-Forms: nplurals=INTEGER; plural=EXPRESSION;\\n"\n'),
+                         swapping),
+             "swapped, no rule": (NO_RULE, swapping), "no header": (NO_HEADER, swapping)}
+    for n, (source, fn) in enumerate([cases[case]]):
+        doc = read_document("messages.pot", source.encode(), max_chars=1000)
         path = tmp_path / f"{lang}.{n}.po"
-        path.write_text(assemble(doc.form, doc.chunks, answers, lang=lang))
+        path.write_text(assemble(doc.form, doc.chunks, answers_by(doc, fn), lang=lang))
         done = subprocess.run(["msgfmt", "--check", "-o", str(tmp_path / "out.mo"), str(path)], capture_output=True,
                               text=True)
         assert done.returncode == 0, done.stderr + path.read_text()
+
+
+def test_a_catalog_with_plurals_gets_the_plural_rule_and_one_with_no_header_a_minimal_header():
+    doc = identity("rule.po", NO_RULE)
+    out = assemble(doc.form, doc.chunks, answers_by(doc, swapping), lang="ru")
+    assert out.startswith('msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=UTF-8\\n"\n"Language: ru\\n"\n'
+                          f'"Plural-Forms: {PLURAL_FORMS["ru"]}\\n"\n\n#, fuzzy, c-format\n')
+    doc = identity("bare.po", NO_HEADER)
+    out = assemble(doc.form, doc.chunks, answers_by(doc, swapping), lang="eo")
+    assert out == ('msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=UTF-8\\n"\n"Language: eo\\n"\n'
+                   '"Plural-Forms: nplurals=2; plural=(n != 1);\\n"\n\n'
+                   '#, fuzzy, c-format\nmsgid "%s has %d files"\nmsgstr ""\n\n'
+                   '#, fuzzy\nmsgid "One file"\nmsgid_plural "%d files"\nmsgstr[0] "Eine Datei"\nmsgstr[1] "%d Dateien"\n')
+    # with no plural entry, no Plural-Forms line is added
+    doc = read_document("single.po", NO_HEADER[:NO_HEADER.index("msgid \"One")].encode(), max_chars=1000)
+    out = assemble(doc.form, doc.chunks, [""], lang="de")
+    assert out.startswith('msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=UTF-8\\n"\n"Language: de\\n"\n\n#')
+
+
+RU = ('msgid ""\nmsgstr ""\n"Language: ru\\n"\n"Plural-Forms: nplurals=3; plural=(n%10==1 ? 0 : n%10>=2 ? 1 : 2);\\n"\n\n'
+      'msgid "File"\nmsgstr "Файл"\n\nmsgid "Edit"\nmsgstr ""\n')
+
+
+def test_a_catalog_in_another_language_than_the_target_is_refused():
+    with pytest.raises(DocumentError) as err:
+        read_document("ru.po", RU.encode(), max_chars=1000, langs=["ru", "de"])
+    assert str(err.value) == ("the catalog is in ru (its header's Language:), not de: its translations and plural "
+                              "forms are ru's; drop its template (.pot), or a catalog whose Language: is empty or "
+                              "the target")
+    assert sent_texts(read_document("ru.po", RU.encode(), max_chars=1000, langs=["ru"])) == ["Edit"]
+    pt = RU.replace("Language: ru", "Language: pt_BR")
+    assert sent_texts(read_document("pt.po", pt.encode(), max_chars=1000, langs=["pt-BR"])) == ["Edit"]
+    with pytest.raises(DocumentError):
+        read_document("pt.po", pt.encode(), max_chars=1000, langs=["pt-PT"])
+    empty = RU.replace("Language: ru", "Language: ")
+    assert sent_texts(read_document("new.po", empty.encode(), max_chars=1000, langs=["de"])) == ["Edit"]
 
 
 @pytest.mark.parametrize("text, reason", [
@@ -321,6 +392,31 @@ def test_only_quoted_alt_and_title_values_are_sent_and_an_answer_never_ends_the_
     assert out == """<p title='It&#39;s a tip' data-x="a title='not this'" alt=bare>Hallo <img alt = ' An "image" ' src=x/></p>\n"""
 
 
+def test_the_head_ends_where_the_body_begins_though_both_tags_are_left_out():
+    doc = identity("nobody.html", "<html><head><title>T</title><meta charset=utf-8>\n<p>Hello world</p>\n")
+    assert sent_texts(doc) == ["T", "Hello world"]
+    doc = identity("words.html", "<head><title>T</title><link rel=x title='Not sent'> &nbsp; Loose words "
+                                 "<b title='A tip'>bold</b></head>\n")
+    assert sent_texts(doc) == ["T", "&nbsp; Loose words", "A tip", "bold"]
+    doc = identity("full.html", "<head><title>T</title><style>p {}</style><script>x</script><noscript>"
+                                "</noscript><base href=/><link rel=x title='No'></head><body><p>Body</p></body>\n")
+    assert sent_texts(doc) == ["T", "Body"]
+
+
+@pytest.mark.parametrize("name, text", [
+    ("marker.html", "<p>Intro\n[2]\nmore</p>\n"),
+    ("marker.vtt", "WEBVTT\n\n00:00:01.000 --> 00:00:02.000\nHi\n [1] \n"),
+    ("marker.po", 'msgid "Intro\\n[3]\\nmore"\nmsgstr ""\n'),
+])
+def test_a_text_with_a_line_that_reads_as_a_piece_marker_is_refused(name, text):
+    with pytest.raises(DocumentError) as err:
+        read_document(name, text.encode(), max_chars=1000)
+    assert str(err.value).startswith("a text holds a line that is only '[")
+    assert "uses to mark its pieces" in str(err.value)
+    # a bracketed number inside a line is text
+    assert read_document(name, text.replace("[", "see [").encode(), max_chars=1000)
+
+
 @pytest.mark.parametrize("text, reason", [
     ("Just words, no markup.\n", "not an HTML file: it holds no tag"),
     ("<p>Hello</p>\n<script>var a = 1;\n", "not a well-formed HTML file: the element whose content starts at line 2"),
@@ -352,6 +448,29 @@ def test_a_malformed_file_goes_to_failed_with_its_reason_and_nothing_else_change
     assert not (p.inbox / name).exists() and (p.inbox / "keep.txt").read_text() == "Another file, not taken yet.\n"
     assert list(p.outbox.iterdir()) == [] and list((p.inbox / "done").iterdir()) == []
     assert p.w.state.counts().get("working", 0) == 0
+
+
+def test_a_catalog_in_another_language_goes_to_failed_with_its_reason(tmp_path):
+    p = Worker(tmp_path)
+    p.drop("ru.po", RU)
+    assert p.sent == [] and (p.inbox / "failed" / "ru.po").read_text() == RU
+    assert (p.inbox / "failed" / "ru.po.error.txt").read_text().startswith("the catalog is in ru (its header's")
+
+
+def test_a_file_whose_outputs_are_those_of_a_file_being_translated_is_refused(tmp_path):
+    p = Worker(tmp_path)
+    p.drop("messages.po", PO)
+    assert len(p.sent) == 1
+    p.drop("messages.pot", PO)  # would write messages.de.po too
+    assert len(p.sent) == 1
+    assert (p.inbox / "failed" / "messages.pot").read_text() == PO
+    assert (p.inbox / "failed" / "messages.pot.error.txt").read_text().startswith(
+        "its translations (messages.de.po) would overwrite those of messages.po, which is being translated")
+    while not (p.outbox / "messages.de.po").exists():  # the first goes on
+        msg = p.sent[-1]
+        chunk = msg.text[msg.text.index("\n\n[") + 2:]
+        p.answer(msg, "\n\n".join(f"[{n}]\n{german(t)}" for n, t in answer_cues(chunk).items()))
+    assert (p.inbox / "done" / "messages.po").read_text() == PO
 
 
 def test_a_template_comes_out_as_a_catalog_once_every_chunk_is_answered(tmp_path):

@@ -395,6 +395,11 @@ class TranslateWorker(ChannelWorker):
             self.fail_file(name, f"the name is {len(os.fsencode(name))} bytes long: names of at most {longest} "
                                  "bytes are taken (the outputs add the language to it); rename it shorter")
             return
+        clash = self._output_clash(name)
+        if clash:
+            self.fail_file(name, clash)
+            self._taken[name] = key
+            return
         try:
             data = self._read_regular(name, key)
         except PermissionError as exc:
@@ -410,7 +415,7 @@ class TranslateWorker(ChannelWorker):
             return
         digest = hashlib.sha256(data).hexdigest()
         try:
-            doc = read_document(name, data, max_chars=self.opts.max_chunk_chars)
+            doc = read_document(name, data, max_chars=self.opts.max_chunk_chars, langs=self.langs)
         except DocumentError as exc:
             self.fail_file(name, str(exc))
             self._taken[name] = key
@@ -430,6 +435,16 @@ class TranslateWorker(ChannelWorker):
         self.log.info("translate: took %s (%d chunks, sha256 %s) into %s", name, len(doc.chunks), digest[:12],
                       ",".join(self.langs))
         self._wake.set()
+
+    def _output_clash(self, name: str) -> str | None:
+        """Why a file is refused whose outputs are another's, being translated (``app.po`` and ``app.pot``
+        both give ``app.de.po``): the later would overwrite the earlier. None when there is no such file."""
+        mine = {output_name(name, lang) for lang in self.langs}
+        for other in self.state.working() if self.state is not None else []:
+            if other.name != name and mine & {output_name(other.name, lang) for lang in other.langs}:
+                return (f"its translations ({', '.join(sorted(mine))}) would overwrite those of {other.name}, "
+                        f"which is being translated: rename it, or drop it again once {other.name} is done")
+        return None
 
     def fail_file(self, name: str, reason: str, digest: str | None = None) -> None:
         """Move a file to inbox/failed/ with ``<name>.error.txt`` beside it saying why. The reason is written

@@ -139,8 +139,9 @@ def decode(data: bytes) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
-def read_document(name: str, data: bytes, *, max_chars: int) -> Document:
-    """A dropped file as chunks; raises DocumentError with the reason when it cannot be translated."""
+def read_document(name: str, data: bytes, *, max_chars: int, langs: list[str] | None = None) -> Document:
+    """A dropped file as chunks; raises DocumentError with the reason when it cannot be translated (into
+    ``langs``, when given: a gettext catalog in another language is refused)."""
     form = format_of(name)
     if form is None:
         raise DocumentError(unsupported_reason(name))
@@ -149,6 +150,11 @@ def read_document(name: str, data: bytes, *, max_chars: int) -> Document:
         chunks = split_cues(parse_srt(text), max_chars)
     elif form in UNIT_FORMS:
         units, tail = read_units(form, text)
+        if form == "po" and langs:
+            from .po import language_problem
+            problem = language_problem(units, langs)
+            if problem:
+                raise DocumentError(problem)
         chunks = pack_units(units, tail, max_chars, Chunk)
         if not chunks:
             raise DocumentError(NOTHING_TO_TRANSLATE[form])

@@ -10,7 +10,9 @@ reports where each tag and text starts, so the page is cut at those places and w
   (``&quot;`` or ``&#39;``).
 * Never sent: tags, other attributes, an unquoted ``alt``/``title`` value, comments,
   the doctype, the contents of ``script``, ``style``, ``code``, ``pre``, ``kbd``, ``samp``, ``var``,
-  ``textarea``, ``template``, ``svg`` and ``math``, and the ``head`` but for its ``title``.
+  ``textarea``, ``template``, ``svg`` and ``math``, and the ``head`` but for its ``title``. The head
+  ends at ``</head>``, ``<body>``, any other start tag a head cannot hold (HEAD_ELEMENTS), or text with
+  words in it, as a browser has it: both tags are optional.
 * Refused (DocumentError): a file with no tag at all, a file that ends inside a tag or a comment, and
   one of the elements above never closed (its end would be guessed, and code could be sent as text).
 """
@@ -23,6 +25,8 @@ from .units import DocumentError
 
 #: Elements whose content is never sent.
 SKIPPED = frozenset({"script", "style", "code", "pre", "kbd", "samp", "var", "textarea", "template", "svg", "math"})
+#: The elements a head can hold: any other start tag ends it, as in a browser.
+HEAD_ELEMENTS = frozenset({"head", "title", "meta", "link", "base", "style", "script", "noscript", "template"})
 _OPENS_MARKUP = re.compile(r"<(?=[A-Za-z/!?])")
 _TEXT = ("data", "entityref", "charref")
 _ENTITY = re.compile(r"&#?[A-Za-z0-9]+;")
@@ -140,12 +144,16 @@ def parse_html(text: str) -> tuple[list[dict], str]:
             end = events[j][0] if j < len(events) else len(text)
             node = text[at:end]
             core = node.strip()
+            if core and in_head and not in_title and not open_skipped and _has_words(core):
+                in_head = False  # text with words cannot be in a head: the body began (its tag is optional)
             if core and not open_skipped and (in_title or not in_head) and _has_words(core):
                 core_start = at + (len(node) - len(node.lstrip()))
                 units.append({"before": text[done:core_start], "texts": [[len(units) + 1, core]]})
                 done = core_start + len(core)
             i = j
             continue
+        if kind in ("start", "startend") and in_head and not open_skipped and value not in HEAD_ELEMENTS:
+            in_head = False  # a tag that cannot be in a head: the body began (</head> and <body> are optional)
         if kind in ("start", "startend") and not open_skipped and not in_head:
             for start, end, quote in _attribute_values(parser.tags[i]):
                 units.append({"before": text[done:at + start], "texts": [[len(units) + 1, text[at + start:at + end]]],

@@ -61,6 +61,23 @@ _PRINTF = re.compile(r"%(?:\d+\$)?(?:\([A-Za-z_][\w.-]*\))?[-+#0']*(?:\d+|\*)?(?
 _BRACE = re.compile(r"\{\{|\}\}|\{[A-Za-z_0-9]*(?:[.\[][^{}:!]*)?(?:![rsa])?(?::[^{}]*)?\}")
 
 
+def same_language(header: str, target: str) -> bool:
+    """Whether a catalog's ``Language:`` (gettext's ``pt_BR``) names the target (BCP 47's ``pt-BR``)."""
+    return header.replace("_", "-").lower() == target.replace("_", "-").lower()
+
+
+def language_problem(units: list[dict], langs: list[str]) -> str | None:
+    """Why a catalog cannot go into these languages: its header names another language (its msgstrs are
+    translations into that one, its plural forms that one's), or None."""
+    header = next((u.get("language") or "" for u in units if "header" in u), "")
+    other = [lang for lang in langs if not same_language(header, lang)] if header else []
+    if not other:
+        return None
+    return (f"the catalog is in {header} (its header's Language:), not {', '.join(other)}: its translations "
+            f"and plural forms are {header}'s; drop its template (.pot), or a catalog whose Language: is empty "
+            "or the target")
+
+
 def plural_forms(lang: str | None) -> str | None:
     if not lang:
         return None
@@ -76,6 +93,23 @@ def nplurals(lang: str | None) -> int | None:
 def placeholders(text: str) -> list[str]:
     """The printf and brace placeholders of a text, sorted (as many of each as it holds)."""
     return sorted(_PRINTF.findall(text) + _BRACE.findall(text))
+
+
+def _movable(p: str) -> bool:
+    """A placeholder a translation may move: numbered (``%1$s``, ``{0}``), named (``%(name)s``, ``{name}``),
+    or one that takes no argument (``%%``, ``{{``, ``}}``). A plain one (``%s``, ``{}``) takes the next
+    argument: moving it hands it another one."""
+    if p.startswith("%"):
+        return p == "%%" or bool(re.match(r"%(?:\d+\$|\()", p))
+    return p in ("{{", "}}") or bool(re.match(r"\{[A-Za-z_0-9]", p))
+
+
+def placeholder_signature(text: str) -> tuple[list[str], list[str]]:
+    """What an answer must keep of a text's placeholders: its plain ones in their order, and its
+    numbered and named ones in any order."""
+    found = sorted([(m.start(), m.group()) for m in _PRINTF.finditer(text)]
+                   + [(m.start(), m.group()) for m in _BRACE.finditer(text)])
+    return ([p for _, p in found if not _movable(p)], sorted(p for _, p in found if _movable(p)))
 
 
 def _unescape(body: str, line: int) -> str:
@@ -238,6 +272,10 @@ def parse_po(text: str) -> tuple[list[dict], str]:
     found = re.search(r"^Plural-Forms:.*\bnplurals\s*=\s*(\d+)", header_forms, re.M | re.I)
     header_count = int(found.group(1)) if found and int(found.group(1)) > 0 else None
     has_plurals = any("msgid_plural" in e.fields for e in entries)
+    if not any(e.key_start is not None and e.fields["msgid"] == "" and "msgctxt" not in e.fields for e in entries):
+        # no header entry: one is written first (Language:, and Plural-Forms: for plural entries)
+        units.append({"before": "", "entry": "", "comments": [], "keys": [], "fuzzy": False, "texts": [],
+                      "header": "", "plurals": has_plurals, "added": True, "language": ""})
     for e in entries:
         if e.key_start is None:
             continue
@@ -254,6 +292,8 @@ def parse_po(text: str) -> tuple[list[dict], str]:
         if header:
             unit["header"] = f.get("msgstr", "")
             unit["plurals"] = has_plurals
+            found = re.search(r"^Language:[ \t]*(\S*)", unit["header"], re.M | re.I)
+            unit["language"] = found.group(1) if found else ""
         else:
             mark += 1
             unit["texts"].append([mark, f["msgid"]])
@@ -302,18 +342,24 @@ def _header(value: str, lang: str, plurals: bool) -> str:
         # refuses plural entries with no rule, so the two-form rule stands in (the entries are fuzzy)
         forms = GUESSED_PLURAL_FORMS
     language = f"Language: {lang.replace('-', '_')}"
-    seen = False
+    seen = seen_forms = False
     for i, line in enumerate(lines):
         key = line.split(":", 1)[0].strip().lower()
         if key == "language":
             lines[i], seen = language, True
-        elif key == "plural-forms" and forms:
-            lines[i] = f"Plural-Forms: {forms}"
+        elif key == "plural-forms":
+            seen_forms = True
+            if forms:
+                lines[i] = f"Plural-Forms: {forms}"
         elif key == "content-type" and "charset=CHARSET" in line:
             lines[i] = line.replace("charset=CHARSET", "charset=UTF-8")
+    at = len(lines) - 1 if lines[-1] == "" else len(lines)
     if not seen:
-        at = len(lines) - 1 if lines[-1] == "" else len(lines)
         lines.insert(at, language)
+        at += 1
+    if plurals and forms and not seen_forms:
+        # gettext refuses plural entries in a catalog whose header has no rule
+        lines.insert(at, f"Plural-Forms: {forms}")
     return "\n".join(lines)
 
 
@@ -321,6 +367,10 @@ def render_po(unit: dict, texts: dict[int, str], lang: str | None, notes: list[s
     if "header" in unit:
         if lang is None:
             return unit["entry"]
+        if unit.get("added"):
+            # a catalog with no header entry: a minimal one, what msgfmt needs to read the catalog
+            value = _header("Content-Type: text/plain; charset=UTF-8\n", lang, unit.get("plurals", False))
+            return "\n".join(['msgid ""'] + po_lines("msgstr", value)) + "\n\n"
         value = _header(unit["header"], lang, unit.get("plurals", False))
         if value == unit["header"]:
             return unit["entry"]
@@ -335,7 +385,7 @@ def render_po(unit: dict, texts: dict[int, str], lang: str | None, notes: list[s
     if any(m not in texts for m in needed):
         return unit["entry"]  # no answer: left as it was
     answers = {m: _keep_newlines(sources[m], texts[m]) for m in needed}
-    bad = next((m for m in needed if placeholders(answers[m]) != placeholders(sources[m])), None)
+    bad = next((m for m in needed if placeholder_signature(answers[m]) != placeholder_signature(sources[m])), None)
     if bad is not None:
         key = "msgid_plural" if plural and bad == marks[1] else "msgid"
         notes.append(f"{key} {sources[bad][:60]!r}: the answer {answers[bad][:60]!r} does not hold its placeholders "

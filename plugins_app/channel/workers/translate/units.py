@@ -43,12 +43,24 @@ def unit_prompt(unit: dict) -> str:
     return "\n\n".join(marked(m, t) for m, t in unit["texts"])
 
 
+def check_marks(units: list[dict]) -> None:
+    """A text with a line that is only ``[n]`` would read as a piece's marker, in the prompt and in the
+    answer (its piece cut in two, another piece's text taken for it): refused (DocumentError)."""
+    for unit in units:
+        for _mark, text in unit["texts"]:
+            for line in text.split("\n"):
+                if _MARK.match(line):
+                    raise DocumentError(f"a text holds a line that is only {line.strip()!r}, which the pipeline "
+                                        f"uses to mark its pieces (it would be read as one): {text[:60]!r}")
+
+
 def pack_units(units: list[dict], tail: str, max_chars: int, chunk_cls) -> list:
     """Units packed into chunks whose text for the engine is within the limit (a unit is never cut; one
     longer than the limit goes alone). Units with nothing to send ride with the chunk they are in; the
     document's tail is the last chunk's joiner. No chunk when no unit has text to send."""
     if not any(u["texts"] for u in units):
         return []
+    check_marks(units)
     chunks, current, size = [], [], 0
     for unit in units:
         block = len(unit_prompt(unit)) if unit["texts"] else 0
