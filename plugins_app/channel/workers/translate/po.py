@@ -11,11 +11,15 @@ never writes a catalog it half understood.
 * Written: a translated entry keeps its comments, references, flags (``fuzzy`` dropped, with the
   ``#|`` previous-msgid lines that go with it), ``msgctxt`` and ``msgid`` as they were; only its
   ``msgstr`` lines are new. The header entry keeps everything but ``Language:`` (the target, as
-  gettext spells it: ``pt_BR``), ``Plural-Forms:`` (set when PLURAL_FORMS knows the target) and a
-  template's ``charset=CHARSET`` (UTF-8, what the pipeline writes).
+  gettext spells it: ``pt_BR``), ``Plural-Forms:`` (set when PLURAL_FORMS knows the target, added when
+  the catalog has plurals and no such line) and a template's ``charset=CHARSET`` (UTF-8, what the
+  pipeline writes). A catalog with no header entry gets a minimal one first.
+* Refused (language_problem): a catalog whose header's ``Language:`` is set and is not the target: its
+  translations and plural forms are another language's.
 * Placeholders: the answer for a text must hold the same printf (``%s``, ``%d``, ``%(name)s``,
-  ``%1$s``, ``%%``) and brace (``{name}``, ``{0}``, ``{}``) placeholders as the text, as many of each.
-  If not, the entry is left as it was and marked ``fuzzy``.
+  ``%1$s``, ``%%``) and brace (``{name}``, ``{0}``, ``{}``) placeholders as the text, as many of each,
+  the plain ones (``%s``, ``{}``: each takes the next argument) in their order; numbered and named ones
+  may move. If not, the entry is left as it was and marked ``fuzzy``.
 * Plurals: the target's number of forms comes from PLURAL_FORMS. One form: ``msgstr[0]`` is the
   plural's translation; two: the singular's, then the plural's. A language with more forms, or one
   not in the table (written with two forms), gets the singular's translation in ``msgstr[0]``, the
