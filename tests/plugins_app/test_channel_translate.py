@@ -193,15 +193,24 @@ def test_an_unsupported_or_unreadable_file_goes_to_failed_with_the_reason(tcast,
     pipe.drop("slides.pdf", b"%PDF-1.7 ...")
     pipe.drop("latin1.txt", "caf\u00e9 au lait\n".encode("latin-1"))
     pipe.drop("broken.srt", "1\nno timing\nhello\n")
-    for name in ("slides.pdf", "latin1.txt", "broken.srt"):
+    pipe.drop("broken.vtt", "1\n00:00:01.000 --> 00:00:02.000\nhello\n")
+    pipe.drop("broken.po", 'msgid "hello"\nmsgstr "unterminated\n')
+    pipe.drop("broken.html", "<p>Hello</p>\n<pre>never closed\n")
+    for name in ("slides.pdf", "latin1.txt", "broken.srt", "broken.vtt", "broken.po", "broken.html"):
         assert pipe.settled(name, "failed"), name
     failed = pipe.inbox / "failed"
     assert (failed / "slides.pdf.error.txt").read_text() == (
-        "unsupported file type '.pdf': this pipeline translates .markdown, .md, .srt, .txt files\n")
+        "unsupported file type '.pdf': this pipeline translates .htm, .html, .markdown, .md, .po, .pot, .srt, .txt, .vtt files\n")
     assert (failed / "latin1.txt.error.txt").read_text() == (
         "not UTF-8 text (byte 0xe9 at offset 3): save the file as UTF-8 and drop it again\n")
     assert (failed / "broken.srt.error.txt").read_text().startswith(
         "not a SubRip (.srt) file: block 1 has no timing line")
+    assert (failed / "broken.vtt.error.txt").read_text().startswith(
+        "not a WebVTT (.vtt) file: the first line must be 'WEBVTT'")
+    assert (failed / "broken.po.error.txt").read_text().startswith(
+        "not a gettext catalog (.po): line 2: expected a quoted string")
+    assert (failed / "broken.html.error.txt").read_text().startswith(
+        "not a well-formed HTML file: the <pre> opened at line 2 is never closed")
     assert not Receipt.objects.exists()
     assert not pipe.outbox.exists() or not list(pipe.outbox.iterdir())
 

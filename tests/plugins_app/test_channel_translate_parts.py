@@ -70,7 +70,7 @@ def test_a_file_that_is_not_subrip_is_refused_with_the_reason():
 
 
 @pytest.mark.parametrize("name, data, reason", [
-    ("a.pdf", b"%PDF-1.7", "unsupported file type '.pdf': this pipeline translates .markdown, .md, .srt, .txt files"),
+    ("a.pdf", b"%PDF-1.7", "unsupported file type '.pdf': this pipeline translates .htm, .html, .markdown, .md, .po, .pot, .srt, .txt, .vtt files"),
     ("README", b"hi", "unsupported file type with no suffix"),
     ("a.txt", b"caf\xe9", "not UTF-8 text (byte 0xe9 at offset 3)"),
     ("a.txt", b"  \n\n", "the file is empty"),

@@ -11,9 +11,10 @@ page: docs/channels/translate.md.
   least once a second: the settle check needs a second look) and at start, so files dropped while the worker was down
   are taken too. A file is taken once its size and modification time stayed the same for
   ``--settle-secs``; names starting with ``.`` or ending ``.part``/``.tmp`` are never taken (write
-  under such a name, then rename: the rename is the drop). ``.txt``, ``.md``/``.markdown`` and
-  ``.srt`` are read (``documents.py``); anything else, or a file that is not UTF-8, goes to
-  ``inbox/failed/`` with ``<name>.error.txt`` saying why.
+  under such a name, then rename: the rename is the drop). ``.txt``, ``.md``/``.markdown``,
+  ``.srt``, ``.vtt``, ``.po``/``.pot`` and ``.html``/``.htm`` are read (``documents.py``, ``po.py``,
+  ``markup.py``); anything else, a file that is not UTF-8, or one its format's parser cannot read
+  for sure, goes to ``inbox/failed/`` with ``<name>.error.txt`` saying why.
 * **Chunks in.** A document is cut at paragraphs (subtitles: at cues) into chunks of at most
   ``--max-chunk-chars``, and each chunk goes to the agent as an inbound message whose text is the
   instruction (translate into …, keep the markup, the answer only, the glossary's terms that occur)
@@ -50,7 +51,7 @@ from plugins_app.channel.sdk import ChannelRefused, ChannelWorker, InboundMessag
 from plugins_app.channel.sdk.outbox import PENDING, REJECTED, outbox_path_for
 
 from .documents import (LANG_TAG, Chunk, DocumentError, assemble, glossary_for, instruction, parse_glossary,
-                        read_document, suffix_of)
+                        output_suffix, read_document, suffix_of)
 from .state import ANSWERED, DONE, FAILED, NEW, REPLAN, SUBMITTED, SUPERSEDED, TranslateState
 
 KIND = "channel-translate"
@@ -197,10 +198,10 @@ def error_name(name: str) -> str:
 
 
 def output_name(name: str, lang: str) -> str:
-    """``guide.md`` into ``de`` is ``guide.de.md``."""
+    """``guide.md`` into ``de`` is ``guide.de.md``; a template, ``messages.pot``, gives ``messages.de.po``."""
     suffix = suffix_of(name)
     stem = name[:len(name) - len(suffix)] if suffix else name
-    return f"{stem}.{lang}{suffix}"
+    return f"{stem}.{lang}{output_suffix(name)}"
 
 
 def skipped(name: str) -> bool:
@@ -394,6 +395,11 @@ class TranslateWorker(ChannelWorker):
             self.fail_file(name, f"the name is {len(os.fsencode(name))} bytes long: names of at most {longest} "
                                  "bytes are taken (the outputs add the language to it); rename it shorter")
             return
+        clash = self._output_clash(name)
+        if clash:
+            self.fail_file(name, clash)
+            self._taken[name] = key
+            return
         try:
             data = self._read_regular(name, key)
         except PermissionError as exc:
@@ -409,7 +415,7 @@ class TranslateWorker(ChannelWorker):
             return
         digest = hashlib.sha256(data).hexdigest()
         try:
-            doc = read_document(name, data, max_chars=self.opts.max_chunk_chars)
+            doc = read_document(name, data, max_chars=self.opts.max_chunk_chars, langs=self.langs)
         except DocumentError as exc:
             self.fail_file(name, str(exc))
             self._taken[name] = key
@@ -429,6 +435,16 @@ class TranslateWorker(ChannelWorker):
         self.log.info("translate: took %s (%d chunks, sha256 %s) into %s", name, len(doc.chunks), digest[:12],
                       ",".join(self.langs))
         self._wake.set()
+
+    def _output_clash(self, name: str) -> str | None:
+        """Why a file is refused whose outputs are another's, being translated (``app.po`` and ``app.pot``
+        both give ``app.de.po``): the later would overwrite the earlier. None when there is no such file."""
+        mine = {output_name(name, lang) for lang in self.langs}
+        for other in self.state.working() if self.state is not None else []:
+            if other.name != name and mine & {output_name(other.name, lang) for lang in other.langs}:
+                return (f"its translations ({', '.join(sorted(mine))}) would overwrite those of {other.name}, "
+                        f"which is being translated: rename it, or drop it again once {other.name} is done")
+        return None
 
     def fail_file(self, name: str, reason: str, digest: str | None = None) -> None:
         """Move a file to inbox/failed/ with ``<name>.error.txt`` beside it saying why. The reason is written
@@ -638,11 +654,14 @@ class TranslateWorker(ChannelWorker):
         for lang in doc.langs:
             rows = self.state.chunks(doc.digest, lang)
             missing: list[int] = []
+            notes: list[str] = []
             text = assemble(doc.form, [Chunk.from_dict(r.source) for r in rows], [r.answer or "" for r in rows],
-                            trailing_newline=doc.trailing_newline, missing=missing)
+                            trailing_newline=doc.trailing_newline, missing=missing, lang=lang, notes=notes)
             if missing:
-                self.log.warning("translate: %s into %s: the answers left out cues %s; they keep their source text",
-                                 doc.name, lang, ", ".join(map(str, missing)))
+                self.log.warning("translate: %s into %s: the answers left out pieces %s; they keep their source "
+                                 "text", doc.name, lang, ", ".join(map(str, missing)))
+            for note in notes:
+                self.log.warning("translate: %s into %s: %s", doc.name, lang, note)
             write_atomic(self.outdir / output_name(doc.name, lang), text)
         fd = self._subdir("done")
         try:

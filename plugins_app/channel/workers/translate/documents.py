@@ -9,17 +9,29 @@ Nothing here touches the disk or the bridge, so each part is tested alone (test_
   than that at white space, a word longer than that anywhere; a Markdown block is cut at line ends
   first, and a code fence is never cut. Each chunk remembers what followed it in the source (a blank
   line, a line break, a space, nothing), so the translation is joined the same way.
-* SubRip subtitles (``.srt``) are cut at cues. The engine sees only the cues' text, each under its place
+* Subtitles, SubRip (``.srt``) and WebVTT (``.vtt``), are cut at cues. The engine sees only the cues' text, each under its place
   in the file in brackets (``[12]``, the 12th cue, whatever its number); the numbers and timings are the worker's and are written back unchanged, so a
-  model can never shift a timing. A cue the answer does not name keeps its source text (logged).
+  model can never shift a timing. A cue the answer does not name keeps its source text (logged). A
+  WebVTT file is read into units (units.py): its header, NOTE/STYLE/REGION blocks, cue identifiers,
+  timings and settings are written back byte for byte.
+* gettext catalogs (``.po``, ``.pot``) are po.py's; HTML pages (``.html``, ``.htm``) are markup.py's.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
 
+from .units import DocumentError, answer_cues, assemble_units, pack_units
+
+__all__ = ["DocumentError", "answer_cues"]
+
 #: The files the pipeline reads, by suffix (lower case), and how it cuts each.
-FORMATS = {".txt": "text", ".md": "markdown", ".markdown": "markdown", ".srt": "srt"}
+FORMATS = {".txt": "text", ".md": "markdown", ".markdown": "markdown", ".srt": "srt", ".vtt": "vtt", ".po": "po",
+           ".pot": "po", ".html": "html", ".htm": "html"}
+#: The forms read into units (units.py): structure kept by the worker, only the marked text sent.
+UNIT_FORMS = ("vtt", "po", "html")
+#: Output suffixes that differ from the input's: a template (.pot) comes out as a catalog (.po).
+OUTPUT_SUFFIX = {".pot": ".po"}
 #: A BCP 47 tag as an operator types one: a language, then subtags (de, pt-BR, zh-Hant, sr-Latn-RS).
 LANG_TAG = re.compile(r"^[A-Za-z]{2,3}(-[A-Za-z0-9]{2,8})*$")
 #: Names for the instruction, for the tags operators use most; any other tag is named by itself.
@@ -37,11 +49,10 @@ LANGUAGE_NAMES = {
 _SENTENCE_END = re.compile(r"(?:(?<=[.!?…])|(?<=[.!?…][\"'”’)\]]))\s+|(?<=[。！？])\s*")
 _FENCE = re.compile(r"^\s{0,3}(```|~~~)")
 _SRT_TIMING = re.compile(r"^\s*\d{1,2}:\d{2}:\d{2}[,.]\d{1,3}\s*-->\s*\d{1,2}:\d{2}:\d{2}[,.]\d{1,3}.*$")
-_CUE_MARK = re.compile(r"^\s*\[(\d+)\]\s*$")
-
-
-class DocumentError(ValueError):
-    """A file the pipeline cannot translate; the message is the reason written beside it in failed/."""
+_VTT_HEADER = re.compile(r"^WEBVTT(?:[ \t].*)?$")
+_VTT_TIME = r"(?:\d{2,}:)?\d{2}:\d{2}\.\d{3}"
+_VTT_TIMING = re.compile(rf"^{_VTT_TIME}[ \t]+-->[ \t]+{_VTT_TIME}(?:[ \t].*)?$")
+_VTT_OTHER = re.compile(r"^(?:NOTE|STYLE|REGION)(?:[ \t].*)?$")
 
 
 @dataclass
@@ -59,16 +70,21 @@ class Chunk:
     joiner: str = ""
     cues: list[Cue] = field(default_factory=list)
     marks: list[int] = field(default_factory=list)  # the [n] each cue is sent under: its place in the file
+    units: list[dict] = field(default_factory=list)  # WebVTT, gettext, HTML: see units.py
 
     def to_dict(self) -> dict:
-        return {"text": self.text, "joiner": self.joiner,
-                "cues": [[c.number, c.timing, c.text] for c in self.cues], "marks": list(self.marks)}
+        d = {"text": self.text, "joiner": self.joiner,
+             "cues": [[c.number, c.timing, c.text] for c in self.cues], "marks": list(self.marks)}
+        if self.units:
+            d["units"] = self.units
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Chunk":
         cues = [Cue(n, t, x) for n, t, x in d.get("cues", [])]
         # a plan recorded before marks were kept sent each cue under its own number
-        return cls(d.get("text", ""), d.get("joiner", ""), cues, list(d.get("marks") or [c.number for c in cues]))
+        return cls(d.get("text", ""), d.get("joiner", ""), cues, list(d.get("marks") or [c.number for c in cues]),
+                   list(d.get("units") or []))
 
 
 @dataclass
@@ -95,6 +111,13 @@ def suffix_of(name: str) -> str:
     return ""
 
 
+def output_suffix(name: str) -> str:
+    """The suffix an output gets: the source's, except a template's (``.pot`` gives ``.po``)."""
+    suffix = suffix_of(name)
+    out = OUTPUT_SUFFIX.get(suffix.lower())
+    return (out.upper() if suffix.isupper() else out) if out else suffix
+
+
 def unsupported_reason(name: str) -> str:
     dot = name.rfind(".")
     kind = f"'{name[dot:]}'" if dot > 0 else "with no suffix"
@@ -116,14 +139,25 @@ def decode(data: bytes) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
-def read_document(name: str, data: bytes, *, max_chars: int) -> Document:
-    """A dropped file as chunks; raises DocumentError with the reason when it cannot be translated."""
+def read_document(name: str, data: bytes, *, max_chars: int, langs: list[str] | None = None) -> Document:
+    """A dropped file as chunks; raises DocumentError with the reason when it cannot be translated (into
+    ``langs``, when given: a gettext catalog in another language is refused)."""
     form = format_of(name)
     if form is None:
         raise DocumentError(unsupported_reason(name))
     text = decode(data)
     if form == "srt":
         chunks = split_cues(parse_srt(text), max_chars)
+    elif form in UNIT_FORMS:
+        units, tail = read_units(form, text)
+        if form == "po" and langs:
+            from .po import language_problem
+            problem = language_problem(units, langs)
+            if problem:
+                raise DocumentError(problem)
+        chunks = pack_units(units, tail, max_chars, Chunk)
+        if not chunks:
+            raise DocumentError(NOTHING_TO_TRANSLATE[form])
     else:
         chunks = split_text(text, max_chars, markdown=form == "markdown")
     if not chunks:
@@ -304,18 +338,91 @@ def split_cues(cues: list[Cue], max_chars: int) -> list[Chunk]:
     return chunks
 
 
-def answer_cues(answer: str) -> dict[int, str]:
-    """The cue texts of an answer, by the ``[n]`` lines that head them."""
-    found: dict[int, list[str]] = {}
-    current: list[str] | None = None
-    for line in answer.split("\n"):
-        m = _CUE_MARK.match(line)
-        if m:
-            current = found.setdefault(int(m.group(1)), [])
+def cue_text(answer: str | None) -> str | None:
+    """A subtitle cue's text from an answer, as a subtitle file can hold it: a blank line would end the
+    cue early, and (WebVTT) an arrow would read as a timing, so the answer's blank lines are dropped and
+    ``-->`` is written ``->``. None when nothing is left (the cue keeps its source text)."""
+    if answer is None:
+        return None
+    text = "\n".join(line for line in answer.split("\n") if line.strip()).replace("-->", "->")
+    return text or None
+
+
+# ---------------------------------------------------------------------------- WebVTT
+
+def parse_vtt(text: str) -> tuple[list[dict], str]:
+    """A WebVTT file as units: the header, NOTE, STYLE and REGION blocks, cue identifiers, timings and
+    cue settings are ``before`` (never sent); each cue's text is one unit's text, sent under its place
+    among the cues. Blocks are runs of lines between empty lines, as the WebVTT spec has them."""
+    lines = text.split("\n")
+    if not lines or not _VTT_HEADER.match(lines[0]):
+        raise DocumentError("not a WebVTT (.vtt) file: the first line must be 'WEBVTT' (then, optionally, a space "
+                            f"and a title): {lines[0][:60]!r}")
+    units: list[dict] = []
+    offsets, pos = [], 0
+    for line in lines:
+        offsets.append(pos)
+        pos += len(line) + 1
+    done = 0  # the offset up to which the text is in a unit already
+    i, block = 0, 0
+    while i < len(lines):
+        if lines[i] == "":
+            i += 1
             continue
-        if current is not None:
-            current.append(line)
-    return {n: "\n".join(lines).strip("\n") for n, lines in found.items()}
+        start = i
+        while i < len(lines) and lines[i] != "":
+            i += 1
+        block += 1
+        other = (_VTT_OTHER.match(lines[start]) and "-->" not in lines[start]
+                 and not (start + 1 < i and _VTT_TIMING.match(lines[start + 1])))  # not a cue named "NOTE"
+        if start == 0 or other:
+            continue  # the header, a NOTE, a STYLE or a REGION block: kept as it is
+        timing = start if "-->" in lines[start] else start + 1
+        if timing >= i or not _VTT_TIMING.match(lines[timing]):
+            raise DocumentError(f"not a WebVTT (.vtt) file: block {block} (line {start + 1}) is not a cue: it has "
+                                f"no timing line ('00:00:01.000 --> 00:00:02.000'): {lines[start][:60]!r}")
+        if timing + 1 >= i:
+            continue  # a cue with no text
+        payload_start = offsets[timing + 1]
+        payload_end = offsets[i - 1] + len(lines[i - 1])
+        units.append({"before": text[done:payload_start],
+                      "texts": [[len(units) + 1, text[payload_start:payload_end]]]})
+        done = payload_end
+    return units, text[done:]
+
+
+def render_vtt(unit: dict, texts: dict[int, str], lang: str | None, notes: list[str]) -> str:
+    [[mark, source]] = unit["texts"]
+    return cue_text(texts.get(mark)) or source
+
+
+# ---------------------------------------------------------------------------- the forms read into units
+
+NOTHING_TO_TRANSLATE = {
+    "vtt": "the WebVTT file has no cue with text: there is nothing to translate",
+    "po": "every entry of the catalog is translated already (and none is fuzzy): there is nothing to translate",
+    "html": "the HTML file has no text outside markup, scripts, styles and code: there is nothing to translate",
+}
+
+
+def read_units(form: str, text: str) -> tuple[list[dict], str]:
+    if form == "vtt":
+        return parse_vtt(text)
+    if form == "po":
+        from .po import parse_po
+        return parse_po(text)
+    from .markup import parse_html
+    return parse_html(text)
+
+
+def renderer(form: str):
+    if form == "vtt":
+        return render_vtt
+    if form == "po":
+        from .po import render_po
+        return render_po
+    from .markup import render_html
+    return render_html
 
 
 # ---------------------------------------------------------------------------- the instruction
@@ -359,10 +466,22 @@ def instruction(chunk: Chunk, *, form: str, lang: str, source_lang: str | None, 
     """The message one chunk is sent with: what to do, then the text itself after a line of its own."""
     source = f"from {language_name(source_lang)} " if source_lang else ""
     lines = [f"Translate the text below {source}into {language_name(lang)}."]
-    if form == "srt":
+    if form in ("srt", "vtt"):
         lines.append("It is a part of a subtitle file. Each subtitle starts with its number in brackets on a "
                      "line of its own, such as [12]: keep every such line exactly as it is, in the same order, "
                      "and translate only the text under it, keeping its line breaks.")
+    elif form == "po":
+        lines.append("It is a part of a software's user-interface messages. Each message starts with its number "
+                     "in brackets on a line of its own, such as [12]: keep every such line exactly as it is, in the "
+                     "same order, and translate only the text under it, keeping its line breaks. Keep placeholders "
+                     "exactly as they are, such as %s, %d, %(name)s, {name} and {0}, and keep markup and "
+                     "keyboard accelerators such as & and _ in place.")
+    elif form == "html":
+        lines.append("It is the text of a web page, piece by piece: the markup is kept apart. Each piece starts "
+                     "with its number in brackets on a line of its own, such as [12]: keep every such line exactly "
+                     "as it is, in the same order, and translate only the text under it. Pieces that follow each "
+                     "other may be parts of one sentence split by formatting (a link, emphasis): translate each "
+                     "piece in place so that together they read well. Add no markup; keep entities such as &amp;.")
     elif form == "markdown":
         lines.append("It is Markdown: keep the markup exactly (headings, lists, emphasis, links and their "
                      "URLs, tables, line breaks); do not translate code, inline code or URLs.")
@@ -385,20 +504,22 @@ def clean_answer(answer: str) -> str:
 
 
 def assemble(doc_form: str, chunks: list[Chunk], answers: list[str], *, trailing_newline: bool = True,
-             missing: list[int] | None = None) -> str:
+             missing: list[int] | None = None, lang: str | None = None, notes: list[str] | None = None) -> str:
     """The translated file from each chunk's answer, in chunk order. For subtitles, the cue numbers
     and timings come from the source; ``missing`` collects the numbers of cues the answers left out
-    (they keep their source text)."""
+    (they keep their source text). WebVTT, gettext and HTML are written from their units (units.py);
+    ``lang`` is the target (a catalog's header names it), None to write the source's structure as is;
+    ``notes`` collects what a format had to say (a catalog entry whose answer broke a placeholder)."""
     if len(chunks) != len(answers):
         raise ValueError("one answer per chunk")
+    if doc_form in UNIT_FORMS:
+        return assemble_units(chunks, answers, renderer(doc_form), lang=lang, missing=missing, notes=notes)
     if doc_form == "srt":
         out = []
         for chunk, answer in zip(chunks, answers):
             texts = answer_cues(answer)
             for cue, mark in zip(chunk.cues, chunk.marks or [c.number for c in chunk.cues]):
-                text = texts.get(mark)
-                # a blank line would end the cue early in the file: the answer's blank lines are dropped
-                text = "\n".join(line for line in text.split("\n") if line.strip()) if text is not None else None
+                text = cue_text(texts.get(mark))
                 if not text:
                     if missing is not None:
                         missing.append(cue.number)
