@@ -841,6 +841,14 @@ def test_an_upload_fetches_a_stale_token_again_waits_out_a_throttle_and_tells_th
     worker.api.max_wait_secs = 0.05
     with pytest.raises(RateLimited):
         worker.api.upload(b"%PDF-1.4 x", "file", "a.pdf", "application/pdf")
+    ding.upload_errcode = 60011  # no permission to upload: the files' refusal (notes); the text still goes out
+    from plugins_app.channel.workers.dingtalk.api import UploadRefused
+    with pytest.raises(UploadRefused, match="may not upload files"):
+        worker.api.upload(b"%PDF-1.4 x", "file", "a.pdf", "application/pdf")
+    delivery = file_delivery(("document", "application/pdf", "a.pdf"))
+    delivery.delivery_id = "d_f60011"  # (its own: the journal keeps what a delivery's upload gave)
+    worker.put_media(Media(b"%PDF-1.4 x", "application/pdf"), delivery.attachments[0], delivery)
+    assert not worker._refusal
     ding.upload_errcode = 60020  # this host not in the app's IP whitelist: the app's refusal, not the file's
     delivery = file_delivery(("document", "application/pdf", "a.pdf"))
     from plugins_app.channel.sdk import DeliveryFailed

@@ -4,7 +4,8 @@
 break, else the last space, else hard; a fenced code block cut in two is closed
 at the end of one part and reopened (with its language) at the start of the next,
 so each message renders on its own. ``measure`` says how the platform counts:
-``len`` for code points (Discord, Slack), ``utf16_len`` for Telegram. ``shorten`` fits a button's label.
+``len`` for code points (Discord, Slack), ``utf16_len`` for Telegram. ``shorten`` fits a button's label;
+``unsent_note`` is the line an answer carries in place of a file the platform will not take.
 """
 from __future__ import annotations
 
@@ -79,3 +80,11 @@ def shorten(label: str, limit: int, *, measure: Callable[[str], int] = len) -> s
     if space >= len(cut) // 2:
         cut = cut[:space]
     return cut.rstrip(" ,;:.-") + "\u2026"
+
+
+def unsent_note(attachment, why: str) -> str:
+    """The line sent in place of a file the platform will not take (``attachment``: an ``Attachment``), so the
+    user knows it exists: ``[report.pdf was not sent: <why>]``."""
+    kind = attachment.kind or "file"
+    name = attachment.filename or ("an " if kind[:1] in "aeiou" else "a ") + kind
+    return f"[{name} was not sent: {why}]"

@@ -36,7 +36,8 @@ set, which is what DingTalk gives an app's robot), ``DINGTALK_API_BASE_URL`` (de
   beside the outbox) and a delivery resumed after a crash skips the parts it names; only the one part
   in flight at the crash may be sent twice.
 * **Files out.** Each file of an answer is a part of its own after the text: uploaded with the old OAPI's
-  ``POST {DINGTALK_OAPI_BASE_URL}/media/upload`` (type ``image`` or ``file``, multipart ``media``), then sent as
+  ``POST {DINGTALK_OAPI_BASE_URL}/media/upload`` (type ``image``, ``voice`` or ``file``, multipart ``media``),
+  then sent as
   ``sampleImageMsg`` (the media id as ``photoURL``), ``sampleAudio`` (with its duration in ms: AMR and WAV) or
   ``sampleFile``. The upload's media id (or why the file is
   not sent) is journaled under its part, so a resend after a crash uploads nothing again. A file the robot
@@ -78,7 +79,7 @@ from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, 
 from plugins_app.channel.sdk.audio import amr_seconds, wav_seconds
 from plugins_app.channel.sdk.journal import SentJournal
 from plugins_app.channel.sdk.outbox import outbox_path_for
-from plugins_app.channel.sdk.text import split_text
+from plugins_app.channel.sdk.text import split_text, unsent_note
 from plugins_app.channel.sdk.webhook import WebhookInbox
 
 from .api import (DEFAULT_API_BASE_URL, DEFAULT_OAPI_BASE_URL, INVALID_TOKEN_CODE, MAX_DOWNLOAD_BYTES, OAPI_TOKEN_STALE,
@@ -291,13 +292,6 @@ def upload_plan(content_type: str | None, filename: str | None) -> tuple[str | N
     if guessed in FILE_EXTENSIONS:
         return "file", guessed
     return None, ext
-
-
-def unsent_note(attachment: Attachment, why: str) -> str:
-    """The text sent in place of a file the robot does not send, so the user knows it exists."""
-    kind = attachment.kind or "file"
-    name = attachment.filename or ("an " if kind[:1] in "aeiou" else "a ") + kind
-    return f"[{name} was not sent: {why}]"
 
 
 def note_param(note: str) -> dict:

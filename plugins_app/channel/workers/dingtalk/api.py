@@ -45,9 +45,10 @@ SESSION_BUSY = {-1}
 OAPI_TOKEN_STALE = {40014, 42001}
 #: The old OAPI's throttles (the app's or the organisation's calls a second): waited out.
 OAPI_THROTTLED = {90002, 90018, 130101}
-#: The old OAPI's refusals of the app, not of the file: no permission (60011), this host not in the IP whitelist
-#: (60020); the operator must fix them.
-OAPI_APP_REFUSED = {60011, 60020}
+#: The old OAPI's refusal of the app, not of the file: this host not in the IP whitelist (60020), which stops
+#: every call; the operator must fix it. (60011, no permission for media/upload, or an HTTP 403, refuses files
+#: only: text still goes out, so each file becomes a note naming the permission.)
+OAPI_APP_REFUSED = {60020}
 TOKEN_HEADER = "x-acs-dingtalk-access-token"
 
 #: The largest received file a download reads: past it the download is given up (``TooLarge``), never held whole.
@@ -243,11 +244,11 @@ class DingTalkApi:
 
     def upload(self, data: bytes, media_type: str, filename: str, content_type: str) -> str:
         """``POST {oapi}/media/upload?access_token=…&type=image|voice|video|file``, the file as the multipart
-        field ``media``; returns its ``media_id``, which the robot's ``sampleImageMsg`` (``photoURL``) and
-        ``sampleFile`` (``mediaId``) take. The old OAPI answers HTTP 200 with ``errcode``: a stale token
-        (40014, 42001) is fetched again once; -1 (busy), a throttle and 5xx are waited out; 60011/60020 (no
-        permission, an IP not in the whitelist) are the app's refusal; any other errcode is the file refused
-        (``UploadRefused``)."""
+        field ``media``; returns its ``media_id``, which the robot's ``sampleImageMsg`` (``photoURL``),
+        ``sampleFile`` and ``sampleAudio`` (``mediaId``) take. The old OAPI answers HTTP 200 with ``errcode``:
+        a stale token (40014, 42001) is fetched again once; -1 (busy), a throttle and 5xx are waited out; 60020
+        (this host not in the IP whitelist) is the app's refusal (``AppRefused``); any other errcode, 60011 (no
+        permission to upload) and an HTTP 403 included, is the file refused (``UploadRefused``: a note)."""
         where = "POST /media/upload"
         refreshed = False
         waited, backoff = 0.0, self.backoff_initial
@@ -288,8 +289,11 @@ class DingTalkApi:
             if errcode in SESSION_BUSY:
                 waited, backoff = self._wait(where, 503, str(errcode), errmsg, waited, backoff)
                 continue
-            if errcode in OAPI_APP_REFUSED or status == 403:
+            if errcode in OAPI_APP_REFUSED:
                 raise AppRefused(where, status, str(errcode), errmsg)
+            if errcode == 60011 or status == 403:
+                raise UploadRefused(where, status, str(errcode), f"{errmsg}: the app may not upload files (grant "
+                                    "it the media upload permission in the developer console)")
             raise UploadRefused(where, status, str(errcode), errmsg)
 
     def download_url(self, download_code: str) -> str:

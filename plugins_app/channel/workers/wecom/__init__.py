@@ -63,7 +63,7 @@ from plugins_app.channel.sdk.outbox import ACKED, PENDING, outbox_path_for
 from plugins_app.channel.sdk.webhook import WebhookInbox
 from plugins_app.channel.sdk.audio import amr_seconds  # noqa: F401 - also the tests' name for it
 from plugins_app.channel.sdk.tencent import media_id_of, media_url
-from plugins_app.channel.sdk.text import split_text
+from plugins_app.channel.sdk.text import split_text, unsent_note
 
 from .api import (DEFAULT_API_BASE_URL, RATE_LIMITED, SYSTEM_BUSY, TASK_ID_EXISTS, TEXT_LIMIT_BYTES, TOKEN_STALE,
                   AppRefused, RateLimited, Stopped, UserUnreachable, WeComApi, WeComError)
@@ -151,13 +151,6 @@ def size_refusal(mtype: str, size: int) -> str | None:
         what = "file" if mtype == "file" else f"{mtype} ({', '.join(MEDIA_TYPES[mtype][1]).replace('.', '')})"
         return f"it is {size / MB:.1f} MB, over WeCom's {limit // MB} MB limit for a {what}"
     return None
-
-
-def unsent_note(attachment: Attachment, why: str) -> str:
-    """The line the text carries in place of a file WeCom will not take, so the user knows it exists."""
-    kind = attachment.kind or "file"
-    name = attachment.filename or ("an " if kind[:1] in "aeiou" else "a ") + kind
-    return f"[{name} was not sent: {why}]"
 
 
 def file_name(attachment: Attachment, media_name: str | None, mtype: str, content_type: str) -> str:
