@@ -321,6 +321,9 @@ def test_a_message_sent_while_the_worker_is_down_is_taken_when_dingtalk_sends_it
     listening(rt, ding)
     ding.say("script:answer=before")
     answered(ding, 1)
+    # delivered, so the kill cannot land between the send and the journal's record of it (the one part a
+    # crash may send twice: DingTalk has no idempotency key): this test is about the message coming in
+    assert wait_until(delivered, 15), rt.log(PID)
     before, pid = ding.webhook_url, rt.worker_pid(PID)
     os.kill(pid, signal.SIGKILL)
     assert wait_until(lambda: rt.worker_pid(PID) != pid, 15)

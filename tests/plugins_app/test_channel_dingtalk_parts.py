@@ -711,7 +711,8 @@ def test_the_stream_asks_a_fresh_ticket_per_connection_and_tries_a_busy_gateway_
     thread = run_link(link)
     assert wait_until(lambda: ding.sockets(), 10)
     ding.drop_sockets()
-    assert wait_until(lambda: ding.sockets_opened == 2 and ding.sockets(), 10)
+    # (the gateway counts a socket at its handshake, the link once its greeting is done: wait for both)
+    assert wait_until(lambda: ding.sockets_opened == 2 and ding.sockets() and link.connections_opened == 2, 10)
     assert [c.status for c in ding.calls_to(OPEN_PATH)] == [503, 200, 200]
     assert len(ding.opens) == 2 and link.connections_opened == 2
     # the secret reset: the next ticket is refused, and the link ends (no loop against a refusal)

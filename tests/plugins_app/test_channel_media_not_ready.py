@@ -428,9 +428,12 @@ def test_email_an_attachment_the_server_cannot_give_now_arrives_with_its_message
     running = Running(email_worker(bridge, state))
     try:
         assert wait(lambda: any(u == uid and not ok for u, ok in server.fetches)), "the replay did not try it"
+        # the listener waits in IDLE (a mail that came between its first search and its IDLE would be read only
+        # at the next IDLE cycle, 25 minutes on)
+        assert wait(lambda: server.idle_count >= 1), "the listener did not IDLE"
         reply = make_mail(text="and this?", in_reply_to=first_id, references=first_id)
         server.deliver(reply)  # the same thread, read by the listener while the first still waits
-        assert wait(lambda: owed(bridge, state) == 2), "the later mail was not recorded"
+        assert wait(lambda: owed(bridge, state) == 2, 60), "the later mail was not recorded"
         assert bridge.submit_log == []  # the later mail waits behind the first, whose file is awaited
         server.fail_fetch(uid, times=0)  # the server answers again
         assert_arrived_with_file_then_later(bridge, first_id, reply["Message-ID"], data)
