@@ -122,6 +122,23 @@ class RunningRuntime:
         assert self.error is None, self.error
 
 
+def enqueue_with_files(plugin, *, channel: str, user_id: str, external_id: str, text: str,
+                       files: tuple[tuple[bytes, str, str], ...]):
+    """A delivery of ``plugin`` to the chat ``external_id`` carrying ``files`` ((data, content type, name)), each
+    stored on the host first, as an agent's answer with files is."""
+    from channels_app.services import channel_actor_resolve, conversation_resolve
+    from plugins_app.channel import services
+    actor = channel_actor_resolve(channel=channel, user_id=user_id)
+    conv, _ = conversation_resolve(channel=channel, client_id=plugin.plugin_id, external_id=external_id, actor=actor,
+                                   caller=None)
+    attachments = []
+    for data, ctype, name in files:
+        media_id = services.media_store(plugin_id=plugin.plugin_id, data=data, content_type=ctype, filename=name)
+        kind = {"image": "image", "audio": "audio", "video": "video"}.get(ctype.split("/")[0], "document")
+        attachments.append({"kind": kind, "content_type": ctype, "media_id": media_id, "filename": name})
+    return services.delivery_enqueue(plugin=plugin, conversation=conv, text=text, attachments=attachments)
+
+
 @pytest.fixture
 def start_runtime(short_dir):
     started = []

@@ -10,11 +10,9 @@ import sys
 
 import pytest
 
-from channels_app.services import channel_actor_resolve, conversation_resolve
-from plugins_app.channel import services
 from plugins_app.channel.models import OutboundDelivery, Plugin
 from tests.fakes.dingtalk import GROUP, STAFF, FakeDingTalk
-from tests.plugins_app.conftest import wait_until
+from tests.plugins_app.conftest import enqueue_with_files, wait_until
 from tests.plugins_app.test_channel_dingtalk import (PID, delivered, dingtalk_plugin, listening, session_plugin,
                                                      stream_plugin, streaming)
 
@@ -36,14 +34,7 @@ def ding(monkeypatch):
 
 def enqueue(plugin: Plugin, text: str, *files: tuple[bytes, str, str], to: str = f"user:{STAFF}") -> OutboundDelivery:
     """A delivery to ``to`` carrying ``files`` ((data, content type, name)), stored on the host first."""
-    actor = channel_actor_resolve(channel="dingtalk", user_id=STAFF)
-    conv, _ = conversation_resolve(channel="dingtalk", client_id=PID, external_id=to, actor=actor, caller=None)
-    attachments = []
-    for data, ctype, name in files:
-        media_id = services.media_store(plugin_id=PID, data=data, content_type=ctype, filename=name)
-        kind = {"image": "image", "audio": "audio", "video": "video"}.get(ctype.split("/")[0], "document")
-        attachments.append({"kind": kind, "content_type": ctype, "media_id": media_id, "filename": name})
-    return services.delivery_enqueue(plugin=plugin, conversation=conv, text=text, attachments=attachments)
+    return enqueue_with_files(plugin, channel="dingtalk", user_id=STAFF, external_id=to, text=text, files=files)
 
 
 def sent(fake: FakeDingTalk, n: int, rt, timeout: float = 30) -> list[dict]:

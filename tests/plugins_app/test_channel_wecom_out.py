@@ -14,12 +14,11 @@ import pytest
 from django.db import transaction
 
 from channels_app.models import Question, Receipt, Turn
-from channels_app.services import Submission, channel_actor_resolve, conversation_resolve
-from plugins_app.channel import services
+from channels_app.services import Submission
 from plugins_app.channel.models import OutboundDelivery, Plugin
 from plugins_app.channel.workers.wecom import press_id
 from tests.fakes.wecom import AGENT_ID, USER, FakeWeCom
-from tests.plugins_app.conftest import wait_until
+from tests.plugins_app.conftest import enqueue_with_files, wait_until
 from tests.plugins_app.test_channel_wecom import PID, delivered, listening, wecom_plugin
 from tests.streams import conftest as streams
 
@@ -46,14 +45,7 @@ def wecom(monkeypatch):
 
 def enqueue(plugin: Plugin, text: str, *files: tuple[bytes, str, str]) -> OutboundDelivery:
     """A delivery to USER carrying ``files`` ((data, content type, name)), stored on the host first."""
-    actor = channel_actor_resolve(channel="wecom", user_id=USER)
-    conv, _ = conversation_resolve(channel="wecom", client_id=PID, external_id=USER, actor=actor, caller=None)
-    attachments = []
-    for data, ctype, name in files:
-        media_id = services.media_store(plugin_id=PID, data=data, content_type=ctype, filename=name)
-        kind = {"image": "image", "audio": "audio", "video": "video"}.get(ctype.split("/")[0], "document")
-        attachments.append({"kind": kind, "content_type": ctype, "media_id": media_id, "filename": name})
-    return services.delivery_enqueue(plugin=plugin, conversation=conv, text=text, attachments=attachments)
+    return enqueue_with_files(plugin, channel="wecom", user_id=USER, external_id=USER, text=text, files=files)
 
 
 def sent(fake: FakeWeCom, n: int, rt, timeout: float = 30) -> list[dict]:
