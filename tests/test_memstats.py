@@ -94,17 +94,22 @@ def test_sigusr2_writes_numbered_reports_and_a_request_file_asks_for_a_trim(tmp_
 
 @linux_only
 def test_with_tracemalloc_tracing_a_report_carries_a_snapshot_that_loads(tmp_path):
+    # Tracing is started by the request, after the first report has imported what a report reads: a process
+    # traced from its start (PYTHONTRACEMALLOC) spent 10-100 s of the suite on those imports, traced.
     import tracemalloc
-    p = _probe("true", tmp_path, {"PYTHONTRACEMALLOC": "3"})
+    p = _probe("true", tmp_path)
     try:
         os.kill(p.pid, signal.SIGUSR2)
-        rep = _wait_for(tmp_path / f"{p.pid}-1.json")
+        assert "tracemalloc_snapshot" not in _wait_for(tmp_path / f"{p.pid}-1.json")  # not tracing yet
+        (tmp_path / "request.json").write_text(json.dumps({"tracemalloc": 1}))
+        os.kill(p.pid, signal.SIGUSR2)
+        rep = _wait_for(tmp_path / f"{p.pid}-2.json")
         assert rep["python"]["traced_kb"] > 0
         snapshot = tracemalloc.Snapshot.load(rep["tracemalloc_snapshot"])
         assert snapshot.statistics("filename")
         (tmp_path / "request.json").write_text(json.dumps({"snapshot": False}))
         os.kill(p.pid, signal.SIGUSR2)
-        assert "tracemalloc_snapshot" not in _wait_for(tmp_path / f"{p.pid}-2.json")
+        assert "tracemalloc_snapshot" not in _wait_for(tmp_path / f"{p.pid}-3.json")
     finally:
         p.stdin.write("\n")
         p.stdin.flush()
