@@ -11,7 +11,8 @@ Knobs: ``drop_connections()`` (the provider drops every IMAP socket), ``set_pass
 (the account's password changed or its app password was revoked), ``smtp_refuse(code,
 text, times)`` (the next sends answered so: ``451 4.7.1`` rate limit, ``535`` auth),
 ``fail_fetch(uid, times, no=None)`` (the next UID FETCHes of that mail answered ``* BYE [UNAVAILABLE]``,
-or ``NO [<no>]``), ``expunge(uid)`` (the mail deleted or moved away),
+or ``NO [<no>]``), ``refuse_login(text, times)`` (the next LOGINs answered ``NO <text>``: Gmail's
+``[ALERT] Too many simultaneous connections. (Failure)``, a server's ``[UNAVAILABLE] ...``), ``expunge(uid)`` (the mail deleted or moved away),
 ``stall_quit(event)`` (the server accepted the message and then hangs before answering
 QUIT: a window to kill a worker in, after the send and before its ack), ``idle_count``.
 
@@ -43,6 +44,8 @@ class MailServer:
         self._refuse: list[tuple[int, str]] = []
         self._fetch_failures: dict[str, tuple[int, str | None]] = {}  # UID -> (how many more fail, NO code)
         self.fetches: list[tuple[int, bool]] = []  # (UID, answered) of every single-UID UID FETCH, in order
+        self._login_refusals: list[str] = []    # the texts of the next LOGINs' NO, one each
+        self.logins: list[str] = []             # every LOGIN: "OK" or the NO's text, in order
         self._quit_stall: threading.Event | None = None
         self._writers: set = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -143,6 +146,22 @@ class MailServer:
                 return await original_idle(state_self, cmd)
             do_idle._counted = True
             imap_state.ConnectionState.do_idle = do_idle
+        original_login = imap_state.ConnectionState.do_login
+        if not getattr(original_login, "_refusing", False):
+            from pymap.parsing.response import ResponseNo as _No
+
+            async def do_login(state_self, cmd):
+                fake = getattr(state_self.config, "_fake_mail_server", None)
+                refusal = None
+                if fake is not None:
+                    with fake._lock:
+                        refusal = fake._login_refusals.pop(0) if fake._login_refusals else None
+                        fake.logins.append(refusal or "OK")
+                if refusal is not None:  # "<tag> NO <text>" as the provider writes it; the connection stays
+                    return _No(cmd.tag, refusal.encode()), None
+                return await original_login(state_self, cmd)
+            do_login._refusing = True
+            imap_state.ConnectionState.do_login = do_login
         config._fake_mail_server = self
 
         imap_server = IMAPServer(backend.login, config)
@@ -200,9 +219,10 @@ class MailServer:
     # -- the provider's side ----------------------------------------------------------
 
     def imap(self) -> imaplib.IMAP4:
-        """A client of the fake's own (what a second mail client of the account would do)."""
+        """A client of the fake's own (what a second mail client of the account would do). It logs in with
+        AUTHENTICATE PLAIN, so ``refuse_login`` (which answers LOGIN, what the worker sends) never refuses it."""
         conn = imaplib.IMAP4("127.0.0.1", self.imap_port, timeout=20)
-        conn.login(self.user, self.password)
+        conn.authenticate("PLAIN", lambda _: f"\0{self.user}\0{self.password}".encode())
         return conn
 
     def deliver(self, raw: bytes | EmailMessage, mailbox: str = "INBOX") -> int:
@@ -282,6 +302,11 @@ class MailServer:
         ``UNAVAILABLE``) a tagged ``NO [<no>]`` instead, the connection kept."""
         with self._lock:
             self._fetch_failures[str(uid)] = (times, no)
+
+    def refuse_login(self, text: str, times: int = 1) -> None:
+        """Answer the next ``times`` LOGINs ``<tag> NO <text>`` (the connection stays open, as Gmail's does)."""
+        with self._lock:
+            self._login_refusals.extend([text] * times)
 
     def stall_quit(self, release: threading.Event | None) -> None:
         """Hold every QUIT until ``release`` is set (None: answer QUIT at once again)."""

@@ -205,3 +205,26 @@ def test_the_docs_plugins_toml_entry_is_complete_without_a_command():
     kind = installed_kinds()["channel-email"]
     assert kind.env_refs == tuple(plugin.env_refs)
     assert kind.description.startswith("Email: IMAP IDLE in, SMTP out")
+
+
+@pytest.mark.parametrize("result, text, later", [
+    ("NO", "[ALERT] Too many simultaneous connections. (Failure)", True),     # Gmail: the account's connections full
+    ("NO", "[UNAVAILABLE] Temporary authentication failure. [mx1:2026-12-06 20:00:00]", True),
+    ("NO", "[INUSE] Mailbox in use", True),
+    ("NO", "[SERVERBUG] Internal error", True),
+    ("NO", "[LIMIT] Too many simultaneous connections", True),
+    ("BAD", "LOGIN command error: BAD [b'[CLIENTBUG] try that again']", True),  # imaplib's words for a BAD
+    ("NO", "[AUTHENTICATIONFAILED] Invalid credentials (Failure)", False),
+    ("NO", "[AUTHORIZATIONFAILED] No such authorization-ID", False),
+    ("NO", "[EXPIRED] That password is no longer valid", False),
+    ("NO", "[PRIVACYREQUIRED] Connection is not private", False),
+    ("NO", "[CONTACTADMIN] You must contact the sys admin", False),
+    ("BAD", "[AUTHENTICATIONFAILED] Too many simultaneous connections", False),  # a refusal code wins
+    ("NO", "[ALERT] Application-specific password required: https://support.google.com/accounts/answer/185833 "
+           "(Failure)", False),
+    ("NO", "[WEBALERT https://accounts.google.com/signin/continue?sarp=1] Web login required. [ALERT] Please log "
+           "in via your web browser: https://support.google.com/mail/accounts/answer/78754 (Failure)", False),
+    ("NO", "LOGIN failed.", False),  # a server without RFC 5530 codes: a refusal, as before
+])
+def test_a_login_answer_says_later_or_refused(result, text, later):
+    assert mailproc.login_says_later(result, text) is later

@@ -394,17 +394,20 @@ def mail_left_owed(server, bridge, state, data):
     from tests.fakes.email import make_mail
     raw = make_mail(text="the report", attachments=[(data, "application/pdf", "report.pdf")]).as_bytes()
     uid = server.deliver(raw)
-    conn = server.imap()
-    try:
-        conn.select("INBOX", readonly=True)
-        uidvalidity = int(conn.untagged_responses["UIDVALIDITY"][0])
-    finally:
-        conn.logout()
-    inbound, _, _ = normalise(raw, uidvalidity=uidvalidity, uid=uid, own_addresses={BOT}, known={}, user=BOT,
+    inbound, _, _ = normalise(raw, uidvalidity=uidvalidity_of(server), uid=uid, own_addresses={BOT}, known={}, user=BOT,
                               host="127.0.0.1", mailbox="INBOX")
     with Outbox(plugin_id=bridge.plugin_id, state_dir=state) as box:
         box.inbound_record(inbound)
     return uid, inbound.message_id
+
+
+def uidvalidity_of(server) -> int:
+    conn = server.imap()
+    try:
+        conn.select("INBOX", readonly=True)
+        return int(conn.untagged_responses["UIDVALIDITY"][0])
+    finally:
+        conn.logout()
 
 
 def email_worker(bridge, state):
@@ -512,12 +515,7 @@ def test_email_a_renumbered_mailbox_is_final_and_a_login_refused_at_a_reread_sto
     server, bridge, state = mailbox
     uid, first_id = mail_left_owed(server, bridge, state, b"%PDF-1.4")
     worker = email_worker(bridge, state)
-    conn = server.imap()
-    try:
-        conn.select("INBOX", readonly=True)
-        uidvalidity = int(conn.untagged_responses["UIDVALIDITY"][0])
-    finally:
-        conn.logout()
+    uidvalidity = uidvalidity_of(server)
     with pytest.raises(LookupError, match="UIDVALIDITY"):
         worker._fetch_attachment_sync(uidvalidity + 1, uid, 1)
     with pytest.raises(LookupError):  # a Gmail part, --gmail-push since turned off: never None (the URL passed on)
@@ -527,6 +525,28 @@ def test_email_a_renumbered_mailbox_is_final_and_a_login_refused_at_a_reread_sto
     with pytest.raises(ChannelRefused, match="IMAP login refused"):
         worker._fetch_attachment_sync(uidvalidity, uid, 1)
     assert "IMAP login refused" in worker._refusal
+
+
+@pytest.mark.parametrize("answer", ["[ALERT] Too many simultaneous connections. (Failure)",
+                                    "[UNAVAILABLE] Temporary authentication failure."])
+def test_email_a_login_the_server_answers_later_at_a_reread_waits_and_refuses_nothing(mailbox, answer):
+    """The listener's rule (``login_says_later``): Gmail's full account or an RFC 5530 "later" code to the
+    re-read's LOGIN is "not now" for the file, never the plugin's refusal."""
+    from plugins_app.channel.sdk import ChannelRefused, MediaNotReady
+    server, bridge, state = mailbox
+    uid, _ = mail_left_owed(server, bridge, state, b"%PDF-1.4")
+    worker = email_worker(bridge, state)
+    uidvalidity = uidvalidity_of(server)
+    server.refuse_login(answer)
+    with pytest.raises(MediaNotReady) as info:
+        worker._fetch_attachment_sync(uidvalidity, uid, 1)
+    assert str(info.value) == f"the IMAP server answered LOGIN: NO {answer}"
+    assert worker._refusal is None
+    assert worker._fetch_attachment_sync(uidvalidity, uid, 1) == b"%PDF-1.4"
+    server.refuse_login("[ALERT] Application-specific password required: "
+                        "https://support.google.com/accounts/answer/185833 (Failure)")
+    with pytest.raises(ChannelRefused, match="Application-specific password required"):
+        worker._fetch_attachment_sync(uidvalidity, uid, 1)
 
 
 def test_email_a_login_refused_while_an_attachment_waits_leaves_the_message_owed(mailbox):

@@ -27,6 +27,12 @@ from .state import MailState
 
 IDLE_LIMIT_SECS = 29 * 60
 _AUTH_FAILED = 535
+#: The listener's reconnect backoff (0.5 s, doubling) is capped at this for a dropped or unreachable server...
+RECONNECT_MAX_SECS = 30.0
+#: ...and at this while the server answers LOGIN "later" (a full account, a server down): a LIMIT can last
+#: hours (the user's phone and laptop holding the account's connections), and a login every 30 s all that
+#: while would only add to the load; new mail waits at most this long once the server takes logins again.
+LATER_MAX_SECS = 300.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -88,6 +94,7 @@ class EmailWorker(ChannelWorker):
         self._refusal: str | None = None             # set by a send the server refused to log in
         self.connected_once = threading.Event()
         self._session_ok = False
+        self._later: tuple[float, int] | None = None  # (since, answers) while LOGIN is answered "later"
         self.gmail = None                            # GmailPush with --gmail-push
 
     # ------------------------------------------------------------ connect / listen
@@ -113,7 +120,12 @@ class EmailWorker(ChannelWorker):
         asyncio.run(self._probe_login())
 
     async def _probe_login(self) -> None:
-        client = await self._imap_open()
+        try:
+            client = await self._imap_open()
+        except LoginLater as exc:  # not a refusal: the listener keeps trying, with its backoff
+            self._later = (time.monotonic(), 1)
+            self.log.warning("%s at start; not a refusal: the listener tries again", exc)
+            return
         try:
             await client.logout()
         except Exception:  # noqa: BLE001 - the login is what was checked
@@ -135,6 +147,13 @@ class EmailWorker(ChannelWorker):
                 backoff = 0.5
             except ChannelRefused:
                 raise
+            except LoginLater as exc:  # never a refusal: logged at each answer, so one that never ends is seen
+                since, answers = self._later or (time.monotonic(), 0)
+                self._later = (since, answers + 1)
+                self.log.warning("%s; not a refusal: trying again in %.1f s (answer %d, the first %.0f s ago)",
+                                 exc, backoff, answers + 1, time.monotonic() - since)
+                await asyncio.to_thread(self.stopping.wait, backoff)
+                backoff = min(backoff * 2, LATER_MAX_SECS)
             except Exception as exc:  # noqa: BLE001 - a dropped or failed connection: reconnect
                 if self._session_ok:
                     backoff = 0.5  # the connection worked before it dropped: reconnect at once
@@ -142,7 +161,7 @@ class EmailWorker(ChannelWorker):
                 self.log.warning("IMAP session ended (%s: %s); reconnecting in %.1f s", type(exc).__name__, exc,
                                  backoff)
                 await asyncio.to_thread(self.stopping.wait, backoff)
-                backoff = min(backoff * 2, 30.0)
+                backoff = min(backoff * 2, RECONNECT_MAX_SECS)
 
     async def _imap_open(self):
         import aioimaplib
@@ -157,16 +176,24 @@ class EmailWorker(ChannelWorker):
         response = await client.login(self.user, self.password)
         if response.result != "OK":
             text = " ".join(_s(l) for l in response.lines).strip()
-            if "AUTHENTICATIONFAILED" in text.upper() or "AUTHORIZATIONFAILED" in text.upper() \
-                    or response.result == "NO":
+            if not login_says_later(response.result, text):
                 raise ChannelRefused(f"IMAP login refused for {self.user}: {text}")
-            raise ConnectionError(f"IMAP login failed: {response.result} {text}")
+            try:  # a connection left open would hold one of the account's few (Gmail: 15)
+                await asyncio.wait_for(client.logout(), 2)
+            except Exception:  # noqa: BLE001
+                pass
+            raise LoginLater(f"the IMAP server answered LOGIN for {self.user}: {response.result} {text}")
         if "IDLE" not in client.protocol.capabilities:
             self.log.warning("the IMAP server offers no IDLE; polling every %.0f s", self.args.idle_secs)
         return client
 
     async def _session(self, submit) -> None:
         client = await self._imap_open()
+        if self._later:
+            since, answers = self._later
+            self._later = None
+            self.log.warning("the IMAP server took the login after %d answers of \"later\" over %.0f s", answers,
+                             time.monotonic() - since)
         try:
             uidvalidity = await self._select(client)
             self._session_ok = True
@@ -357,8 +384,8 @@ class EmailWorker(ChannelWorker):
 
         "Not now" raises ``MediaNotReady``, so the message waits (its chat only) and the SDK fetches again: the
         server unreachable, timing out or hanging up (a network error, ``IMAP4.abort``, a ``BYE``), or a tagged
-        ``NO`` with a code that says "later" (RFC 5530: ``UNAVAILABLE``, ``INUSE``, ``SERVERBUG``, ``LIMIT``).
-        A refused login records the refusal and raises ``ChannelRefused``: the message stays owed and the worker
+        ``NO`` with a code that says "later" (RFC 5530: ``UNAVAILABLE``, ``INUSE``, ``SERVERBUG``, ``LIMIT``), or
+        a LOGIN answer the listener would try again (``login_says_later``: Gmail's full account too). A refused login records the refusal and raises ``ChannelRefused``: the message stays owed and the worker
         stops, as the listener does. The mail no longer there (expunged, moved, or the mailbox renumbered: a new
         UIDVALIDITY), any other ``NO``, or a certificate that does not verify is final: the message goes on
         with a note saying why, never with the IMAP URL (which names the account)."""
@@ -380,9 +407,9 @@ class EmailWorker(ChannelWorker):
                 raise
             except imaplib.IMAP4.error as exc:
                 text = _s(exc.args[0] if exc.args else exc)
-                _raise_if_later("LOGIN", text)
-                if "command error: BAD" in text:  # (imaplib's text for a BAD): the listener tries again too
-                    raise MediaNotReady(f"the IMAP server answered LOGIN: {text}") from exc
+                bad = "command error: BAD" in text  # imaplib's words for a BAD; a NO raises the server's text
+                if login_says_later("BAD" if bad else "NO", text):  # the listener tries again too
+                    raise MediaNotReady(f"the IMAP server answered LOGIN: {'' if bad else 'NO '}{text}") from exc
                 self._refusal = f"IMAP login refused for {self.user}: {text}"
                 raise ChannelRefused(self._refusal) from exc
             typ, data = conn.select(self.args.mailbox, readonly=True)
@@ -560,8 +587,46 @@ class EmailWorker(ChannelWorker):
 
 
 GONE = "the mail is no longer on the server"
-#: RFC 5530 response codes of a tagged NO that say "try again later", not "never".
+#: RFC 5530 response codes of a tagged NO that say "try again later", not "never": UNAVAILABLE ("temporary
+#: failure because a subsystem is down"; Dovecot's "NO [UNAVAILABLE] Temporary authentication failure."),
+#: INUSE, SERVERBUG, LIMIT (Yahoo's "NO [LIMIT] Too many simultaneous connections").
 LATER_CODES = ("UNAVAILABLE", "INUSE", "SERVERBUG", "LIMIT")
+#: RFC 5530 codes of a refused login, which only the account's owner or an operator can change: a wrong or
+#: revoked password (Gmail: "NO [AUTHENTICATIONFAILED] Invalid credentials (Failure)"), no right to the
+#: mailbox, an expired password, a login that needs TLS, "contact your administrator".
+REFUSED_CODES = ("AUTHENTICATIONFAILED", "AUTHORIZATIONFAILED", "EXPIRED", "PRIVACYREQUIRED", "CONTACTADMIN")
+#: Gmail answers a LOGIN beyond the account's 15 IMAP connections (support.google.com/mail/answer/97150)
+#: "NO [ALERT] Too many simultaneous connections. (Failure)" (github.com/zone-eu/wildduck/issues/35,
+#: github.com/jstedfast/MailKit/issues/377): the user's phone and laptop hold them, and free them in a while.
+#: Its other [ALERT]s at LOGIN are refusals: "Application-specific password required:
+#: https://support.google.com/accounts/answer/185833 (Failure)" (2-Step Verification on, no app password)
+#: and "Please log in via your web browser: https://support.google.com/mail/accounts/answer/78754 (Failure)".
+_TOO_MANY = re.compile(r"too many simultaneous connections", re.IGNORECASE)
+
+
+class LoginLater(ConnectionError):
+    """The IMAP server answered LOGIN "not now" (``login_says_later``): the listener reconnects, never disables."""
+
+
+def _codes(text: str) -> set[str]:
+    """The response codes (``[CODE ...]``) in a response's text, upper case."""
+    return {c.upper() for c in re.findall(r"\[([A-Za-z][A-Za-z-]*)", text)}
+
+
+def login_says_later(result: str, text: str) -> bool:
+    """Whether the server's answer to LOGIN other than OK (``result`` NO or BAD, ``text`` what it said) means
+    "later" rather than "refused" (the one rule of the listener's login and an attachment re-read's).
+
+    A refusal code (``REFUSED_CODES``) is a refusal whatever else the answer says. A BAD is the server confused,
+    not the account refused: later. A NO is later only with a code that says so (``LATER_CODES``) or Gmail's
+    full-account wording; any other NO (a wrong password on a server without RFC 5530 codes, Gmail's [ALERT]s
+    asking for an app password or a browser login) is a refusal, as it always was."""
+    codes = _codes(text)
+    if codes & set(REFUSED_CODES):
+        return False
+    if result != "NO":
+        return True
+    return bool(codes & set(LATER_CODES)) or bool(_TOO_MANY.search(text))
 
 
 def _raise_if_later(command: str, text: str) -> None:
