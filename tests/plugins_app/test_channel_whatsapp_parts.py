@@ -330,7 +330,8 @@ def test_a_token_refused_at_a_media_download_is_a_refusal_the_listener_raises():
 
 
 @pytest.mark.parametrize("status, code, later", [
-    (503, None, True), (500, 1, True), (429, 130429, True),         # Meta busy: the message waits for its file
+    (503, None, True), (500, 1, True), (429, None, True),           # Meta busy: the message waits for its file
+    (400, 4, True), (400, 80007, True), (400, 130429, True),       # Meta's rate limits come with a 400
     (404, None, False), (400, 100, False), (451, None, False),     # any other 4xx: the file is not coming
 ])
 def test_a_media_download_meta_cannot_give_now_waits_and_any_other_4xx_is_final(status, code, later):
