@@ -11,13 +11,18 @@ Knobs: ``drop_connections()`` (the provider drops every IMAP socket), ``set_pass
 (the account's password changed or its app password was revoked), ``smtp_refuse(code,
 text, times)`` (the next sends answered so: ``451 4.7.1`` rate limit, ``535`` auth),
 ``fail_fetch(uid, times, no=None)`` (the next UID FETCHes of that mail answered ``* BYE [UNAVAILABLE]``,
-or ``NO [<no>]``), ``expunge(uid)`` (the mail deleted or moved away),
+or ``NO [<no>]``), ``refuse_login(text, times, result="NO")`` (the next LOGINs answered ``NO <text>``:
+Gmail's ``[ALERT] Too many simultaneous connections. (Failure)``, a server's ``[UNAVAILABLE] ...``; or
+``BAD <text>``), ``expunge(uid)`` (the mail deleted or moved away),
 ``stall_quit(event)`` (the server accepted the message and then hangs before answering
 QUIT: a window to kill a worker in, after the send and before its ack), ``idle_count``.
 
     with MailServer(user="bot@example.org", password="pw") as mail:
         mail.deliver(raw_bytes)
         mail.sent()            # [email.message.EmailMessage, ...]
+
+``BareImap`` is the least of an IMAP server, for what pymap will not do: advertise LOGINDISABLED, or never
+answer LOGOUT; it counts the connections still open.
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ import asyncio
 import email
 import email.policy
 import imaplib
+import socket
 import threading
 from argparse import Namespace
 from email.message import EmailMessage
@@ -43,6 +49,8 @@ class MailServer:
         self._refuse: list[tuple[int, str]] = []
         self._fetch_failures: dict[str, tuple[int, str | None]] = {}  # UID -> (how many more fail, NO code)
         self.fetches: list[tuple[int, bool]] = []  # (UID, answered) of every single-UID UID FETCH, in order
+        self._login_refusals: list[tuple[str, str]] = []  # (NO or BAD, text) of the next LOGINs, one each
+        self.logins: list[str] = []             # every LOGIN: "OK" or the NO's text, in order
         self._quit_stall: threading.Event | None = None
         self._writers: set = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -143,6 +151,23 @@ class MailServer:
                 return await original_idle(state_self, cmd)
             do_idle._counted = True
             imap_state.ConnectionState.do_idle = do_idle
+        original_login = imap_state.ConnectionState.do_login
+        if not getattr(original_login, "_refusing", False):
+            from pymap.parsing.response import ResponseBad as _Bad, ResponseNo as _No
+
+            async def do_login(state_self, cmd):
+                fake = getattr(state_self.config, "_fake_mail_server", None)
+                refusal = None
+                if fake is not None:
+                    with fake._lock:
+                        refusal = fake._login_refusals.pop(0) if fake._login_refusals else None
+                        fake.logins.append(refusal[1] if refusal else "OK")
+                if refusal is not None:  # "<tag> NO <text>" as the provider writes it; the connection stays
+                    result, text = refusal
+                    return (_Bad if result == "BAD" else _No)(cmd.tag, text.encode()), None
+                return await original_login(state_self, cmd)
+            do_login._refusing = True
+            imap_state.ConnectionState.do_login = do_login
         config._fake_mail_server = self
 
         imap_server = IMAPServer(backend.login, config)
@@ -200,9 +225,10 @@ class MailServer:
     # -- the provider's side ----------------------------------------------------------
 
     def imap(self) -> imaplib.IMAP4:
-        """A client of the fake's own (what a second mail client of the account would do)."""
+        """A client of the fake's own (what a second mail client of the account would do). It logs in with
+        AUTHENTICATE PLAIN, so ``refuse_login`` (which answers LOGIN, what the worker sends) never refuses it."""
         conn = imaplib.IMAP4("127.0.0.1", self.imap_port, timeout=20)
-        conn.login(self.user, self.password)
+        conn.authenticate("PLAIN", lambda _: f"\0{self.user}\0{self.password}".encode())
         return conn
 
     def deliver(self, raw: bytes | EmailMessage, mailbox: str = "INBOX") -> int:
@@ -283,6 +309,12 @@ class MailServer:
         with self._lock:
             self._fetch_failures[str(uid)] = (times, no)
 
+    def refuse_login(self, text: str, times: int = 1, result: str = "NO") -> None:
+        """Answer the next ``times`` LOGINs ``<tag> <result> <text>`` (the connection stays open, as Gmail's
+        does)."""
+        with self._lock:
+            self._login_refusals.extend([(result, text)] * times)
+
     def stall_quit(self, release: threading.Event | None) -> None:
         """Hold every QUIT until ``release`` is set (None: answer QUIT at once again)."""
         self._quit_stall = release
@@ -311,3 +343,58 @@ def make_mail(*, sender: str = "alice@example.com", to: str = "bot@example.org",
         maintype, subtype = ctype.split("/", 1)
         msg.add_attachment(data, maintype=maintype, subtype=subtype, filename=filename)
     return msg
+
+
+class BareImap:
+    """A greeting with ``capabilities``, ``<tag> <login>`` to every LOGIN, ``OK`` to anything else, and to LOGOUT
+    a BYE and OK unless ``answer_logout`` is False (a server too busy to answer). ``logins`` holds each LOGIN
+    line as sent; ``open`` the connections the client has not closed."""
+
+    def __init__(self, *, capabilities: str = "IMAP4rev1", login: bytes = b"NO [UNAVAILABLE] later",
+                 answer_logout: bool = True):
+        self.capabilities, self.login, self.answer_logout = capabilities.encode(), login, answer_logout
+        self.logins: list[bytes] = []
+        self.open = 0
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+
+    def __enter__(self) -> BareImap:
+        threading.Thread(target=self._accept, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with self._lock:
+            self.open += 1
+        try:
+            with conn, conn.makefile("rb") as lines:
+                conn.sendall(b"* OK [CAPABILITY " + self.capabilities + b"] ready\r\n")
+                for line in lines:
+                    tag, _, command = line.rstrip(b"\r\n").partition(b" ")
+                    verb = command.split(b" ", 1)[0].upper()
+                    if verb == b"CAPABILITY":
+                        conn.sendall(b"* CAPABILITY " + self.capabilities + b"\r\n" + tag + b" OK done\r\n")
+                    elif verb == b"LOGIN":
+                        self.logins.append(line)
+                        conn.sendall(tag + b" " + self.login + b"\r\n")
+                    elif verb != b"LOGOUT":
+                        conn.sendall(tag + b" OK done\r\n")
+                    elif self.answer_logout:
+                        conn.sendall(b"* BYE bye\r\n" + tag + b" OK done\r\n")
+                        return
+        except OSError:
+            pass
+        finally:
+            with self._lock:
+                self.open -= 1

@@ -229,6 +229,33 @@ def test_a_wrong_password_at_start_is_refused_at_once(tcast, mail, start_runtime
     assert rt.log("mail").count("the channel refused this worker") == 1
 
 
+@pytest.mark.parametrize("answer", [
+    "[ALERT] Too many simultaneous connections. (Failure)",    # Gmail: the account's 15 connections in use
+    "[UNAVAILABLE] Temporary authentication failure.",         # Dovecot: its auth service down (RFC 5530)
+])
+def test_a_login_the_server_answers_later_is_tried_again_and_the_mail_meanwhile_is_answered_once(
+        tcast, mail, start_runtime, answer):
+    mail.refuse_login(answer, times=3)  # the start's login check and the listener's first two
+    mail.deliver(make_mail(text="script:answer=waited"))
+    email_plugin()
+    rt = start_runtime()
+    assert wait_until(delivered(1), 60), rt.log("mail")
+    assert mail.logins[:4] == [answer] * 3 + ["OK"]
+    # a dropped connection later is met by the same answers, and the mail that came meanwhile is read too
+    mail.refuse_login(answer, times=2)
+    assert wait_until(lambda: mail.drop_connections() >= 1, 10)
+    mail.deliver(make_mail(text="script:answer=again"))
+    assert wait_until(delivered(2), 60), rt.log("mail")
+    assert sorted(plain(a) for a in answers_to(mail)) == ["again", "waited"]
+    plugin = Plugin.objects.get()
+    assert plugin.enabled and not plugin.disabled_reason
+    log = rt.log("mail")
+    assert "the channel refused this worker" not in log
+    assert f"the IMAP server answered LOGIN for {BOT}: NO {answer}; not a refusal: trying again in 0.5 s " \
+           "(answer 2" in log
+    assert "the IMAP server took the login after 3 answers" in log
+
+
 def test_an_smtp_login_the_server_refuses_stops_the_worker_with_the_reason(tcast, mail, start_runtime):
     email_plugin()
     rt = start_runtime()
@@ -248,7 +275,7 @@ def test_by_default_a_first_start_answers_only_mail_that_arrives_after_it(tcast,
     old = mail.deliver(make_mail(text="script:answer=too late"))
     email_plugin(args=[a for a in ARGS if a not in ("--start-at", "unseen")])
     rt = start_runtime()
-    assert wait_until(lambda: f"watching INBOX" in rt.log("mail") and f"after UID {old}" in rt.log("mail"), 30), \
+    assert wait_until(lambda: "watching INBOX" in rt.log("mail") and f"after UID {old}" in rt.log("mail"), 30), \
         rt.log("mail")
     mail.deliver(make_mail(text="script:answer=just in time"))
     assert wait_until(delivered(1), 30), rt.log("mail")

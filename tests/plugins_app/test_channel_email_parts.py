@@ -205,3 +205,179 @@ def test_the_docs_plugins_toml_entry_is_complete_without_a_command():
     kind = installed_kinds()["channel-email"]
     assert kind.env_refs == tuple(plugin.env_refs)
     assert kind.description.startswith("Email: IMAP IDLE in, SMTP out")
+
+
+@pytest.mark.parametrize("result, text, later", [
+    ("NO", "[ALERT] Too many simultaneous connections. (Failure)", True),     # Gmail: the account's connections full
+    ("NO", "[UNAVAILABLE] Temporary authentication failure. [mx1:2026-12-06 20:00:00]", True),
+    ("NO", "[INUSE] Mailbox in use", True),
+    ("NO", "[SERVERBUG] Internal error", True),
+    ("NO", "[LIMIT] Too many simultaneous connections", True),
+    ("NO", "[ALERT] Account exceeded command or bandwidth limits. (Failure)", True),  # Gmail, lifts within a day
+    ("NO", "[OVERQUOTA] Account exceeded command or bandwidth limits. (Failure)", True),
+    ("NO", "login not available on this server. 451 Already reached per-10 minute limit for logins, "
+           "try again later", True),                                                    # Fastmail
+    ("BAD", "[CLIENTBUG] try that again", False),   # RFC 3501 7.1.3: the command itself is wrong, again and again
+    ("BAD", "LOGIN: Invalid arguments.", False),    # a user name with a space or a backslash, sent unquoted
+    ("BAD", "[UNAVAILABLE] Too many simultaneous connections", False),
+    ("NO", "[AUTHENTICATIONFAILED] Invalid credentials (Failure)", False),
+    ("NO", "[AUTHORIZATIONFAILED] No such authorization-ID", False),
+    ("NO", "[EXPIRED] That password is no longer valid", False),
+    ("NO", "[PRIVACYREQUIRED] Connection is not private", False),
+    ("NO", "[CONTACTADMIN] You must contact the sys admin", False),
+    ("NO", "[AUTHENTICATIONFAILED] Too many simultaneous connections", False),  # a refusal code wins
+    ("NO", "[ALERT] Application-specific password required: https://support.google.com/accounts/answer/185833 "
+           "(Failure)", False),
+    ("NO", "[WEBALERT https://accounts.google.com/signin/continue?sarp=1] Web login required. [ALERT] Please log "
+           "in via your web browser: https://support.google.com/mail/accounts/answer/78754 (Failure)", False),
+    ("NO", "LOGIN failed.", False),  # a server without RFC 5530 codes: a refusal, as before
+])
+def test_a_login_answer_says_later_or_refused(result, text, later):
+    assert mailproc.login_says_later(result, text) is later
+
+
+@pytest.mark.parametrize("raised, result, text", [
+    ("[AUTHENTICATIONFAILED] Invalid credentials (Failure)", "NO", "[AUTHENTICATIONFAILED] Invalid credentials "
+                                                                  "(Failure)"),
+    ("LOGIN command error: BAD [b'[CLIENTBUG] try that again']", "BAD", "[CLIENTBUG] try that again"),
+])
+def test_imaplibs_login_error_is_read_back_as_the_servers_answer(raised, result, text):
+    assert mailproc._imaplib_answer(raised) == (result, text)
+
+
+# -- the listener's login, against the fake IMAP server (and a bare one for what pymap will not do) ----------
+
+BOT = "bot@example.org"
+LATER = "[ALERT] Too many simultaneous connections. (Failure)"
+
+
+def imap_worker(monkeypatch, tmp_path, port, user=BOT):
+    for name, value in (("EMAIL_IMAP_HOST", "127.0.0.1"), ("EMAIL_IMAP_PORT", str(port)), ("EMAIL_IMAP_USER", user),
+                        ("EMAIL_IMAP_PASSWORD", "pw"), ("EMAIL_ADDRESS", BOT), ("EMAIL_SMTP_HOST", "127.0.0.1")):
+        monkeypatch.setenv(name, value)
+    return mailproc.EmailWorker(argv=["--imap-security", "none", "--smtp-security", "none", "--timeout-secs", "5"],
+                                socket_path="/nowhere", plugin_id="email-test", token="t",
+                                install_signal_handlers=False, state_dir=str(tmp_path))
+
+
+def logins_answered(worker, times: int) -> list[str]:
+    """Log in ``times`` times as the listener does; what each raised."""
+    import asyncio
+
+    async def run():
+        out = []
+        for _ in range(times):
+            try:
+                client = await worker._imap_open()
+            except Exception as exc:  # noqa: BLE001
+                out.append(type(exc).__name__)
+            else:
+                await mailproc._close(client)
+                out.append("OK")
+        return out
+    return asyncio.run(run())
+
+
+def wait_for(predicate, secs=5.0) -> bool:
+    import time
+    deadline = time.monotonic() + secs
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return predicate()
+
+
+def test_each_login_answered_later_closes_its_connection(monkeypatch, tmp_path):
+    from tests.fakes.email import MailServer
+    with MailServer(user=BOT, password="pw") as server:
+        worker = imap_worker(monkeypatch, tmp_path, server.imap_port)
+        server.refuse_login(LATER, times=5)
+        assert logins_answered(worker, 5) == ["LoginLater"] * 5
+        assert wait_for(lambda: len(server._writers) == 0), len(server._writers)
+        assert server.logins == [LATER] * 5
+
+
+def test_a_server_that_never_answers_logout_is_closed_all_the_same(monkeypatch, tmp_path):
+    from tests.fakes.email import BareImap
+    with BareImap(login=b"NO " + LATER.encode(), answer_logout=False) as server:
+        worker = imap_worker(monkeypatch, tmp_path, server.port)
+        assert logins_answered(worker, 3) == ["LoginLater"] * 3
+        assert wait_for(lambda: server.open == 0), server.open
+        assert len(server.logins) == 3
+
+
+def test_a_bad_to_the_listeners_login_disables_with_the_servers_words(monkeypatch, tmp_path):
+    from plugins_app.channel.sdk import ChannelRefused
+    from tests.fakes.email import MailServer
+    with MailServer(user=BOT, password="pw") as server:
+        worker = imap_worker(monkeypatch, tmp_path, server.imap_port)
+        worker.connect()
+        server.refuse_login("LOGIN: Invalid arguments.", result="BAD", times=100)
+        import threading
+        stop = threading.Timer(15, worker.stopping.set)  # (a BAD taken for "later" would go on for ever)
+        stop.start()
+        try:
+            with pytest.raises(ChannelRefused) as info:
+                worker.listen(lambda m: None)
+        finally:
+            stop.cancel()
+        assert str(info.value) == (f"IMAP login refused for {BOT}: the server rejected the LOGIN command itself "
+                                   "(BAD): LOGIN: Invalid arguments.")
+        assert wait_for(lambda: len(server._writers) == 0), len(server._writers)
+
+
+def test_a_server_with_logindisabled_is_refused_without_sending_the_password(monkeypatch, tmp_path):
+    from plugins_app.channel.sdk import ChannelRefused
+    from tests.fakes.email import BareImap
+    with BareImap(capabilities="IMAP4rev1 STARTTLS LOGINDISABLED", login=b"OK welcome") as server:
+        worker = imap_worker(monkeypatch, tmp_path, server.port)
+        with pytest.raises(ChannelRefused, match=r"refuses plaintext LOGIN on this connection \(it advertises "
+                                                 r"LOGINDISABLED\): use --imap-security ssl"):
+            worker.connect()
+        assert server.logins == []
+        assert wait_for(lambda: server.open == 0), server.open
+
+
+@pytest.mark.parametrize("user", ["bot@example.org\\shared@example.org", "DOMAIN\\bot", "the bot"])
+def test_a_user_name_with_a_backslash_or_a_space_is_sent_quoted_and_logs_in(monkeypatch, tmp_path, user):
+    from tests.fakes.email import MailServer
+    with MailServer(user=user, password="pw") as server:
+        worker = imap_worker(monkeypatch, tmp_path, server.imap_port, user=user)
+        worker.connect()  # sent bare, the server answers BAD
+        assert server.logins == ["OK"]
+
+
+def scripted_listener(monkeypatch, tmp_path, script):
+    """The listener's loop with each session one step of ``script`` (an exception to raise, or "taken": the
+    login taken, the mailbox selected, then the connection dropped) and its waits recorded, not waited."""
+    worker = imap_worker(monkeypatch, tmp_path, 1)
+    waits: list[float] = []
+
+    async def session(submit):
+        if not script:
+            worker.stopping.set()
+            return
+        step = script.pop(0)
+        if step == "taken":
+            worker._login_taken()
+            worker._session_ok = True
+            raise ConnectionError("the IMAP connection dropped")
+        raise step
+
+    monkeypatch.setattr(worker, "_session", session)
+    monkeypatch.setattr(worker.stopping, "wait", lambda secs: waits.append(secs))
+    import asyncio
+    asyncio.run(worker._listen(None))
+    return waits
+
+
+def test_a_run_of_later_answers_does_not_slow_the_reconnect_of_a_server_that_then_drops(monkeypatch, tmp_path):
+    later = mailproc.LoginLater("the IMAP server answered LOGIN: NO [LIMIT] later")
+    waits = scripted_listener(monkeypatch, tmp_path, [later] * 12 + [ConnectionError("refused")] * 8)
+    assert waits[:12] == [0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300]
+    assert waits[12:] == [0.5, 1, 2, 4, 8, 16, 30, 30]  # as if the "later"s had not been
+
+
+def test_a_login_taken_starts_the_next_run_of_later_answers_from_half_a_second(monkeypatch, tmp_path):
+    later = mailproc.LoginLater("the IMAP server answered LOGIN: NO [LIMIT] later")
+    waits = scripted_listener(monkeypatch, tmp_path, [later] * 6 + ["taken"] + [later] * 3)
+    assert waits == [0.5, 1, 2, 4, 8, 16, 0.5, 0.5, 1, 2]

@@ -394,17 +394,20 @@ def mail_left_owed(server, bridge, state, data):
     from tests.fakes.email import make_mail
     raw = make_mail(text="the report", attachments=[(data, "application/pdf", "report.pdf")]).as_bytes()
     uid = server.deliver(raw)
-    conn = server.imap()
-    try:
-        conn.select("INBOX", readonly=True)
-        uidvalidity = int(conn.untagged_responses["UIDVALIDITY"][0])
-    finally:
-        conn.logout()
-    inbound, _, _ = normalise(raw, uidvalidity=uidvalidity, uid=uid, own_addresses={BOT}, known={}, user=BOT,
+    inbound, _, _ = normalise(raw, uidvalidity=uidvalidity_of(server), uid=uid, own_addresses={BOT}, known={}, user=BOT,
                               host="127.0.0.1", mailbox="INBOX")
     with Outbox(plugin_id=bridge.plugin_id, state_dir=state) as box:
         box.inbound_record(inbound)
     return uid, inbound.message_id
+
+
+def uidvalidity_of(server) -> int:
+    conn = server.imap()
+    try:
+        conn.select("INBOX", readonly=True)
+        return int(conn.untagged_responses["UIDVALIDITY"][0])
+    finally:
+        conn.logout()
 
 
 def email_worker(bridge, state):
@@ -512,12 +515,7 @@ def test_email_a_renumbered_mailbox_is_final_and_a_login_refused_at_a_reread_sto
     server, bridge, state = mailbox
     uid, first_id = mail_left_owed(server, bridge, state, b"%PDF-1.4")
     worker = email_worker(bridge, state)
-    conn = server.imap()
-    try:
-        conn.select("INBOX", readonly=True)
-        uidvalidity = int(conn.untagged_responses["UIDVALIDITY"][0])
-    finally:
-        conn.logout()
+    uidvalidity = uidvalidity_of(server)
     with pytest.raises(LookupError, match="UIDVALIDITY"):
         worker._fetch_attachment_sync(uidvalidity + 1, uid, 1)
     with pytest.raises(LookupError):  # a Gmail part, --gmail-push since turned off: never None (the URL passed on)
@@ -527,6 +525,28 @@ def test_email_a_renumbered_mailbox_is_final_and_a_login_refused_at_a_reread_sto
     with pytest.raises(ChannelRefused, match="IMAP login refused"):
         worker._fetch_attachment_sync(uidvalidity, uid, 1)
     assert "IMAP login refused" in worker._refusal
+
+
+@pytest.mark.parametrize("answer", ["[ALERT] Too many simultaneous connections. (Failure)",
+                                    "[UNAVAILABLE] Temporary authentication failure."])
+def test_email_a_login_the_server_answers_later_at_a_reread_waits_and_refuses_nothing(mailbox, answer):
+    """The listener's rule (``login_says_later``): Gmail's full account or an RFC 5530 "later" code to the
+    re-read's LOGIN is "not now" for the file, never the plugin's refusal."""
+    from plugins_app.channel.sdk import ChannelRefused, MediaNotReady
+    server, bridge, state = mailbox
+    uid, _ = mail_left_owed(server, bridge, state, b"%PDF-1.4")
+    worker = email_worker(bridge, state)
+    uidvalidity = uidvalidity_of(server)
+    server.refuse_login(answer)
+    with pytest.raises(MediaNotReady) as info:
+        worker._fetch_attachment_sync(uidvalidity, uid, 1)
+    assert str(info.value) == f"the IMAP server answered LOGIN: NO {answer}"
+    assert worker._refusal is None
+    assert worker._fetch_attachment_sync(uidvalidity, uid, 1) == b"%PDF-1.4"
+    server.refuse_login("[ALERT] Application-specific password required: "
+                        "https://support.google.com/accounts/answer/185833 (Failure)")
+    with pytest.raises(ChannelRefused, match="Application-specific password required"):
+        worker._fetch_attachment_sync(uidvalidity, uid, 1)
 
 
 def test_email_a_login_refused_while_an_attachment_waits_leaves_the_message_owed(mailbox):
@@ -619,38 +639,54 @@ def test_a_429_or_no_answer_at_all_is_not_now_too():
             download(f"http://127.0.0.1:{port}/attachments/1/cat.png", timeout=5)
 
 
-def test_email_a_login_the_server_answers_bad_at_a_re_read_waits_as_the_listener_does(monkeypatch, tmp_path):
-    """imaplib raises one error for a NO and a BAD to LOGIN; a BAD (the server confused, not the account
-    refused) is tried again by the listener, so the re-read waits for it too rather than disabling the plugin."""
-    import socket
-    from plugins_app.channel.sdk import MediaNotReady
+def bare_imap_worker(monkeypatch, tmp_path, server):
     from plugins_app.channel.workers.email.worker import EmailWorker
-    listener = socket.create_server(("127.0.0.1", 0))
-    logins: list[bytes] = []
-
-    def serve():  # the least of an IMAP server: a greeting, then BAD to LOGIN
-        conn, _ = listener.accept()
-        with conn, conn.makefile("rb") as lines:
-            conn.sendall(b"* OK [CAPABILITY IMAP4rev1] ready\r\n")
-            for line in lines:
-                tag, _, command = line.partition(b" ")
-                if command.upper().startswith(b"LOGIN"):
-                    logins.append(line)
-                    conn.sendall(tag + b" BAD [CLIENTBUG] try that again\r\n")
-                else:
-                    conn.sendall(tag + b" OK done\r\n")
-
-    threading.Thread(target=serve, daemon=True).start()
-    for name, value in (("EMAIL_IMAP_HOST", "127.0.0.1"), ("EMAIL_IMAP_PORT", str(listener.getsockname()[1])),
-                        ("EMAIL_IMAP_USER", "bot@example.org"), ("EMAIL_IMAP_PASSWORD", "pw"),
-                        ("EMAIL_ADDRESS", "bot@example.org")):
+    for name, value in (("EMAIL_IMAP_HOST", "127.0.0.1"), ("EMAIL_IMAP_PORT", str(server.port)),
+                        ("EMAIL_IMAP_USER", BOT), ("EMAIL_IMAP_PASSWORD", "pw"), ("EMAIL_ADDRESS", BOT)):
         monkeypatch.setenv(name, value)
-    worker = EmailWorker(argv=["--imap-security", "none", "--smtp-security", "none", "--timeout-secs", "5"],
-                         socket_path="/nowhere", plugin_id="email-test", token="t", install_signal_handlers=False,
-                         state_dir=str(tmp_path))
-    try:
-        with pytest.raises(MediaNotReady, match="BAD"):
-            worker._read_part(1, 101, 1)
-        assert len(logins) == 1 and not worker._refusal
-    finally:
-        listener.close()
+    return EmailWorker(argv=["--imap-security", "none", "--smtp-security", "none", "--timeout-secs", "5"],
+                       socket_path="/nowhere", plugin_id="email-test", token="t", install_signal_handlers=False,
+                       state_dir=str(tmp_path))
+
+
+def test_email_a_login_the_server_answers_bad_at_a_re_read_is_a_refusal_with_the_servers_words(monkeypatch,
+                                                                                                tmp_path):
+    """A BAD to LOGIN is an error in the command itself (RFC 3501 7.1.3): sent again it is answered the same, so
+    the re-read refuses as the listener does (imaplib raises one error for a NO and a BAD; its BAD is unpacked)."""
+    from plugins_app.channel.sdk import ChannelRefused
+    from tests.fakes.email import BareImap
+    with BareImap(login=b"BAD [CLIENTBUG] try that again") as server:
+        worker = bare_imap_worker(monkeypatch, tmp_path, server)
+        with pytest.raises(ChannelRefused) as info:
+            worker._fetch_attachment_sync(1, 101, 1)
+        assert len(server.logins) == 1
+    assert str(info.value) == worker._refusal == (f"IMAP login refused for {BOT}: the server rejected the LOGIN "
+                                                  "command itself (BAD): [CLIENTBUG] try that again")
+
+
+def test_email_a_server_with_logindisabled_is_refused_at_a_re_read_without_sending_the_password(monkeypatch,
+                                                                                                 tmp_path):
+    from plugins_app.channel.sdk import ChannelRefused
+    from tests.fakes.email import BareImap
+    with BareImap(capabilities="IMAP4rev1 STARTTLS LOGINDISABLED", login=b"OK welcome") as server:
+        worker = bare_imap_worker(monkeypatch, tmp_path, server)
+        with pytest.raises(ChannelRefused, match="refuses plaintext LOGIN .*LOGINDISABLED.*--imap-security ssl"):
+            worker._fetch_attachment_sync(1, 101, 1)
+        assert server.logins == [] and "LOGINDISABLED" in worker._refusal
+
+
+def test_email_a_user_name_with_a_backslash_logs_in_at_a_re_read(monkeypatch):
+    """Exchange's DOMAIN\\user and a shared mailbox's user@domain\\shared@domain are sent as RFC 3501 quoted
+    strings; sent bare, a server answers BAD."""
+    from tests.fakes.email import MailServer
+    user = "bot@example.org\\shared@example.org"
+    with MailServer(user=user, password="app-password") as server, \
+            MockBridge("mail-test", heartbeat_secs=HEARTBEAT) as bridge, tempfile.TemporaryDirectory() as state:
+        for name, value in {"EMAIL_IMAP_HOST": "127.0.0.1", "EMAIL_IMAP_PORT": str(server.imap_port),
+                            "EMAIL_IMAP_USER": user, "EMAIL_IMAP_PASSWORD": "app-password", "EMAIL_ADDRESS": BOT,
+                            "EMAIL_SMTP_HOST": "127.0.0.1", "EMAIL_SMTP_PORT": str(server.smtp_port)}.items():
+            monkeypatch.setenv(name, value)
+        uid, _ = mail_left_owed(server, bridge, state, b"%PDF-1.4 shared")
+        worker = email_worker(bridge, state)
+        assert worker._fetch_attachment_sync(uidvalidity_of(server), uid, 1) == b"%PDF-1.4 shared"
+        assert worker._refusal is None

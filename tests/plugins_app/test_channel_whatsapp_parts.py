@@ -329,6 +329,22 @@ def test_a_token_refused_at_a_media_download_is_a_refusal_the_listener_raises():
         w.listen(lambda m: None)
 
 
+@pytest.mark.parametrize("status, code, later", [
+    (503, None, True), (500, 1, True), (429, None, True),           # Meta busy: the message waits for its file
+    (400, 4, True), (400, 80007, True), (400, 130429, True),       # Meta's rate limits come with a 400
+    (404, None, False), (400, 100, False), (451, None, False),     # any other 4xx: the file is not coming
+])
+def test_a_media_download_meta_cannot_give_now_waits_and_any_other_4xx_is_final(status, code, later):
+    from plugins_app.channel.sdk import Attachment, MediaNotReady
+    w = worker()
+    w.api = scripted_api([httpx.Response(200, json={"url": "https://lookaside.fbsbx.com/whatsapp_business/attachments/"
+                                                           "?mid=1", "mime_type": "image/jpeg"}),
+                          httpx.Response(status, json=graph_error(code, "the file") if code else {})], [])
+    with pytest.raises(MediaNotReady if later else GraphError):
+        w.fetch_media(Attachment(kind="image", content_type="image/jpeg", url=MEDIA_URL_PREFIX + "123"))
+    assert w._refusal is None
+
+
 def delivery(text: str, **kw) -> Delivery:
     return Delivery(delivery_id=kw.pop("delivery_id", "d-1"), conversation_id=USER, text=text, channel="whatsapp", **kw)
 

@@ -16,7 +16,8 @@ MEDIA_TIMEOUT_SECS = 15.0
 
 
 def says_later(status: int) -> bool:
-    """Whether an HTTP status means "not now" (the platform busy or failing), not "never"."""
+    """Whether an HTTP status means "not now" (the platform busy or failing), not "never": the one rule of
+    ``download()`` and of the workers that download through their own API client (LINE, WhatsApp)."""
     return status >= 500 or status == 429
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import asyncio
 import email
 import email.policy
@@ -27,6 +28,12 @@ from .state import MailState
 
 IDLE_LIMIT_SECS = 29 * 60
 _AUTH_FAILED = 535
+#: The listener's reconnect backoff (0.5 s, doubling) is capped at this for a dropped or unreachable server...
+RECONNECT_MAX_SECS = 30.0
+#: ...and at this while the server answers LOGIN "later" (a full account, a server down): a LIMIT can last
+#: hours (the user's phone and laptop holding the account's connections), and a login every 30 s all that
+#: while would only add to the load; new mail waits at most this long once the server takes logins again.
+LATER_MAX_SECS = 300.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -88,6 +95,7 @@ class EmailWorker(ChannelWorker):
         self._refusal: str | None = None             # set by a send the server refused to log in
         self.connected_once = threading.Event()
         self._session_ok = False
+        self._later: tuple[float, int] | None = None  # (since, answers) while LOGIN is answered "later"
         self.gmail = None                            # GmailPush with --gmail-push
 
     # ------------------------------------------------------------ connect / listen
@@ -113,7 +121,12 @@ class EmailWorker(ChannelWorker):
         asyncio.run(self._probe_login())
 
     async def _probe_login(self) -> None:
-        client = await self._imap_open()
+        try:
+            client = await self._imap_open()
+        except LoginLater as exc:  # not a refusal: the listener keeps trying, with its backoff
+            self._later = (time.monotonic(), 1)
+            self.log.warning("%s at start; not a refusal: the listener tries again", exc)
+            return
         try:
             await client.logout()
         except Exception:  # noqa: BLE001 - the login is what was checked
@@ -126,23 +139,35 @@ class EmailWorker(ChannelWorker):
         asyncio.run(self._listen(submit))
 
     async def _listen(self, submit) -> None:
-        backoff = 0.5
+        # Two backoffs: a run of "later" answers (capped at 5 minutes) must not slow the reconnect of a server
+        # that then drops or cannot be reached (0.5 s doubling to 30 s), nor that the other way round.
+        reconnect = later = 0.5
         while not self.stopping.is_set():
             if self._refusal:
                 raise ChannelRefused(self._refusal)
             try:
                 await self._session(submit)
-                backoff = 0.5
+                reconnect = 0.5
             except ChannelRefused:
                 raise
+            except LoginLater as exc:  # never a refusal: logged at each answer, so one that never ends is seen
+                reconnect = 0.5  # the server answered: it is reachable
+                if self._later is None:
+                    later = 0.5  # a login was taken since the last "later" (or this is the first): a new run
+                since, answers = self._later or (time.monotonic(), 0)
+                self._later = (since, answers + 1)
+                self.log.warning("%s; not a refusal: trying again in %.1f s (answer %d, the first %.0f s ago)",
+                                 exc, later, answers + 1, time.monotonic() - since)
+                await asyncio.to_thread(self.stopping.wait, later)
+                later = min(later * 2, LATER_MAX_SECS)
             except Exception as exc:  # noqa: BLE001 - a dropped or failed connection: reconnect
                 if self._session_ok:
-                    backoff = 0.5  # the connection worked before it dropped: reconnect at once
+                    reconnect = 0.5  # the connection worked before it dropped: reconnect at once
                 self._session_ok = False
                 self.log.warning("IMAP session ended (%s: %s); reconnecting in %.1f s", type(exc).__name__, exc,
-                                 backoff)
-                await asyncio.to_thread(self.stopping.wait, backoff)
-                backoff = min(backoff * 2, 30.0)
+                                 reconnect)
+                await asyncio.to_thread(self.stopping.wait, reconnect)
+                reconnect = min(reconnect * 2, RECONNECT_MAX_SECS)
 
     async def _imap_open(self):
         import aioimaplib
@@ -153,20 +178,28 @@ class EmailWorker(ChannelWorker):
         client = cls(host=self.imap_host, port=self.imap_port, timeout=self.args.timeout_secs,
                      conn_lost_cb=lambda exc: lost.set(), **kwargs)
         client.lost = lost
-        await client.wait_hello_from_server()
-        response = await client.login(self.user, self.password)
-        if response.result != "OK":
-            text = " ".join(_s(l) for l in response.lines).strip()
-            if "AUTHENTICATIONFAILED" in text.upper() or "AUTHORIZATIONFAILED" in text.upper() \
-                    or response.result == "NO":
-                raise ChannelRefused(f"IMAP login refused for {self.user}: {text}")
-            raise ConnectionError(f"IMAP login failed: {response.result} {text}")
+        try:
+            await client.wait_hello_from_server()
+            refusal = login_disabled(self.user, client.protocol.capabilities)
+            if refusal:
+                raise ChannelRefused(refusal)
+            # (aioimaplib quotes the password, not the user: DOMAIN\\user would be a BAD)
+            response = await client.login(aioimaplib.quoted(self.user), self.password)
+            if response.result != "OK":
+                text = " ".join(_s(l) for l in response.lines).strip()
+                if not login_says_later(response.result, text):
+                    raise ChannelRefused(login_refused(self.user, response.result, text))
+                raise LoginLater(f"the IMAP server answered LOGIN for {self.user}: {response.result} {text}")
+        except BaseException:  # a "later", a refusal or a timeout: a connection left open holds one of the
+            await _close(client)  # account's few (Gmail: 15)
+            raise
         if "IDLE" not in client.protocol.capabilities:
             self.log.warning("the IMAP server offers no IDLE; polling every %.0f s", self.args.idle_secs)
         return client
 
     async def _session(self, submit) -> None:
         client = await self._imap_open()
+        self._login_taken()
         try:
             uidvalidity = await self._select(client)
             self._session_ok = True
@@ -179,11 +212,15 @@ class EmailWorker(ChannelWorker):
             if client.lost.is_set() and not self.stopping.is_set():
                 raise ConnectionError("the IMAP connection dropped")
         finally:
-            try:
-                if not client.lost.is_set():
-                    await asyncio.wait_for(client.logout(), 2)
-            except Exception:  # noqa: BLE001
-                pass
+            await _close(client)
+
+    def _login_taken(self) -> None:
+        """The server took the login: a run of "later" answers is over (the next starts again at 0.5 s)."""
+        if self._later:
+            since, answers = self._later
+            self._later = None
+            self.log.warning("the IMAP server took the login after %d answers of \"later\" over %.0f s", answers,
+                             time.monotonic() - since)
 
     async def _select(self, client) -> int:
         response = await client.select(self.args.mailbox)
@@ -357,11 +394,12 @@ class EmailWorker(ChannelWorker):
 
         "Not now" raises ``MediaNotReady``, so the message waits (its chat only) and the SDK fetches again: the
         server unreachable, timing out or hanging up (a network error, ``IMAP4.abort``, a ``BYE``), or a tagged
-        ``NO`` with a code that says "later" (RFC 5530: ``UNAVAILABLE``, ``INUSE``, ``SERVERBUG``, ``LIMIT``).
-        A refused login records the refusal and raises ``ChannelRefused``: the message stays owed and the worker
-        stops, as the listener does. The mail no longer there (expunged, moved, or the mailbox renumbered: a new
-        UIDVALIDITY), any other ``NO``, or a certificate that does not verify is final: the message goes on
-        with a note saying why, never with the IMAP URL (which names the account)."""
+        ``NO`` with a code that says "later" (RFC 5530: ``UNAVAILABLE``, ``INUSE``, ``SERVERBUG``, ``LIMIT``), or
+        a LOGIN answer the listener would try again (``login_says_later``: Gmail's full account too). A refused
+        login (a BAD to LOGIN and LOGINDISABLED included) records the refusal and raises ``ChannelRefused``: the
+        message stays owed and the worker stops, as the listener does. The mail no longer there (expunged, moved,
+        or the mailbox renumbered: a new UIDVALIDITY), any other ``NO``, or a certificate that does not verify
+        is final: the message goes on with a note saying why, never with the IMAP URL (which names the account)."""
         try:
             return self._read_part(uidvalidity, uid, index)
         except ssl.SSLCertVerificationError:
@@ -374,16 +412,20 @@ class EmailWorker(ChannelWorker):
         cls = imaplib.IMAP4_SSL if self.args.imap_security == "ssl" else imaplib.IMAP4
         conn = cls(self.imap_host, self.imap_port, timeout=min(self.args.timeout_secs, MEDIA_TIMEOUT_SECS))
         try:
+            from aioimaplib import quoted  # RFC 3501's quoted string, as the listener's login sends the user
+            refusal = login_disabled(self.user, conn.capabilities)
+            if refusal:
+                self._refusal = refusal
+                raise ChannelRefused(refusal)
             try:
-                conn.login(self.user, self.password)
+                conn.login(quoted(self.user), self.password)  # (imaplib too quotes only the password)
             except imaplib.IMAP4.abort:
                 raise
             except imaplib.IMAP4.error as exc:
-                text = _s(exc.args[0] if exc.args else exc)
-                _raise_if_later("LOGIN", text)
-                if "command error: BAD" in text:  # (imaplib's text for a BAD): the listener tries again too
-                    raise MediaNotReady(f"the IMAP server answered LOGIN: {text}") from exc
-                self._refusal = f"IMAP login refused for {self.user}: {text}"
+                result, text = _imaplib_answer(_s(exc.args[0] if exc.args else exc))
+                if login_says_later(result, text):  # the listener tries again too
+                    raise MediaNotReady(f"the IMAP server answered LOGIN: {result} {text}") from exc
+                self._refusal = login_refused(self.user, result, text)
                 raise ChannelRefused(self._refusal) from exc
             typ, data = conn.select(self.args.mailbox, readonly=True)
             if typ != "OK":
@@ -560,13 +602,100 @@ class EmailWorker(ChannelWorker):
 
 
 GONE = "the mail is no longer on the server"
-#: RFC 5530 response codes of a tagged NO that say "try again later", not "never".
+#: RFC 5530 response codes of a tagged NO that say "try again later", not "never": UNAVAILABLE ("temporary
+#: failure because a subsystem is down"; Dovecot's "NO [UNAVAILABLE] Temporary authentication failure."),
+#: INUSE, SERVERBUG, LIMIT (Yahoo's "NO [LIMIT] Too many simultaneous connections").
 LATER_CODES = ("UNAVAILABLE", "INUSE", "SERVERBUG", "LIMIT")
+#: RFC 5530 codes of a refused login, which only the account's owner or an operator can change: a wrong or
+#: revoked password (Gmail: "NO [AUTHENTICATIONFAILED] Invalid credentials (Failure)"), no right to the
+#: mailbox, an expired password, a login that needs TLS, "contact your administrator".
+REFUSED_CODES = ("AUTHENTICATIONFAILED", "AUTHORIZATIONFAILED", "EXPIRED", "PRIVACYREQUIRED", "CONTACTADMIN")
+#: Gmail answers a LOGIN beyond the account's 15 IMAP connections (support.google.com/mail/answer/97150)
+#: "NO [ALERT] Too many simultaneous connections. (Failure)" (github.com/zone-eu/wildduck/issues/35,
+#: github.com/jstedfast/MailKit/issues/377): the user's phone and laptop hold them, and free them in a while.
+#: Gmail's bandwidth limit, "NO [ALERT] Account exceeded command or bandwidth limits. (Failure)" (also seen as
+#: "[OVERQUOTA] Account exceeded ..."), lifts within a day (github.com/chatwoot/chatwoot/issues/6082);
+#: Fastmail's "NO login not available on this server. 451 Already reached per-10 minute limit for logins ...
+#: try again later" (github.com/LogicLabs-OU/OpenArchiver/issues/37) within ten minutes.
+#: Gmail's other [ALERT]s at LOGIN are refusals: "Application-specific password required:
+#: https://support.google.com/accounts/answer/185833 (Failure)" (2-Step Verification on, no app password)
+#: and "Please log in via your web browser: https://support.google.com/mail/accounts/answer/78754 (Failure)".
+_LATER_WORDS = re.compile(r"too many simultaneous connections|exceeded command or bandwidth limits"
+                          r"|per-10 minute limit|try again later", re.IGNORECASE)
+
+
+class LoginLater(ConnectionError):
+    """The IMAP server answered LOGIN "not now" (``login_says_later``): the listener reconnects, never disables."""
+
+
+def _codes(text: str) -> set[str]:
+    """The response codes (``[CODE ...]``, RFC 3501 resp-text-code) in a response's text, upper case."""
+    return {c.upper() for c in re.findall(r"\[([A-Za-z][A-Za-z0-9.-]*)[\] ]", text)}
+
+
+def login_says_later(result: str, text: str) -> bool:
+    """Whether the server's answer to LOGIN other than OK (``result`` NO or BAD, ``text`` what it said) means
+    "later" rather than "refused" (the one rule of the listener's login and an attachment re-read's).
+
+    A BAD is never later: RFC 3501 7.1.3 makes it an error in the client's command, and the same command sent
+    again gets the same answer. A refusal code (``REFUSED_CODES``) is a refusal whatever else the answer says.
+    A NO is later only with a code that says so (``LATER_CODES``) or a provider's known "later" wording
+    (``_LATER_WORDS``); any other NO (a wrong password on a server without RFC 5530 codes, Gmail's [ALERT]s
+    asking for an app password or a browser login) is a refusal, as it always was."""
+    if result != "NO":
+        return False
+    codes = _codes(text)
+    if codes & set(REFUSED_CODES):
+        return False
+    return bool(codes & set(LATER_CODES)) or bool(_LATER_WORDS.search(text))
+
+
+def login_refused(user: str, result: str, text: str) -> str:
+    """The reason a refused LOGIN disables the plugin with: the server's words, and for a BAD that the server
+    rejected the LOGIN command itself (sent again it would be rejected again)."""
+    if result == "BAD":
+        return f"IMAP login refused for {user}: the server rejected the LOGIN command itself (BAD): {text}"
+    return f"IMAP login refused for {user}: {text}"
+
+
+def login_disabled(user: str, capabilities) -> str | None:
+    """The refusal when the server advertises LOGINDISABLED (RFC 3501 6.2.3: no plaintext LOGIN on this
+    connection), else None: LOGIN sent anyway would only be answered NO or BAD."""
+    if "LOGINDISABLED" not in {str(c).upper() for c in capabilities}:
+        return None
+    return (f"IMAP login refused for {user}: the server refuses plaintext LOGIN on this connection "
+            "(it advertises LOGINDISABLED): use --imap-security ssl (implicit TLS, port 993)")
+
+
+def _imaplib_answer(text: str) -> tuple[str, str]:
+    """(result, the server's text) of an ``imaplib.IMAP4.error`` raised by ``login``: a NO raises the server's
+    text; a BAD, ``LOGIN command error: BAD [b'<text>']``."""
+    m = re.fullmatch(r"\w+ command error: (BAD|NO) \[(.*)\]", text, re.S)
+    if not m:
+        return "NO", text
+    try:
+        lines = ast.literal_eval(f"[{m.group(2)}]")
+    except (ValueError, SyntaxError):
+        return m.group(1), m.group(2)
+    return m.group(1), " ".join(_s(line) for line in lines if line is not None).strip()
+
+
+async def _close(client) -> None:
+    """Log out (at most 2 s), then close the socket whatever the server did: one it keeps open holds one of the
+    account's few connections."""
+    try:
+        if not client.lost.is_set() and client.protocol is not None:
+            await asyncio.wait_for(client.logout(), 2)
+    except Exception:  # noqa: BLE001 - a server that never answers LOGOUT is closed below
+        pass
+    finally:
+        transport = getattr(client.protocol, "transport", None)
+        if transport is not None:
+            transport.close()
 
 
 def _raise_if_later(command: str, text: str) -> None:
-    code = re.match(r"\s*\[([A-Z-]+)", text)
-    if code and code.group(1).upper() in LATER_CODES:
+    if _codes(text) & set(LATER_CODES):
         raise MediaNotReady(f"the IMAP server answered {command}: NO {text}")
 
 

@@ -47,6 +47,7 @@ import httpx
 
 from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, InboundMessage,
                                      MediaNotReady, ReplyContext)
+from plugins_app.channel.sdk.download import says_later
 from plugins_app.channel.sdk.outbox import outbox_path_for
 from plugins_app.channel.sdk.webhook import WebhookInbox
 from plugins_app.channel.sdk.text import shorten, split_text, utf16_len
@@ -276,7 +277,7 @@ class LineWorker(WebhookInbox, ChannelWorker):
             self._refusal = refused(f"GET /v2/bot/message/{message_id}/content")  # the listener stops the worker
             raise
         except (LineError, httpx.HTTPError, Stopped) as exc:
-            if not isinstance(exc, LineError) or exc.status >= 500 or exc.status == 429:
+            if not isinstance(exc, LineError) or says_later(exc.status):
                 # LINE keeps content for days: the message waits (its chat only) and the SDK tries again
                 self.log.warning("line: the %s of message %s cannot be downloaded now (%s: %s); its message waits",
                                  attachment.kind, message_id, type(exc).__name__, exc)

@@ -10,6 +10,7 @@ import httpx
 
 from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, InboundMessage,
                                      MediaNotReady, ReplyContext)
+from plugins_app.channel.sdk.download import says_later
 from plugins_app.channel.sdk.journal import SentJournal
 from plugins_app.channel.sdk.outbox import outbox_path_for
 from plugins_app.channel.sdk.webhook import WebhookInbox
@@ -274,7 +275,8 @@ class WhatsAppWorker(WebhookInbox, ChannelWorker):
             kind = classify(err)
             if kind in REFUSALS:
                 self._refusal = refusal_reason(err)  # the listener stops the worker; the message waits
-            elif kind in ("rate", "retry") and (err.status is None or err.status >= 429):
+            elif kind == "rate" or (kind == "retry" and (err.status is None or says_later(err.status))):
+                # (Meta's rate limits, codes 4, 80007, 130429, come with a 400: the code says "later", not the status)
                 raise MediaNotReady(str(err)) from err  # Meta keeps media 30 days: the message waits a while
             raise
         except httpx.TransportError as exc:
