@@ -12,8 +12,9 @@ from django.db import migrations
 # recall also needs the user's expired facts (kept forever, and excluded before the weights are counted):
 # memory_fact_expiry_idx reads them from the few ephemeral facts. SQLite: nothing.
 POSTGRES = [
+    # the key is added after the backfill: built from sorted rows, its pages are full (64% when filled row by row)
     'CREATE TABLE plugins_app_memoryposting (actor bigint NOT NULL, fact_id bigint NOT NULL, '
-    'term text COLLATE "C" NOT NULL, CONSTRAINT plugins_app_memoryposting_pkey PRIMARY KEY (actor, term, fact_id))',
+    'term text COLLATE "C" NOT NULL)',
     """CREATE FUNCTION plugins_app_memoryfact_postings() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'TRUNCATE' THEN
@@ -40,6 +41,8 @@ END $$""",
     "FOR EACH STATEMENT EXECUTE FUNCTION plugins_app_memoryfact_postings()",
     "INSERT INTO plugins_app_memoryposting (actor, fact_id, term) SELECT hashtextextended(actor_key, 0), id, t "
     "FROM plugins_app_memoryfact, unnest(tsvector_to_array(text_tsv)) t",
+    "ALTER TABLE plugins_app_memoryposting ADD CONSTRAINT plugins_app_memoryposting_pkey "
+    "PRIMARY KEY (actor, term, fact_id)",
     "CREATE INDEX memory_fact_expiry_idx ON plugins_app_memoryfact (actor_key, expires_at) INCLUDE (id) "
     "WHERE expires_at IS NOT NULL",
     "DROP INDEX IF EXISTS plugins_app_memoryfact_text_tsv",
