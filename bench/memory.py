@@ -223,7 +223,8 @@ def pg_sizes() -> dict:
     from django.db import connection
     with connection.cursor() as cur:
         cur.execute("SELECT pg_table_size('plugins_app_memoryposting'), "
-                    "pg_relation_size('plugins_app_memoryposting_pkey'), (SELECT count(*) FROM plugins_app_memoryposting), "
+                    "pg_relation_size('plugins_app_memoryposting_pkey'), "
+                    "(SELECT count(*) FROM plugins_app_memoryposting), "
                     "pg_relation_size('plugins_app_memoryfact_text_tsv'), "
                     "(SELECT sum(pg_column_size(text_tsv)) FROM plugins_app_memoryfact), "
                     "pg_relation_size('memory_fact_expiry_idx')")

@@ -69,7 +69,8 @@ def test_facts_saved_before_0021_are_recalled_through_the_postings_by_their_owne
         assert [f["text"] for f in recall_preview(actor_key="web:alice", text="teapot?")["facts"]] == \
             ["User owns two teapots."]  # by the word's prefix, a range of the postings
         assert recall_preview(actor_key="web:bob", text="tea teapot?")["facts"] == []
-        assert [f["text"] for f in recall_preview(actor_key="web:bob", text="coffee")["facts"]] == ["User likes coffee."]
+        assert [f["text"] for f in recall_preview(actor_key="web:bob", text="coffee")["facts"]] == \
+            ["User likes coffee."]
         with connection.cursor() as cur:
             cur.execute("SELECT count(*) FROM plugins_app_memoryposting")
             assert cur.fetchone()[0] == 11  # each fact's distinct words

@@ -42,7 +42,8 @@ def test_recall_through_the_postings_is_the_gin_statements_recall(memory_config)
     facts = {ALICE: [], BOB: []}
     for n in range(420):
         actor = ALICE if n % 3 else BOB
-        text = f"User {rng.choice(('likes', 'owns', 'needs'))} {' '.join(rng.choices(WORDS, k=rng.randint(1, 5)))} #{n}."
+        words = " ".join(rng.choices(WORDS, k=rng.randint(1, 5)))
+        text = f"User {rng.choice(('likes', 'owns', 'needs'))} {words} #{n}."
         facts[actor].append(services.fact_save(actor_key=actor, text=text,
                                                tier="ephemeral" if n % 11 == 0 else "contextual")[0])
     past = timezone.now() - timedelta(seconds=1)

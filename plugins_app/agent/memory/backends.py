@@ -100,8 +100,8 @@ def pg_posted(actor_key: str, match: str, source: str, *, prefix: bool) -> tuple
     """PostgreSQL: (SELECT fact_id of the user's postings matching one arm, its parameters). The arm's term is
     the lexeme PostgreSQL's own parser makes of `source` (the word, or the prefix), so a fact matches exactly
     when its to_tsvector('simple', text) @@ to_tsquery('simple', match): the term itself, or for a prefix a
-    range of terms. A word the parser cuts into several lexemes ("ab²cd", "0e5e": a phrase) is looked for by its
-    first lexeme and the phrase checked on the fact's text; one it makes no lexeme of matches nothing, as before.
+    range of terms. A word the parser cuts into several lexemes ("ab²cd", "0e5e": a phrase) is looked for by one of
+    them and the phrase checked on the fact's text; one it makes no lexeme of matches nothing, as before.
     The parsing runs on constants, folded when the statement is planned (a fifth of its planning): a word of
     ASCII letters only is its own lexeme, and skips it."""
     if source.isascii() and source.isalpha():
