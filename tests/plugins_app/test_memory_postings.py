@@ -29,8 +29,9 @@ def texts(actor, text):
 
 def postings(actor=None):
     with connection.cursor() as cur:
-        cur.execute("SELECT count(*) FROM plugins_app_memoryposting"
-                    + (" WHERE actor = hashtextextended(%s, 0)" if actor else ""), [actor] if actor else [])
+        cur.execute("SELECT count(*) FROM plugins_app_memoryposting" + (
+            " WHERE actor = (SELECT id FROM plugins_app_memoryactor WHERE key = %s)" if actor else ""),
+            [actor] if actor else [])
         return cur.fetchone()[0]
 
 

@@ -96,8 +96,12 @@ def fts5_varint(block: bytes, at: int = 0) -> int:
     return (value << 8) | block[at + 8]
 
 
-def pg_posted(actor_key: str, match: str, source: str, *, prefix: bool) -> tuple[str, list]:
-    """PostgreSQL: (SELECT fact_id of the user's postings matching one arm, its parameters). The arm's term is
+PG_ACTOR = "a AS MATERIALIZED (SELECT id FROM plugins_app_memoryactor WHERE key = %s)"  # the user's id: pg_posted's `a`
+
+
+def pg_posted(match: str, source: str, *, prefix: bool) -> tuple[str, list]:
+    """PostgreSQL: (SELECT fact_id of the user's postings matching one arm, its parameters), in a statement
+    WITH PG_ACTOR (the user's id, looked up once). The arm's term is
     the lexeme PostgreSQL's own parser makes of `source` (the word, or the prefix), so a fact matches exactly
     when its to_tsvector('simple', text) @@ to_tsquery('simple', match): the term itself, or for a prefix a
     range of terms. A word the parser cuts into several lexemes ("ab²cd", "0e5e": a phrase) is looked for by one of
@@ -105,13 +109,13 @@ def pg_posted(actor_key: str, match: str, source: str, *, prefix: bool) -> tuple
     The parsing runs on constants, folded when the statement is planned (a fifth of its planning): a word of
     ASCII letters only is its own lexeme, and skips it."""
     if source.isascii() and source.isalpha():
-        return ("SELECT fact_id FROM plugins_app_memoryposting p WHERE p.actor = hashtextextended(%s, 0) "
-                f"AND p.term {'^@' if prefix else '='} %s", [actor_key, source])
-    return ("SELECT fact_id FROM plugins_app_memoryposting p WHERE p.actor = hashtextextended(%s, 0) "
+        return ("SELECT fact_id FROM plugins_app_memoryposting p WHERE p.actor = (SELECT id FROM a) "
+                f"AND p.term {'^@' if prefix else '='} %s", [source])
+    return ("SELECT fact_id FROM plugins_app_memoryposting p WHERE p.actor = (SELECT id FROM a) "
             f"AND p.term {'^@' if prefix else '='} (tsvector_to_array(to_tsvector('simple', %s)))[1] "
             "AND (numnode(to_tsquery('simple', %s)) = 1 OR EXISTS (SELECT 1 FROM plugins_app_memoryfact f "
             "WHERE f.id = p.fact_id AND to_tsvector('simple', f.text) @@ to_tsquery('simple', %s)))",
-            [actor_key, source, match, match])
+            [source, match, match])
 
 
 def live(qs):
@@ -180,10 +184,10 @@ class FtsBackend:
         and no total (its candidates statement counts the weights' own over its matches)."""
         with connection.cursor() as cur:
             if connection.vendor == "postgresql":
-                held = [pg_posted(actor_key, f"'{w}'", w, prefix=False) for w in words]
-                cur.execute(" UNION ALL ".join(f"SELECT %s, (SELECT count(*) FROM ({sql} LIMIT %s) held)"
-                                               for sql, _ in held),
-                            [v for w, (_, params) in zip(words, held) for v in (w, *params, self.CANDIDATES)])
+                held = [pg_posted(f"'{w}'", w, prefix=False) for w in words]
+                cur.execute(f"WITH {PG_ACTOR} " + " UNION ALL ".join(
+                    f"SELECT %s, (SELECT count(*) FROM ({sql} LIMIT %s) held)" for sql, _ in held),
+                    [actor_key, *(v for w, (_, params) in zip(words, held) for v in (w, *params, self.CANDIDATES))])
                 return dict(cur.fetchall()), 0
             tag = owner_tag(actor_key)
             # the total is FTS5's own, the first varint of its averages record (what bm25() reads for its N)
@@ -268,7 +272,7 @@ class FtsBackend:
         facts table's row estimate (pg_class.reltuples, as SQLite's is its whole index's). Only the kept
         candidates' rows are read. One statement, no ranking function over the rows."""
         word_arm = {word: i for i, (_, word, factor) in enumerate(arms) if factor == 1}  # n{i}: its count
-        posted = [pg_posted(actor_key, match, word if factor == 1 else cls.prefix_of(word), prefix=factor < 1)
+        posted = [pg_posted(match, word if factor == 1 else cls.prefix_of(word), prefix=factor < 1)
                   for match, word, factor in arms]
         walks = " UNION ALL ".join(f"SELECT fact_id, {1 << i} AS b FROM ({sql}) a{i}"
                                    for i, (sql, _) in enumerate(posted))
@@ -280,7 +284,7 @@ class FtsBackend:
         score = " + ".join(f"CASE WHEN m.bits & {1 << i} <> 0 THEN w.w{i} ELSE 0 END" for i in range(len(arms)))
         cur.execute(
             # the user's expired facts: ephemeral ones past their expiry, which are kept (a partial index's few rows)
-            "WITH x AS MATERIALIZED (SELECT id FROM plugins_app_memoryfact WHERE actor_key = %s "
+            f"WITH {PG_ACTOR}, x AS MATERIALIZED (SELECT id FROM plugins_app_memoryfact WHERE actor_key = %s "
             "AND expires_at IS NOT NULL AND expires_at <= %s), "
             f"m AS MATERIALIZED (SELECT s.fact_id AS id, bit_or(s.b) AS bits FROM ({walks}) s "
             "WHERE NOT EXISTS (SELECT 1 FROM x WHERE x.id = s.fact_id) GROUP BY s.fact_id), "
@@ -290,10 +294,10 @@ class FtsBackend:
             f"w AS MATERIALIZED (SELECT {weights} FROM c, t), "
             f"k AS (SELECT m.id, m.bits, round(({score})::numeric, 9) AS score FROM m, w "
             "ORDER BY score DESC, m.id DESC LIMIT %s) "
-            # the owner checked on the kept rows: a collision of the actor's 64-bit hash shows no other user's fact
+            # the owner checked on the kept rows too: a posting of the user's is never another's fact (one id a key)
             "SELECT f.id, f.text, f.tier, k.bits FROM k JOIN plugins_app_memoryfact f ON f.id = k.id "
             "AND f.actor_key = %s ORDER BY k.score DESC, k.id DESC",
-            [actor_key, now, *(v for _, params in posted for v in params), limit, actor_key])
+            [actor_key, actor_key, now, *(v for _, params in posted for v in params), limit, actor_key])
         return cur.fetchall()
 
     @staticmethod
