@@ -40,11 +40,13 @@ def memory_config(tmp_path, settings):
     conf.reset()
 
 
-def gin_fts(tsv: str = "f.text_tsv"):
+def gin_fts(tsv: str = "f.text_tsv", *, expired_counted: bool = False):
     """sqlite_fts's PostgreSQL search as it was before the postings table (migration 0021): the GIN index on the
     stored tsvector text_tsv (0010, 0012), each match's row read for its owner, expiry and words. The tests
     compare recall through the postings with it (`tsv` then to_tsvector('simple', f.text), what text_tsv held,
-    computed per row); bench/memory.py measures it beside them (its scratch database keeps text_tsv)."""
+    computed per row; `expired_counted`: the user's expired facts counted in the words' weights, as the
+    postings' statement counts them, and still never returned); bench/memory.py measures it beside them (its
+    scratch database keeps text_tsv)."""
     from plugins_app.agent.memory.backends import FtsBackend
 
     class GinFts(FtsBackend):
@@ -67,16 +69,18 @@ def gin_fts(tsv: str = "f.text_tsv"):
                 f"c.n{word_arm[word]} + 0.5) / (c.n{word_arm[word]} + 0.5)) ELSE 0 END"
                 for i, (_, word, factor) in enumerate(arms))
             bits = " + ".join(f"CASE WHEN m.h{i} THEN {1 << i} ELSE 0 END" for i in range(len(arms)))
+            live = "(f.expires_at IS NULL OR f.expires_at > %s)"
             cur.execute(
-                f"WITH m AS MATERIALIZED (SELECT f.id, f.text, f.tier, {hits} FROM plugins_app_memoryfact f "
-                f"WHERE f.actor_key = %s AND {tsv} @@ to_tsquery('simple', %s) "
-                "AND (f.expires_at IS NULL OR f.expires_at > %s)), "
+                f"WITH m AS MATERIALIZED (SELECT f.id, f.text, f.tier, {live} AS live, {hits} "
+                f"FROM plugins_app_memoryfact f WHERE f.actor_key = %s AND {tsv} @@ to_tsquery('simple', %s) "
+                + ("" if expired_counted else f"AND {live}") + "), "
                 f"c AS (SELECT {counts} FROM m), "
                 "t AS (SELECT greatest(reltuples, 0)::float8 AS total FROM pg_class "
                 "WHERE oid = 'plugins_app_memoryfact'::regclass) "
-                f"SELECT m.id, m.text, m.tier, {bits} FROM m, c, t "
+                f"SELECT m.id, m.text, m.tier, {bits} FROM m, c, t WHERE m.live "
                 f"ORDER BY round(({score})::numeric, 9) DESC, m.id DESC LIMIT %s",
-                [*(match for match, _, _ in arms), actor_key, " | ".join(match for match, _, _ in arms), now, limit])
+                [now, *(match for match, _, _ in arms), actor_key, " | ".join(match for match, _, _ in arms),
+                 *(() if expired_counted else (now,)), limit])
             return cur.fetchall()
 
     return GinFts()

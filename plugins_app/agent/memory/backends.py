@@ -267,10 +267,13 @@ class FtsBackend:
     @classmethod
     def _candidates_pg(cls, cur, actor_key, arms, limit, now) -> list[tuple[int, str, str, int]]:
         """PostgreSQL: the user's live facts matching any arm, with which arms each matches, from the postings
-        table (migration 0021): each arm an index-only scan of the user's own terms, the user's expired facts
-        (memory_fact_expiry_idx) left out, the word counts counted over those same matches, the total the
-        facts table's row estimate (pg_class.reltuples, as SQLite's is its whole index's). Only the kept
-        candidates' rows are read. One statement, no ranking function over the rows."""
+        table (migration 0021): each arm an index-only scan of the user's own terms, the word counts counted
+        over those same matches, the total the facts table's row estimate (pg_class.reltuples, as SQLite's is
+        its whole index's). One statement, no ranking function over the rows: only the best 2 × `limit`
+        matches' rows are read, and those past their expiry dropped (ephemeral facts are kept when they
+        expire, so reading the user's expired facts first would grow without end). When fewer than `limit`
+        of them were live, the statement runs again with each match's row checked before the limit. The
+        counts include the user's expired facts (the GIN statement's left them out: docs/memory.md)."""
         word_arm = {word: i for i, (_, word, factor) in enumerate(arms) if factor == 1}  # n{i}: its count
         posted = [pg_posted(match, word if factor == 1 else cls.prefix_of(word), prefix=factor < 1)
                   for match, word, factor in arms]
@@ -282,23 +285,33 @@ class FtsBackend:
             f"{factor!r} * ln(1 + (greatest(t.total, c.n{word_arm[word]}) - c.n{word_arm[word]} + 0.5) / "
             f"(c.n{word_arm[word]} + 0.5)) AS w{i}" for i, (_, word, factor) in enumerate(arms))
         score = " + ".join(f"CASE WHEN m.bits & {1 << i} <> 0 THEN w.w{i} ELSE 0 END" for i in range(len(arms)))
-        cur.execute(
-            # the user's expired facts: ephemeral ones past their expiry, which are kept (a partial index's few rows)
-            f"WITH {PG_ACTOR}, x AS MATERIALIZED (SELECT id FROM plugins_app_memoryfact WHERE actor_key = %s "
-            "AND expires_at IS NOT NULL AND expires_at <= %s), "
-            f"m AS MATERIALIZED (SELECT s.fact_id AS id, bit_or(s.b) AS bits FROM ({walks}) s "
-            "WHERE NOT EXISTS (SELECT 1 FROM x WHERE x.id = s.fact_id) GROUP BY s.fact_id), "
-            f"c AS (SELECT {counts} FROM m), "
-            "t AS (SELECT greatest(reltuples, 0)::float8 AS total FROM pg_class "
-            "WHERE oid = 'plugins_app_memoryfact'::regclass), "
-            f"w AS MATERIALIZED (SELECT {weights} FROM c, t), "
-            f"k AS (SELECT m.id, m.bits, round(({score})::numeric, 9) AS score FROM m, w "
-            "ORDER BY score DESC, m.id DESC LIMIT %s) "
-            # the owner checked on the kept rows too: a posting of the user's is never another's fact (one id a key)
-            "SELECT f.id, f.text, f.tier, k.bits FROM k JOIN plugins_app_memoryfact f ON f.id = k.id "
-            "AND f.actor_key = %s ORDER BY k.score DESC, k.id DESC",
-            [actor_key, actor_key, now, *(v for _, params in posted for v in params), limit, actor_key])
-        return cur.fetchall()
+        live = "f.actor_key = %s AND (f.expires_at IS NULL OR f.expires_at > %s)"
+
+        def run(checked: bool, read: int):
+            cur.execute(
+                f"WITH {PG_ACTOR}, "
+                f"m AS MATERIALIZED (SELECT s.fact_id AS id, bit_or(s.b) AS bits FROM ({walks}) s GROUP BY s.fact_id), "
+                f"c AS (SELECT {counts} FROM m), "
+                "t AS (SELECT greatest(reltuples, 0)::float8 AS total FROM pg_class "
+                "WHERE oid = 'plugins_app_memoryfact'::regclass), "
+                f"w AS MATERIALIZED (SELECT {weights} FROM c, t), "
+                f"k AS (SELECT m.id, m.bits, round(({score})::numeric, 9) AS score FROM m, w "
+                + (f"WHERE EXISTS (SELECT 1 FROM plugins_app_memoryfact f WHERE f.id = m.id AND {live}) "
+                   if checked else "") +
+                "ORDER BY score DESC, m.id DESC LIMIT %s) "
+                # the owner checked on the kept rows too: a posting of the user's is never another's fact (one id
+                # a key), but a stray one must not show it
+                f"SELECT f.id, f.text, f.tier, k.bits, {live} FROM k JOIN plugins_app_memoryfact f ON f.id = k.id "
+                "ORDER BY k.score DESC, k.id DESC",
+                [actor_key, *(v for _, params in posted for v in params),
+                 *((actor_key, now) if checked else ()), read, actor_key, now])
+            return cur.fetchall()
+
+        found = run(False, 2 * limit)
+        kept = [row[:4] for row in found if row[4]]
+        if len(kept) >= limit or len(found) < 2 * limit:  # the best `limit` live ones, or every match read
+            return kept[:limit]
+        return [row[:4] for row in run(True, limit)]
 
     @staticmethod
     def rankings(arms: list[tuple[str, str, float]], found: list[tuple[int, int]]) -> list[list[int]]:
