@@ -4,7 +4,7 @@ SQL LIKE scan measured in the same run, and what recall adds to a plain turn.
 In-process on a scratch database: SQLite by default (FTS5), PostgreSQL with --pg (its full-text search;
 DATABASE_URL names the server, a scratch database is created and dropped). Facts are generated sentences
 from a fixed vocabulary, bulk inserted for one user (another user gets a tenth as many, so the per-user
-scoping is exercised). Each query is a message made of 4 vocabulary words.
+scoping is exercised), a tenth of each user's ephemeral and past their expiry (kept, never recalled). Each query is a message made of 4 vocabulary words.
 
 * sqlite_fts: `plugins_app.agent.memory.recall.recall` as a turn calls it (the counts of the user's facts
   holding each word, one full-text statement over the user's own terms, its candidates ordered by the weights
@@ -84,10 +84,15 @@ def sentence(rng: random.Random) -> str:
 
 
 def facts_add(count: int, actor_key: str, rng: random.Random, *, vectors: bool) -> None:
+    """`count` facts for `actor_key`, a tenth of them ephemeral and past their expiry (kept, never recalled)."""
+    from datetime import timedelta
+
     import numpy as np
+    from django.utils import timezone
 
     from plugins_app.agent.memory.models import MemoryFact
     batch, made = [], 0
+    expired = timezone.now() - timedelta(days=1)
     gen = np.random.default_rng(rng.randrange(2 ** 32))
     while made < count:
         n = min(2000, count - made)
@@ -97,6 +102,8 @@ def facts_add(count: int, actor_key: str, rng: random.Random, *, vectors: bool) 
         for i in range(n):
             text = f"{sentence(rng)} ({uuid.uuid4().hex[:6]})"
             row = MemoryFact(actor_key=actor_key, text=text, normalized=text.lower()[:500])
+            if (made + i) % 10 == 9:
+                row.tier, row.expires_at = "ephemeral", expired
             if vectors:
                 row.embedding = block[i].tobytes()
             batch.append(row)
@@ -136,7 +143,7 @@ def previous_recall():
                     "WHERE plugins_app_memoryfact_fts MATCH %s ORDER BY score, rowid DESC LIMIT %s) m "
                     "CROSS JOIN plugins_app_memoryfact f ON f.id = m.id ORDER BY m.score, f.id DESC",
                     [actor_key, now, query, limit])
-                return [row[:3] for row in cur.fetchall()]  # (the bench's facts never expire)
+                return [row[:3] for row in cur.fetchall() if row[3]]  # (an expired one dropped, no second run)
 
         @staticmethod
         def previous_rankings(words, prefixes, found):
@@ -227,11 +234,11 @@ def pg_sizes() -> dict:
                     "(SELECT count(*) FROM plugins_app_memoryposting), "
                     "pg_relation_size('plugins_app_memoryfact_text_tsv'), "
                     "(SELECT sum(pg_column_size(text_tsv)) FROM plugins_app_memoryfact), "
-                    "pg_relation_size('memory_fact_expiry_idx')")
-        table, index, rows, gin, tsv, expiry = cur.fetchone()
+                    "pg_total_relation_size('plugins_app_memoryactor')")
+        table, index, rows, gin, tsv, actors = cur.fetchone()
     mb = 1024 * 1024
     return {"postings table": table / mb, "postings index": index / mb, "postings rows": rows, "GIN index": gin / mb,
-            "text_tsv column": tsv / mb, "expiry index": expiry / mb}
+            "text_tsv column": tsv / mb, "actors table": actors / mb}
 
 
 def pg_plans(text: str) -> list[str]:

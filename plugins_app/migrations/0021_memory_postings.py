@@ -65,8 +65,6 @@ END $$""",
     "unnest(tsvector_to_array(f.text_tsv)) t",
     "ALTER TABLE plugins_app_memoryposting ADD CONSTRAINT plugins_app_memoryposting_pkey "
     "PRIMARY KEY (actor, term, fact_id)",
-    "CREATE INDEX memory_fact_expiry_idx ON plugins_app_memoryfact (actor_key, expires_at) INCLUDE (id) "
-    "WHERE expires_at IS NOT NULL",
     "DROP INDEX IF EXISTS plugins_app_memoryfact_text_tsv",
     "ALTER TABLE plugins_app_memoryfact DROP COLUMN IF EXISTS text_tsv",
     "ANALYZE plugins_app_memoryposting",
@@ -76,7 +74,6 @@ POSTGRES_BACK = [
     "GENERATED ALWAYS AS (to_tsvector('simple', text)) STORED",
     "CREATE INDEX plugins_app_memoryfact_text_tsv ON plugins_app_memoryfact USING GIN (text_tsv) "
     "WITH (fastupdate = off)",
-    "DROP INDEX IF EXISTS memory_fact_expiry_idx",
     "DROP TRIGGER IF EXISTS plugins_app_memoryfact_postings_ins ON plugins_app_memoryfact",
     "DROP TRIGGER IF EXISTS plugins_app_memoryfact_postings_upd ON plugins_app_memoryfact",
     "DROP TRIGGER IF EXISTS plugins_app_memoryfact_postings_trunc ON plugins_app_memoryfact",
