@@ -65,9 +65,11 @@ END $$""",
     "unnest(tsvector_to_array(f.text_tsv)) t",
     "ALTER TABLE plugins_app_memoryposting ADD CONSTRAINT plugins_app_memoryposting_pkey "
     "PRIMARY KEY (actor, term, fact_id)",
+    "ANALYZE plugins_app_memoryposting",
+    # last: these lock the facts table against reads too, until the commit that follows at once (the trigger
+    # held only its writes)
     "DROP INDEX IF EXISTS plugins_app_memoryfact_text_tsv",
     "ALTER TABLE plugins_app_memoryfact DROP COLUMN IF EXISTS text_tsv",
-    "ANALYZE plugins_app_memoryposting",
 ]
 POSTGRES_BACK = [
     "ALTER TABLE plugins_app_memoryfact ADD COLUMN text_tsv tsvector "
