@@ -4,7 +4,8 @@ SQL LIKE scan measured in the same run, and what recall adds to a plain turn.
 In-process on a scratch database: SQLite by default (FTS5), PostgreSQL with --pg (its full-text search;
 DATABASE_URL names the server, a scratch database is created and dropped). Facts are generated sentences
 from a fixed vocabulary, bulk inserted for one user (another user gets a tenth as many, so the per-user
-scoping is exercised), a tenth of each user's ephemeral and past their expiry (kept, never recalled). Each query is a message made of 4 vocabulary words.
+scoping is exercised), a tenth of each user's ephemeral and past their expiry (kept, never recalled). Each
+query is a message made of 4 vocabulary words.
 
 * sqlite_fts: `plugins_app.agent.memory.recall.recall` as a turn calls it (the counts of the user's facts
   holding each word, one full-text statement over the user's own terms, its candidates ordered by the weights

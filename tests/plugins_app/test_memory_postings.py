@@ -148,7 +148,8 @@ def test_another_users_postings_never_weigh_in_or_take_a_users_candidates(memory
     assert backend.counts(ALICE, ["tea", "likes"]) == ({"tea": 8, "likes": 8}, 0)
     assert [fid for fid, _ in backend.search(actor_key=ALICE, text="tea", limit=50)] == alice[::-1]
     with connection.cursor() as cur:  # mallory's postings as alice's (what a shared hash of their keys made)
-        cur.execute("UPDATE plugins_app_memoryposting SET actor = %s WHERE actor = %s", [ids[ALICE], ids["web:mallory"]])
+        cur.execute("UPDATE plugins_app_memoryposting SET actor = %s WHERE actor = %s",
+                    [ids[ALICE], ids["web:mallory"]])
     # the candidates' owner is checked, before the limit when one was not hers: still all hers, and only hers
     assert [fid for fid, _ in backend.search(actor_key=ALICE, text="tea", limit=50)] == alice[::-1]
     assert set(mallory).isdisjoint(fid for fid, _ in backend.search(actor_key=ALICE, text="likes tea", limit=50))
