@@ -545,6 +545,160 @@ def test_a_media_put_the_host_does_not_answer_in_time_leaves_the_message_queued(
     assert running.stop() == 0
 
 
+class SlowFile:
+    """A file on a loopback HTTP server that sends its headers, then its body a byte at a time (a large file
+    over a slow but steady link: no read waits long enough to time out) until ``finish()``, or for at most
+    ``give_up_secs``. Counts the downloads begun."""
+
+    def __init__(self, data: bytes, *, byte_every: float = 0.05, give_up_secs: float = 10.0):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        self.data = data
+        self.gets = 0
+        self.sending = threading.Event()   # a download is under way
+        self.sent = threading.Event()      # ... and has ended, the body sent whole
+        self._finish = threading.Event()
+        file = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):  # noqa: N802 - the stdlib's name
+                file.gets += 1
+                self.send_response(200)
+                self.send_header("Content-Type", "video/mp4")
+                self.send_header("Content-Length", str(len(file.data)))
+                self.end_headers()
+                file.sending.set()
+                deadline, at = time.monotonic() + give_up_secs, 0
+                while at < len(file.data) - 1 and time.monotonic() < deadline and not file._finish.wait(byte_every):
+                    self.wfile.write(file.data[at:at + 1])
+                    self.wfile.flush()
+                    at += 1
+                self.wfile.write(file.data[at:])
+                self.wfile.flush()
+                file.sent.set()
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/video.mp4"
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def finish(self) -> None:
+        """Send the rest of the body at once."""
+        self._finish.set()
+
+    def __enter__(self) -> "SlowFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._finish.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class DownloadingWorker(MediaWorker):
+    """Fetches a file as the platform workers do: the SDK's ``download`` (15 s per read, no retries)."""
+
+    puts = 0
+
+    def fetch_media(self, attachment):
+        from plugins_app.channel.sdk.download import download
+        return download(attachment.url).content
+
+    def media_put(self, data, content_type, filename=None):
+        self.puts += 1
+        return super().media_put(data, content_type, filename)
+
+
+def video(message_id, url, conversation_id="chat-1"):
+    return message(message_id, text="watch", conversation_id=conversation_id, attachments=[
+        Attachment(kind="video", content_type="video/mp4", url=url, filename="video.mp4")])
+
+
+@pytest.fixture
+def slow_video(bridge, tmp_path):
+    """A worker running, and a submit (in a thread of its own, as a webhook's request) of chat-1's video,
+    whose download is under way and goes on until the test says ``finish()``."""
+    with SlowFile(b"v" * 4096) as file:
+        worker = DownloadingWorker(sends=tmp_path / "sends.txt", state_dir=str(tmp_path), **bridge.worker_kwargs())
+        running = Running(worker)
+        bridge.wait_for(lambda: bridge.hellos)
+        submits = Submits(worker)
+        submits.start(video("m-1", file.url))
+        assert file.sending.wait(10), "the download did not begin"
+        yield file, worker, submits
+        file.finish()
+        submits.join()
+        assert running.stop() == 0
+
+
+class Submits:
+    """``worker.submit`` calls, each in a thread of its own (a webhook's requests); results by message id."""
+
+    def __init__(self, worker):
+        self.worker = worker
+        self.results: dict[str, object] = {}
+        self.threads: list[threading.Thread] = []
+
+    def start(self, msg: InboundMessage) -> threading.Thread:
+        thread = threading.Thread(target=lambda: self.results.setdefault(msg.message_id, self.worker.submit(msg)),
+                                  daemon=True)
+        self.threads.append(thread)
+        thread.start()
+        return thread
+
+    def join(self) -> None:
+        for thread in self.threads:
+            thread.join(15)
+            assert not thread.is_alive(), "a submit did not return"
+
+
+def test_a_file_downloading_slowly_does_not_hold_back_another_chat(bridge, slow_video):
+    file, worker, submits = slow_video
+    assert worker.submit(message("m-2", conversation_id="chat-2")).accepted
+    assert not file.sent.is_set(), "chat-2's message waited for chat-1's download"
+    assert [m.message_id for m in bridge.submit_log] == ["m-2"]
+    file.finish()
+    submits.join()
+    assert [m.message_id for m in bridge.submit_log] == ["m-2", "m-1"]
+    assert submits.results["m-1"].accepted
+    assert bridge.media(bridge.submits[1].attachments[0].media_id).data == file.data
+    bridge.wait_for(lambda: len(worker._chat_locks) == 0)  # a chat's lock lives while a submit of it does
+
+
+def test_a_chats_later_message_waits_while_its_earlier_ones_file_downloads(bridge, slow_video):
+    file, worker, submits = slow_video
+    later = submits.start(message("m-2"))  # chat-1, after the video
+    bridge.wait_for(lambda: len(worker.outbox.inbound_pending()) == 2)  # recorded: now it waits for its turn
+    assert worker.submit(message("m-3", conversation_id="chat-2")).accepted  # (a submit that went meanwhile)
+    assert later.is_alive() and "m-2" not in submits.results and not file.sent.is_set()
+    assert [m.message_id for m in bridge.submit_log] == ["m-3"]
+    file.finish()
+    submits.join()
+    assert [m.message_id for m in bridge.submit_log] == ["m-3", "m-1", "m-2"]  # chat-1 in its order, once each
+    assert submits.results["m-1"].accepted and submits.results["m-2"].accepted
+    assert bridge.media(bridge.submits[1].attachments[0].media_id).data == file.data
+
+
+def test_a_message_reached_by_two_threads_at_once_is_fetched_and_submitted_once(bridge, slow_video):
+    """The channel delivers the video again (a webhook retry, in another request's thread) and the outbox is
+    replayed (a reconnect, and the heartbeat's replay every 50 ms) while its first download runs: the row is
+    the first submit's until it ends, so its file is downloaded once, stored once and submitted once."""
+    file, worker, submits = slow_video
+    submits.start(video("m-1", file.url))
+    replay = threading.Thread(target=worker.replay, daemon=True)
+    replay.start()
+    time.sleep(0.3)  # (the heartbeat's replays pass by meanwhile)
+    assert file.gets == 1 and bridge.submit_log == []
+    file.finish()
+    submits.join()
+    replay.join(15)
+    assert not replay.is_alive()
+    assert file.gets == 1
+    assert worker.puts == 1 and [m.message_id for m in bridge.submit_log] == ["m-1"]
+
+
 def test_a_message_the_host_keeps_failing_stops_holding_back_its_chat(bridge, start_worker, monkeypatch):
     from plugins_app.channel.sdk import worker as worker_module
     monkeypatch.setattr(worker_module, "HOLD_ATTEMPTS", 3)
