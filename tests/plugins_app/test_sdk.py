@@ -31,6 +31,8 @@ from plugins_app.channel.sdk import (
 from plugins_app.channel.bridge import HostUnavailable
 from plugins_app.channel.sdk.mock import AFTER, DROP, MockBridge
 from plugins_app.channel.sdk.outbox import ACK, ACKED, DELIVER, PENDING, RESUME, SENT
+from plugins_app.channel.sdk.webhook import WebhookInbox
+from tests.fakes.slow_file import SlowFile
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -545,58 +547,6 @@ def test_a_media_put_the_host_does_not_answer_in_time_leaves_the_message_queued(
     assert running.stop() == 0
 
 
-class SlowFile:
-    """A file on a loopback HTTP server that sends its headers, then its body a byte at a time (a large file
-    over a slow but steady link: no read waits long enough to time out) until ``finish()``, or for at most
-    ``give_up_secs``. Counts the downloads begun."""
-
-    def __init__(self, data: bytes, *, byte_every: float = 0.05, give_up_secs: float = 10.0):
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-        self.data = data
-        self.gets = 0
-        self.sending = threading.Event()   # a download is under way
-        self.sent = threading.Event()      # ... and has ended, the body sent whole
-        self._finish = threading.Event()
-        file = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_GET(self):  # noqa: N802 - the stdlib's name
-                file.gets += 1
-                self.send_response(200)
-                self.send_header("Content-Type", "video/mp4")
-                self.send_header("Content-Length", str(len(file.data)))
-                self.end_headers()
-                file.sending.set()
-                deadline, at = time.monotonic() + give_up_secs, 0
-                while at < len(file.data) - 1 and time.monotonic() < deadline and not file._finish.wait(byte_every):
-                    self.wfile.write(file.data[at:at + 1])
-                    self.wfile.flush()
-                    at += 1
-                self.wfile.write(file.data[at:])
-                self.wfile.flush()
-                file.sent.set()
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/video.mp4"
-        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-
-    def finish(self) -> None:
-        """Send the rest of the body at once."""
-        self._finish.set()
-
-    def __enter__(self) -> "SlowFile":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._finish.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 class DownloadingWorker(MediaWorker):
     """Fetches a file as the platform workers do: the SDK's ``download`` (15 s per read, no retries)."""
 
@@ -623,7 +573,7 @@ def slow_video(bridge, tmp_path):
     with SlowFile(b"v" * 4096) as file:
         worker = DownloadingWorker(sends=tmp_path / "sends.txt", state_dir=str(tmp_path), **bridge.worker_kwargs())
         running = Running(worker)
-        bridge.wait_for(lambda: bridge.hellos)
+        bridge.wait_for(lambda: worker._listener is not None)  # (the session is open, its opening replay over)
         submits = Submits(worker)
         submits.start(video("m-1", file.url))
         assert file.sending.wait(10), "the download did not begin"
@@ -697,6 +647,32 @@ def test_a_message_reached_by_two_threads_at_once_is_fetched_and_submitted_once(
     assert not replay.is_alive()
     assert file.gets == 1
     assert worker.puts == 1 and [m.message_id for m in bridge.submit_log] == ["m-1"]
+
+
+class InboxWorker(WebhookInbox, DownloadingWorker):
+    """A webhook worker: its requests' threads record and queue (``inbox_record``), its listener submits."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.inbox_init()
+
+
+def test_a_webhook_workers_listener_goes_on_with_other_chats_while_one_chats_file_downloads(tmp_path):
+    # (heartbeats far apart: the heartbeat's replay would send the other chat's recorded message too, a beat later)
+    with MockBridge("test-plugin", heartbeat_secs=60) as bridge, SlowFile(b"v" * 4096) as file:
+        worker = InboxWorker(sends=tmp_path / "sends.txt", state_dir=str(tmp_path), **bridge.worker_kwargs())
+        running = Running(worker)
+        bridge.wait_for(lambda: worker._listener is not None)  # (the session's opening replay is over)
+        for recorded in (video("m-1", file.url), message("m-2"), message("m-3", conversation_id="chat-2")):
+            assert worker.inbox_record(recorded)  # as the webhook's request threads do
+        assert file.sending.wait(10), "the download did not begin"
+        bridge.wait_for(lambda: bridge.submit_log)
+        assert [m.message_id for m in bridge.submit_log] == ["m-3"] and not file.sent.is_set()
+        file.finish()
+        bridge.wait_for(lambda: len(bridge.submit_log) == 3)
+        assert [m.message_id for m in bridge.submit_log] == ["m-3", "m-1", "m-2"]  # chat-1's in its order
+        assert bridge.media(bridge.submits[1].attachments[0].media_id).data == file.data
+        assert running.stop() == 0
 
 
 def test_a_message_the_host_keeps_failing_stops_holding_back_its_chat(bridge, start_worker, monkeypatch):

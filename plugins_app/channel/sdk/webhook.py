@@ -10,9 +10,14 @@ stalls holds no thread), and answers as ``(status, body)``: a dict is sent as JS
 
 A worker's server subclasses it and answers in ``respond(method, target, headers, body)``: verify the
 platform's signature before anything is recorded, and answer 2xx only once the message is in the outbox.
+
+``WebhookInbox`` is the rest of such a worker: the webhook's threads record and queue, and its ``listen``
+hands each chat's messages to a thread of that chat's (``ChatLanes``), so one chat's file downloading for
+minutes holds back that chat's later messages only (the SDK's submits lock per chat, not per worker).
 """
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import queue
@@ -145,6 +150,58 @@ class WebhookServer:
         raise NotImplementedError
 
 
+class ChatLanes:
+    """Calls ``handle(item)`` for each item ``put``, in a thread per chat that has items: a chat's one after
+    another in the order put, different chats' side by side, at most ``max_lanes`` chats at once (then ``put``
+    waits for one to finish). A chat's thread ends with its last item, so the threads are as many as the chats
+    with a message under way, never as the chats seen."""
+
+    def __init__(self, handle, *, max_lanes: int = 16, name: str = "chat"):
+        self._handle = handle
+        self._max = max(1, max_lanes)
+        self._name = name
+        self._cond = threading.Condition()
+        self._lanes: dict[str, collections.deque] = {}
+
+    def put(self, chat: str, item, *, stop: threading.Event | None = None) -> bool:
+        """Queue ``item`` on ``chat``'s lane; False if ``stop`` was set while every lane was busy."""
+        with self._cond:
+            while chat not in self._lanes and len(self._lanes) >= self._max:
+                if stop is not None and stop.is_set():
+                    return False
+                self._cond.wait(0.2)
+            lane = self._lanes.get(chat)
+            if lane is not None:
+                lane.append(item)
+                return True
+            self._lanes[chat] = collections.deque([item])
+        threading.Thread(target=self._run, args=(chat,), name=f"{self._name}-lane", daemon=True).start()
+        return True
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait until every lane is done; False if ``timeout`` passed first."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._lanes, timeout)
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._lanes)
+
+    def _run(self, chat: str) -> None:
+        while True:
+            with self._cond:
+                lane = self._lanes[chat]
+                if not lane:
+                    del self._lanes[chat]
+                    self._cond.notify_all()
+                    return
+                item = lane.popleft()
+            try:
+                self._handle(item)
+            except Exception:  # noqa: BLE001 - one item's failure must not end its chat's lane
+                log.exception("%s: handling an item of chat %s failed", self._name, chat)
+
+
 class WebhookInbox:
     """For a ``ChannelWorker`` whose platform calls it: the webhook's threads record each message durably (the
     outbox) and queue it (``inbox_record``), and ``listen`` submits the queue in order. A refusal a worker finds
@@ -153,10 +210,15 @@ class WebhookInbox:
     other failure of a thread that feeds the inbox (a platform link's reader) is set in ``self._inbox_error``:
     the listener raises it, and the supervisor restarts the worker.
 
+    Each chat's messages are submitted in a thread of that chat's (``ChatLanes``), in the order recorded; other
+    chats go beside it, so a file one chat's message downloads for minutes does not hold them back.
+
     Mix it in before ``ChannelWorker`` and call ``inbox_init()`` in ``__init__``."""
 
     #: How long a send refused for the worker's credentials is held before it fails (``refused_failure``).
     refusal_hold_secs = 30.0
+    #: Chats submitted at once, a thread each; a message of one more chat waits until one of them is done.
+    inbox_lanes = 16
 
     def inbox_init(self) -> None:
         self._inbox: queue.Queue = queue.Queue()
@@ -183,6 +245,8 @@ class WebhookInbox:
 
     def listen(self, submit) -> None:
         from .worker import ChannelRefused
+        lanes = ChatLanes(lambda message: self._inbox_submit(submit, message), max_lanes=self.inbox_lanes,
+                          name=f"{self.kind}-inbox")
         while not self.stopping.is_set():
             if self._refusal:
                 raise ChannelRefused(self._refusal)
@@ -192,6 +256,21 @@ class WebhookInbox:
                 message = self._inbox.get(timeout=0.2)
             except queue.Empty:
                 continue
+            # (not put while stopping: it stays owed in the outbox, and the flush at the stop sends it)
+            lanes.put(message.conversation_id, message, stop=self.stopping)
+        lanes.join()  # the submits in hand finish before the worker flushes and stops
+
+    def _inbox_submit(self, submit, message) -> None:
+        """One message from the inbox, on its chat's lane."""
+        from .worker import ChannelRefused
+        try:
             result = submit(message)
-            self.log.info("submitted %s (%s): accepted=%s duplicate=%s queued=%s reason=%s", message.message_id,
-                          message.conversation_id, result.accepted, result.duplicate, result.queued, result.reason)
+        except ChannelRefused as exc:  # a file's download refused: the message stays owed, the listener stops
+            self._refusal = self._refusal or exc.reason
+            return
+        except Exception as exc:  # noqa: BLE001 - it stays owed in the outbox: the replay sends it
+            self.log.warning("submit of %s (%s) failed, left to the replay: %s: %s", message.message_id,
+                             message.conversation_id, type(exc).__name__, exc)
+            return
+        self.log.info("submitted %s (%s): accepted=%s duplicate=%s queued=%s reason=%s", message.message_id,
+                      message.conversation_id, result.accepted, result.duplicate, result.queued, result.reason)

@@ -30,6 +30,8 @@ leave itself to the next replay; and the chat's lock is a claim on each of its r
 too, so the listener and the replay never fetch one file twice. The outbox is one
 SQLite connection behind its own lock, shared by the chats' threads. A lock lives
 only while a submit of its chat does, so there are never more than the threads.
+A listener that submits from one thread still waits for each of its submits: one
+that would let other chats by submits from several (``webhook.WebhookInbox`` does).
 """
 from __future__ import annotations
 
