@@ -202,6 +202,24 @@ class ChatLanes:
                 log.exception("%s: handling an item of chat %s failed", self._name, chat)
 
 
+def submit_logged(worker, submit, message) -> None:
+    """Submit one message a listener took from its inbox, on the message's chat's lane, and log what became
+    of it. A ``ChannelRefused`` (a file's download refused) is kept in ``worker._refusal`` for the listener
+    to raise; any other failure leaves the message owed in the outbox, for the replay."""
+    from .worker import ChannelRefused
+    try:
+        result = submit(message)
+    except ChannelRefused as exc:
+        worker._refusal = worker._refusal or exc.reason
+        return
+    except Exception as exc:  # noqa: BLE001 - the lane goes on with its chat's next message
+        worker.log.warning("submit of %s (%s) failed, left to the replay: %s: %s", message.message_id,
+                           message.conversation_id, type(exc).__name__, exc)
+        return
+    worker.log.info("submitted %s (%s): accepted=%s duplicate=%s queued=%s reason=%s", message.message_id,
+                    message.conversation_id, result.accepted, result.duplicate, result.queued, result.reason)
+
+
 class WebhookInbox:
     """For a ``ChannelWorker`` whose platform calls it: the webhook's threads record each message durably (the
     outbox) and queue it (``inbox_record``), and ``listen`` submits the queue in order. A refusal a worker finds
@@ -245,7 +263,7 @@ class WebhookInbox:
 
     def listen(self, submit) -> None:
         from .worker import ChannelRefused
-        lanes = ChatLanes(lambda message: self._inbox_submit(submit, message), max_lanes=self.inbox_lanes,
+        lanes = ChatLanes(lambda message: submit_logged(self, submit, message), max_lanes=self.inbox_lanes,
                           name=f"{self.kind}-inbox")
         while not self.stopping.is_set():
             if self._refusal:
@@ -259,18 +277,5 @@ class WebhookInbox:
             # (not put while stopping: it stays owed in the outbox, and the flush at the stop sends it)
             lanes.put(message.conversation_id, message, stop=self.stopping)
         lanes.join()  # the submits in hand finish before the worker flushes and stops
-
-    def _inbox_submit(self, submit, message) -> None:
-        """One message from the inbox, on its chat's lane."""
-        from .worker import ChannelRefused
-        try:
-            result = submit(message)
-        except ChannelRefused as exc:  # a file's download refused: the message stays owed, the listener stops
-            self._refusal = self._refusal or exc.reason
-            return
-        except Exception as exc:  # noqa: BLE001 - it stays owed in the outbox: the replay sends it
-            self.log.warning("submit of %s (%s) failed, left to the replay: %s: %s", message.message_id,
-                             message.conversation_id, type(exc).__name__, exc)
-            return
-        self.log.info("submitted %s (%s): accepted=%s duplicate=%s queued=%s reason=%s", message.message_id,
-                      message.conversation_id, result.accepted, result.duplicate, result.queued, result.reason)
+        if self._refusal:  # (found by one of them meanwhile)
+            raise ChannelRefused(self._refusal)

@@ -220,10 +220,13 @@ class SlackWorker(ChannelWorker):
     # ------------------------------------------------------------------ inbound
 
     def listen(self, submit) -> None:
+        from plugins_app.channel.sdk.webhook import ChatLanes, submit_logged
         receiver = None
         if self.link is not None:
             from plugins_app.channel.sdk.wslink import start_link
             receiver = start_link(self.link, name="slack-socket", refused=self._link_refused, failed=self._link_failed)
+        # a thread per channel with messages under way: one channel's file downloading holds back no other
+        lanes = ChatLanes(lambda msg: submit_logged(self, submit, msg), name="slack-inbox")
         while not self.stopping.is_set():
             if self._refusal:
                 raise ChannelRefused(self._refusal)
@@ -233,11 +236,12 @@ class SlackWorker(ChannelWorker):
                 msg = self._inbox.get(timeout=0.2)
             except queue.Empty:
                 continue
-            result = submit(msg)
-            self.log.info("submitted %s (%s): accepted=%s duplicate=%s queued=%s reason=%s", msg.message_id,
-                          msg.conversation_id, result.accepted, result.duplicate, result.queued, result.reason)
+            lanes.put(msg.conversation_id, msg, stop=self.stopping)
+        lanes.join()
         if receiver is not None:
             receiver.join(5)
+        if self._refusal:  # (a download refused while stopping)
+            raise ChannelRefused(self._refusal)
 
     def _link_refused(self, exc) -> None:
         self._refusal = str(exc)  # listen() raises ChannelRefused with it: the plugin is disabled
