@@ -222,9 +222,9 @@ def submit_logged(worker, submit, message) -> None:
 
 class WebhookInbox:
     """For a ``ChannelWorker`` whose platform calls it: the webhook's threads record each message durably (the
-    outbox) and queue it (``inbox_record``), and ``listen`` submits the queue in order. A refusal a worker finds
-    on any thread (a token refused at a download or a send) is set in ``self._refusal``; the listener then
-    raises ``ChannelRefused`` with it, which stops the worker and disables the plugin with the reason. Any
+    outbox) and queue it (``inbox_record``), and ``listen`` submits the queue, each chat's in order. A refusal
+    a worker finds on any thread (a token refused at a download or a send) is set in ``self._refusal``; the
+    listener then raises ``ChannelRefused`` with it, which stops the worker and disables the plugin with the reason. Any
     other failure of a thread that feeds the inbox (a platform link's reader) is set in ``self._inbox_error``:
     the listener raises it, and the supervisor restarts the worker.
 
