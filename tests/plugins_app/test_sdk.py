@@ -675,6 +675,61 @@ def test_a_webhook_workers_listener_goes_on_with_other_chats_while_one_chats_fil
         assert running.stop() == 0
 
 
+def beats_meanwhile(bridge, secs: float = 1.5) -> int:
+    before = bridge.heartbeats
+    time.sleep(secs)
+    return bridge.heartbeats - before
+
+
+def test_heartbeats_go_on_while_more_chats_than_lanes_download_slowly(tmp_path):
+    """17 chats' videos downloading for seconds, one more chat than the listener has lanes: the beat never
+    waits for a download (the supervisor kills a worker whose beats stop), and the replay the beats wake
+    leaves no row to the heartbeat thread."""
+    with MockBridge("test-plugin", heartbeat_secs=0.1) as bridge, SlowFile(b"v" * 4096, give_up_secs=20) as file:
+        worker = InboxWorker(sends=tmp_path / "sends.txt", state_dir=str(tmp_path), **bridge.worker_kwargs())
+        running = Running(worker)
+        bridge.wait_for(lambda: worker._listener is not None)
+        for i in range(17):
+            assert worker.inbox_record(video(f"m-{i}", f"{file.url}?n={i}", conversation_id=f"chat-{i}"))
+        bridge.wait_for(lambda: file.gets >= 17, timeout=10)  # (the 17th by the replay, the lanes all busy)
+        assert beats_meanwhile(bridge) >= 5
+        file.finish()
+        bridge.wait_for(lambda: len(bridge.submits) == 17, timeout=20)
+        assert sorted(m.message_id for m in bridge.submits) == sorted(f"m-{i}" for i in range(17))
+        assert running.stop(20) == 0
+
+
+def owe(tmp_path, *messages: InboundMessage) -> None:
+    """Messages a worker recorded and did not submit before it stopped (its outbox, as a restart finds it)."""
+    from plugins_app.channel.sdk.outbox import outbox_path_for
+    with Outbox(outbox_path_for("test-plugin", str(tmp_path))) as box:
+        for owed in messages:
+            box.inbound_record(owed)
+
+
+def test_heartbeats_go_on_while_the_opening_replay_downloads_and_a_stop_ends_it(tmp_path):
+    """After a restart, the opening replay downloads the files the outbox still owes: the worker beats meanwhile,
+    and a stop (SIGTERM) ends the replay after the file in hand, the rest left owed for the next start."""
+    with MockBridge("test-plugin", heartbeat_secs=0.1) as bridge, SlowFile(b"v" * 4096, give_up_secs=20) as file:
+        owe(tmp_path, video("m-1", file.url), video("m-2", f"{file.url}?n=2", conversation_id="chat-2"))
+        worker = InboxWorker(sends=tmp_path / "sends.txt", state_dir=str(tmp_path), drain_timeout_secs=0.5,
+                             **bridge.worker_kwargs())
+        running = Running(worker)
+        assert file.sending.wait(10), "the opening replay did not download the file"
+        assert beats_meanwhile(bridge) >= 5
+        worker.stop()
+        time.sleep(0.8)  # (the drain time out)
+        file.finish()
+        running.thread.join(10)
+        assert running.code == 0 and file.gets == 1
+        assert [m.message_id for m in bridge.submits] == ["m-1"]
+        again = InboxWorker(sends=tmp_path / "sends.txt", state_dir=str(tmp_path), **bridge.worker_kwargs())
+        running = Running(again)
+        bridge.wait_for(lambda: len(bridge.submits) == 2)
+        assert [m.message_id for m in bridge.submits] == ["m-1", "m-2"]
+        assert running.stop() == 0
+
+
 def test_a_message_the_host_keeps_failing_stops_holding_back_its_chat(bridge, start_worker, monkeypatch):
     from plugins_app.channel.sdk import worker as worker_module
     monkeypatch.setattr(worker_module, "HOLD_ATTEMPTS", 3)

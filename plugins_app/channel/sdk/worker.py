@@ -209,6 +209,8 @@ class ChannelWorker:
         self._acks_under_way: set[str] = set()
         self._listener: threading.Thread | None = None
         self._heartbeat: threading.Thread | None = None
+        self._replayer: threading.Thread | None = None  # the background replay, woken by each beat
+        self._replay_due = threading.Event()
         self._failed = False
         self._refused: str | None = None
         self._stopped = False
@@ -336,12 +338,16 @@ class ChannelWorker:
         with self._replay_lock:
             self._replay()
 
-    def _replay(self, *, background: bool = False) -> None:
+    def _replay(self, *, background: bool = False, flush: bool = False) -> None:
         outbox = self._outbox()
         for ack in outbox.outbound_pending_acks():
             self._send_ack(ack, owed_only=True)
         held: set[str] = set()  # conversations whose earlier message the host could not take yet
         for row in outbox.inbound_pending():
+            # A stop ends a replay between two rows (a row's file may take minutes): what is left stays owed. The
+            # flush at the stop itself goes on until the drain time is out.
+            if self.stopping.is_set() and not (flush and time.monotonic() < (self._drain_deadline or 0.0)):
+                return
             conversation = row.message.get("conversation_id", "")
             if conversation in held:
                 continue  # never ahead of an earlier message of its chat
@@ -366,7 +372,9 @@ class ChannelWorker:
                 held.add(conversation)  # the host refused this one for now: other chats go on
 
     def heartbeat_once(self) -> None:
-        """One heartbeat; also retries what the outbox still owes (after a transient host error)."""
+        """One heartbeat, and nothing else: a beat that waited for a file's download would be missed, and the
+        supervisor kills a worker whose beats stop. A beat the host answered wakes the replay thread
+        (``replay_owed``), which retries what the outbox still owes."""
         client = self._client
         if client is None or client.closed:
             return
@@ -375,6 +383,11 @@ class ChannelWorker:
         except (RPCError, ConnectionLost, CallTimeout, OSError) as exc:
             self.log.warning("heartbeat failed: %s", exc)
             return
+        self._replay_due.set()
+
+    def replay_owed(self) -> None:
+        """The background replay: retries what the outbox still owes (after a transient host error), passing
+        over a chat whose submit is under way in another thread; nothing if a replay is under way already."""
         counts = self._outbox().counts()
         if counts.get("inbound.pending") or counts.get("outbound.sent") or counts.get("outbound.failed"):
             if self._replay_lock.acquire(blocking=False):
@@ -471,7 +484,10 @@ class ChannelWorker:
         try:
             while not self.stopping.is_set():
                 try:
-                    self.open_session()
+                    self.open_session(replay=False)
+                    # beating before the opening replay: after a restart it may download owed files for minutes
+                    self._start_beating()
+                    self.replay()
                 except RPCError as exc:
                     self.log.error("hello refused: %s", exc)
                     code = EXIT_REFUSED
@@ -580,10 +596,17 @@ class ChannelWorker:
         if client is not None:
             client.close()
 
-    def _start_threads(self) -> None:
+    def _start_beating(self) -> None:
+        """The heartbeat thread (it only beats) and the replay thread its beats wake; once, at the first hello."""
         if self._heartbeat is None:
             self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
             self._heartbeat.start()
+        if self._replayer is None:
+            self._replayer = threading.Thread(target=self._replay_loop, name="outbox-replay", daemon=True)
+            self._replayer.start()
+
+    def _start_threads(self) -> None:
+        self._start_beating()
         if self._listener is None:
             self._listener = threading.Thread(target=self._listen_main, name="listener", daemon=True)
             self._listener.start()
@@ -597,6 +620,18 @@ class ChannelWorker:
                 self.heartbeat_once()
             except Exception:  # noqa: BLE001 - the heartbeat thread must outlive one bad beat
                 self.log.exception("heartbeat step failed")
+
+    def _replay_loop(self) -> None:
+        while not self.stopping.is_set():
+            if not self._replay_due.wait(0.5):
+                continue
+            self._replay_due.clear()
+            if self.stopping.is_set():
+                return
+            try:
+                self.replay_owed()
+            except Exception:  # noqa: BLE001 - the replay thread must outlive one bad replay
+                self.log.exception("background replay failed")
 
     def _listen_main(self) -> None:
         try:
@@ -825,11 +860,13 @@ class ChannelWorker:
         client = self._client
         if client is not None and not client.closed:
             try:
-                self.replay()  # flush what the host is still owed before leaving
+                with self._replay_lock:  # flush what the host is still owed before leaving
+                    self._replay(flush=True)
             except (ConnectionLost, OSError):
                 pass
-        if self._heartbeat is not None:
-            self._heartbeat.join(1.0)
+        for thread in (self._heartbeat, self._replayer):
+            if thread is not None:
+                thread.join(1.0)
         self._drop_client()
         try:
             self.disconnect()
