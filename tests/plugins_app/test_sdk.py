@@ -675,6 +675,48 @@ def test_a_webhook_workers_listener_goes_on_with_other_chats_while_one_chats_fil
         assert running.stop() == 0
 
 
+def test_the_replay_never_sends_a_chats_message_ahead_of_one_under_way_in_another_thread(tmp_path):
+    """The replay finds chat-1's video under way in a lane (its lock taken) and passes over the chat's later
+    message too: had it gone on to that one, the lane's submit could end meanwhile, queued (the file not ready
+    yet), and let the replay send the later message first."""
+    from plugins_app.channel.sdk import MediaNotReady
+
+    class Racing(MediaWorker):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.fetching, self.go, self.lane, self.ready = threading.Event(), threading.Event(), None, False
+
+        def fetch_media(self, attachment):
+            self.fetching.set()
+            self.go.wait(10)
+            if not self.ready:
+                raise MediaNotReady("not yet")
+            return super().fetch_media(attachment)
+
+        def _send_inbound(self, key, conversation, *, wait=True):
+            result = super()._send_inbound(key, conversation, wait=wait)
+            if result is None and not self.go.is_set():  # the replay found the video under way in the lane:
+                self.go.set()   # ... which now ends, queued (the file not ready), and lets go of the chat
+                self.lane.join(10)
+            return result
+
+    with MockBridge("test-plugin", heartbeat_secs=60) as bridge:  # (no replay but the test's)
+        worker = Racing(sends=tmp_path / "sends.txt", state_dir=str(tmp_path), **bridge.worker_kwargs())
+        running = Running(worker)
+        bridge.wait_for(lambda: worker._listener is not None)
+        submits = Submits(worker)
+        worker.lane = submits.start(video("m-1", "https://cdn/v.mp4"))
+        assert worker.fetching.wait(10)
+        worker.outbox.inbound_record(message("m-2"))  # recorded by the webhook, waiting for the lane
+        worker.replay_owed()
+        assert submits.results["m-1"].queued
+        assert bridge.submit_log == []  # not m-2 ahead of m-1
+        worker.ready = True
+        worker.replay_owed()
+        assert [m.message_id for m in bridge.submit_log] == ["m-1", "m-2"]
+        assert running.stop() == 0
+
+
 def beats_meanwhile(bridge, secs: float = 1.5) -> int:
     before = bridge.heartbeats
     time.sleep(secs)
