@@ -717,6 +717,111 @@ def test_the_replay_never_sends_a_chats_message_ahead_of_one_under_way_in_anothe
         assert running.stop() == 0
 
 
+def test_more_chats_than_lanes_are_all_submitted_each_in_its_order(tmp_path):
+    class Counting(InboxWorker):
+        inbox_lanes = 2
+
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.guard, self.now, self.most = threading.Lock(), 0, 0
+
+        def fetch_media(self, attachment):
+            with self.guard:
+                self.now += 1
+                self.most = max(self.most, self.now)
+            time.sleep(0.05)
+            with self.guard:
+                self.now -= 1
+            return b"bytes of " + attachment.url.encode()
+
+    with MockBridge("test-plugin", heartbeat_secs=60) as bridge:  # (the listener's submits only)
+        worker = Counting(sends=tmp_path / "sends.txt", state_dir=str(tmp_path), **bridge.worker_kwargs())
+        running = Running(worker)
+        bridge.wait_for(lambda: worker._listener is not None)
+        sent = [video(f"m-{n}-{chat}", f"https://cdn/{chat}/{n}.mp4", conversation_id=f"chat-{chat}")
+                for n in range(3) for chat in range(6)]
+        for recorded in sent:
+            assert worker.inbox_record(recorded)
+        bridge.wait_for(lambda: len(bridge.submit_log) == len(sent))
+        for chat in range(6):
+            assert [m.message_id for m in bridge.submit_log if m.conversation_id == f"chat-{chat}"] == \
+                [f"m-{n}-{chat}" for n in range(3)]
+        assert worker.most == 2  # two chats at once, never more
+        assert running.stop() == 0
+
+
+def test_a_refusal_found_while_every_lane_is_busy_stops_the_worker(tmp_path):
+    """The listener waiting for a lane (the one lane downloading a large file) still sees a refusal another
+    thread found (a send refused for the token): the worker stops, the queued message owed."""
+    with MockBridge("test-plugin", heartbeat_secs=60) as bridge, SlowFile(b"v" * 4096, give_up_secs=20) as file:
+        worker = InboxWorker(sends=tmp_path / "sends.txt", state_dir=str(tmp_path), drain_timeout_secs=0.5,
+                             **bridge.worker_kwargs())
+        worker.inbox_lanes = 1
+        running = Running(worker)
+        bridge.wait_for(lambda: worker._listener is not None)
+        assert worker.inbox_record(video("m-1", file.url))
+        assert file.sending.wait(10)
+        assert worker.inbox_record(message("m-2", conversation_id="chat-2"))  # the listener waits for the lane
+        time.sleep(0.3)
+        worker._refusal = "401 at a send"
+        running.thread.join(5)
+        assert running.code == 78 and not file.sent.is_set()
+        assert "m-1" not in [m.message_id for m in bridge.submit_log]  # (m-2, with no file, the stop's flush sends)
+
+
+class RefusedAtADownload(InboxWorker):
+    def fetch_media(self, attachment):
+        if "refused" in attachment.url:
+            self._refusal = "401 at the download"
+            raise RuntimeError("401 Unauthorized")
+        return super().fetch_media(attachment)
+
+
+def test_a_refusal_in_a_lane_stops_the_other_lanes_before_the_outbox_closes(tmp_path, caplog):
+    """A download refused in one chat's lane while another chat's file downloads: that lane ends with the file in
+    hand (past the drain time it finds the outbox closed) and takes none of its chat's next messages."""
+    import logging
+    caplog.set_level(logging.INFO)
+    with MockBridge("test-plugin", heartbeat_secs=60) as bridge, SlowFile(b"v" * 4096, give_up_secs=20) as file:
+        worker = RefusedAtADownload(sends=tmp_path / "sends.txt", state_dir=str(tmp_path), drain_timeout_secs=0.5,
+                                    **bridge.worker_kwargs())
+        running = Running(worker)
+        bridge.wait_for(lambda: worker._listener is not None)
+        for n in range(1, 4):
+            assert worker.inbox_record(video(f"m-{n}", f"{file.url}?n={n}"))
+        assert file.sending.wait(10)
+        assert worker.inbox_record(video("m-r", f"{file.url}?refused", conversation_id="chat-2"))
+        running.thread.join(5)
+        assert running.code == 78 and not file.sent.is_set()
+        file.finish()
+        time.sleep(0.5)
+        assert file.gets == 1 and bridge.submit_log == []
+        assert not [r for r in caplog.records if r.threadName.endswith("-lane") and r.levelno >= logging.WARNING]
+        again = InboxWorker(sends=tmp_path / "sends.txt", state_dir=str(tmp_path), **bridge.worker_kwargs())
+        running = Running(again)
+        bridge.wait_for(lambda: len(bridge.submits) == 4)  # all owed, and sent once enabled again
+        assert [m.message_id for m in bridge.submits if m.conversation_id == "chat-1"] == ["m-1", "m-2", "m-3"]
+        assert running.stop() == 0
+
+
+def test_submits_that_keep_failing_end_the_listener_so_the_worker_is_restarted(tmp_path):
+    class Broken(InboxWorker):
+        def submit(self, message):
+            raise RuntimeError("a bug")
+
+    with MockBridge("test-plugin", heartbeat_secs=60) as bridge:
+        worker = Broken(sends=tmp_path / "sends.txt", state_dir=str(tmp_path), **bridge.worker_kwargs())
+        running = Running(worker)
+        bridge.wait_for(lambda: worker._listener is not None)
+        for n in range(9):
+            assert worker.inbox_record(message(f"m-{n}", conversation_id=f"chat-{n}"))
+        time.sleep(0.5)
+        assert running.thread.is_alive()  # one message's failure, or a few, the lanes go on
+        assert worker.inbox_record(message("m-9", conversation_id="chat-9"))
+        running.thread.join(5)
+        assert running.code == 1  # the tenth in a row: exit 1, the supervisor restarts it
+
+
 def beats_meanwhile(bridge, secs: float = 1.5) -> int:
     before = bridge.heartbeats
     time.sleep(secs)

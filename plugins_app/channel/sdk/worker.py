@@ -704,6 +704,7 @@ class ChannelWorker:
             return SubmitResult(False, queued=True)
         try:
             message = self._store_inbound_media(key, row.message)
+            outbox = self._outbox()  # (not if the worker closed it while the file downloaded: it stays owed)
             outbox.inbound_attempted(key)
             result = client.call("inbound.submit", {"message": message}, timeout=self.call_timeout_secs)
         except _MediaWait as exc:
@@ -718,7 +719,7 @@ class ChannelWorker:
             return SubmitResult(False, queued=True, reason=exc.message)
         except (ConnectionLost, CallTimeout, OSError):
             return SubmitResult(False, queued=True)
-        outbox.inbound_acked(key, result)
+        self._outbox().inbound_acked(key, result)  # (closed meanwhile: owed, and the host answers a repeat duplicate)
         return SubmitResult(bool(result.get("accepted")), duplicate=bool(result.get("duplicate")),
                             reason=result.get("reason"))
 
@@ -860,8 +861,8 @@ class ChannelWorker:
         client = self._client
         if client is not None and not client.closed:
             try:
-                with self._replay_lock:  # flush what the host is still owed before leaving
-                    self._replay(flush=True)
+                with self._replay_lock:  # flush what the host is still owed before leaving (not a chat still
+                    self._replay(background=True, flush=True)  # under way in a thread that outlived the drain)
             except (ConnectionLost, OSError):
                 pass
         for thread in (self._heartbeat, self._replayer):

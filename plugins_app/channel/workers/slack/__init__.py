@@ -220,28 +220,16 @@ class SlackWorker(ChannelWorker):
     # ------------------------------------------------------------------ inbound
 
     def listen(self, submit) -> None:
-        from plugins_app.channel.sdk.webhook import ChatLanes, submit_logged
+        from plugins_app.channel.sdk.webhook import InboxLanes
         receiver = None
         if self.link is not None:
             from plugins_app.channel.sdk.wslink import start_link
             receiver = start_link(self.link, name="slack-socket", refused=self._link_refused, failed=self._link_failed)
         # a thread per channel with messages under way: one channel's file downloading holds back no other
-        lanes = ChatLanes(lambda msg: submit_logged(self, submit, msg), name="slack-inbox")
-        while not self.stopping.is_set():
-            if self._refusal:
-                raise ChannelRefused(self._refusal)
-            if self._link_error is not None:
-                raise RuntimeError(f"socket mode failed: {self._link_error}") from self._link_error
-            try:
-                msg = self._inbox.get(timeout=0.2)
-            except queue.Empty:
-                continue
-            lanes.put(msg.conversation_id, msg, stop=self.stopping)
-        lanes.join()
+        InboxLanes(self, submit, name="slack-inbox").run(self._inbox, lambda: self._link_error,
+                                                         what="socket mode failed: ")
         if receiver is not None:
             receiver.join(5)
-        if self._refusal:  # (a download refused while stopping)
-            raise ChannelRefused(self._refusal)
 
     def _link_refused(self, exc) -> None:
         self._refusal = str(exc)  # listen() raises ChannelRefused with it: the plugin is disabled
