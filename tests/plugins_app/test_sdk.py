@@ -1056,3 +1056,34 @@ def test_the_sdk_imports_without_django_and_loads_pydantic_only_for_the_first_me
     out = subprocess.run([sys.executable, "-c", probe], cwd=Path(__file__).resolve().parents[2], env=env,
                          capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False", "False", "True"]
+
+
+def test_a_token_cache_fetches_once_for_threads_asking_at_once():
+    """``fetch_media`` runs in several chats' threads at once: the access token they share (WeCom's, Weixin's,
+    DingTalk's) is fetched by one of them, the others wait for it; a stale one is replaced once."""
+    from plugins_app.channel.sdk.token import TokenCache
+    fetched = []
+
+    def fetch(stale):
+        fetched.append(stale)
+        time.sleep(0.1)  # (the platform's answer)
+        return f"token-{len(fetched)}", 7200.0
+
+    cache = TokenCache(fetch)
+    got: list[str] = []
+
+    def ask(**kwargs):
+        got.append(cache.get(**kwargs))
+
+    def at_once(n, **kwargs):
+        threads = [threading.Thread(target=ask, kwargs=kwargs) for _ in range(n)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(5)
+
+    at_once(8)
+    assert fetched == [None] and got == ["token-1"] * 8
+    got.clear()
+    at_once(8, fresh=True, stale="token-1")  # every chat's call answered "stale token"
+    assert fetched == [None, "token-1"] and got == ["token-2"] * 8
