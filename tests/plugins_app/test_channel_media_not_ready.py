@@ -189,6 +189,41 @@ def test_slack_a_file_downloading_long_holds_back_its_conversation_only():
             running.stop()
 
 
+def test_slack_a_revoked_token_while_a_file_downloads_stops_the_worker_and_its_lanes(caplog):
+    """Slack revokes the token while one conversation's file downloads and its next message waits on the lane:
+    the worker stops within its drain time, and the lane, which outlives it, takes nothing more and touches no
+    closed outbox (each message stays owed, for the start after the plugin is enabled again)."""
+    import logging
+    from tests.fakes.slack import FakeSlack
+    caplog.set_level(logging.INFO)
+    release = threading.Event()
+    with FakeSlack(mode="socket") as fake, MockBridge("slack-test", heartbeat_secs=60) as bridge, \
+            tempfile.TemporaryDirectory() as state:
+        from plugins_app.channel.workers.slack import SlackWorker
+        worker = SlackWorker(argv=["--mode", "socket"], environ=fake.env(), drain_timeout_secs=0.5,
+                             **bridge.worker_kwargs(state_dir=state))
+        running = Running(worker)
+        try:
+            assert wait(fake.sockets), "the worker did not open a socket"
+            video = fake.add_file(b"\x00\x00\x00\x18ftypmp42" + b"v" * 64, name="video.mp4", mimetype="video/mp4")
+            fake.hold_downloads(release)
+            fake.say("my video", files=[video])
+            assert wait(lambda: fake.downloads), "the file was not fetched"
+            fake.say("did you get it?")
+            time.sleep(0.3)  # (on the conversation's lane, behind the video)
+            fake.revoke(bot=True)
+            running.thread.join(10)
+            assert not running.thread.is_alive(), "the worker did not stop"
+            release.set()
+            time.sleep(0.5)  # (the lane's download ends now)
+            assert bridge.submit_log == [] and len(fake.downloads) == 1
+            assert not [r.getMessage() for r in caplog.records
+                        if r.threadName.endswith("-lane") and r.levelno >= logging.WARNING]
+        finally:
+            release.set()
+            running.stop()
+
+
 # -- Telegram ---------------------------------------------------------------------------------------
 
 @pytest.fixture
