@@ -93,6 +93,7 @@ class FakeSlack:
         self.files: dict[str, dict] = {}        # files users "uploaded", served at url_private_download
         self.downloads: list[tuple[str, int]] = []  # (file id, status) of each private file download, in order
         self._download_failures: list[int] = []     # statuses the next downloads answer (fail_downloads)
+        self._download_hold: threading.Event | None = None  # set: downloads wait for it (hold_downloads)
         self.delivered: list[dict] = []         # event payloads the app took (acked / answered 200)
         self.acks: list[str] = []
         self.request_url: str | None = None     # webhook mode: the worker's Request URL
@@ -189,6 +190,11 @@ class FakeSlack:
         return {"id": file_id, "created": int(time.time()), "name": name, "title": name, "mimetype": mimetype,
                 "filetype": name.rsplit(".", 1)[-1], "user": "U0USER001", "size": len(data),
                 "url_private": url, "url_private_download": url, "mode": "hosted", "is_external": False}
+
+    def hold_downloads(self, release: threading.Event | None) -> None:
+        """Private file downloads begun from now on answer only once ``release`` is set (a large file on a slow
+        link: the worker's download is under way meanwhile); None answers them at once again."""
+        self._download_hold = release
 
     def fail_downloads(self, status: int = 503, times: int = 1) -> None:
         """The next ``times`` private file downloads answer ``status`` (a 5xx: Slack's file servers busy)."""
@@ -595,6 +601,9 @@ class FakeSlack:
         with self.lock:
             failure = self._download_failures.pop(0) if self._download_failures else None
             self.downloads.append((file_id, failure or 200))
+        hold = self._download_hold
+        if hold is not None:
+            hold.wait(10)
         if failure is not None:
             return failure, b"<html><body>Service Unavailable</body></html>", "text/html; charset=utf-8"
         if token != self.bot_token or self.revoked_bot or entry is None:

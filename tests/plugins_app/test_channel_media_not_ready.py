@@ -158,6 +158,72 @@ def test_slack_a_file_slack_keeps_failing_comes_as_a_note_without_its_link(slack
         running.stop()
 
 
+def test_slack_a_file_downloading_long_holds_back_its_conversation_only():
+    """One user's large file: while it downloads, the other conversations' messages reach the hub (the listener
+    submits each conversation in a thread of its own) and its own conversation's next message waits for it."""
+    from tests.fakes.slack import FakeSlack
+    release = threading.Event()
+    # (heartbeats far apart: the heartbeat's replay of the outbox would send the other message too, a beat later)
+    with FakeSlack(mode="socket") as fake, MockBridge("slack-test", heartbeat_secs=60) as bridge, \
+            tempfile.TemporaryDirectory() as state:
+        from plugins_app.channel.workers.slack import SlackWorker
+        worker = SlackWorker(argv=["--mode", "socket"], environ=fake.env(), **bridge.worker_kwargs(state_dir=state))
+        running = Running(worker)
+        try:
+            assert wait(fake.sockets), "the worker did not open a socket"
+            data = b"\x00\x00\x00\x18ftypmp42" + b"v" * 64
+            video = fake.add_file(data, name="video.mp4", mimetype="video/mp4")
+            fake.hold_downloads(release)
+            first = fake.say("my video", files=[video])
+            assert wait(lambda: fake.downloads), "the file was not fetched"
+            later = fake.say("did you get it?")
+            other = fake.say("hello", channel="D0DM00002", user="U0USER002")
+            assert wait(lambda: bridge.submit_log)
+            assert [m.message_id for m in bridge.submit_log] == [other["event_id"]]  # while the download runs
+            release.set()
+            assert wait(lambda: len(bridge.submit_log) == 3)
+            assert [m.message_id for m in bridge.submit_log][1:] == [first["event_id"], later["event_id"]]
+            assert bridge.media(bridge.submits[1].attachments[0].media_id).data == data
+        finally:
+            release.set()
+            running.stop()
+
+
+def test_slack_a_revoked_token_while_a_file_downloads_stops_the_worker_and_its_lanes(caplog):
+    """Slack revokes the token while one conversation's file downloads and its next message waits on the lane:
+    the worker stops within its drain time, and the lane, which outlives it, takes nothing more and touches no
+    closed outbox (each message stays owed, for the start after the plugin is enabled again)."""
+    import logging
+    from tests.fakes.slack import FakeSlack
+    caplog.set_level(logging.INFO)
+    release = threading.Event()
+    with FakeSlack(mode="socket") as fake, MockBridge("slack-test", heartbeat_secs=60) as bridge, \
+            tempfile.TemporaryDirectory() as state:
+        from plugins_app.channel.workers.slack import SlackWorker
+        worker = SlackWorker(argv=["--mode", "socket"], environ=fake.env(), drain_timeout_secs=0.5,
+                             **bridge.worker_kwargs(state_dir=state))
+        running = Running(worker)
+        try:
+            assert wait(fake.sockets), "the worker did not open a socket"
+            video = fake.add_file(b"\x00\x00\x00\x18ftypmp42" + b"v" * 64, name="video.mp4", mimetype="video/mp4")
+            fake.hold_downloads(release)
+            fake.say("my video", files=[video])
+            assert wait(lambda: fake.downloads), "the file was not fetched"
+            fake.say("did you get it?")
+            time.sleep(0.3)  # (on the conversation's lane, behind the video)
+            fake.revoke(bot=True)
+            running.thread.join(10)
+            assert not running.thread.is_alive(), "the worker did not stop"
+            release.set()
+            time.sleep(0.5)  # (the lane's download ends now)
+            assert bridge.submit_log == [] and len(fake.downloads) == 1
+            assert not [r.getMessage() for r in caplog.records
+                        if r.threadName.endswith("-lane") and r.levelno >= logging.WARNING]
+        finally:
+            release.set()
+            running.stop()
+
+
 # -- Telegram ---------------------------------------------------------------------------------------
 
 @pytest.fixture

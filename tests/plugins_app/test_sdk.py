@@ -31,6 +31,8 @@ from plugins_app.channel.sdk import (
 from plugins_app.channel.bridge import HostUnavailable
 from plugins_app.channel.sdk.mock import AFTER, DROP, MockBridge
 from plugins_app.channel.sdk.outbox import ACK, ACKED, DELIVER, PENDING, RESUME, SENT
+from plugins_app.channel.sdk.webhook import WebhookInbox
+from tests.fakes.slow_file import SlowFile
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -545,6 +547,337 @@ def test_a_media_put_the_host_does_not_answer_in_time_leaves_the_message_queued(
     assert running.stop() == 0
 
 
+class DownloadingWorker(MediaWorker):
+    """Fetches a file as the platform workers do: the SDK's ``download`` (15 s per read, no retries)."""
+
+    puts = 0
+
+    def fetch_media(self, attachment):
+        from plugins_app.channel.sdk.download import download
+        return download(attachment.url).content
+
+    def media_put(self, data, content_type, filename=None):
+        self.puts += 1
+        return super().media_put(data, content_type, filename)
+
+
+def video(message_id, url, conversation_id="chat-1"):
+    return message(message_id, text="watch", conversation_id=conversation_id, attachments=[
+        Attachment(kind="video", content_type="video/mp4", url=url, filename="video.mp4")])
+
+
+@pytest.fixture
+def slow_video(bridge, tmp_path):
+    """A worker running, and a submit (in a thread of its own, as a webhook's request) of chat-1's video,
+    whose download is under way and goes on until the test says ``finish()``."""
+    with SlowFile(b"v" * 4096) as file:
+        worker = DownloadingWorker(sends=tmp_path / "sends.txt", state_dir=str(tmp_path), **bridge.worker_kwargs())
+        running = Running(worker)
+        bridge.wait_for(lambda: worker._listener is not None)  # (the session is open, its opening replay over)
+        submits = Submits(worker)
+        submits.start(video("m-1", file.url))
+        assert file.sending.wait(10), "the download did not begin"
+        yield file, worker, submits
+        file.finish()
+        submits.join()
+        assert running.stop() == 0
+
+
+class Submits:
+    """``worker.submit`` calls, each in a thread of its own (a webhook's requests); results by message id."""
+
+    def __init__(self, worker):
+        self.worker = worker
+        self.results: dict[str, object] = {}
+        self.threads: list[threading.Thread] = []
+
+    def start(self, msg: InboundMessage) -> threading.Thread:
+        thread = threading.Thread(target=lambda: self.results.setdefault(msg.message_id, self.worker.submit(msg)),
+                                  daemon=True)
+        self.threads.append(thread)
+        thread.start()
+        return thread
+
+    def join(self) -> None:
+        for thread in self.threads:
+            thread.join(15)
+            assert not thread.is_alive(), "a submit did not return"
+
+
+def test_a_file_downloading_slowly_does_not_hold_back_another_chat(bridge, slow_video):
+    file, worker, submits = slow_video
+    assert worker.submit(message("m-2", conversation_id="chat-2")).accepted
+    assert not file.sent.is_set(), "chat-2's message waited for chat-1's download"
+    assert [m.message_id for m in bridge.submit_log] == ["m-2"]
+    file.finish()
+    submits.join()
+    assert [m.message_id for m in bridge.submit_log] == ["m-2", "m-1"]
+    assert submits.results["m-1"].accepted
+    assert bridge.media(bridge.submits[1].attachments[0].media_id).data == file.data
+    bridge.wait_for(lambda: len(worker._chat_locks) == 0)  # a chat's lock lives while a submit of it does
+
+
+def test_a_chats_later_message_waits_while_its_earlier_ones_file_downloads(bridge, slow_video):
+    file, worker, submits = slow_video
+    later = submits.start(message("m-2"))  # chat-1, after the video
+    bridge.wait_for(lambda: len(worker.outbox.inbound_pending()) == 2)  # recorded: now it waits for its turn
+    assert worker.submit(message("m-3", conversation_id="chat-2")).accepted  # (a submit that went meanwhile)
+    assert later.is_alive() and "m-2" not in submits.results and not file.sent.is_set()
+    assert [m.message_id for m in bridge.submit_log] == ["m-3"]
+    file.finish()
+    submits.join()
+    assert [m.message_id for m in bridge.submit_log] == ["m-3", "m-1", "m-2"]  # chat-1 in its order, once each
+    assert submits.results["m-1"].accepted and submits.results["m-2"].accepted
+    assert bridge.media(bridge.submits[1].attachments[0].media_id).data == file.data
+
+
+def test_a_message_reached_by_two_threads_at_once_is_fetched_and_submitted_once(bridge, slow_video):
+    """The channel delivers the video again (a webhook retry, in another request's thread) and the outbox is
+    replayed (a reconnect, and the heartbeat's replay every 50 ms) while its first download runs: the row is
+    the first submit's until it ends, so its file is downloaded once, stored once and submitted once."""
+    file, worker, submits = slow_video
+    submits.start(video("m-1", file.url))
+    replay = threading.Thread(target=worker.replay, daemon=True)
+    replay.start()
+    time.sleep(0.3)  # (the heartbeat's replays pass by meanwhile)
+    assert file.gets == 1 and bridge.submit_log == []
+    file.finish()
+    submits.join()
+    replay.join(15)
+    assert not replay.is_alive()
+    assert file.gets == 1
+    assert worker.puts == 1 and [m.message_id for m in bridge.submit_log] == ["m-1"]
+
+
+class InboxWorker(WebhookInbox, DownloadingWorker):
+    """A webhook worker: its requests' threads record and queue (``inbox_record``), its listener submits."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.inbox_init()
+
+
+def test_a_webhook_workers_listener_goes_on_with_other_chats_while_one_chats_file_downloads(tmp_path):
+    # (heartbeats far apart: the heartbeat's replay would send the other chat's recorded message too, a beat later)
+    with MockBridge("test-plugin", heartbeat_secs=60) as bridge, SlowFile(b"v" * 4096) as file:
+        worker = InboxWorker(sends=tmp_path / "sends.txt", state_dir=str(tmp_path), **bridge.worker_kwargs())
+        running = Running(worker)
+        bridge.wait_for(lambda: worker._listener is not None)  # (the session's opening replay is over)
+        for recorded in (video("m-1", file.url), message("m-2"), message("m-3", conversation_id="chat-2")):
+            assert worker.inbox_record(recorded)  # as the webhook's request threads do
+        assert file.sending.wait(10), "the download did not begin"
+        bridge.wait_for(lambda: bridge.submit_log)
+        assert [m.message_id for m in bridge.submit_log] == ["m-3"] and not file.sent.is_set()
+        file.finish()
+        bridge.wait_for(lambda: len(bridge.submit_log) == 3)
+        assert [m.message_id for m in bridge.submit_log] == ["m-3", "m-1", "m-2"]  # chat-1's in its order
+        assert bridge.media(bridge.submits[1].attachments[0].media_id).data == file.data
+        assert running.stop() == 0
+
+
+def test_the_replay_never_sends_a_chats_message_ahead_of_one_under_way_in_another_thread(tmp_path):
+    """The replay finds chat-1's video under way in a lane (its lock taken) and passes over the chat's later
+    message too: had it gone on to that one, the lane's submit could end meanwhile, queued (the file not ready
+    yet), and let the replay send the later message first."""
+    from plugins_app.channel.sdk import MediaNotReady
+
+    class Racing(MediaWorker):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.fetching, self.go, self.lane, self.ready = threading.Event(), threading.Event(), None, False
+
+        def fetch_media(self, attachment):
+            self.fetching.set()
+            self.go.wait(10)
+            if not self.ready:
+                raise MediaNotReady("not yet")
+            return super().fetch_media(attachment)
+
+        def _send_inbound(self, key, conversation, *, wait=True):
+            result = super()._send_inbound(key, conversation, wait=wait)
+            if result is None and not self.go.is_set():  # the replay found the video under way in the lane:
+                self.go.set()   # ... which now ends, queued (the file not ready), and lets go of the chat
+                self.lane.join(10)
+            return result
+
+    with MockBridge("test-plugin", heartbeat_secs=60) as bridge:  # (no replay but the test's)
+        worker = Racing(sends=tmp_path / "sends.txt", state_dir=str(tmp_path), **bridge.worker_kwargs())
+        running = Running(worker)
+        bridge.wait_for(lambda: worker._listener is not None)
+        submits = Submits(worker)
+        worker.lane = submits.start(video("m-1", "https://cdn/v.mp4"))
+        assert worker.fetching.wait(10)
+        worker.outbox.inbound_record(message("m-2"))  # recorded by the webhook, waiting for the lane
+        worker.replay_owed()
+        assert submits.results["m-1"].queued
+        assert bridge.submit_log == []  # not m-2 ahead of m-1
+        worker.ready = True
+        worker.replay_owed()
+        assert [m.message_id for m in bridge.submit_log] == ["m-1", "m-2"]
+        assert running.stop() == 0
+
+
+def test_more_chats_than_lanes_are_all_submitted_each_in_its_order(tmp_path):
+    class Counting(InboxWorker):
+        inbox_lanes = 2
+
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.guard, self.now, self.most = threading.Lock(), 0, 0
+
+        def fetch_media(self, attachment):
+            with self.guard:
+                self.now += 1
+                self.most = max(self.most, self.now)
+            time.sleep(0.05)
+            with self.guard:
+                self.now -= 1
+            return b"bytes of " + attachment.url.encode()
+
+    with MockBridge("test-plugin", heartbeat_secs=60) as bridge:  # (the listener's submits only)
+        worker = Counting(sends=tmp_path / "sends.txt", state_dir=str(tmp_path), **bridge.worker_kwargs())
+        running = Running(worker)
+        bridge.wait_for(lambda: worker._listener is not None)
+        sent = [video(f"m-{n}-{chat}", f"https://cdn/{chat}/{n}.mp4", conversation_id=f"chat-{chat}")
+                for n in range(3) for chat in range(6)]
+        for recorded in sent:
+            assert worker.inbox_record(recorded)
+        bridge.wait_for(lambda: len(bridge.submit_log) == len(sent))
+        for chat in range(6):
+            assert [m.message_id for m in bridge.submit_log if m.conversation_id == f"chat-{chat}"] == \
+                [f"m-{n}-{chat}" for n in range(3)]
+        assert worker.most == 2  # two chats at once, never more
+        assert running.stop() == 0
+
+
+def test_a_refusal_found_while_every_lane_is_busy_stops_the_worker(tmp_path):
+    """The listener waiting for a lane (the one lane downloading a large file) still sees a refusal another
+    thread found (a send refused for the token): the worker stops, the queued message owed."""
+    with MockBridge("test-plugin", heartbeat_secs=60) as bridge, SlowFile(b"v" * 4096, give_up_secs=20) as file:
+        worker = InboxWorker(sends=tmp_path / "sends.txt", state_dir=str(tmp_path), drain_timeout_secs=0.5,
+                             **bridge.worker_kwargs())
+        worker.inbox_lanes = 1
+        running = Running(worker)
+        bridge.wait_for(lambda: worker._listener is not None)
+        assert worker.inbox_record(video("m-1", file.url))
+        assert file.sending.wait(10)
+        assert worker.inbox_record(message("m-2", conversation_id="chat-2"))  # the listener waits for the lane
+        time.sleep(0.3)
+        worker._refusal = "401 at a send"
+        running.thread.join(5)
+        assert running.code == 78 and not file.sent.is_set()
+        assert "m-1" not in [m.message_id for m in bridge.submit_log]  # (m-2, with no file, the stop's flush sends)
+
+
+class RefusedAtADownload(InboxWorker):
+    def fetch_media(self, attachment):
+        if "refused" in attachment.url:
+            self._refusal = "401 at the download"
+            raise RuntimeError("401 Unauthorized")
+        return super().fetch_media(attachment)
+
+
+def test_a_refusal_in_a_lane_stops_the_other_lanes_before_the_outbox_closes(tmp_path, caplog):
+    """A download refused in one chat's lane while another chat's file downloads: that lane ends with the file in
+    hand (past the drain time it finds the outbox closed) and takes none of its chat's next messages."""
+    import logging
+    caplog.set_level(logging.INFO)
+    with MockBridge("test-plugin", heartbeat_secs=60) as bridge, SlowFile(b"v" * 4096, give_up_secs=20) as file:
+        worker = RefusedAtADownload(sends=tmp_path / "sends.txt", state_dir=str(tmp_path), drain_timeout_secs=0.5,
+                                    **bridge.worker_kwargs())
+        running = Running(worker)
+        bridge.wait_for(lambda: worker._listener is not None)
+        for n in range(1, 4):
+            assert worker.inbox_record(video(f"m-{n}", f"{file.url}?n={n}"))
+        assert file.sending.wait(10)
+        assert worker.inbox_record(video("m-r", f"{file.url}?refused", conversation_id="chat-2"))
+        running.thread.join(5)
+        assert running.code == 78 and not file.sent.is_set()
+        file.finish()
+        time.sleep(0.5)
+        assert file.gets == 1 and bridge.submit_log == []
+        assert not [r for r in caplog.records if r.threadName.endswith("-lane") and r.levelno >= logging.WARNING]
+        again = InboxWorker(sends=tmp_path / "sends.txt", state_dir=str(tmp_path), **bridge.worker_kwargs())
+        running = Running(again)
+        bridge.wait_for(lambda: len(bridge.submits) == 4)  # all owed, and sent once enabled again
+        assert [m.message_id for m in bridge.submits if m.conversation_id == "chat-1"] == ["m-1", "m-2", "m-3"]
+        assert running.stop() == 0
+
+
+def test_submits_that_keep_failing_end_the_listener_so_the_worker_is_restarted(tmp_path):
+    class Broken(InboxWorker):
+        def submit(self, message):
+            raise RuntimeError("a bug")
+
+    with MockBridge("test-plugin", heartbeat_secs=60) as bridge:
+        worker = Broken(sends=tmp_path / "sends.txt", state_dir=str(tmp_path), **bridge.worker_kwargs())
+        running = Running(worker)
+        bridge.wait_for(lambda: worker._listener is not None)
+        for n in range(9):
+            assert worker.inbox_record(message(f"m-{n}", conversation_id=f"chat-{n}"))
+        time.sleep(0.5)
+        assert running.thread.is_alive()  # one message's failure, or a few, the lanes go on
+        assert worker.inbox_record(message("m-9", conversation_id="chat-9"))
+        running.thread.join(5)
+        assert running.code == 1  # the tenth in a row: exit 1, the supervisor restarts it
+
+
+def beats_meanwhile(bridge, secs: float = 1.5) -> int:
+    before = bridge.heartbeats
+    time.sleep(secs)
+    return bridge.heartbeats - before
+
+
+def test_heartbeats_go_on_while_more_chats_than_lanes_download_slowly(tmp_path):
+    """17 chats' videos downloading for seconds, one more chat than the listener has lanes: the beat never
+    waits for a download (the supervisor kills a worker whose beats stop), and the replay the beats wake
+    leaves no row to the heartbeat thread."""
+    with MockBridge("test-plugin", heartbeat_secs=0.1) as bridge, SlowFile(b"v" * 4096, give_up_secs=20) as file:
+        worker = InboxWorker(sends=tmp_path / "sends.txt", state_dir=str(tmp_path), **bridge.worker_kwargs())
+        running = Running(worker)
+        bridge.wait_for(lambda: worker._listener is not None)
+        for i in range(17):
+            assert worker.inbox_record(video(f"m-{i}", f"{file.url}?n={i}", conversation_id=f"chat-{i}"))
+        # every lane busy, and a replay finds a chat free to download (the 17th, or one whose lane has not begun)
+        bridge.wait_for(lambda: file.gets >= 16, timeout=10)
+        assert beats_meanwhile(bridge) >= 5
+        file.finish()
+        bridge.wait_for(lambda: len(bridge.submits) == 17, timeout=20)
+        assert sorted(m.message_id for m in bridge.submits) == sorted(f"m-{i}" for i in range(17))
+        assert running.stop(20) == 0
+
+
+def owe(tmp_path, *messages: InboundMessage) -> None:
+    """Messages a worker recorded and did not submit before it stopped (its outbox, as a restart finds it)."""
+    from plugins_app.channel.sdk.outbox import outbox_path_for
+    with Outbox(outbox_path_for("test-plugin", str(tmp_path))) as box:
+        for owed in messages:
+            box.inbound_record(owed)
+
+
+def test_heartbeats_go_on_while_the_opening_replay_downloads_and_a_stop_ends_it(tmp_path):
+    """After a restart, the opening replay downloads the files the outbox still owes: the worker beats meanwhile,
+    and a stop (SIGTERM) ends the replay after the file in hand, the rest left owed for the next start."""
+    with MockBridge("test-plugin", heartbeat_secs=0.1) as bridge, SlowFile(b"v" * 4096, give_up_secs=20) as file:
+        owe(tmp_path, video("m-1", file.url), video("m-2", f"{file.url}?n=2", conversation_id="chat-2"))
+        worker = InboxWorker(sends=tmp_path / "sends.txt", state_dir=str(tmp_path), drain_timeout_secs=0.5,
+                             **bridge.worker_kwargs())
+        running = Running(worker)
+        assert file.sending.wait(10), "the opening replay did not download the file"
+        assert beats_meanwhile(bridge) >= 5
+        worker.stop()
+        time.sleep(0.8)  # (the drain time out)
+        file.finish()
+        running.thread.join(10)
+        assert running.code == 0 and file.gets == 1
+        assert [m.message_id for m in bridge.submits] == ["m-1"]
+        again = InboxWorker(sends=tmp_path / "sends.txt", state_dir=str(tmp_path), **bridge.worker_kwargs())
+        running = Running(again)
+        bridge.wait_for(lambda: len(bridge.submits) == 2)
+        assert [m.message_id for m in bridge.submits] == ["m-1", "m-2"]
+        assert running.stop() == 0
+
+
 def test_a_message_the_host_keeps_failing_stops_holding_back_its_chat(bridge, start_worker, monkeypatch):
     from plugins_app.channel.sdk import worker as worker_module
     monkeypatch.setattr(worker_module, "HOLD_ATTEMPTS", 3)
@@ -724,3 +1057,34 @@ def test_the_sdk_imports_without_django_and_loads_pydantic_only_for_the_first_me
     out = subprocess.run([sys.executable, "-c", probe], cwd=Path(__file__).resolve().parents[2], env=env,
                          capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False", "False", "True"]
+
+
+def test_a_token_cache_fetches_once_for_threads_asking_at_once():
+    """``fetch_media`` runs in several chats' threads at once: the access token they share (WeCom's, Weixin's,
+    DingTalk's) is fetched by one of them, the others wait for it; a stale one is replaced once."""
+    from plugins_app.channel.sdk.token import TokenCache
+    fetched = []
+
+    def fetch(stale):
+        fetched.append(stale)
+        time.sleep(0.1)  # (the platform's answer)
+        return f"token-{len(fetched)}", 7200.0
+
+    cache = TokenCache(fetch)
+    got: list[str] = []
+
+    def ask(**kwargs):
+        got.append(cache.get(**kwargs))
+
+    def at_once(n, **kwargs):
+        threads = [threading.Thread(target=ask, kwargs=kwargs) for _ in range(n)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(5)
+
+    at_once(8)
+    assert fetched == [None] and got == ["token-1"] * 8
+    got.clear()
+    at_once(8, fresh=True, stale="token-1")  # every chat's call answered "stale token"
+    assert fetched == [None, "token-1"] and got == ["token-2"] * 8

@@ -10,8 +10,8 @@ from __future__ import annotations
 from .worker import MediaNotReady
 
 #: How long a fetch for ``fetch_media`` may wait to connect, and between two reads (seconds). Short, and no
-#: retries of its own: the SDK's hold tries again at each replay, and while a fetch runs the submits of every
-#: chat wait for it (they are made one at a time, to keep the channel's order).
+#: retries of its own: the SDK's hold tries again at each replay, and while a fetch runs the later messages of
+#: its chat wait for it (a chat's submits are made one at a time, to keep its order; other chats go on).
 MEDIA_TIMEOUT_SECS = 15.0
 
 

@@ -10,16 +10,23 @@ stalls holds no thread), and answers as ``(status, body)``: a dict is sent as JS
 
 A worker's server subclasses it and answers in ``respond(method, target, headers, body)``: verify the
 platform's signature before anything is recorded, and answer 2xx only once the message is in the outbox.
+
+``WebhookInbox`` is the rest of such a worker: the webhook's threads record and queue, and its ``listen``
+hands each chat's messages to a thread of that chat's (``InboxLanes``, on ``ChatLanes``), so one chat's file
+downloading for minutes holds back that chat's later messages only (the SDK's submits lock per chat, not per
+worker). A listener fed by a thread of its own (Slack's socket) uses ``InboxLanes`` alone.
 """
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import queue
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Callable
 
 log = logging.getLogger("ugent.worker.webhook")
 
@@ -145,18 +152,195 @@ class WebhookServer:
         raise NotImplementedError
 
 
+class ChatLanes:
+    """Calls ``handle(item)`` for each item ``put``, in a thread per chat that has items: a chat's one after
+    another in the order put, different chats' side by side, at most ``max_lanes`` chats at once (then ``put``
+    waits for one to finish). A chat's thread ends with its last item, so the threads are as many as the chats
+    with a message under way, never as the chats seen. After ``close()`` a lane takes no new item: it ends
+    with the one in hand, and the items still waiting on it are dropped."""
+
+    def __init__(self, handle, *, max_lanes: int = 16, name: str = "chat"):
+        self._handle = handle
+        self._max = max(1, max_lanes)
+        self._name = name
+        self._cond = threading.Condition()
+        self._lanes: dict[str, collections.deque] = {}
+        self.closed = False
+
+    def put(self, chat: str, item, *, give_up: Callable[[], bool] | None = None) -> bool:
+        """Queue ``item`` on ``chat``'s lane. While every lane is busy, wait for one, asking ``give_up()`` every
+        0.2 s: False (nothing queued) once it says so, or once the lanes are closed."""
+        with self._cond:
+            while not self.closed and chat not in self._lanes and len(self._lanes) >= self._max:
+                if give_up is not None and give_up():
+                    return False
+                self._cond.wait(0.2)
+            if self.closed:
+                return False
+            lane = self._lanes.get(chat)
+            if lane is not None:
+                lane.append(item)
+                return True
+            self._lanes[chat] = collections.deque([item])
+        threading.Thread(target=self._run, args=(chat,), name=f"{self._name}-lane", daemon=True).start()
+        return True
+
+    def close(self) -> None:
+        """No lane takes a new item from now on (each ends with the one in hand); ``put`` queues nothing."""
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait until every lane is done; False if ``timeout`` passed first."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._lanes, timeout)
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._lanes)
+
+    def _run(self, chat: str) -> None:
+        while True:
+            with self._cond:
+                lane = self._lanes[chat]
+                if not lane or self.closed:
+                    del self._lanes[chat]
+                    self._cond.notify_all()
+                    return
+                item = lane.popleft()
+            try:
+                self._handle(item)
+            except Exception:  # noqa: BLE001 - one item's failure must not end its chat's lane
+                log.exception("%s: handling an item of chat %s failed", self._name, chat)
+
+
+class InboxLanes:
+    """The loop of a listener whose messages arrive on other threads (a webhook's requests, a socket's reader)
+    and wait in a queue, each already recorded in the outbox: ``run`` takes them from the queue and submits
+    each chat's on a lane of that chat's (``ChatLanes``), logging what became of each.
+
+    It ends, and the listener with it, when the worker stops, when a refusal was found on any thread
+    (``worker._refusal``, raised as ``ChannelRefused``: the plugin is disabled), when the thread feeding the
+    queue failed (``failed()``, raised as ``RuntimeError``: the worker is restarted), or when
+    ``failures_to_end`` submits in a row failed with an unexpected exception (a submit's failure leaves its
+    message owed, for the replay, and the lane goes on; but submits that keep failing mean the worker is
+    broken, and before the lanes an exception out of a submit ended the listener: so does this, raised as
+    ``RuntimeError``, and the supervisor restarts the worker). Then the lanes take no new message, and the
+    ones in hand get until the worker's drain deadline to finish, before the worker flushes and closes its
+    outbox; a lane still downloading after that finds the outbox closed and leaves its message owed. Every
+    message not submitted stays owed in the outbox (recorded before it was queued), for the replay."""
+
+    #: Submits failing in a row (whatever their chats) that end the listener.
+    failures_to_end = 10
+
+    def __init__(self, worker, submit, *, max_lanes: int = 16, name: str = "inbox"):
+        self.worker = worker
+        self._submit = submit
+        self.lanes = ChatLanes(self._submit_logged, max_lanes=max_lanes, name=name)
+        self._guard = threading.Lock()
+        self._failures = 0
+        self.error: Exception | None = None  # set once ``failures_to_end`` submits in a row failed
+
+    def run(self, inbox: queue.Queue, failed: Callable[[], Exception | None] = lambda: None, *,
+            what: str = "") -> None:
+        """Submit what ``inbox`` holds until the listener must end (above); ``what`` begins the message of the
+        ``RuntimeError`` raised for ``failed()``'s error."""
+        from .worker import ChannelRefused
+        worker = self.worker
+
+        def ending() -> bool:
+            return (worker.stopping.is_set() or bool(worker._refusal) or failed() is not None
+                    or self.error is not None)
+
+        try:
+            while not ending():
+                try:
+                    message = inbox.get(timeout=0.2)
+                except queue.Empty:
+                    continue
+                self.lanes.put(message.conversation_id, message, give_up=ending)  # (not put: it stays owed)
+        finally:
+            self.close()
+        if worker._refusal:
+            raise ChannelRefused(worker._refusal)
+        error = failed()
+        if error is not None:
+            raise RuntimeError(f"{what}{type(error).__name__}: {error}") from error
+        if self.error is not None:
+            raise self.error
+
+    def close(self) -> None:
+        """The lanes take no new message; the ones in hand get until the worker's drain deadline (its
+        ``drain_timeout_secs`` from now if it is not stopping yet) to finish."""
+        self.lanes.close()
+        worker = self.worker
+        deadline = worker._drain_deadline or time.monotonic() + worker.drain_timeout_secs
+        if not self.lanes.join(max(0.0, deadline - time.monotonic())):
+            worker.log.warning("%d chats' submits still under way at the end of the drain time: their messages "
+                               "stay owed, for the replay", len(self.lanes))
+
+    def _submit_logged(self, message) -> None:
+        from .client import ConnectionLost
+        from .messages import MessageValidationError
+        from .worker import ChannelRefused
+        worker = self.worker
+        if self.lanes.closed:
+            return  # (the listener is ending: it stays owed)
+        try:
+            result = self._submit(message)
+        except ChannelRefused as exc:  # a file's download refused: the listener raises it
+            worker._refusal = worker._refusal or exc.reason
+            return
+        except MessageValidationError as exc:  # this message only: another start would not help
+            worker.log.error("message %s (%s) breaks the protocol: %s", message.message_id,
+                             message.conversation_id, exc)
+            return
+        except ConnectionLost as exc:
+            if worker.stopping.is_set():  # the worker closed its outbox while this lane still ran
+                worker.log.info("submit of %s (%s) cut short by the stop: it stays owed", message.message_id,
+                                message.conversation_id)
+                return
+            self._failed(message, exc)
+            return
+        except Exception as exc:  # noqa: BLE001 - the lane goes on with its chat's next message
+            self._failed(message, exc)
+            return
+        with self._guard:
+            self._failures = 0
+        worker.log.info("submitted %s (%s): accepted=%s duplicate=%s queued=%s reason=%s", message.message_id,
+                        message.conversation_id, result.accepted, result.duplicate, result.queued, result.reason)
+
+    def _failed(self, message, exc: Exception) -> None:
+        with self._guard:
+            self._failures += 1
+            failures = self._failures
+        self.worker.log.warning("submit of %s (%s) failed, left to the replay: %s: %s", message.message_id,
+                                message.conversation_id, type(exc).__name__, exc)
+        if failures >= self.failures_to_end and self.error is None:
+            error = RuntimeError(f"{failures} submits in a row failed, the last with {type(exc).__name__}: {exc}")
+            error.__cause__ = exc
+            self.error = error
+
+
 class WebhookInbox:
     """For a ``ChannelWorker`` whose platform calls it: the webhook's threads record each message durably (the
-    outbox) and queue it (``inbox_record``), and ``listen`` submits the queue in order. A refusal a worker finds
-    on any thread (a token refused at a download or a send) is set in ``self._refusal``; the listener then
-    raises ``ChannelRefused`` with it, which stops the worker and disables the plugin with the reason. Any
+    outbox) and queue it (``inbox_record``), and ``listen`` submits the queue, each chat's in order. A refusal
+    a worker finds on any thread (a token refused at a download or a send) is set in ``self._refusal``; the
+    listener then raises ``ChannelRefused`` with it, which stops the worker and disables the plugin with the reason. Any
     other failure of a thread that feeds the inbox (a platform link's reader) is set in ``self._inbox_error``:
     the listener raises it, and the supervisor restarts the worker.
+
+    Each chat's messages are submitted in a thread of that chat's (``InboxLanes``), in the order recorded; other
+    chats go beside it, so a file one chat's message downloads for minutes does not hold them back. Submits
+    that fail ``InboxLanes.failures_to_end`` times in a row also end the listener (the worker is restarted).
 
     Mix it in before ``ChannelWorker`` and call ``inbox_init()`` in ``__init__``."""
 
     #: How long a send refused for the worker's credentials is held before it fails (``refused_failure``).
     refusal_hold_secs = 30.0
+    #: Chats submitted at once, a thread each; a message of one more chat waits until one of them is done.
+    inbox_lanes = 16
 
     def inbox_init(self) -> None:
         self._inbox: queue.Queue = queue.Queue()
@@ -182,16 +366,5 @@ class WebhookInbox:
         return True
 
     def listen(self, submit) -> None:
-        from .worker import ChannelRefused
-        while not self.stopping.is_set():
-            if self._refusal:
-                raise ChannelRefused(self._refusal)
-            if self._inbox_error is not None:
-                raise RuntimeError(f"{type(self._inbox_error).__name__}: {self._inbox_error}") from self._inbox_error
-            try:
-                message = self._inbox.get(timeout=0.2)
-            except queue.Empty:
-                continue
-            result = submit(message)
-            self.log.info("submitted %s (%s): accepted=%s duplicate=%s queued=%s reason=%s", message.message_id,
-                          message.conversation_id, result.accepted, result.duplicate, result.queued, result.reason)
+        InboxLanes(self, submit, max_lanes=self.inbox_lanes, name=f"{self.kind}-inbox").run(
+            self._inbox, lambda: self._inbox_error)

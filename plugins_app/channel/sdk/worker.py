@@ -18,6 +18,20 @@ deliveries and acks each one, reconnects when the socket drops, and on
 SIGTERM/SIGINT stops polling, finishes the deliveries in hand, flushes what it
 owes the host and exits 0. Every message passes through the outbox
 (``outbox.py``), so a crash at any point neither loses nor doubles one.
+
+Inbound submits go one at a time per chat (``conversation_id``) and chats go side
+by side: a message's files are fetched (``fetch_media``) and stored (media.put)
+under its chat's lock, so a download that takes minutes holds back that chat's
+later messages only. A lock per chat rather than a claim per message, because a
+chat's order needs one anyway: a later message must wait while an earlier one's
+file is fetched, and under the lock it simply waits its turn (then sends every
+earlier row first, as it always did), where after a claimed row it would have to
+leave itself to the next replay; and the chat's lock is a claim on each of its rows
+too, so the listener and the replay never fetch one file twice. The outbox is one
+SQLite connection behind its own lock, shared by the chats' threads. A lock lives
+only while a submit of its chat does, so there are never more than the threads.
+A listener that submits from one thread still waits for each of its submits: one
+that would let other chats by submits from several (``webhook.WebhookInbox`` does).
 """
 from __future__ import annotations
 
@@ -85,7 +99,7 @@ class MediaNotReady(Exception):
     the message stays owed and the download is tried again at the next replay, for up to the worker's
     ``media_wait_secs`` from the start of the first try; then it goes on without the file, a note in its text
     saying so. Fetch with short timeouts and no retries of your own (``sdk.download`` does): the SDK's hold
-    is the retry, and while a fetch runs the submits of every chat wait for it.
+    is the retry, and while a fetch runs the later messages of its chat wait for it (other chats do not).
     (Any other error is final at once: the message goes on without that file, saying so. Never with the
     platform's link, which the host cannot fetch.)"""
 
@@ -95,6 +109,42 @@ class MediaNotReady(Exception):
 HOLD_ATTEMPTS = 10
 
 _NO_LINKS = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S+")
+
+
+class _ChatLocks:
+    """One lock per conversation: a chat's submits go one at a time, in order, and other chats go beside them.
+
+    A lock exists only while a thread holds or waits for it (then it is dropped), so the table is as big as
+    the submits under way, not as the chats ever seen."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[str, list] = {}  # conversation -> [its lock, threads holding or waiting for it]
+
+    def acquire(self, conversation: str, *, wait: bool = True) -> bool:
+        with self._guard:
+            entry = self._locks.setdefault(conversation, [threading.Lock(), 0])
+            entry[1] += 1
+        if entry[0].acquire(blocking=wait):
+            return True
+        self._leave(conversation, entry)
+        return False
+
+    def release(self, conversation: str) -> None:
+        with self._guard:
+            entry = self._locks[conversation]
+        entry[0].release()
+        self._leave(conversation, entry)
+
+    def _leave(self, conversation: str, entry: list) -> None:
+        with self._guard:
+            entry[1] -= 1
+            if not entry[1]:
+                del self._locks[conversation]
+
+    def __len__(self) -> int:
+        with self._guard:
+            return len(self._locks)
 
 
 class _MediaWait(Exception):
@@ -151,13 +201,16 @@ class ChannelWorker:
         self.outbox: Outbox | None = None
         self._client: RpcClient | None = None
         self._drain_deadline: float | None = None
-        self._inbound_lock = threading.Lock()      # one submit at a time keeps the channel's order
-        self._media_waits: dict[str, float] = {}   # outbox key -> when its file first could not be fetched
+        self._chat_locks = _ChatLocks()            # one submit at a time per chat keeps its order
+        # outbox key -> when its file first could not be fetched (a key is written only under its chat's lock)
+        self._media_waits: dict[str, float] = {}
         self._replay_lock = threading.Lock()
         self._acks_lock = threading.Lock()
         self._acks_under_way: set[str] = set()
         self._listener: threading.Thread | None = None
         self._heartbeat: threading.Thread | None = None
+        self._replayer: threading.Thread | None = None  # the background replay, woken by each beat
+        self._replay_due = threading.Event()
         self._failed = False
         self._refused: str | None = None
         self._stopped = False
@@ -285,23 +338,28 @@ class ChannelWorker:
         with self._replay_lock:
             self._replay()
 
-    def _replay(self, *, background: bool = False) -> None:
+    def _replay(self, *, background: bool = False, flush: bool = False) -> None:
         outbox = self._outbox()
         for ack in outbox.outbound_pending_acks():
             self._send_ack(ack, owed_only=True)
         held: set[str] = set()  # conversations whose earlier message the host could not take yet
         for row in outbox.inbound_pending():
+            # A stop ends a replay between two rows (a row's file may take minutes): what is left stays owed. The
+            # flush at the stop itself goes on until the drain time is out.
+            if self.stopping.is_set() and not (flush and time.monotonic() < (self._drain_deadline or 0.0)):
+                return
             conversation = row.message.get("conversation_id", "")
             if conversation in held:
                 continue  # never ahead of an earlier message of its chat
             try:
-                result = self._send_inbound(row.key, wait=not background)
+                result = self._send_inbound(row.key, conversation, wait=not background)
             except ChannelRefused as exc:  # a file's download refused: the message stays owed, the worker stops
                 self._refuse(exc.reason)
                 self.stop()
                 return
             if result is None:
-                break  # a submit is under way in another thread: leave the rest to it
+                held.add(conversation)  # a submit of this chat is under way in another thread: the others go on
+                continue
             if result.queued:
                 if result.reason is None:
                     break  # the host is not answering; the rest waits for the next replay
@@ -314,7 +372,9 @@ class ChannelWorker:
                 held.add(conversation)  # the host refused this one for now: other chats go on
 
     def heartbeat_once(self) -> None:
-        """One heartbeat; also retries what the outbox still owes (after a transient host error)."""
+        """One heartbeat, and nothing else: a beat that waited for a file's download would be missed, and the
+        supervisor kills a worker whose beats stop. A beat the host answered wakes the replay thread
+        (``replay_owed``), which retries what the outbox still owes."""
         client = self._client
         if client is None or client.closed:
             return
@@ -323,6 +383,11 @@ class ChannelWorker:
         except (RPCError, ConnectionLost, CallTimeout, OSError) as exc:
             self.log.warning("heartbeat failed: %s", exc)
             return
+        self._replay_due.set()
+
+    def replay_owed(self) -> None:
+        """The background replay: retries what the outbox still owes (after a transient host error), passing
+        over a chat whose submit is under way in another thread; nothing if a replay is under way already."""
         counts = self._outbox().counts()
         if counts.get("inbound.pending") or counts.get("outbound.sent") or counts.get("outbound.failed"):
             if self._replay_lock.acquire(blocking=False):
@@ -419,7 +484,10 @@ class ChannelWorker:
         try:
             while not self.stopping.is_set():
                 try:
-                    self.open_session()
+                    self.open_session(replay=False)
+                    # beating before the opening replay: after a restart it may download owed files for minutes
+                    self._start_beating()
+                    self.replay()
                 except RPCError as exc:
                     self.log.error("hello refused: %s", exc)
                     code = EXIT_REFUSED
@@ -528,10 +596,17 @@ class ChannelWorker:
         if client is not None:
             client.close()
 
-    def _start_threads(self) -> None:
+    def _start_beating(self) -> None:
+        """The heartbeat thread (it only beats) and the replay thread its beats wake; once, at the first hello."""
         if self._heartbeat is None:
             self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
             self._heartbeat.start()
+        if self._replayer is None:
+            self._replayer = threading.Thread(target=self._replay_loop, name="outbox-replay", daemon=True)
+            self._replayer.start()
+
+    def _start_threads(self) -> None:
+        self._start_beating()
         if self._listener is None:
             self._listener = threading.Thread(target=self._listen_main, name="listener", daemon=True)
             self._listener.start()
@@ -545,6 +620,18 @@ class ChannelWorker:
                 self.heartbeat_once()
             except Exception:  # noqa: BLE001 - the heartbeat thread must outlive one bad beat
                 self.log.exception("heartbeat step failed")
+
+    def _replay_loop(self) -> None:
+        while not self.stopping.is_set():
+            if not self._replay_due.wait(0.5):
+                continue
+            self._replay_due.clear()
+            if self.stopping.is_set():
+                return
+            try:
+                self.replay_owed()
+            except Exception:  # noqa: BLE001 - the replay thread must outlive one bad replay
+                self.log.exception("background replay failed")
 
     def _listen_main(self) -> None:
         try:
@@ -569,22 +656,25 @@ class ChannelWorker:
         return SubmitResult(bool(result.get("accepted", True)), duplicate=duplicate or bool(result.get("duplicate")),
                             reason=result.get("reason"))
 
-    def _send_inbound(self, key: str, *, wait: bool = True) -> SubmitResult | None:
-        """Submit one pending row; with ``wait=False`` return None at once if another submit is under way."""
-        if not self._inbound_lock.acquire(blocking=wait):
+    def _send_inbound(self, key: str, conversation: str, *, wait: bool = True) -> SubmitResult | None:
+        """Submit one pending row of ``conversation``; with ``wait=False`` return None at once if a submit of
+        that chat is under way in another thread."""
+        if not self._chat_locks.acquire(conversation, wait=wait):
             return None
         try:
             return self._send_inbound_locked(key)
         finally:
-            self._inbound_lock.release()
+            self._chat_locks.release(conversation)
 
     def _send_inbound_in_order(self, key: str, conversation_id: str) -> SubmitResult:
         """Submit one new row, after every earlier row of its conversation the host has not taken yet.
 
         A message queued while the host was away (or refused for now) is sent before a later one of its
         chat, so the agent reads a chat's messages in the order they were written; a later one waits
-        (queued) while an earlier one still cannot go. Other chats are not held back."""
-        with self._inbound_lock:
+        (queued) while an earlier one still cannot go. Other chats are not held back: the lock is the chat's,
+        so another chat's submit goes on while this one's file is fetched."""
+        self._chat_locks.acquire(conversation_id)
+        try:
             for earlier in self._outbox().inbound_pending():
                 if earlier.key == key:
                     break
@@ -598,8 +688,12 @@ class ChannelWorker:
                 if result.queued:
                     return SubmitResult(False, queued=True, reason=result.reason)
             return self._send_inbound_locked(key)
+        finally:
+            self._chat_locks.release(conversation_id)
 
     def _send_inbound_locked(self, key: str) -> SubmitResult:
+        """Submit one row, its files fetched and stored first; the caller holds the lock of the row's chat, so
+        no other thread fetches, stores or submits this row meanwhile."""
         outbox = self._outbox()
         row = outbox.inbound_get(key)
         if row is None or row.state != PENDING:
@@ -610,6 +704,7 @@ class ChannelWorker:
             return SubmitResult(False, queued=True)
         try:
             message = self._store_inbound_media(key, row.message)
+            outbox = self._outbox()  # (not if the worker closed it while the file downloaded: it stays owed)
             outbox.inbound_attempted(key)
             result = client.call("inbound.submit", {"message": message}, timeout=self.call_timeout_secs)
         except _MediaWait as exc:
@@ -624,7 +719,7 @@ class ChannelWorker:
             return SubmitResult(False, queued=True, reason=exc.message)
         except (ConnectionLost, CallTimeout, OSError):
             return SubmitResult(False, queued=True)
-        outbox.inbound_acked(key, result)
+        self._outbox().inbound_acked(key, result)  # (closed meanwhile: owed, and the host answers a repeat duplicate)
         return SubmitResult(bool(result.get("accepted")), duplicate=bool(result.get("duplicate")),
                             reason=result.get("reason"))
 
@@ -766,11 +861,13 @@ class ChannelWorker:
         client = self._client
         if client is not None and not client.closed:
             try:
-                self.replay()  # flush what the host is still owed before leaving
+                with self._replay_lock:  # flush what the host is still owed before leaving (not a chat still
+                    self._replay(background=True, flush=True)  # under way in a thread that outlived the drain)
             except (ConnectionLost, OSError):
                 pass
-        if self._heartbeat is not None:
-            self._heartbeat.join(1.0)
+        for thread in (self._heartbeat, self._replayer):
+            if thread is not None:
+                thread.join(1.0)
         self._drop_client()
         try:
             self.disconnect()

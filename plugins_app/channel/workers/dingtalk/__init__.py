@@ -392,7 +392,8 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
 
     def listen(self, submit) -> None:
         """HTTP mode: the webhook's threads queue what they record. Stream mode: the stream is read on a thread
-        of its own (it records each message, then acknowledges it) while this one submits the queue in order."""
+        of its own (it records each message, then acknowledges it). Either way this one hands the queue to
+        ``WebhookInbox``'s lanes: each chat's messages submitted in order in a thread of that chat's."""
         if self.link is None:
             return super().listen(submit)
         from plugins_app.channel.sdk.wslink import start_link

@@ -376,7 +376,7 @@ class EmailWorker(ChannelWorker):
         if url.startswith("gmail:") and self.gmail is not None:
             from .gmail import Transient
             gid, _, index = url[len("gmail:"):].partition("/")
-            try:  # one short try: the SDK's hold tries again (gmail.py's own retries would hold every chat)
+            try:  # one short try: the SDK's hold tries again (gmail.py's retries would hold the chat and the listener)
                 raw = self.gmail.fetch_raw(gid, retries=0, timeout=min(self.args.timeout_secs, MEDIA_TIMEOUT_SECS))
             except Transient as exc:  # a 429/5xx, or Gmail unreachable: not now
                 raise MediaNotReady(str(exc)) from exc

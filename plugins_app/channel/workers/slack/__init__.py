@@ -220,22 +220,14 @@ class SlackWorker(ChannelWorker):
     # ------------------------------------------------------------------ inbound
 
     def listen(self, submit) -> None:
+        from plugins_app.channel.sdk.webhook import InboxLanes
         receiver = None
         if self.link is not None:
             from plugins_app.channel.sdk.wslink import start_link
             receiver = start_link(self.link, name="slack-socket", refused=self._link_refused, failed=self._link_failed)
-        while not self.stopping.is_set():
-            if self._refusal:
-                raise ChannelRefused(self._refusal)
-            if self._link_error is not None:
-                raise RuntimeError(f"socket mode failed: {self._link_error}") from self._link_error
-            try:
-                msg = self._inbox.get(timeout=0.2)
-            except queue.Empty:
-                continue
-            result = submit(msg)
-            self.log.info("submitted %s (%s): accepted=%s duplicate=%s queued=%s reason=%s", msg.message_id,
-                          msg.conversation_id, result.accepted, result.duplicate, result.queued, result.reason)
+        # a thread per channel with messages under way: one channel's file downloading holds back no other
+        InboxLanes(self, submit, name="slack-inbox").run(self._inbox, lambda: self._link_error,
+                                                         what="socket mode failed: ")
         if receiver is not None:
             receiver.join(5)
 

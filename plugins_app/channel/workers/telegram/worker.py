@@ -205,8 +205,8 @@ class TelegramWorker(ChannelWorker):
 
         from telegram.error import BadRequest, InvalidToken, NetworkError, RetryAfter, TimedOut
 
-        # Short timeouts and no retries of its own: the SDK's hold retries, and a fetch runs while every chat's
-        # submits wait for it.
+        # Short timeouts and no retries of its own: the SDK's hold retries, and while a fetch runs its chat's later
+        # submits wait for it (and so does the thread that submits: the polling listener).
         timeouts = {"read_timeout": MEDIA_TIMEOUT_SECS, "connect_timeout": MEDIA_TIMEOUT_SECS,
                     "pool_timeout": MEDIA_TIMEOUT_SECS}
 
