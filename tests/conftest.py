@@ -6,7 +6,6 @@ import os
 import pytest
 
 from plugins_app.agent.engines.registry import register_engine, reset as reset_engines
-from tests.support import file_order, workers
 from tests.support.scripted import ScriptedEngine
 
 register_engine("scripted", ScriptedEngine)
@@ -190,24 +189,11 @@ def pytest_runtest_teardown(item, nextitem):
 # it at the end of the run, since pytest-rerunfailures only names it. Under pytest-xdist the workers' reports
 # reach the controlling process, which prints them.
 _reruns: list[tuple[str, str]] = []
-_durations = file_order.Recorder(workers.PASS)
 
 
 def pytest_runtest_logreport(report):
-    _durations.add(report)
     if report.outcome == "rerun":
         _reruns.append((f"{report.nodeid} ({report.when})", report.longreprtext[-6000:]))
-
-
-def pytest_sessionfinish(session, exitstatus):
-    """A whole run (no paths, -k or -m given) writes what its files took, for the next run's order. Under
-    pytest-xdist the workers' reports reach the controlling process, which writes it; a worker does not."""
-    config = session.config
-    if hasattr(config, "workerinput") or config.option.keyword or config.option.markexpr:
-        return
-    if config.args_source != pytest.Config.ArgsSource.TESTPATHS:
-        return
-    _durations.write()
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -219,9 +205,7 @@ def pytest_terminal_summary(terminalreporter):
 
 
 def pytest_collection_modifyitems(config, items):
-    """The longest files first (tests/support/file_order.py); a test marked mode_free is the same in either
-    run mode: only the embedded pass runs it (README, Tests)."""
-    items[:] = file_order.longest_first(items, workers.PASS)
+    """A test marked mode_free is the same in either run mode: only the embedded pass runs it (README, Tests)."""
     for item in items:
         if item.get_closest_marker("mode_free") and (item.get_closest_marker("django_db") or {
                 "db", "transactional_db", "cast", "tcast", "live_server"} & set(getattr(item, "fixturenames", ()))):
