@@ -535,9 +535,9 @@ class FakeDingTalk:
                 pass
             return None  # never answered: the caller is gone (or gives up)
         call = Call(method, path, headers, body if isinstance(body, dict) else None, time.monotonic())
-        status, answer = self._answer(method, path, headers, body)
-        call.status, call.answer = status, answer
-        with self.lock:
+        with self.lock:  # (one step: a test that sees a message sent also sees the call that sent it)
+            status, answer = self._answer(method, path, headers, body)
+            call.status, call.answer = status, answer
             self.calls.append(call)
         return status, answer
 
