@@ -1,0 +1,296 @@
+"""Telegram's polling and Discord's gateway: one user's large file holds back that chat only.
+
+Each worker records every message in its outbox before it confirms it to the platform (Telegram: the
+getUpdates offset; Discord: the committed ``seq``) and submits each chat's messages on a lane of that chat's
+(``InboxLanes``). Run in process against the SDK's MockBridge and the platform's fake on loopback; the crash
+tests run the worker as its own process (as the supervisor starts it) and kill it with SIGKILL while a file
+downloads: the recorded message is submitted once after the restart, by the replay.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from plugins_app.channel.bridge import HostUnavailable
+from plugins_app.channel.sdk.mock import MockBridge
+from tests.fakes.slow_file import SlowFile
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl, as the supervisor's workers")
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BIG = b"\x00\x00\x00\x18ftypmp42" + b"v" * 4096  # dribbled a byte every 50 ms: under way until released
+
+
+def wait(pred, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.05)
+    return pred()
+
+
+class Running:
+    """One worker's run() in a thread, stopped at the end of the test."""
+
+    def __init__(self, worker):
+        self.worker = worker
+        self.code = None
+        self.thread = threading.Thread(target=self._run, name=f"{worker.kind}-worker", daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        self.code = self.worker.run()
+
+    def stop(self):
+        self.worker.stop()
+        self.thread.join(20)
+        assert not self.thread.is_alive(), "the worker did not stop"
+        return self.code
+
+
+def ids(bridge) -> list[str]:
+    return [m.message_id for m in bridge.submit_log]
+
+
+def spawn(bridge: MockBridge, state: str, log: Path, module: str, *args: str, **env: str) -> subprocess.Popen:
+    """The worker as its own process, as the supervisor starts it."""
+    full = dict(os.environ)
+    full.update(bridge.env(UGENT_WORKER_STATE_DIR=state, UGENT_LOG_LEVEL="INFO"), **env)
+    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO_ROOT, env=full,
+                            stdout=log.open("a"), stderr=subprocess.STDOUT)
+
+
+def kill9(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(5)
+
+
+def terminate(proc: subprocess.Popen) -> int:
+    proc.send_signal(signal.SIGTERM)
+    return proc.wait(20)
+
+
+# -- Telegram (polling) -----------------------------------------------------------------------------
+
+TELEGRAM_ARGS = ("--mode", "polling", "--poll-timeout", "1", "--per-chat-secs", "0", "--group-secs", "0")
+
+
+@pytest.fixture
+def telegram(monkeypatch):
+    from tests.fakes.telegram import FakeTelegram
+    release = threading.Event()
+    # (heartbeats far apart: the heartbeat's replay of the outbox would send a recorded message too, a beat later)
+    with MockBridge("telegram-test", heartbeat_secs=60) as bridge, tempfile.TemporaryDirectory() as state:
+        fake = FakeTelegram().start()
+        monkeypatch.setenv("TELEGRAM_BOT_TOKEN", fake.token)
+        monkeypatch.setenv("TELEGRAM_API_BASE_URL", fake.base_url)
+        try:
+            yield fake, bridge, state, release
+        finally:
+            release.set()
+            fake.stop()
+
+
+def telegram_worker(bridge, state):
+    from plugins_app.channel.workers.telegram import TelegramWorker, parse_args
+    return TelegramWorker(options=parse_args(list(TELEGRAM_ARGS)), **bridge.worker_kwargs(state_dir=state))
+
+
+def telegram_key(update: dict) -> str:
+    return f"{update['update_id']}:{update['message']['message_id']}"
+
+
+def video(fake, data=BIG):
+    return {**fake.add_file(data, "videos/file_1.mp4"), "duration": 9, "width": 640, "height": 360,
+            "mime_type": "video/mp4"}
+
+
+def confirmed(fake, update: dict) -> bool:
+    """Telegram was told the update is taken (a getUpdates with an offset past it): it will not send it again."""
+    with fake._cond:
+        return all(u["update_id"] != update["update_id"] for u in fake.updates)
+
+
+def test_telegram_polling_another_chats_message_reaches_the_host_while_a_file_downloads(telegram):
+    fake, bridge, state, release = telegram
+    worker = telegram_worker(bridge, state)
+    running = Running(worker)
+    try:
+        assert wait(lambda: fake.polls_begun >= 1), "the worker did not poll"
+        fake.hold_downloads(release)
+        first = fake.push_message(42, "my video", video=video(fake))
+        assert wait(lambda: fake.downloads), "the file was not fetched"
+        later = fake.push_message(42, "did you get it?")
+        other = fake.push_message(43, "hello")
+        assert wait(lambda: bridge.submit_log)
+        assert ids(bridge) == [telegram_key(other)]  # while the download runs
+        # the offset moved past all three: each was in the outbox first
+        assert wait(lambda: all(confirmed(fake, u) for u in (first, later, other)), 10)
+        time.sleep(0.3)
+        assert ids(bridge) == [telegram_key(other)]  # chat 42's later message waits for its video
+        release.set()
+        assert wait(lambda: len(bridge.submit_log) == 3)
+        assert ids(bridge)[1:] == [telegram_key(first), telegram_key(later)]
+        assert bridge.media(bridge.submits[1].attachments[0].media_id).data == BIG
+    finally:
+        release.set()
+        running.stop()
+
+
+def test_telegram_polling_a_press_is_answered_once_after_the_host_took_it(telegram):
+    """The host cannot take the press at first (a database restarting): its lane waits and tries again, and the
+    callback query is answered once, after the host took it; a later message of the chat comes after it."""
+    fake, bridge, state, release = telegram
+    real_submit = bridge.hub.submit_inbound
+    refused = []
+
+    async def unavailable_once(plugin_id, msg):
+        if not refused:
+            refused.append(msg.message_id)
+            raise HostUnavailable("database is restarting")
+        return await real_submit(plugin_id, msg)
+
+    bridge.hub.submit_inbound = unavailable_once
+    worker = telegram_worker(bridge, state)
+    running = Running(worker)
+    try:
+        assert wait(lambda: fake.polls_begun >= 1), "the worker did not poll"
+        press = fake.push_callback(42, "yes", message=fake.message(42, "Deploy now?"))
+        after = fake.push_message(42, "and then?")
+        assert wait(lambda: len(bridge.submits) == 2), ids(bridge)
+        assert refused == [f"{press['update_id']}:cb"]
+        assert [m.message_id for m in bridge.submits] == [f"{press['update_id']}:cb", telegram_key(after)]
+        assert wait(lambda: fake.count("answerCallbackQuery") == 1)
+        fake.redeliver(press)  # (confirmed already: Telegram would not; were it read, it is a duplicate)
+        time.sleep(1.0)
+        assert fake.count("answerCallbackQuery") == 1
+        assert [c.params["callback_query_id"] for c in fake.calls if c.method == "answerCallbackQuery"] == \
+            [press["callback_query"]["id"]]
+    finally:
+        running.stop()
+
+
+def test_telegram_polling_a_message_recorded_when_the_worker_is_killed_is_submitted_once_after_the_restart(
+        telegram, tmp_path):
+    fake, bridge, state, release = telegram
+    log = tmp_path / "worker.log"
+    env = {"TELEGRAM_BOT_TOKEN": fake.token, "TELEGRAM_API_BASE_URL": fake.base_url}
+    first_proc = spawn(bridge, state, log, "plugins_app.channel.workers.telegram", *TELEGRAM_ARGS, **env)
+    try:
+        assert wait(lambda: fake.polls_begun >= 1, 30), log.read_text()
+        fake.hold_downloads(release)
+        update = fake.push_message(42, "my video", video=video(fake))
+        assert wait(lambda: fake.downloads), log.read_text()
+        assert wait(lambda: confirmed(fake, update), 10), "the offset did not move past the recorded update"
+        kill9(first_proc)  # the download under way, nothing submitted yet
+        assert bridge.submit_log == []
+        fake.hold_downloads(None)
+        release.set()
+        second = spawn(bridge, state, log, "plugins_app.channel.workers.telegram", *TELEGRAM_ARGS, **env)
+        try:
+            assert wait(lambda: bridge.submits, 30), log.read_text()
+            time.sleep(1.0)  # (a second submit would show now)
+            assert ids(bridge) == [telegram_key(update)]  # once, by the restart's replay: Telegram sent it no more
+            assert bridge.media(bridge.submits[0].attachments[0].media_id).data == BIG
+            assert terminate(second) == 0
+        finally:
+            if second.poll() is None:
+                kill9(second)
+    finally:
+        if first_proc.poll() is None:
+            kill9(first_proc)
+
+
+# -- Discord ----------------------------------------------------------------------------------------
+
+CHANNEL_A, CHANNEL_B = "300000000000000001", "300000000000000002"
+
+
+@pytest.fixture
+def discord():
+    from tests.fakes.discord import FakeDiscord
+    with FakeDiscord() as fake, MockBridge("discord-test", heartbeat_secs=60) as bridge, \
+            tempfile.TemporaryDirectory() as state, SlowFile(BIG, give_up_secs=20) as file:
+        yield fake, bridge, state, file
+
+
+def slow_attachment(file: SlowFile) -> dict:
+    return {"id": "1400000000000000001", "filename": "video.mp4", "size": len(file.data), "url": file.url,
+            "proxy_url": file.url, "content_type": "video/mp4"}
+
+
+def committed_seq(state: str, plugin_id: str = "discord-test") -> int | None:
+    try:
+        return json.loads((Path(state) / f"{plugin_id}.discord-session.json").read_text()).get("seq")
+    except (OSError, ValueError):
+        return None
+
+
+def test_discord_another_channels_message_reaches_the_host_while_a_file_downloads(discord):
+    fake, bridge, state, file = discord
+    from plugins_app.channel.workers.discord import DiscordWorker
+    worker = DiscordWorker(api_base_url=fake.api_base_url, bot_token=fake.token,
+                           **bridge.worker_kwargs(state_dir=state))
+    running = Running(worker)
+    try:
+        assert wait(fake.connected), "the worker did not connect to the gateway"
+        first = fake.push_message(CHANNEL_A, "my video", attachments=[slow_attachment(file)])
+        assert file.sending.wait(10), "the file was not fetched"
+        later = fake.push_message(CHANNEL_A, "did you get it?")
+        other = fake.push_message(CHANNEL_B, "hello")
+        assert wait(lambda: bridge.submit_log)
+        assert ids(bridge) == [other["id"]] and not file.sent.is_set()  # while the download runs
+        # every seq committed: each message was in the outbox first
+        assert wait(lambda: committed_seq(state) == fake.current.seq)
+        time.sleep(0.3)
+        assert ids(bridge) == [other["id"]]  # channel A's later message waits for its video
+        file.finish()
+        assert wait(lambda: len(bridge.submit_log) == 3)
+        assert ids(bridge)[1:] == [first["id"], later["id"]]
+        assert bridge.media(bridge.submits[1].attachments[0].media_id).data == BIG
+    finally:
+        file.finish()
+        running.stop()
+
+
+def test_discord_a_message_recorded_when_the_worker_is_killed_is_submitted_once_after_the_restart(
+        discord, tmp_path):
+    fake, bridge, state, file = discord
+    log = tmp_path / "worker.log"
+    args = ("--api-base-url", fake.api_base_url)
+    env = {"DISCORD_BOT_TOKEN": fake.token}
+    first_proc = spawn(bridge, state, log, "plugins_app.channel.workers.discord", *args, **env)
+    try:
+        assert wait(fake.connected, 30), log.read_text()
+        d = fake.push_message(CHANNEL_A, "my video", attachments=[slow_attachment(file)])
+        assert file.sending.wait(10), log.read_text()
+        assert wait(lambda: committed_seq(state) == fake.current.seq), "the seq was not committed once recorded"
+        kill9(first_proc)  # the download under way, nothing submitted yet
+        fake.drop()
+        assert bridge.submit_log == []
+        file.finish()
+        second = spawn(bridge, state, log, "plugins_app.channel.workers.discord", *args, **env)
+        try:
+            assert wait(lambda: bridge.submits, 30), log.read_text()
+            time.sleep(1.0)  # (a second submit would show now)
+            assert ids(bridge) == [d["id"]]  # once, by the restart's replay
+            assert fake.connections[-1]["op"] == "resume"  # from the committed seq: Discord sent it no more
+            assert bridge.media(bridge.submits[0].attachments[0].media_id).data == BIG
+            assert terminate(second) == 0
+        finally:
+            if second.poll() is None:
+                kill9(second)
+    finally:
+        if first_proc.poll() is None:
+            kill9(first_proc)
