@@ -31,7 +31,8 @@ too, so the listener and the replay never fetch one file twice. The outbox is on
 SQLite connection behind its own lock, shared by the chats' threads. A lock lives
 only while a submit of its chat does, so there are never more than the threads.
 A listener that submits from one thread still waits for each of its submits: one
-that would let other chats by submits from several (``webhook.WebhookInbox`` does).
+that would let other chats by submits from several (``webhook.InboxLanes``, which
+``WebhookInbox``, Slack, Discord and Telegram's polling use).
 """
 from __future__ import annotations
 

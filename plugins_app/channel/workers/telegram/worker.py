@@ -22,6 +22,7 @@ from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, 
 from plugins_app.channel.sdk.download import MEDIA_TIMEOUT_SECS
 from plugins_app.channel.sdk.journal import SentJournal
 from plugins_app.channel.sdk.outbox import PENDING, outbox_path_for
+from plugins_app.channel.sdk.worker import HOLD_ATTEMPTS
 from plugins_app.channel.sdk.text import split_text, utf16_len
 from plugins_app.channel.sdk.webhook import BoundedHTTPServer, InboxLanes
 
@@ -339,14 +340,19 @@ class TelegramWorker(ChannelWorker):
         inbox.put(message)
 
     def _submit_taken(self, submit, message, lanes) -> Any:
-        """On its chat's lane: submit a recorded message, and while the hub cannot take it (unreachable, or a
-        file to wait for) try again each second, its chat's later messages waiting behind it; then answer a
-        button press the hub took. Once the lanes close (a stop, a refusal) it stays owed, for the replay."""
+        """On its chat's lane: submit a recorded message, and while the hub cannot take it try again each second,
+        its chat's later messages waiting behind it (as the listener itself waited before the lanes); then answer
+        a button press the hub took. The hub unreachable, it waits until it is back; the hub failing it (or a
+        file to wait for), for ``HOLD_ATTEMPTS`` tries, then it is left owed for the replay (every heartbeat), so a
+        message the hub keeps failing does not hold its chat's lane for ever. Once the lanes close (a stop, a
+        refusal) it stays owed too."""
+        tries = 0
         while True:
             result = submit(message)
             if not result.queued:
                 break
-            if self.stopping.wait(1.0) or lanes.closed:
+            tries += result.reason is not None
+            if tries >= HOLD_ATTEMPTS or self.stopping.wait(1.0) or lanes.closed:
                 return result
         self._answer_press(message, result)
         return result
@@ -354,7 +360,7 @@ class TelegramWorker(ChannelWorker):
     def _answer_press(self, message, result) -> None:
         """A button press the hub took (not a duplicate): stop the button's spinner."""
         cq = (message.metadata.get("telegram") or {}).get("callback_query_id")
-        if cq and not result.duplicate:
+        if cq and not result.queued and not result.duplicate:
             try:  # stops the button's spinner; the answer itself comes as a message
                 self._run(self.bot.answer_callback_query(cq))
             except Exception as exc:  # noqa: BLE001 - a query older than 15 minutes cannot be answered
