@@ -294,3 +294,38 @@ def test_discord_a_message_recorded_when_the_worker_is_killed_is_submitted_once_
     finally:
         if first_proc.poll() is None:
             kill9(first_proc)
+
+
+def test_discord_a_message_that_cannot_be_recorded_is_not_confirmed_and_comes_again_on_the_resume(discord):
+    """The outbox write fails (a disk error): its seq is not committed, the connection closes (4000, the session
+    kept) and the resume from the last seq recorded brings the message again, which is then recorded and sent."""
+    import sqlite3
+
+    from plugins_app.channel.workers.discord import DiscordWorker
+
+    class FailingOnce(DiscordWorker):
+        failed: list[str] = []
+
+        def _record(self, message):
+            if message.text == "unlucky" and not self.failed:
+                self.failed.append(message.message_id)
+                raise sqlite3.OperationalError("disk I/O error")
+            super()._record(message)
+
+    fake, bridge, state, file = discord
+    worker = FailingOnce(api_base_url=fake.api_base_url, bot_token=fake.token, **bridge.worker_kwargs(state_dir=state))
+    running = Running(worker)
+    try:
+        assert wait(fake.connected), "the worker did not connect to the gateway"
+        before = fake.push_message(CHANNEL_A, "before")
+        assert wait(lambda: ids(bridge) == [before["id"]])
+        recorded = committed_seq(state)
+        unlucky = fake.push_message(CHANNEL_B, "unlucky")
+        assert wait(lambda: len(fake.connections) >= 2 and fake.connections[-1].get("op")), "no reconnect"
+        assert (fake.connections[-1]["op"], fake.connections[-1]["seq"]) == ("resume", recorded)
+        assert wait(lambda: ids(bridge) == [before["id"], unlucky["id"]])
+        assert worker.failed == [unlucky["id"]]
+        after = fake.push_message(CHANNEL_A, "after")
+        assert wait(lambda: ids(bridge) == [before["id"], unlucky["id"], after["id"]])
+    finally:
+        running.stop()
