@@ -50,8 +50,8 @@ from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, 
 from plugins_app.channel.sdk.download import download
 from plugins_app.channel.sdk.messages import ReplyContext
 from plugins_app.channel.sdk.outbox import PENDING, default_state_dir
-from plugins_app.channel.sdk.webhook import InboxLanes
 from plugins_app.channel.sdk.text import split_text
+from plugins_app.channel.sdk.webhook import InboxLanes
 
 KIND = "channel-discord"
 DESCRIPTION = "Discord: the Gateway websocket in, REST create message out (DISCORD_BOT_TOKEN)."
