@@ -181,6 +181,124 @@ def test_telegram_polling_a_press_is_answered_once_after_the_host_took_it(telegr
         running.stop()
 
 
+class HubDown:
+    """The hub's database down (every inbound.submit answered -32006, as hub.py does) until ``up()``; counts
+    the submits it refused, per message id."""
+
+    def __init__(self, bridge):
+        self.real = bridge.hub.submit_inbound
+        self.down = threading.Event()
+        self.down.set()
+        self.refused: list[str] = []
+        bridge.hub.submit_inbound = self._submit
+
+    async def _submit(self, plugin_id, msg):
+        if self.down.is_set():
+            self.refused.append(msg.message_id)
+            raise HostUnavailable("database unavailable")
+        return await self.real(plugin_id, msg)
+
+    def up(self) -> None:
+        self.down.clear()
+
+
+def test_telegram_polling_a_hub_whose_database_is_down_long_keeps_a_chats_order_and_is_tried_less_often(
+        telegram, monkeypatch):
+    """The hub's database down for longer than HOLD_ATTEMPTS tries (5 here): the host is away, not failing the
+    message, so the chat's first message keeps its place and the second comes after it once the hub is back
+    (it went first, the first left to the replay, when the -32006 answers counted as failures); meanwhile the
+    lane tries again less and less often (each try reads the whole outbox), not each second."""
+    from plugins_app.channel.sdk import worker as sdk_worker
+    from plugins_app.channel.workers.telegram import worker as telegram_module
+    monkeypatch.setattr(sdk_worker, "HOLD_ATTEMPTS", 5)
+    monkeypatch.setattr(telegram_module, "HOLD_ATTEMPTS", 5)
+    fake, bridge, state, release = telegram
+    hub = HubDown(bridge)
+    worker = telegram_worker(bridge, state)
+    running = Running(worker)
+    try:
+        assert wait(lambda: fake.polls_begun >= 1), "the worker did not poll"
+        first = fake.push_message(42, "first")
+        assert wait(lambda: hub.refused), "the lane did not try"
+        second = fake.push_message(42, "second")
+        assert wait(lambda: confirmed(fake, second), 10)
+        time.sleep(6.0)  # the database down for 6 s: 6 tries at one a second, 3 backing off (at 0, 1 and 3 s)
+        tries = len(hub.refused)
+        hub.up()
+        assert wait(lambda: bridge.submit_log, 30)
+        assert ids(bridge)[0] == telegram_key(first)
+        assert wait(lambda: len(bridge.submits) == 2), ids(bridge)
+        assert ids(bridge) == [telegram_key(first), telegram_key(second)]
+        assert set(hub.refused) == {telegram_key(first)}  # the second was never tried ahead of the first
+        assert tries <= 4, hub.refused
+    finally:
+        running.stop()
+
+
+def test_telegram_polling_a_press_the_replay_sent_while_its_lane_waited_is_answered(telegram):
+    """The hub cannot take the press at first; while its lane waits to try again, the heartbeat's replay sends it
+    (the hub back). The lane's next try finds it taken (a duplicate): the press is still answered, once."""
+    fake, bridge, state, release = telegram
+    hub = HubDown(bridge)
+    worker = telegram_worker(bridge, state)
+    running = Running(worker)
+    try:
+        assert wait(lambda: fake.polls_begun >= 1), "the worker did not poll"
+        press = fake.push_callback(42, "yes", message=fake.message(42, "Deploy now?"))
+        assert wait(lambda: len(hub.refused) >= 3), "the lane did not try"  # it now waits 4 s before a 4th
+        hub.up()
+        worker.replay_owed()  # (what a heartbeat the hub answers sets off)
+        assert [m.message_id for m in bridge.submits] == [f"{press['update_id']}:cb"]
+        assert len(hub.refused) == 3, "the lane took it, not the replay"
+        assert wait(lambda: fake.count("answerCallbackQuery") == 1, 20)
+        time.sleep(1.0)
+        assert fake.count("answerCallbackQuery") == 1
+        assert ids(bridge) == [f"{press['update_id']}:cb"]
+    finally:
+        running.stop()
+
+
+def test_telegram_polling_an_update_whose_outbox_write_fails_is_not_confirmed_and_comes_after_the_restart_once(
+        telegram):
+    """The outbox write fails (a disk error): the offset stays before the update, the getUpdates thread ends and
+    the worker with it (the supervisor restarts it); the next start gets the update again from Telegram and
+    submits it once, after the message before it."""
+    import sqlite3
+
+    from plugins_app.channel.workers.telegram import TelegramWorker, parse_args
+
+    fake, bridge, state, release = telegram
+    failed: list[int] = []
+
+    class FailingOnce(TelegramWorker):
+        def _record(self, raw, inbox):
+            if (raw.get("message") or {}).get("text") == "unlucky" and not failed:
+                failed.append(raw["update_id"])
+                raise sqlite3.OperationalError("disk I/O error")
+            return super()._record(raw, inbox)
+
+    worker = FailingOnce(options=parse_args(list(TELEGRAM_ARGS)), **bridge.worker_kwargs(state_dir=state))
+    running = Running(worker)
+    before = fake.push_message(42, "before")
+    try:
+        assert wait(lambda: ids(bridge) == [telegram_key(before)]), ids(bridge)
+        unlucky = fake.push_message(43, "unlucky")
+        running.thread.join(30)
+        assert not running.thread.is_alive() and running.code == 1  # failed: the supervisor restarts it
+    finally:
+        running.stop()
+    assert failed == [unlucky["update_id"]]
+    assert not confirmed(fake, unlucky)  # Telegram still has it
+    again = Running(telegram_worker(bridge, state))
+    try:
+        assert wait(lambda: len(bridge.submit_log) == 2), ids(bridge)
+        time.sleep(1.0)  # (a second submit would show now)
+        assert ids(bridge) == [telegram_key(before), telegram_key(unlucky)]
+        assert wait(lambda: confirmed(fake, unlucky), 10)
+    finally:
+        again.stop()
+
+
 def test_telegram_polling_a_message_recorded_when_the_worker_is_killed_is_submitted_once_after_the_restart(
         telegram, tmp_path):
     fake, bridge, state, release = telegram
@@ -329,3 +447,4 @@ def test_discord_a_message_that_cannot_be_recorded_is_not_confirmed_and_comes_ag
         assert wait(lambda: ids(bridge) == [before["id"], unlucky["id"], after["id"]])
     finally:
         running.stop()
+

@@ -22,9 +22,9 @@ from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, 
 from plugins_app.channel.sdk.download import MEDIA_TIMEOUT_SECS
 from plugins_app.channel.sdk.journal import SentJournal
 from plugins_app.channel.sdk.outbox import PENDING, outbox_path_for
-from plugins_app.channel.sdk.worker import HOLD_ATTEMPTS
 from plugins_app.channel.sdk.text import split_text, utf16_len
 from plugins_app.channel.sdk.webhook import BoundedHTTPServer, InboxLanes
+from plugins_app.channel.sdk.worker import HOLD_ATTEMPTS
 
 from . import DESCRIPTION, KIND
 from .markup import keyboard_of, markdown_to_v2
@@ -41,6 +41,8 @@ ALLOWED_UPDATES = ["message", "channel_post", "callback_query"]
 REVOKED = "401 Unauthorized: the bot token is wrong or was revoked (@BotFather /token or /revoke)"
 #: Polling: chats submitted at once, a thread each (their files downloading side by side).
 INBOX_LANES = 16
+#: Polling: the longest a lane waits between two tries while the hub is away (unreachable, its database down).
+HOST_AWAY_MAX_WAIT_SECS = 30.0
 
 
 def file_base_url(base_url: str) -> str:
@@ -340,31 +342,47 @@ class TelegramWorker(ChannelWorker):
         inbox.put(message)
 
     def _submit_taken(self, submit, message, lanes) -> Any:
-        """On its chat's lane: submit a recorded message, and while the hub cannot take it try again each second,
-        its chat's later messages waiting behind it (as the listener itself waited before the lanes); then answer
-        a button press the hub took. The hub unreachable, it waits until it is back; the hub failing it (or a
-        file to wait for), for ``HOLD_ATTEMPTS`` tries, then it is left owed for the replay (every heartbeat), so a
-        message the hub keeps failing does not hold its chat's lane for ever. Once the lanes close (a stop, a
-        refusal) it stays owed too."""
+        """On its chat's lane: submit a recorded message, and while the hub cannot take it try again, its chat's
+        later messages waiting behind it (as the listener itself waited before the lanes); then answer a button
+        press the hub took. The hub failing it (or a file to wait for), each second for ``HOLD_ATTEMPTS`` tries,
+        then it is left owed for the replay (every heartbeat), so a message the hub keeps failing does not hold
+        its chat's lane for ever. The hub away (unreachable, or its database down: no reason given), it waits
+        until the hub is back, trying again less and less often (up to every ``HOST_AWAY_MAX_WAIT_SECS``): each
+        try reads the whole outbox, and the replay sends what is owed, in order, at the first heartbeat the hub
+        answers. Once the lanes close (a stop, a refusal) it stays owed too."""
+        fresh = self._still_owed(message)
         tries = 0
+        wait = 1.0
         while True:
             result = submit(message)
             if not result.queued:
                 break
-            tries += result.reason is not None
-            if tries >= HOLD_ATTEMPTS or self.stopping.wait(1.0) or lanes.closed:
+            if result.reason is not None:
+                tries += 1
+                wait = 1.0
+            if tries >= HOLD_ATTEMPTS or self.stopping.wait(wait) or lanes.closed:
                 return result
-        self._answer_press(message, result)
+            if result.reason is None:
+                wait = min(wait * 2, HOST_AWAY_MAX_WAIT_SECS)
+        self._answer_press(message, result, fresh)
         return result
 
-    def _answer_press(self, message, result) -> None:
-        """A button press the hub took (not a duplicate): stop the button's spinner."""
+    def _still_owed(self, message) -> bool:
+        """Whether the hub has not taken this message yet (not recorded, or recorded and owed)."""
+        row = self._outbox().inbound_get(message.key)
+        return row is None or row.state == PENDING
+
+    def _answer_press(self, message, result, fresh: bool) -> None:
+        """Stop the spinner of a button press the hub took, unless the hub had it before this try (``fresh``
+        False: a redelivery of a press answered then). A duplicate answer from the hub while fresh (our own first
+        submit's answer lost, or the replay sent it meanwhile) is still this press's first answer."""
         cq = (message.metadata.get("telegram") or {}).get("callback_query_id")
-        if cq and not result.queued and not result.duplicate:
+        if cq and fresh and not result.queued:
             try:  # stops the button's spinner; the answer itself comes as a message
                 self._run(self.bot.answer_callback_query(cq))
             except Exception as exc:  # noqa: BLE001 - a query older than 15 minutes cannot be answered
-                self.log.warning("answerCallbackQuery %s failed: %s", cq, exc)
+                # (or one answered already: Telegram says 400, which is harmless)
+                self.log.info("answerCallbackQuery %s failed: %s", cq, exc)
 
     def _take(self, raw: dict, submit) -> bool:
         """Webhook mode, in the request's thread: submit one update and wait until the hub has it; False if
@@ -376,6 +394,7 @@ class TelegramWorker(ChannelWorker):
             return True
         if message is None:
             return True
+        fresh = self._still_owed(message)
         while True:
             try:
                 result = submit(message)
@@ -388,7 +407,7 @@ class TelegramWorker(ChannelWorker):
                 return False
         self.log.info("update %s: accepted=%s duplicate=%s reason=%s", raw.get("update_id"), result.accepted,
                       result.duplicate, result.reason)
-        self._answer_press(message, result)
+        self._answer_press(message, result, fresh)
         return True
 
     # ------------------------------------------------------------ webhook
