@@ -8,6 +8,7 @@ downloads: the recorded message is submitted once after the restart, by the repl
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -448,3 +449,68 @@ def test_discord_a_message_that_cannot_be_recorded_is_not_confirmed_and_comes_ag
     finally:
         running.stop()
 
+
+def test_discord_a_message_that_can_never_be_recorded_resumes_backing_off_not_in_a_loop(discord, caplog):
+    """The outbox write keeps failing (a disk full): each connection resumes from the last seq recorded, so the
+    message comes again, but after a pause that grows, not at once (a connection a second at most here, where
+    it reconnected some thirty times a second); the session is kept (a resume, never an identify afresh), and
+    asyncio logs no task exception left unretrieved."""
+    import sqlite3
+
+    from plugins_app.channel.workers.discord import DiscordWorker
+
+    class DiskFull(DiscordWorker):
+        def _record(self, message):
+            if message.text == "poison":
+                raise sqlite3.OperationalError("database or disk is full")
+            super()._record(message)
+
+    fake, bridge, state, file = discord
+    worker = DiskFull(api_base_url=fake.api_base_url, bot_token=fake.token, **bridge.worker_kwargs(state_dir=state))
+    running = Running(worker)
+    try:
+        assert wait(fake.connected), "the worker did not connect to the gateway"
+        before = fake.push_message(CHANNEL_A, "before")
+        assert wait(lambda: ids(bridge) == [before["id"]])
+        recorded = committed_seq(state)
+        fake.push_message(CHANNEL_B, "poison")
+        assert wait(lambda: len(fake.connections) >= 2), "no reconnect"
+        time.sleep(4.0)
+        connections = list(fake.connections)
+        assert 2 <= len(connections) <= 5, [c.get("op") for c in connections]
+        assert [(c.get("op"), c.get("seq")) for c in connections[1:] if c.get("op")] == \
+            [("resume", recorded)] * len([c for c in connections[1:] if c.get("op")])
+        assert committed_seq(state) == recorded
+    finally:
+        running.stop()
+    gc.collect()  # (a task left with its exception unretrieved says so when it is collected)
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
+
+
+def test_discord_the_reader_seeing_the_close_first_still_raises_the_recording_failure():
+    """The consumer that could not record a message closes the socket and raises; the reader may see the close
+    first (ConnectionClosed). Waiting for what was queued then raises the consumer's failure (so the connection
+    ends as a recording failure, backing off), and the task's exception is retrieved (asyncio logs none)."""
+    import asyncio
+
+    from plugins_app.channel.workers.discord import RecordFailed, _recorded
+
+    async def scene():
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def consume():
+            await queue.get()
+            try:
+                raise RecordFailed("message 1 could not be recorded")
+            finally:
+                queue.task_done()
+
+        consumer = asyncio.ensure_future(consume())
+        await queue.put(("MESSAGE_CREATE", {}, 2))
+        await queue.put(("MESSAGE_CREATE", {}, 3))  # (never handled: the consumer ended)
+        with pytest.raises(RecordFailed):
+            await _recorded(queue, consumer)
+        with pytest.raises(RecordFailed):
+            await _recorded(queue, consumer)  # (the consumer done already)
+
+    asyncio.run(scene())

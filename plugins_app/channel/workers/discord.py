@@ -101,6 +101,13 @@ class Reconnect(Exception):
         self.resume = resume
 
 
+class RecordFailed(Reconnect):
+    """A message could not be written in the outbox (a disk full, an I/O error): its ``seq`` is not committed.
+    The session is resumed from the last ``seq`` recorded, so Discord sends the message again; but after a pause
+    that grows while it keeps failing (backoff), never at once, and never by identifying afresh (which would
+    lose what was not recorded)."""
+
+
 # ---------------------------------------------------------------- Markdown → Discord markup
 
 _HEADING = re.compile(r"^(#{4,6})\s+(.+?)\s*#*\s*$", re.MULTILINE)
@@ -349,7 +356,7 @@ class DiscordWorker(ChannelWorker):
             while not self.stopping.is_set() and not self._refusal:
                 resuming = bool(session.get("session_id") and session.get("resume_gateway_url"))
                 url = session["resume_gateway_url"] if resuming else self.gateway_url
-                healthy = False
+                healthy = record_failed = False
                 try:
                     async with websockets.connect(_gateway_query(url), max_size=None, open_timeout=15,
                                                   close_timeout=2, ping_interval=None) as ws:
@@ -362,6 +369,9 @@ class DiscordWorker(ChannelWorker):
                             await asyncio.gather(run, return_exceptions=True)
                             return
                         healthy = run.result()
+                except RecordFailed as exc:
+                    self.log.warning("gateway: %s; resuming in a while", exc)
+                    record_failed = True
                 except Reconnect as exc:
                     self.log.info("gateway: %s; %s", exc, "resuming" if exc.resume else "identifying afresh")
                     healthy = True
@@ -384,7 +394,9 @@ class DiscordWorker(ChannelWorker):
                     self.log.warning("gateway connection failed: %s", exc)
                 finally:
                     self._ws = None
-                failures = 0 if healthy else failures + 1
+                # (a connection that could not record a message resumed: it is no failed resume, and identifying
+                # afresh would lose the message; but it backs off as a failure does)
+                failures = 0 if healthy or record_failed else failures + 1
                 if resuming and failures >= RESUME_ATTEMPTS:
                     self.log.warning("gateway: %d attempts to resume failed; identifying afresh", failures)
                     session.clear()
@@ -418,6 +430,7 @@ class DiscordWorker(ChannelWorker):
         heart = asyncio.ensure_future(self._gw_heartbeat(ws, interval, beat))
         queue: asyncio.Queue = asyncio.Queue()
         consumer = asyncio.ensure_future(self._consume(ws, queue, session))
+        reader = None
         try:
             while True:
                 reader = asyncio.ensure_future(self._recv(ws))
@@ -447,12 +460,16 @@ class DiscordWorker(ChannelWorker):
                     await self._dispatch(payload, session, queue)
         except websockets.exceptions.ConnectionClosed as exc:
             rcvd = exc.rcvd
-            await _recorded(queue, consumer)
+            await _recorded(queue, consumer)  # (raises RecordFailed if a message not recorded closed it: a backoff)
             session["_healthy"] = bool(session.get("_ready"))
             raise GatewayClosed(rcvd.code if rcvd else None, rcvd.reason if rcvd else "") from None
         finally:
-            heart.cancel()
-            consumer.cancel()
+            for task in (heart, consumer, reader):  # (the reader too: cancelled by a stop, it would see the close)
+                if task is None:
+                    continue
+                task.cancel()
+                if task.done() and not task.cancelled():
+                    task.exception()  # (retrieved: asyncio would log "Task exception was never retrieved")
             session.pop("_ready", None)
 
     async def _dispatch(self, payload: dict, session: dict, queue: asyncio.Queue) -> None:
@@ -495,7 +512,7 @@ class DiscordWorker(ChannelWorker):
                         self.log.error("could not record message %s (seq %s): %s: %s", msg.message_id, seq,
                                        type(exc).__name__, exc)
                         await ws.close(ZOMBIE_CLOSE_CODE, "resuming")  # (not 1000: the session must survive)
-                        raise Reconnect("a message could not be recorded") from exc
+                        raise RecordFailed(f"message {msg.message_id} could not be recorded") from exc
                 if seq is not None and session.get("session_id"):
                     session["seq"] = seq
                     self._session_save(session)
@@ -618,12 +635,14 @@ class DiscordWorker(ChannelWorker):
 
 
 async def _recorded(queue: asyncio.Queue, consumer: asyncio.Future) -> None:
-    """Wait until every event queued has been handled (its message recorded), or the consumer has ended."""
-    if consumer.done():
-        return
-    joined = asyncio.ensure_future(queue.join())
-    await asyncio.wait({joined, consumer}, return_when=asyncio.FIRST_COMPLETED)
-    joined.cancel()
+    """Wait until every event queued has been handled (its message recorded), or the consumer has ended; then
+    raise what ended it (``RecordFailed``: the connection is left for that reason, whatever else came)."""
+    if not consumer.done():
+        joined = asyncio.ensure_future(queue.join())
+        await asyncio.wait({joined, consumer}, return_when=asyncio.FIRST_COMPLETED)
+        joined.cancel()
+    if consumer.done() and not consumer.cancelled() and consumer.exception() is not None:
+        raise consumer.exception()
 
 
 def _gateway_query(url: str) -> str:
