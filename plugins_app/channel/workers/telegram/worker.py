@@ -376,13 +376,15 @@ class TelegramWorker(ChannelWorker):
         """Stop the spinner of a button press the hub took, unless the hub had it before this try (``fresh``
         False: a redelivery of a press answered then). A duplicate answer from the hub while fresh (our own first
         submit's answer lost, or the replay sent it meanwhile) is still this press's first answer."""
+        from telegram.error import BadRequest
         cq = (message.metadata.get("telegram") or {}).get("callback_query_id")
         if cq and fresh and not result.queued:
             try:  # stops the button's spinner; the answer itself comes as a message
                 self._run(self.bot.answer_callback_query(cq))
-            except Exception as exc:  # noqa: BLE001 - a query older than 15 minutes cannot be answered
-                # (or one answered already: Telegram says 400, which is harmless)
-                self.log.info("answerCallbackQuery %s failed: %s", cq, exc)
+            except BadRequest as exc:  # a query answered already, or older than 15 minutes: harmless
+                self.log.info("answerCallbackQuery %s refused: %s", cq, exc)
+            except Exception as exc:  # noqa: BLE001 - the spinner times out by itself
+                self.log.warning("answerCallbackQuery %s failed: %s", cq, exc)
 
     def _take(self, raw: dict, submit) -> bool:
         """Webhook mode, in the request's thread: submit one update and wait until the hub has it; False if
