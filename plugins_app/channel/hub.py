@@ -12,7 +12,7 @@ import logging
 import time
 
 from asgiref.sync import sync_to_async
-from django.db import DatabaseError, close_old_connections
+from django.db import InterfaceError, OperationalError, close_old_connections
 from django.utils import timezone
 
 from channels_app import notify
@@ -26,12 +26,16 @@ log = logging.getLogger("ugent.plugins")
 
 
 def _db(fn):
-    """Run a blocking ORM function in a thread; a database that is down is -32000 (retry later)."""
+    """Run a blocking ORM function in a thread; a database that is away (down, restarting, a connection lost,
+    SQLite locked past its timeout) is -32006, the host unavailable: the worker waits and tries again, however
+    long, and counts no attempt. Any other database error (a value the database refuses, a constraint) is about
+    the call's own data: -32603, which the worker counts toward giving the message up (HOLD_ATTEMPTS), so one
+    message that always fails cannot hold its chat for ever."""
     def wrapped(*args, **kwargs):
         close_old_connections()
         try:
             return fn(*args, **kwargs)
-        except DatabaseError as exc:
+        except (OperationalError, InterfaceError) as exc:
             log.warning("plugin hub: database unavailable (error=%s)", exc)
             raise HostUnavailable("database unavailable") from None
         finally:

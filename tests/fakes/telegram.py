@@ -75,6 +75,7 @@ class FakeTelegram:
         self.files: dict[str, tuple[str, bytes]] = {}    # file_id -> (file_path, bytes)
         self.downloads: list[tuple[str, int]] = []       # (file_path, status) of each file download, in order
         self._download_failures: list[int] = []          # statuses the next file downloads answer
+        self._download_hold: threading.Event | None = None  # set: downloads dribble until it is (hold_downloads)
         self.revoked = False
         self._cond = threading.Condition()
         self._ids = itertools.count(1000)
@@ -204,6 +205,12 @@ class FakeTelegram:
         """The next ``times`` downloads from ``/file/bot<token>/`` answer ``status`` (a 5xx: busy for now)."""
         with self._cond:
             self._download_failures += [status] * times
+
+    def hold_downloads(self, release: threading.Event | None) -> None:
+        """File downloads begun from now on send their headers at once, then the body a byte every 50 ms until
+        ``release`` is set (or 20 s passed), then the rest: a large file over a slow link, under way meanwhile
+        and never silent long enough for a read to time out. None serves them at once again."""
+        self._download_hold = release
 
     def hold_next(self, method: str, *, after: int = 0) -> None:
         """The call of ``method`` after the next ``after`` ones never arrives: held open, not recorded,
@@ -534,7 +541,14 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Type", "application/octet-stream")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
-            self.wfile.write(data)
+            hold, at = self.fake._download_hold, 0
+            if hold is not None:
+                deadline = time.monotonic() + 20
+                while at < len(data) - 1 and time.monotonic() < deadline and not hold.wait(0.05):
+                    self.wfile.write(data[at:at + 1])
+                    self.wfile.flush()
+                    at += 1
+            self.wfile.write(data[at:])
             return
         self._api(parts, {}, {})
 

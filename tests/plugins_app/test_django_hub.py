@@ -210,3 +210,26 @@ def test_a_late_failure_ack_under_an_old_claim_leaves_the_new_holders_delivery_a
     # B's own failure under its claim is a real one
     out = run(hub.ack_outbound("echo-main", delivery_id, "failed", True, "B failed", claim=second.claim))
     assert (out["duplicate"], out["state"], out["attempt"]) == (False, "pending", 2)
+
+
+@pytest.mark.parametrize("error, away", [
+    ("OperationalError", True),   # down, restarting, SQLite locked past its timeout
+    ("InterfaceError", True),     # the connection is gone
+    ("DataError", False),         # a value of this call's the database refuses
+    ("IntegrityError", False),    # a constraint this call's data breaks
+])
+def test_only_a_database_that_is_away_makes_the_host_unavailable(error, away):
+    """-32006 makes a worker wait, however long, counting no attempt; an error about one call's own data must
+    reach it as -32603 instead, which it counts toward giving that message up (HOLD_ATTEMPTS)."""
+    import django.db
+    from asgiref.sync import async_to_sync
+
+    from plugins_app.channel.bridge import HostUnavailable
+    from plugins_app.channel.hub import _db
+    exc_type = getattr(django.db, error)
+
+    def fails():
+        raise exc_type("what the database said")
+    call = async_to_sync(_db(fails))
+    with pytest.raises(HostUnavailable if away else exc_type):
+        call()

@@ -241,16 +241,21 @@ def test_a_submit_the_host_cannot_take_now_stays_queued_and_is_retried(bridge, s
     bridge.wait_for(lambda: worker.outbox.inbound_get(message("m-1").key).state == ACKED)
 
 
-def test_a_chats_messages_reach_the_host_in_order_and_a_held_chat_holds_back_no_other(bridge, start_worker):
+def test_a_chats_messages_reach_the_host_in_order_and_a_held_chat_holds_back_no_other(bridge, start_worker,
+                                                                                      monkeypatch):
+    """The hub fails one message (an error of the hub's about that message, not -32006: the host as a whole is
+    there): its chat waits behind it, the others go on."""
+    from plugins_app.channel.sdk import worker as worker_module
+    monkeypatch.setattr(worker_module, "HOLD_ATTEMPTS", 10_000)  # (not what this test is about: m-1 holds its chat)
     real_submit = bridge.hub.submit_inbound
     refuse, once = {"m-1"}, {"m-7"}
 
     async def hub(plugin_id, msg):
         if msg.message_id in refuse:
-            raise HostUnavailable("busy")
+            raise RuntimeError("busy")
         if msg.message_id in once:
             once.discard(msg.message_id)
-            raise HostUnavailable("busy")
+            raise RuntimeError("busy")
         return await real_submit(plugin_id, msg)
 
     bridge.hub.submit_inbound = hub
@@ -876,6 +881,38 @@ def test_heartbeats_go_on_while_the_opening_replay_downloads_and_a_stop_ends_it(
         bridge.wait_for(lambda: len(bridge.submits) == 2)
         assert [m.message_id for m in bridge.submits] == ["m-1", "m-2"]
         assert running.stop() == 0
+
+
+def test_a_host_unavailable_however_long_fails_no_message_and_a_chat_keeps_its_order(bridge, start_worker,
+                                                                                    monkeypatch):
+    """-32006 (the hub's database down) is the host away, as when it is unreachable: a message it answers so, again
+    and again past HOLD_ATTEMPTS (the heartbeat's replay tries every 50 ms here), is not counted as failed, so it
+    keeps holding its chat's later messages, and once the host is back the chat's messages go in order."""
+    from plugins_app.channel.sdk import worker as worker_module
+    monkeypatch.setattr(worker_module, "HOLD_ATTEMPTS", 3)
+    real_submit = bridge.hub.submit_inbound
+    down = threading.Event()
+    down.set()
+    refused: list[str] = []
+
+    async def hub(plugin_id, msg):
+        if down.is_set():
+            refused.append(msg.message_id)
+            raise HostUnavailable("database unavailable")
+        return await real_submit(plugin_id, msg)
+
+    bridge.hub.submit_inbound = hub
+    worker = start_worker()
+    bridge.wait_for(lambda: bridge.hellos)
+    assert worker.submit(message("m-1")).queued
+    bridge.wait_for(lambda: refused.count("m-1") >= 3 * 3)  # the replays' tries, far past HOLD_ATTEMPTS
+    later = worker.submit(message("m-2"))
+    assert later.queued and "m-2" not in refused  # m-1 still holds its chat: m-2 was not tried before it
+    assert later.reason is None  # (as for an unreachable host: no reason, nothing failed)
+    assert worker.outbox.inbound_get(message("m-1").key).attempts == 0
+    down.clear()
+    bridge.wait_for(lambda: len(bridge.submits) == 2)
+    assert [m.message_id for m in bridge.submits] == ["m-1", "m-2"]
 
 
 def test_a_message_the_host_keeps_failing_stops_holding_back_its_chat(bridge, start_worker, monkeypatch):

@@ -14,7 +14,8 @@ platform's signature before anything is recorded, and answer 2xx only once the m
 ``WebhookInbox`` is the rest of such a worker: the webhook's threads record and queue, and its ``listen``
 hands each chat's messages to a thread of that chat's (``InboxLanes``, on ``ChatLanes``), so one chat's file
 downloading for minutes holds back that chat's later messages only (the SDK's submits lock per chat, not per
-worker). A listener fed by a thread of its own (Slack's socket) uses ``InboxLanes`` alone.
+worker). A listener fed by a thread of its own (Slack's socket, Discord's Gateway, Telegram's getUpdates) uses
+``InboxLanes`` alone: that thread records each message before it confirms it to the platform, and queues it.
 """
 from __future__ import annotations
 

@@ -31,7 +31,8 @@ too, so the listener and the replay never fetch one file twice. The outbox is on
 SQLite connection behind its own lock, shared by the chats' threads. A lock lives
 only while a submit of its chat does, so there are never more than the threads.
 A listener that submits from one thread still waits for each of its submits: one
-that would let other chats by submits from several (``webhook.WebhookInbox`` does).
+that would let other chats by submits from several (``webhook.InboxLanes``, which
+``WebhookInbox``, Slack, Discord and Telegram's polling use).
 """
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .client import CallCancelled, CallTimeout, ConnectionLost, RpcClient, connect_with_retry
-from .jsonrpc import DEFAULT_MAX_FRAME_BYTES, INVALID_PARAMS, MEDIA_TOO_LARGE, UNKNOWN_DELIVERY, RPCError
+from .jsonrpc import (DEFAULT_MAX_FRAME_BYTES, HOST_UNAVAILABLE, INVALID_PARAMS, MEDIA_TOO_LARGE, UNKNOWN_DELIVERY,
+                      RPCError)
 from .messages import Attachment, InboundMessage, Media, MessageValidationError, Delivery
 from .outbox import ACK, ACKED, FAILED, PENDING, REJECTED, RESUME, SENT, Outbox, PendingAck, refusal_path_for
 
@@ -104,8 +106,10 @@ class MediaNotReady(Exception):
     platform's link, which the host cannot fetch.)"""
 
 
-#: A message the host failed this many times (an error of the host's, not a refusal) stops holding back its
-#: chat's later messages: a message that breaks the hub must not silence a chat. It is still retried.
+#: A message the host failed this many times (an error of the host's about it, not a refusal) stops holding back
+#: its chat's later messages: a message that breaks the hub must not silence a chat. It is still retried. A host
+#: that cannot answer at all (unreachable, no answer in time, or -32006: its database down) fails no message: its
+#: chats' messages wait, in order, however long it lasts.
 HOLD_ATTEMPTS = 10
 
 _NO_LINKS = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S+")
@@ -705,7 +709,6 @@ class ChannelWorker:
         try:
             message = self._store_inbound_media(key, row.message)
             outbox = self._outbox()  # (not if the worker closed it while the file downloaded: it stays owed)
-            outbox.inbound_attempted(key)
             result = client.call("inbound.submit", {"message": message}, timeout=self.call_timeout_secs)
         except _MediaWait as exc:
             return SubmitResult(False, queued=True, reason=str(exc))  # this chat waits; the others go on
@@ -715,6 +718,12 @@ class ChannelWorker:
                 self.log.error("inbound message %s refused: %s", key, exc.message)
                 outbox.inbound_rejected(key, exc.message)
                 return SubmitResult(False, reason=exc.message)
+            if exc.code == HOST_UNAVAILABLE:
+                # The host cannot serve anything now (its database is down): as when it is unreachable, the message
+                # waits, its chat's later messages behind it, however long that lasts; not a failure of its own.
+                self.log.warning("inbound.submit: the host is unavailable (%s), will retry", _data_reason(exc))
+                return SubmitResult(False, queued=True)
+            outbox.inbound_attempted(key)  # the host failed this message: HOLD_ATTEMPTS of these and it holds no more
             self.log.warning("inbound.submit failed, will retry: %s", exc)
             return SubmitResult(False, queued=True, reason=exc.message)
         except (ConnectionLost, CallTimeout, OSError):
@@ -881,6 +890,12 @@ class ChannelWorker:
         if self.outbox is not None:
             self.outbox.close()
             self.outbox = None
+
+
+def _data_reason(exc: RPCError) -> str:
+    """The ``reason`` a hub put in an error's data, else the error's message."""
+    data = exc.data if isinstance(exc.data, dict) else {}
+    return str(data.get("reason") or exc.message)
 
 
 def _prctl():

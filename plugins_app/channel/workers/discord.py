@@ -12,6 +12,9 @@ from ``GET /gateway/bot`` there, as Discord asks).
   with ``seq`` on ``resume_gateway_url``, RECONNECT (op 7) and INVALID_SESSION (op 9) handled.
   The session (id, resume URL, the last ``seq`` whose message is in the outbox) is kept in the
   state directory, so a worker killed and restarted resumes and Discord replays what came after.
+  The Gateway runs in a thread of its own, which records each message in the outbox (then its
+  ``seq`` is committed); the listener submits each channel's messages on a lane of that channel's
+  (``InboxLanes``), so one user's file downloading for minutes holds back that channel only.
   Close codes only the operator can fix (4004 bad token, 4014 disallowed intent, ...) end the
   worker with ``ChannelRefused``; the rest reconnect with a growing backoff, never a hot loop.
 * Inbound: MESSAGE_CREATE → ``InboundMessage`` (conversation = channel id, a thread being its own
@@ -33,6 +36,7 @@ import asyncio
 import hashlib
 import json
 import os
+import queue
 import random
 import re
 import threading
@@ -41,11 +45,13 @@ from pathlib import Path
 
 import httpx
 
-from plugins_app.channel.sdk import Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, InboundMessage
+from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, InboundMessage,
+                                     MessageValidationError)
 from plugins_app.channel.sdk.download import download
 from plugins_app.channel.sdk.messages import ReplyContext
-from plugins_app.channel.sdk.outbox import default_state_dir
+from plugins_app.channel.sdk.outbox import PENDING, default_state_dir
 from plugins_app.channel.sdk.text import split_text
+from plugins_app.channel.sdk.webhook import InboxLanes
 
 KIND = "channel-discord"
 DESCRIPTION = "Discord: the Gateway websocket in, REST create message out (DISCORD_BOT_TOKEN)."
@@ -93,6 +99,13 @@ class Reconnect(Exception):
     def __init__(self, why: str, *, resume: bool = True):
         super().__init__(why)
         self.resume = resume
+
+
+class RecordFailed(Reconnect):
+    """A message could not be written in the outbox (a disk full, an I/O error): its ``seq`` is not committed.
+    The session is resumed from the last ``seq`` recorded, so Discord sends the message again; but after a pause
+    that grows while it keeps failing (backoff), never at once, and never by identifying afresh (which would
+    lose what was not recorded)."""
 
 
 # ---------------------------------------------------------------- Markdown → Discord markup
@@ -280,6 +293,8 @@ class DiscordWorker(ChannelWorker):
         self._refusal: str | None = None        # a revoked token noticed on the REST side
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ws = None
+        self._inbox: queue.Queue = queue.Queue()  # recorded messages, for the listener's lanes
+        self._gateway_error: Exception | None = None  # what ended the gateway thread
 
     # -- connect / disconnect ----------------------------------------------------------
 
@@ -308,16 +323,30 @@ class DiscordWorker(ChannelWorker):
     # -- inbound: the Gateway ----------------------------------------------------------------
 
     def listen(self, submit) -> None:
+        """The Gateway in a thread of its own records each message (``_gateway_main``); here each channel's are
+        submitted on a lane of that channel's, so one channel's file downloading holds back no other."""
+        gateway = threading.Thread(target=self._gateway_main, name="discord-gateway", daemon=True)
+        gateway.start()
+        try:
+            InboxLanes(self, submit, name="discord-inbox").run(self._inbox, lambda: self._gateway_error,
+                                                               what="the gateway failed: ")
+        finally:
+            if self.stopping.is_set() or self._refusal:
+                gateway.join(5)  # (else the worker is stopped next, which ends it: ChannelWorker._listen_main)
+
+    def _gateway_main(self) -> None:
         loop = asyncio.new_event_loop()
         self._loop = loop
         try:
-            loop.run_until_complete(self._gateway(submit))
+            loop.run_until_complete(self._gateway())
+            if not (self.stopping.is_set() or self._refusal):
+                raise RuntimeError("the gateway loop ended")
+        except Exception as exc:  # noqa: BLE001 - the listener raises it: the worker is restarted
+            self._gateway_error = exc
         finally:
             loop.close()
-        if self._refusal:
-            raise ChannelRefused(self._refusal)
 
-    async def _gateway(self, submit) -> None:
+    async def _gateway(self) -> None:
         import websockets
         session = self._session_load()
         backoff = BACKOFF_INITIAL_SECS
@@ -327,12 +356,12 @@ class DiscordWorker(ChannelWorker):
             while not self.stopping.is_set() and not self._refusal:
                 resuming = bool(session.get("session_id") and session.get("resume_gateway_url"))
                 url = session["resume_gateway_url"] if resuming else self.gateway_url
-                healthy = False
+                healthy = record_failed = False
                 try:
                     async with websockets.connect(_gateway_query(url), max_size=None, open_timeout=15,
                                                   close_timeout=2, ping_interval=None) as ws:
                         self._ws = ws
-                        run = asyncio.ensure_future(self._session(ws, session, resuming, submit))
+                        run = asyncio.ensure_future(self._session(ws, session, resuming))
                         done, _ = await asyncio.wait({run, stop_task}, return_when=asyncio.FIRST_COMPLETED)
                         if run not in done:
                             run.cancel()
@@ -340,6 +369,9 @@ class DiscordWorker(ChannelWorker):
                             await asyncio.gather(run, return_exceptions=True)
                             return
                         healthy = run.result()
+                except RecordFailed as exc:
+                    self.log.warning("gateway: %s; resuming in a while", exc)
+                    record_failed = True
                 except Reconnect as exc:
                     self.log.info("gateway: %s; %s", exc, "resuming" if exc.resume else "identifying afresh")
                     healthy = True
@@ -362,7 +394,9 @@ class DiscordWorker(ChannelWorker):
                     self.log.warning("gateway connection failed: %s", exc)
                 finally:
                     self._ws = None
-                failures = 0 if healthy else failures + 1
+                # (a connection that could not record a message resumed: it is no failed resume, and identifying
+                # afresh would lose the message; but it backs off as a failure does)
+                failures = 0 if healthy or record_failed else failures + 1
                 if resuming and failures >= RESUME_ATTEMPTS:
                     self.log.warning("gateway: %d attempts to resume failed; identifying afresh", failures)
                     session.clear()
@@ -378,7 +412,7 @@ class DiscordWorker(ChannelWorker):
         while not self.stopping.is_set() and not self._refusal:
             await asyncio.sleep(0.1)
 
-    async def _session(self, ws, session: dict, resuming: bool, submit) -> bool:
+    async def _session(self, ws, session: dict, resuming: bool) -> bool:
         """One websocket connection: HELLO, IDENTIFY or RESUME, then events until it ends."""
         import websockets
         hello = await self._recv(ws, timeout=30)
@@ -395,7 +429,8 @@ class DiscordWorker(ChannelWorker):
                 "properties": {"os": "linux", "browser": "ugent", "device": "ugent"}}}))
         heart = asyncio.ensure_future(self._gw_heartbeat(ws, interval, beat))
         queue: asyncio.Queue = asyncio.Queue()
-        consumer = asyncio.ensure_future(self._consume(queue, session, submit))
+        consumer = asyncio.ensure_future(self._consume(ws, queue, session))
+        reader = None
         try:
             while True:
                 reader = asyncio.ensure_future(self._recv(ws))
@@ -414,23 +449,27 @@ class DiscordWorker(ChannelWorker):
                 elif op == OP_HEARTBEAT:
                     await ws.send(json.dumps({"op": OP_HEARTBEAT, "d": beat["seq"]}))
                 elif op == OP_RECONNECT:
-                    await queue.join()
+                    await _recorded(queue, consumer)
                     await ws.close(ZOMBIE_CLOSE_CODE, "reconnect requested")
                     raise Reconnect("RECONNECT requested")
                 elif op == OP_INVALID_SESSION:
-                    await queue.join()
+                    await _recorded(queue, consumer)
                     await ws.close(ZOMBIE_CLOSE_CODE, "invalid session")
                     raise Reconnect("INVALID_SESSION", resume=bool(payload.get("d")))
                 elif op == OP_DISPATCH:
                     await self._dispatch(payload, session, queue)
         except websockets.exceptions.ConnectionClosed as exc:
             rcvd = exc.rcvd
-            await queue.join() if not consumer.done() else None
+            await _recorded(queue, consumer)  # (raises RecordFailed if a message not recorded closed it: a backoff)
             session["_healthy"] = bool(session.get("_ready"))
             raise GatewayClosed(rcvd.code if rcvd else None, rcvd.reason if rcvd else "") from None
         finally:
-            heart.cancel()
-            consumer.cancel()
+            for task in (heart, consumer, reader):  # (the reader too: cancelled by a stop, it would see the close)
+                if task is None:
+                    continue
+                task.cancel()
+                if task.done() and not task.cancelled():
+                    task.exception()  # (retrieved: asyncio would log "Task exception was never retrieved")
             session.pop("_ready", None)
 
     async def _dispatch(self, payload: dict, session: dict, queue: asyncio.Queue) -> None:
@@ -447,24 +486,46 @@ class DiscordWorker(ChannelWorker):
             self.log.info("gateway RESUMED session %s", session.get("session_id"))
         await queue.put((kind, d, seq))
 
-    async def _consume(self, queue: asyncio.Queue, session: dict, submit) -> None:
-        """Submit messages in the order they came; a ``seq`` is committed once its message is in the outbox."""
+    async def _consume(self, ws, queue: asyncio.Queue, session: dict) -> None:
+        """Record messages in the order they came and hand each to the listener's lanes; a ``seq`` is committed
+        once its message is in the outbox. A message that cannot be recorded ends the connection, its ``seq``
+        not committed: the session is resumed from the last one recorded and Discord sends it again."""
         while True:
             kind, d, seq = await queue.get()
             try:
+                msg = None
                 if kind == "MESSAGE_CREATE":
-                    msg = normalise_message(d, own_user_id=self.own_user_id or session.get("user_id"))
-                    if msg is not None:
-                        result = await asyncio.to_thread(submit, msg)
-                        self.log.info("submitted %s: accepted=%s duplicate=%s queued=%s", msg.message_id,
-                                      result.accepted, result.duplicate, result.queued)
+                    try:
+                        msg = normalise_message(d, own_user_id=self.own_user_id or session.get("user_id"))
+                        if msg is not None:
+                            msg.validate()
+                    except MessageValidationError as exc:
+                        self.log.error("message %s skipped: %s", d.get("id"), exc)
+                        msg = None
+                    except Exception:  # noqa: BLE001 - one malformed event must not stop the channel
+                        self.log.exception("could not read %s (seq %s); skipped", kind, seq)
+                        msg = None
+                if msg is not None:
+                    try:
+                        await asyncio.to_thread(self._record, msg)
+                    except Exception as exc:  # noqa: BLE001 - its seq stays: resumed, Discord sends it again
+                        self.log.error("could not record message %s (seq %s): %s: %s", msg.message_id, seq,
+                                       type(exc).__name__, exc)
+                        await ws.close(ZOMBIE_CLOSE_CODE, "resuming")  # (not 1000: the session must survive)
+                        raise RecordFailed(f"message {msg.message_id} could not be recorded") from exc
                 if seq is not None and session.get("session_id"):
                     session["seq"] = seq
                     self._session_save(session)
-            except Exception:  # noqa: BLE001 - one malformed event must not stop the channel
-                self.log.exception("could not handle %s (seq %s)", kind, seq)
             finally:
                 queue.task_done()
+
+    def _record(self, message: InboundMessage) -> None:
+        """Write a message in the outbox and queue it for the listener's lanes (not one the hub already took)."""
+        row = self._outbox().inbound_record(message)
+        if row.state != PENDING:
+            self.log.info("message %s: duplicate (the hub had it already)", message.message_id)
+            return
+        self._inbox.put(message)
 
     async def _gw_heartbeat(self, ws, interval: float, beat: dict) -> None:
         await asyncio.sleep(interval * random.random())  # the first beat is jittered, as Discord asks
@@ -571,6 +632,17 @@ class DiscordWorker(ChannelWorker):
         loop, ws = self._loop, self._ws
         if loop is not None and ws is not None and not loop.is_closed():
             asyncio.run_coroutine_threadsafe(ws.close(ZOMBIE_CLOSE_CODE, "token refused"), loop)
+
+
+async def _recorded(queue: asyncio.Queue, consumer: asyncio.Future) -> None:
+    """Wait until every event queued has been handled (its message recorded), or the consumer has ended; then
+    raise what ended it (``RecordFailed``: the connection is left for that reason, whatever else came)."""
+    if not consumer.done():
+        joined = asyncio.ensure_future(queue.join())
+        await asyncio.wait({joined, consumer}, return_when=asyncio.FIRST_COMPLETED)
+        joined.cancel()
+    if consumer.done() and not consumer.cancelled() and consumer.exception() is not None:
+        raise consumer.exception()
 
 
 def _gateway_query(url: str) -> str:

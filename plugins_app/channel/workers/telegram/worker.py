@@ -8,6 +8,7 @@ import hashlib
 import hmac
 import json
 import os
+import queue
 import re
 import threading
 import time
@@ -20,9 +21,10 @@ from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, 
                                      MessageValidationError)
 from plugins_app.channel.sdk.download import MEDIA_TIMEOUT_SECS
 from plugins_app.channel.sdk.journal import SentJournal
-from plugins_app.channel.sdk.outbox import outbox_path_for
+from plugins_app.channel.sdk.outbox import PENDING, outbox_path_for
 from plugins_app.channel.sdk.text import split_text, utf16_len
-from plugins_app.channel.sdk.webhook import BoundedHTTPServer
+from plugins_app.channel.sdk.webhook import BoundedHTTPServer, InboxLanes
+from plugins_app.channel.sdk.worker import HOLD_ATTEMPTS
 
 from . import DESCRIPTION, KIND
 from .markup import keyboard_of, markdown_to_v2
@@ -37,6 +39,10 @@ MAX_FLOOD_RETRIES = 5        # 429s waited out in place for one send; then the h
 MESSAGE_LIMIT = 4096          # UTF-16 code units after entity parsing
 ALLOWED_UPDATES = ["message", "channel_post", "callback_query"]
 REVOKED = "401 Unauthorized: the bot token is wrong or was revoked (@BotFather /token or /revoke)"
+#: Polling: chats submitted at once, a thread each (their files downloading side by side).
+INBOX_LANES = 16
+#: Polling: the longest a lane waits between two tries while the hub is away (unreachable, its database down).
+HOST_AWAY_MAX_WAIT_SECS = 30.0
 
 
 def file_base_url(base_url: str) -> str:
@@ -132,6 +138,7 @@ class TelegramWorker(ChannelWorker):
         self._loop: _Loop | None = None
         self._journal: SentJournal | None = None
         self._refusal: str | None = None      # set by any call that found the token revoked
+        self._poll_error: Exception | None = None  # polling: what ended the getUpdates thread
         self._server: BoundedHTTPServer | None = None
         self.webhook_url: str | None = None
 
@@ -145,7 +152,8 @@ class TelegramWorker(ChannelWorker):
             raise ChannelRefused(f"{TOKEN_ENV} is not set (add it to the plugin's env_refs)")
         self._loop = _Loop()
         self.bot = Bot(self.bot_token, base_url=self.base_url, base_file_url=file_base_url(self.base_url),
-                       request=_request_class(HTTPXRequest)(connection_pool_size=8, read_timeout=30,
+                       # a connection for each chat's lane downloading a file, and some for the sends beside them
+                       request=_request_class(HTTPXRequest)(connection_pool_size=8 + INBOX_LANES, read_timeout=30,
                                                             write_timeout=60),
                        get_updates_request=HTTPXRequest(read_timeout=self.opts.poll_timeout + 15))
         journal_path = str(outbox_path_for(self.plugin_id, self.state_dir)).replace(".outbox.", ".telegram-sent.")
@@ -206,7 +214,7 @@ class TelegramWorker(ChannelWorker):
         from telegram.error import BadRequest, InvalidToken, NetworkError, RetryAfter, TimedOut
 
         # Short timeouts and no retries of its own: the SDK's hold retries, and while a fetch runs its chat's later
-        # submits wait for it (and so does the thread that submits: the polling listener).
+        # submits wait for it (other chats' go on in their own lanes, or their own webhook requests).
         timeouts = {"read_timeout": MEDIA_TIMEOUT_SECS, "connect_timeout": MEDIA_TIMEOUT_SECS,
                     "pool_timeout": MEDIA_TIMEOUT_SECS}
 
@@ -259,6 +267,30 @@ class TelegramWorker(ChannelWorker):
     # ------------------------------------------------------------ polling
 
     def _listen_polling(self, submit) -> None:
+        """getUpdates in a thread of its own (``_poll``), which records each update's message in the outbox before
+        the offset confirms the update to Telegram; here each chat's recorded messages are submitted on a lane of
+        that chat's (``InboxLanes``), so one user's file downloading for minutes holds back that chat only. A
+        message recorded and not submitted (a stop, a crash) stays owed: the replay sends it."""
+        inbox: queue.Queue = queue.Queue()
+        poller = threading.Thread(target=self._poll_main, args=(inbox,), name="telegram-poll", daemon=True)
+        poller.start()
+        lanes = InboxLanes(self, lambda message: self._submit_taken(submit, message, lanes.lanes),
+                           max_lanes=INBOX_LANES, name="telegram-inbox")
+        try:
+            lanes.run(inbox, lambda: self._poll_error, what="polling failed: ")
+        finally:
+            if self.stopping.is_set():
+                poller.join(5)  # (else the worker is stopped next, which ends it: ChannelWorker._listen_main)
+
+    def _poll_main(self, inbox: queue.Queue) -> None:
+        try:
+            self._poll(inbox)
+        except ChannelRefused as exc:
+            self._refusal = self._refusal or exc.reason  # the listener raises it: the plugin is disabled
+        except Exception as exc:  # noqa: BLE001 - the listener raises it: the worker is restarted
+            self._poll_error = exc
+
+    def _poll(self, inbox: queue.Queue) -> None:
         from telegram.error import Conflict, InvalidToken, NetworkError, RetryAfter, TelegramError
         offset: int | None = None
         backoff = 1.0
@@ -285,12 +317,78 @@ class TelegramWorker(ChannelWorker):
                 continue
             backoff = 1.0
             for update in updates:
-                if not self._take(update.to_dict(), submit):
-                    return  # stopping before the hub took it: the offset stays, Telegram keeps it
+                self._record(update.to_dict(), inbox)  # (raises if it cannot: the offset stays, Telegram keeps it)
                 offset = update.update_id + 1  # confirmed to Telegram by the next getUpdates
 
+    def _record(self, raw: dict, inbox: queue.Queue) -> None:
+        """Record one update's message in the outbox and queue it for its chat's lane; returns once it is written
+        (the offset may move past it then). Skips what it cannot read and what the hub already took."""
+        try:
+            message = normalise(raw, self.bot.username if self.bot is not None else None)
+        except (KeyError, TypeError, ValueError):
+            self.log.exception("update %s is not a message this worker reads; skipped", raw.get("update_id"))
+            return
+        if message is None:
+            return
+        try:
+            message.validate()
+        except MessageValidationError as exc:
+            self.log.error("update %s skipped: %s", raw.get("update_id"), exc)
+            return
+        row = self._outbox().inbound_record(message)
+        if row.state != PENDING:
+            self.log.info("update %s: duplicate (the hub had it already)", raw.get("update_id"))
+            return
+        inbox.put(message)
+
+    def _submit_taken(self, submit, message, lanes) -> Any:
+        """On its chat's lane: submit a recorded message, and while the hub cannot take it try again, its chat's
+        later messages waiting behind it (as the listener itself waited before the lanes); then answer a button
+        press the hub took. The hub failing it (or a file to wait for), each second for ``HOLD_ATTEMPTS`` tries,
+        then it is left owed for the replay (every heartbeat), so a message the hub keeps failing does not hold
+        its chat's lane for ever. The hub away (unreachable, or its database down: no reason given), it waits
+        until the hub is back, trying again less and less often (up to every ``HOST_AWAY_MAX_WAIT_SECS``): each
+        try reads the whole outbox, and the replay sends what is owed, in order, at the first heartbeat the hub
+        answers. Once the lanes close (a stop, a refusal) it stays owed too."""
+        fresh = self._still_owed(message)
+        tries = 0
+        wait = 1.0
+        while True:
+            result = submit(message)
+            if not result.queued:
+                break
+            if result.reason is not None:
+                tries += 1
+                wait = 1.0
+            if tries >= HOLD_ATTEMPTS or self.stopping.wait(wait) or lanes.closed:
+                return result
+            if result.reason is None:
+                wait = min(wait * 2, HOST_AWAY_MAX_WAIT_SECS)
+        self._answer_press(message, result, fresh)
+        return result
+
+    def _still_owed(self, message) -> bool:
+        """Whether the hub has not taken this message yet (not recorded, or recorded and owed)."""
+        row = self._outbox().inbound_get(message.key)
+        return row is None or row.state == PENDING
+
+    def _answer_press(self, message, result, fresh: bool) -> None:
+        """Stop the spinner of a button press the hub took, unless the hub had it before this try (``fresh``
+        False: a redelivery of a press answered then). A duplicate answer from the hub while fresh (our own first
+        submit's answer lost, or the replay sent it meanwhile) is still this press's first answer."""
+        from telegram.error import BadRequest
+        cq = (message.metadata.get("telegram") or {}).get("callback_query_id")
+        if cq and fresh and not result.queued:
+            try:  # stops the button's spinner; the answer itself comes as a message
+                self._run(self.bot.answer_callback_query(cq))
+            except BadRequest as exc:  # a query answered already, or older than 15 minutes: harmless
+                self.log.info("answerCallbackQuery %s refused: %s", cq, exc)
+            except Exception as exc:  # noqa: BLE001 - the spinner times out by itself
+                self.log.warning("answerCallbackQuery %s failed: %s", cq, exc)
+
     def _take(self, raw: dict, submit) -> bool:
-        """Submit one update and wait until the hub has it; False if stopping first. Skips what it cannot read."""
+        """Webhook mode, in the request's thread: submit one update and wait until the hub has it; False if
+        stopping first. Skips what it cannot read."""
         try:
             message = normalise(raw, self.bot.username if self.bot is not None else None)
         except (KeyError, TypeError, ValueError):
@@ -298,6 +396,7 @@ class TelegramWorker(ChannelWorker):
             return True
         if message is None:
             return True
+        fresh = self._still_owed(message)
         while True:
             try:
                 result = submit(message)
@@ -310,12 +409,7 @@ class TelegramWorker(ChannelWorker):
                 return False
         self.log.info("update %s: accepted=%s duplicate=%s reason=%s", raw.get("update_id"), result.accepted,
                       result.duplicate, result.reason)
-        cq = (message.metadata.get("telegram") or {}).get("callback_query_id")
-        if cq and not result.duplicate:
-            try:  # stops the button's spinner; the answer itself comes as a message
-                self._run(self.bot.answer_callback_query(cq))
-            except Exception as exc:  # noqa: BLE001 - a query older than 15 minutes cannot be answered
-                self.log.warning("answerCallbackQuery %s failed: %s", cq, exc)
+        self._answer_press(message, result, fresh)
         return True
 
     # ------------------------------------------------------------ webhook
