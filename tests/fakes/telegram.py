@@ -480,7 +480,7 @@ def markdown_v2_problem(text: str) -> str | None:
         if ch == "[":
             close = text.find("](", i)
             if close < 0:
-                return f"character '[' is reserved and must be escaped with the preceding '\\'"
+                return "character '[' is reserved and must be escaped with the preceding '\\'"
             open_marks.append("]")
             i += 1
             continue
