@@ -96,26 +96,72 @@ def fts5_varint(block: bytes, at: int = 0) -> int:
     return (value << 8) | block[at + 8]
 
 
-PG_ACTOR = "a AS MATERIALIZED (SELECT id FROM plugins_app_memoryactor WHERE key = %s)"  # the user's id: pg_posted's `a`
+# PostgreSQL: recall's one statement (FtsBackend._search_pg). Its text is the same for every message (the
+# words, their prefixes and the prefix ranges are arrays), so it is prepared on the server once a
+# connection and its plan kept (PG_PREPARED): the per-word statement it replaced was planned at every
+# recall (0.4-0.6 ms of about 1.4), and the counts that decide the prefixes were a statement of their own.
+PG_SEARCH = (
+    "WITH a AS MATERIALIZED (SELECT id FROM plugins_app_memoryactor WHERE key = %s), "
+    # each word (ord: its arm's bit), the lexeme PostgreSQL's parser makes of it, its prefix's arm's bit (0:
+    # none) and whether a phrase must be checked on the fact's text (a word the parser cuts into several)
+    "q AS MATERIALIZED (SELECT i.ord - 1 AS ord, i.word, i.prefix, i.pbit, "
+    "(tsvector_to_array(to_tsvector('simple', i.word)))[1] AS lexeme, "
+    "to_tsquery('simple', '''' || i.word || '''') AS wq "
+    "FROM unnest(%s::text[], %s::text[], %s::bigint[]) WITH ORDINALITY AS i (word, prefix, pbit, ord)), "
+    "wm AS MATERIALIZED (SELECT q.ord, p.fact_id FROM q CROSS JOIN LATERAL (SELECT p.fact_id "
+    "FROM plugins_app_memoryposting p WHERE p.actor = (SELECT id FROM a) AND p.term = q.lexeme "
+    "AND (numnode(q.wq) = 1 OR EXISTS (SELECT 1 FROM plugins_app_memoryfact f WHERE f.id = p.fact_id "
+    "AND to_tsvector('simple', f.text) @@ q.wq))) p), "
+    "t AS (SELECT greatest(reltuples, 0)::float8 AS total FROM pg_class WHERE oid = 'plugins_app_memoryfact'::regclass), "
+    # each word's count among the user's facts, and its weight (bm25's IDF)
+    "n AS MATERIALIZED (SELECT q.ord, q.prefix, q.pbit, c.n, "
+    "1.0 * ln(1 + (greatest(t.total, c.n) - c.n + 0.5) / (c.n + 0.5)) AS w "
+    "FROM q CROSS JOIN LATERAL (SELECT count(*) AS n FROM wm WHERE wm.ord = q.ord) c CROSS JOIN t ORDER BY q.ord), "
+    "wa AS (SELECT array_agg(n.w ORDER BY n.ord) AS w FROM n), "
+    # a prefix is searched when a word of it is held fewer than the cap times (capped as counted before);
+    # half the weight of the last word of it; the prefixes' arms in the order of the first such word
+    "pa AS MATERIALIZED (SELECT x.pbit, x.lo, x.pq, "
+    "left(x.lo, -1) || chr(CASE ascii(right(x.lo, 1)) WHEN 55295 THEN 57344 ELSE ascii(right(x.lo, 1)) + 1 END) AS hi, "
+    "0.5 * ln(1 + (greatest(t.total, x.wn) - x.wn + 0.5) / (x.wn + 0.5)) AS w "
+    "FROM (SELECT n.pbit, (tsvector_to_array(to_tsvector('simple', min(n.prefix))))[1] AS lo, "
+    "to_tsquery('simple', '''' || min(n.prefix) || ''':*') AS pq, "
+    "min(n.ord) FILTER (WHERE least(n.n, %s) < %s) AS first, (array_agg(n.n ORDER BY n.ord DESC))[1] AS wn "
+    "FROM n WHERE n.pbit <> 0 GROUP BY n.pbit) x CROSS JOIN t WHERE x.first IS NOT NULL ORDER BY x.first), "
+    # (a fact holding several terms of a prefix matches its arm once)
+    "pm AS (SELECT pa.pbit, pa.w, p.fact_id FROM pa CROSS JOIN LATERAL (SELECT DISTINCT p.fact_id "
+    "FROM plugins_app_memoryposting p WHERE p.actor = (SELECT id FROM a) "
+    'AND p.term >= pa.lo COLLATE "C" AND p.term < pa.hi COLLATE "C" '
+    "AND (numnode(pa.pq) = 1 OR EXISTS (SELECT 1 FROM plugins_app_memoryfact f WHERE f.id = p.fact_id "
+    "AND to_tsvector('simple', f.text) @@ pa.pq))) p), "
+    # each match's weights summed in the arms' order (words, then prefixes), as the arms were added before
+    "m AS (SELECT s.fact_id AS id, round(sum(s.w)::numeric, 9) AS score, bit_or(s.b) AS bits FROM "
+    "(SELECT wm.fact_id, 1::bigint << wm.ord::int AS b, wa.w[wm.ord + 1] AS w FROM wm, wa "
+    "UNION ALL SELECT pm.fact_id, pm.pbit, pm.w FROM pm) s GROUP BY s.fact_id), "
+    "k AS (SELECT m.id, m.bits, m.score FROM m WHERE NOT %s OR EXISTS (SELECT 1 FROM plugins_app_memoryfact f "
+    "WHERE f.id = m.id AND f.actor_key = %s AND (f.expires_at IS NULL OR f.expires_at > %s)) "
+    "ORDER BY m.score DESC, m.id DESC LIMIT %s) "
+    "SELECT f.id, f.text, f.tier, k.bits, f.actor_key = %s AND (f.expires_at IS NULL OR f.expires_at > %s) "
+    "FROM k JOIN plugins_app_memoryfact f ON f.id = k.id ORDER BY k.score DESC, k.id DESC")
 
 
-def pg_posted(match: str, source: str, *, prefix: bool) -> tuple[str, list]:
-    """PostgreSQL: (SELECT fact_id of the user's postings matching one arm, its parameters), in a statement
-    WITH PG_ACTOR (the user's id, looked up once). The arm's term is
-    the lexeme PostgreSQL's own parser makes of `source` (the word, or the prefix), so a fact matches exactly
-    when its to_tsvector('simple', text) @@ to_tsquery('simple', match): the term itself, or for a prefix a
-    range of terms. A word the parser cuts into several lexemes ("ab²cd", "0e5e": a phrase) is looked for by one of
-    them and the phrase checked on the fact's text; one it makes no lexeme of matches nothing, as before.
-    The parsing runs on constants, folded when the statement is planned (a fifth of its planning): a word of
-    ASCII letters only is its own lexeme, and skips it."""
-    if source.isascii() and source.isalpha():
-        return ("SELECT fact_id FROM plugins_app_memoryposting p WHERE p.actor = (SELECT id FROM a) "
-                f"AND p.term {'^@' if prefix else '='} %s", [source])
-    return ("SELECT fact_id FROM plugins_app_memoryposting p WHERE p.actor = (SELECT id FROM a) "
-            f"AND p.term {'^@' if prefix else '='} (tsvector_to_array(to_tsvector('simple', %s)))[1] "
-            "AND (numnode(to_tsquery('simple', %s)) = 1 OR EXISTS (SELECT 1 FROM plugins_app_memoryfact f "
-            "WHERE f.id = p.fact_id AND to_tsvector('simple', f.text) @@ to_tsquery('simple', %s)))",
-            [source, match, match])
+def pg_prepared(sql: str, params: list) -> list[tuple]:
+    """PostgreSQL: the rows of `sql`, prepared on the server at its first run on this connection and its plan
+    kept with it (psycopg's prepared statements: Django's cursors bind parameters on the client, so the server
+    sees a new text, and plans it anew, at every run). Integers are passed as int8 (psycopg picks the
+    narrowest type for each value, and each type would be a statement of its own)."""
+    from psycopg import Cursor
+    from psycopg.rows import tuple_row
+    from psycopg.types.numeric import Int8
+
+    def typed(v):
+        if isinstance(v, bool) or not isinstance(v, (int, list)):
+            return v
+        return [typed(x) for x in v] if isinstance(v, list) else Int8(v)
+
+    with connection.cursor():  # the connection, checked and made as Django makes it
+        with connection.wrap_database_errors, Cursor(connection.connection, row_factory=tuple_row) as cur:
+            cur.execute(sql, [typed(v) for v in params], prepare=True)
+            return cur.fetchall()
 
 
 def live(qs):
@@ -183,12 +229,6 @@ class FtsBackend:
         prefix is searched, and on SQLite the word's weight. PostgreSQL: each count capped at CANDIDATES,
         and no total (its candidates statement counts the weights' own over its matches)."""
         with connection.cursor() as cur:
-            if connection.vendor == "postgresql":
-                held = [pg_posted(f"'{w}'", w, prefix=False) for w in words]
-                cur.execute(f"WITH {PG_ACTOR} " + " UNION ALL ".join(
-                    f"SELECT %s, (SELECT count(*) FROM ({sql} LIMIT %s) held)" for sql, _ in held),
-                    [actor_key, *(v for w, (_, params) in zip(words, held) for v in (w, *params, self.CANDIDATES))])
-                return dict(cur.fetchall()), 0
             tag = owner_tag(actor_key)
             # the total is FTS5's own, the first varint of its averages record (what bm25() reads for its N)
             cur.execute("SELECT term, doc FROM plugins_app_memoryfact_fts_vocab WHERE term IN (%s) "
@@ -228,8 +268,6 @@ class FtsBackend:
             return []
         now = timezone.now()
         with connection.cursor() as cur:
-            if connection.vendor == "postgresql":
-                return self._candidates_pg(cur, actor_key, arms, limit, now)
             # Each arm walks one term's postings, the user's own (owner_tag): every match is theirs, summed per
             # fact and the LIMIT applied before any row is read. The kept rows are then checked: a fact past its
             # expiry (or, by a hash collision, another user's) is dropped, and when one was, the statement runs
@@ -264,54 +302,32 @@ class FtsBackend:
                 [*params, actor_key, now, limit])
             return cur.fetchall()
 
-    @classmethod
-    def _candidates_pg(cls, cur, actor_key, arms, limit, now) -> list[tuple[int, str, str, int]]:
-        """PostgreSQL: the user's live facts matching any arm, with which arms each matches, from the postings
-        table (migration 0021): each arm an index-only scan of the user's own terms, the word counts counted
-        over those same matches, the total the facts table's row estimate (pg_class.reltuples, as SQLite's is
-        its whole index's). One statement, no ranking function over the rows: only the best 2 × `limit`
-        matches' rows are read, and those past their expiry dropped (ephemeral facts are kept when they
-        expire, so reading the user's expired facts first would grow without end). When fewer than `limit`
-        of them were live, the statement runs again with each match's row checked before the limit. The
-        counts include the user's expired facts (the GIN statement's left them out: docs/memory.md)."""
-        word_arm = {word: i for i, (_, word, factor) in enumerate(arms) if factor == 1}  # n{i}: its count
-        posted = [pg_posted(match, word if factor == 1 else cls.prefix_of(word), prefix=factor < 1)
-                  for match, word, factor in arms]
-        walks = " UNION ALL ".join(f"SELECT fact_id, {1 << i} AS b FROM ({sql}) a{i}"
-                                   for i, (sql, _) in enumerate(posted))
-        counts = ", ".join(f"count(*) FILTER (WHERE bits & {1 << i} <> 0) AS n{i}" for i in word_arm.values())
-        # each arm's weight computed once, not for each match (its numeric arithmetic was most of the statement)
-        weights = ", ".join(
-            f"{factor!r} * ln(1 + (greatest(t.total, c.n{word_arm[word]}) - c.n{word_arm[word]} + 0.5) / "
-            f"(c.n{word_arm[word]} + 0.5)) AS w{i}" for i, (_, word, factor) in enumerate(arms))
-        score = " + ".join(f"CASE WHEN m.bits & {1 << i} <> 0 THEN w.w{i} ELSE 0 END" for i in range(len(arms)))
-        live = "f.actor_key = %s AND (f.expires_at IS NULL OR f.expires_at > %s)"
+    def _search_pg(self, actor_key: str, words: list[str], limit: int) -> tuple[list, list]:
+        """PostgreSQL: (the arms, for the rankings: each word, then each distinct prefix; the candidates as
+        candidates() gives them) in one prepared statement (PG_SEARCH), from the postings table (migration
+        0021): each word an index-only scan of the user's own terms, counted there; a word held fewer than
+        CANDIDATES times (so counted, capped) has its prefix searched, a range of the terms; the total is the
+        facts table's row estimate (pg_class.reltuples, as SQLite's is its whole index's). No ranking function
+        over the rows: only the best 2 x `limit` matches' rows are read, and those past their expiry dropped
+        (ephemeral facts are kept when they expire, so reading the user's expired facts first would grow
+        without end). When fewer than `limit` of them were live, the statement runs again with each match's
+        row checked before the limit. The counts include the user's expired facts (the GIN statement's left
+        them out: docs/memory.md)."""
+        prefix = [self.prefix_of(w) for w in words]
+        distinct = list(dict.fromkeys(p for p in prefix if p))
+        bit = {p: 1 << (len(words) + j) for j, p in enumerate(distinct)}
+        arms = [(None, w, 1.0) for w in words] + [(None, p, 0.5) for p in distinct]
+        now = timezone.now()
 
         def run(checked: bool, read: int):
-            cur.execute(
-                f"WITH {PG_ACTOR}, "
-                f"m AS MATERIALIZED (SELECT s.fact_id AS id, bit_or(s.b) AS bits FROM ({walks}) s GROUP BY s.fact_id), "
-                f"c AS (SELECT {counts} FROM m), "
-                "t AS (SELECT greatest(reltuples, 0)::float8 AS total FROM pg_class "
-                "WHERE oid = 'plugins_app_memoryfact'::regclass), "
-                f"w AS MATERIALIZED (SELECT {weights} FROM c, t), "
-                f"k AS (SELECT m.id, m.bits, round(({score})::numeric, 9) AS score FROM m, w "
-                + (f"WHERE EXISTS (SELECT 1 FROM plugins_app_memoryfact f WHERE f.id = m.id AND {live}) "
-                   if checked else "") +
-                "ORDER BY score DESC, m.id DESC LIMIT %s) "
-                # the owner checked on the kept rows too: a posting of the user's is never another's fact (one id
-                # a key), but a stray one must not show it
-                f"SELECT f.id, f.text, f.tier, k.bits, {live} FROM k JOIN plugins_app_memoryfact f ON f.id = k.id "
-                "ORDER BY k.score DESC, k.id DESC",
-                [actor_key, *(v for _, params in posted for v in params),
-                 *((actor_key, now) if checked else ()), read, actor_key, now])
-            return cur.fetchall()
+            return pg_prepared(PG_SEARCH, [actor_key, words, prefix, [bit.get(p, 0) for p in prefix],
+                                           self.CANDIDATES, limit, checked, actor_key, now, read, actor_key, now])
 
         found = run(False, 2 * limit)
         kept = [row[:4] for row in found if row[4]]
         if len(kept) >= limit or len(found) < 2 * limit:  # the best `limit` live ones, or every match read
-            return kept[:limit]
-        return [row[:4] for row in run(True, limit)]
+            return arms, kept[:limit]
+        return arms, [row[:4] for row in run(True, limit)]
 
     @staticmethod
     def rankings(arms: list[tuple[str, str, float]], found: list[tuple[int, int]]) -> list[list[int]]:
@@ -330,13 +346,13 @@ class FtsBackend:
         if not words or limit <= 0:
             return []
         candidates = max(limit, self.CANDIDATES)
-        # SQLite weighs every word by its count; PostgreSQL counts the matches in its statement and needs
-        # these only for the prefixes
-        held, total = self.counts(actor_key, words) if connection.vendor != "postgresql" or \
-            any(map(self.prefix_of, words)) else ({}, 0)
-        prefixes = list(dict.fromkeys(p for w in words if (p := self.prefix_of(w)) and held.get(w, 0) < candidates))
-        arms = self.arms(actor_key, words, prefixes)
-        found = self.candidates(actor_key, arms, candidates, held=held, total=total)
+        if connection.vendor == "postgresql":
+            arms, found = self._search_pg(actor_key, words, candidates)
+        else:
+            held, total = self.counts(actor_key, words)
+            prefixes = list(dict.fromkeys(p for w in words if (p := self.prefix_of(w)) and held.get(w, 0) < candidates))
+            arms = self.arms(actor_key, words, prefixes)
+            found = self.candidates(actor_key, arms, candidates, held=held, total=total)
         hits = rrf(self.rankings(arms, [(fid, bits) for fid, _, _, bits in found]))[:limit]
         if rows is not None:
             kept = {fid: (text, tier) for fid, text, tier, _ in found}
