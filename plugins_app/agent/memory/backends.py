@@ -96,72 +96,11 @@ def fts5_varint(block: bytes, at: int = 0) -> int:
     return (value << 8) | block[at + 8]
 
 
-# PostgreSQL: recall's one statement (FtsBackend._search_pg). Its text is the same for every message (the
-# words, their prefixes and the prefix ranges are arrays), so it is prepared on the server once a
-# connection and its plan kept (PG_PREPARED): the per-word statement it replaced was planned at every
+# PostgreSQL: recall's search is one call of plugins_app_memory_search (migration 0022, the statement there):
+# its text is the same for every message (the words, their prefixes and the prefix ranges are arrays), so the
+# function's PL/pgSQL keeps its plan for the session; the per-word statement it replaced was planned at every
 # recall (0.4-0.6 ms of about 1.4), and the counts that decide the prefixes were a statement of their own.
-PG_SEARCH = (
-    "WITH a AS MATERIALIZED (SELECT id FROM plugins_app_memoryactor WHERE key = %s), "
-    # each word (ord: its arm's bit), the lexeme PostgreSQL's parser makes of it, its prefix's arm's bit (0:
-    # none) and whether a phrase must be checked on the fact's text (a word the parser cuts into several)
-    "q AS MATERIALIZED (SELECT i.ord - 1 AS ord, i.word, i.prefix, i.pbit, "
-    "(tsvector_to_array(to_tsvector('simple', i.word)))[1] AS lexeme, "
-    "to_tsquery('simple', '''' || i.word || '''') AS wq "
-    "FROM unnest(%s::text[], %s::text[], %s::bigint[]) WITH ORDINALITY AS i (word, prefix, pbit, ord)), "
-    "wm AS MATERIALIZED (SELECT q.ord, p.fact_id FROM q CROSS JOIN LATERAL (SELECT p.fact_id "
-    "FROM plugins_app_memoryposting p WHERE p.actor = (SELECT id FROM a) AND p.term = q.lexeme "
-    "AND (numnode(q.wq) = 1 OR EXISTS (SELECT 1 FROM plugins_app_memoryfact f WHERE f.id = p.fact_id "
-    "AND to_tsvector('simple', f.text) @@ q.wq))) p), "
-    "t AS (SELECT greatest(reltuples, 0)::float8 AS total FROM pg_class WHERE oid = 'plugins_app_memoryfact'::regclass), "
-    # each word's count among the user's facts, and its weight (bm25's IDF)
-    "n AS MATERIALIZED (SELECT q.ord, q.prefix, q.pbit, c.n, "
-    "1.0 * ln(1 + (greatest(t.total, c.n) - c.n + 0.5) / (c.n + 0.5)) AS w "
-    "FROM q CROSS JOIN LATERAL (SELECT count(*) AS n FROM wm WHERE wm.ord = q.ord) c CROSS JOIN t ORDER BY q.ord), "
-    "wa AS (SELECT array_agg(n.w ORDER BY n.ord) AS w FROM n), "
-    # a prefix is searched when a word of it is held fewer than the cap times (capped as counted before);
-    # half the weight of the last word of it; the prefixes' arms in the order of the first such word
-    "pa AS MATERIALIZED (SELECT x.pbit, x.lo, x.pq, "
-    "left(x.lo, -1) || chr(CASE ascii(right(x.lo, 1)) WHEN 55295 THEN 57344 ELSE ascii(right(x.lo, 1)) + 1 END) AS hi, "
-    "0.5 * ln(1 + (greatest(t.total, x.wn) - x.wn + 0.5) / (x.wn + 0.5)) AS w "
-    "FROM (SELECT n.pbit, (tsvector_to_array(to_tsvector('simple', min(n.prefix))))[1] AS lo, "
-    "to_tsquery('simple', '''' || min(n.prefix) || ''':*') AS pq, "
-    "min(n.ord) FILTER (WHERE least(n.n, %s) < %s) AS first, (array_agg(n.n ORDER BY n.ord DESC))[1] AS wn "
-    "FROM n WHERE n.pbit <> 0 GROUP BY n.pbit) x CROSS JOIN t WHERE x.first IS NOT NULL ORDER BY x.first), "
-    # (a fact holding several terms of a prefix matches its arm once)
-    "pm AS (SELECT pa.pbit, pa.w, p.fact_id FROM pa CROSS JOIN LATERAL (SELECT DISTINCT p.fact_id "
-    "FROM plugins_app_memoryposting p WHERE p.actor = (SELECT id FROM a) "
-    'AND p.term >= pa.lo COLLATE "C" AND p.term < pa.hi COLLATE "C" '
-    "AND (numnode(pa.pq) = 1 OR EXISTS (SELECT 1 FROM plugins_app_memoryfact f WHERE f.id = p.fact_id "
-    "AND to_tsvector('simple', f.text) @@ pa.pq))) p), "
-    # each match's weights summed in the arms' order (words, then prefixes), as the arms were added before
-    "m AS (SELECT s.fact_id AS id, round(sum(s.w)::numeric, 9) AS score, bit_or(s.b) AS bits FROM "
-    "(SELECT wm.fact_id, 1::bigint << wm.ord::int AS b, wa.w[wm.ord + 1] AS w FROM wm, wa "
-    "UNION ALL SELECT pm.fact_id, pm.pbit, pm.w FROM pm) s GROUP BY s.fact_id), "
-    "k AS (SELECT m.id, m.bits, m.score FROM m WHERE NOT %s OR EXISTS (SELECT 1 FROM plugins_app_memoryfact f "
-    "WHERE f.id = m.id AND f.actor_key = %s AND (f.expires_at IS NULL OR f.expires_at > %s)) "
-    "ORDER BY m.score DESC, m.id DESC LIMIT %s) "
-    "SELECT f.id, f.text, f.tier, k.bits, f.actor_key = %s AND (f.expires_at IS NULL OR f.expires_at > %s) "
-    "FROM k JOIN plugins_app_memoryfact f ON f.id = k.id ORDER BY k.score DESC, k.id DESC")
-
-
-def pg_prepared(sql: str, params: list) -> list[tuple]:
-    """PostgreSQL: the rows of `sql`, prepared on the server at its first run on this connection and its plan
-    kept with it (psycopg's prepared statements: Django's cursors bind parameters on the client, so the server
-    sees a new text, and plans it anew, at every run). Integers are passed as int8 (psycopg picks the
-    narrowest type for each value, and each type would be a statement of its own)."""
-    from psycopg import Cursor
-    from psycopg.rows import tuple_row
-    from psycopg.types.numeric import Int8
-
-    def typed(v):
-        if isinstance(v, bool) or not isinstance(v, (int, list)):
-            return v
-        return [typed(x) for x in v] if isinstance(v, list) else Int8(v)
-
-    with connection.cursor():  # the connection, checked and made as Django makes it
-        with connection.wrap_database_errors, Cursor(connection.connection, row_factory=tuple_row) as cur:
-            cur.execute(sql, [typed(v) for v in params], prepare=True)
-            return cur.fetchall()
+PG_SEARCH = "SELECT * FROM plugins_app_memory_search(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
 
 
 def live(qs):
@@ -304,8 +243,8 @@ class FtsBackend:
 
     def _search_pg(self, actor_key: str, words: list[str], limit: int) -> tuple[list, list]:
         """PostgreSQL: (the arms, for the rankings: each word, then each distinct prefix; the candidates as
-        candidates() gives them) in one prepared statement (PG_SEARCH), from the postings table (migration
-        0021): each word an index-only scan of the user's own terms, counted there; a word held fewer than
+        candidates() gives them) in one statement with its plan kept (PG_SEARCH), from the postings table
+        (migration 0021): each word an index-only scan of the user's own terms, counted there; a word held fewer than
         CANDIDATES times (so counted, capped) has its prefix searched, a range of the terms; the total is the
         facts table's row estimate (pg_class.reltuples, as SQLite's is its whole index's). No ranking function
         over the rows: only the best 2 x `limit` matches' rows are read, and those past their expiry dropped
@@ -320,8 +259,10 @@ class FtsBackend:
         now = timezone.now()
 
         def run(checked: bool, read: int):
-            return pg_prepared(PG_SEARCH, [actor_key, words, prefix, [bit.get(p, 0) for p in prefix],
-                                           self.CANDIDATES, limit, checked, actor_key, now, read, actor_key, now])
+            with connection.cursor() as cur:
+                cur.execute(PG_SEARCH, [actor_key, words, prefix, [bit.get(p, 0) for p in prefix],
+                                        self.CANDIDATES, limit, checked, now, read])
+                return cur.fetchall()
 
         found = run(False, 2 * limit)
         kept = [row[:4] for row in found if row[4]]
