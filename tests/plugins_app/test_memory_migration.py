@@ -89,6 +89,31 @@ def test_facts_saved_before_0021_are_recalled_through_the_postings_by_their_owne
 
 
 @pytest.mark.django_db(transaction=True)
+def test_0022_adds_the_search_function_and_migrating_back_drops_it(memory_config):  # noqa: F811
+    """0022 on PostgreSQL: recall's search as a function; back to 0021 it is gone. SQLite: nothing to do."""
+    from plugins_app.agent.memory import services
+
+    def search_function():
+        with connection.cursor() as cur:
+            cur.execute("SELECT to_regprocedure('plugins_app_memory_search(text, text[], text[], bigint[], bigint, "
+                        "bigint, boolean, timestamptz, bigint)') IS NOT NULL")
+            return cur.fetchone()[0]
+
+    memory_config.backend("sqlite_fts")
+    migrate(("plugins_app", "0021_memory_postings"))
+    try:
+        if connection.vendor == "postgresql":
+            assert not search_function()
+    finally:
+        migrate_to_latest()
+    if connection.vendor == "postgresql":
+        assert search_function()
+    services.fact_save(actor_key="web:alice", text="User likes green tea.")
+    assert [f["text"] for f in recall_preview(actor_key="web:alice", text="teas?")["facts"]] == \
+        ["User likes green tea."]  # "teas": its prefix, a range of the postings
+
+
+@pytest.mark.django_db(transaction=True)
 def test_0015_counts_what_the_after_turn_extraction_saved_before_it_as_seen_in_its_turn(memory_config):  # noqa: F811
     from plugins_app.agent.memory import services
     from plugins_app.agent.memory.models import MemoryFact

@@ -129,6 +129,26 @@ def tea_facts(actor, n, *, expires_at=None):
         for i in (next(_numbers) for _ in range(n)))]
 
 
+def test_recall_searches_in_one_statement_whose_text_is_the_same_for_every_message(memory_config):  # noqa: F811
+    """PostgreSQL's search is one statement, the same text whatever the words (they are its parameters), so the
+    function it calls keeps its plan (migration 0022); before it, the counts and a text per message."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's search function")
+    memory_config.backend("sqlite_fts")
+    tea_facts(ALICE, 3)
+    seen = []
+
+    def record(execute, sql, params, many, context):
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        for text in ("tea", "green tea teapots", "café ab²cd 東京", "the weather on mars today"):
+            recall(actor_key=ALICE, text=text)
+    searched = [sql for sql in seen if "plugins_app_memoryposting" in sql or "plugins_app_memory_search" in sql]
+    assert len(searched) == 4 and len(set(searched)) == 1, searched
+
+
 _numbers = itertools.count()
 
 

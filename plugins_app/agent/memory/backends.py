@@ -128,8 +128,8 @@ class FtsBackend:
     times: prefixes are there for the forms of a rare word ("teapots" for "teapot"); beside a word that
     fills the candidates by itself they add weaker matches, ranked below the word's own, and cost most of
     the statement (bench/memory.py: at 100k facts a six-word message matched 2.3 times the facts and took
-    3.7 times as long with every prefix). The counts are one lookup (SQLite's fts5vocab; on PostgreSQL a
-    capped count per word).
+    3.7 times as long with every prefix). The counts are one lookup (SQLite's fts5vocab; on PostgreSQL
+    counted, capped, inside the one statement that searches).
 
     The candidates are ordered by the weight of the words they hold: each word weighs its IDF among the
     facts, ln(1 + (N - n + 0.5) / (n + 0.5)) with n the user's facts holding it (bm25's IDF, never
@@ -137,7 +137,7 @@ class FtsBackend:
     word's postings, summed per fact (bm25() scored every match, about 900 for six words at 100k facts, at
     twice the cost; what it adds to those weights, term frequency and length, hardly tells apart facts of a
     sentence: docs/memory.md). PostgreSQL: the same weights in one statement over its matches (ts_rank_cd,
-    before, weighed no word above another)."""
+    before, weighed no word above another), a function of migration 0022 whose plan the session keeps."""
 
     name = "sqlite_fts"
     CANDIDATES = 50  # candidates the statement returns (by weight) for the three rankings
@@ -164,9 +164,8 @@ class FtsBackend:
         return out
 
     def counts(self, actor_key: str, words: list[str]) -> tuple[dict[str, int], int]:
-        """(how many of the user's facts hold each word, how many facts the index holds): whether a word's
-        prefix is searched, and on SQLite the word's weight. PostgreSQL: each count capped at CANDIDATES,
-        and no total (its candidates statement counts the weights' own over its matches)."""
+        """SQLite: (how many of the user's facts hold each word, how many facts the index holds): whether a
+        word's prefix is searched, and the word's weight. (PostgreSQL counts them in its one statement.)"""
         with connection.cursor() as cur:
             tag = owner_tag(actor_key)
             # the total is FTS5's own, the first varint of its averages record (what bm25() reads for its N)
