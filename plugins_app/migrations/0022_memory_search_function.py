@@ -13,19 +13,40 @@ from django.db import migrations
 # Arguments: the actor key; the words (each searched); each word's prefix (NULL: none) and that prefix's arm's bit
 # (the same bit for one prefix); the cap of a word's count and the candidates (a prefix is searched when a word of
 # it is held fewer than `candidates` times, its count capped at `cap`); whether each match's row is checked before
-# the limit; now; how many rows to read. Rows: (id, text, tier, the arms it matched as bits: bit i the i-th word,
+# the limit; now; how many rows to read; how many of the user's pinned and of their core facts to return first
+# (0: none). Rows: the user's own facts first, as recall's _OWN_FACTS gives them (kind 'p', 'c', 'e'), then the
+# search's candidates (kind 's'): (id, text, tier, the arms it matched as bits: bit i the i-th word,
 # the prefixes' bits as given; whether it is the user's and live), best first: by the weights of the arms each
 # matches, rounded, then newest. The weights: each word its IDF among the facts, ln(1 + (N - n + 0.5) / (n + 0.5)),
 # n the user's facts holding it (expired ones too), N the facts table's row estimate; a prefix half its last word's.
 SEARCH = r"""
 CREATE FUNCTION plugins_app_memory_search(text, text[], text[], bigint[], bigint, bigint, boolean, timestamptz,
-                                          bigint)
-RETURNS TABLE (found_id bigint, found_text text, found_tier text, found_bits bigint, found_live boolean)
+                                          bigint, bigint)
+RETURNS TABLE (found_kind text, found_id bigint, found_text text, found_tier text, found_bits bigint,
+               found_live boolean, found_updated timestamptz)
 LANGUAGE plpgsql STABLE
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
 BEGIN
+IF $10 > 0 THEN
+-- the user's own facts first (recall.py's _OWN_FACTS): pinned ('p') and other core ('c') facts, live, newest first,
+-- up to $10 each, and whether the user holds any fact ('e'), on the partial indexes of migration 0008
+RETURN QUERY
+SELECT 'p'::text, o.id, o.text::text, o.tier::text, NULL::bigint, NULL::boolean, o.updated_at
+FROM (SELECT f.id, f.text, f.tier, f.updated_at FROM plugins_app_memoryfact f
+      WHERE f.actor_key = $1 AND f.pinned AND (f.expires_at IS NULL OR f.expires_at > $8)
+      ORDER BY f.updated_at DESC LIMIT $10) o
+UNION ALL
+SELECT 'c'::text, o.id, o.text::text, o.tier::text, NULL::bigint, NULL::boolean, o.updated_at
+FROM (SELECT f.id, f.text, f.tier, f.updated_at FROM plugins_app_memoryfact f
+      WHERE f.actor_key = $1 AND NOT f.pinned AND f.tier = 'core' AND (f.expires_at IS NULL OR f.expires_at > $8)
+      ORDER BY f.updated_at DESC LIMIT $10) o
+UNION ALL
+SELECT 'e'::text, NULL::bigint, NULL::text, NULL::text, NULL::bigint, NULL::boolean, NULL::timestamptz
+WHERE EXISTS (SELECT 1 FROM plugins_app_memoryfact f WHERE f.actor_key = $1);
+END IF;
+-- then the search's candidates ('s')
 RETURN QUERY
 WITH a AS MATERIALIZED (SELECT id FROM plugins_app_memoryactor WHERE key = $1),
 -- each word (ord: its arm's bit), the lexeme PostgreSQL's parser makes of it (what 0021's postings hold), its
@@ -88,12 +109,13 @@ k AS (
     WHERE NOT $7 OR EXISTS (SELECT 1 FROM plugins_app_memoryfact f WHERE f.id = m.id AND f.actor_key = $1
                                                                     AND (f.expires_at IS NULL OR f.expires_at > $8))
     ORDER BY sc.r, m.id DESC LIMIT $9)
-SELECT f.id, f.text::text, f.tier::text, k.bits, f.actor_key = $1 AND (f.expires_at IS NULL OR f.expires_at > $8)
+SELECT 's'::text, f.id, f.text::text, f.tier::text, k.bits,
+       f.actor_key = $1 AND (f.expires_at IS NULL OR f.expires_at > $8), NULL::timestamptz
 FROM k JOIN plugins_app_memoryfact f ON f.id = k.id ORDER BY k.r, k.id DESC;
 END $$
 """
 SEARCH_BACK = "DROP FUNCTION IF EXISTS plugins_app_memory_search(text, text[], text[], bigint[], bigint, bigint, " \
-    "boolean, timestamptz, bigint)"
+    "boolean, timestamptz, bigint, bigint)"
 
 
 def _run(statement):

@@ -96,7 +96,7 @@ def test_0022_adds_the_search_function_and_migrating_back_drops_it(memory_config
     def search_function():
         with connection.cursor() as cur:
             cur.execute("SELECT to_regprocedure('plugins_app_memory_search(text, text[], text[], bigint[], bigint, "
-                        "bigint, boolean, timestamptz, bigint)') IS NOT NULL")
+                        "bigint, boolean, timestamptz, bigint, bigint)') IS NOT NULL")
             return cur.fetchone()[0]
 
     memory_config.backend("sqlite_fts")

@@ -129,9 +129,10 @@ def tea_facts(actor, n, *, expires_at=None):
         for i in (next(_numbers) for _ in range(n)))]
 
 
-def test_recall_searches_in_one_statement_whose_text_is_the_same_for_every_message(memory_config):  # noqa: F811
-    """PostgreSQL's search is one statement, the same text whatever the words (they are its parameters), so the
-    function it calls keeps its plan (migration 0022); before it, the counts and a text per message."""
+def test_recall_reads_in_one_statement_whose_text_is_the_same_for_every_message(memory_config):  # noqa: F811
+    """PostgreSQL's recall is one statement, the same text whatever the words (they are its parameters), so the
+    function it calls keeps its plan (migration 0022); before it, the user's own facts, the counts and a text
+    per message."""
     if connection.vendor != "postgresql":
         pytest.skip("PostgreSQL's search function")
     memory_config.backend("sqlite_fts")
@@ -145,8 +146,9 @@ def test_recall_searches_in_one_statement_whose_text_is_the_same_for_every_messa
     with connection.execute_wrapper(record):
         for text in ("tea", "green tea teapots", "café ab²cd 東京", "the weather on mars today"):
             recall(actor_key=ALICE, text=text)
-    searched = [sql for sql in seen if "plugins_app_memoryposting" in sql or "plugins_app_memory_search" in sql]
-    assert len(searched) == 4 and len(set(searched)) == 1, searched
+    read = [sql for sql in seen if any(name in sql for name in (
+        "plugins_app_memoryfact", "plugins_app_memoryposting", "plugins_app_memory_search"))]
+    assert len(read) == 4 and len(set(read)) == 1, read  # one a recall, the user's own facts read in it
 
 
 _numbers = itertools.count()

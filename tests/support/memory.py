@@ -68,7 +68,10 @@ def pg_posted(match: str, source: str, *, prefix: bool) -> tuple[str, list]:
 
 class CountsThenCandidates:
     """Mixed into an FtsBackend: PostgreSQL's search as two statements, the counts (which words' prefixes are
-    searched), then the candidates (_candidates_pg), as it was before PG_SEARCH."""
+    searched), then the candidates (_candidates_pg), as it was before PG_SEARCH; recall reads the user's own
+    facts in a statement before them."""
+
+    search_with_own_facts = None
 
     def counts(self, actor_key, words):
         from django.db import connection

@@ -99,8 +99,9 @@ def fts5_varint(block: bytes, at: int = 0) -> int:
 # PostgreSQL: recall's search is one call of plugins_app_memory_search (migration 0022, the statement there):
 # its text is the same for every message (the words, their prefixes and the prefix ranges are arrays), so the
 # function's PL/pgSQL keeps its plan for the session; the per-word statement it replaced was planned at every
-# recall (0.4-0.6 ms of about 1.4), and the counts that decide the prefixes were a statement of their own.
-PG_SEARCH = "SELECT * FROM plugins_app_memory_search(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+# recall (0.4-0.6 ms of about 1.4), and the counts that decide the prefixes were a statement of their own. The
+# user's own facts (recall's first statement) come back from the same call: one round trip a recall.
+PG_SEARCH = "SELECT * FROM plugins_app_memory_search(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 
 
 def live(qs):
@@ -240,34 +241,38 @@ class FtsBackend:
                 [*params, actor_key, now, limit])
             return cur.fetchall()
 
-    def _search_pg(self, actor_key: str, words: list[str], limit: int) -> tuple[list, list]:
+    def _search_pg(self, actor_key: str, words: list[str], limit: int, *, want: int = 0,
+                   now=None) -> tuple[list, list, list]:
         """PostgreSQL: (the arms, for the rankings: each word, then each distinct prefix; the candidates as
-        candidates() gives them) in one statement with its plan kept (PG_SEARCH), from the postings table
-        (migration 0021): each word an index-only scan of the user's own terms, counted there; a word held fewer than
-        CANDIDATES times (so counted, capped) has its prefix searched, a range of the terms; the total is the
-        facts table's row estimate (pg_class.reltuples, as SQLite's is its whole index's). No ranking function
-        over the rows: only the best 2 x `limit` matches' rows are read, and those past their expiry dropped
-        (ephemeral facts are kept when they expire, so reading the user's expired facts first would grow
-        without end). When fewer than `limit` of them were live, the statement runs again with each match's
-        row checked before the limit. The counts include the user's expired facts (the GIN statement's left
-        them out: docs/memory.md)."""
+        candidates() gives them; the user's own facts, as recall's _OWN_FACTS gives them, when `want`) in one
+        call of a statement whose plan the session keeps (PG_SEARCH, migration 0022), from the postings table
+        (migration 0021): each word an index-only scan of the user's own terms, counted there; a word held
+        fewer than CANDIDATES times (so counted, capped) has its prefix searched, a range of the terms; the
+        total is the facts table's row estimate (pg_class.reltuples, as SQLite's is its whole index's). No
+        ranking function over the rows: only the best 2 x `limit` matches' rows are read, and those past their
+        expiry dropped (ephemeral facts are kept when they expire, so reading the user's expired facts first
+        would grow without end). When fewer than `limit` of them were live, the statement runs again with
+        each match's row checked before the limit. The counts include the user's expired facts (the GIN
+        statement's left them out: docs/memory.md)."""
         prefix = [self.prefix_of(w) for w in words]
         distinct = list(dict.fromkeys(p for p in prefix if p))
         bit = {p: 1 << (len(words) + j) for j, p in enumerate(distinct)}
         arms = [(None, w, 1.0) for w in words] + [(None, p, 0.5) for p in distinct]
-        now = timezone.now()
+        now = now or timezone.now()
 
-        def run(checked: bool, read: int):
+        def run(checked: bool, read: int, want: int):
             with connection.cursor() as cur:
                 cur.execute(PG_SEARCH, [actor_key, words, prefix, [bit.get(p, 0) for p in prefix],
-                                        self.CANDIDATES, limit, checked, now, read])
-                return cur.fetchall()
+                                        self.CANDIDATES, limit, checked, now, read, want])
+                rows = cur.fetchall()
+            own = [(kind, fid, text, tier, updated) for kind, fid, text, tier, _, _, updated in rows if kind != "s"]
+            return own, [row[1:6] for row in rows if row[0] == "s"]
 
-        found = run(False, 2 * limit)
+        own, found = run(False, 2 * limit, want)
         kept = [row[:4] for row in found if row[4]]
         if len(kept) >= limit or len(found) < 2 * limit:  # the best `limit` live ones, or every match read
-            return arms, kept[:limit]
-        return arms, [row[:4] for row in run(True, limit)]
+            return arms, kept[:limit], own
+        return arms, [row[:4] for row in run(True, limit, 0)[1]], own
 
     @staticmethod
     def rankings(arms: list[tuple[str, str, float]], found: list[tuple[int, int]]) -> list[list[int]]:
@@ -287,17 +292,31 @@ class FtsBackend:
             return []
         candidates = max(limit, self.CANDIDATES)
         if connection.vendor == "postgresql":
-            arms, found = self._search_pg(actor_key, words, candidates)
+            arms, found, _ = self._search_pg(actor_key, words, candidates)
         else:
             held, total = self.counts(actor_key, words)
             prefixes = list(dict.fromkeys(p for w in words if (p := self.prefix_of(w)) and held.get(w, 0) < candidates))
             arms = self.arms(actor_key, words, prefixes)
             found = self.candidates(actor_key, arms, candidates, held=held, total=total)
+        return self.hits(arms, found, limit, rows)
+
+    def hits(self, arms, found, limit: int, rows) -> list[tuple[int, float]]:
+        """The candidates fused by rank, best first; `rows` given the hits' (text, tier)."""
         hits = rrf(self.rankings(arms, [(fid, bits) for fid, _, _, bits in found]))[:limit]
         if rows is not None:
             kept = {fid: (text, tier) for fid, text, tier, _ in found}
             rows.update({fid: kept[fid] for fid, _ in hits})
         return hits
+
+    def search_with_own_facts(self, *, actor_key: str, text: str, limit: int, want: int, now,
+                              rows=None) -> tuple[list, list[tuple[int, float]]] | None:
+        """PostgreSQL: (the user's own facts as recall's _OWN_FACTS gives them, search()'s hits) in one round
+        trip, or None where the own facts are to be read first (SQLite: its search is several statements)."""
+        if connection.vendor != "postgresql" or limit <= 0:
+            return None
+        arms, found, own = self._search_pg(actor_key, self.terms(text), max(limit, self.CANDIDATES), want=want,
+                                           now=now)
+        return own, self.hits(arms, found, limit, rows)
 
     def indexed(self, fact: MemoryFact) -> None:
         """The index follows the row by itself (SQLite's triggers; PostgreSQL's postings triggers)."""
