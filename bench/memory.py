@@ -266,12 +266,12 @@ def pg_plans(text: str) -> list[str]:
         if sql.startswith("SELECT * FROM plugins_app_memory_search("):
             from importlib import import_module
             body = import_module("plugins_app.migrations.0022_memory_search_function").SEARCH
-            body = body[body.index("RETURN QUERY") + len("RETURN QUERY"):body.rindex(";\nEND $$")]
+            body = body[body.rindex("RETURN QUERY") + len("RETURN QUERY"):body.rindex(";\nEND $$")]  # the search
             cur = context["cursor"]
             cur.execute("SET plan_cache_mode = force_generic_plan")
             cur.execute("SET jit = off")
             cur.execute("PREPARE ugent_bench_explain (text, text[], text[], bigint[], bigint, bigint, boolean, "
-                        "timestamptz, bigint) AS " + body)
+                        "timestamptz, bigint, bigint) AS " + body)
             run = "EXECUTE ugent_bench_explain(" + ", ".join(["%s"] * len(params)) + ")"
             for _ in range(6):
                 cur.execute(run, params)
