@@ -7,6 +7,7 @@ from ugent_common.dbconn import with_fresh_connections
 
 MEDIA_PRUNE_TASK_NAME = "ugent: prune expired plugin media"
 DELIVERY_PRUNE_TASK_NAME = "ugent: prune settled outbound deliveries"
+MEMORY_PRUNE_TASK_NAME = "ugent: prune expired memory facts"
 #: How often expired media and settled deliveries are deleted (seconds).
 PRUNE_EVERY_SECS = 3600
 
@@ -27,11 +28,21 @@ def prune_deliveries() -> int:
     return services.deliveries_prune()
 
 
+@shared_task(ignore_result=True, soft_time_limit=300, time_limit=360)
+@with_fresh_connections
+def prune_memory() -> int:
+    """Beat: delete memory facts expired more than UGENT_MEMORY_EXPIRED_KEEP_SECS ago."""
+    from plugins_app.agent.memory import services
+    return services.facts_expired_prune()
+
+
 #: (beat entry name, task, description) of each retention job of the plugin room.
 RETENTION_JOBS = (
     (MEDIA_PRUNE_TASK_NAME, "plugins_app.tasks.prune_media", "Deletes plugin media past its expiry."),
     (DELIVERY_PRUNE_TASK_NAME, "plugins_app.tasks.prune_deliveries",
      "Deletes delivered and discarded outbound deliveries past UGENT_PLUGIN_DELIVERY_RETENTION_SECS."),
+    (MEMORY_PRUNE_TASK_NAME, "plugins_app.tasks.prune_memory",
+     "Deletes memory facts expired more than UGENT_MEMORY_EXPIRED_KEEP_SECS ago (pinned facts never)."),
 )
 
 

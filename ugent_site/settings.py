@@ -205,7 +205,7 @@ UGENT_BACKGROUND_QUEUE = env("UGENT_BACKGROUND_QUEUE", default=CELERY_TASK_DEFAU
 UGENT_BACKGROUND_TASKS = (
     "plugins_app.tasks.memory_extract_turn", "plugins_app.tasks.memory_vector_index",
     "plugins_app.tasks.memory_vector_backfill", "plugins_app.tasks.prune_media", "plugins_app.tasks.prune_deliveries",
-    "channels_app.tasks.prune_events", "channels_app.tasks.prune_files",
+    "plugins_app.tasks.prune_memory", "channels_app.tasks.prune_events", "channels_app.tasks.prune_files",
 )
 # Both queues declared as Celery declares its default one (an exchange of the queue's name, routed by it), so
 # the turn queue's messages and keys are what they were before there were two.
@@ -363,6 +363,8 @@ UGENT_MEMORY_SETTINGS_RECHECK_SECS = env.float("UGENT_MEMORY_SETTINGS_RECHECK_SE
 # how long a process uses the row of a configured key's caller before reading it again (channels_app.auth)
 UGENT_CALLER_RECHECK_SECS = env.float("UGENT_CALLER_RECHECK_SECS", default=2.0)
 UGENT_MEMORY_EPHEMERAL_TTL_SECS = env.int("UGENT_MEMORY_EPHEMERAL_TTL_SECS", default=86400)
+# expired facts are deleted this long after their expiry (the hourly retention job); negative: kept for ever
+UGENT_MEMORY_EXPIRED_KEEP_SECS = env.int("UGENT_MEMORY_EXPIRED_KEEP_SECS", default=7 * 86400)
 UGENT_MEMORY_EXCHANGES = env.int("UGENT_MEMORY_EXCHANGES", default=6)  # extract_memory reads this many
 # lance_embedded's LanceDB dataset (rebuilt from the MemoryFact rows when missing): a dir, or a LanceDB URI
 # (s3://…) that several hosts share in servers mode

@@ -55,6 +55,9 @@ class MemoryFact(TimeStamped):
             # lance_embedded's backfill: the facts without a vector, which a recall looks for every few minutes
             # (usually none: without it, a scan of every fact)
             models.Index(fields=["id"], condition=models.Q(embedding__isnull=True), name="memory_fact_no_vector_idx"),
+            # the hourly prune of expired facts: a seek among the facts that expire (ephemeral), not a scan
+            models.Index(fields=["expires_at"], condition=models.Q(expires_at__isnull=False),
+                         name="memory_fact_expiry_idx"),
         ]
         ordering = ["-updated_at"]
 

@@ -46,31 +46,50 @@ def fact_save(*, actor_key: str, text: str, tier: str = Tier.CONTEXTUAL, source:
         raise ValueError("a fact needs text")
     seen_in = (seen_in or "")[:100]
     now = timezone.now()
-    try:
-        with transaction.atomic():
-            fact = MemoryFact.objects.create(actor_key=actor_key, text=text, normalized=key, tier=tier,
-                                             source=source, source_ref=source_ref[:300], expires_at=_expiry(tier))
-            if seen_in:
-                MemorySighting.objects.create(fact=fact, ref=seen_in)
-        created = True
-    except IntegrityError:  # the same fact, saved before (or just now by another worker): merge
-        fact = MemoryFact.objects.get(actor_key=actor_key, normalized=key)
-        with transaction.atomic():  # the sighting and its count commit together: a crash between them
-            changes = {}            # would leave a sighting whose statement was never counted
-            if _sighted(fact, seen_in):
-                changes = {"seen_count": F("seen_count") + 1, "last_seen_at": now, "updated_at": now}
-            if tier == Tier.CORE and fact.tier != Tier.CORE:
-                changes.update(tier=Tier.CORE, expires_at=None, updated_at=now)
-            elif fact.tier == Tier.EPHEMERAL and changes:
-                changes["expires_at"] = _expiry(Tier.EPHEMERAL)
-            if changes:
-                MemoryFact.objects.filter(pk=fact.pk).update(**changes)
-        if changes:
-            fact.refresh_from_db()
-        created = False
+    for _ in range(3):
+        try:
+            with transaction.atomic():
+                fact = MemoryFact.objects.create(actor_key=actor_key, text=text, normalized=key, tier=tier,
+                                                 source=source, source_ref=source_ref[:300],
+                                                 expires_at=_expiry(tier))
+                if seen_in:
+                    MemorySighting.objects.create(fact=fact, ref=seen_in)
+            created = True
+            break
+        except IntegrityError:  # the same fact, saved before (or just now by another worker): merge
+            pass
+        try:
+            fact, created = _merge(actor_key, key, tier, seen_in, now), False
+            break
+        except (MemoryFact.DoesNotExist, IntegrityError):
+            # the fact it merges into was deleted meanwhile (forgotten, pruned once expired, the admin): the
+            # statement is saved anew, as it would have been a moment later
+            continue
+    else:
+        raise RuntimeError(f"memory: the fact {key[:60]!r} was deleted three times while being saved")
     if created or not fact.embedding:
         backend_named(backend or conf.memory_conf().backend).indexed(fact)
     return fact, created
+
+
+def _merge(actor_key: str, key: str, tier: str, seen_in: str, now) -> MemoryFact:
+    """The user's fact with normalised text `key`, stated once more (see fact_save); ``DoesNotExist`` or
+    ``IntegrityError`` (its sighting's fact gone, at commit) when it was deleted meanwhile. On PostgreSQL the
+    row is locked until the commit, so a delete waits for the merge."""
+    with transaction.atomic():  # the sighting and its count commit together: a crash between them would
+        fact = MemoryFact.objects.select_for_update().get(actor_key=actor_key, normalized=key)
+        changes = {}            # leave a sighting whose statement was never counted
+        if _sighted(fact, seen_in):
+            changes = {"seen_count": F("seen_count") + 1, "last_seen_at": now, "updated_at": now}
+        if tier == Tier.CORE and fact.tier != Tier.CORE:
+            changes.update(tier=Tier.CORE, expires_at=None, updated_at=now)
+        elif fact.tier == Tier.EPHEMERAL and changes:
+            changes["expires_at"] = _expiry(Tier.EPHEMERAL)
+        if changes:
+            if not MemoryFact.objects.filter(pk=fact.pk).update(**changes):
+                raise MemoryFact.DoesNotExist(f"memory fact {fact.pk} was deleted")
+            fact.refresh_from_db()
+    return fact
 
 
 def _sighted(fact: MemoryFact, seen_in: str) -> bool:
@@ -148,6 +167,31 @@ def facts_delete(*, fact_ids: list[int]) -> int:
     deleted, _ = MemoryFact.objects.filter(pk__in=ids).delete()
     facts_forgotten(ids)
     return deleted
+
+
+def facts_expired_prune(*, batch: int = 500) -> int:
+    """Retention (plugins_app.tasks.prune_memory): delete the facts whose expiry (ephemeral facts) passed more
+    than UGENT_MEMORY_EXPIRED_KEEP_SECS ago; until then the admin still shows them (recall never does). Pinned
+    facts are never deleted by age. They leave the LanceDB table too. A negative setting keeps them for
+    ever. How many were deleted."""
+    keep = settings.UGENT_MEMORY_EXPIRED_KEEP_SECS
+    if keep < 0:
+        return 0
+    total = 0
+    while True:
+        cutoff = timezone.now() - timedelta(seconds=keep)
+        expired = MemoryFact.objects.filter(expires_at__lt=cutoff, pinned=False)
+        ids = list(expired.order_by("expires_at").values_list("id", flat=True)[:batch])
+        if not ids:
+            return total
+        # (a fact stated again meanwhile has a new expiry: the condition is checked again as it is deleted)
+        deleted, _ = expired.filter(pk__in=ids).delete()
+        gone = sorted(set(ids) - set(MemoryFact.objects.filter(pk__in=ids).values_list("id", flat=True)))
+        facts_forgotten(gone)
+        total += len(gone)
+        log.info("memory: deleted %d facts expired before %s", len(gone), cutoff.isoformat(timespec="seconds"))
+        if len(ids) < batch:
+            return total
 
 
 def fact_edited(*, fact: MemoryFact, changed: list[str]) -> None:

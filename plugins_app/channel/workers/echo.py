@@ -2,11 +2,11 @@
 
     python -m plugins_app.channel.workers.echo
 
-* inbound: ECHO_INBOX names a JSON-lines file; each line ``{"conversation_id",
+* inbound: ECHO_INBOX names a JSON-lines file (default ``var/echo-inbox.jsonl``); each line ``{"conversation_id",
   "message_id", "sender_id", "text"[, "sender_name", "source_type", "option"]}`` is
   submitted once (the outbox and the host deduplicate a re-read after a restart); ``option`` is a
   button press: the ``value`` of one of a delivery's options, sent as ``metadata["option"]``;
-* outbound: each delivery is appended to ECHO_SENT as a JSON line
+* outbound: each delivery is appended to ECHO_SENT (default ``var/echo-sent.jsonl``) as a JSON line
   ``{"delivery_id", "conversation_id", "text", "attempt"[, "buttons"]}`` (fsynced), where
   ``buttons`` are a delivery's ``metadata["options"]`` as ``[{"label", "value"}]``, and
   ``already_delivered`` looks there, so a crash between send and ack never sends twice.
@@ -64,8 +64,10 @@ class EchoWorker(ChannelWorker):
 
     def __init__(self, *, inbox: str | None = None, sent: str | None = None, **kwargs):
         super().__init__(**kwargs)
-        self.inbox = Path(inbox or os.environ.get("ECHO_INBOX") or "echo-inbox.jsonl")
-        self.sent = Path(sent or os.environ.get("ECHO_SENT") or "echo-sent.jsonl")
+        # Unset, the files are under var/ (ignored by git): a run without them set once left a send in the
+        # checkout's root, and it was committed.
+        self.inbox = Path(inbox or os.environ.get("ECHO_INBOX") or "var/echo-inbox.jsonl")
+        self.sent = Path(sent or os.environ.get("ECHO_SENT") or "var/echo-sent.jsonl")
         self.deliver_delay = float(os.environ.get("ECHO_DELIVER_DELAY", "0") or 0)
         self.fail = os.environ.get("ECHO_FAIL", "")
         self.mute_heartbeat = os.environ.get("ECHO_MUTE_HEARTBEAT") == "1"
@@ -114,6 +116,7 @@ class EchoWorker(ChannelWorker):
         buttons = _buttons(delivery.metadata)
         if buttons:
             line["buttons"] = buttons
+        self.sent.parent.mkdir(parents=True, exist_ok=True)
         with self.sent.open("a") as fh:
             fh.write(json.dumps(line) + "\n")
             fh.flush()
