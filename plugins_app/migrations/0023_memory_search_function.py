@@ -20,7 +20,7 @@ from django.db import migrations
 # matches, rounded, then newest. The weights: each word its IDF among the facts, ln(1 + (N - n + 0.5) / (n + 0.5)),
 # n the user's facts holding it (expired ones too), N the facts table's row estimate; a prefix half its last word's.
 SEARCH = r"""
-CREATE FUNCTION plugins_app_memory_search(text, text[], text[], bigint[], bigint, bigint, boolean, timestamptz,
+CREATE OR REPLACE FUNCTION plugins_app_memory_search(text, text[], text[], bigint[], bigint, bigint, boolean, timestamptz,
                                           bigint, bigint)
 RETURNS TABLE (found_kind text, found_id bigint, found_text text, found_tier text, found_bits bigint,
                found_live boolean, found_updated timestamptz)
@@ -44,7 +44,7 @@ FROM (SELECT f.id, f.text, f.tier, f.updated_at FROM plugins_app_memoryfact f
       ORDER BY f.updated_at DESC LIMIT $10) o
 UNION ALL
 SELECT 'e'::text, NULL::bigint, NULL::text, NULL::text, NULL::bigint, NULL::boolean, NULL::timestamptz
-WHERE EXISTS (SELECT 1 FROM plugins_app_memoryfact f WHERE f.actor_key = $1);
+WHERE (SELECT 1 FROM plugins_app_memoryfact f WHERE f.actor_key = $1 ORDER BY f.updated_at DESC LIMIT 1) IS NOT NULL;
 END IF;
 -- then the search's candidates ('s')
 RETURN QUERY
@@ -128,7 +128,7 @@ def _run(statement):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('plugins_app', '0021_memory_postings'),
+        ('plugins_app', '0022_memory_fact_expiry_idx'),
     ]
 
     operations = [
