@@ -40,8 +40,8 @@ def memory_config(tmp_path, settings):
     conf.reset()
 
 
-# PostgreSQL's recall as migration 0021 left it (kept as the baseline the prepared statement is compared with,
-# as gin_fts keeps the GIN statement): the counts of the words as a statement of their own, then one statement
+# PostgreSQL's recall as migration 0021 left it (kept as the baseline migration 0023's search function is compared
+# with, as gin_fts keeps the GIN statement): the counts of the words as a statement of their own, then one statement
 # with an index scan of the postings for each word and prefix (a text of its own for each message, so planned
 # at every recall by Django's client-side binding).
 PG_ACTOR = "a AS MATERIALIZED (SELECT id FROM plugins_app_memoryactor WHERE key = %s)"  # the user's id: pg_posted's `a`
@@ -159,7 +159,7 @@ class CountsThenCandidates:
 def postings_0021():
     """sqlite_fts's PostgreSQL search as migration 0021 left it: the counts, then the candidates statement
     over the postings with a scan per word and prefix, both planned at every recall (bench/memory.py measures
-    it beside PG_SEARCH; the tests compare their results)."""
+    it beside PG_SEARCH; test_memory_postings.py's randomized test compares their results)."""
     from plugins_app.agent.memory.backends import FtsBackend
 
     class Postings0021(CountsThenCandidates, FtsBackend):

@@ -96,7 +96,7 @@ def fts5_varint(block: bytes, at: int = 0) -> int:
     return (value << 8) | block[at + 8]
 
 
-# PostgreSQL: recall's search is one call of plugins_app_memory_search (migration 0022, the statement there):
+# PostgreSQL: recall's search is one call of plugins_app_memory_search (migration 0023, the statement there):
 # its text is the same for every message (the words, their prefixes and the prefix ranges are arrays), so the
 # function's PL/pgSQL keeps its plan for the session; the per-word statement it replaced was planned at every
 # recall (0.4-0.6 ms of about 1.4), and the counts that decide the prefixes were a statement of their own. The
@@ -138,10 +138,15 @@ class FtsBackend:
     word's postings, summed per fact (bm25() scored every match, about 900 for six words at 100k facts, at
     twice the cost; what it adds to those weights, term frequency and length, hardly tells apart facts of a
     sentence: docs/memory.md). PostgreSQL: the same weights in one statement over its matches (ts_rank_cd,
-    before, weighed no word above another), a function of migration 0022 whose plan the session keeps."""
+    before, weighed no word above another), a function of migration 0023 whose plan the session keeps."""
 
     name = "sqlite_fts"
     CANDIDATES = 50  # candidates the statement returns (by weight) for the three rankings
+    # Arms a search has at most, words and prefixes together: each is a bit of a signed 64-bit integer (the
+    # arms a candidate matched; PostgreSQL's bigint). A message of many words joined by underscores (pasted
+    # test names, code) splits into more: its first 63 words are searched, then as many of its prefixes, in
+    # order, as there is room for.
+    ARMS = 63
 
     @staticmethod
     def prefix_of(word: str) -> str | None:
@@ -155,14 +160,20 @@ class FtsBackend:
     @staticmethod
     def terms(text: str) -> list[str]:
         """The terms searched for `text`: its keywords cut as the index cuts them, lower case (and, on SQLite,
-        folded as the indexed terms are), each once."""
+        folded as the indexed terms are), each once; the first ARMS of them."""
         sqlite = connection.vendor != "postgresql"
         out: list[str] = []
         for w in keywords(text):
             for t in _TOKEN.findall(fold(w) if sqlite else w):
                 if len(t) >= 2 and t not in out:
                     out.append(t)
-        return out
+        return out[:FtsBackend.ARMS]
+
+    @classmethod
+    def prefixes_room(cls, words: list[str]) -> list[str]:
+        """The distinct prefixes of `words`, in order, as many as there is room for beside the words (ARMS
+        together): those a search may look for (those of a word held fewer than CANDIDATES times)."""
+        return list(dict.fromkeys(cls.prefixes(words)))[:max(0, cls.ARMS - len(words))]
 
     def counts(self, actor_key: str, words: list[str]) -> tuple[dict[str, int], int]:
         """SQLite: (how many of the user's facts hold each word, how many facts the index holds): whether a
@@ -245,7 +256,7 @@ class FtsBackend:
                    now=None) -> tuple[list, list, list]:
         """PostgreSQL: (the arms, for the rankings: each word, then each distinct prefix; the candidates as
         candidates() gives them; the user's own facts, as recall's _OWN_FACTS gives them, when `want`) in one
-        call of a statement whose plan the session keeps (PG_SEARCH, migration 0022), from the postings table
+        call of a statement whose plan the session keeps (PG_SEARCH, migration 0023), from the postings table
         (migration 0021): each word an index-only scan of the user's own terms, counted there; a word held
         fewer than CANDIDATES times (so counted, capped) has its prefix searched, a range of the terms; the
         total is the facts table's row estimate (pg_class.reltuples, as SQLite's is its whole index's). No
@@ -254,8 +265,8 @@ class FtsBackend:
         would grow without end). When fewer than `limit` of them were live, the statement runs again with
         each match's row checked before the limit. The counts include the user's expired facts (the GIN
         statement's left them out: docs/memory.md)."""
-        prefix = [self.prefix_of(w) for w in words]
-        distinct = list(dict.fromkeys(p for p in prefix if p))
+        distinct = self.prefixes_room(words)
+        prefix = [p if (p := self.prefix_of(w)) in distinct else None for w in words]
         bit = {p: 1 << (len(words) + j) for j, p in enumerate(distinct)}
         arms = [(None, w, 1.0) for w in words] + [(None, p, 0.5) for p in distinct]
         now = now or timezone.now()
@@ -295,7 +306,9 @@ class FtsBackend:
             arms, found, _ = self._search_pg(actor_key, words, candidates)
         else:
             held, total = self.counts(actor_key, words)
-            prefixes = list(dict.fromkeys(p for w in words if (p := self.prefix_of(w)) and held.get(w, 0) < candidates))
+            room = set(self.prefixes_room(words))
+            prefixes = list(dict.fromkeys(p for w in words if (p := self.prefix_of(w)) in room
+                                          and held.get(w, 0) < candidates))
             arms = self.arms(actor_key, words, prefixes)
             found = self.candidates(actor_key, arms, candidates, held=held, total=total)
         return self.hits(arms, found, limit, rows)

@@ -89,7 +89,7 @@ def recall(*, actor_key: str, text: str, conf=None) -> Recall:
     want = conf.max_hits
     now = timezone.now()
     found: dict[int, tuple[str, str]] = {}
-    # PostgreSQL's sqlite_fts: the own facts and the search in one round trip (its function, migration 0022)
+    # PostgreSQL's sqlite_fts: the own facts and the search in one round trip (its function, migration 0023)
     both = getattr(backend, "search_with_own_facts", None)
     both = both and both(actor_key=actor_key, text=text, limit=want * 2, want=want, now=now, rows=found)
     held, pinned, core, rows = own_facts_of(both[0]) if both else own_facts(actor_key, want, now)
