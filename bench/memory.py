@@ -13,7 +13,7 @@ query is a message made of 4 vocabulary words.
   before (kept here as `previous_recall`: on SQLite the candidates in bm25() order; on PostgreSQL the GIN
   statement over the stored tsvector that the postings table of migration 0021 replaced, its column and index
   made again in the scratch database, and 0021's own statements over the postings, planned at every recall,
-  which migration 0022's one function call replaced), interleaved; the same facts recalled (against 0021's:
+  which migration 0023's one function call replaced), interleaved; the same facts recalled (against 0021's:
   the same facts and scores), and the query words the recalled facts hold, now against before. On PostgreSQL
   both tables are vacuumed after loading (the visibility map, as autovacuum keeps it), and the sizes on disk
   and each statement's EXPLAIN (ANALYZE, BUFFERS) for one query are printed (the function's with its generic
@@ -64,6 +64,7 @@ WORDS = ("coffee tea espresso morning evening python rust golang deploy server k
          "holiday december birthday sister brother daughter cat dog garden bicycle running marathon "
          "piano guitar jazz novel library museum painting camera lens photo editor keyboard monitor").split()
 USER, OTHER = "web:bench-alice", "web:bench-bob"
+FEW, NOBODY = "web:bench-carol", "web:bench-nobody"  # a user holding 5 facts, one holding none
 
 
 def vocabulary_set(size: int) -> None:
@@ -263,11 +264,11 @@ def pg_plans(text: str) -> list[str]:
     from plugins_app.agent.memory.recall import recall
 
     def explain_search(execute, sql, params, many, context):
-        # the statement inside plugins_app_memory_search (migration 0022) as the function runs it: its generic plan
+        # the statement inside plugins_app_memory_search (migration 0023) as the function runs it: its generic plan
         # (planned once a session), JIT off; prepared here with the same settings, run six times, then explained
         if sql.startswith("SELECT * FROM plugins_app_memory_search("):
             from importlib import import_module
-            body = import_module("plugins_app.migrations.0022_memory_search_function").SEARCH
+            body = import_module("plugins_app.migrations.0023_memory_search_function").SEARCH
             body = body[body.rindex("RETURN QUERY") + len("RETURN QUERY"):body.rindex(";\nEND $$")]  # the search
             cur = context["cursor"]
             cur.execute("SET plan_cache_mode = force_generic_plan")
@@ -318,6 +319,8 @@ def recall_figures(sizes, n_queries, rng, *, lance_too: bool = True) -> list[dic
         print(f"  loading facts to {size} for one user ...", file=sys.stderr, flush=True)
         facts_add(size - have, USER, rng, vectors=True)
         facts_add((size - have) // 10, OTHER, rng, vectors=True)
+        if not have:
+            facts_add(5, FEW, rng, vectors=True)
         have = size
         if connection.vendor == "postgresql":
             # the planner's statistics and the visibility map (the postings' index-only scans skip the heap for
@@ -353,6 +356,16 @@ def recall_figures(sizes, n_queries, rng, *, lance_too: bool = True) -> list[dic
             if i % 50 == 49:
                 print(f"    {size}: {i + 1}/{len(queries)} queries", file=sys.stderr, flush=True)
         t_like = time_calls(lambda q: like_scan(USER, q), queries)
+        # a user with few facts and one with none, beside the one holding most of the table (the statistics see
+        # few users, so a plan that scans the facts table for them would show here): now against 0021's path
+        small = {}
+        for who in (FEW, NOBODY):
+            t_now, t_old = [], []
+            for q in queries[:max(20, n_queries // 2)]:
+                t_now += time_calls(lambda q: recall(actor_key=who, text=q, conf=fts), [q])
+                if recall_0021:
+                    t_old += time_calls(lambda q: recall_0021(actor_key=who, text=q, conf=fts), [q])
+            small[who] = (t_now, t_old)
         real_embed = backends.EmbeddedBackend.__dict__["embed"]  # the staticmethod itself, to put back
         backends.EmbeddedBackend.embed = synthetic
         rebuild = indexed = index_s = None
@@ -375,7 +388,7 @@ def recall_figures(sizes, n_queries, rng, *, lance_too: bool = True) -> list[dic
         finally:
             backends.EmbeddedBackend.embed = real_embed
         hits = statistics.mean(len(recall(actor_key=USER, text=q, conf=fts).facts) for q in queries[:20])
-        rows.append({"size": size, "fts": t_fts, "fts_before": t_before, "fts_0021": t_0021,
+        rows.append({"size": size, "fts": t_fts, "fts_before": t_before, "fts_0021": t_0021, "small": small,
                      "same_0021": same_0021, "emb": t_emb, "like": t_like,
                      "hits": hits, "same": same, "same_counted": same_counted if recall_counted else None, "held": (held_now, held_before), "total": MemoryFact.objects.count(), "rebuild_s": rebuild,
                      "index": indexed, "index_s": index_s,
@@ -541,6 +554,12 @@ def main():
                   f"{statistics.median(r['fts']) / statistics.median(r['fts_0021']):.2f}x, p99 "
                   f"{pct(r['fts'], 99) / pct(r['fts_0021'], 99):.2f}x; the same facts and scores for {r['same_0021']} of "
                   f"{len(r['fts'])} queries")
+        for who, (t_now, t_old) in r["small"].items():
+            label = "5 facts" if who == FEW else "no facts"
+            print(f"{'':>8}  a user holding {label}: sqlite_fts recall p50 {statistics.median(t_now) * 1000:.2f} ms "
+                  f"(p99 {pct(t_now, 99) * 1000:.2f})"
+                  + (f"; 0021's path p50 {statistics.median(t_old) * 1000:.2f} ms (p99 {pct(t_old, 99) * 1000:.2f}): "
+                     f"{statistics.median(t_now) / statistics.median(t_old):.2f}x" if t_old else ""))
         if r["rebuild_s"] is not None:
             print(f"{'':>8}  LanceDB table rebuilt from the rows in {r['rebuild_s']:.1f} s; index: {r['index']} "
                   f"in {r['index_s']:.1f} s")
