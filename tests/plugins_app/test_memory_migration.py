@@ -89,6 +89,51 @@ def test_facts_saved_before_0021_are_recalled_through_the_postings_by_their_owne
 
 
 @pytest.mark.django_db(transaction=True)
+def test_0023_adds_the_search_function_and_migrating_back_drops_it(memory_config):  # noqa: F811
+    """0023 on PostgreSQL: recall's search as a function; back to 0022 it is gone. SQLite: nothing to do."""
+    from plugins_app.agent.memory import services
+
+    def search_function():
+        with connection.cursor() as cur:
+            cur.execute("SELECT to_regprocedure('plugins_app_memory_search(text, text[], text[], bigint[], bigint, "
+                        "bigint, boolean, timestamptz, bigint, bigint)') IS NOT NULL")
+            return cur.fetchone()[0]
+
+    memory_config.backend("sqlite_fts")
+    migrate(("plugins_app", "0022_memory_fact_expiry_idx"))
+    try:
+        if connection.vendor == "postgresql":
+            assert not search_function()
+    finally:
+        migrate_to_latest()
+    if connection.vendor == "postgresql":
+        assert search_function()
+    services.fact_save(actor_key="web:alice", text="User likes green tea.")
+    assert [f["text"] for f in recall_preview(actor_key="web:alice", text="teas?")["facts"]] == \
+        ["User likes green tea."]  # "teas": its prefix, a range of the postings
+
+
+@pytest.mark.django_db(transaction=True)
+def test_0023_applies_where_the_function_is_there_already(memory_config):  # noqa: F811
+    """A database that applied this migration under its earlier name (0022_memory_search_function, before
+    main's 0022) holds the function: 0023 replaces it rather than failing."""
+    from importlib import import_module
+    if connection.vendor != "postgresql":
+        pytest.skip("the function is PostgreSQL's")
+    search = import_module("plugins_app.migrations.0023_memory_search_function").SEARCH
+    memory_config.backend("sqlite_fts")
+    migrate(("plugins_app", "0022_memory_fact_expiry_idx"))
+    try:
+        with connection.cursor() as cur:
+            cur.execute(search.replace("CREATE OR REPLACE FUNCTION", "CREATE FUNCTION"))  # as the old 0022 left it
+    finally:
+        migrate_to_latest()
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM pg_proc WHERE proname = 'plugins_app_memory_search'")
+        assert cur.fetchone()[0] == 1
+
+
+@pytest.mark.django_db(transaction=True)
 def test_0015_counts_what_the_after_turn_extraction_saved_before_it_as_seen_in_its_turn(memory_config):  # noqa: F811
     from plugins_app.agent.memory import services
     from plugins_app.agent.memory.models import MemoryFact

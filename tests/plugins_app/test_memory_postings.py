@@ -59,6 +59,10 @@ def test_recall_through_the_postings_is_the_gin_statements_recall(memory_config)
         fact.save()
         services.fact_edited(fact=fact, changed=["text"])
     MemoryFact.objects.filter(pk__in=[f.pk for f in facts[ALICE][70:80]]).update(actor_key=BOB)  # moved to bob
+    # each user's pinned and core facts (recalled whatever the text, from the search's own call): never the other's
+    pinned = [f.pk for f in facts[ALICE][100:104] + facts[BOB][60:63]]
+    MemoryFact.objects.filter(pk__in=pinned).update(pinned=True)
+    MemoryFact.objects.filter(pk__in=[f.pk for f in facts[ALICE][110:114] + facts[BOB][70:73]]).update(tier="core")
     with connection.cursor() as cur:
         cur.execute("ANALYZE plugins_app_memoryfact")  # the weights' total: the table's row estimate
     # what the stored text_tsv held, computed per row; the user's expired facts weigh as in the postings' counts
@@ -76,6 +80,7 @@ def test_recall_through_the_postings_is_the_gin_statements_recall(memory_config)
             assert all(owner[fid] == actor for fid, _ in now)  # bob never recalls alice's facts, nor she his
             assert not {fid for fid, _ in now} & expired
             found += len(now)
+            assert {fid for fid in pinned if owner[fid] == actor and fid not in expired} <= {fid for fid, _ in now}
     assert found > 1000  # the queries do recall
 
 
@@ -129,6 +134,28 @@ def tea_facts(actor, n, *, expires_at=None):
         for i in (next(_numbers) for _ in range(n)))]
 
 
+def test_recall_reads_in_one_statement_whose_text_is_the_same_for_every_message(memory_config):  # noqa: F811
+    """PostgreSQL's recall is one statement, the same text whatever the words (they are its parameters), so the
+    function it calls keeps its plan (migration 0023); before it, the user's own facts, the counts and a text
+    per message."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's search function")
+    memory_config.backend("sqlite_fts")
+    tea_facts(ALICE, 3)
+    seen = []
+
+    def record(execute, sql, params, many, context):
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        for text in ("tea", "green tea teapots", "café ab²cd 東京", "the weather on mars today"):
+            recall(actor_key=ALICE, text=text)
+    read = [sql for sql in seen if any(name in sql for name in (
+        "plugins_app_memoryfact", "plugins_app_memoryposting", "plugins_app_memory_search"))]
+    assert len(read) == 4 and len(set(read)) == 1, read  # one a recall, the user's own facts read in it
+
+
 _numbers = itertools.count()
 
 
@@ -145,7 +172,6 @@ def test_another_users_postings_never_weigh_in_or_take_a_users_candidates(memory
         cur.execute("SELECT key, id FROM plugins_app_memoryactor WHERE key IN (%s, 'web:mallory')", [ALICE])
         ids = dict(cur.fetchall())
     assert len(set(ids.values())) == 2
-    assert backend.counts(ALICE, ["tea", "likes"]) == ({"tea": 8, "likes": 8}, 0)
     assert [fid for fid, _ in backend.search(actor_key=ALICE, text="tea", limit=50)] == alice[::-1]
     with connection.cursor() as cur:  # mallory's postings as alice's (what a shared hash of their keys made)
         cur.execute("UPDATE plugins_app_memoryposting SET actor = %s WHERE actor = %s",
@@ -205,3 +231,98 @@ def test_two_transactions_saving_a_new_users_first_facts_at_once_both_commit_und
         assert cur.fetchone()[0] == 1
     assert [f["text"] for f in recall_preview(actor_key="web:newcomer", text="green tea")["facts"]] == \
         ["User likes green tea.", "User likes tea."]
+
+
+# words PostgreSQL's parser reads its own way, forms sharing prefixes, other scripts, a word of one letter
+# repeated past the index's length, weighed so some are common and others rare (from the review's probe)
+EDGE = ["tea", "teal", "teapot", "teapots", "team", "teas", "tease", "café", "cafe", "cafés", "caf", "naïve",
+        "東京", "東京都", "москва", "москвы", "ελλάδα", "ab²cd", "0e5e", "2026", "12345", "x1y2", "snake_case_name",
+        "e-mail", "don't", "z" * 2100, "q" * 300, "힣힣힣힣", "straße", "strasse", "ǆemal", "İstanbul", "été", "ete",
+        "ℌello", "ﬁsh", "fish", "v1.2.3", "foo_bar", "ab", "abc", "abcd", "abcde", "abcdef", "日本語のテキスト"]
+
+
+def test_the_search_function_is_0021s_statements_on_randomized_facts(memory_config, monkeypatch):  # noqa: F811
+    """plugins_app_memory_search against migration 0021's two statements (postings_0021) on randomized facts of
+    three users (expired, pinned, core ones among them), randomized messages, few candidates (so the prefixes'
+    choice, the limit and the second, checked run all come into play): the same hits and scores, the same
+    rows, and the same own facts as recall's _OWN_FACTS statement."""
+    from plugins_app.agent.memory import recall as recall_module
+    from tests.support.memory import postings_0021
+    if connection.vendor != "postgresql":
+        pytest.skip("the function is PostgreSQL's")
+    memory_config.backend("sqlite_fts")
+    monkeypatch.setattr(FtsBackend, "CANDIDATES", 5)
+    rng = random.Random(16)
+    vocab = EDGE + [f"w{c}{d}" for c in "abcdefgh" for d in "xyz"] + ["likes", "green", "market", "marked", "marker"]
+    weights = [1.0 / (i + 1) ** 0.7 for i in range(len(vocab))]
+    rng.shuffle(weights)
+    now = timezone.now()
+    facts = []
+    for actor, n in ((ALICE, 200), (BOB, 40), ("web:carol", 3)):
+        for i in range(n):
+            r = rng.random()
+            facts.append(MemoryFact(
+                actor_key=actor, text=f"User {' '.join(rng.choices(vocab, weights, k=rng.randint(2, 8)))} {i}",
+                normalized=f"{actor}{i}", tier=rng.choice(["core", "contextual", "archival", "ephemeral"]),
+                pinned=rng.random() < 0.05,
+                expires_at=now - timedelta(days=1) if r < 0.15 else now + timedelta(days=1) if r < 0.2 else None))
+    MemoryFact.objects.bulk_create(facts)
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE plugins_app_memoryfact")
+    new, old = FtsBackend(), postings_0021()
+    messages = ["", "the and of", "tea", "teapot", "teal tea", "caf café", "東京", "ab²cd", "snake_case_name", "z" * 2100]
+    for _ in range(40):
+        words = rng.choices(vocab, k=rng.randint(0, 9)) + [rng.choice(vocab)[:rng.randint(2, 6)]
+                                                          for _ in range(rng.randint(0, 3))]
+        words += rng.choices(["the", "what", "nonexistent", "tell", "me"], k=rng.randint(0, 2))
+        rng.shuffle(words)
+        messages.append(" ".join(words))
+    found = 0
+    for text in messages:
+        for actor in (ALICE, BOB, "web:carol", "web:nobody"):
+            for limit in (2, 24):
+                rows_new, rows_old = {}, {}
+                hits = new.search(actor_key=actor, text=text, limit=limit, rows=rows_new)
+                assert hits == old.search(actor_key=actor, text=text, limit=limit, rows=rows_old), (actor, text)
+                assert rows_new == rows_old
+                assert set(MemoryFact.objects.filter(pk__in=[f for f, _ in hits]).values_list("actor_key", flat=True)) \
+                    <= {actor}
+                found += len(hits)
+            t = timezone.now()
+            own = recall_module.own_facts_of(new._search_pg(actor, new.terms(text), 50, want=12, now=t)[2])
+            held, pinned, core, rows = recall_module.own_facts(actor, 12, t)
+            assert own[:3] == (held, pinned, core)
+            assert {k: (v.text, v.tier) for k, v in own[3].items()} == {k: (v.text, v.tier) for k, v in rows.items()}
+    assert found > 300  # the messages do find facts
+
+
+def test_the_users_own_facts_are_found_by_an_index_in_the_functions_kept_plan(memory_config):  # noqa: F811
+    """The function's plan is generic (planned for any user): with statistics of few users, one holding most
+    facts, the own facts' statement must still seek the index for the user, not scan the facts table (a user
+    with no facts paid 5 ms for it at 100k facts). Its statements prepared as the function keeps them, and
+    explained."""
+    from importlib import import_module
+    if connection.vendor != "postgresql":
+        pytest.skip("the function is PostgreSQL's")
+    search = import_module("plugins_app.migrations.0023_memory_search_function").SEARCH
+    own = search[search.index("IF $10 > 0 THEN\n"):search.index("END IF;")]
+    own = own[own.index("RETURN QUERY") + len("RETURN QUERY"):own.rindex(";")]
+    with connection.cursor() as cur:
+        cur.execute("INSERT INTO plugins_app_memoryfact (actor_key, text, normalized, tier, pinned, source, source_ref, "
+                    "created_at, updated_at, seen_count) SELECT 'web:big', 'User likes tea ' || i, 'n' || i, "
+                    "'contextual', false, 'turn', '', now(), now(), 1 FROM generate_series(1, 20000) i")
+        for actor in ("web:alice", "web:bob", "web:carol"):
+            for i in range(5):
+                services.fact_save(actor_key=actor, text=f"User likes tea {i}.", tier="core" if i else "contextual")
+        cur.execute("ANALYZE plugins_app_memoryfact")
+        cur.execute("SET plan_cache_mode = force_generic_plan")
+        try:
+            cur.execute("PREPARE ugent_test_own (text, text[], text[], bigint[], bigint, bigint, boolean, "
+                        "timestamptz, bigint, bigint) AS " + own)
+            cur.execute("EXPLAIN EXECUTE ugent_test_own('web:nobody', '{}', '{}', '{}', 50, 50, false, now(), 100, 12)")
+            plan = "\n".join(row[0] for row in cur.fetchall())
+        finally:
+            cur.execute("DEALLOCATE ALL")
+            cur.execute("RESET plan_cache_mode")
+    assert "$1" in plan  # the generic plan
+    assert "Seq Scan" not in plan, plan

@@ -96,26 +96,12 @@ def fts5_varint(block: bytes, at: int = 0) -> int:
     return (value << 8) | block[at + 8]
 
 
-PG_ACTOR = "a AS MATERIALIZED (SELECT id FROM plugins_app_memoryactor WHERE key = %s)"  # the user's id: pg_posted's `a`
-
-
-def pg_posted(match: str, source: str, *, prefix: bool) -> tuple[str, list]:
-    """PostgreSQL: (SELECT fact_id of the user's postings matching one arm, its parameters), in a statement
-    WITH PG_ACTOR (the user's id, looked up once). The arm's term is
-    the lexeme PostgreSQL's own parser makes of `source` (the word, or the prefix), so a fact matches exactly
-    when its to_tsvector('simple', text) @@ to_tsquery('simple', match): the term itself, or for a prefix a
-    range of terms. A word the parser cuts into several lexemes ("ab²cd", "0e5e": a phrase) is looked for by one of
-    them and the phrase checked on the fact's text; one it makes no lexeme of matches nothing, as before.
-    The parsing runs on constants, folded when the statement is planned (a fifth of its planning): a word of
-    ASCII letters only is its own lexeme, and skips it."""
-    if source.isascii() and source.isalpha():
-        return ("SELECT fact_id FROM plugins_app_memoryposting p WHERE p.actor = (SELECT id FROM a) "
-                f"AND p.term {'^@' if prefix else '='} %s", [source])
-    return ("SELECT fact_id FROM plugins_app_memoryposting p WHERE p.actor = (SELECT id FROM a) "
-            f"AND p.term {'^@' if prefix else '='} (tsvector_to_array(to_tsvector('simple', %s)))[1] "
-            "AND (numnode(to_tsquery('simple', %s)) = 1 OR EXISTS (SELECT 1 FROM plugins_app_memoryfact f "
-            "WHERE f.id = p.fact_id AND to_tsvector('simple', f.text) @@ to_tsquery('simple', %s)))",
-            [source, match, match])
+# PostgreSQL: recall's search is one call of plugins_app_memory_search (migration 0023, the statement there):
+# its text is the same for every message (the words, their prefixes and the prefix ranges are arrays), so the
+# function's PL/pgSQL keeps its plan for the session; the per-word statement it replaced was planned at every
+# recall (0.4-0.6 ms of about 1.4), and the counts that decide the prefixes were a statement of their own. The
+# user's own facts (recall's first statement) come back from the same call: one round trip a recall.
+PG_SEARCH = "SELECT * FROM plugins_app_memory_search(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 
 
 def live(qs):
@@ -143,8 +129,8 @@ class FtsBackend:
     times: prefixes are there for the forms of a rare word ("teapots" for "teapot"); beside a word that
     fills the candidates by itself they add weaker matches, ranked below the word's own, and cost most of
     the statement (bench/memory.py: at 100k facts a six-word message matched 2.3 times the facts and took
-    3.7 times as long with every prefix). The counts are one lookup (SQLite's fts5vocab; on PostgreSQL a
-    capped count per word).
+    3.7 times as long with every prefix). The counts are one lookup (SQLite's fts5vocab; on PostgreSQL
+    counted, capped, inside the one statement that searches).
 
     The candidates are ordered by the weight of the words they hold: each word weighs its IDF among the
     facts, ln(1 + (N - n + 0.5) / (n + 0.5)) with n the user's facts holding it (bm25's IDF, never
@@ -152,10 +138,15 @@ class FtsBackend:
     word's postings, summed per fact (bm25() scored every match, about 900 for six words at 100k facts, at
     twice the cost; what it adds to those weights, term frequency and length, hardly tells apart facts of a
     sentence: docs/memory.md). PostgreSQL: the same weights in one statement over its matches (ts_rank_cd,
-    before, weighed no word above another)."""
+    before, weighed no word above another), a function of migration 0023 whose plan the session keeps."""
 
     name = "sqlite_fts"
     CANDIDATES = 50  # candidates the statement returns (by weight) for the three rankings
+    # Arms a search has at most, words and prefixes together: each is a bit of a signed 64-bit integer (the
+    # arms a candidate matched; PostgreSQL's bigint). A message of many words joined by underscores (pasted
+    # test names, code) splits into more: its first 63 words are searched, then as many of its prefixes, in
+    # order, as there is room for.
+    ARMS = 63
 
     @staticmethod
     def prefix_of(word: str) -> str | None:
@@ -169,26 +160,25 @@ class FtsBackend:
     @staticmethod
     def terms(text: str) -> list[str]:
         """The terms searched for `text`: its keywords cut as the index cuts them, lower case (and, on SQLite,
-        folded as the indexed terms are), each once."""
+        folded as the indexed terms are), each once; the first ARMS of them."""
         sqlite = connection.vendor != "postgresql"
         out: list[str] = []
         for w in keywords(text):
             for t in _TOKEN.findall(fold(w) if sqlite else w):
                 if len(t) >= 2 and t not in out:
                     out.append(t)
-        return out
+        return out[:FtsBackend.ARMS]
+
+    @classmethod
+    def prefixes_room(cls, words: list[str]) -> list[str]:
+        """The distinct prefixes of `words`, in order, as many as there is room for beside the words (ARMS
+        together): those a search may look for (those of a word held fewer than CANDIDATES times)."""
+        return list(dict.fromkeys(cls.prefixes(words)))[:max(0, cls.ARMS - len(words))]
 
     def counts(self, actor_key: str, words: list[str]) -> tuple[dict[str, int], int]:
-        """(how many of the user's facts hold each word, how many facts the index holds): whether a word's
-        prefix is searched, and on SQLite the word's weight. PostgreSQL: each count capped at CANDIDATES,
-        and no total (its candidates statement counts the weights' own over its matches)."""
+        """SQLite: (how many of the user's facts hold each word, how many facts the index holds): whether a
+        word's prefix is searched, and the word's weight. (PostgreSQL counts them in its one statement.)"""
         with connection.cursor() as cur:
-            if connection.vendor == "postgresql":
-                held = [pg_posted(f"'{w}'", w, prefix=False) for w in words]
-                cur.execute(f"WITH {PG_ACTOR} " + " UNION ALL ".join(
-                    f"SELECT %s, (SELECT count(*) FROM ({sql} LIMIT %s) held)" for sql, _ in held),
-                    [actor_key, *(v for w, (_, params) in zip(words, held) for v in (w, *params, self.CANDIDATES))])
-                return dict(cur.fetchall()), 0
             tag = owner_tag(actor_key)
             # the total is FTS5's own, the first varint of its averages record (what bm25() reads for its N)
             cur.execute("SELECT term, doc FROM plugins_app_memoryfact_fts_vocab WHERE term IN (%s) "
@@ -228,8 +218,6 @@ class FtsBackend:
             return []
         now = timezone.now()
         with connection.cursor() as cur:
-            if connection.vendor == "postgresql":
-                return self._candidates_pg(cur, actor_key, arms, limit, now)
             # Each arm walks one term's postings, the user's own (owner_tag): every match is theirs, summed per
             # fact and the LIMIT applied before any row is read. The kept rows are then checked: a fact past its
             # expiry (or, by a hash collision, another user's) is dropped, and when one was, the statement runs
@@ -264,54 +252,38 @@ class FtsBackend:
                 [*params, actor_key, now, limit])
             return cur.fetchall()
 
-    @classmethod
-    def _candidates_pg(cls, cur, actor_key, arms, limit, now) -> list[tuple[int, str, str, int]]:
-        """PostgreSQL: the user's live facts matching any arm, with which arms each matches, from the postings
-        table (migration 0021): each arm an index-only scan of the user's own terms, the word counts counted
-        over those same matches, the total the facts table's row estimate (pg_class.reltuples, as SQLite's is
-        its whole index's). One statement, no ranking function over the rows: only the best 2 × `limit`
-        matches' rows are read, and those past their expiry dropped (ephemeral facts are kept when they
-        expire, so reading the user's expired facts first would grow without end). When fewer than `limit`
-        of them were live, the statement runs again with each match's row checked before the limit. The
-        counts include the user's expired facts (the GIN statement's left them out: docs/memory.md)."""
-        word_arm = {word: i for i, (_, word, factor) in enumerate(arms) if factor == 1}  # n{i}: its count
-        posted = [pg_posted(match, word if factor == 1 else cls.prefix_of(word), prefix=factor < 1)
-                  for match, word, factor in arms]
-        walks = " UNION ALL ".join(f"SELECT fact_id, {1 << i} AS b FROM ({sql}) a{i}"
-                                   for i, (sql, _) in enumerate(posted))
-        counts = ", ".join(f"count(*) FILTER (WHERE bits & {1 << i} <> 0) AS n{i}" for i in word_arm.values())
-        # each arm's weight computed once, not for each match (its numeric arithmetic was most of the statement)
-        weights = ", ".join(
-            f"{factor!r} * ln(1 + (greatest(t.total, c.n{word_arm[word]}) - c.n{word_arm[word]} + 0.5) / "
-            f"(c.n{word_arm[word]} + 0.5)) AS w{i}" for i, (_, word, factor) in enumerate(arms))
-        score = " + ".join(f"CASE WHEN m.bits & {1 << i} <> 0 THEN w.w{i} ELSE 0 END" for i in range(len(arms)))
-        live = "f.actor_key = %s AND (f.expires_at IS NULL OR f.expires_at > %s)"
+    def _search_pg(self, actor_key: str, words: list[str], limit: int, *, want: int = 0,
+                   now=None) -> tuple[list, list, list]:
+        """PostgreSQL: (the arms, for the rankings: each word, then each distinct prefix; the candidates as
+        candidates() gives them; the user's own facts, as recall's _OWN_FACTS gives them, when `want`) in one
+        call of a statement whose plan the session keeps (PG_SEARCH, migration 0023), from the postings table
+        (migration 0021): each word an index-only scan of the user's own terms, counted there; a word held
+        fewer than CANDIDATES times (so counted, capped) has its prefix searched, a range of the terms; the
+        total is the facts table's row estimate (pg_class.reltuples, as SQLite's is its whole index's). No
+        ranking function over the rows: only the best 2 x `limit` matches' rows are read, and those past their
+        expiry dropped (ephemeral facts are kept when they expire, so reading the user's expired facts first
+        would grow without end). When fewer than `limit` of them were live, the statement runs again with
+        each match's row checked before the limit. The counts include the user's expired facts (the GIN
+        statement's left them out: docs/memory.md)."""
+        distinct = self.prefixes_room(words)
+        prefix = [p if (p := self.prefix_of(w)) in distinct else None for w in words]
+        bit = {p: 1 << (len(words) + j) for j, p in enumerate(distinct)}
+        arms = [(None, w, 1.0) for w in words] + [(None, p, 0.5) for p in distinct]
+        now = now or timezone.now()
 
-        def run(checked: bool, read: int):
-            cur.execute(
-                f"WITH {PG_ACTOR}, "
-                f"m AS MATERIALIZED (SELECT s.fact_id AS id, bit_or(s.b) AS bits FROM ({walks}) s GROUP BY s.fact_id), "
-                f"c AS (SELECT {counts} FROM m), "
-                "t AS (SELECT greatest(reltuples, 0)::float8 AS total FROM pg_class "
-                "WHERE oid = 'plugins_app_memoryfact'::regclass), "
-                f"w AS MATERIALIZED (SELECT {weights} FROM c, t), "
-                f"k AS (SELECT m.id, m.bits, round(({score})::numeric, 9) AS score FROM m, w "
-                + (f"WHERE EXISTS (SELECT 1 FROM plugins_app_memoryfact f WHERE f.id = m.id AND {live}) "
-                   if checked else "") +
-                "ORDER BY score DESC, m.id DESC LIMIT %s) "
-                # the owner checked on the kept rows too: a posting of the user's is never another's fact (one id
-                # a key), but a stray one must not show it
-                f"SELECT f.id, f.text, f.tier, k.bits, {live} FROM k JOIN plugins_app_memoryfact f ON f.id = k.id "
-                "ORDER BY k.score DESC, k.id DESC",
-                [actor_key, *(v for _, params in posted for v in params),
-                 *((actor_key, now) if checked else ()), read, actor_key, now])
-            return cur.fetchall()
+        def run(checked: bool, read: int, want: int):
+            with connection.cursor() as cur:
+                cur.execute(PG_SEARCH, [actor_key, words, prefix, [bit.get(p, 0) for p in prefix],
+                                        self.CANDIDATES, limit, checked, now, read, want])
+                rows = cur.fetchall()
+            own = [(kind, fid, text, tier, updated) for kind, fid, text, tier, _, _, updated in rows if kind != "s"]
+            return own, [row[1:6] for row in rows if row[0] == "s"]
 
-        found = run(False, 2 * limit)
+        own, found = run(False, 2 * limit, want)
         kept = [row[:4] for row in found if row[4]]
         if len(kept) >= limit or len(found) < 2 * limit:  # the best `limit` live ones, or every match read
-            return kept[:limit]
-        return [row[:4] for row in run(True, limit)]
+            return arms, kept[:limit], own
+        return arms, [row[:4] for row in run(True, limit, 0)[1]], own
 
     @staticmethod
     def rankings(arms: list[tuple[str, str, float]], found: list[tuple[int, int]]) -> list[list[int]]:
@@ -330,18 +302,34 @@ class FtsBackend:
         if not words or limit <= 0:
             return []
         candidates = max(limit, self.CANDIDATES)
-        # SQLite weighs every word by its count; PostgreSQL counts the matches in its statement and needs
-        # these only for the prefixes
-        held, total = self.counts(actor_key, words) if connection.vendor != "postgresql" or \
-            any(map(self.prefix_of, words)) else ({}, 0)
-        prefixes = list(dict.fromkeys(p for w in words if (p := self.prefix_of(w)) and held.get(w, 0) < candidates))
-        arms = self.arms(actor_key, words, prefixes)
-        found = self.candidates(actor_key, arms, candidates, held=held, total=total)
+        if connection.vendor == "postgresql":
+            arms, found, _ = self._search_pg(actor_key, words, candidates)
+        else:
+            held, total = self.counts(actor_key, words)
+            room = set(self.prefixes_room(words))
+            prefixes = list(dict.fromkeys(p for w in words if (p := self.prefix_of(w)) in room
+                                          and held.get(w, 0) < candidates))
+            arms = self.arms(actor_key, words, prefixes)
+            found = self.candidates(actor_key, arms, candidates, held=held, total=total)
+        return self.hits(arms, found, limit, rows)
+
+    def hits(self, arms, found, limit: int, rows) -> list[tuple[int, float]]:
+        """The candidates fused by rank, best first; `rows` given the hits' (text, tier)."""
         hits = rrf(self.rankings(arms, [(fid, bits) for fid, _, _, bits in found]))[:limit]
         if rows is not None:
             kept = {fid: (text, tier) for fid, text, tier, _ in found}
             rows.update({fid: kept[fid] for fid, _ in hits})
         return hits
+
+    def search_with_own_facts(self, *, actor_key: str, text: str, limit: int, want: int, now,
+                              rows=None) -> tuple[list, list[tuple[int, float]]] | None:
+        """PostgreSQL: (the user's own facts as recall's _OWN_FACTS gives them, search()'s hits) in one round
+        trip, or None where the own facts are to be read first (SQLite: its search is several statements)."""
+        if connection.vendor != "postgresql" or limit <= 0:
+            return None
+        arms, found, own = self._search_pg(actor_key, self.terms(text), max(limit, self.CANDIDATES), want=want,
+                                           now=now)
+        return own, self.hits(arms, found, limit, rows)
 
     def indexed(self, fact: MemoryFact) -> None:
         """The index follows the row by itself (SQLite's triggers; PostgreSQL's postings triggers)."""

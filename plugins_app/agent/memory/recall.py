@@ -66,7 +66,11 @@ def own_facts(actor_key: str, want: int, now) -> tuple[bool, list[int], list[int
     the live ones only, newest first."""
     with connection.cursor() as cur:
         cur.execute(_OWN_FACTS, [actor_key, now, want, actor_key, now, want, actor_key])
-        found = cur.fetchall()
+        return own_facts_of(cur.fetchall())
+
+
+def own_facts_of(found: list[tuple]) -> tuple[bool, list[int], list[int], dict[int, RecalledFact]]:
+    """own_facts() from _OWN_FACTS's rows (or the same rows from a backend's search: PostgreSQL's function)."""
     held = bool(found)
     found = sorted((r for r in found if r[0] != "e"), key=lambda r: r[4], reverse=True)  # newest first
     rows = {fid: RecalledFact(fid, text, tier, 0.0) for _, fid, text, tier, _ in found}
@@ -84,11 +88,15 @@ def recall(*, actor_key: str, text: str, conf=None) -> Recall:
         return recalled
     want = conf.max_hits
     now = timezone.now()
-    held, pinned, core, rows = own_facts(actor_key, want, now)
-    if not held:
-        return recalled  # one index seek: a user with no facts costs no full-text search over everyone's
     found: dict[int, tuple[str, str]] = {}
-    hits = backend.search(actor_key=actor_key, text=text, limit=want * 2, conf=conf, rows=found)
+    # PostgreSQL's sqlite_fts: the own facts and the search in one round trip (its function, migration 0023)
+    both = getattr(backend, "search_with_own_facts", None)
+    both = both and both(actor_key=actor_key, text=text, limit=want * 2, want=want, now=now, rows=found)
+    held, pinned, core, rows = own_facts_of(both[0]) if both else own_facts(actor_key, want, now)
+    if not held:
+        return recalled  # one index seek: a user with no facts costs no full-text search (PostgreSQL's ran in
+        # the same call: it finds no postings of theirs)
+    hits = both[1] if both else backend.search(actor_key=actor_key, text=text, limit=want * 2, conf=conf, rows=found)
     rows.update({fid: RecalledFact(fid, text, tier, 0.0) for fid, (text, tier) in found.items() if fid not in rows})
     scores = {fid: 1.0 for fid in pinned}
     for fid, score in hits:
