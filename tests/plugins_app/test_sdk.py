@@ -1056,6 +1056,10 @@ def test_a_kill_before_the_host_answers_a_submit_neither_loses_nor_doubles_the_m
     finally:
         kill9(first)
     bridge.release("inbound.submit")
+    # the try a kill cut short counts toward HOLD_ATTEMPTS: a message that kills its worker every time it is under
+    # way stops holding its chat after so many restarts
+    with Outbox(plugin_id=bridge.plugin_id, state_dir=tmp_path / "state") as box:
+        assert box.inbound_get(message("m-1").key).attempts == 1
     # The channel does not send m-1 again: only the outbox can bring it back.
     second = spawn(bridge, tmp_path, "second")
     try:

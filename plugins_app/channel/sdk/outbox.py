@@ -220,6 +220,12 @@ class Outbox:
             self._db.execute("UPDATE inbound SET attempts = attempts + 1, updated_at = ? WHERE key = ?",
                              (self._clock(), key))
 
+    def inbound_attempt_undone(self, key: str) -> None:
+        """The try counted before a call that the host never served (it was away): it does not count."""
+        with self._lock:
+            self._db.execute("UPDATE inbound SET attempts = max(attempts - 1, 0), updated_at = ? WHERE key = ?",
+                             (self._clock(), key))
+
     def inbound_acked(self, key: str, result: dict) -> None:
         self._inbound_settle(key, ACKED, result)
 

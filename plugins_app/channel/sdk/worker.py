@@ -42,6 +42,7 @@ import ctypes.util
 import logging
 import os
 import re
+import sqlite3
 import signal
 import sys
 import threading
@@ -706,9 +707,15 @@ class ChannelWorker:
         client = self._client
         if client is None or client.closed:
             return SubmitResult(False, queued=True)
+        counted = False
         try:
             message = self._store_inbound_media(key, row.message)
             outbox = self._outbox()  # (not if the worker closed it while the file downloaded: it stays owed)
+            # Counted before the call, so a message that kills the worker while it is under way (its file, the
+            # host's answer) counts too, and stops holding its chat after HOLD_ATTEMPTS restarts; taken back
+            # below when the host turns out to have been away.
+            outbox.inbound_attempted(key)
+            counted = True
             result = client.call("inbound.submit", {"message": message}, timeout=self.call_timeout_secs)
         except _MediaWait as exc:
             return SubmitResult(False, queued=True, reason=str(exc))  # this chat waits; the others go on
@@ -722,15 +729,29 @@ class ChannelWorker:
                 # The host cannot serve anything now (its database is down): as when it is unreachable, the message
                 # waits, its chat's later messages behind it, however long that lasts; not a failure of its own.
                 self.log.warning("inbound.submit: the host is unavailable (%s), will retry", _data_reason(exc))
+                if counted:
+                    self._attempt_undone(key)
                 return SubmitResult(False, queued=True)
-            outbox.inbound_attempted(key)  # the host failed this message: HOLD_ATTEMPTS of these and it holds no more
+            if not counted:  # (its file's media.put, before the call)
+                outbox.inbound_attempted(key)
+            # the host failed this message: HOLD_ATTEMPTS of these and it holds no more
             self.log.warning("inbound.submit failed, will retry: %s", exc)
             return SubmitResult(False, queued=True, reason=exc.message)
         except (ConnectionLost, CallTimeout, OSError):
+            if counted:
+                self._attempt_undone(key)
             return SubmitResult(False, queued=True)
         self._outbox().inbound_acked(key, result)  # (closed meanwhile: owed, and the host answers a repeat duplicate)
         return SubmitResult(bool(result.get("accepted")), duplicate=bool(result.get("duplicate")),
                             reason=result.get("reason"))
+
+    def _attempt_undone(self, key: str) -> None:
+        """Take back the try counted for a call the host never served; if the worker closed its outbox meanwhile
+        (a stop), the try stays counted: one of HOLD_ATTEMPTS, harmless."""
+        try:
+            self._outbox().inbound_attempt_undone(key)
+        except (ConnectionLost, sqlite3.Error):
+            pass
 
     def _store_inbound_media(self, key: str, message: dict) -> dict:
         if type(self).fetch_media is ChannelWorker.fetch_media:
