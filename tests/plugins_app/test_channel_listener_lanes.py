@@ -399,6 +399,28 @@ def test_telegram_webhook_an_update_sent_again_is_recorded_once_and_submitted_on
         running.stop()
 
 
+def test_telegram_webhook_a_post_whose_length_is_not_a_number_is_answered_400_and_records_nothing(telegram):
+    """(It had no answer at all: the handler failed on the header and dropped the connection.)"""
+    import socket
+    import urllib.parse
+    fake, bridge, state, release = telegram
+    running = Running(telegram_worker(bridge, state, WEBHOOK_ARGS))
+    try:
+        assert wait(lambda: fake.webhook["url"]), "the webhook was not set"
+        url = urllib.parse.urlsplit(fake.webhook["url"])
+        request = (f"POST {url.path} HTTP/1.1\r\nHost: {url.hostname}\r\n"
+                   f"X-Telegram-Bot-Api-Secret-Token: {fake.webhook['secret_token']}\r\n"
+                   "Content-Type: application/json\r\nContent-Length: abc\r\n\r\n{}")
+        with socket.create_connection((url.hostname, url.port), 5) as sock:
+            sock.sendall(request.encode())
+            answer = sock.recv(200)
+        assert answer.startswith(b"HTTP/1.1 400"), answer
+        time.sleep(0.5)  # (a submit would show now)
+        assert bridge.submit_log == []
+    finally:
+        running.stop()
+
+
 def test_telegram_webhook_the_hub_away_does_not_hold_the_request_and_a_press_is_answered_once_it_is_back(
         telegram):
     fake, bridge, state, release = telegram

@@ -288,6 +288,10 @@ class TelegramWorker(ChannelWorker):
         try:
             lanes.run(self._inbox, lambda: self._feed_error, what=what)
         finally:
+            # what the lanes dropped as they closed stays owed in the outbox, for the replay: a resend of it may be
+            # queued again from now on
+            with self._in_hand_lock:
+                self._in_hand.clear()
             if self.stopping.is_set():
                 feeder.join(5)  # (else the worker is stopped next, which ends it: ChannelWorker._listen_main)
 
@@ -431,7 +435,11 @@ class TelegramWorker(ChannelWorker):
                 pass
 
             def do_POST(self):
-                length = int(self.headers.get("Content-Length") or 0)
+                try:
+                    length = int(self.headers.get("Content-Length") or 0)
+                except ValueError:  # (not a number: the body cannot be read, nor the connection kept)
+                    self.close_connection = True
+                    return self._reply(400)
                 body = self.rfile.read(length) if 0 < length <= 10 * 1024 * 1024 else b""
                 if length and not body:
                     self.close_connection = True  # its body was not read: it must not be taken for the next request
