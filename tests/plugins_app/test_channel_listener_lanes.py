@@ -1,10 +1,10 @@
-"""Telegram's polling and Discord's gateway: one user's large file holds back that chat only.
+"""Telegram's polling and webhook, and Discord's gateway: one user's large file holds back that chat only.
 
 Each worker records every message in its outbox before it confirms it to the platform (Telegram: the
-getUpdates offset; Discord: the committed ``seq``) and submits each chat's messages on a lane of that chat's
-(``InboxLanes``). Run in process against the SDK's MockBridge and the platform's fake on loopback; the crash
-tests run the worker as its own process (as the supervisor starts it) and kill it with SIGKILL while a file
-downloads: the recorded message is submitted once after the restart, by the replay.
+getUpdates offset, or the webhook's 200; Discord: the committed ``seq``) and submits each chat's messages on a
+lane of that chat's (``InboxLanes``). Run in process against the SDK's MockBridge and the platform's fake on
+loopback; the crash tests run the worker as its own process (as the supervisor starts it) and kill it with
+SIGKILL while a file downloads: the recorded message is submitted once after the restart, by the replay.
 """
 from __future__ import annotations
 
@@ -103,9 +103,9 @@ def telegram(monkeypatch):
             fake.stop()
 
 
-def telegram_worker(bridge, state):
+def telegram_worker(bridge, state, args=TELEGRAM_ARGS):
     from plugins_app.channel.workers.telegram import TelegramWorker, parse_args
-    return TelegramWorker(options=parse_args(list(TELEGRAM_ARGS)), **bridge.worker_kwargs(state_dir=state))
+    return TelegramWorker(options=parse_args(list(args)), **bridge.worker_kwargs(state_dir=state))
 
 
 def telegram_key(update: dict) -> str:
@@ -321,6 +321,181 @@ def test_telegram_polling_a_message_recorded_when_the_worker_is_killed_is_submit
             assert wait(lambda: bridge.submits, 30), log.read_text()
             time.sleep(1.0)  # (a second submit would show now)
             assert ids(bridge) == [telegram_key(update)]  # once, by the restart's replay: Telegram sent it no more
+            assert bridge.media(bridge.submits[0].attachments[0].media_id).data == BIG
+            assert terminate(second) == 0
+        finally:
+            if second.poll() is None:
+                kill9(second)
+    finally:
+        if first_proc.poll() is None:
+            kill9(first_proc)
+
+
+# -- Telegram (webhook) -----------------------------------------------------------------------------
+# The fake posts each update to the webhook as Telegram does: one at a time, the next only once one was answered
+# 2xx, the same again after anything else. A request that waits for a download or for the hub holds them all.
+
+WEBHOOK_ARGS = ("--mode", "webhook", "--webhook-port", "0", "--webhook-check-secs", "0.3", "--per-chat-secs", "0",
+                "--group-secs", "0")
+
+
+def answers(fake, update: dict) -> list[int]:
+    """The statuses the webhook answered for ``update``'s posts, in order."""
+    with fake._cond:
+        return [status for update_id, status in fake.webhook_posts if update_id == update["update_id"]]
+
+
+def test_telegram_webhook_answers_at_once_while_a_file_downloads_and_another_chats_message_reaches_the_host(
+        telegram):
+    fake, bridge, state, release = telegram
+    running = Running(telegram_worker(bridge, state, WEBHOOK_ARGS))
+    try:
+        assert wait(lambda: fake.webhook["url"]), "the webhook was not set"
+        fake.hold_downloads(release)
+        first = fake.push_message(42, "my video", video=video(fake))
+        assert wait(lambda: fake.downloads), "the file was not fetched"
+        later = fake.push_message(42, "did you get it?")
+        other = fake.push_message(43, "hello")
+        # each answered 200 once recorded, the video still downloading
+        assert wait(lambda: all(answers(fake, u) == [200] for u in (first, later, other)), 10), fake.webhook_posts
+        assert wait(lambda: bridge.submit_log)
+        assert ids(bridge) == [telegram_key(other)]  # while the download runs
+        time.sleep(0.3)
+        assert ids(bridge) == [telegram_key(other)]  # chat 42's later message waits for its video
+        release.set()
+        assert wait(lambda: len(bridge.submit_log) == 3)
+        assert ids(bridge)[1:] == [telegram_key(first), telegram_key(later)]
+        assert bridge.media(bridge.submits[1].attachments[0].media_id).data == BIG
+        assert fake.count("getFile") == 1
+    finally:
+        release.set()
+        running.stop()
+
+
+def test_telegram_webhook_an_update_sent_again_is_recorded_once_and_submitted_once(telegram):
+    """Telegram sends an update again (an answer it did not get): while its message still waits for its file on
+    the chat's lane, and again once the hub took it. Each post is answered 200; the message reaches the hub once
+    and its file is downloaded once."""
+    fake, bridge, state, release = telegram
+    running = Running(telegram_worker(bridge, state, WEBHOOK_ARGS))
+    try:
+        assert wait(lambda: fake.webhook["url"]), "the webhook was not set"
+        fake.hold_downloads(release)
+        first = fake.push_message(42, "my video", video=video(fake))
+        assert wait(lambda: fake.downloads), "the file was not fetched"
+        fake.redeliver(first)
+        assert wait(lambda: answers(fake, first) == [200, 200], 10), fake.webhook_posts
+        release.set()
+        assert wait(lambda: bridge.submit_log)
+        fake.redeliver(first)
+        after = fake.push_message(42, "and then?")  # (answered after the resend: the resend was read)
+        assert wait(lambda: len(bridge.submit_log) == 2), ids(bridge)
+        time.sleep(1.0)  # (a second submit would show now)
+        assert answers(fake, first) == [200, 200, 200]
+        assert ids(bridge) == [telegram_key(first), telegram_key(after)]
+        assert fake.count("getFile") == 1
+    finally:
+        release.set()
+        running.stop()
+
+
+def test_telegram_webhook_a_post_whose_length_is_not_a_number_is_answered_400_and_records_nothing(telegram):
+    """(It had no answer at all: the handler failed on the header and dropped the connection.)"""
+    import socket
+    import urllib.parse
+    fake, bridge, state, release = telegram
+    running = Running(telegram_worker(bridge, state, WEBHOOK_ARGS))
+    try:
+        assert wait(lambda: fake.webhook["url"]), "the webhook was not set"
+        url = urllib.parse.urlsplit(fake.webhook["url"])
+        request = (f"POST {url.path} HTTP/1.1\r\nHost: {url.hostname}\r\n"
+                   f"X-Telegram-Bot-Api-Secret-Token: {fake.webhook['secret_token']}\r\n"
+                   "Content-Type: application/json\r\nContent-Length: abc\r\n\r\n{}")
+        with socket.create_connection((url.hostname, url.port), 5) as sock:
+            sock.sendall(request.encode())
+            answer = sock.recv(200)
+        assert answer.startswith(b"HTTP/1.1 400"), answer
+        time.sleep(0.5)  # (a submit would show now)
+        assert bridge.submit_log == []
+    finally:
+        running.stop()
+
+
+def test_telegram_webhook_the_hub_away_does_not_hold_the_request_and_a_press_is_answered_once_it_is_back(
+        telegram):
+    fake, bridge, state, release = telegram
+    hub = HubDown(bridge)
+    running = Running(telegram_worker(bridge, state, WEBHOOK_ARGS))
+    try:
+        assert wait(lambda: fake.webhook["url"]), "the webhook was not set"
+        press = fake.push_callback(42, "yes", message=fake.message(42, "Deploy now?"))
+        after = fake.push_message(42, "and then?")
+        other = fake.push_message(43, "hello")
+        assert wait(lambda: all(answers(fake, u) == [200] for u in (press, after, other)), 10), fake.webhook_posts
+        assert wait(lambda: hub.refused), "the lanes did not try"
+        assert bridge.submit_log == [] and fake.count("answerCallbackQuery") == 0
+        hub.up()
+        assert wait(lambda: len(bridge.submits) == 3, 30), ids(bridge)
+        mine = [i for i in ids(bridge) if i != telegram_key(other)]
+        assert mine == [f"{press['update_id']}:cb", telegram_key(after)]  # the chat's order kept
+        assert wait(lambda: fake.count("answerCallbackQuery") == 1)
+        time.sleep(1.0)
+        assert fake.count("answerCallbackQuery") == 1
+        assert len(bridge.submit_log) == 3
+    finally:
+        running.stop()
+
+
+def test_telegram_webhook_an_update_whose_outbox_write_fails_is_answered_500_and_taken_when_sent_again(telegram):
+    import sqlite3
+
+    from plugins_app.channel.workers.telegram import TelegramWorker, parse_args
+
+    fake, bridge, state, release = telegram
+    failed: list[int] = []
+
+    class FailingOnce(TelegramWorker):
+        def _record(self, raw, inbox):
+            if (raw.get("message") or {}).get("text") == "unlucky" and not failed:
+                failed.append(raw["update_id"])
+                raise sqlite3.OperationalError("disk I/O error")
+            return super()._record(raw, inbox)
+
+    running = Running(FailingOnce(options=parse_args(list(WEBHOOK_ARGS)), **bridge.worker_kwargs(state_dir=state)))
+    try:
+        assert wait(lambda: fake.webhook["url"]), "the webhook was not set"
+        unlucky = fake.push_message(42, "unlucky")
+        assert wait(lambda: len(bridge.submit_log) == 1), ids(bridge)
+        time.sleep(1.0)  # (a second submit would show now)
+        assert answers(fake, unlucky) == [500, 200]  # Telegram sends again what was not answered 2xx
+        assert ids(bridge) == [telegram_key(unlucky)]
+        assert failed == [unlucky["update_id"]]
+    finally:
+        running.stop()
+
+
+def test_telegram_webhook_a_message_answered_when_the_worker_is_killed_is_submitted_once_after_the_restart(
+        telegram, tmp_path):
+    fake, bridge, state, release = telegram
+    log = tmp_path / "worker.log"
+    env = {"TELEGRAM_BOT_TOKEN": fake.token, "TELEGRAM_API_BASE_URL": fake.base_url}
+    first_proc = spawn(bridge, state, log, "plugins_app.channel.workers.telegram", *WEBHOOK_ARGS, **env)
+    try:
+        assert wait(lambda: fake.webhook["url"], 30), log.read_text()
+        fake.hold_downloads(release)
+        update = fake.push_message(42, "my video", video=video(fake))
+        assert wait(lambda: fake.downloads), log.read_text()
+        assert wait(lambda: answers(fake, update) == [200], 10), "the webhook did not answer the recorded update"
+        kill9(first_proc)  # the download under way, nothing submitted yet
+        assert bridge.submit_log == []
+        fake.hold_downloads(None)
+        release.set()
+        second = spawn(bridge, state, log, "plugins_app.channel.workers.telegram", *WEBHOOK_ARGS, **env)
+        try:
+            assert wait(lambda: bridge.submits, 30), log.read_text()
+            time.sleep(1.0)  # (a second submit would show now)
+            assert ids(bridge) == [telegram_key(update)]  # once, by the restart's replay: Telegram sent it no more
+            assert answers(fake, update) == [200]
             assert bridge.media(bridge.submits[0].attachments[0].media_id).data == BIG
             assert terminate(second) == 0
         finally:

@@ -13,10 +13,11 @@ chat only, and the SDK fetches again. A 400 (``file is too big``) or a 413 is fi
 confirmed by ``getMe`` stops the worker with the message owed.
 
 * inbound: ``getUpdates`` long polls in a thread of their own (the offset moves past an update only
-  once its message is in the outbox; each chat's messages then go to the hub on a lane of that
-  chat's, so one chat's file download holds back no other) or a webhook listener
-  (``X-Telegram-Bot-Api-Secret-Token`` checked; answered 200 only once the hub accepted, so
-  Telegram redelivers what was not); ``update_id`` is the idempotency key;
+  once its message is in the outbox) or a webhook listener (``X-Telegram-Bot-Api-Secret-Token``
+  checked; answered 200 once the message is in the outbox, a 5xx if it could not be written, so
+  Telegram sends it again); either way each chat's messages then go to the hub on a lane of that
+  chat's, so one chat's file download holds back no other and nothing Telegram waits on waits for a
+  file or the hub; ``update_id`` is the idempotency key;
   ``chat.type`` gives the source type (private → user, group/supergroup → group, channel → room);
 * outbound: Markdown converted to MarkdownV2 (plain text again if Telegram cannot parse it), split
   at 4096 UTF-16 units, attachments as ``sendPhoto``/``sendDocument``, a delivery's

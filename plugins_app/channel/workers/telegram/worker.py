@@ -17,8 +17,8 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable
 
-from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, MediaNotReady,
-                                     MessageValidationError)
+from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, ConnectionLost, DeliveryFailed,
+                                     MediaNotReady, MessageValidationError)
 from plugins_app.channel.sdk.download import MEDIA_TIMEOUT_SECS
 from plugins_app.channel.sdk.journal import SentJournal
 from plugins_app.channel.sdk.outbox import PENDING, outbox_path_for
@@ -39,9 +39,9 @@ MAX_FLOOD_RETRIES = 5        # 429s waited out in place for one send; then the h
 MESSAGE_LIMIT = 4096          # UTF-16 code units after entity parsing
 ALLOWED_UPDATES = ["message", "channel_post", "callback_query"]
 REVOKED = "401 Unauthorized: the bot token is wrong or was revoked (@BotFather /token or /revoke)"
-#: Polling: chats submitted at once, a thread each (their files downloading side by side).
+#: Chats submitted at once (both modes), a thread each (their files downloading side by side).
 INBOX_LANES = 16
-#: Polling: the longest a lane waits between two tries while the hub is away (unreachable, its database down).
+#: The longest a lane waits between two tries while the hub is away (unreachable, its database down).
 HOST_AWAY_MAX_WAIT_SECS = 30.0
 
 
@@ -138,7 +138,10 @@ class TelegramWorker(ChannelWorker):
         self._loop: _Loop | None = None
         self._journal: SentJournal | None = None
         self._refusal: str | None = None      # set by any call that found the token revoked
-        self._poll_error: Exception | None = None  # polling: what ended the getUpdates thread
+        self._feed_error: Exception | None = None  # what ended the thread feeding the lanes (getUpdates, the check)
+        self._inbox: queue.Queue = queue.Queue()   # recorded messages for the lanes (getUpdates' or the webhook's)
+        self._in_hand: set[str] = set()            # keys queued or on a lane: a resent update is not queued twice
+        self._in_hand_lock = threading.Lock()
         self._server: BoundedHTTPServer | None = None
         self.webhook_url: str | None = None
 
@@ -169,10 +172,16 @@ class TelegramWorker(ChannelWorker):
             self._start_webhook()
 
     def listen(self, submit) -> None:
+        """Either mode: a thread records each update's message in the outbox and queues it before Telegram is
+        told it is taken (getUpdates' next offset; the webhook's 200), and here each chat's recorded messages are
+        submitted on a lane of that chat's (``InboxLanes``, ``_submit_taken``), so one user's file downloading
+        for minutes holds back that chat only, and nothing Telegram waits on waits for the hub. A message
+        recorded and not submitted (a stop, a crash) stays owed: the replay sends it."""
         if self.opts.mode == "webhook":
-            self._listen_webhook()
+            threading.Thread(target=self._server.serve_forever, name="telegram-webhook", daemon=True).start()
+            self._listen_lanes(submit, self._watch_webhook, what="the webhook check failed: ")
         else:
-            self._listen_polling(submit)
+            self._listen_lanes(submit, self._poll, what="polling failed: ")
 
     def deliver(self, delivery) -> str | None:
         from telegram import InlineKeyboardButton, InlineKeyboardMarkup, ReplyParameters
@@ -214,7 +223,7 @@ class TelegramWorker(ChannelWorker):
         from telegram.error import BadRequest, InvalidToken, NetworkError, RetryAfter, TimedOut
 
         # Short timeouts and no retries of its own: the SDK's hold retries, and while a fetch runs its chat's later
-        # submits wait for it (other chats' go on in their own lanes, or their own webhook requests).
+        # submits wait for it (other chats' go on in their own lanes).
         timeouts = {"read_timeout": MEDIA_TIMEOUT_SECS, "connect_timeout": MEDIA_TIMEOUT_SECS,
                     "pool_timeout": MEDIA_TIMEOUT_SECS}
 
@@ -264,31 +273,37 @@ class TelegramWorker(ChannelWorker):
         if self._journal is not None:
             self._journal.close()
 
-    # ------------------------------------------------------------ polling
+    # ------------------------------------------------------------ the lanes (both modes)
 
-    def _listen_polling(self, submit) -> None:
-        """getUpdates in a thread of its own (``_poll``), which records each update's message in the outbox before
-        the offset confirms the update to Telegram; here each chat's recorded messages are submitted on a lane of
-        that chat's (``InboxLanes``), so one user's file downloading for minutes holds back that chat only. A
-        message recorded and not submitted (a stop, a crash) stays owed: the replay sends it."""
-        inbox: queue.Queue = queue.Queue()
-        poller = threading.Thread(target=self._poll_main, args=(inbox,), name="telegram-poll", daemon=True)
-        poller.start()
+    def _listen_lanes(self, submit, feed: Callable[[queue.Queue], None], *, what: str) -> None:
+        """Run ``feed(inbox)`` in a thread of its own (polling: getUpdates, which records and queues; webhook:
+        the getWebhookInfo check, the requests' threads recording and queueing) and submit what is queued, each
+        chat's on its lane, until the worker stops, a refusal is found on any thread, or ``feed`` fails (raised
+        with ``what`` before it: the worker is restarted)."""
+        feeder = threading.Thread(target=self._feed_main, args=(feed,), name=f"telegram-{self.opts.mode}",
+                                  daemon=True)
+        feeder.start()
         lanes = InboxLanes(self, lambda message: self._submit_taken(submit, message, lanes.lanes),
                            max_lanes=INBOX_LANES, name="telegram-inbox")
         try:
-            lanes.run(inbox, lambda: self._poll_error, what="polling failed: ")
+            lanes.run(self._inbox, lambda: self._feed_error, what=what)
         finally:
+            # what the lanes dropped as they closed stays owed in the outbox, for the replay: a resend of it may be
+            # queued again from now on
+            with self._in_hand_lock:
+                self._in_hand.clear()
             if self.stopping.is_set():
-                poller.join(5)  # (else the worker is stopped next, which ends it: ChannelWorker._listen_main)
+                feeder.join(5)  # (else the worker is stopped next, which ends it: ChannelWorker._listen_main)
 
-    def _poll_main(self, inbox: queue.Queue) -> None:
+    def _feed_main(self, feed: Callable[[queue.Queue], None]) -> None:
         try:
-            self._poll(inbox)
+            feed(self._inbox)
         except ChannelRefused as exc:
             self._refusal = self._refusal or exc.reason  # the listener raises it: the plugin is disabled
         except Exception as exc:  # noqa: BLE001 - the listener raises it: the worker is restarted
-            self._poll_error = exc
+            self._feed_error = exc
+
+    # ------------------------------------------------------------ polling
 
     def _poll(self, inbox: queue.Queue) -> None:
         from telegram.error import Conflict, InvalidToken, NetworkError, RetryAfter, TelegramError
@@ -320,9 +335,13 @@ class TelegramWorker(ChannelWorker):
                 self._record(update.to_dict(), inbox)  # (raises if it cannot: the offset stays, Telegram keeps it)
                 offset = update.update_id + 1  # confirmed to Telegram by the next getUpdates
 
+    # ------------------------------------------------------------ both modes: record, then submit on a lane
+
     def _record(self, raw: dict, inbox: queue.Queue) -> None:
         """Record one update's message in the outbox and queue it for its chat's lane; returns once it is written
-        (the offset may move past it then). Skips what it cannot read and what the hub already took."""
+        (Telegram may be told it is taken then: the offset moves past it, the webhook answers 200), and raises
+        if it cannot be (Telegram keeps it and sends it again). Skips what it cannot read, what the hub already
+        took, and an update Telegram sent again while its message is still queued or on its lane."""
         try:
             message = normalise(raw, self.bot.username if self.bot is not None else None)
         except (KeyError, TypeError, ValueError):
@@ -339,6 +358,11 @@ class TelegramWorker(ChannelWorker):
         if row.state != PENDING:
             self.log.info("update %s: duplicate (the hub had it already)", raw.get("update_id"))
             return
+        with self._in_hand_lock:
+            if message.key in self._in_hand:
+                self.log.info("update %s: duplicate (queued for the hub already)", raw.get("update_id"))
+                return
+            self._in_hand.add(message.key)
         inbox.put(message)
 
     def _submit_taken(self, submit, message, lanes) -> Any:
@@ -350,6 +374,13 @@ class TelegramWorker(ChannelWorker):
         until the hub is back, trying again less and less often (up to every ``HOST_AWAY_MAX_WAIT_SECS``): each
         try reads the whole outbox, and the replay sends what is owed, in order, at the first heartbeat the hub
         answers. Once the lanes close (a stop, a refusal) it stays owed too."""
+        try:
+            return self._submit_held(submit, message, lanes)
+        finally:
+            with self._in_hand_lock:
+                self._in_hand.discard(message.key)
+
+    def _submit_held(self, submit, message, lanes) -> Any:
         fresh = self._still_owed(message)
         tries = 0
         wait = 1.0
@@ -386,32 +417,6 @@ class TelegramWorker(ChannelWorker):
             except Exception as exc:  # noqa: BLE001 - the spinner times out by itself
                 self.log.warning("answerCallbackQuery %s failed: %s", cq, exc)
 
-    def _take(self, raw: dict, submit) -> bool:
-        """Webhook mode, in the request's thread: submit one update and wait until the hub has it; False if
-        stopping first. Skips what it cannot read."""
-        try:
-            message = normalise(raw, self.bot.username if self.bot is not None else None)
-        except (KeyError, TypeError, ValueError):
-            self.log.exception("update %s is not a message this worker reads; skipped", raw.get("update_id"))
-            return True
-        if message is None:
-            return True
-        fresh = self._still_owed(message)
-        while True:
-            try:
-                result = submit(message)
-            except MessageValidationError as exc:
-                self.log.error("update %s skipped: %s", raw.get("update_id"), exc)
-                return True
-            if not result.queued:
-                break
-            if self.stopping.wait(1.0):
-                return False
-        self.log.info("update %s: accepted=%s duplicate=%s reason=%s", raw.get("update_id"), result.accepted,
-                      result.duplicate, result.reason)
-        self._answer_press(message, result, fresh)
-        return True
-
     # ------------------------------------------------------------ webhook
 
     def _start_webhook(self) -> None:
@@ -430,7 +435,11 @@ class TelegramWorker(ChannelWorker):
                 pass
 
             def do_POST(self):
-                length = int(self.headers.get("Content-Length") or 0)
+                try:
+                    length = int(self.headers.get("Content-Length") or 0)
+                except ValueError:  # (not a number: the body cannot be read, nor the connection kept)
+                    self.close_connection = True
+                    return self._reply(400)
                 body = self.rfile.read(length) if 0 < length <= 10 * 1024 * 1024 else b""
                 if length and not body:
                     self.close_connection = True  # its body was not read: it must not be taken for the next request
@@ -446,8 +455,17 @@ class TelegramWorker(ChannelWorker):
                         raise ValueError("not an object")
                 except ValueError:
                     return self._reply(400)
-                taken = worker._take(update, worker.submit)
-                self._reply(200 if taken else 503)  # 503: Telegram delivers it again later
+                # recorded in the outbox (and queued for its chat's lane) before the 200; anything but a 2xx makes
+                # Telegram send the update again later. Nothing here waits for a file or for the hub.
+                try:
+                    worker._record(update, worker._inbox)
+                except ConnectionLost:  # the worker is stopping: its outbox is closed
+                    worker.log.info("update %s not recorded: the worker is stopping", update.get("update_id"))
+                    return self._reply(503)
+                except Exception:  # noqa: BLE001 - not recorded: Telegram keeps it and sends it again
+                    worker.log.exception("update %s could not be recorded", update.get("update_id"))
+                    return self._reply(500)
+                self._reply(200)
 
             def _reply(self, status):
                 self.send_response(status)
@@ -466,12 +484,14 @@ class TelegramWorker(ChannelWorker):
             raise ChannelRefused(REVOKED) from exc
         self.log.info("webhook set to %s (listening on %s:%s)", self.webhook_url, host, port)
 
-    def _listen_webhook(self) -> None:
+    def _watch_webhook(self, inbox: queue.Queue) -> None:
+        """Webhook mode's thread beside the lanes (the requests' threads feed ``inbox``): every
+        ``webhook_check_secs`` getWebhookInfo, raising ``ChannelRefused`` for a revoked token or a webhook no
+        longer this worker's."""
         from telegram.error import InvalidToken, TelegramError
-        threading.Thread(target=self._server.serve_forever, name="telegram-webhook", daemon=True).start()
         while not self.stopping.wait(self.opts.webhook_check_secs):
             if self._refusal:
-                raise ChannelRefused(self._refusal)
+                return  # (found on another thread: the listener raises it)
             try:  # a revoked token or a replaced webhook shows only here: Telegram just stops calling
                 info = self._run(self.bot.get_webhook_info())
             except InvalidToken as exc:
