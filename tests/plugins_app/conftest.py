@@ -38,6 +38,26 @@ def wait_until(predicate, timeout=10.0, interval=0.05):
     return predicate()
 
 
+class Running:
+    """One channel worker's run() in a thread (signals are the main thread's, so none are installed), stopped at
+    the end of the test; ``stop()`` returns run()'s exit code."""
+
+    def __init__(self, worker):
+        self.worker = worker
+        self.code = None
+        self.thread = threading.Thread(target=self._run, name=f"{worker.kind}-worker", daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        self.code = self.worker.run()
+
+    def stop(self):
+        self.worker.stop()
+        self.thread.join(20)
+        assert not self.thread.is_alive(), "the worker did not stop"
+        return self.code
+
+
 @pytest.fixture
 def short_dir():
     """A private directory with a short path (a Unix socket path must fit in 108 bytes)."""

@@ -24,6 +24,7 @@ import pytest
 from plugins_app.channel.bridge import HostUnavailable
 from plugins_app.channel.sdk.mock import MockBridge
 from tests.fakes.slow_file import SlowFile
+from tests.plugins_app.conftest import Running, wait_until
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl, as the supervisor's workers")
 
@@ -32,32 +33,7 @@ BIG = b"\x00\x00\x00\x18ftypmp42" + b"v" * 4096  # dribbled a byte every 50 ms: 
 
 
 def wait(pred, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.05)
-    return pred()
-
-
-class Running:
-    """One worker's run() in a thread, stopped at the end of the test."""
-
-    def __init__(self, worker):
-        self.worker = worker
-        self.code = None
-        self.thread = threading.Thread(target=self._run, name=f"{worker.kind}-worker", daemon=True)
-        self.thread.start()
-
-    def _run(self):
-        self.code = self.worker.run()
-
-    def stop(self):
-        self.worker.stop()
-        self.thread.join(20)
-        assert not self.thread.is_alive(), "the worker did not stop"
-        return self.code
+    return wait_until(pred, timeout)
 
 
 def ids(bridge) -> list[str]:
@@ -300,37 +276,6 @@ def test_telegram_polling_an_update_whose_outbox_write_fails_is_not_confirmed_an
         again.stop()
 
 
-def test_telegram_polling_a_message_recorded_when_the_worker_is_killed_is_submitted_once_after_the_restart(
-        telegram, tmp_path):
-    fake, bridge, state, release = telegram
-    log = tmp_path / "worker.log"
-    env = {"TELEGRAM_BOT_TOKEN": fake.token, "TELEGRAM_API_BASE_URL": fake.base_url}
-    first_proc = spawn(bridge, state, log, "plugins_app.channel.workers.telegram", *TELEGRAM_ARGS, **env)
-    try:
-        assert wait(lambda: fake.polls_begun >= 1, 30), log.read_text()
-        fake.hold_downloads(release)
-        update = fake.push_message(42, "my video", video=video(fake))
-        assert wait(lambda: fake.downloads), log.read_text()
-        assert wait(lambda: confirmed(fake, update), 10), "the offset did not move past the recorded update"
-        kill9(first_proc)  # the download under way, nothing submitted yet
-        assert bridge.submit_log == []
-        fake.hold_downloads(None)
-        release.set()
-        second = spawn(bridge, state, log, "plugins_app.channel.workers.telegram", *TELEGRAM_ARGS, **env)
-        try:
-            assert wait(lambda: bridge.submits, 30), log.read_text()
-            time.sleep(1.0)  # (a second submit would show now)
-            assert ids(bridge) == [telegram_key(update)]  # once, by the restart's replay: Telegram sent it no more
-            assert bridge.media(bridge.submits[0].attachments[0].media_id).data == BIG
-            assert terminate(second) == 0
-        finally:
-            if second.poll() is None:
-                kill9(second)
-    finally:
-        if first_proc.poll() is None:
-            kill9(first_proc)
-
-
 # -- Telegram (webhook) -----------------------------------------------------------------------------
 # The fake posts each update to the webhook as Telegram does: one at a time, the next only once one was answered
 # 2xx, the same again after anything else. A request that waits for a download or for the hub holds them all.
@@ -474,28 +419,39 @@ def test_telegram_webhook_an_update_whose_outbox_write_fails_is_answered_500_and
         running.stop()
 
 
-def test_telegram_webhook_a_message_answered_when_the_worker_is_killed_is_submitted_once_after_the_restart(
-        telegram, tmp_path):
+@pytest.mark.parametrize("mode", ["polling", "webhook"])
+def test_telegram_a_message_confirmed_when_the_worker_is_killed_is_submitted_once_after_the_restart(
+        telegram, tmp_path, mode):
+    """Polling: the offset moved past the recorded update; webhook: the update was answered 200. Either way
+    Telegram sends it no more, so only the outbox can bring it back."""
     fake, bridge, state, release = telegram
+    args = TELEGRAM_ARGS if mode == "polling" else WEBHOOK_ARGS
     log = tmp_path / "worker.log"
     env = {"TELEGRAM_BOT_TOKEN": fake.token, "TELEGRAM_API_BASE_URL": fake.base_url}
-    first_proc = spawn(bridge, state, log, "plugins_app.channel.workers.telegram", *WEBHOOK_ARGS, **env)
+    first_proc = spawn(bridge, state, log, "plugins_app.channel.workers.telegram", *args, **env)
     try:
-        assert wait(lambda: fake.webhook["url"], 30), log.read_text()
+        if mode == "polling":
+            assert wait(lambda: fake.polls_begun >= 1, 30), log.read_text()
+        else:
+            assert wait(lambda: fake.webhook["url"], 30), log.read_text()
         fake.hold_downloads(release)
         update = fake.push_message(42, "my video", video=video(fake))
         assert wait(lambda: fake.downloads), log.read_text()
-        assert wait(lambda: answers(fake, update) == [200], 10), "the webhook did not answer the recorded update"
+        if mode == "polling":
+            assert wait(lambda: confirmed(fake, update), 10), "the offset did not move past the recorded update"
+        else:
+            assert wait(lambda: answers(fake, update) == [200], 10), "the webhook did not answer the recorded update"
         kill9(first_proc)  # the download under way, nothing submitted yet
         assert bridge.submit_log == []
         fake.hold_downloads(None)
         release.set()
-        second = spawn(bridge, state, log, "plugins_app.channel.workers.telegram", *WEBHOOK_ARGS, **env)
+        second = spawn(bridge, state, log, "plugins_app.channel.workers.telegram", *args, **env)
         try:
             assert wait(lambda: bridge.submits, 30), log.read_text()
             time.sleep(1.0)  # (a second submit would show now)
             assert ids(bridge) == [telegram_key(update)]  # once, by the restart's replay: Telegram sent it no more
-            assert answers(fake, update) == [200]
+            if mode == "webhook":
+                assert answers(fake, update) == [200]
             assert bridge.media(bridge.submits[0].attachments[0].media_id).data == BIG
             assert terminate(second) == 0
         finally:

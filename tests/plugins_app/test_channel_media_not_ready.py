@@ -15,6 +15,7 @@ import time
 import pytest
 
 from plugins_app.channel.sdk.mock import MockBridge
+from tests.plugins_app.conftest import Running, wait_until
 
 HEARTBEAT = 0.2          # the replay that fetches a held file again runs at each heartbeat
 #: The "keeps failing" cases wait (media_wait_secs, 60 s in production) until a second try is seen, then the wait
@@ -30,27 +31,7 @@ def give_up_after_retries(worker, tries) -> None:
 
 
 def wait(pred, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.05)
-    return pred()
-
-
-class Running:
-    """One worker's run() in a thread, stopped at the end of the test."""
-
-    def __init__(self, worker):
-        self.worker = worker
-        self.thread = threading.Thread(target=worker.run, name=f"{worker.kind}-worker", daemon=True)
-        self.thread.start()
-
-    def stop(self):
-        self.worker.stop()
-        self.thread.join(20)
-        assert not self.thread.is_alive(), "the worker did not stop"
+    return wait_until(pred, timeout)
 
 
 def assert_arrived_with_file_then_later(bridge, file_id, later_id, data):
