@@ -248,11 +248,11 @@ def test_telegram_polling_an_update_whose_outbox_write_fails_is_not_confirmed_an
     failed: list[int] = []
 
     class FailingOnce(TelegramWorker):
-        def _record(self, raw, inbox):
+        def _record(self, raw):
             if (raw.get("message") or {}).get("text") == "unlucky" and not failed:
                 failed.append(raw["update_id"])
                 raise sqlite3.OperationalError("disk I/O error")
-            return super()._record(raw, inbox)
+            return super()._record(raw)
 
     worker = FailingOnce(options=parse_args(list(TELEGRAM_ARGS)), **bridge.worker_kwargs(state_dir=state))
     running = Running(worker)
@@ -400,11 +400,11 @@ def test_telegram_webhook_an_update_whose_outbox_write_fails_is_answered_500_and
     failed: list[int] = []
 
     class FailingOnce(TelegramWorker):
-        def _record(self, raw, inbox):
+        def _record(self, raw):
             if (raw.get("message") or {}).get("text") == "unlucky" and not failed:
                 failed.append(raw["update_id"])
                 raise sqlite3.OperationalError("disk I/O error")
-            return super()._record(raw, inbox)
+            return super()._record(raw)
 
     running = Running(FailingOnce(options=parse_args(list(WEBHOOK_ARGS)), **bridge.worker_kwargs(state_dir=state)))
     try:

@@ -8,7 +8,6 @@ import hashlib
 import hmac
 import json
 import os
-import queue
 import re
 import threading
 import time
@@ -23,7 +22,7 @@ from plugins_app.channel.sdk.download import MEDIA_TIMEOUT_SECS
 from plugins_app.channel.sdk.journal import SentJournal
 from plugins_app.channel.sdk.outbox import PENDING, outbox_path_for
 from plugins_app.channel.sdk.text import split_text, utf16_len
-from plugins_app.channel.sdk.webhook import BoundedHTTPServer, InboxLanes
+from plugins_app.channel.sdk.webhook import BoundedHTTPServer, InboxLanes, WebhookInbox
 from plugins_app.channel.sdk.worker import HOLD_ATTEMPTS
 
 from . import DESCRIPTION, KIND
@@ -122,7 +121,7 @@ def webhook_secret(token: str) -> str:
     return hmac.new(token.encode(), b"ugent telegram webhook", hashlib.sha256).hexdigest()
 
 
-class TelegramWorker(ChannelWorker):
+class TelegramWorker(WebhookInbox, ChannelWorker):
     kind = KIND
     version = "1.0.0"
     capabilities = ("text", "markdown", "media", "reply", "options")
@@ -137,9 +136,9 @@ class TelegramWorker(ChannelWorker):
         self.bot = None
         self._loop: _Loop | None = None
         self._journal: SentJournal | None = None
-        self._refusal: str | None = None      # set by any call that found the token revoked
-        self._feed_error: Exception | None = None  # what ended the thread feeding the lanes (getUpdates, the check)
-        self._inbox: queue.Queue = queue.Queue()   # recorded messages for the lanes (getUpdates' or the webhook's)
+        # _refusal: set by any call that found the token revoked; _inbox: recorded messages for the lanes (getUpdates'
+        # or the webhook's); _inbox_error: what ended the thread feeding them (getUpdates, the webhook's check)
+        self.inbox_init()
         self._in_hand: set[str] = set()            # keys queued or on a lane: a resent update is not queued twice
         self._in_hand_lock = threading.Lock()
         self._server: BoundedHTTPServer | None = None
@@ -275,8 +274,8 @@ class TelegramWorker(ChannelWorker):
 
     # ------------------------------------------------------------ the lanes (both modes)
 
-    def _listen_lanes(self, submit, feed: Callable[[queue.Queue], None], *, what: str) -> None:
-        """Run ``feed(inbox)`` in a thread of its own (polling: getUpdates, which records and queues; webhook:
+    def _listen_lanes(self, submit, feed: Callable[[], None], *, what: str) -> None:
+        """Run ``feed()`` in a thread of its own (polling: getUpdates, which records and queues; webhook:
         the getWebhookInfo check, the requests' threads recording and queueing) and submit what is queued, each
         chat's on its lane, until the worker stops, a refusal is found on any thread, or ``feed`` fails (raised
         with ``what`` before it: the worker is restarted)."""
@@ -286,7 +285,7 @@ class TelegramWorker(ChannelWorker):
         lanes = InboxLanes(self, lambda message: self._submit_taken(submit, message, lanes.lanes),
                            max_lanes=INBOX_LANES, name="telegram-inbox")
         try:
-            lanes.run(self._inbox, lambda: self._feed_error, what=what)
+            lanes.run(self._inbox, lambda: self._inbox_error, what=what)
         finally:
             # what the lanes dropped as they closed stays owed in the outbox, for the replay: a resend of it may be
             # queued again from now on
@@ -295,17 +294,17 @@ class TelegramWorker(ChannelWorker):
             if self.stopping.is_set():
                 feeder.join(5)  # (else the worker is stopped next, which ends it: ChannelWorker._listen_main)
 
-    def _feed_main(self, feed: Callable[[queue.Queue], None]) -> None:
+    def _feed_main(self, feed: Callable[[], None]) -> None:
         try:
-            feed(self._inbox)
+            feed()
         except ChannelRefused as exc:
             self._refusal = self._refusal or exc.reason  # the listener raises it: the plugin is disabled
         except Exception as exc:  # noqa: BLE001 - the listener raises it: the worker is restarted
-            self._feed_error = exc
+            self._inbox_error = exc
 
     # ------------------------------------------------------------ polling
 
-    def _poll(self, inbox: queue.Queue) -> None:
+    def _poll(self) -> None:
         from telegram.error import Conflict, InvalidToken, NetworkError, RetryAfter, TelegramError
         offset: int | None = None
         backoff = 1.0
@@ -332,12 +331,12 @@ class TelegramWorker(ChannelWorker):
                 continue
             backoff = 1.0
             for update in updates:
-                self._record(update.to_dict(), inbox)  # (raises if it cannot: the offset stays, Telegram keeps it)
+                self._record(update.to_dict())  # (raises if it cannot: the offset stays, Telegram keeps it)
                 offset = update.update_id + 1  # confirmed to Telegram by the next getUpdates
 
     # ------------------------------------------------------------ both modes: record, then submit on a lane
 
-    def _record(self, raw: dict, inbox: queue.Queue) -> None:
+    def _record(self, raw: dict) -> None:
         """Record one update's message in the outbox and queue it for its chat's lane; returns once it is written
         (Telegram may be told it is taken then: the offset moves past it, the webhook answers 200), and raises
         if it cannot be (Telegram keeps it and sends it again). Skips what it cannot read, what the hub already
@@ -354,16 +353,19 @@ class TelegramWorker(ChannelWorker):
         except MessageValidationError as exc:
             self.log.error("update %s skipped: %s", raw.get("update_id"), exc)
             return
-        row = self._outbox().inbound_record(message)
-        if row.state != PENDING:
-            self.log.info("update %s: duplicate (the hub had it already)", raw.get("update_id"))
-            return
         with self._in_hand_lock:
             if message.key in self._in_hand:
                 self.log.info("update %s: duplicate (queued for the hub already)", raw.get("update_id"))
                 return
-            self._in_hand.add(message.key)
-        inbox.put(message)
+            self._in_hand.add(message.key)  # (before it is queued: its lane takes it out when done)
+        try:
+            queued = self.inbox_record(message)
+        except BaseException:
+            self._in_hand_discard(message.key)
+            raise
+        if not queued:
+            self._in_hand_discard(message.key)
+            self.log.info("update %s: duplicate (the hub had it already)", raw.get("update_id"))
 
     def _submit_taken(self, submit, message, lanes) -> Any:
         """On its chat's lane: submit a recorded message, and while the hub cannot take it try again, its chat's
@@ -377,8 +379,11 @@ class TelegramWorker(ChannelWorker):
         try:
             return self._submit_held(submit, message, lanes)
         finally:
-            with self._in_hand_lock:
-                self._in_hand.discard(message.key)
+            self._in_hand_discard(message.key)
+
+    def _in_hand_discard(self, key: str) -> None:
+        with self._in_hand_lock:
+            self._in_hand.discard(key)
 
     def _submit_held(self, submit, message, lanes) -> Any:
         fresh = self._still_owed(message)
@@ -458,7 +463,7 @@ class TelegramWorker(ChannelWorker):
                 # recorded in the outbox (and queued for its chat's lane) before the 200; anything but a 2xx makes
                 # Telegram send the update again later. Nothing here waits for a file or for the hub.
                 try:
-                    worker._record(update, worker._inbox)
+                    worker._record(update)
                 except ConnectionLost:  # the worker is stopping: its outbox is closed
                     worker.log.info("update %s not recorded: the worker is stopping", update.get("update_id"))
                     return self._reply(503)
@@ -484,7 +489,7 @@ class TelegramWorker(ChannelWorker):
             raise ChannelRefused(REVOKED) from exc
         self.log.info("webhook set to %s (listening on %s:%s)", self.webhook_url, host, port)
 
-    def _watch_webhook(self, inbox: queue.Queue) -> None:
+    def _watch_webhook(self) -> None:
         """Webhook mode's thread beside the lanes (the requests' threads feed ``inbox``): every
         ``webhook_check_secs`` getWebhookInfo, raising ``ChannelRefused`` for a revoked token or a webhook no
         longer this worker's."""
