@@ -36,7 +36,6 @@ import asyncio
 import hashlib
 import json
 import os
-import queue
 import random
 import re
 import threading
@@ -49,9 +48,9 @@ from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, 
                                      MessageValidationError)
 from plugins_app.channel.sdk.download import download
 from plugins_app.channel.sdk.messages import ReplyContext
-from plugins_app.channel.sdk.outbox import PENDING, default_state_dir
+from plugins_app.channel.sdk.outbox import default_state_dir
 from plugins_app.channel.sdk.text import split_text
-from plugins_app.channel.sdk.webhook import InboxLanes
+from plugins_app.channel.sdk.webhook import InboxLanes, WebhookInbox
 
 KIND = "channel-discord"
 DESCRIPTION = "Discord: the Gateway websocket in, REST create message out (DISCORD_BOT_TOKEN)."
@@ -277,7 +276,7 @@ def _error(resp: httpx.Response) -> str:
 
 # ---------------------------------------------------------------- the worker
 
-class DiscordWorker(ChannelWorker):
+class DiscordWorker(WebhookInbox, ChannelWorker):
     kind = KIND
     version = "1.0.0"
     capabilities = ("media",)
@@ -290,11 +289,11 @@ class DiscordWorker(ChannelWorker):
         self.gateway_url: str | None = None
         self.own_user_id: str | None = None
         self.session_path = Path(self.state_dir or default_state_dir()) / f"{self.plugin_id}.discord-session.json"
-        self._refusal: str | None = None        # a revoked token noticed on the REST side
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ws = None
-        self._inbox: queue.Queue = queue.Queue()  # recorded messages, for the listener's lanes
-        self._gateway_error: Exception | None = None  # what ended the gateway thread
+        # _refusal: a revoked token noticed on the REST side; _inbox: recorded messages, for the listener's lanes;
+        # _inbox_error: what ended the gateway thread
+        self.inbox_init()
 
     # -- connect / disconnect ----------------------------------------------------------
 
@@ -328,7 +327,7 @@ class DiscordWorker(ChannelWorker):
         gateway = threading.Thread(target=self._gateway_main, name="discord-gateway", daemon=True)
         gateway.start()
         try:
-            InboxLanes(self, submit, name="discord-inbox").run(self._inbox, lambda: self._gateway_error,
+            InboxLanes(self, submit, name="discord-inbox").run(self._inbox, lambda: self._inbox_error,
                                                                what="the gateway failed: ")
         finally:
             if self.stopping.is_set() or self._refusal:
@@ -342,7 +341,7 @@ class DiscordWorker(ChannelWorker):
             if not (self.stopping.is_set() or self._refusal):
                 raise RuntimeError("the gateway loop ended")
         except Exception as exc:  # noqa: BLE001 - the listener raises it: the worker is restarted
-            self._gateway_error = exc
+            self._inbox_error = exc
         finally:
             loop.close()
 
@@ -521,11 +520,8 @@ class DiscordWorker(ChannelWorker):
 
     def _record(self, message: InboundMessage) -> None:
         """Write a message in the outbox and queue it for the listener's lanes (not one the hub already took)."""
-        row = self._outbox().inbound_record(message)
-        if row.state != PENDING:
+        if not self.inbox_record(message):
             self.log.info("message %s: duplicate (the hub had it already)", message.message_id)
-            return
-        self._inbox.put(message)
 
     async def _gw_heartbeat(self, ws, interval: float, beat: dict) -> None:
         await asyncio.sleep(interval * random.random())  # the first beat is jittered, as Discord asks
