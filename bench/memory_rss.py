@@ -95,9 +95,11 @@ class Hook:
     def __init__(self, var: Path, pid: int):
         self.dir, self.pid, self.n = var / "memstats", pid, 0
 
-    def report(self, *, trim: bool = False, snapshot: bool = False, trace: int = 0) -> dict:
+    def report(self, *, trim: bool = False, snapshot: bool = False, trace: int = 0, collect: bool = False,
+               connections: bool = True, maps: bool = False) -> dict:
         (self.dir / "request.json").write_text(json.dumps({"trim": trim, "snapshot": snapshot, "tracemalloc": trace,
-                                                           "connections": True}))
+                                                           "collect": collect, "connections": connections,
+                                                           "maps": maps}))
         self.n += 1
         path = self.dir / f"{self.pid}-{self.n}.json"
         os.kill(self.pid, signal.SIGUSR2)
@@ -157,6 +159,9 @@ def main():
     ap.add_argument("--tracemalloc", type=int, default=0, help="frames per trace (0: off)")
     ap.add_argument("--trace-from", type=int, default=TRACE_FROM, help="the turn from which the daemon traces")
     ap.add_argument("--malloc-arena-max", default="", help="MALLOC_ARENA_MAX for the daemon")
+    ap.add_argument("--settle", action="store_true",
+                    help="at each checkpoint also pause the clients, let the daemon finish what is in flight, and "
+                         "read RSS again after a full garbage collection and malloc_trim(0): what the daemon holds")
     args = ap.parse_args()
     os.environ.pop("REDIS_URL", None)
     os.environ.pop("DATABASE_URL", None)
@@ -187,8 +192,15 @@ def main():
               + f"; SQLite cache_size {idle_rep.get('sqlite', {}).get('cache_size_kb', '?')} KiB a connection",
               flush=True)
         reports: list[tuple[int, dict]] = [(0, idle_rep)]
+        settled: list[tuple[int, dict]] = []
+        if args.settle:
+            settled.append((0, hook.report(collect=True, trim=True, connections=False, maps=True)))
         done = 0
         lock = threading.Lock()
+        go = threading.Event()  # --settle: cleared while a checkpoint reads the daemon at rest
+        go.set()
+        in_flight = 0
+        idle_now = threading.Condition()
         headers = {"x-api-key": d.key}
         t0 = time.perf_counter()
 
@@ -200,17 +212,41 @@ def main():
             if args.stream and not r.text.rstrip().endswith("data: [DONE]"):
                 raise RuntimeError(f"a stream without [DONE]: {r.text[-200:]}")
 
+        def at_rest() -> dict:
+            """The clients paused and nothing in flight: a report after a full collection and a malloc_trim(0)."""
+            go.clear()
+            with idle_now:
+                idle_now.wait_for(lambda: in_flight == 0, timeout=60)
+            time.sleep(0.5)  # what a turn's end hands to other threads (wake-ups, the fan-out) is done by then
+            try:
+                return hook.report(collect=True, trim=True, connections=False, maps=True)
+            finally:
+                go.set()
+
         def worker(start: int):
-            nonlocal done
+            nonlocal done, in_flight
             with httpx.Client() as client:
                 for i in range(start, args.turns, args.concurrency):
-                    one(i, client)
+                    while True:
+                        go.wait()
+                        with idle_now:
+                            if go.is_set():
+                                in_flight += 1
+                                break
+                    try:
+                        one(i, client)
+                    finally:
+                        with idle_now:
+                            in_flight -= 1
+                            idle_now.notify_all()
                     with lock:
                         done += 1
                         if done % args.every == 0:
                             rep = hook.report(snapshot=bool(args.tracemalloc) and done in SNAPSHOT_AT,
                                               trace=args.tracemalloc if done == args.trace_from else 0)
                             reports.append((done, rep))
+                            if args.settle:
+                                settled.append((done, at_rest()))
                             rate = done / (time.perf_counter() - t0)
                             m = rep.get("malloc", {})
                             print(f"  {done:>6} turns: RSS {rep['rss_kb'] / 1024:.1f} MB, malloc in use "
@@ -235,6 +271,36 @@ def main():
 
         def at(n: int) -> dict:
             return min(reports, key=lambda r: abs(r[0] - n))[1]
+
+        if settled:
+            print("\nat rest (clients paused, nothing in flight, a full collection, then malloc_trim(0)), MB:")
+            print(f"{'turns':>9}{'RSS':>10}{'trimmed':>10}{'of it':>10}{'pymalloc':>10}{'pymalloc':>10}{'malloc':>10}"
+                  f"{'sqlite':>10}{'gc':>11}")
+            print(f"{'':>9}{'':>10}{'RSS':>10}{'anon':>10}{'arenas':>10}{'in use':>10}{'in use':>10}{'':>10}"
+                  f"{'objects':>11}")
+            for n, rep in settled:
+                print(f"{n:>9}{_mb(rep, 'rss_kb'):>10.1f}{_mb(rep, 'rss_after_trim_kb'):>10.1f}"
+                      f"{_mb(rep, 'rss_after_trim_anon_kb'):>10.1f}{_mb(rep, 'pymalloc', 'arenas_kb'):>10.1f}"
+                      f"{_mb(rep, 'pymalloc', 'in_use_kb'):>10.1f}{_mb(rep, 'malloc', 'in_use_kb'):>10.1f}"
+                      f"{_mb(rep, 'sqlite', 'memory_used_kb'):>10.1f}{rep['gc_objects']:>11,}")
+            rest = dict(settled)
+            marks = [m for m in (5000, 10000, 15000, 20000, 25000, 30000) if m in rest]
+            for a, b in zip(marks, marks[1:]):
+                ra, rb = rest[a], rest[b]
+                print(f"at rest, turn {a} to {b}: trimmed RSS "
+                      f"{_mb(rb, 'rss_after_trim_kb') - _mb(ra, 'rss_after_trim_kb'):+.2f} MB, pymalloc in use "
+                      f"{_mb(rb, 'pymalloc', 'in_use_kb') - _mb(ra, 'pymalloc', 'in_use_kb'):+.2f}, malloc in use "
+                      f"{_mb(rb, 'malloc', 'in_use_kb') - _mb(ra, 'malloc', 'in_use_kb'):+.2f}, sqlite "
+                      f"{_mb(rb, 'sqlite', 'memory_used_kb') - _mb(ra, 'sqlite', 'memory_used_kb'):+.2f}, gc objects "
+                      f"{rb['gc_objects'] - ra['gc_objects']:+,}, threads {rb['threads'] - ra['threads']:+}")
+                ma, mb = ra.get("mappings", {}), rb.get("mappings", {})
+                print("  trimmed RSS by mapping, KiB (of it anonymous): " + ", ".join(
+                    f"{k} {mb[k]['rss'] - ma.get(k, {}).get('rss', 0):+,} "
+                    f"({mb[k]['anonymous'] - ma.get(k, {}).get('anonymous', 0):+,})" for k in sorted(mb))
+                    + f"; anonymous in all {_mb(rb, 'rss_after_trim_anon_kb') - _mb(ra, 'rss_after_trim_anon_kb'):+.2f} MB")
+                grown = sorted(((rb["gc_types"].get(t, 0) - ra["gc_types"].get(t, 0), t) for t in rb["gc_types"]),
+                               reverse=True)[:8]
+                print("  live objects grown most: " + (", ".join(f"{t} {g:+,}" for g, t in grown if g > 0) or "none"))
 
         print()
         marks = [m for m in (5000, 10000, 15000) if m < args.turns] + [args.turns]

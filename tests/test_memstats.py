@@ -274,3 +274,30 @@ def test_frames_count_toward_the_six_holders_a_level_lists():
     assert len(holders) == 6, [h[0] for h in holders]
     assert all(h[0].startswith("frame work ") for h in holders), [h[0] for h in holders]
     del kept, held_obj
+
+
+def test_the_mappings_split_rss_by_kind_and_an_anonymous_block_shows_under_anon():
+    import mmap
+    before = memstats.mappings()
+    block = mmap.mmap(-1, 32 * 1024 * 1024, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # as malloc maps, 32 MiB
+    try:
+        block.write(b"x" * len(block))  # every page touched: resident
+        after = memstats.mappings()
+        rss = memstats._status()["VmRSS"]
+    finally:
+        block.close()
+    grown = after["anon"]["rss"] - before["anon"]["rss"]
+    assert 31 * 1024 <= grown <= 34 * 1024, (before["anon"], after["anon"])
+    assert after["anon"]["anonymous"] - before["anon"]["anonymous"] >= 31 * 1024
+    assert after["anon"]["count"] == before["anon"]["count"] + 1
+    assert after["python"]["rss"] > 0 and after["libc"]["rss"] > 0  # the interpreter and libc are mapped files
+    total = sum(k["rss"] for k in after.values())
+    assert abs(total - rss) <= rss * 0.05, (total, rss)  # every mapping is in one kind
+
+
+def test_a_trim_with_maps_reports_the_mappings_and_the_anonymous_rss_after_it():
+    rep = memstats.report(trim=True, maps=True)
+    assert rep["rss_after_trim_anon_kb"] > 0
+    assert rep["rss_after_trim_anon_kb"] <= rep["rss_after_trim_kb"]
+    assert {"heap", "anon", "python", "libc"} <= set(rep["mappings"])
+    assert "mappings" not in memstats.report()

@@ -37,7 +37,9 @@ removed): `{"tracemalloc": <frames>}` starts tracing first (so a daemon started 
 PYTHONTRACEMALLOC traces from then on, start-up and imports aside), `{"snapshot": false}` skips the
 snapshot (a large one holds the GIL for seconds), and
 `{"trim": true}` calls `malloc_trim(0)` after it and records `rss_after_trim_kb`: what RSS falls to
-once the allocator gives back the free pages it holds; `{"collect": true}` runs a full garbage
+once the allocator gives back the free pages it holds (`rss_after_trim_anon_kb`: of it anonymous),
+`{"maps": true}` adds `mappings`: resident KiB by kind of mapping (`mappings()`), after the trim if
+there is one; `{"collect": true}` runs a full garbage
 collection first (so the counts are of live objects, not of garbage not yet collected), and
 `{"referrers": "module.Class"}` adds what holds up to five objects of that type, four levels up, and
 `{"cache_keys": true}` adds `cache_keys`: the keys of the caches that have them (the SQL of
@@ -109,6 +111,42 @@ def _status() -> dict[str, int]:
 
 def rss_kb() -> int:
     return _status().get("VmRSS", 0)
+
+
+def mappings() -> dict[str, dict[str, int]]:
+    """Resident KiB by kind of mapping (/proc/self/smaps): `heap` (malloc's main arena), `stack` (the main
+    thread's), `malloc arenas` (malloc's other arenas: anonymous mappings aligned to its 64 MiB heap size),
+    `anon` (every other anonymous mapping: pymalloc's arenas, malloc's large blocks, the threads' stacks; the
+    kernel merges neighbours, so they cannot be told apart here), `python`, `sqlite`, `libc` and `other
+    files` (code and data of mapped files), each with its `rss`, its `anonymous` part (a file's written
+    pages, an anonymous mapping's all) and `count` (mappings). Which of them grows tells a leak from
+    fragmentation and from code touched for the first time."""
+    out: dict[str, dict[str, int]] = {}
+    kind = None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split(None, 5)
+        if head and "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+            name = head[5] if len(head) > 5 else ""
+            if name == "[heap]":
+                kind = "heap"
+            elif name == "[stack]":
+                kind = "stack"
+            elif not name and int(head[0].partition("-")[0], 16) % (64 << 20) == 0:
+                kind = "malloc arenas"
+            elif not name or name.startswith("["):
+                kind = "anon"
+            elif "python" in name:
+                kind = "python"
+            elif "sqlite" in name:
+                kind = "sqlite"
+            elif "libc." in name or "libc-" in name:
+                kind = "libc"
+            else:
+                kind = "other files"
+            out.setdefault(kind, {"rss": 0, "anonymous": 0, "count": 0})["count"] += 1
+        elif kind and line.startswith(("Rss:", "Anonymous:")):
+            out[kind]["rss" if line.startswith("Rss:") else "anonymous"] += int(line.split()[1])
+    return out
 
 
 def pymalloc() -> dict:
@@ -291,7 +329,7 @@ def configured_cache_kib() -> int | None:
 
 
 def report(*, trim: bool = False, snapshot_path: Path | None = None, collect: bool = False,
-           referrers: str = "", by_connection: bool = False, cache_keys: bool = False) -> dict:
+           referrers: str = "", by_connection: bool = False, cache_keys: bool = False, maps: bool = False) -> dict:
     """The figures above, for this process, now (after a full collection with `collect`)."""
     if collect:
         gc.collect()
@@ -362,7 +400,11 @@ def report(*, trim: bool = False, snapshot_path: Path | None = None, collect: bo
             out["sqlite"]["by_connection"] = {"error": repr(exc)}
     if trim and libc is not None:
         libc.malloc_trim(0)
-        out["rss_after_trim_kb"] = rss_kb()
+        after = _status()
+        out["rss_after_trim_kb"] = after.get("VmRSS", 0)
+        out["rss_after_trim_anon_kb"] = after.get("RssAnon", 0)
+    if maps:
+        out["mappings"] = mappings()  # (after the trim, when there is one)
     return out
 
 
@@ -402,7 +444,7 @@ def start(mode: str, directory: Path) -> bool:
                 data = report(trim=bool(asked.get("trim")), snapshot_path=snapshot,
                               collect=bool(asked.get("collect")), referrers=asked.get("referrers", ""),
                               by_connection=bool(asked.get("connections")),
-                              cache_keys=bool(asked.get("cache_keys")))
+                              cache_keys=bool(asked.get("cache_keys")), maps=bool(asked.get("maps")))
                 tmp = base.with_suffix(".tmp")
                 tmp.write_text(json.dumps(data, indent=1))
                 tmp.rename(base.with_suffix(".json"))  # a reader never sees half a report
