@@ -55,3 +55,63 @@ def test_the_thread_trims_what_was_freed_but_kept():
 
 def test_off_at_zero():
     assert malloctrim.start(0) is False and malloctrim._thread is None
+
+
+ARENAS = r"""
+import ctypes, os, sys, threading
+sys.path.insert(0, {root!r})
+from ugent_common import malloctrim
+print(malloctrim.limit_arenas({most}), flush=True)
+go = threading.Barrier(6)
+
+def work():
+    go.wait()  # all at once: each new thread's first malloc takes an arena of its own while there are fewer than the limit
+    keep = [bytearray(100_000) for _ in range(20)]
+    go.wait()
+
+threads = [threading.Thread(target=work) for _ in range(6)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+ctypes.CDLL("libc.so.6").malloc_stats()  # one "Arena n:" block an arena, on stderr
+"""
+
+
+def _arenas(most: int, **env_extra) -> tuple[str, int]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "PYTEST", "MALLOC_"))}
+    env.update(env_extra)
+    out = subprocess.run([sys.executable, "-c", ARENAS.format(root=str(ROOT), most=most)], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip(), out.stderr.count("Arena ")
+
+
+@pytest.mark.skipif(malloctrim._libc_trim() is None, reason="not glibc")
+def test_limit_arenas_keeps_new_threads_on_the_arenas_there_are():
+    said, unlimited = _arenas(0)  # 0: glibc's own limit (eight a core)
+    assert said == "False" and unlimited >= 4, unlimited  # six threads at once: arenas of their own
+    said, limited = _arenas(1)
+    assert said == "True" and limited == 1
+    said, two = _arenas(2)
+    assert said == "True" and two == 2
+
+
+@pytest.mark.skipif(malloctrim._libc_trim() is None, reason="not glibc")
+def test_the_operators_malloc_arena_max_wins():
+    said, arenas = _arenas(1, MALLOC_ARENA_MAX="3")
+    assert said == "False" and arenas == 3
+
+
+def test_django_sets_the_limit_as_it_starts():
+    code = ("import os, sys, django; os.environ['DJANGO_SETTINGS_MODULE'] = 'ugent_site.settings';"
+            "from ugent_common import malloctrim;"
+            "calls = [];"
+            "orig = malloctrim.limit_arenas;"
+            "malloctrim.limit_arenas = lambda most: calls.append(most) or orig(most);"
+            "django.setup(); print(calls)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "MALLOC_"))}
+    env["UGENT_MALLOC_ARENA_MAX"] = "2"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[2]"

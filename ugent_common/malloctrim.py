@@ -46,6 +46,30 @@ def _libc_trim():
     return trim
 
 
+#: mallopt's parameter for the most arenas malloc keeps (glibc's malloc.h)
+M_ARENA_MAX = -8
+
+
+def limit_arenas(most: int) -> bool:
+    """At most `most` malloc arenas in this process from now on (UGENT_MALLOC_ARENA_MAX; 0 or less: glibc's
+    own limit, eight a core). glibc gives each new thread an arena of its own while there are fewer than
+    that; the daemon's threads take turns on the GIL, so arenas save them little waiting, and each fragments
+    on its own: bench/memory_rss.py --settle found the RSS that grows from turn to turn, with Python's
+    objects and malloc's memory in use flat, in those arenas. MALLOC_ARENA_MAX in the environment is the
+    operator's own choice, read by glibc at start: it wins, and this does nothing. True when the limit
+    was set."""
+    import os
+    if most <= 0 or os.environ.get("MALLOC_ARENA_MAX"):
+        return False
+    try:
+        mallopt = libc().mallopt
+    except AttributeError:  # no C library, or not glibc's
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return mallopt(M_ARENA_MAX, most) == 1
+
+
 def trim_once(trim=None) -> bool:
     """One malloc_trim(0); False where there is none."""
     trim = trim or _libc_trim()

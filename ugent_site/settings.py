@@ -390,6 +390,9 @@ UGENT_GC_FREEZE = env.bool("UGENT_GC_FREEZE", default=True)
 # Every so many seconds a process hands the C memory it freed back to the system (malloc_trim(0),
 # ugent_common/malloctrim.py), so RSS shows what is in use; 0 never.
 UGENT_MALLOC_TRIM_SECS = env.float("UGENT_MALLOC_TRIM_SECS", default=10.0)
+# The most malloc arenas a process keeps (ugent_common/malloctrim.py limit_arenas), set as Django starts;
+# 0 leaves glibc's own limit (eight a core); MALLOC_ARENA_MAX in the environment wins over it.
+UGENT_MALLOC_ARENA_MAX = env.int("UGENT_MALLOC_ARENA_MAX", default=1)
 UGENT_PLUGIN_SUPERVISOR_INTERVAL = env.float("UGENT_PLUGIN_SUPERVISOR_INTERVAL", default=0.5)
 UGENT_PLUGIN_EMBEDDED_SUPERVISOR = env.bool("UGENT_PLUGIN_EMBEDDED_SUPERVISOR", default=True)
 UGENT_PLUGIN_STOP_GRACE_SECS = env.float("UGENT_PLUGIN_STOP_GRACE_SECS", default=5.0)
