@@ -286,10 +286,11 @@ def test_the_mappings_split_rss_by_kind_and_an_anonymous_block_shows_under_anon(
         rss = memstats._status()["VmRSS"]
     finally:
         block.close()
-    grown = after["anon"]["rss"] - before["anon"]["rss"]
-    assert 31 * 1024 <= grown <= 34 * 1024, (before["anon"], after["anon"])
-    assert after["anon"]["anonymous"] - before["anon"]["anonymous"] >= 31 * 1024
-    assert after["anon"]["count"] == before["anon"]["count"] + 1
+    # (the kernel may merge the block with a neighbour: with one of malloc's arenas, it is counted there)
+    kinds = ("anon", "malloc arenas")
+    grown = sum(after.get(k, {}).get("rss", 0) - before.get(k, {}).get("rss", 0) for k in kinds)
+    assert 31 * 1024 <= grown <= 34 * 1024, (before, after)
+    assert sum(after.get(k, {}).get("anonymous", 0) - before.get(k, {}).get("anonymous", 0) for k in kinds) >= 31 * 1024
     assert after["python"]["rss"] > 0 and after["libc"]["rss"] > 0  # the interpreter and libc are mapped files
     total = sum(k["rss"] for k in after.values())
     assert abs(total - rss) <= rss * 0.05, (total, rss)  # every mapping is in one kind
