@@ -3,7 +3,9 @@
 Several threads share one connection (the heartbeat, the inbound listener and
 the outbound long-poll run side by side): each call gets its own request id, a
 reader thread matches responses to waiting callers by id, and writes are
-serialised so frames never interleave.
+serialised so frames never interleave. It notes when it last read a response
+(any call's), so a caller whose call timed out can tell a host that is away from
+one that answers other calls but not this one.
 """
 from __future__ import annotations
 
@@ -74,6 +76,7 @@ class RpcClient:
         self._pending_lock = threading.Lock()
         self._pending: dict[Any, _Waiter] = {}
         self._closed = threading.Event()
+        self._last_response_at = float("-inf")
         self._reader = threading.Thread(target=self._read_loop, name="jsonrpc-reader", daemon=True)
         self._reader.start()
 
@@ -82,6 +85,12 @@ class RpcClient:
     @property
     def closed(self) -> bool:
         return self._closed.is_set()
+
+    @property
+    def last_response_at(self) -> float:
+        """The ``time.monotonic()`` at which the last response was read (any call's, a late one's too; never moved
+        by a call sent); -inf before the first."""
+        return self._last_response_at
 
     def call(self, method: str, params: Any = None, *, timeout: float | None = 30.0,
              cancel: threading.Event | None = None) -> Any:
@@ -181,6 +190,7 @@ class RpcClient:
                 # The worker is the client; the host sends no requests to it.
                 logger.debug("ignoring a frame that is not a response: %r", response)
                 continue
+            self._last_response_at = time.monotonic()  # the host answered something: it is there
             with self._pending_lock:
                 waiter = self._pending.get(response.get("id"))
             if waiter is None:
