@@ -18,6 +18,7 @@ from typing import Any
 
 from .jsonrpc import (
     DEFAULT_MAX_FRAME_BYTES,
+    HOST_UNAVAILABLE,
     FrameTooLarge,
     LineSplitter,
     RPCError,
@@ -43,11 +44,12 @@ class CallCancelled(Exception):
 
 
 class _Waiter:
-    __slots__ = ("done", "response")
+    __slots__ = ("done", "response", "sent_at")
 
     def __init__(self) -> None:
         self.done = threading.Event()
         self.response: Any = None
+        self.sent_at = time.monotonic()  # (just before the request goes out)
 
 
 class RpcClient:
@@ -88,8 +90,10 @@ class RpcClient:
 
     @property
     def last_response_at(self) -> float:
-        """The ``time.monotonic()`` at which the last response was read (any call's, a late one's too; never moved
-        by a call sent); -inf before the first."""
+        """When the newest call the host served was sent (``time.monotonic()``): of the calls answered while their
+        callers still waited, with a result or an error other than -32006 (the host unavailable), the latest sent.
+        Later than a call's own sending: the host served a call made after it, so it was there meanwhile. A late
+        answer (its caller gone), a -32006 and a call merely sent never move it; -inf before the first."""
         return self._last_response_at
 
     def call(self, method: str, params: Any = None, *, timeout: float | None = 30.0,
@@ -190,13 +194,16 @@ class RpcClient:
                 # The worker is the client; the host sends no requests to it.
                 logger.debug("ignoring a frame that is not a response: %r", response)
                 continue
-            self._last_response_at = time.monotonic()  # the host answered something: it is there
             with self._pending_lock:
                 waiter = self._pending.get(response.get("id"))
             if waiter is None:
                 if response.get("id") is None and "error" in response:
                     logger.warning("server error for an unidentifiable frame: %s", response["error"])
                 continue
+            error = response.get("error")
+            if not (isinstance(error, dict) and error.get("code") == HOST_UNAVAILABLE):
+                # the host served a call sent then: it was there from then on
+                self._last_response_at = max(self._last_response_at, waiter.sent_at)
             waiter.response = response
             waiter.done.set()
 
