@@ -6,6 +6,7 @@ Sends to the "channel" are lines in a file, so a second send would show.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -19,6 +20,7 @@ import pytest
 
 from plugins_app.channel.sdk import (
     Attachment,
+    CallTimeout,
     ChannelWorker,
     DeliveryFailed,
     InboundMessage,
@@ -29,6 +31,7 @@ from plugins_app.channel.sdk import (
     RpcClient,
 )
 from plugins_app.channel.bridge import HostUnavailable
+from plugins_app.channel.sdk.jsonrpc import RPCError
 from plugins_app.channel.sdk.mock import AFTER, DROP, MockBridge
 from plugins_app.channel.sdk.outbox import ACK, ACKED, DELIVER, PENDING, RESUME, SENT
 from plugins_app.channel.sdk.webhook import WebhookInbox
@@ -933,6 +936,167 @@ def test_a_message_the_host_keeps_failing_stops_holding_back_its_chat(bridge, st
     bridge.wait_for(lambda: [m.message_id for m in bridge.submits] == ["m-2"])  # after 3 failures: not held
     assert worker.outbox.inbound_get(message("m-1").key).state == PENDING  # m-1 still owed, still retried
 
+
+
+async def _never_answered() -> None:
+    await asyncio.sleep(3600)  # (cancelled when the worker's connection closes)
+
+
+def test_a_message_the_host_never_answers_while_it_answers_others_stops_holding_back_its_chat(bridge, start_worker,
+                                                                                              monkeypatch):
+    """The hub hangs on one message every time (longer than call_timeout_secs) while it answers everything else (a
+    heartbeat every 50 ms here, another chat's submit): each timed-out try of it counts as a failed one, so after
+    HOLD_ATTEMPTS of them the chat's later message reaches the host; the one it hangs on stays owed."""
+    from plugins_app.channel.sdk import worker as worker_module
+    monkeypatch.setattr(worker_module, "HOLD_ATTEMPTS", 3)
+    real_submit = bridge.hub.submit_inbound
+    hung: list[str] = []
+
+    async def hub(plugin_id, msg):
+        if msg.message_id == "m-1":
+            hung.append(msg.message_id)
+            await _never_answered()
+        return await real_submit(plugin_id, msg)
+
+    bridge.hub.submit_inbound = hub
+    worker = start_worker(call_timeout_secs=0.3)
+    bridge.wait_for(lambda: bridge.hellos)
+    first = worker.submit(message("m-1"))
+    assert first.queued and first.reason  # a failed try, not the host away (that gives no reason)
+    assert worker.submit(message("m-5", conversation_id="chat-2")).accepted
+    worker.submit(message("m-2"))  # (queued or taken: as many tries of m-1 as the replay made meanwhile)
+    bridge.wait_for(lambda: "m-2" in [m.message_id for m in bridge.submits], timeout=10)
+    assert [m.message_id for m in bridge.submits] == ["m-5", "m-2"]
+    row = worker.outbox.inbound_get(message("m-1").key)
+    assert row.state == PENDING and row.attempts >= 3 and len(hung) >= 3  # still owed, still tried
+
+
+def test_a_host_that_answers_nothing_counts_no_timed_out_try_and_a_chat_keeps_its_order(bridge, start_worker,
+                                                                                         monkeypatch):
+    """No answer to anything (submits, heartbeats, polls) is the host away, not a failure of the message: however many
+    of its submits time out, past HOLD_ATTEMPTS, none counts, so it keeps holding its chat's later messages, and once
+    the host answers again the chat's messages go in order."""
+    from plugins_app.channel.sdk import worker as worker_module
+    monkeypatch.setattr(worker_module, "HOLD_ATTEMPTS", 2)
+    hub = bridge.hub
+    real_submit, real_beat, real_poll = hub.submit_inbound, hub.heartbeat, hub.poll_outbound
+    down = threading.Event()
+    down.set()
+    tried: list[str] = []
+
+    async def submit(plugin_id, msg):
+        if down.is_set():
+            tried.append(msg.message_id)
+            await _never_answered()
+        return await real_submit(plugin_id, msg)
+
+    async def beat(plugin_id, stats):
+        if down.is_set():
+            await _never_answered()
+        return await real_beat(plugin_id, stats)
+
+    async def poll(plugin_id, max_items, timeout):
+        if down.is_set():
+            await _never_answered()
+        return await real_poll(plugin_id, max_items, timeout)
+
+    hub.submit_inbound, hub.heartbeat, hub.poll_outbound = submit, beat, poll
+    worker = start_worker(call_timeout_secs=0.2)
+    bridge.wait_for(lambda: bridge.hellos)
+    results = [worker.submit(message(f"m-{i}")) for i in range(1, 6)]  # m-1 tried first each time: five tries
+    assert all(r.queued and r.reason is None for r in results)  # (as for an unreachable host: nothing failed)
+    assert set(tried) == {"m-1"} and len(tried) >= 5  # m-1 still holds its chat: no later one was tried before it
+    # (the opening replay may have tried m-1 once more)
+    assert worker.outbox.inbound_get(message("m-1").key).attempts == 0
+    down.clear()
+    bridge.wait_for(lambda: len(bridge.submits) == 5)
+    assert [m.message_id for m in bridge.submits] == [f"m-{i}" for i in range(1, 6)]
+
+
+def test_the_clients_last_response_time_moves_on_a_response_not_on_a_sent_call(bridge):
+    """What tells a host that hangs on one call from a host that is away: the time the client last read a response."""
+    bridge.hold("inbound.submit")
+    with RpcClient(bridge.socket_path) as client:
+        assert client.last_response_at == float("-inf")
+        before = time.monotonic()
+        client.call("hello", {"plugin_id": bridge.plugin_id, "token": bridge.token, "kind": "k", "version": "1"})
+        answered = client.last_response_at
+        assert answered > before
+        with pytest.raises(CallTimeout):
+            client.call("inbound.submit", {"message": message("m-1").to_dict()}, timeout=0.2)
+        assert [method for method, _ in bridge.held] == ["inbound.submit"]  # the host has it, and never answers
+        client.notify("heartbeat", {"stats": {}})
+        assert client.last_response_at == answered  # a call (or a notification) sent is not an answer
+        before = time.monotonic()
+        client.call("heartbeat", {"stats": {}})
+        assert client.last_response_at > before
+
+
+def test_only_a_call_the_host_served_moves_the_time_not_a_late_answer_or_a_host_unavailable(bridge):
+    """A late answer (its caller gave up) and -32006 (the host's database down) say nothing of the host being there
+    for the calls since: the time stays at the newest call the host served, when it was sent."""
+    hub = bridge.hub
+    real_heartbeat = hub.heartbeat
+    mode = {"late": False, "unavailable": False}
+
+    async def heartbeat(*args):
+        if mode["late"]:
+            await asyncio.sleep(0.4)
+        if mode["unavailable"]:
+            raise HostUnavailable("database unavailable")
+        return await real_heartbeat(*args)
+
+    hub.heartbeat = heartbeat
+    with RpcClient(bridge.socket_path) as client:
+        client.call("hello", {"plugin_id": bridge.plugin_id, "token": bridge.token, "kind": "k", "version": "1"})
+        served = client.last_response_at
+        mode["unavailable"] = True
+        with pytest.raises(RPCError) as err:
+            client.call("heartbeat", {"stats": {}})
+        assert err.value.code == -32006 and client.last_response_at == served
+        mode["late"], mode["unavailable"] = True, False
+        with pytest.raises(CallTimeout):
+            client.call("heartbeat", {"stats": {}}, timeout=0.1)
+        time.sleep(0.6)  # its answer comes now, to nobody
+        assert client.last_response_at == served
+        mode["late"] = False
+        sent = time.monotonic()
+        client.call("heartbeat", {"stats": {}})
+        assert client.last_response_at >= sent
+
+
+def test_late_host_unavailable_answers_count_no_try_and_keep_the_chats_order(bridge, start_worker, monkeypatch):
+    """The host's database locked past its busy timeout answers every call -32006, and late (after the worker's
+    call timeout): the host away, as docs/plugin-protocol.md says: no try counts, the chat keeps its order. (Found
+    in review: the previous try's late answer, read during the next try, was taken for the host being there.)"""
+    from plugins_app.channel.sdk import worker as worker_module
+    monkeypatch.setattr(worker_module, "HOLD_ATTEMPTS", 3)
+    hub = bridge.hub
+    down = threading.Event()
+    down.set()
+
+    def late_unavailable(real):
+        async def method(*args):
+            if down.is_set():
+                await asyncio.sleep(0.6)  # SQLite's busy timeout (30 s) past the call timeout (10 s), scaled
+                raise HostUnavailable("database unavailable")
+            return await real(*args)
+        return method
+
+    hub.submit_inbound, hub.heartbeat, hub.poll_outbound = map(
+        late_unavailable, (hub.submit_inbound, hub.heartbeat, hub.poll_outbound))
+    worker = start_worker(call_timeout_secs=0.2)
+    bridge.wait_for(lambda: bridge.hellos)
+    results = []
+    for _ in range(8):  # the lane's tries while the database stays locked
+        results.append(worker.submit(message("m-1")))
+        time.sleep(0.05)
+    row = worker.outbox.inbound_get(message("m-1").key)
+    down.clear()
+    assert worker.submit(message("m-2")).accepted
+    bridge.wait_for(lambda: len(bridge.submits) == 2, timeout=10)
+    assert [r.reason for r in results] == [None] * 8 and row.attempts == 0
+    assert [m.message_id for m in bridge.submits] == ["m-1", "m-2"]
 
 # -- the outbox --------------------------------------------------------------------------
 

@@ -3,7 +3,9 @@
 Several threads share one connection (the heartbeat, the inbound listener and
 the outbound long-poll run side by side): each call gets its own request id, a
 reader thread matches responses to waiting callers by id, and writes are
-serialised so frames never interleave.
+serialised so frames never interleave. It notes when it last read a response
+(any call's), so a caller whose call timed out can tell a host that is away from
+one that answers other calls but not this one.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import Any
 
 from .jsonrpc import (
     DEFAULT_MAX_FRAME_BYTES,
+    HOST_UNAVAILABLE,
     FrameTooLarge,
     LineSplitter,
     RPCError,
@@ -41,11 +44,12 @@ class CallCancelled(Exception):
 
 
 class _Waiter:
-    __slots__ = ("done", "response")
+    __slots__ = ("done", "response", "sent_at")
 
     def __init__(self) -> None:
         self.done = threading.Event()
         self.response: Any = None
+        self.sent_at = time.monotonic()  # (just before the request goes out)
 
 
 class RpcClient:
@@ -74,6 +78,7 @@ class RpcClient:
         self._pending_lock = threading.Lock()
         self._pending: dict[Any, _Waiter] = {}
         self._closed = threading.Event()
+        self._last_response_at = float("-inf")
         self._reader = threading.Thread(target=self._read_loop, name="jsonrpc-reader", daemon=True)
         self._reader.start()
 
@@ -82,6 +87,14 @@ class RpcClient:
     @property
     def closed(self) -> bool:
         return self._closed.is_set()
+
+    @property
+    def last_response_at(self) -> float:
+        """When the newest call the host served was sent (``time.monotonic()``): of the calls answered while their
+        callers still waited, with a result or an error other than -32006 (the host unavailable), the latest sent.
+        Later than a call's own sending: the host served a call made after it, so it was there meanwhile. A late
+        answer (its caller gone), a -32006 and a call merely sent never move it; -inf before the first."""
+        return self._last_response_at
 
     def call(self, method: str, params: Any = None, *, timeout: float | None = 30.0,
              cancel: threading.Event | None = None) -> Any:
@@ -187,6 +200,10 @@ class RpcClient:
                 if response.get("id") is None and "error" in response:
                     logger.warning("server error for an unidentifiable frame: %s", response["error"])
                 continue
+            error = response.get("error")
+            if not (isinstance(error, dict) and error.get("code") == HOST_UNAVAILABLE):
+                # the host served a call sent then: it was there from then on
+                self._last_response_at = max(self._last_response_at, waiter.sent_at)
             waiter.response = response
             waiter.done.set()
 

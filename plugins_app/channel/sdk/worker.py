@@ -108,9 +108,10 @@ class MediaNotReady(Exception):
 
 
 #: A message the host failed this many times (an error of the host's about it, not a refusal) stops holding back
-#: its chat's later messages: a message that breaks the hub must not silence a chat. It is still retried. A host
-#: that cannot answer at all (unreachable, no answer in time, or -32006: its database down) fails no message: its
-#: chats' messages wait, in order, however long it lasts.
+#: its chat's later messages: a message that breaks the hub must not silence a chat. It is still retried. A submit
+#: that got no answer in time while the host answered other calls (it hangs on this one message) is such a failure
+#: too. A host that cannot answer at all (unreachable, no answer to anything in time, or -32006: its database down)
+#: fails no message: its chats' messages wait, in order, however long it lasts.
 HOLD_ATTEMPTS = 10
 
 _NO_LINKS = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S+")
@@ -708,6 +709,7 @@ class ChannelWorker:
         if client is None or client.closed:
             return SubmitResult(False, queued=True)
         counted = False
+        sent_at: float | None = None
         try:
             message = self._store_inbound_media(key, row.message)
             outbox = self._outbox()  # (not if the worker closed it while the file downloaded: it stays owed)
@@ -716,6 +718,7 @@ class ChannelWorker:
             # below when the host turns out to have been away.
             outbox.inbound_attempted(key)
             counted = True
+            sent_at = time.monotonic()
             result = client.call("inbound.submit", {"message": message}, timeout=self.call_timeout_secs)
         except _MediaWait as exc:
             return SubmitResult(False, queued=True, reason=str(exc))  # this chat waits; the others go on
@@ -737,7 +740,17 @@ class ChannelWorker:
             # the host failed this message: HOLD_ATTEMPTS of these and it holds no more
             self.log.warning("inbound.submit failed, will retry: %s", exc)
             return SubmitResult(False, queued=True, reason=exc.message)
-        except (ConnectionLost, CallTimeout, OSError):
+        except CallTimeout as exc:
+            if sent_at is not None and client.last_response_at > sent_at:
+                # The host answered other calls (a heartbeat, another chat's submit) while this one got no answer:
+                # it is there and hangs on this message, which must not hold its chat for ever: the try counts.
+                self.log.warning("inbound.submit of %s timed out while the host answered other calls: counted as "
+                                 "a failed try", key)
+                return SubmitResult(False, queued=True, reason=f"{exc} while the host answered other calls")
+            if counted:  # no answer to anything since the call went out: the host is away
+                self._attempt_undone(key)
+            return SubmitResult(False, queued=True)
+        except (ConnectionLost, OSError):
             if counted:
                 self._attempt_undone(key)
             return SubmitResult(False, queued=True)
