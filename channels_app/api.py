@@ -468,6 +468,9 @@ class ChatCompletionApi(View):
         if isinstance(result, dict):  # a question reply: no turn ran
             return _reply_response(result, stream, data.get("model") or "")
         turn = result.turn
+        # Accepted: any answer from here on must not invite a resend (ugent_site.api_handler reads it too).
+        if hasattr(request, "scope"):  # an ASGI request (the test client's WSGI request has no scope)
+            request.scope[services.ACCEPTED_TURN_SCOPE_KEY] = turn.turn_id
         renderer = ChunkRenderer(turn_id=turn.turn_id, model=turn.model or (data.get("model") or ""),
                                  created=int(time.time()),
                                  include_tool_events=data["ugent_include_tool_events"],
@@ -532,11 +535,10 @@ class ChatCompletionApi(View):
                 final = (etype, edata)
         etype, edata = final
         if etype == "turn.failed":
-            exc = ApplicationError(edata.get("reason", "The turn failed."), status=502,
-                                   code=edata.get("code") or "turn_failed", extra={"turn_id": turn.turn_id})
-            resp = error_response(exc)
-            resp["x-ugent-turn-id"] = turn.turn_id
-            return resp
+            # It failed after it was accepted and may already have acted: the client must not send it again.
+            return error_response(ApplicationError(
+                edata.get("reason", "The turn failed."), status=502, code=edata.get("code") or "turn_failed",
+                extra={"turn_id": turn.turn_id}, headers=services.accepted_turn_headers(turn.turn_id)))
         message = {"role": "assistant", "content": "".join(answer), "refusal": None}
         if data["include_thinking"] and thinking:
             message["reasoning_content"] = "".join(thinking)

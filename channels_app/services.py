@@ -30,6 +30,15 @@ from channels_app.models import (FINAL_STATES, Actor, ApiKey, Caller, CallerDefa
 log = logging.getLogger("ugent.hub")
 
 NO_RETRY = {"x-should-retry": "false"}
+#: The ASGI scope key under which a chat request keeps its accepted turn's id: from then on no answer to it
+#: may invite a retry (the official openai client retries 408, 409, 429 and 5xx), as the turn may already
+#: have acted and a resend would run it again, or be refused as a duplicate instead of the real answer.
+ACCEPTED_TURN_SCOPE_KEY = "ugent.accepted_turn_id"
+
+
+def accepted_turn_headers(turn_id: str) -> dict:
+    """The headers of an error that answers a chat request after its message was accepted."""
+    return {**NO_RETRY, "x-ugent-turn-id": turn_id}
 ACTOR_KEY_MAX = Actor._meta.get_field("key").max_length
 NOT_YOURS = "This conversation belongs to another user."
 APPLICATION_NAMES_FEDERATED_ONLY = ("An application key may name only federated users of the issuers "
