@@ -41,7 +41,8 @@ INPUT_MODES = ("voice", "live")
 CONTENT_SHAPE = "the last user entry's content must be a string or a list of text parts."
 NOT_A_TEXT_PART = ('content part {i} is not a text part ({{"type": "text", "text": "…"}}) or a file part '
                    '({{"type": "file", "file": {{"file_id": "…"}}}}): this daemon reads text and file parts only.')
-ALLOWED_TOOLS_EMPTY = ('ugent_allowed_tools: [] is refused: leave the field out for no restriction, '
+# Rendered after the field's name ("ugent_allowed_tools: " + this), as every field's refusal is (errors.from_drf).
+ALLOWED_TOOLS_EMPTY = ('[] is refused: leave the field out for no restriction, '
                        'or send ugent_denied_tools: ["*"] to run the turn with no tools.')
 
 
@@ -121,7 +122,7 @@ class ChatInputSerializer(serializers.Serializer):
     def validate_messages(self, value):
         entry = last_user_entry(value)
         if entry is None:
-            raise serializers.ValidationError("messages holds no user entry.")
+            raise serializers.ValidationError("it holds no user entry.")
         content = entry.get("content")
         if isinstance(content, list):
             if not content:

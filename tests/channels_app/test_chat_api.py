@@ -243,7 +243,13 @@ def test_bad_input_is_a_400_and_changes_nothing(tcast, extra, param):
 
 def test_allowed_tools_empty_says_why(tcast):
     err = chat(tcast.alice, "x", ugent_allowed_tools=[]).json()["error"]
-    assert 'ugent_denied_tools: ["*"]' in err["message"]
+    assert err["message"] == ('ugent_allowed_tools: [] is refused: leave the field out for no restriction, '
+                              'or send ugent_denied_tools: ["*"] to run the turn with no tools.')
+
+
+def test_messages_without_a_user_entry_names_the_field_once(tcast):
+    err = chat(tcast.alice, "x", messages=[{"role": "assistant", "content": "x"}]).json()["error"]
+    assert err["message"] == "messages: it holds no user entry."
 
 
 def test_invalid_json_is_a_400(tcast):
