@@ -32,7 +32,7 @@ from channels_app.errors import ApplicationError, error_response, from_drf
 from channels_app.events import turn_topic
 from channels_app.models import Turn
 from channels_app.sse import DONE, PING, TERMINAL, ChunkRenderer, usage_or_zero
-from plugins_app.agent.profiles import models_list
+from plugins_app.agent.profiles import model_get, models_list
 from plugins_app.agent.warm import workers_warm
 
 log = logging.getLogger("ugent.requests")
@@ -566,6 +566,24 @@ class ModelsListApi(APIView):
                    responses={200: docs.ModelsListSerializer, **docs.errors(401, 403)})
     def get(self, request):
         return Response({"object": "list", "data": models_list()})
+
+
+NO_SUCH_MODEL = "The model '{model}' does not exist or you do not have access to it."
+
+
+class ModelGetApi(APIView):
+    """GET /v1/models/{model}: one model GET /v1/models lists (OpenAI's retrieveModel)."""
+
+    @extend_schema(operation_id="models_retrieve", tags=["chat"], summary="One model a caller may name",
+                   description="The model object GET /v1/models lists under this id; 404 model_not_found for "
+                               "any other, as OpenAI answers.",
+                   responses={200: docs.ModelSerializer, **docs.errors(401, 403, 404)})
+    def get(self, request, model: str):
+        found = model_get(model)
+        if found is None:
+            raise ApplicationError(NO_SUCH_MODEL.format(model=model), status=404, code="model_not_found",
+                                   param="model")
+        return Response(found)
 
 
 class HealthApi(APIView):

@@ -80,6 +80,11 @@ MATRIX: dict[str, list[Case]] = {
              denied_message="This conversation belongs to another user."),
     ],
     "v1/models": [Case("GET", {}, any_key())],
+    # one model of that list, with the list's keys; any other name is OpenAI's 404
+    "v1/models/<path:model>": [Case("GET", {}, any_key(), path="/v1/models/scripted"),
+                               Case("GET", {}, any_key((404, False)), path="/v1/models/no-such-model",
+                                    denied_message="The model 'no-such-model' does not exist or you do not "
+                                                   "have access to it.")],
     "v1/health": [Case("GET", {}, {name: (200, False) for name in CAST})],
     # the API schema and its page describe the API, never anyone's data: no key needed, any key ignored
     "v1/openapi.json": [Case("GET", {}, {name: (200, False) for name in CAST})],

@@ -83,6 +83,17 @@ def test_a_turn_that_fails_after_it_started_is_not_sent_again_by_the_client(clie
     assert sum(1 for c in daemon.scripted_calls() if marker in c) == 1
 
 
+def test_the_client_retrieves_each_listed_model_and_gets_a_404_for_another(client):
+    listed = client.models.list().data
+    assert listed
+    for model in listed:
+        assert client.models.retrieve(model.id).model_dump() == model.model_dump()
+    with pytest.raises(openai.NotFoundError) as info:
+        client.models.retrieve("no-such-model")
+    assert info.value.code == "model_not_found"
+    assert info.value.body["message"] == "The model 'no-such-model' does not exist or you do not have access to it."
+
+
 def test_raw_stream_has_named_events_header_and_done(daemon):
     with httpx.stream("POST", daemon.base + "/v1/chat/completions", headers={"x-api-key": daemon.key},
                       json={"messages": [{"role": "user", "content": "script:answer=a b|cite=doc-1"}],
