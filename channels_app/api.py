@@ -93,7 +93,8 @@ class ChatInputSerializer(serializers.Serializer):
         "Answers a waiting question by its id (Questions): submit with answers [{question_id, option_id}], or "
         "value for a text, secret or confirm question; or abort. Applied only to the question it names, only "
         "while it waits, only when it fits; never runs as a turn. Answered 200 with ugent.interaction_reply; "
-        "refused 404 (not the caller's question), 409 (it no longer waits) or 400 (it does not fit)."))
+        "refused 404 (not the caller's question), 409 (it no longer waits) or 400 (it does not fit). With "
+        "client_message_id an applied reply keeps a receipt, and a repeat is refused as DuplicateProcessed."))
     stream_options = serializers.DictField(required=False, allow_null=True, help_text=(
         "OpenAI's stream options: include_usage adds a last chunk with no choices that carries the usage."))
 
@@ -329,8 +330,9 @@ def _reply(principal, data: dict) -> dict:
         if conversation is None:
             raise ApplicationError(questions.NO_SUCH_QUESTION, status=404, code="question_not_found",
                                    param="ugent_interaction_reply.request_id")
-    return questions.question_reply(actor=actor, reply=data["ugent_interaction_reply"], conversation=conversation,
-                                    content=last_user_text(data["messages"]) or "")
+    return services.question_reply_submit(actor=actor, reply=data["ugent_interaction_reply"],
+                                          conversation=conversation, content=last_user_text(data["messages"]) or "",
+                                          client_message_id=data.get("client_message_id"))
 
 
 def _reply_response(reply: dict, stream: bool, model: str):
