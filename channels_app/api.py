@@ -32,7 +32,7 @@ from channels_app.errors import ApplicationError, error_response, from_drf
 from channels_app.events import turn_topic
 from channels_app.models import Turn
 from channels_app.sse import DONE, PING, TERMINAL, ChunkRenderer, usage_or_zero
-from plugins_app.agent.profiles import models_list
+from plugins_app.agent.profiles import model_get, models_list
 from plugins_app.agent.warm import workers_warm
 
 log = logging.getLogger("ugent.requests")
@@ -41,7 +41,8 @@ INPUT_MODES = ("voice", "live")
 CONTENT_SHAPE = "the last user entry's content must be a string or a list of text parts."
 NOT_A_TEXT_PART = ('content part {i} is not a text part ({{"type": "text", "text": "…"}}) or a file part '
                    '({{"type": "file", "file": {{"file_id": "…"}}}}): this daemon reads text and file parts only.')
-ALLOWED_TOOLS_EMPTY = ('ugent_allowed_tools: [] is refused: leave the field out for no restriction, '
+# Rendered after the field's name ("ugent_allowed_tools: " + this), as every field's refusal is (errors.from_drf).
+ALLOWED_TOOLS_EMPTY = ('[] is refused: leave the field out for no restriction, '
                        'or send ugent_denied_tools: ["*"] to run the turn with no tools.')
 
 
@@ -92,7 +93,8 @@ class ChatInputSerializer(serializers.Serializer):
         "Answers a waiting question by its id (Questions): submit with answers [{question_id, option_id}], or "
         "value for a text, secret or confirm question; or abort. Applied only to the question it names, only "
         "while it waits, only when it fits; never runs as a turn. Answered 200 with ugent.interaction_reply; "
-        "refused 404 (not the caller's question), 409 (it no longer waits) or 400 (it does not fit)."))
+        "refused 404 (not the caller's question), 409 (it no longer waits) or 400 (it does not fit). With "
+        "client_message_id an applied reply keeps a receipt, and a repeat is refused as DuplicateProcessed."))
     stream_options = serializers.DictField(required=False, allow_null=True, help_text=(
         "OpenAI's stream options: include_usage adds a last chunk with no choices that carries the usage."))
 
@@ -121,7 +123,7 @@ class ChatInputSerializer(serializers.Serializer):
     def validate_messages(self, value):
         entry = last_user_entry(value)
         if entry is None:
-            raise serializers.ValidationError("messages holds no user entry.")
+            raise serializers.ValidationError("it holds no user entry.")
         content = entry.get("content")
         if isinstance(content, list):
             if not content:
@@ -328,8 +330,9 @@ def _reply(principal, data: dict) -> dict:
         if conversation is None:
             raise ApplicationError(questions.NO_SUCH_QUESTION, status=404, code="question_not_found",
                                    param="ugent_interaction_reply.request_id")
-    return questions.question_reply(actor=actor, reply=data["ugent_interaction_reply"], conversation=conversation,
-                                    content=last_user_text(data["messages"]) or "")
+    return services.question_reply_submit(actor=actor, reply=data["ugent_interaction_reply"],
+                                          conversation=conversation, content=last_user_text(data["messages"]) or "",
+                                          client_message_id=data.get("client_message_id"))
 
 
 def _reply_response(reply: dict, stream: bool, model: str):
@@ -468,6 +471,9 @@ class ChatCompletionApi(View):
         if isinstance(result, dict):  # a question reply: no turn ran
             return _reply_response(result, stream, data.get("model") or "")
         turn = result.turn
+        # Accepted: any answer from here on must not invite a resend (ugent_site.api_handler reads it too).
+        if hasattr(request, "scope"):  # an ASGI request (the test client's WSGI request has no scope)
+            request.scope[services.ACCEPTED_TURN_SCOPE_KEY] = turn.turn_id
         renderer = ChunkRenderer(turn_id=turn.turn_id, model=turn.model or (data.get("model") or ""),
                                  created=int(time.time()),
                                  include_tool_events=data["ugent_include_tool_events"],
@@ -532,11 +538,10 @@ class ChatCompletionApi(View):
                 final = (etype, edata)
         etype, edata = final
         if etype == "turn.failed":
-            exc = ApplicationError(edata.get("reason", "The turn failed."), status=502,
-                                   code=edata.get("code") or "turn_failed", extra={"turn_id": turn.turn_id})
-            resp = error_response(exc)
-            resp["x-ugent-turn-id"] = turn.turn_id
-            return resp
+            # It failed after it was accepted and may already have acted: the client must not send it again.
+            return error_response(ApplicationError(
+                edata.get("reason", "The turn failed."), status=502, code=edata.get("code") or "turn_failed",
+                extra={"turn_id": turn.turn_id}, headers=services.accepted_turn_headers(turn.turn_id)))
         message = {"role": "assistant", "content": "".join(answer), "refusal": None}
         if data["include_thinking"] and thinking:
             message["reasoning_content"] = "".join(thinking)
@@ -563,6 +568,24 @@ class ModelsListApi(APIView):
                    responses={200: docs.ModelsListSerializer, **docs.errors(401, 403)})
     def get(self, request):
         return Response({"object": "list", "data": models_list()})
+
+
+NO_SUCH_MODEL = "The model '{model}' does not exist or you do not have access to it."
+
+
+class ModelGetApi(APIView):
+    """GET /v1/models/{model}: one model GET /v1/models lists (OpenAI's retrieveModel)."""
+
+    @extend_schema(operation_id="models_retrieve", tags=["chat"], summary="One model a caller may name",
+                   description="The model object GET /v1/models lists under this id; 404 model_not_found for "
+                               "any other, as OpenAI answers.",
+                   responses={200: docs.ModelSerializer, **docs.errors(401, 403, 404)})
+    def get(self, request, model: str):
+        found = model_get(model)
+        if found is None:
+            raise ApplicationError(NO_SUCH_MODEL.format(model=model), status=404, code="model_not_found",
+                                   param="model")
+        return Response(found)
 
 
 class HealthApi(APIView):

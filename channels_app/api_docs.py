@@ -70,7 +70,8 @@ def errors(*statuses: int) -> dict:
                    "or an identity token that fails verification (docs/identity.md)."),
              404: "Nothing of that name that this caller may see.",
              409: "A conflict: a repeated client_message_id, a turn that already finished, no running turn.",
-             502: "The turn failed upstream after it started (non-stream).",
+             502: ("The turn failed upstream after it started (non-stream). It carries x-should-retry: false: "
+                   "the turn may already have acted, so send it again only as a new message."),
              503: "Not available here: nothing installed can do it (GET /v1/ugent/status says so first)."}
     return {s: OpenApiResponse(ErrorSerializer, description=words[s]) for s in statuses}
 

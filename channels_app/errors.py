@@ -7,6 +7,10 @@ from rest_framework.response import Response
 
 from ugent_common.errors import TYPE_BY_STATUS, ApplicationError  # noqa: F401  (the hub renders it)
 
+#: On a refusal or failure the client must not send again as it is: the official openai client retries
+#: 408, 409, 429 and 5xx unless told not to (a duplicate, or a message that may already have acted).
+NO_RETRY = {"x-should-retry": "false"}
+
 
 def error_response(exc: ApplicationError) -> JsonResponse:
     resp = JsonResponse(exc.body(), status=exc.status)

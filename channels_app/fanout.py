@@ -127,7 +127,7 @@ class Tap:
         self.held_write: asyncio.Task | None = None  # a direct write the transport held back, finishing
         self.broken: BaseException | None = None  # a direct write failed: the stream ends with it
         self.sent_at = time.monotonic()  # the last write to its client, for the keep-alive
-        # what row_visible depends on: the viewer (operator or which actor) and the activity feed
+        # what row_visible and streams.row_frame_for depend on: the viewer (operator or which actor) and the feed
         viewer = sub.viewer
         self.filter_key = (viewer.is_operator, viewer.actor.pk, viewer.actor.key, sub.activity)
 
@@ -272,7 +272,8 @@ class Reader:
             batch = by_filter.get(tap.filter_key)
             if batch is None:
                 batch = by_filter[tap.filter_key] = batch_make(prev, last, tuple(
-                    (i, f) for row, i, f in rendered if streams.row_visible(tap.sub, row)))
+                    (i, streams.row_frame_for(tap.sub.viewer, row, f)) for row, i, f in rendered
+                    if streams.row_visible(tap.sub, row)))
             if not tap.offer(batch, now):
                 self.taps.discard(tap)  # cut loose: nothing more is held for it
         if not self.taps:

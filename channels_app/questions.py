@@ -37,7 +37,7 @@ from django.db import IntegrityError, close_old_connections, transaction
 from django.utils import timezone
 
 from channels_app import hooks, notify
-from channels_app.errors import ApplicationError
+from channels_app.errors import NO_RETRY, ApplicationError
 from channels_app.events import event_append, turn_topic
 from channels_app.models import (LIVE_TURN_STATES, Actor, Conversation, Message, Question, QuestionKind,
                                  QuestionState, Receipt, ReceiptState, Turn, TurnState)
@@ -255,7 +255,7 @@ def _refused(question: Question) -> ApplicationError:
     message, code = REFUSALS[question.state]
     return ApplicationError(message, status=409, code=code, param="ugent_interaction_reply.request_id",
                             extra={"request_id": question.request_id, "state": question.state},
-                            headers={"x-should-retry": "false"})
+                            headers=NO_RETRY)
 
 
 def _does_not_fit(message: str, param: str = "ugent_interaction_reply") -> ApplicationError:
@@ -345,12 +345,19 @@ def _question_for(*, actor: Actor, request_id: str, conversation: Conversation |
 
 
 def question_reply(*, actor: Actor, reply: dict, content: str = "",
-                   conversation: Conversation | None = None) -> dict:
+                   conversation: Conversation | None = None, receipt=None) -> dict:
     """Apply a reply to the question it names, for the user it asked; never a turn.
 
+    `receipt`: the reply's message receipt when it came with a client_message_id (services.ReplyReceipt):
+    `receipt.check(question)` once the question is found to be the sender's, before anything else (a repeat
+    is refused as one), and `receipt.record(question)` in the transaction that applies the reply, before it.
+
     Raises ApplicationError: 404 (not theirs, or no such question), 409 (it no longer waits: the
-    seed's words for how it stands), 400 (it does not fit: the question keeps waiting)."""
+    seed's words for how it stands; or a repeat of a message), 400 (it does not fit: the question keeps
+    waiting)."""
     question = _question_for(actor=actor, request_id=reply.get("request_id", ""), conversation=conversation)
+    if receipt is not None:
+        receipt.check(question)
     if question.state != QuestionState.WAITING:
         raise _refused(question)
     turn = Turn.objects.filter(pk=question.turn_id).values("state", "cancel_requested").first()
@@ -368,9 +375,13 @@ def question_reply(*, actor: Actor, reply: dict, content: str = "",
     else:
         state, answer = QuestionState.ANSWERED, _fit(question, reply)
     with transaction.atomic():
+        if receipt is not None:  # first: of two copies of one message, the second waits here and is a repeat
+            receipt.record(question)
         moved = Question.objects.filter(pk=question.pk, state=QuestionState.WAITING, timeout_at__gt=now).update(
             state=state, answer=answer, resolved_at=now, updated_at=now)
-        if moved == 1:
+        if moved != 1:
+            transaction.set_rollback(True)  # the receipt of a reply that was not applied
+        else:
             data = {"request_id": question.request_id, "turn_id": question.turn.turn_id, "state": state}
             if question.kind != QuestionKind.SECRET and state == QuestionState.ANSWERED:
                 data.update(answer)

@@ -17,19 +17,27 @@ from typing import Optional
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from channels_app import access, file_parts, hooks, statements, voice
+from channels_app import access, file_parts, hooks, questions, statements, voice
 from ugent_common import config
 
 from ugent_common import rows
 from channels_app.bodies import text_problem
-from channels_app.errors import ApplicationError
+from channels_app.errors import NO_RETRY, ApplicationError
 from channels_app.events import event_append
 from channels_app.models import (FINAL_STATES, Actor, ApiKey, Caller, CallerDefaults, Conversation, Message,
                                  Receipt, ReceiptState, Role, Turn)
 
 log = logging.getLogger("ugent.hub")
 
-NO_RETRY = {"x-should-retry": "false"}
+#: The ASGI scope key under which a chat request keeps its accepted turn's id: from then on no answer to it
+#: may invite a retry (the official openai client retries 408, 409, 429 and 5xx), as the turn may already
+#: have acted and a resend would run it again, or be refused as a duplicate instead of the real answer.
+ACCEPTED_TURN_SCOPE_KEY = "ugent.accepted_turn_id"
+
+
+def accepted_turn_headers(turn_id: str) -> dict:
+    """The headers of an error that answers a chat request after its message was accepted."""
+    return {**NO_RETRY, "x-ugent-turn-id": turn_id}
 ACTOR_KEY_MAX = Actor._meta.get_field("key").max_length
 NOT_YOURS = "This conversation belongs to another user."
 APPLICATION_NAMES_FEDERATED_ONLY = ("An application key may name only federated users of the issuers "
@@ -196,11 +204,20 @@ class Submission:
     extra: dict = field(default_factory=dict)
 
     def content_hash(self) -> str:
-        content = {"text": self.text, "attachments": self.attachments, "input_mode": self.input_mode}
-        if self.file_ids:  # only then: the hashes of receipts taken before file parts stay the same
-            content["files"] = self.file_ids
-        payload = json.dumps(content, sort_keys=True)
-        return hashlib.sha256(payload.encode()).hexdigest()
+        return content_hash(text=self.text, attachments=self.attachments, input_mode=self.input_mode,
+                            file_ids=self.file_ids)
+
+
+def content_hash(*, text: str, attachments: list | None = None, input_mode: str | None = None,
+                 file_ids: list | None = None, interaction_reply: dict | None = None) -> str:
+    """What a receipt keeps of a message's content, to tell a repeat from other content under its id."""
+    content = {"text": text, "attachments": attachments or [], "input_mode": input_mode}
+    if file_ids:  # only then: the hashes of receipts taken before file parts stay the same
+        content["files"] = file_ids
+    if interaction_reply is not None:  # a question reply: what it answers is its content too
+        content["interaction_reply"] = interaction_reply
+    payload = json.dumps(content, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()
 
 
 @dataclass
@@ -248,13 +265,24 @@ def receipt_summary(receipt: Receipt, turn: Turn | None = None) -> dict:
 
 
 def _duplicate(conversation: Conversation, inbound: Submission) -> DuplicateMessage:
-    first = (Receipt.objects.select_related("conversation").filter(
-        conversation=conversation, client_message_id=inbound.client_message_id).first())
-    if first is None:  # the conflict was the turn_id, not the message
+    refusal = duplicate_refusal(conversation=conversation, client_message_id=inbound.client_message_id,
+                                content_hash=inbound.content_hash())
+    if refusal is None:  # the conflict was the turn_id, not the message
         raise ApplicationError("This turn_id is already in use: send the turn a new one.", status=409,
                                code="turn_id_in_use", param="turn_id", headers=NO_RETRY)
+    return refusal
+
+
+def duplicate_refusal(*, conversation: Conversation, client_message_id: str,
+                      content_hash: str) -> DuplicateMessage | None:
+    """How a repeat of a client_message_id is refused, under its first copy (seed 000, "What the chat
+    stream sends"); None when the conversation holds no receipt of that id."""
+    first = (Receipt.objects.select_related("conversation").filter(
+        conversation=conversation, client_message_id=client_message_id).first())
+    if first is None:
+        return None
     turn = Turn.objects.filter(receipt=first).first()
-    if first.content_hash != inbound.content_hash():
+    if first.content_hash != content_hash:
         return DuplicateMessage("This client_message_id was already used for a different message: "
                                 "send it as a new message.", code="DuplicateContentMismatch",
                                 receipt=first, turn=turn)
@@ -267,6 +295,58 @@ def _duplicate(conversation: Conversation, inbound: Submission) -> DuplicateMess
                                 receipt=first, turn=turn)
     return DuplicateMessage("This message is already being processed.", code="DuplicateInFlight",
                             receipt=first, turn=turn)
+
+
+# --- question replies ----------------------------------------------------------
+
+@dataclass
+class ReplyReceipt:
+    """The receipt of a question reply sent with a client_message_id: a message like any other to its sender.
+    The applied reply is recorded `completed` in the transaction that applies it (questions.question_reply),
+    so GET /v1/ugent/receipt finds it, and a repeat runs nothing: refused as a chat message's is."""
+
+    actor: Actor
+    client_message_id: str
+    content_hash: str
+
+    def _refusal(self, conversation: Conversation) -> DuplicateMessage | None:
+        return duplicate_refusal(conversation=conversation, client_message_id=self.client_message_id,
+                                 content_hash=self.content_hash)
+
+    def check(self, question) -> None:
+        """A repeat (or another message under this id) is refused under its first copy."""
+        if statements.receipt_exists(question.conversation_id, self.client_message_id):
+            refusal = self._refusal(question.conversation)
+            if refusal is not None:
+                raise refusal
+
+    def record(self, question) -> None:
+        """The receipt, in the reply's transaction; a copy that committed first makes this one a repeat."""
+        now = timezone.now()
+        try:
+            with transaction.atomic():
+                rows.table(Receipt).create(
+                    conversation=question.conversation, actor=self.actor, client_message_id=self.client_message_id,
+                    content_hash=self.content_hash, state=ReceiptState.COMPLETED, started_at=now, finished_at=now,
+                    reason=f"a reply to question {question.request_id}")
+        except IntegrityError:
+            refusal = self._refusal(question.conversation)
+            if refusal is None:  # cannot be: the unique constraint is the receipt's
+                raise
+            raise refusal
+
+
+def question_reply_submit(*, actor: Actor, reply: dict, content: str = "", conversation: Conversation | None = None,
+                          client_message_id: str | None = None) -> dict:
+    """A question reply from the chat API (questions.question_reply); with a client_message_id, its receipt
+    (ReplyReceipt): a repeat of an applied reply is DuplicateProcessed, other content under the id
+    DuplicateContentMismatch, as for any message."""
+    receipt = None
+    if client_message_id:
+        receipt = ReplyReceipt(actor=actor, client_message_id=client_message_id,
+                               content_hash=content_hash(text=content, interaction_reply=reply))
+    return questions.question_reply(actor=actor, reply=reply, content=content, conversation=conversation,
+                                    receipt=receipt)
 
 
 # --- per-caller defaults -----------------------------------------------------

@@ -220,6 +220,30 @@ def row_frame(row: dict) -> bytes:
     return sse_frame(row["id"], row["type"], event_payload(row))
 
 
+#: What `by` of turn.stop_requested says to a reader the stop is not theirs (docs/streams.md).
+STOPPED_BY_SOMEONE_ELSE = "someone else"
+
+
+def event_data_for(viewer: Viewer, event_type: str, data):
+    """An event's data as this viewer may read it. Who asked a turn to stop (turn.stop_requested's `by`, an
+    actor key: another application's end user may stop a turn by its exact turn_id) is the stopper's and
+    the operator's to read; the turn's own user reads "someone else" (nobody reads what is not theirs)."""
+    if (event_type == "turn.stop_requested" and isinstance(data, dict) and "by" in data
+            and not viewer.is_operator and data["by"] != viewer.actor.key):
+        return {**data, "by": STOPPED_BY_SOMEONE_ELSE}
+    return data
+
+
+def row_frame_for(viewer: Viewer, row: dict, frame: bytes | None = None) -> bytes:
+    """The row's frame for this viewer: `frame` (row_frame's, shared by every reader) unless
+    event_data_for shows this viewer less of it. Depends on the viewer's operator flag and actor key
+    alone, as row_visible does (fanout.Tap.filter_key)."""
+    data = event_data_for(viewer, row["type"], row["data"])
+    if data is row["data"]:
+        return frame if frame is not None else row_frame(row)
+    return sse_frame(row["id"], row["type"], {**event_payload(row), "data": data})
+
+
 def subscription_read(sub: Subscription, *, limit: int = READ_BATCH) -> tuple[list[bytes], bool]:
     """The frames after the subscription's cursor that its viewer may see; True when more wait."""
     frames: list[bytes] = []
@@ -234,7 +258,7 @@ def subscription_read(sub: Subscription, *, limit: int = READ_BATCH) -> tuple[li
         return frames, True
     for row in rows:
         if access.event_readable(sub.viewer, owner_id=row["conversation__owner_id"], audience=row["audience"] or []):
-            frames.append(row_frame(row))
+            frames.append(row_frame_for(sub.viewer, row))
     if rows:
         sub.cursor = rows[-1]["id"]
     return frames, len(rows) >= limit

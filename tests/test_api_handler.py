@@ -64,7 +64,27 @@ async def _short_stream(request):
     return StreamingHttpResponse(chunks(), content_type="text/plain")
 
 
+def _accepted(request):
+    """A chat request's view once its message is accepted (channels_app.api.ChatCompletionApi)."""
+    from channels_app.services import ACCEPTED_TURN_SCOPE_KEY
+    request.scope[ACCEPTED_TURN_SCOPE_KEY] = "turn-accepted-1"
+
+
+def _db_gone(request):
+    from django.db import OperationalError
+    if request.GET.get("accepted"):
+        _accepted(request)
+    raise OperationalError("the database went away")
+
+
+def _accepted_then_boom(request):
+    _accepted(request)
+    raise RuntimeError("boom")
+
+
 urlpatterns = [
+    path("v1/test/db-gone", _db_gone),
+    path("v1/test/accepted-boom", _accepted_then_boom),
     path("v1/test/boom", _boom),
     path("v1/test/missing", _missing),
     path("v1/test/framed", _framed),
@@ -280,6 +300,25 @@ def test_a_view_exception_becomes_a_500_response(test_urls, caplog):
     assert r.status == 500
     assert r.header("content-length") == str(len(r.body))
     assert r.header("x-content-type-options") == "nosniff"
+
+
+def test_the_database_away_before_a_message_was_accepted_is_a_503_the_client_may_retry(test_urls):
+    r = call("GET", "/v1/test/db-gone")
+    assert r.status == 503 and r.json()["error"]["code"] == "database_unavailable"
+    assert r.header("retry-after") == "1" and r.header("x-should-retry") is None
+
+
+def test_a_5xx_after_a_message_was_accepted_says_so_and_is_not_retried(test_urls, caplog):
+    """Once a chat message is accepted its turn may act: the server's own 503 and 500 say not to send it
+    again (x-should-retry: false, for the openai client's retries of 5xx) and name the turn."""
+    for path_, query, status, code in (("/v1/test/db-gone", "accepted=1", 503, "database_unavailable"),
+                                       ("/v1/test/accepted-boom", "", 500, "server_error")):
+        r = call("GET", path_, query=query)
+        assert r.status == status and r.json()["error"]["code"] == code
+        assert r.header("x-should-retry") == "false" and r.header("x-ugent-turn-id") == "turn-accepted-1"
+        assert r.header("retry-after") is None
+        assert "accepted as turn turn-accepted-1" in r.json()["error"]["message"]
+        assert "do not send it again" in r.json()["error"]["message"]
 
 
 def test_http404_from_a_view_is_404(test_urls):

@@ -63,6 +63,13 @@ _PAGE_ERRORS = {400: ("Invalid Host header.", "invalid_host"),
                 503: ("The server is shutting down: send the request again.", "server_shutting_down")}
 #: A request whose database went away (a PostgreSQL restart): a 503 the client may retry, not a 500 page.
 DATABASE_UNAVAILABLE = ("The database is unavailable: send the request again.", "database_unavailable")
+#: The server's own 5xx to a chat request whose message was accepted: a resend would run it again.
+ACCEPTED_NOT_AGAIN = ("this message was accepted as turn {turn_id} and may already have acted: do not send it "
+                      "again; its receipt (GET /v1/ugent/receipt) or the conversation's snapshot says where it "
+                      "stands.")
+_ACCEPTED_ERRORS = {"server_shutting_down": "The server is shutting down: ",
+                    "database_unavailable": "The database is unavailable: ",
+                    "server_error": "The server failed to answer this request: "}
 
 
 def _error_object(status: int, message_code: tuple[str, str] | None = None):
@@ -70,6 +77,24 @@ def _error_object(status: int, message_code: tuple[str, str] | None = None):
     from channels_app.errors import ApplicationError, error_response
     message, code = message_code or _PAGE_ERRORS[status]
     return error_response(ApplicationError(message, status=status, code=code))
+
+
+def _server_error(status: int, scope, message_code: tuple[str, str] | None = None):
+    """A 5xx of the server's own (a shutdown, the database away, a crash): one the client may retry, unless
+    the request is a chat message already accepted (channels_app.services.ACCEPTED_TURN_SCOPE_KEY): then it
+    says so and carries x-should-retry: false and the turn's id."""
+    from channels_app.services import ACCEPTED_TURN_SCOPE_KEY, accepted_turn_headers
+    message, code = message_code or _PAGE_ERRORS[status]
+    turn_id = scope.get(ACCEPTED_TURN_SCOPE_KEY) if scope is not None else None
+    if turn_id is None:
+        response = _error_object(status, (message, code))
+        if status == 503:
+            response["Retry-After"] = "1"
+        return response
+    response = _error_object(status, (_ACCEPTED_ERRORS[code] + ACCEPTED_NOT_AGAIN.format(turn_id=turn_id), code))
+    for k, v in accepted_turn_headers(turn_id).items():
+        response[k] = v
+    return response
 
 
 def database_unavailable_as_503(get_response):
@@ -83,8 +108,7 @@ def database_unavailable_as_503(get_response):
         except (OperationalError, InterfaceError) as exc:  # psycopg's AdminShutdown, a refused connection, ...
             log.warning("database unavailable (method=%s, path=%s): %s", request.method, request.path,
                         str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
-            response = _error_object(503, DATABASE_UNAVAILABLE)
-            response["Retry-After"] = "1"
+            response = _server_error(503, getattr(request, "scope", None), DATABASE_UNAVAILABLE)
             return response
 
     return middleware
@@ -105,7 +129,8 @@ def api_headers(get_response):
         else:
             response = security.process_request(request) or await get_response(request)
         if response.status_code in (404, 405, 500) and response.get("Content-Type", "").startswith("text/html"):
-            page, response = response, _error_object(response.status_code)
+            page, response = response, (_server_error(500, getattr(request, "scope", None))
+                                        if response.status_code == 500 else _error_object(response.status_code))
             if "Allow" in page:
                 response["Allow"] = page["Allow"]
         security.process_response(request, response)
@@ -268,9 +293,8 @@ async def _ended_on_cancel(api_app, scope, receive, send):
             if state["started"]:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             else:
-                response = _error_object(503)
+                response = _server_error(503, scope)
                 response["Content-Length"] = str(len(response.content))
-                response["Retry-After"] = "1"
                 response["Connection"] = "close"
                 await send({"type": "http.response.start", "status": 503,
                             "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.items()]})

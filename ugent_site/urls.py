@@ -12,6 +12,8 @@ urlpatterns = [
     path("metrics", metrics_view, name="metrics"),
     path("v1/chat/completions", csrf_exempt(api.ChatCompletionApi.as_view()), name="chat-completions"),
     path("v1/models", api.ModelsListApi.as_view(), name="models"),
+    # a path: a model id may hold a "/" (an OpenAI-style id); ids are never an endpoint's name
+    path("v1/models/<path:model>", api.ModelGetApi.as_view(), name="model"),
     path("v1/health", api.HealthApi.as_view(), name="health"),
     path("v1/ugent/receipt", api.ReceiptGetApi.as_view(), name="receipt"),
     path("v1/ugent/status", api.StatusApi.as_view(), name="status"),

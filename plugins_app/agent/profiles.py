@@ -101,6 +101,12 @@ def profile_resolve(*, requested: str | None, actor=None, conversation=None, cal
                           caller_default=caller_default)[0]
 
 
+def model_get(name: str) -> dict | None:
+    """The model object models_list() holds under this id (a name, or <provider>:<instance>@<model>); None
+    when the list has none: GET /v1/models/{model} answers exactly what GET /v1/models lists."""
+    return next((m for m in models_list() if m["id"] == name), None)
+
+
 def models_list() -> list[dict]:
     """The models callers may name; `<provider>:<instance>@<model>` too where two copies share a name."""
     profiles_ensure_defaults()

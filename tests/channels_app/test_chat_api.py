@@ -243,7 +243,13 @@ def test_bad_input_is_a_400_and_changes_nothing(tcast, extra, param):
 
 def test_allowed_tools_empty_says_why(tcast):
     err = chat(tcast.alice, "x", ugent_allowed_tools=[]).json()["error"]
-    assert 'ugent_denied_tools: ["*"]' in err["message"]
+    assert err["message"] == ('ugent_allowed_tools: [] is refused: leave the field out for no restriction, '
+                              'or send ugent_denied_tools: ["*"] to run the turn with no tools.')
+
+
+def test_messages_without_a_user_entry_names_the_field_once(tcast):
+    err = chat(tcast.alice, "x", messages=[{"role": "assistant", "content": "x"}]).json()["error"]
+    assert err["message"] == "messages: it holds no user entry."
 
 
 def test_invalid_json_is_a_400(tcast):
@@ -294,3 +300,37 @@ def test_a_model_the_operator_does_not_allow_is_a_400_and_changes_nothing(tcast)
         resp = chat(tcast.alice, "x", model=model)
         assert resp.status_code == 400 and resp.json()["error"]["param"] == "model"
     assert Turn.objects.count() == 0 and Receipt.objects.count() == 0 and Conversation.objects.count() == 0
+
+
+# --- how a streaming request is refused (docs/identity.md, Refusals) -------------------------------
+
+@pytest.mark.parametrize("who,extra,headers,status,code", [
+    ({"key": None}, {}, {}, 401, "missing_api_key"),
+    ({"key": "ugk_not_a_key"}, {}, {}, 401, "invalid_api_key"),
+    ({"key": "app"}, {}, {"HTTP_X_UGENT_IDENTITY": "notajwt"}, 403, "identity_token_invalid"),
+    ({"key": "app"}, {"federation_issuer": "example-crm"}, {}, 400, "invalid_request"),
+    ({"key": "app"}, {"ugent_allowed_tools": []}, {}, 400, "invalid_request"),
+    ({"key": "app"}, {"model": "no-such-model"}, {}, 400, "model_not_found"),
+])
+def test_a_streaming_request_refused_before_the_stream_starts_is_an_http_error(tcast, who, extra, headers,
+                                                                               status, code):
+    key = tcast.keys.get(who["key"], who["key"])
+    body = {"messages": [{"role": "user", "content": "hi"}], "stream": True, **extra}
+    resp = Client().post("/v1/chat/completions", data=json.dumps(body), content_type="application/json",
+                         **({"HTTP_X_API_KEY": key} if key else {}), **headers)
+    assert resp.status_code == status and resp["Content-Type"] == "application/json"
+    assert resp.json()["error"]["code"] == code
+
+
+@pytest.mark.parametrize("extra,code", [
+    ({"user": "someone"}, "actor_not_allowed"),
+    ({"federation_issuer": "elsewhere", "federation_subject": "s"}, "actor_not_allowed"),
+    ({"conversation_id": "c-carol"}, "conversation_not_owned"),
+])
+def test_a_streaming_request_refused_as_a_message_is_an_error_chunk(tcast, extra, code):
+    assert chat(tcast.carol, "mine", conversation_id="c-carol").status_code == 200
+    resp = chat({"key": tcast.keys["app"]}, "hi", stream=True, **extra)
+    assert resp.status_code == 200 and resp["Content-Type"].startswith("text/event-stream")
+    frames = frames_of(resp)
+    assert frames[-1]["data"] == "[DONE]"
+    assert frames[-2]["data"]["error"]["code"] == code

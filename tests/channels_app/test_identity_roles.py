@@ -50,7 +50,7 @@ ENDPOINTS = {
     "v1/ugent/speech": ("POST", {"conversation_id": "cc", "turn_id": "turn-carol"}, 503, 404),
 }
 # The API schema and its page describe the API, never anyone's data: no key, no user.
-NAMES_NOBODY = {"v1/models", "v1/health", "v1/ugent/status", "v1/openapi.json", "v1/docs",
+NAMES_NOBODY = {"v1/models", "v1/models/<path:model>", "v1/health", "v1/ugent/status", "v1/openapi.json", "v1/docs",
                 # the operator's host endpoints: operator keys only, naming nobody
                 "v1/ugent/sandbox", "v1/ugent/directory", "v1/ugent/conversations/repair",
                 # dictation and live calls: nothing installed here to do them, a 503 before anyone is named

@@ -17,7 +17,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 
 from channels_app.models import Conversation, Event, File, Message, Receipt, Steering, Turn
 from tests.conftest import APP_KEY, OPERATOR_KEY
-from tests.streams.conftest import read_frames
+from tests.streams.conftest import read_frames, threaded_turns  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -80,6 +80,11 @@ MATRIX: dict[str, list[Case]] = {
              denied_message="This conversation belongs to another user."),
     ],
     "v1/models": [Case("GET", {}, any_key())],
+    # one model of that list, with the list's keys; any other name is OpenAI's 404
+    "v1/models/<path:model>": [Case("GET", {}, any_key(), path="/v1/models/scripted"),
+                               Case("GET", {}, any_key((404, False)), path="/v1/models/no-such-model",
+                                    denied_message="The model 'no-such-model' does not exist or you do not "
+                                                   "have access to it.")],
     "v1/health": [Case("GET", {}, {name: (200, False) for name in CAST})],
     # the API schema and its page describe the API, never anyone's data: no key needed, any key ignored
     "v1/openapi.json": [Case("GET", {}, {name: (200, False) for name in CAST})],
@@ -237,3 +242,67 @@ def test_the_cast_on_each_endpoint(route, tcast, settings, tmp_path):
                 assert _counts() == before, f"{cell}: a refusal wrote rows"
                 if case.denied_message and status != 401 and case.expect["operator as A"][0] != status:
                     assert json.loads(body)["error"]["message"] == case.denied_message, cell
+
+
+# --- who asked a turn to stop: the stopper's and the operator's to read ---------------------------
+
+def test_a_stop_by_exact_turn_id_shows_the_stopper_only_to_the_stopper_and_the_operator(tcast, threaded_turns,
+                                                                                         settings):
+    """Two application callers (issuers): dave, another application's end user, may stop carol's turn by
+    its exact turn_id (seed: "a stop needs ... the exact turn_id it stops"), but carol's streams must not
+    show his identity; the operator's do. Read from the log (history) here; tests/streams/test_fanout.py
+    reads the same event live."""
+    from tests.streams.conftest import wait_for
+    settings.UGENT_SSE_KEEPALIVE = 0.2
+    carol = tcast.carol  # application "crm", issuer example-crm
+    dave = {"key": tcast.keys["outsider"], "federation_issuer": "elsewhere", "federation_subject": "dave"}
+    started = Client().post("/v1/chat/completions", content_type="application/json", HTTP_X_API_KEY=carol["key"],
+                            data=json.dumps({"conversation_id": "cc", "stream": True, **_ident(carol),
+                                             "messages": [{"role": "user", "content": "script:sleep=60|answer=x"}]}))
+    turn_id = started["x-ugent-turn-id"]
+    stop = Client().post("/v1/ugent/stop", content_type="application/json", HTTP_X_API_KEY=dave["key"],
+                         data=json.dumps({"conversation_id": "cc", "turn_id": turn_id, **_ident(dave)}))
+    assert stop.status_code == 202, stop.content
+    wait_for(lambda: Turn.objects.filter(turn_id=turn_id, finished_at__isnull=False).exists(), timeout=30)
+    dave_key = "fed:elsewhere:dave"
+    assert Turn.objects.get(turn_id=turn_id).stop_requested_by == dave_key  # kept for the operator's admin
+
+    readers = {"carol": (carol, "someone else"), "operator": ({"key": OPERATOR_KEY}, dave_key)}
+    for path in ("/v1/ugent/activity", "/v1/ugent/events"):
+        for name, (who, by) in readers.items():
+            resp = Client().get(path, {"conversation_id": "cc", "cursor": "0", **_ident(who)},
+                                HTTP_X_API_KEY=who["key"])
+            frames = read_frames(resp, until_ping=True)
+            stops = [f["data"]["data"] for f in frames if f["event"] == "turn.stop_requested"]
+            assert stops == [{"turn_id": turn_id, "by": by}], (path, name, frames)
+            if name != "operator":
+                assert "dave" not in json.dumps(frames), (path, name)
+        # the stopper cannot read carol's conversation at all
+        resp = Client().get(path, {"conversation_id": "cc", "cursor": "0", **_ident(dave)}, HTTP_X_API_KEY=dave["key"])
+        assert resp.status_code == 404
+    # every conversation carol may see: the same
+    frames = read_frames(Client().get("/v1/ugent/events", {"cursor": "0", **_ident(carol)},
+                                      HTTP_X_API_KEY=carol["key"]), until_ping=True)
+    assert "dave" not in json.dumps(frames) and any(f["event"] == "turn.stop_requested" for f in frames)
+
+
+def test_a_turns_own_user_who_stops_it_reads_their_own_name(tcast, threaded_turns, settings):
+    from tests.streams.conftest import wait_for
+    settings.UGENT_SSE_KEEPALIVE = 0.2
+    carol = tcast.carol
+    started = Client().post("/v1/chat/completions", content_type="application/json", HTTP_X_API_KEY=carol["key"],
+                            data=json.dumps({"conversation_id": "cc", "stream": True, **_ident(carol),
+                                             "messages": [{"role": "user", "content": "script:sleep=60|answer=x"}]}))
+    turn_id = started["x-ugent-turn-id"]
+    stop = Client().post("/v1/ugent/stop", content_type="application/json", HTTP_X_API_KEY=carol["key"],
+                         data=json.dumps({"conversation_id": "cc", **_ident(carol)}))
+    assert stop.status_code == 202
+    wait_for(lambda: Turn.objects.filter(turn_id=turn_id, finished_at__isnull=False).exists(), timeout=30)
+    frames = read_frames(Client().get("/v1/ugent/activity", {"conversation_id": "cc", "cursor": "0", **_ident(carol)},
+                                      HTTP_X_API_KEY=carol["key"]), until_ping=True)
+    stops = [f["data"]["data"] for f in frames if f["event"] == "turn.stop_requested"]
+    assert stops == [{"turn_id": turn_id, "by": "fed:example-crm:carol"}]
+
+
+def _ident(who: dict) -> dict:
+    return {k: v for k, v in who.items() if k != "key"}

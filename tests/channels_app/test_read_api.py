@@ -38,6 +38,32 @@ def test_models_lists_profiles_and_qualified_names_for_copies(tcast):
     assert "hidden" not in ids
 
 
+def test_a_model_by_its_id_is_the_object_the_list_holds(tcast):
+    """GET /v1/models/{model} (OpenAI's retrieveModel): each id the list holds, qualified names too."""
+    from plugins_app.agent.models import AgentProfile
+    AgentProfile.objects.create(name="llama3", provider="openai-compatible", instance="gpu-a")
+    AgentProfile.objects.create(name="llama3", provider="openai-compatible", instance="gpu-b")
+    listed = get("/v1/models", tcast.keys["app"]).json()["data"]
+    assert any(m["id"] == "openai-compatible:gpu-b@llama3" for m in listed)
+    for model in listed:
+        resp = get(f"/v1/models/{model['id']}", tcast.keys["app"])
+        assert resp.status_code == 200, model
+        assert resp.json() == model
+        validate(resp.json(), "Model")
+
+
+def test_a_model_the_list_does_not_hold_is_openais_404(tcast):
+    from plugins_app.agent.models import AgentProfile
+    AgentProfile.objects.create(name="hidden", provider="scripted", allowed=False)
+    for name in ("hidden", "gpt-4o", "org/some-model"):
+        resp = get(f"/v1/models/{name}", tcast.keys["app"])
+        assert resp.status_code == 404
+        validate(resp.json(), "ErrorResponse")
+        assert resp.json()["error"] == {
+            "message": f"The model '{name}' does not exist or you do not have access to it.",
+            "type": "not_found_error", "param": "model", "code": "model_not_found"}
+
+
 def test_a_qualified_name_picks_one_copy(tcast):
     from plugins_app.agent.models import AgentProfile
     AgentProfile.objects.create(name="twin", provider="scripted", instance="a", config={"prefix": "A"})
@@ -46,7 +72,7 @@ def test_a_qualified_name_picks_one_copy(tcast):
     assert resp.json()["choices"][0]["message"]["content"].startswith("B:")
 
 
-@pytest.mark.parametrize("path", ["/v1/models", "/v1/ugent/receipt"])
+@pytest.mark.parametrize("path", ["/v1/models", "/v1/models/scripted", "/v1/ugent/receipt"])
 def test_endpoints_need_a_key(tcast, path):
     assert get(path).status_code == 401
     assert get(path, "wrong").status_code == 401

@@ -67,6 +67,33 @@ def test_a_duplicate_is_a_conflict_the_client_does_not_retry(client, daemon):
     assert daemon.scripted_calls().count(marker) == 1
 
 
+@pytest.mark.parametrize("with_id", [False, True], ids=["no_client_message_id", "client_message_id"])
+def test_a_turn_that_fails_after_it_started_is_not_sent_again_by_the_client(client, daemon, with_id):
+    """The turn may already have acted: the 502 carries x-should-retry: false, so the client (max_retries=2)
+    raises the real error at once and the engine ran once, not three times (nor a 409 for the resend)."""
+    marker = f"fails-{uuid.uuid4().hex}"
+    body = {"conversation_id": marker, **({"client_message_id": "m1"} if with_id else {})}
+    with pytest.raises(openai.InternalServerError) as info:
+        client.chat.completions.create(model="scripted", extra_body=body, messages=[
+            {"role": "user", "content": f"script:answer=acted|fail=it broke {marker}"}])
+    assert info.value.status_code == 502
+    assert info.value.response.headers["x-should-retry"] == "false"
+    assert info.value.response.headers["x-ugent-turn-id"]
+    assert f"it broke {marker}" in info.value.message
+    assert sum(1 for c in daemon.scripted_calls() if marker in c) == 1
+
+
+def test_the_client_retrieves_each_listed_model_and_gets_a_404_for_another(client):
+    listed = client.models.list().data
+    assert listed
+    for model in listed:
+        assert client.models.retrieve(model.id).model_dump() == model.model_dump()
+    with pytest.raises(openai.NotFoundError) as info:
+        client.models.retrieve("no-such-model")
+    assert info.value.code == "model_not_found"
+    assert info.value.body["message"] == "The model 'no-such-model' does not exist or you do not have access to it."
+
+
 def test_raw_stream_has_named_events_header_and_done(daemon):
     with httpx.stream("POST", daemon.base + "/v1/chat/completions", headers={"x-api-key": daemon.key},
                       json={"messages": [{"role": "user", "content": "script:answer=a b|cite=doc-1"}],
@@ -142,8 +169,8 @@ def test_keep_alives_are_comment_lines_the_client_ignores(daemon, client):
                     reason="rundaemon's shutdown: uvicorn's own CLI re-raises SIGTERM before cancelled requests end")
 def test_requests_still_open_when_the_daemon_stops_end_properly(tmp_path):
     """SIGTERM with a stream and a non-stream request open: after the grace the stream gets its last chunk
-    (the client resumes from the log) and the waiting request a 503 it may retry; nothing is logged as a
-    crash."""
+    (the client resumes from the log) and the waiting request a 503 that says its message was accepted,
+    with x-should-retry: false (a resend would run it again); nothing is logged as a crash."""
     import threading
     from tests.support.daemon import Daemon
     d = Daemon(tmp_path).start()
@@ -164,7 +191,7 @@ def test_requests_still_open_when_the_daemon_stops_end_properly(tmp_path):
             r = httpx.post(d.base + "/v1/chat/completions", headers={"x-api-key": d.key},
                            json={"messages": [{"role": "user", "content": "script:sleep=5|answer=late"}],
                                  "model": "scripted"}, timeout=30)
-            outcome["plain"] = (r.status_code, r.json())
+            outcome["plain"], outcome["plain_headers"] = (r.status_code, r.json()), r.headers
         except httpx.HTTPError as exc:
             outcome["plain_error"] = repr(exc)
 
@@ -184,6 +211,8 @@ def test_requests_still_open_when_the_daemon_stops_end_properly(tmp_path):
     assert "plain_error" not in outcome
     status, body = outcome["plain"]
     assert status == 503 and body["error"]["code"] == "server_shutting_down"
+    assert outcome["plain_headers"]["x-should-retry"] == "false"
+    assert outcome["plain_headers"]["x-ugent-turn-id"] in body["error"]["message"]
     log = (tmp_path / "daemon.log").read_text()
     assert "Exception in ASGI application" not in log and "never retrieved" not in log
     assert "returned without" not in log

@@ -15,7 +15,7 @@ from asgiref.sync import async_to_sync, sync_to_async
 from channels_app import fanout, notify, streams
 from channels_app.events import conversation_topic, event_append
 from channels_app.models import Conversation, Event
-from tests.streams.conftest import chat, ident, open_stream
+from tests.streams.conftest import chat, ident, open_stream, threaded_turns, wait_for  # noqa: F401 (a fixture)
 from tests.support.http import parse_sse
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -394,3 +394,37 @@ def test_a_wake_up_that_does_not_follow_on_makes_the_reader_read_and_nothing_is_
     ids, got, read = async_to_sync(run)()
     assert dropped and all(g == ids for g in got)
     assert read >= 1  # the second batch did not start at the reader's cursor: it read
+
+
+def test_a_stop_by_another_application_s_user_is_handed_out_live_without_their_name(tcast, threaded_turns):  # noqa: F811
+    """The reader renders each row once, but turn.stop_requested's `by` is the stopper's and the operator's
+    to read (streams.event_data_for): subscribers alike share a frame, carol's shows "someone else"."""
+    from channels_app.models import Turn
+    from tests.streams.conftest import post
+    carol = tcast.carol
+    dave = {"key": tcast.keys["outsider"], "federation_issuer": "elsewhere", "federation_subject": "dave"}
+    started = chat(carol, "script:sleep=60|answer=x", conversation_id="cc", stream=True)
+    turn_id = started["x-ugent-turn-id"]
+    head = str(streams.log_head())
+    carols = [Sse(open_stream("/v1/ugent/activity", carol["key"], **ident(carol), conversation_id="cc", cursor=head))
+              for _ in range(2)]
+    ops = [Sse(open_stream("/v1/ugent/activity", tcast.keys["operator"], conversation_id="cc", cursor=head))]
+
+    async def stopped_as_seen(s: Sse) -> dict:
+        while True:
+            f = await s.event()
+            if f["event"] == "turn.stop_requested":
+                return f["data"]["data"]
+
+    async def run():
+        try:
+            await asyncio.gather(*(s.caught_up() for s in carols + ops))
+            resp = await sync_to_async(post)("/v1/ugent/stop", dave, conversation_id="cc", turn_id=turn_id)
+            assert resp.status_code == 202, resp.content
+            return await asyncio.gather(*(stopped_as_seen(s) for s in carols + ops))
+        finally:
+            await _closed(carols + ops)
+
+    seen = async_to_sync(run)()
+    assert seen == [{"turn_id": turn_id, "by": "someone else"}] * 2 + [{"turn_id": turn_id, "by": "fed:elsewhere:dave"}]
+    wait_for(lambda: Turn.objects.filter(turn_id=turn_id, finished_at__isnull=False).exists(), timeout=30)
