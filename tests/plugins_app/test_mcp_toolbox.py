@@ -471,10 +471,12 @@ def test_an_attempt_that_waited_for_the_connect_lock_stops_when_its_caller_gives
     before = server_pids()
     slow_start = ["-c", f"import runpy, time; time.sleep(1); runpy.run_path({str(SERVER)!r}, run_name='__main__')",
                   str(SERVER)]  # (its path in the command line: server_pids() finds it)
+    # (connected first with time to spare: on a loaded machine the server's imports alone took 3.7 s)
     box = OwnedMCPToolBox(toolbox_id="mcp-test", config={"transport": "stdio", "command": sys.executable,
-                                                         "args": slow_start, "timeout": 3})
+                                                         "args": slow_start, "timeout": 60})
     try:
         assert "add" in box.tools
+        box._timeout = 3  # the adapter's timeout, for the wait and the attempt below
         held = asyncio.run_coroutine_threadsafe(hold_connect_lock(box, 2.9), box._runner._loop)
         time.sleep(0.2)
         box.refresh_tools()  # waits 2.7 s for the lock, then has 0.3 s: too little for a 1 s start

@@ -183,8 +183,10 @@ class MockBridge:
     def dead_letters(self) -> list[dict]:
         return self.hub.dead_letters()
 
-    def wait_for(self, predicate: Callable[[], Any], timeout: float = 5.0, interval: float = 0.01) -> Any:
-        """Poll ``predicate`` until it is truthy; returns its value or raises ``TimeoutError``."""
+    def wait_for(self, predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.01) -> Any:
+        """Poll ``predicate`` until it is truthy; returns its value or raises ``TimeoutError``. (30 s by default: a
+        worker process started on a loaded machine took over 5 s to get this far, and a wait that succeeds
+        returns as soon as it does.)"""
         deadline = time.monotonic() + timeout
         while True:
             value = predicate()
