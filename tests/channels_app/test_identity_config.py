@@ -158,6 +158,20 @@ def test_import_of_a_broken_file_changes_nothing(tcast, tmp_path):
     assert not Issuer.objects.exists()
 
 
+@pytest.mark.parametrize("empty", ["", "# identity\n"], ids=["nothing", "comments-alone"])
+def test_import_of_an_empty_file_changes_nothing(tcast, tmp_path, empty):
+    """A file caught half-way through a write must not remove every issuer the file made."""
+    from django.core.management.base import CommandError
+    path = tmp_path / "ugent.toml"
+    path.write_text(ISSUERS_TOML)
+    call_command("identity", "import", str(path))
+    path.write_text(empty)
+    with pytest.raises(CommandError) as info:
+        call_command("identity", "import", str(path))
+    assert "the file is empty; nothing was changed" in str(info.value)
+    assert Issuer.objects.count() == 1 and CallerDefaults.objects.count() == 1
+
+
 # --- keys rotated without a restart ----------------------------------------------------------
 
 KEYS_TOML = '[[web.auth.keys]]\nname = "partner"\nkey_env = "{env}"\nrole = "application"\nissuers = ["p"]\n'

@@ -150,6 +150,20 @@ def test_import_refuses_a_broken_file_and_changes_nothing(site, rules_file, tmp_
     assert Rule.objects.count() == 6
 
 
+@pytest.mark.parametrize("empty", ["", "\n# the rules\n"], ids=["nothing", "comments-alone"])
+def test_import_refuses_an_empty_file_and_changes_nothing(site, rules_file, tmp_path, empty):
+    """A file caught half-way through a write must not empty the admin set; `rules = []` does that."""
+    run("rules", "import", str(rules_file))
+    f = tmp_path / "empty.toml"
+    f.write_text(empty)
+    with pytest.raises(CommandError, match="the file is empty; nothing was changed"):
+        run("rules", "import", str(f))
+    assert Rule.objects.count() == 6
+    f.write_text("rules = []\n")
+    assert run("rules", "import", str(f))[0].strip() == "imported 0 rules into rule set 'admin'"
+    assert Rule.objects.count() == 0
+
+
 def test_import_skips_rules_the_engine_would_drop(site, tmp_path):
     f = tmp_path / "r.toml"
     f.write_text('[[rules]]\nname = "ok"\ndecision = "Ignore"\nmatch = { always = true }\n'
