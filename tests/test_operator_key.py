@@ -1,7 +1,9 @@
 """The operator key's file (ugent_site/operator_key.py): `rundaemon` makes it on a first start and says in one
-line why it cannot."""
+line why it cannot; `manage.py createoperatorkey` makes it for servers mode, which never runs rundaemon; a
+servers-mode process with no operator key says so."""
 from __future__ import annotations
 
+import io
 import os
 import stat
 import subprocess
@@ -52,3 +54,48 @@ def test_rundaemon_generates_a_key_into_a_missing_file_readable_by_its_owner_alo
     key = (tmp_path / "web_api_key").read_text().strip()
     assert key.startswith("ugk_") and settings.UGENT_WEB_API_KEY == key
     assert stat.S_IMODE((tmp_path / "web_api_key").stat().st_mode) == 0o600
+
+
+def test_createoperatorkey_writes_a_key_its_owner_alone_reads_and_never_overwrites_one(settings, tmp_path):
+    from django.core.management import CommandError, call_command
+    key_file = settings.UGENT_WEB_API_KEY_FILE = tmp_path / "web_api_key"
+    settings.UGENT_WEB_API_KEY = ""
+    out = io.StringIO()
+    call_command("createoperatorkey", stdout=out)
+    key = key_file.read_text().strip()
+    assert key.startswith("ugk_") and out.getvalue() == f"Wrote a new operator API key to {key_file} (mode 0600):\n  {key}\n"
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    with pytest.raises(CommandError) as err:
+        call_command("createoperatorkey", stdout=out)
+    assert str(err.value) == (f"{key_file} already holds an operator key: nothing was changed "
+                              f"(remove the file first to replace the key)")
+    assert key_file.read_text().strip() == key
+
+
+SERVERS = {"REDIS_URL": "redis://127.0.0.1:6379/7", "DATABASE_URL": "postgres://postgres@localhost/ugent_unused"}
+
+
+def test_servers_mode_without_an_operator_key_says_so_at_check_and_in_the_web_log(tmp_path):
+    """Servers mode never runs rundaemon: a deployment that skipped createoperatorkey has no operator key."""
+    key_file = tmp_path / "web_api_key"
+    out = manage(tmp_path, "check", UGENT_WEB_API_KEY_FILE=str(key_file), **SERVERS)
+    assert out.returncode == 0, out.stderr
+    assert ("(ugent.W001) no operator key is configured (UGENT_WEB_API_KEY is unset and UGENT_WEB_API_KEY_FILE "
+            f"{key_file} is missing or empty)") in out.stderr
+    assert "`python manage.py createoperatorkey`" in out.stderr
+    web = manage(tmp_path, "shell", "-c", "import ugent_site.asgi", UGENT_WEB_API_KEY_FILE=str(key_file), **SERVERS)
+    assert web.returncode == 0, web.stderr
+    assert "WARNING ugent.web no operator key is configured" in web.stderr
+
+
+def test_servers_mode_with_an_operator_key_says_nothing(settings):
+    from ugent_site.apps import operator_key_check
+    settings.UGENT_MODE, settings.UGENT_WEB_API_KEY = "servers", ""
+    assert [w.id for w in operator_key_check()] == ["ugent.W001"]
+    settings.UGENT_WEB_API_KEY = "ugk_set"
+    assert operator_key_check() == []
+
+
+def test_embedded_mode_says_nothing_before_rundaemon_makes_the_key(tmp_path):
+    out = manage(tmp_path, "check", UGENT_WEB_API_KEY_FILE=str(tmp_path / "web_api_key"))
+    assert out.returncode == 0 and "ugent.W001" not in out.stderr, out.stderr
