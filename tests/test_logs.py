@@ -210,3 +210,31 @@ def test_repeats_forget_drops_every_count_so_the_next_line_is_new(caplog):
         log.removeFilter(handler_filter)
     # the second "disk full" was held back; after the counts were dropped, each line is new again
     assert [r.getMessage() for r in caplog.records] == ["disk full", "disk full", "gone away", "gone away"]
+
+
+def test_a_log_level_in_any_case_configures_logging(tmp_path):
+    """UGENT_LOG_LEVEL=debug broke every command ("Unable to configure root logger")."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("DJANGO_", "PYTEST", "UGENT_")) and k not in ("REDIS_URL", "DATABASE_URL")}
+    env.update(UGENT_VAR_DIR=str(tmp_path / "var"), UGENT_LOG_LEVEL="debug", UGENT_LOG_FORMAT="JSON")
+    out = subprocess.run([sys.executable, "manage.py", "check"], cwd=Path(__file__).resolve().parent.parent,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    config = logs.logging_config(fmt="JSON", level="debug", loggers={})
+    assert config["root"]["level"] == "DEBUG" and config["handlers"]["console"]["formatter"] == "json"
+
+
+@pytest.mark.parametrize("fmt, level, message", [
+    ("bogus", "INFO", "UGENT_LOG_FORMAT='bogus' is not one of plain, json"),
+    ("plain", "verbose", "UGENT_LOG_LEVEL='VERBOSE' is not one of DEBUG, INFO, WARNING, ERROR, CRITICAL (in any case)"),
+])
+def test_an_unknown_log_format_or_level_is_refused_naming_it(fmt, level, message):
+    """UGENT_LOG_FORMAT=bogus gave plain lines without a word."""
+    from django.core.exceptions import ImproperlyConfigured
+    with pytest.raises(ImproperlyConfigured) as err:
+        logs.logging_config(fmt=fmt, level=level, loggers={})
+    assert str(err.value) == message

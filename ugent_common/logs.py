@@ -178,8 +178,21 @@ def warn_repeating(logger: logging.Logger, message: str, *args, key=None, level:
     return emit
 
 
+LOG_FORMATS = ("plain", "json")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
 def logging_config(*, fmt: str, level: str, loggers: dict) -> dict:
-    """The LOGGING dict: one console handler, plain or JSON, with the two filters."""
+    """The LOGGING dict: one console handler, plain or JSON, with the two filters. `fmt` and `level` are
+    read in any case (UGENT_LOG_LEVEL=debug); another value raises ImproperlyConfigured naming the setting
+    and the values it takes, rather than a dictConfig ValueError (level) or plain lines (format)."""
+    from django.core.exceptions import ImproperlyConfigured
+    fmt, level = fmt.strip().lower(), level.strip().upper()
+    if fmt not in LOG_FORMATS:
+        raise ImproperlyConfigured(f"UGENT_LOG_FORMAT={fmt!r} is not one of {', '.join(LOG_FORMATS)}")
+    if level not in LOG_LEVELS:
+        raise ImproperlyConfigured(f"UGENT_LOG_LEVEL={level!r} is not one of {', '.join(LOG_LEVELS)} "
+                                   f"(in any case)")
     formatters = {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
         "json": {"()": "pythonjsonlogger.json.JsonFormatter",
@@ -193,7 +206,7 @@ def logging_config(*, fmt: str, level: str, loggers: dict) -> dict:
                     "repeats": {"()": "ugent_common.logs.RepeatFilter"}},
         "formatters": formatters,
         "handlers": {"console": {"class": "logging.StreamHandler",
-                                 "formatter": "json" if fmt == "json" else "plain",
+                                 "formatter": fmt,
                                  "filters": ["repeats", "secrets"]}},
         "root": {"handlers": ["console"], "level": level},
         "loggers": loggers,

@@ -545,7 +545,7 @@ class ChannelWorker:
     @classmethod
     def main(cls, **kwargs: Any) -> None:
         """Entry point for a worker executable: log to stderr, die with the parent, run, exit with run()'s code."""
-        logging.basicConfig(level=os.environ.get("UGENT_LOG_LEVEL", "INFO"),
+        logging.basicConfig(level=os.environ.get("UGENT_LOG_LEVEL", "INFO").strip().upper(),  # (debug works too)
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         # httpx logs each request's URL at INFO, and platforms put tokens in URLs (Telegram's Bot API, WeCom's
         # access_token, signed download links): keep them out of the log, and the log about the worker
