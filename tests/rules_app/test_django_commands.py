@@ -214,3 +214,19 @@ def test_firewall_workspace_approve_revoke_status(site):
     assert "is not trusted" in run("firewall", "workspace", "status")[0]
     run("firewall", "workspace", "approve", "--workspace", str(site.home))
     assert WorkspaceTrust.objects.filter(path=str(site.home.resolve()), revoked_at=None).exists()
+
+
+def test_firewall_before_the_first_migrate_says_to_migrate_in_one_line(tmp_path):
+    """An operator following the docs may trust the workspace first: it was a "no such table" traceback."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("DJANGO_", "PYTEST", "UGENT_")) and k not in ("REDIS_URL", "DATABASE_URL")}
+    env.update(UGENT_VAR_DIR=str(tmp_path / "var"), UGENT_WORKSPACE=str(tmp_path / "ws"))
+    out = subprocess.run([sys.executable, "manage.py", "firewall", "workspace", "approve"], env=env,
+                         cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.strip() == ("CommandError: the database has no rules_app_workspacetrust table yet: "
+                                  "run `python manage.py migrate` first")
