@@ -179,20 +179,44 @@ def warn_repeating(logger: logging.Logger, message: str, *args, key=None, level:
 
 
 LOG_FORMATS = ("plain", "json")
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+DEFAULT_LOG_FORMAT, DEFAULT_LOG_LEVEL = "plain", "INFO"
+
+
+def log_level_name(value: str | None) -> str:
+    """UGENT_LOG_LEVEL as a level name logging knows: any name of ``logging.getLevelNamesMapping()``
+    (WARN, FATAL and NOTSET too), in any case; unset or empty is INFO. Another value raises ValueError
+    naming the setting. The one rule for the daemon (settings) and the worker SDK (Worker.main), so
+    a value one accepts the other does too; no Django here, the SDK imports it."""
+    level = (value or "").strip().upper()
+    if not level:
+        return DEFAULT_LOG_LEVEL
+    names = logging.getLevelNamesMapping()
+    if level not in names:
+        raise ValueError(f"UGENT_LOG_LEVEL={level!r} is not one of {', '.join(names)} (in any case)")
+    return level
+
+
+def log_format_name(value: str | None) -> str:
+    """UGENT_LOG_FORMAT as ``plain`` or ``json``, in any case; unset or empty is plain. Another value
+    raises ValueError naming the setting."""
+    fmt = (value or "").strip().lower()
+    if not fmt:
+        return DEFAULT_LOG_FORMAT
+    if fmt not in LOG_FORMATS:
+        raise ValueError(f"UGENT_LOG_FORMAT={fmt!r} is not one of {', '.join(LOG_FORMATS)}")
+    return fmt
 
 
 def logging_config(*, fmt: str, level: str, loggers: dict) -> dict:
     """The LOGGING dict: one console handler, plain or JSON, with the two filters. `fmt` and `level` are
-    read in any case (UGENT_LOG_LEVEL=debug); another value raises ImproperlyConfigured naming the setting
-    and the values it takes, rather than a dictConfig ValueError (level) or plain lines (format)."""
+    read by :func:`log_format_name` and :func:`log_level_name` (any case, empty means the default); another
+    value raises ImproperlyConfigured naming the setting and the values it takes, rather than a dictConfig
+    ValueError (level) or plain lines (format)."""
     from django.core.exceptions import ImproperlyConfigured
-    fmt, level = fmt.strip().lower(), level.strip().upper()
-    if fmt not in LOG_FORMATS:
-        raise ImproperlyConfigured(f"UGENT_LOG_FORMAT={fmt!r} is not one of {', '.join(LOG_FORMATS)}")
-    if level not in LOG_LEVELS:
-        raise ImproperlyConfigured(f"UGENT_LOG_LEVEL={level!r} is not one of {', '.join(LOG_LEVELS)} "
-                                   f"(in any case)")
+    try:
+        fmt, level = log_format_name(fmt), log_level_name(level)
+    except ValueError as exc:
+        raise ImproperlyConfigured(str(exc)) from None
     formatters = {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
         "json": {"()": "pythonjsonlogger.json.JsonFormatter",
