@@ -13,7 +13,7 @@ from channels_app.models import Turn
 from plugins_app.agent.models import AgentProfile
 from tests.conftest import APP_KEY, OPERATOR_KEY
 from tests.fakes.upstream import Script, run_stub_upstream
-from ugent_common import logs
+from ugent_common import loglevel, logs
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -254,7 +254,7 @@ def _env_without_ugent(tmp_path, **extra):
 def test_every_level_name_logging_knows_is_accepted_and_empty_is_info(level, expected):
     """WARN, FATAL and NOTSET started the daemon before UGENT_LOG_LEVEL was checked (logging knows them),
     and a set-but-empty value meant the default."""
-    assert logs.log_level_name(level) == expected
+    assert loglevel.log_level_name(level) == expected
     assert logs.logging_config(fmt="", level=level, loggers={})["root"]["level"] == expected
     assert logs.logging_config(fmt=" ", level=level, loggers={})["handlers"]["console"]["formatter"] == "plain"
 
@@ -282,7 +282,7 @@ Probe.main()
 @pytest.mark.parametrize("level, expected", [("warn", "WARNING"), ("FATAL", "CRITICAL"), ("", "INFO"),
                                              ("debug", "DEBUG")])
 def test_the_worker_sdk_takes_the_same_level_names_as_the_daemon(tmp_path, level, expected):
-    """One rule for both (ugent_common.logs.log_level_name): a value the daemon takes, a worker takes."""
+    """One rule for both (ugent_common.loglevel.log_level_name): a value the daemon takes, a worker takes."""
     import subprocess
     import sys
     from pathlib import Path

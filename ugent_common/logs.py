@@ -21,6 +21,8 @@ import time
 import weakref
 from typing import Iterable
 
+from ugent_common.loglevel import log_format_name, log_level_name
+
 REPEAT_WINDOW_SECONDS = 300.0
 REDACTED = "[redacted]"
 #: Environment variables whose values are secrets wherever they appear.
@@ -176,35 +178,6 @@ def warn_repeating(logger: logging.Logger, message: str, *args, key=None, level:
     if emit:
         logger.log(level, message + repeat_suffix(count, book.window), *args, extra={"repeats": count})
     return emit
-
-
-LOG_FORMATS = ("plain", "json")
-DEFAULT_LOG_FORMAT, DEFAULT_LOG_LEVEL = "plain", "INFO"
-
-
-def log_level_name(value: str | None) -> str:
-    """UGENT_LOG_LEVEL as a level name logging knows: any name of ``logging.getLevelNamesMapping()``
-    (WARN, FATAL and NOTSET too), in any case; unset or empty is INFO. Another value raises ValueError
-    naming the setting. The one rule for the daemon (settings) and the worker SDK (Worker.main), so
-    a value one accepts the other does too; no Django here, the SDK imports it."""
-    level = (value or "").strip().upper()
-    if not level:
-        return DEFAULT_LOG_LEVEL
-    names = logging.getLevelNamesMapping()
-    if level not in names:
-        raise ValueError(f"UGENT_LOG_LEVEL={level!r} is not one of {', '.join(names)} (in any case)")
-    return level
-
-
-def log_format_name(value: str | None) -> str:
-    """UGENT_LOG_FORMAT as ``plain`` or ``json``, in any case; unset or empty is plain. Another value
-    raises ValueError naming the setting."""
-    fmt = (value or "").strip().lower()
-    if not fmt:
-        return DEFAULT_LOG_FORMAT
-    if fmt not in LOG_FORMATS:
-        raise ValueError(f"UGENT_LOG_FORMAT={fmt!r} is not one of {', '.join(LOG_FORMATS)}")
-    return fmt
 
 
 def logging_config(*, fmt: str, level: str, loggers: dict) -> dict:

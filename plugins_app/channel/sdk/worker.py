@@ -50,7 +50,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ugent_common.logs import log_level_name
+from ugent_common.loglevel import log_level_name
 
 from .client import CallCancelled, CallTimeout, ConnectionLost, RpcClient, connect_with_retry
 from .jsonrpc import (DEFAULT_MAX_FRAME_BYTES, HOST_UNAVAILABLE, INVALID_PARAMS, MEDIA_TOO_LARGE, UNKNOWN_DELIVERY,
