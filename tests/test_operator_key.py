@@ -72,7 +72,8 @@ def test_createoperatorkey_writes_a_key_its_owner_alone_reads_and_never_overwrit
     assert key_file.read_text().strip() == key
 
 
-SERVERS = {"REDIS_URL": "redis://127.0.0.1:6379/7", "DATABASE_URL": "postgres://postgres@localhost/ugent_unused"}
+# Servers mode's settings, pointing at no server: these commands only load the settings (port 1 answers nobody).
+SERVERS = {"REDIS_URL": "redis://127.0.0.1:1/0", "DATABASE_URL": "postgres://nobody@127.0.0.1:1/ugent_nowhere"}
 
 
 def test_servers_mode_without_an_operator_key_says_so_at_check_and_in_the_web_log(tmp_path):
@@ -80,8 +81,9 @@ def test_servers_mode_without_an_operator_key_says_so_at_check_and_in_the_web_lo
     key_file = tmp_path / "web_api_key"
     out = manage(tmp_path, "check", UGENT_WEB_API_KEY_FILE=str(key_file), **SERVERS)
     assert out.returncode == 0, out.stderr
-    assert ("(ugent.W001) no operator key is configured (UGENT_WEB_API_KEY is unset and UGENT_WEB_API_KEY_FILE "
-            f"{key_file} is missing or empty)") in out.stderr
+    assert ("(ugent.W001) no operator key is configured (UGENT_WEB_API_KEY is unset, or not of role operator, and "
+            f"UGENT_WEB_API_KEY_FILE {key_file} is missing or empty; no [[web.auth.keys]] entry of role operator in "
+            "ugent.toml has its key set; keys the admin issued to an operator caller are not checked)") in out.stderr
     assert "`python manage.py createoperatorkey`" in out.stderr
     web = manage(tmp_path, "shell", "-c", "import ugent_site.asgi", UGENT_WEB_API_KEY_FILE=str(key_file), **SERVERS)
     assert web.returncode == 0, web.stderr
@@ -94,6 +96,34 @@ def test_servers_mode_with_an_operator_key_says_nothing(settings):
     assert [w.id for w in operator_key_check()] == ["ugent.W001"]
     settings.UGENT_WEB_API_KEY = "ugk_set"
     assert operator_key_check() == []
+
+
+OPERATOR_IN_TOML = '[[web.auth.keys]]\nname = "ops"\nkey_env = "OPS_KEY"\nrole = "{role}"\n'
+
+
+@pytest.mark.parametrize("toml, env, warns", [
+    (OPERATOR_IN_TOML.format(role="operator"), {"OPS_KEY": "ugk_fromtoml_0123456789"}, False),
+    (OPERATOR_IN_TOML.format(role="operator"), {}, True),  # (its variable unset: no key)
+    (OPERATOR_IN_TOML.format(role="application"), {"OPS_KEY": "ugk_fromtoml_0123456789"}, True),
+    ('[web.auth]\napi_key_role = "application"\n', {"UGENT_WEB_API_KEY": "ugk_env_0123456789"}, True),
+    ("", {"UGENT_WEB_API_KEY": "ugk_env_0123456789"}, False),
+], ids=["toml-operator", "toml-operator-unset", "toml-application", "env-key-application", "env-key"])
+def test_w001_counts_every_configured_operator_key(tmp_path, toml, env, warns):
+    """An operator key in ugent.toml's [[web.auth.keys]] is one: W001 said there was none."""
+    config = tmp_path / "ugent.toml"
+    config.write_text(toml)
+    out = manage(tmp_path, "check", UGENT_WEB_API_KEY_FILE=str(tmp_path / "no_key_file"), UGENT_CONFIG=str(config),
+                 **env, **SERVERS)
+    assert out.returncode == 0, out.stderr
+    assert ("ugent.W001" in out.stderr) == warns, out.stderr
+
+
+def test_createoperatorkey_does_not_warn_that_there_is_no_operator_key(tmp_path):
+    """It ran the system checks, so W001 ("no operator key") came out right as it made one."""
+    key_file = tmp_path / "web_api_key"
+    out = manage(tmp_path, "createoperatorkey", UGENT_WEB_API_KEY_FILE=str(key_file), **SERVERS)
+    assert out.returncode == 0, out.stderr
+    assert key_file.read_text().startswith("ugk_") and "W001" not in out.stderr + out.stdout, out.stderr
 
 
 def test_embedded_mode_says_nothing_before_rundaemon_makes_the_key(tmp_path):

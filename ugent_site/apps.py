@@ -17,9 +17,17 @@ class UgentSiteConfig(AppConfig):
 
 def operator_key_check(app_configs=None, **kwargs):
     """Servers mode never runs rundaemon, which makes the operator key: say so when there is none (at
-    `migrate`, `check`, and in each web process's log, ugent_site/asgi.py)."""
+    `migrate`, `check`, and in each web process's log, ugent_site/asgi.py).
+
+    An operator key is UGENT_WEB_API_KEY (or its _FILE) under api_key_role "operator", or a
+    [[web.auth.keys]] entry of role "operator" whose variable is set: what configured_keys() reads.
+    Keys the admin issued to an operator-role Caller live in the database, which a system check does not
+    query: the warning says they were not looked at."""
     from django.conf import settings
+    from ugent_common import config
     from ugent_site.operator_key import NO_OPERATOR_KEY
-    if settings.UGENT_MODE != "servers" or settings.UGENT_WEB_API_KEY:
+    if settings.UGENT_MODE != "servers":
+        return []
+    if any(key.role == "operator" for key in config.configured_keys()):
         return []
     return [checks.Warning(NO_OPERATOR_KEY.format(path=settings.UGENT_WEB_API_KEY_FILE), id="ugent.W001")]

@@ -11,8 +11,10 @@ import secrets
 from pathlib import Path
 
 #: What a web process and `manage.py check` say when no operator key is configured (servers mode).
-NO_OPERATOR_KEY = ("no operator key is configured (UGENT_WEB_API_KEY is unset and UGENT_WEB_API_KEY_FILE "
-                   "{path} is missing or empty): the operator endpoints answer nobody; create one with "
+NO_OPERATOR_KEY = ("no operator key is configured (UGENT_WEB_API_KEY is unset, or not of role operator, and "
+                   "UGENT_WEB_API_KEY_FILE {path} is missing or empty; no [[web.auth.keys]] entry of role "
+                   "operator in ugent.toml has its key set; keys the admin issued to an operator caller are "
+                   "not checked): without one the operator endpoints answer nobody; create one with "
                    "`python manage.py createoperatorkey`")
 
 
