@@ -129,3 +129,50 @@ def test_createoperatorkey_does_not_warn_that_there_is_no_operator_key(tmp_path)
 def test_embedded_mode_says_nothing_before_rundaemon_makes_the_key(tmp_path):
     out = manage(tmp_path, "check", UGENT_WEB_API_KEY_FILE=str(tmp_path / "web_api_key"))
     assert out.returncode == 0 and "ugent.W001" not in out.stderr, out.stderr
+
+
+def test_two_runs_at_once_never_call_the_winners_file_empty(tmp_path):
+    """Init containers on one volume: the loser read the winner's file before its write and said "is empty:
+    put a key in it, or remove it", advice that would destroy the winner's key."""
+    import threading
+    from ugent_site.operator_key import OperatorKeyError, operator_key_create
+    refusals = set()
+    for round_ in range(200):
+        path = tmp_path / f"r{round_}" / "web_api_key"
+        path.parent.mkdir()
+        made, lock = [], threading.Lock()
+
+        def run():
+            try:
+                key = operator_key_create(path=path)
+                with lock:
+                    made.append(key)
+            except OperatorKeyError as exc:
+                with lock:
+                    refusals.add(str(exc).replace(str(path), "PATH"))
+        threads = [threading.Thread(target=run) for _ in range(2)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        assert len(made) == 1 and path.read_text().strip() == made[0]
+        assert [p.name for p in path.parent.iterdir()] == ["web_api_key"]  # (no temporary file left)
+    assert refusals == {"PATH already holds an operator key: nothing was changed (remove the file first to "
+                        "replace the key)"}
+
+
+def test_a_dangling_symlink_or_a_directory_is_named_for_what_it_is(tmp_path):
+    """Both were reported as "already holds an operator key"."""
+    from ugent_site.operator_key import OperatorKeyError, operator_key_create
+    link = tmp_path / "web_api_key"
+    link.symlink_to(tmp_path / "secrets" / "key")
+    with pytest.raises(OperatorKeyError) as err:
+        operator_key_create(path=link)
+    assert str(err.value) == (f"the operator key file {link} (UGENT_WEB_API_KEY_FILE) is a symbolic link to "
+                              f"{tmp_path / 'secrets' / 'key'}, which does not exist: nothing was changed (remove "
+                              f"the link, or make the file it points to)")
+    folder = tmp_path / "key_dir"
+    folder.mkdir()
+    with pytest.raises(OperatorKeyError) as err:
+        operator_key_create(path=folder)
+    assert str(err.value) == (f"the operator key file {folder} (UGENT_WEB_API_KEY_FILE) is a directory: nothing "
+                              f"was changed (name a file, not a directory)")
+    assert list(tmp_path.iterdir()) and not (tmp_path / "secrets").exists() and not list(folder.iterdir())

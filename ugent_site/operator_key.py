@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import tempfile
 from pathlib import Path
 
 #: What a web process and `manage.py check` say when no operator key is configured (servers mode).
@@ -25,17 +26,17 @@ class OperatorKeyError(Exception):
 def operator_key_create(*, path: Path) -> str:
     """Write a new random operator key to `path` (mode 0600) and return it. Refuses a path that exists,
     empty or not (an empty key file is more likely a mount or a write gone wrong than a wish for a new key),
-    and one whose directory does not."""
+    and one whose directory does not.
+
+    The key is written whole to a temporary file beside `path`, then hard-linked to `path` (a link fails
+    where anything exists): `path` is never seen empty, so of two runs at once (init containers on one
+    volume) the loser says the winner's file already holds a key, never that it is empty."""
     path = Path(path)
     key = "ugk_" + secrets.token_urlsafe(32)
+    if os.path.lexists(path):
+        raise OperatorKeyError(_what_is_there(path))
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        if _holds_a_key(path):
-            raise OperatorKeyError(f"{path} already holds an operator key: nothing was changed "
-                                   f"(remove the file first to replace the key)") from None
-        raise OperatorKeyError(f"the operator key file {path} (UGENT_WEB_API_KEY_FILE) is empty: put a key in "
-                               f"it, or remove it to have one generated") from None
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # (mode 0600)
     except FileNotFoundError:
         raise OperatorKeyError(f"cannot create the operator key file {path} (UGENT_WEB_API_KEY_FILE): its "
                                f"directory {path.parent} does not exist (create it, or name another "
@@ -43,13 +44,43 @@ def operator_key_create(*, path: Path) -> str:
     except OSError as exc:
         raise OperatorKeyError(f"cannot create the operator key file {path} (UGENT_WEB_API_KEY_FILE): "
                                f"{exc.strerror}") from None
-    with os.fdopen(fd, "w") as fh:
-        fh.write(key + "\n")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(key + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise OperatorKeyError(_what_is_there(path)) from None
+        except OSError as exc:
+            raise OperatorKeyError(f"cannot create the operator key file {path} (UGENT_WEB_API_KEY_FILE): "
+                                   f"{exc.strerror}") from None
+    finally:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
     return key
 
 
-def _holds_a_key(path: Path) -> bool:
+def _what_is_there(path: Path) -> str:
+    """Why `path` is not made: what is there, in the words an operator acts on."""
+    if path.is_symlink() and not path.exists():
+        return (f"the operator key file {path} (UGENT_WEB_API_KEY_FILE) is a symbolic link to "
+                f"{os.readlink(path)}, which does not exist: nothing was changed (remove the link, or make the "
+                f"file it points to)")
+    if path.is_dir():
+        return (f"the operator key file {path} (UGENT_WEB_API_KEY_FILE) is a directory: nothing was changed "
+                f"(name a file, not a directory)")
     try:
-        return bool(path.read_text().strip())
-    except (OSError, UnicodeDecodeError):
-        return True  # (not ours to judge: never overwrite it)
+        text = path.read_text()
+    except UnicodeDecodeError:
+        text = "?"  # (something is there: not ours to judge, never overwrite it)
+    except OSError as exc:
+        return (f"the operator key file {path} (UGENT_WEB_API_KEY_FILE) exists but cannot be read "
+                f"({exc.strerror}): nothing was changed")
+    if not text.strip():
+        return (f"the operator key file {path} (UGENT_WEB_API_KEY_FILE) is empty: put a key in it, or remove "
+                f"it to have one generated")
+    return f"{path} already holds an operator key: nothing was changed (remove the file first to replace the key)"
