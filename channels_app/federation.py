@@ -296,7 +296,10 @@ def _toml_value(v) -> str:
 
 
 def identity_toml_render(exported: dict) -> str:
-    """identity_config_export() as TOML, to paste under [web.auth] of ugent.toml."""
+    """identity_config_export() as TOML, to paste under [web.auth] of ugent.toml. With no rows, a
+    `[web.auth]` table alone, which `identity import` reads as "none" (it refuses a blank file)."""
+    if not any(exported.get(table) for table in ("issuers", "caller_defaults")):
+        return "# no issuers and no caller defaults\n[web.auth]\n"
     out = []
     for table in ("issuers", "caller_defaults"):
         for entry in exported.get(table, []):

@@ -257,9 +257,14 @@ def _toml_key(key: str) -> str:
 
 
 def rules_export(*, ruleset: RuleSet) -> str:
-    """The rules of ``ruleset`` as a rules.toml document (inline tables; parses back to the same rules)."""
+    """The rules of ``ruleset`` as a rules.toml document (inline tables; parses back to the same rules).
+    An empty set says ``rules = []``: a comment alone would be refused by rules_import as a file
+    caught half-way through a write."""
     lines = [f"# rule set '{ruleset.name}' ({ruleset.get_source_display()}), exported by UGENT", ""]
-    for rule in ruleset.rules.order_by("position", "id"):
+    rules = list(ruleset.rules.order_by("position", "id"))
+    if not rules:
+        lines += ["rules = []", ""]
+    for rule in rules:
         if rule.dropped_reason:
             lines.append(f"# dropped as it loaded: {rule.dropped_reason}")
         lines += ["[[rules]]", f"name = {_toml_value(rule.name)}", f"priority = {rule.priority}",

@@ -148,6 +148,20 @@ def test_export_writes_what_import_reads(tcast, toml_config, tmp_path, capsys):
     assert again.issuers == original.issuers and again.caller_defaults == original.caller_defaults
 
 
+def test_an_export_of_no_rows_imports_back_as_none(tcast, toml_config, tmp_path, capsys):
+    """It printed nothing, which import refuses as a file caught half-way through a write."""
+    call_command("identity", "export")
+    exported = capsys.readouterr().out
+    assert config.web_auth_parse(tomllib.loads(exported)) == config.web_auth_parse({})
+    path = toml_config(ISSUERS_TOML)
+    call_command("identity", "import", str(path))
+    none = tmp_path / "none.toml"
+    none.write_text(exported)
+    call_command("identity", "import", str(none))
+    assert "Imported 0 issuer(s) and 0 caller default(s)" in capsys.readouterr().out
+    assert not Issuer.objects.exists() and not CallerDefaults.objects.exists()
+
+
 def test_import_of_a_broken_file_changes_nothing(tcast, tmp_path):
     from django.core.management.base import CommandError
     path = tmp_path / "bad.toml"

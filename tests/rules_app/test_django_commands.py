@@ -164,6 +164,20 @@ def test_import_refuses_an_empty_file_and_changes_nothing(site, rules_file, tmp_
     assert Rule.objects.count() == 0
 
 
+def test_an_empty_set_exported_imports_back_as_empty(site, rules_file, tmp_path):
+    """rules.md: the export "parses back to the same rules"; an empty set exported as a comment alone was
+    refused by import as a file caught half-way through a write."""
+    f = tmp_path / "none.toml"
+    f.write_text("rules = []\n")
+    run("rules", "import", str(f))
+    exported, _ = run("rules", "export")
+    assert "rules = []" in exported and not engine.parse_rules(exported, check=False).rules
+    run("rules", "import", str(rules_file))
+    f.write_text(exported)
+    assert run("rules", "import", str(f))[0].strip() == "imported 0 rules into rule set 'admin'"
+    assert Rule.objects.count() == 0
+
+
 def test_import_skips_rules_the_engine_would_drop(site, tmp_path):
     f = tmp_path / "r.toml"
     f.write_text('[[rules]]\nname = "ok"\ndecision = "Ignore"\nmatch = { always = true }\n'
