@@ -320,6 +320,11 @@ def config_sync() -> None:
     with _sync_lock:
         if _synced["generation"] == gen:
             return
+        held = config.web_auth_rows_held()
+        if held:  # empty, unparseable or invalid: the rows keep their last good state, as `identity import` does
+            log.error("[web.auth] issuers and caller defaults in the database are kept as they were: %s", held)
+            _synced["generation"] = gen
+            return
         try:
             identity_config_import(auth=config.web_auth())
         except Exception:  # the rows keep their last state; the next change tries again
