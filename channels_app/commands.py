@@ -316,6 +316,14 @@ def refine_offline(text: str) -> str:
     return out
 
 
+def _follows_prompts(profile) -> bool:
+    from plugins_app.agent.engines.registry import profile_follows_prompts
+    try:
+        return profile_follows_prompts(profile)
+    except LookupError:
+        return True  # (engine_ask says it is not installed)
+
+
 def command_refine(ctx: CommandContext) -> dict:
     conversation = _needs_conversation(ctx)
     original = _last_user_text(conversation, ctx.viewer.actor)
@@ -323,10 +331,11 @@ def command_refine(ctx: CommandContext) -> dict:
         raise _refuse(NOTHING_TO_REFINE, code="nothing_to_refine")
     profile = _profile_for(ctx)
     via, refined, why = "engine", "", None
-    try:
-        refined = engine_ask(profile, [("system", REFINE_PROMPT), ("user", original)])
-    except Exception as exc:  # the offline rewrite stands in
-        why = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+    if _follows_prompts(profile):  # (the offline notes engine would answer with a quote of the notes)
+        try:
+            refined = engine_ask(profile, [("system", REFINE_PROMPT), ("user", original)])
+        except Exception as exc:  # the offline rewrite stands in
+            why = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
     if not refined:
         via, refined = "offline", refine_offline(original)
     data = {"original": original, "refined": refined, "via": via, "model": profile.name if via == "engine" else None}

@@ -296,7 +296,10 @@ def _toml_value(v) -> str:
 
 
 def identity_toml_render(exported: dict) -> str:
-    """identity_config_export() as TOML, to paste under [web.auth] of ugent.toml."""
+    """identity_config_export() as TOML, to paste under [web.auth] of ugent.toml. With no rows, a
+    `[web.auth]` table alone, which `identity import` reads as "none" (it refuses a blank file)."""
+    if not any(exported.get(table) for table in ("issuers", "caller_defaults")):
+        return "# no issuers and no caller defaults\n[web.auth]\n"
     out = []
     for table in ("issuers", "caller_defaults"):
         for entry in exported.get(table, []):
@@ -316,6 +319,11 @@ def config_sync() -> None:
         return
     with _sync_lock:
         if _synced["generation"] == gen:
+            return
+        held = config.web_auth_rows_held()
+        if held:  # empty, unparseable or invalid: the rows keep their last good state, as `identity import` does
+            log.error("[web.auth] issuers and caller defaults in the database are kept as they were: %s", held)
+            _synced["generation"] = gen
             return
         try:
             identity_config_import(auth=config.web_auth())

@@ -201,6 +201,9 @@ class Submission:
     # The sender reads the answer only once it is whole (a non-stream chat request): the turn's first
     # delta need not be written at once, and is coalesced with what follows like every other.
     answer_whole: bool = False
+    # The message is an instruction the model must carry out (a translation pipeline's chunk): a model whose
+    # engine does not follow prompts (the offline notes engine quotes notes) is refused, not run.
+    needs_prompts: bool = False
     extra: dict = field(default_factory=dict)
 
     def content_hash(self) -> str:
@@ -388,6 +391,23 @@ def caller_default_model(*, actor: Actor) -> str:
     return defaults.model if defaults is not None else ""
 
 
+MODEL_CANNOT_FOLLOW_PROMPTS = ("The model '{name}' does not follow instructions (it answers by quoting the notes), "
+                               "so it cannot do what this channel asks: make a model that does the default "
+                               "(UGENT_LLM_BASE_URL, or the admin's agent profiles), or choose one for the sender "
+                               "with /model.")
+
+
+def _needs_a_model_that_follows_prompts(profile) -> None:
+    from plugins_app.agent.engines.registry import profile_follows_prompts
+    try:
+        follows = profile_follows_prompts(profile)
+    except LookupError:
+        return  # (the turn says its engine is not installed)
+    if not follows:
+        raise ApplicationError(MODEL_CANNOT_FOLLOW_PROMPTS.format(name=profile.name), status=400,
+                               code="model_cannot_follow_prompts", param="model")
+
+
 def message_submit(*, inbound: Submission, profile=None, on_turn=None) -> SubmissionResult:
     """Accept one message: receipt once only, hooks before the agent, then the turn (a Celery task).
 
@@ -415,6 +435,8 @@ def message_submit(*, inbound: Submission, profile=None, on_turn=None) -> Submis
                 profile = profile_resolve(requested=inbound.model, actor=inbound.actor, conversation=conversation,
                                           caller=inbound.caller,
                                           caller_default=inbound.extra.get("caller_default_model", ""))
+            if inbound.needs_prompts:
+                _needs_a_model_that_follows_prompts(profile)
             if inbound.turn_id and rows.table(Turn).get(turn_id=inbound.turn_id) is not None:
                 raise ApplicationError("This turn_id is already in use: send the turn a new one.", status=409,
                                        code="turn_id_in_use", param="turn_id", headers=NO_RETRY)

@@ -23,7 +23,6 @@ import hashlib
 import json
 import logging
 import secrets
-import tomllib
 from datetime import datetime, timedelta
 from typing import Optional
 
@@ -957,8 +956,7 @@ def cron_file_sync(*, path: str, text: Optional[str] = None) -> dict:
     So a restart with the same file changes nothing (an admin edit stays), and an edit of the file is
     imported. Returns {"state": "imported", "jobs", "removed"}, {"state": "unchanged"}, or
     {"state": "refused" | "missing", "reason"}: then nothing changed. A file with nothing in it (blank, or
-    comments alone) is refused: more likely a write caught half-way than a wish to delete every job, which
-    `enabled = true` alone says."""
+    comments alone) is refused (parse_cron_toml says so for every import)."""
     from cron_app.tomlio import CronConfigError, parse_cron_toml
     if text is None:
         try:
@@ -968,12 +966,6 @@ def cron_file_sync(*, path: str, text: Optional[str] = None) -> dict:
             return {"state": "missing", "reason": "no such file"}
         except (OSError, UnicodeDecodeError) as exc:
             return {"state": "refused", "reason": f"cannot read it: {getattr(exc, 'strerror', None) or exc}"}
-    try:
-        empty = not tomllib.loads(text)
-    except tomllib.TOMLDecodeError:
-        empty = False  # (parse_cron_toml says what is wrong with it)
-    if empty:
-        return {"state": "refused", "reason": "the file is empty"}
     digest = cron_file_digest(text)
     if CronSettings.objects.filter(pk=1, file_sha256=digest).exists():
         return {"state": "unchanged"}

@@ -138,11 +138,19 @@ class CronFileSpec(BaseModel):
     jobs: list[JobSpec] = []
 
 
+CRON_FILE_EMPTY = "the file is empty"
+
+
 def parse_cron_toml(text: str) -> dict:
+    """The checked config of a cron.toml's text; raises CronConfigError. A text with nothing in it (blank, or
+    comments alone) is refused, whoever imports it: more likely a write caught half-way than a wish to delete
+    every job, which `enabled = true` alone says."""
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise CronConfigError(f"cron.toml does not parse: {exc}") from None
+    if not raw:
+        raise CronConfigError(CRON_FILE_EMPTY)
     return check_config(raw)
 
 

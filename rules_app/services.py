@@ -199,14 +199,20 @@ def rules_import(*, text: str, source: str = "<rules>", set_name: str = ADMIN_SE
     """Replace the admin-owned set ``set_name`` with the rules of a rules.toml document.
 
     A document the engine would refuse as a whole raises :class:`RulesError`
-    and changes nothing. A rule the engine would drop as it loads (unknown
+    and changes nothing, and so does one with nothing in it (blank, or comments
+    alone: more likely a write caught half-way than a wish to empty the set,
+    which `rules = []` says). A rule the engine would drop as it loads (unknown
     native action, an action given params) is skipped and reported.
     """
     try:
         engine.parse_rules(text, source=source, check=False, log=False)
     except engine.RuleSetError as exc:
         raise RulesError(str(exc)) from None
-    raw_rules = tomllib.loads(text).get("rules", [])
+    doc = tomllib.loads(text)
+    if not doc:
+        raise RulesError(f"{source}: the file is empty; nothing was changed "
+                         f"(to empty the set, import a file that says `rules = []`)")
+    raw_rules = doc.get("rules", [])
     rs = rule_set_admin_ensure(name=set_name)
     rs.rules.all().delete()
     skipped, imported = [], 0
@@ -251,9 +257,14 @@ def _toml_key(key: str) -> str:
 
 
 def rules_export(*, ruleset: RuleSet) -> str:
-    """The rules of ``ruleset`` as a rules.toml document (inline tables; parses back to the same rules)."""
+    """The rules of ``ruleset`` as a rules.toml document (inline tables; parses back to the same rules).
+    An empty set says ``rules = []``: a comment alone would be refused by rules_import as a file
+    caught half-way through a write."""
     lines = [f"# rule set '{ruleset.name}' ({ruleset.get_source_display()}), exported by UGENT", ""]
-    for rule in ruleset.rules.order_by("position", "id"):
+    rules = list(ruleset.rules.order_by("position", "id"))
+    if not rules:
+        lines += ["rules = []", ""]
+    for rule in rules:
         if rule.dropped_reason:
             lines.append(f"# dropped as it loaded: {rule.dropped_reason}")
         lines += ["[[rules]]", f"name = {_toml_value(rule.name)}", f"priority = {rule.priority}",

@@ -13,7 +13,7 @@ from channels_app.models import Turn
 from plugins_app.agent.models import AgentProfile
 from tests.conftest import APP_KEY, OPERATOR_KEY
 from tests.fakes.upstream import Script, run_stub_upstream
-from ugent_common import logs
+from ugent_common import loglevel, logs
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -210,3 +210,93 @@ def test_repeats_forget_drops_every_count_so_the_next_line_is_new(caplog):
         log.removeFilter(handler_filter)
     # the second "disk full" was held back; after the counts were dropped, each line is new again
     assert [r.getMessage() for r in caplog.records] == ["disk full", "disk full", "gone away", "gone away"]
+
+
+def test_a_log_level_in_any_case_configures_logging(tmp_path):
+    """UGENT_LOG_LEVEL=debug broke every command ("Unable to configure root logger")."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("DJANGO_", "PYTEST", "UGENT_")) and k not in ("REDIS_URL", "DATABASE_URL")}
+    env.update(UGENT_VAR_DIR=str(tmp_path / "var"), UGENT_LOG_LEVEL="debug", UGENT_LOG_FORMAT="JSON")
+    out = subprocess.run([sys.executable, "manage.py", "check"], cwd=Path(__file__).resolve().parent.parent,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    config = logs.logging_config(fmt="JSON", level="debug", loggers={})
+    assert config["root"]["level"] == "DEBUG" and config["handlers"]["console"]["formatter"] == "json"
+
+
+@pytest.mark.parametrize("fmt, level, message", [
+    ("bogus", "INFO", "UGENT_LOG_FORMAT='bogus' is not one of plain, json"),
+    ("plain", "verbose", "UGENT_LOG_LEVEL='VERBOSE' is not one of CRITICAL, FATAL, ERROR, WARN, WARNING, INFO, "
+                         "DEBUG, NOTSET (in any case)"),
+])
+def test_an_unknown_log_format_or_level_is_refused_naming_it(fmt, level, message):
+    """UGENT_LOG_FORMAT=bogus gave plain lines without a word."""
+    from django.core.exceptions import ImproperlyConfigured
+    with pytest.raises(ImproperlyConfigured) as err:
+        logs.logging_config(fmt=fmt, level=level, loggers={})
+    assert str(err.value) == message
+
+
+def _env_without_ugent(tmp_path, **extra):
+    import os
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("DJANGO_", "PYTEST", "UGENT_")) and k not in ("REDIS_URL", "DATABASE_URL")}
+    env.update(UGENT_VAR_DIR=str(tmp_path / "var"), **extra)
+    return env
+
+
+@pytest.mark.parametrize("level, expected", [("WARN", "WARN"), ("fatal", "FATAL"), ("NotSet", "NOTSET"),
+                                             ("warning", "WARNING"), ("", "INFO"), ("  ", "INFO")])
+def test_every_level_name_logging_knows_is_accepted_and_empty_is_info(level, expected):
+    """WARN, FATAL and NOTSET started the daemon before UGENT_LOG_LEVEL was checked (logging knows them),
+    and a set-but-empty value meant the default."""
+    assert loglevel.log_level_name(level) == expected
+    assert logs.logging_config(fmt="", level=level, loggers={})["root"]["level"] == expected
+    assert logs.logging_config(fmt=" ", level=level, loggers={})["handlers"]["console"]["formatter"] == "plain"
+
+
+def test_the_daemon_starts_with_warn_and_an_empty_log_format(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+    env = _env_without_ugent(tmp_path, UGENT_LOG_LEVEL="WARN", UGENT_LOG_FORMAT="")
+    out = subprocess.run([sys.executable, "manage.py", "check"], cwd=Path(__file__).resolve().parent.parent,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
+_WORKER_LEVEL = """
+import logging, sys
+from plugins_app.channel.sdk.worker import ChannelWorker
+class Probe(ChannelWorker):
+    def __init__(self, **kwargs):
+        print(logging.getLevelName(logging.getLogger().level)); sys.exit(0)
+Probe.main()
+"""
+
+
+@pytest.mark.parametrize("level, expected", [("warn", "WARNING"), ("FATAL", "CRITICAL"), ("", "INFO"),
+                                             ("debug", "DEBUG")])
+def test_the_worker_sdk_takes_the_same_level_names_as_the_daemon(tmp_path, level, expected):
+    """One rule for both (ugent_common.loglevel.log_level_name): a value the daemon takes, a worker takes."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    out = subprocess.run([sys.executable, "-c", _WORKER_LEVEL], cwd=Path(__file__).resolve().parent.parent,
+                         env=_env_without_ugent(tmp_path, UGENT_LOG_LEVEL=level), capture_output=True, text=True,
+                         timeout=60)
+    assert (out.returncode, out.stdout.strip()) == (0, expected), out.stderr
+
+
+def test_the_worker_sdk_refuses_an_unknown_level_naming_it(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+    out = subprocess.run([sys.executable, "-c", _WORKER_LEVEL], cwd=Path(__file__).resolve().parent.parent,
+                         env=_env_without_ugent(tmp_path, UGENT_LOG_LEVEL="verbose"), capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 1 and "UGENT_LOG_LEVEL='VERBOSE' is not one of" in out.stderr, out.stderr

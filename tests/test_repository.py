@@ -81,3 +81,17 @@ def test_no_bench_script_stands_in_for_a_package():
     clashes = [p.name for p in sorted(bench.glob("*.py"))
                if p.stem != "__init__" and importlib.util.find_spec(p.stem) is not None]
     assert clashes == []
+
+
+def test_every_python_file_compiles_without_a_warning():
+    """An invalid escape sequence (a SyntaxWarning now, an error in a later Python) is caught here."""
+    import warnings
+    offenders = []
+    for p in tracked("*.py"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            try:
+                compile(p.read_text(), str(p.relative_to(ROOT)), "exec")
+            except (SyntaxError, Warning) as exc:
+                offenders.append(f"{p.relative_to(ROOT)}: {exc}")
+    assert offenders == []

@@ -173,13 +173,24 @@ def config_path() -> Path | None:
 
 
 def _read(path: Path | None) -> dict:
+    return _read_why(path)[0]
+
+
+def _read_why(path: Path | None) -> tuple[dict, str]:
+    """The file's tables, and why they cannot stand for it ("" when they can): it cannot be read or does not
+    parse (a write caught half-way), or is blank or comments alone (the same, more likely than a wish to
+    drop every table, which `[web.auth]` alone says). A missing file is no file: ({}, "")."""
     if not path or not path.exists():
-        return {}
+        return {}, ""
     try:
-        return tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+        data = tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         log.error("ugent.toml could not be read (path=%s, error=%s)", path, exc)
-        return {}
+        return {}, f"ugent.toml could not be read ({exc})"
+    if not data:
+        return {}, ("ugent.toml is empty (blank or comments alone; `[web.auth]` alone says there are no issuers "
+                    "or caller defaults)")
+    return data, ""
 
 
 def web_auth_parse(data: dict) -> WebAuthSpec:
@@ -220,6 +231,9 @@ class _Loaded:
         self.auth: WebAuthSpec = WebAuthSpec()
         self.generation = 0
         self.error = ""  # why the file as it stands is not the [web.auth] in use ("" when it is)
+        # why the rows ugent.toml defines must not follow the file as it stands ("" when they may): it is
+        # empty, does not parse or is invalid; config_sync then keeps them, as `identity import` refuses it
+        self.rows_held = ""
 
 
 _loaded = _Loaded()
@@ -246,11 +260,23 @@ def _refresh() -> _Loaded:
         path = config_path()
         stamp = _stamp(path)
         if stamp != _loaded.stamp:
-            data = _read(path)
+            data, why = _read_why(path)
             try:
-                auth = web_auth_parse(data)
-                _loaded.error = ""
+                if why and not data and why.startswith("ugent.toml is empty"):
+                    if _loaded.stamp is None:  # nothing read before: an empty file is no [web.auth]
+                        auth, _loaded.error = WebAuthSpec(), ""
+                    else:
+                        _loaded.error = why
+                        log.error("%s; the last good [web.auth] is kept", why)
+                        auth = _loaded.auth
+                elif why:
+                    raise ConfigError(why)
+                else:
+                    auth = web_auth_parse(data)
+                    _loaded.error = ""
+                _loaded.rows_held = why
             except ConfigError as exc:
+                _loaded.rows_held = str(exc)
                 _loaded.error = str(exc)
                 if _loaded.stamp is None:  # nothing good to keep: run with no [web.auth] at all
                     log.error("%s; [web.auth] is not used", exc)
@@ -277,6 +303,12 @@ def web_auth() -> WebAuthSpec:
 def generation() -> int:
     """Goes up each time the file is read anew (a changed file): callers resync what they derive."""
     return _refresh().generation
+
+
+def web_auth_rows_held() -> str:
+    """Why the issuer and caller-defaults rows ugent.toml made must stay as they are, though the file changed
+    ("" when they may follow it): the file is empty, does not parse, or is invalid."""
+    return _refresh().rows_held
 
 
 def web_auth_error() -> str:
@@ -368,6 +400,6 @@ def reset_caches() -> None:
     with _loaded.lock:
         _loaded.checked_at = -1e18
         _loaded.stamp = None
-        _loaded.data, _loaded.auth, _loaded.error = {}, WebAuthSpec(), ""
+        _loaded.data, _loaded.auth, _loaded.error, _loaded.rows_held = {}, WebAuthSpec(), "", ""
         _loaded.generation += 1
     _vault.clear()

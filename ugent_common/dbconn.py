@@ -25,3 +25,14 @@ def with_fresh_connections(fn):
         return call_with_fresh_connections(fn, *args, **kwargs)
 
     return wrapper
+
+
+def tables_required(*models) -> None:
+    """For a management command an operator may run before the first `migrate`: the tables these models need
+    are there, else a one-line CommandError saying to migrate (rather than a "no such table" traceback)."""
+    from django.core.management.base import CommandError
+    from django.db import connection
+    have = set(connection.introspection.table_names())
+    missing = [m._meta.db_table for m in models if m._meta.db_table not in have]
+    if missing:
+        raise CommandError(f"the database has no {missing[0]} table yet: run `python manage.py migrate` first")

@@ -21,6 +21,8 @@ import time
 import weakref
 from typing import Iterable
 
+from ugent_common.loglevel import log_format_name, log_level_name
+
 REPEAT_WINDOW_SECONDS = 300.0
 REDACTED = "[redacted]"
 #: Environment variables whose values are secrets wherever they appear.
@@ -179,7 +181,15 @@ def warn_repeating(logger: logging.Logger, message: str, *args, key=None, level:
 
 
 def logging_config(*, fmt: str, level: str, loggers: dict) -> dict:
-    """The LOGGING dict: one console handler, plain or JSON, with the two filters."""
+    """The LOGGING dict: one console handler, plain or JSON, with the two filters. `fmt` and `level` are
+    read by :func:`log_format_name` and :func:`log_level_name` (any case, empty means the default); another
+    value raises ImproperlyConfigured naming the setting and the values it takes, rather than a dictConfig
+    ValueError (level) or plain lines (format)."""
+    from django.core.exceptions import ImproperlyConfigured
+    try:
+        fmt, level = log_format_name(fmt), log_level_name(level)
+    except ValueError as exc:
+        raise ImproperlyConfigured(str(exc)) from None
     formatters = {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
         "json": {"()": "pythonjsonlogger.json.JsonFormatter",
@@ -193,7 +203,7 @@ def logging_config(*, fmt: str, level: str, loggers: dict) -> dict:
                     "repeats": {"()": "ugent_common.logs.RepeatFilter"}},
         "formatters": formatters,
         "handlers": {"console": {"class": "logging.StreamHandler",
-                                 "formatter": "json" if fmt == "json" else "plain",
+                                 "formatter": fmt,
                                  "filters": ["repeats", "secrets"]}},
         "root": {"handlers": ["console"], "level": level},
         "loggers": loggers,

@@ -8,7 +8,7 @@ one line `<where>: <what>`, `where` being the dotted path into the input (`rules
 * an entry of a named list carries its name after its index: `plugins[0] (telegram-main).kind`
   (`labels={"plugins": "id"}`), so an operator finds it in a long file;
 * a missing key is reported at the table that lacks it, as serde words it and the rule engine's
-  seed quotes: `rules[0] (late): missing field \`decision\``;
+  seed quotes (rules[0] (late): missing field `decision`);
 * a key a strict file does not know: `jobs[0] (a).schedul: unknown field`;
 * a wrong type names both, in TOML's words: `priority: expected an integer, found string`;
 * a message the seeds quote is kept word for word by raising it as the `what` of a custom check

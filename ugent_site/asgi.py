@@ -1,6 +1,7 @@
 """ASGI entry: /v1/ through the lean API handler, everything else (the admin) through Django's full stack;
 WebSockets: /v1/ugent/live (the live call, channels_app.api_voice.LiveCallSocket), no other path.
 """
+import logging as _logging
 import os
 
 from django.core.asgi import get_asgi_application
@@ -31,6 +32,11 @@ application = ProtocolTypeRouter({
 })
 
 from django.conf import settings as _settings  # noqa: E402
+
+from ugent_site.apps import operator_key_check as _operator_key_check  # noqa: E402
+
+for _warning in _operator_key_check():  # servers mode: nothing made the operator key (createoperatorkey does)
+    _logging.getLogger("ugent.web").warning("%s", _warning.msg)
 
 from ugent_common.gcfreeze import freeze as _gc_freeze  # noqa: E402
 

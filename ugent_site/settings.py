@@ -328,9 +328,9 @@ caller_by_frame()
 # once per five minutes with its count (ugent_common/logs.py).
 from ugent_common.logs import logging_config  # noqa: E402
 
-UGENT_LOG_FORMAT = env("UGENT_LOG_FORMAT", default="plain")
+# (set but empty means the default, as unset does: logging_config reads "" so)
 LOGGING = logging_config(
-    fmt=UGENT_LOG_FORMAT, level=env("UGENT_LOG_LEVEL", default="INFO"),
+    fmt=env("UGENT_LOG_FORMAT", default=""), level=env("UGENT_LOG_LEVEL", default=""),
     # httpx logs every upstream request at INFO: a line per turn that says nothing the turn's row does not.
     loggers={"daphne": {"level": "WARNING"}, "uvicorn": {"level": "WARNING"}, "celery": {"level": "WARNING"},
              "django.channels.server": {"level": "WARNING"}, "httpx": {"level": "WARNING"},

@@ -105,6 +105,11 @@ def sender_may_remote_control(plugin: Plugin, sender_id: str) -> bool:
     return "*" in senders or f"{plugin.channel}:{sender_id}" in senders
 
 
+#: Channels whose every message is an instruction for the model to carry out, not a question (the translation
+#: pipeline's chunks): a model that does not follow prompts refuses them (channels_app.services.Submission).
+INSTRUCTION_CHANNELS = frozenset({"translate"})
+
+
 def inbound_submit(*, plugin_id: str, message) -> dict:
     """One normalised inbound message (an SDK ``InboundMessage``) onto the one message path.
 
@@ -136,7 +141,8 @@ def inbound_submit(*, plugin_id: str, message) -> dict:
         source_type=message.source_type, attachments=[a.to_dict() for a in message.attachments],
         extra={"timestamp": message.timestamp, "sender_name": message.sender_name,
                "reply_to": message.reply_to.to_dict() if message.reply_to else None,
-               "metadata": message.metadata})
+               "metadata": message.metadata},
+        needs_prompts=channel in INSTRUCTION_CHANNELS)
     command = None if message.attachments else channel_command(message.text or "")
     if command is not None:
         return _command_take(plugin=plugin, actor=actor, message=message, command=command)

@@ -64,6 +64,17 @@ def test_refine_through_the_engine_and_offline_and_it_stores_nothing(tcast):
     assert command(tcast.bob, "/refine", conversation_id="ca").status_code == 403
 
 
+def test_refine_on_the_notes_engine_is_the_offline_rewrite_not_a_quote_of_the_notes(tcast, tmp_path):
+    """docs/commands.md: /refine goes through the engine "when it can": the default ugent-notes quotes notes."""
+    (tmp_path / "france.md").write_text("The capital of France is Paris. France is a country in Europe.\n")
+    AgentProfile.objects.create(name="notes", provider="ugent-notes", config={"path": str(tmp_path)})
+    chat(tcast.alice, "um  what is   the capital of france", conversation_id="ca")
+    command(tcast.alice, "/model notes", conversation_id="ca")
+    body = command(tcast.alice, "/refine", conversation_id="ca").json()
+    assert body["data"]["via"] == "offline" and body["data"]["model"] is None
+    assert body["data"]["refined"] == "What is the capital of france?" and "engine_error" not in body["data"]
+
+
 def test_refine_offline_rules():
     assert commands.refine_offline("ok so  please fix the bug") == "Please fix the bug."
     assert commands.refine_offline("Done!") == "Done!"

@@ -137,6 +137,46 @@ def test_an_issuer_removed_from_the_file_goes_and_one_made_in_the_admin_stays(tc
     assert not CallerDefaults.objects.exists()
 
 
+@pytest.mark.parametrize("fresh_process", [False, True], ids=["same-process", "new-process"])
+@pytest.mark.parametrize("broken, why", [("", "is empty"), ("# ugent.toml\n", "is empty"),
+                                         ('[[web.auth.issuers]]\nissuer = "https://idp.exa', "could not be read")],
+                         ids=["empty", "comments-alone", "half-written"])
+def test_an_empty_or_unparseable_file_keeps_the_rows_on_the_request_path(tcast, toml_config, broken, why,
+                                                                          fresh_process):
+    """`identity import` refuses these; the first request after the change deleted every row the file made."""
+    import logging
+    lines = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logging.getLogger("ugent.identity").addHandler(handler)
+    try:
+        _rows_kept(tcast, toml_config, broken, fresh_process)
+    finally:
+        logging.getLogger("ugent.identity").removeHandler(handler)
+    assert [line for line in lines if "kept as they were" in line] == [
+        f"[web.auth] issuers and caller defaults in the database are kept as they were: ugent.toml {why}"
+        + (" (blank or comments alone; `[web.auth]` alone says there are no issuers or caller defaults)"
+           if why == "is empty" else lines[0][lines[0].index(why) + len(why):])]
+
+
+def _rows_kept(tcast, toml_config, broken, fresh_process):
+    path = toml_config(ISSUERS_TOML)
+    chat(tcast.keys["operator"])
+    assert Issuer.objects.count() == 1 and CallerDefaults.objects.count() == 1
+    path.write_text(broken)
+    os.utime(path, ns=(3, 3))
+    if fresh_process:  # a process that never saw the good file (a web process started meanwhile)
+        config.reset_caches()
+    assert chat(tcast.keys["operator"]).status_code == 200
+    assert Issuer.objects.count() == 1 and CallerDefaults.objects.count() == 1
+    if not fresh_process:
+        assert config.web_auth().require_verified_identity is True  # the last good [web.auth], in this process
+    path.write_text("[web.auth]\n")  # a deliberate removal still removes
+    os.utime(path, ns=(4, 4))
+    chat(tcast.keys["operator"])
+    assert not Issuer.objects.exists() and not CallerDefaults.objects.exists()
+
+
 def test_export_writes_what_import_reads(tcast, toml_config, tmp_path, capsys):
     path = toml_config(ISSUERS_TOML)
     call_command("identity", "import", str(path))
@@ -148,6 +188,20 @@ def test_export_writes_what_import_reads(tcast, toml_config, tmp_path, capsys):
     assert again.issuers == original.issuers and again.caller_defaults == original.caller_defaults
 
 
+def test_an_export_of_no_rows_imports_back_as_none(tcast, toml_config, tmp_path, capsys):
+    """It printed nothing, which import refuses as a file caught half-way through a write."""
+    call_command("identity", "export")
+    exported = capsys.readouterr().out
+    assert config.web_auth_parse(tomllib.loads(exported)) == config.web_auth_parse({})
+    path = toml_config(ISSUERS_TOML)
+    call_command("identity", "import", str(path))
+    none = tmp_path / "none.toml"
+    none.write_text(exported)
+    call_command("identity", "import", str(none))
+    assert "Imported 0 issuer(s) and 0 caller default(s)" in capsys.readouterr().out
+    assert not Issuer.objects.exists() and not CallerDefaults.objects.exists()
+
+
 def test_import_of_a_broken_file_changes_nothing(tcast, tmp_path):
     from django.core.management.base import CommandError
     path = tmp_path / "bad.toml"
@@ -156,6 +210,20 @@ def test_import_of_a_broken_file_changes_nothing(tcast, tmp_path):
         call_command("identity", "import", str(path))
     assert "'none' is not allowed" in str(info.value) and "nothing was changed" in str(info.value)
     assert not Issuer.objects.exists()
+
+
+@pytest.mark.parametrize("empty", ["", "# identity\n"], ids=["nothing", "comments-alone"])
+def test_import_of_an_empty_file_changes_nothing(tcast, tmp_path, empty):
+    """A file caught half-way through a write must not remove every issuer the file made."""
+    from django.core.management.base import CommandError
+    path = tmp_path / "ugent.toml"
+    path.write_text(ISSUERS_TOML)
+    call_command("identity", "import", str(path))
+    path.write_text(empty)
+    with pytest.raises(CommandError) as info:
+        call_command("identity", "import", str(path))
+    assert "the file is empty; nothing was changed" in str(info.value)
+    assert Issuer.objects.count() == 1 and CallerDefaults.objects.count() == 1
 
 
 # --- keys rotated without a restart ----------------------------------------------------------

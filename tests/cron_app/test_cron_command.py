@@ -146,6 +146,24 @@ def test_a_bad_file_is_refused_with_a_clear_error_and_changes_nothing(tcast, tmp
     assert list(CronJob.objects.values_list("name", flat=True)) == ["digest"]
 
 
+@pytest.mark.parametrize("empty", ["", "  \n", "# the cron jobs\n"], ids=["nothing", "blank", "comments-alone"])
+def test_an_empty_file_is_refused_and_changes_nothing(tcast, tmp_path, empty):
+    """docs/cron.md: "A refused file changes nothing, and neither does an empty one": an import of a file
+    caught half-way through a write must not delete every job."""
+    run_cmd("import", write(tmp_path, FULL))
+    with pytest.raises(CommandError) as err:
+        run_cmd("import", write(tmp_path, empty, "empty.toml"))
+    assert "the file is empty; nothing was changed" in str(err.value) and "`enabled = true` alone" in str(err.value)
+    assert sorted(CronJob.objects.values_list("name", flat=True)) == ["digest", "nightly"]
+    assert PeriodicTask.objects.filter(name="cron job nightly").exists()
+
+
+def test_a_file_that_says_enabled_alone_removes_every_job(tcast, tmp_path):
+    run_cmd("import", write(tmp_path, FULL))
+    assert "removed 2" in run_cmd("import", write(tmp_path, "enabled = true\n", "none.toml"))
+    assert not CronJob.objects.exists()
+
+
 def test_cron_run_runs_the_job_here_and_prints_its_result(tcast, tmp_path):
     run_cmd("import", write(tmp_path, '[[jobs]]\nid = "hello"\n[[jobs.tasks]]\nid = "t"\nprompt = "script:answer=hi there"\n'))
     out = run_cmd("run", "hello")

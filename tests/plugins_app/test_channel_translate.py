@@ -275,3 +275,25 @@ def test_a_wrong_argument_disables_the_plugin_with_the_reason(tcast, pipe, start
     assert Plugin.objects.get().disabled_reason == (
         "the channel refused the worker: 'Deutsch!' is not a BCP 47 language tag (such as de, pt-BR, zh-Hant)")
     assert rt.worker_pid(PID) is None
+
+
+def test_on_the_offline_notes_model_a_document_fails_with_the_reason_and_nothing_is_written(
+        tcast, pipe, start_runtime, tmp_path):
+    """The default ugent-notes quotes notes whatever it is asked: its 'translations' were unrelated notes
+    passages, and the source moved to done/. The hub refuses each chunk instead, saying why."""
+    from channels_app.services import MODEL_CANNOT_FOLLOW_PROMPTS
+    from plugins_app.agent.models import AgentProfile
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "paris.md").write_text("Paris is the capital of France.\n")
+    AgentProfile.objects.update(is_default=False)
+    AgentProfile.objects.create(name="ugent-notes", provider="ugent-notes", is_default=True,
+                                config={"path": str(tmp_path / "notes")})
+    translate_plugin(pipe, to="de")
+    start_runtime()
+    pipe.drop("guide.md", "Paris is the capital of France.\n")
+    assert pipe.settled("guide.md", "failed")
+    reason = (pipe.inbox / "failed" / "guide.md.error.txt").read_text()
+    assert reason == (f"the hub refused chunk 1 of 1 into de: "
+                      f"{MODEL_CANNOT_FOLLOW_PROMPTS.format(name='ugent-notes')}\n"), reason
+    assert not Receipt.objects.exists() and not Turn.objects.exists()
+    assert not pipe.outbox.exists() or not list(pipe.outbox.iterdir())

@@ -208,3 +208,27 @@ def test_a_worker_the_platform_refuses_is_disabled_with_the_reason_and_not_resta
     monkeypatch.setenv("ECHO_REFUSE", "")
     admin_client.post("/admin/plugins_app/plugin/", {"action": "enable_again", "_selected_action": [plugin.pk]})
     assert wait_until(lambda: Plugin.objects.get().state == "running", 15), rt.log("echo-main")
+
+
+def test_a_second_supervisor_refuses_to_start_in_one_line(monkeypatch, tmp_path):
+    """docs/plugins.md: "a second one on the same pid directory refuses to start" (it printed "running", then two
+    SupervisorAlreadyRunning tracebacks)."""
+    import fcntl
+    import io
+
+    from django.core.management import CommandError, call_command
+
+    from plugins_app.channel import conf
+    from plugins_app.channel.supervisor.core import LOCK_FILE
+    monkeypatch.setattr(conf, "PID_DIR", tmp_path)
+    held = os.open(tmp_path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the first supervisor's hold
+    out = io.StringIO()
+    try:
+        with pytest.raises(CommandError) as err:
+            call_command("runsupervisor", "--interval", "0.05", stdout=out)
+    finally:
+        os.close(held)
+    assert str(err.value) == (f"another supervisor holds {tmp_path / LOCK_FILE}: one supervisor runs per pid "
+                              f"directory; this one did not start")
+    assert err.value.returncode == 1 and out.getvalue() == ""

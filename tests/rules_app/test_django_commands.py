@@ -150,6 +150,34 @@ def test_import_refuses_a_broken_file_and_changes_nothing(site, rules_file, tmp_
     assert Rule.objects.count() == 6
 
 
+@pytest.mark.parametrize("empty", ["", "\n# the rules\n"], ids=["nothing", "comments-alone"])
+def test_import_refuses_an_empty_file_and_changes_nothing(site, rules_file, tmp_path, empty):
+    """A file caught half-way through a write must not empty the admin set; `rules = []` does that."""
+    run("rules", "import", str(rules_file))
+    f = tmp_path / "empty.toml"
+    f.write_text(empty)
+    with pytest.raises(CommandError, match="the file is empty; nothing was changed"):
+        run("rules", "import", str(f))
+    assert Rule.objects.count() == 6
+    f.write_text("rules = []\n")
+    assert run("rules", "import", str(f))[0].strip() == "imported 0 rules into rule set 'admin'"
+    assert Rule.objects.count() == 0
+
+
+def test_an_empty_set_exported_imports_back_as_empty(site, rules_file, tmp_path):
+    """rules.md: the export "parses back to the same rules"; an empty set exported as a comment alone was
+    refused by import as a file caught half-way through a write."""
+    f = tmp_path / "none.toml"
+    f.write_text("rules = []\n")
+    run("rules", "import", str(f))
+    exported, _ = run("rules", "export")
+    assert "rules = []" in exported and not engine.parse_rules(exported, check=False).rules
+    run("rules", "import", str(rules_file))
+    f.write_text(exported)
+    assert run("rules", "import", str(f))[0].strip() == "imported 0 rules into rule set 'admin'"
+    assert Rule.objects.count() == 0
+
+
 def test_import_skips_rules_the_engine_would_drop(site, tmp_path):
     f = tmp_path / "r.toml"
     f.write_text('[[rules]]\nname = "ok"\ndecision = "Ignore"\nmatch = { always = true }\n'
@@ -200,3 +228,19 @@ def test_firewall_workspace_approve_revoke_status(site):
     assert "is not trusted" in run("firewall", "workspace", "status")[0]
     run("firewall", "workspace", "approve", "--workspace", str(site.home))
     assert WorkspaceTrust.objects.filter(path=str(site.home.resolve()), revoked_at=None).exists()
+
+
+def test_firewall_before_the_first_migrate_says_to_migrate_in_one_line(tmp_path):
+    """An operator following the docs may trust the workspace first: it was a "no such table" traceback."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("DJANGO_", "PYTEST", "UGENT_")) and k not in ("REDIS_URL", "DATABASE_URL")}
+    env.update(UGENT_VAR_DIR=str(tmp_path / "var"), UGENT_WORKSPACE=str(tmp_path / "ws"))
+    out = subprocess.run([sys.executable, "manage.py", "firewall", "workspace", "approve"], env=env,
+                         cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.strip() == ("CommandError: the database has no rules_app_workspacetrust table yet: "
+                                  "run `python manage.py migrate` first")

@@ -37,6 +37,9 @@ class Command(BaseCommand):
                 data = tomllib.load(fh)
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise CommandError(f"cannot read {path}: {exc}")
+        if not data:  # blank or comments alone: more likely a write caught half-way than a wish to drop the rows
+            raise CommandError(f"{path}: the file is empty; nothing was changed (to remove the issuers and "
+                               f"caller defaults it imported, import a file that says `[web.auth]` alone)")
         try:
             auth = config.web_auth_parse(data)
         except config.ConfigError as exc:

@@ -495,6 +495,8 @@ class NotesChatEngine(ChatEngine):
     """
 
     supports_tools = False
+    # it quotes the notes whatever it is asked: /refine and translation do not ask it (registry.profile_follows_prompts)
+    follows_prompts = False
 
     def __init__(self, config: Optional[Dict[str, Any]] = None):
         super().__init__(config)

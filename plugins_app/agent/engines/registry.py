@@ -101,6 +101,13 @@ def profile_hears_audio(profile) -> bool:
     return isinstance(cls, type) and issubclass(cls, MultimodalChatEngine)  # (an entry point may be a factory)
 
 
+def profile_follows_prompts(profile) -> bool:
+    """Whether the profile's engine does what a prompt asks (rewrite this, translate that), rather than
+    answer from somewhere else whatever it is asked: the offline notes engine quotes notes (its class says
+    `follows_prompts = False`). Raises LookupError when its engine is not installed."""
+    return bool(getattr(engine_class(profile.provider), "follows_prompts", True))
+
+
 def engine_for_profile(profile) -> object:
     key = (profile.pk, profile.updated_at, profile.provider)
     with _lock:

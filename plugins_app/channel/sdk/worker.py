@@ -50,6 +50,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ugent_common.loglevel import log_level_name
+
 from .client import CallCancelled, CallTimeout, ConnectionLost, RpcClient, connect_with_retry
 from .jsonrpc import (DEFAULT_MAX_FRAME_BYTES, HOST_UNAVAILABLE, INVALID_PARAMS, MEDIA_TOO_LARGE, UNKNOWN_DELIVERY,
                       RPCError)
@@ -546,7 +548,11 @@ class ChannelWorker:
     @classmethod
     def main(cls, **kwargs: Any) -> None:
         """Entry point for a worker executable: log to stderr, die with the parent, run, exit with run()'s code."""
-        logging.basicConfig(level=os.environ.get("UGENT_LOG_LEVEL", "INFO"),
+        try:  # the daemon's rule (ugent_common/logs.py): any level name logging knows, any case, empty = INFO
+            level = log_level_name(os.environ.get("UGENT_LOG_LEVEL"))
+        except ValueError as exc:
+            sys.exit(f"{cls.__name__}: {exc}")
+        logging.basicConfig(level=level,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         # httpx logs each request's URL at INFO, and platforms put tokens in URLs (Telegram's Bot API, WeCom's
         # access_token, signed download links): keep them out of the log, and the log about the worker

@@ -13,9 +13,10 @@ from __future__ import annotations
 import signal
 import threading
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from plugins_app.channel.runtime import PluginRuntime
+from plugins_app.channel.supervisor import SupervisorAlreadyRunning
 
 
 class Command(BaseCommand):
@@ -25,10 +26,14 @@ class Command(BaseCommand):
         parser.add_argument("--interval", type=float, default=None, help="Seconds between supervisor steps.")
 
     def handle(self, *args, **opts):
+        runtime = PluginRuntime(interval=opts["interval"])
+        try:  # the pid directory's lock first: a second supervisor says so in one line, having started nothing
+            runtime.supervisor.start()
+        except SupervisorAlreadyRunning as exc:
+            raise CommandError(f"{exc}: one supervisor runs per pid directory; this one did not start") from None
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())
-        runtime = PluginRuntime(interval=opts["interval"])
         self.stdout.write("plugin supervisor running")
         self.stdout.flush()
         runtime.run(stop)

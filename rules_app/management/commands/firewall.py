@@ -27,6 +27,9 @@ class Command(BaseCommand):
 
     def handle(self, *args, **opts):
         from rules_app import selectors, services
+        from rules_app.models import WorkspaceTrust
+        from ugent_common.dbconn import tables_required
+        tables_required(WorkspaceTrust)
         workspace = opts["workspace"] or str(conf.workspace())
         key = selectors.workspace_key(workspace)
         verb = opts["verb"]

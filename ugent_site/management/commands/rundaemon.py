@@ -16,7 +16,7 @@ from contextlib import ExitStack
 import uvicorn
 from django.conf import settings
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 log = logging.getLogger("ugent.daemon")
 #: How long open requests (an SSE stream never ends by itself) may run on after SIGTERM/SIGINT.
@@ -46,6 +46,7 @@ class Command(BaseCommand):
         if cpus is not None:
             log.info("threads kept on CPU %s (UGENT_CPU_AFFINITY=%s)", ",".join(map(str, sorted(cpus))),
                      settings.UGENT_CPU_AFFINITY)
+        self.ensure_operator_key()  # first: a key file it cannot make stops it before anything starts
         if not opts["no_migrate"]:
             call_command("migrate", interactive=False, verbosity=0)
         from ugent_site.staticfiles import static_collect_if_changed
@@ -57,7 +58,6 @@ class Command(BaseCommand):
         # Engine discovery and the notes index, in the background beside the rest of the start-up.
         from plugins_app.agent.warm import warm_start
         warming = warm_start()
-        self.ensure_operator_key()
         from channels_app.streams import retention_schedule_ensure
         retention_schedule_ensure()
         interrupted = turns_recover_interrupted()
@@ -108,16 +108,16 @@ class Command(BaseCommand):
             self.stdout.write("No admin account yet. Create one with:\n  python manage.py createsuperuser")
 
     def ensure_operator_key(self):
-        """A fresh install gets an operator key of its own, kept in var/ (mode 0600)."""
+        """A fresh install gets an operator key of its own, kept in var/ (mode 0600); a key file that is
+        empty, or whose directory is missing, is a one-line error naming it."""
         if settings.UGENT_WEB_API_KEY:
             return
-        import os
-        import secrets
-        key = "ugk_" + secrets.token_urlsafe(32)
+        from ugent_site.operator_key import OperatorKeyError, operator_key_create
         path = settings.UGENT_WEB_API_KEY_FILE
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(key + "\n")
+        try:
+            key = operator_key_create(path=path)
+        except OperatorKeyError as exc:
+            raise CommandError(str(exc)) from None
         settings.UGENT_WEB_API_KEY = key
         self.stdout.write(f"Generated an operator API key (kept in {path}):\n  {key}")
 
