@@ -250,7 +250,7 @@ def last_user_file_ids(messages: list) -> list[str]:
     return ids
 
 
-#: What the chat view learns on its accept thread, for the request's log line (contextvars follow sync_to_async).
+#: What the chat view learns on its accept thread, for the request's log line (contextvars follow it there).
 _request_note: contextvars.ContextVar[dict | None] = contextvars.ContextVar("ugent_request_note", default=None)
 
 
@@ -295,6 +295,30 @@ def _close_accepted_waiter(accepting: asyncio.Future) -> None:
     waiter = None if accepting.cancelled() or accepting.exception() else accepting.result()[3]
     if waiter is not None:
         waiter.close()
+
+
+def _mark_accepted(request, turn_id: str) -> None:
+    """Accepted: any answer from here on must not invite a resend (ugent_site.api_handler reads the mark)."""
+    if hasattr(request, "scope"):  # an ASGI request (the test client's WSGI request has no scope)
+        request.scope[services.ACCEPTED_TURN_SCOPE_KEY] = turn_id
+
+
+async def _accept_settled(accepting: asyncio.Future, request) -> None:
+    """The request was cancelled (the client left, the server stops) while its message was being accepted:
+    wait for the accept to end on its thread (each of its writes is bounded by the database's busy timeout)
+    and, if it took the message, mark the request accepted, so the answer to the cancel says not to resend.
+    The turn's waiter must not outlive this request."""
+    accepting.add_done_callback(_close_accepted_waiter)
+    while not accepting.done():
+        try:
+            await asyncio.wait([accepting])
+        except asyncio.CancelledError:  # asyncio.run cancels every task again once the server has stopped
+            continue
+    if accepting.cancelled() or accepting.exception() is not None:
+        return
+    _data, result, refused, _waiter = accepting.result()
+    if refused is None and not isinstance(result, dict):  # a turn, not a question reply
+        _mark_accepted(request, result.turn.turn_id)
 
 
 def _submit(principal, data: dict, on_turn=None):
@@ -451,15 +475,15 @@ class ChatCompletionApi(View):
     async def _post(self, request):
         try:
             payload = json_object_parse(request.body)
-            # One hop to a worker thread for the key, the checks and the message.
-            accepting = asyncio.ensure_future(sync_to_async(_accept, thread_sensitive=False)(
-                request.headers, payload, asyncio.get_running_loop()))
+            # One hop to a worker thread for the key, the checks and the message: a plain future, not a
+            # task, as a server's shutdown cancels every task and the accept's outcome must outlive that.
+            loop = asyncio.get_running_loop()
+            accepting = loop.run_in_executor(None, contextvars.copy_context().run, _accept,
+                                             request.headers, payload, loop)
             try:
                 data, result, refused, waiter = await asyncio.shield(accepting)
             except asyncio.CancelledError:
-                # The client left (or the server stops) while the message was being accepted: the
-                # accept still finishes on its thread, and its waiter must not outlive this request.
-                accepting.add_done_callback(_close_accepted_waiter)
+                await _accept_settled(accepting, request)
                 raise
         except ApplicationError as exc:
             return error_response(exc)
@@ -471,9 +495,7 @@ class ChatCompletionApi(View):
         if isinstance(result, dict):  # a question reply: no turn ran
             return _reply_response(result, stream, data.get("model") or "")
         turn = result.turn
-        # Accepted: any answer from here on must not invite a resend (ugent_site.api_handler reads it too).
-        if hasattr(request, "scope"):  # an ASGI request (the test client's WSGI request has no scope)
-            request.scope[services.ACCEPTED_TURN_SCOPE_KEY] = turn.turn_id
+        _mark_accepted(request, turn.turn_id)
         renderer = ChunkRenderer(turn_id=turn.turn_id, model=turn.model or (data.get("model") or ""),
                                  created=int(time.time()),
                                  include_tool_events=data["ugent_include_tool_events"],

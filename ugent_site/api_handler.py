@@ -273,8 +273,8 @@ async def _ended_on_cancel(api_app, scope, receive, send):
     an event stream never ends by itself), end the response properly instead of leaving it cut.
 
     A stream gets its last chunk (its client resumes from the durable log, by cursor); a request that
-    had not answered yet gets a 503 it may retry (the message, if accepted, answers the retry as a
-    duplicate naming its turn)."""
+    had not answered yet gets a 503: one it may retry, or, if its message was accepted (the chat view
+    marks the scope, waiting for an accept the cancel interrupted), one naming the turn, not to resend."""
     state = {"started": False, "done": False}
 
     async def tracked(message):

@@ -219,6 +219,69 @@ def test_requests_still_open_when_the_daemon_stops_end_properly(tmp_path):
     assert codes == [0], codes
 
 
+@pytest.mark.skipif(bool(__import__("os").environ.get("REDIS_URL")),
+                    reason="holds SQLite's write lock; servers mode: uvicorn's own CLI re-raises SIGTERM")
+def test_a_message_accepted_while_the_daemon_stops_is_answered_as_accepted_and_not_resent(tmp_path):
+    """SIGTERM while a non-stream chat message is being accepted (another writer holds the database, so
+    the accept waits on it), and the accept ends after the shutdown's grace cancelled the request: the
+    answer waits for it and is the 503 naming its turn, with x-should-retry: false, so the official client
+    (max_retries=2) sends nothing again, and the message has one turn."""
+    import sqlite3
+    import threading
+    from tests.support.daemon import Daemon
+    d = Daemon(tmp_path).start()
+    marker = f"acc-{uuid.uuid4().hex[:8]}"
+    sent = []
+    http = httpx.Client(timeout=60, event_hooks={"request": [sent.append]})
+    client = openai.OpenAI(base_url=d.base + "/v1", api_key=d.key, max_retries=2, http_client=http)
+    outcome = {}
+
+    def plain():
+        try:
+            client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": marker}],
+                                           extra_body={"conversation_id": marker})
+        except Exception as exc:
+            outcome["error"] = exc
+
+    lock = sqlite3.connect(tmp_path / "var" / "ugent.sqlite3", timeout=30, isolation_level=None)
+    try:
+        lock.execute("BEGIN IMMEDIATE")  # another writer holds the database (a long transaction, a backup)
+        asker = threading.Thread(target=plain)
+        asker.start()
+        deadline = time.monotonic() + 10
+        while not sent and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # the request reaches the accept, which waits on the lock
+        for p in d.procs:
+            p.send_signal(__import__("signal").SIGTERM)
+        log = tmp_path / "daemon.log"
+        deadline = time.monotonic() + 20  # the shutdown's grace (3 s), then it cancels the request
+        while "timeout graceful shutdown exceeded" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "timeout graceful shutdown exceeded" in log.read_text()
+        lock.execute("COMMIT")  # the accept goes on and takes the message
+        asker.join(40)
+        codes = [p.wait(40) for p in d.procs]  # (d.stop would signal it a second time)
+    finally:
+        lock.close()
+        d.close()
+        http.close()
+    exc = outcome.get("error")
+    assert isinstance(exc, openai.APIStatusError), repr(exc)
+    assert exc.status_code == 503 and exc.code == "server_shutting_down", exc.response.text
+    assert exc.response.headers.get("x-should-retry") == "false"
+    turn_id = exc.response.headers.get("x-ugent-turn-id")
+    assert turn_id and turn_id in exc.message
+    assert len(sent) == 1  # no resend
+    turns = d.sql("select turn_id from channels_app_turn where conversation_id in "
+                  "(select id from channels_app_conversation where external_id = ?)", (marker,))
+    assert turns == [(turn_id,)]
+    assert sum(1 for c in d.scripted_calls() if marker in c) <= 1
+    log = (tmp_path / "daemon.log").read_text()
+    assert "Exception in ASGI application" not in log and "never retrieved" not in log
+    assert codes == [0], codes
+
+
 def test_openai_client_parses_a_stream_carrying_tool_and_citation_events(client, daemon):
     """A turn that calls a real tool (the built-in workspace toolbox) with ugent_include_tool_events, and
     cites evidence the request supplied: the official client reads it chunk by chunk without error, the

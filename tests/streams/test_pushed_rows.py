@@ -250,9 +250,9 @@ def test_a_request_cancelled_while_its_message_is_accepted_lets_go_of_the_turns_
         while not made:
             await asyncio.sleep(0.01)
         view.cancel()
+        release.set()  # (the cancelled view waits for the accept to end: api._accept_settled)
         with pytest.raises(asyncio.CancelledError):
             await view
-        release.set()
         for _ in range(200):
             if made[0].topic not in notify._waiters:
                 return True
