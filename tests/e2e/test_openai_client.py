@@ -141,8 +141,8 @@ def test_the_daemon_stops_cleanly_on_sigterm(tmp_path):
                        json={"messages": [{"role": "user", "content": "hi"}], "model": "scripted"}, timeout=30)
         assert r.status_code == 200
         codes = d.stop()
-        if d.servers:  # uvicorn's CLI re-raises SIGTERM once it has shut down; the worker exits 0
-            assert all(c in (0, -15) for c in codes), codes
+        if d.servers:  # the Celery worker (and beat) and runweb each shut down and exit 0
+            assert len(codes) >= 2 and set(codes) == {0}, codes
         else:  # rundaemon shuts down in order (turn threads, worker, beat, channel workers) and exits 0
             assert codes == [0], codes
             log = (tmp_path / "daemon.log").read_text()
@@ -165,8 +165,6 @@ def test_keep_alives_are_comment_lines_the_client_ignores(daemon, client):
     assert "".join(c.choices[0].delta.content or "" for c in stream) == "still fine"
 
 
-@pytest.mark.skipif(bool(__import__("os").environ.get("REDIS_URL")),
-                    reason="rundaemon's shutdown: uvicorn's own CLI re-raises SIGTERM before cancelled requests end")
 def test_requests_still_open_when_the_daemon_stops_end_properly(tmp_path):
     """SIGTERM with a stream and a non-stream request open: after the grace the stream gets its last chunk
     (the client resumes from the log) and the waiting request a 503 that says its message was accepted,
@@ -216,17 +214,28 @@ def test_requests_still_open_when_the_daemon_stops_end_properly(tmp_path):
     log = (tmp_path / "daemon.log").read_text()
     assert "Exception in ASGI application" not in log and "never retrieved" not in log
     assert "returned without" not in log
-    assert codes == [0], codes
+    assert codes and set(codes) == {0}, codes  # every process (rundaemon; runweb and the worker) exited 0
 
 
-@pytest.mark.skipif(bool(__import__("os").environ.get("REDIS_URL")),
-                    reason="holds SQLite's write lock; servers mode: uvicorn's own CLI re-raises SIGTERM")
+def _writer_holding_the_turns(d, tmp_path):
+    """Another connection in a transaction that keeps every new turn waiting until its commit()."""
+    if d.servers:
+        import psycopg
+        conn = psycopg.connect(d.env["DATABASE_URL"])
+        conn.execute("LOCK TABLE channels_app_turn IN EXCLUSIVE MODE")  # reads go on, writes wait
+        return conn
+    import sqlite3
+    conn = sqlite3.connect(tmp_path / "var" / "ugent.sqlite3", timeout=30, isolation_level=None)
+    conn.execute("BEGIN IMMEDIATE")  # commit() ends it: sqlite3 commits whatever transaction is open
+    return conn
+
+
 def test_a_message_accepted_while_the_daemon_stops_is_answered_as_accepted_and_not_resent(tmp_path):
     """SIGTERM while a non-stream chat message is being accepted (another writer holds the database, so
     the accept waits on it), and the accept ends after the shutdown's grace cancelled the request: the
     answer waits for it and is the 503 naming its turn, with x-should-retry: false, so the official client
-    (max_retries=2) sends nothing again, and the message has one turn."""
-    import sqlite3
+    (max_retries=2) sends nothing again, and the message has one turn. Embedded: rundaemon, SQLite's
+    write lock; servers: runweb, a PostgreSQL lock on the turns table."""
     import threading
     from tests.support.daemon import Daemon
     d = Daemon(tmp_path).start()
@@ -243,9 +252,8 @@ def test_a_message_accepted_while_the_daemon_stops_is_answered_as_accepted_and_n
         except Exception as exc:
             outcome["error"] = exc
 
-    lock = sqlite3.connect(tmp_path / "var" / "ugent.sqlite3", timeout=30, isolation_level=None)
+    lock = _writer_holding_the_turns(d, tmp_path)  # a long transaction, a backup
     try:
-        lock.execute("BEGIN IMMEDIATE")  # another writer holds the database (a long transaction, a backup)
         asker = threading.Thread(target=plain)
         asker.start()
         deadline = time.monotonic() + 10
@@ -259,9 +267,11 @@ def test_a_message_accepted_while_the_daemon_stops_is_answered_as_accepted_and_n
         while "timeout graceful shutdown exceeded" not in log.read_text() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert "timeout graceful shutdown exceeded" in log.read_text()
-        lock.execute("COMMIT")  # the accept goes on and takes the message
+        lock.commit()  # the accept goes on and takes the message
         asker.join(40)
         codes = [p.wait(40) for p in d.procs]  # (d.stop would signal it a second time)
+        turns = d.sql("select turn_id from channels_app_turn where conversation_id in "
+                      "(select id from channels_app_conversation where external_id = ?)", (marker,))
     finally:
         lock.close()
         d.close()
@@ -273,13 +283,11 @@ def test_a_message_accepted_while_the_daemon_stops_is_answered_as_accepted_and_n
     turn_id = exc.response.headers.get("x-ugent-turn-id")
     assert turn_id and turn_id in exc.message
     assert len(sent) == 1  # no resend
-    turns = d.sql("select turn_id from channels_app_turn where conversation_id in "
-                  "(select id from channels_app_conversation where external_id = ?)", (marker,))
     assert turns == [(turn_id,)]
     assert sum(1 for c in d.scripted_calls() if marker in c) <= 1
     log = (tmp_path / "daemon.log").read_text()
     assert "Exception in ASGI application" not in log and "never retrieved" not in log
-    assert codes == [0], codes
+    assert codes and set(codes) == {0}, codes
 
 
 def test_openai_client_parses_a_stream_carrying_tool_and_citation_events(client, daemon):

@@ -30,9 +30,11 @@ from tests.support.workers import static_root
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
-#: The servers-mode web process as the README runs it.
-UVICORN_ARGS = ["--loop", "uvloop", "--http", "httptools", "--lifespan", "off", "--no-access-log",
-                "--no-server-header", "--no-proxy-headers", "--timeout-graceful-shutdown", "3"]
+
+
+def web_command(port: int) -> list[str]:
+    """The servers-mode web process as docs/deploy.md runs it (from the checkout's root)."""
+    return [PY, "manage.py", "runweb", "--bind", "127.0.0.1", "--port", str(port)]
 
 
 def _ephemeral_low() -> int:
@@ -268,8 +270,7 @@ class Daemon:
                      "-S", "django_celery_beat.schedulers:DatabaseScheduler"],
                     cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
             self.procs.append(subprocess.Popen(
-                [PY, "-m", "uvicorn", *UVICORN_ARGS, "--host", "127.0.0.1", "--port", str(self.port),
-                 "ugent_site.asgi:application"],
+                web_command(self.port),
                 cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
         else:
             self.procs.append(subprocess.Popen(

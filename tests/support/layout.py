@@ -38,7 +38,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-from tests.support.daemon import PY, UVICORN_ARGS, free_port  # noqa: E402
+from tests.support.daemon import PY, free_port, web_command  # noqa: E402
 from tests.support.workers import static_root  # noqa: E402
 
 PG_CLUSTER = os.environ.get("UGENT_LAYOUT_PG_CLUSTER", "ugentlayout")
@@ -273,8 +273,7 @@ class Layout:
         return self
 
     def spawn_web(self, name: str) -> subprocess.Popen:
-        return self._spawn(name, [PY, "-m", "uvicorn", *UVICORN_ARGS, "--host", "127.0.0.1",
-                                  "--port", str(self.web_ports[name]), "ugent_site.asgi:application"])
+        return self._spawn(name, web_command(self.web_ports[name]))
 
     def spawn_worker(self, name: str) -> subprocess.Popen:
         env = {**self.env, "UGENT_SCRIPTED_LOG": str(self.scripted_log(name))}

@@ -2,10 +2,11 @@
 
     python manage.py rundaemon [--bind 127.0.0.1] [--port 8787] [--no-migrate]
 
-The ASGI server is uvicorn (httptools, uvloop): on the chat bench it costs about
-half of what daphne's Twisted HTTP stack did per request (docs/performance.md).
-SIGTERM/SIGINT stop it (open streams get SHUTDOWN_GRACE_SECONDS to end; clients
-resume them from the durable log); the worker and beat then drain and stop.
+The ASGI server is uvicorn (httptools, uvloop; ugent_site/webserver.py, as `runweb`
+runs it in servers mode): on the chat bench it costs about half of what daphne's
+Twisted HTTP stack did per request (docs/performance.md). SIGTERM/SIGINT stop it
+(open streams get webserver.SHUTDOWN_GRACE_SECONDS to end; clients resume them
+from the durable log); the worker and beat then drain and stop.
 """
 from __future__ import annotations
 
@@ -13,14 +14,11 @@ import logging
 import threading
 from contextlib import ExitStack
 
-import uvicorn
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 log = logging.getLogger("ugent.daemon")
-#: How long open requests (an SSE stream never ends by itself) may run on after SIGTERM/SIGINT.
-SHUTDOWN_GRACE_SECONDS = 3
 
 
 class Command(BaseCommand):
@@ -153,26 +151,8 @@ class Command(BaseCommand):
         return beat
 
     def run_http(self, bind: str, port: int):
-        """uvicorn on the settings' logging (log_config=None). No X-Forwarded-* rewriting: a proxy in
-        front is the operator's to configure, as with daphne, which never trusted them. WebSockets (the
-        live call, /v1/ugent/live) through the websockets package's sans-I/O protocol (what --ws auto
-        picks; uvicorn's "websockets" is its deprecated legacy one)."""
-        from ugent_site.asgi import application
-        config = uvicorn.Config(application, host=bind, port=port, loop="uvloop", http="httptools",
-                                ws="websockets-sansio",
-                                lifespan="off", access_log=False, log_config=None, log_level="warning",
-                                server_header=False, proxy_headers=False,
-                                timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS)
-        _Server(config).run()
-
-
-class _Server(uvicorn.Server):
-    """uvicorn's server, minus re-raising SIGTERM/SIGINT once it has shut down: that would end the
-    process before rundaemon stops its turn threads, worker, beat and channel workers."""
-
-    def handle_exit(self, sig, frame):
-        super().handle_exit(sig, frame)
-        self._captured_signals.clear()
+        from ugent_site.webserver import serve
+        serve(bind, port)
 
 
 def _quietly(stop, what):
