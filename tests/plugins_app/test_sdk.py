@@ -971,6 +971,41 @@ def test_a_message_the_host_never_answers_while_it_answers_others_stops_holding_
     assert row.state == PENDING and row.attempts >= 3 and len(hung) >= 3  # still owed, still tried
 
 
+def test_a_message_the_host_hangs_on_stops_holding_its_chat_with_nothing_else_under_way(tmp_path, monkeypatch):
+    """The same hang with the default heartbeat (30 s) and long-polls, and one chat: nothing else is answered inside
+    a submit's window, so only the heartbeat the worker sends after a timed-out submit (its probe) shows the host is
+    there. Each try counts, and the chat's later message reaches the host after HOLD_ATTEMPTS of them."""
+    from plugins_app.channel.sdk import worker as worker_module
+    monkeypatch.setattr(worker_module, "HOLD_ATTEMPTS", 3)
+    with MockBridge("test-plugin", heartbeat_secs=30.0, max_in_flight=8, max_retries=2) as quiet:
+        real_submit = quiet.hub.submit_inbound
+        hung: list[str] = []
+
+        async def hub(plugin_id, msg):
+            if msg.message_id == "m-1":
+                hung.append(msg.message_id)
+                await _never_answered()
+            return await real_submit(plugin_id, msg)
+
+        quiet.hub.submit_inbound = hub
+        worker = FileChannelWorker(**quiet.worker_kwargs(sends=tmp_path / "sends.txt", state_dir=str(tmp_path / "s"),
+                                                         call_timeout_secs=0.3, poll_timeout_secs=30.0))
+        running = Running(worker)
+        try:
+            quiet.wait_for(lambda: quiet.hellos)
+            beats = quiet.heartbeats
+            first = worker.submit(message("m-1"))
+            assert first.queued and first.reason  # a failed try (the probe was answered), not the host away
+            assert quiet.heartbeats == beats + 1  # the probe
+            for _ in range(3):
+                worker.submit(message("m-2"))  # each tries m-1 first while it holds its chat
+            quiet.wait_for(lambda: "m-2" in [m.message_id for m in quiet.submits], timeout=10)
+            row = worker.outbox.inbound_get(message("m-1").key)
+            assert row.state == PENDING and row.attempts >= 3  # still owed, still tried
+        finally:
+            running.stop()
+
+
 def test_a_host_that_answers_nothing_counts_no_timed_out_try_and_a_chat_keeps_its_order(bridge, start_worker,
                                                                                          monkeypatch):
     """No answer to anything (submits, heartbeats, polls) is the host away, not a failure of the message: however many

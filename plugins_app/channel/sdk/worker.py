@@ -115,6 +115,9 @@ class MediaNotReady(Exception):
 #: too. A host that cannot answer at all (unreachable, no answer to anything in time, or -32006: its database down)
 #: fails no message: its chats' messages wait, in order, however long it lasts.
 HOLD_ATTEMPTS = 10
+#: How long the heartbeat that follows a timed-out submit (``_host_probe``) waits: a host that is there answers a beat
+#: in milliseconds; one slower than this is taken as away, which keeps the message holding its chat (the safe side).
+PROBE_TIMEOUT_SECS = 2.0
 
 _NO_LINKS = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S+")
 
@@ -747,9 +750,12 @@ class ChannelWorker:
             self.log.warning("inbound.submit failed, will retry: %s", exc)
             return SubmitResult(False, queued=True, reason=exc.message)
         except CallTimeout as exc:
+            if sent_at is not None and not client.last_response_at > sent_at:
+                self._host_probe(client)  # nothing else was answered meanwhile: ask the host whether it is there
             if sent_at is not None and client.last_response_at > sent_at:
-                # The host answered other calls (a heartbeat, another chat's submit) while this one got no answer:
-                # it is there and hangs on this message, which must not hold its chat for ever: the try counts.
+                # The host answered other calls (a heartbeat, another chat's submit, the probe) while this one got
+                # no answer: it is there and hangs on this message, which must not hold its chat for ever: the try
+                # counts.
                 self.log.warning("inbound.submit of %s timed out while the host answered other calls: counted as "
                                  "a failed try", key)
                 return SubmitResult(False, queued=True, reason=f"{exc} while the host answered other calls")
@@ -763,6 +769,17 @@ class ChannelWorker:
         self._outbox().inbound_acked(key, result)  # (closed meanwhile: owed, and the host answers a repeat duplicate)
         return SubmitResult(bool(result.get("accepted")), duplicate=bool(result.get("duplicate")),
                             reason=result.get("reason"))
+
+    def _host_probe(self, client: RpcClient) -> None:
+        """One heartbeat after a submit timed out with no other call answered meanwhile: a host that answers it (not
+        with -32006) is there and hangs on that message alone, which ``client.last_response_at`` then says; one that
+        answers nothing within ``PROBE_TIMEOUT_SECS`` (or the call timeout, if shorter) is away. Without it, whether
+        a hung submit counted depended on whether a beat, a poll or another chat's submit happened to be answered
+        inside its window, and with the default timings such a message held its chat for minutes."""
+        try:
+            client.call("heartbeat", {"stats": self.stats()}, timeout=min(self.call_timeout_secs, PROBE_TIMEOUT_SECS))
+        except (RPCError, ConnectionLost, CallTimeout, OSError):
+            pass
 
     def _attempt_undone(self, key: str) -> None:
         """Take back the try counted for a call the host never served; if the worker closed its outbox meanwhile
