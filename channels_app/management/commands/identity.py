@@ -26,6 +26,9 @@ class Command(BaseCommand):
         sub.add_parser("export", help="Write the issuers and caller defaults out as ugent.toml tables.")
 
     def handle(self, *args, **opts):
+        from ugent_common.dbconn import tables_required
+        from channels_app.models import CallerDefaults, Issuer
+        tables_required(Issuer, CallerDefaults)
         if opts["action"] == "export":
             self.stdout.write(federation.identity_toml_render(federation.identity_config_export()), ending="")
             return

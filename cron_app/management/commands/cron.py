@@ -35,6 +35,8 @@ class Command(BaseCommand):
         st.add_argument("--json", action="store_true")
 
     def handle(self, *args, **opts):
+        from ugent_common.dbconn import tables_required
+        tables_required("cron_app")
         return getattr(self, f"do_{opts['action']}")(opts)
 
     def do_import(self, opts):

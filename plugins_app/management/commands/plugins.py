@@ -45,6 +45,8 @@ class Command(BaseCommand):
                 p.add_argument("--no-input", action="store_true", help="No questions: from the global file.")
 
     def handle(self, *args, **opts):
+        from ugent_common.dbconn import tables_required
+        tables_required(Plugin, PluginSecret)
         return getattr(self, f"do_{opts['action']}")(opts)
 
     # --- import / export / status ---------------------------------------------------------
