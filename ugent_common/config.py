@@ -361,8 +361,18 @@ def web_auth_error() -> str:
 
 
 def web_auth_check() -> None:
-    """At start: [web.auth] as written now, or ConfigError naming what is wrong."""
-    web_auth_parse(_read(config_path()))
+    """At start: ugent.toml as written now, or ConfigError naming what is wrong: the file, when it cannot be
+    read or does not parse (tomllib's line and column), else [web.auth]'s first bad key. An empty file passes:
+    at start it is no [web.auth], as the running process takes it."""
+    path = config_path()
+    if path and path.exists():
+        try:
+            tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path} does not parse: {exc}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path} could not be read: {exc}") from None
+    web_auth_parse(_read(path))
 
 
 # --- keys -------------------------------------------------------------------------------------
