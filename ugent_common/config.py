@@ -166,6 +166,13 @@ class ConfiguredKey:
 
 # --- the file ---------------------------------------------------------------------------------
 
+def ugent_home() -> Path:
+    """The directory whose `.ugent/` holds an operator's own rules.toml, routing.toml and plugins.toml:
+    UGENT_HOME, else the user's home. Read when used, so a changed setting moves all three."""
+    value = getattr(settings, "UGENT_HOME", "")
+    return Path(value).expanduser() if value else Path.home()
+
+
 def config_path() -> Path | None:
     if settings.UGENT_CONFIG:
         return Path(settings.UGENT_CONFIG)
