@@ -24,15 +24,17 @@ from django.core.management import ManagementUtility
 class Hung(Exception):
     pass
 
+ALARM = int(sys.argv[2]) if len(sys.argv) > 2 else 20
+
 def hung(*_):
-    raise Hung("still running after 20 s")
+    raise Hung(f"still running after {ALARM} s")
 
 signal.signal(signal.SIGALRM, hung)
 results = []
 for argv in json.loads(sys.argv[1]):
     err, out = io.StringIO(), io.StringIO()
     code = 0
-    signal.alarm(20)
+    signal.alarm(ALARM)
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
             ManagementUtility(["manage.py", *argv]).execute()
@@ -93,3 +95,21 @@ def test_a_migrated_database_has_every_table_the_commands_ask_for():
     from ugent_common.dbconn import tables_required
     tables_required(*apps.get_models())
     tables_required("cron_app", "rules_app", "plugins_app", "channels_app")
+
+
+def test_a_database_that_cannot_be_reached_is_one_line_and_the_supervisor_waits_for_it(tmp_path):
+    """PostgreSQL not up (nothing listens on its port): a command says so in one line; runsupervisor, started at boot
+    beside the database, goes on and waits for it (its loop keeps the current workers) rather than exiting."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("DJANGO_", "PYTEST", "UGENT_")) and k not in ("REDIS_URL", "DATABASE_URL")}
+    env.update(UGENT_VAR_DIR=str(tmp_path / "var"), UGENT_CPU_AFFINITY="off", DJANGO_SETTINGS_MODULE="ugent_site.settings",
+               DATABASE_URL="postgres://root@127.0.0.1:1/nowhere")
+    commands = [["cron", "status"], ["runsupervisor"]]
+    out = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(commands), "5"], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    cron, supervisor = json.loads(out.stdout.strip().splitlines()[-1])
+    lines = cron["stderr"].strip().splitlines()
+    assert cron["code"] == 1 and len(lines) == 1, lines[-5:]
+    assert lines[0].startswith("CommandError: cannot reach the database: ") and "127.0.0.1" in lines[0], lines
+    assert supervisor["code"] == 1 and "Hung: still running after 5 s" in supervisor["stderr"], supervisor["stderr"][-2000:]

@@ -27,7 +27,8 @@ class Command(BaseCommand):
 
     def handle(self, *args, **opts):
         from ugent_common.dbconn import tables_required
-        tables_required("plugins_app")  # else its loop logged "no such table" every step, forever
+        # else its loop logged "no such table" every step, forever; a database not up yet is waited for, as before
+        tables_required("plugins_app", unreachable_ok=True)
         runtime = PluginRuntime(interval=opts["interval"])
         try:  # the pid directory's lock first: a second supervisor says so in one line, having started nothing
             runtime.supervisor.start()
