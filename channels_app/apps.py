@@ -19,8 +19,9 @@ class ChannelsAppConfig(AppConfig):
 
 
 def web_auth_check(app_configs=None, **kwargs):
-    """ugent.toml's [web.auth] as written: a key the daemon does not understand stops every manage.py
-    command that runs checks (rundaemon, runsupervisor), naming the key, rather than being ignored."""
+    """ugent.toml as written: a file that does not parse (named, with the line), or a [web.auth] key the daemon
+    does not understand, stops every manage.py command that runs checks (rundaemon, runsupervisor), naming
+    it, rather than being ignored."""
     from ugent_common import config
     try:
         config.web_auth_check()

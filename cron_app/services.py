@@ -958,6 +958,7 @@ def cron_file_sync(*, path: str, text: Optional[str] = None) -> dict:
     {"state": "refused" | "missing", "reason"}: then nothing changed. A file with nothing in it (blank, or
     comments alone) is refused (parse_cron_toml says so for every import)."""
     from cron_app.tomlio import CronConfigError, parse_cron_toml
+    from ugent_common.config import EmptyFileError
     if text is None:
         try:
             with open(path, encoding="utf-8") as fh:
@@ -971,7 +972,7 @@ def cron_file_sync(*, path: str, text: Optional[str] = None) -> dict:
         return {"state": "unchanged"}
     try:
         config = parse_cron_toml(text)
-    except CronConfigError as exc:
+    except (CronConfigError, EmptyFileError) as exc:
         return {"state": "refused", "reason": str(exc)}
     with transaction.atomic():
         CronSettings.objects.get_or_create(pk=1)

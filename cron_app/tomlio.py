@@ -18,6 +18,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, fie
 from pydantic_core import PydanticCustomError
 
 from cron_app.schedule import ScheduleError, parse_schedule, parse_timezone
+from ugent_common.config import toml_refuse_empty
 from ugent_common.validation import first_error, first_repeat, one_of
 
 OVERLAPS = ("skip", "queue", "allow")
@@ -138,20 +139,16 @@ class CronFileSpec(BaseModel):
     jobs: list[JobSpec] = []
 
 
-CRON_FILE_EMPTY = "the file is empty"
-
-
-def parse_cron_toml(text: str) -> dict:
-    """The checked config of a cron.toml's text; raises CronConfigError. A text with nothing in it (blank, or
-    comments alone) is refused, whoever imports it: more likely a write caught half-way than a wish to delete
-    every job, which `enabled = true` alone says."""
+def parse_cron_toml(text: str, *, source: str = "") -> dict:
+    """The checked config of a cron.toml's text; raises CronConfigError, or EmptyFileError (ugent_common.config)
+    for a text with nothing in it (blank, or comments alone), whoever imports it: more likely a write caught
+    half-way than a wish to delete every job, which `enabled = true` alone says. `source` names the file in
+    that refusal (without it the refusal is config.FILE_EMPTY alone)."""
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise CronConfigError(f"cron.toml does not parse: {exc}") from None
-    if not raw:
-        raise CronConfigError(CRON_FILE_EMPTY)
-    return check_config(raw)
+    return check_config(toml_refuse_empty(raw, source=source, remove="remove every job", says="enabled = true"))
 
 
 def check_config(raw: dict) -> dict:

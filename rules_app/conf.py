@@ -14,8 +14,6 @@ RULES_POLL_INTERVAL = settings.UGENT_RULES_POLL_INTERVAL
 RULES_HEARTBEAT_SECONDS = getattr(settings, "UGENT_RULES_HEARTBEAT_SECONDS", 10.0)
 #: Seconds a process trusts its routing table before it looks at routing.toml again.
 ROUTING_RECHECK_SECONDS = settings.UGENT_ROUTING_RECHECK_SECONDS
-#: The home directory whose ~/.ugent/ is the last discovery location ("" = the user's home).
-HOME = settings.UGENT_HOME
 
 
 def _setting(name: str, default):
@@ -27,8 +25,9 @@ def workspace() -> Path:
 
 
 def home() -> Path:
-    value = _setting("UGENT_HOME", HOME)
-    return Path(value) if value else Path.home()
+    """The home directory whose ~/.ugent/ is the last discovery location (ugent_common.config.ugent_home)."""
+    from ugent_common.config import ugent_home
+    return ugent_home()
 
 
 def rules_watch() -> bool:

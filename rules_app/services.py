@@ -18,6 +18,7 @@ from django.utils import timezone
 from rules_app import engine
 from rules_app.models import DecisionKind, LoadStatus, Rule, RuleSet, RuleSource, WorkspaceTrust
 from rules_app.selectors import workspace_key
+from ugent_common.config import EmptyFileError, toml_refuse_empty
 
 log = logging.getLogger("ugent.rules")
 
@@ -208,10 +209,10 @@ def rules_import(*, text: str, source: str = "<rules>", set_name: str = ADMIN_SE
         engine.parse_rules(text, source=source, check=False, log=False)
     except engine.RuleSetError as exc:
         raise RulesError(str(exc)) from None
-    doc = tomllib.loads(text)
-    if not doc:
-        raise RulesError(f"{source}: the file is empty; nothing was changed "
-                         f"(to empty the set, import a file that says `rules = []`)")
+    try:
+        doc = toml_refuse_empty(tomllib.loads(text), source=source, remove="empty the set", says="rules = []")
+    except EmptyFileError as exc:
+        raise RulesError(str(exc)) from None
     raw_rules = doc.get("rules", [])
     rs = rule_set_admin_ensure(name=set_name)
     rs.rules.all().delete()

@@ -10,6 +10,7 @@ it is needed (the vault's answer is kept a few seconds): a rotated key works wit
 """
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import re
@@ -165,6 +166,13 @@ class ConfiguredKey:
 
 # --- the file ---------------------------------------------------------------------------------
 
+def ugent_home() -> Path:
+    """The directory whose `.ugent/` holds an operator's own rules.toml, routing.toml and plugins.toml:
+    UGENT_HOME, else the user's home. Read when used, so a changed setting moves all three."""
+    value = getattr(settings, "UGENT_HOME", "")
+    return Path(value).expanduser() if value else Path.home()
+
+
 def config_path() -> Path | None:
     if settings.UGENT_CONFIG:
         return Path(settings.UGENT_CONFIG)
@@ -172,25 +180,68 @@ def config_path() -> Path | None:
     return candidate if candidate.exists() else None
 
 
+# --- a file with nothing in it ---------------------------------------------------------------
+
+FILE_EMPTY = "the file is empty"
+
+
+class EmptyFileError(ValueError):
+    """A TOML file with nothing in it (blank, or comments alone), refused wherever rows follow a file: more
+    likely a write caught half-way than a wish to remove every row, which a file saying `says` alone says.
+    str() is the refusal of an import ("<source>: the file is empty; nothing was changed (to <remove>, import a
+    file that says `<says>` alone)"; FILE_EMPTY alone without a source); `held` is its words where a running
+    process keeps the last good rows and nobody asked for an import."""
+
+    def __init__(self, source: str, *, remove: str, says: str, means: str = ""):
+        self.source, self.remove, self.says, self.means = source, remove, says, means
+        super().__init__(f"{source}: {FILE_EMPTY}; nothing was changed (to {remove}, import a file that says "
+                         f"`{says}` alone)" if source else FILE_EMPTY)
+
+    @property
+    def held(self) -> str:
+        return f"{self.source} is empty (blank or comments alone; `{self.says}` alone says {self.means})"
+
+
+def toml_refuse_empty(data: dict, *, source: str, remove: str, says: str, means: str = "") -> dict:
+    """`data`, a parsed TOML file, when it holds anything; EmptyFileError when it is blank or comments alone.
+    The one home of that rule: cron.toml's import, `rules import`, `identity import` and ugent.toml's reads
+    all call it, so the rows a file made are kept as they were."""
+    if not data:
+        raise EmptyFileError(source, remove=remove, says=says, means=means)
+    return data
+
+
+# --- ugent.toml, read ---------------------------------------------------------------------------
+
+class ReadKind(enum.Enum):
+    """What a read of ugent.toml found: _refresh treats an empty file apart from one that cannot be read."""
+    READ = "read"
+    MISSING = "missing"
+    EMPTY = "empty"
+    UNREADABLE = "unreadable"
+
+
 def _read(path: Path | None) -> dict:
     return _read_why(path)[0]
 
 
-def _read_why(path: Path | None) -> tuple[dict, str]:
-    """The file's tables, and why they cannot stand for it ("" when they can): it cannot be read or does not
-    parse (a write caught half-way), or is blank or comments alone (the same, more likely than a wish to
-    drop every table, which `[web.auth]` alone says). A missing file is no file: ({}, "")."""
+def _read_why(path: Path | None) -> tuple[dict, str, ReadKind]:
+    """The file's tables, why they cannot stand for it ("" when they can), and what the read found: it cannot
+    be read or does not parse (a write caught half-way), or is blank or comments alone (the same, more likely
+    than a wish to drop every table, which `[web.auth]` alone says). A missing file is no file: ({}, "")."""
     if not path or not path.exists():
-        return {}, ""
+        return {}, "", ReadKind.MISSING
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         log.error("ugent.toml could not be read (path=%s, error=%s)", path, exc)
-        return {}, f"ugent.toml could not be read ({exc})"
-    if not data:
-        return {}, ("ugent.toml is empty (blank or comments alone; `[web.auth]` alone says there are no issuers "
-                    "or caller defaults)")
-    return data, ""
+        return {}, f"ugent.toml could not be read ({exc})", ReadKind.UNREADABLE
+    try:
+        toml_refuse_empty(data, source="ugent.toml", remove="remove the issuers and caller defaults it imported",
+                          says="[web.auth]", means="there are no issuers or caller defaults")
+    except EmptyFileError as exc:
+        return {}, exc.held, ReadKind.EMPTY
+    return data, "", ReadKind.READ
 
 
 def web_auth_parse(data: dict) -> WebAuthSpec:
@@ -260,9 +311,9 @@ def _refresh() -> _Loaded:
         path = config_path()
         stamp = _stamp(path)
         if stamp != _loaded.stamp:
-            data, why = _read_why(path)
+            data, why, kind = _read_why(path)
             try:
-                if why and not data and why.startswith("ugent.toml is empty"):
+                if kind is ReadKind.EMPTY:
                     if _loaded.stamp is None:  # nothing read before: an empty file is no [web.auth]
                         auth, _loaded.error = WebAuthSpec(), ""
                     else:
@@ -317,8 +368,18 @@ def web_auth_error() -> str:
 
 
 def web_auth_check() -> None:
-    """At start: [web.auth] as written now, or ConfigError naming what is wrong."""
-    web_auth_parse(_read(config_path()))
+    """At start: ugent.toml as written now, or ConfigError naming what is wrong: the file, when it cannot be
+    read or does not parse (tomllib's line and column), else [web.auth]'s first bad key. An empty file passes:
+    at start it is no [web.auth], as the running process takes it."""
+    path = config_path()
+    if path and path.exists():
+        try:
+            tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path} does not parse: {exc}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path} could not be read: {exc}") from None
+    web_auth_parse(_read(path))
 
 
 # --- keys -------------------------------------------------------------------------------------

@@ -376,8 +376,8 @@ UGENT_PLUGIN_RUN_DIR = env("UGENT_PLUGIN_RUN_DIR", default=str(VAR_DIR / "run" /
 UGENT_PLUGIN_PID_DIR = env("UGENT_PLUGIN_PID_DIR", default=str(VAR_DIR / "run" / "plugin-pids"))
 UGENT_PLUGIN_LOG_DIR = env("UGENT_PLUGIN_LOG_DIR", default=str(VAR_DIR / "log" / "plugins"))
 UGENT_PLUGIN_STATE_DIR = env("UGENT_PLUGIN_STATE_DIR", default=str(VAR_DIR / "plugin-state"))
-UGENT_GLOBAL_PLUGINS_TOML = env("UGENT_GLOBAL_PLUGINS_TOML",
-                               default=str(Path("~/.ugent/plugins.toml").expanduser()))
+# "" = <UGENT_HOME>/.ugent/plugins.toml, read when used (plugins_app.channel.conf.global_plugins_toml)
+UGENT_GLOBAL_PLUGINS_TOML = env("UGENT_GLOBAL_PLUGINS_TOML", default="")
 UGENT_SECRETS_KEY = env("UGENT_SECRETS_KEY", default="")
 # Engine discovery and each profile's engine (the notes index) are warmed in the background at start
 # (plugins_app/agent/warm.py), so the first turn does not wait for them.

@@ -16,8 +16,15 @@ PID_DIR = Path(settings.UGENT_PLUGIN_PID_DIR)
 LOG_DIR = Path(settings.UGENT_PLUGIN_LOG_DIR)
 STATE_DIR = Path(settings.UGENT_PLUGIN_STATE_DIR)
 
-# The global plugin settings `plugins setup --no-input` and `plugins migrate` read.
-GLOBAL_PLUGINS_TOML = Path(settings.UGENT_GLOBAL_PLUGINS_TOML)
+
+
+def global_plugins_toml() -> Path:
+    """The global plugin settings `plugins setup --no-input` and `plugins migrate` read: UGENT_GLOBAL_PLUGINS_TOML,
+    else `.ugent/plugins.toml` under UGENT_HOME (the user's home by default), beside the rules and routing files."""
+    from ugent_common.config import ugent_home
+    explicit = getattr(settings, "UGENT_GLOBAL_PLUGINS_TOML", "")
+    return Path(explicit).expanduser() if explicit else ugent_home() / ".ugent" / "plugins.toml"
+
 
 # Key of the secrets vault (secret_env_refs); derived from SECRET_KEY when unset.
 SECRETS_KEY = settings.UGENT_SECRETS_KEY

@@ -81,6 +81,20 @@ def test_a_web_auth_the_daemon_does_not_understand_is_an_error_naming_the_key(to
     assert named in str(info.value)
 
 
+def test_the_start_up_check_reports_an_ugent_toml_that_does_not_parse_naming_the_file_and_line(toml_config):
+    """It passed: the file was read as no file at all, and the daemon ran with no [web.auth] (its issuers,
+    keys and require_verified_identity ignored) saying so only in a log line."""
+    from django.core import checks
+    path = toml_config('[web.auth]\nrequire_verified_identity = true\n[[web.auth.issuers]\nissuer = "a"\n')
+    # (servers mode may add ugent.W001, no operator key: not this check's)
+    found = [m for m in checks.run_checks(tags=[checks.Tags.security]) if m.id.startswith("ugent.E")]
+    assert [(m.id, m.level) for m in found] == [("ugent.E001", checks.ERROR)]
+    assert found[0].msg.startswith(f"{path} does not parse: ") and "(at line 3, column " in found[0].msg
+    for empty in ("", "# nothing yet\n"):  # at start an empty file is no [web.auth], as the process takes it
+        toml_config(empty)
+        assert [m.id for m in checks.run_checks(tags=[checks.Tags.security]) if m.id.startswith("ugent.E")] == []
+
+
 def test_rundaemon_refuses_to_start_on_an_unknown_web_auth_key(tmp_path):
     path = tmp_path / "ugent.toml"
     path.write_text('[web.auth]\napi_key_role = "operator"\nrequire_verified = true\n')

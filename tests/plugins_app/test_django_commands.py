@@ -123,6 +123,24 @@ def test_migrate_regenerates_the_rows_from_the_global_file(db, tmp_path, monkeyp
     assert not old.enabled and tg.enabled and tg.max_in_flight == 64
 
 
+def test_the_global_file_follows_ugent_home_as_the_rules_files_do_unless_it_is_named(db, tmp_path, settings,
+                                                                                     monkeypatch):
+    """UGENT_HOME moved ~/.ugent/rules.toml and routing.toml but left plugins.toml in the user's home."""
+    from rules_app import conf as rules_conf
+    from rules_app.discovery import candidate_paths
+    settings.UGENT_HOME, settings.UGENT_GLOBAL_PLUGINS_TOML = str(tmp_path / "home"), ""
+    global_file = tmp_path / "home" / ".ugent" / "plugins.toml"
+    global_file.parent.mkdir(parents=True)
+    global_file.write_text(SEED_EXAMPLE)
+    monkeypatch.setenv("TELEGRAM_BOT_TOKEN", "t0k")
+    assert f"Regenerated the plugins from {global_file}\n" in cmd("migrate", "--workspace", str(tmp_path / "ws"))
+    assert Plugin.objects.get().plugin_id == "telegram-main"
+    assert candidate_paths(tmp_path / "ws", rules_conf.home(), "rules.toml")[-1].parent == global_file.parent
+    settings.UGENT_GLOBAL_PLUGINS_TOML = str(tmp_path / "named.toml")  # the setting, when given, still wins
+    with pytest.raises(CommandError, match=f"No global plugins file at {tmp_path / 'named.toml'}:"):
+        cmd("setup", "--no-input")
+
+
 def test_the_setup_wizard_on_a_terminal(transactional_db, tmp_path):
     env = dict(os.environ, DATABASE_URL=database_url(), ECHO_INBOX="/tmp/in.jsonl")
     env.pop("ECHO_SENT", None)

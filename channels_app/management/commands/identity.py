@@ -26,6 +26,9 @@ class Command(BaseCommand):
         sub.add_parser("export", help="Write the issuers and caller defaults out as ugent.toml tables.")
 
     def handle(self, *args, **opts):
+        from ugent_common.dbconn import tables_required
+        from channels_app.models import CallerDefaults, Issuer
+        tables_required(Issuer, CallerDefaults)
         if opts["action"] == "export":
             self.stdout.write(federation.identity_toml_render(federation.identity_config_export()), ending="")
             return
@@ -37,11 +40,12 @@ class Command(BaseCommand):
                 data = tomllib.load(fh)
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise CommandError(f"cannot read {path}: {exc}")
-        if not data:  # blank or comments alone: more likely a write caught half-way than a wish to drop the rows
-            raise CommandError(f"{path}: the file is empty; nothing was changed (to remove the issuers and "
-                               f"caller defaults it imported, import a file that says `[web.auth]` alone)")
         try:
+            config.toml_refuse_empty(data, source=str(path), says="[web.auth]",
+                                     remove="remove the issuers and caller defaults it imported")
             auth = config.web_auth_parse(data)
+        except config.EmptyFileError as exc:
+            raise CommandError(str(exc))
         except config.ConfigError as exc:
             raise CommandError(f"{exc}; nothing was changed")
         counts = federation.identity_config_import(auth=auth)

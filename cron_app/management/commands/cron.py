@@ -35,11 +35,14 @@ class Command(BaseCommand):
         st.add_argument("--json", action="store_true")
 
     def handle(self, *args, **opts):
+        from ugent_common.dbconn import tables_required
+        tables_required("cron_app")
         return getattr(self, f"do_{opts['action']}")(opts)
 
     def do_import(self, opts):
         from cron_app.services import cron_config_import, cron_file_digest
-        from cron_app.tomlio import CRON_FILE_EMPTY, CronConfigError, parse_cron_toml
+        from cron_app.tomlio import CronConfigError, parse_cron_toml
+        from ugent_common.config import EmptyFileError
         path = opts["file"] or conf.CRON_FILE
         if not path:
             raise CommandError("Name the cron.toml to import (or set UGENT_CRON_FILE).")
@@ -49,11 +52,11 @@ class Command(BaseCommand):
         except OSError as exc:
             raise CommandError(f"cannot read {path}: {exc.strerror}")
         try:
-            config = parse_cron_toml(text)
+            config = parse_cron_toml(text, source=path)
+        except EmptyFileError as exc:
+            raise CommandError(str(exc))
         except CronConfigError as exc:
-            hint = (" (to remove every job, import a file that says `enabled = true` alone)"
-                    if str(exc) == CRON_FILE_EMPTY else "")
-            raise CommandError(f"{path}: {exc}; nothing was changed{hint}")
+            raise CommandError(f"{path}: {exc}; nothing was changed")
         counts = cron_config_import(config=config, digest=cron_file_digest(text))
         self.stdout.write(f"Imported {counts['jobs']} cron job(s) from {path}"
                           + (f"; removed {counts['removed']}" if counts["removed"] else "") + ".")

@@ -38,13 +38,15 @@ class Command(BaseCommand):
         sub.add_parser("status", help="Each plugin's state, reason and queue.")
         for name in ("setup", "migrate"):
             p = sub.add_parser(name)
-            p.add_argument("--global-file", default=None, help=f"Default {conf.GLOBAL_PLUGINS_TOML}")
+            p.add_argument("--global-file", default=None, help=f"Default {conf.global_plugins_toml()}")
             p.add_argument("--workspace", default=None, help="Where plugins.toml is written "
                                                              "(default: UGENT_WORKSPACE).")
             if name == "setup":
                 p.add_argument("--no-input", action="store_true", help="No questions: from the global file.")
 
     def handle(self, *args, **opts):
+        from ugent_common.dbconn import tables_required
+        tables_required(Plugin, PluginSecret)
         return getattr(self, f"do_{opts['action']}")(opts)
 
     # --- import / export / status ---------------------------------------------------------
@@ -83,7 +85,7 @@ class Command(BaseCommand):
         return Path(opts["workspace"]) / "plugins.toml" if opts.get("workspace") else conf.workspace_plugins_toml()
 
     def _global_rows(self, opts) -> tuple[Path, list[dict]]:
-        path = Path(opts["global_file"]) if opts.get("global_file") else conf.GLOBAL_PLUGINS_TOML
+        path = Path(opts["global_file"]) if opts.get("global_file") else conf.global_plugins_toml()
         if not path.exists():
             raise CommandError(f"No global plugins file at {path}: run `plugins setup` on a terminal, "
                                f"or write one (schema_version = 1).")

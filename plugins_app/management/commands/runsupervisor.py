@@ -26,6 +26,9 @@ class Command(BaseCommand):
         parser.add_argument("--interval", type=float, default=None, help="Seconds between supervisor steps.")
 
     def handle(self, *args, **opts):
+        from ugent_common.dbconn import tables_required
+        # else its loop logged "no such table" every step, forever; a database not up yet is waited for, as before
+        tables_required("plugins_app", unreachable_ok=True)
         runtime = PluginRuntime(interval=opts["interval"])
         try:  # the pid directory's lock first: a second supervisor says so in one line, having started nothing
             runtime.supervisor.start()

@@ -47,7 +47,10 @@ class Command(BaseCommand):
 
     def handle(self, *args, **opts):
         from rules_app.runtime import runtime
+        from ugent_common.dbconn import tables_required
         runtime.watch = False  # a command reads the rules once; it does not keep watching them
+        if not (opts["action"] == "test" and opts["rules"]):  # a file's dry run alone needs no rows
+            tables_required("rules_app")
         getattr(self, f"do_{opts['action']}")(opts)
 
     @staticmethod

@@ -47,6 +47,10 @@ class Command(BaseCommand):
         self.ensure_operator_key()  # first: a key file it cannot make stops it before anything starts
         if not opts["no_migrate"]:
             call_command("migrate", interactive=False, verbosity=0)
+        else:
+            from django.apps import apps
+            from ugent_common.dbconn import tables_required
+            tables_required(*apps.get_models())
         from ugent_site.staticfiles import static_collect_if_changed
         if static_collect_if_changed():
             log.info("collected the admin's static files into %s", settings.STATIC_ROOT)

@@ -1,0 +1,51 @@
+"""Every UGENT_/DJANGO_/CELERY_ variable the code reads from the environment is documented: named in full in
+README.md (its Configuration table) or a page under docs/ (a shorthand such as "`_MAX_SECS`" does not count). DJANGO_DEBUG,
+CELERY_TASK_ALWAYS_EAGER and the plugins' two backoff caps were read and documented nowhere."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("ugent_site", "ugent_common", "channels_app", "rules_app", "cron_app", "plugins_app")
+NAME = r"""["']((?:UGENT|DJANGO|CELERY)_[A-Z0-9_]+)["']"""
+# env("X"), env.int("X"), env.bool(...) and the like (django-environ), os.environ["X"], os.environ.get("X"),
+# os.getenv("X"), environ.get("X") (a worker's own mapping)
+READS = re.compile(r"(?:\benv(?:\.\w+)?\(\s*|\bos\.environ\[\s*|\b(?:os\.)?environ\.get\(\s*|\bos\.getenv\(\s*)"
+                   + NAME)
+
+
+def names_read() -> dict[str, str]:
+    found: dict[str, str] = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for match in READS.finditer(path.read_text(encoding="utf-8")):
+                found.setdefault(match.group(1), path.relative_to(ROOT).as_posix())
+    return found
+
+
+def documented_text() -> str:
+    return "\n".join(p.read_text(encoding="utf-8") for p in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))])
+
+
+def test_the_scan_finds_the_settings_it_must():
+    """The scan itself works: it finds a read of each kind (else the test below could pass on nothing)."""
+    read = names_read()
+    assert {"DJANGO_SECRET_KEY", "DJANGO_DEBUG", "CELERY_TASK_ALWAYS_EAGER", "UGENT_CONFIG", "UGENT_LOG_LEVEL",
+            "UGENT_PLUGIN_BACKOFF_MAX_SECS", "UGENT_PLUGIN_RETRY_BACKOFF_MAX_SECS"} <= set(read)
+    assert len(read) > 100
+
+
+def test_every_setting_read_from_the_environment_is_documented():
+    text = documented_text()
+    missing = [f"{name} (read in {where})" for name, where in sorted(names_read().items())
+               if not re.search(rf"(?<![A-Z0-9_]){name}(?![A-Z0-9_])", text)]
+    assert not missing, "documented nowhere (README.md's Configuration table or docs/):\n" + "\n".join(missing)
+
+
+def test_the_readme_table_names_the_settings_that_were_documented_nowhere():
+    table = (ROOT / "README.md").read_text(encoding="utf-8").split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    rows = {m.group(1) for line in table.splitlines() if line.startswith("| `")
+            for m in re.finditer(r"`((?:UGENT|DJANGO|CELERY)_[A-Z0-9_]+)`", line.split("|")[1])}
+    assert {"DJANGO_DEBUG", "CELERY_TASK_ALWAYS_EAGER", "UGENT_PLUGIN_BACKOFF_MAX_SECS",
+            "UGENT_PLUGIN_RETRY_BACKOFF_MAX_SECS", "UGENT_HOME", "UGENT_GLOBAL_PLUGINS_TOML"} <= rows
