@@ -321,14 +321,15 @@ def main():
         if settled:
             print("\nat rest (clients paused, nothing in flight, a full collection, then malloc_trim(0)), MB:")
             print(f"{'turns':>9}{'RSS':>10}{'trimmed':>10}{'of it':>10}{'pymalloc':>10}{'pymalloc':>10}{'malloc':>10}"
-                  f"{'sqlite':>10}{'gc':>11}")
+                  f"{'sqlite':>10}{'gc':>11}{'threads':>8}{'SQLite':>8}")
             print(f"{'':>9}{'':>10}{'RSS':>10}{'anon':>10}{'arenas':>10}{'in use':>10}{'in use':>10}{'':>10}"
-                  f"{'objects':>11}")
+                  f"{'objects':>11}{'':>8}{'conns':>8}")
             for n, rep in settled:
                 print(f"{n:>9}{_mb(rep, 'rss_kb'):>10.1f}{_mb(rep, 'rss_after_trim_kb'):>10.1f}"
                       f"{_mb(rep, 'rss_after_trim_anon_kb'):>10.1f}{_mb(rep, 'pymalloc', 'arenas_kb'):>10.1f}"
                       f"{_mb(rep, 'pymalloc', 'in_use_kb'):>10.1f}{_mb(rep, 'malloc', 'in_use_kb'):>10.1f}"
-                      f"{_mb(rep, 'sqlite', 'memory_used_kb'):>10.1f}{rep['gc_objects']:>11,}")
+                      f"{_mb(rep, 'sqlite', 'memory_used_kb'):>10.1f}{rep['gc_objects']:>11,}{rep['threads']:>8}"
+                      f"{len(_conns(rep)):>8}")
             rest = dict(settled)
             marks = [m for m in (500, 1000, 5000, 10000, 15000, 20000, 25000, 30000) if m in rest]
             for a, b in zip(marks, marks[1:]):
