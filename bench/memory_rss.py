@@ -17,7 +17,9 @@ once the turns are done (each should be 0), and its caches keyed by a thing. A l
 use, turn after turn; fragmentation grows only what is free. `--tracemalloc N` has the daemon trace
 Python's allocations from turn 1,000 on (N frames; several times slower) and prints the lines whose
 allocations grew most between checkpoints. After the last turn the daemon is asked to
-malloc_trim(0): the RSS it falls to is what the allocator held but did not use.
+malloc_trim(0): the RSS it falls to is what the allocator held but did not use. `--settle` also reads
+each checkpoint at rest (clients paused, a full collection, malloc_trim(0)), with RSS by kind of mapping
+and each SQLite connection's prepared statements (how many, and which SQL is new since the last one).
 
 Usage: python bench/memory_rss.py [--turns 15000] [--every 1000] [--concurrency 4] [--stream]
        [--tracemalloc 8] [--malloc-arena-max 2]
