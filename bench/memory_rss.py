@@ -17,7 +17,9 @@ once the turns are done (each should be 0), and its caches keyed by a thing. A l
 use, turn after turn; fragmentation grows only what is free. `--tracemalloc N` has the daemon trace
 Python's allocations from turn 1,000 on (N frames; several times slower) and prints the lines whose
 allocations grew most between checkpoints. After the last turn the daemon is asked to
-malloc_trim(0): the RSS it falls to is what the allocator held but did not use.
+malloc_trim(0): the RSS it falls to is what the allocator held but did not use. `--settle` also reads
+each checkpoint at rest (clients paused, a full collection, malloc_trim(0)), with RSS by kind of mapping
+and each SQLite connection's prepared statements (how many, and which SQL is new since the last one).
 
 Usage: python bench/memory_rss.py [--turns 15000] [--every 1000] [--concurrency 4] [--stream]
        [--tracemalloc 8] [--malloc-arena-max 2]
@@ -96,10 +98,10 @@ class Hook:
         self.dir, self.pid, self.n = var / "memstats", pid, 0
 
     def report(self, *, trim: bool = False, snapshot: bool = False, trace: int = 0, collect: bool = False,
-               connections: bool = True, maps: bool = False) -> dict:
+               connections: bool = True, maps: bool = False, statements: bool = False) -> dict:
         (self.dir / "request.json").write_text(json.dumps({"trim": trim, "snapshot": snapshot, "tracemalloc": trace,
                                                            "collect": collect, "connections": connections,
-                                                           "maps": maps}))
+                                                           "maps": maps, "statements": statements}))
         self.n += 1
         path = self.dir / f"{self.pid}-{self.n}.json"
         os.kill(self.pid, signal.SIGUSR2)
@@ -149,6 +151,52 @@ def _kib_cell(c: dict | None) -> str:
     return f"{c['cache_kb']:>5} / {c['schema_kb']:>4} / {c['stmt_kb']:>5}" if c else f"{'-':>19}"
 
 
+def _conns(rep: dict) -> dict:
+    by = rep.get("sqlite", {}).get("by_connection", [])
+    return {c["thread"]: c for c in by if isinstance(c, dict)} if isinstance(by, list) else {}
+
+
+def _shape(sql: str) -> str:
+    """A statement's SQL with its runs of placeholders folded and cut short: what varies between them."""
+    import re
+    folded = re.sub(r"\?(\s*,\s*\?)+", "?..", sql)
+    folded = re.sub(r"\((\?\.\.|\?)\)(\s*,\s*\((\?\.\.|\?)\))+", "(?..)..", folded)
+    return folded[:90]
+
+
+def statements_grown(ra: dict, rb: dict) -> str:
+    """SQLite at rest, from one checkpoint to the next: statements prepared and their bytes, and the new SQL."""
+    ca, cb = _conns(ra), _conns(rb)
+    if not cb:
+        return "SQLite statements: no by-connection figures"
+    import collections
+    new = collections.Counter()
+    for name, c in cb.items():
+        before = set(ca.get(name, {}).get("sql", []))
+        new.update(_shape(q) for q in c.get("sql", []) if q not in before)
+    stmt = sum(c["stmt_kb"] for c in cb.values()) - sum(c["stmt_kb"] for c in ca.values())
+    count = sum(c["stmts"] for c in cb.values()) - sum(c["stmts"] for c in ca.values())
+    pages = sum(c["cache_kb"] for c in cb.values()) - sum(c["cache_kb"] for c in ca.values())
+    schema = sum(c["schema_kb"] for c in cb.values()) - sum(c["schema_kb"] for c in ca.values())
+    return (f"SQLite by connection: statements {count:+} ({stmt:+,} KiB), page caches {pages:+,} KiB, schemas "
+            f"{schema:+,} KiB, connections {len(cb) - len(ca):+}; statements new since (by shape, all "
+            f"connections): " + ("; ".join(f"{n}x {q}" for q, n in new.most_common(6)) or "none"))
+
+
+def statements_table(settled: list) -> list[str]:
+    names = sorted({n for _t, rep in settled for n in _conns(rep)},
+                   key=lambda n: -_conns(settled[-1][1]).get(n, {}).get("stmt_kb", 0))
+    out = [f"{'thread':<24}" + "".join(f"{t:>12}" for t, _r in settled)]
+    for name in names:
+        cells = [_conns(rep).get(name) for _t, rep in settled]
+        out.append(f"{name:<24}" + "".join(f"{c['stmts']:>5} /{c['stmt_kb']:>5}" if c else f"{'-':>12}"
+                                          for c in cells))
+    totals = [(sum(c["stmts"] for c in _conns(rep).values()), sum(c["stmt_kb"] for c in _conns(rep).values()))
+              for _t, rep in settled]
+    out.append(f"{'all':<24}" + "".join(f"{n:>5} /{k:>5}" for n, k in totals))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--turns", type=int, default=15000)
@@ -194,7 +242,7 @@ def main():
         reports: list[tuple[int, dict]] = [(0, idle_rep)]
         settled: list[tuple[int, dict]] = []
         if args.settle:
-            settled.append((0, hook.report(collect=True, trim=True, connections=False, maps=True)))
+            settled.append((0, hook.report(collect=True, trim=True, connections=True, maps=True, statements=True)))
         done = 0
         lock = threading.Lock()
         go = threading.Event()  # --settle: cleared while a checkpoint reads the daemon at rest
@@ -219,7 +267,7 @@ def main():
                 idle_now.wait_for(lambda: in_flight == 0, timeout=60)
             time.sleep(0.5)  # what a turn's end hands to other threads (wake-ups, the fan-out) is done by then
             try:
-                return hook.report(collect=True, trim=True, connections=False, maps=True)
+                return hook.report(collect=True, trim=True, connections=True, maps=True, statements=True)
             finally:
                 go.set()
 
@@ -275,16 +323,17 @@ def main():
         if settled:
             print("\nat rest (clients paused, nothing in flight, a full collection, then malloc_trim(0)), MB:")
             print(f"{'turns':>9}{'RSS':>10}{'trimmed':>10}{'of it':>10}{'pymalloc':>10}{'pymalloc':>10}{'malloc':>10}"
-                  f"{'sqlite':>10}{'gc':>11}")
+                  f"{'sqlite':>10}{'gc':>11}{'threads':>8}{'SQLite':>8}")
             print(f"{'':>9}{'':>10}{'RSS':>10}{'anon':>10}{'arenas':>10}{'in use':>10}{'in use':>10}{'':>10}"
-                  f"{'objects':>11}")
+                  f"{'objects':>11}{'':>8}{'conns':>8}")
             for n, rep in settled:
                 print(f"{n:>9}{_mb(rep, 'rss_kb'):>10.1f}{_mb(rep, 'rss_after_trim_kb'):>10.1f}"
                       f"{_mb(rep, 'rss_after_trim_anon_kb'):>10.1f}{_mb(rep, 'pymalloc', 'arenas_kb'):>10.1f}"
                       f"{_mb(rep, 'pymalloc', 'in_use_kb'):>10.1f}{_mb(rep, 'malloc', 'in_use_kb'):>10.1f}"
-                      f"{_mb(rep, 'sqlite', 'memory_used_kb'):>10.1f}{rep['gc_objects']:>11,}")
+                      f"{_mb(rep, 'sqlite', 'memory_used_kb'):>10.1f}{rep['gc_objects']:>11,}{rep['threads']:>8}"
+                      f"{len(_conns(rep)):>8}")
             rest = dict(settled)
-            marks = [m for m in (5000, 10000, 15000, 20000, 25000, 30000) if m in rest]
+            marks = [m for m in (500, 1000, 5000, 10000, 15000, 20000, 25000, 30000) if m in rest]
             for a, b in zip(marks, marks[1:]):
                 ra, rb = rest[a], rest[b]
                 print(f"at rest, turn {a} to {b}: trimmed RSS "
@@ -301,6 +350,10 @@ def main():
                 grown = sorted(((rb["gc_types"].get(t, 0) - ra["gc_types"].get(t, 0), t) for t in rb["gc_types"]),
                                reverse=True)[:8]
                 print("  live objects grown most: " + (", ".join(f"{t} {g:+,}" for g, t in grown if g > 0) or "none"))
+                print("  " + statements_grown(ra, rb))
+            print("\nat rest, SQLite's prepared statements by connection (statements / KiB), at each checkpoint:")
+            for line in statements_table(settled):
+                print("  " + line)
 
         print()
         marks = [m for m in (5000, 10000, 15000) if m < args.turns] + [args.turns]

@@ -44,7 +44,8 @@ collection first (so the counts are of live objects, not of garbage not yet coll
 `{"referrers": "module.Class"}` adds what holds up to five objects of that type, four levels up, and
 `{"cache_keys": true}` adds `cache_keys`: the keys of the caches that have them (the SQL of
 `rows_sql`), and `{"connections": true}` adds `sqlite.by_connection`: each Django connection to SQLite, by thread, with
-the bytes of its page cache, schema and prepared statements (`sqlite_connections()`).
+the bytes of its page cache, schema and prepared statements and how many statements it holds
+(`sqlite_connections()`), and `{"statements": true}` with it their SQL.
 bench/memory_rss.py and tests/streams/test_memory_held.py use them.
 
 The signal handler only wakes a thread, which writes the report (no work in the handler).
@@ -267,9 +268,11 @@ def _db_status(lib, db: int, op: int) -> int:
         else -1
 
 
-def sqlite_connections() -> list[dict]:
+def sqlite_connections(*, statements: bool = False) -> list[dict]:
     """Each Django connection open to SQLite in this process: its thread, and the bytes its page cache,
-    schema and prepared statements hold (sqlite3_db_status), largest first.
+    schema and prepared statements hold (sqlite3_db_status), largest first, with how many statements it
+    holds prepared (`stmts`: Python's sqlite3 keeps up to `cached_statements` a connection, 128 unless
+    set) and, with `statements`, their SQL (`sql`, sqlite3_next_stmt / sqlite3_sql).
 
     Python's sqlite3 does not expose the `sqlite3 *` of a connection: it is read from the object itself,
     the first field after PyObject_HEAD in CPython (3.8 to 3.13, at least), and checked against the
@@ -284,6 +287,10 @@ def sqlite_connections() -> list[dict]:
                                       ctypes.POINTER(ctypes.c_int), ctypes.c_int]
     lib.sqlite3_db_filename.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
     lib.sqlite3_db_filename.restype = ctypes.c_char_p
+    lib.sqlite3_next_stmt.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.sqlite3_next_stmt.restype = ctypes.c_void_p
+    lib.sqlite3_sql.argtypes = [ctypes.c_void_p]
+    lib.sqlite3_sql.restype = ctypes.c_char_p
     names = {t.ident: t.name for t in threading.enumerate()}
     out = []
     # by type(), not isinstance(): isinstance asks an object its __class__, which evaluates a lazy object
@@ -302,10 +309,14 @@ def sqlite_connections() -> list[dict]:
         filename = (lib.sqlite3_db_filename(ctypes.c_void_p(db), b"main") or b"").decode(errors="replace")
         if os.path.realpath(filename) != os.path.realpath(str(wrapper.settings_dict["NAME"])):
             continue  # not the layout expected: read nothing through it
+        sql, stmt = [], lib.sqlite3_next_stmt(ctypes.c_void_p(db), None)
+        while stmt:
+            sql.append((lib.sqlite3_sql(ctypes.c_void_p(stmt)) or b"").decode(errors="replace"))
+            stmt = lib.sqlite3_next_stmt(ctypes.c_void_p(db), ctypes.c_void_p(stmt))
         # SQLITE_DBSTATUS_CACHE_USED 1, SCHEMA_USED 2, STMT_USED 3
         out.append({"thread": names.get(wrapper._thread_ident, str(wrapper._thread_ident)),
                     "cache_kb": _db_status(lib, db, 1) // 1024, "schema_kb": _db_status(lib, db, 2) // 1024,
-                    "stmt_kb": _db_status(lib, db, 3) // 1024})
+                    "stmt_kb": _db_status(lib, db, 3) // 1024, "stmts": len(sql), **({"sql": sql} if statements else {})})
     return sorted(out, key=lambda c: -(c["cache_kb"] + c["schema_kb"] + c["stmt_kb"]))
 
 
@@ -329,7 +340,8 @@ def configured_cache_kib() -> int | None:
 
 
 def report(*, trim: bool = False, snapshot_path: Path | None = None, collect: bool = False,
-           referrers: str = "", by_connection: bool = False, cache_keys: bool = False, maps: bool = False) -> dict:
+           referrers: str = "", by_connection: bool = False, cache_keys: bool = False, maps: bool = False,
+           statements: bool = False) -> dict:
     """The figures above, for this process, now (after a full collection with `collect`)."""
     if collect:
         gc.collect()
@@ -395,7 +407,7 @@ def report(*, trim: bool = False, snapshot_path: Path | None = None, collect: bo
         out["referrers"] = _referrers(referrers)
     if by_connection and "sqlite" in out:
         try:
-            out["sqlite"]["by_connection"] = sqlite_connections()
+            out["sqlite"]["by_connection"] = sqlite_connections(statements=statements)
         except Exception as exc:
             out["sqlite"]["by_connection"] = {"error": repr(exc)}
     if trim and libc is not None:
@@ -444,7 +456,8 @@ def start(mode: str, directory: Path) -> bool:
                 data = report(trim=bool(asked.get("trim")), snapshot_path=snapshot,
                               collect=bool(asked.get("collect")), referrers=asked.get("referrers", ""),
                               by_connection=bool(asked.get("connections")),
-                              cache_keys=bool(asked.get("cache_keys")), maps=bool(asked.get("maps")))
+                              cache_keys=bool(asked.get("cache_keys")), maps=bool(asked.get("maps")),
+                              statements=bool(asked.get("statements")))
                 tmp = base.with_suffix(".tmp")
                 tmp.write_text(json.dumps(data, indent=1))
                 tmp.rename(base.with_suffix(".json"))  # a reader never sees half a report

@@ -24,6 +24,7 @@ from django.db import OperationalError
 from django.db.backends.sqlite3 import base
 
 from ugent_site.db.rollback import RollbackCauseReleased
+from ugent_site.db.savepoints import SavepointNamesReused
 
 
 class WriterQueue:
@@ -71,7 +72,7 @@ def writer_queue(name: str) -> WriterQueue:
         return _queues.setdefault(str(name), WriterQueue())
 
 
-class DatabaseWrapper(RollbackCauseReleased, base.DatabaseWrapper):
+class DatabaseWrapper(SavepointNamesReused, RollbackCauseReleased, base.DatabaseWrapper):
     _holds_writer_turn = False
 
     def _writer_queue(self) -> WriterQueue | None:

@@ -23,9 +23,10 @@ from django.db.backends.postgresql import base
 from psycopg import pq
 
 from ugent_site.db.rollback import RollbackCauseReleased
+from ugent_site.db.savepoints import SavepointNamesReused
 
 
-class DatabaseWrapper(RollbackCauseReleased, base.DatabaseWrapper):
+class DatabaseWrapper(SavepointNamesReused, RollbackCauseReleased, base.DatabaseWrapper):
     def is_usable(self):
         conn = self.connection
         if conn is None or conn.closed or conn.broken:
