@@ -942,6 +942,21 @@ async def _never_answered() -> None:
     await asyncio.sleep(3600)  # (cancelled when the worker's connection closes)
 
 
+def _hang_on(bridge: MockBridge, message_id: str) -> list[str]:
+    """The bridge's hub never answers a submit of `message_id` (and answers every other): the list of its tries."""
+    real_submit = bridge.hub.submit_inbound
+    hung: list[str] = []
+
+    async def hub(plugin_id, msg):
+        if msg.message_id == message_id:
+            hung.append(msg.message_id)
+            await _never_answered()
+        return await real_submit(plugin_id, msg)
+
+    bridge.hub.submit_inbound = hub
+    return hung
+
+
 def test_a_message_the_host_never_answers_while_it_answers_others_stops_holding_back_its_chat(bridge, start_worker,
                                                                                               monkeypatch):
     """The hub hangs on one message every time (longer than call_timeout_secs) while it answers everything else (a
@@ -949,16 +964,7 @@ def test_a_message_the_host_never_answers_while_it_answers_others_stops_holding_
     HOLD_ATTEMPTS of them the chat's later message reaches the host; the one it hangs on stays owed."""
     from plugins_app.channel.sdk import worker as worker_module
     monkeypatch.setattr(worker_module, "HOLD_ATTEMPTS", 3)
-    real_submit = bridge.hub.submit_inbound
-    hung: list[str] = []
-
-    async def hub(plugin_id, msg):
-        if msg.message_id == "m-1":
-            hung.append(msg.message_id)
-            await _never_answered()
-        return await real_submit(plugin_id, msg)
-
-    bridge.hub.submit_inbound = hub
+    hung = _hang_on(bridge, "m-1")
     worker = start_worker(call_timeout_secs=0.3)
     bridge.wait_for(lambda: bridge.hellos)
     first = worker.submit(message("m-1"))
@@ -978,16 +984,7 @@ def test_a_message_the_host_hangs_on_stops_holding_its_chat_with_nothing_else_un
     from plugins_app.channel.sdk import worker as worker_module
     monkeypatch.setattr(worker_module, "HOLD_ATTEMPTS", 3)
     with MockBridge("test-plugin", heartbeat_secs=30.0, max_in_flight=8, max_retries=2) as quiet:
-        real_submit = quiet.hub.submit_inbound
-        hung: list[str] = []
-
-        async def hub(plugin_id, msg):
-            if msg.message_id == "m-1":
-                hung.append(msg.message_id)
-                await _never_answered()
-            return await real_submit(plugin_id, msg)
-
-        quiet.hub.submit_inbound = hub
+        _hang_on(quiet, "m-1")
         worker = FileChannelWorker(**quiet.worker_kwargs(sends=tmp_path / "sends.txt", state_dir=str(tmp_path / "s"),
                                                          call_timeout_secs=0.3, poll_timeout_secs=30.0))
         running = Running(worker)
