@@ -69,7 +69,8 @@ def errors(*statuses: int) -> dict:
              403: ("Refused by a rule of Keys and callers: not this caller's or this user's to read or act on, "
                    "or an identity token that fails verification (docs/identity.md)."),
              404: "Nothing of that name that this caller may see.",
-             409: "A conflict: a repeated client_message_id, a turn that already finished, no running turn.",
+             409: ("A conflict: a repeated client_message_id, a turn_id a turn already holds (anyone's: the same "
+                   "answer), a turn that already finished, no running turn."),
              502: ("The turn failed upstream after it started (non-stream). It carries x-should-retry: false: "
                    "the turn may already have acted, so send it again only as a new message."),
              503: "Not available here: nothing installed can do it (GET /v1/ugent/status says so first)."}

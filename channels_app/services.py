@@ -267,12 +267,24 @@ def receipt_summary(receipt: Receipt, turn: Turn | None = None) -> dict:
     return out
 
 
+#: A request's turn_id that a turn already holds. Turn ids are unique across the daemon (a stop may name one
+#: exactly), so the request runs nothing; the answer is one and the same whoever's turn holds the id (the
+#: sender's own or anyone else's) and says nothing of that turn: not its user, conversation, state or
+#: header, only that the id cannot be used (docs/turns.md, "A turn's id").
+TURN_ID_UNAVAILABLE = "This turn_id cannot be used: send the turn a new one, one nobody could guess (a UUID)."
+
+
+def turn_id_unavailable() -> ApplicationError:
+    """The refusal of a request whose turn_id a turn already holds (TURN_ID_UNAVAILABLE)."""
+    return ApplicationError(TURN_ID_UNAVAILABLE, status=409, code="turn_id_unavailable", param="turn_id",
+                            headers=NO_RETRY)
+
+
 def _duplicate(conversation: Conversation, inbound: Submission) -> DuplicateMessage:
     refusal = duplicate_refusal(conversation=conversation, client_message_id=inbound.client_message_id,
                                 content_hash=inbound.content_hash())
     if refusal is None:  # the conflict was the turn_id, not the message
-        raise ApplicationError("This turn_id is already in use: send the turn a new one.", status=409,
-                               code="turn_id_in_use", param="turn_id", headers=NO_RETRY)
+        raise turn_id_unavailable()
     return refusal
 
 
@@ -438,8 +450,7 @@ def message_submit(*, inbound: Submission, profile=None, on_turn=None) -> Submis
             if inbound.needs_prompts:
                 _needs_a_model_that_follows_prompts(profile)
             if inbound.turn_id and rows.table(Turn).get(turn_id=inbound.turn_id) is not None:
-                raise ApplicationError("This turn_id is already in use: send the turn a new one.", status=409,
-                                       code="turn_id_in_use", param="turn_id", headers=NO_RETRY)
+                raise turn_id_unavailable()
             return _submit_locked(inbound, conversation, created, profile, on_turn)
     except IntegrityError:
         # a concurrent copy committed first: it owns the conversation row now
@@ -447,8 +458,7 @@ def message_submit(*, inbound: Submission, profile=None, on_turn=None) -> Submis
             channel=inbound.channel, client_id=inbound.client_id or "",
             external_id=inbound.conversation_id or "").first()
         if conversation is None:  # only the turn_id can have collided
-            raise ApplicationError("This turn_id is already in use: send the turn a new one.", status=409,
-                                   code="turn_id_in_use", param="turn_id", headers=NO_RETRY)
+            raise turn_id_unavailable()
         raise _duplicate(conversation, inbound)
 
 

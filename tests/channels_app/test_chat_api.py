@@ -184,6 +184,33 @@ def test_a_turn_on_someone_elses_conversation_is_refused_and_runs_nothing(tcast)
     assert Turn.objects.count() == 1
 
 
+def test_a_turn_id_held_by_anyones_turn_is_one_answer_that_tells_nothing_of_that_turn(tcast):
+    """Two application callers: B naming A's turn_id gets exactly what B gets for a turn_id of its own, which
+    says nothing of the turn that holds it (not whose, which conversation or its header), and runs nothing."""
+    from channels_app import services
+    a, b = {"key": tcast.keys["app"]}, {"key": tcast.keys["outsider"]}
+    held_by_a = chat(a, "a's words", conversation_id="conv-a", turn_id="turn-shared-1")
+    assert held_by_a.status_code == 200 and held_by_a["x-ugent-turn-id"] == "turn-shared-1"
+    assert chat(b, "b's words", conversation_id="conv-b", turn_id="turn-b-own").status_code == 200
+    before = {m.__name__: m.objects.count() for m in (Conversation, Receipt, Turn, Event)}
+    answers = {}
+    for name, turn_id in (("a's", "turn-shared-1"), ("b's own", "turn-b-own")):
+        for conversation in ("conv-b", "conv-b-new"):
+            resp = chat(b, "again", conversation_id=conversation, client_message_id=f"m-{name}", turn_id=turn_id)
+            assert resp.status_code == 409 and resp["x-should-retry"] == "false", resp.content
+            assert not resp.has_header("x-ugent-turn-id")
+            answers[(name, conversation)] = resp.json()
+            frames = frames_of(chat(b, "again", stream=True, conversation_id=conversation, turn_id=turn_id))
+            assert len(frames) == 2 and frames[-1]["data"] == "[DONE]", frames  # no receipt, only the refusal
+            assert frames[0]["data"]["error"] == resp.json()["error"]
+            assert "conv-a" not in json.dumps(frames) and "a's words" not in json.dumps(frames)
+    assert all(body == {"error": {"message": services.TURN_ID_UNAVAILABLE, "type": "conflict_error",
+                                  "param": "turn_id", "code": "turn_id_unavailable"}}
+               for body in answers.values()), answers
+    assert {m.__name__: m.objects.count() for m in (Conversation, Receipt, Turn, Event)} == before
+    assert not Conversation.objects.filter(external_id="conv-b-new").exists()
+
+
 def test_an_application_may_name_only_its_federated_users(tcast):
     assert chat({"key": tcast.keys["app"], "user": "alice"}).status_code == 403
     assert chat({"key": tcast.keys["app"], "federation_issuer": "elsewhere",
