@@ -166,9 +166,26 @@ def conversation_resolve(*, channel: str, client_id: str, external_id: str | Non
                 created = True
         except IntegrityError:
             conv = table.get(**lookup)
-    if not access.conversation_writable(actor, conv):
-        raise ApplicationError(NOT_YOURS, status=403, code="conversation_not_owned", param="conversation_id")
+    conversation_write_check(actor=actor, conversation=conv)
     return conv, created
+
+
+def conversation_write_check(*, actor: Actor, conversation: Conversation) -> None:
+    """Whether `actor` may speak into `conversation` (a message, an upload, dictation, a call): someone
+    else's is the seed's 403, "A turn, a question reply or a file on someone else's conversation is refused"."""
+    if not access.conversation_writable(actor, conversation):
+        raise ApplicationError(NOT_YOURS, status=403, code="conversation_not_owned", param="conversation_id")
+
+
+def conversation_writable_or_new(*, actor: Actor, conversation_id: str, client_id: str = "",
+                                 channel: str = "web") -> Conversation | None:
+    """The conversation a request that creates none names (dictation, a live call), checked as a message into
+    it is (conversation_write_check: 403 when someone else's); None while it does not exist yet, as its first
+    message will make it this actor's."""
+    conv = rows.table(Conversation).get(channel=channel, client_id=client_id or "", external_id=conversation_id)
+    if conv is not None:
+        conversation_write_check(actor=actor, conversation=conv)
+    return conv
 
 
 # --- the message -------------------------------------------------------------
