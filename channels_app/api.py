@@ -423,13 +423,21 @@ async def turn_events(turn_pk: int, waiter: notify.Waiter | None = None):
         waiter.close()
 
 
-def _sse_response(body, turn_id: str | None) -> StreamingHttpResponse:
+def _sse_response(body, turn_id: str | None, conversation_id: str | None = None) -> StreamingHttpResponse:
     resp = StreamingHttpResponse(body, content_type="text/event-stream; charset=utf-8")
     resp["Cache-Control"] = "no-cache"
     resp["X-Accel-Buffering"] = "no"
     if turn_id:
-        resp["x-ugent-turn-id"] = turn_id
+        _name_the_turn(resp, turn_id, conversation_id)
     return resp
+
+
+def _name_the_turn(resp, turn_id: str, conversation_id: str | None) -> None:
+    """The headers that name an accepted message's turn and its conversation: a request that named no
+    conversation_id started one, and this is where its client learns the id to send its next message under."""
+    resp["x-ugent-turn-id"] = turn_id
+    if conversation_id:
+        resp["x-ugent-conversation-id"] = conversation_id
 
 
 def _refusal_stream(exc: ApplicationError, model: str):
@@ -458,7 +466,8 @@ class ChatCompletionApi(View):
 
     @extend_schema(operation_id="chat_completions_create", tags=["chat"], summary="Chat (stream and non-stream)",
                    description=("OpenAI-compatible chat with the UGENT extensions. The x-ugent-turn-id response "
-                                "header names the turn. A repeated client_message_id runs nothing: 409 "
+                                "header names the turn, and x-ugent-conversation-id its conversation (the one a "
+                                "request without conversation_id started). A repeated client_message_id runs nothing: 409 "
                                 "(DuplicateInFlight, DuplicateProcessed) without streaming."),
                    request={"application/json": ChatInputSerializer}, examples=docs.CHAT_EXAMPLES,
                    responses=docs.chat_responses())
@@ -506,16 +515,17 @@ class ChatCompletionApi(View):
         if queued is not None and not stream:
             if waiter is not None:
                 waiter.close()
-            resp = JsonResponse({"object": "ugent.receipt", "ugent_receipt": queued, "ugent_turn_id": turn.turn_id},
-                                status=202)
-            resp["x-ugent-turn-id"] = turn.turn_id
+            resp = JsonResponse({"object": "ugent.receipt", "ugent_receipt": queued, "ugent_turn_id": turn.turn_id,
+                                 "ugent_conversation_id": result.conversation.external_id}, status=202)
+            _name_the_turn(resp, turn.turn_id, result.conversation.external_id)
             return resp
         if stream:
-            resp = _sse_response(self._stream(turn.pk, renderer, waiter, queued), turn.turn_id)
+            resp = _sse_response(self._stream(turn.pk, renderer, waiter, queued), turn.turn_id,
+                                 result.conversation.external_id)
             if waiter is not None:  # a stream whose body never starts (the client left) still lets go
                 resp._resource_closers.append(waiter.close)
             return resp
-        return await self._complete(turn, renderer, data, waiter)
+        return await self._complete(turn, result.conversation.external_id, renderer, data, waiter)
 
     async def _stream(self, turn_pk: int, renderer: ChunkRenderer, waiter=None, queued=None):
         if queued is not None:
@@ -528,7 +538,7 @@ class ChatCompletionApi(View):
             if out:
                 yield out
 
-    async def _complete(self, turn: Turn, renderer: ChunkRenderer, data: dict, waiter=None):
+    async def _complete(self, turn: Turn, conversation_id: str, renderer: ChunkRenderer, data: dict, waiter=None):
         answer, thinking, citations, user_message, final = [], [], [], None, None
         artifacts: list = []
         async for row in turn_events(turn.pk, waiter):
@@ -561,9 +571,12 @@ class ChatCompletionApi(View):
         etype, edata = final
         if etype == "turn.failed":
             # It failed after it was accepted and may already have acted: the client must not send it again.
-            return error_response(ApplicationError(
+            failed = error_response(ApplicationError(
                 edata.get("reason", "The turn failed."), status=502, code=edata.get("code") or "turn_failed",
-                extra={"turn_id": turn.turn_id}, headers=services.accepted_turn_headers(turn.turn_id)))
+                extra={"turn_id": turn.turn_id, "conversation_id": conversation_id},
+                headers=services.accepted_turn_headers(turn.turn_id)))
+            _name_the_turn(failed, turn.turn_id, conversation_id)
+            return failed
         message = {"role": "assistant", "content": "".join(answer), "refusal": None}
         if data["include_thinking"] and thinking:
             message["reasoning_content"] = "".join(thinking)
@@ -571,7 +584,7 @@ class ChatCompletionApi(View):
                 "model": renderer.model,
                 "choices": [{"index": 0, "message": message, "finish_reason": "stop", "logprobs": None}],
                 "usage": usage_or_zero(edata.get("usage")),
-                "ugent_turn_id": turn.turn_id, "ugent_citations": citations}
+                "ugent_turn_id": turn.turn_id, "ugent_conversation_id": conversation_id, "ugent_citations": citations}
         if artifacts:
             body["ugent_artifacts"] = artifacts
         if etype == "turn.cancelled":
@@ -579,7 +592,7 @@ class ChatCompletionApi(View):
         if data["echo_user_message"] and user_message:
             body["ugent_user_message"] = user_message
         resp = JsonResponse(body)
-        resp["x-ugent-turn-id"] = turn.turn_id
+        _name_the_turn(resp, turn.turn_id, conversation_id)
         return resp
 
 

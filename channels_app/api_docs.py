@@ -176,6 +176,9 @@ class ChatCompletionSerializer(serializers.Serializer):
     choices = ChoiceSerializer(many=True)
     usage = UsageSerializer(required=False)
     ugent_turn_id = serializers.CharField(help_text="The turn's id (also the x-ugent-turn-id header).")
+    ugent_conversation_id = serializers.CharField(help_text=(
+        "The turn's conversation (also the x-ugent-conversation-id header): the one a request without "
+        "conversation_id started, to send the next message under."))
     ugent_citations = serializers.ListField(child=serializers.CharField(),
                                             help_text="The verified citation ids the answer used.")
     ugent_stopped = serializers.BooleanField(required=False, help_text="The turn was stopped: the answer so far.")
@@ -205,9 +208,11 @@ class QueuedReceiptSerializer(serializers.Serializer):
     object = serializers.ChoiceField(choices=["ugent.receipt"])
     ugent_receipt = ReceiptSerializer()
     ugent_turn_id = serializers.CharField()
+    ugent_conversation_id = serializers.CharField()
 
 
-TURN_ID_HEADER = {"x-ugent-turn-id": {"schema": {"type": "string"}, "description": "The turn's id."}}
+TURN_ID_HEADER = {"x-ugent-turn-id": {"schema": {"type": "string"}, "description": "The turn's id."},
+                  "x-ugent-conversation-id": {"schema": {"type": "string"}, "description": "The turn's conversation."}}
 
 
 def chat_responses() -> dict:
