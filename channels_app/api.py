@@ -612,14 +612,16 @@ class ModelGetApi(APIView):
     """GET /v1/models/{model}: one model GET /v1/models lists (OpenAI's retrieveModel)."""
 
     @extend_schema(operation_id="models_retrieve", tags=["chat"], summary="One model a caller may name",
-                   description="The model object GET /v1/models lists under this id; 404 model_not_found for "
-                               "any other, as OpenAI answers.",
+                   description="The model object GET /v1/models lists under this id (ugent-default too); "
+                               "404 model_not_found, an invalid_request_error, for any other, as OpenAI answers.",
                    responses={200: docs.ModelSerializer, **docs.errors(401, 403, 404)})
     def get(self, request, model: str):
         found = model_get(model)
         if found is None:
+            # typed as OpenAI types it (an invalid_request_error, not UGENT's not_found_error): this is
+            # OpenAI's own endpoint, and a client written against OpenAI reads the type
             raise ApplicationError(NO_SUCH_MODEL.format(model=model), status=404, code="model_not_found",
-                                   param="model")
+                                   param="model", type_="invalid_request_error")
         return Response(found)
 
 

@@ -51,7 +51,8 @@ class ApiKeyScheme(OpenApiAuthenticationExtension):
 class ErrorObjectSerializer(serializers.Serializer):
     message = serializers.CharField()
     type = serializers.CharField(help_text="invalid_request_error, authentication_error, permission_error, "
-                                           "not_found_error, conflict_error, api_error, …")
+                                           "not_found_error, conflict_error, api_error, … (by the status; "
+                                           "GET /v1/models/{model}'s 404 is OpenAI's invalid_request_error)")
     param = serializers.CharField(allow_null=True)
     code = serializers.CharField(allow_null=True)
 

@@ -120,7 +120,7 @@ def test_a_model_the_operator_does_not_allow_is_refused_with_the_chat_endpoints_
 def test_models_lists_what_get_models_lists(tcast, models):
     listed = Client().get("/v1/models", HTTP_X_API_KEY=APP_KEY).json()["data"]
     body = command(CAROL, "/models").json()
-    assert body["data"]["models"] == listed and {m["id"] for m in listed} == {"scripted", "other", "callers"}
+    assert body["data"]["models"] == listed and {m["id"] for m in listed} == {"ugent-default", "scripted", "other", "callers"}
     assert all(f"- {m['id']}" in body["text"] for m in listed)
 
 
