@@ -293,7 +293,7 @@ TURN_ID_UNAVAILABLE = "This turn_id cannot be used: send the turn a new one, one
 
 def turn_id_unavailable() -> ApplicationError:
     """The refusal of a request whose turn_id a turn already holds (TURN_ID_UNAVAILABLE)."""
-    return ApplicationError(TURN_ID_UNAVAILABLE, status=409, code="turn_id_unavailable", param="turn_id",
+    return ApplicationError(TURN_ID_UNAVAILABLE, status=409, code="turn_id_in_use", param="turn_id",
                             headers=NO_RETRY)
 
 

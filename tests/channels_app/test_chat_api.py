@@ -205,7 +205,7 @@ def test_a_turn_id_held_by_anyones_turn_is_one_answer_that_tells_nothing_of_that
             assert frames[0]["data"]["error"] == resp.json()["error"]
             assert "conv-a" not in json.dumps(frames) and "a's words" not in json.dumps(frames)
     assert all(body == {"error": {"message": services.TURN_ID_UNAVAILABLE, "type": "conflict_error",
-                                  "param": "turn_id", "code": "turn_id_unavailable"}}
+                                  "param": "turn_id", "code": "turn_id_in_use"}}
                for body in answers.values()), answers
     assert {m.__name__: m.objects.count() for m in (Conversation, Receipt, Turn, Event)} == before
     assert not Conversation.objects.filter(external_id="conv-b-new").exists()
