@@ -470,12 +470,15 @@ def message_submit(*, inbound: Submission, profile=None, on_turn=None) -> Submis
                 raise turn_id_unavailable()
             return _submit_locked(inbound, conversation, created, profile, on_turn)
     except IntegrityError:
-        # a concurrent copy committed first: it owns the conversation row now
+        # a concurrent request committed first (a copy of this message, or a turn with this turn_id)
         conversation = Conversation.objects.filter(
             channel=inbound.channel, client_id=inbound.client_id or "",
             external_id=inbound.conversation_id or "").first()
         if conversation is None:  # only the turn_id can have collided
             raise turn_id_unavailable()
+        # our rollback may have let another sender's first message make it theirs: the 403 they would have
+        # given us had they come first, never their receipt (tests/channels_app/test_message_race.py)
+        conversation_write_check(actor=inbound.actor, conversation=conversation)
         raise _duplicate(conversation, inbound)
 
 
