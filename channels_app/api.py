@@ -297,10 +297,11 @@ def _close_accepted_waiter(accepting: asyncio.Future) -> None:
         waiter.close()
 
 
-def _mark_accepted(request, turn_id: str) -> None:
-    """Accepted: any answer from here on must not invite a resend (ugent_site.api_handler reads the mark)."""
+def _mark_accepted(request, turn_id: str, conversation_id: str) -> None:
+    """Accepted: any answer from here on must not invite a resend, and names the turn and its conversation
+    (ugent_site.api_handler reads the mark)."""
     if hasattr(request, "scope"):  # an ASGI request (the test client's WSGI request has no scope)
-        request.scope[services.ACCEPTED_TURN_SCOPE_KEY] = turn_id
+        request.scope[services.ACCEPTED_TURN_SCOPE_KEY] = (turn_id, conversation_id)
 
 
 async def _accept_settled(accepting: asyncio.Future, request) -> None:
@@ -318,7 +319,7 @@ async def _accept_settled(accepting: asyncio.Future, request) -> None:
         return
     _data, result, refused, _waiter = accepting.result()
     if refused is None and not isinstance(result, dict):  # a turn, not a question reply
-        _mark_accepted(request, result.turn.turn_id)
+        _mark_accepted(request, result.turn.turn_id, result.conversation.external_id)
 
 
 def _submit(principal, data: dict, on_turn=None):
@@ -360,15 +361,20 @@ def _reply(principal, data: dict) -> dict:
 
 
 def _reply_response(reply: dict, stream: bool, model: str):
-    """A reply's answer: the JSON object, or for a stream that object as one named event, then [DONE]."""
+    """A reply's answer: the JSON object, or for a stream that object as one named event, then [DONE]; with the
+    x-ugent-conversation-id header as every answer to a chat request that names a conversation."""
     if not stream:
-        return JsonResponse(reply)
+        resp = JsonResponse(reply)
+        resp["x-ugent-conversation-id"] = reply["conversation_id"]
+        return resp
     renderer = ChunkRenderer(turn_id=reply["turn_id"], model=model or "ugent-default", created=int(time.time()))
 
     async def body():
         yield renderer.named("ugent.interaction_reply", "ugent_interaction_reply", reply)
         yield DONE
-    return _sse_response(body(), None)
+    resp = _sse_response(body(), None)
+    resp["x-ugent-conversation-id"] = reply["conversation_id"]
+    return resp
 
 
 def _queued_receipt(result) -> dict:
@@ -504,7 +510,7 @@ class ChatCompletionApi(View):
         if isinstance(result, dict):  # a question reply: no turn ran
             return _reply_response(result, stream, data.get("model") or "")
         turn = result.turn
-        _mark_accepted(request, turn.turn_id)
+        _mark_accepted(request, turn.turn_id, result.conversation.external_id)
         renderer = ChunkRenderer(turn_id=turn.turn_id, model=turn.model or (data.get("model") or ""),
                                  created=int(time.time()),
                                  include_tool_events=data["ugent_include_tool_events"],
@@ -571,12 +577,10 @@ class ChatCompletionApi(View):
         etype, edata = final
         if etype == "turn.failed":
             # It failed after it was accepted and may already have acted: the client must not send it again.
-            failed = error_response(ApplicationError(
+            return error_response(ApplicationError(
                 edata.get("reason", "The turn failed."), status=502, code=edata.get("code") or "turn_failed",
                 extra={"turn_id": turn.turn_id, "conversation_id": conversation_id},
-                headers=services.accepted_turn_headers(turn.turn_id)))
-            _name_the_turn(failed, turn.turn_id, conversation_id)
-            return failed
+                headers=services.accepted_turn_headers(turn.turn_id, conversation_id)))
         message = {"role": "assistant", "content": "".join(answer), "refusal": None}
         if data["include_thinking"] and thinking:
             message["reasoning_content"] = "".join(thinking)

@@ -58,7 +58,8 @@ class ErrorObjectSerializer(serializers.Serializer):
 
 
 class ErrorSerializer(serializers.Serializer):
-    """OpenAI's error object. A refusal may carry more fields beside these (turn_id, state, receipt)."""
+    """OpenAI's error object. A refusal may carry more fields beside these (turn_id, state, receipt; a
+    non-stream 502 carries turn_id and conversation_id, the turn and its conversation)."""
 
     error = ErrorObjectSerializer()
 
@@ -73,7 +74,9 @@ def errors(*statuses: int) -> dict:
              409: ("A conflict: a repeated client_message_id, a turn_id a turn already holds (anyone's: the same "
                    "answer), a turn that already finished, no running turn."),
              502: ("The turn failed upstream after it started (non-stream). It carries x-should-retry: false: "
-                   "the turn may already have acted, so send it again only as a new message."),
+                   "the turn may already have acted, so send it again only as a new message. Its error object "
+                   "names the turn (turn_id) and its conversation (conversation_id), as the x-ugent-turn-id and "
+                   "x-ugent-conversation-id headers do."),
              503: "Not available here: nothing installed can do it (GET /v1/ugent/status says so first)."}
     return {s: OpenApiResponse(ErrorSerializer, description=words[s]) for s in statuses}
 

@@ -29,15 +29,17 @@ from channels_app.models import (FINAL_STATES, Actor, ApiKey, Caller, CallerDefa
 
 log = logging.getLogger("ugent.hub")
 
-#: The ASGI scope key under which a chat request keeps its accepted turn's id: from then on no answer to it
-#: may invite a retry (the official openai client retries 408, 409, 429 and 5xx), as the turn may already
-#: have acted and a resend would run it again, or be refused as a duplicate instead of the real answer.
-ACCEPTED_TURN_SCOPE_KEY = "ugent.accepted_turn_id"
+#: The ASGI scope key under which a chat request keeps its accepted turn's id and its conversation's, a pair:
+#: from then on no answer to it may invite a retry (the official openai client retries 408, 409, 429 and 5xx),
+#: as the turn may already have acted and a resend would run it again, or be refused as a duplicate instead
+#: of the real answer; and every answer names both, as a request without conversation_id learns its
+#: conversation's id only from the answer.
+ACCEPTED_TURN_SCOPE_KEY = "ugent.accepted_turn"
 
 
-def accepted_turn_headers(turn_id: str) -> dict:
+def accepted_turn_headers(turn_id: str, conversation_id: str) -> dict:
     """The headers of an error that answers a chat request after its message was accepted."""
-    return {**NO_RETRY, "x-ugent-turn-id": turn_id}
+    return {**NO_RETRY, "x-ugent-turn-id": turn_id, "x-ugent-conversation-id": conversation_id}
 ACTOR_KEY_MAX = Actor._meta.get_field("key").max_length
 NOT_YOURS = "This conversation belongs to another user."
 APPLICATION_NAMES_FEDERATED_ONLY = ("An application key may name only federated users of the issuers "
@@ -256,7 +258,7 @@ class DuplicateMessage(ApplicationError):
         extra = {"receipt": receipt_summary(receipt, turn)}
         if turn is not None:
             extra["turn_id"] = turn.turn_id
-        headers = dict(NO_RETRY)
+        headers = {**NO_RETRY, "x-ugent-conversation-id": receipt.conversation.external_id}
         if turn is not None:
             headers["x-ugent-turn-id"] = turn.turn_id
         super().__init__(message, status=409, code=code, param="client_message_id", extra=extra,

@@ -127,12 +127,15 @@ def test_a_repeated_client_message_id_runs_nothing(tcast):
     err = again.json()["error"]
     assert err["code"] == "DuplicateProcessed"
     assert err["turn_id"] == first["x-ugent-turn-id"] == again["x-ugent-turn-id"]
+    assert again["x-ugent-conversation-id"] == "c1"
     assert Turn.objects.count() == 1 and Receipt.objects.count() == 1
 
 
 def test_a_streamed_repeat_gets_the_receipt_then_the_refusal(tcast):
     first = chat(tcast.alice, "once", conversation_id="c1", client_message_id="m1")
-    frames = frames_of(chat(tcast.alice, "once", stream=True, conversation_id="c1", client_message_id="m1"))
+    repeat = chat(tcast.alice, "once", stream=True, conversation_id="c1", client_message_id="m1")
+    assert repeat["x-ugent-conversation-id"] == "c1" and repeat["x-ugent-turn-id"] == first["x-ugent-turn-id"]
+    frames = frames_of(repeat)
     assert frames[0]["event"] == "ugent.receipt"
     assert frames[0]["data"]["ugent_receipt"]["turn_id"] == first["x-ugent-turn-id"]
     assert frames[0]["data"]["ugent_receipt"]["state"] == "completed"
