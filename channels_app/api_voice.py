@@ -21,7 +21,8 @@ class TranscribeApi(APIView):
     """POST /v1/ugent/transcribe: dictation, a recording turned into text with no turn."""
 
     class InputSerializer(serializers.Serializer):
-        # (the recording, `file`, is read by an engine that transcribes; none ships in this build)
+        file = serializers.FileField(required=False, help_text="The recording (read by an engine that transcribes; "
+                                                               "none ships in this build).")
         conversation_id = serializers.CharField(required=False, max_length=255,
                                                 help_text="The conversation the words are for: someone else's is "
                                                           "a 403; one that does not exist yet is not created.")
@@ -38,13 +39,14 @@ class TranscribeApi(APIView):
                    description="Answers {text, language, duration_ms} where a transcription engine is installed; "
                                "none ships in this build, so it is a 503 (status.media.voice.input.dictation is "
                                "false) and nothing is kept. Someone else's conversation is a 403 first.",
-                   request=None, responses=docs.errors(400, 401, 403, 503))
+                   request={"multipart/form-data": InputSerializer}, responses=docs.errors(400, 401, 403, 503))
     def post(self, request):
         ser = self.InputSerializer(data=request.data)
         ser.is_valid(raise_exception=True)
         d = ser.validated_data
         if d.get("conversation_id"):  # someone else's conversation: the 403 a message into it gets
-            services.conversation_writable_or_new(actor=services.actor_of_request(request.user, d),
+            # dictation keeps nothing, so not even the actor's row: one without a row owns no conversation
+            services.conversation_writable_or_new(actor=services.actor_existing_of_request(request.user, d),
                                                   conversation_id=d["conversation_id"], client_id=d["client_id"])
         return voice.dictation()
 

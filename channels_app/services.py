@@ -63,14 +63,29 @@ def actor_resolve(*, caller: Caller, user: str | None = None, federation_issuer:
     anyone; an application names only federated users of the issuers it lists, and only when
     require_verified_identity is off; naming nobody is the operator itself, or `web-user@<caller>`.
     """
+    key, defaults = _actor_named(caller=caller, user=user, federation_issuer=federation_issuer,
+                                 federation_subject=federation_subject, identity=identity)
+    return _get_or_create(Actor, key=key, defaults=defaults)
+
+
+def actor_existing(*, caller: Caller, user: str | None = None, federation_issuer: str | None = None,
+                   federation_subject: str | None = None, identity=None) -> Actor | None:
+    """The actor a request names, by actor_resolve's rules and refusals, but never created: None when it has
+    no row yet (a request that keeps nothing, dictation: such an actor owns no conversation)."""
+    key, _defaults = _actor_named(caller=caller, user=user, federation_issuer=federation_issuer,
+                                  federation_subject=federation_subject, identity=identity)
+    return rows.table(Actor).get(key=key)
+
+
+def _actor_named(*, caller: Caller, user, federation_issuer, federation_subject, identity) -> tuple[str, dict]:
+    """The key and row of the actor a request names (actor_resolve's rules; raises its refusals)."""
     is_operator = caller.role == Role.OPERATOR  # anything not exactly an operator gets the application rules
     if identity is not None:
         if not is_operator and identity.issuer not in (caller.issuers or []):
             raise ApplicationError(TOKEN_ISSUER_NOT_LISTED_BY_CALLER.format(issuer=identity.issuer), status=403,
                                    code="actor_not_allowed")
-        return _get_or_create(Actor, key=identity.actor_key, defaults={
-            "channel": "web", "user_id": identity.subject, "caller": caller,
-            "federation_issuer": identity.issuer, "federation_subject": identity.subject})
+        return identity.actor_key, {"channel": "web", "user_id": identity.subject, "caller": caller,
+                                    "federation_issuer": identity.issuer, "federation_subject": identity.subject}
     if bool(federation_issuer) != bool(federation_subject):
         raise ApplicationError("federation_issuer and federation_subject go together.",
                                status=400, code="invalid_request",
@@ -101,7 +116,7 @@ def actor_resolve(*, caller: Caller, user: str | None = None, federation_issuer:
     else:
         key = caller.anonymous_actor_key
         defaults = {"channel": "web", "user_id": key, "caller": caller}
-    return _get_or_create(Actor, key=key, defaults=defaults)
+    return key, defaults
 
 
 def viewer_resolve(*, caller: Caller, user: str | None = None, federation_issuer: str | None = None,
@@ -118,6 +133,13 @@ def actor_of_request(principal, fields: dict) -> Actor:
     return actor_resolve(caller=principal.caller, user=fields.get("user"),
                          federation_issuer=fields.get("federation_issuer"),
                          federation_subject=fields.get("federation_subject"), identity=principal.identity)
+
+
+def actor_existing_of_request(principal, fields: dict) -> Actor | None:
+    """actor_existing for a view, as actor_of_request: the same refusals, and no Actor row created."""
+    return actor_existing(caller=principal.caller, user=fields.get("user"),
+                          federation_issuer=fields.get("federation_issuer"),
+                          federation_subject=fields.get("federation_subject"), identity=principal.identity)
 
 
 def viewer_of_request(principal, fields: dict) -> access.Viewer:
@@ -179,13 +201,15 @@ def conversation_write_check(*, actor: Actor, conversation: Conversation) -> Non
         raise ApplicationError(NOT_YOURS, status=403, code="conversation_not_owned", param="conversation_id")
 
 
-def conversation_writable_or_new(*, actor: Actor, conversation_id: str, client_id: str = "",
+def conversation_writable_or_new(*, actor: Actor | None, conversation_id: str, client_id: str = "",
                                  channel: str = "web") -> Conversation | None:
     """The conversation a request that creates none names (dictation, a live call), checked as a message into
     it is (conversation_write_check: 403 when someone else's); None while it does not exist yet, as its first
-    message will make it this actor's."""
+    message will make it this actor's. `actor` None is one with no row yet (actor_existing), who owns none."""
     conv = rows.table(Conversation).get(channel=channel, client_id=client_id or "", external_id=conversation_id)
-    if conv is not None:
+    if conv is not None and actor is None and conv.channel == "web":
+        raise ApplicationError(NOT_YOURS, status=403, code="conversation_not_owned", param="conversation_id")
+    if conv is not None and actor is not None:
         conversation_write_check(actor=actor, conversation=conv)
     return conv
 

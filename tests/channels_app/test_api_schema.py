@@ -162,3 +162,11 @@ def test_the_swagger_page_loads_its_assets_from_our_static_files_not_a_cdn(setti
     assert any("swagger-ui" in u for u in parser.urls)
     assert "/v1/openapi.json" in html  # the page reads the served schema
     assert not re.search(r"https?://(?!127\.0\.0\.1|localhost)", "".join(parser.inline))
+
+
+def test_dictation_describes_its_multipart_request(schema):
+    body = schema["paths"]["/v1/ugent/transcribe"]["post"]["requestBody"]["content"]
+    assert list(body) == ["multipart/form-data"]
+    fields = schema["components"]["schemas"][body["multipart/form-data"]["schema"]["$ref"].rsplit("/", 1)[1]]
+    assert {"file", "conversation_id", "client_id", "language", "user", "federation_issuer",
+            "federation_subject"} <= set(fields["properties"])

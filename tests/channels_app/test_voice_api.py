@@ -82,3 +82,28 @@ def test_dictation_refuses_someone_elses_conversation_before_saying_it_is_unavai
     r = transcribe(APP_KEY, conversation_id="carols-next", **carol)
     assert r.status_code == 503 and r.json()["error"]["message"] == voice.DICTATION_UNAVAILABLE
     assert list(Conversation.objects.values_list("external_id", flat=True)) == ["alices"]
+
+
+def test_dictation_keeps_nothing_not_even_the_actor_it_names(tcast):
+    """The spec: dictation keeps nothing. A federated subject the daemon has never seen is no Actor row after
+    it, whether its conversation exists (someone else's: 403, as one with no row owns none) or not yet (503)."""
+    import io
+    from channels_app.models import Actor
+    from tests.conftest import APP_KEY
+
+    def transcribe(**fields):
+        f = io.BytesIO(b"RIFF")
+        f.name = "v.wav"
+        return Client().post("/v1/ugent/transcribe", data={"file": f, **fields}, HTTP_X_API_KEY=APP_KEY)
+
+    chat("alice", conversation_id="alices")
+    actors = set(Actor.objects.values_list("key", flat=True))
+    dave = {"federation_issuer": "example-crm", "federation_subject": "dave-new"}
+    r = transcribe(conversation_id="alices", **dave)
+    assert r.status_code == 403 and r.json()["error"]["code"] == "conversation_not_owned", r.content
+    r = transcribe(conversation_id="daves-next", **dave)
+    assert r.status_code == 503 and r.json()["error"]["message"] == voice.DICTATION_UNAVAILABLE
+    assert set(Actor.objects.values_list("key", flat=True)) == actors
+    # the role rules still hold first: an application naming a plain user is refused, and creates nobody
+    assert transcribe(conversation_id="alices", user="erin").status_code == 403
+    assert set(Actor.objects.values_list("key", flat=True)) == actors
