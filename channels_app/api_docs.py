@@ -305,14 +305,23 @@ class WorkingDirectorySerializer(serializers.Serializer):
     client_id = serializers.CharField(allow_blank=True)
     channel = serializers.CharField()
     directory = serializers.CharField(help_text='Relative to the workspace root; "." is the root.')
-    path = serializers.CharField(help_text="The absolute path.")
+    path = serializers.CharField(help_text=("The absolute path on the host for an operator key; in the /sandbox "
+                                            "command's report (POST /v1/ugent/commands) to anyone else, relative "
+                                            "to the workspace root like directory."))
 
 
 SandboxSerializer = inline_serializer("Sandbox", {
     "object": serializers.ChoiceField(choices=["ugent.sandbox"]),
-    "workspace_root": serializers.CharField(), "workspace_exists": serializers.BooleanField(),
+    "workspace_root": serializers.CharField(
+        allow_null=True, help_text=("The workspace's path on the host, for an operator key; null in the /sandbox "
+                                    "command's report (POST /v1/ugent/commands, its data) to anyone else, whose "
+                                    "paths are all relative to the workspace root.")),
+    "workspace_exists": serializers.BooleanField(),
     "writable_paths": serializers.ListField(child=serializers.CharField(),
-                                            help_text="UGENT_SANDBOX_WRITABLE; empty: tools write nothing."),
+                                            help_text=("UGENT_SANDBOX_WRITABLE; empty: tools write nothing. Host "
+                                                       "paths for an operator key; for anyone else relative to the "
+                                                       "workspace root (\".\" the root, \"(outside the "
+                                                       "workspace)\" one beyond it).")),
     "network": serializers.BooleanField(help_text="UGENT_SANDBOX_NETWORK."),
     "working_directory": WorkingDirectorySerializer(allow_null=True,
                                                     help_text="The conversation asked about, or null."),

@@ -170,3 +170,13 @@ def test_dictation_describes_its_multipart_request(schema):
     fields = schema["components"]["schemas"][body["multipart/form-data"]["schema"]["$ref"].rsplit("/", 1)[1]]
     assert {"file", "conversation_id", "client_id", "language", "user", "federation_issuer",
             "federation_subject"} <= set(fields["properties"])
+
+
+def test_the_sandbox_report_says_a_non_operator_sees_no_host_path(schema):
+    """/sandbox through POST /v1/ugent/commands shows anyone but an operator key the report with
+    workspace_root null and the paths relative to the workspace root (docs/commands.md)."""
+    report = schema["components"]["schemas"]["Sandbox"]["properties"]
+    assert report["workspace_root"]["nullable"] is True and "null" in report["workspace_root"]["description"]
+    assert "relative" in report["writable_paths"]["description"]
+    directory = schema["components"]["schemas"]["WorkingDirectory"]["properties"]
+    assert "relative" in directory["path"]["description"]
