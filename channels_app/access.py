@@ -18,6 +18,7 @@ itself (`Viewer.is_operator`), which sees every conversation and event.
 | event | the operator; the conversation's owner when addressed to all or to them | not sent |
 | turn, stop | its own user, the operator, or anyone naming its exact turn_id | 404 |
 | turn, steering | its own user, the operator (any of their clients, by turn_id or not) | 404 |
+| the host's paths (/sandbox) | an operator key, whomever it names | shown relative to the workspace |
 
 Steering is words put into another person's turn, so an exact turn_id lets a
 stranger stop a turn (the seed: "a stop needs the turn's own user, the
@@ -109,6 +110,15 @@ def events_scope(viewer: Viewer, queryset):
     """The all-conversations stream's rows before the per-event audience check: the conversations the
     viewer owns (the operator: all)."""
     return queryset if viewer.is_operator else queryset.filter(conversation__owner_id=viewer.actor.id)
+
+
+# --- the host ----------------------------------------------------------------
+
+def host_paths_readable(viewer: Viewer) -> bool:
+    """The host's paths (the workspace root, the sandbox's writable paths, a working directory as a path):
+    an operator key, whomever it names, as the operator's host endpoints answer (channels_app.auth.IsOperator).
+    Anyone else (an application key, a chat channel's sender) is shown them relative to the workspace."""
+    return viewer.caller is not None and viewer.caller.role == Role.OPERATOR
 
 
 # --- turns -------------------------------------------------------------------

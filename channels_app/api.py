@@ -297,10 +297,11 @@ def _close_accepted_waiter(accepting: asyncio.Future) -> None:
         waiter.close()
 
 
-def _mark_accepted(request, turn_id: str) -> None:
-    """Accepted: any answer from here on must not invite a resend (ugent_site.api_handler reads the mark)."""
+def _mark_accepted(request, turn_id: str, conversation_id: str) -> None:
+    """Accepted: any answer from here on must not invite a resend, and names the turn and its conversation
+    (ugent_site.api_handler reads the mark)."""
     if hasattr(request, "scope"):  # an ASGI request (the test client's WSGI request has no scope)
-        request.scope[services.ACCEPTED_TURN_SCOPE_KEY] = turn_id
+        request.scope[services.ACCEPTED_TURN_SCOPE_KEY] = (turn_id, conversation_id)
 
 
 async def _accept_settled(accepting: asyncio.Future, request) -> None:
@@ -318,7 +319,7 @@ async def _accept_settled(accepting: asyncio.Future, request) -> None:
         return
     _data, result, refused, _waiter = accepting.result()
     if refused is None and not isinstance(result, dict):  # a turn, not a question reply
-        _mark_accepted(request, result.turn.turn_id)
+        _mark_accepted(request, result.turn.turn_id, result.conversation.external_id)
 
 
 def _submit(principal, data: dict, on_turn=None):
@@ -360,15 +361,20 @@ def _reply(principal, data: dict) -> dict:
 
 
 def _reply_response(reply: dict, stream: bool, model: str):
-    """A reply's answer: the JSON object, or for a stream that object as one named event, then [DONE]."""
+    """A reply's answer: the JSON object, or for a stream that object as one named event, then [DONE]; with the
+    x-ugent-conversation-id header as every answer to a chat request that names a conversation."""
     if not stream:
-        return JsonResponse(reply)
+        resp = JsonResponse(reply)
+        resp["x-ugent-conversation-id"] = reply["conversation_id"]
+        return resp
     renderer = ChunkRenderer(turn_id=reply["turn_id"], model=model or "ugent-default", created=int(time.time()))
 
     async def body():
         yield renderer.named("ugent.interaction_reply", "ugent_interaction_reply", reply)
         yield DONE
-    return _sse_response(body(), None)
+    resp = _sse_response(body(), None)
+    resp["x-ugent-conversation-id"] = reply["conversation_id"]
+    return resp
 
 
 def _queued_receipt(result) -> dict:
@@ -423,13 +429,21 @@ async def turn_events(turn_pk: int, waiter: notify.Waiter | None = None):
         waiter.close()
 
 
-def _sse_response(body, turn_id: str | None) -> StreamingHttpResponse:
+def _sse_response(body, turn_id: str | None, conversation_id: str | None = None) -> StreamingHttpResponse:
     resp = StreamingHttpResponse(body, content_type="text/event-stream; charset=utf-8")
     resp["Cache-Control"] = "no-cache"
     resp["X-Accel-Buffering"] = "no"
     if turn_id:
-        resp["x-ugent-turn-id"] = turn_id
+        _name_the_turn(resp, turn_id, conversation_id)
     return resp
+
+
+def _name_the_turn(resp, turn_id: str, conversation_id: str | None) -> None:
+    """The headers that name an accepted message's turn and its conversation: a request that named no
+    conversation_id started one, and this is where its client learns the id to send its next message under."""
+    resp["x-ugent-turn-id"] = turn_id
+    if conversation_id:
+        resp["x-ugent-conversation-id"] = conversation_id
 
 
 def _refusal_stream(exc: ApplicationError, model: str):
@@ -458,7 +472,8 @@ class ChatCompletionApi(View):
 
     @extend_schema(operation_id="chat_completions_create", tags=["chat"], summary="Chat (stream and non-stream)",
                    description=("OpenAI-compatible chat with the UGENT extensions. The x-ugent-turn-id response "
-                                "header names the turn. A repeated client_message_id runs nothing: 409 "
+                                "header names the turn, and x-ugent-conversation-id its conversation (the one a "
+                                "request without conversation_id started). A repeated client_message_id runs nothing: 409 "
                                 "(DuplicateInFlight, DuplicateProcessed) without streaming."),
                    request={"application/json": ChatInputSerializer}, examples=docs.CHAT_EXAMPLES,
                    responses=docs.chat_responses())
@@ -495,7 +510,7 @@ class ChatCompletionApi(View):
         if isinstance(result, dict):  # a question reply: no turn ran
             return _reply_response(result, stream, data.get("model") or "")
         turn = result.turn
-        _mark_accepted(request, turn.turn_id)
+        _mark_accepted(request, turn.turn_id, result.conversation.external_id)
         renderer = ChunkRenderer(turn_id=turn.turn_id, model=turn.model or (data.get("model") or ""),
                                  created=int(time.time()),
                                  include_tool_events=data["ugent_include_tool_events"],
@@ -506,16 +521,17 @@ class ChatCompletionApi(View):
         if queued is not None and not stream:
             if waiter is not None:
                 waiter.close()
-            resp = JsonResponse({"object": "ugent.receipt", "ugent_receipt": queued, "ugent_turn_id": turn.turn_id},
-                                status=202)
-            resp["x-ugent-turn-id"] = turn.turn_id
+            resp = JsonResponse({"object": "ugent.receipt", "ugent_receipt": queued, "ugent_turn_id": turn.turn_id,
+                                 "ugent_conversation_id": result.conversation.external_id}, status=202)
+            _name_the_turn(resp, turn.turn_id, result.conversation.external_id)
             return resp
         if stream:
-            resp = _sse_response(self._stream(turn.pk, renderer, waiter, queued), turn.turn_id)
+            resp = _sse_response(self._stream(turn.pk, renderer, waiter, queued), turn.turn_id,
+                                 result.conversation.external_id)
             if waiter is not None:  # a stream whose body never starts (the client left) still lets go
                 resp._resource_closers.append(waiter.close)
             return resp
-        return await self._complete(turn, renderer, data, waiter)
+        return await self._complete(turn, result.conversation.external_id, renderer, data, waiter)
 
     async def _stream(self, turn_pk: int, renderer: ChunkRenderer, waiter=None, queued=None):
         if queued is not None:
@@ -528,7 +544,7 @@ class ChatCompletionApi(View):
             if out:
                 yield out
 
-    async def _complete(self, turn: Turn, renderer: ChunkRenderer, data: dict, waiter=None):
+    async def _complete(self, turn: Turn, conversation_id: str, renderer: ChunkRenderer, data: dict, waiter=None):
         answer, thinking, citations, user_message, final = [], [], [], None, None
         artifacts: list = []
         async for row in turn_events(turn.pk, waiter):
@@ -563,7 +579,8 @@ class ChatCompletionApi(View):
             # It failed after it was accepted and may already have acted: the client must not send it again.
             return error_response(ApplicationError(
                 edata.get("reason", "The turn failed."), status=502, code=edata.get("code") or "turn_failed",
-                extra={"turn_id": turn.turn_id}, headers=services.accepted_turn_headers(turn.turn_id)))
+                extra={"turn_id": turn.turn_id, "conversation_id": conversation_id},
+                headers=services.accepted_turn_headers(turn.turn_id, conversation_id)))
         message = {"role": "assistant", "content": "".join(answer), "refusal": None}
         if data["include_thinking"] and thinking:
             message["reasoning_content"] = "".join(thinking)
@@ -571,7 +588,7 @@ class ChatCompletionApi(View):
                 "model": renderer.model,
                 "choices": [{"index": 0, "message": message, "finish_reason": "stop", "logprobs": None}],
                 "usage": usage_or_zero(edata.get("usage")),
-                "ugent_turn_id": turn.turn_id, "ugent_citations": citations}
+                "ugent_turn_id": turn.turn_id, "ugent_conversation_id": conversation_id, "ugent_citations": citations}
         if artifacts:
             body["ugent_artifacts"] = artifacts
         if etype == "turn.cancelled":
@@ -579,7 +596,7 @@ class ChatCompletionApi(View):
         if data["echo_user_message"] and user_message:
             body["ugent_user_message"] = user_message
         resp = JsonResponse(body)
-        resp["x-ugent-turn-id"] = turn.turn_id
+        _name_the_turn(resp, turn.turn_id, conversation_id)
         return resp
 
 
@@ -599,14 +616,16 @@ class ModelGetApi(APIView):
     """GET /v1/models/{model}: one model GET /v1/models lists (OpenAI's retrieveModel)."""
 
     @extend_schema(operation_id="models_retrieve", tags=["chat"], summary="One model a caller may name",
-                   description="The model object GET /v1/models lists under this id; 404 model_not_found for "
-                               "any other, as OpenAI answers.",
+                   description="The model object GET /v1/models lists under this id (ugent-default too); "
+                               "404 model_not_found, an invalid_request_error, for any other, as OpenAI answers.",
                    responses={200: docs.ModelSerializer, **docs.errors(401, 403, 404)})
     def get(self, request, model: str):
         found = model_get(model)
         if found is None:
+            # typed as OpenAI types it (an invalid_request_error, not UGENT's not_found_error): this is
+            # OpenAI's own endpoint, and a client written against OpenAI reads the type
             raise ApplicationError(NO_SUCH_MODEL.format(model=model), status=404, code="model_not_found",
-                                   param="model")
+                                   param="model", type_="invalid_request_error")
         return Response(found)
 
 

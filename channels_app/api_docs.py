@@ -51,13 +51,15 @@ class ApiKeyScheme(OpenApiAuthenticationExtension):
 class ErrorObjectSerializer(serializers.Serializer):
     message = serializers.CharField()
     type = serializers.CharField(help_text="invalid_request_error, authentication_error, permission_error, "
-                                           "not_found_error, conflict_error, api_error, …")
+                                           "not_found_error, conflict_error, api_error, … (by the status; "
+                                           "GET /v1/models/{model}'s 404 is OpenAI's invalid_request_error)")
     param = serializers.CharField(allow_null=True)
     code = serializers.CharField(allow_null=True)
 
 
 class ErrorSerializer(serializers.Serializer):
-    """OpenAI's error object. A refusal may carry more fields beside these (turn_id, state, receipt)."""
+    """OpenAI's error object. A refusal may carry more fields beside these (turn_id, state, receipt; a
+    non-stream 502 carries turn_id and conversation_id, the turn and its conversation)."""
 
     error = ErrorObjectSerializer()
 
@@ -69,9 +71,12 @@ def errors(*statuses: int) -> dict:
              403: ("Refused by a rule of Keys and callers: not this caller's or this user's to read or act on, "
                    "or an identity token that fails verification (docs/identity.md)."),
              404: "Nothing of that name that this caller may see.",
-             409: "A conflict: a repeated client_message_id, a turn that already finished, no running turn.",
+             409: ("A conflict: a repeated client_message_id, a turn_id a turn already holds (anyone's: the same "
+                   "answer), a turn that already finished, no running turn."),
              502: ("The turn failed upstream after it started (non-stream). It carries x-should-retry: false: "
-                   "the turn may already have acted, so send it again only as a new message."),
+                   "the turn may already have acted, so send it again only as a new message. Its error object "
+                   "names the turn (turn_id) and its conversation (conversation_id), as the x-ugent-turn-id and "
+                   "x-ugent-conversation-id headers do."),
              503: "Not available here: nothing installed can do it (GET /v1/ugent/status says so first)."}
     return {s: OpenApiResponse(ErrorSerializer, description=words[s]) for s in statuses}
 
@@ -175,6 +180,9 @@ class ChatCompletionSerializer(serializers.Serializer):
     choices = ChoiceSerializer(many=True)
     usage = UsageSerializer(required=False)
     ugent_turn_id = serializers.CharField(help_text="The turn's id (also the x-ugent-turn-id header).")
+    ugent_conversation_id = serializers.CharField(help_text=(
+        "The turn's conversation (also the x-ugent-conversation-id header): the one a request without "
+        "conversation_id started, to send the next message under."))
     ugent_citations = serializers.ListField(child=serializers.CharField(),
                                             help_text="The verified citation ids the answer used.")
     ugent_stopped = serializers.BooleanField(required=False, help_text="The turn was stopped: the answer so far.")
@@ -204,9 +212,11 @@ class QueuedReceiptSerializer(serializers.Serializer):
     object = serializers.ChoiceField(choices=["ugent.receipt"])
     ugent_receipt = ReceiptSerializer()
     ugent_turn_id = serializers.CharField()
+    ugent_conversation_id = serializers.CharField()
 
 
-TURN_ID_HEADER = {"x-ugent-turn-id": {"schema": {"type": "string"}, "description": "The turn's id."}}
+TURN_ID_HEADER = {"x-ugent-turn-id": {"schema": {"type": "string"}, "description": "The turn's id."},
+                  "x-ugent-conversation-id": {"schema": {"type": "string"}, "description": "The turn's conversation."}}
 
 
 def chat_responses() -> dict:
@@ -295,14 +305,23 @@ class WorkingDirectorySerializer(serializers.Serializer):
     client_id = serializers.CharField(allow_blank=True)
     channel = serializers.CharField()
     directory = serializers.CharField(help_text='Relative to the workspace root; "." is the root.')
-    path = serializers.CharField(help_text="The absolute path.")
+    path = serializers.CharField(help_text=("The absolute path on the host for an operator key; in the /sandbox "
+                                            "command's report (POST /v1/ugent/commands) to anyone else, relative "
+                                            "to the workspace root like directory."))
 
 
 SandboxSerializer = inline_serializer("Sandbox", {
     "object": serializers.ChoiceField(choices=["ugent.sandbox"]),
-    "workspace_root": serializers.CharField(), "workspace_exists": serializers.BooleanField(),
+    "workspace_root": serializers.CharField(
+        allow_null=True, help_text=("The workspace's path on the host, for an operator key; null in the /sandbox "
+                                    "command's report (POST /v1/ugent/commands, its data) to anyone else, whose "
+                                    "paths are all relative to the workspace root.")),
+    "workspace_exists": serializers.BooleanField(),
     "writable_paths": serializers.ListField(child=serializers.CharField(),
-                                            help_text="UGENT_SANDBOX_WRITABLE; empty: tools write nothing."),
+                                            help_text=("UGENT_SANDBOX_WRITABLE; empty: tools write nothing. Host "
+                                                       "paths for an operator key; for anyone else relative to the "
+                                                       "workspace root (\".\" the root, \"(outside the "
+                                                       "workspace)\" one beyond it).")),
     "network": serializers.BooleanField(help_text="UGENT_SANDBOX_NETWORK."),
     "working_directory": WorkingDirectorySerializer(allow_null=True,
                                                     help_text="The conversation asked about, or null."),

@@ -12,7 +12,7 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.views import APIView
 
-from channels_app import access, auth, services, streams, voice
+from channels_app import auth, services, voice
 from channels_app import api_docs as docs
 from channels_app.errors import ApplicationError
 
@@ -20,12 +20,34 @@ from channels_app.errors import ApplicationError
 class TranscribeApi(APIView):
     """POST /v1/ugent/transcribe: dictation, a recording turned into text with no turn."""
 
+    class InputSerializer(serializers.Serializer):
+        file = serializers.FileField(required=False, help_text="The recording (read by an engine that transcribes; "
+                                                               "none ships in this build).")
+        conversation_id = serializers.CharField(required=False, max_length=255,
+                                                help_text="The conversation the words are for: someone else's is "
+                                                          "a 403; one that does not exist yet is not created.")
+        client_id = serializers.CharField(required=False, default="", allow_blank=True, max_length=200)
+        language = serializers.CharField(required=False, max_length=35)
+        user = serializers.CharField(required=False, max_length=255)
+        federation_issuer = serializers.CharField(required=False, max_length=200)
+        federation_subject = serializers.CharField(required=False, max_length=255)
+
+        class Meta:
+            ref_name = "TranscribeRequest"
+
     @extend_schema(operation_id="transcribe", tags=["voice"], summary="Dictation (not available in this build)",
                    description="Answers {text, language, duration_ms} where a transcription engine is installed; "
                                "none ships in this build, so it is a 503 (status.media.voice.input.dictation is "
-                               "false) and nothing is kept.",
-                   request=None, responses=docs.errors(401, 403, 503))
+                               "false) and nothing is kept. Someone else's conversation is a 403 first.",
+                   request={"multipart/form-data": InputSerializer}, responses=docs.errors(400, 401, 403, 503))
     def post(self, request):
+        ser = self.InputSerializer(data=request.data)
+        ser.is_valid(raise_exception=True)
+        d = ser.validated_data
+        if d.get("conversation_id"):  # someone else's conversation: the 403 a message into it gets
+            # dictation keeps nothing, so not even the actor's row: one without a row owns no conversation
+            services.conversation_writable_or_new(actor=services.actor_existing_of_request(request.user, d),
+                                                  conversation_id=d["conversation_id"], client_id=d["client_id"])
         return voice.dictation()
 
 
@@ -82,16 +104,13 @@ def live_socket_refusal(*, headers: dict, query: dict) -> tuple[int, str]:
     try:
         principal = auth.authenticate_headers(headers)
         viewer = services.viewer_of_request(principal, query)
+        if query.get("conversation_id"):
+            # a call speaks into the conversation: only whoever may write into it (on the web channel, its
+            # owner; not an operator acting as itself) may hold one
+            services.conversation_writable_or_new(actor=viewer.actor, conversation_id=query["conversation_id"],
+                                                  client_id=query.get("client_id") or "")
     except ApplicationError as exc:
         return 4000 + exc.status, exc.message
-    conversation_id = query.get("conversation_id") or ""
-    if conversation_id:
-        conversation = streams.conversation_lookup(conversation_id=conversation_id,
-                                                   client_id=query.get("client_id") or "")
-        # a call speaks into the conversation: only whoever may write into it (on the web channel, its
-        # owner; not an operator acting as itself) may hold one
-        if conversation is not None and not access.conversation_writable(viewer.actor, conversation):
-            return 4403, services.NOT_YOURS
     return 4422, voice.LIVE_UNAVAILABLE
 
 

@@ -9,7 +9,8 @@ allow_remote_control (Caller.remote_control_allowed); read-only ones are always 
 
 A chat channel's sender runs the same commands by typing them (plugins_app.channel.services, through
 `channel_command` and `command_dispatch`): there the plugin's `allow_remote_control` senders may change
-things, and /sandbox, which shows the host's paths, counts as a change.
+things, and /sandbox, which shows how the host's sandbox is set up, counts as a change. Its host paths
+go to an operator key alone (access.host_paths_readable); anyone else reads them relative to the workspace.
 docs/commands.md describes each.
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
-from channels_app import compaction, harness, sandbox, services, streams
+from channels_app import access, compaction, harness, sandbox, services, streams
 from channels_app.access import Viewer
 from channels_app.errors import ApplicationError
 from channels_app.models import Actor, Conversation, HarnessKind, HarnessState, Message
@@ -34,7 +35,7 @@ REMOTE_CONTROL_REFUSED = ("{name} changes things, which needs allow_remote_contr
                           "Read-only commands ({read_only}) are always allowed.")
 READ_ONLY = "/model, /models, /recall, /btw, /harness, /refine, /sandbox"
 #: On a chat channel the plugin's allow_remote_control names the senders who may change things; /sandbox, which
-#: shows the host's paths, is theirs too (an open bot's strangers have no business with them).
+#: shows how the host's sandbox is set up, is theirs too (an open bot's strangers have no business with it).
 CHANNEL_REMOTE_CONTROL_REFUSED = ("{name} changes things, which needs allow_remote_control: this sender does not "
                                   "have it. Read-only commands ({read_only}) are always allowed.")
 CHANNEL_READ_ONLY = "/model, /models, /recall, /btw, /harness, /refine"
@@ -348,7 +349,8 @@ def command_refine(ctx: CommandContext) -> dict:
 # --- /sandbox ------------------------------------------------------------------------------------
 
 def command_sandbox(ctx: CommandContext) -> dict:
-    description = sandbox.sandbox_describe(conversation=ctx.conversation)
+    description = sandbox.sandbox_describe(conversation=ctx.conversation,
+                                           host_paths=access.host_paths_readable(ctx.viewer))
     return _result(ctx, sandbox.sandbox_text(description), data=description)
 
 

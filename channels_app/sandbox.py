@@ -128,20 +128,41 @@ def directory_check(raw: str, conversation: Conversation | None = None) -> str:
     return "" if str(relative) == "." else relative.as_posix()
 
 
-def conversation_directory(conversation: Conversation) -> dict:
-    """One conversation's working directory, as the sandbox description lists it."""
+#: How a writable path outside the workspace is named to someone who may not see the host's paths.
+OUTSIDE_THE_WORKSPACE = "(outside the workspace)"
+
+
+def conversation_directory(conversation: Conversation, *, host_paths: bool = True) -> dict:
+    """One conversation's working directory, as the sandbox description lists it (`path`: on the host, or
+    without `host_paths` the directory again, relative to the workspace root)."""
+    directory = conversation.working_directory or "."
     return {"conversation_id": conversation.external_id, "client_id": conversation.client_id,
-            "channel": conversation.channel, "directory": conversation.working_directory or ".",
-            "path": str(directory_path(conversation))}
+            "channel": conversation.channel, "directory": directory,
+            "path": str(directory_path(conversation)) if host_paths else directory}
 
 
-def sandbox_describe(*, conversation: Conversation | None = None, every_conversation: bool = False) -> dict:
+def _relative_to(root: Path, path: str) -> str:
+    real = Path(path)
+    if real == root:
+        return "."
+    return real.relative_to(root).as_posix() if root in real.parents else OUTSIDE_THE_WORKSPACE
+
+
+def sandbox_describe(*, conversation: Conversation | None = None, every_conversation: bool = False,
+                     host_paths: bool = True) -> dict:
     """What the sandbox allows and where it is. `conversation`: that one's working directory;
-    `every_conversation` (the operator): every conversation that has one set."""
+    `every_conversation` (the operator): every conversation that has one set. Without `host_paths` (anyone
+    but an operator key: access.host_paths_readable) the same report names no path on the host: the
+    workspace root is null, and the writable paths and the working directory are named from the root."""
     root = workspace_root(conversation)
-    out = {"object": "ugent.sandbox", "workspace_root": str(root), "workspace_exists": root.is_dir(),
-           "writable_paths": writable_paths(conversation), "network": bool(settings.UGENT_SANDBOX_NETWORK),
-           "working_directory": conversation_directory(conversation) if conversation is not None else None}
+    writable = writable_paths(conversation)
+    if not host_paths:
+        writable = [_relative_to(root, p) for p in writable]
+    out = {"object": "ugent.sandbox", "workspace_root": str(root) if host_paths else None,
+           "workspace_exists": root.is_dir(), "writable_paths": writable,
+           "network": bool(settings.UGENT_SANDBOX_NETWORK),
+           "working_directory": (conversation_directory(conversation, host_paths=host_paths)
+                                 if conversation is not None else None)}
     if every_conversation:
         conversations = list(Conversation.objects.exclude(working_directory="").order_by("id")[:1000])
         asked: dict[tuple, str] = {}  # one resolver question per (channel, client id), not per conversation
@@ -155,14 +176,19 @@ def sandbox_describe(*, conversation: Conversation | None = None, every_conversa
     return out
 
 
+HOST_PATHS_HIDDEN = "its path on the host is shown to operator keys only; the paths below are relative to it"
+
+
 def sandbox_text(description: dict) -> str:
     """The description in words, for a chat channel."""
     writable = ", ".join(description["writable_paths"]) or "nothing (the workspace is read-only)"
-    lines = [f"Workspace: {description['workspace_root']}", f"Writable: {writable}",
+    root = description["workspace_root"]
+    lines = [f"Workspace: {root if root is not None else HOST_PATHS_HIDDEN}", f"Writable: {writable}",
              f"Network: {'allowed' if description['network'] else 'none'}"]
     wd = description.get("working_directory")
     if wd is not None:
-        lines.append(f"This conversation's working directory: {wd['directory']} ({wd['path']})")
+        where = f" ({wd['path']})" if wd["path"] != wd["directory"] else ""
+        lines.append(f"This conversation's working directory: {wd['directory']}{where}")
     return "\n".join(lines)
 
 

@@ -29,15 +29,17 @@ from channels_app.models import (FINAL_STATES, Actor, ApiKey, Caller, CallerDefa
 
 log = logging.getLogger("ugent.hub")
 
-#: The ASGI scope key under which a chat request keeps its accepted turn's id: from then on no answer to it
-#: may invite a retry (the official openai client retries 408, 409, 429 and 5xx), as the turn may already
-#: have acted and a resend would run it again, or be refused as a duplicate instead of the real answer.
-ACCEPTED_TURN_SCOPE_KEY = "ugent.accepted_turn_id"
+#: The ASGI scope key under which a chat request keeps its accepted turn's id and its conversation's, a pair:
+#: from then on no answer to it may invite a retry (the official openai client retries 408, 409, 429 and 5xx),
+#: as the turn may already have acted and a resend would run it again, or be refused as a duplicate instead
+#: of the real answer; and every answer names both, as a request without conversation_id learns its
+#: conversation's id only from the answer.
+ACCEPTED_TURN_SCOPE_KEY = "ugent.accepted_turn"
 
 
-def accepted_turn_headers(turn_id: str) -> dict:
+def accepted_turn_headers(turn_id: str, conversation_id: str) -> dict:
     """The headers of an error that answers a chat request after its message was accepted."""
-    return {**NO_RETRY, "x-ugent-turn-id": turn_id}
+    return {**NO_RETRY, "x-ugent-turn-id": turn_id, "x-ugent-conversation-id": conversation_id}
 ACTOR_KEY_MAX = Actor._meta.get_field("key").max_length
 NOT_YOURS = "This conversation belongs to another user."
 APPLICATION_NAMES_FEDERATED_ONLY = ("An application key may name only federated users of the issuers "
@@ -61,14 +63,29 @@ def actor_resolve(*, caller: Caller, user: str | None = None, federation_issuer:
     anyone; an application names only federated users of the issuers it lists, and only when
     require_verified_identity is off; naming nobody is the operator itself, or `web-user@<caller>`.
     """
+    key, defaults = _actor_named(caller=caller, user=user, federation_issuer=federation_issuer,
+                                 federation_subject=federation_subject, identity=identity)
+    return _get_or_create(Actor, key=key, defaults=defaults)
+
+
+def actor_existing(*, caller: Caller, user: str | None = None, federation_issuer: str | None = None,
+                   federation_subject: str | None = None, identity=None) -> Actor | None:
+    """The actor a request names, by actor_resolve's rules and refusals, but never created: None when it has
+    no row yet (a request that keeps nothing, dictation: such an actor owns no conversation)."""
+    key, _defaults = _actor_named(caller=caller, user=user, federation_issuer=federation_issuer,
+                                  federation_subject=federation_subject, identity=identity)
+    return rows.table(Actor).get(key=key)
+
+
+def _actor_named(*, caller: Caller, user, federation_issuer, federation_subject, identity) -> tuple[str, dict]:
+    """The key and row of the actor a request names (actor_resolve's rules; raises its refusals)."""
     is_operator = caller.role == Role.OPERATOR  # anything not exactly an operator gets the application rules
     if identity is not None:
         if not is_operator and identity.issuer not in (caller.issuers or []):
             raise ApplicationError(TOKEN_ISSUER_NOT_LISTED_BY_CALLER.format(issuer=identity.issuer), status=403,
                                    code="actor_not_allowed")
-        return _get_or_create(Actor, key=identity.actor_key, defaults={
-            "channel": "web", "user_id": identity.subject, "caller": caller,
-            "federation_issuer": identity.issuer, "federation_subject": identity.subject})
+        return identity.actor_key, {"channel": "web", "user_id": identity.subject, "caller": caller,
+                                    "federation_issuer": identity.issuer, "federation_subject": identity.subject}
     if bool(federation_issuer) != bool(federation_subject):
         raise ApplicationError("federation_issuer and federation_subject go together.",
                                status=400, code="invalid_request",
@@ -99,7 +116,7 @@ def actor_resolve(*, caller: Caller, user: str | None = None, federation_issuer:
     else:
         key = caller.anonymous_actor_key
         defaults = {"channel": "web", "user_id": key, "caller": caller}
-    return _get_or_create(Actor, key=key, defaults=defaults)
+    return key, defaults
 
 
 def viewer_resolve(*, caller: Caller, user: str | None = None, federation_issuer: str | None = None,
@@ -116,6 +133,13 @@ def actor_of_request(principal, fields: dict) -> Actor:
     return actor_resolve(caller=principal.caller, user=fields.get("user"),
                          federation_issuer=fields.get("federation_issuer"),
                          federation_subject=fields.get("federation_subject"), identity=principal.identity)
+
+
+def actor_existing_of_request(principal, fields: dict) -> Actor | None:
+    """actor_existing for a view, as actor_of_request: the same refusals, and no Actor row created."""
+    return actor_existing(caller=principal.caller, user=fields.get("user"),
+                          federation_issuer=fields.get("federation_issuer"),
+                          federation_subject=fields.get("federation_subject"), identity=principal.identity)
 
 
 def viewer_of_request(principal, fields: dict) -> access.Viewer:
@@ -166,9 +190,28 @@ def conversation_resolve(*, channel: str, client_id: str, external_id: str | Non
                 created = True
         except IntegrityError:
             conv = table.get(**lookup)
-    if not access.conversation_writable(actor, conv):
-        raise ApplicationError(NOT_YOURS, status=403, code="conversation_not_owned", param="conversation_id")
+    conversation_write_check(actor=actor, conversation=conv)
     return conv, created
+
+
+def conversation_write_check(*, actor: Actor, conversation: Conversation) -> None:
+    """Whether `actor` may speak into `conversation` (a message, an upload, dictation, a call): someone
+    else's is the seed's 403, "A turn, a question reply or a file on someone else's conversation is refused"."""
+    if not access.conversation_writable(actor, conversation):
+        raise ApplicationError(NOT_YOURS, status=403, code="conversation_not_owned", param="conversation_id")
+
+
+def conversation_writable_or_new(*, actor: Actor | None, conversation_id: str, client_id: str = "",
+                                 channel: str = "web") -> Conversation | None:
+    """The conversation a request that creates none names (dictation, a live call), checked as a message into
+    it is (conversation_write_check: 403 when someone else's); None while it does not exist yet, as its first
+    message will make it this actor's. `actor` None is one with no row yet (actor_existing), who owns none."""
+    conv = rows.table(Conversation).get(channel=channel, client_id=client_id or "", external_id=conversation_id)
+    if conv is not None and actor is None and conv.channel == "web":
+        raise ApplicationError(NOT_YOURS, status=403, code="conversation_not_owned", param="conversation_id")
+    if conv is not None and actor is not None:
+        conversation_write_check(actor=actor, conversation=conv)
+    return conv
 
 
 # --- the message -------------------------------------------------------------
@@ -239,7 +282,7 @@ class DuplicateMessage(ApplicationError):
         extra = {"receipt": receipt_summary(receipt, turn)}
         if turn is not None:
             extra["turn_id"] = turn.turn_id
-        headers = dict(NO_RETRY)
+        headers = {**NO_RETRY, "x-ugent-conversation-id": receipt.conversation.external_id}
         if turn is not None:
             headers["x-ugent-turn-id"] = turn.turn_id
         super().__init__(message, status=409, code=code, param="client_message_id", extra=extra,
@@ -267,12 +310,24 @@ def receipt_summary(receipt: Receipt, turn: Turn | None = None) -> dict:
     return out
 
 
+#: A request's turn_id that a turn already holds. Turn ids are unique across the daemon (a stop may name one
+#: exactly), so the request runs nothing; the answer is one and the same whoever's turn holds the id (the
+#: sender's own or anyone else's) and says nothing of that turn: not its user, conversation, state or
+#: header, only that the id cannot be used (docs/turns.md, "A turn's id").
+TURN_ID_UNAVAILABLE = "This turn_id cannot be used: send the turn a new one, one nobody could guess (a UUID)."
+
+
+def turn_id_unavailable() -> ApplicationError:
+    """The refusal of a request whose turn_id a turn already holds (TURN_ID_UNAVAILABLE)."""
+    return ApplicationError(TURN_ID_UNAVAILABLE, status=409, code="turn_id_in_use", param="turn_id",
+                            headers=NO_RETRY)
+
+
 def _duplicate(conversation: Conversation, inbound: Submission) -> DuplicateMessage:
     refusal = duplicate_refusal(conversation=conversation, client_message_id=inbound.client_message_id,
                                 content_hash=inbound.content_hash())
     if refusal is None:  # the conflict was the turn_id, not the message
-        raise ApplicationError("This turn_id is already in use: send the turn a new one.", status=409,
-                               code="turn_id_in_use", param="turn_id", headers=NO_RETRY)
+        raise turn_id_unavailable()
     return refusal
 
 
@@ -438,17 +493,18 @@ def message_submit(*, inbound: Submission, profile=None, on_turn=None) -> Submis
             if inbound.needs_prompts:
                 _needs_a_model_that_follows_prompts(profile)
             if inbound.turn_id and rows.table(Turn).get(turn_id=inbound.turn_id) is not None:
-                raise ApplicationError("This turn_id is already in use: send the turn a new one.", status=409,
-                                       code="turn_id_in_use", param="turn_id", headers=NO_RETRY)
+                raise turn_id_unavailable()
             return _submit_locked(inbound, conversation, created, profile, on_turn)
     except IntegrityError:
-        # a concurrent copy committed first: it owns the conversation row now
+        # a concurrent request committed first (a copy of this message, or a turn with this turn_id)
         conversation = Conversation.objects.filter(
             channel=inbound.channel, client_id=inbound.client_id or "",
             external_id=inbound.conversation_id or "").first()
         if conversation is None:  # only the turn_id can have collided
-            raise ApplicationError("This turn_id is already in use: send the turn a new one.", status=409,
-                                   code="turn_id_in_use", param="turn_id", headers=NO_RETRY)
+            raise turn_id_unavailable()
+        # our rollback may have let another sender's first message make it theirs: the 403 they would have
+        # given us had they come first, never their receipt (tests/channels_app/test_message_race.py)
+        conversation_write_check(actor=inbound.actor, conversation=conversation)
         raise _duplicate(conversation, inbound)
 
 

@@ -66,8 +66,8 @@ async def _short_stream(request):
 
 def _accepted(request):
     """A chat request's view once its message is accepted (channels_app.api.ChatCompletionApi)."""
-    from channels_app.services import ACCEPTED_TURN_SCOPE_KEY
-    request.scope[ACCEPTED_TURN_SCOPE_KEY] = "turn-accepted-1"
+    from channels_app.api import _mark_accepted
+    _mark_accepted(request, "turn-accepted-1", "conv-accepted-1")
 
 
 def _db_gone(request):
@@ -316,6 +316,7 @@ def test_a_5xx_after_a_message_was_accepted_says_so_and_is_not_retried(test_urls
         r = call("GET", path_, query=query)
         assert r.status == status and r.json()["error"]["code"] == code
         assert r.header("x-should-retry") == "false" and r.header("x-ugent-turn-id") == "turn-accepted-1"
+        assert r.header("x-ugent-conversation-id") == "conv-accepted-1"
         assert r.header("retry-after") is None
         assert "accepted as turn turn-accepted-1" in r.json()["error"]["message"]
         assert "do not send it again" in r.json()["error"]["message"]

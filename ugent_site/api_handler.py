@@ -82,17 +82,18 @@ def _error_object(status: int, message_code: tuple[str, str] | None = None):
 def _server_error(status: int, scope, message_code: tuple[str, str] | None = None):
     """A 5xx of the server's own (a shutdown, the database away, a crash): one the client may retry, unless
     the request is a chat message already accepted (channels_app.services.ACCEPTED_TURN_SCOPE_KEY): then it
-    says so and carries x-should-retry: false and the turn's id."""
+    says so and carries x-should-retry: false, the turn's id and its conversation's."""
     from channels_app.services import ACCEPTED_TURN_SCOPE_KEY, accepted_turn_headers
     message, code = message_code or _PAGE_ERRORS[status]
-    turn_id = scope.get(ACCEPTED_TURN_SCOPE_KEY) if scope is not None else None
-    if turn_id is None:
+    accepted = scope.get(ACCEPTED_TURN_SCOPE_KEY) if scope is not None else None
+    if accepted is None:
         response = _error_object(status, (message, code))
         if status == 503:
             response["Retry-After"] = "1"
         return response
+    turn_id, conversation_id = accepted
     response = _error_object(status, (_ACCEPTED_ERRORS[code] + ACCEPTED_NOT_AGAIN.format(turn_id=turn_id), code))
-    for k, v in accepted_turn_headers(turn_id).items():
+    for k, v in accepted_turn_headers(turn_id, conversation_id).items():
         response[k] = v
     return response
 

@@ -108,13 +108,19 @@ def model_get(name: str) -> dict | None:
 
 
 def models_list() -> list[dict]:
-    """The models callers may name; `<provider>:<instance>@<model>` too where two copies share a name."""
+    """The models callers may name; `<provider>:<instance>@<model>` too where two copies share a name. First,
+    while any model is allowed, `ugent-default` (DEFAULT_ALIAS), which a request may name as well: the sender's
+    stored /model choice, then the caller's default, then the global default (created: the global default's)."""
     profiles_ensure_defaults()
     profiles = list(AgentProfile.objects.filter(allowed=True).order_by("name", "id"))
     counts: dict[str, int] = {}
     for p in profiles:
         counts[p.name] = counts.get(p.name, 0) + 1
-    out, seen = [], set()
+    out, seen = [], {DEFAULT_ALIAS}  # (a profile of that name could never be picked by it)
+    if profiles:
+        default, _source = profile_choose(requested=None)
+        out.append({"id": DEFAULT_ALIAS, "object": "model", "created": int(default.created_at.timestamp()),
+                    "owned_by": "ugent"})
     for p in profiles:
         created = int(p.created_at.timestamp())
         if p.name not in seen:

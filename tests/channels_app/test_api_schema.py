@@ -162,3 +162,21 @@ def test_the_swagger_page_loads_its_assets_from_our_static_files_not_a_cdn(setti
     assert any("swagger-ui" in u for u in parser.urls)
     assert "/v1/openapi.json" in html  # the page reads the served schema
     assert not re.search(r"https?://(?!127\.0\.0\.1|localhost)", "".join(parser.inline))
+
+
+def test_dictation_describes_its_multipart_request(schema):
+    body = schema["paths"]["/v1/ugent/transcribe"]["post"]["requestBody"]["content"]
+    assert list(body) == ["multipart/form-data"]
+    fields = schema["components"]["schemas"][body["multipart/form-data"]["schema"]["$ref"].rsplit("/", 1)[1]]
+    assert {"file", "conversation_id", "client_id", "language", "user", "federation_issuer",
+            "federation_subject"} <= set(fields["properties"])
+
+
+def test_the_sandbox_report_says_a_non_operator_sees_no_host_path(schema):
+    """/sandbox through POST /v1/ugent/commands shows anyone but an operator key the report with
+    workspace_root null and the paths relative to the workspace root (docs/commands.md)."""
+    report = schema["components"]["schemas"]["Sandbox"]["properties"]
+    assert report["workspace_root"]["nullable"] is True and "null" in report["workspace_root"]["description"]
+    assert "relative" in report["writable_paths"]["description"]
+    directory = schema["components"]["schemas"]["WorkingDirectory"]["properties"]
+    assert "relative" in directory["path"]["description"]

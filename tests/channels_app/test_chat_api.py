@@ -127,12 +127,15 @@ def test_a_repeated_client_message_id_runs_nothing(tcast):
     err = again.json()["error"]
     assert err["code"] == "DuplicateProcessed"
     assert err["turn_id"] == first["x-ugent-turn-id"] == again["x-ugent-turn-id"]
+    assert again["x-ugent-conversation-id"] == "c1"
     assert Turn.objects.count() == 1 and Receipt.objects.count() == 1
 
 
 def test_a_streamed_repeat_gets_the_receipt_then_the_refusal(tcast):
     first = chat(tcast.alice, "once", conversation_id="c1", client_message_id="m1")
-    frames = frames_of(chat(tcast.alice, "once", stream=True, conversation_id="c1", client_message_id="m1"))
+    repeat = chat(tcast.alice, "once", stream=True, conversation_id="c1", client_message_id="m1")
+    assert repeat["x-ugent-conversation-id"] == "c1" and repeat["x-ugent-turn-id"] == first["x-ugent-turn-id"]
+    frames = frames_of(repeat)
     assert frames[0]["event"] == "ugent.receipt"
     assert frames[0]["data"]["ugent_receipt"]["turn_id"] == first["x-ugent-turn-id"]
     assert frames[0]["data"]["ugent_receipt"]["state"] == "completed"
@@ -182,6 +185,33 @@ def test_a_turn_on_someone_elses_conversation_is_refused_and_runs_nothing(tcast)
     frames = frames_of(chat(tcast.bob, "let me in", conversation_id="c1", stream=True))
     assert frames[0]["data"]["error"]["code"] == "conversation_not_owned"
     assert Turn.objects.count() == 1
+
+
+def test_a_turn_id_held_by_anyones_turn_is_one_answer_that_tells_nothing_of_that_turn(tcast):
+    """Two application callers: B naming A's turn_id gets exactly what B gets for a turn_id of its own, which
+    says nothing of the turn that holds it (not whose, which conversation or its header), and runs nothing."""
+    from channels_app import services
+    a, b = {"key": tcast.keys["app"]}, {"key": tcast.keys["outsider"]}
+    held_by_a = chat(a, "a's words", conversation_id="conv-a", turn_id="turn-shared-1")
+    assert held_by_a.status_code == 200 and held_by_a["x-ugent-turn-id"] == "turn-shared-1"
+    assert chat(b, "b's words", conversation_id="conv-b", turn_id="turn-b-own").status_code == 200
+    before = {m.__name__: m.objects.count() for m in (Conversation, Receipt, Turn, Event)}
+    answers = {}
+    for name, turn_id in (("a's", "turn-shared-1"), ("b's own", "turn-b-own")):
+        for conversation in ("conv-b", "conv-b-new"):
+            resp = chat(b, "again", conversation_id=conversation, client_message_id=f"m-{name}", turn_id=turn_id)
+            assert resp.status_code == 409 and resp["x-should-retry"] == "false", resp.content
+            assert not resp.has_header("x-ugent-turn-id")
+            answers[(name, conversation)] = resp.json()
+            frames = frames_of(chat(b, "again", stream=True, conversation_id=conversation, turn_id=turn_id))
+            assert len(frames) == 2 and frames[-1]["data"] == "[DONE]", frames  # no receipt, only the refusal
+            assert frames[0]["data"]["error"] == resp.json()["error"]
+            assert "conv-a" not in json.dumps(frames) and "a's words" not in json.dumps(frames)
+    assert all(body == {"error": {"message": services.TURN_ID_UNAVAILABLE, "type": "conflict_error",
+                                  "param": "turn_id", "code": "turn_id_in_use"}}
+               for body in answers.values()), answers
+    assert {m.__name__: m.objects.count() for m in (Conversation, Receipt, Turn, Event)} == before
+    assert not Conversation.objects.filter(external_id="conv-b-new").exists()
 
 
 def test_an_application_may_name_only_its_federated_users(tcast):

@@ -120,7 +120,7 @@ def test_a_model_the_operator_does_not_allow_is_refused_with_the_chat_endpoints_
 def test_models_lists_what_get_models_lists(tcast, models):
     listed = Client().get("/v1/models", HTTP_X_API_KEY=APP_KEY).json()["data"]
     body = command(CAROL, "/models").json()
-    assert body["data"]["models"] == listed and {m["id"] for m in listed} == {"scripted", "other", "callers"}
+    assert body["data"]["models"] == listed and {m["id"] for m in listed} == {"ugent-default", "scripted", "other", "callers"}
     assert all(f"- {m['id']}" in body["text"] for m in listed)
 
 
@@ -265,3 +265,33 @@ def test_sandbox_command_shows_the_workspace_and_the_conversations_directory(tca
     assert "working_directories" not in body["data"]  # other conversations are the operator's business
     assert f"Workspace: {tmp_path.resolve()}" in body["text"] and "Network: none" in body["text"]
     assert f"({tmp_path.resolve() / 'proj'})" in body["text"]
+
+
+def test_sandbox_command_shows_host_paths_to_an_operator_key_only(tcast, settings, tmp_path):
+    """An application key gets the same report with no path on the host in it: the paths relative to the
+    workspace root; an operator key, whomever it names, gets the host's paths (as GET /v1/ugent/sandbox)."""
+    workspace, elsewhere = tmp_path / "workspace", tmp_path / "scratch"
+    (workspace / "proj").mkdir(parents=True)
+    elsewhere.mkdir()
+    settings.UGENT_WORKSPACE = str(workspace)
+    settings.UGENT_SANDBOX_WRITABLE = ["out", str(elsewhere)]
+    for who, conv in ((CAROL, "carol-conv"), (ALICE, "alice-conv")):
+        assert chat(who, "x", conversation_id=conv).status_code == 200
+    Conversation.objects.update(working_directory="proj")
+    body = command(CAROL, "/sandbox", conversation_id="carol-conv").json()
+    assert str(tmp_path) not in json.dumps(body), body
+    assert body["data"]["workspace_root"] is None and body["data"]["workspace_exists"] is True
+    assert body["data"]["writable_paths"] == ["out", "(outside the workspace)"]
+    assert body["data"]["working_directory"]["directory"] == body["data"]["working_directory"]["path"] == "proj"
+    assert body["text"].splitlines() == [
+        "Workspace: its path on the host is shown to operator keys only; the paths below are relative to it",
+        "Writable: out, (outside the workspace)", "Network: none", "This conversation's working directory: proj"]
+    assert str(tmp_path) not in json.dumps(command({"key": APP_KEY}, "/sandbox").json())
+    for who, conv in ((ALICE, "alice-conv"), ({"key": OPERATOR_KEY}, None)):
+        body = command(who, "/sandbox", **({"conversation_id": conv} if conv else {})).json()
+        root = workspace.resolve()
+        assert body["data"]["workspace_root"] == str(root)
+        assert body["data"]["writable_paths"] == [str(root / "out"), str(elsewhere.resolve())]
+        assert f"Workspace: {root}" in body["text"]
+        if conv:
+            assert body["data"]["working_directory"]["path"] == str(root / "proj")

@@ -149,8 +149,12 @@ MATRIX: dict[str, list[Case]] = {
                                                      "application, federated": (403, False)}),
     ],
     # voice (channels_app.voice): nothing installed can transcribe, speak or hold a call, so a 503 to every
-    # key; read aloud first answers 404 to anyone whose turn it is not, as for an unknown one
-    "v1/ugent/transcribe": [Case("POST", {"conversation_id": "ca"}, any_key((503, False)), multipart=True)],
+    # key; dictation first refuses someone else's conversation as a message into it (403; the operator acting
+    # as itself writes into nobody's), read aloud answers 404 to anyone whose turn it is not, as for an unknown one
+    "v1/ugent/transcribe": [Case("POST", {"conversation_id": "ca"},
+                                 {**owner_only(allowed=(403, False), denied=(403, False)), "operator as A": (503, False)},
+                                 denied_message="This conversation belongs to another user.", multipart=True),
+                            Case("POST", {"conversation_id": "not-yet"}, any_key((503, False)), multipart=True)],
     "v1/ugent/speech": [Case("POST", {"conversation_id": "ca", "turn_id": "{turn_id}", "segment": 0},
                              owner_only(allowed=(503, False), denied=(404, False)),
                              denied_message="No such finished turn in this conversation.")],

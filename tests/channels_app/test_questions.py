@@ -113,6 +113,7 @@ def test_a_choice_is_announced_to_its_user_and_the_reply_is_returned_to_the_aske
     body = resp.json()
     assert body == {"object": "ugent.interaction_reply", "request_id": q.request_id, "conversation_id": "ca",
                     "turn_id": alice_turn.turn_id, "state": "answered"}
+    assert resp["x-ugent-conversation-id"] == "ca"
     result = asker.done()
     assert result.state == "answered" and result.answers == {"priority": "low"}
     assert (Turn.objects.count(), Receipt.objects.count()) == (turns, receipts)  # never runs as a turn
@@ -385,7 +386,7 @@ def test_a_streamed_reply_answers_in_the_stream(tcast, alice_turn):
     asker = Asker(alice_turn, CHOICE)
     resp = chat(tcast.alice, "Low", conversation_id="ca", stream=True,
                 ugent_interaction_reply={"request_id": asker.question.request_id, "action": "submit", "value": "low"})
-    assert resp.status_code == 200
+    assert resp.status_code == 200 and resp["x-ugent-conversation-id"] == "ca"
     body = sse_text(resp)
     assert "ugent.interaction_reply" in body and '"state": "answered"' in body and "[DONE]" in body
     asker.done()

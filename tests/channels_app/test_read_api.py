@@ -61,7 +61,28 @@ def test_a_model_the_list_does_not_hold_is_openais_404(tcast):
         validate(resp.json(), "ErrorResponse")
         assert resp.json()["error"] == {
             "message": f"The model '{name}' does not exist or you do not have access to it.",
-            "type": "not_found_error", "param": "model", "code": "model_not_found"}
+            "type": "invalid_request_error", "param": "model", "code": "model_not_found"}  # OpenAI's type
+
+
+def test_ugent_default_is_listed_and_retrieved_as_chat_accepts_it(tcast, settings):
+    """Chat takes model "ugent-default" (the stored choice, the caller's default, the global one): the list names
+    it first and retrieve answers it, created as the model it runs by default; with nothing allowed, neither."""
+    from plugins_app.agent.models import AgentProfile
+    later = AgentProfile.objects.create(name="later", provider="scripted")
+    AgentProfile.objects.filter(pk=later.pk).update(created_at=tcast.profile.created_at.replace(year=2030))
+    settings.UGENT_DEFAULT_MODEL = "later"
+    created = int(AgentProfile.objects.get(pk=later.pk).created_at.timestamp())  # the global default's, not the oldest
+    alias = {"id": "ugent-default", "object": "model", "created": created, "owned_by": "ugent"}
+    assert created != int(tcast.profile.created_at.timestamp())
+    listed = get("/v1/models", tcast.keys["app"]).json()["data"]
+    assert listed[0] == alias and [m["id"] for m in listed].count("ugent-default") == 1
+    resp = get("/v1/models/ugent-default", tcast.keys["app"])
+    assert resp.status_code == 200 and resp.json() == alias
+    validate(resp.json(), "Model")
+    assert send(tcast.carol, "x", model="ugent-default").status_code == 200
+    AgentProfile.objects.update(allowed=False)
+    assert get("/v1/models", tcast.keys["app"]).json()["data"] == []
+    assert get("/v1/models/ugent-default", tcast.keys["app"]).status_code == 404
 
 
 def test_a_qualified_name_picks_one_copy(tcast):

@@ -227,6 +227,7 @@ def test_a_message_accepted_while_the_broker_is_down_is_answered_as_queued(tcast
     body = resp.json()
     turn = Turn.objects.get()
     assert body["ugent_turn_id"] == turn.turn_id == resp["x-ugent-turn-id"]
+    assert body["ugent_conversation_id"] == "c1" == resp["x-ugent-conversation-id"]
     assert body["ugent_receipt"] == {"conversation_id": "c1", "client_message_id": "m1", "state": "accepted",
                                      "turn_id": turn.turn_id, "queued": True}
     assert turn.state == "accepted" and Receipt.objects.get().state == "accepted"

@@ -54,6 +54,30 @@ def test_a_failure_mid_stream_raises_api_error_in_the_client(client):
     assert "it broke" in str(info.value)
 
 
+def test_a_conversation_the_request_did_not_name_is_told_to_the_client(client):
+    """A request without conversation_id starts one: the x-ugent-conversation-id header (and the non-stream
+    body's ugent_conversation_id) names it, beside x-ugent-turn-id, and the next message continues it."""
+    marker = f"new-{uuid.uuid4().hex}"
+    raw = client.chat.completions.with_raw_response.create(model="scripted",
+                                                            messages=[{"role": "user", "content": marker}])
+    conversation_id = raw.headers["x-ugent-conversation-id"]
+    completion = raw.parse()
+    assert completion.choices[0].message.content == f"echo: {marker} (history=0)"
+    assert completion.model_extra["ugent_conversation_id"] == conversation_id
+    assert completion.model_extra["ugent_turn_id"] == raw.headers["x-ugent-turn-id"]
+    raw = client.chat.completions.with_raw_response.create(
+        model="scripted", stream=True, messages=[{"role": "user", "content": "and then"}],
+        extra_body={"conversation_id": conversation_id})
+    assert raw.headers["x-ugent-conversation-id"] == conversation_id and raw.headers["x-ugent-turn-id"]
+    assert "".join(c.choices[0].delta.content or "" for c in raw.parse()) == "echo: and then (history=2)"
+    # a stream that names none is told its new one too, a conversation of its own
+    raw = client.chat.completions.with_raw_response.create(
+        model="scripted", stream=True, messages=[{"role": "user", "content": "elsewhere"}])
+    other = raw.headers["x-ugent-conversation-id"]
+    assert "".join(c.choices[0].delta.content or "" for c in raw.parse()) == "echo: elsewhere (history=0)"
+    assert other and other != conversation_id
+
+
 def test_a_duplicate_is_a_conflict_the_client_does_not_retry(client, daemon):
     marker = f"dup-{uuid.uuid4().hex}"
     body = {"conversation_id": marker, "client_message_id": "m1"}
@@ -79,6 +103,7 @@ def test_a_turn_that_fails_after_it_started_is_not_sent_again_by_the_client(clie
     assert info.value.status_code == 502
     assert info.value.response.headers["x-should-retry"] == "false"
     assert info.value.response.headers["x-ugent-turn-id"]
+    assert info.value.response.headers["x-ugent-conversation-id"] == marker == info.value.body["conversation_id"]
     assert f"it broke {marker}" in info.value.message
     assert sum(1 for c in daemon.scripted_calls() if marker in c) == 1
 
