@@ -11,6 +11,18 @@ PYTEST_ARGS := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadf
 
 .PHONY: setup run test lint test-embedded test-servers services bench
 
+# The bytecode every process of a test run imports, written once before the passes: where
+# PYTHONDONTWRITEBYTECODE is set, each pytest worker rewrote every test file's asserts and each process the
+# tests start compiled the project's modules, all from source (scripts/warm-bytecode.py). Made again when a
+# source or the installed requirements change.
+PY_SOURCES := $(shell find channels_app cron_app plugins_app rules_app ugent_common ugent_site tests manage.py -name '*.py' -not -path '*/__pycache__/*' 2>/dev/null)
+BYTECODE := var/bytecode.stamp
+
+$(BYTECODE): $(VENV)/.installed $(PY_SOURCES)
+	@mkdir -p var
+	@$(PY) scripts/warm-bytecode.py
+	@touch $@
+
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: requirements.txt pyproject.toml
@@ -26,17 +38,17 @@ run: setup
 
 # The import contracts (docs/design.md), then every test, in embedded mode and in servers mode (Redis +
 # PostgreSQL): the two passes at once, each output printed whole at the end (scripts/test-passes.sh).
-test: setup services lint
+test: setup services lint $(BYTECODE)
 	@TEST_WORKERS=$(TEST_WORKERS) MAKE="$(MAKE)" bash scripts/test-passes.sh
 
 # Dependencies point one way between the apps: the contracts are in pyproject.toml.
 lint: setup
 	$(VENV)/bin/lint-imports
 
-test-embedded: setup
+test-embedded: setup $(BYTECODE)
 	env -u REDIS_URL -u DATABASE_URL $(PY) -m pytest -q $(PYTEST_ARGS)
 
-test-servers: setup services
+test-servers: setup services $(BYTECODE)
 	REDIS_URL=$(TEST_REDIS_URL) DATABASE_URL=$(PG_URL) $(PY) -m pytest -q $(PYTEST_ARGS)
 
 services:
