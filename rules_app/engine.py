@@ -28,6 +28,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationE
                       field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
+from ugent_common.config import EmptyFileError, toml_refuse_empty
 from ugent_common.validation import StrList, first_error, first_repeat, type_name
 
 logger = logging.getLogger("ugent.rules")
@@ -781,6 +782,7 @@ def parse_rules(
     workflow_check: Optional[WorkflowCheck] = None,
     check: bool = True,
     log: bool = True,
+    refuse_empty: bool = False,
 ) -> LoadResult:
     """Parse and compile a rules.toml document.
 
@@ -796,12 +798,19 @@ def parse_rules(
     ``workflow_check(name)`` returns a drop reason or None. ``check=False``
     keeps every rule, as the TUI's ``/rules test`` does. With ``log`` each
     drop is logged at error as ``rule dropped (rule=NAME, reason=...)``.
+    With ``refuse_empty`` a document with nothing in it (blank, or comments
+    alone) is refused too (ugent_common.config.toml_refuse_empty).
     """
     src = str(source) if source is not None else "<rules>"
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:  # its text carries the line and column
         raise RuleSetError(f"{src}: invalid TOML: {exc}") from exc
+    if refuse_empty:
+        try:
+            toml_refuse_empty(doc, source=src, remove="empty the set", says="rules = []", means="no rules")
+        except EmptyFileError as exc:
+            raise RuleSetError(exc.held) from None
     try:
         spec = RulesFileSpec.model_validate(doc, context={"fields": FIELDS})
     except ValidationError as exc:
@@ -836,6 +845,7 @@ def load_rules_file(
     workflow_check: Optional[WorkflowCheck] = None,
     check: bool = True,
     log: bool = True,
+    refuse_empty: bool = False,
 ) -> LoadResult:
     """Read ``path`` and :func:`parse_rules` it; an unreadable file raises :class:`RuleSetError`."""
     p = Path(path)
@@ -843,4 +853,5 @@ def load_rules_file(
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise RuleSetError(f"{p}: cannot read rules file: {exc}") from exc
-    return parse_rules(text, source=p, workflow_check=workflow_check, check=check, log=log)
+    return parse_rules(text, source=p, workflow_check=workflow_check, check=check, log=log,
+                       refuse_empty=refuse_empty)

@@ -137,13 +137,13 @@ class DjangoRuleEngineHolder(RuleEngineHolder):
 
     # -- loading, with what the base class does not keep ---------------------------------
 
-    def _load(self, path: Path) -> CompiledRuleSet:
+    def _load(self, path: Path, *, refuse_empty: bool = False) -> CompiledRuleSet:
         self._db_step()
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise RuleSetError(f"{path}: cannot read rules file: {exc}") from exc
-        result = parse_rules(text, source=path, workflow_check=self._workflow_check)
+        result = parse_rules(text, source=path, workflow_check=self._workflow_check, refuse_empty=refuse_empty)
         self.last_result = result
         self.last_raw = tomllib.loads(text).get("rules", [])
         return result.ruleset

@@ -153,8 +153,8 @@ class RuleEngineHolder:
                     logger.warning(w)
             self._last_warnings = found.warnings
 
-    def _load(self, path: Path) -> CompiledRuleSet:
-        return load_rules_file(path, workflow_check=self._workflow_check).ruleset
+    def _load(self, path: Path, *, refuse_empty: bool = False) -> CompiledRuleSet:
+        return load_rules_file(path, workflow_check=self._workflow_check, refuse_empty=refuse_empty).ruleset
 
     def _first_load(self, path: Path) -> None:
         sig = file_signature(path)
@@ -203,14 +203,17 @@ class RuleEngineHolder:
 
         Logs ``rule set auto-reloaded (rules=N)``, or ``rule set auto-reload
         failed — retaining previous rule set`` with the error and keeps the
-        rules in force. Does nothing (returns False) while no file is watched.
+        rules in force: for a file that does not parse, and for one left blank
+        or with comments alone (at start such a file is no rules). Does nothing (returns False) while no file is watched.
         """
         path = self.path
         if path is None:
             return False
         sig = file_signature(path)
         try:
-            ruleset = self._load(path)
+            # an edit that leaves the file blank (or comments alone) is more likely a write caught half-way than a
+            # wish to drop every rule, which `rules = []` says: it keeps the rules in force, as a broken edit does
+            ruleset = self._load(path, refuse_empty=True)
         except RuleSetError as exc:
             self.last_error = str(exc)
             with self._lock:

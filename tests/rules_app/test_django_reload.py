@@ -42,6 +42,20 @@ def test_an_edit_that_does_not_parse_keeps_the_previous_rules(site, tcast, rules
     assert answer(chat(tcast.carol, "b")) == "echo: b (history=0)"
 
 
+def test_an_edit_that_leaves_the_file_empty_keeps_the_previous_rules(site, tcast, rules_log):
+    """The running daemon's holder: a rules file caught empty (an editor's truncate before its write) keeps the rules
+    in force and the record says retained, as for a broken edit; `rules = []` then empties the set."""
+    site.rules(TWO)
+    assert answer(chat(tcast.alice, "b")) == "rule engine: message ignored"
+    site.write("# being rewritten\n")
+    assert wait_for(lambda: file_row().status == "retained")
+    assert "is empty (blank or comments alone" in file_row().last_error and file_row().rule_count == 2
+    assert answer(chat(tcast.bob, "b")) == "rule engine: message ignored"
+    site.write("rules = []\n")
+    assert wait_for(lambda: file_row().status == "loaded" and file_row().rule_count == 0)
+    assert answer(chat(tcast.carol, "b")) == "echo: b (history=0)"
+
+
 def test_a_rules_file_created_later_is_picked_up_within_five_seconds(site, tcast, rules_log, settings):
     settings.UGENT_RULES_POLL_INTERVAL = 2.0  # the default: the spec's five seconds must hold with it
     site.approve()

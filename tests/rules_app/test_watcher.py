@@ -247,6 +247,29 @@ def test_reload_once_replaces_or_retains(ws, home, caplog):
     assert h.ruleset is before
 
 
+@pytest.mark.parametrize("text", ["", "\n# being rewritten\n"], ids=["blank", "comments"])
+def test_an_edit_that_leaves_the_file_empty_keeps_the_rules_in_force(ws, home, caplog, text):
+    """An editor that truncates the file before it writes it again: caught in between, the file is empty, which
+    parses as no rules at all; the rules in force stay (a block rule does not lapse), and `rules = []` still empties
+    the set. At start, an empty file is no rules, as before."""
+    caplog.set_level(logging.INFO, logger="ugent.rules")
+    f = write(ws / "rules.toml", TWO_RULES)
+    h = holder_for(ws, home)
+    h.start()
+    before = h.ruleset
+    write(f, text)
+    assert h.reload_once() is False
+    assert messages(caplog)[-1] == (f"{RELOAD_FAILED} (error={f} is empty (blank or comments alone; `rules = []` "
+                                    "alone says no rules))")
+    assert h.ruleset is before and len(h.ruleset) == 2
+    write(f, "rules = []\n")
+    assert h.reload_once() is True and len(h.ruleset) == 0
+    fresh = holder_for(ws, home)
+    write(f, text)
+    fresh.start()
+    assert len(fresh.ruleset) == 0 and fresh.last_error is None
+
+
 def test_reload_applies_workflow_check_each_time(ws, home, caplog):
     caplog.set_level(logging.INFO, logger="ugent.rules")
     opted_in = set()
