@@ -210,6 +210,7 @@ def test_a_worker_the_platform_refuses_is_disabled_with_the_reason_and_not_resta
     assert wait_until(lambda: Plugin.objects.get().state == "running", 15), rt.log("echo-main")
 
 
+@pytest.mark.django_db  # (the command first checks the database has its tables: ugent_common.dbconn)
 def test_a_second_supervisor_refuses_to_start_in_one_line(monkeypatch, tmp_path):
     """docs/plugins.md: "a second one on the same pid directory refuses to start" (it printed "running", then two
     SupervisorAlreadyRunning tracebacks)."""
