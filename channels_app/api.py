@@ -46,6 +46,13 @@ ALLOWED_TOOLS_EMPTY = ('[] is refused: leave the field out for no restriction, '
                        'or send ugent_denied_tools: ["*"] to run the turn with no tools.')
 
 
+def _no_control_characters(value: str) -> None:
+    """An id the answer sends back in a header (x-ugent-conversation-id): a newline there cannot be sent, so the
+    request is refused before anything is accepted, not answered with a 500 after."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise serializers.ValidationError("must not contain control characters (a newline, a tab, ...)")
+
+
 class ChatInputSerializer(serializers.Serializer):
     """The chat request: OpenAI's fields and the UGENT extensions (help_text is the spec's Purpose column)."""
 
@@ -57,7 +64,7 @@ class ChatInputSerializer(serializers.Serializer):
                                                "server-side.")
     stream = serializers.BooleanField(required=False, default=False,
                                       help_text="Answer as an SSE stream (text/event-stream).")
-    conversation_id = serializers.CharField(required=False, max_length=255,
+    conversation_id = serializers.CharField(required=False, max_length=255, validators=[_no_control_characters],
                                             help_text="The conversation; its first message creates the session.")
     client_message_id = serializers.CharField(required=False, max_length=255, help_text=(
         "Idempotency key: a repeat is answered from the message's receipt and runs nothing."))

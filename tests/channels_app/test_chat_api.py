@@ -261,6 +261,8 @@ def test_bearer_authorization_works_like_x_api_key(tcast):
     ({"messages": [{"role": "assistant", "content": "x"}]}, "messages"),
     ({"messages": []}, "messages"),
     ({"turn_id": "has spaces"}, "turn_id"),
+    ({"conversation_id": "a\nb"}, "conversation_id"),  # (the answer's x-ugent-conversation-id cannot carry it)
+    ({"conversation_id": "a\tb", "stream": True}, "conversation_id"),
 ])
 def test_bad_input_is_a_400_and_changes_nothing(tcast, extra, param):
     resp = chat(tcast.alice, "x", **extra)
@@ -269,6 +271,11 @@ def test_bad_input_is_a_400_and_changes_nothing(tcast, extra, param):
     validate(resp.json(), "ErrorResponse")
     assert err["param"] == param
     assert Turn.objects.count() == 0 and Receipt.objects.count() == 0 and Conversation.objects.count() == 0
+
+
+def test_a_conversation_id_with_a_control_character_says_why(tcast):
+    err = chat(tcast.alice, "x", conversation_id="a\rb").json()["error"]
+    assert err["message"] == "conversation_id: must not contain control characters (a newline, a tab, ...)"
 
 
 def test_allowed_tools_empty_says_why(tcast):
