@@ -11,7 +11,8 @@ import json
 import pytest
 
 from channels_app.models import Event, Question, ToolCall, Turn
-from tests.streams.conftest import chat, threaded_turns, wait_for  # noqa: F401 (a fixture)
+from tests.streams.conftest import threaded_turns, wait_for  # noqa: F401 (a fixture)
+from tests.support.http import chat
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -11,6 +11,7 @@ from channels_app import commands
 from channels_app.models import Actor, Caller, CallerDefaults, Conversation, Event, Message, Receipt, Turn
 from plugins_app.agent.models import AgentProfile
 from tests.conftest import APP_KEY, OPERATOR_KEY
+from tests.support.http import chat
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -24,12 +25,6 @@ def command(who: dict, text, **extra):
     if text is not None:
         body["command"] = text
     return Client().post("/v1/ugent/commands", data=json.dumps(body), content_type="application/json",
-                         HTTP_X_API_KEY=who["key"])
-
-
-def chat(who: dict, text: str = "hi", **extra):
-    body = {"messages": [{"role": "user", "content": text}], **{k: v for k, v in who.items() if k != "key"}, **extra}
-    return Client().post("/v1/chat/completions", data=json.dumps(body), content_type="application/json",
                          HTTP_X_API_KEY=who["key"])
 
 

@@ -6,7 +6,8 @@ import pytest
 from channels_app import commands, harness
 from channels_app.models import Conversation, Message, Turn
 from plugins_app.agent.models import AgentProfile
-from tests.streams.conftest import chat, get, post, threaded_turns  # noqa: F401  (a fixture)
+from tests.streams.conftest import get, post, threaded_turns  # noqa: F401  (a fixture)
+from tests.support.http import chat
 from tests.streams.test_stop_and_steering import SLOW, finished, start_slow
 from tests.support import scripted
 

@@ -6,27 +6,18 @@ commit, so no other request can commit a turn or a conversation in between, and 
 cannot be reached with someone else's conversation there."""
 from __future__ import annotations
 
-import json
 import threading
 import time
 
 import pytest
 from django.db import close_old_connections, connection, connections, transaction
-from django.test import Client
 
 from channels_app.models import Conversation, Turn
+from tests.support.http import chat
 
 pytestmark = [pytest.mark.django_db(transaction=True),
               pytest.mark.skipif("not __import__('os').environ.get('DATABASE_URL', '').startswith('postgres')",
                                  reason="needs PostgreSQL's row locks: SQLite serialises every write (module doc)")]
-
-
-def chat(who: dict, text: str, **extra):
-    body = {"messages": [{"role": "user", "content": text}]}
-    body.update({k: v for k, v in who.items() if k != "key"})
-    body.update(extra)
-    return Client().post("/v1/chat/completions", data=json.dumps(body), content_type="application/json",
-                         HTTP_X_API_KEY=who["key"])
 
 
 def _waiting(n: int, what: str) -> None:

@@ -21,7 +21,8 @@ from channels_app import questions
 from channels_app.models import Event, Message, Question, Receipt, Turn
 from channels_app.statements import turn_fetch
 from channels_app.streams import activity_q
-from tests.streams.conftest import chat, get, post, read_frames, threaded_turns, wait_for  # noqa: F401 (a fixture)
+from tests.streams.conftest import get, post, read_frames, threaded_turns, wait_for  # noqa: F401 (a fixture)
+from tests.support.http import chat
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -16,7 +16,8 @@ import pytest
 from django.db import connection
 from django.db.backends.signals import connection_created
 
-from tests.streams.conftest import chat, get, read_frames, stream
+from tests.streams.conftest import get, read_frames, stream
+from tests.support.http import chat
 from tests.support.memory import memory_config  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from django.test import Client
 
 from channels_app import tools as hub_tools
 from channels_app.models import ToolCall
 from cron_app.messages import WORKFLOW_COULD_NOT_START, WORKFLOW_STARTED_WEB
 from cron_app.models import CronRun
 from tests.cron_app.conftest import import_cron
-from tests.support import scripted
+from tests.support import http, scripted
 from tests.support.toolboxes import tools_toml  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -41,11 +40,7 @@ prompt = "Write the nightly report."
 
 
 def chat(who: dict, text: str, **extra):
-    body = {"messages": [{"role": "user", "content": text}], "stream": False}
-    body.update({k: v for k, v in who.items() if k != "key"})
-    body.update(extra)
-    resp = Client().post("/v1/chat/completions", data=json.dumps(body), content_type="application/json",
-                         HTTP_X_API_KEY=who["key"])
+    resp = http.chat(who, text, **extra)
     assert resp.status_code == 200, resp.content
     return resp.json()["choices"][0]["message"]["content"]
 

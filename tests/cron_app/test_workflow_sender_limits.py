@@ -4,16 +4,14 @@ recall, memory write, code context)"): code context as the sender chose it, and 
 run a spoken message started."""
 from __future__ import annotations
 
-import json
-
 import pytest
-from django.test import Client
 
 from channels_app.models import CallerDefaults, Turn
 from cron_app.models import CronRun
 from plugins_app.agent.memory.models import MemoryFact
 from tests.conftest import APP_KEY
 from tests.cron_app.test_workflow_start import SEED_RULE
+from tests.support import http
 from tests.support.code import code_blocks, code_ws  # noqa: F401
 from tests.support.memory import memory_config  # noqa: F401
 from tests.support.scripted import CALLS
@@ -23,10 +21,7 @@ STARTED = "Started workflow 'digest'. Its result goes to the workflow's destinat
 
 
 def chat(who: dict, text: str, **extra):
-    body = {"messages": [{"role": "user", "content": text}], **{k: v for k, v in who.items() if k != "key"},
-            **extra}
-    resp = Client().post("/v1/chat/completions", data=json.dumps(body), content_type="application/json",
-                         HTTP_X_API_KEY=who["key"])
+    resp = http.chat(who, text, **extra)
     assert resp.status_code == 200, resp.content
     assert resp.json()["choices"][0]["message"]["content"] == STARTED
     return CronRun.objects.order_by("-id").first()

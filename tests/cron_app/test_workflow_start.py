@@ -1,13 +1,9 @@
 """StartWorkflow: the seed's example end to end, its six answers, the sender's limits, the fence."""
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from channels_app import hooks
-from django.test import Client
-
 from channels_app.models import Event, Message, Turn
 from channels_app.services import channel_actor_resolve
 from cron_app import services
@@ -15,18 +11,11 @@ from cron_app.models import CronJob, CronRun
 from cron_app.messages import (WORKFLOW_ALREADY_RUNNING, WORKFLOW_COULD_NOT_START, WORKFLOW_CRON_NOT_RUNNING,
                               WORKFLOW_STARTED_FOLLOWS, WORKFLOW_STARTED_WEB, WORKFLOW_TOO_MANY)
 from tests.cron_app.conftest import SEED_CRON_TOML, submit, web_actor
+from tests.support.http import chat
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 PROMPT = "Summarise what the sender asked for, in one line."
-
-
-def chat(who: dict, text: str, **extra):
-    body = {"messages": [{"role": "user", "content": text}], "stream": False}
-    body.update({k: v for k, v in who.items() if k != "key"})
-    body.update(extra)
-    return Client().post("/v1/chat/completions", data=json.dumps(body), content_type="application/json",
-                         HTTP_X_API_KEY=who["key"])
 
 
 def run_prompts(run: CronRun) -> list[str]:

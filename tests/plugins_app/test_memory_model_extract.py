@@ -14,7 +14,8 @@ from plugins_app.agent.memory.model_extract import (EXTRACT_PROMPT, ModelExtract
                                                      facts_parsed, model_facts)
 from plugins_app.agent.memory.models import MemoryFact, MemorySettings
 from tests.fakes.upstream import Script, run_stub_upstream
-from tests.rules_app.conftest import answer, chat, site  # noqa: F401
+from tests.rules_app.conftest import answer, site  # noqa: F401
+from tests.support.http import chat
 from tests.support.memory import memory_config  # noqa: F401
 
 VEGETARIAN = "I've been vegetarian since 2019, and my sister Mia lives in Oslo"

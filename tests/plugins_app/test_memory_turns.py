@@ -9,7 +9,8 @@ from channels_app import tools as hub_tools
 from plugins_app.agent.memory import services
 from plugins_app.agent.memory.models import MemoryFact
 from plugins_app.agent.memory.recall import RECALL_HEADER
-from tests.rules_app.conftest import answer, chat, site  # noqa: F401
+from tests.rules_app.conftest import answer, site  # noqa: F401
+from tests.support.http import chat
 from tests.support.memory import memory_config  # noqa: F401
 from tests.support.scripted import CALLS
 

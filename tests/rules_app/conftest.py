@@ -1,13 +1,11 @@
 """A workspace and a home of the test's own, with this process's rule engine reset around each test."""
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
 
 import pytest
-from django.test import Client
 
 from rules_app.runtime import runtime
 
@@ -101,14 +99,6 @@ def fake_cron(monkeypatch):
     monkeypatch.setattr(services, "rule_trigger_reason", lambda workflow: cron.rule_trigger_reason(workflow))
     monkeypatch.setattr(services, "workflow_start", lambda **kw: cron.workflow_start(**kw))
     return cron
-
-
-def chat(who: dict, text: str, **extra):
-    body = {"messages": [{"role": "user", "content": text}]}
-    body.update({k: v for k, v in who.items() if k != "key"})
-    body.update(extra)
-    return Client().post("/v1/chat/completions", data=json.dumps(body), content_type="application/json",
-                         HTTP_X_API_KEY=who["key"])
 
 
 def answer(resp) -> str:

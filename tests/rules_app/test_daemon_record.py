@@ -15,7 +15,8 @@ from rules_app import runtime as runtime_module
 from rules_app.engine import MessageFacts
 from rules_app.models import RuleSet
 from rules_app.runtime import Runtime, runtime
-from tests.rules_app.conftest import answer, chat, wait_for
+from tests.rules_app.conftest import answer, wait_for
+from tests.support.http import chat
 
 IGNORE_A = '[[rules]]\nname = "ignore-a"\ndecision = "Ignore"\nmatch = { field = "text", equals = "a" }\n'
 IGNORE_B = '[[rules]]\nname = "ignore-b"\ndecision = "Ignore"\nmatch = { field = "text", equals = "b" }\n'

@@ -11,7 +11,8 @@ from django.urls import reverse
 
 from rules_app import services
 from rules_app.models import Rule, RuleSet
-from tests.rules_app.conftest import answer, chat
+from tests.rules_app.conftest import answer
+from tests.support.http import chat
 
 FILE_RULES = '''
 [[rules]]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from cron_app.messages import WORKFLOW_STARTED_WEB
 from cron_app.services import rule_trigger_reason, workflow_start  # noqa: F401 - the interface rules call
-from tests.rules_app.conftest import answer, chat
+from tests.rules_app.conftest import answer
+from tests.support.http import chat
 
 RULES = '''
 [[rules]]

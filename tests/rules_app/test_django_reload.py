@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from rules_app.models import RuleSet, WorkspaceTrust
 from rules_app.runtime import runtime
-from tests.rules_app.conftest import answer, chat, wait_for
+from tests.rules_app.conftest import answer, wait_for
+from tests.support.http import chat
 
 IGNORE_A = '[[rules]]\nname = "ignore-a"\ndecision = "Ignore"\nmatch = { field = "text", equals = "a" }\n'
 IGNORE_B = '[[rules]]\nname = "ignore-b"\ndecision = "Ignore"\nmatch = { field = "text", equals = "b" }\n'

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from channels_app import hooks
 from channels_app.models import Receipt, Turn
-from tests.rules_app.conftest import answer, chat, submit
+from tests.rules_app.conftest import answer, submit
+from tests.support.http import chat
 from tests.support.scripted import CALLS
 
 ROUTES = r"""

@@ -7,7 +7,8 @@ import pytest
 
 from channels_app.models import Event, Message, Receipt, Turn
 from rules_app import engine
-from tests.rules_app.conftest import answer, chat, submit
+from tests.rules_app.conftest import answer, submit
+from tests.support.http import chat
 
 QUICK_START = """
 # Drop obvious spam before it reaches the agent.

@@ -6,7 +6,8 @@ from django.test import Client
 
 from rules_app import services
 from rules_app.models import Rule
-from tests.rules_app.conftest import answer, chat
+from tests.rules_app.conftest import answer
+from tests.support.http import chat
 
 RULES = '''
 [[rules]]

@@ -15,7 +15,8 @@ from channels_app.models import Event, Message, Receipt, Turn
 from plugins_app.agent.engines import registry
 from plugins_app.agent.models import AgentProfile
 from rules_app import engine
-from tests.rules_app.conftest import answer, chat
+from tests.rules_app.conftest import answer
+from tests.support.http import chat
 from tests.rules_app.test_django_seed import DECISIONS
 from tests.support.memory import memory_config  # noqa: F401
 

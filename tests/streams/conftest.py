@@ -71,14 +71,6 @@ def stream(path, who: dict, *, last_event_id=None, until=None, timeout=10.0, unt
     return events_of(read_frames(resp, until=until, timeout=timeout, until_ping=until_ping and until is None))
 
 
-def chat(who: dict, text: str = "hello", **extra):
-    body = {"messages": [{"role": "user", "content": text}]}
-    body.update(ident(who))
-    body.update(extra)
-    return Client().post("/v1/chat/completions", data=json.dumps(body), content_type="application/json",
-                         HTTP_X_API_KEY=who["key"])
-
-
 def post(path: str, who: dict, **body):
     body = {**ident(who), **body}
     return Client().post(path, data=json.dumps(body), content_type="application/json", HTTP_X_API_KEY=who["key"])

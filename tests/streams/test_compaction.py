@@ -17,7 +17,8 @@ from plugins_app.agent.engines.summarizers import (ExtractiveChatSummarizer, Ope
                                                    SUMMARY_PROMPT)
 from plugins_app.agent.models import AgentProfile
 from tests.fakes.upstream import Script, run_stub_upstream
-from tests.streams.conftest import chat, get, post, stream, wait_for
+from tests.streams.conftest import get, post, stream, wait_for
+from tests.support.http import chat
 from tests.support import scripted
 
 pytestmark = pytest.mark.django_db(transaction=True)

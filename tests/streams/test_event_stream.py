@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, given, settings as hsettings, strategies as 
 from channels_app import streams
 from channels_app.events import event_append
 from channels_app.models import Conversation, Event, EventLogMark
-from tests.streams.conftest import chat, events_of, ident, open_stream, read_frames, stream
+from tests.streams.conftest import events_of, ident, open_stream, read_frames, stream
+from tests.support.http import chat
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

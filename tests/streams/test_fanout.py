@@ -15,7 +15,8 @@ from asgiref.sync import async_to_sync, sync_to_async
 from channels_app import fanout, notify, streams
 from channels_app.events import conversation_topic, event_append
 from channels_app.models import Conversation, Event
-from tests.streams.conftest import chat, ident, open_stream, threaded_turns, wait_for  # noqa: F401 (a fixture)
+from tests.streams.conftest import ident, open_stream, threaded_turns, wait_for  # noqa: F401 (a fixture)
+from tests.support.http import chat
 from tests.support.http import parse_sse
 
 pytestmark = pytest.mark.django_db(transaction=True)

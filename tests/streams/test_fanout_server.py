@@ -18,7 +18,8 @@ from django.core.asgi import get_asgi_application
 
 from channels_app import fanout, streams
 from channels_app.events import conversation_topic, event_append
-from tests.streams.conftest import chat, ident
+from tests.streams.conftest import ident
+from tests.support.http import chat
 from tests.support.http import parse_sse
 from ugent_site.api_handler import ApiHandler, route
 

@@ -8,7 +8,8 @@ from django.utils import timezone
 
 from channels_app import runner, streams, tasks
 from channels_app.models import Event, EventLogMark, Receipt, Turn
-from tests.streams.conftest import chat, stream
+from tests.streams.conftest import stream
+from tests.support.http import chat
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -5,7 +5,8 @@ import pytest
 
 from channels_app import streams
 from channels_app.models import Conversation, Message, Receipt
-from tests.streams.conftest import chat, get, stream
+from tests.streams.conftest import get, stream
+from tests.support.http import chat
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

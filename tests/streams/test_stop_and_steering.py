@@ -5,7 +5,8 @@ import pytest
 
 from channels_app import runner
 from channels_app.models import Event, Message, Receipt, Steering, Turn
-from tests.streams.conftest import chat, post, wait_for
+from tests.streams.conftest import post, wait_for
+from tests.support.http import chat
 from tests.support import scripted
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 from asgiref.sync import async_to_sync
+from django.test import Client
 
 
 def body_bytes(resp) -> bytes:
@@ -55,3 +56,13 @@ def answer_text(frames: list[dict]) -> str:
             elif delta.get("ugent_segment") == "answer":
                 out.append(delta.get("content") or "")
     return "".join(out)
+
+
+def chat(who: dict, text: str = "hello", **extra):
+    """POST one user message to /v1/chat/completions as `who` ({"key": ..., and body fields such as user or
+    conversation_id}) through Django's test client; `extra` adds body fields."""
+    body = {"messages": [{"role": "user", "content": text}]}
+    body.update({k: v for k, v in who.items() if k != "key"})
+    body.update(extra)
+    return Client().post("/v1/chat/completions", data=json.dumps(body), content_type="application/json",
+                         HTTP_X_API_KEY=who["key"])
