@@ -29,6 +29,7 @@ from channels_app import notify, questions, services, statements, streams
 from channels_app.auth import IsOperator, authenticate_headers
 from channels_app.bodies import json_object_parse, text_problem
 from channels_app.errors import ApplicationError, error_response, from_drf
+from channels_app.json_input import JsonInput
 from channels_app.events import turn_topic
 from channels_app.models import Turn
 from channels_app.sse import DONE, PING, TERMINAL, ChunkRenderer, usage_or_zero
@@ -53,7 +54,7 @@ def _no_control_characters(value: str) -> None:
         raise serializers.ValidationError("must not contain control characters (a newline, a tab, ...)")
 
 
-class ChatInputSerializer(serializers.Serializer):
+class ChatInputSerializer(JsonInput):
     """The chat request: OpenAI's fields and the UGENT extensions (help_text is the spec's Purpose column)."""
 
     model = serializers.CharField(required=False, allow_blank=True, allow_null=True, help_text=(
@@ -662,7 +663,7 @@ class HealthApi(APIView):
 class ReceiptGetApi(APIView):
     """GET /v1/ugent/receipt: where one message stands, for its sender and the operator (channels_app.access)."""
 
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(JsonInput):
         conversation_id = serializers.CharField(max_length=255)
         client_message_id = serializers.CharField(max_length=255)
         client_id = serializers.CharField(required=False, default="", allow_blank=True)

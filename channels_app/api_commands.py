@@ -15,12 +15,13 @@ from channels_app import api_docs as docs
 from channels_app import commands, repair, sandbox, services, streams
 from channels_app.auth import IsOperator
 from channels_app.errors import ApplicationError
+from channels_app.json_input import JsonInput
 
 
 class CommandsApi(APIView):
     """POST /v1/ugent/commands: one slash command for the request's user (docs/commands.md)."""
 
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(JsonInput):
         command = serializers.CharField(max_length=32000, trim_whitespace=False,
                                         help_text='The command as typed, e.g. "/model gpt-x" or "/btw what is X?".')
         conversation_id = serializers.CharField(required=False, max_length=255,
@@ -58,7 +59,7 @@ class CommandsApi(APIView):
                                              client_id=d.get("client_id", ""), turn_id=d.get("turn_id")))
 
 
-class OperatorConversationFields(serializers.Serializer):
+class OperatorConversationFields(JsonInput):
     conversation_id = serializers.CharField(max_length=255)
     client_id = serializers.CharField(required=False, default="", allow_blank=True, max_length=200)
     channel = serializers.CharField(required=False, default="web", max_length=50)
@@ -78,7 +79,7 @@ class SandboxApi(APIView):
 
     permission_classes = [IsOperator]
 
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(JsonInput):
         conversation_id = serializers.CharField(required=False, max_length=255)
         client_id = serializers.CharField(required=False, default="", allow_blank=True, max_length=200)
         channel = serializers.CharField(required=False, default="web", max_length=50)

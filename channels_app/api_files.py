@@ -17,6 +17,7 @@ from rest_framework.views import APIView
 from channels_app import api_docs as docs
 from channels_app import files, services
 from channels_app.errors import ApplicationError
+from channels_app.json_input import JsonInput
 
 #: What a multipart body may carry beside the file itself before its Content-Length alone is a 413.
 FORM_OVERHEAD = 64 * 1024
@@ -42,7 +43,7 @@ class FileUploadApi(APIView):
 
     parser_classes = [MultiPartParser]
 
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(JsonInput):
         file = serializers.FileField(help_text="The file; its type is sniffed from the bytes, its name kept.")
         conversation_id = serializers.CharField(max_length=255, help_text=(
             "The conversation; a first upload creates it and makes the uploader its owner."))
@@ -83,7 +84,7 @@ BINARY = {"type": "string", "format": "binary"}
 class FileGetApi(APIView):
     """GET /v1/files/{id}: the file's bytes, with byte ranges, for its conversation's owner and the operator."""
 
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(JsonInput):
         user = serializers.CharField(required=False, max_length=255)
         federation_issuer = serializers.CharField(required=False, max_length=200)
         federation_subject = serializers.CharField(required=False, max_length=255)

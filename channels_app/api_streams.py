@@ -23,9 +23,10 @@ from channels_app import fanout, services, streams
 from channels_app.access import Viewer
 from channels_app.auth import authenticate_headers
 from channels_app.errors import ApplicationError, error_response, from_drf
+from channels_app.json_input import JsonInput
 
 
-class IdentityFields(serializers.Serializer):
+class IdentityFields(JsonInput):
     """Whom a request speaks for (Keys and callers)."""
 
     user = serializers.CharField(required=False, max_length=255)

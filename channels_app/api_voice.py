@@ -15,12 +15,13 @@ from rest_framework.views import APIView
 from channels_app import auth, services, voice
 from channels_app import api_docs as docs
 from channels_app.errors import ApplicationError
+from channels_app.json_input import JsonInput
 
 
 class TranscribeApi(APIView):
     """POST /v1/ugent/transcribe: dictation, a recording turned into text with no turn."""
 
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(JsonInput):
         file = serializers.FileField(required=False, help_text="The recording (read by an engine that transcribes; "
                                                                "none ships in this build).")
         conversation_id = serializers.CharField(required=False, max_length=255,
@@ -54,7 +55,7 @@ class TranscribeApi(APIView):
 class SpeechApi(APIView):
     """POST /v1/ugent/speech: one segment of a finished answer, spoken."""
 
-    class SpeechInputSerializer(serializers.Serializer):
+    class SpeechInputSerializer(JsonInput):
         conversation_id = serializers.CharField(max_length=255)
         turn_id = serializers.CharField(max_length=100)
         segment = serializers.IntegerField(min_value=0, required=False, default=0)

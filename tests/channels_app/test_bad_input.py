@@ -90,6 +90,43 @@ def test_text_parts_are_still_joined_into_the_turns_text(tcast):
     assert Message.objects.get(role="user").content == "one two"
 
 
+@pytest.mark.parametrize("extra,param,message", [
+    ({"stream": "yes"}, "stream", "stream: must be true or false"),
+    ({"stream": 1}, "stream", "stream: must be true or false"),
+    ({"echo_user_message": "true"}, "echo_user_message", "echo_user_message: must be true or false"),
+    ({"model": 5}, "model", "model: must be a string"),
+    ({"conversation_id": 42}, "conversation_id", "conversation_id: must be a string"),
+    ({"client_message_id": ["m1"]}, "client_message_id", "client_message_id: must be a string"),
+    ({"user": True}, "user", "user: must be a string"),
+    ({"ugent_allowed_tools": ["shell", 1]}, "ugent_allowed_tools.1", "ugent_allowed_tools.1: must be a string"),
+])
+def test_a_json_value_of_the_wrong_type_is_a_400_not_coerced(tcast, extra, param, message):
+    # DRF's fields read "yes" and 1 as true and 5 as "5": in a JSON body that answers a request nobody sent
+    before = counts()
+    err = refused(post_raw("/v1/chat/completions", chat_body("hello", **extra)))
+    assert (err["param"], err["message"]) == (param, message)
+    assert counts() == before
+
+
+def test_json_types_are_held_on_the_other_json_bodies_and_query_strings_are_read_as_text(tcast):
+    err = refused(post_raw("/v1/ugent/steering", {"conversation_id": 7, "message": "x"}))
+    assert err["message"] == "conversation_id: must be a string"
+    err = refused(post_raw("/v1/ugent/commands", {"command": "/models", "user": 5}))
+    assert err["message"] == "user: must be a string"
+    err = refused(post_raw("/v1/ugent/speech", {"conversation_id": "c1", "turn_id": "t", "segment": "0"}))
+    assert err["message"] == "segment: must be an integer"
+    # a query string is text: its values are not JSON's types (receipt lookup's 404 is its own answer)
+    resp = Client().get("/v1/ugent/receipt", {"conversation_id": "1", "client_message_id": "2"},
+                        HTTP_X_API_KEY=OPERATOR_KEY)
+    assert resp.status_code == 404, resp.content
+
+
+def test_json_booleans_and_strings_still_pass(tcast):
+    resp = post_raw("/v1/chat/completions", chat_body("hello", stream=False, model=None, echo_user_message=True,
+                                                       ugent_allowed_tools=["shell"]))
+    assert resp.status_code == 200, resp.content
+
+
 @pytest.mark.parametrize("body", [b"not json", b"\xff\xfe", b"[1, 2]", b'"a string"', b"", b"{"])
 def test_a_body_that_is_no_json_object_is_a_400(tcast, body):
     for path in ("/v1/chat/completions", "/v1/ugent/stop", "/v1/ugent/steering"):
