@@ -45,6 +45,7 @@ NOT_A_TEXT_PART = ('content part {i} is not a text part ({{"type": "text", "text
 # Rendered after the field's name ("ugent_allowed_tools: " + this), as every field's refusal is (errors.from_drf).
 ALLOWED_TOOLS_EMPTY = ('[] is refused: leave the field out for no restriction, '
                        'or send ugent_denied_tools: ["*"] to run the turn with no tools.')
+ONE_CHOICE_ONLY = "only 1 is supported: a turn gives one answer."
 
 
 def _no_control_characters(value: str) -> None:
@@ -103,8 +104,15 @@ class ChatInputSerializer(JsonInput):
         "while it waits, only when it fits; never runs as a turn. Answered 200 with ugent.interaction_reply; "
         "refused 404 (not the caller's question), 409 (it no longer waits) or 400 (it does not fit). With "
         "client_message_id an applied reply keeps a receipt, and a repeat is refused as DuplicateProcessed."))
+    n = serializers.IntegerField(required=False, allow_null=True, help_text=(
+        "OpenAI's number of choices: a turn gives one answer, so anything but 1 (or null) is a 400."))
     stream_options = serializers.DictField(required=False, allow_null=True, help_text=(
         "OpenAI's stream options: include_usage adds a last chunk with no choices that carries the usage."))
+
+    def validate_n(self, value):
+        if value not in (None, 1):
+            raise serializers.ValidationError(ONE_CHOICE_ONLY)
+        return value
 
     def validate_stream_options(self, value):
         if value is None:

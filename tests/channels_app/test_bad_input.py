@@ -121,9 +121,18 @@ def test_json_types_are_held_on_the_other_json_bodies_and_query_strings_are_read
     assert resp.status_code == 404, resp.content
 
 
+@pytest.mark.parametrize("n", [2, 0, -1])
+def test_n_other_than_one_is_a_400_as_a_turn_gives_one_answer(tcast, n):
+    # a client asking for n choices reads choices[1]: one answer would break it where a 400 says why
+    before = counts()
+    err = refused(post_raw("/v1/chat/completions", chat_body("hello", n=n)))
+    assert (err["param"], err["message"]) == ("n", "n: only 1 is supported: a turn gives one answer.")
+    assert counts() == before
+
+
 def test_json_booleans_and_strings_still_pass(tcast):
     resp = post_raw("/v1/chat/completions", chat_body("hello", stream=False, model=None, echo_user_message=True,
-                                                       ugent_allowed_tools=["shell"]))
+                                                       ugent_allowed_tools=["shell"], n=1))
     assert resp.status_code == 200, resp.content
 
 
