@@ -11,7 +11,7 @@ import json
 import logging
 import uuid
 from urllib.parse import quote
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from django.db import IntegrityError, transaction
@@ -463,6 +463,15 @@ def _needs_a_model_that_follows_prompts(profile) -> None:
                                code="model_cannot_follow_prompts", param="model")
 
 
+def conversation_id_of_message(inbound: Submission) -> str:
+    """The conversation of a message that names none but carries an idempotency key: derived from its sender
+    and that key, so a resend (the client never learnt the id, its first answer lost) lands in the same
+    conversation and is the duplicate the seed answers, not a second turn. Without a key each such message
+    starts a conversation of its own (conversation_resolve)."""
+    seed = "\x1f".join((inbound.channel, inbound.client_id or "", inbound.actor.key, inbound.client_message_id))
+    return f"conv-{hashlib.sha256(seed.encode('utf-8', 'surrogatepass')).hexdigest()[:32]}"
+
+
 def message_submit(*, inbound: Submission, profile=None, on_turn=None) -> SubmissionResult:
     """Accept one message: receipt once only, hooks before the agent, then the turn (a Celery task).
 
@@ -476,6 +485,8 @@ def message_submit(*, inbound: Submission, profile=None, on_turn=None) -> Submis
         raise ApplicationError(f"The message content {problem}", status=400, code="invalid_content",
                                param="content")
     inbound = caller_defaults_apply(inbound=inbound)
+    if not inbound.conversation_id and inbound.client_message_id:
+        inbound = replace(inbound, conversation_id=conversation_id_of_message(inbound))
     try:
         with transaction.atomic():
             conversation, created = conversation_resolve(

@@ -131,6 +131,26 @@ def test_a_repeated_client_message_id_runs_nothing(tcast):
     assert Turn.objects.count() == 1 and Receipt.objects.count() == 1
 
 
+def test_a_repeat_that_names_no_conversation_runs_nothing_either(tcast):
+    # the client learns a new conversation's id from the answer: when that answer is lost, its resend names none
+    first = chat(tcast.alice, "once", client_message_id="m-lost")
+    again = chat(tcast.alice, "once", client_message_id="m-lost")
+    assert first.status_code == 200 and again.status_code == 409, again.content
+    assert again.json()["error"]["code"] == "DuplicateProcessed"
+    assert again["x-ugent-conversation-id"] == first["x-ugent-conversation-id"]
+    assert again["x-ugent-turn-id"] == first["x-ugent-turn-id"]
+    assert Turn.objects.count() == 1 and Receipt.objects.count() == 1
+    # another message of the same sender, or the same key from someone else, is a conversation of its own
+    other = chat(tcast.alice, "twice", client_message_id="m-other")
+    bobs = chat(tcast.bob, "once", client_message_id="m-lost")
+    assert other.status_code == 200 and bobs.status_code == 200, bobs.content
+    ids = {first["x-ugent-conversation-id"], other["x-ugent-conversation-id"], bobs["x-ugent-conversation-id"]}
+    assert len(ids) == 3 and Conversation.objects.count() == 3
+    # and the conversation can be spoken into by the id the answer named
+    follow = chat(tcast.alice, "next", conversation_id=first["x-ugent-conversation-id"], client_message_id="m2")
+    assert follow.status_code == 200 and Turn.objects.count() == 4
+
+
 def test_a_streamed_repeat_gets_the_receipt_then_the_refusal(tcast):
     first = chat(tcast.alice, "once", conversation_id="c1", client_message_id="m1")
     repeat = chat(tcast.alice, "once", stream=True, conversation_id="c1", client_message_id="m1")
