@@ -11,13 +11,10 @@ from django.urls import path, reverse
 from django.utils import timezone
 
 from channels_app import services, streams
-from channels_app.models import (ApiKey, Actor, Caller, CallerDefaults, Conversation, Event, File, Issuer,
-                                 Message, Receipt, Steering, Turn, TurnState)
+from channels_app.models import (LIVE_TURN_STATES, ApiKey, Actor, Caller, CallerDefaults, Conversation, Event, File,
+                                 Issuer, Message, Receipt, Steering, Turn)
 from ugent_common import config
 from ugent_common.admin import RecordAdmin
-
-LIVE_TURN_STATES = (TurnState.ACCEPTED, TurnState.RUNNING)
-
 
 def admin_actor(request) -> str:
     """Who did it, as the turn's stop_requested_by and the messages say: the admin account's name."""
@@ -154,12 +151,23 @@ class MessageInline(admin.TabularInline):
 
 @admin.register(Conversation)
 class ConversationAdmin(admin.ModelAdmin):
+    """A conversation's stored /model choice is the operator's to edit. Who and where it is (its channel, client
+    id, id, owner and caller) are what access and idempotency hang on: changing its channel opened it to every
+    sender, its owner handed over its history. Its working directory is changed through PUT
+    /v1/ugent/directory, which keeps it inside the workspace. A conversation is created by its first message;
+    one that holds records (turns, receipts, messages, events: never deleted here) cannot be deleted either."""
+
     list_display = ("external_id", "channel", "client_id", "owner", "caller", "model_choice", "created_at")
     list_filter = ("channel", "caller")
     list_select_related = ("owner", "caller")
     search_fields = ("external_id", "client_id", "owner__key")
-    readonly_fields = ("created_at", "updated_at")
+    readonly_fields = ("channel", "client_id", "external_id", "owner", "caller", "working_directory",
+                       "created_at", "updated_at")
     inlines = [MessageInline]
+
+    def has_add_permission(self, request):
+        return False
+
 
 
 @admin.register(Turn)

@@ -71,3 +71,35 @@ def test_issue_a_key_action_shows_it_once_and_it_works(tcast, admin_client):
 def test_the_admin_needs_a_staff_login(tcast):
     resp = Client().get("/admin/channels_app/turn/")
     assert resp.status_code == 302 and "/admin/login/" in resp["Location"]
+
+
+def test_a_conversations_identity_is_read_only_and_its_model_choice_editable(tcast, admin_client):
+    from channels_app.models import Conversation
+    _chat(tcast.keys["operator"], user="alice", conversation_id="c-owned")
+    conv = Conversation.objects.get(external_id="c-owned")
+    url = f"/admin/channels_app/conversation/{conv.pk}/change/"
+    page = admin_client.get(url)
+    assert page.status_code == 200
+    form = page.context["adminform"].form
+    assert set(form.fields) == {"model_choice"}
+    # a POST naming the identity fields changes none of them (they are not in the form), the choice it does
+    bob = conv.owner.__class__.objects.create(key="web:bob", channel="web", user_id="bob")
+    resp = admin_client.post(url, {"model_choice": "scripted", "channel": "telegram", "owner": bob.pk,
+                                   "external_id": "stolen", "client_id": "x", "working_directory": "../..",
+                                   "messages-TOTAL_FORMS": "0", "messages-INITIAL_FORMS": "0"})
+    assert resp.status_code == 302, resp.content[:2000]
+    conv.refresh_from_db()
+    assert (conv.channel, conv.owner.key, conv.external_id, conv.client_id, conv.working_directory,
+            conv.model_choice) == ("web", "web:alice", "c-owned", "", "", "scripted")
+    assert admin_client.get("/admin/channels_app/conversation/add/").status_code == 403
+
+
+def test_a_conversation_that_holds_records_is_not_deleted_in_the_admin(tcast, admin_client):
+    # its turns, receipts and events are records, never deleted here, so neither is what holds them
+    from channels_app.models import Conversation, Receipt
+    _chat(tcast.keys["operator"], user="alice", conversation_id="c-del", client_message_id="m1")
+    conv = Conversation.objects.get(external_id="c-del")
+    assert admin_client.post(f"/admin/channels_app/conversation/{conv.pk}/delete/", {"post": "yes"}).status_code == 403
+    admin_client.post("/admin/channels_app/conversation/", {"action": "delete_selected", "_selected_action": [conv.pk],
+                                                            "post": "yes"})
+    assert Conversation.objects.filter(pk=conv.pk).exists() and Receipt.objects.filter(client_message_id="m1").exists()
