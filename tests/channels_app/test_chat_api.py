@@ -391,3 +391,11 @@ def test_a_streaming_request_refused_as_a_message_is_an_error_chunk(tcast, extra
     frames = frames_of(resp)
     assert frames[-1]["data"] == "[DONE]"
     assert frames[-2]["data"]["error"]["code"] == code
+
+
+def test_a_conversation_id_outside_latin1_is_named_in_the_header_as_rfc2047_has_it(tcast):
+    import email.header
+    resp = chat(tcast.alice, "hi", conversation_id="会話-1")
+    assert resp.status_code == 200 and resp.json()["ugent_conversation_id"] == "会話-1"
+    (raw, charset), = email.header.decode_header(resp["x-ugent-conversation-id"])
+    assert raw.decode(charset) == "会話-1"
