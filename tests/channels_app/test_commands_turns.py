@@ -104,6 +104,9 @@ def test_harness_goals_tasks_checks_and_the_snapshots_verifications(tcast, setti
     assert body["changed"] is False and body["text"] == f"#{goal['id']} was already done."
     resp = command(tcast.alice, "/harness done 999", conversation_id="ca")
     assert resp.status_code == 404 and resp.json()["error"]["message"] == harness.NO_ITEM.format(id="999")
+    for typed in ("/harness done ²", "/harness check ² cmd: true", "/harness verify ²", "/harness done #١"):
+        resp = command(tcast.alice, typed, conversation_id="ca")  # str.isdigit() holds: int() was a 500 or read 1
+        assert resp.status_code == 404 and resp.json()["error"]["code"] == "harness_item_not_found", typed
     resp = command(tcast.alice, "/harness frobnicate", conversation_id="ca")
     assert resp.status_code == 400 and resp.json()["error"]["message"] == commands.HARNESS_UNKNOWN.format(sub="frobnicate")
     assert command(tcast.bob, "/harness", conversation_id="ca").status_code == 403
