@@ -169,6 +169,7 @@ def interaction_reply_clean(value) -> dict:
     if not isinstance(request_id, str) or not request_id.strip() or len(request_id) > 100:
         raise serializers.ValidationError("request_id must name the waiting question (its id from "
                                           "interaction.requested).")
+    _reply_text("request_id", request_id)
     if action not in ("submit", "abort"):
         raise serializers.ValidationError('action must be "submit" or "abort".')
     out = {"request_id": request_id, "action": action}
@@ -181,17 +182,29 @@ def interaction_reply_clean(value) -> dict:
                 and isinstance(a.get("option_id"), str) for a in answers):
             raise serializers.ValidationError("answers must be a non-empty list of "
                                               "{\"question_id\": \"…\", \"option_id\": \"…\"}.")
+        for i, a in enumerate(answers):
+            _reply_text("answers", a["question_id"], f"answer {i}'s question_id ")
+            _reply_text("answers", a["option_id"], f"answer {i}'s option_id ")
         out["answers"] = [{"question_id": a["question_id"], "option_id": a["option_id"]} for a in answers]
     if reply_value is not None:
         if isinstance(reply_value, bool):  # a confirm answered with true/false
             reply_value = "yes" if reply_value else "no"
         if not isinstance(reply_value, str):
             raise serializers.ValidationError("value must be a string (or true/false for a confirm question).")
+        _reply_text("value", reply_value)
         out["value"] = reply_value
     if "answers" not in out and "value" not in out:
         raise serializers.ValidationError('a submit carries answers (a choice or a form) or value (a text, '
                                           'secret or confirm question).')
     return out
+
+
+def _reply_text(field: str, text: str, what: str = "") -> None:
+    """The text a reply carries is stored and handed to the asking tool: refused as the message content is
+    (bodies.text_problem), under ugent_interaction_reply.<field>, before anything is looked up or written."""
+    problem = text_problem(text)
+    if problem is not None:
+        raise serializers.ValidationError({field: f"{what}{problem}"})
 
 
 _serializers = threading.local()
