@@ -192,6 +192,14 @@ def test_the_permission_matrix_of_a_download(tcast):
     assert download({"key": tcast.keys["app"], "user": "alice"}, fid).status_code == 403
 
 
+
+@pytest.mark.parametrize("path_id", ["%00", "a%00b", "a%0Ab", "%ED%A0%80", "x" * 65, "a.b", "a%20b"])
+def test_an_id_no_file_could_have_is_a_404_as_a_missing_file(tcast, path_id):
+    # a NUL reached the query: a 404 on SQLite, PostgreSQL's "cannot contain NUL" as a 500
+    resp = Client().get(f"/v1/files/{path_id}", {"user": "alice"}, HTTP_X_API_KEY=OPERATOR_KEY)
+    assert resp.status_code == 404 and error(resp)["code"] == "file_not_found", resp.content
+    assert error(resp) == error(download(tcast.alice, "file-doesnotexist"))
+
 # --- download: ranges and validators --------------------------------------------
 
 DATA = bytes(range(100))
