@@ -27,7 +27,7 @@ from rest_framework.views import APIView
 from channels_app import api_docs as docs
 from channels_app import files, notify, questions, services, statements, streams
 from channels_app.auth import IsOperator, authenticate_headers
-from channels_app.bodies import json_object_parse, text_problem
+from channels_app.bodies import json_object_parse, request_body, text_problem
 from channels_app.errors import ApplicationError, error_response, from_drf
 from channels_app.api_fields import IdentityFields, client_id_field, conversation_id_field
 from channels_app.events import turn_topic
@@ -506,7 +506,7 @@ class ChatCompletionApi(View):
 
     async def _post(self, request):
         try:
-            payload = json_object_parse(request.body)
+            payload = json_object_parse(request_body(request))
             # One hop to a worker thread for the key, the checks and the message: a plain future, not a
             # task, as a server's shutdown cancels every task and the accept's outcome must outlive that.
             loop = asyncio.get_running_loop()

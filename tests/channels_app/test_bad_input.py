@@ -333,3 +333,29 @@ def test_an_upload_into_a_conversation_id_no_chat_could_name_is_a_400(tcast):
     err = refused(upload({"conversation_id": "x\ny", "user": "alice"}))
     assert err["param"] == "conversation_id"
     assert not Conversation.objects.exists() and not File.objects.exists()
+
+
+# --- a body over the limit ------------------------------------------------------------------------------
+
+def test_a_chat_body_over_the_default_limit_is_a_413_error_object(tcast):
+    # Django answered RequestDataTooBig with its HTML 400 page, not an error object
+    before = counts()
+    err = refused(post_raw("/v1/chat/completions", chat_body("x" * 3_000_000)), status=413)
+    assert err["code"] == "request_too_large" and err["message"] == (
+        "The request body is larger than this daemon takes: at most 2621440 bytes (UGENT_MAX_REQUEST_BYTES). "
+        "Send a file with POST /v1/files and name it by its id.")
+    assert counts() == before
+
+
+def test_every_body_over_the_limit_is_a_413_error_object_and_writes_nothing(tcast, settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 2000
+    big = "x" * 3000
+    before = counts()
+    for resp in (post_raw("/v1/chat/completions", chat_body(big)),
+                 post_raw("/v1/ugent/steering", {"user": "alice", "conversation_id": "c1", "message": big}),
+                 post_raw("/v1/ugent/commands", {"user": "alice", "command": "/btw " + big}),
+                 upload({"conversation_id": "c1", "user": "alice", "purpose": big})):
+        assert resp["Content-Type"] == "application/json", resp.content[:200]
+        err = refused(resp, status=413)
+        assert err["code"] == "request_too_large" and "at most 2000 bytes" in err["message"]
+    assert counts() == before
