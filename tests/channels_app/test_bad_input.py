@@ -313,9 +313,10 @@ def test_a_control_character_in_whom_a_request_speaks_for_is_a_400_on_every_endp
     if field.startswith("federation"):
         ident = {"federation_issuer": "example-crm", "federation_subject": "zoe", **ident}
     before = counts(), Actor.objects.count()
+    speech = [] if field == "client_id" else [post_raw("/v1/ugent/speech", {**SPEECH, "user": "alice", **ident})]
     for resp in (post_raw("/v1/chat/completions", {**chat_body("hi"), **ident}),
                  get_raw("/v1/ugent/receipt", {**RECEIPT, "user": "alice", **ident}),
-                 *([] if field == "client_id" else [post_raw("/v1/ugent/speech", {**SPEECH, "user": "alice", **ident})]),
+                 *speech,
                  post_raw("/v1/ugent/commands", {"command": "/models", "user": "alice", **ident}),
                  post_raw("/v1/ugent/steering", {"conversation_id": "c1", "message": "go", "user": "alice", **ident}),
                  get_raw("/v1/ugent/conversation/snapshot", {"conversation_id": "c1", "user": "alice", **ident}),
