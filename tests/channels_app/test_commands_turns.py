@@ -4,11 +4,11 @@ from __future__ import annotations
 import pytest
 
 from channels_app import commands, harness
-from channels_app.models import Conversation, Message, Turn
+from channels_app.models import Message, Turn
 from plugins_app.agent.models import AgentProfile
 from tests.streams.conftest import get, post, threaded_turns  # noqa: F401  (a fixture)
 from tests.support.http import chat
-from tests.streams.test_stop_and_steering import SLOW, finished, start_slow
+from tests.streams.test_stop_and_steering import finished, start_slow
 from tests.support import scripted
 
 pytestmark = pytest.mark.django_db(transaction=True)
