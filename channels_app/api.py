@@ -245,7 +245,7 @@ def file_part_id(part) -> str | None:
     if not isinstance(body, dict):
         return None
     file_id = body.get("file_id")
-    if isinstance(file_id, str) and 0 < len(file_id) <= 64 and "\x00" not in file_id:
+    if isinstance(file_id, str) and 0 < len(file_id) <= 64 and text_problem(file_id) is None:
         return file_id
     url = body.get("url")
     if kind == "image_url" and isinstance(url, str):
