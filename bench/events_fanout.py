@@ -65,6 +65,7 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 
 from tests.support.daemon import Daemon  # noqa: E402
+from ugent_common.digits import ascii_int  # noqa: E402
 
 
 def pct(values: list[float], p: float) -> float:
@@ -301,9 +302,9 @@ def profile_summary(path: Path, top: int = 22) -> None:
     total = 0
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
+        k = ascii_int(count)
+        if not stack or k is None:
             continue
-        k = int(count)
         frames = stack.split(";")
         total += k
         threads[frames[0]] = threads.get(frames[0], 0) + k

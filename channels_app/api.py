@@ -25,11 +25,11 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from channels_app import api_docs as docs
-from channels_app import notify, questions, services, statements, streams
+from channels_app import files, notify, questions, services, statements, streams
 from channels_app.auth import IsOperator, authenticate_headers
-from channels_app.bodies import json_object_parse, text_problem
+from channels_app.bodies import json_object_parse, request_body, text_problem
 from channels_app.errors import ApplicationError, error_response, from_drf
-from channels_app.json_input import JsonInput
+from channels_app.api_fields import IdentityFields, client_id_field, conversation_id_field
 from channels_app.events import turn_topic
 from channels_app.models import Turn
 from channels_app.sse import DONE, PING, TERMINAL, ChunkRenderer, usage_or_zero
@@ -48,14 +48,7 @@ ALLOWED_TOOLS_EMPTY = ('[] is refused: leave the field out for no restriction, '
 ONE_CHOICE_ONLY = "only 1 is supported: a turn gives one answer."
 
 
-def _no_control_characters(value: str) -> None:
-    """An id the answer sends back in a header (x-ugent-conversation-id): a newline there cannot be sent, so the
-    request is refused before anything is accepted, not answered with a 500 after."""
-    if any(ord(c) < 32 or ord(c) == 127 for c in value):
-        raise serializers.ValidationError("must not contain control characters (a newline, a tab, ...)")
-
-
-class ChatInputSerializer(JsonInput):
+class ChatInputSerializer(IdentityFields):
     """The chat request: OpenAI's fields and the UGENT extensions (help_text is the spec's Purpose column)."""
 
     model = serializers.CharField(required=False, allow_blank=True, allow_null=True, help_text=(
@@ -66,19 +59,14 @@ class ChatInputSerializer(JsonInput):
                                                "server-side.")
     stream = serializers.BooleanField(required=False, default=False,
                                       help_text="Answer as an SSE stream (text/event-stream).")
-    conversation_id = serializers.CharField(required=False, max_length=255, validators=[_no_control_characters],
+    conversation_id = conversation_id_field(required=False,
                                             help_text="The conversation; its first message creates the session.")
     client_message_id = serializers.CharField(required=False, max_length=255, help_text=(
         "Idempotency key: a repeat is answered from the message's receipt and runs nothing."))
-    client_id = serializers.CharField(required=False, max_length=200, default="",
-                                      help_text="Namespaces conversation ids, for several clients sharing one channel.")
+    client_id = client_id_field(allow_blank=False,
+                                help_text="Namespaces conversation ids, for several clients sharing one channel.")
     turn_id = serializers.RegexField(r"^[A-Za-z0-9._:-]{1,100}$", required=False,
                                      help_text="The turn's id, so another client can steer or stop exactly this turn.")
-    user = serializers.CharField(required=False, max_length=255, help_text="The end user (Keys and callers).")
-    federation_issuer = serializers.CharField(required=False, max_length=200,
-                                              help_text="With federation_subject: a federated end user.")
-    federation_subject = serializers.CharField(required=False, max_length=255,
-                                               help_text="With federation_issuer: a federated end user.")
     include_thinking = serializers.BooleanField(required=False, default=False, help_text="Stream reasoning.")
     echo_user_message = serializers.BooleanField(required=False, default=False,
                                                  help_text="Echo the user's message (ugent_user_message).")
@@ -169,6 +157,7 @@ def interaction_reply_clean(value) -> dict:
     if not isinstance(request_id, str) or not request_id.strip() or len(request_id) > 100:
         raise serializers.ValidationError("request_id must name the waiting question (its id from "
                                           "interaction.requested).")
+    _reply_text("request_id", request_id)
     if action not in ("submit", "abort"):
         raise serializers.ValidationError('action must be "submit" or "abort".')
     out = {"request_id": request_id, "action": action}
@@ -181,17 +170,29 @@ def interaction_reply_clean(value) -> dict:
                 and isinstance(a.get("option_id"), str) for a in answers):
             raise serializers.ValidationError("answers must be a non-empty list of "
                                               "{\"question_id\": \"…\", \"option_id\": \"…\"}.")
+        for i, a in enumerate(answers):
+            _reply_text("answers", a["question_id"], f"answer {i}'s question_id ")
+            _reply_text("answers", a["option_id"], f"answer {i}'s option_id ")
         out["answers"] = [{"question_id": a["question_id"], "option_id": a["option_id"]} for a in answers]
     if reply_value is not None:
         if isinstance(reply_value, bool):  # a confirm answered with true/false
             reply_value = "yes" if reply_value else "no"
         if not isinstance(reply_value, str):
             raise serializers.ValidationError("value must be a string (or true/false for a confirm question).")
+        _reply_text("value", reply_value)
         out["value"] = reply_value
     if "answers" not in out and "value" not in out:
         raise serializers.ValidationError('a submit carries answers (a choice or a form) or value (a text, '
                                           'secret or confirm question).')
     return out
+
+
+def _reply_text(field: str, text: str, what: str = "") -> None:
+    """The text a reply carries is stored and handed to the asking tool: refused as the message content is
+    (bodies.text_problem), under ugent_interaction_reply.<field>, before anything is looked up or written."""
+    problem = text_problem(text)
+    if problem is not None:
+        raise serializers.ValidationError({field: f"{what}{problem}"})
 
 
 _serializers = threading.local()
@@ -231,7 +232,7 @@ def last_user_text(messages: list) -> str | None:
     return None
 
 
-FILE_LINK = re.compile(r"^(?:https?://[^/]+)?/v1/files/([A-Za-z0-9_-]{1,64})$")
+FILE_LINK = re.compile(r"^(?:https?://[^/]+)?/v1/files/(" + files.FILE_ID.pattern + ")$")
 
 
 def file_part_id(part) -> str | None:
@@ -244,7 +245,7 @@ def file_part_id(part) -> str | None:
     if not isinstance(body, dict):
         return None
     file_id = body.get("file_id")
-    if isinstance(file_id, str) and 0 < len(file_id) <= 64 and "\x00" not in file_id:
+    if isinstance(file_id, str) and 0 < len(file_id) <= 64 and text_problem(file_id) is None:
         return file_id
     url = body.get("url")
     if kind == "image_url" and isinstance(url, str):
@@ -505,7 +506,7 @@ class ChatCompletionApi(View):
 
     async def _post(self, request):
         try:
-            payload = json_object_parse(request.body)
+            payload = json_object_parse(request_body(request))
             # One hop to a worker thread for the key, the checks and the message: a plain future, not a
             # task, as a server's shutdown cancels every task and the accept's outcome must outlive that.
             loop = asyncio.get_running_loop()
@@ -671,13 +672,10 @@ class HealthApi(APIView):
 class ReceiptGetApi(APIView):
     """GET /v1/ugent/receipt: where one message stands, for its sender and the operator (channels_app.access)."""
 
-    class InputSerializer(JsonInput):
-        conversation_id = serializers.CharField(max_length=255)
+    class InputSerializer(IdentityFields):
+        conversation_id = conversation_id_field()
         client_message_id = serializers.CharField(max_length=255)
-        client_id = serializers.CharField(required=False, default="", allow_blank=True)
-        user = serializers.CharField(required=False)
-        federation_issuer = serializers.CharField(required=False)
-        federation_subject = serializers.CharField(required=False)
+        client_id = client_id_field()
 
     @extend_schema(operation_id="receipt_get", tags=["recovery"], summary="Where one message stands",
                    description="Only its sender and the operator see it; to anyone else it is a 404, as a "

@@ -15,25 +15,23 @@ from channels_app import api_docs as docs
 from channels_app import commands, repair, sandbox, services, streams
 from channels_app.auth import IsOperator
 from channels_app.errors import ApplicationError
+from channels_app.api_fields import IdentityFields, channel_field, client_id_field, conversation_id_field
 from channels_app.json_input import JsonInput
 
 
 class CommandsApi(APIView):
     """POST /v1/ugent/commands: one slash command for the request's user (docs/commands.md)."""
 
-    class InputSerializer(JsonInput):
+    class InputSerializer(IdentityFields):
         command = serializers.CharField(max_length=32000, trim_whitespace=False,
                                         help_text='The command as typed, e.g. "/model gpt-x" or "/btw what is X?".')
-        conversation_id = serializers.CharField(required=False, max_length=255,
+        conversation_id = conversation_id_field(required=False,
                                                 help_text="The conversation it acts on (needed by /steering, "
                                                           "/harness, /refine, /compress); never created by a "
                                                           "command.")
-        client_id = serializers.CharField(required=False, default="", allow_blank=True, max_length=200)
+        client_id = client_id_field()
         turn_id = serializers.CharField(required=False, max_length=100,
                                         help_text="/steering: the exact turn to steer (else the running one).")
-        user = serializers.CharField(required=False, max_length=255)
-        federation_issuer = serializers.CharField(required=False, max_length=200)
-        federation_subject = serializers.CharField(required=False, max_length=255)
 
         class Meta:
             ref_name = "CommandRequest"
@@ -60,9 +58,9 @@ class CommandsApi(APIView):
 
 
 class OperatorConversationFields(JsonInput):
-    conversation_id = serializers.CharField(max_length=255)
-    client_id = serializers.CharField(required=False, default="", allow_blank=True, max_length=200)
-    channel = serializers.CharField(required=False, default="web", max_length=50)
+    conversation_id = conversation_id_field()
+    client_id = client_id_field()
+    channel = channel_field()
 
 
 def _conversation(d: dict):
@@ -80,9 +78,9 @@ class SandboxApi(APIView):
     permission_classes = [IsOperator]
 
     class InputSerializer(JsonInput):
-        conversation_id = serializers.CharField(required=False, max_length=255)
-        client_id = serializers.CharField(required=False, default="", allow_blank=True, max_length=200)
-        channel = serializers.CharField(required=False, default="web", max_length=50)
+        conversation_id = conversation_id_field(required=False)
+        client_id = client_id_field()
+        channel = channel_field()
 
         class Meta:
             ref_name = "SandboxQuery"

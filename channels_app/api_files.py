@@ -17,7 +17,7 @@ from rest_framework.views import APIView
 from channels_app import api_docs as docs
 from channels_app import files, services
 from channels_app.errors import ApplicationError
-from channels_app.json_input import JsonInput
+from channels_app.api_fields import IdentityFields, client_id_field, conversation_id_field
 
 #: What a multipart body may carry beside the file itself before its Content-Length alone is a 413.
 FORM_OVERHEAD = 64 * 1024
@@ -43,15 +43,12 @@ class FileUploadApi(APIView):
 
     parser_classes = [MultiPartParser]
 
-    class InputSerializer(JsonInput):
+    class InputSerializer(IdentityFields):
         file = serializers.FileField(help_text="The file; its type is sniffed from the bytes, its name kept.")
-        conversation_id = serializers.CharField(max_length=255, help_text=(
+        conversation_id = conversation_id_field(help_text=(
             "The conversation; a first upload creates it and makes the uploader its owner."))
         purpose = serializers.ChoiceField(choices=files.PURPOSES, required=False, default="user_data")
-        client_id = serializers.CharField(required=False, max_length=200, default="", allow_blank=True)
-        user = serializers.CharField(required=False, max_length=255, help_text="The end user (Keys and callers).")
-        federation_issuer = serializers.CharField(required=False, max_length=200)
-        federation_subject = serializers.CharField(required=False, max_length=255)
+        client_id = client_id_field()
 
     @extend_schema(operation_id="files_create", tags=["files"], summary="Upload a file into a conversation",
                    description=("A conversation belongs to whoever first sends a message in it or uploads a "
@@ -84,10 +81,8 @@ BINARY = {"type": "string", "format": "binary"}
 class FileGetApi(APIView):
     """GET /v1/files/{id}: the file's bytes, with byte ranges, for its conversation's owner and the operator."""
 
-    class InputSerializer(JsonInput):
-        user = serializers.CharField(required=False, max_length=255)
-        federation_issuer = serializers.CharField(required=False, max_length=200)
-        federation_subject = serializers.CharField(required=False, max_length=255)
+    class InputSerializer(IdentityFields):
+        """Whom the download is for (query parameters)."""
 
     @extend_schema(
         operation_id="files_get", tags=["files"], summary="Download a file, with byte ranges",

@@ -23,21 +23,8 @@ from channels_app import fanout, services, streams
 from channels_app.access import Viewer
 from channels_app.auth import authenticate_headers
 from channels_app.errors import ApplicationError, error_response, from_drf
-from channels_app.json_input import JsonInput
-
-
-class IdentityFields(JsonInput):
-    """Whom a request speaks for (Keys and callers)."""
-
-    user = serializers.CharField(required=False, max_length=255)
-    federation_issuer = serializers.CharField(required=False, max_length=200)
-    federation_subject = serializers.CharField(required=False, max_length=255)
-
-
-class ConversationFields(IdentityFields):
-    conversation_id = serializers.CharField(max_length=255)
-    client_id = serializers.CharField(required=False, default="", allow_blank=True, max_length=200)
-    channel = serializers.CharField(required=False, default="web", max_length=50)
+from channels_app.api_fields import (ConversationFields, IdentityFields, channel_field, client_id_field,
+                                     conversation_id_field)
 
 
 def _viewer(principal, d: dict) -> Viewer:
@@ -52,14 +39,14 @@ def _conversation(viewer, d: dict):
 # --- SSE ---------------------------------------------------------------------
 
 class EventsParams(IdentityFields):
-    conversation_id = serializers.CharField(required=False, max_length=255)
-    client_id = serializers.CharField(required=False, default="", allow_blank=True, max_length=200)
-    channel = serializers.CharField(required=False, default="web", max_length=50)
+    conversation_id = conversation_id_field(required=False)
+    client_id = client_id_field()
+    channel = channel_field()
     cursor = serializers.CharField(required=False, allow_blank=True, max_length=100)
 
 
 class ActivityParams(EventsParams):
-    conversation_id = serializers.CharField(max_length=255)
+    conversation_id = conversation_id_field()
 
 
 class _StreamView(View):

@@ -14,24 +14,21 @@ from rest_framework.views import APIView
 
 from channels_app import auth, services, voice
 from channels_app import api_docs as docs
-from channels_app.errors import ApplicationError
-from channels_app.json_input import JsonInput
+from channels_app.errors import ApplicationError, from_drf
+from channels_app.api_fields import IdentityFields, client_id_field, conversation_id_field
 
 
 class TranscribeApi(APIView):
     """POST /v1/ugent/transcribe: dictation, a recording turned into text with no turn."""
 
-    class InputSerializer(JsonInput):
+    class InputSerializer(IdentityFields):
         file = serializers.FileField(required=False, help_text="The recording (read by an engine that transcribes; "
                                                                "none ships in this build).")
-        conversation_id = serializers.CharField(required=False, max_length=255,
+        conversation_id = conversation_id_field(required=False,
                                                 help_text="The conversation the words are for: someone else's is "
                                                           "a 403; one that does not exist yet is not created.")
-        client_id = serializers.CharField(required=False, default="", allow_blank=True, max_length=200)
+        client_id = client_id_field()
         language = serializers.CharField(required=False, max_length=35)
-        user = serializers.CharField(required=False, max_length=255)
-        federation_issuer = serializers.CharField(required=False, max_length=200)
-        federation_subject = serializers.CharField(required=False, max_length=255)
 
         class Meta:
             ref_name = "TranscribeRequest"
@@ -55,13 +52,10 @@ class TranscribeApi(APIView):
 class SpeechApi(APIView):
     """POST /v1/ugent/speech: one segment of a finished answer, spoken."""
 
-    class SpeechInputSerializer(JsonInput):
-        conversation_id = serializers.CharField(max_length=255)
+    class SpeechInputSerializer(IdentityFields):
+        conversation_id = conversation_id_field()
         turn_id = serializers.CharField(max_length=100)
         segment = serializers.IntegerField(min_value=0, required=False, default=0)
-        user = serializers.CharField(required=False)
-        federation_issuer = serializers.CharField(required=False)
-        federation_subject = serializers.CharField(required=False)
 
     @extend_schema(operation_id="speech", tags=["voice"], summary="Read aloud (not available in this build)",
                    description="Names a finished turn, never words. Another person's turn, an unfinished one and "
@@ -92,8 +86,14 @@ class LiveApi(APIView):
 
 # --- the live call's WebSocket ---------------------------------------------------------------------
 
-#: The query fields a live call names its conversation and user with, as an upload does.
-LIVE_QUERY_FIELDS = ("conversation_id", "client_id", "user", "federation_issuer", "federation_subject")
+class LiveQuery(IdentityFields):
+    """The query a live call names its conversation and user with, as an upload does."""
+
+    conversation_id = conversation_id_field(required=False)
+    client_id = client_id_field()
+
+
+LIVE_QUERY_FIELDS = tuple(LiveQuery._declared_fields)
 
 
 def live_socket_refusal(*, headers: dict, query: dict) -> tuple[int, str]:
@@ -101,9 +101,14 @@ def live_socket_refusal(*, headers: dict, query: dict) -> tuple[int, str]:
     make first. The spec's codes: 4403 the conversation is not the caller's, 4409 a call already open,
     4422 calls unavailable here (always, in this build: nothing here holds one); a key that is missing or
     not valid closes with 4401, a user the key may not act for with 4403, user fields that do not go
-    together with 4400 (4000 + the HTTP status)."""
+    together with 4400 (4000 + the HTTP status), and so does a query field that a request's would refuse
+    (too long, a control character: LiveQuery)."""
     try:
         principal = auth.authenticate_headers(headers)
+        ser = LiveQuery(data=query)
+        if not ser.is_valid():
+            raise from_drf(serializers.ValidationError(ser.errors))
+        query = ser.validated_data
         viewer = services.viewer_of_request(principal, query)
         if query.get("conversation_id"):
             # a call speaks into the conversation: only whoever may write into it (on the web channel, its

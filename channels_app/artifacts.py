@@ -39,6 +39,7 @@ from channels_app import file_parts, sandbox, statements
 from channels_app.errors import ApplicationError
 from channels_app.events import events_append
 from channels_app.models import Conversation, Event, File, Receipt, Turn, TurnState
+from ugent_common.digits import ascii_int
 
 log = logging.getLogger("ugent.files")
 
@@ -148,7 +149,7 @@ def artifacts_take(*, turn: Turn, result: Any, emit: Callable[[list], None]) -> 
                 continue
             elif a.get("url"):
                 entries.append({"artifact_id": artifact_id, "name": name, "mime": mime, "url": str(a["url"]),
-                                "bytes": int(a.get("bytes") or 0) if str(a.get("bytes") or "0").isdigit() else 0})
+                                "bytes": ascii_int(str(a.get("bytes") or "0")) or 0})
                 continue
             else:
                 raise ArtifactError("it carries no content_base64, path, url or pending")

@@ -2,6 +2,8 @@
 
 - A body that is not JSON, is nested past the parser's depth, or is not an
   object: 400 (`invalid_json`, `json_too_deep`, `invalid_request`).
+- A body larger than UGENT_MAX_REQUEST_BYTES (Django's DATA_UPLOAD_MAX_MEMORY_SIZE): 413
+  (`request_too_large`), an error object as every other refusal, not Django's HTML 400.
 - Text the hub would store (a message's content): no lone surrogate (it is not
   Unicode, and neither UTF-8 nor PostgreSQL can hold it) and no NUL (PostgreSQL
   text cannot hold it). Both are refused with a 400 in both run modes, so a
@@ -12,13 +14,22 @@ from __future__ import annotations
 
 import json
 
+from django.core.exceptions import RequestDataTooBig
 from rest_framework.parsers import JSONParser
 
-from channels_app.errors import ApplicationError
+from channels_app.errors import ApplicationError, request_too_large
 
 NOT_JSON = "The request body is not valid JSON."
 TOO_DEEP = "The request body is nested too deeply."
 NOT_OBJECT = "The request body must be a JSON object."
+
+
+def request_body(request) -> bytes:
+    """The body of a request a view reads itself (the chat): one over UGENT_MAX_REQUEST_BYTES is a 413."""
+    try:
+        return request.body
+    except RequestDataTooBig:
+        raise request_too_large() from None
 
 
 def json_object_parse(raw: bytes | str) -> dict:

@@ -1,6 +1,8 @@
 """One error type and its rendering as the OpenAI-style error object."""
 from __future__ import annotations
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.http import JsonResponse
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
@@ -10,6 +12,17 @@ from ugent_common.errors import TYPE_BY_STATUS, ApplicationError  # noqa: F401  
 #: On a refusal or failure the client must not send again as it is: the official openai client retries
 #: 408, 409, 429 and 5xx unless told not to (a duplicate, or a message that may already have acted).
 NO_RETRY = {"x-should-retry": "false"}
+
+
+REQUEST_TOO_LARGE = ("The request body is larger than this daemon takes: at most {limit} bytes "
+                     "(UGENT_MAX_REQUEST_BYTES). Send a file with POST /v1/files and name it by its id.")
+
+
+def request_too_large() -> ApplicationError:
+    """Django's RequestDataTooBig (a body over DATA_UPLOAD_MAX_MEMORY_SIZE, which UGENT_MAX_REQUEST_BYTES
+    sets) as an error object: Django alone answers it with an HTML 400."""
+    return ApplicationError(REQUEST_TOO_LARGE.format(limit=settings.DATA_UPLOAD_MAX_MEMORY_SIZE), status=413,
+                            code="request_too_large", headers=NO_RETRY)
 
 
 def error_response(exc: ApplicationError) -> JsonResponse:
@@ -22,6 +35,8 @@ def error_response(exc: ApplicationError) -> JsonResponse:
 def from_drf(exc: Exception) -> ApplicationError | None:
     if isinstance(exc, ApplicationError):
         return exc
+    if isinstance(exc, RequestDataTooBig):  # DRF read the body (request.data)
+        return request_too_large()
     if isinstance(exc, drf_exceptions.ValidationError):
         param, message = _first_validation_message(exc.detail)
         return ApplicationError(message, status=400, code="invalid_request", param=param)

@@ -35,6 +35,8 @@ log = logging.getLogger("ugent.files")
 NO_SUCH_FILE = "No such file."
 RANGE_PAST_END = "The range starts past the end of the file ({size} bytes)."
 PURPOSES = ("user_data", "assistants", "vision", "voice")
+#: What a file id may be (file_upload makes file-<32 hex>); /v1/files/<id> links are read with it too.
+FILE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 #: How many expired files one prune deletes per batch.
 PRUNE_BATCH = 500
 FILES_PRUNE_TASK_NAME = "ugent: delete expired files"
@@ -89,7 +91,10 @@ def file_upload(*, actor: Actor, caller: Caller | None, upload, conversation_id:
 
 def file_for_download(*, viewer: access.Viewer, file_id: str) -> File:
     """The file behind a /v1/files/<id> link, for its conversation's owner and the operator; a 404 to
-    anyone else, as for a missing or expired one."""
+    anyone else, as for a missing or expired one, and for an id no file could have (a NUL in it was a 500
+    on PostgreSQL) before the database is asked."""
+    if not FILE_ID.fullmatch(file_id):
+        raise ApplicationError(NO_SUCH_FILE, status=404, code="file_not_found")
     f = File.objects.select_related("conversation").filter(file_id=file_id).first()
     if f is None or f.expires_at <= timezone.now() or not access.file_readable(viewer, f):
         raise ApplicationError(NO_SUCH_FILE, status=404, code="file_not_found")

@@ -22,6 +22,7 @@ from channels_app import sandbox, statements
 from channels_app.errors import ApplicationError
 from channels_app.models import (Actor, Conversation, HarnessItem, HarnessKind, HarnessState,
                                  HarnessVerification, Message, Turn)
+from ugent_common.digits import ascii_int
 
 CHECK_KINDS = ("phrase", "file")
 BAD_CHECK = "A check is phrase:TEXT (the latest answer contains TEXT) or file:PATH (PATH exists in the working directory)."
@@ -100,9 +101,9 @@ def item_add(*, conversation: Conversation, actor: Actor, kind: str, text: str) 
 
 
 def item_get(*, conversation: Conversation, raw_id: str) -> HarnessItem:
-    text = raw_id.strip().lstrip("#")
-    item = (HarnessItem.objects.filter(conversation=conversation, pk=int(text)).select_related("conversation").first()
-            if text.isdigit() and len(text) < 18 else None)
+    number = ascii_int(raw_id.strip().lstrip("#"), max_digits=17)
+    item = (HarnessItem.objects.filter(conversation=conversation, pk=number).select_related("conversation").first()
+            if number is not None else None)
     if item is None:
         raise ApplicationError(NO_ITEM.format(id=raw_id.strip()), status=404, code="harness_item_not_found",
                                param="command")

@@ -28,6 +28,7 @@ from channels_app.errors import ApplicationError
 from channels_app.events import event_append
 from channels_app.models import (LIVE_TURN_STATES, Caller, Conversation, Event, EventLogMark, Message,
                                  Receipt, Steering, Turn)
+from ugent_common.digits import ascii_int
 
 # How old an event may get before the retention job prunes it (seconds).
 EVENT_RETENTION_SECS = settings.UGENT_EVENT_RETENTION_SECS
@@ -93,10 +94,7 @@ def cursor_parse(raw) -> int | None:
     """A cursor as sent (Last-Event-ID or ?cursor=); None when it is no cursor at all."""
     if raw is None:
         return None
-    text = str(raw).strip()
-    if not text.isdigit() or len(text) > 19:
-        return None
-    return int(text)
+    return ascii_int(str(raw).strip(), max_digits=19)
 
 
 def activity_q() -> Q:

@@ -300,3 +300,38 @@ def test_the_worker_sdk_refuses_an_unknown_level_naming_it(tmp_path):
                          env=_env_without_ugent(tmp_path, UGENT_LOG_LEVEL="verbose"), capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 1 and "UGENT_LOG_LEVEL='VERBOSE' is not one of" in out.stderr, out.stderr
+
+
+def test_a_plain_line_escapes_control_characters_a_client_sent_so_it_cannot_forge_a_line():
+    # before the user fields refused them, user="eve\n… INFO ugent.requests request (… actor=web:admin)" wrote a
+    # second line that read as the daemon's own: the plain formatter is the defense below the validation
+    import logging.config
+    config = logs.logging_config(fmt="plain", level="INFO", loggers={})
+    formatter = logging.config.DictConfigurator(config).configure_formatter(dict(config["formatters"]["plain"]))
+    forged = "eve\n2026-12-07 08:00:00,000 INFO ugent.requests request (status=200, actor=web:admin)\x1b[2K\r"
+    record = logging.LogRecord("ugent.requests", logging.INFO, __file__, 1, "request (actor=%s)", (forged,), None)
+    line = formatter.format(record)
+    assert "\n" not in line and "\r" not in line and "\x1b" not in line
+    assert line.endswith("request (actor=eve\\n2026-12-07 08:00:00,000 INFO ugent.requests request "
+                         "(status=200, actor=web:admin)\\x1b[2K\\r)")
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        import sys
+        record = logging.LogRecord("ugent.x", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
+    assert formatter.format(record).count("\n") >= 2  # a traceback keeps its lines
+
+
+def test_the_request_line_escapes_a_control_character_that_reaches_it(tcast, captured):
+    # the request log line as the daemon writes it, through the configured plain formatter
+    import logging.config
+    from django.test import RequestFactory
+    from django.http import HttpResponse
+    from ugent_site.middleware import request_report
+    config = logs.logging_config(fmt="plain", level="INFO", loggers={})
+    formatter = logging.config.DictConfigurator(config).configure_formatter(dict(config["formatters"]["plain"]))
+    request = RequestFactory().get("/v1/models")
+    request.ugent_actor = "web:eve\nINFO ugent.requests request (actor=web:admin)"
+    request_report(request, HttpResponse(), 0.0)
+    line = formatter.format(records(captured, "ugent.requests")[-1])
+    assert "\n" not in line and "actor=web:eve\\nINFO ugent.requests" in line

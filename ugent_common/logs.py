@@ -10,6 +10,9 @@ console handler to python-json-logger's formatter, whose lines carry each record
 * :class:`RepeatFilter` lets a warning through once, then at most once every
   ``REPEAT_WINDOW_SECONDS`` per distinct line, saying how often it repeated meanwhile.
   :func:`warn_repeating` does the same for one call site, whatever handler is listening.
+
+The plain formatter (:class:`PlainFormatter`) writes one line per record: a control character a client
+sent (a newline in a user id the request line names) is escaped, so it cannot forge a line.
 """
 from __future__ import annotations
 
@@ -95,6 +98,24 @@ class RedactSecrets(logging.Filter):
         elif record.exc_text:
             record.exc_text = redact(record.exc_text, secrets)
         return True
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def controls_escaped(text: str) -> str:
+    """``text`` with every C0 control character and DEL written as an escape (``\\n``, ``\\x1b``)."""
+    return _CONTROL.sub(lambda m: _ESCAPES.get(m.group(0), f"\\x{ord(m.group(0)):02x}"), text)
+
+
+class PlainFormatter(logging.Formatter):
+    """The plain lines: one record, one line. A value a client sent (a user id in the request line's
+    fields) that holds a newline would otherwise write a second line that reads as the daemon's own, so
+    control characters in the line are escaped; a traceback below it keeps its lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return controls_escaped(super().formatMessage(record))
 
 
 class Repeats:
@@ -191,7 +212,7 @@ def logging_config(*, fmt: str, level: str, loggers: dict) -> dict:
     except ValueError as exc:
         raise ImproperlyConfigured(str(exc)) from None
     formatters = {
-        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "plain": {"()": "ugent_common.logs.PlainFormatter", "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s"},
         "json": {"()": "pythonjsonlogger.json.JsonFormatter",
                  "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s",
                  "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"}},

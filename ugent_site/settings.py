@@ -414,6 +414,9 @@ UGENT_PLUGIN_DELIVERY_RETENTION_SECS = env.int("UGENT_PLUGIN_DELIVERY_RETENTION_
 # POST /v1/files: the largest upload taken (413 beyond), and how often the beat job deletes expired
 # files; a file is kept for UGENT_PLUGIN_MEDIA_TTL_SECS after its upload (docs/files.md).
 UGENT_FILES_MAX_BYTES = env.int("UGENT_FILES_MAX_BYTES", default=25 * 1024 * 1024)
+# Any other request body (a chat, a command, the fields of a multipart form): the most Django reads,
+# a 413 request_too_large beyond (channels_app.errors.request_too_large).
+DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("UGENT_MAX_REQUEST_BYTES", default=2_621_440)
 UGENT_FILES_PRUNE_EVERY_SECS = env.int("UGENT_FILES_PRUNE_EVERY_SECS", default=600)
 # A tool's artifact announced pending and not finished this long after it was announced is listed as
 # failed ("did not arrive") once its turn has ended, checked as often as files are pruned (docs/tools.md).

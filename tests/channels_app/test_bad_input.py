@@ -264,3 +264,99 @@ def test_no_raw_body_gets_a_5xx_and_a_refused_one_writes_nothing(tcast):
         for path in ("/v1/chat/completions", "/v1/ugent/stop", "/v1/ugent/steering"):
             _check(path, raw, OPERATOR_KEY)
     check()
+
+
+# --- whom a request speaks for: one set of fields, held to their columns and to one line -------------------
+
+def get_raw(path: str, params: dict, key: str = OPERATOR_KEY):
+    return Client().get(path, params, HTTP_X_API_KEY=key)
+
+
+def upload(fields: dict, key: str = OPERATOR_KEY):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+    return Client().post("/v1/files", data={"file": SimpleUploadedFile("a.txt", b"hello"), **fields},
+                         HTTP_X_API_KEY=key)
+
+
+def without_user(body: dict) -> dict:
+    return {k: v for k, v in body.items() if k != "user"}
+
+
+RECEIPT = {"conversation_id": "c1", "client_message_id": "m1"}
+SPEECH = {"conversation_id": "c1", "turn_id": "t1"}
+
+
+@pytest.mark.parametrize("field, value", [("user", "u" * 400), ("federation_issuer", "i" * 300),
+                                          ("federation_subject", "s" * 300)])
+def test_identity_fields_longer_than_their_columns_are_a_400_on_every_endpoint(tcast, field, value):
+    # the receipt and read-aloud had no limit: PostgreSQL's "value too long" came back as a 500
+    from channels_app.models import Actor
+    ident = {field: value}
+    if field.startswith("federation"):
+        ident = {"federation_issuer": "example-crm", "federation_subject": "zoe", **ident}
+    before = counts(), Actor.objects.count()
+    for resp in (get_raw("/v1/ugent/receipt", {**RECEIPT, **ident}),
+                 post_raw("/v1/ugent/speech", {**SPEECH, **ident}),
+                 post_raw("/v1/chat/completions", {**without_user(chat_body("hi")), **ident}),
+                 get_raw("/v1/ugent/history", {"conversation_id": "c1", **ident})):
+        err = refused(resp)
+        assert err["param"] == field and "no more than" in err["message"], err
+    assert (counts(), Actor.objects.count()) == before
+
+
+@pytest.mark.parametrize("field", ["user", "federation_issuer", "federation_subject", "client_id"])
+def test_a_control_character_in_whom_a_request_speaks_for_is_a_400_on_every_endpoint(tcast, field):
+    # a newline in the user forged a second line of the request log (actor=web:eve\n… INFO ugent.requests …)
+    from channels_app.models import Actor
+    value = "eve\n2026-12-07 08:00:00,000 INFO ugent.requests request (status=200, actor=web:admin)"
+    ident = {field: value}
+    if field.startswith("federation"):
+        ident = {"federation_issuer": "example-crm", "federation_subject": "zoe", **ident}
+    before = counts(), Actor.objects.count()
+    speech = [] if field == "client_id" else [post_raw("/v1/ugent/speech", {**SPEECH, "user": "alice", **ident})]
+    for resp in (post_raw("/v1/chat/completions", {**chat_body("hi"), **ident}),
+                 get_raw("/v1/ugent/receipt", {**RECEIPT, "user": "alice", **ident}),
+                 *speech,
+                 post_raw("/v1/ugent/commands", {"command": "/models", "user": "alice", **ident}),
+                 post_raw("/v1/ugent/steering", {"conversation_id": "c1", "message": "go", "user": "alice", **ident}),
+                 get_raw("/v1/ugent/conversation/snapshot", {"conversation_id": "c1", "user": "alice", **ident}),
+                 get_raw("/v1/ugent/events", {"user": "alice", **ident}),
+                 upload({"conversation_id": "c1", "user": "alice", **ident})):
+        err = refused(resp)
+        assert err["param"] == field and err["message"] == (
+            f"{field}: must not contain control characters (a newline, a tab, ...)"), err
+    assert (counts(), Actor.objects.count()) == before
+
+
+def test_an_upload_into_a_conversation_id_no_chat_could_name_is_a_400(tcast):
+    # "x\ny" was created by the upload, yet every chat naming it is refused: a conversation nobody can use
+    from channels_app.models import File
+    err = refused(upload({"conversation_id": "x\ny", "user": "alice"}))
+    assert err["param"] == "conversation_id"
+    assert not Conversation.objects.exists() and not File.objects.exists()
+
+
+# --- a body over the limit ------------------------------------------------------------------------------
+
+def test_a_chat_body_over_the_default_limit_is_a_413_error_object(tcast):
+    # Django answered RequestDataTooBig with its HTML 400 page, not an error object
+    before = counts()
+    err = refused(post_raw("/v1/chat/completions", chat_body("x" * 3_000_000)), status=413)
+    assert err["code"] == "request_too_large" and err["message"] == (
+        "The request body is larger than this daemon takes: at most 2621440 bytes (UGENT_MAX_REQUEST_BYTES). "
+        "Send a file with POST /v1/files and name it by its id.")
+    assert counts() == before
+
+
+def test_every_body_over_the_limit_is_a_413_error_object_and_writes_nothing(tcast, settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 2000
+    big = "x" * 3000
+    before = counts()
+    for resp in (post_raw("/v1/chat/completions", chat_body(big)),
+                 post_raw("/v1/ugent/steering", {"user": "alice", "conversation_id": "c1", "message": big}),
+                 post_raw("/v1/ugent/commands", {"user": "alice", "command": "/btw " + big}),
+                 upload({"conversation_id": "c1", "user": "alice", "purpose": big})):
+        assert resp["Content-Type"] == "application/json", resp.content[:200]
+        err = refused(resp, status=413)
+        assert err["code"] == "request_too_large" and "at most 2000 bytes" in err["message"]
+    assert counts() == before

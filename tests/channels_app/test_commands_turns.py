@@ -4,11 +4,11 @@ from __future__ import annotations
 import pytest
 
 from channels_app import commands, harness
-from channels_app.models import Conversation, Message, Turn
+from channels_app.models import Message, Turn
 from plugins_app.agent.models import AgentProfile
 from tests.streams.conftest import get, post, threaded_turns  # noqa: F401  (a fixture)
 from tests.support.http import chat
-from tests.streams.test_stop_and_steering import SLOW, finished, start_slow
+from tests.streams.test_stop_and_steering import finished, start_slow
 from tests.support import scripted
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -104,6 +104,9 @@ def test_harness_goals_tasks_checks_and_the_snapshots_verifications(tcast, setti
     assert body["changed"] is False and body["text"] == f"#{goal['id']} was already done."
     resp = command(tcast.alice, "/harness done 999", conversation_id="ca")
     assert resp.status_code == 404 and resp.json()["error"]["message"] == harness.NO_ITEM.format(id="999")
+    for typed in ("/harness done ²", "/harness check ² cmd: true", "/harness verify ²", "/harness done #١"):
+        resp = command(tcast.alice, typed, conversation_id="ca")  # str.isdigit() holds: int() was a 500 or read 1
+        assert resp.status_code == 404 and resp.json()["error"]["code"] == "harness_item_not_found", typed
     resp = command(tcast.alice, "/harness frobnicate", conversation_id="ca")
     assert resp.status_code == 400 and resp.json()["error"]["message"] == commands.HARNESS_UNKNOWN.format(sub="frobnicate")
     assert command(tcast.bob, "/harness", conversation_id="ca").status_code == 403

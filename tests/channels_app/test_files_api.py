@@ -192,6 +192,14 @@ def test_the_permission_matrix_of_a_download(tcast):
     assert download({"key": tcast.keys["app"], "user": "alice"}, fid).status_code == 403
 
 
+
+@pytest.mark.parametrize("path_id", ["%00", "a%00b", "a%0Ab", "%ED%A0%80", "x" * 65, "a.b", "a%20b"])
+def test_an_id_no_file_could_have_is_a_404_as_a_missing_file(tcast, path_id):
+    # a NUL reached the query: a 404 on SQLite, PostgreSQL's "cannot contain NUL" as a 500
+    resp = Client().get(f"/v1/files/{path_id}", {"user": "alice"}, HTTP_X_API_KEY=OPERATOR_KEY)
+    assert resp.status_code == 404 and error(resp)["code"] == "file_not_found", resp.content
+    assert error(resp) == error(download(tcast.alice, "file-doesnotexist"))
+
 # --- download: ranges and validators --------------------------------------------
 
 DATA = bytes(range(100))
@@ -476,7 +484,10 @@ def test_a_file_part_of_another_conversation_or_user_is_refused_and_runs_nothing
 @pytest.mark.parametrize("part", [{"type": "file", "file": {}}, {"type": "file", "file": "x"},
                                   {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}},
                                   {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
-                                  {"type": "video"}])
+                                  {"type": "video"},
+                                  # PostgreSQL cannot compare either: a lone surrogate was a 500 there
+                                  {"type": "file", "file": {"file_id": "\ud800"}},
+                                  {"type": "file", "file": {"file_id": "a\x00b"}}])
 def test_a_part_that_names_no_uploaded_file_is_a_400(tcast, part):
     resp = send(tcast.alice, [part])
     assert resp.status_code == 400

@@ -12,7 +12,7 @@ from channels.testing import WebsocketCommunicator
 
 from channels_app import services, voice
 from channels_app.api_voice import LiveCallSocket, close_reason
-from channels_app.models import Conversation
+from channels_app.models import Actor, Conversation
 from tests.conftest import APP_KEY, OPERATOR_KEY, OUTSIDER_KEY
 from ugent_site.api_handler import websocket_route
 
@@ -73,6 +73,19 @@ def test_user_fields_that_do_not_go_together_close_with_4400(tcast):
     _, message = close_of({"conversation_id": "call-1", "federation_issuer": "example-crm"}, key=APP_KEY)
     assert message["code"] == 4400
 
+
+
+@pytest.mark.parametrize("query, param", [({"user": "u" * 400}, "user"),
+                                          ({"user": "alice", "federation_subject": "s" * 300}, "federation_subject"),
+                                          ({"user": "alice", "conversation_id": "x\x00"}, "conversation_id"),
+                                          ({"user": "alice", "conversation_id": "x\ny"}, "conversation_id"),
+                                          ({"user": "eve\nforged"}, "user")])
+def test_a_query_field_a_request_would_refuse_closes_with_4400_and_writes_nothing(tcast, query, param):
+    # read without a serializer, a long user or a NUL was PostgreSQL's DataError out of connect (no close code)
+    before = (Actor.objects.count(), Conversation.objects.count())
+    _, message = close_of(query)
+    assert message["code"] == 4400 and message["reason"].startswith(f"{param}: "), message
+    assert (Actor.objects.count(), Conversation.objects.count()) == before
 
 @pytest.mark.parametrize("key, reason", [(None, "Missing API key: send it as x-api-key or Authorization: Bearer."),
                                          ("ugk_not_a_key", "Invalid API key.")])

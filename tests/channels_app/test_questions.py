@@ -215,6 +215,38 @@ def test_a_malformed_reply_is_a_400_and_runs_nothing(tcast, bad, message):
     assert resp.status_code == 400
 
 
+
+@pytest.mark.parametrize("bad, field", [
+    ({"request_id": "\u0000x", "action": "abort"}, "request_id"),
+    ({"request_id": "\ud800", "action": "abort"}, "request_id"),
+    ({"request_id": "q-1", "action": "submit", "value": "a\u0000b"}, "value"),
+    ({"request_id": "q-1", "action": "submit", "value": "a\ud800"}, "value"),
+    ({"request_id": "q-1", "action": "submit", "answers": [{"question_id": "p\u0000", "option_id": "low"}]},
+     "answers"),
+    ({"request_id": "q-1", "action": "submit", "answers": [{"question_id": "p", "option_id": "\udfff"}]},
+     "answers"),
+])
+def test_a_reply_holding_a_nul_or_a_lone_surrogate_is_a_400_as_the_message_content_is(tcast, bad, field):
+    # PostgreSQL cannot hold either (a 500 there); SQLite stored the NUL and handed it to the asking tool
+    resp = chat(tcast.alice, "x", conversation_id="ca", ugent_interaction_reply=bad)
+    assert resp.status_code == 400, resp.content
+    assert error_of(resp)["param"] == f"ugent_interaction_reply.{field}"
+    assert "NUL" in error_of(resp)["message"] or "surrogate" in error_of(resp)["message"]
+    assert not Turn.objects.exists() and not Event.objects.exists()
+
+
+def test_a_text_answer_holding_a_nul_or_a_lone_surrogate_is_refused_and_the_question_keeps_waiting(tcast,
+                                                                                                   alice_turn):
+    asker = Asker(alice_turn, {"kind": "text", "prompt": "Name?"})
+    rid = asker.question.request_id
+    before = Event.objects.count()
+    for value in ("a\u0000b", "a\ud800"):
+        resp = reply(tcast.alice, rid, action="submit", value=value)
+        assert resp.status_code == 400 and error_of(resp)["param"] == "ugent_interaction_reply.value", resp.content
+    assert Question.objects.get(request_id=rid).state == "waiting" and Event.objects.count() == before
+    assert reply(tcast.alice, rid, action="submit", value="fine").status_code == 200
+    assert asker.done().value == "fine"
+
 # --- how a question that no longer waits is refused ------------------------------------------------
 
 def test_a_second_reply_is_refused_as_already_answered(tcast, alice_turn):

@@ -184,6 +184,19 @@ def test_a_cursor_past_the_log_is_other_store_and_junk_is_unknown(tcast):
         assert frames[0]["data"]["snapshot"]["conversation_id"] == "ca"
 
 
+
+@pytest.mark.parametrize("path", ["/v1/ugent/events", "/v1/ugent/activity"])
+def test_a_cursor_in_digits_other_than_ascii_is_unknown_as_junk_is(tcast, path):
+    # str.isdigit() holds for each: int() refused the first two (a 500) and read the third as 12
+    chat(tcast.alice, "hi", conversation_id="ca")
+    head = streams.log_head()
+    for cursor in ("²", "⁵", "١٢"):
+        for sent in ({"cursor": cursor}, {"last_event_id": cursor}):
+            frames = stream(path, tcast.alice, conversation_id="ca", **sent)
+            assert [f["event"] for f in frames] == ["ugent.gap"], (cursor, sent)
+            assert frames[0]["data"]["reason"] == "unknown" and int(frames[0]["id"]) == head
+    assert streams.cursor_parse("١٢") is None and streams.cursor_parse(" 12 ") == 12
+
 def test_a_cursor_inside_the_log_after_pruning_gets_no_gap(tcast):
     chat(tcast.alice, "one", conversation_id="ca")
     streams.events_prune(older_than_seconds=0)

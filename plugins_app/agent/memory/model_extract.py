@@ -16,6 +16,7 @@ import re
 
 from plugins_app.agent.memory.extract import MAX_FACT_CHARS, Candidate, normalize
 from plugins_app.agent.memory.models import Tier
+from ugent_common.digits import ascii_int
 
 EXTRACT_PROMPT = (
     "You keep a user's long-term memory. Below are numbered messages the user wrote. List the durable "
@@ -59,8 +60,8 @@ def _array_in(content: str) -> list | None:
 def _message_index(number, count: int) -> int:
     """The index of the message a fact names (an int or its digits); the last message's when it names
     none, or one that is not among them."""
-    if isinstance(number, str) and number.strip().isdigit():
-        number = int(number)
+    if isinstance(number, str):
+        number = ascii_int(number.strip())
     if isinstance(number, int) and not isinstance(number, bool) and 1 <= number <= count:
         return number - 1
     return count - 1

@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from ugent_common.digits import ascii_int
+
 logger = logging.getLogger(__name__)
 
 IS_LINUX = sys.platform.startswith("linux")
@@ -162,9 +164,10 @@ def group_members(pgid: int) -> list[ProcStat]:
     except OSError:
         return members
     for name in names:
-        if not name.isdigit():
+        pid = ascii_int(name)
+        if pid is None:
             continue
-        st = read_proc_stat(int(name))
+        st = read_proc_stat(pid)
         if st and st.pgrp == pgid and st.state not in ("Z", "X"):
             members.append(st)
     return members

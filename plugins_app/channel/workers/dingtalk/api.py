@@ -33,6 +33,7 @@ from typing import Callable
 import httpx
 
 from plugins_app.channel.sdk.token import TokenCache
+from ugent_common.digits import ascii_int
 
 DEFAULT_API_BASE_URL = "https://api.dingtalk.com"
 #: Where a message's ``sessionWebhook`` points: the worker posts to no other host with it.
@@ -317,8 +318,8 @@ class DingTalkApi:
                 status, reason = response.status_code, response.reason_phrase
                 if status == 200:
                     ctype = (response.headers.get("Content-Type") or "application/octet-stream").split(";")[0].strip()
-                    declared = response.headers.get("Content-Length") or ""
-                    if declared.isdigit() and int(declared) > max_bytes:
+                    declared = ascii_int(response.headers.get("Content-Length"))
+                    if declared is not None and declared > max_bytes:
                         raise TooLarge(where, status, "", f"the file is {declared} bytes, over {max_bytes}")
                     chunks, size = [], 0
                     for chunk in response.iter_bytes():

@@ -20,6 +20,7 @@ from pathlib import Path
 from plugins_app.channel.sdk import Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, MediaNotReady
 from plugins_app.channel.sdk.download import MEDIA_TIMEOUT_SECS
 from plugins_app.channel.sdk.outbox import default_state_dir
+from ugent_common.digits import ascii_int
 
 from . import DESCRIPTION, KIND
 from .parse import (_IMAP_URL, attachment_parts, header_ids, markdown_to_html, normalise, reply_address,
@@ -382,7 +383,7 @@ class EmailWorker(ChannelWorker):
                 raise MediaNotReady(str(exc)) from exc
             if raw is None:  # a 404: deleted meanwhile
                 raise LookupError(GONE)
-            return _part(raw, int(index) if index.isdigit() else 0)
+            return _part(raw, ascii_int(index) or 0)
         m = _IMAP_URL.search(url)
         if not m:  # (a Gmail part with --gmail-push turned off since): never None, which would pass the URL on
             raise LookupError("the mail cannot be read again this way (the worker's way of reading mail changed)")
@@ -579,8 +580,8 @@ class EmailWorker(ChannelWorker):
                 await smtp.ehlo()
             if smtp.supports_extension("auth") and self.password:
                 await smtp.login(self.user, self.password)
-            size = smtp.esmtp_extensions.get("size")
-            if size and size.isdigit() and int(size) and len(msg.as_bytes()) > int(size):
+            size = ascii_int(smtp.esmtp_extensions.get("size"))
+            if size and len(msg.as_bytes()) > size:
                 raise DeliveryFailed(f"email: the message ({len(msg.as_bytes())} bytes) exceeds the server's "
                                      f"limit of {size} bytes", permanent=True)
             await smtp.send_message(msg)
@@ -724,9 +725,9 @@ def _uids(response) -> list[int]:
         text = _s(line)
         if text.upper().startswith("SEARCH"):
             text = text[6:]
-        elif not re.fullmatch(r"[\d\s]*", text):
+        elif not re.fullmatch(r"[0-9\s]*", text):
             continue
-        out.extend(int(t) for t in text.split() if t.isdigit())
+        out.extend(n for n in map(ascii_int, text.split()) if n is not None)
     return out
 
 

@@ -6,6 +6,7 @@ import re
 from typing import Any
 
 from plugins_app.channel.sdk import Attachment, InboundMessage, ReplyContext
+from ugent_common.digits import ascii_int
 
 SOURCE_TYPES = {"private": "user", "group": "group", "supergroup": "group", "channel": "room"}
 FILE_URL_PREFIX = "tg-file:"
@@ -28,7 +29,7 @@ def parse_conversation(conversation_id: str) -> tuple[int | str, int | None]:
         chat_id: int | str = int(chat)
     except ValueError:
         chat_id = chat  # a channel's @username
-    return chat_id, int(thread) if thread.isdigit() else None
+    return chat_id, ascii_int(thread)
 
 
 def _attachments(msg: dict) -> list[Attachment]:
@@ -112,4 +113,4 @@ def reply_message_id(reply_to: str | None) -> int | None:
     if not reply_to:
         return None
     tail = reply_to.rsplit(":", 1)[-1]
-    return int(tail) if tail.isdigit() else None
+    return ascii_int(tail)

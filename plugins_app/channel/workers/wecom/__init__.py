@@ -69,6 +69,7 @@ from .api import (DEFAULT_API_BASE_URL, RATE_LIMITED, SYSTEM_BUSY, TASK_ID_EXIST
                   AppRefused, RateLimited, Stopped, UserUnreachable, WeComApi, WeComError)
 from .cards import TASK_ID_PREFIX, answered_button, option_label, question_card
 from plugins_app.channel.sdk.wxcrypto import CryptoError, MsgCrypt
+from ugent_common.digits import ascii_int
 
 from .state import PRESS_FAILED, PRESS_SKIPPED, PRESS_UPDATED, PRESS_UPDATING, PRESS_WAITING, WeComState
 
@@ -297,7 +298,7 @@ class WeComWorker(WebhookInbox, ChannelWorker):
         missing = [name for name, value in self.settings.items() if not value]
         if missing:
             raise ChannelRefused(f"{', '.join(missing)} not set")
-        if not str(self.agent_id).isdigit():
+        if ascii_int(str(self.agent_id)) is None:
             raise ChannelRefused(f"{AGENT_ID_ENV} must be the app's AgentId, a number (it is {self.agent_id!r})")
         try:
             crypto = MsgCrypt(self.settings[TOKEN_ENV], self.settings[AES_KEY_ENV], self.corp_id)

@@ -18,6 +18,7 @@ import httpx
 
 from plugins_app.channel.sdk.tencent import (ApiError, AppRefused, RateLimited, Stopped, TencentApi,
                                              UserUnreachable, errcode_of)
+from ugent_common.digits import ascii_int
 
 __all__ = ["DEFAULT_API_BASE_URL", "RATE_LIMITED", "SYSTEM_BUSY", "TASK_ID_EXISTS",
            "TEXT_LIMIT_BYTES", "TOKEN_STALE", "AppRefused", "RateLimited", "Stopped", "UserUnreachable", "WeComApi",
@@ -111,7 +112,8 @@ class WeComApi(TencentApi):
         return answer
 
     def _agentid(self):
-        return int(self.agent_id) if str(self.agent_id).isdigit() else self.agent_id
+        number = ascii_int(str(self.agent_id))
+        return self.agent_id if number is None else number
 
     def upload(self, data: bytes, media_type: str, filename: str, content_type: str) -> dict:
         """``POST /cgi-bin/media/upload?type=``: a temporary media file (multipart, field ``media``); returns
