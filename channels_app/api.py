@@ -340,7 +340,7 @@ async def _accept_settled(accepting: asyncio.Future, request) -> None:
 
 
 def _submit(principal, data: dict, on_turn=None):
-    actor = services.actor_resolve(caller=principal.caller, user=data.get("user"),
+    actor = services.actor_named(caller=principal.caller, user=data.get("user"),
                                    federation_issuer=data.get("federation_issuer"),
                                    federation_subject=data.get("federation_subject"),
                                    identity=principal.identity)
@@ -685,7 +685,7 @@ class ReceiptGetApi(APIView):
         ser = self.InputSerializer(data=request.query_params)
         ser.is_valid(raise_exception=True)
         d = ser.validated_data
-        viewer = services.viewer_of_request(request.user, d)
+        viewer = services.reader_of_request(request.user, d)
         return Response(services.receipt_get(viewer=viewer, conversation_id=d["conversation_id"],
                                              client_message_id=d["client_message_id"],
                                              client_id=d.get("client_id", "")))

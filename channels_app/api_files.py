@@ -107,7 +107,7 @@ class FileGetApi(APIView):
         ser = self.InputSerializer(data=request.query_params)
         ser.is_valid(raise_exception=True)
         d = ser.validated_data
-        viewer = services.viewer_of_request(request.user, d)
+        viewer = services.reader_of_request(request.user, d)
         f = files.file_for_download(viewer=viewer, file_id=file_id)
         validators = {"ETag": files.etag(f), "Accept-Ranges": "bytes", "Cache-Control": "private, no-cache"}
         if files.not_modified(f, request.headers.get("If-None-Match")):

@@ -28,7 +28,7 @@ from channels_app.api_fields import (ConversationFields, IdentityFields, channel
 
 
 def _viewer(principal, d: dict) -> Viewer:
-    return services.viewer_of_request(principal, d)
+    return services.reader_of_request(principal, d)
 
 
 def _conversation(viewer, d: dict):
@@ -76,7 +76,9 @@ class _StreamView(View):
         if not ser.is_valid():
             raise from_drf(serializers.ValidationError(ser.errors))
         d = ser.validated_data
-        viewer = _viewer(principal, d)
+        # a subscription follows its user from now on, conversations they have yet to start included: the
+        # fan-out matches events to its viewer by the actor's row, so the stream keeps one (reads do not)
+        viewer = services.viewer_of_request(principal, d)
         conversation = _conversation(viewer, d) if d.get("conversation_id") else None
         # EventSource reconnects to the same URL with Last-Event-ID: the header is the newer position.
         raw = request.headers.get("Last-Event-ID")

@@ -66,7 +66,7 @@ class SpeechApi(APIView):
         ser = self.SpeechInputSerializer(data=request.data)
         ser.is_valid(raise_exception=True)
         d = ser.validated_data
-        viewer = services.viewer_of_request(request.user, d)
+        viewer = services.reader_of_request(request.user, d)
         return voice.speech(viewer=viewer, conversation_id=d["conversation_id"], turn_id=d["turn_id"],
                             segment=d["segment"])
 

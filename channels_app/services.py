@@ -77,6 +77,26 @@ def actor_existing(*, caller: Caller, user: str | None = None, federation_issuer
     return rows.table(Actor).get(key=key)
 
 
+def actor_named(*, caller: Caller, user: str | None = None, federation_issuer: str | None = None,
+                federation_subject: str | None = None, identity=None) -> Actor:
+    """The actor a request names, by actor_resolve's rules and refusals, without writing: its row, or while it
+    has none an unsaved Actor, which owns nothing (no conversation, receipt or turn has its id). A request
+    that keeps something saves it there (actor_kept, in the same transaction); a read or a refusal leaves no
+    row behind."""
+    key, defaults = _actor_named(caller=caller, user=user, federation_issuer=federation_issuer,
+                                 federation_subject=federation_subject, identity=identity)
+    return rows.table(Actor).get(key=key) or Actor(key=key, **defaults)
+
+
+def actor_kept(actor: Actor) -> Actor:
+    """An actor_named actor with its row: saved if it had none (or found, if a concurrent request saved it)."""
+    if actor.pk is not None:
+        return actor
+    defaults = {f.name: getattr(actor, f.name) for f in Actor._meta.concrete_fields
+                if f.name not in ("id", "key", "created_at", "updated_at")}
+    return _get_or_create(Actor, key=actor.key, defaults=defaults)
+
+
 def _actor_named(*, caller: Caller, user, federation_issuer, federation_subject, identity) -> tuple[str, dict]:
     """The key and row of the actor a request names (actor_resolve's rules; raises its refusals)."""
     is_operator = caller.role == Role.OPERATOR  # anything not exactly an operator gets the application rules
@@ -143,8 +163,21 @@ def actor_existing_of_request(principal, fields: dict) -> Actor | None:
 
 
 def viewer_of_request(principal, fields: dict) -> access.Viewer:
-    """viewer_resolve for a view, as actor_of_request."""
+    """viewer_resolve for a view that acts (a command may store the actor's /model choice), as actor_of_request."""
     return access.Viewer(caller=principal.caller, actor=actor_of_request(principal, fields))
+
+
+def reader_of_request(principal, fields: dict) -> access.Viewer:
+    """The viewer of a request that reads or asks (a stream, a snapshot, a receipt, a file, a stop): the same
+    refusals as viewer_of_request, and no Actor row written (actor_named). Only the operator's own actor
+    (`operator@<caller>`, one per operator key's caller) is kept, as the operator reads everything."""
+    actor = actor_named(caller=principal.caller, user=fields.get("user"),
+                        federation_issuer=fields.get("federation_issuer"),
+                        federation_subject=fields.get("federation_subject"), identity=principal.identity)
+    viewer = access.Viewer(caller=principal.caller, actor=actor)
+    if actor.pk is None and viewer.is_operator:
+        viewer = access.Viewer(caller=principal.caller, actor=actor_kept(actor))
+    return viewer
 
 
 def channel_actor_resolve(*, channel: str, user_id: str, display_name: str = "") -> Actor:
@@ -489,6 +522,8 @@ def message_submit(*, inbound: Submission, profile=None, on_turn=None) -> Submis
         inbound = replace(inbound, conversation_id=conversation_id_of_message(inbound))
     try:
         with transaction.atomic():
+            if inbound.actor.pk is None:  # a sender's first message: their row comes and goes with it
+                inbound = replace(inbound, actor=actor_kept(inbound.actor))
             conversation, created = conversation_resolve(
                 channel=inbound.channel, client_id=inbound.client_id, external_id=inbound.conversation_id,
                 actor=inbound.actor, caller=inbound.caller)

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings as hsettings, strategies as 
 
 from channels_app import services
 from channels_app.errors import ApplicationError
-from channels_app.models import Conversation, Event, Message, Receipt, Steering, Turn
+from channels_app.models import Actor, Conversation, Event, Message, Receipt, Steering, Turn
 from tests.conftest import APP_KEY, OPERATOR_KEY
 from tests.support.http import body_bytes
 
@@ -19,7 +19,9 @@ DEEP = "[" * 5000 + "]" * 5000
 
 
 def counts() -> dict:
-    return {m.__name__: m.objects.count() for m in (Conversation, Receipt, Turn, Message, Event, Steering)}
+    # the operator key's own actor (operator@<caller>, one per operator caller) is kept on its first request
+    return {"Actor": Actor.objects.exclude(key__startswith="operator@").count(),
+            **{m.__name__: m.objects.count() for m in (Conversation, Receipt, Turn, Message, Event, Steering)}}
 
 
 def post_raw(path: str, body, key: str = OPERATOR_KEY):
@@ -360,3 +362,38 @@ def test_every_body_over_the_limit_is_a_413_error_object_and_writes_nothing(tcas
         err = refused(resp, status=413)
         assert err["code"] == "request_too_large" and "at most 2000 bytes" in err["message"]
     assert counts() == before
+
+
+# --- a read or a refusal writes no actor ---------------------------------------------------------
+
+@pytest.mark.parametrize("path,params", [
+    ("/v1/ugent/receipt", {"conversation_id": "c1", "client_message_id": "m1"}),
+    ("/v1/ugent/conversation/snapshot", {"conversation_id": "c1"}),
+    ("/v1/ugent/history", {"conversation_id": "c1"}),
+    ("/v1/ugent/snapshot", {"conversation_id": "c1"}),
+    ("/v1/files/file-abc", {}),
+])
+def test_a_read_by_someone_never_seen_writes_no_actor(tcast, path, params):
+    # any key could otherwise add rows without end just by reading under new user names
+    chat_ok = post_raw("/v1/chat/completions", chat_body("hello", client_message_id="m1"))  # alice's c1
+    assert chat_ok.status_code == 200, chat_ok.content
+    before = counts()
+    for user in ("nobody", "ghost"):
+        resp = Client().get(path, {**params, "user": user}, HTTP_X_API_KEY=OPERATOR_KEY)
+        assert resp.status_code == 404, (path, resp.status_code, resp.content)
+    assert counts() == before
+
+
+def test_a_refused_chat_writes_no_actor_and_an_accepted_one_does(tcast):
+    before = counts()
+    refused(post_raw("/v1/chat/completions", chat_body("hello", user="zed", model="no-such-model")))
+    assert counts() == before
+    assert post_raw("/v1/chat/completions", chat_body("hello", user="zed", conversation_id="cz")).status_code == 200
+    assert Actor.objects.filter(user_id="zed").count() == 1
+
+
+def test_the_operator_reading_with_no_row_yet_reads_what_it_may(tcast):
+    assert post_raw("/v1/chat/completions", chat_body("hello")).status_code == 200  # alice's c1
+    Actor.objects.filter(key__startswith="operator@").delete()
+    resp = Client().get("/v1/ugent/conversation/snapshot", {"conversation_id": "c1"}, HTTP_X_API_KEY=OPERATOR_KEY)
+    assert resp.status_code == 200, resp.content
