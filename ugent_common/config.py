@@ -3,8 +3,9 @@
 The file is read again when it changes (checked at most every UGENT_CONFIG_RECHECK_SECS), so a key,
 an issuer or a default edited in it takes effect without a restart. [web.auth] is strict: a key it
 does not know is an error naming the key (`web_auth_check`, run at start by the daemon, the web
-processes and `manage.py check`); an edit that breaks it while running is logged and the last good
-file is kept. A key's value is read from the environment variable its `key_env` names, else from
+processes and `manage.py check`), as is a file that does not parse or is empty (blank or comments
+alone: a write caught half-way; `[web.auth]` alone says there is none); an edit that breaks it while
+running, or leaves it empty, is logged once and the last good file is kept. A key's value is read from the environment variable its `key_env` names, else from
 the vault of a plugin's secret_env_refs (the lookups in settings.UGENT_KEY_ENV_LOOKUPS), each time
 it is needed (the vault's answer is kept a few seconds): a rotated key works within seconds.
 """
@@ -214,31 +215,31 @@ def toml_refuse_empty(data: dict, *, source: str, remove: str, says: str, means:
 # --- ugent.toml, read ---------------------------------------------------------------------------
 
 class ReadKind(enum.Enum):
-    """What a read of ugent.toml found: _refresh treats an empty file apart from one that cannot be read."""
+    """What a read of ugent.toml found: EMPTY and UNREADABLE are both a file that cannot stand for itself."""
     READ = "read"
     MISSING = "missing"
     EMPTY = "empty"
     UNREADABLE = "unreadable"
 
 
-def _read(path: Path | None) -> dict:
-    return _read_why(path)[0]
+def _refuse_empty(data: dict, source: str) -> dict:
+    return toml_refuse_empty(data, source=source, remove="remove the issuers and caller defaults it imported",
+                             says="[web.auth]", means="there are no issuers or caller defaults")
 
 
 def _read_why(path: Path | None) -> tuple[dict, str, ReadKind]:
     """The file's tables, why they cannot stand for it ("" when they can), and what the read found: it cannot
     be read or does not parse (a write caught half-way), or is blank or comments alone (the same, more likely
-    than a wish to drop every table, which `[web.auth]` alone says). A missing file is no file: ({}, "")."""
+    than a wish to drop every table, which `[web.auth]` alone says). A missing file is no file: ({}, "").
+    It logs nothing: its caller says what it does about it, in one line."""
     if not path or not path.exists():
         return {}, "", ReadKind.MISSING
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        log.error("ugent.toml could not be read (path=%s, error=%s)", path, exc)
         return {}, f"ugent.toml could not be read ({exc})", ReadKind.UNREADABLE
     try:
-        toml_refuse_empty(data, source="ugent.toml", remove="remove the issuers and caller defaults it imported",
-                          says="[web.auth]", means="there are no issuers or caller defaults")
+        _refuse_empty(data, "ugent.toml")
     except EmptyFileError as exc:
         return {}, exc.held, ReadKind.EMPTY
     return data, "", ReadKind.READ
@@ -313,19 +314,12 @@ def _refresh() -> _Loaded:
         if stamp != _loaded.stamp:
             data, why, kind = _read_why(path)
             try:
-                if kind is ReadKind.EMPTY:
-                    if _loaded.stamp is None:  # nothing read before: an empty file is no [web.auth]
-                        auth, _loaded.error = WebAuthSpec(), ""
-                    else:
-                        _loaded.error = why
-                        log.error("%s; the last good [web.auth] is kept", why)
-                        auth = _loaded.auth
-                elif why:
+                # empty (a write caught half-way), or cannot be read: as an invalid [web.auth], which the
+                # start-up check refuses too; the last good one is kept, and with none [web.auth] is not used
+                if kind in (ReadKind.EMPTY, ReadKind.UNREADABLE):
                     raise ConfigError(why)
-                else:
-                    auth = web_auth_parse(data)
-                    _loaded.error = ""
-                _loaded.rows_held = why
+                auth = web_auth_parse(data)
+                _loaded.error = _loaded.rows_held = ""
             except ConfigError as exc:
                 _loaded.rows_held = str(exc)
                 _loaded.error = str(exc)
@@ -369,17 +363,21 @@ def web_auth_error() -> str:
 
 def web_auth_check() -> None:
     """At start: ugent.toml as written now, or ConfigError naming what is wrong: the file, when it cannot be
-    read or does not parse (tomllib's line and column), else [web.auth]'s first bad key. An empty file passes:
-    at start it is no [web.auth], as the running process takes it."""
+    read, does not parse (tomllib's line and column) or is empty (blank or comments alone: a write caught
+    half-way, as the running process takes it; `[web.auth]` alone, or no file, is no [web.auth]), else
+    [web.auth]'s first bad key."""
     path = config_path()
+    data: dict = {}
     if path and path.exists():
         try:
-            tomllib.loads(path.read_text())
+            data = _refuse_empty(tomllib.loads(path.read_text()), str(path))
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path} does not parse: {exc}") from None
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{path} could not be read: {exc}") from None
-    web_auth_parse(_read(path))
+        except EmptyFileError as exc:
+            raise ConfigError(exc.held) from None
+    web_auth_parse(data)
 
 
 # --- keys -------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ restart (the environment, the vault, the admin), and the admin showing whose key
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -90,9 +91,46 @@ def test_the_start_up_check_reports_an_ugent_toml_that_does_not_parse_naming_the
     found = [m for m in checks.run_checks(tags=[checks.Tags.security]) if m.id.startswith("ugent.E")]
     assert [(m.id, m.level) for m in found] == [("ugent.E001", checks.ERROR)]
     assert found[0].msg.startswith(f"{path} does not parse: ") and "(at line 3, column " in found[0].msg
-    for empty in ("", "# nothing yet\n"):  # at start an empty file is no [web.auth], as the process takes it
-        toml_config(empty)
-        assert [m.id for m in checks.run_checks(tags=[checks.Tags.security]) if m.id.startswith("ugent.E")] == []
+    toml_config("[web.auth]\n")  # [web.auth] alone is no issuers, keys or defaults: it passes
+    assert [m.id for m in checks.run_checks(tags=[checks.Tags.security]) if m.id.startswith("ugent.E")] == []
+
+
+@pytest.mark.parametrize("empty", ["", "  \n", "# nothing yet\n"], ids=["nothing", "whitespace", "comments-alone"])
+def test_the_start_up_check_refuses_an_empty_ugent_toml_as_it_refuses_one_that_does_not_parse(toml_config, empty):
+    """It passed, and the process ran with no [web.auth] (require_verified_identity, issuers, keys all off): a
+    file caught half-way through a write, which the running daemon's reload refuses and keeps the last good for."""
+    from django.core import checks
+    path = toml_config(empty)
+    found = [m for m in checks.run_checks(tags=[checks.Tags.security]) if m.id.startswith("ugent.E")]
+    assert [(m.id, m.msg) for m in found] == [
+        ("ugent.E001", f"{path} is empty (blank or comments alone; `[web.auth]` alone says there are no issuers "
+                       "or caller defaults)")]
+
+
+def test_a_process_whose_first_read_finds_ugent_toml_empty_says_so_as_for_one_that_does_not_parse(toml_config, caplog):
+    """A process that did not run the start-up check (a Celery worker), or a file emptied since: no [web.auth] to
+    keep, so none is used, and the status says why (it said nothing: the empty file was taken as no [web.auth])."""
+    caplog.set_level(logging.ERROR, logger="ugent.config")
+    toml_config("# being written\n")
+    assert config.web_auth() == config.WebAuthSpec()
+    why = ("ugent.toml is empty (blank or comments alone; `[web.auth]` alone says there are no issuers or caller "
+           "defaults)")
+    assert config.web_auth_error() == why
+    assert [r.getMessage() for r in caplog.records if r.name == "ugent.config"] == [f"{why}; [web.auth] is not used"]
+
+
+def test_a_reload_that_cannot_read_ugent_toml_logs_it_once(toml_config, caplog):
+    """_refresh logged the parse failure twice: "could not be read (path=…, error=…)", then the same error again
+    with what it did about it."""
+    caplog.set_level(logging.ERROR, logger="ugent.config")
+    path = toml_config('[web.auth]\nrequire_verified_identity = true\n')
+    assert config.web_auth().require_verified_identity is True
+    path.write_text('[web.auth]\nrequire_verified_identity = ')
+    os.utime(path, ns=(1, 1))
+    assert config.web_auth().require_verified_identity is True
+    lines = [r.getMessage() for r in caplog.records if r.name == "ugent.config"]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("ugent.toml could not be read (") and lines[0].endswith("; the last good [web.auth] is kept")
 
 
 def test_rundaemon_refuses_to_start_on_an_unknown_web_auth_key(tmp_path):
