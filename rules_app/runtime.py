@@ -32,8 +32,9 @@ from rules_app import conf
 from rules_app.discovery import (Discovery, discover_routing_file, discover_rules_file,
                                  is_inside, rules_on_error)
 from rules_app.engine import CompiledRuleSet, LoadResult, RuleSetError, StartWorkflow, parse_rules
-from rules_app.routing import (LOG_ROUTING_FAILED, LOG_ROUTING_LOADED, RoutingError, RoutingTable,
-                               load_routing_file)
+from rules_app.routing import (LOG_ROUTING_FAILED, LOG_ROUTING_LOADED, LOG_ROUTING_RELOAD_FAILED, RoutingError,
+                               RoutingTable, load_routing_file)
+from ugent_common.config import EmptyFileError
 from rules_app.watcher import RuleEngineHolder
 from ugent_common.filestat import file_signature
 
@@ -307,12 +308,19 @@ class RoutingHolder:
         sig = (found.path, file_signature(found.path) if found.path else None)
         if sig == self._sig:
             return
+        # the file read before, changed: left blank or with comments alone it is more likely a write caught
+        # half-way than a wish to drop every route (`routes = []` says that), so the routes in force stay,
+        # as a watched rules file's do; a file found anew (at start, or another location) may be empty: no routes
+        reload = found.path is not None and found.path == self.path
         self._sig, self.path = sig, found.path
         if found.path is None:
             self.table, self.last_error = RoutingTable(), None
             return
         try:
-            self.table = load_routing_file(found.path)
+            self.table = load_routing_file(found.path, refuse_empty=reload)
+        except EmptyFileError as exc:
+            routing_log.warning("%s (error=%s)", LOG_ROUTING_RELOAD_FAILED, exc.held)
+            self.last_error = exc.held
         except RoutingError as exc:
             routing_log.error("%s (error=%s)", LOG_ROUTING_FAILED, exc)
             self.table, self.last_error = RoutingTable(), str(exc)

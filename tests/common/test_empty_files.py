@@ -1,7 +1,7 @@
 """An empty TOML file (blank, whitespace or comments alone) is refused wherever rows follow a file, in one
 wording, from one home (ugent_common.config.toml_refuse_empty). Each path's own tests check the rows kept:
 tests/cron_app/test_cron_command.py, test_cron_file_watch.py, tests/rules_app/test_django_commands.py,
-tests/channels_app/test_identity_config.py."""
+tests/channels_app/test_identity_config.py, tests/rules_app/test_django_routing.py (routing.toml's reload)."""
 from __future__ import annotations
 
 import re

@@ -1,8 +1,11 @@
 """Routing (priority 50) before the rule engine (priority 100), through the chat API."""
 from __future__ import annotations
 
+import pytest
+
 from channels_app import hooks
 from channels_app.models import Receipt, Turn
+from rules_app.runtime import runtime
 from tests.rules_app.conftest import answer, submit
 from tests.support.http import chat
 from tests.support.scripted import CALLS
@@ -125,3 +128,27 @@ def test_an_edited_routing_file_is_reread(site, tcast):
     assert answer(chat(tcast.alice, "password")) == "Please do not send passwords here."
     site.write(ROUTES.replace("do not send passwords", "never send passwords"), "routing.toml")
     assert answer(chat(tcast.bob, "password")) == "Please never send passwords here."
+
+
+@pytest.mark.parametrize("empty", ["", "\n# being rewritten\n"], ids=["blank", "comments"])
+def test_a_routing_file_caught_empty_keeps_the_routes_in_force(site, tcast, rules_log, empty):
+    """An editor that truncates routing.toml before writing it again, caught in between: it parsed as no routes, so a
+    `reject` route lapsed until the next write; now the routes in force stay, as a watched rules file's rules do.
+    `routes = []` still empties the table, and a file found empty at start is no routes."""
+    site.approve()
+    path = site.write(ROUTES, "routing.toml")
+    site.reset()
+    assert answer(chat(tcast.alice, "password", conversation_id="a")) == "Please do not send passwords here."
+    site.write(empty, "routing.toml")
+    assert answer(chat(tcast.alice, "password", conversation_id="b")) == "Please do not send passwords here."
+    why = f"{path} is empty (blank or comments alone; `routes = []` alone says no routes)"
+    assert runtime.routing.last_error == why
+    assert f"routing auto-reload failed — retaining previous routes (error={why})" in rules_log.messages
+    site.write("routes = []\n", "routing.toml")
+    assert answer(chat(tcast.alice, "password", conversation_id="c")) == "echo: password (history=0)"
+    assert runtime.routing.last_error is None
+    site.write(ROUTES, "routing.toml")
+    site.write(empty, "routing.toml")
+    site.reset()  # a start: the file found empty is no routes, and no error
+    assert answer(chat(tcast.alice, "password", conversation_id="d")) == "echo: password (history=0)"
+    assert runtime.routing.last_error is None
