@@ -34,8 +34,8 @@ from rules_app.discovery import (Discovery, discover_routing_file, discover_rule
 from rules_app.engine import CompiledRuleSet, LoadResult, RuleSetError, StartWorkflow, parse_rules
 from rules_app.routing import (LOG_ROUTING_FAILED, LOG_ROUTING_LOADED, LOG_ROUTING_RELOAD_FAILED, RoutingError,
                                RoutingTable, load_routing_file)
-from ugent_common.config import EmptyFileError
 from rules_app.watcher import RuleEngineHolder
+from ugent_common.config import EmptyFileError
 from ugent_common.filestat import file_signature
 
 log = logging.getLogger("ugent.rules")

@@ -5,9 +5,10 @@ an issuer or a default edited in it takes effect without a restart. [web.auth] i
 does not know is an error naming the key (`web_auth_check`, run at start by the daemon, the web
 processes and `manage.py check`), as is a file that does not parse or is empty (blank or comments
 alone: a write caught half-way; `[web.auth]` alone says there is none); an edit that breaks it while
-running, or leaves it empty, is logged once and the last good file is kept. A key's value is read from the environment variable its `key_env` names, else from
-the vault of a plugin's secret_env_refs (the lookups in settings.UGENT_KEY_ENV_LOOKUPS), each time
-it is needed (the vault's answer is kept a few seconds): a rotated key works within seconds.
+running, or leaves it empty, is logged once and the last good file is kept. A key's value is read
+from the environment variable its `key_env` names, else from the vault of a plugin's secret_env_refs
+(the lookups in settings.UGENT_KEY_ENV_LOOKUPS), each time it is needed (the vault's answer is kept a
+few seconds): a rotated key works within seconds.
 """
 from __future__ import annotations
 
