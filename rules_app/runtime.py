@@ -115,7 +115,8 @@ class DjangoRuleEngineHolder(RuleEngineHolder):
         """ugent.toml changed: a configuration reload, which rebuilds the rules as a start does (seed 002:
         "When UGENT starts, or rebuilds its runtime after a configuration reload, a rules file it cannot read
         or parse is logged as failed to load rule set …"): the file ``[rules] file`` names now (or
-        discovery's) is loaded afresh and watched, under the ``on_error`` it says now. True when it was."""
+        discovery's) is loaded afresh and watched, under the ``on_error`` it says now. True when it was; a
+        file that is empty, or cannot be read or parsed, changes nothing (its last good tables stay)."""
         self._db_step()
         self.beat_if_due()
         sig = _config_signature()
@@ -124,8 +125,10 @@ class DjangoRuleEngineHolder(RuleEngineHolder):
         self.config_sig = sig
         # read it now, whatever the recheck interval; not reset_caches(), which would forget the last good
         # [web.auth] and so run a broken file's edit with no identity rules at all
-        from ugent_common.config import config_recheck, load_config
+        from ugent_common.config import config_held, config_recheck, load_config
         config_recheck()
+        if config_held():  # empty, or cannot be read or parsed (a write caught half-way): the last good file
+            return False  # is still in force (ugent.config says so), so are the rules it gave
         on_error, warning = rules_on_error(load_config())
         found = self._discover()
         if warning:

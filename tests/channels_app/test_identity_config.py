@@ -2,6 +2,7 @@
 restart (the environment, the vault, the admin), and the admin showing whose key is whose."""
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -111,12 +112,12 @@ def test_a_process_whose_first_read_finds_ugent_toml_empty_says_so_as_for_one_th
     """A process that did not run the start-up check (a Celery worker), or a file emptied since: no [web.auth] to
     keep, so none is used, and the status says why (it said nothing: the empty file was taken as no [web.auth])."""
     caplog.set_level(logging.ERROR, logger="ugent.config")
-    toml_config("# being written\n")
+    path = toml_config("# being written\n")
     assert config.web_auth() == config.WebAuthSpec()
-    why = ("ugent.toml is empty (blank or comments alone; `[web.auth]` alone says there are no issuers or caller "
+    why = (f"{path} is empty (blank or comments alone; `[web.auth]` alone says there are no issuers or caller "
            "defaults)")
-    assert config.web_auth_error() == why
-    assert [r.getMessage() for r in caplog.records if r.name == "ugent.config"] == [f"{why}; [web.auth] is not used"]
+    assert config.web_auth_error() == config.config_held() == why
+    assert [r.getMessage() for r in caplog.records if r.name == "ugent.config"] == [f"{why}; none of it is used"]
 
 
 def test_a_reload_that_cannot_read_ugent_toml_logs_it_once(toml_config, caplog):
@@ -130,7 +131,30 @@ def test_a_reload_that_cannot_read_ugent_toml_logs_it_once(toml_config, caplog):
     assert config.web_auth().require_verified_identity is True
     lines = [r.getMessage() for r in caplog.records if r.name == "ugent.config"]
     assert len(lines) == 1, lines
-    assert lines[0].startswith("ugent.toml could not be read (") and lines[0].endswith("; the last good [web.auth] is kept")
+    assert lines[0].startswith(f"{path} does not parse: ") and lines[0].endswith("; the last good file is kept")
+
+
+def test_a_failure_after_a_good_read_is_logged_again_whatever_the_repeat_filter_saw(toml_config):
+    """The daemon's log handler lets a line through once per five minutes: a file emptied, fixed, then emptied
+    again (an editor's second save) said nothing the second time, though the last good file was another one."""
+    from ugent_common import logs
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.addFilter(logs.RepeatFilter())  # as the daemon's console handler has (logs.logging_config)
+    logger = logging.getLogger("ugent.config")
+    logger.addHandler(handler)
+    try:
+        path = toml_config("[web.auth]\n")
+        config.web_auth()
+        for stamp, text in enumerate(["", "[web.auth]\nrequire_verified_identity = true\n", "", "# still empty\n"]):
+            path.write_text(text)
+            os.utime(path, ns=(stamp + 1, stamp + 1))
+            config.web_auth()
+    finally:
+        logger.removeHandler(handler)
+    why = f"{path} is empty (blank or comments alone; `[web.auth]` alone says there are no issuers or caller defaults)"
+    assert out.getvalue().splitlines() == [f"{why}; the last good file is kept"] * 2  # not a third: no good read
+    assert config.web_auth().require_verified_identity is True
 
 
 def test_rundaemon_refuses_to_start_on_an_unknown_web_auth_key(tmp_path):
@@ -191,10 +215,10 @@ def test_an_issuer_removed_from_the_file_goes_and_one_made_in_the_admin_stays(tc
 
 @pytest.mark.parametrize("fresh_process", [False, True], ids=["same-process", "new-process"])
 @pytest.mark.parametrize("broken, why", [("", "is empty"), ("# ugent.toml\n", "is empty"),
-                                         ('[[web.auth.issuers]]\nissuer = "https://idp.exa', "could not be read")],
+                                         ('[[web.auth.issuers]]\nissuer = "https://idp.exa', "does not parse: ")],
                          ids=["empty", "comments-alone", "half-written"])
 def test_an_empty_or_unparseable_file_keeps_the_rows_on_the_request_path(tcast, toml_config, broken, why,
-                                                                          fresh_process):
+                                                                          fresh_process, tmp_path):
     """`identity import` refuses these; the first request after the change deleted every row the file made."""
     import logging
     lines = []
@@ -205,10 +229,12 @@ def test_an_empty_or_unparseable_file_keeps_the_rows_on_the_request_path(tcast, 
         _rows_kept(tcast, toml_config, broken, fresh_process)
     finally:
         logging.getLogger("ugent.identity").removeHandler(handler)
-    assert [line for line in lines if "kept as they were" in line] == [
-        f"[web.auth] issuers and caller defaults in the database are kept as they were: ugent.toml {why}"
-        + (" (blank or comments alone; `[web.auth]` alone says there are no issuers or caller defaults)"
-           if why == "is empty" else lines[0][lines[0].index(why) + len(why):])]
+    kept = [line for line in lines if "kept as they were" in line]
+    assert len(kept) == 1 and kept[0].startswith(
+        f"[web.auth] issuers and caller defaults in the database are kept as they were: {tmp_path / 'ugent.toml'} {why}")
+    if why == "is empty":
+        assert kept[0].endswith(" (blank or comments alone; `[web.auth]` alone says there are no issuers or caller "
+                                "defaults)")
 
 
 def _rows_kept(tcast, toml_config, broken, fresh_process):
