@@ -311,9 +311,10 @@ class RoutingHolder:
         sig = (found.path, file_signature(found.path) if found.path else None)
         if sig == self._sig:
             return
-        # the file read before, changed: left blank or with comments alone it is more likely a write caught
-        # half-way than a wish to drop every route (`routes = []` says that), so the routes in force stay,
-        # as a watched rules file's do; a file found anew (at start, or another location) may be empty: no routes
+        # the file read before, changed: one that cannot be read or parsed, or is left blank or with comments
+        # alone, is more likely a write caught half-way than a wish to drop every route (`routes = []` says
+        # that), so the routes in force stay, as a watched rules file's do; a file found anew (at start, or
+        # another location) fails open, and may be empty: no routes
         reload = found.path is not None and found.path == self.path
         self._sig, self.path = sig, found.path
         if found.path is None:
@@ -321,12 +322,13 @@ class RoutingHolder:
             return
         try:
             self.table = load_routing_file(found.path, refuse_empty=reload)
-        except EmptyFileError as exc:
-            routing_log.warning("%s (error=%s)", LOG_ROUTING_RELOAD_FAILED, exc.held)
-            self.last_error = exc.held
-        except RoutingError as exc:
-            routing_log.error("%s (error=%s)", LOG_ROUTING_FAILED, exc)
-            self.table, self.last_error = RoutingTable(), str(exc)
+        except (EmptyFileError, RoutingError) as exc:
+            self.last_error = exc.held if isinstance(exc, EmptyFileError) else str(exc)
+            if reload:
+                routing_log.warning("%s (error=%s)", LOG_ROUTING_RELOAD_FAILED, self.last_error)
+            else:
+                routing_log.error("%s (error=%s)", LOG_ROUTING_FAILED, self.last_error)
+                self.table = RoutingTable()
         else:
             routing_log.info(LOG_ROUTING_LOADED, len(self.table))
             self.last_error = None

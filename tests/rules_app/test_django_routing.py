@@ -130,25 +130,39 @@ def test_an_edited_routing_file_is_reread(site, tcast):
     assert answer(chat(tcast.bob, "password")) == "Please never send passwords here."
 
 
-@pytest.mark.parametrize("empty", ["", "\n# being rewritten\n"], ids=["blank", "comments"])
-def test_a_routing_file_caught_empty_keeps_the_routes_in_force(site, tcast, rules_log, empty):
-    """An editor that truncates routing.toml before writing it again, caught in between: it parsed as no routes, so a
-    `reject` route lapsed until the next write; now the routes in force stay, as a watched rules file's rules do.
-    `routes = []` still empties the table, and a file found empty at start is no routes."""
+HALF_WRITTEN = ROUTES[:ROUTES.index('reject = "')] + 'reject = "Please do not'
+EMPTY_WHY = "is empty (blank or comments alone; `routes = []` alone says no routes)"
+
+
+@pytest.mark.parametrize("broken, why", [
+    ("", EMPTY_WHY), ("\n# being rewritten\n", EMPTY_WHY), (HALF_WRITTEN, ": invalid TOML: "),
+    (ROUTES + '\n[[routes]]\nname = "x"\nmatch = { field = "input_mode", equals = "voice" }\n', ": routes[3] (x)"),
+], ids=["blank", "comments", "half-written", "invalid"])
+def test_a_routing_file_an_edit_leaves_empty_or_broken_keeps_the_routes_in_force(site, tcast, rules_log, broken, why):
+    """An editor that truncates routing.toml before writing it again, caught in between (empty, or half-written so
+    it does not parse), or an edit that is refused: an empty one parsed as no routes, a broken one was a first
+    load's failure (no routes, fail-open), so a `reject` route lapsed until the next write. The routes in force
+    stay, as a watched rules file's rules do; `routes = []` still empties the table, and at start a file found
+    empty is no routes, one found broken fails open."""
     site.approve()
     path = site.write(ROUTES, "routing.toml")
     site.reset()
     assert answer(chat(tcast.alice, "password", conversation_id="a")) == "Please do not send passwords here."
-    site.write(empty, "routing.toml")
+    site.write(broken, "routing.toml")
     assert answer(chat(tcast.alice, "password", conversation_id="b")) == "Please do not send passwords here."
-    why = f"{path} is empty (blank or comments alone; `routes = []` alone says no routes)"
-    assert runtime.routing.last_error == why
-    assert f"routing auto-reload failed — retaining previous routes (error={why})" in rules_log.messages
+    error = runtime.routing.last_error
+    assert error.startswith(f"{path} {why}" if why == EMPTY_WHY else f"{path}{why}")
+    assert f"routing auto-reload failed — retaining previous routes (error={error})" in rules_log.messages
+    assert not any(m.startswith("failed to load routing") for m in rules_log.messages)
     site.write("routes = []\n", "routing.toml")
     assert answer(chat(tcast.alice, "password", conversation_id="c")) == "echo: password (history=0)"
     assert runtime.routing.last_error is None
     site.write(ROUTES, "routing.toml")
-    site.write(empty, "routing.toml")
-    site.reset()  # a start: the file found empty is no routes, and no error
+    site.write(broken, "routing.toml")
+    site.reset()  # a start
     assert answer(chat(tcast.alice, "password", conversation_id="d")) == "echo: password (history=0)"
-    assert runtime.routing.last_error is None
+    if why == EMPTY_WHY:
+        assert runtime.routing.last_error is None
+    else:
+        assert runtime.routing.last_error == error
+        assert f"failed to load routing — starting with no routes (fail-open) (error={error})" in rules_log.messages
