@@ -2,6 +2,7 @@
 restart (the environment, the vault, the admin), and the admin showing whose key is whose."""
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -253,6 +254,28 @@ def _rows_kept(tcast, toml_config, broken, fresh_process):
     os.utime(path, ns=(4, 4))
     chat(tcast.keys["operator"])
     assert not Issuer.objects.exists() and not CallerDefaults.objects.exists()
+
+
+def test_export_into_the_file_the_daemon_reads_writes_it(tcast, toml_config):
+    """`manage.py identity export > ugent.toml`: the shell empties the file before the command runs, and the
+    command's system check refused the empty file (ugent.E001), so nothing was written and the file stayed
+    empty. `identity import` of that file refuses it itself, naming it, and changes no row. Run as manage.py
+    runs a command (call_command skips the checks)."""
+    from django.core.management import execute_from_command_line
+    path = toml_config(ISSUERS_TOML)
+    call_command("identity", "import", stdout=io.StringIO())
+    with open(path, "w") as out, contextlib.redirect_stdout(out):  # as the shell's `>`, before the command
+        execute_from_command_line(["manage.py", "identity", "export"])
+    written = config.web_auth_parse(tomllib.loads(path.read_text()))
+    original = config.web_auth_parse(tomllib.loads(ISSUERS_TOML))
+    assert (written.issuers, written.caller_defaults) == (original.issuers, original.caller_defaults)
+    config.web_auth_check()  # the daemon starts on it
+    path.write_text("")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit):
+        execute_from_command_line(["manage.py", "identity", "import"])
+    assert err.getvalue().startswith(f"CommandError: {path}: the file is empty; nothing was changed")
+    assert Issuer.objects.count() == 1 and CallerDefaults.objects.count() == 1
 
 
 def test_export_writes_what_import_reads(tcast, toml_config, tmp_path, capsys):
