@@ -107,6 +107,7 @@ def test_the_start_up_check_refuses_an_empty_ugent_toml_as_it_refuses_one_that_d
     assert [(m.id, m.msg) for m in found] == [
         ("ugent.E001", f"{path} is empty (blank or comments alone; `[web.auth]` alone says there are no issuers "
                        "or caller defaults)")]
+    assert found[0].hint.startswith("Fix it, or write `[web.auth]` alone (or remove the file) to run with none")
 
 
 def test_a_process_whose_first_read_finds_ugent_toml_empty_says_so_as_for_one_that_does_not_parse(toml_config, caplog):
