@@ -164,7 +164,7 @@ def run(args):
         assert r.status_code == 200, r.content[:300]
         return took
 
-    settings_for = {"off": "", "on (rescan 2 s)": "[code_context]\nenabled = true\n",
+    settings_for = {"off": "[code_context]\nenabled = false\n", "on (rescan 2 s)": "[code_context]\nenabled = true\n",
                     "on (rescan every turn)": "[code_context]\nenabled = true\nrescan_interval_secs = 0.0\n"}
     if args.embeddings:
         settings_for["on, embeddings (rescan 2 s)"] = "[code_context]\nenabled = true\nembeddings = true\n"

@@ -8,9 +8,10 @@ import tempfile
 from pathlib import Path
 
 
-def scratch_install(prefix: str, toml: str = "", *, keep_database_url: bool = False) -> Path:
+def scratch_install(prefix: str, toml: str = "[web.auth]\n", *, keep_database_url: bool = False) -> Path:
     """A fresh var dir and ugent.toml (returned) for this process; Redis off, the scratch SQLite unless
-    keep_database_url (the caller then names its own database)."""
+    keep_database_url (the caller then names its own database). By default the file says `[web.auth]` alone:
+    no tables (an empty one is refused, ugent.E001, as a write caught half-way)."""
     tmp = Path(tempfile.mkdtemp(prefix=prefix))
     os.environ.setdefault("UGENT_VAR_DIR", str(tmp))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ugent_site.settings")

@@ -18,14 +18,20 @@ class ChannelsAppConfig(AppConfig):
         post_delete.connect(caller_rows_changed, sender=Caller, dispatch_uid="ugent-caller-rows-deleted")
 
 
+HINT = ("Fix it, or write `[web.auth]` alone (or remove the file) to run with none: a security setting that "
+        "would have no effect, or a file that cannot be told from one caught half-way through a write, is not "
+        "taken.")
+
+
 def web_auth_check(app_configs=None, **kwargs):
-    """ugent.toml as written: a file that does not parse (named, with the line), or a [web.auth] key the daemon
-    does not understand, stops every manage.py command that runs checks (rundaemon, runsupervisor), naming
-    it, rather than being ignored."""
+    """ugent.toml as written: a file that cannot be read, does not parse (named, with the line) or is empty
+    (blank or comments alone: a write caught half-way; `[web.auth]` alone, or no file, is none), or a
+    [web.auth] key the daemon does not understand, stops every manage.py command that runs checks
+    (rundaemon, runsupervisor; not `identity`, whose export may be writing the file), naming it, rather
+    than being ignored."""
     from ugent_common import config
     try:
         config.web_auth_check()
     except config.ConfigError as exc:
-        return [checks.Error(str(exc), id="ugent.E001",
-                             hint="Fix or remove it: a security setting that has no effect is not accepted.")]
+        return [checks.Error(str(exc), id="ugent.E001", hint=HINT)]
     return []

@@ -24,6 +24,7 @@ from typing import Annotated, Any, Iterable, Optional, Union
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
+from ugent_common.config import toml_refuse_empty
 from ugent_common.validation import StrList, first_error, first_repeat, type_name
 
 from .engine import FIELDS, Condition, ConditionSpec, MessageFacts, RuleSetError
@@ -38,6 +39,7 @@ _ROUTING_FIELD_ERRORS = {
 
 LOG_ROUTING_LOADED = "routing loaded (routes=%d)"
 LOG_ROUTING_FAILED = "failed to load routing — starting with no routes (fail-open)"
+LOG_ROUTING_RELOAD_FAILED = "routing auto-reload failed — retaining previous routes"
 
 
 class RoutingError(RuleSetError):
@@ -255,18 +257,23 @@ class RoutingFileSpec(BaseModel):
 _CONTEXT = {"fields": ROUTING_FIELDS, "field_errors": _ROUTING_FIELD_ERRORS}
 
 
-def parse_routing(text: str, *, source: Union[str, Path, None] = None) -> RoutingTable:
+def parse_routing(text: str, *, source: Union[str, Path, None] = None, refuse_empty: bool = False) -> RoutingTable:
     """Parse and compile a routing.toml document; raises :class:`RoutingError` to refuse the file.
 
     Keys routing does not know are ignored; a missing name or match, a
     condition of no known shape, a bad regex and two routes with one name
     refuse the whole file. The message reads ``<source>: <where>: <what>``.
+    With ``refuse_empty`` a document with nothing in it (blank, or comments
+    alone) raises ugent_common.config.EmptyFileError (toml_refuse_empty), as
+    a watched rules file's reload does: ``routes = []`` says no routes.
     """
     src = str(source) if source is not None else "<routing>"
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise RoutingError(f"{src}: invalid TOML: {exc}") from exc
+    if refuse_empty:
+        toml_refuse_empty(doc, source=src, remove="remove every route", says="routes = []", means="no routes")
     try:
         spec = RoutingFileSpec.model_validate(doc, context=_CONTEXT)
     except ValidationError as exc:
@@ -283,14 +290,15 @@ def parse_routing(text: str, *, source: Union[str, Path, None] = None) -> Routin
     return RoutingTable(routes, source=src)
 
 
-def load_routing_file(path: Union[str, Path]) -> RoutingTable:
-    """Read and parse ``path``; an unreadable or invalid file raises :class:`RoutingError`."""
+def load_routing_file(path: Union[str, Path], *, refuse_empty: bool = False) -> RoutingTable:
+    """Read and parse ``path``; an unreadable or invalid file raises :class:`RoutingError` (an empty one
+    EmptyFileError, with ``refuse_empty``: :func:`parse_routing`)."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise RoutingError(f"{p}: cannot read routing file: {exc}") from exc
-    return parse_routing(text, source=p)
+    return parse_routing(text, source=p, refuse_empty=refuse_empty)
 
 
 def load_routing_or_empty(path: Optional[Union[str, Path]]) -> RoutingTable:

@@ -32,9 +32,10 @@ from rules_app import conf
 from rules_app.discovery import (Discovery, discover_routing_file, discover_rules_file,
                                  is_inside, rules_on_error)
 from rules_app.engine import CompiledRuleSet, LoadResult, RuleSetError, StartWorkflow, parse_rules
-from rules_app.routing import (LOG_ROUTING_FAILED, LOG_ROUTING_LOADED, RoutingError, RoutingTable,
-                               load_routing_file)
+from rules_app.routing import (LOG_ROUTING_FAILED, LOG_ROUTING_LOADED, LOG_ROUTING_RELOAD_FAILED, RoutingError,
+                               RoutingTable, load_routing_file)
 from rules_app.watcher import RuleEngineHolder
+from ugent_common.config import EmptyFileError
 from ugent_common.filestat import file_signature
 
 log = logging.getLogger("ugent.rules")
@@ -114,7 +115,8 @@ class DjangoRuleEngineHolder(RuleEngineHolder):
         """ugent.toml changed: a configuration reload, which rebuilds the rules as a start does (seed 002:
         "When UGENT starts, or rebuilds its runtime after a configuration reload, a rules file it cannot read
         or parse is logged as failed to load rule set …"): the file ``[rules] file`` names now (or
-        discovery's) is loaded afresh and watched, under the ``on_error`` it says now. True when it was."""
+        discovery's) is loaded afresh and watched, under the ``on_error`` it says now. True when it was; a
+        file that is empty, or cannot be read or parsed, changes nothing (its last good tables stay)."""
         self._db_step()
         self.beat_if_due()
         sig = _config_signature()
@@ -123,8 +125,10 @@ class DjangoRuleEngineHolder(RuleEngineHolder):
         self.config_sig = sig
         # read it now, whatever the recheck interval; not reset_caches(), which would forget the last good
         # [web.auth] and so run a broken file's edit with no identity rules at all
-        from ugent_common.config import config_recheck, load_config
+        from ugent_common.config import config_held, config_recheck, load_config
         config_recheck()
+        if config_held():  # empty, or cannot be read or parsed (a write caught half-way): the last good file
+            return False  # is still in force (ugent.config says so), so are the rules it gave
         on_error, warning = rules_on_error(load_config())
         found = self._discover()
         if warning:
@@ -307,15 +311,24 @@ class RoutingHolder:
         sig = (found.path, file_signature(found.path) if found.path else None)
         if sig == self._sig:
             return
+        # the file read before, changed: one that cannot be read or parsed, or is left blank or with comments
+        # alone, is more likely a write caught half-way than a wish to drop every route (`routes = []` says
+        # that), so the routes in force stay, as a watched rules file's do; a file found anew (at start, or
+        # another location) fails open, and may be empty: no routes
+        reload = found.path is not None and found.path == self.path
         self._sig, self.path = sig, found.path
         if found.path is None:
             self.table, self.last_error = RoutingTable(), None
             return
         try:
-            self.table = load_routing_file(found.path)
-        except RoutingError as exc:
-            routing_log.error("%s (error=%s)", LOG_ROUTING_FAILED, exc)
-            self.table, self.last_error = RoutingTable(), str(exc)
+            self.table = load_routing_file(found.path, refuse_empty=reload)
+        except (EmptyFileError, RoutingError) as exc:
+            self.last_error = exc.held if isinstance(exc, EmptyFileError) else str(exc)
+            if reload:
+                routing_log.warning("%s (error=%s)", LOG_ROUTING_RELOAD_FAILED, self.last_error)
+            else:
+                routing_log.error("%s (error=%s)", LOG_ROUTING_FAILED, self.last_error)
+                self.table = RoutingTable()
         else:
             routing_log.info(LOG_ROUTING_LOADED, len(self.table))
             self.last_error = None

@@ -3,14 +3,16 @@
 The file is read again when it changes (checked at most every UGENT_CONFIG_RECHECK_SECS), so a key,
 an issuer or a default edited in it takes effect without a restart. [web.auth] is strict: a key it
 does not know is an error naming the key (`web_auth_check`, run at start by the daemon, the web
-processes and `manage.py check`); an edit that breaks it while running is logged and the last good
-file is kept. A key's value is read from the environment variable its `key_env` names, else from
-the vault of a plugin's secret_env_refs (the lookups in settings.UGENT_KEY_ENV_LOOKUPS), each time
-it is needed (the vault's answer is kept a few seconds): a rotated key works within seconds.
+processes and `manage.py check`), as is a file that does not parse or is empty (blank or comments
+alone: a write caught half-way; `[web.auth]` alone says there is none). An edit that leaves it so while
+running keeps the whole last good file (its [rules], [memory], [tools], … and [web.auth]); one that
+breaks [web.auth] alone keeps the last good [web.auth]. Either is logged once, and again after a good
+read. A key's value is read from the environment variable its `key_env` names, else from the vault
+of a plugin's secret_env_refs (the lookups in settings.UGENT_KEY_ENV_LOOKUPS), each time it is needed
+(the vault's answer is kept a few seconds): a rotated key works within seconds.
 """
 from __future__ import annotations
 
-import enum
 import logging
 import os
 import re
@@ -25,6 +27,7 @@ from django.conf import settings
 from django.utils.module_loading import import_string
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
+from ugent_common.logs import Repeats, warn_repeating
 from ugent_common.validation import StrList, first_error, first_repeat
 
 log = logging.getLogger("ugent.config")
@@ -213,35 +216,28 @@ def toml_refuse_empty(data: dict, *, source: str, remove: str, says: str, means:
 
 # --- ugent.toml, read ---------------------------------------------------------------------------
 
-class ReadKind(enum.Enum):
-    """What a read of ugent.toml found: _refresh treats an empty file apart from one that cannot be read."""
-    READ = "read"
-    MISSING = "missing"
-    EMPTY = "empty"
-    UNREADABLE = "unreadable"
+def _refuse_empty(data: dict, source: str) -> dict:
+    return toml_refuse_empty(data, source=source, remove="remove the issuers and caller defaults it imported",
+                             says="[web.auth]", means="there are no issuers or caller defaults")
 
 
-def _read(path: Path | None) -> dict:
-    return _read_why(path)[0]
-
-
-def _read_why(path: Path | None) -> tuple[dict, str, ReadKind]:
-    """The file's tables, why they cannot stand for it ("" when they can), and what the read found: it cannot
-    be read or does not parse (a write caught half-way), or is blank or comments alone (the same, more likely
-    than a wish to drop every table, which `[web.auth]` alone says). A missing file is no file: ({}, "")."""
+def _read_why(path: Path | None) -> tuple[dict, str]:
+    """The file's tables, and why it cannot stand for itself ("" when it can), naming the file: it cannot be
+    read, does not parse (tomllib's line and column; a write caught half-way), or is blank or comments alone
+    (the same, more likely than a wish to drop every table, which `[web.auth]` alone says). A missing file is
+    no file: ({}, ""). The one read of the start-up check and the running process's; it logs nothing."""
     if not path or not path.exists():
-        return {}, "", ReadKind.MISSING
+        return {}, ""
     try:
         data = tomllib.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        log.error("ugent.toml could not be read (path=%s, error=%s)", path, exc)
-        return {}, f"ugent.toml could not be read ({exc})", ReadKind.UNREADABLE
+    except tomllib.TOMLDecodeError as exc:
+        return {}, f"{path} does not parse: {exc}"
+    except (OSError, UnicodeDecodeError) as exc:
+        return {}, f"{path} could not be read: {exc}"
     try:
-        toml_refuse_empty(data, source="ugent.toml", remove="remove the issuers and caller defaults it imported",
-                          says="[web.auth]", means="there are no issuers or caller defaults")
+        return _refuse_empty(data, str(path)), ""
     except EmptyFileError as exc:
-        return {}, exc.held, ReadKind.EMPTY
-    return data, "", ReadKind.READ
+        return {}, exc.held
 
 
 def web_auth_parse(data: dict) -> WebAuthSpec:
@@ -281,10 +277,14 @@ class _Loaded:
         self.data: dict = {}
         self.auth: WebAuthSpec = WebAuthSpec()
         self.generation = 0
-        self.error = ""  # why the file as it stands is not the [web.auth] in use ("" when it is)
-        # why the rows ugent.toml defines must not follow the file as it stands ("" when they may): it is
-        # empty, does not parse or is invalid; config_sync then keeps them, as `identity import` refuses it
-        self.rows_held = ""
+        # why the file as it stands is not the [web.auth] in use ("" when it is): it is empty, does not
+        # parse or is invalid; the rows it defines then stay too (config_sync), as `identity import` refuses it
+        self.error = ""
+        # why no table of the file as it stands is in use ("" when they are): it is empty, or cannot be read
+        # or parsed; load_config() gives the last good file's ([rules], [memory], …), and [web.auth] its too
+        self.held = ""
+        self.used = self.auth_used = False  # a read's tables, its [web.auth], are in use (else none are)
+        self.failures = Repeats()  # the failures logged since the file was last read well
 
 
 _loaded = _Loaded()
@@ -311,38 +311,38 @@ def _refresh() -> _Loaded:
         path = config_path()
         stamp = _stamp(path)
         if stamp != _loaded.stamp:
-            data, why, kind = _read_why(path)
-            try:
-                if kind is ReadKind.EMPTY:
-                    if _loaded.stamp is None:  # nothing read before: an empty file is no [web.auth]
-                        auth, _loaded.error = WebAuthSpec(), ""
-                    else:
-                        _loaded.error = why
-                        log.error("%s; the last good [web.auth] is kept", why)
-                        auth = _loaded.auth
-                elif why:
-                    raise ConfigError(why)
-                else:
-                    auth = web_auth_parse(data)
-                    _loaded.error = ""
-                _loaded.rows_held = why
-            except ConfigError as exc:
-                _loaded.rows_held = str(exc)
-                _loaded.error = str(exc)
-                if _loaded.stamp is None:  # nothing good to keep: run with no [web.auth] at all
-                    log.error("%s; [web.auth] is not used", exc)
-                    auth = WebAuthSpec()
-                else:
-                    log.error("%s; the last good [web.auth] is kept", exc)
-                    auth = _loaded.auth
-            _loaded.data, _loaded.auth, _loaded.stamp = data, auth, stamp
-            _loaded.generation += 1
+            _read_anew(path, stamp)
         _loaded.checked_at = now
     return _loaded
 
 
+def _read_anew(path: Path | None, stamp: tuple) -> None:
+    """The file changed: take it, or keep what is in use and say why. A failure is logged once, and again
+    after a good read (whatever the log's repeat filter saw before): `failures` is cleared by each good one."""
+    data, why = _read_why(path)
+    if why:  # empty, or cannot be read or parsed (a write caught half-way): none of it is used, as at start
+        _loaded.held = _loaded.error = why
+        _fail(f"{why}; the last good file is kept" if _loaded.used else f"{why}; none of it is used")
+    else:
+        try:
+            _loaded.auth, _loaded.auth_used = web_auth_parse(data), True
+            _loaded.error = ""
+            _loaded.failures.clear()
+        except ConfigError as exc:  # its other tables are used; [web.auth] the last good one, or none
+            _loaded.error = str(exc)
+            _fail(f"{exc}; the last good [web.auth] is kept" if _loaded.auth_used else f"{exc}; [web.auth] is not used")
+        _loaded.data, _loaded.used, _loaded.held = data, True, ""
+    _loaded.stamp = stamp
+    _loaded.generation += 1
+
+
+def _fail(message: str) -> None:
+    warn_repeating(log, "%s", message, level=logging.ERROR, repeats=_loaded.failures)
+
+
 def load_config() -> dict:
-    """ugent.toml as a dict; {} when there is none. A broken file is logged, not fatal."""
+    """ugent.toml as a dict; {} when there is none. A file that is empty, or cannot be read or parsed, is
+    logged, not fatal: the last good file's tables are given (config_held() says why), {} with none."""
     return _refresh().data
 
 
@@ -358,8 +358,8 @@ def generation() -> int:
 
 def web_auth_rows_held() -> str:
     """Why the issuer and caller-defaults rows ugent.toml made must stay as they are, though the file changed
-    ("" when they may follow it): the file is empty, does not parse, or is invalid."""
-    return _refresh().rows_held
+    ("" when they may follow it): the file is empty, does not parse, or is invalid (web_auth_error's words)."""
+    return _refresh().error
 
 
 def web_auth_error() -> str:
@@ -367,19 +367,21 @@ def web_auth_error() -> str:
     return _refresh().error
 
 
+def config_held() -> str:
+    """Why none of ugent.toml as it stands is in use ("" when it is): it is empty, or cannot be read or parsed,
+    and load_config() and web_auth() give the last good file's tables (none, when no read was good)."""
+    return _refresh().held
+
+
 def web_auth_check() -> None:
     """At start: ugent.toml as written now, or ConfigError naming what is wrong: the file, when it cannot be
-    read or does not parse (tomllib's line and column), else [web.auth]'s first bad key. An empty file passes:
-    at start it is no [web.auth], as the running process takes it."""
-    path = config_path()
-    if path and path.exists():
-        try:
-            tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path} does not parse: {exc}") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{path} could not be read: {exc}") from None
-    web_auth_parse(_read(path))
+    read, does not parse (tomllib's line and column) or is empty (blank or comments alone: a write caught
+    half-way, as the running process takes it; `[web.auth]` alone, or no file, is no [web.auth]), else
+    [web.auth]'s first bad key."""
+    data, why = _read_why(config_path())
+    if why:
+        raise ConfigError(why)
+    web_auth_parse(data)
 
 
 # --- keys -------------------------------------------------------------------------------------
@@ -449,7 +451,7 @@ def key_env_of(caller_name: str) -> Optional[str]:
 
 def config_recheck() -> None:
     """Look at ugent.toml again at its next use, whatever the recheck interval (a watcher saw it change).
-    Unlike reset_caches() this forgets nothing: a broken file still keeps the last good [web.auth]."""
+    Unlike reset_caches() this forgets nothing: a broken file still keeps the last good one."""
     with _loaded.lock:
         _loaded.checked_at = -1e18
         if _loaded.stamp is not None:  # read it again even if path, mtime and size match (a file replaced
@@ -461,6 +463,8 @@ def reset_caches() -> None:
     with _loaded.lock:
         _loaded.checked_at = -1e18
         _loaded.stamp = None
-        _loaded.data, _loaded.auth, _loaded.error, _loaded.rows_held = {}, WebAuthSpec(), "", ""
+        _loaded.data, _loaded.auth, _loaded.error, _loaded.held = {}, WebAuthSpec(), "", ""
+        _loaded.used = _loaded.auth_used = False
+        _loaded.failures.clear()
         _loaded.generation += 1
     _vault.clear()

@@ -22,7 +22,7 @@ KEY = "env-operator-key-kept"
 @pytest.fixture
 def configured(tmp_path, settings):
     path = tmp_path / "ugent.toml"
-    path.write_text("")
+    path.write_text("[web.auth]\n")
     settings.UGENT_CONFIG = str(path)
     settings.UGENT_WEB_API_KEY = KEY
     settings.UGENT_CALLER_RECHECK_SECS = 60.0

@@ -30,7 +30,7 @@ def chat(key, **extra):
 
 
 def test_web_api_key_is_an_operator_key_by_default(tcast, settings, toml_config):
-    toml_config("")
+    toml_config("[web.auth]\n")
     settings.UGENT_WEB_API_KEY = "env-operator-key"
     resp = chat("env-operator-key", user="zoe", conversation_id="z1")
     assert resp.status_code == 200

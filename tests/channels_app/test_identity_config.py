@@ -2,7 +2,10 @@
 restart (the environment, the vault, the admin), and the admin showing whose key is whose."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -90,9 +93,70 @@ def test_the_start_up_check_reports_an_ugent_toml_that_does_not_parse_naming_the
     found = [m for m in checks.run_checks(tags=[checks.Tags.security]) if m.id.startswith("ugent.E")]
     assert [(m.id, m.level) for m in found] == [("ugent.E001", checks.ERROR)]
     assert found[0].msg.startswith(f"{path} does not parse: ") and "(at line 3, column " in found[0].msg
-    for empty in ("", "# nothing yet\n"):  # at start an empty file is no [web.auth], as the process takes it
-        toml_config(empty)
-        assert [m.id for m in checks.run_checks(tags=[checks.Tags.security]) if m.id.startswith("ugent.E")] == []
+    toml_config("[web.auth]\n")  # [web.auth] alone is no issuers, keys or defaults: it passes
+    assert [m.id for m in checks.run_checks(tags=[checks.Tags.security]) if m.id.startswith("ugent.E")] == []
+
+
+@pytest.mark.parametrize("empty", ["", "  \n", "# nothing yet\n"], ids=["nothing", "whitespace", "comments-alone"])
+def test_the_start_up_check_refuses_an_empty_ugent_toml_as_it_refuses_one_that_does_not_parse(toml_config, empty):
+    """It passed, and the process ran with no [web.auth] (require_verified_identity, issuers, keys all off): a
+    file caught half-way through a write, which the running daemon's reload refuses and keeps the last good for."""
+    from django.core import checks
+    path = toml_config(empty)
+    found = [m for m in checks.run_checks(tags=[checks.Tags.security]) if m.id.startswith("ugent.E")]
+    assert [(m.id, m.msg) for m in found] == [
+        ("ugent.E001", f"{path} is empty (blank or comments alone; `[web.auth]` alone says there are no issuers "
+                       "or caller defaults)")]
+    assert found[0].hint.startswith("Fix it, or write `[web.auth]` alone (or remove the file) to run with none")
+
+
+def test_a_process_whose_first_read_finds_ugent_toml_empty_says_so_as_for_one_that_does_not_parse(toml_config, caplog):
+    """A process that did not run the start-up check (a Celery worker), or a file emptied since: no [web.auth] to
+    keep, so none is used, and the status says why (it said nothing: the empty file was taken as no [web.auth])."""
+    caplog.set_level(logging.ERROR, logger="ugent.config")
+    path = toml_config("# being written\n")
+    assert config.web_auth() == config.WebAuthSpec()
+    why = (f"{path} is empty (blank or comments alone; `[web.auth]` alone says there are no issuers or caller "
+           "defaults)")
+    assert config.web_auth_error() == config.config_held() == why
+    assert [r.getMessage() for r in caplog.records if r.name == "ugent.config"] == [f"{why}; none of it is used"]
+
+
+def test_a_reload_that_cannot_read_ugent_toml_logs_it_once(toml_config, caplog):
+    """_refresh logged the parse failure twice: "could not be read (path=…, error=…)", then the same error again
+    with what it did about it."""
+    caplog.set_level(logging.ERROR, logger="ugent.config")
+    path = toml_config('[web.auth]\nrequire_verified_identity = true\n')
+    assert config.web_auth().require_verified_identity is True
+    path.write_text('[web.auth]\nrequire_verified_identity = ')
+    os.utime(path, ns=(1, 1))
+    assert config.web_auth().require_verified_identity is True
+    lines = [r.getMessage() for r in caplog.records if r.name == "ugent.config"]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"{path} does not parse: ") and lines[0].endswith("; the last good file is kept")
+
+
+def test_a_failure_after_a_good_read_is_logged_again_whatever_the_repeat_filter_saw(toml_config):
+    """The daemon's log handler lets a line through once per five minutes: a file emptied, fixed, then emptied
+    again (an editor's second save) said nothing the second time, though the last good file was another one."""
+    from ugent_common import logs
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.addFilter(logs.RepeatFilter())  # as the daemon's console handler has (logs.logging_config)
+    logger = logging.getLogger("ugent.config")
+    logger.addHandler(handler)
+    try:
+        path = toml_config("[web.auth]\n")
+        config.web_auth()
+        for stamp, text in enumerate(["", "[web.auth]\nrequire_verified_identity = true\n", "", "# still empty\n"]):
+            path.write_text(text)
+            os.utime(path, ns=(stamp + 1, stamp + 1))
+            config.web_auth()
+    finally:
+        logger.removeHandler(handler)
+    why = f"{path} is empty (blank or comments alone; `[web.auth]` alone says there are no issuers or caller defaults)"
+    assert out.getvalue().splitlines() == [f"{why}; the last good file is kept"] * 2  # not a third: no good read
+    assert config.web_auth().require_verified_identity is True
 
 
 def test_rundaemon_refuses_to_start_on_an_unknown_web_auth_key(tmp_path):
@@ -153,10 +217,10 @@ def test_an_issuer_removed_from_the_file_goes_and_one_made_in_the_admin_stays(tc
 
 @pytest.mark.parametrize("fresh_process", [False, True], ids=["same-process", "new-process"])
 @pytest.mark.parametrize("broken, why", [("", "is empty"), ("# ugent.toml\n", "is empty"),
-                                         ('[[web.auth.issuers]]\nissuer = "https://idp.exa', "could not be read")],
+                                         ('[[web.auth.issuers]]\nissuer = "https://idp.exa', "does not parse: ")],
                          ids=["empty", "comments-alone", "half-written"])
 def test_an_empty_or_unparseable_file_keeps_the_rows_on_the_request_path(tcast, toml_config, broken, why,
-                                                                          fresh_process):
+                                                                          fresh_process, tmp_path):
     """`identity import` refuses these; the first request after the change deleted every row the file made."""
     import logging
     lines = []
@@ -167,10 +231,12 @@ def test_an_empty_or_unparseable_file_keeps_the_rows_on_the_request_path(tcast, 
         _rows_kept(tcast, toml_config, broken, fresh_process)
     finally:
         logging.getLogger("ugent.identity").removeHandler(handler)
-    assert [line for line in lines if "kept as they were" in line] == [
-        f"[web.auth] issuers and caller defaults in the database are kept as they were: ugent.toml {why}"
-        + (" (blank or comments alone; `[web.auth]` alone says there are no issuers or caller defaults)"
-           if why == "is empty" else lines[0][lines[0].index(why) + len(why):])]
+    kept = [line for line in lines if "kept as they were" in line]
+    assert len(kept) == 1 and kept[0].startswith(
+        f"[web.auth] issuers and caller defaults in the database are kept as they were: {tmp_path / 'ugent.toml'} {why}")
+    if why == "is empty":
+        assert kept[0].endswith(" (blank or comments alone; `[web.auth]` alone says there are no issuers or caller "
+                                "defaults)")
 
 
 def _rows_kept(tcast, toml_config, broken, fresh_process):
@@ -189,6 +255,28 @@ def _rows_kept(tcast, toml_config, broken, fresh_process):
     os.utime(path, ns=(4, 4))
     chat(tcast.keys["operator"])
     assert not Issuer.objects.exists() and not CallerDefaults.objects.exists()
+
+
+def test_export_into_the_file_the_daemon_reads_writes_it(tcast, toml_config):
+    """`manage.py identity export > ugent.toml`: the shell empties the file before the command runs, and the
+    command's system check refused the empty file (ugent.E001), so nothing was written and the file stayed
+    empty. `identity import` of that file refuses it itself, naming it, and changes no row. Run as manage.py
+    runs a command (call_command skips the checks)."""
+    from django.core.management import execute_from_command_line
+    path = toml_config(ISSUERS_TOML)
+    call_command("identity", "import", stdout=io.StringIO())
+    with open(path, "w") as out, contextlib.redirect_stdout(out):  # as the shell's `>`, before the command
+        execute_from_command_line(["manage.py", "identity", "export"])
+    written = config.web_auth_parse(tomllib.loads(path.read_text()))
+    original = config.web_auth_parse(tomllib.loads(ISSUERS_TOML))
+    assert (written.issuers, written.caller_defaults) == (original.issuers, original.caller_defaults)
+    config.web_auth_check()  # the daemon starts on it
+    path.write_text("")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit):
+        execute_from_command_line(["manage.py", "identity", "import"])
+    assert err.getvalue().startswith(f"CommandError: {path}: the file is empty; nothing was changed")
+    assert Issuer.objects.count() == 1 and CallerDefaults.objects.count() == 1
 
 
 def test_export_writes_what_import_reads(tcast, toml_config, tmp_path, capsys):

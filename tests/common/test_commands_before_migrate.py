@@ -57,11 +57,15 @@ def test_every_command_that_reads_the_database_says_to_migrate_in_one_line(tmp_p
     (tmp_path / "rules.toml").write_text('rules = []\n')
     (tmp_path / "ugent.toml").write_text("[web.auth]\n")
     (tmp_path / "plugins.toml").write_text("schema_version = 1\n")
+    (tmp_path / "workflow.toml").write_text('[[rules]]\nname = "digest"\nmatch = { always = true }\n'
+                                            '[rules.decision.StartWorkflow]\nworkflow = "digest"\n')
+    # a file's dry run reads no rows unless a StartWorkflow rule is checked against the cron jobs
+    free = [["rules", "test", "hello", "--rules", str(tmp_path / "rules.toml")]]
     commands = [
         ["cron", "import", str(tmp_path / "cron.toml")], ["cron", "export"], ["cron", "status"],
         ["cron", "run", "nightly", "--no-wait"],
         ["rules", "status"], ["rules", "test", "hello"], ["rules", "import", str(tmp_path / "rules.toml")],
-        ["rules", "export"],
+        ["rules", "export"], ["rules", "test", "hello", "--rules", str(tmp_path / "workflow.toml")],
         ["identity", "import", str(tmp_path / "ugent.toml")], ["identity", "export"],
         ["plugins", "import", str(tmp_path / "plugins.toml")], ["plugins", "export"], ["plugins", "status"],
         ["plugins", "migrate", "--global-file", str(tmp_path / "plugins.toml")],
@@ -74,11 +78,15 @@ def test_every_command_that_reads_the_database_says_to_migrate_in_one_line(tmp_p
            if not k.startswith(("DJANGO_", "PYTEST", "UGENT_")) and k not in ("REDIS_URL", "DATABASE_URL")}
     env.update(UGENT_VAR_DIR=str(var), UGENT_WORKSPACE=str(ws), UGENT_CPU_AFFINITY="off",
                DJANGO_SETTINGS_MODULE="ugent_site.settings")
-    out = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(commands)], env=env, cwd=ROOT,
+    out = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(free + commands)], env=env, cwd=ROOT,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     results = json.loads(out.stdout.strip().splitlines()[-1])
-    assert [r["argv"] for r in results] == commands
+    assert [r["argv"] for r in results] == free + commands
+    assert [(r["code"], r["stderr"].strip().splitlines()) for r in results[:len(free)]] == [
+        (0, [f"testing a fresh read of {tmp_path / 'rules.toml'} (--rules), not the daemon's rules"])]
+    results = results[len(free):]
+    assert not var.joinpath("web_api_key").exists()  # rundaemon --no-migrate checks the tables before it writes
     wrong = []
     for r in results:
         lines = r["stderr"].strip().splitlines()

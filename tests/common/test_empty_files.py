@@ -1,7 +1,7 @@
 """An empty TOML file (blank, whitespace or comments alone) is refused wherever rows follow a file, in one
 wording, from one home (ugent_common.config.toml_refuse_empty). Each path's own tests check the rows kept:
 tests/cron_app/test_cron_command.py, test_cron_file_watch.py, tests/rules_app/test_django_commands.py,
-tests/channels_app/test_identity_config.py."""
+tests/channels_app/test_identity_config.py, tests/rules_app/test_django_routing.py (routing.toml's reload)."""
 from __future__ import annotations
 
 import re
@@ -34,19 +34,20 @@ def test_every_import_refuses_an_empty_file_in_one_wording(tmp_path, command, sa
 
 
 @pytest.mark.parametrize("empty", EMPTIES, ids=["nothing", "whitespace", "comments-alone"])
-def test_ugent_toml_read_says_what_it_found_as_a_kind_not_words(tmp_path, empty):
-    """config._refresh keeps the last good [web.auth] for an empty file by this kind: it matched the words."""
+def test_ugent_toml_is_read_in_one_place_which_names_the_file_and_says_why_it_cannot_stand(tmp_path, empty):
+    """The start-up check (ugent.E001) and the running process's reread (which keeps the last good file) read it
+    through config._read_why, in the same words: the process's said "ugent.toml", the check the path."""
     path = tmp_path / "ugent.toml"
     path.write_text(empty)
     assert config._read_why(path) == (
-        {}, "ugent.toml is empty (blank or comments alone; `[web.auth]` alone says there are no issuers or "
-            "caller defaults)", config.ReadKind.EMPTY)
+        {}, f"{path} is empty (blank or comments alone; `[web.auth]` alone says there are no issuers or caller "
+            "defaults)")
     path.write_text("[web")
-    data, why, kind = config._read_why(path)
-    assert (data, kind) == ({}, config.ReadKind.UNREADABLE) and why.startswith("ugent.toml could not be read (")
+    data, why = config._read_why(path)
+    assert data == {} and why.startswith(f"{path} does not parse: ")
     path.write_text("[web.auth]\n")
-    assert config._read_why(path) == ({"web": {"auth": {}}}, "", config.ReadKind.READ)
-    assert config._read_why(tmp_path / "none.toml") == ({}, "", config.ReadKind.MISSING)
+    assert config._read_why(path) == ({"web": {"auth": {}}}, "")
+    assert config._read_why(tmp_path / "none.toml") == ({}, "")
 
 
 def test_the_rule_has_one_home():

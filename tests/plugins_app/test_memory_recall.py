@@ -307,7 +307,7 @@ def test_no_memory_control_tool_for_a_turn_kept_out_of_memory_or_without_a_backe
     assert [t.name for t in MemoryToolBox({"actor_key": ALICE}).discover_tools()] == ["memory_control"]
     assert MemoryToolBox({"actor_key": ALICE, "disable_memory_write": True}).discover_tools() == []
     assert MemoryToolBox({}).discover_tools() == []
-    memory_config.write("")
+    memory_config.write("[web.auth]\n")  # no [memory]
     assert MemoryToolBox({"actor_key": ALICE}).discover_tools() == []
 
 

@@ -1,10 +1,13 @@
 """Hot reload in a running process: real files, the real watcher thread, the chat API, the load record."""
 from __future__ import annotations
 
+import pytest
+
 from rules_app.models import RuleSet, WorkspaceTrust
 from rules_app.runtime import runtime
 from tests.rules_app.conftest import answer, wait_for
 from tests.support.http import chat
+from ugent_common.config import config_held, load_config
 
 IGNORE_A = '[[rules]]\nname = "ignore-a"\ndecision = "Ignore"\nmatch = { field = "text", equals = "a" }\n'
 IGNORE_B = '[[rules]]\nname = "ignore-b"\ndecision = "Ignore"\nmatch = { field = "text", equals = "b" }\n'
@@ -94,6 +97,32 @@ def test_a_configuration_reload_rebuilds_the_rules_so_a_broken_file_fails_open_a
     site.write(IGNORE_A)  # and the file is still watched: fixed, it is in force again
     assert wait_for(lambda: file_row().status == "loaded")
     assert answer(chat(tcast.alice, "a")) == "rule engine: message ignored"
+
+
+@pytest.mark.parametrize("broken", ["", "# being rewritten\n", '[rules]\nfile = "my-rules.toml"\non_error = "clo'],
+                         ids=["blank", "comments", "half-written"])
+def test_an_ugent_toml_caught_empty_or_half_written_keeps_its_rules_table_in_force(site, tcast, settings, broken):
+    """A configuration reload that found ugent.toml blank or half-written (an editor's truncate before its write,
+    caught in between) took it as no file: [rules] was gone, so a fail-closed rules file became none (on_error =
+    open) until the next write. The whole last good file stays in force, and the rules it gave; a good edit is a
+    configuration reload still."""
+    settings.UGENT_RULES_WATCH = False  # the test looks in the watcher's stead, when it chooses
+    site.approve()
+    site.config('[rules]\nfile = "my-rules.toml"\non_error = "closed"\n')
+    rules = site.write(IGNORE_A, "my-rules.toml")
+    runtime.reset()
+    assert answer(chat(tcast.alice, "a")) == "rule engine: message ignored"
+    holder = runtime.holder
+    site.config(broken)
+    assert holder.check_config_once() is False
+    assert (holder.path, holder.on_error, holder.status) == (rules, "closed", "loaded")
+    assert load_config()["rules"] == {"file": "my-rules.toml", "on_error": "closed"}
+    assert config_held().startswith(str(site.ws / "ugent.toml"))
+    assert answer(chat(tcast.bob, "a")) == "rule engine: message ignored"
+    site.config('[tools]\nenabled = ["workspace"]\n')  # whole again, with no [rules]: the rules follow it
+    assert holder.check_config_once() is True
+    assert (holder.path, holder.on_error, config_held()) == (None, "open", "")
+    assert answer(chat(tcast.carol, "a")) == "echo: a (history=0)"
 
 
 def test_approving_the_workspace_loads_a_configured_file_inside_it_without_a_restart(site, tcast, rules_log):

@@ -1,8 +1,11 @@
 """Routing (priority 50) before the rule engine (priority 100), through the chat API."""
 from __future__ import annotations
 
+import pytest
+
 from channels_app import hooks
 from channels_app.models import Receipt, Turn
+from rules_app.runtime import runtime
 from tests.rules_app.conftest import answer, submit
 from tests.support.http import chat
 from tests.support.scripted import CALLS
@@ -125,3 +128,41 @@ def test_an_edited_routing_file_is_reread(site, tcast):
     assert answer(chat(tcast.alice, "password")) == "Please do not send passwords here."
     site.write(ROUTES.replace("do not send passwords", "never send passwords"), "routing.toml")
     assert answer(chat(tcast.bob, "password")) == "Please never send passwords here."
+
+
+HALF_WRITTEN = ROUTES[:ROUTES.index('reject = "')] + 'reject = "Please do not'
+EMPTY_WHY = "is empty (blank or comments alone; `routes = []` alone says no routes)"
+
+
+@pytest.mark.parametrize("broken, why", [
+    ("", EMPTY_WHY), ("\n# being rewritten\n", EMPTY_WHY), (HALF_WRITTEN, ": invalid TOML: "),
+    (ROUTES + '\n[[routes]]\nname = "x"\nmatch = { field = "input_mode", equals = "voice" }\n', ": routes[3] (x)"),
+], ids=["blank", "comments", "half-written", "invalid"])
+def test_a_routing_file_an_edit_leaves_empty_or_broken_keeps_the_routes_in_force(site, tcast, rules_log, broken, why):
+    """An editor that truncates routing.toml before writing it again, caught in between (empty, or half-written so
+    it does not parse), or an edit that is refused: an empty one parsed as no routes, a broken one was a first
+    load's failure (no routes, fail-open), so a `reject` route lapsed until the next write. The routes in force
+    stay, as a watched rules file's rules do; `routes = []` still empties the table, and at start a file found
+    empty is no routes, one found broken fails open."""
+    site.approve()
+    path = site.write(ROUTES, "routing.toml")
+    site.reset()
+    assert answer(chat(tcast.alice, "password", conversation_id="a")) == "Please do not send passwords here."
+    site.write(broken, "routing.toml")
+    assert answer(chat(tcast.alice, "password", conversation_id="b")) == "Please do not send passwords here."
+    error = runtime.routing.last_error
+    assert error.startswith(f"{path} {why}" if why == EMPTY_WHY else f"{path}{why}")
+    assert f"routing auto-reload failed — retaining previous routes (error={error})" in rules_log.messages
+    assert not any(m.startswith("failed to load routing") for m in rules_log.messages)
+    site.write("routes = []\n", "routing.toml")
+    assert answer(chat(tcast.alice, "password", conversation_id="c")) == "echo: password (history=0)"
+    assert runtime.routing.last_error is None
+    site.write(ROUTES, "routing.toml")
+    site.write(broken, "routing.toml")
+    site.reset()  # a start
+    assert answer(chat(tcast.alice, "password", conversation_id="d")) == "echo: password (history=0)"
+    if why == EMPTY_WHY:
+        assert runtime.routing.last_error is None
+    else:
+        assert runtime.routing.last_error == error
+        assert f"failed to load routing — starting with no routes (fail-open) (error={error})" in rules_log.messages

@@ -45,9 +45,10 @@ class CodeWorkspace:
         self.config("enabled = true\nrescan_interval_secs = 0.0\n")
 
     def config(self, code_context_table: str, more: str = "") -> None:
-        """Write ugent.toml with this [code_context] body ("" leaves the table out) and `more` after it."""
+        """Write ugent.toml with this [code_context] body ("" leaves the table out) and `more` after it; with
+        neither, `[web.auth]` alone (an empty file is refused, ugent.E001)."""
         from ugent_common import config
-        text = (f"[code_context]\n{code_context_table}\n" if code_context_table else "") + more
+        text = (f"[code_context]\n{code_context_table}\n" if code_context_table else "") + more or "[web.auth]\n"
         self.config_path.write_text(text)
         self.settings.UGENT_CONFIG = str(self.config_path)
         config.reset_caches()

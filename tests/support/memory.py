@@ -34,7 +34,7 @@ def memory_config(tmp_path, settings):
     settings.UGENT_MEMORY_SETTINGS_RECHECK_SECS = 0
     settings.UGENT_MEMORY_LANCE_DIR = tmp_path / "memory.lance"  # each test its own LanceDB dataset
     cfg = MemoryConfig(tmp_path / "ugent.toml", settings)
-    cfg.write("")
+    cfg.write("[web.auth]\n")  # no [memory] (an empty file is refused, ugent.E001)
     yield cfg
     config.reset_caches()
     conf.reset()

@@ -49,7 +49,7 @@ class Command(BaseCommand):
         from rules_app.runtime import runtime
         from ugent_common.dbconn import tables_required
         runtime.watch = False  # a command reads the rules once; it does not keep watching them
-        if not (opts["action"] == "test" and opts["rules"]):  # a file's dry run alone needs no rows
+        if not (opts["action"] == "test" and opts["rules"]):  # a file's dry run needs rows for StartWorkflow alone
             tables_required("rules_app")
         getattr(self, f"do_{opts['action']}")(opts)
 
@@ -69,9 +69,14 @@ class Command(BaseCommand):
         from rules_app.workflows import workflow_check
         from rules_app.runtime import fresh_read, recorded_ruleset
         from rules_app.selectors import daemon_heartbeat
+        from ugent_common.dbconn import tables_required
         if opts["rules"]:
+            def workflow_check_here(workflow):
+                # the one check of a file's dry run that reads rows (the cron jobs): before `migrate`, one line
+                tables_required("cron_app")
+                return workflow_check(workflow)
             try:
-                ruleset = engine.load_rules_file(opts["rules"], workflow_check=workflow_check).ruleset
+                ruleset = engine.load_rules_file(opts["rules"], workflow_check=workflow_check_here).ruleset
             except engine.RuleSetError as exc:
                 raise CommandError(f"{engine.LOG_FAILED_LOAD}: {exc}")
             self.stderr.write(f"testing a fresh read of {opts['rules']} (--rules), not the daemon's rules")

@@ -44,13 +44,13 @@ class Command(BaseCommand):
         if cpus is not None:
             log.info("threads kept on CPU %s (UGENT_CPU_AFFINITY=%s)", ",".join(map(str, sorted(cpus))),
                      settings.UGENT_CPU_AFFINITY)
-        self.ensure_operator_key()  # first: a key file it cannot make stops it before anything starts
-        if not opts["no_migrate"]:
-            call_command("migrate", interactive=False, verbosity=0)
-        else:
+        if opts["no_migrate"]:  # first: with tables missing it says to migrate, and writes nothing (no key file)
             from django.apps import apps
             from ugent_common.dbconn import tables_required
             tables_required(*apps.get_models())
+        self.ensure_operator_key()  # then: a key file it cannot make stops it before anything starts
+        if not opts["no_migrate"]:
+            call_command("migrate", interactive=False, verbosity=0)
         from ugent_site.staticfiles import static_collect_if_changed
         if static_collect_if_changed():
             log.info("collected the admin's static files into %s", settings.STATIC_ROOT)
