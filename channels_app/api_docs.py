@@ -287,7 +287,10 @@ StopSerializer = inline_serializer("StopAccepted", {
 SteeringSerializer = inline_serializer("SteeringAccepted", {
     "object": serializers.ChoiceField(choices=["ugent.steering"]), "id": serializers.IntegerField(),
     "conversation_id": serializers.CharField(), "turn_id": serializers.CharField(),
-    "state": serializers.CharField()})
+    "state": serializers.CharField(),
+    "duplicate": serializers.BooleanField(required=False, help_text=(
+        "true: a resend under a client_message_id already used with these words; the first steering, "
+        "nothing steered again."))})
 
 CommandResultSerializer = inline_serializer("CommandResult", {
     "object": serializers.ChoiceField(choices=["ugent.command"]),

@@ -21,6 +21,7 @@ from rest_framework.views import APIView
 from channels_app import api_docs as docs
 from channels_app import fanout, services, streams
 from channels_app.access import Viewer
+from channels_app.models import Turn
 from channels_app.auth import authenticate_headers
 from channels_app.errors import ApplicationError, error_response, from_drf
 from channels_app.api_fields import (ConversationFields, IdentityFields, channel_field, client_id_field,
@@ -119,16 +120,18 @@ class ActivityStreamApi(_StreamView):
 
 # --- stop and steering -------------------------------------------------------
 
-def _turn_named(serializer_class, request, action: str):
-    """Validate a stop/steering body and find the turn it names, as far as its viewer may act on it."""
+def _body_of(serializer_class, request) -> tuple[Viewer, dict]:
+    """A stop/steering body, validated, and whom it acts for."""
     ser = serializer_class(data=request.data)
     ser.is_valid(raise_exception=True)
-    d = ser.validated_data
-    viewer = _viewer(request.user, d)
-    turn = streams.turn_for_action(viewer=viewer, conversation_id=d["conversation_id"],
+    return _viewer(request.user, ser.validated_data), ser.validated_data
+
+
+def _turn_named(viewer: Viewer, d: dict, action: str) -> Turn:
+    """The turn a stop/steering body names, as far as its viewer may act on it."""
+    return streams.turn_for_action(viewer=viewer, conversation_id=d["conversation_id"],
                                    client_id=d.get("client_id", ""), channel=d.get("channel", "web"),
                                    turn_id=d.get("turn_id"), action=action)
-    return viewer, turn, d
 
 
 class StopApi(APIView):
@@ -144,7 +147,8 @@ class StopApi(APIView):
                    request={"application/json": InputSerializer},
                    responses={202: docs.StopSerializer, **docs.errors(400, 401, 403, 404, 409)})
     def post(self, request):
-        viewer, turn, d = _turn_named(self.InputSerializer, request, streams.STOP)
+        viewer, d = _body_of(self.InputSerializer, request)
+        turn = _turn_named(viewer, d, streams.STOP)
         return Response(streams.turn_stop(viewer=viewer, turn=turn), status=202)
 
 
@@ -156,6 +160,9 @@ class SteeringApi(APIView):
     class InputSerializer(ConversationFields):
         turn_id = serializers.CharField(required=False, max_length=100)
         message = serializers.CharField(max_length=32000, trim_whitespace=False)
+        client_message_id = serializers.CharField(required=False, max_length=255, help_text=(
+            "Idempotency key: a resend (same key, same words) is answered with the first steering, "
+            "duplicate: true, and steers nothing again; other words under the key are a 409."))
 
         class Meta:
             ref_name = "SteeringRequest"
@@ -169,11 +176,23 @@ class SteeringApi(APIView):
                    request={"application/json": InputSerializer},
                    responses={202: docs.SteeringSerializer, **docs.errors(400, 401, 403, 404, 409)})
     def post(self, request):
-        viewer, turn, d = _turn_named(self.InputSerializer, request, streams.STEER)
-        steering = streams.turn_steer(viewer=viewer, turn=turn, message=d["message"])
-        return Response({"object": "ugent.steering", "id": steering.id,
-                         "conversation_id": turn.conversation.external_id, "turn_id": turn.turn_id,
-                         "state": steering.state}, status=202)
+        viewer, d = _body_of(self.InputSerializer, request)
+        key = d.get("client_message_id") or ""
+        steering = None
+        if key:  # a resend after a lost answer, found even once its turn has ended
+            conv = _conversation(viewer, d)
+            steering = streams.steering_repeat(conversation=conv, client_message_id=key, message=d["message"])
+        duplicate = steering is not None
+        if steering is None:
+            turn = _turn_named(viewer, d, streams.STEER)
+            steering, new = streams.turn_steer(viewer=viewer, turn=turn, message=d["message"], client_message_id=key)
+            duplicate = not new
+        turn = steering.turn
+        body = {"object": "ugent.steering", "id": steering.id, "conversation_id": turn.conversation.external_id,
+                "turn_id": turn.turn_id, "state": steering.state}
+        if duplicate:
+            body["duplicate"] = True
+        return Response(body, status=202)
 
 
 # --- snapshots and history ---------------------------------------------------

@@ -233,7 +233,7 @@ def command_steering(ctx: CommandContext) -> dict:
     turn = streams.turn_for_action(viewer=ctx.viewer, conversation_id=conversation.external_id,
                                    client_id=conversation.client_id, channel=conversation.channel,
                                    turn_id=ctx.turn_id, action=streams.STEER)
-    steering = streams.turn_steer(viewer=ctx.viewer, turn=turn, message=ctx.args)
+    steering, _new = streams.turn_steer(viewer=ctx.viewer, turn=turn, message=ctx.args)
     return _result(ctx, f"Steering queued for turn {turn.turn_id}: the engine reads it before its next step.",
                    data={"steering_id": steering.id, "turn_id": turn.turn_id, "state": steering.state},
                    changed=True)

@@ -297,10 +297,15 @@ class Steering(TimeStamped):
     text = models.TextField()
     state = models.CharField(max_length=10, choices=SteeringState.choices, default=SteeringState.PENDING)
     applied_at = models.DateTimeField(null=True, blank=True)
+    client_message_id = models.CharField(max_length=255, blank=True, default="", help_text=(
+        "The sender's idempotency key, if it sent one: a repeat is answered with this steering and adds none."))
 
     class Meta:
         # the runner asks "is anything pending for this turn?" between engine steps
         indexes = [models.Index(fields=["turn", "state"], name="steering_turn_state")]
+        constraints = [models.UniqueConstraint(fields=["turn", "client_message_id"],
+                                               condition=~models.Q(client_message_id=""),
+                                               name="uniq_steering_message")]
 
     def __str__(self):
         return f"steering of {self.turn_id} ({self.state})"

@@ -394,19 +394,42 @@ def turn_stop_request(*, turn_pk: int, by: str) -> bool:
     return True
 
 
-def turn_steer(*, viewer: Viewer, turn: Turn, message: str) -> Steering:
-    """Queue a message for a live turn; the runner hands it to the engine before its next step.
+STEERING_KEY_REUSED = ("This client_message_id already steered this conversation with other words: send the new "
+                       "words under a new client_message_id.")
+
+
+def steering_repeat(*, conversation: Conversation, client_message_id: str, message: str) -> Steering | None:
+    """The steering a client sent before under this idempotency key in this conversation (its resend after a
+    lost answer, whether or not its turn still runs); a 409 if the key carried other words."""
+    first = (Steering.objects.select_related("turn")
+             .filter(turn__conversation=conversation, client_message_id=client_message_id).first())
+    if first is not None and first.text != message:
+        raise ApplicationError(STEERING_KEY_REUSED, status=409, code="steering_key_reused",
+                               param="client_message_id")
+    return first
+
+
+def turn_steer(*, viewer: Viewer, turn: Turn, message: str, client_message_id: str = "") -> tuple[Steering, bool]:
+    """Queue a message for a live turn; the runner hands it to the engine before its next step. Returns the
+    steering and whether it is new (False: a keyed copy found the first one).
 
     Taken under the turn's row lock, as the runner's completion is, so a steering is either
-    applied or refused here, never silently lost to a turn that finished meanwhile."""
+    applied or refused here, never silently lost to a turn that finished meanwhile. Two copies of one
+    keyed steering racing here meet on the lock: the second finds the first (steering_repeat)."""
     with transaction.atomic():
         locked = Turn.objects.select_for_update(no_key=True).get(pk=turn.pk)
+        if client_message_id:
+            first = steering_repeat(conversation=turn.conversation, client_message_id=client_message_id,
+                                    message=message)
+            if first is not None:
+                return first, False
         if locked.state not in LIVE_TURN_STATES:
             raise _finished(locked, "steering reaches only a running turn. Send the message as a new turn.")
         if locked.cancel_requested:
             raise ApplicationError("This turn is stopping: send the message as a new turn.", status=409,
                                    code="turn_stopping", param="turn_id", extra={"turn_id": turn.turn_id})
-        return Steering.objects.create(turn=locked, actor=viewer.actor, text=message)
+        return Steering.objects.create(turn=locked, actor=viewer.actor, text=message,
+                                       client_message_id=client_message_id), True
 
 
 # --- retention ---------------------------------------------------------------

@@ -193,3 +193,32 @@ def test_steering_left_on_a_stopped_turn_is_dropped_and_says_so(tcast, monkeypat
     assert Event.objects.filter(type="turn.steering_dropped").exists()
     resp = post("/v1/ugent/steering", tcast.alice, conversation_id="ca", turn_id=turn.turn_id, message="more")
     assert resp.status_code == 409
+
+
+def test_a_resent_steering_steers_once_even_after_its_turn_ended(tcast, threaded_turns):
+    # a client whose 202 was lost sends the same steering again under its key: the turn is steered once
+    turn = start_slow(tcast.alice)
+    first = post("/v1/ugent/steering", tcast.alice, conversation_id="ca", message=SLOW, client_message_id="s1")
+    again = post("/v1/ugent/steering", tcast.alice, conversation_id="ca", message=SLOW, client_message_id="s1")
+    assert first.status_code == again.status_code == 202, again.content
+    assert "duplicate" not in first.json() and again.json()["duplicate"] is True
+    assert again.json()["id"] == first.json()["id"] and again.json()["turn_id"] == turn.turn_id
+    assert Steering.objects.filter(turn=turn).count() == 1
+    other = post("/v1/ugent/steering", tcast.alice, conversation_id="ca", message="other words",
+                 client_message_id="s1")
+    assert other.status_code == 409 and other.json()["error"]["code"] == "steering_key_reused"
+    post("/v1/ugent/stop", tcast.alice, conversation_id="ca")
+    finished(turn)
+    late = post("/v1/ugent/steering", tcast.alice, conversation_id="ca", message=SLOW, client_message_id="s1")
+    assert late.status_code == 202 and late.json()["duplicate"] is True and late.json()["id"] == first.json()["id"]
+    assert Steering.objects.count() == 1
+    # someone else's key in the conversation tells nothing: the conversation is not theirs
+    assert post("/v1/ugent/steering", tcast.bob, conversation_id="ca", message=SLOW,
+                client_message_id="s1").status_code == 404
+
+
+def test_an_unkeyed_steering_sent_twice_steers_twice(tcast, threaded_turns):
+    start_slow(tcast.alice)
+    for _ in range(2):
+        assert post("/v1/ugent/steering", tcast.alice, conversation_id="ca", message=SLOW).status_code == 202
+    assert Steering.objects.count() == 2
