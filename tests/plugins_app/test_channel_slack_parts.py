@@ -234,3 +234,25 @@ def test_channel_slack_is_a_builtin_kind_a_plugins_toml_entry_needs_no_command_f
                                'args = ["--mode", "socket"]\nenv_refs = ["SLACK_BOT_TOKEN", "SLACK_APP_TOKEN"]\n')
     assert selectors.plugin_argv(Plugin.objects.get()) == (
         sys.executable, ["-m", "plugins_app.channel.workers.slack", "--mode", "socket"])
+
+
+@pytest.mark.parametrize("headers", [
+    {},  # neither header
+    {"X-Slack-Signature": "v0=00"},  # no timestamp
+    {"X-Slack-Request-Timestamp": "abc", "X-Slack-Signature": "v0=00"},
+    {"X-Slack-Request-Timestamp": "1e3", "X-Slack-Signature": "v0=00"},
+    {"X-Slack-Request-Timestamp": "1700000000"},  # no signature
+], ids=["none", "no-timestamp", "timestamp-abc", "timestamp-1e3", "no-signature"])
+def test_a_request_without_both_headers_or_with_a_timestamp_that_is_no_integer_is_answered_401(headers):
+    """(slack_sdk's verifier raised on int(timestamp): the connection closed with no answer at all.)"""
+    import httpx
+    records: list = []
+    server = EventsServer("127.0.0.1:0", "/slack/events", "s3cret", records.append)
+    server.start()
+    try:
+        answer = httpx.post(server.url, content=json.dumps(payload(message())).encode(),
+                            headers={"Content-Type": "application/json", **headers})
+        assert (answer.status_code, answer.json()) == (401, {"ok": False, "error": "invalid signature"})
+    finally:
+        server.stop()
+    assert records == []

@@ -142,3 +142,44 @@ def test_telegrams_webhook_and_gmails_push_endpoint_are_bounded_too():
         source = inspect.getsource(module)
         assert "BoundedHTTPServer(" in source and "ThreadingHTTPServer(" not in source, module.__name__
     assert issubclass(BoundedHTTPServer, __import__("http.server").server.ThreadingHTTPServer)
+
+
+def test_a_body_sent_chunked_is_answered_411_and_its_chunks_are_never_read_as_a_next_request(server, caplog):
+    """(The stdlib reads no chunks: the body was taken as empty, and the chunk-size line parsed as a request.)"""
+    body = b'{"a": 1}'
+    chunked = (b"POST /hook HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+               + f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n")
+    with caplog.at_level("WARNING", logger="ugent.worker.webhook"):
+        answered = raw_exchange(server, chunked)
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", answered) == [b"411"] and server.seen == []
+    assert "Transfer-Encoding" in caplog.text
+
+
+@pytest.mark.parametrize("length", [b"abc", b"-5", b"1e3"])
+def test_a_length_that_is_no_number_is_answered_400_unread(server, length):
+    inner = b"POST /hook HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+    answered = raw_exchange(server, b"POST /hook HTTP/1.1\r\nHost: x\r\nContent-Length: " + length + b"\r\n\r\n" + inner)
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", answered) == [b"400"] and server.seen == []
+
+
+def test_a_receiver_that_raises_is_answered_500_and_logged_once_with_its_traceback(caplog, capsys):
+    import logging
+
+    class Failing(Recorder):
+        log = logging.getLogger("ugent.worker.test.failing")
+
+        def respond(self, method, target, headers, body):
+            raise RuntimeError("the receiver broke")
+
+    server = Failing()
+    server.start()
+    try:
+        with caplog.at_level("ERROR", logger="ugent.worker.test.failing"):
+            answer = httpx.post(server.url, content=b"{}")
+            again = httpx.post(server.url, content=b"{}")  # and the server goes on serving
+    finally:
+        server.stop()
+    assert (answer.status_code, again.status_code) == (500, 500)
+    failures = [r for r in caplog.records if r.name == "ugent.worker.test.failing"]
+    assert len(failures) == 2 and all(r.exc_info and r.exc_info[0] is RuntimeError for r in failures)
+    assert "Traceback" not in capsys.readouterr().err  # not the socketserver's own print as well

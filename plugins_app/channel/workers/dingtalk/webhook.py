@@ -54,6 +54,7 @@ class WebhookServer(SdkWebhookServer):
 
     name = "dingtalk-webhook"
     max_body_bytes = MAX_BODY_BYTES
+    log = log
 
     def __init__(self, bind: str, path: str, app_secret: str, on_message: Callable[[dict], None]):
         super().__init__(bind, path)

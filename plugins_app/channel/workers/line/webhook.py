@@ -39,6 +39,7 @@ class WebhookServer(SdkWebhookServer):
 
     name = "line-webhook"
     max_body_bytes = MAX_BODY_BYTES
+    log = log
 
     def __init__(self, bind: str, path: str, channel_secret: str, on_payload: Callable[[dict], None]):
         super().__init__(bind, path)

@@ -26,6 +26,7 @@ class EventsServer(WebhookServer):
 
     name = "slack-webhook"
     max_body_bytes = MAX_BODY_BYTES
+    log = log
 
     def __init__(self, bind: str, path: str, signing_secret: str, on_payload: Callable[[dict], None],
                  *, verifier: SignatureVerifier | None = None):
@@ -44,8 +45,12 @@ class EventsServer(WebhookServer):
             return 404, {"ok": False, "error": "not_found"}
         if body is None:
             return 413, {"ok": False, "error": "request body too large"}
-        timestamp = headers.get("X-Slack-Request-Timestamp") or ""
+        timestamp = (headers.get("X-Slack-Request-Timestamp") or "").strip()
         signature = headers.get("X-Slack-Signature") or ""
+        if not (signature and timestamp.isascii() and timestamp.isdigit()):
+            # (slack_sdk's verifier does int(timestamp) and raises on anything else)
+            log.warning("refused a request without a Slack signature or an integer X-Slack-Request-Timestamp")
+            return 401, {"ok": False, "error": "invalid signature"}
         if not self.verifier.is_valid(body=body, timestamp=timestamp, signature=signature):
             log.warning("refused a request whose Slack signature does not verify (or is older than 5 minutes)")
             return 401, {"ok": False, "error": "invalid signature"}

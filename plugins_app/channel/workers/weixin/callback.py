@@ -128,6 +128,7 @@ class CallbackServer(WebhookServer):
 
     name = "weixin-callback"
     max_body_bytes = MAX_BODY_BYTES
+    log = log
 
     def __init__(self, bind: str, path: str, token: str, crypto: MsgCrypt | None,
                  on_message: Callable[[dict], None], *, max_age_secs: float = 300.0,

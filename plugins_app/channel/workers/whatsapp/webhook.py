@@ -58,6 +58,7 @@ class WebhookServer(SdkWebhookServer):
 
     name = "whatsapp-webhook"
     max_body_bytes = MAX_BODY_BYTES
+    log = log
 
     def __init__(self, bind: str, path: str, *, app_secret: str, verify_token: str,
                  on_payload: Callable[[dict], None]):
