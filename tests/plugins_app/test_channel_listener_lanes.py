@@ -366,6 +366,33 @@ def test_telegram_webhook_a_post_whose_length_is_not_a_number_is_answered_400_an
         running.stop()
 
 
+def test_telegram_webhook_a_chunked_post_is_answered_411_once_and_its_chunks_are_not_read_as_a_request(telegram):
+    """(Its body was read as 0 bytes, answered 400, and the chunk-size line then parsed as a next request.)"""
+    import re
+    import socket
+    import urllib.parse
+    fake, bridge, state, release = telegram
+    running = Running(telegram_worker(bridge, state, WEBHOOK_ARGS))
+    try:
+        assert wait(lambda: fake.webhook["url"]), "the webhook was not set"
+        url = urllib.parse.urlsplit(fake.webhook["url"])
+        body = json.dumps(fake.new_update(message=fake.message(9, "hi"))).encode()
+        request = (f"POST {url.path} HTTP/1.1\r\nHost: {url.hostname}\r\n"
+                   f"X-Telegram-Bot-Api-Secret-Token: {fake.webhook['secret_token']}\r\n"
+                   "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n").encode()
+        request += f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+        answer = b""
+        with socket.create_connection((url.hostname, url.port), 5) as sock:
+            sock.sendall(request)
+            while chunk := sock.recv(4096):  # until the server closes the connection
+                answer += chunk
+        assert re.findall(rb"HTTP/1\.1 (\d{3}) ", answer) == [b"411"], answer
+        time.sleep(0.5)  # (a submit would show now)
+        assert bridge.submit_log == []
+    finally:
+        running.stop()
+
+
 def test_telegram_webhook_the_hub_away_does_not_hold_the_request_and_a_press_is_answered_once_it_is_back(
         telegram):
     fake, bridge, state, release = telegram
