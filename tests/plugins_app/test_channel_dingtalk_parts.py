@@ -92,8 +92,46 @@ def test_the_webhook_records_only_what_is_signed_and_recent_and_answers_401_othe
     assert s.handle("/dingtalk/robot", good, None)[0] == 413
     assert s.handle("/dingtalk/robot", good, body) == (200, {})
     assert records == [json.loads(body)]
-    assert s.handle("/dingtalk/robot", good, b"not json")[0] == 400
-    assert s.handle("/dingtalk/robot", good, b"[1]")[0] == 400
+    for n, bad in enumerate([b"not json", b"[1]"], 1):  # (each under a sign of its own: a sign takes one body)
+        fresh = {"timestamp": str(now + n), "sign": signature("s3cret", str(now + n))}
+        assert s.handle("/dingtalk/robot", fresh, bad)[0] == 400
+
+
+def test_a_sign_carries_only_the_body_it_first_came_with_across_a_restart_over_http(tmp_path):
+    """DingTalk's sign covers only the timestamp: one captured (timestamp, sign) carried ANY body for the hour
+    (a new msgId, any sender). Now it carries the first body it came with (DingTalk sending it again), and
+    a restarted worker still knows it."""
+    records: list = []
+    seen = str(tmp_path / "dt.dingtalk-seen.log")
+    ts = str(int(time.time() * 1000))
+    headers = {"Content-Type": "application/json", "timestamp": ts, "sign": signature("s3cret", ts)}
+    real = json.dumps({"msgId": "m1", "conversationType": "1", "senderStaffId": "alice", "msgtype": "text",
+                       "text": {"content": "hi"}}).encode()
+    forged = json.dumps({"msgId": "m-forged", "conversationType": "1", "senderStaffId": "ceo", "msgtype": "text",
+                         "text": {"content": "/model x"}}).encode()
+
+    def serve():
+        s = WebhookServer("127.0.0.1:0", "/dingtalk/robot", "s3cret", records.append, seen_path=seen)
+        s.start()
+        return s
+
+    s = serve()
+    try:
+        assert httpx.post(s.url, content=real, headers=headers).status_code == 200
+        refused = httpx.post(s.url, content=forged, headers=headers)
+        assert (refused.status_code, refused.json()) == (401, {"message": "Invalid sign or timestamp"})
+        assert httpx.post(s.url, content=real, headers=headers).status_code == 200  # DingTalk sending it again
+    finally:
+        s.stop()
+    s = serve()  # the worker restarted within the hour
+    try:
+        assert httpx.post(s.url, content=forged, headers=headers).status_code == 401
+        ts2 = str(int(ts) + 1)
+        assert httpx.post(s.url, content=forged, headers=dict(headers, timestamp=ts2,
+                                                              sign=signature("s3cret", ts2))).status_code == 200
+    finally:
+        s.stop()
+    assert [r["msgId"] for r in records] == ["m1", "m1", "m-forged"]  # the last one signed afresh
 
 
 def test_a_message_that_cannot_be_recorded_is_answered_500():
@@ -494,12 +532,17 @@ def test_a_session_webhook_send_counts_as_sent_only_for_errcode_0_and_waits_out_
 
 
 def test_the_session_store_keeps_each_conversations_newest_webhook_across_restarts(tmp_path):
-    from plugins_app.channel.workers.dingtalk.session import SessionStore
+    """The newest message's session, never the one whose body says it lasts longest (a forged body said
+    2100: every later answer of the conversation went to its URL), and never past two hours from now."""
+    from plugins_app.channel.workers.dingtalk.session import MAX_SESSION_MS, SessionStore
     path = str(tmp_path / "sessions.json")
-    later = int(time.time() * 1000) + 3_600_000
+    now = int(time.time() * 1000)
+    later = now + 3_600_000
     store = SessionStore(path)
+    store.remember("user:a", "https://oapi.dingtalk.com/robot/sendBySession?session=forged", 4102444800000)
+    [(_, capped)] = [store.get("user:a")]
+    assert now + MAX_SESSION_MS <= capped <= int(time.time() * 1000) + MAX_SESSION_MS
     store.remember("user:a", "https://oapi.dingtalk.com/robot/sendBySession?session=new", later)
-    store.remember("user:a", "https://oapi.dingtalk.com/robot/sendBySession?session=old", later - 60_000)
     store.remember("user:b", "https://oapi.dingtalk.com/robot/sendBySession?session=gone", 1)
     again = SessionStore(path)  # a restarted worker
     assert again.get("user:a") == ("https://oapi.dingtalk.com/robot/sendBySession?session=new", later)

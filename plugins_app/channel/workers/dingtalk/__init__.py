@@ -10,7 +10,8 @@ set, which is what DingTalk gives an app's robot), ``DINGTALK_API_BASE_URL`` (de
 ``https://api.dingtalk.com``, only to point the worker at a test's fake). Operators' page: docs/channels/dingtalk.md.
 
 * **Inbound.** A webhook server (``webhook.py``) at the robot's *message receiving address* (HTTP mode):
-  ``timestamp`` and ``sign`` checked in constant time, a timestamp more than an hour away refused; answered
+  ``timestamp`` and ``sign`` checked in constant time, a timestamp more than an hour away refused, and a
+  sign taken with one body only (it does not cover the body: another body under it is a forgery); answered
   200 once the message is in the worker's outbox. Messages of type text, richText, picture, file, audio
   (with DingTalk's recognition text as the message's text) and video become ``InboundMessage``s whose
   ``message_id`` is DingTalk's ``msgId``, so a message DingTalk sends again (HTTP mode: it retries a callback
@@ -55,8 +56,8 @@ set, which is what DingTalk gives an app's robot), ``DINGTALK_API_BASE_URL`` (de
   / ``.empty`` / ``.coolApp`` (the robot is not in that group), and any other 4xx of a send, fails that
   delivery permanently with DingTalk's reason.
 * **Without app credentials** (no ``DINGTALK_APP_KEY``; the secret still verifies the sign): each answer goes
-  to the newest ``sessionWebhook`` of its conversation (kept in a JSON file beside the outbox) while it is
-  valid (about 90 minutes; ``DINGTALK_OAPI_BASE_URL``, default ``https://oapi.dingtalk.com``, is the only
+  to the ``sessionWebhook`` of its conversation's newest message (kept in a JSON file beside the outbox)
+  while it is valid (about 90 minutes, never trusted past two hours; ``DINGTALK_OAPI_BASE_URL``, default ``https://oapi.dingtalk.com``, is the only
   host the worker posts such a URL to); after that the delivery is dead-lettered with the reason. Files
   are not downloaded, nor sent (a note for each): the message says so in its text.
 """
@@ -366,7 +367,8 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
             self.log.info("dingtalk: app %s, robot %s via %s", self.app_key, self.robot_code, self.base_url)
         self._journal = SentJournal(state.replace(".outbox.", ".dingtalk-sent."))
         from .webhook import WebhookServer
-        self.server = WebhookServer(self.opts.bind, self.opts.path, self.app_secret, self.accept)
+        self.server = WebhookServer(self.opts.bind, self.opts.path, self.app_secret, self.accept,
+                                    seen_path=state.replace(".outbox.sqlite3", ".dingtalk-seen.log"))
         self.server.start()
         self.log.info("dingtalk: webhook listening on %s", self.server.url)
 

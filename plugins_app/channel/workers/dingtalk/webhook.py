@@ -4,8 +4,12 @@ DingTalk signs each request: ``sign`` = base64(HMAC-SHA256(key = the app's AppSe
 ``timestamp`` header (milliseconds) + "\\n" + AppSecret)), no URL encoding (that is the custom robot's
 outbound form). A request is taken only when the sign matches (compared in constant time) and the
 timestamp is within an hour of this host's clock, as DingTalk's robot docs ask; anything else is answered
-401 and nothing is recorded. The sign covers the timestamp only, not the body: within that hour a
-captured request could be replayed, and the ``msgId`` keeps a replay from running a second turn.
+401 and nothing is recorded. The sign covers the timestamp only, not the body: whoever saw one request's
+headers could send any body under them for up to two hours (a new ``msgId``, any sender) — a forgery, not
+a replay. So each sign is tied to the first body it came with (its SHA-256, ``SeenLog``, kept for as long
+as the timestamp can be fresh in a file of the worker's own, so a restart forgets none of it): the same
+body again is DingTalk sending it again (taken, and the ``msgId`` keeps it from running a second turn);
+another body under a sign already used is answered 401 and records nothing.
 
 A request is answered 200 only once its message is in the worker's outbox; DingTalk may send a message
 again, and the ``msgId`` keeps that from running a second turn.
@@ -20,6 +24,7 @@ import logging
 import time
 from typing import Callable
 
+from plugins_app.channel.sdk.seen import SeenLog
 from plugins_app.channel.sdk.webhook import WebhookServer as SdkWebhookServer
 
 log = logging.getLogger("ugent.worker.dingtalk.webhook")
@@ -56,10 +61,14 @@ class WebhookServer(SdkWebhookServer):
     max_body_bytes = MAX_BODY_BYTES
     log = log
 
-    def __init__(self, bind: str, path: str, app_secret: str, on_message: Callable[[dict], None]):
+    def __init__(self, bind: str, path: str, app_secret: str, on_message: Callable[[dict], None], *,
+                 seen_path: str | None = None, clock: Callable[[], float] = time.time):
         super().__init__(bind, path)
         self.app_secret = app_secret
         self.on_message = on_message
+        # sign -> (when, the SHA-256 of the body it first came with), on disk at ``seen_path``: a timestamp is
+        # fresh from an hour before this host's clock to an hour after, so a sign may be offered for two hours
+        self._seen = SeenLog(seen_path, 2 * MAX_SKEW_MS / 1000 + 60, clock)
 
     def respond(self, method: str, target: str, headers, body: bytes | None) -> tuple[int, dict]:
         if method != "POST":
@@ -76,6 +85,10 @@ class WebhookServer(SdkWebhookServer):
             log.warning("refused a request whose sign is missing or does not verify, or whose timestamp is more "
                         "than an hour away")
             return 401, {"message": "Invalid sign or timestamp"}
+        if not self._seen.first_use(headers.get("sign"), hashlib.sha256(body).digest()):
+            log.warning("refused a request whose sign came before with another body (the sign covers only the "
+                        "timestamp: someone who saw that request's headers sent a body of theirs)")
+            return 401, {"message": "Invalid sign or timestamp"}
         try:
             message = json.loads(body)
         except ValueError:
@@ -88,3 +101,7 @@ class WebhookServer(SdkWebhookServer):
             log.exception("could not record message %s", message.get("msgId"))
             return 500, {"message": "Not recorded"}
         return 200, {}
+
+    def stop(self) -> None:
+        super().stop()
+        self._seen.close()
