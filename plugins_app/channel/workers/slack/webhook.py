@@ -3,7 +3,7 @@
 A slash command comes here too, as a form POST (``command``, ``text``, ``trigger_id``...), signed the same
 way. A request is answered only after its event is safe in the worker's outbox, and within
 Slack's 3 seconds (the hub is asked afterwards), so a retry (``X-Slack-Retry-Num``) is rare and,
-when it comes, is recognised by its ``event_id`` and runs nothing.
+when it comes, is recognised by its message's channel and ``ts`` (its ``message_id``) and runs nothing.
 """
 from __future__ import annotations
 
