@@ -6,8 +6,9 @@ until one ends, so a flood of connections costs no more memory than that many th
 ``connection_deadline``, so a client trickling bytes cannot hold a thread), a body read whole up to
 ``max_body_bytes`` (``read_body``: past it the body is not read, the request's handler gets ``None`` and the
 connection is closed after the answer, so the unread bytes are never taken for a next request; a length
-that is no number or negative is answered 400, and a body sent with ``Transfer-Encoding`` (chunked) 411,
-both without reading it and closing the connection), ``timeout`` seconds for a connection (a client that
+that is no number or negative, or given twice with different values, is answered 400, and a body sent with
+``Transfer-Encoding`` (chunked) 411, both without reading it and closing the connection; a body that ends
+before its length is answered 400 and closes the connection, the request never handed on), ``timeout`` seconds for a connection (a client that
 stalls holds no thread), and answers as ``(status, body)``: a dict is sent as JSON, a str as UTF-8 text.
 
 A worker's server subclasses it and answers in ``respond(method, target, headers, body)``: verify the
@@ -48,12 +49,17 @@ class BodyRefused(Exception):
 def body_length(headers, max_bytes: int) -> int:
     """The length of the body a request's ``headers`` announce, checked before a byte of it is read:
     ``BodyRefused`` for a body sent with ``Transfer-Encoding`` (411: the stdlib's server reads no chunks, and
-    would take the chunk-size line for a next request), a Content-Length that is no number or negative (400),
-    or one past ``max_bytes`` (413)."""
+    would take the chunk-size line for a next request), Content-Length headers with different values (400: a
+    proxy in front may have taken the other, and the bytes past the one taken would be read as a next request:
+    request smuggling), a Content-Length that is no number or negative (400), or one past ``max_bytes`` (413)."""
     if headers.get("Transfer-Encoding"):
         raise BodyRefused(411, f"a body sent with Transfer-Encoding: {headers.get('Transfer-Encoding')} is not "
                                "read; send it with a Content-Length")
-    raw = (headers.get("Content-Length") or "0").strip()
+    given = {v.strip() for v in (headers.get_all("Content-Length") or [])}
+    if len(given) > 1:  # RFC 7230 §3.3.3: which one a proxy took is unknown, the rest would be read as a request
+        raise BodyRefused(400, f"Content-Length given {len(given)} different values: "
+                               f"{', '.join(sorted(v[:20] for v in given))[:80]}")
+    raw = given.pop() if given else "0"
     if not (raw.isascii() and raw.isdigit()):
         raise BodyRefused(400, f"Content-Length {raw[:40]!r} is not a length")
     length = int(raw)
@@ -65,13 +71,33 @@ def body_length(headers, max_bytes: int) -> int:
 def read_body(handler: BaseHTTPRequestHandler, max_bytes: int) -> bytes:
     """The request's body, read whole (``body_length`` checks it first). When it is refused (``BodyRefused``)
     it is not read, and the connection is closed after the answer: its bytes must not be taken for a next
-    request."""
+    request. A body that ends before its Content-Length (the client half-closed, a proxy gave up, the
+    connection's deadline cut it) is refused too (400), never handed on short: part of a message is not the
+    message, and a platform whose signature does not cover the body would tie it to the part."""
     try:
         length = body_length(handler.headers, max_bytes)
     except BodyRefused:
         handler.close_connection = True
         raise
-    return handler.rfile.read(length) if length else b""
+    if not length:
+        return b""
+    try:
+        body = handler.rfile.read(length)
+    except OSError:  # (the connection cut, or silent past the handler's timeout)
+        body = b""
+    if len(body) < length:
+        handler.close_connection = True
+        raise BodyRefused(400, f"body ended after {len(body)} of {length} bytes")
+    return body
+
+
+def json_loads_bounded(data: bytes | str) -> Any:
+    """``json.loads``, with JSON nested past the interpreter's depth a ``ValueError`` like any other body that
+    is not JSON (``json`` raises ``RecursionError`` for it): a webhook answers it 400, never 500."""
+    try:
+        return json.loads(data)
+    except RecursionError as exc:
+        raise ValueError("JSON nested too deep") from exc
 
 
 class BoundedHTTPServer(ThreadingHTTPServer):

@@ -25,7 +25,7 @@ import time
 from http.server import BaseHTTPRequestHandler
 
 from plugins_app.channel.sdk import ChannelRefused, DeliveryFailed
-from plugins_app.channel.sdk.webhook import BodyRefused, BoundedHTTPServer, body_length
+from plugins_app.channel.sdk.webhook import BodyRefused, BoundedHTTPServer, body_length, read_body
 
 DEFAULT_API = "https://gmail.googleapis.com/gmail/v1/"
 DEFAULT_TOKEN_URL = "https://oauth2.googleapis.com/token"
@@ -152,7 +152,7 @@ class GmailPush:
 
             def _take(self) -> int:
                 try:
-                    length = body_length(self.headers, MAX_PUSH_BYTES)
+                    body_length(self.headers, MAX_PUSH_BYTES)
                 except BodyRefused as exc:
                     self.close_connection = True  # its body is never read: it must not be taken for a request
                     log.warning("push refused (%d): %s", exc.status, exc.reason)
@@ -161,7 +161,12 @@ class GmailPush:
                 if status is not None:
                     self.close_connection = True
                     return status
-                return push.notified(self.rfile.read(length) if length else b"")
+                try:
+                    body = read_body(self, MAX_PUSH_BYTES)  # (a body cut short: 400, never handed on)
+                except BodyRefused as exc:
+                    log.warning("push refused (%d): %s", exc.status, exc.reason)
+                    return exc.status
+                return push.notified(body)
 
             def log_message(self, fmt, *a):
                 log.debug("push endpoint: " + fmt, *a)

@@ -7,14 +7,13 @@ when it comes, is recognised by its message's channel and ``ts`` (its ``message_
 """
 from __future__ import annotations
 
-import json
 import logging
 from typing import Callable
 from urllib.parse import parse_qs
 
 from slack_sdk.signature import SignatureVerifier
 
-from plugins_app.channel.sdk.webhook import WebhookServer
+from plugins_app.channel.sdk.webhook import WebhookServer, json_loads_bounded
 
 log = logging.getLogger("ugent.worker.slack.webhook")
 
@@ -65,7 +64,7 @@ class EventsServer(WebhookServer):
                 return 500, {"ok": False, "error": "not recorded"}
             return 200, ""
         try:
-            payload = json.loads(body)
+            payload = json_loads_bounded(body)
         except ValueError:
             return 400, {"ok": False, "error": "body is not JSON"}
         if not isinstance(payload, dict):

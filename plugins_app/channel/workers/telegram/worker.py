@@ -22,7 +22,8 @@ from plugins_app.channel.sdk.download import MEDIA_TIMEOUT_SECS
 from plugins_app.channel.sdk.journal import SentJournal
 from plugins_app.channel.sdk.outbox import PENDING, outbox_path_for
 from plugins_app.channel.sdk.text import split_text, utf16_len
-from plugins_app.channel.sdk.webhook import BodyRefused, BoundedHTTPServer, InboxLanes, WebhookInbox, read_body
+from plugins_app.channel.sdk.webhook import (BodyRefused, BoundedHTTPServer, InboxLanes, WebhookInbox, json_loads_bounded,
+                                             read_body)
 from plugins_app.channel.sdk.worker import HOLD_ATTEMPTS
 
 from . import DESCRIPTION, KIND
@@ -442,20 +443,24 @@ class TelegramWorker(WebhookInbox, ChannelWorker):
                 pass
 
             def do_POST(self):
-                try:  # (a length that is no number, a chunked body, one too large: unread, the connection closed)
+                # the path and the secret before a byte of the body: a refused POST's body is never read, and
+                # the connection is closed (its unread bytes must not be taken for a next request)
+                if self.path.split("?")[0] != path:
+                    self.close_connection = True
+                    return self._reply(404)
+                given = self.headers.get("X-Telegram-Bot-Api-Secret-Token") or ""
+                if not hmac.compare_digest(given.encode(), secret.encode()):
+                    worker.log.warning("webhook POST without the right secret token from %s", self.client_address[0])
+                    self.close_connection = True
+                    return self._reply(403)
+                try:  # (a length that is no number, a chunked body, one too large or cut short: the connection closed)
                     body = read_body(self, WEBHOOK_MAX_BODY_BYTES)
                 except BodyRefused as exc:
                     worker.log.warning("webhook POST from %s refused (%d): %s", self.client_address[0], exc.status,
                                        exc.reason)
                     return self._reply(exc.status)
-                if self.path.split("?")[0] != path:
-                    return self._reply(404)
-                given = self.headers.get("X-Telegram-Bot-Api-Secret-Token") or ""
-                if not hmac.compare_digest(given.encode(), secret.encode()):
-                    worker.log.warning("webhook POST without the right secret token from %s", self.client_address[0])
-                    return self._reply(403)
                 try:
-                    update = json.loads(body)
+                    update = json_loads_bounded(body)
                     if not isinstance(update, dict):
                         raise ValueError("not an object")
                 except ValueError:
