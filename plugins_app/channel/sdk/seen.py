@@ -1,11 +1,12 @@
-"""The signatures a webhook took, each tied to the body it first came with: for a platform whose signature
-does not cover the body (WeChat's plaintext mode signs a timestamp and nonce; DingTalk's robot signs only the
-timestamp), so a captured signature carries no other body while it is still fresh.
+"""The signatures a webhook took, each tied to what it first came with (a digest: of the body, or of the
+message's identity): for a platform whose signature does not cover the body (WeChat's plaintext mode signs a
+timestamp and nonce; DingTalk's robot signs only the timestamp), so a captured signature carries nothing
+else while it is still fresh.
 
 ``SeenLog.first_use(key, digest)`` says whether ``key`` (the signature) is new, or was seen with this very
-digest (the platform calling again): a second body under it is a forgery. What was seen is kept for
-``keep_secs`` (at least as long as the platform's freshness window) in an append-only file of the worker's
-own, one line a signature (``<at> <key> <digest hex>``), flushed and synced before the request is answered,
+digest (the platform calling again): another digest under it is a forgery (``use`` tells the three apart).
+What was seen is kept for ``keep_secs`` (at least as long as the platform's freshness window) in an
+append-only file of the worker's own, one line a signature (``<at> <key> <digest hex>``), flushed and synced before the request is answered,
 read back at start and compacted when the dead lines outnumber the live ones, so a restart forgets none of it.
 """
 from __future__ import annotations
@@ -14,6 +15,9 @@ import hmac
 import os
 import threading
 from typing import Callable
+
+#: What ``SeenLog.use`` found: the key is new, came before with this digest, or came before with another.
+NEW, AGAIN, OTHER = "new", "again", "other"
 
 
 class SeenLog:
@@ -45,17 +49,27 @@ class SeenLog:
     def first_use(self, key: str, digest: bytes) -> bool:
         """Whether ``key`` is new (then it is recorded with ``digest``, on disk before this returns) or was
         seen with this very ``digest``; False when it came before with another."""
+        return self.use(key, digest) != OTHER
+
+    def use(self, key: str, digest: bytes) -> str:
+        """``NEW`` (``key`` recorded with ``digest``, on disk before this returns), ``AGAIN`` (seen with this
+        very digest) or ``OTHER`` (seen with another: a forgery)."""
         with self._lock:
             self.prune()
             seen = self.entries.get(key)
             if seen is not None:
-                return hmac.compare_digest(seen[1], digest)
+                return AGAIN if hmac.compare_digest(seen[1], digest) else OTHER
             self.add(key, digest)
-            return True
+            return NEW
 
     def prune(self) -> None:
+        """Forget what is older than ``keep_secs``. The entries are in the order they came (a key is added
+        once), so the oldest are first: it stops at the first one still kept."""
         horizon = self._clock() - self.keep_secs
-        for key in [k for k, (at, _) in self.entries.items() if at < horizon]:
+        while self.entries:
+            key, (at, _) = next(iter(self.entries.items()))
+            if at >= horizon:
+                break
             del self.entries[key]
         if self.path is not None and self._lines > 2 * len(self.entries) + 1000:
             self._compact()
