@@ -98,7 +98,7 @@ def test_a_message_event_is_normalised_with_its_channel_and_ts_as_its_idempotenc
                                       user_profile={"display_name": "Ann"}), "Ev42"))
     assert (msg.channel, msg.conversation_id, msg.message_id, msg.sender_id, msg.sender_name, msg.source_type,
             msg.text) == ("slack", "C1/1699999999.000001", "C1:1700000000.000100", "U1", "Ann", "room", "hello")
-    assert msg.reply_to.message_id == "1699999999.000001"
+    assert msg.reply_to.message_id == "C1:1699999999.000001"  # (the thread's first message's message_id)
     assert msg.timestamp == "2023-11-14T22:13:20.000Z"
     assert msg.metadata["ts"] == "1700000000.000100"
 

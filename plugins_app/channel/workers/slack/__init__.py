@@ -316,7 +316,7 @@ class SlackWorker(ChannelWorker):
             message_id=f"press:{action.get('action_ts') or ts}:{user}", sender_id=user,
             sender_name=(payload.get("user") or {}).get("name") or None,
             source_type=source_type(None, channel), text=action["value"],
-            reply_to=ReplyContext(message_id=ts),
+            reply_to=ReplyContext(message_id=message_id_of(channel, ts)),
             metadata={"option": action["value"], "channel": channel, "ts": ts, "event_type": "block_actions"})
 
     def accept(self, payload: dict) -> None:
@@ -390,7 +390,7 @@ class SlackWorker(ChannelWorker):
             source_type=source_type(channel_type, channel), text=text, attachments=attachments,
             timestamp=ts_to_rfc3339(ts) or ts_to_rfc3339(str(payload.get("event_time") or "")) or
             _dt.datetime.now(_dt.timezone.utc).isoformat().replace("+00:00", "Z"),
-            reply_to=ReplyContext(message_id=thread_ts) if thread_ts and thread_ts != ts else None,
+            reply_to=ReplyContext(message_id=message_id_of(channel, thread_ts)) if thread_ts and thread_ts != ts else None,
             metadata={k: v for k, v in {"ts": ts, "thread_ts": thread_ts, "channel": channel,
                                         "team": payload.get("team_id") or event.get("team"),
                                         "event_type": event.get("type")}.items() if v})
