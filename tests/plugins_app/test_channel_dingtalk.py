@@ -366,6 +366,27 @@ def test_without_an_app_key_the_answer_goes_through_the_messages_session_webhook
     assert not ding.calls_to("/v1.0/robot/messageFiles/download") and not PluginMedia.objects.exists()
 
 
+def test_without_an_app_key_a_captured_sign_cannot_carry_a_forged_session_webhook(tcast, ding, start_runtime):
+    """The sign covers only the timestamp: a body forged under a captured (timestamp, sign), with a new msgId
+    and its own sessionWebhook said to last until 2100, took over every later answer of the conversation."""
+    session_plugin()
+    rt = start_runtime()
+    listening(rt, ding)
+    ts = str(int(time.time() * 1000))
+    genuine = ding.text(" script:answer=first", group=True)
+    assert ding.post(genuine, timestamp=ts).status_code == 200
+    assert answered(ding) == ["first"]
+    elsewhere = ding.text("x")["sessionWebhook"]  # a session of another chat, on DingTalk's own host
+    forged = ding.text(" script:answer=leaked", group=True, sessionWebhook=elsewhere,
+                       sessionWebhookExpiredTime=4102444800000)
+    assert ding.post(forged, timestamp=ts).status_code == 401
+    ding.say("script:answer=second", group=True)
+    assert answered(ding, 2) == ["first", "second"]
+    wait_until(lambda: False, 0.5)
+    assert ding.texts() == ["first", "second"] and Receipt.objects.count() == 2
+    assert [s["to"] for s in ding.sent] and not [s for s in ding.sent if elsewhere.endswith(s["to"])]
+
+
 def test_without_an_app_key_an_answer_after_the_session_webhook_expired_is_dead_lettered(tcast, ding, start_runtime):
     session_plugin()
     rt = start_runtime()

@@ -92,8 +92,138 @@ def test_the_webhook_records_only_what_is_signed_and_recent_and_answers_401_othe
     assert s.handle("/dingtalk/robot", good, None)[0] == 413
     assert s.handle("/dingtalk/robot", good, body) == (200, {})
     assert records == [json.loads(body)]
-    assert s.handle("/dingtalk/robot", good, b"not json")[0] == 400
-    assert s.handle("/dingtalk/robot", good, b"[1]")[0] == 400
+    for n, bad in enumerate([b"not json", b"[1]"], 1):  # (each under a sign of its own: a sign takes one body)
+        fresh = {"timestamp": str(now + n), "sign": signature("s3cret", str(now + n))}
+        assert s.handle("/dingtalk/robot", fresh, bad)[0] == 400
+
+
+def test_a_sign_carries_only_the_body_it_first_came_with_across_a_restart_over_http(tmp_path):
+    """DingTalk's sign covers only the timestamp: one captured (timestamp, sign) carried ANY body for the hour
+    (a new msgId, any sender). Now it carries the first body it came with (DingTalk sending it again), and
+    a restarted worker still knows it."""
+    records: list = []
+    seen = str(tmp_path / "dt.dingtalk-seen.log")
+    ts = str(int(time.time() * 1000))
+    headers = {"Content-Type": "application/json", "timestamp": ts, "sign": signature("s3cret", ts)}
+    real = json.dumps({"msgId": "m1", "conversationType": "1", "senderStaffId": "alice", "msgtype": "text",
+                       "text": {"content": "hi"}}).encode()
+    forged = json.dumps({"msgId": "m-forged", "conversationType": "1", "senderStaffId": "ceo", "msgtype": "text",
+                         "text": {"content": "/model x"}}).encode()
+
+    def serve():
+        s = WebhookServer("127.0.0.1:0", "/dingtalk/robot", "s3cret", records.append, seen_path=seen)
+        s.start()
+        return s
+
+    s = serve()
+    try:
+        assert httpx.post(s.url, content=real, headers=headers).status_code == 200
+        refused = httpx.post(s.url, content=forged, headers=headers)
+        assert (refused.status_code, refused.json()) == (401, {"message": "Invalid sign or timestamp"})
+        assert httpx.post(s.url, content=real, headers=headers).status_code == 200  # DingTalk sending it again
+    finally:
+        s.stop()
+    s = serve()  # the worker restarted within the hour
+    try:
+        assert httpx.post(s.url, content=forged, headers=headers).status_code == 401
+        ts2 = str(int(ts) + 1)
+        assert httpx.post(s.url, content=forged, headers=dict(headers, timestamp=ts2,
+                                                              sign=signature("s3cret", ts2))).status_code == 200
+    finally:
+        s.stop()
+    assert [r["msgId"] for r in records] == ["m1", "m1", "m-forged"]  # the last one signed afresh
+
+
+def posted_raw(server, headers: dict, body: bytes, *, length: int | None = None, half_close: bool = False) -> bytes:
+    """One POST over a socket of its own: ``body`` sent under a Content-Length of ``length``, the sending side
+    then closed if asked (a client that stops mid-body); what came back, until the server closed."""
+    import socket
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    with socket.create_connection(server.httpd.server_address[:2], timeout=5) as conn:
+        conn.sendall(f"POST {server.path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{head}Content-Length: "
+                     f"{len(body) if length is None else length}\r\n\r\n".encode() + body)
+        if half_close:
+            conn.shutdown(socket.SHUT_WR)
+        answered = b""
+        while chunk := conn.recv(65536):
+            answered += chunk
+    return answered
+
+
+def test_a_first_try_cut_mid_body_is_refused_and_dingtalks_retry_of_the_whole_message_is_taken():
+    """The cut body was handed on: its hash tied to the sign, so DingTalk's retry (the same headers, the whole
+    body) was refused 401 as a forgery, and the message lost."""
+    records: list = []
+    s = WebhookServer("127.0.0.1:0", "/dingtalk/robot", "s3cret", records.append)
+    s.start()
+    try:
+        ts = str(int(time.time() * 1000))
+        headers = {"timestamp": ts, "sign": signature("s3cret", ts)}
+        body = json.dumps({"msgId": "m1", "msgtype": "text", "text": {"content": "hello there"}}).encode()
+        cut = posted_raw(s, headers, body[:20], length=len(body), half_close=True)
+        assert cut.startswith(b"HTTP/1.1 400 ") and records == []
+        assert posted_raw(s, headers, body).startswith(b"HTTP/1.1 200 ")
+    finally:
+        s.stop()
+    assert records == [json.loads(body)]
+
+
+def robot_message(msg_id: str, conversation: str = "cid1", sender: str = "alice", text: str = "hi", **fields):
+    return dict({"msgId": msg_id, "msgtype": "text", "conversationType": "2", "conversationId": conversation,
+                 "senderStaffId": sender, "senderId": f"$:{sender}", "text": {"content": text},
+                 "sessionWebhook": "https://oapi.dingtalk.com/robot/sendBySession?session=first",
+                 "sessionWebhookExpiredTime": 4102444800000}, **fields)
+
+
+def test_a_sign_takes_its_message_again_however_serialised_and_no_other_message():
+    """The sign is tied to the message it first came with (its msgId, type, conversation and sender), not its
+    bytes: DingTalk sending it again re-serialised, or with a refreshed sessionWebhook, was refused 401 (the
+    message lost). Another message under that sign is still refused, even the same sender's in the same chat
+    (what a captured sign would carry), and a message sent again brings no session webhook."""
+    records: list = []
+    s = WebhookServer("127.0.0.1:0", "/dingtalk/robot", "s3cret", records.append)
+    now = int(time.time() * 1000)
+    headers = {"timestamp": str(now), "sign": signature("s3cret", str(now))}
+    first = robot_message("m1")
+    assert s.handle("/dingtalk/robot", headers, json.dumps(first).encode()) == (200, {})
+    again = dict(reversed(list(robot_message(
+        "m1", sessionWebhook="https://oapi.dingtalk.com/robot/sendBySession?session=refreshed").items())))
+    assert s.handle("/dingtalk/robot", headers, json.dumps(again, indent=1).encode()) == (200, {})
+    for forged in (robot_message("m2", conversation="cid-other"),   # another chat
+                   robot_message("m1", sender="ceo", text="/model x"),  # another sender under that msgId
+                   robot_message("m2", text="transfer it all"),  # the same sender and chat, another message
+                   robot_message("m1", msgtype="picture")):  # another type under that msgId
+        assert s.handle("/dingtalk/robot", headers, json.dumps(forged).encode())[0] == 401, forged
+    assert [r["msgId"] for r in records] == ["m1", "m1"]
+    assert records[0]["sessionWebhook"].endswith("session=first")
+    assert "sessionWebhook" not in records[1] and "sessionWebhookExpiredTime" not in records[1]
+    s.httpd.server_close()
+
+
+def test_a_session_webhook_is_kept_only_from_a_message_recorded_first_and_the_newest_by_its_creation(ding, tmp_path):
+    """A message DingTalk sent again, or one recorded after a newer one of its chat (two requests side by
+    side), put its older session URL in place of the newer one."""
+    from plugins_app.channel.workers.dingtalk.session import SessionStore
+    env = {k: v for k, v in ding.env().items() if k != "DINGTALK_APP_KEY"}
+    worker = DingTalkWorker(argv=[], environ=env, socket_path="/nowhere", plugin_id="dt-test", token="t",
+                            install_signal_handlers=False, state_dir=str(tmp_path))
+    worker.sessions = SessionStore(worker.state_path("sessions", "json"))
+    try:
+        now = int(time.time() * 1000)
+        older = ding.text("first", createAt=now - 1000)
+        newer = ding.text("second", createAt=now)
+        worker.accept(newer)
+        worker.accept(older)  # recorded second, created first
+        assert worker.sessions.get("user:" + STAFF)[0] == newer["sessionWebhook"]
+        later = ding.text("third", createAt=now + 1000)
+        worker.accept(later)
+        worker.accept(dict(newer, sessionWebhook=ding.text("x")["sessionWebhook"]))  # sent again, a fresh URL
+        assert worker.sessions.get("user:" + STAFF)[0] == later["sessionWebhook"]
+        assert worker.state_path("sessions", "json") == str(tmp_path / "dt-test.dingtalk-sessions.json")
+    finally:
+        worker.api.close()
+        if worker.outbox is not None:
+            worker.outbox.close()
 
 
 def test_a_message_that_cannot_be_recorded_is_answered_500():
@@ -494,12 +624,17 @@ def test_a_session_webhook_send_counts_as_sent_only_for_errcode_0_and_waits_out_
 
 
 def test_the_session_store_keeps_each_conversations_newest_webhook_across_restarts(tmp_path):
-    from plugins_app.channel.workers.dingtalk.session import SessionStore
+    """The newest message's session, never the one whose body says it lasts longest (a forged body said
+    2100: every later answer of the conversation went to its URL), and never past two hours from now."""
+    from plugins_app.channel.workers.dingtalk.session import MAX_SESSION_MS, SessionStore
     path = str(tmp_path / "sessions.json")
-    later = int(time.time() * 1000) + 3_600_000
+    now = int(time.time() * 1000)
+    later = now + 3_600_000
     store = SessionStore(path)
+    store.remember("user:a", "https://oapi.dingtalk.com/robot/sendBySession?session=forged", 4102444800000)
+    [(_, capped)] = [store.get("user:a")]
+    assert now + MAX_SESSION_MS <= capped <= int(time.time() * 1000) + MAX_SESSION_MS
     store.remember("user:a", "https://oapi.dingtalk.com/robot/sendBySession?session=new", later)
-    store.remember("user:a", "https://oapi.dingtalk.com/robot/sendBySession?session=old", later - 60_000)
     store.remember("user:b", "https://oapi.dingtalk.com/robot/sendBySession?session=gone", 1)
     again = SessionStore(path)  # a restarted worker
     assert again.get("user:a") == ("https://oapi.dingtalk.com/robot/sendBySession?session=new", later)

@@ -161,3 +161,54 @@ def test_a_revoked_grant_disables_the_plugin_with_the_reason_and_it_is_not_retri
                                       "invalid_grant: Token has been expired or revoked.")
     wait_until(lambda: False, 1.0)
     assert rt.log("gmail").count("the channel refused this worker") == 1
+
+
+@pytest.fixture
+def push_endpoint(gmail):
+    """The worker's real push endpoint on loopback (GmailPush.start_push_server), verifying tokens against the
+    fake's JWKS; no supervisor, no mailbox reads."""
+    import threading
+    import types
+    from plugins_app.channel.workers.email.gmail import GmailPush
+    args = types.SimpleNamespace(timeout_secs=10, push_bind="127.0.0.1", push_port=0, push_audience=AUDIENCE,
+                                 push_service_account=SERVICE_ACCOUNT)
+    push = GmailPush(types.SimpleNamespace(stopping=threading.Event()), args)
+    push.start_push_server()
+    yield push
+    push.close()
+
+
+def raw_post(push, head: str, body: bytes = b"") -> bytes:
+    """What the endpoint answers before it closes the connection, for a POST of ``head`` (and ``body``)."""
+    import socket
+    with socket.create_connection(push.server.server_address[:2], timeout=20) as conn:
+        conn.sendall(f"POST / HTTP/1.1\r\nHost: x\r\n{head}\r\n".encode() + body)
+        answer = b""
+        try:
+            while chunk := conn.recv(4096):
+                answer += chunk
+        except ConnectionResetError:  # (closed with our unread bytes still in its buffer)
+            pass
+        return answer
+
+
+def test_a_push_is_refused_before_its_body_is_read_unauthenticated_oversized_or_with_a_bad_length(
+        gmail, push_endpoint):
+    """(The body was read whole before the token was checked: one unauthenticated 300 MB POST held 300 MB;
+    a Content-Length "abc" was a traceback with no answer, a negative one read until the client closed.)
+    Each of these announces a body it never sends in full: the endpoint answers without waiting for it."""
+    big = f"Content-Length: {300 << 20}\r\n"
+    assert raw_post(push_endpoint, big, b"x" * 1024).startswith(b"HTTP/1.0 413")
+    within = f"Content-Length: {60 << 10}\r\n"  # under the cap: the token is what refuses it, still unread
+    assert raw_post(push_endpoint, within, b"x" * 1024).startswith(b"HTTP/1.0 401")
+    forged = "Authorization: Bearer not-a-jwt\r\n"
+    assert raw_post(push_endpoint, forged + within, b"x" * 1024).startswith(b"HTTP/1.0 403")
+    token = f"Authorization: Bearer {gmail.oidc_token()}\r\n"
+    assert raw_post(push_endpoint, token + big, b"x" * 1024).startswith(b"HTTP/1.0 413")
+    assert raw_post(push_endpoint, token + "Content-Length: abc\r\n", b"{}").startswith(b"HTTP/1.0 400")
+    assert raw_post(push_endpoint, token + "Content-Length: -1\r\n", b"{}").startswith(b"HTTP/1.0 400")
+    assert raw_post(push_endpoint, token + "Transfer-Encoding: chunked\r\n", b"2\r\n{}\r\n0\r\n\r\n").startswith(
+        b"HTTP/1.0 411")
+    assert not push_endpoint.wake.is_set()
+    assert gmail.push("http://%s:%s/" % push_endpoint.server.server_address[:2]) == 204
+    assert push_endpoint.wake.is_set()  # a real push, within the cap, still wakes the reader

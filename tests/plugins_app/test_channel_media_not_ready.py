@@ -97,6 +97,12 @@ def test_discord_a_file_the_cdn_keeps_failing_comes_as_a_note_without_its_link(d
 
 # -- Slack ------------------------------------------------------------------------------------------
 
+def slack_id(event: dict) -> str:
+    """The message id the Slack worker gives the message an event carries."""
+    from plugins_app.channel.workers.slack import message_id_of
+    return message_id_of(event["event"]["channel"], event["event"]["ts"])
+
+
 @pytest.fixture
 def slack():
     from tests.fakes.slack import FakeSlack
@@ -117,7 +123,7 @@ def test_slack_a_file_slack_fails_a_few_times_arrives_with_its_message_before_th
         fake.fail_downloads(503, times=3)
         first = fake.say("the report", files=[report])
         later = fake.say("and this?")
-        assert_arrived_with_file_then_later(bridge, first["event_id"], later["event_id"], data)
+        assert_arrived_with_file_then_later(bridge, slack_id(first), slack_id(later), data)
         assert [status for file_id, status in fake.downloads if file_id == report["id"]] == [503, 503, 503, 200]
     finally:
         running.stop()
@@ -133,7 +139,7 @@ def test_slack_a_file_slack_keeps_failing_comes_as_a_note_without_its_link(slack
         fake.fail_downloads(500, times=10_000)
         first = fake.say("the report", files=[report])
         give_up_after_retries(worker, lambda: len(fake.downloads))
-        assert_arrived_with_a_note(bridge, first["event_id"], "report.pdf", host="files-pri")
+        assert_arrived_with_a_note(bridge, slack_id(first), "report.pdf", host="files-pri")
         assert fake.bot_token not in bridge.submits[0].text
     finally:
         running.stop()
@@ -160,10 +166,10 @@ def test_slack_a_file_downloading_long_holds_back_its_conversation_only():
             later = fake.say("did you get it?")
             other = fake.say("hello", channel="D0DM00002", user="U0USER002")
             assert wait(lambda: bridge.submit_log)
-            assert [m.message_id for m in bridge.submit_log] == [other["event_id"]]  # while the download runs
+            assert [m.message_id for m in bridge.submit_log] == [slack_id(other)]  # while the download runs
             release.set()
             assert wait(lambda: len(bridge.submit_log) == 3)
-            assert [m.message_id for m in bridge.submit_log][1:] == [first["event_id"], later["event_id"]]
+            assert [m.message_id for m in bridge.submit_log][1:] == [slack_id(first), slack_id(later)]
             assert bridge.media(bridge.submits[1].attachments[0].media_id).data == data
         finally:
             release.set()
@@ -320,7 +326,7 @@ def test_slack_a_revoked_token_at_a_download_stops_the_worker_and_keeps_the_mess
         assert not running.thread.is_alive(), "the worker did not stop on the refusal"
         assert "token_revoked" in (worker._refusal or "") and bridge.submit_log == []
         with Outbox(plugin_id=bridge.plugin_id, state_dir=worker.state_dir) as box:
-            assert [row.message["message_id"] for row in box.inbound_pending()] == [first["event_id"]]
+            assert [row.message["message_id"] for row in box.inbound_pending()] == [slack_id(first)]
     finally:
         running.stop()
 

@@ -17,6 +17,7 @@ import pytest
 
 from channels_app.models import Receipt, Turn
 from plugins_app.channel.models import OutboundDelivery, Plugin, PluginMedia
+from plugins_app.channel.workers.slack import message_id_of
 from tests.fakes.slack import BOT_USER, FakeSlack, sign
 from tests.plugins_app.conftest import make_plugin, wait_until
 
@@ -82,7 +83,7 @@ def test_a_channel_message_is_answered_in_its_thread_with_slack_markup(tcast, sl
     assert wait_until(lambda: OutboundDelivery.objects.filter(state="delivered").exists(), 15), rt.log("slack-main")
     delivery = OutboundDelivery.objects.select_related("turn__receipt", "conversation").get()
     # the platform's dedupe key is the idempotency key; the thread is the conversation
-    assert delivery.turn.receipt.client_message_id == event["event_id"]
+    assert delivery.turn.receipt.client_message_id == f"{CHANNEL}:{ts}"  # the message's own id
     assert delivery.conversation.external_id == f"{CHANNEL}/{ts}"
     assert delivery.conversation.channel == "slack"
     assert delivery.channel_message_id == post["ts"]
@@ -129,7 +130,7 @@ def test_the_platform_redelivering_an_event_runs_one_turn(tcast, slack, start_ru
     posts = answered(slack, 2)
     wait_until(lambda: False, 0.5)
     assert [p["text"] for p in slack.posts()] == ["only once", "after"], posts
-    assert Turn.objects.filter(receipt__client_message_id=event["event_id"]).count() == 1
+    assert Turn.objects.filter(receipt__client_message_id=message_id_of(CHANNEL, event["event"]["ts"])).count() == 1
     assert Receipt.objects.count() == 2
 
 

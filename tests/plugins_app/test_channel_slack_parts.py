@@ -92,13 +92,13 @@ def test_threads_are_conversations_when_the_operator_chooses():
     assert split_conversation("C1/1.1") == ("C1", "1.1") and split_conversation("C1") == ("C1", None)
 
 
-def test_a_message_event_is_normalised_with_slacks_event_id_as_its_idempotency_key():
+def test_a_message_event_is_normalised_with_its_channel_and_ts_as_its_idempotency_key():
     w = worker()
     msg = w.normalise(payload(message(text="<@U0BOT> hello", thread_ts="1699999999.000001",
                                       user_profile={"display_name": "Ann"}), "Ev42"))
     assert (msg.channel, msg.conversation_id, msg.message_id, msg.sender_id, msg.sender_name, msg.source_type,
-            msg.text) == ("slack", "C1/1699999999.000001", "Ev42", "U1", "Ann", "room", "hello")
-    assert msg.reply_to.message_id == "1699999999.000001"
+            msg.text) == ("slack", "C1/1699999999.000001", "C1:1700000000.000100", "U1", "Ann", "room", "hello")
+    assert msg.reply_to.message_id == "C1:1699999999.000001"  # (the thread's first message's message_id)
     assert msg.timestamp == "2023-11-14T22:13:20.000Z"
     assert msg.metadata["ts"] == "1700000000.000100"
 
@@ -132,6 +132,31 @@ def test_one_message_seen_as_message_and_app_mention_is_submitted_once():
     assert w.normalise(payload(message(), "Ev1")) is not None
     assert w.normalise(payload(dict(message(), type="app_mention"), "Ev2")) is None
     assert w.normalise(payload(message(), "Ev1")) is not None  # a retry of the first is still itself
+
+
+def test_one_message_seen_as_app_mention_then_after_a_restart_as_message_is_recorded_once(tmp_path):
+    """Its two events' ids differ: matched in memory only, a restart between them (and Slack retrying the one
+    it could not deliver meanwhile) recorded it under a second key, and it was answered twice."""
+    from plugins_app.channel.sdk.outbox import PENDING
+
+    def started() -> SlackWorker:
+        w = SlackWorker(argv=[], environ={}, socket_path="/nowhere", plugin_id="slack-test", token="t",
+                        install_signal_handlers=False, outbox_path=str(tmp_path / "o.sqlite3"))
+        w.bot_user_id = "U0BOT"
+        w._outbox()  # (opened as connect() does)
+        return w
+
+    first = started()
+    first.accept(payload(dict(message(text="<@U0BOT> hi"), type="app_mention"), "EvMention"))
+    assert first._inbox.qsize() == 1
+    [row] = first.outbox.inbound_pending()
+    first.outbox.inbound_acked(row.key, {"accepted": True})  # the hub took it
+    first.outbox.close()
+    again = started()  # the worker restarted; Slack retries the 'message' event it could not deliver meanwhile
+    again.accept(payload(message(text="<@U0BOT> hi"), "EvMessage"))
+    assert again._inbox.qsize() == 0 and again.outbox.inbound_pending() == []
+    assert again.outbox.inbound_get(row.key).state != PENDING
+    again.outbox.close()
 
 
 def test_an_unknown_mode_is_refused_by_the_argument_parser():
@@ -234,3 +259,25 @@ def test_channel_slack_is_a_builtin_kind_a_plugins_toml_entry_needs_no_command_f
                                'args = ["--mode", "socket"]\nenv_refs = ["SLACK_BOT_TOKEN", "SLACK_APP_TOKEN"]\n')
     assert selectors.plugin_argv(Plugin.objects.get()) == (
         sys.executable, ["-m", "plugins_app.channel.workers.slack", "--mode", "socket"])
+
+
+@pytest.mark.parametrize("headers", [
+    {},  # neither header
+    {"X-Slack-Signature": "v0=00"},  # no timestamp
+    {"X-Slack-Request-Timestamp": "abc", "X-Slack-Signature": "v0=00"},
+    {"X-Slack-Request-Timestamp": "1e3", "X-Slack-Signature": "v0=00"},
+    {"X-Slack-Request-Timestamp": "1700000000"},  # no signature
+], ids=["none", "no-timestamp", "timestamp-abc", "timestamp-1e3", "no-signature"])
+def test_a_request_without_both_headers_or_with_a_timestamp_that_is_no_integer_is_answered_401(headers):
+    """(slack_sdk's verifier raised on int(timestamp): the connection closed with no answer at all.)"""
+    import httpx
+    records: list = []
+    server = EventsServer("127.0.0.1:0", "/slack/events", "s3cret", records.append)
+    server.start()
+    try:
+        answer = httpx.post(server.url, content=json.dumps(payload(message())).encode(),
+                            headers={"Content-Type": "application/json", **headers})
+        assert (answer.status_code, answer.json()) == (401, {"ok": False, "error": "invalid signature"})
+    finally:
+        server.stop()
+    assert records == []

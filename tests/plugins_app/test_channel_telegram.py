@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 
+import httpx
 import pytest
 
 from channels_app.models import Conversation, Receipt, Turn
@@ -159,6 +161,16 @@ def test_a_webhook_post_without_the_secret_token_is_refused_and_runs_nothing(tca
     forged = fake.new_update(message=fake.message(42, "script:answer=forged"))
     assert fake.post_webhook(forged, None) == 403
     assert fake.post_webhook(forged, "guess") == 403
+    # refused before a byte of its body is read (it was read first, up to 10 MB: this one would have been
+    # waited for until the connection's timeout), and the connection closed
+    url = httpx.URL(fake.webhook["url"])
+    with socket.create_connection((url.host, url.port), timeout=30) as conn:
+        conn.sendall(f"POST {url.path} HTTP/1.1\r\nHost: x\r\nX-Telegram-Bot-Api-Secret-Token: guess\r\n"
+                     f"Content-Length: 5000000\r\n\r\n".encode())
+        answered = b""
+        while chunk := conn.recv(65536):
+            answered += chunk
+    assert answered.startswith(b"HTTP/1.1 403 "), answered
     fake.push_message(42, "script:answer=genuine")
     assert fake.wait_sent(1), rt.log(PID)
     assert fake.texts() == ["genuine"]

@@ -174,6 +174,22 @@ def test_a_post_is_recorded_only_when_signed_for_this_corp_and_then_answered_wit
     assert len(records) == 1
 
 
+def test_a_json_envelope_nested_past_the_interpreters_depth_is_answered_400_over_http():
+    """(json.loads raised RecursionError, not ValueError, before any check: the connection closed unanswered.)"""
+    import httpx
+    records: list = []
+    s = CallbackServer("127.0.0.1:0", "/wecom/callback", fake.crypto, records.append)
+    s.start()
+    try:
+        target, _ = post_target(fake.text("hello"))
+        deep = b'{"encrypt": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"
+        answer = httpx.post(s.url.rsplit("/wecom/callback", 1)[0] + target, content=deep)
+        assert answer.status_code == 400
+    finally:
+        s.stop()
+    assert records == []
+
+
 def test_a_message_that_cannot_be_recorded_is_answered_500_so_wecom_calls_again():
     def boom(message):
         raise OSError("disk full")

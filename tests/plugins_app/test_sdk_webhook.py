@@ -142,3 +142,123 @@ def test_telegrams_webhook_and_gmails_push_endpoint_are_bounded_too():
         source = inspect.getsource(module)
         assert "BoundedHTTPServer(" in source and "ThreadingHTTPServer(" not in source, module.__name__
     assert issubclass(BoundedHTTPServer, __import__("http.server").server.ThreadingHTTPServer)
+
+
+def test_a_body_sent_chunked_is_answered_411_and_its_chunks_are_never_read_as_a_next_request(server, caplog):
+    """(The stdlib reads no chunks: the body was taken as empty, and the chunk-size line parsed as a request.)"""
+    body = b'{"a": 1}'
+    chunked = (b"POST /hook HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+               + f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n")
+    with caplog.at_level("WARNING", logger="ugent.worker.webhook"):
+        answered = raw_exchange(server, chunked)
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", answered) == [b"411"] and server.seen == []
+    assert "Transfer-Encoding" in caplog.text
+
+
+@pytest.mark.parametrize("length", [b"abc", b"-5", b"1e3"])
+def test_a_length_that_is_no_number_is_answered_400_unread(server, length):
+    inner = b"POST /hook HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+    answered = raw_exchange(server, b"POST /hook HTTP/1.1\r\nHost: x\r\nContent-Length: " + length + b"\r\n\r\n" + inner)
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", answered) == [b"400"] and server.seen == []
+
+
+def test_a_receiver_that_raises_is_answered_500_and_logged_once_with_its_traceback(caplog, capsys):
+    import logging
+
+    class Failing(Recorder):
+        log = logging.getLogger("ugent.worker.test.failing")
+
+        def respond(self, method, target, headers, body):
+            raise RuntimeError("the receiver broke")
+
+    server = Failing()
+    server.start()
+    try:
+        with caplog.at_level("ERROR", logger="ugent.worker.test.failing"):
+            answer = httpx.post(server.url, content=b"{}")
+            again = httpx.post(server.url, content=b"{}")  # and the server goes on serving
+    finally:
+        server.stop()
+    assert (answer.status_code, again.status_code) == (500, 500)
+    failures = [r for r in caplog.records if r.name == "ugent.worker.test.failing"]
+    assert len(failures) == 2 and all(r.exc_info and r.exc_info[0] is RuntimeError for r in failures)
+    assert "Traceback" not in capsys.readouterr().err  # not the socketserver's own print as well
+
+
+def test_a_body_that_ends_before_its_length_is_answered_400_and_never_handed_on(server):
+    """A client that stops mid-body (a half-close, a proxy giving up, the connection's deadline) handed the
+    part it sent to ``respond`` as the body: part of a message taken for the message."""
+    with socket.create_connection(server.httpd.server_address[:2], timeout=5) as conn:
+        conn.sendall(b"POST /hook HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\n\r\n" + b'{"a": "0123456789"')
+        conn.shutdown(socket.SHUT_WR)
+        answered = b""
+        while chunk := conn.recv(65536):
+            answered += chunk
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", answered) == [b"400"] and server.seen == []
+    assert answered.endswith(b"body ended after 18 of 40 bytes")
+
+
+def test_content_lengths_that_differ_are_answered_400_unread_and_the_connection_closed(server):
+    """(The first one was taken, and the bytes past it read as a next request: what a proxy that took the other
+    one never saw. RFC 7230 §3.3.3: request smuggling.)"""
+    smuggled = b"POST /hook HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+    answered = raw_exchange(server, b"POST /hook HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: "
+                                    + str(2 + len(smuggled)).encode() + b"\r\n\r\n{}" + smuggled)
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", answered) == [b"400"] and server.seen == []
+    same = raw_exchange(server, b"POST /hook HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 2\r\n"
+                                b"Content-Length: 2\r\n\r\n{}")  # the same length twice is one length
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", same) == [b"200"] and server.seen == [("POST", "/hook", b"{}")]
+
+
+def deeply_nested(depth: int = 100_000) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+def test_json_nested_past_the_interpreters_depth_is_a_value_error():
+    from plugins_app.channel.sdk.webhook import json_loads_bounded
+    with pytest.raises(ValueError, match="nested too deep"):
+        json_loads_bounded(deeply_nested())
+    assert json_loads_bounded(b'{"a": [1]}') == {"a": [1]}
+
+
+def signed_requests():
+    """Each webhook's server and the headers that sign a body for it."""
+    import hashlib
+    import hmac
+    import time
+
+    from plugins_app.channel.workers.dingtalk.webhook import WebhookServer as DingTalk, signature as ding_sign
+    from plugins_app.channel.workers.line.webhook import WebhookServer as Line, signature as line_sign
+    from plugins_app.channel.workers.slack.webhook import EventsServer as Slack
+    from plugins_app.channel.workers.whatsapp.webhook import (SIGNATURE_HEADER, WebhookServer as WhatsApp,
+                                                                signature as meta_sign)
+
+    def slack(body):
+        ts = str(int(time.time()))
+        digest = hmac.new(b"sec", f"v0:{ts}:".encode() + body, hashlib.sha256).hexdigest()
+        return {"X-Slack-Request-Timestamp": ts, "X-Slack-Signature": f"v0={digest}"}
+
+    def ding(body):
+        ts = str(int(time.time() * 1000))
+        return {"timestamp": ts, "sign": ding_sign("sec", ts)}
+
+    return {
+        "slack": (lambda: Slack("127.0.0.1:0", "/h", "sec", print), slack),
+        "line": (lambda: Line("127.0.0.1:0", "/h", "sec", print), lambda body: {"X-Line-Signature": line_sign("sec", body)}),
+        "whatsapp": (lambda: WhatsApp("127.0.0.1:0", "/h", app_secret="sec", verify_token="v", on_payload=print),
+                     lambda body: {SIGNATURE_HEADER: meta_sign("sec", body)}),
+        "dingtalk": (lambda: DingTalk("127.0.0.1:0", "/h", "sec", print), ding),
+    }
+
+
+@pytest.mark.parametrize("channel", ["slack", "line", "whatsapp", "dingtalk"])
+def test_a_signed_body_nested_too_deep_is_answered_400_by_every_channel_not_500(channel):
+    make, sign = signed_requests()[channel]
+    server = make()
+    server.start()
+    try:
+        body = deeply_nested()
+        answer = httpx.post(server.url, content=body, headers=dict(sign(body), **{"Content-Type": "application/json"}))
+    finally:
+        server.stop()
+    assert answer.status_code == 400, answer.text

@@ -3,13 +3,18 @@
 One home for what every such endpoint needs, whatever the platform: a thread of its own serving requests
 (one thread each, at most ``max_connections`` at once: past that a connection waits in the listen backlog
 until one ends, so a flood of connections costs no more memory than that many threads; and none lasts past
-``connection_deadline``, so a client trickling bytes cannot hold a thread), a body read whole up to ``max_body_bytes`` (past it, or with a length that is no number,
-the body is not read, the request's handler gets ``None`` and the connection is closed after the answer, so
-the unread bytes are never taken for a next request), ``timeout`` seconds for a connection (a client that
+``connection_deadline``, so a client trickling bytes cannot hold a thread), a body read whole up to
+``max_body_bytes`` (``read_body``: past it the body is not read, the request's handler gets ``None`` and the
+connection is closed after the answer, so the unread bytes are never taken for a next request; a length
+that is no number or negative, or given twice with different values, is answered 400, and a body sent with
+``Transfer-Encoding`` (chunked) 411, both without reading it and closing the connection; a body that ends
+before its length is answered 400 and closes the connection, the request never handed on), ``timeout`` seconds for a connection (a client that
 stalls holds no thread), and answers as ``(status, body)``: a dict is sent as JSON, a str as UTF-8 text.
 
 A worker's server subclasses it and answers in ``respond(method, target, headers, body)``: verify the
 platform's signature before anything is recorded, and answer 2xx only once the message is in the outbox.
+An exception out of ``respond`` is logged (with its traceback, once, on the server's ``log``) and answered
+500, never a connection dropped with no answer.
 
 ``WebhookInbox`` is the rest of such a worker: the webhook's threads record and queue, and its ``listen``
 hands each chat's messages to a thread of that chat's (``InboxLanes``, on ``ChatLanes``), so one chat's file
@@ -30,6 +35,69 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
 log = logging.getLogger("ugent.worker.webhook")
+
+
+class BodyRefused(Exception):
+    """A request body left unread: the ``status`` to answer (400, 411, 413) and ``reason``, for the answer and
+    the log."""
+
+    def __init__(self, status: int, reason: str):
+        super().__init__(reason)
+        self.status, self.reason = status, reason
+
+
+def body_length(headers, max_bytes: int) -> int:
+    """The length of the body a request's ``headers`` announce, checked before a byte of it is read:
+    ``BodyRefused`` for a body sent with ``Transfer-Encoding`` (411: the stdlib's server reads no chunks, and
+    would take the chunk-size line for a next request), Content-Length headers with different values (400: a
+    proxy in front may have taken the other, and the bytes past the one taken would be read as a next request:
+    request smuggling), a Content-Length that is no number or negative (400), or one past ``max_bytes`` (413)."""
+    if headers.get("Transfer-Encoding"):
+        raise BodyRefused(411, f"a body sent with Transfer-Encoding: {headers.get('Transfer-Encoding')} is not "
+                               "read; send it with a Content-Length")
+    given = {v.strip() for v in (headers.get_all("Content-Length") or [])}
+    if len(given) > 1:  # RFC 7230 §3.3.3: which one a proxy took is unknown, the rest would be read as a request
+        raise BodyRefused(400, f"Content-Length given {len(given)} different values: "
+                               f"{', '.join(sorted(v[:20] for v in given))[:80]}")
+    raw = given.pop() if given else "0"
+    if not (raw.isascii() and raw.isdigit()):
+        raise BodyRefused(400, f"Content-Length {raw[:40]!r} is not a length")
+    length = int(raw)
+    if length > max_bytes:
+        raise BodyRefused(413, f"a body of {length} bytes is more than the {max_bytes} taken")
+    return length
+
+
+def read_body(handler: BaseHTTPRequestHandler, max_bytes: int) -> bytes:
+    """The request's body, read whole (``body_length`` checks it first). When it is refused (``BodyRefused``)
+    it is not read, and the connection is closed after the answer: its bytes must not be taken for a next
+    request. A body that ends before its Content-Length (the client half-closed, a proxy gave up, the
+    connection's deadline cut it) is refused too (400), never handed on short: part of a message is not the
+    message, and a platform whose signature does not cover the body would tie it to the part."""
+    try:
+        length = body_length(handler.headers, max_bytes)
+    except BodyRefused:
+        handler.close_connection = True
+        raise
+    if not length:
+        return b""
+    try:
+        body = handler.rfile.read(length)
+    except OSError:  # (the connection cut, or silent past the handler's timeout)
+        body = b""
+    if len(body) < length:
+        handler.close_connection = True
+        raise BodyRefused(400, f"body ended after {len(body)} of {length} bytes")
+    return body
+
+
+def json_loads_bounded(data: bytes | str) -> Any:
+    """``json.loads``, with JSON nested past the interpreter's depth a ``ValueError`` like any other body that
+    is not JSON (``json`` raises ``RecursionError`` for it): a webhook answers it 400, never 500."""
+    try:
+        return json.loads(data)
+    except RecursionError as exc:
+        raise ValueError("JSON nested too deep") from exc
 
 
 class BoundedHTTPServer(ThreadingHTTPServer):
@@ -87,6 +155,8 @@ class WebhookServer:
     max_connections = 64
     #: Seconds a connection may last in all (keep-alive included), however it trickles.
     connection_deadline = 30.0
+    #: Where a refused body and a failed ``respond`` are logged (a worker's server names its own logger).
+    log = log
 
     def __init__(self, bind: str, path: str):
         host, _, port = bind.rpartition(":")
@@ -101,22 +171,29 @@ class WebhookServer:
                 log.debug("%s %s " + fmt, server.name, self.address_string(), *args)
 
             def do_GET(self):  # noqa: N802
-                if self.headers.get("Content-Length", "0").strip() not in ("", "0"):
+                if (self.headers.get("Content-Length", "0").strip() not in ("", "0")
+                        or self.headers.get("Transfer-Encoding")):
                     self.close_connection = True  # a GET's body is never read: it must not be taken for a request
-                self._answer(*server.respond("GET", self.path, self.headers, b""))
+                self._respond("GET", b"")
 
             def do_POST(self):  # noqa: N802
-                self._answer(*server.respond("POST", self.path, self.headers, self._body()))
-
-            def _body(self) -> bytes | None:
                 try:
-                    length = int(self.headers.get("Content-Length") or 0)
-                except ValueError:
-                    length = -1
-                if length < 0 or length > server.max_body_bytes:
-                    self.close_connection = True  # its body is never read: it must not be taken for the next request
-                    return None
-                return self.rfile.read(length)
+                    body = read_body(self, server.max_body_bytes)
+                except BodyRefused as exc:
+                    server.log.warning("%s: refused a POST %s from %s (%d): %s", server.name, self.path.split("?")[0],
+                                       self.address_string(), exc.status, exc.reason)
+                    if exc.status != 413:
+                        return self._answer(exc.status, exc.reason)
+                    body = None  # (the receiver answers a body too large in its platform's form)
+                self._respond("POST", body)
+
+            def _respond(self, method: str, body: bytes | None) -> None:
+                try:
+                    status, answer = server.respond(method, self.path, self.headers, body)
+                except Exception:  # noqa: BLE001 - any receiver's failure is an answer, not a dropped connection
+                    server.log.exception("%s: answering %s %s failed", server.name, method, self.path.split("?")[0])
+                    status, answer = 500, "internal error"
+                self._answer(status, answer)
 
             def _answer(self, status: int, body: Any):
                 if isinstance(body, dict):

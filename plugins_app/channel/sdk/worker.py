@@ -56,7 +56,8 @@ from .client import CallCancelled, CallTimeout, ConnectionLost, RpcClient, conne
 from .jsonrpc import (DEFAULT_MAX_FRAME_BYTES, HOST_UNAVAILABLE, INVALID_PARAMS, MEDIA_TOO_LARGE, UNKNOWN_DELIVERY,
                       RPCError)
 from .messages import Attachment, InboundMessage, Media, MessageValidationError, Delivery
-from .outbox import ACK, ACKED, FAILED, PENDING, REJECTED, RESUME, SENT, Outbox, PendingAck, refusal_path_for
+from .outbox import (ACK, ACKED, FAILED, PENDING, REJECTED, RESUME, SENT, Outbox, PendingAck, outbox_path_for,
+                     refusal_path_for)
 
 SOCKET_ENV = "UGENT_BRIDGE_SOCKET"
 PLUGIN_ID_ENV = "UGENT_PLUGIN_ID"
@@ -587,6 +588,12 @@ class ChannelWorker:
     def orphaned(self) -> bool:
         """The parent recorded by ``die_with_parent`` is gone (this process was re-parented)."""
         return self._parent_pid is not None and os.getppid() != self._parent_pid
+
+    def state_path(self, what: str, ext: str) -> str:
+        """A file of the worker's own beside its outbox, ``<plugin id>.<kind>-<what>.<ext>`` (the kind without
+        ``channel-``): its sent-parts journal (``sent``), the signatures its webhook saw (``seen``)."""
+        name = self.kind.removeprefix("channel-")
+        return str(outbox_path_for(self.plugin_id, self.state_dir)).replace(".outbox.sqlite3", f".{name}-{what}.{ext}")
 
     # ---------------------------------------------------------------- internals
 

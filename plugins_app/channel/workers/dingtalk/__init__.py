@@ -10,7 +10,9 @@ set, which is what DingTalk gives an app's robot), ``DINGTALK_API_BASE_URL`` (de
 ``https://api.dingtalk.com``, only to point the worker at a test's fake). Operators' page: docs/channels/dingtalk.md.
 
 * **Inbound.** A webhook server (``webhook.py``) at the robot's *message receiving address* (HTTP mode):
-  ``timestamp`` and ``sign`` checked in constant time, a timestamp more than an hour away refused; answered
+  ``timestamp`` and ``sign`` checked in constant time, a timestamp more than an hour away refused, and a
+  sign taken with one message only (it does not cover the body: another message under it is a forgery;
+  the same one sent again, however serialised, is DingTalk's retry); answered
   200 once the message is in the worker's outbox. Messages of type text, richText, picture, file, audio
   (with DingTalk's recognition text as the message's text) and video become ``InboundMessage``s whose
   ``message_id`` is DingTalk's ``msgId``, so a message DingTalk sends again (HTTP mode: it retries a callback
@@ -55,8 +57,9 @@ set, which is what DingTalk gives an app's robot), ``DINGTALK_API_BASE_URL`` (de
   / ``.empty`` / ``.coolApp`` (the robot is not in that group), and any other 4xx of a send, fails that
   delivery permanently with DingTalk's reason.
 * **Without app credentials** (no ``DINGTALK_APP_KEY``; the secret still verifies the sign): each answer goes
-  to the newest ``sessionWebhook`` of its conversation (kept in a JSON file beside the outbox) while it is
-  valid (about 90 minutes; ``DINGTALK_OAPI_BASE_URL``, default ``https://oapi.dingtalk.com``, is the only
+  to the ``sessionWebhook`` of its conversation's newest message (by ``createAt``, from a message recorded
+  for the first time; kept in a JSON file beside the outbox)
+  while it is valid (about 90 minutes, never trusted past two hours; ``DINGTALK_OAPI_BASE_URL``, default ``https://oapi.dingtalk.com``, is the only
   host the worker posts such a URL to); after that the delivery is dead-lettered with the reason. Files
   are not downloaded, nor sent (a note for each): the message says so in its text.
 """
@@ -78,7 +81,6 @@ from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, 
                                      MediaNotReady)
 from plugins_app.channel.sdk.audio import amr_seconds, wav_seconds
 from plugins_app.channel.sdk.journal import SentJournal
-from plugins_app.channel.sdk.outbox import outbox_path_for
 from plugins_app.channel.sdk.text import split_text, unsent_note
 from plugins_app.channel.sdk.webhook import WebhookInbox
 
@@ -352,10 +354,9 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
             return self._connect_stream()
         if not self.app_secret:
             raise ChannelRefused(f"{APP_SECRET_ENV} not set (it signs every message DingTalk sends the robot)")
-        state = str(outbox_path_for(self.plugin_id, self.state_dir))
         if self.session_mode:
             from .session import SessionStore
-            self.sessions = SessionStore(state.replace(".outbox.sqlite3", ".dingtalk-sessions.json"))
+            self.sessions = SessionStore(self.state_path("sessions", "json"))
             self.log.warning("dingtalk: %s is not set: answers go through each message's sessionWebhook while it "
                              "is valid (about 90 minutes), and files are not downloaded", APP_KEY_ENV)
         else:
@@ -364,9 +365,10 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
             except AppRefused as exc:
                 raise ChannelRefused(refused(exc)) from exc
             self.log.info("dingtalk: app %s, robot %s via %s", self.app_key, self.robot_code, self.base_url)
-        self._journal = SentJournal(state.replace(".outbox.", ".dingtalk-sent."))
+        self._journal = SentJournal(self.state_path("sent", "sqlite3"))
         from .webhook import WebhookServer
-        self.server = WebhookServer(self.opts.bind, self.opts.path, self.app_secret, self.accept)
+        self.server = WebhookServer(self.opts.bind, self.opts.path, self.app_secret, self.accept,
+                                    seen_path=self.state_path("seen", "log"))
         self.server.start()
         self.log.info("dingtalk: webhook listening on %s", self.server.url)
 
@@ -386,8 +388,7 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
             raise ChannelRefused(stream_refused(exc)) from exc
         except AppRefused as exc:
             raise ChannelRefused(refused(exc)) from exc
-        state = str(outbox_path_for(self.plugin_id, self.state_dir))
-        self._journal = SentJournal(state.replace(".outbox.", ".dingtalk-sent."))
+        self._journal = SentJournal(self.state_path("sent", "sqlite3"))
         self.log.info("dingtalk: app %s, robot %s, stream mode via %s", self.app_key, self.robot_code, self.base_url)
 
     def listen(self, submit) -> None:
@@ -424,7 +425,6 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
                           message.get("msgtype"), message.get("msgId"), message.get("conversationType"))
             return
         if self.session_mode:
-            self._remember_session(msg.conversation_id, message)
             if msg.attachments:  # no token, no download: the agent is told what it does not see
                 notes = [f"[{a.filename or a.kind} not downloaded: the DingTalk worker has no app credentials "
                          f"({APP_KEY_ENV})]" for a in msg.attachments]
@@ -432,6 +432,9 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
                 msg.text = "\n\n".join([t for t in [msg.text] if t] + notes)
         if not self.inbox_record(msg):
             self.log.info("dingtalk: message %s was taken before (DingTalk sent it again)", msg.message_id)
+            return  # (its session webhook is not newer than the one kept)
+        if self.session_mode:
+            self._remember_session(msg.conversation_id, message)
 
     def _remember_session(self, conversation_id: str, message: dict) -> None:
         url = str(message.get("sessionWebhook") or "")
@@ -443,7 +446,13 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
             self.log.warning("dingtalk: message %s carries no usable sessionWebhook (%s): it cannot be answered "
                              "without %s", message.get("msgId"), url_for_log(url) if url else "none", APP_KEY_ENV)
             return
-        self.sessions.remember(conversation_id, url, expires)
+        try:
+            created = int(message.get("createAt") or 0)
+        except (TypeError, ValueError):
+            created = 0
+        if not self.sessions.remember(conversation_id, url, expires, created):
+            self.log.info("dingtalk: message %s is older than the one whose sessionWebhook %s keeps: that one stays",
+                          message.get("msgId"), conversation_id)
 
     def fetch_media(self, attachment: Attachment) -> bytes | None:
         prefix = f"{self.base_url}/v1.0/robot/messageFiles/download?"

@@ -25,13 +25,15 @@ import time
 from http.server import BaseHTTPRequestHandler
 
 from plugins_app.channel.sdk import ChannelRefused, DeliveryFailed
-from plugins_app.channel.sdk.webhook import BoundedHTTPServer
+from plugins_app.channel.sdk.webhook import BodyRefused, BoundedHTTPServer, body_length, read_body
 
 DEFAULT_API = "https://gmail.googleapis.com/gmail/v1/"
 DEFAULT_TOKEN_URL = "https://oauth2.googleapis.com/token"
 DEFAULT_JWKS = "https://www.googleapis.com/oauth2/v3/certs"
 GOOGLE_ISSUERS = ["https://accounts.google.com", "accounts.google.com"]
 CURSOR = "gmail:history"
+#: The largest push body read: a Pub/Sub push of Gmail's notification is a few hundred bytes.
+MAX_PUSH_BYTES = 64 * 1024
 WATCH_RENEW_SECS = 24 * 3600  # Google asks for a watch renewal at least every 7 days; daily is its advice
 
 log = logging.getLogger("ugent.worker.gmail")
@@ -137,12 +139,34 @@ class GmailPush:
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802 - http.server's name
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else b""
-                status = push.accept_push(self.headers.get("Authorization", ""), body)
+                # the length is checked, then the token, and only then is a byte of the body read: an
+                # unauthenticated or oversized POST costs a header's parse, never its body's memory
+                try:
+                    status = self._take()
+                except Exception:  # noqa: BLE001 - an answer, never a connection dropped unanswered
+                    log.exception("push endpoint: answering a POST failed")
+                    self.close_connection, status = True, 500
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
+
+            def _take(self) -> int:
+                try:
+                    body_length(self.headers, MAX_PUSH_BYTES)
+                except BodyRefused as exc:
+                    self.close_connection = True  # its body is never read: it must not be taken for a request
+                    log.warning("push refused (%d): %s", exc.status, exc.reason)
+                    return exc.status
+                status = push.authorize(self.headers.get("Authorization", ""))
+                if status is not None:
+                    self.close_connection = True
+                    return status
+                try:
+                    body = read_body(self, MAX_PUSH_BYTES)  # (a body cut short: 400, never handed on)
+                except BodyRefused as exc:
+                    log.warning("push refused (%d): %s", exc.status, exc.reason)
+                    return exc.status
+                return push.notified(body)
 
             def log_message(self, fmt, *a):
                 log.debug("push endpoint: " + fmt, *a)
@@ -154,10 +178,13 @@ class GmailPush:
         log.info("Gmail push endpoint listening on %s", url)
         return url
 
-    def accept_push(self, authorization: str, body: bytes) -> int:
-        """Verify one Pub/Sub push; 204 wakes the reader, 401/403 refuse (Pub/Sub's sender is not Google)."""
+    def authorize(self, authorization: str) -> int | None:
+        """None when ``authorization`` is Google's OIDC token for this push endpoint; else 401 (no bearer
+        token) or 403 (a token that does not verify, or another service account's: the sender is not Google).
+        Checked before a byte of the push's body is read."""
         import jwt
         if not authorization.startswith("Bearer "):
+            log.warning("push refused: no bearer token")
             return 401
         token = authorization[len("Bearer "):]
         try:
@@ -173,6 +200,10 @@ class GmailPush:
                                                or not claims.get("email_verified")):
             log.warning("push refused: token of %r, not %r", claims.get("email"), self.args.push_service_account)
             return 403
+        return None
+
+    def notified(self, body: bytes) -> int:
+        """An authorized push's body: 204 (the reader woken) when it is Pub/Sub's message, else 400."""
         try:
             data = json.loads(base64.b64decode(json.loads(body)["message"]["data"]))
             log.info("push %s: %s changed (historyId %s)", json.loads(body)["message"].get("messageId"),

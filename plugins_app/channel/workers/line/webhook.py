@@ -11,11 +11,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import json
 import logging
 from typing import Callable
 
-from plugins_app.channel.sdk.webhook import WebhookServer as SdkWebhookServer
+from plugins_app.channel.sdk.webhook import WebhookServer as SdkWebhookServer, json_loads_bounded
 
 log = logging.getLogger("ugent.worker.line.webhook")
 
@@ -39,6 +38,7 @@ class WebhookServer(SdkWebhookServer):
 
     name = "line-webhook"
     max_body_bytes = MAX_BODY_BYTES
+    log = log
 
     def __init__(self, bind: str, path: str, channel_secret: str, on_payload: Callable[[dict], None]):
         super().__init__(bind, path)
@@ -60,7 +60,7 @@ class WebhookServer(SdkWebhookServer):
             log.warning("refused a request whose X-Line-Signature is missing or does not verify")
             return 401, {"message": "Invalid signature"}
         try:
-            payload = json.loads(body)
+            payload = json_loads_bounded(body)
         except ValueError:
             return 400, {"message": "Body is not JSON"}
         if not isinstance(payload, dict) or not isinstance(payload.get("events", []), list):

@@ -8,7 +8,9 @@ Environment: ``SLACK_BOT_TOKEN`` (xoxb-, always), ``SLACK_APP_TOKEN`` (xapp-, So
 GovSlack's ``https://slack-gov.com/api/``, or a test's fake). Operators' page: docs/channels/slack.md.
 
 * **Inbound.** ``message`` and ``app_mention`` events become ``InboundMessage``s whose
-  ``message_id`` is Slack's ``event_id`` (a retry carries the same one, so it runs once);
+  ``message_id`` is the message's own identity, ``<channel>:<ts>`` (``message_id_of``): a retry, and the
+  same message arriving as both events (whose ``event_id``s differ), are one message to the outbox and the
+  hub, across restarts too, so it runs once;
   ``im`` → ``user``, ``mpim`` → ``group``, channels → ``room``. With ``--threads on`` (the default)
   each thread is a conversation (``C123/1700000000.000100``) and a top-level channel message
   starts one; a direct message's top level is one conversation. Files are fetched with the bot
@@ -91,6 +93,12 @@ def source_type(channel_type: str | None, channel_id: str) -> str:
     if not channel_type:  # app_mention events carry none: the id's prefix tells a DM
         channel_type = "im" if channel_id.startswith("D") else "channel"
     return {"im": "user", "mpim": "group", "channel": "room", "group": "room"}.get(channel_type, "unknown")
+
+
+def message_id_of(channel: str, ts: str) -> str:
+    """A person's message's ``message_id``: its channel and ``ts``, which Slack keeps unique per channel and
+    which both of its events (``message``, ``app_mention``) carry, as does every retry of either."""
+    return f"{channel}:{ts}"
 
 
 def conversation_of(channel: str, ts: str, thread_ts: str | None, channel_type: str | None, *,
@@ -308,7 +316,7 @@ class SlackWorker(ChannelWorker):
             message_id=f"press:{action.get('action_ts') or ts}:{user}", sender_id=user,
             sender_name=(payload.get("user") or {}).get("name") or None,
             source_type=source_type(None, channel), text=action["value"],
-            reply_to=ReplyContext(message_id=ts),
+            reply_to=ReplyContext(message_id=message_id_of(channel, ts)),
             metadata={"option": action["value"], "channel": channel, "ts": ts, "event_type": "block_actions"})
 
     def accept(self, payload: dict) -> None:
@@ -354,7 +362,9 @@ class SlackWorker(ChannelWorker):
         event_id = payload.get("event_id")
         if not (user and channel and ts and event_id) or user == self.bot_user_id:
             return None
-        with self._seen_lock:  # subscribed to both, one message arrives as a message and an app_mention
+        # subscribed to both, one message arrives as a message and an app_mention: both carry its id (below), so
+        # the outbox and the hub take it once whatever comes between; this only keeps a run from queuing it twice
+        with self._seen_lock:
             first = self._seen_ts.setdefault((channel, ts), event_id)
             self._seen_ts.move_to_end((channel, ts))
             while len(self._seen_ts) > SEEN_TS_MAX:
@@ -375,12 +385,12 @@ class SlackWorker(ChannelWorker):
         return InboundMessage(
             channel="slack", conversation_id=conversation_of(channel, ts, thread_ts, channel_type,
                                                              threads=self.threads),
-            message_id=event_id, sender_id=user,
+            message_id=message_id_of(channel, ts), sender_id=user,
             sender_name=profile.get("display_name") or profile.get("real_name") or None,
             source_type=source_type(channel_type, channel), text=text, attachments=attachments,
             timestamp=ts_to_rfc3339(ts) or ts_to_rfc3339(str(payload.get("event_time") or "")) or
             _dt.datetime.now(_dt.timezone.utc).isoformat().replace("+00:00", "Z"),
-            reply_to=ReplyContext(message_id=thread_ts) if thread_ts and thread_ts != ts else None,
+            reply_to=ReplyContext(message_id=message_id_of(channel, thread_ts)) if thread_ts and thread_ts != ts else None,
             metadata={k: v for k, v in {"ts": ts, "thread_ts": thread_ts, "channel": channel,
                                         "team": payload.get("team_id") or event.get("team"),
                                         "event_type": event.get("type")}.items() if v})

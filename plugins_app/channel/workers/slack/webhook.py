@@ -3,18 +3,17 @@
 A slash command comes here too, as a form POST (``command``, ``text``, ``trigger_id``...), signed the same
 way. A request is answered only after its event is safe in the worker's outbox, and within
 Slack's 3 seconds (the hub is asked afterwards), so a retry (``X-Slack-Retry-Num``) is rare and,
-when it comes, is recognised by its ``event_id`` and runs nothing.
+when it comes, is recognised by its message's channel and ``ts`` (its ``message_id``) and runs nothing.
 """
 from __future__ import annotations
 
-import json
 import logging
 from typing import Callable
 from urllib.parse import parse_qs
 
 from slack_sdk.signature import SignatureVerifier
 
-from plugins_app.channel.sdk.webhook import WebhookServer
+from plugins_app.channel.sdk.webhook import WebhookServer, json_loads_bounded
 
 log = logging.getLogger("ugent.worker.slack.webhook")
 
@@ -26,6 +25,7 @@ class EventsServer(WebhookServer):
 
     name = "slack-webhook"
     max_body_bytes = MAX_BODY_BYTES
+    log = log
 
     def __init__(self, bind: str, path: str, signing_secret: str, on_payload: Callable[[dict], None],
                  *, verifier: SignatureVerifier | None = None):
@@ -44,8 +44,12 @@ class EventsServer(WebhookServer):
             return 404, {"ok": False, "error": "not_found"}
         if body is None:
             return 413, {"ok": False, "error": "request body too large"}
-        timestamp = headers.get("X-Slack-Request-Timestamp") or ""
+        timestamp = (headers.get("X-Slack-Request-Timestamp") or "").strip()
         signature = headers.get("X-Slack-Signature") or ""
+        if not (signature and timestamp.isascii() and timestamp.isdigit()):
+            # (slack_sdk's verifier does int(timestamp) and raises on anything else)
+            log.warning("refused a request without a Slack signature or an integer X-Slack-Request-Timestamp")
+            return 401, {"ok": False, "error": "invalid signature"}
         if not self.verifier.is_valid(body=body, timestamp=timestamp, signature=signature):
             log.warning("refused a request whose Slack signature does not verify (or is older than 5 minutes)")
             return 401, {"ok": False, "error": "invalid signature"}
@@ -60,7 +64,7 @@ class EventsServer(WebhookServer):
                 return 500, {"ok": False, "error": "not recorded"}
             return 200, ""
         try:
-            payload = json.loads(body)
+            payload = json_loads_bounded(body)
         except ValueError:
             return 400, {"ok": False, "error": "body is not JSON"}
         if not isinstance(payload, dict):

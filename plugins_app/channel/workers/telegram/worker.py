@@ -22,7 +22,8 @@ from plugins_app.channel.sdk.download import MEDIA_TIMEOUT_SECS
 from plugins_app.channel.sdk.journal import SentJournal
 from plugins_app.channel.sdk.outbox import PENDING, outbox_path_for
 from plugins_app.channel.sdk.text import split_text, utf16_len
-from plugins_app.channel.sdk.webhook import BoundedHTTPServer, InboxLanes, WebhookInbox
+from plugins_app.channel.sdk.webhook import (BodyRefused, BoundedHTTPServer, InboxLanes, WebhookInbox, json_loads_bounded,
+                                             read_body)
 from plugins_app.channel.sdk.worker import HOLD_ATTEMPTS
 
 from . import DESCRIPTION, KIND
@@ -40,6 +41,8 @@ ALLOWED_UPDATES = ["message", "channel_post", "callback_query"]
 REVOKED = "401 Unauthorized: the bot token is wrong or was revoked (@BotFather /token or /revoke)"
 #: Chats submitted at once (both modes), a thread each (their files downloading side by side).
 INBOX_LANES = 16
+#: The largest update body the webhook reads (Telegram's updates are a few KB; a larger one is answered 413).
+WEBHOOK_MAX_BODY_BYTES = 10 * 1024 * 1024
 #: The longest a lane waits between two tries while the hub is away (unreachable, its database down).
 HOST_AWAY_MAX_WAIT_SECS = 30.0
 
@@ -440,22 +443,24 @@ class TelegramWorker(WebhookInbox, ChannelWorker):
                 pass
 
             def do_POST(self):
-                try:
-                    length = int(self.headers.get("Content-Length") or 0)
-                except ValueError:  # (not a number: the body cannot be read, nor the connection kept)
-                    self.close_connection = True
-                    return self._reply(400)
-                body = self.rfile.read(length) if 0 < length <= 10 * 1024 * 1024 else b""
-                if length and not body:
-                    self.close_connection = True  # its body was not read: it must not be taken for the next request
+                # the path and the secret before a byte of the body: a refused POST's body is never read, and
+                # the connection is closed (its unread bytes must not be taken for a next request)
                 if self.path.split("?")[0] != path:
+                    self.close_connection = True
                     return self._reply(404)
                 given = self.headers.get("X-Telegram-Bot-Api-Secret-Token") or ""
                 if not hmac.compare_digest(given.encode(), secret.encode()):
                     worker.log.warning("webhook POST without the right secret token from %s", self.client_address[0])
+                    self.close_connection = True
                     return self._reply(403)
+                try:  # (a length that is no number, a chunked body, one too large or cut short: the connection closed)
+                    body = read_body(self, WEBHOOK_MAX_BODY_BYTES)
+                except BodyRefused as exc:
+                    worker.log.warning("webhook POST from %s refused (%d): %s", self.client_address[0], exc.status,
+                                       exc.reason)
+                    return self._reply(exc.status)
                 try:
-                    update = json.loads(body)
+                    update = json_loads_bounded(body)
                     if not isinstance(update, dict):
                         raise ValueError("not an object")
                 except ValueError:

@@ -60,6 +60,7 @@ class CallbackServer(WebhookServer):
 
     name = "wecom-callback"
     max_body_bytes = MAX_BODY_BYTES
+    log = log
 
     def __init__(self, bind: str, path: str, crypto: MsgCrypt, on_message: Callable[[dict], None]):
         super().__init__(bind, path)
@@ -86,7 +87,7 @@ class CallbackServer(WebhookServer):
             return 413, ""
         try:
             encrypt = str(envelope(body).get("Encrypt") or "")
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # (JSON nested past the interpreter's depth: RecursionError)
             log.warning("refused a callback whose body is not WeCom's envelope: %s", exc)
             return 400, ""
         try:
@@ -96,7 +97,7 @@ class CallbackServer(WebhookServer):
             return 403, ""
         try:
             message = parse_message(plaintext)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             log.warning("a signed callback's message does not parse (%s); answered so WeCom does not resend it",
                         exc)
             return 200, ""

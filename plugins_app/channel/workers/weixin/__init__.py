@@ -52,7 +52,6 @@ from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, 
                                      MediaNotReady)
 from plugins_app.channel.sdk.journal import SentJournal
 from plugins_app.channel.sdk.messages import utc_from_epoch
-from plugins_app.channel.sdk.outbox import outbox_path_for
 from plugins_app.channel.sdk.tencent import media_id_of, media_url
 from plugins_app.channel.sdk.text import split_text
 from plugins_app.channel.sdk.webhook import WebhookInbox
@@ -266,10 +265,6 @@ class WeixinWorker(WebhookInbox, ChannelWorker):
 
     def journal_path(self) -> str:
         return self.state_path("sent", "sqlite3")
-
-    def state_path(self, what: str, ext: str) -> str:
-        """A file of the worker's own beside its outbox: ``sent`` (the journal), ``seen`` (plaintext signatures)."""
-        return str(outbox_path_for(self.plugin_id, self.state_dir)).replace(".outbox.sqlite3", f".weixin-{what}.{ext}")
 
     # ------------------------------------------------------------------ inbound
 

@@ -28,12 +28,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import os
-import threading
 import time
 from typing import Callable
 from urllib.parse import parse_qs
 
+from plugins_app.channel.sdk.seen import SeenLog
 from plugins_app.channel.sdk.webhook import WebhookServer
 from plugins_app.channel.sdk.wxcrypto import CryptoError, MsgCrypt, parse_xml
 
@@ -61,73 +60,12 @@ def query(raw: str) -> dict[str, str]:
     return {k: v[0] for k, v in parse_qs(raw, keep_blank_values=True).items()}
 
 
-class SeenLog:
-    """The plaintext signatures seen, each with its body's digest (or ``GET_SENTINEL``) and when: an append-only
-    file of the worker's own, one line a signature (``<at> <signature> <digest hex>``), flushed and synced
-    before the request is answered, read back at start and compacted when the dead lines outnumber the live
-    ones. No path: kept in memory only (a test's server)."""
-
-    def __init__(self, path: str | None, keep_secs: float, clock: Callable[[], float]):
-        self.path, self.keep_secs, self._clock = path, keep_secs, clock
-        self.entries: dict[str, tuple[float, bytes]] = {}
-        self._lines = 0
-        self._file = None
-        if path is None:
-            return
-        try:
-            with open(path, "r", encoding="ascii") as f:
-                for line in f:
-                    at, sig, digest = (line.split() + ["", "", ""])[:3]
-                    try:
-                        self.entries[sig] = (float(at), bytes.fromhex(digest))
-                    except ValueError:
-                        continue  # a line torn by a crash mid-write: its request was never answered
-                    self._lines += 1
-        except FileNotFoundError:
-            pass
-        self.prune()
-        self._compact()
-
-    def prune(self) -> None:
-        horizon = self._clock() - self.keep_secs
-        for key in [k for k, (at, _) in self.entries.items() if at < horizon]:
-            del self.entries[key]
-        if self.path is not None and self._lines > 2 * len(self.entries) + 1000:
-            self._compact()
-
-    def add(self, sig: str, digest: bytes) -> None:
-        at = self._clock()
-        self.entries[sig] = (at, digest)
-        if self._file is not None:
-            self._file.write(f"{at:.3f} {sig} {digest.hex()}\n")
-            self._file.flush()
-            os.fsync(self._file.fileno())
-            self._lines += 1
-
-    def _compact(self) -> None:
-        if self._file is not None:
-            self._file.close()
-        tmp = f"{self.path}.tmp"
-        with open(tmp, "w", encoding="ascii") as f:
-            for sig, (at, digest) in self.entries.items():
-                f.write(f"{at:.3f} {sig} {digest.hex()}\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        self._lines = len(self.entries)
-        self._file = open(self.path, "a", encoding="ascii")
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-
-
 class CallbackServer(WebhookServer):
     """The official account's server URL; ``on_message(message dict)`` records one verified message."""
 
     name = "weixin-callback"
     max_body_bytes = MAX_BODY_BYTES
+    log = log
 
     def __init__(self, bind: str, path: str, token: str, crypto: MsgCrypt | None,
                  on_message: Callable[[dict], None], *, max_age_secs: float = 300.0,
@@ -140,7 +78,6 @@ class CallbackServer(WebhookServer):
         self._clock = clock
         # plaintext mode: signature -> (when, the body's digest, or GET_SENTINEL), on disk at ``seen_path``
         self._seen = SeenLog(seen_path if crypto is None else None, max(max_age_secs, 60.0) * 2, clock)
-        self._seen_lock = threading.Lock()
 
     def respond(self, method: str, target: str, headers, body: bytes | None) -> tuple[int, str]:
         return self.handle(method, target, body)
@@ -222,16 +159,8 @@ class CallbackServer(WebhookServer):
     def _first_use(self, sig: str, body: bytes, *, get: bool = False) -> bool:
         """Whether this plaintext signature is new, or was seen with this very body (WeChat calling again). A
         GET records ``GET_SENTINEL``, which no POST's digest matches."""
-        digest = GET_SENTINEL if get else hashlib.sha256(body).digest()
-        with self._seen_lock:
-            self._seen.prune()
-            seen = self._seen.entries.get(sig.lower())
-            if seen is not None:
-                return hmac.compare_digest(seen[1], digest)
-            self._seen.add(sig.lower(), digest)
-            return True
+        return self._seen.first_use(sig.lower(), GET_SENTINEL if get else hashlib.sha256(body).digest())
 
     def stop(self) -> None:
         super().stop()
-        with self._seen_lock:
-            self._seen.close()
+        self._seen.close()

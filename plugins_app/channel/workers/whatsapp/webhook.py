@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import logging
 from typing import Callable
 from urllib.parse import parse_qs, urlsplit
 
-from plugins_app.channel.sdk.webhook import WebhookServer as SdkWebhookServer
+from plugins_app.channel.sdk.webhook import WebhookServer as SdkWebhookServer, json_loads_bounded
 
 log = logging.getLogger("ugent.worker.whatsapp.webhook")
 
@@ -58,6 +57,7 @@ class WebhookServer(SdkWebhookServer):
 
     name = "whatsapp-webhook"
     max_body_bytes = MAX_BODY_BYTES
+    log = log
 
     def __init__(self, bind: str, path: str, *, app_secret: str, verify_token: str,
                  on_payload: Callable[[dict], None]):
@@ -88,7 +88,7 @@ class WebhookServer(SdkWebhookServer):
             log.warning("refused a notification whose %s is missing or does not verify", SIGNATURE_HEADER)
             return 401, "invalid signature"
         try:
-            payload = json.loads(body)
+            payload = json_loads_bounded(body)
         except ValueError:
             return 400, "body is not JSON"
         if not isinstance(payload, dict):
