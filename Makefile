@@ -7,7 +7,9 @@ TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
 # layout starts once; each keeps its own Redis database (TEST_REDIS_URL's number minus its own), pub/sub
 # prefix and var/ directory (tests/support/workers.py). TEST_WORKERS=0 runs it in this one process.
 TEST_WORKERS ?= 3
-PYTEST_ARGS := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+# Files are handed out slowest first, in the order tests/support/schedule.py gives the collection (xdist's own
+# order, most tests first, left the end-to-end files to the end).
+PYTEST_ARGS := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 .PHONY: setup run test lint test-embedded test-servers services bench
 

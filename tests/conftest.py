@@ -205,7 +205,11 @@ def pytest_terminal_summary(terminalreporter):
 
 
 def pytest_collection_modifyitems(config, items):
-    """A test marked mode_free is the same in either run mode: only the embedded pass runs it (README, Tests)."""
+    """A test marked mode_free is the same in either run mode: only the embedded pass runs it (README, Tests).
+    Under pytest-xdist the slowest files come first, so they are handed out first (tests/support/schedule.py)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        from tests.support.schedule import slowest_first
+        slowest_first(items)
     for item in items:
         if item.get_closest_marker("mode_free") and (item.get_closest_marker("django_db") or {
                 "db", "transactional_db", "cast", "tcast", "live_server"} & set(getattr(item, "fixturenames", ()))):

@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+# Its processes start in embedded mode whichever pass runs it (REDIS_URL and DATABASE_URL removed).
+pytestmark = pytest.mark.mode_free
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # a web process's start: Django set up, then the ASGI module, as uvicorn (and rundaemon, last) imports it

@@ -12,6 +12,10 @@ from pathlib import Path
 
 import pytest
 
+# Each test names its run mode itself: its processes' environment (REDIS_URL and DATABASE_URL removed, or
+# servers mode's pointing at nothing), or settings.UGENT_MODE.
+pytestmark = pytest.mark.mode_free
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -38,3 +38,24 @@ def test_a_daemons_port_is_taken_below_the_ephemeral_range_and_is_free():
         assert 1024 <= port < _ephemeral_low()
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))
+
+
+def test_the_slowest_files_are_handed_out_first_each_keeping_its_tests_order():
+    """tests/support/schedule.py: xdist hands files out in the collection's order (--no-loadscope-reorder)."""
+    from types import SimpleNamespace
+
+    from tests.support import schedule
+    slow, slower = sorted(schedule.SECONDS, key=schedule.SECONDS.get)[-2:]
+    items = [SimpleNamespace(nodeid=n) for n in (
+        "tests/test_small.py::a", f"{slow}::x", "tests/test_many.py::a", f"{slower}::y", "tests/test_many.py::b",
+        f"{slow}::w", "tests/test_small.py::b", "tests/test_many.py::c")]
+    schedule.slowest_first(items)
+    assert [i.nodeid for i in items] == [
+        f"{slower}::y", f"{slow}::x", f"{slow}::w", "tests/test_many.py::a", "tests/test_many.py::b",
+        "tests/test_many.py::c", "tests/test_small.py::a", "tests/test_small.py::b"]
+
+
+def test_every_file_the_schedule_names_is_there():
+    from tests.support.schedule import SECONDS
+    from tests.support.workers import ROOT
+    assert SECONDS and [name for name in SECONDS if not (ROOT / name).is_file()] == []

@@ -22,7 +22,7 @@ DEBUG = env.bool("DJANGO_DEBUG", default=False)
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["*"])
 
 INSTALLED_APPS = [
-    "daphne",
+    "ugent_site.daphne_runserver.DaphneRunserverConfig",  # daphne's runserver, its server imported by runserver only
     "ugent_site.admin_site.ControlRoomAdminConfig",  # django.contrib.admin, with the health board as its index
     "django.contrib.auth",
     "django.contrib.contenttypes",

@@ -7,6 +7,8 @@ from ovos_plugin_manager.templates.agents import OptionMatcherEngine, YesNoEngin
 from plugins_app.agent.engines import registry
 from plugins_app.agent.engines.matchers import KeywordYesNoEngine, OrdinalFuzzyOptionMatcher
 
+pytestmark = pytest.mark.mode_free  # engines and toolboxes in this process, no database, Redis or run mode
+
 OPTIONS = ["Low", "Medium", "High"]
 
 

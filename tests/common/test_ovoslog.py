@@ -8,6 +8,8 @@ from ovos_utils import log as ovos_log
 
 from ugent_common import ovoslog
 
+pytestmark = pytest.mark.mode_free  # no database, Redis or run mode
+
 
 def _library_lookup():
     """ovos-utils' own _get_real_logger, from a fresh copy of its module (this process's LOG has ours)."""

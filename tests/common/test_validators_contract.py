@@ -14,6 +14,8 @@ from plugins_app.channel.tomlio import PluginsFileError, plugins_parse
 from rules_app.engine import RuleSetError, parse_rules
 from rules_app.routing import RoutingError, parse_routing
 
+pytestmark = pytest.mark.mode_free  # no database, Redis or run mode
+
 LINE = re.compile(r"^(?:(?P<source>[\w.<>]+\.toml|<\w+>): )?(?P<where>[^:]+): (?P<what>.+)$")
 
 RULE = '[[rules]]\nname = "ok"\ndecision = "Ignore"\nmatch = { always = true }\n'

@@ -65,14 +65,18 @@ def test_two_daemons_starting_at_once_on_one_static_root_collect_once(tmp_path):
     script = (
         "import os, sys, time, django; django.setup()\n"
         "from ugent_site.staticfiles import static_collect_if_changed\n"
+        f"open(os.path.join({str(tmp_path)!r}, 'ready-' + sys.argv[1]), 'w').close()\n"
         f"while not os.path.exists({str(go)!r}): time.sleep(0.01)\n"
         "print('collected' if static_collect_if_changed() else 'found')\n")
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST")},
            "DJANGO_SETTINGS_MODULE": "ugent_site.settings", "UGENT_STATIC_ROOT": str(tmp_path / "static"),
            "UGENT_VAR_DIR": str(tmp_path / "var"), "PYTHONPATH": str(root)}
-    procs = [subprocess.Popen([sys.executable, "-c", script], cwd=root, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    time.sleep(3)  # both have set Django up and wait for the word
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(n)], cwd=root, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for n in range(2)]
+    deadline = time.monotonic() + 120
+    while not all((tmp_path / f"ready-{n}").exists() for n in range(2)):  # both have set Django up, and wait
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), [p.poll() for p in procs]
+        time.sleep(0.05)
     go.touch()
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), outs

@@ -14,6 +14,8 @@ import pytest
 from plugins_app.agent.engines import code
 from plugins_app.agent.engines.code import CodeRetrievalEngine
 
+pytestmark = pytest.mark.mode_free  # engines and toolboxes in this process, no database, Redis or run mode
+
 FILES = {
     "weather.py": 'def forecast_rain(region):\n    """Predict precipitation for a region from the radar feed."""\n'
                   '    return radar.read(region).precipitation()\n',

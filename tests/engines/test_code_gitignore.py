@@ -7,7 +7,11 @@ from __future__ import annotations
 import logging
 import os
 
+import pytest
+
 from plugins_app.agent.engines.code import CodeRetrievalEngine, folder_files
+
+pytestmark = pytest.mark.mode_free  # engines and toolboxes in this process, no database, Redis or run mode
 
 
 def listing(ws) -> set:

@@ -11,6 +11,8 @@ from ovos_plugin_manager.templates.agents import RetrievalEngine
 
 from plugins_app.agent.engines.code import WINDOW_LINES, CodeRetrievalEngine, chunk_file, code_terms
 
+pytestmark = pytest.mark.mode_free  # engines and toolboxes in this process, no database, Redis or run mode
+
 BILLING = '''import os
 
 

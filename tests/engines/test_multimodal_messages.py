@@ -2,10 +2,13 @@
 a tool round's calls and results must still pair up (plugins_app.agent.engines.base.messages_for)."""
 from __future__ import annotations
 
+import pytest
 from ovos_plugin_manager.templates.agents import (AgentMessage, MessageRole, MultimodalAgentMessage,
                                                   MultimodalChatEngine)
 
 from plugins_app.agent.engines.base import messages_for
+
+pytestmark = pytest.mark.mode_free  # engines and toolboxes in this process, no database, Redis or run mode
 
 
 class Multimodal(MultimodalChatEngine):

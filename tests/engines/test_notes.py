@@ -20,6 +20,8 @@ from plugins_app.agent.engines.notes import (NOTHING_FOUND, NotesChatEngine,
                                        default_notes_folder, split_markdown,
                                        stem, terms)
 
+pytestmark = pytest.mark.mode_free  # engines and toolboxes in this process, no database, Redis or run mode
+
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED_NOTES = REPO / "workspace" / "notes"
 

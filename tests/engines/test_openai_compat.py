@@ -2,7 +2,6 @@
 import json
 import socket
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,8 @@ from plugins_app.agent.engines.base import (ANSWER, THINKING, TOOL, USAGE, Engin
                                       stream_items)
 from plugins_app.agent.engines.openai_compat import OpenAICompatibleEngine
 from tests.fakes.upstream import DEFAULT_ANSWER, Script, StubUpstream, run_stub_upstream
+
+pytestmark = pytest.mark.mode_free  # engines and toolboxes in this process, no database, Redis or run mode
 
 SPEC = Path(__file__).resolve().parents[1] / "data" / "openai-chat-subset.json"
 USER = [AgentMessage(role=MessageRole.USER, content="Say hello.")]

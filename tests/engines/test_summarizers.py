@@ -9,6 +9,8 @@ from plugins_app.agent.engines.summarizers import (SUMMARY_HEADER, ExtractiveCha
                                                    OpenAICompatibleChatSummarizer, is_summary)
 from tests.fakes.upstream import Script, run_stub_upstream
 
+pytestmark = pytest.mark.mode_free  # engines and toolboxes in this process, no database, Redis or run mode
+
 
 def msg(role: str, text: str) -> AgentMessage:
     return AgentMessage(role=MessageRole(role), content=text)

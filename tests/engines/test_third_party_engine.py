@@ -9,6 +9,8 @@ from ovos_plugin_manager.templates.agents import AgentMessage, ChatEngine, Messa
 from plugins_app.agent.engines.base import ANSWER, TOOL, stream_items
 from tests.fakes.upstream import DEFAULT_ANSWER, Script, run_stub_upstream
 
+pytestmark = pytest.mark.mode_free  # engines and toolboxes in this process, no database, Redis or run mode
+
 ENTRY_POINT = "ovos-chat-openai-plugin"
 USER = [AgentMessage(role=MessageRole.USER, content="Say hello.")]
 

@@ -9,6 +9,8 @@ import pytest
 from plugins_app.agent.tools.workspace import (REFUSED_ABSOLUTE, REFUSED_OUTSIDE, REFUSED_PARENT, ListArgs,
                                                ReadArgs, SearchArgs, WorkspaceRefusal, WorkspaceToolBox)
 
+pytestmark = pytest.mark.mode_free  # engines and toolboxes in this process, no database, Redis or run mode
+
 
 @pytest.fixture
 def tree(tmp_path):

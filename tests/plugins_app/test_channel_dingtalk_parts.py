@@ -986,6 +986,7 @@ def test_an_upload_fetches_a_stale_token_again_waits_out_a_throttle_and_tells_th
     worker.put_media(Media(b"%PDF-1.4 x", "application/pdf"), delivery.attachments[0], delivery)
     assert not worker._refusal
     ding.upload_errcode = 60020  # this host not in the app's IP whitelist: the app's refusal, not the file's
+    worker.refusal_hold_secs = 0.0  # (the send's hold until the worker stops: 30 s here, where nothing stops it)
     delivery = file_delivery(("document", "application/pdf", "a.pdf"))
     from plugins_app.channel.sdk import DeliveryFailed
     with pytest.raises(DeliveryFailed):

@@ -8,6 +8,8 @@ from plugins_app.channel.workers import discord as worker
 from plugins_app.channel.workers import installed_kinds
 from tests.fakes.discord import FakeDiscord
 
+pytestmark = pytest.mark.mode_free  # no database, Redis, Django or run mode: the channel worker SDK and workers
+
 BOT_ID = "1100000000000000001"
 
 

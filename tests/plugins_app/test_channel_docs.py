@@ -9,6 +9,8 @@ import pytest
 
 from plugins_app.channel.workers import BUILTIN
 
+pytestmark = pytest.mark.mode_free  # no database, Redis, Django or run mode: the channel worker SDK and workers
+
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "channels"
 
 

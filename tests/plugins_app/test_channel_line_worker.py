@@ -20,6 +20,8 @@ from plugins_app.channel.workers.line import LineWorker, normalise
 from plugins_app.channel.workers.line.api import LineError
 from tests.fakes.line import USER, FakeLine
 
+pytestmark = pytest.mark.mode_free  # no database, Redis, Django or run mode: the channel worker SDK and workers
+
 
 @pytest.fixture
 def line_log(caplog):

@@ -26,7 +26,8 @@ from plugins_app.channel.sdk.mock import MockBridge
 from tests.fakes.slow_file import SlowFile
 from tests.plugins_app.conftest import Running, wait_until
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl, as the supervisor's workers")
+pytestmark = [pytest.mark.mode_free,  # no database, Redis, Django or run mode: the channel worker SDK and workers
+              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl, as the supervisor's workers")]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BIG = b"\x00\x00\x00\x18ftypmp42" + b"v" * 4096  # dribbled a byte every 50 ms: under way until released

@@ -17,6 +17,8 @@ import pytest
 from plugins_app.channel.sdk.mock import MockBridge
 from tests.plugins_app.conftest import Running, wait_until
 
+pytestmark = pytest.mark.mode_free  # no database, Redis, Django or run mode: the channel worker SDK and workers
+
 HEARTBEAT = 0.2          # the replay that fetches a held file again runs at each heartbeat
 #: The "keeps failing" cases wait (media_wait_secs, 60 s in production) until a second try is seen, then the wait
 #: is made over (``give_up_after_retries``): a fixed short wait was used up by one slow try on a loaded machine.

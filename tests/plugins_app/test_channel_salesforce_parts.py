@@ -17,6 +17,8 @@ from plugins_app.channel.workers.salesforce.cometd import (REPLAY_ALL, REPLAY_NE
                                                            Subscription)
 from tests.fakes.salesforce import CONVERSATION, INBOUND, INTEGRATION_USER, OUTBOUND, USER, FakeSalesforce
 
+pytestmark = pytest.mark.mode_free  # no database, Redis, Django or run mode: the channel worker SDK and workers
+
 OPTS = parse_args([], {})
 CHANNEL = f"/event/{INBOUND}"
 

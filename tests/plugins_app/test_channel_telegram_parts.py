@@ -11,6 +11,8 @@ from plugins_app.channel.workers.telegram import (DEFAULT_BASE_URL, RateLimiter,
                                                   parse_conversation, reply_message_id, webhook_secret)
 from tests.fakes.telegram import markdown_v2_problem
 
+pytestmark = pytest.mark.mode_free  # no database, Redis, Django or run mode: the channel worker SDK and workers
+
 CHAT = {"id": 42, "type": "private", "first_name": "Ada", "username": "ada"}
 ADA = {"id": 42, "is_bot": False, "first_name": "Ada", "last_name": "L", "username": "ada"}
 

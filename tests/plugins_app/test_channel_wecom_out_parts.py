@@ -17,6 +17,8 @@ from plugins_app.channel.workers.wecom.cards import question_card, task_id_of
 from plugins_app.channel.workers.wecom.state import WeComState
 from tests.fakes.wecom import AGENT_ID, USER, FakeWeCom, amr_nb
 
+pytestmark = pytest.mark.mode_free  # no database, Redis, Django or run mode: the channel worker SDK and workers
+
 OPTIONS = [{"id": "low", "label": "Low", "value": "q_1:1"}, {"id": "high", "label": "High", "value": "q_1:2"}]
 TEXT = "Which priority?\n1. Low\n2. High"
 

@@ -36,6 +36,8 @@ from plugins_app.channel.sdk.jsonrpc import (
     RPCError,
 )
 
+pytestmark = pytest.mark.mode_free  # no database, Redis, Django or run mode: the channel worker SDK and workers
+
 
 SPEC_PATH = Path(__file__).resolve().parents[1] / "data" / "jsonrpc2-examples.json"
 

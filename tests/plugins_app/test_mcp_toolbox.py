@@ -14,6 +14,8 @@ import mcp.client.stdio
 from plugins_app.agent.tools import plugins
 from plugins_app.agent.tools.mcp import OwnedMCPToolBox
 
+pytestmark = pytest.mark.mode_free  # engines and toolboxes in this process, no database, Redis or run mode
+
 SERVER = Path(__file__).resolve().parents[1] / "data" / "mcp_server.py"
 DEAF = Path(__file__).resolve().parents[1] / "data" / "mcp_server_deaf.py"  # stops reading after the tool list
 

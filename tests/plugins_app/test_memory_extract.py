@@ -5,6 +5,8 @@ import pytest
 
 from plugins_app.agent.memory.extract import extract_facts, normalize
 
+pytestmark = pytest.mark.mode_free  # engines and toolboxes in this process, no database, Redis or run mode
+
 
 @pytest.mark.parametrize("said, facts", [
     ("Hi, my name is Alice. I prefer dark mode!", [("User's name is Alice.", "core"),

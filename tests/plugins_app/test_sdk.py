@@ -37,6 +37,8 @@ from plugins_app.channel.sdk.outbox import ACK, ACKED, DELIVER, PENDING, RESUME,
 from plugins_app.channel.sdk.webhook import WebhookInbox
 from tests.fakes.slow_file import SlowFile
 
+pytestmark = pytest.mark.mode_free  # no database, Redis, Django or run mode: the channel worker SDK and workers
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 

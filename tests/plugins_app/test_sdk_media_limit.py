@@ -9,9 +9,13 @@ from __future__ import annotations
 import tempfile
 import threading
 
+import pytest
+
 from plugins_app.channel.sdk.mock import MockBridge
 from plugins_app.channel.workers.line import LineWorker
 from tests.fakes.line import FakeLine
+
+pytestmark = pytest.mark.mode_free  # no database, Redis, Django or run mode: the channel worker SDK and workers
 
 
 def test_a_file_over_the_hosts_media_limit_is_dropped_with_a_note_and_nothing_waits_behind_it():

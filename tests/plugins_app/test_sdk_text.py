@@ -1,7 +1,10 @@
 """split_text: each part fits the platform's limit, and the parts read as the whole."""
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from plugins_app.channel.sdk.text import split_text, utf16_len
+
+pytestmark = pytest.mark.mode_free  # no database, Redis, Django or run mode: the channel worker SDK and workers
 
 
 def test_a_short_text_is_one_part():

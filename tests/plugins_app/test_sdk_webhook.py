@@ -11,6 +11,8 @@ import pytest
 
 from plugins_app.channel.sdk.webhook import WebhookServer
 
+pytestmark = pytest.mark.mode_free  # no database, Redis, Django or run mode: the channel worker SDK and workers
+
 
 class Recorder(WebhookServer):
     name = "test-webhook"

@@ -11,6 +11,8 @@ from websockets.sync.server import ServerConnection, serve
 from plugins_app.channel.sdk.wslink import LinkRefused, WebSocketLink, start_link
 from tests.plugins_app.conftest import wait_until
 
+pytestmark = pytest.mark.mode_free  # no database, Redis, Django or run mode: the channel worker SDK and workers
+
 
 class Link(WebSocketLink):
     """A link to the loopback gateway: each frame kept; "disconnect" asks to move, "boom" raises."""

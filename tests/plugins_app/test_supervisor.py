@@ -21,7 +21,8 @@ from plugins_app.channel.supervisor.core import REMOVED, SPEC_CHANGED
 from plugins_app.channel.supervisor.policy import HEARTBEAT_OVERDUE
 from plugins_app.channel.supervisor.process import pid_alive, pid_file_path, proc_start_time
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc and prctl")
+pytestmark = [pytest.mark.mode_free,  # no database, Redis, Django or run mode: the channel worker SDK and workers
+              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc and prctl")]
 
 REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable

@@ -15,6 +15,8 @@ from rules_app.routing import (
     parse_routing,
 )
 
+pytestmark = pytest.mark.mode_free  # no database, Redis or run mode
+
 
 
 

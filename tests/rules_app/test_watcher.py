@@ -17,6 +17,8 @@ from rules_app.discovery import (
 from rules_app.engine import CLOSED_ANSWER, MessageFacts, workflow_check_from
 from rules_app.watcher import RuleEngineHolder
 
+pytestmark = pytest.mark.mode_free  # no database, Redis or run mode
+
 
 
 
