@@ -361,17 +361,18 @@ def _submit(principal, data: dict, on_turn=None):
 
 def _reply(principal, data: dict) -> dict:
     """A question reply: applied to the question it names, for the user it asked; never a turn."""
-    actor = services.actor_resolve(caller=principal.caller, user=data.get("user"),
-                                   federation_issuer=data.get("federation_issuer"),
-                                   federation_subject=data.get("federation_subject"),
-                                   identity=principal.identity)
+    actor = services.actor_existing(caller=principal.caller, user=data.get("user"),
+                                    federation_issuer=data.get("federation_issuer"),
+                                    federation_subject=data.get("federation_subject"),
+                                    identity=principal.identity)
     conversation = None
     if data.get("conversation_id"):
         conversation = streams.conversation_lookup(conversation_id=data["conversation_id"],
                                                    client_id=data.get("client_id") or "", channel="web")
-        if conversation is None:
-            raise ApplicationError(questions.NO_SUCH_QUESTION, status=404, code="question_not_found",
-                                   param="ugent_interaction_reply.request_id")
+    if actor is None or (data.get("conversation_id") and conversation is None):
+        # an actor with no row was asked nothing: the 404 of a question that is not theirs, and no row written
+        raise ApplicationError(questions.NO_SUCH_QUESTION, status=404, code="question_not_found",
+                               param="ugent_interaction_reply.request_id")
     return services.question_reply_submit(actor=actor, reply=data["ugent_interaction_reply"],
                                           conversation=conversation, content=last_user_text(data["messages"]) or "",
                                           client_message_id=data.get("client_message_id"))

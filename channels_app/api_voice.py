@@ -109,11 +109,12 @@ def live_socket_refusal(*, headers: dict, query: dict) -> tuple[int, str]:
         if not ser.is_valid():
             raise from_drf(serializers.ValidationError(ser.errors))
         query = ser.validated_data
-        viewer = services.viewer_of_request(principal, query)
+        # refused in this build whatever it asks (4422), so it keeps nothing: not even its caller's Actor row
+        actor = services.actor_existing_of_request(principal, query)
         if query.get("conversation_id"):
             # a call speaks into the conversation: only whoever may write into it (on the web channel, its
             # owner; not an operator acting as itself) may hold one
-            services.conversation_writable_or_new(actor=viewer.actor, conversation_id=query["conversation_id"],
+            services.conversation_writable_or_new(actor=actor, conversation_id=query["conversation_id"],
                                                   client_id=query.get("client_id") or "")
     except ApplicationError as exc:
         return 4000 + exc.status, exc.message

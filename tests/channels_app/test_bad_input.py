@@ -397,3 +397,13 @@ def test_the_operator_reading_with_no_row_yet_reads_what_it_may(tcast):
     Actor.objects.filter(key__startswith="operator@").delete()
     resp = Client().get("/v1/ugent/conversation/snapshot", {"conversation_id": "c1"}, HTTP_X_API_KEY=OPERATOR_KEY)
     assert resp.status_code == 200, resp.content
+
+
+def test_a_question_reply_from_someone_never_seen_is_the_404_and_writes_no_actor(tcast):
+    before = counts()
+    reply = {"request_id": "q-guess", "action": "submit", "value": "yes"}
+    for extra in ({}, {"conversation_id": "c-none"}):
+        err = refused(post_raw("/v1/chat/completions", chat_body("yes", user="never-seen", ugent_interaction_reply=reply,
+                                                              **extra)), status=404)
+        assert err["code"] == "question_not_found"
+    assert counts() == before

@@ -124,3 +124,11 @@ def test_an_outsider_application_may_not_call_into_a_users_conversation(tcast):
     _, message = close_of({"conversation_id": "carols-call", "federation_issuer": "elsewhere",
                            "federation_subject": "carol"}, key=OUTSIDER_KEY)
     assert (message["code"], message["reason"]) == (4403, services.NOT_YOURS)
+
+
+def test_a_refused_call_by_someone_never_seen_writes_no_actor(tcast):
+    # every call is refused in this build: it keeps nothing, its caller's row included
+    before = Actor.objects.count()
+    accepted, message = close_of({"conversation_id": "call-new", "user": "never-seen"})
+    assert accepted and message["code"] == 4422
+    assert Actor.objects.count() == before
