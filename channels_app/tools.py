@@ -40,6 +40,8 @@ TIMEOUT_ERROR = "the tool did not answer within {seconds:g} s"
 UNKNOWN_ERROR = "no tool named {name!r} is offered to this turn"
 STOPPED_ERROR = "the turn was stopped while the tool ran"
 BAD_ARGUMENTS_ERROR = "the arguments are not a JSON object"
+TOO_LARGE_ERROR = ("the tool's result is {size} bytes, over the {limit} a result may be "
+                   "(UGENT_TOOL_RESULT_MAX_BYTES): ask for less of it")
 #: The tools a scheduled job would offer (cron). Cron registers none today; a narrowed turn is
 #: offered none of them, since a job runs later without the turn's limits (seed 000).
 SCHEDULING_TOOLS: set[str] = set()
@@ -276,6 +278,15 @@ def _reason(exc: BaseException) -> str:
     return text if not hasattr(exc, "errors") else f"invalid arguments: {text.splitlines()[0]}"
 
 
+def _too_large(result: Any) -> str:
+    """The error for a result over UGENT_TOOL_RESULT_MAX_BYTES (its files already taken out as artifacts): it
+    would be stored in the ToolCall row, streamed in a turn.delta to every listener and sent to the model
+    whole. An error the engine can act on, not a cut result that is no longer JSON."""
+    size = len(json.dumps(result, ensure_ascii=False, default=str).encode("utf-8", "surrogatepass"))
+    limit = settings.UGENT_TOOL_RESULT_MAX_BYTES
+    return TOO_LARGE_ERROR.format(size=size, limit=limit) if size > limit else ""
+
+
 def _json_safe(value: Any) -> Any:
     if hasattr(value, "model_dump"):
         return value.model_dump(mode="json")
@@ -377,6 +388,9 @@ def tool_call_run(*, tools: TurnTools, ctx: ToolContext, call: dict, step: int,
     if not error:  # its files stored in the conversation and announced; the engine sees no bytes
         from channels_app import artifacts as artifacts_mod
         result, artifacts = artifacts_mod.artifacts_take(turn=ctx.turn, result=result, emit=ctx.emit)
+        error = _too_large(result)
+        if error:
+            result = None
     ms = round((time.monotonic() - started) * 1000, 2)
     outcome = CallOutcome(call_id=call_id, name=name, result=result, error=error, ms=ms, artifacts=artifacts)
     rows.table(ToolCall).update({"id": record.pk}, state=ToolCallState.ERROR if error else ToolCallState.DONE,

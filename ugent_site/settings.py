@@ -267,6 +267,9 @@ UGENT_COMMAND_ENGINE_TIMEOUT = env.float("UGENT_COMMAND_ENGINE_TIMEOUT", default
 UGENT_TOOL_STEP_LIMIT = env.int("UGENT_TOOL_STEP_LIMIT", default=8)
 UGENT_TOOL_TIMEOUT_SECONDS = env.float("UGENT_TOOL_TIMEOUT_SECONDS", default=30.0)
 UGENT_TOOL_DELEGATION_DEPTH = env.int("UGENT_TOOL_DELEGATION_DEPTH", default=1)
+# The most bytes (as JSON) one tool result may be: it is stored, streamed and sent to the model whole, so a
+# larger one is answered to the engine as an error that says so (docs/tools.md).
+UGENT_TOOL_RESULT_MAX_BYTES = env.int("UGENT_TOOL_RESULT_MAX_BYTES", default=512 * 1024)
 UGENT_LLM_BASE_URL = env("UGENT_LLM_BASE_URL", default="")
 UGENT_LLM_API_KEY = env("UGENT_LLM_API_KEY", default="")
 UGENT_LLM_MODEL = env("UGENT_LLM_MODEL", default="")

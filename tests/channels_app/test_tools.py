@@ -90,6 +90,21 @@ def test_a_tool_past_its_timeout_is_cut_off_with_an_error(tcast, enabled, settin
     assert call.state == "error" and call.error == "the tool did not answer within 0.3 s"
 
 
+def test_a_result_over_the_size_limit_is_an_error_stored_and_sent_nowhere(tcast, enabled, settings):
+    # it would be stored in the row, streamed to every listener and sent to the model whole
+    settings.UGENT_TOOL_RESULT_MAX_BYTES = 100
+    text = answer(chat(tcast.alice, 'script:call=echo{"text": "' + "x" * 200 + '"}|call=echo{"text": "ok"}|result'))
+    big, small = [json.loads(line) for line in text.splitlines()]
+    assert big["error"] == ("the tool's result is 212 bytes, over the 100 a result may be "
+                            "(UGENT_TOOL_RESULT_MAX_BYTES): ask for less of it")
+    assert small == {"echo": "ok"}
+    calls = list(ToolCall.objects.order_by("id").values_list("state", "result"))
+    assert calls == [("error", None), ("done", {"echo": "ok"})]
+    ends = [e.data["tool"] for e in Event.objects.filter(type="turn.delta", data__segment="tool").order_by("id")
+            if e.data["tool"]["status"] != "running"]
+    assert "result" not in ends[0] and ends[0]["status"] == "error" and ends[1]["result"] == {"echo": "ok"}
+
+
 def test_artifacts_arrive_on_the_turn_the_receipt_and_the_stream(tcast, enabled):
     """More in tests/channels_app/test_artifacts.py: storing, downloading, finishing a pending one."""
     frames = parse_sse(body_bytes(chat(tcast.alice, "script:call=make_file|answer=made", stream=True)))
