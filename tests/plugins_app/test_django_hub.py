@@ -233,3 +233,33 @@ def test_only_a_database_that_is_away_makes_the_host_unavailable(error, away):
     call = async_to_sync(_db(fails))
     with pytest.raises(HostUnavailable if away else exc_type):
         call()
+
+
+def test_one_plugins_burst_of_blocked_calls_leaves_another_plugins_call_a_thread(monkeypatch):
+    """Every plugin's bridge shares one loop and its thread pool: a plugin's share of it is bounded.
+
+    Plugin A has as many heartbeats in flight as a connection allows (a batch of 64), each stuck in
+    the database; plugin B's heartbeat is still answered while they are held.
+    """
+    import threading
+    gate = threading.Event()
+
+    def record(*, plugin_id):
+        if plugin_id == "plugin-a":
+            gate.wait(30)
+
+    monkeypatch.setattr(services, "plugin_heartbeat_record", record)
+    hub = DjangoHub()
+
+    async def scenario():
+        held = [asyncio.ensure_future(hub.heartbeat("plugin-a", {})) for _ in range(64)]
+        try:
+            # wait_for only keeps a broken build from hanging: B's call returns while A's are held.
+            await asyncio.wait_for(hub.heartbeat("plugin-b", {}), 20)
+            assert not gate.is_set() and not any(t.done() for t in held)
+        finally:
+            gate.set()
+            await asyncio.gather(*held)
+        return hub.last_heartbeat("plugin-b")
+
+    assert run(scenario()) is not None
