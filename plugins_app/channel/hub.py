@@ -14,6 +14,7 @@ import logging
 import time
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections
 from django.utils import timezone
 
@@ -21,6 +22,7 @@ from channels_app import notify
 from plugins_app.channel import conf, services
 from plugins_app.channel.bridge import HostUnavailable, Hub, MediaNotFound, MediaTooLarge, UnknownDelivery
 from plugins_app.channel.models import OutboundDelivery, Plugin, PluginMedia
+from plugins_app.channel.sdk.jsonrpc import InvalidParams
 from plugins_app.channel.sdk.messages import Attachment, Media
 from plugins_app.channel.sdk.messages import Delivery as WireDelivery
 
@@ -93,6 +95,11 @@ class DjangoHub(Hub):
         await self._db(plugin_id, services.plugin_heartbeat_record)(plugin_id=plugin_id)
 
     async def submit_inbound(self, plugin_id: str, message) -> dict:
+        # A channel message's text is held to the web API's body limit (the frame alone allows 16 MiB).
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        if limit is not None and len(message.text.encode("utf-8")) > limit:
+            raise InvalidParams(f"is longer than the host takes: at most {limit} bytes (UGENT_MAX_REQUEST_BYTES)",
+                                field="message.text")
         return await self._db(plugin_id, services.inbound_submit)(plugin_id=plugin_id, message=message)
 
     async def poll_outbound(self, plugin_id: str, max_items: int, timeout: float) -> list[WireDelivery]:

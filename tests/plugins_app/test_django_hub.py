@@ -263,3 +263,16 @@ def test_one_plugins_burst_of_blocked_calls_leaves_another_plugins_call_a_thread
         return hub.last_heartbeat("plugin-b")
 
     assert run(scenario()) is not None
+
+
+def test_a_text_over_the_request_limit_is_invalid_params_and_runs_nothing(tcast, settings):
+    make_plugin()
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 100  # UGENT_MAX_REQUEST_BYTES
+    from plugins_app.channel.sdk.jsonrpc import InvalidParams
+    with pytest.raises(InvalidParams) as refused:
+        run(DjangoHub().submit_inbound("echo-main", msg(text="é" * 51)))  # 102 bytes in UTF-8
+    assert refused.value.field == "message.text"
+    assert str(refused.value.message) == ("Invalid params: message.text: is longer than the host takes: "
+                                          "at most 100 bytes (UGENT_MAX_REQUEST_BYTES)")
+    assert Receipt.objects.count() == Turn.objects.count() == 0
+    assert run(DjangoHub().submit_inbound("echo-main", msg(text="é" * 50)))["accepted"] is True
