@@ -2,7 +2,9 @@
 
 Each method runs its ORM work in a worker thread (``sync_to_async`` with
 ``thread_sensitive=False``, connections closed around it), so the bridge's
-event loop never blocks on the database. This hub and ``InMemoryHub``
+event loop never blocks on the database; each plugin has a fair share of that
+thread pool (``Hub.in_share``), so one plugin's burst does not queue every other
+plugin's calls behind it. This hub and ``InMemoryHub``
 (``plugins_app.channel.bridge.memory``) keep one delivery policy, ``plugins_app.channel.bridge.policy``.
 """
 from __future__ import annotations
@@ -12,6 +14,7 @@ import logging
 import time
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections
 from django.utils import timezone
 
@@ -19,6 +22,7 @@ from channels_app import notify
 from plugins_app.channel import conf, services
 from plugins_app.channel.bridge import HostUnavailable, Hub, MediaNotFound, MediaTooLarge, UnknownDelivery
 from plugins_app.channel.models import OutboundDelivery, Plugin, PluginMedia
+from plugins_app.channel.sdk.jsonrpc import InvalidParams
 from plugins_app.channel.sdk.messages import Attachment, Media
 from plugins_app.channel.sdk.messages import Delivery as WireDelivery
 
@@ -65,6 +69,10 @@ class DjangoHub(Hub):
     def __init__(self):
         self.beats: dict[str, float] = {}
 
+    def _db(self, plugin_id: str, fn):
+        """``_db(fn)`` within the plugin's share of the shared thread pool (``Hub.in_share``)."""
+        return self.in_share(plugin_id, _db(fn))
+
     def last_heartbeat(self, plugin_id: str) -> float | None:
         """The supervisor's heartbeat lookup (epoch seconds)."""
         return self.beats.get(plugin_id)
@@ -80,18 +88,23 @@ class DjangoHub(Hub):
                      info.get("kind"), info.get("version"), info.get("pid"), requeued)
             return {"heartbeat_secs": plugin.heartbeat_secs, "max_in_flight": plugin.max_in_flight,
                     "max_retries": plugin.max_retries}
-        return await _db(work)()
+        return await self._db(plugin_id, work)()
 
     async def heartbeat(self, plugin_id: str, stats: dict) -> None:
         self.beats[plugin_id] = time.time()
-        await _db(services.plugin_heartbeat_record)(plugin_id=plugin_id)
+        await self._db(plugin_id, services.plugin_heartbeat_record)(plugin_id=plugin_id)
 
     async def submit_inbound(self, plugin_id: str, message) -> dict:
-        return await _db(services.inbound_submit)(plugin_id=plugin_id, message=message)
+        # A channel message's text is held to the web API's body limit (the frame alone allows 16 MiB).
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        if limit is not None and len(message.text.encode("utf-8")) > limit:
+            raise InvalidParams(f"is longer than the host takes: at most {limit} bytes (UGENT_MAX_REQUEST_BYTES)",
+                                field="message.text")
+        return await self._db(plugin_id, services.inbound_submit)(plugin_id=plugin_id, message=message)
 
     async def poll_outbound(self, plugin_id: str, max_items: int, timeout: float) -> list[WireDelivery]:
-        claim = _db(lambda: [to_wire(r) for r in services.deliveries_claim(plugin_id=plugin_id,
-                                                                           max_items=max_items)])
+        claim = self._db(plugin_id, lambda: [to_wire(r) for r in services.deliveries_claim(
+            plugin_id=plugin_id, max_items=max_items)])
         waiter = await notify.subscribe(services.outbound_topic(plugin_id))
         deadline = time.monotonic() + timeout
         try:
@@ -123,10 +136,10 @@ class DjangoHub(Hub):
                                              channel_message_id=channel_message_id, claim=claim)
             except services.UnknownDeliveryId:
                 raise UnknownDelivery(delivery_id) from None
-        return await _db(work)()
+        return await self._db(plugin_id, work)()
 
     async def requeue_outbound(self, plugin_id: str, delivery_ids: list[str]) -> None:
-        await _db(services.deliveries_requeue)(plugin_id=plugin_id, delivery_ids=delivery_ids)
+        await self._db(plugin_id, services.deliveries_requeue)(plugin_id=plugin_id, delivery_ids=delivery_ids)
 
     async def media_get(self, plugin_id: str, media_id: str) -> Media:
         def work():
@@ -135,7 +148,7 @@ class DjangoHub(Hub):
             if row is None:
                 raise MediaNotFound(media_id)
             return Media(bytes(row.data), row.content_type, row.filename or None)
-        return await _db(work)()
+        return await self._db(plugin_id, work)()
 
     async def media_put(self, plugin_id: str, media: Media) -> str:
         def work():
@@ -144,4 +157,4 @@ class DjangoHub(Hub):
                                             content_type=media.content_type, filename=media.filename)
             except services.MediaTooLargeError as exc:
                 raise MediaTooLarge(exc.size, exc.limit) from None
-        return await _db(work)()
+        return await self._db(plugin_id, work)()

@@ -233,3 +233,46 @@ def test_only_a_database_that_is_away_makes_the_host_unavailable(error, away):
     call = async_to_sync(_db(fails))
     with pytest.raises(HostUnavailable if away else exc_type):
         call()
+
+
+def test_one_plugins_burst_of_blocked_calls_leaves_another_plugins_call_a_thread(monkeypatch):
+    """Every plugin's bridge shares one loop and its thread pool: a plugin's share of it is bounded.
+
+    Plugin A has as many heartbeats in flight as a connection allows (a batch of 64), each stuck in
+    the database; plugin B's heartbeat is still answered while they are held.
+    """
+    import threading
+    gate = threading.Event()
+
+    def record(*, plugin_id):
+        if plugin_id == "plugin-a":
+            gate.wait(30)
+
+    monkeypatch.setattr(services, "plugin_heartbeat_record", record)
+    hub = DjangoHub()
+
+    async def scenario():
+        held = [asyncio.ensure_future(hub.heartbeat("plugin-a", {})) for _ in range(64)]
+        try:
+            # wait_for only keeps a broken build from hanging: B's call returns while A's are held.
+            await asyncio.wait_for(hub.heartbeat("plugin-b", {}), 20)
+            assert not gate.is_set() and not any(t.done() for t in held)
+        finally:
+            gate.set()
+            await asyncio.gather(*held)
+        return hub.last_heartbeat("plugin-b")
+
+    assert run(scenario()) is not None
+
+
+def test_a_text_over_the_request_limit_is_invalid_params_and_runs_nothing(tcast, settings):
+    make_plugin()
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 100  # UGENT_MAX_REQUEST_BYTES
+    from plugins_app.channel.sdk.jsonrpc import InvalidParams
+    with pytest.raises(InvalidParams) as refused:
+        run(DjangoHub().submit_inbound("echo-main", msg(text="é" * 51)))  # 102 bytes in UTF-8
+    assert refused.value.field == "message.text"
+    assert str(refused.value.message) == ("Invalid params: message.text: is longer than the host takes: "
+                                          "at most 100 bytes (UGENT_MAX_REQUEST_BYTES)")
+    assert Receipt.objects.count() == Turn.objects.count() == 0
+    assert run(DjangoHub().submit_inbound("echo-main", msg(text="é" * 50)))["accepted"] is True

@@ -636,3 +636,42 @@ def test_hello_with_another_protocol_version_is_refused_naming_the_field(bridge)
             "Invalid params: params must be an object (named parameters)"
     finally:
         c.close()
+
+
+# -- batches: each call takes a slot of the connection's limit -------------------------------
+
+
+def _batch(method, n, params=None):
+    return json.dumps([{"jsonrpc": "2.0", "method": method, "params": params or [i], "id": i} for i in range(n)],
+                      separators=(",", ":"))
+
+
+def test_a_batch_longer_than_the_in_flight_limit_is_refused_whole_and_runs_nothing(transport_server):
+    c = LineConn(transport_server)
+    try:
+        before = len(NOTIFIED)
+        answer = c.exchange(_batch("update", 65))
+        # One Response object, not an array: the batch as a whole is invalid (like an empty one).
+        assert answer == {"jsonrpc": "2.0", "id": None, "error": {
+            "code": INVALID_REQUEST, "message": "Invalid Request: a batch of 65 calls is over the limit of 64",
+            "data": {"reason": "batch too long", "size": 65, "max_batch_calls": 64}}}
+        assert len(NOTIFIED) == before
+        assert c.call("sum", [1, 2], id="after")["result"] == 3
+    finally:
+        c.close()
+
+
+def test_a_batch_within_the_limit_is_answered_call_by_call(conn):
+    answer = conn.exchange(_batch("sum", 64, [2, 3]))
+    assert sorted(r["id"] for r in answer) == list(range(64))
+    assert {r["result"] for r in answer} == {5}
+
+
+def test_a_batch_longer_than_the_limit_before_hello_is_refused_and_hello_still_works(bridge):
+    c = LineConn(bridge.socket_path)
+    try:
+        c.send_line(_batch("x", 65))  # the bridge's frames are at most 4096 bytes here
+        assert c.recv()["error"]["data"]["reason"] == "batch too long"
+        assert "result" in c.call("hello", hello_params())
+    finally:
+        c.close()

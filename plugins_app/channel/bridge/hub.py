@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import abc
+import asyncio
+import weakref
+from typing import Any, Awaitable, Callable
 
 from plugins_app.channel.sdk.messages import InboundMessage, Media, Delivery
 
@@ -13,7 +16,29 @@ class Hub(abc.ABC):
     blocking code (the ORM) wraps it (``asyncio.to_thread``/``sync_to_async``).
     A method may raise the ``RPCError`` subclasses of ``bridge.errors``; any other exception
     reaches the worker as -32603 Internal error.
+
+    Every plugin's bridge shares one event loop and its default thread pool: a hub that hands
+    blocking work to that pool wraps it in ``in_share`` so that one plugin never has more than
+    ``EXECUTOR_SHARE`` jobs in it at once and another plugin's call queues behind a few of its
+    jobs, not behind all of them.
     """
+
+    EXECUTOR_SHARE = 2
+
+    def in_share(self, plugin_id: str, fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        """``fn`` (a coroutine function that hands work to the shared thread pool) run within the plugin's share."""
+        async def shared(*args: Any, **kwargs: Any) -> Any:
+            async with self._share(plugin_id):
+                return await fn(*args, **kwargs)
+        return shared
+
+    def _share(self, plugin_id: str) -> asyncio.Semaphore:
+        # One semaphore per plugin and event loop (a semaphore belongs to the loop it first waits on).
+        shares = self.__dict__.setdefault("_shares", weakref.WeakKeyDictionary())
+        per_loop = shares.setdefault(asyncio.get_running_loop(), {})
+        if plugin_id not in per_loop:
+            per_loop[plugin_id] = asyncio.Semaphore(self.EXECUTOR_SHARE)
+        return per_loop[plugin_id]
 
     @abc.abstractmethod
     async def hello_ok(self, plugin_id: str, info: dict) -> dict:

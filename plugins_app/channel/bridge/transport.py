@@ -10,7 +10,8 @@ import stat
 import struct
 from typing import Any, Awaitable, Callable
 
-from plugins_app.channel.sdk.jsonrpc import DEFAULT_MAX_FRAME_BYTES, Dispatcher, LineSplitter
+from plugins_app.channel.sdk.jsonrpc import (DEFAULT_MAX_FRAME_BYTES, Dispatcher, LineSplitter, RPCError,
+                                             batch_too_long, encode_frame, error_response)
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +122,11 @@ class JsonRpcSocketServer:
     heartbeat; responses go out as they finish (JSON-RPC matches them by id).
     A malformed or oversized frame is answered with its error and the
     connection carries on.
+
+    ``max_concurrent_requests`` bounds the calls a connection has in flight, batched
+    or not: a batch takes one slot per call until it is answered, and a batch
+    longer than the limit is refused whole (-32600, none of its calls run). When
+    every slot is taken the connection is not read until one frees.
     """
 
     def __init__(self, socket_path: str, dispatcher_factory: Callable[[Connection], Dispatcher], *,
@@ -174,11 +180,24 @@ class JsonRpcSocketServer:
                 if not data:
                     break
                 for frame in splitter.feed(data):
-                    if conn.sequential:
-                        await self._one(conn, dispatcher, frame, None)
+                    try:
+                        obj = dispatcher.frame_obj(frame)
+                    except RPCError as exc:
+                        await conn.send(encode_frame(error_response(None, exc)))
                         continue
-                    await slots.acquire()
-                    task = asyncio.create_task(self._one(conn, dispatcher, frame, slots))
+                    calls = len(obj) if isinstance(obj, list) else 1
+                    if calls > self.max_concurrent_requests:
+                        refusal = batch_too_long(calls, self.max_concurrent_requests)
+                        await conn.send(encode_frame(error_response(None, refusal)))
+                        continue
+                    if conn.sequential:
+                        await self._one(conn, dispatcher, obj, None, 0)
+                        continue
+                    calls = max(calls, 1)  # an empty batch is one (invalid) request
+                    for _ in range(calls):
+                        # Only this loop acquires, so taking the slots one at a time cannot deadlock.
+                        await slots.acquire()
+                    task = asyncio.create_task(self._one(conn, dispatcher, obj, slots, calls))
                     conn.tasks.add(task)
                     task.add_done_callback(conn.tasks.discard)
         except (ConnectionError, OSError):
@@ -203,12 +222,13 @@ class JsonRpcSocketServer:
                     logger.exception("connection close hook failed")
 
     @staticmethod
-    async def _one(conn: Connection, dispatcher: Dispatcher, frame: Any, slots: asyncio.Semaphore | None) -> None:
+    async def _one(conn: Connection, dispatcher: Dispatcher, obj: Any, slots: asyncio.Semaphore | None,
+                   calls: int) -> None:
         try:
-            out = await dispatcher.handle_frame_async(frame)
-            if out is not None:
-                await conn.send(out)
+            response = await dispatcher.handle_obj_async(obj)
+            if response is not None:
+                await conn.send(encode_frame(response))
         finally:
             if slots is not None:
-                slots.release()
-
+                for _ in range(calls):
+                    slots.release()

@@ -162,6 +162,16 @@ class FrameTooLarge:
         return RPCError(INVALID_REQUEST, data={"reason": "frame too large", "max_frame_bytes": self.limit})
 
 
+def batch_too_long(size: int, limit: int) -> RPCError:
+    """-32600 for a batch of more calls than the receiver runs at once: refused whole, none of its calls run.
+
+    The batch as a whole is invalid, so, as for an empty batch, the answer is one Response object with
+    ``id`` null rather than an array (JSON-RPC 2.0, Batch).
+    """
+    return RPCError(INVALID_REQUEST, f"Invalid Request: a batch of {size} calls is over the limit of {limit}",
+                    data={"reason": "batch too long", "size": size, "max_batch_calls": limit})
+
+
 class LineSplitter:
     """Splits a byte stream into frames, bounding memory by ``max_frame_bytes``.
 
@@ -340,7 +350,7 @@ class Dispatcher:
     def handle_frame(self, frame: bytes | str | FrameTooLarge) -> bytes | None:
         """One incoming frame to the outgoing frame (with newline), or None."""
         try:
-            obj = self._frame_obj(frame)
+            obj = self.frame_obj(frame)
         except RPCError as exc:
             return encode_frame(error_response(None, exc))
         return _encode_or_none(self.handle_obj(obj))
@@ -375,13 +385,14 @@ class Dispatcher:
 
     async def handle_frame_async(self, frame: bytes | str | FrameTooLarge) -> bytes | None:
         try:
-            obj = self._frame_obj(frame)
+            obj = self.frame_obj(frame)
         except RPCError as exc:
             return encode_frame(error_response(None, exc))
         return _encode_or_none(await self.handle_obj_async(obj))
 
     @staticmethod
-    def _frame_obj(frame: bytes | str | FrameTooLarge) -> Any:
+    def frame_obj(frame: bytes | str | FrameTooLarge) -> Any:
+        """The parsed frame, or raise the ``RPCError`` that answers it (parse error, frame too large)."""
         if isinstance(frame, FrameTooLarge):
             raise frame.error()
         return parse_frame(frame)
