@@ -375,6 +375,7 @@ UGENT_MEMORY_LANCE_INDEX_MIN_ROWS = env.int("UGENT_MEMORY_LANCE_INDEX_MIN_ROWS",
 UGENT_PLUGIN_RUN_DIR = env("UGENT_PLUGIN_RUN_DIR", default=str(VAR_DIR / "run" / "plugins"))
 UGENT_PLUGIN_PID_DIR = env("UGENT_PLUGIN_PID_DIR", default=str(VAR_DIR / "run" / "plugin-pids"))
 UGENT_PLUGIN_LOG_DIR = env("UGENT_PLUGIN_LOG_DIR", default=str(VAR_DIR / "log" / "plugins"))
+UGENT_PLUGIN_LOG_MAX_BYTES = env.int("UGENT_PLUGIN_LOG_MAX_BYTES", default=10 * 1024 * 1024)
 UGENT_PLUGIN_STATE_DIR = env("UGENT_PLUGIN_STATE_DIR", default=str(VAR_DIR / "plugin-state"))
 # "" = <UGENT_HOME>/.ugent/plugins.toml, read when used (plugins_app.channel.conf.global_plugins_toml)
 UGENT_GLOBAL_PLUGINS_TOML = env("UGENT_GLOBAL_PLUGINS_TOML", default="")

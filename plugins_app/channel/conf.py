@@ -15,6 +15,8 @@ RUN_DIR = Path(settings.UGENT_PLUGIN_RUN_DIR)
 PID_DIR = Path(settings.UGENT_PLUGIN_PID_DIR)
 LOG_DIR = Path(settings.UGENT_PLUGIN_LOG_DIR)
 STATE_DIR = Path(settings.UGENT_PLUGIN_STATE_DIR)
+# A worker's log file is rotated before it passes this size (three older files are kept).
+LOG_MAX_BYTES = settings.UGENT_PLUGIN_LOG_MAX_BYTES
 
 
 
