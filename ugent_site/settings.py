@@ -408,6 +408,7 @@ UGENT_PLUGIN_RETRY_BACKOFF_SECS = env.float("UGENT_PLUGIN_RETRY_BACKOFF_SECS", d
 UGENT_PLUGIN_RETRY_BACKOFF_MAX_SECS = env.float("UGENT_PLUGIN_RETRY_BACKOFF_MAX_SECS", default=300.0)
 UGENT_PLUGIN_POLL_RECHECK_SECS = env.float("UGENT_PLUGIN_POLL_RECHECK_SECS", default=1.0)
 UGENT_PLUGIN_MEDIA_MAX_BYTES = env.int("UGENT_PLUGIN_MEDIA_MAX_BYTES", default=8 * 1024 * 1024)
+UGENT_PLUGIN_MEDIA_QUOTA_BYTES = env.int("UGENT_PLUGIN_MEDIA_QUOTA_BYTES", default=512 * 1024 * 1024)
 UGENT_PLUGIN_MEDIA_TTL_SECS = env.int("UGENT_PLUGIN_MEDIA_TTL_SECS", default=86400)
 # How long a settled outbound delivery (delivered, or a dead letter the operator discarded) is kept
 # after it settled; pending, in-flight and dead-lettered deliveries are never pruned.

@@ -51,6 +51,8 @@ POLL_RECHECK_SECS = settings.UGENT_PLUGIN_POLL_RECHECK_SECS
 
 # Media put by workers (attachments): size limit and retention.
 MEDIA_MAX_BYTES = settings.UGENT_PLUGIN_MEDIA_MAX_BYTES
+# What one plugin may hold at once: the sizes of its media not yet expired.
+MEDIA_QUOTA_BYTES = settings.UGENT_PLUGIN_MEDIA_QUOTA_BYTES
 MEDIA_TTL_SECS = settings.UGENT_PLUGIN_MEDIA_TTL_SECS
 # Settled deliveries (delivered, discarded) are deleted this long after they settled.
 DELIVERY_RETENTION_SECS = settings.UGENT_PLUGIN_DELIVERY_RETENTION_SECS
