@@ -378,6 +378,7 @@ UGENT_MEMORY_LANCE_INDEX_MIN_ROWS = env.int("UGENT_MEMORY_LANCE_INDEX_MIN_ROWS",
 UGENT_PLUGIN_RUN_DIR = env("UGENT_PLUGIN_RUN_DIR", default=str(VAR_DIR / "run" / "plugins"))
 UGENT_PLUGIN_PID_DIR = env("UGENT_PLUGIN_PID_DIR", default=str(VAR_DIR / "run" / "plugin-pids"))
 UGENT_PLUGIN_LOG_DIR = env("UGENT_PLUGIN_LOG_DIR", default=str(VAR_DIR / "log" / "plugins"))
+UGENT_PLUGIN_LOG_MAX_BYTES = env.int("UGENT_PLUGIN_LOG_MAX_BYTES", default=10 * 1024 * 1024)
 UGENT_PLUGIN_STATE_DIR = env("UGENT_PLUGIN_STATE_DIR", default=str(VAR_DIR / "plugin-state"))
 # "" = <UGENT_HOME>/.ugent/plugins.toml, read when used (plugins_app.channel.conf.global_plugins_toml)
 UGENT_GLOBAL_PLUGINS_TOML = env("UGENT_GLOBAL_PLUGINS_TOML", default="")
@@ -410,6 +411,7 @@ UGENT_PLUGIN_RETRY_BACKOFF_SECS = env.float("UGENT_PLUGIN_RETRY_BACKOFF_SECS", d
 UGENT_PLUGIN_RETRY_BACKOFF_MAX_SECS = env.float("UGENT_PLUGIN_RETRY_BACKOFF_MAX_SECS", default=300.0)
 UGENT_PLUGIN_POLL_RECHECK_SECS = env.float("UGENT_PLUGIN_POLL_RECHECK_SECS", default=1.0)
 UGENT_PLUGIN_MEDIA_MAX_BYTES = env.int("UGENT_PLUGIN_MEDIA_MAX_BYTES", default=8 * 1024 * 1024)
+UGENT_PLUGIN_MEDIA_QUOTA_BYTES = env.int("UGENT_PLUGIN_MEDIA_QUOTA_BYTES", default=512 * 1024 * 1024)
 UGENT_PLUGIN_MEDIA_TTL_SECS = env.int("UGENT_PLUGIN_MEDIA_TTL_SECS", default=86400)
 # How long a settled outbound delivery (delivered, or a dead letter the operator discarded) is kept
 # after it settled; pending, in-flight and dead-lettered deliveries are never pruned.

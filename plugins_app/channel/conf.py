@@ -15,6 +15,8 @@ RUN_DIR = Path(settings.UGENT_PLUGIN_RUN_DIR)
 PID_DIR = Path(settings.UGENT_PLUGIN_PID_DIR)
 LOG_DIR = Path(settings.UGENT_PLUGIN_LOG_DIR)
 STATE_DIR = Path(settings.UGENT_PLUGIN_STATE_DIR)
+# A worker's log file is rotated before it passes this size (three older files are kept).
+LOG_MAX_BYTES = settings.UGENT_PLUGIN_LOG_MAX_BYTES
 
 
 
@@ -49,6 +51,8 @@ POLL_RECHECK_SECS = settings.UGENT_PLUGIN_POLL_RECHECK_SECS
 
 # Media put by workers (attachments): size limit and retention.
 MEDIA_MAX_BYTES = settings.UGENT_PLUGIN_MEDIA_MAX_BYTES
+# What one plugin may hold at once: the sizes of its media not yet expired.
+MEDIA_QUOTA_BYTES = settings.UGENT_PLUGIN_MEDIA_QUOTA_BYTES
 MEDIA_TTL_SECS = settings.UGENT_PLUGIN_MEDIA_TTL_SECS
 # Settled deliveries (delivered, discarded) are deleted this long after they settled.
 DELIVERY_RETENTION_SECS = settings.UGENT_PLUGIN_DELIVERY_RETENTION_SECS

@@ -156,5 +156,5 @@ class DjangoHub(Hub):
                 return services.media_store(plugin_id=plugin_id, data=media.data,
                                             content_type=media.content_type, filename=media.filename)
             except services.MediaTooLargeError as exc:
-                raise MediaTooLarge(exc.size, exc.limit) from None
+                raise MediaTooLarge(exc.size, exc.limit, quota=exc.quota, stored=exc.stored) from None
         return await self._db(plugin_id, work)()

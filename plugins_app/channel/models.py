@@ -160,7 +160,9 @@ class PluginMedia(TimeStamped):
     class Meta:
         # The hourly prune finds expired media here; without it every stored file's bytes are read,
         # since SQLite keeps `data` before `expires_at` in each row (and in overflow pages).
-        indexes = [models.Index(fields=["expires_at"], name="pluginmedia_expiry")]
+        # The quota check of media.put sums a plugin's unexpired sizes from the second one alone.
+        indexes = [models.Index(fields=["expires_at"], name="pluginmedia_expiry"),
+                   models.Index(fields=["plugin", "expires_at", "size"], name="pluginmedia_quota")]
 
     def __str__(self):
         return self.media_id

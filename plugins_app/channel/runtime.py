@@ -85,7 +85,7 @@ class PluginRuntime:
             self.desired, pid_dir=pid_dir or conf.PID_DIR, log_dir=log_dir or conf.LOG_DIR,
             heartbeat=self.hub.last_heartbeat, on_state=self.on_state, bridge_socket=None,
             token_issuer=self.issue_token, interval=conf.SUPERVISOR_INTERVAL if interval is None else interval,
-            reap_grace=conf.REAP_GRACE_SECS)
+            reap_grace=conf.REAP_GRACE_SECS, log_max_bytes=conf.LOG_MAX_BYTES)
 
     # --- what should run -----------------------------------------------------------------
 

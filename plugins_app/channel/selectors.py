@@ -87,22 +87,19 @@ def plugin_circuit(state: str, disabled_reason: str) -> str:
 
 
 def plugin_log_tail(plugin_id: str, *, lines: int = 5, max_bytes: int = 8192) -> list[str] | None:
-    """The last lines a plugin's worker wrote (the supervisor appends its stdout and stderr to
-    <log dir>/<plugin>.log), with the plugin's secrets masked; None when this host has no such file
+    """The last lines a plugin's worker wrote (the supervisor writes its stdout and stderr to
+    <log dir>/<plugin>.log, rotated to <plugin>.log.1 … at UGENT_PLUGIN_LOG_MAX_BYTES: the tail reads
+    across the rotation), with the plugin's secrets masked; None when this host has no such file
     (servers mode: the log is on the supervisor's host)."""
     from plugins_app.channel import conf
-    from plugins_app.channel.supervisor.process import log_file_path
-    path = log_file_path(conf.LOG_DIR, plugin_id)
+    from plugins_app.channel.supervisor.process import log_file_path, read_log_tail
     try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - max_bytes))
-            tail = fh.read().decode("utf-8", "replace")
+        raw, cut = read_log_tail(log_file_path(conf.LOG_DIR, plugin_id), max_bytes)
     except OSError:
         return None
+    tail = raw.decode("utf-8", "replace")
     kept = [line for line in tail.splitlines() if line.strip()][-lines:]
-    if size > max_bytes and kept and len(kept) == len(tail.splitlines()):
+    if cut and kept and len(kept) == len(tail.splitlines()):
         kept = kept[1:]  # the first line was cut by the byte window
     secrets = [secret_decrypt(c) for c in PluginSecret.objects.filter(plugin__plugin_id=plugin_id)
                .values_list("ciphertext", flat=True)]

@@ -19,7 +19,7 @@ import uuid
 from typing import Iterable
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F
+from django.db.models import F, Sum
 from django.utils import timezone
 
 from channels_app import notify
@@ -526,19 +526,37 @@ def delivery_discard(*, delivery: OutboundDelivery) -> bool:
 # --- media --------------------------------------------------------------------------------
 
 class MediaTooLargeError(ValueError):
-    def __init__(self, size: int, limit: int):
-        super().__init__(f"{size} bytes is over the limit of {limit}")
-        self.size, self.limit = size, limit
+    """Over the per-file limit, or (``quota`` set) over what is left of the plugin's quota: ``limit`` is
+    then the room left, the largest file the host takes from that plugin now."""
+
+    def __init__(self, size: int, limit: int, *, quota: int | None = None, stored: int | None = None):
+        if quota is None:
+            super().__init__(f"{size} bytes is over the limit of {limit}")
+        else:
+            super().__init__(f"{size} bytes is over the {limit} bytes left of the plugin's media quota "
+                             f"of {quota} ({stored} stored)")
+        self.size, self.limit, self.quota, self.stored = size, limit, quota, stored
 
 
 def media_store(*, plugin_id: str, data: bytes, content_type: str, filename: str | None = None) -> str:
+    """Store a worker's file for UGENT_PLUGIN_MEDIA_TTL_SECS. Refused (``MediaTooLargeError``, nothing
+    stored) over UGENT_PLUGIN_MEDIA_MAX_BYTES, or when the plugin's media not yet expired would pass
+    UGENT_PLUGIN_MEDIA_QUOTA_BYTES with it."""
     if len(data) > conf.MEDIA_MAX_BYTES:
         raise MediaTooLargeError(len(data), conf.MEDIA_MAX_BYTES)
-    plugin = Plugin.objects.get(plugin_id=plugin_id)
-    media_id = f"m_{uuid.uuid4().hex}"
-    PluginMedia.objects.create(media_id=media_id, plugin=plugin, content_type=content_type,
-                               filename=filename or "", size=len(data), data=bytes(data),
-                               expires_at=timezone.now() + dt.timedelta(seconds=conf.MEDIA_TTL_SECS))
+    with transaction.atomic():
+        # The plugin's row lock makes its puts one at a time, so two cannot both fit in the same room.
+        plugin = Plugin.objects.select_for_update().get(plugin_id=plugin_id)
+        now = timezone.now()
+        stored = PluginMedia.objects.filter(plugin=plugin, expires_at__gte=now).aggregate(
+            total=Sum("size"))["total"] or 0
+        if stored + len(data) > conf.MEDIA_QUOTA_BYTES:
+            raise MediaTooLargeError(len(data), max(0, conf.MEDIA_QUOTA_BYTES - stored),
+                                     quota=conf.MEDIA_QUOTA_BYTES, stored=stored)
+        media_id = f"m_{uuid.uuid4().hex}"
+        PluginMedia.objects.create(media_id=media_id, plugin=plugin, content_type=content_type,
+                                   filename=filename or "", size=len(data), data=bytes(data),
+                                   expires_at=now + dt.timedelta(seconds=conf.MEDIA_TTL_SECS))
     return media_id
 
 

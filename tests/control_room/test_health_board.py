@@ -120,6 +120,23 @@ def test_a_plugin_row_shows_heartbeat_circuit_restarts_and_its_workers_last_line
     assert status["plugins"][0]["restarts"] == 2 and status["plugins"][0]["circuit"] == "closed"
 
 
+def test_a_workers_last_lines_read_across_its_log_rotation(tcast, admin_client, tmp_path, monkeypatch):
+    """The log was rotated just before its last two lines: the other three come from <plugin>.log.1."""
+    from plugins_app.channel import conf
+    from plugins_app.channel.models import Plugin
+    from plugins_app.channel.supervisor.process import RotatingLog, log_file_path
+    monkeypatch.setattr(conf, "LOG_DIR", tmp_path)
+    Plugin.objects.create(plugin_id="slack-ops", kind="channel-slack", state="running")
+    log = RotatingLog(log_file_path(tmp_path, "slack-ops"), max_bytes=len("line 00\n") * 10)
+    for i in range(12):
+        log.write(f"line {i:02d}\n".encode())
+    log.close()
+    assert (tmp_path / "slack-ops.log").read_text() == "line 10\nline 11\n"
+    page = card(board(admin_client), "plugins")
+    tail = re.search(r"<pre class=\"tail\" data-log-tail>(.*?)</pre>", page, re.S).group(1)
+    assert tail.splitlines() == [f"line {i:02d}" for i in range(7, 12)]
+
+
 def test_the_cron_card_shows_next_runs_and_last_failures(tcast, admin_client):
     from cron_app.models import CronRun
     from tests.cron_app.conftest import import_cron

@@ -19,10 +19,14 @@ class MediaNotFound(RPCError):
 
 
 class MediaTooLarge(RPCError):
-    """-32005: the upload is over the host's media limit."""
+    """-32005: the upload is over the host's media limit, or over what is left of the plugin's media
+    quota (``max_bytes`` is then that room, and ``quota_bytes``/``stored_bytes`` say why)."""
 
-    def __init__(self, size: int, limit: int):
-        super().__init__(MEDIA_TOO_LARGE, data={"size": size, "max_bytes": limit})
+    def __init__(self, size: int, limit: int, *, quota: int | None = None, stored: int | None = None):
+        data = {"size": size, "max_bytes": limit}
+        if quota is not None:
+            data.update(quota_bytes=quota, stored_bytes=stored)
+        super().__init__(MEDIA_TOO_LARGE, data=data)
 
 
 class HostUnavailable(RPCError):

@@ -23,7 +23,7 @@ from .policy import (
 )
 from ..sdk.outbox import STATE_DIR_ENV, refusal_path_for
 from ..sdk.worker import EXIT_CHANNEL_REFUSED
-from .process import ReapedWorker, WorkerHandle, WorkerSpec, reap_stale
+from .process import DEFAULT_LOG_MAX_BYTES, ReapedWorker, WorkerHandle, WorkerSpec, reap_stale
 from ugent_common import metrics
 
 try:
@@ -134,11 +134,13 @@ class Supervisor:
                  bridge_socket: str | os.PathLike | None = None,
                  token_issuer: Callable[[str], str] | None = None,
                  interval: float = 0.5, reap_grace: float = 2.0,
+                 log_max_bytes: int = DEFAULT_LOG_MAX_BYTES,
                  clock: Callable[[], float] = time.monotonic,
                  wall_clock: Callable[[], float] = time.time):
         self.desired = desired
         self.pid_dir = Path(pid_dir)
         self.log_dir = Path(log_dir)
+        self.log_max_bytes = log_max_bytes
         self.heartbeat = heartbeat
         self.on_state = on_state
         self.bridge_socket = str(bridge_socket) if bridge_socket is not None else None
@@ -348,7 +350,8 @@ class Supervisor:
         slot.policy.on_start(now)
         try:
             env[ENV_PLUGIN_TOKEN] = self.token_issuer(spec.plugin_id)
-            handle = WorkerHandle.spawn(spec.with_env(env), log_dir=self.log_dir, pid_dir=self.pid_dir)
+            handle = WorkerHandle.spawn(spec.with_env(env), log_dir=self.log_dir, pid_dir=self.pid_dir,
+                                        log_max_bytes=self.log_max_bytes)
         except Exception as exc:
             logger.error("plugin %s could not start: %s", spec.plugin_id, exc)
             self._apply(slot, slot.policy.on_exit(None, now, cause=f"start failed: {exc}"))

@@ -14,7 +14,11 @@ by a ``WorkerHandle``:
 * Its environment is exactly the spec's ``env`` plus a minimal ``PATH``,
   ``LANG`` and ``HOME`` (the spec may override them); nothing else leaks from
   the parent.
-* Its stdout and stderr append to ``<log_dir>/<plugin>.log``.
+* Its stdout and stderr go through a pipe that a reader thread drains into
+  ``<log_dir>/<plugin>.log``, rotated to ``.log.1`` … ``.log.<LOG_BACKUPS>``
+  before it would pass ``log_max_bytes`` (``RotatingLog``): no file is ever
+  over the cap, and the thread keeps draining even when the disk refuses a
+  write, so the worker never blocks on a full pipe.
 * A handle that is garbage-collected (or left at interpreter exit) while its
   worker lives kills the worker's process group ("kill on drop").
 * With a ``pid_dir`` it writes ``<pid_dir>/<plugin>.json`` holding the worker's
@@ -43,6 +47,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -60,6 +65,13 @@ DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 DEFAULT_LANG = "C.UTF-8"
 
 _POLL_SECS = 0.02
+
+DEFAULT_LOG_MAX_BYTES = 10 * 1024 * 1024
+LOG_BACKUPS = 3  # <plugin>.log.1 … .log.3 beside <plugin>.log
+_READ_CHUNK = 64 * 1024
+# How long reaping a worker waits for its log reader to reach the end of the pipe: once the
+# group is killed that is at once, unless a grandchild that left the group still holds it.
+_READER_JOIN_SECS = 1.0
 
 
 @dataclass(frozen=True)
@@ -255,6 +267,110 @@ def log_file_path(log_dir: str | os.PathLike, plugin_id: str) -> Path:
     return Path(log_dir) / f"{safe_name(plugin_id)}.log"
 
 
+def rotated_log_path(path: Path, n: int) -> Path:
+    return path if n == 0 else path.with_name(f"{path.name}.{n}")
+
+
+# One lock for every log write in this process: a restarted worker's reader and the reader
+# still draining a grandchild of its previous run write the same file.
+_LOG_LOCK = threading.Lock()
+
+
+class RotatingLog:
+    """A worker's log file, never over ``max_bytes``: before a write would pass the cap the
+    file moves to ``.1`` (``.1`` to ``.2`` …, the oldest beyond ``backups`` dropped) and a
+    new one starts. A single write larger than the cap keeps only its last ``max_bytes``."""
+
+    def __init__(self, path: Path, max_bytes: int = DEFAULT_LOG_MAX_BYTES, backups: int = LOG_BACKUPS):
+        if max_bytes < 1:
+            raise ValueError(f"log max_bytes must be at least 1, not {max_bytes}")
+        self.path = Path(path)
+        self.max_bytes = max_bytes
+        self.backups = backups
+        self._fd: int | None = None
+
+    def _current_fd(self) -> int:
+        # Reopen when another writer rotated the file away from under this one.
+        if self._fd is not None:
+            try:
+                if os.stat(self.path).st_ino == os.fstat(self._fd).st_ino:
+                    return self._fd
+            except FileNotFoundError:
+                pass
+            fd, self._fd = self._fd, None
+            os.close(fd)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        return self._fd
+
+    def _rotate(self) -> None:
+        for n in range(self.backups, 0, -1):
+            try:
+                os.replace(rotated_log_path(self.path, n - 1), rotated_log_path(self.path, n))
+            except FileNotFoundError:
+                pass
+        if self.backups == 0:
+            _unlink(self.path)
+
+    def write(self, data: bytes) -> None:
+        data = data[-self.max_bytes:]
+        with _LOG_LOCK:
+            fd = self._current_fd()
+            if os.fstat(fd).st_size + len(data) > self.max_bytes:
+                self._rotate()
+                fd = self._current_fd()
+            os.write(fd, data)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def read_log_tail(path: Path, max_bytes: int) -> tuple[bytes, bool]:
+    """The last ``max_bytes`` a worker wrote, across ``<plugin>.log`` and the files it was
+    rotated to; and whether older bytes were left out (the first line may then be cut).
+    Raises ``OSError`` when there is no log at all."""
+    parts: list[bytes] = []
+    wanted = max_bytes
+    n = 0
+    while wanted > 0:
+        try:
+            with open(rotated_log_path(path, n), "rb") as fh:
+                size = fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, size - wanted))
+                parts.insert(0, fh.read())
+        except FileNotFoundError:
+            if n == 0:
+                raise
+            return b"".join(parts), False
+        wanted -= len(parts[0])
+        n += 1
+    return b"".join(parts), True
+
+
+def _drain(fd: int, log: RotatingLog) -> None:
+    """Copy the worker's pipe into its log until every writer has closed it. Never stops
+    reading early: a write the disk refuses drops those bytes, not the worker's progress."""
+    failed = False
+    try:
+        while True:
+            try:
+                data = os.read(fd, _READ_CHUNK)
+            except InterruptedError:
+                continue
+            if not data:
+                return
+            try:
+                log.write(data)
+            except OSError as exc:
+                if not failed:
+                    logger.error("cannot write worker log %s (output dropped): %s", log.path, exc)
+                failed = True
+    finally:
+        os.close(fd)
+        log.close()
+
+
 def _write_json_atomic(path: Path, data: dict) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w") as fh:
@@ -278,14 +394,16 @@ def _unlink(path: Path | None) -> None:
 class _Proc:
     """State shared by a handle and its drop finalizer (which must not hold the handle)."""
 
-    __slots__ = ("popen", "pgid", "pid_file", "pid_file_owner", "group_done")
+    __slots__ = ("popen", "pgid", "pid_file", "pid_file_owner", "group_done", "log_reader")
 
-    def __init__(self, popen: subprocess.Popen, pgid: int, pid_file: Path | None):
+    def __init__(self, popen: subprocess.Popen, pgid: int, pid_file: Path | None,
+                 log_reader: threading.Thread | None = None):
         self.popen = popen
         self.pgid = pgid
         self.pid_file = pid_file
         self.pid_file_owner = None  # (pid, start_time) written into pid_file
         self.group_done = False
+        self.log_reader = log_reader
 
     def finish(self) -> None:
         """Leader reaped: kill stragglers in its group once, drop the pid file."""
@@ -296,6 +414,9 @@ class _Proc:
         _killpg(self.pgid, signal.SIGKILL)
         self.group_done = True
         self._remove_pid_file()
+        # So that a reaped worker's last words are in its log when poll() says it exited.
+        if self.log_reader is not None and self.log_reader is not threading.current_thread():
+            self.log_reader.join(_READER_JOIN_SECS)
 
     def _remove_pid_file(self) -> None:
         path = self.pid_file
@@ -333,33 +454,42 @@ class WorkerHandle:
     """
 
     def __init__(self, spec: WorkerSpec, popen: subprocess.Popen, *, started_at: float,
-                 started_monotonic: float, pid_file: Path | None, log_path: Path | None):
+                 started_monotonic: float, pid_file: Path | None, log_path: Path | None,
+                 log_reader: threading.Thread | None = None):
         self.spec = spec
         self.started_at = started_at
         self.started_monotonic = started_monotonic
         self.log_path = log_path
-        self._proc = _Proc(popen, popen.pid, pid_file)
+        self._proc = _Proc(popen, popen.pid, pid_file, log_reader)
         self._finalizer = weakref.finalize(self, _kill_dropped, self._proc)
 
     @classmethod
     def spawn(cls, spec: WorkerSpec, *, log_dir: str | os.PathLike | None = None,
               pid_dir: str | os.PathLike | None = None,
-              pdeathsig: int | None = signal.SIGKILL) -> "WorkerHandle":
+              pdeathsig: int | None = signal.SIGKILL,
+              log_max_bytes: int = DEFAULT_LOG_MAX_BYTES) -> "WorkerHandle":
         """Start ``spec`` as a new session and process group.
 
         Call from the supervisor's long-lived loop thread: the parent-death
         signal fires when the spawning thread exits. ``pdeathsig=None`` turns it
-        off. Raises ``OSError`` if the command cannot be started.
+        off. Its output goes to ``<log_dir>/<plugin>.log``, capped at
+        ``log_max_bytes`` with ``LOG_BACKUPS`` rotated files. Raises ``OSError``
+        if the command cannot be started.
         """
-        log_path = None
+        log_path = log = read_end = None
         if log_dir is not None:
             Path(log_dir).mkdir(parents=True, exist_ok=True)
             log_path = log_file_path(log_dir, spec.plugin_id)
-            out = open(log_path, "ab", buffering=0)
+            log = RotatingLog(log_path, log_max_bytes)
             stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-            out.write(f"--- {stamp} starting {spec.argv!r}\n".encode())
+            try:
+                log.write(f"--- {stamp} starting {spec.argv!r}\n".encode())
+                read_end, out = os.pipe()  # neither end is inherited by later workers
+            except OSError:
+                log.close()
+                raise
         else:
-            out = open(os.devnull, "wb")
+            out = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
         try:
             popen = subprocess.Popen(
                 spec.argv,
@@ -372,11 +502,23 @@ class WorkerHandle:
                 start_new_session=True,
                 preexec_fn=_make_preexec(pdeathsig),
             )
+        except BaseException:
+            if read_end is not None:
+                os.close(read_end)
+                log.close()
+            raise
         finally:
-            out.close()
+            os.close(out)
+        reader = None
+        if read_end is not None:
+            # Holds only the pipe and the file, never the handle: kill on drop still works,
+            # and the thread ends when the last process holding the pipe's write end does.
+            reader = threading.Thread(target=_drain, args=(read_end, log), daemon=True,
+                                      name=f"plugin-log-{spec.plugin_id}")
+            reader.start()
         handle = cls(spec, popen, started_at=time.time(), started_monotonic=time.monotonic(),
                      pid_file=pid_file_path(pid_dir, spec.plugin_id) if pid_dir is not None else None,
-                     log_path=log_path)
+                     log_path=log_path, log_reader=reader)
         if pid_dir is not None:
             handle._write_pid_file(Path(pid_dir))
         return handle
