@@ -69,9 +69,9 @@ class DjangoHub(Hub):
     def __init__(self):
         self.beats: dict[str, float] = {}
 
-    def _db(self, plugin_id: str, fn):
+    def _db(self, plugin_id: str, fn, lane: str = "work"):
         """``_db(fn)`` within the plugin's share of the shared thread pool (``Hub.in_share``)."""
-        return self.in_share(plugin_id, _db(fn))
+        return self.in_share(plugin_id, _db(fn), lane)
 
     def last_heartbeat(self, plugin_id: str) -> float | None:
         """The supervisor's heartbeat lookup (epoch seconds)."""
@@ -88,11 +88,11 @@ class DjangoHub(Hub):
                      info.get("kind"), info.get("version"), info.get("pid"), requeued)
             return {"heartbeat_secs": plugin.heartbeat_secs, "max_in_flight": plugin.max_in_flight,
                     "max_retries": plugin.max_retries}
-        return await self._db(plugin_id, work)()
+        return await self._db(plugin_id, work, "beat")()
 
     async def heartbeat(self, plugin_id: str, stats: dict) -> None:
         self.beats[plugin_id] = time.time()
-        await self._db(plugin_id, services.plugin_heartbeat_record)(plugin_id=plugin_id)
+        await self._db(plugin_id, services.plugin_heartbeat_record, "beat")(plugin_id=plugin_id)
 
     async def submit_inbound(self, plugin_id: str, message) -> dict:
         # A channel message's text is held to the web API's body limit (the frame alone allows 16 MiB).

@@ -546,7 +546,7 @@ def media_store(*, plugin_id: str, data: bytes, content_type: str, filename: str
         raise MediaTooLargeError(len(data), conf.MEDIA_MAX_BYTES)
     with transaction.atomic():
         # The plugin's row lock makes its puts one at a time, so two cannot both fit in the same room.
-        plugin = Plugin.objects.select_for_update().get(plugin_id=plugin_id)
+        plugin = Plugin.objects.select_for_update(no_key=True).get(plugin_id=plugin_id)
         now = timezone.now()
         stored = PluginMedia.objects.filter(plugin=plugin, expires_at__gte=now).aggregate(
             total=Sum("size"))["total"] or 0

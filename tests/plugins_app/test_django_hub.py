@@ -265,6 +265,32 @@ def test_one_plugins_burst_of_blocked_calls_leaves_another_plugins_call_a_thread
     assert run(scenario()) is not None
 
 
+def test_a_plugins_heartbeat_is_answered_while_its_own_work_hangs(monkeypatch):
+    """The SDK's host probe asks a heartbeat when a submit hangs: it must not queue behind the plugin's own
+    hung calls (they fill its share), or every hung submit reads as "the host is away" and counts no try."""
+    import threading
+    gate = threading.Event()
+
+    def hanging(**kw):
+        gate.wait(30)
+
+    monkeypatch.setattr(services, "plugin_heartbeat_record", lambda *, plugin_id: None)
+    hub = DjangoHub()
+
+    async def scenario():
+        stuck = [asyncio.ensure_future(hub._db("plugin-a", hanging)()) for _ in range(hub.EXECUTOR_SHARE + 1)]
+        try:
+            await asyncio.sleep(0)
+            await asyncio.wait_for(hub.heartbeat("plugin-a", {}), 20)  # only keeps a broken build from hanging
+            assert not gate.is_set() and not any(t.done() for t in stuck)
+        finally:
+            gate.set()
+            await asyncio.gather(*stuck)
+        return True
+
+    assert run(scenario())
+
+
 def test_a_text_over_the_request_limit_is_invalid_params_and_runs_nothing(tcast, settings):
     make_plugin()
     settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 100  # UGENT_MAX_REQUEST_BYTES

@@ -20,25 +20,30 @@ class Hub(abc.ABC):
     Every plugin's bridge shares one event loop and its default thread pool: a hub that hands
     blocking work to that pool wraps it in ``in_share`` so that one plugin never has more than
     ``EXECUTOR_SHARE`` jobs in it at once and another plugin's call queues behind a few of its
-    jobs, not behind all of them.
+    jobs, not behind all of them. A plugin's liveness calls (hello, heartbeat) have a lane of their own
+    (``lane="beat"``, one job): a worker asks a heartbeat to learn whether the host still answers while its
+    submits hang (the SDK's host probe), so it must not queue behind them.
     """
 
     EXECUTOR_SHARE = 2
+    LANES = {"work": EXECUTOR_SHARE, "beat": 1}
 
-    def in_share(self, plugin_id: str, fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-        """``fn`` (a coroutine function that hands work to the shared thread pool) run within the plugin's share."""
+    def in_share(self, plugin_id: str, fn: Callable[..., Awaitable[Any]],
+                 lane: str = "work") -> Callable[..., Awaitable[Any]]:
+        """``fn`` (a coroutine function that hands work to the shared thread pool) run within the plugin's share
+        of that lane."""
         async def shared(*args: Any, **kwargs: Any) -> Any:
-            async with self._share(plugin_id):
+            async with self._share(plugin_id, lane):
                 return await fn(*args, **kwargs)
         return shared
 
-    def _share(self, plugin_id: str) -> asyncio.Semaphore:
-        # One semaphore per plugin and event loop (a semaphore belongs to the loop it first waits on).
+    def _share(self, plugin_id: str, lane: str) -> asyncio.Semaphore:
+        # One semaphore per plugin, lane and event loop (a semaphore belongs to the loop it first waits on).
         shares = self.__dict__.setdefault("_shares", weakref.WeakKeyDictionary())
         per_loop = shares.setdefault(asyncio.get_running_loop(), {})
-        if plugin_id not in per_loop:
-            per_loop[plugin_id] = asyncio.Semaphore(self.EXECUTOR_SHARE)
-        return per_loop[plugin_id]
+        if (plugin_id, lane) not in per_loop:
+            per_loop[(plugin_id, lane)] = asyncio.Semaphore(self.LANES[lane])
+        return per_loop[(plugin_id, lane)]
 
     @abc.abstractmethod
     async def hello_ok(self, plugin_id: str, info: dict) -> dict:
