@@ -27,8 +27,9 @@ def _type_error(field: serializers.Field, value):
         return None if isinstance(value, bool) else BOOLEAN
     if isinstance(field, serializers.CharField):
         return None if isinstance(value, str) else STRING
-    if isinstance(field, serializers.IntegerField):
-        return None if isinstance(value, int) and not isinstance(value, bool) else INTEGER
+    if isinstance(field, serializers.IntegerField):  # 1.0 is JSON's 1 written by a client that has only floats
+        whole = isinstance(value, float) and value.is_integer()
+        return None if (isinstance(value, int) and not isinstance(value, bool)) or whole else INTEGER
     if isinstance(field, (serializers.FloatField, serializers.DecimalField)):
         return None if isinstance(value, (int, float)) and not isinstance(value, bool) else NUMBER
     if isinstance(field, serializers.ListField) and isinstance(value, list) and field.child is not None:

@@ -496,11 +496,17 @@ def _needs_a_model_that_follows_prompts(profile) -> None:
                                code="model_cannot_follow_prompts", param="model")
 
 
+#: A client_message_id at least this long (a UUID is 36) is taken as unique to its sender, not to one conversation.
+MESSAGE_KEY_UNIQUE_LENGTH = 16
+
+
 def conversation_id_of_message(inbound: Submission) -> str:
-    """The conversation of a message that names none but carries an idempotency key: derived from its sender
-    and that key, so a resend (the client never learnt the id, its first answer lost) lands in the same
-    conversation and is the duplicate the seed answers, not a second turn. Without a key each such message
-    starts a conversation of its own (conversation_resolve)."""
+    """The conversation of a message that names none but carries an idempotency key unique to its sender (at
+    least MESSAGE_KEY_UNIQUE_LENGTH characters): derived from its sender and that key, so a resend (the client
+    never learnt the id, its first answer lost) lands in the same conversation and is the duplicate the seed
+    answers, not a second turn. A shorter key ("1", "msg-1") is read as a counter within a conversation, which
+    a client may start again in its next new conversation: such a message, like one without a key, starts a
+    conversation of its own (conversation_resolve)."""
     seed = "\x1f".join((inbound.channel, inbound.client_id or "", inbound.actor.key, inbound.client_message_id))
     return f"conv-{hashlib.sha256(seed.encode('utf-8', 'surrogatepass')).hexdigest()[:32]}"
 
@@ -518,7 +524,7 @@ def message_submit(*, inbound: Submission, profile=None, on_turn=None) -> Submis
         raise ApplicationError(f"The message content {problem}", status=400, code="invalid_content",
                                param="content")
     inbound = caller_defaults_apply(inbound=inbound)
-    if not inbound.conversation_id and inbound.client_message_id:
+    if not inbound.conversation_id and len(inbound.client_message_id or "") >= MESSAGE_KEY_UNIQUE_LENGTH:
         inbound = replace(inbound, conversation_id=conversation_id_of_message(inbound))
     try:
         with transaction.atomic():

@@ -134,7 +134,7 @@ def test_n_other_than_one_is_a_400_as_a_turn_gives_one_answer(tcast, n):
 
 def test_json_booleans_and_strings_still_pass(tcast):
     resp = post_raw("/v1/chat/completions", chat_body("hello", stream=False, model=None, echo_user_message=True,
-                                                       ugent_allowed_tools=["shell"], n=1))
+                                                       ugent_allowed_tools=["shell"], n=1.0))
     assert resp.status_code == 200, resp.content
 
 

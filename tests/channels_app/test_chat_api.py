@@ -133,22 +133,31 @@ def test_a_repeated_client_message_id_runs_nothing(tcast):
 
 def test_a_repeat_that_names_no_conversation_runs_nothing_either(tcast):
     # the client learns a new conversation's id from the answer: when that answer is lost, its resend names none
-    first = chat(tcast.alice, "once", client_message_id="m-lost")
-    again = chat(tcast.alice, "once", client_message_id="m-lost")
+    key = "9f1c2e4a-7b3d-4e5f-8a6b-1c2d3e4f5a6b"  # a UUID: unique to its sender, not a counter
+    first = chat(tcast.alice, "once", client_message_id=key)
+    again = chat(tcast.alice, "once", client_message_id=key)
     assert first.status_code == 200 and again.status_code == 409, again.content
     assert again.json()["error"]["code"] == "DuplicateProcessed"
     assert again["x-ugent-conversation-id"] == first["x-ugent-conversation-id"]
     assert again["x-ugent-turn-id"] == first["x-ugent-turn-id"]
     assert Turn.objects.count() == 1 and Receipt.objects.count() == 1
     # another message of the same sender, or the same key from someone else, is a conversation of its own
-    other = chat(tcast.alice, "twice", client_message_id="m-other")
-    bobs = chat(tcast.bob, "once", client_message_id="m-lost")
+    other = chat(tcast.alice, "twice", client_message_id="0e8d7c6b-5a49-4382-9170-6f5e4d3c2b1a")
+    bobs = chat(tcast.bob, "once", client_message_id=key)
     assert other.status_code == 200 and bobs.status_code == 200, bobs.content
     ids = {first["x-ugent-conversation-id"], other["x-ugent-conversation-id"], bobs["x-ugent-conversation-id"]}
     assert len(ids) == 3 and Conversation.objects.count() == 3
     # and the conversation can be spoken into by the id the answer named
     follow = chat(tcast.alice, "next", conversation_id=first["x-ugent-conversation-id"], client_message_id="m2")
     assert follow.status_code == 200 and Turn.objects.count() == 4
+
+
+def test_a_short_key_is_a_counter_so_each_new_conversation_may_use_it_again(tcast):
+    # "1", "msg-1": numbered within a conversation; a client starting new ones counts from 1 again
+    one = chat(tcast.alice, "first chat", client_message_id="msg-1")
+    two = chat(tcast.alice, "second chat", client_message_id="msg-1")
+    assert one.status_code == two.status_code == 200, two.content
+    assert one["x-ugent-conversation-id"] != two["x-ugent-conversation-id"] and Turn.objects.count() == 2
 
 
 def test_a_streamed_repeat_gets_the_receipt_then_the_refusal(tcast):
