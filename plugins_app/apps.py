@@ -1,4 +1,16 @@
 from django.apps import AppConfig
+from django.conf import settings
+from django.core import checks
+
+
+def plugin_log_cap_check(app_configs=None, **kwargs):
+    """UGENT_PLUGIN_LOG_MAX_BYTES below 1 makes every worker's spawn fail (each plugin "could not start", backing
+    off for ever): said once, at start."""
+    if settings.UGENT_PLUGIN_LOG_MAX_BYTES < 1:
+        return [checks.Error(f"UGENT_PLUGIN_LOG_MAX_BYTES is {settings.UGENT_PLUGIN_LOG_MAX_BYTES}: a worker's log "
+                             "needs a cap of at least 1 byte", id="ugent.E002",
+                             hint="Set it to the bytes one log file may hold (default 10485760), or leave it out.")]
+    return []
 
 
 class PluginsAppConfig(AppConfig):
@@ -7,6 +19,7 @@ class PluginsAppConfig(AppConfig):
     verbose_name = "Plugins and agent profiles"
 
     def ready(self):
+        checks.register(plugin_log_cap_check)
         # SQLite's full-text triggers on memory facts call ugent_memory_terms (migration 0011): every
         # connection gets it, whichever part of the daemon opens it
         from django.db.backends.signals import connection_created

@@ -86,3 +86,26 @@ def test_a_write_larger_than_the_cap_keeps_its_end_and_a_bad_cap_is_refused(tmp_
     with pytest.raises(ValueError, match="at least 1"):
         RotatingLog(tmp_path / "y.log", max_bytes=0)
     assert not (tmp_path / "y.log").exists()
+
+
+def test_the_tail_says_it_was_cut_only_when_older_bytes_exist(tmp_path):
+    # a window the log fills exactly is the whole log: its first line is whole, and the admin keeps it
+    log = tmp_path / "p.log"
+    log.write_bytes(b"first\nsecond\n")
+    assert read_log_tail(log, 13) == (b"first\nsecond\n", False)
+    assert read_log_tail(log, 100) == (b"first\nsecond\n", False)
+    assert read_log_tail(log, 7) == (b"second\n", True)
+    (tmp_path / "p.log.1").write_bytes(b"older\n")
+    assert read_log_tail(log, 13) == (b"first\nsecond\n", True)
+    assert read_log_tail(log, 19) == (b"older\nfirst\nsecond\n", False)
+
+
+def test_a_log_cap_below_one_byte_stops_the_start_in_one_line(tmp_path):
+    import os
+    import subprocess
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL")}
+    env.update(UGENT_PLUGIN_LOG_MAX_BYTES="0", UGENT_VAR_DIR=str(tmp_path))
+    out = subprocess.run([PY, "manage.py", "check"], cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert "ugent.E002" in out.stderr and "UGENT_PLUGIN_LOG_MAX_BYTES is 0" in out.stderr, out.stderr

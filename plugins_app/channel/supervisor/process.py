@@ -333,19 +333,21 @@ def read_log_tail(path: Path, max_bytes: int) -> tuple[bytes, bool]:
     parts: list[bytes] = []
     wanted = max_bytes
     n = 0
+    older = False  # bytes before the window: in the last file read, or in a file rotated before it
     while wanted > 0:
         try:
             with open(rotated_log_path(path, n), "rb") as fh:
                 size = fh.seek(0, os.SEEK_END)
                 fh.seek(max(0, size - wanted))
                 parts.insert(0, fh.read())
+                older = size > len(parts[0])
         except FileNotFoundError:
             if n == 0:
                 raise
             return b"".join(parts), False
         wanted -= len(parts[0])
         n += 1
-    return b"".join(parts), True
+    return b"".join(parts), older or rotated_log_path(path, n).exists()
 
 
 def _drain(fd: int, log: RotatingLog) -> None:
