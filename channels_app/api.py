@@ -361,10 +361,7 @@ def _submit(principal, data: dict, on_turn=None):
 
 def _reply(principal, data: dict) -> dict:
     """A question reply: applied to the question it names, for the user it asked; never a turn."""
-    actor = services.actor_existing(caller=principal.caller, user=data.get("user"),
-                                    federation_issuer=data.get("federation_issuer"),
-                                    federation_subject=data.get("federation_subject"),
-                                    identity=principal.identity)
+    actor = services.actor_existing_of_request(principal, data)
     conversation = None
     if data.get("conversation_id"):
         conversation = streams.conversation_lookup(conversation_id=data["conversation_id"],

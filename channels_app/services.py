@@ -72,9 +72,9 @@ def actor_existing(*, caller: Caller, user: str | None = None, federation_issuer
                    federation_subject: str | None = None, identity=None) -> Actor | None:
     """The actor a request names, by actor_resolve's rules and refusals, but never created: None when it has
     no row yet (a request that keeps nothing, dictation: such an actor owns no conversation)."""
-    key, _defaults = _actor_named(caller=caller, user=user, federation_issuer=federation_issuer,
-                                  federation_subject=federation_subject, identity=identity)
-    return rows.table(Actor).get(key=key)
+    actor = actor_named(caller=caller, user=user, federation_issuer=federation_issuer,
+                        federation_subject=federation_subject, identity=identity)
+    return actor if actor.pk is not None else None
 
 
 def actor_named(*, caller: Caller, user: str | None = None, federation_issuer: str | None = None,
