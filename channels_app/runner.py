@@ -31,6 +31,7 @@ from channels_app import (artifacts as artifacts_mod, citations as citations_mod
 from ugent_common import rows
 # The log's lock (see channels_app.events): under it a state read and an append are one step, so no
 # event of a turn is written after another process's terminal event.
+from channels_app.dispatch import turn_thread_write_off
 from channels_app.events import _lock_log as log_lock
 from channels_app.events import events_append
 from channels_app.models import (Event, Message, Receipt, Steering,
@@ -766,8 +767,9 @@ class LeaseKeeper:
     turns' own threads (an engine that blocks keeps its turn alive; a dead process lets it lapse).
 
     It also ends as failed a turn past its run limit whose engine has not come back to the runner
-    for a grace of two renewals (a blocked call): the runner then stops at its next step. The thread
-    runs only while the process holds turns.
+    for a grace of two renewals (a blocked call): the runner then stops at its next step, and the turn
+    thread it is stuck on is written off and replaced (dispatch.TurnThreads), so an engine that never
+    returns costs one thread, not a turn slot for ever. The thread runs only while the process holds turns.
     """
 
     def __init__(self):
@@ -812,6 +814,9 @@ class LeaseKeeper:
                     log.exception("ending an overdue turn failed (turn pk=%s)", pk)
                     continue
                 self.release(pk)
+                # Its runner has not come back for two renewals past its limit: the thread is stuck in an
+                # engine or a call that never returns. Written off, the next turn gets a thread of its own.
+                turn_thread_write_off(pk)
         return renewed
 
     def _loop(self) -> None:

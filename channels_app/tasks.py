@@ -6,7 +6,7 @@ from celery.signals import beat_init
 from celery.exceptions import SoftTimeLimitExceeded
 from django.db import close_old_connections
 
-from ugent_common.dbconn import with_fresh_connections
+from ugent_common.dbconn import call_with_fresh_connections, with_fresh_connections
 
 log = logging.getLogger("ugent.turns")
 
@@ -14,14 +14,32 @@ log = logging.getLogger("ugent.turns")
 @shared_task(acks_late=True, ignore_result=True)
 @with_fresh_connections
 def run_turn(turn_pk: int) -> None:
-    from channels_app import runner
+    """Run one accepted turn. On a worker's own thread the turn is handed to a turn thread and waited for
+    (channels_app.dispatch.TurnThreads): an engine that never returns keeps that thread, which the lease
+    keeper writes off, so the worker's thread comes back. On a turn thread already (embedded mode) it
+    runs here."""
+    from channels_app import dispatch
+    if dispatch.on_turn_thread():
+        _turn_run(turn_pk)
+        return
     try:
-        runner.turn_run(turn_pk)
+        dispatch.worker_turn_threads(_turn_run_fresh).run(turn_pk)
     except SoftTimeLimitExceeded:  # the prefork pool's limit; the runner's own (UGENT_TURN_RUN_LIMIT) comes first
+        from channels_app import runner
         from channels_app.models import Turn, TurnState
         turn = Turn.objects.select_related("actor").get(pk=turn_pk)
         runner.turn_end(turn=turn, state=TurnState.FAILED, answer_streamed=True,
                         reason=runner.TIME_LIMIT_REASON, code="time_limit")
+        dispatch.turn_thread_write_off(turn_pk)
+
+
+def _turn_run(turn_pk: int) -> None:
+    from channels_app import runner
+    runner.turn_run(turn_pk)
+
+
+def _turn_run_fresh(turn_pk: int) -> None:
+    call_with_fresh_connections(_turn_run, turn_pk)
 
 
 @shared_task(ignore_result=True, soft_time_limit=600, time_limit=660)

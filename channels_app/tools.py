@@ -37,6 +37,8 @@ DEFAULT_ENABLED = ("workspace", "delegation", "ask_user", "memory")
 ALL = "*"
 STEP_LIMIT_ERROR = "the tool step limit ({limit}) was reached: answer with what you have"
 TIMEOUT_ERROR = "the tool did not answer within {seconds:g} s"
+OVERRUN_ERROR = ("{count} earlier calls of this toolbox are still running past their time limit: it is not "
+                 "called again until they end (UGENT_TOOL_OVERRUN_MAX)")
 UNKNOWN_ERROR = "no tool named {name!r} is offered to this turn"
 STOPPED_ERROR = "the turn was stopped while the tool ran"
 BAD_ARGUMENTS_ERROR = "the arguments are not a JSON object"
@@ -310,11 +312,30 @@ class CallOutcome:
         return json.dumps(self.result, ensure_ascii=False, default=str)
 
 
-def _run_in_thread(fn: Callable[[], Any], *, timeout: float, should_stop: Callable[[], bool]) -> tuple[Any, str]:
+# Calls still running on their threads past their timeout, per toolbox: each keeps a thread (Python cannot
+# stop one), so a toolbox whose calls hang is not called again once UGENT_TOOL_OVERRUN_MAX of them pile up.
+_overrun: dict[str, int] = {}
+_overrun_lock = threading.Lock()
+
+
+def overrunning() -> dict[str, int]:
+    """Toolbox → its calls still running past their time limit (the status report's `overrunning`)."""
+    with _overrun_lock:
+        return {k: v for k, v in _overrun.items() if v}
+
+
+def _run_in_thread(fn: Callable[[], Any], *, timeout: float, should_stop: Callable[[], bool],
+                   owner: str = "") -> tuple[Any, str]:
     """fn() on its own thread; (result, "") or (None, why). A tool that overruns is left to finish
-    on its (daemon) thread; its answer is dropped."""
+    on its (daemon) thread; its answer is dropped, and it counts against its toolbox (`owner`) until it
+    ends: at UGENT_TOOL_OVERRUN_MAX such calls the toolbox is refused at once, without a thread."""
     box: dict = {}
     done = threading.Event()
+    state = {"overrun": False}
+    with _overrun_lock:
+        count = _overrun.get(owner, 0)
+    if count >= settings.UGENT_TOOL_OVERRUN_MAX:
+        return None, OVERRUN_ERROR.format(count=count)
 
     def target():
         try:
@@ -323,15 +344,30 @@ def _run_in_thread(fn: Callable[[], Any], *, timeout: float, should_stop: Callab
             box["error"] = exc
         finally:
             connection.close()  # the tool's thread may have used the database
-            done.set()
+            with _overrun_lock:
+                done.set()
+                if state["overrun"]:
+                    _overrun[owner] -= 1
+                    if not _overrun[owner]:
+                        del _overrun[owner]
+
+    def abandon() -> None:
+        with _overrun_lock:
+            if not done.is_set():
+                state["overrun"] = True
+                _overrun[owner] = _overrun.get(owner, 0) + 1
+                log.warning("a call of toolbox %r is still running past its time limit; %d such call(s) now",
+                            owner or "-", _overrun[owner])
 
     thread = threading.Thread(target=target, name="ugent-tool", daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout
     while not done.wait(min(0.05, max(0.0, deadline - time.monotonic()))):
         if time.monotonic() >= deadline:
+            abandon()
             return None, TIMEOUT_ERROR.format(seconds=timeout)
         if should_stop():
+            abandon()
             return None, STOPPED_ERROR
     if "error" in box:
         return None, _reason(box["error"])
@@ -378,7 +414,7 @@ def tool_call_run(*, tools: TurnTools, ctx: ToolContext, call: dict, step: int,
     if not error:
         timeout = float(settings.UGENT_TOOL_TIMEOUT_SECONDS)
         raw, error = _run_in_thread(lambda: box.call_tool(name, args), timeout=timeout,
-                                    should_stop=ctx.should_stop)
+                                    should_stop=ctx.should_stop, owner=getattr(box, "toolbox_id", "") or name)
         if not error:
             try:
                 result = _json_safe(raw)
@@ -527,6 +563,8 @@ def tools_status() -> dict:
         "enabled": enabled_names(None, config),
         "step_limit": settings.UGENT_TOOL_STEP_LIMIT,
         "timeout_seconds": settings.UGENT_TOOL_TIMEOUT_SECONDS,
+        "overrun_max": settings.UGENT_TOOL_OVERRUN_MAX,
+        "overrunning": overrunning(),
         "hub_toolboxes": sorted(HUB_TOOLBOXES),
         "plugins_installed": sorted(toolbox_entry_points()),
         "plugins_configured": sorted((config.get("plugins") or {})),

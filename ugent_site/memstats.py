@@ -244,13 +244,13 @@ def held() -> dict:
         topics = len(notify._waiters)
         waiters = sum(len(w) for w in notify._waiters.values())
     readers = fanout.hub().readers()
-    pool = dispatch._local_pool
+    threads = dispatch.turn_threads_counts()
     with sqlite_backend._queues_lock:
         queued_writers = sum(q.waiting for q in sqlite_backend._queues.values())
     return {"notify_topics": topics, "notify_waiters": waiters, "fanout_readers": len(readers),
             "fanout_subscribers": sum(len(r.taps) for r in readers), "leases_held": len(lease_keeper.held()),
             "sqlite_writers_queued": queued_writers,
-            "turns_queued": pool.executor._work_queue.qsize() if pool is not None else 0}
+            "turns_queued": threads["queued"], "turn_threads_stuck": threads["stuck"]}
 
 
 def caches() -> dict:

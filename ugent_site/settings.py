@@ -230,6 +230,9 @@ UGENT_TURN_LEASE_RENEW_SECONDS = env.float("UGENT_TURN_LEASE_RENEW_SECONDS", def
 UGENT_TURN_SWEEP_SECONDS = env.int("UGENT_TURN_SWEEP_SECONDS", default=5)
 # The runner ends a turn running longer than this as failed ("The turn ran out of time.").
 UGENT_TURN_RUN_LIMIT = env.float("UGENT_TURN_RUN_LIMIT", default=CELERY_TASK_SOFT_TIME_LIMIT)
+# A turn thread stuck in an engine past that limit is written off and replaced (channels_app.dispatch.TurnThreads),
+# at most this many per process: each holds its memory and a database connection until the process restarts.
+UGENT_TURN_STUCK_MAX = env.int("UGENT_TURN_STUCK_MAX", default=16)
 # Questions (channels_app.questions): the longest a question may wait for its answer, in seconds (kept
 # inside the turn's run limit, past which the turn fails), and the engines that read a free-text reply.
 UGENT_QUESTION_MAX_TIMEOUT = env.float("UGENT_QUESTION_MAX_TIMEOUT", default=300)
@@ -266,6 +269,9 @@ UGENT_COMMAND_ENGINE_TIMEOUT = env.float("UGENT_COMMAND_ENGINE_TIMEOUT", default
 # deep delegated tasks go (1: a turn delegates, its task does not).
 UGENT_TOOL_STEP_LIMIT = env.int("UGENT_TOOL_STEP_LIMIT", default=8)
 UGENT_TOOL_TIMEOUT_SECONDS = env.float("UGENT_TOOL_TIMEOUT_SECONDS", default=30.0)
+# A call past that timeout keeps its thread until it returns; a toolbox with this many such calls is refused
+# at once until they end (channels_app.tools._run_in_thread).
+UGENT_TOOL_OVERRUN_MAX = env.int("UGENT_TOOL_OVERRUN_MAX", default=8)
 UGENT_TOOL_DELEGATION_DEPTH = env.int("UGENT_TOOL_DELEGATION_DEPTH", default=1)
 # The most bytes (as JSON) one tool result may be: it is stored, streamed and sent to the model whole, so a
 # larger one is answered to the engine as an error that says so (docs/tools.md).

@@ -3,6 +3,7 @@ timeout, records each call, narrows what it offers, delegates, returns artifacts
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from django.test import Client
@@ -88,6 +89,33 @@ def test_a_tool_past_its_timeout_is_cut_off_with_an_error(tcast, enabled, settin
     assert json.loads(text)["error"] == "the tool did not answer within 0.3 s"
     call = ToolCall.objects.get()
     assert call.state == "error" and call.error == "the tool did not answer within 0.3 s"
+
+
+def overrun_settled() -> None:
+    deadline = time.monotonic() + 20
+    while hub_tools.overrunning() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert hub_tools.overrunning() == {}
+
+
+def test_a_toolbox_whose_calls_hang_is_refused_at_once_while_others_go_on(tcast, enabled, settings):
+    # Each call past its timeout keeps its thread; without a cap a hung toolbox piled them up without end.
+    settings.UGENT_TOOL_TIMEOUT_SECONDS = 0.3
+    settings.UGENT_TOOL_OVERRUN_MAX = 2
+    overrun_settled()  # an earlier test's call may still be running past its own timeout
+    text = answer(chat(tcast.alice, 'script:call=sleep{"seconds": 3}|call=sleep{"seconds": 3}|'
+                                    'call=echo{"text": "x"}|call=workspace_list{}|result'))
+    first, second, refused, other = [json.loads(line) for line in text.splitlines()]
+    assert first["error"] == second["error"] == "the tool did not answer within 0.3 s"
+    assert refused == {"error": "2 earlier calls of this toolbox are still running past their time limit: it is "
+                                "not called again until they end (UGENT_TOOL_OVERRUN_MAX)"}
+    assert "error" not in other  # another toolbox is called as before
+    assert hub_tools.overrunning() == {"testing": 2}
+    status = Client().get("/v1/ugent/status", HTTP_X_API_KEY=tcast.keys["operator"]).json()["status"]["tools"]
+    assert status["overrunning"] == {"testing": 2} and status["overrun_max"] == 2
+    overrun_settled()  # once the hung calls end, the toolbox is called again
+    assert answer(chat(tcast.alice, 'script:call=echo{"text": "y"}|result', conversation_id="c-after")) == \
+        '{"echo": "y"}'
 
 
 def test_a_result_over_the_size_limit_is_an_error_stored_and_sent_nowhere(tcast, enabled, settings):

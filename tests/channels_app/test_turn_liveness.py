@@ -71,8 +71,8 @@ def deltas(d: Daemon, conversation_id: str) -> int:
 def daemon(tmp_path):
     made = []
 
-    def start(**env):
-        d = Daemon(tmp_path / f"d{len(made)}", extra_env={**FAST_LEASE, **env}, beat=True)
+    def start(concurrency=None, **env):
+        d = Daemon(tmp_path / f"d{len(made)}", extra_env={**FAST_LEASE, **env}, beat=True, concurrency=concurrency)
         (tmp_path / f"d{len(made)}").mkdir()
         made.append(d)
         d.start()
@@ -134,6 +134,28 @@ def test_a_turn_past_the_runners_limit_fails_with_a_reason_and_nothing_follows(d
     time.sleep(1.0)  # the runner had its chance to write more: it must not have
     types = [t for t, _ in turn_events(d, "c-limit")]
     assert types[-1] == "turn.failed" and types.count("turn.failed") == 1
+
+
+def test_an_engine_that_never_returns_costs_a_thread_not_the_daemon(daemon):
+    # One turn at a time: before turn threads were written off, the first hung engine held the only
+    # one for ever, every later turn waited in the queue, and the stop waited on it.
+    d = daemon(concurrency=1, UGENT_TURN_RUN_LIMIT="2")
+    for n in (1, 2):
+        resp = chat(d, "script:answer=stuck|hang=3600", f"c-hang-{n}")
+        assert resp.status_code == 502 and resp.json()["error"]["code"] == "time_limit", resp.text
+        assert receipt(d, f"c-hang-{n}")["state"] == "failed"
+    resp = chat(d, "hello", "c-after")
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["choices"][0]["message"]["content"].startswith("echo: hello")
+    log = (d.tmp / "daemon.log").read_text()
+    assert log.count("turn thread stuck past its turn's limit, written off and replaced") == 2, log[-3000:]
+    if not SERVERS:  # (in servers mode the web process runs no turns: the worker's log says it)
+        threads = httpx.get(d.base + "/v1/ugent/status", headers={"x-api-key": d.key},
+                            timeout=10).json()["status"]["queues"]["turn"]["threads"]
+        assert threads == {"running": 0, "queued": 0, "stuck": 2, "stuck_max": 16}
+    # The stop waits for healthy turns only: the stuck threads do not hold it (nor the worker's warm shutdown).
+    codes = d.stop(timeout=30)
+    assert codes and all(code == 0 for code in codes), (codes, (d.tmp / "daemon.log").read_text()[-2000:])
 
 
 # --- servers mode: the broker goes away ----------------------------------------------------------

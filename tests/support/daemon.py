@@ -160,8 +160,11 @@ def _sqlite_copy(source: Path, target: Path) -> None:
 
 class Daemon:
     def __init__(self, tmp: Path, *, servers: bool | None = None, extra_env: dict | None = None,
-                 beat: bool = False, worker_concurrency: int = 8):
+                 beat: bool = False, worker_concurrency: int = 8, concurrency: int | None = None):
         self.tmp = tmp
+        if concurrency is not None:  # turns at once in either mode: rundaemon's --concurrency, the worker's -c
+            worker_concurrency = concurrency
+        self.daemon_args = ["--concurrency", str(concurrency)] if concurrency is not None else []
         self.beat = beat  # servers mode: a `celery beat` process too (embedded mode always runs its own)
         self.worker_concurrency = worker_concurrency
         self.worker: subprocess.Popen | None = None
@@ -274,7 +277,7 @@ class Daemon:
                 cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
         else:
             self.procs.append(subprocess.Popen(
-                [PY, "manage.py", "rundaemon", "--port", str(self.port), "--no-migrate"],
+                [PY, "manage.py", "rundaemon", "--port", str(self.port), "--no-migrate", *self.daemon_args],
                 cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
         if wait:
             self.wait_ready()

@@ -12,6 +12,7 @@ A message starting with "script:" is a list of steps separated by "|":
   cite=A,B        report citations
   sleep=SECONDS   pause (between steps; checks should_stop while sleeping)
   slow=SECONDS    pause between every later token
+  hang=SECONDS    block, never looking at should_stop (an engine stuck in a call that does not return)
   fail=TEXT       fail the turn with TEXT (EngineError)
   crash=TEXT      raise a plain exception (a plugin bug)
 Any other message is answered "echo: <message>" with the history length.
@@ -106,6 +107,8 @@ class ScriptedEngine(ChatEngine):
                 _sleep(float(arg), should_stop)
             elif name == "slow":
                 delay = float(arg)
+            elif name == "hang":
+                time.sleep(float(arg))
             elif name == "fail":
                 raise EngineError(arg, code="scripted_failure")
             elif name == "crash":
