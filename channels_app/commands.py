@@ -26,6 +26,7 @@ from channels_app import access, compaction, harness, sandbox, services, streams
 from channels_app.access import Viewer
 from channels_app.errors import ApplicationError
 from channels_app.models import Actor, Conversation, HarnessKind, HarnessState, Message
+from ugent_common import bounded
 
 SUPPORTED = ("/model", "/models", "/recall", "/steering", "/btw", "/harness", "/refine", "/sandbox", "/compress")
 SUPPORTED_TEXT = ", ".join(SUPPORTED)
@@ -45,6 +46,8 @@ ENGINE_COMMANDS = ("/btw", "/refine", "/compress")  # (/compress: the summariser
 NEEDS_CONVERSATION = "{name} needs a conversation_id: the conversation it acts on."
 NEEDS_TEXT = "Say what {what}: {usage}."
 NOTHING_TO_REFINE = "There is no message of yours in this conversation to refine."
+ENGINE_OVERRUN = ("{count} earlier questions to this engine are still running past their time limit: it is not "
+                  "asked again until they end.")
 NO_MEMORY = "No memory backend is configured here: recall finds nothing, and nothing would be injected."
 CLEAR_WORDS = ("default", "ugent-default", "clear", "reset")
 HARNESS_SUBCOMMANDS = ("list", "goal TEXT", "task TEXT", "check ID phrase:TEXT|file:PATH", "done ID", "drop ID",
@@ -259,20 +262,36 @@ def engine_ask(profile, messages: list[tuple[str, str]]) -> str:
         engine = engine_for_profile(profile)
     except LookupError as exc:
         raise EngineError(str(exc), code="engine_not_installed")
-    deadline = time.monotonic() + settings.UGENT_COMMAND_ENGINE_TIMEOUT
-    answer: list[str] = []
-    for item in stream_items(engine, [AgentMessage(role=MessageRole(r), content=t) for r, t in messages],
-                             session_id=f"aside-{uuid.uuid4().hex}", tools=None,
-                             should_stop=lambda: time.monotonic() > deadline):
-        if item.kind == ANSWER:
-            answer.append(item.text)
-        elif item.kind == ANSWER_RESET:
-            answer.clear()
-        elif item.kind == ERROR:
-            raise EngineError(item.text or "The engine reported an error.")
-        if time.monotonic() > deadline:
-            raise EngineError("The engine ran out of time.", code="time_limit")
-    return "".join(answer).strip()
+    timeout = settings.UGENT_COMMAND_ENGINE_TIMEOUT
+    deadline = time.monotonic() + timeout
+
+    def ask() -> str:
+        answer: list[str] = []
+        for item in stream_items(engine, [AgentMessage(role=MessageRole(r), content=t) for r, t in messages],
+                                 session_id=f"aside-{uuid.uuid4().hex}", tools=None,
+                                 should_stop=lambda: time.monotonic() > deadline):
+            if item.kind == ANSWER:
+                answer.append(item.text)
+            elif item.kind == ANSWER_RESET:
+                answer.clear()
+            elif item.kind == ERROR:
+                raise EngineError(item.text or "The engine reported an error.")
+            if time.monotonic() > deadline:
+                raise EngineError("The engine ran out of time.", code="time_limit")
+        return "".join(answer).strip()
+
+    # On a thread of its own: an engine that never returns would otherwise keep the request's thread (the
+    # API's, or the plugin bridge's) for ever. Past its time limit it is answered at once and counts against
+    # the engine until it ends; at UGENT_TURN_STUCK_MAX such asks the engine is not asked again until then.
+    done = bounded.call_bounded(ask, timeout=timeout, owner=f"engine:{profile.name}",
+                                limit=settings.UGENT_TURN_STUCK_MAX, name="ugent-ask")
+    if done.refused:
+        raise EngineError(ENGINE_OVERRUN.format(count=done.refused), code="engine_busy")
+    if done.timed_out:
+        raise EngineError("The engine ran out of time.", code="time_limit")
+    if done.error is not None:
+        raise done.error
+    return done.value
 
 
 def _history(conversation: Conversation | None, limit: int) -> list[tuple[str, str]]:

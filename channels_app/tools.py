@@ -16,20 +16,19 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 
 from channels_app.events import _lock_log as log_lock
 from channels_app.events import events_append
 from channels_app.models import ToolCall, ToolCallState, Turn, TurnState
 from channels_app.sandbox import conversation_workspace
-from ugent_common import rows
+from ugent_common import bounded, rows
 
 log = logging.getLogger("ugent.tools")
 
@@ -312,66 +311,27 @@ class CallOutcome:
         return json.dumps(self.result, ensure_ascii=False, default=str)
 
 
-# Calls still running on their threads past their timeout, per toolbox: each keeps a thread (Python cannot
-# stop one), so a toolbox whose calls hang is not called again once UGENT_TOOL_OVERRUN_MAX of them pile up.
-_overrun: dict[str, int] = {}
-_overrun_lock = threading.Lock()
-
-
 def overrunning() -> dict[str, int]:
     """Toolbox → its calls still running past their time limit (the status report's `overrunning`)."""
-    with _overrun_lock:
-        return {k: v for k, v in _overrun.items() if v}
+    return {k[len("toolbox:"):]: v for k, v in bounded.overrunning("toolbox:").items()}
 
 
 def _run_in_thread(fn: Callable[[], Any], *, timeout: float, should_stop: Callable[[], bool],
-                   owner: str = "") -> tuple[Any, str]:
+                   owner: str) -> tuple[Any, str]:
     """fn() on its own thread; (result, "") or (None, why). A tool that overruns is left to finish
     on its (daemon) thread; its answer is dropped, and it counts against its toolbox (`owner`) until it
     ends: at UGENT_TOOL_OVERRUN_MAX such calls the toolbox is refused at once, without a thread."""
-    box: dict = {}
-    done = threading.Event()
-    state = {"overrun": False}
-    with _overrun_lock:
-        count = _overrun.get(owner, 0)
-    if count >= settings.UGENT_TOOL_OVERRUN_MAX:
-        return None, OVERRUN_ERROR.format(count=count)
-
-    def target():
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - a tool's failure is its call's error
-            box["error"] = exc
-        finally:
-            connection.close()  # the tool's thread may have used the database
-            with _overrun_lock:
-                done.set()
-                if state["overrun"]:
-                    _overrun[owner] -= 1
-                    if not _overrun[owner]:
-                        del _overrun[owner]
-
-    def abandon() -> None:
-        with _overrun_lock:
-            if not done.is_set():
-                state["overrun"] = True
-                _overrun[owner] = _overrun.get(owner, 0) + 1
-                log.warning("a call of toolbox %r is still running past its time limit; %d such call(s) now",
-                            owner or "-", _overrun[owner])
-
-    thread = threading.Thread(target=target, name="ugent-tool", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + timeout
-    while not done.wait(min(0.05, max(0.0, deadline - time.monotonic()))):
-        if time.monotonic() >= deadline:
-            abandon()
-            return None, TIMEOUT_ERROR.format(seconds=timeout)
-        if should_stop():
-            abandon()
-            return None, STOPPED_ERROR
-    if "error" in box:
-        return None, _reason(box["error"])
-    return box.get("value"), ""
+    done = bounded.call_bounded(fn, timeout=timeout, should_stop=should_stop, owner=f"toolbox:{owner}",
+                                limit=settings.UGENT_TOOL_OVERRUN_MAX, name="ugent-tool")
+    if done.refused:
+        return None, OVERRUN_ERROR.format(count=done.refused)
+    if done.timed_out:
+        return None, TIMEOUT_ERROR.format(seconds=timeout)
+    if done.stopped:
+        return None, STOPPED_ERROR
+    if done.error is not None:
+        return None, _reason(done.error)
+    return done.value, ""
 
 
 def tool_delta(turn: Turn, tool: dict) -> tuple:

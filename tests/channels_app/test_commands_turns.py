@@ -1,6 +1,8 @@
 """Commands beside a conversation's turns: /steering, /btw, /refine and /harness with the snapshot's verifications."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from channels_app import commands, harness
@@ -10,6 +12,7 @@ from tests.streams.conftest import get, post, threaded_turns  # noqa: F401  (a f
 from tests.support.http import chat
 from tests.streams.test_stop_and_steering import finished, start_slow
 from tests.support import scripted
+from ugent_common import bounded
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -49,6 +52,32 @@ def test_btw_says_why_when_the_engine_cannot_answer(tcast):
     command(tcast.alice, "/model broken")
     body = command(tcast.alice, "/btw hello?").json()
     assert body["ok"] is False and body["text"].startswith("The engine could not answer:")
+
+
+def test_btw_with_an_engine_that_never_returns_answers_in_time_and_does_not_pile_threads_on_it(tcast, settings):
+    # The engine was asked on the request's own thread: one that never came back kept that thread for ever
+    # (the API's, or a channel plugin's bridge lane), and the deadline was only looked at between its items.
+    settings.UGENT_COMMAND_ENGINE_TIMEOUT = 0.5
+    settings.UGENT_TURN_STUCK_MAX = 2
+    wait_overrun_gone()
+    for _ in range(2):
+        body = command(tcast.alice, "/btw script:hang=4").json()
+        assert body["ok"] is False and body["data"]["error"] == "The engine ran out of time.", body
+    assert bounded.overrunning("engine:") == {"engine:scripted": 2}
+    body = command(tcast.alice, "/btw script:hang=4").json()
+    assert body["ok"] is False and body["data"]["error"] == (
+        "2 earlier questions to this engine are still running past their time limit: it is not asked again "
+        "until they end."), body
+    wait_overrun_gone()  # the hung asks came back: the engine is asked again
+    body = command(tcast.alice, "/btw hello?").json()
+    assert body["ok"] and body["data"]["answer"].startswith("echo: hello?")
+
+
+def wait_overrun_gone() -> None:
+    deadline = time.monotonic() + 20
+    while bounded.overrunning("engine:") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert bounded.overrunning("engine:") == {}
 
 
 def test_refine_through_the_engine_and_offline_and_it_stores_nothing(tcast):
