@@ -258,14 +258,14 @@ def engine_ask(profile, messages: list[tuple[str, str]]) -> str:
 
     from plugins_app.agent.engines.base import ANSWER, ANSWER_RESET, ERROR, EngineError, stream_items
     from plugins_app.agent.engines.registry import engine_for_profile
-    try:
-        engine = engine_for_profile(profile)
-    except LookupError as exc:
-        raise EngineError(str(exc), code="engine_not_installed")
     timeout = settings.UGENT_COMMAND_ENGINE_TIMEOUT
     deadline = time.monotonic() + timeout
 
     def ask() -> str:
+        try:
+            engine = engine_for_profile(profile)  # (a new version of the profile starts its engine: bounded too)
+        except LookupError as exc:
+            raise EngineError(str(exc), code="engine_not_installed")
         answer: list[str] = []
         for item in stream_items(engine, [AgentMessage(role=MessageRole(r), content=t) for r, t in messages],
                                  session_id=f"aside-{uuid.uuid4().hex}", tools=None,

@@ -181,7 +181,8 @@ def _plugin_boxes(config: dict, names: list[str]) -> list:
         if "plugins" not in names and entry not in names and f"plugin:{entry}" not in names:
             continue
         try:
-            boxes.append(toolbox_plugin(entry, conf if isinstance(conf, dict) else {}))
+            boxes.append(toolbox_plugin(entry, conf if isinstance(conf, dict) else {},
+                                        start_timeout=settings.UGENT_PLUGIN_START_TIMEOUT))
         except Exception as exc:
             log.warning("toolbox plugin %s could not be loaded: %s", entry, exc)
     for spec in config.get("mcp") or []:
@@ -190,7 +191,8 @@ def _plugin_boxes(config: dict, names: list[str]) -> list:
             continue
         try:
             boxes.append(mcp_toolbox(name, command=spec["command"], args=spec.get("args") or [],
-                                     env=spec.get("env") or None, timeout=spec.get("timeout", 30)))
+                                     env=spec.get("env") or None, timeout=spec.get("timeout", 30),
+                                     start_timeout=settings.UGENT_PLUGIN_START_TIMEOUT))
         except Exception as exc:
             log.warning("MCP server %s could not be started: %s", name, exc)
     return boxes

@@ -8,17 +8,27 @@ hangs costs at most `limit` threads, and the others go on.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from django.db import connection
-
 log = logging.getLogger("ugent.overrun")
 
 _overrun: dict[str, int] = {}
 _lock = threading.Lock()
+
+
+def _connection_close() -> None:
+    """Close this thread's database connection, if Django is in use here (plugin code may run without it)."""
+    db = sys.modules.get("django.db")
+    if db is None:
+        return
+    try:
+        db.connection.close()
+    except Exception:  # not configured (a worker without settings), or already gone
+        pass
 
 
 def overrunning(prefix: str = "") -> dict[str, int]:
@@ -54,7 +64,7 @@ def call_bounded(fn: Callable[[], Any], *, timeout: float, owner: str, limit: in
         except BaseException as exc:  # noqa: BLE001 - the call's failure is its caller's to report
             box["error"] = exc
         finally:
-            connection.close()  # the call's thread may have used the database
+            _connection_close()  # the call's thread may have used the database
             with _lock:
                 done.set()
                 if state["overrun"]:

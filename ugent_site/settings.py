@@ -233,6 +233,9 @@ UGENT_TURN_RUN_LIMIT = env.float("UGENT_TURN_RUN_LIMIT", default=CELERY_TASK_SOF
 # A turn thread stuck in an engine past that limit is written off and replaced (channels_app.dispatch.TurnThreads),
 # at most this many per process: each holds its memory and a database connection until the process restarts.
 UGENT_TURN_STUCK_MAX = env.int("UGENT_TURN_STUCK_MAX", default=16)
+# Seconds an in-process plugin (a chat engine, summariser, matcher, NLI engine) may take to start: its constructor
+# runs on a thread of its own, and one past this is refused for a while (plugins_app.agent.engines.registry).
+UGENT_PLUGIN_START_TIMEOUT = env.float("UGENT_PLUGIN_START_TIMEOUT", default=120.0)
 # Questions (channels_app.questions): the longest a question may wait for its answer, in seconds (kept
 # inside the turn's run limit, past which the turn fails), and the engines that read a free-text reply.
 UGENT_QUESTION_MAX_TIMEOUT = env.float("UGENT_QUESTION_MAX_TIMEOUT", default=300)

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -388,6 +389,30 @@ def test_a_toolbox_that_fails_to_build_fails_again_at_once_until_the_retry_inter
             plugins.toolbox_plugin("failing")
         assert built == ["failing", "failing"]
     finally:
+        plugins.toolboxes_close()
+
+
+def test_a_toolbox_whose_start_never_returns_fails_in_time_and_is_not_started_again_at_once(monkeypatch):
+    """A plugin whose constructor never returned held every turn that wanted it (and each one's wait on the
+    build lock) for ever: now it is a failed start after `start_timeout`, refused at once until RETRY_SECS."""
+    now = [1000.0]
+    monkeypatch.setattr(plugins, "_clock", lambda: now[0])
+    gate = threading.Event()
+    built = []
+
+    def build(entry, toolbox_id, config):
+        built.append(entry)
+        gate.wait(60)
+        raise OSError("late")
+    monkeypatch.setattr(plugins, "_build", build)
+    try:
+        with pytest.raises(TimeoutError, match=r"the toolbox hung did not start within 0\.2 s"):
+            plugins.toolbox_plugin("hung", start_timeout=0.2)
+        with pytest.raises(RuntimeError, match="failed to start"):
+            plugins.toolbox_plugin("hung", start_timeout=0.2)
+        assert built == ["hung"]
+    finally:
+        gate.set()
         plugins.toolboxes_close()
 
 

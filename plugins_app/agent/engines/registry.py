@@ -23,6 +23,14 @@ _extra: dict[str, type] = {}
 _discovered: dict[str, type] | None = None
 _discover_lock = threading.Lock()
 _GROUPS = (PluginTypes.AGENT_CHAT, PluginTypes.AGENT_CHAT_MULTIMODAL)
+# One build of an engine at a time per key, on a thread of its own under UGENT_PLUGIN_START_TIMEOUT:
+# `_lock` only guards the dicts, so a constructor that never returns holds up only the callers of that
+# engine, for at most the timeout, and never the other engines (_kept).
+_building: dict[tuple, threading.Lock] = {}
+_build_failed: dict[tuple, tuple[float, str]] = {}  # key -> (_clock() before which it is not tried again, why)
+#: Seconds a build that did not finish in time is not tried again (its callers are refused at once meanwhile).
+BUILD_RETRY_SECS = 30.0
+_generation = 0  # reset() counts up: a build that ends after a reset is not kept
 
 
 def register_engine(name: str, cls: type) -> None:
@@ -110,19 +118,76 @@ def profile_follows_prompts(profile) -> bool:
 
 def engine_for_profile(profile) -> object:
     key = (profile.pk, profile.updated_at, profile.provider)
+
+    def build():
+        from ugent_common.secrets import secrets_opened
+        config = secrets_opened(dict(profile.config or {}))  # the engine alone sees the plain secrets
+        if profile.system_prompt and "system_prompt" not in config:
+            config["system_prompt"] = profile.system_prompt
+        _never_logged(config)
+        return engine_class(profile.provider)(config)
+    return _kept(key, build, what=f"chat engine '{profile.provider}'",
+                 replaces=lambda k: len(k) == 3 and k[0] == profile.pk and k != key)
+
+
+def _kept(key: tuple, build, *, what: str, replaces=None) -> object:
+    """The engine kept under `key`, built by `build()` on first use (and the ones `replaces(key)` names
+    closed: an older version of the same profile's).
+
+    The build runs on a thread of its own (ugent_common.bounded) under UGENT_PLUGIN_START_TIMEOUT, one per
+    key at a time, without the registry's lock: a constructor that never returns holds up only the callers
+    of that engine, each for at most the timeout, and not other engines, turns of other profiles or the
+    status page. A build past its time is refused at once (EngineError `engine_unavailable`) for
+    BUILD_RETRY_SECS, then tried again. A constructor's own error is raised to its caller, as before."""
     with _lock:
         engine = _instances.get(key)
-        if engine is None:
-            for old in [k for k in _instances if k[0] == profile.pk]:
-                _close(_instances.pop(old))
-            from ugent_common.secrets import secrets_opened
-            config = secrets_opened(dict(profile.config or {}))  # the engine alone sees the plain secrets
-            if profile.system_prompt and "system_prompt" not in config:
-                config["system_prompt"] = profile.system_prompt
-            _never_logged(config)
-            engine = engine_class(profile.provider)(config)
-            _instances[key] = engine
-        return engine
+        if engine is not None:
+            return engine
+        _raise_if_failed_lately(key, what)
+        one = _building.setdefault(key, threading.Lock())
+        generation = _generation
+    with one:
+        with _lock:
+            engine = _instances.get(key)
+            if engine is not None:  # built by the caller this one waited for
+                return engine
+            _raise_if_failed_lately(key, what)
+        from django.conf import settings
+
+        from ugent_common import bounded
+        timeout = float(settings.UGENT_PLUGIN_START_TIMEOUT)
+        done = bounded.call_bounded(build, timeout=timeout, owner=f"start:{what}", limit=settings.UGENT_TURN_STUCK_MAX,
+                                    name="ugent-engine-start")
+        if done.error is not None:
+            raise done.error
+        if done.timed_out or done.refused:
+            why = (f"the {what} did not start within {timeout:g} s (UGENT_PLUGIN_START_TIMEOUT)" if done.timed_out
+                   else f"the {what} has {done.refused} starts still running past their time limit")
+            with _lock:
+                if generation == _generation:
+                    _build_failed[key] = (_clock() + BUILD_RETRY_SECS, why)
+            raise _unavailable(why)
+        engine, old = done.value, []
+        with _lock:
+            if generation == _generation:  # (a reset meanwhile: this one is its caller's alone)
+                _build_failed.pop(key, None)
+                _instances[key] = engine
+                old = [_instances.pop(k) for k in list(_instances) if replaces is not None and replaces(k)]
+    for engine_old in old:  # plugin code: outside the lock
+        _close(engine_old)
+    return engine
+
+
+def _raise_if_failed_lately(key: tuple, what: str) -> None:
+    """(_lock held) A build of this engine ran out of time less than BUILD_RETRY_SECS ago: refused at once."""
+    failed = _build_failed.get(key)
+    if failed is not None and _clock() < failed[0]:
+        raise _unavailable(f"{failed[1]}; it is tried again {BUILD_RETRY_SECS:g} s after that attempt")
+
+
+def _unavailable(why: str):
+    from plugins_app.agent.engines.base import EngineError
+    return EngineError(why[:1].upper() + why[1:] + ".", code="engine_unavailable")
 
 
 def _never_logged(config: dict) -> None:
@@ -143,10 +208,14 @@ def _close(engine) -> None:
 
 
 def reset() -> None:
+    global _generation
     with _lock:
-        for engine in _instances.values():
-            _close(engine)
+        _generation += 1
+        engines = list(_instances.values())
         _instances.clear()
+        _build_failed.clear()
+    for engine in engines:
+        _close(engine)
 
 
 # --- the engines that read a free-text reply to a question (channels_app.questions) ---------------
@@ -162,21 +231,20 @@ def _helper_engine(setting: str, group: str, builtin_name: str, builtin: str) ->
     from django.conf import settings
     name = getattr(settings, setting, "") or builtin_name
     key = ("helper", group, name)
-    with _lock:
-        engine = _instances.get(key)
-        if engine is None:
-            cls = _extra.get(name)
-            if cls is None and name != builtin_name:
-                for ep in entry_points(group=group, name=name):
-                    try:
-                        cls = ep.load()
-                    except Exception:
-                        cls = None
-            if cls is None:
-                module, _, attr = builtin.partition(":")
-                cls = getattr(importlib.import_module(module), attr)
-            engine = _instances[key] = cls({})
-        return engine
+
+    def build():
+        cls = _extra.get(name)
+        if cls is None and name != builtin_name:
+            for ep in entry_points(group=group, name=name):
+                try:
+                    cls = ep.load()
+                except Exception:
+                    cls = None
+        if cls is None:
+            module, _, attr = builtin.partition(":")
+            cls = getattr(importlib.import_module(module), attr)
+        return cls({})
+    return _kept(key, build, what=f"engine '{name}'")
 
 
 def option_matcher() -> object:
@@ -205,23 +273,22 @@ def nli_engine(name: str, config: dict | None = None) -> object:
     import json
     config = dict(config or {})
     key = ("nli", name, json.dumps(config, sort_keys=True, default=str))
-    with _lock:
-        engine = _instances.get(key)
-        if engine is None:
-            cls = _extra.get(name)
-            if cls is None:
-                for ep in entry_points(group=_NLI_GROUP, name=name):
-                    try:
-                        cls = ep.load()
-                    except Exception:
-                        cls = None
-            if cls is None and name == BUILTIN_NLI:
-                module, _, attr = _BUILTIN_NLI_CLASS.partition(":")
-                cls = getattr(importlib.import_module(module), attr)
-            if cls is None:
-                raise LookupError(f"no NLI engine named '{name}' is installed (entry-point group {_NLI_GROUP})")
-            engine = _instances[key] = cls(config)
-        return engine
+
+    def build():
+        cls = _extra.get(name)
+        if cls is None:
+            for ep in entry_points(group=_NLI_GROUP, name=name):
+                try:
+                    cls = ep.load()
+                except Exception:
+                    cls = None
+        if cls is None and name == BUILTIN_NLI:
+            module, _, attr = _BUILTIN_NLI_CLASS.partition(":")
+            cls = getattr(importlib.import_module(module), attr)
+        if cls is None:
+            raise LookupError(f"no NLI engine named '{name}' is installed (entry-point group {_NLI_GROUP})")
+        return cls(config)
+    return _kept(key, build, what=f"NLI engine '{name}'")
 
 
 # --- the chat summarisers compaction uses (channels_app.compaction) -------------------------------
@@ -330,14 +397,12 @@ def summarizer_for_profile(profile) -> object:
     from the profile's config without its system prompt; one instance per profile version."""
     name = (getattr(profile, "summarizer_engine", "") if profile is not None else "") or BUILTIN_SUMMARIZER
     key = ("summarizer", getattr(profile, "pk", None), getattr(profile, "updated_at", None), name)
-    with _lock:
-        engine = _instances.get(key)
-        if engine is None:
-            for old in [k for k in _instances if k[0] == "summarizer" and k[1] == key[1] and key[1] is not None]:
-                _close(_instances.pop(old))
-            from ugent_common.secrets import secrets_opened
-            config = secrets_opened(dict(profile.config or {})) if profile is not None else {}
-            config.pop("system_prompt", None)
-            _never_logged(config)
-            engine = _instances[key] = summarizer_class(name)(config)
-        return engine
+
+    def build():
+        from ugent_common.secrets import secrets_opened
+        config = secrets_opened(dict(profile.config or {})) if profile is not None else {}
+        config.pop("system_prompt", None)
+        _never_logged(config)
+        return summarizer_class(name)(config)
+    return _kept(key, build, what=f"chat summariser '{name}'",
+                 replaces=lambda k: k[0] == "summarizer" and k[1] == key[1] and key[1] is not None and k != key)

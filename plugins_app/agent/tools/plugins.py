@@ -59,8 +59,13 @@ def _usable(box) -> bool:
     return bool(box.tools) and not getattr(box, "broken", False)
 
 
-def toolbox_plugin(entry: str, config: Optional[dict] = None, *, toolbox_id: Optional[str] = None):
+def toolbox_plugin(entry: str, config: Optional[dict] = None, *, toolbox_id: Optional[str] = None,
+                   start_timeout: Optional[float] = None):
     """The kept toolbox of plugin `entry` for `config` (built on first use). LookupError: not installed.
+
+    `start_timeout`: the most seconds its constructor, or a retry's `refresh_tools`, may take, on a thread of
+    its own (ugent_common.bounded): one that never returns then counts as a failed start (tried again after
+    RETRY_SECS) instead of holding every turn that wants the toolbox for ever. None: no bound (tests).
 
     Building one (an MCP server's start) or asking a toolbox without tools for them again (a server that was
     down at first use may be up now) can take its whole timeout: it holds up only the turns that want that
@@ -86,7 +91,8 @@ def toolbox_plugin(entry: str, config: Optional[dict] = None, *, toolbox_id: Opt
                 _raise_if_failed_lately(entry, key)  # the build this one waited for raised
         if box is None:
             try:
-                box = _build(entry, toolbox_id or entry, config)
+                box = _bounded(lambda: _build(entry, toolbox_id or entry, config), start_timeout,
+                               f"toolbox {toolbox_id or entry}")
             except Exception as exc:
                 with _lock:
                     if generation == _generation:  # (not a memo for the toolboxes after a close)
@@ -102,7 +108,7 @@ def toolbox_plugin(entry: str, config: Optional[dict] = None, *, toolbox_id: Opt
                 raise RuntimeError(f"toolbox {entry} was closed as it started (the toolboxes were closed)")
         elif not _usable(box) and _clock() >= _retry_at.get(key, 0.0):
             try:
-                box.refresh_tools()  # (an MCP toolbox: connects again)
+                _bounded(box.refresh_tools, start_timeout, f"toolbox {toolbox_id or entry}")  # (MCP: connects again)
             except Exception:  # kept without tools, asked again after RETRY_SECS like one that listed none
                 log.warning("toolbox %s could not list its tools", getattr(box, "toolbox_id", entry), exc_info=True)
         if not _usable(box):
@@ -110,6 +116,24 @@ def toolbox_plugin(entry: str, config: Optional[dict] = None, *, toolbox_id: Opt
                 if generation == _generation:
                     _retry_at[key] = _clock() + RETRY_SECS
     return box
+
+
+#: Starts of one toolbox left running past their time at once; a further one is refused without a thread.
+START_OVERRUN_MAX = 4
+
+
+def _bounded(fn, timeout: Optional[float], what: str):
+    """fn() under `timeout` seconds on a thread of its own (None: here, unbounded); TimeoutError past it."""
+    if timeout is None:
+        return fn()
+    from ugent_common import bounded
+    done = bounded.call_bounded(fn, timeout=timeout, owner=f"start:{what}", limit=START_OVERRUN_MAX,
+                                name="ugent-toolbox-start")
+    if done.error is not None:
+        raise done.error
+    if done.timed_out or done.refused:
+        raise TimeoutError(f"the {what} did not start within {timeout:g} s (UGENT_PLUGIN_START_TIMEOUT)")
+    return done.value
 
 
 def _raise_if_failed_lately(entry: str, key: str) -> None:
@@ -121,11 +145,11 @@ def _raise_if_failed_lately(entry: str, key: str) -> None:
 
 
 def mcp_toolbox(name: str, *, command: str, args: list | None = None, env: dict | None = None,
-                timeout: float = 30):
+                timeout: float = 30, start_timeout: Optional[float] = None):
     """The kept MCP toolbox for one `[[tools.mcp]]` entry: a stdio server `command args…`."""
     config = {"transport": "stdio", "command": command, "args": list(args or []), "env": env or None,
               "timeout": int(timeout)}
-    return toolbox_plugin(MCP_ENTRY_POINT, config, toolbox_id=f"mcp-{name}")
+    return toolbox_plugin(MCP_ENTRY_POINT, config, toolbox_id=f"mcp-{name}", start_timeout=start_timeout)
 
 
 def toolboxes_kept() -> list:
