@@ -378,10 +378,20 @@ def web_auth_check() -> None:
     read, does not parse (tomllib's line and column) or is empty (blank or comments alone: a write caught
     half-way, as the running process takes it; `[web.auth]` alone, or no file, is no [web.auth]), else
     [web.auth]'s first bad key."""
-    data, why = _read_why(config_path())
+    path = config_path()
+    stamp = _stamp(path)  # (before the read: a change after it is read anew at the next refresh)
+    data, why = _read_why(path)
     if why:
         raise ConfigError(why)
-    web_auth_parse(data)
+    auth = web_auth_parse(data)
+    # The file the check passed is this process's first good version: if it is emptied or broken before
+    # the first real read, that read keeps this one rather than running with no [web.auth] at all.
+    with _loaded.lock:
+        if not _loaded.used:
+            _loaded.data, _loaded.auth, _loaded.used, _loaded.auth_used = data, auth, True, True
+            _loaded.stamp, _loaded.error, _loaded.held = stamp, "", ""
+            _loaded.checked_at = time.monotonic()
+            _loaded.generation += 1
 
 
 # --- keys -------------------------------------------------------------------------------------

@@ -122,6 +122,22 @@ def test_a_process_whose_first_read_finds_ugent_toml_empty_says_so_as_for_one_th
     assert [r.getMessage() for r in caplog.records if r.name == "ugent.config"] == [f"{why}; none of it is used"]
 
 
+def test_a_file_emptied_between_the_start_up_check_and_the_first_read_keeps_what_the_check_passed(toml_config,
+                                                                                                   caplog):
+    """The check read the file and kept nothing of it: emptied (a write caught half-way) before the process's
+    first real read, it then ran with no [web.auth] at all (verified identity off) until the file was whole."""
+    caplog.set_level(logging.ERROR, logger="ugent.config")
+    path = toml_config('[web.auth]\nrequire_verified_identity = true\n')
+    config.web_auth_check()  # the daemon starts on it
+    path.write_text("")
+    os.utime(path, ns=(1, 1))
+    assert config.web_auth().require_verified_identity is True
+    why = (f"{path} is empty (blank or comments alone; `[web.auth]` alone says there are no issuers or caller "
+           "defaults)")
+    assert config.config_held() == why
+    assert [r.getMessage() for r in caplog.records if r.name == "ugent.config"] == [f"{why}; the last good file is kept"]
+
+
 def test_a_reload_that_cannot_read_ugent_toml_logs_it_once(toml_config, caplog):
     """_refresh logged the parse failure twice: "could not be read (path=…, error=…)", then the same error again
     with what it did about it."""
