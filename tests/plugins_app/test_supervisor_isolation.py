@@ -361,6 +361,14 @@ def test_without_a_token_fd_the_sdk_reads_the_token_from_its_environment():
     assert (out.returncode, out.stdout) == (0, "from-env\n"), out.stderr
 
 
+def test_a_negative_default_memory_cap_stops_the_start_in_one_line(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL")}
+    env.update(UGENT_PLUGIN_MEMORY_MAX_MB="-1", UGENT_VAR_DIR=str(tmp_path))
+    out = subprocess.run([PY, "manage.py", "check"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert "ugent.E003" in out.stderr and "UGENT_PLUGIN_MEMORY_MAX_MB is -1" in out.stderr, out.stderr
+
+
 def test_a_worker_started_through_a_shell_wrapper_reads_the_token_the_wrapper_passes_on(tmp_path, harness):
     code = READS_TOKEN.format(repo=str(REPO)).replace("time.sleep(60)", "")
     script = tmp_path / "reads_token.py"
