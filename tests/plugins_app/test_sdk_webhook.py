@@ -328,3 +328,46 @@ def test_a_connection_whose_deadline_gets_no_thread_is_let_go_and_frees_its_slot
     assert said.get("capped") in ("b''", "reset"), out.stderr  # let go unanswered, not left hanging
     assert said.get("after") == "b'HTTP/1.1 200 OK'", out.stderr  # its slot was freed
     assert "let go unanswered, no thread for its deadline" in out.stderr
+
+
+LANE_AT_THE_CAP = '''
+import resource, threading
+from plugins_app.channel.sdk.webhook import ChatLanes
+
+handled = []
+lanes = ChatLanes(handled.append, name="capped")
+data = int([l for l in open("/proc/self/status") if l.startswith("VmData")][0].split()[1]) * 1024
+resource.setrlimit(resource.RLIMIT_DATA, (data + (64 << 20), resource.RLIM_INFINITY))
+held = []
+try:
+    while True:
+        release = threading.Event()
+        thread = threading.Thread(target=release.wait, daemon=True)
+        thread.start()
+        held.append((thread, release))
+except RuntimeError:
+    pass
+try:
+    lanes.put("chat-1", "first")
+    print("put", "queued", flush=True)
+except RuntimeError as exc:
+    print("put", f"RuntimeError: {exc}", flush=True)
+print("lanes", len(lanes), flush=True)
+for thread, release in held:
+    release.set(); thread.join()
+lanes.put("chat-1", "second")
+print("joined", lanes.join(10), flush=True)
+print("handled", handled, flush=True)
+'''
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux: RLIMIT_DATA counts thread stacks, /proc")
+def test_a_chat_lane_that_gets_no_thread_is_not_left_behind():
+    """Left behind, it took the chat's later messages and handled none, and held the listener's end to the
+    drain timeout."""
+    out = subprocess.run([sys.executable, "-c", LANE_AT_THE_CAP], cwd=Path(__file__).resolve().parents[2],
+                         capture_output=True, text=True, timeout=120)
+    said = dict(line.split(" ", 1) for line in out.stdout.splitlines())
+    assert said.get("put") == "RuntimeError: can't start new thread", out.stderr
+    assert said.get("lanes") == "0"
+    assert (said.get("joined"), said.get("handled")) == ("True", "['second']"), out.stderr

@@ -271,7 +271,16 @@ class ChatLanes:
                 lane.append(item)
                 return True
             self._lanes[chat] = collections.deque([item])
-        threading.Thread(target=self._run, args=(chat,), name=f"{self._name}-lane", daemon=True).start()
+        try:
+            threading.Thread(target=self._run, args=(chat,), name=f"{self._name}-lane", daemon=True).start()
+        except BaseException:
+            # No thread (a worker at its memory cap): a lane left behind would take the chat's next items and
+            # handle none, and hold join() to its timeout. Its items are dropped with it (InboxLanes' messages
+            # stay owed in the outbox, for the replay); the caller gets the error.
+            with self._cond:
+                self._lanes.pop(chat, None)
+                self._cond.notify_all()
+            raise
         return True
 
     def close(self) -> None:
