@@ -660,18 +660,17 @@ class ChannelWorker:
 
     def _start_beating(self) -> None:
         """The heartbeat thread (it only beats) and the replay thread its beats wake; once, at the first hello."""
+        # each kept only once it runs: a thread that could not start (a worker at its memory cap, which counts
+        # each thread's stack) must not be joined by the stop, which would fail over it before its flush
         if self._heartbeat is None:
-            self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
-            self._heartbeat.start()
+            self._heartbeat = _started(threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True))
         if self._replayer is None:
-            self._replayer = threading.Thread(target=self._replay_loop, name="outbox-replay", daemon=True)
-            self._replayer.start()
+            self._replayer = _started(threading.Thread(target=self._replay_loop, name="outbox-replay", daemon=True))
 
     def _start_threads(self) -> None:
         self._start_beating()
         if self._listener is None:
-            self._listener = threading.Thread(target=self._listen_main, name="listener", daemon=True)
-            self._listener.start()
+            self._listener = _started(threading.Thread(target=self._listen_main, name="listener", daemon=True))
 
     def _heartbeat_loop(self) -> None:
         while True:
@@ -994,6 +993,11 @@ class ChannelWorker:
         if self.outbox is not None:
             self.outbox.close()
             self.outbox = None
+
+
+def _started(thread: threading.Thread) -> threading.Thread:
+    thread.start()
+    return thread
 
 
 def _data_reason(exc: RPCError) -> str:
