@@ -353,6 +353,21 @@ def test_a_token_fd_that_names_no_pipe_is_a_clear_error(value, message):
     assert out.stderr.strip().splitlines()[-1] == f"ValueError: {message}"
 
 
+def test_a_token_pipe_whose_writer_is_kept_open_gives_what_it_holds_without_waiting():
+    """A worker started by hand with a pipe its starter keeps open read it to an end that never came."""
+    read, write = os.pipe()
+    try:
+        os.write(write, b"tok-123")
+        code = "from plugins_app.channel.sdk.worker import plugin_token\nprint(plugin_token())"
+        env = {"PATH": os.environ.get("PATH", ""), "UGENT_PLUGIN_TOKEN_FD": str(read)}
+        out = subprocess.run([PY, "-c", code], cwd=REPO, env=env, pass_fds=(read,), capture_output=True,
+                             text=True, timeout=60)
+        assert (out.returncode, out.stdout) == (0, "tok-123\n"), out.stderr
+    finally:
+        os.close(read)
+        os.close(write)
+
+
 def test_without_a_token_fd_the_sdk_reads_the_token_from_its_environment():
     """MockBridge, and a worker started by hand, set UGENT_PLUGIN_TOKEN itself."""
     code = "from plugins_app.channel.sdk.worker import plugin_token\nprint(plugin_token())"

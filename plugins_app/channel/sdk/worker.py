@@ -101,9 +101,15 @@ def plugin_token() -> str:
         try:
             if not stat.S_ISFIFO(os.fstat(fd).st_mode):
                 raise ValueError(f"{TOKEN_FD_ENV}={raw}: fd {fd} is not a pipe")
+            # Without blocking: a pipe whose writer someone keeps open (a worker started by hand) gives what
+            # it holds, rather than a start that waits for ever.
+            os.set_blocking(fd, False)
             chunks = []
-            while chunk := os.read(fd, 4096):
-                chunks.append(chunk)
+            try:
+                while chunk := os.read(fd, 4096):
+                    chunks.append(chunk)
+            except BlockingIOError:
+                pass
             os.close(fd)
         except OSError as exc:
             raise ValueError(f"{TOKEN_FD_ENV}={raw}: fd {fd} cannot be read: {exc.strerror}") from None

@@ -286,14 +286,15 @@ def _make_preexec(sig: int | None, memory_bytes: int | None = None):
 
     def preexec():
         affinity.restore_in_child()
-        if setrlimit is not None:
-            # soft and hard alike: the worker cannot lift its own cap
-            setrlimit(which, (memory_bytes, memory_bytes))
         if sig is not None:
             prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
             # The parent may have died before prctl took effect: no signal would come.
             if os.getppid() != parent_pid:
                 os.kill(os.getpid(), signal.SIGKILL)
+        if setrlimit is not None:
+            # last (nothing after it may need to allocate past the cap); soft and hard alike: the worker
+            # cannot lift its own cap
+            setrlimit(which, (memory_bytes, memory_bytes))
 
     return preexec
 
