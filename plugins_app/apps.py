@@ -13,6 +13,16 @@ def plugin_log_cap_check(app_configs=None, **kwargs):
     return []
 
 
+def plugin_memory_cap_check(app_configs=None, **kwargs):
+    """A negative UGENT_PLUGIN_MEMORY_MAX_MB would make every worker's spawn fail: said once, at start."""
+    if settings.UGENT_PLUGIN_MEMORY_MAX_MB < 0:
+        return [checks.Error(f"UGENT_PLUGIN_MEMORY_MAX_MB is {settings.UGENT_PLUGIN_MEMORY_MAX_MB}: a worker's memory "
+                             "cap is a whole number of MiB, 0 for none", id="ugent.E003",
+                             hint="Set it to the MiB one worker process may hold (default 2048), 0 for no cap, "
+                                  "or leave it out.")]
+    return []
+
+
 class PluginsAppConfig(AppConfig):
     name = "plugins_app"
     default_auto_field = "django.db.models.BigAutoField"
@@ -20,6 +30,7 @@ class PluginsAppConfig(AppConfig):
 
     def ready(self):
         checks.register(plugin_log_cap_check)
+        checks.register(plugin_memory_cap_check)
         # SQLite's full-text triggers on memory facts call ugent_memory_terms (migration 0011): every
         # connection gets it, whichever part of the daemon opens it
         from django.db.backends.signals import connection_created

@@ -389,6 +389,8 @@ UGENT_PLUGIN_PID_DIR = env("UGENT_PLUGIN_PID_DIR", default=str(VAR_DIR / "run" /
 UGENT_PLUGIN_LOG_DIR = env("UGENT_PLUGIN_LOG_DIR", default=str(VAR_DIR / "log" / "plugins"))
 UGENT_PLUGIN_LOG_MAX_BYTES = env.int("UGENT_PLUGIN_LOG_MAX_BYTES", default=10 * 1024 * 1024)
 UGENT_PLUGIN_STATE_DIR = env("UGENT_PLUGIN_STATE_DIR", default=str(VAR_DIR / "plugin-state"))
+# Each channel worker's data size cap in MiB (RLIMIT_DATA), unless its plugin sets limits.memory_max_mb; 0: none
+UGENT_PLUGIN_MEMORY_MAX_MB = env.int("UGENT_PLUGIN_MEMORY_MAX_MB", default=2048)
 # "" = <UGENT_HOME>/.ugent/plugins.toml, read when used (plugins_app.channel.conf.global_plugins_toml)
 UGENT_GLOBAL_PLUGINS_TOML = env("UGENT_GLOBAL_PLUGINS_TOML", default="")
 UGENT_SECRETS_KEY = env("UGENT_SECRETS_KEY", default="")

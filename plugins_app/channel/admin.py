@@ -2,6 +2,7 @@
 from django import forms
 from django.contrib import admin, messages
 
+from plugins_app.channel import selectors as plugin_selectors  # noqa: E402
 from plugins_app.channel import services as plugin_services  # noqa: E402
 from plugins_app.channel.models import DeliveryState, OutboundDelivery, Plugin, PluginSecret  # noqa: E402
 
@@ -45,7 +46,7 @@ class PluginSecretInline(admin.TabularInline):
 @admin.register(Plugin)
 class PluginAdmin(admin.ModelAdmin):
     list_display = ("plugin_id", "kind", "enabled", "state", "state_reason", "disabled_reason",
-                    "last_heartbeat", "restarts", "pid")
+                    "last_heartbeat", "restarts", "pid", "memory_cap")
     list_filter = ("enabled", "state", "kind")
     search_fields = ("plugin_id", "kind", "command")
     readonly_fields = ("state", "state_reason", "disabled_reason", "last_heartbeat", "restarts", "pid",
@@ -54,11 +55,18 @@ class PluginAdmin(admin.ModelAdmin):
     actions = ["enable_again", "disable"]
     fieldsets = (
         (None, {"fields": ("plugin_id", "kind", "enabled", "command", "args", "env_refs", "secret_env_refs")}),
-        ("Limits", {"fields": ("max_in_flight", "max_retries", "heartbeat_secs")}),
+        ("Limits", {"fields": ("max_in_flight", "max_retries", "heartbeat_secs", "memory_max_mb")}),
         ("Routing", {"fields": ("workspace", "allowed_senders", "allow_remote_control")}),
         ("Supervision", {"fields": ("state", "state_reason", "disabled_reason", "last_heartbeat", "restarts", "pid",
                                     "created_at", "updated_at")}),
     )
+
+    @admin.display(description="memory cap")
+    def memory_cap(self, obj):
+        """The cap its worker runs under: its own, or UGENT_PLUGIN_MEMORY_MAX_MB's."""
+        mb = plugin_selectors.plugin_memory_max_mb(obj.memory_max_mb)
+        shown = f"{mb} MiB" if mb else "none"
+        return shown if obj.memory_max_mb is not None else f"{shown} (default)"
 
     def save_related(self, request, form, formsets, change):
         super().save_related(request, form, formsets, change)

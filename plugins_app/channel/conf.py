@@ -17,7 +17,8 @@ LOG_DIR = Path(settings.UGENT_PLUGIN_LOG_DIR)
 STATE_DIR = Path(settings.UGENT_PLUGIN_STATE_DIR)
 # A worker's log file is rotated before it passes this size (three older files are kept).
 LOG_MAX_BYTES = settings.UGENT_PLUGIN_LOG_MAX_BYTES
-
+# A worker's data size cap (MiB) when its plugin sets none; 0: no cap.
+MEMORY_MAX_MB = settings.UGENT_PLUGIN_MEMORY_MAX_MB
 
 
 def global_plugins_toml() -> Path:

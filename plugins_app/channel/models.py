@@ -48,6 +48,11 @@ class Plugin(TimeStamped):
     max_in_flight = models.PositiveIntegerField(default=64)
     max_retries = models.PositiveIntegerField(default=5)
     heartbeat_secs = models.FloatField(default=30.0)
+    memory_max_mb = models.PositiveIntegerField(
+        "memory cap (MiB)", null=True, blank=True,
+        help_text="The most data (heap, thread stacks) each process of its worker may hold, in MiB: past it an "
+                  "allocation fails and the worker is restarted like any crash. Empty: UGENT_PLUGIN_MEMORY_MAX_MB "
+                  "(2048 by default); 0: no cap.")
     workspace = models.CharField(max_length=500, blank=True, default="")
     allowed_senders = models.JSONField(default=list, blank=True, validators=[validate_senders],
                                        help_text='"telegram:123456789" entries; empty lets everyone in.')

@@ -113,7 +113,8 @@ class PluginRuntime:
                 env[STATE_DIR_ENV] = str(self.state_dir)
                 if plugin.workspace:
                     env["UGENT_PLUGIN_WORKSPACE"] = plugin.workspace
-                spec = WorkerSpec(plugin.plugin_id, argv[0], argv[1], env=env, cwd=str(settings.BASE_DIR))
+                spec = WorkerSpec(plugin.plugin_id, argv[0], argv[1], env=env, cwd=str(settings.BASE_DIR),
+                                  memory_max_mb=selectors.plugin_memory_max_mb(plugin.memory_max_mb))
                 limits = SupervisionLimits(heartbeat_secs=plugin.heartbeat_secs, **self.limits)
                 out.append(DesiredWorker(spec, limits))
         finally:

@@ -43,6 +43,13 @@ def plugin_argv(plugin: Plugin) -> tuple[str, list[str]] | None:
     return (sys.executable if plugin.command in PYTHON_ALIASES else plugin.command), args
 
 
+def plugin_memory_max_mb(own: int | None) -> int:
+    """The data size cap (MiB) a plugin's worker runs under, given the plugin's own ``memory_max_mb``:
+    that, else UGENT_PLUGIN_MEMORY_MAX_MB; 0 is no cap."""
+    from plugins_app.channel import conf
+    return conf.MEMORY_MAX_MB if own is None else own
+
+
 def plugin_environment(plugin: Plugin, environ: dict | None = None) -> tuple[dict[str, str], list[str]]:
     """The worker's own environment (env_refs from the daemon's, secret_env_refs from the vault),
     and the names that could not be filled."""
@@ -72,9 +79,10 @@ def plugins_status() -> dict:
         in_flight=Count("deliveries", filter=Q(deliveries__state=DeliveryState.IN_FLIGHT)),
         dead_letters=Count("deliveries", filter=Q(deliveries__state=DeliveryState.DEAD_LETTER)),
     ).values("plugin_id", "kind", "enabled", "state", "state_reason", "disabled_reason", "pid",
-             "last_heartbeat", "restarts", "pending", "in_flight", "dead_letters")}
+             "last_heartbeat", "restarts", "memory_max_mb", "pending", "in_flight", "dead_letters")}
     for row in counts.values():
         row["last_heartbeat"] = row["last_heartbeat"].isoformat() if row["last_heartbeat"] else None
+        row["memory_max_mb"] = plugin_memory_max_mb(row["memory_max_mb"])
         row["circuit"] = plugin_circuit(row["state"], row["disabled_reason"])
     return {"plugins": list(counts.values())}
 

@@ -72,6 +72,9 @@ class LimitsSpec(BaseModel):
     max_in_flight: Annotated[int, _check(lambda v: v >= 1, "must be a positive integer")] = DEFAULTS["max_in_flight"]
     max_retries: Annotated[int, _check(lambda v: v >= 0, "must be a non-negative integer")] = DEFAULTS["max_retries"]
     heartbeat_secs: Annotated[float, _check(lambda v: v >= 0, "must be a non-negative number")] = DEFAULTS["heartbeat_secs"]
+    # absent: UGENT_PLUGIN_MEMORY_MAX_MB; 0: no cap
+    memory_max_mb: Annotated[int, _check(lambda v: 0 <= v < 2 ** 31,
+                                         "must be a whole number of MiB from 0 (no cap) to 2147483647")] | None = None
 
 
 class RoutingSpec(BaseModel):
@@ -113,7 +116,7 @@ class PluginSpec(BaseModel):
                 "args": list(self.args), "env_refs": list(self.env_refs),
                 "secret_env_refs": list(self.secret_env_refs),
                 "max_in_flight": self.limits.max_in_flight, "max_retries": self.limits.max_retries,
-                "heartbeat_secs": float(self.limits.heartbeat_secs),
+                "heartbeat_secs": float(self.limits.heartbeat_secs), "memory_max_mb": self.limits.memory_max_mb,
                 "workspace": self.routing.workspace, "allowed_senders": list(self.routing.allowed_senders),
                 "allow_remote_control": list(self.routing.allow_remote_control)}
 
@@ -180,6 +183,8 @@ def plugin_to_entry(plugin: Plugin) -> dict:
         entry["secret_env_refs"] = list(plugin.secret_env_refs)
     entry["limits"] = {"max_in_flight": plugin.max_in_flight, "max_retries": plugin.max_retries,
                        "heartbeat_secs": int(beat) if float(beat).is_integer() else beat}
+    if plugin.memory_max_mb is not None:
+        entry["limits"]["memory_max_mb"] = plugin.memory_max_mb
     routing = {"allowed_senders": list(plugin.allowed_senders or [])}
     if plugin.allow_remote_control:
         routing["allow_remote_control"] = list(plugin.allow_remote_control)

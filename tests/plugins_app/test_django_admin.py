@@ -97,3 +97,29 @@ def test_the_status_report_has_a_plugins_section(db):
     make_plugin()
     section = status_report()["status"]["plugins"]["plugins"]
     assert [(p["plugin_id"], p["pending"], p["dead_letters"]) for p in section] == [("echo-main", 0, 0)]
+
+
+def test_the_admin_and_the_status_show_the_memory_cap_each_worker_runs_under(db, admin_client, monkeypatch):
+    from channels_app.status import status_report
+    from plugins_app.channel import conf
+    monkeypatch.setattr(conf, "MEMORY_MAX_MB", 1536)
+    make_plugin("a-default")
+    make_plugin("b-own", memory_max_mb=512)
+    make_plugin("c-none", memory_max_mb=0)
+    section = status_report()["status"]["plugins"]["plugins"]
+    assert sorted((p["plugin_id"], p["memory_max_mb"]) for p in section) == [("a-default", 1536), ("b-own", 512),
+                                                                             ("c-none", 0)]
+    page = admin_client.get("/admin/plugins_app/plugin/").content.decode()
+    assert "1536 MiB (default)" in page and "512 MiB" in page and '<td class="field-memory_cap">none</td>' in page
+
+
+def test_a_negative_memory_cap_is_refused_in_the_admin_and_changes_nothing(db, admin_client):
+    plugin = make_plugin()
+    form = {"plugin_id": "echo-main", "kind": "channel-echo", "enabled": "on", "command": "python",
+            "args": '["-m", "plugins_app.channel.workers.echo"]', "env_refs": "[]", "secret_env_refs": "[]",
+            "max_in_flight": 8, "max_retries": 2, "heartbeat_secs": 0.2, "memory_max_mb": -1, "workspace": "",
+            "allowed_senders": "[]", "secrets-TOTAL_FORMS": 0, "secrets-INITIAL_FORMS": 0,
+            "secrets-MIN_NUM_FORMS": 0, "secrets-MAX_NUM_FORMS": 1000}
+    resp = admin_client.post(f"/admin/plugins_app/plugin/{plugin.pk}/change/", form)
+    assert resp.status_code == 200 and "Ensure this value is greater than or equal to 0." in resp.content.decode()
+    assert Plugin.objects.get().memory_max_mb is None

@@ -72,6 +72,10 @@ def test_the_seeds_plugins_toml_imports_and_exports_back(db, tmp_path):
     (('allowed_senders = ["telegram:123456789"]', 'allowed_senders = ["123456789"]'),
      "plugins[0] (telegram-main).routing.allowed_senders: '123456789' is not channel:sender_id"),
     (("enabled = true", "enabled = true\ncolour = 1"), "plugins[0] (telegram-main).colour: unknown field"),
+    (("heartbeat_secs = 30", "heartbeat_secs = 30\nmemory_max_mb = -1"),
+     "plugins[0] (telegram-main).limits.memory_max_mb: must be a whole number of MiB from 0 (no cap) to 2147483647"),
+    (("heartbeat_secs = 30", 'heartbeat_secs = 30\nmemory_max_mb = "512"'),
+     "plugins[0] (telegram-main).limits.memory_max_mb: expected an integer, found string"),
 ])
 def test_a_bad_file_is_a_clear_error_naming_the_plugin_and_field_and_changes_nothing(db, tmp_path, change,
                                                                                         message):
@@ -82,6 +86,19 @@ def test_a_bad_file_is_a_clear_error_naming_the_plugin_and_field_and_changes_not
         cmd("import", str(path))
     assert message in str(err.value)
     assert Plugin.objects.get().max_in_flight == 3
+
+
+def test_a_plugins_memory_cap_imports_and_exports_back_and_leaving_it_out_means_the_default(db, tmp_path):
+    path = tmp_path / "plugins.toml"
+    capped = SEED_EXAMPLE.replace("heartbeat_secs = 30", "heartbeat_secs = 30\nmemory_max_mb = 512")
+    path.write_text(capped)
+    cmd("import", str(path))
+    assert Plugin.objects.get().memory_max_mb == 512
+    assert tomllib.loads(cmd("export")) == tomllib.loads(capped)
+    path.write_text(SEED_EXAMPLE)  # no memory_max_mb: UGENT_PLUGIN_MEMORY_MAX_MB again
+    cmd("import", str(path))
+    assert Plugin.objects.get().memory_max_mb is None
+    assert tomllib.loads(cmd("export")) == tomllib.loads(SEED_EXAMPLE)
 
 
 def test_setup_no_input_writes_rows_and_the_workspace_file_from_the_global_file(db, tmp_path, monkeypatch):

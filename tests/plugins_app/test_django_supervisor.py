@@ -106,6 +106,32 @@ def test_an_admin_edit_takes_effect_without_a_restart(tcast, echo, start_runtime
     assert wait_until(lambda: Plugin.objects.get().state == "stopped", 5)
 
 
+def data_size_limit(pid: int) -> str:
+    """The soft "Max data size" of a process (RLIMIT_DATA), as /proc shows it."""
+    line = next(l for l in Path(f"/proc/{pid}/limits").read_text().splitlines() if l.startswith("Max data size"))
+    return line.split()[3]
+
+
+def test_each_worker_runs_under_its_plugins_memory_cap_or_the_default(tcast, echo, start_runtime, monkeypatch):
+    from plugins_app.channel import conf
+    monkeypatch.setattr(conf, "MEMORY_MAX_MB", 1536)
+    make_plugin()  # the echo worker, with no cap of its own
+    sleeper = dict(command=PY, args=["-c", "import time; time.sleep(60)"], env_refs=[], heartbeat_secs=0)
+    make_plugin("own-cap", memory_max_mb=512, **sleeper)
+    make_plugin("no-cap", memory_max_mb=0, **sleeper)
+    rt = start_runtime()
+    names = ("echo-main", "own-cap", "no-cap")
+    pids = wait_until(lambda: all(rt.worker_pid(n) for n in names) and [rt.worker_pid(n) for n in names], 15)
+    assert pids, rt.log("echo-main")
+    assert [data_size_limit(pid) for pid in pids] == [str(1536 * 1024 * 1024), str(512 * 1024 * 1024), "unlimited"]
+    # the echo worker (the SDK, its threads) says hello and heartbeats under its cap
+    assert wait_until(lambda: Plugin.objects.get(plugin_id="echo-main").last_heartbeat is not None, 10)
+    # an edit of the cap restarts the worker under the new one
+    Plugin.objects.filter(plugin_id="own-cap").update(memory_max_mb=256)
+    assert wait_until(lambda: rt.worker_pid("own-cap") not in (None, pids[1]), 10)
+    assert data_size_limit(rt.worker_pid("own-cap")) == str(256 * 1024 * 1024)
+
+
 # --- a supervisor in its own process (manage.py runsupervisor) ------------------------------
 
 def start_supervisor_process(root: Path) -> subprocess.Popen:

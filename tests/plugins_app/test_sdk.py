@@ -1333,3 +1333,40 @@ def test_a_token_cache_fetches_once_for_threads_asking_at_once():
     got.clear()
     at_once(8, fresh=True, stale="token-1")  # every chat's call answered "stale token"
     assert fetched == [None, "token-1"] and got == ["token-2"] * 8
+
+
+# A worker that reaches its memory cap (RLIMIT_DATA, which each thread's stack counts against) as its listener
+# is about to start: the cap is lowered to a little over what it holds, less than a thread's stack.
+LISTENER_AT_THE_CAP = '''
+import resource, sys
+from plugins_app.channel.sdk import ChannelWorker
+
+class Capped(ChannelWorker):
+    kind = "channel-capped"
+    version = "1.0"
+    def connect(self): pass
+    def listen(self, submit): self.stopping.wait()
+    def deliver(self, delivery): return None
+    def disconnect(self): print("disconnected", flush=True)
+    def replay(self):
+        super().replay()
+        data = int([l for l in open("/proc/self/status") if l.startswith("VmData")][0].split()[1]) * 1024
+        resource.setrlimit(resource.RLIMIT_DATA, (data + (4 << 20), resource.RLIM_INFINITY))
+
+worker = Capped(state_dir=sys.argv[1], install_signal_handlers=False)
+try:
+    worker.run()
+except RuntimeError as exc:
+    print("raised", exc, flush=True)
+'''
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux: RLIMIT_DATA counts thread stacks, /proc")
+def test_a_listener_that_gets_no_thread_fails_the_worker_with_that_error_after_its_stop(tmp_path):
+    """The stop joined the thread that never started: it failed over it ("cannot join thread before it is
+    started", the error the log ended with), before the flush, disconnect() and the outbox's close."""
+    with MockBridge("capped") as bridge:
+        out = subprocess.run([sys.executable, "-c", LISTENER_AT_THE_CAP, str(tmp_path)], cwd=REPO_ROOT,
+                             env={**bridge.env(), "PATH": os.environ.get("PATH", "")}, capture_output=True,
+                             text=True, timeout=120)
+    assert out.stdout.splitlines() == ["disconnected", "raised can't start new thread"], out.stderr

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import re
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -264,3 +267,109 @@ def test_a_signed_body_nested_too_deep_is_answered_400_by_every_channel_not_500(
     finally:
         server.stop()
     assert answer.status_code == 400, answer.text
+
+
+# A webhook in a worker that has reached its memory cap (RLIMIT_DATA, which each thread's whole stack counts
+# against): the connection's own thread starts (the stack of one that just ended, which glibc keeps), its
+# deadline timer's thread cannot. Then the cap eases, and the server must answer again.
+AT_THE_CAP = '''
+import os, resource, socket, threading, time
+from plugins_app.channel.sdk.webhook import WebhookServer
+
+class One(WebhookServer):
+    name = "capped-webhook"
+    max_connections = 1
+    def respond(self, method, target, headers, body):
+        return 200, "pong"
+
+server = One("127.0.0.1:0", "/hook")
+server.start()
+address = server.httpd.server_address[:2]
+
+def get():
+    with socket.create_connection(address, timeout=5) as conn:
+        conn.sendall(b"GET /hook HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n")
+        try:
+            return repr(conn.recv(100)[:15])
+        except socket.timeout:
+            return "no answer"
+        except ConnectionResetError:
+            return "reset"
+
+print("before", get(), flush=True)
+data = int([l for l in open("/proc/self/status") if l.startswith("VmData")][0].split()[1]) * 1024
+resource.setrlimit(resource.RLIMIT_DATA, (data + (64 << 20), resource.RLIM_INFINITY))
+held = []
+try:
+    while True:
+        release = threading.Event()
+        thread = threading.Thread(target=release.wait, daemon=True)
+        thread.start()
+        held.append((thread, release))
+except RuntimeError:
+    pass
+thread, release = held.pop()  # room for one thread: the connection's
+release.set(); thread.join()
+while os.path.exists(f"/proc/self/task/{thread.native_id}"):  # its stack is back in glibc's cache
+    time.sleep(0.01)
+print("capped", get(), flush=True)
+for thread, release in held:
+    release.set(); thread.join()
+print("after", get(), flush=True)
+'''
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux: RLIMIT_DATA counts thread stacks, /proc")
+def test_a_connection_whose_deadline_gets_no_thread_is_let_go_and_frees_its_slot():
+    """Held, the slot was gone for good: after max_connections such connections the webhook answered nobody,
+    while the worker still heartbeated and so was never restarted."""
+    out = subprocess.run([sys.executable, "-c", AT_THE_CAP], cwd=Path(__file__).resolve().parents[2],
+                         capture_output=True, text=True, timeout=120)
+    said = dict(line.split(" ", 1) for line in out.stdout.splitlines())
+    assert said.get("before") == "b'HTTP/1.1 200 OK'", out.stderr
+    assert said.get("capped") in ("b''", "reset"), out.stderr  # let go unanswered, not left hanging
+    assert said.get("after") == "b'HTTP/1.1 200 OK'", out.stderr  # its slot was freed
+    assert "let go unanswered, no thread for its deadline" in out.stderr
+
+
+LANE_AT_THE_CAP = '''
+import resource, threading
+from plugins_app.channel.sdk.webhook import ChatLanes
+
+handled = []
+lanes = ChatLanes(handled.append, name="capped")
+data = int([l for l in open("/proc/self/status") if l.startswith("VmData")][0].split()[1]) * 1024
+resource.setrlimit(resource.RLIMIT_DATA, (data + (64 << 20), resource.RLIM_INFINITY))
+held = []
+try:
+    while True:
+        release = threading.Event()
+        thread = threading.Thread(target=release.wait, daemon=True)
+        thread.start()
+        held.append((thread, release))
+except RuntimeError:
+    pass
+try:
+    lanes.put("chat-1", "first")
+    print("put", "queued", flush=True)
+except RuntimeError as exc:
+    print("put", f"RuntimeError: {exc}", flush=True)
+print("lanes", len(lanes), flush=True)
+for thread, release in held:
+    release.set(); thread.join()
+lanes.put("chat-1", "second")
+print("joined", lanes.join(10), flush=True)
+print("handled", handled, flush=True)
+'''
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux: RLIMIT_DATA counts thread stacks, /proc")
+def test_a_chat_lane_that_gets_no_thread_is_not_left_behind():
+    """Left behind, it took the chat's later messages and handled none, and held the listener's end to the
+    drain timeout."""
+    out = subprocess.run([sys.executable, "-c", LANE_AT_THE_CAP], cwd=Path(__file__).resolve().parents[2],
+                         capture_output=True, text=True, timeout=120)
+    said = dict(line.split(" ", 1) for line in out.stdout.splitlines())
+    assert said.get("put") == "RuntimeError: can't start new thread", out.stderr
+    assert said.get("lanes") == "0"
+    assert (said.get("joined"), said.get("handled")) == ("True", "['second']"), out.stderr

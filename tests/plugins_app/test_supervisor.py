@@ -515,22 +515,6 @@ def test_disabling_a_plugin_stops_its_worker_and_adding_one_starts_it(harness):
     assert pid_alive(h.pid("p2"))
 
 
-def test_each_start_gets_the_bridge_socket_plugin_id_and_a_fresh_token(harness, tmp_path):
-    issued = []
-
-    def issue(plugin_id):
-        issued.append(f"tok-{plugin_id}-{len(issued)}")
-        return issued[-1]
-
-    spec = WorkerSpec("p1", "/bin/sh", ["-c", 'echo "$UGENT_PLUGIN_ID $UGENT_PLUGIN_TOKEN $UGENT_BRIDGE_SOCKET"'])
-    h = harness([DesiredWorker(spec, QUICK)], bridge_socket=tmp_path / "bridge.sock", token_issuer=issue)
-    assert h.run_until(lambda: h.status().starts >= 2 and h.pid() is None)
-    lines = [l for l in (tmp_path / "logs" / "p1.log").read_text().splitlines() if not l.startswith("---")]
-    assert lines[:2] == [f"p1 {issued[0]} {tmp_path / 'bridge.sock'}",
-                         f"p1 {issued[1]} {tmp_path / 'bridge.sock'}"]
-    assert issued[0] != issued[1]
-
-
 def test_a_command_that_cannot_start_counts_as_a_failure(harness):
     h = harness([DesiredWorker(WorkerSpec("p1", "/nonexistent/worker"), QUICK)])
     assert h.run_until(lambda: h.status().state == DISABLED)

@@ -129,7 +129,18 @@ class BoundedHTTPServer(ThreadingHTTPServer):
         # would hold its thread for ever. Past connection_deadline the socket is shut and the thread freed.
         cut = threading.Timer(self.connection_deadline, self._cut, (request,))
         cut.daemon = True
-        cut.start()
+        try:
+            cut.start()
+        except RuntimeError as exc:
+            # No thread to be had (a worker at its memory cap: each thread's stack counts against it). The
+            # connection is let go unanswered, the platform sends it again, and its slot is freed: held, it
+            # would be gone for good, and a webhook that lost them all would answer nobody while the worker
+            # still heartbeats.
+            log.warning("a connection from %s to port %s let go unanswered, no thread for its deadline: %s",
+                        client_address[0] if client_address else "?", self.server_address[1], exc)
+            self.shutdown_request(request)
+            self._slots.release()
+            return
         try:
             super().process_request_thread(request, client_address)
         finally:
@@ -260,7 +271,16 @@ class ChatLanes:
                 lane.append(item)
                 return True
             self._lanes[chat] = collections.deque([item])
-        threading.Thread(target=self._run, args=(chat,), name=f"{self._name}-lane", daemon=True).start()
+        try:
+            threading.Thread(target=self._run, args=(chat,), name=f"{self._name}-lane", daemon=True).start()
+        except BaseException:
+            # No thread (a worker at its memory cap): a lane left behind would take the chat's next items and
+            # handle none, and hold join() to its timeout. Its items are dropped with it (InboxLanes' messages
+            # stay owed in the outbox, for the replay); the caller gets the error.
+            with self._cond:
+                self._lanes.pop(chat, None)
+                self._cond.notify_all()
+            raise
         return True
 
     def close(self) -> None:

@@ -11,8 +11,8 @@ A channel subclasses ``ChannelWorker`` and implements:
   (to close the one crash window the outbox cannot) and ``disconnect``.
 
 ``run()`` does the rest: it connects to the bridge socket named in
-``UGENT_BRIDGE_SOCKET``, says hello with ``UGENT_PLUGIN_ID`` and
-``UGENT_PLUGIN_TOKEN``, replays the outbox, heartbeats every ``heartbeat_secs``
+``UGENT_BRIDGE_SOCKET``, says hello with ``UGENT_PLUGIN_ID`` and the token
+(``plugin_token()``: read from the pipe ``UGENT_PLUGIN_TOKEN_FD`` names), replays the outbox, heartbeats every ``heartbeat_secs``
 (from the hello result), runs ``listen`` in a thread, long-polls outbound
 deliveries and acks each one, reconnects when the socket drops, and on
 SIGTERM/SIGINT stops polling, finishes the deliveries in hand, flushes what it
@@ -44,6 +44,7 @@ import os
 import re
 import sqlite3
 import signal
+import stat
 import sys
 import threading
 import time
@@ -61,7 +62,8 @@ from .outbox import (ACK, ACKED, FAILED, PENDING, REJECTED, RESUME, SENT, Outbox
 
 SOCKET_ENV = "UGENT_BRIDGE_SOCKET"
 PLUGIN_ID_ENV = "UGENT_PLUGIN_ID"
-TOKEN_ENV = "UGENT_PLUGIN_TOKEN"
+TOKEN_ENV = "UGENT_PLUGIN_TOKEN"  # the token itself: MockBridge, a worker started by hand
+TOKEN_FD_ENV = "UGENT_PLUGIN_TOKEN_FD"  # the supervisor's way: the fd of an inherited pipe holding it
 
 PR_SET_PDEATHSIG = 1
 PR_GET_PDEATHSIG = 2
@@ -70,6 +72,50 @@ EXIT_OK = 0
 EXIT_FAILURE = 1        # the bridge stayed unreachable, or the channel failed: the supervisor restarts it
 EXIT_REFUSED = 2        # hello was refused (bad token, bad params): restarting alone will not help
 EXIT_CHANNEL_REFUSED = 78  # EX_CONFIG: the platform refused the worker (ChannelRefused); not restarted until an edit
+
+
+_token_lock = threading.Lock()
+_token_read: str | None = None  # what the pipe held: it can be read only once
+
+
+def plugin_token() -> str:
+    """This start's bridge token.
+
+    The supervisor never puts it in the environment, which any process of the same user can read
+    (``/proc/<pid>/environ``): it writes it into a pipe this process inherits and names the pipe's
+    fd in ``UGENT_PLUGIN_TOKEN_FD``. The first call reads the pipe to its end and closes it (and
+    drops the variable, so a process this one starts does not look for it); later calls return what
+    it held. Without that variable: ``UGENT_PLUGIN_TOKEN`` (MockBridge, a worker started by hand),
+    or "" when neither is set. Raises ``ValueError`` when the variable names no pipe.
+    """
+    global _token_read
+    with _token_lock:
+        if _token_read is not None:
+            return _token_read
+        raw = os.environ.get(TOKEN_FD_ENV)
+        if raw is None:
+            return os.environ.get(TOKEN_ENV, "")
+        if not (raw.isascii() and raw.isdigit()):
+            raise ValueError(f"{TOKEN_FD_ENV}={raw!r} is not a file descriptor number")
+        fd = int(raw)
+        try:
+            if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+                raise ValueError(f"{TOKEN_FD_ENV}={raw}: fd {fd} is not a pipe")
+            # Without blocking: a pipe whose writer someone keeps open (a worker started by hand) gives what
+            # it holds, rather than a start that waits for ever.
+            os.set_blocking(fd, False)
+            chunks = []
+            try:
+                while chunk := os.read(fd, 4096):
+                    chunks.append(chunk)
+            except BlockingIOError:
+                pass
+            os.close(fd)
+        except OSError as exc:
+            raise ValueError(f"{TOKEN_FD_ENV}={raw}: fd {fd} cannot be read: {exc.strerror}") from None
+        del os.environ[TOKEN_FD_ENV]
+        _token_read = b"".join(chunks).decode("utf-8", "replace")
+        return _token_read
 
 
 class DeliveryFailed(Exception):
@@ -195,9 +241,9 @@ class ChannelWorker:
                  install_signal_handlers: bool = True):
         self.socket_path = socket_path or os.environ.get(SOCKET_ENV) or ""
         self.plugin_id = plugin_id or os.environ.get(PLUGIN_ID_ENV) or ""
-        self.token = token if token is not None else os.environ.get(TOKEN_ENV, "")
+        self.token = token if token is not None else plugin_token()
         missing = [name for name, value in ((SOCKET_ENV, self.socket_path), (PLUGIN_ID_ENV, self.plugin_id),
-                                            (TOKEN_ENV, self.token)) if not value]
+                                            (f"{TOKEN_FD_ENV} (or {TOKEN_ENV})", self.token)) if not value]
         if missing:
             raise ValueError(f"worker is missing {', '.join(missing)} (set by the supervisor)")
         self.state_dir = state_dir
@@ -620,18 +666,17 @@ class ChannelWorker:
 
     def _start_beating(self) -> None:
         """The heartbeat thread (it only beats) and the replay thread its beats wake; once, at the first hello."""
+        # each kept only once it runs: a thread that could not start (a worker at its memory cap, which counts
+        # each thread's stack) must not be joined by the stop, which would fail over it before its flush
         if self._heartbeat is None:
-            self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
-            self._heartbeat.start()
+            self._heartbeat = _started(threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True))
         if self._replayer is None:
-            self._replayer = threading.Thread(target=self._replay_loop, name="outbox-replay", daemon=True)
-            self._replayer.start()
+            self._replayer = _started(threading.Thread(target=self._replay_loop, name="outbox-replay", daemon=True))
 
     def _start_threads(self) -> None:
         self._start_beating()
         if self._listener is None:
-            self._listener = threading.Thread(target=self._listen_main, name="listener", daemon=True)
-            self._listener.start()
+            self._listener = _started(threading.Thread(target=self._listen_main, name="listener", daemon=True))
 
     def _heartbeat_loop(self) -> None:
         while True:
@@ -954,6 +999,11 @@ class ChannelWorker:
         if self.outbox is not None:
             self.outbox.close()
             self.outbox = None
+
+
+def _started(thread: threading.Thread) -> threading.Thread:
+    thread.start()
+    return thread
 
 
 def _data_reason(exc: RPCError) -> str:

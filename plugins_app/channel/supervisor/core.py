@@ -22,8 +22,11 @@ from .policy import (
     Action, RestartPolicy, SupervisionLimits, heartbeat_overdue,
 )
 from ..sdk.outbox import STATE_DIR_ENV, refusal_path_for
-from ..sdk.worker import EXIT_CHANNEL_REFUSED
-from .process import DEFAULT_LOG_MAX_BYTES, ReapedWorker, WorkerHandle, WorkerSpec, reap_stale
+from ..sdk.worker import EXIT_CHANNEL_REFUSED, TOKEN_FD_ENV
+from .process import (
+    DEFAULT_LOG_MAX_BYTES, KILL_WAIT_SECS, ProcStat, ReapedWorker, WorkerHandle, WorkerSpec, pid_alive,
+    pid_file_path, reap_stale,
+)
 from ugent_common import metrics
 
 try:
@@ -35,13 +38,19 @@ logger = logging.getLogger(__name__)
 
 ENV_BRIDGE_SOCKET = "UGENT_BRIDGE_SOCKET"
 ENV_PLUGIN_ID = "UGENT_PLUGIN_ID"
-ENV_PLUGIN_TOKEN = "UGENT_PLUGIN_TOKEN"
+# The token is never in the worker's environment, which any process of the same user can read
+# (/proc/<pid>/environ): this variable names the fd of an inherited pipe that holds it.
+ENV_PLUGIN_TOKEN_FD = TOKEN_FD_ENV
 
 SPEC_CHANGED = "spec changed"
 REMOVED = "disabled or removed"
 SHUTDOWN = "supervisor stopped"
 
 LOCK_FILE = "supervisor.lock"
+
+# A SIGKILLed worker is normally gone at once: reaped within the step that killed it, else looked
+# at again by the next steps, so a worker stuck in the kernel never holds the loop longer than this.
+_KILL_REAP_SECS = 0.1
 
 
 @dataclass(frozen=True)
@@ -82,6 +91,8 @@ class _Slot:
         self.last_heartbeat: float | None = None
         self.stop_deadline: float | None = None
         self.stop_cause: str | None = None
+        self.killed_at: float | None = None  # SIGKILL sent to a worker not yet reaped
+        self.unkillable = False  # and kill_wait has passed since: said once
         self.restart_at: float | None = None
         self.state = ""
         self.reason = ""
@@ -111,9 +122,17 @@ class Supervisor:
     spec changes or it leaves the set and comes back.
 
     ``token_issuer(plugin_id)`` is called before every start and returns the
-    per-start token put in ``UGENT_PLUGIN_TOKEN`` (default: a random token); the
-    worker also gets ``UGENT_PLUGIN_ID`` and, with ``bridge_socket``,
+    per-start token (default: a random token). The worker reads it from an
+    inherited pipe whose fd ``UGENT_PLUGIN_TOKEN_FD`` names, never from its
+    environment; it also gets ``UGENT_PLUGIN_ID`` and, with ``bridge_socket``,
     ``UGENT_BRIDGE_SOCKET``.
+
+    One worker cannot hold up the others: after a stop's SIGKILL the loop waits
+    for the worker a moment only, then looks again on each step. One still alive
+    ``kill_wait`` seconds after it (uninterruptible sleep) is logged and stays
+    ``stopping``; it is started again only once it has exited. Likewise a worker
+    a crashed supervisor left that survives ``reap_stale``'s SIGKILL: its plugin
+    waits, ``stopping``, until that process is gone.
 
     Threads and signals: call ``run``/``step``/``shutdown`` from one long-lived
     thread, because a worker's parent-death signal fires when the thread that
@@ -133,7 +152,7 @@ class Supervisor:
                  on_state: StateCallback | None = None,
                  bridge_socket: str | os.PathLike | None = None,
                  token_issuer: Callable[[str], str] | None = None,
-                 interval: float = 0.5, reap_grace: float = 2.0,
+                 interval: float = 0.5, reap_grace: float = 2.0, kill_wait: float = KILL_WAIT_SECS,
                  log_max_bytes: int = DEFAULT_LOG_MAX_BYTES,
                  clock: Callable[[], float] = time.monotonic,
                  wall_clock: Callable[[], float] = time.time):
@@ -147,9 +166,12 @@ class Supervisor:
         self.token_issuer = token_issuer or (lambda _plugin_id: secrets.token_urlsafe(32))
         self.interval = interval
         self.reap_grace = reap_grace
+        self.kill_wait = kill_wait
         self.clock = clock
         self.wall_clock = wall_clock
         self.reaped: list[ReapedWorker] = []
+        # plugin -> processes of a crashed supervisor's worker that SIGKILL did not end (yet)
+        self._survivors: dict[str, tuple[ProcStat, ...]] = {}
         self._slots: dict[str, _Slot] = {}
         self._started = False
         self._lock_fd: int | None = None
@@ -164,7 +186,8 @@ class Supervisor:
         self.pid_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._lock()
-        self.reaped = reap_stale(self.pid_dir, grace=self.reap_grace)
+        self.reaped = reap_stale(self.pid_dir, grace=self.reap_grace, kill_wait=self.kill_wait)
+        self._survivors = {r.plugin_id: r.survivors for r in self.reaped if r.survivors}
         self._started = True
 
     def run(self, stop_event: threading.Event, interval: float | None = None) -> None:
@@ -192,7 +215,8 @@ class Supervisor:
             self._advance(slot, now)
 
     def shutdown(self, grace: float | None = None) -> None:
-        """Two-phase stop of every worker: SIGTERM to each group, one shared grace, SIGKILL."""
+        """Two-phase stop of every worker: SIGTERM to each group, one shared grace, SIGKILL to each,
+        and one shared wait of at most ``kill_wait`` for them to die."""
         live = [s for s in self._slots.values() if s.handle is not None]
         for slot in live:
             slot.handle.send_signal(signal.SIGTERM)
@@ -202,8 +226,16 @@ class Supervisor:
         while time.monotonic() < deadline and not all(s.handle.stopped() for s in live):
             time.sleep(0.02)
         for slot in live:
-            slot.handle.kill()
-            slot.handle = None
+            slot.handle.kill(wait=0)
+        deadline = time.monotonic() + self.kill_wait
+        while time.monotonic() < deadline and any(s.handle.poll() is None for s in live):
+            time.sleep(0.02)
+        for slot in live:
+            handle, slot.handle = slot.handle, None
+            if handle.poll() is None:
+                logger.error("plugin %s worker pid %s did not die after SIGKILL; left to exit by itself "
+                             "(its pid file stays: the next supervisor reaps it)", slot.plugin_id, handle.pid)
+                handle.detach()  # kill on drop would only send the same SIGKILL and wait again
         for slot in self._slots.values():
             if slot.state != DISABLED:
                 self._set_state(slot, STOPPED, SHUTDOWN)
@@ -266,8 +298,20 @@ class Supervisor:
         if handle is not None and slot.stop_deadline is not None:
             if handle.stopped():
                 code = handle.poll()
+            elif slot.killed_at is not None:
+                # SIGKILLed on an earlier step and not reaped yet: look again, never wait for it
+                code = handle.poll()
+                if code is None:
+                    if not slot.unkillable and now - slot.killed_at >= self.kill_wait:
+                        self._unkillable(slot, handle)
+                    return
+                if slot.unkillable:
+                    logger.warning("plugin %s worker pid %s exited at last (%s)", slot.plugin_id, handle.pid, code)
             elif now >= slot.stop_deadline:
-                code = handle.kill()
+                slot.killed_at = now
+                code = handle.kill(wait=min(self.kill_wait, _KILL_REAP_SECS))
+                if code is None:
+                    return
             else:
                 return
             self._after_stop(slot, code, now)
@@ -283,13 +327,40 @@ class Supervisor:
         if slot.desired is None:
             self._forget(slot)
             return
-        if not slot.policy.disabled and slot.restart_at is not None and now >= slot.restart_at:
+        if not slot.policy.disabled and slot.restart_at is not None and now >= slot.restart_at \
+                and self._survivors_gone(slot):
             self._spawn(slot, now)
+
+    def _unkillable(self, slot: _Slot, handle: WorkerHandle) -> None:
+        slot.unkillable = True
+        logger.error("plugin %s worker pid %s did not die within %g s of SIGKILL (uninterruptible sleep?); "
+                     "it is not started again until it has exited", slot.plugin_id, handle.pid, self.kill_wait)
+        self._set_state(slot, STOPPING, f"pid {handle.pid} did not die after SIGKILL; waiting for it to exit")
+
+    def _survivors_gone(self, slot: _Slot) -> bool:
+        """No process of this plugin's worker that a crashed supervisor left is alive (reap_stale's SIGKILL
+        did not end it at once): else the plugin waits, rather than run twice."""
+        left = self._survivors.get(slot.plugin_id)
+        if not left:
+            return True
+        left = tuple(st for st in left if pid_alive(st.pid, st.start_time))
+        if left:
+            self._survivors[slot.plugin_id] = left
+            pids = ", ".join(str(st.pid) for st in left)
+            self._set_state(slot, STOPPING, f"pid {pids} of the previous supervisor's worker did not die "
+                                            f"after SIGKILL; waiting for it to exit")
+            return False
+        del self._survivors[slot.plugin_id]
+        # the stale pid file reap_stale kept for them: nothing of that worker is left
+        pid_file_path(self.pid_dir, slot.plugin_id).unlink(missing_ok=True)
+        logger.warning("plugin %s: the previous supervisor's worker has exited; starting it", slot.plugin_id)
+        return True
 
     def _after_stop(self, slot: _Slot, code: int | None, now: float) -> None:
         cause = slot.stop_cause
         slot.handle = None
-        slot.stop_deadline = slot.stop_cause = None
+        slot.stop_deadline = slot.stop_cause = slot.killed_at = None
+        slot.unkillable = False
         if slot.desired is None:
             return
         if cause == HEARTBEAT_OVERDUE:
@@ -349,9 +420,9 @@ class Supervisor:
         slot.restart_at = None
         slot.policy.on_start(now)
         try:
-            env[ENV_PLUGIN_TOKEN] = self.token_issuer(spec.plugin_id)
+            token = self.token_issuer(spec.plugin_id)
             handle = WorkerHandle.spawn(spec.with_env(env), log_dir=self.log_dir, pid_dir=self.pid_dir,
-                                        log_max_bytes=self.log_max_bytes)
+                                        log_max_bytes=self.log_max_bytes, secret_fds={ENV_PLUGIN_TOKEN_FD: token})
         except Exception as exc:
             logger.error("plugin %s could not start: %s", spec.plugin_id, exc)
             self._apply(slot, slot.policy.on_exit(None, now, cause=f"start failed: {exc}"))

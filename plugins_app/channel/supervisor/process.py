@@ -13,7 +13,15 @@ by a ``WorkerHandle``:
   never from a short-lived helper thread or a thread pool.
 * Its environment is exactly the spec's ``env`` plus a minimal ``PATH``,
   ``LANG`` and ``HOME`` (the spec may override them); nothing else leaks from
-  the parent.
+  the parent. A secret (the bridge token) is not put there: any process of the
+  same user reads ``/proc/<pid>/environ``. ``spawn(secret_fds=...)`` writes it
+  into a pipe the worker inherits and names the pipe's fd in the environment
+  instead; the worker reads it once and closes it.
+* With ``spec.memory_max_mb`` its data size is capped (``RLIMIT_DATA`` on Linux:
+  heap, anonymous mappings and thread stacks; ``RLIMIT_AS`` elsewhere) before
+  ``exec``: an allocation past it fails (Python raises ``MemoryError``), the
+  worker exits and is restarted like any crash. Each process of the worker's
+  group has the limit on its own; it is no cgroup total.
 * Its stdout and stderr go through a pipe that a reader thread drains into
   ``<log_dir>/<plugin>.log``, rotated to ``.log.1`` … ``.log.<LOG_BACKUPS>``
   before it would pass ``log_max_bytes`` (``RotatingLog``): no file is ever
@@ -21,6 +29,11 @@ by a ``WorkerHandle``:
   write, so the worker never blocks on a full pipe.
 * A handle that is garbage-collected (or left at interpreter exit) while its
   worker lives kills the worker's process group ("kill on drop").
+* ``kill(wait)`` waits for the SIGKILLed worker at most ``wait`` seconds: a
+  process in uninterruptible sleep (D state: a hung NFS or FUSE read, a failing
+  disk) dies only when its kernel call returns, and the supervisor's one loop
+  thread must not wait for it. The handle then stays, ``poll()`` reaps the
+  worker once it exits, and until then its pid file stays too.
 * With a ``pid_dir`` it writes ``<pid_dir>/<plugin>.json`` holding the worker's
   pid, pgid, start time (field 22 of ``/proc/<pid>/stat``) and the supervisor's
   pid and start time, so ``reap_stale`` can kill what a crashed supervisor left
@@ -44,6 +57,7 @@ import json
 import logging
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -56,6 +70,12 @@ from typing import Mapping, Sequence
 
 from ugent_common.digits import ascii_int
 
+try:
+    import fcntl
+    import resource
+except ImportError:  # not on Unix
+    fcntl = resource = None
+
 logger = logging.getLogger(__name__)
 
 IS_LINUX = sys.platform.startswith("linux")
@@ -65,6 +85,15 @@ DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 DEFAULT_LANG = "C.UTF-8"
 
 _POLL_SECS = 0.02
+
+# How long kill() waits for a SIGKILLed worker to be reaped before it gives up for now (D state).
+KILL_WAIT_SECS = 2.0
+
+# The limit a worker's memory cap sets: on Linux (since 4.7) RLIMIT_DATA counts the heap, private
+# writable mappings and thread stacks, not address space merely reserved (PROT_NONE), which RLIMIT_AS
+# counts too (glibc's 64 MiB malloc arenas, a JVM's or Go's heap reservation); elsewhere RLIMIT_DATA
+# leaves mmap out, so RLIMIT_AS is the one that holds.
+MEMORY_RLIMIT = None if resource is None else (resource.RLIMIT_DATA if IS_LINUX else resource.RLIMIT_AS)
 
 DEFAULT_LOG_MAX_BYTES = 10 * 1024 * 1024
 LOG_BACKUPS = 3  # <plugin>.log.1 … .log.3 beside <plugin>.log
@@ -76,10 +105,11 @@ _READER_JOIN_SECS = 1.0
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """What to run for one plugin: command, args, the worker's whole environment, cwd.
+    """What to run for one plugin: command, args, the worker's whole environment, cwd, memory cap.
 
     ``env`` is exactly what the worker sees, apart from a minimal PATH/LANG/HOME
-    added when the spec does not set them. Two specs compare equal when a running
+    added when the spec does not set them. ``memory_max_mb`` caps each of its
+    processes' data size (0: no cap). Two specs compare equal when a running
     worker would not need a restart.
     """
 
@@ -88,11 +118,15 @@ class WorkerSpec:
     args: Sequence[str] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: str | None = None
+    memory_max_mb: int = 0
 
     def __post_init__(self):
         # Normalise so a list and a tuple of the same args compare equal.
         object.__setattr__(self, "args", tuple(str(a) for a in self.args))
         object.__setattr__(self, "env", {str(k): str(v) for k, v in dict(self.env).items()})
+        if isinstance(self.memory_max_mb, bool) or not isinstance(self.memory_max_mb, int) or self.memory_max_mb < 0:
+            raise ValueError(f"memory_max_mb must be a whole number of MiB, 0 or more (0: no cap), "
+                             f"not {self.memory_max_mb!r}")
 
     @property
     def argv(self) -> list[str]:
@@ -228,20 +262,39 @@ def _load_prctl():
 _PRCTL = _load_prctl()
 
 
-def _make_preexec(sig: int | None):
+def memory_limit_bytes(memory_max_mb: int) -> int | None:
+    """The byte limit a worker capped at ``memory_max_mb`` gets; None for no cap (0, or no
+    setrlimit here). Never above this process's own hard limit, which the worker could not raise."""
+    if not memory_max_mb or MEMORY_RLIMIT is None:
+        return None
+    limit = memory_max_mb * 1024 * 1024
+    hard = resource.getrlimit(MEMORY_RLIMIT)[1]
+    return limit if hard == resource.RLIM_INFINITY else min(limit, hard)
+
+
+def _make_preexec(sig: int | None, memory_bytes: int | None = None):
     from ugent_common import affinity
-    if sig is None or _PRCTL is None:
-        # a worker gets back the CPUs the daemon had before pinning itself (ugent_common.affinity)
-        return affinity.restore_in_child if affinity.original is not None else None
+    # a worker gets back the CPUs the daemon had before pinning itself (ugent_common.affinity)
+    restore = affinity.original is not None
+    if sig is not None and _PRCTL is None:
+        sig = None
+    if sig is None and memory_bytes is None:
+        return affinity.restore_in_child if restore else None
     parent_pid = os.getpid()
     prctl = _PRCTL
+    setrlimit, which = (resource.setrlimit, MEMORY_RLIMIT) if memory_bytes is not None else (None, None)
 
     def preexec():
         affinity.restore_in_child()
-        prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
-        # The parent may have died before prctl took effect: no signal would come.
-        if os.getppid() != parent_pid:
-            os.kill(os.getpid(), signal.SIGKILL)
+        if sig is not None:
+            prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+            # The parent may have died before prctl took effect: no signal would come.
+            if os.getppid() != parent_pid:
+                os.kill(os.getpid(), signal.SIGKILL)
+        if setrlimit is not None:
+            # last (nothing after it may need to allocate past the cap); soft and hard alike: the worker
+            # cannot lift its own cap
+            setrlimit(which, (memory_bytes, memory_bytes))
 
     return preexec
 
@@ -396,10 +449,11 @@ def _unlink(path: Path | None) -> None:
 class _Proc:
     """State shared by a handle and its drop finalizer (which must not hold the handle)."""
 
-    __slots__ = ("popen", "pgid", "pid_file", "pid_file_owner", "group_done", "log_reader")
+    __slots__ = ("plugin_id", "popen", "pgid", "pid_file", "pid_file_owner", "group_done", "log_reader")
 
-    def __init__(self, popen: subprocess.Popen, pgid: int, pid_file: Path | None,
+    def __init__(self, plugin_id: str, popen: subprocess.Popen, pgid: int, pid_file: Path | None,
                  log_reader: threading.Thread | None = None):
+        self.plugin_id = plugin_id
         self.popen = popen
         self.pgid = pgid
         self.pid_file = pid_file
@@ -440,11 +494,40 @@ def _kill_dropped(proc: _Proc) -> None:
     if popen.poll() is None:
         _killpg(proc.pgid, signal.SIGKILL)
         try:
-            popen.wait(timeout=5)
+            popen.wait(timeout=KILL_WAIT_SECS)
         except subprocess.TimeoutExpired:
-            logger.error("worker pid %s did not die after SIGKILL", popen.pid)
+            # its pid file stays, so the next supervisor's reap_stale finds it
+            logger.error("plugin %s worker pid %s did not die after SIGKILL", proc.plugin_id, popen.pid)
             return
     proc.finish()
+
+
+def _secret_pipes(secrets: Mapping[str, str]) -> tuple[dict[str, str], list[int]]:
+    """For each (name, value): a pipe holding the value, its write end closed, and ``name`` =
+    the read end's fd number in the environment returned. The caller passes the fds and closes them."""
+    env: dict[str, str] = {}
+    fds: list[int] = []
+    try:
+        for name, value in secrets.items():
+            data = str(value).encode()
+            if len(data) > select.PIPE_BUF:
+                raise ValueError(f"{name}: a secret passed on a pipe must fit its buffer ({len(data)} bytes)")
+            read_end, write_end = os.pipe()
+            try:
+                os.write(write_end, data)  # fits the pipe's buffer: never blocks
+            finally:
+                os.close(write_end)
+            if read_end < 3 and fcntl is not None:
+                # the child's stdin/stdout/stderr are set up over fds 0-2 (a daemon may have closed its own)
+                low, read_end = read_end, fcntl.fcntl(read_end, fcntl.F_DUPFD_CLOEXEC, 3)
+                os.close(low)
+            fds.append(read_end)
+            env[name] = str(read_end)
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return env, fds
 
 
 class WorkerHandle:
@@ -462,30 +545,48 @@ class WorkerHandle:
         self.started_at = started_at
         self.started_monotonic = started_monotonic
         self.log_path = log_path
-        self._proc = _Proc(popen, popen.pid, pid_file, log_reader)
+        self._proc = _Proc(spec.plugin_id, popen, popen.pid, pid_file, log_reader)
         self._finalizer = weakref.finalize(self, _kill_dropped, self._proc)
 
     @classmethod
     def spawn(cls, spec: WorkerSpec, *, log_dir: str | os.PathLike | None = None,
               pid_dir: str | os.PathLike | None = None,
               pdeathsig: int | None = signal.SIGKILL,
-              log_max_bytes: int = DEFAULT_LOG_MAX_BYTES) -> "WorkerHandle":
+              log_max_bytes: int = DEFAULT_LOG_MAX_BYTES,
+              secret_fds: Mapping[str, str] | None = None) -> "WorkerHandle":
         """Start ``spec`` as a new session and process group.
 
         Call from the supervisor's long-lived loop thread: the parent-death
         signal fires when the spawning thread exits. ``pdeathsig=None`` turns it
         off. Its output goes to ``<log_dir>/<plugin>.log``, capped at
-        ``log_max_bytes`` with ``LOG_BACKUPS`` rotated files. Raises ``OSError``
-        if the command cannot be started.
+        ``log_max_bytes`` with ``LOG_BACKUPS`` rotated files. Each
+        ``secret_fds`` value is written into a pipe the worker inherits, and its
+        name is set in the worker's environment to that pipe's fd number (the
+        value itself is in no environment). Raises ``OSError`` if the command
+        cannot be started.
         """
+        memory_bytes = memory_limit_bytes(spec.memory_max_mb)
+        secret_env, fds = _secret_pipes(secret_fds or {})
+        try:
+            return cls._spawn(spec, log_dir=log_dir, pid_dir=pid_dir,
+                              preexec=_make_preexec(pdeathsig, memory_bytes), log_max_bytes=log_max_bytes,
+                              secret_env=secret_env, pass_fds=fds)
+        finally:
+            for fd in fds:  # the worker has its own copies now
+                os.close(fd)
+
+    @classmethod
+    def _spawn(cls, spec: WorkerSpec, *, log_dir, pid_dir, preexec, log_max_bytes: int,
+               secret_env: Mapping[str, str], pass_fds: Sequence[int]) -> "WorkerHandle":
         log_path = log = read_end = None
         if log_dir is not None:
             Path(log_dir).mkdir(parents=True, exist_ok=True)
             log_path = log_file_path(log_dir, spec.plugin_id)
             log = RotatingLog(log_path, log_max_bytes)
             stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+            cap = f" (memory cap {spec.memory_max_mb} MiB)" if spec.memory_max_mb else ""
             try:
-                log.write(f"--- {stamp} starting {spec.argv!r}\n".encode())
+                log.write(f"--- {stamp} starting {spec.argv!r}{cap}\n".encode())
                 read_end, out = os.pipe()  # neither end is inherited by later workers
             except OSError:
                 log.close()
@@ -495,14 +596,15 @@ class WorkerHandle:
         try:
             popen = subprocess.Popen(
                 spec.argv,
-                env=worker_environment(spec.env),
+                env=worker_environment({**spec.env, **secret_env}),
                 cwd=spec.cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 close_fds=True,
+                pass_fds=tuple(pass_fds),
                 start_new_session=True,
-                preexec_fn=_make_preexec(pdeathsig),
+                preexec_fn=preexec,
             )
         except BaseException:
             if read_end is not None:
@@ -578,20 +680,29 @@ class WorkerHandle:
             return False
         return self._proc.group_done or not group_alive(self._proc.pgid)
 
-    def kill(self) -> int:
-        """SIGKILL the group and reap the leader."""
+    def kill(self, wait: float = KILL_WAIT_SECS) -> int | None:
+        """SIGKILL the group and reap the leader, waiting at most ``wait`` seconds for it.
+
+        None when the leader has not died by then: SIGKILL takes effect only when
+        a process leaves the kernel, and one in uninterruptible sleep (D state)
+        may not for a long while. The handle keeps it; ``poll()`` reaps it once it
+        exits (and only then is its pid file removed).
+        """
         self.send_signal(signal.SIGKILL)
-        code = self._proc.popen.wait()
+        try:
+            code = self._proc.popen.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            return None
         self._proc.finish()
         return code
 
-    def terminate(self, grace: float = 5.0) -> int:
-        """Two-phase stop: SIGTERM to the group, up to ``grace`` seconds, then SIGKILL."""
+    def terminate(self, grace: float = 5.0, wait: float = KILL_WAIT_SECS) -> int | None:
+        """Two-phase stop: SIGTERM to the group, up to ``grace`` seconds, then ``kill(wait)``."""
         self.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and not self.stopped():
             time.sleep(_POLL_SECS)
-        return self.kill()
+        return self.kill(wait)
 
     def detach(self) -> None:
         """Forget the worker without killing it (turns off kill on drop)."""
@@ -605,13 +716,15 @@ class WorkerHandle:
 
 @dataclass(frozen=True)
 class ReapedWorker:
-    """A worker left by a crashed supervisor, and the pids ``reap_stale`` killed for it."""
+    """A worker left by a crashed supervisor, the pids ``reap_stale`` killed for it, and those
+    of them still alive after SIGKILL and the wait (in uninterruptible sleep)."""
 
     plugin_id: str
     pid: int
     pgid: int
     command: list
     killed: tuple[int, ...]
+    survivors: tuple[ProcStat, ...] = ()
 
 
 def _signal_stale(data: dict, targets: list[ProcStat], sig: int) -> None:
@@ -646,7 +759,8 @@ def _stale_targets(data: dict) -> list[ProcStat]:
             if st.session == pgid and st.start_time >= start_time]
 
 
-def reap_stale(pid_dir: str | os.PathLike, *, grace: float = 2.0) -> list[ReapedWorker]:
+def reap_stale(pid_dir: str | os.PathLike, *, grace: float = 2.0,
+               kill_wait: float = KILL_WAIT_SECS) -> list[ReapedWorker]:
     """Kill workers left behind by supervisors that are no longer running.
 
     A pid file is stale when its supervisor (pid *and* start time) is not alive.
@@ -654,9 +768,11 @@ def reap_stale(pid_dir: str | os.PathLike, *, grace: float = 2.0) -> list[Reaped
     time, its process group gets SIGTERM, ``grace`` seconds, then SIGKILL; if
     the leader died but processes of its group and session remain, those are
     killed the same way. A pid now held by a process with a different start
-    time (reuse) is left alone. Every stale file is removed; files of a live
-    supervisor are kept. Without /proc nothing can be verified, so nothing is
-    killed.
+    time (reuse) is left alone. Every stale file is removed, but for a worker
+    that SIGKILL has not ended within ``kill_wait`` seconds (D state): its file
+    stays, and its ``ReapedWorker`` names the survivors, so the caller does not
+    start the plugin again on top of them. Files of a live supervisor are kept.
+    Without /proc nothing can be verified, so nothing is killed.
     """
     reaped: list[ReapedWorker] = []
     directory = Path(pid_dir)
@@ -687,14 +803,23 @@ def reap_stale(pid_dir: str | os.PathLike, *, grace: float = 2.0) -> list[Reaped
         for _, data, _sts in stale:
             # Looked up afresh so a pid freed (and reused) during the grace is spared.
             _signal_stale(data, _stale_targets(data), signal.SIGKILL)
+        deadline = time.monotonic() + kill_wait
+        while time.monotonic() < deadline and any(pid_alive(st.pid, st.start_time) for st in targets):
+            time.sleep(_POLL_SECS)
 
     for path, data, sts in stale:
+        survivors = tuple(st for st in sts if pid_alive(st.pid, st.start_time))
         if sts:
             logger.warning("reaped stale worker of plugin %s (pids %s)", data.get("plugin_id"),
                            [st.pid for st in sts])
             reaped.append(ReapedWorker(plugin_id=str(data.get("plugin_id", path.stem)),
                                        pid=int(data["pid"]), pgid=int(data["pgid"]),
                                        command=list(data.get("command") or []),
-                                       killed=tuple(st.pid for st in sts)))
-        _unlink(path)
+                                       killed=tuple(st.pid for st in sts), survivors=survivors))
+        if survivors:
+            logger.error("stale worker of plugin %s did not die after SIGKILL (pids %s): its pid file %s "
+                         "is kept, and the plugin is not started again until they are gone",
+                         data.get("plugin_id"), [st.pid for st in survivors], path)
+        else:
+            _unlink(path)
     return reaped
