@@ -63,8 +63,11 @@ class TurnThreads:
         self.stuck_max = stuck_max
         self._cond = threading.Condition()
         self._jobs: collections.deque[_Job] = collections.deque()
-        self._running: dict[int, _Job] = {}
-        self._stuck: dict[int, _Job] = {}
+        # turn pk -> the jobs running it, oldest first: a turn's task delivered twice (a redelivery, the sweep
+        # dispatching a turn it took for lost) runs beside the first until its claim fails, and must not
+        # hide the first, which a write-off or a stop looks for
+        self._running: dict[int, list[_Job]] = {}
+        self._stuck: set[_Job] = set()
         self._live = 0  # threads not written off
         self._idle = 0
         self._stopping = False
@@ -95,17 +98,18 @@ class TurnThreads:
         """The turn has ended elsewhere while its thread is still in it: stop counting that thread.
         False when no thread of this pool runs it, or when `stuck_max` threads are written off already."""
         with self._cond:
-            job = self._running.get(turn_pk)
-            if job is None or job.written_off:
+            jobs = self._running.get(turn_pk)
+            if not jobs:
                 return False
+            job = jobs[0]  # (the one that claimed it: a duplicate's failed claim ended long before)
             if len(self._stuck) >= self.stuck_max:
                 log.error("turn thread stuck, not replaced: %d are stuck already, at most %d are replaced; "
                           "restart the process to get them back (turn_pk=%s, thread=%s)", len(self._stuck),
                           self.stuck_max, turn_pk, job.thread.name if job.thread else "-")
                 return False
             job.written_off = True
-            self._stuck[turn_pk] = job
-            del self._running[turn_pk]
+            self._stuck.add(job)
+            self._running_drop(job)
             self._live -= 1
             self._start_needed()
             self._cond.notify_all()  # a stop waiting for running turns waits for this one no more
@@ -138,7 +142,7 @@ class TurnThreads:
                     return
                 job = self._jobs.popleft()
                 job.thread = threading.current_thread()
-                self._running[job.turn_pk] = job
+                self._running.setdefault(job.turn_pk, []).append(job)
             _current.job = job
             try:
                 self.target(job.turn_pk)
@@ -148,10 +152,10 @@ class TurnThreads:
                 _current.job = None
                 with self._cond:
                     if job.written_off:
-                        self._stuck.pop(job.turn_pk, None)
+                        self._stuck.discard(job)
                         log.warning("a written-off turn thread came back (turn_pk=%s); it ends", job.turn_pk)
                     else:
-                        self._running.pop(job.turn_pk, None)
+                        self._running_drop(job)
                     self._cond.notify_all()
                 job.done.set()
             if job.written_off:
@@ -161,11 +165,19 @@ class TurnThreads:
                     log.exception("closing a written-off turn thread's connection failed")
                 return
 
+    def _running_drop(self, job: _Job) -> None:
+        """(Under the lock.) The job no longer runs here: this one, not another job of the same turn."""
+        jobs = self._running.get(job.turn_pk, [])
+        if job in jobs:
+            jobs.remove(job)
+        if not jobs:
+            self._running.pop(job.turn_pk, None)
+
     # -- reports and the stop --
     def counts(self) -> dict:
         with self._cond:
-            return {"running": len(self._running), "queued": len(self._jobs), "stuck": len(self._stuck),
-                    "stuck_max": self.stuck_max}
+            return {"running": sum(map(len, self._running.values())), "queued": len(self._jobs),
+                    "stuck": len(self._stuck), "stuck_max": self.stuck_max}
 
     def stop(self, *, deadline: float | None = None) -> list[int]:
         """Queued turns stay accepted (they run at the next start); wait for running ones to end or be
