@@ -52,7 +52,8 @@ class TurnThreads:
 
     `limit`: how many turns run at once (embedded mode's turn threads); None for the threads a Celery
     worker's own pool hands its turns to (`run`), whose concurrency that pool bounds. Idle threads of
-    such a pool end after a minute. Threads are daemon threads: a stuck one does not hold the process's exit.
+    such a pool end after a minute; a thread that ends closes its database connection. Threads are daemon
+    threads: a stuck one does not hold the process's exit.
     """
 
     IDLE_SECS = 60.0
@@ -127,6 +128,17 @@ class TurnThreads:
             threading.Thread(target=self._loop, name=f"ugent-turn-{next(_thread_numbers)}", daemon=True).start()
 
     def _loop(self) -> None:
+        try:
+            self._serve()
+        finally:
+            # The thread ends (idle, stopping, or written off and back): its connection is its own and nobody
+            # else would close it. Left to the garbage collector, a PostgreSQL session outlived its thread.
+            try:
+                connection.close()
+            except Exception:
+                log.exception("closing an ended turn thread's connection failed")
+
+    def _serve(self) -> None:
         while True:
             with self._cond:
                 while not self._jobs and not self._stopping:
@@ -159,10 +171,6 @@ class TurnThreads:
                     self._cond.notify_all()
                 job.done.set()
             if job.written_off:
-                try:
-                    connection.close()  # this thread's own: nobody else would close it
-                except Exception:
-                    log.exception("closing a written-off turn thread's connection failed")
                 return
 
     def _running_drop(self, job: _Job) -> None:
