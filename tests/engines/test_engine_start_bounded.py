@@ -126,3 +126,44 @@ def test_a_new_profile_version_replaces_the_old_engine_and_closes_it(settings):
         assert second is not first and closed == [first]
     finally:
         del registry._extra["closing"]
+
+
+def overrun_gone() -> None:
+    for _ in range(int(WAIT / 0.02)):
+        if not bounded.overrunning("start:"):
+            return
+        threading.Event().wait(0.02)
+    assert bounded.overrunning("start:") == {}
+
+
+def test_an_engine_slower_to_start_than_the_timeout_is_kept_once_it_has_started(settings):
+    # A local model loading for longer than UGENT_PLUGIN_START_TIMEOUT: the turn that started it fails, and
+    # the engine it built is kept when it is done. Dropped, each later try started it from nothing and ran out
+    # of time again: it never came up (and each dropped one was never closed).
+    settings.UGENT_PLUGIN_START_TIMEOUT = 0.2
+    with pytest.raises(EngineError):
+        registry.engine_for_profile(profile(6, "hangs"))
+    gate.set()  # loaded at last
+    overrun_gone()
+    engine = registry.engine_for_profile(profile(6, "hangs"))  # at once: not refused for BUILD_RETRY_SECS
+    assert isinstance(engine, HangingEngine)
+    assert registry.engine_for_profile(profile(6, "hangs")) is engine
+
+
+def test_a_late_start_after_a_reset_is_closed_not_kept(settings):
+    closed = []
+
+    class Closing(HangingEngine):
+        def close(self):
+            closed.append(self)
+    registry._extra["closing-late"] = Closing
+    try:
+        settings.UGENT_PLUGIN_START_TIMEOUT = 0.2
+        with pytest.raises(EngineError):
+            registry.engine_for_profile(profile(7, "closing-late"))
+        registry.reset()  # (the tests' fixture, a shutdown): nobody takes the engine when it is done
+        gate.set()
+        overrun_gone()
+        assert len(closed) == 1 and not [e for e in registry._instances.values() if isinstance(e, Closing)]
+    finally:
+        del registry._extra["closing-late"]

@@ -138,7 +138,8 @@ def _kept(key: tuple, build, *, what: str, replaces=None) -> object:
     key at a time, without the registry's lock: a constructor that never returns holds up only the callers
     of that engine, each for at most the timeout, and not other engines, turns of other profiles or the
     status page. A build past its time is refused at once (EngineError `engine_unavailable`) for
-    BUILD_RETRY_SECS, then tried again. A constructor's own error is raised to its caller, as before."""
+    BUILD_RETRY_SECS, then tried again; an engine such a build makes after all is kept (and ends the
+    refusal). A constructor's own error is raised to its caller, as before."""
     with _lock:
         engine = _instances.get(key)
         if engine is not None:
@@ -156,26 +157,47 @@ def _kept(key: tuple, build, *, what: str, replaces=None) -> object:
 
         from ugent_common import bounded
         timeout = float(settings.UGENT_PLUGIN_START_TIMEOUT)
-        done = bounded.call_bounded(build, timeout=timeout, owner=f"start:{what}", limit=settings.UGENT_TURN_STUCK_MAX,
-                                    name="ugent-engine-start")
+        state: dict = {}  # (under _lock) "gave_up": its caller ran out of time; "spare": built after a reset
+
+        def build_kept():
+            """On the start's thread: the engine is kept when it is built, even past its caller's time (an
+            engine slower to start than the timeout comes up at last, rather than being dropped and started
+            from nothing at every try)."""
+            engine, spare, old = build(), None, []
+            with _lock:
+                if generation != _generation:  # a reset meanwhile: its caller's alone, or closed if it gave up
+                    if state.get("gave_up"):
+                        spare = engine
+                    else:
+                        state["spare"] = engine
+                elif key in _instances:  # an engine a later try built came first (this one ran past its time)
+                    spare, engine = engine, _instances[key]
+                else:
+                    _build_failed.pop(key, None)
+                    _instances[key] = engine
+                    old = [_instances.pop(k) for k in list(_instances) if replaces is not None and replaces(k)]
+            for engine_old in ([spare] if spare is not None else []) + old:  # plugin code: outside the lock
+                _close(engine_old)
+            return engine
+
+        done = bounded.call_bounded(build_kept, timeout=timeout, owner=f"start:{what}",
+                                    limit=settings.UGENT_TURN_STUCK_MAX, name="ugent-engine-start")
         if done.error is not None:
             raise done.error
-        if done.timed_out or done.refused:
-            why = (f"the {what} did not start within {timeout:g} s (UGENT_PLUGIN_START_TIMEOUT)" if done.timed_out
-                   else f"the {what} has {done.refused} starts still running past their time limit")
-            with _lock:
-                if generation == _generation:
-                    _build_failed[key] = (_clock() + BUILD_RETRY_SECS, why)
-            raise _unavailable(why)
-        engine, old = done.value, []
+        if not (done.timed_out or done.refused):
+            return done.value
+        why = (f"the {what} did not start within {timeout:g} s (UGENT_PLUGIN_START_TIMEOUT)" if done.timed_out
+               else f"the {what} has {done.refused} starts still running past their time limit")
         with _lock:
-            if generation == _generation:  # (a reset meanwhile: this one is its caller's alone)
-                _build_failed.pop(key, None)
-                _instances[key] = engine
-                old = [_instances.pop(k) for k in list(_instances) if replaces is not None and replaces(k)]
-    for engine_old in old:  # plugin code: outside the lock
-        _close(engine_old)
-    return engine
+            state["gave_up"] = True
+            engine, spare = _instances.get(key), state.pop("spare", None)
+            if engine is None and generation == _generation:
+                _build_failed[key] = (_clock() + BUILD_RETRY_SECS, why)
+    if spare is not None:
+        _close(spare)
+    if engine is not None:  # built just as its time ran out
+        return engine
+    raise _unavailable(why)
 
 
 def _raise_if_failed_lately(key: tuple, what: str) -> None:
