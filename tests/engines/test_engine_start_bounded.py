@@ -167,3 +167,31 @@ def test_a_late_start_after_a_reset_is_closed_not_kept(settings):
         assert len(closed) == 1 and not [e for e in registry._instances.values() if isinstance(e, Closing)]
     finally:
         del registry._extra["closing-late"]
+
+
+def test_an_older_version_of_a_profile_never_closes_the_newer_versions_engine(settings):
+    # A turn that read its profile before an edit asks for the old version's engine after the new one is kept
+    # (in use by the turns after the edit), or the old version's slow build ends after it: either closed the
+    # newer engine under its turns and put the old one in its place.
+    closed = []
+
+    class Closing(HangingEngine):
+        def close(self):
+            closed.append(self)
+    registry._extra["versions"] = Closing
+
+    def version(updated_at):
+        return types.SimpleNamespace(pk=9, updated_at=updated_at, provider="versions", config={}, system_prompt="")
+    try:
+        settings.UGENT_PLUGIN_START_TIMEOUT = 0.2
+        with pytest.raises(EngineError):  # version 1 starts slowly...
+            registry.engine_for_profile(version(1))
+        gate.set()  # (every start from now on is quick)
+        newer = registry.engine_for_profile(version(2))  # ...the profile is edited meanwhile...
+        overrun_gone()  # ...and version 1's start ends after version 2's
+        assert registry.engine_for_profile(version(1)) is not newer  # a stale turn's own, at most
+        assert newer not in closed
+        assert registry.engine_for_profile(version(2)) is newer
+        assert registry.engine_for_profile(version(3)) is not newer and closed[-1] is newer  # a real edit still does
+    finally:
+        del registry._extra["versions"]
