@@ -52,7 +52,8 @@ class TurnThreads:
 
     `limit`: how many turns run at once (embedded mode's turn threads); None for the threads a Celery
     worker's own pool hands its turns to (`run`), whose concurrency that pool bounds. Idle threads of
-    such a pool end after a minute. Threads are daemon threads: a stuck one does not hold the process's exit.
+    such a pool end after a minute; a thread that ends closes its database connection. Threads are daemon
+    threads: a stuck one does not hold the process's exit.
     """
 
     IDLE_SECS = 60.0
@@ -63,8 +64,11 @@ class TurnThreads:
         self.stuck_max = stuck_max
         self._cond = threading.Condition()
         self._jobs: collections.deque[_Job] = collections.deque()
-        self._running: dict[int, _Job] = {}
-        self._stuck: dict[int, _Job] = {}
+        # turn pk -> the jobs running it, oldest first: a turn's task delivered twice (a redelivery, the sweep
+        # dispatching a turn it took for lost) runs beside the first until its claim fails, and must not
+        # hide the first, which a write-off or a stop looks for
+        self._running: dict[int, list[_Job]] = {}
+        self._stuck: set[_Job] = set()
         self._live = 0  # threads not written off
         self._idle = 0
         self._stopping = False
@@ -95,17 +99,18 @@ class TurnThreads:
         """The turn has ended elsewhere while its thread is still in it: stop counting that thread.
         False when no thread of this pool runs it, or when `stuck_max` threads are written off already."""
         with self._cond:
-            job = self._running.get(turn_pk)
-            if job is None or job.written_off:
+            jobs = self._running.get(turn_pk)
+            if not jobs:
                 return False
+            job = jobs[0]  # (the one that claimed it: a duplicate's failed claim ended long before)
             if len(self._stuck) >= self.stuck_max:
                 log.error("turn thread stuck, not replaced: %d are stuck already, at most %d are replaced; "
                           "restart the process to get them back (turn_pk=%s, thread=%s)", len(self._stuck),
                           self.stuck_max, turn_pk, job.thread.name if job.thread else "-")
                 return False
             job.written_off = True
-            self._stuck[turn_pk] = job
-            del self._running[turn_pk]
+            self._stuck.add(job)
+            self._running_drop(job)
             self._live -= 1
             self._start_needed()
             self._cond.notify_all()  # a stop waiting for running turns waits for this one no more
@@ -123,6 +128,17 @@ class TurnThreads:
             threading.Thread(target=self._loop, name=f"ugent-turn-{next(_thread_numbers)}", daemon=True).start()
 
     def _loop(self) -> None:
+        try:
+            self._serve()
+        finally:
+            # The thread ends (idle, stopping, or written off and back): its connection is its own and nobody
+            # else would close it. Left to the garbage collector, a PostgreSQL session outlived its thread.
+            try:
+                connection.close()
+            except Exception:
+                log.exception("closing an ended turn thread's connection failed")
+
+    def _serve(self) -> None:
         while True:
             with self._cond:
                 while not self._jobs and not self._stopping:
@@ -138,7 +154,7 @@ class TurnThreads:
                     return
                 job = self._jobs.popleft()
                 job.thread = threading.current_thread()
-                self._running[job.turn_pk] = job
+                self._running.setdefault(job.turn_pk, []).append(job)
             _current.job = job
             try:
                 self.target(job.turn_pk)
@@ -148,24 +164,28 @@ class TurnThreads:
                 _current.job = None
                 with self._cond:
                     if job.written_off:
-                        self._stuck.pop(job.turn_pk, None)
+                        self._stuck.discard(job)
                         log.warning("a written-off turn thread came back (turn_pk=%s); it ends", job.turn_pk)
                     else:
-                        self._running.pop(job.turn_pk, None)
+                        self._running_drop(job)
                     self._cond.notify_all()
                 job.done.set()
             if job.written_off:
-                try:
-                    connection.close()  # this thread's own: nobody else would close it
-                except Exception:
-                    log.exception("closing a written-off turn thread's connection failed")
                 return
+
+    def _running_drop(self, job: _Job) -> None:
+        """(Under the lock.) The job no longer runs here: this one, not another job of the same turn."""
+        jobs = self._running.get(job.turn_pk, [])
+        if job in jobs:
+            jobs.remove(job)
+        if not jobs:
+            self._running.pop(job.turn_pk, None)
 
     # -- reports and the stop --
     def counts(self) -> dict:
         with self._cond:
-            return {"running": len(self._running), "queued": len(self._jobs), "stuck": len(self._stuck),
-                    "stuck_max": self.stuck_max}
+            return {"running": sum(map(len, self._running.values())), "queued": len(self._jobs),
+                    "stuck": len(self._stuck), "stuck_max": self.stuck_max}
 
     def stop(self, *, deadline: float | None = None) -> list[int]:
         """Queued turns stay accepted (they run at the next start); wait for running ones to end or be

@@ -122,3 +122,26 @@ def test_a_task_that_fails_outside_the_runners_own_handling_is_logged(tcast, mon
         assert _wait_for(lambda: any("turn task failed" in r.getMessage() for r in caplog.records), timeout=30)
     message = next(r.getMessage() for r in caplog.records if "turn task failed" in r.getMessage())
     assert f"turn_pk={result.turn.pk}" in message and "database went away" in message
+
+
+def test_a_turn_thread_that_ends_closes_its_database_connection(monkeypatch):
+    """A turn thread's connection is its own, and nobody else closes it: a thread that ends (a worker's on-demand
+    thread idle a while, or any at a stop) closes it. Left to the garbage collector, each such PostgreSQL
+    session stayed open after its thread had gone, a worker's whole pool of them after every idle minute."""
+    from django.db import connections
+    monkeypatch.setattr(dispatch.TurnThreads, "IDLE_SECS", 0.1)
+    seen = []
+
+    def target(pk):
+        connections["default"].ensure_connection()
+        seen.append((connections["default"], threading.current_thread()))
+
+    for limit in (None, 1):  # (a Celery worker's threads end when idle; the daemon's at its stop)
+        pool = dispatch.TurnThreads(target, limit=limit, stuck_max=4)
+        pool.run(1)
+        if limit is not None:
+            assert pool.stop(deadline=time.monotonic() + 10) == []
+        wrapper, thread = seen[-1]
+        thread.join(10)
+        assert not thread.is_alive()
+        assert wrapper.connection is None, f"limit={limit}: the ended thread's connection is still open"

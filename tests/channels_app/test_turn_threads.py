@@ -165,3 +165,34 @@ def test_a_workers_run_waits_and_returns_when_its_turn_is_written_off(turns):
     assert outer.submit(9).done.wait(WAIT)
     assert inner[0][1] is True and turns.ran[8] == inner[0][0]
     assert not dispatch.on_turn_thread()  # (this test's own thread is none)
+
+
+def test_a_second_task_for_a_turn_being_run_leaves_the_first_the_pools(turns):
+    # A turn's task delivered twice to one process (the sweep re-dispatching a turn it took for lost, a
+    # redelivery): the second finds the turn claimed and returns at once while the first still runs it. The
+    # first must stay the pool's: written off when stuck (its waiter, a worker's thread, freed) and waited
+    # for by a stop. Keyed by the turn alone, the second's end dropped the first from the pool's books.
+    calls = []
+
+    def target(pk):
+        calls.append(pk)
+        if len(calls) == 1:
+            turns(pk)  # the claim's winner, stuck in its engine; the second's claim fails and it returns
+
+    pool = TurnThreads(target, limit=None, stuck_max=4)
+    back = threading.Event()
+    threading.Thread(target=lambda: (pool.run(1), back.set()), daemon=True).start()
+    turns.wait_started(1)
+    pool.run(1)  # the duplicate: returns at once
+    assert pool.counts()["running"] == 1
+    assert pool.write_off(1) is True
+    assert back.wait(WAIT)
+
+    calls.clear()
+    local = TurnThreads(target, limit=2, stuck_max=4)  # embedded mode's: its stop waits for the first
+    turns.started.pop(1)
+    turns.release.pop(1).set()
+    local.submit(1)
+    turns.wait_started(1)
+    assert local.submit(1).done.wait(WAIT)
+    assert local.stop(deadline=time.monotonic() + 0.3) == [1]

@@ -126,3 +126,72 @@ def test_a_new_profile_version_replaces_the_old_engine_and_closes_it(settings):
         assert second is not first and closed == [first]
     finally:
         del registry._extra["closing"]
+
+
+def overrun_gone() -> None:
+    for _ in range(int(WAIT / 0.02)):
+        if not bounded.overrunning("start:"):
+            return
+        threading.Event().wait(0.02)
+    assert bounded.overrunning("start:") == {}
+
+
+def test_an_engine_slower_to_start_than_the_timeout_is_kept_once_it_has_started(settings):
+    # A local model loading for longer than UGENT_PLUGIN_START_TIMEOUT: the turn that started it fails, and
+    # the engine it built is kept when it is done. Dropped, each later try started it from nothing and ran out
+    # of time again: it never came up (and each dropped one was never closed).
+    settings.UGENT_PLUGIN_START_TIMEOUT = 0.2
+    with pytest.raises(EngineError):
+        registry.engine_for_profile(profile(6, "hangs"))
+    gate.set()  # loaded at last
+    overrun_gone()
+    engine = registry.engine_for_profile(profile(6, "hangs"))  # at once: not refused for BUILD_RETRY_SECS
+    assert isinstance(engine, HangingEngine)
+    assert registry.engine_for_profile(profile(6, "hangs")) is engine
+
+
+def test_a_late_start_after_a_reset_is_closed_not_kept(settings):
+    closed = []
+
+    class Closing(HangingEngine):
+        def close(self):
+            closed.append(self)
+    registry._extra["closing-late"] = Closing
+    try:
+        settings.UGENT_PLUGIN_START_TIMEOUT = 0.2
+        with pytest.raises(EngineError):
+            registry.engine_for_profile(profile(7, "closing-late"))
+        registry.reset()  # (the tests' fixture, a shutdown): nobody takes the engine when it is done
+        gate.set()
+        overrun_gone()
+        assert len(closed) == 1 and not [e for e in registry._instances.values() if isinstance(e, Closing)]
+    finally:
+        del registry._extra["closing-late"]
+
+
+def test_an_older_version_of_a_profile_never_closes_the_newer_versions_engine(settings):
+    # A turn that read its profile before an edit asks for the old version's engine after the new one is kept
+    # (in use by the turns after the edit), or the old version's slow build ends after it: either closed the
+    # newer engine under its turns and put the old one in its place.
+    closed = []
+
+    class Closing(HangingEngine):
+        def close(self):
+            closed.append(self)
+    registry._extra["versions"] = Closing
+
+    def version(updated_at):
+        return types.SimpleNamespace(pk=9, updated_at=updated_at, provider="versions", config={}, system_prompt="")
+    try:
+        settings.UGENT_PLUGIN_START_TIMEOUT = 0.2
+        with pytest.raises(EngineError):  # version 1 starts slowly...
+            registry.engine_for_profile(version(1))
+        gate.set()  # (every start from now on is quick)
+        newer = registry.engine_for_profile(version(2))  # ...the profile is edited meanwhile...
+        overrun_gone()  # ...and version 1's start ends after version 2's
+        assert registry.engine_for_profile(version(1)) is not newer  # a stale turn's own, at most
+        assert newer not in closed
+        assert registry.engine_for_profile(version(2)) is newer
+        assert registry.engine_for_profile(version(3)) is not newer and closed[-1] is newer  # a real edit still does
+    finally:
+        del registry._extra["versions"]

@@ -416,6 +416,57 @@ def test_a_toolbox_whose_start_never_returns_fails_in_time_and_is_not_started_ag
         plugins.toolboxes_close()
 
 
+def test_a_toolbox_slower_to_start_than_its_start_timeout_is_kept_once_started(monkeypatch):
+    """A start past `start_timeout` fails its turn, and the toolbox it made after all is kept: dropped, it was
+    never closed (an MCP server's process left running) and each try after RETRY_SECS started another from
+    nothing, so a toolbox slower to start than the timeout never came up. One made after the toolboxes were
+    closed is closed too."""
+    from ugent_common import bounded
+
+    class Box:
+        tools = {"t": None}
+
+        def __init__(self, toolbox_id):
+            self.toolbox_id, self.closed = toolbox_id, False
+
+        def close(self):
+            self.closed = True
+
+    gate = threading.Event()
+    built = []
+
+    def build(entry, toolbox_id, config):
+        gate.wait(60)
+        built.append(Box(toolbox_id))
+        return built[-1]
+
+    def started() -> None:
+        for _ in range(500):
+            if not bounded.overrunning("start:toolbox slow"):
+                return
+            threading.Event().wait(0.02)
+        raise AssertionError("the start never ended")
+    monkeypatch.setattr(plugins, "_build", build)
+    try:
+        with pytest.raises(TimeoutError):
+            plugins.toolbox_plugin("slow", start_timeout=0.2)
+        gate.set()
+        started()
+        assert plugins.toolbox_plugin("slow", start_timeout=0.2) is built[0]  # at once, not refused
+        assert len(built) == 1 and not built[0].closed
+
+        gate.clear()
+        with pytest.raises(TimeoutError):
+            plugins.toolbox_plugin("slow", {"other": 1}, start_timeout=0.2)
+        plugins.toolboxes_close()  # (a shutdown) while it starts
+        gate.set()
+        started()
+        assert len(built) == 2 and built[1].closed and built[1] not in plugins.toolboxes_kept()
+    finally:
+        gate.set()
+        plugins.toolboxes_close()
+
+
 def test_a_toolbox_whose_tools_cannot_be_listed_is_kept_and_asked_again_after_the_interval(monkeypatch):
     now = [1000.0]
     monkeypatch.setattr(plugins, "_clock", lambda: now[0])

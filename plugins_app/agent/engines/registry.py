@@ -127,18 +127,21 @@ def engine_for_profile(profile) -> object:
         _never_logged(config)
         return engine_class(profile.provider)(config)
     return _kept(key, build, what=f"chat engine '{profile.provider}'",
-                 replaces=lambda k: len(k) == 3 and k[0] == profile.pk and k != key)
+                 version=lambda k: k[1] if len(k) == 3 and k[0] == profile.pk else None)
 
 
-def _kept(key: tuple, build, *, what: str, replaces=None) -> object:
-    """The engine kept under `key`, built by `build()` on first use (and the ones `replaces(key)` names
-    closed: an older version of the same profile's).
+def _kept(key: tuple, build, *, what: str, version=None) -> object:
+    """The engine kept under `key`, built by `build()` on first use. `version(k)`: the profile version a
+    key stands for when it is one of the same profile's (its `updated_at`), else None. Kept, an engine closes
+    the older versions' ones; an older version's engine built once a newer one is kept (a turn that read
+    the profile before an edit) is its caller's alone, never kept in the newer one's place or closing it.
 
     The build runs on a thread of its own (ugent_common.bounded) under UGENT_PLUGIN_START_TIMEOUT, one per
     key at a time, without the registry's lock: a constructor that never returns holds up only the callers
     of that engine, each for at most the timeout, and not other engines, turns of other profiles or the
     status page. A build past its time is refused at once (EngineError `engine_unavailable`) for
-    BUILD_RETRY_SECS, then tried again. A constructor's own error is raised to its caller, as before."""
+    BUILD_RETRY_SECS, then tried again; an engine such a build makes after all is kept (and ends the
+    refusal). A constructor's own error is raised to its caller, as before."""
     with _lock:
         engine = _instances.get(key)
         if engine is not None:
@@ -156,26 +159,68 @@ def _kept(key: tuple, build, *, what: str, replaces=None) -> object:
 
         from ugent_common import bounded
         timeout = float(settings.UGENT_PLUGIN_START_TIMEOUT)
-        done = bounded.call_bounded(build, timeout=timeout, owner=f"start:{what}", limit=settings.UGENT_TURN_STUCK_MAX,
-                                    name="ugent-engine-start")
+        state: dict = {}  # (under _lock) "gave_up": its caller ran out of time; "spare": built, not to be kept
+
+        def build_kept():
+            """On the start's thread: the engine is kept when it is built, even past its caller's time (an
+            engine slower to start than the timeout comes up at last, rather than being dropped and started
+            from nothing at every try)."""
+            engine, spare, old = build(), None, []
+            with _lock:
+                if generation == _generation and key in _instances:  # a later try's engine came first
+                    spare, engine = engine, _instances[key]
+                elif generation != _generation or _newer_kept(key, version):
+                    # A reset meanwhile, or a stale version's engine (a newer one is kept): its caller's alone,
+                    # closed if the caller gave up (by whichever of the two comes second)
+                    if generation == _generation:
+                        _build_failed.pop(key, None)
+                    if state.get("gave_up"):
+                        spare = engine
+                    else:
+                        state["spare"] = engine
+                else:
+                    _build_failed.pop(key, None)
+                    _instances[key] = engine
+                    old = [_instances.pop(k) for k in _other_versions(key, version)]
+            for engine_old in ([spare] if spare is not None else []) + old:  # plugin code: outside the lock
+                _close(engine_old)
+            return engine
+
+        done = bounded.call_bounded(build_kept, timeout=timeout, owner=f"start:{what}",
+                                    limit=settings.UGENT_TURN_STUCK_MAX, name="ugent-engine-start")
         if done.error is not None:
             raise done.error
-        if done.timed_out or done.refused:
-            why = (f"the {what} did not start within {timeout:g} s (UGENT_PLUGIN_START_TIMEOUT)" if done.timed_out
-                   else f"the {what} has {done.refused} starts still running past their time limit")
-            with _lock:
-                if generation == _generation:
-                    _build_failed[key] = (_clock() + BUILD_RETRY_SECS, why)
-            raise _unavailable(why)
-        engine, old = done.value, []
+        if not (done.timed_out or done.refused):
+            return done.value
+        why = (f"the {what} did not start within {timeout:g} s (UGENT_PLUGIN_START_TIMEOUT)" if done.timed_out
+               else f"the {what} has {done.refused} starts still running past their time limit")
         with _lock:
-            if generation == _generation:  # (a reset meanwhile: this one is its caller's alone)
-                _build_failed.pop(key, None)
-                _instances[key] = engine
-                old = [_instances.pop(k) for k in list(_instances) if replaces is not None and replaces(k)]
-    for engine_old in old:  # plugin code: outside the lock
-        _close(engine_old)
-    return engine
+            state["gave_up"] = True
+            engine, spare = _instances.get(key), state.pop("spare", None)
+            if engine is None and generation == _generation:
+                _build_failed[key] = (_clock() + BUILD_RETRY_SECS, why)
+    if spare is not None:
+        _close(spare)
+    if engine is not None:  # built just as its time ran out
+        return engine
+    raise _unavailable(why)
+
+
+def _other_versions(key: tuple, version) -> list[tuple]:
+    """(_lock held) The kept keys of the same profile's other versions."""
+    return [] if version is None else [k for k in _instances if k != key and version(k) is not None]
+
+
+def _newer_kept(key: tuple, version) -> bool:
+    """(_lock held) A newer version of the same profile than `key`'s has its engine kept."""
+    mine = None if version is None else version(key)
+    for k in _other_versions(key, version):
+        try:
+            if mine is not None and version(k) > mine:
+                return True
+        except TypeError:  # versions that do not compare: the newest kept is the one built last, as before
+            pass
+    return False
 
 
 def _raise_if_failed_lately(key: tuple, what: str) -> None:
@@ -405,4 +450,4 @@ def summarizer_for_profile(profile) -> object:
         _never_logged(config)
         return summarizer_class(name)(config)
     return _kept(key, build, what=f"chat summariser '{name}'",
-                 replaces=lambda k: k[0] == "summarizer" and k[1] == key[1] and key[1] is not None and k != key)
+                 version=lambda k: k[2] if k[0] == "summarizer" and k[1] == key[1] and key[1] is not None else None)

@@ -90,22 +90,29 @@ def toolbox_plugin(entry: str, config: Optional[dict] = None, *, toolbox_id: Opt
             if box is None:
                 _raise_if_failed_lately(entry, key)  # the build this one waited for raised
         if box is None:
+            def build_kept():
+                # On the start's thread: kept when it is made, even past its caller's time (a toolbox slower
+                # to start than the timeout comes up at last, and is not left open and started again).
+                made = _build(entry, toolbox_id or entry, config)
+                with _lock:
+                    kept = generation == _generation
+                    if kept:
+                        _failed.pop(key, None)
+                        box = _kept.setdefault(key, made)
+                if not kept or box is not made:  # the toolboxes were closed meanwhile, or a later try came first
+                    _close(made)
+                if not kept:  # toolboxes_close() ran meanwhile (shutdown): this one ends too
+                    raise RuntimeError(f"toolbox {entry} was closed as it started (the toolboxes were closed)")
+                return box
             try:
-                box = _bounded(lambda: _build(entry, toolbox_id or entry, config), start_timeout,
-                               f"toolbox {toolbox_id or entry}")
+                box = _bounded(build_kept, start_timeout, f"toolbox {toolbox_id or entry}")
             except Exception as exc:
                 with _lock:
-                    if generation == _generation:  # (not a memo for the toolboxes after a close)
+                    box = _kept.get(key) if generation == _generation else None  # made just as its time ran out
+                    if box is None and generation == _generation:  # (not a memo for the toolboxes after a close)
                         _failed[key] = (_clock() + RETRY_SECS, f"{type(exc).__name__}: {exc}")
-                raise
-            with _lock:
-                _failed.pop(key, None)
-                kept = generation == _generation
-                if kept:
-                    _kept[key] = box
-            if not kept:  # toolboxes_close() ran meanwhile (shutdown): this one ends too
-                _close(box)
-                raise RuntimeError(f"toolbox {entry} was closed as it started (the toolboxes were closed)")
+                if box is None:
+                    raise
         elif not _usable(box) and _clock() >= _retry_at.get(key, 0.0):
             try:
                 _bounded(box.refresh_tools, start_timeout, f"toolbox {toolbox_id or entry}")  # (MCP: connects again)
