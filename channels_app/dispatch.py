@@ -52,7 +52,7 @@ class TurnThreads:
 
     `limit`: how many turns run at once (embedded mode's turn threads); None for the threads a Celery
     worker's own pool hands its turns to (`run`), whose concurrency that pool bounds. Idle threads of
-    such a pool end after a minute; a thread that ends closes its database connection. Threads are daemon
+    such a pool end once idle past CONN_MAX_AGE (at least a minute); a thread that ends closes its connection. Threads are daemon
     threads: a stuck one does not hold the process's exit.
     """
 
@@ -62,6 +62,10 @@ class TurnThreads:
         self.target = target
         self.limit = limit
         self.stuck_max = stuck_max
+        # An on-demand pool's idle thread ends, but not before its kept database connection would have expired
+        # (CONN_MAX_AGE): the next turn would pay a new thread and a new connection (None: kept for ever).
+        age = settings.DATABASES.get("default", {}).get("CONN_MAX_AGE", 0)
+        self.idle_secs = None if age is None else max(self.IDLE_SECS, float(age))
         self._cond = threading.Condition()
         self._jobs: collections.deque[_Job] = collections.deque()
         # turn pk -> the jobs running it, oldest first: a turn's task delivered twice (a redelivery, the sweep
@@ -125,7 +129,11 @@ class TurnThreads:
         """(Under the lock.) Start a thread when a job waits that no idle thread will take."""
         if len(self._jobs) > self._idle and (self.limit is None or self._live < self.limit):
             self._live += 1
-            threading.Thread(target=self._loop, name=f"ugent-turn-{next(_thread_numbers)}", daemon=True).start()
+            try:
+                threading.Thread(target=self._loop, name=f"ugent-turn-{next(_thread_numbers)}", daemon=True).start()
+            except RuntimeError as exc:  # no thread to be had (a memory or thread limit): the slot is not lost
+                self._live -= 1
+                log.error("a turn thread could not start (%s): the turn waits for a thread to come free", exc)
 
     def _loop(self) -> None:
         try:
@@ -143,10 +151,10 @@ class TurnThreads:
             with self._cond:
                 while not self._jobs and not self._stopping:
                     self._idle += 1
-                    woken = self._cond.wait(None if self.limit is not None else self.IDLE_SECS)
+                    woken = self._cond.wait(None if self.limit is not None else self.idle_secs)
                     self._idle -= 1
                     if not woken and not self._jobs:
-                        self._live -= 1  # idle for a minute (on-demand pool): ends
+                        self._live -= 1  # idle long enough (on-demand pool): ends
                         return
                 if not self._jobs:  # stopping
                     self._live -= 1

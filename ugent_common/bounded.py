@@ -3,7 +3,8 @@
 Python cannot stop a thread. A call past its time limit (a tool, an engine asked by a command) is answered
 at once and its thread is left to finish; until it does it counts against its owner (a toolbox, an
 engine), and an owner with `limit` such calls is refused at once, without a thread. So one owner that
-hangs costs at most `limit` threads, and the others go on.
+hangs costs at most `limit` threads, plus the calls that started within one timeout of its first hang
+(the cap counts calls past their limit, not calls under way), and the others go on.
 """
 from __future__ import annotations
 

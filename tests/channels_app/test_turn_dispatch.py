@@ -129,7 +129,6 @@ def test_a_turn_thread_that_ends_closes_its_database_connection(monkeypatch):
     thread idle a while, or any at a stop) closes it. Left to the garbage collector, each such PostgreSQL
     session stayed open after its thread had gone, a worker's whole pool of them after every idle minute."""
     from django.db import connections
-    monkeypatch.setattr(dispatch.TurnThreads, "IDLE_SECS", 0.1)
     seen = []
 
     def target(pk):
@@ -138,6 +137,7 @@ def test_a_turn_thread_that_ends_closes_its_database_connection(monkeypatch):
 
     for limit in (None, 1):  # (a Celery worker's threads end when idle; the daemon's at its stop)
         pool = dispatch.TurnThreads(target, limit=limit, stuck_max=4)
+        pool.idle_secs = 0.1
         pool.run(1)
         if limit is not None:
             assert pool.stop(deadline=time.monotonic() + 10) == []
