@@ -644,6 +644,15 @@ def _toolbox_classes():
                 "several choices, free text, a secret (kept out of every transcript), or a yes/no confirmation."),
                 argument_schema=AskUserArgs, output_schema=AskUserOutput, tool_call=self.ask)]
 
+        def call_timeout(self, name: str, args: dict) -> float:
+            """The call waits for its user: as long as its question (question_open's clamp), and a margin to
+            see the answer, not the per-tool timeout (channels_app.tools.tool_call_run)."""
+            try:
+                wanted = float((args or {}).get("timeout_s") or settings.UGENT_QUESTION_DEFAULT_TIMEOUT)
+            except (TypeError, ValueError):
+                wanted = settings.UGENT_QUESTION_DEFAULT_TIMEOUT
+            return min(max(wanted, 1.0), settings.UGENT_QUESTION_MAX_TIMEOUT) + ANSWER_MARGIN_SECS
+
         def ask(self, args: AskUserArgs) -> AskUserOutput:
             spec = args.model_dump(exclude_none=True, exclude={"timeout_s"})
             timeout = args.timeout_s or settings.UGENT_QUESTION_DEFAULT_TIMEOUT
@@ -669,6 +678,8 @@ def _toolbox_classes():
 
 
 _ask_user_cls = None
+#: Seconds past its question's deadline an ask_user call may take to see how it ended.
+ANSWER_MARGIN_SECS = 10.0
 
 
 def __getattr__(name):  # AskUserToolBox, built lazily (see _toolbox_classes)

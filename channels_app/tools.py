@@ -355,6 +355,21 @@ def emitter_for(turn: Turn) -> Callable[[list], None]:
     return emit
 
 
+def call_timeout(box, name: str, args: dict) -> float:
+    """The seconds a call may run: UGENT_TOOL_TIMEOUT_SECONDS, or what its toolbox's `call_timeout(name, args)`
+    says for a tool that waits by design (ask_user waits for its user, a delegated task runs a loop of its own)."""
+    own = getattr(box, "call_timeout", None)
+    if callable(own):
+        try:
+            seconds = own(name, args)
+        except Exception:  # a toolbox's bug: the default
+            log.warning("toolbox %s: call_timeout failed", getattr(box, "toolbox_id", "-"), exc_info=True)
+            seconds = None
+        if seconds:
+            return float(seconds)
+    return float(settings.UGENT_TOOL_TIMEOUT_SECONDS)
+
+
 def tool_call_run(*, tools: TurnTools, ctx: ToolContext, call: dict, step: int,
                   refuse: str = "") -> CallOutcome:
     """Run one call the engine asked for (`call`: {"id", "name", "arguments"}), recorded as a ToolCall
@@ -374,7 +389,7 @@ def tool_call_run(*, tools: TurnTools, ctx: ToolContext, call: dict, step: int,
     started = time.monotonic()
     result = None
     if not error:
-        timeout = float(settings.UGENT_TOOL_TIMEOUT_SECONDS)
+        timeout = call_timeout(box, name, args)
         raw, error = _run_in_thread(lambda: box.call_tool(name, args), timeout=timeout,
                                     should_stop=ctx.should_stop, owner=getattr(box, "toolbox_id", "") or name)
         if not error:
@@ -496,6 +511,11 @@ def _delegation_box_class():
 
         def delegate(self, args: ResearchArgs) -> dict:
             return research_delegate(self.ctx, args.task)
+
+        def call_timeout(self, name: str, args: dict) -> float:
+            """A delegated task runs engine steps and tools of its own, within its turn's run limit (it stops
+            with its turn), not the per-tool timeout."""
+            return float(settings.UGENT_TURN_RUN_LIMIT)
 
         def discover_tools(self):
             return [AgentTool(name="delegate_research",
