@@ -239,6 +239,9 @@ UGENT_QUESTION_MAX_TIMEOUT = env.float("UGENT_QUESTION_MAX_TIMEOUT", default=300
 UGENT_QUESTION_DEFAULT_TIMEOUT = env.float("UGENT_QUESTION_DEFAULT_TIMEOUT", default=120)
 UGENT_OPTION_MATCHER_ENGINE = env("UGENT_OPTION_MATCHER_ENGINE", default="ugent-option-matcher")
 UGENT_YESNO_ENGINE = env("UGENT_YESNO_ENGINE", default="ugent-yesno")
+# Seconds one of those engines may take to read a reply; later, the reply does not fit. Below the channel SDK's
+# 10 s call timeout, so a worker's inbound.submit is answered before it gives up on it.
+UGENT_QUESTION_FIT_TIMEOUT = env.float("UGENT_QUESTION_FIT_TIMEOUT", default=5.0)
 # An accepted turn not started within this many seconds is abandoned, never run late.
 UGENT_TURN_QUEUE_TIMEOUT = env.float("UGENT_TURN_QUEUE_TIMEOUT", default=900)
 # An accepted turn older than this, with the broker's queue empty, lost its task: it is dispatched again.

@@ -22,6 +22,7 @@ from channels_app.models import Event, Message, Question, Receipt, Turn
 from channels_app.statements import turn_fetch
 from channels_app.streams import activity_q
 from tests.streams.conftest import get, post, read_frames, threaded_turns, wait_for  # noqa: F401 (a fixture)
+from tests.support import blocking
 from tests.support.http import chat
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -177,6 +178,39 @@ def test_a_confirm_question_takes_a_json_boolean(tcast, alice_turn):
     asker = Asker(alice_turn, {"kind": "confirm", "prompt": "Deploy?"})
     assert reply(tcast.alice, asker.question.request_id, action="submit", value=False).status_code == 200
     assert asker.done().value is False
+
+
+@pytest.mark.parametrize("kind, reader", [("choice", "option matcher"), ("confirm", "yes/no engine")])
+def test_a_reply_reader_that_never_returns_is_a_400_that_does_not_fit_and_the_question_keeps_waiting(
+        tcast, alice_turn, settings, kind, reader):
+    # The API's reply read the option matcher / yes/no engine on the web loop's executor, unbounded: one that
+    # hung kept that thread (and the request) for ever.
+    settings.UGENT_QUESTION_FIT_TIMEOUT = 0.5
+    settings.UGENT_TURN_STUCK_MAX = 1
+    spec = CHOICE if kind == "choice" else {"kind": "confirm", "prompt": "Deploy?"}
+    engine, name = ((blocking.BlockedOptionMatcher, "UGENT_OPTION_MATCHER_ENGINE") if kind == "choice"
+                    else (blocking.BlockedYesNo, "UGENT_YESNO_ENGINE"))
+    setattr(settings, name, "test-blocked-reader")
+    with blocking.blocked_engine(engine, "test-blocked-reader") as gate:
+        asker = Asker(alice_turn, spec)
+        rid = asker.question.request_id
+        before = Event.objects.count()
+        resp = blocking.within(lambda: reply(tcast.alice, rid, action="submit", value="the second one"), gate)
+        assert resp.status_code == 400 and error_of(resp)["code"] == "reply_does_not_fit", resp.content
+        assert error_of(resp)["message"] == (f"The {reader} did not read the reply within 0.5 s. "
+                                             "The question keeps waiting.")
+        assert Question.objects.get(request_id=rid).state == "waiting" and Event.objects.count() == before
+        # while that read runs past its limit, the engine is not asked again (UGENT_TURN_STUCK_MAX)
+        resp = blocking.within(lambda: reply(tcast.alice, rid, action="submit", value="yes"), gate)
+        assert error_of(resp)["message"] == (f"1 earlier replies are still being read by the {reader} past its "
+                                             "time limit: it is not asked again until they end. The question "
+                                             "keeps waiting.")
+        assert gate.calls == 1
+        gate.release.set()  # the hung read comes back: the engine is asked again
+        blocking.wait_no_overrun("")
+        assert reply(tcast.alice, rid, action="submit", value="the second one").status_code == 200
+        result = asker.done()
+        assert result.answers == {"priority": "high"} if kind == "choice" else result.value is True
 
 
 # --- what does not fit keeps it waiting ------------------------------------------------------------

@@ -24,6 +24,7 @@ from plugins_app.channel import services
 from plugins_app.channel.models import OutboundDelivery
 from plugins_app.channel.sdk import InboundMessage
 from tests.plugins_app.conftest import make_plugin
+from tests.support import blocking
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -256,3 +257,65 @@ def test_a_plain_message_after_the_answer_is_a_message(plugin):
     out = say("m-2", "script:answer=next")  # queued behind the turn, as any message is
     assert "question" not in out and Turn.objects.count() == 2
     assert Question.objects.get(pk=q.pk).answer == {"answers": {"priority": "low"}}
+
+
+# --- a reply reader that never returns (the option matcher, the yes/no engine: plugins) -------------------
+
+@pytest.fixture
+def hung_matcher(settings):
+    settings.UGENT_OPTION_MATCHER_ENGINE = "test-blocked-matcher"
+    with blocking.blocked_engine(blocking.BlockedOptionMatcher, "test-blocked-matcher") as gate:
+        yield gate
+
+
+def test_while_the_matcher_reads_a_reply_no_transaction_is_open_and_other_writes_go_on(plugin, settings,
+                                                                                       hung_matcher):
+    # The reply was read inside the transaction that records it: in embedded mode that transaction holds the
+    # one SQLite writer turn, so every write in the daemon (here: another chat's question) waited on the matcher.
+    settings.UGENT_QUESTION_FIT_TIMEOUT = blocking.BOUND
+    q = questions.question_open(turn=running_turn(), spec=CHOICE, timeout_s=60)
+    other = running_turn(chat="chat-2")
+    out = {}
+    replying = threading.Thread(target=lambda: (out.update(say("m-2", "the second one")), connection.close()))
+    replying.start()
+    try:
+        assert hung_matcher.entered.wait(10)
+        blocking.within(lambda: questions.question_open(turn=other, spec=CHOICE, timeout_s=60), hung_matcher)
+    finally:
+        hung_matcher.release.set()
+        replying.join(blocking.BOUND + 5)
+    assert out["reply"] == "applied"  # let go, the matcher picked the last option
+    assert Question.objects.get(pk=q.pk).answer == {"answers": {"priority": "high"}}
+
+
+def test_a_matcher_that_never_returns_is_a_reply_that_does_not_fit_and_writes_nothing_of_it(plugin, settings,
+                                                                                          hung_matcher):
+    # It kept the bridge's lane (the worker's inbound.submit) for as long as it hung.
+    settings.UGENT_QUESTION_FIT_TIMEOUT = 0.5
+    settings.UGENT_TURN_STUCK_MAX = 1
+    q = questions.question_open(turn=running_turn(), spec=CHOICE, timeout_s=60)
+    hint = "That does not answer the question: reply with one of 1. Low, 2. High. The question keeps waiting."
+    out = blocking.within(lambda: say("m-2", "the second one"), hung_matcher)
+    assert out == {"accepted": True, "duplicate": False, "question": q.request_id, "reply": "does_not_fit",
+                   "question_state": "waiting"}
+    assert Question.objects.get(pk=q.pk).state == "waiting" and notices() == [hint]
+    assert Receipt.objects.get(client_message_id="m-2").state == "refused"
+    assert not Message.objects.filter(content="the second one").exists() and Turn.objects.count() == 1
+    # its read still runs: at UGENT_TURN_STUCK_MAX such reads the matcher is not asked again until they end
+    assert blocking.within(lambda: say("m-3", "low"), hung_matcher)["reply"] == "does_not_fit"
+    assert hung_matcher.calls == 1 and notices() == [hint, hint]
+    # a button press needs no matcher
+    assert say("m-4", "", option=f"{q.request_id}:1")["reply"] == "applied"
+    assert Question.objects.get(pk=q.pk).answer == {"answers": {"priority": "low"}}
+
+
+def test_a_yes_no_engine_that_never_returns_leaves_the_confirm_waiting(plugin, settings):
+    settings.UGENT_QUESTION_FIT_TIMEOUT = 0.5
+    settings.UGENT_YESNO_ENGINE = "test-blocked-yesno"
+    with blocking.blocked_engine(blocking.BlockedYesNo, "test-blocked-yesno") as gate:
+        q = questions.question_open(turn=running_turn(), spec={"kind": "confirm", "prompt": "Deploy now?"},
+                                    timeout_s=60)
+        out = blocking.within(lambda: say("m-2", "yes please"), gate)
+        assert out["reply"] == "does_not_fit" and gate.calls == 1
+        assert notices() == ["That does not answer the question: reply yes or no. The question keeps waiting."]
+        assert Question.objects.get(pk=q.pk).state == "waiting"
