@@ -266,7 +266,8 @@ UGENT_DEFAULT_MODEL = env("UGENT_DEFAULT_MODEL", default="")
 # relative ones from the workspace; none by default: the workspace toolboxes read only), and network.
 UGENT_SANDBOX_WRITABLE = env.list("UGENT_SANDBOX_WRITABLE", default=[])
 UGENT_SANDBOX_NETWORK = env.bool("UGENT_SANDBOX_NETWORK", default=False)
-# /btw and /refine ask the engine directly, in the request: at most this many seconds.
+# /btw and /refine ask the engine directly, in the request: at most this many seconds (and a compaction its
+# summariser: channels_app.compaction).
 UGENT_COMMAND_ENGINE_TIMEOUT = env.float("UGENT_COMMAND_ENGINE_TIMEOUT", default=60.0)
 # The tool loop (docs/tools.md): tool steps a turn may take, seconds one tool call may run, and how
 # deep delegated tasks go (1: a turn delegates, its task does not).

@@ -127,3 +127,12 @@ def blocked_engine(cls, name: str):
             instances.pop(key, None)
     with blocked(cls, registry.register_engine, name, forget) as gate:
         yield gate
+
+
+@contextmanager
+def blocked_summarizer(name: str):
+    """`blocked` for a chat summariser (registry.register_summarizer)."""
+    from plugins_app.agent.engines import registry
+    with blocked(BlockedSummarizer, registry.register_summarizer, name,
+                 lambda: registry._extra_summarizers.pop(name, None)) as gate:
+        yield gate
