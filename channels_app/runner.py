@@ -175,7 +175,9 @@ def turn_end(*, turn: Turn, state: str, answer: str = "", reason: str = "", code
     if end.event == "turn.failed":
         turn_fields["error"] = reason or end.reason
     if state == TurnState.COMPLETED:
-        # Before the transaction: an NLI engine's seconds hold no lock (channels_app.citations).
+        # Before this function's transaction, so an NLI engine's seconds hold no lock; a turn ended inside a
+        # transaction of its caller's (a hook's answer, in the message's) gets the lexical check alone
+        # (channels_app.citations).
         citations = citations_mod.citations_verify(requested=list(turn.citation_ids or []), claimed=citations,
                                                    answer=answer, prompt=(turn.context or {}).get("text", ""))
         receipt_fields["citations"] = citations

@@ -232,6 +232,8 @@ UGENT_TURN_SWEEP_SECONDS = env.int("UGENT_TURN_SWEEP_SECONDS", default=5)
 UGENT_TURN_RUN_LIMIT = env.float("UGENT_TURN_RUN_LIMIT", default=CELERY_TASK_SOFT_TIME_LIMIT)
 # A turn thread stuck in an engine past that limit is written off and replaced (channels_app.dispatch.TurnThreads),
 # at most this many per process: each holds its memory and a database connection until the process restarts.
+# Also the calls of one plugin engine (an asked engine, a summariser, a reply reader, an NLI engine) left running
+# past their time limit at which that engine is not asked again until they end (ugent_common.bounded).
 UGENT_TURN_STUCK_MAX = env.int("UGENT_TURN_STUCK_MAX", default=16)
 # Questions (channels_app.questions): the longest a question may wait for its answer, in seconds (kept
 # inside the turn's run limit, past which the turn fails), and the engines that read a free-text reply.
@@ -277,6 +279,9 @@ UGENT_TOOL_TIMEOUT_SECONDS = env.float("UGENT_TOOL_TIMEOUT_SECONDS", default=30.
 # at once until they end (channels_app.tools._run_in_thread).
 UGENT_TOOL_OVERRUN_MAX = env.int("UGENT_TOOL_OVERRUN_MAX", default=8)
 UGENT_TOOL_DELEGATION_DEPTH = env.int("UGENT_TOOL_DELEGATION_DEPTH", default=1)
+# Seconds the citations' NLI engine ([citations] nli_engine) may take to check a completed turn's answer;
+# later the lexical check decides (channels_app.citations).
+UGENT_CITATIONS_NLI_TIMEOUT = env.float("UGENT_CITATIONS_NLI_TIMEOUT", default=30.0)
 # The most bytes (as JSON) one tool result may be: it is stored, streamed and sent to the model whole, so a
 # larger one is answered to the engine as an error that says so (docs/tools.md).
 UGENT_TOOL_RESULT_MAX_BYTES = env.int("UGENT_TOOL_RESULT_MAX_BYTES", default=512 * 1024)
