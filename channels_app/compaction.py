@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -137,24 +138,25 @@ def _summarised_count(older: list[Message]) -> int:
     return count
 
 
-def _summarise(profile, older: list[Message], timeout: float) -> tuple[str, str]:
+def _summarise(profile, older: list[Message], *, left: float, timeout: float) -> tuple[str, str]:
     """(summary body, summariser name): the profile's ChatSummarizerEngine over the messages, on a thread of
-    its own for at most `timeout` seconds (the module says why). CompactionFailed when it fails, does not
-    answer in time, or is not asked (UGENT_TURN_STUCK_MAX of its summaries still run past their limit)."""
+    its own for the `left` seconds of the compaction's `timeout` (the module says why). CompactionFailed
+    when it fails, does not answer in time, or is not asked (UGENT_TURN_STUCK_MAX of its summaries still run
+    past their limit)."""
     from ovos_plugin_manager.templates.agents import AgentMessage, MessageRole
 
     from plugins_app.agent.engines.registry import BUILTIN_SUMMARIZER, summarizer_for_profile
     name = (getattr(profile, "summarizer_engine", "") or BUILTIN_SUMMARIZER) if profile is not None \
         else BUILTIN_SUMMARIZER
     messages = [AgentMessage(role=MessageRole(m.role), content=m.content) for m in older]
-    if timeout <= 0:  # a turn with no time left: the summariser is not started only to be left running
-        raise CompactionFailed(SUMMARIZER_TIMED_OUT.format(name=name, seconds=0))
-    done = bounded.call_bounded(lambda: summarizer_for_profile(profile).summarize(messages), timeout=timeout,
+    if left <= 0:  # no time left: the summariser is not started only to be left running
+        raise CompactionFailed(SUMMARIZER_TIMED_OUT.format(name=name, seconds=round(timeout, 1)))
+    done = bounded.call_bounded(lambda: summarizer_for_profile(profile).summarize(messages), timeout=left,
                                 owner=f"summarizer:{name}", limit=settings.UGENT_TURN_STUCK_MAX,
                                 name="ugent-summarize")
     if done.refused or done.timed_out:
         why = (SUMMARIZER_OVERRUN.format(count=done.refused, name=name) if done.refused
-               else SUMMARIZER_TIMED_OUT.format(name=name, seconds=timeout))
+               else SUMMARIZER_TIMED_OUT.format(name=name, seconds=round(timeout, 1)))
         log.warning("compaction failed (summarizer=%s): %s", name, why)
         raise CompactionFailed(why)
     if done.error is not None:
@@ -201,14 +203,16 @@ def conversation_compact(*, conversation: Conversation, trigger: str = COMMAND, 
 
     `profile`: whose summariser (None: the conversation's, profile_of); `turn`: the running turn whose
     own message stays out of it (AUTO, RULE); `first_message`: the conversation's first message is being
-    handled, so there is nothing to compact yet; `timeout`: seconds the summariser may take (None:
+    handled, so there is nothing to compact yet; `timeout`: seconds the summariser may take, in all (None:
     UGENT_COMMAND_ENGINE_TIMEOUT). Raises CompactionFailed when the summariser fails or does not answer
     in time.
     """
     if first_message:
         return NOTHING
     keep = keep_exchanges() if keep is None else keep
+    # one time limit for the whole compaction: a plan made again after another compaction won has what is left
     timeout = settings.UGENT_COMMAND_ENGINE_TIMEOUT if timeout is None else timeout
+    deadline = time.monotonic() + timeout
     if profile is None:
         profile = profile_of(conversation)
     for _ in range(_ATTEMPTS):
@@ -216,7 +220,8 @@ def conversation_compact(*, conversation: Conversation, trigger: str = COMMAND, 
         if plan is None:
             return NOTHING
         older, kept = plan
-        body, summarizer = _summarise(profile, older, timeout)  # slow perhaps; no lock is held, no stop is heard
+        # slow perhaps; no lock is held, no stop is heard
+        body, summarizer = _summarise(profile, older, left=deadline - time.monotonic(), timeout=timeout)
         done = _commit(conversation=conversation, older=older, kept=kept, body=body, summarizer=summarizer,
                        trigger=trigger, turn=turn)
         if done is not None:
