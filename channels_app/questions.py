@@ -407,6 +407,21 @@ def _question_for(*, actor: Actor, request_id: str, conversation: Conversation |
     return question
 
 
+def _still_live(question: Question) -> None:
+    """The 409 of a question whose turn stopped or whose deadline passed (closed so by the reply); else nothing.
+    The conditional UPDATE that applies a reply checks the deadline again, not the turn: asked again after
+    an engine's read."""
+    turn = Turn.objects.filter(pk=question.turn_id).values("state", "cancel_requested").first()
+    if turn is None or turn["state"] not in (TurnState.ACCEPTED, TurnState.RUNNING) or turn["cancel_requested"]:
+        _close(question, QuestionState.CANCELLED, reason="its turn stopped")
+        question.refresh_from_db(fields=["state"])
+        raise _refused(question)
+    if question.timeout_at <= timezone.now():
+        _close(question, QuestionState.EXPIRED, reason="its deadline passed")
+        question.refresh_from_db(fields=["state"])
+        raise _refused(question)
+
+
 def question_reply(*, actor: Actor, reply: dict, content: str = "",
                    conversation: Conversation | None = None, receipt=None,
                    fitted: FittedReply | None = None) -> dict:
@@ -429,20 +444,16 @@ def question_reply(*, actor: Actor, reply: dict, content: str = "",
         receipt.check(question)
     if question.state != QuestionState.WAITING:
         raise _refused(question)
-    turn = Turn.objects.filter(pk=question.turn_id).values("state", "cancel_requested").first()
-    if turn is None or turn["state"] not in (TurnState.ACCEPTED, TurnState.RUNNING) or turn["cancel_requested"]:
-        _close(question, QuestionState.CANCELLED, reason="its turn stopped")
-        question.refresh_from_db(fields=["state"])
-        raise _refused(question)
-    now = timezone.now()
-    if question.timeout_at <= now:
-        _close(question, QuestionState.EXPIRED, reason="its deadline passed")
-        question.refresh_from_db(fields=["state"])
-        raise _refused(question)
+    _still_live(question)
     if reply.get("action") == "abort":
         state, answer = QuestionState.ABORTED, {}
+    elif fitted is not None:
+        state, answer = QuestionState.ANSWERED, fitted.take()
     else:
-        state, answer = QuestionState.ANSWERED, (fitted.take() if fitted is not None else _fit(question, reply))
+        state, answer = QuestionState.ANSWERED, _fit(question, reply)
+        # the engine may have read for seconds: its turn may have ended, its deadline passed meanwhile
+        _still_live(question)
+    now = timezone.now()
     with transaction.atomic():
         if receipt is not None:  # first: of two copies of one message, the second waits here and is a repeat
             receipt.record(question)

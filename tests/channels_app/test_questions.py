@@ -213,6 +213,43 @@ def test_a_reply_reader_that_never_returns_is_a_400_that_does_not_fit_and_the_qu
         assert result.answers == {"priority": "high"} if kind == "choice" else result.value is True
 
 
+@pytest.mark.parametrize("meanwhile, state", [("the turn stops", "cancelled"), ("the deadline passes", "expired")])
+def test_a_reply_is_refused_when_its_turn_stops_or_its_deadline_passes_while_the_engine_reads_it(
+        tcast, alice_turn, settings, meanwhile, state):
+    # The turn and the deadline were checked before the option matcher read the reply, and not after it: a reply
+    # read for seconds was applied to a question whose turn had ended meanwhile (interaction.resolved after the
+    # turn's turn.cancelled) or past its deadline (the UPDATE's "now" was taken before the read).
+    settings.UGENT_OPTION_MATCHER_ENGINE = "test-blocked-reader"
+    settings.UGENT_QUESTION_FIT_TIMEOUT = blocking.BOUND
+    with blocking.blocked_engine(blocking.BlockedOptionMatcher, "test-blocked-reader") as gate:
+        question = questions.question_open(turn=turn_fetch(alice_turn.pk), spec=CHOICE, timeout_s=60)
+        out = {}
+
+        def send():
+            try:
+                out["resp"] = reply(tcast.alice, question.request_id, "the second one", action="submit",
+                                    value="the second one")
+            finally:
+                connection.close()
+        replying = threading.Thread(target=send)
+        replying.start()
+        assert gate.entered.wait(10)
+        if state == "cancelled":
+            post("/v1/ugent/stop", tcast.alice, conversation_id="ca")
+            wait_for(lambda: Turn.objects.filter(pk=alice_turn.pk, finished_at__isnull=False).exists(), timeout=30)
+        else:
+            deadline = timezone.now()
+            Question.objects.filter(pk=question.pk).update(timeout_at=deadline)
+            wait_for(lambda: timezone.now() > deadline)
+        gate.release.set()
+        replying.join(blocking.BOUND + 5)
+    resp = out["resp"]
+    assert resp.status_code == 409 and error_of(resp)["code"] == f"question_{state}", resp.content
+    assert Question.objects.get(pk=question.pk).state == state
+    assert not Message.objects.filter(content="the second one").exists()
+    assert not Event.objects.filter(type="interaction.resolved", data__state="answered").exists()
+
+
 # --- what does not fit keeps it waiting ------------------------------------------------------------
 
 def test_an_unknown_option_is_refused_and_the_question_keeps_waiting(tcast, alice_turn):
