@@ -67,6 +67,12 @@ REFUSALS = {  # how a question that no longer waits stands, as the seed words it
 FIT_TIMED_OUT = "The {engine} did not read the reply within {seconds:g} s."
 FIT_OVERRUN = ("{count} earlier replies are still being read by the {engine} past its time limit: it is not asked "
                "again until they end.")
+#: A reply the engine reading it failed on (it raised): a 502 of the engine's, never the request's 500; nothing
+#: is applied and the question keeps waiting (on a chat channel, as a reply that does not fit).
+FIT_FAILED = "The {engine} failed reading the reply ({why})."
+READER_FAILED = "reply_reader_failed"
+#: The refusals after which the question keeps waiting (any other says how it stands).
+KEEPS_WAITING_CODES = ("reply_does_not_fit", READER_FAILED)
 OPTION_MATCHER, YESNO_ENGINE = "option matcher", "yes/no engine"
 CHOICE_KINDS = (QuestionKind.CHOICE, QuestionKind.FORM)
 VALUE_KINDS = (QuestionKind.TEXT, QuestionKind.SECRET, QuestionKind.CONFIRM)
@@ -280,7 +286,8 @@ def _read_bounded(read: Callable[[], object], *, engine: str, owner: str) -> obj
     (ugent_common.bounded): one that never returns would otherwise keep the thread the reply came on (the
     web loop's executor, a channel plugin's bridge lane). Past UGENT_QUESTION_FIT_TIMEOUT, or while
     UGENT_TURN_STUCK_MAX of this engine's reads still run past it, the reply does not fit (400
-    reply_does_not_fit: the question keeps waiting); what read() raises is raised here."""
+    reply_does_not_fit: the question keeps waiting). When read() raises, 502 reply_reader_failed (logged with
+    its traceback): the engine's failure, not the request's, and the question keeps waiting."""
     timeout = settings.UGENT_QUESTION_FIT_TIMEOUT
     done = bounded.call_bounded(read, timeout=timeout, owner=owner, limit=settings.UGENT_TURN_STUCK_MAX,
                                 name="ugent-fit")
@@ -290,7 +297,14 @@ def _read_bounded(read: Callable[[], object], *, engine: str, owner: str) -> obj
         log.warning("the %s %s did not read a reply within %g s: it does not fit", engine, owner, timeout)
         raise _does_not_fit(FIT_TIMED_OUT.format(engine=engine, seconds=timeout), "ugent_interaction_reply.value")
     if done.error is not None:
-        raise done.error
+        exc = done.error
+        if isinstance(exc, ApplicationError) or not isinstance(exc, Exception):
+            raise exc
+        log.error("the %s %s failed reading a reply: the question keeps waiting", engine, owner,
+                  exc_info=(type(exc), exc, exc.__traceback__))
+        raise ApplicationError(f"{FIT_FAILED.format(engine=engine, why=f'{type(exc).__name__}: {exc}')} "
+                               f"The question keeps waiting.", status=502, code=READER_FAILED,
+                               param="ugent_interaction_reply.value")
     return done.value
 
 
@@ -375,7 +389,8 @@ def _fit(question: Question, reply: dict) -> dict:
 @dataclass(frozen=True)
 class FittedReply:
     """A submit read against its question before the transaction that applies it (reply_fitted): the
-    answer to store, or the 400 reply_does_not_fit that says why it does not fit."""
+    answer to store, or the refusal that keeps the question waiting (400 reply_does_not_fit, or 502
+    reply_reader_failed when the engine reading it failed)."""
 
     answer: dict | None = None
     refusal: ApplicationError | None = None
@@ -392,7 +407,7 @@ def reply_fitted(question: Question, reply: dict) -> FittedReply:
     try:
         return FittedReply(answer=_fit(question, reply))
     except ApplicationError as exc:
-        if exc.code != "reply_does_not_fit":
+        if exc.code not in KEEPS_WAITING_CODES:
             raise
         return FittedReply(refusal=exc)
 
@@ -438,7 +453,7 @@ def question_reply(*, actor: Actor, reply: dict, content: str = "",
 
     Raises ApplicationError: 404 (not theirs, or no such question), 409 (it no longer waits: the
     seed's words for how it stands; or a repeat of a message), 400 (it does not fit: the question keeps
-    waiting)."""
+    waiting), 502 (the engine reading it failed: the question keeps waiting)."""
     question = _question_for(actor=actor, request_id=reply.get("request_id", ""), conversation=conversation)
     if receipt is not None:
         receipt.check(question)
@@ -630,7 +645,7 @@ def _channel_apply(*, question: Question, actor: Actor, conversation: Conversati
         result = question_reply(actor=actor, conversation=conversation, reply=reply, content=content,
                                 fitted=fitted)
     except ApplicationError as exc:
-        if exc.code == "reply_does_not_fit":
+        if exc.code in KEEPS_WAITING_CODES:  # (an engine that failed reading it: as one that did not answer)
             return "does_not_fit", QuestionState.WAITING, question_channel_hint(question)
         return "refused", (exc.extra or {}).get("state", ""), exc.message
     return "applied", result["state"], ""

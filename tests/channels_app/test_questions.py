@@ -213,6 +213,35 @@ def test_a_reply_reader_that_never_returns_is_a_400_that_does_not_fit_and_the_qu
         assert result.answers == {"priority": "high"} if kind == "choice" else result.value is True
 
 
+@pytest.mark.parametrize("kind, reader", [("choice", "option matcher"), ("confirm", "yes/no engine")])
+def test_a_reply_reader_that_raises_is_a_502_that_writes_nothing_and_the_question_keeps_waiting(
+        tcast, alice_turn, settings, kind, reader):
+    # The engine's exception went up through the chat view: a 500 (Internal Server Error), where every other
+    # engine failure the API reports is an error object (the turn's upstream failures are 502s).
+    spec = CHOICE if kind == "choice" else {"kind": "confirm", "prompt": "Deploy?"}
+    engine, name = ((blocking.FailingOptionMatcher, "UGENT_OPTION_MATCHER_ENGINE") if kind == "choice"
+                    else (blocking.FailingYesNo, "UGENT_YESNO_ENGINE"))
+    setattr(settings, name, "test-failing-reader")
+    with blocking.blocked_engine(engine, "test-failing-reader"):
+        asker = Asker(alice_turn, spec)
+        rid = asker.question.request_id
+        before = Event.objects.count()
+        resp = reply(tcast.alice, rid, "yes", client_message_id="r-1", action="submit", value="yes")
+        assert resp.status_code == 502, resp.content
+        broke = "the matcher broke" if kind == "choice" else "the yes/no engine broke"
+        assert error_of(resp) == {
+            "message": f"The {reader} failed reading the reply (RuntimeError: {broke}). The question keeps waiting.",
+            "type": "api_error", "code": "reply_reader_failed", "param": "ugent_interaction_reply.value"}
+        assert Question.objects.get(request_id=rid).state == "waiting" and Event.objects.count() == before
+        assert not Receipt.objects.filter(client_message_id="r-1").exists()
+        assert not Message.objects.filter(turn=alice_turn, content="yes").exists()
+    # an answer that needs no engine still applies
+    answer = ({"answers": [{"question_id": "priority", "option_id": "low"}]} if kind == "choice"
+              else {"value": True})
+    assert reply(tcast.alice, rid, action="submit", **answer).status_code == 200
+    asker.done()
+
+
 @pytest.mark.parametrize("meanwhile, state", [("the turn stops", "cancelled"), ("the deadline passes", "expired")])
 def test_a_reply_is_refused_when_its_turn_stops_or_its_deadline_passes_while_the_engine_reads_it(
         tcast, alice_turn, settings, meanwhile, state):

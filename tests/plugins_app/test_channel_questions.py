@@ -319,3 +319,19 @@ def test_a_yes_no_engine_that_never_returns_leaves_the_confirm_waiting(plugin, s
         assert out["reply"] == "does_not_fit" and gate.calls == 1
         assert notices() == ["That does not answer the question: reply yes or no. The question keeps waiting."]
         assert Question.objects.get(pk=q.pk).state == "waiting"
+
+def test_a_matcher_that_raises_is_a_reply_that_does_not_fit_and_holds_nothing(plugin, settings):
+    # The engine's exception went up through inbound.submit: the worker got -32603 and sent the message again and
+    # again (HOLD_ATTEMPTS), holding its chat's later messages behind it, and the sender was told nothing.
+    settings.UGENT_OPTION_MATCHER_ENGINE = "test-failing-matcher"
+    with blocking.blocked_engine(blocking.FailingOptionMatcher, "test-failing-matcher"):
+        q = questions.question_open(turn=running_turn(), spec=CHOICE, timeout_s=60)
+        out = say("m-2", "the second one")
+    assert out == {"accepted": True, "duplicate": False, "question": q.request_id, "reply": "does_not_fit",
+                   "question_state": "waiting"}
+    assert notices() == ["That does not answer the question: reply with one of 1. Low, 2. High. "
+                         "The question keeps waiting."]
+    assert Receipt.objects.get(client_message_id="m-2").state == "refused"
+    assert Question.objects.get(pk=q.pk).state == "waiting" and Turn.objects.count() == 1
+    assert say("m-2", "the second one")["duplicate"] is True  # a resend is the duplicate it is
+

@@ -1,4 +1,5 @@
-"""Plugin engines that do not return until their test lets them go: a plugin call that hangs.
+"""Plugin engines that do not return until their test lets them go: a plugin call that hangs (and, beside
+them, ones that raise: a plugin call that fails).
 
 Each blocks on its class's `Gate` (`entered` is set once it is called) until the test sets `release`, or
 for BOUND seconds at most: a test run without the fix it checks fails then, it never hangs for ever. Register
@@ -47,6 +48,22 @@ class BlockedYesNo(YesNoEngine):
     def yes_or_no(self, question, response, lang=None):
         type(self).gate.wait()
         return True
+
+
+class FailingOptionMatcher(OptionMatcherEngine):
+    """Raises, as a plugin with a bug does."""
+    gate = Gate()
+
+    def match_option(self, utterance, options, lang=None):
+        raise RuntimeError("the matcher broke")
+
+
+class FailingYesNo(YesNoEngine):
+    """Raises, as a plugin with a bug does."""
+    gate = Gate()
+
+    def yes_or_no(self, question, response, lang=None):
+        raise RuntimeError("the yes/no engine broke")
 
 
 class BlockedNLI(NaturalLanguageInferenceEngine):
