@@ -320,6 +320,7 @@ def test_a_yes_no_engine_that_never_returns_leaves_the_confirm_waiting(plugin, s
         assert notices() == ["That does not answer the question: reply yes or no. The question keeps waiting."]
         assert Question.objects.get(pk=q.pk).state == "waiting"
 
+
 def test_a_matcher_that_raises_is_a_reply_that_does_not_fit_and_holds_nothing(plugin, settings):
     # The engine's exception went up through inbound.submit: the worker got -32603 and sent the message again and
     # again (HOLD_ATTEMPTS), holding its chat's later messages behind it, and the sender was told nothing.
@@ -335,3 +336,70 @@ def test_a_matcher_that_raises_is_a_reply_that_does_not_fit_and_holds_nothing(pl
     assert Question.objects.get(pk=q.pk).state == "waiting" and Turn.objects.count() == 1
     assert say("m-2", "the second one")["duplicate"] is True  # a resend is the duplicate it is
 
+
+# --- what changes while the matcher reads (outside the transaction that applies the reply) ----------------
+
+def _in_background(fn):
+    """fn() on a thread of its own; the returned join() gives its value (or raises what it raised)."""
+    box = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - raised again by join()
+            box["error"] = exc
+        finally:
+            connection.close()
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+
+    def join():
+        thread.join(blocking.BOUND + 5)
+        assert not thread.is_alive()
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+    return join
+
+
+@pytest.mark.parametrize("meanwhile", ["answered", "expired", "cancelled"])
+def test_a_question_that_stopped_waiting_while_the_matcher_read_is_refused_as_it_stands(plugin, settings,
+                                                                                       hung_matcher, meanwhile):
+    settings.UGENT_QUESTION_FIT_TIMEOUT = blocking.BOUND
+    turn = running_turn()
+    q = questions.question_open(turn=turn, spec=CHOICE, timeout_s=60)
+    join = _in_background(lambda: say("m-2", "the second one"))
+    assert hung_matcher.entered.wait(10)
+    if meanwhile == "answered":
+        assert say("m-3", "", option=f"{q.request_id}:1")["reply"] == "applied"  # a press needs no matcher
+    elif meanwhile == "expired":
+        Question.objects.filter(pk=q.pk).update(timeout_at=timezone.now() - timedelta(seconds=1))
+    else:
+        Turn.objects.filter(pk=turn.pk).update(cancel_requested=True)
+    hung_matcher.release.set()
+    out = join()
+    assert out["reply"] == "refused" and out["question_state"] == meanwhile, out
+    assert Receipt.objects.get(client_message_id="m-2").state == "refused"
+    assert not Message.objects.filter(content="the second one").exists() and Turn.objects.count() == 1
+    assert notices()[-1] == questions.REFUSALS[meanwhile][0]
+    assert Question.objects.get(pk=q.pk).answer == ({"answers": {"priority": "low"}} if meanwhile == "answered"
+                                                    else {})
+
+
+@pytest.mark.parametrize("ids", [("m-2", "m-2"), ("m-2", "m-3")], ids=["two copies", "two messages"])
+def test_two_replies_read_by_the_matcher_at_once_apply_once(plugin, settings, hung_matcher, ids):
+    settings.UGENT_QUESTION_FIT_TIMEOUT = blocking.BOUND
+    q = questions.question_open(turn=running_turn(), spec=CHOICE, timeout_s=60)
+    joins = [_in_background(lambda mid=mid: say(mid, "the second one")) for mid in ids]
+    blocking.wait_calls(hung_matcher, 2)  # both read before either applies
+    hung_matcher.release.set()
+    outs = [join() for join in joins]
+    assert sorted(str(o.get("reply")) for o in outs) == (["None", "applied"] if ids[0] == ids[1]
+                                                         else ["applied", "refused"]), outs
+    if ids[0] == ids[1]:
+        assert [o["duplicate"] for o in outs].count(True) == 1 and notices() == []
+    else:
+        assert notices() == [questions.ALREADY_ANSWERED]
+    assert Receipt.objects.filter(client_message_id__in=ids).count() == len(set(ids))
+    assert Message.objects.filter(content="the second one").count() == 1 and Turn.objects.count() == 1
+    assert Question.objects.get(pk=q.pk).answer == {"answers": {"priority": "high"}}

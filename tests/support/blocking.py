@@ -92,6 +92,14 @@ def wait_no_overrun(prefix: str, timeout: float = BOUND + 5) -> None:
     assert bounded.overrunning(prefix) == {}, bounded.overrunning(prefix)
 
 
+def wait_calls(gate: Gate, count: int, timeout: float = 10.0) -> None:
+    """Until `count` calls have entered the gate's engine (each now waits there)."""
+    deadline = time.monotonic() + timeout
+    while gate.calls < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert gate.calls >= count, f"{gate.calls} of {count} calls entered"
+
+
 def within(fn, gate: Gate, bound: float = 15.0):
     """fn()'s value, fn run on a thread of its own and given `bound` seconds: still running then (waiting on a
     blocked engine), the gate is opened, fn is waited for, and the test fails."""
