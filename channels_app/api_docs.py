@@ -76,7 +76,9 @@ def errors(*statuses: int) -> dict:
              502: ("The turn failed upstream after it started (non-stream). It carries x-should-retry: false: "
                    "the turn may already have acted, so send it again only as a new message. Its error object "
                    "names the turn (turn_id) and its conversation (conversation_id), as the x-ugent-turn-id and "
-                   "x-ugent-conversation-id headers do."),
+                   "x-ugent-conversation-id headers do. Or, for a question reply, the option matcher or the "
+                   "yes/no engine failed reading it (reply_reader_failed): nothing was applied, the question "
+                   "keeps waiting, and it may be sent again."),
              503: "Not available here: nothing installed can do it (GET /v1/ugent/status says so first)."}
     return {s: OpenApiResponse(ErrorSerializer, description=words[s]) for s in statuses}
 

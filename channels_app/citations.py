@@ -15,6 +15,12 @@ itself reported. How a request-supplied id is checked:
 
 An id the engine reported that the request did not supply (its own retrieval's, `notes/…`) is the
 engine's word and passes unchanged: the hub holds no evidence to check it against.
+
+The NLI engine is a plugin's code, so it is asked on a thread of its own (ugent_common.bounded) for at most
+UGENT_CITATIONS_NLI_TIMEOUT seconds for the whole answer; later, or while UGENT_TURN_STUCK_MAX of its checks
+still run past that, the lexical check decides (logged), as when it fails. It is never asked inside a
+transaction (a hook's answer is ended in the message's own, which in embedded mode holds the one SQLite
+writer turn): there the lexical check decides.
 """
 from __future__ import annotations
 
@@ -22,6 +28,10 @@ import logging
 import re
 from dataclasses import dataclass, field
 
+from django.conf import settings
+from django.db import connection
+
+from ugent_common import bounded
 from ugent_common.config import load_config
 
 log = logging.getLogger("ugent.turns")
@@ -91,6 +101,32 @@ def _engine(conf: CitationsConfig):
     return nli_engine(conf.nli_engine, conf.nli_config)
 
 
+def _nli_check(conf: CitationsConfig, passages: dict[str, str], sentences: list[str],
+               lang: str | None) -> set[str] | None:
+    """The ids whose passage entails a sentence of the answer, by the NLI engine on a thread of its own (the
+    module says why); None when the lexical check must decide: the engine failed, is not installed, did
+    not answer within UGENT_CITATIONS_NLI_TIMEOUT, or was not asked (UGENT_TURN_STUCK_MAX checks overrun)."""
+    def check() -> set[str]:
+        engine = _engine(conf)
+        return {cid for cid, passage in passages.items()
+                if any(engine.predict_entailment(passage, s, lang) for s in sentences)}
+    timeout = settings.UGENT_CITATIONS_NLI_TIMEOUT
+    done = bounded.call_bounded(check, timeout=timeout, owner=f"nli:{conf.nli_engine}",
+                                limit=settings.UGENT_TURN_STUCK_MAX, name="ugent-nli")
+    if done.error is not None:
+        exc = done.error
+        log.warning("citations: the NLI engine %r failed; the lexical check decides this turn's citations",
+                    conf.nli_engine, exc_info=(type(exc), exc, exc.__traceback__))
+        return None
+    if done.timed_out or done.refused:
+        why = (f"{done.refused} earlier checks of it are still running past their time limit" if done.refused
+               else f"it did not answer within {timeout:g} s")
+        log.warning("citations: the NLI engine %r was not heard (%s); the lexical check decides this turn's "
+                    "citations", conf.nli_engine, why)
+        return None
+    return done.value
+
+
 def citations_verify(*, requested: list[str], claimed: list[str], answer: str, prompt: str,
                      lang: str | None = None) -> list[str]:
     """The citation ids a completed turn reports: `claimed` (the engine's, in its order) and
@@ -104,19 +140,14 @@ def citations_verify(*, requested: list[str], claimed: list[str], answer: str, p
     conf = citations_config()
     kept: set[str] = set()
     checked_by_nli: set[str] = set()
-    if conf.nli_engine and requested:
-        try:
-            engine = _engine(conf)
-            passages = evidence_passages(prompt, requested)
-            sentences = answer_sentences(answer, requested)
-            for cid, passage in passages.items():
-                checked_by_nli.add(cid)
-                if any(engine.predict_entailment(passage, s, lang) for s in sentences):
-                    kept.add(cid)
-        except Exception:
-            log.warning("citations: the NLI engine %r failed; the lexical check decides this turn's citations",
-                        conf.nli_engine, exc_info=True)
-            kept, checked_by_nli = set(), set()
+    if conf.nli_engine and connection.in_atomic_block:
+        log.info("citations: a turn ended inside a transaction (a hook's answer): the lexical check decides, "
+                 "the NLI engine %r is not asked there", conf.nli_engine)
+    elif conf.nli_engine:
+        passages = evidence_passages(prompt, requested)
+        entailed = _nli_check(conf, passages, answer_sentences(answer, requested), lang) if passages else None
+        if entailed is not None:
+            checked_by_nli, kept = set(passages), entailed
     for cid in requested:
         if cid not in checked_by_nli and _lexical(cid, answer, claimed):
             kept.add(cid)

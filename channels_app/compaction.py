@@ -18,11 +18,18 @@ Once started a compaction is not stopped by a stop request: nothing here asks wh
 outside any lock and any transaction, on all three paths (none of them calls it inside one); the
 hiding commits under the conversation's row lock and only if every message it summarised is still
 visible, so two compactions that overlap, or one run again, never hide the same messages twice.
+
+The summariser is a plugin's code, asked on a thread of its own (ugent_common.bounded) for at most
+UGENT_COMMAND_ENGINE_TIMEOUT (a turn's compaction: no longer than the turn has left): one that never
+returns would otherwise keep the thread that asked (the API's request thread for /compress, a Celery
+worker's for a channel's /compress, a turn's). Past that, or while UGENT_TURN_STUCK_MAX of its summaries
+still run past their limit, the compaction fails (CompactionFailed) and hides nothing.
 """
 from __future__ import annotations
 
 import logging
 import re
+import time
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -32,11 +39,16 @@ from django.utils import timezone
 from channels_app.events import events_append
 from channels_app.models import Conversation, Message, Turn
 from plugins_app.agent.engines.base import count_tokens
+from ugent_common import bounded
 
 log = logging.getLogger("ugent.compaction")
 
 COMPACT_NOTHING_YET = "There is nothing to compact yet."
 COMPACT_FAILED = "Compacting the conversation failed; the agent's log says why."
+#: Why a compaction failed when its summariser did not answer in time, or was not asked (`_summarise`).
+SUMMARIZER_TIMED_OUT = "The summariser {name!r} did not answer within {seconds:g} s."
+SUMMARIZER_OVERRUN = ("{count} earlier summaries by the summariser {name!r} are still running past their time "
+                      "limit: it is not asked again until they end.")
 COMPLETED_EVENT = "compaction.completed"
 #: How compaction started: the rule action, the /compress command, the runner's budget check.
 RULE, COMMAND, AUTO = "rule", "command", "auto"
@@ -126,20 +138,32 @@ def _summarised_count(older: list[Message]) -> int:
     return count
 
 
-def _summarise(profile, older: list[Message]) -> tuple[str, str]:
-    """(summary body, summariser name): the profile's ChatSummarizerEngine over the messages."""
+def _summarise(profile, older: list[Message], *, left: float, timeout: float) -> tuple[str, str]:
+    """(summary body, summariser name): the profile's ChatSummarizerEngine over the messages, on a thread of
+    its own for the `left` seconds of the compaction's `timeout` (the module says why). CompactionFailed
+    when it fails, does not answer in time, or is not asked (UGENT_TURN_STUCK_MAX of its summaries still run
+    past their limit)."""
     from ovos_plugin_manager.templates.agents import AgentMessage, MessageRole
 
     from plugins_app.agent.engines.registry import BUILTIN_SUMMARIZER, summarizer_for_profile
     name = (getattr(profile, "summarizer_engine", "") or BUILTIN_SUMMARIZER) if profile is not None \
         else BUILTIN_SUMMARIZER
-    try:
-        engine = summarizer_for_profile(profile)
-        body = engine.summarize([AgentMessage(role=MessageRole(m.role), content=m.content) for m in older])
-    except Exception as exc:
-        log.exception("compaction failed (summarizer=%s)", name)
+    messages = [AgentMessage(role=MessageRole(m.role), content=m.content) for m in older]
+    if left <= 0:  # no time left: the summariser is not started only to be left running
+        raise CompactionFailed(SUMMARIZER_TIMED_OUT.format(name=name, seconds=round(timeout, 1)))
+    done = bounded.call_bounded(lambda: summarizer_for_profile(profile).summarize(messages), timeout=left,
+                                owner=f"summarizer:{name}", limit=settings.UGENT_TURN_STUCK_MAX,
+                                name="ugent-summarize")
+    if done.refused or done.timed_out:
+        why = (SUMMARIZER_OVERRUN.format(count=done.refused, name=name) if done.refused
+               else SUMMARIZER_TIMED_OUT.format(name=name, seconds=round(timeout, 1)))
+        log.warning("compaction failed (summarizer=%s): %s", name, why)
+        raise CompactionFailed(why)
+    if done.error is not None:
+        exc = done.error
+        log.error("compaction failed (summarizer=%s)", name, exc_info=(type(exc), exc, exc.__traceback__))
         raise CompactionFailed(f"{type(exc).__name__}: {exc}") from exc
-    return str(body or "").strip(), name
+    return str(done.value or "").strip(), name
 
 
 class _Raced(Exception):
@@ -174,16 +198,21 @@ def _commit(*, conversation: Conversation, older: list[Message], kept: int, body
 
 def conversation_compact(*, conversation: Conversation, trigger: str = COMMAND, profile=None,
                          turn: Turn | None = None, first_message: bool = False,
-                         keep: int | None = None) -> Compaction:
+                         keep: int | None = None, timeout: float | None = None) -> Compaction:
     """Compact a conversation now (see the module's docstring) and say what was done.
 
     `profile`: whose summariser (None: the conversation's, profile_of); `turn`: the running turn whose
     own message stays out of it (AUTO, RULE); `first_message`: the conversation's first message is being
-    handled, so there is nothing to compact yet. Raises CompactionFailed when the summariser fails.
+    handled, so there is nothing to compact yet; `timeout`: seconds the summariser may take, in all (None:
+    UGENT_COMMAND_ENGINE_TIMEOUT). Raises CompactionFailed when the summariser fails or does not answer
+    in time.
     """
     if first_message:
         return NOTHING
     keep = keep_exchanges() if keep is None else keep
+    # one time limit for the whole compaction: a plan made again after another compaction won has what is left
+    timeout = settings.UGENT_COMMAND_ENGINE_TIMEOUT if timeout is None else timeout
+    deadline = time.monotonic() + timeout
     if profile is None:
         profile = profile_of(conversation)
     for _ in range(_ATTEMPTS):
@@ -191,7 +220,8 @@ def conversation_compact(*, conversation: Conversation, trigger: str = COMMAND, 
         if plan is None:
             return NOTHING
         older, kept = plan
-        body, summarizer = _summarise(profile, older)  # slow perhaps; no lock is held, no stop is heard
+        # slow perhaps; no lock is held, no stop is heard
+        body, summarizer = _summarise(profile, older, left=deadline - time.monotonic(), timeout=timeout)
         done = _commit(conversation=conversation, older=older, kept=kept, body=body, summarizer=summarizer,
                        trigger=trigger, turn=turn)
         if done is not None:
@@ -221,9 +251,11 @@ def compaction_due(*, turn: Turn, messages) -> bool:
     return tokens_estimate(messages) > limit
 
 
-def turn_compact(*, turn: Turn) -> Compaction:
-    """The runner's compaction before a turn's first engine call; a failure is logged, never the turn's."""
+def turn_compact(*, turn: Turn, timeout: float | None = None) -> Compaction:
+    """The runner's compaction before a turn's first engine call; a failure is logged, never the turn's.
+    `timeout`: as conversation_compact's (the runner gives no more than its turn has left)."""
     try:
-        return conversation_compact(conversation=turn.conversation, trigger=AUTO, profile=turn.profile, turn=turn)
+        return conversation_compact(conversation=turn.conversation, trigger=AUTO, profile=turn.profile, turn=turn,
+                                    timeout=timeout)
     except CompactionFailed:
         return NOTHING

@@ -36,11 +36,12 @@ from django.conf import settings
 from django.db import IntegrityError, close_old_connections, transaction
 from django.utils import timezone
 
-from channels_app import hooks, notify
+from channels_app import hooks, notify, statements
 from channels_app.errors import NO_RETRY, ApplicationError
 from channels_app.events import event_append, turn_topic
 from channels_app.models import (LIVE_TURN_STATES, Actor, Conversation, Message, Question, QuestionKind,
                                  QuestionState, Receipt, ReceiptState, Turn, TurnState)
+from ugent_common import bounded
 
 log = logging.getLogger("ugent.questions")
 
@@ -60,6 +61,19 @@ REFUSALS = {  # how a question that no longer waits stands, as the seed words it
     QuestionState.CANCELLED: (CANCELLED, "question_cancelled"),
     QuestionState.ABORTED: (ABORTED, "question_dismissed"),
 }
+#: A reply the engine reading it (the option matcher, the yes/no engine) did not read within
+#: UGENT_QUESTION_FIT_TIMEOUT, or was not given to it (UGENT_TURN_STUCK_MAX of its reads still run past that
+#: limit): it does not fit, and the question keeps waiting (`_read_bounded`).
+FIT_TIMED_OUT = "The {engine} did not read the reply within {seconds:g} s."
+FIT_OVERRUN = ("{count} earlier replies are still being read by the {engine} past its time limit: it is not asked "
+               "again until they end.")
+#: A reply the engine reading it failed on (it raised): a 502 of the engine's, never the request's 500; nothing
+#: is applied and the question keeps waiting (on a chat channel, as a reply that does not fit).
+FIT_FAILED = "The {engine} failed reading the reply ({why})."
+READER_FAILED = "reply_reader_failed"
+#: The refusals after which the question keeps waiting (any other says how it stands).
+KEEPS_WAITING_CODES = ("reply_does_not_fit", READER_FAILED)
+OPTION_MATCHER, YESNO_ENGINE = "option matcher", "yes/no engine"
 CHOICE_KINDS = (QuestionKind.CHOICE, QuestionKind.FORM)
 VALUE_KINDS = (QuestionKind.TEXT, QuestionKind.SECRET, QuestionKind.CONFIRM)
 SPEC_KEYS = ("id", "prompt", "options", "questions")
@@ -267,30 +281,68 @@ def _option_label(option: dict) -> str:
     return option.get("label") or option["id"]
 
 
+def _read_bounded(read: Callable[[], object], *, engine: str, owner: str) -> object:
+    """read(), a call of the option matcher or the yes/no engine (a plugin's code), on a thread of its own
+    (ugent_common.bounded): one that never returns would otherwise keep the thread the reply came on (the
+    web loop's executor, a channel plugin's bridge lane). Past UGENT_QUESTION_FIT_TIMEOUT, or while
+    UGENT_TURN_STUCK_MAX of this engine's reads still run past it, the reply does not fit (400
+    reply_does_not_fit: the question keeps waiting). When read() raises, 502 reply_reader_failed (logged with
+    its traceback): the engine's failure, not the request's, and the question keeps waiting."""
+    timeout = settings.UGENT_QUESTION_FIT_TIMEOUT
+    done = bounded.call_bounded(read, timeout=timeout, owner=owner, limit=settings.UGENT_TURN_STUCK_MAX,
+                                name="ugent-fit")
+    if done.refused:
+        raise _does_not_fit(FIT_OVERRUN.format(count=done.refused, engine=engine), "ugent_interaction_reply.value")
+    if done.timed_out:
+        log.warning("the %s %s did not read a reply within %g s: it does not fit", engine, owner, timeout)
+        raise _does_not_fit(FIT_TIMED_OUT.format(engine=engine, seconds=timeout), "ugent_interaction_reply.value")
+    if done.error is not None:
+        exc = done.error
+        if isinstance(exc, ApplicationError) or not isinstance(exc, Exception):
+            raise exc
+        log.error("the %s %s failed reading a reply: the question keeps waiting", engine, owner,
+                  exc_info=(type(exc), exc, exc.__traceback__))
+        raise ApplicationError(f"{FIT_FAILED.format(engine=engine, why=f'{type(exc).__name__}: {exc}')} "
+                               f"The question keeps waiting.", status=502, code=READER_FAILED,
+                               param="ugent_interaction_reply.value")
+    return done.value
+
+
 def option_match(text: str, options: list[dict], *, lang: str | None = None) -> dict | None:
     """The option a free-text reply picks ("the second one", a label, an alias), by the option matcher
-    engine; None when nothing fits."""
-    from plugins_app.agent.engines.registry import option_matcher
-    matcher = option_matcher()
-    labels = [_option_label(o) for o in options]
-    picked = matcher.match_option(text, labels, lang=lang)
-    if picked is not None and picked in labels:
-        return options[labels.index(picked)]
-    others = {}  # ids and aliases, for a reply that names an option by them
-    for o in options:
-        for name in [o["id"], *o.get("aliases", [])]:
-            others.setdefault(name, o)
-    picked = matcher.match_option(text, list(others), lang=lang)
-    return others.get(picked) if picked is not None else None
+    engine (UGENT_OPTION_MATCHER_ENGINE); None when nothing fits. Bounded (`_read_bounded`): 400
+    reply_does_not_fit when the matcher does not answer in time."""
+    from plugins_app.agent.engines.registry import BUILTIN_OPTION_MATCHER, option_matcher
+
+    def read() -> dict | None:
+        matcher = option_matcher()
+        labels = [_option_label(o) for o in options]
+        picked = matcher.match_option(text, labels, lang=lang)
+        if picked is not None and picked in labels:
+            return options[labels.index(picked)]
+        others = {}  # ids and aliases, for a reply that names an option by them
+        for o in options:
+            for name in [o["id"], *o.get("aliases", [])]:
+                others.setdefault(name, o)
+        picked = matcher.match_option(text, list(others), lang=lang)
+        return others.get(picked) if picked is not None else None
+    name = settings.UGENT_OPTION_MATCHER_ENGINE or BUILTIN_OPTION_MATCHER
+    return _read_bounded(read, engine=OPTION_MATCHER, owner=f"matcher:{name}")
 
 
 def yes_no(question_text: str, text: str, *, lang: str | None = None) -> bool | None:
-    from plugins_app.agent.engines.registry import yesno_engine
-    return yesno_engine().yes_or_no(question_text, text, lang=lang)
+    """True, False, or None (neither) for a reply to a yes/no question, by the yes/no engine
+    (UGENT_YESNO_ENGINE). Bounded as option_match is."""
+    from plugins_app.agent.engines.registry import BUILTIN_YESNO, yesno_engine
+    name = settings.UGENT_YESNO_ENGINE or BUILTIN_YESNO
+    return _read_bounded(lambda: yesno_engine().yes_or_no(question_text, text, lang=lang),
+                         engine=YESNO_ENGINE, owner=f"yesno:{name}")
 
 
 def _fit(question: Question, reply: dict) -> dict:
-    """The answer a submit stores, or 400 reply_does_not_fit (the question keeps waiting)."""
+    """The answer a submit stores, or 400 reply_does_not_fit (the question keeps waiting). It may ask the
+    option matcher or the yes/no engine (bounded): never call it inside a transaction (in embedded mode one
+    holds the single SQLite writer turn while the engine reads), see reply_fitted."""
     if question.kind in CHOICE_KINDS:
         questions = _choice_questions(question)
         by_id = {q["id"]: q for q in questions}
@@ -334,6 +386,32 @@ def _fit(question: Question, reply: dict) -> dict:
     return {"value": value}
 
 
+@dataclass(frozen=True)
+class FittedReply:
+    """A submit read against its question before the transaction that applies it (reply_fitted): the
+    answer to store, or the refusal that keeps the question waiting (400 reply_does_not_fit, or 502
+    reply_reader_failed when the engine reading it failed)."""
+
+    answer: dict | None = None
+    refusal: ApplicationError | None = None
+
+    def take(self) -> dict:
+        if self.refusal is not None:
+            raise self.refusal
+        return self.answer
+
+
+def reply_fitted(question: Question, reply: dict) -> FittedReply:
+    """`_fit` ahead of the transaction that applies the reply (question_reply's `fitted`): the engines it may
+    ask are plugins, and no plugin call is made inside a transaction."""
+    try:
+        return FittedReply(answer=_fit(question, reply))
+    except ApplicationError as exc:
+        if exc.code not in KEEPS_WAITING_CODES:
+            raise
+        return FittedReply(refusal=exc)
+
+
 def _question_for(*, actor: Actor, request_id: str, conversation: Conversation | None) -> Question:
     question = (Question.objects.select_related("turn", "turn__actor", "conversation")
                 .filter(request_id=request_id).first())
@@ -344,9 +422,30 @@ def _question_for(*, actor: Actor, request_id: str, conversation: Conversation |
     return question
 
 
+def _still_live(question: Question) -> None:
+    """The 409 of a question whose turn stopped or whose deadline passed (closed so by the reply); else nothing.
+    The conditional UPDATE that applies a reply checks the deadline again, not the turn: asked again after
+    an engine's read."""
+    turn = Turn.objects.filter(pk=question.turn_id).values("state", "cancel_requested").first()
+    if turn is None or turn["state"] not in (TurnState.ACCEPTED, TurnState.RUNNING) or turn["cancel_requested"]:
+        _close(question, QuestionState.CANCELLED, reason="its turn stopped")
+        question.refresh_from_db(fields=["state"])
+        raise _refused(question)
+    if question.timeout_at <= timezone.now():
+        _close(question, QuestionState.EXPIRED, reason="its deadline passed")
+        question.refresh_from_db(fields=["state"])
+        raise _refused(question)
+
+
 def question_reply(*, actor: Actor, reply: dict, content: str = "",
-                   conversation: Conversation | None = None, receipt=None) -> dict:
+                   conversation: Conversation | None = None, receipt=None,
+                   fitted: FittedReply | None = None) -> dict:
     """Apply a reply to the question it names, for the user it asked; never a turn.
+
+    A submit is read against the question (`_fit`: the option matcher, the yes/no engine, bounded) after
+    the checks below and before the transaction that applies it. `fitted`: that reading done already
+    (reply_fitted), for a caller that applies the reply inside a transaction of its own: no engine is asked
+    here then. Under the conditional UPDATE the question must still wait, whenever it was read.
 
     `receipt`: the reply's message receipt when it came with a client_message_id (services.ReplyReceipt):
     `receipt.check(question)` once the question is found to be the sender's, before anything else (a repeat
@@ -354,26 +453,22 @@ def question_reply(*, actor: Actor, reply: dict, content: str = "",
 
     Raises ApplicationError: 404 (not theirs, or no such question), 409 (it no longer waits: the
     seed's words for how it stands; or a repeat of a message), 400 (it does not fit: the question keeps
-    waiting)."""
+    waiting), 502 (the engine reading it failed: the question keeps waiting)."""
     question = _question_for(actor=actor, request_id=reply.get("request_id", ""), conversation=conversation)
     if receipt is not None:
         receipt.check(question)
     if question.state != QuestionState.WAITING:
         raise _refused(question)
-    turn = Turn.objects.filter(pk=question.turn_id).values("state", "cancel_requested").first()
-    if turn is None or turn["state"] not in (TurnState.ACCEPTED, TurnState.RUNNING) or turn["cancel_requested"]:
-        _close(question, QuestionState.CANCELLED, reason="its turn stopped")
-        question.refresh_from_db(fields=["state"])
-        raise _refused(question)
-    now = timezone.now()
-    if question.timeout_at <= now:
-        _close(question, QuestionState.EXPIRED, reason="its deadline passed")
-        question.refresh_from_db(fields=["state"])
-        raise _refused(question)
+    _still_live(question)
     if reply.get("action") == "abort":
         state, answer = QuestionState.ABORTED, {}
+    elif fitted is not None:
+        state, answer = QuestionState.ANSWERED, fitted.take()
     else:
         state, answer = QuestionState.ANSWERED, _fit(question, reply)
+        # the engine may have read for seconds: its turn may have ended, its deadline passed meanwhile
+        _still_live(question)
+    now = timezone.now()
     with transaction.atomic():
         if receipt is not None:  # first: of two copies of one message, the second waits here and is a repeat
             receipt.record(question)
@@ -528,33 +623,37 @@ def _channel_question(*, actor: Actor, conversation: Conversation, text: str,
     return question, None, True
 
 
-def _channel_apply(*, question: Question, actor: Actor, conversation: Conversation, text: str,
-                   number: int | None) -> tuple[str, str, str]:
+def _channel_reply(question: Question, text: str, number: int | None) -> tuple[dict, str]:
+    """The submit a channel message makes to `question`, and the content kept of it (a press: its label)."""
     if number is None:
-        reply, content = _text_reply(question, text), text
+        return _text_reply(question, text), text
+    options = question_channel_options(question)
+    if not 1 <= number <= len(options):
+        return {"request_id": question.request_id, "action": "submit", "value": ""}, ""
+    picked = options[number - 1]
+    reply = {"request_id": question.request_id, "action": "submit"}
+    if question.kind == QuestionKind.CONFIRM:
+        reply["value"] = picked["id"]
     else:
-        options = question_channel_options(question)
-        if not 1 <= number <= len(options):
-            reply, content = {"request_id": question.request_id, "action": "submit", "value": ""}, ""
-        else:
-            picked = options[number - 1]
-            content = picked["label"]
-            reply = {"request_id": question.request_id, "action": "submit"}
-            if question.kind == QuestionKind.CONFIRM:
-                reply["value"] = picked["id"]
-            else:
-                reply["answers"] = [{"question_id": question.spec["id"], "option_id": picked["id"]}]
+        reply["answers"] = [{"question_id": question.spec["id"], "option_id": picked["id"]}]
+    return reply, picked["label"]
+
+
+def _channel_apply(*, question: Question, actor: Actor, conversation: Conversation, reply: dict, content: str,
+                   fitted: FittedReply | None) -> tuple[str, str, str]:
     try:
-        result = question_reply(actor=actor, conversation=conversation, reply=reply, content=content)
+        result = question_reply(actor=actor, conversation=conversation, reply=reply, content=content,
+                                fitted=fitted)
     except ApplicationError as exc:
-        if exc.code == "reply_does_not_fit":
+        if exc.code in KEEPS_WAITING_CODES:  # (an engine that failed reading it: as one that did not answer)
             return "does_not_fit", QuestionState.WAITING, question_channel_hint(question)
         return "refused", (exc.extra or {}).get("state", ""), exc.message
     return "applied", result["state"], ""
 
 
 def question_reply_from_channel(*, actor: Actor, conversation: Conversation | None, client_message_id: str,
-                                content_hash: str, text: str, option: str | None = None) -> ChannelReply | None:
+                                content_hash: str, text: str, option: str | None = None,
+                                on_taken: Callable[[ChannelReply], None] | None = None) -> ChannelReply | None:
     """A chat channel's inbound message as the reply to the question waiting for its sender; None when it
     is no reply (nothing waits, a slash command, a repeat of a message already received), and the
     message goes on as a message.
@@ -563,12 +662,25 @@ def question_reply_from_channel(*, actor: Actor, conversation: Conversation | No
     (a button by its option number, text by the option matcher or the yes/no engine), and otherwise
     is refused with how the question stands, or a hint when it does not fit (the question keeps
     waiting). Its receipt is recorded in the same transaction, first: of two copies of one message
-    the second finds it and goes on as the duplicate it is."""
+    the second finds it and goes on as the duplicate it is. `on_taken(reply)` runs inside that
+    transaction (a channel's notice commits with the reply).
+
+    The text is read against the question (the engines are plugins, bounded: one that does not answer in
+    time is a reply that does not fit) before that transaction opens, never inside it: in embedded mode
+    a transaction holds the one SQLite writer turn, and every write in the daemon would wait on the
+    engine. Must not be called inside a transaction for the same reason."""
     if conversation is None:
         return None
     question, number, is_reply = _channel_question(actor=actor, conversation=conversation, text=text, option=option)
     if not is_reply:
         return None
+    if statements.receipt_exists(conversation.pk, client_message_id):
+        return None  # a copy of this message came first: no engine reads it again
+    reply, content, fitted = {}, "", None
+    if question is not None:
+        reply, content = _channel_reply(question, text, number)
+        if question.state == QuestionState.WAITING:  # (a question that no longer waits never does again)
+            fitted = reply_fitted(question, reply)
     now = timezone.now()
     with transaction.atomic():
         try:
@@ -582,14 +694,17 @@ def question_reply_from_channel(*, actor: Actor, conversation: Conversation | No
         else:
             request_id = question.request_id
             outcome, state, notice = _channel_apply(question=question, actor=actor, conversation=conversation,
-                                                    text=text, number=number)
+                                                    reply=reply, content=content, fitted=fitted)
         Receipt.objects.filter(pk=receipt.pk).update(
             state=ReceiptState.COMPLETED if outcome == "applied" else ReceiptState.REFUSED,
             answer=notice, reason=f"a reply to question {request_id or '-'}: {outcome}",
             finished_at=timezone.now(), updated_at=timezone.now())
+        taken = ChannelReply(request_id=request_id, outcome=outcome, state=state, notice=notice)
+        if on_taken is not None:
+            on_taken(taken)
     log.info("channel reply (question=%s, message=%s, outcome=%s, state=%s)", request_id or "-",
              client_message_id, outcome, state)
-    return ChannelReply(request_id=request_id, outcome=outcome, state=state, notice=notice)
+    return taken
 
 
 # --- the ask_user tool ---------------------------------------------------------------------------

@@ -175,7 +175,9 @@ def turn_end(*, turn: Turn, state: str, answer: str = "", reason: str = "", code
     if end.event == "turn.failed":
         turn_fields["error"] = reason or end.reason
     if state == TurnState.COMPLETED:
-        # Before the transaction: an NLI engine's seconds hold no lock (channels_app.citations).
+        # Before this function's transaction, so an NLI engine's seconds hold no lock; a turn ended inside a
+        # transaction of its caller's (a hook's answer, in the message's) gets the lexical check alone
+        # (channels_app.citations).
         citations = citations_mod.citations_verify(requested=list(turn.citation_ids or []), claimed=citations,
                                                    answer=answer, prompt=(turn.context or {}).get("text", ""))
         receipt_fields["citations"] = citations
@@ -479,10 +481,13 @@ class TurnRun:
     def compact_first(self) -> bool:
         """Compact the conversation when the history the engine would see passes the profile's budget
         (channels_app.compaction). It runs to its end: no stop check happens while it runs, and a stop
-        that came meanwhile is seen at the first check after it. True when it hid messages."""
+        that came meanwhile is seen at the first check after it. Its summariser is given
+        UGENT_COMMAND_ENGINE_TIMEOUT, and never more than the turn has left: one that does not answer by
+        then fails the compaction, not the turn. True when it hid messages."""
         if self.cancelled or not compaction.compaction_due(turn=self.turn, messages=self.messages):
             return False
-        done = compaction.turn_compact(turn=self.turn)
+        left = self.deadline - time.monotonic()
+        done = compaction.turn_compact(turn=self.turn, timeout=min(settings.UGENT_COMMAND_ENGINE_TIMEOUT, left))
         self.last_check = 0.0  # it may have taken a while: the next check looks for a stop at once
         return done.compacted
 

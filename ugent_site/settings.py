@@ -232,6 +232,8 @@ UGENT_TURN_SWEEP_SECONDS = env.int("UGENT_TURN_SWEEP_SECONDS", default=5)
 UGENT_TURN_RUN_LIMIT = env.float("UGENT_TURN_RUN_LIMIT", default=CELERY_TASK_SOFT_TIME_LIMIT)
 # A turn thread stuck in an engine past that limit is written off and replaced (channels_app.dispatch.TurnThreads),
 # at most this many per process: each holds its memory and a database connection until the process restarts.
+# Also the calls of one plugin engine (an asked engine, a summariser, a reply reader, an NLI engine) left running
+# past their time limit at which that engine is not asked again until they end (ugent_common.bounded).
 UGENT_TURN_STUCK_MAX = env.int("UGENT_TURN_STUCK_MAX", default=16)
 # Seconds an in-process plugin (a chat engine, summariser, matcher, NLI engine) may take to start: its constructor
 # runs on a thread of its own, and one past this is refused for a while (plugins_app.agent.engines.registry).
@@ -242,6 +244,9 @@ UGENT_QUESTION_MAX_TIMEOUT = env.float("UGENT_QUESTION_MAX_TIMEOUT", default=300
 UGENT_QUESTION_DEFAULT_TIMEOUT = env.float("UGENT_QUESTION_DEFAULT_TIMEOUT", default=120)
 UGENT_OPTION_MATCHER_ENGINE = env("UGENT_OPTION_MATCHER_ENGINE", default="ugent-option-matcher")
 UGENT_YESNO_ENGINE = env("UGENT_YESNO_ENGINE", default="ugent-yesno")
+# Seconds one of those engines may take to read a reply; later, the reply does not fit. Below the channel SDK's
+# 10 s call timeout, so a worker's inbound.submit is answered before it gives up on it.
+UGENT_QUESTION_FIT_TIMEOUT = env.float("UGENT_QUESTION_FIT_TIMEOUT", default=5.0)
 # An accepted turn not started within this many seconds is abandoned, never run late.
 UGENT_TURN_QUEUE_TIMEOUT = env.float("UGENT_TURN_QUEUE_TIMEOUT", default=900)
 # An accepted turn older than this, with the broker's queue empty, lost its task: it is dispatched again.
@@ -266,7 +271,8 @@ UGENT_DEFAULT_MODEL = env("UGENT_DEFAULT_MODEL", default="")
 # relative ones from the workspace; none by default: the workspace toolboxes read only), and network.
 UGENT_SANDBOX_WRITABLE = env.list("UGENT_SANDBOX_WRITABLE", default=[])
 UGENT_SANDBOX_NETWORK = env.bool("UGENT_SANDBOX_NETWORK", default=False)
-# /btw and /refine ask the engine directly, in the request: at most this many seconds.
+# /btw and /refine ask the engine directly, in the request: at most this many seconds (and a compaction its
+# summariser: channels_app.compaction).
 UGENT_COMMAND_ENGINE_TIMEOUT = env.float("UGENT_COMMAND_ENGINE_TIMEOUT", default=60.0)
 # The tool loop (docs/tools.md): tool steps a turn may take, seconds one tool call may run, and how
 # deep delegated tasks go (1: a turn delegates, its task does not).
@@ -276,6 +282,9 @@ UGENT_TOOL_TIMEOUT_SECONDS = env.float("UGENT_TOOL_TIMEOUT_SECONDS", default=30.
 # at once until they end (channels_app.tools._run_in_thread).
 UGENT_TOOL_OVERRUN_MAX = env.int("UGENT_TOOL_OVERRUN_MAX", default=8)
 UGENT_TOOL_DELEGATION_DEPTH = env.int("UGENT_TOOL_DELEGATION_DEPTH", default=1)
+# Seconds the citations' NLI engine ([citations] nli_engine) may take to check a completed turn's answer;
+# later the lexical check decides (channels_app.citations).
+UGENT_CITATIONS_NLI_TIMEOUT = env.float("UGENT_CITATIONS_NLI_TIMEOUT", default=30.0)
 # The most bytes (as JSON) one tool result may be: it is stored, streamed and sent to the model whole, so a
 # larger one is answered to the engine as an error that says so (docs/tools.md).
 UGENT_TOOL_RESULT_MAX_BYTES = env.int("UGENT_TOOL_RESULT_MAX_BYTES", default=512 * 1024)

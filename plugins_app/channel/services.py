@@ -275,8 +275,10 @@ def command_answer_fill(*, delivery_id: str, name: str, args: str, actor_id: int
 
 def _question_reply_take(*, plugin: Plugin, actor, message, content_hash: str):
     """The message as the reply to the question waiting for its sender (a button press names it by the
-    option's ``value``, sent back as ``metadata["option"]``), its notice queued in the same transaction;
-    None when it is no reply and goes on as a message."""
+    option's ``value``, sent back as ``metadata["option"]``), its notice queued in the transaction that
+    records the reply; None when it is no reply and goes on as a message. No transaction is open here:
+    the reply is read by the option matcher or the yes/no engine (plugins, bounded) before
+    ``question_reply_from_channel`` opens its own."""
     from channels_app.models import Conversation
     from channels_app.questions import question_reply_from_channel
     conversation = Conversation.objects.filter(channel=plugin.channel, client_id=plugin.plugin_id,
@@ -284,16 +286,16 @@ def _question_reply_take(*, plugin: Plugin, actor, message, content_hash: str):
     if conversation is None:
         return None
     option = (message.metadata or {}).get("option")
-    with transaction.atomic():
-        taken = question_reply_from_channel(actor=actor, conversation=conversation,
-                                            client_message_id=message.message_id, content_hash=content_hash,
-                                            text=message.text or "", option=option if isinstance(option, str) else None)
-        if taken is not None and taken.notice:
+
+    def notice(taken) -> None:
+        if taken.notice:
             delivery_enqueue(plugin=plugin, conversation=conversation, text=taken.notice,
                              reply_to_message_id=message.message_id,
                              metadata={"kind": "question_notice", "request_id": taken.request_id,
                                        "reply": taken.outcome, "question_state": taken.state})
-    return taken
+    return question_reply_from_channel(actor=actor, conversation=conversation, client_message_id=message.message_id,
+                                       content_hash=content_hash, text=message.text or "",
+                                       option=option if isinstance(option, str) else None, on_taken=notice)
 
 
 # --- outbound -----------------------------------------------------------------------------

@@ -11,10 +11,11 @@ import pytest
 from django.test import Client
 from ovos_plugin_manager.templates.agents import NaturalLanguageInferenceEngine
 
-from channels_app import citations
+from channels_app import citations, hooks
 from channels_app.models import Receipt
 from plugins_app.agent.engines import registry
 from plugins_app.agent.engines.nli import LexicalOverlapNLI
+from tests.support import blocking
 from tests.support.http import body_bytes, parse_sse
 from ugent_common import config
 
@@ -134,6 +135,38 @@ def test_a_failing_or_missing_engine_leaves_the_lexical_check_deciding(tcast, to
     toml_config(section)
     assert turn_citations(tcast.alice, "The Eiffel Tower stands in Paris, see ev-2.") == ["ev-2"]
     assert Receipt.objects.filter(state="completed").count() == 1
+
+
+# --- an NLI engine that never returns, and a hook's answer ----------------------------------------
+
+def test_an_nli_engine_that_never_returns_leaves_the_lexical_check_deciding_in_time(tcast, toml_config, settings):
+    # It was asked unbounded at the turn's end: one that never returned kept the turn from ending.
+    settings.UGENT_CITATIONS_NLI_TIMEOUT = 0.5
+    settings.UGENT_TURN_STUCK_MAX = 1
+    with blocking.blocked_engine(blocking.BlockedNLI, "test-blocked-nli") as gate:
+        toml_config('[citations]\nnli_engine = "test-blocked-nli"\n')
+        answer = "The Eiffel Tower stands in Paris, see ev-2."
+        assert blocking.within(lambda: turn_citations(tcast.alice, answer), gate) == ["ev-2"]
+        assert gate.calls == 1
+        # while that check runs past its limit, the engine is not asked again (UGENT_TURN_STUCK_MAX)
+        assert blocking.within(lambda: turn_citations(tcast.alice, answer), gate) == ["ev-2"]
+        assert gate.calls == 1
+
+
+def test_a_hooks_answer_is_checked_lexically_the_nli_engine_never_asked_inside_the_messages_transaction(
+        tcast, toml_config):
+    # A hook's answer ends its turn inside message_submit's transaction (in embedded mode: the one SQLite
+    # writer turn), and the NLI engine was asked there.
+    toml_config('[citations]\nnli_engine = "scripted-nli"\n[citations.nli_config]\nwhen = "Eiffel"\n')
+    hooks.register("test-answer", 1, lambda ctx: hooks.HookStop(
+        answer="A hook answers: see ev-2.", state="completed", reason="test", decided_by="test"))
+    try:
+        resp = chat(tcast.alice, "anything" + EVIDENCE, ugent_citation_ids=["ev-1", "ev-2"])
+    finally:
+        hooks.unregister("test-answer")
+    assert resp.status_code == 200, resp.content
+    assert Receipt.objects.get(turn__turn_id=resp.json()["ugent_turn_id"]).citations == ["ev-2"]
+    assert ScriptedNLI.calls == []
 
 
 # --- the parts ------------------------------------------------------------------------------------

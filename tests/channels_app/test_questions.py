@@ -22,6 +22,7 @@ from channels_app.models import Event, Message, Question, Receipt, Turn
 from channels_app.statements import turn_fetch
 from channels_app.streams import activity_q
 from tests.streams.conftest import get, post, read_frames, threaded_turns, wait_for  # noqa: F401 (a fixture)
+from tests.support import blocking
 from tests.support.http import chat
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -177,6 +178,105 @@ def test_a_confirm_question_takes_a_json_boolean(tcast, alice_turn):
     asker = Asker(alice_turn, {"kind": "confirm", "prompt": "Deploy?"})
     assert reply(tcast.alice, asker.question.request_id, action="submit", value=False).status_code == 200
     assert asker.done().value is False
+
+
+@pytest.mark.parametrize("kind, reader", [("choice", "option matcher"), ("confirm", "yes/no engine")])
+def test_a_reply_reader_that_never_returns_is_a_400_that_does_not_fit_and_the_question_keeps_waiting(
+        tcast, alice_turn, settings, kind, reader):
+    # The API's reply read the option matcher / yes/no engine on the web loop's executor, unbounded: one that
+    # hung kept that thread (and the request) for ever.
+    settings.UGENT_QUESTION_FIT_TIMEOUT = 0.5
+    settings.UGENT_TURN_STUCK_MAX = 1
+    spec = CHOICE if kind == "choice" else {"kind": "confirm", "prompt": "Deploy?"}
+    engine, name = ((blocking.BlockedOptionMatcher, "UGENT_OPTION_MATCHER_ENGINE") if kind == "choice"
+                    else (blocking.BlockedYesNo, "UGENT_YESNO_ENGINE"))
+    setattr(settings, name, "test-blocked-reader")
+    with blocking.blocked_engine(engine, "test-blocked-reader") as gate:
+        asker = Asker(alice_turn, spec)
+        rid = asker.question.request_id
+        before = Event.objects.count()
+        resp = blocking.within(lambda: reply(tcast.alice, rid, action="submit", value="the second one"), gate)
+        assert resp.status_code == 400 and error_of(resp)["code"] == "reply_does_not_fit", resp.content
+        assert error_of(resp)["message"] == (f"The {reader} did not read the reply within 0.5 s. "
+                                             "The question keeps waiting.")
+        assert Question.objects.get(request_id=rid).state == "waiting" and Event.objects.count() == before
+        # while that read runs past its limit, the engine is not asked again (UGENT_TURN_STUCK_MAX)
+        resp = blocking.within(lambda: reply(tcast.alice, rid, action="submit", value="yes"), gate)
+        assert error_of(resp)["message"] == (f"1 earlier replies are still being read by the {reader} past its "
+                                             "time limit: it is not asked again until they end. The question "
+                                             "keeps waiting.")
+        assert gate.calls == 1
+        gate.release.set()  # the hung read comes back: the engine is asked again
+        blocking.wait_no_overrun("")
+        assert reply(tcast.alice, rid, action="submit", value="the second one").status_code == 200
+        result = asker.done()
+        assert result.answers == {"priority": "high"} if kind == "choice" else result.value is True
+
+
+@pytest.mark.parametrize("kind, reader", [("choice", "option matcher"), ("confirm", "yes/no engine")])
+def test_a_reply_reader_that_raises_is_a_502_that_writes_nothing_and_the_question_keeps_waiting(
+        tcast, alice_turn, settings, kind, reader):
+    # The engine's exception went up through the chat view: a 500 (Internal Server Error), where every other
+    # engine failure the API reports is an error object (the turn's upstream failures are 502s).
+    spec = CHOICE if kind == "choice" else {"kind": "confirm", "prompt": "Deploy?"}
+    engine, name = ((blocking.FailingOptionMatcher, "UGENT_OPTION_MATCHER_ENGINE") if kind == "choice"
+                    else (blocking.FailingYesNo, "UGENT_YESNO_ENGINE"))
+    setattr(settings, name, "test-failing-reader")
+    with blocking.blocked_engine(engine, "test-failing-reader"):
+        asker = Asker(alice_turn, spec)
+        rid = asker.question.request_id
+        before = Event.objects.count()
+        resp = reply(tcast.alice, rid, "yes", client_message_id="r-1", action="submit", value="yes")
+        assert resp.status_code == 502, resp.content
+        broke = "the matcher broke" if kind == "choice" else "the yes/no engine broke"
+        assert error_of(resp) == {
+            "message": f"The {reader} failed reading the reply (RuntimeError: {broke}). The question keeps waiting.",
+            "type": "api_error", "code": "reply_reader_failed", "param": "ugent_interaction_reply.value"}
+        assert Question.objects.get(request_id=rid).state == "waiting" and Event.objects.count() == before
+        assert not Receipt.objects.filter(client_message_id="r-1").exists()
+        assert not Message.objects.filter(turn=alice_turn, content="yes").exists()
+    # an answer that needs no engine still applies
+    answer = ({"answers": [{"question_id": "priority", "option_id": "low"}]} if kind == "choice"
+              else {"value": True})
+    assert reply(tcast.alice, rid, action="submit", **answer).status_code == 200
+    asker.done()
+
+
+@pytest.mark.parametrize("meanwhile, state", [("the turn stops", "cancelled"), ("the deadline passes", "expired")])
+def test_a_reply_is_refused_when_its_turn_stops_or_its_deadline_passes_while_the_engine_reads_it(
+        tcast, alice_turn, settings, meanwhile, state):
+    # The turn and the deadline were checked before the option matcher read the reply, and not after it: a reply
+    # read for seconds was applied to a question whose turn had ended meanwhile (interaction.resolved after the
+    # turn's turn.cancelled) or past its deadline (the UPDATE's "now" was taken before the read).
+    settings.UGENT_OPTION_MATCHER_ENGINE = "test-blocked-reader"
+    settings.UGENT_QUESTION_FIT_TIMEOUT = blocking.BOUND
+    with blocking.blocked_engine(blocking.BlockedOptionMatcher, "test-blocked-reader") as gate:
+        question = questions.question_open(turn=turn_fetch(alice_turn.pk), spec=CHOICE, timeout_s=60)
+        out = {}
+
+        def send():
+            try:
+                out["resp"] = reply(tcast.alice, question.request_id, "the second one", action="submit",
+                                    value="the second one")
+            finally:
+                connection.close()
+        replying = threading.Thread(target=send)
+        replying.start()
+        assert gate.entered.wait(10)
+        if state == "cancelled":
+            post("/v1/ugent/stop", tcast.alice, conversation_id="ca")
+            wait_for(lambda: Turn.objects.filter(pk=alice_turn.pk, finished_at__isnull=False).exists(), timeout=30)
+        else:
+            deadline = timezone.now()
+            Question.objects.filter(pk=question.pk).update(timeout_at=deadline)
+            wait_for(lambda: timezone.now() > deadline)
+        gate.release.set()
+        replying.join(blocking.BOUND + 5)
+    resp = out["resp"]
+    assert resp.status_code == 409 and error_of(resp)["code"] == f"question_{state}", resp.content
+    assert Question.objects.get(pk=question.pk).state == state
+    assert not Message.objects.filter(content="the second one").exists()
+    assert not Event.objects.filter(type="interaction.resolved", data__state="answered").exists()
 
 
 # --- what does not fit keeps it waiting ------------------------------------------------------------

@@ -170,6 +170,29 @@ def test_until_its_task_answers_the_delivery_is_held_and_a_late_or_second_run_ch
     assert late.text == services.COMMAND_NOT_ANSWERED
 
 
+def test_compress_with_a_summariser_that_never_returns_answers_in_time_from_its_task(tcast, settings):
+    # The task asked the summariser on the Celery worker's thread, unbounded: one that never returned kept
+    # that thread for ever, and the chat got the placeholder only when the hold ran out.
+    from channels_app.services import channel_actor_resolve, conversation_resolve
+    from tests.support import blocking
+    settings.UGENT_COMPACT_KEEP_EXCHANGES = 1
+    settings.UGENT_COMMAND_ENGINE_TIMEOUT = 0.5
+    plugin = make_plugin(PID, allow_remote_control=["echo:42"])
+    actor = channel_actor_resolve(channel="echo", user_id="42")
+    conv, _ = conversation_resolve(channel="echo", client_id=plugin.plugin_id, external_id="chat-1", actor=actor,
+                                   caller=None)
+    for i in range(3):
+        Message.objects.create(conversation=conv, role="user", content=f"question {i}", actor=actor)
+        Message.objects.create(conversation=conv, role="assistant", content=f"answer {i}")
+    with blocking.blocked_summarizer("test-blocked") as gate:
+        AgentProfile.objects.filter(pk=tcast.profile.pk).update(summarizer_engine="test-blocked")
+        blocking.within(lambda: say("m-1", "/compress"), gate)  # (Celery is eager: the task runs at the commit)
+        [d] = answers()
+        assert d.text == "Compacting the conversation failed; the agent's log says why." and d.not_before is None
+        assert d.payload["metadata"]["ok"] is False and gate.calls == 1
+        assert not Message.objects.filter(hidden=True).exists()
+
+
 @pytest.mark.parametrize("text", ["/start", "/etc/hosts is empty, why?", "/ model", "hello /model", "/"])
 def test_text_that_is_no_command_here_goes_to_the_model(tcast, text):
     make_plugin(PID, allow_remote_control=["*"])

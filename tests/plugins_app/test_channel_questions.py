@@ -24,6 +24,7 @@ from plugins_app.channel import services
 from plugins_app.channel.models import OutboundDelivery
 from plugins_app.channel.sdk import InboundMessage
 from tests.plugins_app.conftest import make_plugin
+from tests.support import blocking
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -256,3 +257,149 @@ def test_a_plain_message_after_the_answer_is_a_message(plugin):
     out = say("m-2", "script:answer=next")  # queued behind the turn, as any message is
     assert "question" not in out and Turn.objects.count() == 2
     assert Question.objects.get(pk=q.pk).answer == {"answers": {"priority": "low"}}
+
+
+# --- a reply reader that never returns (the option matcher, the yes/no engine: plugins) -------------------
+
+@pytest.fixture
+def hung_matcher(settings):
+    settings.UGENT_OPTION_MATCHER_ENGINE = "test-blocked-matcher"
+    with blocking.blocked_engine(blocking.BlockedOptionMatcher, "test-blocked-matcher") as gate:
+        yield gate
+
+
+def test_while_the_matcher_reads_a_reply_no_transaction_is_open_and_other_writes_go_on(plugin, settings,
+                                                                                       hung_matcher):
+    # The reply was read inside the transaction that records it: in embedded mode that transaction holds the
+    # one SQLite writer turn, so every write in the daemon (here: another chat's question) waited on the matcher.
+    settings.UGENT_QUESTION_FIT_TIMEOUT = blocking.BOUND
+    q = questions.question_open(turn=running_turn(), spec=CHOICE, timeout_s=60)
+    other = running_turn(chat="chat-2")
+    out = {}
+    replying = threading.Thread(target=lambda: (out.update(say("m-2", "the second one")), connection.close()))
+    replying.start()
+    try:
+        assert hung_matcher.entered.wait(10)
+        blocking.within(lambda: questions.question_open(turn=other, spec=CHOICE, timeout_s=60), hung_matcher)
+    finally:
+        hung_matcher.release.set()
+        replying.join(blocking.BOUND + 5)
+    assert out["reply"] == "applied"  # let go, the matcher picked the last option
+    assert Question.objects.get(pk=q.pk).answer == {"answers": {"priority": "high"}}
+
+
+def test_a_matcher_that_never_returns_is_a_reply_that_does_not_fit_and_writes_nothing_of_it(plugin, settings,
+                                                                                          hung_matcher):
+    # It kept the bridge's lane (the worker's inbound.submit) for as long as it hung.
+    settings.UGENT_QUESTION_FIT_TIMEOUT = 0.5
+    settings.UGENT_TURN_STUCK_MAX = 1
+    q = questions.question_open(turn=running_turn(), spec=CHOICE, timeout_s=60)
+    hint = "That does not answer the question: reply with one of 1. Low, 2. High. The question keeps waiting."
+    out = blocking.within(lambda: say("m-2", "the second one"), hung_matcher)
+    assert out == {"accepted": True, "duplicate": False, "question": q.request_id, "reply": "does_not_fit",
+                   "question_state": "waiting"}
+    assert Question.objects.get(pk=q.pk).state == "waiting" and notices() == [hint]
+    assert Receipt.objects.get(client_message_id="m-2").state == "refused"
+    assert not Message.objects.filter(content="the second one").exists() and Turn.objects.count() == 1
+    # its read still runs: at UGENT_TURN_STUCK_MAX such reads the matcher is not asked again until they end
+    assert blocking.within(lambda: say("m-3", "low"), hung_matcher)["reply"] == "does_not_fit"
+    assert hung_matcher.calls == 1 and notices() == [hint, hint]
+    # a button press needs no matcher
+    assert say("m-4", "", option=f"{q.request_id}:1")["reply"] == "applied"
+    assert Question.objects.get(pk=q.pk).answer == {"answers": {"priority": "low"}}
+
+
+def test_a_yes_no_engine_that_never_returns_leaves_the_confirm_waiting(plugin, settings):
+    settings.UGENT_QUESTION_FIT_TIMEOUT = 0.5
+    settings.UGENT_YESNO_ENGINE = "test-blocked-yesno"
+    with blocking.blocked_engine(blocking.BlockedYesNo, "test-blocked-yesno") as gate:
+        q = questions.question_open(turn=running_turn(), spec={"kind": "confirm", "prompt": "Deploy now?"},
+                                    timeout_s=60)
+        out = blocking.within(lambda: say("m-2", "yes please"), gate)
+        assert out["reply"] == "does_not_fit" and gate.calls == 1
+        assert notices() == ["That does not answer the question: reply yes or no. The question keeps waiting."]
+        assert Question.objects.get(pk=q.pk).state == "waiting"
+
+
+def test_a_matcher_that_raises_is_a_reply_that_does_not_fit_and_holds_nothing(plugin, settings):
+    # The engine's exception went up through inbound.submit: the worker got -32603 and sent the message again and
+    # again (HOLD_ATTEMPTS), holding its chat's later messages behind it, and the sender was told nothing.
+    settings.UGENT_OPTION_MATCHER_ENGINE = "test-failing-matcher"
+    with blocking.blocked_engine(blocking.FailingOptionMatcher, "test-failing-matcher"):
+        q = questions.question_open(turn=running_turn(), spec=CHOICE, timeout_s=60)
+        out = say("m-2", "the second one")
+    assert out == {"accepted": True, "duplicate": False, "question": q.request_id, "reply": "does_not_fit",
+                   "question_state": "waiting"}
+    assert notices() == ["That does not answer the question: reply with one of 1. Low, 2. High. "
+                         "The question keeps waiting."]
+    assert Receipt.objects.get(client_message_id="m-2").state == "refused"
+    assert Question.objects.get(pk=q.pk).state == "waiting" and Turn.objects.count() == 1
+    assert say("m-2", "the second one")["duplicate"] is True  # a resend is the duplicate it is
+
+
+# --- what changes while the matcher reads (outside the transaction that applies the reply) ----------------
+
+def _in_background(fn):
+    """fn() on a thread of its own; the returned join() gives its value (or raises what it raised)."""
+    box = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - raised again by join()
+            box["error"] = exc
+        finally:
+            connection.close()
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+
+    def join():
+        thread.join(blocking.BOUND + 5)
+        assert not thread.is_alive()
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+    return join
+
+
+@pytest.mark.parametrize("meanwhile", ["answered", "expired", "cancelled"])
+def test_a_question_that_stopped_waiting_while_the_matcher_read_is_refused_as_it_stands(plugin, settings,
+                                                                                       hung_matcher, meanwhile):
+    settings.UGENT_QUESTION_FIT_TIMEOUT = blocking.BOUND
+    turn = running_turn()
+    q = questions.question_open(turn=turn, spec=CHOICE, timeout_s=60)
+    join = _in_background(lambda: say("m-2", "the second one"))
+    assert hung_matcher.entered.wait(10)
+    if meanwhile == "answered":
+        assert say("m-3", "", option=f"{q.request_id}:1")["reply"] == "applied"  # a press needs no matcher
+    elif meanwhile == "expired":
+        Question.objects.filter(pk=q.pk).update(timeout_at=timezone.now() - timedelta(seconds=1))
+    else:
+        Turn.objects.filter(pk=turn.pk).update(cancel_requested=True)
+    hung_matcher.release.set()
+    out = join()
+    assert out["reply"] == "refused" and out["question_state"] == meanwhile, out
+    assert Receipt.objects.get(client_message_id="m-2").state == "refused"
+    assert not Message.objects.filter(content="the second one").exists() and Turn.objects.count() == 1
+    assert notices()[-1] == questions.REFUSALS[meanwhile][0]
+    assert Question.objects.get(pk=q.pk).answer == ({"answers": {"priority": "low"}} if meanwhile == "answered"
+                                                    else {})
+
+
+@pytest.mark.parametrize("ids", [("m-2", "m-2"), ("m-2", "m-3")], ids=["two copies", "two messages"])
+def test_two_replies_read_by_the_matcher_at_once_apply_once(plugin, settings, hung_matcher, ids):
+    settings.UGENT_QUESTION_FIT_TIMEOUT = blocking.BOUND
+    q = questions.question_open(turn=running_turn(), spec=CHOICE, timeout_s=60)
+    joins = [_in_background(lambda mid=mid: say(mid, "the second one")) for mid in ids]
+    blocking.wait_calls(hung_matcher, 2)  # both read before either applies
+    hung_matcher.release.set()
+    outs = [join() for join in joins]
+    assert sorted(str(o.get("reply")) for o in outs) == (["None", "applied"] if ids[0] == ids[1]
+                                                         else ["applied", "refused"]), outs
+    if ids[0] == ids[1]:
+        assert [o["duplicate"] for o in outs].count(True) == 1 and notices() == []
+    else:
+        assert notices() == [questions.ALREADY_ANSWERED]
+    assert Receipt.objects.filter(client_message_id__in=ids).count() == len(set(ids))
+    assert Message.objects.filter(content="the second one").count() == 1 and Turn.objects.count() == 1
+    assert Question.objects.get(pk=q.pk).answer == {"answers": {"priority": "high"}}

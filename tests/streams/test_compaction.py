@@ -19,7 +19,7 @@ from plugins_app.agent.models import AgentProfile
 from tests.fakes.upstream import Script, run_stub_upstream
 from tests.streams.conftest import get, post, stream, wait_for
 from tests.support.http import chat
-from tests.support import scripted
+from tests.support import blocking, scripted
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -303,6 +303,42 @@ def test_a_failing_summariser_hides_nothing_and_says_so(tcast, settings):
     talk(tcast.alice, 1, start=3)
     assert not Message.objects.filter(hidden=True).exists()
     assert Turn.objects.order_by("-id").first().state == "completed"
+
+
+def test_a_summariser_that_never_returns_fails_the_compaction_in_time_and_holds_no_thread(tcast, settings):
+    # It was asked on the request's thread (the API's for /compress, a turn's for the automatic compaction),
+    # unbounded: one that never returned kept that thread for ever.
+    settings.UGENT_COMPACT_KEEP_EXCHANGES = 1
+    settings.UGENT_COMMAND_ENGINE_TIMEOUT = 0.5
+    settings.UGENT_TURN_STUCK_MAX = 1
+    talk(tcast.alice, 3)
+    with blocking.blocked_summarizer("test-blocked") as gate:
+        set_profile(tcast.profile, summarizer_engine="test-blocked")
+        body = blocking.within(lambda: compress(tcast.alice).json(), gate)
+        assert body["ok"] is False and body["changed"] is False
+        assert body["text"] == "Compacting the conversation failed; the agent's log says why."
+        assert body["data"]["error"] == "The summariser 'test-blocked' did not answer within 0.5 s."
+        assert not Message.objects.filter(hidden=True).exists()
+        # while that summary runs past its limit, the summariser is not asked again (UGENT_TURN_STUCK_MAX)
+        body = blocking.within(lambda: compress(tcast.alice).json(), gate)
+        assert body["data"]["error"] == ("1 earlier summaries by the summariser 'test-blocked' are still running "
+                                         "past their time limit: it is not asked again until they end.")
+        assert gate.calls == 1
+        gate.release.set()
+        blocking.wait_no_overrun("summarizer:")
+        assert compress(tcast.alice).json()["changed"] is True
+
+
+def test_a_turns_compaction_whose_summariser_never_returns_leaves_the_turn_to_run_uncompacted(tcast, settings):
+    settings.UGENT_COMPACT_KEEP_EXCHANGES = 1
+    settings.UGENT_COMMAND_ENGINE_TIMEOUT = 0.5
+    talk(tcast.alice, 3)
+    with blocking.blocked_summarizer("test-blocked") as gate:
+        set_profile(tcast.profile, summarizer_engine="test-blocked", context_tokens=20)
+        blocking.within(lambda: talk(tcast.alice, 1, start=3), gate)
+        assert gate.calls == 1
+        assert Turn.objects.order_by("-id").first().state == "completed"
+        assert not Message.objects.filter(hidden=True).exists()
 
 
 # --- the summarisers ---------------------------------------------------------------------------
