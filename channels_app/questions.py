@@ -379,7 +379,11 @@ def _fit(question: Question, reply: dict) -> dict:
         raise _does_not_fit(f"A {question.kind} question is answered with value, a non-empty string.",
                             "ugent_interaction_reply.value")
     if question.kind == QuestionKind.CONFIRM:
-        decided = yes_no(question.spec.get("prompt", ""), value)
+        # A button's press ("yes"/"no", the confirm's option ids; a JSON true/false is sent as one) is decided
+        # here: a yes/no engine that hangs or fails must not make the buttons useless.
+        decided = CONFIRM_PRESSES.get(value.strip().lower())
+        if decided is None:
+            decided = yes_no(question.spec.get("prompt", ""), value)
         if decided is None:
             raise _does_not_fit("Answer yes or no.", "ugent_interaction_reply.value")
         return {"value": decided}
@@ -533,6 +537,7 @@ def question_reply_from_text(*, actor: Actor, conversation: Conversation, text: 
 #: callback_data holds 64 bytes, so it names the option by its number, never by its id).
 OPTION_TOKEN = re.compile(r"^(q-[0-9a-f]{32}):([0-9]{1,3})$")
 CONFIRM_OPTIONS = ({"id": "yes", "label": "Yes"}, {"id": "no", "label": "No"})
+CONFIRM_PRESSES = {"yes": True, "no": False}  # the options' ids: what a press sends, read without an engine
 KEEPS_WAITING = "The question keeps waiting."
 SECRET_IN_CHAT = ("This question asks for a secret, and a chat message would keep it in the chat's history: "
                   f"answer it in the web app. {KEEPS_WAITING}")

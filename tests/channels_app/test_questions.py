@@ -201,7 +201,7 @@ def test_a_reply_reader_that_never_returns_is_a_400_that_does_not_fit_and_the_qu
                                              "The question keeps waiting.")
         assert Question.objects.get(request_id=rid).state == "waiting" and Event.objects.count() == before
         # while that read runs past its limit, the engine is not asked again (UGENT_TURN_STUCK_MAX)
-        resp = blocking.within(lambda: reply(tcast.alice, rid, action="submit", value="yes"), gate)
+        resp = blocking.within(lambda: reply(tcast.alice, rid, action="submit", value="yes please"), gate)
         assert error_of(resp)["message"] == (f"1 earlier replies are still being read by the {reader} past its "
                                              "time limit: it is not asked again until they end. The question "
                                              "keeps waiting.")
@@ -226,7 +226,7 @@ def test_a_reply_reader_that_raises_is_a_502_that_writes_nothing_and_the_questio
         asker = Asker(alice_turn, spec)
         rid = asker.question.request_id
         before = Event.objects.count()
-        resp = reply(tcast.alice, rid, "yes", client_message_id="r-1", action="submit", value="yes")
+        resp = reply(tcast.alice, rid, "yes", client_message_id="r-1", action="submit", value="yes please")
         assert resp.status_code == 502, resp.content
         broke = "the matcher broke" if kind == "choice" else "the yes/no engine broke"
         assert error_of(resp) == {
@@ -240,6 +240,19 @@ def test_a_reply_reader_that_raises_is_a_502_that_writes_nothing_and_the_questio
               else {"value": True})
     assert reply(tcast.alice, rid, action="submit", **answer).status_code == 200
     asker.done()
+
+
+def test_a_confirms_press_and_a_json_boolean_need_no_yes_no_engine(tcast, alice_turn, settings):
+    # A press sends the option's id ("yes"/"no"; a JSON true/false is sent as one): with a yes/no engine that
+    # failed, the buttons were useless, every press a 502.
+    settings.UGENT_YESNO_ENGINE = "test-failing-reader"
+    with blocking.blocked_engine(blocking.FailingYesNo, "test-failing-reader"):
+        asker = Asker(alice_turn, {"kind": "confirm", "prompt": "Deploy?"})
+        assert reply(tcast.alice, asker.question.request_id, action="submit", value="No").status_code == 200
+        assert asker.done().value is False
+        asker = Asker(alice_turn, {"kind": "confirm", "prompt": "Deploy now?"})
+        assert reply(tcast.alice, asker.question.request_id, action="submit", value=True).status_code == 200
+        assert asker.done().value is True
 
 
 @pytest.mark.parametrize("meanwhile, state", [("the turn stops", "cancelled"), ("the deadline passes", "expired")])
