@@ -38,6 +38,12 @@ def overrunning(prefix: str = "") -> dict[str, int]:
         return {k: v for k, v in _overrun.items() if v and k.startswith(prefix)}
 
 
+def overrun_status() -> dict:
+    """The `overrun` section of GET /v1/ugent/status: every owner's calls still running past their time limit
+    in this process (`toolbox:…`, `engine:…`, `matcher:…`, `yesno:…`, `summarizer:…`, `nli:…`, `start:…`)."""
+    return {"calls": overrunning()}
+
+
 @dataclass
 class Bounded:
     """How a bounded call ended: `value`, or `error` (what it raised), or `timed_out`, `stopped`, or

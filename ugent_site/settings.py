@@ -82,6 +82,7 @@ UGENT_STATUS_SECTIONS = {
     "tools": "channels_app.tools.tools_status",
     "citations": "channels_app.citations.citations_status",
     "queues": "channels_app.dispatch.queues_status",
+    "overrun": "ugent_common.bounded.overrun_status",
 }
 
 MIDDLEWARE = [

@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from django.test import Client
 
 from channels_app import commands, harness
 from channels_app.models import Message, Turn
@@ -11,6 +12,7 @@ from plugins_app.agent.models import AgentProfile
 from tests.streams.conftest import get, post, threaded_turns  # noqa: F401  (a fixture)
 from tests.support.http import chat
 from tests.streams.test_stop_and_steering import finished, start_slow
+from tests.conftest import OPERATOR_KEY
 from tests.support import scripted
 from ugent_common import bounded
 
@@ -64,6 +66,8 @@ def test_btw_with_an_engine_that_never_returns_answers_in_time_and_does_not_pile
         body = command(tcast.alice, "/btw script:hang=4").json()
         assert body["ok"] is False and body["data"]["error"] == "The engine ran out of time.", body
     assert bounded.overrunning("engine:") == {"engine:scripted": 2}
+    status = Client().get("/v1/ugent/status", HTTP_X_API_KEY=OPERATOR_KEY).json()["status"]
+    assert status["overrun"]["calls"]["engine:scripted"] == 2
     body = command(tcast.alice, "/btw script:hang=4").json()
     assert body["ok"] is False and body["data"]["error"] == (
         "2 earlier questions to this engine are still running past their time limit: it is not asked again "
