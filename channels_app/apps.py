@@ -9,6 +9,7 @@ class ChannelsAppConfig(AppConfig):
 
     def ready(self):
         checks.register(web_auth_check, checks.Tags.security)
+        checks.register(plugin_bounds_check)
         from django.db.models.signals import post_delete, post_save
 
         from channels_app.auth import caller_rows_changed
@@ -35,3 +36,24 @@ def web_auth_check(app_configs=None, **kwargs):
     except config.ConfigError as exc:
         return [checks.Error(str(exc), id="ugent.E001", hint=HINT)]
     return []
+
+
+#: Settings that bound plugin calls, and the least each may be: below it every call of that kind would be
+#: refused or cut at once (a tool, a /btw, a question's reply, an engine's start), so a typo shut a feature off.
+PLUGIN_BOUNDS = {"UGENT_TOOL_TIMEOUT_SECONDS": (0, "seconds"), "UGENT_TOOL_OVERRUN_MAX": (1, "calls"),
+                 "UGENT_COMMAND_ENGINE_TIMEOUT": (0, "seconds"), "UGENT_QUESTION_FIT_TIMEOUT": (0, "seconds"),
+                 "UGENT_CITATIONS_NLI_TIMEOUT": (0, "seconds"), "UGENT_PLUGIN_START_TIMEOUT": (0, "seconds")}
+
+
+def plugin_bounds_check(app_configs=None, **kwargs):
+    """A time limit of 0 or less, or an overrun cap below 1, on plugin calls: said once, at start (ugent.E005)."""
+    from django.conf import settings
+    errors = []
+    for name, (least, unit) in PLUGIN_BOUNDS.items():
+        value = getattr(settings, name)
+        if (value <= 0) if least == 0 else (value < least):
+            need = "more than 0" if least == 0 else f"at least {least}"
+            errors.append(checks.Error(f"{name} is {value:g}: it must be {need} {unit}, or every such plugin call "
+                                       "is refused or cut at once", id="ugent.E005",
+                                       hint="Set it to a positive value (README, Configuration), or leave it out."))
+    return errors

@@ -53,3 +53,13 @@ def test_a_delegated_task_runs_past_the_per_tool_timeout(tcast, settings):
     call = ToolCall.objects.get(name="delegate_research", depth=0)
     assert call.state == "done", call.error
     assert call.result["answer"] == ""
+
+
+@pytest.mark.parametrize("name, value", [("UGENT_TOOL_TIMEOUT_SECONDS", 0), ("UGENT_QUESTION_FIT_TIMEOUT", -1),
+                                         ("UGENT_TOOL_OVERRUN_MAX", 0), ("UGENT_PLUGIN_START_TIMEOUT", 0)])
+def test_a_bound_that_would_refuse_every_plugin_call_stops_the_start(settings, name, value):
+    from django.core import checks
+    assert not [m for m in checks.run_checks() if m.id == "ugent.E005"]
+    setattr(settings, name, value)
+    found = [m for m in checks.run_checks() if m.id == "ugent.E005"]
+    assert len(found) == 1 and found[0].msg.startswith(f"{name} is {value:g}: it must be "), found
