@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping
 from plugins_app.channel.bridge.hub import Hub
 from plugins_app.channel.bridge.params import (PROTOCOL_VERSION, AckParams, HeartbeatParams, HelloParams, MediaGetParams,
                                        MediaPutParams, PollParams, SubmitParams, parse)
-from plugins_app.channel.bridge.transport import Connection, JsonRpcSocketServer
+from plugins_app.channel.bridge.transport import Connection, HelloGate, JsonRpcSocketServer
 from plugins_app.channel.sdk.jsonrpc import (
     AUTHENTICATION_FAILED,
     DEFAULT_MAX_FRAME_BYTES,
@@ -40,14 +40,18 @@ class BridgeServer:
     Methods: ``hello``, ``heartbeat``, ``inbound.submit``, ``outbound.poll``,
     ``outbound.ack``, ``media.get``, ``media.put`` (plus ``extra_methods``, which
     also require a hello first). Any method but hello before a successful hello
-    is answered -32001 and the connection stays usable. A new successful hello
-    replaces the previous session, whose connection is closed.
+    is answered -32001 and the connection stays usable, within the ``gate``'s
+    limits (a small frame limit, a deadline for the hello, a few such connections
+    at once). A new successful hello replaces the previous session, whose
+    connection is closed.
     """
 
     def __init__(self, *, socket_path: str, plugin_id: str, token: str, hub: Hub,
                  extra_methods: Mapping[str, Callable[..., Any]] | None = None,
                  max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, max_poll_secs: float = MAX_POLL_SECS,
-                 max_concurrent_requests: int = 64):
+                 max_concurrent_requests: int = 64, gate: HelloGate = HelloGate()):
+        if gate is None:
+            raise ValueError("a bridge needs a HelloGate: without one a connection is authenticated at once")
         self.plugin_id = plugin_id
         self._token = token
         self.hub = hub
@@ -58,7 +62,7 @@ class BridgeServer:
         self.transport = JsonRpcSocketServer(socket_path, self._dispatcher_for,
                                              max_frame_bytes=max_frame_bytes,
                                              max_concurrent_requests=max_concurrent_requests,
-                                             on_close=self._closed)
+                                             on_close=self._closed, gate=gate, label=f"bridge {plugin_id}")
 
     @property
     def socket_path(self) -> str:
@@ -75,7 +79,6 @@ class BridgeServer:
         await self.transport.close()
 
     def _dispatcher_for(self, conn: Connection) -> Dispatcher:
-        conn.sequential = True
         methods: dict[str, Callable[..., Any]] = {"hello": lambda *a, **p: self._hello(conn, a, p)}
         own = {
             "heartbeat": self._heartbeat,
@@ -94,7 +97,7 @@ class BridgeServer:
     @staticmethod
     def _authenticated(conn: Connection, fn: Callable[..., Any], *, pass_conn: bool) -> Callable[..., Any]:
         async def guarded(*args: Any, **params: Any) -> Any:
-            if not conn.state.get("authenticated"):
+            if not conn.authenticated:
                 raise RPCError(NOT_AUTHENTICATED)
             result = fn(conn, args, params) if pass_conn else fn(*args, **params)
             return await result if inspect.isawaitable(result) else result
@@ -128,8 +131,8 @@ class BridgeServer:
             # calls end before the hub requeues what it held, so its long-poll cannot take it back.
             previous.close()
         limits = await self.hub.hello_ok(self.plugin_id, info)
-        conn.state.update(authenticated=True, session_id=session_id, limits=dict(limits))
-        conn.sequential = False
+        conn.state.update(session_id=session_id, limits=dict(limits))
+        conn.authenticate()
         return {
             "plugin_id": self.plugin_id,
             "session_id": session_id,
@@ -139,6 +142,7 @@ class BridgeServer:
             "max_retries": limits.get("max_retries", 5),
             "max_poll_secs": self.max_poll_secs,
             "max_frame_bytes": self.max_frame_bytes,
+            "max_batch_calls": self.transport.max_concurrent_requests,
         }
 
     async def _heartbeat(self, conn: Connection, args: tuple, params: dict) -> dict:

@@ -24,9 +24,11 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import json.decoder
+import json.scanner
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 logger = logging.getLogger(__name__)
 
@@ -119,9 +121,28 @@ def _reject_constant(name: str) -> Any:
 
 def parse_frame(frame: bytes | str) -> Any:
     """Parse one frame; raises ``RPCError(PARSE_ERROR)`` for anything that is not JSON."""
+    return _parse(frame, json.loads)
+
+
+def _yielding_loads(text: str, **kwargs: Any) -> Any:
+    decoder = json.decoder.JSONDecoder(**kwargs)
+    decoder.scan_once = json.scanner.py_make_scanner(decoder)  # (strings are still read by the C scanstring)
+    return decoder.decode(text)
+
+
+def parse_large_frame(frame: bytes | str) -> Any:
+    """``parse_frame``'s answer (the same value, the same errors) by the pure-Python scanner, for a thread.
+
+    The C parser holds the GIL for the whole of one ``json.loads``: a 16 MiB frame of small objects run in a thread
+    still stops every other thread (the event loop) for its whole parse, some 400 ms. The Python scanner lets them run
+    between its steps. It is slower on such a frame, about as fast on one long string (``media.put``'s base64)."""
+    return _parse(frame, _yielding_loads)
+
+
+def _parse(frame: bytes | str, loads: Callable[..., Any]) -> Any:
     try:
         text = frame.decode("utf-8") if isinstance(frame, (bytes, bytearray)) else frame
-        return json.loads(text, parse_constant=_reject_constant)
+        return loads(text, parse_constant=_reject_constant)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise RPCError(PARSE_ERROR) from exc
 
@@ -178,6 +199,9 @@ class LineSplitter:
     A frame over the limit is not buffered: its bytes are dropped as they arrive
     until its newline, and a single ``FrameTooLarge`` stands in for it, so one
     huge line costs neither memory nor the connection.
+
+    ``frames`` yields them one at a time and reads the limit before each: a receiver that changes it on a
+    frame (the bridge, on a successful ``hello``) has the next frame of the same bytes cut by the new one.
     """
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES):
@@ -186,37 +210,39 @@ class LineSplitter:
         self._discarding = 0  # bytes dropped so far of an oversized frame; 0 when not discarding
 
     def feed(self, data: bytes) -> list[bytes | FrameTooLarge]:
-        out: list[bytes | FrameTooLarge] = []
+        return list(self.frames(data))
+
+    def frames(self, data: bytes) -> Iterator[bytes | FrameTooLarge]:
+        """The frames ``data`` completes, in order; consume it whole (the rest of ``data`` is read as it goes)."""
         pos = 0
         while pos < len(data):
             nl = data.find(b"\n", pos)
             if self._discarding:
                 if nl < 0:
                     self._discarding += len(data) - pos
-                    return out
-                self._discarding += nl - pos
-                out.append(FrameTooLarge(self._discarding, self.max_frame_bytes))
-                self._discarding = 0
+                    return
+                size, self._discarding = self._discarding + nl - pos, 0
                 pos = nl + 1
+                yield FrameTooLarge(size, self.max_frame_bytes)
                 continue
             if nl < 0:
                 self._buf += data[pos:]
                 if len(self._buf) > self.max_frame_bytes:
                     self._discarding = len(self._buf)
                     self._buf = bytearray()
-                return out
+                return
             chunk = data[pos:nl]
+            pos = nl + 1
             if len(self._buf) + len(chunk) > self.max_frame_bytes:
-                out.append(FrameTooLarge(len(self._buf) + len(chunk), self.max_frame_bytes))
+                size = len(self._buf) + len(chunk)
                 self._buf = bytearray()
+                yield FrameTooLarge(size, self.max_frame_bytes)
             else:
                 self._buf += chunk
                 line = bytes(self._buf).rstrip(b"\r")
                 self._buf = bytearray()
                 if line.strip():
-                    out.append(line)
-            pos = nl + 1
-        return out
+                    yield line
 
 
 # ---------------------------------------------------------------------------
@@ -374,14 +400,23 @@ class Dispatcher:
             return self._finish(prepared, None, self._internal(exc))
         return self._finish(prepared, outcome, None)
 
-    async def handle_obj_async(self, obj: Any) -> Any:
-        if isinstance(obj, list):
-            if not obj:
-                return error_response(None, RPCError(INVALID_REQUEST))
-            results = await asyncio.gather(*(self._run_async(self._prepare(o)) for o in obj))
+    async def handle_obj_async(self, obj: Any, call_done: Callable[[], None] | None = None) -> Any:
+        """The response to a parsed frame; ``call_done`` is called as each of its calls finishes (once for a
+        frame that is not a batch, or an empty one), before the batch as a whole is answered."""
+        if isinstance(obj, list) and obj:
+            results = await asyncio.gather(*(self._run_async_then(o, call_done) for o in obj))
             responses = [r for r in results if r is not None]
             return responses or None
-        return await self._run_async(self._prepare(obj))
+        return await self._run_async_then(obj, call_done)
+
+    async def _run_async_then(self, obj: Any, call_done: Callable[[], None] | None) -> dict | None:
+        try:
+            if isinstance(obj, list):  # (an empty batch: one invalid request)
+                return error_response(None, RPCError(INVALID_REQUEST))
+            return await self._run_async(self._prepare(obj))
+        finally:
+            if call_done is not None:
+                call_done()
 
     async def handle_frame_async(self, frame: bytes | str | FrameTooLarge) -> bytes | None:
         try:

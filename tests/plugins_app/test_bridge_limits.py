@@ -1,0 +1,390 @@
+"""What keeps one worker, or anything that reaches a bridge socket, from stalling or exhausting the host: the limits
+before hello (a small frame, a deadline, a few such connections), large frames parsed off the event loop in order, a
+batch's finished calls giving their places back, and hello saying the batch limit.
+
+A real BridgeServer on a real Unix socket, real client connections; no timing is asserted (deadlines are made short,
+and the tests wait for what must happen)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import tempfile
+import threading
+import time
+
+import pytest
+
+from plugins_app.channel.bridge import BridgeServer, HelloGate, InMemoryHub, ServerThread
+from plugins_app.channel.bridge import transport as transport_module
+from plugins_app.channel.sdk.jsonrpc import (INVALID_REQUEST, NOT_AUTHENTICATED, PARSE_ERROR, LineSplitter, RPCError,
+                                             parse_frame, parse_large_frame)
+
+pytestmark = pytest.mark.mode_free  # no database, Redis, Django or run mode: the channel worker SDK and workers
+
+PLUGIN_ID = "telegram-main"
+TOKEN = "per-start-token-1"
+HELLO = {"plugin_id": PLUGIN_ID, "token": TOKEN, "kind": "channel-telegram", "version": "1.2.3"}
+
+
+class Conn:
+    """Frames in, frames out, on a plain socket."""
+
+    def __init__(self, path: str):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(10)
+        self.sock.connect(path)
+        self.splitter = LineSplitter(1 << 30)
+        self.frames: list = []
+
+    def send(self, *objs) -> None:
+        self.sock.sendall(b"".join(json.dumps(o, separators=(",", ":")).encode() + b"\n" for o in objs))
+
+    def recv(self, timeout: float = 10.0):
+        deadline = time.monotonic() + timeout
+        while not self.frames:
+            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
+            data = self.sock.recv(1 << 20)
+            if not data:
+                raise ConnectionError("the server closed the connection")
+            self.frames.extend(json.loads(f) for f in self.splitter.feed(data))
+        return self.frames.pop(0)
+
+    def call(self, method, params=None, id=1):
+        self.send(call(method, params, id))
+        return self.recv()
+
+    def closed_by_server(self, timeout: float = 10.0) -> bool:
+        """True once the server closed the connection (EOF or reset); False if it is still open at the timeout."""
+        self.sock.settimeout(timeout)
+        try:
+            while True:
+                if not self.sock.recv(65536):
+                    return True
+        except ConnectionResetError:
+            return True
+        except socket.timeout:
+            return False
+
+    def close(self):
+        self.sock.close()
+
+
+def call(method, params=None, id=1):
+    obj = {"jsonrpc": "2.0", "method": method, "id": id}
+    if params is not None:
+        obj["params"] = params
+    return obj
+
+
+class Served:
+    """A BridgeServer on its own loop, and the connections a test opened (closed at the end)."""
+
+    def __init__(self, **kwargs):
+        self.dir = tempfile.mkdtemp(prefix="ugb-")
+        self.hub = kwargs.pop("hub", None) or InMemoryHub()
+        self.server = BridgeServer(socket_path=os.path.join(self.dir, "bridge.sock"), plugin_id=PLUGIN_ID,
+                                   token=TOKEN, hub=self.hub, **kwargs)
+        self.thread = ServerThread(self.server).start()
+        self.conns: list[Conn] = []
+
+    def connect(self, hello: bool = False) -> Conn:
+        c = Conn(self.server.socket_path)
+        self.conns.append(c)
+        if hello:
+            answer = c.call("hello", HELLO, id="hello")
+            assert "result" in answer, answer
+        return c
+
+    def on_loop(self, fn):
+        return self.thread.call(fn)
+
+    def close(self):
+        for c in self.conns:
+            c.close()
+        self.thread.stop()
+
+
+@pytest.fixture
+def served():
+    made: list[Served] = []
+
+    def make(**kwargs) -> Served:
+        s = Served(**kwargs)
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.close()
+
+
+def wait_for(predicate, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not met")
+        time.sleep(0.005)
+
+
+def sized(n: int) -> str:
+    return "x" * n
+
+
+# -- before hello: a small frame, a deadline, a few connections -------------------------------------
+
+
+def test_before_hello_a_frame_over_64_kib_is_refused_and_after_it_the_same_frame_is_taken(served):
+    s = served(extra_methods={"size": lambda data: len(data)})  # the bridge's own frame limit: 16 MiB
+    c = s.connect()
+    big = call("size", {"data": sized(100 * 1024)}, id="big")
+    c.send(big)
+    refused = c.recv()
+    assert refused["error"]["code"] == INVALID_REQUEST and refused["id"] is None
+    assert refused["error"]["data"] == {"reason": "frame too large", "max_frame_bytes": 64 * 1024}
+    assert s.hub.hellos == []
+    # the connection survives, its hello works, and from then on the bridge's own limit holds
+    assert "result" in c.call("hello", HELLO, id="hello")
+    c.send(big)
+    assert c.recv() == {"jsonrpc": "2.0", "result": 100 * 1024, "id": "big"}
+
+
+@pytest.mark.parametrize("gate_bytes, size", [(1024, 3000), (64 * 1024, 300 * 1024)])
+def test_a_frame_sent_with_the_hello_in_one_write_is_cut_by_the_limit_after_hello(served, gate_bytes, size):
+    """The frame after the hello is split by the limit the hello lifted, even when both came in one read."""
+    s = served(extra_methods={"size": lambda data: len(data)}, gate=HelloGate(max_frame_bytes=gate_bytes))
+    c = s.connect()
+    c.send(call("hello", HELLO, id="hello"), call("size", {"data": sized(size)}, id="big"))
+    assert "result" in c.recv()
+    assert c.recv() == {"jsonrpc": "2.0", "result": size, "id": "big"}
+
+
+def test_a_connection_without_a_hello_in_time_is_closed_and_one_with_it_is_not(served, caplog):
+    caplog.set_level(logging.WARNING)
+    s = served(gate=HelloGate(deadline_secs=0.3))
+    authenticated = s.connect(hello=True)
+    silent = s.connect()
+    refused = s.connect()
+    assert refused.call("heartbeat", {}, id=1)["error"]["code"] == NOT_AUTHENTICATED  # answered, and still open
+    wrong = s.connect()
+    assert wrong.call("hello", dict(HELLO, token="wrong"), id=1)["error"]["code"] == -32002
+    assert silent.closed_by_server() and refused.closed_by_server() and wrong.closed_by_server()
+    # the one that said hello (before the others connected) is past its deadline too, and served
+    assert authenticated.call("heartbeat", {}, id=2)["result"]["ok"] is True
+    assert f"bridge {PLUGIN_ID}: a connection said no hello within 0.3 s: closed" in caplog.text
+    assert s.on_loop(lambda: len(s.server.transport.unauthenticated)) == 0
+
+
+def test_a_connection_that_sends_without_reading_its_answers_is_closed_at_the_deadline_all_the_same(served):
+    s = served(gate=HelloGate(deadline_secs=0.3))
+    c = s.connect()
+    flood = b"".join(json.dumps(call("heartbeat", {}, id=i)).encode() + b"\n" for i in range(40000))
+
+    def send():
+        c.sock.settimeout(10)
+        try:
+            c.sock.sendall(flood)  # its answers (-32001 each) fill the socket: the bridge's writes block
+        except OSError:
+            pass  # (closed by the bridge meanwhile)
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    wait_for(lambda: s.on_loop(lambda: len(s.server.transport.connections)) == 0)
+    sender.join(10)
+    assert s.connect(hello=True).call("heartbeat", {}, id=1)["result"]["ok"] is True
+
+
+def test_a_hello_under_way_at_the_deadline_is_answered_and_its_session_kept(served):
+    release = threading.Event()
+
+    class SlowHub(InMemoryHub):
+        async def hello_ok(self, plugin_id, info):
+            await asyncio.to_thread(release.wait, 10)
+            return await super().hello_ok(plugin_id, info)
+
+    s = served(hub=SlowHub(), gate=HelloGate(deadline_secs=0.2))
+    c = s.connect()
+    c.send(call("hello", HELLO, id="hello"))
+    wait_for(lambda: s.on_loop(lambda: any(conn.overdue for conn in s.server.transport.connections)))
+    release.set()
+    assert "result" in c.recv()
+    assert c.call("heartbeat", {}, id=2)["result"]["ok"] is True
+
+
+def test_past_the_cap_of_connections_without_hello_the_oldest_is_closed_with_a_warning_naming_the_plugin(
+        served, caplog):
+    caplog.set_level(logging.WARNING)
+    s = served()  # the default gate: 8 connections, 10 s
+    idle = [s.connect() for _ in range(8)]
+    wait_for(lambda: s.on_loop(lambda: len(s.server.transport.unauthenticated)) == 8)
+    newcomer = s.connect()
+    assert idle[0].closed_by_server()
+    assert f"bridge {PLUGIN_ID}: 8 connections have not said hello yet: closed the oldest" in caplog.text
+    assert "result" in newcomer.call("hello", HELLO, id="hello")  # the worker gets in
+    for c in idle[1:]:  # the others are still open (and answered)
+        assert c.call("heartbeat", {}, id=1)["error"]["code"] == NOT_AUTHENTICATED
+    assert s.on_loop(lambda: len(s.server.transport.unauthenticated)) == 7
+
+
+def test_when_every_place_has_a_hello_under_way_one_more_connection_is_refused(served, caplog):
+    caplog.set_level(logging.WARNING)
+    release = threading.Event()
+
+    class SlowHub(InMemoryHub):
+        async def hello_ok(self, plugin_id, info):
+            await asyncio.to_thread(release.wait, 10)
+            return await super().hello_ok(plugin_id, info)
+
+    s = served(hub=SlowHub(), gate=HelloGate(max_connections=2))
+    first, second = s.connect(), s.connect()
+    first.send(call("hello", HELLO, id="hello"))
+    second.send(call("hello", HELLO, id="hello"))
+    wait_for(lambda: s.on_loop(lambda: sum(c.busy for c in s.server.transport.unauthenticated)) == 2)
+    third = s.connect()
+    assert third.closed_by_server()
+    assert f"bridge {PLUGIN_ID}: 2 connections have not said hello yet, each with a hello under way: refused one " \
+           "more" in caplog.text
+    release.set()
+    assert "result" in second.recv()  # the newest hello wins, as always: the first's session is replaced
+    assert second.call("heartbeat", {}, id=2)["result"]["ok"] is True
+
+
+# -- large frames: off the loop, in order -----------------------------------------------------------
+
+
+def test_a_large_frame_is_parsed_off_the_loop_and_its_connections_frames_keep_their_order(served, monkeypatch):
+    started, release = threading.Event(), threading.Event()
+    real = transport_module.parse_large_frame
+
+    def held_parse(frame):
+        started.set()
+        release.wait(10)  # held until the test has seen the bridge answer another connection meanwhile
+        return real(frame)
+
+    monkeypatch.setattr(transport_module, "parse_large_frame", held_parse)
+    order: list[int] = []
+
+    def record(n, pad=""):
+        order.append(n)
+        return n
+
+    s = served(extra_methods={"record": record})
+    c = s.connect(hello=True)
+    c.send(call("record", {"n": 1, "pad": sized(300 * 1024)}, id=1), call("record", {"n": 2}, id=2),
+           call("record", {"n": 3}, id=3))
+    assert started.wait(10)
+    other = s.connect()
+    try:
+        # the loop is free while the large frame is parsed: another connection is answered meanwhile
+        assert other.call("heartbeat", {}, id="other")["error"]["code"] == NOT_AUTHENTICATED
+        assert order == []  # and the frames after the large one wait for it
+    finally:
+        release.set()
+    assert sorted(c.recv()["result"] for _ in range(3)) == [1, 2, 3]
+    assert order == [1, 2, 3]
+
+
+def test_a_frame_just_under_the_threshold_is_parsed_on_the_loop(served, monkeypatch):
+    used = []
+    real = transport_module.parse_large_frame
+    monkeypatch.setattr(transport_module, "parse_large_frame", lambda frame: used.append(len(frame)) or real(frame))
+    s = served(extra_methods={"size": lambda data: len(data)})
+    c = s.connect(hello=True)
+    assert c.call("size", {"data": sized(200 * 1024)}, id=1)["result"] == 200 * 1024
+    assert c.call("size", {"data": sized(300 * 1024)}, id=2)["result"] == 300 * 1024
+    assert len(used) == 1 and used[0] > 300 * 1024
+
+
+@pytest.mark.parametrize("frame", [
+    b'{"jsonrpc":"2.0","method":"m","params":{"a":[1,2.5,-3e2,true,false,null,"\\u00e9\\n"]},"id":7}',
+    b'[{"a":{}},[],"s",0]',
+    '{"text":"caf\u00e9"}'.encode(),
+])
+def test_the_large_frame_parser_gives_what_the_other_gives(frame):
+    assert parse_large_frame(frame) == parse_frame(frame)
+
+
+@pytest.mark.parametrize("frame", [b'{"a": NaN}', b'[Infinity]', b"\xff\xfe{}", b'{"a": [1, 2', b"[" * 100000,
+                                   b'{"a": "\x01"}'])
+def test_the_large_frame_parser_refuses_what_the_other_refuses(frame):
+    for parse in (parse_frame, parse_large_frame):
+        with pytest.raises(RPCError) as err:
+            parse(frame)
+        assert err.value.code == PARSE_ERROR
+
+
+# -- batches: the limit in hello, finished calls give their places back ------------------------------
+
+
+def test_hello_says_the_batch_limit_the_bridge_refuses_batches_over(served):
+    assert served().connect().call("hello", HELLO)["result"]["max_batch_calls"] == 64
+    s = served(max_concurrent_requests=4, extra_methods={"ok": lambda n: n})
+    c = s.connect()
+    limit = c.call("hello", HELLO)["result"]["max_batch_calls"]
+    assert limit == 4
+    c.send([call("ok", [i], id=i) for i in range(limit + 1)])
+    assert c.recv()["error"]["data"] == {"reason": "batch too long", "size": 5, "max_batch_calls": 4}
+    c.send([call("ok", [i], id=i) for i in range(limit)])
+    assert sorted(r["result"] for r in c.recv()) == [0, 1, 2, 3]
+
+
+def _holding_bridge(served):
+    release = threading.Event()
+    ran: list[int] = []
+
+    async def hold():
+        await asyncio.to_thread(release.wait, 10)
+        return "held"
+
+    def quick(n):
+        ran.append(n)
+        return n
+
+    s = served(max_concurrent_requests=4, extra_methods={"hold": hold, "quick": quick})
+    return s, release, ran
+
+
+def test_a_finished_call_of_a_batch_gives_its_place_back_while_a_slow_one_holds_the_batch(served):
+    s, release, ran = _holding_bridge(served)
+    c = s.connect(hello=True)
+    try:
+        c.send([call("hold", id="h"), call("quick", [1], id=1), call("quick", [2], id=2), call("quick", [3], id=3)])
+        wait_for(lambda: len(ran) == 3)
+        # every place was the batch's; its three finished calls gave theirs back: the next call runs at once
+        assert c.call("quick", [4], id=4) == {"jsonrpc": "2.0", "result": 4, "id": 4}
+    finally:
+        release.set()
+    batch = c.recv()
+    assert sorted((r["id"], r["result"]) for r in batch if r["id"] != "h") == [(1, 1), (2, 2), (3, 3)]
+    assert {"jsonrpc": "2.0", "result": "held", "id": "h"} in batch
+
+
+def test_answers_kept_for_unanswered_batches_are_bounded_by_the_call_limit(served):
+    s, release, ran = _holding_bridge(served)
+    c = s.connect(hello=True)
+
+    def kept():
+        return s.on_loop(lambda: [conn.kept_answers for conn in s.server.transport.connections if conn.authenticated])
+
+    try:
+        c.send([call("hold", id="h1"), call("quick", [1], id=1), call("quick", [2], id=2), call("quick", [3], id=3)])
+        wait_for(lambda: len(ran) == 3)
+        assert kept() == [3]
+        c.send([call("hold", id="h2"), call("quick", [4], id=4), call("quick", [5], id=5)])
+        wait_for(lambda: len(ran) == 5)
+        assert kept() == [4]  # the fifth finished answer kept its place rather than be one more kept
+        assert c.call("quick", [6], id=6)["result"] == 6  # the one place left
+    finally:
+        release.set()
+    answers = [c.recv(), c.recv()]
+    assert sorted(len(a) for a in answers) == [3, 4]
+    assert kept() == [0]
+
+
+def test_the_gate_refuses_bad_limits():
+    with pytest.raises(ValueError, match="HelloGate"):
+        BridgeServer(socket_path="/nonexistent/x.sock", plugin_id="p", token="t", hub=InMemoryHub(), gate=None)
+    with pytest.raises(ValueError):
+        HelloGate(deadline_secs=0)
