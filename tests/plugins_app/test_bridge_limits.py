@@ -1,6 +1,7 @@
 """What keeps one worker, or anything that reaches a bridge socket, from stalling or exhausting the host: the limits
 before hello (a small frame, a deadline, a few such connections), large frames parsed off the event loop in order, a
-batch's finished calls giving their places back, and hello saying the batch limit.
+batch's finished calls giving their places back, hello saying the batch limit, and the plugin's submit rate (-32007),
+which the SDK waits out and retries without losing or reordering a message.
 
 A real BridgeServer on a real Unix socket, real client connections; no timing is asserted (deadlines are made short,
 and the tests wait for what must happen)."""
@@ -17,10 +18,13 @@ import time
 
 import pytest
 
-from plugins_app.channel.bridge import BridgeServer, HelloGate, InMemoryHub, ServerThread
+from plugins_app.channel.bridge import BridgeServer, HelloGate, InMemoryHub, ServerThread, TokenBucket
 from plugins_app.channel.bridge import transport as transport_module
-from plugins_app.channel.sdk.jsonrpc import (INVALID_REQUEST, NOT_AUTHENTICATED, PARSE_ERROR, LineSplitter, RPCError,
-                                             parse_frame, parse_large_frame)
+from plugins_app.channel.sdk.jsonrpc import (INVALID_REQUEST, NOT_AUTHENTICATED, PARSE_ERROR, RATE_LIMITED, LineSplitter,
+                                             RPCError, parse_frame, parse_large_frame)
+from plugins_app.channel.sdk.mock import MockBridge
+from plugins_app.channel.sdk.outbox import ACKED, PENDING, Outbox
+from tests.plugins_app.test_sdk import FileChannelWorker, Running, message
 
 pytestmark = pytest.mark.mode_free  # no database, Redis, Django or run mode: the channel worker SDK and workers
 
@@ -383,8 +387,112 @@ def test_answers_kept_for_unanswered_batches_are_bounded_by_the_call_limit(serve
     assert kept() == [0]
 
 
-def test_the_gate_refuses_bad_limits():
+# -- the plugin's submit rate ----------------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+        self.lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self.lock:
+            return self.now
+
+    def advance(self, secs: float) -> None:
+        with self.lock:
+            self.now += secs
+
+
+def submit(c: Conn, message_id: str, id=None):
+    return c.call("inbound.submit", {"message": message(message_id).to_dict()}, id=id or message_id)
+
+
+def test_submits_over_the_plugins_rate_are_refused_with_a_retryable_code_and_reach_nothing(served, caplog):
+    caplog.set_level(logging.WARNING)
+    clock = Clock()
+    s = served(submit_rate=2.0, submit_burst=2, clock=clock)
+    c = s.connect(hello=True)
+    assert submit(c, "m-1")["result"]["accepted"] and submit(c, "m-2")["result"]["accepted"]
+    refused = submit(c, "m-3")
+    assert refused["error"] == {"code": RATE_LIMITED, "message": "Rate limited",
+                                "data": {"retry_after_secs": 0.5, "rate_per_sec": 2.0, "burst": 2}}
+    assert [m.message_id for m in s.hub.submit_log] == ["m-1", "m-2"]  # the refused one reached nothing
+    assert c.call("heartbeat", {}, id="beat")["result"]["ok"] is True  # other methods are not limited
+    assert f"bridge {PLUGIN_ID}: inbound.submit over the plugin's rate (2.0 a second, 2 at once)" in caplog.text
+    # the plugin's bucket, not the connection's: a new session does not refill it
+    again = s.connect(hello=True)
+    assert submit(again, "m-3")["error"]["code"] == RATE_LIMITED
+    clock.advance(0.5)  # one token
+    assert submit(again, "m-3")["result"]["accepted"]
+    assert submit(again, "m-4")["error"]["data"]["retry_after_secs"] == 0.5
+    assert s.server.rate_limited == 3
+    assert [m.message_id for m in s.hub.inbound] == ["m-1", "m-2", "m-3"]
+
+
+def test_the_bucket_the_bridge_and_the_gate_refuse_bad_limits():
+    bucket = TokenBucket(1.0, 3, clock=lambda: 0.0)
+    assert [bucket.take() for _ in range(4)] == [0.0, 0.0, 0.0, 1.0]
+    for rate, burst in ((0, 1), (-1, 1), (1, 0), (1, 1.5), (1, True)):
+        with pytest.raises(ValueError):
+            TokenBucket(rate, burst)
+    with pytest.raises(ValueError, match="submit_rate"):
+        BridgeServer(socket_path="/nonexistent/x.sock", plugin_id="p", token="t", hub=InMemoryHub(), submit_rate=-1)
     with pytest.raises(ValueError, match="HelloGate"):
         BridgeServer(socket_path="/nonexistent/x.sock", plugin_id="p", token="t", hub=InMemoryHub(), gate=None)
     with pytest.raises(ValueError):
         HelloGate(deadline_secs=0)
+
+
+def _limited_bridge(burst: int) -> tuple[MockBridge, Clock]:
+    bridge = MockBridge("test-plugin", heartbeat_secs=0.05, submit_rate=10.0, submit_burst=burst)
+    clock = Clock()
+    bridge.server.submits = TokenBucket(10.0, burst, clock=clock)  # tokens come only when the test says
+    return bridge, clock
+
+
+def test_the_sdk_waits_out_the_rate_and_sends_again_until_taken_in_order_counting_no_try(tmp_path):
+    bridge, clock = _limited_bridge(burst=2)
+    ids = [f"m-{i}" for i in range(1, 6)]
+    with bridge:
+        worker = FileChannelWorker(**bridge.worker_kwargs(sends=tmp_path / "sends", state_dir=str(tmp_path / "s"),
+                                                          inbox=[message(i) for i in ids]))
+        running = Running(worker)
+        try:
+            while len(bridge.hub.inbound) < len(ids):
+                # no token until the host has refused one more: every message past the burst is refused first
+                refusals = bridge.server.rate_limited
+                bridge.wait_for(lambda: bridge.server.rate_limited > refusals or len(bridge.hub.inbound) == len(ids))
+                clock.advance(0.1)  # one token
+            bridge.wait_for(lambda: len(worker.submit_results) == len(ids))
+            assert all(r.accepted and not r.queued for r in worker.submit_results), worker.submit_results
+            assert [m.message_id for m in bridge.hub.submit_log] == ids  # each once, in order
+            assert bridge.server.rate_limited >= 3
+            rows = [worker.outbox.inbound_get(message(i).key) for i in ids]
+            assert [(r.state, r.attempts) for r in rows] == [(ACKED, 1)] * len(ids)  # the refusals counted no try
+        finally:
+            assert running.stop() == 0
+
+
+def test_a_message_refused_over_the_rate_when_the_worker_stops_stays_owed_and_goes_after_the_restart(tmp_path):
+    bridge, clock = _limited_bridge(burst=1)
+    state = str(tmp_path / "s")
+    with bridge:
+        worker = FileChannelWorker(**bridge.worker_kwargs(sends=tmp_path / "sends", state_dir=state,
+                                                          inbox=[message("m-1"), message("m-2")],
+                                                          drain_timeout_secs=0.2))
+        running = Running(worker)
+        bridge.wait_for(lambda: bridge.server.rate_limited >= 2)  # m-2 refused, waited out, refused again
+        assert running.stop() == 0
+        assert [m.message_id for m in bridge.hub.inbound] == ["m-1"]
+        outbox = Outbox(worker.outbox_path, plugin_id=bridge.plugin_id, state_dir=state)
+        try:
+            assert outbox.inbound_get(message("m-2").key).state == PENDING
+        finally:
+            outbox.close()
+        clock.advance(1.0)
+        again = FileChannelWorker(**bridge.worker_kwargs(sends=tmp_path / "sends", state_dir=state))
+        running = Running(again)
+        bridge.wait_for(lambda: len(bridge.hub.inbound) == 2)
+        assert [m.message_id for m in bridge.hub.submit_log] == ["m-1", "m-2"]
+        assert running.stop() == 0

@@ -57,6 +57,7 @@ UNKNOWN_DELIVERY = -32003       # outbound.ack names a delivery the host never h
 MEDIA_NOT_FOUND = -32004        # media.get names no stored media (or it expired)
 MEDIA_TOO_LARGE = -32005        # media.put over the host's limit
 HOST_UNAVAILABLE = -32006       # the host cannot serve the call now; retry later
+RATE_LIMITED = -32007           # inbound.submit over the plugin's submit rate; retry after data.retry_after_secs
 
 APPLICATION_MESSAGES = {
     NOT_AUTHENTICATED: "Not authenticated: call hello first",
@@ -65,6 +66,7 @@ APPLICATION_MESSAGES = {
     MEDIA_NOT_FOUND: "Media not found",
     MEDIA_TOO_LARGE: "Media too large",
     HOST_UNAVAILABLE: "Host unavailable",
+    RATE_LIMITED: "Rate limited",
 }
 
 DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
