@@ -27,6 +27,8 @@ import json
 import json.decoder
 import json.scanner
 import logging
+import re
+import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
@@ -126,14 +128,23 @@ def parse_frame(frame: bytes | str) -> Any:
     return _parse(frame, json.loads)
 
 
+# json.scanner's pure-Python scanner reads numbers with a regex whose \d takes any Unicode digit ('[1\u0662]' is [12]);
+# the C scanner, json.loads, takes ASCII digits only. The same scanner function, made to see an ASCII-only regex:
+_ASCII_NUMBER_RE = re.compile(r"(-?(?:0|[1-9][0-9]*))(\.[0-9]+)?([eE][-+]?[0-9]+)?")
+_py_make_scanner = types.FunctionType(json.scanner.py_make_scanner.__code__,
+                                      {**vars(json.scanner), "NUMBER_RE": _ASCII_NUMBER_RE})
+
+
 def _yielding_loads(text: str, **kwargs: Any) -> Any:
     decoder = json.decoder.JSONDecoder(**kwargs)
-    decoder.scan_once = json.scanner.py_make_scanner(decoder)  # (strings are still read by the C scanstring)
+    decoder.scan_once = _py_make_scanner(decoder)  # (strings are still read by the C scanstring)
     return decoder.decode(text)
 
 
 def parse_large_frame(frame: bytes | str) -> Any:
-    """``parse_frame``'s answer (the same value, the same errors) by the pure-Python scanner, for a thread.
+    """``parse_frame``'s answer (the same value, the same errors) by the pure-Python scanner, for a thread; but for
+    nesting: it recurses twice per level, so a frame nested deeper than some 490 levels (json.loads: some 990) is a
+    parse error here (no protocol message nests more than a few).
 
     The C parser holds the GIL for the whole of one ``json.loads``: a 16 MiB frame of small objects run in a thread
     still stops every other thread (the event loop) for its whole parse, some 400 ms. The Python scanner lets them run
