@@ -232,6 +232,31 @@ def test_past_the_cap_of_connections_without_hello_the_oldest_is_closed_with_a_w
     assert s.on_loop(lambda: len(s.server.transport.unauthenticated)) == 7
 
 
+def test_a_hello_sent_at_the_connect_is_not_pushed_out_by_connections_that_came_after_it(served):
+    """The worker's hello waits to be read while the loop serves others; eight idle connections that come meanwhile
+    close one another, not the worker's (the oldest place past the cap must be an idle one, and a connection whose
+    first bytes are waiting is not idle)."""
+    s = served()  # the default gate: 8 connections
+    busy, release = threading.Event(), threading.Event()
+
+    def hold_the_loop():
+        busy.set()
+        release.wait(10)
+
+    s.thread.loop.call_soon_threadsafe(hold_the_loop)
+    assert busy.wait(10)
+    try:
+        worker = s.connect()
+        worker.send(call("hello", HELLO, id="hello"))  # at once, as the SDK does
+        idle = [s.connect() for _ in range(8)]  # (the socket's backlog takes them while the loop is held)
+    finally:
+        release.set()
+    assert "result" in worker.recv()
+    assert worker.call("heartbeat", {}, id=2)["result"]["ok"] is True
+    assert idle[0].closed_by_server()  # the oldest idle one made the room
+    assert s.on_loop(lambda: len(s.server.transport.unauthenticated)) == 7  # the worker said hello: not one
+
+
 def test_when_every_place_has_a_hello_under_way_one_more_connection_is_refused(served, caplog):
     caplog.set_level(logging.WARNING)
     release = threading.Event()

@@ -1,13 +1,16 @@
 """The bridge's transport: newline-delimited JSON-RPC 2.0 on a private Unix socket (no protocol methods)."""
 from __future__ import annotations
 
+import array
 import asyncio
+import fcntl
 import itertools
 import logging
 import os
 import socket
 import stat
 import struct
+import termios
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
@@ -27,9 +30,11 @@ class HelloGate:
 
     Its frames are cut at ``max_frame_bytes`` (the server's own limit, if lower), it is closed unless
     authenticated within ``deadline_secs`` of its connect, and at most ``max_connections`` such connections
-    are open at once: one more closes the oldest that is not in the middle of a frame (a hello under way),
-    or is itself refused when all are. The oldest rather than the newcomer: a client holding its places idle
-    must not keep the worker, whose hello follows its connect at once, from getting in.
+    are open at once: one more closes the oldest that is idle, neither in the middle of a frame (a hello under
+    way) nor with its first bytes sent and not read yet (a hello waiting its turn), or is itself refused when
+    none is. The oldest rather than the newcomer: a client holding its places idle must not keep the worker,
+    whose hello follows its connect at once, from getting in; nor must a client connecting again and again
+    push the worker's connection out before its hello is read.
     """
 
     max_frame_bytes: int = 64 * 1024
@@ -108,9 +113,12 @@ class Connection:
 
     _ids = itertools.count(1)
 
-    def __init__(self, writer: asyncio.StreamWriter, *, authenticated: bool = True):
+    def __init__(self, writer: asyncio.StreamWriter, *, authenticated: bool = True,
+                 reader: asyncio.StreamReader | None = None):
         self.id = next(self._ids)
         self.writer = writer
+        self.reader = reader
+        self.read_from = False  # its handler has read bytes of it
         self.tasks: set[asyncio.Task] = set()
         self.closed = False
         # Until a connection is authenticated its frames are handled one at a time, in order (so a client
@@ -124,6 +132,23 @@ class Connection:
         self._on_authenticated: Callable[[], None] | None = None
         self._deadline: asyncio.TimerHandle | None = None
         self._write_lock = asyncio.Lock()
+
+    def first_bytes_waiting(self) -> bool:
+        """Nothing read from the connection yet, and bytes of it wait to be: in its stream's buffer or in its
+        socket's (a worker's hello, sent as it connected, while the loop served others)."""
+        if self.read_from:
+            return False
+        if self.reader is not None and len(getattr(self.reader, "_buffer", b"")):  # (asyncio.StreamReader's)
+            return True
+        sock = self.writer.get_extra_info("socket")
+        if sock is None:
+            return False
+        waiting = array.array("i", [0])
+        try:
+            fcntl.ioctl(sock.fileno(), termios.FIONREAD, waiting, True)
+        except (OSError, ValueError):
+            return False
+        return waiting[0] > 0
 
     def authenticate(self) -> None:
         """Lift the ``HelloGate``: the server's own frame limit, no deadline, calls run side by side."""
@@ -224,11 +249,12 @@ class JsonRpcSocketServer:
     # -- the gate -----------------------------------------------------------------------
 
     def _admit(self, conn: Connection, splitter: LineSplitter) -> bool:
-        """Put a new connection under the gate; False when it is refused (every place taken by a hello under way)."""
+        """Put a new connection under the gate; False when it is refused (every place taken by a hello under way or
+        waiting to be read)."""
         gate = self.gate
         assert gate is not None
         if len(self.unauthenticated) >= gate.max_connections:
-            oldest = next((c for c in self.unauthenticated if not c.busy), None)
+            oldest = next((c for c in self.unauthenticated if not c.busy and not c.first_bytes_waiting()), None)
             if oldest is None:
                 logger.warning("%s: %d connections have not said hello yet, each with a hello under way: "
                                "refused one more", self.label, gate.max_connections)
@@ -268,7 +294,7 @@ class JsonRpcSocketServer:
     # -- a connection -------------------------------------------------------------------
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = Connection(writer, authenticated=self.gate is None)
+        conn = Connection(writer, authenticated=self.gate is None, reader=reader)
         self.connections.add(conn)
         me = asyncio.current_task()
         if me is not None:
@@ -285,6 +311,7 @@ class JsonRpcSocketServer:
                 data = await reader.read(65536)
                 if not data:
                     break
+                conn.read_from = True
                 for frame in splitter.frames(data):
                     if conn.closed:
                         break
