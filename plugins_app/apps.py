@@ -19,11 +19,11 @@ def plugin_submit_rate_check(app_configs=None, **kwargs):
     rate, burst = settings.UGENT_PLUGIN_SUBMIT_RATE, settings.UGENT_PLUGIN_SUBMIT_BURST
     if rate < 0:
         return [checks.Error(f"UGENT_PLUGIN_SUBMIT_RATE is {rate}: a plugin's inbound.submit rate is 0 (no limit) "
-                             "or more calls a second", id="ugent.E003",
+                             "or more calls a second", id="ugent.E004",
                              hint="Set it to the calls a second one plugin may make (default 50), or 0 for no limit.")]
     if rate > 0 and burst < 1:
         return [checks.Error(f"UGENT_PLUGIN_SUBMIT_BURST is {burst}: at least 1 inbound.submit must be let through "
-                             "at once", id="ugent.E003",
+                             "at once", id="ugent.E004",
                              hint="Set it to the calls one plugin may make at once (default 500), or leave it out.")]
     return []
 

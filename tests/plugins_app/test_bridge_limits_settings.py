@@ -1,5 +1,5 @@
 """The submit rate's settings: the supervisor's bridges take UGENT_PLUGIN_SUBMIT_RATE/_BURST, and a value no bridge
-could start with stops the start in one line (ugent.E003), naming the setting."""
+could start with stops the start in one line (ugent.E004), naming the setting."""
 from __future__ import annotations
 
 import tempfile
@@ -30,7 +30,7 @@ def test_each_plugins_bridge_takes_the_submit_rate_of_the_settings():
 def test_a_submit_rate_no_bridge_could_take_stops_the_start_naming_the_setting(rate, burst, says):
     with override_settings(UGENT_PLUGIN_SUBMIT_RATE=rate, UGENT_PLUGIN_SUBMIT_BURST=burst):
         errors = plugin_submit_rate_check()
-    assert [e.id for e in errors] == ["ugent.E003"] and says in errors[0].msg
+    assert [e.id for e in errors] == ["ugent.E004"] and says in errors[0].msg
 
 
 @pytest.mark.parametrize("rate, burst", [(0.0, 0), (50.0, 500), (0.5, 1)])
