@@ -338,12 +338,24 @@ def test_the_large_frame_parser_gives_what_the_other_gives(frame):
 @pytest.mark.parametrize("frame", [b'{"a": NaN}', b'[Infinity]', b"\xff\xfe{}", b'{"a": [1, 2', b"[" * 100000,
                                    b'{"a": "\x01"}',
                                    # digits JSON does not have (the pure-Python scanner's regex took any Unicode digit)
-                                   '{"id":1\u0662}'.encode(), '[1.\u0665]'.encode(), '[1e\uff11]'.encode()])
+                                   '{"id":1\u0662}'.encode(), '[1.\u0665]'.encode(), '[1e\uff11]'.encode(),
+                                   # a number past a float's range: Infinity by another name
+                                   b'[1e999]', b'{"id":-1.5e400}'])
 def test_the_large_frame_parser_refuses_what_the_other_refuses(frame):
     for parse in (parse_frame, parse_large_frame):
         with pytest.raises(RPCError) as err:
             parse(frame)
         assert err.value.code == PARSE_ERROR
+
+
+def test_a_number_past_a_floats_range_is_a_parse_error_and_the_connection_goes_on(served):
+    """1e999 would be read as inf, which no answer can carry (JSON has no Infinity): the call went unanswered, and
+    before hello its connection was closed."""
+    s = served()
+    for c in (s.connect(), s.connect(hello=True)):
+        c.sock.sendall(b'{"jsonrpc":"2.0","method":"heartbeat","params":{},"id":1e999}\n')
+        assert c.recv()["error"]["code"] == PARSE_ERROR
+        assert c.call("heartbeat", {}, id=2)["id"] == 2  # answered (-32001 before hello): the connection goes on
 
 
 # -- batches: the limit in hello, finished calls give their places back ------------------------------

@@ -27,6 +27,7 @@ import json
 import json.decoder
 import json.scanner
 import logging
+import math
 import re
 import types
 from dataclasses import dataclass, field
@@ -123,6 +124,14 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _finite_float(text: str) -> float:
+    # 1e999 is read as inf: Infinity by another name, which no answer could carry back (encode_frame refuses it).
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"{text} is past a float's range")
+    return value
+
+
 def parse_frame(frame: bytes | str) -> Any:
     """Parse one frame; raises ``RPCError(PARSE_ERROR)`` for anything that is not JSON."""
     return _parse(frame, json.loads)
@@ -155,7 +164,7 @@ def parse_large_frame(frame: bytes | str) -> Any:
 def _parse(frame: bytes | str, loads: Callable[..., Any]) -> Any:
     try:
         text = frame.decode("utf-8") if isinstance(frame, (bytes, bytearray)) else frame
-        return loads(text, parse_constant=_reject_constant)
+        return loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise RPCError(PARSE_ERROR) from exc
 
