@@ -12,6 +12,7 @@ from plugins_app.channel import conf
 from plugins_app.channel.runtime import PluginRuntime
 
 
+@pytest.mark.django_db  # (closing the runtime's bridges closes its database connections: close_old_connections)
 def test_each_plugins_bridge_takes_the_submit_rate_of_the_settings():
     assert (conf.SUBMIT_RATE, conf.SUBMIT_BURST) == (50.0, 500)  # the documented defaults
     runtime = PluginRuntime(run_dir=tempfile.mkdtemp(prefix="ugb-"))
