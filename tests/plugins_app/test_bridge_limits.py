@@ -483,6 +483,20 @@ def test_the_bucket_the_bridge_and_the_gate_refuse_bad_limits():
         HelloGate(deadline_secs=0)
 
 
+def test_callers_refused_one_after_another_are_told_tokens_one_after_another_as_far_as_the_bucket_holds():
+    """Told the same next token, every submit waiting came back at once and all but one were refused again (with 16
+    chats waiting, some 13 refusals per message taken); told successive tokens, each comes back to its own."""
+    clock = Clock()
+    bucket = TokenBucket(10.0, 3, clock=clock)
+    assert [bucket.take() for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert [bucket.take() for _ in range(4)] == pytest.approx([0.1, 0.2, 0.3, 0.3])  # (no further than 3 tokens)
+    clock.advance(0.1)
+    assert bucket.take() == 0.0  # the first caller's token, when it was told
+    assert bucket.take() == pytest.approx(0.2)  # the next refused is told one after those still waiting
+    clock.advance(10.0)  # the bucket full again: those told are served, or gone
+    assert [bucket.take() for _ in range(4)] == pytest.approx([0.0, 0.0, 0.0, 0.1])
+
+
 def _limited_bridge(burst: int) -> tuple[MockBridge, Clock]:
     bridge = MockBridge("test-plugin", heartbeat_secs=0.05, submit_rate=10.0, submit_burst=burst)
     clock = Clock()

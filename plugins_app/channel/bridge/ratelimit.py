@@ -22,13 +22,23 @@ class TokenBucket:
         self.clock = clock
         self._tokens = float(burst)
         self._at = clock()
+        self._promised = float("-inf")  # when the token told to the latest refused caller comes
 
     def take(self) -> float:
-        """0.0 when a token was taken; else the seconds until one will be there (and nothing is taken)."""
+        """0.0 when a token was taken; else the seconds until one is there for this caller (nothing is taken).
+
+        Callers refused one after another are told tokens one after another (the first the next token, the second
+        the one after it, ...), not all the same next one: told alike, every caller waiting came back at once, one
+        got the token and the others were refused again, each token costing a refusal per caller waiting."""
         now = self.clock()
         self._tokens = min(float(self.burst), self._tokens + max(0.0, now - self._at) * self.rate)
         self._at = now
         if self._tokens >= 1.0:
             self._tokens -= 1.0
+            if self._promised > now:
+                self._promised -= 1.0 / self.rate  # (a caller told one has come for it, as far as can be told)
             return 0.0
-        return (1.0 - self._tokens) / self.rate
+        # (no further ahead than the bucket holds: a caller a little late then finds its token kept, not lost)
+        first = now + (1.0 - self._tokens) / self.rate
+        self._promised = min(max(first, self._promised + 1.0 / self.rate), first + (self.burst - 1) / self.rate)
+        return self._promised - now
