@@ -23,6 +23,21 @@ def plugin_memory_cap_check(app_configs=None, **kwargs):
     return []
 
 
+def plugin_submit_rate_check(app_configs=None, **kwargs):
+    """A negative UGENT_PLUGIN_SUBMIT_RATE, or a burst below 1 with a rate, would refuse every bridge at its start
+    (BridgeServer raises): said once, at start, naming the setting."""
+    rate, burst = settings.UGENT_PLUGIN_SUBMIT_RATE, settings.UGENT_PLUGIN_SUBMIT_BURST
+    if rate < 0:
+        return [checks.Error(f"UGENT_PLUGIN_SUBMIT_RATE is {rate}: a plugin's inbound.submit rate is 0 (no limit) "
+                             "or more calls a second", id="ugent.E004",
+                             hint="Set it to the calls a second one plugin may make (default 50), or 0 for no limit.")]
+    if rate > 0 and burst < 1:
+        return [checks.Error(f"UGENT_PLUGIN_SUBMIT_BURST is {burst}: at least 1 inbound.submit must be let through "
+                             "at once", id="ugent.E004",
+                             hint="Set it to the calls one plugin may make at once (default 500), or leave it out.")]
+    return []
+
+
 class PluginsAppConfig(AppConfig):
     name = "plugins_app"
     default_auto_field = "django.db.models.BigAutoField"
@@ -31,6 +46,7 @@ class PluginsAppConfig(AppConfig):
     def ready(self):
         checks.register(plugin_log_cap_check)
         checks.register(plugin_memory_cap_check)
+        checks.register(plugin_submit_rate_check)
         # SQLite's full-text triggers on memory facts call ugent_memory_terms (migration 0011): every
         # connection gets it, whichever part of the daemon opens it
         from django.db.backends.signals import connection_created

@@ -434,6 +434,10 @@ UGENT_PLUGIN_POLL_RECHECK_SECS = env.float("UGENT_PLUGIN_POLL_RECHECK_SECS", def
 UGENT_PLUGIN_MEDIA_MAX_BYTES = env.int("UGENT_PLUGIN_MEDIA_MAX_BYTES", default=8 * 1024 * 1024)
 UGENT_PLUGIN_MEDIA_QUOTA_BYTES = env.int("UGENT_PLUGIN_MEDIA_QUOTA_BYTES", default=512 * 1024 * 1024)
 UGENT_PLUGIN_MEDIA_TTL_SECS = env.int("UGENT_PLUGIN_MEDIA_TTL_SECS", default=86400)
+# One plugin's inbound.submit calls: this many a second, up to UGENT_PLUGIN_SUBMIT_BURST at once; past them the
+# bridge answers -32007 and the worker sends the message again a little later (0: no limit).
+UGENT_PLUGIN_SUBMIT_RATE = env.float("UGENT_PLUGIN_SUBMIT_RATE", default=50.0)
+UGENT_PLUGIN_SUBMIT_BURST = env.int("UGENT_PLUGIN_SUBMIT_BURST", default=500)
 # How long a settled outbound delivery (delivered, or a dead letter the operator discarded) is kept
 # after it settled; pending, in-flight and dead-lettered deliveries are never pruned.
 UGENT_PLUGIN_DELIVERY_RETENTION_SECS = env.int("UGENT_PLUGIN_DELIVERY_RETENTION_SECS", default=7 * 86400)

@@ -55,6 +55,9 @@ MEDIA_MAX_BYTES = settings.UGENT_PLUGIN_MEDIA_MAX_BYTES
 # What one plugin may hold at once: the sizes of its media not yet expired.
 MEDIA_QUOTA_BYTES = settings.UGENT_PLUGIN_MEDIA_QUOTA_BYTES
 MEDIA_TTL_SECS = settings.UGENT_PLUGIN_MEDIA_TTL_SECS
+# A plugin's inbound.submit calls: a rate a second (0: no limit) and how many may come at once (the bridge's bucket).
+SUBMIT_RATE = settings.UGENT_PLUGIN_SUBMIT_RATE
+SUBMIT_BURST = settings.UGENT_PLUGIN_SUBMIT_BURST
 # Settled deliveries (delivered, discarded) are deleted this long after they settled.
 DELIVERY_RETENTION_SECS = settings.UGENT_PLUGIN_DELIVERY_RETENTION_SECS
 

@@ -129,7 +129,8 @@ class PluginRuntime:
             self._loop = BridgeLoop()
         self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         bridge = BridgeServer(socket_path=self.socket_path(plugin_id), plugin_id=plugin_id,
-                              token=secrets.token_urlsafe(32), hub=self.hub)
+                              token=secrets.token_urlsafe(32), hub=self.hub, submit_rate=conf.SUBMIT_RATE,
+                              submit_burst=conf.SUBMIT_BURST)
         self._loop.run(bridge.start())
         self.bridges[plugin_id] = bridge
 

@@ -1,7 +1,8 @@
 """Errors a hub raises: each is an ``RPCError`` the worker receives as it is (docs/plugin-protocol.md, Errors)."""
 from __future__ import annotations
 
-from plugins_app.channel.sdk.jsonrpc import HOST_UNAVAILABLE, MEDIA_NOT_FOUND, MEDIA_TOO_LARGE, UNKNOWN_DELIVERY, RPCError
+from plugins_app.channel.sdk.jsonrpc import (HOST_UNAVAILABLE, MEDIA_NOT_FOUND, MEDIA_TOO_LARGE, RATE_LIMITED, UNKNOWN_DELIVERY,
+                                             RPCError)
 
 
 class UnknownDelivery(RPCError):
@@ -35,3 +36,12 @@ class HostUnavailable(RPCError):
     def __init__(self, reason: str = ""):
         super().__init__(HOST_UNAVAILABLE, data={"reason": reason} if reason else None)
 
+
+
+class RateLimited(RPCError):
+    """-32007: the plugin's ``inbound.submit`` calls are over its rate; nothing was taken. The worker sends the
+    message again after ``retry_after_secs`` (the SDK does, however often it takes)."""
+
+    def __init__(self, retry_after: float, rate: float, burst: int):
+        super().__init__(RATE_LIMITED, data={"retry_after_secs": round(retry_after, 3), "rate_per_sec": rate,
+                                             "burst": burst})

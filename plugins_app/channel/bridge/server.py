@@ -12,13 +12,16 @@ import functools
 import hmac
 import inspect
 import logging
+import time
 import uuid
 from typing import Any, Callable, Mapping
 
+from plugins_app.channel.bridge.errors import RateLimited
 from plugins_app.channel.bridge.hub import Hub
 from plugins_app.channel.bridge.params import (PROTOCOL_VERSION, AckParams, HeartbeatParams, HelloParams, MediaGetParams,
                                        MediaPutParams, PollParams, SubmitParams, parse)
-from plugins_app.channel.bridge.transport import Connection, JsonRpcSocketServer
+from plugins_app.channel.bridge.ratelimit import TokenBucket
+from plugins_app.channel.bridge.transport import Connection, HelloGate, JsonRpcSocketServer
 from plugins_app.channel.sdk.jsonrpc import (
     AUTHENTICATION_FAILED,
     DEFAULT_MAX_FRAME_BYTES,
@@ -32,6 +35,8 @@ from plugins_app.channel.sdk.messages import InboundMessage, Media, MessageValid
 logger = logging.getLogger(__name__)
 
 MAX_POLL_SECS = 60.0
+# A plugin over its submit rate is logged at its first refusal, then at most this often (with the count so far).
+RATE_WARN_EVERY_SECS = 300.0
 
 
 class BridgeServer:
@@ -40,14 +45,26 @@ class BridgeServer:
     Methods: ``hello``, ``heartbeat``, ``inbound.submit``, ``outbound.poll``,
     ``outbound.ack``, ``media.get``, ``media.put`` (plus ``extra_methods``, which
     also require a hello first). Any method but hello before a successful hello
-    is answered -32001 and the connection stays usable. A new successful hello
-    replaces the previous session, whose connection is closed.
+    is answered -32001 and the connection stays usable, within the ``gate``'s
+    limits (a small frame limit, a deadline for the hello, a few such connections
+    at once). A new successful hello replaces the previous session, whose
+    connection is closed.
+
+    ``submit_rate`` (a second, 0: no limit) and ``submit_burst`` bound the plugin's
+    ``inbound.submit`` calls, whichever connection makes them: one over them is
+    answered -32007 (``RateLimited``) and reaches nothing.
     """
 
     def __init__(self, *, socket_path: str, plugin_id: str, token: str, hub: Hub,
                  extra_methods: Mapping[str, Callable[..., Any]] | None = None,
                  max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, max_poll_secs: float = MAX_POLL_SECS,
-                 max_concurrent_requests: int = 64):
+                 max_concurrent_requests: int = 64, gate: HelloGate = HelloGate(),
+                 submit_rate: float = 0.0, submit_burst: int | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        if gate is None:
+            raise ValueError("a bridge needs a HelloGate: without one a connection is authenticated at once")
+        if submit_rate < 0:
+            raise ValueError(f"submit_rate must be 0 (no limit) or above, not {submit_rate!r}")
         self.plugin_id = plugin_id
         self._token = token
         self.hub = hub
@@ -55,10 +72,14 @@ class BridgeServer:
         self.max_poll_secs = max_poll_secs
         self.max_frame_bytes = max_frame_bytes
         self.session: Connection | None = None
+        self.submits = (TokenBucket(submit_rate, submit_burst or max(1, round(submit_rate)), clock=clock)
+                        if submit_rate else None)
+        self.rate_limited = 0  # inbound.submit calls refused over the rate
+        self._rate_warned_at = float("-inf")
         self.transport = JsonRpcSocketServer(socket_path, self._dispatcher_for,
                                              max_frame_bytes=max_frame_bytes,
                                              max_concurrent_requests=max_concurrent_requests,
-                                             on_close=self._closed)
+                                             on_close=self._closed, gate=gate, label=f"bridge {plugin_id}")
 
     @property
     def socket_path(self) -> str:
@@ -75,7 +96,6 @@ class BridgeServer:
         await self.transport.close()
 
     def _dispatcher_for(self, conn: Connection) -> Dispatcher:
-        conn.sequential = True
         methods: dict[str, Callable[..., Any]] = {"hello": lambda *a, **p: self._hello(conn, a, p)}
         own = {
             "heartbeat": self._heartbeat,
@@ -94,7 +114,7 @@ class BridgeServer:
     @staticmethod
     def _authenticated(conn: Connection, fn: Callable[..., Any], *, pass_conn: bool) -> Callable[..., Any]:
         async def guarded(*args: Any, **params: Any) -> Any:
-            if not conn.state.get("authenticated"):
+            if not conn.authenticated:
                 raise RPCError(NOT_AUTHENTICATED)
             result = fn(conn, args, params) if pass_conn else fn(*args, **params)
             return await result if inspect.isawaitable(result) else result
@@ -128,8 +148,8 @@ class BridgeServer:
             # calls end before the hub requeues what it held, so its long-poll cannot take it back.
             previous.close()
         limits = await self.hub.hello_ok(self.plugin_id, info)
-        conn.state.update(authenticated=True, session_id=session_id, limits=dict(limits))
-        conn.sequential = False
+        conn.state.update(session_id=session_id, limits=dict(limits))
+        conn.authenticate()
         return {
             "plugin_id": self.plugin_id,
             "session_id": session_id,
@@ -139,6 +159,7 @@ class BridgeServer:
             "max_retries": limits.get("max_retries", 5),
             "max_poll_secs": self.max_poll_secs,
             "max_frame_bytes": self.max_frame_bytes,
+            "max_batch_calls": self.transport.max_concurrent_requests,
         }
 
     async def _heartbeat(self, conn: Connection, args: tuple, params: dict) -> dict:
@@ -147,6 +168,16 @@ class BridgeServer:
         return {"ok": True, "time": utc_now()}
 
     async def _submit(self, conn: Connection, args: tuple, params: dict) -> dict:
+        if self.submits is not None:
+            wait = self.submits.take()
+            if wait:
+                self.rate_limited += 1
+                if time.monotonic() - self._rate_warned_at >= RATE_WARN_EVERY_SECS:
+                    self._rate_warned_at = time.monotonic()
+                    logger.warning("bridge %s: inbound.submit over the plugin's rate (%s a second, %s at once): "
+                                   "refused, the worker sends it again (%d refused so far)", self.plugin_id,
+                                   self.submits.rate, self.submits.burst, self.rate_limited)
+                raise RateLimited(wait, self.submits.rate, self.submits.burst)
         p = parse(SubmitParams, args, params)
         try:
             message = InboundMessage.from_dict(p.message, "message")

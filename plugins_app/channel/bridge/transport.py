@@ -1,19 +1,49 @@
 """The bridge's transport: newline-delimited JSON-RPC 2.0 on a private Unix socket (no protocol methods)."""
 from __future__ import annotations
 
+import array
 import asyncio
+import fcntl
 import itertools
 import logging
 import os
 import socket
 import stat
 import struct
+import termios
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from plugins_app.channel.sdk.jsonrpc import (DEFAULT_MAX_FRAME_BYTES, Dispatcher, LineSplitter, RPCError,
-                                             batch_too_long, encode_frame, error_response)
+                                             batch_too_long, encode_frame, error_response, parse_large_frame)
 
 logger = logging.getLogger(__name__)
+
+# A frame longer than this is parsed in a thread (``parse_large_frame``), not on the event loop every plugin's
+# bridge shares; the connection reads on once it is parsed, so its frames keep their order.
+LARGE_FRAME_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True)
+class HelloGate:
+    """What a connection may do before it is authenticated (``Connection.authenticate``, the bridge's ``hello``).
+
+    Its frames are cut at ``max_frame_bytes`` (the server's own limit, if lower), it is closed unless
+    authenticated within ``deadline_secs`` of its connect, and at most ``max_connections`` such connections
+    are open at once: one more closes the oldest that is idle, neither in the middle of a frame (a hello under
+    way) nor with its first bytes sent and not read yet (a hello waiting its turn), or is itself refused when
+    none is. The oldest rather than the newcomer: a client holding its places idle must not keep the worker,
+    whose hello follows its connect at once, from getting in; nor must a client connecting again and again
+    push the worker's connection out before its hello is read.
+    """
+
+    max_frame_bytes: int = 64 * 1024
+    deadline_secs: float = 10.0
+    max_connections: int = 8
+
+    def __post_init__(self):
+        if self.max_frame_bytes < 1 or not self.deadline_secs > 0 or self.max_connections < 1:
+            raise ValueError(f"{self}: every limit must be above 0")
 
 
 class AddressInUse(OSError):
@@ -83,17 +113,50 @@ class Connection:
 
     _ids = itertools.count(1)
 
-    def __init__(self, writer: asyncio.StreamWriter):
+    def __init__(self, writer: asyncio.StreamWriter, *, authenticated: bool = True,
+                 reader: asyncio.StreamReader | None = None):
         self.id = next(self._ids)
         self.writer = writer
+        self.reader = reader
+        self.read_from = False  # its handler has read bytes of it
         self.tasks: set[asyncio.Task] = set()
         self.closed = False
-        # Until a session is authenticated its frames are handled one at a time, in order,
-        # so a client that pipelines hello and its first call sees them in that order.
-        self.sequential = False
+        # Until a connection is authenticated its frames are handled one at a time, in order (so a client
+        # that pipelines hello and its first call sees them in that order), under the server's HelloGate.
+        self.authenticated = authenticated
         self.state: dict[str, Any] = {}
         self.peer = _peer_credentials(writer.get_extra_info("socket"))
+        self.kept_answers = 0  # answers of finished batch calls kept for their batch's, their slots given back
+        self.busy = False  # a frame of an unauthenticated connection is being dispatched
+        self.overdue = False  # its deadline passed while it was
+        self._on_authenticated: Callable[[], None] | None = None
+        self._deadline: asyncio.TimerHandle | None = None
         self._write_lock = asyncio.Lock()
+
+    def first_bytes_waiting(self) -> bool:
+        """Nothing read from the connection yet, and bytes of it wait to be: in its stream's buffer or in its
+        socket's (a worker's hello, sent as it connected, while the loop served others)."""
+        if self.read_from:
+            return False
+        if self.reader is not None and len(getattr(self.reader, "_buffer", b"")):  # (asyncio.StreamReader's)
+            return True
+        sock = self.writer.get_extra_info("socket")
+        if sock is None:
+            return False
+        waiting = array.array("i", [0])
+        try:
+            fcntl.ioctl(sock.fileno(), termios.FIONREAD, waiting, True)
+        except (OSError, ValueError):
+            return False
+        return waiting[0] > 0
+
+    def authenticate(self) -> None:
+        """Lift the ``HelloGate``: the server's own frame limit, no deadline, calls run side by side."""
+        if self.authenticated:
+            return
+        self.authenticated = True
+        if self._on_authenticated is not None:
+            self._on_authenticated()
 
     async def send(self, data: bytes) -> None:
         if self.closed:
@@ -105,10 +168,14 @@ class Connection:
             except (ConnectionError, RuntimeError):
                 self.closed = True
 
-    def close(self) -> None:
-        """Close the socket and cancel the calls still running on it."""
+    def close(self, *, abort: bool = False) -> None:
+        """Close the socket and cancel the calls still running on it. ``abort``: at once, dropping what is not
+        sent yet (a peer that reads nothing cannot keep it open)."""
         self.closed = True
-        self.writer.close()
+        if abort:
+            self.writer.transport.abort()
+        else:
+            self.writer.close()
         current = asyncio.current_task()
         for task in list(self.tasks):
             if task is not current:
@@ -121,23 +188,37 @@ class JsonRpcSocketServer:
     Each frame runs as its own task, so a long-poll does not hold up a
     heartbeat; responses go out as they finish (JSON-RPC matches them by id).
     A malformed or oversized frame is answered with its error and the
-    connection carries on.
+    connection carries on. A frame over ``LARGE_FRAME_BYTES`` is parsed in a
+    thread while the loop serves everyone else; the connection's next frame
+    waits for it, so frames run in the order they came.
 
-    ``max_concurrent_requests`` bounds the calls a connection has in flight, batched
-    or not: a batch takes one slot per call until it is answered, and a batch
-    longer than the limit is refused whole (-32600, none of its calls run). When
-    every slot is taken the connection is not read until one frees.
+    ``max_concurrent_requests`` bounds the calls a connection has running, batched
+    or not: a batch takes one slot per call, and a batch longer than the limit is
+    refused whole (-32600, none of its calls run). A call of a batch that has
+    finished gives its slot back while the rest of its batch runs, its answer kept
+    for the batch's: at most ``max_concurrent_requests`` such answers are kept per
+    connection (past them a finished call keeps its slot until its batch is
+    answered). When every slot is taken the connection is not read until one frees.
+
+    With a ``gate`` (``HelloGate``) a connection starts unauthenticated, under the
+    gate's limits, until ``Connection.authenticate``; without one every connection is
+    authenticated from the start. ``label`` names the server in its log lines.
     """
 
     def __init__(self, socket_path: str, dispatcher_factory: Callable[[Connection], Dispatcher], *,
                  max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, max_concurrent_requests: int = 64,
-                 on_close: Callable[[Connection], Awaitable[None]] | None = None):
+                 on_close: Callable[[Connection], Awaitable[None]] | None = None, gate: HelloGate | None = None,
+                 label: str = "json-rpc server", large_frame_bytes: int = LARGE_FRAME_BYTES):
         self.socket_path = socket_path
         self.dispatcher_factory = dispatcher_factory
         self.max_frame_bytes = max_frame_bytes
         self.max_concurrent_requests = max_concurrent_requests
         self.on_close = on_close
+        self.gate = gate
+        self.label = label
+        self.large_frame_bytes = large_frame_bytes
         self.connections: set[Connection] = set()
+        self.unauthenticated: dict[Connection, None] = {}  # in the order they connected
         self._handlers: set[asyncio.Task] = set()
         self._server: asyncio.AbstractServer | None = None
         self._inode: int | None = None
@@ -165,23 +246,80 @@ class JsonRpcSocketServer:
         except FileNotFoundError:
             pass
 
+    # -- the gate -----------------------------------------------------------------------
+
+    def _admit(self, conn: Connection, splitter: LineSplitter) -> bool:
+        """Put a new connection under the gate; False when it is refused (every place taken by a hello under way or
+        waiting to be read)."""
+        gate = self.gate
+        assert gate is not None
+        if len(self.unauthenticated) >= gate.max_connections:
+            oldest = next((c for c in self.unauthenticated if not c.busy and not c.first_bytes_waiting()), None)
+            if oldest is None:
+                logger.warning("%s: %d connections have not said hello yet, each with a hello under way: "
+                               "refused one more", self.label, gate.max_connections)
+                return False
+            logger.warning("%s: %d connections have not said hello yet: closed the oldest", self.label,
+                           gate.max_connections)
+            self._drop(oldest)
+        self.unauthenticated[conn] = None
+        conn._deadline = asyncio.get_running_loop().call_later(gate.deadline_secs, self._hello_overdue, conn)
+
+        def lift() -> None:
+            if conn._deadline is not None:
+                conn._deadline.cancel()
+            self.unauthenticated.pop(conn, None)
+            splitter.max_frame_bytes = self.max_frame_bytes
+
+        conn._on_authenticated = lift
+        return True
+
+    def _hello_overdue(self, conn: Connection) -> None:
+        if conn.authenticated or conn.closed:
+            return
+        if conn.busy:
+            conn.overdue = True  # (closed once that frame is answered, unless it authenticated the connection)
+            return
+        self._close_overdue(conn)
+
+    def _close_overdue(self, conn: Connection) -> None:
+        logger.warning("%s: a connection said no hello within %s s: closed", self.label,
+                       self.gate.deadline_secs if self.gate else None)
+        self._drop(conn)
+
+    def _drop(self, conn: Connection) -> None:
+        self.unauthenticated.pop(conn, None)
+        conn.close(abort=True)
+
+    # -- a connection -------------------------------------------------------------------
+
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = Connection(writer)
+        conn = Connection(writer, authenticated=self.gate is None, reader=reader)
         self.connections.add(conn)
         me = asyncio.current_task()
         if me is not None:
             self._handlers.add(me)
-        dispatcher = self.dispatcher_factory(conn)
-        splitter = LineSplitter(self.max_frame_bytes)
+        splitter = LineSplitter(self.max_frame_bytes if self.gate is None
+                                else min(self.gate.max_frame_bytes, self.max_frame_bytes))
         slots = asyncio.Semaphore(self.max_concurrent_requests)  # backpressure: stop reading when full
         try:
+            if self.gate is not None and not self._admit(conn, splitter):
+                conn.close(abort=True)
+                return
+            dispatcher = self.dispatcher_factory(conn)
             while not conn.closed:
                 data = await reader.read(65536)
                 if not data:
                     break
-                for frame in splitter.feed(data):
+                conn.read_from = True
+                for frame in splitter.frames(data):
+                    if conn.closed:
+                        break
                     try:
-                        obj = dispatcher.frame_obj(frame)
+                        if isinstance(frame, bytes) and len(frame) > self.large_frame_bytes:
+                            obj = await asyncio.to_thread(parse_large_frame, frame)
+                        else:
+                            obj = dispatcher.frame_obj(frame)
                     except RPCError as exc:
                         await conn.send(encode_frame(error_response(None, exc)))
                         continue
@@ -190,8 +328,18 @@ class JsonRpcSocketServer:
                         refusal = batch_too_long(calls, self.max_concurrent_requests)
                         await conn.send(encode_frame(error_response(None, refusal)))
                         continue
-                    if conn.sequential:
-                        await self._one(conn, dispatcher, obj, None, 0)
+                    if not conn.authenticated:
+                        # Under way (not closed at the deadline, not the oldest to close) while it runs, not while
+                        # its answer is written: a client that sends and never reads is closed all the same.
+                        conn.busy = True
+                        try:
+                            response = await dispatcher.handle_obj_async(obj)
+                        finally:
+                            conn.busy = False
+                        if conn.overdue and not conn.authenticated:
+                            self._close_overdue(conn)
+                        elif response is not None:
+                            await conn.send(encode_frame(response))
                         continue
                     calls = max(calls, 1)  # an empty batch is one (invalid) request
                     for _ in range(calls):
@@ -204,6 +352,9 @@ class JsonRpcSocketServer:
             pass
         finally:
             conn.closed = True
+            self.unauthenticated.pop(conn, None)
+            if conn._deadline is not None:
+                conn._deadline.cancel()
             for task in list(conn.tasks):
                 task.cancel()
             if conn.tasks:
@@ -221,14 +372,28 @@ class JsonRpcSocketServer:
                 except Exception:  # noqa: BLE001 - a failing hook must not break the server
                     logger.exception("connection close hook failed")
 
-    @staticmethod
-    async def _one(conn: Connection, dispatcher: Dispatcher, obj: Any, slots: asyncio.Semaphore | None,
+    async def _one(self, conn: Connection, dispatcher: Dispatcher, obj: Any, slots: asyncio.Semaphore | None,
                    calls: int) -> None:
+        """Run one frame's calls and send its answer; give back its ``calls`` slots, a finished batch call's at once
+        while fewer than ``max_concurrent_requests`` answers are kept on the connection."""
+        given_back = 0
+        keeping = 0
+
+        def call_done() -> None:
+            nonlocal given_back, keeping
+            if (slots is not None and calls > 1 and given_back < calls
+                    and conn.kept_answers < self.max_concurrent_requests):
+                conn.kept_answers += 1
+                keeping += 1
+                given_back += 1
+                slots.release()
+
         try:
-            response = await dispatcher.handle_obj_async(obj)
+            response = await dispatcher.handle_obj_async(obj, call_done if isinstance(obj, list) else None)
             if response is not None:
                 await conn.send(encode_frame(response))
         finally:
+            conn.kept_answers -= keeping
             if slots is not None:
-                for _ in range(calls):
+                for _ in range(calls - given_back):
                     slots.release()

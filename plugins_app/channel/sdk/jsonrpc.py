@@ -24,9 +24,14 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import json.decoder
+import json.scanner
 import logging
+import math
+import re
+import types
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +60,7 @@ UNKNOWN_DELIVERY = -32003       # outbound.ack names a delivery the host never h
 MEDIA_NOT_FOUND = -32004        # media.get names no stored media (or it expired)
 MEDIA_TOO_LARGE = -32005        # media.put over the host's limit
 HOST_UNAVAILABLE = -32006       # the host cannot serve the call now; retry later
+RATE_LIMITED = -32007           # inbound.submit over the plugin's submit rate; retry after data.retry_after_secs
 
 APPLICATION_MESSAGES = {
     NOT_AUTHENTICATED: "Not authenticated: call hello first",
@@ -63,6 +69,7 @@ APPLICATION_MESSAGES = {
     MEDIA_NOT_FOUND: "Media not found",
     MEDIA_TOO_LARGE: "Media too large",
     HOST_UNAVAILABLE: "Host unavailable",
+    RATE_LIMITED: "Rate limited",
 }
 
 DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
@@ -117,11 +124,47 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _finite_float(text: str) -> float:
+    # 1e999 is read as inf: Infinity by another name, which no answer could carry back (encode_frame refuses it).
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"{text} is past a float's range")
+    return value
+
+
 def parse_frame(frame: bytes | str) -> Any:
     """Parse one frame; raises ``RPCError(PARSE_ERROR)`` for anything that is not JSON."""
+    return _parse(frame, json.loads)
+
+
+# json.scanner's pure-Python scanner reads numbers with a regex whose \d takes any Unicode digit ('[1\u0662]' is [12]);
+# the C scanner, json.loads, takes ASCII digits only. The same scanner function, made to see an ASCII-only regex:
+_ASCII_NUMBER_RE = re.compile(r"(-?(?:0|[1-9][0-9]*))(\.[0-9]+)?([eE][-+]?[0-9]+)?")
+_py_make_scanner = types.FunctionType(json.scanner.py_make_scanner.__code__,
+                                      {**vars(json.scanner), "NUMBER_RE": _ASCII_NUMBER_RE})
+
+
+def _yielding_loads(text: str, **kwargs: Any) -> Any:
+    decoder = json.decoder.JSONDecoder(**kwargs)
+    decoder.scan_once = _py_make_scanner(decoder)  # (strings are still read by the C scanstring)
+    return decoder.decode(text)
+
+
+def parse_large_frame(frame: bytes | str) -> Any:
+    """``parse_frame``'s answer (the same value, the same errors) by the pure-Python scanner, for a thread; but for
+    nesting: it recurses twice per level, so a frame nested deeper than some 490 levels (json.loads: some 990) is a
+    parse error here (no protocol message nests more than a few).
+
+    The C parser holds the GIL for the whole of one ``json.loads``: a 16 MiB frame of small objects run in a thread
+    still stops every other thread (the event loop) for its whole parse, some 400 ms. The Python scanner lets them run
+    between its steps. It is slower on such a frame, about as fast on one long string (``media.put``'s base64)."""
+    return _parse(frame, _yielding_loads)
+
+
+def _parse(frame: bytes | str, loads: Callable[..., Any]) -> Any:
     try:
         text = frame.decode("utf-8") if isinstance(frame, (bytes, bytearray)) else frame
-        return json.loads(text, parse_constant=_reject_constant)
+        return loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise RPCError(PARSE_ERROR) from exc
 
@@ -178,6 +221,9 @@ class LineSplitter:
     A frame over the limit is not buffered: its bytes are dropped as they arrive
     until its newline, and a single ``FrameTooLarge`` stands in for it, so one
     huge line costs neither memory nor the connection.
+
+    ``frames`` yields them one at a time and reads the limit before each: a receiver that changes it on a
+    frame (the bridge, on a successful ``hello``) has the next frame of the same bytes cut by the new one.
     """
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES):
@@ -186,37 +232,39 @@ class LineSplitter:
         self._discarding = 0  # bytes dropped so far of an oversized frame; 0 when not discarding
 
     def feed(self, data: bytes) -> list[bytes | FrameTooLarge]:
-        out: list[bytes | FrameTooLarge] = []
+        return list(self.frames(data))
+
+    def frames(self, data: bytes) -> Iterator[bytes | FrameTooLarge]:
+        """The frames ``data`` completes, in order; consume it whole (the rest of ``data`` is read as it goes)."""
         pos = 0
         while pos < len(data):
             nl = data.find(b"\n", pos)
             if self._discarding:
                 if nl < 0:
                     self._discarding += len(data) - pos
-                    return out
-                self._discarding += nl - pos
-                out.append(FrameTooLarge(self._discarding, self.max_frame_bytes))
-                self._discarding = 0
+                    return
+                size, self._discarding = self._discarding + nl - pos, 0
                 pos = nl + 1
+                yield FrameTooLarge(size, self.max_frame_bytes)
                 continue
             if nl < 0:
                 self._buf += data[pos:]
                 if len(self._buf) > self.max_frame_bytes:
                     self._discarding = len(self._buf)
                     self._buf = bytearray()
-                return out
+                return
             chunk = data[pos:nl]
+            pos = nl + 1
             if len(self._buf) + len(chunk) > self.max_frame_bytes:
-                out.append(FrameTooLarge(len(self._buf) + len(chunk), self.max_frame_bytes))
+                size = len(self._buf) + len(chunk)
                 self._buf = bytearray()
+                yield FrameTooLarge(size, self.max_frame_bytes)
             else:
                 self._buf += chunk
                 line = bytes(self._buf).rstrip(b"\r")
                 self._buf = bytearray()
                 if line.strip():
-                    out.append(line)
-            pos = nl + 1
-        return out
+                    yield line
 
 
 # ---------------------------------------------------------------------------
@@ -374,14 +422,23 @@ class Dispatcher:
             return self._finish(prepared, None, self._internal(exc))
         return self._finish(prepared, outcome, None)
 
-    async def handle_obj_async(self, obj: Any) -> Any:
-        if isinstance(obj, list):
-            if not obj:
-                return error_response(None, RPCError(INVALID_REQUEST))
-            results = await asyncio.gather(*(self._run_async(self._prepare(o)) for o in obj))
+    async def handle_obj_async(self, obj: Any, call_done: Callable[[], None] | None = None) -> Any:
+        """The response to a parsed frame; ``call_done`` is called as each of its calls finishes (once for a
+        frame that is not a batch, or an empty one), before the batch as a whole is answered."""
+        if isinstance(obj, list) and obj:
+            results = await asyncio.gather(*(self._run_async_then(o, call_done) for o in obj))
             responses = [r for r in results if r is not None]
             return responses or None
-        return await self._run_async(self._prepare(obj))
+        return await self._run_async_then(obj, call_done)
+
+    async def _run_async_then(self, obj: Any, call_done: Callable[[], None] | None) -> dict | None:
+        try:
+            if isinstance(obj, list):  # (an empty batch: one invalid request)
+                return error_response(None, RPCError(INVALID_REQUEST))
+            return await self._run_async(self._prepare(obj))
+        finally:
+            if call_done is not None:
+                call_done()
 
     async def handle_frame_async(self, frame: bytes | str | FrameTooLarge) -> bytes | None:
         try:

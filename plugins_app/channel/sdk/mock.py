@@ -75,7 +75,8 @@ class MockBridge:
 
     def __init__(self, plugin_id: str = "mock-plugin", *, token: str | None = None, max_in_flight: int = 64,
                  max_retries: int = 5, heartbeat_secs: float = 30.0, retry_backoff_secs: float = 0.0,
-                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, allowed_senders: set[str] | None = None):
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, allowed_senders: set[str] | None = None,
+                 submit_rate: float = 0.0, submit_burst: int | None = None):
         self.plugin_id = plugin_id
         self.token = token or secrets.token_urlsafe(24)
         self._dir = tempfile.mkdtemp(prefix="ugent-mock-")  # 0700, and short enough for AF_UNIX paths
@@ -83,7 +84,8 @@ class MockBridge:
         self.hub = _HoldingHub(max_in_flight=max_in_flight, max_retries=max_retries, heartbeat_secs=heartbeat_secs,
                                retry_backoff_secs=retry_backoff_secs, allowed_senders=allowed_senders)
         self.server = BridgeServer(socket_path=self.socket_path, plugin_id=plugin_id, token=self.token,
-                                   hub=self.hub, max_frame_bytes=max_frame_bytes)
+                                   hub=self.hub, max_frame_bytes=max_frame_bytes, submit_rate=submit_rate,
+                                   submit_burst=submit_burst)
         self._thread = ServerThread(self.server)
         self._started = False
 

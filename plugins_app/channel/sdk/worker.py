@@ -41,6 +41,7 @@ import ctypes
 import ctypes.util
 import logging
 import os
+import random
 import re
 import sqlite3
 import signal
@@ -54,8 +55,8 @@ from typing import Any, Callable
 from ugent_common.loglevel import log_level_name
 
 from .client import CallCancelled, CallTimeout, ConnectionLost, RpcClient, connect_with_retry
-from .jsonrpc import (DEFAULT_MAX_FRAME_BYTES, HOST_UNAVAILABLE, INVALID_PARAMS, MEDIA_TOO_LARGE, UNKNOWN_DELIVERY,
-                      RPCError)
+from .jsonrpc import (DEFAULT_MAX_FRAME_BYTES, HOST_UNAVAILABLE, INVALID_PARAMS, MEDIA_TOO_LARGE, RATE_LIMITED,
+                      UNKNOWN_DELIVERY, RPCError)
 from .messages import Attachment, InboundMessage, Media, MessageValidationError, Delivery
 from .outbox import (ACK, ACKED, FAILED, PENDING, REJECTED, RESUME, SENT, Outbox, PendingAck, outbox_path_for,
                      refusal_path_for)
@@ -165,6 +166,9 @@ HOLD_ATTEMPTS = 10
 #: How long the heartbeat that follows a timed-out submit (``_host_probe``) waits: a host that is there answers a beat
 #: in milliseconds; one slower than this is taken as away, which keeps the message holding its chat (the safe side).
 PROBE_TIMEOUT_SECS = 2.0
+#: The longest one wait after a -32007 (the plugin's submit rate; the host names the wait): then the submit is sent
+#: again, and waits again if the host says so, for as long as it does.
+RATE_WAIT_MAX_SECS = 5.0
 
 _NO_LINKS = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S+")
 
@@ -780,7 +784,7 @@ class ChannelWorker:
             outbox.inbound_attempted(key)
             counted = True
             sent_at = time.monotonic()
-            result = client.call("inbound.submit", {"message": message}, timeout=self.call_timeout_secs)
+            result = self._submit_within_rate(client, key, message)
         except _MediaWait as exc:
             return SubmitResult(False, queued=True, reason=str(exc))  # this chat waits; the others go on
         except RPCError as exc:
@@ -821,6 +825,31 @@ class ChannelWorker:
         self._outbox().inbound_acked(key, result)  # (closed meanwhile: owed, and the host answers a repeat duplicate)
         return SubmitResult(bool(result.get("accepted")), duplicate=bool(result.get("duplicate")),
                             reason=result.get("reason"))
+
+    def _submit_within_rate(self, client: RpcClient, key: str, message: dict) -> dict:
+        """``inbound.submit``, sent again after each -32007 once the wait the host names (``retry_after_secs``, with a
+        little jitter, at most ``RATE_WAIT_MAX_SECS``) is over, until the host takes it. The host took nothing, so the
+        message keeps its place (its chat's later messages wait behind it) and counts no try; its lock is the chat's,
+        so the other chats go on. A stop ends the wait (within the drain time, during the flush): the message stays
+        owed in the outbox, ``ConnectionLost`` says so to the caller."""
+        while True:
+            try:
+                return client.call("inbound.submit", {"message": message}, timeout=self.call_timeout_secs)
+            except RPCError as exc:
+                if exc.code != RATE_LIMITED:
+                    raise
+                data = exc.data if isinstance(exc.data, dict) else {}
+                after = data.get("retry_after_secs")
+                after = float(after) if isinstance(after, (int, float)) and not isinstance(after, bool) else 1.0
+                wait = min(max(after, 0.01) * (1.0 + random.random() / 4), RATE_WAIT_MAX_SECS)
+            self.log.debug("inbound.submit of %s: over the plugin's submit rate, again in %.2f s", key, wait)
+            if not self.stopping.is_set():
+                if not self.stopping.wait(wait):
+                    continue
+            deadline = self._drain_deadline
+            if deadline is None or time.monotonic() + wait > deadline:
+                raise ConnectionLost("stopping while the host limits the submit rate: the message stays owed")
+            time.sleep(wait)  # the flush at the stop, within its drain time
 
     def _host_probe(self, client: RpcClient) -> None:
         """One heartbeat after a submit timed out with no other call answered meanwhile: a host that answers it (not
