@@ -549,3 +549,32 @@ def test_a_message_refused_over_the_rate_when_the_worker_stops_stays_owed_and_go
         bridge.wait_for(lambda: len(bridge.hub.inbound) == 2)
         assert [m.message_id for m in bridge.hub.submit_log] == ["m-1", "m-2"]
         assert running.stop() == 0
+
+
+def test_a_backlog_owed_at_a_restart_does_not_hold_up_deliveries_while_it_waits_out_the_rate(tmp_path):
+    """The opening replay ran before the first poll: after a restart with messages owed, every outbound
+    delivery and new message waited until the whole backlog was taken, at the bridge's rate (found reviewing)."""
+    bridge, clock = _limited_bridge(burst=1)
+    state = str(tmp_path / "s")
+    sends = tmp_path / "sends"
+    with bridge:
+        worker = FileChannelWorker(**bridge.worker_kwargs(sends=sends, state_dir=state, drain_timeout_secs=0.2,
+                                                          inbox=[message(f"m-{i}") for i in range(1, 5)]))
+        running = Running(worker)
+        bridge.wait_for(lambda: bridge.server.rate_limited >= 1)  # m-1 taken; m-2 waits for a token
+        assert running.stop() == 0
+        again = FileChannelWorker(**bridge.worker_kwargs(sends=sends, state_dir=state))
+        running = Running(again)
+        try:
+            delivery_id = bridge.queue_delivery("chat-9", "an answer")
+            # no token comes: the backlog (m-2..m-4) cannot go, and the delivery goes all the same
+            bridge.wait_for(lambda: bridge.delivery(delivery_id)["state"] == "delivered")
+            assert delivery_id in sends.read_text().split()
+            assert [m.message_id for m in bridge.hub.inbound] == ["m-1"]
+            while len(bridge.hub.inbound) < 4:  # the backlog then goes, in order, as tokens come
+                refusals = bridge.server.rate_limited
+                bridge.wait_for(lambda: bridge.server.rate_limited > refusals or len(bridge.hub.inbound) == 4)
+                clock.advance(0.1)
+            assert [m.message_id for m in bridge.hub.submit_log] == ["m-1", "m-2", "m-3", "m-4"]
+        finally:
+            assert running.stop() == 0

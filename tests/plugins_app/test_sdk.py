@@ -1348,8 +1348,8 @@ class Capped(ChannelWorker):
     def listen(self, submit): self.stopping.wait()
     def deliver(self, delivery): return None
     def disconnect(self): print("disconnected", flush=True)
-    def replay(self):
-        super().replay()
+    def replay_acks(self):  # (the last step of a start before its threads)
+        super().replay_acks()
         data = int([l for l in open("/proc/self/status") if l.startswith("VmData")][0].split()[1]) * 1024
         resource.setrlimit(resource.RLIMIT_DATA, (data + (4 << 20), resource.RLIM_INFINITY))
 

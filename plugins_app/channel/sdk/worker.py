@@ -395,6 +395,13 @@ class ChannelWorker:
             self.replay()
         return result
 
+    def replay_acks(self) -> None:
+        """Send the acks the outbox still owes (deliveries sent, their ack not answered): a start sends them
+        before it polls, so the host does not hand those deliveries out again."""
+        with self._replay_lock:
+            for ack in self._outbox().outbound_pending_acks():
+                self._send_ack(ack, owed_only=True)
+
     def replay(self) -> None:
         """Send what the outbox says is still owed: acks first, then pending inbound submits."""
         with self._replay_lock:
@@ -547,9 +554,9 @@ class ChannelWorker:
             while not self.stopping.is_set():
                 try:
                     self.open_session(replay=False)
-                    # beating before the opening replay: after a restart it may download owed files for minutes
                     self._start_beating()
-                    self.replay()
+                    # the acks the outbox owes, before the first poll: the host hands out nothing already sent
+                    self.replay_acks()
                 except RPCError as exc:
                     self.log.error("hello refused: %s", exc)
                     code = EXIT_REFUSED
@@ -568,6 +575,11 @@ class ChannelWorker:
                     continue
                 unreachable_since = None
                 self._start_threads()
+                # The opening replay runs on the replay thread, beside polling and the listener: a backlog owed
+                # since before a restart (its files to download, the bridge's submit rate to wait out) must not
+                # hold up every outbound delivery and new message until it is all in. A chat's order holds: a
+                # new message of a chat goes after its owed ones (_send_inbound_in_order).
+                self._replay_due.set()
                 try:
                     while not self.stopping.is_set():
                         self.poll_once()
