@@ -272,6 +272,22 @@ def test_a_signed_body_nested_too_deep_is_answered_400_by_every_channel_not_500(
 # A webhook in a worker that has reached its memory cap (RLIMIT_DATA, which each thread's whole stack counts
 # against): the connection's own thread starts (the stack of one that just ended, which glibc keeps), its
 # deadline timer's thread cannot. Then the cap eases, and the server must answer again.
+# (in a script run apart) the process capped a little over what it holds, then threads started until no more can:
+# `held` keeps them, each with the event that ends it
+THREADS_TO_THE_CAP = '''
+data = int([l for l in open("/proc/self/status") if l.startswith("VmData")][0].split()[1]) * 1024
+resource.setrlimit(resource.RLIMIT_DATA, (data + (64 << 20), resource.RLIM_INFINITY))
+held = []
+try:
+    while True:
+        release = threading.Event()
+        thread = threading.Thread(target=release.wait, daemon=True)
+        thread.start()
+        held.append((thread, release))
+except RuntimeError:
+    pass
+'''
+
 AT_THE_CAP = '''
 import os, resource, socket, threading, time
 from plugins_app.channel.sdk.webhook import WebhookServer
@@ -297,18 +313,7 @@ def get():
             return "reset"
 
 print("before", get(), flush=True)
-data = int([l for l in open("/proc/self/status") if l.startswith("VmData")][0].split()[1]) * 1024
-resource.setrlimit(resource.RLIMIT_DATA, (data + (64 << 20), resource.RLIM_INFINITY))
-held = []
-try:
-    while True:
-        release = threading.Event()
-        thread = threading.Thread(target=release.wait, daemon=True)
-        thread.start()
-        held.append((thread, release))
-except RuntimeError:
-    pass
-thread, release = held.pop()  # room for one thread: the connection's
+''' + THREADS_TO_THE_CAP + '''thread, release = held.pop()  # room for one thread: the connection's
 release.set(); thread.join()
 while os.path.exists(f"/proc/self/task/{thread.native_id}"):  # its stack is back in glibc's cache
     time.sleep(0.01)
@@ -338,18 +343,7 @@ from plugins_app.channel.sdk.webhook import ChatLanes
 
 handled = []
 lanes = ChatLanes(handled.append, name="capped")
-data = int([l for l in open("/proc/self/status") if l.startswith("VmData")][0].split()[1]) * 1024
-resource.setrlimit(resource.RLIMIT_DATA, (data + (64 << 20), resource.RLIM_INFINITY))
-held = []
-try:
-    while True:
-        release = threading.Event()
-        thread = threading.Thread(target=release.wait, daemon=True)
-        thread.start()
-        held.append((thread, release))
-except RuntimeError:
-    pass
-try:
+''' + THREADS_TO_THE_CAP + '''try:
     lanes.put("chat-1", "first")
     print("put", "queued", flush=True)
 except RuntimeError as exc:

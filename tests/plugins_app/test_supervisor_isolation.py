@@ -16,7 +16,8 @@ import pytest
 from plugins_app.channel.supervisor import BACKOFF, STOPPING, DesiredWorker, Supervisor, WorkerHandle, WorkerSpec
 from plugins_app.channel.supervisor.process import pid_alive, pid_file_path, proc_start_time
 
-from .test_supervisor import QUICK, SLEEPER, Harness, dead_pid, sleeper_spec, wait_until, write_pid_file
+from .test_supervisor import (QUICK, SLEEPER, dead_pid, harness, sleeper_spec,  # noqa: F401 (a fixture)
+                              wait_until, write_pid_file)
 
 pytestmark = [pytest.mark.mode_free,
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc, prctl and ptrace")]
@@ -30,19 +31,6 @@ def _eager_celery():
     # Overrides the shared conftest's fixture, which needs pytest-django (as test_supervisor.py does).
     yield
 
-
-@pytest.fixture
-def harness(tmp_path):
-    made = []
-
-    def make(desired, **kw):
-        h = Harness(tmp_path, desired, **kw)
-        made.append(h)
-        return h
-
-    yield make
-    for h in made:
-        h.sup.shutdown(grace=0.5)
 
 
 # --- a worker SIGKILL does not end at once -----------------------------------------------
