@@ -159,19 +159,47 @@ def test_a_pruned_cursor_gets_one_gap_with_a_readable_snapshot_then_goes_on(tcas
     chat(tcast.alice, "script:answer=old answer", conversation_id="ca", client_message_id="m1")
     old_cursor = Event.objects.order_by("id").first().id
     assert streams.events_prune(older_than_seconds=0) > 0
+    mark = EventLogMark.objects.get().value
     chat(tcast.alice, "script:answer=new answer", conversation_id="ca", client_message_id="m2")
+    kept = list(Event.objects.filter(conversation__external_id="ca").order_by("id").values_list("id", flat=True))
     frames = stream("/v1/ugent/activity", tcast.alice, last_event_id=str(old_cursor), conversation_id="ca")
     gaps = _gaps(frames)
     assert len(gaps) == 1 and gaps == frames[:1]
     gap = gaps[0]["data"]
-    assert gap["reason"] == "pruned" and int(gaps[0]["id"]) == gap["cursor"] == gap["snapshot"]["cursor"]
+    # the gap stands in for what was pruned, no more: it ends at the mark, and the log's events after it follow
+    assert gap["reason"] == "pruned" and int(gaps[0]["id"]) == gap["cursor"] == mark
     receipts = {r["client_message_id"]: r for r in gap["snapshot"]["receipts"]}
     assert receipts["m1"]["answer"] == "old answer" and receipts["m2"]["answer"] == "new answer"
-    # on the events stream named to the conversation, the same
+    # on the events stream named to the conversation, the same, and then every event the log still holds
     frames = stream("/v1/ugent/events", tcast.alice, last_event_id=str(old_cursor), conversation_id="ca")
-    assert [f["event"] for f in frames] == ["ugent.gap"] and frames[0]["data"]["snapshot"]["receipts"]
-    # resuming from the gap's id is clean
-    assert stream("/v1/ugent/events", tcast.alice, last_event_id=frames[0]["id"], conversation_id="ca") == []
+    assert [f["event"] for f in frames[:1]] == ["ugent.gap"] and frames[0]["data"]["snapshot"]["receipts"]
+    assert ids(frames[1:]) == kept and int(frames[0]["id"]) == mark
+    # resuming from the gap's id is clean: the same events, no gap
+    assert ids(stream("/v1/ugent/events", tcast.alice, last_event_id=frames[0]["id"], conversation_id="ca")) == kept
+
+
+@pytest.mark.parametrize("path,params", [("/v1/ugent/events", {}), ("/v1/ugent/events", {"conversation_id": "ca"}),
+                                         ("/v1/ugent/activity", {"conversation_id": "ca"})])
+@pytest.mark.parametrize("sent", ["below the mark", "0"])
+def test_a_pruned_gap_is_followed_by_the_events_the_log_still_holds(tcast, path, params, sent):
+    """Retention pruned another user's events (the mark passed alice's cursor); alice's later events are
+    still in the log: one gap, then those events, on every stream (a gap once skipped to the head)."""
+    chat(tcast.alice, "hi", conversation_id="ca")
+    chat(tcast.bob, "hi", conversation_id="cb")
+    ca = Conversation.objects.get(external_id="ca")
+    cb = Conversation.objects.get(external_id="cb")
+    last_alice = Event.objects.filter(conversation=ca).order_by("-id").values_list("id", flat=True)[0]
+    for k in range(3):
+        event_append(conversation_id=cb.pk, type="ugent.test", data={"bob": k})
+    streams.events_prune(older_than_seconds=0)
+    mark = EventLogMark.objects.get().value
+    kept = [event_append(conversation_id=ca.pk, type="interaction.requested", data={"k": k}) for k in range(2)]
+    assert sorted(Event.objects.values_list("id", flat=True)) == kept  # the log still holds them
+    cursor = str(last_alice) if sent == "below the mark" else "0"
+    frames = stream(path, tcast.alice, last_event_id=cursor,
+                    until=lambda fs: int(kept[-1]) in [int(f["id"]) for f in fs if f["id"]], **params)
+    assert [f["event"] for f in frames] == ["ugent.gap", "interaction.requested", "interaction.requested"]
+    assert int(frames[0]["id"]) == frames[0]["data"]["cursor"] == mark and ids(frames[1:]) == kept
 
 
 def test_a_cursor_past_the_log_is_other_store_and_junk_is_unknown(tcast):
@@ -246,3 +274,4 @@ def test_reading_to_any_event_then_resuming_from_its_id_is_the_uninterrupted_seq
         assert ids(first + rest) == ids(whole)
         assert len(whole) == n
     check()
+

@@ -429,3 +429,70 @@ def test_a_stop_by_another_application_s_user_is_handed_out_live_without_their_n
     seen = async_to_sync(run)()
     assert seen == [{"turn_id": turn_id, "by": "someone else"}] * 2 + [{"turn_id": turn_id, "by": "fed:elsewhere:dave"}]
     wait_for(lambda: Turn.objects.filter(turn_id=turn_id, finished_at__isnull=False).exists(), timeout=30)
+
+
+def test_a_caught_up_conversation_stream_idle_while_the_log_moves_on_and_is_pruned_loses_nothing(tcast):
+    """A conversation's reader and subscribers move with the log, not only with their conversation's
+    rows: so retention's mark, raised past other conversations' events, never falls above an idle stream's
+    cursor, and its next live events come without a gap (a false gap once skipped them to the head)."""
+    ca = _conversation(tcast.alice, "ca")
+    cb = _conversation(tcast.bob, "cb")
+    (s,) = _subscribers(tcast.alice, 1, conversation_id="ca")
+
+    async def moved_to(head: int) -> None:
+        while not (_readers(ca.pk) and all(r.cursor >= head for r in _readers(ca.pk))):
+            await asyncio.sleep(0.02)
+
+    async def run():
+        try:
+            await s.caught_up()
+            for k in range(3):
+                await _append(cb, k)
+            # the reader's next poll takes it to the log's head (no row of its own among them), and hands its
+            # subscriber the empty batch that takes it there too
+            await asyncio.wait_for(moved_to(await sync_to_async(streams.log_head)()), GUARD)
+            await sync_to_async(streams.events_prune)(older_than_seconds=0)
+            ids = [await _append(ca, k) for k in range(3)]
+            got = []
+            while len(got) < 3:
+                got.append(await s.event())
+            return ids, got
+        finally:
+            await _closed([s])
+    ids, got = async_to_sync(run)()
+    assert [(f["event"], int(f["id"])) for f in got] == [("ugent.test", i) for i in ids]
+
+
+@pytest.mark.parametrize("path,params,moves", [("/v1/ugent/events", {}, "cb"),
+                                               ("/v1/ugent/activity", {"conversation_id": "ca"}, "ca")])
+def test_a_filtered_subscriber_that_resumed_reads_nothing_itself_once_caught_up(tcast, monkeypatch, path, params,
+                                                                               moves):
+    """docs/streams.md: one read per commit per process. A subscriber whose filter hides the log's last rows
+    (alice on the whole log while bob's conversation moves; the activity feed while answers stream) stands
+    where its read took the log, not at its own last row: the reader's batches follow on, and it reads
+    nothing itself (it once did one read of its own per commit, for ever)."""
+    ca = _conversation(tcast.alice, "ca")
+    cb = _conversation(tcast.bob, "cb")
+    target = ca if moves == "ca" else cb
+    last_alice = Event.objects.filter(conversation=ca).order_by("-id").values_list("id", flat=True)[0]
+    event_append(conversation_id=target.pk, type="turn.delta", data={"segment": "answer", "text": "x"})
+    reads = []
+    real = fanout._read
+    monkeypatch.setattr(fanout, "_read", lambda sub: (reads.append(sub.cursor), real(sub))[1])
+    s = Sse(open_stream(path, tcast.alice["key"], last_event_id=str(last_alice), **ident(tcast.alice), **params))
+
+    async def run():
+        try:
+            await s.caught_up()
+            before = len(reads)
+            appended = []
+            for k in range(20):
+                appended.append(await sync_to_async(event_append)(
+                    conversation_id=target.pk, type="turn.delta", data={"segment": "answer", "text": str(k)}))
+            # then one it may see, in its conversation: everything before it was handed out when it comes
+            mark = await sync_to_async(event_append)(conversation_id=ca.pk, type="tool.started", data={"k": 1})
+            assert int((await s.event())["id"]) == mark
+            return len(reads) - before
+        finally:
+            await _closed([s])
+    assert async_to_sync(run)() == 0
