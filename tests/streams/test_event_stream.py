@@ -275,3 +275,9 @@ def test_reading_to_any_event_then_resuming_from_its_id_is_the_uninterrupted_seq
         assert len(whole) == n
     check()
 
+
+def test_a_blank_last_event_id_leaves_the_cursor_in_the_url_standing(tcast):
+    chat(tcast.alice, "script:answer=one two three", conversation_id="c1")
+    full = stream("/v1/ugent/events", tcast.alice, cursor="0")
+    for blank in ("", " ", "\t "):
+        assert ids(stream("/v1/ugent/events", tcast.alice, cursor=full[1]["id"], last_event_id=blank)) == ids(full)[2:]
