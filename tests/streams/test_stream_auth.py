@@ -3,15 +3,19 @@ it is asked again at each keep-alive interval, and a revoked key ends the stream
 carrying the API's own refusal."""
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 
 from channels_app import services
 from channels_app.events import event_append
 from tests.streams.conftest import open_stream
-from tests.streams.test_fanout import Sse, _closed, _conversation, _keep_bodies  # noqa: F401 (a fixture)
+from tests.streams import test_fanout
+from tests.streams.test_fanout import GUARD, Sse, _closed, _conversation
 
 pytestmark = pytest.mark.django_db(transaction=True)
+_keep_bodies = test_fanout._keep_bodies  # the fixture (autouse) that lets Sse close each stream
 
 
 def test_a_stream_ends_when_the_key_that_opened_it_is_revoked(tcast):
@@ -24,11 +28,15 @@ def test_a_stream_ends_when_the_key_that_opened_it_is_revoked(tcast):
             await s.caught_up()
             assert await sync_to_async(services.api_key_revoke)(key_pk=key.pk)
             seen = []
-            try:
-                while True:
-                    seen.append(await s.event())
-            except StopAsyncIteration:
-                pass
+
+            async def to_the_end():
+                try:
+                    while True:
+                        seen.append(await s.event())
+                except StopAsyncIteration:
+                    pass
+            # pings keep an open stream going: the guard fails a stream that never ends instead of hanging
+            await asyncio.wait_for(to_the_end(), GUARD)
             # ended: nothing more reaches it, bob's next event included
             await sync_to_async(event_append)(conversation_id=cb.pk, type="turn.delta",
                                               data={"segment": "answer", "text": "bob's secret"})
