@@ -7,10 +7,12 @@ The 30 s timeouts only keep a broken build from hanging the suite: nothing is ti
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import deque
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
+from django.db import connection
 
 from channels_app import fanout, notify, streams
 from channels_app.events import conversation_topic, event_append
@@ -496,3 +498,77 @@ def test_a_filtered_subscriber_that_resumed_reads_nothing_itself_once_caught_up(
         finally:
             await _closed([s])
     assert async_to_sync(run)() == 0
+
+
+def test_writers_in_several_conversations_each_subscriber_gets_its_visible_events_once_in_order(tcast):
+    """Stress of cursors that move with the log's head (streams.log_newest_id): threads append to three
+    conversations at once while filtered subscribers (each user's /events, the operator's) and conversation
+    streams read. Every subscriber gets exactly the events it may see, each once, in id order: none
+    skipped by a cursor moved past an event that committed late."""
+    ca = _conversation(tcast.alice, "ca")
+    cb = _conversation(tcast.bob, "cb")
+    cc = _conversation(tcast.alice, "cc")
+    head = str(streams.log_head())
+    alice, bob = tcast.alice, tcast.bob
+    subs = {
+        "alice": _subscribers(alice, 2, cursor=head),
+        "bob": _subscribers(bob, 2, cursor=head),
+        "op": _subscribers({"key": tcast.keys["operator"]}, 1, cursor=head),
+        "alice_ca": _subscribers(alice, 2, cursor=head, conversation_id="ca"),
+        "bob_cb": _subscribers(bob, 1, cursor=head, conversation_id="cb"),
+        "alice_cc": _subscribers(alice, 1, cursor=head, conversation_id="cc"),
+    }
+    appended: list = []  # (id, conversation, audience)
+    lock = threading.Lock()
+    audiences = [None, None, "owner", ["someone-else"]]
+
+    def write(conv: Conversation, n: int) -> None:
+        try:
+            for k in range(n):
+                aud = audiences[k % len(audiences)]
+                aud = [conv.owner.key] if aud == "owner" else aud
+                i = event_append(conversation_id=conv.pk, type="ugent.test", data={"k": k}, audience=aud)
+                with lock:
+                    appended.append((i, conv.pk, aud))
+        finally:
+            connection.close()
+
+    def write_all() -> None:
+        threads = [threading.Thread(target=write, args=(c, 60)) for c in (ca, cb, cc, ca)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    owners = {c.pk: c.owner.key for c in (ca, cb, cc)}
+    convs = {"ca": ca.pk, "cb": cb.pk, "cc": cc.pk}
+    users = {"alice": ca.owner.key, "bob": cb.owner.key}
+
+    def visible(name: str) -> list[int]:
+        """The ids this group's subscribers may see: the operator all; a user those of their conversations
+        (the one the stream names, if any) whose audience is empty or names them."""
+        if name == "op":
+            return sorted(i for i, _pk, _aud in appended)
+        user, conv = (name.split("_") + [None])[:2]
+        return sorted(i for i, pk, aud in appended
+                      if owners[pk] == users[user] and (conv is None or pk == convs[conv])
+                      and (not aud or aud == [users[user]]))
+
+    async def run():
+        try:
+            everyone = [s for group in subs.values() for s in group]
+            await asyncio.gather(*(s.caught_up() for s in everyone))
+            await sync_to_async(write_all, thread_sensitive=False)()
+            result = {}
+            for name, group in subs.items():
+                want = visible(name)
+                result[name] = (want, await asyncio.gather(*(_until(s, want[-1]) for s in group)))
+            return result
+        finally:
+            await _closed([s for group in subs.values() for s in group])
+
+    result = async_to_sync(run)()
+    assert len(appended) == 240
+    for name, (want, seen) in result.items():
+        for got in seen:
+            assert got == want, name
