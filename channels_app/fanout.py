@@ -430,7 +430,13 @@ async def sse_body(sub: streams.Subscription, sink: Sink | None = None):
             # caught up, nothing queued: until woken, the reader writes this stream's batches itself
             tap.send = sink.send if sink is not None else None
             try:
-                await tap.wait(max(0.0, keepalive - (time.monotonic() - tap.sent_at)))
+                now = time.monotonic()
+                # woken by the next keep-alive or the next credentials check, whichever comes first: a revoked
+                # key's stream gets batches for at most one interval after it (the reader writes them meanwhile)
+                due = keepalive - (now - tap.sent_at)
+                if sub.auth_check is not None:
+                    due = min(due, keepalive - (now - checked_at))
+                await tap.wait(max(0.0, due))
             finally:
                 tap.send = None
     finally:

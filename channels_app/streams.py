@@ -174,9 +174,10 @@ def subscription_open(*, viewer: Viewer, raw_cursor, conversation: Conversation 
 def gap_frame(sub: Subscription, reason: str, *, resume: int | None = None) -> bytes:
     """One ugent.gap: the snapshot to take up in place of what is gone; the stream resumes after its cursor.
 
-    `resume`: where what is gone ends (a pruned gap: the pruned-through mark; the log still holds every
-    event after it, and the stream sends them). None: the snapshot's cursor, or the log's head without
-    a conversation (a cursor that is no position in this log: nothing after it can be told apart)."""
+    `resume`: where what is gone ends (a pruned gap on the whole log's stream, which has no snapshot: the
+    pruned-through mark; the log still holds every event after it, and the stream sends them). None: the
+    snapshot's cursor (the snapshot stands for every event up to it), or the log's head without a
+    conversation (a cursor that is no position in this log: nothing after it can be told apart)."""
     snapshot = None
     if sub.conversation is not None:
         snapshot = conversation_snapshot(viewer=sub.viewer, conversation=sub.conversation)
@@ -279,8 +280,11 @@ def subscription_read(sub: Subscription, *, limit: int = READ_BATCH) -> tuple[li
     # stands in for what was pruned alone: the rows after the mark are still the log's, and follow it.
     pruned = log_pruned_through()
     if pruned > sub.cursor:
-        frames.append(gap_frame(sub, GAP_PRUNED, resume=pruned))
-        rows = [row for row in rows if row["id"] > pruned]
+        # With a snapshot (a conversation's stream) the stream goes on after the snapshot's cursor: it stands
+        # for every event up to it, and an event it holds sent again would be taken up twice. Without one (the
+        # whole log's stream) the gap stands for what was pruned alone, and the log's rows after the mark follow.
+        frames.append(gap_frame(sub, GAP_PRUNED, resume=None if sub.conversation is not None else pruned))
+        rows = [row for row in rows if row["id"] > sub.cursor]
     for row in rows:
         if access.event_readable(sub.viewer, owner_id=row["conversation__owner_id"], audience=row["audience"] or []):
             frames.append(row_frame_for(sub.viewer, row))
