@@ -81,12 +81,39 @@ class _StreamView(View):
         # fan-out matches events to its viewer by the actor's row, so the stream keeps one (reads do not)
         viewer = services.viewer_of_request(principal, d)
         conversation = _conversation(viewer, d) if d.get("conversation_id") else None
-        # EventSource reconnects to the same URL with Last-Event-ID: the header is the newer position.
+        # EventSource reconnects to the same URL with Last-Event-ID: the header is the newer position
+        # (one that is blank, spaces included, names none, and the URL's cursor stands).
         raw = request.headers.get("Last-Event-ID")
-        if raw is None or raw == "":
+        if raw is None or raw.strip() == "":
             raw = d.get("cursor")
-        return streams.subscription_open(viewer=viewer, raw_cursor=raw, conversation=conversation,
-                                         activity=self.activity)
+        sub = streams.subscription_open(viewer=viewer, raw_cursor=raw, conversation=conversation,
+                                        activity=self.activity)
+        sub.auth_check = _auth_check(request.headers, d, viewer)
+        return sub
+
+
+#: Why an open stream ends when the key, token or role that opened it no longer speaks for its viewer.
+STREAM_AUTH_CHANGED = ("The key or identity token that opened this stream no longer speaks for its user as it did "
+                       "(its caller's role or the user it names changed): open the stream again.")
+
+
+def _auth_check(headers, fields: dict, viewer: Viewer):
+    """What an open stream asks now and then (channels_app.fanout.sse_body): do the request's key and
+    identity token still authenticate, as the same caller with the same role, for the same user? The
+    error a new request with them would get (a revoked, rotated or deleted key: 401 `Invalid API key.`;
+    an expired token: its 401/403), or STREAM_AUTH_CHANGED; None while they hold."""
+    opened = (viewer.caller.pk, viewer.caller.role, viewer.is_operator, viewer.actor.key)
+
+    def check() -> ApplicationError | None:
+        try:
+            principal = authenticate_headers(headers)
+            again = services.reader_of_request(principal, fields)
+        except ApplicationError as exc:
+            return exc
+        if (again.caller.pk, again.caller.role, again.is_operator, again.actor.key) != opened:
+            return ApplicationError(STREAM_AUTH_CHANGED, status=403, code="stream_credentials_changed")
+        return None
+    return check
 
 
 LAST_EVENT_ID = OpenApiParameter("Last-Event-ID", str, OpenApiParameter.HEADER, required=False,

@@ -33,6 +33,7 @@ log. A reader stops when its last subscriber leaves.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import sys
 import threading
@@ -136,6 +137,10 @@ class Tap:
         and the tap is then cut loose."""
         if self.send is not None and not self.batches and self._write(batch, now):
             return True
+        if not batch.frames and self.batches and self.batches[-1].last == batch.prev:
+            # nothing for it, right after what it has queued: that batch ends there now (no more to wake for)
+            self.batches[-1] = dataclasses.replace(self.batches[-1], last=batch.last)
+            return True
         if self.held + len(batch.frames) > self.limit:
             self.cut, self.batches, self.held = True, deque(), 0
             self.event.set()
@@ -211,9 +216,10 @@ class Reader:
     def _read(self, cursor: int | None):
         streams.db_ready()
         if cursor is None:
-            return streams.log_head(), [], 0
+            return streams.log_head(), [], 0, 0
+        newest = streams.log_newest_id()  # before the rows: every event up to it has committed
         rows = streams.log_rows_after(cursor, conversation_pk=self.conversation_pk)
-        return cursor, rows, streams.log_pruned_through()
+        return cursor, rows, streams.log_pruned_through(), newest
 
     async def run(self) -> None:
         read = sync_to_async(self._read, thread_sensitive=False)
@@ -224,7 +230,7 @@ class Reader:
                 taken = self.take_pushed(self.waiter.take())
                 continue
             try:
-                cursor, rows, pruned = await read(self.cursor)
+                cursor, rows, pruned, newest = await read(self.cursor)
             except Exception as exc:  # the database is away: the subscribers wait, nothing is skipped
                 log.warning("fan-out read failed (stream=%s, error=%s)", self.key[1], exc)
                 await asyncio.sleep(notify.POLL_INTERVAL)
@@ -233,13 +239,22 @@ class Reader:
                 self.cursor = cursor
                 self.ready.set()
                 continue
-            if rows:
-                self.batches += 1
+            full = len(rows) >= streams.READ_BATCH
+            # A read that took every row up to `newest` moves the reader there, rows or none: a conversation's
+            # reader moves with the log, so a stream idle while other conversations go on stays above the
+            # pruned-through mark, and its subscribers (an empty batch moves them too) are never sent back
+            # to the database by a batch that starts beyond them (docs/streams.md).
+            last = rows[-1]["id"] if rows else self.cursor
+            if not full:
+                last = max(last, newest)
+            if last > self.cursor:
+                if rows:
+                    self.batches += 1
                 # read after the rows: a prune that deleted any of them committed before it is seen
                 prev = READ_YOURSELF if pruned > self.cursor else self.cursor
-                self.cursor = rows[-1]["id"]
-                self.hand_out(prev, rows)
-                if len(rows) >= streams.READ_BATCH:
+                self.cursor = last
+                self.hand_out(prev, rows, last)
+                if full:
                     continue
             await self.waiter.wait(notify.POLL_INTERVAL)
             taken = self.take_pushed(self.waiter.take())
@@ -252,7 +267,8 @@ class Reader:
         if not pushed or len(pushed) != len(batches):
             return False
         ordered = sorted(pushed, key=lambda b: b.rows[0]["id"])  # two turns' commits may wake out of order
-        rows = notify.rows_following(ordered, self.cursor, lambda row: row["id"])
+        rows = notify.rows_following(ordered, self.cursor, lambda row: row["id"],
+                                     prev_at_most=self.conversation_pk is not None)
         if rows is None:
             return False
         if rows:
@@ -261,11 +277,12 @@ class Reader:
             self.hand_out(prev, rows)
         return True
 
-    def hand_out(self, prev: int, rows: list[dict]) -> None:
+    def hand_out(self, prev: int, rows: list[dict], last: int | None = None) -> None:
         """Each row rendered once; each kind of subscriber's frames filtered and joined once; each
-        subscriber written to (or queued for) with its kind's batch."""
+        subscriber written to (or queued for) with its kind's batch. `last`: where the batch ends, when
+        the read took the log up to beyond its last row (rows may then be none)."""
         rendered = [(row, row["id"], streams.row_frame(row)) for row in rows]
-        last = rows[-1]["id"]
+        last = rows[-1]["id"] if last is None else last
         now = time.monotonic()
         by_filter: dict[tuple, Batch] = {}  # subscribers with the same viewer and feed see the same frames
         for tap in list(self.taps):
@@ -337,6 +354,11 @@ def _read(sub: streams.Subscription):
     return streams.subscription_read(sub)
 
 
+def _auth_refused(sub: streams.Subscription):
+    streams.db_ready()
+    return sub.auth_check()
+
+
 async def sse_body(sub: streams.Subscription, sink: Sink | None = None):
     """Frames after the cursor, in order, each once: history from the log, then the reader's batches,
     which the reader writes to `sink.send` itself while this stream waits caught up."""
@@ -344,6 +366,7 @@ async def sse_body(sub: streams.Subscription, sink: Sink | None = None):
     read = sync_to_async(_read, thread_sensitive=False)
     keepalive = float(settings.UGENT_SSE_KEEPALIVE)
     behind = True  # the log holds what this subscriber has not seen: read it
+    checked_at = time.monotonic()  # the request authenticated just now
     try:
         yield f"retry: {streams.SSE_RETRY_MS}\n\n".encode()
         if not tap.reader.ready.is_set():
@@ -363,6 +386,15 @@ async def sse_body(sub: streams.Subscription, sink: Sink | None = None):
                 await held
             if tap.broken is not None:
                 return
+            if sub.auth_check is not None and time.monotonic() - checked_at >= keepalive:
+                # what opened the stream must still hold: a revoked key, an expired token ends it (the
+                # stream wakes at least once per keep-alive interval, whoever writes its batches)
+                checked_at = time.monotonic()
+                refused = await sync_to_async(_auth_refused, thread_sensitive=False)(sub)
+                if refused is not None:
+                    log.info("stream ended: its credentials no longer hold (code=%s)", refused.code)
+                    yield streams.refused_frame(refused)
+                    return
             if behind:
                 frames, more = await read(sub)
                 if frames:
@@ -398,7 +430,13 @@ async def sse_body(sub: streams.Subscription, sink: Sink | None = None):
             # caught up, nothing queued: until woken, the reader writes this stream's batches itself
             tap.send = sink.send if sink is not None else None
             try:
-                await tap.wait(max(0.0, keepalive - (time.monotonic() - tap.sent_at)))
+                now = time.monotonic()
+                # woken by the next keep-alive or the next credentials check, whichever comes first: a revoked
+                # key's stream gets batches for at most one interval after it (the reader writes them meanwhile)
+                due = keepalive - (now - tap.sent_at)
+                if sub.auth_check is not None:
+                    due = min(due, keepalive - (now - checked_at))
+                await tap.wait(max(0.0, due))
             finally:
                 tap.send = None
     finally:

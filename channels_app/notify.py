@@ -86,22 +86,27 @@ ROW_FIELDS = ("id", "type", "audience", "data", "created_at", "conversation__ext
               "conversation__channel", "conversation__owner_id", "turn__turn_id")
 
 
-def rows_following(batches, cursor: int, id_of) -> list | None:
+def rows_following(batches, cursor: int, id_of, *, prev_at_most: bool = False) -> list | None:
     """The rows `batches` carry (in the order given) that follow `cursor` without a gap, the one walk
     both kinds of reader take (channels_app.api's turn stream, channels_app.fanout's readers).
 
     A batch that ends at or before the cursor is skipped: the reader had it already (read from the
     database, or the same batch over Redis and from this process). Any other batch must start where the
     reader stands (`prev`), or None: the reader must read the database. `id_of(row)` is a row's event id
-    (a TurnBatch's rows are tuples, a ConversationBatch's dicts)."""
+    (a TurnBatch's rows are tuples, a ConversationBatch's dicts).
+
+    `prev_at_most`: a batch that starts at or before the cursor follows too, and its rows after the
+    cursor are taken: for a reader of one conversation, whose cursor also moves with the log's head
+    (channels_app.fanout) while `prev` is the conversation's own previous event: the conversation had
+    nothing between `prev` and the batch's first row, so nothing between the cursor and it either."""
     taken = []
     for batch in batches:
         last = id_of(batch.rows[-1])
         if last <= cursor:
             continue  # had already
-        if batch.prev != cursor:
+        if batch.prev > cursor if prev_at_most else batch.prev != cursor:
             return None
-        taken.extend(batch.rows)
+        taken.extend(row for row in batch.rows if id_of(row) > cursor)
         cursor = last
     return taken
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Callable
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -82,7 +83,14 @@ def conversation_for_viewer(*, viewer: Viewer, conversation_id: str, client_id: 
 
 def log_head() -> int:
     """The newest cursor the log has held: never below what retention pruned, even when it is empty."""
-    return max(Event.objects.aggregate(m=Max("id"))["m"] or 0, log_pruned_through())
+    return max(log_newest_id(), log_pruned_through())
+
+
+def log_newest_id() -> int:
+    """The newest event id visible now. Ids are visible in commit order (events_append takes the log's
+    lock; SQLite has one writer), so every event at or below it has committed: a read of "id > N" made
+    after this one sees all of them, and a reader that read them all may stand here."""
+    return Event.objects.aggregate(m=Max("id"))["m"] or 0
 
 
 def log_pruned_through() -> int:
@@ -137,6 +145,9 @@ class Subscription:
     activity: bool = False
     pending_gap: str | None = None
     scanned: int = field(default=0)
+    #: Whether what opened the stream (its key, its identity token, its caller's role) still holds:
+    #: called now and then while the stream is open (channels_app.api_streams); None: never asked.
+    auth_check: Callable[[], ApplicationError | None] | None = None
 
 
 def subscription_open(*, viewer: Viewer, raw_cursor, conversation: Conversation | None = None,
@@ -160,19 +171,31 @@ def subscription_open(*, viewer: Viewer, raw_cursor, conversation: Conversation 
     return sub
 
 
-def gap_frame(sub: Subscription, reason: str) -> bytes:
-    """One ugent.gap: the snapshot to take up in place of what is gone; the stream resumes after its cursor."""
+def gap_frame(sub: Subscription, reason: str, *, resume: int | None = None) -> bytes:
+    """One ugent.gap: the snapshot to take up in place of what is gone; the stream resumes after its cursor.
+
+    `resume`: where what is gone ends (a pruned gap on the whole log's stream, which has no snapshot: the
+    pruned-through mark; the log still holds every event after it, and the stream sends them). None: the
+    snapshot's cursor (the snapshot stands for every event up to it), or the log's head without a
+    conversation (a cursor that is no position in this log: nothing after it can be told apart)."""
     snapshot = None
     if sub.conversation is not None:
         snapshot = conversation_snapshot(viewer=sub.viewer, conversation=sub.conversation)
-        resume = snapshot["cursor"]
-    else:
-        resume = log_head()
+    if resume is None:
+        resume = snapshot["cursor"] if snapshot is not None else log_head()
     payload = {"id": resume, "type": "ugent.gap", "reason": reason,
                "conversation_id": sub.conversation.external_id if sub.conversation else None,
                "cursor": resume, "ts": _iso(timezone.now()), "snapshot": snapshot}
     sub.cursor = resume
     return sse_frame(resume, "ugent.gap", payload)
+
+
+def refused_frame(exc: ApplicationError) -> bytes:
+    """The last frame of a stream whose key or identity token no longer holds (Subscription.auth_check):
+    `ugent.error` with the body the API answers that refusal with. No `id:`: the client's
+    Last-Event-ID stays its last event's, and a reconnect with valid credentials goes on from it."""
+    body = json.dumps(exc.body(), ensure_ascii=False, separators=(",", ":"), default=str)
+    return f"event: ugent.error\ndata: {body}\n\n".encode()
 
 
 def gap_frame_cut_loose(sub: Subscription) -> bytes:
@@ -248,18 +271,30 @@ def subscription_read(sub: Subscription, *, limit: int = READ_BATCH) -> tuple[li
     if sub.pending_gap:
         reason, sub.pending_gap = sub.pending_gap, None
         frames.append(gap_frame(sub, reason))
+    # Read before the events: every event up to it has committed, so the query below sees all of them.
+    newest = log_newest_id()
     rows = log_rows_after(sub.cursor, conversation_pk=sub.conversation.pk if sub.conversation is not None else None,
                           viewer=sub.viewer, activity=sub.activity, limit=limit)
-    # Read after the events: a prune that deleted any of them committed before this read sees it.
-    if log_pruned_through() > sub.cursor:
-        frames.append(gap_frame(sub, GAP_PRUNED))
-        return frames, True
+    more = len(rows) >= limit
+    # Read after the events: a prune that deleted any of them committed before this read sees it. The gap
+    # stands in for what was pruned alone: the rows after the mark are still the log's, and follow it.
+    pruned = log_pruned_through()
+    if pruned > sub.cursor:
+        # With a snapshot (a conversation's stream) the stream goes on after the snapshot's cursor: it stands
+        # for every event up to it, and an event it holds sent again would be taken up twice. Without one (the
+        # whole log's stream) the gap stands for what was pruned alone, and the log's rows after the mark follow.
+        frames.append(gap_frame(sub, GAP_PRUNED, resume=None if sub.conversation is not None else pruned))
+        rows = [row for row in rows if row["id"] > sub.cursor]
     for row in rows:
         if access.event_readable(sub.viewer, owner_id=row["conversation__owner_id"], audience=row["audience"] or []):
             frames.append(row_frame_for(sub.viewer, row))
     if rows:
         sub.cursor = rows[-1]["id"]
-    return frames, len(rows) >= limit
+    if not more:
+        # it read everything up to `newest` this stream may see: it stands there, not at its own last row, or
+        # every later batch of its reader would start beyond it and send it back to the database
+        sub.cursor = max(sub.cursor, newest)
+    return frames, more
 
 
 def db_ready() -> None:

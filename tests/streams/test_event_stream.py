@@ -159,19 +159,56 @@ def test_a_pruned_cursor_gets_one_gap_with_a_readable_snapshot_then_goes_on(tcas
     chat(tcast.alice, "script:answer=old answer", conversation_id="ca", client_message_id="m1")
     old_cursor = Event.objects.order_by("id").first().id
     assert streams.events_prune(older_than_seconds=0) > 0
+    mark = EventLogMark.objects.get().value
     chat(tcast.alice, "script:answer=new answer", conversation_id="ca", client_message_id="m2")
+    kept = list(Event.objects.filter(conversation__external_id="ca").order_by("id").values_list("id", flat=True))
     frames = stream("/v1/ugent/activity", tcast.alice, last_event_id=str(old_cursor), conversation_id="ca")
     gaps = _gaps(frames)
     assert len(gaps) == 1 and gaps == frames[:1]
     gap = gaps[0]["data"]
+    # the snapshot stands for every event up to its cursor (m2's too): the stream goes on after it, and sends
+    # none of them again (a client taking the snapshot up would apply m2 twice)
     assert gap["reason"] == "pruned" and int(gaps[0]["id"]) == gap["cursor"] == gap["snapshot"]["cursor"]
+    assert gap["cursor"] >= kept[-1] > mark
     receipts = {r["client_message_id"]: r for r in gap["snapshot"]["receipts"]}
     assert receipts["m1"]["answer"] == "old answer" and receipts["m2"]["answer"] == "new answer"
     # on the events stream named to the conversation, the same
     frames = stream("/v1/ugent/events", tcast.alice, last_event_id=str(old_cursor), conversation_id="ca")
     assert [f["event"] for f in frames] == ["ugent.gap"] and frames[0]["data"]["snapshot"]["receipts"]
-    # resuming from the gap's id is clean
+    assert int(frames[0]["id"]) >= kept[-1]
+    # resuming from the gap's id is clean: nothing, no gap
     assert stream("/v1/ugent/events", tcast.alice, last_event_id=frames[0]["id"], conversation_id="ca") == []
+
+
+@pytest.mark.parametrize("path,params", [("/v1/ugent/events", {}), ("/v1/ugent/events", {"conversation_id": "ca"}),
+                                         ("/v1/ugent/activity", {"conversation_id": "ca"})])
+@pytest.mark.parametrize("sent", ["below the mark", "0"])
+def test_a_pruned_gap_is_followed_by_the_events_the_log_still_holds(tcast, path, params, sent):
+    """Retention pruned another user's events (the mark passed alice's cursor); alice's later events are
+    still in the log. The whole log's stream (no snapshot): one gap at the mark, then those events (a gap once
+    skipped to the head, and they were never sent). A conversation's stream: one gap whose snapshot stands for
+    them (its cursor past them), nothing sent twice."""
+    chat(tcast.alice, "hi", conversation_id="ca")
+    chat(tcast.bob, "hi", conversation_id="cb")
+    ca = Conversation.objects.get(external_id="ca")
+    cb = Conversation.objects.get(external_id="cb")
+    last_alice = Event.objects.filter(conversation=ca).order_by("-id").values_list("id", flat=True)[0]
+    for k in range(3):
+        event_append(conversation_id=cb.pk, type="ugent.test", data={"bob": k})
+    streams.events_prune(older_than_seconds=0)
+    mark = EventLogMark.objects.get().value
+    kept = [event_append(conversation_id=ca.pk, type="interaction.requested", data={"k": k}) for k in range(2)]
+    assert sorted(Event.objects.values_list("id", flat=True)) == kept  # the log still holds them
+    cursor = str(last_alice) if sent == "below the mark" else "0"
+    if params:  # a conversation's stream: its snapshot stands for every event up to its cursor, kept ones too
+        frames = stream(path, tcast.alice, last_event_id=cursor, **params)
+        assert [f["event"] for f in frames] == ["ugent.gap"]
+        assert int(frames[0]["id"]) == frames[0]["data"]["snapshot"]["cursor"] >= kept[-1]
+        return
+    frames = stream(path, tcast.alice, last_event_id=cursor,
+                    until=lambda fs: int(kept[-1]) in [int(f["id"]) for f in fs if f["id"]], **params)
+    assert [f["event"] for f in frames] == ["ugent.gap", "interaction.requested", "interaction.requested"]
+    assert int(frames[0]["id"]) == frames[0]["data"]["cursor"] == mark and ids(frames[1:]) == kept
 
 
 def test_a_cursor_past_the_log_is_other_store_and_junk_is_unknown(tcast):
@@ -246,3 +283,10 @@ def test_reading_to_any_event_then_resuming_from_its_id_is_the_uninterrupted_seq
         assert ids(first + rest) == ids(whole)
         assert len(whole) == n
     check()
+
+
+def test_a_blank_last_event_id_leaves_the_cursor_in_the_url_standing(tcast):
+    chat(tcast.alice, "script:answer=one two three", conversation_id="c1")
+    full = stream("/v1/ugent/events", tcast.alice, cursor="0")
+    for blank in ("", " ", "\t "):
+        assert ids(stream("/v1/ugent/events", tcast.alice, cursor=full[1]["id"], last_event_id=blank)) == ids(full)[2:]

@@ -7,10 +7,12 @@ The 30 s timeouts only keep a broken build from hanging the suite: nothing is ti
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import deque
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
+from django.db import connection
 
 from channels_app import fanout, notify, streams
 from channels_app.events import conversation_topic, event_append
@@ -429,3 +431,144 @@ def test_a_stop_by_another_application_s_user_is_handed_out_live_without_their_n
     seen = async_to_sync(run)()
     assert seen == [{"turn_id": turn_id, "by": "someone else"}] * 2 + [{"turn_id": turn_id, "by": "fed:elsewhere:dave"}]
     wait_for(lambda: Turn.objects.filter(turn_id=turn_id, finished_at__isnull=False).exists(), timeout=30)
+
+
+def test_a_caught_up_conversation_stream_idle_while_the_log_moves_on_and_is_pruned_loses_nothing(tcast):
+    """A conversation's reader and subscribers move with the log, not only with their conversation's
+    rows: so retention's mark, raised past other conversations' events, never falls above an idle stream's
+    cursor, and its next live events come without a gap (a false gap once skipped them to the head)."""
+    ca = _conversation(tcast.alice, "ca")
+    cb = _conversation(tcast.bob, "cb")
+    (s,) = _subscribers(tcast.alice, 1, conversation_id="ca")
+
+    async def moved_to(head: int) -> None:
+        while not (_readers(ca.pk) and all(r.cursor >= head for r in _readers(ca.pk))):
+            await asyncio.sleep(0.02)
+
+    async def run():
+        try:
+            await s.caught_up()
+            for k in range(3):
+                await _append(cb, k)
+            # the reader's next poll takes it to the log's head (no row of its own among them), and hands its
+            # subscriber the empty batch that takes it there too
+            await asyncio.wait_for(moved_to(await sync_to_async(streams.log_head)()), GUARD)
+            await sync_to_async(streams.events_prune)(older_than_seconds=0)
+            ids = [await _append(ca, k) for k in range(3)]
+            got = []
+            while len(got) < 3:
+                got.append(await s.event())
+            return ids, got
+        finally:
+            await _closed([s])
+    ids, got = async_to_sync(run)()
+    assert [(f["event"], int(f["id"])) for f in got] == [("ugent.test", i) for i in ids]
+
+
+@pytest.mark.parametrize("path,params,moves", [("/v1/ugent/events", {}, "cb"),
+                                               ("/v1/ugent/activity", {"conversation_id": "ca"}, "ca")])
+def test_a_filtered_subscriber_that_resumed_reads_nothing_itself_once_caught_up(tcast, monkeypatch, path, params,
+                                                                               moves):
+    """docs/streams.md: one read per commit per process. A subscriber whose filter hides the log's last rows
+    (alice on the whole log while bob's conversation moves; the activity feed while answers stream) stands
+    where its read took the log, not at its own last row: the reader's batches follow on, and it reads
+    nothing itself (it once did one read of its own per commit, for ever)."""
+    ca = _conversation(tcast.alice, "ca")
+    cb = _conversation(tcast.bob, "cb")
+    target = ca if moves == "ca" else cb
+    last_alice = Event.objects.filter(conversation=ca).order_by("-id").values_list("id", flat=True)[0]
+    event_append(conversation_id=target.pk, type="turn.delta", data={"segment": "answer", "text": "x"})
+    reads = []
+    real = fanout._read
+    monkeypatch.setattr(fanout, "_read", lambda sub: (reads.append(sub.cursor), real(sub))[1])
+    s = Sse(open_stream(path, tcast.alice["key"], last_event_id=str(last_alice), **ident(tcast.alice), **params))
+
+    async def run():
+        try:
+            await s.caught_up()
+            before = len(reads)
+            appended = []
+            for k in range(20):
+                appended.append(await sync_to_async(event_append)(
+                    conversation_id=target.pk, type="turn.delta", data={"segment": "answer", "text": str(k)}))
+            # then one it may see, in its conversation: everything before it was handed out when it comes
+            mark = await sync_to_async(event_append)(conversation_id=ca.pk, type="tool.started", data={"k": 1})
+            assert int((await s.event())["id"]) == mark
+            return len(reads) - before
+        finally:
+            await _closed([s])
+    assert async_to_sync(run)() == 0
+
+
+def test_writers_in_several_conversations_each_subscriber_gets_its_visible_events_once_in_order(tcast):
+    """Stress of cursors that move with the log's head (streams.log_newest_id): threads append to three
+    conversations at once while filtered subscribers (each user's /events, the operator's) and conversation
+    streams read. Every subscriber gets exactly the events it may see, each once, in id order: none
+    skipped by a cursor moved past an event that committed late."""
+    ca = _conversation(tcast.alice, "ca")
+    cb = _conversation(tcast.bob, "cb")
+    cc = _conversation(tcast.alice, "cc")
+    head = str(streams.log_head())
+    alice, bob = tcast.alice, tcast.bob
+    subs = {
+        "alice": _subscribers(alice, 2, cursor=head),
+        "bob": _subscribers(bob, 2, cursor=head),
+        "op": _subscribers({"key": tcast.keys["operator"]}, 1, cursor=head),
+        "alice_ca": _subscribers(alice, 2, cursor=head, conversation_id="ca"),
+        "bob_cb": _subscribers(bob, 1, cursor=head, conversation_id="cb"),
+        "alice_cc": _subscribers(alice, 1, cursor=head, conversation_id="cc"),
+    }
+    appended: list = []  # (id, conversation, audience)
+    lock = threading.Lock()
+    audiences = [None, None, "owner", ["someone-else"]]
+
+    def write(conv: Conversation, n: int) -> None:
+        try:
+            for k in range(n):
+                aud = audiences[k % len(audiences)]
+                aud = [conv.owner.key] if aud == "owner" else aud
+                i = event_append(conversation_id=conv.pk, type="ugent.test", data={"k": k}, audience=aud)
+                with lock:
+                    appended.append((i, conv.pk, aud))
+        finally:
+            connection.close()
+
+    def write_all() -> None:
+        threads = [threading.Thread(target=write, args=(c, 60)) for c in (ca, cb, cc, ca)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    owners = {c.pk: c.owner.key for c in (ca, cb, cc)}
+    convs = {"ca": ca.pk, "cb": cb.pk, "cc": cc.pk}
+    users = {"alice": ca.owner.key, "bob": cb.owner.key}
+
+    def visible(name: str) -> list[int]:
+        """The ids this group's subscribers may see: the operator all; a user those of their conversations
+        (the one the stream names, if any) whose audience is empty or names them."""
+        if name == "op":
+            return sorted(i for i, _pk, _aud in appended)
+        user, conv = (name.split("_") + [None])[:2]
+        return sorted(i for i, pk, aud in appended
+                      if owners[pk] == users[user] and (conv is None or pk == convs[conv])
+                      and (not aud or aud == [users[user]]))
+
+    async def run():
+        try:
+            everyone = [s for group in subs.values() for s in group]
+            await asyncio.gather(*(s.caught_up() for s in everyone))
+            await sync_to_async(write_all, thread_sensitive=False)()
+            result = {}
+            for name, group in subs.items():
+                want = visible(name)
+                result[name] = (want, await asyncio.gather(*(_until(s, want[-1]) for s in group)))
+            return result
+        finally:
+            await _closed([s for group in subs.values() for s in group])
+
+    result = async_to_sync(run)()
+    assert len(appended) == 240
+    for name, (want, seen) in result.items():
+        for got in seen:
+            assert got == want, name
