@@ -18,6 +18,21 @@ pytestmark = pytest.mark.django_db(transaction=True)
 _keep_bodies = test_fanout._keep_bodies  # the fixture (autouse) that lets Sse close each stream
 
 
+async def to_the_end(s: Sse) -> list:
+    """Every frame until the stream ends. Pings keep an open stream going: the guard fails a stream that never
+    ends instead of hanging."""
+    seen = []
+
+    async def read():
+        try:
+            while True:
+                seen.append(await s.event())
+        except StopAsyncIteration:
+            pass
+    await asyncio.wait_for(read(), GUARD)
+    return seen
+
+
 def test_a_stream_ends_when_the_key_that_opened_it_is_revoked(tcast):
     cb = _conversation(tcast.bob, "cb")
     key, raw = services.api_key_issue(caller=tcast.operator, label="laptop")
@@ -27,16 +42,7 @@ def test_a_stream_ends_when_the_key_that_opened_it_is_revoked(tcast):
         try:
             await s.caught_up()
             assert await sync_to_async(services.api_key_revoke)(key_pk=key.pk)
-            seen = []
-
-            async def to_the_end():
-                try:
-                    while True:
-                        seen.append(await s.event())
-                except StopAsyncIteration:
-                    pass
-            # pings keep an open stream going: the guard fails a stream that never ends instead of hanging
-            await asyncio.wait_for(to_the_end(), GUARD)
+            seen = await to_the_end(s)
             # ended: nothing more reaches it, bob's next event included
             await sync_to_async(event_append)(conversation_id=cb.pk, type="turn.delta",
                                               data={"segment": "answer", "text": "bob's secret"})
@@ -68,16 +74,7 @@ def test_a_stream_ends_when_its_caller_s_role_changes_or_its_key_is_deleted(tcas
         try:
             await s.caught_up()
             await sync_to_async(change)(tcast, key)
-            seen = []
-
-            async def to_the_end():
-                try:
-                    while True:
-                        seen.append(await s.event())
-                except StopAsyncIteration:
-                    pass
-            await asyncio.wait_for(to_the_end(), GUARD)
-            return seen
+            return await to_the_end(s)
         finally:
             await _closed([s])
     seen = async_to_sync(run)()
