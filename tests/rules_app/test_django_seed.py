@@ -321,7 +321,8 @@ def test_compact_hides_older_messages_keeps_the_last_exchanges_and_stores_a_summ
     assert event.data["trigger"] == "rule" and event.data["hidden"] == 6 and event.data["kept"] == 2
     assert event.data["summary_message_id"] == summary.pk and event.data["summarizer"] == "ugent-extractive"
     assert "- user: question 0." in summary.content
-    visible_users = list(Message.objects.filter(hidden=False, role="user").values_list("content", flat=True))
+    visible_users = list(Message.objects.filter(hidden=False, role="user").order_by("id")
+                         .values_list("content", flat=True))  # (in id order: PostgreSQL's own is a row's place)
     assert visible_users == ["question 3. with more words", "question 4. with more words", "COMPACT PLEASE"]
     # the next message's history no longer holds the hidden ones: the summary stands in for them
     # (1 summary + the 6 visible messages)
