@@ -276,8 +276,7 @@ def subscription_read(sub: Subscription, *, limit: int = READ_BATCH) -> tuple[li
     rows = log_rows_after(sub.cursor, conversation_pk=sub.conversation.pk if sub.conversation is not None else None,
                           viewer=sub.viewer, activity=sub.activity, limit=limit)
     more = len(rows) >= limit
-    # Read after the events: a prune that deleted any of them committed before this read sees it. The gap
-    # stands in for what was pruned alone: the rows after the mark are still the log's, and follow it.
+    # Read after the events: a prune that deleted any of them committed before this read sees it.
     pruned = log_pruned_through()
     if pruned > sub.cursor:
         # With a snapshot (a conversation's stream) the stream goes on after the snapshot's cursor: it stands

@@ -399,8 +399,11 @@ class ChannelWorker:
         """Send the acks the outbox still owes (deliveries sent, their ack not answered): a start sends them
         before it polls, so the host does not hand those deliveries out again."""
         with self._replay_lock:
-            for ack in self._outbox().outbound_pending_acks():
-                self._send_ack(ack, owed_only=True)
+            self._send_owed_acks()
+
+    def _send_owed_acks(self) -> None:
+        for ack in self._outbox().outbound_pending_acks():
+            self._send_ack(ack, owed_only=True)
 
     def replay(self) -> None:
         """Send what the outbox says is still owed: acks first, then pending inbound submits."""
@@ -408,9 +411,8 @@ class ChannelWorker:
             self._replay()
 
     def _replay(self, *, background: bool = False, flush: bool = False) -> None:
+        self._send_owed_acks()
         outbox = self._outbox()
-        for ack in outbox.outbound_pending_acks():
-            self._send_ack(ack, owed_only=True)
         held: set[str] = set()  # conversations whose earlier message the host could not take yet
         for row in outbox.inbound_pending():
             # A stop ends a replay between two rows (a row's file may take minutes): what is left stays owed. The
