@@ -6,7 +6,8 @@ processes, two Celery workers, beat, the supervisor, over the private PostgreSQL
 of the cluster logs anything). Sends `--turns` chat turns one after another, then counts, per turn:
 
   * the statements PostgreSQL received from the layout's processes (its log; BEGIN and COMMIT are
-    statements too, each a round trip), by process kind (web, worker) and by shape (literals out);
+    statements too, each a round trip), by process kind (web, worker) and by shape (literals out; an
+    EXECUTE of a prepared statement shown as that statement);
   * the Redis commands the layout's processes sent (`MONITOR` on the private Redis, attributed to
     the processes by their client ports, so another run sharing that Redis is not counted).
 
@@ -123,9 +124,19 @@ def main():
                            r"(?:statement|execute [^:]*): (.*)$")
         current = None
 
+        # Statements run prepared (UGENT_PG_PREPARE) arrive as `EXECUTE ugent_N(...)`: each is shown as the
+        # statement its backend prepared under that name (in the warm-up, so read from the log's start).
+        with open(log, errors="replace") as fh:
+            prepared = {(int(m.group(1)), m.group(2)): m.group(3) for m in re.finditer(
+                r"^\S+ \S+ \S+ \[(\d+)\] \S+ LOG:  duration: [\d.]+ ms  statement: "
+                r"(?:SAVEPOINT ugent_prepare; )?PREPARE (ugent_\d+) AS (.*?)(?:; RELEASE SAVEPOINT ugent_prepare)?$",
+                fh.read(), re.M)}
+
         def done(cur):
             if cur:
-                key = cur[0] + " | " + shape(cur[1])
+                sql = re.sub(r"EXECUTE (ugent_\d+)(?:\((?:'(?:[^']|'')*'|[^;'])*\))?",
+                             lambda m: prepared.get((cur[3], m.group(1)), m.group(0)), cur[1])
+                key = cur[0] + " | " + shape(sql)
                 shapes[key] += 1
                 shapes_ms[key] += cur[2]
 
@@ -140,7 +151,7 @@ def main():
                 k = (kind_of(client) if client else None) or "other"
                 per_kind[k] += 1
                 server_ms[k] += float(m.group(4))
-                current = [k, m.group(5), float(m.group(4))]
+                current = [k, m.group(5), float(m.group(4)), int(m.group(1))]
             elif current and line.startswith("\t"):
                 current[1] += " " + line.strip()
             else:

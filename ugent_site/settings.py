@@ -147,6 +147,10 @@ DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # Django's, with a health check that looks at the socket before it asks the server (ugent_site/db/postgresql)
     DATABASES["default"]["ENGINE"] = "ugent_site.db.postgresql"
+# The turn path's statements (ugent_common/rows.py) prepared once a connection and pipelined on
+# PostgreSQL: planning them was most of the server's time a turn. false: sent as literal SQL, for a
+# pooler that cannot keep a session's prepared statements (docs/deploy.md).
+UGENT_PG_PREPARE = env.bool("UGENT_PG_PREPARE", default=True)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 LANGUAGE_CODE = "en-us"
