@@ -11,7 +11,7 @@ import os
 import re
 
 import pytest
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, InternalError, ProgrammingError, connection, transaction
 
 from channels_app import statements
 from channels_app.models import Caller
@@ -37,7 +37,9 @@ def on_server() -> dict[str, int]:
     (The server keeps the whole query string a PREPARE came in: inside a transaction, with its savepoint.)"""
     with connection.cursor() as cur:  # Django's cursor: sent as literal SQL, never prepared
         cur.execute("SELECT statement, generic_plans + custom_plans FROM pg_prepared_statements")
-        return {re.search(r"PREPARE ugent_\d+ AS [^;]*", sql).group(0): n for sql, n in cur.fetchall()}
+        found = {re.search(r"PREPARE ugent_\w+ AS [^;]*", sql).group(0): n for sql, n in cur.fetchall()}
+    # names are the process's own (a random part): ugent_<hex>_<n> read as ugent_<n>
+    return {re.sub(r"ugent_[0-9a-f]{8}_", "ugent_", sql): n for sql, n in found.items()}
 
 
 def callers() -> rows.Table:
@@ -154,3 +156,94 @@ def test_a_literal_percent_sign_survives_the_prepare(prepared):
     sql = f"SELECT {t.col('name')} FROM {t.name} WHERE {t.col('name')} LIKE '%%' || %s"
     assert [rows.fetchone(sql, ["%"]) for _ in range(3)] == [("50%",)] * 3
     assert any("LIKE '%' || $1" in s for s in on_server())
+
+
+def test_a_name_is_never_given_twice_even_after_a_refusal(prepared):
+    """A refused statement's name stays unused: a later statement given it again would run, on every
+    connection that prepared the first holder, that statement's SQL with its own values."""
+    refused, c, d = "SELECT %s + %s", "SELECT 'I am C: ' || %s", "SELECT 'I am D: ' || %s"
+    prepared._named(refused)
+    assert prepared._named(refused) is not None  # named, its PREPARE not tried yet (another thread's, say)
+    assert [rows.fetchone(c, ["x"]) for _ in range(2)] == [("I am C: x",)] * 2  # C prepared now
+    assert rows.fetchone(refused, [1, 2]) == (3,)  # refused: literal SQL from now on
+    assert [rows.fetchone(d, ["y"]) for _ in range(3)] == [("I am D: y",)] * 3
+    assert len(set(on_server())) == 2 and len({name for name, _ in prepared.names.values()}) == 2
+
+
+def test_values_the_inferred_types_cannot_take_go_as_literal_sql_with_the_same_answer(prepared):
+    Caller.objects.create(name="ada", role="user")
+    t = callers()
+    assert [t.get(id=2 ** 63) for _ in range(3)] == [None] * 3  # bigint's range: no row, not an error
+    assert [t.get(id=-(2 ** 63) - 1) for _ in range(3)] == [None] * 3
+    assert [rows.fetchone("SELECT %s", [5]) for _ in range(3)] == [(5,)] * 3  # the server took $1 as text
+    assert [rows.fetchone("SELECT '[10,20]'::jsonb -> %s", [1]) for _ in range(3)] == [("20",)] * 3  # an index, not a key
+    ada = Caller.objects.get(name="ada")
+    assert [t.get(id=ada.pk).name for _ in range(3)] == ["ada"] * 3  # in range: prepared and executed
+    assert [runs for sql, runs in on_server().items() if "WHERE \"id\" = $1" in sql] == [3]
+
+
+def _drop_prepared():
+    with connection.cursor() as cur:
+        cur.execute("DEALLOCATE ALL")
+
+
+def test_statements_dropped_under_a_connection_are_prepared_again(prepared, caplog):
+    Caller.objects.create(name="ada", role="user")
+    run_get("ada")
+    run_get("ada")
+    _drop_prepared()
+    assert run_get("ada").name == "ada"  # outside a transaction: tried again as literal SQL
+    assert "prepared statements dropped on a connection" in caplog.text
+    assert run_get("ada").name == "ada"
+    assert list(on_server().values()) == [1]  # prepared again
+    _drop_prepared()
+    with pytest.raises(ProgrammingError, match="does not exist"):
+        with transaction.atomic():  # inside one the call fails (its transaction cannot go on)...
+            run_get("ada")
+    assert run_get("ada").name == "ada"  # ...and the connection is whole again for the next
+    assert list(on_server().values()) == [1]
+
+
+def test_a_plan_a_migration_changed_under_is_prepared_again(prepared):
+    """A column a prepared statement returns changes its type (an AlterField of max_length does): its
+    cached plan no longer fits, and the connection prepares its statements again."""
+    Caller.objects.create(name="ada", role="user")
+    t = callers()
+    sql = f"SELECT {t.col('name')} FROM {t.name} WHERE {t.col('role')} = %s"
+    assert [rows.fetchone(sql, ["user"]) for _ in range(2)] == [("ada",)] * 2
+    with connection.cursor() as cur:
+        cur.execute(f"ALTER TABLE {t.name} ALTER COLUMN {t.col('name')} TYPE varchar(120)")
+    try:
+        assert [rows.fetchone(sql, ["user"]) for _ in range(3)] == [("ada",)] * 3
+    finally:
+        with connection.cursor() as cur:
+            cur.execute(f"ALTER TABLE {t.name} ALTER COLUMN {t.col('name')} TYPE varchar(100)")
+
+
+def test_inside_a_failed_transaction_the_error_is_the_one_it_always_was(prepared):
+    Caller.objects.create(name="ada", role="user")
+    run_get("ada")  # seen once: the next sighting would PREPARE
+    with pytest.raises(InternalError, match="current transaction is aborted"):
+        with transaction.atomic():
+            try:
+                with connection.cursor() as cur:
+                    cur.execute("SELECT 1/0")
+            except Exception:
+                pass  # caught, without a savepoint: the transaction is failed, Django does not know
+            run_get("ada")
+    assert on_server() == {}
+    assert run_get("ada").name == "ada"
+
+
+def test_the_turn_path_runs_prepared(prepared, tcast):
+    """The statements a turn sends carry choices (TextChoices, a str) and ids: they run as EXECUTEs."""
+    from channels_app.models import Turn
+    from tests.streams.test_fanout import _conversation
+    turn = Turn.objects.filter(conversation=_conversation(tcast.bob, "cb")).latest("id")
+    for _ in range(3):
+        assert statements.turn_fetch(turn.pk).pk == turn.pk
+        assert statements.steering_pending(turn.pk) is False
+    runs = on_server()
+    assert [n for sql, n in runs.items() if '"channels_app_turn" t JOIN' in sql][0] >= 2, runs
+    assert [n for sql, n in runs.items() if sql.endswith('"channels_app_steering" WHERE "turn_id" = $1 '
+                                                         'AND "state" = $2 LIMIT 1')][0] >= 2, runs

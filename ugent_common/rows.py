@@ -21,10 +21,14 @@ statements go through the full cursor so the watcher sees them.
 from __future__ import annotations
 
 import datetime
+import decimal
+import itertools
 import logging
 import re
+import secrets
 import sqlite3
 import threading
+import uuid
 import weakref
 from datetime import timezone as dt_timezone
 
@@ -275,24 +279,41 @@ class _Prepared:
     of the server's own time: 1.3 ms of its CPU for the claim's five statements, 0.4 ms as EXECUTEs of
     statements prepared before (docs/performance.md, "Servers mode"). A statement seen twice in the
     process gets a name, and each connection PREPAREs it before its first EXECUTE there: one round trip
-    a statement a connection. PREPARE is not undone by a rollback, so once it answered the statement
-    is there for the connection's life. One that cannot be prepared (a parameter whose type nothing
-    around it says, say) is run as literal SQL from then on: inside a transaction its PREPARE goes
-    within a savepoint, so that failing costs the caller's transaction nothing.
-    Statements are still sent as literal SQL strings (Django binds parameters on the client):
-    psycopg's own server-side binding, prepared and pipelined, cost more Python than it saved.
-    Past `MAX` statements a process prepares no more (each costs the server memory on every
-    connection); only SELECT, INSERT, UPDATE and DELETE can be prepared."""
+    a statement a connection. PREPARE is not undone by a rollback, so once it answered the statement is
+    there for the connection's life. Statements are still sent as literal SQL strings (Django binds
+    parameters on the client): psycopg's own server-side binding, prepared and pipelined, cost more
+    Python than it saved.
+
+    What the caller sees does not change:
+    * The server infers a prepared statement's parameter types from the SQL around them, where a literal
+      was typed from its own value. Each call's values are checked against the types the server inferred
+      (`_fits`), and a call whose values do not fit (an integer out of its column's range, a number where
+      the server took text) goes as literal SQL, as before, with its result and its error.
+    * A statement the server will not prepare (a parameter whose type nothing around it says, say) goes
+      as literal SQL from then on; inside a transaction its PREPARE runs within a savepoint, so that
+      costs the caller's transaction nothing. Inside a transaction already failed, nothing is prepared.
+    * Names are never reused in a process and carry a random part, so a session a pooler hands on from
+      another process never holds one of ours for other SQL.
+    * A connection whose prepared statements went away (`DEALLOCATE`), or whose cached plan no longer
+      fits its table (a migration changed a column a statement returns), drops them all and prepares
+      again: the failing call is tried once more as literal SQL when no transaction holds it, and fails
+      as it would have otherwise.
+    Past `MAX` statements a process prepares no more (each costs the server memory on every connection);
+    only SELECT, INSERT, UPDATE and DELETE can be prepared."""
 
     MAX = 128
     PREPARABLE = ("SELECT", "INSERT", "UPDATE", "DELETE", "WITH")
     NEVER = -(1 << 30)
 
     def __init__(self):
+        self.prefix = f"ugent_{secrets.token_hex(4)}_"
+        self.counter = itertools.count(1)
         self.seen: dict[str, int] = {}  # SQL -> times run before it got a name (NEVER: not preparable)
         self.names: dict[str, tuple[str, str]] = {}  # SQL -> (name, its PREPARE)
+        self.checks: dict[str, tuple] = {}  # SQL -> per parameter, what a value must pass to be sent to it
         self.lock = threading.Lock()
-        self.on: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # connection -> names prepared there
+        # connection -> the names prepared there; None: drop them all (DEALLOCATE ALL) before the next PREPARE
+        self.on: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def _named(self, sql: str):
         named = self.names.get(sql)
@@ -307,8 +328,8 @@ class _Prepared:
             return None
         with self.lock:
             named = self.names.get(sql)
-            if named is None and len(self.names) < self.MAX:
-                name = f"ugent_{len(self.names) + 1}"
+            if named is None and len(self.names) < self.MAX and self.seen.get(sql, 0) >= 0:
+                name = f"{self.prefix}{next(self.counter)}"
                 count = iter(range(1, 1 << 16))
                 body = _PLACEHOLDER.sub(lambda m: "%" if m.group(0) == "%%" else f"${next(count)}", sql)
                 named = self.names[sql] = (name, f"PREPARE {name} AS {body}")
@@ -328,20 +349,32 @@ class _Prepared:
         except errors.DatabaseError as exc:
             if inside:
                 cur.execute("ROLLBACK TO SAVEPOINT ugent_prepare; RELEASE SAVEPOINT ugent_prepare")
-            with self.lock:
-                self.names.pop(sql, None)
-                self.seen[sql] = self.NEVER
-            logger.warning("statement not prepared, sent as literal SQL from now on (%s): %s",
-                           str(exc).splitlines()[0], sql[:120])
-            return False
+            if not isinstance(exc, errors.DuplicatePreparedStatement):  # else ours already: a name is never reused
+                with self.lock:
+                    self.names.pop(sql, None)
+                    self.seen[sql] = self.NEVER
+                logger.warning("statement not prepared, sent as literal SQL from now on (%s): %s",
+                               str(exc).splitlines()[0], sql[:120])
+                return False
+        if sql not in self.checks:
+            cur.execute("SELECT parameter_types::text[] FROM pg_prepared_statements WHERE name = %s", [name])
+            self.checks[sql] = tuple(_param_check(t) for t in cur.fetchone()[0])
         return True
 
     def execute(self, cur, db, parts, params) -> None:
+        from psycopg import errors, pq
+
         conn = db.connection
-        there = self.on.get(conn)
-        if there is None:
+        literal = "; ".join(sql for sql, _ in parts)
+        if conn.info.transaction_status == pq.TransactionStatus.INERROR:
+            cur.execute(literal, params)  # and fails as it always did
+            return
+        there = self.on.get(conn, ())
+        if there is None or there == ():
+            if there is None:
+                cur.execute("DEALLOCATE ALL")
             there = self.on[conn] = set()
-        texts = []
+        texts, at = [], 0
         for sql, nparams in parts:
             named = self._named(sql)
             if named is not None and named[0] not in there:
@@ -349,13 +382,66 @@ class _Prepared:
                     there.add(named[0])
                 else:
                     named = None
+            if named is not None and not _fits(self.checks.get(sql), params, at, nparams):
+                named = None
+            at += nparams
             if named is None:
                 texts.append(sql)
             elif nparams:
                 texts.append(f"EXECUTE {named[0]}({', '.join(['%s'] * nparams)})")
             else:
                 texts.append(f"EXECUTE {named[0]}")
-        cur.execute("; ".join(texts), params)
+        try:
+            cur.execute("; ".join(texts), params)
+        except (errors.InvalidSqlStatementName, errors.FeatureNotSupported) as exc:
+            if isinstance(exc, errors.FeatureNotSupported) and "cached plan must not change" not in str(exc):
+                raise
+            self.on[conn] = None  # dropped and prepared again, from the next call on
+            logger.warning("prepared statements dropped on a connection (%s)", str(exc).splitlines()[0])
+            if not db.get_autocommit():
+                raise
+            cur.execute(literal, params)
+
+
+def _fits(checks: tuple | None, params, at: int, n: int) -> bool:
+    """Whether a call's values suit the parameter types the server inferred for its statement: a string or
+    NULL suits any (a literal of one was typed by the SQL around it, too)."""
+    if checks is None:
+        return False
+    for i in range(n):
+        value = params[at + i]
+        if value is not None and not isinstance(value, str) and not checks[i](value):  # TextChoices are str
+            return False
+    return True
+
+
+def _param_check(pgtype: str):
+    bound = _INT_BOUNDS.get(pgtype)
+    if bound is not None:
+        return lambda v: isinstance(v, int) and type(v) is not bool and -bound <= v < bound  # IntegerChoices
+    return _PARAM_CHECKS.get(pgtype, _text_only)
+
+
+def _text_only(value) -> bool:
+    return False  # text, varchar and any other type: a string or NULL (checked before)
+
+
+_INT_BOUNDS = {"smallint": 1 << 15, "integer": 1 << 31, "bigint": 1 << 63}
+_PARAM_CHECKS = {
+    "boolean": lambda v: type(v) is bool,
+    "numeric": lambda v: type(v) in (int, float, decimal.Decimal),
+    "double precision": lambda v: type(v) in (int, float),
+    "real": lambda v: type(v) in (int, float),
+    "timestamp with time zone": lambda v: isinstance(v, datetime.datetime),
+    "timestamp without time zone": lambda v: isinstance(v, datetime.datetime),
+    "date": lambda v: type(v) is datetime.date,
+    "interval": lambda v: isinstance(v, datetime.timedelta),
+    "uuid": lambda v: isinstance(v, uuid.UUID),
+    "bytea": lambda v: isinstance(v, (bytes, bytearray, memoryview)),
+    # Django's JSON adapter (psycopg's Jsonb), as the literal it renders
+    "jsonb": lambda v: not isinstance(v, (int, float, list, tuple)),
+    "json": lambda v: not isinstance(v, (int, float, list, tuple)),
+}
 
 
 _PLACEHOLDER = re.compile(r"%%|%s")

@@ -322,7 +322,7 @@ def test_the_users_own_facts_are_found_by_an_index_in_the_functions_kept_plan(me
             cur.execute("EXPLAIN EXECUTE ugent_test_own('web:nobody', '{}', '{}', '{}', 50, 50, false, now(), 100, 12)")
             plan = "\n".join(row[0] for row in cur.fetchall())
         finally:
-            cur.execute("DEALLOCATE ALL")
+            cur.execute("DEALLOCATE ugent_test_own")
             cur.execute("RESET plan_cache_mode")
     assert "$1" in plan  # the generic plan
     assert "Seq Scan" not in plan, plan
