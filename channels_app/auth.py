@@ -142,6 +142,33 @@ def _callers_forget() -> None:
     _callers.clear()
 
 
+# --- credentials changed: open streams ask theirs again --------------------------
+# An open event stream checks the key or token that opened it at each keep-alive (channels_app.fanout), and
+# at once when a key is revoked, rotated or deleted or a caller changes, here or in another process: a
+# wake-up on this topic. A change written past the models' signals and these services (a raw UPDATE, a
+# key taken out of ugent.toml) waits for the keep-alive.
+
+CREDENTIALS_TOPIC = "credentials"
+
+
+def credentials_changed(**kwargs) -> None:
+    """Wake every open stream's credentials check, in every process, once the change has committed (a
+    check before it would still pass). post_save / post_delete of ApiKey and Caller (channels_app.apps); a
+    new key or caller changes no open stream's."""
+    if kwargs.get("created"):
+        return
+    from django.db import transaction
+
+    from channels_app import notify
+    transaction.on_commit(lambda: notify.publish(CREDENTIALS_TOPIC), using=kwargs.get("using"))
+
+
+def credentials_recheck_here() -> None:
+    """A credentials wake-up reached this process: its kept callers are read again, so that the streams'
+    checks that follow do not pass on a role another process has just changed."""
+    _callers_forget()
+
+
 # --- ApiKey.last_used_at -----------------------------------------------------
 # Written at most once a minute per key, and never by the request: the request thread only checks an
 # in-process clock per key; the UPDATE runs on one background thread, conditional on the stored value

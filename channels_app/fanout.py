@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
-from channels_app import events, notify, streams
+from channels_app import auth, events, notify, streams
 from channels_app.sse import PING
 
 log = logging.getLogger("ugent.fanout")
@@ -128,6 +128,8 @@ class Tap:
         self.held_write: asyncio.Task | None = None  # a direct write the transport held back, finishing
         self.broken: BaseException | None = None  # a direct write failed: the stream ends with it
         self.sent_at = time.monotonic()  # the last write to its client, for the keep-alive
+        self.recheck = False  # a key or caller changed: check the credentials before anything more goes out
+        self.rechecks: _Recheck | None = None  # its loop's, when the stream was opened with credentials
         # what row_visible and streams.row_frame_for depend on: the viewer (operator or which actor) and the feed
         viewer = sub.viewer
         self.filter_key = (viewer.is_operator, viewer.actor.pk, viewer.actor.key, sub.activity)
@@ -301,12 +303,30 @@ class Reader:
         self.waiter.close()
 
 
+class _Recheck(notify.Waiter):
+    """One an event loop: when a key or caller changes (auth.CREDENTIALS_TOPIC, from any process), every
+    stream of the loop opened with credentials checks them before anything more goes out to it: its
+    reader stops writing to it directly and queues, and its stream wakes."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        super().__init__(auth.CREDENTIALS_TOPIC, loop)
+        self.taps: set[Tap] = set()
+
+    def _wake(self, batch=None) -> None:
+        auth.credentials_recheck_here()
+        for tap in self.taps:
+            tap.recheck = True
+            tap.send = None
+            tap.event.set()
+
+
 class Hub:
     """This process's readers, by (event loop, stream)."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._readers: dict[tuple, Reader] = {}
+        self._rechecks: dict[asyncio.AbstractEventLoop, _Recheck] = {}
 
     def join(self, sub: streams.Subscription) -> Tap:
         """Join this loop's reader of the subscription's stream (starting it if it is the first)."""
@@ -319,6 +339,13 @@ class Hub:
                 reader = self._readers[key] = Reader(key, pk, loop)
         tap = Tap(sub, reader, int(settings.UGENT_SSE_SUBSCRIBER_QUEUE))
         reader.taps.add(tap)
+        if sub.auth_check is not None:
+            with self._lock:
+                rechecks = self._rechecks.get(loop)
+                if rechecks is None:
+                    rechecks = self._rechecks[loop] = notify.register_waiter(_Recheck(loop))
+            rechecks.taps.add(tap)
+            tap.rechecks = rechecks
         return tap
 
     def leave(self, tap: Tap) -> None:
@@ -326,6 +353,14 @@ class Hub:
         reader.taps.discard(tap)
         if not reader.taps:
             self.reader_drop(reader)
+        rechecks, tap.rechecks = tap.rechecks, None
+        if rechecks is not None:
+            rechecks.taps.discard(tap)
+            if not rechecks.taps:
+                with self._lock:
+                    if self._rechecks.get(rechecks.loop) is rechecks:
+                        del self._rechecks[rechecks.loop]
+                rechecks.close()
 
     def reader_drop(self, reader: Reader) -> None:
         with self._lock:
@@ -386,10 +421,11 @@ async def sse_body(sub: streams.Subscription, sink: Sink | None = None):
                 await held
             if tap.broken is not None:
                 return
-            if sub.auth_check is not None and time.monotonic() - checked_at >= keepalive:
+            if sub.auth_check is not None and (tap.recheck or time.monotonic() - checked_at >= keepalive):
                 # what opened the stream must still hold: a revoked key, an expired token ends it (the
-                # stream wakes at least once per keep-alive interval, whoever writes its batches)
-                checked_at = time.monotonic()
+                # stream wakes at least once per keep-alive interval, whoever writes its batches, and at
+                # once when a key or caller changes: _Recheck)
+                checked_at, tap.recheck = time.monotonic(), False
                 refused = await sync_to_async(_auth_refused, thread_sensitive=False)(sub)
                 if refused is not None:
                     log.info("stream ended: its credentials no longer hold (code=%s)", refused.code)

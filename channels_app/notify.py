@@ -216,9 +216,13 @@ async def subscribe(topic: str) -> Waiter:
 def register(topic: str, loop: asyncio.AbstractEventLoop) -> Waiter:
     """A waiter for `loop`, subscribed from any thread: a reader can subscribe before the writes it
     waits for can commit (the chat API, inside the transaction that creates the turn)."""
-    waiter = Waiter(topic, loop)
+    return register_waiter(Waiter(topic, loop))
+
+
+def register_waiter(waiter: Waiter) -> Waiter:
+    """Subscribe a waiter made elsewhere (a Waiter whose `_wake` does more than set its event)."""
     with _lock:
-        _waiters[topic].add(waiter)
+        _waiters[waiter.topic].add(waiter)
     if settings.REDIS_URL:
         _ensure_redis_listener()
     return waiter

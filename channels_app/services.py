@@ -17,7 +17,7 @@ from typing import Optional
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from channels_app import access, file_parts, hooks, questions, statements, voice
+from channels_app import access, auth, file_parts, hooks, questions, statements, voice
 from ugent_common import config
 
 from ugent_common import rows
@@ -670,8 +670,12 @@ def api_key_issue(*, caller: Caller, label: str = "issued in the admin") -> tupl
 
 
 def api_key_revoke(*, key_pk: int) -> bool:
-    """Take a key out of use: the next request that presents it is refused. False if it was not active."""
-    return ApiKey.objects.filter(pk=key_pk, active=True).update(active=False, updated_at=timezone.now()) == 1
+    """Take a key out of use: the next request that presents it is refused, and a stream it opened ends.
+    False if it was not active."""
+    revoked = ApiKey.objects.filter(pk=key_pk, active=True).update(active=False, updated_at=timezone.now()) == 1
+    if revoked:
+        auth.credentials_changed()
+    return revoked
 
 
 @transaction.atomic
@@ -682,4 +686,5 @@ def api_key_rotate(*, key_pk: int) -> tuple[ApiKey, str] | None:
     if old is None:
         return None
     ApiKey.objects.filter(pk=old.pk).update(active=False, updated_at=timezone.now())
+    auth.credentials_changed()  # after the commit
     return api_key_issue(caller=old.caller, label=old.label or "rotated in the admin")

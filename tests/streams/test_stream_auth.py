@@ -4,15 +4,16 @@ carrying the API's own refusal."""
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 
 from channels_app import services
 from channels_app.events import event_append
-from tests.streams.conftest import open_stream
+from tests.streams.conftest import ident, open_stream
 from tests.streams import test_fanout
-from tests.streams.test_fanout import GUARD, Sse, _closed, _conversation
+from tests.streams.test_fanout import GUARD, Sse, _append, _closed, _conversation
 
 pytestmark = pytest.mark.django_db(transaction=True)
 _keep_bodies = test_fanout._keep_bodies  # the fixture (autouse) that lets Sse close each stream
@@ -81,3 +82,124 @@ def test_a_stream_ends_when_its_caller_s_role_changes_or_its_key_is_deleted(tcas
     assert [f["event"] for f in seen] == ["ugent.error"] and seen[0]["id"] is None
     if code is not None:
         assert seen[0]["data"]["error"]["code"] == code
+
+
+# --- at once, not at the next keep-alive -------------------------------------------------------------------
+# A revocation, a rotation, a deleted key or a caller's changed role wakes every open stream's check
+# (channels_app.auth.CREDENTIALS_TOPIC, channels_app.fanout._Recheck). With the keep-alive at a minute, a
+# stream that ended only at its next keep-alive would fail these on their five seconds.
+
+AT_ONCE = 5.0
+
+
+def _revoke(tcast, key):
+    assert services.api_key_revoke(key_pk=key.pk)
+
+
+def _rotate(tcast, key):
+    assert services.api_key_rotate(key_pk=key.pk) is not None
+
+
+def _role_saved(tcast, key):
+    caller = key.caller
+    caller.role = "application"
+    caller.save()  # as the admin does
+
+
+async def _live(conv, *opened: Sse) -> None:
+    """The streams are open and past their history: an event appended now reaches them (no ping needed)."""
+    await _append(conv, 1)
+    for s in opened:
+        assert (await s.event())["data"]["data"] == {"k": 1}
+
+
+@pytest.mark.parametrize("change,code", [(_revoke, "invalid_api_key"), (_rotate, "invalid_api_key"),
+                                         (_delete, "invalid_api_key"), (_role_saved, "stream_credentials_changed")])
+def test_a_change_of_credentials_ends_an_open_stream_at_once_not_at_the_next_keep_alive(tcast, settings,
+                                                                                         change, code):
+    settings.UGENT_SSE_KEEPALIVE = 60
+    cb = _conversation(tcast.bob, "cb")
+    key, raw = services.api_key_issue(caller=tcast.operator, label="laptop")
+    s = Sse(open_stream("/v1/ugent/events", raw))
+    other_key, other_raw = services.api_key_issue(caller=tcast.operator, label="desk")
+    kept = Sse(open_stream("/v1/ugent/events", other_raw, conversation_id="cb", **ident(tcast.bob)))
+
+    async def run():
+        try:
+            await _live(cb, s, kept)
+            await sync_to_async(change)(tcast, key)
+            seen = await asyncio.wait_for(to_the_end(s), AT_ONCE)
+            # nothing after the change reached the ended stream; the other stream goes on (its key was
+            # not changed: a rotation or revocation of one key leaves the caller's others alone)
+            await _append(cb, 2)
+            if change is not _role_saved:
+                assert (await asyncio.wait_for(kept.event(), AT_ONCE))["data"]["data"] == {"k": 2}
+            return seen
+        finally:
+            await _closed([s, kept])
+    seen = async_to_sync(run)()
+    assert [f["event"] for f in seen] == ["ugent.error"]
+    assert seen[0]["data"]["error"]["code"] == code
+
+
+def test_a_new_key_ends_no_stream(tcast, settings):
+    settings.UGENT_SSE_KEEPALIVE = 60
+    cb = _conversation(tcast.bob, "cb")
+    key, raw = services.api_key_issue(caller=tcast.operator, label="laptop")
+    s = Sse(open_stream("/v1/ugent/events", raw))
+
+    async def run():
+        try:
+            await _live(cb, s)
+            await sync_to_async(services.api_key_issue)(caller=tcast.operator, label="another")
+            await _append(cb, 2)
+            return await asyncio.wait_for(s.event(), AT_ONCE)
+        finally:
+            await _closed([s])
+    assert async_to_sync(run)()["data"]["data"] == {"k": 2}
+
+
+@pytest.mark.skipif(not os.environ.get("REDIS_URL"), reason="servers mode: a change made in another process")
+def test_a_change_made_in_another_process_ends_the_stream_at_once(tcast, settings):
+    """Another process's change reaches this one over Redis: the row changed behind this process's back
+    (no signal here) and only the other process's wake-up, published as it would, tells the stream."""
+    import redis
+    from channels_app import auth, notify
+    from channels_app.models import ApiKey
+
+    settings.UGENT_SSE_KEEPALIVE = 60
+    cb = _conversation(tcast.bob, "cb")
+    key, raw = services.api_key_issue(caller=tcast.operator, label="laptop")
+    s = Sse(open_stream("/v1/ugent/events", raw))
+
+    def elsewhere():
+        ApiKey.objects.filter(pk=key.pk).update(active=False)
+        redis.Redis.from_url(settings.REDIS_URL).publish(notify.channel_prefix() + auth.CREDENTIALS_TOPIC, b"1")
+
+    async def run():
+        try:
+            await _live(cb, s)
+            await sync_to_async(elsewhere)()
+            return await asyncio.wait_for(to_the_end(s), AT_ONCE)
+        finally:
+            await _closed([s])
+    seen = async_to_sync(run)()
+    assert [f["event"] for f in seen] == ["ugent.error"]
+    assert seen[0]["data"]["error"]["code"] == "invalid_api_key"
+
+
+def test_the_recheck_waiter_goes_with_the_last_stream(tcast):
+    """Each loop's credentials waiter lives as long as a stream opened with credentials does."""
+    from channels_app import auth, fanout, notify
+    key, raw = services.api_key_issue(caller=tcast.operator, label="laptop")
+    streams_ = [Sse(open_stream("/v1/ugent/events", raw)) for _ in range(2)]
+
+    async def run():
+        for st in streams_:
+            await st.caught_up()
+        assert notify.listening(auth.CREDENTIALS_TOPIC) and len(fanout.hub()._rechecks) == 1
+        await _closed(streams_[:1])
+        assert notify.listening(auth.CREDENTIALS_TOPIC)
+        await _closed(streams_[1:])
+    async_to_sync(run)()
+    assert not notify.listening(auth.CREDENTIALS_TOPIC) and fanout.hub()._rechecks == {}
