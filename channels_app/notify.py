@@ -39,6 +39,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import secrets
 import threading
 from collections import defaultdict
 from dataclasses import dataclass
@@ -276,7 +278,7 @@ def publish(*topics: str, batch: tuple[str, TurnBatch] | None = None, batches: t
                     encoded = _batch_encode(carried[topic])
                     if len(encoded) <= REDIS_BATCH_LIMIT:
                         message = encoded
-                pipe.publish(channel_prefix() + topic, message)
+                pipe.publish(channel_prefix() + topic, _own[0] + message)
             pipe.execute()
         except Exception as exc:  # readers still poll; a Redis hiccup delays, never loses
             log.warning("notify publish failed (error=%s)", exc)
@@ -309,6 +311,21 @@ def _batch_decode(data) -> TurnBatch | ConversationBatch | None:
         return None  # a plain wake-up: the reader reads
 
 
+# What this process puts in front of each wake-up it publishes over Redis ("@" and 8 hex digits and "|"), so
+# that its own listener, which hears every process's, skips the ones publish() already delivered here. A
+# wake-up without it (another version's, a test's) is heard as from elsewhere.
+_OWN_LEN = 10
+_own = [b""]
+
+
+def _own_tag() -> None:
+    _own[0] = b"@" + secrets.token_hex(4).encode() + b"|"
+
+
+_own_tag()
+os.register_at_fork(after_in_child=_own_tag)  # a forked child is another process
+
+
 def _ensure_redis_listener() -> None:
     """One listener thread per process: loop-agnostic, so short-lived event loops never own it."""
     global _listener_thread
@@ -335,7 +352,14 @@ def _redis_listen_forever() -> None:
                 channel = msg["channel"].decode() if isinstance(msg["channel"], bytes) else msg["channel"]
                 if not channel.startswith(prefix):
                     continue
-                _wake_local(channel[len(prefix):], _batch_decode(msg.get("data")))
+                data = msg.get("data")
+                if isinstance(data, bytes) and data[:1] == b"@":
+                    if data[:_OWN_LEN] == _own[0]:
+                        continue  # this process's own: publish() woke its waiters already
+                    data = data[_OWN_LEN:]
+                topic = channel[len(prefix):]
+                if listening(topic):  # else nobody here waits: the rows are not even decoded
+                    _wake_local(topic, _batch_decode(data))
         except Exception as exc:
             log.warning("notify listener reconnecting (error=%s)", exc)
             time.sleep(0.5)

@@ -184,3 +184,83 @@ def test_rows_following_takes_only_rows_that_follow_the_cursor_without_a_gap():
         assert ids([make(1, 2), make(2, 3, 4), make(4, 5), make(5, 6)], 4) == [5, 6]
         assert ids([make(2, 3, 4), make(0, 1)], 4) == []  # nothing new, and nothing to read either
         assert ids([], 4) == []
+
+
+# --- over Redis: a process skips its own wake-ups, and decodes nobody's rows for a topic it has no waiter on ---
+
+class _Counting(notify.BlockingWaiter):
+    def __init__(self, topic: str):
+        super().__init__(topic)
+        self.wakes = []
+
+    def _wake(self, batch=None) -> None:
+        self.wakes.append(batch)
+        super()._wake(batch)
+
+
+def _servers_only():
+    import pytest
+    if not settings.REDIS_URL:
+        pytest.skip("servers mode: wake-ups over Redis")
+
+
+def _raw_publish(topic: str, payload: bytes) -> None:
+    import redis
+    redis.Redis.from_url(settings.REDIS_URL).publish(notify.channel_prefix() + topic, payload)
+
+
+def _settle(until, timeout: float = 5.0) -> None:
+    import time
+    deadline = time.monotonic() + timeout
+    while not until() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_a_process_hears_its_own_wake_up_once_and_another_process_s_over_redis():
+    import time
+    _servers_only()
+    topic = f"test:wakeups:{uuid.uuid4().hex}"
+    w = notify.register_waiter(_Counting(topic))
+    try:
+        _raw_publish(topic, b"@00000000|1")  # the listener is up once another's wake-up gets through
+        _settle(lambda: len(w.wakes) == 1)
+        assert w.wakes == [None]
+        notify.publish(topic)
+        time.sleep(0.5)  # the echo over Redis would have come by now
+        assert w.wakes == [None, None]  # once, from publish() itself
+        _raw_publish(topic, b"1")  # a wake-up with no tag (another version's): from elsewhere
+        _settle(lambda: len(w.wakes) == 3)
+        assert len(w.wakes) == 3
+    finally:
+        w.close()
+
+
+def test_rows_are_decoded_only_for_a_topic_someone_here_waits_on(monkeypatch):
+    _servers_only()
+    decoded = []
+    real = notify._batch_decode
+    monkeypatch.setattr(notify, "_batch_decode", lambda data: decoded.append(data) or real(data))
+    waited, unwatched = f"test:wakeups:{uuid.uuid4().hex}", f"test:wakeups:{uuid.uuid4().hex}"
+    w = notify.register_waiter(_Counting(waited))
+    try:
+        _raw_publish(unwatched, b'@00000000|[0, [[1, "turn.delta", {"text": "x"}]]]')
+        _raw_publish(waited, b'@00000000|[0, [[1, "turn.delta", {"text": "x"}]]]')
+        _settle(lambda: len(w.wakes) == 1)
+        assert decoded == [b'[0, [[1, "turn.delta", {"text": "x"}]]]']  # the waited topic's alone, untagged
+        assert w.wakes[0].rows == ((1, "turn.delta", {"text": "x"}),)
+    finally:
+        w.close()
+
+
+def test_a_forked_child_tags_its_wake_ups_as_its_own():
+    import os
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        os.write(write, notify._own[0])
+        os._exit(0)
+    os.waitpid(pid, 0)
+    child = os.read(read, 64)
+    os.close(read)
+    os.close(write)
+    assert len(child) == notify._OWN_LEN and child[:1] == b"@" and child != notify._own[0]
