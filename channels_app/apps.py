@@ -10,18 +10,19 @@ class ChannelsAppConfig(AppConfig):
     def ready(self):
         checks.register(web_auth_check, checks.Tags.security)
         checks.register(plugin_bounds_check)
-        from django.db.models.signals import post_delete, post_save
+        from django.db.models.signals import post_delete, post_save, pre_save
 
-        from channels_app.auth import caller_rows_changed, credentials_changed
-        from channels_app.models import ApiKey, Caller
+        from channels_app.auth import caller_rows_changed, credentials_changed, credentials_snapshot
+        from channels_app.models import ApiKey, Caller, Issuer
         # a process keeps the rows of configured keys' callers (channels_app.auth.configured_caller)
         post_save.connect(caller_rows_changed, sender=Caller, dispatch_uid="ugent-caller-rows-changed")
         post_delete.connect(caller_rows_changed, sender=Caller, dispatch_uid="ugent-caller-rows-deleted")
-        # open streams check their credentials again at once (channels_app.fanout)
-        for model in (ApiKey, Caller):
-            post_save.connect(credentials_changed, sender=model, dispatch_uid=f"ugent-credentials-{model.__name__}")
-            post_delete.connect(credentials_changed, sender=model,
-                                dispatch_uid=f"ugent-credentials-gone-{model.__name__}")
+        # open streams check their credentials again at once when they change (channels_app.fanout)
+        for model in (ApiKey, Caller, Issuer):
+            name = model.__name__
+            pre_save.connect(credentials_snapshot, sender=model, dispatch_uid=f"ugent-credentials-was-{name}")
+            post_save.connect(credentials_changed, sender=model, dispatch_uid=f"ugent-credentials-{name}")
+            post_delete.connect(credentials_changed, sender=model, dispatch_uid=f"ugent-credentials-gone-{name}")
 
 
 HINT = ("Fix it, or write `[web.auth]` alone (or remove the file) to run with none: a security setting that "

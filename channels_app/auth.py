@@ -115,9 +115,16 @@ def configured_caller(ck) -> Caller:
                                       "allow_remote_control": ck.allow_remote_control})
     # The file wins for the callers it declares: role, issuers and allow_remote_control follow it.
     if not _follows_file(caller, ck):
+        # Written past the models' signals: the file is each process's own word for these fields, so a
+        # process whose file differs (a rolling deploy) brings the row back at its next read, and a
+        # credentials wake-up from each would set the other off again, without end. A stream opened with
+        # this key is checked against this process's file anyway.
         caller.role, caller.issuers = ck.role, list(ck.issuers)
         caller.allow_remote_control = ck.allow_remote_control
-        caller.save(update_fields=["role", "issuers", "allow_remote_control", "updated_at"])
+        caller.updated_at = timezone.now()
+        Caller.objects.filter(pk=caller.pk).update(role=caller.role, issuers=caller.issuers, updated_at=caller.updated_at,
+                                                   allow_remote_control=caller.allow_remote_control)
+        caller_rows_changed()
         written = True
     if written or _callers_changed[0] == changed:  # else a save or delete came meanwhile: not kept
         if len(_callers) > 1000:
@@ -144,29 +151,64 @@ def _callers_forget() -> None:
 
 # --- credentials changed: open streams ask theirs again --------------------------
 # An open event stream checks the key or token that opened it at each keep-alive (channels_app.fanout), and
-# at once when a key is revoked, rotated or deleted or a caller changes, here or in another process: a
-# wake-up on this topic. A change written past the models' signals and these services (a raw UPDATE, a
-# key taken out of ugent.toml) waits for the keep-alive.
+# at once when its caller's credentials change, here or in another process: a wake-up on its caller's topic.
+# What counts (CREDENTIAL_FIELDS): a key's activity, hash or caller, a caller's name, role, issuers or remote
+# control, an identity issuer's verification (for the callers that list it), and any of them deleted. A
+# label or a default model saved wakes nobody. A change written past the models' signals and these services
+# (a raw UPDATE, a key taken out of ugent.toml) waits for the keep-alive.
 
 CREDENTIALS_TOPIC = "credentials"
+CREDENTIAL_FIELDS = {
+    "ApiKey": ("active", "key_hash", "caller_id"),
+    "Caller": ("name", "role", "issuers", "allow_remote_control"),
+    "Issuer": ("issuer", "jwks_url", "audience", "actor_prefix", "algorithms", "leeway_secs"),
+}
 
 
-def credentials_changed(**kwargs) -> None:
-    """Wake every open stream's credentials check, in every process, once the change has committed (a
-    check before it would still pass). post_save / post_delete of ApiKey and Caller (channels_app.apps); a
-    new key or caller changes no open stream's."""
-    if kwargs.get("created"):
+def credentials_topic(caller_pk: int) -> str:
+    return f"{CREDENTIALS_TOPIC}:{caller_pk}"
+
+
+def credentials_snapshot(sender, instance, update_fields=None, **kwargs) -> None:
+    """pre_save of ApiKey, Caller and Issuer (channels_app.apps): what the row held of the fields that
+    authenticate, to tell at post_save whether any changed (None: none of them is being saved)."""
+    fields = CREDENTIAL_FIELDS[sender.__name__]
+    instance._credentials_was = None
+    if instance.pk is None:
+        return
+    if update_fields is not None and not {sender._meta.get_field(f).attname for f in update_fields} & set(fields):
+        return
+    instance._credentials_was = sender.objects.filter(pk=instance.pk).values(*fields).first()
+
+
+def credentials_changed(sender, instance, created=False, **kwargs) -> None:
+    """post_save / post_delete of ApiKey, Caller and Issuer (channels_app.apps): when a field that
+    authenticates changed (or the row went), wake the checks of the streams of the callers concerned."""
+    if created:
+        return
+    if "update_fields" in kwargs:  # a save (post_delete has no such argument)
+        was = getattr(instance, "_credentials_was", None)
+        if was is None or all(getattr(instance, f) == v for f, v in was.items()):
+            return
+    if sender.__name__ == "ApiKey":
+        callers = [instance.caller_id]
+    elif sender.__name__ == "Caller":
+        callers = [instance.pk]
+    else:  # an issuer: the callers that accept its tokens
+        callers = [pk for pk, issuers in Caller.objects.values_list("pk", "issuers") if instance.issuer in (issuers or ())]
+    credentials_changed_for(*callers, using=kwargs.get("using"))
+
+
+def credentials_changed_for(*caller_pks: int, using=None) -> None:
+    """Wake the credentials checks of these callers' open streams, in every process, once the change has
+    committed (a check before it would still pass)."""
+    if not caller_pks:
         return
     from django.db import transaction
 
     from channels_app import notify
-    transaction.on_commit(lambda: notify.publish(CREDENTIALS_TOPIC), using=kwargs.get("using"))
-
-
-def credentials_recheck_here() -> None:
-    """A credentials wake-up reached this process: its kept callers are read again, so that the streams'
-    checks that follow do not pass on a role another process has just changed."""
-    _callers_forget()
+    topics = [credentials_topic(pk) for pk in caller_pks]
+    transaction.on_commit(lambda: notify.publish(*topics), using=using)
 
 
 # --- ApiKey.last_used_at -----------------------------------------------------

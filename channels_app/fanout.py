@@ -304,16 +304,16 @@ class Reader:
 
 
 class _Recheck(notify.Waiter):
-    """One an event loop: when a key or caller changes (auth.CREDENTIALS_TOPIC, from any process), every
-    stream of the loop opened with credentials checks them before anything more goes out to it: its
+    """One an event loop and caller: when the caller's credentials change (auth.credentials_topic, from any
+    process), every stream of the loop opened by it checks them before anything more goes out to it: its
     reader stops writing to it directly and queues, and its stream wakes."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        super().__init__(auth.CREDENTIALS_TOPIC, loop)
+    def __init__(self, loop: asyncio.AbstractEventLoop, caller_pk: int):
+        super().__init__(auth.credentials_topic(caller_pk), loop)
+        self.key = (loop, caller_pk)
         self.taps: set[Tap] = set()
 
     def _wake(self, batch=None) -> None:
-        auth.credentials_recheck_here()
         for tap in self.taps:
             tap.recheck = True
             tap.send = None
@@ -326,7 +326,7 @@ class Hub:
     def __init__(self):
         self._lock = threading.Lock()
         self._readers: dict[tuple, Reader] = {}
-        self._rechecks: dict[asyncio.AbstractEventLoop, _Recheck] = {}
+        self._rechecks: dict[tuple, _Recheck] = {}  # (loop, caller pk) ->
 
     def join(self, sub: streams.Subscription) -> Tap:
         """Join this loop's reader of the subscription's stream (starting it if it is the first)."""
@@ -340,10 +340,11 @@ class Hub:
         tap = Tap(sub, reader, int(settings.UGENT_SSE_SUBSCRIBER_QUEUE))
         reader.taps.add(tap)
         if sub.auth_check is not None:
+            at = (loop, sub.viewer.caller.pk)
             with self._lock:
-                rechecks = self._rechecks.get(loop)
+                rechecks = self._rechecks.get(at)
                 if rechecks is None:
-                    rechecks = self._rechecks[loop] = notify.register_waiter(_Recheck(loop))
+                    rechecks = self._rechecks[at] = notify.register_waiter(_Recheck(*at))
             rechecks.taps.add(tap)
             tap.rechecks = rechecks
         return tap
@@ -358,8 +359,8 @@ class Hub:
             rechecks.taps.discard(tap)
             if not rechecks.taps:
                 with self._lock:
-                    if self._rechecks.get(rechecks.loop) is rechecks:
-                        del self._rechecks[rechecks.loop]
+                    if self._rechecks.get(rechecks.key) is rechecks:
+                        del self._rechecks[rechecks.key]
                 rechecks.close()
 
     def reader_drop(self, reader: Reader) -> None:
@@ -402,6 +403,17 @@ async def sse_body(sub: streams.Subscription, sink: Sink | None = None):
     keepalive = float(settings.UGENT_SSE_KEEPALIVE)
     behind = True  # the log holds what this subscriber has not seen: read it
     checked_at = time.monotonic()  # the request authenticated just now
+
+    async def refused_now():
+        """The credentials check, run again while a change woke the stream during it; its refusal or None."""
+        nonlocal checked_at
+        while True:
+            checked_at, tap.recheck = time.monotonic(), False
+            refused = await sync_to_async(_auth_refused, thread_sensitive=False)(sub)
+            if refused is not None or not tap.recheck:
+                if refused is not None:
+                    log.info("stream ended: its credentials no longer hold (code=%s)", refused.code)
+                return refused
     try:
         yield f"retry: {streams.SSE_RETRY_MS}\n\n".encode()
         if not tap.reader.ready.is_set():
@@ -424,15 +436,18 @@ async def sse_body(sub: streams.Subscription, sink: Sink | None = None):
             if sub.auth_check is not None and (tap.recheck or time.monotonic() - checked_at >= keepalive):
                 # what opened the stream must still hold: a revoked key, an expired token ends it (the
                 # stream wakes at least once per keep-alive interval, whoever writes its batches, and at
-                # once when a key or caller changes: _Recheck)
-                checked_at, tap.recheck = time.monotonic(), False
-                refused = await sync_to_async(_auth_refused, thread_sensitive=False)(sub)
+                # once when its caller's credentials change: _Recheck)
+                refused = await refused_now()
                 if refused is not None:
-                    log.info("stream ended: its credentials no longer hold (code=%s)", refused.code)
                     yield streams.refused_frame(refused)
                     return
             if behind:
                 frames, more = await read(sub)
+                if frames and tap.recheck:  # a change woke it during the read: nothing goes out unchecked
+                    refused = await refused_now()
+                    if refused is not None:
+                        yield streams.refused_frame(refused)
+                        return
                 if frames:
                     tap.sent_at = time.monotonic()
                     yield b"".join(frames)
@@ -454,6 +469,11 @@ async def sse_body(sub: streams.Subscription, sink: Sink | None = None):
                 out.append(batch.body_after(sub.cursor))
                 sub.cursor = batch.last
             body = b"".join(out)
+            if body and tap.recheck:  # woken by a change while it sent or read: checked first
+                refused = await refused_now()
+                if refused is not None:
+                    yield streams.refused_frame(refused)
+                    return
             if body:
                 tap.sent_at = time.monotonic()
                 yield body

@@ -674,7 +674,7 @@ def api_key_revoke(*, key_pk: int) -> bool:
     False if it was not active."""
     revoked = ApiKey.objects.filter(pk=key_pk, active=True).update(active=False, updated_at=timezone.now()) == 1
     if revoked:
-        auth.credentials_changed()
+        auth.credentials_changed_for(*ApiKey.objects.filter(pk=key_pk).values_list("caller_id", flat=True))
     return revoked
 
 
@@ -686,5 +686,5 @@ def api_key_rotate(*, key_pk: int) -> tuple[ApiKey, str] | None:
     if old is None:
         return None
     ApiKey.objects.filter(pk=old.pk).update(active=False, updated_at=timezone.now())
-    auth.credentials_changed()  # after the commit
+    auth.credentials_changed_for(old.caller_id)  # after the commit
     return api_key_issue(caller=old.caller, label=old.label or "rotated in the admin")

@@ -4,7 +4,9 @@ carrying the API's own refusal."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import time
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
@@ -174,7 +176,8 @@ def test_a_change_made_in_another_process_ends_the_stream_at_once(tcast, setting
 
     def elsewhere():
         ApiKey.objects.filter(pk=key.pk).update(active=False)
-        redis.Redis.from_url(settings.REDIS_URL).publish(notify.channel_prefix() + auth.CREDENTIALS_TOPIC, b"1")
+        redis.Redis.from_url(settings.REDIS_URL).publish(
+            notify.channel_prefix() + auth.credentials_topic(key.caller_id), b"1")
 
     async def run():
         try:
@@ -189,17 +192,158 @@ def test_a_change_made_in_another_process_ends_the_stream_at_once(tcast, setting
 
 
 def test_the_recheck_waiter_goes_with_the_last_stream(tcast):
-    """Each loop's credentials waiter lives as long as a stream opened with credentials does."""
+    """Each loop's credentials waiter for a caller lives as long as a stream its credentials opened does."""
     from channels_app import auth, fanout, notify
     key, raw = services.api_key_issue(caller=tcast.operator, label="laptop")
+    topic = auth.credentials_topic(tcast.operator.pk)
     streams_ = [Sse(open_stream("/v1/ugent/events", raw)) for _ in range(2)]
 
     async def run():
         for st in streams_:
             await st.caught_up()
-        assert notify.listening(auth.CREDENTIALS_TOPIC) and len(fanout.hub()._rechecks) == 1
+        assert notify.listening(topic) and len(fanout.hub()._rechecks) == 1
         await _closed(streams_[:1])
-        assert notify.listening(auth.CREDENTIALS_TOPIC)
+        assert notify.listening(topic)
         await _closed(streams_[1:])
     async_to_sync(run)()
-    assert not notify.listening(auth.CREDENTIALS_TOPIC) and fanout.hub()._rechecks == {}
+    assert not notify.listening(topic) and fanout.hub()._rechecks == {}
+
+
+# --- only the changes that matter, only for the streams they concern --------------------------------------
+
+@pytest.fixture
+def checks(monkeypatch):
+    """Every credentials check a stream runs, as (seconds to hold its answer, after it) can be set."""
+    from channels_app import fanout
+    real = fanout._auth_refused
+    seen = []
+    hold = []
+
+    def counted(sub):
+        out = real(sub)
+        seen.append(out)
+        if hold:
+            time.sleep(hold.pop())
+        return out
+    monkeypatch.setattr(fanout, "_auth_refused", counted)
+    return seen, hold
+
+
+def test_a_save_that_changes_no_credential_wakes_no_stream_and_another_caller_s_wakes_not_this_one(
+        tcast, settings, checks):
+    settings.UGENT_SSE_KEEPALIVE = 60
+    seen, _ = checks
+    cb = _conversation(tcast.bob, "cb")
+    key, raw = services.api_key_issue(caller=tcast.operator, label="laptop")
+    theirs, _ = services.api_key_issue(caller=tcast.app, label="x")
+    s = Sse(open_stream("/v1/ugent/events", raw))
+
+    def saves():
+        key.label = "renamed"
+        key.save()
+        caller = key.caller
+        caller.default_model = "gpt-x"
+        caller.save()
+        assert services.api_key_revoke(key_pk=theirs.pk)  # another caller's key
+
+    async def run():
+        try:
+            await _live(cb, s)
+            await sync_to_async(saves)()
+            await asyncio.sleep(0.5)
+            await _append(cb, 2)
+            return await asyncio.wait_for(s.event(), AT_ONCE)
+        finally:
+            await _closed([s])
+    assert async_to_sync(run)()["data"]["data"] == {"k": 2}
+    assert seen == []  # no check ran: nothing that authenticates this stream changed
+
+
+def test_a_change_during_a_running_check_is_checked_before_anything_more_goes_out(tcast, settings, checks):
+    """A change to the caller's other key starts a check; while it runs (its answer held back), this
+    stream's own key is revoked and an event committed. The first check passes on what it read; the
+    event must not go out before the second one ends the stream."""
+    settings.UGENT_SSE_KEEPALIVE = 60
+    seen, hold = checks
+    cb = _conversation(tcast.bob, "cb")
+    key, raw = services.api_key_issue(caller=tcast.operator, label="laptop")
+    other, _ = services.api_key_issue(caller=tcast.operator, label="desk")
+    s = Sse(open_stream("/v1/ugent/events", raw))
+
+    async def run():
+        try:
+            await _live(cb, s)
+            reading = asyncio.ensure_future(to_the_end(s))  # the stream runs as its client reads it
+            hold.append(1.0)
+            await sync_to_async(services.api_key_revoke)(key_pk=other.pk)
+            deadline = time.monotonic() + AT_ONCE
+            while not seen and time.monotonic() < deadline:  # the first check has read (and passed)
+                await asyncio.sleep(0.01)
+            await sync_to_async(services.api_key_revoke)(key_pk=key.pk)
+            await _append(cb, 99)
+            return await asyncio.wait_for(reading, AT_ONCE)
+        finally:
+            await _closed([s])
+    frames = async_to_sync(run)()
+    assert [f["event"] for f in frames] == ["ugent.error"], frames
+    assert seen[0] is None and seen[-1] is not None, seen
+
+
+def test_a_configured_caller_brought_in_line_with_the_file_wakes_nobody(tcast, tmp_path, settings):
+    """Two processes whose ugent.toml disagree (a rolling deploy) each bring the row back to their own
+    file; a wake-up from each would set the other off again without end."""
+    from channels_app import auth, notify
+    from channels_app.models import Caller
+    from ugent_common import config
+    path = tmp_path / "ugent.toml"
+    path.write_text("[web.auth]\n")
+    settings.UGENT_CONFIG = str(path)
+    settings.UGENT_WEB_API_KEY = "env-operator-key-in-line"
+    config.reset_caches()
+    try:
+        caller = auth.authenticate_headers({"x-api-key": "env-operator-key-in-line"}).caller
+        woken = notify.register_blocking(auth.credentials_topic(caller.pk))
+        try:
+            Caller.objects.filter(pk=caller.pk).update(role="application")  # the other process's file
+            auth._callers_forget()
+            again = auth.authenticate_headers({"x-api-key": "env-operator-key-in-line"}).caller
+            assert again.role == "operator" and Caller.objects.get(pk=caller.pk).role == "operator"
+            assert not woken.wait(0.5)
+        finally:
+            woken.close()
+    finally:
+        config.reset_caches()
+
+
+def test_an_issuer_changed_wakes_the_streams_of_the_callers_that_accept_its_tokens(tcast, settings, checks):
+    from channels_app.models import Issuer
+    settings.UGENT_SSE_KEEPALIVE = 60
+    seen, _ = checks
+    cb = _conversation(tcast.bob, "cb")
+    issuer = Issuer.objects.create(issuer="https://id.example", jwks_url="https://id.example/jwks",
+                                   audience="ugent", actor_prefix="ex")
+    caller = tcast.operator
+    caller.issuers = ["https://id.example"]
+    caller.save()
+    key, raw = services.api_key_issue(caller=caller, label="laptop")
+    s = Sse(open_stream("/v1/ugent/events", raw))
+
+    def change():
+        issuer.audience = "another"
+        issuer.save()
+
+    async def run():
+        try:
+            await _live(cb, s)
+            reading = asyncio.ensure_future(s.event())  # the stream runs as its client reads it
+            await sync_to_async(change)()
+            deadline = time.monotonic() + AT_ONCE
+            while not seen and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            reading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reading
+        finally:
+            await _closed([s])
+    async_to_sync(run)()
+    assert seen == [None]  # checked once, at once; a key alone still holds
