@@ -229,14 +229,26 @@ def checks(monkeypatch):
     return seen, hold
 
 
+def _opened(tcast, settings, caller=None):
+    """Bob's conversation, and a stream opened with a new key of `caller` (the operator's), its next
+    keep-alive a minute away."""
+    settings.UGENT_SSE_KEEPALIVE = 60
+    cb = _conversation(tcast.bob, "cb")
+    key, raw = services.api_key_issue(caller=caller or tcast.operator, label="laptop")
+    return cb, key, Sse(open_stream("/v1/ugent/events", raw))
+
+
+async def _until(done) -> None:
+    deadline = time.monotonic() + AT_ONCE
+    while not done() and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+
+
 def test_a_save_that_changes_no_credential_wakes_no_stream_and_another_caller_s_wakes_not_this_one(
         tcast, settings, checks):
-    settings.UGENT_SSE_KEEPALIVE = 60
     seen, _ = checks
-    cb = _conversation(tcast.bob, "cb")
-    key, raw = services.api_key_issue(caller=tcast.operator, label="laptop")
+    cb, key, s = _opened(tcast, settings)
     theirs, _ = services.api_key_issue(caller=tcast.app, label="x")
-    s = Sse(open_stream("/v1/ugent/events", raw))
 
     def saves():
         key.label = "renamed"
@@ -263,12 +275,9 @@ def test_a_change_during_a_running_check_is_checked_before_anything_more_goes_ou
     """A change to the caller's other key starts a check; while it runs (its answer held back), this
     stream's own key is revoked and an event committed. The first check passes on what it read; the
     event must not go out before the second one ends the stream."""
-    settings.UGENT_SSE_KEEPALIVE = 60
     seen, hold = checks
-    cb = _conversation(tcast.bob, "cb")
-    key, raw = services.api_key_issue(caller=tcast.operator, label="laptop")
+    cb, key, s = _opened(tcast, settings)
     other, _ = services.api_key_issue(caller=tcast.operator, label="desk")
-    s = Sse(open_stream("/v1/ugent/events", raw))
 
     async def run():
         try:
@@ -276,9 +285,7 @@ def test_a_change_during_a_running_check_is_checked_before_anything_more_goes_ou
             reading = asyncio.ensure_future(to_the_end(s))  # the stream runs as its client reads it
             hold.append(1.0)
             await sync_to_async(services.api_key_revoke)(key_pk=other.pk)
-            deadline = time.monotonic() + AT_ONCE
-            while not seen and time.monotonic() < deadline:  # the first check has read (and passed)
-                await asyncio.sleep(0.01)
+            await _until(lambda: seen)  # the first check has read (and passed)
             await sync_to_async(services.api_key_revoke)(key_pk=key.pk)
             await _append(cb, 99)
             return await asyncio.wait_for(reading, AT_ONCE)
@@ -317,16 +324,13 @@ def test_a_configured_caller_brought_in_line_with_the_file_wakes_nobody(tcast, t
 
 def test_an_issuer_changed_wakes_the_streams_of_the_callers_that_accept_its_tokens(tcast, settings, checks):
     from channels_app.models import Issuer
-    settings.UGENT_SSE_KEEPALIVE = 60
     seen, _ = checks
-    cb = _conversation(tcast.bob, "cb")
     issuer = Issuer.objects.create(issuer="https://id.example", jwks_url="https://id.example/jwks",
                                    audience="ugent", actor_prefix="ex")
     caller = tcast.operator
     caller.issuers = ["https://id.example"]
     caller.save()
-    key, raw = services.api_key_issue(caller=caller, label="laptop")
-    s = Sse(open_stream("/v1/ugent/events", raw))
+    cb, key, s = _opened(tcast, settings, caller)
 
     def change():
         issuer.audience = "another"
@@ -337,9 +341,7 @@ def test_an_issuer_changed_wakes_the_streams_of_the_callers_that_accept_its_toke
             await _live(cb, s)
             reading = asyncio.ensure_future(s.event())  # the stream runs as its client reads it
             await sync_to_async(change)()
-            deadline = time.monotonic() + AT_ONCE
-            while not seen and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)
+            await _until(lambda: seen)
             reading.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reading
