@@ -914,7 +914,9 @@ def test_a_host_unavailable_however_long_fails_no_message_and_a_chat_keeps_its_o
     later = worker.submit(message("m-2"))
     assert later.queued and "m-2" not in refused  # m-1 still holds its chat: m-2 was not tried before it
     assert later.reason is None  # (as for an unreachable host: no reason, nothing failed)
-    assert worker.outbox.inbound_get(message("m-1").key).attempts == 0
+    # at most the try under way, if a replay's is in flight (counted before its call, taken back once the host is
+    # found away): not one a refusal, which would have stopped it holding its chat at HOLD_ATTEMPTS
+    assert worker.outbox.inbound_get(message("m-1").key).attempts <= 1
     down.clear()
     bridge.wait_for(lambda: len(bridge.submits) == 2)
     assert [m.message_id for m in bridge.submits] == ["m-1", "m-2"]
@@ -1047,7 +1049,9 @@ def test_a_host_that_answers_nothing_counts_no_timed_out_try_and_a_chat_keeps_it
     assert all(r.queued and r.reason is None for r in results)  # (as for an unreachable host: nothing failed)
     assert set(tried) == {"m-1"} and len(tried) >= 5  # m-1 still holds its chat: no later one was tried before it
     # (the opening replay may have tried m-1 once more)
-    assert worker.outbox.inbound_get(message("m-1").key).attempts == 0
+    # at most the try under way, if a replay's is in flight (counted before its call, taken back once the host is
+    # found away): not one a refusal, which would have stopped it holding its chat at HOLD_ATTEMPTS
+    assert worker.outbox.inbound_get(message("m-1").key).attempts <= 1
     down.clear()
     bridge.wait_for(lambda: len(bridge.submits) == sent)
     assert [m.message_id for m in bridge.submits] == [f"m-{i}" for i in range(1, sent + 1)]
