@@ -20,10 +20,11 @@ import pytest
 
 from plugins_app.channel.bridge import BridgeServer, HelloGate, InMemoryHub, ServerThread, TokenBucket
 from plugins_app.channel.bridge import transport as transport_module
-from plugins_app.channel.sdk.jsonrpc import (INVALID_REQUEST, NOT_AUTHENTICATED, PARSE_ERROR, RATE_LIMITED, LineSplitter,
+from plugins_app.channel.sdk.jsonrpc import (INVALID_REQUEST, NOT_AUTHENTICATED, PARSE_ERROR, RATE_LIMITED,
                                              RPCError, parse_frame, parse_large_frame)
 from plugins_app.channel.sdk.mock import MockBridge
 from plugins_app.channel.sdk.outbox import ACKED, PENDING, Outbox
+from tests.plugins_app.test_jsonrpc import LineConn
 from tests.plugins_app.test_sdk import FileChannelWorker, Running, message
 
 pytestmark = pytest.mark.mode_free  # no database, Redis, Django or run mode: the channel worker SDK and workers
@@ -33,28 +34,18 @@ TOKEN = "per-start-token-1"
 HELLO = {"plugin_id": PLUGIN_ID, "token": TOKEN, "kind": "channel-telegram", "version": "1.2.3"}
 
 
-class Conn:
-    """Frames in, frames out, on a plain socket."""
+class Conn(LineConn):
+    """Frames in, frames out, on a plain socket (test_jsonrpc's raw client): JSON objects sent, a longer wait."""
 
     def __init__(self, path: str):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        super().__init__(path)
         self.sock.settimeout(10)
-        self.sock.connect(path)
-        self.splitter = LineSplitter(1 << 30)
-        self.frames: list = []
 
     def send(self, *objs) -> None:
-        self.sock.sendall(b"".join(json.dumps(o, separators=(",", ":")).encode() + b"\n" for o in objs))
+        super().send(b"".join(json.dumps(o, separators=(",", ":")).encode() + b"\n" for o in objs))
 
     def recv(self, timeout: float = 10.0):
-        deadline = time.monotonic() + timeout
-        while not self.frames:
-            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
-            data = self.sock.recv(1 << 20)
-            if not data:
-                raise ConnectionError("the server closed the connection")
-            self.frames.extend(json.loads(f) for f in self.splitter.feed(data))
-        return self.frames.pop(0)
+        return super().recv(timeout)
 
     def call(self, method, params=None, id=1):
         self.send(call(method, params, id))
@@ -200,13 +191,18 @@ def test_a_connection_that_sends_without_reading_its_answers_is_closed_at_the_de
     assert s.connect(hello=True).call("heartbeat", {}, id=1)["result"]["ok"] is True
 
 
-def test_a_hello_under_way_at_the_deadline_is_answered_and_its_session_kept(served):
-    release = threading.Event()
-
+def _hellos_held(release: threading.Event):
+    """A hub whose every hello waits until `release` is set."""
     class SlowHub(InMemoryHub):
         async def hello_ok(self, plugin_id, info):
             await asyncio.to_thread(release.wait, 10)
             return await super().hello_ok(plugin_id, info)
+    return SlowHub
+
+
+def test_a_hello_under_way_at_the_deadline_is_answered_and_its_session_kept(served):
+    release = threading.Event()
+    SlowHub = _hellos_held(release)
 
     s = served(hub=SlowHub(), gate=HelloGate(deadline_secs=0.2))
     c = s.connect()
@@ -260,11 +256,7 @@ def test_a_hello_sent_at_the_connect_is_not_pushed_out_by_connections_that_came_
 def test_when_every_place_has_a_hello_under_way_one_more_connection_is_refused(served, caplog):
     caplog.set_level(logging.WARNING)
     release = threading.Event()
-
-    class SlowHub(InMemoryHub):
-        async def hello_ok(self, plugin_id, info):
-            await asyncio.to_thread(release.wait, 10)
-            return await super().hello_ok(plugin_id, info)
+    SlowHub = _hellos_held(release)
 
     s = served(hub=SlowHub(), gate=HelloGate(max_connections=2))
     first, second = s.connect(), s.connect()
