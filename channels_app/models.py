@@ -253,8 +253,11 @@ class Message(TimeStamped):
     hidden = models.BooleanField(default=False, help_text="Hidden by compaction.")
 
     class Meta:
-        # conversation history in order: the turn runner reads it every turn
-        indexes = [models.Index(fields=["conversation", "id"], name="message_conv_id")]
+        # conversation history in order: the turn runner reads it every turn; and the newest summary
+        # (statements.summary_latest_step, every turn too), which names the condition as literal SQL
+        indexes = [models.Index(fields=["conversation", "id"], name="message_conv_id"),
+                   models.Index(fields=["conversation", "id"], name="message_conv_system",
+                                condition=Q(role="system"))]
 
 
 class Event(models.Model):

@@ -258,9 +258,13 @@ def _history_sql(conversation: str, limit: str) -> str:
 
 
 def _summary_sql(conversation: str) -> str:
+    """Through the partial index `message_conv_system` (before it, the read walked every message of a
+    conversation never compacted, every turn). The index's condition goes in as its own literal SQL: a
+    prepared statement's generic plan on PostgreSQL cannot prove the index from a bound role."""
     m = rows.table(Message)
     return (f"SELECT {m.col('content')} FROM {m.name} WHERE {m.col('conversation')} = {conversation} "
-            f"AND {m.col('hidden')} = %s AND {m.col('role')} = %s ORDER BY id DESC LIMIT 1")
+            f"AND {m.col('role')} = '{Message.Role.SYSTEM.value}' AND {m.col('hidden')} = %s "
+            f"ORDER BY id DESC LIMIT 1")
 
 
 def _conversation_of_turn() -> str:
@@ -314,7 +318,7 @@ def _turn_summary_sql() -> str:
 
 def turn_summary_step(turn_pk: int) -> rows.Step:
     """summary_latest for the conversation of a turn named by its id alone."""
-    return rows.Step(_turn_summary_sql(), [turn_pk, False, Message.Role.SYSTEM], _first_or_none)
+    return rows.Step(_turn_summary_sql(), [turn_pk, False], _first_or_none)
 
 
 @functools.cache
@@ -329,7 +333,7 @@ def summary_latest(conversation_pk: int) -> str | None:
 
 def summary_latest_step(conversation_pk: int) -> rows.Step:
     """summary_latest as a step of a batch."""
-    return rows.Step(_summary_latest_sql(), [conversation_pk, False, Message.Role.SYSTEM], _first_or_none)
+    return rows.Step(_summary_latest_sql(), [conversation_pk, False], _first_or_none)
 
 
 @functools.cache

@@ -2,34 +2,10 @@
 
 from django.db import migrations, models
 
+from ugent_common.migration_ops import index_added_concurrently
+
 INDEX = models.Index(condition=models.Q(('type', 'ugent.artifacts_pending')), fields=['created_at'],
                      name='event_artifacts_pending')
-
-
-def _add(apps, schema_editor):
-    # The events table is the largest: on PostgreSQL the index is built without blocking the appends that
-    # go on meanwhile (CREATE INDEX CONCURRENTLY, outside a transaction); elsewhere as any index.
-    model = apps.get_model("channels_app", "Event")
-    if schema_editor.connection.vendor == "postgresql":
-        # a build that failed or was cancelled leaves an invalid index of that name: drop it, build again
-        with schema_editor.connection.cursor() as cur:
-            cur.execute("SELECT NOT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
-                        "WHERE c.relname = %s", [INDEX.name])
-            row = cur.fetchone()
-        if row and row[0]:
-            schema_editor.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{INDEX.name}"')
-        sql = str(INDEX.create_sql(model, schema_editor, concurrently=True))
-        schema_editor.execute(sql.replace("CREATE INDEX CONCURRENTLY", "CREATE INDEX CONCURRENTLY IF NOT EXISTS", 1))
-    else:
-        schema_editor.add_index(model, INDEX)
-
-
-def _remove(apps, schema_editor):
-    model = apps.get_model("channels_app", "Event")
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{INDEX.name}"')
-    else:
-        schema_editor.remove_index(model, INDEX)
 
 
 class Migration(migrations.Migration):
@@ -40,9 +16,6 @@ class Migration(migrations.Migration):
         ('channels_app', '0009_tool_calls'),
     ]
 
-    operations = [
-        migrations.SeparateDatabaseAndState(
-            state_operations=[migrations.AddIndex(model_name='event', index=INDEX)],
-            database_operations=[migrations.RunPython(_add, _remove)],
-        ),
-    ]
+    # The events table is the largest: on PostgreSQL the index is built without blocking the appends that
+    # go on meanwhile.
+    operations = [index_added_concurrently('channels_app', 'Event', INDEX)]
