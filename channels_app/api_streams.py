@@ -88,7 +88,8 @@ class _StreamView(View):
             raw = d.get("cursor")
         sub = streams.subscription_open(viewer=viewer, raw_cursor=raw, conversation=conversation,
                                         activity=self.activity)
-        sub.auth_check = _auth_check(request.headers, d, viewer)
+        sub.auth_check = _auth_check(request.headers, d, viewer, sub)
+        sub.auth_expires_at = principal.identity.expires_at if principal.identity is not None else None
         return sub
 
 
@@ -97,11 +98,12 @@ STREAM_AUTH_CHANGED = ("The key or identity token that opened this stream no lon
                        "(its caller's role or the user it names changed): open the stream again.")
 
 
-def _auth_check(headers, fields: dict, viewer: Viewer):
-    """What an open stream asks now and then (channels_app.fanout.sse_body): do the request's key and
-    identity token still authenticate, as the same caller with the same role, for the same user? The
-    error a new request with them would get (a revoked, rotated or deleted key: 401 `Invalid API key.`;
-    an expired token: its 401/403), or STREAM_AUTH_CHANGED; None while they hold."""
+def _auth_check(headers, fields: dict, viewer: Viewer, sub: streams.Subscription):
+    """What an open stream asks when something may have changed (channels_app.fanout.sse_body): do the
+    request's key and identity token still authenticate, as the same caller with the same role, for the
+    same user? The error a new request with them would get (a revoked, rotated or deleted key: 401
+    `Invalid API key.`; an expired token: its 401/403), or STREAM_AUTH_CHANGED; None while they hold
+    (and the token's expiry, as read now, goes to `sub.auth_expires_at`)."""
     opened = (viewer.caller.pk, viewer.caller.role, viewer.is_operator, viewer.actor.key)
 
     def check() -> ApplicationError | None:
@@ -110,6 +112,7 @@ def _auth_check(headers, fields: dict, viewer: Viewer):
             again = services.reader_of_request(principal, fields)
         except ApplicationError as exc:
             return exc
+        sub.auth_expires_at = principal.identity.expires_at if principal.identity is not None else None
         if (again.caller.pk, again.caller.role, again.is_operator, again.actor.key) != opened:
             return ApplicationError(STREAM_AUTH_CHANGED, status=403, code="stream_credentials_changed")
         return None

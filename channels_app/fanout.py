@@ -45,6 +45,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from channels_app import auth, events, notify, streams
+from ugent_common import config
 from channels_app.sse import PING
 
 log = logging.getLogger("ugent.fanout")
@@ -401,14 +402,31 @@ async def sse_body(sub: streams.Subscription, sink: Sink | None = None):
     tap = _hub.join(sub)  # first: every batch the reader hands out from now on is queued
     read = sync_to_async(_read, thread_sensitive=False)
     keepalive = float(settings.UGENT_SSE_KEEPALIVE)
+    backstop = float(settings.UGENT_SSE_CREDENTIALS_RECHECK_SECS)
     behind = True  # the log holds what this subscriber has not seen: read it
-    checked_at = time.monotonic()  # the request authenticated just now
+    # the request authenticated just now, against ugent.toml as this process had it then
+    checked_at, checked_wall, config_seen = time.monotonic(), time.time(), config.generation()
+
+    def check_in() -> float:
+        """Seconds until the credentials must be asked again unprompted: the backstop interval since the
+        last check, or the identity token's expiry once it passes (each expiry asked about once)."""
+        due = backstop - (time.monotonic() - checked_at)
+        expires = sub.auth_expires_at
+        if expires is not None and checked_wall < expires:
+            due = min(due, expires - time.time())
+        return due
+
+    def check_due() -> bool:
+        # a credentials change here or elsewhere (_Recheck), ugent.toml read anew (a configured key or an
+        # issuer may have gone), the token expired, or the backstop for a change nothing announced
+        return tap.recheck or config.generation() != config_seen or check_in() <= 0
 
     async def refused_now():
         """The credentials check, run again while a change woke the stream during it; its refusal or None."""
-        nonlocal checked_at
+        nonlocal checked_at, checked_wall, config_seen
         while True:
-            checked_at, tap.recheck = time.monotonic(), False
+            checked_at, checked_wall, tap.recheck = time.monotonic(), time.time(), False
+            config_seen = config.generation()
             refused = await sync_to_async(_auth_refused, thread_sensitive=False)(sub)
             if refused is not None or not tap.recheck:
                 if refused is not None:
@@ -433,10 +451,10 @@ async def sse_body(sub: streams.Subscription, sink: Sink | None = None):
                 await held
             if tap.broken is not None:
                 return
-            if sub.auth_check is not None and (tap.recheck or time.monotonic() - checked_at >= keepalive):
+            if sub.auth_check is not None and check_due():
                 # what opened the stream must still hold: a revoked key, an expired token ends it (the
-                # stream wakes at least once per keep-alive interval, whoever writes its batches, and at
-                # once when its caller's credentials change: _Recheck)
+                # stream wakes at once when its caller's credentials change (_Recheck), when its token
+                # expires, and at least once per keep-alive interval, whoever writes its batches)
                 refused = await refused_now()
                 if refused is not None:
                     yield streams.refused_frame(refused)
@@ -487,11 +505,10 @@ async def sse_body(sub: streams.Subscription, sink: Sink | None = None):
             tap.send = sink.send if sink is not None else None
             try:
                 now = time.monotonic()
-                # woken by the next keep-alive or the next credentials check, whichever comes first: a revoked
-                # key's stream gets batches for at most one interval after it (the reader writes them meanwhile)
+                # woken by the next keep-alive or the next credentials check due, whichever comes first
                 due = keepalive - (now - tap.sent_at)
                 if sub.auth_check is not None:
-                    due = min(due, keepalive - (now - checked_at))
+                    due = min(due, check_in())
                 await tap.wait(max(0.0, due))
             finally:
                 tap.send = None

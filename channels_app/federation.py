@@ -48,6 +48,7 @@ class VerifiedIdentity:
     issuer: str
     subject: str
     actor_key: str  # <actor_prefix><sub>
+    expires_at: float | None = None  # Unix time past which it is refused: its exp plus the issuer's leeway
 
 
 def refuse(why: str) -> ApplicationError:
@@ -232,7 +233,8 @@ def token_verify(token: str) -> VerifiedIdentity:
     sub = verified.get("sub")
     if not isinstance(sub, str) or not sub or len(issuer.actor_prefix) + len(sub) > 300:
         raise refuse("its subject (sub) is empty or too long.")
-    return VerifiedIdentity(issuer=iss, subject=sub, actor_key=f"{issuer.actor_prefix}{sub}")
+    return VerifiedIdentity(issuer=iss, subject=sub, actor_key=f"{issuer.actor_prefix}{sub}",
+                            expires_at=float(verified["exp"]) + issuer.leeway_secs)
 
 
 # --- [[web.auth.issuers]] and [[web.auth.caller_defaults]] ⇄ rows -------------------------------

@@ -148,6 +148,9 @@ class Subscription:
     #: Whether what opened the stream (its key, its identity token, its caller's role) still holds:
     #: called now and then while the stream is open (channels_app.api_streams); None: never asked.
     auth_check: Callable[[], ApplicationError | None] | None = None
+    #: Unix time the identity token that opened it expires (its exp plus leeway), as the last check read it;
+    #: the stream asks again then. None: no token.
+    auth_expires_at: float | None = None
 
 
 def subscription_open(*, viewer: Viewer, raw_cursor, conversation: Conversation | None = None,

@@ -304,6 +304,10 @@ UGENT_METRICS_BIND = env("UGENT_METRICS_BIND", default="")
 UGENT_MEMSTATS = env("UGENT_MEMSTATS", default="")
 # Seconds between SSE keep-alive comment lines.
 UGENT_SSE_KEEPALIVE = env.float("UGENT_SSE_KEEPALIVE", default=15.0)
+# Seconds between an open SSE stream's checks of the key and identity token that opened it, when nothing asks
+# sooner: a credentials change (wake-up), a changed ugent.toml, or the token's own expiry each ask at once or at
+# the next keep-alive (docs/streams.md). The backstop for what none of them hears, such as a raw UPDATE.
+UGENT_SSE_CREDENTIALS_RECHECK_SECS = env.float("UGENT_SSE_CREDENTIALS_RECHECK_SECS", default=300.0)
 # Events an SSE subscriber's queue holds before it is cut loose with a ugent.gap (docs/streams.md).
 UGENT_SSE_SUBSCRIBER_QUEUE = env.int("UGENT_SSE_SUBSCRIBER_QUEUE", default=1000)
 

@@ -1,17 +1,21 @@
 """An open stream ends when what authenticated it no longer does (channels_app.api_streams._auth_check):
-it is asked again at each keep-alive interval, and a revoked key ends the stream with one ugent.error
-carrying the API's own refusal."""
+it is asked again when a credentials change wakes it, when ugent.toml was read anew, when its identity
+token expires, and every UGENT_SSE_CREDENTIALS_RECHECK_SECS for what nothing announces; a revoked key
+ends the stream with one ugent.error carrying the API's own refusal."""
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import time
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
+from django.test import Client
 
 from channels_app import services
+from channels_app.models import Conversation
 from channels_app.events import event_append
 from tests.streams.conftest import ident, open_stream
 from tests.streams import test_fanout
@@ -68,8 +72,10 @@ def _delete(tcast, key):
 
 
 @pytest.mark.parametrize("change,code", [(_demote, None), (_delete, "invalid_api_key")])
-def test_a_stream_ends_when_its_caller_s_role_changes_or_its_key_is_deleted(tcast, change, code):
-    """The other changes docs/streams.md names end an open stream too: the caller's role, a deleted key."""
+def test_a_stream_ends_when_its_caller_s_role_changes_or_its_key_is_deleted(tcast, settings, change, code):
+    """The other changes docs/streams.md names end an open stream too: the caller's role, a deleted key.
+    The role is changed by a raw UPDATE, which wakes nothing: the backstop check finds it."""
+    settings.UGENT_SSE_CREDENTIALS_RECHECK_SECS = 0.5
     key, raw = services.api_key_issue(caller=tcast.operator, label="laptop")
     s = Sse(open_stream("/v1/ugent/events", raw))
 
@@ -349,3 +355,108 @@ def test_an_issuer_changed_wakes_the_streams_of_the_callers_that_accept_its_toke
             await _closed([s])
     async_to_sync(run)()
     assert seen == [None]  # checked once, at once; a key alone still holds
+
+
+# --- asked when something may have changed, not at every keep-alive ---------------------------------------
+# At 10,000 open streams a check per keep-alive (15 s) was about 670 key lookups a second on the readers'
+# executor, nearly all finding nothing changed. What can change is announced (above), or is ugent.toml read
+# anew, or a token's expiry, which is known; the backstop (UGENT_SSE_CREDENTIALS_RECHECK_SECS) is for the rest.
+
+def test_keep_alives_run_no_credentials_check(tcast, settings, checks):
+    seen, _ = checks
+    settings.UGENT_SSE_CREDENTIALS_RECHECK_SECS = 60
+    cb = _conversation(tcast.bob, "cb")
+    key, raw = services.api_key_issue(caller=tcast.operator, label="laptop")
+    s = Sse(open_stream("/v1/ugent/events", raw))  # keep-alive 0.2 s (tests/streams/conftest.py)
+
+    async def run():
+        try:
+            await _live(cb, s)
+            pings = 0
+            while pings < 8:  # 1.6 s: eight keep-alives
+                pings += (await asyncio.wait_for(s.frame(), AT_ONCE))["comment"] == "ping"
+            await _append(cb, 2)
+            return await asyncio.wait_for(s.event(), AT_ONCE)
+        finally:
+            await _closed([s])
+    assert async_to_sync(run)()["data"]["data"] == {"k": 2}
+    assert seen == []
+
+
+@pytest.fixture
+def token_issuer(tcast, settings):
+    from channels_app import federation
+    from channels_app.models import Issuer
+    from tests.support import idp
+    key = idp.SigningKey("ec")
+    server = idp.JwksServer(key)
+    federation.jwks_reset()
+    settings.UGENT_JWKS_MIN_REFRESH_SECS = 3600
+    Issuer.objects.create(issuer=idp.ISSUER, jwks_url=server.url, audience=idp.AUDIENCE, actor_prefix=idp.PREFIX,
+                          algorithms=["ES256"], leeway_secs=0)
+    yield lambda exp_in: idp.sign(key, idp.claims("carol", exp_in=exp_in))
+    server.close()
+    federation.jwks_reset()
+
+
+def test_a_stream_opened_with_an_identity_token_ends_when_the_token_expires(tcast, settings, checks, token_issuer):
+    """Its expiry is known when it is verified: the stream asks again then, not at a keep-alive or the
+    backstop (both a minute here), and ends with the token's own refusal."""
+    from channels_app.federation import CODE
+    seen, _ = checks
+    settings.UGENT_SSE_KEEPALIVE = 60
+    settings.UGENT_SSE_CREDENTIALS_RECHECK_SECS = 60
+    body = {"messages": [{"role": "user", "content": "hello"}], "conversation_id": "cc"}
+    assert Client().post("/v1/chat/completions", data=json.dumps(body), content_type="application/json",
+                         HTTP_X_API_KEY=tcast.keys["app"], HTTP_X_UGENT_IDENTITY=token_issuer(300)).status_code == 200
+    cc = Conversation.objects.get(external_id="cc")
+    token = token_issuer(3)
+    s = Sse(Client().get("/v1/ugent/events", {"conversation_id": "cc"}, HTTP_X_API_KEY=tcast.keys["app"],
+                         HTTP_X_UGENT_IDENTITY=token))
+
+    async def run():
+        try:
+            await _live(cc, s)
+            return await asyncio.wait_for(to_the_end(s), 3 + AT_ONCE)
+        finally:
+            await _closed([s])
+    frames = async_to_sync(run)()
+    assert [f["event"] for f in frames] == ["ugent.error"]
+    assert frames[0]["data"]["error"]["code"] == CODE
+    assert "expired" in frames[0]["data"]["error"]["message"]
+    assert len(seen) == 1  # one check: at the expiry
+
+
+def test_a_key_taken_out_of_ugent_toml_ends_its_stream_at_the_next_keep_alive(tcast, settings, checks, tmp_path,
+                                                                             monkeypatch):
+    """A configured key's file is each process's own: no wake-up tells of it. The stream asks again once
+    the process has read ugent.toml anew, without waiting for the backstop."""
+    from ugent_common import config
+    seen, _ = checks
+    settings.UGENT_SSE_CREDENTIALS_RECHECK_SECS = 60
+    settings.UGENT_CONFIG_RECHECK_SECS = 0.1
+    monkeypatch.setenv("UGENT_OPS_STREAM_KEY", "ops-stream-secret")
+    path = tmp_path / "ugent.toml"
+    entry = '[[web.auth.keys]]\nname = "ops"\nkey_env = "UGENT_OPS_STREAM_KEY"\nrole = "operator"\n'
+    path.write_text(entry)
+    settings.UGENT_CONFIG = str(path)
+    config.reset_caches()
+    try:
+        cb = _conversation(tcast.bob, "cb")
+        s = Sse(open_stream("/v1/ugent/events", "ops-stream-secret"))
+
+        async def run():
+            try:
+                await _live(cb, s)
+                reading = asyncio.ensure_future(to_the_end(s))  # the stream runs as its client reads it
+                await asyncio.sleep(0.6)  # keep-alives with the file unchanged: no check
+                assert seen == [] and not reading.done()
+                path.write_text("[web.auth]\n# the ops key is gone\n")
+                return await asyncio.wait_for(reading, AT_ONCE)
+            finally:
+                await _closed([s])
+        frames = async_to_sync(run)()
+    finally:
+        config.reset_caches()
+    assert [f["event"] for f in frames] == ["ugent.error"]
+    assert frames[0]["data"]["error"]["code"] == "invalid_api_key"
