@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import random
 import sys
 import threading
 import time
@@ -404,13 +405,18 @@ async def sse_body(sub: streams.Subscription, sink: Sink | None = None):
     keepalive = float(settings.UGENT_SSE_KEEPALIVE)
     backstop = float(settings.UGENT_SSE_CREDENTIALS_RECHECK_SECS)
     behind = True  # the log holds what this subscriber has not seen: read it
-    # the request authenticated just now, against ugent.toml as this process had it then
-    checked_at, checked_wall, config_seen = time.monotonic(), time.time(), config.generation()
+    # The request authenticated a moment ago (`_open`), against ugent.toml as this process had it then.
+    # An expiry is asked about once the last check was before it: none yet here, since one that fell
+    # between the request's check and now must still be asked (-inf).
+    checked_at, checked_wall = time.monotonic(), float("-inf")
+    config_seen = sub.auth_config_generation
+    spread = random.uniform(0.75, 1.0)
 
     def check_in() -> float:
         """Seconds until the credentials must be asked again unprompted: the backstop interval since the
-        last check, or the identity token's expiry once it passes (each expiry asked about once)."""
-        due = backstop - (time.monotonic() - checked_at)
+        last check (spread over its last quarter, so that streams opened together do not all ask at
+        once), or the identity token's expiry once it passes (each expiry asked about once)."""
+        due = backstop * spread - (time.monotonic() - checked_at)
         expires = sub.auth_expires_at
         if expires is not None and checked_wall < expires:
             due = min(due, expires - time.time())
@@ -423,9 +429,10 @@ async def sse_body(sub: streams.Subscription, sink: Sink | None = None):
 
     async def refused_now():
         """The credentials check, run again while a change woke the stream during it; its refusal or None."""
-        nonlocal checked_at, checked_wall, config_seen
+        nonlocal checked_at, checked_wall, config_seen, spread
         while True:
             checked_at, checked_wall, tap.recheck = time.monotonic(), time.time(), False
+            spread = random.uniform(0.75, 1.0)
             config_seen = config.generation()
             refused = await sync_to_async(_auth_refused, thread_sensitive=False)(sub)
             if refused is not None or not tap.recheck:

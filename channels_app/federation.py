@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import threading
 import time
@@ -49,6 +50,14 @@ class VerifiedIdentity:
     subject: str
     actor_key: str  # <actor_prefix><sub>
     expires_at: float | None = None  # Unix time past which it is refused: its exp plus the issuer's leeway
+
+
+def _expiry(exp, leeway) -> float:
+    """exp plus leeway as Unix time; an exp too large for a float (PyJWT takes any integer) never comes."""
+    try:
+        return float(exp) + float(leeway)
+    except OverflowError:
+        return math.inf
 
 
 def refuse(why: str) -> ApplicationError:
@@ -234,7 +243,7 @@ def token_verify(token: str) -> VerifiedIdentity:
     if not isinstance(sub, str) or not sub or len(issuer.actor_prefix) + len(sub) > 300:
         raise refuse("its subject (sub) is empty or too long.")
     return VerifiedIdentity(issuer=iss, subject=sub, actor_key=f"{issuer.actor_prefix}{sub}",
-                            expires_at=float(verified["exp"]) + issuer.leeway_secs)
+                            expires_at=_expiry(verified["exp"], issuer.leeway_secs))
 
 
 # --- [[web.auth.issuers]] and [[web.auth.caller_defaults]] ⇄ rows -------------------------------

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 from kombu import Exchange, Queue
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -308,6 +309,9 @@ UGENT_SSE_KEEPALIVE = env.float("UGENT_SSE_KEEPALIVE", default=15.0)
 # sooner: a credentials change (wake-up), a changed ugent.toml, or the token's own expiry each ask at once or at
 # the next keep-alive (docs/streams.md). The backstop for what none of them hears, such as a raw UPDATE.
 UGENT_SSE_CREDENTIALS_RECHECK_SECS = env.float("UGENT_SSE_CREDENTIALS_RECHECK_SECS", default=300.0)
+if not 1 <= UGENT_SSE_CREDENTIALS_RECHECK_SECS < float("inf"):  # 0 would check without end; nan never
+    raise ImproperlyConfigured(f"UGENT_SSE_CREDENTIALS_RECHECK_SECS={UGENT_SSE_CREDENTIALS_RECHECK_SECS}: "
+                               "it must be a number of seconds, at least 1.")
 # Events an SSE subscriber's queue holds before it is cut loose with a ugent.gap (docs/streams.md).
 UGENT_SSE_SUBSCRIBER_QUEUE = env.int("UGENT_SSE_SUBSCRIBER_QUEUE", default=1000)
 

@@ -394,9 +394,22 @@ def token_issuer(tcast, settings):
     settings.UGENT_JWKS_MIN_REFRESH_SECS = 3600
     Issuer.objects.create(issuer=idp.ISSUER, jwks_url=server.url, audience=idp.AUDIENCE, actor_prefix=idp.PREFIX,
                           algorithms=["ES256"], leeway_secs=0)
-    yield lambda exp_in: idp.sign(key, idp.claims("carol", exp_in=exp_in))
+    yield lambda exp_in, **extra: idp.sign(key, idp.claims("carol", exp_in=exp_in, **extra))
     server.close()
     federation.jwks_reset()
+
+
+def _token_conversation(tcast, token_issuer) -> Conversation:
+    """Carol's conversation "cc", started with a token of hers (the application's key)."""
+    body = {"messages": [{"role": "user", "content": "hello"}], "conversation_id": "cc"}
+    assert Client().post("/v1/chat/completions", data=json.dumps(body), content_type="application/json",
+                         HTTP_X_API_KEY=tcast.keys["app"], HTTP_X_UGENT_IDENTITY=token_issuer(300)).status_code == 200
+    return Conversation.objects.get(external_id="cc")
+
+
+def _token_stream(tcast, token: str) -> Sse:
+    return Sse(Client().get("/v1/ugent/events", {"conversation_id": "cc"}, HTTP_X_API_KEY=tcast.keys["app"],
+                            HTTP_X_UGENT_IDENTITY=token))
 
 
 def test_a_stream_opened_with_an_identity_token_ends_when_the_token_expires(tcast, settings, checks, token_issuer):
@@ -406,13 +419,8 @@ def test_a_stream_opened_with_an_identity_token_ends_when_the_token_expires(tcas
     seen, _ = checks
     settings.UGENT_SSE_KEEPALIVE = 60
     settings.UGENT_SSE_CREDENTIALS_RECHECK_SECS = 60
-    body = {"messages": [{"role": "user", "content": "hello"}], "conversation_id": "cc"}
-    assert Client().post("/v1/chat/completions", data=json.dumps(body), content_type="application/json",
-                         HTTP_X_API_KEY=tcast.keys["app"], HTTP_X_UGENT_IDENTITY=token_issuer(300)).status_code == 200
-    cc = Conversation.objects.get(external_id="cc")
-    token = token_issuer(3)
-    s = Sse(Client().get("/v1/ugent/events", {"conversation_id": "cc"}, HTTP_X_API_KEY=tcast.keys["app"],
-                         HTTP_X_UGENT_IDENTITY=token))
+    cc = _token_conversation(tcast, token_issuer)
+    s = _token_stream(tcast, token_issuer(3))
 
     async def run():
         try:
@@ -460,3 +468,55 @@ def test_a_key_taken_out_of_ugent_toml_ends_its_stream_at_the_next_keep_alive(tc
         config.reset_caches()
     assert [f["event"] for f in frames] == ["ugent.error"]
     assert frames[0]["data"]["error"]["code"] == "invalid_api_key"
+
+
+def test_a_token_that_expires_before_its_stream_s_body_starts_is_still_asked_about(tcast, settings, checks,
+                                                                                  token_issuer):
+    """Verified when the request came (valid), expired by the time the response's body first runs (a loaded
+    process, a client slow to read): the stream asks at once, not at the backstop."""
+    from channels_app.federation import CODE
+    seen, _ = checks
+    settings.UGENT_SSE_KEEPALIVE = 60
+    settings.UGENT_SSE_CREDENTIALS_RECHECK_SECS = 60
+    cc = _token_conversation(tcast, token_issuer)
+    s = _token_stream(tcast, token_issuer(1))
+    time.sleep(1.5)  # the body has not started: the token is expired now
+
+    async def run():
+        try:
+            reading = asyncio.ensure_future(to_the_end(s))
+            await _until(lambda: seen)
+            await _append(cc, 2)
+            return await asyncio.wait_for(reading, AT_ONCE)
+        finally:
+            await _closed([s])
+    frames = async_to_sync(run)()
+    assert [f["event"] for f in frames] == ["ugent.error"], frames
+    assert frames[0]["data"]["error"]["code"] == CODE
+
+
+def test_a_token_whose_exp_no_float_holds_is_verified_as_before(tcast, token_issuer):
+    """PyJWT takes any integer exp; the expiry kept for the stream is then never."""
+    import math
+
+    from channels_app import federation
+    token = token_issuer(None, exp=10 ** 400)
+    assert federation.token_verify(token).expires_at == math.inf
+    assert federation.token_verify(token_issuer(60)).expires_at == pytest.approx(time.time() + 60, abs=5)
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "0.5"])
+def test_a_backstop_that_is_no_positive_number_of_seconds_stops_the_start(value, tmp_path):
+    """0 would make every idle stream check without end. Refused when the settings load, with the variable
+    named (django-environ refuses "nan" and "inf" itself)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env.update(UGENT_SSE_CREDENTIALS_RECHECK_SECS=value, DJANGO_SETTINGS_MODULE="ugent_site.settings",
+               UGENT_VAR_DIR=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", "import django; django.setup()"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "UGENT_SSE_CREDENTIALS_RECHECK_SECS" in done.stderr and "at least 1" in done.stderr
