@@ -257,7 +257,10 @@ class Message(TimeStamped):
         # (statements.summary_latest_step, every turn too), which names the condition as literal SQL
         indexes = [models.Index(fields=["conversation", "id"], name="message_conv_id"),
                    models.Index(fields=["conversation", "id"], name="message_conv_system",
-                                condition=Q(role="system"))]
+                                condition=Q(role="system")),
+                   # the visible ones: the turn's history read (statements._history_sql), the session tail
+                   models.Index(fields=["conversation", "id"], name="message_conv_visible",
+                                condition=Q(hidden=False))]
 
 
 class Event(models.Model):

@@ -250,10 +250,15 @@ def _turn_from_cursor(cur) -> Turn | None:
 
 def _history_sql(conversation: str, limit: str) -> str:
     """The newest visible user/assistant messages of turns before one, newest first: the conversation and
-    the limit as SQL expressions (placeholders, or subqueries naming the turn)."""
+    the limit as SQL expressions (placeholders, or subqueries naming the turn).
+
+    Through the partial index `message_conv_visible`, whose condition is written here as its own SQL (a
+    prepared statement's generic plan cannot prove it from a bound value). Through all the messages, a
+    compacted conversation whose visible ones were fewer than the limit walked every hidden message, on
+    each of the turns after a compaction."""
     m = rows.table(Message)
     return (f"SELECT {m.col('role')}, {m.col('content')} FROM {m.name} WHERE {m.col('conversation')} = {conversation} "
-            f"AND {m.col('hidden')} = %s AND {m.col('role')} IN (%s, %s) AND {m.col('turn')} < %s "
+            f"AND NOT {m.col('hidden')} AND {m.col('role')} IN (%s, %s) AND {m.col('turn')} < %s "
             f"ORDER BY id DESC LIMIT {limit}")
 
 
@@ -291,7 +296,7 @@ def _oldest_first(cur) -> list[tuple[str, str]]:
 
 def history_tail_step(conversation_pk: int, before_turn_pk: int, limit: int) -> rows.Step:
     """history_tail as a step of a batch."""
-    return rows.Step(_history_tail_sql(), [conversation_pk, False, Message.Role.USER, Message.Role.ASSISTANT,
+    return rows.Step(_history_tail_sql(), [conversation_pk, Message.Role.USER, Message.Role.ASSISTANT,
                                            before_turn_pk, limit], _oldest_first)
 
 
@@ -307,7 +312,7 @@ def _turn_history_sql() -> str:
 def turn_history_step(turn_pk: int, default_limit: int) -> rows.Step:
     """history_tail for a turn named by its id alone: its conversation's, as many as its profile's
     history_turns (`default_limit` when it has no profile). For a batch sent before the turn is read."""
-    return rows.Step(_turn_history_sql(), [turn_pk, False, Message.Role.USER, Message.Role.ASSISTANT, turn_pk,
+    return rows.Step(_turn_history_sql(), [turn_pk, Message.Role.USER, Message.Role.ASSISTANT, turn_pk,
                                            default_limit, turn_pk], _oldest_first)
 
 
