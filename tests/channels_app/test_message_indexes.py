@@ -57,18 +57,6 @@ def summary_reads(conv: Conversation):
             (statements._turn_summary_sql(), [turn_pk or 0, False])]
 
 
-def test_the_summary_read_uses_the_partial_index_on_sqlite(cast):
-    if connection.vendor != "sqlite":
-        pytest.skip("SQLite's plan; PostgreSQL's generic plan is checked below")
-    conv = conversation_with(cast, 10)
-    with connection.cursor() as cur:
-        for sql, params in summary_reads(conv):
-            cur.execute("EXPLAIN QUERY PLAN " + sql, params)
-            plan = [row[3] for row in cur.fetchall()]
-            on_messages = [p for p in plan if "channels_app_message" in p]
-            assert on_messages and all("INDEX message_conv_system" in p for p in on_messages), (sql, plan)
-
-
 def test_the_summary_read_does_not_grow_with_the_conversation(cast):
     if connection.vendor != "sqlite":
         pytest.skip("SQLite's instruction count")
@@ -84,44 +72,10 @@ def test_the_summary_read_does_not_grow_with_the_conversation(cast):
     assert statements.summary_latest(old.pk) == "the summary"
 
 
-def test_the_prepared_summary_read_uses_the_partial_index_on_postgresql(cast, settings, monkeypatch):
-    if connection.vendor != "postgresql":
-        pytest.skip("PostgreSQL's generic plan")
-    settings.UGENT_PG_PREPARE = True
-    fresh = rows._Prepared()
-    monkeypatch.setattr(rows, "_prepared", fresh)
-    conv = conversation_with(cast, 10)
-    for sql, params in summary_reads(conv):
-        for _ in range(3):  # named at the second sighting, prepared on this connection
-            assert rows.fetchone(sql, params) is None
-        name = fresh.names[sql][0]
-        with connection.cursor() as cur:
-            cur.execute("SET plan_cache_mode = force_generic_plan")
-            try:
-                cur.execute(f"EXPLAIN EXECUTE {name}(%s, %s)", params)
-                plan = "\n".join(r[0] for r in cur.fetchall())
-            finally:
-                cur.execute("RESET plan_cache_mode")
-        assert "message_conv_system" in plan, (sql, plan)
-        assert "message_conv_id" not in plan and "Seq Scan on channels_app_message" not in plan, plan
-
-
 def history_reads(conv: Conversation):
     """The two history statements: by conversation (history_tail), and by a turn's id alone (the claim's)."""
     return [(statements._history_tail_sql(), [conv.pk, Message.Role.USER, Message.Role.ASSISTANT, 10 ** 9, 20]),
             (statements._turn_history_sql(), [0, Message.Role.USER, Message.Role.ASSISTANT, 0, 20, 0])]
-
-
-def test_the_history_read_uses_the_visible_messages_index_on_sqlite(cast):
-    if connection.vendor != "sqlite":
-        pytest.skip("SQLite's plan; PostgreSQL's generic plan is checked below")
-    conv = conversation_with(cast, 10, hidden=True)
-    with connection.cursor() as cur:
-        for sql, params in history_reads(conv):
-            cur.execute("EXPLAIN QUERY PLAN " + sql, params)
-            plan = [row[3] for row in cur.fetchall()]
-            on_messages = [p for p in plan if "channels_app_message" in p]
-            assert on_messages and all("INDEX message_conv_visible" in p for p in on_messages), (sql, plan)
 
 
 def test_the_history_of_a_compacted_conversation_does_not_grow_with_what_it_hid(cast):
@@ -137,15 +91,34 @@ def test_the_history_of_a_compacted_conversation_does_not_grow_with_what_it_hid(
     assert steps["long"] <= steps["short"] + 2, steps
 
 
-def test_the_prepared_history_read_uses_the_visible_messages_index_on_postgresql(cast, settings, monkeypatch):
+# (the reads, the conversation they are planned over, the index they must use)
+READS = {"summary": (summary_reads, {}, "message_conv_system"),
+         "history": (history_reads, {"hidden": True}, "message_conv_visible")}
+
+
+@pytest.mark.parametrize("read", sorted(READS))
+def test_the_read_uses_its_partial_index_on_sqlite(cast, read):
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite's plan; PostgreSQL's generic plan is checked below")
+    reads, shape, index = READS[read]
+    with connection.cursor() as cur:
+        for sql, params in reads(conversation_with(cast, 10, **shape)):
+            cur.execute("EXPLAIN QUERY PLAN " + sql, params)
+            plan = [row[3] for row in cur.fetchall()]
+            on_messages = [p for p in plan if "channels_app_message" in p]
+            assert on_messages and all(f"INDEX {index}" in p for p in on_messages), (sql, plan)
+
+
+@pytest.mark.parametrize("read", sorted(READS))
+def test_the_prepared_read_uses_its_partial_index_on_postgresql(cast, settings, monkeypatch, read):
     if connection.vendor != "postgresql":
         pytest.skip("PostgreSQL's generic plan")
+    reads, shape, index = READS[read]
     settings.UGENT_PG_PREPARE = True
     fresh = rows._Prepared()
     monkeypatch.setattr(rows, "_prepared", fresh)
-    conv = conversation_with(cast, 10, hidden=True)
-    for sql, params in history_reads(conv):
-        for _ in range(3):
+    for sql, params in reads(conversation_with(cast, 10, **shape)):
+        for _ in range(3):  # named at the second sighting, prepared on this connection
             rows.fetchall(sql, params)
         name = fresh.names[sql][0]
         with connection.cursor() as cur:
@@ -155,4 +128,4 @@ def test_the_prepared_history_read_uses_the_visible_messages_index_on_postgresql
                 plan = "\n".join(r[0] for r in cur.fetchall())
             finally:
                 cur.execute("RESET plan_cache_mode")
-        assert "message_conv_visible" in plan, (sql, plan)
+        assert index in plan and "Seq Scan on channels_app_message" not in plan, (sql, plan)
