@@ -230,8 +230,12 @@ class Turn(TimeStamped):
     artifacts = models.JSONField(default=list, blank=True)
 
     class Meta:
-        # the sweep reads the live turns (running by lease, accepted by age); ended ones leave the index
-        indexes = [models.Index(fields=["state"], name="turn_live", condition=Q(state__in=LIVE_TURN_STATES))]
+        # the sweep reads the live turns (running by lease, accepted by age); ended ones leave the index. A
+        # conversation's live turn (a stop or a steer by conversation) is read through the second: through the
+        # conversation's own index it walked every turn the conversation ever ran when none was live
+        indexes = [models.Index(fields=["state"], name="turn_live", condition=Q(state__in=LIVE_TURN_STATES)),
+                   models.Index(fields=["conversation", "id"], name="turn_live_conv",
+                                condition=Q(state__in=LIVE_TURN_STATES))]
 
     def __str__(self):
         return f"{self.turn_id} ({self.state})"

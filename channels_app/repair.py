@@ -24,7 +24,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from channels_app.models import (FINAL_STATES, LIVE_TURN_STATES, Conversation, Event, Message, Receipt,
+from channels_app.models import (FINAL_STATES, Conversation, Event, Message, Receipt,
                                  ReceiptState, Turn, TurnState)
 from channels_app.runner import END_STATES, QUEUE_TIMEOUT_REASON, EndOutcome, turn_end
 
@@ -47,7 +47,7 @@ def _terminal_event(turn: Turn):
 
 def _live_turns_with_an_end(conversation: Conversation) -> list[dict]:
     fixed = []
-    live = Turn.objects.filter(conversation=conversation, state__in=LIVE_TURN_STATES).select_related("receipt")
+    live = Turn.objects.live().filter(conversation=conversation).select_related("receipt")
     for turn in live:
         event = _terminal_event(turn)
         if event is None:
@@ -74,12 +74,13 @@ def _lapsed_and_expired(conversation: Conversation) -> list[dict]:
     lapsed = Q(lease_expires_at__lt=now) | Q(
         lease_expires_at__isnull=True,
         started_at__lt=now - timedelta(seconds=settings.UGENT_TURN_LEASE_SECONDS))
-    for turn in (Turn.objects.filter(lapsed, conversation=conversation, state=TurnState.RUNNING)
+    for turn in (Turn.objects.live().filter(lapsed, conversation=conversation, state=TurnState.RUNNING)
                  .select_related("actor", "receipt")):
         if turn_end(turn=turn, state=TurnState.INTERRUPTED, answer_streamed=True, where=lapsed) is EndOutcome.ENDED:
             fixed.append(_fix("lease_lapsed", turn=turn, was=TurnState.RUNNING, now=TurnState.INTERRUPTED))
     cutoff = now - timedelta(seconds=settings.UGENT_TURN_QUEUE_TIMEOUT)
-    for turn in (Turn.objects.filter(conversation=conversation, state=TurnState.ACCEPTED, created_at__lt=cutoff)
+    for turn in (Turn.objects.live().filter(conversation=conversation, state=TurnState.ACCEPTED,
+                                            created_at__lt=cutoff)
                  .select_related("actor", "receipt")):
         if turn_end(turn=turn, state=TurnState.ABANDONED, reason=QUEUE_TIMEOUT_REASON,
                     from_state=TurnState.ACCEPTED) is EndOutcome.ENDED:

@@ -387,8 +387,9 @@ def turn_for_action(*, viewer: Viewer, conversation_id: str, client_id: str = ""
         return turn
     if conv is None or not access.conversation_readable(viewer, conv):
         raise ApplicationError(NO_CONVERSATION, status=404, code="conversation_not_found", param="conversation_id")
-    turn = (Turn.objects.select_related("actor", "conversation")
-            .filter(conversation=conv, state__in=LIVE_TURN_STATES)
+    # through the partial index of live turns (Turn.objects.live()): a bound `state IN` walked every turn
+    # the conversation ever ran on SQLite when none was live
+    turn = (Turn.objects.live().select_related("actor", "conversation").filter(conversation=conv)
             .order_by("-id").first())
     if turn is None or not access.turn_is_theirs(viewer, turn):
         raise ApplicationError(NO_RUNNING_TURN, status=409, code="no_running_turn", param="conversation_id")

@@ -12,7 +12,6 @@ INDEX = models.Index(condition=models.Q(('role', 'system')), fields=['conversati
                      name='message_conv_system')
 
 
-
 def _add(apps, schema_editor):
     index_add_concurrently(apps, schema_editor, 'channels_app', 'Message', INDEX)
 

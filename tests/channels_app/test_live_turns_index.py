@@ -80,3 +80,40 @@ def test_the_live_turns_are_exactly_the_accepted_and_running_ones(tcast):
     assert [c.args[0] for c in dispatched.call_args_list] == [made["accepted"].pk]
     assert runner.turns_sweep_stale() == 0  # a fresh lease and a fresh queue wait: nothing ends
     assert Turn.objects.get(pk=made["running"].pk).state == "running"
+
+
+def test_a_stop_or_steer_by_conversation_reads_the_live_turns_not_every_turn_of_it(tcast):
+    """`turn_for_action` without a turn_id (a stop or a steer by conversation, a channel's /stop) and the
+    conversation repair's reads of live turns look for the conversation's live turns through `turn_live_conv`
+    (turn_live's condition, by conversation): a conversation of many ended turns and none live is not walked
+    turn by turn, as it was through the conversation's own index."""
+    from channels_app import repair, streams
+    from channels_app.errors import ApplicationError
+    from tests.support.plans import table_scans
+    actor = services.actor_resolve(caller=tcast.operator, user="alice")
+    viewer = services.viewer_resolve(caller=tcast.operator, user="alice")
+    with mock.patch("channels_app.tasks.run_turn.delay"):
+        for i in range(5):
+            turn = services.message_submit(inbound=services.Submission(
+                actor=actor, caller=tcast.operator, text=f"m {i}", conversation_id="long")).turn
+    Turn.objects.filter(conversation=turn.conversation).update(state="completed")
+
+    def by_conversation():
+        with pytest.raises(ApplicationError) as refused:
+            streams.turn_for_action(viewer=viewer, conversation_id="long")
+        assert refused.value.status == 409  # nothing live: no_running_turn
+    def repair_reads():
+        repair._live_turns_with_an_end(turn.conversation)
+        repair._lapsed_and_expired(turn.conversation)
+    live = statements_on("channels_app_turn", by_conversation) + statements_on("channels_app_turn", repair_reads)
+    assert len(live) == 4, live
+    if connection.vendor == "sqlite":
+        assert table_scans("channels_app_turn", live) == []
+        with connection.cursor() as cur:
+            for sql, params in live:
+                cur.execute("EXPLAIN QUERY PLAN " + sql, params)
+                plan = [row[3] for row in cur.fetchall() if "channels_app_turn" in row[3]]
+                assert plan and all("INDEX turn_live" in p for p in plan), (sql, plan)  # turn_live or turn_live_conv
+    # and they still find the live one
+    Turn.objects.filter(pk=turn.pk).update(state="running")
+    assert streams.turn_for_action(viewer=viewer, conversation_id="long").pk == turn.pk
