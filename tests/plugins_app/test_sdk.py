@@ -305,8 +305,13 @@ def test_a_retryable_failure_is_retried_with_the_next_attempt(bridge, start_work
     start_worker()
     delivery_id = bridge.queue_delivery("chat-1", "fail-once")
     bridge.wait_for(lambda: bridge.delivery(delivery_id)["state"] == "delivered")
-    assert [(a["status"], a["retryable"]) for a in bridge.acks] == [("failed", True), ("delivered", False)]
-    assert bridge.delivery(delivery_id)["attempt"] == 2
+    # an ack still owed when the heartbeat's replay runs (its answer on the way) is sent again, and the host's ack
+    # log keeps repeats (its policy ignores them): one each, in order
+    acks = [(a["status"], a["retryable"]) for a in bridge.acks]
+    assert [ack for i, ack in enumerate(acks) if i == 0 or ack != acks[i - 1]] == [("failed", True),
+                                                                                  ("delivered", False)]
+    delivery = bridge.delivery(delivery_id)
+    assert (delivery["attempt"], delivery["handed_out"]) == (2, 2)  # failed once, delivered at the next
     assert read_lines(tmp_path / "sends.txt") == [delivery_id]
 
 
@@ -562,6 +567,16 @@ class DownloadingWorker(MediaWorker):
 
     puts = 0
 
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.replayed = threading.Event()  # a background replay is over: the first, the opening one (run())
+
+    def replay_owed(self):
+        try:
+            super().replay_owed()
+        finally:
+            self.replayed.set()
+
     def fetch_media(self, attachment):
         from plugins_app.channel.sdk.download import download
         return download(attachment.url).content
@@ -583,7 +598,7 @@ def slow_video(bridge, tmp_path):
     with SlowFile(b"v" * 4096) as file:
         worker = DownloadingWorker(sends=tmp_path / "sends.txt", state_dir=str(tmp_path), **bridge.worker_kwargs())
         running = Running(worker)
-        bridge.wait_for(lambda: worker._listener is not None)  # (the session is open, its opening replay over)
+        assert worker.replayed.wait(10)  # the session is open, its opening replay over (it runs after the listener)
         submits = Submits(worker)
         submits.start(video("m-1", file.url))
         assert file.sending.wait(10), "the download did not begin"
@@ -672,7 +687,7 @@ def test_a_webhook_workers_listener_goes_on_with_other_chats_while_one_chats_fil
     with MockBridge("test-plugin", heartbeat_secs=60) as bridge, SlowFile(b"v" * 4096) as file:
         worker = InboxWorker(sends=tmp_path / "sends.txt", state_dir=str(tmp_path), **bridge.worker_kwargs())
         running = Running(worker)
-        bridge.wait_for(lambda: worker._listener is not None)  # (the session's opening replay is over)
+        assert worker.replayed.wait(10)  # the session's opening replay is over (it runs after the listener starts)
         for recorded in (video("m-1", file.url), message("m-2"), message("m-3", conversation_id="chat-2")):
             assert worker.inbox_record(recorded)  # as the webhook's request threads do
         assert file.sending.wait(10), "the download did not begin"
@@ -768,7 +783,7 @@ def test_a_refusal_found_while_every_lane_is_busy_stops_the_worker(tmp_path):
                              **bridge.worker_kwargs())
         worker.inbox_lanes = 1
         running = Running(worker)
-        bridge.wait_for(lambda: worker._listener is not None)
+        assert worker.replayed.wait(10)  # the opening replay is over: m-1 is the lane's, not the replay's
         assert worker.inbox_record(video("m-1", file.url))
         assert file.sending.wait(10)
         assert worker.inbox_record(message("m-2", conversation_id="chat-2"))  # the listener waits for the lane
@@ -780,7 +795,19 @@ def test_a_refusal_found_while_every_lane_is_busy_stops_the_worker(tmp_path):
 
 
 class RefusedAtADownload(InboxWorker):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.fetched_by: list[str] = []  # the threads that fetched a file, in turn
+        self.submitted: list[str] = []  # the messages the lanes were handed, in turn
+        self.lane_threads: set[threading.Thread] = set()  # the lanes' threads
+
+    def submit(self, message):
+        self.submitted.append(message.message_id)
+        self.lane_threads.add(threading.current_thread())
+        return super().submit(message)
+
     def fetch_media(self, attachment):
+        self.fetched_by.append(threading.current_thread().name)
         if "refused" in attachment.url:
             self._refusal = "401 at the download"
             raise RuntimeError("401 Unauthorized")
@@ -797,20 +824,48 @@ def test_a_refusal_in_a_lane_stops_the_other_lanes_before_the_outbox_closes(tmp_
                                     **bridge.worker_kwargs())
         running = Running(worker)
         bridge.wait_for(lambda: worker._listener is not None)
+        # The opening replay runs on the replay thread, after the listener starts (and no other before the stop's
+        # flush: the beats are a minute apart). Not over yet, it would find m-1 recorded and download it itself,
+        # not chat-1's lane; the stop's flush would then wait for the replay's file in hand.
+        assert worker.replayed.wait(10)
         for n in range(1, 4):
             assert worker.inbox_record(video(f"m-{n}", f"{file.url}?n={n}"))
         assert file.sending.wait(10)
+        assert [name[-5:] for name in worker.fetched_by] == ["-lane"]  # m-1's file, in chat-1's lane
         assert worker.inbox_record(video("m-r", f"{file.url}?refused", conversation_id="chat-2"))
         running.thread.join(5)
         assert running.code == 78 and not file.sent.is_set()
         file.finish()
-        time.sleep(0.5)
+        bridge.wait_for(lambda: not any(t.is_alive() for t in worker.lane_threads))  # chat-1's lane ended with m-1
+        assert worker.submitted == ["m-1", "m-r"]  # ... and took neither m-2 nor m-3
         assert file.gets == 1 and bridge.submit_log == []
         assert not [r for r in caplog.records if r.threadName.endswith("-lane") and r.levelno >= logging.WARNING]
         again = InboxWorker(sends=tmp_path / "sends.txt", state_dir=str(tmp_path), **bridge.worker_kwargs())
         running = Running(again)
         bridge.wait_for(lambda: len(bridge.submits) == 4)  # all owed, and sent once enabled again
         assert [m.message_id for m in bridge.submits if m.conversation_id == "chat-1"] == ["m-1", "m-2", "m-3"]
+        assert running.stop() == 0
+
+
+def test_a_submit_whose_message_another_thread_sent_meanwhile_leaves_the_chats_later_ones_alone(tmp_path):
+    """A submit waiting for its chat's lock while the replay sends its message: it answers what became of that
+    message, and sends none of the chat's later ones, which took it for earlier ones (a chat's lane, closed by a
+    refusal, went on downloading its chat's next files)."""
+    with MockBridge("test-plugin", heartbeat_secs=60) as bridge:  # (no replay but the opening one)
+        worker = InboxWorker(sends=tmp_path / "sends.txt", state_dir=str(tmp_path), **bridge.worker_kwargs())
+        running = Running(worker)
+        assert worker.replayed.wait(10)
+        first, later = message("m-1"), message("m-2")
+        worker._chat_locks.acquire("chat-1")  # (the replay, under way in chat-1)
+        submits = Submits(worker)
+        submits.start(first)
+        bridge.wait_for(lambda: worker._chat_locks._locks["chat-1"][1] == 2)  # m-1 recorded, its submit waits
+        worker.outbox.inbound_record(later)  # recorded by the webhook, for its own submit
+        assert worker._send_inbound_locked(first.key).accepted  # the replay sends m-1 ...
+        worker._chat_locks.release("chat-1")  # ... and lets go of the chat
+        submits.join()
+        assert submits.results["m-1"].accepted and [m.message_id for m in bridge.submit_log] == ["m-1"]
+        assert [row.key for row in worker.outbox.inbound_pending()] == [later.key]
         assert running.stop() == 0
 
 

@@ -301,6 +301,7 @@ class One(WebhookServer):
 server = One("127.0.0.1:0", "/hook")
 server.start()
 address = server.httpd.server_address[:2]
+serving = set(os.listdir("/proc/self/task"))  # this thread and the server's
 
 def get():
     with socket.create_connection(address, timeout=5) as conn:
@@ -313,6 +314,10 @@ def get():
             return "reset"
 
 print("before", get(), flush=True)
+# its connection's thread and that one's deadline timer end a little after the answer: gone (their stacks back in
+# glibc's cache) before the cap is reached, not after it, when they would leave room for the timer capped below
+while set(os.listdir("/proc/self/task")) - serving:
+    time.sleep(0.01)
 ''' + THREADS_TO_THE_CAP + '''thread, release = held.pop()  # room for one thread: the connection's
 release.set(); thread.join()
 while os.path.exists(f"/proc/self/task/{thread.native_id}"):  # its stack is back in glibc's cache
@@ -320,6 +325,8 @@ while os.path.exists(f"/proc/self/task/{thread.native_id}"):  # its stack is bac
 print("capped", get(), flush=True)
 for thread, release in held:
     release.set(); thread.join()
+while set(os.listdir("/proc/self/task")) - serving:  # (a join returns before its thread's stack is free)
+    time.sleep(0.01)
 print("after", get(), flush=True)
 '''
 

@@ -760,9 +760,13 @@ class ChannelWorker:
         so another chat's submit goes on while this one's file is fetched."""
         self._chat_locks.acquire(conversation_id)
         try:
-            for earlier in self._outbox().inbound_pending():
-                if earlier.key == key:
-                    break
+            pending = self._outbox().inbound_pending()
+            keys = [row.key for row in pending]
+            # Only the rows before this one. Sent meanwhile by another thread (the replay took it while this one
+            # waited for the lock), it is no longer pending, and every pending row of its chat is a later message,
+            # not this call's to send: it would download their files (a lane closed at a stop too, past its one
+            # message in hand) and answer for this message what became of them.
+            for earlier in pending[:keys.index(key)] if key in keys else []:
                 if earlier.message.get("conversation_id") != conversation_id:
                     continue
                 if earlier.attempts >= HOLD_ATTEMPTS:
