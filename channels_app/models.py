@@ -149,6 +149,9 @@ class Receipt(TimeStamped):
             models.UniqueConstraint(fields=["conversation", "client_message_id"],
                                     name="uniq_receipt_client_message_id"),
         ]
+        # a conversation's newest receipts (its snapshot, at each stream's subscribe and gap): PostgreSQL
+        # walked the whole table's ids backwards, SQLite sorted every receipt of the conversation
+        indexes = [models.Index(fields=["conversation", "id"], name="receipt_conv_id")]
 
     def __str__(self):
         return f"{self.client_message_id} ({self.state})"
