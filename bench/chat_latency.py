@@ -13,9 +13,13 @@ Also prints the daemon's CPU time per turn (all its processes), the figure
 that bounds turns per second on a small machine.
 
 Usage: python bench/chat_latency.py [--requests 1000] [--concurrency 16] [--servers]
-                                     [--servers-baseline DIR] [--rounds N] [--only CASES]
+                                     [--servers-baseline DIR] [--embedded-baseline DIR]
+                                     [--rounds N] [--only CASES]
                                      [--against litellm] [--sqlite-writers] [--sqlite-cache-kib N]
                                      [--embedded-env VAR=VALUE ...]
+  --embedded-baseline DIR
+             also an embedded daemon running the checkout in DIR, interleaved with this one's
+             (before/after in one run; `git worktree add DIR <commit>`, and DIR/.venv linked to this one's)
   --servers-baseline DIR
              with --servers: a second layout running the checkout in DIR (say `git worktree
              add DIR <commit>`), measured beside this checkout's: before and after in one run
@@ -196,9 +200,9 @@ def bench_profile(stub_url: str) -> str:
             f"config={{'base_url': '{stub_url}', 'model': 'stub-model'}})")
 
 
-def start_embedded(stub_url: str, extra_env: dict | None = None) -> Daemon:
+def start_embedded(stub_url: str, extra_env: dict | None = None, daemon_class=None) -> Daemon:
     tmp = Path(tempfile.mkdtemp(prefix="ugent-bench-"))
-    d = Daemon(tmp, servers=False, extra_env=extra_env)
+    d = (daemon_class or Daemon)(tmp, servers=False, extra_env=extra_env)
     (tmp / "workspace").mkdir(parents=True)
     d.manage("migrate", "--noinput")
     d.manage("shell", "-c", bench_profile(stub_url))
@@ -215,6 +219,9 @@ def main():
     ap.add_argument("--servers-baseline", metavar="DIR",
                     help="also a second servers layout running the checkout in DIR (e.g. `git worktree add DIR "
                          "<commit>`), beside this one: before/after in one run")
+    ap.add_argument("--embedded-baseline", metavar="DIR",
+                    help="also an embedded daemon running the checkout in DIR (e.g. `git worktree add DIR <commit>`), "
+                         "beside this one: before/after in one run")
     ap.add_argument("--rounds", type=int, default=1,
                     help="split each case into this many rounds, every target once per round (interleaved A/B)")
     ap.add_argument("--only", help="comma-separated cases to run (non-stream-1, stream-1, non-stream-N, stream-N)")
@@ -241,6 +248,11 @@ def main():
             b = start_embedded(stub_url, {"UGENT_SQLITE_WRITER_QUEUE": "false"})
             started.append(("busywait", b, (b.base + "/v1/chat/completions", {"x-api-key": b.key}, "bench"),
                             [p.pid for p in b.procs]))
+        if args.embedded_baseline:
+            e = start_embedded(stub_url, daemon_class=baseline_class(Path(args.embedded_baseline), "daemon",
+                                                                     "Daemon"))
+            started.append(("emb-base", e, (e.base + "/v1/chat/completions", {"x-api-key": e.key}, "bench"),
+                            [p.pid for p in e.procs]))
         if other_env:
             c = start_embedded(stub_url, other_env)
             started.append(("cache", c, (c.base + "/v1/chat/completions", {"x-api-key": c.key}, "bench"),
@@ -253,7 +265,7 @@ def main():
             lay.start(profiles_shell=bench_profile(stub_url))
             started[-1] = started[-1][:3] + (lay.pids(),)
         if args.servers_baseline:
-            base_layout = baseline_layout_class(Path(args.servers_baseline))
+            base_layout = baseline_class(Path(args.servers_baseline), "layout", "Layout")
             blay = base_layout(Path(tempfile.mkdtemp(prefix="ugent-bench-layout-base-")))
             started.append(("srv-base", blay, (blay.base + "/v1/chat/completions", {"x-api-key": blay.key}, "bench"),
                             None))
@@ -269,7 +281,8 @@ def main():
                                 "cache": f"an embedded daemon with {other_label}",
                                 "servers": "the servers layout through HAProxy (2 web, 2 workers, PostgreSQL, "
                                            "Redis)",
-                                "srv-base": f"the same layout running {args.servers_baseline}"}[name]
+                                "srv-base": f"the same layout running {args.servers_baseline}",
+                                "emb-base": f"an embedded daemon running {args.embedded_baseline}"}[name]
                            for name, *_ in started)
         rounds = max(1, args.rounds)
         print(f"chat API added latency: {n} requests each, stub upstream, {targets}"
@@ -321,6 +334,12 @@ def main():
                 print(f"{'':<18}{'srv/base':>9}{a['p50'] / b['p50']:>8.2f}x{a['p99'] / b['p99']:>8.2f}x"
                       f"{a['rps'] / b['rps']:>8.2f}x{cpu}  (this checkout over the baseline: p50, p99, req/s, cpu; "
                       f"added p50 {added(a):.2f} against {added(b):.2f} ms, {added(a) / added(b):.2f}x)")
+            if "emb-base" in by:
+                a, b = by["embedded"], by["emb-base"]
+                added = lambda r: r["p50"] - base["p50"]  # noqa: E731
+                print(f"{'':<18}{'emb/base':>9}{a['p50'] / b['p50']:>8.2f}x{a['p99'] / b['p99']:>8.2f}x"
+                      f"{a['rps'] / b['rps']:>8.2f}x{cpu_ratio(a, b)}  (this checkout over the baseline: p50, p99, "
+                      f"req/s, cpu; added p50 {added(a):.2f} against {added(b):.2f} ms, {added(a) / added(b):.2f}x)")
             if "cache" in by:
                 e, c = by["embedded"], by["cache"]
                 print(f"{'':<18}{'emb/other':>9}{e['p50'] / c['p50']:>8.2f}x{e['p99'] / c['p99']:>8.2f}x"
@@ -338,19 +357,20 @@ def main():
         stub.terminate()
 
 
-def baseline_layout_class(root: Path):
-    """tests/support/layout.py's Layout from another checkout: its processes run that checkout's code
-    (the class finds its tree from its own file), over the same private PostgreSQL and Redis."""
+def baseline_class(root: Path, module_name: str, class_name: str):
+    """tests/support/<module_name>.py's class from another checkout (layout's Layout, daemon's Daemon): its
+    processes run that checkout's code (the class finds its tree from its own file); a layout runs over the
+    same private PostgreSQL and Redis."""
     import importlib.util
-    path = root / "tests" / "support" / "layout.py"
-    spec = importlib.util.spec_from_file_location("baseline_layout", path)
+    path = root / "tests" / "support" / f"{module_name}.py"
+    spec = importlib.util.spec_from_file_location(f"baseline_{module_name}", path)
     module = importlib.util.module_from_spec(spec)
     saved = list(sys.path)
     try:
         spec.loader.exec_module(module)
     finally:  # it puts its tree first on sys.path: this process keeps importing its own
         sys.path[:] = saved
-    return module.Layout
+    return getattr(module, class_name)
 
 
 # --- against LiteLLM's proxy -------------------------------------------------------------------------
