@@ -401,6 +401,9 @@ async def sse_body(sub: streams.Subscription, sink: Sink | None = None):
     """Frames after the cursor, in order, each once: history from the log, then the reader's batches,
     which the reader writes to `sink.send` itself while this stream waits caught up."""
     tap = _hub.join(sub)  # first: every batch the reader hands out from now on is queued
+    # A change committed between the request's own check and this join woke nobody for this stream (its
+    # caller's waiter comes with the join): asked once now, before anything goes out.
+    tap.recheck = sub.auth_check is not None
     read = sync_to_async(_read, thread_sensitive=False)
     keepalive = float(settings.UGENT_SSE_KEEPALIVE)
     backstop = float(settings.UGENT_SSE_CREDENTIALS_RECHECK_SECS)

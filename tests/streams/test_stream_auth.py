@@ -267,6 +267,7 @@ def test_a_save_that_changes_no_credential_wakes_no_stream_and_another_caller_s_
     async def run():
         try:
             await _live(cb, s)
+            seen.clear()  # (the stream's one check as it started)
             await sync_to_async(saves)()
             await asyncio.sleep(0.5)
             await _append(cb, 2)
@@ -288,6 +289,7 @@ def test_a_change_during_a_running_check_is_checked_before_anything_more_goes_ou
     async def run():
         try:
             await _live(cb, s)
+            seen.clear()  # (the stream's one check as it started)
             reading = asyncio.ensure_future(to_the_end(s))  # the stream runs as its client reads it
             hold.append(1.0)
             await sync_to_async(services.api_key_revoke)(key_pk=other.pk)
@@ -345,6 +347,7 @@ def test_an_issuer_changed_wakes_the_streams_of_the_callers_that_accept_its_toke
     async def run():
         try:
             await _live(cb, s)
+            seen.clear()  # (the stream's one check as it started)
             reading = asyncio.ensure_future(s.event())  # the stream runs as its client reads it
             await sync_to_async(change)()
             await _until(lambda: seen)
@@ -372,6 +375,8 @@ def test_keep_alives_run_no_credentials_check(tcast, settings, checks):
     async def run():
         try:
             await _live(cb, s)
+            assert seen == [None]  # the one check as it started (a change before it woke nobody)
+            seen.clear()
             pings = 0
             while pings < 8:  # 1.6 s: eight keep-alives
                 pings += (await asyncio.wait_for(s.frame(), AT_ONCE))["comment"] == "ping"
@@ -425,6 +430,7 @@ def test_a_stream_opened_with_an_identity_token_ends_when_the_token_expires(tcas
     async def run():
         try:
             await _live(cc, s)
+            seen.clear()  # (the stream's one check as it started)
             return await asyncio.wait_for(to_the_end(s), 3 + AT_ONCE)
         finally:
             await _closed([s])
@@ -456,6 +462,7 @@ def test_a_key_taken_out_of_ugent_toml_ends_its_stream_at_the_next_keep_alive(tc
         async def run():
             try:
                 await _live(cb, s)
+                seen.clear()  # (the stream's one check as it started)
                 reading = asyncio.ensure_future(to_the_end(s))  # the stream runs as its client reads it
                 await asyncio.sleep(0.6)  # keep-alives with the file unchanged: no check
                 assert seen == [] and not reading.done()
@@ -520,3 +527,26 @@ def test_a_backstop_that_is_no_positive_number_of_seconds_stops_the_start(value,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert "UGENT_SSE_CREDENTIALS_RECHECK_SECS" in done.stderr and "at least 1" in done.stderr
+
+
+def test_a_key_revoked_before_the_stream_s_body_starts_ends_it(tcast, settings):
+    """Revoked after the request's own check, before the stream joined its caller's wake-ups: the wake-up
+    reached no stream, so each stream asks once as it starts (it waited for the backstop, 225-300 s)."""
+    settings.UGENT_SSE_KEEPALIVE = 60
+    settings.UGENT_SSE_CREDENTIALS_RECHECK_SECS = 60
+    cb = _conversation(tcast.bob, "cb")
+    key, raw = services.api_key_issue(caller=tcast.operator, label="laptop")
+    s = Sse(open_stream("/v1/ugent/events", raw))  # authenticated; its body has not run yet
+    assert services.api_key_revoke(key_pk=key.pk)
+
+    async def run():
+        try:
+            reading = asyncio.ensure_future(to_the_end(s))
+            await asyncio.sleep(0.5)
+            await _append(cb, 2)  # bob's event, after the revocation
+            return await asyncio.wait_for(reading, AT_ONCE)
+        finally:
+            await _closed([s])
+    frames = async_to_sync(run)()
+    assert [f["event"] for f in frames] == ["ugent.error"], frames
+    assert frames[0]["data"]["error"]["code"] == "invalid_api_key"
