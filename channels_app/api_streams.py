@@ -24,7 +24,6 @@ from channels_app.access import Viewer
 from channels_app.models import Turn
 from channels_app.auth import authenticate_headers
 from channels_app.errors import ApplicationError, error_response, from_drf
-from ugent_common import config
 from channels_app.api_fields import (ConversationFields, IdentityFields, channel_field, client_id_field,
                                      conversation_id_field)
 
@@ -73,7 +72,6 @@ class _StreamView(View):
 
     def _open(self, request) -> streams.Subscription:
         close_old_connections()
-        config_seen = config.generation()  # before the check: a change after it is asked about again
         principal = authenticate_headers(request.headers)
         ser = self.params_serializer(data=request.GET)
         if not ser.is_valid():
@@ -92,7 +90,6 @@ class _StreamView(View):
                                         activity=self.activity)
         sub.auth_check = _auth_check(request.headers, d, viewer, sub)
         sub.auth_expires_at = principal.identity.expires_at if principal.identity is not None else None
-        sub.auth_config_generation = config_seen
         return sub
 
 

@@ -408,11 +408,8 @@ async def sse_body(sub: streams.Subscription, sink: Sink | None = None):
     keepalive = float(settings.UGENT_SSE_KEEPALIVE)
     backstop = float(settings.UGENT_SSE_CREDENTIALS_RECHECK_SECS)
     behind = True  # the log holds what this subscriber has not seen: read it
-    # The request authenticated a moment ago (`_open`), against ugent.toml as this process had it then.
-    # An expiry is asked about once the last check was before it: none yet here, since one that fell
-    # between the request's check and now must still be asked (-inf).
-    checked_at, checked_wall = time.monotonic(), float("-inf")
-    config_seen = sub.auth_config_generation
+    # set by each check, the first of them at once (tap.recheck above)
+    checked_at, checked_wall, config_seen = time.monotonic(), float("-inf"), None
     spread = random.uniform(0.75, 1.0)
 
     def check_in() -> float:

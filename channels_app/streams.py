@@ -151,9 +151,6 @@ class Subscription:
     #: Unix time the identity token that opened it expires (its exp plus leeway), as the last check read it;
     #: the stream asks again then. None: no token.
     auth_expires_at: float | None = None
-    #: ugent_common.config.generation() as it stood before the request's credentials were checked: the
-    #: stream asks again once the file was read anew after that.
-    auth_config_generation: int | None = None
 
 
 def subscription_open(*, viewer: Viewer, raw_cursor, conversation: Conversation | None = None,

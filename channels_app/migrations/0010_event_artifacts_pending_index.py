@@ -2,20 +2,10 @@
 
 from django.db import migrations, models
 
-from ugent_common.migration_ops import (index_add_concurrently, index_added_concurrently,
-                                         index_remove_concurrently)
+from ugent_common.migration_ops import AddIndexConcurrently
 
 INDEX = models.Index(condition=models.Q(('type', 'ugent.artifacts_pending')), fields=['created_at'],
                      name='event_artifacts_pending')
-
-
-
-def _add(apps, schema_editor):
-    index_add_concurrently(apps, schema_editor, 'channels_app', 'Event', INDEX)
-
-
-def _remove(apps, schema_editor):
-    index_remove_concurrently(apps, schema_editor, 'channels_app', 'Event', INDEX)
 
 
 class Migration(migrations.Migration):
@@ -28,4 +18,4 @@ class Migration(migrations.Migration):
 
     # The events table is the largest: on PostgreSQL the index is built without blocking the appends that
     # go on meanwhile.
-    operations = [index_added_concurrently('Event', INDEX, _add, _remove)]
+    operations = [AddIndexConcurrently('event', INDEX)]

@@ -2,22 +2,13 @@
 
 from django.db import migrations, models
 
-from ugent_common.migration_ops import (index_add_concurrently, index_added_concurrently,
-                                         index_remove_concurrently)
+from ugent_common.migration_ops import AddIndexConcurrently
 
 # The turn's history read (the newest visible user and assistant messages) walked the conversation's messages
 # backwards until it had its limit: in a compacted conversation with fewer visible than that, every hidden
 # message, on each turn after a compaction. The session tail's page read goes through it too.
 INDEX = models.Index(condition=models.Q(('hidden', False)), fields=['conversation', 'id'],
                      name='message_conv_visible')
-
-
-def _add(apps, schema_editor):
-    index_add_concurrently(apps, schema_editor, 'channels_app', 'Message', INDEX)
-
-
-def _remove(apps, schema_editor):
-    index_remove_concurrently(apps, schema_editor, 'channels_app', 'Message', INDEX)
 
 
 class Migration(migrations.Migration):
@@ -28,4 +19,4 @@ class Migration(migrations.Migration):
         ('channels_app', '0012_message_conv_system_index'),
     ]
 
-    operations = [index_added_concurrently('Message', INDEX, _add, _remove)]
+    operations = [AddIndexConcurrently('message', INDEX)]

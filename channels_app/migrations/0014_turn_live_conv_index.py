@@ -2,22 +2,13 @@
 
 from django.db import migrations, models
 
-from ugent_common.migration_ops import (index_add_concurrently, index_added_concurrently,
-                                         index_remove_concurrently)
+from ugent_common.migration_ops import AddIndexConcurrently
 
 # A conversation's live turn (a stop or a steer by conversation, the conversation repair) was read through
 # the conversation's own index on SQLite: every turn it ever ran, when none was live. Only live turns are in
 # this one.
 INDEX = models.Index(condition=models.Q(('state__in', ('accepted', 'running'))), fields=['conversation', 'id'],
                      name='turn_live_conv')
-
-
-def _add(apps, schema_editor):
-    index_add_concurrently(apps, schema_editor, 'channels_app', 'Turn', INDEX)
-
-
-def _remove(apps, schema_editor):
-    index_remove_concurrently(apps, schema_editor, 'channels_app', 'Turn', INDEX)
 
 
 class Migration(migrations.Migration):
@@ -28,4 +19,4 @@ class Migration(migrations.Migration):
         ('channels_app', '0013_message_conv_visible_index'),
     ]
 
-    operations = [index_added_concurrently('Turn', INDEX, _add, _remove)]
+    operations = [AddIndexConcurrently('turn', INDEX)]

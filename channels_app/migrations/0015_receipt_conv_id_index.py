@@ -2,20 +2,11 @@
 
 from django.db import migrations, models
 
-from ugent_common.migration_ops import (index_add_concurrently, index_added_concurrently,
-                                         index_remove_concurrently)
+from ugent_common.migration_ops import AddIndexConcurrently
 
 # A conversation's snapshot (at each stream's subscribe and gap) reads its newest receipts: PostgreSQL walked
 # every receipt's id backwards, SQLite sorted all of the conversation's.
 INDEX = models.Index(fields=['conversation', 'id'], name='receipt_conv_id')
-
-
-def _add(apps, schema_editor):
-    index_add_concurrently(apps, schema_editor, 'channels_app', 'Receipt', INDEX)
-
-
-def _remove(apps, schema_editor):
-    index_remove_concurrently(apps, schema_editor, 'channels_app', 'Receipt', INDEX)
 
 
 class Migration(migrations.Migration):
@@ -26,4 +17,4 @@ class Migration(migrations.Migration):
         ('channels_app', '0014_turn_live_conv_index'),
     ]
 
-    operations = [index_added_concurrently('Receipt', INDEX, _add, _remove)]
+    operations = [AddIndexConcurrently('receipt', INDEX)]
