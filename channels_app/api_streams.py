@@ -88,8 +88,7 @@ class _StreamView(View):
             raw = d.get("cursor")
         sub = streams.subscription_open(viewer=viewer, raw_cursor=raw, conversation=conversation,
                                         activity=self.activity)
-        sub.auth_check = _auth_check(request.headers, d, viewer, sub)
-        sub.auth_expires_at = principal.identity.expires_at if principal.identity is not None else None
+        sub.auth_check = _auth_check(request.headers, d, viewer, sub)  # run once as the stream starts
         return sub
 
 
