@@ -31,14 +31,13 @@ from channels_app.bodies import json_object_parse, request_body, text_problem
 from channels_app.errors import ApplicationError, error_response, from_drf
 from channels_app.api_fields import IdentityFields, client_id_field, conversation_id_field
 from channels_app.events import turn_topic
-from channels_app.models import Turn
+from channels_app.models import INPUT_MODES, Turn
 from channels_app.sse import DONE, PING, TERMINAL, ChunkRenderer, usage_or_zero
 from plugins_app.agent.profiles import model_get, models_list
 from plugins_app.agent.warm import workers_warm
 
 log = logging.getLogger("ugent.requests")
 
-INPUT_MODES = ("voice", "live")
 CONTENT_SHAPE = "the last user entry's content must be a string or a list of text parts."
 NOT_A_TEXT_PART = ('content part {i} is not a text part ({{"type": "text", "text": "…"}}) or a file part '
                    '({{"type": "file", "file": {{"file_id": "…"}}}}): this daemon reads text and file parts only.')

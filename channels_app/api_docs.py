@@ -20,6 +20,8 @@ from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.views import APIView
 
+from channels_app.models import INPUT_MODES
+
 RECEIPT_STATES = ["accepted", "running", "completed", "cancelled", "refused", "failed", "interrupted",
                   "abandoned"]
 SEGMENTS = ["answer", "thinking", "tool", "error", "answer_reset"]
@@ -132,7 +134,7 @@ class InteractionReplyField(serializers.DictField):
     """ugent_interaction_reply: answers a waiting question by its id (Questions)."""
 
 
-@extend_schema_field({"type": "string", "enum": ["voice", "live"], "nullable": True,
+@extend_schema_field({"type": "string", "enum": list(INPUT_MODES), "nullable": True,
                       "description": '"voice" for a voice message, "live" for a turn a call hands over; '
                                      "any other value is a 400."})
 class InputModeField(serializers.CharField):

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from channels_app.events import events_append
@@ -183,6 +184,8 @@ def _commit(*, conversation: Conversation, older: list[Message], kept: int, body
             moved = Message.objects.filter(id__in=ids, hidden=False).update(hidden=True, updated_at=timezone.now())
             if moved != len(ids):
                 raise _Raced
+            # the session tail's hidden_count, kept here under the conversation's lock: no page load counts them
+            Conversation.objects.filter(pk=conversation.pk).update(hidden_messages=F("hidden_messages") + moved)
             summary = Message.objects.create(conversation=conversation, role=Message.Role.SYSTEM,
                                              content="\n".join(filter(None, [header, body])))
             events_append(conversation_id=conversation.pk, turn_pk=None, items=[(COMPLETED_EVENT, {

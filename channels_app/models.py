@@ -95,6 +95,8 @@ class Conversation(TimeStamped):
                                  help_text="Namespaces conversation ids for clients sharing a channel.")
     external_id = models.CharField(max_length=255)
     owner = models.ForeignKey(Actor, on_delete=models.PROTECT, related_name="conversations")
+    hidden_messages = models.PositiveIntegerField(default=0, editable=False, help_text=(
+        "How many of its messages compaction has hidden, kept by compaction: the session tail's hidden_count."))
     caller = models.ForeignKey(Caller, null=True, blank=True, on_delete=models.SET_NULL,
                                related_name="conversations")
     model_choice = models.CharField(max_length=200, blank=True, default="",
@@ -170,6 +172,10 @@ class TurnState(models.TextChoices):
 
 LIVE_TURN_STATES = (TurnState.ACCEPTED, TurnState.RUNNING)
 
+# How a turn's message came, when it was spoken (a turn's `input_mode`; "" for typed): the API's `input_mode`,
+# and what keeps a conversation's messages out of memory under `[voice] memory_write = false`.
+INPUT_MODES = ("voice", "live")
+
 
 class TurnQuerySet(models.QuerySet):
     def live(self):
@@ -184,6 +190,15 @@ class TurnQuerySet(models.QuerySet):
         table = self.model._meta.db_table
         states = ", ".join(f"'{s}'" for s in LIVE_TURN_STATES)  # the enum's own values, never input
         return self.filter(RawSQL(f'"{table}"."state" IN ({states})', (), output_field=BooleanField()))
+
+    def spoken(self):
+        """The turns whose message was spoken (`INPUT_MODES`), read through the partial index `turn_spoken_conv`
+        by conversation: "did this conversation ever have voice?" is asked at a turn's end under `[voice]
+        memory_write = false`, and through the conversation's own index it walked every turn the conversation
+        ever ran. The condition goes in as the index's literal SQL, as `live()`'s does."""
+        table = self.model._meta.db_table
+        modes = ", ".join(f"'{m}'" for m in INPUT_MODES)  # the constants' own values, never input
+        return self.filter(RawSQL(f'"{table}"."input_mode" IN ({modes})', (), output_field=BooleanField()))
 
 
 class Turn(TimeStamped):
@@ -238,10 +253,17 @@ class Turn(TimeStamped):
         # conversation's own index it walked every turn the conversation ever ran when none was live
         indexes = [models.Index(fields=["state"], name="turn_live", condition=Q(state__in=LIVE_TURN_STATES)),
                    models.Index(fields=["conversation", "id"], name="turn_live_conv",
-                                condition=Q(state__in=LIVE_TURN_STATES))]
+                                condition=Q(state__in=LIVE_TURN_STATES)),
+                   # whether a conversation ever had a spoken turn (TurnQuerySet.spoken): typed turns stay out
+                   models.Index(fields=["conversation"], name="turn_spoken_conv", condition=Q(input_mode__in=INPUT_MODES))]
 
     def __str__(self):
         return f"{self.turn_id} ({self.state})"
+
+    @property
+    def is_spoken(self) -> bool:
+        """Whether its message was spoken (`INPUT_MODES`); `Turn.objects.spoken()` reads such turns."""
+        return (self.input_mode or "") in INPUT_MODES
 
 
 class Message(TimeStamped):
@@ -314,8 +336,10 @@ class Steering(TimeStamped):
         "The sender's idempotency key, if it sent one: a repeat is answered with this steering and adds none."))
 
     class Meta:
-        # the runner asks "is anything pending for this turn?" between engine steps
-        indexes = [models.Index(fields=["turn", "state"], name="steering_turn_state")]
+        # the runner asks "is anything pending for this turn?" between engine steps; a keyed steering's resend
+        # is found by its key (streams.steering_repeat), not by walking every turn of the conversation
+        indexes = [models.Index(fields=["turn", "state"], name="steering_turn_state"),
+                   models.Index(fields=["client_message_id"], name="steering_key")]
         constraints = [models.UniqueConstraint(fields=["turn", "client_message_id"],
                                                condition=~models.Q(client_message_id=""),
                                                name="uniq_steering_message")]

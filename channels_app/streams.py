@@ -347,7 +347,8 @@ def session_tail(*, viewer: Viewer, conversation: Conversation, limit: int = PAG
             "client_id": conversation.client_id, "as_of": _iso(timezone.now()), "cursor": cursor,
             "messages": [message_payload(m) for m in rows],
             "has_older": qs.filter(id__lt=rows[0].id).exists() if rows else False,
-            "hidden_count": Message.objects.filter(conversation=conversation, hidden=True).count()}
+            "hidden_count": Conversation.objects.filter(pk=conversation.pk).values_list(
+                "hidden_messages", flat=True).first() or 0}
 
 
 def session_history(*, viewer: Viewer, conversation: Conversation, before: int | None = None,

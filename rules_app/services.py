@@ -291,8 +291,6 @@ def workspace_trust_revoke(*, path) -> bool:
 
 # --- native actions ------------------------------------------------------------------------
 
-VOICE_MODES = ("voice", "live")
-
 
 def sender_identified(actor) -> bool:
     """False for an application's anonymous web user and for a sender with no id."""
@@ -312,9 +310,9 @@ def memory_extract(*, turn, first_message: bool = False) -> str:
     from plugins_app.agent.memory.hooks import voice_keeps_out_of_memory
     conversation, text = turn.conversation, (turn.context or {}).get("text", "")
     # a spoken message (voice, live) keeps what the rule starts out of memory, as StartWorkflow's run
-    if (turn.disable_memory_write or (turn.input_mode or "") in VOICE_MODES
-            or (voice_keeps_out_of_memory() and Turn.objects.filter(
-                conversation_id=turn.conversation_id, input_mode__in=VOICE_MODES).exists())):
+    if (turn.disable_memory_write or turn.is_spoken
+            or (voice_keeps_out_of_memory()
+                and Turn.objects.spoken().filter(conversation_id=turn.conversation_id).exists())):
         return engine.MEMORY_WRITES_OFF
     if not sender_identified(turn.actor):
         return engine.MEMORY_SENDER_UNKNOWN

@@ -12,6 +12,7 @@ from typing import Optional
 from django.db import transaction
 
 from channels_app.hooks import HookContext
+from channels_app.models import INPUT_MODES
 from cron_app import messages as cron_messages
 from cron_app import services as cron_services
 from rules_app import engine
@@ -25,7 +26,7 @@ WORKFLOW_START_ERROR_REASON = "it failed to start; the log says why"
 def workflow_answer(ctx: HookContext, decision: engine.StartWorkflow) -> str:
     """Start the rule-triggered cron job through cron_app and return the sender's answer."""
     workflow = decision.workflow
-    if ctx.input_mode in ("voice", "live") and not ctx.limits.get("disable_memory_write"):
+    if ctx.input_mode in INPUT_MODES and not ctx.limits.get("disable_memory_write"):
         # speech stays out of memory: the run a spoken message starts writes none either
         from dataclasses import replace
         ctx = replace(ctx, limits={**ctx.limits, "disable_memory_write": True})

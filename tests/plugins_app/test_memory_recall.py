@@ -302,6 +302,45 @@ def test_memory_control_lists_pins_and_forgets_only_the_users_own_facts(backend)
     assert not MemoryFact.objects.filter(pk=mine.pk).exists()
 
 
+def many_facts(actor: str, n: int, *, pinned: int = 0) -> list[MemoryFact]:
+    """`n` facts of `actor`, the oldest `pinned` of them pinned, each updated a minute after the one before."""
+    start = timezone.now() - timedelta(days=30)
+    return MemoryFact.objects.bulk_create([MemoryFact(
+        actor_key=actor, text=f"User fact number {i}.", normalized=f"user fact number {i}", pinned=i < pinned,
+        updated_at=start + timedelta(minutes=i), created_at=start) for i in range(n)])
+
+
+def test_memory_control_lists_the_pinned_facts_first_then_the_newest_up_to_its_limit(memory_config):  # noqa: F811
+    from plugins_app.agent.memory.tools import LIST_LIMIT
+    memory_config.backend("sqlite_fts")
+    many_facts(ALICE, LIST_LIMIT + 20, pinned=3)
+    many_facts(BOB, 5, pinned=5)
+    listed = MemoryToolBox({"actor_key": ALICE}).call_tool("memory_control", {"action": "list"}).facts
+    want = [2, 1, 0] + list(range(LIST_LIMIT + 19, 22, -1))  # pinned newest first, then the rest newest first
+    assert [f.text for f in listed] == [f"User fact number {i}." for i in want]
+    assert [f.pinned for f in listed] == [True] * 3 + [False] * (LIST_LIMIT - 3)
+    found = MemoryToolBox({"actor_key": ALICE}).call_tool("memory_control", {"action": "list", "query": "number 1"})
+    assert {f.text for f in found.facts} == {f"User fact number {i}." for i in range(LIST_LIMIT + 20)
+                                             if "1" in str(i)}  # each word
+    assert [f.pinned for f in found.facts][:1] == [True]  # "number 1" is pinned; it comes first
+
+
+def test_memory_controls_list_does_not_sort_all_of_a_users_facts(memory_config):  # noqa: F811
+    from django.db import connection
+
+    from plugins_app.agent.memory.tools import LIST_LIMIT
+    from tests.support.plans import vm_steps
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite's instruction count")
+    memory_config.backend("sqlite_fts")
+    many_facts("web:few", LIST_LIMIT + 10, pinned=2)
+    many_facts("web:many", 3000, pinned=2)
+    steps = {actor: vm_steps(lambda actor=actor: MemoryToolBox({"actor_key": actor}).call_tool(
+        "memory_control", {"action": "list"}), every=10) for actor in ("web:few", "web:many")}
+    # sorting every fact to put the pinned first cost about 40x more for the user with 3,000
+    assert steps["web:many"] <= steps["web:few"] * 1.2, steps
+
+
 def test_no_memory_control_tool_for_a_turn_kept_out_of_memory_or_without_a_backend(memory_config):  # noqa: F811
     memory_config.backend("sqlite_fts")
     assert [t.name for t in MemoryToolBox({"actor_key": ALICE}).discover_tools()] == ["memory_control"]

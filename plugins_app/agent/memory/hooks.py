@@ -14,8 +14,6 @@ from plugins_app.agent.memory.model_extract import extraction_server, model_serv
 from ugent_common.config import load_config
 from ugent_common.tasks import task_named
 
-VOICE_MODES = ("voice", "live")
-
 
 def actor_identified(actor) -> bool:
     """False for an application's anonymous web user and for a sender with no id: no memory of theirs."""
@@ -32,13 +30,13 @@ def voice_keeps_out_of_memory() -> bool:
 def turn_may_write(turn) -> bool:
     """Whether this turn's message may go into memory: its opt-out, its caller's defaults (already in
     the turn's flag), voice, [voice] memory_write = false over a conversation that had voice."""
-    if turn.disable_memory_write or (turn.input_mode or "") in VOICE_MODES:
+    if turn.disable_memory_write or turn.is_spoken:
         return False
     if not actor_identified(turn.actor):
         return False
     if voice_keeps_out_of_memory():
         # a conversation does not record which of its messages were spoken: the setting covers all of it
-        if type(turn).objects.filter(conversation_id=turn.conversation_id, input_mode__in=VOICE_MODES).exists():
+        if type(turn).objects.spoken().filter(conversation_id=turn.conversation_id).exists():
             return False
     return True
 

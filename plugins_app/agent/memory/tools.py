@@ -57,10 +57,15 @@ class MemoryToolBox(ToolBox):
         from plugins_app.agent.memory.models import MemoryFact
         actor_key = self.config["actor_key"]
         if args.action == "list":
-            facts = MemoryFact.objects.filter(actor_key=actor_key).order_by("-pinned", "-updated_at")
+            facts = MemoryFact.objects.filter(actor_key=actor_key).order_by("-updated_at")
             for word in (args.query or "").split():
                 facts = facts.filter(text__icontains=word)
-            rows = [{"id": f.id, "text": f.text, "tier": f.tier, "pinned": f.pinned} for f in facts[:LIST_LIMIT]]
+            # pinned first, then the rest, each newest first: two reads down the user's (actor_key, updated_at)
+            # indexes that stop at the limit, where one ORDER BY pinned, updated_at sorted all of the user's facts
+            listed = list(facts.filter(pinned=True)[:LIST_LIMIT])
+            if len(listed) < LIST_LIMIT:
+                listed += facts.filter(pinned=False)[:LIST_LIMIT - len(listed)]
+            rows = [{"id": f.id, "text": f.text, "tier": f.tier, "pinned": f.pinned} for f in listed]
             return {"ok": True, "message": f"{len(rows)} saved fact{'s' if len(rows) != 1 else ''}.", "facts": rows}
         if args.fact_id is None:
             return {"ok": False, "message": f"{args.action} needs fact_id."}

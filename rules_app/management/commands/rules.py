@@ -21,6 +21,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
+from channels_app.models import INPUT_MODES
 from rules_app import engine
 
 
@@ -36,7 +37,7 @@ class Command(BaseCommand):
         test.add_argument("--source-type", default=engine.DRY_RUN_SOURCE_TYPE)
         test.add_argument("--user-id")
         test.add_argument("--conversation-id")
-        test.add_argument("--input-mode", choices=["voice", "live"])
+        test.add_argument("--input-mode", choices=INPUT_MODES)
         test.add_argument("--explain", action="store_true", help="Also say which conditions held.")
         sub.add_parser("status", help="Are rules in force, how many, and the last load error.")
         imp = sub.add_parser("import", help="Replace an admin-owned rule set with a rules.toml's rules.")
