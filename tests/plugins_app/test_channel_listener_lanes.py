@@ -213,6 +213,41 @@ def test_telegram_polling_a_hub_whose_database_is_down_long_keeps_a_chats_order_
         running.stop()
 
 
+def test_telegram_polling_the_hub_away_keeps_the_inbox_queue_bounded_and_loses_or_doubles_nothing(
+        telegram, monkeypatch):
+    """The hub's database down while thirty messages of ten chats come: two lanes hold two chats' first messages,
+    trying again; the queue behind them takes four (its limit, here) and the rest wait in the outbox alone, so a
+    long outage does not grow the worker's memory. Once the hub is back the lanes take the queue to empty, which
+    wakes the replay at once (heartbeats are a minute apart here): every message reaches the hub once, each
+    chat's in the order they were written."""
+    from plugins_app.channel.workers.telegram import worker as telegram_module
+    monkeypatch.setattr(telegram_module, "INBOX_LANES", 2)
+    fake, bridge, state, release = telegram
+    hub = HubDown(bridge)
+    worker = telegram_worker(bridge, state)
+    worker._inbox.limit = 4
+    running = Running(worker)
+    try:
+        assert wait(lambda: fake.polls_begun >= 1), "the worker did not poll"
+        sent = {chat: [] for chat in range(100, 110)}
+        for n in range(3):
+            for chat in sent:
+                sent[chat].append(telegram_key(fake.push_message(chat, f"message {n} of chat {chat}")))
+        assert wait(lambda: worker.outbox.counts().get("inbound.pending") == 30, 20), worker.outbox.counts()
+        assert wait(lambda: all(confirmed(fake, u) for u in list(fake.updates)), 10)
+        assert worker._inbox.qsize() == 4 and worker._inbox.left >= 20, (worker._inbox.qsize(), worker._inbox.left)
+        hub.up()
+        assert wait(lambda: len(bridge.submits) == 30, 20), [m.message_id for m in bridge.submits]
+        got = [m.message_id for m in bridge.submits]
+        assert sorted(got) == sorted(k for keys in sent.values() for k in keys)  # each once
+        for chat, keys in sent.items():
+            assert [k for k in got if k in keys] == keys, chat
+        assert wait(lambda: not worker.outbox.counts().get("inbound.pending"), 10), worker.outbox.counts()
+        assert worker._inbox.left == 0 and worker._inbox.qsize() == 0
+    finally:
+        running.stop()
+
+
 def test_telegram_polling_a_press_the_replay_sent_while_its_lane_waited_is_answered(telegram):
     """The hub cannot take the press at first; while its lane waits to try again, the heartbeat's replay sends it
     (the hub back). The lane's next try finds it taken (a duplicate): the press is still answered, once."""

@@ -36,6 +36,9 @@ from typing import Any, Callable
 
 log = logging.getLogger("ugent.worker.webhook")
 
+#: Recorded messages queued for a listener's lanes at most (``InboxQueue``).
+INBOX_QUEUE_LIMIT = 1000
+
 
 class BodyRefused(Exception):
     """A request body left unread: the ``status`` to answer (400, 411, 413) and ``reason``, for the answer and
@@ -313,6 +316,59 @@ class ChatLanes:
                 log.exception("%s: handling an item of chat %s failed", self._name, chat)
 
 
+class InboxQueue(queue.Queue):
+    """The recorded messages waiting for a listener's lanes, at most ``limit`` of them.
+
+    Each message in it is already in the outbox, owed to the host: the queue only spares it the wait for the
+    replay. While the host is away (or slow) the lanes stop taking, and a busy channel would queue without end;
+    past ``limit`` a new message is not queued (``offer`` returns False) and waits in the outbox alone, for the
+    replay, which submits each chat's in order (a chat's later message, submitted by a lane, sends the earlier
+    owed ones first). The replay is woken (``wake``) once the lanes have taken the queue to empty, and again when
+    a lane is done with a message of a chat that had one left: the replay passes over a chat whose submit is
+    under way. The first message left and the drain are logged, once each time."""
+
+    def __init__(self, limit: int, *, wake: Callable[[], None] = lambda: None, log=log):
+        super().__init__()
+        self.limit = max(1, int(limit))
+        self.left = 0  # messages left to the outbox since the queue was last drained
+        self._left_chats: set[str] = set()  # their chats, until a lane is done with one of theirs
+        self._wake, self._log = wake, log
+
+    def offer(self, message) -> bool:
+        with self.mutex:
+            if self._qsize() < self.limit:
+                self._put(message)
+                self.unfinished_tasks += 1
+                self.not_empty.notify()
+                return True
+            self.left += 1
+            self._left_chats.add(message.conversation_id)
+            first = self.left == 1
+        if first:
+            self._log.warning("inbox full (%d messages waiting for the host): new messages wait in the outbox "
+                              "for the replay", self.limit)
+        return False
+
+    def get(self, block: bool = True, timeout: float | None = None):
+        message = super().get(block, timeout)
+        with self.mutex:
+            left = self.left if not self._qsize() else 0
+            if left:
+                self.left = 0
+        if left:
+            self._log.info("inbox drained: %d messages left in the outbox go to the replay", left)
+            self._wake()
+        return message
+
+    def done(self, conversation_id: str) -> None:
+        """A lane is done with a message of ``conversation_id``: wake the replay if that chat had one left."""
+        with self.mutex:
+            had = conversation_id in self._left_chats
+            self._left_chats.discard(conversation_id)
+        if had:
+            self._wake()
+
+
 class InboxLanes:
     """The loop of a listener whose messages arrive on other threads (a webhook's requests, a socket's reader)
     and wait in a queue, each already recorded in the outbox: ``run`` takes them from the queue and submits
@@ -335,7 +391,8 @@ class InboxLanes:
     def __init__(self, worker, submit, *, max_lanes: int = 16, name: str = "inbox"):
         self.worker = worker
         self._submit = submit
-        self.lanes = ChatLanes(self._submit_logged, max_lanes=max_lanes, name=name)
+        self.lanes = ChatLanes(self._lane, max_lanes=max_lanes, name=name)
+        self._done: Callable[[str], None] = lambda conversation_id: None
         self._guard = threading.Lock()
         self._failures = 0
         self.error: Exception | None = None  # set once ``failures_to_end`` submits in a row failed
@@ -351,6 +408,7 @@ class InboxLanes:
             return (worker.stopping.is_set() or bool(worker._refusal) or failed() is not None
                     or self.error is not None)
 
+        self._done = getattr(inbox, "done", self._done)
         try:
             while not ending():
                 try:
@@ -377,6 +435,12 @@ class InboxLanes:
         if not self.lanes.join(max(0.0, deadline - time.monotonic())):
             worker.log.warning("%d chats' submits still under way at the end of the drain time: their messages "
                                "stay owed, for the replay", len(self.lanes))
+
+    def _lane(self, message) -> None:
+        try:
+            self._submit_logged(message)
+        finally:
+            self._done(message.conversation_id)
 
     def _submit_logged(self, message) -> None:
         from .client import ConnectionLost
@@ -439,11 +503,19 @@ class WebhookInbox:
     refusal_hold_secs = 30.0
     #: Chats submitted at once, a thread each; a message of one more chat waits until one of them is done.
     inbox_lanes = 16
+    #: Recorded messages queued for the lanes at most (``InboxQueue``); past it they wait in the outbox for the
+    #: replay, so a worker's memory does not grow with a backlog while the host is away.
+    inbox_queue_limit = INBOX_QUEUE_LIMIT
 
     def inbox_init(self) -> None:
-        self._inbox: queue.Queue = queue.Queue()
+        self._inbox = self.inbox_queue()
         self._refusal: str | None = None
         self._inbox_error: Exception | None = None
+
+    def inbox_queue(self) -> InboxQueue:
+        """The queue a listener's own thread (a webhook's requests, a platform link's reader) fills with the
+        messages it recorded; ``offer`` each."""
+        return InboxQueue(self.inbox_queue_limit, wake=self._replay_due.set, log=self.log)
 
     def refused_failure(self, fallback: str):
         """The failure of a send the platform refused for the worker's credentials (``_refusal`` set): held until
@@ -460,8 +532,12 @@ class WebhookInbox:
         row = self._outbox().inbound_record(message)
         if row.state != PENDING:
             return False
-        self._inbox.put(message)
+        if not self._inbox.offer(message):
+            self.inbox_left(message)
         return True
+
+    def inbox_left(self, message) -> None:
+        """``message`` was recorded but not queued (the queue full): the replay submits it."""
 
     def listen(self, submit) -> None:
         InboxLanes(self, submit, max_lanes=self.inbox_lanes, name=f"{self.kind}-inbox").run(

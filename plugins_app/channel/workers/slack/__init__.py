@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import os
-import queue
 import sys
 import threading
 from collections import OrderedDict
@@ -52,6 +51,7 @@ from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, 
 from plugins_app.channel.sdk.download import MEDIA_TIMEOUT_SECS, download, says_later
 from plugins_app.channel.sdk.outbox import PENDING
 from plugins_app.channel.sdk.text import split_text
+from plugins_app.channel.sdk.webhook import INBOX_QUEUE_LIMIT, InboxQueue
 
 from .api import AUTH_ERRORS, DEFAULT_BASE_URL, PERMANENT_ERRORS, RateLimited, SlackApi, Stopped, error_code
 from .mrkdwn import to_mrkdwn, to_plain
@@ -183,7 +183,7 @@ class SlackWorker(ChannelWorker):
         self.bot_id: str | None = None
         self.team_id: str | None = None
         self._first_url: str | None = None
-        self._inbox: queue.Queue[InboundMessage] = queue.Queue()
+        self._inbox = InboxQueue(INBOX_QUEUE_LIMIT, wake=self._replay_due.set, log=self.log)
         self._refusal: str | None = None
         self._link_error: Exception | None = None
         self._seen_ts: OrderedDict[tuple[str, str], str] = OrderedDict()
@@ -261,9 +261,7 @@ class SlackWorker(ChannelWorker):
         msg = self.normalise_slash(payload)
         if msg is None:
             return
-        row = self.outbox.inbound_record(msg)
-        if row.state == PENDING:
-            self._inbox.put(msg)
+        self._record(msg)
 
     def normalise_slash(self, payload: dict) -> InboundMessage | None:
         """A slash command's payload as the text the hub reads as a command: ``/model gpt-x`` as it is, the
@@ -291,9 +289,7 @@ class SlackWorker(ChannelWorker):
         msg = self.normalise_press(payload)
         if msg is None:
             return
-        row = self.outbox.inbound_record(msg)
-        if row.state == PENDING:
-            self._inbox.put(msg)
+        self._record(msg)
 
     def normalise_press(self, payload: dict) -> InboundMessage | None:
         """A ``block_actions`` payload on one of a delivery's option buttons as an InboundMessage whose
@@ -347,9 +343,14 @@ class SlackWorker(ChannelWorker):
         msg = self.normalise(payload)
         if msg is None:
             return
-        row = self.outbox.inbound_record(msg)
-        if row.state == PENDING:
-            self._inbox.put(msg)
+        self._record(msg)
+
+    def _record(self, msg: InboundMessage) -> None:
+        """Record ``msg`` in the outbox and queue it for the lanes, unless it was taken before; the queue full
+        (the hub away), it waits in the outbox for the replay. Returns once it is written (Slack may be
+        answered then)."""
+        if self.outbox.inbound_record(msg).state == PENDING:
+            self._inbox.offer(msg)
 
     def normalise(self, payload: dict) -> InboundMessage | None:
         """A message or app_mention event as an InboundMessage; None for what is not a person's message."""

@@ -384,6 +384,9 @@ class TelegramWorker(WebhookInbox, ChannelWorker):
         finally:
             self._in_hand_discard(message.key)
 
+    def inbox_left(self, message) -> None:
+        self._in_hand_discard(message.key)  # on no lane: the replay submits it
+
     def _in_hand_discard(self, key: str) -> None:
         with self._in_hand_lock:
             self._in_hand.discard(key)
