@@ -197,11 +197,10 @@ def test_a_long_list_says_more_than_and_pages_on(admin_client):
 
 
 def test_the_event_types_the_code_appends_are_offered_without_reading_the_log(admin_client):
-    from tests.support.plans import statements_on as on
     rows = Rows()
     rows.add("channels_app/event", 1, 10)
     found = {}
-    on("channels_app_event", lambda: found.update(resp=admin_client.get("/admin/channels_app/event/")))
+    statements_on("channels_app_event", lambda: found.update(resp=admin_client.get("/admin/channels_app/event/")))
     spec = next(f for f in found["resp"].context["cl"].filter_specs if f.title == "type")
     offered = {c["display"] for c in spec.choices(found["resp"].context["cl"])}
     # the hub's and cron's types, none of which the log holds, and the one it does
@@ -219,7 +218,7 @@ def test_dates_filter_by_range_and_created_at_sorts_by_id(admin_client):
         created_at=timezone.now() - timedelta(days=400))
     today = admin_client.get("/admin/channels_app/event/").content.decode()
     assert "Past 7 days" in today and "This year" in today
-    since = (timezone.now() - timedelta(days=7)).date().isoformat()
+    since = (timezone.now() - timedelta(days=7)).isoformat(sep=" ")
     resp = admin_client.get("/admin/channels_app/event/", {"created_at__gte": since})
     assert resp.status_code == 200 and len(resp.context["cl"].result_list) == 4
     # "created at" (the fifth column) sorts by id, handed out in the same order
