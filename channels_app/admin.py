@@ -10,11 +10,11 @@ from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
 from django.utils import timezone
 
-from channels_app import services, streams
+from channels_app import events, files, services, streams
 from channels_app.models import (LIVE_TURN_STATES, ApiKey, Actor, Caller, CallerDefaults, Conversation, Event, File,
                                  Issuer, Message, Receipt, Steering, Turn)
 from ugent_common import config
-from ugent_common.admin import RecordAdmin
+from ugent_common.admin import BoundedListAdmin, RecordAdmin, values_filter
 
 def admin_actor(request) -> str:
     """Who did it, as the turn's stop_requested_by and the messages say: the admin account's name."""
@@ -130,10 +130,17 @@ class ApiKeyAdmin(UsageSums, admin.ModelAdmin):
                               f"{new.caller.name} (copy it now, it is not shown again): {raw}", messages.WARNING)
 
 
+def models_known() -> list[str]:
+    """The models a turn may name: the agent profiles' (a turn's model is its profile's name)."""
+    from plugins_app.agent.models import AgentProfile
+    return list(AgentProfile.objects.values_list("name", flat=True))
+
+
 @admin.register(Actor)
-class ActorAdmin(admin.ModelAdmin):
-    list_display = ("key", "channel", "caller", "federation_issuer", "model_choice", "created_at")
-    list_filter = ("channel", "caller")
+class ActorAdmin(BoundedListAdmin):
+    list_display = ("key", "channel", "caller", "federation_issuer", "model_choice", "created")
+    list_filter = (("channel", values_filter(("web",))), "caller")
+    sortable_by = ("key", "created")
     list_select_related = ("caller",)
     search_fields = ("key", "user_id", "display_name", "federation_subject")
 
@@ -150,15 +157,15 @@ class MessageInline(admin.TabularInline):
 
 
 @admin.register(Conversation)
-class ConversationAdmin(admin.ModelAdmin):
+class ConversationAdmin(BoundedListAdmin):
     """A conversation's stored /model choice is the operator's to edit. Who and where it is (its channel, client
     id, id, owner and caller) are what access and idempotency hang on: changing its channel opened it to every
     sender, its owner handed over its history. Its working directory is changed through PUT
     /v1/ugent/directory, which keeps it inside the workspace. A conversation is created by its first message;
     one that holds records (turns, receipts, messages, events: never deleted here) cannot be deleted either."""
 
-    list_display = ("external_id", "channel", "client_id", "owner", "caller", "model_choice", "created_at")
-    list_filter = ("channel", "caller")
+    list_display = ("external_id", "channel", "client_id", "owner", "caller", "model_choice", "created")
+    list_filter = (("channel", values_filter(("web",))), "caller")
     list_select_related = ("owner", "caller")
     search_fields = ("external_id", "client_id", "owner__key")
     readonly_fields = ("channel", "client_id", "external_id", "owner", "caller", "working_directory",
@@ -173,11 +180,13 @@ class ConversationAdmin(admin.ModelAdmin):
 @admin.register(Turn)
 class TurnAdmin(RecordAdmin):
     list_display = ("turn_id", "state", "age", "model", "conversation", "actor", "stop_requested_by",
-                    "total_tokens", "usage_source", "created_at", "finished_at")
-    list_filter = ("state", "model", "input_mode", "cancel_requested")
+                    "total_tokens", "usage_source", "created", "finished_at")
+    list_filter = ("state", ("model", values_filter(models_known)),
+                   ("input_mode", values_filter(("", "voice", "live"))), "cancel_requested",
+                   ("created_at", admin.DateFieldListFilter))
     list_select_related = ("conversation", "actor")
     search_fields = ("turn_id", "conversation__external_id", "actor__key", "stop_requested_by")
-    date_hierarchy = "created_at"
+    sortable_by = ("turn_id", "created")
     actions = ["stop"]
     change_form_template = "admin/channels_app/turn/change_form.html"
 
@@ -226,17 +235,16 @@ class TurnAdmin(RecordAdmin):
 
 @admin.register(Receipt)
 class ReceiptAdmin(RecordAdmin):
-    list_display = ("client_message_id", "state", "conversation", "actor", "created_at", "finished_at")
-    list_filter = ("state",)
+    list_display = ("client_message_id", "state", "conversation", "actor", "created", "finished_at")
+    list_filter = ("state", ("created_at", admin.DateFieldListFilter))
     list_select_related = ("conversation", "actor")
     search_fields = ("client_message_id", "conversation__external_id", "actor__key", "answer")
-    date_hierarchy = "created_at"
 
 
 @admin.register(Message)
 class MessageAdmin(RecordAdmin):
-    list_display = ("id", "conversation", "role", "short", "hidden", "created_at")
-    list_filter = ("role", "hidden")
+    list_display = ("id", "conversation", "role", "short", "hidden", "created")
+    list_filter = ("role", "hidden", ("created_at", admin.DateFieldListFilter))
     list_select_related = ("conversation",)
     search_fields = ("content", "conversation__external_id")
 
@@ -247,16 +255,16 @@ class MessageAdmin(RecordAdmin):
 
 @admin.register(Event)
 class EventAdmin(RecordAdmin):
-    list_display = ("id", "type", "conversation", "turn", "created_at")
-    list_filter = ("type",)
+    list_display = ("id", "type", "conversation", "turn", "created")
+    list_filter = (("type", values_filter(lambda: events.EVENT_TYPES)), ("created_at", admin.DateFieldListFilter))
     list_select_related = ("conversation", "turn")
     search_fields = ("type", "conversation__external_id", "turn__turn_id")
 
 
 @admin.register(Steering)
-class SteeringAdmin(admin.ModelAdmin):
-    list_display = ("id", "turn", "state", "created_at")
-    list_filter = ("state",)
+class SteeringAdmin(BoundedListAdmin):
+    list_display = ("id", "turn", "state", "created")
+    list_filter = ("state", ("created_at", admin.DateFieldListFilter))
     list_select_related = ("turn",)
     search_fields = ("turn__turn_id",)
     raw_id_fields = ("turn",)
@@ -327,10 +335,11 @@ class CallerDefaultsAdmin(admin.ModelAdmin):
 class FileAdmin(RecordAdmin):
     """Uploaded files (POST /v1/files): records, deleted only by retention (channels_app.files.files_prune)."""
 
-    list_display = ("file_id", "filename", "mime", "size", "conversation", "actor", "created_at", "expires_at")
+    list_display = ("file_id", "filename", "mime", "size", "conversation", "actor", "created", "expires_at")
     list_select_related = ("conversation", "actor")
-    list_filter = ("mime", "purpose")
+    list_filter = (("mime", values_filter()), ("purpose", values_filter(files.PURPOSES)),
+                   ("created_at", admin.DateFieldListFilter))
+    sortable_by = ("file_id", "created", "expires_at")
     search_fields = ("file_id", "filename", "conversation__external_id", "actor__key")
     readonly_fields = ("file_id", "conversation", "actor", "caller", "filename", "purpose", "mime", "size",
                        "sha256", "storage_name", "created_at", "updated_at", "expires_at")
-    date_hierarchy = "created_at"

@@ -27,6 +27,19 @@ EVENT_LOG_LOCK = statements.EVENT_LOG_LOCK  # "UGNT"
 # Every commit wakes the all-conversations stream too.
 LOG_TOPIC = "log"
 
+# The types the hub appends to the log (a type is a string each caller names, never a column's choices); other
+# rooms add theirs with event_types_add (cron_app.services). The admin's type filter offers these without
+# reading the log.
+EVENT_TYPES = {
+    "ugent.user_message", "turn.delta", "turn.completed", "turn.failed", "turn.cancelled", "ugent.citations",
+    "turn.stop_requested", "turn.steered", "turn.steering_dropped", "interaction.requested", "interaction.resolved",
+    "compaction.completed", "ugent.artifacts_pending", "ugent.artifacts",
+}
+
+
+def event_types_add(*types: str) -> None:
+    EVENT_TYPES.update(types)
+
 
 def conversation_topic(conversation_id: int) -> str:
     return f"conv:{conversation_id}"

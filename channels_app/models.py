@@ -110,6 +110,9 @@ class Conversation(TimeStamped):
             models.UniqueConstraint(fields=["channel", "client_id", "external_id"],
                                     name="uniq_conversation_identity"),
         ]
+        # the admin's list filtered by channel, newest first: through the identity's index SQLite sorted every
+        # conversation of the channel on each page load
+        indexes = [models.Index(fields=["channel", "id"], name="conversation_channel_id")]
 
     def __str__(self):
         ns = f"{self.client_id}/" if self.client_id else ""

@@ -3,6 +3,7 @@ from django.contrib import admin, messages
 
 from cron_app import services
 from cron_app.models import CronDestination, CronJob, CronRun, CronSettings, CronTask
+from ugent_common.admin import BoundedListAdmin, values_filter
 
 
 @admin.register(CronSettings)
@@ -63,14 +64,18 @@ class CronJobAdmin(admin.ModelAdmin):
                 self.message_user(request, f"Cron job '{job.name}': run #{run.pk} is {run.state}.")
 
 
+def job_names() -> list[str]:
+    return list(CronJob.objects.values_list("name", flat=True))
+
+
 @admin.register(CronRun)
-class CronRunAdmin(admin.ModelAdmin):
-    list_display = ("id", "job_name", "trigger", "state", "slot", "acts_for", "origin_channel", "created_at",
+class CronRunAdmin(BoundedListAdmin):
+    list_display = ("id", "job_name", "trigger", "state", "slot", "acts_for", "origin_channel", "created",
                     "finished_at")
     list_select_related = ("acts_for",)
-    list_filter = ("state", "trigger", "job_name")
+    # a run's job_name outlives its job: the jobs' names are offered, and those of the newest runs
+    list_filter = ("state", "trigger", ("job_name", values_filter(job_names)), ("created_at", admin.DateFieldListFilter))
     search_fields = ("job_name", "error", "result", "acts_for__key")
-    date_hierarchy = "created_at"
     actions = ["cancel", "retry"]
 
     def get_readonly_fields(self, request, obj=None):

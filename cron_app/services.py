@@ -31,7 +31,7 @@ from django.db.models import Count
 from django.utils import timezone
 
 from channels_app.errors import ApplicationError
-from channels_app.events import event_append
+from channels_app.events import event_append, event_types_add
 from channels_app.models import LIVE_TURN_STATES, Actor, Conversation, Message, Turn, TurnState
 from cron_app import conf
 from ugent_common.tasks import task_named
@@ -446,6 +446,10 @@ def _run_actor_and_limits(run: CronRun) -> tuple[Actor, dict]:
             limits.update(disable_memory_recall=True, disable_code_context=True, disable_memory_write=True)
             return _nobody_actor(), limits
     return (run.acts_for or _system_actor()), limits
+
+
+# the types a run appends to its conversation's log (the admin's event type filter offers them)
+event_types_add("cron.run.started", "cron.run.completed", "cron.run.failed", "cron.result")
 
 
 def _event(run: CronRun, type: str, data: dict) -> None:

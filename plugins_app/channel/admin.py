@@ -5,6 +5,7 @@ from django.contrib import admin, messages
 from plugins_app.channel import selectors as plugin_selectors  # noqa: E402
 from plugins_app.channel import services as plugin_services  # noqa: E402
 from plugins_app.channel.models import DeliveryState, OutboundDelivery, Plugin, PluginSecret  # noqa: E402
+from ugent_common.admin import BoundedListAdmin
 
 
 class PluginSecretForm(forms.ModelForm):
@@ -92,9 +93,10 @@ class PluginAdmin(admin.ModelAdmin):
 
 
 @admin.register(OutboundDelivery)
-class OutboundDeliveryAdmin(admin.ModelAdmin):
-    list_display = ("delivery_id", "plugin", "state", "attempt", "last_error", "created_at", "delivered_at")
-    list_filter = ("state", "plugin")
+class OutboundDeliveryAdmin(BoundedListAdmin):
+    list_display = ("delivery_id", "plugin", "state", "attempt", "last_error", "created", "delivered_at")
+    list_filter = ("state", "plugin", ("created_at", admin.DateFieldListFilter))  # (plugins: a small table)
+    sortable_by = ("delivery_id", "created")
     list_select_related = ("plugin",)
     search_fields = ("delivery_id", "channel_message_id", "plugin__plugin_id")
     readonly_fields = ("delivery_id", "plugin", "conversation", "turn", "text", "payload", "state", "attempt",

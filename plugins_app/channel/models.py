@@ -145,7 +145,10 @@ class OutboundDelivery(TimeStamped):
         # outbound.poll reads a plugin's pending (and counts its in-flight) deliveries in id order
         indexes = [models.Index(fields=["plugin", "state", "id"], name="delivery_plugin_state"),
                    # the hourly prune finds settled deliveries past their retention here
-                   models.Index(fields=["state", "updated_at"], name="delivery_settled")]
+                   models.Index(fields=["state", "updated_at"], name="delivery_settled"),
+                   # the admin's list by state, newest first: through delivery_settled each page load sorted every
+                   # delivery in the state (every delivered one)
+                   models.Index(fields=["state", "id"], name="delivery_state_id")]
 
     def __str__(self):
         return f"{self.delivery_id} ({self.state})"

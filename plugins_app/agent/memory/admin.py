@@ -5,12 +5,15 @@ from plugins_app.agent.memory import services
 from plugins_app.agent.memory.conf import ADMIN_FIELDS
 from plugins_app.agent.memory.extract import normalize
 from plugins_app.agent.memory.models import MemoryFact, MemorySettings
+from ugent_common.admin import BoundedListAdmin
 
 
 @admin.register(MemoryFact)
-class MemoryFactAdmin(admin.ModelAdmin):
+class MemoryFactAdmin(BoundedListAdmin):
+    # newest change first (the model's order), through memory_fact_updated_idx
     list_display = ("short_text", "actor_key", "tier", "pinned", "source", "source_ref", "seen_count", "updated_at")
-    list_filter = ("tier", "pinned", "source")
+    list_filter = ("tier", "pinned", "source", ("updated_at", admin.DateFieldListFilter))
+    sortable_by = ("updated_at",)
     search_fields = ("actor_key", "text")
     readonly_fields = ("id", "normalized", "seen_count", "seen_in", "last_seen_at", "created_at", "updated_at")
     fields = ("id", "actor_key", "text", "normalized", "tier", "pinned", "source", "source_ref", "expires_at",

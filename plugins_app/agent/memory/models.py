@@ -58,6 +58,8 @@ class MemoryFact(TimeStamped):
             # the hourly prune of expired facts: a seek among the facts that expire (ephemeral), not a scan
             models.Index(fields=["expires_at"], condition=models.Q(expires_at__isnull=False),
                          name="memory_fact_expiry_idx"),
+            # the admin's list, newest change first (the order below): without it each page sorted every fact
+            models.Index(fields=["updated_at", "id"], name="memory_fact_updated_idx"),
         ]
         ordering = ["-updated_at"]
 
