@@ -9,6 +9,7 @@ from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
 from django.utils import timezone
+from django.utils.html import format_html, format_html_join
 
 from channels_app import events, files, services, streams
 from channels_app.models import (LIVE_TURN_STATES, ApiKey, Actor, Caller, CallerDefaults, Conversation, Event, File,
@@ -145,15 +146,10 @@ class ActorAdmin(BoundedListAdmin):
     search_fields = ("key", "user_id", "display_name", "federation_subject")
 
 
-class MessageInline(admin.TabularInline):
-    model = Message
-    extra = 0
-    fields = ("role", "content", "actor", "hidden", "created_at")
-    readonly_fields = fields  # messages are records: shown with their conversation, never edited there
-    can_delete = False
-
-    def has_add_permission(self, request, obj=None):
-        return False
+#: The newest messages a conversation's page shows; the rest are a link away (the message list, by conversation).
+RECENT_MESSAGES = 50
+#: What a message's text shows there, at most; its own page shows all of it.
+MESSAGE_TEXT_SHOWN = 500
 
 
 @admin.register(Conversation)
@@ -169,8 +165,30 @@ class ConversationAdmin(BoundedListAdmin):
     list_select_related = ("owner", "caller")
     search_fields = ("external_id", "client_id", "owner__key")
     readonly_fields = ("channel", "client_id", "external_id", "owner", "caller", "working_directory",
-                       "created_at", "updated_at")
-    inlines = [MessageInline]
+                       "created_at", "updated_at", "recent_messages")
+
+    @admin.display(description="messages")
+    def recent_messages(self, obj):
+        """The newest RECENT_MESSAGES messages, oldest first, and a link to all of them: a page of one read,
+        whatever the conversation's length (an inline of every message was a read and a form row each)."""
+        if obj is None or obj.pk is None:
+            return "-"
+        rows = list(Message.objects.filter(conversation=obj).select_related("actor")
+                    .order_by("-id")[:RECENT_MESSAGES + 1])
+        more, rows = len(rows) > RECENT_MESSAGES, rows[:RECENT_MESSAGES][::-1]
+        every = reverse("admin:channels_app_message_changelist") + f"?conversation__id__exact={obj.pk}"
+        if not rows:
+            return "none yet"
+        body = format_html_join("\n", '<tr><td><a href="{}">{}</a></td><td>{}</td><td>{}</td><td>{}</td>'
+                                       '<td>{}</td><td>{}</td></tr>', (
+            (reverse("admin:channels_app_message_change", args=[m.pk]), m.pk, m.role,
+             m.content if len(m.content) <= MESSAGE_TEXT_SHOWN else m.content[:MESSAGE_TEXT_SHOWN] + " …",
+             m.actor.key if m.actor_id else "-", "hidden" if m.hidden else "", m.created_at)
+            for m in rows))
+        caption = (f"the newest {RECENT_MESSAGES}, oldest first" if more else "all of them, oldest first")
+        return format_html('<p>{} (<a href="{}">every message of this conversation</a>)</p><table>'
+                           '<thead><tr><th>id</th><th>role</th><th>content</th><th>actor</th><th></th>'
+                           '<th>created at</th></tr></thead><tbody>{}</tbody></table>', caption, every, body)
 
     def has_add_permission(self, request):
         return False

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from django.test import Client
@@ -103,3 +104,60 @@ def test_a_conversation_that_holds_records_is_not_deleted_in_the_admin(tcast, ad
     admin_client.post("/admin/channels_app/conversation/", {"action": "delete_selected", "_selected_action": [conv.pk],
                                                             "post": "yes"})
     assert Conversation.objects.filter(pk=conv.pk).exists() and Receipt.objects.filter(client_message_id="m1").exists()
+
+
+def _conversation_with(tcast, name: str, n: int):
+    """A conversation of one chat turn and `n` more messages (bulk), the last one with markup in it."""
+    from channels_app.models import Conversation, Message
+    _chat(tcast.keys["operator"], user="alice", conversation_id=name)
+    conv = Conversation.objects.get(external_id=name)
+    turn = conv.turns.get()
+    Message.objects.bulk_create([Message(conversation=conv, turn=turn, role=("user", "assistant")[i % 2],
+                                         content=f"message number {i}") for i in range(n - 1)]
+                                + [Message(conversation=conv, turn=turn, role="user", content="<b>last</b> words")])
+    return conv
+
+
+def test_a_conversations_page_shows_its_newest_messages_and_links_to_all_of_them(tcast, admin_client):
+    from channels_app.admin import RECENT_MESSAGES
+    from channels_app.models import Message
+    conv = _conversation_with(tcast, "c-long", 80)
+    page = admin_client.get(f"/admin/channels_app/conversation/{conv.pk}/change/").content.decode()
+    newest = list(Message.objects.filter(conversation=conv).order_by("-id").values_list("pk", flat=True))
+    shown = [int(pk) for pk in re.findall(r'href="/admin/channels_app/message/(\d+)/change/"', page)]
+    assert shown == newest[:RECENT_MESSAGES][::-1]  # the newest, oldest of them first
+    assert "&lt;b&gt;last&lt;/b&gt; words" in page and "<b>last</b>" not in page  # text, never markup
+    assert f"the newest {RECENT_MESSAGES}, oldest first" in page
+    every = f"/admin/channels_app/message/?conversation__id__exact={conv.pk}"
+    assert every.replace("&", "&amp;") in page or every in page
+    listed = admin_client.get(every)
+    assert listed.status_code == 200 and b"message number 3" in listed.content
+    other = _conversation_with(tcast, "c-other", 3)
+    assert b"message number 1" not in admin_client.get(
+        f"/admin/channels_app/message/?conversation__id__exact={other.pk}&q=number+7").content
+    short = admin_client.get(f"/admin/channels_app/conversation/{other.pk}/change/").content.decode()
+    assert "all of them, oldest first" in short
+
+
+def test_a_conversations_page_costs_the_same_at_any_length(tcast, admin_client):
+    from django.db import connection
+
+    from tests.support.plans import vm_steps
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite's instruction count")
+    short, long = _conversation_with(tcast, "c-s", 60), _conversation_with(tcast, "c-l", 3000)
+    steps = {c.external_id: vm_steps(lambda c=c: admin_client.get(
+        f"/admin/channels_app/conversation/{c.pk}/change/"), every=10) for c in (short, long)}
+    # an inline of every message read and rendered each of them: about 50x the short one's
+    assert steps["c-l"] <= steps["c-s"] * 1.05, steps
+
+
+def test_a_conversations_model_choice_saves_while_messages_arrive(tcast, admin_client):
+    from channels_app.models import Conversation
+    conv = _conversation_with(tcast, "c-busy", 60)
+    url = f"/admin/channels_app/conversation/{conv.pk}/change/"
+    assert admin_client.get(url).status_code == 200
+    _chat(tcast.keys["operator"], user="alice", conversation_id="c-busy")  # a turn between the page and the save
+    resp = admin_client.post(url, {"model_choice": "scripted"})
+    assert resp.status_code == 302, resp.content[:2000]
+    assert Conversation.objects.get(pk=conv.pk).model_choice == "scripted"
