@@ -794,6 +794,38 @@ def test_a_refusal_found_while_every_lane_is_busy_stops_the_worker(tmp_path):
         assert "m-1" not in [m.message_id for m in bridge.submit_log]  # (m-2, with no file, the stop's flush sends)
 
 
+def test_a_message_left_past_the_inbox_limit_goes_when_its_chats_lane_ends_not_at_the_next_heartbeat(tmp_path):
+    """The lanes hold their limit (3): chat C's video in hand and its second video waiting on its lane, chat D's
+    video in hand. C's third message is left in the outbox. When C's lane ends (both videos submitted) the replay
+    is woken and submits it, while D's download still holds a lane: not at the next heartbeat (a minute away),
+    and not ahead of C's earlier two."""
+    with MockBridge("test-plugin", heartbeat_secs=60) as bridge, SlowFile(b"a" * 4096, give_up_secs=60) as fa, \
+            SlowFile(b"b" * 4096, give_up_secs=60) as fb, SlowFile(b"d" * 4096, give_up_secs=60) as fd:
+        worker = InboxWorker(sends=tmp_path / "sends.txt", state_dir=str(tmp_path), **bridge.worker_kwargs())
+        worker.inbox_lanes = 2
+        worker._inbox.limit = 3
+        running = Running(worker)
+        try:
+            assert worker.replayed.wait(10)
+            submitted = lambda: [m.message_id for m in bridge.submit_log]  # noqa: E731
+            assert worker.inbox_record(video("c1", fa.url, "C")) and fa.sending.wait(10)
+            assert worker.inbox_record(video("d1", fd.url, "D")) and fd.sending.wait(10)
+            assert worker.inbox_record(video("c2", fb.url, "C"))
+            assert worker.inbox_record(message("c3", conversation_id="C"))  # recorded: owed, not held
+            assert worker._inbox.held == 3 and worker._inbox.left == 1
+            assert worker.outbox.counts().get("inbound.pending") == 4
+            fa.finish()
+            assert fb.sending.wait(10)
+            fb.finish()
+            bridge.wait_for(lambda: "c3" in submitted(), timeout=10)
+            assert submitted() == ["c1", "c2", "c3"] and not fd.sent.is_set()  # D's file still downloading
+            fd.finish()
+            bridge.wait_for(lambda: len(submitted()) == 4, timeout=10)
+            assert worker._inbox.held == 0 and worker._inbox.left == 0
+        finally:
+            assert running.stop() == 0
+
+
 class RefusedAtADownload(InboxWorker):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -1024,7 +1056,7 @@ def test_a_message_the_host_never_answers_while_it_answers_others_stops_holding_
     from plugins_app.channel.sdk import worker as worker_module
     monkeypatch.setattr(worker_module, "HOLD_ATTEMPTS", 3)
     hung = _hang_on(bridge, "m-1")
-    worker = start_worker(call_timeout_secs=0.3)
+    worker = start_worker(call_timeout_secs=1.0)  # (room for a loaded machine to answer a beat meanwhile)
     bridge.wait_for(lambda: bridge.hellos)
     first = worker.submit(message("m-1"))
     assert first.queued and first.reason  # a failed try, not the host away (that gives no reason)

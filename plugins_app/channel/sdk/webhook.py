@@ -251,8 +251,10 @@ class ChatLanes:
     with a message under way, never as the chats seen. After ``close()`` a lane takes no new item: it ends
     with the one in hand, and the items still waiting on it are dropped."""
 
-    def __init__(self, handle, *, max_lanes: int = 16, name: str = "chat"):
+    def __init__(self, handle, *, max_lanes: int = 16, name: str = "chat",
+                 on_lane_end: Callable[[str], None] | None = None):
         self._handle = handle
+        self._on_lane_end = on_lane_end  # called with the chat once its lane has ended (its last item done)
         self._max = max(1, max_lanes)
         self._name = name
         self._cond = threading.Condition()
@@ -308,63 +310,79 @@ class ChatLanes:
                 if not lane or self.closed:
                     del self._lanes[chat]
                     self._cond.notify_all()
-                    return
+                    break
                 item = lane.popleft()
             try:
                 self._handle(item)
             except Exception:  # noqa: BLE001 - one item's failure must not end its chat's lane
                 log.exception("%s: handling an item of chat %s failed", self._name, chat)
+        if self._on_lane_end is not None:
+            try:
+                self._on_lane_end(chat)
+            except Exception:  # noqa: BLE001
+                log.exception("%s: the end of chat %s's lane", self._name, chat)
 
 
 class InboxQueue(queue.Queue):
-    """The recorded messages waiting for a listener's lanes, at most ``limit`` of them.
+    """The recorded messages a listener's lanes hold, at most ``limit`` of them: queued, waiting on a chat's lane,
+    or in hand.
 
-    Each message in it is already in the outbox, owed to the host: the queue only spares it the wait for the
-    replay. While the host is away (or slow) the lanes stop taking, and a busy channel would queue without end;
-    past ``limit`` a new message is not queued (``offer`` returns False) and waits in the outbox alone, for the
-    replay, which submits each chat's in order (a chat's later message, submitted by a lane, sends the earlier
-    owed ones first). The replay is woken (``wake``) once the lanes have taken the queue to empty, and again when
-    a lane is done with a message of a chat that had one left: the replay passes over a chat whose submit is
-    under way. The first message left and the drain are logged, once each time."""
+    Each message in it is already in the outbox, owed to the host: holding it only spares it the wait for the
+    replay. While the host is away (or slow) the lanes stop finishing, and a busy channel would hold every
+    message in memory; past ``limit`` a new message is not taken (``offer`` returns False) and waits in the
+    outbox alone, for the replay, which submits each chat's in order (a chat's later message, submitted on its
+    lane, sends the earlier owed ones first). The replay passes over a chat whose submit is under way, so it is
+    woken (``wake``) when the lane of a chat that had a message left ends, and when the lanes hold nothing any
+    more. The first message left and the end of the episode are logged, once each time."""
 
     def __init__(self, limit: int, *, wake: Callable[[], None] = lambda: None, log=log):
         super().__init__()
         self.limit = max(1, int(limit))
-        self.left = 0  # messages left to the outbox since the queue was last drained
-        self._left_chats: set[str] = set()  # their chats, until a lane is done with one of theirs
+        self.left = 0  # messages left to the outbox since the lanes last held nothing
+        self._held = 0  # offered and not yet released
+        self._left_chats: set[str] = set()  # chats with a message left, until their lane ends
+        self._count = threading.Lock()
         self._wake, self._log = wake, log
 
+    @property
+    def held(self) -> int:
+        with self._count:
+            return self._held
+
     def offer(self, message) -> bool:
-        with self.mutex:
-            if self._qsize() < self.limit:
-                self._put(message)
-                self.unfinished_tasks += 1
-                self.not_empty.notify()
-                return True
-            self.left += 1
-            self._left_chats.add(message.conversation_id)
-            first = self.left == 1
+        with self._count:
+            taken = self._held < self.limit
+            if taken:
+                self._held += 1
+            else:
+                self.left += 1
+                self._left_chats.add(message.conversation_id)
+                first = self.left == 1
+        if taken:
+            self.put(message)
+            return True
         if first:
-            self._log.warning("inbox full (%d messages waiting for the host): new messages wait in the outbox "
+            self._log.warning("inbox full (%d messages held for the host): new messages wait in the outbox "
                               "for the replay", self.limit)
         return False
 
-    def get(self, block: bool = True, timeout: float | None = None):
-        message = super().get(block, timeout)
-        with self.mutex:
-            left = self.left if not self._qsize() else 0
+    def release(self) -> None:
+        """A message taken is done with: submitted, failed (owed, for the replay) or dropped."""
+        with self._count:
+            self._held = max(0, self._held - 1)
+            left = self.left if not self._held else 0
             if left:
                 self.left = 0
+                self._left_chats.clear()
         if left:
             self._log.info("inbox drained: %d messages left in the outbox go to the replay", left)
             self._wake()
-        return message
 
-    def done(self, conversation_id: str) -> None:
-        """A lane is done with a message of ``conversation_id``: wake the replay if that chat had one left."""
-        with self.mutex:
-            had = conversation_id in self._left_chats
-            self._left_chats.discard(conversation_id)
+    def lane_ended(self, chat: str) -> None:
+        """``chat``'s lane has ended: the replay, which passed over it meanwhile, may submit what it left."""
+        with self._count:
+            had = chat in self._left_chats
+            self._left_chats.discard(chat)
         if had:
             self._wake()
 
@@ -391,8 +409,8 @@ class InboxLanes:
     def __init__(self, worker, submit, *, max_lanes: int = 16, name: str = "inbox"):
         self.worker = worker
         self._submit = submit
-        self.lanes = ChatLanes(self._lane, max_lanes=max_lanes, name=name)
-        self._done: Callable[[str], None] = lambda conversation_id: None
+        self.lanes = ChatLanes(self._lane, max_lanes=max_lanes, name=name, on_lane_end=self._lane_ended)
+        self._inbox = None  # the queue run() takes from; an InboxQueue is told what becomes of each message
         self._guard = threading.Lock()
         self._failures = 0
         self.error: Exception | None = None  # set once ``failures_to_end`` submits in a row failed
@@ -408,14 +426,15 @@ class InboxLanes:
             return (worker.stopping.is_set() or bool(worker._refusal) or failed() is not None
                     or self.error is not None)
 
-        self._done = getattr(inbox, "done", self._done)
+        self._inbox = inbox if isinstance(inbox, InboxQueue) else None
         try:
             while not ending():
                 try:
                     message = inbox.get(timeout=0.2)
                 except queue.Empty:
                     continue
-                self.lanes.put(message.conversation_id, message, give_up=ending)  # (not put: it stays owed)
+                if not self.lanes.put(message.conversation_id, message, give_up=ending):
+                    self._release()  # (not put: it stays owed)
         finally:
             self.close()
         if worker._refusal:
@@ -440,7 +459,15 @@ class InboxLanes:
         try:
             self._submit_logged(message)
         finally:
-            self._done(message.conversation_id)
+            self._release()
+
+    def _release(self) -> None:
+        if self._inbox is not None:
+            self._inbox.release()
+
+    def _lane_ended(self, chat: str) -> None:
+        if self._inbox is not None:
+            self._inbox.lane_ended(chat)
 
     def _submit_logged(self, message) -> None:
         from .client import ConnectionLost
