@@ -193,6 +193,10 @@ class ConversationAdmin(BoundedListAdmin):
     def has_add_permission(self, request):
         return False
 
+    def save_model(self, request, obj, form, change):
+        # only what the form changed: a full save would write back hidden_messages as the page read it, and
+        # lose what a compaction counted meanwhile
+        obj.save(update_fields=[*form.changed_data, "updated_at"] if change else None)
 
 
 @admin.register(Turn)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.contrib.admin.utils import get_last_value_from_parameters
+from django.contrib.admin.views.main import ChangeList
 from django.core.paginator import Paginator
 from django.utils.functional import cached_property
 
@@ -64,6 +65,20 @@ def values_filter(known=(), *, sample: int = ValuesFilter.sample) -> type[Values
                 {"known": staticmethod(known) if callable(known) else tuple(known), "sample": sample})
 
 
+#: The furthest page a bounded list counts to (a larger ?p= is no page: its LIMIT would overflow the database's).
+MAX_PAGE = 10 ** 6
+
+
+class BoundedChangeList(ChangeList):
+    """Django's change list, sorting only by the columns its admin's `sortable_by` names: a column's header
+    offers no other, and ?o= naming one is ignored (Django sorts by it anyway, whatever the index)."""
+
+    def get_ordering_field(self, field_name):
+        if self.sortable_by is not None and field_name not in self.sortable_by:
+            return None
+        return super().get_ordering_field(field_name)
+
+
 class BoundedListAdmin(admin.ModelAdmin):
     """The change list of a table that grows with the traffic (events, messages, turns, deliveries, runs…):
     each page load reads a bounded number of rows, whatever the table holds.
@@ -87,7 +102,12 @@ class BoundedListAdmin(admin.ModelAdmin):
             page_number = int(request.GET.get("p", 1))  # (the change list's own page parameter)
         except ValueError:
             page_number = 1
+        if not 1 <= page_number <= MAX_PAGE:
+            page_number = 1  # the change list finds no such page and says so (?e=1), as Django's own does
         return self.paginator(queryset, per_page, orphans, allow_empty_first_page, page_number=page_number)
+
+    def get_changelist(self, request, **kwargs):
+        return BoundedChangeList
 
     @admin.display(description="created at", ordering="id")
     def created(self, obj):

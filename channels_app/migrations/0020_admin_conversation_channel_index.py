@@ -13,7 +13,7 @@ class Migration(migrations.Migration):
     atomic = False  # CREATE INDEX CONCURRENTLY runs outside a transaction
 
     dependencies = [
-        ('channels_app', '0018_conversation_hidden_messages'),
+        ('channels_app', '0019_count_hidden_messages'),
     ]
 
     operations = [AddIndexConcurrently('conversation', INDEX)]

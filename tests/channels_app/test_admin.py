@@ -161,3 +161,27 @@ def test_a_conversations_model_choice_saves_while_messages_arrive(tcast, admin_c
     resp = admin_client.post(url, {"model_choice": "scripted"})
     assert resp.status_code == 302, resp.content[:2000]
     assert Conversation.objects.get(pk=conv.pk).model_choice == "scripted"
+
+
+def test_a_save_of_a_conversation_keeps_what_compaction_counted_meanwhile(tcast, admin_client):
+    """The form changes the model choice only; a compaction that counts hidden messages between the save's read
+    of the conversation and its write keeps its count (a full save wrote back the count it had read)."""
+    from unittest import mock
+
+    from django.db.models import F
+
+    from channels_app.admin import ConversationAdmin
+    from channels_app.models import Conversation
+    conv = _conversation_with(tcast, "c-compacted", 3)
+    url = f"/admin/channels_app/conversation/{conv.pk}/change/"
+    real_get_object = ConversationAdmin.get_object
+
+    def read_then_compacted(self, request, object_id, from_field=None):
+        obj = real_get_object(self, request, object_id, from_field)
+        if request.method == "POST":  # as a compaction commits meanwhile
+            Conversation.objects.filter(pk=conv.pk).update(hidden_messages=F("hidden_messages") + 30)
+        return obj
+    with mock.patch.object(ConversationAdmin, "get_object", read_then_compacted):
+        assert admin_client.post(url, {"model_choice": "scripted"}).status_code == 302
+    conv.refresh_from_db()
+    assert (conv.model_choice, conv.hidden_messages) == ("scripted", 30)

@@ -176,7 +176,7 @@ def test_the_migration_counts_what_was_hidden_before_the_count_was_kept(cast):
     import importlib
 
     from django.apps import apps
-    migration = importlib.import_module("channels_app.migrations.0018_conversation_hidden_messages")
+    migration = importlib.import_module("channels_app.migrations.0019_count_hidden_messages")
     a, b = compacted(cast, name="mig-a", hide=7), compacted(cast, name="mig-b", hide=2)
     untouched = conversation_of(cast, 0, name="mig-c").conversation
     Conversation.objects.update(hidden_messages=0)  # as the column's default left them
