@@ -4,14 +4,14 @@ Turns, receipts, messages and events are records: read-only here. What the opera
 action or a button that calls a service (stop a turn; revoke, rotate or issue a key)."""
 from django import forms
 from django.contrib import admin, messages
-from django.db.models import Count, Sum
+from django.contrib.admin.views.main import ChangeList
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from channels_app import events, files, services, streams
+from channels_app import events, files, services, streams, usage
 from channels_app.models import (LIVE_TURN_STATES, ApiKey, Actor, Caller, CallerDefaults, Conversation, Event, File,
                                  Issuer, Message, Receipt, Steering, Turn)
 from ugent_common import config
@@ -33,32 +33,50 @@ def turn_stop_from_admin(request, turn: Turn) -> tuple[bool, str]:
     return False, f"Turn {turn.turn_id} has ended ({turn.state}): there is nothing to stop."
 
 
+class UsageChangeList(ChangeList):
+    """A caller's or key's list, each row carrying what its turns used (`obj.usage`): the rollup's totals and
+    the turns since its mark (channels_app.usage), read for the rows of the page shown."""
+
+    def get_results(self, request):
+        super().get_results(request)
+        self.result_list = list(self.result_list)
+        of = self.model_admin.usage_of
+        by_caller, by_key = usage.usage_for(**{of: [obj.pk for obj in self.result_list]})
+        found = by_caller if of == "caller_ids" else by_key
+        for obj in self.result_list:
+            obj.usage = found.get(obj.pk)
+
+
 class UsageSums:
-    """Tokens used by the turns of the row (a caller's, or one admin-issued key's), summed in the list's query."""
+    """Tokens used by the turns of the row (a caller's, or one admin-issued key's): the usage rollup's totals
+    and the turns since its mark, not a sum over every turn at each page load. Not sortable: a sort would
+    need every row's figures."""
 
-    usage_path = "turns"
+    usage_of = "caller_ids"
 
-    def get_queryset(self, request):
-        p = self.usage_path
-        return super().get_queryset(request).annotate(
-            usage_turns=Count(p, distinct=True), usage_prompt=Sum(f"{p}__prompt_tokens"),
-            usage_completion=Sum(f"{p}__completion_tokens"), usage_total=Sum(f"{p}__total_tokens"))
+    def get_changelist(self, request, **kwargs):
+        return UsageChangeList
 
-    @admin.display(description="turns", ordering="usage_turns")
+    @staticmethod
+    def _figure(obj, name: str) -> int:
+        figures = getattr(obj, "usage", None)
+        return figures[name] if figures else 0
+
+    @admin.display(description="turns")
     def turns_count(self, obj):
-        return obj.usage_turns
+        return self._figure(obj, "turns")
 
-    @admin.display(description="prompt tokens", ordering="usage_prompt")
+    @admin.display(description="prompt tokens")
     def prompt_tokens(self, obj):
-        return obj.usage_prompt or 0
+        return self._figure(obj, "prompt_tokens")
 
-    @admin.display(description="completion tokens", ordering="usage_completion")
+    @admin.display(description="completion tokens")
     def completion_tokens(self, obj):
-        return obj.usage_completion or 0
+        return self._figure(obj, "completion_tokens")
 
-    @admin.display(description="total tokens", ordering="usage_total")
+    @admin.display(description="total tokens")
     def total_tokens(self, obj):
-        return obj.usage_total or 0
+        return self._figure(obj, "total_tokens")
 
 
 USAGE_COLUMNS = ("turns_count", "prompt_tokens", "completion_tokens", "total_tokens")
@@ -100,6 +118,7 @@ class CallerAdmin(UsageSums, admin.ModelAdmin):
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(UsageSums, admin.ModelAdmin):
+    usage_of = "key_ids"
     list_display = ("__str__", "caller", "label", "active", "last_used_at", *USAGE_COLUMNS, "created_at")
     list_filter = ("active", "caller__role")
     list_select_related = ("caller",)

@@ -352,16 +352,38 @@ class Steering(TimeStamped):
 
 
 class EventLogMark(models.Model):
-    """Where retention has pruned the event log to: cursors at or below it may have lost events."""
+    """A position the hub keeps in a table read in id order: where retention has pruned the event log to
+    (cursors at or below it may have lost events), and how far the usage rollup has folded the turns."""
 
     name = models.CharField(max_length=50, unique=True)
     value = models.BigIntegerField(default=0)
     updated_at = models.DateTimeField(auto_now=True)
 
     PRUNED_THROUGH = "pruned_through"
+    USAGE_ROLLED_THROUGH = "usage_rolled_through"
 
     def __str__(self):
         return f"{self.name}={self.value}"
+
+
+class Usage(TimeStamped):
+    """What a caller's turns used through one of its admin-issued keys (`key_id`; 0: no such key, a configured
+    key or a token), folded in by the usage rollup (channels_app.usage) up to its mark: every turn at or below
+    the mark, none after it. A row per caller and key, so the admin's caller and key lists read these, not
+    every turn ever run. A plain id, not a key's foreign key: a deleted key's turns stay its caller's."""
+
+    caller = models.ForeignKey(Caller, on_delete=models.CASCADE, related_name="usage_rows")
+    key_id = models.BigIntegerField(default=0)
+    turns = models.BigIntegerField(default=0)
+    prompt_tokens = models.BigIntegerField(default=0)
+    completion_tokens = models.BigIntegerField(default=0)
+    total_tokens = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["caller", "key_id"], name="uniq_usage_caller_key")]
+
+    def __str__(self):
+        return f"{self.caller_id}/{self.key_id}: {self.turns} turns"
 
 
 class Issuer(TimeStamped):

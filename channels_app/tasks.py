@@ -76,13 +76,24 @@ def expire_pending_artifacts() -> int:
     return artifacts.artifacts_expire_pending()
 
 
+@shared_task(ignore_result=True, soft_time_limit=600, time_limit=660)
+@with_fresh_connections
+def rollup_usage() -> int:
+    """Beat, every UGENT_USAGE_ROLLUP_SECS: fold ended turns into each caller's and key's usage totals."""
+    from channels_app import usage
+    return usage.usage_rollup()
+
+
 @beat_init.connect
 def _retention_schedule(sender=None, **kwargs) -> None:
-    """Every beat process (embedded or `celery beat`) makes sure the retention job is scheduled."""
+    """Every beat process (embedded or `celery beat`) makes sure the retention jobs and the usage rollup are
+    scheduled."""
     from channels_app import streams
     try:
         streams.retention_schedule_ensure()
         from channels_app import files
         files.files_prune_schedule_ensure()
+        from channels_app import usage
+        usage.usage_rollup_schedule_ensure()
     finally:
         close_old_connections()

@@ -212,6 +212,7 @@ UGENT_BACKGROUND_TASKS = (
     "plugins_app.tasks.memory_extract_turn", "plugins_app.tasks.memory_vector_index",
     "plugins_app.tasks.memory_vector_backfill", "plugins_app.tasks.prune_media", "plugins_app.tasks.prune_deliveries",
     "plugins_app.tasks.prune_memory", "channels_app.tasks.prune_events", "channels_app.tasks.prune_files",
+    "channels_app.tasks.rollup_usage",
 )
 # Both queues declared as Celery declares its default one (an exchange of the queue's name, routed by it), so
 # the turn queue's messages and keys are what they were before there were two.
@@ -460,6 +461,11 @@ UGENT_FILES_MAX_BYTES = env.int("UGENT_FILES_MAX_BYTES", default=25 * 1024 * 102
 # a 413 request_too_large beyond (channels_app.errors.request_too_large).
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("UGENT_MAX_REQUEST_BYTES", default=2_621_440)
 UGENT_FILES_PRUNE_EVERY_SECS = env.int("UGENT_FILES_PRUNE_EVERY_SECS", default=600)
+# The usage rollup (channels_app.usage): how often beat folds ended turns into each caller's and key's totals,
+# and how old a turn must be to be folded (on PostgreSQL an id is handed out before its transaction commits:
+# the margin outlasts any accept, so no turn below the mark is still to appear).
+UGENT_USAGE_ROLLUP_SECS = env.int("UGENT_USAGE_ROLLUP_SECS", default=60)
+UGENT_USAGE_ROLLUP_MARGIN_SECS = env.int("UGENT_USAGE_ROLLUP_MARGIN_SECS", default=300)
 # A tool's artifact announced pending and not finished this long after it was announced is listed as
 # failed ("did not arrive") once its turn has ended, checked as often as files are pruned (docs/tools.md).
 UGENT_ARTIFACT_PENDING_SECS = env.int("UGENT_ARTIFACT_PENDING_SECS", default=3600)

@@ -1,0 +1,110 @@
+"""What callers and their keys have used: the turns folded into running totals (`Usage`), so the admin's
+caller and key lists read a row per caller and key, and the few turns since the last fold, not every turn
+ever run (a sum over every turn at each page load grew with the hub's whole history).
+
+`usage_rollup` (beat, every UGENT_USAGE_ROLLUP_SECS) folds the turns after the mark
+(`EventLogMark.USAGE_ROLLED_THROUGH`) in id order, under the mark's row lock, and stops at the first turn
+still live (its usage is written at its end) or younger than UGENT_USAGE_ROLLUP_MARGIN_SECS: on PostgreSQL a
+turn's id is handed out before its transaction commits, so a younger id may be seen while an older one is
+still to appear; the margin outlasts any accept. Every turn at or below the mark is in the totals once;
+`usage_for` adds those after it, read by id from the mark: what a page shows is every turn's usage, exactly
+what summing every turn would give."""
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from channels_app.models import LIVE_TURN_STATES, EventLogMark, Turn, Usage
+
+#: Turns read a transaction at a time by the rollup (short: in embedded mode a transaction holds the one writer).
+ROLLUP_CHUNK = 5_000
+USAGE_ROLLUP_TASK_NAME = "ugent-usage-rollup"
+FIELDS = ("turns", "prompt_tokens", "completion_tokens", "total_tokens")
+
+
+def usage_mark() -> int:
+    """The last turn id folded into the totals (0: none yet)."""
+    return EventLogMark.objects.filter(name=EventLogMark.USAGE_ROLLED_THROUGH).values_list(
+        "value", flat=True).first() or 0
+
+
+def usage_rollup(*, now=None, chunk: int = ROLLUP_CHUNK) -> int:
+    """Fold the turns after the mark into the totals, up to the first live or young one; how many were folded."""
+    cutoff = (now or timezone.now()) - timedelta(seconds=settings.UGENT_USAGE_ROLLUP_MARGIN_SECS)
+    folded = 0
+    while True:
+        with transaction.atomic():
+            mark, _ = EventLogMark.objects.select_for_update().get_or_create(
+                name=EventLogMark.USAGE_ROLLED_THROUGH)
+            rows = list(Turn.objects.filter(id__gt=mark.value).order_by("id").values_list(
+                "id", "state", "created_at", "caller_id", "api_key_id", "prompt_tokens", "completion_tokens",
+                "total_tokens")[:chunk])
+            taken = []
+            for row in rows:
+                if row[1] in LIVE_TURN_STATES or row[2] >= cutoff:
+                    break
+                taken.append(row)
+            if not taken:
+                return folded
+            sums: dict[tuple[int, int], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+            for _id, _state, _created, caller_id, key_id, prompt, completion, total in taken:
+                if caller_id is None:  # its caller was deleted: no list shows it
+                    continue
+                add = sums[(caller_id, key_id or 0)]
+                add[0] += 1
+                add[1] += prompt or 0
+                add[2] += completion or 0
+                add[3] += total or 0
+            for (caller_id, key_id), add in sorted(sums.items()):
+                increments = {f: F(f) + n for f, n in zip(FIELDS, add)}
+                if not Usage.objects.filter(caller_id=caller_id, key_id=key_id).update(
+                        updated_at=timezone.now(), **increments):
+                    Usage.objects.create(caller_id=caller_id, key_id=key_id, **dict(zip(FIELDS, add)))
+            mark.value = taken[-1][0]
+            mark.save(update_fields=["value", "updated_at"])
+            folded += len(taken)
+        if len(taken) < len(rows) or len(rows) < chunk:
+            return folded
+
+
+def usage_for(*, caller_ids=(), key_ids=()) -> tuple[dict[int, dict], dict[int, dict]]:
+    """Every turn's usage summed per caller (of `caller_ids`) and per admin-issued key (of `key_ids`): the
+    folded totals, and the turns after the mark read by id."""
+    mark = usage_mark()
+    by_caller: dict[int, dict] = {pk: dict.fromkeys(FIELDS, 0) for pk in caller_ids}
+    by_key: dict[int, dict] = {pk: dict.fromkeys(FIELDS, 0) for pk in key_ids}
+    folded = Usage.objects.none()
+    if caller_ids:
+        folded = folded | Usage.objects.filter(caller_id__in=list(caller_ids))
+    if key_ids:
+        folded = folded | Usage.objects.filter(key_id__in=list(key_ids))
+    # the turns since the mark, summed here: a GROUP BY made SQLite walk every turn through the caller's index
+    # for its order, where the id range reads only these
+    recent = Turn.objects.filter(id__gt=mark).order_by().values_list(
+        "caller_id", "api_key_id", "prompt_tokens", "completion_tokens", "total_tokens")
+    rows = [(u.caller_id, u.key_id, {f: getattr(u, f) for f in FIELDS}) for u in folded]
+    rows += [(caller_id, key_id or 0, {"turns": 1, "prompt_tokens": prompt or 0, "completion_tokens": completion or 0,
+                                       "total_tokens": total or 0})
+             for caller_id, key_id, prompt, completion, total in recent.iterator(chunk_size=2000)]
+    for caller_id, key_id, figures in rows:
+        for target in (by_caller.get(caller_id), by_key.get(key_id) if key_id else None):
+            if target is not None:
+                for f in FIELDS:
+                    target[f] += figures[f]
+    return by_caller, by_key
+
+
+def usage_rollup_schedule_ensure() -> None:
+    """Create or update the beat entry that runs the rollup (django-celery-beat)."""
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+    schedule, _ = IntervalSchedule.objects.get_or_create(every=settings.UGENT_USAGE_ROLLUP_SECS,
+                                                         period=IntervalSchedule.SECONDS)
+    PeriodicTask.objects.update_or_create(
+        name=USAGE_ROLLUP_TASK_NAME,
+        defaults={"task": "channels_app.tasks.rollup_usage", "interval": schedule, "enabled": True,
+                  "description": "Folds ended turns into each caller's and key's usage totals."})
