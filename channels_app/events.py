@@ -12,6 +12,8 @@ would wait on the appender while the appender waits on it: a deadlock.
 """
 from __future__ import annotations
 
+import logging
+
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
@@ -22,6 +24,7 @@ from ugent_common import rows
 from channels_app.models import Event
 
 EVENT_LOG_LOCK = statements.EVENT_LOG_LOCK  # "UGNT"
+log = logging.getLogger("ugent.events")
 
 
 # Every commit wakes the all-conversations stream too.
@@ -39,6 +42,23 @@ EVENT_TYPES = {
 
 def event_types_add(*types: str) -> None:
     EVENT_TYPES.update(types)
+
+
+_UNLISTED_SEEN: set[str] = set()
+
+
+def _event_type_listed(event_type: str) -> None:
+    """A type the code appends must be in EVENT_TYPES (the admin's filter offers those without reading the log):
+    the tests refuse one that is not (UGENT_EVENT_TYPES_STRICT), a daemon logs it once and appends it."""
+    if event_type in EVENT_TYPES:
+        return
+    if getattr(settings, "UGENT_EVENT_TYPES_STRICT", False):
+        raise ValueError(f"event type {event_type!r} is not in channels_app.events.EVENT_TYPES: add it there "
+                         f"(or with event_types_add in its room)")
+    if event_type not in _UNLISTED_SEEN:
+        _UNLISTED_SEEN.add(event_type)
+        log.warning("event type %s is not in channels_app.events.EVENT_TYPES: the admin's type filter offers it "
+                    "only while it is among the newest events", event_type)
 
 
 def conversation_topic(conversation_id: int) -> str:
@@ -91,6 +111,8 @@ def events_append(*, conversation_id: int, turn_pk: int | None,
             steps.append(statements.conversation_event_head_step(conversation_id, turn_pk))
         at_ids = len(steps)
         now = timezone.now()
+        for event_type, _data, _audience in items:
+            _event_type_listed(event_type)
         steps += [table.insert_step(conversation_id=conversation_id, turn_id=turn_pk, type=t, data=d, audience=a,
                                     created_at=now) for t, d, a in items]
         results = rows.batch(steps)

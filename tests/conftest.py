@@ -66,6 +66,20 @@ def _no_worker_warms_here(settings):
     settings.UGENT_WARM_AT_START = False
 
 
+# Types only the tests append (a log's reader filtering, an old and a new type): listed for them alone.
+TEST_EVENT_TYPES = frozenset({"ugent.test", "x.old", "x.new", "turn.started", "tool.started", "interaction.asked",
+                              "compaction.done", "tool.call", "ugent.tool_result", "activity.x"})
+
+
+@pytest.fixture(autouse=True)
+def _event_types_listed(settings, monkeypatch):
+    """Every event type the code appends must be in channels_app.events.EVENT_TYPES (the admin's type filter
+    offers those): here one that is not fails the test that appends it (a daemon logs it once)."""
+    from channels_app import events
+    settings.UGENT_EVENT_TYPES_STRICT = True
+    monkeypatch.setattr(events, "EVENT_TYPES", events.EVENT_TYPES | TEST_EVENT_TYPES)
+
+
 @pytest.fixture(autouse=True)
 def _log_repeats_forgotten():
     """A warning one test logged is new to the next: the repeat filter (ugent_common.logs) would write it
