@@ -16,7 +16,6 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
 from django.utils import timezone
 
 from channels_app.models import LIVE_TURN_STATES, EventLogMark, Turn, Usage
@@ -34,63 +33,82 @@ def usage_mark() -> int:
 
 
 def usage_rollup(*, now=None, chunk: int = ROLLUP_CHUNK) -> int:
-    """Fold the turns after the mark into the totals, up to the first live or young one; how many were folded."""
+    """Fold the turns after the mark into the totals, up to the first live or young one; how many were folded.
+
+    Each chunk is read before its transaction and written in a short one (two statements whatever the callers:
+    in embedded mode a transaction holds the one writer), which folds it only if the mark has not moved since
+    the read (another rollup's chunk): then it reads again."""
     cutoff = (now or timezone.now()) - timedelta(seconds=settings.UGENT_USAGE_ROLLUP_MARGIN_SECS)
     folded = 0
     while True:
+        mark = usage_mark()
+        rows = list(Turn.objects.filter(id__gt=mark).order_by("id").values_list(
+            "id", "state", "created_at", "caller_id", "api_key_id", "prompt_tokens", "completion_tokens",
+            "total_tokens")[:chunk])
+        taken = []
+        for row in rows:
+            if row[1] in LIVE_TURN_STATES or row[2] >= cutoff:
+                break
+            taken.append(row)
+        if not taken:
+            return folded
+        sums: dict[tuple[int, int], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+        for _id, _state, _created, caller_id, key_id, prompt, completion, total in taken:
+            if caller_id is None:  # its caller was deleted: no list shows it
+                continue
+            add = sums[(caller_id, key_id or 0)]
+            add[0] += 1
+            add[1] += prompt or 0
+            add[2] += completion or 0
+            add[3] += total or 0
         with transaction.atomic():
-            mark, _ = EventLogMark.objects.select_for_update().get_or_create(
-                name=EventLogMark.USAGE_ROLLED_THROUGH)
-            rows = list(Turn.objects.filter(id__gt=mark.value).order_by("id").values_list(
-                "id", "state", "created_at", "caller_id", "api_key_id", "prompt_tokens", "completion_tokens",
-                "total_tokens")[:chunk])
-            taken = []
-            for row in rows:
-                if row[1] in LIVE_TURN_STATES or row[2] >= cutoff:
-                    break
-                taken.append(row)
-            if not taken:
-                return folded
-            sums: dict[tuple[int, int], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
-            for _id, _state, _created, caller_id, key_id, prompt, completion, total in taken:
-                if caller_id is None:  # its caller was deleted: no list shows it
-                    continue
-                add = sums[(caller_id, key_id or 0)]
-                add[0] += 1
-                add[1] += prompt or 0
-                add[2] += completion or 0
-                add[3] += total or 0
+            row, _ = EventLogMark.objects.select_for_update().get_or_create(name=EventLogMark.USAGE_ROLLED_THROUGH)
+            if row.value != mark:
+                continue  # another rollup folded a chunk meanwhile: read again from its mark
+            had = {(u.caller_id, u.key_id): u for u in Usage.objects.filter(
+                caller_id__in={caller_id for caller_id, _key in sums})}
+            stamp = timezone.now()
+            totals = []
             for (caller_id, key_id), add in sorted(sums.items()):
-                increments = {f: F(f) + n for f, n in zip(FIELDS, add)}
-                if not Usage.objects.filter(caller_id=caller_id, key_id=key_id).update(
-                        updated_at=timezone.now(), **increments):
-                    Usage.objects.create(caller_id=caller_id, key_id=key_id, **dict(zip(FIELDS, add)))
-            mark.value = taken[-1][0]
-            mark.save(update_fields=["value", "updated_at"])
-            folded += len(taken)
+                old = had.get((caller_id, key_id))
+                figures = {f: (getattr(old, f) if old else 0) + n for f, n in zip(FIELDS, add)}
+                totals.append(Usage(caller_id=caller_id, key_id=key_id, created_at=stamp, updated_at=stamp,
+                                    **figures))
+            Usage.objects.bulk_create(totals, update_conflicts=True, unique_fields=["caller", "key_id"],
+                                      update_fields=[*FIELDS, "updated_at"])
+            row.value = taken[-1][0]
+            row.save(update_fields=["value", "updated_at"])
+        folded += len(taken)
         if len(taken) < len(rows) or len(rows) < chunk:
             return folded
 
 
 def usage_for(*, caller_ids=(), key_ids=()) -> tuple[dict[int, dict], dict[int, dict]]:
     """Every turn's usage summed per caller (of `caller_ids`) and per admin-issued key (of `key_ids`): the
-    folded totals, and the turns after the mark read by id."""
-    mark = usage_mark()
+    folded totals, and the turns after the mark read by id. The mark is read before and after the totals, and
+    all is read again if a rollup moved it between the two: its turns would be in the totals and after the
+    mark read first, counted twice."""
+    for _attempt in range(10):
+        mark = usage_mark()
+        folded = Usage.objects.none()
+        if caller_ids:
+            folded = folded | Usage.objects.filter(caller_id__in=list(caller_ids))
+        if key_ids:
+            folded = folded | Usage.objects.filter(key_id__in=list(key_ids))
+        folded = [(u.caller_id, u.key_id, {f: getattr(u, f) for f in FIELDS}) for u in folded]
+        if usage_mark() == mark:
+            break
     by_caller: dict[int, dict] = {pk: dict.fromkeys(FIELDS, 0) for pk in caller_ids}
     by_key: dict[int, dict] = {pk: dict.fromkeys(FIELDS, 0) for pk in key_ids}
-    folded = Usage.objects.none()
-    if caller_ids:
-        folded = folded | Usage.objects.filter(caller_id__in=list(caller_ids))
-    if key_ids:
-        folded = folded | Usage.objects.filter(key_id__in=list(key_ids))
     # the turns since the mark, summed here: a GROUP BY made SQLite walk every turn through the caller's index
-    # for its order, where the id range reads only these
+    # for its order, where the id range reads only these. A rollup that folds some of them once the totals were
+    # read leaves them after this mark: each is counted once.
     recent = Turn.objects.filter(id__gt=mark).order_by().values_list(
         "caller_id", "api_key_id", "prompt_tokens", "completion_tokens", "total_tokens")
-    rows = [(u.caller_id, u.key_id, {f: getattr(u, f) for f in FIELDS}) for u in folded]
-    rows += [(caller_id, key_id or 0, {"turns": 1, "prompt_tokens": prompt or 0, "completion_tokens": completion or 0,
-                                       "total_tokens": total or 0})
-             for caller_id, key_id, prompt, completion, total in recent.iterator(chunk_size=2000)]
+    rows = folded + [(caller_id, key_id or 0, {"turns": 1, "prompt_tokens": prompt or 0,
+                                               "completion_tokens": completion or 0, "total_tokens": total or 0})
+                     for caller_id, key_id, prompt, completion, total in recent.iterator(chunk_size=2000)
+                     if caller_id is not None]
     for caller_id, key_id, figures in rows:
         for target in (by_caller.get(caller_id), by_key.get(key_id) if key_id else None):
             if target is not None:

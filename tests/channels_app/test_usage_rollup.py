@@ -107,6 +107,25 @@ def test_the_rollup_goes_a_chunk_at_a_time_and_passes_turns_of_a_deleted_caller(
     assert Usage.objects.get(caller=tcast.app).turns == 10
 
 
+def test_a_rollup_between_the_lists_reads_counts_nothing_twice(tcast, monkeypatch):
+    """A rollup that commits after a list read the mark and before it read the totals put its turns in both
+    the totals and the turns read after the mark: the list re-reads when the mark moved under it."""
+    turns_of(tcast, "operator", 3)
+    aged()
+    real_mark, calls = usage.usage_mark, []
+
+    def mark_then_a_rollup():
+        calls.append(1)
+        mark = real_mark()
+        if len(calls) == 1:
+            usage.usage_rollup()  # commits between this read and the totals' read
+        return mark
+    monkeypatch.setattr(usage, "usage_mark", mark_then_a_rollup)
+    got = shown(tcast)
+    monkeypatch.setattr(usage, "usage_mark", real_mark)
+    assert got == every_turn_summed() and len(calls) >= 3
+
+
 def test_two_rollups_at_once_fold_each_turn_once(tcast):
     if connection.vendor != "postgresql":
         pytest.skip("SQLite has one writer: two rollups cannot run at once")

@@ -826,6 +826,32 @@ def test_a_message_left_past_the_inbox_limit_goes_when_its_chats_lane_ends_not_a
             assert running.stop() == 0
 
 
+def test_a_message_left_of_a_chat_with_no_lane_goes_as_soon_as_a_lane_is_done(tmp_path):
+    """The lanes hold their limit (2): chats C's and D's videos in hand; chat E's text is left. C's video done,
+    the replay is woken and submits E's while D's download still holds a lane: not when the lanes hold nothing,
+    and not at the next heartbeat (a minute away)."""
+    with MockBridge("test-plugin", heartbeat_secs=60) as bridge, SlowFile(b"c" * 4096, give_up_secs=60) as fc, \
+            SlowFile(b"d" * 4096, give_up_secs=60) as fd:
+        worker = InboxWorker(sends=tmp_path / "sends.txt", state_dir=str(tmp_path), **bridge.worker_kwargs())
+        worker.inbox_lanes = 2
+        worker._inbox.limit = 2
+        running = Running(worker)
+        try:
+            assert worker.replayed.wait(10)
+            submitted = lambda: [m.message_id for m in bridge.submit_log]  # noqa: E731
+            assert worker.inbox_record(video("c1", fc.url, "C")) and fc.sending.wait(10)
+            assert worker.inbox_record(video("d1", fd.url, "D")) and fd.sending.wait(10)
+            assert worker.inbox_record(message("e1", conversation_id="E"))
+            assert worker._inbox.held == 2 and worker._inbox.left == 1
+            fc.finish()
+            bridge.wait_for(lambda: "e1" in submitted(), timeout=10)
+            assert submitted() == ["c1", "e1"] and not fd.sent.is_set()
+            fd.finish()
+            bridge.wait_for(lambda: len(submitted()) == 3, timeout=10)
+        finally:
+            assert running.stop() == 0
+
+
 class RefusedAtADownload(InboxWorker):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)

@@ -251,10 +251,8 @@ class ChatLanes:
     with a message under way, never as the chats seen. After ``close()`` a lane takes no new item: it ends
     with the one in hand, and the items still waiting on it are dropped."""
 
-    def __init__(self, handle, *, max_lanes: int = 16, name: str = "chat",
-                 on_lane_end: Callable[[str], None] | None = None):
+    def __init__(self, handle, *, max_lanes: int = 16, name: str = "chat"):
         self._handle = handle
-        self._on_lane_end = on_lane_end  # called with the chat once its lane has ended (its last item done)
         self._max = max(1, max_lanes)
         self._name = name
         self._cond = threading.Condition()
@@ -310,17 +308,12 @@ class ChatLanes:
                 if not lane or self.closed:
                     del self._lanes[chat]
                     self._cond.notify_all()
-                    break
+                    return
                 item = lane.popleft()
             try:
                 self._handle(item)
             except Exception:  # noqa: BLE001 - one item's failure must not end its chat's lane
                 log.exception("%s: handling an item of chat %s failed", self._name, chat)
-        if self._on_lane_end is not None:
-            try:
-                self._on_lane_end(chat)
-            except Exception:  # noqa: BLE001
-                log.exception("%s: the end of chat %s's lane", self._name, chat)
 
 
 class InboxQueue(queue.Queue):
@@ -331,16 +324,16 @@ class InboxQueue(queue.Queue):
     replay. While the host is away (or slow) the lanes stop finishing, and a busy channel would hold every
     message in memory; past ``limit`` a new message is not taken (``offer`` returns False) and waits in the
     outbox alone, for the replay, which submits each chat's in order (a chat's later message, submitted on its
-    lane, sends the earlier owed ones first). The replay passes over a chat whose submit is under way, so it is
-    woken (``wake``) when the lane of a chat that had a message left ends, and when the lanes hold nothing any
-    more. The first message left and the end of the episode are logged, once each time."""
+    lane, sends the earlier owed ones first). While some are left the replay is woken (``wake``) each time the
+    lanes are done with a message: the replay passes over a chat whose submit is under way, and takes the
+    others, a chat that never had a lane included. The first message left and the end of the episode (the
+    lanes holding nothing) are logged, once each time."""
 
     def __init__(self, limit: int, *, wake: Callable[[], None] = lambda: None, log=log):
         super().__init__()
         self.limit = max(1, int(limit))
         self.left = 0  # messages left to the outbox since the lanes last held nothing
         self._held = 0  # offered and not yet released
-        self._left_chats: set[str] = set()  # chats with a message left, until their lane ends
         self._count = threading.Lock()
         self._wake, self._log = wake, log
 
@@ -356,7 +349,6 @@ class InboxQueue(queue.Queue):
                 self._held += 1
             else:
                 self.left += 1
-                self._left_chats.add(message.conversation_id)
                 first = self.left == 1
         if taken:
             self.put(message)
@@ -370,21 +362,13 @@ class InboxQueue(queue.Queue):
         """A message taken is done with: submitted, failed (owed, for the replay) or dropped."""
         with self._count:
             self._held = max(0, self._held - 1)
-            left = self.left if not self._held else 0
-            if left:
+            left, drained = self.left, not self._held
+            if left and drained:
                 self.left = 0
-                self._left_chats.clear()
         if left:
-            self._log.info("inbox drained: %d messages left in the outbox go to the replay", left)
-            self._wake()
-
-    def lane_ended(self, chat: str) -> None:
-        """``chat``'s lane has ended: the replay, which passed over it meanwhile, may submit what it left."""
-        with self._count:
-            had = chat in self._left_chats
-            self._left_chats.discard(chat)
-        if had:
-            self._wake()
+            if drained:
+                self._log.info("inbox drained: %d messages left in the outbox go to the replay", left)
+            self._wake()  # (wakes coalesce: the replay thread runs one at a time)
 
 
 class InboxLanes:
@@ -409,7 +393,7 @@ class InboxLanes:
     def __init__(self, worker, submit, *, max_lanes: int = 16, name: str = "inbox"):
         self.worker = worker
         self._submit = submit
-        self.lanes = ChatLanes(self._lane, max_lanes=max_lanes, name=name, on_lane_end=self._lane_ended)
+        self.lanes = ChatLanes(self._lane, max_lanes=max_lanes, name=name)
         self._inbox = None  # the queue run() takes from; an InboxQueue is told what becomes of each message
         self._guard = threading.Lock()
         self._failures = 0
@@ -465,9 +449,6 @@ class InboxLanes:
         if self._inbox is not None:
             self._inbox.release()
 
-    def _lane_ended(self, chat: str) -> None:
-        if self._inbox is not None:
-            self._inbox.lane_ended(chat)
 
     def _submit_logged(self, message) -> None:
         from .client import ConnectionLost
