@@ -196,18 +196,12 @@ def files_prune(*, now: dt.datetime | None = None) -> int:
 
 def files_prune_schedule_ensure() -> None:
     """Create or update the beat entry that runs the retention job (django-celery-beat)."""
-    from django_celery_beat.models import IntervalSchedule, PeriodicTask
-    schedule, _ = IntervalSchedule.objects.get_or_create(every=settings.UGENT_FILES_PRUNE_EVERY_SECS,
-                                                         period=IntervalSchedule.SECONDS)
-    PeriodicTask.objects.update_or_create(
-        name=FILES_PRUNE_TASK_NAME,
-        defaults={"task": "channels_app.tasks.prune_files", "interval": schedule, "enabled": True,
-                  "description": "Deletes uploaded files past UGENT_PLUGIN_MEDIA_TTL_SECS."})
-    PeriodicTask.objects.update_or_create(
-        name=ARTIFACTS_EXPIRY_TASK_NAME,
-        defaults={"task": "channels_app.tasks.expire_pending_artifacts", "interval": schedule, "enabled": True,
-                  "description": "Lists a tool's artifacts still pending after UGENT_ARTIFACT_PENDING_SECS "
-                                 "as not arrived."})
+    from ugent_common.tasks import beat_every
+    every = settings.UGENT_FILES_PRUNE_EVERY_SECS
+    beat_every(FILES_PRUNE_TASK_NAME, "channels_app.tasks.prune_files", every,
+               "Deletes uploaded files past UGENT_PLUGIN_MEDIA_TTL_SECS.")
+    beat_every(ARTIFACTS_EXPIRY_TASK_NAME, "channels_app.tasks.expire_pending_artifacts", every,
+               "Lists a tool's artifacts still pending after UGENT_ARTIFACT_PENDING_SECS as not arrived.")
 
 
 def files_status() -> dict:

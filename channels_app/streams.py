@@ -507,18 +507,12 @@ def _log_last_old_id(cutoff) -> int | None:
 
 def retention_schedule_ensure(*, every_seconds: int | None = None) -> None:
     """Create or update the beat entry that runs the retention job (django-celery-beat)."""
-    from django_celery_beat.models import IntervalSchedule, PeriodicTask
-    every = every_seconds or EVENT_PRUNE_EVERY_SECS
-    schedule, _ = IntervalSchedule.objects.get_or_create(every=every, period=IntervalSchedule.SECONDS)
-    PeriodicTask.objects.update_or_create(
-        name=RETENTION_TASK_NAME,
-        defaults={"task": "channels_app.tasks.prune_events", "interval": schedule, "enabled": True,
-                  "description": "Deletes events older than UGENT_EVENT_RETENTION_SECS."})
     from django.conf import settings
-    sweep, _ = IntervalSchedule.objects.get_or_create(every=settings.UGENT_TURN_SWEEP_SECONDS,
-                                                      period=IntervalSchedule.SECONDS)
-    PeriodicTask.objects.update_or_create(
-        name="ugent: sweep turns whose worker died",
-        defaults={"task": "channels_app.tasks.sweep_stale_turns", "interval": sweep, "enabled": True,
-                  "description": "Ends turns whose lease lapsed (interrupted) or whose queue deadline "
-                                 "passed (abandoned), and dispatches again turns the broker lost."})
+
+    from ugent_common.tasks import beat_every
+    beat_every(RETENTION_TASK_NAME, "channels_app.tasks.prune_events", every_seconds or EVENT_PRUNE_EVERY_SECS,
+               "Deletes events older than UGENT_EVENT_RETENTION_SECS.")
+    beat_every("ugent: sweep turns whose worker died", "channels_app.tasks.sweep_stale_turns",
+               settings.UGENT_TURN_SWEEP_SECONDS,
+               "Ends turns whose lease lapsed (interrupted) or whose queue deadline passed (abandoned), and "
+               "dispatches again turns the broker lost.")

@@ -119,10 +119,6 @@ def usage_for(*, caller_ids=(), key_ids=()) -> tuple[dict[int, dict], dict[int, 
 
 def usage_rollup_schedule_ensure() -> None:
     """Create or update the beat entry that runs the rollup (django-celery-beat)."""
-    from django_celery_beat.models import IntervalSchedule, PeriodicTask
-    schedule, _ = IntervalSchedule.objects.get_or_create(every=settings.UGENT_USAGE_ROLLUP_SECS,
-                                                         period=IntervalSchedule.SECONDS)
-    PeriodicTask.objects.update_or_create(
-        name=USAGE_ROLLUP_TASK_NAME,
-        defaults={"task": "channels_app.tasks.rollup_usage", "interval": schedule, "enabled": True,
-                  "description": "Folds ended turns into each caller's and key's usage totals."})
+    from ugent_common.tasks import beat_every
+    beat_every(USAGE_ROLLUP_TASK_NAME, "channels_app.tasks.rollup_usage", settings.UGENT_USAGE_ROLLUP_SECS,
+               "Folds ended turns into each caller's and key's usage totals.")

@@ -67,10 +67,6 @@ SWEEP_TASK_NAME = "ugent: cron sweep (resume runs, cut off overdue tasks)"
 
 def cron_sweep_schedule_ensure() -> None:
     """Create or update the beat entry that runs cron_sweep (django-celery-beat)."""
-    from django_celery_beat.models import IntervalSchedule, PeriodicTask
-    every, _ = IntervalSchedule.objects.get_or_create(every=conf.SWEEP_EVERY_SECS, period=IntervalSchedule.SECONDS)
-    PeriodicTask.objects.update_or_create(
-        name=SWEEP_TASK_NAME,
-        defaults={"task": "cron_app.tasks.cron_sweep", "interval": every, "enabled": True,
-                  "description": "Resumes cron runs whose step a broker lost; cuts off tasks past "
-                                 "UGENT_CRON_TASK_TIME_LIMIT."})
+    from ugent_common.tasks import beat_every
+    beat_every(SWEEP_TASK_NAME, "cron_app.tasks.cron_sweep", conf.SWEEP_EVERY_SECS,
+               "Resumes cron runs whose step a broker lost; cuts off tasks past UGENT_CRON_TASK_TIME_LIMIT.")

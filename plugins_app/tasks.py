@@ -48,11 +48,9 @@ RETENTION_JOBS = (
 
 def retention_schedules_ensure() -> None:
     """Create or update the beat entries that run the plugin room's retention jobs (django-celery-beat)."""
-    from django_celery_beat.models import IntervalSchedule, PeriodicTask
-    schedule, _ = IntervalSchedule.objects.get_or_create(every=PRUNE_EVERY_SECS, period=IntervalSchedule.SECONDS)
+    from ugent_common.tasks import beat_every
     for name, task, description in RETENTION_JOBS:
-        PeriodicTask.objects.update_or_create(
-            name=name, defaults={"task": task, "interval": schedule, "enabled": True, "description": description})
+        beat_every(name, task, PRUNE_EVERY_SECS, description)
 
 
 @beat_init.connect

@@ -7,6 +7,7 @@ Sends to the "channel" are lines in a file, so a second send would show.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -794,20 +795,28 @@ def test_a_refusal_found_while_every_lane_is_busy_stops_the_worker(tmp_path):
         assert "m-1" not in [m.message_id for m in bridge.submit_log]  # (m-2, with no file, the stop's flush sends)
 
 
-def test_a_message_left_past_the_inbox_limit_goes_when_its_chats_lane_ends_not_at_the_next_heartbeat(tmp_path):
+@contextlib.contextmanager
+def held_inbox(tmp_path, bridge, *, lanes: int, limit: int):
+    """A webhook worker whose lanes hold at most `limit` messages, on `lanes` lanes, its opening replay over."""
+    worker = InboxWorker(sends=tmp_path / "sends.txt", state_dir=str(tmp_path), **bridge.worker_kwargs())
+    worker.inbox_lanes = lanes
+    worker._inbox.limit = limit
+    running = Running(worker)
+    try:
+        assert worker.replayed.wait(10)
+        yield worker, lambda: [m.message_id for m in bridge.submit_log]
+    finally:
+        assert running.stop() == 0
+
+
+def test_a_message_left_past_the_inbox_limit_goes_once_its_chat_is_free_not_at_the_next_heartbeat(tmp_path):
     """The lanes hold their limit (3): chat C's video in hand and its second video waiting on its lane, chat D's
-    video in hand. C's third message is left in the outbox. When C's lane ends (both videos submitted) the replay
-    is woken and submits it, while D's download still holds a lane: not at the next heartbeat (a minute away),
-    and not ahead of C's earlier two."""
+    video in hand. C's third message is left in the outbox. Once C's videos are submitted the replay, woken as
+    the lanes finish each, submits it while D's download still holds a lane: not at the next heartbeat (a minute
+    away), and not ahead of C's earlier two."""
     with MockBridge("test-plugin", heartbeat_secs=60) as bridge, SlowFile(b"a" * 4096, give_up_secs=60) as fa, \
             SlowFile(b"b" * 4096, give_up_secs=60) as fb, SlowFile(b"d" * 4096, give_up_secs=60) as fd:
-        worker = InboxWorker(sends=tmp_path / "sends.txt", state_dir=str(tmp_path), **bridge.worker_kwargs())
-        worker.inbox_lanes = 2
-        worker._inbox.limit = 3
-        running = Running(worker)
-        try:
-            assert worker.replayed.wait(10)
-            submitted = lambda: [m.message_id for m in bridge.submit_log]  # noqa: E731
+        with held_inbox(tmp_path, bridge, lanes=2, limit=3) as (worker, submitted):
             assert worker.inbox_record(video("c1", fa.url, "C")) and fa.sending.wait(10)
             assert worker.inbox_record(video("d1", fd.url, "D")) and fd.sending.wait(10)
             assert worker.inbox_record(video("c2", fb.url, "C"))
@@ -822,8 +831,6 @@ def test_a_message_left_past_the_inbox_limit_goes_when_its_chats_lane_ends_not_a
             fd.finish()
             bridge.wait_for(lambda: len(submitted()) == 4, timeout=10)
             assert worker._inbox.held == 0 and worker._inbox.left == 0
-        finally:
-            assert running.stop() == 0
 
 
 def test_a_message_left_of_a_chat_with_no_lane_goes_as_soon_as_a_lane_is_done(tmp_path):
@@ -832,13 +839,7 @@ def test_a_message_left_of_a_chat_with_no_lane_goes_as_soon_as_a_lane_is_done(tm
     and not at the next heartbeat (a minute away)."""
     with MockBridge("test-plugin", heartbeat_secs=60) as bridge, SlowFile(b"c" * 4096, give_up_secs=60) as fc, \
             SlowFile(b"d" * 4096, give_up_secs=60) as fd:
-        worker = InboxWorker(sends=tmp_path / "sends.txt", state_dir=str(tmp_path), **bridge.worker_kwargs())
-        worker.inbox_lanes = 2
-        worker._inbox.limit = 2
-        running = Running(worker)
-        try:
-            assert worker.replayed.wait(10)
-            submitted = lambda: [m.message_id for m in bridge.submit_log]  # noqa: E731
+        with held_inbox(tmp_path, bridge, lanes=2, limit=2) as (worker, submitted):
             assert worker.inbox_record(video("c1", fc.url, "C")) and fc.sending.wait(10)
             assert worker.inbox_record(video("d1", fd.url, "D")) and fd.sending.wait(10)
             assert worker.inbox_record(message("e1", conversation_id="E"))
@@ -848,8 +849,6 @@ def test_a_message_left_of_a_chat_with_no_lane_goes_as_soon_as_a_lane_is_done(tm
             assert submitted() == ["c1", "e1"] and not fd.sent.is_set()
             fd.finish()
             bridge.wait_for(lambda: len(submitted()) == 3, timeout=10)
-        finally:
-            assert running.stop() == 0
 
 
 class RefusedAtADownload(InboxWorker):
