@@ -12,8 +12,8 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from channels_app import events, files, services, streams, usage
-from channels_app.models import (LIVE_TURN_STATES, ApiKey, Actor, Caller, CallerDefaults, Conversation, Event, File,
-                                 Issuer, Message, Receipt, Steering, Turn)
+from channels_app.models import (INPUT_MODES, LIVE_TURN_STATES, ApiKey, Actor, Caller, CallerDefaults, Conversation,
+                                 Event, File, Issuer, Message, Receipt, Steering, Turn)
 from ugent_common import config
 from ugent_common.admin import BoundedListAdmin, RecordAdmin, values_filter
 
@@ -223,7 +223,7 @@ class TurnAdmin(RecordAdmin):
     list_display = ("turn_id", "state", "age", "model", "conversation", "actor", "stop_requested_by",
                     "total_tokens", "usage_source", "created", "finished_at")
     list_filter = ("state", ("model", values_filter(models_known)),
-                   ("input_mode", values_filter(("", "voice", "live"))), "cancel_requested",
+                   ("input_mode", values_filter(("", *INPUT_MODES))), "cancel_requested",
                    ("created_at", admin.DateFieldListFilter))
     list_select_related = ("conversation", "actor")
     search_fields = ("turn_id", "conversation__external_id", "actor__key", "stop_requested_by")
