@@ -3,11 +3,14 @@ admin as it was.
 
 A scratch database is filled to `--events` events and `--rows` rows of each other growing table (messages,
 turns and their receipts, receipts, steering, files, conversations, actors, deliveries, cron runs, memory
-facts); then each change list is loaded `--loads` times as a superuser opens it (the view and its template,
+facts; every turn a caller's and its key's, folded by the usage rollup); then each change list is loaded
+`--loads` times as a superuser opens it (the view and its template,
 as `changelist_view(request).render()`; the session and login middleware, the same for both, left out),
 interleaved with the same list of the baseline: the admin modules of `--baseline-rev` (default: the commit
 before the bounded lists), read from git and built on the same site, so both run against the same rows in
-the same process. `--filtered` loads each list filtered as an operator opens it instead.
+the same process. `--filtered` loads each list filtered as an operator opens it instead. The callers' and
+keys' lists sum their turns' usage (their row count is the turns'), and last, the change page of the
+conversation that holds every message is loaded the same way.
 
 `--database-url` names a scratch PostgreSQL database (its tables are made there, and the rows made are
 deleted at the end); without it, a scratch SQLite file (embedded mode).
@@ -49,7 +52,11 @@ LISTS = {
     "plugins_app.outbounddelivery": {"state__exact": "delivered"},
     "cron_app.cronrun": {"state__exact": "completed"},
     "plugins_app.memoryfact": {"tier__exact": "contextual"},
+    "channels_app.caller": {"role__exact": "application"},
+    "channels_app.apikey": {"active__exact": "1"},
 }
+#: the lists whose cost is their callers' turns, not their own rows
+BY_TURNS = ("channels_app.caller", "channels_app.apikey")
 
 
 def pct(values, p):
@@ -80,10 +87,13 @@ def baseline_admins(rev: str, site) -> dict:
     return {model: cls(model, site) for model, cls in made.items()}
 
 
-def fill(events: int, rows: int) -> None:
+def fill(events: int, rows: int):
+    """The rows; the conversation that holds every message."""
     from django.utils import timezone
 
-    from channels_app.models import Actor, Conversation, Event, File, Message, Receipt, Steering, Turn
+    from channels_app import usage
+    from channels_app.models import (Actor, ApiKey, Caller, Conversation, Event, File, Message, Receipt, Steering,
+                                     Turn)
     from cron_app.models import CronRun
     from plugins_app.agent.memory.models import MemoryFact
     from plugins_app.channel.models import OutboundDelivery, Plugin
@@ -100,8 +110,15 @@ def fill(events: int, rows: int) -> None:
     made("receipts", Receipt, rows * 2, lambda i: Receipt(conversation=conv, client_message_id=f"r-{i}",
                                                            content_hash="x", actor=actor, state="completed"))
     receipts = list(Receipt.objects.filter(conversation=conv).order_by("id").values_list("id", flat=True)[:rows])
+    caller = Caller.objects.create(name=f"bench-{tag}", role="application")
+    key = ApiKey.objects.create(caller=caller, label="bench", key_hash=f"bench-{tag}", prefix="ugk_bench")
+    long_ago = timezone.now() - timedelta(days=1)
     made("turns", Turn, rows, lambda i: Turn(turn_id=f"bench-{tag}-{i}", conversation=conv, actor=actor,
-                                            receipt_id=receipts[i], state="completed", model="ugent-notes"))
+                                            receipt_id=receipts[i], state="completed", model="ugent-notes",
+                                            caller=caller, api_key=key, created_at=long_ago, prompt_tokens=7,
+                                            completion_tokens=3, total_tokens=10))
+    print(f"  usage rollup of {rows:,} turns ...", file=sys.stderr, flush=True)
+    usage.usage_rollup()
     turn = Turn.objects.filter(conversation=conv).order_by("-id").first()
     made("events", Event, events, lambda i: Event(conversation=conv, turn=turn, type="turn.delta", data={"text": "x"}))
     made("messages", Message, rows, lambda i: Message(conversation=conv, role=("user", "assistant")[i % 2],
@@ -119,6 +136,7 @@ def fill(events: int, rows: int) -> None:
                                                        state="completed"))
     made("memory facts", MemoryFact, rows, lambda i: MemoryFact(actor_key=actor.key, text=f"fact {i}",
                                                                 normalized=f"fact {i}"))
+    return conv
 
 
 def main():
@@ -142,12 +160,13 @@ def main():
     from django.db import connection
     from django.test import RequestFactory
     call_command("migrate", verbosity=0)
+    from channels_app.models import Message, Turn
     pg = connection.vendor == "postgresql"
     models = [apps.get_model(name) for name in LISTS]
     if pg:
         with connection.cursor() as cur:  # a scratch database: the lists' tables hold this run's rows only
             cur.execute("TRUNCATE " + ", ".join(f'"{m._meta.db_table}"' for m in models) + " CASCADE")
-    fill(args.events, args.rows)
+    conv = fill(args.events, args.rows)
     if pg:
         with connection.cursor() as cur:
             for m in models:
@@ -156,13 +175,26 @@ def main():
     old = baseline_admins(args.baseline_rev, admin.site)
     factory = RequestFactory()
 
-    def load(model_admin, params):
+    def load(model_admin, params, object_id=None):
         request = factory.get("/", params)
         request.user = user
-        response = model_admin.changelist_view(request)
+        response = (model_admin.changelist_view(request) if object_id is None else
+                    model_admin.change_view(request, object_id))
         response.render()
         assert response.status_code == 200, response.status_code
         return response
+
+    def timed(new_admin, old_admin, params, object_id=None):
+        load(new_admin, params, object_id), load(old_admin, params, object_id)  # warmed: templates, caches
+        new_t, old_t = [], []
+        for _ in range(args.loads):
+            t0 = time.perf_counter()
+            load(new_admin, params, object_id)
+            t1 = time.perf_counter()
+            load(old_admin, params, object_id)
+            old_t.append(time.perf_counter() - t1)
+            new_t.append(t1 - t0)
+        return new_t, old_t
 
     results = []
     try:
@@ -170,16 +202,13 @@ def main():
             params = LISTS[name] if args.filtered else {}
             new_admin, old_admin = admin.site._registry[model], old[model]
             print(f"  {name} ...", file=sys.stderr, flush=True)
-            load(new_admin, params), load(old_admin, params)  # warmed: templates compiled, caches read
-            new_t, old_t = [], []
-            for _ in range(args.loads):
-                t0 = time.perf_counter()
-                load(new_admin, params)
-                t1 = time.perf_counter()
-                load(old_admin, params)
-                old_t.append(time.perf_counter() - t1)
-                new_t.append(t1 - t0)
-            results.append((name, model.objects.count(), new_t, old_t))
+            new_t, old_t = timed(new_admin, old_admin, params)
+            results.append((name, (Turn if name in BY_TURNS else model).objects.count(), new_t, old_t))
+        print("  the conversation's page ...", file=sys.stderr, flush=True)
+        conversation = apps.get_model("channels_app.conversation")
+        new_t, old_t = timed(admin.site._registry[conversation], old[conversation], {}, str(conv.pk))
+        results.append(("conversation page (messages)", Message.objects.filter(conversation=conv).count(),
+                        new_t, old_t))
     finally:
         if pg:
             with connection.cursor() as cur:
