@@ -115,8 +115,10 @@ def fill(events: int, rows: int):
     long_ago = timezone.now() - timedelta(days=1)
     made("turns", Turn, rows, lambda i: Turn(turn_id=f"bench-{tag}-{i}", conversation=conv, actor=actor,
                                             receipt_id=receipts[i], state="completed", model="ugent-notes",
-                                            caller=caller, api_key=key, created_at=long_ago, prompt_tokens=7,
+                                            caller=caller, api_key=key, prompt_tokens=7,
                                             completion_tokens=3, total_tokens=10))
+    # (created_at is set on insert: the turns are made old enough to fold after)
+    Turn.objects.filter(conversation=conv).update(created_at=long_ago)
     print(f"  usage rollup of {rows:,} turns ...", file=sys.stderr, flush=True)
     usage.usage_rollup()
     turn = Turn.objects.filter(conversation=conv).order_by("-id").first()
