@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 from django.contrib.auth.models import User
 from django.db import connection
-from django.db.models import Count, Sum
+from django.db.models import Count, F, Sum
 from django.test import Client
 from django.utils import timezone
 
@@ -126,9 +126,58 @@ def test_a_rollup_between_the_lists_reads_counts_nothing_twice(tcast, monkeypatc
     assert got == every_turn_summed() and len(calls) >= 3
 
 
+def test_the_lists_read_under_the_marks_lock_when_rollups_keep_moving_it(tcast, monkeypatch):
+    """Rollups folding chunk after chunk moved the mark between a list's two reads of it ten times running:
+    the last read is made under the mark's row lock, which holds them off for it, not left inconsistent."""
+    turns_of(tcast, "operator", 1)
+    copies(Turn.objects.get(), 30)
+    aged()
+    real_mark, reads = usage.usage_mark, []
+
+    def moved_each_time():
+        reads.append(1)
+        mark = real_mark()
+        if len(reads) % 2 == 1:  # between the two reads of each attempt, a rollup folds one more turn
+            _fold_one(real_mark)
+        return mark
+    monkeypatch.setattr(usage, "usage_mark", moved_each_time)
+    got = shown(tcast)
+    monkeypatch.undo()
+    assert len(reads) == 20 and usage.usage_mark() > 0  # ten attempts, each moved under it
+    assert got == every_turn_summed()
+
+
+def _fold_one(real_mark) -> None:
+    """Fold the next turn only (the rollup's write, as a chunk of one)."""
+    from channels_app.models import EventLogMark
+    nxt = Turn.objects.filter(id__gt=real_mark()).order_by("id").first()
+    if nxt is None:
+        return
+    Usage.objects.update_or_create(caller_id=nxt.caller_id, key_id=nxt.api_key_id or 0, defaults={})
+    Usage.objects.filter(caller_id=nxt.caller_id, key_id=nxt.api_key_id or 0).update(
+        turns=F("turns") + 1, prompt_tokens=F("prompt_tokens") + (nxt.prompt_tokens or 0),
+        completion_tokens=F("completion_tokens") + (nxt.completion_tokens or 0),
+        total_tokens=F("total_tokens") + (nxt.total_tokens or 0))
+    EventLogMark.objects.update_or_create(name=EventLogMark.USAGE_ROLLED_THROUGH, defaults={"value": nxt.pk})
+
+
+def test_a_caller_deleted_while_its_turns_are_folded_is_passed_over(tcast, monkeypatch):
+    turns_of(tcast, "app", 2)
+    turns_of(tcast, "operator", 1)
+    aged()
+    real_fold = usage._fold
+
+    def deleted_first(sums, **kwargs):
+        tcast.app.delete()  # after the chunk was read, before its totals are written
+        return real_fold(sums, **kwargs)
+    monkeypatch.setattr(usage, "_fold", deleted_first)
+    assert usage.usage_rollup() == 3
+    monkeypatch.undo()
+    assert list(Usage.objects.values_list("caller_id", "turns")) == [(tcast.operator.pk, 1)]
+    assert usage.usage_mark() == Turn.objects.order_by("id").last().pk
+
+
 def test_two_rollups_at_once_fold_each_turn_once(tcast):
-    if connection.vendor != "postgresql":
-        pytest.skip("SQLite has one writer: two rollups cannot run at once")
     turns_of(tcast, "app", 1)
     copies(Turn.objects.get(), 400)
     aged()

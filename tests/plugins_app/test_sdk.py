@@ -853,6 +853,31 @@ def test_a_message_left_of_a_chat_with_no_lane_goes_as_soon_as_a_lane_is_done(tm
             bridge.wait_for(lambda: len(submitted()) == 3, timeout=10)
 
 
+def test_the_inbox_stops_waking_the_replay_once_a_replay_sent_what_it_left():
+    """One message left while the lanes stay busy: each release woke the replay for as long as the lanes were
+    never empty, though the first replay had sent it. Once a replay begun after it passed over no chat, the
+    releases wake nothing; a message left after that replay began keeps them waking."""
+    from plugins_app.channel.sdk.webhook import InboxQueue
+    wakes = []
+    inbox = InboxQueue(2, wake=lambda: wakes.append(1))
+    assert inbox.offer(message("m1")) and inbox.offer(message("m2")) and not inbox.offer(message("m3"))
+    begun = inbox.replay_begins()
+    inbox.release()
+    assert len(wakes) == 1  # the replay is woken: m3 waits for it
+    inbox.replay_caught_up(begun)  # it sent m3 and passed over no chat
+    for i in range(100):  # a steady channel: the lanes never empty
+        assert inbox.offer(message(f"n{i}"))
+        inbox.release()
+    assert len(wakes) == 1 and inbox.left == 0
+    assert inbox.offer(message("fill"))  # the lanes full again
+    assert not inbox.offer(message("late"))
+    begun = inbox.replay_begins()
+    assert not inbox.offer(message("later"))  # left after that replay began: it may not have seen it
+    inbox.replay_caught_up(begun)
+    inbox.release()
+    assert len(wakes) == 2 and inbox.left == 2
+
+
 class RefusedAtADownload(InboxWorker):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)

@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 log = logging.getLogger("ugent.worker.webhook")
 
-#: Recorded messages queued for a listener's lanes at most (``InboxQueue``).
+#: Recorded messages a listener's lanes hold at most, queued, waiting on a lane or in hand (``InboxQueue``).
 INBOX_QUEUE_LIMIT = 1000
 
 
@@ -326,13 +326,15 @@ class InboxQueue(queue.Queue):
     outbox alone, for the replay, which submits each chat's in order (a chat's later message, submitted on its
     lane, sends the earlier owed ones first). While some are left the replay is woken (``wake``) each time the
     lanes are done with a message: the replay passes over a chat whose submit is under way, and takes the
-    others, a chat that never had a lane included. The first message left and the end of the episode (the
-    lanes holding nothing) are logged, once each time."""
+    others, a chat that never had a lane included. Once a replay that began after the last message was left
+    has passed over no chat (``replay_caught_up``), or the lanes hold nothing, none is left: the wakes stop.
+    The first message left and the end of the episode are logged, once each time."""
 
     def __init__(self, limit: int, *, wake: Callable[[], None] = lambda: None, log=log):
         super().__init__()
         self.limit = max(1, int(limit))
-        self.left = 0  # messages left to the outbox since the lanes last held nothing
+        self.left = 0  # messages left to the outbox in this episode (0: none is waiting for the replay)
+        self._left_ever = 0  # every message left, for replay_caught_up
         self._held = 0  # offered and not yet released
         self._count = threading.Lock()
         self._wake, self._log = wake, log
@@ -349,6 +351,7 @@ class InboxQueue(queue.Queue):
                 self._held += 1
             else:
                 self.left += 1
+                self._left_ever += 1
                 first = self.left == 1
         if taken:
             self.put(message)
@@ -362,13 +365,31 @@ class InboxQueue(queue.Queue):
         """A message taken is done with: submitted, failed (owed, for the replay) or dropped."""
         with self._count:
             self._held = max(0, self._held - 1)
-            left, drained = self.left, not self._held
-            if left and drained:
+            left = self.left
+            if left and not self._held:
+                self.left = 0  # the lanes hold nothing: the replay this wakes passes over no chat
+        if left:
+            if not self._held:
+                self._episode_over(left)
+            self._wake()  # (wakes coalesce: the replay thread runs one at a time)
+
+    def replay_begins(self) -> int:
+        """A replay is about to read the outbox: what it will find left so far (for ``replay_caught_up``)."""
+        with self._count:
+            return self._left_ever
+
+    def replay_caught_up(self, begun: int) -> None:
+        """The replay begun at ``begun`` passed over no chat: it submitted every message left before it began,
+        and if none was left since, none is waiting for it."""
+        with self._count:
+            left = self.left if self._left_ever == begun else 0
+            if left:
                 self.left = 0
         if left:
-            if drained:
-                self._log.info("inbox drained: %d messages left in the outbox go to the replay", left)
-            self._wake()  # (wakes coalesce: the replay thread runs one at a time)
+            self._episode_over(left)
+
+    def _episode_over(self, left: int) -> None:
+        self._log.info("inbox no longer full: %d messages were left in the outbox for the replay", left)
 
 
 class InboxLanes:
@@ -511,7 +532,7 @@ class WebhookInbox:
     refusal_hold_secs = 30.0
     #: Chats submitted at once, a thread each; a message of one more chat waits until one of them is done.
     inbox_lanes = 16
-    #: Recorded messages queued for the lanes at most (``InboxQueue``); past it they wait in the outbox for the
+    #: Recorded messages the lanes hold at most (``InboxQueue``); past it they wait in the outbox for the
     #: replay, so a worker's memory does not grow with a backlog while the host is away.
     inbox_queue_limit = INBOX_QUEUE_LIMIT
 

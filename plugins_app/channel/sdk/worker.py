@@ -413,6 +413,9 @@ class ChannelWorker:
     def _replay(self, *, background: bool = False, flush: bool = False) -> None:
         self._send_owed_acks()
         outbox = self._outbox()
+        # a listener's bounded inbox (sdk.webhook.InboxQueue) is told when a replay has sent what it left
+        inbox = getattr(self, "_inbox", None)
+        begun = inbox.replay_begins() if hasattr(inbox, "replay_begins") else None
         held: set[str] = set()  # conversations whose earlier message the host could not take yet
         for row in outbox.inbound_pending():
             # A stop ends a replay between two rows (a row's file may take minutes): what is left stays owed. The
@@ -441,6 +444,9 @@ class ChannelWorker:
                                        result.reason)
                     continue
                 held.add(conversation)  # the host refused this one for now: other chats go on
+        else:
+            if begun is not None and not held:
+                inbox.replay_caught_up(begun)
 
     def heartbeat_once(self) -> None:
         """One heartbeat, and nothing else: a beat that waited for a file's download would be missed, and the
