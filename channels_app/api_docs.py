@@ -462,7 +462,7 @@ STREAM_COMPONENTS = {
                        "reason": {"type": "string", "enum": ["pruned", "other_store", "unknown"]},
                        "cursor": {"type": "integer"},
                        "snapshot": {"$ref": "#/components/schemas/ConversationSnapshot"}}},
-    "LogStreamEvent": _sse({"type": "string", "description": "The event's type: turn.started, turn.delta, "
+    "LogStreamEvent": _sse({"type": "string", "description": "The event's type: ugent.user_message, turn.delta, "
                                                              "turn.completed, turn.failed, turn.cancelled, "
                                                              "interaction.requested, ugent.gap, …"},
                            {"type": "string", "description": "A LogEvent as JSON."},
