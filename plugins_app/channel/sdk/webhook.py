@@ -339,6 +339,11 @@ class InboxQueue(queue.Queue):
         self._count = threading.Lock()
         self._wake, self._log = wake, log
 
+    @classmethod
+    def of(cls, worker, limit: int = INBOX_QUEUE_LIMIT) -> "InboxQueue":
+        """A worker's inbox: the replay it wakes is the worker's background one, its log the worker's."""
+        return cls(limit, wake=worker._replay_due.set, log=worker.log)
+
     @property
     def held(self) -> int:
         with self._count:
@@ -544,7 +549,7 @@ class WebhookInbox:
     def inbox_queue(self) -> InboxQueue:
         """The queue a listener's own thread (a webhook's requests, a platform link's reader) fills with the
         messages it recorded; ``offer`` each."""
-        return InboxQueue(self.inbox_queue_limit, wake=self._replay_due.set, log=self.log)
+        return InboxQueue.of(self, self.inbox_queue_limit)
 
     def refused_failure(self, fallback: str):
         """The failure of a send the platform refused for the worker's credentials (``_refusal`` set): held until

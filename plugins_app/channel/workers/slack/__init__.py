@@ -51,7 +51,7 @@ from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, 
 from plugins_app.channel.sdk.download import MEDIA_TIMEOUT_SECS, download, says_later
 from plugins_app.channel.sdk.outbox import PENDING
 from plugins_app.channel.sdk.text import split_text
-from plugins_app.channel.sdk.webhook import INBOX_QUEUE_LIMIT, InboxQueue
+from plugins_app.channel.sdk.webhook import InboxQueue
 
 from .api import AUTH_ERRORS, DEFAULT_BASE_URL, PERMANENT_ERRORS, RateLimited, SlackApi, Stopped, error_code
 from .mrkdwn import to_mrkdwn, to_plain
@@ -183,7 +183,7 @@ class SlackWorker(ChannelWorker):
         self.bot_id: str | None = None
         self.team_id: str | None = None
         self._first_url: str | None = None
-        self._inbox = InboxQueue(INBOX_QUEUE_LIMIT, wake=self._replay_due.set, log=self.log)
+        self._inbox = InboxQueue.of(self)
         self._refusal: str | None = None
         self._link_error: Exception | None = None
         self._seen_ts: OrderedDict[tuple[str, str], str] = OrderedDict()
