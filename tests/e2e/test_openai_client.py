@@ -222,7 +222,13 @@ def test_requests_still_open_when_the_daemon_stops_end_properly(tmp_path):
     try:
         for t in clients:
             t.start()
-        time.sleep(1.5)
+        # Stop only once both requests are in: the stream has its status and both turns are running (a fixed sleep
+        # stopped a loaded servers layout before the stream's headers went out, and it got the 503 instead).
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not (
+                "stream_status" in outcome
+                and d.sql("SELECT COUNT(*) FROM channels_app_turn WHERE state = 'running'")[0][0] == 2):
+            time.sleep(0.05)
         codes = d.stop()
         for t in clients:
             t.join(30)
