@@ -350,6 +350,10 @@ def main():
                 grown = sorted(((rb["gc_types"].get(t, 0) - ra["gc_types"].get(t, 0), t) for t in rb["gc_types"]),
                                reverse=True)[:8]
                 print("  live objects grown most: " + (", ".join(f"{t} {g:+,}" for g, t in grown if g > 0) or "none"))
+                wa, wb = ra.get("weakref_referents", {}), rb.get("weakref_referents", {})
+                grown = sorted(((wb.get(t, 0) - wa.get(t, 0), t) for t in set(wa) | set(wb)), reverse=True)[:6]
+                print("  weak references grown most, by what they point at: "
+                      + (", ".join(f"{t} {g:+,}" for g, t in grown if g > 0) or "none"))
                 print("  " + statements_grown(ra, rb))
             print("\nat rest, SQLite's prepared statements by connection (statements / KiB), at each checkpoint:")
             for line in statements_table(settled):

@@ -190,6 +190,14 @@ def _type_name(cls: type) -> str:
     return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
 
 
+DEAD_WEAKREF = "(dead) weakref"
+
+
+def _weakref_referent(ref: weakref.ReferenceType) -> str:
+    target = ref()
+    return "(dead)" if target is None else _type_name(type(target))
+
+
 def _frame_thread(frame) -> str:
     """Which thread runs a frame, and that thread's stack (innermost last); or that none does."""
     names = {t.ident: t.name for t in threading.enumerate()}
@@ -204,8 +212,12 @@ def _frame_thread(frame) -> str:
 
 
 def _referrers(type_name: str, depth: int = 4) -> list:
-    """What holds the objects of one type: for each (at most 5), its referrers' types, `depth` levels up."""
-    found = [o for o in gc.get_objects() if _type_name(type(o)) == type_name][:5]
+    """What holds the objects of one type: for each (at most 5), its referrers' types, `depth` levels up.
+    `(dead) weakref`: weak references whose object is gone, which a registry that never lets go keeps."""
+    if type_name == DEAD_WEAKREF:
+        found = [o for o in gc.get_objects() if isinstance(o, weakref.ReferenceType) and o() is None][:5]
+    else:
+        found = [o for o in gc.get_objects() if _type_name(type(o)) == type_name][:5]
 
     def up(obj, level, seen):
         if level == 0:
@@ -380,7 +392,13 @@ def report(*, trim: bool = False, snapshot_path: Path | None = None, collect: bo
         out["caches"] = caches()
     except Exception as exc:
         out["caches"] = {"error": repr(exc)}
-    counts = collections.Counter(_type_name(type(o)) for o in gc.get_objects())
+    objects = gc.get_objects()
+    counts = collections.Counter(_type_name(type(o)) for o in objects)
+    # what the live weak references point at, by type ("(dead)" for one whose object is gone): a weakref is
+    # small, and a set of them that only grows says which registry never lets go
+    out["weakref_referents"] = dict(collections.Counter(
+        _weakref_referent(o) for o in objects if isinstance(o, weakref.ReferenceType)).most_common())
+    del objects
     out["gc_objects"] = sum(counts.values())
     out["gc_types"] = dict(counts.most_common())  # (frozen objects are not among them: gc_frozen counts those)
     out["gc_frozen"] = gc.get_freeze_count()
