@@ -89,7 +89,7 @@ class ChatInputSerializer(IdentityFields):
         "Answers a waiting question by its id (Questions): submit with answers [{question_id, option_id}], or "
         "value for a text, secret or confirm question; or abort. Applied only to the question it names, only "
         "while it waits, only when it fits; never runs as a turn. Answered 200 with ugent.interaction_reply; "
-        "refused 404 (not the caller's question), 409 (it no longer waits) or 400 (it does not fit). With "
+        "refused 403 (someone else's conversation, as a turn into it), 404 (not the caller's question), 409 (it no longer waits) or 400 (it does not fit). With "
         "client_message_id an applied reply keeps a receipt, and a repeat is refused as DuplicateProcessed."))
     n = serializers.IntegerField(required=False, allow_null=True, help_text=(
         "OpenAI's number of choices: a turn gives one answer, so anything but 1 (or null) is a 400."))
@@ -339,10 +339,7 @@ async def _accept_settled(accepting: asyncio.Future, request) -> None:
 
 
 def _submit(principal, data: dict, on_turn=None):
-    actor = services.actor_named(caller=principal.caller, user=data.get("user"),
-                                   federation_issuer=data.get("federation_issuer"),
-                                   federation_subject=data.get("federation_subject"),
-                                   identity=principal.identity)
+    actor = services.actor_named_of_request(principal, data)
     inbound = services.Submission(
         actor=actor, caller=principal.caller, api_key_id=principal.key_id,
         text=last_user_text(data["messages"]), channel="web",
@@ -363,8 +360,10 @@ def _reply(principal, data: dict) -> dict:
     actor = services.actor_existing_of_request(principal, data)
     conversation = None
     if data.get("conversation_id"):
-        conversation = streams.conversation_lookup(conversation_id=data["conversation_id"],
-                                                   client_id=data.get("client_id") or "", channel="web")
+        # someone else's conversation is the seed's 403, as a turn into it is ("A turn, a question reply or a file
+        # on someone else's conversation is refused"); one that does not exist holds no question of theirs
+        conversation = services.conversation_writable_or_new(
+            actor=actor, conversation_id=data["conversation_id"], client_id=data.get("client_id") or "")
     if actor is None or (data.get("conversation_id") and conversation is None):
         # an actor with no row was asked nothing: the 404 of a question that is not theirs, and no row written
         raise ApplicationError(questions.NO_SUCH_QUESTION, status=404, code="question_not_found",

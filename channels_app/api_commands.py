@@ -51,7 +51,9 @@ class CommandsApi(APIView):
         ser = self.InputSerializer(data=request.data)
         ser.is_valid(raise_exception=True)
         d = ser.validated_data
-        viewer = services.viewer_of_request(request.user, d)
+        # no Actor row until a command stores something for its user (/model NAME): a refusal, a read and an
+        # unknown command write none
+        viewer = services.reader_of_request(request.user, d)
         return Response(commands.command_run(viewer=viewer, command=d["command"],
                                              conversation_id=d.get("conversation_id"),
                                              client_id=d.get("client_id", ""), turn_id=d.get("turn_id")))

@@ -68,7 +68,7 @@ class FileUploadApi(APIView):
         ser = self.InputSerializer(data=request.data)
         ser.is_valid(raise_exception=True)
         d = ser.validated_data
-        actor = services.actor_of_request(request.user, d)
+        actor = services.actor_named_of_request(request.user, d)
         f = files.file_upload(actor=actor, caller=request.user.caller, upload=d["file"],
                               conversation_id=d["conversation_id"], client_id=d.get("client_id") or "",
                               purpose=d["purpose"])

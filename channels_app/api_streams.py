@@ -77,10 +77,12 @@ class _StreamView(View):
         if not ser.is_valid():
             raise from_drf(serializers.ValidationError(ser.errors))
         d = ser.validated_data
-        # a subscription follows its user from now on, conversations they have yet to start included: the
-        # fan-out matches events to its viewer by the actor's row, so the stream keeps one (reads do not)
-        viewer = services.viewer_of_request(principal, d)
+        # a refusal (a conversation not theirs) writes no actor; a subscription that opens follows its user from
+        # now on, conversations they have yet to start included: the fan-out matches events to its viewer by the
+        # actor's row, so the stream keeps one (reads do not)
+        viewer = services.reader_of_request(principal, d)
         conversation = _conversation(viewer, d) if d.get("conversation_id") else None
+        viewer = services.viewer_kept(viewer)
         # EventSource reconnects to the same URL with Last-Event-ID: the header is the newer position
         # (one that is blank, spaces included, names none, and the URL's cursor stands).
         raw = request.headers.get("Last-Event-ID")

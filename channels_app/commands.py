@@ -168,9 +168,16 @@ def _model_now(ctx: CommandContext, actor: Actor) -> tuple[str, str]:
     return profile.name, source
 
 
+def _actor_now(ctx: CommandContext) -> Actor:
+    """The command's actor as it stands now (its stored /model choice); one with no row yet as it is (unsaved,
+    no choice): a command that only reads or is refused writes no row."""
+    actor = ctx.viewer.actor
+    return actor if actor.pk is None else Actor.objects.get(pk=actor.pk)
+
+
 def command_model(ctx: CommandContext) -> dict:
     from plugins_app.agent.profiles import DEFAULT_ALIAS, model_not_available, profile_named
-    actor = Actor.objects.get(pk=ctx.viewer.actor.pk)
+    actor = _actor_now(ctx)
     if not ctx.args:
         model, source = _model_now(ctx, actor)
         return _result(ctx, f"Model: {model} (from {SOURCE_WORDS[source]}).",
@@ -187,6 +194,7 @@ def command_model(ctx: CommandContext) -> dict:
     profile = profile_named(name)
     if profile is None:
         raise model_not_available(name)
+    actor = services.actor_kept(actor)  # the choice is stored on the user's row: its first store makes it
     changed = Actor.objects.filter(pk=actor.pk).exclude(model_choice=name).update(model_choice=name) == 1
     return _result(ctx, f"Your model is now {name}: it runs your turns that name no model (or ugent-default).",
                    data={"model": profile.name, "source": "user", "stored": name}, changed=changed)
@@ -246,7 +254,7 @@ def command_steering(ctx: CommandContext) -> dict:
 
 def _profile_for(ctx: CommandContext):
     from plugins_app.agent.profiles import profile_choose
-    actor = Actor.objects.get(pk=ctx.viewer.actor.pk)
+    actor = _actor_now(ctx)
     return profile_choose(requested=None, actor=actor, conversation=ctx.conversation, caller=ctx.viewer.caller,
                           caller_default=services.caller_default_model(actor=actor))[0]
 

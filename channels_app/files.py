@@ -63,6 +63,8 @@ def file_upload(*, actor: Actor, caller: Caller | None, upload, conversation_id:
     stored_name = None
     try:
         with transaction.atomic():
+            if actor.pk is None:  # a user's first upload: their row comes and goes with it (a 403 keeps none)
+                actor = services.actor_kept(actor)
             conversation, _created = services.conversation_resolve(
                 channel="web", client_id=client_id, external_id=conversation_id, actor=actor, caller=caller)
             digest, head = hashlib.sha256(), b""

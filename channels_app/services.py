@@ -147,29 +147,26 @@ def viewer_resolve(*, caller: Caller, user: str | None = None, federation_issuer
     return access.Viewer(caller=caller, actor=actor)
 
 
-def actor_of_request(principal, fields: dict) -> Actor:
-    """actor_resolve for a view: the authenticated principal (request.user: caller, verified identity)
-    and the identity fields of its body or query (`user`, `federation_issuer`, `federation_subject`)."""
-    return actor_resolve(caller=principal.caller, user=fields.get("user"),
-                         federation_issuer=fields.get("federation_issuer"),
-                         federation_subject=fields.get("federation_subject"), identity=principal.identity)
+def actor_named_of_request(principal, fields: dict) -> Actor:
+    """actor_named for a view: the authenticated principal (request.user: caller, verified identity) and the
+    identity fields of its body or query (`user`, `federation_issuer`, `federation_subject`). Unsaved while the
+    user has no row: what the request keeps saves it (actor_kept) in the same transaction, so a refusal
+    leaves none."""
+    return actor_named(caller=principal.caller, user=fields.get("user"),
+                       federation_issuer=fields.get("federation_issuer"),
+                       federation_subject=fields.get("federation_subject"), identity=principal.identity)
 
 
 def actor_existing_of_request(principal, fields: dict) -> Actor | None:
-    """actor_existing for a view, as actor_of_request: the same refusals, and no Actor row created."""
+    """actor_existing for a view, as actor_named_of_request: the same refusals, and None for a user with no row."""
     return actor_existing(caller=principal.caller, user=fields.get("user"),
                           federation_issuer=fields.get("federation_issuer"),
                           federation_subject=fields.get("federation_subject"), identity=principal.identity)
 
 
-def viewer_of_request(principal, fields: dict) -> access.Viewer:
-    """viewer_resolve for a view that acts (a command may store the actor's /model choice), as actor_of_request."""
-    return access.Viewer(caller=principal.caller, actor=actor_of_request(principal, fields))
-
-
 def reader_of_request(principal, fields: dict) -> access.Viewer:
     """The viewer of a request that reads or asks (a stream, a snapshot, a receipt, a file, a stop): the same
-    refusals as viewer_of_request, and no Actor row written (actor_named). Only the operator's own actor
+    refusals as viewer_resolve, and no Actor row written (actor_named). Only the operator's own actor
     (`operator@<caller>`, one per operator key's caller) is kept, as the operator reads everything."""
     actor = actor_named(caller=principal.caller, user=fields.get("user"),
                         federation_issuer=fields.get("federation_issuer"),
@@ -178,6 +175,14 @@ def reader_of_request(principal, fields: dict) -> access.Viewer:
     if actor.pk is None and viewer.is_operator:
         viewer = access.Viewer(caller=principal.caller, actor=actor_kept(actor))
     return viewer
+
+
+def viewer_kept(viewer: access.Viewer) -> access.Viewer:
+    """A reader_of_request viewer whose actor has its row (actor_kept): for a request that goes on to keep
+    something for its user (a stream that follows them), once nothing refused it."""
+    if viewer.actor.pk is not None:
+        return viewer
+    return access.Viewer(caller=viewer.caller, actor=actor_kept(viewer.actor))
 
 
 def channel_actor_resolve(*, channel: str, user_id: str, display_name: str = "") -> Actor:
@@ -236,7 +241,7 @@ def conversation_write_check(*, actor: Actor, conversation: Conversation) -> Non
 
 def conversation_writable_or_new(*, actor: Actor | None, conversation_id: str, client_id: str = "",
                                  channel: str = "web") -> Conversation | None:
-    """The conversation a request that creates none names (dictation, a live call), checked as a message into
+    """The conversation a request that creates none names (dictation, a live call, a question reply), checked as a message into
     it is (conversation_write_check: 403 when someone else's); None while it does not exist yet, as its first
     message will make it this actor's. `actor` None is one with no row yet (actor_existing), who owns none."""
     conv = rows.table(Conversation).get(channel=channel, client_id=client_id or "", external_id=conversation_id)

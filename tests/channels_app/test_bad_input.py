@@ -407,3 +407,49 @@ def test_a_question_reply_from_someone_never_seen_is_the_404_and_writes_no_actor
                                                               **extra)), status=404)
         assert err["code"] == "question_not_found"
     assert counts() == before
+
+
+@pytest.mark.parametrize("path", ["/v1/ugent/events", "/v1/ugent/activity"])
+def test_a_stream_refused_on_someone_elses_conversation_writes_no_actor(tcast, path):
+    assert post_raw("/v1/chat/completions", chat_body("hello")).status_code == 200  # alice's c1
+    before = counts()
+    for user in ("mallory1", "mallory2"):
+        resp = Client().get(path, {"conversation_id": "c1", "user": user, "cursor": "0"}, HTTP_X_API_KEY=OPERATOR_KEY)
+        assert resp.status_code == 404, resp.content
+    assert counts() == before
+
+
+def test_a_stream_that_opens_keeps_its_users_row(tcast):
+    """A whole-log stream follows its user into conversations they have yet to start: the fan-out finds them by
+    their row, so the stream that opens keeps one."""
+    resp = Client().get("/v1/ugent/events", {"user": "newcomer", "cursor": "0"}, HTTP_X_API_KEY=OPERATOR_KEY)
+    assert resp.status_code == 200
+    resp.close()
+    assert Actor.objects.filter(key="web:newcomer").count() == 1
+
+
+def test_a_command_refused_or_only_read_writes_no_actor_and_a_stored_choice_does(tcast):
+    assert post_raw("/v1/chat/completions", chat_body("hello")).status_code == 200  # alice's c1
+    before = counts()
+    refused(post_raw("/v1/ugent/commands", {"user": "mallory3", "conversation_id": "c1", "command": "/refine"}),
+            status=403)
+    refused(post_raw("/v1/ugent/commands", {"federation_issuer": "example-crm", "federation_subject": "mallory4",
+                                            "command": "/model scripted"}, key=APP_KEY), status=403)
+    refused(post_raw("/v1/ugent/commands", {"user": "mallory5", "command": "nocommand"}))
+    for command in ("/models", "/model"):  # reads
+        assert post_raw("/v1/ugent/commands", {"user": "reader", "command": command}).status_code == 200
+    assert counts() == before
+    resp = post_raw("/v1/ugent/commands", {"user": "chooser", "command": "/model scripted"})
+    assert resp.status_code == 200 and resp.json()["changed"] is True, resp.content
+    assert Actor.objects.get(key="web:chooser").model_choice == "scripted"
+
+
+def test_an_upload_refused_writes_no_actor_and_a_stored_one_does(tcast):
+    assert post_raw("/v1/chat/completions", chat_body("hello")).status_code == 200  # alice's c1
+    before = counts()
+    err = refused(upload({"conversation_id": "c1", "user": "mallory6"}), status=403)
+    assert err["code"] == "conversation_not_owned"
+    assert counts() == before
+    assert upload({"conversation_id": "c-up", "user": "uploader"}).status_code == 200
+    assert Actor.objects.filter(key="web:uploader").count() == 1
+    assert Conversation.objects.get(external_id="c-up").owner.key == "web:uploader"

@@ -75,7 +75,9 @@ def test_allow_remote_control_is_set_for_a_key_in_ugent_toml_and_follows_the_fil
     config.reset_caches()
     assert remote_command("panel-secret", "/model default").status_code == 200
     assert Caller.objects.get(name="panel").allow_remote_control is True
-    assert Actor.objects.filter(key="web-user@panel").exists()
+    assert not Actor.objects.filter(key="web-user@panel").exists()  # clearing a choice never stored keeps no row
+    assert remote_command("panel-secret", "/model scripted").json()["changed"] is True
+    assert Actor.objects.get(key="web-user@panel").model_choice == "scripted"
     # the file wins: taking the line out again puts the caller back to its role's default
     path.write_text(entry)
     config.reset_caches()

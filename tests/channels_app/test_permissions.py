@@ -4,7 +4,7 @@ The object is alice's conversation `ca` (a finished turn that said ALICE_SECRET)
 called by the whole cast: the operator acting as itself, the operator naming alice (A) and bob (B),
 the application's anonymous user and a federated user of it, no key and a wrong key. Each cell
 asserts the status, whether alice's words may (True), must not (False) or need not (None) be in the
-answer, and that a refusal (any 4xx) wrote no row.
+answer, and that a refusal (any 4xx) wrote no row, a user's Actor row included.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 
-from channels_app.models import Conversation, Event, File, Message, Receipt, Steering, Turn
+from channels_app.models import Actor, Conversation, Event, File, Message, Receipt, Steering, Turn
 from tests.conftest import APP_KEY, OPERATOR_KEY
 from tests.streams.conftest import read_frames, threaded_turns  # noqa: F401 (a fixture)
 
@@ -196,7 +196,10 @@ def test_every_v1_endpoint_has_a_row_in_the_matrix_and_every_row_an_endpoint():
 
 
 def _counts() -> dict:
-    return {m.__name__: m.objects.count() for m in (Conversation, Receipt, Turn, Message, Event, Steering, File)}
+    counts = {m.__name__: m.objects.count() for m in (Conversation, Receipt, Turn, Message, Event, Steering, File)}
+    # a refusal keeps no user's row either (the operator's own, `operator@<caller>`, is kept by any of its reads)
+    counts["Actor"] = Actor.objects.exclude(key__startswith="operator@").count()
+    return counts
 
 
 def _call(who: dict, case: Case, path: str, turn_id: str):

@@ -18,7 +18,7 @@ from django.test import Client
 from django.utils import timezone
 
 from channels_app import questions
-from channels_app.models import Event, Message, Question, Receipt, Turn
+from channels_app.models import Actor, Event, Message, Question, Receipt, Turn
 from channels_app.statements import turn_fetch
 from channels_app.streams import activity_q
 from tests.streams.conftest import get, post, read_frames, threaded_turns, wait_for  # noqa: F401 (a fixture)
@@ -75,7 +75,9 @@ class Asker:
 
 def reply(who, request_id, text="answer", conversation_id="ca", client_message_id=None, **fields):
     extra = {"client_message_id": client_message_id} if client_message_id else {}
-    return chat(who, text, conversation_id=conversation_id, **extra,
+    if conversation_id is not None:  # None: the reply names no conversation
+        extra["conversation_id"] = conversation_id
+    return chat(who, text, **extra,
                 ugent_interaction_reply={"request_id": request_id, **fields})
 
 
@@ -408,9 +410,9 @@ def test_a_repeat_of_an_applied_reply_is_its_senders_duplicate_and_the_receipt_f
     assert "ugent.receipt" in sse_text(chat(tcast.alice, "Priority: Low", conversation_id="ca",
                                             client_message_id="r1", stream=True,
                                             ugent_interaction_reply={"request_id": rid, **ok}))
-    # another user's copy is no repeat of alice's: the question is not theirs, as without the id
+    # another user's copy is no repeat of alice's: the conversation is not theirs (the seed's 403), as without the id
     resp = reply(tcast.bob, rid, "Priority: Low", client_message_id="r1", **ok)
-    assert resp.status_code == 404 and error_of(resp)["message"] == "No such question."
+    assert resp.status_code == 403 and error_of(resp)["code"] == "conversation_not_owned"
     assert Event.objects.filter(type="interaction.resolved").count() == resolved
     assert Message.objects.count() == messages
 
@@ -547,16 +549,24 @@ def test_a_streamed_reply_answers_in_the_stream(tcast, alice_turn):
 # --- whose it is ----------------------------------------------------------------------------------
 
 def test_nobody_but_the_asked_user_may_reply_and_others_learn_nothing(tcast, alice_turn):
+    """The seed: "A turn, a question reply or a file on someone else's conversation is refused — 403", as a turn
+    into it is; anywhere else a question not theirs is the 404 of one that does not exist."""
     asker = Asker(alice_turn, CHOICE)
     rid = asker.question.request_id
     ok = {"action": "submit", "answers": [{"question_id": "priority", "option_id": "low"}]}
     others = [tcast.bob, tcast.carol, {"key": tcast.keys["operator"]}, {"key": tcast.keys["app"]},
               {"key": tcast.keys["outsider"]}]
+    actors = Actor.objects.count()
     for who in others:
-        for conversation_id in ("ca", "elsewhere"):
+        resp = reply(who, rid, conversation_id="ca", **ok)
+        assert resp.status_code == 403, (who, resp.content)
+        assert error_of(resp)["code"] == "conversation_not_owned"
+        assert error_of(resp)["message"] == "This conversation belongs to another user."
+        for conversation_id in ("elsewhere", None):
             resp = reply(who, rid, conversation_id=conversation_id, **ok)
-            assert resp.status_code == 404, (who, resp.content)
+            assert resp.status_code == 404, (who, conversation_id, resp.content)
             assert error_of(resp)["message"] == "No such question."
+    assert Actor.objects.count() == actors  # nobody refused got a row
     # the asked user names it from another conversation, or names no question at all
     resp = reply(tcast.alice, rid, conversation_id="other-conv", **ok)
     assert resp.status_code == 404
