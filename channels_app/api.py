@@ -25,7 +25,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from channels_app import api_docs as docs
-from channels_app import files, notify, questions, services, statements, streams
+from channels_app import files, notify, questions, services, statements
 from channels_app.auth import IsOperator, authenticate_headers
 from channels_app.bodies import json_object_parse, request_body, text_problem
 from channels_app.errors import ApplicationError, error_response, from_drf
