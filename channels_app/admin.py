@@ -4,9 +4,9 @@ Turns, receipts, messages and events are records: read-only here. What the opera
 action or a button that calls a service (stop a turn; revoke, rotate or issue a key)."""
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
 from django.contrib.admin.views.main import ChangeList
-from django.http import HttpResponseNotAllowed, HttpResponseRedirect
-from django.shortcuts import get_object_or_404
+from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
@@ -260,12 +260,14 @@ class TurnAdmin(RecordAdmin):
         """The Stop button on a running turn's page (POST only)."""
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
-        turn = get_object_or_404(Turn, pk=object_id)
-        if not self.has_stop_permission(request):
+        if not self.has_stop_permission(request):  # before the lookup: an account that may not stop learns no ids
             self.message_user(request, "Your account may not stop turns.", messages.ERROR)
-        else:
-            ok, text = turn_stop_from_admin(request, turn)
-            self.message_user(request, text, messages.SUCCESS if ok else messages.WARNING)
+            return HttpResponseRedirect(reverse("admin:channels_app_turn_changelist"))
+        turn = self.get_object(request, unquote(object_id))  # None for a missing id and one that is no id ("abc")
+        if turn is None:
+            raise Http404("No such turn.")
+        ok, text = turn_stop_from_admin(request, turn)
+        self.message_user(request, text, messages.SUCCESS if ok else messages.WARNING)
         return HttpResponseRedirect(reverse("admin:channels_app_turn_change", args=[turn.pk]))
 
     def render_change_form(self, request, context, *args, obj=None, **kwargs):

@@ -76,6 +76,18 @@ def test_the_stop_button_on_a_running_turns_page_stops_it(tcast, accounts):
     assert 'id="turn-stop"' not in resp.content.decode() and "Stop asked by admin:ops" in resp.content.decode()
 
 
+def test_the_stop_button_for_an_id_that_is_no_turn_is_a_404_and_tells_the_unpermitted_nothing(tcast, accounts):
+    for object_id in ("abc", "999999", "1%2F2"):
+        assert accounts["operator"].post(f"/admin/channels_app/turn/{object_id}/stop/").status_code == 404
+    turn = _turn(tcast, "running", "t-ids")
+    # an account that may not stop gets the same answer for a turn that is and one that is not
+    for object_id in (turn.pk, "999999", "abc"):
+        resp = accounts["viewer"].post(f"/admin/channels_app/turn/{object_id}/stop/")
+        assert resp.status_code == 302 and resp["Location"] == "/admin/channels_app/turn/"
+    turn.refresh_from_db()
+    assert not turn.cancel_requested
+
+
 @pytest.mark.parametrize("who", ["viewer", "outsider"])
 def test_only_an_operator_account_may_stop_a_turn(tcast, accounts, who):
     turn = _turn(tcast, "running", f"t-{who}")
