@@ -19,6 +19,9 @@ def home(request):
         ("API schema (Swagger UI)", _url("openapi-docs")),
         ("OpenAPI document", _url("openapi-schema")),
     ) if url]
+    # the page answers anyone: a host path is shown to the admin's staff only, as the API shows host paths to
+    # operator keys only (channels_app.access.host_paths_readable)
+    staff = bool(getattr(request, "user", None) and request.user.is_active and request.user.is_staff)
     return render(request, "ugent_site/home.html", {
         "api_base": base, "mode": settings.UGENT_MODE, "links": links,
-        "key_file": settings.UGENT_WEB_API_KEY_FILE})
+        "key_file": settings.UGENT_WEB_API_KEY_FILE if staff else None})

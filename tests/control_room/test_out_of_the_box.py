@@ -27,6 +27,14 @@ def test_view_site_leads_to_a_front_page_naming_the_api_and_the_admin(admin_clie
     assert "http://testserver/v1" in text and 'href="/admin/"' in text and "createsuperuser" in text
 
 
+def test_the_front_page_shows_the_key_files_host_path_to_the_admins_staff_only(admin_client, settings):
+    """The page answers anyone; a host path is for the operator (as the API's host paths are)."""
+    path = str(settings.UGENT_WEB_API_KEY_FILE)
+    anonymous = Client().get("/").content.decode()
+    assert path not in anonymous and "signed in to the admin" in anonymous
+    assert path in admin_client.get("/").content.decode()
+
+
 def test_the_admin_stylesheet_is_served_before_any_collectstatic(client):
     resp = client.get("/static/admin/css/base.css")
     assert resp.status_code == 200
