@@ -19,9 +19,19 @@ def samples(text: str) -> dict:
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
-@pytest.mark.parametrize("who,status", [("operator", 200), ("app", 403), ("outsider", 403), (None, 401)])
+@pytest.mark.parametrize("who,status", [("operator", 200), ("app", 403), ("outsider", 403), (None, 401),
+                                        ("wrong", 401), ("revoked", 401)])
 def test_metrics_answer_operator_keys_only(tcast, who, status):
-    resp = scrape(tcast.keys[who] if who else None)
+    if who == "revoked":  # an operator key the admin revoked
+        from channels_app import services
+        from channels_app.models import ApiKey
+        key = ApiKey(caller=tcast.operator)
+        key.set_key("ugk_test_revoked_operator_key")
+        key.save()
+        assert scrape("ugk_test_revoked_operator_key").status_code == 200
+        services.api_key_revoke(key_pk=key.pk)
+    keys = {**tcast.keys, "wrong": "ugk_not_a_key", "revoked": "ugk_test_revoked_operator_key"}
+    resp = scrape(keys[who] if who else None)
     assert resp.status_code == status
     if status != 200:
         assert "ugent_" not in resp.content.decode() and resp.json()["error"]["code"]

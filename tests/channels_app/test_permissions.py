@@ -22,6 +22,17 @@ from tests.streams.conftest import read_frames, threaded_turns  # noqa: F401 (a 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 ALICE_SECRET = "alice-secret-words"
+REVOKED_KEY = "ugk_test_revoked_operator_key"
+
+
+def _revoked_operator_key(cast) -> None:
+    from channels_app import services
+    from channels_app.models import ApiKey
+    key = ApiKey(caller=cast.operator, label="revoked in the admin")
+    key.set_key(REVOKED_KEY)
+    key.save()
+    assert Client().get("/v1/models", HTTP_X_API_KEY=REVOKED_KEY).status_code == 200  # a key until revoked
+    assert services.api_key_revoke(key_pk=key.pk)
 
 CAST = {
     "operator": {"key": OPERATOR_KEY},
@@ -31,8 +42,10 @@ CAST = {
     "application, federated": {"key": APP_KEY, "federation_issuer": "example-crm", "federation_subject": "carol"},
     "no key": {"key": None},
     "wrong key": {"key": "ugk_not_a_key"},
+    # an operator key the admin has revoked (_revoked_operator_key): refused at once, everywhere, as a wrong one
+    "revoked key": {"key": REVOKED_KEY},
 }
-NO_KEY = {"no key": (401, False), "wrong key": (401, False)}
+NO_KEY = {"no key": (401, False), "wrong key": (401, False), "revoked key": (401, False)}
 
 
 def owner_only(allowed=(200, True), denied=(404, False)) -> dict:
@@ -226,6 +239,7 @@ def test_the_cast_on_each_endpoint(route, tcast, settings, tmp_path):
     settings.STORAGES = {**settings.STORAGES, "ugent_files": {
         "BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path)}}}
     assert route in MATRIX, f"/{route} has no row in the permission matrix"
+    _revoked_operator_key(tcast)
     first = Client().post("/v1/chat/completions", data=json.dumps(
         {"user": "alice", "conversation_id": "ca", "client_message_id": "m1",
          "messages": [{"role": "user", "content": ALICE_SECRET}]}),
