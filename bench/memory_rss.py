@@ -22,7 +22,7 @@ each checkpoint at rest (clients paused, a full collection, malloc_trim(0)), wit
 and each SQLite connection's prepared statements (how many, and which SQL is new since the last one).
 
 Usage: python bench/memory_rss.py [--turns 15000] [--every 1000] [--concurrency 4] [--stream]
-       [--tracemalloc 8] [--malloc-arena-max 2]
+       [--tracemalloc 8] [--malloc-arena-max 2] [--settle] [--warm 75]
 The daemon inherits the environment: `UGENT_SQLITE_CACHE_KIB=2000 python bench/memory_rss.py` runs
 it with SQLite's default page cache a connection (the figure before it was bounded at 128 KiB).
 Prints figures; asserts nothing. Targets: at most 250 MB idle, and no growth between the 5,000th and
@@ -207,6 +207,11 @@ def main():
     ap.add_argument("--tracemalloc", type=int, default=0, help="frames per trace (0: off)")
     ap.add_argument("--trace-from", type=int, default=TRACE_FROM, help="the turn from which the daemon traces")
     ap.add_argument("--malloc-arena-max", default="", help="MALLOC_ARENA_MAX for the daemon")
+    ap.add_argument("--warm", type=float, default=75.0, help=(
+        "seconds the daemon runs before its idle figure and the first turn, so that its periodic jobs (the "
+        "60-s ones: usage rollup, cron sweep; the sweep of stale turns; the rules' heartbeat) have each run once "
+        "and opened what they keep. The bench sends 10,000 turns in under two minutes: without it their first "
+        "runs fall between the 5,000th and the 10,000th turn, where a real daemon passed them long before"))
     ap.add_argument("--settle", action="store_true",
                     help="at each checkpoint also pause the clients, let the daemon finish what is in flight, and "
                          "read RSS again after a full garbage collection and malloc_trim(0): what the daemon holds")
@@ -229,7 +234,11 @@ def main():
         d.spawn()
         pid = d.procs[0].pid
         hook = Hook(tmp / "var", pid)
-        time.sleep(3.0)  # warming and the first beat ticks settle
+        warm_until = time.monotonic() + max(3.0, args.warm)  # warming, and every periodic job once
+        while time.monotonic() < warm_until:
+            left = warm_until - time.monotonic()
+            print(f"  warming: {left:.0f} s left (--warm)", file=sys.stderr, flush=True)
+            time.sleep(min(15.0, max(0.0, left)))
         idle = tree_rss_mb(pid)
         idle_rep = hook.report()
         print(f"embedded daemon RSS: bare Django process {baseline:.1f} MB (baseline, same run); "
@@ -237,7 +246,8 @@ def main():
               + (f"; tracemalloc from turn {args.trace_from} ({args.tracemalloc} frames)" if args.tracemalloc else "")
               + (f"; MALLOC_ARENA_MAX={args.malloc_arena_max}" if args.malloc_arena_max else "")
               + ("; stream turns" if args.stream else "; non-stream turns")
-              + f"; SQLite cache_size {idle_rep.get('sqlite', {}).get('cache_size_kb', '?')} KiB a connection",
+              + f"; SQLite cache_size {idle_rep.get('sqlite', {}).get('cache_size_kb', '?')} KiB a connection"
+              + f"; idle read after {max(3.0, args.warm):g} s (--warm)",
               flush=True)
         reports: list[tuple[int, dict]] = [(0, idle_rep)]
         settled: list[tuple[int, dict]] = []
