@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -267,16 +268,24 @@ def test_channel_slack_is_a_builtin_kind_a_plugins_toml_entry_needs_no_command_f
     {"X-Slack-Request-Timestamp": "abc", "X-Slack-Signature": "v0=00"},
     {"X-Slack-Request-Timestamp": "1e3", "X-Slack-Signature": "v0=00"},
     {"X-Slack-Request-Timestamp": "1700000000"},  # no signature
-], ids=["none", "no-timestamp", "timestamp-abc", "timestamp-1e3", "no-signature"])
+    {"X-Slack-Request-Timestamp": "9" * 5000, "X-Slack-Signature": "v0=00"},  # past int()'s digit limit
+    {"X-Slack-Request-Timestamp": str(int(time.time())), "X-Slack-Signature": "v0=\u00e9\u00e9"},  # not ASCII
+    {"X-Slack-Request-Timestamp": str(int(time.time())), "X-Slack-Signature": "v0=00", "body": b"\xff\xfe{"},
+], ids=["none", "no-timestamp", "timestamp-abc", "timestamp-1e3", "no-signature", "timestamp-5000-digits",
+        "signature-not-ascii", "body-not-utf8"])
 def test_a_request_without_both_headers_or_with_a_timestamp_that_is_no_integer_is_answered_401(headers):
-    """(slack_sdk's verifier raised on int(timestamp): the connection closed with no answer at all.)"""
+    """(slack_sdk's verifier raised on int(timestamp), on a body that is not UTF-8 and on a signature that is not
+    ASCII: the connection closed with no answer, later a 500 with a traceback.)"""
     import httpx
     records: list = []
+    headers = dict(headers)
+    body = headers.pop("body", json.dumps(payload(message())).encode())
     server = EventsServer("127.0.0.1:0", "/slack/events", "s3cret", records.append)
     server.start()
     try:
-        answer = httpx.post(server.url, content=json.dumps(payload(message())).encode(),
-                            headers={"Content-Type": "application/json", **headers})
+        answer = httpx.post(server.url, content=body,
+                            headers={"Content-Type": "application/json",
+                                     **{k: v.encode("utf-8") for k, v in headers.items()}})
         assert (answer.status_code, answer.json()) == (401, {"ok": False, "error": "invalid signature"})
     finally:
         server.stop()
