@@ -5,10 +5,12 @@ kind with no command, configured by env_refs and args, in both of its modes.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -19,6 +21,8 @@ from plugins_app.channel.sdk.text import split_text, utf16_len
 from plugins_app.channel.workers.telegram import webhook_secret
 from tests.fakes.telegram import CONFLICT_OTHER_POLLER, FakeTelegram
 from tests.plugins_app.conftest import make_plugin, wait_until
+
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc and prctl")
 
@@ -307,16 +311,23 @@ def test_a_deliverys_options_become_an_inline_keyboard_and_a_press_comes_back_as
 
 
 def test_an_operator_chosen_webhook_secret_is_the_one_telegram_must_send(tcast, fake, start_runtime, monkeypatch):
-    monkeypatch.setenv("TELEGRAM_WEBHOOK_SECRET", "chosen-by_the-operator1")
+    """With the secret of tests/data/webhook-signature-vectors.json's `telegram-secret-token-ptb`, the worker's
+    listener answers that vector's cases: no header and a wrong one 403, the configured one taken."""
+    vector = next(v for v in json.loads((DATA / "webhook-signature-vectors.json").read_text())["vectors"]
+                  if v["id"] == "telegram-secret-token-ptb")
+    secret = vector["inputs"]["configured_secret_token"]
+    monkeypatch.setenv("TELEGRAM_WEBHOOK_SECRET", secret)
     telegram_plugin("webhook", env_refs=["TELEGRAM_BOT_TOKEN", "TELEGRAM_API_BASE_URL", "TELEGRAM_WEBHOOK_SECRET"])
     rt = start_runtime(limits=SLOW_START)
     ready(fake, "webhook", rt)
-    assert fake.webhook["secret_token"] == "chosen-by_the-operator1"
+    assert fake.webhook["secret_token"] == secret
     forged = fake.new_update(message=fake.message(42, "script:answer=forged"))
     assert fake.post_webhook(forged, webhook_secret(fake.token)) == 403  # the derived one no longer opens it
-    fake.push_message(42, "script:answer=through")
+    for case in vector["expected"]["cases"]:
+        update = fake.new_update(message=fake.message(42, f"script:answer=sent with {case['header']}"))
+        assert fake.post_webhook(update, case["header"]) == case["status"], case
     assert fake.wait_sent(1), rt.log(PID)
-    assert fake.texts() == ["through"]
+    assert fake.texts() == [f"sent with {secret}"]
 
 
 def test_a_webhook_secret_telegram_would_refuse_disables_the_plugin_before_set_webhook(

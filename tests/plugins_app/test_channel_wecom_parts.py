@@ -470,3 +470,19 @@ def test_a_text_or_json_file_downloads_as_the_file_not_as_an_error(data, ctype, 
             assert api.media(media_id)[0] == data
         finally:
             api.close()
+
+
+def test_dingtalks_callback_crypto_vector_opens_with_the_same_construction():
+    """sdk/wxcrypto.py says DingTalk's callback encryption is this construction with JSON around it (the owner
+    key as the receive id): the official vector verifies and decrypts; a changed signature or an owner key not
+    its own is refused."""
+    v = next(v for v in VECTORS if v["id"] == "dingtalk-callback-crypto-official")
+    i = v["inputs"]
+    crypt = MsgCrypt(i["token"], i["aes_key"], i["owner_key"])
+    assert crypt.signature_valid(i["msg_signature"], i["timestamp"], i["nonce"], i["encrypt"]) is True
+    assert crypt.open(i["msg_signature"], i["timestamp"], i["nonce"], i["encrypt"]) == v["expected"]["plaintext"]
+    with pytest.raises(CryptoError):
+        crypt.open("0" * 40, i["timestamp"], i["nonce"], i["encrypt"])
+    with pytest.raises(CryptoError):
+        MsgCrypt(i["token"], i["aes_key"], "ding-someone-else").open(i["msg_signature"], i["timestamp"], i["nonce"],
+                                                                    i["encrypt"])
