@@ -332,7 +332,11 @@ def delivery_create_for_turn(*, turn, state: str, answer: str) -> None:
         return
     if OutboundDelivery.objects.filter(plugin=plugin, turn=turn).exists():
         return
-    text = answer or ANSWER_FOR_STATE.get(state, "")
+    notice = ANSWER_FOR_STATE.get(state, "")
+    # A turn that ended otherwise after part of its answer had streamed (its process killed mid-turn, a stop, a
+    # failure) keeps that part as its answer: sent alone, a chat would show it as the whole answer. The notice
+    # follows it, as it stands alone for a turn that said nothing.
+    text = f"{answer}\n\n{notice}" if answer and notice else (answer or notice)
     if not text:
         return
     receipt = turn.receipt

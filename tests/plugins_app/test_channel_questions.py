@@ -79,6 +79,23 @@ def test_a_question_is_delivered_with_its_text_and_options_beside_the_turns_own_
     assert OutboundDelivery.objects.count() == 2
 
 
+@pytest.mark.parametrize("state,notice", [("interrupted", "The answer to this message was interrupted."),
+                                          ("cancelled", "The answer to this message was stopped."),
+                                          ("failed", "Sorry, the agent could not answer this message.")])
+def test_a_turn_that_ended_otherwise_after_part_of_its_answer_delivers_that_part_and_says_so(plugin, state, notice):
+    """A chat has no turn.failed to read: the part that streamed before the turn broke off is sent with the notice
+    after it, never as if it were the whole answer; with nothing streamed, the notice alone."""
+    turn = running_turn()
+    services.delivery_create_for_turn(turn=turn, state=state, answer="The first half of")
+    assert OutboundDelivery.objects.get(turn=turn).text == f"The first half of\n\n{notice}"
+    other = running_turn()
+    services.delivery_create_for_turn(turn=other, state=state, answer="")
+    assert OutboundDelivery.objects.get(turn=other).text == notice
+    done = running_turn()
+    services.delivery_create_for_turn(turn=done, state="completed", answer="All of it.")
+    assert OutboundDelivery.objects.get(turn=done).text == "All of it."
+
+
 def test_the_hook_run_twice_for_one_question_delivers_it_once(plugin):
     q = questions.question_open(turn=running_turn(), spec=CHOICE, timeout_s=60)
     hooks.run_question_asked(question=q)
