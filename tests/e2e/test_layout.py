@@ -6,6 +6,7 @@ PostgreSQL cluster and a Redis of the test's own (ports 5441 and 6391), which th
   * a stream is served by one web process while its turn runs on a worker (each process's own log,
     HAProxy's X-Ugent-Web header and each worker's scripted-engine log say which did what);
   * a stream read on web-a resumes by Last-Event-ID on web-b, missing and repeating nothing;
+  * a web process killed (kill -9) mid-stream: the resume on the other misses nothing, the turn completes once;
   * a worker killed (kill -9) mid-turn: the turn ends interrupted once, never answered twice;
   * Redis restarted (empty): readers reconnect and every accepted message is answered, once;
   * PostgreSQL restarted: a request while it is down gets a 503 `database_unavailable` error object
@@ -228,6 +229,61 @@ def test_a_stream_read_on_web_a_resumes_by_last_event_id_on_web_b(layout):
     for web in WEBS:
         wait_until(lambda: "path=/v1/ugent/events, status=200" in layout.read_log(web), 30,
                    what=f"{web}'s line for the stream")
+
+
+def test_a_web_process_killed_mid_stream_ends_its_stream_and_a_resume_on_the_other_misses_nothing(layout):
+    """kill -9 the web process serving an events stream mid-turn: the stream ends, EventSource's reconnect
+    (Last-Event-ID, through the proxy, to the other web process) reads the rest of the log once and in order,
+    and the turn, which runs on a worker, completes once: a web process holds nothing accepted."""
+    conv = fresh("c-webkill")
+    text = scripted("slow=0.05|answer=" + words(80))
+    params = {"conversation_id": conv, "user": "alice", "cursor": "0"}
+    sender = threading.Thread(target=lambda: chat(layout, text, conv, timeout=90), daemon=True)
+    sender.start()  # through the proxy: if it lands on the process killed below, its client gets the proxy's
+    wait_until(lambda: receipt(layout, conv).get("state"), 30, what="the message to be accepted")  # error
+    victim, other = WEBS
+    cm, resp = open_events_on(layout, victim, params)
+    first: list[dict] = []
+    frames = iter_frames(resp)  # one reader of the response, before the kill and after it
+    try:
+        for frame in frames:
+            if "event" in frame:
+                first.append(frame)
+                if sum(e["event"] == "turn.delta" for e in first) >= 5:
+                    break
+        layout.kill(victim, signal.SIGKILL)
+        try:  # what the dead process's socket still held, then the end
+            for frame in frames:
+                if "event" in frame:
+                    first.append(frame)
+        except httpx.HTTPError:
+            pass
+    finally:
+        try:
+            cm.__exit__(None, None, None)
+        except httpx.HTTPError:
+            pass
+    try:
+        assert not any(e["event"] in TERMINAL for e in first), "the turn ended before the kill: nothing was tested"
+        cm, resp = open_events_on(layout, other, params, last_event_id=first[-1]["id"])
+        try:
+            rest = read_frames(resp, lambda evs: evs[-1]["event"] in TERMINAL)
+        finally:
+            cm.__exit__(None, None, None)
+        sender.join(90)
+        seen = [e["id"] for e in first + rest]
+        assert seen == sorted(set(seen)), "an event was repeated or out of order"
+        assert seen == [i for i, _, _ in turn_events(layout, conv)]  # every event of the log, once
+        assert rest[-1]["event"] == "turn.completed"
+        answer = "".join(e["data"]["data"]["text"] for e in first + rest if e["event"] == "turn.delta")
+        assert answer == words(80)
+        r = receipt(layout, conv)
+        assert r["state"] == "completed" and r["answer"] == words(80)
+        assert sum(engine_calls(layout, text).values()) == 1
+        assert assistant_messages(layout, conv) == 1
+    finally:
+        layout.spawn_web(victim)  # the layout is whole again for the next tests
+        wait_until(lambda: layout.served_by() == set(WEBS), 60, interval=0.5, what="both web processes back")
 
 
 def test_a_worker_killed_mid_turn_ends_the_turn_interrupted_once_and_never_answers_twice(layout):
