@@ -41,6 +41,22 @@ def test_a_report_names_rss_malloc_sqlite_and_the_objects_by_type(tmp_path):
     del keep
 
 
+def test_a_report_counts_weak_references_by_what_they_point_at_and_finds_who_holds_the_dead_ones():
+    import weakref
+    kept = [_Kept() for _ in range(50)]
+    live = [weakref.ref(k) for k in kept]
+    gone = [_Kept() for _ in range(30)]
+    holder = {"dead refs of this test": [weakref.ref(g) for g in gone]}
+    del gone  # their weak references stay in the list, dead
+    rep = memstats.report()
+    assert rep["weakref_referents"].get("tests.test_memstats._Kept", 0) >= 50
+    assert rep["weakref_referents"].get("(dead)", 0) >= 30
+    found = memstats.report(referrers=memstats.DEAD_WEAKREF)["referrers"]
+    assert found and all("dead" in obj for obj, _ in found)
+    assert any(label == "list" for _, holders in found for label, _ in holders)  # held by the test's list
+    del live, holder, kept
+
+
 def test_off_by_default_and_when_false(tmp_path):
     assert memstats.start("", tmp_path / "a") is False
     assert memstats.start("false", tmp_path / "b") is False

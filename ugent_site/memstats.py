@@ -215,7 +215,7 @@ def _referrers(type_name: str, depth: int = 4) -> list:
     """What holds the objects of one type: for each (at most 5), its referrers' types, `depth` levels up.
     `(dead) weakref`: weak references whose object is gone, which a registry that never lets go keeps."""
     if type_name == DEAD_WEAKREF:
-        found = [o for o in gc.get_objects() if isinstance(o, weakref.ReferenceType) and o() is None][:5]
+        found = [o for o in gc.get_objects() if issubclass(type(o), weakref.ReferenceType) and o() is None][:5]
     else:
         found = [o for o in gc.get_objects() if _type_name(type(o)) == type_name][:5]
 
@@ -395,9 +395,10 @@ def report(*, trim: bool = False, snapshot_path: Path | None = None, collect: bo
     objects = gc.get_objects()
     counts = collections.Counter(_type_name(type(o)) for o in objects)
     # what the live weak references point at, by type ("(dead)" for one whose object is gone): a weakref is
-    # small, and a set of them that only grows says which registry never lets go
+    # small, and a set of them that only grows says which registry never lets go. (type(), never isinstance():
+    # a lazy object answers isinstance() by evaluating what it wraps, a request's user say)
     out["weakref_referents"] = dict(collections.Counter(
-        _weakref_referent(o) for o in objects if isinstance(o, weakref.ReferenceType)).most_common())
+        _weakref_referent(o) for o in objects if issubclass(type(o), weakref.ReferenceType)).most_common())
     del objects
     out["gc_objects"] = sum(counts.values())
     out["gc_types"] = dict(counts.most_common())  # (frozen objects are not among them: gc_frozen counts those)
