@@ -318,3 +318,22 @@ def test_a_trim_with_maps_reports_the_mappings_and_the_anonymous_rss_after_it():
     assert rep["rss_after_trim_anon_kb"] <= rep["rss_after_trim_kb"]
     assert {"heap", "anon", "python", "libc"} <= set(rep["mappings"])
     assert "mappings" not in memstats.report()
+
+
+def test_a_report_survives_a_dead_weak_proxy_such_as_the_api_schemas():
+    """drf_spectacular leaves weakref.proxy(schema) on each view it described, dead once the document is made;
+    isinstance() on a dead proxy raises ReferenceError, and the report must not (a review's probe)."""
+    import weakref
+    thing = _Kept()
+    proxy = weakref.proxy(thing)
+    del thing
+    assert "weakref_referents" in memstats.report()
+    assert isinstance(memstats.report(referrers=memstats.DEAD_WEAKREF)["referrers"], list)
+    del proxy
+
+
+def test_a_report_after_the_openapi_document_was_served(client, db):
+    import gc
+    assert client.get("/v1/openapi.json").status_code == 200
+    gc.collect()
+    assert "weakref_referents" in memstats.report()
