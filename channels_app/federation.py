@@ -240,7 +240,9 @@ def token_verify(token: str) -> VerifiedIdentity:
     except jwt.PyJWTError as exc:
         raise refuse(f"it is not valid ({exc}).")
     sub = verified.get("sub")
-    if not isinstance(sub, str) or not sub or len(issuer.actor_prefix) + len(sub) > 300:
+    # the subject is kept as it is (Actor.user_id, federation_subject: 255 characters) and behind the prefix
+    # (Actor.key: 300); a longer one was a 500 on PostgreSQL where its row is first saved, past the check
+    if not isinstance(sub, str) or not sub or len(sub) > 255 or len(issuer.actor_prefix) + len(sub) > 300:
         raise refuse("its subject (sub) is empty or too long.")
     return VerifiedIdentity(issuer=iss, subject=sub, actor_key=f"{issuer.actor_prefix}{sub}",
                             expires_at=_expiry(verified["exp"], issuer.leeway_secs))

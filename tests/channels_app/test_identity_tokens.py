@@ -216,3 +216,17 @@ def test_a_hanging_jwks_does_not_stall_requests_that_carry_no_token(issuer, keys
         jwks.release()
         t.join(30)
     assert results["token"] == 200
+
+
+@pytest.mark.parametrize("length,status", [(255, 200), (256, 403)])
+def test_a_subject_longer_than_the_rows_keep_is_refused_not_a_500(issuer, keys, length, status):
+    """A verified sub is the user's id as kept (255 characters): a longer one is refused as a token, with
+    nothing written; it was a DataError (500) on PostgreSQL where the actor's row is first saved."""
+    token = idp.sign(keys["rsa"], idp.claims("s" * length))
+    before = counts()
+    resp = chat(APP_KEY, token, conversation_id="c-long")
+    assert resp.status_code == status, resp.content
+    if status != 200:
+        assert resp.json()["error"]["code"] == "identity_token_invalid"
+        assert "its subject (sub) is empty or too long." in resp.json()["error"]["message"]
+        assert counts() == before
