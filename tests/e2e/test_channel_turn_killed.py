@@ -16,6 +16,7 @@ import subprocess
 import time
 
 from plugins_app.channel.services import ANSWER_FOR_STATE
+from tests.plugins_app.conftest import wait_until
 from tests.support.daemon import PY, ROOT, Daemon
 
 #: A lapsed lease is found within seconds (servers mode: beat's sweep; embedded: at the next start)
@@ -24,16 +25,6 @@ FAST = {"UGENT_TURN_LEASE_SECONDS": "3", "UGENT_TURN_LEASE_RENEW_SECONDS": "0.5"
 LONG = "script:slow=0.1|answer=" + " ".join(f"w{i}" for i in range(300))
 PLUGINS = ('schema_version = 1\n[[plugins]]\nid = "echo-main"\nkind = "channel-echo"\nenabled = true\n'
            'env_refs = ["ECHO_INBOX", "ECHO_SENT"]\n[plugins.limits]\nheartbeat_secs = 1\n')
-
-
-def wait_for(predicate, timeout: float, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    return None
 
 
 def test_a_channel_turn_killed_mid_answer_is_interrupted_once_and_the_chat_behind_it_answered_once(tmp_path):
@@ -70,11 +61,11 @@ def test_a_channel_turn_killed_mid_answer_is_interrupted_once_and_the_chat_behin
         streamed = ("SELECT count(*) FROM channels_app_event e JOIN channels_app_turn t ON t.id = e.turn_id "
                     "JOIN channels_app_receipt r ON r.id = t.receipt_id WHERE r.client_message_id = 'm-1' "
                     "AND e.type = 'turn.delta'")
-        assert wait_for(lambda: d.sql(streamed)[0][0] >= 5, 90), logs()
+        assert wait_until(lambda: d.sql(streamed)[0][0] >= 5, 90), logs()
         with inbox.open("a") as fh:
             fh.write(json.dumps({"conversation_id": "chat-2", "message_id": "m-2", "sender_id": "43",
                                  "text": "script:answer=the one behind"}) + "\n")
-        assert wait_for(lambda: "m-2" in turns(), 30), logs()
+        assert wait_until(lambda: "m-2" in turns(), 30), logs()
         assert turns()["m-1"] == "running" and turns()["m-2"] == "accepted"  # it waits behind m-1
 
         d.kill_worker()  # kill -9: the daemon (embedded), the Celery worker (servers)
@@ -88,7 +79,7 @@ def test_a_channel_turn_killed_mid_answer_is_interrupted_once_and_the_chat_behin
             deliveries = d.sql("SELECT state FROM plugins_app_outbounddelivery")
             return (set(states.values()) <= {"interrupted", "completed"} and len(states) == 2
                     and deliveries and all(s == "delivered" for (s,) in deliveries))
-        assert wait_for(settled, 120), (turns(), logs())
+        assert wait_until(settled, 120), (turns(), logs())
         time.sleep(3)  # anything doubled would come by now: a redelivered task, a resubmitted inbox line
 
         assert turns() == {"m-1": "interrupted", "m-2": "completed"}

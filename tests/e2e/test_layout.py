@@ -158,6 +158,15 @@ def read_frames(resp, until) -> list[dict]:
     raise AssertionError(f"the stream ended after {len(got)} events")
 
 
+def read_to_the_end_on(lay: Layout, web: str, params: dict, after: int) -> list[dict]:
+    """A resume (Last-Event-ID `after`) through the proxy on `web`, read until the turn's terminal event."""
+    cm, resp = open_events_on(lay, web, params, last_event_id=after)
+    try:
+        return read_frames(resp, lambda evs: evs[-1]["event"] in TERMINAL)
+    finally:
+        cm.__exit__(None, None, None)
+
+
 def test_a_stream_served_by_one_web_process_while_its_turn_runs_on_a_worker(layout):
     """Eight streamed chats at once through the proxy: both web processes serve streams, both workers
     run turns, and each turn was served by one web process and run by exactly one worker."""
@@ -213,11 +222,7 @@ def test_a_stream_read_on_web_a_resumes_by_last_event_id_on_web_b(layout):
         first = read_frames(resp, lambda evs: sum(e["event"] == "turn.delta" for e in evs) >= 5)
     finally:
         cm.__exit__(None, None, None)
-    cm, resp = open_events_on(layout, "web-b", params, last_event_id=first[-1]["id"])
-    try:
-        rest = read_frames(resp, lambda evs: evs[-1]["event"] in TERMINAL)
-    finally:
-        cm.__exit__(None, None, None)
+    rest = read_to_the_end_on(layout, "web-b", params, after=first[-1]["id"])
     sender.join(60)
     seen = [e["id"] for e in first + rest]
     assert seen == sorted(set(seen)), "an event was repeated or out of order"
@@ -265,11 +270,7 @@ def test_a_web_process_killed_mid_stream_ends_its_stream_and_a_resume_on_the_oth
             pass
     try:
         assert not any(e["event"] in TERMINAL for e in first), "the turn ended before the kill: nothing was tested"
-        cm, resp = open_events_on(layout, other, params, last_event_id=first[-1]["id"])
-        try:
-            rest = read_frames(resp, lambda evs: evs[-1]["event"] in TERMINAL)
-        finally:
-            cm.__exit__(None, None, None)
+        rest = read_to_the_end_on(layout, other, params, after=first[-1]["id"])
         sender.join(90)
         seen = [e["id"] for e in first + rest]
         assert seen == sorted(set(seen)), "an event was repeated or out of order"
