@@ -1,11 +1,16 @@
-"""kill -9 the process running a chat channel's turn in the middle of it, in the pass's run mode: the embedded
-daemon (which also hosts the channel's worker), or the Celery worker (servers mode, with `runsupervisor` and
-beat as processes of their own). A second chat's message waits behind it (one turn at a time).
+"""kill -9 in the middle of a chat channel's work, in the pass's run mode, then start again: nothing lost,
+nothing doubled.
 
-After the restart: each message has one turn, the engine was called once for each, the killed turn ended
-`interrupted` once, and each chat got exactly one message: the part of the answer that had streamed with the
-notice after it, and the waiting message's answer. The echo channel's worker reads its inbox again when it
-starts again, so the hub sees both messages a second time and answers neither again.
+* The process running a channel's turn, mid-answer: the embedded daemon (which also hosts the channel's
+  worker), or the Celery worker (servers mode, with `runsupervisor` and beat as processes of their own). A
+  second chat's message waits behind it (one turn at a time). After the restart each message has one turn,
+  the engine was called once for each, the killed turn ended `interrupted` once, and each chat got exactly one
+  message: the part of the answer that had streamed with the notice after it, and the waiting message's answer.
+  The echo channel's worker reads its inbox again when it starts again, so the hub sees both messages a second
+  time and answers neither again.
+* The channel workers' host, mid-delivery: the embedded daemon, or `runsupervisor` (servers mode), killed after
+  the worker wrote a send to the chat and before it acknowledged it. The delivery is handed out again after the
+  restart, and the worker's outbox knows it was sent: the chat gets it once.
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 from plugins_app.channel.services import ANSWER_FOR_STATE
 from tests.plugins_app.conftest import wait_until
@@ -23,50 +29,89 @@ from tests.support.daemon import PY, ROOT, Daemon
 FAST = {"UGENT_TURN_LEASE_SECONDS": "3", "UGENT_TURN_LEASE_RENEW_SECONDS": "0.5",
         "UGENT_TURN_SWEEP_SECONDS": "1", "UGENT_TURN_REQUEUE_SECONDS": "2"}
 LONG = "script:slow=0.1|answer=" + " ".join(f"w{i}" for i in range(300))
-PLUGINS = ('schema_version = 1\n[[plugins]]\nid = "echo-main"\nkind = "channel-echo"\nenabled = true\n'
-           'env_refs = ["ECHO_INBOX", "ECHO_SENT"]\n[plugins.limits]\nheartbeat_secs = 1\n')
+
+
+class Deployment:
+    """A daemon in the pass's mode with the echo channel; in servers mode its `runsupervisor` beside it."""
+
+    def __init__(self, tmp: Path, env: dict | None = None):
+        self.tmp = tmp
+        self.inbox, self.sent = tmp / "inbox.jsonl", tmp / "sent.jsonl"
+        env = {**FAST, "ECHO_INBOX": str(self.inbox), "ECHO_SENT": str(self.sent), **(env or {})}
+        (tmp / "d").mkdir()
+        self.d = Daemon(tmp / "d", beat=True, concurrency=1, extra_env=env)
+        self.d.prepare()
+        refs = ", ".join(f'"{name}"' for name in env if name.startswith("ECHO_"))
+        (tmp / "plugins.toml").write_text(
+            'schema_version = 1\n[[plugins]]\nid = "echo-main"\nkind = "channel-echo"\nenabled = true\n'
+            f'env_refs = [{refs}]\n[plugins.limits]\nheartbeat_secs = 1\n')
+        self.d.manage("plugins", "import", str(tmp / "plugins.toml"))
+        self.supervisor: subprocess.Popen | None = None
+        self.d.spawn()
+        if self.d.servers:
+            self.start_supervisor()
+
+    def start_supervisor(self) -> None:
+        """Servers mode: the channel workers' host is a process of its own."""
+        self.supervisor = subprocess.Popen([PY, "manage.py", "runsupervisor"], cwd=ROOT, env=self.d.env,
+                                           stdout=open(self.tmp / "supervisor.log", "ab"), stderr=subprocess.STDOUT,
+                                           start_new_session=True)
+
+    def kill_host(self) -> None:
+        """kill -9 whatever hosts the channel workers: runsupervisor (servers), the daemon (embedded)."""
+        if self.d.servers:
+            os.killpg(self.supervisor.pid, signal.SIGKILL)
+            self.supervisor.wait()
+        else:
+            self.d.kill_worker()
+
+    def restart_host(self) -> None:
+        if self.d.servers:
+            self.start_supervisor()
+        else:
+            self.d.spawn()
+
+    def say(self, chat: str, message_id: str, sender: str, text: str) -> None:
+        with self.inbox.open("a") as fh:
+            fh.write(json.dumps({"conversation_id": chat, "message_id": message_id, "sender_id": sender,
+                                 "text": text}) + "\n")
+
+    def turns(self, *message_ids: str) -> dict:
+        marks = ", ".join("?" for _ in message_ids)
+        return dict(self.d.sql("SELECT r.client_message_id, t.state FROM channels_app_turn t JOIN channels_app_receipt"
+                               f" r ON r.id = t.receipt_id WHERE r.client_message_id IN ({marks})", message_ids))
+
+    def sends(self) -> list[dict]:
+        return [json.loads(line) for line in self.sent.read_text().splitlines()] if self.sent.exists() else []
+
+    def logs(self) -> str:
+        supervisor = self.tmp / "supervisor.log"
+        return ((self.tmp / "d" / "daemon.log").read_text()[-3000:]
+                + (supervisor.read_text()[-2000:] if supervisor.exists() else ""))
+
+    def close(self) -> None:
+        if self.supervisor is not None and self.supervisor.poll() is None:
+            os.killpg(self.supervisor.pid, signal.SIGTERM)
+            try:
+                self.supervisor.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.supervisor.pid, signal.SIGKILL)
+                self.supervisor.wait()
+        self.d.close()
 
 
 def test_a_channel_turn_killed_mid_answer_is_interrupted_once_and_the_chat_behind_it_answered_once(tmp_path):
-    inbox, sent = tmp_path / "inbox.jsonl", tmp_path / "sent.jsonl"
-    (tmp_path / "d").mkdir()
-    d = Daemon(tmp_path / "d", beat=True, concurrency=1,
-               extra_env={**FAST, "ECHO_INBOX": str(inbox), "ECHO_SENT": str(sent)})
-    d.prepare()
-    plugins = tmp_path / "plugins.toml"
-    plugins.write_text(PLUGINS)
-    d.manage("plugins", "import", str(plugins))
-    supervisor = None
-    log = open(tmp_path / "supervisor.log", "ab")
-
-    def start_supervisor():  # servers mode: the channel workers' host is a process of its own
-        return subprocess.Popen([PY, "manage.py", "runsupervisor"], cwd=ROOT, env=d.env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-
-    def turns() -> dict:
-        return dict(d.sql("SELECT r.client_message_id, t.state FROM channels_app_turn t JOIN channels_app_receipt r "
-                          "ON r.id = t.receipt_id WHERE r.client_message_id IN ('m-1', 'm-2')"))
-
-    def logs() -> str:
-        return ((tmp_path / "d" / "daemon.log").read_text()[-3000:]
-                + (tmp_path / "supervisor.log").read_text()[-2000:])
-
-    d.spawn()
+    dep = Deployment(tmp_path)
+    d = dep.d
     try:
-        if d.servers:
-            supervisor = start_supervisor()
-        with inbox.open("a") as fh:
-            fh.write(json.dumps({"conversation_id": "chat-1", "message_id": "m-1", "sender_id": "42",
-                                 "text": LONG}) + "\n")
+        dep.say("chat-1", "m-1", "42", LONG)
         streamed = ("SELECT count(*) FROM channels_app_event e JOIN channels_app_turn t ON t.id = e.turn_id "
                     "JOIN channels_app_receipt r ON r.id = t.receipt_id WHERE r.client_message_id = 'm-1' "
                     "AND e.type = 'turn.delta'")
-        assert wait_until(lambda: d.sql(streamed)[0][0] >= 5, 90), logs()
-        with inbox.open("a") as fh:
-            fh.write(json.dumps({"conversation_id": "chat-2", "message_id": "m-2", "sender_id": "43",
-                                 "text": "script:answer=the one behind"}) + "\n")
-        assert wait_until(lambda: "m-2" in turns(), 30), logs()
-        assert turns()["m-1"] == "running" and turns()["m-2"] == "accepted"  # it waits behind m-1
+        assert wait_until(lambda: d.sql(streamed)[0][0] >= 5, 90, 0.2), dep.logs()
+        dep.say("chat-2", "m-2", "43", "script:answer=the one behind")
+        assert wait_until(lambda: "m-2" in dep.turns("m-1", "m-2"), 30, 0.2), dep.logs()
+        assert dep.turns("m-1", "m-2") == {"m-1": "running", "m-2": "accepted"}  # it waits behind m-1
 
         d.kill_worker()  # kill -9: the daemon (embedded), the Celery worker (servers)
         if d.servers:
@@ -75,14 +120,14 @@ def test_a_channel_turn_killed_mid_answer_is_interrupted_once_and_the_chat_behin
             d.spawn()
 
         def settled():
-            states = turns()
+            states = dep.turns("m-1", "m-2")
             deliveries = d.sql("SELECT state FROM plugins_app_outbounddelivery")
             return (set(states.values()) <= {"interrupted", "completed"} and len(states) == 2
                     and deliveries and all(s == "delivered" for (s,) in deliveries))
-        assert wait_until(settled, 120), (turns(), logs())
+        assert wait_until(settled, 120, 0.2), (dep.turns("m-1", "m-2"), dep.logs())
         time.sleep(3)  # anything doubled would come by now: a redelivered task, a resubmitted inbox line
 
-        assert turns() == {"m-1": "interrupted", "m-2": "completed"}
+        assert dep.turns("m-1", "m-2") == {"m-1": "interrupted", "m-2": "completed"}
         per_message = d.sql("SELECT r.client_message_id, count(t.id) FROM channels_app_receipt r JOIN "
                             "channels_app_turn t ON t.receipt_id = r.id WHERE r.client_message_id IN ('m-1', 'm-2') "
                             "GROUP BY r.client_message_id ORDER BY r.client_message_id")
@@ -93,7 +138,7 @@ def test_a_channel_turn_killed_mid_answer_is_interrupted_once_and_the_chat_behin
         assert ended == [("turn.failed",)]
         calls = d.scripted_calls()
         assert calls.count(LONG) == 1 and calls.count("script:answer=the one behind") == 1, calls
-        sends = [json.loads(line) for line in sent.read_text().splitlines()]
+        sends = dep.sends()
         assert sorted(s["conversation_id"] for s in sends) == ["chat-1", "chat-2"], sends  # one each
         texts = {s["conversation_id"]: s["text"] for s in sends}
         notice = ANSWER_FOR_STATE["interrupted"]
@@ -101,11 +146,25 @@ def test_a_channel_turn_killed_mid_answer_is_interrupted_once_and_the_chat_behin
         assert "w299" not in texts["chat-1"]
         assert texts["chat-2"] == "the one behind"
     finally:
-        if supervisor is not None and supervisor.poll() is None:
-            os.killpg(supervisor.pid, signal.SIGTERM)
-            try:
-                supervisor.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(supervisor.pid, signal.SIGKILL)
-                supervisor.wait()
-        d.close()
+        dep.close()
+
+
+def test_the_channel_host_killed_after_a_send_and_before_its_ack_sends_it_once(tmp_path):
+    dep = Deployment(tmp_path, {"ECHO_DELIVER_DELAY": "4"})  # the worker lingers 4 s between the send and the ack
+    d = dep.d
+    try:
+        dep.say("chat-3", "m-3", "44", "script:answer=sent before the crash")
+        assert wait_until(lambda: any(s["text"] == "sent before the crash" for s in dep.sends()), 90, 0.05), \
+            dep.logs()
+        assert [s for (s,) in d.sql("SELECT state FROM plugins_app_outbounddelivery")] == ["in_flight"]
+        dep.kill_host()  # kill -9 before the ack
+        dep.restart_host()
+        assert wait_until(lambda: d.sql("SELECT state FROM plugins_app_outbounddelivery") == [("delivered",)],
+                          90, 0.2), (d.sql("SELECT state, handed_out FROM plugins_app_outbounddelivery"), dep.logs())
+        time.sleep(3)  # a second send would be written by now
+        assert [s["text"] for s in dep.sends()] == ["sent before the crash"]  # once
+        assert d.sql("SELECT count(*) FROM plugins_app_outbounddelivery")[0][0] == 1
+        assert dep.turns("m-3") == {"m-3": "completed"}
+        assert d.scripted_calls().count("script:answer=sent before the crash") == 1
+    finally:
+        dep.close()
