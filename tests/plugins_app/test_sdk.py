@@ -271,7 +271,11 @@ def test_a_chats_messages_reach_the_host_in_order_and_a_held_chat_holds_back_no_
     later = worker.submit(message("m-2"))  # never ahead of m-1, which the host cannot take yet
     assert later.queued and not later.accepted
     assert worker.submit(message("m-7", conversation_id="chat-3")).queued  # refused once
-    assert worker.submit(message("m-5", conversation_id="chat-2")).accepted  # another chat is not held back
+    # another chat is not held back: m-5 goes at once, or, when the outbox's background replay took it first (a
+    # loaded machine: CI saw it queued once), with that replay; either way it reaches the host while m-1 still
+    # cannot, as the wait below requires
+    other = worker.submit(message("m-5", conversation_id="chat-2"))
+    assert other.accepted or (other.queued and other.reason is None), other
     # the outbox's retries pass over the held chat: m-7 goes although m-1 (earlier) still cannot
     bridge.wait_for(lambda: sorted(m.message_id for m in bridge.submits) == ["m-5", "m-7"])
     assert [m.message_id for m in bridge.submits if m.conversation_id == "chat-1"] == []
