@@ -172,9 +172,7 @@ def reader_of_request(principal, fields: dict) -> access.Viewer:
                         federation_issuer=fields.get("federation_issuer"),
                         federation_subject=fields.get("federation_subject"), identity=principal.identity)
     viewer = access.Viewer(caller=principal.caller, actor=actor)
-    if actor.pk is None and viewer.is_operator:
-        viewer = access.Viewer(caller=principal.caller, actor=actor_kept(actor))
-    return viewer
+    return viewer_kept(viewer) if viewer.is_operator else viewer
 
 
 def viewer_kept(viewer: access.Viewer) -> access.Viewer:

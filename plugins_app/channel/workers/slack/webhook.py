@@ -46,16 +46,17 @@ class EventsServer(WebhookServer):
             return 413, {"ok": False, "error": "request body too large"}
         timestamp = (headers.get("X-Slack-Request-Timestamp") or "").strip()
         signature = headers.get("X-Slack-Signature") or ""
-        if not (signature and timestamp.isascii() and timestamp.isdigit() and len(timestamp) <= 20):
-            # (slack_sdk's verifier does int(timestamp) and raises on anything else, a 5,000-digit one included)
+        if not (signature and timestamp.isascii() and timestamp.isdigit()):
+            # (slack_sdk's verifier does int(timestamp) and raises on anything else)
             log.warning("refused a request without a Slack signature or an integer X-Slack-Request-Timestamp")
             return 401, {"ok": False, "error": "invalid signature"}
         try:
             valid = self.verifier.is_valid(body=body, timestamp=timestamp, signature=signature)
         except (ValueError, TypeError):
-            # slack_sdk decodes the body as UTF-8 and compares str digests: a body that is not UTF-8
-            # (UnicodeDecodeError) or a signature with a non-ASCII character (TypeError) raised, a 500 with a
-            # traceback for anyone who asked; such a request is no signed request of Slack's
+            # slack_sdk decodes the body as UTF-8, compares str digests and reads the timestamp with int(): a body
+            # that is not UTF-8 (UnicodeDecodeError), a signature with a non-ASCII character (TypeError) or a
+            # timestamp past int()'s digit limit (ValueError) raised, a 500 with a traceback for anyone who asked;
+            # such a request is no signed request of Slack's
             valid = False
         if not valid:
             log.warning("refused a request whose Slack signature does not verify (or is older than 5 minutes)")
