@@ -111,6 +111,59 @@ def test_a_killed_workers_turn_ends_interrupted_within_30s_keeping_what_it_strea
     assert types[-1] == "turn.failed" and types.count("turn.failed") == 1
 
 
+def test_turns_accepted_behind_a_killed_one_run_once_each_after_the_restart(daemon):
+    """One turn at a time: a long turn streams while three more wait accepted behind it (embedded: in the
+    daemon's own queue; servers: in the broker's queue, the worker prefetching one task at a time). kill -9
+    the process running turns: after the restart the running one ends interrupted and the three waiting
+    run, each once, each with one answer and one end."""
+    d = daemon(concurrency=1)
+    long_text = "script:slow=0.1|answer=" + words(600)
+    waiting = {f"c-wait-{i}": f"script:answer=waited {i} " + words(3) for i in range(3)}
+
+    def send(text, conversation_id):
+        try:
+            chat(d, text, conversation_id, timeout=5)
+        except httpx.HTTPError:
+            pass  # the answer goes with the killed process; the message was accepted
+    threading.Thread(target=send, args=(long_text, "c-first"), daemon=True).start()
+    assert wait_for(lambda: deltas(d, "c-first") >= 3, timeout=30)
+    for conversation_id, text in waiting.items():
+        threading.Thread(target=send, args=(text, conversation_id), daemon=True).start()
+    assert wait_for(lambda: all(receipt(d, c).get("state") == "accepted" for c in waiting), timeout=30), \
+        [receipt(d, c) for c in waiting]
+    assert deltas(d, "c-first") < 600 and receipt(d, "c-first")["state"] == "running"
+    d.kill_worker()
+    assert not any(text in d.scripted_calls() for text in waiting.values()), "a waiting turn ran before the kill"
+    if SERVERS:
+        d.spawn_worker(concurrency=1)
+    else:
+        d.spawn()
+
+    def ended(conversation_id, state):
+        return lambda: (lambda r: r if r.get("state") == state else None)(receipt(d, conversation_id))
+    first = wait_for(ended("c-first", "interrupted"), timeout=60)
+    assert first and first["reason"] == "the process running it stopped", receipt(d, "c-first")
+    for conversation_id, text in waiting.items():
+        r = wait_for(ended(conversation_id, "completed"), timeout=60)
+        assert r and r["answer"] == text.split("answer=", 1)[1], receipt(d, conversation_id)
+    time.sleep(3)  # past a requeue interval and a few sweeps: a second run would have started by now
+    calls = d.scripted_calls()
+    assert calls.count(long_text) == 1  # an interrupted turn is not run again
+    for conversation_id, text in waiting.items():
+        assert calls.count(text) == 1, (conversation_id, calls.count(text))
+        types = [t for t, _ in turn_events(d, conversation_id)]
+        assert sum(t in TERMINAL for t in types) == 1 and types[-1] == "turn.completed", types
+        assert d.sql("SELECT count(*) FROM channels_app_message m JOIN channels_app_conversation c "
+                     "ON c.id = m.conversation_id WHERE c.external_id = ? AND m.role = 'assistant'",
+                     (conversation_id,))[0][0] == 1
+    types = [t for t, _ in turn_events(d, "c-first")]
+    assert sum(t in TERMINAL for t in types) == 1 and types[-1] == "turn.failed", types
+    assert first["answer"].startswith("w0 w1 w2")  # what streamed before the kill is its answer, kept once
+    assert d.sql("SELECT count(*) FROM channels_app_message m JOIN channels_app_conversation c "
+                 "ON c.id = m.conversation_id WHERE c.external_id = ? AND m.role = 'assistant'",
+                 ("c-first",))[0][0] == 1
+
+
 def test_a_healthy_turn_streaming_for_many_leases_is_never_swept(daemon):
     # Celery's own limits are far below the turn's run time here: nothing may take them for liveness.
     d = daemon(UGENT_TURN_SOFT_TIME_LIMIT="1", UGENT_TURN_TIME_LIMIT="2", UGENT_TURN_RUN_LIMIT="120")
