@@ -11,6 +11,9 @@ nothing doubled.
 * The channel workers' host, mid-delivery: the embedded daemon, or `runsupervisor` (servers mode), killed after
   the worker wrote a send to the chat and before it acknowledged it. The delivery is handed out again after the
   restart, and the worker's outbox knows it was sent: the chat gets it once.
+* The channel workers' host, mid-inbound: killed while a chat's messages keep arriving, some accepted by the
+  hub, one likely between the worker's submit and the hub's answer, the rest not yet read. After the restart
+  the worker reads its inbox again: every message has one turn and the chat one answer to each.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -166,5 +170,63 @@ def test_the_channel_host_killed_after_a_send_and_before_its_ack_sends_it_once(t
         assert d.sql("SELECT count(*) FROM plugins_app_outbounddelivery")[0][0] == 1
         assert dep.turns("m-3") == {"m-3": "completed"}
         assert d.scripted_calls().count("script:answer=sent before the crash") == 1
+    finally:
+        dep.close()
+
+
+def test_the_channel_host_killed_while_messages_arrive_answers_each_message_once(tmp_path):
+    dep = Deployment(tmp_path)
+    d = dep.d
+    count = 40
+    texts = {f"in-{i}": f"script:answer=reply {i}" for i in range(count)}
+    accepted = "SELECT count(*) FROM channels_app_receipt WHERE client_message_id LIKE ?"
+    try:
+        def arrive():  # one message every 30 ms, to 40 chats, whatever happens to the host meanwhile
+            for i, (message_id, text) in enumerate(texts.items()):
+                dep.say(f"chat-in-{i}", message_id, "45", text)
+                time.sleep(0.03)
+        sender = threading.Thread(target=arrive, daemon=True)
+        sender.start()
+        assert wait_until(lambda: d.sql(accepted, ("in-%",))[0][0] >= 8, 90, 0.01), dep.logs()
+        dep.kill_host()  # kill -9 mid-inbound: the worker dies with its host
+        at_kill = d.sql(accepted, ("in-%",))[0][0]
+        sender.join(10)
+        dep.restart_host()
+
+        # Embedded mode: the daemon is the host and runs the turns, so the one running at the kill (one at a
+        # time) ends interrupted, as any turn killed mid-answer. Servers mode: the Celery worker lives on.
+        ends = {"completed"} if d.servers else {"completed", "interrupted"}
+
+        def states() -> dict:
+            return dict(d.sql("SELECT r.client_message_id, t.state FROM channels_app_turn t JOIN channels_app_receipt "
+                              "r ON r.id = t.receipt_id WHERE r.client_message_id LIKE ?", ("in-%",)))
+
+        def settled():
+            deliveries = d.sql("SELECT state FROM plugins_app_outbounddelivery")
+            return (len(states()) == count and set(states().values()) <= ends
+                    and len(deliveries) == count and all(s == "delivered" for (s,) in deliveries))
+        assert wait_until(settled, 180, 0.2), (states(), dep.logs())
+        time.sleep(3)  # a resubmitted message or a second delivery would come by now
+        assert at_kill < count, "every message was in before the kill: nothing was tested"
+        per_message = dict(d.sql("SELECT r.client_message_id, count(t.id) FROM channels_app_receipt r JOIN "
+                                 "channels_app_turn t ON t.receipt_id = r.id WHERE r.client_message_id LIKE ? "
+                                 "GROUP BY r.client_message_id", ("in-%",)))
+        assert per_message == {message_id: 1 for message_id in texts}
+        final = states()
+        interrupted = [m for m, state in final.items() if state == "interrupted"]
+        assert len(interrupted) <= 1, final
+        calls = d.scripted_calls()
+        assert all(calls.count(text) == 1 for text in texts.values()), [t for t in texts.values()
+                                                                         if calls.count(t) != 1]
+        sends = {}
+        for s in dep.sends():
+            sends.setdefault(s["conversation_id"], []).append(s["text"])
+        assert sorted(sends) == sorted(f"chat-in-{i}" for i in range(count))
+        for i, message_id in enumerate(texts):
+            assert len(sends[f"chat-in-{i}"]) == 1, (message_id, sends[f"chat-in-{i}"])  # one answer each
+            if message_id in interrupted:
+                assert sends[f"chat-in-{i}"][0].endswith(ANSWER_FOR_STATE["interrupted"])
+            else:
+                assert sends[f"chat-in-{i}"] == [f"reply {i}"]
     finally:
         dep.close()
