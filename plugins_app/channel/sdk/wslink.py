@@ -15,7 +15,10 @@ and then acknowledges it on the same connection), and:
   first, reads (and acknowledges) what the old one still carries for a short while, and only then closes it;
   when the connection carried nothing before asking, the next one waits the link's delay as after a drop;
 * ``LinkRefused`` (raised by ``open_url`` or ``handle``: the platform refused the credentials that open the
-  link) ends ``run``: only the operator can fix it, so it is not tried again in a loop.
+  link) ends ``run``: only the operator can fix it, so it is not tried again in a loop. A link whose credentials
+  go in the handshake itself (an ``Authorization`` header, ``open_headers``) is told of a handshake the server
+  answered with an HTTP status instead of 101 (``handshake_refused``), and raises ``LinkRefused`` there for the
+  statuses that mean the credentials were refused (a 401, a 403); any other status is tried again.
 
 A worker subclasses ``WebSocketLink`` and runs it with ``start_link`` (``run()`` on a thread of its own) until
 its ``stopping`` event is set.
@@ -28,7 +31,7 @@ import threading
 import time
 from typing import Callable
 
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 log = logging.getLogger("ugent.worker.wslink")
@@ -62,6 +65,14 @@ class WebSocketLink:
     def open_url(self) -> str:
         """A fresh ``ws(s)://`` URL for the next connection; raise ``LinkRefused`` when the platform says no."""
         raise NotImplementedError
+
+    def open_headers(self) -> dict[str, str] | None:
+        """Headers the opening handshake sends besides WebSocket's own (an ``Authorization``), or None."""
+        return None
+
+    def handshake_refused(self, status: int, body: bytes) -> None:
+        """The server answered the opening handshake with HTTP ``status`` (and ``body``), not 101. Raise
+        ``LinkRefused`` when it means the credentials were refused; returning tries again, with backoff."""
 
     def greet(self, conn: ClientConnection) -> None:
         """The platform's handshake on a new connection, if it has one (raise to give the connection up)."""
@@ -106,7 +117,12 @@ class WebSocketLink:
 
     def _open(self) -> ClientConnection:
         url, self._next_url = self._next_url or self.open_url(), None
-        conn = connect(url, open_timeout=self.open_timeout, close_timeout=2, max_size=self.max_size)
+        try:
+            conn = connect(url, open_timeout=self.open_timeout, close_timeout=2, max_size=self.max_size,
+                           additional_headers=self.open_headers())
+        except InvalidStatus as exc:
+            self.handshake_refused(exc.response.status_code, bytes(exc.response.body or b""))
+            raise
         try:
             self.greet(conn)
         except BaseException:
