@@ -31,6 +31,7 @@ BUILTIN = {
     "channel-telegram": "plugins_app.channel.workers.telegram",
     "channel-translate": "plugins_app.channel.workers.translate",
     "channel-wecom": "plugins_app.channel.workers.wecom",
+    "channel-wechat": "plugins_app.channel.workers.wechat",
     "channel-weixin": "plugins_app.channel.workers.weixin",
     "channel-whatsapp": "plugins_app.channel.workers.whatsapp",
 }

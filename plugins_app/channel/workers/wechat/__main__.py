@@ -1,0 +1,4 @@
+"""``python -m plugins_app.channel.workers.wechat``: the worker the supervisor starts."""
+from .worker import main
+
+main()
