@@ -32,9 +32,14 @@ def open_stream(path: str, key: str | None, *, last_event_id: str | None = None,
 
 
 def read_frames(resp, *, until=None, timeout: float = 10.0, until_ping: bool = False) -> list[dict]:
-    """Frames of an open SSE response until `until(frames)` holds, a ping (caught up), or the timeout."""
+    """Frames of an open SSE response until `until(frames)` holds, the stream caught up (`until_ping`), or the
+    timeout.
+
+    Caught up is a ping after an event, or a second ping: a stream also pings while its conversation's reader
+    is still learning where the log stands, before it sends anything (channels_app.fanout.sse_body), so a
+    first ping with nothing before it may come ahead of the history."""
     async def collect():
-        frames, buf = [], b""
+        frames, buf, pings = [], b"", 0
         it = resp._iterator
         deadline = time.monotonic() + timeout
         try:
@@ -52,7 +57,8 @@ def read_frames(resp, *, until=None, timeout: float = 10.0, until_ping: bool = F
                             continue  # retry: field
                         frames.append(f)
                         if until_ping and f["comment"] == "ping":
-                            done = True
+                            pings += 1
+                            done = done or pings >= 2 or any(x["event"] is not None for x in frames)
                 if done or (until is not None and until(frames)):
                     break
         finally:
