@@ -13,12 +13,21 @@ a bridge, it pushes each event to the connections open now and keeps none for la
     fake.sent()                                # what send_message sent, in order
     fake.fail_next("send_message", 36000)      # the next send_message answers failed with that retcode
     fake.drop()                                # cut every socket without a close frame
+    fake.drop_after_next("send_message")       # carry the next send out, then cut the socket before answering
     fake.stop()
+
+``get_file`` answers ``type: url`` with a URL of its own HTTP server on the same port (``/get_file/<id>``, as
+ComWeChatBotClient serves files; ``url_host`` is the host it writes in it, ``0.0.0.0`` for a bridge listening on
+every address) unless ``serve_urls=False`` (then 10004, and ``type: data`` answers base64). With ``impl
+"ComWechat"`` it behaves as ComWeChatBotClient does where that differs from the standard: ``get_file`` with
+``type: data`` closes the connection (its JSON encoder cannot write a binary file), and ``send_message`` answers
+``data: null``.
 """
 from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import itertools
 import json
 import threading
@@ -39,12 +48,16 @@ def message_id() -> str:
 
 class FakeBridge:
     def __init__(self, *, access_token: str = "bridge-token", self_id: str = "wxid_ugentbot",
-                 impl: str = "FakeOneBot", refuse_status: int = 401, platform: str = "wechat"):
+                 impl: str = "FakeOneBot", refuse_status: int = 401, platform: str = "wechat",
+                 serve_urls: bool = True, url_host: str = "127.0.0.1"):
         self.access_token = access_token
         self.self_id = self_id
         self.impl = impl
         self.refuse_status = refuse_status  # the standard's 401; ComWeChatBotClient's server answers 403
         self.platform = platform
+        self.serve_urls, self.url_host = serve_urls, url_host
+        self.downloads: list[str] = []  # the file URLs fetched over HTTP
+        self._drop_after: set[str] = set()
         self.lock = threading.Lock()
         self.connections: list[dict] = []   # every handshake: path, authorization, accepted
         self.actions: list[dict] = []       # every action request as it came
@@ -130,6 +143,11 @@ class FakeBridge:
     def connected(self) -> int:
         return len(self._open)
 
+    def drop_after_next(self, action: str) -> None:
+        """Carry out the next ``action``, then cut its connection without answering (the answer lost on the way)."""
+        with self.lock:
+            self._drop_after.add(action)
+
     def drop(self) -> None:
         """Cut every socket without a close frame (the bridge's host went away)."""
         self._call(self._drop())
@@ -146,7 +164,8 @@ class FakeBridge:
         self._stop = asyncio.Event()
         async with serve(self._conn, "127.0.0.1", 0, process_request=self._check, ping_interval=None,
                          max_size=2 ** 26) as server:
-            self.url = f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+            self.port = server.sockets[0].getsockname()[1]
+            self.url = f"ws://127.0.0.1:{self.port}"
             self._ready.set()
             await self._stop.wait()
 
@@ -154,6 +173,17 @@ class FakeBridge:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(10)
 
     def _check(self, connection, request):
+        if request.path.startswith("/get_file/"):  # the bridge's file server (plain HTTP), no token asked
+            entry = self.files.get(request.path.removeprefix("/get_file/"))
+            with self.lock:
+                self.downloads.append(request.path)
+            if entry is None:
+                return connection.respond(HTTPStatus.NOT_FOUND, "File not found")
+            response = connection.respond(HTTPStatus.OK, "")
+            for name, value in (("Content-Length", str(len(entry[1]))), ("Content-Type", "application/octet-stream")):
+                del response.headers[name]
+                response.headers[name] = value
+            return dataclasses.replace(response, body=entry[1])
         authorization = request.headers.get("Authorization")
         record = {"path": request.path, "authorization": authorization, "accepted": False}
         with self.lock:
@@ -183,8 +213,19 @@ class FakeBridge:
                     continue
                 with self.lock:
                     self.actions.append(request)
-                answer = self._action(request.get("action"), request.get("params") or {})
+                action = request.get("action")
+                params = request.get("params") or {}
+                if self.impl == "ComWechat" and action == "get_file" and params.get("type") == "data":
+                    ws.transport.abort()  # its encoder raises on the bytes, and its handler closes the socket
+                    return
+                answer = self._action(action, params)
                 answer["echo"] = request.get("echo")
+                with self.lock:
+                    lost = action in self._drop_after
+                    self._drop_after.discard(action)
+                if lost:
+                    ws.transport.abort()
+                    return
                 await ws.send(json.dumps(answer))
         except websockets.exceptions.ConnectionClosed:
             pass
@@ -219,6 +260,9 @@ class FakeBridge:
             entry = self.files.get(params.get("file_id"))
             if entry is None:
                 return self._failed(32000, "未找到该文件")
+            if params.get("type") == "url" and self.serve_urls:
+                return self._ok({"name": entry[0],
+                                 "url": f"http://{self.url_host}:{self.port}/get_file/{params['file_id']}"})
             if params.get("type") != "data":
                 return self._failed(10004, f"type {params.get('type')} is not served by the fake")
             return self._ok({"name": entry[0], "data": base64.b64encode(entry[1]).decode()})
@@ -243,6 +287,8 @@ class FakeBridge:
         sent = {"detail_type": detail_type, target: params[target], "message": segments, "message_id": message_id()}
         with self.lock:
             self.messages.append(sent)
+        if self.impl == "ComWechat":
+            return self._ok(None)  # ComWeChatBotClient names no message id
         return self._ok({"message_id": sent["message_id"], "time": time.time()})
 
     async def _broadcast(self, event: dict) -> None:

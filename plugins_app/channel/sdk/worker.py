@@ -320,7 +320,9 @@ class ChannelWorker:
         enabled again, its replay downloads the file and submits the message.
         Raise ``MediaNotReady`` when the platform cannot give it now: the message
         waits (its chat only) for up to ``media_wait_secs``. Any other error: the
-        message goes on without the file, a note in its text saying why.
+        message goes on without the file, a note in its text saying why. A
+        platform that says what the file is only with its bytes may set the
+        attachment's ``content_type`` and ``filename``: they are stored so.
         """
         return None
 
@@ -905,8 +907,9 @@ class ChannelWorker:
                 continue
             # the wait is counted from the start of the first try, so a fetch that hangs until its timeout counts
             started = time.monotonic()
+            fetched = Attachment.from_dict(att)
             try:
-                data = self.fetch_media(Attachment.from_dict(att))
+                data = self.fetch_media(fetched)
             except ChannelRefused:
                 raise  # the platform refused the worker: the message waits, file and all, for its return
             except Exception as exc:  # noqa: BLE001 - the message goes on, or waits (MediaNotReady)
@@ -935,6 +938,9 @@ class ChannelWorker:
                 continue
             if data is None:
                 continue
+            # what the download said the file is (a platform that names the type only with the bytes)
+            att["content_type"] = fetched.content_type or att.get("content_type")
+            att["filename"] = fetched.filename or att.get("filename")
             # The host will never take a file over its media limit (media.put answers -32005), nor one whose
             # base64 does not fit in a frame (never answered at all: the call times out). Such a message goes
             # on without the file, saying so: kept pending, it would be fetched again at every replay and

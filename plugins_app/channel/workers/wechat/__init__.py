@@ -32,10 +32,10 @@ from __future__ import annotations
 
 from .events import (CHANNEL, FILE_URL_PREFIX, GROUP_POLICIES, GROUP_PREFIX, addressed, conversation_of,
                      normalise, target_of)
-from .onebot import ActionFailed, Actions, BridgeAway, OneBotLink
+from .onebot import ActionFailed, Actions, AnswerLost, BridgeAway, OneBotLink
 from .worker import (DESCRIPTION, ENV_REFS, KIND, NO_REPLY_IMPLS, TEXT_LIMIT, WeChatWorker, main,
                      parse_args)
 
-__all__ = ["ActionFailed", "Actions", "BridgeAway", "CHANNEL", "DESCRIPTION", "ENV_REFS", "FILE_URL_PREFIX",
+__all__ = ["ActionFailed", "Actions", "AnswerLost", "BridgeAway", "CHANNEL", "DESCRIPTION", "ENV_REFS", "FILE_URL_PREFIX",
            "GROUP_POLICIES", "GROUP_PREFIX", "KIND", "NO_REPLY_IMPLS", "OneBotLink", "TEXT_LIMIT", "WeChatWorker",
            "addressed", "conversation_of", "main", "normalise", "parse_args", "target_of"]

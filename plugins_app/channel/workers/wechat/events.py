@@ -99,8 +99,10 @@ def normalise(event: dict, *, groups: str = "mention", self_id: str | None = Non
             where = " ".join(str(data.get(k)) for k in ("title", "content") if data.get(k))
             texts.append(f"[location] {where} ({data.get('latitude')}, {data.get('longitude')})".replace("  ", " "))
         elif kind == "reply" and data.get("message_id") and reply_to is None:
+            # ComWeChatBotClient puts the chatroom's id where a quote in a group names its sender: no sender then
+            quoted = str(data["user_id"]) if data.get("user_id") else None
             reply_to = ReplyContext(message_id=str(data["message_id"]),
-                                    sender_id=str(data["user_id"]) if data.get("user_id") else None)
+                                    sender_id=None if group and quoted == str(event.get("group_id")) else quoted)
     text = "".join(texts).strip()
     if not text and not attachments:
         text = str(event.get("alt_message") or "").strip()  # an implementation's own segment (a link, a sticker)

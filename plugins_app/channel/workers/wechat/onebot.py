@@ -54,6 +54,10 @@ class BridgeAway(Exception):
     """No connection to the bridge now, or the one an action went out on closed before its answer came."""
 
 
+class AnswerLost(Exception):
+    """The action went out and its connection closed before the bridge answered: it may have been carried out."""
+
+
 class ActionFailed(Exception):
     """The bridge answered ``status: failed``: its ``retcode`` and ``message``."""
 
@@ -101,8 +105,8 @@ class Actions:
 
     def call(self, action: str, params: dict, *, timeout: float) -> object:
         """The ``data`` of the bridge's answer; ``ActionFailed`` for ``status: failed``, ``BridgeAway`` when there
-        is no connection or the one it went out on closed first, ``TimeoutError`` when no answer came in time
-        (the action may have been carried out)."""
+        is no connection (nothing went out), ``AnswerLost`` when the connection it went out on closed before the
+        answer, ``TimeoutError`` when no answer came in time (in these two the action may have been carried out)."""
         conn = self.link.conn
         if conn is None or conn.state is not State.OPEN:
             raise BridgeAway("not connected to the bridge")
@@ -118,7 +122,7 @@ class Actions:
             deadline = time.monotonic() + timeout
             while not slot[0].wait(min(0.2, max(0.0, deadline - time.monotonic()))):
                 if conn.state is not State.OPEN:
-                    raise BridgeAway(f"the connection closed before the bridge answered {action}")
+                    raise AnswerLost(f"the connection closed before the bridge answered {action}")
                 if time.monotonic() >= deadline:
                     raise TimeoutError(f"the bridge did not answer {action} within {timeout:.0f} s")
         finally:

@@ -7,19 +7,22 @@ from __future__ import annotations
 import argparse
 import base64
 import binascii
+import mimetypes
 import os
 import sys
 import time
+from urllib.parse import urlsplit, urlunsplit
 
 from plugins_app.channel.sdk import (Attachment, ChannelRefused, ChannelWorker, DeliveryFailed, InboundMessage,
                                      MediaNotReady, MessageValidationError)
+from plugins_app.channel.sdk.download import download
 from plugins_app.channel.sdk.journal import SentJournal
 from plugins_app.channel.sdk.text import split_text
 from plugins_app.channel.sdk.webhook import WebhookInbox
 from plugins_app.channel.sdk.wslink import start_link
 
 from .events import GROUP_POLICIES, file_id_of, normalise, self_id_of, target_of
-from .onebot import ActionFailed, BridgeAway, OneBotLink
+from .onebot import ActionFailed, AnswerLost, BridgeAway, OneBotLink
 
 KIND = "channel-wechat"
 DESCRIPTION = "WeChat (a personal account): a OneBot 12 bridge's forward WebSocket (WECHAT_ONEBOT_URL)."
@@ -33,6 +36,15 @@ TEXT_LIMIT = 2000
 #: failure there would send the answer again on the retry. ``--reply-segment auto`` sends none to them.
 NO_REPLY_IMPLS = frozenset({"comwechat"})
 GET_FILE_TIMEOUT_SECS = 15.0
+#: ``get_file`` parameters a bridge may not support (10003 bad, 10004 unsupported): then the bytes are asked for
+#: in the answer itself (``type: data``).
+UNSUPPORTED_PARAM = (10003, 10004)
+#: The largest file sent: ``upload_file`` carries it base64 in one frame, and a bridge's WebSocket server takes
+#: a frame of some 16 MiB at most (uvicorn's default, ComWeChatBotClient's): a larger frame closes the connection.
+UPLOAD_MAX_BYTES = 11 * 2 ** 20
+#: Hosts a bridge may put in the file URLs it hands out when it listens on every address (or on loopback): the
+#: worker reaches them at the host of WECHAT_ONEBOT_URL instead.
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "127.0.0.1", "localhost", "::1"})
 RECORD_TRIES = 3
 
 
@@ -168,24 +180,39 @@ class WeChatWorker(WebhookInbox, ChannelWorker):
                              "picks (run one account per bridge)", len(bots))
 
     def fetch_media(self, attachment: Attachment) -> bytes | None:
-        """The bytes of a file the message named, by ``get_file`` (``type: data``: base64 in the answer, so the
-        bridge may run on another host). The bridge away, slow, or failing for now: ``MediaNotReady`` (the message
-        waits, its chat only); an answer that will not change: an error (the message goes on with a note)."""
+        """The bytes of a file the message named: ``get_file`` with ``type: url`` and a download of that URL (the
+        bridge's own file server: ComWeChatBotClient cannot put a binary file in a JSON answer), or, from a bridge
+        that has no URLs to give, ``type: data`` (base64 in the answer). The bridge away, slow, or failing for
+        now: ``MediaNotReady`` (the message waits, its chat only); an answer that will not change: an error (the
+        message goes on with a note). The content type follows the file's name where the bridge gives one."""
         file_id = file_id_of(attachment.url)
         if file_id is None:
             return None
         try:
-            data = self.link.actions.call("get_file", {"file_id": file_id, "type": "data"},
-                                          timeout=GET_FILE_TIMEOUT_SECS)
-        except (BridgeAway, TimeoutError) as exc:
-            raise MediaNotReady(str(exc)) from None
+            data = self._get_file(file_id, "url")
         except ActionFailed as exc:
-            if exc.refuses_account:
-                raise ChannelRefused(account_refused(exc)) from None
-            if exc.file_gone:
-                raise RuntimeError(f"the bridge answered get_file: retcode {exc.retcode}: {exc.message}") from None
-            raise MediaNotReady(f"the bridge answered get_file: retcode {exc.retcode}: {exc.message}") from None
-        raw = data.get("data") if isinstance(data, dict) else None
+            if exc.retcode not in UNSUPPORTED_PARAM:
+                raise self._file_failure(exc) from None
+            try:
+                data = self._get_file(file_id, "data")
+            except ActionFailed as again:
+                raise self._file_failure(again) from None
+        if not isinstance(data, dict):
+            raise RuntimeError("the bridge's get_file answer carries no file")
+        name = str(data.get("name") or "")
+        named = (mimetypes.guess_type(name)[0] or "").lower()
+        if named:  # (a bridge's segment type is no sure guide: ComWeChatBotClient sends a voice note as "image")
+            attachment.content_type = named
+        if name and not attachment.filename:
+            attachment.filename = name
+        if isinstance(data.get("url"), str) and data["url"]:
+            headers = data.get("headers") if isinstance(data.get("headers"), dict) else None
+            response = download(self.reachable(data["url"]),
+                                headers={str(k): str(v) for k, v in (headers or {}).items()})
+            if response.status_code != 200:
+                raise RuntimeError(f"the bridge's file URL answered HTTP {response.status_code}")
+            return response.content
+        raw = data.get("data")
         if isinstance(raw, str):
             try:
                 return base64.b64decode(raw, validate=True)
@@ -193,7 +220,32 @@ class WeChatWorker(WebhookInbox, ChannelWorker):
                 raise RuntimeError("the bridge's get_file data is not base64") from None
         if isinstance(raw, (bytes, bytearray)):
             return bytes(raw)
-        raise RuntimeError("the bridge's get_file answer carries no data")
+        raise RuntimeError("the bridge's get_file answer carries no url and no data")
+
+    def _get_file(self, file_id: str, kind: str):
+        try:
+            return self.link.actions.call("get_file", {"file_id": file_id, "type": kind},
+                                          timeout=GET_FILE_TIMEOUT_SECS)
+        except (BridgeAway, AnswerLost, TimeoutError) as exc:
+            raise MediaNotReady(str(exc)) from None
+
+    @staticmethod
+    def _file_failure(exc: ActionFailed) -> Exception:
+        if exc.refuses_account:
+            return ChannelRefused(account_refused(exc))
+        said = f"the bridge answered get_file: retcode {exc.retcode}: {exc.message}"
+        return RuntimeError(said) if exc.file_gone else MediaNotReady(said)
+
+    def reachable(self, url: str) -> str:
+        """A file URL the bridge gave, with its host replaced by WECHAT_ONEBOT_URL's when it names every address
+        or loopback (a bridge builds its URLs from the address it listens on)."""
+        parts = urlsplit(url)
+        bridge = urlsplit(self.url).hostname
+        if parts.hostname in WILDCARD_HOSTS and bridge and parts.hostname != bridge:
+            host = f"[{bridge}]" if ":" in bridge else bridge
+            netloc = host + (f":{parts.port}" if parts.port else "")
+            return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+        return url
 
     # ------------------------------------------------------------------ outbound
 
@@ -227,7 +279,9 @@ class WeChatWorker(WebhookInbox, ChannelWorker):
     def _quotes(self) -> bool:
         choice = self.opts.reply_segment
         impl = (self.link.impl or "").lower() if self.link else ""
-        return choice == "on" or (choice == "auto" and impl not in NO_REPLY_IMPLS)
+        # (auto: only once the bridge said what it is, in meta.connect: a send racing the first connection's
+        # greeting goes without the quote rather than with one the bridge may fail after sending the text)
+        return choice == "on" or (choice == "auto" and bool(impl) and impl not in NO_REPLY_IMPLS)
 
     def _file_segment(self, delivery, number: int, att: Attachment) -> dict:
         """The segment of one file: uploaded once (the bridge's ``file_id`` journaled under its part)."""
@@ -235,6 +289,10 @@ class WeChatWorker(WebhookInbox, ChannelWorker):
         if file_id is None:
             media = self.media_get(att.media_id)
             name = att.filename or media.filename or "file"
+            if len(media.data) > UPLOAD_MAX_BYTES:
+                return {"type": "text", "data": {"text": f"[{name}: not sent, {len(media.data) // 2 ** 20} MiB is "
+                                                         f"more than the {UPLOAD_MAX_BYTES // 2 ** 20} MiB a file "
+                                                         "may have here]"}}
             answer = self._act("upload_file", {"type": "data", "name": name,
                                                 "data": base64.b64encode(media.data).decode()})
             file_id = str(answer.get("file_id") or "") if isinstance(answer, dict) else ""
@@ -250,8 +308,9 @@ class WeChatWorker(WebhookInbox, ChannelWorker):
         return str(data.get("message_id") or "") if isinstance(data, dict) else ""
 
     def _act(self, action: str, params: dict):
-        """One action for a delivery, its failures as the hub's: the bridge away (after waiting for it up to
-        ``--max-retry-wait``), no answer, or a passing failure is retryable; a request error, the platform's
+        """One action for a delivery, its failures as the hub's: the bridge away before the action went out (after
+        waiting for it up to ``--max-retry-wait``), no answer or the connection lost before it, or a passing
+        failure is retryable; a request error, the platform's
         refusal or an impossible action is dead-lettered; an account the bridge cannot name stops the worker."""
         link = self.link
         deadline = time.monotonic() + max(0.0, self.opts.max_retry_wait)
@@ -262,7 +321,8 @@ class WeChatWorker(WebhookInbox, ChannelWorker):
                 if self.stopping.is_set() or self._refusal or time.monotonic() >= deadline:
                     raise DeliveryFailed(f"wechat: {exc}") from None
                 self.stopping.wait(0.5)  # the link reconnects meanwhile
-            except TimeoutError as exc:
+            except (TimeoutError, AnswerLost) as exc:
+                # the one part whose fate is unknown: the hub's retry sends it again (the journal's window)
                 raise DeliveryFailed(f"wechat: {exc} (it may have been sent)") from None
             except ActionFailed as exc:
                 if exc.refuses_account:
