@@ -58,6 +58,8 @@ class FakeBridge:
         self.serve_urls, self.url_host = serve_urls, url_host
         self.downloads: list[str] = []  # the file URLs fetched over HTTP
         self._drop_after: set[str] = set()
+        self._hold: tuple[str | None, int] = (None, 0)
+        self.held = threading.Event()
         self.lock = threading.Lock()
         self.connections: list[dict] = []   # every handshake: path, authorization, accepted
         self.actions: list[dict] = []       # every action request as it came
@@ -143,6 +145,13 @@ class FakeBridge:
     def connected(self) -> int:
         return len(self._open)
 
+    def hold(self, action: str | None, *, after: int = 0) -> None:
+        """From now, requests of ``action`` (the first ``after`` of them aside) are neither carried out nor answered,
+        as if still in the air; ``hold(None)`` ends it. ``held`` is set once one was held."""
+        with self.lock:
+            self._hold = (action, after)
+            self.held.clear()
+
     def drop_after_next(self, action: str) -> None:
         """Carry out the next ``action``, then cut its connection without answering (the answer lost on the way)."""
         with self.lock:
@@ -213,6 +222,13 @@ class FakeBridge:
                     continue
                 with self.lock:
                     self.actions.append(request)
+                    held, after = self._hold
+                    if held is not None and request.get("action") == held:
+                        if after:
+                            self._hold = (held, after - 1)
+                        else:
+                            self.held.set()
+                            continue  # in the air: never carried out, never answered
                 action = request.get("action")
                 params = request.get("params") or {}
                 if self.impl == "ComWechat" and action == "get_file" and params.get("type") == "data":

@@ -1,6 +1,9 @@
 """channel-wechat end to end: the real supervisor starts the worker against a fake OneBot 12 bridge on loopback."""
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 
 from channels_app.models import Receipt, Turn
@@ -300,3 +303,45 @@ def test_an_answer_with_an_image_uploads_it_and_sends_an_image_segment(tcast, fa
     assert text["message"] == [{"type": "text", "data": {"text": "here is the chart"}}]
     file_id = image["message"][0]["data"]["file_id"]
     assert image["message"][0]["type"] == "image" and fake.uploads[file_id] == ("chart.png", png)
+
+
+# --- kill -9 -------------------------------------------------------------------------------------------------
+
+def test_the_worker_killed_mid_delivery_sends_each_part_once(tcast, fake, start_runtime):
+    """Three parts: the first taken, the second in the air when the worker is killed. The next worker resumes
+    the delivery from the journal: the first is not sent again, the second and third go, the turn ran once."""
+    make_wechat()
+    rt = start_runtime()
+    ready(fake, rt)
+    answer = " ".join(f"w{i}" for i in range(700))
+    fake.hold("send_message", after=1)
+    fake.push_private(ALICE, "script:answer=" + answer)
+    assert wait_until(fake.held.is_set, 30), rt.log("wechat-main")
+    first = rt.worker_pid("wechat-main")
+    assert len(fake.texts()) == 1
+    os.kill(first, signal.SIGKILL)
+    fake.hold(None)
+    assert wait_until(lambda: OutboundDelivery.objects.filter(state="delivered").exists(), 60), rt.log("wechat-main")
+    assert rt.worker_pid("wechat-main") not in (None, first)
+    assert " ".join(fake.texts()).split() == answer.split()  # every word once: no part twice, none lost
+    assert Turn.objects.count() == 1
+
+
+def test_the_worker_killed_while_a_file_is_fetched_answers_the_message_once(tcast, fake, start_runtime):
+    """Recorded in the outbox, its file not yet fetched: the next worker fetches it and submits the message,
+    once."""
+    make_wechat()
+    rt = start_runtime()
+    ready(fake, rt)
+    first = rt.worker_pid("wechat-main")
+    image = fake.file("image", "cat.jpg", b"\xff\xd8\xff\xe0" + os.urandom(32))
+    fake.hold("get_file")
+    fake.push_private(ALICE, [image, fake.text("script:answer=only once")])
+    assert wait_until(fake.held.is_set, 30), rt.log("wechat-main")
+    assert not Receipt.objects.exists()
+    os.kill(first, signal.SIGKILL)
+    fake.hold(None)
+    assert wait_until(lambda: fake.texts() == ["only once"], 60), rt.log("wechat-main")
+    fake.push_private(ALICE, "script:answer=after")
+    assert wait_until(lambda: fake.texts() == ["only once", "after"], 30), rt.log("wechat-main")
+    assert Receipt.objects.count() == 2 and PluginMedia.objects.count() == 1
