@@ -532,3 +532,37 @@ def test_shutdown_stops_every_worker_in_two_phases(harness, tmp_path):
     assert not any(pid_alive(p) for p in pids)
     assert {(p, s) for p, s, _ in h.states[-2:]} == {("p1", STOPPED), ("p2", STOPPED)}
     assert list((tmp_path / "pids").glob("*.json")) == []
+
+
+def test_status_may_be_read_from_another_thread_while_a_step_changes_the_slots(dirs):
+    """status() from another thread (the runtime, a test) while the supervisor's own thread adds and removes slots:
+    reading the dict itself raised "dictionary changed size during iteration" (CI saw it once)."""
+    import threading
+    from types import SimpleNamespace
+    sup = Supervisor(lambda: [], **dirs)
+
+    class SlowSlot(SimpleNamespace):
+        @property
+        def state(self):
+            time.sleep(0.001)  # lets the other thread run between two slots, as a busy machine does
+            return "running"
+    for i in range(20):
+        sup._slots[f"p{i}"] = SlowSlot(reason="", handle=None, starts=1, restart_at=None)
+    stop = threading.Event()
+
+    def churn():
+        n = 0
+        while not stop.is_set():
+            sup._slots[f"q{n}"] = SlowSlot(reason="", handle=None, starts=1, restart_at=None)
+            sup._slots.pop(f"q{n - 1}", None)
+            n += 1
+            time.sleep(0.0005)
+    t = threading.Thread(target=churn, daemon=True)
+    t.start()
+    try:
+        for _ in range(20):
+            status = sup.status()
+            assert {f"p{i}" for i in range(20)} <= set(status)
+    finally:
+        stop.set()
+        t.join(5)

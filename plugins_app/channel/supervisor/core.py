@@ -244,10 +244,12 @@ class Supervisor:
         self._started = False
 
     def status(self) -> dict[str, WorkerStatus]:
+        """Each slot's state. Safe from another thread than the one stepping (the slots are copied in one go:
+        iterating the dict itself raised "dictionary changed size during iteration" when a step added a slot)."""
         return {pid: WorkerStatus(plugin_id=pid, state=s.state, reason=s.reason,
                                   pid=s.handle.pid if s.handle else None, starts=s.starts,
                                   restart_at=s.restart_at)
-                for pid, s in self._slots.items()}
+                for pid, s in list(self._slots.items())}
 
     # --- one step ----------------------------------------------------------
 
