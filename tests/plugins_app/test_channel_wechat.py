@@ -16,12 +16,24 @@ GROUP = "34567890123@chatroom"
 
 
 @pytest.fixture
-def fake(monkeypatch):
-    fake = FakeBridge().start()
-    monkeypatch.setenv("WECHAT_ONEBOT_URL", fake.url)
-    monkeypatch.setenv("WECHAT_ONEBOT_ACCESS_TOKEN", fake.access_token)
-    yield fake
-    fake.stop()
+def bridge(monkeypatch):
+    """``bridge(**options)``: a fake bridge started, the worker's environment pointing at it; stopped after."""
+    made = []
+
+    def start(**options) -> FakeBridge:
+        fake = FakeBridge(**options).start()
+        made.append(fake)
+        monkeypatch.setenv("WECHAT_ONEBOT_URL", fake.url)
+        monkeypatch.setenv("WECHAT_ONEBOT_ACCESS_TOKEN", fake.access_token)
+        return fake
+    yield start
+    for fake in made:
+        fake.stop()
+
+
+@pytest.fixture
+def fake(bridge):
+    return bridge()
 
 
 def make_wechat(**over):
@@ -32,6 +44,14 @@ def make_wechat(**over):
     return Plugin.objects.create(**fields)
 
 
+def running(fake, start_runtime):
+    """The plugin made, the supervisor started, and the worker connected to ``fake``: the runtime."""
+    make_wechat()
+    rt = start_runtime()
+    ready(fake, rt)
+    return rt
+
+
 def ready(fake, rt, n=1):
     """The worker holds its n-th connection to the bridge."""
     assert wait_until(lambda: fake.connected() and len([c for c in fake.connections if c["accepted"]]) >= n, 20), \
@@ -39,9 +59,7 @@ def ready(fake, rt, n=1):
 
 
 def test_a_private_message_is_answered_with_send_message_quoting_it(tcast, fake, start_runtime):
-    make_wechat()
-    rt = start_runtime()
-    ready(fake, rt)
+    rt = running(fake, start_runtime)
     assert fake.connections[0]["authorization"] == f"Bearer {fake.access_token}"
     question = fake.push_private(ALICE, "script:answer=hello from the agent")
     assert wait_until(lambda: fake.sent(), 20), rt.log("wechat-main")
@@ -57,25 +75,16 @@ def test_a_private_message_is_answered_with_send_message_quoting_it(tcast, fake,
     assert OutboundDelivery.objects.get().channel_message_id == sent["message_id"]
 
 
-def test_comwechat_gets_no_reply_segment_it_cannot_send(tcast, monkeypatch, start_runtime):
-    fake = FakeBridge(impl="ComWechat", refuse_status=403).start()
-    try:
-        monkeypatch.setenv("WECHAT_ONEBOT_URL", fake.url)
-        monkeypatch.setenv("WECHAT_ONEBOT_ACCESS_TOKEN", fake.access_token)
-        make_wechat()
-        rt = start_runtime()
-        ready(fake, rt)
-        fake.push_private(ALICE, "script:answer=plain")
-        assert wait_until(lambda: fake.sent(), 20), rt.log("wechat-main")
-        assert fake.sent()[0]["message"] == [{"type": "text", "data": {"text": "plain"}}]
-    finally:
-        fake.stop()
+def test_comwechat_gets_no_reply_segment_it_cannot_send(tcast, bridge, start_runtime):
+    fake = bridge(impl="ComWechat", refuse_status=403)
+    rt = running(fake, start_runtime)
+    fake.push_private(ALICE, "script:answer=plain")
+    assert wait_until(lambda: fake.sent(), 20), rt.log("wechat-main")
+    assert fake.sent()[0]["message"] == [{"type": "text", "data": {"text": "plain"}}]
 
 
 def test_a_group_message_is_answered_only_when_it_mentions_the_account(tcast, fake, start_runtime):
-    make_wechat()
-    rt = start_runtime()
-    ready(fake, rt)
+    rt = running(fake, start_runtime)
     fake.push_group(GROUP, ALICE, [fake.text("script:answer=not for me")])
     fake.push_group(GROUP, ALICE, [fake.mention("wxid_carol"), fake.text(" script:answer=nor this")])
     asked = fake.push_group(GROUP, ALICE, [fake.mention(fake.self_id), fake.text(" script:answer=in the group")])
@@ -91,9 +100,7 @@ def test_a_group_message_is_answered_only_when_it_mentions_the_account(tcast, fa
 
 
 def test_the_accounts_own_messages_are_not_submitted(tcast, fake, start_runtime):
-    make_wechat()
-    rt = start_runtime()
-    ready(fake, rt)
+    rt = running(fake, start_runtime)
     fake.push_private(fake.self_id, "script:answer=loop")  # sent from the account's phone
     fake.push_group(GROUP, fake.self_id, [fake.mention(fake.self_id), fake.text("script:answer=loop too")])
     fake.push_private(ALICE, "script:answer=human")
@@ -102,9 +109,7 @@ def test_the_accounts_own_messages_are_not_submitted(tcast, fake, start_runtime)
 
 
 def test_the_same_message_pushed_twice_runs_one_turn(tcast, fake, start_runtime):
-    make_wechat()
-    rt = start_runtime()
-    ready(fake, rt)
+    rt = running(fake, start_runtime)
     event = fake.push_private(ALICE, "script:answer=once")
     assert wait_until(lambda: fake.texts() == ["once"], 20), rt.log("wechat-main")
     fake.push(event)  # the same message_id, a new event id
@@ -130,9 +135,7 @@ def test_a_wrong_access_token_disables_the_plugin_with_the_reason_and_is_not_ret
 
 
 def test_a_dropped_socket_is_reconnected_and_the_worker_goes_on(tcast, fake, start_runtime):
-    make_wechat()
-    rt = start_runtime()
-    ready(fake, rt)
+    rt = running(fake, start_runtime)
     fake.push_private(ALICE, "script:answer=one")
     assert wait_until(lambda: fake.texts() == ["one"], 20), rt.log("wechat-main")
     fake.drop()
@@ -143,9 +146,7 @@ def test_a_dropped_socket_is_reconnected_and_the_worker_goes_on(tcast, fake, sta
 
 
 def test_an_image_is_fetched_with_get_file_and_stored_on_the_host(tcast, fake, start_runtime):
-    make_wechat()
-    rt = start_runtime()
-    ready(fake, rt)
+    rt = running(fake, start_runtime)
     png = b"\x89PNG\r\n\x1a\nfake-image"
     image = fake.file("image", "cat.png", png)
     fake.fail_next("get_file", 33000, "download failed")  # not now: the message waits and the file comes
@@ -158,53 +159,37 @@ def test_an_image_is_fetched_with_get_file_and_stored_on_the_host(tcast, fake, s
     assert fake.downloads == ["/get_file/" + image["data"]["file_id"]]
 
 
-def test_comwechat_media_comes_by_its_file_url_and_never_in_the_answer(tcast, monkeypatch, start_runtime):
+def test_comwechat_media_comes_by_its_file_url_and_never_in_the_answer(tcast, bridge, start_runtime):
     """ComWeChatBotClient cannot put a binary file in a JSON answer (asked for one, it closes the connection):
     the worker asks for a URL, downloads it, and the link stays up."""
-    fake = FakeBridge(impl="ComWechat", refuse_status=403, url_host="0.0.0.0").start()
-    try:
-        monkeypatch.setenv("WECHAT_ONEBOT_URL", fake.url)
-        monkeypatch.setenv("WECHAT_ONEBOT_ACCESS_TOKEN", fake.access_token)
-        make_wechat()
-        rt = start_runtime()
-        ready(fake, rt)
-        voice = fake.file("image", "msg.amr", b"#!AMR\n" + bytes(range(256)))  # its voice notes come as "image"
-        fake.push_private(ALICE, [voice, fake.text("script:answer=heard")])
-        assert wait_until(lambda: fake.texts() == ["heard"], 30), rt.log("wechat-main")
-        media = PluginMedia.objects.get()
-        assert bytes(media.data) == b"#!AMR\n" + bytes(range(256)) and media.content_type == "audio/amr"
-        assert [c["params"]["type"] for c in fake.calls("get_file")] == ["url"]
-        assert len([c for c in fake.connections if c["accepted"]]) == 1  # never dropped
-        assert wait_until(lambda: OutboundDelivery.objects.filter(state="delivered").count() == 1, 10)
-        assert OutboundDelivery.objects.get().channel_message_id in (None, "")  # it names no message id
-    finally:
-        fake.stop()
+    fake = bridge(impl="ComWechat", refuse_status=403, url_host="0.0.0.0")
+    rt = running(fake, start_runtime)
+    voice = fake.file("image", "msg.amr", b"#!AMR\n" + bytes(range(256)))  # its voice notes come as "image"
+    fake.push_private(ALICE, [voice, fake.text("script:answer=heard")])
+    assert wait_until(lambda: fake.texts() == ["heard"], 30), rt.log("wechat-main")
+    media = PluginMedia.objects.get()
+    assert bytes(media.data) == b"#!AMR\n" + bytes(range(256)) and media.content_type == "audio/amr"
+    assert [c["params"]["type"] for c in fake.calls("get_file")] == ["url"]
+    assert len([c for c in fake.connections if c["accepted"]]) == 1  # never dropped
+    assert wait_until(lambda: OutboundDelivery.objects.filter(state="delivered").count() == 1, 10)
+    assert OutboundDelivery.objects.get().channel_message_id in (None, "")  # it names no message id
 
 
-def test_a_bridge_without_file_urls_gives_the_bytes_in_its_answer(tcast, monkeypatch, start_runtime):
-    fake = FakeBridge(serve_urls=False).start()
-    try:
-        monkeypatch.setenv("WECHAT_ONEBOT_URL", fake.url)
-        monkeypatch.setenv("WECHAT_ONEBOT_ACCESS_TOKEN", fake.access_token)
-        make_wechat()
-        rt = start_runtime()
-        ready(fake, rt)
-        image = fake.file("image", "cat.png", b"\x89PNG\r\n\x1a\nfake")
-        fake.push_private(ALICE, [image, fake.text("script:answer=seen")])
-        assert wait_until(lambda: fake.texts() == ["seen"], 30), rt.log("wechat-main")
-        assert bytes(PluginMedia.objects.get().data) == b"\x89PNG\r\n\x1a\nfake"
-        assert [c["params"]["type"] for c in fake.calls("get_file")] == ["url", "data"]
-    finally:
-        fake.stop()
+def test_a_bridge_without_file_urls_gives_the_bytes_in_its_answer(tcast, bridge, start_runtime):
+    fake = bridge(serve_urls=False)
+    rt = running(fake, start_runtime)
+    image = fake.file("image", "cat.png", b"\x89PNG\r\n\x1a\nfake")
+    fake.push_private(ALICE, [image, fake.text("script:answer=seen")])
+    assert wait_until(lambda: fake.texts() == ["seen"], 30), rt.log("wechat-main")
+    assert bytes(PluginMedia.objects.get().data) == b"\x89PNG\r\n\x1a\nfake"
+    assert [c["params"]["type"] for c in fake.calls("get_file")] == ["url", "data"]
 
 
 def test_a_send_whose_answer_is_lost_with_the_socket_is_not_lost(tcast, fake, start_runtime):
     """The bridge carried the send out and the connection dropped before its answer: the worker cannot know it
     was sent (OneBot has no idempotency key), so the hub's retry sends that part again once the link is back:
     the journal's one window, as for an answer that never came (docs/channels/wechat.md)."""
-    make_wechat()
-    rt = start_runtime()
-    ready(fake, rt)
+    rt = running(fake, start_runtime)
     fake.drop_after_next("send_message")
     fake.push_private(ALICE, "script:answer=said once or twice")
     assert wait_until(lambda: OutboundDelivery.objects.filter(state="delivered").exists(), 30), rt.log("wechat-main")
@@ -215,9 +200,7 @@ def test_a_send_whose_answer_is_lost_with_the_socket_is_not_lost(tcast, fake, st
 
 
 def test_a_file_the_bridge_cannot_give_leaves_a_note(tcast, fake, start_runtime):
-    make_wechat()
-    rt = start_runtime()
-    ready(fake, rt)
+    rt = running(fake, start_runtime)
     fake.push_private(ALICE, [{"type": "file", "data": {"file_id": "gone"}}, fake.text("what is this")])
     assert wait_until(lambda: Receipt.objects.exists(), 20), rt.log("wechat-main")
     assert not PluginMedia.objects.exists()
@@ -226,9 +209,7 @@ def test_a_file_the_bridge_cannot_give_leaves_a_note(tcast, fake, start_runtime)
 
 
 def test_a_long_answer_is_split_into_several_messages(tcast, fake, start_runtime):
-    make_wechat()
-    rt = start_runtime()
-    ready(fake, rt)
+    rt = running(fake, start_runtime)
     words = " ".join(f"word{i}" for i in range(900))  # about 7,000 characters
     fake.push_private(ALICE, f"script:answer={words}")
     assert wait_until(lambda: OutboundDelivery.objects.filter(state="delivered").exists(), 20), rt.log("wechat-main")
@@ -239,9 +220,7 @@ def test_a_long_answer_is_split_into_several_messages(tcast, fake, start_runtime
 
 
 def test_a_passing_failure_is_retried_and_only_the_missing_parts_go_again(tcast, fake, start_runtime):
-    make_wechat()
-    rt = start_runtime()
-    ready(fake, rt)
+    rt = running(fake, start_runtime)
     words = " ".join(f"w{i}" for i in range(700))  # three parts
     fake.push_private(ALICE, "script:answer=warm up")
     assert wait_until(lambda: fake.texts() == ["warm up"], 20), rt.log("wechat-main")
@@ -267,9 +246,7 @@ def test_a_passing_failure_is_retried_and_only_the_missing_parts_go_again(tcast,
 
 
 def test_a_send_the_platform_refuses_is_dead_lettered_at_once(tcast, fake, start_runtime):
-    make_wechat()
-    rt = start_runtime()
-    ready(fake, rt)
+    rt = running(fake, start_runtime)
     fake.fail_next("send_message", 34002, "the account is muted in this group")
     fake.push_private(ALICE, "script:answer=muted")
     assert wait_until(lambda: OutboundDelivery.objects.filter(state="dead_letter").exists(), 20), \
@@ -281,9 +258,7 @@ def test_a_send_the_platform_refuses_is_dead_lettered_at_once(tcast, fake, start
 
 
 def test_a_bridge_of_several_accounts_disables_the_plugin(tcast, fake, start_runtime):
-    make_wechat()
-    rt = start_runtime()
-    ready(fake, rt)
+    rt = running(fake, start_runtime)
     fake.fail_next("send_message", 10101, "who am i")
     fake.push_private(ALICE, "script:answer=whose")
     assert wait_until(lambda: not Plugin.objects.get().enabled, 30), rt.log("wechat-main")
@@ -310,9 +285,7 @@ def test_an_answer_with_an_image_uploads_it_and_sends_an_image_segment(tcast, fa
 def test_the_worker_killed_mid_delivery_sends_each_part_once(tcast, fake, start_runtime):
     """Three parts: the first taken, the second in the air when the worker is killed. The next worker resumes
     the delivery from the journal: the first is not sent again, the second and third go, the turn ran once."""
-    make_wechat()
-    rt = start_runtime()
-    ready(fake, rt)
+    rt = running(fake, start_runtime)
     answer = " ".join(f"w{i}" for i in range(700))
     fake.hold("send_message", after=1)
     fake.push_private(ALICE, "script:answer=" + answer)
@@ -330,9 +303,7 @@ def test_the_worker_killed_mid_delivery_sends_each_part_once(tcast, fake, start_
 def test_the_worker_killed_while_a_file_is_fetched_answers_the_message_once(tcast, fake, start_runtime):
     """Recorded in the outbox, its file not yet fetched: the next worker fetches it and submits the message,
     once."""
-    make_wechat()
-    rt = start_runtime()
-    ready(fake, rt)
+    rt = running(fake, start_runtime)
     first = rt.worker_pid("wechat-main")
     image = fake.file("image", "cat.jpg", b"\xff\xd8\xff\xe0" + os.urandom(32))
     fake.hold("get_file")

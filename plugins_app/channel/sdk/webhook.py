@@ -576,3 +576,21 @@ class WebhookInbox:
     def listen(self, submit) -> None:
         InboxLanes(self, submit, max_lanes=self.inbox_lanes, name=f"{self.kind}-inbox").run(
             self._inbox, lambda: self._inbox_error)
+
+    def listen_beside(self, submit, link, *, name: str, refusal: Callable[[Exception], str] = str) -> None:
+        """``listen`` while ``link`` (an ``sdk.wslink.WebSocketLink`` whose ``handle`` records what it reads with
+        ``inbox_record``) runs on a thread of its own, named ``name``: the link's ``LinkRefused`` is the worker's
+        refusal (``refusal(exc)`` its reason: the plugin is disabled), any other failure ends the listener (the
+        supervisor restarts the worker)."""
+        from .wslink import start_link
+
+        def refused(exc) -> None:
+            self._refusal = refusal(exc)
+
+        def failed(exc: Exception) -> None:
+            self._inbox_error = exc
+        reader = start_link(link, name=name, refused=refused, failed=failed)
+        try:
+            WebhookInbox.listen(self, submit)
+        finally:
+            reader.join(5)

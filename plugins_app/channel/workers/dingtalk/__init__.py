@@ -397,18 +397,7 @@ class DingTalkWorker(WebhookInbox, ChannelWorker):
         ``WebhookInbox``'s lanes: each chat's messages submitted in order in a thread of that chat's."""
         if self.link is None:
             return super().listen(submit)
-        from plugins_app.channel.sdk.wslink import start_link
-        reader = start_link(self.link, name="dingtalk-stream", refused=self._link_refused, failed=self._link_failed)
-        try:
-            super().listen(submit)
-        finally:
-            reader.join(5)
-
-    def _link_refused(self, exc) -> None:
-        self._refusal = stream_refused(exc)  # the listener raises it: the plugin is disabled with the reason
-
-    def _link_failed(self, exc: Exception) -> None:
-        self._inbox_error = exc  # the listener fails with it: the supervisor restarts the worker
+        self.listen_beside(submit, self.link, name="dingtalk-stream", refusal=stream_refused)
 
     # ------------------------------------------------------------------ inbound
 

@@ -19,7 +19,6 @@ from plugins_app.channel.sdk.download import download
 from plugins_app.channel.sdk.journal import SentJournal
 from plugins_app.channel.sdk.text import split_text
 from plugins_app.channel.sdk.webhook import WebhookInbox
-from plugins_app.channel.sdk.wslink import start_link
 
 from .events import GROUP_POLICIES, file_id_of, normalise, self_id_of, target_of
 from .onebot import ActionFailed, AnswerLost, BridgeAway, OneBotLink
@@ -99,17 +98,7 @@ class WeChatWorker(WebhookInbox, ChannelWorker):
     def listen(self, submit) -> None:
         """The link is read on a thread of its own (each message recorded in the outbox there); here each chat's
         messages go to the hub on a lane of that chat's (``WebhookInbox``)."""
-        reader = start_link(self.link, name="wechat-onebot", refused=self._link_refused, failed=self._link_failed)
-        try:
-            super().listen(submit)
-        finally:
-            reader.join(5)
-
-    def _link_refused(self, exc) -> None:
-        self._refusal = str(exc)  # the listener raises it: the plugin is disabled with the reason
-
-    def _link_failed(self, exc: Exception) -> None:
-        self._inbox_error = exc  # the listener fails with it: the supervisor restarts the worker
+        self.listen_beside(submit, self.link, name="wechat-onebot")
 
     def stats(self) -> dict:
         link = self.link
