@@ -117,8 +117,13 @@ def test_two_daphne_processes_serve_one_conversations_subscribers_the_same_seque
         second.wait(10)
 
 
+#: A lapsed lease is found within seconds: beat's sweep (servers mode; embedded's start-up ends it at once)
+FAST_LEASE = {"UGENT_TURN_LEASE_SECONDS": "3", "UGENT_TURN_LEASE_RENEW_SECONDS": "0.5",
+              "UGENT_TURN_SWEEP_SECONDS": "1", "UGENT_TURN_REQUEUE_SECONDS": "2"}
+
+
 def test_the_server_killed_mid_stream_and_restarted_the_client_resumes_and_misses_nothing(tmp_path):
-    d = Daemon(tmp_path).start()
+    d = Daemon(tmp_path, beat=True, extra_env=FAST_LEASE).start()
     try:
         seen: list[dict] = []
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -137,10 +142,20 @@ def test_the_server_killed_mid_stream_and_restarted_the_client_resumes_and_misse
                             user="alice")
         assert [e["id"] for e in seen + after] == [e["id"] for e in whole]
         assert after[-1]["data"]["data"]["answer"].startswith("echo: after the restart")
-        if not d.servers:  # embedded start-up marks the killed turn interrupted, with an event
+        if not d.servers:  # embedded start-up marks the killed turn interrupted, with an event, before m2 runs
             interrupted = [e for e in after if e["event"] == "turn.failed"]
             assert interrupted and interrupted[0]["data"]["data"]["state"] == "interrupted"
-            assert receipt(d, "c-kill", "m1")["state"] == "interrupted"
+        # servers mode: beat's sweep, once the killed worker's lease lapsed. Either way the turn ends once,
+        # keeping what streamed, and is never run again
+        r = wait_receipt(d, "c-kill", "m1", {"interrupted", "completed", "failed", "cancelled"}, timeout=60)
+        assert r["state"] == "interrupted" and r["reason"] == "the process running it stopped", r
+        streamed = "".join(e["data"]["data"]["text"] for e in seen if e["event"] == "turn.delta")
+        assert r["answer"].startswith(streamed) and streamed
+        ends = read_events(d.base, d.key, until=lambda evs: sum(e["event"] == "turn.failed" for e in evs) >= 1
+                           and sum(e["event"] == "turn.completed" for e in evs) >= 1, cursor="0",
+                           conversation_id="c-kill", user="alice")
+        assert [e["event"] for e in ends].count("turn.failed") == 1
+        assert d.scripted_calls().count(SLOW) == 1
     finally:
         d.close()
 
