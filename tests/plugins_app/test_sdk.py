@@ -1137,7 +1137,9 @@ def test_a_message_the_host_hangs_on_stops_holding_its_chat_with_nothing_else_un
     with MockBridge("test-plugin", heartbeat_secs=30.0, max_in_flight=8, max_retries=2) as quiet:
         _hang_on(quiet, "m-1")
         worker = FileChannelWorker(**quiet.worker_kwargs(sends=tmp_path / "sends.txt", state_dir=str(tmp_path / "s"),
-                                                         call_timeout_secs=0.3, poll_timeout_secs=30.0))
+                                                         call_timeout_secs=1.0, poll_timeout_secs=30.0))
+        # (1 s, not less: the probe after a timed-out submit has the same window, and on a loaded machine a 0.3 s
+        # one went unanswered once, which is the host away, not a failed try)
         running = Running(worker)
         try:
             quiet.wait_for(lambda: quiet.hellos)
