@@ -486,8 +486,10 @@ def test_a_token_that_expires_before_its_stream_s_body_starts_is_still_asked_abo
     settings.UGENT_SSE_KEEPALIVE = 60
     settings.UGENT_SSE_CREDENTIALS_RECHECK_SECS = 60
     cc = _token_conversation(tcast, token_issuer)
-    s = _token_stream(tcast, token_issuer(1))
-    time.sleep(1.5)  # the body has not started: the token is expired now
+    # exp is whole seconds (now truncated, plus 2): valid for 1 to 2 s, room for the request on a loaded machine
+    # (with exp_in=1 it was 0 to 1 s, and CI once saw the stream refused at its request, a 403)
+    s = _token_stream(tcast, token_issuer(2))
+    time.sleep(2.5)  # the body has not started: the token is expired now
 
     async def run():
         try:
