@@ -216,8 +216,11 @@ def test_the_channel_host_killed_while_messages_arrive_answers_each_message_once
         interrupted = [m for m, state in final.items() if state == "interrupted"]
         assert len(interrupted) <= 1, final
         calls = d.scripted_calls()
-        assert all(calls.count(text) == 1 for text in texts.values()), [t for t in texts.values()
-                                                                         if calls.count(t) != 1]
+        # the engine ran each completed turn once; the interrupted one at most once (killed before or after its
+        # engine was called, it is never run again)
+        wrong = {m: (final[m], calls.count(text)) for m, text in texts.items()
+                 if calls.count(text) > 1 or (calls.count(text) == 0 and final[m] != "interrupted")}
+        assert not wrong, wrong
         sends = {}
         for s in dep.sends():
             sends.setdefault(s["conversation_id"], []).append(s["text"])
